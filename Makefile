@@ -1,0 +1,42 @@
+# One vocabulary for people and CI: setup run test lint typecheck proto bench.
+SHELL := /bin/bash
+PY := .venv/bin/python
+RUN_DIR ?= $(CURDIR)/.run
+PYTEST_ARGS ?=
+
+.PHONY: setup run test unit integration lint typecheck proto bench clean
+
+setup:
+	@bash tools/setup.sh
+
+# The whole agent on this machine with its embedded defaults: a private Redis, registry
+# and containerd under $(RUN_DIR), the example static pods, the read-only API on 10255.
+run: setup
+	.venv/bin/klet up --run-dir $(RUN_DIR) --pod-manifest-path examples/static-pods --read-only-port 10255
+
+# Unit and integration tiers. pytest exits 5 when it collected nothing: that is a
+# failure here like any other non-zero exit.
+test: setup
+	$(PY) -m pytest -m "not cluster" $(PYTEST_ARGS)
+
+unit: setup
+	$(PY) -m pytest $(PYTEST_ARGS)
+
+integration: setup
+	$(PY) -m pytest -m integration $(PYTEST_ARGS)
+
+lint: setup
+	.venv/bin/ruff check libs services tests bench tools
+	.venv/bin/lint-imports
+
+typecheck: setup
+	.venv/bin/mypy libs/src services/pod-source/src services/syncloop/src services/status-reporter/src
+
+proto:
+	$(PY) tools/gen_proto.py
+
+bench: setup
+	$(PY) bench/run.py
+
+clean:
+	rm -rf .run .cache .venv libs/src/klet/rpc/gen

@@ -1,0 +1,16 @@
+"""Redis bus: tables, streams and leases (see redisbus.py), and the node's key names."""
+
+from klet.bus.redisbus import Bus, BusError, BusUnavailable, Entry, Lease, Stream, Table, Transaction
+from klet.bus.schema import NodeBus
+
+__all__ = [
+    "Bus",
+    "BusError",
+    "BusUnavailable",
+    "Entry",
+    "Lease",
+    "NodeBus",
+    "Stream",
+    "Table",
+    "Transaction",
+]

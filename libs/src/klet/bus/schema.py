@@ -1,0 +1,40 @@
+"""The node's tables and streams by name, typed by their records (DESIGN.md, "The bus")."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from klet.bus.redisbus import Bus, Stream, Table
+from klet.model.records import (
+    DesiredPod,
+    EventRecord,
+    PodChange,
+    PodStatusChange,
+    PodStatusRecord,
+    SourceState,
+)
+
+
+@dataclass(frozen=True)
+class NodeBus:
+    """Every table and stream of one node, built once from a `Bus`."""
+
+    bus: Bus
+    desired: Table[DesiredPod]
+    sources: Table[SourceState]
+    status: Table[PodStatusRecord]
+    pods: Stream[PodChange]
+    podstatus: Stream[PodStatusChange]
+    events: Stream[EventRecord]
+
+    @classmethod
+    def of(cls, bus: Bus) -> NodeBus:
+        return cls(
+            bus=bus,
+            desired=bus.table("desired", DesiredPod),
+            sources=bus.table("sources", SourceState),
+            status=bus.table("status", PodStatusRecord),
+            pods=bus.stream("pods", PodChange),
+            podstatus=bus.stream("podstatus", PodStatusChange),
+            events=bus.stream("events", EventRecord),
+        )

@@ -1,0 +1,103 @@
+"""cgroup filesystem access for v1 (one hierarchy per controller) and v2 (unified).
+
+Detection: a cgroup2 mount at the root (`/sys/fs/cgroup` with `cgroup.controllers`) is
+v2; otherwise controller directories under it are v1 (these hosts mount v1 plus an
+empty unified hierarchy, which counts as v1). Stats follow upstream's definitions:
+working set = usage minus inactive_file. Removal only ever `rmdir`s, which the kernel
+refuses for a cgroup that still has processes or children, so it cannot kill anything.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+V1_CONTROLLERS = ("cpu", "cpuacct", "cpuset", "memory", "pids", "blkio", "devices", "freezer", "hugetlb", "systemd")
+
+
+@dataclass(frozen=True)
+class CgroupStats:
+    memory_usage_bytes: int | None
+    memory_working_set_bytes: int | None
+    cpu_usage_ns: int | None
+    pids: int | None
+
+
+def detect(root: Path = Path("/sys/fs/cgroup")) -> int:
+    """1 or 2."""
+    return 2 if (root / "cgroup.controllers").exists() else 1
+
+
+def _read_int(path: Path) -> int | None:
+    try:
+        return int(path.read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def _read_kv(path: Path) -> dict[str, int]:
+    out: dict[str, int] = {}
+    try:
+        for line in path.read_text().splitlines():
+            key, _, value = line.partition(" ")
+            if value.strip().isdigit():
+                out[key] = int(value)
+    except OSError:
+        pass
+    return out
+
+
+class CgroupFS:
+    def __init__(self, root: Path = Path("/sys/fs/cgroup")) -> None:
+        self.root = root
+        self.version = detect(root)
+
+    def _dirs(self, rel: str) -> list[Path]:
+        rel = rel.strip("/")
+        if self.version == 2:
+            return [self.root / rel]
+        return [self.root / c / rel for c in V1_CONTROLLERS if (self.root / c).is_dir()]
+
+    def stats(self, rel: str) -> CgroupStats:
+        rel = rel.strip("/")
+        if self.version == 2:
+            d = self.root / rel
+            usage = _read_int(d / "memory.current")
+            inactive = _read_kv(d / "memory.stat").get("inactive_file", 0)
+            cpu = _read_kv(d / "cpu.stat").get("usage_usec")
+            return CgroupStats(
+                usage, None if usage is None else max(usage - inactive, 0),
+                None if cpu is None else cpu * 1000, _read_int(d / "pids.current"),
+            )
+        mem = self.root / "memory" / rel
+        usage = _read_int(mem / "memory.usage_in_bytes")
+        stat = _read_kv(mem / "memory.stat")
+        inactive = stat.get("total_inactive_file", stat.get("inactive_file", 0))
+        return CgroupStats(
+            usage,
+            None if usage is None else max(usage - inactive, 0),
+            _read_int(self.root / "cpuacct" / rel / "cpuacct.usage"),
+            _read_int(self.root / "pids" / rel / "pids.current"),
+        )
+
+    def exists(self, rel: str) -> bool:
+        return any(d.is_dir() for d in self._dirs(rel))
+
+    def remove(self, rel: str) -> list[str]:
+        """rmdir the cgroup (and empty children) in every hierarchy; returns what stayed."""
+        left: list[str] = []
+        for d in self._dirs(rel):
+            if not d.is_dir():
+                continue
+            for sub, dirnames, _files in os.walk(d, topdown=False):
+                for name in dirnames:
+                    try:
+                        os.rmdir(os.path.join(sub, name))
+                    except OSError:
+                        pass
+            try:
+                os.rmdir(d)
+            except OSError as err:
+                left.append(f"{d}: {err.strerror}")
+        return left

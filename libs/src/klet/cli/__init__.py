@@ -1,0 +1,1 @@
+"""The `klet` command: `up`, `run <service>`, and `crictl`-style listings."""

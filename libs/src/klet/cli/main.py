@@ -1,0 +1,56 @@
+"""`klet` entry point: dispatches to `up`, `run` and `crictl`.
+
+`klet run <service>` finds the service through the `klet.services` entry points, so this
+library never imports a service package (the layering contract in pyproject.toml).
+"""
+
+from __future__ import annotations
+
+import sys
+from importlib.metadata import entry_points
+
+USAGE = """usage: klet <command> [flags]
+
+commands:
+  up [kubelet flags]          run the whole agent on this machine (private Redis, and a
+                              private containerd + registry unless
+                              --container-runtime-endpoint is given), supervising the services
+  run <service> [flags]       run one service: {services}
+  crictl [--run-dir DIR | --runtime-endpoint EP] pods|ps [-a]|images
+                              list what the runtime has, as crictl would
+"""
+
+
+def services() -> dict[str, object]:
+    return {ep.name: ep for ep in entry_points(group="klet.services")}
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    if not args or args[0] in ("-h", "--help", "help"):
+        print(USAGE.format(services=", ".join(sorted(services()))))
+        return 0 if args else 2
+    command, rest = args[0], args[1:]
+    if command == "up":
+        from klet.cli.up import up
+
+        return up(rest)
+    if command == "run":
+        found = services()
+        if not rest or rest[0] not in found:
+            print(f"klet run: unknown service {rest[0] if rest else '(none)'!r}; "
+                  f"one of: {', '.join(sorted(found))}", file=sys.stderr)
+            return 2
+        service_main = found[rest[0]].load()  # type: ignore[attr-defined]
+        return int(service_main(rest[1:]) or 0)
+    if command == "crictl":
+        from klet.cli.crictl import crictl
+
+        return crictl(rest)
+    print(f"klet: unknown command {command!r}\n" + USAGE.format(services=", ".join(sorted(services()))),
+          file=sys.stderr)
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,619 @@
+"""Command-line flags with the upstream kubelet's names, plus klet's own `--redis-url` family.
+
+One table (`FLAGS`) says, for every flag, how its text becomes a value and where the value
+goes: a KubeletConfiguration field (`--pod-manifest-path` -> staticPodPath), a KletSettings
+field, or (klet-only flags) also an environment variable. argparse only splits the command
+line: every flag is registered with `action="append"` and `default=SUPPRESS`, so
+
+* an absent flag leaves no trace and cannot override the file (precedence: explicit flag >
+  config file > default, as upstream);
+* conversion happens afterwards, in `convert_flags`, which reports every bad value at once
+  instead of argparse's exit on the first;
+* repeated flags keep upstream's semantics: scalars take the last value; list and map flags
+  accumulate across repeats and replace (not merge with) the file's value.
+
+Value syntaxes follow upstream's pflag types: booleans as strconv.ParseBool, `k=v,k2=v2`
+maps (--node-labels, --kube-reserved), `signal<quantity` maps (--eviction-hard) and
+`Key:Value` multimaps (--manifest-url-header 'a:hello,b:again' --manifest-url-header 'b:x').
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from klet.config.errors import Problem
+from klet.config.kubelet import KubeletConfiguration, upstream_name
+from klet.config.units import parse_duration
+
+__all__ = [
+    "DEFAULT_SERVICE_PORTS",
+    "FLAGS",
+    "FlagSpec",
+    "add_kubelet_flags",
+    "apply_to_config",
+    "convert_flags",
+    "normalize_argv",
+]
+
+# Private /healthz, /readyz, /metrics port of each service when --service-port is 0.
+DEFAULT_SERVICE_PORTS: Mapping[str, int] = {
+    "pod-source": 10260,
+    "syncloop": 10261,
+    "status-reporter": 10262,
+    "eviction": 10263,
+    "image-gc": 10264,
+}
+
+Parser = Callable[[list[str]], Any]
+
+
+# --- value syntaxes (each raises ValueError with a message that quotes the text) ---------
+
+
+def _go_bool(text: str) -> bool:
+    if text in ("1", "t", "T", "true", "TRUE", "True"):
+        return True
+    if text in ("0", "f", "F", "false", "FALSE", "False"):
+        return False
+    raise ValueError(f'invalid boolean "{text}"')
+
+
+def _int(bits: int, *, low: int | None = None) -> Callable[[str], int]:
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise ValueError(f'invalid integer "{text}"') from None
+        if not -(2 ** (bits - 1)) <= value < 2 ** (bits - 1):
+            raise ValueError(f"{value} is out of range for int{bits}")
+        if low is not None and value < low:
+            raise ValueError(f"must be at least {low}, got {value}")
+        return value
+
+    return parse
+
+
+def _port(text: str) -> int:
+    value = _int(32)(text)
+    if not 0 <= value <= 65535:
+        raise ValueError(f"must be between 0 and 65535, got {value}")
+    return value
+
+
+def _last(convert: Callable[[str], Any]) -> Parser:
+    return lambda values: convert(values[-1])
+
+
+def _pairs(values: list[str], sep: str, what: str) -> list[tuple[str, str]]:
+    out = []
+    for value in values:
+        for item in value.split(","):
+            if not item.strip():
+                continue
+            key, found, val = item.partition(sep)
+            if not found or not key.strip():
+                raise ValueError(f'malformed pair "{item}", expected {what}')
+            out.append((key.strip(), val.strip()))
+    return out
+
+
+def _string_map(values: list[str]) -> dict[str, str]:
+    return dict(_pairs(values, "=", "key=value"))
+
+
+def _langle_map(values: list[str]) -> dict[str, str]:
+    return dict(_pairs(values, "<", "signal<value"))
+
+
+def _duration_map(values: list[str]) -> dict[str, float]:
+    return {k: parse_duration(v) for k, v in _pairs(values, "=", "signal=duration")}
+
+
+def _bool_map(values: list[str]) -> dict[str, bool]:
+    return {k: _go_bool(v) for k, v in _pairs(values, "=", "Name=true|false")}
+
+
+def _colon_multimap(values: list[str]) -> dict[str, tuple[str, ...]]:
+    out: dict[str, tuple[str, ...]] = {}
+    for key, val in _pairs(values, ":", "Key:Value"):
+        out[key] = (*out.get(key, ()), val)
+    return out
+
+
+def _string_list(values: list[str]) -> tuple[str, ...]:
+    return tuple(item for value in values for item in value.split(",") if item)
+
+
+def _string(values: list[str]) -> str:
+    return values[-1]
+
+
+@dataclasses.dataclass(frozen=True)
+class FlagSpec:
+    """One flag: its name, its value syntax and where its value goes."""
+
+    flag: str  # "--pod-manifest-path"
+    help: str  # including the default, since argparse's default is SUPPRESS
+    parse: Parser = _string  # every occurrence, in order -> value
+    field: str | None = None  # KubeletConfiguration dotted snake_case path
+    setting: str | None = None  # KletSettings attribute
+    env: str | None = None  # KLET_* variable, klet-only flags only
+    metavar: str = "VALUE"
+    short: str | None = None  # "-v"
+    optional_value: bool = False  # a Go bool flag: "--flag" alone means true
+
+    @property
+    def dest(self) -> str:
+        return self.flag.lstrip("-").replace("-", "_")
+
+
+_BOOL = _last(_go_bool)
+
+
+def _cfg(flag: str, field: str, parse: Parser, metavar: str, help: str) -> FlagSpec:
+    return FlagSpec(
+        flag,
+        f"{help} (config: {upstream_name(field)})",
+        parse,
+        field=field,
+        metavar=metavar,
+        optional_value=parse is _BOOL,
+    )
+
+
+_DUR = _last(parse_duration)
+_I32 = _last(_int(32))
+_I64 = _last(_int(64))
+
+# Upstream flags that are fields of the configuration file.
+_CONFIG_FLAGS: tuple[FlagSpec, ...] = (
+    _cfg(
+        "--pod-manifest-path",
+        "static_pod_path",
+        _string,
+        "PATH",
+        "static pod manifest file or directory",
+    ),
+    _cfg("--manifest-url", "static_pod_url", _string, "URL", "URL of static pod manifests"),
+    _cfg(
+        "--manifest-url-header",
+        "static_pod_url_header",
+        _colon_multimap,
+        "KEY:VALUE,...",
+        "HTTP headers for --manifest-url; repeatable, values for one key accumulate",
+    ),
+    _cfg(
+        "--file-check-frequency",
+        "file_check_frequency",
+        _DUR,
+        "DURATION",
+        "manifest dir poll period (default 20s)",
+    ),
+    _cfg(
+        "--http-check-frequency",
+        "http_check_frequency",
+        _DUR,
+        "DURATION",
+        "manifest URL poll period (default 20s)",
+    ),
+    _cfg(
+        "--sync-frequency",
+        "sync_frequency",
+        _DUR,
+        "DURATION",
+        "max period between pod syncs (default 1m0s)",
+    ),
+    _cfg(
+        "--container-runtime-endpoint",
+        "container_runtime_endpoint",
+        _string,
+        "URL",
+        "CRI runtime endpoint (default unix:///run/containerd/containerd.sock)",
+    ),
+    _cfg(
+        "--image-service-endpoint",
+        "image_service_endpoint",
+        _string,
+        "URL",
+        "CRI image endpoint (default: the runtime endpoint)",
+    ),
+    _cfg(
+        "--runtime-request-timeout",
+        "runtime_request_timeout",
+        _DUR,
+        "DURATION",
+        "CRI call timeout (default 2m0s)",
+    ),
+    _cfg(
+        "--pod-logs-dir",
+        "pod_logs_dir",
+        _string,
+        "PATH",
+        "klet-only: pod log root (default /var/log/pods)",
+    ),
+    _cfg("--address", "address", _string, "IP", "kubelet API bind address (default 0.0.0.0)"),
+    _cfg("--port", "port", _I32, "PORT", "kubelet API port (default 10250)"),
+    _cfg(
+        "--read-only-port",
+        "read_only_port",
+        _I32,
+        "PORT",
+        "read-only API port, 0 disables (default 0)",
+    ),
+    _cfg(
+        "--healthz-port", "healthz_port", _I32, "PORT", "healthz port, 0 disables (default 10248)"
+    ),
+    _cfg(
+        "--healthz-bind-address",
+        "healthz_bind_address",
+        _string,
+        "IP",
+        "healthz address (default 127.0.0.1)",
+    ),
+    _cfg(
+        "--tls-cert-file",
+        "tls_cert_file",
+        _string,
+        "PATH",
+        "serving certificate (default: self-signed)",
+    ),
+    _cfg("--tls-private-key-file", "tls_private_key_file", _string, "PATH", "serving key"),
+    _cfg(
+        "--client-ca-file",
+        "authentication.x509.client_ca_file",
+        _string,
+        "PATH",
+        "CA bundle for client certificates",
+    ),
+    _cfg("--max-pods", "max_pods", _I32, "N", "pods this node may run (default 110)"),
+    _cfg(
+        "--pod-max-pids", "pod_pids_limit", _I64, "N", "PIDs per pod, -1 = node limit (default -1)"
+    ),
+    _cfg(
+        "--register-node", "register_node", _BOOL, "BOOL", "register the Node object (default true)"
+    ),
+    _cfg("--provider-id", "provider_id", _string, "ID", "cloud provider ID of the node"),
+    _cfg(
+        "--node-status-update-frequency",
+        "node_status_update_frequency",
+        _DUR,
+        "DURATION",
+        "node status computation period (default 10s)",
+    ),
+    _cfg(
+        "--node-status-max-images",
+        "node_status_max_images",
+        _I32,
+        "N",
+        "images in node status, -1 = all (default 50)",
+    ),
+    _cfg(
+        "--cluster-dns", "cluster_dns", _string_list, "IP,...", "cluster DNS server IPs; repeatable"
+    ),
+    _cfg("--cluster-domain", "cluster_domain", _string, "DOMAIN", "cluster DNS domain"),
+    _cfg(
+        "--resolv-conf",
+        "resolv_conf",
+        _string,
+        "PATH",
+        "resolver file for pods (default /etc/resolv.conf)",
+    ),
+    _cfg(
+        "--cgroup-driver",
+        "cgroup_driver",
+        _string,
+        "DRIVER",
+        "cgroupfs or systemd (default cgroupfs)",
+    ),
+    _cfg("--cgroup-root", "cgroup_root", _string, "PATH", "root cgroup for pods"),
+    _cfg(
+        "--cgroups-per-qos", "cgroups_per_qos", _BOOL, "BOOL", "QoS cgroup hierarchy (default true)"
+    ),
+    _cfg(
+        "--fail-swap-on",
+        "fail_swap_on",
+        _BOOL,
+        "BOOL",
+        "refuse to start with swap on (default true)",
+    ),
+    _cfg(
+        "--serialize-image-pulls",
+        "serialize_image_pulls",
+        _BOOL,
+        "BOOL",
+        "pull one image at a time (default true)",
+    ),
+    _cfg(
+        "--registry-qps",
+        "registry_pull_qps",
+        _I32,
+        "N",
+        "image pulls per second, 0 = no limit (default 5)",
+    ),
+    _cfg("--registry-burst", "registry_burst", _I32, "N", "image pull burst (default 10)"),
+    _cfg(
+        "--event-qps", "event_record_qps", _I32, "N", "events per second, 0 = no limit (default 50)"
+    ),
+    _cfg("--event-burst", "event_burst", _I32, "N", "event burst (default 100)"),
+    _cfg("--kube-api-qps", "kube_api_qps", _I32, "N", "apiserver QPS (default 50)"),
+    _cfg("--kube-api-burst", "kube_api_burst", _I32, "N", "apiserver burst (default 100)"),
+    _cfg(
+        "--image-gc-high-threshold",
+        "image_gc_high_threshold_percent",
+        _I32,
+        "PERCENT",
+        "disk use that always triggers image GC (default 85)",
+    ),
+    _cfg(
+        "--image-gc-low-threshold",
+        "image_gc_low_threshold_percent",
+        _I32,
+        "PERCENT",
+        "disk use image GC frees down to (default 80)",
+    ),
+    _cfg(
+        "--minimum-image-ttl-duration",
+        "image_minimum_gc_age",
+        _DUR,
+        "DURATION",
+        "minimum age of an unused image before GC (default 2m0s)",
+    ),
+    _cfg(
+        "--eviction-hard",
+        "eviction_hard",
+        _langle_map,
+        "SIGNAL<VALUE,...",
+        "hard eviction thresholds, e.g. memory.available<1Gi; repeatable",
+    ),
+    _cfg(
+        "--eviction-soft",
+        "eviction_soft",
+        _langle_map,
+        "SIGNAL<VALUE,...",
+        "soft eviction thresholds",
+    ),
+    _cfg(
+        "--eviction-soft-grace-period",
+        "eviction_soft_grace_period",
+        _duration_map,
+        "SIGNAL=DURATION,...",
+        "grace periods of soft thresholds",
+    ),
+    _cfg(
+        "--eviction-minimum-reclaim",
+        "eviction_minimum_reclaim",
+        _string_map,
+        "SIGNAL=VALUE,...",
+        "minimum reclaim per signal",
+    ),
+    _cfg(
+        "--eviction-pressure-transition-period",
+        "eviction_pressure_transition_period",
+        _DUR,
+        "DURATION",
+        "pressure condition hold time (default 5m0s)",
+    ),
+    _cfg(
+        "--eviction-max-pod-grace-period",
+        "eviction_max_pod_grace_period",
+        _I32,
+        "SECONDS",
+        "grace period cap for soft evictions, 0 = pod's own (default 0)",
+    ),
+    _cfg(
+        "--kube-reserved",
+        "kube_reserved",
+        _string_map,
+        "RESOURCE=QUANTITY,...",
+        "resources for Kubernetes daemons",
+    ),
+    _cfg(
+        "--system-reserved",
+        "system_reserved",
+        _string_map,
+        "RESOURCE=QUANTITY,...",
+        "resources for the OS",
+    ),
+    _cfg(
+        "--enforce-node-allocatable",
+        "enforce_node_allocatable",
+        _string_list,
+        "LIST",
+        "node allocatable enforcement (default pods)",
+    ),
+    _cfg(
+        "--container-log-max-size",
+        "container_log_max_size",
+        _string,
+        "QUANTITY",
+        "log rotation size (default 10Mi)",
+    ),
+    _cfg(
+        "--container-log-max-files",
+        "container_log_max_files",
+        _I32,
+        "N",
+        "rotated log files kept (default 5)",
+    ),
+    _cfg(
+        "--max-open-files",
+        "max_open_files",
+        _I64,
+        "N",
+        "open files of the process (default 1000000)",
+    ),
+    _cfg("--feature-gates", "feature_gates", _bool_map, "NAME=BOOL,...", "feature gates"),
+)
+
+# Upstream flags that are not part of the file (KubeletFlags), and klet-only flags.
+_SETTING_FLAGS: tuple[FlagSpec, ...] = (
+    FlagSpec(
+        "--config",
+        "KubeletConfiguration file (YAML or JSON)",
+        setting="config_file",
+        metavar="PATH",
+    ),
+    FlagSpec(
+        "--kubeconfig",
+        "kubeconfig of the apiserver; absent = standalone (static pods only)",
+        setting="kubeconfig",
+        metavar="PATH",
+    ),
+    FlagSpec(
+        "--hostname-override",
+        "node name instead of the hostname",
+        setting="node_name",
+        metavar="NAME",
+    ),
+    FlagSpec("--node-ip", "node IP, or an IPv4,IPv6 pair", setting="node_ip", metavar="IP[,IP]"),
+    FlagSpec(
+        "--node-labels",
+        "labels to register the node with; repeatable",
+        _string_map,
+        setting="node_labels",
+        metavar="KEY=VALUE,...",
+    ),
+    FlagSpec(
+        "--root-dir",
+        "state directory (default /var/lib/kubelet)",
+        setting="root_dir",
+        metavar="PATH",
+    ),
+    FlagSpec(
+        "--cert-dir",
+        "TLS certificate directory (default /var/lib/kubelet/pki)",
+        setting="cert_dir",
+        metavar="PATH",
+    ),
+    FlagSpec(
+        "--v",
+        "log verbosity: 0-3 info, 4+ debug (default: logging.verbosity of the file, 0)",
+        _last(_int(32, low=0)),
+        setting="verbosity",
+        metavar="N",
+        short="-v",
+    ),
+    FlagSpec(
+        "--redis-url",
+        "klet-only: bus Redis URL (default redis://127.0.0.1:6379/0)",
+        setting="redis_url",
+        env="KLET_REDIS_URL",
+        metavar="URL",
+    ),
+    FlagSpec(
+        "--run-dir",
+        "klet-only: unix sockets of internal gRPC and pid files (default /run/klet)",
+        setting="run_dir",
+        env="KLET_RUN_DIR",
+        metavar="PATH",
+    ),
+    FlagSpec(
+        "--service-port",
+        "klet-only: this service's /healthz /readyz /metrics port; 0 = the "
+        "service's default (pod-source 10260, syncloop 10261, status-reporter 10262, "
+        "eviction 10263, image-gc 10264) (default 0)",
+        _last(_port),
+        setting="service_port",
+        env="KLET_SERVICE_PORT",
+        metavar="PORT",
+    ),
+    FlagSpec(
+        "--service-bind-address",
+        "klet-only: address of the service port (default 127.0.0.1)",
+        setting="service_bind_address",
+        env="KLET_SERVICE_BIND_ADDRESS",
+        metavar="IP",
+    ),
+    FlagSpec(
+        "--log-format",
+        "klet-only: json or text (default json)",
+        setting="log_format",
+        env="KLET_LOG_FORMAT",
+        metavar="FORMAT",
+    ),
+)
+
+FLAGS: tuple[FlagSpec, ...] = _SETTING_FLAGS + _CONFIG_FLAGS
+
+
+def add_kubelet_flags(parser: argparse.ArgumentParser) -> None:
+    """Register every flag of FLAGS on `parser` (values are converted by convert_flags)."""
+    groups = {
+        "agent": parser.add_argument_group("agent"),
+        "config": parser.add_argument_group("kubelet configuration (override the --config file)"),
+    }
+    for spec in FLAGS:
+        group = groups["config" if spec.field else "agent"]
+        names = [spec.flag] + ([spec.short] if spec.short else [])
+        is_bool = spec.optional_value
+        group.add_argument(
+            *names,
+            dest=spec.dest,
+            action="append",
+            default=argparse.SUPPRESS,
+            metavar=spec.metavar,
+            nargs="?" if is_bool else None,
+            const="true" if is_bool else None,
+            help=spec.help + (f" [env {spec.env}]" if spec.env else ""),
+        )
+
+
+def normalize_argv(argv: Sequence[str]) -> list[str]:
+    """Accept Go flag spellings argparse does not: `--pod_manifest_path` (pflag normalizes
+    underscores to dashes). Everything after `--` is left alone."""
+    out: list[str] = []
+    for i, arg in enumerate(argv):
+        if arg == "--":
+            return out + list(argv[i:])
+        if arg.startswith("--"):
+            name, eq, value = arg.partition("=")
+            arg = name.replace("_", "-") + eq + value
+        out.append(arg)
+    return out
+
+
+def convert_flags(
+    namespace: argparse.Namespace, specs: Sequence[FlagSpec] = FLAGS
+) -> tuple[dict[str, Any], list[Problem]]:
+    """Convert the flags present in `namespace` to values, keyed by flag name ("--port").
+
+    Every bad value is reported as a Problem naming the flag.
+    """
+    values: dict[str, Any] = {}
+    problems: list[Problem] = []
+    for spec in specs:
+        raw = getattr(namespace, spec.dest, None)
+        if raw is None:
+            continue
+        try:
+            values[spec.flag] = spec.parse(list(raw))
+        except ValueError as exc:
+            problems.append(Problem(spec.flag, str(exc)))
+    return values, problems
+
+
+def _replace_path(obj: Any, path: Sequence[str], value: Any) -> Any:
+    head, *rest = path
+    if rest:
+        value = _replace_path(getattr(obj, head), rest, value)
+    return dataclasses.replace(obj, **{head: value})
+
+
+def apply_to_config(
+    cfg: KubeletConfiguration, values: Mapping[str, Any], specs: Sequence[FlagSpec] = FLAGS
+) -> tuple[KubeletConfiguration, dict[str, str]]:
+    """Apply converted flag values over `cfg` (flags win over the file).
+
+    Returns the new configuration and, for problem attribution, a map from each
+    overridden upstream field path to the flag that set it.
+    """
+    overridden: dict[str, str] = {}
+    for spec in specs:
+        if spec.field is None or spec.flag not in values:
+            continue
+        cfg = _replace_path(cfg, spec.field.split("."), values[spec.flag])
+        overridden[upstream_name(spec.field)] = spec.flag
+    return cfg, overridden

@@ -1,0 +1,272 @@
+"""The settings tree of one klet service, read once at start-up from argv, env and the file.
+
+`load_settings(argv, env=..., service=...)` is the only place that reads flags, `KLET_*`
+environment variables and the KubeletConfiguration file. Precedence, as upstream:
+an explicit flag > the config file > the default; `KLET_*` variables exist only for
+klet-only settings and sit between their flag and their default.
+
+Every problem (unknown flag, bad flag value, bad variable, unreadable or invalid file,
+invalid merged value) is collected and raised together as one ConfigError, each naming
+the flag, variable, or file and field. A value problem in a field a flag overrode names
+the flag; otherwise it names the file.
+
+Trade-off: the node name falls back to the machine's hostname, which is read here (the
+caller may pass `hostname=` to keep tests deterministic).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import ipaddress
+import re
+import socket
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any, NoReturn
+from urllib.parse import urlsplit
+
+from klet.config.decoding import read_config_file
+from klet.config.errors import ConfigError, Problem
+from klet.config.flags import (
+    DEFAULT_SERVICE_PORTS,
+    FLAGS,
+    add_kubelet_flags,
+    apply_to_config,
+    convert_flags,
+    normalize_argv,
+)
+from klet.config.kubelet import KubeletConfiguration
+from klet.config.validation import validate_problems
+
+__all__ = ["KletSettings", "Settings", "build_parser", "load_settings"]
+
+_DNS1123_LABEL = r"[a-z0-9]([-a-z0-9]*[a-z0-9])?"
+_DNS1123_SUBDOMAIN = re.compile(rf"{_DNS1123_LABEL}(\.{_DNS1123_LABEL})*")
+_LABEL_NAME = re.compile(r"[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?")
+
+
+@dataclasses.dataclass(frozen=True)
+class KletSettings:
+    """Settings outside the KubeletConfiguration file: upstream's KubeletFlags and klet's own."""
+
+    service: str  # the service these settings are for ("syncloop", ...)
+    node_name: str  # --hostname-override, else the hostname; lowercased DNS-1123 subdomain
+    redis_url: str = "redis://127.0.0.1:6379/0"  # --redis-url / KLET_REDIS_URL
+    run_dir: Path = Path("/run/klet")  # --run-dir / KLET_RUN_DIR: gRPC sockets, pid files
+    root_dir: Path = Path("/var/lib/kubelet")  # --root-dir
+    cert_dir: Path = Path("/var/lib/kubelet/pki")  # --cert-dir
+    node_ip: str = ""  # --node-ip: "", one IP, or "IPv4,IPv6"; "" = detect
+    node_labels: Mapping[str, str] = dataclasses.field(default_factory=dict)  # --node-labels
+    kubeconfig: Path | None = None  # --kubeconfig; None = standalone
+    config_file: Path | None = None  # --config
+    # --service-port / KLET_SERVICE_PORT, resolved: 0 became the service's default port
+    # (DEFAULT_SERVICE_PORTS).
+    service_port: int = 0
+    service_bind_address: str = "127.0.0.1"  # --service-bind-address / KLET_SERVICE_BIND_ADDRESS
+    log_format: str = "json"  # --log-format / KLET_LOG_FORMAT: "json" or "text"
+    verbosity: int = 0  # -v/--v, else logging.verbosity of the file; klog levels, 4+ = debug
+
+    @property
+    def standalone(self) -> bool:
+        """No apiserver: static pods only, status served on the kubelet API."""
+        return self.kubeconfig is None
+
+    @property
+    def node_ips(self) -> tuple[str, ...]:
+        return tuple(ip for ip in self.node_ip.split(",") if ip)
+
+
+@dataclasses.dataclass(frozen=True)
+class Settings:
+    """Everything a service is configured with."""
+
+    kubelet: KubeletConfiguration
+    klet: KletSettings
+
+    @property
+    def standalone(self) -> bool:
+        return self.klet.standalone
+
+    @property
+    def client_ca_file(self) -> Path | None:
+        """--client-ca-file / authentication.x509.clientCAFile, if set."""
+        path = self.kubelet.authentication.x509.client_ca_file
+        return Path(path) if path else None
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse that raises ConfigError instead of printing usage and exiting."""
+
+    def error(self, message: str) -> NoReturn:
+        raise ConfigError([message])
+
+
+def build_parser(service: str, *, prog: str | None = None) -> argparse.ArgumentParser:
+    """The parser of every klet flag (upstream names plus klet-only), for `service`.
+
+    Flags are registered with default=SUPPRESS and action="append"; `load_settings`
+    converts them. A parse error raises ConfigError.
+    """
+    port = DEFAULT_SERVICE_PORTS.get(service)
+    description = f"klet {service}" + (f" (service port {port})" if port else "")
+    parser = _Parser(prog=prog or f"klet-{service}", description=description, allow_abbrev=False)
+    add_kubelet_flags(parser)
+    return parser
+
+
+def _klet_values(
+    flags: Mapping[str, Any], env: Mapping[str, str]
+) -> tuple[dict[str, Any], dict[str, str], list[Problem]]:
+    """KletSettings values from flags, then KLET_* variables; also where each came from."""
+    values: dict[str, Any] = {}
+    source: dict[str, str] = {}
+    problems: list[Problem] = []
+    for spec in FLAGS:
+        if spec.setting is None:
+            continue
+        if spec.flag in flags:
+            values[spec.setting] = flags[spec.flag]
+            source[spec.setting] = spec.flag
+        elif spec.env and spec.env in env:
+            try:
+                values[spec.setting] = spec.parse([env[spec.env]])
+                source[spec.setting] = spec.env
+            except ValueError as exc:
+                problems.append(Problem(spec.env, str(exc)))
+    return values, source, problems
+
+
+def _check_klet(values: Mapping[str, Any], source: Mapping[str, str]) -> list[Problem]:
+    problems: list[Problem] = []
+
+    def bad(setting: str, message: str) -> None:
+        problems.append(Problem(source.get(setting, setting), message))
+
+    if "redis_url" in values:
+        parts = urlsplit(values["redis_url"])
+        if parts.scheme not in ("redis", "rediss", "unix") or not (parts.netloc or parts.path):
+            bad(
+                "redis_url",
+                f"must be a redis://, rediss:// or unix:// URL, got {values['redis_url']!r}",
+            )
+    if values.get("log_format", "json") not in ("json", "text"):
+        bad("log_format", f"must be json or text, got {values['log_format']!r}")
+    if "service_bind_address" in values:
+        try:
+            ipaddress.ip_address(values["service_bind_address"])
+        except ValueError:
+            bad("service_bind_address", f"invalid IP address {values['service_bind_address']!r}")
+    if values.get("node_ip"):
+        try:
+            ips = [ipaddress.ip_address(ip) for ip in values["node_ip"].split(",")]
+        except ValueError:
+            bad("node_ip", f"invalid IP address list {values['node_ip']!r}")
+        else:
+            if len(ips) > 2 or (len(ips) == 2 and ips[0].version == ips[1].version):
+                bad("node_ip", "must be one IP or an IPv4,IPv6 pair")
+    for key, value in values.get("node_labels", {}).items():
+        prefix, _, name = key.rpartition("/")
+        if (prefix and not _DNS1123_SUBDOMAIN.fullmatch(prefix)) or not (
+            len(name) <= 63 and _LABEL_NAME.fullmatch(name)
+        ):
+            bad("node_labels", f"invalid label key {key!r}")
+        if value and not (len(value) <= 63 and _LABEL_NAME.fullmatch(value)):
+            bad("node_labels", f"invalid value {value!r} of label {key!r}")
+    return problems
+
+
+def _node_name(values: Mapping[str, Any], hostname: str | None) -> tuple[str, Problem | None]:
+    raw = values.get("node_name") or hostname or socket.gethostname()
+    name = raw.strip().lower()
+    where = "--hostname-override" if values.get("node_name") else "hostname"
+    if not name:
+        return name, Problem(where, "the node name is empty")
+    if len(name) > 253 or not _DNS1123_SUBDOMAIN.fullmatch(name):
+        return name, Problem(where, f"{name!r} is not a valid node name (DNS-1123 subdomain)")
+    return name, None
+
+
+def _overriding_flag(path: str, overridden: Mapping[str, str]) -> str | None:
+    """The flag that set the field at `path` (or a parent of it), if any."""
+    for field, flag in overridden.items():
+        if path == field or path.startswith((field + ".", field + "[")):
+            return flag
+    return None
+
+
+def _optional_path(value: str | None) -> Path | None:
+    return Path(value) if value else None
+
+
+def load_settings(
+    argv: Sequence[str],
+    *,
+    env: Mapping[str, str],
+    service: str,
+    hostname: str | None = None,
+) -> Settings:
+    """Parse `argv` (without the program name), read the --config file, apply the flags
+    over it and validate the result.
+
+    Raises ConfigError listing every problem; ValueError for an unknown `service`.
+    """
+    if service not in DEFAULT_SERVICE_PORTS:
+        known = ", ".join(DEFAULT_SERVICE_PORTS)
+        raise ValueError(f"unknown service {service!r} (one of {known})")
+    parser = build_parser(service)
+    namespace, extra = parser.parse_known_args(normalize_argv(argv))
+    problems = [
+        Problem(
+            "", f"unknown flag: {arg}" if arg.startswith("-") else f"unexpected argument: {arg}"
+        )
+        for arg in extra
+    ]
+    flags, flag_problems = convert_flags(namespace)
+    problems += flag_problems
+    klet_values, source, env_problems = _klet_values(flags, env)
+    problems += env_problems
+
+    config_file = _optional_path(klet_values.get("config_file"))
+    if config_file is not None:
+        cfg, file_problems = read_config_file(config_file)
+        problems += [Problem(str(config_file), str(p)) for p in file_problems]
+    else:
+        cfg = KubeletConfiguration()
+    cfg, overridden = apply_to_config(cfg, flags)
+    for problem in validate_problems(cfg):
+        flag = _overriding_flag(problem.path, overridden)
+        if flag is not None:
+            problems.append(Problem(flag, str(problem)))
+        elif config_file is not None:
+            problems.append(Problem(str(config_file), str(problem)))
+        else:
+            problems.append(problem)
+
+    problems += _check_klet(klet_values, source)
+    node_name, name_problem = _node_name(klet_values, hostname)
+    if name_problem is not None:
+        problems.append(name_problem)
+    if problems:
+        raise ConfigError([str(p) for p in problems])
+
+    port = klet_values.get("service_port", 0) or DEFAULT_SERVICE_PORTS[service]
+    klet = KletSettings(
+        service=service,
+        node_name=node_name,
+        redis_url=klet_values.get("redis_url", KletSettings.redis_url),
+        run_dir=Path(klet_values.get("run_dir", KletSettings.run_dir)),
+        root_dir=Path(klet_values.get("root_dir", KletSettings.root_dir)),
+        cert_dir=Path(klet_values.get("cert_dir", KletSettings.cert_dir)),
+        node_ip=klet_values.get("node_ip", ""),
+        node_labels=dict(klet_values.get("node_labels", {})),
+        kubeconfig=_optional_path(klet_values.get("kubeconfig")),
+        config_file=config_file,
+        service_port=port,
+        service_bind_address=klet_values.get(
+            "service_bind_address", KletSettings.service_bind_address
+        ),
+        log_format=klet_values.get("log_format", KletSettings.log_format),
+        verbosity=klet_values.get("verbosity", cfg.logging.verbosity),
+    )
+    return Settings(kubelet=cfg, klet=klet)

@@ -1,0 +1,6 @@
+"""CRI v1 access: the client adapter, its value types, errors and upstream labels."""
+
+from klet.cri.client import CRISettings, RuntimeClient
+from klet.cri.errors import CRIError, NotFound, RuntimeUnavailable
+
+__all__ = ["CRIError", "CRISettings", "NotFound", "RuntimeClient", "RuntimeUnavailable"]

@@ -1,0 +1,384 @@
+"""Asyncio CRI v1 client: the only module that imports the generated CRI stubs.
+
+It speaks RuntimeService and ImageService over one gRPC channel per endpoint, gives
+every call a deadline (runtimeRequestTimeout; image pulls get their own, longer one),
+converts messages to the value types of `klet.cri.types`, and maps gRPC failures to
+`NotFound` / `RuntimeUnavailable` / `CRIError`. Only idempotent reads are retried here
+(a short tenacity policy); mutating calls are retried by their callers, which know
+whether repeating them is safe.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+import grpc
+from cri_api.v1 import api_pb2 as pb
+from cri_api.v1 import api_pb2_grpc as pb_grpc
+from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_attempt, wait_exponential
+
+from klet.cri.errors import CRIError, NotFound, RuntimeUnavailable
+from klet.cri.types import (
+    Container,
+    ContainerConfig,
+    ContainerState,
+    ContainerStatusInfo,
+    ImageInfo,
+    RuntimeCondition,
+    RuntimeVersion,
+    Sandbox,
+    SandboxConfig,
+    SandboxState,
+    SandboxStatusInfo,
+)
+from klet.model.types import ContainerID, ImageRef, SandboxID
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class CRISettings:
+    """How to reach the runtime.
+
+    `timeout_s` is runtimeRequestTimeout (upstream default 2 min); reads are retried
+    `read_attempts` times with exponential back-off starting at `retry_initial_s`.
+    """
+
+    runtime_endpoint: str
+    image_endpoint: str = ""
+    timeout_s: float = 120.0
+    pull_timeout_s: float = 600.0
+    read_attempts: int = 3
+    retry_initial_s: float = 0.2
+
+
+def _target(endpoint: str) -> str:
+    if endpoint.startswith("unix://"):
+        return endpoint
+    if endpoint.startswith("/"):
+        return f"unix://{endpoint}"
+    if endpoint.startswith("tcp://"):
+        return endpoint[len("tcp://") :]
+    return endpoint
+
+
+def _map_error(err: grpc.aio.AioRpcError, what: str) -> CRIError:
+    code = err.code()
+    text = f"{what}: {code.name}: {err.details()}"
+    if code == grpc.StatusCode.NOT_FOUND:
+        return NotFound(text, code=code.name)
+    if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
+        return RuntimeUnavailable(text, code=code.name)
+    # containerd answers some missing-object cases with UNKNOWN + "not found".
+    if "not found" in (err.details() or "").lower():
+        return NotFound(text, code=code.name)
+    return CRIError(text, code=code.name)
+
+
+class RuntimeClient:
+    """RuntimeService + ImageService of one runtime."""
+
+    def __init__(self, settings: CRISettings) -> None:
+        self.settings = settings
+        options = [("grpc.max_receive_message_length", 16 * 1024 * 1024)]
+        self._channel = grpc.aio.insecure_channel(_target(settings.runtime_endpoint), options=options)
+        image_endpoint = settings.image_endpoint or settings.runtime_endpoint
+        self._image_channel = (
+            self._channel
+            if image_endpoint == settings.runtime_endpoint
+            else grpc.aio.insecure_channel(_target(image_endpoint), options=options)
+        )
+        self._rt = pb_grpc.RuntimeServiceStub(self._channel)
+        self._img = pb_grpc.ImageServiceStub(self._image_channel)
+
+    async def close(self) -> None:
+        await self._channel.close()
+        if self._image_channel is not self._channel:
+            await self._image_channel.close()
+
+    async def _call(self, what: str, method: Any, request: Any, *, timeout: float | None = None) -> Any:
+        try:
+            return await method(request, timeout=timeout or self.settings.timeout_s)
+        except grpc.aio.AioRpcError as err:
+            raise _map_error(err, what) from err
+
+    async def _read(self, what: str, call: Callable[[], Awaitable[T]]) -> T:
+        retrying = AsyncRetrying(
+            retry=retry_if_exception_type(RuntimeUnavailable),
+            stop=stop_after_attempt(max(1, self.settings.read_attempts)),
+            wait=wait_exponential(multiplier=self.settings.retry_initial_s, max=2.0),
+            reraise=True,
+        )
+        async for attempt in retrying:
+            with attempt:
+                return await call()
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    # -- runtime ---------------------------------------------------------------------
+
+    async def version(self) -> RuntimeVersion:
+        r = await self._read("Version", lambda: self._call("Version", self._rt.Version, pb.VersionRequest(version="v1")))
+        return RuntimeVersion(r.runtime_name, r.runtime_version, r.runtime_api_version)
+
+    async def status(self) -> list[RuntimeCondition]:
+        r = await self._read("Status", lambda: self._call("Status", self._rt.Status, pb.StatusRequest()))
+        return [RuntimeCondition(c.type, c.status, c.reason, c.message) for c in r.status.conditions]
+
+    async def run_pod_sandbox(self, config: SandboxConfig, *, runtime_handler: str = "") -> SandboxID:
+        r = await self._call(
+            "RunPodSandbox",
+            self._rt.RunPodSandbox,
+            pb.RunPodSandboxRequest(config=_sandbox_pb(config), runtime_handler=runtime_handler),
+        )
+        return SandboxID(r.pod_sandbox_id)
+
+    async def stop_pod_sandbox(self, sandbox_id: SandboxID) -> None:
+        try:
+            await self._call("StopPodSandbox", self._rt.StopPodSandbox, pb.StopPodSandboxRequest(pod_sandbox_id=sandbox_id))
+        except NotFound:
+            pass
+
+    async def remove_pod_sandbox(self, sandbox_id: SandboxID) -> None:
+        try:
+            await self._call(
+                "RemovePodSandbox", self._rt.RemovePodSandbox, pb.RemovePodSandboxRequest(pod_sandbox_id=sandbox_id)
+            )
+        except NotFound:
+            pass
+
+    async def pod_sandbox_status(self, sandbox_id: SandboxID) -> SandboxStatusInfo:
+        r = await self._read(
+            "PodSandboxStatus",
+            lambda: self._call(
+                "PodSandboxStatus", self._rt.PodSandboxStatus, pb.PodSandboxStatusRequest(pod_sandbox_id=sandbox_id)
+            ),
+        )
+        s = r.status
+        return SandboxStatusInfo(
+            id=SandboxID(s.id),
+            state=SandboxState(pb.PodSandboxState.Name(s.state)),
+            created_at=s.created_at,
+            ip=s.network.ip,
+            additional_ips=tuple(ip.ip for ip in s.network.additional_ips),
+            labels=dict(s.labels),
+            annotations=dict(s.annotations),
+        )
+
+    async def list_pod_sandboxes(self, *, label_selector: dict[str, str] | None = None) -> list[Sandbox]:
+        request = pb.ListPodSandboxRequest(filter=pb.PodSandboxFilter(label_selector=label_selector or {}))
+        r = await self._read(
+            "ListPodSandbox", lambda: self._call("ListPodSandbox", self._rt.ListPodSandbox, request)
+        )
+        return [
+            Sandbox(
+                id=SandboxID(s.id),
+                name=s.metadata.name,
+                namespace=s.metadata.namespace,
+                uid=s.metadata.uid,
+                attempt=s.metadata.attempt,
+                state=SandboxState(pb.PodSandboxState.Name(s.state)),
+                created_at=s.created_at,
+                labels=dict(s.labels),
+                annotations=dict(s.annotations),
+            )
+            for s in r.items
+        ]
+
+    async def create_container(
+        self, sandbox_id: SandboxID, config: ContainerConfig, sandbox_config: SandboxConfig
+    ) -> ContainerID:
+        r = await self._call(
+            "CreateContainer",
+            self._rt.CreateContainer,
+            pb.CreateContainerRequest(
+                pod_sandbox_id=sandbox_id, config=_container_pb(config), sandbox_config=_sandbox_pb(sandbox_config)
+            ),
+        )
+        return ContainerID(r.container_id)
+
+    async def start_container(self, container_id: ContainerID) -> None:
+        await self._call("StartContainer", self._rt.StartContainer, pb.StartContainerRequest(container_id=container_id))
+
+    async def stop_container(self, container_id: ContainerID, *, timeout_s: int) -> None:
+        try:
+            await self._call(
+                "StopContainer",
+                self._rt.StopContainer,
+                pb.StopContainerRequest(container_id=container_id, timeout=timeout_s),
+                timeout=self.settings.timeout_s + timeout_s,
+            )
+        except NotFound:
+            pass
+
+    async def remove_container(self, container_id: ContainerID) -> None:
+        try:
+            await self._call("RemoveContainer", self._rt.RemoveContainer, pb.RemoveContainerRequest(container_id=container_id))
+        except NotFound:
+            pass
+
+    async def list_containers(
+        self, *, sandbox_id: SandboxID | None = None, label_selector: dict[str, str] | None = None
+    ) -> list[Container]:
+        flt = pb.ContainerFilter(pod_sandbox_id=sandbox_id or "", label_selector=label_selector or {})
+        r = await self._read(
+            "ListContainers",
+            lambda: self._call("ListContainers", self._rt.ListContainers, pb.ListContainersRequest(filter=flt)),
+        )
+        return [
+            Container(
+                id=ContainerID(c.id),
+                sandbox_id=SandboxID(c.pod_sandbox_id),
+                name=c.metadata.name,
+                attempt=c.metadata.attempt,
+                image=c.image.image,
+                image_ref=c.image_ref,
+                state=ContainerState(pb.ContainerState.Name(c.state)),
+                created_at=c.created_at,
+                labels=dict(c.labels),
+                annotations=dict(c.annotations),
+            )
+            for c in r.containers
+        ]
+
+    async def container_status(self, container_id: ContainerID) -> ContainerStatusInfo:
+        r = await self._read(
+            "ContainerStatus",
+            lambda: self._call(
+                "ContainerStatus", self._rt.ContainerStatus, pb.ContainerStatusRequest(container_id=container_id)
+            ),
+        )
+        s = r.status
+        return ContainerStatusInfo(
+            id=ContainerID(s.id),
+            name=s.metadata.name,
+            attempt=s.metadata.attempt,
+            state=ContainerState(pb.ContainerState.Name(s.state)),
+            created_at=s.created_at,
+            started_at=s.started_at,
+            finished_at=s.finished_at,
+            exit_code=s.exit_code,
+            image=s.image.image,
+            image_ref=s.image_ref,
+            reason=s.reason,
+            message=s.message,
+            log_path=s.log_path,
+            labels=dict(s.labels),
+            annotations=dict(s.annotations),
+        )
+
+    async def exec_sync(self, container_id: ContainerID, cmd: list[str], *, timeout_s: int) -> tuple[int, bytes, bytes]:
+        r = await self._call(
+            "ExecSync",
+            self._rt.ExecSync,
+            pb.ExecSyncRequest(container_id=container_id, cmd=cmd, timeout=timeout_s),
+            timeout=timeout_s + self.settings.timeout_s,
+        )
+        return int(r.exit_code), bytes(r.stdout), bytes(r.stderr)
+
+    # -- images ----------------------------------------------------------------------
+
+    async def pull_image(self, image: str, *, sandbox_config: SandboxConfig | None = None) -> ImageRef:
+        request = pb.PullImageRequest(image=pb.ImageSpec(image=image))
+        if sandbox_config is not None:
+            request.sandbox_config.CopyFrom(_sandbox_pb(sandbox_config))
+        r = await self._call("PullImage", self._img.PullImage, request, timeout=self.settings.pull_timeout_s)
+        return ImageRef(r.image_ref)
+
+    async def image_status(self, image: str) -> ImageInfo | None:
+        r = await self._read(
+            "ImageStatus",
+            lambda: self._call("ImageStatus", self._img.ImageStatus, pb.ImageStatusRequest(image=pb.ImageSpec(image=image))),
+        )
+        if not r.image.id:
+            return None
+        return _image(r.image)
+
+    async def list_images(self) -> list[ImageInfo]:
+        r = await self._read("ListImages", lambda: self._call("ListImages", self._img.ListImages, pb.ListImagesRequest()))
+        return [_image(i) for i in r.images]
+
+    async def remove_image(self, image: str) -> None:
+        try:
+            await self._call("RemoveImage", self._img.RemoveImage, pb.RemoveImageRequest(image=pb.ImageSpec(image=image)))
+        except NotFound:
+            pass
+
+
+def _image(i: Any) -> ImageInfo:
+    return ImageInfo(
+        id=ImageRef(i.id),
+        repo_tags=tuple(i.repo_tags),
+        repo_digests=tuple(i.repo_digests),
+        size=int(i.size),
+        pinned=bool(i.pinned),
+    )
+
+
+def _sandbox_pb(c: SandboxConfig) -> Any:
+    ns_mode = pb.NamespaceMode
+    cfg = pb.PodSandboxConfig(
+        metadata=pb.PodSandboxMetadata(name=c.name, uid=c.uid, namespace=c.namespace, attempt=c.attempt),
+        hostname=c.hostname,
+        log_directory=c.log_directory,
+        labels=c.labels,
+        annotations=c.annotations,
+        port_mappings=[
+            pb.PortMapping(
+                protocol=getattr(pb.Protocol, p.protocol.upper(), pb.Protocol.TCP),
+                container_port=p.container_port,
+                host_port=p.host_port,
+                host_ip=p.host_ip,
+            )
+            for p in c.port_mappings
+        ],
+        linux=pb.LinuxPodSandboxConfig(
+            cgroup_parent=c.cgroup_parent,
+            security_context=pb.LinuxSandboxSecurityContext(
+                namespace_options=pb.NamespaceOption(
+                    network=ns_mode.NODE if c.host_network else ns_mode.POD,
+                    pid=ns_mode.NODE if c.host_pid else ns_mode.CONTAINER,
+                    ipc=ns_mode.NODE if c.host_ipc else ns_mode.POD,
+                )
+            ),
+        ),
+    )
+    if c.dns is not None:
+        cfg.dns_config.CopyFrom(
+            pb.DNSConfig(servers=list(c.dns.servers), searches=list(c.dns.searches), options=list(c.dns.options))
+        )
+    return cfg
+
+
+def _container_pb(c: ContainerConfig) -> Any:
+    cfg = pb.ContainerConfig(
+        metadata=pb.ContainerMetadata(name=c.name, attempt=c.attempt),
+        image=pb.ImageSpec(image=c.image),
+        command=list(c.command),
+        args=list(c.args),
+        working_dir=c.working_dir,
+        envs=[pb.KeyValue(key=k, value=v) for k, v in c.envs],
+        mounts=[pb.Mount(container_path=m.container_path, host_path=m.host_path, readonly=m.readonly) for m in c.mounts],
+        labels=c.labels,
+        annotations=c.annotations,
+        log_path=c.log_path,
+        stdin=c.stdin,
+        stdin_once=c.stdin_once,
+        tty=c.tty,
+    )
+    if c.resources is not None:
+        r = c.resources
+        cfg.linux.resources.CopyFrom(
+            pb.LinuxContainerResources(
+                cpu_shares=r.cpu_shares,
+                cpu_quota=r.cpu_quota,
+                cpu_period=r.cpu_period,
+                memory_limit_in_bytes=r.memory_limit_bytes,
+                oom_score_adj=r.oom_score_adj,
+            )
+        )
+    return cfg

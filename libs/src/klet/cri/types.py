@@ -1,0 +1,174 @@
+"""Plain value types for what the agent sends to and reads from a CRI runtime.
+
+Services build and read these; only `klet.cri.client` converts them to and from the
+generated CRI messages, so the protobuf layer stops at the adapter (STYLE.md rule 19).
+Times are nanoseconds since the epoch, as CRI reports them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import Enum
+
+from klet.model.types import ContainerID, ImageRef, SandboxID
+
+
+class SandboxState(Enum):
+    READY = "SANDBOX_READY"
+    NOTREADY = "SANDBOX_NOTREADY"
+
+
+class ContainerState(Enum):
+    CREATED = "CONTAINER_CREATED"
+    RUNNING = "CONTAINER_RUNNING"
+    EXITED = "CONTAINER_EXITED"
+    UNKNOWN = "CONTAINER_UNKNOWN"
+
+
+@dataclass(frozen=True)
+class Sandbox:
+    id: SandboxID
+    name: str
+    namespace: str
+    uid: str
+    attempt: int
+    state: SandboxState
+    created_at: int
+    labels: dict[str, str] = field(default_factory=dict)
+    annotations: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class SandboxStatusInfo:
+    id: SandboxID
+    state: SandboxState
+    created_at: int
+    ip: str
+    additional_ips: tuple[str, ...] = ()
+    labels: dict[str, str] = field(default_factory=dict)
+    annotations: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Container:
+    id: ContainerID
+    sandbox_id: SandboxID
+    name: str
+    attempt: int
+    image: str
+    image_ref: str
+    state: ContainerState
+    created_at: int
+    labels: dict[str, str] = field(default_factory=dict)
+    annotations: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class ContainerStatusInfo:
+    id: ContainerID
+    name: str
+    attempt: int
+    state: ContainerState
+    created_at: int
+    started_at: int
+    finished_at: int
+    exit_code: int
+    image: str
+    image_ref: str
+    reason: str
+    message: str
+    log_path: str
+    labels: dict[str, str] = field(default_factory=dict)
+    annotations: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class ImageInfo:
+    id: ImageRef
+    repo_tags: tuple[str, ...]
+    repo_digests: tuple[str, ...]
+    size: int
+    pinned: bool = False
+
+
+@dataclass(frozen=True)
+class PortMapping:
+    container_port: int
+    host_port: int = 0
+    host_ip: str = ""
+    protocol: str = "TCP"
+
+
+@dataclass(frozen=True)
+class Mount:
+    container_path: str
+    host_path: str
+    readonly: bool = False
+
+
+@dataclass(frozen=True)
+class DNSConfig:
+    servers: tuple[str, ...] = ()
+    searches: tuple[str, ...] = ()
+    options: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class SandboxConfig:
+    name: str
+    namespace: str
+    uid: str
+    attempt: int
+    hostname: str
+    log_directory: str
+    labels: dict[str, str] = field(default_factory=dict)
+    annotations: dict[str, str] = field(default_factory=dict)
+    port_mappings: tuple[PortMapping, ...] = ()
+    cgroup_parent: str = ""
+    dns: DNSConfig | None = None
+    host_network: bool = False
+    host_pid: bool = False
+    host_ipc: bool = False
+
+
+@dataclass(frozen=True)
+class LinuxResources:
+    cpu_shares: int = 0
+    cpu_quota: int = 0
+    cpu_period: int = 0
+    memory_limit_bytes: int = 0
+    oom_score_adj: int = 0
+
+
+@dataclass(frozen=True)
+class ContainerConfig:
+    name: str
+    attempt: int
+    image: str
+    command: tuple[str, ...] = ()
+    args: tuple[str, ...] = ()
+    working_dir: str = ""
+    envs: tuple[tuple[str, str], ...] = ()
+    labels: dict[str, str] = field(default_factory=dict)
+    annotations: dict[str, str] = field(default_factory=dict)
+    log_path: str = ""
+    mounts: tuple[Mount, ...] = ()
+    stdin: bool = False
+    stdin_once: bool = False
+    tty: bool = False
+    resources: LinuxResources | None = None
+
+
+@dataclass(frozen=True)
+class RuntimeCondition:
+    type: str
+    status: bool
+    reason: str = ""
+    message: str = ""
+
+
+@dataclass(frozen=True)
+class RuntimeVersion:
+    runtime_name: str
+    runtime_version: str
+    runtime_api_version: str

@@ -1,0 +1,361 @@
+"""A private containerd (1.6, Debian's) serving CRI v1 on a socket of its own.
+
+Everything containerd and its shims write goes under the stack's directory: root,
+state (with the pods' network namespaces, via ``netns_mounts_under_state_dir``), the
+runc state root, the CNI configuration and IPAM store, and the registry host
+configuration. The one exception is containerd 1.6's hard-coded shim socket directory
+``/run/containerd/s``, whose entries are hashed with our socket address and so never
+collide with a system instance.
+
+Settings this host needs (see HOST_NOTES.md): ``restrict_oom_score_adj`` because
+negative oom_score_adj is refused, cgroupfs rather than systemd cgroups, CNI plugins
+from ``/usr/lib/cni``, and a ``hosts.toml`` per registry host name so that
+``registry.klet.test/...`` is pulled over plain HTTP from the local registry.
+
+Stopping must leave nothing behind: containerd's shims outlive it on purpose (that is
+how real nodes survive a containerd restart), so ``stop`` first kills every task
+through ctr, then SIGTERMs containerd, then kills any shim still serving our socket
+with its container processes, unmounts whatever remains mounted under the directory and
+removes the network's bridge and iptables rules. ``start`` runs the same clean-up for a
+previous run of the same directory that did not stop.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import json
+import logging
+import os
+import subprocess
+from collections.abc import Mapping
+from pathlib import Path
+
+from klet.devstack.cni import CNI_BIN_DIR, CniNetwork
+from klet.devstack.images import PAUSE_IMAGE, TEST_REGISTRY_HOST
+from klet.devstack.procs import ManagedProcess, Pidfile, StartError, kill_pid, read_cmdline
+
+log = logging.getLogger(__name__)
+
+CONTAINERD_BINARY = "/usr/bin/containerd"
+CTR_BINARY = "/usr/bin/ctr"
+# The kernel's limit on sun_path, including the terminating NUL.
+UNIX_PATH_MAX = 108
+_DISABLED_PLUGINS = (
+    "io.containerd.snapshotter.v1.aufs",
+    "io.containerd.snapshotter.v1.btrfs",
+    "io.containerd.snapshotter.v1.devmapper",
+    "io.containerd.snapshotter.v1.zfs",
+)
+_MNT_DETACH = 2
+
+
+class ContainerdError(RuntimeError):
+    """A ctr command against the private containerd failed."""
+
+
+def _q(value: str) -> str:
+    # JSON string escapes are valid TOML basic-string escapes.
+    return json.dumps(value)
+
+
+class Containerd:
+    """One containerd under ``dir``; ``registry_host_map`` maps image registry host
+    names to the ``host:port`` of a plain-HTTP registry serving them."""
+
+    def __init__(
+        self,
+        dir: Path,
+        registry_host_map: Mapping[str, str] | None = None,
+        sandbox_image: str = PAUSE_IMAGE,
+        *,
+        log_level: str = "info",
+    ) -> None:
+        # Absolute, because the socket path goes into the config and the mount sweep
+        # compares against /proc/self/mountinfo.
+        self.dir = dir.resolve()
+        self.registry_host_map = dict(registry_host_map or {})
+        self.sandbox_image = sandbox_image
+        self.log_level = log_level
+        self.socket = dir / "containerd.sock"
+        self.ttrpc_socket = dir / "containerd.sock.ttrpc"
+        self.config_path = dir / "config.toml"
+        self.root = dir / "root"
+        self.state = dir / "state"
+        self.runc_root = dir / "runc"
+        self.certs_dir = dir / "certs.d"
+        self.network = CniNetwork(dir / "cni")
+        self._proc: ManagedProcess | None = None
+
+    @classmethod
+    def for_registry(
+        cls,
+        dir: Path,
+        registry_address: str,
+        *,
+        sandbox_image: str = PAUSE_IMAGE,
+        log_level: str = "info",
+    ) -> Containerd:
+        """A containerd that pulls ``registry.klet.test/...`` (and ``registry_address``
+        itself) over plain HTTP from the registry at ``registry_address``."""
+        hosts = {TEST_REGISTRY_HOST: registry_address, registry_address: registry_address}
+        return cls(dir, hosts, sandbox_image, log_level=log_level)
+
+    @property
+    def endpoint(self) -> str:
+        return f"unix://{self.socket}"
+
+    @property
+    def pid(self) -> int | None:
+        return self._proc.pid if self._proc is not None else None
+
+    @property
+    def alive(self) -> bool:
+        return self._proc is not None and self._proc.alive
+
+    # -- configuration -----------------------------------------------------------
+
+    def config_toml(self) -> str:
+        cri = '[plugins."io.containerd.grpc.v1.cri"'
+        disabled = ", ".join(_q(p) for p in _DISABLED_PLUGINS)
+        return f"""\
+version = 2
+root = {_q(str(self.root))}
+state = {_q(str(self.state))}
+oom_score = 0
+disabled_plugins = [{disabled}]
+
+[grpc]
+  address = {_q(str(self.socket))}
+
+[ttrpc]
+  address = {_q(str(self.ttrpc_socket))}
+
+[debug]
+  address = ""
+  level = {_q(self.log_level)}
+
+[metrics]
+  address = ""
+
+[plugins]
+  [plugins."io.containerd.internal.v1.opt"]
+    path = {_q(str(self.dir / "opt"))}
+
+  {cri}]
+    sandbox_image = {_q(self.sandbox_image)}
+    # This host refuses negative oom_score_adj; without this every sandbox fails.
+    restrict_oom_score_adj = true
+    netns_mounts_under_state_dir = true
+    stream_server_address = "127.0.0.1"
+    stream_server_port = "0"
+    enable_tls_streaming = false
+    disable_tcp_service = true
+
+  {cri}.containerd]
+    snapshotter = "overlayfs"
+    default_runtime_name = "runc"
+
+  {cri}.containerd.runtimes.runc]
+    runtime_type = "io.containerd.runc.v2"
+
+  {cri}.containerd.runtimes.runc.options]
+    SystemdCgroup = false
+    Root = {_q(str(self.runc_root))}
+
+  {cri}.cni]
+    bin_dir = {_q(CNI_BIN_DIR)}
+    conf_dir = {_q(str(self.network.conf_dir))}
+    max_conf_num = 1
+
+  {cri}.registry]
+    config_path = {_q(str(self.certs_dir))}
+"""
+
+    def write_config(self) -> None:
+        for path in (self.socket, self.ttrpc_socket):
+            if len(os.fsencode(str(path))) >= UNIX_PATH_MAX:
+                raise StartError(
+                    f"socket path {path} is {len(str(path))} bytes, over the kernel's "
+                    f"limit of {UNIX_PATH_MAX - 1}: use a shorter directory"
+                )
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.config_path.write_text(self.config_toml())
+        for host, address in self.registry_host_map.items():
+            host_dir = self.certs_dir / host
+            host_dir.mkdir(parents=True, exist_ok=True)
+            server = f"http://{address}"
+            (host_dir / "hosts.toml").write_text(
+                f"server = {_q(server)}\n\n"
+                f"[host.{_q(server)}]\n"
+                f'  capabilities = ["pull", "resolve"]\n'
+            )
+        self.network.write()
+
+    # -- lifecycle ---------------------------------------------------------------
+
+    def start(self, *, timeout_s: float = 30.0) -> None:
+        self.cleanup_leftovers()
+        self.write_config()
+        env = dict(os.environ)
+        # containerd finds runc and containerd-shim-runc-v2 through PATH.
+        env["PATH"] = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+        proc = ManagedProcess(
+            "containerd",
+            [CONTAINERD_BINARY, "--config", str(self.config_path)],
+            dir=self.dir,
+            env=env,
+        )
+        proc.start()
+        self._proc = proc
+        try:
+            proc.wait_ready(self._ready, timeout_s, f"ctr version on {self.socket}")
+        except StartError:
+            self.stop()
+            raise
+
+    def _ready(self) -> bool:
+        if not self.socket.exists():
+            return False
+        return self._ctr_ok(["version"], timeout_s=5.0)
+
+    def stop(self, timeout_s: float = 10.0) -> None:
+        """Kill every container, stop containerd, and clean the host up after it."""
+        if self.alive:
+            self._kill_all_tasks()
+        if self._proc is not None:
+            self._proc.stop(timeout_s)
+            self._proc = None
+        self._kill_shims()
+        self._unmount_all()
+        self.network.cleanup()
+
+    def cleanup_leftovers(self) -> None:
+        """Stop what a previous run of this directory left running or mounted."""
+        Pidfile(self.dir / "containerd.pid").stop_leftover()
+        self._kill_shims()
+        self._unmount_all()
+        self.network.cleanup()
+        for path in (self.socket, self.ttrpc_socket):
+            path.unlink(missing_ok=True)
+
+    # -- ctr ---------------------------------------------------------------------
+
+    def ctr(
+        self, args: list[str], *, namespace: str | None = "k8s.io", timeout_s: float = 120.0
+    ) -> str:
+        """Run ctr against this containerd; raise ContainerdError on failure."""
+        argv = [CTR_BINARY, "--address", str(self.socket)]
+        if namespace is not None:
+            argv += ["--namespace", namespace]
+        argv += args
+        try:
+            res = subprocess.run(argv, capture_output=True, text=True, timeout=timeout_s)
+        except (OSError, subprocess.SubprocessError) as exc:
+            raise ContainerdError(f"{' '.join(argv)}: {exc}") from exc
+        if res.returncode != 0:
+            raise ContainerdError(
+                f"{' '.join(argv)} exited {res.returncode}: {res.stderr.strip()[-2000:]}"
+            )
+        return res.stdout
+
+    def _ctr_ok(self, args: list[str], *, timeout_s: float) -> bool:
+        try:
+            self.ctr(args, namespace=None, timeout_s=timeout_s)
+        except ContainerdError:
+            return False
+        return True
+
+    def import_image(self, oci_archive_path: Path) -> None:
+        """Import an OCI archive into the CRI namespace (k8s.io), unpacked."""
+        self.ctr(["images", "import", "--all-platforms", str(oci_archive_path)])
+
+    def list_images(self) -> list[str]:
+        return self.ctr(["images", "ls", "-q"]).split()
+
+    # -- clean-up ----------------------------------------------------------------
+
+    def _kill_all_tasks(self) -> None:
+        try:
+            namespaces = self.ctr(["namespaces", "ls", "-q"], namespace=None, timeout_s=10).split()
+            for ns in namespaces:
+                tasks = self.ctr(["tasks", "ls", "-q"], namespace=ns, timeout_s=10).split()
+                if tasks:
+                    log.info("killing leftover tasks namespace=%s count=%d", ns, len(tasks))
+                    self.ctr(["tasks", "delete", "--force", *tasks], namespace=ns, timeout_s=60)
+        except ContainerdError as exc:
+            # The shim sweep after containerd stops catches whatever this missed.
+            log.warning("could not kill tasks through ctr: %s", exc)
+
+    def _shim_pids(self) -> list[int]:
+        address = str(self.socket)
+        pids = []
+        for entry in Path("/proc").iterdir():
+            if not entry.name.isdigit():
+                continue
+            argv = read_cmdline(int(entry.name))
+            if not argv or "containerd-shim" not in os.path.basename(argv[0]):
+                continue
+            if "-address" in argv and argv[argv.index("-address") + 1 :][:1] == [address]:
+                pids.append(int(entry.name))
+        return pids
+
+    def _kill_shims(self) -> None:
+        shims = self._shim_pids()
+        if not shims:
+            return
+        children = _children_map()
+        for shim in shims:
+            victims = _descendants(shim, children)
+            log.warning("killing leftover shim pid=%d with %d processes", shim, len(victims))
+            # Container processes first: a shim that dies first orphans them to init.
+            for pid in reversed(victims):
+                kill_pid(pid, timeout_s=0.5)
+            kill_pid(shim, timeout_s=2.0)
+
+    def _unmount_all(self) -> None:
+        prefix = str(self.dir.resolve()) + "/"
+        targets = [m for m in _mount_points() if m.startswith(prefix)]
+        if not targets:
+            return
+        libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
+        # Deepest first, and for equal depth the most recent mount first.
+        for target in sorted(reversed(targets), key=lambda m: m.count("/"), reverse=True):
+            if libc.umount2(os.fsencode(target), _MNT_DETACH) != 0:
+                err = ctypes.get_errno()
+                log.warning("umount failed target=%s error=%s", target, os.strerror(err))
+
+
+def _mount_points() -> list[str]:
+    points = []
+    for line in Path("/proc/self/mountinfo").read_text().splitlines():
+        fields = line.split(" ")
+        if len(fields) > 4:
+            # mountinfo escapes space, tab, newline and backslash as octal.
+            points.append(fields[4].encode().decode("unicode_escape"))
+    return points
+
+
+def _children_map() -> dict[int, list[int]]:
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        ppid = int(stat[stat.rfind(")") + 2 :].split()[1])
+        children.setdefault(ppid, []).append(int(entry.name))
+    return children
+
+
+def _descendants(pid: int, children: Mapping[int, list[int]]) -> list[int]:
+    """All descendants of ``pid``, parents before children."""
+    out: list[int] = []
+    queue = list(children.get(pid, []))
+    while queue:
+        p = queue.pop(0)
+        out.append(p)
+        queue.extend(children.get(p, []))
+    return out

@@ -1,0 +1,165 @@
+"""Versioned wire records of the Redis bus.
+
+Every value written to a table or stream is a JSON object with `"v": 1`. Decoding is
+strict: an unknown version, a missing field or a field of the wrong type raises
+`BadRecord`, and the consumer logs it and moves on without acting on it (DESIGN.md:
+"never half-processed"). Records are frozen dataclasses so a consumer cannot mutate
+what it read.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field, fields
+from typing import Any, ClassVar, Literal, TypeVar, get_args
+
+from klet.model.types import JSON, PodUID
+
+VERSION = 1
+
+SourceName = Literal["file", "http", "api"]
+ChangeOp = Literal["ADD", "UPDATE", "REMOVE", "DELETE", "RECONCILE"]
+
+
+class BadRecord(ValueError):
+    """A bus payload that cannot be decoded; carries the reason for the log."""
+
+
+R = TypeVar("R", bound="Record")
+
+
+@dataclass(frozen=True)
+class Record:
+    """Base of all bus records: JSON encoding with a version field."""
+
+    kind: ClassVar[str] = "record"
+
+    def encode(self) -> str:
+        return json.dumps({"v": VERSION, **asdict(self)}, separators=(",", ":"), sort_keys=True)
+
+    @classmethod
+    def decode(cls: type[R], raw: str | bytes) -> R:
+        try:
+            data = json.loads(raw)
+        except (ValueError, UnicodeDecodeError) as err:
+            raise BadRecord(f"{cls.kind}: not JSON: {err}") from err
+        if not isinstance(data, dict):
+            raise BadRecord(f"{cls.kind}: expected a JSON object, got {type(data).__name__}")
+        version = data.pop("v", None)
+        if version != VERSION:
+            raise BadRecord(f"{cls.kind}: unsupported version {version!r} (want {VERSION})")
+        names = {f.name for f in fields(cls)}
+        missing = [f.name for f in fields(cls) if f.name not in data and _required(f)]
+        if missing:
+            raise BadRecord(f"{cls.kind}: missing field(s) {', '.join(missing)}")
+        unknown = sorted(set(data) - names)
+        if unknown:
+            raise BadRecord(f"{cls.kind}: unknown field(s) {', '.join(unknown)}")
+        for f in fields(cls):
+            if f.name in data:
+                _check_type(cls.kind, f.name, f.type, data[f.name])
+        return cls(**data)
+
+
+def _required(f: Any) -> bool:
+    from dataclasses import MISSING
+
+    return bool(f.default is MISSING and f.default_factory is MISSING)
+
+
+_SIMPLE = {"str": str, "int": int, "float": (int, float), "bool": bool, "JSON": dict}
+
+
+def _check_type(kind: str, name: str, annotation: Any, value: Any) -> None:
+    text = annotation if isinstance(annotation, str) else getattr(annotation, "__name__", "")
+    if text in ("SourceName", "ChangeOp"):
+        allowed = get_args(SourceName if text == "SourceName" else ChangeOp)
+        if value not in allowed:
+            raise BadRecord(f"{kind}: field {name}={value!r} not one of {', '.join(allowed)}")
+        return
+    if text == "PodUID":
+        text = "str"
+    expected = _SIMPLE.get(text)
+    if expected is not None and (
+        not isinstance(value, expected) or (text != "bool" and isinstance(value, bool))
+    ):
+        raise BadRecord(f"{kind}: field {name} has type {type(value).__name__}, want {text}")
+
+
+@dataclass(frozen=True)
+class DesiredPod(Record):
+    """`desired` table value: one pod the node should run, as pod-source merged it."""
+
+    kind: ClassVar[str] = "desired"
+    uid: PodUID
+    pod: JSON
+    source: SourceName
+    hash: str
+    seen_at: float
+
+
+@dataclass(frozen=True)
+class SourceState(Record):
+    """`sources` table value: whether a configured source has delivered a full snapshot.
+
+    Destructive work (killing a pod that is not desired) waits until every configured
+    source is ready; a flushed Redis has no entries and so is never ready.
+    """
+
+    kind: ClassVar[str] = "source"
+    source: SourceName
+    ready: bool
+    at: float
+
+
+@dataclass(frozen=True)
+class PodChange(Record):
+    """`pods` stream entry: a wake-up telling syncloop that a desired pod changed."""
+
+    kind: ClassVar[str] = "podchange"
+    op: ChangeOp
+    uid: PodUID
+    source: SourceName
+
+
+@dataclass(frozen=True)
+class PodStatusRecord(Record):
+    """`status` table value: the latest API PodStatus computed for a pod by syncloop.
+
+    `version` increases monotonically per pod for the lifetime of a syncloop leader; a
+    reader drops a record whose version is lower than one it already handled, unless
+    `epoch` (the writer's start time) is newer.
+    """
+
+    kind: ClassVar[str] = "status"
+    uid: PodUID
+    namespace: str
+    name: str
+    version: int
+    epoch: float
+    status: JSON
+    updated_at: float
+
+
+@dataclass(frozen=True)
+class PodStatusChange(Record):
+    """`podstatus` stream entry: the status of a pod changed to `version`."""
+
+    kind: ClassVar[str] = "podstatuschange"
+    uid: PodUID
+    version: int
+
+
+@dataclass(frozen=True)
+class EventRecord(Record):
+    """`events` stream entry: a Kubernetes Event to post (status-reporter posts them)."""
+
+    kind: ClassVar[str] = "event"
+    type: str  # Normal | Warning
+    reason: str
+    message: str
+    involved: JSON  # {kind, namespace, name, uid, fieldPath?}
+    component: str
+    at: float
+    count: int = 1
+    extra: JSON = field(default_factory=dict)

@@ -1,0 +1,308 @@
+"""Publisher: merges source snapshots and writes the result to the bus.
+
+The stateful shell around the pure merge (`podconfig`) and repair (`reconcile`):
+
+- Each snapshot's changes go out in ONE transaction: desired puts/deletes with their
+  `pods` stream records in upstream's order, FailedValidation events for newly dropped
+  duplicates, then the source's `sources` entry (ready). syncloop therefore never sees
+  a source marked ready before its pods are in the table.
+- Only the holder of the "pod-source" lease writes. A standby replica runs the same
+  sources and merge, so on takeover it needs only a reconcile, not a re-read.
+- At start the `desired` table is loaded and seeded into the merge, so the first
+  snapshot after a restart is diffed against what was published: unchanged pods
+  produce no traffic and pods removed while the service was down get a REMOVE.
+  Snapshots wait in the inbox until that load succeeds.
+- After every source poll the tables are compared with the merged state and the
+  difference rewritten in one transaction (`reconcile.plan_reconcile`). This is also
+  the recovery path: after a bus error, or on taking the lease, pending per-snapshot
+  writes are dropped and a reconcile is done instead, which publishes their net effect.
+- Redis down (`BusUnavailable`) never stops the merge and never crashes the loop: the
+  error is logged once per outage, counted, and retried with exponential back-off.
+
+Trade-off: lease fencing is not checked inside the write transaction (the bus has no
+compare-and-write yet). A leader that stalls for longer than the lease TTL could write
+once after a standby took over; the next reconcile of the new leader repairs it.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Protocol
+
+from klet.bus import BusUnavailable, NodeBus
+from klet.model.records import EventRecord, PodChange, SourceName, SourceState
+from klet.model.types import JSON
+from klet.pod_source.inbox import Inbox
+from klet.pod_source.metrics import Metrics
+from klet.pod_source.podconfig import Changes, Dropped, PodConfigState, merge_snapshot, seed
+from klet.pod_source.reconcile import Plan, from_record, plan_reconcile, to_record
+
+log = logging.getLogger(__name__)
+
+Clock = Callable[[], float]
+
+LEASE_NAME = "pod-source"
+
+
+class LeaseLike(Protocol):
+    """What the publisher needs of `klet.bus.Lease`."""
+
+    held: bool
+
+    async def try_acquire(self) -> bool: ...
+
+    async def release(self) -> None: ...
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    """Back-off between bus attempts during an outage (seconds)."""
+
+    initial_s: float = 0.5
+    max_s: float = 10.0
+    factor: float = 2.0
+
+    def delay(self, failures: int) -> float:
+        return float(min(self.max_s, self.initial_s * self.factor ** max(0, failures - 1)))
+
+
+class Publisher:
+    """Owns the merged state; writes it to the bus while holding the lease."""
+
+    def __init__(
+        self,
+        *,
+        bus: NodeBus,
+        lease: LeaseLike,
+        inbox: Inbox,
+        configured: frozenset[SourceName],
+        metrics: Metrics,
+        renew_every_s: float,
+        retry: RetryPolicy = RetryPolicy(),
+        clock: Clock = time.time,
+    ) -> None:
+        self._bus = bus
+        self._lease = lease
+        self._inbox = inbox
+        self._configured = configured
+        self._metrics = metrics
+        self._renew_every_s = renew_every_s
+        self._retry = retry
+        self._clock = clock
+        self._state = PodConfigState()
+        self._loaded = False
+        self._held = False
+        self._outbox: list[Changes] = []
+        self._needs_reconcile = True
+        self._reconcile_requested = False
+        self._failures = 0
+        self._retry_at = 0.0  # monotonic
+        self._renew_at = 0.0  # monotonic
+        self.last_run = 0.0  # monotonic; for the liveness check
+
+    @property
+    def state(self) -> PodConfigState:
+        return self._state
+
+    @property
+    def ready(self) -> bool:
+        """Every configured source has delivered a snapshot and the bus answered last time."""
+        return self._loaded and self._failures == 0 and self._state.all_ready(self._configured)
+
+    @property
+    def leading(self) -> bool:
+        return self._held
+
+    async def run(self) -> None:
+        try:
+            while True:
+                await self.run_once()
+                await self._inbox.wait(self._sleep_s())
+        finally:
+            await self._step_down()
+
+    async def run_once(self) -> bool:
+        """One pass: lease, load, merge, write. Returns True (the loop never ends itself)."""
+        self.last_run = time.monotonic()
+        if time.monotonic() < self._retry_at:
+            # Backing off from an outage: keep merging so state and metrics stay current.
+            if self._loaded:
+                self._merge(*self._inbox.take())
+            return True
+        try:
+            await self._renew_lease()
+            if not self._loaded:
+                await self._load()
+            self._merge(*self._inbox.take())
+            if self._held:
+                await self._flush()
+            else:
+                self._outbox.clear()
+        except BusUnavailable as err:
+            self._on_failure(err)
+        else:
+            self._on_success()
+        return True
+
+    # -- steps ---------------------------------------------------------------
+
+    async def _renew_lease(self) -> None:
+        if time.monotonic() < self._renew_at:
+            return
+        held = await self._lease.try_acquire()
+        self._renew_at = time.monotonic() + self._renew_every_s
+        if held and not self._held:
+            log.info("leading: this replica now writes the desired set")
+            self._needs_reconcile = True
+        elif self._held and not held:
+            log.warning("standing by: another replica holds the pod-source lease")
+        self._held = held
+
+    async def _load(self) -> None:
+        published = await self._bus.desired.all()
+        self._state = seed(
+            self._state, (from_record(r) for r in published.values() if r.source in self._configured)
+        )
+        self._loaded = True
+        log.info("loaded the published desired set", extra={"pods": len(published)})
+
+    def _merge(self, pending: dict[SourceName, list[JSON]], polled: bool) -> None:
+        now = self._clock()
+        for source, pods in pending.items():
+            self._state, changes = merge_snapshot(self._state, source, pods, now)
+            self._metrics.pods.labels(source=source).set(len(self._state.source_pods(source)))
+            self._log_changes(changes)
+            if not changes.empty:
+                self._outbox.append(changes)
+        if polled:
+            self._reconcile_requested = True
+
+    async def _flush(self) -> None:
+        if self._needs_reconcile:
+            # Whatever was queued is covered by the reconcile's diff.
+            self._outbox.clear()
+            await self._reconcile()
+            self._needs_reconcile = False
+            return
+        while self._outbox:
+            await self._write_changes(self._outbox[0])
+            self._outbox.pop(0)
+        if self._reconcile_requested:
+            await self._reconcile()
+            self._reconcile_requested = False
+
+    async def _write_changes(self, changes: Changes) -> None:
+        now = self._clock()
+        nb = self._bus
+        async with nb.bus.transaction() as tx:
+            for op, pod in changes.ops():
+                if op == "REMOVE":
+                    tx.delete(nb.desired, pod.uid)
+                else:
+                    tx.put(nb.desired, pod.uid, to_record(pod))
+                tx.publish(nb.pods, PodChange(op=op, uid=pod.uid, source=pod.source))
+            for dropped in changes.dropped:
+                tx.publish(nb.events, _failed_validation(dropped, now))
+            tx.put(nb.sources, changes.source, SourceState(source=changes.source, ready=True, at=now))
+
+    async def _reconcile(self) -> None:
+        nb = self._bus
+        desired = await nb.desired.all()
+        sources = await nb.sources.all()
+        plan = plan_reconcile(
+            self._state, configured=self._configured, desired=desired, sources=sources, now=self._clock()
+        )
+        if plan.empty:
+            return
+        await self._write_plan(plan)
+        log.info(
+            "bus repaired from the merged state",
+            extra={
+                "written": len(plan.puts),
+                "removed": len(plan.removes),
+                "sources": [s.source for s in plan.source_puts],
+            },
+        )
+
+    async def _write_plan(self, plan: Plan) -> None:
+        nb = self._bus
+        async with nb.bus.transaction() as tx:
+            for key, rec in plan.removes:
+                tx.delete(nb.desired, key)
+                tx.publish(nb.pods, PodChange(op="REMOVE", uid=rec.uid, source=rec.source))
+            for op, rec in plan.puts:
+                tx.put(nb.desired, rec.uid, rec)
+                if op is not None:
+                    tx.publish(nb.pods, PodChange(op=op, uid=rec.uid, source=rec.source))
+            for state in plan.source_puts:
+                tx.put(nb.sources, state.source, state)
+            for key in plan.source_deletes:
+                tx.delete(nb.sources, key)
+
+    async def _step_down(self) -> None:
+        """Hand the lease over promptly on shutdown instead of letting it expire."""
+        if not self._held:
+            return
+        try:
+            await self._lease.release()
+        except BusUnavailable:
+            pass  # it expires on its own
+        self._held = False
+
+    # -- bookkeeping ---------------------------------------------------------
+
+    def _on_failure(self, err: BusUnavailable) -> None:
+        self._metrics.bus_errors.inc()
+        self._failures += 1
+        self._needs_reconcile = True
+        self._outbox.clear()
+        self._renew_at = 0.0  # confirm the lease first thing when Redis answers again
+        delay = self._retry.delay(self._failures)
+        self._retry_at = time.monotonic() + delay
+        if self._failures == 1:
+            log.warning(
+                "bus unavailable; keeping the merged state and retrying",
+                extra={"error": str(err), "retry_in_s": delay},
+            )
+        else:
+            log.debug("bus still unavailable", extra={"error": str(err), "retry_in_s": delay})
+
+    def _on_success(self) -> None:
+        if self._failures:
+            log.info("bus available again", extra={"failed_attempts": self._failures})
+        self._failures = 0
+        self._retry_at = 0.0
+
+    def _sleep_s(self) -> float:
+        """Until the next lease renewal, or the end of the outage back-off."""
+        now = time.monotonic()
+        wake = self._retry_at if self._retry_at > now else self._renew_at
+        return max(0.0, wake - now)
+
+    def _log_changes(self, changes: Changes) -> None:
+        if changes.first:
+            log.info("source ready", extra={"source": changes.source})
+        for op, pod in changes.ops():
+            log.info(
+                "pod %s", op.lower(), extra={"op": op, "pod": pod.full_name, "uid": pod.uid, "source": pod.source}
+            )
+        for dropped in changes.dropped:
+            log.warning(
+                "pod dropped", extra={"source": dropped.source, "pod": dropped.full_name, "reason": dropped.reason}
+            )
+            self._metrics.manifest_errors.labels(source=dropped.source, reason="duplicate").inc()
+
+
+def _failed_validation(dropped: Dropped, now: float) -> EventRecord:
+    namespace, _, name = dropped.full_name.partition("/")
+    return EventRecord(
+        type="Warning",
+        reason="FailedValidation",
+        message=f"Error validating pod {dropped.full_name} from {dropped.source}, ignoring: {dropped.reason}",
+        involved={"kind": "Pod", "namespace": namespace, "name": name, "uid": dropped.uid},
+        component="kubelet",
+        at=now,
+    )

@@ -1,0 +1,125 @@
+"""The static-pod URL source (`staticPodURL`, `--manifest-url`).
+
+Polls the URL every httpCheckFrequency with the configured headers. The body is one Pod
+or a v1 PodList, in YAML or JSON; an empty body means "no pods" (an empty snapshot).
+
+Failure handling follows upstream's rule that a source that cannot be read keeps the
+pods it last delivered: a status outside 2xx, a connection error, a timeout, an
+oversized or invalid body all produce no snapshot, so nothing is removed. Each distinct
+error is logged (and counted) once until a fetch succeeds again, not at every poll.
+
+A body identical to the last one (good or bad) is not decoded again: the common case is
+a URL that never changes, and re-validating it every 20 s would be wasted work.
+
+The timeout (10 s, as upstream's client) covers the whole request, body included:
+httpx's own timeouts apply per network operation, so a server that trickles bytes
+would otherwise hold the poll forever.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Mapping, Sequence
+
+import httpx
+
+from klet.model.records import SourceName
+from klet.pod_source.inbox import Inbox
+from klet.pod_source.manifests import ManifestError, pods_from_url_body
+from klet.pod_source.metrics import Metrics
+from klet.pod_source.validation import MAX_MANIFEST_BYTES
+
+log = logging.getLogger(__name__)
+
+DEFAULT_TIMEOUT_S = 10.0
+
+
+class HttpSource:
+    """Polls the manifest URL and offers a snapshot when the body changes."""
+
+    def __init__(
+        self,
+        *,
+        url: str,
+        headers: Mapping[str, Sequence[str]],
+        node_name: str,
+        period_s: float,
+        inbox: Inbox,
+        metrics: Metrics,
+        timeout_s: float = DEFAULT_TIMEOUT_S,
+    ) -> None:
+        self._url = url
+        # Repeated header names are sent as repeated headers, as Go's http.Header does.
+        self._headers = [(k, v) for k, values in headers.items() for v in values]
+        self._node_name = node_name
+        self._period_s = period_s
+        self._inbox = inbox
+        self._metrics = metrics
+        self._timeout_s = timeout_s
+        self._last_body: bytes | None = None
+        self._last_error: tuple[str, str] | None = None
+
+    @property
+    def name(self) -> SourceName:
+        return "http"
+
+    async def run(self) -> None:
+        async with self._client() as client:
+            while True:
+                await self.run_once(client)
+                await asyncio.sleep(self._period_s)
+
+    def _client(self) -> httpx.AsyncClient:
+        return httpx.AsyncClient(follow_redirects=True, timeout=self._timeout_s, trust_env=False)
+
+    async def run_once(self, client: httpx.AsyncClient) -> None:
+        """One fetch: offer a snapshot on a new good body, report a new error otherwise."""
+        try:
+            body = await self._fetch(client)
+            if body == self._last_body:
+                self._inbox.polled()
+                return
+            pods = pods_from_url_body(body, url=self._url, node_name=self._node_name)
+        except ManifestError as err:
+            self._failed(err)
+            self._inbox.polled()
+            return
+        self._last_body = body
+        if self._last_error is not None:
+            log.info("manifest URL readable again", extra={"url": self._url})
+            self._last_error = None
+        self._metrics.snapshots.labels(source="http").inc()
+        self._inbox.offer("http", pods)
+
+    async def _fetch(self, client: httpx.AsyncClient) -> bytes:
+        try:
+            async with asyncio.timeout(self._timeout_s):
+                async with client.stream("GET", self._url, headers=self._headers) as resp:
+                    if not 200 <= resp.status_code < 300:
+                        raise ManifestError("read", f"HTTP {resp.status_code} {resp.reason_phrase}".strip())
+                    body = bytearray()
+                    async for chunk in resp.aiter_bytes():
+                        body += chunk
+                        if len(body) > MAX_MANIFEST_BYTES:
+                            raise ManifestError(
+                                "too_large", f"body larger than {MAX_MANIFEST_BYTES} bytes"
+                            )
+                    return bytes(body)
+        except TimeoutError as err:
+            raise ManifestError("read", f"no complete answer within {self._timeout_s:g}s") from err
+        except httpx.HTTPError as err:
+            raise ManifestError("read", f"{type(err).__name__}: {err}".rstrip(": ")) from err
+
+    def _failed(self, err: ManifestError) -> None:
+        key = (err.reason, err.message)
+        if key == self._last_error:
+            return
+        self._last_error = key
+        self._metrics.manifest_errors.labels(source="http", reason=err.reason).inc()
+        log.warning(
+            "manifest URL %s refused: %s; keeping the last good set",
+            self._url,
+            err.message,
+            extra={"url": self._url, "reason": err.reason, "error": err.message},
+        )

@@ -1,0 +1,125 @@
+"""The status-reporter's Prometheus metrics, on a registry the caller provides.
+
+Upstream names where upstream has the metric (`kubelet_running_pods`,
+`kubelet_running_containers{container_state}`), `klet_status_reporter_*` for our own.
+
+Trade-off: upstream counts running pods and containers from the container runtime; we
+count them from the API statuses syncloop computed (the view this service already
+holds), so the numbers lag the runtime by one status report and cannot see containers
+the API status does not mention. Mapping from an API container state:
+
+- `running` → running; `terminated` → exited;
+- `waiting` with a `lastState.terminated` → exited (the dead previous instance is kept
+  by the runtime until garbage collection, which is what upstream counts);
+- `waiting` without a reason → created (the kubelet reports a created-but-not-started
+  container as an empty waiting state); any other waiting reason (ContainerCreating,
+  ErrImagePull, ...) means no container exists yet and is not counted.
+
+The gauges are recomputed whenever the view changes rather than at scrape time, so a
+scrape never touches the view's locks or the bus. The view age is the exception: it is
+computed at scrape time from the last successful reload, so it keeps growing while the
+bus is down, which is the point of it.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+from klet.model.types import JSON
+from prometheus_client import CollectorRegistry, Counter, Gauge
+
+CONTAINER_STATES = ("created", "running", "exited")
+
+
+@dataclass(frozen=True)
+class RunningCounts:
+    """What the running gauges show for one view."""
+
+    pods: int
+    containers: dict[str, int]
+
+
+def container_state(cs: JSON) -> str | None:
+    """The upstream container_state label of one API ContainerStatus, or None."""
+    state = cs.get("state") or {}
+    if "running" in state:
+        return "running"
+    if "terminated" in state:
+        return "exited"
+    if "waiting" in state:
+        if "terminated" in (cs.get("lastState") or {}):
+            return "exited"
+        if not (state.get("waiting") or {}).get("reason"):
+            return "created"
+    return None
+
+
+def _all_container_statuses(status: JSON) -> Iterable[JSON]:
+    for key in ("initContainerStatuses", "containerStatuses", "ephemeralContainerStatuses"):
+        for cs in status.get(key) or ():
+            if isinstance(cs, dict):
+                yield cs
+
+
+def count_running(statuses: Iterable[JSON]) -> RunningCounts:
+    """Running pods (phase Running or any running container) and containers by state."""
+    pods = 0
+    containers = dict.fromkeys(CONTAINER_STATES, 0)
+    for status in statuses:
+        states = [container_state(cs) for cs in _all_container_statuses(status)]
+        if status.get("phase") == "Running" or "running" in states:
+            pods += 1
+        for state in states:
+            if state is not None:
+                containers[state] += 1
+    return RunningCounts(pods=pods, containers=containers)
+
+
+class Metrics:
+    """All of the service's metrics, registered on `registry` at construction."""
+
+    def __init__(
+        self, registry: CollectorRegistry, *, clock: Callable[[], float] = time.monotonic
+    ) -> None:
+        self._clock = clock
+        self._last_reload: float = clock()
+        self.running_pods = Gauge(
+            "kubelet_running_pods",
+            "Pods on this node whose sandbox is running, from the latest reported statuses.",
+            registry=registry,
+        )
+        self.running_containers = Gauge(
+            "kubelet_running_containers",
+            "Containers on this node by state, from the latest reported statuses.",
+            ["container_state"],
+            registry=registry,
+        )
+        self.bus_errors = Counter(
+            "klet_status_reporter_bus_errors",
+            "Failed reads or acknowledgements on the Redis bus.",
+            registry=registry,
+        )
+        self.view_age = Gauge(
+            "klet_status_reporter_view_age_seconds",
+            "Seconds since the pod view was last fully reloaded from the bus "
+            "(since start-up if it never was).",
+            registry=registry,
+        )
+        self.view_age.set_function(lambda: self._clock() - self._last_reload)
+        # Every state series exists from the start, so a dashboard sees 0, not "no data".
+        for state in CONTAINER_STATES:
+            self.running_containers.labels(container_state=state).set(0)
+
+    def reloaded(self) -> None:
+        self._last_reload = self._clock()
+
+    def bus_error(self) -> None:
+        self.bus_errors.inc()
+
+    def observe(self, statuses: Iterable[JSON]) -> None:
+        counts = count_running(statuses)
+        self.running_pods.set(counts.pods)
+        for state, n in counts.containers.items():
+            self.running_containers.labels(container_state=state).set(n)

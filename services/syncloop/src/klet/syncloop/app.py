@@ -1,0 +1,86 @@
+"""syncloop's root tasks: bus intake, PLEG, pod workers, status/event publishing, PodControl.
+
+All run in one event loop under `run_supervised`: if one dies the process exits non-zero
+and its supervisor restarts it, which is safe because a restarted syncloop re-adopts
+every pod from CRI without restarting any container.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+
+from klet.cri.types import SandboxState
+from klet.obs import create_health_app, run_supervised, serve_http
+from klet.rpc.podcontrol import serve_pod_control
+from klet.syncloop.intake import BusIntake
+from klet.syncloop.relisting import Relister
+from klet.syncloop.wiring import Deps
+
+log = logging.getLogger(__name__)
+
+
+async def main(deps: Deps) -> int:
+    controller = deps.controller
+    m = deps.metrics
+    intake = BusIntake(
+        deps.node_bus, controller, consumer=deps.consumer,
+        on_bad=lambda _e: m.bad_bus_entries.inc(), on_error=m.bus_errors.inc,
+    )
+    relister = Relister(deps.cri, controller.on_runtime_change)
+
+    def on_uids(uids: set[str]) -> None:
+        controller.runtime_uids = uids
+        m.pleg_last_seen.set(time.time())
+        m.pod_workers.set(len(controller.workers.uids()))
+        m.running_pods.set(sum(
+            1 for s in relister_sandboxes(relister) if s == SandboxState.READY.value
+        ))
+
+    async def pleg() -> None:
+        await relister.run(on_uids)
+
+    async def periodic_resync() -> None:
+        # upstream syncFrequency: every pod is synced again even without any event.
+        while True:
+            await asyncio.sleep(deps.settings.kubelet.sync_frequency)
+            controller.workers.wake_all()
+
+    version = await _runtime_version(deps)
+    log.info("syncloop starting", extra={"node": deps.settings.klet.node_name, "runtime": version})
+    health = create_health_app(
+        registry=deps.registry,
+        checks={"pleg": relister.healthy, "bus-synced": intake.synced.is_set},
+        ready=intake.synced.is_set,
+    )
+    try:
+        await run_supervised({
+            "pods-consumer": intake.run_consumer(),
+            "desired-resync": intake.run_resync(),
+            "pleg": pleg(),
+            "periodic-resync": periodic_resync(),
+            "status-publisher": controller.publisher.run(),
+            "event-publisher": deps.events.run(),
+            "pod-control": serve_pod_control(controller, deps.socket_path),
+            "health": serve_http(health, host=deps.settings.klet.service_bind_address,
+                                 port=deps.service_port, name="syncloop"),
+        })
+    finally:
+        await controller.workers.stop()
+        await deps.cri.close()
+        await deps.bus.close()
+    return 0
+
+
+def relister_sandboxes(relister: Relister) -> list[str]:
+    return [state for fp in relister.previous.values() for (_id, state) in fp if state.startswith("SANDBOX_")]
+
+
+async def _runtime_version(deps: Deps) -> str:
+    try:
+        v = await deps.cri.version()
+        return f"{v.runtime_name} {v.runtime_version}"
+    except Exception as err:  # noqa: BLE001 - the runtime may come up later; PLEG reports it
+        log.warning("runtime not reachable at start", extra={"error": str(err)})
+        return "unknown"

@@ -1,0 +1,182 @@
+"""The pod controller: desired pods in, one pod worker per UID, statuses out.
+
+It holds syncloop's view of the world: the desired pods (from the bus), the pods the
+runtime has (woken by PLEG), kill requests from PodControl, and which pods were made
+terminal. `sync_once(uid)` is the body of a pod worker; it decides between syncing a
+desired pod, killing a pod killed by request, and removing a pod nobody wants any more.
+
+Removal is destructive and so gated (STYLE rule 12): a runtime pod without a desired
+entry is only killed once every configured pod source has delivered a full snapshot
+to the bus. After a Redis restart or flush the sources table is empty, so nothing is
+removed until pod-source has written everything back.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from klet.bus import NodeBus
+from klet.model.records import DesiredPod, PodChange, SourceState
+from klet.model.types import JSON, PodUID
+from klet.rpc.podcontrol import PodSummary
+from klet.syncloop.podworkers import Outcome, PodWorkers
+from klet.syncloop.runtime import PodRuntime
+from klet.syncloop.runtimepod import RuntimePod
+from klet.syncloop.status import compute_pod_status
+from klet.syncloop.statuspub import StatusPublisher
+from klet.syncloop.syncpod import PodSyncer
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class KillRequest:
+    grace_s: int | None
+    reason: str
+    message: str
+    done: asyncio.Future[None] = field(default_factory=lambda: asyncio.get_running_loop().create_future())
+
+
+def sources_ready(sources: dict[str, SourceState]) -> bool:
+    return bool(sources) and all(s.ready for s in sources.values())
+
+
+class PodController:
+    def __init__(
+        self, *, bus: NodeBus, runtime: PodRuntime, syncer: PodSyncer, publisher: StatusPublisher,
+        host_ip: str, runtime_type: str = "containerd", clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.bus = bus
+        self.runtime = runtime
+        self.syncer = syncer
+        self.publisher = publisher
+        self.host_ip = host_ip
+        self.runtime_type = runtime_type
+        self.clock = clock
+        self.desired: dict[str, DesiredPod] = {}
+        self.last_pod: dict[str, JSON] = {}  # last desired spec, to kill a removed pod gracefully
+        self.kill_requests: dict[str, KillRequest] = {}
+        self.terminal: dict[str, tuple[str, str]] = {}
+        self.sources_ready = False
+        self.runtime_uids: set[str] = set()
+        self.workers = PodWorkers(self.sync_once, clock=clock)
+
+    # -- inputs ------------------------------------------------------------------------
+
+    def apply_desired(self, table: dict[str, DesiredPod], sources: dict[str, SourceState]) -> None:
+        """A full read of the desired and sources tables."""
+        self.sources_ready = sources_ready(sources)
+        for uid, rec in table.items():
+            old = self.desired.get(uid)
+            if old is None or old.hash != rec.hash or old.pod != rec.pod:
+                self._set(uid, rec)
+        if self.sources_ready:
+            for uid in [u for u in self.desired if u not in table]:
+                self._unset(uid)
+
+    async def on_change(self, change: PodChange) -> None:
+        """A `pods` stream entry: re-read that pod's desired entry."""
+        rec = await self.bus.desired.get(change.uid)
+        if rec is not None:
+            self._set(change.uid, rec)
+        elif change.op in ("REMOVE", "DELETE"):
+            self._unset(change.uid)
+
+    def _set(self, uid: str, rec: DesiredPod) -> None:
+        self.desired[uid] = rec
+        self.last_pod[uid] = rec.pod
+        self.workers.wake(uid)
+
+    def _unset(self, uid: str) -> None:
+        if self.desired.pop(uid, None) is not None:
+            log.info("pod no longer desired", extra={"uid": uid})
+        self.workers.wake(uid)
+
+    def on_runtime_change(self, uid: str) -> None:
+        self.workers.wake(uid)
+
+    def known(self, uid: str) -> bool:
+        return uid in self.desired or uid in self.runtime_uids
+
+    # -- the pod worker body -----------------------------------------------------------
+
+    async def sync_once(self, uid: str) -> Outcome:
+        now = self.clock()
+        rec = self.desired.get(uid)
+        current = await self.runtime.get(uid)
+        if rec is None:
+            return await self._remove(uid, current)
+        pod = rec.pod
+        meta = pod.get("metadata") or {}
+        request = self.kill_requests.get(uid)
+        if request is not None or uid in self.terminal:
+            if current.running() or any(s.state.name == "READY" for s in current.sandboxes):
+                grace = request.grace_s if request else None
+                await self.syncer.kill_pod(pod, current, grace_override=grace, remove=False)
+                current = await self.runtime.get(uid)
+            if request is not None:
+                self.terminal[uid] = (request.reason, request.message)
+                del self.kill_requests[uid]
+                if not request.done.done():
+                    request.done.set_result(None)
+            status = compute_pod_status(
+                pod, current, waiting={}, previous=self.publisher.get(uid), now=now,
+                runtime_type=self.runtime_type, host_ip=self.host_ip, terminal=self.terminal[uid],
+            )
+            self.publisher.set(uid, meta.get("namespace", "default"), meta.get("name", ""), status)
+            return Outcome()
+        result = await self.syncer.sync(pod, current)
+        if result.acted:
+            current = await self.runtime.get(uid)
+        status = compute_pod_status(
+            pod, current, waiting=result.waiting, previous=self.publisher.get(uid), now=self.clock(),
+            runtime_type=self.runtime_type, host_ip=self.host_ip,
+        )
+        self.publisher.set(uid, meta.get("namespace", "default"), meta.get("name", ""), status)
+        return Outcome(wake_at=result.wake_at)
+
+    async def _remove(self, uid: str, current: RuntimePod) -> Outcome:
+        if current.empty:
+            self._forget(uid)
+            return Outcome(done=True)
+        if not self.sources_ready:
+            return Outcome(wake_at=self.clock() + 5)  # wait: the sources may still want it
+        pod = self.last_pod.get(uid)
+        log.info("killing pod that is not desired", extra={"uid": uid, "known_spec": pod is not None})
+        await self.syncer.kill_pod(pod, current, grace_override=None, remove=True)
+        self._forget(uid)
+        return Outcome(done=True)
+
+    def _forget(self, uid: str) -> None:
+        self.publisher.remove(uid)
+        self.last_pod.pop(uid, None)
+        self.terminal.pop(uid, None)
+        request = self.kill_requests.pop(uid, None)
+        if request is not None and not request.done.done():
+            request.done.set_result(None)
+
+    # -- PodControl backend ------------------------------------------------------------
+
+    async def kill_pod(self, uid: PodUID, grace_period_s: int | None, reason: str, message: str) -> bool:
+        if uid not in self.desired and uid not in self.runtime_uids:
+            return False
+        request = self.kill_requests.get(uid)
+        if request is None:
+            request = KillRequest(grace_period_s, reason, message)
+            self.kill_requests[uid] = request
+        self.workers.wake(uid)
+        await asyncio.shield(request.done)
+        return True
+
+    def list_pods(self) -> list[PodSummary]:
+        return [
+            PodSummary(PodUID(uid), ns, name, str(status.get("phase", "")), status)
+            for uid, ns, name, status in self.publisher.items()
+        ]
+
+    def get_pod(self, uid: PodUID) -> PodSummary | None:
+        return next((p for p in self.list_pods() if p.uid == uid), None)

@@ -1,0 +1,93 @@
+"""Reading the bus: the `pods` stream consumer and the periodic table resync.
+
+The stream is only a wake-up; the tables are the truth. The consumer (group "syncloop")
+claims entries a dead replica left pending, hands each change to the controller and
+acknowledges it afterwards; a bad entry is logged, counted and acknowledged so it never
+blocks the stream. The resync reads the `desired` and `sources` tables every few
+seconds, which also repairs anything missed while Redis was away. Redis being down
+only delays both: the controller keeps its last view and every pod keeps running.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+
+from klet.bus import BusError, BusUnavailable, NodeBus
+from klet.syncloop.controller import PodController
+
+log = logging.getLogger(__name__)
+
+GROUP = "syncloop"
+
+
+class BusIntake:
+    def __init__(self, bus: NodeBus, controller: PodController, *, consumer: str,
+                 resync_s: float = 5.0, on_bad: Callable[[str], None] = lambda _e: None,
+                 on_error: Callable[[], None] = lambda: None) -> None:
+        self.bus = bus
+        self.controller = controller
+        self.consumer = consumer
+        self.resync_s = resync_s
+        self.on_bad = on_bad
+        self.on_error = on_error
+        self.synced = asyncio.Event()  # set after the first full read of the tables
+        self._down = ""
+
+    def _report(self, err: Exception) -> None:
+        self.on_error()
+        text = str(err)
+        if text != self._down:
+            log.warning("bus unavailable, keeping the last state", extra={"error": text})
+            self._down = text
+
+    def _recovered(self) -> None:
+        if self._down:
+            log.info("bus available again")
+            self._down = ""
+
+    async def resync_once(self) -> None:
+        table = await self.bus.desired.all()
+        sources = await self.bus.sources.all()
+        self.controller.apply_desired(table, sources)
+        await self.controller.publisher.reconcile(self.controller.known)
+        self.synced.set()
+
+    async def run_resync(self) -> None:
+        while True:
+            try:
+                await self.resync_once()
+                self._recovered()
+            except BusError as err:
+                self._report(err)
+            await asyncio.sleep(self.resync_s)
+
+    async def run_consumer(self) -> None:
+        stream = self.bus.pods
+        started = False
+        while True:
+            try:
+                if not started:
+                    await stream.ensure_group(GROUP)
+                    pending = await stream.claim_stale(GROUP, self.consumer, min_idle_ms=30_000)
+                    await self._handle(pending)
+                    started = True
+                await self._handle(await stream.read(GROUP, self.consumer, count=100, block_ms=1000))
+                self._recovered()
+            except BusUnavailable as err:
+                self._report(err)
+                started = False
+                await asyncio.sleep(1.0)
+            except BusError as err:
+                self._report(err)
+                await asyncio.sleep(1.0)
+
+    async def _handle(self, entries: list) -> None:  # type: ignore[type-arg]
+        for entry in entries:
+            if entry.record is None:
+                log.error("bad entry on the pods stream", extra={"id": entry.id, "error": entry.error})
+                self.on_bad(entry.error or "")
+            else:
+                await self.controller.on_change(entry.record)
+            await self.bus.pods.ack(GROUP, entry.id)

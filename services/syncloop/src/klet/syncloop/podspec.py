@@ -1,0 +1,115 @@
+"""Pure helpers over a pod's API JSON: container hash, grace periods, log paths, QoS.
+
+The container hash decides whether a running container still matches its spec; it
+must stay stable across klet releases (an unstable hash restarts every container on
+upgrade, upstream issue 63814), so it covers an explicit, versioned allow-list of
+fields and is stored as `v1:<hex>`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Any
+
+from klet.model.types import JSON
+
+HASH_VERSION = "v1"
+_HASHED_FIELDS = ("name", "image", "command", "args", "workingDir", "env", "envFrom", "ports",
+                  "stdin", "stdinOnce", "tty")
+
+MINIMUM_GRACE_PERIOD_S = 2
+DEFAULT_GRACE_PERIOD_S = 30
+
+
+def container_hash(container: JSON) -> str:
+    subset = {k: container[k] for k in _HASHED_FIELDS if k in container and container[k] not in (None, [], "")}
+    digest = hashlib.sha256(json.dumps(subset, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+    return f"{HASH_VERSION}:{digest[:16]}"
+
+
+def containers(pod: JSON) -> list[JSON]:
+    return list(pod.get("spec", {}).get("containers") or [])
+
+
+def meta(pod: JSON) -> JSON:
+    m: JSON = pod.get("metadata") or {}
+    return m
+
+
+def restart_policy(pod: JSON) -> str:
+    return str(pod.get("spec", {}).get("restartPolicy") or "Always")
+
+
+def grace_period_s(pod: JSON, override: int | None = None) -> int:
+    """Seconds a container gets between SIGTERM and SIGKILL, as upstream's killContainer.
+
+    An override (eviction, a PodControl.KillPod) wins over the deletion's grace, which
+    wins over the spec's; never below upstream's 2 s minimum.
+    """
+    if override is not None:
+        grace = override
+    elif meta(pod).get("deletionGracePeriodSeconds") is not None:
+        grace = int(meta(pod)["deletionGracePeriodSeconds"])
+    else:
+        spec_grace = pod.get("spec", {}).get("terminationGracePeriodSeconds")
+        grace = DEFAULT_GRACE_PERIOD_S if spec_grace is None else int(spec_grace)
+    return max(grace, MINIMUM_GRACE_PERIOD_S)
+
+
+def pod_log_dir_name(pod: JSON) -> str:
+    m = meta(pod)
+    return f"{m.get('namespace', 'default')}_{m.get('name', '')}_{m.get('uid', '')}"
+
+
+def backoff_key(pod: JSON, container: JSON) -> str:
+    m = meta(pod)
+    return f"{m.get('namespace')}_{m.get('name')}_{m.get('uid')}_{container.get('name')}_{container_hash(container)}"
+
+
+def image_pull_policy(container: JSON) -> str:
+    policy = container.get("imagePullPolicy")
+    if policy:
+        return str(policy)
+    image = str(container.get("image", ""))
+    last = image.rsplit("/", 1)[-1]
+    if "@" in last:
+        return "IfNotPresent"
+    tag = last.split(":", 1)[1] if ":" in last else "latest"
+    return "Always" if tag == "latest" else "IfNotPresent"
+
+
+def _quantity(resources: Any, kind: str, name: str) -> str | None:
+    if not isinstance(resources, dict):
+        return None
+    values = resources.get(kind) or {}
+    value = values.get(name)
+    return None if value in (None, "") else str(value)
+
+
+def qos_class(pod: JSON) -> str:
+    """Guaranteed, Burstable or BestEffort, as upstream's GetPodQOS (cpu and memory only)."""
+    all_containers = list(pod.get("spec", {}).get("initContainers") or []) + containers(pod)
+    any_set = False
+    guaranteed = True
+    for c in all_containers:
+        res = c.get("resources") or {}
+        for name in ("cpu", "memory"):
+            req = _quantity(res, "requests", name)
+            lim = _quantity(res, "limits", name)
+            if req is not None or lim is not None:
+                any_set = True
+            if lim is None or (req is not None and req != lim):
+                guaranteed = False
+    if not any_set:
+        return "BestEffort"
+    return "Guaranteed" if guaranteed else "Burstable"
+
+
+def pod_cgroup_parent(pod: JSON) -> str:
+    """`/kubepods/<qos>/pod<uid>` (Guaranteed pods directly under kubepods), cgroupfs style."""
+    uid = meta(pod).get("uid", "")
+    qos = qos_class(pod)
+    if qos == "Guaranteed":
+        return f"/kubepods/pod{uid}"
+    return f"/kubepods/{qos.lower()}/pod{uid}"

@@ -1,0 +1,79 @@
+"""PLEG: relist the runtime every second and wake the workers of pods that changed.
+
+containerd 1.6 has no GetContainerEvents, so relisting is the only source of runtime
+events. Each relist is two CRI calls (all sandboxes, all containers); a pod's
+fingerprint is the set of (id, state) of its sandboxes and containers, and any
+difference wakes its worker — including pods no source wants (orphans), whose workers
+decide whether they may be removed. `healthy()` follows upstream: unhealthy when the
+last successful relist is older than three minutes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+
+from klet.cri import CRIError, RuntimeClient
+from klet.cri import labels as L
+
+log = logging.getLogger(__name__)
+
+RELIST_THRESHOLD_S = 180.0
+
+Fingerprint = frozenset[tuple[str, str]]
+
+
+def fingerprints(sandboxes: list[tuple[str, str, dict[str, str]]],
+                 containers: list[tuple[str, str, dict[str, str]]]) -> dict[str, Fingerprint]:
+    """Group (id, state, labels) triples by pod UID label; unlabelled objects are not ours."""
+    out: dict[str, set[tuple[str, str]]] = {}
+    for oid, state, labels in [*sandboxes, *containers]:
+        uid = labels.get(L.POD_UID)
+        if uid:
+            out.setdefault(uid, set()).add((oid, state))
+    return {uid: frozenset(v) for uid, v in out.items()}
+
+
+class Relister:
+    def __init__(self, cri: RuntimeClient, on_change: Callable[[str], None], *,
+                 period_s: float = 1.0, clock: Callable[[], float] = time.monotonic) -> None:
+        self.cri = cri
+        self.on_change = on_change
+        self.period_s = period_s
+        self.clock = clock
+        self.previous: dict[str, Fingerprint] = {}
+        self.last_ok = clock()
+        self._error = ""
+
+    def healthy(self) -> bool:
+        return self.clock() - self.last_ok < RELIST_THRESHOLD_S
+
+    async def relist_once(self) -> set[str]:
+        sandboxes = await self.cri.list_pod_sandboxes()
+        containers = await self.cri.list_containers()
+        current = fingerprints(
+            [(s.id, s.state.value, s.labels) for s in sandboxes],
+            [(c.id, c.state.value, c.labels) for c in containers],
+        )
+        changed = {uid for uid in current.keys() | self.previous.keys()
+                   if current.get(uid) != self.previous.get(uid)}
+        self.previous = current
+        self.last_ok = self.clock()
+        for uid in changed:
+            self.on_change(uid)
+        return set(current)
+
+    async def run(self, on_uids: Callable[[set[str]], None]) -> None:
+        while True:
+            try:
+                on_uids(await self.relist_once())
+                if self._error:
+                    log.info("relist recovered")
+                    self._error = ""
+            except CRIError as err:
+                if str(err) != self._error:
+                    log.warning("relist failed", extra={"error": str(err)})
+                    self._error = str(err)
+            await asyncio.sleep(self.period_s)

@@ -1,0 +1,57 @@
+"""Reads one pod's state from CRI (by the pod-UID label) into a `RuntimePod`.
+
+Exited containers never change again, so their ContainerStatus is cached by ID; running
+ones are asked every time. This is the adapter the pod workers read through, one pod at
+a time, so a worker sees the effect of its own actions at once instead of waiting for
+the next relist.
+"""
+
+from __future__ import annotations
+
+from klet.cri import NotFound, RuntimeClient
+from klet.cri import labels as L
+from klet.cri.types import ContainerState, ContainerStatusInfo, SandboxState
+from klet.model.types import ContainerID
+from klet.syncloop.runtimepod import RuntimePod, SandboxView, sort_newest_first
+
+
+class PodRuntime:
+    def __init__(self, cri: RuntimeClient) -> None:
+        self.cri = cri
+        self._exited: dict[ContainerID, ContainerStatusInfo] = {}
+
+    async def get(self, uid: str) -> RuntimePod:
+        selector = {L.POD_UID: uid}
+        sandboxes = sorted(
+            await self.cri.list_pod_sandboxes(label_selector=selector),
+            key=lambda s: (s.created_at, s.attempt),
+            reverse=True,
+        )
+        views: list[SandboxView] = []
+        for i, s in enumerate(sandboxes):
+            ip, ips = "", ()
+            if i == 0 and s.state == SandboxState.READY:
+                try:
+                    st = await self.cri.pod_sandbox_status(s.id)
+                    ip, ips = st.ip, st.additional_ips
+                except NotFound:
+                    continue
+            views.append(SandboxView(s.id, s.attempt, s.state, s.created_at, ip, tuple(ips)))
+        statuses: list[ContainerStatusInfo] = []
+        for c in await self.cri.list_containers(label_selector=selector):
+            cached = self._exited.get(c.id)
+            if cached is not None:
+                statuses.append(cached)
+                continue
+            try:
+                st = await self.cri.container_status(c.id)
+            except NotFound:
+                continue
+            if st.state == ContainerState.EXITED:
+                self._exited[c.id] = st
+            statuses.append(st)
+        return RuntimePod(uid=uid, sandboxes=tuple(views), containers=sort_newest_first(statuses))
+
+    def forget(self, pod: RuntimePod) -> None:
+        for c in pod.containers:
+            self._exited.pop(c.id, None)

@@ -1,0 +1,121 @@
+"""Publishes computed pod statuses to the `status` table and the `podstatus` stream.
+
+Writes are coalesced: `set` only marks a pod dirty when its status really changed (and
+bumps its version), and a flush task writes all dirty pods in one transaction. A Redis
+outage keeps them dirty until it returns. `reconcile` compares the table with what this
+replica last published, which is how a restarted or flushed Redis gets the statuses
+back without waiting for any pod to change.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from klet.bus import BusUnavailable, NodeBus
+from klet.model.records import PodStatusChange, PodStatusRecord
+from klet.model.types import JSON, PodUID
+from klet.syncloop.status import strip_volatile
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class _Entry:
+    namespace: str
+    name: str
+    status: JSON
+    version: int
+
+
+class StatusPublisher:
+    def __init__(self, bus: NodeBus, *, clock: Callable[[], float] = time.time) -> None:
+        self.bus = bus
+        self.clock = clock
+        self.epoch = clock()
+        self._entries: dict[str, _Entry] = {}
+        self._dirty: set[str] = set()
+        self._removed: set[str] = set()
+        self._wake = asyncio.Event()
+        self._down = False
+
+    def get(self, uid: str) -> JSON | None:
+        e = self._entries.get(uid)
+        return e.status if e else None
+
+    def items(self) -> list[tuple[str, str, str, JSON]]:
+        return [(uid, e.namespace, e.name, e.status) for uid, e in self._entries.items()]
+
+    def set(self, uid: str, namespace: str, name: str, status: JSON) -> bool:
+        """Record a status; returns whether it changed."""
+        e = self._entries.get(uid)
+        if e is not None and strip_volatile(e.status) == strip_volatile(status):
+            return False
+        version = (e.version + 1) if e else 1
+        self._entries[uid] = _Entry(namespace, name, status, version)
+        self._dirty.add(uid)
+        self._removed.discard(uid)
+        self._wake.set()
+        return True
+
+    def remove(self, uid: str) -> None:
+        self._entries.pop(uid, None)
+        self._dirty.discard(uid)
+        self._removed.add(uid)
+        self._wake.set()
+
+    async def flush(self) -> None:
+        if not self._dirty and not self._removed:
+            return
+        dirty, removed = set(self._dirty), set(self._removed)
+        now = self.clock()
+        async with self.bus.bus.transaction() as tx:
+            for uid in dirty:
+                e = self._entries.get(uid)
+                if e is None:
+                    continue
+                tx.put(self.bus.status, uid, PodStatusRecord(
+                    uid=PodUID(uid), namespace=e.namespace, name=e.name, version=e.version,
+                    epoch=self.epoch, status=e.status, updated_at=now,
+                ))
+                tx.publish(self.bus.podstatus, PodStatusChange(uid=PodUID(uid), version=e.version))
+            for uid in removed:
+                tx.delete(self.bus.status, uid)
+                tx.publish(self.bus.podstatus, PodStatusChange(uid=PodUID(uid), version=0))
+        self._dirty -= dirty
+        self._removed -= removed
+
+    async def reconcile(self, known: Callable[[str], bool]) -> None:
+        """Re-mark what the table lacks; drop entries of pods nobody knows any more."""
+        table = await self.bus.status.all()
+        for uid, e in self._entries.items():
+            rec = table.get(uid)
+            if rec is None or rec.epoch != self.epoch or rec.version != e.version:
+                self._dirty.add(uid)
+        for uid in table:
+            if uid not in self._entries and not known(uid):
+                self._removed.add(uid)
+        if self._dirty or self._removed:
+            self._wake.set()
+
+    async def run(self) -> None:
+        while True:
+            try:
+                await asyncio.wait_for(self._wake.wait(), timeout=1.0)
+            except TimeoutError:
+                pass
+            self._wake.clear()
+            try:
+                await self.flush()
+                if self._down:
+                    log.info("status publishing resumed")
+                    self._down = False
+            except BusUnavailable as err:
+                if not self._down:
+                    log.warning("cannot publish pod statuses, will retry", extra={"error": str(err)})
+                    self._down = True
+                await asyncio.sleep(1.0)
+            await asyncio.sleep(0.05)  # coalesce bursts of updates into one transaction

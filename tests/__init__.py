@@ -1,0 +1,1 @@
+"""klet test suites: unit, integration, cluster, and the harness that starts real components."""

@@ -1,0 +1,30 @@
+"""Shared test configuration: every coroutine test fails if it leaves tasks running.
+
+The harness fixtures (real Redis, containerd, registry) are loaded as a plugin from
+pyproject.toml (`-p tests.harness.fixtures`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+from collections.abc import AsyncIterator
+
+import pytest
+
+
+@pytest.fixture
+async def no_leaked_tasks() -> AsyncIterator[None]:
+    before = set(asyncio.all_tasks())
+    yield
+    await asyncio.sleep(0)
+    leaked = [t for t in asyncio.all_tasks() - before if t is not asyncio.current_task() and not t.done()]
+    for t in leaked:
+        t.cancel()
+    assert not leaked, f"test left tasks running: {[t.get_name() for t in leaked]}"
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if isinstance(item, pytest.Function) and inspect.iscoroutinefunction(item.obj):
+            item.fixturenames.insert(0, "no_leaked_tasks")

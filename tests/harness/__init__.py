@@ -1,0 +1,1 @@
+"""The test harness: fixtures that start the real components (see ``fixtures``)."""

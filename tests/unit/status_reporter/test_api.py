@@ -1,0 +1,147 @@
+"""The read-only and healthz HTTP apps, in-process through httpx.ASGITransport: the
+PodList served from the view (also while the bus is down), /healthz and /metrics, and
+the listeners build_deps derives from the settings."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+
+import httpx
+import pytest
+from fastapi import FastAPI
+from klet.model.records import DesiredPod, PodStatusRecord
+from klet.status_reporter.api import create_app, create_healthz_app
+from klet.status_reporter.testing import (
+    FakeBusState,
+    FakeFeed,
+    FakeTable,
+    desired_record,
+    make_pod,
+    status_record,
+)
+from klet.status_reporter.wiring import DEFAULT_SERVICE_PORT, Deps, Listener, Overrides, build_deps
+from prometheus_client import CollectorRegistry
+
+
+@dataclass(frozen=True)
+class KubeletCfg:
+    address: str = "0.0.0.0"
+    read_only_port: int = 0
+    healthz_port: int = 10248
+    healthz_bind_address: str = "127.0.0.1"
+
+
+@dataclass(frozen=True)
+class KletCfg:
+    redis_url: str = "redis://127.0.0.1:1/0"
+    node_name: str = "node1"
+    service_port: int = 0
+    service_bind_address: str = "127.0.0.1"
+
+
+@dataclass(frozen=True)
+class Settings:
+    kubelet: KubeletCfg = field(default_factory=KubeletCfg)
+    klet: KletCfg = field(default_factory=KletCfg)
+
+
+@dataclass
+class Fakes:
+    state: FakeBusState = field(default_factory=FakeBusState)
+
+    def __post_init__(self) -> None:
+        self.desired: FakeTable[DesiredPod] = FakeTable(self.state)
+        self.status: FakeTable[PodStatusRecord] = FakeTable(self.state)
+        self.feed = FakeFeed(self.state)
+
+    def deps(self, settings: Settings | None = None) -> Deps:
+        return build_deps(
+            settings or Settings(),
+            overrides=Overrides(
+                desired=self.desired,
+                status=self.status,
+                feed=self.feed,
+                registry=CollectorRegistry(),
+            ),
+        )
+
+
+@pytest.fixture
+def fakes() -> Fakes:
+    return Fakes()
+
+
+@asynccontextmanager
+async def client_for(app: FastAPI) -> AsyncIterator[httpx.AsyncClient]:
+    transport = httpx.ASGITransport(app=app)
+    async with httpx.AsyncClient(transport=transport, base_url="http://node1") as client:
+        yield client
+
+
+async def test_pods_serves_the_view_as_a_podlist(fakes: Fakes) -> None:
+    web, db = make_pod("web"), make_pod("db", namespace="prod")
+    fakes.desired.rows = {"uid-web": desired_record(web), "uid-db": desired_record(db)}
+    running = {"phase": "Running", "containerStatuses": [{"name": "app", "ready": True}]}
+    fakes.status.rows = {"uid-web": status_record(web, version=4, status=running)}
+    deps = fakes.deps()
+    await deps.pods.reload()
+
+    async with client_for(create_app(deps)) as client:
+        resp = await client.get("/pods")
+        assert resp.status_code == 200
+        assert resp.headers["content-type"] == "application/json"
+        body = resp.json()
+        assert body == {
+            "kind": "PodList",
+            "apiVersion": "v1",
+            "metadata": {},
+            "items": [
+                {**web, "status": running},
+                {**db, "status": {"phase": "Pending"}},
+            ],
+        }
+
+        # Redis goes away: the same list keeps being served.
+        fakes.state.unavailable = True
+        calls = len(fakes.state.calls)
+        assert (await client.get("/pods")).json() == body
+        assert len(fakes.state.calls) == calls  # a request never reads the bus
+
+
+async def test_healthz_and_metrics(fakes: Fakes) -> None:
+    deps = fakes.deps()
+    async with client_for(create_app(deps)) as client:
+        resp = await client.get("/healthz")
+        assert (resp.status_code, resp.text) == (200, "ok")
+        assert resp.headers["content-type"].startswith("text/plain")
+        metrics = await client.get("/metrics")
+        assert metrics.status_code == 200
+        assert metrics.headers["content-type"].startswith("text/plain; version=")
+        assert "kubelet_running_pods 0.0" in metrics.text
+        assert (await client.get("/docs")).status_code == 404
+
+
+async def test_healthz_app_serves_only_healthz() -> None:
+    async with client_for(create_healthz_app()) as client:
+        assert (await client.get("/healthz")).text == "ok"
+        assert (await client.get("/pods")).status_code == 404
+        assert (await client.get("/metrics")).status_code == 404
+
+
+def test_listeners_follow_upstream_defaults(fakes: Fakes) -> None:
+    deps = fakes.deps()
+    assert deps.read_only is None  # readOnlyPort 0: off
+    assert deps.healthz == Listener("127.0.0.1", 10248)
+    assert deps.service == Listener("127.0.0.1", DEFAULT_SERVICE_PORT)
+
+    deps = fakes.deps(
+        Settings(
+            kubelet=KubeletCfg(read_only_port=10255, healthz_port=0),
+            klet=KletCfg(service_port=9999),
+        )
+    )
+    assert deps.read_only == Listener("0.0.0.0", 10255)  # bound to `address`, as upstream
+    assert deps.healthz is None  # healthzPort 0: off
+    assert deps.service == Listener("127.0.0.1", 9999)

@@ -1,0 +1,246 @@
+"""The pod view manager over fake tables and a fake stream: reload joins desired pods
+with statuses, stream entries refresh one pod and are acknowledged (malformed ones too),
+stale versions never replace newer ones, removed pods stay until their status is
+terminal, and a bus outage keeps the last view, is logged once and heals."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass, field
+
+import pytest
+from klet.model.records import DesiredPod, PodStatusChange, PodStatusRecord
+from klet.model.types import JSON
+from klet.status_reporter.metrics import Metrics
+from klet.status_reporter.podcache import CachePolicy, PodCache
+from klet.status_reporter.testing import (
+    FakeBusState,
+    FakeFeed,
+    FakeTable,
+    desired_record,
+    make_pod,
+    status_record,
+)
+from prometheus_client import CollectorRegistry
+
+FAST = CachePolicy(
+    reload_interval_s=0.05,
+    read_block_ms=5,
+    backoff_initial_s=0.01,
+    backoff_max_s=0.02,
+    stale_after_s=1.0,
+)
+
+
+@dataclass
+class World:
+    state: FakeBusState = field(default_factory=FakeBusState)
+    registry: CollectorRegistry = field(default_factory=CollectorRegistry)
+    now: list[float] = field(default_factory=lambda: [1000.0])
+
+    def __post_init__(self) -> None:
+        self.desired: FakeTable[DesiredPod] = FakeTable(self.state)
+        self.status: FakeTable[PodStatusRecord] = FakeTable(self.state)
+        self.feed = FakeFeed(self.state)
+        self.cache = PodCache(
+            desired=self.desired,
+            status=self.status,
+            feed=self.feed,
+            consumer="test",
+            metrics=Metrics(self.registry, clock=lambda: self.now[0]),
+            policy=FAST,
+            clock=lambda: self.now[0],
+        )
+
+    def want(self, pod: JSON) -> None:
+        self.desired.rows[pod["metadata"]["uid"]] = desired_record(pod)
+
+    def report(self, pod: JSON, *, version: int, epoch: float = 1.0, phase: str = "Running") -> str:
+        record = status_record(pod, version=version, epoch=epoch, phase=phase)
+        self.status.rows[record.uid] = record
+        return self.feed.publish(PodStatusChange(uid=record.uid, version=version))
+
+    def phases(self) -> dict[str, str]:
+        return {
+            i["metadata"]["name"]: i["status"].get("phase") for i in self.cache.pod_list()["items"]
+        }
+
+    def metric(self, name: str, **labels: str) -> float | None:
+        return self.registry.get_sample_value(name, labels)
+
+
+WEB = make_pod("web")
+DB = make_pod("db")
+
+
+async def test_reload_joins_desired_pods_with_statuses() -> None:
+    w = World()
+    w.want(WEB)
+    w.want(DB)
+    w.report(WEB, version=1)
+    assert not w.cache.loaded.is_set() and w.cache.stale
+    await w.cache.reload()
+    assert w.phases() == {"web": "Running", "db": "Pending"}
+    assert w.cache.loaded.is_set() and not w.cache.stale
+    assert w.metric("kubelet_running_pods") == 1
+
+
+async def test_stream_applies_newer_versions_and_ignores_older() -> None:
+    w = World()
+    w.want(WEB)
+    w.report(WEB, version=2, phase="Running")
+    assert await w.cache.consume_once() == 1
+    assert w.phases() == {"web": "Running"}
+
+    w.report(WEB, version=3, phase="Succeeded")
+    await w.cache.consume_once()
+    assert w.phases() == {"web": "Succeeded"}
+
+    # A late, older write lands in the table (a reordered writer): the view keeps v3,
+    # both when the stream announces it and when a full reload reads it.
+    w.report(WEB, version=1, phase="Pending")
+    await w.cache.consume_once()
+    assert w.phases() == {"web": "Succeeded"}
+    await w.cache.reload()
+    assert w.phases() == {"web": "Succeeded"}
+
+    # A new syncloop epoch starts counting again and wins.
+    w.report(WEB, version=1, epoch=2.0, phase="Running")
+    await w.cache.consume_once()
+    assert w.phases() == {"web": "Running"}
+    assert w.feed.pending == {}
+
+
+async def test_malformed_entry_is_acked_and_the_next_one_applied(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    w = World()
+    w.want(WEB)
+    bad = w.feed.publish_bad("podstatuschange: unsupported version 7 (want 1)")
+    good = w.report(WEB, version=1)
+    with caplog.at_level(logging.ERROR):
+        assert await w.cache.consume_once() == 2
+    assert w.feed.acked == [bad, good]
+    assert w.phases() == {"web": "Running"}
+    assert any("bad podstatus entry" in r.getMessage() for r in caplog.records)
+
+
+async def test_removed_pod_stays_listed_until_terminal() -> None:
+    w = World()
+    w.want(WEB)
+    w.report(WEB, version=1)
+    await w.cache.reload()
+    del w.desired.rows["uid-web"]
+    await w.cache.reload()
+    (item,) = w.cache.pod_list()["items"]
+    assert item["spec"] == WEB["spec"]  # the last seen spec, not a skeleton
+    w.report(WEB, version=2, phase="Failed")
+    await w.cache.consume_once()
+    assert w.phases() == {}
+    # Gone from both tables: gone from the view.
+    del w.status.rows["uid-web"]
+    await w.cache.reload()
+    assert w.cache.pod_list()["items"] == []
+
+
+async def test_reload_does_not_undo_a_refresh_that_happened_during_it() -> None:
+    w = World()
+    w.want(WEB)
+    w.report(WEB, version=1)
+    await w.cache.reload()
+
+    # The reload reads the desired table, then a stream refresh for a new pod runs
+    # before the reload reads the status table; the reload must not drop that pod.
+    real_all = w.status.all
+    new = make_pod("new")
+
+    async def slow_all() -> dict[str, PodStatusRecord]:
+        snapshot = await real_all()
+        w.want(new)
+        w.report(new, version=1)
+        await w.cache.consume_once()
+        return snapshot
+
+    w.status.all = slow_all  # type: ignore[method-assign]
+    await w.cache.reload()
+    assert w.phases() == {"new": "Running", "web": "Running"}
+
+
+async def test_outage_keeps_the_view_logs_once_and_heals(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    w = World()
+    w.want(WEB)
+    w.report(WEB, version=1)
+    caplog.set_level(logging.DEBUG, logger="klet.status_reporter.podcache")
+    tasks = [
+        asyncio.create_task(w.cache.run_reloader()),
+        asyncio.create_task(w.cache.run_consumer()),
+    ]
+    try:
+        await asyncio.wait_for(w.cache.loaded.wait(), 1)
+        w.state.unavailable = True
+        w.now[0] += 30
+        await asyncio.sleep(0.2)  # many failed attempts of both loops
+        assert w.phases() == {"web": "Running"}  # the last view, still served
+        assert w.cache.stale and not w.cache.bus_available
+        errors = w.metric("klet_status_reporter_bus_errors_total")
+        assert errors is not None and errors >= 4
+        assert w.metric("klet_status_reporter_view_age_seconds") == pytest.approx(30, abs=0.01)
+        warnings = [r for r in caplog.records if r.levelno >= logging.WARNING]
+        assert [r.getMessage() for r in warnings] == ["bus unavailable, serving the last pod view"]
+
+        # Redis is back with different content: the view follows promptly.
+        w.want(DB)
+        w.report(DB, version=1, phase="Pending")
+        w.state.unavailable = False
+        for _ in range(100):
+            if w.phases() == {"web": "Running", "db": "Pending"} and w.cache.bus_available:
+                break
+            await asyncio.sleep(0.01)
+        assert w.phases() == {"web": "Running", "db": "Pending"}
+        assert not w.cache.stale
+        assert sum("available again" in r.getMessage() for r in caplog.records) == 1
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+
+async def test_unacked_entries_are_taken_over_after_an_outage() -> None:
+    w = World()
+    w.want(WEB)
+    w.report(WEB, version=1)
+    real_get = w.status.get
+    failing = [True]
+
+    async def get_once_failing(key: str) -> PodStatusRecord | None:
+        if failing[0]:
+            failing[0] = False
+            w.state.unavailable = True
+            try:
+                w.state.check("get")
+            finally:
+                w.state.unavailable = False
+        return await real_get(key)
+
+    w.status.get = get_once_failing  # type: ignore[method-assign]
+    task = asyncio.create_task(w.cache.run_consumer())
+    try:
+        for _ in range(100):
+            if w.feed.acked:
+                break
+            await asyncio.sleep(0.01)
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+    assert w.feed.acked == ["1-0"] and w.feed.pending == {}
+    assert w.phases() == {"web": "Running"}
+
+
+def test_policy_rejects_nonsense() -> None:
+    with pytest.raises(ValueError, match="reload_interval_s"):
+        CachePolicy(reload_interval_s=-1)
+    with pytest.raises(ValueError, match="read_count"):
+        CachePolicy(read_count=0)

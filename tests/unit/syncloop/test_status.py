@@ -1,0 +1,82 @@
+"""compute_pod_status: phase per restart policy, container states and lastState,
+CrashLoopBackOff waiting, conditions with kept transition times, terminal override."""
+
+from __future__ import annotations
+
+import pytest
+
+from klet.cri.types import ContainerState as CS
+from klet.syncloop.status import compute_pod_status, pod_phase
+
+from .helpers import ctr, pod, runtime, sandbox
+
+
+def test_running_pod() -> None:
+    p = pod("a", "b")
+    st = compute_pod_status(p, runtime([sandbox()], [ctr(p, "a", CS.RUNNING), ctr(p, "b", CS.RUNNING)]),
+                            waiting={}, previous=None, now=1000)
+    assert st["phase"] == "Running" and st["podIP"] == "10.1.0.2"
+    assert all(c["ready"] for c in st["containerStatuses"])
+    cond = {c["type"]: c["status"] for c in st["conditions"]}
+    assert cond == {"PodReadyToStartContainers": "True", "Initialized": "True", "Ready": "True",
+                    "ContainersReady": "True", "PodScheduled": "True"}
+    assert st["qosClass"] == "BestEffort"
+    assert st["containerStatuses"][0]["containerID"] == "containerd://a-0"
+
+
+def test_pending_before_containers_exist() -> None:
+    p = pod("a")
+    st = compute_pod_status(p, runtime([], []), waiting={}, previous=None, now=1000)
+    assert st["phase"] == "Pending"
+    assert st["containerStatuses"][0]["state"] == {"waiting": {"reason": "ContainerCreating"}}
+
+
+def test_crashloop_shows_waiting_and_last_state() -> None:
+    p = pod("a")
+    exited = ctr(p, "a", CS.EXITED, exit_code=2, finished_s=990, n=3)
+    st = compute_pod_status(p, runtime([sandbox()], [exited]),
+                            waiting={"a": ("CrashLoopBackOff", "back-off 40s ...")}, previous=None, now=1000)
+    cs = st["containerStatuses"][0]
+    assert cs["state"]["waiting"]["reason"] == "CrashLoopBackOff"
+    assert cs["lastState"]["terminated"]["exitCode"] == 2
+    assert cs["lastState"]["terminated"]["reason"] == "Error"
+    assert cs["restartCount"] == 3
+    assert st["phase"] == "Running"  # restartPolicy Always: a restarting container keeps Running
+
+
+def test_last_state_of_running_restarted_container() -> None:
+    p = pod("a")
+    st = compute_pod_status(
+        p, runtime([sandbox()], [ctr(p, "a", CS.EXITED, exit_code=1, n=0, finished_s=50),
+                                 ctr(p, "a", CS.RUNNING, n=1)]),
+        waiting={}, previous=None, now=1000)
+    cs = st["containerStatuses"][0]
+    assert "running" in cs["state"] and cs["lastState"]["terminated"]["exitCode"] == 1
+    assert cs["restartCount"] == 1
+
+
+@pytest.mark.parametrize(
+    ("policy", "codes", "phase"),
+    [("Never", [0, 0], "Succeeded"), ("Never", [0, 1], "Failed"), ("OnFailure", [0, 0], "Succeeded"),
+     ("OnFailure", [0, 1], "Running"), ("Always", [0, 0], "Running")],
+)
+def test_phase_of_finished_pods(policy: str, codes: list[int], phase: str) -> None:
+    p = pod("a", "b", policy=policy)
+    statuses = [{"state": {"terminated": {"exitCode": c}}} for c in codes]
+    assert pod_phase(p, statuses) == phase
+
+
+def test_transition_time_kept_when_status_unchanged() -> None:
+    p = pod("a")
+    rt = runtime([sandbox()], [ctr(p, "a", CS.RUNNING)])
+    first = compute_pod_status(p, rt, waiting={}, previous=None, now=1000)
+    second = compute_pod_status(p, rt, waiting={}, previous=first, now=2000)
+    assert first["conditions"] == second["conditions"]
+    assert second["startTime"] == first["startTime"]
+
+
+def test_terminal_override() -> None:
+    p = pod("a")
+    st = compute_pod_status(p, runtime([sandbox()], [ctr(p, "a", CS.EXITED, exit_code=137)]),
+                            waiting={}, previous=None, now=1000, terminal=("Evicted", "low on memory"))
+    assert st["phase"] == "Failed" and st["reason"] == "Evicted" and st["message"] == "low on memory"

@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# One-time, idempotent set-up for `make setup`: Debian packages, uv, the virtualenv with
+# every workspace package installed editable, and the generated gRPC stubs. Each step
+# checks first and is skipped when already done. Never touches system daemons: it only
+# installs packages (Debian's post-install scripts cannot start services without systemd).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+APT_PACKAGES=(containerd runc containernetworking-plugins busybox-static docker-registry
+              redis-server iproute2 iptables apache2-utils)
+UV_VERSION=0.13.9
+
+missing=()
+for p in "${APT_PACKAGES[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  echo "setup: installing Debian packages: ${missing[*]}"
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq
+  apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+
+UV=.cache/bootstrap/bin/uv
+if [ ! -x "$UV" ] || ! "$UV" --version 2>/dev/null | grep -q "$UV_VERSION"; then
+  echo "setup: installing uv $UV_VERSION"
+  python3 -m venv .cache/bootstrap
+  .cache/bootstrap/bin/pip install --quiet --disable-pip-version-check "uv==$UV_VERSION"
+fi
+
+# --frozen: install exactly uv.lock; the lock is committed and CI never re-resolves.
+"$UV" sync --all-packages --frozen --quiet
+
+stamp=libs/src/klet/rpc/gen/.stamp
+if [ ! -f "$stamp" ] || [ -n "$(find proto tools/gen_proto.py -newer "$stamp" 2>/dev/null)" ]; then
+  .venv/bin/python tools/gen_proto.py
+  touch "$stamp"
+fi
+echo "setup: done (CLI at .venv/bin/klet)"
