@@ -23,15 +23,13 @@ from dataclasses import dataclass, field
 from importlib.metadata import entry_points
 from pathlib import Path
 
-from klet.config import ConfigError, build_parser, load_settings
+from klet.config import DEFAULT_SERVICE_PORTS, ConfigError, build_parser, load_settings
 from klet.config.kubelet import KubeletConfiguration
 from klet.devstack import DevStack, RedisServer, free_port
 
 log = logging.getLogger("klet.up")
 
 START_ORDER = ("pod-source", "syncloop", "status-reporter", "eviction", "image-gc")
-DEFAULT_PORTS = {"pod-source": 10260, "syncloop": 10261, "status-reporter": 10262,
-                 "eviction": 10263, "image-gc": 10264}
 
 
 def _given(argv: list[str], flag: str) -> bool:
@@ -179,7 +177,7 @@ def up(argv: list[str]) -> int:
         installed = {ep.name for ep in entry_points(group="klet.services")}
         children = []
         for name in [s for s in START_ORDER if s in installed]:
-            port = DEFAULT_PORTS[name]
+            port = DEFAULT_SERVICE_PORTS[name]
             if not _port_free(port):
                 port = free_port()
             children.append(Child(name, [sys.executable, "-m", f"klet.{name.replace('-', '_')}",

@@ -211,8 +211,8 @@ def load_settings(
 
     Raises ConfigError listing every problem; ValueError for an unknown `service`.
     """
-    if service not in DEFAULT_SERVICE_PORTS:
-        known = ", ".join(DEFAULT_SERVICE_PORTS)
+    if service not in DEFAULT_SERVICE_PORTS and service != "up":
+        known = ", ".join([*DEFAULT_SERVICE_PORTS, "up"])
         raise ValueError(f"unknown service {service!r} (one of {known})")
     parser = build_parser(service)
     namespace, extra = parser.parse_known_args(normalize_argv(argv))
@@ -250,7 +250,8 @@ def load_settings(
     if problems:
         raise ConfigError([str(p) for p in problems])
 
-    port = klet_values.get("service_port", 0) or DEFAULT_SERVICE_PORTS[service]
+    # `klet up` validates the flags its services get; it has no service port of its own.
+    port = klet_values.get("service_port", 0) or DEFAULT_SERVICE_PORTS.get(service, 0)
     klet = KletSettings(
         service=service,
         node_name=node_name,

@@ -246,6 +246,19 @@ class ManagedProcess:
         self._close_log()
         return code
 
+    def kill(self) -> int | None:
+        """SIGKILL the process at once (tests use it to simulate a crash)."""
+        proc = self._proc
+        if proc is None:
+            return None
+        if proc.poll() is None:
+            proc.kill()
+        code = proc.wait()
+        self._proc = None
+        self.pidfile.remove()
+        self._close_log()
+        return code
+
     def _close_log(self) -> None:
         if self._log is not None:
             self._log.close()

@@ -20,7 +20,11 @@ def main(argv: list[str] | None = None) -> int:
     from klet.syncloop.app import main as app_main
     from klet.syncloop.wiring import build_deps
 
-    return asyncio.run(app_main(build_deps(settings)))
+    async def run() -> int:
+        # Built inside the loop: grpc.aio channels bind to the loop that exists when made.
+        return await app_main(build_deps(settings))
+
+    return asyncio.run(run())
 
 
 if __name__ == "__main__":

@@ -1,0 +1,218 @@
+"""Static pods end to end on real containerd: a manifest becomes running containers and
+a Running status in /pods; restarts follow restartPolicy with back-off; changed and
+removed manifests replace and stop pods; malformed manifests hurt nobody else; and a
+SIGKILLed syncloop or a restarted Redis restarts no container."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from klet.cri import CRISettings, RuntimeClient
+from klet.cri import labels as L
+from klet.devstack import DevStack
+from tests.harness.node import KletNode, container_status, wait_for
+
+pytestmark = pytest.mark.integration
+
+WEB = """
+apiVersion: v1
+kind: Pod
+metadata:
+  name: web
+spec:
+  terminationGracePeriodSeconds: 3
+  containers:
+    - name: httpd
+      image: registry.klet.test/httpd:1.36
+      command: ["sh", "-c", "echo served-by-klet > /www/index.html && exec httpd -f -p 80 -h /www"]
+    - name: sleeper
+      image: registry.klet.test/busybox:1.36
+      command: ["sleep", "100000"]
+"""
+
+
+def exiting_pod(name: str, policy: str, code: int, *, run_s: float = 0.5) -> str:
+    return f"""
+apiVersion: v1
+kind: Pod
+metadata:
+  name: {name}
+spec:
+  restartPolicy: {policy}
+  containers:
+    - name: main
+      image: registry.klet.test/busybox:1.36
+      command: ["sh", "-c", "sleep {run_s}; exit {code}"]
+"""
+
+
+def running(node: KletNode, name: str) -> dict[str, Any] | None:
+    pod = node.pods().get(f"{name}-{node.node_name}")
+    if pod and pod["status"].get("phase") == "Running" and all(
+        c["ready"] for c in pod["status"].get("containerStatuses", [])
+    ):
+        return pod
+    return None
+
+
+def runtime_containers(stack: DevStack, pod_name: str) -> dict[str, str]:
+    """container id -> state for one pod, straight from CRI."""
+
+    async def go() -> dict[str, str]:
+        cri = RuntimeClient(CRISettings(runtime_endpoint=stack.runtime_endpoint, timeout_s=10))
+        try:
+            return {c.id: c.state.value for c in await cri.list_containers(label_selector={L.POD_NAME: pod_name})}
+        finally:
+            await cri.close()
+
+    return asyncio.run(go())
+
+
+def runtime_sandboxes(stack: DevStack, pod_name: str) -> list[str]:
+    async def go() -> list[str]:
+        cri = RuntimeClient(CRISettings(runtime_endpoint=stack.runtime_endpoint, timeout_s=10))
+        try:
+            return [s.id for s in await cri.list_pod_sandboxes(label_selector={L.POD_NAME: pod_name})]
+        finally:
+            await cri.close()
+
+    return asyncio.run(go())
+
+
+def test_two_container_pod_runs_and_serves(node_factory: Any, manifests: Path, devstack: DevStack) -> None:
+    node: KletNode = node_factory(manifest_dir=manifests)
+    node.start()
+    written = time.monotonic()
+    (manifests / "web.yaml").write_text(WEB)
+    pod = wait_for(lambda: running(node, "web"), timeout_s=10, what="web Running with both containers ready")
+    took = time.monotonic() - written
+    status = pod["status"]
+    assert status["podIP"] and status["startTime"]
+    assert {c["name"] for c in status["containerStatuses"]} == {"httpd", "sleeper"}
+    for c in status["containerStatuses"]:
+        assert c["containerID"].startswith("containerd://") and c["imageID"] and c["restartCount"] == 0
+        assert "running" in c["state"]
+    conditions = {c["type"]: c["status"] for c in status["conditions"]}
+    assert conditions["Ready"] == "True" and conditions["ContainersReady"] == "True"
+    assert pod["metadata"]["annotations"]["kubernetes.io/config.source"] == "file"
+    body = wait_for(
+        lambda: urllib.request.urlopen(f"http://{status['podIP']}:80/", timeout=2).read().decode(),
+        timeout_s=10, what="httpd answering on the pod IP",
+    )
+    assert body.strip() == "served-by-klet"
+    print(f"manifest written -> Running in {took:.2f}s")
+
+
+@pytest.mark.parametrize(
+    ("policy", "code", "restarts"),
+    [("Always", 0, True), ("OnFailure", 1, True), ("OnFailure", 0, False), ("Never", 1, False)],
+)
+def test_restart_policy(node_factory: Any, manifests: Path, policy: str, code: int, restarts: bool) -> None:
+    node: KletNode = node_factory(manifest_dir=manifests)
+    node.start()
+    name = f"exit-{policy.lower()}-{code}"
+    (manifests / f"{name}.yaml").write_text(exiting_pod(name, policy, code))
+    full = f"{name}-{node.node_name}"
+    if restarts:
+        # First restart is immediate, the next waits out a 10 s back-off.
+        pod = wait_for(lambda: node.pods()[full] if container_status(node.pods()[full], "main")["restartCount"] >= 1
+                       else None, timeout_s=20, what="first restart")
+        def backing_off() -> dict[str, Any] | None:
+            cs = container_status(node.pods()[full], "main")
+            return cs if cs["state"].get("waiting", {}).get("reason") == "CrashLoopBackOff" else None
+
+        cs = wait_for(backing_off, timeout_s=20, what="CrashLoopBackOff after the second exit")
+        assert cs["lastState"]["terminated"]["exitCode"] == code
+        assert cs["lastState"]["terminated"]["reason"] == ("Completed" if code == 0 else "Error")
+        assert "back-off 10s" in cs["state"]["waiting"]["message"]
+        entered = time.monotonic()
+        wait_for(lambda: container_status(node.pods()[full], "main")["restartCount"] >= 2,
+                 timeout_s=25, what="second restart after the back-off")
+        assert time.monotonic() - entered > 3  # it did wait (the back-off is 10 s from the exit)
+        assert pod["status"]["phase"] in ("Running", "Pending")
+    else:
+        expected = "Succeeded" if code == 0 else "Failed"
+        pod = wait_for(lambda: node.pods()[full] if node.pods()[full]["status"]["phase"] == expected else None,
+                       timeout_s=20, what=f"phase {expected}")
+        time.sleep(3)
+        cs = container_status(node.pods()[full], "main")
+        assert cs["restartCount"] == 0
+        assert cs["state"]["terminated"]["exitCode"] == code
+
+
+def test_changed_and_removed_manifest(node_factory: Any, manifests: Path, devstack: DevStack) -> None:
+    node: KletNode = node_factory(manifest_dir=manifests)
+    node.start()
+    path = manifests / "web.yaml"
+    path.write_text(WEB)
+    first = wait_for(lambda: running(node, "web"), timeout_s=15, what="web Running")
+    path.write_text(WEB.replace("sleep\", \"100000", "sleep\", \"200000"))
+    second = wait_for(
+        lambda: (p := running(node, "web")) and p["metadata"]["uid"] != first["metadata"]["uid"] and p,
+        timeout_s=20, what="web replaced with a new UID",
+    )
+    full = f"web-{node.node_name}"
+    wait_for(lambda: len(runtime_sandboxes(devstack, full)) == 1, timeout_s=15, what="old sandbox removed")
+    assert second["metadata"]["annotations"]["kubernetes.io/config.hash"] == second["metadata"]["uid"]
+    removed_at = time.monotonic()
+    path.unlink()
+    wait_for(lambda: not runtime_sandboxes(devstack, full), timeout_s=20, what="sandbox removed")
+    # grace 3 s; httpd and sleep ignore nothing, so well within grace + relist + file poll.
+    assert time.monotonic() - removed_at < 3 + 10
+    wait_for(lambda: full not in node.pods(), timeout_s=10, what="pod gone from /pods")
+
+
+def test_malformed_manifests_do_not_hurt_good_ones(node_factory: Any, manifests: Path) -> None:
+    node: KletNode = node_factory(manifest_dir=manifests)
+    (manifests / "bad-yaml.yaml").write_text("apiVersion: v1\nkind: Pod\nmetadata: {name: [unclosed\n")
+    (manifests / "service.yaml").write_text("apiVersion: v1\nkind: Service\nmetadata: {name: svc}\n")
+    (manifests / "bad-name.yaml").write_text(WEB.replace("name: web", "name: Bad_Name!"))
+    (manifests / "no-containers.yaml").write_text("apiVersion: v1\nkind: Pod\nmetadata: {name: empty}\nspec: {containers: []}\n")
+    (manifests / "huge.yaml").write_bytes(b"# " + b"x" * (10 * 1024 * 1024 + 10) + b"\n")
+    (manifests / "web.yaml").write_text(WEB)
+    node.start()
+    wait_for(lambda: running(node, "web"), timeout_s=15, what="the good pod Running")
+    assert set(node.pods()) == {f"web-{node.node_name}"}
+    log = node.log("pod-source")
+    for bad in ("bad-yaml.yaml", "service.yaml", "bad-name.yaml", "no-containers.yaml", "huge.yaml"):
+        assert bad in log, f"{bad} not reported in the pod-source log"
+    metrics = node.metrics("pod-source")
+    errors = [line for line in metrics.splitlines()
+              if line.startswith("klet_pod_source_manifest_errors_total{")]
+    assert sum(float(line.rsplit(" ", 1)[1]) for line in errors) >= 5
+    for svc in ("pod-source", "syncloop", "status-reporter"):
+        assert node.procs[svc].alive
+
+
+def test_syncloop_sigkill_and_redis_restart_restart_nothing(node_factory: Any, manifests: Path,
+                                                             devstack: DevStack, redis_server: Any) -> None:
+    node: KletNode = node_factory(manifest_dir=manifests, redis_url=redis_server.url)
+    node.start()
+    (manifests / "web.yaml").write_text(WEB)
+    wait_for(lambda: running(node, "web"), timeout_s=15, what="web Running")
+    full = f"web-{node.node_name}"
+    before = runtime_containers(devstack, full)
+    assert len(before) == 2
+
+    node.kill("syncloop")
+    node.start("syncloop")
+    time.sleep(4)  # several relists and a resync with the new syncloop
+    assert runtime_containers(devstack, full) == before
+    assert running(node, "web")
+
+    redis_server.stop()
+    time.sleep(3)
+    assert runtime_containers(devstack, full) == before  # Redis down: nothing stops
+    assert running(node, "web"), "status-reporter keeps serving the last view"
+    redis_server.restart()  # empty: the bus is rebuilt from the sources and the runtime
+    wait_for(lambda: running(node, "web"), timeout_s=20, what="status back after Redis restart")
+    time.sleep(5)
+    assert runtime_containers(devstack, full) == before
+    for svc in ("pod-source", "syncloop", "status-reporter"):
+        assert node.procs[svc].alive, f"{svc} died"
