@@ -1,0 +1,243 @@
+"""The private /healthz, /readyz and /metrics endpoints every klet service serves.
+
+`create_health_app(registry=..., checks=..., ready=...)` builds a small FastAPI app; its
+responses follow the upstream kubelet/apiserver healthz handler so existing probes and
+muscle memory work: `ok` with 200 when every check passes; with `?verbose` one
+`[+]name ok` line per check then `healthz check passed`; on failure status 500 and the
+same list with `[-]name failed: reason withheld` and `healthz check failed` (reasons go
+to the log, not to unauthenticated callers); `?exclude=name` skips a check;
+`/healthz/<name>` runs one. `/readyz` is the same list plus the service's `ready`
+callable. `/metrics` is the Prometheus text format (OpenMetrics when asked for).
+
+`serve_http(app, host=..., port=..., name=...)` runs uvicorn inside the current event loop
+as one of the service's supervised root tasks: it binds the socket itself (so a busy port
+is an OSError at once, and port 0 works), sets `ready` once serving, never installs
+signal handlers (the process's supervisor owns SIGTERM), and shuts down cleanly when its
+task is cancelled.
+
+Trade-off: checks run on every probe, concurrently, each bounded by `check_timeout`; a
+check must be cheap (read a flag a loop maintains) rather than do I/O itself.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import inspect
+import logging
+import socket
+from collections.abc import Awaitable, Callable, Generator, Mapping
+from typing import Any
+
+import uvicorn
+from fastapi import FastAPI, Request, Response
+from fastapi.responses import PlainTextResponse
+from klet.obs.logs import OnceLogger
+from prometheus_client import CollectorRegistry
+from prometheus_client.exposition import choose_encoder
+
+__all__ = ["HealthCheck", "create_health_app", "serve_http"]
+
+log = logging.getLogger(__name__)
+
+HealthCheck = Callable[[], bool | Awaitable[bool]]
+"""A named health condition: True when healthy; may be async; raising counts as failed."""
+
+_NOSNIFF = {"X-Content-Type-Options": "nosniff"}
+
+
+class _Checker:
+    def __init__(self, checks: Mapping[str, HealthCheck], timeout: float) -> None:
+        self.checks = dict(checks)
+        self.timeout = timeout
+        self.failures = OnceLogger(log, level=logging.WARNING)
+
+    async def run_one(self, name: str) -> bool:
+        check = self.checks[name]
+        try:
+            result = check()
+            if inspect.isawaitable(result):
+                result = await asyncio.wait_for(result, self.timeout)
+        except Exception as exc:  # a raising check is a failed check, never a 500 crash
+            reason = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+            self.failures.error(name, f"health check {name} failed: {reason}", check=name)
+            return False
+        if not result:
+            self.failures.error(name, f"health check {name} failed", check=name)
+            return False
+        self.failures.clear(name, f"health check {name} passed", check=name)
+        return True
+
+    async def report(self, kind: str, request: Request, names: list[str]) -> Response:
+        """The upstream-style report of the checks `names`, honouring ?verbose and ?exclude."""
+        excluded = set(request.query_params.getlist("exclude"))
+        run = [n for n in names if n not in excluded]
+        results = dict(zip(run, await asyncio.gather(*map(self.run_one, run)), strict=True))
+        lines = []
+        for name in names:
+            if name in excluded:
+                lines.append(f"[+]{name} excluded: ok")
+            elif results[name]:
+                lines.append(f"[+]{name} ok")
+            else:
+                lines.append(f"[-]{name} failed: reason withheld")
+        unknown = sorted(excluded - set(names))
+        if unknown:
+            missing = ", ".join(unknown)
+            lines.append(f"warn: some health checks cannot be excluded: no matches for {missing}")
+        if not all(results.values()):
+            body = "\n".join([*lines, f"{kind} check failed"]) + "\n"
+            return PlainTextResponse(body, status_code=500, headers=_NOSNIFF)
+        if "verbose" not in request.query_params:
+            return PlainTextResponse("ok", headers=_NOSNIFF)
+        body = "\n".join([*lines, f"{kind} check passed"]) + "\n"
+        return PlainTextResponse(body, headers=_NOSNIFF)
+
+
+def create_health_app(
+    *,
+    registry: CollectorRegistry,
+    checks: Mapping[str, HealthCheck],
+    ready: Callable[[], bool],
+    check_timeout: float = 5.0,
+) -> FastAPI:
+    """The app of a service's private port: /healthz, /healthz/{name}, /readyz, /metrics.
+
+    checks: named health conditions, reported in this order after a built-in "ping".
+    ready: whether the service is ready to act (sources synced, lease held, ...).
+    check_timeout: seconds an async check may take before it counts as failed.
+    """
+    if "ready" in checks:
+        raise ValueError('"ready" is reserved for the readiness callable')
+    health_names = ["ping", *(n for n in checks if n != "ping")]
+    checker = _Checker({"ping": lambda: True, **checks, "ready": ready}, check_timeout)
+    app = FastAPI(openapi_url=None, docs_url=None, redoc_url=None)
+
+    @app.get("/healthz", include_in_schema=False)
+    async def healthz(request: Request) -> Response:
+        return await checker.report("healthz", request, health_names)
+
+    @app.get("/healthz/{name}", include_in_schema=False)
+    async def healthz_one(name: str) -> Response:
+        if name not in health_names:
+            return PlainTextResponse(f"no health check named {name}\n", status_code=404)
+        if await checker.run_one(name):
+            return PlainTextResponse("ok", headers=_NOSNIFF)
+        body = f"internal server error: {name} check failed\n"
+        return PlainTextResponse(body, status_code=500, headers=_NOSNIFF)
+
+    @app.get("/readyz", include_in_schema=False)
+    async def readyz(request: Request) -> Response:
+        return await checker.report("readyz", request, [*health_names, "ready"])
+
+    @app.get("/metrics", include_in_schema=False)
+    async def metrics(request: Request) -> Response:
+        encoder, content_type = choose_encoder(request.headers.get("accept", ""))
+        return Response(content=encoder(registry), media_type=content_type)
+
+    return app
+
+
+class _Server(uvicorn.Server):
+    """uvicorn.Server that leaves signals to the process and reports when it serves."""
+
+    def __init__(self, config: uvicorn.Config, ready: asyncio.Event | None) -> None:
+        super().__init__(config)
+        self._ready = ready
+
+    # uvicorn >= 0.29 captures SIGINT/SIGTERM around serve(); older versions call
+    # install_signal_handlers(). Both are disabled: run_supervised owns the signals.
+    @contextlib.contextmanager
+    def capture_signals(self) -> Generator[None, None, None]:
+        yield
+
+    def install_signal_handlers(self) -> None:
+        return None
+
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        await super().startup(sockets=sockets)
+        if self.started and self._ready is not None:
+            self._ready.set()
+
+
+async def _bind(host: str, port: int) -> socket.socket:
+    loop = asyncio.get_running_loop()
+    infos = await loop.getaddrinfo(
+        host or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+    )
+    if not infos:  # pragma: no cover - getaddrinfo raises instead
+        raise OSError(f"cannot resolve {host!r}")
+    family, kind, proto, _, address = infos[0]
+    sock = socket.socket(family, kind, proto)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        if family == socket.AF_INET6:
+            sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+        sock.bind(address)
+        sock.setblocking(False)
+    except BaseException:
+        sock.close()
+        raise
+    return sock
+
+
+async def serve_http(
+    app: Any,
+    *,
+    host: str,
+    port: int,
+    name: str,
+    ready: asyncio.Event | None = None,
+    on_listening: Callable[[str, int], None] | None = None,
+    uvicorn_options: Mapping[str, Any] | None = None,
+) -> None:
+    """Serve the ASGI `app` on host:port until cancelled (then shut down gracefully).
+
+    Raises OSError when the address cannot be bound and RuntimeError when the app's
+    lifespan start-up fails. `on_listening(host, port)` is called with the bound
+    address before `ready` is set (useful with port 0). `uvicorn_options` go to
+    uvicorn.Config (e.g. ssl_certfile/ssl_keyfile for HTTPS, ws="auto" for websockets;
+    websockets are off by default).
+    """
+    options: dict[str, Any] = {
+        "log_config": None,
+        "lifespan": "on",
+        "access_log": False,
+        "ws": "none",
+        "timeout_graceful_shutdown": 5,
+        **(uvicorn_options or {}),
+    }
+    server = _Server(uvicorn.Config(app, **options), ready)
+    try:
+        sock = await _bind(host, port)
+    except OSError as exc:
+        raise OSError(exc.errno, f"{name}: cannot listen on {host}:{port}: {exc.strerror}") from exc
+    bound_host, bound_port = sock.getsockname()[:2]
+    log.info("HTTP listening", extra={"server": name, "host": bound_host, "port": bound_port})
+    if on_listening is not None:
+        on_listening(bound_host, bound_port)
+
+    async def run() -> None:
+        # uvicorn calls sys.exit() when the lifespan start-up fails; a SystemExit escaping
+        # a task would stop the whole event loop, so it becomes an ordinary error here.
+        try:
+            await server.serve(sockets=[sock])
+        except SystemExit as exc:
+            raise RuntimeError(f"{name}: HTTP server failed to start") from exc
+
+    task = asyncio.create_task(run(), name=f"{name}-http")
+    try:
+        await asyncio.shield(task)
+    except asyncio.CancelledError:
+        server.should_exit = True
+        try:
+            await asyncio.shield(task)
+        except asyncio.CancelledError:
+            server.force_exit = True
+            task.cancel()
+        except Exception:
+            log.exception("HTTP server failed while stopping", extra={"server": name})
+        raise
+    finally:
+        sock.close()
+        log.info("stopped serving HTTP", extra={"server": name})

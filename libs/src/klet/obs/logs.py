@@ -1,0 +1,224 @@
+"""Structured logging: one JSON object per line (or a readable text line), fields first.
+
+Libraries only call `logging.getLogger(__name__)` and pass context as fields,
+`log.info("pod started", extra={"pod": "ns/name", "uid": uid})`; entry points call
+`configure_logging(service=..., verbosity=..., fmt=...)` once. Every `extra=` key (any
+LogRecord attribute that logging itself does not define) becomes a field of the line,
+so a log shipper can filter on `pod` without parsing messages.
+
+Verbosity follows klog's `-v`: 0-3 log INFO and above, 4 and more add DEBUG; 6 and more
+also let the HTTP client libraries (httpx, httpcore) log their per-request detail.
+
+`OnceLogger` / `log_once_per_change` implement STYLE rule 17, "a repeated error is
+logged once per change": a loop that fails every second logs the failure when it starts
+or its message changes, and one recovery line when it clears.
+
+Trade-off: the formatter walks the record's __dict__ on every line; that is cheap next
+to the I/O and spares callers a custom logging API.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+import threading
+import traceback
+from collections.abc import Hashable
+from datetime import UTC, datetime
+from typing import Any, TextIO
+
+__all__ = [
+    "JsonFormatter",
+    "OnceLogger",
+    "TextFormatter",
+    "configure_logging",
+    "level_for_verbosity",
+    "log_once_per_change",
+]
+
+# Attributes every LogRecord has; anything else on a record came from `extra=`.
+_RECORD_ATTRS = frozenset(
+    logging.LogRecord("", 0, "", 0, "", (), None).__dict__.keys()
+    | {"message", "asctime", "taskName"}
+)
+_CORE_KEYS = ("ts", "level", "service", "logger", "msg")
+_HANDLER_MARK = "_klet_handler"
+_NOISY_LOGGERS = ("httpx", "httpcore", "hpack", "uvicorn.access")
+
+
+def _timestamp(record: logging.LogRecord) -> str:
+    moment = datetime.fromtimestamp(record.created, tz=UTC)
+    return moment.strftime("%Y-%m-%dT%H:%M:%S.") + f"{moment.microsecond // 1000:03d}Z"
+
+
+def _extra_fields(record: logging.LogRecord) -> dict[str, Any]:
+    fields: dict[str, Any] = {}
+    for key, value in record.__dict__.items():
+        if key in _RECORD_ATTRS or key.startswith("_"):
+            continue
+        fields[f"extra_{key}" if key in _CORE_KEYS else key] = value
+    return fields
+
+
+def _exception_text(record: logging.LogRecord) -> str | None:
+    if record.exc_info and record.exc_info[0] is not None:
+        return "".join(traceback.format_exception(*record.exc_info)).rstrip()
+    if record.exc_text:
+        return record.exc_text
+    return None
+
+
+class JsonFormatter(logging.Formatter):
+    """`{"ts", "level", "service", "logger", "msg", <extra fields>, "exc_info"?}` per line."""
+
+    def __init__(self, *, service: str) -> None:
+        super().__init__()
+        self.service = service
+
+    def format(self, record: logging.LogRecord) -> str:
+        line: dict[str, Any] = {
+            "ts": _timestamp(record),
+            "level": record.levelname.lower(),
+            "service": self.service,
+            "logger": record.name,
+            "msg": record.getMessage(),
+        }
+        line.update(_extra_fields(record))
+        if (exc := _exception_text(record)) is not None:
+            line["exc_info"] = exc
+        if record.stack_info:
+            line["stack_info"] = record.stack_info
+        return json.dumps(line, default=str, ensure_ascii=False)
+
+
+def _text_value(value: Any) -> str:
+    text = value if isinstance(value, str) else json.dumps(value, default=str)
+    if text == "" or any(ch in text for ch in ' "=\n\t'):
+        return json.dumps(text, ensure_ascii=False)
+    return text
+
+
+class TextFormatter(logging.Formatter):
+    """`<ts> <LEVEL> <service> <logger>: <msg> key=value ...`, then any traceback."""
+
+    def __init__(self, *, service: str) -> None:
+        super().__init__()
+        self.service = service
+
+    def format(self, record: logging.LogRecord) -> str:
+        fields = " ".join(f"{k}={_text_value(v)}" for k, v in _extra_fields(record).items())
+        line = (
+            f"{_timestamp(record)} {record.levelname:<7} {self.service} {record.name}: "
+            f"{record.getMessage()}"
+        )
+        if fields:
+            line = f"{line} {fields}"
+        if (exc := _exception_text(record)) is not None:
+            line = f"{line}\n{exc}"
+        if record.stack_info:
+            line = f"{line}\n{record.stack_info}"
+        return line
+
+
+def level_for_verbosity(verbosity: int) -> int:
+    """klog -v to a logging level: 0-3 INFO, 4+ DEBUG."""
+    return logging.DEBUG if verbosity >= 4 else logging.INFO
+
+
+def configure_logging(
+    *,
+    service: str,
+    verbosity: int,
+    fmt: str = "json",
+    stream: TextIO | None = None,
+) -> logging.Handler:
+    """Send the root logger to `stream` (default: sys.stderr at call time) in `fmt`
+    ("json" or "text"). Calling it again replaces the handler it installed before.
+
+    Returns the installed handler (tests remove it again)."""
+    if fmt not in ("json", "text"):
+        raise ValueError(f"log format must be json or text, got {fmt!r}")
+    formatter: logging.Formatter = (
+        JsonFormatter(service=service) if fmt == "json" else TextFormatter(service=service)
+    )
+    handler = logging.StreamHandler(stream if stream is not None else sys.stderr)
+    handler.setFormatter(formatter)
+    setattr(handler, _HANDLER_MARK, True)
+    root = logging.getLogger()
+    for old in list(root.handlers):
+        if getattr(old, _HANDLER_MARK, False):
+            root.removeHandler(old)
+            old.close()
+    root.addHandler(handler)
+    root.setLevel(level_for_verbosity(verbosity))
+    noisy_level = logging.NOTSET if verbosity >= 6 else logging.WARNING
+    for name in _NOISY_LOGGERS:
+        logging.getLogger(name).setLevel(noisy_level)
+    return handler
+
+
+class OnceLogger:
+    """Logs a condition once per change of its message, and once when it clears.
+
+    Keyed by any hashable (an endpoint, a pod UID, "redis"): `error(key, msg)` logs only
+    when `msg` differs from the last one logged for `key`; `clear(key)` logs a recovery
+    line if `key` had an error. Thread-safe; methods return whether they logged.
+    """
+
+    def __init__(self, logger: logging.Logger, *, level: int = logging.ERROR) -> None:
+        self.logger = logger
+        self.level = level
+        self._active: dict[Hashable, str] = {}
+        self._lock = threading.Lock()
+
+    def error(self, key: Hashable, message: str, **fields: Any) -> bool:
+        with self._lock:
+            if self._active.get(key) == message:
+                return False
+            self._active[key] = message
+        self.logger.log(self.level, message, extra=_safe_extra(fields), stacklevel=2)
+        return True
+
+    def clear(self, key: Hashable, message: str | None = None, **fields: Any) -> bool:
+        with self._lock:
+            previous = self._active.pop(key, None)
+        if previous is None:
+            return False
+        text = message or f"recovered: {previous}"
+        self.logger.info(
+            text, extra=_safe_extra({**fields, "previous_error": previous}), stacklevel=2
+        )
+        return True
+
+    def active(self) -> dict[Hashable, str]:
+        """The conditions currently logged as failing, by key."""
+        with self._lock:
+            return dict(self._active)
+
+
+def _safe_extra(fields: dict[str, Any]) -> dict[str, Any]:
+    """Rename fields logging refuses in `extra=` (name, msg, args, ...)."""
+    return {(f"{k}_" if k in _RECORD_ATTRS else k): v for k, v in fields.items()}
+
+
+_ONCE_LOGGERS: dict[str, OnceLogger] = {}
+_ONCE_LOCK = threading.Lock()
+
+
+def log_once_per_change(
+    logger: logging.Logger, key: Hashable, message: str | None, **fields: Any
+) -> bool:
+    """Log `message` as an error for `key` unless it is the one last logged for it;
+    `message=None` marks the condition cleared and logs a recovery line if it was set.
+
+    State is kept per logger name for the life of the process; a component that wants
+    its own state (tests, short-lived objects) should hold an OnceLogger instead.
+    """
+    with _ONCE_LOCK:
+        once = _ONCE_LOGGERS.get(logger.name)
+        if once is None or once.logger is not logger:
+            once = _ONCE_LOGGERS[logger.name] = OnceLogger(logger)
+    if message is None:
+        return once.clear(key, **fields)
+    return once.error(key, message, **fields)

@@ -1,0 +1,46 @@
+"""Prometheus helpers shared by the services: a fresh registry, and its text rendering.
+
+Each service declares its metrics in its own `metrics.py`, taking a `CollectorRegistry`
+(STYLE rule 18) so every test gets a fresh one and nothing registers into the global
+default registry by import side effect. This module only builds such registries and
+renders them for the `/metrics` endpoint of health.py.
+
+Trade-off: process and platform collectors (RSS, CPU seconds, open fds, python_info) are
+opt-in; production wiring turns them on, unit tests leave them off so scrapes are
+deterministic.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import (
+    CollectorRegistry,
+    GCCollector,
+    PlatformCollector,
+    ProcessCollector,
+    exposition,
+    generate_latest,
+)
+
+__all__ = ["CONTENT_TYPE", "new_registry", "render"]
+
+# Content type of what generate_latest() writes: the classic text format 0.0.4 (newer
+# prometheus_client names it CONTENT_TYPE_PLAIN_0_0_4; its CONTENT_TYPE_LATEST moved on).
+CONTENT_TYPE: str = getattr(
+    exposition, "CONTENT_TYPE_PLAIN_0_0_4", "text/plain; version=0.0.4; charset=utf-8"
+)
+
+
+def new_registry(*, process_metrics: bool = False) -> CollectorRegistry:
+    """A new, empty registry; with process_metrics also the process_*, python_info and
+    python_gc_* collectors that the global default registry carries."""
+    registry = CollectorRegistry(auto_describe=True)
+    if process_metrics:
+        ProcessCollector(registry=registry)
+        PlatformCollector(registry=registry)
+        GCCollector(registry=registry)
+    return registry
+
+
+def render(registry: CollectorRegistry) -> tuple[bytes, str]:
+    """The registry in the Prometheus text format, and the content type to serve it with."""
+    return generate_latest(registry), CONTENT_TYPE
