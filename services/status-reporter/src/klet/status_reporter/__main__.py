@@ -12,11 +12,9 @@ import os
 import sys
 
 from klet.config import ConfigError, load_settings
-from klet.obs import configure_logging
+from klet.obs import RootTaskFailed, configure_logging
 from klet.status_reporter import app
-from klet.status_reporter.wiring import build_deps
-
-SERVICE = "status-reporter"
+from klet.status_reporter.wiring import SERVICE, build_deps
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -30,7 +28,11 @@ def main(argv: list[str] | None = None) -> int:
     configure_logging(
         service=SERVICE, verbosity=settings.klet.verbosity, fmt=settings.klet.log_format
     )
-    return asyncio.run(app.main(build_deps(settings)))
+    try:
+        asyncio.run(app.main(build_deps(settings)))
+    except RootTaskFailed:
+        return 1  # already logged, with the task's name and traceback
+    return 0
 
 
 if __name__ == "__main__":

@@ -22,7 +22,8 @@ from typing import Protocol
 from fastapi import FastAPI
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from klet.model.types import JSON
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from klet.obs import render
+from prometheus_client import CollectorRegistry
 
 
 class PodView(Protocol):
@@ -58,7 +59,8 @@ def create_app(deps: ApiDeps) -> FastAPI:
 
     @app.get("/metrics")
     async def metrics() -> Response:
-        return Response(generate_latest(deps.registry), media_type=CONTENT_TYPE_LATEST)
+        body, content_type = render(deps.registry)
+        return Response(body, media_type=content_type)
 
     return app
 

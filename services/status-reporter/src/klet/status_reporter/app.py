@@ -3,21 +3,19 @@
 Root tasks, each named so a crash says which one died:
 
 - `pod-view-reload` and `podstatus-consumer`: the two refresh loops of the pod view;
-- `service-http`: the private /healthz /readyz /metrics port (klet.obs), ready once the
-  pod view has loaded for the first time;
+- `service-http`: the private /healthz /readyz /metrics port (klet.obs); ready while
+  the pod view has loaded and the bus answers;
 - `healthz-http`: upstream's healthz listener (127.0.0.1:10248 by default; off at 0);
 - `read-only-http`: the read-only kubelet API, only when readOnlyPort is set.
 
 If any of them ends, the others are cancelled and the process exits non-zero so its
 supervisor restarts it; the loops themselves survive Redis outages, so that only happens
-on a real bug or a port that cannot be bound.
+on a real bug or a port that cannot be bound. SIGTERM/SIGINT stop everything cleanly
+(`run_supervised`), and the Redis pool is closed on the way out.
 """
 
 from __future__ import annotations
 
-import asyncio
-import logging
-import signal
 from collections.abc import Coroutine
 from typing import Any
 
@@ -25,15 +23,16 @@ from klet.obs import create_health_app, run_supervised, serve_http
 from klet.status_reporter.api import create_app, create_healthz_app
 from klet.status_reporter.wiring import Deps
 
-log = logging.getLogger(__name__)
-
 
 def root_tasks(deps: Deps) -> dict[str, Coroutine[Any, Any, None]]:
     """The named root coroutines for `deps` (not started)."""
+    # No health checks beyond the built-in ping: a Redis outage must not fail a
+    # liveness probe (the last view is still served). Readiness says whether the view
+    # is current: loaded once and the bus reachable.
     service_app = create_health_app(
         registry=deps.registry,
-        checks={"bus": lambda: deps.pods.bus_available},
-        ready=deps.pods.loaded,
+        checks={},
+        ready=lambda: deps.pods.loaded.is_set() and deps.pods.bus_available,
     )
     tasks: dict[str, Coroutine[Any, Any, None]] = {
         "pod-view-reload": deps.pods.run_reloader(),
@@ -56,32 +55,10 @@ def root_tasks(deps: Deps) -> dict[str, Coroutine[Any, Any, None]]:
     return tasks
 
 
-async def main(deps: Deps) -> int:
-    """Run the service; return the process exit code.
-
-    0 after SIGTERM/SIGINT (a requested stop), 1 when a root task ended on its own.
-    Signals are turned into a cancellation here rather than left to the default
-    handler, so the HTTP servers close their sockets and the Redis pool is released.
-    """
-    loop = asyncio.get_running_loop()
-    stop = asyncio.Event()
-    signals = (signal.SIGTERM, signal.SIGINT)
-    for sig in signals:
-        loop.add_signal_handler(sig, stop.set)
-    supervisor = asyncio.create_task(run_supervised(root_tasks(deps)), name="supervisor")
-    stopper = asyncio.create_task(stop.wait(), name="stop-signal")
+async def main(deps: Deps) -> None:
+    """Run the service until SIGTERM/SIGINT (returns) or a root task ends (raises
+    RootTaskFailed, after the others were cancelled); the bus is closed either way."""
     try:
-        await asyncio.wait({supervisor, stopper}, return_when=asyncio.FIRST_COMPLETED)
-        if stopper.done():
-            log.info("stopping on signal")
-            return 0
-        err = supervisor.exception()
-        log.error("a root task ended; exiting", extra={"error": repr(err)})
-        return 1
+        await run_supervised(root_tasks(deps))
     finally:
-        for task in (supervisor, stopper):
-            task.cancel()
-        await asyncio.gather(supervisor, stopper, return_exceptions=True)
-        for sig in signals:
-            loop.remove_signal_handler(sig)
         await deps.close()

@@ -41,6 +41,7 @@ from typing import Protocol
 from klet.bus import BusError, Entry
 from klet.model.records import DesiredPod, PodStatusChange, PodStatusRecord
 from klet.model.types import JSON, PodUID
+from klet.obs import OnceLogger
 from klet.status_reporter import listing
 from klet.status_reporter.metrics import Metrics
 
@@ -156,6 +157,7 @@ class PodCache:
         self._refreshed_at: dict[PodUID, int] = {}
         self._last_reload: float | None = None
         self._outage: str | None = None
+        self._once = OnceLogger(log, level=logging.WARNING)
         self._group_ready = False
         self._wake = asyncio.Event()
         self.loaded = asyncio.Event()
@@ -238,12 +240,13 @@ class PodCache:
         desired = await self._desired_table.get(uid)
         self._seq += 1
         self._refreshed_at[uid] = self._seq
-        pods = dict(self._desired)
         if desired is None:
-            pods.pop(uid, None)
+            gone = self._desired.pop(uid, None)
+            if gone is not None:
+                self._departed[uid] = gone
         else:
-            pods[uid] = desired.pod
-        self._set_desired(pods)
+            self._desired[uid] = desired.pod
+            self._departed.pop(uid, None)
         current = self._statuses.get(uid)
         if record is None:
             self._statuses.pop(uid, None)
@@ -324,17 +327,13 @@ class PodCache:
     def _bus_failed(self, where: str, err: BusError) -> None:
         self._metrics.bus_error()
         reason = f"{type(err).__name__}: {err}"
-        if self._outage is None:
-            log.warning(
-                "bus unavailable, serving the last pod view",
-                extra={"op": where, "error": reason},
-            )
-        elif reason != self._outage:
+        # One line per outage, whatever each retry's error says; details at DEBUG.
+        if not self._once.error("bus", "bus unavailable, serving the last pod view", op=where):
             log.debug("bus still unavailable", extra={"op": where, "error": reason})
         self._outage = reason
 
     def _bus_ok(self) -> None:
         if self._outage is not None:
-            log.info("bus available again, reloading the pod view")
+            self._once.clear("bus", "bus available again, reloading the pod view")
             self._outage = None
             self._wake.set()

@@ -18,6 +18,8 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from klet.bus import Bus, NodeBus
+from klet.config import DEFAULT_SERVICE_PORTS
+from klet.obs import new_registry
 from klet.status_reporter.metrics import Metrics
 from klet.status_reporter.podcache import (
     CachePolicy,
@@ -26,10 +28,14 @@ from klet.status_reporter.podcache import (
     StatusFeed,
     StatusTable,
 )
-from prometheus_client import CollectorRegistry, PlatformCollector, ProcessCollector
+from prometheus_client import CollectorRegistry
 
-DEFAULT_SERVICE_PORT = 10262
-"""The private /healthz /readyz /metrics port when `service_port` is 0 (unset)."""
+SERVICE = "status-reporter"
+
+DEFAULT_SERVICE_PORT = DEFAULT_SERVICE_PORTS[SERVICE]
+"""The private /healthz /readyz /metrics port when `service_port` is 0 (unset).
+
+`load_settings` already resolves 0 to it; settings built by hand (tests) may not."""
 
 
 class KubeletServing(Protocol):
@@ -116,14 +122,6 @@ class Deps:
     """Releases clients (the Redis connection pool) at shutdown."""
 
 
-def _production_registry() -> CollectorRegistry:
-    registry = CollectorRegistry()
-    # process_* and python_* series, as any Prometheus target (upstream: process_*, go_*).
-    ProcessCollector(registry=registry)
-    PlatformCollector(registry=registry)
-    return registry
-
-
 def build_deps(settings: ServiceSettings, *, overrides: Overrides | None = None) -> Deps:
     """Build the service's dependencies; `overrides` replaces any of the defaults."""
     o = overrides or Overrides()
@@ -139,7 +137,8 @@ def build_deps(settings: ServiceSettings, *, overrides: Overrides | None = None)
         feed = node.podstatus if feed is None else feed
         close = bus.close
 
-    registry = o.registry if o.registry is not None else _production_registry()
+    # Production scrapes carry process_* series, as any Prometheus target (upstream too).
+    registry = o.registry if o.registry is not None else new_registry(process_metrics=True)
     clock = o.clock if o.clock is not None else time.monotonic
     metrics = Metrics(registry, clock=clock)
     pods = PodCache(

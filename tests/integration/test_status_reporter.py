@@ -1,0 +1,261 @@
+"""The status-reporter service as a real process against a real Redis, over real HTTP.
+
+Covers, in standalone mode: pods written to the bus the way pod-source and syncloop
+write them show up on the read-only `/pods` with their computed status; a newer status
+version replaces an older one and an older one does not; malformed `podstatus` entries
+are acknowledged and do not stop the good entry after them; `/healthz` answers on the
+healthz port and the private port serves /readyz and /metrics; the read-only port is off
+unless configured; with Redis stopped `/pods` keeps serving the last view, and after
+Redis comes back empty and the tables are written again the view follows them; SIGTERM
+stops the process cleanly.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import socket
+import sys
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from contextlib import asynccontextmanager, contextmanager
+from pathlib import Path
+from typing import Any, TypeVar
+
+import httpx
+import klet.status_reporter
+import pytest
+from klet.bus import Bus, NodeBus
+from klet.devstack import ManagedProcess, RedisServer, free_port
+from klet.model.records import PodStatusChange, PodStatusRecord
+from klet.model.types import JSON
+from klet.status_reporter.testing import desired_record, make_pod, status_record
+
+pytest_plugins = ["tests.harness.fixtures"]
+pytestmark = pytest.mark.integration
+
+NODE = "node1"
+GROUP = "status-reporter"
+T = TypeVar("T")
+
+
+def _service_env() -> dict[str, str]:
+    # The child must import this checkout's package even where the environment's
+    # editable install predates it.
+    src = str(Path(klet.status_reporter.__file__).resolve().parents[2])
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (src, env.get("PYTHONPATH")) if p)
+    return env
+
+
+@contextmanager
+def service(dir: Path, redis_url: str, **ports: int) -> Iterator[ManagedProcess]:
+    """Run `python -m klet.status_reporter`; ports by flag name without dashes."""
+    argv = [
+        sys.executable, "-m", "klet.status_reporter",
+        "--redis-url", redis_url,
+        "--hostname-override", NODE,
+        "--run-dir", str(dir / "run"),
+        "--root-dir", str(dir / "root"),
+        "--log-format", "text",
+        "--v", "4",
+    ]  # fmt: skip
+    for flag, port in ports.items():
+        argv += [f"--{flag.replace('_', '-')}", str(port)]
+    proc = ManagedProcess("status-reporter", argv, dir=dir, env=_service_env())
+    proc.start()
+    try:
+        yield proc
+    finally:
+        code = proc.stop()
+        assert code == 0, f"status-reporter exited {code}; see {proc.log_path}"
+
+
+async def eventually(
+    probe: Callable[[], Awaitable[T]],
+    accept: Callable[[T], bool],
+    *,
+    what: str,
+    timeout_s: float = 20.0,
+) -> T:
+    """Poll `probe` until `accept` holds; errors count as "not yet"."""
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    last: object = None
+    while True:
+        try:
+            last = value = await probe()
+            if accept(value):
+                return value
+        except (httpx.HTTPError, OSError) as err:
+            last = err
+        if asyncio.get_running_loop().time() > deadline:
+            raise AssertionError(f"timed out waiting for {what}; last seen: {last!r}")
+        await asyncio.sleep(0.1)
+
+
+def refused(port: int) -> bool:
+    with socket.socket() as sock:
+        return sock.connect_ex(("127.0.0.1", port)) != 0
+
+
+@asynccontextmanager
+async def node_bus(url: str) -> AsyncIterator[NodeBus]:
+    bus = Bus.from_url(url, NODE)
+    try:
+        yield NodeBus.of(bus)
+    finally:
+        await bus.close()
+
+
+async def write_pod(node: NodeBus, pod: JSON) -> None:
+    """What pod-source does for a pod (the `pods` stream is not read by this service)."""
+    record = desired_record(pod)
+    await node.desired.put(record.uid, record)
+
+
+async def report(node: NodeBus, record: PodStatusRecord) -> None:
+    """What syncloop does when a pod's status changes: table, then the wake-up."""
+    async with node.bus.transaction() as tx:
+        tx.put(node.status, record.uid, record)
+        tx.publish(node.podstatus, PodStatusChange(uid=record.uid, version=record.version))
+
+
+def phases(body: Any) -> dict[str, Any]:
+    return {i["metadata"]["name"]: i["status"] for i in body["items"]}
+
+
+async def test_serves_the_pod_view_and_survives_redis_outages(
+    tmp_path: Path, redis_server: RedisServer
+) -> None:
+    ro, hz, svc = free_port(), free_port(), free_port()
+    web, db = make_pod("web"), make_pod("db", namespace="prod")
+    with service(
+        tmp_path / "sr", redis_server.url, read_only_port=ro, healthz_port=hz, service_port=svc
+    ) as proc:
+        async with httpx.AsyncClient(timeout=5) as http, node_bus(redis_server.url) as node:
+
+            async def pods() -> dict[str, Any]:
+                resp = await http.get(f"http://127.0.0.1:{ro}/pods")
+                resp.raise_for_status()
+                body: dict[str, Any] = resp.json()
+                return body
+
+            hz_resp = await eventually(
+                lambda: http.get(f"http://127.0.0.1:{hz}/healthz"),
+                lambda r: r.status_code == 200,
+                what="/healthz on the healthz port",
+            )
+            assert hz_resp.text == "ok", proc.log_path
+            await eventually(
+                lambda: http.get(f"http://127.0.0.1:{svc}/readyz"),
+                lambda r: r.status_code == 200,
+                what="/readyz on the service port",
+            )
+
+            # A desired pod before syncloop reported on it, then with its status.
+            await write_pod(node, web)
+            await report(node, status_record(web, version=2, status={"phase": "Running"}))
+            body = await eventually(
+                pods, lambda b: phases(b) == {"web": {"phase": "Running"}}, what="web Running"
+            )
+            assert (body["kind"], body["apiVersion"], body["metadata"]) == ("PodList", "v1", {})
+            assert body["items"][0]["spec"] == web["spec"]
+            assert body["items"][0]["metadata"] == web["metadata"]
+
+            # Newer version replaces.
+            v3 = {"phase": "Running", "message": "v3"}
+            await report(node, status_record(web, version=3, status=v3))
+            await eventually(pods, lambda b: phases(b)["web"] == v3, what="web v3")
+
+            # Older version, malformed entries, then a good entry for another pod: once
+            # db shows up, everything before it was handled in order.
+            await report(node, status_record(web, version=1, status={"phase": "Pending"}))
+            await node.bus.client.xadd(node.podstatus.key, {"r": "{not json"})
+            await node.bus.client.xadd(node.podstatus.key, {"r": '{"v":7,"uid":"x"}'})
+            await node.bus.client.xadd(node.podstatus.key, {"other": "field"})
+            await write_pod(node, db)
+            await report(node, status_record(db, version=1, status={"phase": "Pending"}))
+            body = await eventually(pods, lambda b: "db" in phases(b), what="db listed")
+            assert phases(body) == {"web": v3, "db": {"phase": "Pending"}}
+            await eventually(
+                lambda: node.bus.client.xpending(node.podstatus.key, GROUP),
+                lambda p: p["pending"] == 0,
+                what="every podstatus entry acknowledged",
+            )
+            # The reload reads the same table: still v3 a reload later.
+            await asyncio.sleep(6)
+            assert phases(await pods())["web"] == v3
+
+            metrics = (await http.get(f"http://127.0.0.1:{ro}/metrics")).text
+            assert "kubelet_running_pods 1.0" in metrics
+            assert "klet_status_reporter_view_age_seconds" in metrics
+            private = (await http.get(f"http://127.0.0.1:{svc}/metrics")).text
+            assert "kubelet_running_pods 1.0" in private
+
+            # Redis down: the last view keeps being served.
+            before = await pods()
+            redis_server.stop()
+            for _ in range(10):
+                assert await pods() == before
+                await asyncio.sleep(0.3)
+            assert (await http.get(f"http://127.0.0.1:{hz}/healthz")).text == "ok"
+
+            # Redis back, empty (a restart without persistence); its writers rebuild
+            # the tables: a new syncloop epoch, and db no longer desired.
+            redis_server.start()
+            after = {"phase": "Succeeded", "message": "after restart"}
+            # A new client: this one's pooled connection died with the old server.
+            async with node_bus(redis_server.url) as fresh:
+                await write_pod(fresh, web)
+                await report(fresh, status_record(web, version=1, epoch=2.0, status=after))
+            await eventually(
+                pods,
+                lambda b: phases(b) == {"web": after},
+                what="the view rebuilt from the new tables",
+            )
+            errors = (await http.get(f"http://127.0.0.1:{svc}/metrics")).text
+            assert "klet_status_reporter_bus_errors_total 0.0" not in errors
+    outage_lines = [
+        line
+        for line in proc.log_path.read_text().splitlines()
+        if "WARNING" in line and "bus unavailable" in line
+    ]
+    assert len(outage_lines) == 1, outage_lines  # once per outage, not once per retry
+
+
+def listening_ports(pid: int) -> set[int]:
+    """TCP ports process `pid` listens on (its socket inodes matched in /proc/net/tcp*)."""
+    inodes = set()
+    for fd in Path(f"/proc/{pid}/fd").iterdir():
+        try:
+            target = os.readlink(fd)
+        except OSError:
+            continue
+        if target.startswith("socket:["):
+            inodes.add(target[len("socket:[") : -1])
+    ports = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        for line in Path(table).read_text().splitlines()[1:]:
+            fields = line.split()
+            local, state, inode = fields[1], fields[3], fields[9]
+            if state == "0A" and inode in inodes:  # 0A = LISTEN
+                ports.add(int(local.rsplit(":", 1)[1], 16))
+    return ports
+
+
+async def test_read_only_port_is_off_by_default(tmp_path: Path, redis_server: RedisServer) -> None:
+    upstream_default = 10255
+    was_free = refused(upstream_default)
+    hz, svc = free_port(), free_port()
+    with service(tmp_path / "sr", redis_server.url, healthz_port=hz, service_port=svc) as proc:
+        async with httpx.AsyncClient(timeout=5) as http:
+            await eventually(
+                lambda: http.get(f"http://127.0.0.1:{svc}/readyz"),
+                lambda r: r.status_code == 200,
+                what="/readyz on the service port",
+            )
+            assert (await http.get(f"http://127.0.0.1:{hz}/healthz")).text == "ok"
+        assert proc.pid is not None
+        # Only the healthz and private ports: no read-only (nor any other) listener.
+        assert listening_ports(proc.pid) == {hz, svc}
+        if was_free:
+            assert refused(upstream_default)

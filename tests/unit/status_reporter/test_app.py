@@ -1,0 +1,68 @@
+"""Which supervised root tasks the service runs for a given configuration: the pod
+view's two loops and the private port always, the healthz listener unless its port is
+0, the read-only API only when its port is set."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from klet.model.records import DesiredPod, PodStatusRecord
+from klet.status_reporter.app import root_tasks
+from klet.status_reporter.testing import FakeFeed, FakeTable
+from klet.status_reporter.wiring import Overrides, build_deps
+from prometheus_client import CollectorRegistry
+
+
+@dataclass(frozen=True)
+class KubeletCfg:
+    read_only_port: int
+    healthz_port: int
+    address: str = "0.0.0.0"
+    healthz_bind_address: str = "127.0.0.1"
+
+
+@dataclass(frozen=True)
+class KletCfg:
+    redis_url: str = "redis://127.0.0.1:1/0"
+    node_name: str = "node1"
+    service_port: int = 0
+    service_bind_address: str = "127.0.0.1"
+
+
+@dataclass(frozen=True)
+class Settings:
+    kubelet: KubeletCfg
+    klet: KletCfg = KletCfg()
+
+
+def task_names(*, read_only_port: int, healthz_port: int) -> list[str]:
+    desired: FakeTable[DesiredPod] = FakeTable()
+    status: FakeTable[PodStatusRecord] = FakeTable()
+    deps = build_deps(
+        Settings(KubeletCfg(read_only_port=read_only_port, healthz_port=healthz_port)),
+        overrides=Overrides(
+            desired=desired, status=status, feed=FakeFeed(), registry=CollectorRegistry()
+        ),
+    )
+    tasks = root_tasks(deps)
+    for coro in tasks.values():
+        coro.close()  # built, never started
+    return sorted(tasks)
+
+
+def test_defaults_serve_healthz_but_not_the_read_only_api() -> None:
+    assert task_names(read_only_port=0, healthz_port=10248) == [
+        "healthz-http",
+        "pod-view-reload",
+        "podstatus-consumer",
+        "service-http",
+    ]
+
+
+def test_read_only_on_and_healthz_off() -> None:
+    assert task_names(read_only_port=10255, healthz_port=0) == [
+        "pod-view-reload",
+        "podstatus-consumer",
+        "read-only-http",
+        "service-http",
+    ]
