@@ -279,6 +279,17 @@ end
 return 0
 """
 
+# Take the lease when it is free or held under our own identity (a restarted process of
+# the same replica slot), so a crash-restart does not wait out the TTL.
+_ACQUIRE = """
+local cur = redis.call('GET', KEYS[1])
+if (not cur) or string.sub(cur, 1, string.len(ARGV[1])) == ARGV[1] then
+  redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[3])
+  return 1
+end
+return 0
+"""
+
 _RELEASE = """
 if redis.call('GET', KEYS[1]) == ARGV[1] then
   return redis.call('DEL', KEYS[1])
@@ -321,7 +332,9 @@ class Lease:
                     self.renewed_at = time.monotonic()
                     return True
             token = int(await client.incr(self.fence_key))
-            ok = await client.set(self.key, f"{self.holder}:{token}", nx=True, px=self.ttl_ms)
+            ok = await client.eval(
+                _ACQUIRE, 1, self.key, f"{self.holder}:", f"{self.holder}:{token}", str(self.ttl_ms)
+            )
         except (RedisError, OSError) as err:
             raise _wrap(err) from err
         if ok:

@@ -131,6 +131,7 @@ async def _supervise(children: list[Child], stop: asyncio.Event) -> None:
 
 def up(argv: list[str]) -> int:
     logging.basicConfig(level=logging.INFO, format="klet            | %(message)s", stream=sys.stdout)
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per registry request is noise
     try:
         settings = load_settings(argv, env=os.environ, service="up")
     except ConfigError as err:

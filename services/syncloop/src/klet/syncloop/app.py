@@ -10,11 +10,14 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Callable, Coroutine
+from typing import Any
 
 from klet.cri.types import SandboxState
 from klet.obs import create_health_app, run_supervised, serve_http
 from klet.rpc.podcontrol import serve_pod_control
 from klet.syncloop.intake import BusIntake
+from klet.syncloop.leader import hold
 from klet.syncloop.relisting import Relister
 from klet.syncloop.wiring import Deps
 
@@ -47,27 +50,40 @@ async def main(deps: Deps) -> int:
             await asyncio.sleep(deps.settings.kubelet.sync_frequency)
             controller.workers.wake_all()
 
+    elected = asyncio.Event()
+
+    async def gated(name: str, work: Callable[[], Coroutine[Any, Any, None]]) -> None:
+        await elected.wait()
+        log.debug("starting root task", extra={"task": name})
+        await work()
+
     version = await _runtime_version(deps)
     log.info("syncloop starting", extra={"node": deps.settings.klet.node_name, "runtime": version})
     health = create_health_app(
         registry=deps.registry,
-        checks={"pleg": relister.healthy, "bus-synced": intake.synced.is_set},
-        ready=intake.synced.is_set,
+        checks={"pleg": lambda: not elected.is_set() or relister.healthy()},
+        ready=lambda: elected.is_set() and intake.synced.is_set(),
     )
     try:
         await run_supervised({
-            "pods-consumer": intake.run_consumer(),
-            "desired-resync": intake.run_resync(),
-            "pleg": pleg(),
-            "periodic-resync": periodic_resync(),
-            "status-publisher": controller.publisher.run(),
-            "event-publisher": deps.events.run(),
-            "pod-control": serve_pod_control(controller, deps.socket_path),
+            "lease": hold(deps.lease, elected),
+            "pods-consumer": gated("pods-consumer", intake.run_consumer),
+            "desired-resync": gated("desired-resync", intake.run_resync),
+            "pleg": gated("pleg", pleg),
+            "periodic-resync": gated("periodic-resync", periodic_resync),
+            "status-publisher": gated("status-publisher", controller.publisher.run),
+            "event-publisher": gated("event-publisher", deps.events.run),
+            "pod-control": gated("pod-control", lambda: serve_pod_control(controller, deps.socket_path)),
             "health": serve_http(health, host=deps.settings.klet.service_bind_address,
                                  port=deps.service_port, name="syncloop"),
         })
     finally:
         await controller.workers.stop()
+        if deps.lease.held:
+            try:
+                await deps.lease.release()
+            except Exception as err:  # noqa: BLE001 - shutting down; the TTL frees it anyway
+                log.warning("could not release the lease", extra={"error": str(err)})
         await deps.cri.close()
         await deps.bus.close()
     return 0

@@ -105,9 +105,11 @@ class PodController:
     # -- the pod worker body -----------------------------------------------------------
 
     async def sync_once(self, uid: str) -> Outcome:
+        current = await self.runtime.get(uid)
+        # Read the desired state only after the await: a resync may have landed while
+        # CRI answered, and a decision to remove must never rest on a stale read.
         now = self.clock()
         rec = self.desired.get(uid)
-        current = await self.runtime.get(uid)
         if rec is None:
             return await self._remove(uid, current)
         pod = rec.pod

@@ -10,7 +10,7 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry
 
-from klet.bus import Bus, NodeBus
+from klet.bus import Bus, Lease, NodeBus
 from klet.cgroups import CgroupFS
 from klet.config import Settings
 from klet.cri import CRISettings, RuntimeClient
@@ -39,6 +39,7 @@ class Deps:
     socket_path: Path
     service_port: int
     consumer: str
+    lease: Lease
 
 
 def host_ip(settings: Settings) -> str:
@@ -80,5 +81,8 @@ def build_deps(settings: Settings, **overrides: Any) -> Deps:
         socket_path=Path(settings.klet.run_dir) / "syncloop.sock",
         service_port=settings.klet.service_port or DEFAULT_SERVICE_PORT,
         consumer=f"{socket.gethostname()}-{os.getpid()}",
+        # The identity is the replica slot (host + run dir), not the process: a syncloop
+        # restarted in the same slot takes its lease back at once.
+        lease=bus.lease("syncloop", f"{socket.gethostname()}:{settings.klet.run_dir}", ttl_ms=15_000),
     )
     return replace(deps, **overrides) if overrides else deps
