@@ -18,7 +18,9 @@ async def no_leaked_tasks() -> AsyncIterator[None]:
     before = set(asyncio.all_tasks())
     yield
     await asyncio.sleep(0)
-    leaked = [t for t in asyncio.all_tasks() - before if t is not asyncio.current_task() and not t.done()]
+    leaked = [
+        t for t in asyncio.all_tasks() - before if t is not asyncio.current_task() and not t.done()
+    ]
     for t in leaked:
         t.cancel()
     assert not leaked, f"test left tasks running: {[t.get_name() for t in leaked]}"

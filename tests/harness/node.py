@@ -25,8 +25,15 @@ SERVICES = ("pod-source", "syncloop", "status-reporter")
 
 class KletNode:
     def __init__(
-        self, stack: DevStack, dir: Path, *, node_name: str, manifest_dir: Path | None = None,
-        manifest_url: str | None = None, extra_flags: Sequence[str] = (), redis_url: str | None = None,
+        self,
+        stack: DevStack,
+        dir: Path,
+        *,
+        node_name: str,
+        manifest_dir: Path | None = None,
+        manifest_url: str | None = None,
+        extra_flags: Sequence[str] = (),
+        redis_url: str | None = None,
     ) -> None:
         self.stack = stack
         self.dir = dir
@@ -38,18 +45,30 @@ class KletNode:
         self.root_dir = dir / "root"
         self.logs_dir = dir / "logs"
         flags = [
-            "--hostname-override", node_name,
-            "--redis-url", self.redis_url,
-            "--container-runtime-endpoint", stack.runtime_endpoint,
-            "--run-dir", str(dir / "run"),
-            "--root-dir", str(self.root_dir),
-            "--pod-logs-dir", str(self.logs_dir),
-            "--read-only-port", str(self.read_only_port),
-            "--healthz-port", str(self.healthz_port),
-            "--file-check-frequency", "1s",
-            "--http-check-frequency", "1s",
-            "--log-format", "text",
-            "-v", "4",
+            "--hostname-override",
+            node_name,
+            "--redis-url",
+            self.redis_url,
+            "--container-runtime-endpoint",
+            stack.runtime_endpoint,
+            "--run-dir",
+            str(dir / "run"),
+            "--root-dir",
+            str(self.root_dir),
+            "--pod-logs-dir",
+            str(self.logs_dir),
+            "--read-only-port",
+            str(self.read_only_port),
+            "--healthz-port",
+            str(self.healthz_port),
+            "--file-check-frequency",
+            "1s",
+            "--http-check-frequency",
+            "1s",
+            "--log-format",
+            "text",
+            "-v",
+            "4",
         ]
         if manifest_dir is not None:
             flags += ["--pod-manifest-path", str(manifest_dir)]
@@ -57,8 +76,18 @@ class KletNode:
             flags += ["--manifest-url", manifest_url]
         self.flags = [*flags, *extra_flags]
         self.procs = {
-            s: ManagedProcess(s, [sys.executable, "-m", f"klet.{s.replace('-', '_')}", *self.flags,
-                                  "--service-port", str(self.ports[s])], dir=dir / "svc")
+            s: ManagedProcess(
+                s,
+                [
+                    sys.executable,
+                    "-m",
+                    f"klet.{s.replace('-', '_')}",
+                    *self.flags,
+                    "--service-port",
+                    str(self.ports[s]),
+                ],
+                dir=dir / "svc",
+            )
             for s in SERVICES
         }
 
@@ -69,7 +98,9 @@ class KletNode:
             self.procs[s].wait_ready(lambda s=s: self._healthy(s), 30, f"{s} /healthz")
 
     def _healthy(self, service: str) -> bool:
-        with urllib.request.urlopen(f"http://127.0.0.1:{self.ports[service]}/healthz", timeout=1) as r:
+        with urllib.request.urlopen(
+            f"http://127.0.0.1:{self.ports[service]}/healthz", timeout=1
+        ) as r:
             return bool(r.status == 200)
 
     def stop(self, *services: str) -> None:
@@ -93,11 +124,15 @@ class KletNode:
         return {p["metadata"]["name"]: p for p in self.get("/pods")["items"]}
 
     def metrics(self, service: str) -> str:
-        with urllib.request.urlopen(f"http://127.0.0.1:{self.ports[service]}/metrics", timeout=5) as r:
+        with urllib.request.urlopen(
+            f"http://127.0.0.1:{self.ports[service]}/metrics", timeout=5
+        ) as r:
             return str(r.read().decode())
 
 
-def wait_for(check: Callable[[], T | None], *, timeout_s: float, what: str, interval_s: float = 0.25) -> T:
+def wait_for(
+    check: Callable[[], T | None], *, timeout_s: float, what: str, interval_s: float = 0.25
+) -> T:
     """Poll until `check` returns something truthy; fail naming `what` and the last value."""
     deadline = time.monotonic() + timeout_s
     last: Any = None

@@ -12,10 +12,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
 from klet.cri import CRISettings, RuntimeClient
 from klet.cri import labels as L
 from klet.devstack import DevStack
+
 from tests.harness.node import KletNode, container_status, wait_for
 
 pytestmark = pytest.mark.integration
@@ -54,8 +54,10 @@ spec:
 
 def running(node: KletNode, name: str) -> dict[str, Any] | None:
     pod = node.pods().get(f"{name}-{node.node_name}")
-    if pod and pod["status"].get("phase") == "Running" and all(
-        c["ready"] for c in pod["status"].get("containerStatuses", [])
+    if (
+        pod
+        and pod["status"].get("phase") == "Running"
+        and all(c["ready"] for c in pod["status"].get("containerStatuses", []))
     ):
         return pod
     return None
@@ -67,7 +69,10 @@ def runtime_containers(stack: DevStack, pod_name: str) -> dict[str, str]:
     async def go() -> dict[str, str]:
         cri = RuntimeClient(CRISettings(runtime_endpoint=stack.runtime_endpoint, timeout_s=10))
         try:
-            return {c.id: c.state.value for c in await cri.list_containers(label_selector={L.POD_NAME: pod_name})}
+            return {
+                c.id: c.state.value
+                for c in await cri.list_containers(label_selector={L.POD_NAME: pod_name})
+            }
         finally:
             await cri.close()
 
@@ -78,32 +83,41 @@ def runtime_sandboxes(stack: DevStack, pod_name: str) -> list[str]:
     async def go() -> list[str]:
         cri = RuntimeClient(CRISettings(runtime_endpoint=stack.runtime_endpoint, timeout_s=10))
         try:
-            return [s.id for s in await cri.list_pod_sandboxes(label_selector={L.POD_NAME: pod_name})]
+            return [
+                s.id for s in await cri.list_pod_sandboxes(label_selector={L.POD_NAME: pod_name})
+            ]
         finally:
             await cri.close()
 
     return asyncio.run(go())
 
 
-def test_two_container_pod_runs_and_serves(node_factory: Any, manifests: Path, devstack: DevStack) -> None:
+def test_two_container_pod_runs_and_serves(
+    node_factory: Any, manifests: Path, devstack: DevStack
+) -> None:
     node: KletNode = node_factory(manifest_dir=manifests)
     node.start()
     written = time.monotonic()
     (manifests / "web.yaml").write_text(WEB)
-    pod = wait_for(lambda: running(node, "web"), timeout_s=10, what="web Running with both containers ready")
+    pod = wait_for(
+        lambda: running(node, "web"), timeout_s=10, what="web Running with both containers ready"
+    )
     took = time.monotonic() - written
     status = pod["status"]
     assert status["podIP"] and status["startTime"]
     assert {c["name"] for c in status["containerStatuses"]} == {"httpd", "sleeper"}
     for c in status["containerStatuses"]:
-        assert c["containerID"].startswith("containerd://") and c["imageID"] and c["restartCount"] == 0
+        assert (
+            c["containerID"].startswith("containerd://") and c["imageID"] and c["restartCount"] == 0
+        )
         assert "running" in c["state"]
     conditions = {c["type"]: c["status"] for c in status["conditions"]}
     assert conditions["Ready"] == "True" and conditions["ContainersReady"] == "True"
     assert pod["metadata"]["annotations"]["kubernetes.io/config.source"] == "file"
     body = wait_for(
         lambda: urllib.request.urlopen(f"http://{status['podIP']}:80/", timeout=2).read().decode(),
-        timeout_s=10, what="httpd answering on the pod IP",
+        timeout_s=10,
+        what="httpd answering on the pod IP",
     )
     assert body.strip() == "served-by-klet"
     print(f"manifest written -> Running in {took:.2f}s")
@@ -113,7 +127,9 @@ def test_two_container_pod_runs_and_serves(node_factory: Any, manifests: Path, d
     ("policy", "code", "restarts"),
     [("Always", 0, True), ("OnFailure", 1, True), ("OnFailure", 0, False), ("Never", 1, False)],
 )
-def test_restart_policy(node_factory: Any, manifests: Path, policy: str, code: int, restarts: bool) -> None:
+def test_restart_policy(
+    node_factory: Any, manifests: Path, policy: str, code: int, restarts: bool
+) -> None:
     node: KletNode = node_factory(manifest_dir=manifests)
     node.start()
     name = f"exit-{policy.lower()}-{code}"
@@ -121,45 +137,72 @@ def test_restart_policy(node_factory: Any, manifests: Path, policy: str, code: i
     full = f"{name}-{node.node_name}"
     if restarts:
         # First restart is immediate, the next waits out a 10 s back-off.
-        pod = wait_for(lambda: node.pods()[full] if container_status(node.pods()[full], "main")["restartCount"] >= 1
-                       else None, timeout_s=20, what="first restart")
+        pod = wait_for(
+            lambda: (
+                node.pods()[full]
+                if container_status(node.pods()[full], "main")["restartCount"] >= 1
+                else None
+            ),
+            timeout_s=20,
+            what="first restart",
+        )
+
         def backing_off() -> dict[str, Any] | None:
             cs = container_status(node.pods()[full], "main")
-            return cs if cs["state"].get("waiting", {}).get("reason") == "CrashLoopBackOff" else None
+            return (
+                cs if cs["state"].get("waiting", {}).get("reason") == "CrashLoopBackOff" else None
+            )
 
         cs = wait_for(backing_off, timeout_s=20, what="CrashLoopBackOff after the second exit")
         assert cs["lastState"]["terminated"]["exitCode"] == code
         assert cs["lastState"]["terminated"]["reason"] == ("Completed" if code == 0 else "Error")
         assert "back-off 10s" in cs["state"]["waiting"]["message"]
         entered = time.monotonic()
-        wait_for(lambda: container_status(node.pods()[full], "main")["restartCount"] >= 2,
-                 timeout_s=25, what="second restart after the back-off")
+        wait_for(
+            lambda: container_status(node.pods()[full], "main")["restartCount"] >= 2,
+            timeout_s=25,
+            what="second restart after the back-off",
+        )
         assert time.monotonic() - entered > 3  # it did wait (the back-off is 10 s from the exit)
         assert pod["status"]["phase"] in ("Running", "Pending")
     else:
         expected = "Succeeded" if code == 0 else "Failed"
-        pod = wait_for(lambda: node.pods()[full] if node.pods()[full]["status"]["phase"] == expected else None,
-                       timeout_s=20, what=f"phase {expected}")
+        pod = wait_for(
+            lambda: node.pods()[full] if node.pods()[full]["status"]["phase"] == expected else None,
+            timeout_s=20,
+            what=f"phase {expected}",
+        )
         time.sleep(3)
         cs = container_status(node.pods()[full], "main")
         assert cs["restartCount"] == 0
         assert cs["state"]["terminated"]["exitCode"] == code
 
 
-def test_changed_and_removed_manifest(node_factory: Any, manifests: Path, devstack: DevStack) -> None:
+def test_changed_and_removed_manifest(
+    node_factory: Any, manifests: Path, devstack: DevStack
+) -> None:
     node: KletNode = node_factory(manifest_dir=manifests)
     node.start()
     path = manifests / "web.yaml"
     path.write_text(WEB)
     first = wait_for(lambda: running(node, "web"), timeout_s=15, what="web Running")
-    path.write_text(WEB.replace("sleep\", \"100000", "sleep\", \"200000"))
+    path.write_text(WEB.replace('sleep", "100000', 'sleep", "200000'))
     second = wait_for(
-        lambda: (p := running(node, "web")) and p["metadata"]["uid"] != first["metadata"]["uid"] and p,
-        timeout_s=20, what="web replaced with a new UID",
+        lambda: (
+            (p := running(node, "web")) and p["metadata"]["uid"] != first["metadata"]["uid"] and p
+        ),
+        timeout_s=20,
+        what="web replaced with a new UID",
     )
     full = f"web-{node.node_name}"
-    wait_for(lambda: len(runtime_sandboxes(devstack, full)) == 1, timeout_s=15, what="old sandbox removed")
-    assert second["metadata"]["annotations"]["kubernetes.io/config.hash"] == second["metadata"]["uid"]
+    wait_for(
+        lambda: len(runtime_sandboxes(devstack, full)) == 1,
+        timeout_s=15,
+        what="old sandbox removed",
+    )
+    assert (
+        second["metadata"]["annotations"]["kubernetes.io/config.hash"] == second["metadata"]["uid"]
+    )
     removed_at = time.monotonic()
     path.unlink()
     wait_for(lambda: not runtime_sandboxes(devstack, full), timeout_s=20, what="sandbox removed")
@@ -170,28 +213,44 @@ def test_changed_and_removed_manifest(node_factory: Any, manifests: Path, devsta
 
 def test_malformed_manifests_do_not_hurt_good_ones(node_factory: Any, manifests: Path) -> None:
     node: KletNode = node_factory(manifest_dir=manifests)
-    (manifests / "bad-yaml.yaml").write_text("apiVersion: v1\nkind: Pod\nmetadata: {name: [unclosed\n")
-    (manifests / "service.yaml").write_text("apiVersion: v1\nkind: Service\nmetadata: {name: svc}\n")
+    (manifests / "bad-yaml.yaml").write_text(
+        "apiVersion: v1\nkind: Pod\nmetadata: {name: [unclosed\n"
+    )
+    (manifests / "service.yaml").write_text(
+        "apiVersion: v1\nkind: Service\nmetadata: {name: svc}\n"
+    )
     (manifests / "bad-name.yaml").write_text(WEB.replace("name: web", "name: Bad_Name!"))
-    (manifests / "no-containers.yaml").write_text("apiVersion: v1\nkind: Pod\nmetadata: {name: empty}\nspec: {containers: []}\n")
+    (manifests / "no-containers.yaml").write_text(
+        "apiVersion: v1\nkind: Pod\nmetadata: {name: empty}\nspec: {containers: []}\n"
+    )
     (manifests / "huge.yaml").write_bytes(b"# " + b"x" * (10 * 1024 * 1024 + 10) + b"\n")
     (manifests / "web.yaml").write_text(WEB)
     node.start()
     wait_for(lambda: running(node, "web"), timeout_s=15, what="the good pod Running")
     assert set(node.pods()) == {f"web-{node.node_name}"}
     log = node.log("pod-source")
-    for bad in ("bad-yaml.yaml", "service.yaml", "bad-name.yaml", "no-containers.yaml", "huge.yaml"):
+    for bad in (
+        "bad-yaml.yaml",
+        "service.yaml",
+        "bad-name.yaml",
+        "no-containers.yaml",
+        "huge.yaml",
+    ):
         assert bad in log, f"{bad} not reported in the pod-source log"
     metrics = node.metrics("pod-source")
-    errors = [line for line in metrics.splitlines()
-              if line.startswith("klet_pod_source_manifest_errors_total{")]
+    errors = [
+        line
+        for line in metrics.splitlines()
+        if line.startswith("klet_pod_source_manifest_errors_total{")
+    ]
     assert sum(float(line.rsplit(" ", 1)[1]) for line in errors) >= 5
     for svc in ("pod-source", "syncloop", "status-reporter"):
         assert node.procs[svc].alive
 
 
-def test_syncloop_sigkill_and_redis_restart_restart_nothing(node_factory: Any, manifests: Path,
-                                                             devstack: DevStack, redis_server: Any) -> None:
+def test_syncloop_sigkill_and_redis_restart_restart_nothing(
+    node_factory: Any, manifests: Path, devstack: DevStack, redis_server: Any
+) -> None:
     node: KletNode = node_factory(manifest_dir=manifests, redis_url=redis_server.url)
     node.start()
     (manifests / "web.yaml").write_text(WEB)

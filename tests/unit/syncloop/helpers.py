@@ -27,23 +27,47 @@ def pod(*names: str, policy: str = "Always", uid: str = "u1", **spec: Any) -> di
 
 
 def ctr(
-    p: dict[str, Any], name: str, state: ContainerState, *, n: int = 0, exit_code: int = 0,
-    finished_s: float = 0, created_s: float | None = None, hash_: str | None = None,
+    p: dict[str, Any],
+    name: str,
+    state: ContainerState,
+    *,
+    n: int = 0,
+    exit_code: int = 0,
+    finished_s: float = 0,
+    created_s: float | None = None,
+    hash_: str | None = None,
 ) -> ContainerStatusInfo:
     spec = next(c for c in p["spec"]["containers"] if c["name"] == name)
     return ContainerStatusInfo(
-        id=ContainerID(f"{name}-{n}"), name=name, attempt=n, state=state,
+        id=ContainerID(f"{name}-{n}"),
+        name=name,
+        attempt=n,
+        state=state,
         created_at=int((created_s if created_s is not None else 100 + n) * S),
-        started_at=int((100 + n) * S), finished_at=int(finished_s * S), exit_code=exit_code,
-        image=spec["image"], image_ref="sha256:abc", reason="", message="", log_path="",
-        annotations={L.CONTAINER_HASH: hash_ or podspec.container_hash(spec), L.CONTAINER_RESTART_COUNT: str(n)},
+        started_at=int((100 + n) * S),
+        finished_at=int(finished_s * S),
+        exit_code=exit_code,
+        image=spec["image"],
+        image_ref="sha256:abc",
+        reason="",
+        message="",
+        log_path="",
+        annotations={
+            L.CONTAINER_HASH: hash_ or podspec.container_hash(spec),
+            L.CONTAINER_RESTART_COUNT: str(n),
+        },
     )
 
 
-def sandbox(state: SandboxState = SandboxState.READY, *, attempt: int = 0, ip: str = "10.1.0.2") -> SandboxView:
+def sandbox(
+    state: SandboxState = SandboxState.READY, *, attempt: int = 0, ip: str = "10.1.0.2"
+) -> SandboxView:
     return SandboxView(SandboxID(f"sb-{attempt}"), attempt, state, created_at=attempt, ip=ip)
 
 
 def runtime(sandboxes: list[SandboxView], containers: list[ContainerStatusInfo]) -> RuntimePod:
-    return RuntimePod(uid="u1", sandboxes=tuple(sorted(sandboxes, key=lambda s: s.attempt, reverse=True)),
-                      containers=sort_newest_first(containers))
+    return RuntimePod(
+        uid="u1",
+        sandboxes=tuple(sorted(sandboxes, key=lambda s: s.attempt, reverse=True)),
+        containers=sort_newest_first(containers),
+    )

@@ -3,14 +3,13 @@ unknown-state kills, crash-loop back-off and "nothing left to run → kill pod".
 
 from __future__ import annotations
 
+import pytest
 from klet.cri.types import ContainerState as CS
 from klet.cri.types import SandboxState
 from klet.syncloop.actions import compute_pod_actions, should_restart
 from klet.syncloop.backoff import Backoff
 
 from .helpers import ctr, pod, runtime, sandbox
-
-import pytest
 
 
 def names(actions) -> list[str]:  # type: ignore[no-untyped-def]
@@ -33,7 +32,9 @@ def test_steady_pod_does_nothing() -> None:
 @pytest.mark.parametrize("sb", [sandbox(SandboxState.NOTREADY), sandbox(ip="")])
 def test_sandbox_changed_recreates_with_next_attempt(sb) -> None:  # type: ignore[no-untyped-def]
     p = pod("a")
-    a = compute_pod_actions(p, runtime([sb], [ctr(p, "a", CS.EXITED, exit_code=1)]), Backoff(), now=1000)
+    a = compute_pod_actions(
+        p, runtime([sb], [ctr(p, "a", CS.EXITED, exit_code=1)]), Backoff(), now=1000
+    )
     assert a.kill_pod and a.create_sandbox and a.sandbox_attempt == 1 and names(a) == ["a"]
 
 
@@ -46,8 +47,10 @@ def test_never_pod_with_dead_sandbox_is_not_recreated() -> None:
 
 def test_onfailure_sandbox_recreation_skips_succeeded() -> None:
     p = pod("a", "b", policy="OnFailure")
-    rt = runtime([sandbox(SandboxState.NOTREADY)],
-                 [ctr(p, "a", CS.EXITED, exit_code=0), ctr(p, "b", CS.EXITED, exit_code=3)])
+    rt = runtime(
+        [sandbox(SandboxState.NOTREADY)],
+        [ctr(p, "a", CS.EXITED, exit_code=0), ctr(p, "b", CS.EXITED, exit_code=3)],
+    )
     a = compute_pod_actions(p, rt, Backoff(), now=1000)
     assert a.create_sandbox and names(a) == ["b"]
 
@@ -61,8 +64,14 @@ def test_onfailure_all_succeeded_creates_nothing() -> None:
 
 @pytest.mark.parametrize(
     ("policy", "exit_code", "restart"),
-    [("Always", 0, True), ("Always", 1, True), ("OnFailure", 0, False), ("OnFailure", 1, True),
-     ("Never", 0, False), ("Never", 1, False)],
+    [
+        ("Always", 0, True),
+        ("Always", 1, True),
+        ("OnFailure", 0, False),
+        ("OnFailure", 1, True),
+        ("Never", 0, False),
+        ("Never", 1, False),
+    ],
 )
 def test_restart_policy_table(policy: str, exit_code: int, restart: bool) -> None:
     p = pod("a", policy=policy)

@@ -4,7 +4,6 @@ image pull policy defaults, QoS class and the pod cgroup parent."""
 from __future__ import annotations
 
 import pytest
-
 from klet.syncloop import podspec
 
 
@@ -12,15 +11,22 @@ def test_hash_stable_and_sensitive() -> None:
     c = {"name": "a", "image": "x:1", "command": ["sh"]}
     assert podspec.container_hash(c) == podspec.container_hash(dict(c))
     assert podspec.container_hash(c) != podspec.container_hash({**c, "command": ["sleep"]})
-    assert podspec.container_hash(c) == podspec.container_hash({**c, "resources": {"limits": {"cpu": "1"}}})
+    assert podspec.container_hash(c) == podspec.container_hash(
+        {**c, "resources": {"limits": {"cpu": "1"}}}
+    )
     assert podspec.container_hash(c).startswith("v1:")
 
 
 @pytest.mark.parametrize(
     ("meta", "spec", "override", "grace"),
-    [({}, {}, None, 30), ({}, {"terminationGracePeriodSeconds": 5}, None, 5),
-     ({"deletionGracePeriodSeconds": 3}, {"terminationGracePeriodSeconds": 5}, None, 3),
-     ({}, {"terminationGracePeriodSeconds": 0}, None, 2), ({}, {}, 0, 2), ({}, {}, 7, 7)],
+    [
+        ({}, {}, None, 30),
+        ({}, {"terminationGracePeriodSeconds": 5}, None, 5),
+        ({"deletionGracePeriodSeconds": 3}, {"terminationGracePeriodSeconds": 5}, None, 3),
+        ({}, {"terminationGracePeriodSeconds": 0}, None, 2),
+        ({}, {}, 0, 2),
+        ({}, {}, 7, 7),
+    ],
 )
 def test_grace_period(meta: dict, spec: dict, override: int | None, grace: int) -> None:  # type: ignore[type-arg]
     assert podspec.grace_period_s({"metadata": meta, "spec": spec}, override) == grace
@@ -28,8 +34,14 @@ def test_grace_period(meta: dict, spec: dict, override: int | None, grace: int) 
 
 @pytest.mark.parametrize(
     ("image", "policy"),
-    [("busybox", "Always"), ("busybox:latest", "Always"), ("busybox:1.36", "IfNotPresent"),
-     ("reg:5000/busybox", "Always"), ("reg:5000/busybox:1", "IfNotPresent"), ("busybox@sha256:ab", "IfNotPresent")],
+    [
+        ("busybox", "Always"),
+        ("busybox:latest", "Always"),
+        ("busybox:1.36", "IfNotPresent"),
+        ("reg:5000/busybox", "Always"),
+        ("reg:5000/busybox:1", "IfNotPresent"),
+        ("busybox@sha256:ab", "IfNotPresent"),
+    ],
 )
 def test_image_pull_policy_default(image: str, policy: str) -> None:
     assert podspec.image_pull_policy({"image": image}) == policy
@@ -37,14 +49,24 @@ def test_image_pull_policy_default(image: str, policy: str) -> None:
 
 @pytest.mark.parametrize(
     ("resources", "qos"),
-    [([{}], "BestEffort"),
-     ([{"limits": {"cpu": "1", "memory": "1Gi"}}], "Guaranteed"),
-     ([{"requests": {"cpu": "1", "memory": "1Gi"}, "limits": {"cpu": "1", "memory": "1Gi"}}], "Guaranteed"),
-     ([{"requests": {"cpu": "1"}}], "Burstable"),
-     ([{"limits": {"cpu": "1", "memory": "1Gi"}}, {}], "Burstable")],
+    [
+        ([{}], "BestEffort"),
+        ([{"limits": {"cpu": "1", "memory": "1Gi"}}], "Guaranteed"),
+        (
+            [{"requests": {"cpu": "1", "memory": "1Gi"}, "limits": {"cpu": "1", "memory": "1Gi"}}],
+            "Guaranteed",
+        ),
+        ([{"requests": {"cpu": "1"}}], "Burstable"),
+        ([{"limits": {"cpu": "1", "memory": "1Gi"}}, {}], "Burstable"),
+    ],
 )
 def test_qos(resources: list[dict], qos: str) -> None:  # type: ignore[type-arg]
-    p = {"metadata": {"uid": "u"}, "spec": {"containers": [{"name": f"c{i}", "resources": r} for i, r in enumerate(resources)]}}
+    p = {
+        "metadata": {"uid": "u"},
+        "spec": {
+            "containers": [{"name": f"c{i}", "resources": r} for i, r in enumerate(resources)]
+        },
+    }
     assert podspec.qos_class(p) == qos
     parent = podspec.pod_cgroup_parent(p)
     assert parent == ("/kubepods/podu" if qos == "Guaranteed" else f"/kubepods/{qos.lower()}/podu")

@@ -4,7 +4,6 @@ CrashLoopBackOff waiting, conditions with kept transition times, terminal overri
 from __future__ import annotations
 
 import pytest
-
 from klet.cri.types import ContainerState as CS
 from klet.syncloop.status import compute_pod_status, pod_phase
 
@@ -13,13 +12,23 @@ from .helpers import ctr, pod, runtime, sandbox
 
 def test_running_pod() -> None:
     p = pod("a", "b")
-    st = compute_pod_status(p, runtime([sandbox()], [ctr(p, "a", CS.RUNNING), ctr(p, "b", CS.RUNNING)]),
-                            waiting={}, previous=None, now=1000)
+    st = compute_pod_status(
+        p,
+        runtime([sandbox()], [ctr(p, "a", CS.RUNNING), ctr(p, "b", CS.RUNNING)]),
+        waiting={},
+        previous=None,
+        now=1000,
+    )
     assert st["phase"] == "Running" and st["podIP"] == "10.1.0.2"
     assert all(c["ready"] for c in st["containerStatuses"])
     cond = {c["type"]: c["status"] for c in st["conditions"]}
-    assert cond == {"PodReadyToStartContainers": "True", "Initialized": "True", "Ready": "True",
-                    "ContainersReady": "True", "PodScheduled": "True"}
+    assert cond == {
+        "PodReadyToStartContainers": "True",
+        "Initialized": "True",
+        "Ready": "True",
+        "ContainersReady": "True",
+        "PodScheduled": "True",
+    }
     assert st["qosClass"] == "BestEffort"
     assert st["containerStatuses"][0]["containerID"] == "containerd://a-0"
 
@@ -34,8 +43,13 @@ def test_pending_before_containers_exist() -> None:
 def test_crashloop_shows_waiting_and_last_state() -> None:
     p = pod("a")
     exited = ctr(p, "a", CS.EXITED, exit_code=2, finished_s=990, n=3)
-    st = compute_pod_status(p, runtime([sandbox()], [exited]),
-                            waiting={"a": ("CrashLoopBackOff", "back-off 40s ...")}, previous=None, now=1000)
+    st = compute_pod_status(
+        p,
+        runtime([sandbox()], [exited]),
+        waiting={"a": ("CrashLoopBackOff", "back-off 40s ...")},
+        previous=None,
+        now=1000,
+    )
     cs = st["containerStatuses"][0]
     assert cs["state"]["waiting"]["reason"] == "CrashLoopBackOff"
     assert cs["lastState"]["terminated"]["exitCode"] == 2
@@ -47,9 +61,15 @@ def test_crashloop_shows_waiting_and_last_state() -> None:
 def test_last_state_of_running_restarted_container() -> None:
     p = pod("a")
     st = compute_pod_status(
-        p, runtime([sandbox()], [ctr(p, "a", CS.EXITED, exit_code=1, n=0, finished_s=50),
-                                 ctr(p, "a", CS.RUNNING, n=1)]),
-        waiting={}, previous=None, now=1000)
+        p,
+        runtime(
+            [sandbox()],
+            [ctr(p, "a", CS.EXITED, exit_code=1, n=0, finished_s=50), ctr(p, "a", CS.RUNNING, n=1)],
+        ),
+        waiting={},
+        previous=None,
+        now=1000,
+    )
     cs = st["containerStatuses"][0]
     assert "running" in cs["state"] and cs["lastState"]["terminated"]["exitCode"] == 1
     assert cs["restartCount"] == 1
@@ -57,8 +77,13 @@ def test_last_state_of_running_restarted_container() -> None:
 
 @pytest.mark.parametrize(
     ("policy", "codes", "phase"),
-    [("Never", [0, 0], "Succeeded"), ("Never", [0, 1], "Failed"), ("OnFailure", [0, 0], "Succeeded"),
-     ("OnFailure", [0, 1], "Running"), ("Always", [0, 0], "Running")],
+    [
+        ("Never", [0, 0], "Succeeded"),
+        ("Never", [0, 1], "Failed"),
+        ("OnFailure", [0, 0], "Succeeded"),
+        ("OnFailure", [0, 1], "Running"),
+        ("Always", [0, 0], "Running"),
+    ],
 )
 def test_phase_of_finished_pods(policy: str, codes: list[int], phase: str) -> None:
     p = pod("a", "b", policy=policy)
@@ -77,6 +102,14 @@ def test_transition_time_kept_when_status_unchanged() -> None:
 
 def test_terminal_override() -> None:
     p = pod("a")
-    st = compute_pod_status(p, runtime([sandbox()], [ctr(p, "a", CS.EXITED, exit_code=137)]),
-                            waiting={}, previous=None, now=1000, terminal=("Evicted", "low on memory"))
-    assert st["phase"] == "Failed" and st["reason"] == "Evicted" and st["message"] == "low on memory"
+    st = compute_pod_status(
+        p,
+        runtime([sandbox()], [ctr(p, "a", CS.EXITED, exit_code=137)]),
+        waiting={},
+        previous=None,
+        now=1000,
+        terminal=("Evicted", "low on memory"),
+    )
+    assert (
+        st["phase"] == "Failed" and st["reason"] == "Evicted" and st["message"] == "low on memory"
+    )

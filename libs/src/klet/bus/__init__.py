@@ -1,6 +1,15 @@
 """Redis bus: tables, streams and leases (see redisbus.py), and the node's key names."""
 
-from klet.bus.redisbus import Bus, BusError, BusUnavailable, Entry, Lease, Stream, Table, Transaction
+from klet.bus.redisbus import (
+    Bus,
+    BusError,
+    BusUnavailable,
+    Entry,
+    Lease,
+    Stream,
+    Table,
+    Transaction,
+)
 from klet.bus.schema import NodeBus
 
 __all__ = [

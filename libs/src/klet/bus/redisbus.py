@@ -16,11 +16,10 @@ from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
 import redis.asyncio as aioredis
+from klet.model.records import BadRecord, Record
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError, ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
-
-from klet.model.records import BadRecord, Record
 
 log = logging.getLogger(__name__)
 
@@ -145,7 +144,9 @@ class Table(Generic[R]):
         try:
             return self.record_type.decode(raw)
         except BadRecord as err:
-            log.error("bad record in table", extra={"table": self.name, "key": key, "error": str(err)})
+            log.error(
+                "bad record in table", extra={"table": self.name, "key": key, "error": str(err)}
+            )
             return None
 
     async def all(self) -> dict[str, R]:
@@ -156,6 +157,7 @@ class Table(Generic[R]):
             raise _wrap(err) from err
         out: dict[str, R] = {}
         for key, value in raw.items():
+            key = str(key)  # decode_responses=True: keys are str at run time
             try:
                 out[key] = self.record_type.decode(value)
             except BadRecord as err:
@@ -189,8 +191,10 @@ class Stream(Generic[R]):
 
     async def publish(self, record: R) -> str:
         try:
-            entry_id: str = await self.bus.client.xadd(
-                self.key, {"r": record.encode()}, maxlen=self.maxlen, approximate=True
+            entry_id = str(
+                await self.bus.client.xadd(
+                    self.key, {"r": record.encode()}, maxlen=self.maxlen, approximate=True
+                )
             )
         except (RedisError, OSError) as err:
             raise _wrap(err) from err

@@ -13,7 +13,18 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-V1_CONTROLLERS = ("cpu", "cpuacct", "cpuset", "memory", "pids", "blkio", "devices", "freezer", "hugetlb", "systemd")
+V1_CONTROLLERS = (
+    "cpu",
+    "cpuacct",
+    "cpuset",
+    "memory",
+    "pids",
+    "blkio",
+    "devices",
+    "freezer",
+    "hugetlb",
+    "systemd",
+)
 
 
 @dataclass(frozen=True)
@@ -67,8 +78,10 @@ class CgroupFS:
             inactive = _read_kv(d / "memory.stat").get("inactive_file", 0)
             cpu = _read_kv(d / "cpu.stat").get("usage_usec")
             return CgroupStats(
-                usage, None if usage is None else max(usage - inactive, 0),
-                None if cpu is None else cpu * 1000, _read_int(d / "pids.current"),
+                usage,
+                None if usage is None else max(usage - inactive, 0),
+                None if cpu is None else cpu * 1000,
+                _read_int(d / "pids.current"),
             )
         mem = self.root / "memory" / rel
         usage = _read_int(mem / "memory.usage_in_bytes")

@@ -27,7 +27,9 @@ def _age(ns: int) -> str:
 
 def _table(rows: list[list[str]]) -> str:
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-    return "\n".join("   ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows)
+    return "\n".join(
+        "   ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows
+    )
 
 
 async def _run(endpoint: str, what: str, all_: bool) -> str:
@@ -36,23 +38,42 @@ async def _run(endpoint: str, what: str, all_: bool) -> str:
         if what == "pods":
             rows = [["POD ID", "CREATED", "STATE", "NAME", "NAMESPACE", "ATTEMPT"]]
             for s in sorted(await cri.list_pod_sandboxes(), key=lambda s: -s.created_at):
-                rows.append([s.id[:13], _age(s.created_at), s.state.value.removeprefix("SANDBOX_"),
-                             s.name, s.namespace, str(s.attempt)])
+                rows.append(
+                    [
+                        s.id[:13],
+                        _age(s.created_at),
+                        s.state.value.removeprefix("SANDBOX_"),
+                        s.name,
+                        s.namespace,
+                        str(s.attempt),
+                    ]
+                )
         elif what == "ps":
             pods = {s.id: s.name for s in await cri.list_pod_sandboxes()}
             rows = [["CONTAINER", "IMAGE", "CREATED", "STATE", "NAME", "ATTEMPT", "POD ID", "POD"]]
             for c in sorted(await cri.list_containers(), key=lambda c: -c.created_at):
                 if not all_ and c.state.value != "CONTAINER_RUNNING":
                     continue
-                rows.append([c.id[:13], c.image_ref[:20] or c.image, _age(c.created_at),
-                             c.state.value.removeprefix("CONTAINER_").capitalize(), c.name, str(c.attempt),
-                             c.sandbox_id[:13], c.labels.get(L.POD_NAME, pods.get(c.sandbox_id, ""))])
+                rows.append(
+                    [
+                        c.id[:13],
+                        c.image_ref[:20] or c.image,
+                        _age(c.created_at),
+                        c.state.value.removeprefix("CONTAINER_").capitalize(),
+                        c.name,
+                        str(c.attempt),
+                        c.sandbox_id[:13],
+                        c.labels.get(L.POD_NAME, pods.get(c.sandbox_id, "")),
+                    ]
+                )
         else:
             rows = [["IMAGE", "TAG", "IMAGE ID", "SIZE"]]
             for i in await cri.list_images():
                 for tag in i.repo_tags or ("<none>:<none>",):
                     repo, _, t = tag.rpartition(":")
-                    rows.append([repo, t, i.id.removeprefix("sha256:")[:13], f"{i.size / 1e6:.3g}MB"])
+                    rows.append(
+                        [repo, t, i.id.removeprefix("sha256:")[:13], f"{i.size / 1e6:.3g}MB"]
+                    )
         return _table(rows)
     finally:
         await cri.close()

@@ -38,8 +38,11 @@ def main(argv: list[str] | None = None) -> int:
     if command == "run":
         found = services()
         if not rest or rest[0] not in found:
-            print(f"klet run: unknown service {rest[0] if rest else '(none)'!r}; "
-                  f"one of: {', '.join(sorted(found))}", file=sys.stderr)
+            print(
+                f"klet run: unknown service {rest[0] if rest else '(none)'!r}; "
+                f"one of: {', '.join(sorted(found))}",
+                file=sys.stderr,
+            )
             return 2
         service_main = found[rest[0]].load()  # type: ignore[attr-defined]
         return int(service_main(rest[1:]) or 0)
@@ -47,8 +50,11 @@ def main(argv: list[str] | None = None) -> int:
         from klet.cli.crictl import crictl
 
         return crictl(rest)
-    print(f"klet: unknown command {command!r}\n" + USAGE.format(services=", ".join(sorted(services()))),
-          file=sys.stderr)
+    print(
+        f"klet: unknown command {command!r}\n"
+        + USAGE.format(services=", ".join(sorted(services()))),
+        file=sys.stderr,
+    )
     return 2
 
 

@@ -73,8 +73,11 @@ async def _pump(child: Child) -> None:
 
 async def _start(child: Child) -> None:
     child.proc = await asyncio.create_subprocess_exec(
-        *child.argv, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
-        stdin=asyncio.subprocess.DEVNULL, start_new_session=True,
+        *child.argv,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.STDOUT,
+        stdin=asyncio.subprocess.DEVNULL,
+        start_new_session=True,
     )
     child.started_at = time.monotonic()
     child.pump = asyncio.create_task(_pump(child), name=f"pump-{child.name}")
@@ -108,29 +111,37 @@ async def _supervise(children: list[Child], stop: asyncio.Event) -> None:
         if stop.is_set():
             break
         for fut in done:
-            child = waits.get(fut)
-            if child is None:
+            exited = waits.get(fut)
+            if exited is None:
                 continue
+            child = exited
             code = fut.result()
             if child.pump is not None:
                 await asyncio.gather(child.pump, return_exceptions=True)
             ran = time.monotonic() - child.started_at
             child.restarts = 0 if ran > 60 else child.restarts + 1
             delay = min(30.0, 0.5 * 2 ** min(child.restarts, 6))
-            _emit("klet", f"{child.name} exited with code {code} after {ran:.1f}s; restarting in {delay:.1f}s "
-                          f"(restart #{child.restarts})")
+            _emit(
+                "klet",
+                f"{child.name} exited with code {code} after {ran:.1f}s; "
+                f"restarting in {delay:.1f}s (restart #{child.restarts})",
+            )
             try:
                 await asyncio.wait_for(stop.wait(), delay)
             except TimeoutError:
                 await _start(child)
-                _emit("klet", f"restarted {child.name} (pid {child.proc.pid if child.proc else '?'})")
+                _emit(
+                    "klet", f"restarted {child.name} (pid {child.proc.pid if child.proc else '?'})"
+                )
     for child in reversed(children):
         await _stop(child)
         _emit("klet", f"stopped {child.name}")
 
 
 def up(argv: list[str]) -> int:
-    logging.basicConfig(level=logging.INFO, format="klet            | %(message)s", stream=sys.stdout)
+    logging.basicConfig(
+        level=logging.INFO, format="klet            | %(message)s", stream=sys.stdout
+    )
     logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per registry request is noise
     try:
         settings = load_settings(argv, env=os.environ, service="up")
@@ -142,8 +153,10 @@ def up(argv: list[str]) -> int:
     accepted = {a for action in build_parser("up")._actions for a in action.option_strings}
     extra: list[str] = []
     default_endpoint = KubeletConfiguration().container_runtime_endpoint
-    own_runtime = (not _given(argv, "--container-runtime-endpoint")
-                   and settings.kubelet.container_runtime_endpoint == default_endpoint)
+    own_runtime = (
+        not _given(argv, "--container-runtime-endpoint")
+        and settings.kubelet.container_runtime_endpoint == default_endpoint
+    )
     own_redis = not _given(argv, "--redis-url") and "KLET_REDIS_URL" not in os.environ
     stack: DevStack | None = None
     redis: RedisServer | None = None
@@ -151,7 +164,9 @@ def up(argv: list[str]) -> int:
     runtime_endpoint = settings.kubelet.container_runtime_endpoint
     try:
         if own_runtime:
-            _emit("klet", f"starting private Redis, registry and containerd under {run_dir / 'stack'}")
+            _emit(
+                "klet", f"starting private Redis, registry and containerd under {run_dir / 'stack'}"
+            )
             stack = DevStack(run_dir / "stack")
             stack.start()
             runtime_endpoint = stack.runtime_endpoint
@@ -171,18 +186,37 @@ def up(argv: list[str]) -> int:
             extra += ["--pod-logs-dir", str(run_dir / "logs" / "pods")]
         if not _given(argv, "--run-dir"):
             extra += ["--run-dir", str(run_dir)]
-        (run_dir / "endpoints.json").write_text(json.dumps({
-            "redis_url": redis_url, "runtime_endpoint": runtime_endpoint,
-            "registry": stack.registry_address if stack else None, "pid": os.getpid(),
-        }, indent=2))
+        (run_dir / "endpoints.json").write_text(
+            json.dumps(
+                {
+                    "redis_url": redis_url,
+                    "runtime_endpoint": runtime_endpoint,
+                    "registry": stack.registry_address if stack else None,
+                    "pid": os.getpid(),
+                },
+                indent=2,
+            )
+        )
         installed = {ep.name for ep in entry_points(group="klet.services")}
         children = []
         for name in [s for s in START_ORDER if s in installed]:
             port = DEFAULT_SERVICE_PORTS[name]
             if not _port_free(port):
                 port = free_port()
-            children.append(Child(name, [sys.executable, "-m", f"klet.{name.replace('-', '_')}",
-                                         *argv, *extra, "--service-port", str(port)]))
+            children.append(
+                Child(
+                    name,
+                    [
+                        sys.executable,
+                        "-m",
+                        f"klet.{name.replace('-', '_')}",
+                        *argv,
+                        *extra,
+                        "--service-port",
+                        str(port),
+                    ],
+                )
+            )
             _emit("klet", f"{name}: private /healthz /metrics on 127.0.0.1:{port}")
         return asyncio.run(_main(children))
     finally:

@@ -18,8 +18,6 @@ from typing import Any, TypeVar
 import grpc
 from cri_api.v1 import api_pb2 as pb
 from cri_api.v1 import api_pb2_grpc as pb_grpc
-from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_attempt, wait_exponential
-
 from klet.cri.errors import CRIError, NotFound, RuntimeUnavailable
 from klet.cri.types import (
     Container,
@@ -35,6 +33,7 @@ from klet.cri.types import (
     SandboxStatusInfo,
 )
 from klet.model.types import ContainerID, ImageRef, SandboxID
+from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_attempt, wait_exponential
 
 log = logging.getLogger(__name__)
 
@@ -86,7 +85,9 @@ class RuntimeClient:
     def __init__(self, settings: CRISettings) -> None:
         self.settings = settings
         options = [("grpc.max_receive_message_length", 16 * 1024 * 1024)]
-        self._channel = grpc.aio.insecure_channel(_target(settings.runtime_endpoint), options=options)
+        self._channel = grpc.aio.insecure_channel(
+            _target(settings.runtime_endpoint), options=options
+        )
         image_endpoint = settings.image_endpoint or settings.runtime_endpoint
         self._image_channel = (
             self._channel
@@ -97,13 +98,15 @@ class RuntimeClient:
         self._img = pb_grpc.ImageServiceStub(self._image_channel)
 
     async def close(self) -> None:
-        await self._channel.close()
+        await self._channel.close(None)
         if self._image_channel is not self._channel:
-            await self._image_channel.close()
+            await self._image_channel.close(None)
 
-    async def _call(self, what: str, method: Any, request: Any, *, timeout: float | None = None) -> Any:
+    async def _call(
+        self, what: str, method: Any, request: Any, *, deadline_s: float | None = None
+    ) -> Any:
         try:
-            return await method(request, timeout=timeout or self.settings.timeout_s)
+            return await method(request, timeout=deadline_s or self.settings.timeout_s)
         except grpc.aio.AioRpcError as err:
             raise _map_error(err, what) from err
 
@@ -122,14 +125,23 @@ class RuntimeClient:
     # -- runtime ---------------------------------------------------------------------
 
     async def version(self) -> RuntimeVersion:
-        r = await self._read("Version", lambda: self._call("Version", self._rt.Version, pb.VersionRequest(version="v1")))
+        r = await self._read(
+            "Version",
+            lambda: self._call("Version", self._rt.Version, pb.VersionRequest(version="v1")),
+        )
         return RuntimeVersion(r.runtime_name, r.runtime_version, r.runtime_api_version)
 
     async def status(self) -> list[RuntimeCondition]:
-        r = await self._read("Status", lambda: self._call("Status", self._rt.Status, pb.StatusRequest()))
-        return [RuntimeCondition(c.type, c.status, c.reason, c.message) for c in r.status.conditions]
+        r = await self._read(
+            "Status", lambda: self._call("Status", self._rt.Status, pb.StatusRequest())
+        )
+        return [
+            RuntimeCondition(c.type, c.status, c.reason, c.message) for c in r.status.conditions
+        ]
 
-    async def run_pod_sandbox(self, config: SandboxConfig, *, runtime_handler: str = "") -> SandboxID:
+    async def run_pod_sandbox(
+        self, config: SandboxConfig, *, runtime_handler: str = ""
+    ) -> SandboxID:
         r = await self._call(
             "RunPodSandbox",
             self._rt.RunPodSandbox,
@@ -139,14 +151,20 @@ class RuntimeClient:
 
     async def stop_pod_sandbox(self, sandbox_id: SandboxID) -> None:
         try:
-            await self._call("StopPodSandbox", self._rt.StopPodSandbox, pb.StopPodSandboxRequest(pod_sandbox_id=sandbox_id))
+            await self._call(
+                "StopPodSandbox",
+                self._rt.StopPodSandbox,
+                pb.StopPodSandboxRequest(pod_sandbox_id=sandbox_id),
+            )
         except NotFound:
             pass
 
     async def remove_pod_sandbox(self, sandbox_id: SandboxID) -> None:
         try:
             await self._call(
-                "RemovePodSandbox", self._rt.RemovePodSandbox, pb.RemovePodSandboxRequest(pod_sandbox_id=sandbox_id)
+                "RemovePodSandbox",
+                self._rt.RemovePodSandbox,
+                pb.RemovePodSandboxRequest(pod_sandbox_id=sandbox_id),
             )
         except NotFound:
             pass
@@ -155,7 +173,9 @@ class RuntimeClient:
         r = await self._read(
             "PodSandboxStatus",
             lambda: self._call(
-                "PodSandboxStatus", self._rt.PodSandboxStatus, pb.PodSandboxStatusRequest(pod_sandbox_id=sandbox_id)
+                "PodSandboxStatus",
+                self._rt.PodSandboxStatus,
+                pb.PodSandboxStatusRequest(pod_sandbox_id=sandbox_id),
             ),
         )
         s = r.status
@@ -169,8 +189,12 @@ class RuntimeClient:
             annotations=dict(s.annotations),
         )
 
-    async def list_pod_sandboxes(self, *, label_selector: dict[str, str] | None = None) -> list[Sandbox]:
-        request = pb.ListPodSandboxRequest(filter=pb.PodSandboxFilter(label_selector=label_selector or {}))
+    async def list_pod_sandboxes(
+        self, *, label_selector: dict[str, str] | None = None
+    ) -> list[Sandbox]:
+        request = pb.ListPodSandboxRequest(
+            filter=pb.PodSandboxFilter(label_selector=label_selector or {})
+        )
         r = await self._read(
             "ListPodSandbox", lambda: self._call("ListPodSandbox", self._rt.ListPodSandbox, request)
         )
@@ -196,13 +220,19 @@ class RuntimeClient:
             "CreateContainer",
             self._rt.CreateContainer,
             pb.CreateContainerRequest(
-                pod_sandbox_id=sandbox_id, config=_container_pb(config), sandbox_config=_sandbox_pb(sandbox_config)
+                pod_sandbox_id=sandbox_id,
+                config=_container_pb(config),
+                sandbox_config=_sandbox_pb(sandbox_config),
             ),
         )
         return ContainerID(r.container_id)
 
     async def start_container(self, container_id: ContainerID) -> None:
-        await self._call("StartContainer", self._rt.StartContainer, pb.StartContainerRequest(container_id=container_id))
+        await self._call(
+            "StartContainer",
+            self._rt.StartContainer,
+            pb.StartContainerRequest(container_id=container_id),
+        )
 
     async def stop_container(self, container_id: ContainerID, *, timeout_s: int) -> None:
         try:
@@ -210,24 +240,32 @@ class RuntimeClient:
                 "StopContainer",
                 self._rt.StopContainer,
                 pb.StopContainerRequest(container_id=container_id, timeout=timeout_s),
-                timeout=self.settings.timeout_s + timeout_s,
+                deadline_s=self.settings.timeout_s + timeout_s,
             )
         except NotFound:
             pass
 
     async def remove_container(self, container_id: ContainerID) -> None:
         try:
-            await self._call("RemoveContainer", self._rt.RemoveContainer, pb.RemoveContainerRequest(container_id=container_id))
+            await self._call(
+                "RemoveContainer",
+                self._rt.RemoveContainer,
+                pb.RemoveContainerRequest(container_id=container_id),
+            )
         except NotFound:
             pass
 
     async def list_containers(
         self, *, sandbox_id: SandboxID | None = None, label_selector: dict[str, str] | None = None
     ) -> list[Container]:
-        flt = pb.ContainerFilter(pod_sandbox_id=sandbox_id or "", label_selector=label_selector or {})
+        flt = pb.ContainerFilter(
+            pod_sandbox_id=sandbox_id or "", label_selector=label_selector or {}
+        )
         r = await self._read(
             "ListContainers",
-            lambda: self._call("ListContainers", self._rt.ListContainers, pb.ListContainersRequest(filter=flt)),
+            lambda: self._call(
+                "ListContainers", self._rt.ListContainers, pb.ListContainersRequest(filter=flt)
+            ),
         )
         return [
             Container(
@@ -249,7 +287,9 @@ class RuntimeClient:
         r = await self._read(
             "ContainerStatus",
             lambda: self._call(
-                "ContainerStatus", self._rt.ContainerStatus, pb.ContainerStatusRequest(container_id=container_id)
+                "ContainerStatus",
+                self._rt.ContainerStatus,
+                pb.ContainerStatusRequest(container_id=container_id),
             ),
         )
         s = r.status
@@ -271,40 +311,57 @@ class RuntimeClient:
             annotations=dict(s.annotations),
         )
 
-    async def exec_sync(self, container_id: ContainerID, cmd: list[str], *, timeout_s: int) -> tuple[int, bytes, bytes]:
+    async def exec_sync(
+        self, container_id: ContainerID, cmd: list[str], *, timeout_s: int
+    ) -> tuple[int, bytes, bytes]:
         r = await self._call(
             "ExecSync",
             self._rt.ExecSync,
             pb.ExecSyncRequest(container_id=container_id, cmd=cmd, timeout=timeout_s),
-            timeout=timeout_s + self.settings.timeout_s,
+            deadline_s=timeout_s + self.settings.timeout_s,
         )
         return int(r.exit_code), bytes(r.stdout), bytes(r.stderr)
 
     # -- images ----------------------------------------------------------------------
 
-    async def pull_image(self, image: str, *, sandbox_config: SandboxConfig | None = None) -> ImageRef:
+    async def pull_image(
+        self, image: str, *, sandbox_config: SandboxConfig | None = None
+    ) -> ImageRef:
         request = pb.PullImageRequest(image=pb.ImageSpec(image=image))
         if sandbox_config is not None:
             request.sandbox_config.CopyFrom(_sandbox_pb(sandbox_config))
-        r = await self._call("PullImage", self._img.PullImage, request, timeout=self.settings.pull_timeout_s)
+        r = await self._call(
+            "PullImage", self._img.PullImage, request, deadline_s=self.settings.pull_timeout_s
+        )
         return ImageRef(r.image_ref)
 
     async def image_status(self, image: str) -> ImageInfo | None:
         r = await self._read(
             "ImageStatus",
-            lambda: self._call("ImageStatus", self._img.ImageStatus, pb.ImageStatusRequest(image=pb.ImageSpec(image=image))),
+            lambda: self._call(
+                "ImageStatus",
+                self._img.ImageStatus,
+                pb.ImageStatusRequest(image=pb.ImageSpec(image=image)),
+            ),
         )
         if not r.image.id:
             return None
         return _image(r.image)
 
     async def list_images(self) -> list[ImageInfo]:
-        r = await self._read("ListImages", lambda: self._call("ListImages", self._img.ListImages, pb.ListImagesRequest()))
+        r = await self._read(
+            "ListImages",
+            lambda: self._call("ListImages", self._img.ListImages, pb.ListImagesRequest()),
+        )
         return [_image(i) for i in r.images]
 
     async def remove_image(self, image: str) -> None:
         try:
-            await self._call("RemoveImage", self._img.RemoveImage, pb.RemoveImageRequest(image=pb.ImageSpec(image=image)))
+            await self._call(
+                "RemoveImage",
+                self._img.RemoveImage,
+                pb.RemoveImageRequest(image=pb.ImageSpec(image=image)),
+            )
         except NotFound:
             pass
 
@@ -322,7 +379,9 @@ def _image(i: Any) -> ImageInfo:
 def _sandbox_pb(c: SandboxConfig) -> Any:
     ns_mode = pb.NamespaceMode
     cfg = pb.PodSandboxConfig(
-        metadata=pb.PodSandboxMetadata(name=c.name, uid=c.uid, namespace=c.namespace, attempt=c.attempt),
+        metadata=pb.PodSandboxMetadata(
+            name=c.name, uid=c.uid, namespace=c.namespace, attempt=c.attempt
+        ),
         hostname=c.hostname,
         log_directory=c.log_directory,
         labels=c.labels,
@@ -349,7 +408,11 @@ def _sandbox_pb(c: SandboxConfig) -> Any:
     )
     if c.dns is not None:
         cfg.dns_config.CopyFrom(
-            pb.DNSConfig(servers=list(c.dns.servers), searches=list(c.dns.searches), options=list(c.dns.options))
+            pb.DNSConfig(
+                servers=list(c.dns.servers),
+                searches=list(c.dns.searches),
+                options=list(c.dns.options),
+            )
         )
     return cfg
 
@@ -362,7 +425,10 @@ def _container_pb(c: ContainerConfig) -> Any:
         args=list(c.args),
         working_dir=c.working_dir,
         envs=[pb.KeyValue(key=k, value=v) for k, v in c.envs],
-        mounts=[pb.Mount(container_path=m.container_path, host_path=m.host_path, readonly=m.readonly) for m in c.mounts],
+        mounts=[
+            pb.Mount(container_path=m.container_path, host_path=m.host_path, readonly=m.readonly)
+            for m in c.mounts
+        ],
         labels=c.labels,
         annotations=c.annotations,
         log_path=c.log_path,

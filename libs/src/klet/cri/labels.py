@@ -24,10 +24,14 @@ POD_DELETION_GRACE_PERIOD = "io.kubernetes.pod.deletionGracePeriod"
 MANAGED_BY = "klet"
 
 
-def sandbox_labels(*, name: str, namespace: str, uid: str, pod_labels: dict[str, str]) -> dict[str, str]:
+def sandbox_labels(
+    *, name: str, namespace: str, uid: str, pod_labels: dict[str, str]
+) -> dict[str, str]:
     """Pod labels plus the identity labels (the identity wins over a same-named pod label)."""
     labels = dict(pod_labels)
-    labels.update({POD_NAME: name, POD_NAMESPACE: namespace, POD_UID: uid, KUBELET_MANAGED: MANAGED_BY})
+    labels.update(
+        {POD_NAME: name, POD_NAMESPACE: namespace, POD_UID: uid, KUBELET_MANAGED: MANAGED_BY}
+    )
     return labels
 
 

@@ -67,7 +67,13 @@ def _required(f: Any) -> bool:
     return bool(f.default is MISSING and f.default_factory is MISSING)
 
 
-_SIMPLE = {"str": str, "int": int, "float": (int, float), "bool": bool, "JSON": dict}
+_SIMPLE: dict[str, type | tuple[type, ...]] = {
+    "str": str,
+    "int": int,
+    "float": (int, float),
+    "bool": bool,
+    "JSON": dict,
+}
 
 
 def _check_type(kind: str, name: str, annotation: Any, value: Any) -> None:

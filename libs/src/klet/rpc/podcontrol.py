@@ -15,7 +15,6 @@ from pathlib import Path
 from typing import Any, Protocol
 
 import grpc
-
 from klet.model.types import JSON, PodUID
 from klet.rpc.gen.klet.podcontrol.v1 import podcontrol_pb2 as pb
 from klet.rpc.gen.klet.podcontrol.v1 import podcontrol_pb2_grpc as pb_grpc
@@ -35,26 +34,34 @@ class PodSummary:
 
 
 class PodControlBackend(Protocol):
-    async def kill_pod(self, uid: PodUID, grace_period_s: int | None, reason: str, message: str) -> bool: ...
+    async def kill_pod(
+        self, uid: PodUID, grace_period_s: int | None, reason: str, message: str
+    ) -> bool: ...
     def list_pods(self) -> list[PodSummary]: ...
     def get_pod(self, uid: PodUID) -> PodSummary | None: ...
 
 
 def _to_pb(p: PodSummary) -> Any:
     return pb.PodSummary(
-        uid=p.uid, namespace=p.namespace, name=p.name, phase=p.phase,
+        uid=p.uid,
+        namespace=p.namespace,
+        name=p.name,
+        phase=p.phase,
         status_json=json.dumps(p.status, separators=(",", ":")),
     )
 
 
 def _from_pb(m: Any) -> PodSummary:
     return PodSummary(
-        uid=PodUID(m.uid), namespace=m.namespace, name=m.name, phase=m.phase,
+        uid=PodUID(m.uid),
+        namespace=m.namespace,
+        name=m.name,
+        phase=m.phase,
         status=json.loads(m.status_json or "{}"),
     )
 
 
-class _Servicer(pb_grpc.PodControlServicer):  # type: ignore[misc]
+class _Servicer(pb_grpc.PodControlServicer):
     def __init__(self, backend: PodControlBackend) -> None:
         self.backend = backend
 
@@ -79,8 +86,9 @@ async def serve_pod_control(
     backend: PodControlBackend, socket_path: Path, *, ready: asyncio.Event | None = None
 ) -> None:
     """Serve until cancelled; the socket file is replaced if a stale one exists."""
-    socket_path.parent.mkdir(parents=True, exist_ok=True)
-    socket_path.unlink(missing_ok=True)
+    # Start-up only, on a local directory: not worth a thread.
+    socket_path.parent.mkdir(parents=True, exist_ok=True)  # noqa: ASYNC240
+    socket_path.unlink(missing_ok=True)  # noqa: ASYNC240
     server = grpc.aio.server()
     pb_grpc.add_PodControlServicer_to_server(_Servicer(backend), server)
     server.add_insecure_port(f"unix://{socket_path}")
@@ -107,12 +115,19 @@ class PodControlClient:
         self._timeout = timeout_s
 
     async def kill_pod(
-        self, uid: PodUID, *, grace_period_s: int | None, reason: str, message: str,
+        self,
+        uid: PodUID,
+        *,
+        grace_period_s: int | None,
+        reason: str,
+        message: str,
         timeout_s: float | None = None,
     ) -> bool:
         request = pb.KillPodRequest(
-            uid=uid, grace_period_seconds=-1 if grace_period_s is None else grace_period_s,
-            reason=reason, message=message,
+            uid=uid,
+            grace_period_seconds=-1 if grace_period_s is None else grace_period_s,
+            reason=reason,
+            message=message,
         )
         reply = await self._call(self._stub.KillPod, request, timeout_s)
         return bool(reply.found)
@@ -132,4 +147,4 @@ class PodControlClient:
             raise RpcUnavailable(f"{err.code().name}: {err.details()}") from err
 
     async def close(self) -> None:
-        await self._channel.close()
+        await self._channel.close(None)

@@ -12,11 +12,15 @@ from klet.obs import configure_logging
 
 def main(argv: list[str] | None = None) -> int:
     try:
-        settings = load_settings(sys.argv[1:] if argv is None else argv, env=os.environ, service="syncloop")
+        settings = load_settings(
+            sys.argv[1:] if argv is None else argv, env=os.environ, service="syncloop"
+        )
     except ConfigError as err:
         print(err, file=sys.stderr)
         return 2
-    configure_logging(service="syncloop", verbosity=settings.klet.verbosity, fmt=settings.klet.log_format)
+    configure_logging(
+        service="syncloop", verbosity=settings.klet.verbosity, fmt=settings.klet.log_format
+    )
     from klet.syncloop.app import main as app_main
     from klet.syncloop.wiring import build_deps
 

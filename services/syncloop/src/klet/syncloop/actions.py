@@ -20,7 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from klet.cri.types import ContainerState, ContainerStatusInfo, SandboxState
-from klet.model.types import ContainerID, JSON
+from klet.model.types import JSON, ContainerID
 from klet.syncloop import podspec
 from klet.syncloop.backoff import Backoff
 from klet.syncloop.runtimepod import RuntimePod, hash_of
@@ -81,8 +81,12 @@ def _seconds(ns: int) -> float:
 
 
 def _check_backoff(
-    actions: PodActions, pod: JSON, container: JSON, last: ContainerStatusInfo | None,
-    backoff: Backoff, now: float,
+    actions: PodActions,
+    pod: JSON,
+    container: JSON,
+    last: ContainerStatusInfo | None,
+    backoff: Backoff,
+    now: float,
 ) -> str | None:
     """None when the container may start now; sets waiting state otherwise.
 
@@ -121,7 +125,12 @@ def compute_pod_actions(pod: JSON, runtime: RuntimePod, backoff: Backoff, now: f
         actions.create_sandbox = True
         for c in podspec.containers(pod):
             last = runtime.latest(c["name"])
-            if policy == "OnFailure" and last is not None and last.state == ContainerState.EXITED and last.exit_code == 0:
+            if (
+                policy == "OnFailure"
+                and last is not None
+                and last.state == ContainerState.EXITED
+                and last.exit_code == 0
+            ):
                 continue
             if policy == "Never" and last is not None and last.state == ContainerState.EXITED:
                 continue

@@ -28,8 +28,11 @@ async def main(deps: Deps) -> int:
     controller = deps.controller
     m = deps.metrics
     intake = BusIntake(
-        deps.node_bus, controller, consumer=deps.consumer,
-        on_bad=lambda _e: m.bad_bus_entries.inc(), on_error=m.bus_errors.inc,
+        deps.node_bus,
+        controller,
+        consumer=deps.consumer,
+        on_bad=lambda _e: m.bad_bus_entries.inc(),
+        on_error=m.bus_errors.inc,
     )
     relister = Relister(deps.cri, controller.on_runtime_change)
 
@@ -37,9 +40,9 @@ async def main(deps: Deps) -> int:
         controller.runtime_uids = uids
         m.pleg_last_seen.set(time.time())
         m.pod_workers.set(len(controller.workers.uids()))
-        m.running_pods.set(sum(
-            1 for s in relister_sandboxes(relister) if s == SandboxState.READY.value
-        ))
+        m.running_pods.set(
+            sum(1 for s in relister_sandboxes(relister) if s == SandboxState.READY.value)
+        )
 
     async def pleg() -> None:
         await relister.run(on_uids)
@@ -65,18 +68,26 @@ async def main(deps: Deps) -> int:
         ready=lambda: elected.is_set() and intake.synced.is_set(),
     )
     try:
-        await run_supervised({
-            "lease": hold(deps.lease, elected),
-            "pods-consumer": gated("pods-consumer", intake.run_consumer),
-            "desired-resync": gated("desired-resync", intake.run_resync),
-            "pleg": gated("pleg", pleg),
-            "periodic-resync": gated("periodic-resync", periodic_resync),
-            "status-publisher": gated("status-publisher", controller.publisher.run),
-            "event-publisher": gated("event-publisher", deps.events.run),
-            "pod-control": gated("pod-control", lambda: serve_pod_control(controller, deps.socket_path)),
-            "health": serve_http(health, host=deps.settings.klet.service_bind_address,
-                                 port=deps.service_port, name="syncloop"),
-        })
+        await run_supervised(
+            {
+                "lease": hold(deps.lease, elected),
+                "pods-consumer": gated("pods-consumer", intake.run_consumer),
+                "desired-resync": gated("desired-resync", intake.run_resync),
+                "pleg": gated("pleg", pleg),
+                "periodic-resync": gated("periodic-resync", periodic_resync),
+                "status-publisher": gated("status-publisher", controller.publisher.run),
+                "event-publisher": gated("event-publisher", deps.events.run),
+                "pod-control": gated(
+                    "pod-control", lambda: serve_pod_control(controller, deps.socket_path)
+                ),
+                "health": serve_http(
+                    health,
+                    host=deps.settings.klet.service_bind_address,
+                    port=deps.service_port,
+                    name="syncloop",
+                ),
+            }
+        )
     finally:
         await controller.workers.stop()
         if deps.lease.held:
@@ -90,7 +101,12 @@ async def main(deps: Deps) -> int:
 
 
 def relister_sandboxes(relister: Relister) -> list[str]:
-    return [state for fp in relister.previous.values() for (_id, state) in fp if state.startswith("SANDBOX_")]
+    return [
+        state
+        for fp in relister.previous.values()
+        for (_id, state) in fp
+        if state.startswith("SANDBOX_")
+    ]
 
 
 async def _runtime_version(deps: Deps) -> str:

@@ -38,7 +38,9 @@ class KillRequest:
     grace_s: int | None
     reason: str
     message: str
-    done: asyncio.Future[None] = field(default_factory=lambda: asyncio.get_running_loop().create_future())
+    done: asyncio.Future[None] = field(
+        default_factory=lambda: asyncio.get_running_loop().create_future()
+    )
 
 
 def sources_ready(sources: dict[str, SourceState]) -> bool:
@@ -47,8 +49,15 @@ def sources_ready(sources: dict[str, SourceState]) -> bool:
 
 class PodController:
     def __init__(
-        self, *, bus: NodeBus, runtime: PodRuntime, syncer: PodSyncer, publisher: StatusPublisher,
-        host_ip: str, runtime_type: str = "containerd", clock: Callable[[], float] = time.time,
+        self,
+        *,
+        bus: NodeBus,
+        runtime: PodRuntime,
+        syncer: PodSyncer,
+        publisher: StatusPublisher,
+        host_ip: str,
+        runtime_type: str = "containerd",
+        clock: Callable[[], float] = time.time,
     ) -> None:
         self.bus = bus
         self.runtime = runtime
@@ -126,8 +135,14 @@ class PodController:
                 if not request.done.done():
                     request.done.set_result(None)
             status = compute_pod_status(
-                pod, current, waiting={}, previous=self.publisher.get(uid), now=now,
-                runtime_type=self.runtime_type, host_ip=self.host_ip, terminal=self.terminal[uid],
+                pod,
+                current,
+                waiting={},
+                previous=self.publisher.get(uid),
+                now=now,
+                runtime_type=self.runtime_type,
+                host_ip=self.host_ip,
+                terminal=self.terminal[uid],
             )
             self.publisher.set(uid, meta.get("namespace", "default"), meta.get("name", ""), status)
             return Outcome()
@@ -135,8 +150,13 @@ class PodController:
         if result.acted:
             current = await self.runtime.get(uid)
         status = compute_pod_status(
-            pod, current, waiting=result.waiting, previous=self.publisher.get(uid), now=self.clock(),
-            runtime_type=self.runtime_type, host_ip=self.host_ip,
+            pod,
+            current,
+            waiting=result.waiting,
+            previous=self.publisher.get(uid),
+            now=self.clock(),
+            runtime_type=self.runtime_type,
+            host_ip=self.host_ip,
         )
         self.publisher.set(uid, meta.get("namespace", "default"), meta.get("name", ""), status)
         return Outcome(wake_at=result.wake_at)
@@ -148,7 +168,9 @@ class PodController:
         if not self.sources_ready:
             return Outcome(wake_at=self.clock() + 5)  # wait: the sources may still want it
         pod = self.last_pod.get(uid)
-        log.info("killing pod that is not desired", extra={"uid": uid, "known_spec": pod is not None})
+        log.info(
+            "killing pod that is not desired", extra={"uid": uid, "known_spec": pod is not None}
+        )
         await self.syncer.kill_pod(pod, current, grace_override=None, remove=True)
         self._forget(uid)
         return Outcome(done=True)
@@ -163,7 +185,9 @@ class PodController:
 
     # -- PodControl backend ------------------------------------------------------------
 
-    async def kill_pod(self, uid: PodUID, grace_period_s: int | None, reason: str, message: str) -> bool:
+    async def kill_pod(
+        self, uid: PodUID, grace_period_s: int | None, reason: str, message: str
+    ) -> bool:
         if uid not in self.desired and uid not in self.runtime_uids:
             return False
         request = self.kill_requests.get(uid)

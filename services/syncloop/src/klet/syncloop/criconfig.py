@@ -14,10 +14,16 @@ from klet.model.types import JSON
 from klet.syncloop import podspec
 
 
-def sandbox_config(pod: JSON, *, attempt: int, pod_logs_dir: str, cgroup_parent: str) -> SandboxConfig:
+def sandbox_config(
+    pod: JSON, *, attempt: int, pod_logs_dir: str, cgroup_parent: str
+) -> SandboxConfig:
     meta = podspec.meta(pod)
     spec = pod.get("spec", {})
-    name, namespace, uid = meta.get("name", ""), meta.get("namespace", "default"), meta.get("uid", "")
+    name, namespace, uid = (
+        meta.get("name", ""),
+        meta.get("namespace", "default"),
+        meta.get("uid", ""),
+    )
     ports = []
     for c in podspec.containers(pod):
         for p in c.get("ports") or []:
@@ -39,7 +45,9 @@ def sandbox_config(pod: JSON, *, attempt: int, pod_logs_dir: str, cgroup_parent:
         attempt=attempt,
         hostname=hostname[:63],
         log_directory=f"{pod_logs_dir}/{podspec.pod_log_dir_name(pod)}",
-        labels=L.sandbox_labels(name=name, namespace=namespace, uid=uid, pod_labels=meta.get("labels") or {}),
+        labels=L.sandbox_labels(
+            name=name, namespace=namespace, uid=uid, pod_labels=meta.get("labels") or {}
+        ),
         annotations=annotations,
         port_mappings=tuple(ports),
         cgroup_parent=cgroup_parent,
@@ -68,13 +76,20 @@ def container_envs(pod: JSON, container: JSON, *, pod_ip: str) -> tuple[tuple[st
         if "value" in e:
             out.append((e["name"], str(e.get("value") or "")))
         elif (e.get("valueFrom") or {}).get("fieldRef"):
-            out.append((e["name"], _field_ref(pod, e["valueFrom"]["fieldRef"].get("fieldPath", ""), pod_ip)))
+            out.append(
+                (
+                    e["name"],
+                    _field_ref(pod, e["valueFrom"]["fieldRef"].get("fieldPath", ""), pod_ip),
+                )
+            )
         else:
             out.append((e["name"], ""))
     return tuple(out)
 
 
-def container_config(pod: JSON, container: JSON, *, restart_count: int, image: str, pod_ip: str) -> ContainerConfig:
+def container_config(
+    pod: JSON, container: JSON, *, restart_count: int, image: str, pod_ip: str
+) -> ContainerConfig:
     meta = podspec.meta(pod)
     name = container["name"]
     annotations = {
@@ -82,7 +97,9 @@ def container_config(pod: JSON, container: JSON, *, restart_count: int, image: s
         L.CONTAINER_RESTART_COUNT: str(restart_count),
         L.TERMINATION_MESSAGE_PATH: container.get("terminationMessagePath", "/dev/termination-log"),
         L.TERMINATION_MESSAGE_POLICY: container.get("terminationMessagePolicy", "File"),
-        L.POD_TERMINATION_GRACE_PERIOD: str(pod.get("spec", {}).get("terminationGracePeriodSeconds", 30)),
+        L.POD_TERMINATION_GRACE_PERIOD: str(
+            pod.get("spec", {}).get("terminationGracePeriodSeconds", 30)
+        ),
     }
     if container.get("ports"):
         annotations[L.CONTAINER_PORTS] = json.dumps(container["ports"], separators=(",", ":"))
@@ -95,8 +112,10 @@ def container_config(pod: JSON, container: JSON, *, restart_count: int, image: s
         working_dir=container.get("workingDir", ""),
         envs=container_envs(pod, container, pod_ip=pod_ip),
         labels=L.container_labels(
-            pod_name=meta.get("name", ""), namespace=meta.get("namespace", "default"),
-            uid=meta.get("uid", ""), container=name,
+            pod_name=meta.get("name", ""),
+            namespace=meta.get("namespace", "default"),
+            uid=meta.get("uid", ""),
+            container=name,
         ),
         annotations=annotations,
         log_path=f"{name}/{restart_count}.log",

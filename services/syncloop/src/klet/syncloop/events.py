@@ -21,10 +21,14 @@ log = logging.getLogger(__name__)
 
 
 class EventSink(Protocol):
-    def emit(self, pod: JSON, type_: str, reason: str, message: str, *, field_path: str = "") -> None: ...
+    def emit(
+        self, pod: JSON, type_: str, reason: str, message: str, *, field_path: str = ""
+    ) -> None: ...
 
 
-def event_record(pod: JSON, type_: str, reason: str, message: str, field_path: str, now: float) -> EventRecord:
+def event_record(
+    pod: JSON, type_: str, reason: str, message: str, field_path: str, now: float
+) -> EventRecord:
     meta = pod.get("metadata") or {}
     involved: JSON = {
         "kind": "Pod",
@@ -35,7 +39,9 @@ def event_record(pod: JSON, type_: str, reason: str, message: str, field_path: s
     }
     if field_path:
         involved["fieldPath"] = field_path
-    return EventRecord(type=type_, reason=reason, message=message, involved=involved, component="kubelet", at=now)
+    return EventRecord(
+        type=type_, reason=reason, message=message, involved=involved, component="kubelet", at=now
+    )
 
 
 class BusEventSink:
@@ -45,7 +51,9 @@ class BusEventSink:
         self._wake = asyncio.Event()
         self.dropped = 0
 
-    def emit(self, pod: JSON, type_: str, reason: str, message: str, *, field_path: str = "") -> None:
+    def emit(
+        self, pod: JSON, type_: str, reason: str, message: str, *, field_path: str = ""
+    ) -> None:
         if len(self._queue) == self._queue.maxlen:
             self.dropped += 1
         self._queue.append(event_record(pod, type_, reason, message, field_path, time.time()))

@@ -31,8 +31,13 @@ class PullOutcome:
 
 class ImagePuller:
     def __init__(
-        self, cri: RuntimeClient, events: EventSink, *, parallel: int | None,
-        backoff: Backoff | None = None, clock: Callable[[], float] = time.time,
+        self,
+        cri: RuntimeClient,
+        events: EventSink,
+        *,
+        parallel: int | None,
+        backoff: Backoff | None = None,
+        clock: Callable[[], float] = time.time,
     ) -> None:
         self.cri = cri
         self.events = events
@@ -46,12 +51,19 @@ class ImagePuller:
         policy = podspec.image_pull_policy(container)
         present = None if policy == "Always" else await self.cri.image_status(image)
         if present is not None:
-            self.events.emit(pod, "Normal", "Pulled", f'Container image "{image}" already present on machine',
-                             field_path=_field_path(container))
+            self.events.emit(
+                pod,
+                "Normal",
+                "Pulled",
+                f'Container image "{image}" already present on machine',
+                field_path=_field_path(container),
+            )
             return PullOutcome(str(present.id))
         if policy == "Never":
             message = f'Container image "{image}" is not present with pull policy of Never'
-            self.events.emit(pod, "Warning", "ErrImageNeverPull", message, field_path=_field_path(container))
+            self.events.emit(
+                pod, "Warning", "ErrImageNeverPull", message, field_path=_field_path(container)
+            )
             return PullOutcome(None, ("ErrImageNeverPull", message))
         key = f"{podspec.meta(pod).get('uid')}_{image}"
         now = self.clock()
@@ -59,8 +71,12 @@ class ImagePuller:
         if failed_at is not None and self.backoff.in_backoff_since(key, failed_at, now):
             message = f'Back-off pulling image "{image}"'
             self.events.emit(pod, "Normal", "BackOff", message, field_path=_field_path(container))
-            return PullOutcome(None, ("ImagePullBackOff", message), failed_at + self.backoff.delay(key, now))
-        self.events.emit(pod, "Normal", "Pulling", f'Pulling image "{image}"', field_path=_field_path(container))
+            return PullOutcome(
+                None, ("ImagePullBackOff", message), failed_at + self.backoff.delay(key, now)
+            )
+        self.events.emit(
+            pod, "Normal", "Pulling", f'Pulling image "{image}"', field_path=_field_path(container)
+        )
         started = time.monotonic()
         try:
             async with self._sem:
@@ -70,12 +86,19 @@ class ImagePuller:
             self._failed_at[key] = self.clock()
             message = f'Failed to pull image "{image}": {err}'
             self.events.emit(pod, "Warning", "Failed", message, field_path=_field_path(container))
-            return PullOutcome(None, ("ErrImagePull", message), self._failed_at[key] + self.backoff.delay(key, now))
+            return PullOutcome(
+                None, ("ErrImagePull", message), self._failed_at[key] + self.backoff.delay(key, now)
+            )
         self._failed_at.pop(key, None)
         self.backoff.reset(key)
         took = time.monotonic() - started
-        self.events.emit(pod, "Normal", "Pulled", f'Successfully pulled image "{image}" in {took:.3f}s',
-                         field_path=_field_path(container))
+        self.events.emit(
+            pod,
+            "Normal",
+            "Pulled",
+            f'Successfully pulled image "{image}" in {took:.3f}s',
+            field_path=_field_path(container),
+        )
         return PullOutcome(str(ref))
 
 

@@ -23,9 +23,16 @@ GROUP = "syncloop"
 
 
 class BusIntake:
-    def __init__(self, bus: NodeBus, controller: PodController, *, consumer: str,
-                 resync_s: float = 5.0, on_bad: Callable[[str], None] = lambda _e: None,
-                 on_error: Callable[[], None] = lambda: None) -> None:
+    def __init__(
+        self,
+        bus: NodeBus,
+        controller: PodController,
+        *,
+        consumer: str,
+        resync_s: float = 5.0,
+        on_bad: Callable[[str], None] = lambda _e: None,
+        on_error: Callable[[], None] = lambda: None,
+    ) -> None:
         self.bus = bus
         self.controller = controller
         self.consumer = consumer
@@ -73,7 +80,9 @@ class BusIntake:
                     pending = await stream.claim_stale(GROUP, self.consumer, min_idle_ms=30_000)
                     await self._handle(pending)
                     started = True
-                await self._handle(await stream.read(GROUP, self.consumer, count=100, block_ms=1000))
+                await self._handle(
+                    await stream.read(GROUP, self.consumer, count=100, block_ms=1000)
+                )
                 self._recovered()
             except BusUnavailable as err:
                 self._report(err)
@@ -86,7 +95,9 @@ class BusIntake:
     async def _handle(self, entries: list) -> None:  # type: ignore[type-arg]
         for entry in entries:
             if entry.record is None:
-                log.error("bad entry on the pods stream", extra={"id": entry.id, "error": entry.error})
+                log.error(
+                    "bad entry on the pods stream", extra={"id": entry.id, "error": entry.error}
+                )
                 self.on_bad(entry.error or "")
             else:
                 await self.controller.on_change(entry.record)

@@ -15,16 +15,33 @@ from typing import Any
 from klet.model.types import JSON
 
 HASH_VERSION = "v1"
-_HASHED_FIELDS = ("name", "image", "command", "args", "workingDir", "env", "envFrom", "ports",
-                  "stdin", "stdinOnce", "tty")
+_HASHED_FIELDS = (
+    "name",
+    "image",
+    "command",
+    "args",
+    "workingDir",
+    "env",
+    "envFrom",
+    "ports",
+    "stdin",
+    "stdinOnce",
+    "tty",
+)
 
 MINIMUM_GRACE_PERIOD_S = 2
 DEFAULT_GRACE_PERIOD_S = 30
 
 
 def container_hash(container: JSON) -> str:
-    subset = {k: container[k] for k in _HASHED_FIELDS if k in container and container[k] not in (None, [], "")}
-    digest = hashlib.sha256(json.dumps(subset, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+    subset = {
+        k: container[k]
+        for k in _HASHED_FIELDS
+        if k in container and container[k] not in (None, [], "")
+    }
+    digest = hashlib.sha256(
+        json.dumps(subset, sort_keys=True, separators=(",", ":")).encode()
+    ).hexdigest()
     return f"{HASH_VERSION}:{digest[:16]}"
 
 
@@ -64,7 +81,8 @@ def pod_log_dir_name(pod: JSON) -> str:
 
 def backoff_key(pod: JSON, container: JSON) -> str:
     m = meta(pod)
-    return f"{m.get('namespace')}_{m.get('name')}_{m.get('uid')}_{container.get('name')}_{container_hash(container)}"
+    pod_part = f"{m.get('namespace')}_{m.get('name')}_{m.get('uid')}"
+    return f"{pod_part}_{container.get('name')}_{container_hash(container)}"
 
 
 def image_pull_policy(container: JSON) -> str:

@@ -37,8 +37,14 @@ class _Worker:
 
 
 class PodWorkers:
-    def __init__(self, sync: SyncFn, *, clock: Callable[[], float] = time.time,
-                 error_backoff_initial_s: float = 1.0, error_backoff_max_s: float = 10.0) -> None:
+    def __init__(
+        self,
+        sync: SyncFn,
+        *,
+        clock: Callable[[], float] = time.time,
+        error_backoff_initial_s: float = 1.0,
+        error_backoff_max_s: float = 10.0,
+    ) -> None:
         self._sync = sync
         self._clock = clock
         self._workers: dict[str, _Worker] = {}
@@ -80,7 +86,9 @@ class PodWorkers:
                 except Exception as err:  # noqa: BLE001 - a pod's failure must not end its worker
                     text = f"{type(err).__name__}: {err}"
                     if text != worker.last_error:
-                        log.warning("pod sync failed, will retry", extra={"uid": uid, "error": text})
+                        log.warning(
+                            "pod sync failed, will retry", extra={"uid": uid, "error": text}
+                        )
                         worker.last_error = text
                     worker.error_delay = min(self._max, max(self._initial, worker.error_delay * 2))
                     worker.wake_at = self._clock() + worker.error_delay

@@ -25,8 +25,10 @@ RELIST_THRESHOLD_S = 180.0
 Fingerprint = frozenset[tuple[str, str]]
 
 
-def fingerprints(sandboxes: list[tuple[str, str, dict[str, str]]],
-                 containers: list[tuple[str, str, dict[str, str]]]) -> dict[str, Fingerprint]:
+def fingerprints(
+    sandboxes: list[tuple[str, str, dict[str, str]]],
+    containers: list[tuple[str, str, dict[str, str]]],
+) -> dict[str, Fingerprint]:
     """Group (id, state, labels) triples by pod UID label; unlabelled objects are not ours."""
     out: dict[str, set[tuple[str, str]]] = {}
     for oid, state, labels in [*sandboxes, *containers]:
@@ -37,8 +39,14 @@ def fingerprints(sandboxes: list[tuple[str, str, dict[str, str]]],
 
 
 class Relister:
-    def __init__(self, cri: RuntimeClient, on_change: Callable[[str], None], *,
-                 period_s: float = 1.0, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        cri: RuntimeClient,
+        on_change: Callable[[str], None],
+        *,
+        period_s: float = 1.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.cri = cri
         self.on_change = on_change
         self.period_s = period_s
@@ -57,8 +65,11 @@ class Relister:
             [(s.id, s.state.value, s.labels) for s in sandboxes],
             [(c.id, c.state.value, c.labels) for c in containers],
         )
-        changed = {uid for uid in current.keys() | self.previous.keys()
-                   if current.get(uid) != self.previous.get(uid)}
+        changed = {
+            uid
+            for uid in current.keys() | self.previous.keys()
+            if current.get(uid) != self.previous.get(uid)
+        }
         self.previous = current
         self.last_ok = self.clock()
         for uid in changed:

@@ -29,11 +29,12 @@ class PodRuntime:
         )
         views: list[SandboxView] = []
         for i, s in enumerate(sandboxes):
-            ip, ips = "", ()
+            ip: str = ""
+            ips: tuple[str, ...] = ()
             if i == 0 and s.state == SandboxState.READY:
                 try:
-                    st = await self.cri.pod_sandbox_status(s.id)
-                    ip, ips = st.ip, st.additional_ips
+                    sandbox_status = await self.cri.pod_sandbox_status(s.id)
+                    ip, ips = sandbox_status.ip, tuple(sandbox_status.additional_ips)
                 except NotFound:
                     continue
             views.append(SandboxView(s.id, s.attempt, s.state, s.created_at, ip, tuple(ips)))

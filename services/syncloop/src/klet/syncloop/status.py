@@ -40,7 +40,10 @@ def _terminated(c: ContainerStatusInfo, runtime_type: str) -> JSON:
 
 
 def container_status(
-    spec: JSON, instances: list[ContainerStatusInfo], waiting: tuple[str, str] | None, runtime_type: str
+    spec: JSON,
+    instances: list[ContainerStatusInfo],
+    waiting: tuple[str, str] | None,
+    runtime_type: str,
 ) -> JSON:
     name = spec["name"]
     latest = instances[0] if instances else None
@@ -123,12 +126,18 @@ def pod_phase(pod: JSON, statuses: list[JSON]) -> str:
     return "Pending"
 
 
-def _condition(type_: str, ok: bool, previous: dict[str, JSON], now: float, reason: str = "") -> JSON:
+def _condition(
+    type_: str, ok: bool, previous: dict[str, JSON], now: float, reason: str = ""
+) -> JSON:
     status = "True" if ok else "False"
     before = previous.get(type_)
     when = before.get("lastTransitionTime") if before and before.get("status") == status else None
-    cond: JSON = {"type": type_, "status": status, "lastProbeTime": None,
-                  "lastTransitionTime": when or rfc3339(now)}
+    cond: JSON = {
+        "type": type_,
+        "status": status,
+        "lastProbeTime": None,
+        "lastTransitionTime": when or rfc3339(now),
+    }
     if reason and not ok:
         cond["reason"] = reason
     return cond
@@ -159,7 +168,9 @@ def compute_pod_status(
     sandbox = runtime.latest_sandbox()
     sandbox_ready = sandbox is not None and sandbox.state == SandboxState.READY
     all_ready = bool(statuses) and all(s["ready"] for s in statuses)
-    prev_conditions: dict[str, JSON] = {c["type"]: c for c in prev.get("conditions", []) if "type" in c}
+    prev_conditions: dict[str, JSON] = {
+        c["type"]: c for c in prev.get("conditions", []) if "type" in c
+    }
     not_ready = [s["name"] for s in statuses if not s["ready"]]
     reason = "PodCompleted" if phase in ("Succeeded", "Failed") else "ContainersNotReady"
     conditions = [
@@ -170,7 +181,11 @@ def compute_pod_status(
         _condition("PodScheduled", True, prev_conditions, now),
     ]
     for cond in conditions:
-        if cond["type"] in ("Ready", "ContainersReady") and cond["status"] == "False" and phase not in ("Succeeded", "Failed"):
+        if (
+            cond["type"] in ("Ready", "ContainersReady")
+            and cond["status"] == "False"
+            and phase not in ("Succeeded", "Failed")
+        ):
             cond["message"] = f"containers with unready status: [{' '.join(not_ready)}]"
     status: JSON = {
         "phase": phase,

@@ -77,10 +77,19 @@ class StatusPublisher:
                 e = self._entries.get(uid)
                 if e is None:
                     continue
-                tx.put(self.bus.status, uid, PodStatusRecord(
-                    uid=PodUID(uid), namespace=e.namespace, name=e.name, version=e.version,
-                    epoch=self.epoch, status=e.status, updated_at=now,
-                ))
+                tx.put(
+                    self.bus.status,
+                    uid,
+                    PodStatusRecord(
+                        uid=PodUID(uid),
+                        namespace=e.namespace,
+                        name=e.name,
+                        version=e.version,
+                        epoch=self.epoch,
+                        status=e.status,
+                        updated_at=now,
+                    ),
+                )
                 tx.publish(self.bus.podstatus, PodStatusChange(uid=PodUID(uid), version=e.version))
             for uid in removed:
                 tx.delete(self.bus.status, uid)
@@ -115,7 +124,9 @@ class StatusPublisher:
                     self._down = False
             except BusUnavailable as err:
                 if not self._down:
-                    log.warning("cannot publish pod statuses, will retry", extra={"error": str(err)})
+                    log.warning(
+                        "cannot publish pod statuses, will retry", extra={"error": str(err)}
+                    )
                     self._down = True
                 await asyncio.sleep(1.0)
             await asyncio.sleep(0.05)  # coalesce bursts of updates into one transaction

@@ -46,8 +46,15 @@ class SyncResult:
 
 class PodSyncer:
     def __init__(
-        self, *, cri: RuntimeClient, runtime: PodRuntime, puller: ImagePuller, events: EventSink,
-        cgroups: CgroupFS | None, settings: SyncSettings, backoff: Backoff,
+        self,
+        *,
+        cri: RuntimeClient,
+        runtime: PodRuntime,
+        puller: ImagePuller,
+        events: EventSink,
+        cgroups: CgroupFS | None,
+        settings: SyncSettings,
+        backoff: Backoff,
         clock: Callable[[], float] = time.time,
     ) -> None:
         self.cri = cri
@@ -76,7 +83,9 @@ class PodSyncer:
             self.events.emit(pod, "Normal", "Killing", reason)
             await self.cri.stop_container(cid, timeout_s=podspec.grace_period_s(pod))
         sandbox_cfg = criconfig.sandbox_config(
-            pod, attempt=actions.sandbox_attempt, pod_logs_dir=str(self.settings.pod_logs_dir),
+            pod,
+            attempt=actions.sandbox_attempt,
+            pod_logs_dir=str(self.settings.pod_logs_dir),
             cgroup_parent=self._cgroup_parent(pod),
         )
         sandbox_id: SandboxID | None
@@ -104,18 +113,27 @@ class PodSyncer:
         specs = {c["name"]: c for c in podspec.containers(pod)}
         for start in actions.to_start:
             result.acted = True
-            waiting = await self._start(pod, specs[start.name], current, sandbox_id, sandbox_cfg, pod_ip)
+            waiting = await self._start(
+                pod, specs[start.name], current, sandbox_id, sandbox_cfg, pod_ip
+            )
             if waiting is not None:
                 result.waiting[start.name] = waiting[0]
                 if waiting[1] is not None:
-                    result.wake_at = waiting[1] if result.wake_at is None else min(result.wake_at, waiting[1])
+                    result.wake_at = (
+                        waiting[1] if result.wake_at is None else min(result.wake_at, waiting[1])
+                    )
             elif start.backoff_key:
                 self.backoff.next(start.backoff_key, now)
         return result
 
     async def _start(
-        self, pod: JSON, container: JSON, current: RuntimePod, sandbox_id: SandboxID,
-        sandbox_cfg: SandboxConfig, pod_ip: str,
+        self,
+        pod: JSON,
+        container: JSON,
+        current: RuntimePod,
+        sandbox_id: SandboxID,
+        sandbox_cfg: SandboxConfig,
+        pod_ip: str,
     ) -> tuple[tuple[str, str], float | None] | None:
         name = container["name"]
         pulled = await self.puller.ensure(pod, container, sandbox_cfg)
@@ -135,14 +153,18 @@ class PodSyncer:
             message = f"Error: {err}"
             self.events.emit(pod, "Warning", "Failed", message, field_path=field_path)
             return ("CreateContainerError", message), self.clock() + 10
-        self.events.emit(pod, "Normal", "Created", f"Created container: {name}", field_path=field_path)
+        self.events.emit(
+            pod, "Normal", "Created", f"Created container: {name}", field_path=field_path
+        )
         try:
             await self.cri.start_container(cid)
         except CRIError as err:
             message = f"Error: failed to start container {name!r}: {err}"
             self.events.emit(pod, "Warning", "Failed", message, field_path=field_path)
             return ("RunContainerError", message), self.clock() + 10
-        self.events.emit(pod, "Normal", "Started", f"Started container {name}", field_path=field_path)
+        self.events.emit(
+            pod, "Normal", "Started", f"Started container {name}", field_path=field_path
+        )
         return None
 
     async def kill_pod(
@@ -154,14 +176,21 @@ class PodSyncer:
         cgroup: the pod is gone for good. Without it, the dead containers stay for
         their status and logs.
         """
-        grace = podspec.grace_period_s(pod, grace_override) if pod is not None else podspec.grace_period_s(
-            {}, 1 if grace_override is None else grace_override
+        grace = (
+            podspec.grace_period_s(pod, grace_override)
+            if pod is not None
+            else podspec.grace_period_s({}, 1 if grace_override is None else grace_override)
         )
         live = [c for c in current.containers if c.state != ContainerState.EXITED]
         for c in live:
             if pod is not None:
-                self.events.emit(pod, "Normal", "Killing", f"Stopping container {c.name}",
-                                 field_path=f"spec.containers{{{c.name}}}")
+                self.events.emit(
+                    pod,
+                    "Normal",
+                    "Killing",
+                    f"Stopping container {c.name}",
+                    field_path=f"spec.containers{{{c.name}}}",
+                )
         results = await asyncio.gather(
             *(self.cri.stop_container(c.id, timeout_s=grace) for c in live), return_exceptions=True
         )
