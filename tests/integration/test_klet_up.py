@@ -17,8 +17,8 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-
 from klet.devstack import Pidfile, free_port
+
 from tests.harness.node import wait_for
 
 pytestmark = pytest.mark.integration

@@ -11,8 +11,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 import pytest
-
 from klet.devstack import DevStack
+
 from tests.harness.node import KletNode, wait_for
 from tests.integration.test_static_pods import running, runtime_containers
 
