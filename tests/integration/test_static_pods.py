@@ -275,3 +275,37 @@ def test_syncloop_sigkill_and_redis_restart_restart_nothing(
     assert runtime_containers(devstack, full) == before
     for svc in ("pod-source", "syncloop", "status-reporter"):
         assert node.procs[svc].alive, f"{svc} died"
+
+
+STUBBORN = """
+apiVersion: v1
+kind: Pod
+metadata:
+  name: stubborn
+spec:
+  terminationGracePeriodSeconds: 4
+  containers:
+    - name: main
+      image: registry.klet.test/busybox:1.36
+      command: ["sh", "-c", "trap 'echo got TERM' TERM; while true; do sleep 1; done"]
+"""
+
+
+def test_removal_honours_grace_period(
+    node_factory: Any, manifests: Path, devstack: DevStack
+) -> None:
+    """A container that ignores SIGTERM is stopped with SIGKILL only after its grace period."""
+    node: KletNode = node_factory(manifest_dir=manifests)
+    node.start()
+    path = manifests / "stubborn.yaml"
+    path.write_text(STUBBORN)
+    wait_for(lambda: running(node, "stubborn"), timeout_s=15, what="stubborn Running")
+    full = f"stubborn-{node.node_name}"
+    log_dir = next(node.logs_dir.glob(f"default_{full}_*"))
+    removed_at = time.monotonic()
+    path.unlink()
+    wait_for(lambda: not runtime_sandboxes(devstack, full), timeout_s=30, what="sandbox removed")
+    took = time.monotonic() - removed_at
+    assert took >= 4, f"removed after {took:.1f}s, before the 4 s grace period ran out"
+    assert took < 4 + 10
+    assert "got TERM" in (log_dir / "main" / "0.log").read_text(), "SIGTERM was not sent first"
