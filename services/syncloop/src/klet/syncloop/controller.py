@@ -93,6 +93,9 @@ class PodController:
         if rec is not None:
             self._set(change.uid, rec)
         elif change.op in ("REMOVE", "DELETE"):
+            # A removal may be the first sign that the sources became ready; read them
+            # now rather than making the kill wait for the next table resync.
+            self.sources_ready = sources_ready(await self.bus.sources.all())
             self._unset(change.uid)
 
     def _set(self, uid: str, rec: DesiredPod) -> None:
