@@ -73,23 +73,36 @@ class PodController:
         self.sources_ready = False
         self.runtime_uids: set[str] = set()
         self.workers = PodWorkers(self.sync_once, clock=clock)
+        # Every stream change gets a generation number, so a table read that began
+        # before it (and so does not contain it) cannot undo it.
+        self.generation = 0
+        self._changed_at: dict[str, int] = {}
 
     # -- inputs ------------------------------------------------------------------------
 
-    def apply_desired(self, table: dict[str, DesiredPod], sources: dict[str, SourceState]) -> None:
-        """A full read of the desired and sources tables."""
+    def apply_desired(
+        self, table: dict[str, DesiredPod], sources: dict[str, SourceState], *, read_from: int
+    ) -> None:
+        """A full read of the desired and sources tables, begun at generation `read_from`.
+
+        Pods the stream changed after the read began are left as the stream set them.
+        """
         self.sources_ready = sources_ready(sources)
+        newer = {uid for uid, gen in self._changed_at.items() if gen > read_from}
         for uid, rec in table.items():
             old = self.desired.get(uid)
-            if old is None or old.hash != rec.hash or old.pod != rec.pod:
+            if uid not in newer and (old is None or old.hash != rec.hash or old.pod != rec.pod):
                 self._set(uid, rec)
         if self.sources_ready:
-            for uid in [u for u in self.desired if u not in table]:
+            for uid in [u for u in self.desired if u not in table and u not in newer]:
                 self._unset(uid)
+        self._changed_at = {uid: gen for uid, gen in self._changed_at.items() if gen > read_from}
 
     async def on_change(self, change: PodChange) -> None:
         """A `pods` stream entry: re-read that pod's desired entry."""
         rec = await self.bus.desired.get(change.uid)
+        self.generation += 1
+        self._changed_at[change.uid] = self.generation
         if rec is not None:
             self._set(change.uid, rec)
         elif change.op in ("REMOVE", "DELETE"):

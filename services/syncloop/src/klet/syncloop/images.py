@@ -14,12 +14,13 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from klet.cri import CRIError, RuntimeClient
+from klet.cri import CRIError
 from klet.cri.types import SandboxConfig
 from klet.model.types import JSON
 from klet.syncloop import podspec
 from klet.syncloop.backoff import Backoff
 from klet.syncloop.events import EventSink
+from klet.syncloop.ports import ImageService
 
 
 @dataclass(frozen=True)
@@ -32,7 +33,7 @@ class PullOutcome:
 class ImagePuller:
     def __init__(
         self,
-        cri: RuntimeClient,
+        cri: ImageService,
         events: EventSink,
         *,
         parallel: int | None,

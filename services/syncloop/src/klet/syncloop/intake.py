@@ -55,9 +55,10 @@ class BusIntake:
             self._down = ""
 
     async def resync_once(self) -> None:
+        read_from = self.controller.generation
         table = await self.bus.desired.all()
         sources = await self.bus.sources.all()
-        self.controller.apply_desired(table, sources)
+        self.controller.apply_desired(table, sources, read_from=read_from)
         await self.controller.publisher.reconcile(self.controller.known)
         self.synced.set()
 

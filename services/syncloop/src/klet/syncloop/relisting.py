@@ -15,8 +15,9 @@ import logging
 import time
 from collections.abc import Callable
 
-from klet.cri import CRIError, RuntimeClient
+from klet.cri import CRIError
 from klet.cri import labels as L
+from klet.syncloop.ports import RuntimeReader
 
 log = logging.getLogger(__name__)
 
@@ -41,7 +42,7 @@ def fingerprints(
 class Relister:
     def __init__(
         self,
-        cri: RuntimeClient,
+        cri: RuntimeReader,
         on_change: Callable[[str], None],
         *,
         period_s: float = 1.0,

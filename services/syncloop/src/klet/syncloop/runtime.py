@@ -8,15 +8,16 @@ the next relist.
 
 from __future__ import annotations
 
-from klet.cri import NotFound, RuntimeClient
+from klet.cri import NotFound
 from klet.cri import labels as L
 from klet.cri.types import ContainerState, ContainerStatusInfo, SandboxState
 from klet.model.types import ContainerID
+from klet.syncloop.ports import RuntimeReader
 from klet.syncloop.runtimepod import RuntimePod, SandboxView, sort_newest_first
 
 
 class PodRuntime:
-    def __init__(self, cri: RuntimeClient) -> None:
+    def __init__(self, cri: RuntimeReader) -> None:
         self.cri = cri
         self._exited: dict[ContainerID, ContainerStatusInfo] = {}
 

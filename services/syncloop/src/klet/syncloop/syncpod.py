@@ -17,7 +17,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from klet.cgroups import CgroupFS
-from klet.cri import CRIError, RuntimeClient
+from klet.cri import CRIError
+from klet.cri import labels as L
 from klet.cri.types import ContainerState, SandboxConfig
 from klet.model.types import JSON, SandboxID
 from klet.syncloop import criconfig, podspec
@@ -25,6 +26,7 @@ from klet.syncloop.actions import compute_pod_actions
 from klet.syncloop.backoff import Backoff
 from klet.syncloop.events import EventSink
 from klet.syncloop.images import ImagePuller
+from klet.syncloop.ports import RuntimeService
 from klet.syncloop.runtime import PodRuntime
 from klet.syncloop.runtimepod import RuntimePod, restart_count_of
 
@@ -48,7 +50,7 @@ class PodSyncer:
     def __init__(
         self,
         *,
-        cri: RuntimeClient,
+        cri: RuntimeService,
         runtime: PodRuntime,
         puller: ImagePuller,
         events: EventSink,
@@ -176,11 +178,14 @@ class PodSyncer:
         cgroup: the pod is gone for good. Without it, the dead containers stay for
         their status and logs.
         """
-        grace = (
-            podspec.grace_period_s(pod, grace_override)
-            if pod is not None
-            else podspec.grace_period_s({}, 1 if grace_override is None else grace_override)
-        )
+        if pod is not None:
+            grace = podspec.grace_period_s(pod, grace_override)
+        else:
+            # The spec is unknown (a pod removed while syncloop was down): use the grace
+            # period recorded on its containers. Upstream kills such orphans with 1 s;
+            # keeping the pod's own grace is the gentler choice for the same outcome.
+            override = grace_override if grace_override is not None else recorded_grace(current)
+            grace = podspec.grace_period_s({}, override)
         live = [c for c in current.containers if c.state != ContainerState.EXITED]
         for c in live:
             if pod is not None:
@@ -209,6 +214,17 @@ class PodSyncer:
                 left = self.cgroups.remove(podspec.pod_cgroup_parent(pod))
                 if left:
                     log.warning("pod cgroup not removed", extra={"pod": _name(pod), "left": left})
+
+
+def recorded_grace(current: RuntimePod) -> int:
+    """The largest terminationGracePeriodSeconds recorded on the pod's containers."""
+    values = []
+    for c in current.containers:
+        try:
+            values.append(int(c.annotations.get(L.POD_TERMINATION_GRACE_PERIOD, "")))
+        except ValueError:
+            continue
+    return max(values, default=podspec.MINIMUM_GRACE_PERIOD_S)
 
 
 def _name(pod: JSON) -> str:

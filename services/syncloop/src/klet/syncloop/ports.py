@@ -1,0 +1,79 @@
+"""The CRI operations syncloop needs, as consumer-side Protocols (STYLE rule 5).
+
+`klet.cri.RuntimeClient` (production) and `klet.cri.testing.FakeRuntimeService` (unit
+tests) both satisfy them structurally; the `TYPE_CHECKING` block at the end makes mypy
+prove it, so the fake cannot drift from the client unnoticed. Each consumer should ask
+for the narrowest one: the runtime reader and PLEG only read, the image puller only
+touches images, and the pod syncer needs the whole `RuntimeService`.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Protocol
+
+from klet.cri.types import (
+    Container,
+    ContainerConfig,
+    ContainerStatusInfo,
+    ImageInfo,
+    Sandbox,
+    SandboxConfig,
+    SandboxStatusInfo,
+)
+from klet.model.types import ContainerID, ImageRef, SandboxID
+
+
+class RuntimeReader(Protocol):
+    """What PodRuntime (runtime.py) and the relister (relisting.py) read."""
+
+    async def list_pod_sandboxes(
+        self, *, label_selector: dict[str, str] | None = None
+    ) -> list[Sandbox]: ...
+
+    async def pod_sandbox_status(self, sandbox_id: SandboxID) -> SandboxStatusInfo: ...
+
+    async def list_containers(
+        self, *, sandbox_id: SandboxID | None = None, label_selector: dict[str, str] | None = None
+    ) -> list[Container]: ...
+
+    async def container_status(self, container_id: ContainerID) -> ContainerStatusInfo: ...
+
+
+class ImageService(Protocol):
+    """What the ImagePuller (images.py) calls."""
+
+    async def image_status(self, image: str) -> ImageInfo | None: ...
+
+    async def pull_image(
+        self, image: str, *, sandbox_config: SandboxConfig | None = None
+    ) -> ImageRef: ...
+
+
+class RuntimeService(RuntimeReader, ImageService, Protocol):
+    """Every CRI call syncloop makes; what PodSyncer (syncpod.py) acts through."""
+
+    async def run_pod_sandbox(
+        self, config: SandboxConfig, *, runtime_handler: str = ""
+    ) -> SandboxID: ...
+
+    async def stop_pod_sandbox(self, sandbox_id: SandboxID) -> None: ...
+
+    async def remove_pod_sandbox(self, sandbox_id: SandboxID) -> None: ...
+
+    async def create_container(
+        self, sandbox_id: SandboxID, config: ContainerConfig, sandbox_config: SandboxConfig
+    ) -> ContainerID: ...
+
+    async def start_container(self, container_id: ContainerID) -> None: ...
+
+    async def stop_container(self, container_id: ContainerID, *, timeout_s: int) -> None: ...
+
+    async def remove_container(self, container_id: ContainerID) -> None: ...
+
+
+if TYPE_CHECKING:
+    from klet.cri import RuntimeClient
+    from klet.cri.testing import FakeRuntimeService
+
+    def _conforms(real: RuntimeClient, fake: FakeRuntimeService) -> list[RuntimeService]:
+        return [real, fake]

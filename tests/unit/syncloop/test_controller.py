@@ -1,0 +1,247 @@
+"""PodController.sync_once, the pod worker body, against FakeRuntimeService.
+
+Covers: a desired pod is synced and its status published (Running once its containers
+run); a runtime pod nobody wants is left alone until every pod source is ready, then
+killed and removed; the desired table read landing while the worker's CRI call is in
+flight wins over the stale empty view (no kill); PodControl's kill_pod stops a desired
+pod with the given grace, marks it Failed with its reason and message and keeps it
+dead on later syncs; kill_pod of an unknown pod answers False. Workers are replaced by
+a recorder so each test drives sync_once itself, one step at a time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Any
+
+import pytest
+from klet.cri.testing import FakeRuntimeService
+from klet.cri.types import ContainerState, SandboxState
+from klet.model.records import DesiredPod, PodChange, SourceState
+from klet.model.types import PodUID
+from klet.syncloop.backoff import Backoff
+from klet.syncloop.controller import PodController
+from klet.syncloop.images import ImagePuller
+from klet.syncloop.runtime import PodRuntime
+from klet.syncloop.runtimepod import RuntimePod
+from klet.syncloop.statuspub import StatusPublisher
+from klet.syncloop.syncpod import PodSyncer, SyncSettings
+
+from .helpers import pod
+
+IMAGE = "registry.klet.test/busybox:1.36"
+READY = {"file": SourceState(source="file", ready=True, at=0.0)}
+NOT_READY = {"file": SourceState(source="file", ready=False, at=0.0)}
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.t = 1_700_000_000.0
+
+    def __call__(self) -> float:
+        return self.t
+
+    def ns(self) -> int:
+        return int(self.t * 1e9)
+
+
+class DesiredTable:
+    def __init__(self) -> None:
+        self.rows: dict[str, DesiredPod] = {}
+
+    async def get(self, key: str) -> DesiredPod | None:
+        return self.rows.get(key)
+
+
+class FakeNodeBus:
+    """The part of NodeBus the controller touches (`desired.get`); never flushed here."""
+
+    def __init__(self) -> None:
+        self.desired = DesiredTable()
+
+
+class RecordingWorkers:
+    def __init__(self) -> None:
+        self.woken: list[str] = []
+
+    def wake(self, uid: str) -> None:
+        self.woken.append(uid)
+
+    def uids(self) -> list[str]:
+        return sorted(set(self.woken))
+
+
+class NoEvents:
+    def emit(self, *_args: Any, **_kw: Any) -> None:
+        pass
+
+
+class World:
+    def __init__(self, tmp_path: Path) -> None:
+        self.clock = Clock()
+        self.cri = FakeRuntimeService(clock=self.clock.ns)
+        self.cri.add_image(IMAGE)
+        runtime = PodRuntime(self.cri)
+        self.syncer = PodSyncer(
+            cri=self.cri,
+            runtime=runtime,
+            puller=ImagePuller(self.cri, NoEvents(), parallel=1, clock=self.clock),
+            events=NoEvents(),
+            cgroups=None,
+            settings=SyncSettings(pod_logs_dir=tmp_path),
+            backoff=Backoff(),
+            clock=self.clock,
+        )
+        bus: Any = FakeNodeBus()
+        self.controller = PodController(
+            bus=bus,
+            runtime=runtime,
+            syncer=self.syncer,
+            publisher=StatusPublisher(bus, clock=self.clock),
+            host_ip="192.168.1.10",
+            clock=self.clock,
+        )
+        self.workers = RecordingWorkers()
+        self.controller.workers = self.workers  # type: ignore[assignment]
+
+    async def run_unwanted(self, uid: str) -> None:
+        """A pod the runtime has (left by a previous syncloop) but nobody asked for here."""
+        await self.syncer.sync(pod("app", uid=uid), RuntimePod(uid=uid))
+
+    def running(self) -> list[str]:
+        return [
+            c.config.labels["io.kubernetes.pod.uid"]
+            for c in self.cri.containers.values()
+            if c.state == ContainerState.RUNNING
+        ]
+
+
+def desired(uid: str = "u1", **spec: Any) -> DesiredPod:
+    return DesiredPod(
+        uid=PodUID(uid), pod=pod("app", uid=uid, **spec), source="file", hash="h1", seen_at=0.0
+    )
+
+
+@pytest.fixture
+def w(tmp_path: Path) -> World:
+    return World(tmp_path)
+
+
+async def test_desired_pod_is_synced_and_its_status_published(w: World) -> None:
+    w.controller.apply_desired({"u1": desired()}, READY, read_from=w.controller.generation)
+    assert w.workers.woken == ["u1"]
+    outcome = await w.controller.sync_once("u1")
+    assert not outcome.done
+    assert w.running() == ["u1"]
+    status = w.controller.publisher.get("u1")
+    assert status is not None and status["phase"] == "Running"
+    assert status["podIP"].startswith("10.88.")
+    [cs] = status["containerStatuses"]
+    assert "running" in cs["state"] and cs["ready"] is True
+    [(uid, ns, name, _)] = w.controller.publisher.items()
+    assert (uid, ns, name) == ("u1", "default", "web-node1")
+
+
+async def test_unwanted_pod_waits_for_sources_then_is_killed_and_removed(w: World) -> None:
+    await w.run_unwanted("u2")
+    outcome = await w.controller.sync_once("u2")  # no table read yet
+    assert not outcome.done and outcome.wake_at == pytest.approx(w.clock() + 5)
+    w.controller.apply_desired(
+        {}, NOT_READY, read_from=w.controller.generation
+    )  # a source still loading
+    await w.controller.sync_once("u2")
+    assert w.running() == ["u2"]
+    assert w.cri.calls_of("StopContainer") == [] and w.cri.calls_of("RemovePodSandbox") == []
+
+    w.controller.apply_desired({}, READY, read_from=w.controller.generation)
+    outcome = await w.controller.sync_once("u2")
+    assert outcome.done
+    assert w.cri.sandboxes == {} and w.cri.containers == {}
+    assert w.controller.publisher.get("u2") is None
+
+
+async def test_table_read_landing_during_the_runtime_call_wins(w: World) -> None:
+    await w.run_unwanted("u3")
+    landed: list[bool] = []
+
+    async def table_read_lands() -> None:
+        if not landed:
+            landed.append(True)
+            await asyncio.sleep(0)
+            w.controller.apply_desired(
+                {"u3": desired("u3")}, READY, read_from=w.controller.generation
+            )
+
+    w.cri.hooks["ListPodSandbox"] = table_read_lands
+    w.cri.calls.clear()
+    outcome = await w.controller.sync_once("u3")  # started before the first table read
+    assert landed and not outcome.done
+    assert w.running() == ["u3"]
+    assert [
+        c
+        for c in w.cri.calls
+        if c[0] in ("StopContainer", "StopPodSandbox", "RemovePodSandbox", "RemoveContainer")
+    ] == []
+    status = w.controller.publisher.get("u3")
+    assert status is not None and status["phase"] == "Running"
+
+
+async def test_kill_pod_stops_a_desired_pod_and_keeps_it_failed(w: World) -> None:
+    w.controller.apply_desired({"u1": desired()}, READY, read_from=w.controller.generation)
+    await w.controller.sync_once("u1")
+    kill = asyncio.create_task(
+        w.controller.kill_pod(PodUID("u1"), 5, "Evicted", "The node was low on resource: memory.")
+    )
+    await asyncio.sleep(0)
+    assert not kill.done()  # waits for the worker to do it
+    await w.controller.sync_once("u1")
+    assert await kill is True
+    assert [c[2] for c in w.cri.calls_of("StopContainer")] == ["5"]
+    assert w.running() == []
+    [sandbox] = w.cri.sandboxes.values()
+    assert sandbox.state == SandboxState.NOTREADY
+    status = w.controller.publisher.get("u1")
+    assert status is not None
+    assert (status["phase"], status["reason"]) == ("Failed", "Evicted")
+    assert status["message"] == "The node was low on resource: memory."
+
+    w.cri.calls.clear()
+    w.clock.t += 60
+    w.controller.apply_desired(
+        {"u1": desired()}, READY, read_from=w.controller.generation
+    )  # a resync still lists it
+    await w.controller.sync_once("u1")
+    assert [
+        c for c in w.cri.calls if c[0] in ("RunPodSandbox", "CreateContainer", "StartContainer")
+    ] == []
+    status = w.controller.publisher.get("u1")
+    assert status is not None and status["phase"] == "Failed"
+
+
+async def test_kill_pod_of_an_unknown_pod(w: World) -> None:
+    assert await w.controller.kill_pod(PodUID("nobody"), None, "Evicted", "") is False
+    assert w.workers.woken == [] and w.controller.kill_requests == {}
+
+
+async def test_table_read_older_than_a_stream_change_does_not_undo_it(w: World) -> None:
+    read_from = w.controller.generation  # a resync starts reading the tables here
+    w.controller.bus.desired.rows["u5"] = desired("u5")  # type: ignore[attr-defined]
+    await w.controller.on_change(PodChange(op="ADD", uid=PodUID("u5"), source="file"))
+    await w.controller.sync_once("u5")
+    assert "u5" in w.running()
+    w.controller.apply_desired({}, READY, read_from=read_from)  # that read lacks u5
+    await w.controller.sync_once("u5")
+    assert "u5" in w.running(), "a stale table read killed a pod the stream had just added"
+    w.controller.apply_desired({}, READY, read_from=w.controller.generation)  # a newer read
+    await w.controller.sync_once("u5")
+    assert "u5" not in w.running()
+
+
+async def test_pod_removed_while_syncloop_was_away_keeps_its_grace_period(w: World) -> None:
+    uid = "u9"
+    await w.syncer.sync(pod("app", uid=uid, terminationGracePeriodSeconds=60), RuntimePod(uid=uid))
+    w.controller.apply_desired({}, READY, read_from=w.controller.generation)  # no spec known
+    await w.controller.sync_once(uid)
+    stops = [c for c in w.cri.calls if c[0] == "StopContainer"]
+    assert stops and all(c[-1] == "60" for c in stops), stops

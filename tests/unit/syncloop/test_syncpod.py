@@ -1,0 +1,229 @@
+"""PodSyncer against FakeRuntimeService: what SyncPod and KillPod do through CRI.
+
+Covers a new pod (one sandbox; containers created and started with upstream labels,
+annotations and `<name>/<restart>.log` log paths), crash-loop restarts (immediate
+first restart with restartCount + 1, then CrashLoopBackOff until the back-off ends),
+image pulls (ErrImagePull → ImagePullBackOff with a wake time, ErrImageNeverPull), and
+KillPod (grace period passed to StopContainer, 2 s minimum, sandbox stopped after
+the containers, everything removed with remove=True).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+from klet.cri import NotFound
+from klet.cri import labels as L
+from klet.cri.testing import FakeRuntimeService
+from klet.cri.types import ContainerState, SandboxState
+from klet.syncloop import podspec
+from klet.syncloop.backoff import Backoff
+from klet.syncloop.images import ImagePuller
+from klet.syncloop.runtime import PodRuntime
+from klet.syncloop.syncpod import PodSyncer, SyncResult, SyncSettings
+
+from .helpers import pod
+
+IMAGE = "registry.klet.test/busybox:1.36"
+
+
+class Clock:
+    """Wall-clock seconds for syncloop, nanoseconds for the fake runtime."""
+
+    def __init__(self) -> None:
+        self.t = 1_700_000_000.0
+
+    def __call__(self) -> float:
+        return self.t
+
+    def ns(self) -> int:
+        return int(self.t * 1e9)
+
+    def advance(self, seconds: float) -> None:
+        self.t += seconds
+
+
+class Events:
+    def __init__(self) -> None:
+        self.records: list[tuple[str, str, str]] = []
+
+    def emit(
+        self, pod: Any, type_: str, reason: str, message: str, *, field_path: str = ""
+    ) -> None:
+        self.records.append((type_, reason, field_path))
+
+    def reasons(self) -> list[str]:
+        return [r for _, r, _ in self.records]
+
+
+class World:
+    def __init__(self, tmp_path: Path) -> None:
+        self.clock = Clock()
+        self.cri = FakeRuntimeService(clock=self.clock.ns)
+        self.cri.add_image(IMAGE, 1_000_000)
+        self.events = Events()
+        self.runtime = PodRuntime(self.cri)
+        self.puller = ImagePuller(
+            self.cri, self.events, parallel=1, backoff=Backoff(), clock=self.clock
+        )
+        self.syncer = PodSyncer(
+            cri=self.cri,
+            runtime=self.runtime,
+            puller=self.puller,
+            events=self.events,
+            cgroups=None,
+            settings=SyncSettings(pod_logs_dir=tmp_path),
+            backoff=Backoff(),
+            clock=self.clock,
+        )
+
+    async def sync(self, p: dict[str, Any]) -> SyncResult:
+        return await self.syncer.sync(p, await self.runtime.get(p["metadata"]["uid"]))
+
+    def live(self) -> list[str]:
+        return [
+            c.config.name for c in self.cri.containers.values() if c.state == ContainerState.RUNNING
+        ]
+
+    def latest(self, name: str) -> Any:
+        return max(
+            (c for c in self.cri.containers.values() if c.config.name == name),
+            key=lambda c: c.config.attempt,
+        )
+
+
+@pytest.fixture
+def w(tmp_path: Path) -> World:
+    return World(tmp_path)
+
+
+async def test_new_pod_gets_one_sandbox_and_started_containers(w: World, tmp_path: Path) -> None:
+    p = pod("app", "sidecar")
+    result = await w.sync(p)
+    assert result.acted and result.waiting == {} and result.wake_at is None
+    [sandbox] = w.cri.sandboxes.values()
+    assert sandbox.state == SandboxState.READY and sandbox.config.labels[L.POD_UID] == "u1"
+    assert sandbox.config.log_directory == f"{tmp_path}/default_web-node1_u1"
+    assert sorted(w.live()) == ["app", "sidecar"]
+    for spec in p["spec"]["containers"]:
+        c = w.latest(spec["name"])
+        assert c.sandbox_id == sandbox.id and c.config.attempt == 0
+        assert c.config.labels[L.POD_UID] == "u1"
+        assert c.config.labels[L.CONTAINER_NAME] == spec["name"]
+        assert c.config.annotations[L.CONTAINER_HASH] == podspec.container_hash(spec)
+        assert c.config.annotations[L.CONTAINER_RESTART_COUNT] == "0"
+        assert c.config.log_path == f"{spec['name']}/0.log"
+        assert (tmp_path / "default_web-node1_u1" / spec["name"]).is_dir()
+    acts = ("RunPodSandbox", "CreateContainer", "StartContainer")
+    assert [c[0] for c in w.cri.calls if c[0] in acts] == [
+        "RunPodSandbox",
+        "CreateContainer",
+        "StartContainer",
+        "CreateContainer",
+        "StartContainer",
+    ]
+    # A second sync with nothing changed does nothing.
+    assert not (await w.sync(p)).acted
+    assert len(w.cri.containers) == 2 and len(w.cri.sandboxes) == 1
+
+
+async def test_exited_container_restarts_then_waits_out_the_back_off(w: World) -> None:
+    p = pod("app")
+    await w.sync(p)
+    w.clock.advance(5)
+    w.cri.exit_container(w.latest("app").id, 1)
+    w.clock.advance(1)
+    result = await w.sync(p)  # the first restart is immediate
+    second = w.latest("app")
+    assert result.waiting == {} and second.state == ContainerState.RUNNING
+    assert second.config.attempt == 1
+    assert second.config.annotations[L.CONTAINER_RESTART_COUNT] == "1"
+    assert second.config.log_path == "app/1.log"
+    assert len(w.cri.sandboxes) == 1  # same sandbox
+
+    w.clock.advance(3)
+    w.cri.exit_container(second.id, 1)
+    exited_at = w.clock()
+    w.clock.advance(1)
+    result = await w.sync(p)
+    reason, message = result.waiting["app"]
+    assert reason == "CrashLoopBackOff" and "back-off 10s" in message
+    assert result.wake_at == pytest.approx(exited_at + 10)
+    assert w.latest("app").id == second.id  # nothing started
+
+    w.clock.advance(9)  # exited_at + 10: the back-off is over
+    result = await w.sync(p)
+    assert result.waiting == {}
+    third = w.latest("app")
+    assert third.state == ContainerState.RUNNING and third.config.attempt == 2
+
+
+async def test_failed_pull_is_err_image_pull_then_image_pull_back_off(w: World) -> None:
+    image = "registry.klet.test/missing:1.0"
+    p = pod("app")
+    p["spec"]["containers"][0]["image"] = image
+    w.cri.fail_pull(image, NotFound("manifest unknown", code="NOT_FOUND"))
+    failed_at = w.clock()
+    result = await w.sync(p)
+    assert result.waiting["app"][0] == "ErrImagePull"
+    assert result.wake_at == pytest.approx(failed_at + 10)
+    assert len(w.cri.sandboxes) == 1 and w.cri.containers == {}
+
+    w.clock.advance(4)
+    result = await w.sync(p)
+    assert result.waiting["app"][0] == "ImagePullBackOff"
+    assert result.wake_at == pytest.approx(failed_at + 10)
+    assert len(w.cri.calls_of("PullImage")) == 1  # no pull during the back-off
+
+    w.cri.fail_pull(image, None)
+    w.clock.advance(6)
+    result = await w.sync(p)
+    assert result.waiting == {} and w.live() == ["app"]
+    assert len(w.cri.calls_of("PullImage")) == 2
+    assert len(w.cri.sandboxes) == 1
+
+
+async def test_never_pull_policy_with_missing_image(w: World) -> None:
+    p = pod("app")
+    p["spec"]["containers"][0].update(image="registry.klet.test/absent:2", imagePullPolicy="Never")
+    result = await w.sync(p)
+    assert result.waiting["app"][0] == "ErrImageNeverPull"
+    assert w.cri.calls_of("PullImage") == [] and w.cri.containers == {}
+    assert "ErrImageNeverPull" in w.events.reasons()
+
+
+@pytest.mark.parametrize(
+    ("spec_grace", "override", "expected"),
+    [(45, None, "45"), (0, None, "2"), (45, 7, "7"), (45, 1, "2")],
+)
+async def test_kill_pod_stops_containers_with_the_grace_then_the_sandbox(
+    w: World, spec_grace: int, override: int | None, expected: str
+) -> None:
+    p = pod("app", "sidecar", terminationGracePeriodSeconds=spec_grace)
+    await w.sync(p)
+    await w.syncer.kill_pod(p, await w.runtime.get("u1"), grace_override=override, remove=False)
+    stops = w.cri.calls_of("StopContainer")
+    assert sorted(c[1] for c in stops) == sorted(w.cri.containers)
+    assert {c[2] for c in stops} == {expected}
+    names = [c[0] for c in w.cri.calls]
+    last_stop = max(i for i, n in enumerate(names) if n == "StopContainer")
+    assert names.index("StopPodSandbox") > last_stop
+    assert w.live() == []
+    assert all(c.exit_code == 137 for c in w.cri.containers.values())
+    [sandbox] = w.cri.sandboxes.values()
+    assert sandbox.state == SandboxState.NOTREADY  # kept, with its dead containers
+    assert w.cri.calls_of("RemovePodSandbox") == []
+
+
+async def test_kill_pod_with_remove_removes_the_sandboxes(w: World) -> None:
+    p = pod("app")
+    await w.sync(p)
+    other = pod("db", uid="u2")
+    await w.sync(other)
+    await w.syncer.kill_pod(p, await w.runtime.get("u1"), grace_override=None, remove=True)
+    assert [s.config.uid for s in w.cri.sandboxes.values()] == ["u2"]
+    assert w.live() == ["db"]
+    assert len(w.cri.calls_of("RemovePodSandbox")) == 1
+    assert (await w.runtime.get("u1")).empty
