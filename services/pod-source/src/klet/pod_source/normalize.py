@@ -46,7 +46,9 @@ FILE_TOLERATION: JSON = {"operator": "Exists", "effect": "NoExecute"}
 
 def canonical_json(doc: Any) -> str:
     """The byte-stable JSON form used for hashing (raises ValueError on NaN/inf)."""
-    return json.dumps(doc, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+    return json.dumps(
+        doc, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False
+    )
 
 
 def static_pod_uid(doc: JSON, *, node_name: str, source: StaticSource, origin: str) -> str:
@@ -69,9 +71,7 @@ def static_pod_name(name: str, node_name: str) -> str:
     return f"{name}-{node_name.lower()}"
 
 
-def normalize_static_pod(
-    doc: JSON, *, node_name: str, source: StaticSource, origin: str
-) -> JSON:
+def normalize_static_pod(doc: JSON, *, node_name: str, source: StaticSource, origin: str) -> JSON:
     """A defaulted deep copy of a validated manifest, ready for the merge.
 
     `origin` is the file path (file source) or the URL (http source).

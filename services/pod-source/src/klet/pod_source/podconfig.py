@@ -152,7 +152,9 @@ def merge_snapshot(
             if op is None:
                 merged = existing
             else:
-                merged = MergedPod(uid, source, _with_local(pod, source, existing.seen_at), existing.seen_at)
+                merged = MergedPod(
+                    uid, source, _with_local(pod, source, existing.seen_at), existing.seen_at
+                )
                 groups[op].append(merged)
         new[uid] = merged
 

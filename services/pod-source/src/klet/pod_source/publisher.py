@@ -32,7 +32,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
-from klet.bus import BusUnavailable, NodeBus
+from klet.bus import BusError, NodeBus, Transaction
 from klet.model.records import EventRecord, PodChange, SourceName, SourceState
 from klet.model.types import JSON
 from klet.pod_source.inbox import Inbox
@@ -45,6 +45,9 @@ log = logging.getLogger(__name__)
 Clock = Callable[[], float]
 
 LEASE_NAME = "pod-source"
+
+# Events are best effort: during a long outage only the first ones are kept.
+MAX_PENDING_EVENTS = 100
 
 
 class LeaseLike(Protocol):
@@ -96,6 +99,7 @@ class Publisher:
         self._loaded = False
         self._held = False
         self._outbox: list[Changes] = []
+        self._events: list[EventRecord] = []  # FailedValidation events not yet written
         self._needs_reconcile = True
         self._reconcile_requested = False
         self._failures = 0
@@ -141,7 +145,10 @@ class Publisher:
                 await self._flush()
             else:
                 self._outbox.clear()
-        except BusUnavailable as err:
+                self._events.clear()  # the leader posts them
+        except BusError as err:
+            # Unreachable (BusUnavailable) or refusing writes (read-only replica, out of
+            # memory): either way keep the state and retry; neither is worth a restart.
             self._on_failure(err)
         else:
             self._on_success()
@@ -164,7 +171,8 @@ class Publisher:
     async def _load(self) -> None:
         published = await self._bus.desired.all()
         self._state = seed(
-            self._state, (from_record(r) for r in published.values() if r.source in self._configured)
+            self._state,
+            (from_record(r) for r in published.values() if r.source in self._configured),
         )
         self._loaded = True
         log.info("loaded the published desired set", extra={"pods": len(published)})
@@ -177,6 +185,9 @@ class Publisher:
             self._log_changes(changes)
             if not changes.empty:
                 self._outbox.append(changes)
+            for dropped in changes.dropped:
+                if len(self._events) < MAX_PENDING_EVENTS:
+                    self._events.append(_failed_validation(dropped, now))
         if polled:
             self._reconcile_requested = True
 
@@ -186,13 +197,23 @@ class Publisher:
             self._outbox.clear()
             await self._reconcile()
             self._needs_reconcile = False
-            return
+            self._reconcile_requested = False
         while self._outbox:
             await self._write_changes(self._outbox[0])
             self._outbox.pop(0)
         if self._reconcile_requested:
             await self._reconcile()
             self._reconcile_requested = False
+        if self._events:
+            async with self._bus.bus.transaction() as tx:
+                sent = self._add_events(tx)
+            del self._events[:sent]
+
+    def _add_events(self, tx: Transaction) -> int:
+        """Queue the pending events on `tx`; returns how many to forget once it commits."""
+        for event in self._events:
+            tx.publish(self._bus.events, event)
+        return len(self._events)
 
     async def _write_changes(self, changes: Changes) -> None:
         now = self._clock()
@@ -204,22 +225,28 @@ class Publisher:
                 else:
                     tx.put(nb.desired, pod.uid, to_record(pod))
                 tx.publish(nb.pods, PodChange(op=op, uid=pod.uid, source=pod.source))
-            for dropped in changes.dropped:
-                tx.publish(nb.events, _failed_validation(dropped, now))
-            tx.put(nb.sources, changes.source, SourceState(source=changes.source, ready=True, at=now))
+            sent = self._add_events(tx)
+            tx.put(
+                nb.sources, changes.source, SourceState(source=changes.source, ready=True, at=now)
+            )
+        del self._events[:sent]
 
     async def _reconcile(self) -> None:
         nb = self._bus
         desired = await nb.desired.all()
         sources = await nb.sources.all()
         plan = plan_reconcile(
-            self._state, configured=self._configured, desired=desired, sources=sources, now=self._clock()
+            self._state,
+            configured=self._configured,
+            desired=desired,
+            sources=sources,
+            now=self._clock(),
         )
         if plan.empty:
             return
         await self._write_plan(plan)
         log.info(
-            "bus repaired from the merged state",
+            "bus tables brought in line with the merged state",
             extra={
                 "written": len(plan.puts),
                 "removed": len(plan.removes),
@@ -230,6 +257,7 @@ class Publisher:
     async def _write_plan(self, plan: Plan) -> None:
         nb = self._bus
         async with nb.bus.transaction() as tx:
+            sent = self._add_events(tx)
             for key, rec in plan.removes:
                 tx.delete(nb.desired, key)
                 tx.publish(nb.pods, PodChange(op="REMOVE", uid=rec.uid, source=rec.source))
@@ -241,6 +269,7 @@ class Publisher:
                 tx.put(nb.sources, state.source, state)
             for key in plan.source_deletes:
                 tx.delete(nb.sources, key)
+        del self._events[:sent]
 
     async def _step_down(self) -> None:
         """Hand the lease over promptly on shutdown instead of letting it expire."""
@@ -248,13 +277,13 @@ class Publisher:
             return
         try:
             await self._lease.release()
-        except BusUnavailable:
+        except BusError:
             pass  # it expires on its own
         self._held = False
 
     # -- bookkeeping ---------------------------------------------------------
 
-    def _on_failure(self, err: BusUnavailable) -> None:
+    def _on_failure(self, err: BusError) -> None:
         self._metrics.bus_errors.inc()
         self._failures += 1
         self._needs_reconcile = True
@@ -287,11 +316,18 @@ class Publisher:
             log.info("source ready", extra={"source": changes.source})
         for op, pod in changes.ops():
             log.info(
-                "pod %s", op.lower(), extra={"op": op, "pod": pod.full_name, "uid": pod.uid, "source": pod.source}
+                "pod %s",
+                op.lower(),
+                extra={"op": op, "pod": pod.full_name, "uid": pod.uid, "source": pod.source},
             )
         for dropped in changes.dropped:
             log.warning(
-                "pod dropped", extra={"source": dropped.source, "pod": dropped.full_name, "reason": dropped.reason}
+                "pod dropped",
+                extra={
+                    "source": dropped.source,
+                    "pod": dropped.full_name,
+                    "reason": dropped.reason,
+                },
             )
             self._metrics.manifest_errors.labels(source=dropped.source, reason="duplicate").inc()
 
@@ -301,7 +337,10 @@ def _failed_validation(dropped: Dropped, now: float) -> EventRecord:
     return EventRecord(
         type="Warning",
         reason="FailedValidation",
-        message=f"Error validating pod {dropped.full_name} from {dropped.source}, ignoring: {dropped.reason}",
+        message=(
+            f"Error validating pod {dropped.full_name} from {dropped.source}, "
+            f"ignoring: {dropped.reason}"
+        ),
         involved={"kind": "Pod", "namespace": namespace, "name": name, "uid": dropped.uid},
         component="kubelet",
         at=now,

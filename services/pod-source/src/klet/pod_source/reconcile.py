@@ -13,6 +13,10 @@ Rules (DESIGN.md, "Gate destructive work on readiness"):
   published them, so a restart never removes pods before the first read.
 - Entries of a source that is not configured any more are removed (that source will
   never confirm them), and so is its `sources` entry.
+- A configured source with no `sources` entry yet gets one with ready=False, so readers
+  (syncloop's removal gate) know it exists and is still loading: "every entry is ready"
+  must never be true while a configured source has not been read, as upstream's
+  sourcesReady requires every configured source.
 - An entry that differs only in local bookkeeping (seen time, config.* annotations) is
   rewritten without waking anyone.
 """
@@ -41,7 +45,9 @@ class Plan:
 
 
 def to_record(pod: MergedPod) -> DesiredPod:
-    return DesiredPod(uid=pod.uid, pod=pod.pod, source=pod.source, hash=pod.hash, seen_at=pod.seen_at)
+    return DesiredPod(
+        uid=pod.uid, pod=pod.pod, source=pod.source, hash=pod.hash, seen_at=pod.seen_at
+    )
 
 
 def from_record(rec: DesiredPod) -> MergedPod:
@@ -77,6 +83,10 @@ def plan_reconcile(
         SourceState(source=s, ready=True, at=now)
         for s in sorted(authoritative)
         if (entry := sources.get(s)) is None or not entry.ready
+    ) + tuple(
+        SourceState(source=s, ready=False, at=now)
+        for s in sorted(configured - authoritative)
+        if s not in sources
     )
     source_deletes = tuple(sorted(k for k in sources if k not in configured))
     return Plan(

@@ -125,7 +125,9 @@ def _validate_spec(spec: Any) -> list[Problem]:
     grace = spec.get("terminationGracePeriodSeconds")
     if grace is not None and (not _is_int(grace) or grace < 0):
         problems.append(
-            Problem("spec.terminationGracePeriodSeconds", f"{grace!r} is not a non-negative integer")
+            Problem(
+                "spec.terminationGracePeriodSeconds", f"{grace!r} is not a non-negative integer"
+            )
         )
     seen_names: dict[str, str] = {}
     for list_name in CONTAINER_LISTS:
@@ -135,7 +137,9 @@ def _validate_spec(spec: Any) -> list[Problem]:
                 problems.append(Problem("spec.containers", "required: at least one container"))
             continue
         if not isinstance(containers, list):
-            problems.append(Problem(f"spec.{list_name}", f"expected a list, got {_kind_of(containers)}"))
+            problems.append(
+                Problem(f"spec.{list_name}", f"expected a list, got {_kind_of(containers)}")
+            )
             continue
         if list_name == "containers" and not containers:
             problems.append(Problem("spec.containers", "required: at least one container"))
@@ -187,7 +191,9 @@ def _validate_port(p: Any, path: str) -> list[Problem]:
         problems.append(Problem(f"{path}.hostPort", f"{hport!r} is not between 0 and 65535"))
     protocol = p.get("protocol")
     if protocol is not None and protocol not in PROTOCOLS:
-        problems.append(Problem(f"{path}.protocol", f"{protocol!r} is not one of {', '.join(PROTOCOLS)}"))
+        problems.append(
+            Problem(f"{path}.protocol", f"{protocol!r} is not one of {', '.join(PROTOCOLS)}")
+        )
     return problems
 
 

@@ -18,7 +18,9 @@ fileCheckFrequency, and earlier when inotify reports a change. Rules, as upstrea
   in `klet_pod_source_manifest_errors_total`; the other files are unaffected.
 
 The scan does blocking file I/O and YAML parsing, so it runs in a worker thread
-(`asyncio.to_thread`); this module is the adapter that owns that blocking work.
+(`asyncio.to_thread`); this module is the adapter that owns that blocking work. A file
+is decoded again only when its stat (inode, size, mtime, ctime) changes, so a poll of
+an unchanged directory costs a listing and a stat per file.
 """
 
 from __future__ import annotations
@@ -42,6 +44,9 @@ from klet.pod_source.sources.inotify import DirWatcher, InotifyUnavailable
 from klet.pod_source.validation import MAX_MANIFEST_BYTES
 
 log = logging.getLogger(__name__)
+
+# Decoded files by path, with the stat they were decoded at: (dev, ino, size, mtime, ctime).
+DecodeCache = dict[str, tuple[tuple[int, ...], "JSON | BadManifest"]]
 
 # After an inotify wake-up, wait this long for the rest of a burst (an editor's
 # write + rename + chmod) so one change is one scan.
@@ -70,6 +75,7 @@ class Scan:
     pods: list[JSON] = field(default_factory=list)
     bad: dict[str, BadManifest] = field(default_factory=dict)
     note: str = ""
+    cache: DecodeCache = field(default_factory=dict)  # for the next scan
 
     @property
     def complete(self) -> bool:
@@ -77,8 +83,12 @@ class Scan:
         return self.status != "unreadable"
 
 
-def scan(root: Path, *, node_name: str) -> Scan:
-    """List `root` (a directory or one file) and decode every manifest (blocking)."""
+def scan(root: Path, *, node_name: str, cache: DecodeCache | None = None) -> Scan:
+    """List `root` (a directory or one file) and decode every manifest (blocking).
+
+    `cache` is the previous scan's: a file whose stat did not change is not read again.
+    """
+    previous = cache or {}
     try:
         root_stat = root.stat()
     except FileNotFoundError:
@@ -100,16 +110,19 @@ def scan(root: Path, *, node_name: str) -> Scan:
 
     pods: list[JSON] = []
     bad: dict[str, BadManifest] = {}
+    next_cache: DecodeCache = {}
     for path in candidates:
-        outcome = _read_one(path, node_name=node_name)
+        outcome = _read_one(path, node_name=node_name, previous=previous, cache=next_cache)
         if isinstance(outcome, BadManifest):
             bad[outcome.path] = outcome
         elif outcome is not None:
             pods.append(outcome)
-    return Scan("ok", pods=pods, bad=bad)
+    return Scan("ok", pods=pods, bad=bad, cache=next_cache)
 
 
-def _read_one(path: Path, *, node_name: str) -> JSON | BadManifest | None:
+def _read_one(
+    path: Path, *, node_name: str, previous: DecodeCache, cache: DecodeCache
+) -> JSON | BadManifest | None:
     where = str(path)
     try:
         st = path.stat()
@@ -119,6 +132,21 @@ def _read_one(path: Path, *, node_name: str) -> JSON | BadManifest | None:
         return BadManifest(where, "read", f"cannot stat: {err.strerror or err}", "")
     if not stat.S_ISREG(st.st_mode):
         return None
+    key = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+    cached = previous.get(where)
+    if cached is not None and cached[0] == key:
+        cache[where] = cached
+        return cached[1]
+    outcome = _decode_file(path, where, st, node_name=node_name)
+    # Read errors are not cached: they are usually transient (permissions being fixed).
+    if not (isinstance(outcome, BadManifest) and outcome.reason == "read") and outcome is not None:
+        cache[where] = (key, outcome)
+    return outcome
+
+
+def _decode_file(
+    path: Path, where: str, st: os.stat_result, *, node_name: str
+) -> JSON | BadManifest | None:
     if st.st_size > MAX_MANIFEST_BYTES:
         return BadManifest(
             where,
@@ -159,6 +187,7 @@ class FileSource:
         self._metrics = metrics
         self._use_inotify = use_inotify
         self._last: list[JSON] | None = None
+        self._cache: DecodeCache = {}
         self._reported: dict[str, tuple[str, str, str]] = {}
         self._path_note = ""
 
@@ -179,7 +208,10 @@ class FileSource:
 
     async def run_once(self) -> None:
         """One scan: report new problems, offer the snapshot if it changed."""
-        result = await asyncio.to_thread(scan, self._path, node_name=self._node_name)
+        result = await asyncio.to_thread(
+            scan, self._path, node_name=self._node_name, cache=self._cache
+        )
+        self._cache = result.cache
         self._report(result)
         if result.complete and result.pods != self._last:
             self._last = result.pods
@@ -194,8 +226,10 @@ class FileSource:
             if result.status == "missing":
                 log.info("static pod path missing; no static pods", extra={"path": str(self._path)})
             elif result.status == "unreadable":
-                log.warning("static pod path unreadable; keeping the last set",
-                            extra={"path": str(self._path), "error": result.note})
+                log.warning(
+                    "static pod path unreadable; keeping the last set",
+                    extra={"path": str(self._path), "error": result.note},
+                )
         for path, bad in result.bad.items():
             if self._reported.get(path) != bad.report_key:
                 self._reported[path] = bad.report_key
@@ -217,8 +251,10 @@ class FileSource:
         try:
             watcher = DirWatcher()
         except InotifyUnavailable as err:
-            log.warning("inotify unavailable; polling the static pod path only",
-                        extra={"error": str(err), "period_s": self._period_s})
+            log.warning(
+                "inotify unavailable; polling the static pod path only",
+                extra={"error": str(err), "period_s": self._period_s},
+            )
             return None
         watcher.attach(asyncio.get_running_loop())
         return watcher
@@ -235,8 +271,10 @@ class FileSource:
             if not self._use_inotify:
                 return
             self._use_inotify = False  # log once; the poll carries on
-            log.warning("cannot watch the static pod path; polling only",
-                        extra={"path": str(target), "error": str(err)})
+            log.warning(
+                "cannot watch the static pod path; polling only",
+                extra={"path": str(target), "error": str(err)},
+            )
 
     async def _wait(self, watcher: DirWatcher | None) -> None:
         if watcher is None or not watcher.watching or not self._use_inotify:

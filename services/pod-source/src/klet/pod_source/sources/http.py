@@ -9,7 +9,8 @@ oversized or invalid body all produce no snapshot, so nothing is removed. Each d
 error is logged (and counted) once until a fetch succeeds again, not at every poll.
 
 A body identical to the last one (good or bad) is not decoded again: the common case is
-a URL that never changes, and re-validating it every 20 s would be wasted work.
+a URL that never changes, and re-validating it every 20 s would be wasted work. A new
+body is decoded in a worker thread, since YAML parsing is pure Python (manifests.py).
 
 The timeout (10 s, as upstream's client) covers the whole request, body included:
 httpx's own timeouts apply per network operation, so a server that trickles bytes
@@ -23,8 +24,8 @@ import logging
 from collections.abc import Mapping, Sequence
 
 import httpx
-
 from klet.model.records import SourceName
+from klet.model.types import JSON
 from klet.pod_source.inbox import Inbox
 from klet.pod_source.manifests import ManifestError, pods_from_url_body
 from klet.pod_source.metrics import Metrics
@@ -57,7 +58,8 @@ class HttpSource:
         self._inbox = inbox
         self._metrics = metrics
         self._timeout_s = timeout_s
-        self._last_body: bytes | None = None
+        self._last_body: bytes | None = None  # the last body that became a snapshot
+        self._bad_body: bytes | None = None  # the last body refused (already reported)
         self._last_error: tuple[str, str] | None = None
 
     @property
@@ -77,41 +79,37 @@ class HttpSource:
         """One fetch: offer a snapshot on a new good body, report a new error otherwise."""
         try:
             body = await self._fetch(client)
-            if body == self._last_body:
-                self._inbox.polled()
-                return
-            pods = pods_from_url_body(body, url=self._url, node_name=self._node_name)
         except ManifestError as err:
-            self._failed(err)
-            self._inbox.polled()
+            self._refused(err, body=None)
             return
-        self._last_body = body
+        if body == self._bad_body:
+            self._inbox.polled()  # refused already, and reported
+            return
+        pods: list[JSON] | None = None
+        if body != self._last_body:
+            try:
+                # YAML parsing is pure Python (see manifests.py): keep it off the loop.
+                pods = await asyncio.to_thread(
+                    pods_from_url_body, body, url=self._url, node_name=self._node_name
+                )
+            except ManifestError as err:
+                self._refused(err, body=body)
+                return
         if self._last_error is not None:
             log.info("manifest URL readable again", extra={"url": self._url})
             self._last_error = None
+        self._bad_body = None
+        if pods is None:
+            self._inbox.polled()  # the same bytes as the last snapshot
+            return
+        self._last_body = body
         self._metrics.snapshots.labels(source="http").inc()
         self._inbox.offer("http", pods)
 
-    async def _fetch(self, client: httpx.AsyncClient) -> bytes:
-        try:
-            async with asyncio.timeout(self._timeout_s):
-                async with client.stream("GET", self._url, headers=self._headers) as resp:
-                    if not 200 <= resp.status_code < 300:
-                        raise ManifestError("read", f"HTTP {resp.status_code} {resp.reason_phrase}".strip())
-                    body = bytearray()
-                    async for chunk in resp.aiter_bytes():
-                        body += chunk
-                        if len(body) > MAX_MANIFEST_BYTES:
-                            raise ManifestError(
-                                "too_large", f"body larger than {MAX_MANIFEST_BYTES} bytes"
-                            )
-                    return bytes(body)
-        except TimeoutError as err:
-            raise ManifestError("read", f"no complete answer within {self._timeout_s:g}s") from err
-        except httpx.HTTPError as err:
-            raise ManifestError("read", f"{type(err).__name__}: {err}".rstrip(": ")) from err
-
-    def _failed(self, err: ManifestError) -> None:
+    def _refused(self, err: ManifestError, *, body: bytes | None) -> None:
+        """Keep the last good set; report `err` unless it is the one reported last."""
+        self._bad_body = body
+        self._inbox.polled()
         key = (err.reason, err.message)
         if key == self._last_error:
             return
@@ -123,3 +121,24 @@ class HttpSource:
             err.message,
             extra={"url": self._url, "reason": err.reason, "error": err.message},
         )
+
+    async def _fetch(self, client: httpx.AsyncClient) -> bytes:
+        try:
+            async with asyncio.timeout(self._timeout_s):
+                async with client.stream("GET", self._url, headers=self._headers) as resp:
+                    if not 200 <= resp.status_code < 300:
+                        raise ManifestError(
+                            "read", f"HTTP {resp.status_code} {resp.reason_phrase}".strip()
+                        )
+                    body = bytearray()
+                    async for chunk in resp.aiter_bytes():
+                        body += chunk
+                        if len(body) > MAX_MANIFEST_BYTES:
+                            raise ManifestError(
+                                "too_large", f"body larger than {MAX_MANIFEST_BYTES} bytes"
+                            )
+                    return bytes(body)
+        except TimeoutError as err:
+            raise ManifestError("read", f"no complete answer within {self._timeout_s:g}s") from err
+        except (httpx.HTTPError, httpx.InvalidURL) as err:
+            raise ManifestError("read", f"{type(err).__name__}: {err}".rstrip(": ")) from err

@@ -105,7 +105,9 @@ class DirWatcher:
             if code in (errno.ENOENT, errno.ENOTDIR):
                 return False
             if code == errno.ENOSPC:
-                raise InotifyUnavailable(code, "inotify watch limit reached (fs.inotify.max_user_watches)")
+                raise InotifyUnavailable(
+                    code, "inotify watch limit reached (fs.inotify.max_user_watches)"
+                )
             raise InotifyUnavailable(code, f"inotify_add_watch {directory}: {os.strerror(code)}")
         self._wd, self._dir = wd, directory
         return True

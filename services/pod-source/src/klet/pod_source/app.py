@@ -1,0 +1,76 @@
+"""The pod-source process: its supervised root tasks.
+
+Root tasks, named so a crash says which one died:
+
+- `source-file`, `source-http`: one loop per configured source, reading manifests and
+  handing full snapshots to the inbox;
+- `publisher`: merges snapshots and writes the desired set to the bus (lease holder
+  only), repairing the tables at every poll;
+- `service-http`: the private /healthz /readyz /metrics port (klet.obs). /readyz turns
+  ready once every configured source has delivered a snapshot and the bus answers.
+
+None of these ends on a Redis outage or a bad manifest; if one ends anyway, the others
+are cancelled and the process exits non-zero so its supervisor restarts it. A service
+with no source configured still runs: its publisher removes what an earlier
+configuration published (nothing is desired any more).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Coroutine
+from typing import Any
+
+from klet.obs import RootTaskFailed, create_health_app, run_supervised, serve_http
+from klet.pod_source.wiring import Deps
+
+log = logging.getLogger(__name__)
+
+# The publisher loop wakes at least every lease renewal (a few seconds) and at the end
+# of each outage back-off; not having run for this long means it is stuck.
+PUBLISHER_STALL_S = 120.0
+
+
+def root_tasks(deps: Deps) -> dict[str, Coroutine[Any, Any, None]]:
+    """The named root coroutines for `deps` (not started)."""
+    publisher = deps.publisher
+
+    def publisher_alive() -> bool:
+        return time.monotonic() - publisher.last_run < PUBLISHER_STALL_S
+
+    health = create_health_app(
+        registry=deps.registry,
+        checks={"publisher": publisher_alive},
+        ready=lambda: publisher.ready,
+    )
+    tasks: dict[str, Coroutine[Any, Any, None]] = {
+        f"source-{source.name}": source.run() for source in deps.sources
+    }
+    tasks["publisher"] = publisher.run()
+    tasks["service-http"] = serve_http(
+        health, host=deps.service.host, port=deps.service.port, name="service"
+    )
+    return tasks
+
+
+async def main(deps: Deps, *, handle_signals: bool = True) -> int:
+    """Run the service; return the process exit code.
+
+    0 after SIGTERM/SIGINT, 1 when a root task ended on its own. `handle_signals=False`
+    leaves signals alone (the service running as a task inside a test).
+    """
+    if not deps.sources:
+        log.warning("no pod source configured (--pod-manifest-path, --manifest-url)")
+    log.info(
+        "pod-source starting",
+        extra={"node": deps.node_name, "sources": sorted(deps.configured)},
+    )
+    try:
+        await run_supervised(root_tasks(deps), handle_signals=handle_signals)
+    except RootTaskFailed as err:
+        log.error("a root task ended; exiting", extra={"error": str(err)})
+        return 1
+    finally:
+        await deps.close()
+    return 0

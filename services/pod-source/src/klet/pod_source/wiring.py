@@ -1,0 +1,187 @@
+"""pod-source's dependencies, built once from settings, by production and tests alike.
+
+`build_deps(settings, overrides=...)` decides what talks to what: which sources are
+configured (the file source when staticPodPath is set, the URL source when staticPodURL
+is set), the Redis bus and the lease, the inbox that joins sources to the publisher,
+and the metrics registry. Tests pass `Overrides` to shorten timeouts and back-offs or to
+name the lease holder; the objects built are the production ones.
+
+Settings are read through `ServiceSettings`, a protocol of just the fields this service
+uses, so the wiring does not depend on the rest of the settings tree.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
+
+from klet.bus import Bus, NodeBus
+from klet.config import DEFAULT_SERVICE_PORTS
+from klet.model.records import SourceName
+from klet.obs import new_registry
+from klet.pod_source.inbox import Inbox
+from klet.pod_source.metrics import Metrics, create_metrics
+from klet.pod_source.publisher import LEASE_NAME, Publisher, RetryPolicy
+from klet.pod_source.sources import PodSource
+from klet.pod_source.sources.files import FileSource
+from klet.pod_source.sources.http import DEFAULT_TIMEOUT_S, HttpSource
+from prometheus_client import CollectorRegistry
+
+SERVICE = "pod-source"
+
+# The private /healthz /readyz /metrics port when `service_port` is 0 (load_settings
+# already resolves 0; settings built by hand may not).
+DEFAULT_SERVICE_PORT = DEFAULT_SERVICE_PORTS[SERVICE]
+
+# A standby replica takes over within this time after the leader dies.
+DEFAULT_LEASE_TTL_S = 15.0
+
+
+class SourceSettings(Protocol):
+    """The KubeletConfiguration fields this service reads (upstream names in brackets)."""
+
+    @property
+    def static_pod_path(self) -> str: ...  # [staticPodPath] "" = no file source
+
+    @property
+    def static_pod_url(self) -> str: ...  # [staticPodURL] "" = no URL source
+
+    @property
+    def static_pod_url_header(self) -> Mapping[str, Sequence[str]]: ...  # [staticPodURLHeader]
+
+    @property
+    def file_check_frequency(self) -> float: ...  # [fileCheckFrequency] seconds
+
+    @property
+    def http_check_frequency(self) -> float: ...  # [httpCheckFrequency] seconds
+
+
+class KletSettings(Protocol):
+    """The klet-only settings this service reads."""
+
+    @property
+    def node_name(self) -> str: ...
+
+    @property
+    def redis_url(self) -> str: ...
+
+    @property
+    def service_port(self) -> int: ...  # 0 = DEFAULT_SERVICE_PORT
+
+    @property
+    def service_bind_address(self) -> str: ...
+
+
+class ServiceSettings(Protocol):
+    """The settings tree, as far as this service is concerned."""
+
+    @property
+    def kubelet(self) -> SourceSettings: ...
+
+    @property
+    def klet(self) -> KletSettings: ...
+
+
+@dataclass(frozen=True)
+class Overrides:
+    """Replacements for production choices (tests); None keeps the default."""
+
+    bus: Bus | None = None
+    registry: CollectorRegistry | None = None
+    clock: Callable[[], float] | None = None
+    retry: RetryPolicy | None = None
+    lease_ttl_s: float | None = None
+    lease_holder: str | None = None
+    http_timeout_s: float | None = None
+    use_inotify: bool | None = None
+
+
+@dataclass(frozen=True)
+class Listener:
+    """Where an HTTP app is served."""
+
+    host: str
+    port: int
+
+
+@dataclass(frozen=True)
+class Deps:
+    """Everything pod-source's root tasks use."""
+
+    node_name: str
+    configured: frozenset[SourceName]
+    bus: Bus
+    publisher: Publisher
+    sources: tuple[PodSource, ...]
+    registry: CollectorRegistry
+    metrics: Metrics
+    service: Listener
+
+    async def close(self) -> None:
+        await self.bus.close()
+
+
+def build_deps(settings: ServiceSettings, overrides: Overrides | None = None) -> Deps:
+    o = overrides or Overrides()
+    kubelet, klet = settings.kubelet, settings.klet
+    node = klet.node_name
+    registry = o.registry if o.registry is not None else new_registry(process_metrics=True)
+    metrics = create_metrics(registry)
+    bus = o.bus if o.bus is not None else Bus.from_url(klet.redis_url, node)
+    ttl_s = o.lease_ttl_s if o.lease_ttl_s is not None else DEFAULT_LEASE_TTL_S
+    holder = o.lease_holder or f"{socket.gethostname()}:{os.getpid()}"
+    inbox = Inbox()
+
+    sources: list[PodSource] = []
+    if kubelet.static_pod_path:
+        sources.append(
+            FileSource(
+                path=Path(kubelet.static_pod_path),
+                node_name=node,
+                period_s=kubelet.file_check_frequency,
+                inbox=inbox,
+                metrics=metrics,
+                use_inotify=o.use_inotify if o.use_inotify is not None else True,
+            )
+        )
+    if kubelet.static_pod_url:
+        sources.append(
+            HttpSource(
+                url=kubelet.static_pod_url,
+                headers=kubelet.static_pod_url_header,
+                node_name=node,
+                period_s=kubelet.http_check_frequency,
+                inbox=inbox,
+                metrics=metrics,
+                timeout_s=o.http_timeout_s if o.http_timeout_s is not None else DEFAULT_TIMEOUT_S,
+            )
+        )
+    configured = frozenset(s.name for s in sources)
+    publisher = Publisher(
+        bus=NodeBus.of(bus),
+        lease=bus.lease(LEASE_NAME, holder, ttl_ms=int(ttl_s * 1000)),
+        inbox=inbox,
+        configured=configured,
+        metrics=metrics,
+        # Renew at a third of the TTL: two renewals may fail before the lease lapses.
+        renew_every_s=ttl_s / 3,
+        retry=o.retry if o.retry is not None else RetryPolicy(),
+        clock=o.clock if o.clock is not None else time.time,
+    )
+    return Deps(
+        node_name=node,
+        configured=configured,
+        bus=bus,
+        publisher=publisher,
+        sources=tuple(sources),
+        registry=registry,
+        metrics=metrics,
+        service=Listener(
+            host=klet.service_bind_address, port=klet.service_port or DEFAULT_SERVICE_PORT
+        ),
+    )
