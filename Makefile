@@ -14,9 +14,9 @@ setup:
 run: setup
 	.venv/bin/klet up --run-dir $(RUN_DIR) --pod-manifest-path examples/static-pods --read-only-port 10255
 
-# Unit and integration tiers. pytest exits 5 when it collected nothing: that is a
-# failure here like any other non-zero exit.
-test: setup
+# Lint, types, then the unit and integration tiers. pytest exits 5 when it collected
+# nothing: that is a failure here like any other non-zero exit.
+test: setup lint typecheck
 	$(PY) -m pytest -m "not cluster" $(PYTEST_ARGS)
 
 unit: setup
@@ -30,7 +30,7 @@ lint: setup
 	.venv/bin/lint-imports
 
 typecheck: setup
-	.venv/bin/mypy libs/src services/pod-source/src services/syncloop/src services/status-reporter/src
+	.venv/bin/mypy libs/src services/pod-source/src services/syncloop/src services/status-reporter/src bench/run.py
 
 proto:
 	$(PY) tools/gen_proto.py
