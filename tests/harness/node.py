@@ -8,6 +8,7 @@ read `/pods` as an operator would.
 
 from __future__ import annotations
 
+import functools
 import json
 import sys
 import time
@@ -95,7 +96,7 @@ class KletNode:
         for s in services or SERVICES:
             self.procs[s].start()
         for s in services or SERVICES:
-            self.procs[s].wait_ready(lambda s=s: self._healthy(s), 30, f"{s} /healthz")
+            self.procs[s].wait_ready(functools.partial(self._healthy, s), 30, f"{s} /healthz")
 
     def _healthy(self, service: str) -> bool:
         with urllib.request.urlopen(
@@ -135,12 +136,13 @@ def wait_for(
 ) -> T:
     """Poll until `check` returns something truthy; fail naming `what` and the last value."""
     deadline = time.monotonic() + timeout_s
-    last: Any = None
+    last: object = None
     while True:
         try:
-            last = check()
-            if last:
-                return last
+            value = check()
+            if value:
+                return value
+            last = value
         except Exception as err:  # noqa: BLE001 - not ready yet: remember why
             last = err
         if time.monotonic() > deadline:

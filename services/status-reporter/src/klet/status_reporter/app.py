@@ -55,10 +55,11 @@ def root_tasks(deps: Deps) -> dict[str, Coroutine[Any, Any, None]]:
     return tasks
 
 
-async def main(deps: Deps) -> None:
-    """Run the service until SIGTERM/SIGINT (returns) or a root task ends (raises
+async def main(deps: Deps) -> int:
+    """Run the service until SIGTERM/SIGINT (returns 0) or a root task ends (raises
     RootTaskFailed, after the others were cancelled); the bus is closed either way."""
     try:
         await run_supervised(root_tasks(deps))
     finally:
         await deps.close()
+    return 0

@@ -1,0 +1,39 @@
+"""The one entry sequence every service's `__main__` runs.
+
+Parse the settings (invalid configuration is refused before anything starts, every
+problem listed, exit 1 as upstream's kubelet), configure logging, then run the
+service's `start(settings)` coroutine in a fresh event loop. `start` builds the
+dependencies itself, inside the loop: grpc.aio channels bind to the loop that exists
+when they are made. A root task that failed was already logged with its name and
+traceback, so it only sets the exit code.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import sys
+from collections.abc import Callable, Coroutine
+from typing import Any
+
+from klet.config import ConfigError, Settings, load_settings
+from klet.obs import RootTaskFailed, configure_logging
+
+Start = Callable[[Settings], Coroutine[Any, Any, int | None]]
+
+
+def run_service(service: str, argv: list[str] | None, start: Start) -> int:
+    try:
+        settings = load_settings(
+            sys.argv[1:] if argv is None else argv, env=os.environ, service=service
+        )
+    except ConfigError as err:
+        print(f"{service}: {err}", file=sys.stderr)
+        return 1
+    configure_logging(
+        service=service, verbosity=settings.klet.verbosity, fmt=settings.klet.log_format
+    )
+    try:
+        return int(asyncio.run(start(settings)) or 0)
+    except RootTaskFailed:
+        return 1
