@@ -1,0 +1,17 @@
+"""The apiserver adapter: `KubeClient` (raw JSON over the official client) and errors."""
+
+from klet.kube.client import KubeClient, KubeSettings, WatchEvent
+from klet.kube.errors import Conflict, Forbidden, Gone, Invalid, KubeError, NotFound, Unavailable
+
+__all__ = [
+    "Conflict",
+    "Forbidden",
+    "Gone",
+    "Invalid",
+    "KubeClient",
+    "KubeError",
+    "KubeSettings",
+    "NotFound",
+    "Unavailable",
+    "WatchEvent",
+]

@@ -1,0 +1,228 @@
+"""Async apiserver access over the official `kubernetes` client: the only module that
+imports it.
+
+The `kubernetes` package loads the kubeconfig (client certificates, tokens, CA, embedded
+data) and keeps the TLS connection pool; this adapter sends raw JSON requests through
+its REST client, in a worker thread (`asyncio.to_thread`, STYLE rule 9: the one adapter
+around a blocking library), so callers deal in plain dicts — the same JSON the
+manifests, the bus and the HTTP API speak — and in our own exceptions. A client-side
+token bucket enforces kubeAPIQPS/kubeAPIBurst. Watches run in a thread each and hand
+their events to the loop through a queue.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+import time
+import urllib.parse
+from collections.abc import AsyncIterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import urllib3
+from klet.kube.errors import KubeError, Unavailable, for_status
+from klet.model.types import JSON
+from kubernetes import client as k8s_client
+from kubernetes import config as k8s_config
+from kubernetes.client.exceptions import ApiException
+
+
+@dataclass(frozen=True)
+class KubeSettings:
+    """How to reach the apiserver; `qps`/`burst` are kubeAPIQPS/kubeAPIBurst."""
+
+    kubeconfig: Path
+    qps: float = 50.0
+    burst: int = 100
+    timeout_s: float = 30.0
+    user_agent: str = "klet"
+
+
+class _TokenBucket:
+    def __init__(self, qps: float, burst: int) -> None:
+        self.rate = qps
+        self.capacity = max(1, burst)
+        self.tokens = float(self.capacity)
+        self.at = time.monotonic()
+        self.lock = threading.Lock()
+
+    def delay(self) -> float:
+        """Take a token; return how long to wait before using it (0 = now)."""
+        if self.rate <= 0:
+            return 0.0
+        with self.lock:
+            now = time.monotonic()
+            self.tokens = min(self.capacity, self.tokens + (now - self.at) * self.rate)
+            self.at = now
+            self.tokens -= 1
+            return 0.0 if self.tokens >= 0 else -self.tokens / self.rate
+
+
+@dataclass(frozen=True)
+class WatchEvent:
+    type: str  # ADDED, MODIFIED, DELETED, BOOKMARK, ERROR
+    object: JSON
+
+
+class KubeClient:
+    def __init__(self, settings: KubeSettings) -> None:
+        self.settings = settings
+        configuration = k8s_client.Configuration()
+        k8s_config.load_kube_config(
+            config_file=str(settings.kubeconfig), client_configuration=configuration
+        )
+        self._api = k8s_client.ApiClient(configuration)
+        self._api.user_agent = settings.user_agent
+        self.host = configuration.host.rstrip("/")
+        self._bucket = _TokenBucket(settings.qps, settings.burst)
+
+    async def close(self) -> None:
+        await asyncio.to_thread(self._api.close)
+
+    def _url(self, path: str, params: Mapping[str, Any] | None) -> str:
+        query = {k: v for k, v in (params or {}).items() if v is not None}
+        return self.host + path + ("?" + urllib.parse.urlencode(query) if query else "")
+
+    def _request_sync(
+        self,
+        method: str,
+        path: str,
+        params: Mapping[str, Any] | None,
+        body: Any,
+        content_type: str,
+        timeout_s: float | None,
+    ) -> Any:
+        headers = {"Accept": "application/json", "Content-Type": content_type}
+        url = self._url(path, params)
+        try:
+            r = self._api.rest_client.request(
+                method,
+                url,
+                headers=headers,
+                body=body,
+                _request_timeout=timeout_s or self.settings.timeout_s,
+            )
+            data = r.read()
+        except ApiException as err:
+            raise Unavailable(f"{method} {path}: {err.reason}", status=err.status or 0) from err
+        except (urllib3.exceptions.HTTPError, OSError) as err:
+            raise Unavailable(f"{method} {path}: {err}") from err
+        text = data.decode() if isinstance(data, bytes) else str(data or "")
+        if r.status >= 300:
+            reason, message = "", text[:500]
+            try:
+                status = json.loads(text)
+                reason, message = status.get("reason", ""), status.get("message", message)
+            except ValueError:
+                pass
+            raise for_status(r.status, f"{method} {path}: {r.status} {message}", reason)
+        return json.loads(text) if text else None
+
+    async def request(
+        self,
+        method: str,
+        path: str,
+        *,
+        params: Mapping[str, Any] | None = None,
+        body: Any = None,
+        content_type: str = "application/json",
+        timeout_s: float | None = None,
+    ) -> Any:
+        wait = self._bucket.delay()
+        if wait:
+            await asyncio.sleep(wait)
+        return await asyncio.to_thread(
+            self._request_sync, method, path, params, body, content_type, timeout_s
+        )
+
+    async def get(self, path: str, **params: Any) -> Any:
+        return await self.request("GET", path, params=params)
+
+    async def create(self, path: str, body: JSON) -> Any:
+        return await self.request("POST", path, body=body)
+
+    async def replace(self, path: str, body: JSON) -> Any:
+        return await self.request("PUT", path, body=body)
+
+    async def patch(self, path: str, body: Any, *, kind: str = "strategic") -> Any:
+        content = {
+            "strategic": "application/strategic-merge-patch+json",
+            "merge": "application/merge-patch+json",
+            "json": "application/json-patch+json",
+        }[kind]
+        return await self.request("PATCH", path, body=body, content_type=content)
+
+    async def delete(self, path: str, body: JSON | None = None) -> Any:
+        return await self.request("DELETE", path, body=body)
+
+    async def watch(
+        self, path: str, *, resource_version: str, timeout_s: int = 300, **params: Any
+    ) -> AsyncIterator[WatchEvent]:
+        """Events of one watch request until the server ends it (then the caller rewatches).
+
+        Raises `Gone` (410) when `resource_version` is too old: relist.
+        """
+        loop = asyncio.get_running_loop()
+        queue: asyncio.Queue[WatchEvent | BaseException | None] = asyncio.Queue()
+        stop = threading.Event()
+        query = {
+            "watch": "true",
+            "resourceVersion": resource_version,
+            "allowWatchBookmarks": "true",
+            "timeoutSeconds": str(timeout_s),
+            **params,
+        }
+
+        def run() -> None:
+            try:
+                r = self._api.rest_client.pool_manager.request(
+                    "GET",
+                    self._url(path, query),
+                    headers={"Accept": "application/json"},
+                    preload_content=False,
+                    timeout=urllib3.Timeout(connect=10, read=timeout_s + 30),
+                )
+                if r.status >= 300:
+                    raise for_status(r.status, f"watch {path}: {r.status} {r.data[:300]!r}")
+                buffer = b""
+                for chunk in r.stream(4096, decode_content=True):
+                    if stop.is_set():
+                        break
+                    buffer += chunk
+                    while b"\n" in buffer:
+                        line, buffer = buffer.split(b"\n", 1)
+                        if line.strip():
+                            event = json.loads(line)
+                            if event.get("type") == "ERROR":
+                                obj = event.get("object", {})
+                                code = int(obj.get("code", 0))
+                                raise for_status(
+                                    code,
+                                    f"watch {path}: {obj.get('message', '')}",
+                                    obj.get("reason", ""),
+                                )
+                            loop.call_soon_threadsafe(
+                                queue.put_nowait, WatchEvent(event["type"], event["object"])
+                            )
+                r.release_conn()
+                loop.call_soon_threadsafe(queue.put_nowait, None)
+            except (urllib3.exceptions.HTTPError, OSError) as err:
+                loop.call_soon_threadsafe(queue.put_nowait, Unavailable(f"watch {path}: {err}"))
+            except (KubeError, ValueError) as err:
+                loop.call_soon_threadsafe(queue.put_nowait, err)
+
+        thread = threading.Thread(target=run, name=f"watch {path}", daemon=True)
+        thread.start()
+        try:
+            while True:
+                item = await queue.get()
+                if item is None:
+                    return
+                if isinstance(item, BaseException):
+                    raise item
+                yield item
+        finally:
+            stop.set()
