@@ -245,3 +245,26 @@ async def test_pod_removed_while_syncloop_was_away_keeps_its_grace_period(w: Wor
     await w.controller.sync_once(uid)
     stops = [c for c in w.cri.calls if c[0] == "StopContainer"]
     assert stops and all(c[-1] == "60" for c in stops), stops
+
+
+async def test_deleted_pod_is_stopped_with_min_grace_and_reported_terminated(w: World) -> None:
+    rec = desired("u7", terminationGracePeriodSeconds=30)
+    w.controller.apply_desired({"u7": rec}, READY, read_from=w.controller.generation)
+    await w.controller.sync_once("u7")
+    assert "u7" in w.running()
+    pod_json = dict(rec.pod)
+    pod_json["metadata"] = {
+        **rec.pod["metadata"],
+        "deletionTimestamp": "2026-01-01T00:00:00Z",
+        "deletionGracePeriodSeconds": 7,
+    }
+    deleting = DesiredPod(uid=rec.uid, pod=pod_json, source="api", hash="h2", seen_at=0.0)
+    w.controller.apply_desired({"u7": deleting}, READY, read_from=w.controller.generation)
+    await w.controller.sync_once("u7")
+    assert "u7" not in w.running()
+    stops = [c for c in w.cri.calls if c[0] == "StopContainer"]
+    assert stops and all(c[-1] == "7" for c in stops)
+    entry = w.controller.publisher._entries["u7"]
+    assert entry.terminated and entry.status["phase"] == "Failed"
+    await w.controller.sync_once("u7")  # later syncs neither restart it nor un-terminate it
+    assert "u7" not in w.running() and w.controller.publisher._entries["u7"].terminated

@@ -70,3 +70,13 @@ def test_qos(resources: list[dict], qos: str) -> None:  # type: ignore[type-arg]
     assert podspec.qos_class(p) == qos
     parent = podspec.pod_cgroup_parent(p)
     assert parent == ("/kubepods/podu" if qos == "Guaranteed" else f"/kubepods/{qos.lower()}/podu")
+
+
+@pytest.mark.parametrize(
+    ("deletion", "spec", "grace"),
+    [(None, 30, 30), (10, 30, 10), (60, 30, 30), (0, 30, 2), (None, None, 30)],
+)
+def test_deletion_grace_is_the_minimum(deletion: int | None, spec: int | None, grace: int) -> None:
+    meta = {} if deletion is None else {"deletionGracePeriodSeconds": deletion}
+    pod_spec = {} if spec is None else {"terminationGracePeriodSeconds": spec}
+    assert podspec.deletion_grace_s({"metadata": meta, "spec": pod_spec}) == grace

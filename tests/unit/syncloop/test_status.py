@@ -113,3 +113,17 @@ def test_terminal_override() -> None:
     assert (
         st["phase"] == "Failed" and st["reason"] == "Evicted" and st["message"] == "low on memory"
     )
+
+
+@pytest.mark.parametrize(("codes", "phase"), [([0, 0], "Succeeded"), ([0, 143], "Failed")])
+def test_stopping_pod_gets_a_final_phase(codes: list[int], phase: str) -> None:
+    p = pod("a", "b")  # restartPolicy Always: without `stopping` this would stay Running
+    rt = runtime(
+        [sandbox()],
+        [ctr(p, "a", CS.EXITED, exit_code=codes[0]), ctr(p, "b", CS.EXITED, exit_code=codes[1])],
+    )
+    assert compute_pod_status(p, rt, waiting={}, previous=None, now=1000)["phase"] == "Running"
+    assert (
+        compute_pod_status(p, rt, waiting={}, previous=None, now=1000, stopping=True)["phase"]
+        == phase
+    )

@@ -145,6 +145,10 @@ class PodStatusRecord(Record):
     epoch: float
     status: JSON
     updated_at: float
+    # True once a pod that is being deleted (deletionTimestamp, or a kill by request)
+    # has no running container and a stopped sandbox: the apiserver object may then be
+    # deleted with grace 0, as upstream's status manager does.
+    terminated: bool = False
 
 
 @dataclass(frozen=True)

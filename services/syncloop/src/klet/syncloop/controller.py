@@ -20,9 +20,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from klet.bus import NodeBus
+from klet.cri.types import SandboxState
 from klet.model.records import DesiredPod, PodChange, SourceState
 from klet.model.types import JSON, PodUID
 from klet.rpc.podcontrol import PodSummary
+from klet.syncloop import podspec
 from klet.syncloop.podworkers import Outcome, PodWorkers
 from klet.syncloop.runtime import PodRuntime
 from klet.syncloop.runtimepod import RuntimePod
@@ -140,9 +142,15 @@ class PodController:
         pod = rec.pod
         meta = pod.get("metadata") or {}
         request = self.kill_requests.get(uid)
-        if request is not None or uid in self.terminal:
-            if current.running() or any(s.state.name == "READY" for s in current.sandboxes):
-                grace = request.grace_s if request else None
+        deleting = bool(meta.get("deletionTimestamp"))
+        if request is not None or uid in self.terminal or deleting:
+            if current.running() or any(s.state == SandboxState.READY for s in current.sandboxes):
+                if request is not None:
+                    grace = request.grace_s
+                elif deleting:
+                    grace = podspec.deletion_grace_s(pod)
+                else:
+                    grace = None
                 await self.syncer.kill_pod(pod, current, grace_override=grace, remove=False)
                 current = await self.runtime.get(uid)
             if request is not None:
@@ -158,9 +166,19 @@ class PodController:
                 now=now,
                 runtime_type=self.runtime_type,
                 host_ip=self.host_ip,
-                terminal=self.terminal[uid],
+                terminal=self.terminal.get(uid),
+                stopping=True,
             )
-            self.publisher.set(uid, meta.get("namespace", "default"), meta.get("name", ""), status)
+            stopped = not current.running() and all(
+                s.state != SandboxState.READY for s in current.sandboxes
+            )
+            self.publisher.set(
+                uid,
+                meta.get("namespace", "default"),
+                meta.get("name", ""),
+                status,
+                terminated=stopped,
+            )
             return Outcome()
         result = await self.syncer.sync(pod, current)
         if result.acted:

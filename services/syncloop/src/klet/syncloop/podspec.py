@@ -74,6 +74,15 @@ def grace_period_s(pod: JSON, override: int | None = None) -> int:
     return max(grace, MINIMUM_GRACE_PERIOD_S)
 
 
+def deletion_grace_s(pod: JSON) -> int:
+    """A deleted pod's grace: min(deletionGracePeriodSeconds, the spec's), floor 2 s."""
+    spec_grace = pod.get("spec", {}).get("terminationGracePeriodSeconds")
+    spec_value = DEFAULT_GRACE_PERIOD_S if spec_grace is None else int(spec_grace)
+    deletion = meta(pod).get("deletionGracePeriodSeconds")
+    grace = spec_value if deletion is None else min(int(deletion), spec_value)
+    return max(grace, MINIMUM_GRACE_PERIOD_S)
+
+
 def pod_log_dir_name(pod: JSON) -> str:
     m = meta(pod)
     return f"{m.get('namespace', 'default')}_{m.get('name', '')}_{m.get('uid', '')}"

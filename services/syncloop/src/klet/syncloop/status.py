@@ -153,14 +153,32 @@ def compute_pod_status(
     runtime_type: str = "containerd",
     host_ip: str = "",
     terminal: tuple[str, str] | None = None,
+    stopping: bool = False,
 ) -> JSON:
-    """The PodStatus JSON; `terminal` (reason, message) marks a pod killed for good."""
+    """The PodStatus JSON.
+
+    `stopping` marks a pod that is being stopped for good (deleted, or killed by
+    request): nothing restarts, so once no container runs its phase is final —
+    Succeeded when every container exited 0, else Failed (upstream's podIsTerminal).
+    `terminal` (reason, message) additionally forces Failed with that reason.
+    """
     prev = previous or {}
     statuses = [
         container_status(c, runtime.instances(c["name"]), waiting.get(c["name"]), runtime_type)
         for c in podspec.containers(pod)
     ]
     phase = pod_phase(pod, statuses)
+    if stopping and not any("running" in s["state"] for s in statuses):
+        exited = [
+            s["state"].get("terminated") or s["lastState"].get("terminated") for s in statuses
+        ]
+        ran = [t for t in exited if t]
+        if ran:
+            phase = (
+                "Succeeded"
+                if all(t["exitCode"] == 0 for t in ran) and len(ran) == len(statuses)
+                else "Failed"
+            )
     if terminal is not None:
         phase = "Failed"
         for s in statuses:

@@ -29,6 +29,7 @@ class _Entry:
     name: str
     status: JSON
     version: int
+    terminated: bool = False
 
 
 class StatusPublisher:
@@ -49,13 +50,19 @@ class StatusPublisher:
     def items(self) -> list[tuple[str, str, str, JSON]]:
         return [(uid, e.namespace, e.name, e.status) for uid, e in self._entries.items()]
 
-    def set(self, uid: str, namespace: str, name: str, status: JSON) -> bool:
+    def set(
+        self, uid: str, namespace: str, name: str, status: JSON, *, terminated: bool = False
+    ) -> bool:
         """Record a status; returns whether it changed."""
         e = self._entries.get(uid)
-        if e is not None and strip_volatile(e.status) == strip_volatile(status):
+        if (
+            e is not None
+            and e.terminated == terminated
+            and strip_volatile(e.status) == strip_volatile(status)
+        ):
             return False
         version = (e.version + 1) if e else 1
-        self._entries[uid] = _Entry(namespace, name, status, version)
+        self._entries[uid] = _Entry(namespace, name, status, version, terminated)
         self._dirty.add(uid)
         self._removed.discard(uid)
         self._wake.set()
@@ -88,6 +95,7 @@ class StatusPublisher:
                         epoch=self.epoch,
                         status=e.status,
                         updated_at=now,
+                        terminated=e.terminated,
                     ),
                 )
                 tx.publish(self.bus.podstatus, PodStatusChange(uid=PodUID(uid), version=e.version))
