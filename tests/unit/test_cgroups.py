@@ -1,0 +1,65 @@
+"""cgroup detection and stats on v1 and v2 trees laid out in a temporary directory:
+working set = usage − inactive_file as upstream, missing files give None, and removal
+only rmdirs (a non-empty cgroup stays and is reported)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from klet.cgroups import CgroupFS, detect
+
+
+def write(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+
+
+def test_v1_stats(tmp_path: Path) -> None:
+    pod = "kubepods/burstable/podu1"
+    write(tmp_path / "memory" / pod / "memory.usage_in_bytes", "1000\n")
+    write(tmp_path / "memory" / pod / "memory.stat", "cache 10\ntotal_inactive_file 300\n")
+    write(tmp_path / "cpuacct" / pod / "cpuacct.usage", "123456\n")
+    write(tmp_path / "pids" / pod / "pids.current", "7\n")
+    fs = CgroupFS(tmp_path)
+    assert detect(tmp_path) == 1 and fs.version == 1
+    s = fs.stats(pod)
+    assert (s.memory_usage_bytes, s.memory_working_set_bytes, s.cpu_usage_ns, s.pids) == (
+        1000,
+        700,
+        123456,
+        7,
+    )
+    assert fs.exists(pod)
+
+
+def test_v2_stats(tmp_path: Path) -> None:
+    write(tmp_path / "cgroup.controllers", "cpu memory pids\n")
+    pod = "kubepods/podu2"
+    write(tmp_path / pod / "memory.current", "2000\n")
+    write(tmp_path / pod / "memory.stat", "anon 5\ninactive_file 500\n")
+    write(tmp_path / pod / "cpu.stat", "usage_usec 42\nuser_usec 40\n")
+    write(tmp_path / pod / "pids.current", "3\n")
+    s = CgroupFS(tmp_path).stats(pod)
+    assert (s.memory_usage_bytes, s.memory_working_set_bytes, s.cpu_usage_ns, s.pids) == (
+        2000,
+        1500,
+        42000,
+        3,
+    )
+
+
+def test_missing_files_are_none(tmp_path: Path) -> None:
+    (tmp_path / "memory").mkdir()
+    s = CgroupFS(tmp_path).stats("kubepods/nothing")
+    assert s == type(s)(None, None, None, None)
+
+
+def test_remove_only_empty_cgroups(tmp_path: Path) -> None:
+    for ctrl in ("memory", "cpu"):
+        (tmp_path / ctrl / "kubepods" / "besteffort" / "podu3" / "sandbox").mkdir(parents=True)
+    fs = CgroupFS(tmp_path)
+    assert fs.remove("/kubepods/besteffort/podu3") == []
+    assert not fs.exists("kubepods/besteffort/podu3")
+    write(tmp_path / "memory" / "kubepods" / "podu4" / "tasks", "1\n")  # a file: rmdir fails
+    left = fs.remove("kubepods/podu4")
+    assert len(left) == 1 and "podu4" in left[0]
