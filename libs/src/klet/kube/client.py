@@ -13,6 +13,7 @@ their events to the loop through a queue.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import threading
 import time
@@ -74,6 +75,9 @@ class KubeClient:
         k8s_config.load_kube_config(
             config_file=str(settings.kubeconfig), client_configuration=configuration
         )
+        # Our callers retry with their own back-off and log once per outage; urllib3's
+        # own retries would add a warning per attempt.
+        configuration.retries = False
         self._api = k8s_client.ApiClient(configuration)
         self._api.user_agent = settings.user_agent
         self.host = configuration.host.rstrip("/")
@@ -168,6 +172,7 @@ class KubeClient:
         loop = asyncio.get_running_loop()
         queue: asyncio.Queue[WatchEvent | BaseException | None] = asyncio.Queue()
         stop = threading.Event()
+        held: list[Any] = []  # the open response, so the consumer can close it
         query = {
             "watch": "true",
             "resourceVersion": resource_version,
@@ -176,6 +181,16 @@ class KubeClient:
             **params,
         }
 
+        def post(item: WatchEvent | BaseException | None) -> None:
+            # The consumer may be gone (and its loop closed) by the time the stream
+            # yields again; nothing is waiting for the item then.
+            if stop.is_set():
+                return
+            try:
+                loop.call_soon_threadsafe(queue.put_nowait, item)
+            except RuntimeError:
+                stop.set()
+
         def run() -> None:
             try:
                 r = self._api.rest_client.pool_manager.request(
@@ -183,8 +198,10 @@ class KubeClient:
                     self._url(path, query),
                     headers={"Accept": "application/json"},
                     preload_content=False,
+                    retries=False,
                     timeout=urllib3.Timeout(connect=10, read=timeout_s + 30),
                 )
+                held.append(r)
                 if r.status >= 300:
                     raise for_status(r.status, f"watch {path}: {r.status} {r.data[:300]!r}")
                 buffer = b""
@@ -204,15 +221,13 @@ class KubeClient:
                                     f"watch {path}: {obj.get('message', '')}",
                                     obj.get("reason", ""),
                                 )
-                            loop.call_soon_threadsafe(
-                                queue.put_nowait, WatchEvent(event["type"], event["object"])
-                            )
+                            post(WatchEvent(event["type"], event["object"]))
                 r.release_conn()
-                loop.call_soon_threadsafe(queue.put_nowait, None)
+                post(None)
             except (urllib3.exceptions.HTTPError, OSError) as err:
-                loop.call_soon_threadsafe(queue.put_nowait, Unavailable(f"watch {path}: {err}"))
+                post(Unavailable(f"watch {path}: {err}"))
             except (KubeError, ValueError) as err:
-                loop.call_soon_threadsafe(queue.put_nowait, err)
+                post(err)
 
         thread = threading.Thread(target=run, name=f"watch {path}", daemon=True)
         thread.start()
@@ -226,3 +241,7 @@ class KubeClient:
                 yield item
         finally:
             stop.set()
+            for r in held:
+                # Unblocks the thread's read so it ends now rather than at the timeout.
+                with contextlib.suppress(Exception):
+                    r.shutdown() if hasattr(r, "shutdown") else r.close()

@@ -2,14 +2,15 @@
 
 Root tasks, named so a crash says which one died:
 
-- `source-file`, `source-http`: one loop per configured source, reading manifests and
-  handing full snapshots to the inbox;
+- `source-file`, `source-http`, `source-api`: one loop per configured source, reading
+  manifests (or listing and watching this node's pods on the apiserver) and handing
+  full snapshots to the inbox;
 - `publisher`: merges snapshots and writes the desired set to the bus (lease holder
   only), repairing the tables at every poll;
 - `service-http`: the private /healthz /readyz /metrics port (klet.obs). /readyz turns
   ready once every configured source has delivered a snapshot and the bus answers.
 
-None of these ends on a Redis outage or a bad manifest; if one ends anyway, the others
+None of these ends on a Redis or apiserver outage or a bad manifest; if one ends anyway, the others
 are cancelled and the process exits non-zero so its supervisor restarts it. A service
 with no source configured still runs: its publisher removes what an earlier
 configuration published (nothing is desired any more).
@@ -61,7 +62,7 @@ async def main(deps: Deps, *, handle_signals: bool = True) -> int:
     leaves signals alone (the service running as a task inside a test).
     """
     if not deps.sources:
-        log.warning("no pod source configured (--pod-manifest-path, --manifest-url)")
+        log.warning("no pod source configured (--pod-manifest-path, --manifest-url, --kubeconfig)")
     log.info(
         "pod-source starting",
         extra={"node": deps.node_name, "sources": sorted(deps.configured)},

@@ -1,8 +1,9 @@
 """pod-source's Prometheus metrics, all in one place (STYLE.md rule 18).
 
 Built on a registry passed in, so each test gets a fresh one and two services in one
-process never collide. Label values come from closed sets: `source` is file/http/api
-and `reason` is one of `manifests.REASONS`.
+process never collide. Label values come from closed sets: `source` is file/http/api,
+`reason` is one of `manifests.REASONS` for manifest errors and one of
+`API_ERROR_REASONS` for the apiserver source.
 
 Upstream has no equivalents for these (the kubelet only logs bad manifests), so they
 carry the `klet_` prefix.
@@ -14,6 +15,11 @@ from dataclasses import dataclass
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
+# Why a list or watch of the apiserver source failed: the resourceVersion expired (410,
+# a relist follows), the apiserver did not answer, it refused our identity, or anything
+# else (a malformed answer, an unexpected status).
+API_ERROR_REASONS = ("expired", "unavailable", "forbidden", "other")
+
 
 @dataclass(frozen=True)
 class Metrics:
@@ -23,6 +29,8 @@ class Metrics:
     pods: Gauge
     snapshots: Counter
     bus_errors: Counter
+    api_relists: Counter
+    api_watch_errors: Counter
 
 
 def create_metrics(registry: CollectorRegistry) -> Metrics:
@@ -48,6 +56,17 @@ def create_metrics(registry: CollectorRegistry) -> Metrics:
         bus_errors=Counter(
             "klet_pod_source_bus_errors_total",
             "Failed attempts to read or write the Redis bus.",
+            registry=registry,
+        ),
+        api_relists=Counter(
+            "klet_pod_source_api_relists_total",
+            "Full lists of this node's pods after the first one (an expired watch, an outage).",
+            registry=registry,
+        ),
+        api_watch_errors=Counter(
+            "klet_pod_source_api_watch_errors_total",
+            "Lists and watches of the apiserver source that ended in an error.",
+            ["reason"],
             registry=registry,
         ),
     )

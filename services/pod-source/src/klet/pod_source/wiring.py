@@ -2,9 +2,10 @@
 
 `build_deps(settings, overrides=...)` decides what talks to what: which sources are
 configured (the file source when staticPodPath is set, the URL source when staticPodURL
-is set), the Redis bus and the lease, the inbox that joins sources to the publisher,
-and the metrics registry. Tests pass `Overrides` to shorten timeouts and back-offs or to
-name the lease holder; the objects built are the production ones.
+is set, the apiserver source when --kubeconfig is given), the Redis bus and the lease,
+the inbox that joins sources to the publisher, and the metrics registry. Tests pass
+`Overrides` to shorten timeouts and back-offs, to name the lease holder, or to give a
+fake apiserver (`pod_api`, unit tests); the objects built are the production ones.
 
 Settings are read through `ServiceSettings`, a protocol of just the fields this service
 uses, so the wiring does not depend on the rest of the settings tree.
@@ -22,12 +23,20 @@ from typing import Protocol
 
 from klet.bus import Bus, NodeBus
 from klet.config import DEFAULT_SERVICE_PORTS
+from klet.kube import KubeClient, KubeSettings
 from klet.model.records import SourceName
 from klet.obs import new_registry
 from klet.pod_source.inbox import Inbox
 from klet.pod_source.metrics import Metrics, create_metrics
 from klet.pod_source.publisher import LEASE_NAME, Publisher, RetryPolicy
 from klet.pod_source.sources import PodSource
+from klet.pod_source.sources.api import (
+    DEFAULT_RETRY,
+    MIN_WATCH_TIMEOUT_S,
+    ApiSource,
+    KubePodApi,
+    PodApi,
+)
 from klet.pod_source.sources.files import FileSource
 from klet.pod_source.sources.http import DEFAULT_TIMEOUT_S, HttpSource
 from prometheus_client import CollectorRegistry
@@ -60,6 +69,12 @@ class SourceSettings(Protocol):
     @property
     def http_check_frequency(self) -> float: ...  # [httpCheckFrequency] seconds
 
+    @property
+    def kube_api_qps(self) -> int: ...  # [kubeAPIQPS] requests per second
+
+    @property
+    def kube_api_burst(self) -> int: ...  # [kubeAPIBurst] requests
+
 
 class KletSettings(Protocol):
     """The klet-only settings this service reads."""
@@ -69,6 +84,9 @@ class KletSettings(Protocol):
 
     @property
     def redis_url(self) -> str: ...
+
+    @property
+    def kubeconfig(self) -> Path | None: ...  # --kubeconfig; None = standalone (no api source)
 
     @property
     def service_port(self) -> int: ...  # 0 = DEFAULT_SERVICE_PORT
@@ -99,6 +117,9 @@ class Overrides:
     lease_holder: str | None = None
     http_timeout_s: float | None = None
     use_inotify: bool | None = None
+    pod_api: PodApi | None = None  # the apiserver source's client (with a kubeconfig only)
+    api_retry: RetryPolicy | None = None  # back-off of the apiserver source
+    api_watch_timeout_s: int | None = None  # shortest server-side watch timeout
 
 
 @dataclass(frozen=True)
@@ -159,6 +180,30 @@ def build_deps(settings: ServiceSettings, overrides: Overrides | None = None) ->
                 inbox=inbox,
                 metrics=metrics,
                 timeout_s=o.http_timeout_s if o.http_timeout_s is not None else DEFAULT_TIMEOUT_S,
+            )
+        )
+    if klet.kubeconfig is not None:
+        api = o.pod_api
+        if api is None:
+            client = KubeClient(
+                KubeSettings(
+                    kubeconfig=klet.kubeconfig,
+                    qps=kubelet.kube_api_qps,
+                    burst=kubelet.kube_api_burst,
+                )
+            )
+            api = KubePodApi(
+                client,
+                node_name=node,
+                watch_timeout_s=o.api_watch_timeout_s or MIN_WATCH_TIMEOUT_S,
+            )
+        sources.append(
+            ApiSource(
+                api=api,
+                node_name=node,
+                inbox=inbox,
+                metrics=metrics,
+                retry=o.api_retry if o.api_retry is not None else DEFAULT_RETRY,
             )
         )
     configured = frozenset(s.name for s in sources)
