@@ -38,5 +38,11 @@ proto:
 bench: setup
 	$(PY) bench/run.py
 
+# The real control plane of the cluster tests (kube-apiserver, kubectl, etcd), built from
+# tools/cluster's Go modules into $KLET_CACHE (default /var/cache/klet); no-op once cached.
+.PHONY: cluster-binaries
+cluster-binaries:
+	bash tools/cluster/build.sh
+
 clean:
 	rm -rf .run .cache .venv libs/src/klet/rpc/gen

@@ -1,0 +1,88 @@
+"""Pytest fixtures for the cluster tier: a real etcd + kube-apiserver (``klet.devstack.cluster``).
+
+Loaded as a plugin, like ``tests.harness.fixtures``: pyproject's pytest ``addopts`` gets
+``-p tests.harness.cluster_fixtures`` (or pass it on the command line).
+
+``control_plane`` is session-scoped: one etcd and apiserver for the whole run, in a short
+private directory under /tmp, with the ``default``/``kube-system``/... namespaces ready
+for pods (default ServiceAccount, ``kube-root-ca.crt``). Tests sharing it use unique
+object names and clean up after themselves; a test that takes the apiserver down
+(``restart_apiserver``) must leave it running.
+
+The binaries come from ``tools/cluster/build.sh``, a no-op once they are cached under
+``$KLET_CACHE`` (default /var/cache/klet). A cold build takes about six minutes on 2 cores,
+longer than the per-test timeout, so when nothing is cached yet the fixture fails at once
+and says to run ``make cluster-binaries`` first (or pass ``--timeout=0``). Set
+``KLET_KEEP_DEVSTACK=1`` to keep the directory (logs, PKI, kubeconfigs) after the run.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from klet.devstack.cluster import ControlPlane
+
+REPO = Path(__file__).resolve().parents[2]
+BUILD_SCRIPT = REPO / "tools" / "cluster" / "build.sh"
+
+
+def _required_version(go_mod: Path, module: str) -> str:
+    match = re.search(rf"^\s*(?:require\s+)?{re.escape(module)}\s+(v\S+)", go_mod.read_text(), re.M)
+    if match is None:
+        raise RuntimeError(f"{go_mod} does not require {module}")
+    return match.group(1)
+
+
+def kubernetes_version() -> str:
+    """The k8s.io/kubernetes release the control plane is built from, e.g. ``v1.34.4``."""
+    return _required_version(REPO / "tools" / "cluster" / "go.mod", "k8s.io/kubernetes")
+
+
+def etcd_version() -> str:
+    """The etcd release the control plane is built from, e.g. ``v3.6.16``."""
+    return _required_version(
+        REPO / "tools" / "cluster" / "etcd" / "go.mod", "go.etcd.io/etcd/server/v3"
+    )
+
+
+def _build(config: pytest.Config) -> Path:
+    """Run build.sh and return the bin dir (its last line of output)."""
+    env = dict(os.environ)
+    check = subprocess.run(
+        ["bash", str(BUILD_SCRIPT), "--check"], capture_output=True, text=True, env=env
+    )
+    if check.returncode != 0:
+        timeout = float(config.getoption("timeout", None) or config.getini("timeout") or 0)
+        if timeout and timeout < 3600:
+            pytest.fail(
+                "control-plane binaries are not built yet and a cold build takes several "
+                "minutes (longer than the test timeout): run `make cluster-binaries` first, "
+                "or run pytest with --timeout=0",
+                pytrace=False,
+            )
+    res = subprocess.run(["bash", str(BUILD_SCRIPT)], capture_output=True, text=True, env=env)
+    if res.returncode != 0:
+        pytest.fail(f"{BUILD_SCRIPT} failed:\n{res.stderr[-4000:]}", pytrace=False)
+    return Path(res.stdout.strip().splitlines()[-1])
+
+
+@pytest.fixture(scope="session")
+def control_plane(pytestconfig: pytest.Config) -> Iterator[ControlPlane]:
+    """A started etcd + kube-apiserver (Node,RBAC authorization, NodeRestriction)."""
+    bin_dir = _build(pytestconfig)
+    dir = Path(tempfile.mkdtemp(prefix="klet-cp-", dir="/tmp"))
+    plane = ControlPlane(dir, bin_dir)
+    plane.start()
+    try:
+        yield plane
+    finally:
+        plane.stop()
+        if not os.environ.get("KLET_KEEP_DEVSTACK"):
+            shutil.rmtree(dir, ignore_errors=True)
