@@ -4,7 +4,7 @@ PY := .venv/bin/python
 RUN_DIR ?= $(CURDIR)/.run
 PYTEST_ARGS ?=
 
-.PHONY: setup run test unit integration lint typecheck proto bench clean
+.PHONY: setup run test unit integration cluster lint typecheck proto bench clean
 
 setup:
 	@bash tools/setup.sh
@@ -14,16 +14,20 @@ setup:
 run: setup
 	.venv/bin/klet up --run-dir $(RUN_DIR) --pod-manifest-path examples/static-pods --read-only-port 10255
 
-# Lint, types, then the unit and integration tiers. pytest exits 5 when it collected
-# nothing: that is a failure here like any other non-zero exit.
-test: setup lint typecheck
-	$(PY) -m pytest -m "not cluster" $(PYTEST_ARGS)
+# Lint, types, then every tier: unit, integration (real Redis, containerd, registry)
+# and cluster (a real kube-apiserver + etcd, built once by cluster-binaries). pytest
+# exits 5 when it collected nothing: that is a failure here like any other non-zero exit.
+test: setup cluster-binaries lint typecheck
+	$(PY) -m pytest $(PYTEST_ARGS)
 
 unit: setup
-	$(PY) -m pytest $(PYTEST_ARGS)
+	$(PY) -m pytest -m "not integration and not cluster" $(PYTEST_ARGS)
 
 integration: setup
 	$(PY) -m pytest -m integration $(PYTEST_ARGS)
+
+cluster: setup cluster-binaries
+	$(PY) -m pytest -m cluster $(PYTEST_ARGS)
 
 lint: setup
 	.venv/bin/ruff check libs services tests bench tools
