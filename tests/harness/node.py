@@ -42,6 +42,7 @@ class KletNode:
         self.redis_url = redis_url or stack.redis_url
         self.read_only_port = free_port()
         self.healthz_port = free_port()
+        self.kubelet_port = free_port()  # the 10250 API, off unless it can authorize
         self.ports = {s: free_port() for s in SERVICES}
         self.root_dir = dir / "root"
         self.logs_dir = dir / "logs"
@@ -62,6 +63,10 @@ class KletNode:
             str(self.read_only_port),
             "--healthz-port",
             str(self.healthz_port),
+            "--port",
+            str(self.kubelet_port),
+            "--cert-dir",
+            str(dir / "pki"),
             "--file-check-frequency",
             "1s",
             "--http-check-frequency",

@@ -8,6 +8,7 @@ from klet.bus.redisbus import Bus, Stream, Table
 from klet.model.records import (
     DesiredPod,
     EventRecord,
+    NodeConditionRecord,
     PodChange,
     PodStatusChange,
     PodStatusRecord,
@@ -26,6 +27,8 @@ class NodeBus:
     pods: Stream[PodChange]
     podstatus: Stream[PodStatusChange]
     events: Stream[EventRecord]
+    node: Table[NodeConditionRecord]
+    """Node condition contributions by service, keyed `<service>:<conditionType>`."""
 
     @classmethod
     def of(cls, bus: Bus) -> NodeBus:
@@ -37,4 +40,5 @@ class NodeBus:
             pods=bus.stream("pods", PodChange),
             podstatus=bus.stream("podstatus", PodStatusChange),
             events=bus.stream("events", EventRecord),
+            node=bus.table("node", NodeConditionRecord),
         )

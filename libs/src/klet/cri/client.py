@@ -23,7 +23,9 @@ from klet.cri.types import (
     Container,
     ContainerConfig,
     ContainerState,
+    ContainerStatsInfo,
     ContainerStatusInfo,
+    FilesystemUsageInfo,
     ImageInfo,
     RuntimeCondition,
     RuntimeVersion,
@@ -322,6 +324,106 @@ class RuntimeClient:
         )
         return int(r.exit_code), bytes(r.stdout), bytes(r.stderr)
 
+    # -- streaming (the runtime's stream server URLs) and stats ---------------------------
+
+    async def exec(
+        self,
+        container_id: ContainerID,
+        cmd: list[str],
+        *,
+        tty: bool = False,
+        stdin: bool = False,
+        stdout: bool = True,
+        stderr: bool = True,
+    ) -> str:
+        """The URL of the runtime's streaming server serving this exec (CRI Exec)."""
+        r = await self._call(
+            "Exec",
+            self._rt.Exec,
+            pb.ExecRequest(
+                container_id=container_id,
+                cmd=cmd,
+                tty=tty,
+                stdin=stdin,
+                stdout=stdout,
+                stderr=stderr,
+            ),
+        )
+        return str(r.url)
+
+    async def attach(
+        self,
+        container_id: ContainerID,
+        *,
+        tty: bool = False,
+        stdin: bool = False,
+        stdout: bool = True,
+        stderr: bool = True,
+    ) -> str:
+        """The URL of the runtime's streaming server serving this attach (CRI Attach)."""
+        r = await self._call(
+            "Attach",
+            self._rt.Attach,
+            pb.AttachRequest(
+                container_id=container_id, tty=tty, stdin=stdin, stdout=stdout, stderr=stderr
+            ),
+        )
+        return str(r.url)
+
+    async def port_forward(self, sandbox_id: SandboxID, ports: list[int] | None = None) -> str:
+        """The URL of the runtime's streaming server forwarding to the sandbox (CRI
+        PortForward); `ports` may be empty (SPDY clients name ports per stream)."""
+        r = await self._call(
+            "PortForward",
+            self._rt.PortForward,
+            pb.PortForwardRequest(pod_sandbox_id=sandbox_id, port=list(ports or [])),
+        )
+        return str(r.url)
+
+    async def list_container_stats(
+        self,
+        *,
+        container_id: ContainerID | None = None,
+        sandbox_id: SandboxID | None = None,
+        label_selector: dict[str, str] | None = None,
+    ) -> list[ContainerStatsInfo]:
+        flt = pb.ContainerStatsFilter(
+            id=container_id or "",
+            pod_sandbox_id=sandbox_id or "",
+            label_selector=label_selector or {},
+        )
+        r = await self._read(
+            "ListContainerStats",
+            lambda: self._call(
+                "ListContainerStats",
+                self._rt.ListContainerStats,
+                pb.ListContainerStatsRequest(filter=flt),
+            ),
+        )
+        return [_container_stats(s) for s in r.stats]
+
+    async def container_stats(self, container_id: ContainerID) -> ContainerStatsInfo:
+        r = await self._read(
+            "ContainerStats",
+            lambda: self._call(
+                "ContainerStats",
+                self._rt.ContainerStats,
+                pb.ContainerStatsRequest(container_id=container_id),
+            ),
+        )
+        return _container_stats(r.stats)
+
+    async def image_fs_info(self) -> tuple[list[FilesystemUsageInfo], list[FilesystemUsageInfo]]:
+        """(image filesystems, container filesystems) as the image service reports them."""
+        r = await self._read(
+            "ImageFsInfo",
+            lambda: self._call("ImageFsInfo", self._img.ImageFsInfo, pb.ImageFsInfoRequest()),
+        )
+        return (
+            [_fs_usage(f) for f in r.image_filesystems],
+            [_fs_usage(f) for f in r.container_filesystems],
+        )
+
     # -- images ----------------------------------------------------------------------
 
     async def pull_image(
@@ -364,6 +466,40 @@ class RuntimeClient:
             )
         except NotFound:
             pass
+
+
+def _u64(message: Any, name: str) -> int | None:
+    """The value of an optional UInt64Value field, or None when the runtime left it out."""
+    return int(getattr(message, name).value) if message.HasField(name) else None
+
+
+def _fs_usage(f: Any) -> FilesystemUsageInfo:
+    return FilesystemUsageInfo(
+        timestamp_ns=int(f.timestamp),
+        mountpoint=f.fs_id.mountpoint,
+        used_bytes=_u64(f, "used_bytes"),
+        inodes_used=_u64(f, "inodes_used"),
+    )
+
+
+def _container_stats(s: Any) -> ContainerStatsInfo:
+    a = s.attributes
+    return ContainerStatsInfo(
+        id=ContainerID(a.id),
+        name=a.metadata.name,
+        attempt=a.metadata.attempt,
+        labels=dict(a.labels),
+        annotations=dict(a.annotations),
+        cpu_timestamp_ns=int(s.cpu.timestamp),
+        cpu_usage_core_ns=_u64(s.cpu, "usage_core_nano_seconds"),
+        cpu_usage_nano_cores=_u64(s.cpu, "usage_nano_cores"),
+        memory_timestamp_ns=int(s.memory.timestamp),
+        memory_working_set_bytes=_u64(s.memory, "working_set_bytes"),
+        memory_usage_bytes=_u64(s.memory, "usage_bytes"),
+        memory_rss_bytes=_u64(s.memory, "rss_bytes"),
+        memory_available_bytes=_u64(s.memory, "available_bytes"),
+        writable_layer=_fs_usage(s.writable_layer) if s.HasField("writable_layer") else None,
+    )
 
 
 def _image(i: Any) -> ImageInfo:

@@ -172,3 +172,33 @@ class RuntimeVersion:
     runtime_name: str
     runtime_version: str
     runtime_api_version: str
+
+
+@dataclass(frozen=True)
+class FilesystemUsageInfo:
+    """One filesystem the runtime uses (ImageFsInfo). Absent CRI values are None."""
+
+    timestamp_ns: int
+    mountpoint: str
+    used_bytes: int | None
+    inodes_used: int | None
+
+
+@dataclass(frozen=True)
+class ContainerStatsInfo:
+    """One container's resource usage (ListContainerStats). Absent CRI values are None."""
+
+    id: ContainerID
+    name: str
+    attempt: int
+    labels: dict[str, str]
+    annotations: dict[str, str]
+    cpu_timestamp_ns: int
+    cpu_usage_core_ns: int | None
+    cpu_usage_nano_cores: int | None
+    memory_timestamp_ns: int
+    memory_working_set_bytes: int | None
+    memory_usage_bytes: int | None
+    memory_rss_bytes: int | None
+    memory_available_bytes: int | None
+    writable_layer: FilesystemUsageInfo | None

@@ -173,3 +173,22 @@ class EventRecord(Record):
     at: float
     count: int = 1
     extra: JSON = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class NodeConditionRecord(Record):
+    """`node` table value, keyed `<service>:<conditionType>`: one service's contribution
+    to a Node condition (the eviction service's MemoryPressure, syncloop's Ready, ...).
+
+    A level, not an event: the writer keeps it current (status "True", "False" or
+    "Unknown") and status-reporter folds every contribution into the Node's conditions
+    on each status update. Empty `reason`/`message` leave upstream's defaults in place.
+    `at` is when the writer last decided the value (Unix seconds).
+    """
+
+    kind: ClassVar[str] = "nodecondition"
+    type: str
+    status: str
+    at: float
+    reason: str = ""
+    message: str = ""

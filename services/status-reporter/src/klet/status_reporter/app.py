@@ -6,7 +6,9 @@ Root tasks, each named so a crash says which one died:
 - `service-http`: the private /healthz /readyz /metrics port (klet.obs); ready while
   the pod view has loaded and the bus answers;
 - `healthz-http`: upstream's healthz listener (127.0.0.1:10248 by default; off at 0);
-- `read-only-http`: the read-only kubelet API, only when readOnlyPort is set.
+- `read-only-http`: the read-only kubelet API, only when readOnlyPort is set;
+- cluster mode only (a kubeconfig is set, see `cluster.py`): `node-status`,
+  `node-lease`, `pod-status` and `events`.
 
 If any of them ends, the others are cancelled and the process exits non-zero so its
 supervisor restarts it; the loops themselves survive Redis outages, so that only happens
@@ -21,6 +23,8 @@ from typing import Any
 
 from klet.obs import create_health_app, run_supervised, serve_http
 from klet.status_reporter.api import create_app, create_healthz_app
+from klet.status_reporter.cluster import cluster_tasks
+from klet.status_reporter.kubeletapi import serve_kubelet_api
 from klet.status_reporter.wiring import Deps
 
 
@@ -52,14 +56,20 @@ def root_tasks(deps: Deps) -> dict[str, Coroutine[Any, Any, None]]:
             port=deps.read_only.port,
             name="read-only",
         )
+    if deps.cluster is not None:
+        tasks.update(cluster_tasks(deps.cluster))
+    if deps.kubelet_api is not None:
+        tasks["kubelet-api"] = serve_kubelet_api(deps.kubelet_api)
     return tasks
 
 
-async def main(deps: Deps) -> int:
+async def main(deps: Deps, *, handle_signals: bool = True) -> int:
     """Run the service until SIGTERM/SIGINT (returns 0) or a root task ends (raises
-    RootTaskFailed, after the others were cancelled); the bus is closed either way."""
+    RootTaskFailed, after the others were cancelled); the bus is closed either way.
+
+    handle_signals=False leaves the signals alone (the service runs inside a test)."""
     try:
-        await run_supervised(root_tasks(deps))
+        await run_supervised(root_tasks(deps), handle_signals=handle_signals)
     finally:
         await deps.close()
     return 0

@@ -22,6 +22,10 @@ Redis down: the last view keeps being served (it is "stale", see `stale`), both 
 retry with exponential back-off, the outage is logged once when it starts and once
 when it ends, and the end triggers an immediate full reload.
 
+Cluster mode reads the same view (`desired_pods`, `known_pod`, `statuses`) and
+subscribes to its changes, so a new status reaches the apiserver as soon as the stream
+delivers it; subscribers must copy what they iterate across an await.
+
 With more than one replica each one reads only part of the stream (that is what a
 consumer group does), so a replica's view of the other entries lags by at most one
 reload interval. Standalone mode runs one replica; good enough until a replica needs
@@ -34,8 +38,9 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
+from types import MappingProxyType
 from typing import Protocol
 
 from klet.bus import BusError, Entry
@@ -160,10 +165,27 @@ class PodCache:
         self._once = OnceLogger(log, level=logging.WARNING)
         self._group_ready = False
         self._wake = asyncio.Event()
+        self._listeners: list[Callable[[], None]] = []
         self.loaded = asyncio.Event()
         """Set after the first successful full reload (readiness)."""
 
     # -- reading the view ---------------------------------------------------------------
+
+    def desired_pods(self) -> Mapping[PodUID, JSON]:
+        """The desired pods by UID (read-only; replaced, never mutated, on refresh)."""
+        return MappingProxyType(self._desired)
+
+    def known_pod(self, uid: PodUID) -> JSON | None:
+        """The desired pod, or the last seen spec of one that left the desired set."""
+        return self._desired.get(uid) or self._departed.get(uid)
+
+    def statuses(self) -> Mapping[PodUID, PodStatusRecord]:
+        """The latest status record of every pod that has one."""
+        return MappingProxyType(self._statuses)
+
+    def subscribe(self, callback: Callable[[], None]) -> None:
+        """Call `callback` (synchronously, so keep it cheap) whenever the view changes."""
+        self._listeners.append(callback)
 
     def pod_list(self) -> JSON:
         """The v1 PodList of the node's pods as of the latest refresh."""
@@ -290,8 +312,11 @@ class PodCache:
                 self._bus_ok()
                 delay = self._policy.reload_interval_s
             self._wake.clear()
+            # asyncio.timeout, not wait_for: on 3.11 wait_for can swallow a cancellation
+            # that races with the event being set, and the task would never stop.
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), timeout=delay)
+                async with asyncio.timeout(delay):
+                    await self._wake.wait()
 
     # -- internals ------------------------------------------------------------------------
 
@@ -323,6 +348,8 @@ class PodCache:
         listed = listing.listed_uids(self._desired, self._statuses)
         self._departed = {u: p for u, p in self._departed.items() if u in listed}
         self._metrics.observe(rec.status for uid, rec in self._statuses.items() if uid in listed)
+        for callback in self._listeners:
+            callback()
 
     def _bus_failed(self, where: str, err: BusError) -> None:
         self._metrics.bus_error()

@@ -7,10 +7,16 @@ metrics registry so tests never share metric state.
 
 Settings are read through `ServiceSettings`, a protocol of just the fields this service
 uses, so the wiring does not depend on the rest of the settings tree.
+
+With a kubeconfig (`klet.kubeconfig` set) `Deps.cluster` holds the cluster-mode managers
+(`cluster.py`); without one it is None and nothing of cluster mode is built, so
+standalone behaviour does not change. `Overrides.cluster` builds cluster mode over
+fakes even without a kubeconfig (tests).
 """
 
 from __future__ import annotations
 
+import logging
 import socket
 import time
 from collections.abc import Awaitable, Callable
@@ -18,8 +24,18 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from klet.bus import Bus, NodeBus
-from klet.config import DEFAULT_SERVICE_PORTS
+from klet.config import DEFAULT_SERVICE_PORTS, Settings
+from klet.cri import CRISettings, RuntimeClient
+from klet.kube import KubeClient, KubeSettings
 from klet.obs import new_registry
+from klet.status_reporter.cluster import (
+    ClusterDeps,
+    ClusterKlet,
+    ClusterKubelet,
+    ClusterOverrides,
+    build_cluster,
+)
+from klet.status_reporter.kubeletapi import KubeletApiDeps, build_kubelet_api_deps
 from klet.status_reporter.metrics import Metrics
 from klet.status_reporter.podcache import (
     CachePolicy,
@@ -38,8 +54,9 @@ DEFAULT_SERVICE_PORT = DEFAULT_SERVICE_PORTS[SERVICE]
 `load_settings` already resolves 0 to it; settings built by hand (tests) may not."""
 
 
-class KubeletServing(Protocol):
-    """The KubeletConfiguration fields this service reads (upstream names in brackets)."""
+class KubeletServing(ClusterKubelet, Protocol):
+    """The KubeletConfiguration fields this service reads (upstream names in brackets);
+    those of cluster mode (read only when a kubeconfig is set) come from ClusterKubelet."""
 
     @property
     def address(self) -> str: ...  # [address] bind address of the kubelet ports
@@ -54,8 +71,8 @@ class KubeletServing(Protocol):
     def healthz_bind_address(self) -> str: ...  # [healthzBindAddress]
 
 
-class KletSettings(Protocol):
-    """The klet-only settings this service reads."""
+class KletSettings(ClusterKlet, Protocol):
+    """The klet-only settings this service reads (cluster mode's from ClusterKlet)."""
 
     @property
     def redis_url(self) -> str: ...
@@ -80,6 +97,9 @@ class ServiceSettings(Protocol):
     def klet(self) -> KletSettings: ...
 
 
+log = logging.getLogger(__name__)
+
+
 @dataclass(frozen=True)
 class Listener:
     """One TCP listener: where an HTTP app is served."""
@@ -99,6 +119,8 @@ class Overrides:
     policy: CachePolicy | None = None
     clock: Callable[[], float] | None = None
     consumer: str | None = None
+    cluster: ClusterOverrides | None = None
+    """Build cluster mode over these (even without a kubeconfig)."""
 
 
 async def _nothing_to_close() -> None:
@@ -119,7 +141,11 @@ class Deps:
     service: Listener
     """The private /healthz /readyz /metrics listener."""
     close: Callable[[], Awaitable[None]] = _nothing_to_close
-    """Releases clients (the Redis connection pool) at shutdown."""
+    """Releases clients (the Redis connection pool, apiserver and CRI clients) at shutdown."""
+    cluster: ClusterDeps | None = None
+    """Cluster mode's managers; None when standalone."""
+    kubelet_api: KubeletApiDeps | None = None
+    """The kubelet API on --port; None when enableServer is off or it cannot authorize."""
 
 
 def build_deps(settings: ServiceSettings, *, overrides: Overrides | None = None) -> Deps:
@@ -127,15 +153,20 @@ def build_deps(settings: ServiceSettings, *, overrides: Overrides | None = None)
     o = overrides or Overrides()
     kubelet, klet = settings.kubelet, settings.klet
 
-    close: Callable[[], Awaitable[None]] = _nothing_to_close
+    buses: list[Bus] = []
+
+    def node_bus() -> NodeBus:
+        # One connection pool for every table and stream, made on first need.
+        if not buses:
+            buses.append(Bus.from_url(klet.redis_url, klet.node_name))
+        return NodeBus.of(buses[0])
+
     desired, status, feed = o.desired, o.status, o.feed
     if desired is None or status is None or feed is None:
-        bus = Bus.from_url(klet.redis_url, klet.node_name)
-        node = NodeBus.of(bus)
+        node = node_bus()
         desired = node.desired if desired is None else desired
         status = node.status if status is None else status
         feed = node.podstatus if feed is None else feed
-        close = bus.close
 
     # Production scrapes carry process_* series, as any Prometheus target (upstream too).
     registry = o.registry if o.registry is not None else new_registry(process_metrics=True)
@@ -151,6 +182,21 @@ def build_deps(settings: ServiceSettings, *, overrides: Overrides | None = None)
         policy=o.policy or CachePolicy(),
         clock=clock,
     )
+    cluster: ClusterDeps | None = None
+    # getattr: standalone settings trees built by hand (older tests) have no kubeconfig.
+    if getattr(klet, "kubeconfig", None) is not None or o.cluster is not None:
+        cluster = build_cluster(kubelet, klet, view=pods, bus=node_bus, overrides=o.cluster)
+
+    kubelet_api, api_closers = _kubelet_api(settings, pods=pods, registry=registry)
+
+    async def close() -> None:
+        if cluster is not None:
+            await cluster.close()
+        for closer in api_closers:
+            await closer()
+        for bus in buses:
+            await bus.close()
+
     return Deps(
         pods=pods,
         registry=registry,
@@ -165,4 +211,46 @@ def build_deps(settings: ServiceSettings, *, overrides: Overrides | None = None)
         ),
         service=Listener(klet.service_bind_address, klet.service_port or DEFAULT_SERVICE_PORT),
         close=close,
+        cluster=cluster,
+        kubelet_api=kubelet_api,
     )
+
+
+def _kubelet_api(
+    settings: ServiceSettings, *, pods: PodCache, registry: CollectorRegistry
+) -> tuple[KubeletApiDeps | None, list[Callable[[], Awaitable[None]]]]:
+    """The 10250 API's dependencies, with their own apiserver and CRI clients.
+
+    Off when enableServer is false, and off (with a warning) when authorization is
+    Webhook but there is no apiserver to ask — upstream refuses to start then; turning
+    the API off keeps the rest of the node's reporting alive.
+    """
+    if not isinstance(settings, Settings) or not settings.kubelet.enable_server:
+        return None, []
+    kubelet, klet = settings.kubelet, settings.klet
+    closers: list[Callable[[], Awaitable[None]]] = []
+    api_kube: KubeClient | None = None
+    if klet.kubeconfig is not None:
+        api_kube = KubeClient(
+            KubeSettings(
+                kubeconfig=klet.kubeconfig,
+                qps=float(kubelet.kube_api_qps),
+                burst=kubelet.kube_api_burst,
+            )
+        )
+        closers.append(api_kube.close)
+    if api_kube is None and kubelet.authorization.mode == "Webhook":
+        log.warning("kubelet API on --port is off: authorization mode Webhook needs --kubeconfig")
+        return None, closers
+    api_cri = RuntimeClient(
+        CRISettings(
+            runtime_endpoint=kubelet.container_runtime_endpoint,
+            image_endpoint=kubelet.effective_image_service_endpoint,
+            timeout_s=kubelet.runtime_request_timeout,
+        )
+    )
+    closers.append(api_cri.close)
+    deps = build_kubelet_api_deps(
+        settings, pods=pods, runtime=api_cri, registry=registry, apiserver=api_kube
+    )
+    return deps, closers

@@ -13,12 +13,14 @@ import time
 from collections.abc import Callable, Coroutine
 from typing import Any
 
+from klet.bus import BusError
 from klet.cri.types import SandboxState
+from klet.model.records import NodeConditionRecord
 from klet.obs import create_health_app, run_supervised, serve_http
 from klet.rpc.podcontrol import serve_pod_control
 from klet.syncloop.intake import BusIntake
 from klet.syncloop.leader import hold
-from klet.syncloop.relisting import Relister
+from klet.syncloop.relisting import RELIST_THRESHOLD_S, Relister
 from klet.syncloop.wiring import Deps
 
 log = logging.getLogger(__name__)
@@ -46,6 +48,32 @@ async def main(deps: Deps) -> int:
 
     async def pleg() -> None:
         await relister.run(on_uids)
+
+    async def report_health() -> None:
+        # syncloop's contribution to the Node's Ready condition (status-reporter folds
+        # it in): False with upstream's message while PLEG is not healthy.
+        while True:
+            healthy = relister.healthy()
+            message = (
+                ""
+                if healthy
+                else (
+                    f"PLEG is not healthy: pleg was last seen active {relister.age():.0f}s ago; "
+                    f"threshold is {RELIST_THRESHOLD_S:.0f}s"
+                )
+            )
+            record = NodeConditionRecord(
+                type="Ready",
+                status="True" if healthy else "False",
+                at=time.time(),
+                reason="" if healthy else "KubeletNotReady",
+                message=message,
+            )
+            try:
+                await deps.node_bus.node.put("syncloop:Ready", record)
+            except BusError as err:
+                log.debug("cannot publish the PLEG health", extra={"error": str(err)})
+            await asyncio.sleep(5.0)
 
     async def periodic_resync() -> None:
         # upstream syncFrequency: every pod is synced again even without any event.
@@ -75,6 +103,7 @@ async def main(deps: Deps) -> int:
                 "desired-resync": gated("desired-resync", intake.run_resync),
                 "pleg": gated("pleg", pleg),
                 "periodic-resync": gated("periodic-resync", periodic_resync),
+                "node-health": gated("node-health", report_health),
                 "status-publisher": gated("status-publisher", controller.publisher.run),
                 "event-publisher": gated("event-publisher", deps.events.run),
                 "pod-control": gated(

@@ -56,8 +56,12 @@ class Relister:
         self.last_ok = clock()
         self._error = ""
 
+    def age(self) -> float:
+        """Seconds since the last successful relist."""
+        return self.clock() - self.last_ok
+
     def healthy(self) -> bool:
-        return self.clock() - self.last_ok < RELIST_THRESHOLD_S
+        return self.age() < RELIST_THRESHOLD_S
 
     async def relist_once(self) -> set[str]:
         sandboxes = await self.cri.list_pod_sandboxes()

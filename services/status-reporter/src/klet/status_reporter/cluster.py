@@ -1,0 +1,317 @@
+"""Cluster mode (a kubeconfig is set): its dependencies, built once, and its root tasks.
+
+`build_cluster` wires the four cluster-mode managers to their adapters:
+
+- `node-status` (`NodeStatusManager`): registration and the node status loop, observing
+  the host (`hostinfo`), the CRI runtime and the bus's `node` table (`NodeObserver`);
+- `node-lease` (`LeaseManager`): the Lease heartbeat, on its own apiserver client (its
+  own QPS bucket and connections, as upstream's dedicated heartbeat client), so a burst
+  of pod status writes can never delay a renewal;
+- `pod-status` (`PodSyncManager`): pod statuses, mirror pods, final deletions, reading
+  the same pod view the HTTP API serves;
+- `events` (`EventSink`): the bus's `events` stream to core/v1 Events.
+
+Every adapter can be replaced through `ClusterOverrides` (tests pass
+`testing.FakeApiServer` and friends); what is not replaced is built from settings.
+Settings are read through the protocols below: exactly the fields cluster mode uses.
+"""
+
+from __future__ import annotations
+
+import socket
+from collections.abc import Awaitable, Callable, Coroutine, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+from klet.bus import NodeBus
+from klet.status_reporter.capacity import MachineInfo
+from klet.status_reporter.eventsink import EventFeed, EventPolicy, EventSink
+from klet.status_reporter.hostinfo import detect_node_ips, read_machine
+from klet.status_reporter.kubeapi import NO_RETRY, Kube, KubeApi, RetryPolicy
+from klet.status_reporter.nodeid import NodeIdentity
+from klet.status_reporter.nodelease import LeaseManager, LeasePolicy
+from klet.status_reporter.nodemanager import EventPublisher, NodeStatusManager, NodeStatusPolicy
+from klet.status_reporter.nodeobserver import ConditionTable, NodeObserver, RuntimeService
+from klet.status_reporter.nodestatus import KUBELET_VERSION, NodeConfig
+from klet.status_reporter.podsync import PodSyncManager, PodSyncPolicy, PodView, SourcesTable
+
+
+class ClusterKubelet(Protocol):
+    """The KubeletConfiguration fields cluster mode reads (upstream names in brackets)."""
+
+    @property
+    def port(self) -> int: ...  # [port] the kubelet API port, reported in daemonEndpoints
+
+    @property
+    def max_pods(self) -> int: ...  # [maxPods]
+
+    @property
+    def node_status_max_images(self) -> int: ...  # [nodeStatusMaxImages] -1 = all
+
+    @property
+    def kube_reserved(self) -> Mapping[str, str]: ...  # [kubeReserved]
+
+    @property
+    def system_reserved(self) -> Mapping[str, str]: ...  # [systemReserved]
+
+    @property
+    def eviction_hard(self) -> Mapping[str, str]: ...  # [evictionHard]
+
+    @property
+    def local_storage_capacity_isolation(self) -> bool: ...  # [localStorageCapacityIsolation]
+
+    @property
+    def register_node(self) -> bool: ...  # [registerNode]
+
+    @property
+    def register_with_taints(self) -> tuple[Mapping[str, Any], ...]: ...  # [registerWithTaints]
+
+    @property
+    def provider_id(self) -> str: ...  # [providerID]
+
+    @property
+    def enable_controller_attach_detach(self) -> bool: ...  # [enableControllerAttachDetach]
+
+    @property
+    def node_status_update_frequency(self) -> float: ...  # [nodeStatusUpdateFrequency] s
+
+    @property
+    def node_status_report_frequency(self) -> float: ...  # [nodeStatusReportFrequency] s
+
+    @property
+    def node_lease_duration_seconds(self) -> int: ...  # [nodeLeaseDurationSeconds]
+
+    @property
+    def event_record_qps(self) -> int: ...  # [eventRecordQPS] 0 = unlimited
+
+    @property
+    def event_burst(self) -> int: ...  # [eventBurst]
+
+    @property
+    def kube_api_qps(self) -> int: ...  # [kubeAPIQPS]
+
+    @property
+    def kube_api_burst(self) -> int: ...  # [kubeAPIBurst]
+
+    @property
+    def container_runtime_endpoint(self) -> str: ...  # [containerRuntimeEndpoint]
+
+    @property
+    def effective_image_service_endpoint(self) -> str: ...  # [imageServiceEndpoint]
+
+    @property
+    def static_pod_path(self) -> str: ...  # [staticPodPath]
+
+    @property
+    def static_pod_url(self) -> str: ...  # [staticPodURL]
+
+
+class ClusterKlet(Protocol):
+    """The klet-only settings cluster mode reads."""
+
+    @property
+    def node_name(self) -> str: ...
+
+    @property
+    def node_ips(self) -> tuple[str, ...]: ...  # --node-ip, split; () = detect
+
+    @property
+    def node_labels(self) -> Mapping[str, str]: ...  # --node-labels
+
+    @property
+    def kubeconfig(self) -> Path | None: ...  # None = standalone
+
+    @property
+    def root_dir(self) -> Path: ...  # --root-dir: its filesystem is ephemeral-storage
+
+
+@dataclass(frozen=True)
+class ClusterOverrides:
+    """Replacements for cluster mode's production dependencies (tests)."""
+
+    kube: Kube | None = None
+    lease_kube: Kube | None = None
+    runtime: RuntimeService | None = None
+    conditions: ConditionTable | None = None
+    sources: SourcesTable | None = None
+    events: EventFeed | None = None
+    publisher: EventPublisher | None = None
+    read_machine: Callable[[], MachineInfo] | None = None
+    node_ips: tuple[str, ...] | None = None
+    retry: RetryPolicy | None = None
+    node_policy: NodeStatusPolicy | None = None
+    lease_policy: LeasePolicy | None = None
+    pod_policy: PodSyncPolicy | None = None
+    event_policy: EventPolicy | None = None
+
+
+async def _nothing() -> None:
+    return None
+
+
+@dataclass(frozen=True)
+class ClusterDeps:
+    """The cluster-mode managers, ready to run."""
+
+    identity: NodeIdentity
+    node_status: NodeStatusManager
+    lease: LeaseManager
+    pods: PodSyncManager
+    events: EventSink
+    close: Callable[[], Awaitable[None]] = field(default=_nothing)
+
+
+def cluster_tasks(c: ClusterDeps) -> dict[str, Coroutine[Any, Any, None]]:
+    """The named root coroutines of cluster mode (not started)."""
+    return {
+        "node-status": c.node_status.run(),
+        "node-lease": c.lease.run(),
+        "pod-status": c.pods.run(),
+        "events": c.events.run(),
+    }
+
+
+def node_config(kubelet: ClusterKubelet, klet: ClusterKlet) -> NodeConfig:
+    eviction_hard = dict(kubelet.eviction_hard)
+    if not kubelet.local_storage_capacity_isolation:
+        eviction_hard.pop("nodefs.available", None)  # as upstream: no storage reservation
+    return NodeConfig(
+        node_name=klet.node_name,
+        node_labels=dict(klet.node_labels),
+        register_with_taints=tuple(kubelet.register_with_taints),
+        provider_id=kubelet.provider_id,
+        kubelet_port=kubelet.port,
+        max_pods=kubelet.max_pods,
+        max_images=kubelet.node_status_max_images,
+        kube_reserved=dict(kubelet.kube_reserved),
+        system_reserved=dict(kubelet.system_reserved),
+        eviction_hard=eviction_hard,
+        controller_attach_detach=kubelet.enable_controller_attach_detach,
+    )
+
+
+def configured_sources(kubelet: ClusterKubelet) -> frozenset[str]:
+    """The pod sources that must be ready before an orphaned mirror pod is deleted."""
+    sources = {"api"}
+    if kubelet.static_pod_path:
+        sources.add("file")
+    if kubelet.static_pod_url:
+        sources.add("http")
+    return frozenset(sources)
+
+
+def _kube_client(kubeconfig: Path, kubelet: ClusterKubelet, node: str) -> Any:
+    from klet.kube import KubeClient, KubeSettings
+
+    return KubeClient(
+        KubeSettings(
+            kubeconfig=kubeconfig,
+            qps=float(kubelet.kube_api_qps),
+            burst=kubelet.kube_api_burst,
+            user_agent=f"klet/{KUBELET_VERSION} ({node})",
+        )
+    )
+
+
+def build_cluster(
+    kubelet: ClusterKubelet,
+    klet: ClusterKlet,
+    *,
+    view: PodView,
+    bus: Callable[[], NodeBus],
+    overrides: ClusterOverrides | None = None,
+) -> ClusterDeps:
+    """Build cluster mode's managers; `bus()` gives the node's tables when not overridden."""
+    o = overrides or ClusterOverrides()
+    closers: list[Callable[[], Awaitable[None]]] = []
+
+    kube = o.kube
+    lease_kube = o.lease_kube
+    if kube is None or lease_kube is None:
+        if klet.kubeconfig is None:
+            raise ValueError("cluster mode needs a kubeconfig (or a Kube override)")
+        if kube is None:
+            kube = _kube_client(klet.kubeconfig, kubelet, klet.node_name)
+            closers.append(kube.close)
+        if lease_kube is None:
+            lease_kube = _kube_client(klet.kubeconfig, kubelet, klet.node_name)
+            closers.append(lease_kube.close)
+
+    runtime = o.runtime
+    if runtime is None:
+        from klet.cri import CRISettings, RuntimeClient
+
+        client = RuntimeClient(
+            CRISettings(
+                runtime_endpoint=kubelet.container_runtime_endpoint,
+                image_endpoint=kubelet.effective_image_service_endpoint,
+                timeout_s=10.0,
+                read_attempts=1,
+            )
+        )
+        runtime = client
+        closers.append(client.close)
+
+    retry = o.retry or RetryPolicy()
+    api = KubeApi(kube, retry=retry)
+    identity = NodeIdentity(klet.node_name)
+    root_dir = klet.root_dir
+    observer = NodeObserver(
+        runtime=runtime,
+        conditions=o.conditions or bus().node,
+        read_machine=o.read_machine or (lambda: read_machine(root_dir)),
+        node_ips=o.node_ips
+        if o.node_ips is not None
+        else detect_node_ips(klet.node_ips, klet.node_name),
+    )
+    node_policy = o.node_policy or NodeStatusPolicy(
+        update_frequency_s=kubelet.node_status_update_frequency,
+        report_frequency_s=kubelet.node_status_report_frequency,
+        register=kubelet.register_node,
+    )
+    node_status = NodeStatusManager(
+        # The status loop makes its own 5 tries, each a fresh GET: no retries inside.
+        api=KubeApi(kube, retry=NO_RETRY),
+        observer=observer,
+        identity=identity,
+        config=node_config(kubelet, klet),
+        policy=node_policy,
+        events=o.publisher or bus().events,
+    )
+    lease = LeaseManager(
+        api=KubeApi(lease_kube, retry=NO_RETRY),
+        identity=identity,
+        policy=o.lease_policy or LeasePolicy(duration_s=kubelet.node_lease_duration_seconds),
+    )
+    pods = PodSyncManager(
+        view=view,
+        api=api,
+        identity=identity,
+        sources=o.sources or bus().sources,
+        configured_sources=configured_sources(kubelet),
+        policy=o.pod_policy or PodSyncPolicy(),
+    )
+    event_sink = EventSink(
+        feed=o.events or bus().events,
+        # The sink retries an unavailable apiserver itself, per event.
+        api=KubeApi(kube, retry=NO_RETRY),
+        node_name=klet.node_name,
+        mirror_uid=pods.mirror_uid,
+        consumer=socket.gethostname(),
+        policy=o.event_policy
+        or EventPolicy(qps=float(kubelet.event_record_qps), burst=kubelet.event_burst),
+    )
+
+    async def close() -> None:
+        for closer in reversed(closers):
+            await closer()
+
+    return ClusterDeps(
+        identity=identity,
+        node_status=node_status,
+        lease=lease,
+        pods=pods,
+        events=event_sink,
+        close=close,
+    )

@@ -1,0 +1,214 @@
+"""Posts the bus's EventRecords to the apiserver as core/v1 Events (the manager around
+`events.py`).
+
+The `events` stream is consumed in the consumer group "status-reporter" (pending
+entries of a dead consumer are claimed on start, as the pod view does); an entry is
+acknowledged once its Event exists, or once it is given up on:
+
+- a malformed entry is logged and acknowledged (reading it again would never help);
+- an Event the apiserver refuses (Invalid, Forbidden, ...) is logged and dropped;
+- an unavailable apiserver is retried with back-off up to `max_tries` times (upstream's
+  recorder gives up after 12), the outage logged once, so a short outage loses nothing
+  and a long one does not hold the stream forever.
+
+Redelivery after a crash is harmless: the Event name derives from the record's time,
+so creating it again answers AlreadyExists, which counts as done.
+
+A static pod's events are posted against its mirror pod (`mirror_uid`), as the
+apiserver knows no object with the static pod's UID; before a mirror exists they keep
+the static UID.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from klet.bus import BusError, Entry
+from klet.kube import Conflict, KubeError, NotFound, Unavailable
+from klet.model.records import EventRecord
+from klet.model.types import PodUID
+from klet.obs import OnceLogger
+from klet.status_reporter import events
+from klet.status_reporter.backoff import Backoff, BackoffPolicy
+from klet.status_reporter.kubeapi import KubeApi
+
+log = logging.getLogger(__name__)
+
+GROUP = "status-reporter"
+
+MirrorLookup = Callable[[PodUID], "str | None"]
+
+
+class EventFeed(Protocol):
+    """The `events` stream, consumed in a consumer group."""
+
+    async def ensure_group(self, group: str) -> None: ...
+
+    async def read(
+        self, group: str, consumer: str, *, count: int, block_ms: int
+    ) -> list[Entry[EventRecord]]: ...
+
+    async def ack(self, group: str, *ids: str) -> None: ...
+
+    async def claim_stale(
+        self, group: str, consumer: str, *, min_idle_ms: int
+    ) -> list[Entry[EventRecord]]: ...
+
+
+@dataclass(frozen=True)
+class EventPolicy:
+    qps: float = 50.0
+    """eventRecordQPS (0 = unlimited)."""
+    burst: int = 100
+    """eventBurst."""
+    window_s: float = events.AGGREGATION_WINDOW_S
+    max_tries: int = 12
+    """Tries of one Event while the apiserver is unavailable, then it is dropped."""
+    retry: BackoffPolicy = field(default_factory=lambda: BackoffPolicy(0.5, 5.0))
+    bus_backoff: BackoffPolicy = field(default_factory=lambda: BackoffPolicy(0.2, 5.0))
+    read_count: int = 100
+    read_block_ms: int = 1000
+    claim_idle_ms: int = 30_000
+
+
+class EventSink:
+    """Consumes the `events` stream and posts each record; `post` is one step."""
+
+    def __init__(
+        self,
+        *,
+        feed: EventFeed,
+        api: KubeApi,
+        node_name: str,
+        mirror_uid: MirrorLookup,
+        consumer: str,
+        policy: EventPolicy = EventPolicy(),
+        monotonic: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._feed = feed
+        self._api = api
+        self._node = node_name
+        self._mirror_uid = mirror_uid
+        self._consumer = consumer
+        self._policy = policy
+        self._monotonic = monotonic
+        self._aggregator = events.Aggregator(window_s=policy.window_s)
+        self._bucket = events.TokenBucket(policy.qps, policy.burst, now=monotonic())
+        self._group_ready = False
+        self._once = OnceLogger(log, level=logging.WARNING)
+        self.posted = 0
+        """Events created or counted (tests and metrics)."""
+
+    async def post(self, record: EventRecord) -> None:
+        """Create the Event, or raise the count of a recent identical one. Raises KubeError."""
+        ref = events.involved_object(record.involved)
+        if ref.get("kind") == "Pod" and ref.get("uid"):
+            mirror = self._mirror_uid(PodUID(ref["uid"]))
+            if mirror:
+                ref["uid"] = mirror
+        key = events.event_key(record, ref)
+        namespace = events.event_namespace(ref)
+        decision = self._aggregator.decide(key, record, ref)
+        await self._throttle()
+        if decision.kind == "patch":
+            try:
+                await self._api.patch_event(
+                    namespace, decision.name, events.count_patch(decision.count, record.at)
+                )
+            except NotFound:
+                self._aggregator.forget(key)
+                decision = events.Post(
+                    "create", events.event_name(ref, record.at), max(1, record.count)
+                )
+            else:
+                self._aggregator.posted(key, decision, at=record.at)
+                self.posted += 1
+                return
+        body = events.new_event(record, ref, node_name=self._node, name=decision.name)
+        try:
+            await self._api.create_event(body)
+        except Conflict:
+            pass  # created by an earlier delivery of the same record
+        self._aggregator.posted(key, decision, at=record.at)
+        self.posted += 1
+
+    async def _throttle(self) -> None:
+        delay = self._bucket.take(self._monotonic())
+        if delay > 0:
+            await asyncio.sleep(delay)
+
+    async def handle(self, entry: Entry[EventRecord]) -> None:
+        """Post one entry's event, retrying an unavailable apiserver (bounded)."""
+        record = entry.record
+        if record is None:
+            log.error(
+                "bad events entry, acknowledging without posting",
+                extra={"entry": entry.id, "error": entry.error},
+            )
+            return
+        backoff = Backoff(self._policy.retry)
+        for attempt in range(1, max(1, self._policy.max_tries) + 1):
+            try:
+                await self.post(record)
+            except Unavailable as err:
+                self._once.error("api", "cannot post events, apiserver unavailable", error=str(err))
+                if attempt < self._policy.max_tries:
+                    await asyncio.sleep(backoff.next())
+                continue
+            except KubeError as err:
+                log.error(
+                    "event refused by the apiserver, dropping it",
+                    extra={"reason": record.reason, "error": str(err)},
+                )
+                return
+            self._once.clear("api", "posting events again")
+            return
+        log.error(
+            "event dropped after retries",
+            extra={"reason": record.reason, "tries": self._policy.max_tries},
+        )
+
+    async def consume_once(self) -> int:
+        """Read one batch (blocking up to read_block_ms), post and acknowledge it.
+
+        Raises BusError, leaving unacknowledged entries pending (claimed again later).
+        """
+        if not self._group_ready:
+            await self._feed.ensure_group(GROUP)
+            stale = await self._feed.claim_stale(
+                GROUP, self._consumer, min_idle_ms=self._policy.claim_idle_ms
+            )
+            self._group_ready = True
+            await self._apply(stale)
+        entries = await self._feed.read(
+            GROUP,
+            self._consumer,
+            count=self._policy.read_count,
+            block_ms=self._policy.read_block_ms,
+        )
+        await self._apply(entries)
+        return len(entries)
+
+    async def _apply(self, entries: Iterable[Entry[EventRecord]]) -> None:
+        for entry in entries:
+            await self.handle(entry)
+            await self._feed.ack(GROUP, entry.id)
+
+    async def run(self) -> None:
+        """Consume the stream until cancelled, surviving bus outages."""
+        backoff = Backoff(self._policy.bus_backoff)
+        while True:
+            try:
+                await self.consume_once()
+            except BusError as err:
+                self._group_ready = False
+                self._once.error("bus", "cannot read the events stream", error=str(err))
+                await asyncio.sleep(backoff.next())
+                continue
+            backoff.reset()
+            self._once.clear("bus", "reading the events stream again")

@@ -1,0 +1,277 @@
+"""The kubelet API's endpoints as an ASGI app (`create_app(deps)`), and the resolution of
+streaming requests to the runtime's URL (`resolve_stream_url`).
+
+Authentication and authorization are not here: `server.py` decides them for every
+request before it reaches this app or the streaming proxy, so this app can be tested
+in-process through `httpx.ASGITransport` like any other (STYLE rule 22).
+
+Endpoints, as upstream's kubelet serves them on its secure port: `/healthz`, `/pods`
+(the pod view's PodList, the same one the read-only port serves), `/runningpods/`
+(pods as the runtime sees them), `/metrics`, `/metrics/resource` (metrics-server's
+CPU and memory series, from the summary), `/configz`, `/stats/summary`,
+`/containerLogs/{ns}/{pod}/{container}`, `/run/{ns}/{pod}[/{uid}]/{container}`; exec,
+attach and portForward need an upgrade and are proxied by `server.py` after
+`resolve_stream_url`: without one they answer 400. Error bodies are upstream's plain
+text. With enableDebuggingHandlers off, the debugging endpoints answer 405 "Debug
+endpoints are disabled.", as upstream's.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import AsyncIterator
+from urllib.parse import parse_qs
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
+from klet.cri.errors import CRIError
+from klet.cri.errors import NotFound as CRINotFound
+from klet.cri.types import ContainerState
+from klet.model.types import JSON, ContainerID
+from klet.obs import render
+from klet.status_reporter.kubeletapi import lookup
+from klet.status_reporter.kubeletapi.crilogs import LogOptionsError, parse_log_options
+from klet.status_reporter.kubeletapi.deps import KubeletApiDeps
+from klet.status_reporter.kubeletapi.logstream import stream_log
+from klet.status_reporter.kubeletapi.resourcemetrics import resource_metrics
+from klet.status_reporter.kubeletapi.routes import (
+    BadRequest,
+    StreamTarget,
+    stream_options,
+)
+from klet.status_reporter.kubeletapi.stats import SummaryProvider
+
+log = logging.getLogger(__name__)
+
+DEBUG_DISABLED = "Debug endpoints are disabled.\n"
+
+
+class HttpProblem(Exception):
+    """An error answer: status and plain-text body."""
+
+    def __init__(self, status: int, body: str) -> None:
+        super().__init__(body)
+        self.status = status
+        self.body = body
+
+
+def _text(status: int, body: str) -> PlainTextResponse:
+    return PlainTextResponse(body, status_code=status)
+
+
+async def resolve_stream_url(
+    deps: KubeletApiDeps, target: StreamTarget, query: str, *, websocket: bool
+) -> str:
+    """The runtime's streaming URL for an exec/attach/portForward request.
+
+    Raises HttpProblem with upstream's status and message.
+    """
+    if not deps.settings.enable_debugging_handlers:
+        raise HttpProblem(405, DEBUG_DISABLED)
+    try:
+        opts = stream_options(
+            target.kind, parse_qs(query, keep_blank_values=True), websocket=websocket
+        )
+    except BadRequest as err:
+        raise HttpProblem(400, str(err)) from err
+    pod = lookup.find_pod(deps.pods.pod_list(), target.namespace, target.pod)
+    if pod is None:
+        raise HttpProblem(404, "pod does not exist")
+    uid = lookup.pod_uid(pod)
+    if target.uid and target.uid != uid:
+        raise HttpProblem(404, "pod not found")
+    rt = deps.runtime
+    try:
+        if target.kind == "portForward":
+            sandbox = await lookup.ready_sandbox(rt, uid)
+            return await rt.port_forward(sandbox, list(opts.ports))
+        container = await lookup.running_container(rt, uid, target.container)
+        streams = {
+            "tty": opts.tty,
+            "stdin": opts.stdin,
+            "stdout": opts.stdout,
+            "stderr": opts.stderr,
+        }
+        if target.kind == "exec":
+            return await rt.exec(container, list(opts.command), **streams)
+        return await rt.attach(container, **streams)
+    except lookup.TargetError as err:
+        raise HttpProblem(err.status, str(err)) from err
+    except CRINotFound as err:
+        raise HttpProblem(404, str(err)) from err
+    except CRIError as err:
+        raise HttpProblem(500, str(err)) from err
+
+
+def create_app(deps: KubeletApiDeps) -> FastAPI:
+    """The kubelet API app (no authentication: see `server.py`)."""
+    app = FastAPI(title="klet kubelet API", docs_url=None, redoc_url=None, openapi_url=None)
+    s = deps.settings
+    summary = SummaryProvider(
+        node_name=s.node_name,
+        runtime=deps.runtime,
+        cgroups=deps.cgroups,
+        root_dir=s.root_dir,
+        pod_logs_dir=s.pod_logs_dir,
+    )
+
+    @app.exception_handler(HttpProblem)
+    async def problem(_: Request, err: HttpProblem) -> Response:
+        return _text(err.status, err.body)
+
+    def debugging() -> None:
+        if not s.enable_debugging_handlers:
+            raise HttpProblem(405, DEBUG_DISABLED)
+
+    @app.get("/healthz", response_class=PlainTextResponse)
+    async def healthz() -> str:
+        return "ok"
+
+    @app.get("/pods")
+    async def pods() -> JSONResponse:
+        return JSONResponse(deps.pods.pod_list())
+
+    @app.get("/runningpods/")
+    async def running_pods() -> JSONResponse:
+        debugging()
+        try:
+            sandboxes = await deps.runtime.list_pod_sandboxes()
+            containers = await deps.runtime.list_containers()
+        except CRIError as err:
+            raise HttpProblem(500, str(err)) from err
+        return JSONResponse(lookup.running_pods(sandboxes, containers))
+
+    @app.get("/metrics")
+    async def metrics() -> Response:
+        body, content_type = render(deps.registry)
+        return Response(body, media_type=content_type)
+
+    @app.get("/metrics/resource")
+    async def metrics_resource() -> Response:
+        try:
+            data: JSON | None = await summary.summary(only_cpu_and_memory=True)
+        except CRIError as err:
+            log.warning("resource metrics without a summary", extra={"error": str(err)})
+            data = None
+        return Response(
+            resource_metrics(data, now_ms=time.time_ns() // 1_000_000),
+            media_type="text/plain; version=0.0.4; charset=utf-8",
+        )
+
+    @app.get("/configz")
+    async def configz() -> JSONResponse:
+        debugging()
+        return JSONResponse(s.configz)
+
+    @app.get("/stats/summary")
+    async def stats_summary(only_cpu_and_memory: str = "") -> JSONResponse:
+        try:
+            data = await summary.summary(only_cpu_and_memory=only_cpu_and_memory == "true")
+        except CRIError as err:
+            raise HttpProblem(500, f"Internal Error: failed to get summary stats: {err}") from err
+        return JSONResponse(data)
+
+    @app.get("/containerLogs/{namespace}/{pod_name}/{container}")
+    async def container_logs(
+        namespace: str, pod_name: str, container: str, request: Request
+    ) -> Response:
+        debugging()
+        return await _container_logs(deps, namespace, pod_name, container, request.url.query)
+
+    @app.post("/run/{namespace}/{pod_name}/{container}")
+    @app.post("/run/{namespace}/{pod_name}/{uid}/{container}")
+    async def run(
+        namespace: str, pod_name: str, container: str, cmd: str = "", uid: str = ""
+    ) -> Response:
+        debugging()
+        pod = lookup.find_pod(deps.pods.pod_list(), namespace, pod_name)
+        if pod is None:
+            raise HttpProblem(404, "pod does not exist")
+        pod_uid = lookup.pod_uid(pod)
+        if uid and uid != pod_uid:
+            raise HttpProblem(404, "pod not found")
+        try:
+            cid = await lookup.running_container(deps.runtime, pod_uid, container)
+            _, out, err = await deps.runtime.exec_sync(cid, cmd.split(" "), timeout_s=0)
+        except (lookup.TargetError, CRIError) as e:
+            raise HttpProblem(500, str(e)) from e
+        return Response(out + err, media_type="application/json")
+
+    for kind in ("exec", "attach"):
+        for suffix in (
+            "{namespace}/{pod_name}/{container}",
+            "{namespace}/{pod_name}/{uid}/{container}",
+        ):
+            app.add_api_route(f"/{kind}/{suffix}", _needs_upgrade, methods=["GET", "POST"])
+    for suffix in ("{namespace}/{pod_name}", "{namespace}/{pod_name}/{uid}"):
+        app.add_api_route(f"/portForward/{suffix}", _needs_upgrade, methods=["GET", "POST"])
+    return app
+
+
+async def _needs_upgrade() -> Response:
+    return _text(400, "Upgrade request required")
+
+
+async def _container_logs(
+    deps: KubeletApiDeps, namespace: str, pod_name: str, container: str, query: str
+) -> Response:
+    try:
+        opts = parse_log_options(parse_qs(query, keep_blank_values=True))
+    except LogOptionsError as err:
+        return _text(err.status, str(err))
+    pod = lookup.find_pod(deps.pods.pod_list(), namespace, pod_name)
+    if pod is None:
+        return _text(404, f'pod "{pod_name}" does not exist\n')
+    if not lookup.has_container(pod, container):
+        return _text(404, f'container "{container}" not found in pod "{pod_name}"\n')
+    try:
+        cid = lookup.log_container_id(pod, container, previous=opts.previous)
+    except lookup.TargetError as err:
+        return _text(err.status, str(err))
+    path = await _log_path(deps, pod, container, cid, previous=opts.previous)
+    try:
+        await asyncio.to_thread(_check_readable, path)
+    except OSError as err:
+        return _text(400, f'failed to open log file "{path}": {err.strerror or err}')
+
+    async def is_running() -> bool:
+        try:
+            status = await deps.runtime.container_status(cid)
+        except CRIError:
+            return False
+        return status.state == ContainerState.RUNNING
+
+    async def body() -> AsyncIterator[bytes]:
+        async for chunk in stream_log(path, opts, is_running=is_running, policy=deps.follow):
+            yield chunk
+
+    return StreamingResponse(body(), media_type="text/plain")
+
+
+def _check_readable(path: str) -> None:
+    with open(path, "rb"):
+        pass
+
+
+async def _log_path(
+    deps: KubeletApiDeps,
+    pod: JSON,
+    container: str,
+    cid: ContainerID,
+    *,
+    previous: bool,
+) -> str:
+    """The log file of `cid`: CRI's log path while the runtime knows the container, else
+    the conventional `<podLogsDir>/<ns>_<name>_<uid>/<container>/<restarts>.log`."""
+    try:
+        status = await deps.runtime.container_status(cid)
+        if status.log_path:
+            return status.log_path
+    except CRIError:
+        pass
+    meta = pod.get("metadata") or {}
+    restarts = lookup.restart_count(pod, container) - (1 if previous else 0)
+    pod_dir = f"{meta.get('namespace', 'default')}_{meta.get('name', '')}_{meta.get('uid', '')}"
+    return str(deps.settings.pod_logs_dir / pod_dir / container / f"{max(restarts, 0)}.log")

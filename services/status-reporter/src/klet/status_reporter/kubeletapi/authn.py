@@ -1,0 +1,189 @@
+"""Who is asking: authentication of kubelet API requests, as upstream's kubelet does it.
+
+In upstream's order, first match wins:
+
+1. **x509 client certificate** (only when `authentication.x509.clientCAFile` is set):
+   the TLS layer requests a client certificate and verifies it against the CA bundle;
+   a verified certificate authenticates as user = subject CN, groups = subject O. A
+   certificate without a CN does not authenticate. Trade-off: upstream verifies in the
+   authenticator and answers 401 for a certificate from another CA; here OpenSSL
+   verifies during the handshake, which fails the handshake instead — stricter, and
+   OpenSSL's verification is the one we trust.
+2. **Bearer token** (`authentication.webhook.enabled` and an apiserver to ask): a
+   TokenReview, answers cached for `cacheTTL` (2 min), positive and negative alike;
+   failed calls are not cached. A presented token that does not authenticate fails the
+   request even when anonymous access is on (upstream's "invalid bearer token").
+3. **Anonymous** (`authentication.anonymous.enabled`): system:anonymous in group
+   system:unauthenticated.
+
+Otherwise the request is unauthenticated: 401 "Unauthorized".
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, Generic, Protocol, TypeVar
+
+from klet.kube import KubeError
+from klet.model.types import JSON
+from klet.status_reporter.kubeletapi.attributes import ANONYMOUS, User
+
+log = logging.getLogger(__name__)
+
+TOKENREVIEWS = "/apis/authentication.k8s.io/v1/tokenreviews"
+
+K = TypeVar("K")
+V = TypeVar("V")
+
+
+class ApiServer(Protocol):
+    """The one apiserver call the reviews need."""
+
+    async def create(self, path: str, body: JSON) -> Any: ...
+
+
+class AuthenticationError(Exception):
+    """Authentication could not be decided (the apiserver failed): 401, not cached."""
+
+
+class TTLCache(Generic[K, V]):
+    """A small expiring map; `ttl_s` per entry; expired entries are dropped on access and
+    the map is swept when it grows past `max_entries`."""
+
+    def __init__(self, *, clock: Callable[[], float] = time.monotonic, max_entries: int = 4096):
+        self._clock = clock
+        self._max = max_entries
+        self._items: dict[K, tuple[float, V]] = {}
+
+    def get(self, key: K) -> tuple[bool, V | None]:
+        """(hit, value)."""
+        item = self._items.get(key)
+        if item is None:
+            return False, None
+        expires, value = item
+        if self._clock() >= expires:
+            del self._items[key]
+            return False, None
+        return True, value
+
+    def put(self, key: K, value: V, ttl_s: float) -> None:
+        if ttl_s <= 0:
+            return
+        now = self._clock()
+        if len(self._items) >= self._max:
+            self._items = {k: v for k, v in self._items.items() if v[0] > now}
+            if len(self._items) >= self._max:
+                self._items.pop(next(iter(self._items)))
+        self._items[key] = (now + ttl_s, value)
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+
+def user_from_peercert(cert: Mapping[str, Any] | None) -> User | None:
+    """The user of a verified client certificate (ssl's `getpeercert()` dict): CN and Os."""
+    if not cert:
+        return None
+    cn = ""
+    groups: list[str] = []
+    for rdn in cert.get("subject", ()):
+        for key, value in rdn:
+            if key == "commonName" and not cn:
+                cn = str(value)
+            elif key == "organizationName":
+                groups.append(str(value))
+    if not cn:
+        return None
+    return User(cn, tuple(groups))
+
+
+def bearer_token(headers: Mapping[str, str]) -> str | None:
+    """The token of an `Authorization: Bearer <token>` header, if any (scheme case-blind)."""
+    value = headers.get("authorization", "")
+    scheme, _, token = value.strip().partition(" ")
+    if scheme.lower() != "bearer":
+        return None
+    token = token.strip()
+    return token or None
+
+
+def user_from_token_review(review: JSON) -> User | None:
+    status = review.get("status") or {}
+    if not status.get("authenticated"):
+        return None
+    u = status.get("user") or {}
+    name = str(u.get("username", ""))
+    if not name:
+        return None
+    extra = {str(k): tuple(str(x) for x in v or ()) for k, v in (u.get("extra") or {}).items()}
+    return User(name, tuple(u.get("groups") or ()), str(u.get("uid", "")), extra)
+
+
+@dataclass(frozen=True)
+class AuthnSettings:
+    """The `authentication` block of KubeletConfiguration, as far as requests need it."""
+
+    x509: bool = False
+    """A client CA is configured (clientCAFile), so verified client certs authenticate."""
+    webhook: bool = True
+    """authentication.webhook.enabled: bearer tokens via TokenReview."""
+    webhook_cache_ttl_s: float = 120.0
+    """authentication.webhook.cacheTTL, seconds."""
+    anonymous: bool = False
+    """authentication.anonymous.enabled."""
+
+
+class Authenticator:
+    """Request → User | None, per the module docstring."""
+
+    def __init__(
+        self,
+        settings: AuthnSettings,
+        apiserver: ApiServer | None,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.settings = settings
+        self._apiserver = apiserver if settings.webhook else None
+        self._cache: TTLCache[str, User | None] = TTLCache(clock=clock)
+
+    async def authenticate(
+        self, headers: Mapping[str, str], peercert: Mapping[str, Any] | None
+    ) -> User | None:
+        """The user, or None (401). Raises AuthenticationError when the apiserver failed."""
+        if self.settings.x509:
+            user = user_from_peercert(peercert)
+            if user is not None:
+                return user
+        token = bearer_token(headers)
+        if token is not None and self._apiserver is not None:
+            # A token that does not authenticate is a failure, not a reason to fall
+            # through to anonymous.
+            return await self._review(token)
+        if self.settings.anonymous:
+            return ANONYMOUS
+        return None
+
+    async def _review(self, token: str) -> User | None:
+        key = hashlib.sha256(token.encode()).hexdigest()
+        hit, cached = self._cache.get(key)
+        if hit:
+            return cached
+        assert self._apiserver is not None
+        body: JSON = {
+            "apiVersion": "authentication.k8s.io/v1",
+            "kind": "TokenReview",
+            "spec": {"token": token},
+        }
+        try:
+            review = await self._apiserver.create(TOKENREVIEWS, body)
+        except KubeError as err:
+            log.error("TokenReview failed", extra={"error": str(err)})
+            raise AuthenticationError(str(err)) from err
+        user = user_from_token_review(review or {})
+        self._cache.put(key, user, self.settings.webhook_cache_ttl_s)
+        return user

@@ -1,0 +1,193 @@
+"""What the kubelet API needs, as protocols of the calls it makes, and its settings.
+
+`KubeletApiDeps` is built once by `build_kubelet_api_deps(settings, ...)` from the
+service's settings tree and the clients the service already has: its pod view, a CRI
+`RuntimeClient`, its metrics registry and (cluster mode) a `KubeClient`. Unit tests
+build it directly with fakes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Protocol
+
+from klet.cgroups import CgroupFS
+from klet.config import Settings
+from klet.cri.types import ContainerStatusInfo
+from klet.model.types import JSON, ContainerID, SandboxID
+from klet.status_reporter.kubeletapi.authn import ApiServer, AuthnSettings
+from klet.status_reporter.kubeletapi.authz import AuthzSettings
+from klet.status_reporter.kubeletapi.logstream import FollowPolicy
+from klet.status_reporter.kubeletapi.lookup import RuntimeLister
+from klet.status_reporter.kubeletapi.stats import CgroupReader, StatsRuntime
+from prometheus_client import CollectorRegistry
+
+FINE_GRAINED_GATE = "KubeletFineGrainedAuthz"
+
+
+class PodView(Protocol):
+    """The node's pods as a v1 PodList (the status-reporter's pod cache)."""
+
+    def pod_list(self) -> JSON: ...
+
+
+class StreamingRuntime(Protocol):
+    """CRI calls behind exec, attach, portForward and run."""
+
+    async def exec(
+        self,
+        container_id: ContainerID,
+        cmd: list[str],
+        *,
+        tty: bool = False,
+        stdin: bool = False,
+        stdout: bool = True,
+        stderr: bool = True,
+    ) -> str: ...
+
+    async def attach(
+        self,
+        container_id: ContainerID,
+        *,
+        tty: bool = False,
+        stdin: bool = False,
+        stdout: bool = True,
+        stderr: bool = True,
+    ) -> str: ...
+
+    async def port_forward(self, sandbox_id: SandboxID, ports: list[int] | None = None) -> str: ...
+
+    async def exec_sync(
+        self, container_id: ContainerID, cmd: list[str], *, timeout_s: int
+    ) -> tuple[int, bytes, bytes]: ...
+
+
+class LogRuntime(Protocol):
+    async def container_status(self, container_id: ContainerID) -> ContainerStatusInfo: ...
+
+
+class KubeletRuntime(RuntimeLister, StreamingRuntime, LogRuntime, StatsRuntime, Protocol):
+    """Everything the kubelet API asks the runtime (klet.cri.RuntimeClient conforms)."""
+
+
+@dataclass(frozen=True)
+class KubeletApiSettings:
+    """The KubeletConfiguration and flag values the kubelet API reads (upstream names in
+    the field docs)."""
+
+    node_name: str
+    address: str = "0.0.0.0"
+    """[address] bind address."""
+    port: int = 10250
+    """[port]; 0 picks a free port (tests)."""
+    tls_cert_file: str = ""
+    """[tlsCertFile]; "" = self-signed in cert_dir."""
+    tls_private_key_file: str = ""
+    """[tlsPrivateKeyFile]."""
+    tls_min_version: str = ""
+    """[tlsMinVersion]."""
+    tls_cipher_suites: tuple[str, ...] = ()
+    """[tlsCipherSuites]."""
+    cert_dir: Path = Path("/var/lib/kubelet/pki")
+    """[--cert-dir] where the self-signed pair lives."""
+    node_ips: tuple[str, ...] = ()
+    """[--node-ip] extra SANs of the self-signed certificate."""
+    client_ca_file: Path | None = None
+    """[authentication.x509.clientCAFile]."""
+    authn: AuthnSettings = field(default_factory=AuthnSettings)
+    authorization_mode: str = "Webhook"
+    """[authorization.mode]: Webhook or AlwaysAllow."""
+    authz: AuthzSettings = field(default_factory=AuthzSettings)
+    fine_grained_authz: bool = True
+    """[featureGates.KubeletFineGrainedAuthz], on by default as upstream since 1.33."""
+    enable_debugging_handlers: bool = True
+    """[enableDebuggingHandlers]: off → 405 on logs, exec, attach, portForward, run,
+    runningpods and configz."""
+    pod_logs_dir: Path = Path("/var/log/pods")
+    """[podLogsDir]."""
+    root_dir: Path = Path("/var/lib/kubelet")
+    """[--root-dir]: the node filesystem of /stats/summary."""
+    streaming_idle_timeout_s: float = 4 * 3600.0
+    """[streamingConnectionIdleTimeout], seconds."""
+    idle_timeout_s: float = 90.0
+    """Keep-alive idle timeout between requests, seconds (upstream's IdleTimeout)."""
+    max_header_bytes: int = 1 << 20
+    """Largest request head, bytes (upstream's MaxHeaderBytes)."""
+    configz: JSON = field(default_factory=dict)
+    """The KubeletConfiguration in upstream JSON form, for /configz."""
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> KubeletApiSettings:
+        k, klet = settings.kubelet, settings.klet
+        auth = k.authentication
+        return cls(
+            node_name=klet.node_name,
+            address=k.address,
+            port=k.port,
+            tls_cert_file=k.tls_cert_file,
+            tls_private_key_file=k.tls_private_key_file,
+            tls_min_version=k.tls_min_version,
+            tls_cipher_suites=tuple(k.tls_cipher_suites),
+            cert_dir=klet.cert_dir,
+            node_ips=klet.node_ips,
+            client_ca_file=settings.client_ca_file,
+            authn=AuthnSettings(
+                x509=settings.client_ca_file is not None,
+                webhook=auth.webhook.enabled,
+                webhook_cache_ttl_s=auth.webhook.cache_ttl,
+                anonymous=auth.anonymous.enabled,
+            ),
+            authorization_mode=k.authorization.mode,
+            authz=AuthzSettings(
+                cache_authorized_ttl_s=k.authorization.webhook.cache_authorized_ttl,
+                cache_unauthorized_ttl_s=k.authorization.webhook.cache_unauthorized_ttl,
+            ),
+            fine_grained_authz=k.feature_gates.get(FINE_GRAINED_GATE, True),
+            enable_debugging_handlers=k.enable_debugging_handlers,
+            pod_logs_dir=Path(k.pod_logs_dir),
+            root_dir=klet.root_dir,
+            streaming_idle_timeout_s=k.streaming_connection_idle_timeout,
+            configz={"kubeletconfig": k.to_upstream()},
+        )
+
+
+@dataclass(frozen=True)
+class KubeletApiDeps:
+    """Everything the kubelet API (port 10250) uses."""
+
+    settings: KubeletApiSettings
+    pods: PodView
+    runtime: KubeletRuntime
+    registry: CollectorRegistry
+    cgroups: CgroupReader
+    apiserver: ApiServer | None = None
+    """For TokenReview and SubjectAccessReview; None in standalone mode."""
+    follow: FollowPolicy = field(default_factory=FollowPolicy)
+
+
+def build_kubelet_api_deps(
+    settings: Settings,
+    *,
+    pods: PodView,
+    runtime: KubeletRuntime,
+    registry: CollectorRegistry,
+    apiserver: ApiServer | None,
+    cgroups: CgroupReader | None = None,
+) -> KubeletApiDeps:
+    """The kubelet API's dependencies. Raises ValueError when authorization.mode is
+    Webhook and there is no apiserver to ask (upstream refuses to start the same way)."""
+    api_settings = KubeletApiSettings.from_settings(settings)
+    if api_settings.authorization_mode == "Webhook" and apiserver is None:
+        raise ValueError(
+            "authorization.mode: Webhook needs an apiserver (--kubeconfig); "
+            "use AlwaysAllow in standalone mode"
+        )
+    return KubeletApiDeps(
+        settings=api_settings,
+        pods=pods,
+        runtime=runtime,
+        registry=registry,
+        cgroups=cgroups if cgroups is not None else CgroupFS(),
+        apiserver=apiserver,
+    )

@@ -1,0 +1,73 @@
+"""Authentication then authorization of one kubelet API request: `Gate.check` returns
+None (go ahead) or the error answer, with upstream's statuses and bodies: 401
+"Unauthorized" (no identity, or the TokenReview failed), 500 "Authorization error
+(...)" (the SubjectAccessReview failed), 403 "Forbidden (user=..., ...)" (denied).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from typing import Any
+
+from klet.status_reporter.kubeletapi.attributes import (
+    authorization_error_message,
+    forbidden_message,
+    request_attributes,
+)
+from klet.status_reporter.kubeletapi.authn import AuthenticationError, Authenticator
+from klet.status_reporter.kubeletapi.authz import (
+    AlwaysAllow,
+    AuthorizationError,
+    Authorizer,
+    WebhookAuthorizer,
+)
+from klet.status_reporter.kubeletapi.deps import KubeletApiDeps
+
+log = logging.getLogger(__name__)
+
+
+class Gate:
+    """Authentication + authorization of one request; returns None or an error answer."""
+
+    def __init__(self, deps: KubeletApiDeps) -> None:
+        s = deps.settings
+        self._node = s.node_name
+        self._fine_grained = s.fine_grained_authz
+        self._authn = Authenticator(s.authn, deps.apiserver)
+        self._authz: Authorizer
+        if s.authorization_mode == "AlwaysAllow":
+            self._authz = AlwaysAllow()
+        elif deps.apiserver is None:
+            raise ValueError("authorization.mode: Webhook needs an apiserver (--kubeconfig)")
+        else:
+            self._authz = WebhookAuthorizer(s.authz, deps.apiserver)
+
+    async def check(
+        self, method: str, path: str, headers: Mapping[str, str], peercert: Any
+    ) -> tuple[int, str] | None:
+        try:
+            user = await self._authn.authenticate(headers, peercert)
+        except AuthenticationError:
+            user = None
+        if user is None:
+            return 401, "Unauthorized"
+        attrs = request_attributes(
+            user, method, path, node_name=self._node, fine_grained=self._fine_grained
+        )
+        try:
+            allowed = await self._authz.allowed(attrs)
+        except AuthorizationError as err:
+            return 500, authorization_error_message(err.attrs)
+        if not allowed:
+            log.info(
+                "forbidden",
+                extra={
+                    "user": user.name,
+                    "verb": attrs[0].verb,
+                    "path": path,
+                    "subresources": [a.subresource for a in attrs],
+                },
+            )
+            return 403, forbidden_message(attrs)
+        return None

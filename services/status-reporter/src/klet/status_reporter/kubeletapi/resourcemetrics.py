@@ -1,0 +1,104 @@
+"""`/metrics/resource`: the CPU and memory series metrics-server scrapes, with upstream's
+metric names and [STABLE] help texts, rendered from a `/stats/summary` document.
+
+Pure: the summary comes in, Prometheus text format comes out, each sample stamped with
+the scrape time (metrics-server reads the timestamps). A failed summary yields only
+`resource_scrape_error 1`, as upstream reports a failed collection.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+from klet.model.types import JSON
+
+_RESOURCE_METRICS = (
+    (
+        "node_cpu_usage_seconds_total",
+        "counter",
+        "Cumulative cpu time consumed by the node in core-seconds",
+    ),
+    ("node_memory_working_set_bytes", "gauge", "Current working set of the node in bytes"),
+    (
+        "pod_cpu_usage_seconds_total",
+        "counter",
+        "Cumulative cpu time consumed by the pod in core-seconds",
+    ),
+    ("pod_memory_working_set_bytes", "gauge", "Current working set of the pod in bytes"),
+    (
+        "container_cpu_usage_seconds_total",
+        "counter",
+        "Cumulative cpu time consumed by the container in core-seconds",
+    ),
+    (
+        "container_memory_working_set_bytes",
+        "gauge",
+        "Current working set of the container in bytes",
+    ),
+    (
+        "container_start_time_seconds",
+        "gauge",
+        "Start time of the container since unix epoch in seconds",
+    ),
+    (
+        "resource_scrape_error",
+        "gauge",
+        "1 if there was an error while getting container metrics, 0 otherwise",
+    ),
+)
+
+
+def _labels(**labels: str) -> str:
+    if not labels:
+        return ""
+    quoted = ",".join(
+        f'{k}="{v.replace(chr(92), chr(92) * 2).replace(chr(34), chr(92) + chr(34))}"'
+        for k, v in sorted(labels.items())
+    )
+    return "{" + quoted + "}"
+
+
+def _epoch_s(rfc: str) -> float | None:
+    try:
+        return datetime.strptime(rfc, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=UTC).timestamp()
+    except ValueError:
+        return None
+
+
+def resource_metrics(summary: JSON | None, *, now_ms: int) -> str:
+    """`/metrics/resource` (what metrics-server scrapes) from a summary, in the Prometheus
+    text format with upstream's metric names; None = the summary failed (scrape error)."""
+    samples: dict[str, list[str]] = {name: [] for name, _, _ in _RESOURCE_METRICS}
+
+    def add(name: str, value: float | int | None, **labels: str) -> None:
+        if value is not None:
+            samples[name].append(f"{name}{_labels(**labels)} {value} {now_ms}")
+
+    samples["resource_scrape_error"].append(f"resource_scrape_error {0 if summary else 1}")
+    node = (summary or {}).get("node", {})
+    cpu_ns = node.get("cpu", {}).get("usageCoreNanoSeconds")
+    add("node_cpu_usage_seconds_total", None if cpu_ns is None else cpu_ns / 1e9)
+    add("node_memory_working_set_bytes", node.get("memory", {}).get("workingSetBytes"))
+    for pod in (summary or {}).get("pods", []):
+        ref = {"namespace": pod["podRef"]["namespace"], "pod": pod["podRef"]["name"]}
+        cpu_ns = pod.get("cpu", {}).get("usageCoreNanoSeconds")
+        add("pod_cpu_usage_seconds_total", None if cpu_ns is None else cpu_ns / 1e9, **ref)
+        add("pod_memory_working_set_bytes", pod.get("memory", {}).get("workingSetBytes"), **ref)
+        for c in pod.get("containers", []):
+            labels = {**ref, "container": c["name"]}
+            cpu_ns = c.get("cpu", {}).get("usageCoreNanoSeconds")
+            add(
+                "container_cpu_usage_seconds_total",
+                None if cpu_ns is None else cpu_ns / 1e9,
+                **labels,
+            )
+            add(
+                "container_memory_working_set_bytes",
+                c.get("memory", {}).get("workingSetBytes"),
+                **labels,
+            )
+            add("container_start_time_seconds", _epoch_s(c.get("startTime", "")), **labels)
+    lines: list[str] = []
+    for name, kind, help_text in _RESOURCE_METRICS:
+        lines += [f"# HELP {name} [STABLE] {help_text}", f"# TYPE {name} {kind}", *samples[name]]
+    return "\n".join(lines) + "\n"

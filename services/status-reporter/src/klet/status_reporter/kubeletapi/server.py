@@ -1,0 +1,378 @@
+"""The kubelet API listener (port 10250): an asyncio TLS server of our own.
+
+Why not uvicorn: exec, attach and portForward must hand the client's raw upgraded
+connection to the runtime's stream server (SPDY/3.1 or WebSocket, whatever the client
+negotiated), and uvicorn only offers an ASGI WebSocket, never the socket. So this
+module owns the connection: `asyncio.start_server` with the SSLContext of
+`tlsconfig.py`, h11 (the HTTP/1.1 state machine uvicorn itself uses) to read request
+heads and frame responses, and per request:
+
+1. authenticate and authorize (`gate.py`): 401, 403 or 500 with upstream's bodies;
+2. an upgrade request to /exec, /attach or /portForward: resolve the runtime's URL
+   (`app.resolve_stream_url`) and proxy the connection (`streaming.proxy_upgrade`);
+   the connection then belongs to the stream and is closed with it;
+3. anything else: call the FastAPI app of `app.py` in-process through a minimal ASGI
+   adapter (one `http` scope per request, body read in full first, responses framed
+   by h11 — chunked when the app streams, as followed logs do). While the app runs, a
+   reader watches the socket so a client that goes away is reported as
+   `http.disconnect` and a followed log stops.
+
+The alternative, uvicorn on a private unix socket behind a reverse proxy here, would
+parse every request twice and still need this module's upgrade handling; in-process is
+smaller and has one fewer moving part. Keep-alive follows HTTP/1.1 (idle timeout 90 s
+between requests, request heads up to 1 MiB, bodies up to 1 MiB: the API takes none
+larger). HTTP/2 is not offered (ALPN http/1.1), which SPDY and WebSocket need anyway.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import ssl
+from collections.abc import Callable, Mapping
+from typing import Any
+from urllib.parse import unquote, urlsplit
+
+import h11
+from klet.status_reporter.kubeletapi.app import HttpProblem, create_app, resolve_stream_url
+from klet.status_reporter.kubeletapi.deps import KubeletApiDeps
+from klet.status_reporter.kubeletapi.gate import Gate
+from klet.status_reporter.kubeletapi.routes import (
+    StreamTarget,
+    is_upgrade,
+    is_websocket,
+    parse_stream_path,
+)
+from klet.status_reporter.kubeletapi.streaming import ProxyError, proxy_upgrade
+from klet.status_reporter.kubeletapi.tlsconfig import ensure_serving_cert, server_context
+
+log = logging.getLogger(__name__)
+
+READ_SIZE = 64 * 1024
+MAX_BODY = 1 << 20
+HANDSHAKE_TIMEOUT_S = 10.0
+
+
+class _Closed(Exception):
+    """The client went away or broke the protocol: drop the connection."""
+
+
+class _Connection:
+    """One client connection: a loop of requests until close, or one proxied stream."""
+
+    def __init__(
+        self,
+        deps: KubeletApiDeps,
+        app: Any,
+        gate: Gate,
+        reader: asyncio.StreamReader,
+        writer: asyncio.StreamWriter,
+    ) -> None:
+        self.deps = deps
+        self.app = app
+        self.gate = gate
+        self.reader = reader
+        self.writer = writer
+        self.h11 = h11.Connection(
+            h11.SERVER, max_incomplete_event_size=deps.settings.max_header_bytes
+        )
+        self.peercert = writer.get_extra_info("peercert")
+        self.peer = writer.get_extra_info("peername")
+        self.sock = writer.get_extra_info("sockname")
+
+    # -- I/O -----------------------------------------------------------------------------
+
+    async def _send(self, event: Any) -> None:
+        data = self.h11.send(event)
+        if data:
+            self.writer.write(data)
+            try:
+                await self.writer.drain()
+            except (OSError, ConnectionError) as err:
+                raise _Closed(str(err)) from err
+
+    async def _next(self, timeout_s: float) -> Any:
+        while True:
+            try:
+                event = self.h11.next_event()
+            except h11.RemoteProtocolError as err:
+                await self._protocol_error(err)
+                raise _Closed(str(err)) from err
+            if event is not h11.NEED_DATA:
+                return event
+            try:
+                data = await asyncio.wait_for(self.reader.read(READ_SIZE), timeout_s)
+            except (TimeoutError, OSError, ConnectionError) as err:
+                raise _Closed("idle or reset") from err
+            self.h11.receive_data(data)
+
+    async def _protocol_error(self, err: h11.RemoteProtocolError) -> None:
+        if self.h11.our_state in (h11.IDLE, h11.SEND_RESPONSE):
+            with contextlib.suppress(Exception):
+                status = err.error_status_hint
+                await self._send_text(status, "Bad Request" if status == 400 else str(err))
+
+    async def _send_text(self, status: int, body: str, *, close: bool = False) -> None:
+        data = body.encode()
+        headers = [
+            (b"content-type", b"text/plain; charset=utf-8"),
+            (b"x-content-type-options", b"nosniff"),
+            (b"content-length", str(len(data)).encode()),
+        ]
+        if close:
+            headers.append((b"connection", b"close"))
+        await self._send(h11.Response(status_code=status, headers=headers))
+        await self._send(h11.Data(data=data))
+        await self._send(h11.EndOfMessage())
+
+    # -- requests ------------------------------------------------------------------------
+
+    async def run(self) -> None:
+        idle = self.deps.settings.idle_timeout_s
+        while True:
+            event = await self._next(idle)
+            if isinstance(event, h11.ConnectionClosed):
+                return
+            if not isinstance(event, h11.Request):
+                raise _Closed(f"unexpected {type(event).__name__}")
+            body = await self._read_body()
+            if body is None:
+                await self._send_text(413, "Request Entity Too Large", close=True)
+                return
+            if await self._handle(event, body):
+                return  # the connection went to a stream, which closed it
+            if self.h11.our_state is h11.MUST_CLOSE or self.h11.their_state is h11.MUST_CLOSE:
+                return
+            if self.h11.our_state is not h11.DONE or self.h11.their_state is not h11.DONE:
+                return
+            self.h11.start_next_cycle()
+
+    async def _read_body(self) -> bytes | None:
+        chunks: list[bytes] = []
+        size = 0
+        while True:
+            event = await self._next(self.deps.settings.idle_timeout_s)
+            if isinstance(event, h11.Data):
+                size += len(event.data)
+                if size > MAX_BODY:
+                    return None
+                chunks.append(bytes(event.data))
+            elif isinstance(event, h11.EndOfMessage):
+                return b"".join(chunks)
+            else:
+                raise _Closed("request ended early")
+
+    async def _handle(self, request: h11.Request, body: bytes) -> bool:
+        """Answer one request; True when the connection was handed to a stream."""
+        method = request.method.decode("ascii", "replace")
+        target = urlsplit(request.target.decode("latin-1"))
+        path = unquote(target.path)
+        headers: dict[str, str] = {}
+        for name, value in request.headers:
+            key, text = name.decode("latin-1"), value.decode("latin-1")
+            headers[key] = f"{headers[key]}, {text}" if key in headers else text
+        denied = await self.gate.check(method, path, headers, self.peercert)
+        if denied is not None:
+            await self._send_text(*denied)
+            return False
+        stream = parse_stream_path(target.path) if method in ("GET", "POST") else None
+        if stream is not None and is_upgrade(headers):
+            return await self._stream(request, body, stream, target.query, headers)
+        await self._asgi(request, method, target.path, target.query, body)
+        return False
+
+    async def _stream(
+        self,
+        request: h11.Request,
+        body: bytes,
+        stream: StreamTarget,
+        query: str,
+        headers: Mapping[str, str],
+    ) -> bool:
+        try:
+            url = await resolve_stream_url(
+                self.deps, stream, query, websocket=is_websocket(headers)
+            )
+        except HttpProblem as err:
+            await self._send_text(err.status, err.body)
+            return False
+        early, _ = self.h11.trailing_data
+        raw = [(k.decode("latin-1"), v.decode("latin-1")) for k, v in request.headers.raw_items()]
+        log.debug("proxying stream", extra={"kind": stream.kind, "pod": stream.pod})
+        try:
+            await proxy_upgrade(
+                (self.reader, self.writer),
+                url=url,
+                method=request.method.decode("ascii"),
+                headers=raw,
+                body=body,
+                early=bytes(early),
+                idle_timeout_s=self.deps.settings.streaming_idle_timeout_s,
+            )
+        except ProxyError as err:
+            log.error("streaming proxy failed", extra={"url": url, "error": str(err)})
+            with contextlib.suppress(Exception):
+                await self._send_text(502, str(err), close=True)
+        return True
+
+    async def _asgi(
+        self, request: h11.Request, method: str, raw_path: str, query: str, body: bytes
+    ) -> None:
+        scope = {
+            "type": "http",
+            "asgi": {"version": "3.0", "spec_version": "2.3"},
+            "http_version": request.http_version.decode("ascii"),
+            "method": method,
+            "scheme": "https",
+            "path": unquote(raw_path),
+            "raw_path": raw_path.encode("latin-1"),
+            "query_string": query.encode("latin-1"),
+            "root_path": "",
+            "headers": [(bytes(k), bytes(v)) for k, v in request.headers],
+            "client": tuple(self.peer[:2]) if self.peer else None,
+            "server": tuple(self.sock[:2]) if self.sock else None,
+        }
+        disconnected = asyncio.Event()
+        stash = bytearray()
+        eof = False
+        request_sent = False
+        started = False
+
+        async def watch() -> None:
+            nonlocal eof
+            while True:
+                try:
+                    data = await self.reader.read(READ_SIZE)
+                except (OSError, ConnectionError):
+                    data = b""
+                if not data:
+                    eof = True
+                    disconnected.set()
+                    return
+                stash.extend(data)
+
+        async def receive() -> dict[str, Any]:
+            nonlocal request_sent
+            if not request_sent:
+                request_sent = True
+                return {"type": "http.request", "body": body, "more_body": False}
+            await disconnected.wait()
+            return {"type": "http.disconnect"}
+
+        async def send(message: Mapping[str, Any]) -> None:
+            nonlocal started
+            if disconnected.is_set():
+                raise OSError("client disconnected")
+            if message["type"] == "http.response.start":
+                started = True
+                await self._send(
+                    h11.Response(
+                        status_code=message["status"], headers=list(message.get("headers", []))
+                    )
+                )
+            elif message["type"] == "http.response.body":
+                data = message.get("body", b"")
+                if data and method != "HEAD":
+                    await self._send(h11.Data(data=data))
+                if not message.get("more_body", False):
+                    await self._send(h11.EndOfMessage())
+
+        watcher = asyncio.create_task(watch(), name="kubelet-api client watch")
+        try:
+            await self.app(scope, receive, send)
+        except _Closed:
+            raise
+        except Exception as err:  # noqa: BLE001 - an app bug answers 500, the server lives
+            if started or disconnected.is_set():
+                raise _Closed(f"app failed mid-response: {err}") from err
+            log.exception("kubelet API request failed", extra={"path": raw_path})
+            await self._send_text(500, "Internal Server Error", close=True)
+        finally:
+            watcher.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await watcher
+        if stash:
+            self.h11.receive_data(bytes(stash))
+        if eof:
+            self.h11.receive_data(b"")
+
+
+async def serve_kubelet_api(
+    deps: KubeletApiDeps,
+    *,
+    ready: asyncio.Event | None = None,
+    on_listening: Callable[[str, int], None] | None = None,
+) -> None:
+    """Serve the kubelet API on settings.address:port until cancelled.
+
+    Raises OSError when the port cannot be bound or the certificate files cannot be
+    read, ValueError for a bad TLS or authorization setting. `on_listening(host, port)`
+    gets the bound address (port 0 in tests) before `ready` is set.
+    """
+    s = deps.settings
+    cert, key = await asyncio.to_thread(
+        ensure_serving_cert,
+        cert_file=s.tls_cert_file,
+        key_file=s.tls_private_key_file,
+        cert_dir=s.cert_dir,
+        host=s.node_name,
+        ips=s.node_ips,
+    )
+    context = server_context(
+        cert_file=cert,
+        key_file=key,
+        client_ca_file=s.client_ca_file,
+        min_version=s.tls_min_version,
+        cipher_suites=s.tls_cipher_suites,
+    )
+    gate = Gate(deps)
+    app = create_app(deps)
+    connections: set[asyncio.Task[Any]] = set()
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        connections.add(task)
+        try:
+            await _Connection(deps, app, gate, reader, writer).run()
+        except (_Closed, ssl.SSLError, OSError, ConnectionError):
+            pass
+        except Exception:  # noqa: BLE001 - one broken connection must not end the server
+            log.exception(
+                "kubelet API connection failed",
+                extra={"peer": str(writer.get_extra_info("peername"))},
+            )
+        finally:
+            connections.discard(task)
+            writer.close()
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(writer.wait_closed(), 2)
+
+    try:
+        server = await asyncio.start_server(
+            handle,
+            s.address,
+            s.port,
+            ssl=context,
+            ssl_handshake_timeout=HANDSHAKE_TIMEOUT_S,
+        )
+    except OSError as err:
+        raise OSError(
+            err.errno, f"kubelet API: cannot listen on {s.address}:{s.port}: {err.strerror}"
+        ) from err
+    host, port = server.sockets[0].getsockname()[:2]
+    log.info("kubelet API listening", extra={"host": host, "port": port, "certificate": str(cert)})
+    if on_listening is not None:
+        on_listening(host, port)
+    if ready is not None:
+        ready.set()
+    try:
+        async with server:
+            await server.serve_forever()
+    finally:
+        server.close()
+        for task in list(connections):
+            task.cancel()
+        if connections:
+            await asyncio.wait(list(connections), timeout=5)

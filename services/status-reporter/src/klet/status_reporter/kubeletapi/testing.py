@@ -1,0 +1,175 @@
+"""Stateful fakes of the kubelet API's dependencies, for unit tests.
+
+- `FakePodView`: a PodList held in memory.
+- `FakeRuntime`: sandboxes, containers and their stats as lists a test edits, streaming
+  calls that answer a configurable URL and record what they were asked, and a switch to
+  make any call fail with a given CRIError.
+- `FakeApiServer`: answers TokenReview from a token table and SubjectAccessReview from
+  a set of allowed (user, verb, subresource) triples, recording every review; `fail`
+  makes calls raise Unavailable.
+- `FakeCgroups`: CgroupStats by relative path.
+
+mypy checks them against the protocols at the bottom. Integration tests use the real
+runtime and apiserver.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from klet.cgroups import CgroupStats
+from klet.cri.errors import CRIError, NotFound
+from klet.cri.types import (
+    Container,
+    ContainerStatsInfo,
+    ContainerStatusInfo,
+    FilesystemUsageInfo,
+    Sandbox,
+)
+from klet.kube import Unavailable
+from klet.model.types import JSON, ContainerID, SandboxID
+from klet.status_reporter.kubeletapi.authn import TOKENREVIEWS, ApiServer
+from klet.status_reporter.kubeletapi.authz import SUBJECTACCESSREVIEWS
+from klet.status_reporter.kubeletapi.deps import KubeletRuntime, PodView
+from klet.status_reporter.kubeletapi.stats import CgroupReader
+
+
+class FakePodView:
+    def __init__(self, pods: list[JSON] | None = None) -> None:
+        self.pods = list(pods or [])
+
+    def pod_list(self) -> JSON:
+        return {"kind": "PodList", "apiVersion": "v1", "metadata": {}, "items": list(self.pods)}
+
+
+def _selected(labels: dict[str, str], selector: dict[str, str] | None) -> bool:
+    return all(labels.get(k) == v for k, v in (selector or {}).items())
+
+
+class FakeRuntime:
+    def __init__(self) -> None:
+        self.sandboxes: list[Sandbox] = []
+        self.containers: list[Container] = []
+        self.statuses: dict[str, ContainerStatusInfo] = {}
+        self.stats: list[ContainerStatsInfo] = []
+        self.image_fs: list[FilesystemUsageInfo] = []
+        self.stream_url = "http://127.0.0.1:1/stream"
+        self.exec_output = (0, b"", b"")
+        self.calls: list[tuple[str, Any]] = []
+        self.failing: dict[str, CRIError] = {}
+
+    def _enter(self, method: str, args: Any = None) -> None:
+        self.calls.append((method, args))
+        if method in self.failing:
+            raise self.failing[method]
+
+    async def list_pod_sandboxes(
+        self, *, label_selector: dict[str, str] | None = None
+    ) -> list[Sandbox]:
+        self._enter("list_pod_sandboxes", label_selector)
+        return [s for s in self.sandboxes if _selected(s.labels, label_selector)]
+
+    async def list_containers(
+        self, *, sandbox_id: SandboxID | None = None, label_selector: dict[str, str] | None = None
+    ) -> list[Container]:
+        self._enter("list_containers", label_selector)
+        return [
+            c
+            for c in self.containers
+            if _selected(c.labels, label_selector) and sandbox_id in (None, c.sandbox_id)
+        ]
+
+    async def container_status(self, container_id: ContainerID) -> ContainerStatusInfo:
+        self._enter("container_status", container_id)
+        if container_id not in self.statuses:
+            raise NotFound(f"container {container_id} not found", code="NOT_FOUND")
+        return self.statuses[container_id]
+
+    async def exec(
+        self,
+        container_id: ContainerID,
+        cmd: list[str],
+        *,
+        tty: bool = False,
+        stdin: bool = False,
+        stdout: bool = True,
+        stderr: bool = True,
+    ) -> str:
+        self._enter("exec", (container_id, cmd, tty, stdin, stdout, stderr))
+        return self.stream_url
+
+    async def attach(
+        self,
+        container_id: ContainerID,
+        *,
+        tty: bool = False,
+        stdin: bool = False,
+        stdout: bool = True,
+        stderr: bool = True,
+    ) -> str:
+        self._enter("attach", (container_id, tty, stdin, stdout, stderr))
+        return self.stream_url
+
+    async def port_forward(self, sandbox_id: SandboxID, ports: list[int] | None = None) -> str:
+        self._enter("port_forward", (sandbox_id, list(ports or [])))
+        return self.stream_url
+
+    async def exec_sync(
+        self, container_id: ContainerID, cmd: list[str], *, timeout_s: int
+    ) -> tuple[int, bytes, bytes]:
+        self._enter("exec_sync", (container_id, cmd))
+        return self.exec_output
+
+    async def list_container_stats(self) -> list[ContainerStatsInfo]:
+        self._enter("list_container_stats")
+        return list(self.stats)
+
+    async def image_fs_info(
+        self,
+    ) -> tuple[list[FilesystemUsageInfo], list[FilesystemUsageInfo]]:
+        self._enter("image_fs_info")
+        return list(self.image_fs), []
+
+
+class FakeApiServer:
+    def __init__(self) -> None:
+        self.tokens: dict[str, JSON] = {}
+        """token -> the TokenReview status.user it authenticates as."""
+        self.allowed: set[tuple[str, str, str]] = set()
+        """(user, verb, subresource) triples SubjectAccessReview allows."""
+        self.reviews: list[tuple[str, JSON]] = []
+        self.fail = False
+
+    async def create(self, path: str, body: JSON) -> Any:
+        self.reviews.append((path, body))
+        if self.fail:
+            raise Unavailable(f"POST {path}: connection refused")
+        spec = body["spec"]
+        if path == TOKENREVIEWS:
+            user = self.tokens.get(spec["token"])
+            status: JSON = {"authenticated": user is not None}
+            if user is not None:
+                status["user"] = user
+            return {**body, "status": status}
+        if path == SUBJECTACCESSREVIEWS:
+            ra = spec["resourceAttributes"]
+            ok = (spec["user"], ra["verb"], ra["subresource"]) in self.allowed
+            return {**body, "status": {"allowed": ok}}
+        raise NotImplementedError(path)
+
+
+class FakeCgroups:
+    def __init__(self) -> None:
+        self.groups: dict[str, CgroupStats] = {}
+
+    def stats(self, rel: str) -> CgroupStats:
+        return self.groups.get(rel, CgroupStats(None, None, None, None))
+
+    def exists(self, rel: str) -> bool:
+        return rel in self.groups
+
+
+def _conforms(
+    p: FakePodView, r: FakeRuntime, a: FakeApiServer, c: FakeCgroups
+) -> tuple[PodView, KubeletRuntime, ApiServer, CgroupReader]:
+    return p, r, a, c

@@ -1,0 +1,194 @@
+"""Pure rules of the pod status manager: what to send, what to refuse, when to delete.
+
+Restated from the upstream status manager (`pkg/kubelet/status/status_manager.go`):
+
+- **Ordering.** A status record is sent only if its `(epoch, version)` is newer than
+  the last one sent for that pod (see `listing.py` for the pair); a newer version with
+  the same content is noted as sent without an API call.
+- **Container state transitions** (`checkContainerStateTransition`): unless the pod's
+  restartPolicy is Always, a container that was last reported terminated may not be
+  reported non-terminated again; under OnFailure a container that failed (non-zero
+  exit) may restart. Restartable init containers (sidecars, `restartPolicy: Always` on
+  the init container) are exempt. A status that breaks the rule is refused, with the
+  reason, and never sent.
+- **Merge** (`mergePodStatus`): conditions the kubelet owns come from the new status;
+  conditions others own (readiness gates, DisruptionTarget from the eviction API, ...)
+  are kept from the apiserver's copy unless the new status sets them too.
+- **Patch**: a JSON merge patch carrying the full merged status and `metadata.uid` as a
+  precondition, so a pod deleted and recreated under the same name is never given the
+  old pod's status (the apiserver refuses the changed UID).
+- **Final deletion**: an apiserver pod that has a deletionTimestamp and whose record
+  says `terminated` (syncloop stopped every container and the sandbox) is deleted with
+  grace 0 and a UID precondition, once its last status is on the server.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from klet.model.records import PodStatusRecord
+from klet.model.types import JSON
+
+CONFIG_SOURCE = "kubernetes.io/config.source"
+CONFIG_HASH = "kubernetes.io/config.hash"
+CONFIG_MIRROR = "kubernetes.io/config.mirror"
+STATIC_SOURCES = frozenset({"file", "http"})
+
+# Conditions the kubelet owns outright (upstream PodConditionByKubelet).
+KUBELET_CONDITIONS = frozenset(
+    {
+        "PodScheduled",
+        "Ready",
+        "Initialized",
+        "ContainersReady",
+        "PodReadyToStartContainers",
+        "PodResizePending",
+        "PodResizeInProgress",
+    }
+)
+
+
+@dataclass(frozen=True)
+class Sent:
+    """What was last sent (or deliberately not sent) for one pod."""
+
+    epoch: float
+    version: int
+    status: JSON
+    target_uid: str
+    """The UID of the API object it went to (a static pod's is its mirror's)."""
+
+
+Verdict = Literal["skip", "same", "illegal", "send"]
+
+
+@dataclass(frozen=True)
+class Decision:
+    verdict: Verdict
+    reason: str = ""
+
+
+def annotations_of(pod: JSON) -> dict[str, str]:
+    return dict((pod.get("metadata") or {}).get("annotations") or {})
+
+
+def source_of(pod: JSON) -> str:
+    """The config source of a desired pod ("api" unless pod-source marked it otherwise)."""
+    return annotations_of(pod).get(CONFIG_SOURCE, "api")
+
+
+def is_static(pod: JSON) -> bool:
+    return source_of(pod) in STATIC_SOURCES
+
+
+def is_mirror(pod: JSON) -> bool:
+    return CONFIG_MIRROR in annotations_of(pod)
+
+
+def full_name(pod: JSON) -> tuple[str, str]:
+    meta = pod.get("metadata") or {}
+    return (str(meta.get("namespace") or "default"), str(meta.get("name") or ""))
+
+
+def _terminated(cs: JSON) -> JSON | None:
+    term = (cs.get("state") or {}).get("terminated")
+    return term if isinstance(term, dict) else None
+
+
+def _check(old: list[JSON], new: list[JSON], *, policy: str, exempt: frozenset[str]) -> str | None:
+    new_by_name = {cs.get("name"): cs for cs in new}
+    for cs in old:
+        name = cs.get("name")
+        term = _terminated(cs)
+        if term is None or name in exempt:
+            continue
+        if policy == "OnFailure" and term.get("exitCode", 0) != 0:
+            continue
+        after = new_by_name.get(name)
+        if after is not None and _terminated(after) is None:
+            return (
+                f"terminated container {name} attempted illegal transition to non-terminated state"
+            )
+    return None
+
+
+def illegal_transition(old: JSON | None, new: JSON, spec: JSON) -> str | None:
+    """Why `new` may not follow `old` (upstream's container state rule), or None."""
+    if old is None:
+        return None
+    policy = spec.get("restartPolicy") or "Always"
+    if policy == "Always":
+        return None
+    sidecars = frozenset(
+        c.get("name", "")
+        for c in spec.get("initContainers") or []
+        if c.get("restartPolicy") == "Always"
+    )
+    return _check(
+        old.get("containerStatuses") or [],
+        new.get("containerStatuses") or [],
+        policy=policy,
+        exempt=frozenset(),
+    ) or _check(
+        old.get("initContainerStatuses") or [],
+        new.get("initContainerStatuses") or [],
+        policy=policy,
+        exempt=sidecars,
+    )
+
+
+def decide(record: PodStatusRecord, sent: Sent | None, spec: JSON, *, target_uid: str) -> Decision:
+    """What to do with the latest record of a pod, given what was last sent."""
+    if sent is not None and sent.target_uid == target_uid:
+        if (record.epoch, record.version) <= (sent.epoch, sent.version):
+            return Decision("skip")
+        if record.status == sent.status:
+            return Decision("same")
+    previous = sent.status if sent is not None and sent.target_uid == target_uid else None
+    reason = illegal_transition(previous, record.status, spec)
+    if reason is not None:
+        return Decision("illegal", reason)
+    return Decision("send")
+
+
+def merge_status(api_status: JSON, new: JSON) -> JSON:
+    """`new` with the conditions the kubelet does not own kept from `api_status`."""
+    new_conditions = [c for c in new.get("conditions") or [] if isinstance(c, dict)]
+    new_types = {c.get("type") for c in new_conditions}
+    kept = [
+        c
+        for c in api_status.get("conditions") or []
+        if isinstance(c, dict)
+        and c.get("type") not in KUBELET_CONDITIONS
+        and c.get("type") not in new_types
+    ]
+    merged = dict(new)
+    if kept or new_conditions:
+        merged["conditions"] = kept + new_conditions
+    return merged
+
+
+def status_patch(uid: str, status: JSON) -> JSON:
+    """The merge patch of pods/<name>/status: full status, UID as precondition."""
+    return {"metadata": {"uid": uid}, "status": status}
+
+
+def being_deleted(api_pod: JSON | None) -> bool:
+    return bool(api_pod and (api_pod.get("metadata") or {}).get("deletionTimestamp"))
+
+
+def uid_of(api_pod: JSON | None) -> str:
+    return str(((api_pod or {}).get("metadata") or {}).get("uid") or "")
+
+
+def should_delete(record: PodStatusRecord, sent: Sent | None, api_pod: JSON | None) -> bool:
+    """Whether to DELETE the API pod now: it is being deleted, syncloop says it is
+    terminated, it is the same object, and its latest status has been sent."""
+    return (
+        record.terminated
+        and being_deleted(api_pod)
+        and uid_of(api_pod) == record.uid
+        and sent is not None
+        and (sent.epoch, sent.version) >= (record.epoch, record.version)
+    )

@@ -1,0 +1,297 @@
+"""klet as a node of a real cluster, end to end with the real kubectl: the Node turns
+Ready and its Lease is renewed; a pod bound by nodeName runs and reports Running with
+its IP; `kubectl logs`, `exec` (with stdin) and `port-forward` work through the
+apiserver and klet's 10250 API; `kubectl delete` finishes within the grace period and
+the containers are gone from CRI; a static pod gets a mirror pod that comes back when
+deleted; restarting status-reporter or stopping the apiserver stops no pod; 10250
+refuses anonymous requests. (The read-only port being off by default and 403 for a
+token without RBAC are covered by test_status_reporter.py and test_kubelet_api.py.)"""
+
+from __future__ import annotations
+
+import json
+import ssl
+import subprocess
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import pytest
+from klet.devstack import DevStack, free_port
+from klet.devstack.cluster import ControlPlane
+
+from tests.harness.node import KletNode, wait_for
+from tests.integration.conftest import remove_node_pods
+from tests.integration.test_static_pods import runtime_containers
+
+pytestmark = pytest.mark.cluster
+
+NODE = "kletnode1"
+
+
+def pod_manifest(name: str, *, image: str, command: list[str], grace: int = 3) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "namespace": "default"},
+        "spec": {
+            "nodeName": NODE,
+            "terminationGracePeriodSeconds": grace,
+            "containers": [{"name": "main", "image": image, "command": command}],
+        },
+    }
+
+
+@pytest.fixture(scope="module")
+def node(
+    control_plane: ControlPlane, devstack: DevStack, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[KletNode]:
+    import asyncio
+
+    base = tmp_path_factory.mktemp("clusternode")
+    manifests = base / "manifests"
+    manifests.mkdir()
+    cert = control_plane.issue_kubelet_serving_cert(NODE, ["127.0.0.1"])
+    kletnode = KletNode(
+        devstack,
+        base,
+        node_name=NODE,
+        manifest_dir=manifests,
+        extra_flags=[
+            "--kubeconfig",
+            str(control_plane.node_kubeconfig(NODE)),
+            "--node-ip",
+            "127.0.0.1",
+            "--tls-cert-file",
+            str(cert.cert),
+            "--tls-private-key-file",
+            str(cert.key),
+            "--client-ca-file",
+            str(control_plane.ca_file),
+        ],
+    )
+    kletnode.manifests = manifests  # type: ignore[attr-defined]
+    kletnode.start()
+    try:
+        yield kletnode
+    finally:
+        kletnode.stop()
+        asyncio.run(remove_node_pods(devstack.runtime_endpoint, NODE))
+        for name in ("web", "talker", "gone"):
+            control_plane.kubectl(
+                "delete", "pod", name, "--grace-period=0", "--force", "--ignore-not-found"
+            )
+        control_plane.kubectl("delete", "node", NODE, "--ignore-not-found")
+
+
+def kget(cp: ControlPlane, *args: str) -> Any:
+    r = cp.kubectl("get", *args, "-o", "json")
+    assert r.returncode == 0, r.stderr
+    return json.loads(r.stdout)
+
+
+def ready(node_obj: dict[str, Any]) -> bool:
+    return any(
+        c["type"] == "Ready" and c["status"] == "True"
+        for c in node_obj["status"].get("conditions", [])
+    )
+
+
+def pod_running(cp: ControlPlane, name: str) -> dict[str, Any] | None:
+    r = cp.kubectl("get", "pod", name, "-o", "json")
+    if r.returncode != 0:
+        return None
+    pod = json.loads(r.stdout)
+    status = pod.get("status", {})
+    if status.get("phase") == "Running" and all(
+        c.get("ready") for c in status.get("containerStatuses", [])
+    ):
+        return pod
+    return None
+
+
+def test_node_ready_and_lease_renewed(node: KletNode, control_plane: ControlPlane) -> None:
+    obj = wait_for(
+        lambda: (n := kget(control_plane, "node", NODE)) and ready(n) and n,
+        timeout_s=15,
+        what="Node Ready within 15 s",
+    )
+    status = obj["status"]
+    assert int(status["capacity"]["pods"]) == 110 and status["allocatable"]["memory"]
+    assert {"type": "InternalIP", "address": "127.0.0.1"} in status["addresses"]
+    assert status["nodeInfo"]["containerRuntimeVersion"].startswith("containerd://")
+    assert status["daemonEndpoints"]["kubeletEndpoint"]["Port"] == node.kubelet_port
+    assert obj["metadata"]["labels"]["kubernetes.io/hostname"] == NODE
+
+    def renew_time() -> datetime:
+        lease = kget(control_plane, "lease", NODE, "-n", "kube-node-lease")
+        return datetime.fromisoformat(lease["spec"]["renewTime"].replace("Z", "+00:00"))
+
+    first = wait_for(renew_time, timeout_s=15, what="a Lease")
+    wait_for(lambda: renew_time() > first, timeout_s=20, what="the Lease renewed")
+
+
+def test_pod_runs_logs_exec_port_forward_delete(
+    node: KletNode, control_plane: ControlPlane, devstack: DevStack, tmp_path: Path
+) -> None:
+    cp = control_plane
+    web = pod_manifest(
+        "web",
+        image="registry.klet.test/httpd:1.36",
+        command=[
+            "sh",
+            "-c",
+            "echo via-port-forward > /www/index.html; echo started; exec httpd -f -p 80 -h /www",
+        ],
+    )
+    cp.apply([web])
+    pod = wait_for(
+        lambda: pod_running(cp, "web"), timeout_s=30, what="web Running via the apiserver"
+    )
+    assert pod["status"]["podIP"] and pod["status"]["containerStatuses"][0][
+        "containerID"
+    ].startswith("containerd://")
+
+    logs = wait_for(
+        lambda: (r := cp.kubectl("logs", "web")).returncode == 0 and r.stdout,
+        timeout_s=15,
+        what="kubectl logs",
+    )
+    assert "started" in logs
+    r = cp.kubectl("exec", "web", "--", "cat", "/etc/hostname")
+    assert r.returncode == 0 and r.stdout.strip() == "web", r.stderr
+    r = cp.kubectl("exec", "-i", "web", "--", "sh", "-c", "tr a-z A-Z", input="hello stdin\n")
+    assert r.returncode == 0 and r.stdout.strip() == "HELLO STDIN", r.stderr
+
+    local = free_port()
+    kubectl = [str(cp.bin_dir / "kubectl"), "--kubeconfig", str(cp.admin_kubeconfig)]
+    with subprocess.Popen(
+        [*kubectl, "port-forward", "pod/web", f"{local}:80"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    ) as pf:
+        try:
+            body = wait_for(
+                lambda: (
+                    urllib.request.urlopen(f"http://127.0.0.1:{local}/", timeout=3).read().decode()
+                ),
+                timeout_s=20,
+                what="kubectl port-forward to httpd",
+            )
+            assert body.strip() == "via-port-forward"
+        finally:
+            pf.terminate()
+
+    with subprocess.Popen(
+        [*kubectl, "logs", "-f", "web"], stdout=subprocess.PIPE, text=True
+    ) as follow:
+        try:
+            assert follow.stdout is not None
+            assert "started" in follow.stdout.readline()
+        finally:
+            follow.terminate()
+
+    before = runtime_containers(devstack, "web")
+    assert before
+    started = time.monotonic()
+    r = cp.kubectl("delete", "pod", "web", "--wait=true", timeout_s=60)
+    assert r.returncode == 0, r.stderr
+    assert time.monotonic() - started < 3 + 5
+    assert all(
+        state == "CONTAINER_EXITED" for state in runtime_containers(devstack, "web").values()
+    )
+
+
+def test_static_pod_has_a_mirror_that_comes_back(
+    node: KletNode, control_plane: ControlPlane
+) -> None:
+    manifests: Path = node.manifests  # type: ignore[attr-defined]
+    (manifests / "static.yaml").write_text(
+        json.dumps(
+            pod_manifest(
+                "static", image="registry.klet.test/busybox:1.36", command=["sleep", "100000"]
+            )
+        )
+    )
+    name = f"static-{NODE}"
+    mirror = wait_for(
+        lambda: pod_running(control_plane, name), timeout_s=30, what="mirror pod Running"
+    )
+    assert "kubernetes.io/config.mirror" in mirror["metadata"]["annotations"]
+    control_plane.kubectl("delete", "pod", name, "--wait=false")
+    wait_for(
+        lambda: (
+            (p := pod_running(control_plane, name))
+            and p["metadata"]["uid"] != mirror["metadata"]["uid"]
+        ),
+        timeout_s=30,
+        what="mirror pod recreated",
+    )
+    (manifests / "static.yaml").unlink()
+    wait_for(
+        lambda: control_plane.kubectl("get", "pod", name).returncode != 0,
+        timeout_s=30,
+        what="mirror pod deleted with the static pod",
+    )
+
+
+def test_restarts_and_outages_stop_no_pod(
+    node: KletNode, control_plane: ControlPlane, devstack: DevStack
+) -> None:
+    cp = control_plane
+    cp.apply(
+        [
+            pod_manifest(
+                "talker", image="registry.klet.test/busybox:1.36", command=["sleep", "100000"]
+            )
+        ]
+    )
+    wait_for(lambda: pod_running(cp, "talker"), timeout_s=30, what="talker Running")
+    before = runtime_containers(devstack, "talker")
+
+    node.kill("status-reporter")
+    node.start("status-reporter")
+    for _ in range(8):
+        assert ready(kget(cp, "node", NODE)), "node went NotReady during a status-reporter restart"
+        time.sleep(1)
+    assert runtime_containers(devstack, "talker") == before
+
+    cp.stop_apiserver()
+    time.sleep(60)
+    assert runtime_containers(devstack, "talker") == before, (
+        "a pod changed while the apiserver was down"
+    )
+    cp.start_apiserver()
+    back = time.monotonic()
+
+    def renewed_after_return() -> bool:
+        lease = kget(cp, "lease", NODE, "-n", "kube-node-lease")
+        renew = datetime.fromisoformat(lease["spec"]["renewTime"].replace("Z", "+00:00"))
+        return renew.timestamp() > time.time() - (time.monotonic() - back)
+
+    wait_for(
+        renewed_after_return,
+        timeout_s=20,
+        what="the Lease renewed within 20 s of the apiserver's return",
+    )
+    wait_for(
+        lambda: pod_running(cp, "talker"),
+        timeout_s=20,
+        what="pod status after the apiserver's return",
+    )
+    assert runtime_containers(devstack, "talker") == before
+
+
+def test_kubelet_api_refuses_anonymous(node: KletNode) -> None:
+    ctx = ssl.create_default_context()
+    ctx.check_hostname = False
+    ctx.verify_mode = ssl.CERT_NONE
+    with pytest.raises(urllib.error.HTTPError) as err:
+        urllib.request.urlopen(
+            f"https://127.0.0.1:{node.kubelet_port}/pods", context=ctx, timeout=5
+        )  # type: ignore[attr-defined]
+    assert err.value.code == 401

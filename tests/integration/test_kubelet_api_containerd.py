@@ -1,0 +1,366 @@
+"""The kubelet HTTPS API against real containerd: a KletNode runs a static pod, and the
+API is served in this process (a thread of its own) over the status-reporter's real pod
+view (Redis) and a real CRI client, with certificates from a test CA.
+
+Covers: /pods is 401 without credentials and 200 with a client certificate; /healthz,
+/runningpods/ and /stats/summary report the running pod; containerLogs returns what the
+container printed, honours tailLines and follows new lines as they are written; exec
+through the streaming proxy to containerd's stream server (WebSocket, channel protocol
+v4) runs a command with stdout and stderr kept apart and feeds stdin; portForward over
+WebSocket reaches the pod's httpd. SPDY (kubectl) is covered by the cluster test.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import json
+import ssl
+import struct
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import websocket
+from klet.config import Settings, load_settings
+from klet.config.kubelet import (
+    KubeletAnonymousAuthentication,
+    KubeletAuthentication,
+    KubeletAuthorization,
+    KubeletWebhookAuthentication,
+    KubeletX509Authentication,
+)
+from klet.cri import CRISettings, RuntimeClient
+from klet.devstack import free_port
+from klet.devstack.pki import CertificateAuthority, CertPair
+from klet.kube import KubeClient
+from klet.status_reporter.kubeletapi import build_kubelet_api_deps, serve_kubelet_api
+from klet.status_reporter.podcache import CachePolicy
+from klet.status_reporter.wiring import Overrides, build_deps
+
+from tests.harness.node import KletNode, wait_for
+
+pytestmark = pytest.mark.integration
+
+TALKER = """
+apiVersion: v1
+kind: Pod
+metadata:
+  name: talker
+spec:
+  terminationGracePeriodSeconds: 1
+  containers:
+    - name: talk
+      image: registry.klet.test/busybox:1.36
+      command:
+        - sh
+        - -c
+        - >-
+          for i in 1 2 3 4 5; do echo hello-$i; done;
+          i=0; while true; do i=$((i+1)); echo tick-$i; sleep 0.3; done
+    - name: web
+      image: registry.klet.test/httpd:1.36
+      command:
+        - sh
+        - -c
+        - echo served-through-port-forward > /www/index.html && exec httpd -f -p 8080 -h /www
+"""
+
+
+class KubeletApiThread:
+    """serve_kubelet_api, with the status-reporter's pod view refreshing under it, on an
+    event loop in a thread of its own (the tests' clients are blocking)."""
+
+    def __init__(self, settings: Settings, *, kubeconfig: Path | None = None) -> None:
+        self.settings = settings
+        self.kubeconfig = kubeconfig
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._stop: asyncio.Event | None = None
+        self._ready = threading.Event()
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, name="kubelet-api", daemon=True)
+
+    @property
+    def url(self) -> str:
+        return f"https://127.0.0.1:{self.settings.kubelet.port}"
+
+    def __enter__(self) -> KubeletApiThread:
+        self._thread.start()
+        if not self._ready.wait(30) or self._error is not None:
+            raise RuntimeError(f"kubelet API did not start: {self._error!r}")
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._loop is not None and self._stop is not None:
+            self._loop.call_soon_threadsafe(self._stop.set)
+        self._thread.join(15)
+
+    def _run(self) -> None:
+        try:
+            asyncio.run(self._main())
+        except BaseException as err:  # noqa: BLE001 - reported to the starting thread
+            self._error = err
+            self._ready.set()
+
+    async def _main(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._stop = asyncio.Event()
+        reporter = build_deps(
+            self.settings, overrides=Overrides(policy=CachePolicy(reload_interval_s=0.5))
+        )
+        k = self.settings.kubelet
+        cri = RuntimeClient(CRISettings(runtime_endpoint=k.container_runtime_endpoint))
+        kube = None
+        if self.kubeconfig is not None:
+            from klet.kube import KubeSettings
+
+            kube = KubeClient(KubeSettings(kubeconfig=self.kubeconfig))
+        deps = build_kubelet_api_deps(
+            self.settings,
+            pods=reporter.pods,
+            runtime=cri,
+            registry=reporter.registry,
+            apiserver=kube,
+        )
+        ready = asyncio.Event()
+        tasks = [
+            asyncio.create_task(reporter.pods.run_reloader()),
+            asyncio.create_task(reporter.pods.run_consumer()),
+            asyncio.create_task(serve_kubelet_api(deps, ready=ready)),
+        ]
+        try:
+            await reporter.pods.loaded.wait()
+            await ready.wait()
+            self._ready.set()
+            stop = asyncio.create_task(self._stop.wait())
+            done, _ = await asyncio.wait([*tasks, stop], return_when=asyncio.FIRST_COMPLETED)
+            for t in done:
+                if t is not stop:
+                    t.result()
+        finally:
+            for t in tasks:
+                t.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            await cri.close()
+            if kube is not None:
+                await kube.close()
+            await reporter.close()
+
+
+def api_settings(
+    node: KletNode,
+    *,
+    ca: CertificateAuthority,
+    serving: CertPair,
+    authorization: str = "AlwaysAllow",
+    webhook: bool = False,
+    extra_flags: tuple[str, ...] = (),
+) -> Settings:
+    settings = load_settings([*node.flags, *extra_flags], env={}, service="status-reporter")
+    kubelet = dataclasses.replace(
+        settings.kubelet,
+        address="127.0.0.1",
+        port=free_port(),
+        tls_cert_file=str(serving.cert),
+        tls_private_key_file=str(serving.key),
+        authentication=KubeletAuthentication(
+            x509=KubeletX509Authentication(client_ca_file=str(ca.cert_path)),
+            webhook=KubeletWebhookAuthentication(enabled=webhook),
+            anonymous=KubeletAnonymousAuthentication(enabled=False),
+        ),
+        authorization=KubeletAuthorization(mode=authorization),
+    )
+    return dataclasses.replace(settings, kubelet=kubelet)
+
+
+@dataclasses.dataclass
+class Client:
+    """Blocking HTTPS and WebSocket access to the API as one identity."""
+
+    url: str
+    ca: Path
+    cert: CertPair | None
+
+    def context(self) -> ssl.SSLContext:
+        ctx = ssl.create_default_context(cafile=str(self.ca))
+        if self.cert is not None:
+            ctx.load_cert_chain(str(self.cert.cert), str(self.cert.key))
+        return ctx
+
+    def get(self, path: str, *, timeout_s: float = 10) -> tuple[int, bytes]:
+        try:
+            with urllib.request.urlopen(
+                self.url + path, context=self.context(), timeout=timeout_s
+            ) as r:
+                return r.status, r.read()
+        except urllib.error.HTTPError as err:
+            with err:
+                return err.code, err.read()
+
+    def websocket(self, path: str, protocol: str) -> websocket.WebSocket:
+        sslopt: dict[str, Any] = {"ca_certs": str(self.ca)}
+        if self.cert is not None:
+            sslopt |= {"certfile": str(self.cert.cert), "keyfile": str(self.cert.key)}
+        return websocket.create_connection(
+            self.url.replace("https://", "wss://") + path,
+            subprotocols=[protocol],
+            sslopt=sslopt,
+            timeout=15,
+        )
+
+
+def exec_ws(client: Client, path: str, stdin: bytes = b"") -> tuple[bytes, bytes, dict[str, Any]]:
+    """Run an exec over WebSocket (v4.channel.k8s.io): (stdout, stderr, status)."""
+    ws = client.websocket(path, "v4.channel.k8s.io")
+    out, err, status = bytearray(), bytearray(), {}
+    try:
+        if stdin:
+            ws.send_binary(b"\x00" + stdin)
+        while True:
+            try:
+                opcode, data = ws.recv_data()
+            except websocket.WebSocketConnectionClosedException:
+                break
+            if opcode == websocket.ABNF.OPCODE_CLOSE:
+                break
+            if not data:
+                continue
+            channel, payload = data[0], data[1:]
+            if channel == 1:
+                out += payload
+            elif channel == 2:
+                err += payload
+            elif channel == 3:
+                status = json.loads(payload)
+    finally:
+        ws.close()
+        ws.shutdown()  # close() leaves the socket open when the server closed first
+    return bytes(out), bytes(err), status
+
+
+@pytest.fixture
+def pki(tmp_path: Path) -> tuple[CertificateAuthority, CertPair, CertPair]:
+    ca = CertificateAuthority.create(tmp_path / "pki", "kubelet-api-test-ca")
+    serving = ca.issue(
+        "system:node:test",
+        ["system:nodes"],
+        ip_addresses=["127.0.0.1"],
+        server=True,
+        name="serving",
+    )
+    admin = ca.issue("test-admin", ["system:masters"], client=True, name="admin")
+    return ca, serving, admin
+
+
+@pytest.fixture
+def talker(node_factory: Any, manifests: Path) -> KletNode:
+    node: KletNode = node_factory(manifest_dir=manifests)
+    node.start()
+    (manifests / "talker.yaml").write_text(TALKER)
+
+    def running() -> bool:
+        pod = node.pods().get(f"talker-{node.node_name}")
+        return bool(
+            pod
+            and pod["status"].get("phase") == "Running"
+            and all(c["ready"] for c in pod["status"].get("containerStatuses", []))
+        )
+
+    wait_for(running, timeout_s=30, what="talker Running")
+    return node
+
+
+@contextlib.contextmanager
+def serving_api(
+    node: KletNode, pki: tuple[CertificateAuthority, CertPair, CertPair]
+) -> Iterator[tuple[Client, Client, str]]:
+    ca, serving, admin = pki
+    with KubeletApiThread(api_settings(node, ca=ca, serving=serving)) as api:
+        yield (
+            Client(api.url, ca.cert_path, admin),
+            Client(api.url, ca.cert_path, None),
+            f"talker-{node.node_name}",
+        )
+
+
+def test_pods_logs_stats_and_auth(talker: KletNode, pki: Any) -> None:
+    with serving_api(talker, pki) as (admin, anonymous, pod):
+        assert anonymous.get("/pods") == (401, b"Unauthorized")
+        status, body = admin.get("/pods")
+        assert status == 200
+        assert pod in {p["metadata"]["name"] for p in json.loads(body)["items"]}
+        assert admin.get("/healthz") == (200, b"ok")
+        running = json.loads(admin.get("/runningpods/")[1])
+        [entry] = [p for p in running["items"] if p["metadata"]["name"] == pod]
+        assert {c["name"] for c in entry["spec"]["containers"]} == {"talk", "web"}
+        summary = json.loads(admin.get("/stats/summary")[1])
+        assert summary["node"]["memory"]["workingSetBytes"] > 0
+        [stats] = [p for p in summary["pods"] if p["podRef"]["name"] == pod]
+        assert {c["name"] for c in stats["containers"]} == {"talk", "web"}
+        assert all(c["memory"]["workingSetBytes"] > 0 for c in stats["containers"])
+
+        logs = f"/containerLogs/default/{pod}/talk"
+
+        def ticked() -> str | None:
+            text = admin.get(logs)[1].decode()
+            return text if "tick-2" in text else None
+
+        text = wait_for(ticked, timeout_s=10, what="ticks in the log")
+        assert text.startswith("hello-1\nhello-2\nhello-3\nhello-4\nhello-5\ntick-1\n")
+        tail = admin.get(logs + "?tailLines=2")[1].decode().splitlines()
+        assert len(tail) == 2 and all(t.startswith("tick-") for t in tail)
+        assert admin.get(logs + "?tailLines=-1")[0] == 422
+        assert admin.get(f"/containerLogs/default/{pod}/nope")[0] == 404
+
+        # follow: the lines printed after the request arrive on the open response
+        last = int(tail[-1].split("-")[1])
+        with urllib.request.urlopen(
+            admin.url + logs + "?follow=true&tailLines=1", context=admin.context(), timeout=10
+        ) as r:
+            seen = [r.readline().decode().strip() for _ in range(4)]
+        numbers = [int(s.split("-")[1]) for s in seen]
+        assert numbers == list(range(numbers[0], numbers[0] + 4)) and numbers[-1] > last + 1
+
+
+def test_exec_and_port_forward_through_the_proxy(talker: KletNode, pki: Any) -> None:
+    with serving_api(talker, pki) as (admin, anonymous, pod):
+        out, err, status = exec_ws(
+            admin,
+            f"/exec/default/{pod}/talk?command=sh&command=-c"
+            "&command=echo+exec-ok;+echo+oops+>%262;+cat+/etc/hostname&output=1&error=1",
+        )
+        assert out.decode().splitlines()[0] == "exec-ok" and err == b"oops\n"
+        assert out.decode().splitlines()[1] == pod
+        assert status.get("status") == "Success"
+        out, _, _ = exec_ws(
+            admin,
+            f"/exec/default/{pod}/talk?command=sh&command=-c&command=read+x;+echo+got-$x"
+            "&input=1&output=1&error=1",
+            stdin=b"typed-in\n",
+        )
+        assert out == b"got-typed-in\n"
+        assert anonymous.get(f"/exec/default/{pod}/talk?command=ls&output=1")[0] == 401
+
+        ws = admin.websocket(f"/portForward/default/{pod}?port=8080", "v4.channel.k8s.io")
+        try:
+            ws.send_binary(b"\x00" + b"GET / HTTP/1.0\r\nHost: pod\r\n\r\n")
+            received = bytearray()
+            deadline = time.monotonic() + 10
+            while b"served-through-port-forward" not in received and time.monotonic() < deadline:
+                opcode, data = ws.recv_data()
+                if opcode == websocket.ABNF.OPCODE_CLOSE:
+                    break
+                if data and data[0] == 0:
+                    received += data[1:]
+        finally:
+            ws.close()
+            ws.shutdown()  # close() leaves the socket open when the server closed first
+        # Each channel's first message is the port, little-endian, then the data.
+        assert received[:2] == struct.pack("<H", 8080)
+        assert b"served-through-port-forward" in received

@@ -1,0 +1,122 @@
+"""Authentication of kubelet API requests: client certificates (CN and O), bearer tokens
+through TokenReview with the cacheTTL cache (positive and negative, errors never
+cached), anonymous only when enabled and never for a rejected token, and 401 otherwise."""
+
+from __future__ import annotations
+
+import pytest
+from klet.status_reporter.kubeletapi.attributes import ANONYMOUS, User
+from klet.status_reporter.kubeletapi.authn import (
+    AuthenticationError,
+    Authenticator,
+    AuthnSettings,
+    TTLCache,
+    bearer_token,
+    user_from_peercert,
+)
+from klet.status_reporter.kubeletapi.testing import FakeApiServer
+
+CERT = {
+    "subject": (
+        (("organizationName", "system:masters"),),
+        (("organizationName", "devs"),),
+        (("commonName", "alice"),),
+    )
+}
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_user_from_peercert() -> None:
+    assert user_from_peercert(CERT) == User("alice", ("system:masters", "devs"))
+    assert user_from_peercert({"subject": ((("organizationName", "x"),),)}) is None
+    assert user_from_peercert(None) is None
+    assert user_from_peercert({}) is None
+
+
+@pytest.mark.parametrize(
+    ("header", "token"),
+    [
+        ("Bearer abc", "abc"),
+        ("bearer  abc ", "abc"),
+        ("Basic abc", None),
+        ("Bearer ", None),
+        ("", None),
+    ],
+)
+def test_bearer_token(header: str, token: str | None) -> None:
+    assert bearer_token({"authorization": header} if header else {}) == token
+
+
+def test_ttl_cache_expires_and_stays_bounded() -> None:
+    clock = Clock()
+    cache: TTLCache[str, int] = TTLCache(clock=clock, max_entries=2)
+    cache.put("a", 1, 10)
+    assert cache.get("a") == (True, 1)
+    clock.now += 10
+    assert cache.get("a") == (False, None)
+    cache.put("zero", 1, 0)
+    assert cache.get("zero") == (False, None)
+    for key in "bcd":
+        cache.put(key, 1, 100)
+    assert len(cache) == 2 and cache.get("d") == (True, 1)
+
+
+async def test_client_certificate_wins_when_the_ca_is_configured() -> None:
+    authn = Authenticator(AuthnSettings(x509=True), FakeApiServer())
+    assert await authn.authenticate({}, CERT) == User("alice", ("system:masters", "devs"))
+    no_ca = Authenticator(AuthnSettings(x509=False), FakeApiServer())
+    assert await no_ca.authenticate({}, CERT) is None
+
+
+async def test_token_review_and_its_cache() -> None:
+    clock = Clock()
+    api = FakeApiServer()
+    api.tokens["good"] = {"username": "sa", "uid": "u1", "groups": ["g"], "extra": {"k": ["v"]}}
+    authn = Authenticator(AuthnSettings(webhook_cache_ttl_s=120), api, clock=clock)
+    user = await authn.authenticate({"authorization": "Bearer good"}, None)
+    assert user == User("sa", ("g",), "u1", {"k": ("v",)})
+    assert api.reviews[0][1]["spec"] == {"token": "good"}
+    assert await authn.authenticate({"authorization": "Bearer bad"}, None) is None
+    await authn.authenticate({"authorization": "Bearer good"}, None)
+    await authn.authenticate({"authorization": "Bearer bad"}, None)
+    assert len(api.reviews) == 2  # both answers cached
+    clock.now += 120
+    await authn.authenticate({"authorization": "Bearer good"}, None)
+    assert len(api.reviews) == 3
+
+
+async def test_apiserver_errors_are_not_cached() -> None:
+    api = FakeApiServer()
+    api.tokens["t"] = {"username": "sa"}
+    authn = Authenticator(AuthnSettings(), api)
+    api.fail = True
+    with pytest.raises(AuthenticationError):
+        await authn.authenticate({"authorization": "Bearer t"}, None)
+    api.fail = False
+    assert await authn.authenticate({"authorization": "Bearer t"}, None) == User("sa")
+
+
+async def test_anonymous_only_when_enabled_and_not_for_a_bad_token() -> None:
+    api = FakeApiServer()
+    on = Authenticator(AuthnSettings(anonymous=True), api)
+    assert await on.authenticate({}, None) == ANONYMOUS
+    assert await on.authenticate({"authorization": "Bearer nope"}, None) is None
+    off = Authenticator(AuthnSettings(anonymous=False), api)
+    assert await off.authenticate({}, None) is None
+
+
+async def test_tokens_ignored_without_webhook_or_apiserver() -> None:
+    api = FakeApiServer()
+    api.tokens["t"] = {"username": "sa"}
+    disabled = Authenticator(AuthnSettings(webhook=False, anonymous=True), api)
+    assert await disabled.authenticate({"authorization": "Bearer t"}, None) == ANONYMOUS
+    standalone = Authenticator(AuthnSettings(webhook=True), None)
+    assert await standalone.authenticate({"authorization": "Bearer t"}, None) is None
+    assert api.reviews == []

@@ -1,0 +1,102 @@
+"""Authorization of kubelet API requests: the SubjectAccessReview sent (user, groups,
+uid, extra, nodes/<subresource> of this node), allowed answers cached 5 min and denied
+ones 30 s, the proxy fallback of fine-grained attributes, and failures surfacing as
+AuthorizationError without being cached."""
+
+from __future__ import annotations
+
+import pytest
+from klet.status_reporter.kubeletapi.attributes import User, request_attributes
+from klet.status_reporter.kubeletapi.authz import (
+    AlwaysAllow,
+    AuthorizationError,
+    AuthzSettings,
+    WebhookAuthorizer,
+    review_body,
+)
+from klet.status_reporter.kubeletapi.testing import FakeApiServer
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_review_body() -> None:
+    user = User("alice", ("a", "b"), "uid-1", {"scopes": ("x",)})
+    [attrs] = request_attributes(user, "POST", "/exec/ns/p/c", node_name="n1")
+    assert review_body(attrs) == {
+        "apiVersion": "authorization.k8s.io/v1",
+        "kind": "SubjectAccessReview",
+        "spec": {
+            "user": "alice",
+            "groups": ["a", "b"],
+            "uid": "uid-1",
+            "extra": {"scopes": ["x"]},
+            "resourceAttributes": {
+                "verb": "create",
+                "group": "",
+                "version": "v1",
+                "resource": "nodes",
+                "subresource": "proxy",
+                "name": "n1",
+            },
+        },
+    }
+
+
+async def test_always_allow() -> None:
+    assert await AlwaysAllow().allowed(request_attributes(User("x"), "GET", "/", node_name="n"))
+
+
+async def test_fine_grained_falls_back_to_proxy() -> None:
+    api = FakeApiServer()
+    authz = WebhookAuthorizer(AuthzSettings(), api)
+    attrs = request_attributes(User("mon"), "GET", "/pods", node_name="n1")
+    assert not await authz.allowed(attrs)
+    api.allowed.add(("mon", "get", "proxy"))
+    api.reviews.clear()
+    authz = WebhookAuthorizer(AuthzSettings(), api)
+    assert await authz.allowed(attrs)
+    assert [b["spec"]["resourceAttributes"]["subresource"] for _, b in api.reviews] == [
+        "pods",
+        "proxy",
+    ]
+
+
+async def test_answers_are_cached_for_their_ttls() -> None:
+    clock = Clock()
+    api = FakeApiServer()
+    api.allowed.add(("ok", "get", "stats"))
+    authz = WebhookAuthorizer(AuthzSettings(300, 30), api, clock=clock)
+    yes = request_attributes(User("ok"), "GET", "/stats/summary", node_name="n1")
+    no = request_attributes(User("no"), "GET", "/stats/summary", node_name="n1")
+    assert await authz.allowed(yes) and not await authz.allowed(no)
+    assert len(api.reviews) == 2
+    clock.now = 29
+    await authz.allowed(yes)
+    await authz.allowed(no)
+    assert len(api.reviews) == 2
+    clock.now = 30  # the denial expired, the approval did not
+    await authz.allowed(yes)
+    await authz.allowed(no)
+    assert len(api.reviews) == 3
+    clock.now = 300
+    await authz.allowed(yes)
+    assert len(api.reviews) == 4
+
+
+async def test_failures_raise_and_are_not_cached() -> None:
+    api = FakeApiServer()
+    authz = WebhookAuthorizer(AuthzSettings(), api)
+    attrs = request_attributes(User("x"), "GET", "/metrics", node_name="n1")
+    api.fail = True
+    with pytest.raises(AuthorizationError) as err:
+        await authz.allowed(attrs)
+    assert err.value.attrs.subresource == "metrics"
+    api.fail = False
+    api.allowed.add(("x", "get", "metrics"))
+    assert await authz.allowed(attrs)

@@ -1,0 +1,139 @@
+"""Posting the `events` stream: a record becomes a core/v1 Event; a repeat within the
+window raises the count instead; a forgotten Event is created again; a static pod's
+event names its mirror pod; malformed entries and refused Events are acknowledged and
+dropped; an unavailable apiserver is retried (bounded) and logged once; a redelivered
+record does not create a second Event."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+from klet.kube import Invalid, Unavailable
+from klet.model.records import EventRecord
+from klet.model.types import JSON
+from klet.status_reporter.backoff import BackoffPolicy
+from klet.status_reporter.eventsink import EventPolicy, EventSink
+from klet.status_reporter.kubeapi import NO_RETRY, KubeApi
+from klet.status_reporter.testing import FakeApiServer, FakeStream
+
+EVENTS = "/api/v1/namespaces/ns1/events"
+
+
+def record(*, at: float = 1000.0, uid: str = "u1", message: str = "pulling") -> EventRecord:
+    return EventRecord(
+        type="Normal",
+        reason="Pulling",
+        message=message,
+        involved={"kind": "Pod", "namespace": "ns1", "name": "web", "uid": uid},
+        component="kubelet",
+        at=at,
+    )
+
+
+class World:
+    def __init__(self, *, max_tries: int = 3) -> None:
+        self.kube = FakeApiServer()
+        self.feed: FakeStream[EventRecord] = FakeStream()
+        self.mirrors: dict[str, str] = {}
+        self.sink = EventSink(
+            feed=self.feed,
+            api=KubeApi(self.kube, retry=NO_RETRY),
+            node_name="node1",
+            mirror_uid=lambda uid: self.mirrors.get(uid),
+            consumer="test",
+            policy=EventPolicy(
+                qps=0, max_tries=max_tries, retry=BackoffPolicy(0.0, 0.0), read_block_ms=1
+            ),
+        )
+
+    def events(self) -> list[JSON]:
+        return [o for k, o in self.kube.objects.items() if k.startswith(EVENTS + "/")]
+
+
+async def test_record_becomes_an_event_and_repeats_are_counted() -> None:
+    w = World()
+    w.feed.publish(record(at=1000.0))
+    w.feed.publish(record(at=1010.0))
+    assert await w.sink.consume_once() == 2
+    [event] = w.events()
+    assert event["count"] == 2
+    assert event["lastTimestamp"] == "1970-01-01T00:16:50Z"
+    assert event["source"] == {"component": "kubelet", "host": "node1"}
+    assert w.feed.pending == {} and len(w.feed.acked) == 2
+
+
+async def test_forgotten_event_is_created_again() -> None:
+    w = World()
+    await w.sink.post(record(at=1000.0))
+    w.kube.objects.clear()  # the apiserver's event TTL removed it
+    await w.sink.post(record(at=1001.0))
+    [event] = w.events()
+    assert event["count"] == 1
+
+
+async def test_static_pod_event_names_the_mirror() -> None:
+    w = World()
+    w.mirrors["static-uid"] = "mirror-uid"
+    await w.sink.post(record(uid="static-uid"))
+    [event] = w.events()
+    assert event["involvedObject"]["uid"] == "mirror-uid"
+
+
+async def test_bad_and_refused_entries_are_acked(caplog: pytest.LogCaptureFixture) -> None:
+    w = World()
+    w.feed.publish_bad("event: unsupported version 9")
+    w.kube.fail_next("POST", "events", Invalid("bad name"))
+    w.feed.publish(record(message="refused"))
+    w.feed.publish(record(message="fine"))
+    caplog.set_level(logging.ERROR)
+    await w.sink.consume_once()
+    assert [e["message"] for e in w.events()] == ["fine"]
+    assert len(w.feed.acked) == 3
+    messages = [r.message for r in caplog.records]
+    assert "bad events entry, acknowledging without posting" in messages
+    assert "event refused by the apiserver, dropping it" in messages
+
+
+async def test_unavailable_is_retried_then_dropped(caplog: pytest.LogCaptureFixture) -> None:
+    w = World(max_tries=3)
+    w.kube.fail_next("POST", "events", Unavailable("down"))
+    w.feed.publish(record())
+    await w.sink.consume_once()
+    assert len(w.events()) == 1  # second try worked
+
+    w.kube.down = True
+    caplog.set_level(logging.WARNING)
+    caplog.clear()
+    w.feed.publish(record(message="lost"))
+    await w.sink.consume_once()
+    assert w.kube.count("POST") == 2 + 3
+    messages = [r.message for r in caplog.records]
+    assert messages.count("cannot post events, apiserver unavailable") == 1
+    assert "event dropped after retries" in messages
+    assert w.feed.pending == {}
+
+
+async def test_redelivery_creates_no_duplicate() -> None:
+    w = World()
+    await w.sink.post(record())
+    fresh = World()
+    fresh.kube = w.kube
+    fresh.sink._api = KubeApi(w.kube, retry=NO_RETRY)  # noqa: SLF001 - a restarted sink
+    await fresh.sink.post(record())
+    assert len(w.events()) == 1
+
+
+async def test_node_event_in_default_namespace() -> None:
+    w = World()
+    await w.sink.post(
+        EventRecord(
+            type="Normal",
+            reason="NodeReady",
+            message="Node node1 status is now: NodeReady",
+            involved={"kind": "Node", "name": "node1", "uid": "node1"},
+            component="kubelet",
+            at=5.0,
+        )
+    )
+    assert any(k.startswith("/api/v1/namespaces/default/events/node1.") for k in w.kube.objects)
