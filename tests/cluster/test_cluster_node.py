@@ -204,6 +204,12 @@ def test_pod_runs_logs_exec_port_forward_delete(
     assert all(
         state == "CONTAINER_EXITED" for state in runtime_containers(devstack, "web").values()
     )
+    # The object is gone, so the pod is no longer desired: its sandbox and containers go.
+    wait_for(
+        lambda: not runtime_containers(devstack, "web"),
+        timeout_s=10,
+        what="containers removed from CRI",
+    )
 
 
 def test_static_pod_has_a_mirror_that_comes_back(

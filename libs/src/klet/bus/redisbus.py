@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, Protocol, TypeVar
 
 import redis.asyncio as aioredis
 from klet.model.records import BadRecord, Record
@@ -24,6 +24,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 log = logging.getLogger(__name__)
 
 R = TypeVar("R", bound=Record)
+R_co = TypeVar("R_co", bound=Record, covariant=True)
 
 
 class BusError(Exception):
@@ -41,12 +42,28 @@ def _wrap(err: Exception) -> BusError:
 
 
 @dataclass(frozen=True)
-class Entry(Generic[R]):
+class Entry(Generic[R_co]):
     """One stream entry: its id and either the decoded record or why it is bad."""
 
     id: str
-    record: R | None
+    record: R_co | None
     error: str | None = None
+
+
+class GroupStream(Protocol[R_co]):
+    """What a consumer-group reader needs of a stream (`Stream` is one; tests fake it)."""
+
+    async def ensure_group(self, group: str) -> None: ...
+
+    async def read(
+        self, group: str, consumer: str, *, count: int, block_ms: int
+    ) -> Sequence[Entry[R_co]]: ...
+
+    async def ack(self, group: str, *ids: str) -> None: ...
+
+    async def claim_stale(
+        self, group: str, consumer: str, *, min_idle_ms: int
+    ) -> Sequence[Entry[R_co]]: ...
 
 
 class Bus:

@@ -26,9 +26,8 @@ import logging
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Protocol
 
-from klet.bus import BusError, Entry
+from klet.bus import BusError, Entry, GroupStream
 from klet.kube import Conflict, KubeError, NotFound, Unavailable
 from klet.model.records import EventRecord
 from klet.model.types import PodUID
@@ -44,20 +43,8 @@ GROUP = "status-reporter"
 MirrorLookup = Callable[[PodUID], "str | None"]
 
 
-class EventFeed(Protocol):
-    """The `events` stream, consumed in a consumer group."""
-
-    async def ensure_group(self, group: str) -> None: ...
-
-    async def read(
-        self, group: str, consumer: str, *, count: int, block_ms: int
-    ) -> list[Entry[EventRecord]]: ...
-
-    async def ack(self, group: str, *ids: str) -> None: ...
-
-    async def claim_stale(
-        self, group: str, consumer: str, *, min_idle_ms: int
-    ) -> list[Entry[EventRecord]]: ...
+EventFeed = GroupStream[EventRecord]
+"""The `events` stream, consumed in a consumer group."""
 
 
 @dataclass(frozen=True)

@@ -43,7 +43,7 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Protocol
 
-from klet.bus import BusError, Entry
+from klet.bus import BusError, Entry, GroupStream
 from klet.model.records import DesiredPod, PodStatusChange, PodStatusRecord
 from klet.model.types import JSON, PodUID
 from klet.obs import OnceLogger
@@ -71,20 +71,8 @@ class StatusTable(Protocol):
     async def all(self) -> dict[str, PodStatusRecord]: ...
 
 
-class StatusFeed(Protocol):
-    """The `podstatus` stream, consumed in a consumer group."""
-
-    async def ensure_group(self, group: str) -> None: ...
-
-    async def read(
-        self, group: str, consumer: str, *, count: int, block_ms: int
-    ) -> list[Entry[PodStatusChange]]: ...
-
-    async def ack(self, group: str, *ids: str) -> None: ...
-
-    async def claim_stale(
-        self, group: str, consumer: str, *, min_idle_ms: int
-    ) -> list[Entry[PodStatusChange]]: ...
+StatusFeed = GroupStream[PodStatusChange]
+"""The `podstatus` stream, consumed in a consumer group."""
 
 
 @dataclass(frozen=True)
