@@ -24,7 +24,7 @@ import pytest
 from klet.devstack import DevStack, free_port
 from klet.devstack.cluster import ControlPlane
 
-from tests.harness.node import KletNode, wait_for
+from tests.harness.node import KletNode, fetch, wait_for
 from tests.integration.conftest import remove_node_pods
 from tests.integration.test_static_pods import runtime_containers
 
@@ -176,9 +176,7 @@ def test_pod_runs_logs_exec_port_forward_delete(
     ) as pf:
         try:
             body = wait_for(
-                lambda: (
-                    urllib.request.urlopen(f"http://127.0.0.1:{local}/", timeout=3).read().decode()
-                ),
+                lambda: fetch(f"http://127.0.0.1:{local}/"),
                 timeout_s=20,
                 what="kubectl port-forward to httpd",
             )
@@ -300,4 +298,5 @@ def test_kubelet_api_refuses_anonymous(node: KletNode) -> None:
         urllib.request.urlopen(
             f"https://127.0.0.1:{node.kubelet_port}/pods", context=ctx, timeout=5
         )  # type: ignore[attr-defined]
+    err.value.close()  # the error holds the open response (and its TLS socket)
     assert err.value.code == 401

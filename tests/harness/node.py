@@ -136,6 +136,12 @@ class KletNode:
             return str(r.read().decode())
 
 
+def fetch(url: str, *, timeout_s: float = 3) -> str:
+    """GET `url` and return the body, closing the connection (no leaked sockets)."""
+    with urllib.request.urlopen(url, timeout=timeout_s) as r:
+        return str(r.read().decode())
+
+
 def wait_for(
     check: Callable[[], T | None], *, timeout_s: float, what: str, interval_s: float = 0.25
 ) -> T:

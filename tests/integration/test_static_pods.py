@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import time
-import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +15,7 @@ from klet.cri import CRISettings, RuntimeClient
 from klet.cri import labels as L
 from klet.devstack import DevStack
 
-from tests.harness.node import KletNode, container_status, wait_for
+from tests.harness.node import KletNode, container_status, fetch, wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -115,7 +114,7 @@ def test_two_container_pod_runs_and_serves(
     assert conditions["Ready"] == "True" and conditions["ContainersReady"] == "True"
     assert pod["metadata"]["annotations"]["kubernetes.io/config.source"] == "file"
     body = wait_for(
-        lambda: urllib.request.urlopen(f"http://{status['podIP']}:80/", timeout=2).read().decode(),
+        lambda: fetch(f"http://{status['podIP']}:80/"),
         timeout_s=10,
         what="httpd answering on the pod IP",
     )
