@@ -155,7 +155,7 @@ class FakeApiServer:
             ra = spec["resourceAttributes"]
             ok = (spec["user"], ra["verb"], ra["subresource"]) in self.allowed
             return {**body, "status": {"allowed": ok}}
-        raise NotImplementedError(path)
+        raise AssertionError(f"fake apiserver: no handler for POST {path}")
 
 
 class FakeCgroups:
