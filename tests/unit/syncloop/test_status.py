@@ -127,3 +127,16 @@ def test_stopping_pod_gets_a_final_phase(codes: list[int], phase: str) -> None:
         compute_pod_status(p, rt, waiting={}, previous=None, now=1000, stopping=True)["phase"]
         == phase
     )
+
+
+def test_pod_ip_kept_after_the_sandbox_stops() -> None:
+    p = pod("a", policy="Never")
+    rt = runtime([sandbox()], [ctr(p, "a", CS.RUNNING)])
+    first = compute_pod_status(p, rt, waiting={}, previous=None, now=1000)
+    from klet.cri.types import SandboxState
+
+    stopped = runtime(
+        [sandbox(SandboxState.NOTREADY, ip="")], [ctr(p, "a", CS.EXITED, exit_code=0)]
+    )
+    later = compute_pod_status(p, stopped, waiting={}, previous=first, now=2000)
+    assert later["phase"] == "Succeeded" and later["podIP"] == "10.1.0.2"

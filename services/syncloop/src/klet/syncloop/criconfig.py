@@ -11,7 +11,8 @@ import json
 from klet.cri import labels as L
 from klet.cri.types import ContainerConfig, PortMapping, SandboxConfig
 from klet.model.types import JSON
-from klet.syncloop import podspec
+from klet.syncloop import envvars, podspec, resources
+from klet.syncloop.envvars import NodeFacts
 
 
 def sandbox_config(
@@ -57,39 +58,18 @@ def sandbox_config(
     )
 
 
-def _field_ref(pod: JSON, path: str, pod_ip: str) -> str:
-    meta = podspec.meta(pod)
-    simple = {
-        "metadata.name": meta.get("name", ""),
-        "metadata.namespace": meta.get("namespace", "default"),
-        "metadata.uid": meta.get("uid", ""),
-        "spec.nodeName": pod.get("spec", {}).get("nodeName", ""),
-        "spec.serviceAccountName": pod.get("spec", {}).get("serviceAccountName", ""),
-        "status.podIP": pod_ip,
-    }
-    return str(simple.get(path, ""))
-
-
-def container_envs(pod: JSON, container: JSON, *, pod_ip: str) -> tuple[tuple[str, str], ...]:
-    out: list[tuple[str, str]] = []
-    for e in container.get("env") or []:
-        if "value" in e:
-            out.append((e["name"], str(e.get("value") or "")))
-        elif (e.get("valueFrom") or {}).get("fieldRef"):
-            out.append(
-                (
-                    e["name"],
-                    _field_ref(pod, e["valueFrom"]["fieldRef"].get("fieldPath", ""), pod_ip),
-                )
-            )
-        else:
-            out.append((e["name"], ""))
-    return tuple(out)
-
-
 def container_config(
-    pod: JSON, container: JSON, *, restart_count: int, image: str, pod_ip: str
+    pod: JSON,
+    container: JSON,
+    *,
+    restart_count: int,
+    image: str,
+    pod_ips: tuple[str, ...],
+    node: NodeFacts,
+    limits: resources.NodeLimits | None = None,
 ) -> ContainerConfig:
+    env = envvars.container_env(pod, container, pod_ips=pod_ips, node=node)
+    values = dict(env)
     meta = podspec.meta(pod)
     name = container["name"]
     annotations = {
@@ -107,10 +87,10 @@ def container_config(
         name=name,
         attempt=restart_count,
         image=image,
-        command=tuple(container.get("command") or ()),
-        args=tuple(container.get("args") or ()),
+        command=tuple(envvars.expand_all(list(container.get("command") or ()), values)),
+        args=tuple(envvars.expand_all(list(container.get("args") or ()), values)),
         working_dir=container.get("workingDir", ""),
-        envs=container_envs(pod, container, pod_ip=pod_ip),
+        envs=tuple(env),
         labels=L.container_labels(
             pod_name=meta.get("name", ""),
             namespace=meta.get("namespace", "default"),
@@ -122,4 +102,5 @@ def container_config(
         stdin=bool(container.get("stdin")),
         stdin_once=bool(container.get("stdinOnce")),
         tty=bool(container.get("tty")),
+        resources=resources.container_resources(pod, container, limits) if limits else None,
     )

@@ -218,6 +218,10 @@ def compute_pod_status(
     if sandbox is not None and sandbox.ip:
         status["podIP"] = sandbox.ip
         status["podIPs"] = [{"ip": ip} for ip in (sandbox.ip, *sandbox.ips)]
+    elif prev.get("podIP"):
+        # A stopped sandbox has no IP any more; upstream keeps the last known ones.
+        status["podIP"] = prev["podIP"]
+        status["podIPs"] = prev.get("podIPs") or [{"ip": prev["podIP"]}]
     if terminal is not None:
         status["reason"], status["message"] = terminal
     return status

@@ -21,9 +21,10 @@ from klet.cri import CRIError
 from klet.cri import labels as L
 from klet.cri.types import ContainerState, SandboxConfig
 from klet.model.types import JSON, SandboxID
-from klet.syncloop import criconfig, podspec
+from klet.syncloop import criconfig, envvars, podcgroups, podspec, resources
 from klet.syncloop.actions import compute_pod_actions
 from klet.syncloop.backoff import Backoff
+from klet.syncloop.envvars import NodeFacts
 from klet.syncloop.events import EventSink
 from klet.syncloop.images import ImagePuller
 from klet.syncloop.ports import RuntimeService
@@ -37,6 +38,11 @@ log = logging.getLogger(__name__)
 class SyncSettings:
     pod_logs_dir: Path
     cgroups_per_qos: bool = True
+    cpu_cfs_quota: bool = True
+    """cpuCFSQuota: enforce CPU limits with CFS quota."""
+    cpu_cfs_quota_period: float = 0.1
+    """cpuCFSQuotaPeriod, seconds."""
+    node: NodeFacts = field(default_factory=NodeFacts)
 
 
 @dataclass
@@ -95,6 +101,15 @@ class PodSyncer:
         if actions.create_sandbox:
             result.acted = True
             os.makedirs(sandbox_cfg.log_directory, mode=0o755, exist_ok=True)
+            if self.cgroups is not None and self.settings.cgroups_per_qos:
+                pod_res = resources.pod_resources(pod, podcgroups.node_limits(self.settings))
+                problems = podcgroups.ensure_pod_cgroup(
+                    sandbox_cfg.cgroup_parent, pod_res, root=self.cgroups.root
+                )
+                if problems:
+                    log.warning(
+                        "pod cgroup limits", extra={"pod": _name(pod), "problems": problems}
+                    )
             try:
                 sandbox_id = await self.cri.run_pod_sandbox(sandbox_cfg)
                 pod_ip = (await self.cri.pod_sandbox_status(sandbox_id)).ip
@@ -138,6 +153,22 @@ class PodSyncer:
         pod_ip: str,
     ) -> tuple[tuple[str, str], float | None] | None:
         name = container["name"]
+        missing = envvars.unresolved(container)
+        if missing:
+            # Starting without variables the container asked for would be worse than not
+            # starting it; upstream fails the same way when a reference cannot be read.
+            message = (
+                f"cannot build the environment of container {name}: {', '.join(missing)} "
+                "use ConfigMap/Secret references, which klet does not resolve yet"
+            )
+            self.events.emit(
+                pod,
+                "Warning",
+                "Failed",
+                f"Error: {message}",
+                field_path=f"spec.containers{{{name}}}",
+            )
+            return ("CreateContainerConfigError", message), None
         pulled = await self.puller.ensure(pod, container, sandbox_cfg)
         if pulled.image_ref is None:
             assert pulled.waiting is not None
@@ -145,7 +176,13 @@ class PodSyncer:
         last = current.latest(name)
         restart_count = restart_count_of(last) + 1 if last is not None else 0
         cfg = criconfig.container_config(
-            pod, container, restart_count=restart_count, image=pulled.image_ref, pod_ip=pod_ip
+            pod,
+            container,
+            restart_count=restart_count,
+            image=pulled.image_ref,
+            pod_ips=(pod_ip,) if pod_ip else (),
+            node=self.settings.node,
+            limits=podcgroups.node_limits(self.settings),
         )
         os.makedirs(os.path.join(sandbox_cfg.log_directory, name), mode=0o755, exist_ok=True)
         field_path = f"spec.containers{{{name}}}"

@@ -12,8 +12,10 @@ from klet.bus import Bus, Lease, NodeBus
 from klet.cgroups import CgroupFS
 from klet.config import Settings
 from klet.cri import CRISettings, RuntimeClient
+from klet.syncloop import podcgroups
 from klet.syncloop.backoff import Backoff
 from klet.syncloop.controller import PodController
+from klet.syncloop.envvars import NodeFacts
 from klet.syncloop.events import BusEventSink
 from klet.syncloop.images import ImagePuller
 from klet.syncloop.metrics import Metrics, create_metrics
@@ -72,7 +74,17 @@ def build_deps(settings: Settings, **overrides: Any) -> Deps:
         puller=puller,
         events=events,
         cgroups=CgroupFS() if k.cgroups_per_qos else None,
-        settings=SyncSettings(pod_logs_dir=Path(k.pod_logs_dir), cgroups_per_qos=k.cgroups_per_qos),
+        settings=SyncSettings(
+            pod_logs_dir=Path(k.pod_logs_dir),
+            cgroups_per_qos=k.cgroups_per_qos,
+            cpu_cfs_quota=k.cpu_cfs_quota,
+            cpu_cfs_quota_period=k.cpu_cfs_quota_period,
+            node=NodeFacts(
+                host_ips=(host_ip(settings),),
+                cpu_count=os.cpu_count() or 1,
+                memory_bytes=podcgroups.memory_capacity_bytes(),
+            ),
+        ),
         backoff=backoff,
     )
     publisher = StatusPublisher(node_bus)

@@ -1,0 +1,159 @@
+"""Host adapter for pod resources: creates pod cgroups and detects the host's limits.
+
+Before RunPodSandbox the pod cgroup is created in every cgroup v1 hierarchy (or the v2
+unified one) and its CPU shares, CFS quota and memory limit are written, as upstream's
+pod container manager does; doing it again is harmless. `node_limits` detects once the
+node's memory capacity and the lowest oom_score_adj this host accepts (hosts that
+refuse negative values get containers' values clamped, with a single warning).
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import os
+from pathlib import Path
+
+from klet.cgroups.fs import V1_CONTROLLERS, detect
+from klet.syncloop.resources import NodeLimits, PodResources
+
+log = logging.getLogger(__name__)
+
+MEMINFO = Path("/proc/meminfo")
+OOM_SCORE_ADJ = Path("/proc/self/oom_score_adj")
+
+
+def memory_capacity_bytes(meminfo: Path = MEMINFO) -> int:
+    try:
+        for line in meminfo.read_text().splitlines():
+            if line.startswith("MemTotal:"):
+                return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return 0
+
+
+def oom_score_adj_floor(path: Path = OOM_SCORE_ADJ) -> int:
+    """-1000 when this process may lower its oom_score_adj; else its current value.
+
+    Writing -1 to our own oom_score_adj is the probe: a host that refuses negative values
+    answers with an error, and then nothing below our own value is accepted either.
+    """
+    try:
+        current = int(path.read_text().strip())
+    except (OSError, ValueError):
+        return 0
+    if current < 0:
+        return -1000
+    try:
+        path.write_text("-1")
+    except OSError:
+        log.warning(
+            "this host refuses negative oom_score_adj: container values are clamped",
+            extra={"floor": current},
+        )
+        return current
+    try:
+        path.write_text(str(current))
+    except OSError:  # pragma: no cover - raising it back is always allowed
+        pass
+    return -1000
+
+
+@functools.cache
+def _detected() -> tuple[int, int]:
+    return memory_capacity_bytes(), oom_score_adj_floor()
+
+
+def node_limits(settings: object) -> NodeLimits:
+    """NodeLimits for this host; `cpu_cfs_quota(_period)` are read from settings if present."""
+    capacity, floor = _detected()
+    return NodeLimits(
+        memory_capacity_bytes=capacity,
+        cpu_cfs_quota=bool(getattr(settings, "cpu_cfs_quota", True)),
+        cpu_cfs_quota_period_s=float(getattr(settings, "cpu_cfs_quota_period", 0.1)),
+        oom_score_adj_floor=floor,
+    )
+
+
+def _write(path: Path, text: str, problems: list[str]) -> None:
+    try:
+        if path.exists() and path.read_text().strip() == text:
+            return
+        path.write_text(text)
+    except OSError as err:
+        problems.append(f"{path}: {err.strerror or err}")
+
+
+def _v1_files(res: PodResources) -> dict[str, dict[str, str]]:
+    cpu = {"cpu.shares": str(res.cpu_shares)}
+    if res.cpu_period is not None:
+        cpu["cpu.cfs_period_us"] = str(res.cpu_period)
+    cpu["cpu.cfs_quota_us"] = str(res.cpu_quota if res.cpu_quota is not None else -1)
+    memory = {"memory.limit_in_bytes": str(res.memory_limit_bytes or -1)}
+    return {"cpu": cpu, "memory": memory}
+
+
+def shares_to_weight(shares: int) -> int:
+    """cgroup v2 cpu.weight for v1 cpu.shares, as runc converts them."""
+    return 1 + ((shares - 2) * 9999) // 262142
+
+
+def _v2_files(res: PodResources) -> dict[str, str]:
+    period = res.cpu_period or 100000
+    quota = res.cpu_quota if res.cpu_quota is not None and res.cpu_quota > 0 else None
+    return {
+        "cpu.weight": str(shares_to_weight(res.cpu_shares)),
+        "cpu.max": f"{quota if quota is not None else 'max'} {period}",
+        "memory.max": str(res.memory_limit_bytes or "max"),
+    }
+
+
+def _copy_cpuset(d: Path, problems: list[str]) -> None:
+    """A new v1 cpuset cgroup is empty and would refuse tasks: inherit the parent's."""
+    for name in ("cpuset.cpus", "cpuset.mems"):
+        try:
+            current = (d / name).read_text().strip() if (d / name).exists() else ""
+            if not current:
+                _write(d / name, (d.parent / name).read_text().strip(), problems)
+        except OSError as err:
+            problems.append(f"{d / name}: {err.strerror or err}")
+
+
+def ensure_pod_cgroup(
+    parent: str, res: PodResources, root: Path = Path("/sys/fs/cgroup")
+) -> list[str]:
+    """Create the pod cgroup and write its limits; returns the problems met (none is fatal)."""
+    rel = parent.strip("/")
+    problems: list[str] = []
+    if detect(root) == 2:
+        parts = Path(rel).parts
+        for i in range(len(parts)):
+            d = root.joinpath(*parts[:i])
+            os.makedirs(root.joinpath(*parts[: i + 1]), exist_ok=True)
+            for ctrl in ("cpu", "memory", "pids"):
+                try:
+                    (d / "cgroup.subtree_control").write_text(f"+{ctrl}")
+                except OSError:
+                    pass
+        for name, text in _v2_files(res).items():
+            _write(root / rel / name, text, problems)
+        return problems
+    files = _v1_files(res)
+    for ctrl in V1_CONTROLLERS:
+        base = root / ctrl
+        if not base.is_dir():
+            continue
+        parts = Path(rel).parts
+        for i in range(len(parts)):
+            d = base.joinpath(*parts[: i + 1])
+            try:
+                d.mkdir(exist_ok=True)
+            except OSError as err:
+                problems.append(f"{d}: {err.strerror or err}")
+                break
+            if ctrl == "cpuset":
+                _copy_cpuset(d, problems)
+        for name, text in files.get(ctrl, {}).items():
+            _write(base / rel / name, text, problems)
+    return problems

@@ -1,0 +1,187 @@
+"""Container and pod cgroup resources and oom_score_adj, computed as upstream does.
+
+Pure functions over the pod spec: CPU shares from requests, CFS quota from limits, the
+memory limit, the container's oom_score_adj by QoS class (clamped to the host's floor,
+for hosts that refuse negative values), and the pod cgroup's values as sums over its
+containers (upstream's ResourceConfigForPod). Missing requests default to the limits,
+as the API server's defaulting does. Hugepages and other resources are ignored.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from decimal import Decimal
+from typing import Any
+
+from klet.config.units import parse_quantity
+from klet.cri.types import LinuxResources
+from klet.model.types import JSON
+from klet.syncloop import podspec
+
+MIN_SHARES = 2
+MAX_SHARES = 262144
+SHARES_PER_CPU = 1024
+MIN_QUOTA_PERIOD_US = 1000
+GUARANTEED_OOM_SCORE_ADJ = -997
+BESTEFFORT_OOM_SCORE_ADJ = 1000
+
+
+@dataclass(frozen=True)
+class NodeLimits:
+    """What the calculation needs from the node and the configuration."""
+
+    memory_capacity_bytes: int
+    cpu_cfs_quota: bool = True
+    cpu_cfs_quota_period_s: float = 0.1
+    oom_score_adj_floor: int = -1000
+
+    @property
+    def period_us(self) -> int:
+        return int(round(self.cpu_cfs_quota_period_s * 1_000_000))
+
+
+@dataclass(frozen=True)
+class PodResources:
+    """The pod cgroup's settings; None means "leave unlimited / unset"."""
+
+    cpu_shares: int
+    cpu_quota: int | None
+    cpu_period: int | None
+    memory_limit_bytes: int | None
+
+
+def _get(container: JSON, kind: str, name: str) -> Decimal | None:
+    res = container.get("resources")
+    if not isinstance(res, dict):
+        return None
+    values: Any = res.get(kind) or {}
+    if not isinstance(values, dict):
+        return None
+    raw = values.get(name)
+    if raw in (None, ""):
+        return None
+    return parse_quantity(str(raw))
+
+
+def _limit(container: JSON, name: str) -> Decimal | None:
+    return _get(container, "limits", name)
+
+
+def _request(container: JSON, name: str) -> Decimal | None:
+    """The request, defaulting to the limit when only the limit is set."""
+    req = _get(container, "requests", name)
+    return req if req is not None else _limit(container, name)
+
+
+def milli_value(q: Decimal | None) -> int:
+    return 0 if q is None else math.ceil(q * 1000)
+
+
+def value(q: Decimal | None) -> int:
+    return 0 if q is None else math.ceil(q)
+
+
+def milli_cpu_to_shares(milli_cpu: int) -> int:
+    if milli_cpu <= 0:
+        return MIN_SHARES
+    shares = milli_cpu * SHARES_PER_CPU // 1000
+    return max(MIN_SHARES, min(shares, MAX_SHARES))
+
+
+def milli_cpu_to_quota(milli_cpu: int, period_us: int) -> int:
+    """0 (no quota) without a limit; otherwise at least 1 ms."""
+    if milli_cpu <= 0:
+        return 0
+    return max(milli_cpu * period_us // 1000, MIN_QUOTA_PERIOD_US)
+
+
+def oom_score_adj(pod: JSON, container: JSON, memory_capacity_bytes: int) -> int:
+    """Upstream's GetContainerOOMScoreAdjust (without the critical-pod rule)."""
+    qos = podspec.qos_class(pod)
+    if qos == "Guaranteed":
+        return GUARANTEED_OOM_SCORE_ADJ
+    if qos == "BestEffort":
+        return BESTEFFORT_OOM_SCORE_ADJ
+    request = value(_request(container, "memory"))
+    adj = 1000
+    if memory_capacity_bytes > 0:
+        adj = 1000 - (1000 * request) // memory_capacity_bytes
+    # Keep burstable containers strictly between guaranteed and best-effort ones.
+    if adj < 1000 + GUARANTEED_OOM_SCORE_ADJ:
+        return 1000 + GUARANTEED_OOM_SCORE_ADJ
+    if adj >= BESTEFFORT_OOM_SCORE_ADJ:
+        return BESTEFFORT_OOM_SCORE_ADJ - 1
+    return adj
+
+
+def clamp_oom_score_adj(adj: int, floor: int) -> int:
+    return max(adj, floor, -1000)
+
+
+def container_resources(pod: JSON, container: JSON, node: NodeLimits) -> LinuxResources:
+    """The CRI LinuxResources for one container (0 means unset / unlimited)."""
+    cpu_request = milli_value(_request(container, "cpu"))
+    cpu_limit = milli_value(_limit(container, "cpu"))
+    quota = period = 0
+    if node.cpu_cfs_quota:
+        period = node.period_us
+        quota = milli_cpu_to_quota(cpu_limit, period)
+    return LinuxResources(
+        cpu_shares=milli_cpu_to_shares(cpu_request),
+        cpu_quota=quota,
+        cpu_period=period,
+        memory_limit_bytes=value(_limit(container, "memory")),
+        oom_score_adj=clamp_oom_score_adj(
+            oom_score_adj(pod, container, node.memory_capacity_bytes), node.oom_score_adj_floor
+        ),
+    )
+
+
+def _pod_total(pod: JSON, pick: Any) -> tuple[int, bool]:
+    """Sum over app containers, max with each init container; and whether all declare it."""
+    spec = pod.get("spec") or {}
+    inits = list(spec.get("initContainers") or [])
+    apps = podspec.containers(pod)
+    values = [pick(c) for c in apps]
+    total = sum(v for v in values if v is not None)
+    for c in inits:
+        v = pick(c)
+        if v is not None:
+            total = max(total, v)
+    declared = all(pick(c) is not None for c in apps + inits)
+    return total, declared
+
+
+def pod_resources(pod: JSON, node: NodeLimits) -> PodResources:
+    """Upstream's ResourceConfigForPod: the pod cgroup's shares, quota and memory limit."""
+
+    def cpu_req(c: JSON) -> int | None:
+        q = _request(c, "cpu")
+        return None if q is None else milli_value(q)
+
+    def cpu_lim(c: JSON) -> int | None:
+        q = _limit(c, "cpu")
+        return None if q is None or q == 0 else milli_value(q)
+
+    def mem_lim(c: JSON) -> int | None:
+        q = _limit(c, "memory")
+        return None if q is None or q == 0 else value(q)
+
+    qos = podspec.qos_class(pod)
+    if qos == "BestEffort":
+        return PodResources(MIN_SHARES, None, None, None)
+    requests, _ = _pod_total(pod, cpu_req)
+    cpu_limits, cpu_declared = _pod_total(pod, cpu_lim)
+    memory, memory_declared = _pod_total(pod, mem_lim)
+    shares = milli_cpu_to_shares(requests)
+    period = node.period_us
+    quota = milli_cpu_to_quota(cpu_limits, period) if node.cpu_cfs_quota else -1
+    if qos == "Guaranteed":
+        return PodResources(shares, quota, period, memory)
+    return PodResources(
+        shares,
+        quota if cpu_declared else None,
+        period if cpu_declared else None,
+        memory if memory_declared else None,
+    )

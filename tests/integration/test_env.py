@@ -1,0 +1,106 @@
+"""Environment variables seen from inside a real container: values, $(VAR) expansion in
+env, command and args (with $$ escaping and undefined references kept), fieldRef and
+resourceFieldRef; and a container whose env uses a ConfigMap reference does not start
+and says why (CreateContainerConfigError)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.harness.node import KletNode, container_status, wait_for
+
+pytestmark = pytest.mark.integration
+
+POD = """
+apiVersion: v1
+kind: Pod
+metadata:
+  name: envtest
+  labels: {app: envy}
+spec:
+  restartPolicy: Never
+  containers:
+    - name: main
+      image: registry.klet.test/busybox:1.36
+      command:
+        - sh
+        - -c
+        - |
+          echo GREETING=$GREETING; echo ARG=$1; echo LIT=$2; echo LABEL=$APP
+          echo NAME=$NAME; echo IP=$IP; echo MEM=$MEM; echo UNDEF=$3
+        - "--"
+      args: ["$(GREETING)", "$$(GREETING)", "$(NOPE)"]
+      resources:
+        limits: {memory: 64Mi}
+      env:
+        - {name: WHO, value: world}
+        - {name: GREETING, value: "hello $(WHO)"}
+        - name: APP
+          valueFrom: {fieldRef: {fieldPath: "metadata.labels['app']"}}
+        - name: NAME
+          valueFrom: {fieldRef: {fieldPath: metadata.name}}
+        - name: IP
+          valueFrom: {fieldRef: {fieldPath: status.podIP}}
+        - name: MEM
+          valueFrom: {resourceFieldRef: {resource: limits.memory, divisor: 1Mi}}
+"""
+
+CONFIGMAP_POD = """
+apiVersion: v1
+kind: Pod
+metadata: {name: needscm}
+spec:
+  containers:
+    - name: main
+      image: registry.klet.test/busybox:1.36
+      command: ["sleep", "1000"]
+      env:
+        - name: FROM_CM
+          valueFrom: {configMapKeyRef: {name: settings, key: level}}
+"""
+
+
+def test_env_and_expansion_inside_the_container(node_factory: Any, manifests: Path) -> None:
+    node: KletNode = node_factory(manifest_dir=manifests)
+    node.start()
+    (manifests / "env.yaml").write_text(POD)
+    full = f"envtest-{node.node_name}"
+    pod = wait_for(
+        lambda: (p := node.pods().get(full)) and p["status"]["phase"] == "Succeeded" and p,
+        timeout_s=20,
+        what="envtest Succeeded",
+    )
+    log_file = next(node.logs_dir.glob(f"default_{full}_*")) / "main" / "0.log"
+    lines = [line.split(" ", 3)[3] for line in log_file.read_text().splitlines()]
+    assert lines == [
+        "GREETING=hello world",
+        "ARG=hello world",
+        "LIT=$(GREETING)",
+        "LABEL=envy",
+        f"NAME={full}",
+        f"IP={pod['status']['podIP']}",
+        "MEM=64",
+        "UNDEF=$(NOPE)",
+    ]
+
+
+def test_configmap_reference_is_refused_with_a_reason(node_factory: Any, manifests: Path) -> None:
+    node: KletNode = node_factory(manifest_dir=manifests)
+    node.start()
+    (manifests / "cm.yaml").write_text(CONFIGMAP_POD)
+    full = f"needscm-{node.node_name}"
+
+    def waiting() -> dict[str, Any] | None:
+        cs = container_status(node.pods()[full], "main")
+        return (
+            cs
+            if cs["state"].get("waiting", {}).get("reason") == "CreateContainerConfigError"
+            else None
+        )
+
+    cs = wait_for(waiting, timeout_s=20, what="CreateContainerConfigError")
+    assert "FROM_CM" in cs["state"]["waiting"]["message"]
+    assert node.pods()[full]["status"]["phase"] == "Pending"

@@ -1,0 +1,110 @@
+"""Pod resources on real containerd: the pod cgroup and each container's cgroup carry
+upstream's CPU shares, CFS quota and memory limit, `/pods` reports the QoS class, the
+container's processes get the expected oom_score_adj (clamped to what this host allows),
+and the pod cgroup goes away with the pod."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+from klet.syncloop import podcgroups, resources
+
+from tests.harness.node import KletNode, container_status, wait_for
+from tests.integration.test_static_pods import running
+
+pytestmark = pytest.mark.integration
+
+CG = Path("/sys/fs/cgroup")
+
+BURSTABLE = """
+apiVersion: v1
+kind: Pod
+metadata:
+  name: burst
+spec:
+  terminationGracePeriodSeconds: 1
+  containers:
+    - name: main
+      image: registry.klet.test/busybox:1.36
+      command: ["sleep", "100000"]
+      resources:
+        requests: {cpu: 250m, memory: 64Mi}
+        limits: {cpu: 500m, memory: 128Mi}
+"""
+
+GUARANTEED = """
+apiVersion: v1
+kind: Pod
+metadata:
+  name: guar
+spec:
+  terminationGracePeriodSeconds: 1
+  containers:
+    - name: main
+      image: registry.klet.test/busybox:1.36
+      command: ["sleep", "100000"]
+      resources:
+        limits: {cpu: 500m, memory: 128Mi}
+"""
+
+
+def read(path: Path) -> str:
+    return path.read_text().strip()
+
+
+def check_pod(node: KletNode, manifests: Path, name: str, text: str, qos: str) -> None:
+    (manifests / f"{name}.yaml").write_text(text)
+    pod: dict[str, Any] = wait_for(
+        lambda: running(node, name), timeout_s=20, what=f"{name} Running"
+    )
+    assert pod["status"]["qosClass"] == qos
+    uid = pod["metadata"]["uid"]
+    parent = f"kubepods/pod{uid}" if qos == "Guaranteed" else f"kubepods/{qos.lower()}/pod{uid}"
+    cid = container_status(pod, "main")["containerID"].split("://", 1)[1]
+    for d in (CG / "cpu" / parent, CG / "cpu" / parent / cid):
+        assert read(d / "cpu.shares") == ("512" if qos == "Guaranteed" else "256"), d
+        assert read(d / "cpu.cfs_period_us") == "100000", d
+        assert read(d / "cpu.cfs_quota_us") == "50000", d
+    for d in (CG / "memory" / parent, CG / "memory" / parent / cid):
+        assert read(d / "memory.limit_in_bytes") == "134217728", d
+    assert (CG / "pids" / parent).is_dir()
+    pids = read(CG / "cpu" / parent / cid / "cgroup.procs").split()
+    assert pids
+    capacity = podcgroups.memory_capacity_bytes()
+    container = {"name": "main", "resources": {"requests": {"memory": "64Mi"}}}
+    spec = {
+        "spec": {
+            "containers": [
+                container
+                if qos == "Burstable"
+                else {"name": "main", "resources": {"limits": {"cpu": "500m", "memory": "128Mi"}}}
+            ]
+        }
+    }
+    raw = resources.oom_score_adj(spec, spec["spec"]["containers"][0], capacity)
+    expected = resources.clamp_oom_score_adj(raw, podcgroups.oom_score_adj_floor())
+    if qos == "Burstable":
+        assert raw == 1000 - (1000 * 64 * 1024**2) // capacity
+    else:
+        assert raw == -997
+    assert int(read(Path(f"/proc/{pids[0]}/oom_score_adj"))) == expected
+    (manifests / f"{name}.yaml").unlink()
+    wait_for(
+        lambda: not any((CG / c / parent).exists() for c in ("cpu", "memory", "pids")),
+        timeout_s=20,
+        what=f"{name}'s pod cgroup removed",
+    )
+
+
+def test_burstable_pod_limits(node_factory: Any, manifests: Path) -> None:
+    node: KletNode = node_factory(manifest_dir=manifests)
+    node.start()
+    check_pod(node, manifests, "burst", BURSTABLE, "Burstable")
+
+
+def test_guaranteed_pod_limits(node_factory: Any, manifests: Path) -> None:
+    node: KletNode = node_factory(manifest_dir=manifests)
+    node.start()
+    check_pod(node, manifests, "guar", GUARANTEED, "Guaranteed")

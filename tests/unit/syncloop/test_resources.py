@@ -1,0 +1,219 @@
+"""Container and pod resources, oom_score_adj and pod cgroup files, table-driven."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+from klet.cri.types import LinuxResources
+from klet.syncloop import podcgroups, resources
+from klet.syncloop.resources import NodeLimits, PodResources
+
+GI = 1024**3
+NODE = NodeLimits(memory_capacity_bytes=4 * GI)
+
+
+def c(
+    name: str = "app", *, req: dict[str, str] | None = None, lim: dict[str, str] | None = None
+) -> Any:
+    res: dict[str, Any] = {}
+    if req is not None:
+        res["requests"] = req
+    if lim is not None:
+        res["limits"] = lim
+    return {"name": name, "image": "x", "resources": res}
+
+
+def pod(*containers: Any, init: tuple[Any, ...] = ()) -> Any:
+    spec: dict[str, Any] = {"containers": list(containers)}
+    if init:
+        spec["initContainers"] = list(init)
+    return {"metadata": {"name": "p", "uid": "u"}, "spec": spec}
+
+
+@pytest.mark.parametrize(
+    ("milli", "shares"),
+    [(0, 2), (1, 2), (2, 2), (250, 256), (1000, 1024), (1500, 1536), (10**9, 262144)],
+)
+def test_milli_cpu_to_shares(milli: int, shares: int) -> None:
+    assert resources.milli_cpu_to_shares(milli) == shares
+
+
+@pytest.mark.parametrize(
+    ("milli", "period", "quota"),
+    [(0, 100000, 0), (1, 100000, 1000), (500, 100000, 50000), (2000, 50000, 100000)],
+)
+def test_milli_cpu_to_quota(milli: int, period: int, quota: int) -> None:
+    assert resources.milli_cpu_to_quota(milli, period) == quota
+
+
+BURSTABLE = c(req={"cpu": "250m", "memory": "64Mi"}, lim={"cpu": "500m", "memory": "128Mi"})
+GUARANTEED = c(lim={"cpu": "1", "memory": "128Mi"})
+
+
+@pytest.mark.parametrize(
+    ("container", "node", "expected"),
+    [
+        (BURSTABLE, NODE, LinuxResources(256, 50000, 100000, 134217728, 1000 - 64 * 1000 // 4096)),
+        (GUARANTEED, NODE, LinuxResources(1024, 100000, 100000, 134217728, -997)),
+        (c(), NODE, LinuxResources(2, 0, 100000, 0, 1000)),
+        # the request defaults to the limit
+        (c(lim={"cpu": "300m"}), NODE, LinuxResources(307, 30000, 100000, 0, 999)),
+        (c(req={"cpu": "100m"}), NODE, LinuxResources(102, 0, 100000, 0, 999)),
+        # cpuCFSQuota off: no quota, no period
+        (
+            BURSTABLE,
+            NodeLimits(4 * GI, cpu_cfs_quota=False),
+            LinuxResources(256, 0, 0, 134217728, 985),
+        ),
+        # a 50 ms period
+        (
+            BURSTABLE,
+            NodeLimits(4 * GI, cpu_cfs_quota_period_s=0.05),
+            LinuxResources(256, 25000, 50000, 134217728, 985),
+        ),
+        # a host refusing negative values: clamped to its floor
+        (
+            GUARANTEED,
+            NodeLimits(4 * GI, oom_score_adj_floor=0),
+            LinuxResources(1024, 100000, 100000, 134217728, 0),
+        ),
+        # hugepages are ignored
+        (
+            c(
+                req={"cpu": "1", "memory": "1Gi", "hugepages-2Mi": "2Mi"},
+                lim={"hugepages-2Mi": "2Mi"},
+            ),
+            NODE,
+            LinuxResources(1024, 0, 100000, 0, 750),
+        ),
+    ],
+)
+def test_container_resources(container: Any, node: NodeLimits, expected: LinuxResources) -> None:
+    assert resources.container_resources(pod(container), container, node) == expected
+
+
+@pytest.mark.parametrize(
+    ("memory_request", "capacity", "adj"),
+    [
+        ("1", 4 * GI, 999),  # 1000 would be best-effort's
+        ("1Gi", 4 * GI, 750),
+        ("4Gi", 4 * GI, 3),  # never as low as a guaranteed pod
+        ("8Gi", 4 * GI, 3),
+        ("3990Mi", 4 * GI, 26),
+    ],
+)
+def test_burstable_oom_score_adj(memory_request: str, capacity: int, adj: int) -> None:
+    container = c(req={"memory": memory_request, "cpu": "1"}, lim={"cpu": "2"})
+    assert resources.oom_score_adj(pod(container), container, capacity) == adj
+
+
+@pytest.mark.parametrize(
+    ("adj", "floor", "out"), [(-997, -1000, -997), (-997, 0, 0), (5, 0, 5), (1000, 0, 1000)]
+)
+def test_clamp(adj: int, floor: int, out: int) -> None:
+    assert resources.clamp_oom_score_adj(adj, floor) == out
+
+
+@pytest.mark.parametrize(
+    ("p", "node", "expected"),
+    [
+        (pod(BURSTABLE), NODE, PodResources(256, 50000, 100000, 134217728)),
+        (pod(GUARANTEED, GUARANTEED), NODE, PodResources(2048, 200000, 100000, 268435456)),
+        (pod(c()), NODE, PodResources(2, None, None, None)),
+        # one container without limits: no pod quota and no pod memory limit
+        (pod(BURSTABLE, c("b", req={"cpu": "250m"})), NODE, PodResources(512, None, None, None)),
+        # cpu limits everywhere but not memory
+        (
+            pod(BURSTABLE, c("b", lim={"cpu": "500m"})),
+            NODE,
+            PodResources(768, 100000, 100000, None),
+        ),
+        # an init container larger than the sum wins
+        (
+            pod(BURSTABLE, init=(c("i", req={"cpu": "2"}, lim={"cpu": "2", "memory": "1Gi"}),)),
+            NODE,
+            PodResources(2048, 200000, 100000, GI),
+        ),
+        # cpuCFSQuota off: -1 (unlimited) for the pod
+        (
+            pod(GUARANTEED),
+            NodeLimits(GI, cpu_cfs_quota=False),
+            PodResources(1024, -1, 100000, 134217728),
+        ),
+    ],
+)
+def test_pod_resources(p: Any, node: NodeLimits, expected: PodResources) -> None:
+    assert resources.pod_resources(p, node) == expected
+
+
+def test_ensure_pod_cgroup_v1(tmp_path: Path) -> None:
+    for ctrl in ("cpu", "memory", "pids", "cpuset"):
+        (tmp_path / ctrl).mkdir()
+    (tmp_path / "cpuset" / "cpuset.cpus").write_text("0-3\n")
+    (tmp_path / "cpuset" / "cpuset.mems").write_text("0\n")
+    kube = tmp_path / "cpuset" / "kubepods"
+    kube.mkdir()
+    (kube / "cpuset.cpus").write_text("")
+    (kube / "cpuset.mems").write_text("")
+    res = PodResources(256, 50000, 100000, 134217728)
+    for _ in range(2):  # idempotent
+        assert podcgroups.ensure_pod_cgroup("/kubepods/burstable/podu", res, root=tmp_path) == []
+    d = tmp_path / "cpu" / "kubepods" / "burstable" / "podu"
+    assert (d / "cpu.shares").read_text() == "256"
+    assert (d / "cpu.cfs_quota_us").read_text() == "50000"
+    assert (d / "cpu.cfs_period_us").read_text() == "100000"
+    mem = tmp_path / "memory" / "kubepods" / "burstable" / "podu"
+    assert (mem / "memory.limit_in_bytes").read_text() == "134217728"
+    assert (tmp_path / "pids" / "kubepods" / "burstable" / "podu").is_dir()
+    assert (kube / "cpuset.cpus").read_text() == "0-3"
+    assert (kube / "burstable" / "cpuset.mems").read_text() == "0"
+
+
+def test_ensure_pod_cgroup_v1_unlimited(tmp_path: Path) -> None:
+    (tmp_path / "cpu").mkdir()
+    (tmp_path / "memory").mkdir()
+    podcgroups.ensure_pod_cgroup(
+        "/kubepods/besteffort/podu", PodResources(2, None, None, None), root=tmp_path
+    )
+    d = tmp_path / "cpu" / "kubepods" / "besteffort" / "podu"
+    assert (d / "cpu.shares").read_text() == "2"
+    assert (d / "cpu.cfs_quota_us").read_text() == "-1"
+    assert not (d / "cpu.cfs_period_us").exists()
+    assert (tmp_path / "memory/kubepods/besteffort/podu/memory.limit_in_bytes").read_text() == "-1"
+
+
+def test_ensure_pod_cgroup_v2(tmp_path: Path) -> None:
+    (tmp_path / "cgroup.controllers").write_text("cpu memory pids\n")
+    podcgroups.ensure_pod_cgroup(
+        "/kubepods/podu", PodResources(1024, 100000, 100000, GI), root=tmp_path
+    )
+    d = tmp_path / "kubepods" / "podu"
+    assert (d / "cpu.weight").read_text() == str(podcgroups.shares_to_weight(1024))
+    assert (d / "cpu.max").read_text() == "100000 100000"
+    assert (d / "memory.max").read_text() == str(GI)
+    assert podcgroups.shares_to_weight(2) == 1 and podcgroups.shares_to_weight(262144) == 10000
+
+
+def test_oom_floor_probe(tmp_path: Path) -> None:
+    f = tmp_path / "oom_score_adj"
+    f.write_text("0\n")
+    assert podcgroups.oom_score_adj_floor(f) == -1000  # a plain file accepts -1
+    assert f.read_text() == "0"
+    f.write_text("-500\n")
+    assert podcgroups.oom_score_adj_floor(f) == -1000
+    assert podcgroups.oom_score_adj_floor(tmp_path / "missing") == 0
+
+
+def test_oom_floor_refused(tmp_path: Path) -> None:
+    d = tmp_path / "ro"
+    d.mkdir()
+    assert podcgroups.oom_score_adj_floor(d) == 0  # unreadable: 0
+
+
+def test_memory_capacity(tmp_path: Path) -> None:
+    f = tmp_path / "meminfo"
+    f.write_text("MemTotal:       1000 kB\nMemFree: 1 kB\n")
+    assert podcgroups.memory_capacity_bytes(f) == 1024000
+    assert podcgroups.memory_capacity_bytes(tmp_path / "nope") == 0
