@@ -268,3 +268,19 @@ async def test_deleted_pod_is_stopped_with_min_grace_and_reported_terminated(w: 
     assert entry.terminated and entry.status["phase"] == "Failed"
     await w.controller.sync_once("u7")  # later syncs neither restart it nor un-terminate it
     assert "u7" not in w.running() and w.controller.publisher._entries["u7"].terminated
+
+
+async def test_active_deadline_fails_the_pod(w: World) -> None:
+    rec = desired("u8", activeDeadlineSeconds=30)
+    w.controller.apply_desired({"u8": rec}, READY, read_from=w.controller.generation)
+    outcome = await w.controller.sync_once("u8")
+    assert "u8" in w.running()
+    assert outcome.wake_at is not None and abs(outcome.wake_at - (w.clock.t + 30)) < 1
+    w.clock.t += 31
+    await w.controller.sync_once("u8")
+    assert "u8" not in w.running()
+    status = w.controller.publisher.get("u8")
+    assert status is not None and status["phase"] == "Failed"
+    assert status["reason"] == "DeadlineExceeded"
+    await w.controller.sync_once("u8")  # stays failed, not restarted
+    assert "u8" not in w.running()

@@ -141,6 +141,13 @@ class PodController:
             return await self._remove(uid, current)
         pod = rec.pod
         meta = pod.get("metadata") or {}
+        # activeDeadlineSeconds counts from the pod's first sandbox, which survives a
+        # syncloop restart (an in-memory start time would not).
+        first_sandbox = min((s.created_at for s in current.sandboxes), default=None)
+        deadline = podspec.deadline_at(pod, None if first_sandbox is None else first_sandbox / 1e9)
+        if deadline is not None and now >= deadline and uid not in self.terminal:
+            log.info("pod exceeded activeDeadlineSeconds", extra={"uid": uid})
+            self.terminal[uid] = podspec.DEADLINE_EXCEEDED
         request = self.kill_requests.get(uid)
         deleting = bool(meta.get("deletionTimestamp"))
         if request is not None or uid in self.terminal or deleting:
@@ -193,7 +200,11 @@ class PodController:
             host_ip=self.host_ip,
         )
         self.publisher.set(uid, meta.get("namespace", "default"), meta.get("name", ""), status)
-        return Outcome(wake_at=result.wake_at)
+        if deadline is None:  # the sandbox may have been created by this very sync
+            first = min((s.created_at for s in current.sandboxes), default=None)
+            deadline = podspec.deadline_at(pod, None if first is None else first / 1e9)
+        wake = [t for t in (result.wake_at, deadline) if t is not None]
+        return Outcome(wake_at=min(wake) if wake else None)
 
     async def _remove(self, uid: str, current: RuntimePod) -> Outcome:
         if current.empty:

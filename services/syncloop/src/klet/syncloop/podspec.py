@@ -83,6 +83,20 @@ def deletion_grace_s(pod: JSON) -> int:
     return max(grace, MINIMUM_GRACE_PERIOD_S)
 
 
+DEADLINE_EXCEEDED = (
+    "DeadlineExceeded",
+    "Pod was active on the node longer than the specified deadline",
+)
+
+
+def deadline_at(pod: JSON, started_at: float | None) -> float | None:
+    """When spec.activeDeadlineSeconds runs out for a pod active since `started_at`."""
+    deadline = pod.get("spec", {}).get("activeDeadlineSeconds")
+    if deadline is None or started_at is None:
+        return None
+    return started_at + int(deadline)
+
+
 def pod_log_dir_name(pod: JSON) -> str:
     m = meta(pod)
     return f"{m.get('namespace', 'default')}_{m.get('name', '')}_{m.get('uid', '')}"

@@ -1,0 +1,49 @@
+"""activeDeadlineSeconds on real containerd: a pod running past its deadline is stopped
+and reported Failed with reason DeadlineExceeded, and is not restarted."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from klet.devstack import DevStack
+
+from tests.harness.node import KletNode, wait_for
+from tests.integration.test_static_pods import running, runtime_containers
+
+pytestmark = pytest.mark.integration
+
+POD = """
+apiVersion: v1
+kind: Pod
+metadata: {name: deadline}
+spec:
+  activeDeadlineSeconds: 4
+  terminationGracePeriodSeconds: 2
+  containers:
+    - name: main
+      image: registry.klet.test/busybox:1.36
+      command: ["sleep", "100000"]
+"""
+
+
+def test_pod_past_its_deadline_fails(
+    node_factory: Any, manifests: Path, devstack: DevStack
+) -> None:
+    node: KletNode = node_factory(manifest_dir=manifests)
+    node.start()
+    (manifests / "deadline.yaml").write_text(POD)
+    wait_for(lambda: running(node, "deadline"), timeout_s=15, what="deadline pod Running")
+    full = f"deadline-{node.node_name}"
+
+    def failed() -> dict[str, Any] | None:
+        status: dict[str, Any] = node.pods()[full]["status"]
+        return status if status["phase"] == "Failed" else None
+
+    status = wait_for(failed, timeout_s=4 + 10, what="Failed after activeDeadlineSeconds")
+    assert status["reason"] == "DeadlineExceeded"
+    assert "deadline" in status["message"]
+    time.sleep(3)
+    assert all(state == "CONTAINER_EXITED" for state in runtime_containers(devstack, full).values())
