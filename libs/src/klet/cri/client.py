@@ -20,6 +20,7 @@ from cri_api.v1 import api_pb2 as pb
 from cri_api.v1 import api_pb2_grpc as pb_grpc
 from klet.cri.errors import CRIError, NotFound, RuntimeUnavailable
 from klet.cri.types import (
+    AuthConfig,
     Container,
     ContainerConfig,
     ContainerState,
@@ -27,12 +28,18 @@ from klet.cri.types import (
     ContainerStatusInfo,
     FilesystemUsageInfo,
     ImageInfo,
+    LinuxContainerSecurity,
+    LinuxSandboxSecurity,
+    Mount,
+    NamespaceOptions,
     RuntimeCondition,
     RuntimeVersion,
     Sandbox,
     SandboxConfig,
     SandboxState,
     SandboxStatusInfo,
+    SecurityProfile,
+    SELinuxOptions,
 )
 from klet.model.types import ContainerID, ImageRef, SandboxID
 from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_attempt, wait_exponential
@@ -311,6 +318,10 @@ class RuntimeClient:
             log_path=s.log_path,
             labels=dict(s.labels),
             annotations=dict(s.annotations),
+            mounts=tuple(
+                Mount(container_path=m.container_path, host_path=m.host_path, readonly=m.readonly)
+                for m in s.mounts
+            ),
         )
 
     async def exec_sync(
@@ -427,11 +438,26 @@ class RuntimeClient:
     # -- images ----------------------------------------------------------------------
 
     async def pull_image(
-        self, image: str, *, sandbox_config: SandboxConfig | None = None
+        self,
+        image: str,
+        *,
+        sandbox_config: SandboxConfig | None = None,
+        auth: AuthConfig | None = None,
     ) -> ImageRef:
         request = pb.PullImageRequest(image=pb.ImageSpec(image=image))
         if sandbox_config is not None:
             request.sandbox_config.CopyFrom(_sandbox_pb(sandbox_config))
+        if auth is not None:
+            request.auth.CopyFrom(
+                pb.AuthConfig(
+                    username=auth.username,
+                    password=auth.password,
+                    auth=auth.auth,
+                    server_address=auth.server_address,
+                    identity_token=auth.identity_token,
+                    registry_token=auth.registry_token,
+                )
+            )
         r = await self._call(
             "PullImage", self._img.PullImage, request, deadline_s=self.settings.pull_timeout_s
         )
@@ -509,6 +535,8 @@ def _image(i: Any) -> ImageInfo:
         repo_digests=tuple(i.repo_digests),
         size=int(i.size),
         pinned=bool(i.pinned),
+        uid=int(i.uid.value) if i.HasField("uid") else None,
+        username=i.username,
     )
 
 
@@ -540,8 +568,11 @@ def _sandbox_pb(c: SandboxConfig) -> Any:
                     ipc=ns_mode.NODE if c.host_ipc else ns_mode.POD,
                 )
             ),
+            sysctls=c.sysctls,
         ),
     )
+    if c.security is not None:
+        cfg.linux.security_context.CopyFrom(_sandbox_security_pb(c.security))
     if c.dns is not None:
         cfg.dns_config.CopyFrom(
             pb.DNSConfig(
@@ -572,6 +603,8 @@ def _container_pb(c: ContainerConfig) -> Any:
         stdin_once=c.stdin_once,
         tty=c.tty,
     )
+    if c.stop_signal:
+        cfg.stop_signal = _signal(c.stop_signal)
     if c.resources is not None:
         r = c.resources
         cfg.linux.resources.CopyFrom(
@@ -583,4 +616,84 @@ def _container_pb(c: ContainerConfig) -> Any:
                 oom_score_adj=r.oom_score_adj,
             )
         )
+    if c.security is not None:
+        cfg.linux.security_context.CopyFrom(_container_security_pb(c.security))
     return cfg
+
+
+def _signal(name: str) -> Any:
+    """The CRI Signal for an API stop signal name (`SIGRTMIN+1` is `SIGRTMINPLUS1`)."""
+    key = name.upper().replace("+", "PLUS").replace("-", "MINUS")
+    try:
+        return pb.Signal.Value(key)
+    except ValueError as err:
+        raise CRIError(f"unknown stop signal {name!r}") from err
+
+
+def _namespaces_pb(n: NamespaceOptions) -> Any:
+    mode = pb.NamespaceMode
+    return pb.NamespaceOption(
+        network=mode.Value(n.network.value),
+        pid=mode.Value(n.pid.value),
+        ipc=mode.Value(n.ipc.value),
+    )
+
+
+def _profile_pb(p: SecurityProfile) -> Any:
+    return pb.SecurityProfile(
+        profile_type=pb.SecurityProfile.ProfileType.Value(p.type.value),
+        localhost_ref=p.localhost_ref,
+    )
+
+
+def _selinux_pb(o: SELinuxOptions) -> Any:
+    return pb.SELinuxOption(user=o.user, role=o.role, type=o.type, level=o.level)
+
+
+def _sandbox_security_pb(s: LinuxSandboxSecurity) -> Any:
+    sc = pb.LinuxSandboxSecurityContext(
+        namespace_options=_namespaces_pb(s.namespaces),
+        supplemental_groups=list(s.supplemental_groups),
+        supplemental_groups_policy=pb.SupplementalGroupsPolicy.Value(s.supplemental_groups_policy),
+        privileged=s.privileged,
+    )
+    _set_identity_pb(sc, s)
+    return sc
+
+
+def _set_identity_pb(sc: Any, s: LinuxSandboxSecurity | LinuxContainerSecurity) -> None:
+    """The optional fields both security contexts share: user, group, seccomp, SELinux."""
+    if s.run_as_user is not None:
+        sc.run_as_user.value = s.run_as_user
+    if s.run_as_group is not None:
+        sc.run_as_group.value = s.run_as_group
+    if s.seccomp is not None:
+        sc.seccomp.CopyFrom(_profile_pb(s.seccomp))
+    if s.selinux is not None:
+        sc.selinux_options.CopyFrom(_selinux_pb(s.selinux))
+
+
+def _container_security_pb(s: LinuxContainerSecurity) -> Any:
+    sc = pb.LinuxContainerSecurityContext(
+        namespace_options=_namespaces_pb(s.namespaces),
+        run_as_username=s.run_as_username,
+        supplemental_groups=list(s.supplemental_groups),
+        supplemental_groups_policy=pb.SupplementalGroupsPolicy.Value(s.supplemental_groups_policy),
+        privileged=s.privileged,
+        readonly_rootfs=s.readonly_rootfs,
+        no_new_privs=s.no_new_privs,
+        masked_paths=list(s.masked_paths),
+        readonly_paths=list(s.readonly_paths),
+        apparmor_profile=s.apparmor_profile,
+    )
+    if s.add_capabilities or s.drop_capabilities:
+        sc.capabilities.CopyFrom(
+            pb.Capability(
+                add_capabilities=list(s.add_capabilities),
+                drop_capabilities=list(s.drop_capabilities),
+            )
+        )
+    _set_identity_pb(sc, s)
+    if s.apparmor is not None:
+        sc.apparmor.CopyFrom(_profile_pb(s.apparmor))
+    return sc

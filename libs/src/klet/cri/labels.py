@@ -18,6 +18,7 @@ CONTAINER_RESTART_COUNT = "io.kubernetes.container.restartCount"
 TERMINATION_MESSAGE_PATH = "io.kubernetes.container.terminationMessagePath"
 TERMINATION_MESSAGE_POLICY = "io.kubernetes.container.terminationMessagePolicy"
 CONTAINER_PORTS = "io.kubernetes.container.ports"
+CONTAINER_PRESTOP_HANDLER = "io.kubernetes.container.preStopHandler"  # JSON, for orphan kills
 POD_TERMINATION_GRACE_PERIOD = "io.kubernetes.pod.terminationGracePeriod"
 POD_DELETION_GRACE_PERIOD = "io.kubernetes.pod.deletionGracePeriod"
 

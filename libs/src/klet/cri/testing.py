@@ -19,6 +19,7 @@ from the injected `clock`; nothing here sleeps or does I/O.
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import ipaddress
 import os
@@ -29,6 +30,7 @@ from dataclasses import dataclass
 
 from klet.cri.errors import CRIError, NotFound
 from klet.cri.types import (
+    AuthConfig,
     Container,
     ContainerConfig,
     ContainerState,
@@ -42,6 +44,8 @@ from klet.cri.types import (
     SandboxStatusInfo,
 )
 from klet.model.types import ContainerID, ImageRef, SandboxID
+
+ExecResponder = Callable[[ContainerID, list[str]], tuple[int, bytes, bytes]]
 
 KILLED_EXIT_CODE = 137  # 128 + SIGKILL: what a stopped container reports in the fake
 _LIVE = (ContainerState.RUNNING, ContainerState.UNKNOWN)  # what stop and remove must kill
@@ -97,9 +101,14 @@ class FakeRuntimeService:
         self._fail_next: dict[str, deque[CRIError]] = {}
         self._fail_always: dict[str, CRIError] = {}
         self._pull_errors: dict[str, CRIError] = {}
+        self._registry_users: dict[str, tuple[str, str]] = {}
         self._network = ipaddress.IPv4Network(pod_cidr)
         self._last_ip = 1  # host-local IPAM: .1 is the bridge, then round-robin
         self._seq = 0
+        # What ExecSync answers: (exit code, stdout, stderr) for a container and command;
+        # it may raise (a CRIError with code DEADLINE_EXCEEDED is a timed-out command).
+        # None answers success with no output.
+        self.exec_responder: ExecResponder | None = None
 
     # -- test controls ---------------------------------------------------------------
 
@@ -121,8 +130,23 @@ class FakeRuntimeService:
         else:
             self._pull_errors[image] = exc
 
-    def add_image(self, ref: str, size: int = 0) -> ImageInfo:
-        """Make `ref` (a tag or `name@digest`) present, with a stable `sha256:` ID."""
+    def require_auth(self, registry: str, username: str, password: str) -> None:
+        """Make pulls from `registry` (an image name's host part) need these credentials.
+
+        A pull without them, or with others, fails as containerd's does against a
+        registry that answers 401; `auth` (base64 `user:password`) counts as well as
+        username and password.
+        """
+        self._registry_users[registry] = (username, password)
+
+    def add_image(
+        self, ref: str, size: int = 0, *, uid: int | None = None, username: str = ""
+    ) -> ImageInfo:
+        """Make `ref` (a tag or `name@digest`) present, with a stable `sha256:` ID.
+
+        `uid` / `username` are the image's configured user as ImageStatus reports it
+        (containerd: a numeric user is a uid, a name is a username, none is neither).
+        """
         image_id = ImageRef("sha256:" + hashlib.sha256(ref.encode()).hexdigest())
         digested = "@" in ref
         info = ImageInfo(
@@ -130,6 +154,8 @@ class FakeRuntimeService:
             repo_tags=() if digested else (ref,),
             repo_digests=(ref,) if digested else (),
             size=size,
+            uid=uid,
+            username=username,
         )
         self.images[image_id] = info
         return info
@@ -379,6 +405,7 @@ class FakeRuntimeService:
             log_path=c.log_path,
             labels=dict(c.config.labels),
             annotations=dict(c.config.annotations),
+            mounts=c.config.mounts,
         )
 
     async def exec_sync(
@@ -387,16 +414,30 @@ class FakeRuntimeService:
         await self._enter("ExecSync", container_id, *cmd)
         if self._container(container_id).state != ContainerState.RUNNING:
             raise CRIError(f"container {container_id} is not running")
+        if self.exec_responder is not None:
+            return self.exec_responder(container_id, list(cmd))
         return 0, b"", b""
 
     # -- ImageService ----------------------------------------------------------------
 
     async def pull_image(
-        self, image: str, *, sandbox_config: SandboxConfig | None = None
+        self,
+        image: str,
+        *,
+        sandbox_config: SandboxConfig | None = None,
+        auth: AuthConfig | None = None,
     ) -> ImageRef:
-        await self._enter("PullImage", image)
+        await self._enter("PullImage", image, _user_of(auth))
         if image in self._pull_errors:
             raise self._pull_errors[image]
+        required = self._registry_users.get(image.partition("/")[0])
+        if required is not None and _credentials_of(auth) != required:
+            raise CRIError(
+                f'failed to pull and unpack image "{image}": failed to resolve reference '
+                f'"{image}": pull access denied, repository does not exist or may require '
+                "authorization: authorization failed: 401 Unauthorized",
+                code="UNKNOWN",
+            )
         present = self._resolve(image)
         return present.id if present is not None else self.add_image(image).id
 
@@ -413,3 +454,18 @@ class FakeRuntimeService:
         found = self._resolve(image)
         if found is not None:
             del self.images[found.id]
+
+
+def _credentials_of(auth: AuthConfig | None) -> tuple[str, str] | None:
+    if auth is None:
+        return None
+    if auth.auth:
+        user, _, password = base64.b64decode(auth.auth).decode().partition(":")
+        return user, password
+    return auth.username, auth.password
+
+
+def _user_of(auth: AuthConfig | None) -> str:
+    """The user a PullImage authenticated as, for the call log ("" = anonymous)."""
+    credentials = _credentials_of(auth)
+    return credentials[0] if credentials else ""

@@ -80,6 +80,8 @@ class ContainerStatusInfo:
     log_path: str
     labels: dict[str, str] = field(default_factory=dict)
     annotations: dict[str, str] = field(default_factory=dict)
+    mounts: tuple[Mount, ...] = ()
+    """The container's mounts as the runtime reports them (the termination-log file is one)."""
 
 
 @dataclass(frozen=True)
@@ -89,6 +91,26 @@ class ImageInfo:
     repo_digests: tuple[str, ...]
     size: int
     pinned: bool = False
+    uid: int | None = None
+    """The image's configured user when it is numeric (CRI `Image.uid`), else None."""
+    username: str = ""
+    """The image's configured user when it is a name (CRI `Image.username`)."""
+
+
+@dataclass(frozen=True)
+class AuthConfig:
+    """Registry credentials for one PullImage (CRI AuthConfig); empty fields are unset.
+
+    `auth` is the docker config's base64 `user:password`; the kubelet itself fills only
+    `username` and `password` from its keyring, as upstream does.
+    """
+
+    username: str = ""
+    password: str = ""
+    auth: str = ""
+    server_address: str = ""
+    identity_token: str = ""
+    registry_token: str = ""
 
 
 @dataclass(frozen=True)
@@ -113,6 +135,83 @@ class DNSConfig:
     options: tuple[str, ...] = ()
 
 
+class NamespaceMode(Enum):
+    """CRI NamespaceMode: whose namespace a container joins (TARGET is not used)."""
+
+    POD = "POD"
+    CONTAINER = "CONTAINER"
+    NODE = "NODE"
+
+
+@dataclass(frozen=True)
+class NamespaceOptions:
+    network: NamespaceMode = NamespaceMode.POD
+    pid: NamespaceMode = NamespaceMode.CONTAINER
+    ipc: NamespaceMode = NamespaceMode.POD
+
+
+class ProfileType(Enum):
+    """CRI SecurityProfile.ProfileType, for seccomp and AppArmor."""
+
+    RUNTIME_DEFAULT = "RuntimeDefault"
+    UNCONFINED = "Unconfined"
+    LOCALHOST = "Localhost"
+
+
+@dataclass(frozen=True)
+class SecurityProfile:
+    type: ProfileType
+    localhost_ref: str = ""
+
+
+@dataclass(frozen=True)
+class SELinuxOptions:
+    user: str = ""
+    role: str = ""
+    type: str = ""
+    level: str = ""
+
+
+@dataclass(frozen=True)
+class LinuxSandboxSecurity:
+    """CRI LinuxSandboxSecurityContext: what the sandbox (pause) process runs with."""
+
+    namespaces: NamespaceOptions = NamespaceOptions()
+    run_as_user: int | None = None
+    run_as_group: int | None = None
+    supplemental_groups: tuple[int, ...] = ()
+    supplemental_groups_policy: str = "Merge"
+    """CRI SupplementalGroupsPolicy name: "Merge" or "Strict"."""
+    privileged: bool = False
+    seccomp: SecurityProfile | None = None
+    selinux: SELinuxOptions | None = None
+
+
+@dataclass(frozen=True)
+class LinuxContainerSecurity:
+    """CRI LinuxContainerSecurityContext. None and empty fields are left out of the
+    request, so the runtime applies its own default for them."""
+
+    namespaces: NamespaceOptions = NamespaceOptions()
+    run_as_user: int | None = None
+    run_as_username: str = ""
+    run_as_group: int | None = None
+    supplemental_groups: tuple[int, ...] = ()
+    supplemental_groups_policy: str = "Merge"
+    privileged: bool = False
+    add_capabilities: tuple[str, ...] = ()
+    drop_capabilities: tuple[str, ...] = ()
+    readonly_rootfs: bool = False
+    no_new_privs: bool = False
+    masked_paths: tuple[str, ...] = ()
+    readonly_paths: tuple[str, ...] = ()
+    seccomp: SecurityProfile | None = None
+    apparmor: SecurityProfile | None = None
+    apparmor_profile: str = ""
+    """The deprecated string form of `apparmor`, for runtimes that only read that."""
+    selinux: SELinuxOptions | None = None
+
+
 @dataclass(frozen=True)
 class SandboxConfig:
     name: str
@@ -129,6 +228,9 @@ class SandboxConfig:
     host_network: bool = False
     host_pid: bool = False
     host_ipc: bool = False
+    security: LinuxSandboxSecurity | None = None
+    """The sandbox's security context; None keeps the namespaces from the host_* flags."""
+    sysctls: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -157,6 +259,9 @@ class ContainerConfig:
     stdin_once: bool = False
     tty: bool = False
     resources: LinuxResources | None = None
+    security: LinuxContainerSecurity | None = None
+    stop_signal: str = ""
+    """lifecycle.stopSignal (`SIGUSR1`, `SIGRTMIN+1`, ...); empty leaves the image's."""
 
 
 @dataclass(frozen=True)

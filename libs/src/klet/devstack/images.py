@@ -37,6 +37,8 @@ TEST_REGISTRY_HOST = "registry.klet.test"
 PAUSE_IMAGE = f"{TEST_REGISTRY_HOST}/pause:3.10"
 BUSYBOX_IMAGE = f"{TEST_REGISTRY_HOST}/busybox:1.36"
 HTTPD_IMAGE = f"{TEST_REGISTRY_HOST}/httpd:1.36"
+# busybox whose image config names SIGUSR1 as its stop signal (Dockerfile STOPSIGNAL).
+USR1_STOP_IMAGE = f"{TEST_REGISTRY_HOST}/busybox-usr1:1.36"
 
 MEDIA_MANIFEST = "application/vnd.oci.image.manifest.v1+json"
 MEDIA_INDEX = "application/vnd.oci.image.index.v1+json"
@@ -335,8 +337,10 @@ def push(
     tag: str | None = None,
     *,
     timeout_s: float = 30.0,
+    auth: tuple[str, str] | None = None,
 ) -> str:
-    """Push ``img`` to a plain-HTTP distribution registry at ``registry`` (host:port).
+    """Push ``img`` to a plain-HTTP distribution registry at ``registry`` (host:port),
+    as ``auth`` (user, password) when the registry requires basic authentication.
 
     Blobs the repository already has are skipped, and so is the whole push when the tag
     already names this manifest. Returns the manifest digest.
@@ -346,7 +350,7 @@ def push(
     try:
         # trust_env=False: a proxy from the environment must never see loopback traffic.
         with httpx.Client(
-            base_url=f"http://{registry}", timeout=timeout_s, trust_env=False
+            base_url=f"http://{registry}", timeout=timeout_s, trust_env=False, auth=auth
         ) as client:
             head = client.head(f"/v2/{repo}/manifests/{ref}", headers={"Accept": MEDIA_MANIFEST})
             if (
@@ -419,6 +423,12 @@ def standard_images() -> dict[str, ImageSpec]:
             tag=HTTPD_IMAGE.rpartition(":")[2],
             cmd=["httpd", "-f", "-v", "-p", "80", "-h", "/www"],
             files={"www/index.html": b"klet\n"},
+        ),
+        ImageSpec(
+            name=USR1_STOP_IMAGE.rpartition(":")[0],
+            tag=USR1_STOP_IMAGE.rpartition(":")[2],
+            cmd=["sh"],
+            stop_signal="SIGUSR1",
         ),
     ]
     return {s.repository: s for s in specs}

@@ -1,6 +1,6 @@
 """The apiserver adapter: `KubeClient` (raw JSON over the official client) and errors."""
 
-from klet.kube.client import KubeClient, KubeSettings, WatchEvent
+from klet.kube.client import KubeClient, KubeSettings, WatchEvent, kube_settings
 from klet.kube.errors import Conflict, Forbidden, Gone, Invalid, KubeError, NotFound, Unavailable
 
 __all__ = [
@@ -14,4 +14,5 @@ __all__ = [
     "NotFound",
     "Unavailable",
     "WatchEvent",
+    "kube_settings",
 ]

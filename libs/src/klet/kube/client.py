@@ -21,7 +21,7 @@ import urllib.parse
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import urllib3
 from klet.kube.errors import KubeError, Unavailable, for_status
@@ -40,6 +40,43 @@ class KubeSettings:
     burst: int = 100
     timeout_s: float = 30.0
     user_agent: str = "klet"
+
+
+class _ApiLimits(Protocol):
+    @property
+    def kube_api_qps(self) -> int: ...
+
+    @property
+    def kube_api_burst(self) -> int: ...
+
+
+class _ApiTarget(Protocol):
+    @property
+    def kubeconfig(self) -> Path | None: ...
+
+
+class ApiSettings(Protocol):
+    """The part of the settings tree (klet.config.Settings) that says how to reach the
+    apiserver; services pass their whole settings."""
+
+    @property
+    def kubelet(self) -> _ApiLimits: ...
+
+    @property
+    def klet(self) -> _ApiTarget: ...
+
+
+def kube_settings(settings: ApiSettings, *, user_agent: str = "klet") -> KubeSettings | None:
+    """The apiserver connection every service uses (--kubeconfig, kubeAPIQPS,
+    kubeAPIBurst); None in standalone mode."""
+    if settings.klet.kubeconfig is None:
+        return None
+    return KubeSettings(
+        kubeconfig=Path(settings.klet.kubeconfig),
+        qps=float(settings.kubelet.kube_api_qps),
+        burst=settings.kubelet.kube_api_burst,
+        user_agent=user_agent,
+    )
 
 
 class _TokenBucket:

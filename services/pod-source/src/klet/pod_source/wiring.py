@@ -23,7 +23,7 @@ from typing import Protocol
 
 from klet.bus import Bus, NodeBus
 from klet.config import DEFAULT_SERVICE_PORTS
-from klet.kube import KubeClient, KubeSettings
+from klet.kube import KubeClient, kube_settings
 from klet.model.records import SourceName
 from klet.obs import new_registry
 from klet.pod_source.inbox import Inbox
@@ -185,13 +185,9 @@ def build_deps(settings: ServiceSettings, overrides: Overrides | None = None) ->
     if klet.kubeconfig is not None:
         api = o.pod_api
         if api is None:
-            client = KubeClient(
-                KubeSettings(
-                    kubeconfig=klet.kubeconfig,
-                    qps=kubelet.kube_api_qps,
-                    burst=kubelet.kube_api_burst,
-                )
-            )
+            api_settings = kube_settings(settings)
+            assert api_settings is not None  # a kubeconfig is set
+            client = KubeClient(api_settings)
             api = KubePodApi(
                 client,
                 node_name=node,

@@ -26,7 +26,7 @@ from typing import Protocol
 from klet.bus import Bus, NodeBus
 from klet.config import DEFAULT_SERVICE_PORTS, Settings
 from klet.cri import CRISettings, RuntimeClient
-from klet.kube import KubeClient, KubeSettings
+from klet.kube import KubeClient, kube_settings
 from klet.obs import new_registry
 from klet.status_reporter.cluster import (
     ClusterDeps,
@@ -227,17 +227,12 @@ def _kubelet_api(
     """
     if not isinstance(settings, Settings) or not settings.kubelet.enable_server:
         return None, []
-    kubelet, klet = settings.kubelet, settings.klet
+    kubelet = settings.kubelet
     closers: list[Callable[[], Awaitable[None]]] = []
     api_kube: KubeClient | None = None
-    if klet.kubeconfig is not None:
-        api_kube = KubeClient(
-            KubeSettings(
-                kubeconfig=klet.kubeconfig,
-                qps=float(kubelet.kube_api_qps),
-                burst=kubelet.kube_api_burst,
-            )
-        )
+    api_settings = kube_settings(settings)
+    if api_settings is not None:
+        api_kube = KubeClient(api_settings)
         closers.append(api_kube.close)
     if api_kube is None and kubelet.authorization.mode == "Webhook":
         log.warning("kubelet API on --port is off: authorization mode Webhook needs --kubeconfig")
