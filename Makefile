@@ -34,13 +34,13 @@ lint: setup
 	.venv/bin/lint-imports
 
 typecheck: setup
-	.venv/bin/mypy libs/src services/pod-source/src services/syncloop/src services/status-reporter/src bench/run.py
+	.venv/bin/mypy libs/src services/pod-source/src services/syncloop/src services/status-reporter/src bench/run.py tools/container_fields.py
 
 proto:
 	$(PY) tools/gen_proto.py
 
 bench: setup
-	$(PY) bench/run.py
+	$(PY) bench/run.py tools/container_fields.py
 
 # The real control plane of the cluster tests (kube-apiserver, kubectl, etcd), built from
 # tools/cluster's Go modules into $KLET_CACHE (default /var/cache/klet); no-op once cached.

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NamedTuple
 
 from klet.cri import labels as L
 from klet.cri.types import ContainerState, ContainerStatusInfo, SandboxState
@@ -13,17 +13,31 @@ from klet.syncloop.runtimepod import RuntimePod, SandboxView, sort_newest_first
 S = 1_000_000_000  # ns per second
 
 
-def pod(*names: str, policy: str = "Always", uid: str = "u1", **spec: Any) -> dict[str, Any]:
-    return {
+def pod(
+    *names: str,
+    policy: str = "Always",
+    uid: str = "u1",
+    inits: tuple[str | dict[str, Any], ...] = (),
+    **spec: Any,
+) -> dict[str, Any]:
+    """A pod; `inits` are init container names, or dicts for sidecars and probes."""
+    image = "registry.klet.test/busybox:1.36"
+    init_specs = [
+        {"name": i, "image": image} if isinstance(i, str) else {"image": image, **i} for i in inits
+    ]
+    out: dict[str, Any] = {
         "apiVersion": "v1",
         "kind": "Pod",
         "metadata": {"name": "web-node1", "namespace": "default", "uid": uid},
         "spec": {
             "restartPolicy": policy,
-            "containers": [{"name": n, "image": "registry.klet.test/busybox:1.36"} for n in names],
+            "containers": [{"name": n, "image": image} for n in names],
             **spec,
         },
     }
+    if init_specs:
+        out["spec"]["initContainers"] = init_specs
+    return out
 
 
 def ctr(
@@ -37,7 +51,8 @@ def ctr(
     created_s: float | None = None,
     hash_: str | None = None,
 ) -> ContainerStatusInfo:
-    spec = next(c for c in p["spec"]["containers"] if c["name"] == name)
+    specs = p["spec"]["containers"] + p["spec"].get("initContainers", [])
+    spec = next(c for c in specs if c["name"] == name)
     return ContainerStatusInfo(
         id=ContainerID(f"{name}-{n}"),
         name=name,
@@ -71,3 +86,35 @@ def runtime(sandboxes: list[SandboxView], containers: list[ContainerStatusInfo])
         sandboxes=tuple(sorted(sandboxes, key=lambda s: s.attempt, reverse=True)),
         containers=sort_newest_first(containers),
     )
+
+
+class Emitted(NamedTuple):
+    type: str
+    reason: str
+    message: str
+    field_path: str
+
+
+class RecordedEvents:
+    """An EventSink that keeps what was emitted, for assertions."""
+
+    def __init__(self) -> None:
+        self.records: list[Emitted] = []
+
+    def emit(
+        self, pod: Any, type_: str, reason: str, message: str, *, field_path: str = ""
+    ) -> None:
+        self.records.append(Emitted(type_, reason, message, field_path))
+
+    def reasons(self) -> list[str]:
+        return [e.reason for e in self.records]
+
+    def of(self, reason: str) -> list[Emitted]:
+        return [e for e in self.records if e.reason == reason]
+
+    def message(self, reason: str) -> str:
+        return next(e.message for e in self.records if e.reason == reason)
+
+    def triples(self) -> list[tuple[str, str, str]]:
+        """(type, reason, message) of each event."""
+        return [(e.type, e.reason, e.message) for e in self.records]

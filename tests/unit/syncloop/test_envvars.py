@@ -2,12 +2,21 @@
 undefined ones stay as written, $$ escapes, an unclosed reference is literal; env
 entries see only the entries before them; fieldRef and resourceFieldRef sources
 (labels/annotations by key, pod and host IPs, limits with divisors and node-capacity
-fallback); ConfigMap/Secret sources are reported as unresolved."""
+fallback); ConfigMap/Secret key references and envFrom (prefixes, optional objects and
+keys, envFrom before env and taking part in expansion) and upstream's messages when a
+reference cannot be resolved, with or without an apiserver."""
 
 from __future__ import annotations
 
 import pytest
-from klet.syncloop.envvars import NodeFacts, container_env, expand, unresolved
+from klet.syncloop.envvars import (
+    EnvError,
+    EnvSources,
+    NodeFacts,
+    container_env,
+    expand,
+    references,
+)
 
 ENV = {"A": "1", "B": "two", "EMPTY": ""}
 
@@ -102,15 +111,159 @@ def test_resource_field_refs(
     }
 
 
-def test_configmap_and_secret_refs_are_reported_unresolved() -> None:
+SOURCES = EnvSources(
+    config_maps={"cm": {"level": "debug", "mode": "fast"}, "other": {"level": "info"}},
+    secrets={"creds": {"user": "admin", "pass": "s3cret"}},
+    failures={("configmap", "locked"): 'configmaps "locked" is forbidden: no'},
+)
+
+
+def cm_ref(name: str, key: str, **extra: object) -> dict:  # type: ignore[type-arg]
+    return {"configMapKeyRef": {"name": name, "key": key, **extra}}
+
+
+def secret_ref(name: str, key: str, **extra: object) -> dict:  # type: ignore[type-arg]
+    return {"secretKeyRef": {"name": name, "key": key, **extra}}
+
+
+def resolve(
+    env: list[dict] | None = None,  # type: ignore[type-arg]
+    env_from: list[dict] | None = None,  # type: ignore[type-arg]
+    sources: EnvSources | None = SOURCES,
+) -> list[tuple[str, str]]:
+    container = {"name": "c", "env": env or [], "envFrom": env_from or []}
+    return container_env(POD, container, pod_ips=(), node=NODE, sources=sources)
+
+
+@pytest.mark.parametrize(
+    ("env", "env_from", "expected"),
+    [
+        # key references, present and optional-absent
+        ([{"name": "L", "valueFrom": cm_ref("cm", "level")}], [], [("L", "debug")]),
+        ([{"name": "U", "valueFrom": secret_ref("creds", "user")}], [], [("U", "admin")]),
+        ([{"name": "X", "valueFrom": cm_ref("gone", "k", optional=True)}], [], []),
+        ([{"name": "X", "valueFrom": cm_ref("cm", "nokey", optional=True)}], [], []),
+        ([{"name": "X", "valueFrom": secret_ref("gone", "k", optional=True)}], [], []),
+        ([{"name": "X", "valueFrom": secret_ref("creds", "nokey", optional=True)}], [], []),
+        # envFrom: every key, sorted, with the prefix; a later source wins
+        ([], [{"configMapRef": {"name": "cm"}}], [("level", "debug"), ("mode", "fast")]),
+        (
+            [],
+            [{"configMapRef": {"name": "cm"}, "prefix": "APP_"}, {"secretRef": {"name": "creds"}}],
+            [("APP_level", "debug"), ("APP_mode", "fast"), ("pass", "s3cret"), ("user", "admin")],
+        ),
+        (
+            [],
+            [{"configMapRef": {"name": "cm"}}, {"configMapRef": {"name": "other"}}],
+            [("level", "info"), ("mode", "fast")],
+        ),
+        ([], [{"configMapRef": {"name": "gone", "optional": True}}], []),
+        ([], [{"secretRef": {"name": "gone", "optional": True}}], []),
+        # env overrides envFrom, keeping the variable's place; env expands envFrom's values
+        (
+            [{"name": "level", "value": "trace"}, {"name": "M", "value": "$(mode)-$(level)"}],
+            [{"configMapRef": {"name": "cm"}}],
+            [("level", "trace"), ("mode", "fast"), ("M", "fast-trace")],
+        ),
+        # a value from a ConfigMap is not expanded itself
+        (
+            [{"name": "A", "value": "a"}, {"name": "B", "valueFrom": cm_ref("raw", "v")}],
+            [],
+            None,
+        ),
+    ],
+)
+def test_configmap_and_secret_references(
+    env: list[dict],  # type: ignore[type-arg]
+    env_from: list[dict],  # type: ignore[type-arg]
+    expected: list[tuple[str, str]] | None,
+) -> None:
+    if expected is None:
+        raw = EnvSources(config_maps={"raw": {"v": "$(A)"}})
+        assert resolve(env, env_from, raw) == [("A", "a"), ("B", "$(A)")]
+    else:
+        assert resolve(env, env_from) == expected
+
+
+@pytest.mark.parametrize(
+    ("env", "env_from", "message"),
+    [
+        ([{"name": "X", "valueFrom": cm_ref("gone", "k")}], [], 'configmap "gone" not found'),
+        ([{"name": "X", "valueFrom": secret_ref("gone", "k")}], [], 'secret "gone" not found'),
+        (
+            [{"name": "X", "valueFrom": cm_ref("cm", "nokey")}],
+            [],
+            "couldn't find key nokey in ConfigMap prod/cm",
+        ),
+        (
+            [{"name": "X", "valueFrom": secret_ref("creds", "nokey")}],
+            [],
+            "couldn't find key nokey in Secret prod/creds",
+        ),
+        ([], [{"configMapRef": {"name": "gone"}}], 'configmap "gone" not found'),
+        ([], [{"secretRef": {"name": "gone"}}], 'secret "gone" not found'),
+        # only absence is excused by `optional`, not an object that cannot be read
+        (
+            [{"name": "X", "valueFrom": cm_ref("locked", "k", optional=True)}],
+            [],
+            'configmaps "locked" is forbidden: no',
+        ),
+        # envFrom is resolved before env, so its failure is the one reported
+        (
+            [{"name": "X", "valueFrom": secret_ref("gone", "k")}],
+            [{"configMapRef": {"name": "missing"}}],
+            'configmap "missing" not found',
+        ),
+    ],
+)
+def test_unresolvable_references_fail_with_upstream_messages(
+    env: list[dict],  # type: ignore[type-arg]
+    env_from: list[dict],  # type: ignore[type-arg]
+    message: str,
+) -> None:
+    with pytest.raises(EnvError) as err:
+        resolve(env, env_from)
+    assert str(err.value) == message
+
+
+@pytest.mark.parametrize(
+    ("env", "env_from", "message"),
+    [
+        (
+            [{"name": "X", "valueFrom": cm_ref("cm", "k", optional=True)}],
+            [],
+            "couldn't get configMap prod/cm, no kubeClient defined",
+        ),
+        (
+            [{"name": "X", "valueFrom": secret_ref("s", "k")}],
+            [],
+            "couldn't get secret prod/s, no kubeClient defined",
+        ),
+        ([], [{"secretRef": {"name": "s"}}], "couldn't get secret prod/s, no kubeClient defined"),
+    ],
+)
+def test_references_without_an_apiserver_fail_even_when_optional(
+    env: list[dict],  # type: ignore[type-arg]
+    env_from: list[dict],  # type: ignore[type-arg]
+    message: str,
+) -> None:
+    with pytest.raises(EnvError) as err:
+        resolve(env, env_from, sources=None)
+    assert str(err.value) == message
+
+
+def test_a_container_without_references_needs_no_apiserver() -> None:
+    assert resolve([{"name": "P", "value": "plain"}], sources=None) == [("P", "plain")]
+
+
+def test_references_lists_each_object_once_in_order() -> None:
     container = {
-        "name": "c",
+        "envFrom": [{"secretRef": {"name": "s1"}}, {"configMapRef": {"name": "c1"}}],
         "env": [
-            {"name": "C", "valueFrom": {"configMapKeyRef": {"name": "cm", "key": "k"}}},
-            {"name": "S", "valueFrom": {"secretKeyRef": {"name": "s", "key": "k"}}},
-            {"name": "P", "value": "plain"},
+            {"name": "A", "valueFrom": cm_ref("c2", "k")},
+            {"name": "B", "valueFrom": cm_ref("c1", "k")},
+            {"name": "C", "valueFrom": secret_ref("s2", "k")},
+            {"name": "D", "value": "x"},
         ],
-        "envFrom": [{"configMapRef": {"name": "cm"}}],
     }
-    assert dict(container_env(POD, container, pod_ips=(), node=NODE)) == {"P": "plain"}
-    assert unresolved(container) == ["C", "S", "envFrom"]
+    assert references(container) == (["c1", "c2"], ["s1", "s2"])

@@ -74,9 +74,11 @@ def test_qos(resources: list[dict], qos: str) -> None:  # type: ignore[type-arg]
 
 @pytest.mark.parametrize(
     ("deletion", "spec", "grace"),
-    [(None, 30, 30), (10, 30, 10), (60, 30, 30), (0, 30, 2), (None, None, 30)],
+    [(None, 30, 30), (10, 30, 10), (60, 30, 60), (0, 30, 2), (None, None, 30)],
 )
-def test_deletion_grace_is_the_minimum(deletion: int | None, spec: int | None, grace: int) -> None:
+def test_deletion_grace_comes_from_the_deletion(
+    deletion: int | None, spec: int | None, grace: int
+) -> None:
     meta = {} if deletion is None else {"deletionGracePeriodSeconds": deletion}
     pod_spec = {} if spec is None else {"terminationGracePeriodSeconds": spec}
     assert podspec.deletion_grace_s({"metadata": meta, "spec": pod_spec}) == grace

@@ -1,5 +1,6 @@
 """compute_pod_status: phase per restart policy, container states and lastState,
-CrashLoopBackOff waiting, conditions with kept transition times, terminal override."""
+CrashLoopBackOff waiting, conditions with kept transition times, terminal override, and
+a host-network pod reporting the node IP."""
 
 from __future__ import annotations
 
@@ -140,3 +141,11 @@ def test_pod_ip_kept_after_the_sandbox_stops() -> None:
     )
     later = compute_pod_status(p, stopped, waiting={}, previous=first, now=2000)
     assert later["phase"] == "Succeeded" and later["podIP"] == "10.1.0.2"
+
+
+def test_host_network_pod_reports_the_node_ip() -> None:
+    p = pod("a", hostNetwork=True)
+    s = compute_pod_status(
+        p, runtime([sandbox(ip="")], []), waiting={}, previous=None, now=1000, host_ip="10.9.8.7"
+    )
+    assert s["podIP"] == "10.9.8.7" and s["podIPs"] == [{"ip": "10.9.8.7"}]

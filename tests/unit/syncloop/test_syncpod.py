@@ -24,7 +24,7 @@ from klet.syncloop.images import ImagePuller
 from klet.syncloop.runtime import PodRuntime
 from klet.syncloop.syncpod import PodSyncer, SyncResult, SyncSettings
 
-from .helpers import pod
+from .helpers import RecordedEvents, pod
 
 IMAGE = "registry.klet.test/busybox:1.36"
 
@@ -45,25 +45,12 @@ class Clock:
         self.t += seconds
 
 
-class Events:
-    def __init__(self) -> None:
-        self.records: list[tuple[str, str, str]] = []
-
-    def emit(
-        self, pod: Any, type_: str, reason: str, message: str, *, field_path: str = ""
-    ) -> None:
-        self.records.append((type_, reason, field_path))
-
-    def reasons(self) -> list[str]:
-        return [r for _, r, _ in self.records]
-
-
 class World:
     def __init__(self, tmp_path: Path) -> None:
         self.clock = Clock()
         self.cri = FakeRuntimeService(clock=self.clock.ns)
         self.cri.add_image(IMAGE, 1_000_000)
-        self.events = Events()
+        self.events = RecordedEvents()
         self.runtime = PodRuntime(self.cri)
         self.puller = ImagePuller(
             self.cri, self.events, parallel=1, backoff=Backoff(), clock=self.clock

@@ -106,6 +106,7 @@ async def main(deps: Deps) -> int:
                 "node-health": gated("node-health", report_health),
                 "status-publisher": gated("status-publisher", controller.publisher.run),
                 "event-publisher": gated("event-publisher", deps.events.run),
+                "prober": gated("prober", deps.prober.run),
                 "pod-control": gated(
                     "pod-control", lambda: serve_pod_control(controller, deps.socket_path)
                 ),
@@ -125,6 +126,8 @@ async def main(deps: Deps) -> int:
             except Exception as err:  # noqa: BLE001 - shutting down; the TTL frees it anyway
                 log.warning("could not release the lease", extra={"error": str(err)})
         await deps.cri.close()
+        if deps.kube is not None:
+            await deps.kube.close()
         await deps.bus.close()
     return 0
 

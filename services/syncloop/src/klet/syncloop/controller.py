@@ -26,6 +26,8 @@ from klet.model.types import JSON, PodUID
 from klet.rpc.podcontrol import PodSummary
 from klet.syncloop import podspec
 from klet.syncloop.podworkers import Outcome, PodWorkers
+from klet.syncloop.prober import ProbeManager
+from klet.syncloop.proberesults import NO_PROBES, ProbeResults
 from klet.syncloop.runtime import PodRuntime
 from klet.syncloop.runtimepod import RuntimePod
 from klet.syncloop.status import compute_pod_status
@@ -60,6 +62,7 @@ class PodController:
         host_ip: str,
         runtime_type: str = "containerd",
         clock: Callable[[], float] = time.time,
+        prober: ProbeManager | None = None,
     ) -> None:
         self.bus = bus
         self.runtime = runtime
@@ -68,6 +71,8 @@ class PodController:
         self.host_ip = host_ip
         self.runtime_type = runtime_type
         self.clock = clock
+        self.prober = prober
+        self.probes: ProbeResults = prober if prober is not None else NO_PROBES
         self.desired: dict[str, DesiredPod] = {}
         self.last_pod: dict[str, JSON] = {}  # last desired spec, to kill a removed pod gracefully
         self.kill_requests: dict[str, KillRequest] = {}
@@ -165,9 +170,11 @@ class PodController:
                 del self.kill_requests[uid]
                 if not request.done.done():
                     request.done.set_result(None)
+            self._update_probes(pod, current, deleting=True)
             status = compute_pod_status(
                 pod,
                 current,
+                probes=self.probes,
                 waiting={},
                 previous=self.publisher.get(uid),
                 now=now,
@@ -187,12 +194,14 @@ class PodController:
                 terminated=stopped,
             )
             return Outcome()
-        result = await self.syncer.sync(pod, current)
+        result = await self.syncer.sync(pod, current, probes=self.probes)
         if result.acted:
             current = await self.runtime.get(uid)
+        self._update_probes(pod, current, deleting=False)
         status = compute_pod_status(
             pod,
             current,
+            probes=self.probes,
             waiting=result.waiting,
             previous=self.publisher.get(uid),
             now=self.clock(),
@@ -220,7 +229,19 @@ class PodController:
         self._forget(uid)
         return Outcome(done=True)
 
+    def _update_probes(self, pod: JSON, current: RuntimePod, *, deleting: bool) -> None:
+        """Start probes for newly running containers, stop those of exited ones."""
+        if self.prober is None:
+            return
+        sandbox = current.latest_sandbox()
+        pod_ip = sandbox.ip if sandbox is not None else ""
+        if not pod_ip and pod.get("spec", {}).get("hostNetwork"):
+            pod_ip = self.host_ip  # a host-network pod is reached on the node's address
+        self.prober.update(pod, current, pod_ip=pod_ip, deleting=deleting)
+
     def _forget(self, uid: str) -> None:
+        if self.prober is not None:
+            self.prober.remove_pod(uid)
         self.publisher.remove(uid)
         self.last_pod.pop(uid, None)
         self.terminal.pop(uid, None)

@@ -7,11 +7,12 @@ them back; the container's restart count and spec hash travel in annotations.
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass, field
 
 from klet.cri import labels as L
-from klet.cri.types import ContainerConfig, PortMapping, SandboxConfig
+from klet.cri.types import ContainerConfig, Mount, PortMapping, SandboxConfig
 from klet.model.types import JSON
-from klet.syncloop import envvars, podspec, resources
+from klet.syncloop import envvars, podspec, resources, security
 from klet.syncloop.envvars import NodeFacts
 
 
@@ -44,7 +45,9 @@ def sandbox_config(
         namespace=namespace,
         uid=uid,
         attempt=attempt,
-        hostname=hostname[:63],
+        # A host-network pod keeps the node's hostname (upstream sets none; runc refuses
+        # a hostname without a private UTS namespace).
+        hostname="" if spec.get("hostNetwork") else hostname[:63],
         log_directory=f"{pod_logs_dir}/{podspec.pod_log_dir_name(pod)}",
         labels=L.sandbox_labels(
             name=name, namespace=namespace, uid=uid, pod_labels=meta.get("labels") or {}
@@ -55,20 +58,45 @@ def sandbox_config(
         host_network=bool(spec.get("hostNetwork")),
         host_pid=bool(spec.get("hostPID")),
         host_ipc=bool(spec.get("hostIPC")),
+        security=security.sandbox_security(pod),
+        sysctls=security.sysctls(pod),
     )
 
 
+@dataclass(frozen=True)
+class NodeContext:
+    """What every container config needs to know about the node; fixed per process."""
+
+    facts: NodeFacts = field(default_factory=NodeFacts)
+    limits: resources.NodeLimits | None = None
+    """cgroup-derived limits; None sends no resources (no cgroups per QoS)."""
+    security: security.SecuritySettings = field(default_factory=security.SecuritySettings)
+
+
+@dataclass(frozen=True)
+class Instance:
+    """One container instance about to be created, and what was learnt for it."""
+
+    restart_count: int
+    image: str
+    """The pulled image's reference."""
+    pod_ips: tuple[str, ...] = ()
+    image_user: security.ImageUser | None = None
+    """The image's user from ImageStatus; None when unknown."""
+    mounts: tuple[Mount, ...] = ()
+    env_sources: envvars.EnvSources | None = None
+    """The ConfigMaps and Secrets the environment refers to; None without an apiserver."""
+
+
 def container_config(
-    pod: JSON,
-    container: JSON,
-    *,
-    restart_count: int,
-    image: str,
-    pod_ips: tuple[str, ...],
-    node: NodeFacts,
-    limits: resources.NodeLimits | None = None,
+    pod: JSON, container: JSON, *, instance: Instance, node: NodeContext
 ) -> ContainerConfig:
-    env = envvars.container_env(pod, container, pod_ips=pod_ips, node=node)
+    """Raises `security.SecurityConfigError` when the security context cannot apply, and
+    `envvars.EnvError` when the environment's ConfigMap/Secret references cannot."""
+    restart_count, image, limits = instance.restart_count, instance.image, node.limits
+    env = envvars.container_env(
+        pod, container, pod_ips=instance.pod_ips, node=node.facts, sources=instance.env_sources
+    )
     values = dict(env)
     meta = podspec.meta(pod)
     name = container["name"]
@@ -83,6 +111,12 @@ def container_config(
     }
     if container.get("ports"):
         annotations[L.CONTAINER_PORTS] = json.dumps(container["ports"], separators=(",", ":"))
+    lifecycle = container.get("lifecycle") or {}
+    if lifecycle.get("preStop"):
+        # Lets a pod whose spec is gone (removed while syncloop was down) still run it.
+        annotations[L.CONTAINER_PRESTOP_HANDLER] = json.dumps(
+            lifecycle["preStop"], separators=(",", ":")
+        )
     return ContainerConfig(
         name=name,
         attempt=restart_count,
@@ -103,4 +137,9 @@ def container_config(
         stdin_once=bool(container.get("stdinOnce")),
         tty=bool(container.get("tty")),
         resources=resources.container_resources(pod, container, limits) if limits else None,
+        mounts=instance.mounts,
+        stop_signal=str(lifecycle.get("stopSignal") or ""),
+        security=security.container_security(
+            pod, container, image=instance.image_user, settings=node.security
+        ),
     )

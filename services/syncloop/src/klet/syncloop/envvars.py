@@ -9,9 +9,14 @@ Sources: `value`, `valueFrom.fieldRef` (metadata.name/namespace/uid, labels['k']
 annotations['k'], spec.nodeName, spec.serviceAccountName, status.hostIP(s),
 status.podIP(s)) and `valueFrom.resourceFieldRef` (limits/requests of cpu, memory,
 ephemeral-storage, with a divisor; an unset limit falls back to the node's capacity as
-upstream does). ConfigMap and Secret references (`configMapKeyRef`, `secretKeyRef`,
-`envFrom`) need the apiserver and are not resolved yet: such a variable is left out,
-which `unresolved()` reports so the caller can say so.
+upstream does), `valueFrom.configMapKeyRef` / `secretKeyRef` and `envFrom` (ConfigMap
+or Secret, with a prefix). The referenced objects are read by the caller (through the
+apiserver, `kubeobjects.py`) and passed in as `EnvSources`; a reference that cannot be
+resolved fails the whole environment with upstream's message (`EnvError`), unless it is
+optional and the object or key is merely missing. Without an apiserver (standalone) any
+reference fails, as upstream's does without an API client. envFrom keys are taken as
+they are: since Kubernetes 1.30 the kubelet no longer skips keys that are not C
+identifiers (the apiserver validates names).
 """
 
 from __future__ import annotations
@@ -19,7 +24,7 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from decimal import Decimal
 
 from klet.config.units import parse_quantity
@@ -109,17 +114,127 @@ def resource_field_ref(container: JSON, ref: JSON, node: NodeFacts) -> str | Non
     return str(math.ceil(value / divisor))  # upstream rounds up (1m of CPU → "1")
 
 
+class EnvError(Exception):
+    """The environment cannot be built; the message is upstream's, and the container
+    waits with CreateContainerConfigError."""
+
+
+@dataclass(frozen=True)
+class EnvSources:
+    """The ConfigMaps and Secrets (of the pod's namespace) a container refers to, as read
+    from the apiserver: `data` by name (Secret values decoded). A referenced name in
+    neither map and not in `failures` does not exist; `failures` holds why an object
+    could not be read at all, by `("configmap" | "secret", name)`."""
+
+    config_maps: Mapping[str, Mapping[str, str]] = field(default_factory=dict)
+    secrets: Mapping[str, Mapping[str, str]] = field(default_factory=dict)
+    failures: Mapping[tuple[str, str], str] = field(default_factory=dict)
+
+
+def references(container: JSON) -> tuple[list[str], list[str]]:
+    """The ConfigMap and Secret names the container's `envFrom` and `env` use, in order."""
+    config_maps: list[str] = []
+    secrets: list[str] = []
+
+    def add(names: list[str], ref: JSON | None) -> None:
+        name = str((ref or {}).get("name", ""))
+        if ref is not None and name not in names:
+            names.append(name)
+
+    for source in container.get("envFrom") or []:
+        add(config_maps, source.get("configMapRef"))
+        add(secrets, source.get("secretRef"))
+    for var in container.get("env") or []:
+        value_from = var.get("valueFrom") or {}
+        add(config_maps, value_from.get("configMapKeyRef"))
+        add(secrets, value_from.get("secretKeyRef"))
+    return config_maps, secrets
+
+
+_LABELS = {"configmap": ("configMap", "ConfigMap"), "secret": ("secret", "Secret")}
+
+
+class _Objects:
+    """Upstream's lookups of referenced objects, with its messages."""
+
+    def __init__(self, namespace: str, sources: EnvSources | None) -> None:
+        self.namespace = namespace
+        self.sources = sources
+
+    def data(self, kind: str, ref: JSON) -> Mapping[str, str] | None:
+        """The object's data; None when it is missing and the reference is optional."""
+        name = str(ref.get("name", ""))
+        if self.sources is None:
+            # Upstream checks for an API client before it looks at `optional`.
+            raise EnvError(
+                f"couldn't get {_LABELS[kind][0]} {self.namespace}/{name}, no kubeClient defined"
+            )
+        found = (self.sources.config_maps if kind == "configmap" else self.sources.secrets).get(
+            name
+        )
+        if found is not None:
+            return found
+        failure = self.sources.failures.get((kind, name))
+        if failure is not None:
+            raise EnvError(failure)  # only "not found" is excused by `optional`
+        if ref.get("optional"):
+            return None
+        raise EnvError(f'{kind} "{name}" not found')
+
+    def key(self, kind: str, ref: JSON) -> str | None:
+        data = self.data(kind, ref)
+        if data is None:
+            return None
+        key = str(ref.get("key", ""))
+        if key in data:
+            return data[key]
+        if ref.get("optional"):
+            return None
+        raise EnvError(
+            f"couldn't find key {key} in {_LABELS[kind][1]} {self.namespace}/{ref.get('name', '')}"
+        )
+
+
 def container_env(
-    pod: JSON, container: JSON, *, pod_ips: tuple[str, ...], node: NodeFacts
+    pod: JSON,
+    container: JSON,
+    *,
+    pod_ips: tuple[str, ...],
+    node: NodeFacts,
+    sources: EnvSources | None = None,
 ) -> list[tuple[str, str]]:
-    """The container's variables in order, each expanded with those before it."""
+    """The container's variables, in upstream's order of resolution.
+
+    `envFrom` first (each source's keys with its prefix; later sources win), then `env`
+    in order, each entry replacing what came before and expanding `$(VAR)` with every
+    variable defined so far. `sources` are the referenced ConfigMaps and Secrets; None
+    means there is no apiserver to read them from. Raises `EnvError` when a reference
+    that is not optional cannot be resolved.
+    """
+    objects = _Objects(_namespace(pod), sources)
     values: dict[str, str] = {}
     order: list[str] = []
+
+    def put(name: str, value: str) -> None:
+        if name not in values:
+            order.append(name)
+        values[name] = value
+
+    for env_from in container.get("envFrom") or []:
+        prefix = str(env_from.get("prefix") or "")
+        if env_from.get("configMapRef") is not None:
+            data = objects.data("configmap", env_from["configMapRef"])
+        elif env_from.get("secretRef") is not None:
+            data = objects.data("secret", env_from["secretRef"])
+        else:
+            continue
+        for key in sorted(data or {}):
+            put(prefix + key, (data or {})[key])
     for var in container.get("env") or []:
         name = str(var.get("name", ""))
         source = var.get("valueFrom") or {}
         value: str | None
-        if "value" in var or not source:
+        if var.get("value") or not source:
             value = expand(str(var.get("value") or ""), values.get)
         elif "fieldRef" in source:
             value = field_ref(
@@ -127,26 +242,19 @@ def container_env(
             )
         elif "resourceFieldRef" in source:
             value = resource_field_ref(container, source["resourceFieldRef"], node)
+        elif "configMapKeyRef" in source:
+            value = objects.key("configmap", source["configMapKeyRef"])
+        elif "secretKeyRef" in source:
+            value = objects.key("secret", source["secretKeyRef"])
         else:
-            value = None  # configMapKeyRef / secretKeyRef: see unresolved()
-        if value is None:
-            continue
-        if name not in values:
-            order.append(name)
-        values[name] = value
+            value = None
+        if value is not None:
+            put(name, value)
     return [(name, values[name]) for name in order]
 
 
-def unresolved(container: JSON) -> list[str]:
-    """Variables this module cannot resolve yet (ConfigMap/Secret sources)."""
-    names = [
-        str(v.get("name", ""))
-        for v in container.get("env") or []
-        if {"configMapKeyRef", "secretKeyRef"} & set((v.get("valueFrom") or {}).keys())
-    ]
-    if container.get("envFrom"):
-        names.append("envFrom")
-    return names
+def _namespace(pod: JSON) -> str:
+    return str((pod.get("metadata") or {}).get("namespace") or "default")
 
 
 def expand_all(items: list[str], env: Mapping[str, str]) -> list[str]:

@@ -49,6 +49,22 @@ def containers(pod: JSON) -> list[JSON]:
     return list(pod.get("spec", {}).get("containers") or [])
 
 
+def init_containers(pod: JSON) -> list[JSON]:
+    return list(pod.get("spec", {}).get("initContainers") or [])
+
+
+def is_sidecar(container: JSON) -> bool:
+    """A restartable init container (`restartPolicy: Always`): upstream's sidecar."""
+    return container.get("restartPolicy") == "Always"
+
+
+def field_path(pod: JSON, name: str) -> str:
+    """An event's fieldPath for a container: spec.containers{x} or spec.initContainers{x}."""
+    if any(c.get("name") == name for c in init_containers(pod)):
+        return f"spec.initContainers{{{name}}}"
+    return f"spec.containers{{{name}}}"
+
+
 def meta(pod: JSON) -> JSON:
     m: JSON = pod.get("metadata") or {}
     return m
@@ -61,13 +77,15 @@ def restart_policy(pod: JSON) -> str:
 def grace_period_s(pod: JSON, override: int | None = None) -> int:
     """Seconds a container gets between SIGTERM and SIGKILL, as upstream's killContainer.
 
-    An override (eviction, a PodControl.KillPod) wins over the deletion's grace, which
-    wins over the spec's; never below upstream's 2 s minimum.
+    An override (eviction, a PodControl.KillPod, a probe's grace) and the deletion's
+    grace each win over the spec's; with both, the smaller (upstream only ever shortens
+    a pod's grace period); never below upstream's 2 s minimum.
     """
-    if override is not None:
-        grace = override
-    elif meta(pod).get("deletionGracePeriodSeconds") is not None:
-        grace = int(meta(pod)["deletionGracePeriodSeconds"])
+    given = [
+        int(g) for g in (override, meta(pod).get("deletionGracePeriodSeconds")) if g is not None
+    ]
+    if given:
+        grace = min(given)
     else:
         spec_grace = pod.get("spec", {}).get("terminationGracePeriodSeconds")
         grace = DEFAULT_GRACE_PERIOD_S if spec_grace is None else int(spec_grace)
@@ -75,11 +93,14 @@ def grace_period_s(pod: JSON, override: int | None = None) -> int:
 
 
 def deletion_grace_s(pod: JSON) -> int:
-    """A deleted pod's grace: min(deletionGracePeriodSeconds, the spec's), floor 2 s."""
-    spec_grace = pod.get("spec", {}).get("terminationGracePeriodSeconds")
-    spec_value = DEFAULT_GRACE_PERIOD_S if spec_grace is None else int(spec_grace)
+    """A deleted pod's grace: deletionGracePeriodSeconds as the apiserver set it (upstream
+    treats it as the truth, longer than the spec's or not), else the spec's; floor 2 s."""
     deletion = meta(pod).get("deletionGracePeriodSeconds")
-    grace = spec_value if deletion is None else min(int(deletion), spec_value)
+    if deletion is None:
+        spec_grace = pod.get("spec", {}).get("terminationGracePeriodSeconds")
+        grace = DEFAULT_GRACE_PERIOD_S if spec_grace is None else int(spec_grace)
+    else:
+        grace = int(deletion)
     return max(grace, MINIMUM_GRACE_PERIOD_S)
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Protocol
 
 from klet.cri.types import (
+    AuthConfig,
     Container,
     ContainerConfig,
     ContainerStatusInfo,
@@ -45,7 +46,11 @@ class ImageService(Protocol):
     async def image_status(self, image: str) -> ImageInfo | None: ...
 
     async def pull_image(
-        self, image: str, *, sandbox_config: SandboxConfig | None = None
+        self,
+        image: str,
+        *,
+        sandbox_config: SandboxConfig | None = None,
+        auth: AuthConfig | None = None,
     ) -> ImageRef: ...
 
 
@@ -69,6 +74,10 @@ class RuntimeService(RuntimeReader, ImageService, Protocol):
     async def stop_container(self, container_id: ContainerID, *, timeout_s: int) -> None: ...
 
     async def remove_container(self, container_id: ContainerID) -> None: ...
+
+    async def exec_sync(
+        self, container_id: ContainerID, cmd: list[str], *, timeout_s: int
+    ) -> tuple[int, bytes, bytes]: ...  # lifecycle hooks (hooks.py)
 
 
 if TYPE_CHECKING:

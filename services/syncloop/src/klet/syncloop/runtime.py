@@ -1,9 +1,10 @@
 """Reads one pod's state from CRI (by the pod-UID label) into a `RuntimePod`.
 
-Exited containers never change again, so their ContainerStatus is cached by ID; running
-ones are asked every time. This is the adapter the pod workers read through, one pod at
-a time, so a worker sees the effect of its own actions at once instead of waiting for
-the next relist.
+Exited containers never change again, so their ContainerStatus is cached by ID, together
+with the termination message read from their message file or log (termination.py) the
+first time they are seen exited; running ones are asked every time. This is the adapter
+the pod workers read through, one pod at a time, so a worker sees the effect of its own
+actions at once instead of waiting for the next relist.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from klet.cri import NotFound
 from klet.cri import labels as L
 from klet.cri.types import ContainerState, ContainerStatusInfo, SandboxState
 from klet.model.types import ContainerID
+from klet.syncloop import termination
 from klet.syncloop.ports import RuntimeReader
 from klet.syncloop.runtimepod import RuntimePod, SandboxView, sort_newest_first
 
@@ -50,6 +52,7 @@ class PodRuntime:
             except NotFound:
                 continue
             if st.state == ContainerState.EXITED:
+                st = termination.with_message(st)
                 self._exited[c.id] = st
             statuses.append(st)
         return RuntimePod(uid=uid, sandboxes=tuple(views), containers=sort_newest_first(statuses))

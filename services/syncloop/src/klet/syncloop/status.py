@@ -13,7 +13,8 @@ from typing import Any
 
 from klet.cri.types import ContainerState, ContainerStatusInfo, SandboxState
 from klet.model.types import JSON
-from klet.syncloop import podspec
+from klet.syncloop import podspec, termination
+from klet.syncloop.proberesults import NO_PROBES, ProbeKind, ProbeResults
 from klet.syncloop.runtimepod import RuntimePod, restart_count_of
 
 
@@ -39,13 +40,39 @@ def _terminated(c: ContainerStatusInfo, runtime_type: str) -> JSON:
     return out
 
 
+def _started(spec: JSON, c: ContainerStatusInfo, probes: ProbeResults) -> bool:
+    """A running container counts as started once its startup probe (if any) succeeded."""
+    if not spec.get("startupProbe"):
+        return True
+    return probes.result(ProbeKind.STARTUP, c.id) is True
+
+
+def _ready(spec: JSON, c: ContainerStatusInfo, probes: ProbeResults) -> bool:
+    """A started container is ready without a readiness probe, else once it succeeded."""
+    if not spec.get("readinessProbe"):
+        return True
+    return probes.result(ProbeKind.READINESS, c.id) is True
+
+
 def container_status(
     spec: JSON,
     instances: list[ContainerStatusInfo],
     waiting: tuple[str, str] | None,
     runtime_type: str,
+    *,
+    default_reason: str = "ContainerCreating",
+    init: bool = False,
+    probes: ProbeResults = NO_PROBES,
 ) -> JSON:
+    """One entry of containerStatuses or initContainerStatuses.
+
+    `ready` follows upstream's prober: a running container (a sidecar too) is ready
+    once started and its readiness probe, if any, succeeded; a plain init container is
+    ready once it exited 0. `default_reason` is the waiting reason of a container
+    that has not been created yet (PodInitializing while init containers run).
+    """
     name = spec["name"]
+    plain_init = init and not podspec.is_sidecar(spec)
     latest = instances[0] if instances else None
     status: JSON = {
         "name": name,
@@ -58,7 +85,7 @@ def container_status(
         "lastState": {},
     }
     if latest is None:
-        reason, message = waiting or ("ContainerCreating", "")
+        reason, message = waiting or (default_reason, "")
         status["state"] = {"waiting": _waiting(reason, message)}
         return status
     status["restartCount"] = restart_count_of(latest)
@@ -67,8 +94,8 @@ def container_status(
     previous = next((c for c in instances[1:] if c.state == ContainerState.EXITED), None)
     if latest.state == ContainerState.RUNNING:
         status["state"] = {"running": {"startedAt": _ns(latest.started_at)}}
-        status["ready"] = True
-        status["started"] = True
+        status["started"] = _started(spec, latest, probes)
+        status["ready"] = not plain_init and status["started"] and _ready(spec, latest, probes)
         if previous is not None:
             status["lastState"] = {"terminated": _terminated(previous, runtime_type)}
     elif latest.state == ContainerState.EXITED:
@@ -77,10 +104,11 @@ def container_status(
             status["lastState"] = {"terminated": _terminated(latest, runtime_type)}
         else:
             status["state"] = {"terminated": _terminated(latest, runtime_type)}
+            status["ready"] = plain_init and latest.exit_code == 0
             if previous is not None:
                 status["lastState"] = {"terminated": _terminated(previous, runtime_type)}
     else:  # created or unknown: not started yet, or the runtime lost track
-        reason, message = waiting or ("ContainerCreating", "")
+        reason, message = waiting or (default_reason, "")
         status["state"] = {"waiting": _waiting(reason, message)}
         if previous is not None:
             status["lastState"] = {"terminated": _terminated(previous, runtime_type)}
@@ -94,10 +122,37 @@ def _waiting(reason: str, message: str) -> JSON:
     return out
 
 
-def pod_phase(pod: JSON, statuses: list[JSON]) -> str:
-    """upstream getPhase for regular containers."""
+def _last_exit(status: JSON) -> int | None:
+    """The exit code of the state, or of the last state while waiting to restart."""
+    term = status["state"].get("terminated") or status.get("lastState", {}).get("terminated")
+    return None if term is None else int(term["exitCode"])
+
+
+def pod_phase(pod: JSON, statuses: list[JSON], init_statuses: list[JSON] | None = None) -> str:
+    """upstream getPhase, init containers and sidecars included."""
     policy = podspec.restart_policy(pod)
-    running = waiting = stopped = succeeded = 0
+    by_name = {s["name"]: s for s in init_statuses or []}
+    pending_init = failed_init = pending_sidecars = 0
+    running = waiting = stopped = succeeded = unknown = 0
+    for c in podspec.init_containers(pod):
+        s = by_name.get(c["name"])
+        if podspec.is_sidecar(c):
+            # Stopped sidecars do not count for the phase; one not yet started does.
+            if s is None:
+                unknown += 1
+            elif "running" in s["state"]:
+                running += 1
+                pending_sidecars += 0 if s.get("started") else 1
+            elif "waiting" in s["state"] and "terminated" not in s.get("lastState", {}):
+                pending_sidecars += 1
+                waiting += 1
+            continue
+        if s is None or "running" in s["state"]:
+            pending_init += 1
+        elif "terminated" in s["state"] or "terminated" in s.get("lastState", {}):
+            failed_init += 1 if _last_exit(s) != 0 else 0
+        else:
+            pending_init += 1
     for s in statuses:
         state = s["state"]
         if "running" in state:
@@ -111,11 +166,15 @@ def pod_phase(pod: JSON, statuses: list[JSON]) -> str:
                 stopped += 1
             else:
                 waiting += 1
-    if waiting > 0:
+        else:
+            unknown += 1
+    if failed_init > 0 and policy == "Never":
+        return "Failed"
+    if pending_init > 0 or pending_sidecars > 0 or waiting > 0:
         return "Pending"
-    if running > 0:
+    if running > 0 and unknown == 0:
         return "Running"
-    if stopped > 0:
+    if running == 0 and stopped > 0 and unknown == 0:
         if policy == "Always":
             return "Running"
         if stopped == succeeded:
@@ -124,6 +183,30 @@ def pod_phase(pod: JSON, statuses: list[JSON]) -> str:
             return "Failed"
         return "Running"
     return "Pending"
+
+
+def initialized_condition(
+    pod: JSON, statuses: list[JSON], init_statuses: list[JSON]
+) -> tuple[bool, str]:
+    """upstream GeneratePodInitializedCondition: (initialized, message when not)."""
+    by_name = {s["name"]: s for s in init_statuses}
+    incomplete = []
+    for c in podspec.init_containers(pod):
+        s = by_name.get(c["name"])
+        if s is None:
+            incomplete.append(c["name"])
+        elif podspec.is_sidecar(c):
+            if not s.get("started"):
+                incomplete.append(c["name"])
+        elif (s["state"].get("terminated") or {}).get("exitCode", 1) != 0:
+            incomplete.append(c["name"])
+    if not incomplete:
+        return True, ""
+    # A regular container that ran means initialization finished before (sidecars may
+    # be restarting now).
+    if any("running" in s["state"] or "terminated" in s["state"] for s in statuses):
+        return True, ""
+    return False, f"containers with incomplete status: [{' '.join(incomplete)}]"
 
 
 def _condition(
@@ -154,6 +237,7 @@ def compute_pod_status(
     host_ip: str = "",
     terminal: tuple[str, str] | None = None,
     stopping: bool = False,
+    probes: ProbeResults = NO_PROBES,
 ) -> JSON:
     """The PodStatus JSON.
 
@@ -163,11 +247,24 @@ def compute_pod_status(
     `terminal` (reason, message) additionally forces Failed with that reason.
     """
     prev = previous or {}
-    statuses = [
-        container_status(c, runtime.instances(c["name"]), waiting.get(c["name"]), runtime_type)
-        for c in podspec.containers(pod)
-    ]
-    phase = pod_phase(pod, statuses)
+    inits = podspec.init_containers(pod)
+    default_reason = "PodInitializing" if inits else "ContainerCreating"
+
+    def one(c: JSON, *, init: bool) -> JSON:
+        return container_status(
+            c,
+            runtime.instances(c["name"]),
+            waiting.get(c["name"]),
+            runtime_type,
+            default_reason=default_reason,
+            init=init,
+            probes=probes,
+        )
+
+    init_statuses = [one(c, init=True) for c in inits]
+    statuses = [one(c, init=False) for c in podspec.containers(pod)]
+    termination.trim_pod_messages(pod, init_statuses + statuses)
+    phase = pod_phase(pod, statuses, init_statuses)
     if stopping and not any("running" in s["state"] for s in statuses):
         exited = [
             s["state"].get("terminated") or s["lastState"].get("terminated") for s in statuses
@@ -181,19 +278,36 @@ def compute_pod_status(
             )
     if terminal is not None:
         phase = "Failed"
-        for s in statuses:
+        for s in init_statuses + statuses:
             s["ready"] = False
     sandbox = runtime.latest_sandbox()
     sandbox_ready = sandbox is not None and sandbox.state == SandboxState.READY
-    all_ready = bool(statuses) and all(s["ready"] for s in statuses)
+    # Sidecars count towards readiness like regular containers.
+    readiness = [
+        s for c, s in zip(inits, init_statuses, strict=True) if podspec.is_sidecar(c)
+    ] + statuses
+    all_ready = bool(statuses) and all(s["ready"] for s in readiness)
+    initialized, init_message = initialized_condition(pod, statuses, init_statuses)
     prev_conditions: dict[str, JSON] = {
         c["type"]: c for c in prev.get("conditions", []) if "type" in c
     }
-    not_ready = [s["name"] for s in statuses if not s["ready"]]
-    reason = "PodCompleted" if phase in ("Succeeded", "Failed") else "ContainersNotReady"
+    not_ready = [s["name"] for s in readiness if not s["ready"]]
+    terminal_phase = phase in ("Succeeded", "Failed")
+    reason = "PodCompleted" if terminal_phase else "ContainersNotReady"
+    init_cond = _condition(
+        "Initialized",
+        initialized or phase == "Succeeded",
+        prev_conditions,
+        now,
+        "ContainersNotInitialized",
+    )
+    if not initialized and phase != "Succeeded":
+        init_cond["message"] = init_message
+    elif phase == "Succeeded" and inits:
+        init_cond["reason"] = "PodCompleted"
     conditions = [
         _condition("PodReadyToStartContainers", sandbox_ready, prev_conditions, now),
-        _condition("Initialized", True, prev_conditions, now),
+        init_cond,
         _condition("Ready", all_ready, prev_conditions, now, reason),
         _condition("ContainersReady", all_ready, prev_conditions, now, reason),
         _condition("PodScheduled", True, prev_conditions, now),
@@ -202,7 +316,7 @@ def compute_pod_status(
         if (
             cond["type"] in ("Ready", "ContainersReady")
             and cond["status"] == "False"
-            and phase not in ("Succeeded", "Failed")
+            and not terminal_phase
         ):
             cond["message"] = f"containers with unready status: [{' '.join(not_ready)}]"
     status: JSON = {
@@ -210,12 +324,18 @@ def compute_pod_status(
         "conditions": conditions,
         "hostIP": host_ip,
         "startTime": prev.get("startTime") or rfc3339(now),
-        "containerStatuses": statuses,
-        "qosClass": podspec.qos_class(pod),
     }
+    if inits:
+        status["initContainerStatuses"] = init_statuses
+    status["containerStatuses"] = statuses
+    status["qosClass"] = podspec.qos_class(pod)
     if host_ip:
         status["hostIPs"] = [{"ip": host_ip}]
-    if sandbox is not None and sandbox.ip:
+    if pod.get("spec", {}).get("hostNetwork") and host_ip:
+        # A host-network pod's IPs are the node's (upstream reports the host IPs).
+        status["podIP"] = host_ip
+        status["podIPs"] = [{"ip": host_ip}]
+    elif sandbox is not None and sandbox.ip:
         status["podIP"] = sandbox.ip
         status["podIPs"] = [{"ip": ip} for ip in (sandbox.ip, *sandbox.ips)]
     elif prev.get("podIP"):

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import os
 import time
 from collections.abc import Callable
@@ -19,17 +20,31 @@ from pathlib import Path
 from klet.cgroups import CgroupFS
 from klet.cri import CRIError
 from klet.cri import labels as L
-from klet.cri.types import ContainerState, SandboxConfig
+from klet.cri.types import ContainerState, ContainerStatusInfo, SandboxConfig
 from klet.model.types import JSON, SandboxID
-from klet.syncloop import criconfig, envvars, podcgroups, podspec, resources
-from klet.syncloop.actions import compute_pod_actions
+from klet.syncloop import (
+    criconfig,
+    envvars,
+    fields,
+    kubeobjects,
+    podcgroups,
+    podspec,
+    resources,
+    security,
+    termination,
+)
+from klet.syncloop.actions import StartAction, compute_pod_actions
 from klet.syncloop.backoff import Backoff
 from klet.syncloop.envvars import NodeFacts
 from klet.syncloop.events import EventSink
+from klet.syncloop.hooks import LifecycleHooks, container_spec, pod_ip_of
 from klet.syncloop.images import ImagePuller
+from klet.syncloop.kubeobjects import KubeObjects
 from klet.syncloop.ports import RuntimeService
+from klet.syncloop.proberesults import NO_PROBES, ProbeResults
 from klet.syncloop.runtime import PodRuntime
 from klet.syncloop.runtimepod import RuntimePod, restart_count_of
+from klet.syncloop.security import SecuritySettings
 
 log = logging.getLogger(__name__)
 
@@ -43,6 +58,12 @@ class SyncSettings:
     cpu_cfs_quota_period: float = 0.1
     """cpuCFSQuotaPeriod, seconds."""
     node: NodeFacts = field(default_factory=NodeFacts)
+    root_dir: Path | None = None
+    """--root-dir; pods' termination-message files go under <root>/pods/<uid>. None: no files."""
+    hook_timeout_s: float = 120.0
+    """How long a postStart hook may run (runtimeRequestTimeout), seconds."""
+    security: SecuritySettings = field(default_factory=SecuritySettings)
+    """seccompDefault and where Localhost seccomp profiles live."""
 
 
 @dataclass
@@ -64,6 +85,8 @@ class PodSyncer:
         settings: SyncSettings,
         backoff: Backoff,
         clock: Callable[[], float] = time.time,
+        hooks: LifecycleHooks | None = None,
+        objects: KubeObjects | None = None,
     ) -> None:
         self.cri = cri
         self.runtime = runtime
@@ -73,23 +96,41 @@ class PodSyncer:
         self.settings = settings
         self.backoff = backoff
         self.clock = clock
+        self.objects = objects  # the apiserver's ConfigMaps and Secrets; None standalone
+        self.hooks = hooks or LifecycleHooks(
+            cri=cri,
+            events=events,
+            host_ip=next(iter(settings.node.host_ips), ""),
+            post_start_timeout_s=settings.hook_timeout_s,
+        )
 
     def _cgroup_parent(self, pod: JSON) -> str:
         return podspec.pod_cgroup_parent(pod) if self.settings.cgroups_per_qos else ""
 
-    async def sync(self, pod: JSON, current: RuntimePod) -> SyncResult:
+    async def sync(
+        self, pod: JSON, current: RuntimePod, *, probes: ProbeResults = NO_PROBES
+    ) -> SyncResult:
         now = self.clock()
-        actions = compute_pod_actions(pod, current, self.backoff, now)
+        actions = compute_pod_actions(pod, current, self.backoff, now, probes)
         result = SyncResult(waiting=dict(actions.waiting), wake_at=actions.wake_at)
         if actions.kill_pod:
             result.acted = True
             await self.kill_pod(pod, current, grace_override=None, remove=False)
             if not actions.create_sandbox:
                 return result
-        for cid, reason in actions.to_kill.items():
+        for cid, kill in actions.to_kill.items():
             result.acted = True
-            self.events.emit(pod, "Normal", "Killing", reason)
-            await self.cri.stop_container(cid, timeout_s=podspec.grace_period_s(pod))
+            path = podspec.field_path(pod, kill.name)
+            self.events.emit(pod, "Normal", "Killing", kill.message, field_path=path)
+            await self.hooks.kill_container(
+                pod,
+                container_spec(pod, kill.name),
+                cid,
+                grace_s=podspec.grace_period_s(pod, kill.grace_s),
+                pod_ip=pod_ip_of(current),
+            )
+        if actions.purge_init:
+            await self._purge_init_containers(pod, current)
         sandbox_cfg = criconfig.sandbox_config(
             pod,
             attempt=actions.sandbox_attempt,
@@ -100,6 +141,7 @@ class PodSyncer:
         pod_ip = ""
         if actions.create_sandbox:
             result.acted = True
+            self._warn_ignored_fields(pod)
             os.makedirs(sandbox_cfg.log_directory, mode=0o755, exist_ok=True)
             if self.cgroups is not None and self.settings.cgroups_per_qos:
                 pod_res = resources.pod_resources(pod, podcgroups.node_limits(self.settings))
@@ -125,23 +167,83 @@ class PodSyncer:
             latest = current.latest_sandbox()
             sandbox_id = latest.id if latest else None
             pod_ip = latest.ip if latest else ""
-        if sandbox_id is None or not actions.to_start:
+        if sandbox_id is None:
             return result
+        inits = {c["name"]: c for c in podspec.init_containers(pod)}
+        for start in actions.init_to_start:
+            started = await self._start_one(
+                pod, inits[start.name], start, current, sandbox_id, sandbox_cfg, pod_ip, result
+            )
+            if not started and not podspec.is_sidecar(inits[start.name]):
+                return result  # initialization cannot go on past a plain init container
         specs = {c["name"]: c for c in podspec.containers(pod)}
         for start in actions.to_start:
-            result.acted = True
-            waiting = await self._start(
-                pod, specs[start.name], current, sandbox_id, sandbox_cfg, pod_ip
+            await self._start_one(
+                pod, specs[start.name], start, current, sandbox_id, sandbox_cfg, pod_ip, result
             )
-            if waiting is not None:
-                result.waiting[start.name] = waiting[0]
-                if waiting[1] is not None:
-                    result.wake_at = (
-                        waiting[1] if result.wake_at is None else min(result.wake_at, waiting[1])
-                    )
-            elif start.backoff_key:
-                self.backoff.next(start.backoff_key, now)
         return result
+
+    async def _start_one(
+        self,
+        pod: JSON,
+        container: JSON,
+        start: StartAction,
+        current: RuntimePod,
+        sandbox_id: SandboxID,
+        sandbox_cfg: SandboxConfig,
+        pod_ip: str,
+        result: SyncResult,
+    ) -> bool:
+        """Start one container, recording why it waits if it cannot; True if started."""
+        result.acted = True
+        waiting = await self._start(pod, container, current, sandbox_id, sandbox_cfg, pod_ip)
+        if waiting is not None:
+            result.waiting[start.name] = waiting[0]
+            if waiting[1] is not None:
+                result.wake_at = (
+                    waiting[1] if result.wake_at is None else min(result.wake_at, waiting[1])
+                )
+            return False
+        if start.backoff_key:
+            self.backoff.next(start.backoff_key, self.clock())
+        return True
+
+    def _node_context(self) -> criconfig.NodeContext:
+        return criconfig.NodeContext(
+            facts=self.settings.node,
+            limits=podcgroups.node_limits(self.settings),
+            security=self.settings.security,
+        )
+
+    def _warn_ignored_fields(self, pod: JSON) -> None:
+        """A Warning event per container that sets fields klet does not implement."""
+        for c in podspec.init_containers(pod) + podspec.containers(pod):
+            ignored = fields.ignored_in(c)
+            if ignored:
+                self.events.emit(
+                    pod,
+                    "Warning",
+                    "FieldsIgnored",
+                    f"klet ignores these fields of container {c['name']}: {', '.join(ignored)}",
+                    field_path=podspec.field_path(pod, c["name"]),
+                )
+
+    async def _purge_init_containers(self, pod: JSON, current: RuntimePod) -> None:
+        """Remove every instance of the init containers before a new sandbox starts.
+
+        Initialization starts over in the new sandbox; an old instance that exited 0
+        would otherwise count as done (upstream purgeInitContainers).
+        """
+        names = {c["name"] for c in podspec.init_containers(pod)}
+        for c in current.containers:
+            if c.name in names:
+                try:
+                    await self.cri.remove_container(c.id)
+                except CRIError as err:
+                    log.warning(
+                        "init container not purged",
+                        extra={"pod": _name(pod), "container": c.name, "error": str(err)},
+                    )
 
     async def _start(
         self,
@@ -153,39 +255,41 @@ class PodSyncer:
         pod_ip: str,
     ) -> tuple[tuple[str, str], float | None] | None:
         name = container["name"]
-        missing = envvars.unresolved(container)
-        if missing:
-            # Starting without variables the container asked for would be worse than not
-            # starting it; upstream fails the same way when a reference cannot be read.
-            message = (
-                f"cannot build the environment of container {name}: {', '.join(missing)} "
-                "use ConfigMap/Secret references, which klet does not resolve yet"
-            )
-            self.events.emit(
-                pod,
-                "Warning",
-                "Failed",
-                f"Error: {message}",
-                field_path=f"spec.containers{{{name}}}",
-            )
-            return ("CreateContainerConfigError", message), None
         pulled = await self.puller.ensure(pod, container, sandbox_cfg)
         if pulled.image_ref is None:
             assert pulled.waiting is not None
             return pulled.waiting, pulled.wake_at
         last = current.latest(name)
         restart_count = restart_count_of(last) + 1 if last is not None else 0
-        cfg = criconfig.container_config(
-            pod,
-            container,
-            restart_count=restart_count,
-            image=pulled.image_ref,
-            pod_ips=(pod_ip,) if pod_ip else (),
-            node=self.settings.node,
-            limits=podcgroups.node_limits(self.settings),
-        )
+        # The image's user: passed on as the user to run as, and checked by runAsNonRoot.
+        image_user = security.image_user(await self.cri.image_status(pulled.image_ref))
+        # ConfigMaps and Secrets the environment refers to (None: no apiserver).
+        env_sources = await kubeobjects.env_sources(self.objects, pod, container)
+        try:
+            instance = criconfig.Instance(
+                restart_count=restart_count,
+                image=pulled.image_ref,
+                pod_ips=(pod_ip,) if pod_ip else (),
+                image_user=image_user,
+                mounts=termination.mounts_for(self.settings.root_dir, pod, container),
+                env_sources=env_sources,
+            )
+            cfg = criconfig.container_config(
+                pod, container, instance=instance, node=self._node_context()
+            )
+        except envvars.EnvError as err:
+            # upstream's pod worker retries a failed sync after about 10 s
+            self.events.emit(
+                pod, "Warning", "Failed", f"Error: {err}", field_path=podspec.field_path(pod, name)
+            )
+            return ("CreateContainerConfigError", str(err)), self.clock() + 10
+        except security.SecurityConfigError as err:
+            self.events.emit(
+                pod, "Warning", "Failed", f"Error: {err}", field_path=podspec.field_path(pod, name)
+            )
+            return ("CreateContainerConfigError", str(err)), None
         os.makedirs(os.path.join(sandbox_cfg.log_directory, name), mode=0o755, exist_ok=True)
-        field_path = f"spec.containers{{{name}}}"
+        field_path = podspec.field_path(pod, name)
         try:
             cid = await self.cri.create_container(sandbox_id, cfg, sandbox_cfg)
         except CRIError as err:
@@ -204,6 +308,13 @@ class PodSyncer:
         self.events.emit(
             pod, "Normal", "Started", f"Started container {name}", field_path=field_path
         )
+        hook_failed = await self.hooks.post_start(
+            pod, container, cid, pod_ip=pod_ip, grace_s=podspec.grace_period_s(pod)
+        )
+        if hook_failed is not None:
+            if last is not None:  # a restart that ran: it counts for the back-off
+                self.backoff.next(podspec.backoff_key(pod, container), self.clock())
+            return hook_failed, None
         return None
 
     async def kill_pod(
@@ -231,12 +342,22 @@ class PodSyncer:
                     "Normal",
                     "Killing",
                     f"Stopping container {c.name}",
-                    field_path=f"spec.containers{{{c.name}}}",
+                    field_path=podspec.field_path(pod, c.name),
                 )
-        results = await asyncio.gather(
-            *(self.cri.stop_container(c.id, timeout_s=grace) for c in live), return_exceptions=True
-        )
-        errors = [r for r in results if isinstance(r, BaseException)]
+        errors: list[BaseException] = []
+        deadline = self.clock() + grace
+        # preStop hooks all run at once; each container's stop waits for its own hook.
+        pre_stops = self.hooks.start_pre_stops(pod, live, grace_s=grace, pod_ip=pod_ip_of(current))
+        for group in kill_order(pod, live):
+            await pre_stops.wait(group)
+            # Sidecars stop after the main containers, each with what is left of the grace.
+            # grace minus the whole seconds used so far (upstream truncates the time used)
+            budget = max(math.ceil(deadline - self.clock()), podspec.MINIMUM_GRACE_PERIOD_S)
+            results = await asyncio.gather(
+                *(self.cri.stop_container(c.id, timeout_s=budget) for c in group),
+                return_exceptions=True,
+            )
+            errors += [r for r in results if isinstance(r, BaseException)]
         for s in current.sandboxes:
             await self.cri.stop_pod_sandbox(s.id)
         if errors:
@@ -247,10 +368,30 @@ class PodSyncer:
             for c in current.containers:
                 await self.cri.remove_container(c.id)
             self.runtime.forget(current)
+            if self.settings.root_dir is not None:
+                termination.remove_pod_files(self.settings.root_dir, current.uid)
             if self.cgroups is not None and pod is not None and self.settings.cgroups_per_qos:
                 left = self.cgroups.remove(podspec.pod_cgroup_parent(pod))
                 if left:
                     log.warning("pod cgroup not removed", extra={"pod": _name(pod), "left": left})
+
+
+def kill_order(
+    pod: JSON | None, live: list[ContainerStatusInfo]
+) -> list[list[ContainerStatusInfo]]:
+    """Groups of containers to stop one group after the other (upstream's order).
+
+    Regular containers (and any the spec does not name) first, all at once; then the
+    sidecars one at a time, last declared first, so a sidecar outlives what uses it.
+    """
+    sidecars = [c["name"] for c in podspec.init_containers(pod or {}) if podspec.is_sidecar(c)]
+    first = [c for c in live if c.name not in sidecars]
+    groups = [first] if first else []
+    for name in reversed(sidecars):
+        group = [c for c in live if c.name == name]
+        if group:
+            groups.append(group)
+    return groups
 
 
 def recorded_grace(current: RuntimePod) -> int:

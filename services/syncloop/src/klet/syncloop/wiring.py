@@ -12,14 +12,24 @@ from klet.bus import Bus, Lease, NodeBus
 from klet.cgroups import CgroupFS
 from klet.config import Settings
 from klet.cri import CRISettings, RuntimeClient
+from klet.kube import KubeClient, kube_settings
 from klet.syncloop import podcgroups
 from klet.syncloop.backoff import Backoff
 from klet.syncloop.controller import PodController
 from klet.syncloop.envvars import NodeFacts
 from klet.syncloop.events import BusEventSink
-from klet.syncloop.images import ImagePuller
+from klet.syncloop.images import (
+    ImagePuller,
+    NodeCredentials,
+    PullCredentials,
+    TokenBucket,
+    pull_parallelism,
+)
+from klet.syncloop.kubeobjects import ApiObjects
 from klet.syncloop.metrics import Metrics, create_metrics
+from klet.syncloop.prober import ProbeManager
 from klet.syncloop.runtime import PodRuntime
+from klet.syncloop.security import SecuritySettings
 from klet.syncloop.statuspub import StatusPublisher
 from klet.syncloop.syncpod import PodSyncer, SyncSettings
 from prometheus_client import CollectorRegistry
@@ -34,6 +44,7 @@ class Deps:
     node_bus: NodeBus
     cri: RuntimeClient
     controller: PodController
+    prober: ProbeManager
     events: BusEventSink
     registry: CollectorRegistry
     metrics: Metrics
@@ -41,6 +52,7 @@ class Deps:
     service_port: int
     consumer: str
     lease: Lease
+    kube: KubeClient | None = None  # cluster mode's apiserver client, closed at exit
 
 
 def host_ip(settings: Settings) -> str:
@@ -64,8 +76,21 @@ def build_deps(settings: Settings, **overrides: Any) -> Deps:
         )
     )
     events = BusEventSink(node_bus)
-    parallel = 1 if k.serialize_image_pulls else (k.max_parallel_image_pulls or 0) or 64
-    puller = ImagePuller(cri, events, parallel=parallel)
+    # Cluster mode: ConfigMaps and Secrets (env references, pull secrets) from the apiserver.
+    api = kube_settings(settings)
+    kube = KubeClient(api) if api is not None else None
+    objects = ApiObjects(kube) if kube is not None else None
+    puller = ImagePuller(
+        cri,
+        events,
+        parallel=pull_parallelism(
+            serialize=k.serialize_image_pulls, max_parallel=k.max_parallel_image_pulls
+        ),
+        rate=TokenBucket(k.registry_pull_qps, k.registry_burst) if k.registry_pull_qps else None,
+        credentials=PullCredentials(
+            node=NodeCredentials(Path(settings.klet.root_dir)), objects=objects
+        ),
+    )
     runtime = PodRuntime(cri)
     backoff = Backoff(initial_s=10.0, max_s=k.crash_loop_back_off.max_container_restart_period)
     syncer = PodSyncer(
@@ -84,12 +109,29 @@ def build_deps(settings: Settings, **overrides: Any) -> Deps:
                 cpu_count=os.cpu_count() or 1,
                 memory_bytes=podcgroups.memory_capacity_bytes(),
             ),
+            root_dir=Path(settings.klet.root_dir),
+            hook_timeout_s=k.runtime_request_timeout,
+            security=SecuritySettings(
+                seccomp_default=k.seccomp_default,
+                seccomp_profile_root=str(Path(settings.klet.root_dir) / "seccomp"),
+            ),
         ),
         backoff=backoff,
+        objects=objects,
     )
     publisher = StatusPublisher(node_bus)
+
+    def probe_result_changed(uid: str) -> None:
+        controller.on_runtime_change(uid)  # wake the pod's worker
+
+    prober = ProbeManager(cri, events=events, on_change=probe_result_changed)
     controller = PodController(
-        bus=node_bus, runtime=runtime, syncer=syncer, publisher=publisher, host_ip=host_ip(settings)
+        bus=node_bus,
+        runtime=runtime,
+        syncer=syncer,
+        publisher=publisher,
+        host_ip=host_ip(settings),
+        prober=prober,
     )
     registry = CollectorRegistry()
     deps = Deps(
@@ -98,6 +140,7 @@ def build_deps(settings: Settings, **overrides: Any) -> Deps:
         node_bus=node_bus,
         cri=cri,
         controller=controller,
+        prober=prober,
         events=events,
         registry=registry,
         metrics=create_metrics(registry),
@@ -109,5 +152,6 @@ def build_deps(settings: Settings, **overrides: Any) -> Deps:
         lease=bus.lease(
             "syncloop", f"{socket.gethostname()}:{settings.klet.run_dir}", ttl_ms=15_000
         ),
+        kube=kube,
     )
     return replace(deps, **overrides) if overrides else deps

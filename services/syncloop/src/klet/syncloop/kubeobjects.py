@@ -1,0 +1,139 @@
+"""ConfigMaps and Secrets from the apiserver, for environment references and pull secrets.
+
+Cluster mode only: a standalone syncloop has no `KubeObjects` at all, and its callers
+treat that as upstream treats a kubelet without an API client. The Node authorizer lets
+the node GET a Secret or ConfigMap only while a pod bound to it refers to the object,
+which is exactly when syncloop asks.
+
+`ApiObjects` keeps what it read for a few seconds (absent objects too), so one sync of
+a pod whose containers share a ConfigMap reads it once, while an object created or
+changed later is seen at the next retry. Upstream's default strategy watches each
+referenced object instead; a short TTL gives the same outcome for container start,
+the only place syncloop reads these objects, with no watch to keep per object.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import time
+from collections.abc import Callable
+from typing import Any, Protocol
+from urllib.parse import quote
+
+from klet.kube import KubeError
+from klet.kube import NotFound as KubeNotFound
+from klet.model.types import JSON
+from klet.syncloop import envvars
+
+DEFAULT_TTL_S = 5.0
+
+
+class ObjectUnavailable(Exception):
+    """An object could not be read for another reason than its absence (forbidden,
+    apiserver down); the message says why, as the apiserver put it."""
+
+
+class KubeObjects(Protocol):
+    """What syncloop reads from the apiserver: one object by namespace and name."""
+
+    async def get_secret(self, namespace: str, name: str) -> JSON | None:
+        """The Secret, or None when it does not exist; raises `ObjectUnavailable`."""
+        ...
+
+    async def get_configmap(self, namespace: str, name: str) -> JSON | None:
+        """The ConfigMap, or None when it does not exist; raises `ObjectUnavailable`."""
+        ...
+
+
+class Kube(Protocol):
+    """The part of `klet.kube.KubeClient` used here."""
+
+    async def get(self, path: str, **params: Any) -> Any: ...
+
+
+class ApiObjects:
+    """`KubeObjects` over a `KubeClient`, with a TTL cache of answers."""
+
+    def __init__(
+        self,
+        kube: Kube,
+        *,
+        ttl_s: float = DEFAULT_TTL_S,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.kube = kube
+        self.ttl_s = ttl_s
+        self.clock = clock
+        self._cache: dict[tuple[str, str, str], tuple[float, JSON | None]] = {}
+
+    async def get_secret(self, namespace: str, name: str) -> JSON | None:
+        return await self._get("secrets", namespace, name)
+
+    async def get_configmap(self, namespace: str, name: str) -> JSON | None:
+        return await self._get("configmaps", namespace, name)
+
+    async def _get(self, resource: str, namespace: str, name: str) -> JSON | None:
+        key = (resource, namespace, name)
+        now = self.clock()
+        cached = self._cache.get(key)
+        if cached is not None and cached[0] > now:
+            return cached[1]
+        path = f"/api/v1/namespaces/{quote(namespace, safe='')}/{resource}/{quote(name, safe='')}"
+        try:
+            obj: JSON | None = await self.kube.get(path)
+        except KubeNotFound:
+            obj = None
+        except KubeError as err:
+            raise ObjectUnavailable(_apiserver_message(err, path)) from err
+        self._cache = {k: v for k, v in self._cache.items() if v[0] > now}
+        self._cache[key] = (now + self.ttl_s, obj)
+        return obj
+
+
+def _apiserver_message(err: KubeError, path: str) -> str:
+    """The apiserver's own words (`secrets "x" is forbidden: ...`) without our prefix."""
+    text = str(err)
+    prefix = f"GET {path}: {err.status} "
+    return text[len(prefix) :] if text.startswith(prefix) else text
+
+
+def secret_data(secret: JSON) -> dict[str, str]:
+    """A Secret's `data`, decoded (values are base64 in the API)."""
+    out: dict[str, str] = {}
+    for key, value in (secret.get("data") or {}).items():
+        try:
+            out[str(key)] = base64.b64decode(str(value)).decode("utf-8", errors="replace")
+        except (binascii.Error, ValueError):
+            continue
+    return out
+
+
+async def env_sources(
+    objects: KubeObjects | None, pod: JSON, container: JSON
+) -> envvars.EnvSources | None:
+    """Read what the container's environment refers to; None without an apiserver."""
+    if objects is None:
+        return None
+    namespace = str((pod.get("metadata") or {}).get("namespace") or "default")
+    config_map_names, secret_names = envvars.references(container)
+    config_maps: dict[str, dict[str, str]] = {}
+    secrets: dict[str, dict[str, str]] = {}
+    failures: dict[tuple[str, str], str] = {}
+    for name in config_map_names:
+        try:
+            cm = await objects.get_configmap(namespace, name)
+        except ObjectUnavailable as err:
+            failures[("configmap", name)] = str(err)
+            continue
+        if cm is not None:
+            config_maps[name] = {str(k): str(v) for k, v in (cm.get("data") or {}).items()}
+    for name in secret_names:
+        try:
+            secret = await objects.get_secret(namespace, name)
+        except ObjectUnavailable as err:
+            failures[("secret", name)] = str(err)
+            continue
+        if secret is not None:
+            secrets[name] = secret_data(secret)
+    return envvars.EnvSources(config_maps=config_maps, secrets=secrets, failures=failures)

@@ -1,0 +1,386 @@
+"""The probe manager (prober.py) with the fake CRI and a fake clock.
+
+Covers: workers start for a running container instance and publish the initial values
+(readiness false, liveness true, startup unknown); readiness follows exec outcomes with
+the failure threshold, wakes the pod worker only on a change and records
+`Readiness probe failed: <output>` for each failed run; a liveness failure is published
+after the threshold and the worker stops (on hold); an exited instance loses its
+workers and results, a new instance starts over; the startup probe gates readiness and
+liveness (they do not run before it succeeds) and stops once it resolves;
+initialDelaySeconds and periodSeconds decide when probes run; a deleted pod's liveness
+reports success and stops; handler errors are retried three times, then reported as
+`errored` without changing the result; the exec command is expanded with the static
+environment; the semaphore bounds how many probes run at once; `remove_pod` and
+stopping `run()` cancel every task.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import heapq
+import itertools
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+from klet.cri import CRIError
+from klet.cri import labels as L
+from klet.cri.testing import FakeRuntimeService
+from klet.cri.types import ContainerConfig, SandboxConfig
+from klet.model.types import ContainerID, SandboxID
+from klet.syncloop.prober import ProbeManager, ProbeSettings
+from klet.syncloop.proberesults import ProbeKind
+from klet.syncloop.runtime import PodRuntime
+from klet.syncloop.runtimepod import RuntimePod
+
+from .helpers import RecordedEvents
+
+UID = "u1"
+LIVE, READY, START = ProbeKind.LIVENESS, ProbeKind.READINESS, ProbeKind.STARTUP
+
+
+class FakeClock:
+    """Wall-clock seconds that move only when the test advances them."""
+
+    def __init__(self, t: float = 1_000.0) -> None:
+        self.t = t
+        self._sleepers: list[tuple[float, int, asyncio.Future[None]]] = []
+        self._seq = itertools.count()
+
+    def __call__(self) -> float:
+        return self.t
+
+    def ns(self) -> int:
+        return int(self.t * 1e9)
+
+    async def sleep(self, delay: float) -> None:
+        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        heapq.heappush(self._sleepers, (self.t + delay, next(self._seq), fut))
+        await fut
+
+    async def advance(self, seconds: float) -> None:
+        target = self.t + seconds
+        await settle()
+        while self._sleepers and self._sleepers[0][0] <= target:
+            at, _, fut = heapq.heappop(self._sleepers)
+            self.t = max(self.t, at)
+            if not fut.done():
+                fut.set_result(None)
+            await settle()
+        self.t = target
+        await settle()
+
+
+async def settle() -> None:
+    for _ in range(30):
+        await asyncio.sleep(0)
+
+
+@dataclass
+class Env:
+    clock: FakeClock
+    cri: FakeRuntimeService
+    events: RecordedEvents
+    prober: ProbeManager
+    woken: list[str]
+    exits: dict[str, int]  # command text -> exit code the fake ExecSync answers
+    sandbox: SandboxID | None = None
+
+    async def runtime(self) -> RuntimePod:
+        return await PodRuntime(self.cri).get(UID)
+
+    async def start(self, name: str, attempt: int = 0) -> ContainerID:
+        cfg = SandboxConfig(
+            "web", "default", UID, 0, "web", "/tmp/klet-test-logs", {L.POD_UID: UID}
+        )
+        if self.sandbox is None:
+            self.sandbox = await self.cri.run_pod_sandbox(cfg)
+        ccfg = ContainerConfig(name, attempt, "busybox", labels={L.POD_UID: UID})
+        cid = await self.cri.create_container(self.sandbox, ccfg, cfg)
+        await self.cri.start_container(cid)
+        return cid
+
+    async def sync(self, pod: dict[str, Any], *, deleting: bool = False) -> None:
+        self.prober.update(pod, await self.runtime(), pod_ip="10.88.0.2", deleting=deleting)
+        await settle()
+
+    def execs(self, command: str) -> int:
+        return sum(1 for c in self.cri.calls_of("ExecSync") if " ".join(c[2:]) == command)
+
+
+@pytest.fixture
+async def env() -> AsyncIterator[Env]:
+    clock = FakeClock()
+    cri = FakeRuntimeService(clock=clock.ns)
+    cri.add_image("busybox")
+    exits: dict[str, int] = {}
+
+    def respond(cid: ContainerID, cmd: list[str]) -> tuple[int, bytes, bytes]:
+        text = " ".join(cmd)
+        return exits.get(text, 0), f"ran {text}".encode(), b""
+
+    cri.exec_responder = respond
+    events = RecordedEvents()
+    woken: list[str] = []
+    prober = ProbeManager(
+        cri,
+        events=events,
+        on_change=woken.append,
+        clock=clock,
+        sleep=clock.sleep,
+        jitter=lambda: 0.0,
+    )
+    prober.started_at = clock.t - 3600  # a prober running for long: no start-up jitter
+    runner = asyncio.create_task(prober.run())
+    await settle()
+    yield Env(clock, cri, events, prober, woken, exits)
+    runner.cancel()
+    await asyncio.gather(runner, return_exceptions=True)
+
+
+def pod(**probes: Any) -> dict[str, Any]:
+    app = {"name": "app", "image": "busybox", **probes}
+    return {
+        "metadata": {"name": "web", "namespace": "default", "uid": UID},
+        "spec": {"containers": [app]},
+    }
+
+
+def exec_probe(command: str, **timing: Any) -> dict[str, Any]:
+    return {"exec": {"command": command.split()}, **timing}
+
+
+async def test_readiness_follows_outcomes_with_threshold(env: Env) -> None:
+    p = pod(readinessProbe=exec_probe("check ready", periodSeconds=5, failureThreshold=2))
+    cid = await env.start("app")
+    env.prober.update(p, await env.runtime(), pod_ip="10.88.0.2", deleting=False)
+    assert env.prober.result(READY, cid) is False  # initial value, before any probe
+    assert env.woken == []  # the initial value changes nothing the status shows
+
+    await env.clock.advance(0)  # the first probe runs at once
+    assert env.execs("check ready") == 1
+    assert env.prober.result(READY, cid) is True
+    assert env.woken == [UID]
+
+    env.exits["check ready"] = 1
+    await env.clock.advance(5)
+    assert env.prober.result(READY, cid) is True  # one failure is below the threshold
+    await env.clock.advance(5)
+    assert env.prober.result(READY, cid) is False
+    assert env.woken == [UID, UID]
+    failures = [e for e in env.events.records if e[1] == "Unhealthy"]
+    assert (
+        failures
+        == [
+            (
+                "Warning",
+                "Unhealthy",
+                "Readiness probe failed: ran check ready",
+                "spec.containers{app}",
+            )
+        ]
+        * 2
+    )
+
+    await env.clock.advance(5)  # failing again publishes the same value: no wake-up
+    assert env.woken == [UID, UID]
+    assert env.execs("check ready") == 4
+
+
+async def test_liveness_failure_holds_until_a_new_instance(env: Env) -> None:
+    p = pod(livenessProbe=exec_probe("alive", periodSeconds=1, failureThreshold=3))
+    env.exits["alive"] = 1
+    cid = await env.start("app")
+    env.prober.update(p, await env.runtime(), pod_ip="10.88.0.2", deleting=False)
+    assert env.prober.result(LIVE, cid) is True
+    await settle()
+    for _ in range(2):
+        await env.clock.advance(1)
+    assert env.prober.result(LIVE, cid) is False
+    assert env.woken == [UID]
+    assert env.prober.probing(UID) == {cid: []}  # on hold: no probe runs any more
+    runs = env.execs("alive")
+    await env.clock.advance(10)
+    assert env.execs("alive") == runs == 3
+
+    # the container is killed and started again: the old results go, the new starts over
+    await env.cri.stop_container(cid, timeout_s=2)
+    new = await env.start("app", attempt=1)
+    env.exits["alive"] = 0
+    await env.sync(p)
+    assert env.prober.result(LIVE, cid) is None
+    assert env.prober.result(LIVE, new) is True
+    assert env.prober.probing(UID) == {new: [LIVE]}
+
+
+async def test_startup_probe_gates_readiness_and_liveness(env: Env) -> None:
+    p = pod(
+        startupProbe=exec_probe("started", periodSeconds=2, failureThreshold=10),
+        readinessProbe=exec_probe("ready", periodSeconds=2),
+        livenessProbe=exec_probe("alive", periodSeconds=2),
+    )
+    env.exits["started"] = 1
+    cid = await env.start("app")
+    env.prober.update(p, await env.runtime(), pod_ip="10.88.0.2", deleting=False)
+    assert env.prober.result(START, cid) is None
+    await env.clock.advance(4)
+    assert env.execs("started") == 3
+    assert env.execs("ready") == env.execs("alive") == 0
+    env.exits["started"] = 0
+    await env.clock.advance(2)
+    assert env.prober.result(START, cid) is True
+    assert START not in env.prober.probing(UID)[cid]  # a started container is not re-probed
+    await env.clock.advance(2)
+    assert env.execs("ready") == 1 and env.execs("alive") == 1
+    assert env.prober.result(READY, cid) is True
+    assert env.execs("started") == 4
+
+
+async def test_startup_failure_threshold(env: Env) -> None:
+    p = pod(startupProbe=exec_probe("started", periodSeconds=1, failureThreshold=2))
+    env.exits["started"] = 3
+    cid = await env.start("app")
+    await env.sync(p)
+    await env.clock.advance(1)
+    assert env.prober.result(START, cid) is False
+    assert env.prober.probing(UID) == {cid: []}
+    assert [e[2] for e in env.events.records] == ["Startup probe failed: ran started"] * 2
+
+
+async def test_initial_delay_and_period(env: Env) -> None:
+    p = pod(readinessProbe=exec_probe("ready", initialDelaySeconds=7, periodSeconds=3))
+    await env.start("app")
+    await env.sync(p)
+    await env.clock.advance(6.9)
+    assert env.execs("ready") == 0
+    await env.clock.advance(0.1)
+    assert env.execs("ready") == 1
+    await env.clock.advance(2.9)
+    assert env.execs("ready") == 1
+    await env.clock.advance(0.1)
+    assert env.execs("ready") == 2
+
+
+async def test_deleted_pod_liveness_reports_success_and_stops(env: Env) -> None:
+    p = pod(
+        livenessProbe=exec_probe("alive", periodSeconds=1, failureThreshold=1),
+        readinessProbe=exec_probe("ready", periodSeconds=1),
+    )
+    cid = await env.start("app")
+    await env.sync(p)
+    await env.clock.advance(0)
+    env.exits["alive"] = 1
+    await env.sync(p, deleting=True)
+    await env.clock.advance(1)
+    assert env.prober.result(LIVE, cid) is True
+    assert env.prober.probing(UID) == {cid: [READY]}
+    assert env.execs("alive") == 1
+
+
+async def test_errors_are_retried_then_reported_without_a_result(env: Env) -> None:
+    p = pod(readinessProbe=exec_probe("ready", periodSeconds=10))
+    cid = await env.start("app")
+    env.cri.fail_always("ExecSync", CRIError("ExecSync: UNKNOWN: runtime hiccup"))
+    await env.sync(p)
+    await env.clock.advance(0)
+    assert env.execs("ready") == 3
+    assert env.prober.result(READY, cid) is False  # still the initial value
+    assert env.events.records == [
+        (
+            "Warning",
+            "Unhealthy",
+            "Readiness probe errored and resulted in unknown state: "
+            "ExecSync: UNKNOWN: runtime hiccup",
+            "spec.containers{app}",
+        )
+    ]
+    env.cri.fail_always("ExecSync", None)
+    await env.clock.advance(10)
+    assert env.prober.result(READY, cid) is True
+
+
+async def test_exec_command_uses_the_static_environment(env: Env) -> None:
+    p = pod(
+        env=[
+            {"name": "FILE", "value": "/tmp/ok"},
+            {"name": "DYN", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
+        ],
+        readinessProbe={"exec": {"command": ["test", "-f", "$(FILE)", "$(DYN)", "$$(FILE)"]}},
+    )
+    await env.start("app")
+    await env.sync(p)
+    await env.clock.advance(0)
+    assert env.execs("test -f /tmp/ok $(DYN) $(FILE)") == 1
+
+
+async def test_concurrency_is_bounded() -> None:
+    clock = FakeClock()
+    cri = FakeRuntimeService(clock=clock.ns)
+    cri.add_image("busybox")
+    gate = asyncio.Event()
+    peak = 0
+    prober = ProbeManager(
+        cri,
+        events=RecordedEvents(),
+        on_change=lambda uid: None,
+        settings=ProbeSettings(max_concurrent=2),
+        clock=clock,
+        sleep=clock.sleep,
+        jitter=lambda: 0.0,
+    )
+
+    async def slow_exec() -> None:
+        nonlocal peak
+        peak = max(peak, prober.in_flight)
+        await gate.wait()
+
+    cri.hooks["ExecSync"] = slow_exec
+    runner = asyncio.create_task(prober.run())
+    env = Env(clock, cri, RecordedEvents(), prober, [], {})
+    names = [f"c{i}" for i in range(5)]
+    containers = [
+        {"name": n, "image": "busybox", "readinessProbe": exec_probe("ready")} for n in names
+    ]
+    spec = {"metadata": {"name": "web", "uid": UID}, "spec": {"containers": containers}}
+    for n in names:
+        await env.start(n)
+    await env.sync(spec)
+    await clock.advance(0)
+    assert prober.in_flight == 2 and peak == 2
+    assert len(cri.calls_of("ExecSync")) == 2
+    gate.set()
+    await settle()
+    assert len(cri.calls_of("ExecSync")) == 5 and peak == 2
+    runner.cancel()
+    await asyncio.gather(runner, return_exceptions=True)
+
+
+async def test_remove_pod_and_stopping_run_cancel_everything(env: Env) -> None:
+    p = pod(readinessProbe=exec_probe("ready"), livenessProbe=exec_probe("alive"))
+    cid = await env.start("app")
+    await env.sync(p)
+    assert sorted(k.value for k in env.prober.probing(UID)[cid]) == ["Liveness", "Readiness"]
+    env.prober.remove_pod(UID)
+    await settle()
+    assert env.prober.probing(UID) == {}
+    assert env.prober.result(READY, cid) is None and env.prober.result(LIVE, cid) is None
+
+
+async def test_updates_before_run_starts_are_started_by_run() -> None:
+    clock = FakeClock()
+    cri = FakeRuntimeService(clock=clock.ns)
+    cri.add_image("busybox")
+    prober = ProbeManager(
+        cri, events=RecordedEvents(), on_change=lambda uid: None, clock=clock, sleep=clock.sleep
+    )
+    env = Env(clock, cri, RecordedEvents(), prober, [], {})
+    cid = await env.start("app")
+    await env.sync(pod(readinessProbe=exec_probe("ready")))
+    assert env.prober.probing(UID) == {cid: []}
+    runner = asyncio.create_task(prober.run())
+    await settle()
+    assert env.prober.probing(UID) == {cid: [READY]}
+    runner.cancel()
+    await asyncio.gather(runner, return_exceptions=True)
+    assert env.prober.probing(UID) == {cid: []}
