@@ -24,8 +24,8 @@ import pytest
 from klet.devstack import DevStack, free_port
 from klet.devstack.cluster import ControlPlane
 
+from tests.harness.clusternode import cluster_node
 from tests.harness.node import KletNode, fetch, wait_for
-from tests.integration.conftest import remove_node_pods
 from tests.integration.test_static_pods import runtime_containers
 
 pytestmark = pytest.mark.cluster
@@ -50,42 +50,9 @@ def pod_manifest(name: str, *, image: str, command: list[str], grace: int = 3) -
 def node(
     control_plane: ControlPlane, devstack: DevStack, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[KletNode]:
-    import asyncio
-
     base = tmp_path_factory.mktemp("clusternode")
-    manifests = base / "manifests"
-    manifests.mkdir()
-    cert = control_plane.issue_kubelet_serving_cert(NODE, ["127.0.0.1"])
-    kletnode = KletNode(
-        devstack,
-        base,
-        node_name=NODE,
-        manifest_dir=manifests,
-        extra_flags=[
-            "--kubeconfig",
-            str(control_plane.node_kubeconfig(NODE)),
-            "--node-ip",
-            "127.0.0.1",
-            "--tls-cert-file",
-            str(cert.cert),
-            "--tls-private-key-file",
-            str(cert.key),
-            "--client-ca-file",
-            str(control_plane.ca_file),
-        ],
-    )
-    kletnode.manifests = manifests  # type: ignore[attr-defined]
-    kletnode.start()
-    try:
+    with cluster_node(control_plane, devstack, base, name=NODE) as kletnode:
         yield kletnode
-    finally:
-        kletnode.stop()
-        asyncio.run(remove_node_pods(devstack.runtime_endpoint, NODE))
-        for name in ("web", "talker", "gone"):
-            control_plane.kubectl(
-                "delete", "pod", name, "--grace-period=0", "--force", "--ignore-not-found"
-            )
-        control_plane.kubectl("delete", "node", NODE, "--ignore-not-found")
 
 
 def kget(cp: ControlPlane, *args: str) -> Any:

@@ -8,6 +8,7 @@ read `/pods` as an operator would.
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import json
 import sys
@@ -15,9 +16,11 @@ import time
 import urllib.request
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
+from klet.bus import Bus, NodeBus
 from klet.devstack import DevStack, ManagedProcess, free_port
+from klet.model.records import EventRecord
 
 T = TypeVar("T")
 
@@ -163,3 +166,24 @@ def wait_for(
 
 def container_status(pod: dict[str, Any], name: str) -> dict[str, Any]:
     return next(c for c in pod.get("status", {}).get("containerStatuses", []) if c["name"] == name)
+
+
+def bus_events(node: KletNode, pod: str | None = None) -> list[EventRecord]:
+    """The Events the node's services put on its bus, optionally of one static pod
+    (by its manifest name, without the `-<node>` suffix)."""
+
+    async def go() -> list[EventRecord]:
+        bus = Bus.from_url(node.redis_url, node.node_name, timeout_s=5.0)
+        try:
+            nb = NodeBus.of(bus)
+            raw = await nb.bus.client.xrange(nb.events.key)
+            entries = cast(list[tuple[str, dict[str, str]]], raw)
+            return [EventRecord.decode(f["r"]) for _, f in entries]
+        finally:
+            await bus.close()
+
+    found = asyncio.run(go())
+    if pod is None:
+        return found
+    full = f"{pod}-{node.node_name}"
+    return [e for e in found if e.involved.get("name") == full]

@@ -1,0 +1,71 @@
+"""A KletNode joined to the cluster harness's real control plane, for cluster tests.
+
+The node gets a client certificate of its own (`system:node:<name>`), a serving
+certificate for its 10250 API signed by the cluster CA, and the 127.0.0.1 node IP. On
+exit it is stopped, its pods are removed from CRI and from the apiserver, and the Node
+object is deleted, so the next module starts clean.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from klet.devstack import DevStack
+from klet.devstack.cluster import ControlPlane
+
+from tests.harness.node import KletNode
+from tests.integration.conftest import remove_node_pods
+
+
+@contextmanager
+def cluster_node(
+    control_plane: ControlPlane,
+    devstack: DevStack,
+    base: Path,
+    *,
+    name: str,
+    extra_flags: list[str] | None = None,
+) -> Iterator[KletNode]:
+    """A started node `name` under `base`; its static-pod directory is `node.manifests`."""
+    manifests = base / "manifests"
+    manifests.mkdir(parents=True, exist_ok=True)
+    cert = control_plane.issue_kubelet_serving_cert(name, ["127.0.0.1"])
+    node = KletNode(
+        devstack,
+        base,
+        node_name=name,
+        manifest_dir=manifests,
+        extra_flags=[
+            "--kubeconfig",
+            str(control_plane.node_kubeconfig(name)),
+            "--node-ip",
+            "127.0.0.1",
+            "--tls-cert-file",
+            str(cert.cert),
+            "--tls-private-key-file",
+            str(cert.key),
+            "--client-ca-file",
+            str(control_plane.ca_file),
+            *(extra_flags or []),
+        ],
+    )
+    node.manifests = manifests  # type: ignore[attr-defined]
+    node.start()
+    try:
+        yield node
+    finally:
+        node.stop()
+        asyncio.run(remove_node_pods(devstack.runtime_endpoint, name))
+        control_plane.kubectl(
+            "delete",
+            "pods",
+            "--all-namespaces",
+            f"--field-selector=spec.nodeName={name}",
+            "--grace-period=0",
+            "--force",
+            "--ignore-not-found",
+        )
+        control_plane.kubectl("delete", "node", name, "--ignore-not-found")
