@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from klet.bus import NodeBus
+from klet.model.node import storage_aware_eviction_hard
 from klet.status_reporter.capacity import MachineInfo
 from klet.status_reporter.eventsink import EventFeed, EventPolicy, EventSink
 from klet.status_reporter.hostinfo import detect_node_ips, read_machine
@@ -173,9 +174,10 @@ def cluster_tasks(c: ClusterDeps) -> dict[str, Coroutine[Any, Any, None]]:
 
 
 def node_config(kubelet: ClusterKubelet, klet: ClusterKlet) -> NodeConfig:
-    eviction_hard = dict(kubelet.eviction_hard)
-    if not kubelet.local_storage_capacity_isolation:
-        eviction_hard.pop("nodefs.available", None)  # as upstream: no storage reservation
+    eviction_hard = storage_aware_eviction_hard(
+        kubelet.eviction_hard,
+        local_storage_capacity_isolation=kubelet.local_storage_capacity_isolation,
+    )
     return NodeConfig(
         node_name=klet.node_name,
         node_labels=dict(klet.node_labels),

@@ -37,20 +37,15 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
+from klet.model import node as nodemodel
+from klet.model.node import DEFAULT_LABELS, MachineInfo
 from klet.model.records import NodeConditionRecord
 from klet.model.types import JSON
-from klet.status_reporter.capacity import MachineInfo, allocatable, capacity
+from klet.status_reporter.capacity import allocatable, capacity
 
 KUBELET_VERSION = "v1.34.0-klet"
 CMAD_ANNOTATION = "volumes.kubernetes.io/controller-managed-attach-detach"
 MAX_NAMES_PER_IMAGE = 5
-
-LABEL_HOSTNAME = "kubernetes.io/hostname"
-LABEL_OS = "kubernetes.io/os"
-LABEL_ARCH = "kubernetes.io/arch"
-LABEL_BETA_OS = "beta.kubernetes.io/os"
-LABEL_BETA_ARCH = "beta.kubernetes.io/arch"
-DEFAULT_LABELS = (LABEL_HOSTNAME, LABEL_OS, LABEL_ARCH, LABEL_BETA_OS, LABEL_BETA_ARCH)
 
 READY = "Ready"
 NOT_READY_REASON = "KubeletNotReady"
@@ -172,19 +167,9 @@ def rfc3339(ts: float) -> str:
 # -- labels, addresses, images --------------------------------------------------------
 
 
-def default_labels(cfg: NodeConfig, machine: MachineInfo) -> dict[str, str]:
-    return {
-        LABEL_HOSTNAME: cfg.node_name,
-        LABEL_OS: machine.operating_system,
-        LABEL_ARCH: machine.architecture,
-        LABEL_BETA_OS: machine.operating_system,
-        LABEL_BETA_ARCH: machine.architecture,
-    }
-
-
 def node_labels(cfg: NodeConfig, machine: MachineInfo) -> dict[str, str]:
-    """Default labels, then --node-labels on top (as upstream, the flag wins)."""
-    return {**default_labels(cfg, machine), **cfg.node_labels}
+    """Default labels, then --node-labels on top (shared with syncloop's admission)."""
+    return nodemodel.node_labels(cfg.node_name, machine, cfg.node_labels)
 
 
 def node_addresses(node_ips: Sequence[str], hostname: str) -> list[JSON]:
