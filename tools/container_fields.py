@@ -1,5 +1,5 @@
-"""List every field of a Pod's container, from the Kubernetes API model, and which ones
-klet ignores.
+"""List every field of a Pod's spec and containers and every volume type, from the
+Kubernetes API model, and which ones klet ignores.
 
 The paths come from the official Python client's models (`V1Container` and the types
 it nests), so a newer API with a new field shows up here without anyone remembering
@@ -33,13 +33,34 @@ def leaf_paths(model: type = k8s.V1Container, prefix: str = "") -> Iterator[str]
             yield from leaf_paths(nested, f"{path}.")
 
 
-def main() -> None:
-    from klet.syncloop.fields import IGNORED, classify
+def pod_paths() -> Iterator[str]:
+    """The pod spec's fields, not descending into containers and volumes."""
+    skip = ("containers.", "initContainers.", "ephemeralContainers.", "volumes.")
+    for path in leaf_paths(k8s.V1PodSpec):
+        if not path.startswith(skip):
+            yield path
+    yield from ("containers", "initContainers", "ephemeralContainers", "volumes")
 
+
+def volume_types() -> list[str]:
+    """The volume sources of the API (every field of a Volume but its name)."""
+    return sorted(set(k8s.V1Volume.attribute_map.values()) - {"name"})
+
+
+def main() -> None:
+    from klet.syncloop import fields
+
+    print("# container fields klet ignores")
     for path in leaf_paths():
-        rule = classify(path)
-        if rule in IGNORED:
-            print(f"{path}\t{IGNORED[rule]}")
+        rule = fields.classify(path)
+        if rule in fields.IGNORED:
+            print(f"{path}\t{fields.IGNORED[rule]}")
+    print("# pod spec fields klet ignores")
+    rules = {fields.classify_pod(p) for p in pod_paths()}
+    for rule in sorted(r for r in rules if r in fields.POD_IGNORED):
+        print(f"{rule}\t{fields.POD_IGNORED[rule]}")
+    print("# volume types klet does not set up (FailedMount: unsupported)")
+    print(" ".join(t for t in volume_types() if t not in fields.VOLUME_TYPES))
 
 
 if __name__ == "__main__":

@@ -86,7 +86,9 @@ async def test_kill_pod_stops_main_containers_then_sidecars_in_reverse(w: World)
 
 async def test_ignored_fields_get_a_warning_event(w: World) -> None:
     p: dict[str, Any] = pod("main")
-    p["spec"]["containers"][0]["volumeMounts"] = [{"name": "data", "mountPath": "/data"}]
+    p["spec"]["containers"][0]["resizePolicy"] = [
+        {"resourceName": "cpu", "restartPolicy": "NotRequired"}
+    ]
     await w.sync(p)
     warnings = [r for r in w.events.records if r[1] == "FieldsIgnored"]
     assert [(e.type, e.field_path) for e in warnings] == [("Warning", "spec.containers{main}")]

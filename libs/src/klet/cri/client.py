@@ -31,6 +31,7 @@ from klet.cri.types import (
     LinuxContainerSecurity,
     LinuxSandboxSecurity,
     Mount,
+    MountPropagation,
     NamespaceOptions,
     RuntimeCondition,
     RuntimeVersion,
@@ -319,7 +320,13 @@ class RuntimeClient:
             labels=dict(s.labels),
             annotations=dict(s.annotations),
             mounts=tuple(
-                Mount(container_path=m.container_path, host_path=m.host_path, readonly=m.readonly)
+                Mount(
+                    container_path=m.container_path,
+                    host_path=m.host_path,
+                    readonly=m.readonly,
+                    propagation=MountPropagation(pb.MountPropagation.Name(m.propagation)),
+                    selinux_relabel=m.selinux_relabel,
+                )
                 for m in s.mounts
             ),
         )
@@ -593,7 +600,13 @@ def _container_pb(c: ContainerConfig) -> Any:
         working_dir=c.working_dir,
         envs=[pb.KeyValue(key=k, value=v) for k, v in c.envs],
         mounts=[
-            pb.Mount(container_path=m.container_path, host_path=m.host_path, readonly=m.readonly)
+            pb.Mount(
+                container_path=m.container_path,
+                host_path=m.host_path,
+                readonly=m.readonly,
+                propagation=pb.MountPropagation.Value(m.propagation.value),
+                selinux_relabel=m.selinux_relabel,
+            )
             for m in c.mounts
         ],
         labels=c.labels,

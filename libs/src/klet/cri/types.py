@@ -121,11 +121,21 @@ class PortMapping:
     protocol: str = "TCP"
 
 
+class MountPropagation(Enum):
+    """CRI MountPropagation: how mounts below a bind mount travel between host and container."""
+
+    PRIVATE = "PROPAGATION_PRIVATE"
+    HOST_TO_CONTAINER = "PROPAGATION_HOST_TO_CONTAINER"
+    BIDIRECTIONAL = "PROPAGATION_BIDIRECTIONAL"
+
+
 @dataclass(frozen=True)
 class Mount:
     container_path: str
     host_path: str
     readonly: bool = False
+    propagation: MountPropagation = MountPropagation.PRIVATE
+    selinux_relabel: bool = False
 
 
 @dataclass(frozen=True)

@@ -384,3 +384,21 @@ def _sidecar_running(
         )
         return True, StartAction(name, "failed liveness probe")
     return True, None
+
+
+def kill_order(
+    pod: JSON | None, live: list[ContainerStatusInfo]
+) -> list[list[ContainerStatusInfo]]:
+    """Groups of containers to stop one group after the other (upstream's order).
+
+    Regular containers (and any the spec does not name) first, all at once; then the
+    sidecars one at a time, last declared first, so a sidecar outlives what uses it.
+    """
+    sidecars = [c["name"] for c in podspec.init_containers(pod or {}) if podspec.is_sidecar(c)]
+    first = [c for c in live if c.name not in sidecars]
+    groups = [first] if first else []
+    for name in reversed(sidecars):
+        group = [c for c in live if c.name == name]
+        if group:
+            groups.append(group)
+    return groups

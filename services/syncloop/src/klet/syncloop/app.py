@@ -107,6 +107,7 @@ async def main(deps: Deps) -> int:
                 "status-publisher": gated("status-publisher", controller.publisher.run),
                 "event-publisher": gated("event-publisher", deps.events.run),
                 "prober": gated("prober", deps.prober.run),
+                "volume-cleanup": gated("volume-cleanup", lambda: _volume_cleanup(deps)),
                 "pod-control": gated(
                     "pod-control", lambda: serve_pod_control(controller, deps.socket_path)
                 ),
@@ -130,6 +131,19 @@ async def main(deps: Deps) -> int:
             await deps.kube.close()
         await deps.bus.close()
     return 0
+
+
+async def _volume_cleanup(deps: Deps) -> None:
+    """Pod directories left by a crash go once the sources are ready (none to clean: idle)."""
+    if deps.volumes is None:
+        await asyncio.Event().wait()
+        return
+    controller = deps.controller
+    await deps.volumes.run_orphan_cleanup(
+        cri=deps.cri,
+        ready=lambda: controller.sources_ready,
+        desired=lambda: set(controller.desired),
+    )
 
 
 def relister_sandboxes(relister: Relister) -> list[str]:

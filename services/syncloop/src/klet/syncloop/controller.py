@@ -20,11 +20,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from klet.bus import NodeBus
-from klet.cri.types import SandboxState
+from klet.cri import labels as L
+from klet.cri.types import ContainerState, SandboxState
 from klet.model.records import DesiredPod, PodChange, SourceState
 from klet.model.types import JSON, PodUID
 from klet.rpc.podcontrol import PodSummary
 from klet.syncloop import podspec
+from klet.syncloop.admission import AdmissionLedger, Verdict
 from klet.syncloop.podworkers import Outcome, PodWorkers
 from klet.syncloop.prober import ProbeManager
 from klet.syncloop.proberesults import NO_PROBES, ProbeResults
@@ -63,6 +65,7 @@ class PodController:
         runtime_type: str = "containerd",
         clock: Callable[[], float] = time.time,
         prober: ProbeManager | None = None,
+        admission: AdmissionLedger | None = None,
     ) -> None:
         self.bus = bus
         self.runtime = runtime
@@ -84,6 +87,10 @@ class PodController:
         # before it (and so does not contain it) cannot undo it.
         self.generation = 0
         self._changed_at: dict[str, int] = {}
+        # Admission (admission.py): None admits every pod (unit tests of other concerns).
+        self.admission = admission
+        self._desired_read = False  # the restart re-admission needs one full table read
+        self._readmit_lock = asyncio.Lock()
 
     # -- inputs ------------------------------------------------------------------------
 
@@ -95,6 +102,7 @@ class PodController:
         Pods the stream changed after the read began are left as the stream set them.
         """
         self.sources_ready = sources_ready(sources)
+        self._desired_read = True
         newer = {uid for uid, gen in self._changed_at.items() if gen > read_from}
         for uid, rec in table.items():
             old = self.desired.get(uid)
@@ -155,6 +163,20 @@ class PodController:
             self.terminal[uid] = podspec.DEADLINE_EXCEEDED
         request = self.kill_requests.get(uid)
         deleting = bool(meta.get("deletionTimestamp"))
+        if (
+            self.admission is not None
+            and request is None
+            and not deleting
+            and uid not in self.terminal
+        ):
+            verdict = await self._admit(self.admission, uid, pod)
+            if verdict is None:
+                return Outcome(wake_at=now + 1.0)
+            if not verdict.admit:
+                # upstream's rejectPod: a Warning Event with the bare message, and the
+                # pod Failed with "Pod was rejected: ..." (the terminal branch below).
+                self.terminal[uid] = (verdict.reason, verdict.status_message)
+                self.syncer.events.emit(pod, "Warning", verdict.reason, verdict.message)
         if request is not None or uid in self.terminal or deleting:
             if current.running() or any(s.state == SandboxState.READY for s in current.sandboxes):
                 if request is not None:
@@ -229,6 +251,57 @@ class PodController:
         self._forget(uid)
         return Outcome(done=True)
 
+    async def _admit(self, ledger: AdmissionLedger, uid: str, pod: JSON) -> Verdict | None:
+        """The pod's admission verdict, decided now if it has none yet (once per pod);
+        None while the first full read of the desired pods, which the re-admission
+        after a restart needs, has not happened."""
+        verdict = ledger.verdict(uid)
+        if verdict is not None:
+            return verdict
+        if not ledger.restarted:
+            if not self._desired_read:
+                return None
+            async with self._readmit_lock:
+                if not ledger.restarted:
+                    await self._readmit(ledger)
+            verdict = ledger.verdict(uid)
+            if verdict is not None:
+                return verdict
+        others = [
+            self.desired[u].pod
+            for u in ledger.admitted
+            if u != uid
+            and u in self.desired
+            and ledger.counts(u, status=self.publisher.get(u), terminal=u in self.terminal)
+        ]
+        verdict = ledger.decide(uid, pod, others=others)
+        if not verdict.admit:
+            log.info(
+                "pod rejected",
+                extra={"uid": uid, "reason": verdict.reason, "message": verdict.message},
+            )
+        return verdict
+
+    async def _readmit(self, ledger: AdmissionLedger) -> None:
+        """At start: re-admit the desired pods the runtime still runs, before any new one."""
+        sandboxes = await self.runtime.cri.list_pod_sandboxes()
+        containers = await self.runtime.cri.list_containers()
+        running = {
+            s.labels.get(L.POD_UID, "") for s in sandboxes if s.state == SandboxState.READY
+        } | {c.labels.get(L.POD_UID, "") for c in containers if c.state == ContainerState.RUNNING}
+        present = {s.labels.get(L.POD_UID, "") for s in sandboxes} | {
+            c.labels.get(L.POD_UID, "") for c in containers
+        }
+        verdicts = ledger.readmit(
+            {u: (r.pod, r.seen_at) for u, r in self.desired.items() if u in running},
+            idle=[u for u in present - running if u in self.desired],
+        )
+        rejected = {u: v.reason for u, v in verdicts.items() if not v.admit}
+        log.info(
+            "re-admitted the running pods",
+            extra={"admitted": len(verdicts) - len(rejected), "rejected": rejected},
+        )
+
     def _update_probes(self, pod: JSON, current: RuntimePod, *, deleting: bool) -> None:
         """Start probes for newly running containers, stop those of exited ones."""
         if self.prober is None:
@@ -245,6 +318,8 @@ class PodController:
         self.publisher.remove(uid)
         self.last_pod.pop(uid, None)
         self.terminal.pop(uid, None)
+        if self.admission is not None:
+            self.admission.forget(uid)
         request = self.kill_requests.pop(uid, None)
         if request is not None and not request.done.done():
             request.done.set_result(None)

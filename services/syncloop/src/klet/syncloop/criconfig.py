@@ -10,15 +10,22 @@ import json
 from dataclasses import dataclass, field
 
 from klet.cri import labels as L
-from klet.cri.types import ContainerConfig, Mount, PortMapping, SandboxConfig
+from klet.cri.types import ContainerConfig, DNSConfig, Mount, PortMapping, SandboxConfig
 from klet.model.types import JSON
-from klet.syncloop import envvars, podspec, resources, security
+from klet.syncloop import dns, envvars, podspec, resources, security
 from klet.syncloop.envvars import NodeFacts
 
 
 def sandbox_config(
-    pod: JSON, *, attempt: int, pod_logs_dir: str, cgroup_parent: str
+    pod: JSON,
+    *,
+    attempt: int,
+    pod_logs_dir: str,
+    cgroup_parent: str,
+    cluster_domain: str = "",
+    dns_config: DNSConfig | None = None,
 ) -> SandboxConfig:
+    """Raises `dns.PodDNSError` when the pod's hostname cannot be formed (see dns.py)."""
     meta = podspec.meta(pod)
     spec = pod.get("spec", {})
     name, namespace, uid = (
@@ -39,7 +46,6 @@ def sandbox_config(
                     )
                 )
     annotations = {k: str(v) for k, v in (meta.get("annotations") or {}).items()}
-    hostname = spec.get("hostname") or name
     return SandboxConfig(
         name=name,
         namespace=namespace,
@@ -47,7 +53,10 @@ def sandbox_config(
         attempt=attempt,
         # A host-network pod keeps the node's hostname (upstream sets none; runc refuses
         # a hostname without a private UTS namespace).
-        hostname="" if spec.get("hostNetwork") else hostname[:63],
+        hostname=""
+        if spec.get("hostNetwork")
+        else dns.kernel_hostname(pod, cluster_domain=cluster_domain),
+        dns=dns_config,
         log_directory=f"{pod_logs_dir}/{podspec.pod_log_dir_name(pod)}",
         labels=L.sandbox_labels(
             name=name, namespace=namespace, uid=uid, pod_labels=meta.get("labels") or {}

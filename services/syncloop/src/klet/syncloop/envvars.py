@@ -70,13 +70,53 @@ class NodeFacts:
 
 _KEYED = re.compile(r"^metadata\.(labels|annotations)\['(.+)'\]$")
 
+_GO_ESCAPES = {
+    "\a": "\\a",
+    "\b": "\\b",
+    "\f": "\\f",
+    "\n": "\\n",
+    "\r": "\\r",
+    "\t": "\\t",
+    "\v": "\\v",
+    "\\": "\\\\",
+    '"': '\\"',
+}
+
+
+def go_quote(text: str) -> str:
+    """`text` as a double-quoted string the way Go's `%q` writes it (strconv.Quote)."""
+    out = ['"']
+    for ch in text:
+        code = ord(ch)
+        if ch in _GO_ESCAPES:
+            out.append(_GO_ESCAPES[ch])
+        elif code < 0x20 or code == 0x7F:
+            out.append(f"\\x{code:02x}")
+        elif ch.isprintable():
+            out.append(ch)
+        elif code < 0x10000:
+            out.append(f"\\u{code:04x}")
+        else:
+            out.append(f"\\U{code:08x}")
+    out.append('"')
+    return "".join(out)
+
+
+def format_map(values: Mapping[str, str]) -> str:
+    """Labels or annotations as the downward API writes them: `key="value"` lines sorted
+    by key, values quoted as Go's `%q` does, no newline after the last."""
+    return "\n".join(f"{k}={go_quote(str(values[k]))}" for k in sorted(values))
+
 
 def field_ref(pod: JSON, path: str, *, pod_ips: tuple[str, ...], node: NodeFacts) -> str | None:
+    """The value of a downward API `fieldPath` (env and volumes), None if unsupported."""
     meta = pod.get("metadata") or {}
     spec = pod.get("spec") or {}
     keyed = _KEYED.match(path)
     if keyed:
         return str((meta.get(keyed.group(1)) or {}).get(keyed.group(2), ""))
+    if path in ("metadata.labels", "metadata.annotations"):
+        return format_map(meta.get(path.partition(".")[2]) or {})
     simple: dict[str, str] = {
         "metadata.name": meta.get("name", ""),
         "metadata.namespace": meta.get("namespace", "default"),

@@ -4,13 +4,15 @@ Rules are dotted JSON paths; the longest rule that is a prefix of a field's path
 decides (`livenessProbe` covers the probe, `livenessProbe.grpc.mode` overrides it). A
 unit test walks every field of the Kubernetes API model (tools/container_fields.py)
 and fails when one is in neither table, so a new API field cannot be dropped silently.
-A pod that sets an ignored field gets a Warning event naming it when its sandbox is
-created (see syncpod.py), because a setting that has no effect should not look as if
-it had one.
+The same is done for the pod spec around the containers (`POD_*`) and for the volume
+types. A container that sets an ignored field gets a Warning event naming it when the
+pod's sandbox is created (see syncpod.py), because a setting that has no effect should
+not look as if it had one.
 """
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from typing import Any
 
 from klet.model.types import JSON
@@ -41,13 +43,13 @@ SUPPORTED = frozenset(
         "readinessProbe",
         "startupProbe",
         "securityContext",
+        "volumeMounts",
     }
 )
 
 _NOT_IN_TARGET_API = "not part of the v1.34 API klet implements"
 
 IGNORED: dict[str, str] = {
-    "volumeMounts": "volumes are not mounted yet (the pod-environment issue adds them)",
     "volumeDevices": "raw block volumes are not supported",
     "resizePolicy": "in-place resize is not supported: a resources change is not applied",
     "restartPolicyRules": "container restart rules (alpha) are not supported",
@@ -64,14 +66,92 @@ IGNORED: dict[str, str] = {
 }
 
 
-def classify(path: str) -> str | None:
-    """The rule deciding `path` (a key of SUPPORTED or IGNORED), or None if none does."""
+# The pod spec outside its containers. "containers"/"initContainers" are decided by
+# the container rules above and "volumes" by VOLUME_TYPES below.
+POD_SUPPORTED = frozenset(
+    {
+        "containers",
+        "initContainers",
+        "volumes",
+        "activeDeadlineSeconds",
+        "affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution",
+        "dnsConfig",
+        "dnsPolicy",
+        "hostAliases",
+        "hostIPC",
+        "hostNetwork",
+        "hostPID",
+        "hostname",
+        "imagePullSecrets",
+        "nodeName",
+        "nodeSelector",
+        "os",
+        "overhead",
+        "resources",
+        "restartPolicy",
+        "securityContext",
+        "serviceAccount",
+        "serviceAccountName",
+        "setHostnameAsFQDN",
+        "shareProcessNamespace",
+        "subdomain",
+        "terminationGracePeriodSeconds",
+    }
+)
+
+_SCHEDULING = "acted on by the scheduler and controllers; a kubelet does not read it"
+POD_NOT_FOR_THE_NODE: dict[str, str] = {
+    "affinity.nodeAffinity.preferredDuringSchedulingIgnoredDuringExecution": _SCHEDULING,
+    "affinity.podAffinity": _SCHEDULING,
+    "affinity.podAntiAffinity": _SCHEDULING,
+    "automountServiceAccountToken": "applied by the apiserver's ServiceAccount admission",
+    "preemptionPolicy": _SCHEDULING,
+    "priorityClassName": "resolved into `priority` by the apiserver",
+    "schedulerName": _SCHEDULING,
+    "schedulingGates": _SCHEDULING,
+    "schedulingGroup": _SCHEDULING,
+    "tolerations": _SCHEDULING,
+    "topologySpreadConstraints": _SCHEDULING,
+}
+
+POD_IGNORED: dict[str, str] = {
+    "ephemeralContainers": "ephemeral (debug) containers are not started",
+    "enableServiceLinks": "service environment variables are out of scope",
+    "evictionResponders": _NOT_IN_TARGET_API,
+    "hostUsers": "user namespaces are not supported: pods always use the host's",
+    "hostnameOverride": "the alpha hostname override is not supported",
+    "priority": "read once the eviction service exists (node-pressure eviction ranking)",
+    "readinessGates": "the Ready condition does not wait for readiness gates yet",
+    "resourceClaims": "dynamic resource allocation is not supported",
+    "runtimeClassName": "RuntimeClass handlers are not looked up: the default runtime runs it",
+    "securityContext.windowsOptions": "Windows only",
+    "securityContext.seLinuxChangePolicy": "SELinux relabelling policy is not supported",
+    "securityContext.fsGroupChangePolicy": "volume ownership is always changed",
+}
+
+VOLUME_TYPES = frozenset(
+    {"emptyDir", "hostPath", "configMap", "secret", "downwardAPI", "projected"}
+)
+"""The volume sources klet sets up; every other one fails with FailedMount (unsupported)."""
+
+
+def _longest_rule(path: str, *tables: Collection[str]) -> str | None:
     parts = path.split(".")
     for n in range(len(parts), 0, -1):
         prefix = ".".join(parts[:n])
-        if prefix in IGNORED or prefix in SUPPORTED:
+        if any(prefix in table for table in tables):
             return prefix
     return None
+
+
+def classify(path: str) -> str | None:
+    """The rule deciding a container field `path` (a key of SUPPORTED or IGNORED)."""
+    return _longest_rule(path, IGNORED, SUPPORTED)
+
+
+def classify_pod(path: str) -> str | None:
+    """The rule deciding a pod spec field `path` outside its containers and volumes."""
+    return _longest_rule(path, POD_IGNORED, POD_NOT_FOR_THE_NODE, POD_SUPPORTED)
 
 
 def _set(value: Any) -> bool:

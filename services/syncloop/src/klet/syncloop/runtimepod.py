@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from klet.cri import labels as L
 from klet.cri.types import ContainerState, ContainerStatusInfo, SandboxState
 from klet.model.types import SandboxID
+from klet.syncloop import podspec
 
 
 @dataclass(frozen=True)
@@ -66,3 +67,14 @@ class PullState:
     """Image-pull outcome per container name, fed into the status (ErrImagePull ...)."""
 
     waiting: dict[str, tuple[str, str]] = field(default_factory=dict)  # name -> (reason, message)
+
+
+def recorded_grace(current: RuntimePod) -> int:
+    """The largest terminationGracePeriodSeconds recorded on the pod's containers."""
+    values = []
+    for c in current.containers:
+        try:
+            values.append(int(c.annotations.get(L.POD_TERMINATION_GRACE_PERIOD, "")))
+        except ValueError:
+            continue
+    return max(values, default=podspec.MINIMUM_GRACE_PERIOD_S)

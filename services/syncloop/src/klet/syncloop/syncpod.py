@@ -19,22 +19,23 @@ from pathlib import Path
 
 from klet.cgroups import CgroupFS
 from klet.cri import CRIError
-from klet.cri import labels as L
-from klet.cri.types import ContainerState, ContainerStatusInfo, SandboxConfig
+from klet.cri.types import ContainerState, DNSConfig, SandboxConfig
 from klet.model.types import JSON, SandboxID
+from klet.syncloop import actions as actions_mod
 from klet.syncloop import (
     criconfig,
-    envvars,
+    dns,
+    etchosts,
     fields,
-    kubeobjects,
     podcgroups,
     podspec,
     resources,
-    security,
+    runtimepod,
     termination,
 )
-from klet.syncloop.actions import StartAction, compute_pod_actions
+from klet.syncloop.actions import PodActions, StartAction, compute_pod_actions
 from klet.syncloop.backoff import Backoff
+from klet.syncloop.dns import DNSSettings
 from klet.syncloop.envvars import NodeFacts
 from klet.syncloop.events import EventSink
 from klet.syncloop.hooks import LifecycleHooks, container_spec, pod_ip_of
@@ -43,10 +44,15 @@ from klet.syncloop.kubeobjects import KubeObjects
 from klet.syncloop.ports import RuntimeService
 from klet.syncloop.proberesults import NO_PROBES, ProbeResults
 from klet.syncloop.runtime import PodRuntime
-from klet.syncloop.runtimepod import RuntimePod, restart_count_of
+from klet.syncloop.runtimepod import RuntimePod
 from klet.syncloop.security import SecuritySettings
+from klet.syncloop.startcontainer import ContainerStarter
+from klet.syncloop.volumes.manager import VolumeManager
 
 log = logging.getLogger(__name__)
+
+VOLUME_RETRY_S = 5.0
+"""How soon a pod whose volumes could not be set up is synced again, seconds."""
 
 
 @dataclass(frozen=True)
@@ -64,6 +70,8 @@ class SyncSettings:
     """How long a postStart hook may run (runtimeRequestTimeout), seconds."""
     security: SecuritySettings = field(default_factory=SecuritySettings)
     """seccompDefault and where Localhost seccomp profiles live."""
+    dns: DNSSettings | None = None
+    """clusterDNS, clusterDomain, resolvConf; None sends no DNS config (the runtime's own)."""
 
 
 @dataclass
@@ -87,6 +95,7 @@ class PodSyncer:
         clock: Callable[[], float] = time.time,
         hooks: LifecycleHooks | None = None,
         objects: KubeObjects | None = None,
+        volumes: VolumeManager | None = None,
     ) -> None:
         self.cri = cri
         self.runtime = runtime
@@ -97,11 +106,22 @@ class PodSyncer:
         self.backoff = backoff
         self.clock = clock
         self.objects = objects  # the apiserver's ConfigMaps and Secrets; None standalone
+        self.volumes = volumes  # None: pods get no volumes (a syncer without a root dir)
         self.hooks = hooks or LifecycleHooks(
             cri=cri,
             events=events,
             host_ip=next(iter(settings.node.host_ips), ""),
             post_start_timeout_s=settings.hook_timeout_s,
+        )
+        self.starter = ContainerStarter(
+            cri=cri,
+            puller=puller,
+            events=events,
+            hooks=self.hooks,
+            settings=settings,
+            backoff=backoff,
+            clock=clock,
+            objects=objects,
         )
 
     def _cgroup_parent(self, pod: JSON) -> str:
@@ -131,12 +151,24 @@ class PodSyncer:
             )
         if actions.purge_init:
             await self._purge_init_containers(pod, current)
-        sandbox_cfg = criconfig.sandbox_config(
-            pod,
-            attempt=actions.sandbox_attempt,
-            pod_logs_dir=str(self.settings.pod_logs_dir),
-            cgroup_parent=self._cgroup_parent(pod),
+        try:
+            sandbox_cfg = criconfig.sandbox_config(
+                pod,
+                attempt=actions.sandbox_attempt,
+                pod_logs_dir=str(self.settings.pod_logs_dir),
+                cgroup_parent=self._cgroup_parent(pod),
+                cluster_domain=self._cluster_domain(),
+                dns_config=self._sandbox_dns(pod) if actions.create_sandbox else None,
+            )
+        except dns.PodDNSError as err:  # as upstream: the sandbox is not made
+            return self._sandbox_failed(pod, result, err, now=now)
+        # Volumes come before the sandbox, as upstream: a pod whose volume cannot be set
+        # up gets no sandbox and waits in ContainerCreating.
+        volumes = await self._set_up_volumes(
+            pod, actions, current, pod_ip=pod_ip_of(current), result=result
         )
+        if volumes is None:
+            return result
         sandbox_id: SandboxID | None
         pod_ip = ""
         if actions.create_sandbox:
@@ -156,13 +188,7 @@ class PodSyncer:
                 sandbox_id = await self.cri.run_pod_sandbox(sandbox_cfg)
                 pod_ip = (await self.cri.pod_sandbox_status(sandbox_id)).ip
             except CRIError as err:
-                message = f"Failed to create pod sandbox: {err}"
-                self.events.emit(pod, "Warning", "FailedCreatePodSandBox", message)
-                log.warning("sandbox creation failed", extra={"pod": _name(pod), "error": str(err)})
-                for c in podspec.containers(pod):
-                    result.waiting.setdefault(c["name"], ("ContainerCreating", ""))
-                result.wake_at = now + 5
-                return result
+                return self._sandbox_failed(pod, result, err, now=now)
         else:
             latest = current.latest_sandbox()
             sandbox_id = latest.id if latest else None
@@ -172,16 +198,62 @@ class PodSyncer:
         inits = {c["name"]: c for c in podspec.init_containers(pod)}
         for start in actions.init_to_start:
             started = await self._start_one(
-                pod, inits[start.name], start, current, sandbox_id, sandbox_cfg, pod_ip, result
+                pod,
+                inits[start.name],
+                start,
+                current,
+                sandbox_id,
+                sandbox_cfg,
+                pod_ip,
+                result,
+                volumes=volumes,
             )
             if not started and not podspec.is_sidecar(inits[start.name]):
                 return result  # initialization cannot go on past a plain init container
         specs = {c["name"]: c for c in podspec.containers(pod)}
         for start in actions.to_start:
             await self._start_one(
-                pod, specs[start.name], start, current, sandbox_id, sandbox_cfg, pod_ip, result
+                pod,
+                specs[start.name],
+                start,
+                current,
+                sandbox_id,
+                sandbox_cfg,
+                pod_ip,
+                result,
+                volumes=volumes,
             )
         return result
+
+    async def _set_up_volumes(
+        self,
+        pod: JSON,
+        actions: PodActions,
+        current: RuntimePod,
+        *,
+        pod_ip: str,
+        result: SyncResult,
+    ) -> dict[str, Path] | None:
+        """The pod's volumes by name, set up (or refreshed) while it has containers to
+        start or running; None when one failed: a FailedMount event per volume says why,
+        the containers to start wait in ContainerCreating, and the pod is synced again
+        soon. Running containers are left alone."""
+        if self.volumes is None:
+            return {}
+        if not (actions.init_to_start or actions.to_start or current.running()):
+            return {}
+        outcome = await self.volumes.set_up(pod, pod_ip=pod_ip)
+        if not outcome.failures:
+            return outcome.paths
+        for name, cause in outcome.failures.items():
+            message = f'MountVolume.SetUp failed for volume "{name}" : {cause}'
+            self.events.emit(pod, "Warning", "FailedMount", message)
+        log.info("pod volumes not ready", extra={"pod": _name(pod), "failures": outcome.failures})
+        for start in [*actions.init_to_start, *actions.to_start]:
+            result.waiting.setdefault(start.name, ("ContainerCreating", ""))
+        retry = self.clock() + VOLUME_RETRY_S
+        result.wake_at = retry if result.wake_at is None else min(result.wake_at, retry)
+        return None
 
     async def _start_one(
         self,
@@ -193,10 +265,14 @@ class PodSyncer:
         sandbox_cfg: SandboxConfig,
         pod_ip: str,
         result: SyncResult,
+        *,
+        volumes: dict[str, Path],
     ) -> bool:
         """Start one container, recording why it waits if it cannot; True if started."""
         result.acted = True
-        waiting = await self._start(pod, container, current, sandbox_id, sandbox_cfg, pod_ip)
+        waiting = await self.starter.start(
+            pod, container, current, sandbox_id, sandbox_cfg, pod_ip, volumes=volumes
+        )
         if waiting is not None:
             result.waiting[start.name] = waiting[0]
             if waiting[1] is not None:
@@ -208,12 +284,35 @@ class PodSyncer:
             self.backoff.next(start.backoff_key, self.clock())
         return True
 
-    def _node_context(self) -> criconfig.NodeContext:
-        return criconfig.NodeContext(
-            facts=self.settings.node,
-            limits=podcgroups.node_limits(self.settings),
-            security=self.settings.security,
+    def _sandbox_failed(
+        self, pod: JSON, result: SyncResult, err: Exception, *, now: float
+    ) -> SyncResult:
+        message = f"Failed to create pod sandbox: {err}"
+        self.events.emit(pod, "Warning", "FailedCreatePodSandBox", message)
+        log.warning("sandbox creation failed", extra={"pod": _name(pod), "error": str(err)})
+        for c in podspec.containers(pod):
+            result.waiting.setdefault(c["name"], ("ContainerCreating", ""))
+        result.wake_at = now + 5
+        return result
+
+    def _cluster_domain(self) -> str:
+        return self.settings.dns.cluster_domain if self.settings.dns else ""
+
+    def _sandbox_dns(self, pod: JSON) -> DNSConfig | None:
+        """The new sandbox's resolver configuration; its warnings become pod events.
+
+        Raises `dns.PodDNSError` when the node's resolver file cannot be read."""
+        if self.settings.dns is None:
+            return None
+        planned = dns.pod_dns(
+            pod,
+            settings=self.settings.dns,
+            host=dns.load_host_config(self.settings.dns.resolv_conf),
+            node_ips=self.settings.node.host_ips,
         )
+        for reason, message in planned.warnings:
+            self.events.emit(pod, "Warning", reason, message)
+        return planned.config
 
     def _warn_ignored_fields(self, pod: JSON) -> None:
         """A Warning event per container that sets fields klet does not implement."""
@@ -245,78 +344,6 @@ class PodSyncer:
                         extra={"pod": _name(pod), "container": c.name, "error": str(err)},
                     )
 
-    async def _start(
-        self,
-        pod: JSON,
-        container: JSON,
-        current: RuntimePod,
-        sandbox_id: SandboxID,
-        sandbox_cfg: SandboxConfig,
-        pod_ip: str,
-    ) -> tuple[tuple[str, str], float | None] | None:
-        name = container["name"]
-        pulled = await self.puller.ensure(pod, container, sandbox_cfg)
-        if pulled.image_ref is None:
-            assert pulled.waiting is not None
-            return pulled.waiting, pulled.wake_at
-        last = current.latest(name)
-        restart_count = restart_count_of(last) + 1 if last is not None else 0
-        # The image's user: passed on as the user to run as, and checked by runAsNonRoot.
-        image_user = security.image_user(await self.cri.image_status(pulled.image_ref))
-        # ConfigMaps and Secrets the environment refers to (None: no apiserver).
-        env_sources = await kubeobjects.env_sources(self.objects, pod, container)
-        try:
-            instance = criconfig.Instance(
-                restart_count=restart_count,
-                image=pulled.image_ref,
-                pod_ips=(pod_ip,) if pod_ip else (),
-                image_user=image_user,
-                mounts=termination.mounts_for(self.settings.root_dir, pod, container),
-                env_sources=env_sources,
-            )
-            cfg = criconfig.container_config(
-                pod, container, instance=instance, node=self._node_context()
-            )
-        except envvars.EnvError as err:
-            # upstream's pod worker retries a failed sync after about 10 s
-            self.events.emit(
-                pod, "Warning", "Failed", f"Error: {err}", field_path=podspec.field_path(pod, name)
-            )
-            return ("CreateContainerConfigError", str(err)), self.clock() + 10
-        except security.SecurityConfigError as err:
-            self.events.emit(
-                pod, "Warning", "Failed", f"Error: {err}", field_path=podspec.field_path(pod, name)
-            )
-            return ("CreateContainerConfigError", str(err)), None
-        os.makedirs(os.path.join(sandbox_cfg.log_directory, name), mode=0o755, exist_ok=True)
-        field_path = podspec.field_path(pod, name)
-        try:
-            cid = await self.cri.create_container(sandbox_id, cfg, sandbox_cfg)
-        except CRIError as err:
-            message = f"Error: {err}"
-            self.events.emit(pod, "Warning", "Failed", message, field_path=field_path)
-            return ("CreateContainerError", message), self.clock() + 10
-        self.events.emit(
-            pod, "Normal", "Created", f"Created container: {name}", field_path=field_path
-        )
-        try:
-            await self.cri.start_container(cid)
-        except CRIError as err:
-            message = f"Error: failed to start container {name!r}: {err}"
-            self.events.emit(pod, "Warning", "Failed", message, field_path=field_path)
-            return ("RunContainerError", message), self.clock() + 10
-        self.events.emit(
-            pod, "Normal", "Started", f"Started container {name}", field_path=field_path
-        )
-        hook_failed = await self.hooks.post_start(
-            pod, container, cid, pod_ip=pod_ip, grace_s=podspec.grace_period_s(pod)
-        )
-        if hook_failed is not None:
-            if last is not None:  # a restart that ran: it counts for the back-off
-                self.backoff.next(podspec.backoff_key(pod, container), self.clock())
-            return hook_failed, None
-        return None
-
     async def kill_pod(
         self, pod: JSON | None, current: RuntimePod, *, grace_override: int | None, remove: bool
     ) -> None:
@@ -332,7 +359,9 @@ class PodSyncer:
             # The spec is unknown (a pod removed while syncloop was down): use the grace
             # period recorded on its containers. Upstream kills such orphans with 1 s;
             # keeping the pod's own grace is the gentler choice for the same outcome.
-            override = grace_override if grace_override is not None else recorded_grace(current)
+            override = (
+                grace_override if grace_override is not None else runtimepod.recorded_grace(current)
+            )
             grace = podspec.grace_period_s({}, override)
         live = [c for c in current.containers if c.state != ContainerState.EXITED]
         for c in live:
@@ -348,7 +377,7 @@ class PodSyncer:
         deadline = self.clock() + grace
         # preStop hooks all run at once; each container's stop waits for its own hook.
         pre_stops = self.hooks.start_pre_stops(pod, live, grace_s=grace, pod_ip=pod_ip_of(current))
-        for group in kill_order(pod, live):
+        for group in actions_mod.kill_order(pod, live):
             await pre_stops.wait(group)
             # Sidecars stop after the main containers, each with what is left of the grace.
             # grace minus the whole seconds used so far (upstream truncates the time used)
@@ -368,41 +397,15 @@ class PodSyncer:
             for c in current.containers:
                 await self.cri.remove_container(c.id)
             self.runtime.forget(current)
+            if self.volumes is not None:  # unmounted and removed before the pod directory
+                await self.volumes.tear_down(current.uid)
             if self.settings.root_dir is not None:
+                etchosts.remove_hosts_file(self.settings.root_dir, current.uid)
                 termination.remove_pod_files(self.settings.root_dir, current.uid)
             if self.cgroups is not None and pod is not None and self.settings.cgroups_per_qos:
                 left = self.cgroups.remove(podspec.pod_cgroup_parent(pod))
                 if left:
                     log.warning("pod cgroup not removed", extra={"pod": _name(pod), "left": left})
-
-
-def kill_order(
-    pod: JSON | None, live: list[ContainerStatusInfo]
-) -> list[list[ContainerStatusInfo]]:
-    """Groups of containers to stop one group after the other (upstream's order).
-
-    Regular containers (and any the spec does not name) first, all at once; then the
-    sidecars one at a time, last declared first, so a sidecar outlives what uses it.
-    """
-    sidecars = [c["name"] for c in podspec.init_containers(pod or {}) if podspec.is_sidecar(c)]
-    first = [c for c in live if c.name not in sidecars]
-    groups = [first] if first else []
-    for name in reversed(sidecars):
-        group = [c for c in live if c.name == name]
-        if group:
-            groups.append(group)
-    return groups
-
-
-def recorded_grace(current: RuntimePod) -> int:
-    """The largest terminationGracePeriodSeconds recorded on the pod's containers."""
-    values = []
-    for c in current.containers:
-        try:
-            values.append(int(c.annotations.get(L.POD_TERMINATION_GRACE_PERIOD, "")))
-        except ValueError:
-            continue
-    return max(values, default=podspec.MINIMUM_GRACE_PERIOD_S)
 
 
 def _name(pod: JSON) -> str:

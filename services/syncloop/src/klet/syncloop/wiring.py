@@ -10,12 +10,16 @@ from typing import Any
 
 from klet.bus import Bus, Lease, NodeBus
 from klet.cgroups import CgroupFS
+from klet.cgroups.machine import read_machine
 from klet.config import Settings
 from klet.cri import CRISettings, RuntimeClient
 from klet.kube import KubeClient, kube_settings
+from klet.model.node import allocatable_amounts, node_labels, storage_aware_eviction_hard
 from klet.syncloop import podcgroups
+from klet.syncloop.admission import AdmissionLedger, NodeInfo
 from klet.syncloop.backoff import Backoff
 from klet.syncloop.controller import PodController
+from klet.syncloop.dns import DNSSettings
 from klet.syncloop.envvars import NodeFacts
 from klet.syncloop.events import BusEventSink
 from klet.syncloop.images import (
@@ -32,6 +36,16 @@ from klet.syncloop.runtime import PodRuntime
 from klet.syncloop.security import SecuritySettings
 from klet.syncloop.statuspub import StatusPublisher
 from klet.syncloop.syncpod import PodSyncer, SyncSettings
+from klet.syncloop.volumes.content import (
+    ConfigMapPlugin,
+    DownwardAPIPlugin,
+    ProjectedPlugin,
+    SecretPlugin,
+)
+from klet.syncloop.volumes.emptydir import EmptyDirPlugin
+from klet.syncloop.volumes.hostpath import HostPathPlugin
+from klet.syncloop.volumes.manager import VolumeManager
+from klet.syncloop.volumes.tokens import TokenManager
 from prometheus_client import CollectorRegistry
 
 DEFAULT_SERVICE_PORT = 10261
@@ -53,6 +67,7 @@ class Deps:
     consumer: str
     lease: Lease
     kube: KubeClient | None = None  # cluster mode's apiserver client, closed at exit
+    volumes: VolumeManager | None = None  # pod volumes; its orphan clean-up is a root task
 
 
 def host_ip(settings: Settings) -> str:
@@ -62,6 +77,27 @@ def host_ip(settings: Settings) -> str:
         return socket.gethostbyname(socket.gethostname())
     except OSError:
         return "127.0.0.1"
+
+
+def admission_node(settings: Settings) -> NodeInfo:
+    """The node as pod admission sees it: the allocatable and labels status-reporter
+    reports on the Node, computed by the same shared code."""
+    k = settings.kubelet
+    name = settings.klet.node_name
+    machine = read_machine(Path(settings.klet.root_dir))
+    return NodeInfo(
+        name=name,
+        labels=node_labels(name, machine, settings.klet.node_labels),
+        allocatable=allocatable_amounts(
+            machine,
+            max_pods=k.max_pods,
+            kube_reserved=k.kube_reserved,
+            system_reserved=k.system_reserved,
+            eviction_hard=storage_aware_eviction_hard(
+                k.eviction_hard, local_storage_capacity_isolation=k.local_storage_capacity_isolation
+            ),
+        ),
+    )
 
 
 def build_deps(settings: Settings, **overrides: Any) -> Deps:
@@ -92,6 +128,27 @@ def build_deps(settings: Settings, **overrides: Any) -> Deps:
         ),
     )
     runtime = PodRuntime(cri)
+    node_facts = NodeFacts(
+        host_ips=(host_ip(settings),),
+        cpu_count=os.cpu_count() or 1,
+        memory_bytes=podcgroups.memory_capacity_bytes(),
+    )
+    # Service-account tokens for projected volumes (TokenRequest), cluster mode only.
+    tokens = TokenManager(kube) if kube is not None else None
+    volumes = VolumeManager(
+        [
+            EmptyDirPlugin(),
+            HostPathPlugin(),
+            ConfigMapPlugin(),
+            SecretPlugin(),
+            DownwardAPIPlugin(),
+            ProjectedPlugin(forget_tokens=tokens.forget_pod if tokens is not None else None),
+        ],
+        root_dir=Path(settings.klet.root_dir),
+        node=node_facts,
+        objects=objects,
+        tokens=tokens,
+    )
     backoff = Backoff(initial_s=10.0, max_s=k.crash_loop_back_off.max_container_restart_period)
     syncer = PodSyncer(
         cri=cri,
@@ -104,20 +161,22 @@ def build_deps(settings: Settings, **overrides: Any) -> Deps:
             cgroups_per_qos=k.cgroups_per_qos,
             cpu_cfs_quota=k.cpu_cfs_quota,
             cpu_cfs_quota_period=k.cpu_cfs_quota_period,
-            node=NodeFacts(
-                host_ips=(host_ip(settings),),
-                cpu_count=os.cpu_count() or 1,
-                memory_bytes=podcgroups.memory_capacity_bytes(),
-            ),
+            node=node_facts,
             root_dir=Path(settings.klet.root_dir),
             hook_timeout_s=k.runtime_request_timeout,
             security=SecuritySettings(
                 seccomp_default=k.seccomp_default,
                 seccomp_profile_root=str(Path(settings.klet.root_dir) / "seccomp"),
             ),
+            dns=DNSSettings(
+                cluster_dns=tuple(k.cluster_dns),
+                cluster_domain=k.cluster_domain,
+                resolv_conf=k.resolv_conf,
+            ),
         ),
         backoff=backoff,
         objects=objects,
+        volumes=volumes,
     )
     publisher = StatusPublisher(node_bus)
 
@@ -132,6 +191,7 @@ def build_deps(settings: Settings, **overrides: Any) -> Deps:
         publisher=publisher,
         host_ip=host_ip(settings),
         prober=prober,
+        admission=AdmissionLedger(admission_node(settings)),
     )
     registry = CollectorRegistry()
     deps = Deps(
@@ -153,5 +213,6 @@ def build_deps(settings: Settings, **overrides: Any) -> Deps:
             "syncloop", f"{socket.gethostname()}:{settings.klet.run_dir}", ttl_ms=15_000
         ),
         kube=kube,
+        volumes=volumes,
     )
     return replace(deps, **overrides) if overrides else deps

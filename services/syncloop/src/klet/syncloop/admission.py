@@ -1,0 +1,447 @@
+"""Pod admission: whether this node takes a pod, as upstream's predicate admit handler.
+
+Upstream's kubelet runs every new pod through its admit handlers before the pod's first
+sync (`HandlePodAdditions` → `canAdmitPod`); the predicate handler
+(`pkg/kubelet/lifecycle/predicate.go`) reuses the scheduler's fit checks. Restated, in
+upstream's order, the first failure being the one reported:
+
+1. the pod's `kubernetes.io/os` *label*, when set, must name this node's OS
+   (`PodOSSelectorNodeLabelDoesNotMatch`), and `spec.os.name`, when set, must too
+   (`PodOSNotSupported`);
+2. resources (`noderesources.Fits`): one more pod must fit under maxPods
+   (`OutOfpods`), and each resource the pod requests must fit into allocatable minus
+   what the other admitted pods request (`OutOfcpu`, `OutOfmemory`,
+   `OutOfephemeral-storage`, `OutOf<name>` for huge pages and extended resources).
+   CPU is counted in millicores, everything else in bytes/units. Extended resources
+   this node does not offer at all are dropped first (they may be cluster-level);
+3. `NodeAffinity`: spec.nodeSelector and the required node affinity terms against the
+   node's labels (and `metadata.name` for matchFields);
+4. `NodeName`: spec.nodeName, when set, must be this node;
+5. `NodePorts`: no (hostIP, protocol, hostPort) of the pod may be in use by another
+   admitted pod, `0.0.0.0` (or no hostIP) conflicting with every address.
+
+A pod's requests follow upstream's `PodRequests`: the sum over regular containers and
+sidecars (restartable init containers), at least the peak of any init container
+(which runs alongside the sidecars started before it), pod-level requests replacing
+that for cpu/memory/huge pages when set, plus the pod overhead. A request missing on a
+container defaults to its limit, as the apiserver's defaulting does.
+
+The rejected pod's status message is "Pod was rejected: <message>"; the Event carries
+the bare message (upstream's `rejectPod`). Taint checks (NoExecute taints a non-static
+pod does not tolerate) are left out: syncloop does not see the Node's taints.
+
+`AdmissionLedger` holds which pods were admitted and rejected; it does no I/O, the
+controller feeds it the pods that count (admitted, not terminal) and the restart order.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from decimal import Decimal
+
+from klet.config.units import parse_quantity
+from klet.model.types import JSON
+
+NODE_OS = "linux"
+LABEL_OS = "kubernetes.io/os"
+WILDCARD_IP = "0.0.0.0"
+
+OUT_OF_PODS = "OutOfpods"
+INSUFFICIENT_PREFIX = "OutOf"
+REJECTED_PREFIX = "Pod was rejected: "
+
+_FIT_ORDER = ("cpu", "memory", "ephemeral-storage")
+_POD_LEVEL = ("cpu", "memory")
+_TERMINAL_PHASES = ("Succeeded", "Failed")
+
+
+@dataclass(frozen=True)
+class NodeInfo:
+    """What admission needs to know about this node."""
+
+    name: str
+    labels: Mapping[str, str]
+    allocatable: Mapping[str, int]
+    """Resource → amount: millicores for cpu, a count for pods, else bytes/units."""
+
+
+@dataclass(frozen=True)
+class Verdict:
+    admit: bool
+    reason: str = ""
+    message: str = ""
+
+    @property
+    def status_message(self) -> str:
+        """The rejected pod's status.message, as upstream's rejectPod words it."""
+        return REJECTED_PREFIX + self.message
+
+
+ADMIT = Verdict(True)
+
+
+def _predicate(name: str, description: str) -> Verdict:
+    return Verdict(False, name, f"Predicate {name} failed: {description}")
+
+
+NODE_AFFINITY = _predicate("NodeAffinity", "node(s) didn't match Pod's node affinity/selector")
+NODE_NAME = _predicate("NodeName", "node(s) didn't match the requested node name")
+NODE_PORTS = _predicate("NodePorts", "node(s) didn't have free ports for the requested pod ports")
+OS_LABEL_MISMATCH = Verdict(
+    False,
+    "PodOSSelectorNodeLabelDoesNotMatch",
+    "Failed to admit pod as the `kubernetes.io/os` label doesn't match node label",
+)
+OS_NOT_SUPPORTED = Verdict(
+    False, "PodOSNotSupported", "Failed to admit pod as the OS field doesn't match node OS"
+)
+
+
+def insufficient(resource: str, *, requested: int, used: int, capacity: int) -> Verdict:
+    """upstream's InsufficientResourceError as a rejection."""
+    return Verdict(
+        False,
+        INSUFFICIENT_PREFIX + resource,
+        f"Node didn't have enough resource: {resource}, requested: {requested}, "
+        f"used: {used}, capacity: {capacity}",
+    )
+
+
+# -- requests ------------------------------------------------------------------------
+
+
+def _amount(resource: str, quantity: Decimal) -> int:
+    """A quantity in the fit check's unit (Quantity.MilliValue / Value, rounded up)."""
+    return math.ceil(quantity * 1000) if resource == "cpu" else math.ceil(quantity)
+
+
+def _resource_map(values: object) -> dict[str, Decimal]:
+    if not isinstance(values, Mapping):
+        return {}
+    return {str(k): parse_quantity(str(v)) for k, v in values.items() if v is not None and v != ""}
+
+
+def container_requests(container: JSON) -> dict[str, Decimal]:
+    """The container's requests, each missing one defaulting to its limit."""
+    res = container.get("resources") or {}
+    if not isinstance(res, Mapping):
+        return {}
+    return {**_resource_map(res.get("limits")), **_resource_map(res.get("requests"))}
+
+
+def _add(total: dict[str, Decimal], more: Mapping[str, Decimal]) -> None:
+    for k, v in more.items():
+        total[k] = total.get(k, Decimal(0)) + v
+
+
+def _max(total: dict[str, Decimal], other: Mapping[str, Decimal]) -> None:
+    for k, v in other.items():
+        if k not in total or v > total[k]:
+            total[k] = v
+
+
+def _pod_level_resource(name: str) -> bool:
+    return name in _POD_LEVEL or name.startswith("hugepages-")
+
+
+def pod_requests(pod: JSON) -> dict[str, int]:
+    """upstream's PodRequests, as amounts (see the module docstring)."""
+    spec: JSON = pod.get("spec") or {}
+    total: dict[str, Decimal] = {}
+    for c in spec.get("containers") or []:
+        _add(total, container_requests(c))
+    sidecars: dict[str, Decimal] = {}
+    init_peak: dict[str, Decimal] = {}
+    for c in spec.get("initContainers") or []:
+        reqs = container_requests(c)
+        if c.get("restartPolicy") == "Always":
+            _add(total, reqs)
+            _add(sidecars, reqs)
+            running = dict(sidecars)
+        else:
+            running = dict(reqs)
+            _add(running, sidecars)
+        _max(init_peak, running)
+    _max(total, init_peak)
+    # Pod-level resources: an explicit pod-level request wins; a pod-level limit alone
+    # becomes the request (upstream's defaulting) only when no container requests it.
+    level = spec.get("resources") or {}
+    if isinstance(level, Mapping):
+        level_requests = _resource_map(level.get("requests"))
+        for name, q in _resource_map(level.get("limits")).items():
+            if _pod_level_resource(name) and name not in level_requests and name not in total:
+                total[name] = q
+        for name, q in level_requests.items():
+            if _pod_level_resource(name):
+                total[name] = q
+    _add(total, _resource_map(spec.get("overhead")))
+    return {k: _amount(k, v) for k, v in total.items()}
+
+
+def _is_extended(resource: str) -> bool:
+    """Not a native resource: a domain-qualified name outside kubernetes.io."""
+    return (
+        "/" in resource
+        and "kubernetes.io/" not in resource
+        and not resource.startswith("requests.")
+    )
+
+
+def _is_scalar(resource: str) -> bool:
+    return resource.startswith("hugepages-") or "/" in resource
+
+
+# -- the checks ----------------------------------------------------------------------
+
+
+def fits_resources(pod: JSON, *, others: Sequence[JSON], node: NodeInfo) -> Verdict:
+    """noderesources.Fits: the first resource the pod does not fit in, or ADMIT."""
+    pods_cap = node.allocatable.get("pods", 0)
+    if len(others) + 1 > pods_cap:
+        return insufficient("pods", requested=1, used=len(others), capacity=pods_cap)
+    want = {
+        k: v
+        for k, v in pod_requests(pod).items()
+        if not (_is_extended(k) and k not in node.allocatable)
+    }
+    used: dict[str, int] = {}
+    for other in others:
+        for k, v in pod_requests(other).items():
+            used[k] = used.get(k, 0) + v
+    scalars = sorted(k for k in want if _is_scalar(k))
+    for resource in (*_FIT_ORDER, *scalars):
+        requested = want.get(resource, 0)
+        if requested <= 0:
+            continue
+        capacity = node.allocatable.get(resource, 0)
+        if requested > capacity - used.get(resource, 0):
+            return insufficient(
+                resource, requested=requested, used=used.get(resource, 0), capacity=capacity
+            )
+    return ADMIT
+
+
+def _int64(text: str) -> int | None:
+    """strconv.ParseInt(text, 10, 64)."""
+    body = text[1:] if text[:1] in "+-" else text
+    if not body.isascii() or not body.isdigit():
+        return None
+    value = int(text)
+    return value if -(2**63) <= value < 2**63 else None
+
+
+def _expression_matches(expr: JSON, labels: Mapping[str, str]) -> bool | None:
+    """One matchExpressions requirement; None when it does not parse (upstream then
+    ignores the whole term)."""
+    key = str(expr.get("key", ""))
+    op = expr.get("operator")
+    values = [str(v) for v in expr.get("values") or []]
+    present = key in labels
+    if op in ("In", "NotIn"):
+        if not values:
+            return None
+        inside = present and labels[key] in values
+        return inside if op == "In" else not inside
+    if op in ("Exists", "DoesNotExist"):
+        if values:
+            return None
+        return present if op == "Exists" else not present
+    if op in ("Gt", "Lt"):
+        bound = _int64(values[0]) if len(values) == 1 else None
+        if bound is None:
+            return None
+        value = _int64(labels[key]) if present else None
+        if value is None:
+            return False
+        return value > bound if op == "Gt" else value < bound
+    return None
+
+
+def _field_matches(expr: JSON, node_name: str) -> bool | None:
+    op = expr.get("operator")
+    values = [str(v) for v in expr.get("values") or []]
+    if op not in ("In", "NotIn") or len(values) != 1:
+        return None
+    fields = {"metadata.name": node_name} if node_name else {}
+    key = str(expr.get("key", ""))
+    equal = key in fields and fields[key] == values[0]
+    return equal if op == "In" else not equal
+
+
+def _term_matches(term: JSON, node: NodeInfo) -> bool:
+    """A node selector term: its expressions and fields ANDed; an empty or unparsable
+    term matches nothing."""
+    exprs = list(term.get("matchExpressions") or [])
+    fields = list(term.get("matchFields") or [])
+    if not exprs and not fields:
+        return False
+    results = [_expression_matches(e, node.labels) for e in exprs]
+    results += [_field_matches(f, node.name) for f in fields]
+    return all(r is True for r in results)
+
+
+def matches_node_affinity(pod: JSON, node: NodeInfo) -> bool:
+    """GetRequiredNodeAffinity(pod).Match(node): nodeSelector, then the required terms."""
+    spec: JSON = pod.get("spec") or {}
+    for key, value in (spec.get("nodeSelector") or {}).items():
+        if node.labels.get(key) != str(value):
+            return False
+    required = ((spec.get("affinity") or {}).get("nodeAffinity") or {}).get(
+        "requiredDuringSchedulingIgnoredDuringExecution"
+    )
+    if required is None:
+        return True
+    return any(_term_matches(t or {}, node) for t in required.get("nodeSelectorTerms") or [])
+
+
+HostPort = tuple[str, str, int]  # (hostIP, protocol, hostPort)
+
+
+def host_ports(pod: JSON) -> list[HostPort]:
+    """The host ports a pod binds: regular containers and sidecars (which run for the
+    pod's whole life), with upstream's defaults (no hostIP = 0.0.0.0, TCP; a host-network
+    pod's hostPort defaults to its containerPort)."""
+    spec: JSON = pod.get("spec") or {}
+    host_network = bool(spec.get("hostNetwork"))
+    containers = [c for c in spec.get("initContainers") or [] if c.get("restartPolicy") == "Always"]
+    containers += list(spec.get("containers") or [])
+    out: list[HostPort] = []
+    for c in containers:
+        for p in c.get("ports") or []:
+            port = int(p.get("hostPort") or 0)
+            if port <= 0 and host_network:
+                port = int(p.get("containerPort") or 0)
+            if port <= 0:
+                continue
+            out.append((str(p.get("hostIP") or WILDCARD_IP), str(p.get("protocol") or "TCP"), port))
+    return out
+
+
+def port_conflict(want: HostPort, used: Iterable[HostPort]) -> bool:
+    """HostPortInfo.CheckConflict: 0.0.0.0 conflicts with the same protocol/port on any
+    address; another address only with itself and 0.0.0.0."""
+    ip, protocol, port = want
+    for u_ip, u_protocol, u_port in used:
+        if (u_protocol, u_port) != (protocol, port):
+            continue
+        if ip == WILDCARD_IP or u_ip in (WILDCARD_IP, ip):
+            return True
+    return False
+
+
+def fits_host_ports(pod: JSON, *, others: Sequence[JSON]) -> bool:
+    used = [hp for other in others for hp in host_ports(other)]
+    return not any(port_conflict(want, used) for want in host_ports(pod))
+
+
+def admit_pod(pod: JSON, *, others: Sequence[JSON], node: NodeInfo) -> Verdict:
+    """Whether the node takes `pod` next to `others` (the admitted pods that still run)."""
+    meta: JSON = pod.get("metadata") or {}
+    spec: JSON = pod.get("spec") or {}
+    os_label = (meta.get("labels") or {}).get(LABEL_OS)
+    if os_label is not None and os_label != NODE_OS:
+        return OS_LABEL_MISMATCH
+    pod_os = (spec.get("os") or {}).get("name")
+    if pod_os and pod_os != NODE_OS:
+        return OS_NOT_SUPPORTED
+    verdict = fits_resources(pod, others=others, node=node)
+    if not verdict.admit:
+        return verdict
+    if not matches_node_affinity(pod, node):
+        return NODE_AFFINITY
+    node_name = spec.get("nodeName")
+    if node_name and node_name != node.name:
+        return NODE_NAME
+    if not fits_host_ports(pod, others=others):
+        return NODE_PORTS
+    return ADMIT
+
+
+# -- order and bookkeeping -----------------------------------------------------------
+
+
+def _created(pod: JSON, seen_at: float) -> float:
+    stamp = (pod.get("metadata") or {}).get("creationTimestamp")
+    if stamp:
+        try:
+            return datetime.fromisoformat(str(stamp).replace("Z", "+00:00")).timestamp()
+        except ValueError:
+            pass
+    return seen_at
+
+
+def admission_order(pods: Iterable[tuple[str, JSON, float]]) -> list[str]:
+    """UIDs of (uid, pod, first-seen time) oldest first, as upstream's
+    PodsByCreationTime; a pod without creationTimestamp (static) by when it was seen."""
+    return [uid for _, uid in sorted((_created(p, seen), uid) for uid, p, seen in pods)]
+
+
+def is_terminal_phase(status: JSON | None) -> bool:
+    return status is not None and status.get("phase") in _TERMINAL_PHASES
+
+
+@dataclass
+class AdmissionLedger:
+    """The admission decisions of one syncloop process.
+
+    After a restart, `readmit` runs once before any new pod is decided: the pods the
+    runtime still runs are re-admitted first, oldest first, each counting only those
+    before it, so a running pod is never rejected because of pods admitted after it.
+    Pods the runtime has but that no longer run (finished, or their sandbox is gone)
+    were admitted by the previous process: they stay admitted without a new check
+    (re-checking could only turn a finished pod's final status into a rejection), and
+    are `idle`, not counted, until a status shows them running again.
+    """
+
+    node: NodeInfo
+    admitted: set[str] = field(default_factory=set)
+    rejected: dict[str, Verdict] = field(default_factory=dict)
+    idle: set[str] = field(default_factory=set)
+    restarted: bool = False
+
+    def verdict(self, uid: str) -> Verdict | None:
+        if uid in self.admitted:
+            return ADMIT
+        return self.rejected.get(uid)
+
+    def decide(self, uid: str, pod: JSON, *, others: Sequence[JSON]) -> Verdict:
+        verdict = admit_pod(pod, others=others, node=self.node)
+        if verdict.admit:
+            self.admitted.add(uid)
+        else:
+            self.rejected[uid] = verdict
+        return verdict
+
+    def readmit(
+        self, running: Mapping[str, tuple[JSON, float]], *, idle: Iterable[str] = ()
+    ) -> dict[str, Verdict]:
+        """Re-admit the pods running before a restart (pod, first-seen time), oldest first."""
+        verdicts: dict[str, Verdict] = {}
+        done: list[str] = []
+        for uid in admission_order((uid, p, seen) for uid, (p, seen) in running.items()):
+            others = [running[u][0] for u in done if u in self.admitted]
+            verdicts[uid] = self.decide(uid, running[uid][0], others=others)
+            done.append(uid)
+        for uid in idle:
+            if uid not in running:
+                self.admitted.add(uid)
+                self.idle.add(uid)
+        self.restarted = True
+        return verdicts
+
+    def counts(self, uid: str, *, status: JSON | None, terminal: bool) -> bool:
+        """Whether an admitted pod holds its resources: not made terminal by syncloop,
+        not in a terminal phase, and not idle since the restart with no status yet."""
+        if uid not in self.admitted or terminal:
+            return False
+        if status is None:
+            return uid not in self.idle
+        return not is_terminal_phase(status)
+
+    def forget(self, uid: str) -> None:
+        self.admitted.discard(uid)
+        self.rejected.pop(uid, None)
+        self.idle.discard(uid)

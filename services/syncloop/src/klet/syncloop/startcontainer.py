@@ -1,0 +1,179 @@
+"""Starting one container: what SyncPod does for each container it starts.
+
+Pull the image (with credentials), learn the image's user, resolve the environment's
+ConfigMap/Secret references, build the mounts (volumes, the termination-message file,
+the managed /etc/hosts), the CRI config, then CreateContainer, StartContainer and the
+postStart hook. Any step that fails leaves the container waiting with upstream's
+reason (ErrImagePull, CreateContainerConfigError, CreateContainerError,
+RunContainerError, PostStartHookError) and the event upstream records.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from klet.cri import CRIError
+from klet.cri.types import Mount, SandboxConfig
+from klet.model.types import JSON, SandboxID
+from klet.syncloop import (
+    criconfig,
+    envvars,
+    etchosts,
+    kubeobjects,
+    podcgroups,
+    podspec,
+    security,
+    termination,
+)
+from klet.syncloop.backoff import Backoff
+from klet.syncloop.events import EventSink
+from klet.syncloop.hooks import LifecycleHooks
+from klet.syncloop.images import ImagePuller
+from klet.syncloop.kubeobjects import KubeObjects
+from klet.syncloop.ports import RuntimeService
+from klet.syncloop.runtimepod import RuntimePod, restart_count_of
+from klet.syncloop.volumes import mounts as volmounts
+
+if TYPE_CHECKING:
+    from klet.syncloop.syncpod import SyncSettings
+
+
+class ContainerStarter:
+    def __init__(
+        self,
+        *,
+        cri: RuntimeService,
+        puller: ImagePuller,
+        events: EventSink,
+        hooks: LifecycleHooks,
+        settings: SyncSettings,
+        backoff: Backoff,
+        clock: Callable[[], float] = time.time,
+        objects: KubeObjects | None = None,
+    ) -> None:
+        self.cri = cri
+        self.puller = puller
+        self.events = events
+        self.hooks = hooks
+        self.settings = settings
+        self.backoff = backoff
+        self.clock = clock
+        self.objects = objects  # the apiserver's ConfigMaps and Secrets; None standalone
+
+    def _hosts_mount(self, pod: JSON, container: JSON, pod_ip: str) -> tuple[Mount, ...]:
+        """The managed /etc/hosts mount (none without a root dir); raises HostsFileError."""
+        if self.settings.root_dir is None:
+            return ()
+        return etchosts.hosts_mount(
+            self.settings.root_dir,
+            pod,
+            container,
+            pod_ip=pod_ip,
+            node_ips=self.settings.node.host_ips,
+            cluster_domain=self.settings.dns.cluster_domain if self.settings.dns else "",
+        )
+
+    def _node_context(self) -> criconfig.NodeContext:
+        return criconfig.NodeContext(
+            facts=self.settings.node,
+            limits=podcgroups.node_limits(self.settings),
+            security=self.settings.security,
+        )
+
+    async def start(
+        self,
+        pod: JSON,
+        container: JSON,
+        current: RuntimePod,
+        sandbox_id: SandboxID,
+        sandbox_cfg: SandboxConfig,
+        pod_ip: str,
+        *,
+        volumes: dict[str, Path],
+    ) -> tuple[tuple[str, str], float | None] | None:
+        """Pull, build the config, create, start, run postStart.
+
+        None when the container runs; else ((reason, message), when to retry or None)
+        for the waiting state the status shows.
+        """
+        name = container["name"]
+        pulled = await self.puller.ensure(pod, container, sandbox_cfg)
+        if pulled.image_ref is None:
+            assert pulled.waiting is not None
+            return pulled.waiting, pulled.wake_at
+        last = current.latest(name)
+        restart_count = restart_count_of(last) + 1 if last is not None else 0
+        # The image's user: passed on as the user to run as, and checked by runAsNonRoot.
+        image_user = security.image_user(await self.cri.image_status(pulled.image_ref))
+        # ConfigMaps and Secrets the environment refers to (None: no apiserver).
+        env_sources = await kubeobjects.env_sources(self.objects, pod, container)
+        try:
+            # volumeMounts first (subPathExpr expands with the container's environment)
+            volume_mounts = volmounts.container_mounts(
+                pod,
+                container,
+                volumes=volumes,
+                env=envvars.container_env(
+                    pod,
+                    container,
+                    pod_ips=(pod_ip,) if pod_ip else (),
+                    node=self.settings.node,
+                    sources=env_sources,
+                ),
+            )
+            instance = criconfig.Instance(
+                restart_count=restart_count,
+                image=pulled.image_ref,
+                pod_ips=(pod_ip,) if pod_ip else (),
+                image_user=image_user,
+                mounts=volume_mounts
+                + termination.mounts_for(self.settings.root_dir, pod, container)
+                + self._hosts_mount(pod, container, pod_ip),
+                env_sources=env_sources,
+            )
+            cfg = criconfig.container_config(
+                pod, container, instance=instance, node=self._node_context()
+            )
+        except (envvars.EnvError, etchosts.HostsFileError, volmounts.MountConfigError) as err:
+            # upstream's pod worker retries a failed sync after about 10 s
+            self.events.emit(
+                pod, "Warning", "Failed", f"Error: {err}", field_path=podspec.field_path(pod, name)
+            )
+            return ("CreateContainerConfigError", str(err)), self.clock() + 10
+        except security.SecurityConfigError as err:
+            self.events.emit(
+                pod, "Warning", "Failed", f"Error: {err}", field_path=podspec.field_path(pod, name)
+            )
+            return ("CreateContainerConfigError", str(err)), None
+        os.makedirs(os.path.join(sandbox_cfg.log_directory, name), mode=0o755, exist_ok=True)
+        field_path = podspec.field_path(pod, name)
+        try:
+            cid = await self.cri.create_container(sandbox_id, cfg, sandbox_cfg)
+        except CRIError as err:
+            message = f"Error: {err}"
+            self.events.emit(pod, "Warning", "Failed", message, field_path=field_path)
+            return ("CreateContainerError", message), self.clock() + 10
+        self.events.emit(
+            pod, "Normal", "Created", f"Created container: {name}", field_path=field_path
+        )
+        try:
+            await self.cri.start_container(cid)
+        except CRIError as err:
+            message = f"Error: failed to start container {name!r}: {err}"
+            self.events.emit(pod, "Warning", "Failed", message, field_path=field_path)
+            return ("RunContainerError", message), self.clock() + 10
+        self.events.emit(
+            pod, "Normal", "Started", f"Started container {name}", field_path=field_path
+        )
+        hook_failed = await self.hooks.post_start(
+            pod, container, cid, pod_ip=pod_ip, grace_s=podspec.grace_period_s(pod)
+        )
+        if hook_failed is not None:
+            if last is not None:  # a restart that ran: it counts for the back-off
+                self.backoff.next(podspec.backoff_key(pod, container), self.clock())
+            return hook_failed, None
+        return None

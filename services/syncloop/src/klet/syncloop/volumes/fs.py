@@ -1,0 +1,181 @@
+"""The host's mount table and removals that never reach into a mounted filesystem.
+
+A pod's volume directory may hold a tmpfs (emptyDir `medium: Memory`, secrets) or any
+other mount; deleting it with `rmtree` while something is still mounted there would
+delete the mounted filesystem's contents (upstream's kubelet refuses to do that as
+well). So removal unmounts every mount under the directory first, deepest first, and
+then deletes only what lies on the directory's own filesystem; anything that stays
+mounted is left alone and reported.
+
+Mounting and unmounting use the host's `mount`/`umount` commands, as upstream's mount
+utilities do; they run as child processes so the event loop never blocks on them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import stat
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+MOUNTINFO = Path("/proc/self/mountinfo")
+
+
+class MountError(Exception):
+    """A mount or umount command failed; the text is the command's own message."""
+
+
+def _unescape(field: str) -> str:
+    """mountinfo escapes space, tab, newline and backslash as octal (`\\040`)."""
+    out, i = [], 0
+    while i < len(field):
+        if field[i] == "\\" and field[i + 1 : i + 4].isdigit() and i + 3 < len(field):
+            out.append(chr(int(field[i + 1 : i + 4], 8)))
+            i += 4
+        else:
+            out.append(field[i])
+            i += 1
+    return "".join(out)
+
+
+def parse_mountinfo(text: str) -> list[tuple[str, str]]:
+    """(mount point, filesystem type) of every line of a mountinfo table."""
+    out: list[tuple[str, str]] = []
+    for line in text.splitlines():
+        parts = line.split()
+        if len(parts) < 7 or "-" not in parts[6:]:
+            continue
+        sep = parts.index("-", 6)
+        fstype = parts[sep + 1] if sep + 1 < len(parts) else ""
+        out.append((_unescape(parts[4]), fstype))
+    return out
+
+
+def mounts() -> list[tuple[str, str]]:
+    """(mount point, filesystem type) of this process's mount table."""
+    try:
+        return parse_mountinfo(MOUNTINFO.read_text())
+    except OSError:
+        return []
+
+
+def mounts_under(path: Path, table: list[tuple[str, str]] | None = None) -> list[str]:
+    """Mount points at or below `path`, deepest first (the order to unmount them in)."""
+    top = os.path.realpath(path)
+    prefix = top.rstrip("/") + "/"
+    found = {
+        point
+        for point, _ in (mounts() if table is None else table)
+        if point == top or point.startswith(prefix)
+    }
+    return sorted(found, key=lambda p: (p.count("/"), p), reverse=True)
+
+
+def fs_type(path: Path) -> str | None:
+    """The filesystem type mounted exactly at `path`, or None when it is no mount point."""
+    top = os.path.realpath(path)
+    found = [fstype for point, fstype in mounts() if point == top]
+    return found[-1] if found else None
+
+
+async def _run(*argv: str) -> None:
+    proc = await asyncio.create_subprocess_exec(
+        *argv, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT
+    )
+    out, _ = await proc.communicate()
+    if proc.returncode != 0:
+        text = out.decode(errors="replace").strip()
+        raise MountError(f"{' '.join(argv)} failed: exit status {proc.returncode}: {text}")
+
+
+async def mount_tmpfs(path: Path, *, options: tuple[str, ...] = ()) -> None:
+    """Mount a new tmpfs at `path` (`mount -t tmpfs -o <options> tmpfs <path>`)."""
+    argv = ["mount", "-t", "tmpfs"]
+    if options:
+        argv += ["-o", ",".join(options)]
+    await _run(*argv, "tmpfs", str(path))
+
+
+async def unmount(path: Path) -> None:
+    await _run("umount", str(path))
+
+
+async def remove_tree(path: Path) -> list[str]:
+    """Unmount everything under `path`, then delete it; the problems, empty when gone.
+
+    Nothing is deleted below a mount point that could not be unmounted, nor on any
+    other filesystem than the one `path` itself lives on.
+    """
+    if not await asyncio.to_thread(os.path.lexists, path):
+        return []
+    problems: list[str] = []
+    for point in mounts_under(path):
+        try:
+            await unmount(Path(point))
+        except MountError as err:
+            problems.append(str(err))
+    still = set(mounts_under(path))
+    problems += await asyncio.to_thread(_delete, path, still)
+    return problems
+
+
+def _delete(path: Path, mounted: set[str]) -> list[str]:
+    """Delete `path` bottom-up without crossing into another filesystem or a mount."""
+    try:
+        top = os.lstat(path)
+    except FileNotFoundError:
+        return []
+    if not stat.S_ISDIR(top.st_mode):
+        os.unlink(path)
+        return []
+    problems: list[str] = []
+    kept = _delete_dir(str(path), top.st_dev, mounted, problems)
+    if not kept:
+        try:
+            os.rmdir(path)
+        except OSError as err:
+            problems.append(f"cannot remove {path}: {err.strerror}")
+    return problems
+
+
+def _delete_dir(path: str, dev: int, mounted: set[str], problems: list[str]) -> bool:
+    """Empty the directory `path`; True when something had to stay in it."""
+    kept = False
+    if os.path.realpath(path) in mounted:
+        problems.append(f"{path} is still a mount point: not removed")
+        return True
+    try:
+        entries = list(os.scandir(path))
+    except OSError as err:
+        problems.append(f"cannot list {path}: {err.strerror}")
+        return True
+    for entry in entries:
+        try:
+            st = entry.stat(follow_symlinks=False)
+        except FileNotFoundError:
+            continue
+        if stat.S_ISDIR(st.st_mode):
+            if st.st_dev != dev or os.path.realpath(entry.path) in mounted:
+                problems.append(f"{entry.path} is on another filesystem: not removed")
+                kept = True
+                continue
+            if _delete_dir(entry.path, dev, mounted, problems):
+                kept = True
+                continue
+            try:
+                os.rmdir(entry.path)
+            except OSError as err:
+                problems.append(f"cannot remove {entry.path}: {err.strerror}")
+                kept = True
+        else:
+            try:
+                os.unlink(entry.path)
+            except FileNotFoundError:
+                pass
+            except OSError as err:
+                problems.append(f"cannot remove {entry.path}: {err.strerror}")
+                kept = True
+    return kept

@@ -1,0 +1,219 @@
+"""Sets up a pod's volumes before its containers start and removes them with the pod.
+
+For every volume of the pod spec the first plugin that `handles` it makes it ready
+under `<root-dir>/pods/<uid>/volumes/<plugin dir>/<name>`; the result maps each volume
+name to the host path its volumeMounts bind into containers. A volume that fails (or
+that no plugin serves: PVC, CSI, ephemeral, ...) is reported by name with its cause and
+the others still get set up, so the caller can report every problem at once and retry.
+
+Removal walks what is on disk rather than the spec: the spec of a removed pod may be
+gone (deleted while syncloop was down), and a directory left by a crash is removed the
+same way. A plugin removes its own volumes (it knows what it mounted); a directory no
+plugin claims is removed by `fs.remove_tree`, which unmounts first and never deletes
+inside a mounted filesystem.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+from collections.abc import Callable, Collection, Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from klet.cri import CRIError
+from klet.cri import labels as L
+from klet.model.types import JSON
+from klet.syncloop.envvars import NodeFacts
+from klet.syncloop.ports import RuntimeReader
+from klet.syncloop.volumes import fs
+from klet.syncloop.volumes.base import (
+    ObjectReader,
+    TokenIssuer,
+    VolumeContext,
+    VolumeError,
+    VolumePlugin,
+    volume_type,
+)
+
+log = logging.getLogger(__name__)
+
+ORPHAN_CLEANUP_PERIOD_S = 30.0
+"""How often pod directories no pod owns any more are looked for, seconds."""
+
+
+@dataclass(frozen=True)
+class PodVolumes:
+    """The outcome of setting up a pod's volumes."""
+
+    paths: dict[str, Path] = field(default_factory=dict)
+    """Volume name → host path, for the volumes that are ready."""
+    failures: dict[str, str] = field(default_factory=dict)
+    """Volume name → why it could not be set up (the FailedMount cause)."""
+
+
+def unsupported_message(volume: JSON) -> str:
+    kind = volume_type(volume)
+    if not kind:
+        return "unsupported volume type: the volume names no source"
+    return f'unsupported volume type "{kind}": klet does not implement this volume type'
+
+
+class VolumeManager:
+    """Per-pod set-up and tear-down of volumes through a list of plugins."""
+
+    def __init__(
+        self,
+        plugins: Iterable[VolumePlugin],
+        *,
+        root_dir: Path,
+        node: NodeFacts,
+        objects: ObjectReader | None = None,
+        tokens: TokenIssuer | None = None,
+    ) -> None:
+        self.plugins: list[VolumePlugin] = list(plugins)
+        self.root_dir = root_dir
+        self.node = node
+        self.objects = objects
+        self.tokens = tokens
+        # One pod's set-up and tear-down never overlap (the pod worker and the orphan
+        # clean-up may both reach a pod that is going away).
+        self._locks: dict[str, asyncio.Lock] = {}
+
+    def _lock(self, uid: str) -> asyncio.Lock:
+        return self._locks.setdefault(uid, asyncio.Lock())
+
+    def pods_dir(self) -> Path:
+        return self.root_dir / "pods"
+
+    def pod_dir(self, uid: str) -> Path:
+        return self.pods_dir() / uid
+
+    def plugin_for(self, volume: JSON) -> VolumePlugin | None:
+        return next((p for p in self.plugins if p.handles(volume)), None)
+
+    async def set_up(self, pod: JSON, *, pod_ip: str) -> PodVolumes:
+        """Make every volume of the pod ready (again: this also refreshes content)."""
+        uid = str((pod.get("metadata") or {}).get("uid") or "")
+        if not uid:
+            raise ValueError("a pod without a UID has no pod directory")
+        ctx = VolumeContext(
+            pod=pod,
+            pod_dir=self.pod_dir(uid),
+            objects=self.objects,
+            tokens=self.tokens,
+            node=self.node,
+            pod_ip=pod_ip,
+        )
+        async with self._lock(uid):
+            return await self._set_up(pod, ctx)
+
+    async def _set_up(self, pod: JSON, ctx: VolumeContext) -> PodVolumes:
+        result = PodVolumes()
+        for volume in (pod.get("spec") or {}).get("volumes") or []:
+            name = str(volume.get("name") or "")
+            plugin = self.plugin_for(volume)
+            if plugin is None:
+                result.failures[name] = unsupported_message(volume)
+                continue
+            try:
+                result.paths[name] = await plugin.set_up(volume, ctx)
+            except VolumeError as err:
+                result.failures[name] = str(err)
+            except OSError as err:
+                result.failures[name] = _os_message(err)
+        return result
+
+    async def tear_down(self, uid: str) -> list[str]:
+        """Remove all the pod's volumes and then its directory's `volumes` part.
+
+        Returns the problems (empty when everything is gone); what could not be
+        removed stays for a later attempt (`clean_orphans`)."""
+        if not uid or "/" in uid or uid in (".", ".."):
+            return [f"invalid pod UID {uid!r}"]
+        async with self._lock(uid):
+            problems = await self._tear_down(uid)
+        if not problems:
+            self._locks.pop(uid, None)
+        return problems
+
+    async def _tear_down(self, uid: str) -> list[str]:
+        volumes_dir = self.pod_dir(uid) / "volumes"
+        problems: list[str] = []
+        by_dir = {p.dir_name: p for p in self.plugins}
+        for plugin_dir in _subdirs(volumes_dir):
+            plugin = by_dir.get(plugin_dir.name)
+            for path in _subdirs(plugin_dir, include_files=True):
+                try:
+                    if plugin is not None:
+                        await plugin.tear_down(path)
+                    else:
+                        problems += await fs.remove_tree(path)
+                except (OSError, fs.MountError) as err:
+                    problems.append(f"{path}: {err}")
+        if not problems:  # what is left (plugin directories) holds no mount any more
+            problems += await fs.remove_tree(volumes_dir)
+        if problems:
+            log.warning("pod volumes not removed", extra={"uid": uid, "problems": problems})
+        return problems
+
+    async def clean_orphans(self, *, keep: Collection[str]) -> list[str]:
+        """Remove the directory of every pod under `<root-dir>/pods` not in `keep`.
+
+        For the pods left by a crash: call only once every pod source has delivered
+        its first full snapshot, with `keep` holding the desired pods and the pods the
+        runtime still has a sandbox for. Returns the UIDs whose directory is gone."""
+        removed: list[str] = []
+        for pod_dir in _subdirs(self.pods_dir()):
+            uid = pod_dir.name
+            if uid in keep:
+                continue
+            problems = await self.tear_down(uid)
+            if not problems:
+                problems = await fs.remove_tree(pod_dir)
+            if problems:
+                log.warning("orphaned pod directory kept", extra={"uid": uid, "problems": problems})
+                continue
+            log.info("removed orphaned pod directory", extra={"uid": uid})
+            removed.append(uid)
+        return removed
+
+    async def run_orphan_cleanup(
+        self,
+        *,
+        cri: RuntimeReader,
+        ready: Callable[[], bool],
+        desired: Callable[[], Collection[str]],
+        period_s: float = ORPHAN_CLEANUP_PERIOD_S,
+    ) -> None:
+        """Root task: remove pod directories left behind (a crash, a failed tear-down).
+
+        Waits until every pod source has delivered its first full snapshot (`ready`);
+        then, every `period_s`, keeps the desired pods and every pod the runtime still
+        has a sandbox for, and removes the rest."""
+        while True:
+            if ready():
+                try:
+                    sandboxes = await cri.list_pod_sandboxes()
+                except CRIError as err:
+                    log.warning("orphaned pod directories not checked", extra={"error": str(err)})
+                else:
+                    keep = {s.labels.get(L.POD_UID, "") for s in sandboxes} | set(desired())
+                    await self.clean_orphans(keep=keep)
+                await asyncio.sleep(period_s)
+            else:
+                await asyncio.sleep(1.0)
+
+
+def _subdirs(path: Path, *, include_files: bool = False) -> list[Path]:
+    try:
+        entries = list(os.scandir(path))
+    except (FileNotFoundError, NotADirectoryError):
+        return []
+    return sorted(Path(e.path) for e in entries if include_files or e.is_dir(follow_symlinks=False))
+
+
+def _os_message(err: OSError) -> str:
+    where = f" {err.filename}" if err.filename else ""
+    return f"{err.strerror or err}{':' if where else ''}{where}"
