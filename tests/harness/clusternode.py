@@ -59,6 +59,7 @@ def cluster_node(
     finally:
         node.stop()
         asyncio.run(remove_node_pods(devstack.runtime_endpoint, name))
+        node.release_mounts()
         control_plane.kubectl(
             "delete",
             "pods",

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import json
+import subprocess
 import sys
 import time
 import urllib.request
@@ -21,6 +22,7 @@ from typing import Any, TypeVar, cast
 from klet.bus import Bus, NodeBus
 from klet.devstack import DevStack, ManagedProcess, free_port
 from klet.model.records import EventRecord
+from klet.syncloop.volumes.fs import mounts_under
 
 T = TypeVar("T")
 
@@ -115,6 +117,13 @@ class KletNode:
     def stop(self, *services: str) -> None:
         for s in services or reversed(SERVICES):
             self.procs[s].stop()
+
+    def release_mounts(self) -> None:
+        """Unmount what the node's pods left mounted under its directory (tmpfs of
+        Memory emptyDirs, secret and projected volumes) once its services are stopped,
+        so the test's temporary directory can be removed. Deepest first."""
+        for point in mounts_under(self.dir):
+            subprocess.run(["umount", point], capture_output=True, check=False)
 
     def kill(self, service: str) -> None:
         self.procs[service].kill()

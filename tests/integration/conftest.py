@@ -55,3 +55,4 @@ def node_factory(devstack: DevStack, tmp_path: Path) -> Iterator[object]:
     for node in nodes:
         node.stop()
         asyncio.run(remove_node_pods(devstack.runtime_endpoint, node.node_name))
+        node.release_mounts()
