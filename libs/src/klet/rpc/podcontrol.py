@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -18,6 +17,7 @@ import grpc
 from klet.model.types import JSON, PodUID
 from klet.rpc.gen.klet.podcontrol.v1 import podcontrol_pb2 as pb
 from klet.rpc.gen.klet.podcontrol.v1 import podcontrol_pb2_grpc as pb_grpc
+from klet.rpc.unixserver import serve_unix
 
 
 class RpcUnavailable(Exception):
@@ -86,24 +86,11 @@ async def serve_pod_control(
     backend: PodControlBackend, socket_path: Path, *, ready: asyncio.Event | None = None
 ) -> None:
     """Serve until cancelled; the socket file is replaced if a stale one exists."""
-    # Start-up only, on a local directory: not worth a thread.
-    socket_path.parent.mkdir(parents=True, exist_ok=True)  # noqa: ASYNC240
-    socket_path.unlink(missing_ok=True)  # noqa: ASYNC240
-    server = grpc.aio.server()
-    pb_grpc.add_PodControlServicer_to_server(_Servicer(backend), server)
-    server.add_insecure_port(f"unix://{socket_path}")
-    old_umask = os.umask(0o177)
-    try:
-        await server.start()
-    finally:
-        os.umask(old_umask)
-    os.chmod(socket_path, 0o600)
-    if ready is not None:
-        ready.set()
-    try:
-        await server.wait_for_termination()
-    finally:
-        await server.stop(grace=1.0)
+
+    def add(server: grpc.aio.Server) -> None:
+        pb_grpc.add_PodControlServicer_to_server(_Servicer(backend), server)
+
+    await serve_unix(add, socket_path, ready=ready)
 
 
 class PodControlClient:

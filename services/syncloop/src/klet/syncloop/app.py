@@ -14,12 +14,12 @@ from collections.abc import Callable, Coroutine
 from typing import Any
 
 from klet.bus import BusError
+from klet.bus.leader import hold, release_quietly
 from klet.cri.types import SandboxState
 from klet.model.records import NodeConditionRecord
 from klet.obs import create_health_app, run_supervised, serve_http
 from klet.rpc.podcontrol import serve_pod_control
 from klet.syncloop.intake import BusIntake
-from klet.syncloop.leader import hold
 from klet.syncloop.relisting import RELIST_THRESHOLD_S, Relister
 from klet.syncloop.wiring import Deps
 
@@ -121,11 +121,7 @@ async def main(deps: Deps) -> int:
         )
     finally:
         await controller.workers.stop()
-        if deps.lease.held:
-            try:
-                await deps.lease.release()
-            except Exception as err:  # noqa: BLE001 - shutting down; the TTL frees it anyway
-                log.warning("could not release the lease", extra={"error": str(err)})
+        await release_quietly(deps.lease)
         await deps.cri.close()
         if deps.kube is not None:
             await deps.kube.close()

@@ -1,10 +1,10 @@
-"""Leader election for syncloop: only the holder of the "syncloop" lease acts on pods.
+"""Leader election on a bus lease: only the holder of a service's lease acts.
 
 A standby replica serves its health endpoints and waits; the leader renews every third
 of the TTL. Losing the lease to another replica ends the process (its supervisor
-restarts it as a standby) so two replicas never drive the same pods. A Redis outage is
-not a loss: nobody else can take the lease meanwhile, and the pods must keep being
-looked after.
+restarts it as a standby) so two replicas never act at once. A Redis outage is not a
+loss: nobody else can take the lease meanwhile, and the node must keep being looked
+after.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 
-from klet.bus import BusUnavailable, Lease
+from klet.bus.redisbus import BusUnavailable, Lease
 
 log = logging.getLogger(__name__)
 
@@ -22,6 +22,7 @@ class LeaseLost(Exception):
 
 
 async def hold(lease: Lease, elected: asyncio.Event) -> None:
+    """Acquire and renew `lease` forever; set `elected` once held, raise LeaseLost if lost."""
     interval = lease.ttl_ms / 3000
     while True:
         try:
@@ -36,3 +37,14 @@ async def hold(lease: Lease, elected: asyncio.Event) -> None:
         elif not held:
             log.debug("standing by for the lease", extra={"holder": lease.holder})
         await asyncio.sleep(interval)
+
+
+async def release_quietly(lease: Lease) -> None:
+    """At shutdown: give the lease back so a standby takes over at once (a failure only
+    costs the standby the rest of the TTL)."""
+    if not lease.held:
+        return
+    try:
+        await lease.release()
+    except Exception as err:  # noqa: BLE001 - shutting down; the TTL frees it anyway
+        log.warning("could not release the lease", extra={"error": str(err)})
