@@ -8,6 +8,7 @@ from klet.bus.redisbus import Bus, Stream, Table
 from klet.model.records import (
     DesiredPod,
     EventRecord,
+    ImageUseRecord,
     NodeConditionRecord,
     PodChange,
     PodStatusChange,
@@ -29,6 +30,8 @@ class NodeBus:
     events: Stream[EventRecord]
     node: Table[NodeConditionRecord]
     """Node condition contributions by service, keyed `<service>:<conditionType>`."""
+    images: Table[ImageUseRecord]
+    """Image GC's first-detected and last-used times, keyed by image ID."""
 
     @classmethod
     def of(cls, bus: Bus) -> NodeBus:
@@ -41,4 +44,5 @@ class NodeBus:
             podstatus=bus.stream("podstatus", PodStatusChange),
             events=bus.stream("events", EventRecord),
             node=bus.table("node", NodeConditionRecord),
+            images=bus.table("images", ImageUseRecord),
         )

@@ -534,6 +534,28 @@ _SETTING_FLAGS: tuple[FlagSpec, ...] = (
         env="KLET_LOG_FORMAT",
         metavar="FORMAT",
     ),
+    # Container GC policy: upstream's deprecated KubeletFlags (no config file fields).
+    FlagSpec(
+        "--minimum-container-ttl-duration",
+        "minimum age of a dead container before it is garbage-collected (default 0s)",
+        _DUR,
+        setting="minimum_container_ttl_duration",
+        metavar="DURATION",
+    ),
+    FlagSpec(
+        "--maximum-dead-containers-per-container",
+        "dead instances kept per container of a pod; negative = no limit (default 1)",
+        _I32,
+        setting="maximum_dead_containers_per_container",
+        metavar="N",
+    ),
+    FlagSpec(
+        "--maximum-dead-containers",
+        "dead containers kept on the node in all; negative = no limit (default -1)",
+        _I32,
+        setting="maximum_dead_containers",
+        metavar="N",
+    ),
 )
 
 FLAGS: tuple[FlagSpec, ...] = _SETTING_FLAGS + _CONFIG_FLAGS

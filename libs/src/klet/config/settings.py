@@ -66,6 +66,11 @@ class KletSettings:
     service_bind_address: str = "127.0.0.1"  # --service-bind-address / KLET_SERVICE_BIND_ADDRESS
     log_format: str = "json"  # --log-format / KLET_LOG_FORMAT: "json" or "text"
     verbosity: int = 0  # -v/--v, else logging.verbosity of the file; klog levels, 4+ = debug
+    # Container GC policy (upstream's deprecated KubeletFlags MinimumGCAge,
+    # MaxPerPodContainerCount, MaxContainerCount); negative counts mean no limit.
+    minimum_container_ttl_duration: float = 0.0  # --minimum-container-ttl-duration, seconds
+    maximum_dead_containers_per_container: int = 1  # --maximum-dead-containers-per-container
+    maximum_dead_containers: int = -1  # --maximum-dead-containers
 
     @property
     def standalone(self) -> bool:
@@ -150,6 +155,12 @@ def _check_klet(values: Mapping[str, Any], source: Mapping[str, str]) -> list[Pr
                 "redis_url",
                 f"must be a redis://, rediss:// or unix:// URL, got {values['redis_url']!r}",
             )
+    if values.get("minimum_container_ttl_duration", 0.0) < 0:
+        # upstream's NewContainerGC refuses a negative age the same way
+        bad(
+            "minimum_container_ttl_duration",
+            f"invalid minimum garbage collection age: {values['minimum_container_ttl_duration']}s",
+        )
     if values.get("log_format", "json") not in ("json", "text"):
         bad("log_format", f"must be json or text, got {values['log_format']!r}")
     if "service_bind_address" in values:
@@ -269,5 +280,15 @@ def load_settings(
         ),
         log_format=klet_values.get("log_format", KletSettings.log_format),
         verbosity=klet_values.get("verbosity", cfg.logging.verbosity),
+        minimum_container_ttl_duration=klet_values.get(
+            "minimum_container_ttl_duration", KletSettings.minimum_container_ttl_duration
+        ),
+        maximum_dead_containers_per_container=klet_values.get(
+            "maximum_dead_containers_per_container",
+            KletSettings.maximum_dead_containers_per_container,
+        ),
+        maximum_dead_containers=klet_values.get(
+            "maximum_dead_containers", KletSettings.maximum_dead_containers
+        ),
     )
     return Settings(kubelet=cfg, klet=klet)

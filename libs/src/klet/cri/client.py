@@ -10,6 +10,7 @@ whether repeating them is safe.
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -148,6 +149,23 @@ class RuntimeClient:
         return [
             RuntimeCondition(c.type, c.status, c.reason, c.message) for c in r.status.conditions
         ]
+
+    async def sandbox_image(self) -> str:
+        """The runtime's sandbox (pause) image, from its verbose Status ("" if unsaid).
+
+        containerd puts its CRI configuration in `info["config"]` (`sandboxImage`);
+        containerd 1.6 does not report that image as pinned, so image GC asks here.
+        """
+        r = await self._read(
+            "Status",
+            lambda: self._call("Status", self._rt.Status, pb.StatusRequest(verbose=True)),
+        )
+        try:
+            config = json.loads(r.info.get("config", "") or "{}")
+        except ValueError:
+            return ""
+        image = config.get("sandboxImage") if isinstance(config, dict) else None
+        return image if isinstance(image, str) else ""
 
     async def run_pod_sandbox(
         self, config: SandboxConfig, *, runtime_handler: str = ""

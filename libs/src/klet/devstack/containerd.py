@@ -70,13 +70,18 @@ class Containerd:
         sandbox_image: str = PAUSE_IMAGE,
         *,
         log_level: str = "info",
+        root_size_bytes: int | None = None,
     ) -> None:
+        """``root_size_bytes``: put containerd's root (images, snapshots) on a tmpfs of
+        that size, mounted at start and unmounted at stop, so that tests fill the image
+        filesystem for real (image GC thresholds); None keeps it on the host's disk."""
         # Absolute, because the socket path goes into the config and the mount sweep
         # compares against /proc/self/mountinfo.
         self.dir = dir.resolve()
         self.registry_host_map = dict(registry_host_map or {})
         self.sandbox_image = sandbox_image
         self.log_level = log_level
+        self.root_size_bytes = root_size_bytes
         self.socket = dir / "containerd.sock"
         self.ttrpc_socket = dir / "containerd.sock.ttrpc"
         self.config_path = dir / "config.toml"
@@ -95,11 +100,12 @@ class Containerd:
         *,
         sandbox_image: str = PAUSE_IMAGE,
         log_level: str = "info",
+        root_size_bytes: int | None = None,
     ) -> Containerd:
         """A containerd that pulls ``registry.klet.test/...`` (and ``registry_address``
         itself) over plain HTTP from the registry at ``registry_address``."""
         hosts = {TEST_REGISTRY_HOST: registry_address, registry_address: registry_address}
-        return cls(dir, hosts, sandbox_image, log_level=log_level)
+        return cls(dir, hosts, sandbox_image, log_level=log_level, root_size_bytes=root_size_bytes)
 
     @property
     def endpoint(self) -> str:
@@ -197,6 +203,8 @@ disabled_plugins = [{disabled}]
     def start(self, *, timeout_s: float = 30.0) -> None:
         self.cleanup_leftovers()
         self.write_config()
+        if self.root_size_bytes is not None:
+            self._mount_small_root(self.root_size_bytes)
         env = dict(os.environ)
         # containerd finds runc and containerd-shim-runc-v2 through PATH.
         env["PATH"] = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
@@ -238,6 +246,16 @@ disabled_plugins = [{disabled}]
         self.network.cleanup()
         for path in (self.socket, self.ttrpc_socket):
             path.unlink(missing_ok=True)
+
+    def _mount_small_root(self, size: int) -> None:
+        # The clean-up sweep (stop, or the next start) unmounts it with everything else
+        # under the directory, deepest first, so the overlay mounts inside go before it.
+        self.root.mkdir(parents=True, exist_ok=True)
+        libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
+        options = f"size={size},mode=0711".encode()
+        if libc.mount(b"tmpfs", os.fsencode(str(self.root)), b"tmpfs", 0, options) != 0:
+            err = ctypes.get_errno()
+            raise StartError(f"cannot mount a tmpfs on {self.root}: {os.strerror(err)}")
 
     # -- ctr ---------------------------------------------------------------------
 

@@ -41,7 +41,10 @@ class DevStack:
         *,
         start_containerd: bool = True,
         images: Mapping[str, ImageSpec] | None = None,
+        containerd_root_size: int | None = None,
     ) -> None:
+        """``containerd_root_size``: bytes of a tmpfs for containerd's root (a small image
+        filesystem for image GC tests); None keeps it on the host's disk."""
         self.dir = dir.resolve()
         self.start_containerd = start_containerd
         self.specs = dict(images if images is not None else standard_images())
@@ -49,7 +52,10 @@ class DevStack:
         self.registry = Registry(self.dir / "registry")
         self.containerd: Containerd | None = (
             Containerd.for_registry(
-                self.dir / "containerd", self.registry.address, sandbox_image=PAUSE_IMAGE
+                self.dir / "containerd",
+                self.registry.address,
+                sandbox_image=PAUSE_IMAGE,
+                root_size_bytes=containerd_root_size,
             )
             if start_containerd
             else None

@@ -192,3 +192,18 @@ class NodeConditionRecord(Record):
     at: float
     reason: str = ""
     message: str = ""
+
+
+@dataclass(frozen=True)
+class ImageUseRecord(Record):
+    """`images` table value, keyed by image ID: what image GC knows of one image's use.
+
+    Written by image-gc after each detection so that a restarted (or new leader)
+    image-gc keeps the least-recently-used order instead of treating every image as
+    just detected. Times are Unix seconds; `last_used` 0 means never seen in use.
+    """
+
+    kind: ClassVar[str] = "imageuse"
+    id: str
+    first_detected: float
+    last_used: float

@@ -1,0 +1,131 @@
+"""Builds image-gc's dependencies from settings; production and tests use the same path."""
+
+from __future__ import annotations
+
+import socket
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from klet.bus import Bus, Lease, NodeBus
+from klet.config import DEFAULT_SERVICE_PORTS, Settings
+from klet.cri import CRISettings, RuntimeClient
+from klet.image_gc.collector import Collector, CollectorSettings
+from klet.image_gc.containergc import ContainerGC
+from klet.image_gc.containerselect import ContainerGCSettings
+from klet.image_gc.imagefs import ImageFs
+from klet.image_gc.imagegc import ImageGCManager
+from klet.image_gc.imageselect import ImageGCPolicy
+from klet.image_gc.imagestore import BusImageUseStore
+from klet.image_gc.metrics import Metrics, create_metrics
+from klet.image_gc.nodeevents import NodeEvents
+from klet.image_gc.podsources import BusPods
+from prometheus_client import CollectorRegistry
+
+DEFAULT_SERVICE_PORT = DEFAULT_SERVICE_PORTS["image-gc"]
+SOCKET_NAME = "image-gc.sock"
+
+
+@dataclass(frozen=True)
+class Periods:
+    """How often the loops run (seconds); upstream's constants, shorter in tests."""
+
+    image_detect_s: float = 300.0
+    """Image detection (upstream: every 5 minutes)."""
+    image_gc_s: float = 300.0
+    """Image GC pass (upstream ImageGCPeriod)."""
+    container_gc_s: float = 60.0
+    """Container GC pass (upstream ContainerGCPeriod)."""
+
+
+def image_gc_policy(settings: Settings) -> ImageGCPolicy:
+    """The image GC policy of the KubeletConfiguration; raises PolicyError naming the field."""
+    k = settings.kubelet
+    return ImageGCPolicy(
+        high_threshold_percent=k.image_gc_high_threshold_percent,
+        low_threshold_percent=k.image_gc_low_threshold_percent,
+        min_age_s=k.image_minimum_gc_age,
+        max_age_s=k.image_maximum_gc_age,
+    )
+
+
+@dataclass(frozen=True)
+class Deps:
+    settings: Settings
+    bus: Bus
+    node_bus: NodeBus
+    cri: RuntimeClient
+    images: ImageGCManager
+    containers: ContainerGC
+    collector: Collector
+    events: NodeEvents
+    registry: CollectorRegistry
+    metrics: Metrics
+    socket_path: Path
+    service_port: int
+    lease: Lease
+    periods: Periods = Periods()
+
+
+def build_deps(settings: Settings, **overrides: Any) -> Deps:
+    k = settings.kubelet
+    policy = image_gc_policy(settings)  # refuses an invalid policy before any I/O
+    bus = Bus.from_url(settings.klet.redis_url, settings.klet.node_name)
+    node_bus = NodeBus.of(bus)
+    cri = RuntimeClient(
+        CRISettings(
+            runtime_endpoint=k.container_runtime_endpoint,
+            image_endpoint=k.image_service_endpoint,
+            timeout_s=k.runtime_request_timeout,
+        )
+    )
+    registry = CollectorRegistry()
+    metrics = create_metrics(registry)
+    events = NodeEvents(node_bus, settings.klet.node_name)
+    pods = BusPods(node_bus)
+    images = ImageGCManager(
+        cri,
+        policy=policy,
+        fs_stats=ImageFs(cri.image_fs_info).usage,
+        sandbox_image=cri.sandbox_image,
+        store=BusImageUseStore(node_bus),
+        events=events.emit,
+        sources_ready=pods.sources_ready,
+        on_removed=lambda reason: metrics.images_collected.labels(reason).inc(),
+    )
+    containers = ContainerGC(
+        runtime=cri,
+        settings=ContainerGCSettings.of(settings.klet),
+        sources_ready=pods.sources_ready,
+        desired_uids=pods.desired_uids,
+        terminated_uids=pods.terminated_uids,
+        pod_logs_dir=Path(k.pod_logs_dir),
+        stats=cri,
+    )
+    collector = Collector(
+        containers=containers,
+        images=images,
+        metrics=metrics,
+        events=events.emit,
+        settings=CollectorSettings(),
+    )
+    deps = Deps(
+        settings=settings,
+        bus=bus,
+        node_bus=node_bus,
+        cri=cri,
+        images=images,
+        containers=containers,
+        collector=collector,
+        events=events,
+        registry=registry,
+        metrics=metrics,
+        socket_path=Path(settings.klet.run_dir) / SOCKET_NAME,
+        service_port=settings.klet.service_port or DEFAULT_SERVICE_PORT,
+        # The identity is the replica slot (host + run dir), so a restarted image-gc in
+        # the same slot takes its lease back at once.
+        lease=bus.lease(
+            "image-gc", f"{socket.gethostname()}:{settings.klet.run_dir}", ttl_ms=15_000
+        ),
+    )
+    return replace(deps, **overrides) if overrides else deps
