@@ -284,3 +284,33 @@ async def test_active_deadline_fails_the_pod(w: World) -> None:
     assert status["reason"] == "DeadlineExceeded"
     await w.controller.sync_once("u8")  # stays failed, not restarted
     assert "u8" not in w.running()
+
+
+async def test_a_pod_failed_before_a_restart_is_not_started_again(w: World) -> None:
+    evicted = {
+        "phase": "Failed",
+        "reason": "Evicted",
+        "message": "The node was low on resource: memory.",
+        "conditions": [
+            {"type": "DisruptionTarget", "status": "True", "message": "low on memory"}
+        ],
+    }
+    asked: list[str] = []
+
+    async def last_status(uid: str) -> dict[str, Any] | None:
+        asked.append(uid)
+        return evicted if uid == "u1" else None
+
+    w.controller.last_status = last_status
+    w.controller.apply_desired(
+        {"u1": desired(), "u2": desired("u2")}, READY, read_from=w.controller.generation
+    )
+    await w.controller.sync_once("u1")
+    await w.controller.sync_once("u2")
+    await w.controller.sync_once("u1")
+    assert w.running() == ["u2"]  # the evicted pod stays down; the other one runs
+    assert asked == ["u1", "u2"]  # read back once per pod
+    status = w.controller.publisher.get("u1")
+    assert status is not None and (status["phase"], status["reason"]) == ("Failed", "Evicted")
+    target = [c for c in status["conditions"] if c["type"] == "DisruptionTarget"]
+    assert target and target[0]["message"] == "low on memory"

@@ -59,9 +59,27 @@ def _read_kv(path: Path) -> dict[str, int]:
     return out
 
 
+def _v2_root_usage(meminfo: Path) -> int | None:
+    """The v2 root cgroup has no memory.current: its usage is MemTotal - MemFree, as runc
+    computes it (inactive_file still comes from the root's memory.stat)."""
+    fields: dict[str, int] = {}
+    try:
+        for line in meminfo.read_text().splitlines():
+            key, _, rest = line.partition(":")
+            parts = rest.split()
+            if parts and parts[0].isdigit():
+                fields[key.strip()] = int(parts[0]) * 1024  # the kernel's "kB" are KiB
+    except OSError:
+        return None
+    if "MemTotal" not in fields or "MemFree" not in fields:
+        return None
+    return max(fields["MemTotal"] - fields["MemFree"], 0)
+
+
 class CgroupFS:
-    def __init__(self, root: Path = Path("/sys/fs/cgroup")) -> None:
+    def __init__(self, root: Path = Path("/sys/fs/cgroup"), *, proc: Path = Path("/proc")) -> None:
         self.root = root
+        self.proc = proc
         self.version = detect(root)
 
     def _dirs(self, rel: str) -> list[Path]:
@@ -75,6 +93,8 @@ class CgroupFS:
         if self.version == 2:
             d = self.root / rel
             usage = _read_int(d / "memory.current")
+            if usage is None and not rel:
+                usage = _v2_root_usage(self.proc / "meminfo")
             inactive = _read_kv(d / "memory.stat").get("inactive_file", 0)
             cpu = _read_kv(d / "cpu.stat").get("usage_usec")
             return CgroupStats(

@@ -26,6 +26,15 @@ sidecars (restartable init containers), at least the peak of any init container
 that for cpu/memory/huge pages when set, plus the pod overhead. A request missing on a
 container defaults to its limit, as the apiserver's defaulting does.
 
+Before those, as upstream registers the eviction manager's admit handler first, node
+pressure (the MemoryPressure/DiskPressure/PIDPressure conditions the eviction service
+writes to the bus `node` table, see `pressure_verdict`): critical pods (static, mirror,
+priority >= 2000000000) are always admitted; under MemoryPressure alone only BestEffort
+pods are rejected, unless they tolerate the `node.kubernetes.io/memory-pressure`
+NoSchedule taint; under any other pressure every pod is. Reason `Evicted`, message
+"The node had condition: [MemoryPressure]. ". Pods re-admitted after a syncloop restart
+skip this check: they already run, and a restart must not stop them.
+
 The rejected pod's status message is "Pod was rejected: <message>"; the Event carries
 the bare message (upstream's `rejectPod`). Taint checks (NoExecute taints a non-static
 pod does not tolerate) are left out: syncloop does not see the Node's taints.
@@ -44,6 +53,7 @@ from decimal import Decimal
 
 from klet.config.units import parse_quantity
 from klet.model.types import JSON
+from klet.syncloop import podspec
 
 NODE_OS = "linux"
 LABEL_OS = "kubernetes.io/os"
@@ -360,6 +370,60 @@ def admit_pod(pod: JSON, *, others: Sequence[JSON], node: NodeInfo) -> Verdict:
     return ADMIT
 
 
+# -- node pressure (upstream's eviction admit handler) -------------------------------
+
+MEMORY_PRESSURE = "MemoryPressure"
+PRESSURE_ORDER = (MEMORY_PRESSURE, "DiskPressure", "PIDPressure")
+TAINT_MEMORY_PRESSURE = "node.kubernetes.io/memory-pressure"
+EVICTED = "Evicted"
+CONFIG_SOURCE = "kubernetes.io/config.source"
+CONFIG_MIRROR = "kubernetes.io/config.mirror"
+SYSTEM_CRITICAL_PRIORITY = 2_000_000_000
+
+
+def is_critical_pod(pod: JSON) -> bool:
+    """upstream's IsCriticalPod: a static pod (config source other than the apiserver),
+    a mirror pod, or priority at least system-cluster-critical's."""
+    annotations = (pod.get("metadata") or {}).get("annotations") or {}
+    source = annotations.get(CONFIG_SOURCE)
+    if (source is not None and source != "api") or CONFIG_MIRROR in annotations:
+        return True
+    priority = (pod.get("spec") or {}).get("priority")
+    return isinstance(priority, int) and priority >= SYSTEM_CRITICAL_PRIORITY
+
+
+def tolerates(tolerations: Iterable[JSON], *, key: str, effect: str) -> bool:
+    """TolerationsTolerateTaint for a taint with `key`, `effect` and an empty value."""
+    for t in tolerations:
+        if not isinstance(t, Mapping):
+            continue
+        if t.get("effect") and t.get("effect") != effect:
+            continue
+        operator = t.get("operator") or "Equal"
+        if t.get("key"):
+            if t.get("key") != key:
+                continue
+        elif operator != "Exists":
+            continue
+        if operator == "Exists" or (operator == "Equal" and not t.get("value")):
+            return True
+    return False
+
+
+def pressure_verdict(pod: JSON, conditions: Iterable[str]) -> Verdict:
+    """Whether node pressure keeps `pod` out (see the module docstring)."""
+    present = [c for c in PRESSURE_ORDER if c in set(conditions)]
+    if not present or is_critical_pod(pod):
+        return ADMIT
+    if present == [MEMORY_PRESSURE]:
+        if podspec.qos_class(pod) != "BestEffort":
+            return ADMIT
+        spec: JSON = pod.get("spec") or {}
+        if tolerates(spec.get("tolerations") or [], key=TAINT_MEMORY_PRESSURE, effect="NoSchedule"):
+            return ADMIT
+    return Verdict(False, EVICTED, f"The node had condition: [{' '.join(present)}]. ")
+
+
 # -- order and bookkeeping -----------------------------------------------------------
 
 
@@ -407,8 +471,12 @@ class AdmissionLedger:
             return ADMIT
         return self.rejected.get(uid)
 
-    def decide(self, uid: str, pod: JSON, *, others: Sequence[JSON]) -> Verdict:
-        verdict = admit_pod(pod, others=others, node=self.node)
+    def decide(
+        self, uid: str, pod: JSON, *, others: Sequence[JSON], pressure: Iterable[str] = ()
+    ) -> Verdict:
+        verdict = pressure_verdict(pod, pressure)
+        if verdict.admit:
+            verdict = admit_pod(pod, others=others, node=self.node)
         if verdict.admit:
             self.admitted.add(uid)
         else:

@@ -16,17 +16,18 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from typing import Protocol
 
-from klet.bus import NodeBus
+from klet.bus import BusError, NodeBus
 from klet.cri import labels as L
 from klet.cri.types import ContainerState, SandboxState
 from klet.model.records import DesiredPod, PodChange, SourceState
 from klet.model.types import JSON, PodUID
 from klet.rpc.podcontrol import PodSummary
 from klet.syncloop import podspec
-from klet.syncloop.admission import AdmissionLedger, Verdict
+from klet.syncloop.admission import EVICTED, PRESSURE_ORDER, AdmissionLedger, Verdict
 from klet.syncloop.podworkers import Outcome, PodWorkers
 from klet.syncloop.prober import ProbeManager
 from klet.syncloop.proberesults import NO_PROBES, ProbeResults
@@ -47,10 +48,54 @@ class KillRequest:
     done: asyncio.Future[None] = field(
         default_factory=lambda: asyncio.get_running_loop().create_future()
     )
+    announced: bool = False  # its Event was recorded (once, even if the kill is retried)
 
 
 def sources_ready(sources: dict[str, SourceState]) -> bool:
     return bool(sources) and all(s.ready for s in sources.values())
+
+
+class PressureSource(Protocol):
+    """The node pressure conditions in force, for admission."""
+
+    async def conditions(self) -> frozenset[str]: ...
+
+
+class NodePressure:
+    """Pressure conditions from the bus `node` table (the eviction service writes them):
+    every condition some contribution holds "True". Read when a new pod is admitted; a
+    Redis outage keeps the last answer."""
+
+    def __init__(self, bus: NodeBus) -> None:
+        self.bus = bus
+        self._last: frozenset[str] = frozenset()
+        self._down = False
+
+    async def conditions(self) -> frozenset[str]:
+        try:
+            records = await self.bus.node.all()
+        except BusError as err:
+            if not self._down:
+                log.warning(
+                    "cannot read node conditions, admitting with the last known",
+                    extra={"error": str(err)},
+                )
+                self._down = True
+            return self._last
+        self._down = False
+        self._last = frozenset(
+            r.type for r in records.values() if r.type in PRESSURE_ORDER and r.status == "True"
+        )
+        return self._last
+
+
+LastStatus = Callable[[str], Awaitable[JSON | None]]
+"""The pod status this node last published (the bus `status` table survives restarts)."""
+
+
+async def published_status(bus: NodeBus, uid: str) -> JSON | None:
+    rec = await bus.status.get(uid)
+    return rec.status if rec is not None else None
 
 
 class PodController:
@@ -66,8 +111,11 @@ class PodController:
         clock: Callable[[], float] = time.time,
         prober: ProbeManager | None = None,
         admission: AdmissionLedger | None = None,
+        pressure: PressureSource | None = None,
+        last_status: LastStatus | None = None,
     ) -> None:
         self.bus = bus
+        self.last_status = last_status  # the status published before a restart
         self.runtime = runtime
         self.syncer = syncer
         self.publisher = publisher
@@ -80,6 +128,9 @@ class PodController:
         self.last_pod: dict[str, JSON] = {}  # last desired spec, to kill a removed pod gracefully
         self.kill_requests: dict[str, KillRequest] = {}
         self.terminal: dict[str, tuple[str, str]] = {}
+        self.evicted: dict[str, str] = {}  # uid -> eviction message (DisruptionTarget)
+        self._restored: set[str] = set()  # pods whose terminal state was read back
+        self.released: set[str] = set()  # terminal pods whose volumes were torn down
         self.sources_ready = False
         self.runtime_uids: set[str] = set()
         self.workers = PodWorkers(self.sync_once, clock=clock)
@@ -89,6 +140,7 @@ class PodController:
         self._changed_at: dict[str, int] = {}
         # Admission (admission.py): None admits every pod (unit tests of other concerns).
         self.admission = admission
+        self.pressure = pressure  # node pressure for admission; None: never under pressure
         self._desired_read = False  # the restart re-admission needs one full table read
         self._readmit_lock = asyncio.Lock()
 
@@ -154,6 +206,8 @@ class PodController:
             return await self._remove(uid, current)
         pod = rec.pod
         meta = pod.get("metadata") or {}
+        if uid not in self._restored:
+            await self._restore_terminal(uid)
         # activeDeadlineSeconds counts from the pod's first sandbox, which survives a
         # syncloop restart (an in-memory start time would not).
         first_sandbox = min((s.created_at for s in current.sandboxes), default=None)
@@ -178,6 +232,12 @@ class PodController:
                 self.terminal[uid] = (verdict.reason, verdict.status_message)
                 self.syncer.events.emit(pod, "Warning", verdict.reason, verdict.message)
         if request is not None or uid in self.terminal or deleting:
+            if request is not None and not request.announced:
+                request.announced = True
+                if request.reason == EVICTED and uid not in self.terminal:
+                    # upstream's eviction manager records the Warning before killing.
+                    self.syncer.events.emit(pod, "Warning", EVICTED, request.message)
+                    self.evicted[uid] = request.message
             if current.running() or any(s.state == SandboxState.READY for s in current.sandboxes):
                 if request is not None:
                     grace = request.grace_s
@@ -188,7 +248,9 @@ class PodController:
                 await self.syncer.kill_pod(pod, current, grace_override=grace, remove=False)
                 current = await self.runtime.get(uid)
             if request is not None:
-                self.terminal[uid] = (request.reason, request.message)
+                # A pod made terminal before (rejected, deadline, an earlier kill) keeps
+                # its first reason: a repeated kill is idempotent.
+                self.terminal.setdefault(uid, (request.reason, request.message))
                 del self.kill_requests[uid]
                 if not request.done.done():
                     request.done.set_result(None)
@@ -204,6 +266,7 @@ class PodController:
                 host_ip=self.host_ip,
                 terminal=self.terminal.get(uid),
                 stopping=True,
+                disruption=self.evicted.get(uid),
             )
             stopped = not current.running() and all(
                 s.state != SandboxState.READY for s in current.sandboxes
@@ -215,6 +278,12 @@ class PodController:
                 status,
                 terminated=stopped,
             )
+            if stopped and uid in self.terminal and not deleting and uid not in self.released:
+                # upstream's SyncTerminatedPod: a pod that will not run again gives its
+                # volumes back (an evicted pod's emptyDir must not keep the disk pressure).
+                volumes = self.syncer.volumes
+                if volumes is None or not await volumes.tear_down(uid):
+                    self.released.add(uid)
             return Outcome()
         result = await self.syncer.sync(pod, current, probes=self.probes)
         if result.acted:
@@ -236,6 +305,28 @@ class PodController:
             deadline = podspec.deadline_at(pod, None if first is None else first / 1e9)
         wake = [t for t in (result.wake_at, deadline) if t is not None]
         return Outcome(wake_at=min(wake) if wake else None)
+
+    async def _restore_terminal(self, uid: str) -> None:
+        """After a restart, a pod this node made Failed (evicted, rejected, past its
+        deadline, killed) stays so: its last published status on the bus says why. As
+        upstream, a terminal pod is never started again."""
+        if self.last_status is None:
+            self._restored.add(uid)
+            return
+        try:
+            status = await self.last_status(uid) or {}
+        except BusError:
+            return  # try again on the next sync
+        self._restored.add(uid)
+        reason = str(status.get("reason") or "")
+        if status.get("phase") != "Failed" or not reason or uid in self.terminal:
+            return
+        message = str(status.get("message") or "")
+        self.terminal[uid] = (reason, message)
+        for cond in status.get("conditions") or []:
+            if cond.get("type") == "DisruptionTarget" and cond.get("status") == "True":
+                self.evicted[uid] = str(cond.get("message") or message)
+        log.info("pod stays terminal after restart", extra={"uid": uid, "reason": reason})
 
     async def _remove(self, uid: str, current: RuntimePod) -> Outcome:
         if current.empty:
@@ -274,7 +365,8 @@ class PodController:
             and u in self.desired
             and ledger.counts(u, status=self.publisher.get(u), terminal=u in self.terminal)
         ]
-        verdict = ledger.decide(uid, pod, others=others)
+        pressure = await self.pressure.conditions() if self.pressure is not None else ()
+        verdict = ledger.decide(uid, pod, others=others, pressure=pressure)
         if not verdict.admit:
             log.info(
                 "pod rejected",
@@ -318,6 +410,9 @@ class PodController:
         self.publisher.remove(uid)
         self.last_pod.pop(uid, None)
         self.terminal.pop(uid, None)
+        self.evicted.pop(uid, None)
+        self._restored.discard(uid)
+        self.released.discard(uid)
         if self.admission is not None:
             self.admission.forget(uid)
         request = self.kill_requests.pop(uid, None)

@@ -17,6 +17,9 @@ from klet.syncloop import podspec, termination
 from klet.syncloop.proberesults import NO_PROBES, ProbeKind, ProbeResults
 from klet.syncloop.runtimepod import RuntimePod, restart_count_of
 
+DISRUPTION_TARGET = "DisruptionTarget"
+TERMINATION_BY_KUBELET = "TerminationByKubelet"
+
 
 def rfc3339(ts: float) -> str:
     return datetime.fromtimestamp(ts, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
@@ -238,6 +241,7 @@ def compute_pod_status(
     terminal: tuple[str, str] | None = None,
     stopping: bool = False,
     probes: ProbeResults = NO_PROBES,
+    disruption: str | None = None,
 ) -> JSON:
     """The PodStatus JSON.
 
@@ -245,6 +249,7 @@ def compute_pod_status(
     request): nothing restarts, so once no container runs its phase is final —
     Succeeded when every container exited 0, else Failed (upstream's podIsTerminal).
     `terminal` (reason, message) additionally forces Failed with that reason.
+    `disruption`, the message of an eviction, adds the DisruptionTarget condition.
     """
     prev = previous or {}
     inits = podspec.init_containers(pod)
@@ -312,6 +317,13 @@ def compute_pod_status(
         _condition("ContainersReady", all_ready, prev_conditions, now, reason),
         _condition("PodScheduled", True, prev_conditions, now),
     ]
+    if disruption is not None:
+        # upstream's eviction adds DisruptionTarget (reason TerminationByKubelet) with
+        # the eviction message; it is appended after the kubelet-owned conditions.
+        target = _condition(DISRUPTION_TARGET, True, prev_conditions, now)
+        target["reason"] = TERMINATION_BY_KUBELET
+        target["message"] = disruption
+        conditions.append(target)
     for cond in conditions:
         if (
             cond["type"] in ("Ready", "ContainersReady")

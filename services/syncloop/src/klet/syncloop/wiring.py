@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import os
 import socket
 from dataclasses import dataclass, replace
@@ -18,7 +19,7 @@ from klet.model.node import allocatable_amounts, node_labels, storage_aware_evic
 from klet.syncloop import podcgroups
 from klet.syncloop.admission import AdmissionLedger, NodeInfo
 from klet.syncloop.backoff import Backoff
-from klet.syncloop.controller import PodController
+from klet.syncloop.controller import NodePressure, PodController, published_status
 from klet.syncloop.dns import DNSSettings
 from klet.syncloop.envvars import NodeFacts
 from klet.syncloop.events import BusEventSink
@@ -149,7 +150,9 @@ def build_deps(settings: Settings, **overrides: Any) -> Deps:
         objects=objects,
         tokens=tokens,
     )
-    backoff = Backoff(initial_s=10.0, max_s=k.crash_loop_back_off.max_container_restart_period)
+    # upstream: the initial back-off is 10 s, or the maximum when that is set lower
+    max_backoff = k.crash_loop_back_off.max_container_restart_period
+    backoff = Backoff(initial_s=min(10.0, max_backoff), max_s=max_backoff)
     syncer = PodSyncer(
         cri=cri,
         runtime=runtime,
@@ -192,6 +195,8 @@ def build_deps(settings: Settings, **overrides: Any) -> Deps:
         host_ip=host_ip(settings),
         prober=prober,
         admission=AdmissionLedger(admission_node(settings)),
+        pressure=NodePressure(node_bus),
+        last_status=functools.partial(published_status, node_bus),
     )
     registry = CollectorRegistry()
     deps = Deps(

@@ -1,0 +1,61 @@
+"""The eviction service's root tasks: the lease, the monitoring loop and the health port.
+
+All run in one event loop under `run_supervised`; if one dies the process exits non-zero
+and its supervisor restarts it. Only the holder of the "eviction" lease measures and
+acts, so two replicas never evict for the same pressure; a standby serves its health
+endpoints and waits. Restarting is safe: pressure state is rebuilt from the next
+measurements, and a pod already evicted is Failed, never a candidate again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from klet.bus.leader import hold, release_quietly
+from klet.eviction.wiring import Deps
+from klet.obs import create_health_app, run_supervised, serve_http
+
+log = logging.getLogger(__name__)
+
+
+async def main(deps: Deps) -> int:
+    elected = asyncio.Event()
+
+    async def monitor() -> None:
+        await elected.wait()
+        log.info(
+            "eviction manager starting",
+            extra={
+                "node": deps.settings.klet.node_name,
+                "thresholds": [t.describe() for t in deps.manager.thresholds],
+                "period_s": deps.manager.settings.monitoring_period_s,
+            },
+        )
+        await deps.manager.run()
+
+    health = create_health_app(
+        registry=deps.registry,
+        checks={},
+        ready=lambda: elected.is_set() and deps.manager.passes > 0,
+    )
+    try:
+        await run_supervised(
+            {
+                "lease": hold(deps.lease, elected),
+                "monitor": monitor(),
+                "health": serve_http(
+                    health,
+                    host=deps.settings.klet.service_bind_address,
+                    port=deps.service_port,
+                    name="eviction",
+                ),
+            }
+        )
+    finally:
+        await release_quietly(deps.lease)
+        await deps.pod_control.close()
+        await deps.gc.close()
+        await deps.cri.close()
+        await deps.bus.close()
+    return 0

@@ -1,0 +1,472 @@
+"""The eviction manager: one monitoring pass (`run_once`) and the loop around it (`run`).
+
+Restates upstream's `managerImpl.synchronize` around the pure pieces (`thresholds`,
+`ranking`), with every effect behind a small consumer-side interface:
+
+1. observe the node and the pods (`SignalSource`), evaluate the thresholds
+   (`thresholds.evaluate`) and write the pressure conditions to the bus `node` table
+   (`eviction:MemoryPressure`, ... as "True"/"False"; status-reporter puts upstream's
+   reasons and messages on the Node, syncloop's admission reads them);
+2. local storage limits: every pod over an emptyDir sizeLimit or its ephemeral-storage
+   limit is evicted, whatever the node's pressure; if any was, the pass ends there;
+3. of the thresholds past their grace period whose signal was measured anew, the first
+   by eviction priority (memory first) is reclaimed: for a disk signal image-gc's
+   FreeSpace (dead containers, then unused images) is asked first, bounded by
+   `reclaim_timeout_s`, and the node measured again; nothing is evicted if every
+   threshold is then clear by its minimum reclaim. An unreachable image-gc only costs
+   that timeout: eviction goes on;
+4. the active pods are ranked for the signal and the first one that is not critical is
+   evicted through syncloop's PodControl.KillPod: reason `Evicted`, upstream's
+   message, grace 1 s for a hard threshold (upstream's immediate eviction), for a soft
+   one min(evictionMaxPodGracePeriod, the pod's own) (0 = the pod's own). One pod per
+   pass; `run` then waits (at most 30 s) for the pod to be reported terminal and
+   measures again at once, as upstream; otherwise it sleeps the monitoring period.
+
+Active pods are the desired pods whose last reported status is not terminal
+(Succeeded/Failed). That, and PodControl's idempotent kill, is what keeps a restarted
+eviction service from evicting a pod twice: an evicted pod is Failed and is never a
+candidate again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+from klet.bus import BusError
+from klet.eviction import ranking
+from klet.eviction.metrics import Metrics
+from klet.eviction.ranking import Candidate, FsLayout
+from klet.eviction.signals import Observations, PodUsage, Signal, SignalSource
+from klet.eviction.thresholds import (
+    EvictionConfig,
+    Threshold,
+    ThresholdState,
+    evaluate,
+    threshold_value,
+    thresholds_met,
+    with_containerfs_thresholds,
+)
+from klet.model.records import DesiredPod, NodeConditionRecord, PodStatusRecord
+from klet.model.types import JSON, PodUID
+from klet.obs import OnceLogger
+
+log = logging.getLogger(__name__)
+
+IMMEDIATE_GRACE_S = 1  # upstream's immediateEvictionGracePeriodSeconds
+CLEANUP_TIMEOUT_S = 30.0  # upstream's podCleanupTimeout
+CLEANUP_POLL_S = 1.0
+TERMINAL_PHASES = ("Succeeded", "Failed")
+
+
+class PodKiller(Protocol):
+    """syncloop's PodControl.KillPod (`klet.rpc.podcontrol.PodControlClient`)."""
+
+    async def kill_pod(
+        self,
+        uid: PodUID,
+        *,
+        grace_period_s: int | None,
+        reason: str,
+        message: str,
+        timeout_s: float | None = None,
+    ) -> bool: ...
+
+
+FreeSpace = Callable[[int], Awaitable[int]]
+"""Ask image-gc to free this many bytes (dead containers, then unused images); returns
+the bytes freed. Raises when image-gc cannot be reached."""
+
+NodeEvent = Callable[[str, str], Awaitable[None]]
+"""Record a Warning Event (reason, message) on this Node."""
+
+
+class ConditionTable(Protocol):
+    """The bus `node` table."""
+
+    async def put(self, key: str, record: NodeConditionRecord) -> None: ...
+
+
+class DesiredTable(Protocol):
+    async def all(self) -> dict[str, DesiredPod]: ...
+
+
+class StatusTable(Protocol):
+    async def all(self) -> dict[str, PodStatusRecord]: ...
+
+
+@dataclass(frozen=True)
+class ActivePod:
+    pod: JSON
+    status: JSON | None
+
+
+class BusPods:
+    """Active pods from the bus: desired, and not reported terminal by syncloop."""
+
+    def __init__(self, *, desired: DesiredTable, status: StatusTable) -> None:
+        self._desired = desired
+        self._status = status
+
+    async def active(self) -> list[ActivePod]:
+        desired = await self._desired.all()
+        statuses = await self._status.all()
+        out: list[ActivePod] = []
+        for uid, rec in desired.items():
+            st = statuses.get(uid)
+            if st is not None and (st.terminated or st.status.get("phase") in TERMINAL_PHASES):
+                continue
+            out.append(ActivePod(rec.pod, st.status if st is not None else None))
+        return out
+
+
+class PodLister(Protocol):
+    async def active(self) -> list[ActivePod]: ...
+
+
+@dataclass(frozen=True)
+class ManagerSettings:
+    """How the manager runs (all durations in seconds)."""
+
+    monitoring_period_s: float = 10.0
+    """upstream's evictionMonitoringPeriod (a constant there)."""
+    reclaim_timeout_s: float = 10.0
+    """Bound on one FreeSpace call; past it eviction goes on without it."""
+    kill_timeout_margin_s: float = 30.0
+    """KillPod waits for the containers to stop: its deadline is the grace plus this."""
+    local_storage_capacity_isolation: bool = True
+    """localStorageCapacityIsolation: evict pods over their local storage limits."""
+
+
+@dataclass(frozen=True)
+class Deps:
+    """What the manager acts through (see the module docstring)."""
+
+    source: SignalSource
+    pods: PodLister
+    killer: PodKiller
+    free_space: FreeSpace
+    conditions: ConditionTable
+    layout: Callable[[], Awaitable[FsLayout]]
+    node_event: NodeEvent
+    metrics: Metrics
+
+
+@dataclass
+class Eviction:
+    """One pod the manager evicted."""
+
+    uid: PodUID
+    name: str
+    signal: str
+    message: str
+    grace_s: int
+
+
+class EvictionManager:
+    def __init__(
+        self,
+        deps: Deps,
+        *,
+        config: EvictionConfig,
+        settings: ManagerSettings = ManagerSettings(),
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.deps = deps
+        self.config = config
+        self.settings = settings
+        self.clock = clock
+        self.thresholds: list[Threshold] = list(config.thresholds)
+        self.state = ThresholdState()
+        self.layout: FsLayout | None = None
+        self.conditions: frozenset[str] = frozenset()
+        self.last_observations: Observations = {}
+        self.evicted: dict[str, float] = {}  # uid -> when this process evicted it
+        self.passes = 0  # measurements taken (readiness: at least one)
+        self._once = OnceLogger(log, level=logging.WARNING)
+
+    # -- one pass --------------------------------------------------------------------
+
+    async def run_once(self) -> list[Eviction]:
+        """One monitoring pass; returns the pods it evicted (at most one for pressure)."""
+        if self.layout is None:
+            self.layout = await self._detect_layout()
+        observations, usage = await self.deps.source.observe()
+        self.passes += 1
+        now = self.clock()
+        self._record_observations(observations)
+        evaluation = evaluate(
+            observations,
+            self.thresholds,
+            self.state,
+            now=now,
+            transition_period_s=self.config.pressure_transition_period_s,
+        )
+        await self._write_conditions(evaluation.conditions, now)
+        updated = [
+            t for t in evaluation.met if _updated(t.signal, observations, self.last_observations)
+        ]
+        self.last_observations = observations
+
+        if not updated and not self.settings.local_storage_capacity_isolation:
+            return []
+        candidates = await self._candidates(usage)
+        if candidates is None:
+            return []
+        if self.settings.local_storage_capacity_isolation:
+            evicted = await self._local_storage_evictions(candidates)
+            if evicted:
+                return evicted
+        if not updated:
+            return []
+        signals = ranking.by_eviction_priority(t.signal for t in updated)
+        if not signals:
+            return []
+        signal = signals[0]
+        threshold = next(t for t in updated if t.signal == signal)
+        resource = ranking.SIGNAL_RESOURCE[signal]
+        log.info("attempting to reclaim", extra={"resource": resource, "signal": signal.value})
+        await self.deps.node_event("EvictionThresholdMet", f"Attempting to reclaim {resource}")
+        if ranking.reclaims_node_level(signal, layout=self.layout):
+            if await self._reclaim_node_level(signal, observations):
+                log.info("reduced the pressure without evicting pods", extra={"resource": resource})
+                return []
+        if not candidates:
+            log.error("thresholds met, but no pods are active to evict")
+            return []
+        ranked = ranking.rank(signal, candidates, layout=self.layout)
+        quantity, available = _threshold_met_info(resource, updated, observations)
+        for t in updated:
+            seen = observations.get(t.signal)
+            if seen is not None:
+                self.deps.metrics.stats_age.labels(t.signal.value).observe(max(now - seen.time, 0))
+        for c in ranked:
+            if ranking.is_critical(c.pod):
+                log.error("cannot evict a critical pod", extra={"pod": c.full_name})
+                continue
+            message = ranking.eviction_message(
+                resource, c, threshold_quantity=quantity, available=available
+            )
+            grace = self._grace(threshold, c.pod)
+            if await self._evict(c, grace=grace, message=message):
+                self.deps.metrics.evictions.labels(signal.value).inc()
+                return [Eviction(c.uid, c.full_name, signal.value, message, grace)]
+            return []
+        log.info("unable to evict any pods from the node")
+        return []
+
+    # -- the loop ---------------------------------------------------------------------
+
+    async def run(self) -> None:
+        while True:
+            try:
+                evicted = await self.run_once()
+            except BusError as err:
+                self._once.error("pass", f"eviction pass failed, retrying: {err}")
+                evicted = []
+            else:
+                self._once.clear("pass")
+            if evicted:
+                await self.wait_for_cleanup([e.uid for e in evicted])
+            else:
+                await asyncio.sleep(self.settings.monitoring_period_s)
+
+    async def wait_for_cleanup(self, uids: Sequence[str]) -> bool:
+        """Until no evicted pod is active any more (upstream's waitForPodsCleanup)."""
+        deadline = self.clock() + CLEANUP_TIMEOUT_S
+        while self.clock() < deadline:
+            try:
+                active = {
+                    (p.pod.get("metadata") or {}).get("uid") for p in await self.deps.pods.active()
+                }
+            except BusError:
+                active = set(uids)
+            if not active.intersection(uids):
+                log.info("evicted pods cleaned up", extra={"uids": list(uids)})
+                return True
+            await asyncio.sleep(CLEANUP_POLL_S)
+        log.info("timed out waiting for evicted pods to be cleaned up", extra={"uids": list(uids)})
+        return False
+
+    # -- steps ------------------------------------------------------------------------
+
+    async def _detect_layout(self) -> FsLayout:
+        layout = await self.deps.layout()
+        self.thresholds = with_containerfs_thresholds(
+            self.config.thresholds,
+            dedicated_image_fs=layout.dedicated_image_fs,
+            split_container_fs=layout.split_container_fs,
+        )
+        log.info(
+            "filesystem layout",
+            extra={
+                "dedicated_image_fs": layout.dedicated_image_fs,
+                "split_container_fs": layout.split_container_fs,
+                "thresholds": [t.describe() for t in self.thresholds],
+            },
+        )
+        return layout
+
+    def _record_observations(self, observations: Observations) -> None:
+        m = self.deps.metrics
+        for signal, seen in observations.items():
+            m.available.labels(signal.value).set(seen.available)
+            m.capacity.labels(signal.value).set(seen.capacity)
+        for t in self.thresholds:
+            against = observations.get(t.signal)
+            if against is not None:
+                kind = "hard" if t.hard else "soft"
+                m.threshold.labels(t.signal.value, kind).set(threshold_value(t, against.capacity))
+
+    async def _write_conditions(self, conditions: frozenset[str], now: float) -> None:
+        for type_ in ranking.PRESSURE_CONDITIONS:
+            on = type_ in conditions
+            self.deps.metrics.condition.labels(type_).set(1 if on else 0)
+            if on != (type_ in self.conditions):
+                log.info("node condition changed", extra={"condition": type_, "status": on})
+        self.conditions = conditions
+        try:
+            for type_ in ranking.PRESSURE_CONDITIONS:
+                status = "True" if type_ in conditions else "False"
+                record = NodeConditionRecord(type=type_, status=status, at=now)
+                await self.deps.conditions.put(f"eviction:{type_}", record)
+        except BusError as err:
+            self._once.error("conditions", f"cannot write the node conditions: {err}")
+        else:
+            self._once.clear("conditions")
+
+    async def _candidates(self, usage: Mapping[str, PodUsage]) -> list[Candidate] | None:
+        try:
+            active = await self.deps.pods.active()
+        except BusError as err:
+            self._once.error("pods", f"cannot list the active pods: {err}")
+            return None
+        self._once.clear("pods")
+        out = []
+        for p in active:
+            uid = str((p.pod.get("metadata") or {}).get("uid", ""))
+            if uid in self.evicted:
+                continue  # this process evicted it; its status has not caught up yet
+            out.append(Candidate(p.pod, usage.get(uid)))
+        return out
+
+    async def _local_storage_evictions(self, candidates: Sequence[Candidate]) -> list[Eviction]:
+        out: list[Eviction] = []
+        for c in candidates:
+            if c.usage is None:
+                continue
+            violation = ranking.local_storage_violation(c.pod, c.usage)
+            if violation is None:
+                continue
+            if ranking.is_critical(c.pod):
+                log.error("cannot evict a critical pod", extra={"pod": c.full_name})
+                continue
+            if await self._evict(c, grace=IMMEDIATE_GRACE_S, message=violation.message):
+                self.deps.metrics.evictions.labels(violation.signal).inc()
+                out.append(
+                    Eviction(
+                        c.uid, c.full_name, violation.signal, violation.message, IMMEDIATE_GRACE_S
+                    )
+                )
+        return out
+
+    async def _reclaim_node_level(self, signal: Signal, observations: Observations) -> bool:
+        """FreeSpace, then measure again: True when every threshold is clear by its
+        minimum reclaim (no pod needs to go)."""
+        seen = observations.get(signal)
+        wanted = 0
+        if seen is not None:
+            for t in self.thresholds:
+                if t.signal == signal:
+                    target = threshold_value(t, seen.capacity)
+                    if t.min_reclaim is not None:
+                        target += t.min_reclaim.of(seen.capacity)
+                    wanted = max(wanted, target - seen.available)
+        if ranking.SIGNAL_RESOURCE[signal] == ranking.INODES or wanted <= 0:
+            # Inodes cannot be asked for in bytes: free whatever is unused.
+            wanted = seen.capacity if seen is not None else 2**62
+        started = time.monotonic()
+        try:
+            async with asyncio.timeout(self.settings.reclaim_timeout_s):
+                freed = await self.deps.free_space(wanted)
+        except TimeoutError:
+            self.deps.metrics.reclaims.labels("timeout").inc()
+            log.warning(
+                "image-gc did not answer FreeSpace in time, evicting without it",
+                extra={"timeout_s": self.settings.reclaim_timeout_s},
+            )
+        except Exception as err:  # noqa: BLE001 - any failure of the peer: evict without it
+            self.deps.metrics.reclaims.labels("error").inc()
+            log.warning("FreeSpace failed, evicting without it", extra={"error": str(err)})
+        else:
+            self.deps.metrics.reclaims.labels("ok").inc()
+            log.info(
+                "node-level reclaim done",
+                extra={
+                    "signal": signal.value,
+                    "asked": wanted,
+                    "freed": freed,
+                    "seconds": round(time.monotonic() - started, 3),
+                },
+            )
+        after, _ = await self.deps.source.observe()
+        still = thresholds_met(after, self.thresholds, enforce_min_reclaim=True)
+        return not still
+
+    def _grace(self, threshold: Threshold, pod: JSON) -> int:
+        if threshold.hard:
+            return IMMEDIATE_GRACE_S
+        own = ranking.pod_grace_period(pod)
+        cap = self.config.max_pod_grace_period_s
+        return min(cap, own) if cap > 0 else own
+
+    async def _evict(self, c: Candidate, *, grace: int, message: str) -> bool:
+        log.info(
+            "evicting pod",
+            extra={"pod": c.full_name, "uid": c.uid, "grace_s": grace, "eviction_message": message},
+        )
+        try:
+            found = await self.deps.killer.kill_pod(
+                c.uid,
+                grace_period_s=grace,
+                reason=ranking.REASON,
+                message=message,
+                timeout_s=grace + self.settings.kill_timeout_margin_s,
+            )
+        except Exception as err:  # noqa: BLE001 - syncloop unreachable: try again next pass
+            self._once.error("kill", f"pod failed to evict: {err}")
+            return False
+        self._once.clear("kill")
+        if not found:
+            log.info("pod to evict is gone already", extra={"pod": c.full_name})
+            return False
+        self.evicted[c.uid] = self.clock()
+        log.info("pod is evicted successfully", extra={"pod": c.full_name})
+        return True
+
+
+def _updated(signal: Signal, observations: Observations, last: Observations) -> bool:
+    """upstream's thresholdsUpdatedStats: act only on a signal measured anew."""
+    seen = observations.get(signal)
+    if seen is None:
+        return False
+    before = last.get(signal)
+    return before is None or seen.time == 0 or seen.time > before.time
+
+
+def _threshold_met_info(
+    resource: str, thresholds: Sequence[Threshold], observations: Observations
+) -> tuple[int | None, int | None]:
+    """upstream's getThresholdMetInfo: the first threshold of `resource` with an
+    observation gives the message's threshold quantity and available amount."""
+    for t in thresholds:
+        if ranking.SIGNAL_RESOURCE.get(t.signal) != resource:
+            continue
+        seen = observations.get(t.signal)
+        if seen is not None:
+            return threshold_value(t, seen.capacity), seen.available
+    return None, None

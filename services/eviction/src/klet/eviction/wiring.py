@@ -1,0 +1,138 @@
+"""Builds the eviction service's dependencies from settings; production and tests use
+the same path (`build_deps(settings, **overrides)`).
+
+The manager acts through adapters of the libs: the host signal source (cgroups, statfs,
+/proc, CRI stats), the bus tables (desired and status pods in, pressure conditions and
+node Events out), syncloop's PodControl socket and image-gc's GarbageCollector socket,
+both under the run directory. The eviction configuration is parsed here, so invalid
+thresholds refuse the start naming their field.
+"""
+
+from __future__ import annotations
+
+import socket
+import time
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from klet.bus import Bus, BusError, Lease, NodeBus
+from klet.config import Settings
+from klet.cri import CRISettings, RuntimeClient
+from klet.eviction.hostsignals import FsLayout, HostSignalSource
+from klet.eviction.manager import BusPods, EvictionManager, ManagerSettings
+from klet.eviction.manager import Deps as ManagerDeps
+from klet.eviction.metrics import Metrics, create_metrics
+from klet.eviction.thresholds import parse_eviction_config
+from klet.model.records import EventRecord
+from klet.rpc.gc import GarbageCollectorClient
+from klet.rpc.podcontrol import PodControlClient
+from prometheus_client import CollectorRegistry
+
+DEFAULT_SERVICE_PORT = 10263
+SYNCLOOP_SOCKET = "syncloop.sock"
+IMAGE_GC_SOCKET = "image-gc.sock"
+
+
+@dataclass(frozen=True)
+class Deps:
+    settings: Settings
+    bus: Bus
+    node_bus: NodeBus
+    cri: RuntimeClient
+    manager: EvictionManager
+    registry: CollectorRegistry
+    metrics: Metrics
+    service_port: int
+    lease: Lease
+    pod_control: PodControlClient
+    gc: GarbageCollectorClient
+
+
+class NodeEvents:
+    """Warning Events on this Node, appended to the bus `events` stream (status-reporter
+    posts them); best effort: a Redis outage drops them."""
+
+    def __init__(self, bus: NodeBus, node_name: str) -> None:
+        self.bus = bus
+        self.node_name = node_name
+
+    async def __call__(self, reason: str, message: str) -> None:
+        record = EventRecord(
+            type="Warning",
+            reason=reason,
+            message=message,
+            involved={
+                "kind": "Node",
+                "name": self.node_name,
+                "uid": self.node_name,
+                "apiVersion": "v1",
+            },
+            component="kubelet",
+            at=time.time(),
+        )
+        try:
+            await self.bus.events.publish(record)
+        except BusError:
+            pass
+
+
+def build_deps(settings: Settings, **overrides: Any) -> Deps:
+    k = settings.kubelet
+    config = parse_eviction_config(k)
+    bus = Bus.from_url(settings.klet.redis_url, settings.klet.node_name)
+    node_bus = NodeBus.of(bus)
+    cri = RuntimeClient(
+        CRISettings(
+            runtime_endpoint=k.container_runtime_endpoint,
+            image_endpoint=k.image_service_endpoint,
+            timeout_s=k.runtime_request_timeout,
+        )
+    )
+    run_dir = Path(settings.klet.run_dir)
+    pod_control = PodControlClient(run_dir / SYNCLOOP_SOCKET)
+    gc = GarbageCollectorClient(run_dir / IMAGE_GC_SOCKET)
+    source = HostSignalSource.from_settings(settings, cri)
+
+    async def free_space(wanted: int) -> int:
+        return (await gc.free_space(wanted)).bytes_freed
+
+    async def layout() -> FsLayout:
+        return await source.fs_layout()
+
+    registry = CollectorRegistry()
+    metrics = create_metrics(registry)
+    manager = EvictionManager(
+        ManagerDeps(
+            source=source,
+            pods=BusPods(desired=node_bus.desired, status=node_bus.status),
+            killer=pod_control,
+            free_space=free_space,
+            conditions=node_bus.node,
+            layout=layout,
+            node_event=NodeEvents(node_bus, settings.klet.node_name),
+            metrics=metrics,
+        ),
+        config=config,
+        settings=ManagerSettings(
+            local_storage_capacity_isolation=k.local_storage_capacity_isolation
+        ),
+    )
+    deps = Deps(
+        settings=settings,
+        bus=bus,
+        node_bus=node_bus,
+        cri=cri,
+        manager=manager,
+        registry=registry,
+        metrics=metrics,
+        service_port=settings.klet.service_port or DEFAULT_SERVICE_PORT,
+        # The identity is the replica slot (host + run dir), as syncloop's: a restarted
+        # eviction service takes its lease back at once.
+        lease=bus.lease(
+            "eviction", f"{socket.gethostname()}:{settings.klet.run_dir}", ttl_ms=15_000
+        ),
+        pod_control=pod_control,
+        gc=gc,
+    )
+    return replace(deps, **overrides) if overrides else deps

@@ -1,0 +1,265 @@
+"""The eviction signals measured on the real host and the harness's real containerd.
+
+- memory.available agrees with the kernel's own estimate (/proc/meminfo MemAvailable)
+  and falls when a process the test starts touches memory;
+- nodefs on a small tmpfs the test mounts as the root dir: capacity and inodes are the
+  mount's, and writing a file moves available bytes and free inodes by exactly what
+  `df` sees; the image filesystem is then on another device (a dedicated imagefs);
+- imagefs is the filesystem of the mountpoint containerd's ImageFsInfo names (under
+  the devstack's containerd root), agrees with `df`, and moves when that filesystem
+  fills; containerfs follows it (containerd 1.6 does not split them);
+- pid.available is pid_max minus the tasks running, and moves when the test forks;
+- a real pod's usage: its pod cgroup's working set and tasks, its disk emptyDir (a
+  `medium: Memory` one counts as memory, not disk), its container's log and the
+  container's working set from CRI.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from klet.config.kubelet import KubeletConfiguration
+from klet.config.settings import KletSettings, Settings
+from klet.cri import CRISettings, RuntimeClient
+from klet.devstack import DevStack
+from klet.eviction.hostsignals import FsLayout, HostSignalSource
+from klet.eviction.signals import Observations, PodUsage, Signal
+
+from tests.harness.node import KletNode, wait_for
+from tests.integration.test_static_pods import running
+
+pytestmark = pytest.mark.integration
+
+Mi = 2**20
+IMAGE = "registry.klet.test/busybox:1.36"
+
+
+def settings(root_dir: Path, logs_dir: Path) -> Settings:
+    return Settings(
+        kubelet=KubeletConfiguration(pod_logs_dir=str(logs_dir)),
+        klet=KletSettings(service="eviction", node_name="eviction-signals", root_dir=root_dir),
+    )
+
+
+def observe(
+    stack: DevStack, root_dir: Path, logs_dir: Path | None = None
+) -> tuple[Observations, dict[str, PodUsage], FsLayout]:
+    """One pass of the adapter against the devstack's containerd."""
+
+    async def go() -> tuple[Observations, dict[str, PodUsage], FsLayout]:
+        cri = RuntimeClient(CRISettings(runtime_endpoint=stack.runtime_endpoint, timeout_s=30))
+        try:
+            source = HostSignalSource.from_settings(
+                settings(root_dir, logs_dir or root_dir / "logs"), cri
+            )
+            observed, pods = await source.observe()
+            return observed, pods, await source.fs_layout()
+        finally:
+            await cri.close()
+
+    return asyncio.run(go())
+
+
+def meminfo() -> dict[str, int]:
+    out = {}
+    for line in Path("/proc/meminfo").read_text().splitlines():
+        key, _, rest = line.partition(":")
+        out[key] = int(rest.split()[0]) * 1024
+    return out
+
+
+def df(path: Path) -> tuple[int, int, int, int]:
+    """(size, available bytes, inodes, free inodes) as `df` reports them."""
+    out = subprocess.run(
+        ["df", "-B1", "--output=size,avail", str(path)], capture_output=True, text=True, check=True
+    ).stdout.splitlines()[1]
+    inodes = subprocess.run(
+        ["df", "--output=itotal,iavail", str(path)], capture_output=True, text=True, check=True
+    ).stdout.splitlines()[1]
+    size, avail = map(int, out.split())
+    itotal, iavail = map(int, inodes.split())
+    return size, avail, itotal, iavail
+
+
+def test_memory_available_agrees_with_meminfo_and_falls_when_memory_is_used(
+    devstack: DevStack, tmp_path: Path
+) -> None:
+    before = meminfo()
+    observed, _pods, _layout = observe(devstack, tmp_path)
+    after = meminfo()
+    memory = observed[Signal.MEMORY_AVAILABLE]
+    assert memory.capacity == before["MemTotal"]
+    kernel = (before["MemAvailable"] + after["MemAvailable"]) // 2
+    # The working set counts active file pages as used and leaves kernel memory (slab,
+    # ...) out of the root cgroup's usage; MemAvailable counts file pages and half the
+    # reclaimable slab as available. They differ by at most those, plus noise.
+    margin = max(before["Active(file)"], after["Active(file)"]) + before["Slab"]
+    margin += memory.capacity // 20
+    assert abs(memory.available - kernel) <= margin, (memory, kernel, margin)
+
+    size = min(512 * Mi, kernel // 4)
+    program = (
+        f"import sys; b = bytearray(b'x') * {size}; print('ready', flush=True); sys.stdin.read()"
+    )
+    with subprocess.Popen(
+        [sys.executable, "-c", program], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    ) as hog:
+        try:
+            assert hog.stdout is not None and hog.stdout.readline().strip() == "ready"
+            held, _pods, _layout = observe(devstack, tmp_path)
+            drop = memory.available - held[Signal.MEMORY_AVAILABLE].available
+            assert drop >= size // 2, (drop, size)
+        finally:
+            hog.kill()
+
+
+@pytest.fixture
+def small_fs(tmp_path: Path) -> Iterator[Path]:
+    """A 16 MiB tmpfs with 1000 inodes, unmounted afterwards."""
+    mount = tmp_path / "small"
+    mount.mkdir()
+    subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=16m,nr_inodes=1000", "tmpfs", str(mount)],
+        check=True,
+    )
+    try:
+        yield mount
+    finally:
+        subprocess.run(["umount", str(mount)], check=True)
+
+
+def test_nodefs_on_a_small_filesystem_moves_when_a_file_is_written(
+    devstack: DevStack, small_fs: Path
+) -> None:
+    root = small_fs / "kubelet"
+    root.mkdir()
+    observed, _pods, layout = observe(devstack, root)
+    space, inodes = observed[Signal.NODEFS_AVAILABLE], observed[Signal.NODEFS_INODES_FREE]
+    size, avail, itotal, iavail = df(small_fs)
+    assert (space.capacity, space.available) == (16 * Mi, avail) and size == 16 * Mi
+    assert (inodes.capacity, inodes.available) == (itotal, iavail) == (1000, iavail)
+    # containerd keeps its images elsewhere: a dedicated image filesystem
+    assert layout == FsLayout(dedicated_image_fs=True, split_container_fs=False)
+
+    (root / "blob").write_bytes(b"\0" * (4 * Mi))
+    after, _pods, _layout = observe(devstack, root)
+    assert space.available - after[Signal.NODEFS_AVAILABLE].available == 4 * Mi
+    assert inodes.available - after[Signal.NODEFS_INODES_FREE].available == 1
+    assert after[Signal.NODEFS_AVAILABLE].available == df(small_fs)[1]
+
+
+def test_imagefs_is_containerds_image_filesystem(devstack: DevStack, tmp_path: Path) -> None:
+    async def image_fs() -> str:
+        cri = RuntimeClient(CRISettings(runtime_endpoint=devstack.runtime_endpoint, timeout_s=30))
+        try:
+            images, _containers = await cri.image_fs_info()
+            return images[0].mountpoint
+        finally:
+            await cri.close()
+
+    mountpoint = Path(asyncio.run(image_fs()))
+    assert devstack.containerd is not None
+    assert mountpoint.is_relative_to(devstack.containerd.root), mountpoint
+
+    observed, _pods, layout = observe(devstack, tmp_path)
+    space = observed[Signal.IMAGEFS_AVAILABLE]
+    size, avail, itotal, _iavail = df(mountpoint)
+    assert space.capacity == size
+    assert abs(space.available - avail) <= 64 * Mi  # other writers share this filesystem
+    assert observed[Signal.IMAGEFS_INODES_FREE].capacity == itotal
+    assert observed[Signal.CONTAINERFS_AVAILABLE].capacity == size
+    # the test's root dir and containerd share the host's filesystem here
+    if os.stat(tmp_path).st_dev == os.stat(mountpoint).st_dev:
+        assert layout == FsLayout(dedicated_image_fs=False, split_container_fs=False)
+
+    # filling that filesystem moves imagefs.available
+    filler = devstack.containerd.root / "eviction-test-filler"
+    try:
+        with open(filler, "wb") as f:
+            f.write(b"\1" * (256 * Mi))
+            f.flush()
+            os.fsync(f.fileno())
+        filled, _pods, _layout = observe(devstack, tmp_path)
+        drop = space.available - filled[Signal.IMAGEFS_AVAILABLE].available
+        assert 128 * Mi <= drop <= 384 * Mi, drop
+    finally:
+        filler.unlink(missing_ok=True)
+
+
+def test_pid_available_moves_when_processes_are_forked(devstack: DevStack, tmp_path: Path) -> None:
+    observed, _pods, _layout = observe(devstack, tmp_path)
+    pids = observed[Signal.PID_AVAILABLE]
+    assert pids.capacity == int(Path("/proc/sys/kernel/pid_max").read_text())
+    children = [subprocess.Popen(["sleep", "120"]) for _ in range(60)]
+    try:
+        forked, _pods, _layout = observe(devstack, tmp_path)
+        assert pids.available - forked[Signal.PID_AVAILABLE].available >= 45
+    finally:
+        for child in children:
+            child.kill()
+        for child in children:
+            child.wait(timeout=30)
+    reaped, _pods, _layout = observe(devstack, tmp_path)
+    assert reaped[Signal.PID_AVAILABLE].available - forked[Signal.PID_AVAILABLE].available >= 45
+
+
+USER = f"""
+apiVersion: v1
+kind: Pod
+metadata: {{name: user}}
+spec:
+  terminationGracePeriodSeconds: 1
+  volumes:
+    - {{name: scratch, emptyDir: {{}}}}
+    - {{name: mem, emptyDir: {{medium: Memory}}}}
+  containers:
+    - name: main
+      image: {IMAGE}
+      command:
+        - sh
+        - -c
+        - >-
+          dd if=/dev/zero of=/scratch/blob bs=1M count=8 &&
+          dd if=/dev/zero of=/mem/blob bs=1M count=24 &&
+          echo written && sleep 100000 & sleep 100000 & wait
+      volumeMounts:
+        - {{name: scratch, mountPath: /scratch}}
+        - {{name: mem, mountPath: /mem}}
+"""
+
+
+def test_pod_usage_of_a_real_pod(devstack: DevStack, node_factory: Any, manifests: Path) -> None:
+    node: KletNode = node_factory(manifest_dir=manifests)
+    node.start()
+    (manifests / "user.yaml").write_text(USER)
+    pod = wait_for(lambda: running(node, "user"), timeout_s=60, what="user Running")
+    uid = pod["metadata"]["uid"]
+
+    def usage() -> PodUsage | None:
+        _observed, pods, _layout = observe(devstack, node.root_dir, node.logs_dir)
+        found = pods.get(uid)
+        if found is None or found.volumes.get("scratch", 0) < 8 * Mi or found.logs == 0:
+            return None
+        return found
+
+    found = wait_for(usage, timeout_s=60, what="the pod's usage with its files written")
+    assert (found.namespace, found.name) == ("default", f"user-{node.node_name}")
+    assert list(found.volumes) == ["scratch"]  # the Memory emptyDir is a tmpfs, not disk
+    assert 8 * Mi <= found.volumes["scratch"] < 9 * Mi
+    assert found.ephemeral_storage == found.writable_layer + found.logs + found.volumes["scratch"]
+    assert found.memory_working_set >= 24 * Mi  # tmpfs pages are charged to the pod
+    assert set(found.containers) == {"main"}
+    # the pod cgroup's tasks, counted from outside: pause, sh and two sleeps at least
+    cgroup = next(
+        p
+        for p in Path("/sys/fs/cgroup/pids/kubepods").rglob(f"pod{uid}")
+        if (p / "pids.current").exists()
+    )
+    assert found.processes == int((cgroup / "pids.current").read_text()) >= 4
