@@ -4,7 +4,7 @@ PY := .venv/bin/python
 RUN_DIR ?= $(CURDIR)/.run
 PYTEST_ARGS ?=
 
-.PHONY: setup run test unit integration cluster lint typecheck proto bench clean
+.PHONY: setup run test unit integration cluster lint typecheck proto bench bench-gc clean
 
 setup:
 	@bash tools/setup.sh
@@ -34,13 +34,18 @@ lint: setup
 	.venv/bin/lint-imports
 
 typecheck: setup
-	.venv/bin/mypy libs/src services/pod-source/src services/syncloop/src services/status-reporter/src bench/run.py tools/container_fields.py
+	.venv/bin/mypy libs/src services/pod-source/src services/syncloop/src services/status-reporter/src services/eviction/src services/image-gc/src bench/run.py bench/gc.py tools/container_fields.py
 
 proto:
 	$(PY) tools/gen_proto.py
 
 bench: setup
-	$(PY) bench/run.py tools/container_fields.py
+	$(PY) bench/run.py
+
+# One container GC pass: the decision and a pass at 500 dead containers on the fake
+# runtime, and passes on a private real containerd (root); see bench/README.md.
+bench-gc: setup
+	$(PY) bench/gc.py
 
 # The real control plane of the cluster tests (kube-apiserver, kubectl, etcd), built from
 # tools/cluster's Go modules into $KLET_CACHE (default /var/cache/klet); no-op once cached.

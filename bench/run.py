@@ -68,8 +68,11 @@ spec:
   containers:
     - name: main
       image: {image}
-      command: ["sleep", "3600"]
+      command: ["sh", "-c", "trap 'exit 0' TERM; sleep 3600 & wait"]
 """
+# The same process for the CRI floor: PID 1 of its own PID namespace ignores SIGTERM
+# unless it traps it, so it traps it.
+COMMAND = ("sh", "-c", "trap 'exit 0' TERM; sleep 3600 & wait")
 
 log = logging.getLogger("bench")
 
@@ -116,7 +119,7 @@ class Floor:
             log_directory=str(log_dir), labels={BENCH_LABEL: self.run_id},
         )
         container = ContainerConfig(
-            name="main", attempt=0, image=BUSYBOX_IMAGE, command=("sleep", "3600"),
+            name="main", attempt=0, image=BUSYBOX_IMAGE, command=COMMAND,
             log_path="main/0.log", labels={BENCH_LABEL: self.run_id},
         )
         return sandbox, container
@@ -376,8 +379,9 @@ def report(res: dict[str, Any]) -> str:
             lines.append(f"{label:<44}{1:>4}{m[key] * 1000:>9.0f}{'':>27}{rtxt}")
     lines += [
         "",
-        "manifests set terminationGracePeriodSeconds: 0 (klet clamps it to 2 s); `sleep` "
-        "exits on SIGTERM, so the grace period never elapses in klet's teardown.",
+        "manifests set terminationGracePeriodSeconds: 0 (klet clamps it to 2 s); the "
+        "container is PID 1 of its own PID namespace (as upstream), so it traps SIGTERM "
+        "and exits: the grace period never elapses in klet's teardown.",
         f"total run time {res['run_seconds']:.1f} s "
         f"(devstack start {res['devstack_seconds']:.1f} s)",
     ]

@@ -26,7 +26,7 @@ from klet.syncloop.volumes.fs import mounts_under
 
 T = TypeVar("T")
 
-SERVICES = ("pod-source", "syncloop", "status-reporter")
+SERVICES = ("pod-source", "syncloop", "status-reporter", "eviction", "image-gc")
 
 
 class KletNode:
