@@ -13,8 +13,8 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
-from typing import Any, TypeVar
+from dataclasses import dataclass, replace
+from typing import Any, Protocol, TypeVar
 
 import grpc
 from cri_api.v1 import api_pb2 as pb
@@ -65,6 +65,32 @@ class CRISettings:
     pull_timeout_s: float = 600.0
     read_attempts: int = 3
     retry_initial_s: float = 0.2
+
+
+class RuntimeConfig(Protocol):
+    """The KubeletConfiguration fields that say how to reach the runtime."""
+
+    @property
+    def container_runtime_endpoint(self) -> str: ...
+
+    @property
+    def image_service_endpoint(self) -> str: ...
+
+    @property
+    def runtime_request_timeout(self) -> float: ...
+
+
+def cri_settings(kubelet: RuntimeConfig, **overrides: Any) -> CRISettings:
+    """CRISettings from the configuration (containerRuntimeEndpoint,
+    imageServiceEndpoint, runtimeRequestTimeout), as every service builds it."""
+    return replace(
+        CRISettings(
+            runtime_endpoint=kubelet.container_runtime_endpoint,
+            image_endpoint=kubelet.image_service_endpoint,
+            timeout_s=kubelet.runtime_request_timeout,
+        ),
+        **overrides,
+    )
 
 
 def _target(endpoint: str) -> str:

@@ -18,7 +18,7 @@ from typing import Any
 
 from klet.bus import Bus, BusError, Lease, NodeBus
 from klet.config import Settings
-from klet.cri import CRISettings, RuntimeClient
+from klet.cri import RuntimeClient, cri_settings
 from klet.eviction.hostsignals import FsLayout, HostSignalSource
 from klet.eviction.manager import BusPods, EvictionManager, ManagerSettings
 from klet.eviction.manager import Deps as ManagerDeps
@@ -82,13 +82,7 @@ def build_deps(settings: Settings, **overrides: Any) -> Deps:
     config = parse_eviction_config(k)
     bus = Bus.from_url(settings.klet.redis_url, settings.klet.node_name)
     node_bus = NodeBus.of(bus)
-    cri = RuntimeClient(
-        CRISettings(
-            runtime_endpoint=k.container_runtime_endpoint,
-            image_endpoint=k.image_service_endpoint,
-            timeout_s=k.runtime_request_timeout,
-        )
-    )
+    cri = RuntimeClient(cri_settings(k))
     run_dir = Path(settings.klet.run_dir)
     pod_control = PodControlClient(run_dir / SYNCLOOP_SOCKET)
     gc = GarbageCollectorClient(run_dir / IMAGE_GC_SOCKET)

@@ -9,7 +9,7 @@ from typing import Any
 
 from klet.bus import Bus, Lease, NodeBus
 from klet.config import DEFAULT_SERVICE_PORTS, Settings
-from klet.cri import CRISettings, RuntimeClient
+from klet.cri import RuntimeClient, cri_settings
 from klet.image_gc.collector import Collector, CollectorSettings
 from klet.image_gc.containergc import ContainerGC
 from klet.image_gc.containerselect import ContainerGCSettings
@@ -72,13 +72,7 @@ def build_deps(settings: Settings, **overrides: Any) -> Deps:
     policy = image_gc_policy(settings)  # refuses an invalid policy before any I/O
     bus = Bus.from_url(settings.klet.redis_url, settings.klet.node_name)
     node_bus = NodeBus.of(bus)
-    cri = RuntimeClient(
-        CRISettings(
-            runtime_endpoint=k.container_runtime_endpoint,
-            image_endpoint=k.image_service_endpoint,
-            timeout_s=k.runtime_request_timeout,
-        )
-    )
+    cri = RuntimeClient(cri_settings(k))
     registry = CollectorRegistry()
     metrics = create_metrics(registry)
     events = NodeEvents(node_bus, settings.klet.node_name)

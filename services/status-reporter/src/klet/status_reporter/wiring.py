@@ -25,7 +25,7 @@ from typing import Protocol
 
 from klet.bus import Bus, NodeBus
 from klet.config import DEFAULT_SERVICE_PORTS, Settings
-from klet.cri import CRISettings, RuntimeClient
+from klet.cri import RuntimeClient, cri_settings
 from klet.kube import KubeClient, kube_settings
 from klet.obs import new_registry
 from klet.status_reporter.cluster import (
@@ -238,11 +238,7 @@ def _kubelet_api(
         log.warning("kubelet API on --port is off: authorization mode Webhook needs --kubeconfig")
         return None, closers
     api_cri = RuntimeClient(
-        CRISettings(
-            runtime_endpoint=kubelet.container_runtime_endpoint,
-            image_endpoint=kubelet.effective_image_service_endpoint,
-            timeout_s=kubelet.runtime_request_timeout,
-        )
+        cri_settings(kubelet, image_endpoint=kubelet.effective_image_service_endpoint)
     )
     closers.append(api_cri.close)
     deps = build_kubelet_api_deps(

@@ -13,7 +13,7 @@ from klet.bus import Bus, Lease, NodeBus
 from klet.cgroups import CgroupFS
 from klet.cgroups.machine import read_machine
 from klet.config import Settings
-from klet.cri import CRISettings, RuntimeClient
+from klet.cri import RuntimeClient, cri_settings
 from klet.kube import KubeClient, kube_settings
 from klet.model.node import allocatable_amounts, node_labels, storage_aware_eviction_hard
 from klet.syncloop import podcgroups
@@ -105,13 +105,7 @@ def build_deps(settings: Settings, **overrides: Any) -> Deps:
     k = settings.kubelet
     bus = Bus.from_url(settings.klet.redis_url, settings.klet.node_name)
     node_bus = NodeBus.of(bus)
-    cri = RuntimeClient(
-        CRISettings(
-            runtime_endpoint=k.container_runtime_endpoint,
-            image_endpoint=k.image_service_endpoint,
-            timeout_s=k.runtime_request_timeout,
-        )
-    )
+    cri = RuntimeClient(cri_settings(k))
     events = BusEventSink(node_bus)
     # Cluster mode: ConfigMaps and Secrets (env references, pull secrets) from the apiserver.
     api = kube_settings(settings)
