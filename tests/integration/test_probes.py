@@ -3,7 +3,8 @@
 Covers: an httpGet readiness probe (port by name, custom header) on the httpd image
 flips the container's `ready` and the pod's Ready/ContainersReady conditions to False
 when the served file is removed inside the container and back when it is restored, with
-`Readiness probe failed: HTTP probe failed with statuscode: 404`; an exec liveness
+`Readiness probe failed: HTTP probe failed with statuscode: 404`, both outcomes counted
+in syncloop's `prober_probe_total`; an exec liveness
 probe that starts failing gets the container killed and restarted (restartCount, the
 `Unhealthy` and `Killing` events with upstream's messages) within the probe's own
 terminationGracePeriodSeconds rather than the pod's; a startup probe that never
@@ -147,6 +148,17 @@ def test_http_readiness_follows_the_served_file(node: KletNode, manifests: Path)
     wait_ready(node, "webready", True)
     # the container was never restarted: readiness only gates traffic
     assert container_id(node, "webready") == cid
+    # syncloop's /metrics counted both outcomes under upstream's name and labels
+    metrics = node.metrics("syncloop")
+    for result in ("successful", "failed"):
+        assert any(
+            line.startswith("prober_probe_total{")
+            and 'probe_type="Readiness"' in line
+            and f'result="{result}"' in line
+            and 'container="main"' in line
+            and float(line.rsplit(" ", 1)[1]) >= 1
+            for line in metrics.splitlines()
+        ), result
     (manifests / "webready.yaml").unlink()
 
 

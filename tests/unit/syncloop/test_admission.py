@@ -10,7 +10,8 @@ operator and term rule; counting only admitted pods that still run; the re-admis
 order after a restart. Through PodController on FakeRuntimeService: a rejected pod is
 Failed with "Pod was rejected: ..." and a Warning Event and never gets a sandbox; a pod
 is admitted once; after a restart the pods with running containers are re-admitted
-first, so a new pod is the one rejected at the limit.
+first, so a new pod is the one rejected at the limit; every rejection (also one at the
+re-admission) counts once in kubelet_admission_rejections_total by reason.
 """
 
 from __future__ import annotations
@@ -37,10 +38,12 @@ from klet.syncloop.admission import (
 from klet.syncloop.backoff import Backoff
 from klet.syncloop.controller import PodController
 from klet.syncloop.images import ImagePuller
+from klet.syncloop.metrics import create_metrics
 from klet.syncloop.runtime import PodRuntime
 from klet.syncloop.runtimepod import RuntimePod
 from klet.syncloop.statuspub import StatusPublisher
 from klet.syncloop.syncpod import PodSyncer, SyncSettings
+from prometheus_client import CollectorRegistry
 
 MI = 1024**2
 GI = 1024**3
@@ -666,6 +669,8 @@ class World:
         )
         self.tmp_path = tmp_path
         self.max_pods = max_pods
+        self.registry = CollectorRegistry()
+        self.metrics = create_metrics(self.registry)
         self.controller = self.new_controller()
 
     def clock(self) -> float:
@@ -683,9 +688,15 @@ class World:
             host_ip="192.168.1.10",
             clock=self.clock,
             admission=AdmissionLedger(node),
+            on_rejected=self.metrics.record_admission_rejection,
         )
         controller.workers = Workers()  # type: ignore[assignment]
         return controller
+
+    def rejections(self, reason: str) -> float | None:
+        return self.registry.get_sample_value(
+            "kubelet_admission_rejections_total", {"reason": reason}
+        )
 
     def running(self) -> set[str]:
         return {
@@ -800,3 +811,39 @@ async def test_idle_pods_at_restart_stay_admitted_without_counting(w: World) -> 
     status = w.controller.publisher.get("done")
     assert status is not None and status["phase"] == "Succeeded"
     assert not [e for e in w.events.emitted if e[1] == "Warning"]
+
+
+async def test_each_rejection_counts_once_by_reason(w: World) -> None:
+    table = {
+        "a": rec("a", 1),
+        "d": rec("d", 2, nodeName="elsewhere"),
+        "b": rec("b", 3),
+        "c": rec("c", 4),
+        "e": rec("e", 5),
+    }
+    w.controller.apply_desired(table, READY, read_from=0)
+    assert w.rejections("OutOfpods") is None
+    for uid in table:
+        await w.controller.sync_once(uid)
+    assert w.running() == {"a", "b"}
+    assert w.rejections("OutOfpods") == 2  # c and e
+    assert w.rejections("Other") == 1  # d: NodeName is not on upstream's list
+    for uid in table:  # later syncs of rejected pods count nothing new
+        await w.controller.sync_once(uid)
+    assert w.rejections("OutOfpods") == 2 and w.rejections("Other") == 1
+
+
+async def test_a_rejection_at_the_re_admission_counts(w: World) -> None:
+    table = {"a": rec("a", 1), "b": rec("b", 2)}
+    w.controller.apply_desired(table, READY, read_from=0)
+    await w.controller.sync_once("a")
+    await w.controller.sync_once("b")
+    assert w.rejections("OutOfpods") is None
+    w.max_pods = 1  # the node restarts smaller: only the oldest running pod fits
+    w.controller = w.new_controller()
+    w.controller.apply_desired(table, READY, read_from=0)
+    await w.controller.sync_once("a")
+    await w.controller.sync_once("b")
+    assert w.rejections("OutOfpods") == 1
+    status = w.controller.publisher.get("b")
+    assert status is not None and status["reason"] == "OutOfpods"

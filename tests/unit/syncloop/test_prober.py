@@ -11,7 +11,9 @@ initialDelaySeconds and periodSeconds decide when probes run; a deleted pod's li
 reports success and stops; handler errors are retried three times, then reported as
 `errored` without changing the result; the exec command is expanded with the static
 environment; the semaphore bounds how many probes run at once; `remove_pod` and
-stopping `run()` cancel every task.
+stopping `run()` cancel every task. Metrics: prober_probe_total counts every run with
+a result by probe type and result (`successful`/`failed`), errors not at all, and
+prober_probe_duration_seconds observes successes; a removed pod's series go.
 """
 
 from __future__ import annotations
@@ -29,10 +31,12 @@ from klet.cri import labels as L
 from klet.cri.testing import FakeRuntimeService
 from klet.cri.types import ContainerConfig, SandboxConfig
 from klet.model.types import ContainerID, SandboxID
+from klet.syncloop.metrics import Metrics, create_metrics
 from klet.syncloop.prober import ProbeManager, ProbeSettings
 from klet.syncloop.proberesults import ProbeKind
 from klet.syncloop.runtime import PodRuntime
 from klet.syncloop.runtimepod import RuntimePod
+from prometheus_client import CollectorRegistry
 
 from .helpers import RecordedEvents
 
@@ -86,6 +90,7 @@ class Env:
     woken: list[str]
     exits: dict[str, int]  # command text -> exit code the fake ExecSync answers
     sandbox: SandboxID | None = None
+    registry: CollectorRegistry | None = None
 
     async def runtime(self) -> RuntimePod:
         return await PodRuntime(self.cri).get(UID)
@@ -123,6 +128,8 @@ async def env() -> AsyncIterator[Env]:
     cri.exec_responder = respond
     events = RecordedEvents()
     woken: list[str] = []
+    registry = CollectorRegistry()
+    metrics: Metrics = create_metrics(registry)
     prober = ProbeManager(
         cri,
         events=events,
@@ -130,11 +137,12 @@ async def env() -> AsyncIterator[Env]:
         clock=clock,
         sleep=clock.sleep,
         jitter=lambda: 0.0,
+        observer=metrics.prober,
     )
     prober.started_at = clock.t - 3600  # a prober running for long: no start-up jitter
     runner = asyncio.create_task(prober.run())
     await settle()
-    yield Env(clock, cri, events, prober, woken, exits)
+    yield Env(clock, cri, events, prober, woken, exits, registry=registry)
     runner.cancel()
     await asyncio.gather(runner, return_exceptions=True)
 
@@ -384,3 +392,73 @@ async def test_updates_before_run_starts_are_started_by_run() -> None:
     runner.cancel()
     await asyncio.gather(runner, return_exceptions=True)
     assert env.prober.probing(UID) == {cid: []}
+
+
+def probe_total(env: Env, probe_type: str, result: str, container: str = "app") -> float | None:
+    assert env.registry is not None
+    labels = {
+        "probe_type": probe_type,
+        "result": result,
+        "container": container,
+        "pod": "web",
+        "namespace": "default",
+        "pod_uid": UID,
+    }
+    return env.registry.get_sample_value("prober_probe_total", labels)
+
+
+def duration_count(env: Env, probe_type: str) -> float | None:
+    assert env.registry is not None
+    labels = {"probe_type": probe_type, "container": "app", "pod": "web", "namespace": "default"}
+    return env.registry.get_sample_value("prober_probe_duration_seconds_count", labels)
+
+
+async def test_probe_runs_are_counted_by_type_and_result(env: Env) -> None:
+    p = pod(
+        readinessProbe=exec_probe("ready", periodSeconds=5, failureThreshold=3),
+        livenessProbe=exec_probe("alive", periodSeconds=5, failureThreshold=3),
+    )
+    await env.start("app")
+    await env.sync(p)
+    await env.clock.advance(0)
+    assert probe_total(env, "Readiness", "successful") == 1
+    assert probe_total(env, "Liveness", "successful") == 1
+    assert probe_total(env, "Readiness", "failed") is None
+    assert duration_count(env, "Readiness") == 1
+
+    env.exits["ready"] = 1
+    await env.clock.advance(5)
+    await env.clock.advance(5)
+    # each run counts, also those below the failure threshold
+    assert probe_total(env, "Readiness", "failed") == 2
+    assert probe_total(env, "Readiness", "successful") == 1
+    assert probe_total(env, "Liveness", "successful") == 3
+    assert duration_count(env, "Readiness") == 1  # upstream times successes only
+    assert duration_count(env, "Liveness") == 3
+
+
+async def test_probe_errors_are_not_counted(env: Env) -> None:
+    await env.start("app")
+    env.cri.fail_always("ExecSync", CRIError("ExecSync: UNKNOWN: runtime hiccup"))
+    await env.sync(pod(readinessProbe=exec_probe("ready", periodSeconds=10)))
+    await env.clock.advance(0)
+    assert env.execs("ready") == 3
+    for result in ("successful", "failed", "unknown"):
+        assert probe_total(env, "Readiness", result) is None
+
+
+async def test_a_removed_pods_probe_series_are_deleted(env: Env) -> None:
+    p = pod(startupProbe=exec_probe("started", periodSeconds=1, failureThreshold=5))
+    env.exits["started"] = 1
+    await env.start("app")
+    await env.sync(p)
+    await env.clock.advance(0)
+    env.exits["started"] = 0
+    await env.clock.advance(1)
+    assert probe_total(env, "Startup", "failed") == 1
+    assert probe_total(env, "Startup", "successful") == 1
+    env.prober.remove_pod(UID)
+    await settle()
+    assert probe_total(env, "Startup", "failed") is None
+    assert probe_total(env, "Startup", "successful") is None
+    assert duration_count(env, "Startup") is None

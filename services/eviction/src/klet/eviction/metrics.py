@@ -80,14 +80,13 @@ def create_metrics(registry: CollectorRegistry) -> Metrics:
     return Metrics(
         evictions=UpstreamCounter(
             "kubelet_evictions",
-            "Cumulative number of pod evictions by eviction signal",
+            "Pods this node evicted, by the signal that made it evict",
             "eviction_signal",
             registry=registry,
         ),
         stats_age=Histogram(
             "kubelet_eviction_stats_age_seconds",
-            "Time between when stats are collected, and when pod is evicted based on "
-            "those stats by eviction signal",
+            "Age of the measurement an eviction was decided on, by signal",
             ["eviction_signal"],
             registry=registry,
             buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),

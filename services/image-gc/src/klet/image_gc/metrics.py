@@ -32,8 +32,7 @@ def create_metrics(registry: CollectorRegistry) -> Metrics:
     return Metrics(
         images_collected=Counter(
             "kubelet_image_garbage_collected_total",
-            "Total number of images garbage collected by the kubelet, "
-            "whether through disk usage or image age.",
+            "Images removed by image GC, by why: disk space or age",
             ["reason"],
             registry=registry,
         ),

@@ -113,6 +113,7 @@ class PodController:
         admission: AdmissionLedger | None = None,
         pressure: PressureSource | None = None,
         last_status: LastStatus | None = None,
+        on_rejected: Callable[[str], None] | None = None,
     ) -> None:
         self.bus = bus
         self.last_status = last_status  # the status published before a restart
@@ -141,6 +142,8 @@ class PodController:
         # Admission (admission.py): None admits every pod (unit tests of other concerns).
         self.admission = admission
         self.pressure = pressure  # node pressure for admission; None: never under pressure
+        # Told the reason of every admission rejection (kubelet_admission_rejections_total).
+        self.on_rejected = on_rejected
         self._desired_read = False  # the restart re-admission needs one full table read
         self._readmit_lock = asyncio.Lock()
 
@@ -372,6 +375,7 @@ class PodController:
                 "pod rejected",
                 extra={"uid": uid, "reason": verdict.reason, "message": verdict.message},
             )
+            self._rejected(verdict.reason)
         return verdict
 
     async def _readmit(self, ledger: AdmissionLedger) -> None:
@@ -389,10 +393,16 @@ class PodController:
             idle=[u for u in present - running if u in self.desired],
         )
         rejected = {u: v.reason for u, v in verdicts.items() if not v.admit}
+        for reason in rejected.values():
+            self._rejected(reason)
         log.info(
             "re-admitted the running pods",
             extra={"admitted": len(verdicts) - len(rejected), "rejected": rejected},
         )
+
+    def _rejected(self, reason: str) -> None:
+        if self.on_rejected is not None:
+            self.on_rejected(reason)
 
     def _update_probes(self, pod: JSON, current: RuntimePod, *, deleting: bool) -> None:
         """Start probes for newly running containers, stop those of exited ones."""

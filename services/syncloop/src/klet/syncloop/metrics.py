@@ -1,10 +1,94 @@
-"""syncloop's Prometheus metrics, upstream names where upstream has one."""
+"""syncloop's Prometheus metrics, upstream names where upstream has one.
+
+The prober and the pod controller do not import prometheus: wiring hands them the
+small recorders below (`ProberMetrics`, `Metrics.record_admission_rejection`).
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+if TYPE_CHECKING:
+    from klet.syncloop.prober import ProbeRun
+
+# upstream's prober_probe_total `result` values; upstream's third value, "unknown", is
+# never reached: a probe that errors is thrown away there and here, not counted.
+PROBE_SUCCESSFUL = "successful"
+PROBE_FAILED = "failed"
+
+# upstream's allowlist for the `reason` label of kubelet_admission_rejections_total (it
+# keeps the label's cardinality bounded): other "OutOf<resource>" reasons count as
+# OutOfExtendedResources, anything else as Other.
+ADMISSION_REJECTION_REASONS = frozenset(
+    {
+        "AppArmor",
+        "PodOSSelectorNodeLabelDoesNotMatch",
+        "PodOSNotSupported",
+        "InvalidNodeInfo",
+        "InitContainerRestartPolicyForbidden",
+        "SupplementalGroupsPolicyNotSupported",
+        "UnexpectedAdmissionError",
+        "UnknownReason",
+        "UnexpectedPredicateFailureType",
+        "OutOfcpu",
+        "OutOfmemory",
+        "OutOfephemeral-storage",
+        "OutOfpods",
+        "node(s) had taints that the pod didn't tolerate",
+        "Evicted",
+        "SysctlForbidden",
+        "TopologyAffinityError",
+        "NodeShutdown",
+    }
+)
+
+
+def admission_rejection_reason(reason: str) -> str:
+    """The `reason` label upstream records for a pod rejected with `reason`."""
+    if reason in ADMISSION_REJECTION_REASONS:
+        return reason
+    if reason.startswith("OutOf"):
+        return "OutOfExtendedResources"
+    return "Other"
+
+
+@dataclass
+class ProberMetrics:
+    """prober_probe_total and prober_probe_duration_seconds, fed by the probe manager.
+
+    As upstream, a probe run counts by result, its duration is observed for successes
+    only, and a removed pod's series are deleted.
+    """
+
+    results: Counter
+    duration: Histogram
+    _series: dict[str, set[tuple[str, ...]]] = field(default_factory=dict)
+
+    def observe(self, run: ProbeRun) -> None:
+        base = (run.kind.value, run.container, run.pod, run.namespace)
+        result = PROBE_SUCCESSFUL if run.ok else PROBE_FAILED
+        self.results.labels(base[0], result, *base[1:], run.pod_uid).inc()
+        self._series.setdefault(run.pod_uid, set()).add((result, *base))
+        if run.ok:
+            self.duration.labels(*base).observe(max(0.0, run.duration_s))
+
+    def forget_pod(self, uid: str) -> None:
+        # The duration has no pod_uid label: a pod recreated under the same name shares
+        # the series, which stays while any pod still has it.
+        kept = {
+            s[1:]
+            for u, series in self._series.items()
+            if u != uid
+            for s in series
+            if s[0] == PROBE_SUCCESSFUL
+        }
+        for result, *base in self._series.pop(uid, set()):
+            self.results.remove(base[0], result, *base[1:], uid)
+            if result == PROBE_SUCCESSFUL and tuple(base) not in kept:
+                self.duration.remove(*base)
 
 
 @dataclass(frozen=True)
@@ -16,30 +100,35 @@ class Metrics:
     pod_worker_duration: Histogram
     bad_bus_entries: Counter
     bus_errors: Counter
+    admission_rejections: Counter
+    prober: ProberMetrics
+
+    def record_admission_rejection(self, reason: str) -> None:
+        self.admission_rejections.labels(admission_rejection_reason(reason)).inc()
 
 
 def create_metrics(registry: CollectorRegistry) -> Metrics:
     return Metrics(
         running_pods=Gauge(
             "kubelet_running_pods",
-            "Number of pods that have a running pod sandbox",
+            "Pods whose sandbox is running on this node",
             registry=registry,
         ),
         pod_workers=Gauge("klet_syncloop_pod_workers", "Pod workers alive", registry=registry),
         pleg_relist_duration=Histogram(
             "kubelet_pleg_relist_duration_seconds",
-            "Duration in seconds for relisting pods in PLEG.",
+            "Seconds one PLEG relist of the runtime took",
             registry=registry,
             buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
         ),
         pleg_last_seen=Gauge(
             "kubelet_pleg_last_seen_seconds",
-            "Timestamp in seconds when PLEG was last seen active.",
+            "Unix time of the last completed PLEG relist",
             registry=registry,
         ),
         pod_worker_duration=Histogram(
             "kubelet_pod_worker_duration_seconds",
-            "Duration in seconds to sync a single pod.",
+            "Seconds one pod worker sync took",
             ["operation"],
             registry=registry,
         ),
@@ -50,5 +139,25 @@ def create_metrics(registry: CollectorRegistry) -> Metrics:
         ),
         bus_errors=Counter(
             "klet_syncloop_bus_errors_total", "Failed reads of the Redis bus", registry=registry
+        ),
+        admission_rejections=Counter(
+            "kubelet_admission_rejections_total",
+            "Pods this node refused to admit, by reason",
+            ["reason"],
+            registry=registry,
+        ),
+        prober=ProberMetrics(
+            results=Counter(
+                "prober_probe_total",
+                "Probe runs of containers, by probe type and result",
+                ["probe_type", "result", "container", "pod", "namespace", "pod_uid"],
+                registry=registry,
+            ),
+            duration=Histogram(
+                "prober_probe_duration_seconds",
+                "Seconds a successful probe run took",
+                ["probe_type", "container", "pod", "namespace"],
+                registry=registry,
+            ),
         ),
     )

@@ -15,6 +15,10 @@ published result changes, the pod's worker is woken (`on_change`), which recompu
 status (readiness, `started`) and the actions (liveness and startup failures kill the
 container). Probes never run inside a pod worker, so a slow probe never delays a sync.
 
+Every probe run that produced a result (an error is not one) is reported to the
+`observer` (upstream's prober_probe_total and prober_probe_duration_seconds; wiring
+passes metrics.ProberMetrics), which forgets a pod's series when the pod is removed.
+
 `run()` is syncloop's root task for probing: the tasks live in its task group, so they
 stop when it stops, and probes only run while it runs.
 """
@@ -27,6 +31,7 @@ import random
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from klet.cri.types import ContainerState
 from klet.model.types import JSON, ContainerID
@@ -50,6 +55,29 @@ log = logging.getLogger(__name__)
 class ProbeSettings:
     max_concurrent: int = 32
     """Probes (handler runs) in flight at once on the node; the others wait their turn."""
+
+
+@dataclass(frozen=True)
+class ProbeRun:
+    """One probe run with a result, as the metrics see it."""
+
+    kind: ProbeKind
+    pod_uid: str
+    pod: str
+    namespace: str
+    container: str
+    ok: bool
+    duration_s: float  # from the start of the run (retries included) to its result
+
+
+class ProbeObserver(Protocol):
+    def observe(self, run: ProbeRun) -> None:
+        """A probe ran and produced a result."""
+        ...
+
+    def forget_pod(self, uid: str) -> None:
+        """The pod was removed: drop what was kept about its probes."""
+        ...
 
 
 @dataclass
@@ -85,6 +113,7 @@ class ProbeManager:
         clock: Callable[[], float] = time.time,
         sleep: Sleep = asyncio.sleep,
         jitter: Callable[[], float] = random.random,
+        observer: ProbeObserver | None = None,
     ) -> None:
         self.cri = cri
         self.events = events
@@ -93,6 +122,7 @@ class ProbeManager:
         self.clock = clock
         self.sleep = sleep
         self.jitter = jitter
+        self.observer = observer
         self.started_at = clock()
         self._semaphore = asyncio.Semaphore(self.settings.max_concurrent)
         self._pods: dict[str, _Pod] = {}
@@ -147,6 +177,8 @@ class ProbeManager:
             return
         for cid in list(entry.instances):
             self._drop_instance(entry, cid)
+        if self.observer is not None:
+            self.observer.forget_pod(uid)
 
     def probing(self, uid: str) -> dict[ContainerID, list[ProbeKind]]:
         """The probe tasks still running for a pod (for tests and debugging)."""
@@ -239,6 +271,7 @@ class ProbeManager:
             if decision == probes.Gate.RUN:
                 ok = await self._probe(entry, cid, inst, spec)
                 if ok is not None:
+                    self._observe(uid, entry, inst, spec.kind, ok=ok, begun=begun)
                     step = probes.record(spec, counter, ok)
                     counter = step.counter
                     if step.publish is not None:
@@ -246,6 +279,23 @@ class ProbeManager:
                     if step.hold:
                         return
             at = probes.next_probe_at(spec, last_probe_at=begun, now=self.clock())
+
+    def _observe(
+        self, uid: str, entry: _Pod, inst: _Instance, kind: ProbeKind, *, ok: bool, begun: float
+    ) -> None:
+        if self.observer is None:
+            return
+        meta = entry.pod.get("metadata") or {}
+        run = ProbeRun(
+            kind=kind,
+            pod_uid=uid,
+            pod=str(meta.get("name", "")),
+            namespace=str(meta.get("namespace", "")),
+            container=str(inst.container.get("name", "")),
+            ok=ok,
+            duration_s=self.clock() - begun,
+        )
+        self.observer.observe(run)
 
     async def _probe(
         self, entry: _Pod, cid: ContainerID, inst: _Instance, spec: probes.ProbeSpec

@@ -176,11 +176,15 @@ def build_deps(settings: Settings, **overrides: Any) -> Deps:
         volumes=volumes,
     )
     publisher = StatusPublisher(node_bus)
+    registry = CollectorRegistry()
+    metrics = create_metrics(registry)
 
     def probe_result_changed(uid: str) -> None:
         controller.on_runtime_change(uid)  # wake the pod's worker
 
-    prober = ProbeManager(cri, events=events, on_change=probe_result_changed)
+    prober = ProbeManager(
+        cri, events=events, on_change=probe_result_changed, observer=metrics.prober
+    )
     controller = PodController(
         bus=node_bus,
         runtime=runtime,
@@ -191,8 +195,8 @@ def build_deps(settings: Settings, **overrides: Any) -> Deps:
         admission=AdmissionLedger(admission_node(settings)),
         pressure=NodePressure(node_bus),
         last_status=functools.partial(published_status, node_bus),
+        on_rejected=metrics.record_admission_rejection,
     )
-    registry = CollectorRegistry()
     deps = Deps(
         settings=settings,
         bus=bus,
@@ -202,7 +206,7 @@ def build_deps(settings: Settings, **overrides: Any) -> Deps:
         prober=prober,
         events=events,
         registry=registry,
-        metrics=create_metrics(registry),
+        metrics=metrics,
         socket_path=Path(settings.klet.run_dir) / "syncloop.sock",
         service_port=settings.klet.service_port or DEFAULT_SERVICE_PORT,
         consumer=f"{socket.gethostname()}-{os.getpid()}",
