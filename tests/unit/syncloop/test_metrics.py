@@ -1,0 +1,89 @@
+"""syncloop's metric recorders (metrics.py) without a running prober or controller.
+
+Covers: the `reason` label of kubelet_admission_rejections_total follows upstream's
+allowlist (known reasons as they are, other `OutOf<resource>` as
+OutOfExtendedResources, the rest as Other); ProberMetrics deletes a removed pod's
+prober_probe_total series, and its prober_probe_duration_seconds series only once no
+other pod with the same name still has it.
+"""
+
+from __future__ import annotations
+
+import pytest
+from klet.syncloop.metrics import admission_rejection_reason, create_metrics
+from klet.syncloop.prober import ProbeRun
+from klet.syncloop.proberesults import ProbeKind
+from prometheus_client import CollectorRegistry
+
+
+@pytest.mark.parametrize(
+    ("reason", "label"),
+    [
+        ("OutOfpods", "OutOfpods"),
+        ("OutOfcpu", "OutOfcpu"),
+        ("OutOfmemory", "OutOfmemory"),
+        ("OutOfephemeral-storage", "OutOfephemeral-storage"),
+        ("OutOfexample.com/gpu", "OutOfExtendedResources"),
+        ("OutOfhugepages-2Mi", "OutOfExtendedResources"),
+        ("Evicted", "Evicted"),
+        ("PodOSNotSupported", "PodOSNotSupported"),
+        ("PodOSSelectorNodeLabelDoesNotMatch", "PodOSSelectorNodeLabelDoesNotMatch"),
+        ("SysctlForbidden", "SysctlForbidden"),
+        ("NodeAffinity", "Other"),
+        ("NodeName", "Other"),
+        ("NodePorts", "Other"),
+        ("", "Other"),
+    ],
+)
+def test_admission_rejection_reason(reason: str, label: str) -> None:
+    assert admission_rejection_reason(reason) == label
+
+
+def run(uid: str, *, ok: bool) -> ProbeRun:
+    return ProbeRun(
+        kind=ProbeKind.READINESS,
+        pod_uid=uid,
+        pod="web-0",
+        namespace="default",
+        container="app",
+        ok=ok,
+        duration_s=0.25,
+    )
+
+
+def test_duration_series_stays_while_a_pod_of_the_same_name_has_it() -> None:
+    registry = CollectorRegistry()
+    metrics = create_metrics(registry)
+    base = {"probe_type": "Readiness", "container": "app", "pod": "web-0", "namespace": "default"}
+
+    def total(uid: str, result: str) -> float | None:
+        labels = {**base, "result": result, "pod_uid": uid}
+        return registry.get_sample_value("prober_probe_total", labels)
+
+    def timed() -> float | None:
+        return registry.get_sample_value("prober_probe_duration_seconds_count", base)
+
+    metrics.prober.observe(run("old", ok=True))
+    metrics.prober.observe(run("old", ok=False))
+    metrics.prober.observe(run("new", ok=True))  # the pod recreated under its name
+    assert (total("old", "successful"), total("old", "failed")) == (1, 1)
+    assert timed() == 2
+    metrics.prober.forget_pod("old")
+    assert total("old", "successful") is None and total("old", "failed") is None
+    assert total("new", "successful") == 1
+    assert timed() == 2  # still the new pod's series
+    metrics.prober.forget_pod("new")
+    assert total("new", "successful") is None and timed() is None
+    metrics.prober.forget_pod("never-probed")  # nothing to delete, nothing raised
+
+
+def test_admission_rejections_are_counted_by_upstream_label() -> None:
+    registry = CollectorRegistry()
+    metrics = create_metrics(registry)
+    for reason in ("OutOfpods", "OutOfexample.com/gpu", "NodePorts", "OutOfpods"):
+        metrics.record_admission_rejection(reason)
+    count = {
+        label: registry.get_sample_value("kubelet_admission_rejections_total", {"reason": label})
+        for label in ("OutOfpods", "OutOfExtendedResources", "Other", "OutOfcpu")
+    }
+    assert count == {"OutOfpods": 2, "OutOfExtendedResources": 1, "Other": 1, "OutOfcpu": None}
