@@ -14,6 +14,7 @@ import errno
 import json
 import logging
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -31,16 +32,43 @@ class StartError(RuntimeError):
     """A component did not start or did not become ready in time."""
 
 
-def free_port() -> int:
-    """Return a TCP port on 127.0.0.1 that was free a moment ago.
+_EPHEMERAL = Path("/proc/sys/net/ipv4/ip_local_port_range")
+_handed_out: set[int] = set()
 
-    The port is released before it is returned, so another process may take it; the
-    window is small and the daemons here fail loudly (and the caller retries) if so.
+
+def _ephemeral_low() -> int:
+    try:
+        return int(_EPHEMERAL.read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
+def free_port() -> int:
+    """Return a TCP port that was free on every address a moment ago.
+
+    It is picked below the kernel's ephemeral range: a port the kernel hands out on
+    bind(0) may be given next to any outgoing connection's source port, and on a busy
+    machine one took a daemon's port between this check and its bind. Ports handed out
+    by this process are not handed out again. The daemons here fail loudly if a port is
+    taken all the same.
     """
+    high = min(_ephemeral_low(), 65536) - 1
+    low = 10000 if high > 12000 else 1024
+    for _ in range(200):
+        port = random.randint(low, high)
+        if port in _handed_out:
+            continue
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            try:
+                sock.bind(("0.0.0.0", port))
+            except OSError:
+                continue
+        _handed_out.add(port)
+        return port
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
+        fallback: int = sock.getsockname()[1]
+        return fallback
 
 
 def tail(path: Path, lines: int = LOG_TAIL_LINES) -> str:
