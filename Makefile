@@ -4,7 +4,7 @@ PY := .venv/bin/python
 RUN_DIR ?= $(CURDIR)/.run
 PYTEST_ARGS ?=
 
-.PHONY: setup run test unit integration cluster lint typecheck proto bench bench-gc clean
+.PHONY: setup run test unit integration cluster soak lint typecheck proto bench bench-gc clean
 
 setup:
 	@bash tools/setup.sh
@@ -28,6 +28,12 @@ integration: setup
 
 cluster: setup cluster-binaries
 	$(PY) -m pytest -m cluster $(PYTEST_ARGS)
+
+# Faults on a loaded node (tests/soak): 110 static pods in cluster mode; every service
+# SIGKILLed 10 times, Redis flushed, containerd SIGKILLed 6 times, the apiserver down
+# 120 s. Tens of minutes: not part of `make test`. KLET_SOAK_* variables scale it down.
+soak: setup cluster-binaries
+	KLET_SOAK=1 $(PY) -m pytest tests/soak -s $(PYTEST_ARGS)
 
 lint: setup
 	.venv/bin/ruff check libs services tests bench tools

@@ -8,9 +8,13 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import os
 from collections.abc import AsyncIterator
 
 import pytest
+
+# The soak (tests/soak) runs for tens of minutes: only `make soak` (KLET_SOAK=1) collects it.
+collect_ignore = [] if os.environ.get("KLET_SOAK") else ["soak"]
 
 
 @pytest.fixture

@@ -205,6 +205,25 @@ disabled_plugins = [{disabled}]
         self.write_config()
         if self.root_size_bytes is not None:
             self._mount_small_root(self.root_size_bytes)
+        self._spawn(timeout_s=timeout_s)
+
+    def crash(self) -> None:
+        """SIGKILL containerd alone, as a crash would: the shims and the containers they
+        run keep running (soak tests restart it with ``recover``)."""
+        if self._proc is not None:
+            self._proc.kill()
+            self._proc = None
+
+    def recover(self, *, timeout_s: float = 30.0) -> None:
+        """Start containerd again on the state a ``crash`` left, without ``start``'s
+        clean-up, so it re-adopts the running shims as a restarted daemon does."""
+        if self.alive:
+            return
+        for path in (self.socket, self.ttrpc_socket):
+            path.unlink(missing_ok=True)
+        self._spawn(timeout_s=timeout_s)
+
+    def _spawn(self, *, timeout_s: float) -> None:
         env = dict(os.environ)
         # containerd finds runc and containerd-shim-runc-v2 through PATH.
         env["PATH"] = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
