@@ -14,10 +14,10 @@ seeded random order and at random moments, it injects:
 
 Before every fault it flips the readiness of one pod (through CRI exec), a status update
 that must reach both `/pods` and the apiserver's mirror pod despite the fault. After each
-fault it measures the convergence time: until every pod is Running with the readiness it
-should have, in `/pods` and in the apiserver. At the end it asserts: 0 containers
-restarted or replaced (CRI container IDs and restartCount), 0 lost status updates, 0
-duplicate Events; and it writes the figures to `bench/results/soak.json`.
+fault it measures the convergence time, from the moment the component is back until every
+pod is Running with the readiness it should have, in `/pods` and in the apiserver. At the
+end it asserts: 0 containers restarted or replaced (CRI container IDs and restartCount),
+0 lost status updates, 0 duplicate Events; and it writes the figures to `bench/results/soak.json`.
 
 `KLET_SOAK_PODS` (default 110) and `KLET_SOAK_SEED` set the size and the order.
 """
@@ -163,7 +163,8 @@ class Soak:
         self.expected_ready[name] = ready
         self.flips += 1
 
-    def inject(self, fault: Fault, rng: random.Random) -> None:
+    def inject(self, fault: Fault, rng: random.Random) -> float:
+        """Inject `fault` and repair it; return when the component was back."""
         if fault.kind == "service":
             self.node.kill(fault.target)
             time.sleep(rng.uniform(0.0, 2.0))
@@ -187,6 +188,7 @@ class Soak:
             self.plane.start_apiserver()
         else:
             raise ValueError(f"unknown fault {fault}")
+        return time.monotonic()
 
 
 def cri(stack: DevStack, call: Any) -> Any:
@@ -261,9 +263,7 @@ def test_soak(soak: Soak) -> None:
     for i, fault in enumerate(faults):
         soak.flip(flip_order[i % len(flip_order)])
         time.sleep(rng.uniform(0.0, 3.0))  # a random moment relative to the flip
-        at = time.monotonic()
-        soak.inject(fault, rng)
-        soak.wait_converged(fault.kind, at)
+        soak.wait_converged(fault.kind, soak.inject(fault, rng))
 
     # The final view: nothing replaced, nothing restarted, every flip reported.
     final = {cid for cid, pod in containers(soak.stack).items() if pod.endswith("-soaknode")}
