@@ -3,7 +3,7 @@ as the file grows, a replaced file read from its start, the end of the stream on
 container stops (with its last lines and dangling partial), limitBytes ending a
 followed stream; the rotated files (gzipped or not) read in order for a whole log,
 --tail and --since; follow across a rotation (rename, late writes to the old file,
-reopen) losing nothing; and the bounds: --tail=1 on a 19 MB log reads a few blocks,
+reopen) losing nothing, even two rotations behind; and the bounds: --tail=1 on a 19 MB log reads a few blocks,
 memory stays far below an 8 MB log's size, and a followed burst arrives in blocks."""
 
 from __future__ import annotations
@@ -185,6 +185,35 @@ async def test_follow_across_a_rotation_loses_nothing(tmp_path: Path) -> None:
     await asyncio.wait_for(task, 2)
     files.close()
     assert names(chunks) == list(range(2, 14))
+
+
+async def test_a_follower_two_rotations_behind_reads_the_file_in_between(
+    tmp_path: Path,
+) -> None:
+    """The client does not read while the log is rotated twice (the first rotated file
+    already gzipped): the file rotated in between is read before the new log."""
+    log = tmp_path / "0.log"
+    log.write_bytes(numbered(0, 3))
+    running = [True]
+
+    async def is_running() -> bool:
+        return running[0]
+
+    files = LogFiles.open(str(log))
+    stream = stream_log(files, LogOptions(follow=True), is_running=is_running, policy=FAST)
+    chunks = [await anext(stream)]
+    # the client stalls; meanwhile two rotations, the first file then compressed
+    first = tmp_path / "0.log.20231114-221320"
+    log.rename(first)
+    log.write_bytes(numbered(3, 6))
+    log.rename(tmp_path / "0.log.20231114-221330")
+    first.with_name(first.name + ".gz").write_bytes(gzip.compress(first.read_bytes()))
+    first.unlink()
+    log.write_bytes(numbered(6, 9))
+    running[0] = False
+    chunks += [c async for c in stream]
+    files.close()
+    assert names(chunks) == list(range(9))
 
 
 def test_scan_back_stops_after_the_lines_it_needs() -> None:

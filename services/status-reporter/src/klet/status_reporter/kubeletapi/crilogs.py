@@ -10,13 +10,18 @@ Differences from upstream's reader, on purpose:
 - partial lines are joined (per stream) into one logical line carrying the first
   fragment's timestamp, so `timestamps=true` never puts a timestamp mid-line and
   `tailLines` counts the lines the container printed, not the runtime's fragments;
+  a logical line longer than MAX_PENDING is passed on in pieces, so memory stays
+  bounded whatever a container prints;
 - malformed lines are skipped (upstream logs and skips them too).
 
 The query follows upstream's PodLogOptions handling: `tail` is an alias of `tailLines`
 ("all" = no limit); bare `follow`, `previous`, `timestamps` mean true; booleans accept
 Go's ParseBool spellings; an undecodable value is a 400, an invalid one a 422.
 Selection is tail first, then since (as upstream: seek back N lines, then skip older
-ones), then `limitBytes` over the formatted output (a line may be cut).
+ones), then `limitBytes` over the formatted output (a line may be cut). Where the
+selected lines start is decided going backwards from the end (`TailFinder`, or
+`forward_start` for a file that can only be read forwards), so the reader never
+decodes, nor holds, more of the log than it sends.
 """
 
 from __future__ import annotations

@@ -18,8 +18,9 @@ file is then polled every `poll_s`. After `check_s` without new data the contain
 state is asked for (`is_running`); once it is not running the file is read one last
 time and the stream ends, as upstream's follow ends when the container exits. When
 the log path names another file than the one being read (log rotation renamed it and
-the runtime reopened a new one), the old file is read to its end and the new one from
-its start; a file truncated under us is read again from its start. A client that goes
+the runtime reopened a new one), the old file is read to its end, then any file rotated
+meanwhile (a client slower than the writer), then the new one from its start; a file
+truncated under us is read again from its start. A client that goes
 away is noticed by the HTTP layer, which cancels the reader.
 
 Memory: one block read, one partial line per stream (`crilogs.MAX_PENDING`) and one
@@ -156,6 +157,8 @@ class LogFiles:
         """The current log's size when it was opened."""
         self.offset = 0
         """Where the current log has been read to (`chunks`, `read_current`)."""
+        self.known = {f.name.removesuffix(COMPRESSED_SUFFIX) for f in files[:-1]}
+        """Rotated files (names without .gz) read or older than the one being read."""
 
     @classmethod
     def open(cls, path: str) -> LogFiles:
@@ -265,15 +268,35 @@ class LogFiles:
     def truncated(self) -> bool:
         return self.current.size() < self.offset
 
-    def reopen(self) -> bool:
-        """Read the file the log path now names, from its start; False when it is gone."""
-        f = _open(self.path, os.path.basename(self.path))
-        if f is None:
-            return False
+    def advance(self) -> list[_LogFile] | None:
+        """Move on to the file the log path now names, read from its start. Returns the
+        files rotated in between, opened, oldest first, which the caller reads first
+        and closes (a reader slower than the writer may be more than one rotation
+        behind; the first file rotated since is the one just read); None, changing
+        nothing, when the log path is gone (a rotation in progress)."""
+        new = _open(self.path, os.path.basename(self.path))
+        if new is None:
+            return None
+        directory, base = os.path.split(self.path)
+        in_use, _ = rotations_of(base, _names(directory))
+        fresh = [n for n in in_use if n.removesuffix(COMPRESSED_SUFFIX) not in self.known]
+        self.known.update(n.removesuffix(COMPRESSED_SUFFIX) for n in fresh)
+        missed = [f for f in (_open(os.path.join(directory, n), n) for n in fresh[1:]) if f]
         self.files[-1].f.close()
-        self.files[-1] = f
+        self.files[-1] = new
         self.offset = 0
-        return True
+        return missed
+
+
+def _whole(f: _LogFile) -> Iterator[bytes]:
+    """All of one file, in blocks of at most BLOCK bytes."""
+    if f.gz:
+        yield from f.gz_chunks()
+        return
+    pos = 0
+    while data := f.read(pos, BLOCK):
+        pos += len(data)
+        yield data
 
 
 def _gz_lines(f: _LogFile) -> Callable[[], Iterator[tuple[int, bytes]]]:
@@ -350,7 +373,15 @@ async def stream_log(
             while data := await asyncio.to_thread(files.read_current):
                 if out := show(data):
                     yield out
-            if await asyncio.to_thread(files.reopen):
+            missed = await asyncio.to_thread(files.advance)
+            if missed is not None:
+                for f in missed:
+                    decoder.end_file()
+                    blocks = _whole(f)
+                    while data := await asyncio.to_thread(next, blocks, b""):
+                        if out := show(data):
+                            yield out
+                    _close([f])
                 decoder.end_file()
                 continue
         elif await asyncio.to_thread(files.truncated):
