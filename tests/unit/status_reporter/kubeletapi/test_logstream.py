@@ -3,8 +3,9 @@ as the file grows, a replaced file read from its start, the end of the stream on
 container stops (with its last lines and dangling partial), limitBytes ending a
 followed stream; the rotated files (gzipped or not) read in order for a whole log,
 --tail and --since; follow across a rotation (rename, late writes to the old file,
-reopen) losing nothing, even two rotations behind; and the bounds: --tail=1 on a 19 MB log reads a few blocks,
-memory stays far below an 8 MB log's size, and a followed burst arrives in blocks."""
+reopen) losing nothing, even two rotations behind; and the bounds: --tail=1 on a 19 MB
+log reads a few blocks, memory stays far below an 8 MB log's size, and a followed
+burst arrives in blocks."""
 
 from __future__ import annotations
 
