@@ -174,7 +174,7 @@ def test_rotation_and_kubectl_logs_across_it(
         # --previous: the exited container's log, across its rotated (gzipped) files
         def restarted() -> bool:
             pod_json = writer.pods()[pod]
-            return container_status(pod_json, "once").get("restartCount", 0) >= 1
+            return int(container_status(pod_json, "once").get("restartCount", 0)) >= 1
 
         wait_for(restarted, timeout_s=60, what="once restarted")
         once = f"/containerLogs/default/{pod}/once"

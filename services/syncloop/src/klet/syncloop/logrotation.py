@@ -9,8 +9,9 @@ rotation there are at most `containerLogMaxFiles` files (the rotated ones plus t
 one the runtime reopens); the remaining plain rotated files are gzipped, and the
 current log is renamed to `<log>.<UTC stamp>` and left plain, because the runtime may
 still be writing to it until it reopens the log and a reader may still be following
-it. A negative max size turns rotation off (upstream's rule); 0 is never seen here
-(the configuration reads it as the 10Mi default).
+it. A negative max size turns rotation off (upstream's rule; klet's configuration
+validation refuses negative sizes today); 0 is never seen here (the configuration reads
+it as the 10Mi default).
 
 One difference: when the new rotated name already exists (two rotations within one
 second) nothing is done this round, instead of renaming over a rotated file.
