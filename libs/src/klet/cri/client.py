@@ -375,6 +375,15 @@ class RuntimeClient:
             ),
         )
 
+    async def reopen_container_log(self, container_id: ContainerID) -> None:
+        """Make the runtime reopen the container's log file at its log path (after the
+        file was renamed away by log rotation). Fails if the container is not running."""
+        await self._call(
+            "ReopenContainerLog",
+            self._rt.ReopenContainerLog,
+            pb.ReopenContainerLogRequest(container_id=container_id),
+        )
+
     async def exec_sync(
         self, container_id: ContainerID, cmd: list[str], *, timeout_s: int
     ) -> tuple[int, bytes, bytes]:

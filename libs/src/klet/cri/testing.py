@@ -53,7 +53,7 @@ _LIVE = (ContainerState.RUNNING, ContainerState.UNKNOWN)  # what stop and remove
 METHODS = frozenset(
     "Version Status RunPodSandbox StopPodSandbox RemovePodSandbox PodSandboxStatus ListPodSandbox"
     " CreateContainer StartContainer StopContainer RemoveContainer ListContainers ContainerStatus"
-    " ExecSync PullImage ImageStatus ListImages RemoveImage".split()
+    " ExecSync ReopenContainerLog PullImage ImageStatus ListImages RemoveImage".split()
 )  # the CRI RPC names used in `calls`, `hooks` and error injection
 
 
@@ -80,6 +80,7 @@ class FakeContainer:
     exit_code: int = 0
     reason: str = ""
     message: str = ""
+    log_reopens: int = 0
 
 
 def _matches(labels: dict[str, str], selector: dict[str, str] | None) -> bool:
@@ -407,6 +408,15 @@ class FakeRuntimeService:
             annotations=dict(c.config.annotations),
             mounts=c.config.mounts,
         )
+
+    async def reopen_container_log(self, container_id: ContainerID) -> None:
+        """Counted in `log_reopens`; no file is touched (a test hook may create one).
+        containerd refuses a container that is not running."""
+        await self._enter("ReopenContainerLog", container_id)
+        c = self._container(container_id)
+        if c.state != ContainerState.RUNNING:
+            raise CRIError(f"container {container_id} is not running")
+        c.log_reopens += 1
 
     async def exec_sync(
         self, container_id: ContainerID, cmd: list[str], *, timeout_s: int

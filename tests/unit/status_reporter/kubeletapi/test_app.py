@@ -8,6 +8,7 @@ resolved to the runtime's streaming URL."""
 from __future__ import annotations
 
 import dataclasses
+import tracemalloc
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -174,6 +175,29 @@ async def test_container_logs(client: httpx.AsyncClient, world: World) -> None:
         "2024-01-01T00:00:03.000000000Z line3\n2024-01-01T00:00:04.000000000Z line4\n"
     )
     assert (await client.get("/containerLogs/ns/web/app?limitBytes=8")).text == "line0\nli"
+
+
+async def test_container_logs_of_a_big_log_hold_a_bounded_amount(
+    client: httpx.AsyncClient, world: World
+) -> None:
+    """tailLines=1 and limitBytes on an 8 MB log (with a rotated file beside it) never
+    hold the log in memory: the answer is found from the end and streamed."""
+    rotated = world.log.with_name("c1.log.20240101-000000")
+    rotated.write_bytes(log_line("rotated") * 10)
+    with world.log.open("wb") as f:
+        for i in range(8):
+            f.write(log_line("x" * 1000, i) * 1000)
+        f.write(log_line("the last", 9))
+    tracemalloc.start()
+    try:
+        tail = await client.get("/containerLogs/ns/web/app?tailLines=1")
+        head = await client.get("/containerLogs/ns/web/app?limitBytes=20")
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < 2 * 2**20, f"peak {peak} bytes"
+    assert tail.text == "the last\n"
+    assert head.text == "rotated\n" * 2 + "rota"
 
 
 async def test_previous_log_from_the_conventional_path(

@@ -6,17 +6,18 @@ decoding (tail alias, bare flags, Go booleans) with its 400 and 422 answers."""
 from __future__ import annotations
 
 import pytest
+from klet.status_reporter.kubeletapi import crilogs
 from klet.status_reporter.kubeletapi.crilogs import (
     Limiter,
     LogDecoder,
     LogOptions,
     LogOptionsError,
-    LogRecord,
+    TailFinder,
+    forward_start,
     parse_line,
     parse_log_options,
     parse_time_ns,
     render_all,
-    select,
 )
 
 T0 = 1_700_000_000_000_000_000
@@ -79,8 +80,28 @@ def test_decoder_joins_partials_per_stream_across_feeds() -> None:
     assert d.flush() == []
 
 
-def records(n: int) -> list[LogRecord]:
-    return LogDecoder().feed(b"".join(line(i, f"l{i}") for i in range(n)))
+def select(data: bytes, opts: LogOptions, *, now_ns: int) -> list[str]:
+    """The whole pipeline over one file's bytes: the start found backwards (TailFinder),
+    then decoded forwards, since-filtered and rendered."""
+    since = opts.since_ns(now_ns)
+    finder = TailFinder(tail_lines=opts.tail_lines, since_ns=since, follow=opts.follow)
+    complete = data[: data.rfind(b"\n") + 1]
+    start = 0
+    offset = len(complete)
+    for line in reversed(complete.split(b"\n")[:-1]):
+        offset -= len(line) + 1
+        if not finder.include(line):
+            start = offset + len(line) + 1
+            break
+    decoder = LogDecoder()
+    records = decoder.feed(data[start:])
+    if not opts.follow:
+        records += decoder.flush()
+    out = render_all(records, timestamps=False, limiter=Limiter(None), since_ns=since)
+    return out.decode().splitlines()
+
+
+FIVE = b"".join(line(i, f"l{i}") for i in range(5))
 
 
 @pytest.mark.parametrize(
@@ -97,18 +118,112 @@ def records(n: int) -> list[LogRecord]:
     ],
 )
 def test_select(opts: LogOptions, expected: list[str]) -> None:
-    chosen = select(records(5), opts, now_ns=T0 + 5_000_000_000)
-    assert [r.content.decode().strip() for r in chosen] == expected
+    assert select(FIVE, opts, now_ns=T0 + 5_000_000_000) == expected
+
+
+PARTIALS = (
+    line(0, "a")
+    + line(1, "long-", tag="P")
+    + line(2, "middle-", tag="P")
+    + line(3, "end")
+    + line(4, "err", stream="stderr")
+    + line(5, "dangling", tag="P")
+    + b"2024-01-01T00:00:00Z stdout F unfinished-physical-line"
+)
+
+
+@pytest.mark.parametrize(
+    ("opts", "expected"),
+    [
+        # tail counts logical lines: the dangling fragment is one, the joined line one
+        (LogOptions(tail_lines=1), ["dangling"]),
+        (LogOptions(tail_lines=3), ["long-middle-end", "err", "dangling"]),
+        (LogOptions(tail_lines=4), ["a", "long-middle-end", "err", "dangling"]),
+        # following, the dangling fragment is not a line yet (it waits for its end)
+        (LogOptions(tail_lines=1, follow=True), ["err"]),
+        (LogOptions(tail_lines=0, follow=True), []),
+    ],
+)
+def test_tail_counts_logical_lines(opts: LogOptions, expected: list[str]) -> None:
+    assert select(PARTIALS, opts, now_ns=T0) == expected
+
+
+def numbered_lines(n: int) -> list[bytes]:
+    """A log with partial lines in it: every third line is split in two pieces."""
+    out = []
+    for i in range(n):
+        if i % 3 == 0:
+            out += [line(i, f"p{i}-", tag="P"), line(i + 0.5, f"q{i}")]
+        else:
+            out.append(line(i, f"l{i}", stream="stderr" if i % 4 == 0 else "stdout"))
+    return out
+
+
+@pytest.mark.parametrize("need", [0, 1, 2, 3, 5, 8, 30])
+@pytest.mark.parametrize("since_s", [None, 0, 4, 7.2, 40])
+def test_forward_start_agrees_with_the_backward_finder(need: int, since_s: float | None) -> None:
+    """A gzipped file is scanned forwards: same start as the backward search, and what
+    is still needed from older files when the start is not in it."""
+    lines = numbered_lines(12)
+    data = b"".join(lines)
+    since = None if since_s is None else T0 + int(since_s * 1e9)
+    finder = TailFinder(tail_lines=need, since_ns=since, follow=False)
+    backward = None
+    offset = len(data)
+    for raw in reversed(lines):
+        offset -= len(raw)
+        if not finder.include(raw[:-1]):
+            backward = offset + len(raw)
+            break
+
+    def forward_lines() -> list[tuple[int, bytes]]:
+        out, pos = [], 0
+        for raw in lines:
+            out.append((pos, raw[:-1]))
+            pos += len(raw)
+        return out
+
+    # the forward rule has no dangling fragments: this log has none
+    start, still = forward_start(forward_lines, need=need, since_ns=since)
+    assert start == backward
+    if start is None:
+        assert still == finder.need
+
+
+def test_decoder_passes_on_overlong_lines_in_pieces(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(crilogs, "MAX_PENDING", 10)
+    d = LogDecoder()
+    out = d.feed(b"".join(line(0, "0123456", tag="P") for _ in range(4)) + line(1, "end"))
+    assert [(r.content, r.continued) for r in out] == [
+        (b"01234560123456", False),
+        (b"01234560123456", True),
+        (b"end\n", True),
+    ]
+    recs = render_all(out, timestamps=True, limiter=Limiter(None), since_ns=None)
+    assert recs == f"{ts(0)} ".encode() + b"0123456" * 4 + b"end\n"
+
+
+def test_decoder_drops_an_endless_physical_line(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(crilogs, "MAX_PHYSICAL", 100)
+    d = LogDecoder()
+    assert d.feed(b"x" * 150) == []
+    assert d.feed(b"y" * 50) == []
+    assert [r.content for r in d.feed(b"zz\n" + line(0, "after"))] == [b"after\n"]
+    d.feed(line(0, "unfinished")[:20])
+    d.end_file()
+    assert [r.content for r in d.feed(line(1, "next file"))] == [b"next file\n"]
 
 
 def test_render_with_timestamps_and_limit() -> None:
-    recs = records(3)
-    assert render_all(recs, timestamps=False, limiter=Limiter(None)) == b"l0\nl1\nl2\n"
-    assert render_all(recs, timestamps=True, limiter=Limiter(None)).splitlines()[0] == (
-        f"{ts(0)} l0".encode()
+    recs = LogDecoder().feed(b"".join(line(i, f"l{i}") for i in range(3)))
+    assert render_all(recs, timestamps=False, limiter=Limiter(None), since_ns=None) == (
+        b"l0\nl1\nl2\n"
     )
+    assert render_all(recs, timestamps=True, limiter=Limiter(None), since_ns=None).splitlines()[
+        0
+    ] == (f"{ts(0)} l0".encode())
     limiter = Limiter(4)
-    assert render_all(recs, timestamps=False, limiter=limiter) == b"l0\nl"
+    assert render_all(recs, timestamps=False, limiter=limiter, since_ns=None) == b"l0\nl"
     assert limiter.exhausted
     assert limiter.take(b"more") == b""
 

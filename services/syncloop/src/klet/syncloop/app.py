@@ -20,6 +20,7 @@ from klet.model.records import NodeConditionRecord
 from klet.obs import create_health_app, run_supervised, serve_http
 from klet.rpc.podcontrol import serve_pod_control
 from klet.syncloop.intake import BusIntake
+from klet.syncloop.logmanager import ContainerLogManager, LogManagerSettings
 from klet.syncloop.relisting import RELIST_THRESHOLD_S, Relister
 from klet.syncloop.wiring import Deps
 
@@ -37,6 +38,9 @@ async def main(deps: Deps) -> int:
         on_error=m.bus_errors.inc,
     )
     relister = Relister(deps.cri, controller.on_runtime_change)
+    log_manager = ContainerLogManager(
+        deps.cri, LogManagerSettings.from_config(deps.settings.kubelet)
+    )
 
     def on_uids(uids: set[str]) -> None:
         controller.runtime_uids = uids
@@ -108,6 +112,7 @@ async def main(deps: Deps) -> int:
                 "event-publisher": gated("event-publisher", deps.events.run),
                 "prober": gated("prober", deps.prober.run),
                 "volume-cleanup": gated("volume-cleanup", lambda: _volume_cleanup(deps)),
+                "log-rotation": gated("log-rotation", log_manager.run),
                 "pod-control": gated(
                     "pod-control", lambda: serve_pod_control(controller, deps.socket_path)
                 ),

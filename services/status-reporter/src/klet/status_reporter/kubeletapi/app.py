@@ -18,23 +18,19 @@ endpoints are disabled.", as upstream's.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator
 from urllib.parse import parse_qs
 
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
+from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from klet.cri.errors import CRIError
 from klet.cri.errors import NotFound as CRINotFound
-from klet.cri.types import ContainerState
-from klet.model.types import JSON, ContainerID
+from klet.model.types import JSON
 from klet.obs import render
 from klet.status_reporter.kubeletapi import lookup
-from klet.status_reporter.kubeletapi.crilogs import LogOptionsError, parse_log_options
+from klet.status_reporter.kubeletapi.containerlogs import container_logs_response
 from klet.status_reporter.kubeletapi.deps import KubeletApiDeps
-from klet.status_reporter.kubeletapi.logstream import stream_log
 from klet.status_reporter.kubeletapi.resourcemetrics import resource_metrics
 from klet.status_reporter.kubeletapi.routes import (
     BadRequest,
@@ -178,7 +174,9 @@ def create_app(deps: KubeletApiDeps) -> FastAPI:
         namespace: str, pod_name: str, container: str, request: Request
     ) -> Response:
         debugging()
-        return await _container_logs(deps, namespace, pod_name, container, request.url.query)
+        return await container_logs_response(
+            deps, namespace, pod_name, container, request.url.query
+        )
 
     @app.post("/run/{namespace}/{pod_name}/{container}")
     @app.post("/run/{namespace}/{pod_name}/{uid}/{container}")
@@ -212,66 +210,3 @@ def create_app(deps: KubeletApiDeps) -> FastAPI:
 
 async def _needs_upgrade() -> Response:
     return _text(400, "Upgrade request required")
-
-
-async def _container_logs(
-    deps: KubeletApiDeps, namespace: str, pod_name: str, container: str, query: str
-) -> Response:
-    try:
-        opts = parse_log_options(parse_qs(query, keep_blank_values=True))
-    except LogOptionsError as err:
-        return _text(err.status, str(err))
-    pod = lookup.find_pod(deps.pods.pod_list(), namespace, pod_name)
-    if pod is None:
-        return _text(404, f'pod "{pod_name}" does not exist\n')
-    if not lookup.has_container(pod, container):
-        return _text(404, f'container "{container}" not found in pod "{pod_name}"\n')
-    try:
-        cid = lookup.log_container_id(pod, container, previous=opts.previous)
-    except lookup.TargetError as err:
-        return _text(err.status, str(err))
-    path = await _log_path(deps, pod, container, cid, previous=opts.previous)
-    try:
-        await asyncio.to_thread(_check_readable, path)
-    except OSError as err:
-        return _text(400, f'failed to open log file "{path}": {err.strerror or err}')
-
-    async def is_running() -> bool:
-        try:
-            status = await deps.runtime.container_status(cid)
-        except CRIError:
-            return False
-        return status.state == ContainerState.RUNNING
-
-    async def body() -> AsyncIterator[bytes]:
-        async for chunk in stream_log(path, opts, is_running=is_running, policy=deps.follow):
-            yield chunk
-
-    return StreamingResponse(body(), media_type="text/plain")
-
-
-def _check_readable(path: str) -> None:
-    with open(path, "rb"):
-        pass
-
-
-async def _log_path(
-    deps: KubeletApiDeps,
-    pod: JSON,
-    container: str,
-    cid: ContainerID,
-    *,
-    previous: bool,
-) -> str:
-    """The log file of `cid`: CRI's log path while the runtime knows the container, else
-    the conventional `<podLogsDir>/<ns>_<name>_<uid>/<container>/<restarts>.log`."""
-    try:
-        status = await deps.runtime.container_status(cid)
-        if status.log_path:
-            return status.log_path
-    except CRIError:
-        pass
-    meta = pod.get("metadata") or {}
-    restarts = lookup.restart_count(pod, container) - (1 if previous else 0)
-    pod_dir = f"{meta.get('namespace', 'default')}_{meta.get('name', '')}_{meta.get('uid', '')}"
-    return str(deps.settings.pod_logs_dir / pod_dir / container / f"{max(restarts, 0)}.log")

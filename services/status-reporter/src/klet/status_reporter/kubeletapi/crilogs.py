@@ -10,20 +10,26 @@ Differences from upstream's reader, on purpose:
 - partial lines are joined (per stream) into one logical line carrying the first
   fragment's timestamp, so `timestamps=true` never puts a timestamp mid-line and
   `tailLines` counts the lines the container printed, not the runtime's fragments;
+  a logical line longer than MAX_PENDING is passed on in pieces, so memory stays
+  bounded whatever a container prints;
 - malformed lines are skipped (upstream logs and skips them too).
 
 The query follows upstream's PodLogOptions handling: `tail` is an alias of `tailLines`
 ("all" = no limit); bare `follow`, `previous`, `timestamps` mean true; booleans accept
 Go's ParseBool spellings; an undecodable value is a 400, an invalid one a 422.
 Selection is tail first, then since (as upstream: seek back N lines, then skip older
-ones), then `limitBytes` over the formatted output (a line may be cut).
+ones), then `limitBytes` over the formatted output (a line may be cut). Where the
+selected lines start is decided going backwards from the end (`TailFinder`, or
+`forward_start` for a file that can only be read forwards), so the reader never
+decodes, nor holds, more of the log than it sends.
 """
 
 from __future__ import annotations
 
 import calendar
+import functools
 import re
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 _TRUE = {"1", "t", "T", "TRUE", "true", "True"}
@@ -66,6 +72,18 @@ class LogRecord:
     stream: str
     content: bytes
     """With its trailing newline when the line is complete."""
+    continued: bool = False
+    """A later piece of a line longer than MAX_PENDING: rendered without a timestamp."""
+
+
+@functools.lru_cache(maxsize=1024)
+def _epoch_seconds(fields: tuple[str, ...]) -> int | None:
+    """Seconds since the epoch of a UTC date and time; cached because a log's lines
+    share their seconds with their neighbours and timegm dominates the decoding."""
+    try:
+        return calendar.timegm((*(int(f) for f in fields), 0, 0, 0))
+    except (ValueError, OverflowError):
+        return None
 
 
 def parse_time_ns(text: str) -> int | None:
@@ -73,12 +91,10 @@ def parse_time_ns(text: str) -> int | None:
     m = _RFC3339.match(text)
     if m is None:
         return None
-    year, month, day, hour, minute, second = (int(g) for g in m.groups()[:6])
-    frac, zone = m.group(7) or "", m.group(8)
-    try:
-        seconds = calendar.timegm((year, month, day, hour, minute, second, 0, 0, 0))
-    except (ValueError, OverflowError):
+    seconds = _epoch_seconds(m.group(1, 2, 3, 4, 5, 6))
+    if seconds is None:
         return None
+    frac, zone = m.group(7) or "", m.group(8)
     if zone not in ("Z", "z"):
         sign = 1 if zone[0] == "+" else -1
         seconds -= sign * (int(zone[1:3]) * 3600 + int(zone[4:6]) * 60)
@@ -156,20 +172,37 @@ def parse_line(line: bytes) -> tuple[str, int, str, bool, bytes] | None:
     return ts, time_ns, stream, partial, content
 
 
+MAX_PENDING = 256 * 1024
+"""Bytes of one unfinished logical line kept before they are sent on (a container may
+print gigabytes without a newline; the runtime splits it into partial lines)."""
+MAX_PHYSICAL = 1 << 20
+"""Longest physical line kept while looking for its newline; the runtime writes at most
+16 KiB of content per line, so a longer one is not a CRI log line and is dropped."""
+
+
 class LogDecoder:
-    """Bytes of a CRI log file in, complete logical lines out.
+    """Bytes of a CRI log file in, complete logical lines out, in bounded memory.
 
     Keeps an unterminated last line and per-stream partial fragments between `feed`
-    calls, so a followed file can be decoded as it grows.
+    calls, so a followed file can be decoded as it grows. A logical line longer than
+    MAX_PENDING is passed on in pieces (`continued` on all but the first).
     """
 
     def __init__(self) -> None:
         self._rest = b""
-        self._partial: dict[str, tuple[str, int, bytearray]] = {}
+        self._skipping = False
+        self._partial: dict[str, tuple[str, int, bytearray, bool]] = {}
 
     def feed(self, data: bytes) -> list[LogRecord]:
+        if self._skipping:
+            cut = data.find(b"\n")
+            if cut < 0:
+                return []
+            data, self._skipping = data[cut + 1 :], False
         data = self._rest + data
         *lines, self._rest = data.split(b"\n")
+        if len(self._rest) > MAX_PHYSICAL:
+            self._rest, self._skipping = b"", True
         out: list[LogRecord] = []
         for line in lines:
             parsed = parse_line(line)
@@ -178,35 +211,141 @@ class LogDecoder:
             ts, time_ns, stream, partial, content = parsed
             pending = self._partial.get(stream)
             if pending is None:
-                pending = (ts, time_ns, bytearray())
+                pending = (ts, time_ns, bytearray(), False)
             pending[2].extend(content)
             if partial:
+                if len(pending[2]) >= MAX_PENDING:
+                    out.append(
+                        LogRecord(pending[0], pending[1], stream, bytes(pending[2]), pending[3])
+                    )
+                    pending = (pending[0], pending[1], bytearray(), True)
                 self._partial[stream] = pending
                 continue
             self._partial.pop(stream, None)
-            out.append(LogRecord(pending[0], pending[1], stream, bytes(pending[2]) + b"\n"))
+            out.append(
+                LogRecord(pending[0], pending[1], stream, bytes(pending[2]) + b"\n", pending[3])
+            )
         return out
+
+    def end_file(self) -> None:
+        """The file ends here: an unterminated physical line will never be completed
+        (the next file starts with a new line), but partial lines go on."""
+        self._rest, self._skipping = b"", False
 
     def flush(self) -> list[LogRecord]:
         """The fragments of lines that never completed (the writer is gone), unterminated."""
-        out = [LogRecord(ts, t, s, bytes(buf)) for s, (ts, t, buf) in self._partial.items()]
+        out = [LogRecord(ts, t, s, bytes(buf), c) for s, (ts, t, buf, c) in self._partial.items()]
         self._partial.clear()
         return sorted(out, key=lambda r: r.time_ns)
 
 
-def select(records: Sequence[LogRecord], opts: LogOptions, *, now_ns: int) -> list[LogRecord]:
-    """The records to show of a file's content: last `tail_lines`, then not before since."""
-    chosen = list(records)
-    if opts.tail_lines is not None:
-        chosen = chosen[len(chosen) - opts.tail_lines :] if opts.tail_lines else []
-    since = opts.since_ns(now_ns)
-    if since is not None:
-        chosen = [r for r in chosen if r.time_ns >= since]
-    return chosen
+class TailFinder:
+    """Where the output starts, decided from the log's physical lines newest first.
+
+    `include(line)` is called with each complete line (no newline) going back from the
+    end of the newest file; it answers whether the line belongs to the output, and the
+    first False ends the search: the output starts right after that line. The reader
+    thus touches only the tail it needs, whatever the size of the log.
+
+    Rules (they match the forward selection: last `tailLines` logical lines, then not
+    before since): a logical line ends at a full (`F`) line, or, without `follow`, at
+    the last partial line of a stream (the dangling fragment the decoder flushes).
+    Once `tailLines` ends are counted, the partial lines of the same stream just before
+    the last one counted are its beginning and still belong; anything else stops. An
+    end older than since stops too (runtime timestamps only grow). Partial lines of
+    the other stream interleaved with a long line are the one approximation: the
+    search may stop inside such a line, whose first pieces are then not shown.
+    """
+
+    def __init__(self, *, tail_lines: int | None, since_ns: int | None, follow: bool) -> None:
+        self.need = tail_lines
+        self.since_ns = since_ns
+        self.follow = follow
+        self._seen: set[str] = set()
+        self._extending: str | None = None
+
+    @property
+    def unbounded(self) -> bool:
+        """Nothing limits the start: the output is the whole log."""
+        return self.need is None and self.since_ns is None
+
+    def include(self, line: bytes) -> bool:
+        parsed = parse_line(line)
+        if parsed is None:
+            return self._extending is None  # skipped by the decoder either way
+        _, time_ns, stream, partial, _ = parsed
+        if self._extending is not None:
+            return partial and stream == self._extending
+        ends = not partial or (not self.follow and stream not in self._seen)
+        self._seen.add(stream)
+        if not ends:
+            return True
+        if self.since_ns is not None and time_ns < self.since_ns:
+            return False
+        if self.need is None:
+            return True
+        if self.need == 0:
+            return False
+        self.need -= 1
+        if self.need == 0:
+            self._extending = stream
+        return True
+
+
+def forward_start(
+    lines: Callable[[], Iterable[tuple[int, bytes]]],
+    *,
+    need: int | None,
+    since_ns: int | None,
+) -> tuple[int | None, int | None]:
+    """TailFinder's rule for a file that can only be read forward (a gzipped rotated
+    log, never the newest): `lines()` yields (offset, line without newline) and may be
+    called twice. Returns (offset where the output starts in this file, or None when it
+    starts in an older file; the tail lines still needed from the older files)."""
+    ends = 0
+    since_cut: int | None = None
+    for offset, line in lines():
+        parsed = parse_line(line)
+        if parsed is None or parsed[3]:
+            continue
+        ends += 1
+        if since_ns is not None and parsed[1] < since_ns:
+            since_cut = offset + len(line) + 1
+    tail_cut: int | None = None
+    if need is not None and ends >= need:
+        tail_cut = _nth_line_start(lines(), ends - need)
+    cuts = [c for c in (tail_cut, since_cut) if c is not None]
+    if cuts:
+        return max(cuts), 0
+    return None, (need - ends if need is not None else None)
+
+
+def _nth_line_start(lines: Iterable[tuple[int, bytes]], index: int) -> int:
+    """Offset where the logical line ending at the `index`-th full line begins (its
+    partial lines just before it included); past the last one: the offset after it."""
+    seen = 0
+    run_start, run_stream = -1, ""
+    after_last = 0
+    for offset, line in lines:
+        parsed = parse_line(line)
+        if parsed is None:
+            run_start = -1
+            continue
+        stream, partial = parsed[2], parsed[3]
+        if partial:
+            if run_start < 0 or run_stream != stream:
+                run_start, run_stream = offset, stream
+            continue
+        if seen == index:
+            return run_start if run_start >= 0 and run_stream == stream else offset
+        seen += 1
+        run_start = -1
+        after_last = offset + len(line) + 1
+    return after_last
 
 
 def render(record: LogRecord, *, timestamps: bool) -> bytes:
-    if timestamps:
+    if timestamps and not record.continued:
         return record.timestamp.encode() + b" " + record.content
     return record.content
 
@@ -229,10 +368,15 @@ class Limiter:
         return data
 
 
-def render_all(records: Iterable[LogRecord], *, timestamps: bool, limiter: Limiter) -> bytes:
+def render_all(
+    records: Iterable[LogRecord], *, timestamps: bool, limiter: Limiter, since_ns: int | None
+) -> bytes:
+    """The records not before `since_ns`, formatted, within the limiter's budget."""
     out = bytearray()
     for r in records:
         if limiter.exhausted:
             break
+        if since_ns is not None and r.time_ns < since_ns:
+            continue
         out.extend(limiter.take(render(r, timestamps=timestamps)))
     return bytes(out)

@@ -1,0 +1,270 @@
+"""Container log rotation: the I/O around `logrotation.plan_rotation`.
+
+Why syncloop: it creates every container and its log directory, and it is the service
+whose leader alone acts on the runtime; the loop runs as a lease-gated root task, so two
+replicas never rotate the same file. Every `containerLogMonitorInterval` (upstream: 10 s)
+the running containers are listed and each is looked at by one of
+`containerLogMaxWorkers` workers: its log path from ContainerStatus, its size, the
+names around it; then the plan is carried out in order (remove, gzip, rename the
+current log) and CRI ReopenContainerLog makes the runtime write a new file. When the
+reopen fails the rename is undone so the next round tries again, as upstream does.
+A log that is missing is reopened first (upstream's rule), so a file deleted by hand
+comes back.
+
+Only logs under this node's podLogsDir are touched: the runtime may be shared with
+other agents (the integration tests share one containerd), and a log path is data from
+the runtime, not a licence to rename anything on the host. Files are opened without
+following symlinks, so a pod that can write into the log directory cannot make the
+compression read another file.
+
+Errors are logged once per distinct error and container, not every round.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import gzip
+import logging
+import os
+import shutil
+import stat
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Protocol
+
+from klet.config.units import parse_quantity_int
+from klet.cri.errors import CRIError
+from klet.cri.types import Container, ContainerState, ContainerStatusInfo
+from klet.model.logfiles import COMPRESSED_SUFFIX, TEMPORARY_SUFFIX
+from klet.model.types import ContainerID
+from klet.syncloop.logrotation import RotationPlan, RotationPolicy, plan_rotation
+
+log = logging.getLogger(__name__)
+
+_COPY_CHUNK = 1 << 20
+
+
+class LogRuntime(Protocol):
+    """What log rotation asks the runtime (klet.cri.RuntimeClient conforms)."""
+
+    async def list_containers(self) -> list[Container]: ...
+
+    async def container_status(self, container_id: ContainerID) -> ContainerStatusInfo: ...
+
+    async def reopen_container_log(self, container_id: ContainerID) -> None: ...
+
+
+class LogConfig(Protocol):
+    """The KubeletConfiguration fields of log rotation."""
+
+    @property
+    def container_log_max_size(self) -> str: ...
+
+    @property
+    def container_log_max_files(self) -> int: ...
+
+    @property
+    def container_log_max_workers(self) -> int: ...
+
+    @property
+    def container_log_monitor_interval(self) -> float: ...
+
+    @property
+    def pod_logs_dir(self) -> str: ...
+
+
+@dataclass(frozen=True)
+class LogManagerSettings:
+    policy: RotationPolicy
+    logs_dir: Path
+    """[podLogsDir]: only logs below it are rotated."""
+    workers: int = 1
+    """[containerLogMaxWorkers]."""
+    interval_s: float = 10.0
+    """[containerLogMonitorInterval]."""
+
+    @classmethod
+    def from_config(cls, k: LogConfig) -> LogManagerSettings:
+        return cls(
+            policy=RotationPolicy(
+                max_size=parse_quantity_int(k.container_log_max_size),
+                max_files=k.container_log_max_files,
+            ),
+            logs_dir=Path(os.path.normpath(k.pod_logs_dir)),
+            workers=max(1, k.container_log_max_workers),
+            interval_s=k.container_log_monitor_interval,
+        )
+
+
+class RotationError(Exception):
+    """One container's log could not be rotated (the message says which step)."""
+
+
+class ContainerLogManager:
+    def __init__(
+        self,
+        runtime: LogRuntime,
+        settings: LogManagerSettings,
+        *,
+        clock: Callable[[], datetime] = lambda: datetime.now(UTC),
+    ) -> None:
+        self.runtime = runtime
+        self.settings = settings
+        self.clock = clock
+        self._last_error: dict[ContainerID, str] = {}
+
+    async def run(self) -> None:
+        if not self.settings.policy.enabled:
+            log.info("container log rotation is off (containerLogMaxSize < 0)")
+            await asyncio.Event().wait()
+        log.info(
+            "container log rotation",
+            extra={
+                "max_size": self.settings.policy.max_size,
+                "max_files": self.settings.policy.max_files,
+                "workers": self.settings.workers,
+                "interval_s": self.settings.interval_s,
+            },
+        )
+        while True:
+            try:
+                await self.run_once()
+            except CRIError as err:
+                log.warning("cannot list containers for log rotation", extra={"error": str(err)})
+            await asyncio.sleep(self.settings.interval_s)
+
+    async def run_once(self) -> int:
+        """One round over the running containers; returns how many logs were rotated.
+        Raises CRIError when the containers cannot be listed."""
+        running = [
+            c.id for c in await self.runtime.list_containers() if c.state == ContainerState.RUNNING
+        ]
+        for gone in set(self._last_error) - set(running):
+            del self._last_error[gone]
+        workers = asyncio.Semaphore(self.settings.workers)
+
+        async def one(cid: ContainerID) -> bool:
+            async with workers:
+                try:
+                    rotated = await self.rotate_if_needed(cid)
+                except (CRIError, OSError, RotationError) as err:
+                    self._report(cid, err)
+                    return False
+                self._last_error.pop(cid, None)
+                return rotated
+
+        results = await asyncio.gather(*(one(cid) for cid in running))
+        return sum(results)
+
+    def _report(self, cid: ContainerID, err: Exception) -> None:
+        text = str(err)
+        if self._last_error.get(cid) != text:
+            log.warning("container log not rotated", extra={"container": cid, "error": text})
+        self._last_error[cid] = text
+
+    async def rotate_if_needed(self, cid: ContainerID) -> bool:
+        status = await self.runtime.container_status(cid)
+        if not status.log_path:
+            return False
+        path = _own_log(status.log_path, self.settings.logs_dir)
+        if path is None:
+            return False  # not a log of this node's pods
+        size = await asyncio.to_thread(_size, path)
+        if size is None:
+            # Upstream: a log that disappeared is reopened, so the container logs again.
+            await self.runtime.reopen_container_log(cid)
+            size = await asyncio.to_thread(_size, path)
+            if size is None:
+                raise RotationError(f"log {path} missing after ReopenContainerLog")
+        names = await asyncio.to_thread(os.listdir, path.parent)
+        plan = plan_rotation(
+            path.name, names, size=size, policy=self.settings.policy, now=self.clock()
+        )
+        if plan.empty:
+            return False
+        await asyncio.to_thread(_tidy, path.parent, plan)
+        rotated = path.parent / plan.rotate_to
+        await asyncio.to_thread(os.rename, path, rotated)
+        try:
+            await self.runtime.reopen_container_log(cid)
+        except CRIError as err:
+            # Put it back so the next round tries again; should that fail too, the
+            # lines stay in the rotated file, which readers still see.
+            try:
+                await asyncio.to_thread(os.rename, rotated, path)
+            except OSError as back:
+                log.error(
+                    "rotated log not renamed back",
+                    extra={"container": cid, "path": str(rotated), "error": str(back)},
+                )
+            raise RotationError(f"ReopenContainerLog of {cid} failed: {err}") from err
+        log.debug("rotated container log", extra={"container": cid, "path": str(rotated)})
+        return True
+
+
+def _own_log(log_path: str, logs_dir: Path) -> Path | None:
+    """The log path, normalised, when it lies below `logs_dir`."""
+    path = Path(os.path.normpath(log_path))
+    if path == logs_dir or not path.is_relative_to(logs_dir):
+        return None
+    return path
+
+
+def _size(path: Path) -> int | None:
+    """The log's size; None when it does not exist. Raises RotationError when it is not a
+    regular file (a symlink planted there is not followed)."""
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return None
+    if not stat.S_ISREG(st.st_mode):
+        raise RotationError(f"log {path} is not a regular file")
+    return st.st_size
+
+
+def _tidy(directory: Path, plan: RotationPlan) -> None:
+    for name in plan.remove:
+        try:
+            os.unlink(directory / name)
+        except FileNotFoundError:
+            pass
+        except OSError as err:
+            raise RotationError(f"cannot remove old log {directory / name}: {err}") from err
+    for name in plan.compress:
+        try:
+            _compress(directory / name)
+        except OSError as err:
+            raise RotationError(f"cannot compress log {directory / name}: {err}") from err
+
+
+def _compress(path: Path) -> None:
+    """`path` → `path.gz` through `path.tmp`, then `path` removed."""
+    tmp = path.with_name(path.name + TEMPORARY_SUFFIX)
+    src = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    try:
+        mode = stat.S_IMODE(os.fstat(src).st_mode)
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+        dst = os.open(
+            tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, mode
+        )
+        try:
+            with (
+                open(src, "rb", closefd=False) as reader,
+                open(dst, "wb", closefd=False) as raw,
+                gzip.GzipFile(fileobj=raw, mode="wb", filename="") as writer,
+            ):
+                shutil.copyfileobj(reader, writer, _COPY_CHUNK)
+        except BaseException:
+            os.close(dst)
+            os.unlink(tmp)
+            raise
+        os.close(dst)
+    finally:
+        os.close(src)
+    os.rename(tmp, path.with_name(path.name + COMPRESSED_SUFFIX))
+    os.unlink(path)
