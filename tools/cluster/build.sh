@@ -41,11 +41,17 @@ k8s_minor="${BASH_REMATCH[1]}"
 
 bin="$cache/control-plane/${k8s_version}-etcd${etcd_version#v}/bin"
 
+# Each version is read into a variable first: with pipefail, `cmd | grep -q` fails at
+# random when grep exits on its match before cmd has written everything (SIGPIPE).
 check() {
     [[ -x "$bin/kube-apiserver" && -x "$bin/kubectl" && -x "$bin/etcd" ]] || return 1
-    "$bin/kube-apiserver" --version 2>/dev/null | grep -qx "Kubernetes ${k8s_version}" || return 1
-    "$bin/kubectl" version --client -o json 2>/dev/null | grep -q "\"gitVersion\": \"${k8s_version}\"" || return 1
-    "$bin/etcd" --version 2>/dev/null | grep -qx "etcd Version: ${etcd_version#v}" || return 1
+    local out
+    out=$("$bin/kube-apiserver" --version 2>/dev/null) || return 1
+    grep -qx "Kubernetes ${k8s_version}" <<<"$out" || return 1
+    out=$("$bin/kubectl" version --client -o json 2>/dev/null) || return 1
+    grep -q "\"gitVersion\": \"${k8s_version}\"" <<<"$out" || return 1
+    out=$("$bin/etcd" --version 2>/dev/null) || return 1
+    grep -qx "etcd Version: ${etcd_version#v}" <<<"$out" || return 1
 }
 
 if check; then
