@@ -7,8 +7,9 @@ the cross-field rules (imageGCLowThresholdPercent below imageGCHighThresholdPerc
 soft eviction threshold having a grace period, ...). Every problem is returned, each
 naming the upstream field path, so an operator fixes the whole file in one pass.
 
-Trade-off: checks of fields klet only accepts for compatibility (CPU manager, topology
-manager, swap, ...) are limited to their enumerations; klet does not act on them.
+Fields klet does not implement (CPU manager, topology manager, certificate rotation, ...)
+are checked against their enumerations like any other, then refused unless they hold a
+value klet implements (support.py), so nothing is accepted and silently ignored.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from urllib.parse import urlsplit
 
 from klet.config.errors import Problem
 from klet.config.kubelet import KubeletConfiguration
+from klet.config.support import unimplemented_problems
 from klet.config.units import parse_percentage, parse_quantity
 
 __all__ = ["EVICTION_SIGNALS", "validate", "validate_problems"]
@@ -307,6 +309,14 @@ def _check_eviction(c: _Checks, cfg: KubeletConfiguration) -> None:
     c.non_negative("evictionPressureTransitionPeriod", cfg.eviction_pressure_transition_period)
 
 
+def _check_implemented(c: _Checks, cfg: KubeletConfiguration) -> None:
+    """Values klet would accept and ignore are refused instead (see support.py)."""
+    already = {p.path for p in c.problems}  # an invalid value needs one message, not two
+    for path, message in unimplemented_problems(cfg):
+        if path not in already:
+            c.add(path, message)
+
+
 def validate_problems(cfg: KubeletConfiguration) -> list[Problem]:
     """Every value problem of `cfg`, each with its upstream field path."""
     c = _Checks()
@@ -318,6 +328,7 @@ def validate_problems(cfg: KubeletConfiguration) -> list[Problem]:
         _check_node,
         _check_cgroups,
         _check_eviction,
+        _check_implemented,
     ):
         check(c, cfg)
     return c.problems
