@@ -85,11 +85,14 @@ class _Checks:
             self.add(path, f"invalid IP address {value!r}")
 
     def endpoint(self, path: str, value: str) -> None:
-        parts = urlsplit(value)
-        if parts.scheme == "unix" and parts.path and not parts.netloc:
-            return
-        if parts.scheme == "tcp" and parts.hostname and parts.port is not None:
-            return
+        try:  # urlsplit and .port raise ValueError on "tcp://[::1" or a port past 65535
+            parts = urlsplit(value)
+            if parts.scheme == "unix" and parts.path and not parts.netloc:
+                return
+            if parts.scheme == "tcp" and parts.hostname and parts.port is not None:
+                return
+        except ValueError:
+            pass
         self.add(path, f"must be a unix:///path or tcp://host:port URL, got {value!r}")
 
     def quantity(self, path: str, value: str, *, percent: bool = False) -> None:
@@ -149,8 +152,12 @@ def _check_sources(c: _Checks, cfg: KubeletConfiguration) -> None:
     ):
         c.positive_duration(path, seconds)
     if cfg.static_pod_url:
-        parts = urlsplit(cfg.static_pod_url)
-        if parts.scheme not in ("http", "https") or not parts.netloc:
+        try:
+            parts = urlsplit(cfg.static_pod_url)
+            usable = parts.scheme in ("http", "https") and bool(parts.netloc)
+        except ValueError:  # "http://[" and the like
+            usable = False
+        if not usable:
             c.add("staticPodURL", f"must be an http:// or https:// URL, got {cfg.static_pod_url!r}")
     for name in cfg.static_pod_url_header:
         if not name or any(ch in name for ch in " \t\r\n:"):
