@@ -18,6 +18,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import re
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
@@ -259,10 +260,27 @@ _OPENERS = (
 _CLOSERS = (yaml.FlowSequenceEndToken, yaml.FlowMappingEndToken, yaml.BlockEndToken)
 
 
+_QUOTED = re.compile(r'"(?:[^"\\]|\\.)*"|\'(?:[^\']|\'\')*\'')
+_NOT_BRACKET = re.compile(r"[^\[\]{}]+")
+
+
+def _flow_depth(text: str) -> int:
+    """The deepest `[`/`{` nesting outside quoted strings (a bracket inside a plain
+    scalar, as in tcp://[::1]:10250, counts once: close enough for a bound of 64)."""
+    depth = deepest = 0
+    for ch in _NOT_BRACKET.sub("", _QUOTED.sub("", text)):
+        depth = depth + 1 if ch in "[{" else max(depth - 1, 0)
+        deepest = max(deepest, depth)
+    return deepest
+
+
 def _yaml_too_deep(text: str) -> str | None:
     """PyYAML's composer recurses once per nesting level: a few thousand `[` take it
-    seconds to fail with a RecursionError. The scanner is iterative, so the depth is
-    counted on its tokens first."""
+    seconds to fail with a RecursionError, and its scanner slows down quadratically with
+    open flow collections. Flow nesting is counted on the raw text, block nesting on the
+    (iterative) scanner's tokens, before anything is composed."""
+    if _flow_depth(text) > MAX_DEPTH:
+        return f"nested more than {MAX_DEPTH} levels deep"
     depth = 0
     for token in yaml.scan(text, Loader=yaml.SafeLoader):
         if isinstance(token, _OPENERS):
