@@ -4,7 +4,7 @@ PY := .venv/bin/python
 RUN_DIR ?= $(CURDIR)/.run
 PYTEST_ARGS ?=
 
-.PHONY: setup run test unit integration cluster soak lint typecheck proto bench bench-gc clean
+.PHONY: setup run test unit integration cluster soak lint typecheck proto bench bench-gc fuzz clean
 
 setup:
 	@bash tools/setup.sh
@@ -40,7 +40,7 @@ lint: setup
 	.venv/bin/lint-imports
 
 typecheck: setup
-	.venv/bin/mypy libs/src services/pod-source/src services/syncloop/src services/status-reporter/src services/eviction/src services/image-gc/src bench/run.py bench/gc.py tools/container_fields.py
+	.venv/bin/mypy libs/src services/pod-source/src services/syncloop/src services/status-reporter/src services/eviction/src services/image-gc/src bench/run.py bench/gc.py tools/container_fields.py tools/config_fields.py
 
 proto:
 	$(PY) tools/gen_proto.py
@@ -52,6 +52,14 @@ bench: setup
 # runtime, and passes on a private real containerd (root); see bench/README.md.
 bench-gc: setup
 	$(PY) bench/gc.py
+
+# 10,000 mutated KubeletConfiguration files and 10,000 mutated flag sets through
+# load_settings (tests/fuzz/kubelet_config.py); prints the figures, fails on any crash.
+# FUZZ_SEED picks another reproducible run. A 300-case subset runs in the unit tests.
+FUZZ_COUNT ?= 10000
+FUZZ_SEED ?= 1
+fuzz: setup
+	$(PY) -m tests.fuzz.kubelet_config --count $(FUZZ_COUNT) --seed $(FUZZ_SEED)
 
 # The real control plane of the cluster tests (kube-apiserver, kubectl, etcd), built from
 # tools/cluster's Go modules into $KLET_CACHE (default /var/cache/klet); no-op once cached.

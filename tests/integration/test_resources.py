@@ -108,3 +108,48 @@ def test_guaranteed_pod_limits(node_factory: Any, manifests: Path) -> None:
     node: KletNode = node_factory(manifest_dir=manifests)
     node.start()
     check_pod(node, manifests, "guar", GUARANTEED, "Guaranteed")
+
+
+# The test image has no `[` or `seq`: the loop runs over 60 literal words. busybox sh
+# exits when a fork fails, so the container logs "can't fork" and never "forked".
+FORKER = """
+apiVersion: v1
+kind: Pod
+metadata:
+  name: forker
+spec:
+  terminationGracePeriodSeconds: 1
+  restartPolicy: Never
+  containers:
+    - name: main
+      image: registry.klet.test/busybox:1.36
+      command:
+        - sh
+        - -c
+        - for i in WORDS; do sleep 100000 & done; echo forked; sleep 100000
+""".replace("WORDS", " ".join(str(i) for i in range(60)))
+
+PIDS_LIMIT = 20
+
+
+def test_pod_pids_limit_caps_a_forking_pod(node_factory: Any, manifests: Path) -> None:
+    """--pod-max-pids reaches the pod cgroup's pids.max, and a pod that forks 60
+    processes is stopped at the limit: its shell's fork fails ("can't fork")."""
+    node: KletNode = node_factory(
+        manifest_dir=manifests, extra_flags=["--pod-max-pids", str(PIDS_LIMIT)]
+    )
+    node.start()
+    (manifests / "forker.yaml").write_text(FORKER)
+
+    def log_text() -> str:
+        return "".join(f.read_text() for f in node.logs_dir.glob("*_forker-*/main/*.log"))
+
+    text = wait_for(
+        lambda: ("forked" in log_text() or "can't fork" in log_text()) and log_text(),
+        timeout_s=30,
+        what="the forker's shell to finish forking",
+    )
+    assert "can't fork" in text and "forked" not in text, text
+    uid = next(iter(node.logs_dir.glob("*_forker-*"))).name.rsplit("_", 1)[1]
+    pids_max = CG / "pids" / "kubepods" / "besteffort" / f"pod{uid}" / "pids.max"
+    assert read(pids_max) == str(PIDS_LIMIT)

@@ -475,10 +475,6 @@ def test_duplicate_json_field(tmp_path: Path) -> None:
             'enforceNodeAllocatable: "none" cannot be combined with other options',
         ),
         (
-            {"enforce_node_allocatable": ("system-reserved",)},
-            "systemReservedCgroup: required when enforceNodeAllocatable has system-reserved",
-        ),
-        (
             {"register_with_taints": ({"key": "a", "effect": "Sometimes"},)},
             "registerWithTaints[0].effect: "
             "must be one of NoExecute, NoSchedule, PreferNoSchedule; got 'Sometimes'",
@@ -488,6 +484,15 @@ def test_duplicate_json_field(tmp_path: Path) -> None:
 def test_validate(changes: dict[str, Any], problem: str) -> None:
     cfg = dataclasses.replace(KubeletConfiguration(), **changes)
     assert validate(cfg) == [problem]
+
+
+def test_validate_reserved_enforcement_needs_its_cgroup_and_is_not_implemented() -> None:
+    cfg = dataclasses.replace(KubeletConfiguration(), enforce_node_allocatable=("system-reserved",))
+    assert validate(cfg) == [
+        "systemReservedCgroup: required when enforceNodeAllocatable has system-reserved",
+        "enforceNodeAllocatable: not implemented by klet: "
+        "enforcing system-reserved or kube-reserved on their cgroups",
+    ]
 
 
 @pytest.mark.parametrize(

@@ -142,6 +142,20 @@ def test_clamp(adj: int, floor: int, out: int) -> None:
             NodeLimits(GI, cpu_cfs_quota=False),
             PodResources(1024, -1, 100000, 134217728),
         ),
+        # podPidsLimit caps every QoS class; -1 and 0 leave pids unlimited
+        (pod(c()), NodeLimits(GI, pod_pids_limit=100), PodResources(2, None, None, None, 100)),
+        (
+            pod(BURSTABLE),
+            NodeLimits(GI, pod_pids_limit=5),
+            PodResources(256, 50000, 100000, 134217728, 5),
+        ),
+        (
+            pod(GUARANTEED),
+            NodeLimits(GI, pod_pids_limit=1),
+            PodResources(1024, 100000, 100000, 134217728, 1),
+        ),
+        (pod(c()), NodeLimits(GI, pod_pids_limit=-1), PodResources(2, None, None, None, None)),
+        (pod(c()), NodeLimits(GI, pod_pids_limit=0), PodResources(2, None, None, None, None)),
     ],
 )
 def test_pod_resources(p: Any, node: NodeLimits, expected: PodResources) -> None:
@@ -166,7 +180,7 @@ def test_ensure_pod_cgroup_v1(tmp_path: Path) -> None:
     assert (d / "cpu.cfs_period_us").read_text() == "100000"
     mem = tmp_path / "memory" / "kubepods" / "burstable" / "podu"
     assert (mem / "memory.limit_in_bytes").read_text() == "134217728"
-    assert (tmp_path / "pids" / "kubepods" / "burstable" / "podu").is_dir()
+    assert (tmp_path / "pids/kubepods/burstable/podu/pids.max").read_text() == "max"
     assert (kube / "cpuset.cpus").read_text() == "0-3"
     assert (kube / "burstable" / "cpuset.mems").read_text() == "0"
 
@@ -184,12 +198,33 @@ def test_ensure_pod_cgroup_v1_unlimited(tmp_path: Path) -> None:
     assert (tmp_path / "memory/kubepods/besteffort/podu/memory.limit_in_bytes").read_text() == "-1"
 
 
+def test_ensure_pod_cgroup_pids_limit(tmp_path: Path) -> None:
+    """podPidsLimit reaches pids.max; a later unlimited pass lifts the cap again."""
+    (tmp_path / "pids").mkdir()
+    limited = PodResources(2, None, None, None, 42)
+    assert podcgroups.ensure_pod_cgroup("/kubepods/besteffort/podu", limited, root=tmp_path) == []
+    pids_max = tmp_path / "pids/kubepods/besteffort/podu/pids.max"
+    assert pids_max.read_text() == "42"
+    podcgroups.ensure_pod_cgroup(
+        "/kubepods/besteffort/podu", PodResources(2, None, None, None), root=tmp_path
+    )
+    assert pids_max.read_text() == "max"
+
+
+def test_node_limits_reads_pod_pids_limit() -> None:
+    from klet.syncloop.syncpod import SyncSettings
+
+    assert podcgroups.node_limits(SyncSettings(Path("/l"), pod_pids_limit=7)).pod_pids_limit == 7
+    assert podcgroups.node_limits(SyncSettings(Path("/l"))).pod_pids_limit == -1
+
+
 def test_ensure_pod_cgroup_v2(tmp_path: Path) -> None:
     (tmp_path / "cgroup.controllers").write_text("cpu memory pids\n")
     podcgroups.ensure_pod_cgroup(
-        "/kubepods/podu", PodResources(1024, 100000, 100000, GI), root=tmp_path
+        "/kubepods/podu", PodResources(1024, 100000, 100000, GI, 64), root=tmp_path
     )
     d = tmp_path / "kubepods" / "podu"
+    assert (d / "pids.max").read_text() == "64"
     assert (d / "cpu.weight").read_text() == str(podcgroups.shares_to_weight(1024))
     assert (d / "cpu.max").read_text() == "100000 100000"
     assert (d / "memory.max").read_text() == str(GI)

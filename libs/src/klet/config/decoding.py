@@ -18,6 +18,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import re
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
@@ -250,6 +251,47 @@ class _StrictYamlLoader(yaml.SafeLoader):
         return super().construct_mapping(node, deep=deep)
 
 
+_OPENERS = (
+    yaml.FlowSequenceStartToken,
+    yaml.FlowMappingStartToken,
+    yaml.BlockSequenceStartToken,
+    yaml.BlockMappingStartToken,
+)
+_CLOSERS = (yaml.FlowSequenceEndToken, yaml.FlowMappingEndToken, yaml.BlockEndToken)
+
+
+_QUOTED = re.compile(r'"(?:[^"\\]|\\.)*"|\'(?:[^\']|\'\')*\'')
+_NOT_BRACKET = re.compile(r"[^\[\]{}]+")
+
+
+def _flow_depth(text: str) -> int:
+    """The deepest `[`/`{` nesting outside quoted strings (a bracket inside a plain
+    scalar, as in tcp://[::1]:10250, counts once: close enough for a bound of 64)."""
+    depth = deepest = 0
+    for ch in _NOT_BRACKET.sub("", _QUOTED.sub("", text)):
+        depth = depth + 1 if ch in "[{" else max(depth - 1, 0)
+        deepest = max(deepest, depth)
+    return deepest
+
+
+def _yaml_too_deep(text: str) -> str | None:
+    """PyYAML's composer recurses once per nesting level: a few thousand `[` take it
+    seconds to fail with a RecursionError, and its scanner slows down quadratically with
+    open flow collections. Flow nesting is counted on the raw text, block nesting on the
+    (iterative) scanner's tokens, before anything is composed."""
+    if _flow_depth(text) > MAX_DEPTH:
+        return f"nested more than {MAX_DEPTH} levels deep"
+    depth = 0
+    for token in yaml.scan(text, Loader=yaml.SafeLoader):
+        if isinstance(token, _OPENERS):
+            depth += 1
+            if depth > MAX_DEPTH:
+                return f"nested more than {MAX_DEPTH} levels deep"
+        elif isinstance(token, _CLOSERS):
+            depth -= 1
+    return None
+
+
 def _parse_text(text: str, *, json_file: bool) -> tuple[object, list[str]]:
     if json_file:
         duplicates: list[str] = []
@@ -263,12 +305,64 @@ def _parse_text(text: str, *, json_file: bool) -> tuple[object, list[str]]:
             return out
 
         return json.loads(text, object_pairs_hook=pairs), duplicates
+    too_deep = _yaml_too_deep(text)
+    if too_deep:
+        raise ValueError(too_deep)
     loader = _StrictYamlLoader(text)
     loader.duplicates = []
     try:
         return loader.get_single_data(), loader.duplicates
     finally:
         loader.dispose()
+
+
+# Bounds on the parsed document. A KubeletConfiguration is a few levels deep with a few
+# hundred values; a file past these is hostile or broken (a YAML alias bomb expands
+# exponentially while its text stays small), and walking it could exhaust the stack or
+# the CPU before any field check ran.
+MAX_DEPTH = 64
+MAX_VALUES = 100_000
+
+
+def _shape_problem(data: object) -> str | None:
+    """Why `data` is too deep or too large once its aliases are expanded, else None.
+
+    Iterative, and each distinct container is visited once (aliases share objects), so
+    the check itself costs the size of the text, not of the expansion.
+    """
+    sizes: dict[int, int] = {}
+    depths: dict[int, int] = {}
+    open_nodes: set[int] = set()  # the path from the root: meeting one again is a cycle
+    stack: list[tuple[object, bool]] = [(data, False)]
+    while stack:
+        node, done = stack.pop()
+        if isinstance(node, Mapping):
+            children: list[object] = [*node.keys(), *node.values()]
+        elif isinstance(node, list | tuple):
+            children = list(node)
+        else:
+            continue
+        key = id(node)
+        if done:
+            open_nodes.discard(key)
+            inner = [c for c in children if isinstance(c, Mapping | list | tuple)]
+            sizes[key] = 1 + len(children) - len(inner) + sum(sizes[id(c)] for c in inner)
+            depths[key] = 1 + max((depths[id(c)] for c in inner), default=0)
+            if depths[key] > MAX_DEPTH:
+                return f"nested more than {MAX_DEPTH} levels deep"
+            if sizes[key] > MAX_VALUES:
+                return f"holds more than {MAX_VALUES} values once YAML aliases are expanded"
+            continue
+        if key in sizes:
+            continue
+        if key in open_nodes:
+            return "refers to itself (a recursive YAML alias)"
+        if len(stack) > 4 * MAX_VALUES:
+            return f"holds more than {MAX_VALUES} values"
+        open_nodes.add(key)
+        stack.append((node, True))
+        stack.extend((c, False) for c in children if id(c) not in sizes)
+    return None
 
 
 def read_config_file(path: Path | str) -> tuple[KubeletConfiguration, list[Problem]]:
@@ -290,6 +384,11 @@ def read_config_file(path: Path | str) -> tuple[KubeletConfiguration, list[Probl
     except (yaml.YAMLError, ValueError) as exc:
         detail = " ".join(str(exc).split())
         return KubeletConfiguration(), [Problem("", f"cannot parse: {detail}")]
+    except RecursionError:
+        return KubeletConfiguration(), [Problem("", "cannot parse: nested too deeply")]
+    shape = _shape_problem(data)
+    if shape is not None:
+        return KubeletConfiguration(), [Problem("", f"cannot parse: {shape}")]
     cfg, problems = decode_config(data, base_dir=file.parent.absolute())
     return cfg, [Problem("", d) for d in duplicates] + problems
 

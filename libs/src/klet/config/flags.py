@@ -610,8 +610,11 @@ def convert_flags(
         raw = getattr(namespace, spec.dest, None)
         if raw is None:
             continue
+        # argparse drops the "--" of `--port=--` and leaves an empty list in its place;
+        # pflag keeps "--" as the value, which then fails the flag's own syntax.
+        texts = [v if isinstance(v, str) else "--" for v in raw]
         try:
-            values[spec.flag] = spec.parse(list(raw))
+            values[spec.flag] = spec.parse(texts)
         except ValueError as exc:
             problems.append(Problem(spec.flag, str(exc)))
     return values, problems

@@ -24,7 +24,7 @@ import socket
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, NoReturn
-from urllib.parse import urlsplit
+from urllib.parse import SplitResult, urlsplit
 
 from klet.config.decoding import read_config_file
 from klet.config.errors import ConfigError, Problem
@@ -142,6 +142,14 @@ def _klet_values(
     return values, source, problems
 
 
+def _split_url(url: str) -> SplitResult:
+    """urlsplit, with a malformed URL ("redis://[x") as an empty one instead of ValueError."""
+    try:
+        return urlsplit(url)
+    except ValueError:
+        return urlsplit("")
+
+
 def _check_klet(values: Mapping[str, Any], source: Mapping[str, str]) -> list[Problem]:
     problems: list[Problem] = []
 
@@ -149,7 +157,7 @@ def _check_klet(values: Mapping[str, Any], source: Mapping[str, str]) -> list[Pr
         problems.append(Problem(source.get(setting, setting), message))
 
     if "redis_url" in values:
-        parts = urlsplit(values["redis_url"])
+        parts = _split_url(values["redis_url"])
         if parts.scheme not in ("redis", "rediss", "unix") or not (parts.netloc or parts.path):
             bad(
                 "redis_url",
@@ -198,10 +206,17 @@ def _node_name(values: Mapping[str, Any], hostname: str | None) -> tuple[str, Pr
     return name, None
 
 
-def _overriding_flag(path: str, overridden: Mapping[str, str]) -> str | None:
-    """The flag that set the field at `path` (or a parent of it), if any."""
+def _overriding_flag(problem: Problem, overridden: Mapping[str, str]) -> str | None:
+    """The flag that set the field at the problem's path (or a parent of it), else the
+    flag that set a field the message names: a cross-field rule ("tlsCertFile and
+    tlsPrivateKeyFile must be set together") reported on the field no flag set was
+    still caused by the flag."""
+    path = problem.path
     for field, flag in overridden.items():
         if path == field or path.startswith((field + ".", field + "[")):
+            return flag
+    for field, flag in overridden.items():
+        if re.search(rf"(?<![\w.]){re.escape(field)}(?![\w])", problem.message):
             return flag
     return None
 
@@ -246,7 +261,7 @@ def load_settings(
         cfg = KubeletConfiguration()
     cfg, overridden = apply_to_config(cfg, flags)
     for problem in validate_problems(cfg):
-        flag = _overriding_flag(problem.path, overridden)
+        flag = _overriding_flag(problem, overridden)
         if flag is not None:
             problems.append(Problem(flag, str(problem)))
         elif config_file is not None:

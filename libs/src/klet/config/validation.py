@@ -7,8 +7,9 @@ the cross-field rules (imageGCLowThresholdPercent below imageGCHighThresholdPerc
 soft eviction threshold having a grace period, ...). Every problem is returned, each
 naming the upstream field path, so an operator fixes the whole file in one pass.
 
-Trade-off: checks of fields klet only accepts for compatibility (CPU manager, topology
-manager, swap, ...) are limited to their enumerations; klet does not act on them.
+Fields klet does not implement (CPU manager, topology manager, certificate rotation, ...)
+are checked against their enumerations like any other, then refused unless they hold a
+value klet implements (support.py), so nothing is accepted and silently ignored.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from urllib.parse import urlsplit
 
 from klet.config.errors import Problem
 from klet.config.kubelet import KubeletConfiguration
+from klet.config.support import unimplemented_problems
 from klet.config.units import parse_percentage, parse_quantity
 
 __all__ = ["EVICTION_SIGNALS", "validate", "validate_problems"]
@@ -83,11 +85,14 @@ class _Checks:
             self.add(path, f"invalid IP address {value!r}")
 
     def endpoint(self, path: str, value: str) -> None:
-        parts = urlsplit(value)
-        if parts.scheme == "unix" and parts.path and not parts.netloc:
-            return
-        if parts.scheme == "tcp" and parts.hostname and parts.port is not None:
-            return
+        try:  # urlsplit and .port raise ValueError on "tcp://[::1" or a port past 65535
+            parts = urlsplit(value)
+            if parts.scheme == "unix" and parts.path and not parts.netloc:
+                return
+            if parts.scheme == "tcp" and parts.hostname and parts.port is not None:
+                return
+        except ValueError:
+            pass
         self.add(path, f"must be a unix:///path or tcp://host:port URL, got {value!r}")
 
     def quantity(self, path: str, value: str, *, percent: bool = False) -> None:
@@ -147,8 +152,12 @@ def _check_sources(c: _Checks, cfg: KubeletConfiguration) -> None:
     ):
         c.positive_duration(path, seconds)
     if cfg.static_pod_url:
-        parts = urlsplit(cfg.static_pod_url)
-        if parts.scheme not in ("http", "https") or not parts.netloc:
+        try:
+            parts = urlsplit(cfg.static_pod_url)
+            usable = parts.scheme in ("http", "https") and bool(parts.netloc)
+        except ValueError:  # "http://[" and the like
+            usable = False
+        if not usable:
             c.add("staticPodURL", f"must be an http:// or https:// URL, got {cfg.static_pod_url!r}")
     for name in cfg.static_pod_url_header:
         if not name or any(ch in name for ch in " \t\r\n:"):
@@ -307,6 +316,14 @@ def _check_eviction(c: _Checks, cfg: KubeletConfiguration) -> None:
     c.non_negative("evictionPressureTransitionPeriod", cfg.eviction_pressure_transition_period)
 
 
+def _check_implemented(c: _Checks, cfg: KubeletConfiguration) -> None:
+    """Values klet would accept and ignore are refused instead (see support.py)."""
+    already = {p.path for p in c.problems}  # an invalid value needs one message, not two
+    for path, message in unimplemented_problems(cfg):
+        if path not in already:
+            c.add(path, message)
+
+
 def validate_problems(cfg: KubeletConfiguration) -> list[Problem]:
     """Every value problem of `cfg`, each with its upstream field path."""
     c = _Checks()
@@ -318,6 +335,7 @@ def validate_problems(cfg: KubeletConfiguration) -> list[Problem]:
         _check_node,
         _check_cgroups,
         _check_eviction,
+        _check_implemented,
     ):
         check(c, cfg)
     return c.problems

@@ -1,21 +1,29 @@
 """Entry point: `python -m klet.syncloop [kubelet flags]`, and `klet run syncloop`.
 
-Only the shared entry sequence (klet.cli.service) with this service's start-up:
-building the dependencies, inside the event loop, and running the root tasks.
+Only the shared entry sequence (klet.cli.service) with this service's start-up: the
+protectKernelDefaults check (kerneltunables), building the dependencies inside the event
+loop, and running the root tasks.
 """
 
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 
 from klet.cli.service import run_service
-from klet.config import Settings
+from klet.config import ConfigError, Settings
 
 
-async def start(settings: Settings) -> int | None:
+async def start(settings: Settings, *, proc_sys: Path | None = None) -> int | None:
     from klet.syncloop.app import main
+    from klet.syncloop.kerneltunables import PROC_SYS, check_kernel_defaults
     from klet.syncloop.wiring import build_deps
 
+    # Before any pod runs, as upstream's container manager checks at start.
+    problems = check_kernel_defaults(settings.kubelet.protect_kernel_defaults, proc_sys or PROC_SYS)
+    if problems:
+        print(f"syncloop: {ConfigError(problems)}", file=sys.stderr)
+        return 1
     return await main(build_deps(settings))
 
 

@@ -1,10 +1,11 @@
 """Host adapter for pod resources: creates pod cgroups and detects the host's limits.
 
 Before RunPodSandbox the pod cgroup is created in every cgroup v1 hierarchy (or the v2
-unified one) and its CPU shares, CFS quota and memory limit are written, as upstream's
-pod container manager does; doing it again is harmless. `node_limits` detects once the
-node's memory capacity and the lowest oom_score_adj this host accepts (hosts that
-refuse negative values get containers' values clamped, with a single warning).
+unified one) and its CPU shares, CFS quota, memory limit and pids.max (podPidsLimit) are
+written, as upstream's pod container manager does; doing it again is harmless.
+`node_limits` detects once the node's memory capacity and the lowest oom_score_adj this
+host accepts (hosts that refuse negative values get containers' values clamped, with a
+single warning).
 """
 
 from __future__ import annotations
@@ -66,13 +67,15 @@ def _detected() -> tuple[int, int]:
 
 
 def node_limits(settings: object) -> NodeLimits:
-    """NodeLimits for this host; `cpu_cfs_quota(_period)` are read from settings if present."""
+    """NodeLimits for this host; `cpu_cfs_quota(_period)` and `pod_pids_limit` are read
+    from settings if present."""
     capacity, floor = _detected()
     return NodeLimits(
         memory_capacity_bytes=capacity,
         cpu_cfs_quota=bool(getattr(settings, "cpu_cfs_quota", True)),
         cpu_cfs_quota_period_s=float(getattr(settings, "cpu_cfs_quota_period", 0.1)),
         oom_score_adj_floor=floor,
+        pod_pids_limit=int(getattr(settings, "pod_pids_limit", -1)),
     )
 
 
@@ -91,7 +94,12 @@ def _v1_files(res: PodResources) -> dict[str, dict[str, str]]:
         cpu["cpu.cfs_period_us"] = str(res.cpu_period)
     cpu["cpu.cfs_quota_us"] = str(res.cpu_quota if res.cpu_quota is not None else -1)
     memory = {"memory.limit_in_bytes": str(res.memory_limit_bytes or -1)}
-    return {"cpu": cpu, "memory": memory}
+    return {"cpu": cpu, "memory": memory, "pids": {"pids.max": _pids_max(res)}}
+
+
+def _pids_max(res: PodResources) -> str:
+    # "max" when unlimited, so lowering podPidsLimit back to -1 lifts an earlier cap.
+    return str(res.pids_limit) if res.pids_limit is not None else "max"
 
 
 def shares_to_weight(shares: int) -> int:
@@ -106,6 +114,7 @@ def _v2_files(res: PodResources) -> dict[str, str]:
         "cpu.weight": str(shares_to_weight(res.cpu_shares)),
         "cpu.max": f"{quota if quota is not None else 'max'} {period}",
         "memory.max": str(res.memory_limit_bytes or "max"),
+        "pids.max": _pids_max(res),
     }
 
 

@@ -3,8 +3,10 @@
 Pure functions over the pod spec: CPU shares from requests, CFS quota from limits, the
 memory limit, the container's oom_score_adj by QoS class (clamped to the host's floor,
 for hosts that refuse negative values), and the pod cgroup's values as sums over its
-containers (upstream's ResourceConfigForPod). Missing requests default to the limits,
-as the API server's defaulting does. Hugepages and other resources are ignored.
+containers (upstream's ResourceConfigForPod) plus the node-wide podPidsLimit, which caps
+every pod whatever its QoS class (a fork bomb in one pod cannot take the node's PIDs).
+Missing requests default to the limits, as the API server's defaulting does. Hugepages
+and other resources are ignored.
 """
 
 from __future__ import annotations
@@ -35,6 +37,8 @@ class NodeLimits:
     cpu_cfs_quota: bool = True
     cpu_cfs_quota_period_s: float = 0.1
     oom_score_adj_floor: int = -1000
+    pod_pids_limit: int = -1
+    """podPidsLimit / --pod-max-pids: processes per pod; -1 (or 0) = no per-pod limit."""
 
     @property
     def period_us(self) -> int:
@@ -49,6 +53,13 @@ class PodResources:
     cpu_quota: int | None
     cpu_period: int | None
     memory_limit_bytes: int | None
+    pids_limit: int | None = None
+
+
+def pids_limit(node: NodeLimits) -> int | None:
+    """The pod cgroup's pids.max: podPidsLimit when positive; None (unlimited) otherwise,
+    as upstream's pod container manager applies it only when above zero."""
+    return node.pod_pids_limit if node.pod_pids_limit > 0 else None
 
 
 def _get(container: JSON, kind: str, name: str) -> Decimal | None:
@@ -170,7 +181,7 @@ def pod_resources(pod: JSON, node: NodeLimits) -> PodResources:
 
     qos = podspec.qos_class(pod)
     if qos == "BestEffort":
-        return PodResources(MIN_SHARES, None, None, None)
+        return PodResources(MIN_SHARES, None, None, None, pids_limit(node))
     requests, _ = _pod_total(pod, cpu_req)
     cpu_limits, cpu_declared = _pod_total(pod, cpu_lim)
     memory, memory_declared = _pod_total(pod, mem_lim)
@@ -178,10 +189,11 @@ def pod_resources(pod: JSON, node: NodeLimits) -> PodResources:
     period = node.period_us
     quota = milli_cpu_to_quota(cpu_limits, period) if node.cpu_cfs_quota else -1
     if qos == "Guaranteed":
-        return PodResources(shares, quota, period, memory)
+        return PodResources(shares, quota, period, memory, pids_limit(node))
     return PodResources(
         shares,
         quota if cpu_declared else None,
         period if cpu_declared else None,
         memory if memory_declared else None,
+        pids_limit(node),
     )

@@ -63,6 +63,8 @@ class SyncSettings:
     """cpuCFSQuota: enforce CPU limits with CFS quota."""
     cpu_cfs_quota_period: float = 0.1
     """cpuCFSQuotaPeriod, seconds."""
+    pod_pids_limit: int = -1
+    """podPidsLimit: pids.max of every pod cgroup; -1 = no per-pod limit."""
     node: NodeFacts = field(default_factory=NodeFacts)
     root_dir: Path | None = None
     """--root-dir; pods' termination-message files go under <root>/pods/<uid>. None: no files."""

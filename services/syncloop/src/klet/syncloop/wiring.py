@@ -158,6 +158,7 @@ def build_deps(settings: Settings, **overrides: Any) -> Deps:
             cgroups_per_qos=k.cgroups_per_qos,
             cpu_cfs_quota=k.cpu_cfs_quota,
             cpu_cfs_quota_period=k.cpu_cfs_quota_period,
+            pod_pids_limit=k.pod_pids_limit,
             node=node_facts,
             root_dir=Path(settings.klet.root_dir),
             hook_timeout_s=k.runtime_request_timeout,
