@@ -12,8 +12,8 @@ seeded random order and at random moments, it injects:
   as upstream's node e2e restart test does), then restarted;
 - the apiserver down for `KLET_SOAK_APISERVER_DOWN_S` seconds.
 
-Before every fault it flips the readiness of one pod (through CRI exec), a status update
-that must reach both `/pods` and the apiserver's mirror pod despite the fault. After each
+During every fault it flips the readiness of one pod (through CRI exec), a status update
+that must reach both `/pods` and the apiserver's mirror pod once the fault is over. After each
 fault it measures the convergence time, from the moment the component is back until every
 pod is Running with the readiness it should have, in `/pods` and in the apiserver. At the
 end it asserts: 0 containers restarted or replaced (CRI container IDs and restartCount),
@@ -31,7 +31,7 @@ import random
 import statistics
 import time
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -167,17 +167,22 @@ class Soak:
         self.expected_ready[name] = ready
         self.flips += 1
 
-    def inject(self, fault: Fault, rng: random.Random) -> float:
-        """Inject `fault` and repair it; return when the component was back."""
+    def inject(self, fault: Fault, rng: random.Random, during: Callable[[], None]) -> float:
+        """Inject `fault`, call `during` while the component is down (containerd: just
+        before, as the flip itself goes through CRI), repair it; return when it was back."""
         print(f"soak: fault {fault}", flush=True)
         if fault.kind == "service":
             self.node.kill(fault.target)
+            during()
             time.sleep(rng.uniform(0.0, 2.0))
             self.node.start(fault.target)
         elif fault.kind == "redis":
-            self.stack.redis.restart()
+            self.stack.redis.stop()
+            during()
+            self.stack.redis.start()  # empty: a flushed Redis
         elif fault.kind == "containerd":
             assert self.stack.containerd is not None
+            during()
             self.stack.containerd.crash()
             time.sleep(rng.uniform(0.5, 3.0))
             self.stack.containerd.recover()
@@ -189,6 +194,7 @@ class Soak:
             )
         elif fault.kind == "apiserver":
             self.plane.stop_apiserver()
+            during()
             time.sleep(APISERVER_DOWN_S)
             self.plane.start_apiserver()
         else:
@@ -266,9 +272,10 @@ def test_soak(soak: Soak) -> None:
     flip_order = list(soak.names)
     rng.shuffle(flip_order)
     for i, fault in enumerate(faults):
-        soak.flip(flip_order[i % len(flip_order)])
-        time.sleep(rng.uniform(0.0, 3.0))  # a random moment relative to the flip
-        soak.wait_converged(fault.kind, soak.inject(fault, rng))
+        time.sleep(rng.uniform(0.0, 3.0))  # a random moment
+        name = flip_order[i % len(flip_order)]
+        back = soak.inject(fault, rng, lambda name=name: soak.flip(name))
+        soak.wait_converged(str(fault), back)
 
     # The final view: nothing replaced, nothing restarted, every flip reported.
     final = {cid for cid, pod in containers(soak.stack).items() if pod.endswith("-soaknode")}
