@@ -1,8 +1,8 @@
 """The Redis bus against a real Redis: tables, consumer groups (delivery, ack, claiming
 what a dead consumer left pending, a bad entry surfacing as an error instead of a
 record, the group re-created after a flush), atomic transactions, the lease (one
-holder, same-slot reclaim, takeover after expiry, fencing tokens increase), and
-BusUnavailable when Redis is gone."""
+holder, a dead predecessor's lease taken over at once, takeover after expiry, fencing
+tokens increase), and BusUnavailable when Redis is gone."""
 
 from __future__ import annotations
 
@@ -72,24 +72,31 @@ async def test_consumer_group_ack_claim_and_bad_entries(redis_server: Any) -> No
 
 
 async def test_lease(redis_server: Any) -> None:
-    bus = Bus.from_url(redis_server.url, "n1")
+    buses = [Bus.from_url(redis_server.url, "n1") for _ in range(4)]
     try:
-        a = bus.lease("svc", "host:a", ttl_ms=500)
-        b = bus.lease("svc", "host:b", ttl_ms=500)
+        a = buses[0].lease("svc", "host:1:aaaaaaaaaaaa", ttl_ms=500)
+        b = buses[1].lease("svc", "host:2:bbbbbbbbbbbb", ttl_ms=500)
         assert await a.try_acquire()
         assert not await b.try_acquire()
-        assert await a.try_acquire()  # renewal
         first_token = a.token
-        restarted = bus.lease("svc", "host:a", ttl_ms=500)  # same slot, new process
+        assert await a.try_acquire() and a.token == first_token  # renewal
+        # The next process of a's slot, knowing a is dead, takes over at once.
+        restarted = buses[2].lease(
+            "svc", "host:3:cccccccccccc", ttl_ms=500, predecessor="host:1:aaaaaaaaaaaa"
+        )
         assert await restarted.try_acquire() and restarted.token is not None
-        assert first_token is not None and restarted.token > first_token
+        assert first_token is not None and restarted.token == first_token + 1
+        assert not await a.try_acquire()  # a is fenced off
         await asyncio.sleep(0.7)  # nobody renews: it expires
         assert await b.try_acquire()
         assert not await restarted.try_acquire()
         await b.release()
         assert await a.try_acquire()
+        with pytest.raises(ValueError, match="one lease per bus"):
+            buses[0].lease("other", "host:1:aaaaaaaaaaaa")
     finally:
-        await bus.close()
+        for bus in buses:
+            await bus.close()
 
 
 async def test_unavailable(redis_server: Any) -> None:

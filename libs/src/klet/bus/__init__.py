@@ -1,10 +1,12 @@
 """Redis bus: tables, streams and leases (see redisbus.py), and the node's key names."""
 
+from klet.bus.holder import service_lease
 from klet.bus.redisbus import (
     Bus,
     BusError,
     BusUnavailable,
     Entry,
+    Fenced,
     GroupStream,
     Lease,
     Stream,
@@ -18,10 +20,12 @@ __all__ = [
     "BusError",
     "BusUnavailable",
     "Entry",
+    "Fenced",
     "GroupStream",
     "Lease",
     "NodeBus",
     "Stream",
     "Table",
     "Transaction",
+    "service_lease",
 ]
