@@ -1,8 +1,9 @@
 """The Redis bus against a real Redis: tables, consumer groups (delivery, ack, claiming
 what a dead consumer left pending, a bad entry surfacing as an error instead of a
-record, the group re-created after a flush), atomic transactions, the lease (one
-holder, a dead predecessor's lease taken over at once, takeover after expiry, fencing
-tokens increase), and BusUnavailable when Redis is gone."""
+record, the group re-created after a flush, dead consumers removed from the group),
+atomic transactions, the lease (one holder, a dead predecessor's lease taken over at
+once, takeover after expiry, fencing tokens increase), and BusUnavailable when Redis
+is gone."""
 
 from __future__ import annotations
 
@@ -67,6 +68,35 @@ async def test_consumer_group_ack_claim_and_bad_entries(redis_server: Any) -> No
         assert [e.record.uid for e in await stream.read("g", "c2", block_ms=100) if e.record] == [
             "d"
         ]
+    finally:
+        await bus.close()
+
+
+async def test_dead_consumers_are_removed_from_the_group(redis_server: Any) -> None:
+    bus = Bus.from_url(redis_server.url, "n1")
+    stream = NodeBus.of(bus).pods
+
+    async def consumers() -> dict[str, int]:
+        info = await bus.client.xinfo_consumers(stream.key, "g")
+        return {c["name"]: int(c["pending"]) for c in info}
+
+    try:
+        await stream.ensure_group("g")
+        await stream.publish(change("a"))
+        await stream.publish(change("b"))
+        done = await stream.read("g", "host-100", count=1, block_ms=100)
+        await stream.ack("g", done[0].id)  # host-100 handled "a", then died
+        await stream.read("g", "host-200", count=1, block_ms=100)  # died handling "b"
+        await asyncio.sleep(0.3)
+        await stream.publish(change("c"))
+        fresh = await stream.read("g", "host-300", block_ms=100)  # alive: just got "c"
+        await stream.ack("g", fresh[0].id)
+        claimed = await stream.claim_stale("g", "host-400", min_idle_ms=200)
+        assert [e.record.uid for e in claimed if e.record] == ["b"]
+        # The dead ones are gone (host-200 once its entry was claimed); the live ones stay.
+        # (Deleting a live consumer with nothing pending would be harmless anyway: its
+        # next read creates it again.)
+        assert await consumers() == {"host-300": 0, "host-400": 1}
     finally:
         await bus.close()
 

@@ -334,10 +334,19 @@ class Stream(Generic[R]):
         return []
 
     async def claim_stale(self, group: str, consumer: str, *, min_idle_ms: int) -> list[Entry[R]]:
-        """Take over entries another (dead) consumer read but never acknowledged."""
+        """Take over entries another (dead) consumer read but never acknowledged, then
+        forget the consumers that are dead: idle for `min_idle_ms` with nothing pending.
+
+        Without the second step every process that ever read the stream stays listed in
+        the group (syncloop's consumer names carry the pid), and XINFO and the group's
+        memory grow with every restart.
+        """
         try:
             reply = await self.bus.client.xautoclaim(
                 self.key, group, consumer, min_idle_time=min_idle_ms, start_id="0-0", count=1000
+            )
+            forgotten = await self.bus.client.eval(
+                _FORGET_DEAD_CONSUMERS, 1, self.key, group, consumer, str(min_idle_ms)
             )
         except ResponseError as err:
             if "NOGROUP" in str(err):
@@ -346,6 +355,11 @@ class Stream(Generic[R]):
             raise _wrap(err) from err
         except (RedisError, OSError) as err:
             raise _wrap(err) from err
+        if forgotten:
+            log.info(
+                "dead consumers removed from the group",
+                extra={"stream": self.name, "group": group, "consumers": list(forgotten)},
+            )
         messages = reply[1] if len(reply) > 1 else []
         return [self._entry(mid, fields) for mid, fields in messages if fields is not None]
 
@@ -379,6 +393,26 @@ class Stream(Generic[R]):
         except BadRecord as err:
             return Entry(mid, None, str(err))
 
+
+# KEYS[1] the stream; ARGV: group, the calling consumer (kept), minimum idle time (ms).
+# Deleting a consumer drops its pending entries, so only consumers with none go, and the
+# check and the delete are one script: nobody can read in between. A live consumer
+# deleted this way would only be re-created by its next read.
+_FORGET_DEAD_CONSUMERS = """
+local removed = {}
+for _, c in ipairs(redis.call('XINFO', 'CONSUMERS', KEYS[1], ARGV[1])) do
+  local f = {}
+  for i = 1, #c, 2 do
+    f[c[i]] = c[i + 1]
+  end
+  if f['name'] ~= ARGV[2] and tonumber(f['pending']) == 0
+      and tonumber(f['idle']) >= tonumber(ARGV[3]) then
+    redis.call('XGROUP', 'DELCONSUMER', KEYS[1], ARGV[1], f['name'])
+    removed[#removed + 1] = f['name']
+  end
+end
+return removed
+"""
 
 _FENCED_PREFIX = "FENCED"
 
