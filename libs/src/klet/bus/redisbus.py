@@ -26,6 +26,7 @@ themselves.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import logging
 import time
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
@@ -36,7 +37,7 @@ from typing import Any, Generic, Protocol, TypeVar
 import redis.asyncio as aioredis
 from klet.model.records import BadRecord, Record
 from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import RedisError, ResponseError
+from redis.exceptions import NoScriptError, RedisError, ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 log = logging.getLogger(__name__)
@@ -99,7 +100,6 @@ class Bus:
         self._r = client
         self.node = node
         self._fence: Lease | None = None
-        self._fenced_write = client.register_script(_FENCED_WRITE)
 
     @classmethod
     def from_url(cls, url: str, node: str, *, timeout_s: float = 5.0) -> Bus:
@@ -172,7 +172,7 @@ class Bus:
                 keys.append(op.key)
             argv += [op.verb, str(keys.index(op.key) + 1), *op.args]
         try:
-            reply = await self._fenced_write(keys=keys, args=argv)
+            reply = await self._script(_FENCED_WRITE, _FENCED_WRITE_SHA, keys, argv)
         except ResponseError as err:
             if str(err).startswith(_FENCED_PREFIX):
                 raise self._fence.fenced("another replica holds the lease") from err
@@ -180,6 +180,14 @@ class Bus:
         except (RedisError, OSError) as err:
             raise _wrap(err) from err
         return [str(r) for r in reply]
+
+    async def _script(self, script: str, sha: str, keys: list[str], args: list[str]) -> Any:
+        """EVALSHA, falling back to EVAL when Redis does not know the script yet (after
+        a restart): only those two commands, no SCRIPT LOAD, need be allowed by ACLs."""
+        try:
+            return await self._r.evalsha(sha, len(keys), *keys, *args)
+        except NoScriptError:
+            return await self._r.eval(script, len(keys), *keys, *args)
 
     async def _write_unfenced(self, ops: Sequence[_Op]) -> list[str]:
         pipe = self._r.pipeline(transaction=len(ops) > 1)
@@ -444,6 +452,7 @@ while i <= #ARGV do
 end
 return out
 """
+_FENCED_WRITE_SHA = hashlib.sha1(_FENCED_WRITE.encode()).hexdigest()  # noqa: S324 - Redis's id
 
 _RENEW = """
 if redis.call('GET', KEYS[1]) == ARGV[1] then
