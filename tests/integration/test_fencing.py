@@ -1,9 +1,10 @@
 """Leader fencing against a real Redis: a leader's writes happen only while its lease
 token is current (refused by Redis itself once another replica holds the lease, and
 locally once the last renewal is a TTL old), a refused write ends leadership, the leader
-loop steps down when Redis has been unreachable for a whole TTL, and — with two real
-replica processes — a leader stalled by SIGSTOP past its TTL writes nothing after the
-standby took over and steps down when it is continued."""
+loop steps down when Redis has been unreachable for a whole TTL or when somebody else
+held the lease meanwhile, a Redis restarted empty does not end leadership, and — with
+two real replica processes — a leader stalled by SIGSTOP past its TTL writes nothing
+after the standby took over and steps down when it is continued."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 
 import pytest
-from klet.bus import Bus, Fenced
+from klet.bus import Bus, BusError, Fenced, LeaseLapsed
 from klet.bus.leader import LeaseLost, hold
 from klet.devstack import ManagedProcess, RedisServer
 from klet.model.records import NodeConditionRecord
@@ -156,6 +157,70 @@ async def test_a_refused_write_wakes_the_leader_loop_at_once(
     finally:
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
+
+
+async def test_a_leader_keeps_leading_when_redis_restarts_empty(
+    redis_server: RedisServer, buses: Callable[[], Bus]
+) -> None:
+    bus_a = buses()
+    lease = bus_a.lease("svc", "host:1:aaaaaaaaaaaa", ttl_ms=30_000)
+    table = bus_a.table("t", NodeConditionRecord)
+    elected = asyncio.Event()
+    task = asyncio.create_task(hold(lease, elected))
+    try:
+        await asyncio.wait_for(elected.wait(), 5)
+        redis_server.restart()  # everything is gone, the lease and its counter too
+        await wait_for(_answers(bus_a), "Redis back")
+        # Nobody holds the lease: the write is refused (not fenced: nobody else can have
+        # led) and the leader loop takes the lease back at once, as the first grant.
+        with pytest.raises(LeaseLapsed):
+            await table.put("k", rec("a"))
+
+        async def written() -> bool:
+            try:
+                await table.put("k", rec("a"))
+            except LeaseLapsed:
+                return False
+            return True
+
+        await wait_for(written, "the write to succeed again", timeout_s=5)
+        assert not task.done() and lease.token == 1
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+
+
+async def test_a_leader_whose_lease_was_granted_to_another_meanwhile_steps_down(
+    buses: Callable[[], Bus],
+) -> None:
+    bus_a, bus_b = buses(), buses()
+    lease = bus_a.lease("svc", "host:1:aaaaaaaaaaaa", ttl_ms=30_000)
+    b = bus_b.lease("svc", "host:2:bbbbbbbbbbbb", ttl_ms=30_000)
+    elected = asyncio.Event()
+    task = asyncio.create_task(hold(lease, elected))
+    try:
+        await asyncio.wait_for(elected.wait(), 5)
+        await bus_a.client.delete(lease.key)
+        assert await b.try_acquire()  # b leads for a moment and gives it back
+        await b.release()
+        with pytest.raises(LeaseLapsed):
+            await bus_a.table("t", NodeConditionRecord).put("k", rec("a"))
+        with pytest.raises(LeaseLost, match="lapsed"):
+            await asyncio.wait_for(task, 3)
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+
+
+def _answers(bus: Bus) -> Callable[[], Awaitable[bool]]:
+    async def check() -> bool:
+        try:
+            await bus.ping()
+        except BusError:
+            return False
+        return True
+
+    return check
 
 
 async def test_predecessor_takeover_and_unique_holders(buses: Callable[[], Bus]) -> None:

@@ -1,6 +1,7 @@
 """The leader loop's decision (`klet.bus.leader.decide`): when a replica starts acting,
-keeps acting, and steps down (lease taken, a write refused, renewals failing for a
-whole TTL, the lease lapsed and granted to someone else in between)."""
+keeps acting (renewed; the lease re-taken after Redis lost it while it was valid), and
+steps down (lease taken, a write refused, renewals failing for a whole TTL, the lease
+lapsed and possibly granted to someone else in between)."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ def seen(
     valid_until: float = 100.0,
     now: float = 90.0,
     fenced: bool = False,
+    reset: bool = False,
 ) -> Observation:
     return Observation(
         attempt=attempt,
@@ -24,6 +26,7 @@ def seen(
         valid_until=valid_until,
         now=now,
         fenced=fenced,
+        counter_reset=reset,
     )
 
 
@@ -31,23 +34,27 @@ def seen(
     ("leading", "observation", "role", "why"),
     [
         # A standby becomes leader only when it got the lease.
-        (False, seen(Attempt.HELD, before=None, after=3), Role.LEADER, ""),
+        (False, seen(Attempt.ACQUIRED, before=None, after=3), Role.LEADER, ""),
         (False, seen(Attempt.REFUSED, before=None, after=None), Role.STANDBY, ""),
         (False, seen(Attempt.UNREACHABLE, before=None, after=None), Role.STANDBY, ""),
-        # Renewed: the same token.
-        (True, seen(Attempt.HELD), Role.LEADER, ""),
-        # Lapsed and re-acquired, nobody granted in between: the next token.
-        (True, seen(Attempt.HELD, after=8), Role.LEADER, ""),
-        # Lapsed and somebody led meanwhile (or Redis was flushed): a foreign token.
-        (True, seen(Attempt.HELD, after=10), Role.STEP_DOWN, "lapsed"),
-        (True, seen(Attempt.HELD, after=1), Role.STEP_DOWN, "lapsed"),
+        (True, seen(Attempt.RENEWED), Role.LEADER, ""),
+        # The key vanished while our lease was valid and nobody was granted it since:
+        # the next token, or the first one after Redis lost the counter.
+        (True, seen(Attempt.ACQUIRED, after=8), Role.LEADER, ""),
+        (True, seen(Attempt.ACQUIRED, after=1, reset=True), Role.LEADER, ""),
+        # Somebody was granted it in between (or Redis lost the counter and somebody
+        # counted up from 1 again), or our lease had expired: a new term.
+        (True, seen(Attempt.ACQUIRED, after=10), Role.STEP_DOWN, "lapsed"),
+        (True, seen(Attempt.ACQUIRED, after=2), Role.STEP_DOWN, "lapsed"),
+        (True, seen(Attempt.ACQUIRED, after=8, now=100.0), Role.STEP_DOWN, "lapsed"),
+        (True, seen(Attempt.ACQUIRED, after=1, reset=True, now=101), Role.STEP_DOWN, "lapsed"),
         (True, seen(Attempt.REFUSED, after=None), Role.STEP_DOWN, "another replica"),
         # Redis unreachable: keep acting until the lease's deadline, not a moment longer.
         (True, seen(Attempt.UNREACHABLE, now=99.9), Role.LEADER, ""),
         (True, seen(Attempt.UNREACHABLE, now=100.0), Role.STEP_DOWN, "whole TTL"),
         (True, seen(Attempt.UNREACHABLE, now=500.0), Role.STEP_DOWN, "whole TTL"),
         # A refused write ends leadership whatever the renewal says.
-        (True, seen(Attempt.HELD, fenced=True), Role.STEP_DOWN, "write was refused"),
+        (True, seen(Attempt.RENEWED, fenced=True), Role.STEP_DOWN, "write was refused"),
         (True, seen(Attempt.UNREACHABLE, fenced=True), Role.STEP_DOWN, "write was refused"),
     ],
 )

@@ -10,8 +10,11 @@ happens when:
 - renewals have failed for a whole TTL (Redis unreachable from here). A standby that
   can reach Redis may hold the lease by then, and this replica cannot know; its writes
   are already refused locally at that moment (`Lease.current_value`);
-- the lease lapsed and had to be acquired again, and somebody else was granted it in
-  between (the token grew by more than one): this replica's view may be stale.
+- the lease lapsed and had to be acquired again, and somebody else may have been
+  granted it in between (the token grew by more than one, or our lease had expired):
+  this replica's view may be stale. When Redis restarted empty while the lease was
+  valid, the first grant after it continues the leadership (a write in between is
+  refused with `LeaseLapsed` and retried, it does not end leadership).
 
 Stepping down stops a service acting, it kills nothing: every service re-adopts its
 state when it leads again, and pods keep running. A short Redis outage (shorter than
@@ -43,7 +46,9 @@ class LeaseLost(Exception):
 class Attempt(enum.Enum):
     """The outcome of one acquire-or-renew call."""
 
-    HELD = "held"
+    RENEWED = "renewed"
+    ACQUIRED = "acquired"
+    """Taken anew, with a new token (a standby's election, or after the lease lapsed)."""
     REFUSED = "refused"
     UNREACHABLE = "unreachable"
 
@@ -66,12 +71,16 @@ class Observation:
     now: float
     fenced: bool
     """A write was refused since the lease was taken (`Lease.lost`)."""
+    counter_reset: bool = False
+    """For ACQUIRED: Redis had lost the fence counter (restart, flush): this is the
+    first grant since."""
 
 
 def decide(*, leading: bool, seen: Observation) -> tuple[Role, str]:
     """The role to take after an attempt, with the reason for a step-down."""
+    held = seen.attempt in (Attempt.RENEWED, Attempt.ACQUIRED)
     if not leading:
-        return (Role.LEADER, "") if seen.attempt is Attempt.HELD else (Role.STANDBY, "")
+        return (Role.LEADER, "") if held else (Role.STANDBY, "")
     if seen.fenced:
         return Role.STEP_DOWN, "a write was refused: another replica holds the lease"
     if seen.attempt is Attempt.REFUSED:
@@ -80,9 +89,16 @@ def decide(*, leading: bool, seen: Observation) -> tuple[Role, str]:
         if seen.now < seen.valid_until:
             return Role.LEADER, ""
         return Role.STEP_DOWN, "the lease was not renewed for a whole TTL"
+    if seen.attempt is Attempt.RENEWED:
+        return Role.LEADER, ""
+    # Taken anew while leading: the key was gone. Leadership goes on only if nobody else
+    # can have been granted it in between: our lease was still valid (so nobody could
+    # take it before it vanished) and this grant is the next one, or the first since
+    # Redis lost the counter (a restart or flush emptied it while we held it).
     before, after = seen.token_before, seen.token_after
-    if after == before or (before is not None and after == before + 1):
-        return Role.LEADER, ""  # renewed, or re-acquired with nobody granted in between
+    next_grant = before is not None and after == before + 1
+    if seen.now < seen.valid_until and (next_grant or seen.counter_reset):
+        return Role.LEADER, ""
     return Role.STEP_DOWN, "the lease lapsed and another replica may have led meanwhile"
 
 
@@ -94,8 +110,12 @@ async def hold(
     interval = lease.ttl_ms / 3000
     while True:
         before, valid_until = lease.token, lease.valid_until
+        lease.wake.clear()
         try:
-            attempt = Attempt.HELD if await lease.try_acquire() else Attempt.REFUSED
+            if await lease.try_acquire():
+                attempt = Attempt.ACQUIRED if lease.reacquired else Attempt.RENEWED
+            else:
+                attempt = Attempt.REFUSED
         except BusUnavailable:
             attempt = Attempt.UNREACHABLE
         seen = Observation(
@@ -105,6 +125,7 @@ async def hold(
             valid_until=valid_until,
             now=clock(),
             fenced=lease.lost.is_set(),
+            counter_reset=lease.counter_reset,
         )
         role, why = decide(leading=elected.is_set(), seen=seen)
         if role is Role.STEP_DOWN:
@@ -125,7 +146,7 @@ async def hold(
             wait = min(interval, max(0.0, lease.valid_until - clock()))
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(wait):
-                await lease.lost.wait()
+                await lease.wake.wait()  # a write was refused: look at the lease now
 
 
 async def release_quietly(lease: Lease) -> None:

@@ -13,7 +13,8 @@ leader bus: every write through it (`Table.put/delete`, `Stream.publish`, a
 write nothing after the takeover, even a write already on the wire: Redis refuses it
 and the writer gets `Fenced`, which also marks the lease lost so the leader loop steps
 down. A write is refused locally, without asking Redis, once the last successful
-renewal is a whole TTL old.
+renewal is a whole TTL old. A write that finds the lease held by nobody (Redis restarted
+empty) raises `LeaseLapsed` instead and wakes the leader loop to take it back.
 
 Not fenced, on purpose: stream acknowledgements, consumer-group creation, claiming
 stale entries and forgetting dead consumers. They change only the group's bookkeeping
@@ -52,6 +53,12 @@ class BusError(Exception):
 
 class BusUnavailable(BusError):
     """Redis could not be reached or did not answer in time."""
+
+
+class LeaseLapsed(BusError):
+    """A leader write was refused because nobody holds the lease right now (it expired,
+    or Redis restarted empty). Nothing was written; the leader loop tries to take the
+    lease back at once, and the write may be retried once it has."""
 
 
 class Fenced(BusError):
@@ -176,6 +183,8 @@ class Bus:
         except ResponseError as err:
             if str(err).startswith(_FENCED_PREFIX):
                 raise self._fence.fenced("another replica holds the lease") from err
+            if str(err).startswith(_LAPSED_PREFIX):
+                raise self._fence.lapsed() from err
             raise _wrap(err) from err
         except (RedisError, OSError) as err:
             raise _wrap(err) from err
@@ -423,12 +432,17 @@ return removed
 """
 
 _FENCED_PREFIX = "FENCED"
+_LAPSED_PREFIX = "LAPSED"
 
 # KEYS[1] is the lease, KEYS[2..] the keys written; ARGV[1] is this replica's lease
 # value, then the ops: verb, index of its key in KEYS, arguments. The comparison and the
 # writes run as one script, so nothing can take the lease in between.
 _FENCED_WRITE = """
-if redis.call('GET', KEYS[1]) ~= ARGV[1] then
+local holder = redis.call('GET', KEYS[1])
+if holder ~= ARGV[1] then
+  if not holder then
+    return redis.error_reply('LAPSED lease ' .. KEYS[1] .. ' is held by nobody')
+  end
   return redis.error_reply('FENCED lease ' .. KEYS[1] .. ' is not held by ' .. ARGV[1])
 end
 local out = {}
@@ -466,7 +480,8 @@ return 0
 # this replica slot's previous process, which is known to be dead (klet.bus.holder).
 # Holder IDs end in a fixed-length random part, so a prefix match is an exact match of
 # the holder. The token is only drawn when the lease is granted: the fence counter is
-# the last token granted.
+# the last token granted. The reply says whether the counter existed: if not, Redis lost
+# it (restart, flush) and this is the first grant since.
 _ACQUIRE = """
 local cur = redis.call('GET', KEYS[1])
 if cur then
@@ -476,9 +491,10 @@ if cur then
     return 0
   end
 end
+local continued = redis.call('EXISTS', KEYS[2])
 local token = redis.call('INCR', KEYS[2])
 redis.call('SET', KEYS[1], ARGV[1] .. token, 'PX', ARGV[3])
-return token
+return {token, continued}
 """
 
 _RELEASE = """
@@ -497,7 +513,8 @@ class Lease:
     last successful renewal was *sent* (Redis starts its TTL later, so the local
     deadline never outlives the key). After it, or once a write was refused (`Fenced`),
     writes through the bus are refused and `lost` is set: the leader loop
-    (`klet.bus.leader`) then steps down.
+    (`klet.bus.leader`) then steps down. `reacquired`/`counter_reset` tell it how the
+    last grant came about, so it can tell a Redis restart from another replica's term.
 
     A replica that cannot reach Redis keeps its role until the deadline (nobody else
     can take the lease before the key expires either); past it, it must assume a
@@ -518,7 +535,13 @@ class Lease:
         self.renewed_at = 0.0
         """Monotonic time the last successful acquire or renewal was sent."""
         self.lost = asyncio.Event()
-        """Set when a write was refused or the deadline passed while held."""
+        """Set when a write was refused because another replica holds the lease."""
+        self.wake = asyncio.Event()
+        """Set when the leader loop should look at the lease now (lost or lapsed)."""
+        self.reacquired = False
+        """The last successful attempt took the lease anew (a new token), not renewed it."""
+        self.counter_reset = False
+        """... and the fence counter had been lost before it (a Redis restart or flush)."""
         self.clock: Callable[[], float] = time.monotonic
 
     @property
@@ -547,8 +570,14 @@ class Lease:
                 extra={"lease": self.key, "holder": self.holder, "token": self.token, "why": why},
             )
             self.lost.set()
+            self.wake.set()
         self.held = False
         return Fenced(f"{self.key}: write refused for {self.value}: {why}")
+
+    def lapsed(self) -> LeaseLapsed:
+        """Record that a write found the lease held by nobody and build the exception."""
+        self.wake.set()
+        return LeaseLapsed(f"{self.key}: write refused for {self.value}: the lease lapsed")
 
     async def try_acquire(self) -> bool:
         """Acquire or renew; returns whether this replica holds the lease now."""
@@ -559,25 +588,22 @@ class Lease:
                 renewed = await client.eval(_RENEW, 1, self.key, self.value, str(self.ttl_ms))
                 if renewed:
                     self.renewed_at = sent
+                    self.reacquired = self.counter_reset = False
                     return True
             heir = f"{self.predecessor}:" if self.predecessor else ""
-            token = int(
-                await client.eval(
-                    _ACQUIRE,
-                    2,
-                    self.key,
-                    self.fence_key,
-                    f"{self.holder}:",
-                    heir,
-                    str(self.ttl_ms),
-                )
+            reply = await client.eval(
+                _ACQUIRE, 2, self.key, self.fence_key, f"{self.holder}:", heir, str(self.ttl_ms)
             )
         except (RedisError, OSError) as err:
             raise _wrap(err) from err
-        if token:
-            if not self.held:
-                log.info("lease acquired", extra={"lease": self.key, "token": token})
+        if isinstance(reply, list):
+            token, continued = int(reply[0]), bool(int(reply[1]))
+            log.info(
+                "lease acquired",
+                extra={"lease": self.key, "token": token, "counter_reset": not continued},
+            )
             self.token, self.held, self.renewed_at = token, True, sent
+            self.reacquired, self.counter_reset = True, not continued
         elif self.held:
             log.warning("lease lost to another replica", extra={"lease": self.key})
             self.held = False
