@@ -1,8 +1,9 @@
 """The Redis bus against a real Redis: tables, consumer groups (delivery, ack, claiming
 what a dead consumer left pending, a bad entry surfacing as an error instead of a
-record, the group re-created after a flush), atomic transactions, the lease (one
-holder, same-slot reclaim, takeover after expiry, fencing tokens increase), and
-BusUnavailable when Redis is gone."""
+record, the group re-created after a flush, dead consumers removed from the group),
+atomic transactions, the lease (one holder, a dead predecessor's lease taken over at
+once, takeover after expiry, fencing tokens increase), and BusUnavailable when Redis
+is gone."""
 
 from __future__ import annotations
 
@@ -71,25 +72,61 @@ async def test_consumer_group_ack_claim_and_bad_entries(redis_server: Any) -> No
         await bus.close()
 
 
-async def test_lease(redis_server: Any) -> None:
+async def test_dead_consumers_are_removed_from_the_group(redis_server: Any) -> None:
     bus = Bus.from_url(redis_server.url, "n1")
+    stream = NodeBus.of(bus).pods
+
+    async def consumers() -> dict[str, int]:
+        info = await bus.client.xinfo_consumers(stream.key, "g")
+        return {c["name"]: int(c["pending"]) for c in info}
+
     try:
-        a = bus.lease("svc", "host:a", ttl_ms=500)
-        b = bus.lease("svc", "host:b", ttl_ms=500)
+        await stream.ensure_group("g")
+        await stream.publish(change("a"))
+        await stream.publish(change("b"))
+        done = await stream.read("g", "host-100", count=1, block_ms=100)
+        await stream.ack("g", done[0].id)  # host-100 handled "a", then died
+        await stream.read("g", "host-200", count=1, block_ms=100)  # died handling "b"
+        await asyncio.sleep(0.3)
+        await stream.publish(change("c"))
+        fresh = await stream.read("g", "host-300", block_ms=100)  # alive: just got "c"
+        await stream.ack("g", fresh[0].id)
+        claimed = await stream.claim_stale("g", "host-400", min_idle_ms=200)
+        assert [e.record.uid for e in claimed if e.record] == ["b"]
+        # The dead ones are gone (host-200 once its entry was claimed); the live ones stay.
+        # (Deleting a live consumer with nothing pending would be harmless anyway: its
+        # next read creates it again.)
+        assert await consumers() == {"host-300": 0, "host-400": 1}
+    finally:
+        await bus.close()
+
+
+async def test_lease(redis_server: Any) -> None:
+    buses = [Bus.from_url(redis_server.url, "n1") for _ in range(4)]
+    try:
+        a = buses[0].lease("svc", "host:1:aaaaaaaaaaaa", ttl_ms=500)
+        b = buses[1].lease("svc", "host:2:bbbbbbbbbbbb", ttl_ms=500)
         assert await a.try_acquire()
         assert not await b.try_acquire()
-        assert await a.try_acquire()  # renewal
         first_token = a.token
-        restarted = bus.lease("svc", "host:a", ttl_ms=500)  # same slot, new process
+        assert await a.try_acquire() and a.token == first_token  # renewal
+        # The next process of a's slot, knowing a is dead, takes over at once.
+        restarted = buses[2].lease(
+            "svc", "host:3:cccccccccccc", ttl_ms=500, predecessor="host:1:aaaaaaaaaaaa"
+        )
         assert await restarted.try_acquire() and restarted.token is not None
-        assert first_token is not None and restarted.token > first_token
+        assert first_token is not None and restarted.token == first_token + 1
+        assert not await a.try_acquire()  # a is fenced off
         await asyncio.sleep(0.7)  # nobody renews: it expires
         assert await b.try_acquire()
         assert not await restarted.try_acquire()
         await b.release()
         assert await a.try_acquire()
+        with pytest.raises(ValueError, match="one lease per bus"):
+            buses[0].lease("other", "host:1:aaaaaaaaaaaa")
     finally:
-        await bus.close()
+        for bus in buses:
+            await bus.close()
 
 
 async def test_unavailable(redis_server: Any) -> None:

@@ -33,6 +33,7 @@ def record(*, at: float = 1000.0, uid: str = "u1", message: str = "pulling") -> 
 
 class World:
     def __init__(self, *, max_tries: int = 3) -> None:
+        self.now = [100.0]
         self.kube = FakeApiServer()
         self.feed: FakeStream[EventRecord] = FakeStream()
         self.mirrors: dict[str, str] = {}
@@ -45,6 +46,7 @@ class World:
             policy=EventPolicy(
                 qps=0, max_tries=max_tries, retry=BackoffPolicy(0.0, 0.0), read_block_ms=1
             ),
+            monotonic=lambda: self.now[0],
         )
 
     def events(self) -> list[JSON]:
@@ -137,3 +139,15 @@ async def test_node_event_in_default_namespace() -> None:
         )
     )
     assert any(k.startswith("/api/v1/namespaces/default/events/node1.") for k in w.kube.objects)
+
+
+async def test_stale_entries_are_taken_over_again_every_reclaim_interval() -> None:
+    # Each takeover also removes dead consumers from the group (Stream.claim_stale).
+    w = World()
+    await w.sink.consume_once()
+    await w.sink.consume_once()
+    assert w.feed.state.calls.count("claim_stale") == 1
+    w.now[0] += EventPolicy().reclaim_interval_s
+    await w.sink.consume_once()
+    assert w.feed.state.calls.count("claim_stale") == 2
+    assert w.feed.state.calls.count("ensure_group") == 1

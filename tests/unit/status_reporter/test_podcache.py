@@ -239,8 +239,24 @@ async def test_unacked_entries_are_taken_over_after_an_outage() -> None:
     assert w.phases() == {"web": "Running"}
 
 
+async def test_stale_entries_are_taken_over_again_every_reclaim_interval() -> None:
+    # Each takeover also removes dead consumers from the group (Stream.claim_stale), so
+    # a consumer that died after this one started does not stay listed until a restart.
+    w = World()
+    await w.cache.consume_once()
+    await w.cache.consume_once()
+    assert w.state.calls.count("claim_stale") == 1
+    w.now[0] += FAST.reclaim_interval_s
+    await w.cache.consume_once()
+    await w.cache.consume_once()
+    assert w.state.calls.count("claim_stale") == 2
+    assert w.state.calls.count("ensure_group") == 1
+
+
 def test_policy_rejects_nonsense() -> None:
     with pytest.raises(ValueError, match="reload_interval_s"):
         CachePolicy(reload_interval_s=-1)
+    with pytest.raises(ValueError, match="reclaim_interval_s"):
+        CachePolicy(reclaim_interval_s=-1)
     with pytest.raises(ValueError, match="read_count"):
         CachePolicy(read_count=0)

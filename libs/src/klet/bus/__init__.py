@@ -1,12 +1,15 @@
 """Redis bus: tables, streams and leases (see redisbus.py), and the node's key names."""
 
+from klet.bus.holder import service_lease
 from klet.bus.redisbus import (
     Bus,
     BusError,
     BusUnavailable,
     Entry,
+    Fenced,
     GroupStream,
     Lease,
+    LeaseLapsed,
     Stream,
     Table,
     Transaction,
@@ -18,10 +21,13 @@ __all__ = [
     "BusError",
     "BusUnavailable",
     "Entry",
+    "Fenced",
     "GroupStream",
     "Lease",
+    "LeaseLapsed",
     "NodeBus",
     "Stream",
     "Table",
     "Transaction",
+    "service_lease",
 ]

@@ -4,13 +4,33 @@ This is the only module that imports `redis`. Keys are `klet:<node>:<name>` so o
 can serve several nodes. Every failure to reach Redis surfaces as `BusUnavailable`
 (raised from the redis error), which callers treat as "retry later, keep the last
 state" — never as a reason to change what runs on the node.
+
+Fencing. A bus that a service's lease was made from (`Bus.lease`) is that service's
+leader bus: every write through it (`Table.put/delete`, `Stream.publish`, a
+`Transaction`) is one Lua script that first compares the lease key with this replica's
+`holder:token` and only then writes, atomically. A replica that stalled past its TTL
+(a long GC pause, SIGSTOP, a partition) and lost the lease to a standby can therefore
+write nothing after the takeover, even a write already on the wire: Redis refuses it
+and the writer gets `Fenced`, which also marks the lease lost so the leader loop steps
+down. A write is refused locally, without asking Redis, once the last successful
+renewal is a whole TTL old. A write that finds the lease held by nobody (Redis restarted
+empty) raises `LeaseLapsed` instead and wakes the leader loop to take it back.
+
+Not fenced, on purpose: stream acknowledgements, consumer-group creation, claiming
+stale entries and forgetting dead consumers. They change only the group's bookkeeping
+of who read what, never a table or a stream's content; an old leader acknowledging an
+entry it did handle is correct, and a new leader rebuilds from the tables anyway
+(at-least-once, idempotent consumers). Lease renewal and release check the holder
+themselves.
 """
 
 from __future__ import annotations
 
+import asyncio
+import hashlib
 import logging
 import time
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any, Generic, Protocol, TypeVar
@@ -18,7 +38,7 @@ from typing import Any, Generic, Protocol, TypeVar
 import redis.asyncio as aioredis
 from klet.model.records import BadRecord, Record
 from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import RedisError, ResponseError
+from redis.exceptions import NoScriptError, RedisError, ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 log = logging.getLogger(__name__)
@@ -33,6 +53,20 @@ class BusError(Exception):
 
 class BusUnavailable(BusError):
     """Redis could not be reached or did not answer in time."""
+
+
+class LeaseLapsed(BusError):
+    """A leader write was refused because nobody holds the lease right now (it expired,
+    or Redis restarted empty). Nothing was written; the leader loop tries to take the
+    lease back at once, and the write may be retried once it has."""
+
+
+class Fenced(BusError):
+    """A leader write was refused: this replica does not hold its lease (any more).
+
+    Raised before anything is written. It ends this replica's leadership (the lease is
+    marked lost, see `Lease.lost`); retrying cannot succeed.
+    """
 
 
 def _wrap(err: Exception) -> BusError:
@@ -72,6 +106,7 @@ class Bus:
     def __init__(self, client: aioredis.Redis, node: str) -> None:
         self._r = client
         self.node = node
+        self._fence: Lease | None = None
 
     @classmethod
     def from_url(cls, url: str, node: str, *, timeout_s: float = 5.0) -> Bus:
@@ -93,8 +128,20 @@ class Bus:
     def stream(self, name: str, record_type: type[R], *, maxlen: int = 10_000) -> Stream[R]:
         return Stream(self, name, record_type, maxlen=maxlen)
 
-    def lease(self, name: str, holder: str, *, ttl_ms: int = 15_000) -> Lease:
-        return Lease(self, name, holder, ttl_ms=ttl_ms)
+    def lease(
+        self, name: str, holder: str, *, ttl_ms: int = 15_000, predecessor: str | None = None
+    ) -> Lease:
+        """The service's lease; from now on every write through this bus is fenced by it.
+
+        `holder` must be unique to this process (see `klet.bus.holder`); `predecessor`
+        is the holder of a dead process of the same replica slot, whose lease this one
+        may take over without waiting for it to expire.
+        """
+        if self._fence is not None:
+            raise ValueError(f"bus already fenced by {self._fence.key}; one lease per bus")
+        lease = Lease(self, name, holder, ttl_ms=ttl_ms, predecessor=predecessor)
+        self._fence = lease
+        return lease
 
     async def ping(self) -> None:
         try:
@@ -107,39 +154,109 @@ class Bus:
 
     @asynccontextmanager
     async def transaction(self) -> AsyncIterator[Transaction]:
-        """Collect writes and apply them atomically (MULTI/EXEC) on exit."""
-        tx = Transaction(self._r.pipeline(transaction=True))
+        """Collect writes and apply them atomically on exit (one fenced script on a
+        leader bus, MULTI/EXEC otherwise)."""
+        tx = Transaction()
         yield tx
-        if tx.empty:
-            return
+        if tx.ops:
+            await self.write(tx.ops)
+
+    async def write(self, ops: Sequence[_Op]) -> list[str]:
+        """Apply `ops` atomically; returns one result per op (the id of each XADD).
+
+        On a leader bus the writes happen only if the lease is still ours (`Fenced`
+        otherwise, with nothing written).
+        """
+        if self._fence is None:
+            return await self._write_unfenced(ops)
+        value = self._fence.current_value()
+        if value is None:
+            raise self._fence.fenced("the lease is not held or its last renewal is too old")
+        keys = [self._fence.key]
+        argv: list[str] = [value]
+        for op in ops:
+            if op.key not in keys:
+                keys.append(op.key)
+            argv += [op.verb, str(keys.index(op.key) + 1), *op.args]
         try:
-            await tx.pipe.execute()
+            reply = await self._script(_FENCED_WRITE, _FENCED_WRITE_SHA, keys, argv)
+        except ResponseError as err:
+            if str(err).startswith(_FENCED_PREFIX):
+                raise self._fence.fenced("another replica holds the lease") from err
+            if str(err).startswith(_LAPSED_PREFIX):
+                raise self._fence.lapsed() from err
+            raise _wrap(err) from err
         except (RedisError, OSError) as err:
             raise _wrap(err) from err
+        return [str(r) for r in reply]
+
+    async def _script(self, script: str, sha: str, keys: list[str], args: list[str]) -> Any:
+        """EVALSHA, falling back to EVAL when Redis does not know the script yet (after
+        a restart): only those two commands, no SCRIPT LOAD, need be allowed by ACLs."""
+        try:
+            return await self._r.evalsha(sha, len(keys), *keys, *args)
+        except NoScriptError:
+            return await self._r.eval(script, len(keys), *keys, *args)
+
+    async def _write_unfenced(self, ops: Sequence[_Op]) -> list[str]:
+        pipe = self._r.pipeline(transaction=len(ops) > 1)
+        for op in ops:
+            if op.verb == "hset":
+                pipe.hset(op.key, op.args[0], op.args[1])
+            elif op.verb == "hdel":
+                pipe.hdel(op.key, op.args[0])
+            else:
+                pipe.xadd(op.key, {"r": op.args[1]}, maxlen=int(op.args[0]), approximate=True)
+        try:
+            reply = await pipe.execute()
+        except (RedisError, OSError) as err:
+            raise _wrap(err) from err
+        return [str(r) for r in reply]
 
     @property
     def client(self) -> aioredis.Redis:
         return self._r
 
 
-class Transaction:
-    """Writes queued for one MULTI/EXEC; see `Bus.transaction`."""
+@dataclass(frozen=True)
+class _Op:
+    """One write: `hset key field value`, `hdel key field` or `xadd key maxlen record`."""
 
-    def __init__(self, pipe: Any) -> None:
-        self.pipe = pipe
-        self.empty = True
+    verb: str
+    key: str
+    args: tuple[str, ...]
+
+    @staticmethod
+    def hset(key: str, field: str, value: str) -> _Op:
+        return _Op("hset", key, (field, value))
+
+    @staticmethod
+    def hdel(key: str, field: str) -> _Op:
+        return _Op("hdel", key, (field,))
+
+    @staticmethod
+    def xadd(key: str, maxlen: int, record: str) -> _Op:
+        return _Op("xadd", key, (str(maxlen), record))
+
+
+class Transaction:
+    """Writes queued to be applied together; see `Bus.transaction`."""
+
+    def __init__(self) -> None:
+        self.ops: list[_Op] = []
+
+    @property
+    def empty(self) -> bool:
+        return not self.ops
 
     def put(self, table: Table[R], key: str, record: R) -> None:
-        self.pipe.hset(table.key, key, record.encode())
-        self.empty = False
+        self.ops.append(_Op.hset(table.key, key, record.encode()))
 
     def delete(self, table: Table[R], key: str) -> None:
-        self.pipe.hdel(table.key, key)
-        self.empty = False
+        self.ops.append(_Op.hdel(table.key, key))
 
     def publish(self, stream: Stream[R], record: R) -> None:
-        self.pipe.xadd(stream.key, {"r": record.encode()}, maxlen=stream.maxlen, approximate=True)
-        self.empty = False
+        self.ops.append(_Op.xadd(stream.key, stream.maxlen, record.encode()))
 
 
 class Table(Generic[R]):
@@ -184,16 +301,10 @@ class Table(Generic[R]):
         return out
 
     async def put(self, key: str, record: R) -> None:
-        try:
-            await self.bus.client.hset(self.key, key, record.encode())
-        except (RedisError, OSError) as err:
-            raise _wrap(err) from err
+        await self.bus.write([_Op.hset(self.key, key, record.encode())])
 
     async def delete(self, key: str) -> None:
-        try:
-            await self.bus.client.hdel(self.key, key)
-        except (RedisError, OSError) as err:
-            raise _wrap(err) from err
+        await self.bus.write([_Op.hdel(self.key, key)])
 
 
 class Stream(Generic[R]):
@@ -207,14 +318,7 @@ class Stream(Generic[R]):
         self.maxlen = maxlen
 
     async def publish(self, record: R) -> str:
-        try:
-            entry_id = str(
-                await self.bus.client.xadd(
-                    self.key, {"r": record.encode()}, maxlen=self.maxlen, approximate=True
-                )
-            )
-        except (RedisError, OSError) as err:
-            raise _wrap(err) from err
+        (entry_id,) = await self.bus.write([_Op.xadd(self.key, self.maxlen, record.encode())])
         return entry_id
 
     async def ensure_group(self, group: str, *, start: str = "0") -> None:
@@ -247,10 +351,19 @@ class Stream(Generic[R]):
         return []
 
     async def claim_stale(self, group: str, consumer: str, *, min_idle_ms: int) -> list[Entry[R]]:
-        """Take over entries another (dead) consumer read but never acknowledged."""
+        """Take over entries another (dead) consumer read but never acknowledged, then
+        forget the consumers that are dead: idle for `min_idle_ms` with nothing pending.
+
+        Without the second step every process that ever read the stream stays listed in
+        the group (syncloop's consumer names carry the pid), and XINFO and the group's
+        memory grow with every restart.
+        """
         try:
             reply = await self.bus.client.xautoclaim(
                 self.key, group, consumer, min_idle_time=min_idle_ms, start_id="0-0", count=1000
+            )
+            forgotten = await self.bus.client.eval(
+                _FORGET_DEAD_CONSUMERS, 1, self.key, group, consumer, str(min_idle_ms)
             )
         except ResponseError as err:
             if "NOGROUP" in str(err):
@@ -259,6 +372,11 @@ class Stream(Generic[R]):
             raise _wrap(err) from err
         except (RedisError, OSError) as err:
             raise _wrap(err) from err
+        if forgotten:
+            log.info(
+                "dead consumers removed from the group",
+                extra={"stream": self.name, "group": group, "consumers": list(forgotten)},
+            )
         messages = reply[1] if len(reply) > 1 else []
         return [self._entry(mid, fields) for mid, fields in messages if fields is not None]
 
@@ -293,6 +411,63 @@ class Stream(Generic[R]):
             return Entry(mid, None, str(err))
 
 
+# KEYS[1] the stream; ARGV: group, the calling consumer (kept), minimum idle time (ms).
+# Deleting a consumer drops its pending entries, so only consumers with none go, and the
+# check and the delete are one script: nobody can read in between. A live consumer
+# deleted this way would only be re-created by its next read.
+_FORGET_DEAD_CONSUMERS = """
+local removed = {}
+for _, c in ipairs(redis.call('XINFO', 'CONSUMERS', KEYS[1], ARGV[1])) do
+  local f = {}
+  for i = 1, #c, 2 do
+    f[c[i]] = c[i + 1]
+  end
+  if f['name'] ~= ARGV[2] and tonumber(f['pending']) == 0
+      and tonumber(f['idle']) >= tonumber(ARGV[3]) then
+    redis.call('XGROUP', 'DELCONSUMER', KEYS[1], ARGV[1], f['name'])
+    removed[#removed + 1] = f['name']
+  end
+end
+return removed
+"""
+
+_FENCED_PREFIX = "FENCED"
+_LAPSED_PREFIX = "LAPSED"
+
+# KEYS[1] is the lease, KEYS[2..] the keys written; ARGV[1] is this replica's lease
+# value, then the ops: verb, index of its key in KEYS, arguments. The comparison and the
+# writes run as one script, so nothing can take the lease in between.
+_FENCED_WRITE = """
+local holder = redis.call('GET', KEYS[1])
+if holder ~= ARGV[1] then
+  if not holder then
+    return redis.error_reply('LAPSED lease ' .. KEYS[1] .. ' is held by nobody')
+  end
+  return redis.error_reply('FENCED lease ' .. KEYS[1] .. ' is not held by ' .. ARGV[1])
+end
+local out = {}
+local i = 2
+while i <= #ARGV do
+  local verb, key = ARGV[i], KEYS[tonumber(ARGV[i + 1])]
+  if verb == 'hset' then
+    redis.call('HSET', key, ARGV[i + 2], ARGV[i + 3])
+    out[#out + 1] = ''
+    i = i + 4
+  elseif verb == 'hdel' then
+    redis.call('HDEL', key, ARGV[i + 2])
+    out[#out + 1] = ''
+    i = i + 3
+  elseif verb == 'xadd' then
+    out[#out + 1] = redis.call('XADD', key, 'MAXLEN', '~', ARGV[i + 2], '*', 'r', ARGV[i + 3])
+    i = i + 4
+  else
+    return redis.error_reply('ERR unknown bus write ' .. tostring(verb))
+  end
+end
+return out
+"""
+_FENCED_WRITE_SHA = hashlib.sha1(_FENCED_WRITE.encode()).hexdigest()  # noqa: S324 - Redis's id
+
 _RENEW = """
 if redis.call('GET', KEYS[1]) == ARGV[1] then
   return redis.call('PEXPIRE', KEYS[1], ARGV[2])
@@ -300,15 +475,26 @@ end
 return 0
 """
 
-# Take the lease when it is free or held under our own identity (a restarted process of
-# the same replica slot), so a crash-restart does not wait out the TTL.
+# KEYS: lease, fence counter. ARGV: "<holder>:", "<predecessor>:" or "", ttl.
+# Take the lease when it is free, or held by this process under an older token, or by
+# this replica slot's previous process, which is known to be dead (klet.bus.holder).
+# Holder IDs end in a fixed-length random part, so a prefix match is an exact match of
+# the holder. The token is only drawn when the lease is granted: the fence counter is
+# the last token granted. The reply says whether the counter existed: if not, Redis lost
+# it (restart, flush) and this is the first grant since.
 _ACQUIRE = """
 local cur = redis.call('GET', KEYS[1])
-if (not cur) or string.sub(cur, 1, string.len(ARGV[1])) == ARGV[1] then
-  redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[3])
-  return 1
+if cur then
+  local mine = string.sub(cur, 1, string.len(ARGV[1])) == ARGV[1]
+  local heir = ARGV[2] ~= '' and string.sub(cur, 1, string.len(ARGV[2])) == ARGV[2]
+  if not (mine or heir) then
+    return 0
+  end
 end
-return 0
+local continued = redis.call('EXISTS', KEYS[2])
+local token = redis.call('INCR', KEYS[2])
+redis.call('SET', KEYS[1], ARGV[1] .. token, 'PX', ARGV[3])
+return {token, continued}
 """
 
 _RELEASE = """
@@ -320,48 +506,104 @@ return 0
 
 
 class Lease:
-    """Leader election with SET NX PX and a fencing token.
+    """Leader election with SET PX, a fencing token and a local deadline.
 
-    A replica that cannot reach Redis keeps the role it had (no other replica can take
-    the lease while Redis is unreachable either), so a Redis outage never stops the
-    leader from keeping pods alive. When Redis answers again the leader renews, or
-    re-acquires if the key was lost (restart, flush), or steps down if another replica
-    holds it.
+    The lease value is `<holder>:<token>`; the token comes from the `:fence` counter and
+    grows with every grant. While held, the lease is valid locally until a TTL after the
+    last successful renewal was *sent* (Redis starts its TTL later, so the local
+    deadline never outlives the key). After it, or once a write was refused (`Fenced`),
+    writes through the bus are refused and `lost` is set: the leader loop
+    (`klet.bus.leader`) then steps down. `reacquired`/`counter_reset` tell it how the
+    last grant came about, so it can tell a Redis restart from another replica's term.
+
+    A replica that cannot reach Redis keeps its role until the deadline (nobody else
+    can take the lease before the key expires either); past it, it must assume a
+    standby took over.
     """
 
-    def __init__(self, bus: Bus, name: str, holder: str, *, ttl_ms: int) -> None:
+    def __init__(
+        self, bus: Bus, name: str, holder: str, *, ttl_ms: int, predecessor: str | None = None
+    ) -> None:
         self.bus = bus
         self.key = bus.key(f"lease:{name}")
         self.fence_key = bus.key(f"lease:{name}:fence")
         self.holder = holder
+        self.predecessor = predecessor
         self.ttl_ms = ttl_ms
         self.token: int | None = None
         self.held = False
         self.renewed_at = 0.0
+        """Monotonic time the last successful acquire or renewal was sent."""
+        self.lost = asyncio.Event()
+        """Set when a write was refused because another replica holds the lease."""
+        self.wake = asyncio.Event()
+        """Set when the leader loop should look at the lease now (lost or lapsed)."""
+        self.reacquired = False
+        """The last successful attempt took the lease anew (a new token), not renewed it."""
+        self.counter_reset = False
+        """... and the fence counter had been lost before it (a Redis restart or flush)."""
+        self.clock: Callable[[], float] = time.monotonic
 
     @property
     def value(self) -> str:
         return f"{self.holder}:{self.token}"
 
+    @property
+    def valid_until(self) -> float:
+        """Monotonic deadline of the lease as this replica knows it (0 when not held)."""
+        return self.renewed_at + self.ttl_ms / 1000 if self.held else 0.0
+
+    def current_value(self) -> str | None:
+        """The lease value to fence a write with, or None when this replica must not
+        write (not held, or not renewed for a whole TTL)."""
+        if not self.held or self.token is None:
+            return None
+        if self.clock() >= self.valid_until:
+            return None
+        return self.value
+
+    def fenced(self, why: str) -> Fenced:
+        """Record that a write was refused and build the exception to raise."""
+        if self.held:
+            log.warning(
+                "leader write refused, stepping down",
+                extra={"lease": self.key, "holder": self.holder, "token": self.token, "why": why},
+            )
+            self.lost.set()
+            self.wake.set()
+        self.held = False
+        return Fenced(f"{self.key}: write refused for {self.value}: {why}")
+
+    def lapsed(self) -> LeaseLapsed:
+        """Record that a write found the lease held by nobody and build the exception."""
+        self.wake.set()
+        return LeaseLapsed(f"{self.key}: write refused for {self.value}: the lease lapsed")
+
     async def try_acquire(self) -> bool:
         """Acquire or renew; returns whether this replica holds the lease now."""
         client = self.bus.client
+        sent = self.clock()
         try:
             if self.held and self.token is not None:
                 renewed = await client.eval(_RENEW, 1, self.key, self.value, str(self.ttl_ms))
                 if renewed:
-                    self.renewed_at = time.monotonic()
+                    self.renewed_at = sent
+                    self.reacquired = self.counter_reset = False
                     return True
-            token = int(await client.incr(self.fence_key))
-            ok = await client.eval(
-                _ACQUIRE, 1, self.key, f"{self.holder}:", f"{self.holder}:{token}", str(self.ttl_ms)
+            heir = f"{self.predecessor}:" if self.predecessor else ""
+            reply = await client.eval(
+                _ACQUIRE, 2, self.key, self.fence_key, f"{self.holder}:", heir, str(self.ttl_ms)
             )
         except (RedisError, OSError) as err:
             raise _wrap(err) from err
-        if ok:
-            if not self.held:
-                log.info("lease acquired", extra={"lease": self.key, "token": token})
-            self.token, self.held, self.renewed_at = token, True, time.monotonic()
+        if isinstance(reply, list):
+            token, continued = int(reply[0]), bool(int(reply[1]))
+            log.info(
+                "lease acquired",
+                extra={"lease": self.key, "token": token, "counter_reset": not continued},
+            )
+            self.token, self.held, self.renewed_at = token, True, sent
+            self.reacquired, self.counter_reset = True, not continued
         elif self.held:
             log.warning("lease lost to another replica", extra={"lease": self.key})
             self.held = False

@@ -10,13 +10,12 @@ thresholds refuse the start naming their field.
 
 from __future__ import annotations
 
-import socket
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from klet.bus import Bus, BusError, Lease, NodeBus
+from klet.bus import Bus, BusError, Lease, NodeBus, service_lease
 from klet.config import Settings
 from klet.cri import RuntimeClient, cri_settings
 from klet.eviction.hostsignals import FsLayout, HostSignalSource
@@ -121,11 +120,9 @@ def build_deps(settings: Settings, **overrides: Any) -> Deps:
         registry=registry,
         metrics=metrics,
         service_port=settings.klet.service_port or DEFAULT_SERVICE_PORT,
-        # The identity is the replica slot (host + run dir), as syncloop's: a restarted
-        # eviction service takes its lease back at once.
-        lease=bus.lease(
-            "eviction", f"{socket.gethostname()}:{settings.klet.run_dir}", ttl_ms=15_000
-        ),
+        # A holder ID of its own; a restart takes over its dead predecessor's lease
+        # at once (klet.bus.holder).
+        lease=service_lease(bus, "eviction", Path(settings.klet.run_dir), ttl_ms=15_000),
         pod_control=pod_control,
         gc=gc,
     )

@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import socket
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from klet.bus import Bus, Lease, NodeBus
+from klet.bus import Bus, Lease, NodeBus, service_lease
 from klet.config import DEFAULT_SERVICE_PORTS, Settings
 from klet.cri import RuntimeClient, cri_settings
 from klet.image_gc.collector import Collector, CollectorSettings
@@ -116,10 +115,8 @@ def build_deps(settings: Settings, **overrides: Any) -> Deps:
         metrics=metrics,
         socket_path=Path(settings.klet.run_dir) / SOCKET_NAME,
         service_port=settings.klet.service_port or DEFAULT_SERVICE_PORT,
-        # The identity is the replica slot (host + run dir), so a restarted image-gc in
-        # the same slot takes its lease back at once.
-        lease=bus.lease(
-            "image-gc", f"{socket.gethostname()}:{settings.klet.run_dir}", ttl_ms=15_000
-        ),
+        # A holder ID of its own; a restart takes over its dead predecessor's lease
+        # at once (klet.bus.holder).
+        lease=service_lease(bus, "image-gc", Path(settings.klet.run_dir), ttl_ms=15_000),
     )
     return replace(deps, **overrides) if overrides else deps

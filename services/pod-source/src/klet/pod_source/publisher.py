@@ -19,9 +19,10 @@ The stateful shell around the pure merge (`podconfig`) and repair (`reconcile`):
 - Redis down (`BusUnavailable`) never stops the merge and never crashes the loop: the
   error is logged once per outage, counted, and retried with exponential back-off.
 
-Trade-off: lease fencing is not checked inside the write transaction (the bus has no
-compare-and-write yet). A leader that stalls for longer than the lease TTL could write
-once after a standby took over; the next reconcile of the new leader repairs it.
+- Every write is fenced by the lease (`klet.bus.Bus.lease`): a leader that stalled past
+  the TTL while a standby took over cannot write after the takeover. A refused write
+  (`Fenced`) makes this replica a standby at once, in-process: its only acting is
+  writing, so standing by needs no restart; it reconciles when it leads again.
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
-from klet.bus import BusError, NodeBus, Transaction
+from klet.bus import BusError, Fenced, NodeBus, Transaction
 from klet.model.records import EventRecord, PodChange, SourceName, SourceState
 from klet.model.types import JSON
 from klet.pod_source.inbox import Inbox
@@ -146,6 +147,14 @@ class Publisher:
             else:
                 self._outbox.clear()
                 self._events.clear()  # the leader posts them
+        except Fenced as err:
+            log.warning(
+                "standing by: a write was refused, the lease is lost", extra={"error": str(err)}
+            )
+            self._held = False
+            self._needs_reconcile = True
+            self._outbox.clear()
+            self._renew_at = 0.0  # see who holds it now
         except BusError as err:
             # Unreachable (BusUnavailable) or refusing writes (read-only replica, out of
             # memory): either way keep the state and retry; neither is worth a restart.

@@ -13,15 +13,13 @@ uses, so the wiring does not depend on the rest of the settings tree.
 
 from __future__ import annotations
 
-import os
-import socket
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
-from klet.bus import Bus, NodeBus
+from klet.bus import Bus, NodeBus, service_lease
 from klet.config import DEFAULT_SERVICE_PORTS
 from klet.kube import KubeClient, kube_settings
 from klet.model.records import SourceName
@@ -84,6 +82,9 @@ class KletSettings(Protocol):
 
     @property
     def redis_url(self) -> str: ...
+
+    @property
+    def run_dir(self) -> Path: ...  # holds the lease's replica slot (klet.bus.holder)
 
     @property
     def kubeconfig(self) -> Path | None: ...  # --kubeconfig; None = standalone (no api source)
@@ -155,7 +156,12 @@ def build_deps(settings: ServiceSettings, overrides: Overrides | None = None) ->
     metrics = create_metrics(registry)
     bus = o.bus if o.bus is not None else Bus.from_url(klet.redis_url, node)
     ttl_s = o.lease_ttl_s if o.lease_ttl_s is not None else DEFAULT_LEASE_TTL_S
-    holder = o.lease_holder or f"{socket.gethostname()}:{os.getpid()}"
+    ttl_ms = int(ttl_s * 1000)
+    lease = (
+        bus.lease(LEASE_NAME, o.lease_holder, ttl_ms=ttl_ms)
+        if o.lease_holder
+        else service_lease(bus, LEASE_NAME, klet.run_dir, ttl_ms=ttl_ms)
+    )
     inbox = Inbox()
 
     sources: list[PodSource] = []
@@ -205,7 +211,7 @@ def build_deps(settings: ServiceSettings, overrides: Overrides | None = None) ->
     configured = frozenset(s.name for s in sources)
     publisher = Publisher(
         bus=NodeBus.of(bus),
-        lease=bus.lease(LEASE_NAME, holder, ttl_ms=int(ttl_s * 1000)),
+        lease=lease,
         inbox=inbox,
         configured=configured,
         metrics=metrics,

@@ -2,7 +2,8 @@
 `events.py`).
 
 The `events` stream is consumed in the consumer group "status-reporter" (pending
-entries of a dead consumer are claimed on start, as the pod view does); an entry is
+entries of a dead consumer are claimed on start and every few minutes, and dead
+consumers removed from the group, as the pod view does); an entry is
 acknowledged once its Event exists, or once it is given up on:
 
 - a malformed entry is logged and acknowledged (reading it again would never help);
@@ -61,6 +62,9 @@ class EventPolicy:
     read_count: int = 100
     read_block_ms: int = 1000
     claim_idle_ms: int = 30_000
+    reclaim_interval_s: float = 300.0
+    """Seconds between takeovers of a dead consumer's entries after the first; dead
+    consumers are removed from the group at the same time (`Stream.claim_stale`)."""
 
 
 class EventSink:
@@ -87,6 +91,7 @@ class EventSink:
         self._aggregator = events.Aggregator(window_s=policy.window_s)
         self._bucket = events.TokenBucket(policy.qps, policy.burst, now=monotonic())
         self._group_ready = False
+        self._reclaim_at = 0.0  # monotonic time of the next stale-entry takeover
         self._once = OnceLogger(log, level=logging.WARNING)
         self.posted = 0
         """Events created or counted (tests and metrics)."""
@@ -165,12 +170,15 @@ class EventSink:
 
         Raises BusError, leaving unacknowledged entries pending (claimed again later).
         """
-        if not self._group_ready:
-            await self._feed.ensure_group(GROUP)
+        now = self._monotonic()
+        if not self._group_ready or now >= self._reclaim_at:
+            if not self._group_ready:
+                await self._feed.ensure_group(GROUP)
             stale = await self._feed.claim_stale(
                 GROUP, self._consumer, min_idle_ms=self._policy.claim_idle_ms
             )
             self._group_ready = True
+            self._reclaim_at = now + self._policy.reclaim_interval_s
             await self._apply(stale)
         entries = await self._feed.read(
             GROUP,

@@ -6,7 +6,9 @@ A manager (state + two loops) around the pure rules in `listing.py`:
   each entry names a pod whose status changed, and the pod's current `status` and
   `desired` entries are fetched by UID and applied. The stream is only a wake-up: the
   tables are the truth, so an entry is acknowledged once its pod has been refreshed,
-  and a malformed entry is logged and acknowledged (re-reading it would never help);
+  and a malformed entry is logged and acknowledged (re-reading it would never help).
+  Entries a dead consumer left pending are taken over at start and every
+  `reclaim_interval_s`, and dead consumers are removed from the group then;
 - the **reloader** reads both tables in full every `reload_interval_s`. That is cheap
   (one HGETALL each, at most a few hundred pods) and is how the view catches up with
   everything the stream cannot tell it: desired pods added or removed (pod-source's
@@ -87,6 +89,9 @@ class CachePolicy:
     """How long one stream read waits for new entries, in milliseconds."""
     claim_idle_ms: int = 30_000
     """Pending entries idle this long (a consumer died before acking) are taken over."""
+    reclaim_interval_s: float = 300.0
+    """Seconds between takeovers after the first: a replica that died since is
+    reclaimed, and dead consumers are removed from the group (`Stream.claim_stale`)."""
     backoff_initial_s: float = 0.2
     """First retry delay after a bus failure, doubled per failure."""
     backoff_max_s: float = 5.0
@@ -95,7 +100,13 @@ class CachePolicy:
     """The view counts as stale when the last full reload is older than this."""
 
     def __post_init__(self) -> None:
-        for name in ("reload_interval_s", "backoff_initial_s", "backoff_max_s", "stale_after_s"):
+        for name in (
+            "reload_interval_s",
+            "reclaim_interval_s",
+            "backoff_initial_s",
+            "backoff_max_s",
+            "stale_after_s",
+        ):
             value = getattr(self, name)
             if value < 0:
                 raise ValueError(f"CachePolicy.{name}: must be >= 0, got {value!r}")
@@ -152,6 +163,7 @@ class PodCache:
         self._outage: str | None = None
         self._once = OnceLogger(log, level=logging.WARNING)
         self._group_ready = False
+        self._reclaim_at = 0.0  # clock time of the next stale-entry takeover
         self._wake = asyncio.Event()
         self._listeners: list[Callable[[], None]] = []
         self.loaded = asyncio.Event()
@@ -228,12 +240,15 @@ class PodCache:
         Returns the number of entries handled. Raises BusError, leaving the batch
         unacknowledged (it is taken over again later, and the reload covers it anyway).
         """
-        if not self._group_ready:
-            await self._feed.ensure_group(GROUP)
+        now = self._clock()
+        if not self._group_ready or now >= self._reclaim_at:
+            if not self._group_ready:
+                await self._feed.ensure_group(GROUP)
             stale = await self._feed.claim_stale(
                 GROUP, self._consumer, min_idle_ms=self._policy.claim_idle_ms
             )
             self._group_ready = True
+            self._reclaim_at = now + self._policy.reclaim_interval_s
             await self._apply(stale)
         entries = await self._feed.read(
             GROUP,

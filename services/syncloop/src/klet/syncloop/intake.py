@@ -1,17 +1,20 @@
 """Reading the bus: the `pods` stream consumer and the periodic table resync.
 
 The stream is only a wake-up; the tables are the truth. The consumer (group "syncloop")
-claims entries a dead replica left pending, hands each change to the controller and
-acknowledges it afterwards; a bad entry is logged, counted and acknowledged so it never
-blocks the stream. The resync reads the `desired` and `sources` tables every few
-seconds, which also repairs anything missed while Redis was away. Redis being down
-only delays both: the controller keeps its last view and every pod keeps running.
+claims entries a dead replica left pending (at start and every `reclaim_s`, which also
+removes dead consumers from the group: every process reads under a name of its own),
+hands each change to the controller and acknowledges it afterwards; a bad entry is
+logged, counted and acknowledged so it never blocks the stream. The resync reads the
+`desired` and `sources` tables every few seconds, which also repairs anything missed
+while Redis was away. Redis being down only delays both: the controller keeps its last
+view and every pod keeps running.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Callable
 
 from klet.bus import BusError, BusUnavailable, NodeBus
@@ -30,6 +33,7 @@ class BusIntake:
         *,
         consumer: str,
         resync_s: float = 5.0,
+        reclaim_s: float = 300.0,
         on_bad: Callable[[str], None] = lambda _e: None,
         on_error: Callable[[], None] = lambda: None,
     ) -> None:
@@ -37,6 +41,8 @@ class BusIntake:
         self.controller = controller
         self.consumer = consumer
         self.resync_s = resync_s
+        self.reclaim_s = reclaim_s
+        self._reclaim_at = 0.0  # monotonic time of the next stale-entry takeover
         self.on_bad = on_bad
         self.on_error = on_error
         self.synced = asyncio.Event()  # set after the first full read of the tables
@@ -76,9 +82,11 @@ class BusIntake:
         started = False
         while True:
             try:
-                if not started:
-                    await stream.ensure_group(GROUP)
+                if not started or time.monotonic() >= self._reclaim_at:
+                    if not started:
+                        await stream.ensure_group(GROUP)
                     pending = await stream.claim_stale(GROUP, self.consumer, min_idle_ms=30_000)
+                    self._reclaim_at = time.monotonic() + self.reclaim_s
                     await self._handle(pending)
                     started = True
                 await self._handle(

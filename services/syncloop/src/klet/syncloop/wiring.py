@@ -9,7 +9,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from klet.bus import Bus, Lease, NodeBus
+from klet.bus import Bus, Lease, NodeBus, service_lease
 from klet.cgroups import CgroupFS
 from klet.cgroups.machine import read_machine
 from klet.config import Settings
@@ -211,11 +211,9 @@ def build_deps(settings: Settings, **overrides: Any) -> Deps:
         socket_path=Path(settings.klet.run_dir) / "syncloop.sock",
         service_port=settings.klet.service_port or DEFAULT_SERVICE_PORT,
         consumer=f"{socket.gethostname()}-{os.getpid()}",
-        # The identity is the replica slot (host + run dir), not the process: a syncloop
-        # restarted in the same slot takes its lease back at once.
-        lease=bus.lease(
-            "syncloop", f"{socket.gethostname()}:{settings.klet.run_dir}", ttl_ms=15_000
-        ),
+        # A holder ID of its own; a restart takes over its dead predecessor's lease
+        # at once (klet.bus.holder).
+        lease=service_lease(bus, "syncloop", Path(settings.klet.run_dir), ttl_ms=15_000),
         kube=kube,
         volumes=volumes,
     )

@@ -1,0 +1,71 @@
+"""One replica of a leader-elected service, reduced to what fencing is about: the real
+leader loop (`klet.bus.leader.hold`) and a writer per bus write path (a stream entry, a table
+put, a transaction) that keeps writing while elected, each record tagged with this
+replica's name. Run as a process by tests/integration/test_fencing.py:
+
+    python -m tests.harness.leader_replica REDIS_URL NODE NAME TTL_MS
+
+It exits non-zero when it steps down, like a service under `run_supervised`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import sys
+
+from klet.bus import Bus, BusError
+from klet.bus.leader import hold
+from klet.model.records import NodeConditionRecord
+from klet.obs import run_supervised
+
+LEASE = "fencing-test"
+
+
+async def replica(url: str, node: str, name: str, ttl_ms: int) -> None:
+    bus = Bus.from_url(url, node, timeout_s=1.0)
+    writes = bus.stream("fencing-writes", NodeConditionRecord, maxlen=1_000_000)
+    table = bus.table("fencing-leader", NodeConditionRecord)
+    lease = bus.lease(LEASE, f"{name}:{ttl_ms}", ttl_ms=ttl_ms)
+    elected = asyncio.Event()
+
+    async def writer(path: str) -> None:
+        # One task per write path, as a service's root tasks write independently.
+        await elected.wait()
+        n = 0
+        while True:
+            n += 1
+            record = NodeConditionRecord(type="Fencing", status="True", at=float(n), reason=name)
+            try:
+                if path == "publish":
+                    await writes.publish(record)
+                elif path == "put":
+                    await table.put("leader", record)
+                else:
+                    async with bus.transaction() as tx:
+                        tx.publish(writes, record)
+                        tx.put(table, "leader", record)
+            except BusError as err:
+                print(f"{name}: {path} {n} failed: {type(err).__name__}: {err}", flush=True)
+            await asyncio.sleep(0.02)
+
+    try:
+        await run_supervised(
+            {
+                "lease": hold(lease, elected),
+                **{f"writer-{p}": writer(p) for p in ("publish", "put", "transaction")},
+            }
+        )
+    finally:
+        await bus.close()
+
+
+def main() -> int:
+    logging.basicConfig(level=logging.INFO, format="%(name)s %(levelname)s %(message)s")
+    url, node, name, ttl_ms = sys.argv[1:5]
+    asyncio.run(replica(url, node, name, int(ttl_ms)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
