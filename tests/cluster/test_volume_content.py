@@ -5,14 +5,17 @@ ConfigMap reaches the running container within the sync period (the node runs wi
 10 s syncFrequency) without a restart; on the node the volume has upstream's atomic
 layout (`..data` → a timestamped directory, keys linked through `..data`) and the
 mount is read-only. A Secret volume is a tmpfs of its own (in the container's
-/proc/mounts and on the node), files carry defaultMode, and it is unmounted and removed
-with the pod. A projected volume shows the pod's labels through the downward API
+/proc/mounts and on the node), files carry defaultMode or the item's mode, a value that
+is not UTF-8 is written byte for byte, an unprivileged host user cannot read a file
+even when its mode is 0644 (the pod directory is 0750), and the volume is unmounted
+and removed with the pod. A projected volume shows the pod's labels through the downward API
 (updated when the labels change) next to a ConfigMap key. The `kube-api-access-*`
 volume the ServiceAccount admission plugin injects holds a token that the apiserver
 accepts (TokenReview as admin, and a request made from the node with the token and
 the CA certificate from the volume) and that is bound to the pod, plus the namespace
-and the cluster CA. A pod whose ConfigMap does not exist stays ContainerCreating with
-upstream's FailedMount event on the apiserver and starts once the ConfigMap is created.
+and the cluster CA; nobody on the host can read that token. A pod whose ConfigMap does
+not exist stays ContainerCreating with upstream's FailedMount event on the apiserver and
+starts once the ConfigMap is created.
 """
 
 from __future__ import annotations
@@ -46,6 +49,8 @@ OBJECTS = (
     ("secret", "vol-secret"),
 )
 SA_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
+BLOB = b"\x00\xff\xfe binary \x80"
+NOBODY = 65534
 
 
 @pytest.fixture(scope="module")
@@ -137,6 +142,22 @@ def volume_dir(node: KletNode, uid: str, plugin: str, volume: str) -> Path:
     return node.root_dir / "pods" / uid / "volumes" / plugin / volume
 
 
+def refused_to_nobody(node: KletNode, path: Path) -> bool:
+    """Whether an unprivileged host user (nobody, no groups) is refused `path`. The root
+    directory is opened to everyone first, as an operator may have it, so what refuses
+    is what klet made below it."""
+    os.chmod(node.root_dir, 0o755)
+    r = subprocess.run(
+        ["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups", "cat"]
+        + [str(path.relative_to(node.root_dir))],
+        cwd=node.root_dir,
+        capture_output=True,
+        check=False,
+        timeout=30,
+    )
+    return r.returncode != 0 and b"Permission denied" in r.stderr
+
+
 def container_id(p: dict[str, Any]) -> str:
     return str(p["status"]["containerStatuses"][0]["containerID"])
 
@@ -192,12 +213,22 @@ def test_secret_volume_on_tmpfs(node: KletNode, control_plane: ControlPlane) -> 
             "kind": "Secret",
             "metadata": {"name": "vol-secret", "namespace": "default"},
             "type": "Opaque",
-            "data": {"password": b64("s3cret")},
+            "data": {"password": b64("s3cret"), "blob": base64.b64encode(BLOB).decode()},
         },
         pod(
             "secret-vol",
             volumes=[
-                {"name": "creds", "secret": {"secretName": "vol-secret", "defaultMode": 0o400}}
+                {
+                    "name": "creds",
+                    "secret": {
+                        "secretName": "vol-secret",
+                        "defaultMode": 0o400,
+                        "items": [
+                            {"key": "password", "path": "password"},
+                            {"key": "blob", "path": "blob", "mode": 0o644},
+                        ],
+                    },
+                }
             ],
             mounts=[{"name": "creds", "mountPath": "/etc/creds"}],
         ),
@@ -210,6 +241,9 @@ def test_secret_volume_on_tmpfs(node: KletNode, control_plane: ControlPlane) -> 
     host = volume_dir(node, p["metadata"]["uid"], "kubernetes.io~secret", "creds")
     assert fs.fs_type(host) == "tmpfs"  # never on the node's disk
     assert oct(os.stat(host / "password").st_mode & 0o777) == "0o400"
+    assert oct(os.stat(host / "blob").st_mode & 0o777) == "0o644"
+    assert (host / "blob").read_bytes() == BLOB
+    assert refused_to_nobody(node, host / "blob")
 
     r = cp.kubectl("delete", "pod", "secret-vol", "--wait=true", timeout_s=60)
     assert r.returncode == 0, r.stderr
@@ -306,6 +340,7 @@ def test_kube_api_access_token_is_accepted_and_bound(
     # An in-cluster client's view: the token and CA straight from the volume on the node.
     host = volume_dir(node, p["metadata"]["uid"], "kubernetes.io~projected", access)
     assert fs.fs_type(host) == "tmpfs"
+    assert refused_to_nobody(node, host / "token")
     ctx = ssl.create_default_context(cafile=str(host / "ca.crt"))
     request = urllib.request.Request(
         cp.server + "/apis/authentication.k8s.io/v1/selfsubjectreviews",

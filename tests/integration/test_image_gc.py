@@ -158,7 +158,7 @@ def fs(stack: DevStack) -> tuple[int, int]:
 
 
 def gc_client(node: KletNode) -> GarbageCollectorClient:
-    return GarbageCollectorClient(node.dir / "run" / "image-gc.sock", timeout_s=60)
+    return GarbageCollectorClient(node.dir / "run" / "grpc" / "image-gc.sock", timeout_s=60)
 
 
 def collect_now(node: KletNode) -> CollectResult:
@@ -200,7 +200,7 @@ def test_image_gc_on_a_small_image_filesystem(
     node, manifests = gc_node
     stack = small_stack
     node.start()
-    sock = node.dir / "run" / "image-gc.sock"
+    sock = node.dir / "run" / "grpc" / "image-gc.sock"
     wait_for(sock.exists, timeout_s=30, what="the GarbageCollector socket")
     assert stat.S_IMODE(sock.stat().st_mode) == 0o600
 

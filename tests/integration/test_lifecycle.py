@@ -36,7 +36,7 @@ SLEEPER = "trap 'exit 0' TERM; sleep 100000 & wait"
 
 def kill(node: KletNode, uid: str, *, grace_s: int) -> None:
     async def go() -> None:
-        client = PodControlClient(node.dir / "run" / "syncloop.sock", timeout_s=60)
+        client = PodControlClient(node.dir / "run" / "grpc" / "syncloop.sock", timeout_s=60)
         try:
             assert await client.kill_pod(
                 PodUID(uid), grace_period_s=grace_s, reason="Test", message="killed by the test"

@@ -28,7 +28,7 @@ def test_kill_pod_over_grpc(node_factory: Any, manifests: Path, devstack: DevSta
     (manifests / "web.yaml").write_text(WEB)
     pod = wait_for(lambda: running(node, "web"), timeout_s=15, what="web Running")
     uid = PodUID(pod["metadata"]["uid"])
-    socket_path = node.dir / "run" / "syncloop.sock"
+    socket_path = node.dir / "run" / "grpc" / "syncloop.sock"
     assert stat.S_IMODE(socket_path.stat().st_mode) == 0o600
 
     async def drive() -> None:

@@ -263,7 +263,8 @@ async def test_configmap_volume_refreshed_in_place(tmp_path: Path, objects: Fake
     path = await plugin.set_up(volume, ctx)
     assert path == tmp_path / "pods/u-1/volumes/kubernetes.io~configmap/cfg"
     assert (path / "level").read_text() == "debug"
-    assert oct(os.stat(path).st_mode & 0o777) == "0o777"  # like the emptyDir upstream wraps
+    # readable and traversable by any container user, writable by klet alone
+    assert oct(os.stat(path).st_mode & 0o777) == "0o755"
     first = os.readlink(path / "..data")
     assert await plugin.set_up(volume, ctx) == path
     assert os.readlink(path / "..data") == first  # unchanged: not rewritten

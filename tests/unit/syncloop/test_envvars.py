@@ -4,11 +4,16 @@ entries see only the entries before them; fieldRef and resourceFieldRef sources
 (labels/annotations by key, pod and host IPs, limits with divisors and node-capacity
 fallback); ConfigMap/Secret key references and envFrom (prefixes, optional objects and
 keys, envFrom before env and taking part in expansion) and upstream's messages when a
-reference cannot be resolved, with or without an apiserver."""
+reference cannot be resolved, with or without an apiserver; a Secret value that is
+not UTF-8 kept exactly when read and refused by name (the CRI takes UTF-8 strings)
+rather than silently altered."""
 
 from __future__ import annotations
 
+import base64
+
 import pytest
+from cri_api.v1.api_pb2 import KeyValue
 from klet.syncloop.envvars import (
     EnvError,
     EnvSources,
@@ -17,6 +22,7 @@ from klet.syncloop.envvars import (
     expand,
     references,
 )
+from klet.syncloop.kubeobjects import secret_data
 
 ENV = {"A": "1", "B": "two", "EMPTY": ""}
 
@@ -267,3 +273,55 @@ def test_references_lists_each_object_once_in_order() -> None:
         ],
     }
     assert references(container) == (["c1", "c2"], ["s1", "s2"])
+
+
+# -- Secret values that are not UTF-8 (issue 11) ------------------------------------------
+
+BINARY = b"\xff\x00key\x80"
+
+
+def binary_sources() -> EnvSources:
+    """A Secret as read from the apiserver, through the real decoding of its `data`."""
+    data = {
+        "bin": base64.b64encode(BINARY).decode(),
+        "text": base64.b64encode("grüße".encode()).decode(),
+    }
+    return EnvSources(secrets={"mixed": secret_data({"data": data})})
+
+
+def test_secret_data_keeps_bytes_that_are_not_utf8() -> None:
+    decoded = binary_sources().secrets["mixed"]
+    assert decoded["bin"].encode("utf-8", "surrogateescape") == BINARY  # not U+FFFD
+    assert decoded["text"] == "grüße"
+
+
+@pytest.mark.parametrize(
+    ("env", "env_from", "message"),
+    [
+        (
+            [{"name": "TOKEN", "valueFrom": secret_ref("mixed", "bin")}],
+            [],
+            "environment variable TOKEN: key bin of Secret prod/mixed is not valid UTF-8",
+        ),
+        (
+            [],
+            [{"secretRef": {"name": "mixed"}, "prefix": "S_"}],
+            "environment variable S_bin: key bin of Secret prod/mixed is not valid UTF-8",
+        ),
+    ],
+)
+def test_a_secret_value_that_is_not_utf8_is_refused_not_altered(
+    env: list[dict],  # type: ignore[type-arg]
+    env_from: list[dict],  # type: ignore[type-arg]
+    message: str,
+) -> None:
+    with pytest.raises(EnvError) as err:
+        resolve(env, env_from, binary_sources())
+    assert str(err.value).startswith(message)
+    assert "mount the Secret as a volume" in str(err.value)
+
+
+def test_utf8_secret_values_pass_unchanged_and_reach_the_cri() -> None:
+    env = resolve([{"name": "T", "valueFrom": secret_ref("mixed", "text")}], [], binary_sources())
+    assert env == [("T", "grüße")]
+    assert KeyValue(key="T", value=env[0][1]).SerializeToString()  # a valid proto string

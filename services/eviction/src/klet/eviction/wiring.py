@@ -26,6 +26,7 @@ from klet.eviction.thresholds import parse_eviction_config
 from klet.model.records import EventRecord
 from klet.rpc.gc import GarbageCollectorClient
 from klet.rpc.podcontrol import PodControlClient
+from klet.rpc.unixserver import service_socket
 from prometheus_client import CollectorRegistry
 
 DEFAULT_SERVICE_PORT = 10263
@@ -83,8 +84,8 @@ def build_deps(settings: Settings, **overrides: Any) -> Deps:
     node_bus = NodeBus.of(bus)
     cri = RuntimeClient(cri_settings(k))
     run_dir = Path(settings.klet.run_dir)
-    pod_control = PodControlClient(run_dir / SYNCLOOP_SOCKET)
-    gc = GarbageCollectorClient(run_dir / IMAGE_GC_SOCKET)
+    pod_control = PodControlClient(service_socket(run_dir, SYNCLOOP_SOCKET))
+    gc = GarbageCollectorClient(service_socket(run_dir, IMAGE_GC_SOCKET))
     source = HostSignalSource.from_settings(settings, cri)
 
     async def free_space(wanted: int) -> int:

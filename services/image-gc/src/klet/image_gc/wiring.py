@@ -19,6 +19,7 @@ from klet.image_gc.imagestore import BusImageUseStore
 from klet.image_gc.metrics import Metrics, create_metrics
 from klet.image_gc.nodeevents import NodeEvents
 from klet.image_gc.podsources import BusPods
+from klet.rpc.unixserver import service_socket
 from prometheus_client import CollectorRegistry
 
 DEFAULT_SERVICE_PORT = DEFAULT_SERVICE_PORTS["image-gc"]
@@ -113,7 +114,7 @@ def build_deps(settings: Settings, **overrides: Any) -> Deps:
         events=events,
         registry=registry,
         metrics=metrics,
-        socket_path=Path(settings.klet.run_dir) / SOCKET_NAME,
+        socket_path=service_socket(Path(settings.klet.run_dir), SOCKET_NAME),
         service_port=settings.klet.service_port or DEFAULT_SERVICE_PORT,
         # A holder ID of its own; a restart takes over its dead predecessor's lease
         # at once (klet.bus.holder).

@@ -17,6 +17,14 @@ optional and the object or key is merely missing. Without an apiserver (standalo
 reference fails, as upstream's does without an API client. envFrom keys are taken as
 they are: since Kubernetes 1.30 the kubelet no longer skips keys that are not C
 identifiers (the apiserver validates names).
+
+Secret values are bytes. Upstream hands them to the runtime unchanged, but the CRI
+carries an environment value as a protobuf string, which must be UTF-8 (our protobuf
+runtime refuses anything else), so a value that is not UTF-8 can only be changed
+(replacement characters: a different secret, silently) or refused. It is refused: the
+container waits with CreateContainerConfigError naming the variable, the Secret and
+the key. `kubeobjects` keeps such bytes as lone surrogates (`surrogateescape`), so
+nothing is lost before this check; a Secret volume gets the exact bytes.
 """
 
 from __future__ import annotations
@@ -168,6 +176,8 @@ class EnvSources:
 
     config_maps: Mapping[str, Mapping[str, str]] = field(default_factory=dict)
     secrets: Mapping[str, Mapping[str, str]] = field(default_factory=dict)
+    """Secret values as text; bytes that are not UTF-8 as lone surrogates
+    (`bytes.decode("utf-8", "surrogateescape")`), so they can be told apart."""
     failures: Mapping[tuple[str, str], str] = field(default_factory=dict)
 
 
@@ -269,7 +279,10 @@ def container_env(
         else:
             continue
         for key in sorted(data or {}):
-            put(prefix + key, (data or {})[key])
+            text = (data or {})[key]
+            if env_from.get("secretRef") is not None:
+                _require_utf8(text, var=prefix + key, key=key, objects=objects, ref=env_from)
+            put(prefix + key, text)
     for var in container.get("env") or []:
         name = str(var.get("name", ""))
         source = var.get("valueFrom") or {}
@@ -285,12 +298,30 @@ def container_env(
         elif "configMapKeyRef" in source:
             value = objects.key("configmap", source["configMapKeyRef"])
         elif "secretKeyRef" in source:
-            value = objects.key("secret", source["secretKeyRef"])
+            ref = source["secretKeyRef"]
+            value = objects.key("secret", ref)
+            if value is not None:
+                key = str(ref.get("key", ""))
+                _require_utf8(value, var=name, key=key, objects=objects, ref={"secretRef": ref})
         else:
             value = None
         if value is not None:
             put(name, value)
     return [(name, values[name]) for name in order]
+
+
+def _require_utf8(value: str, *, var: str, key: str, objects: _Objects, ref: JSON) -> None:
+    """Refuse a Secret value that is not UTF-8 (see the module docstring); `ref` holds
+    the `secretRef`."""
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        name = str((ref.get("secretRef") or {}).get("name", ""))
+        raise EnvError(
+            f"environment variable {var}: key {key} of Secret {objects.namespace}/{name} "
+            "is not valid UTF-8, and the container runtime takes environment values as "
+            "UTF-8 strings; mount the Secret as a volume to read its exact bytes"
+        ) from None
 
 
 def _namespace(pod: JSON) -> str:

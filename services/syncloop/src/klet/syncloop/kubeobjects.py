@@ -99,11 +99,13 @@ def _apiserver_message(err: KubeError, path: str) -> str:
 
 
 def secret_data(secret: JSON) -> dict[str, str]:
-    """A Secret's `data`, decoded (values are base64 in the API)."""
+    """A Secret's `data`, decoded (values are base64 in the API). Bytes that are not
+    UTF-8 become lone surrogates, not replacement characters: nothing is lost, and
+    `envvars` refuses to pass such a value on (see there)."""
     out: dict[str, str] = {}
     for key, value in (secret.get("data") or {}).items():
         try:
-            out[str(key)] = base64.b64decode(str(value)).decode("utf-8", errors="replace")
+            out[str(key)] = base64.b64decode(str(value)).decode("utf-8", "surrogateescape")
         except (binascii.Error, ValueError):
             continue
     return out

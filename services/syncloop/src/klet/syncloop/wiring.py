@@ -16,6 +16,7 @@ from klet.config import Settings
 from klet.cri import RuntimeClient, cri_settings
 from klet.kube import KubeClient, kube_settings
 from klet.model.node import allocatable_amounts, node_labels, storage_aware_eviction_hard
+from klet.rpc.unixserver import service_socket
 from klet.syncloop import podcgroups
 from klet.syncloop.admission import AdmissionLedger, NodeInfo
 from klet.syncloop.backoff import Backoff
@@ -208,7 +209,7 @@ def build_deps(settings: Settings, **overrides: Any) -> Deps:
         events=events,
         registry=registry,
         metrics=metrics,
-        socket_path=Path(settings.klet.run_dir) / "syncloop.sock",
+        socket_path=service_socket(Path(settings.klet.run_dir), "syncloop.sock"),
         service_port=settings.klet.service_port or DEFAULT_SERVICE_PORT,
         consumer=f"{socket.gethostname()}-{os.getpid()}",
         # A holder ID of its own; a restart takes over its dead predecessor's lease

@@ -12,8 +12,11 @@ object is missing leaves no directory behind. Where the files live follows upstr
 wrapped emptyDir: a configMap volume is a plain directory on the node's disk; secret,
 downwardAPI and projected volumes (which may hold credentials: tokens, keys) are each a
 tmpfs of their own, so their content is never written to disk. The volume directory
-is mode 0777 like an emptyDir's; files carry the modes of the spec, and with the pod's
-fsGroup everything is given to that group (`atomic.set_group_ownership`).
+is mode 0755, not the 0777 of the emptyDir upstream wraps: only klet writes there (the
+containers get it read-only), and any container user must be able to read it. Files
+carry the modes of the spec, and with the pod's fsGroup everything is given to that
+group (`atomic.set_group_ownership`). Other users of the host are kept out by the pod
+directory above (0750, root's: `poddirs`).
 
 Without an apiserver (standalone) configMap, secret and projected volumes cannot be
 set up, as upstream's kubelet without a kube client; downwardAPI volumes work.
@@ -34,7 +37,7 @@ from klet.syncloop.volumes.atomic import FileProjection
 from klet.syncloop.volumes.base import VolumeContext, VolumeError
 from klet.syncloop.volumes.tokens import TokenError
 
-VOLUME_DIR_MODE = 0o777
+VOLUME_DIR_MODE = 0o755
 
 ForgetTokens = Callable[[str], None]
 """Drops the cached tokens of a pod, by UID (`TokenManager.forget_pod`)."""
@@ -69,7 +72,7 @@ async def _read(ctx: VolumeContext, kind: str, name: str, *, optional: bool) -> 
 
 async def _prepare_dir(path: Path, *, tmpfs: bool, ctx: VolumeContext) -> None:
     """The volume directory, with its own tmpfs when `tmpfs` (mounted once). A fresh
-    directory gets mode 0777; later syncs leave it as the fsGroup ownership made it."""
+    directory gets mode 0755; later syncs leave it as the fsGroup ownership made it."""
     fresh = await asyncio.to_thread(_make_dir, path)
     if tmpfs and fs.fs_type(path) is None:
         fresh = True  # a new filesystem: its root has the kernel's mode

@@ -5,6 +5,8 @@ under `<root-dir>/pods/<uid>/volumes/<plugin dir>/<name>`; the result maps each 
 name to the host path its volumeMounts bind into containers. A volume that fails (or
 that no plugin serves: PVC, CSI, ephemeral, ...) is reported by name with its cause and
 the others still get set up, so the caller can report every problem at once and retry.
+Set-up first makes the pod directory (0750, root's: `poddirs`), before anything else
+of the pod is written below it.
 
 Removal walks what is on disk rather than the spec: the spec of a removed pod may be
 gone (deleted while syncloop was down), and a directory left by a crash is removed the
@@ -27,7 +29,7 @@ from klet.cri import labels as L
 from klet.model.types import JSON
 from klet.syncloop.envvars import NodeFacts
 from klet.syncloop.ports import RuntimeReader
-from klet.syncloop.volumes import fs
+from klet.syncloop.volumes import fs, poddirs
 from klet.syncloop.volumes.base import (
     ObjectReader,
     TokenIssuer,
@@ -107,11 +109,15 @@ class VolumeManager:
             pod_ip=pod_ip,
         )
         async with self._lock(uid):
+            try:
+                await asyncio.to_thread(poddirs.ensure_pod_dir, self.root_dir, uid)
+            except OSError as err:
+                return _every_volume_failed(pod, f"pod directory not ready: {_os_message(err)}")
             return await self._set_up(pod, ctx)
 
     async def _set_up(self, pod: JSON, ctx: VolumeContext) -> PodVolumes:
         result = PodVolumes()
-        for volume in (pod.get("spec") or {}).get("volumes") or []:
+        for volume in _volumes(pod):
             name = str(volume.get("name") or "")
             plugin = self.plugin_for(volume)
             if plugin is None:
@@ -204,6 +210,17 @@ class VolumeManager:
                 await asyncio.sleep(period_s)
             else:
                 await asyncio.sleep(1.0)
+
+
+def _volumes(pod: JSON) -> list[JSON]:
+    return list((pod.get("spec") or {}).get("volumes") or [])
+
+
+def _every_volume_failed(pod: JSON, cause: str) -> PodVolumes:
+    """Each volume fails with `cause`; a pod without volumes fails under the name of
+    its directory, so the caller still reports it and retries."""
+    names = [str(v.get("name") or "") for v in _volumes(pod)] or ["pod directory"]
+    return PodVolumes(failures=dict.fromkeys(names, cause))
 
 
 def _subdirs(path: Path, *, include_files: bool = False) -> list[Path]:
