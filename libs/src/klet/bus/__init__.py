@@ -2,6 +2,7 @@
 
 from klet.bus.redisbus import (
     Bus,
+    BusAuth,
     BusError,
     BusUnavailable,
     Entry,
@@ -15,6 +16,7 @@ from klet.bus.schema import NodeBus
 
 __all__ = [
     "Bus",
+    "BusAuth",
     "BusError",
     "BusUnavailable",
     "Entry",
