@@ -22,7 +22,7 @@ def change(uid: str) -> PodChange:
 
 
 async def test_tables_and_transaction(redis_server: Any) -> None:
-    bus = Bus.from_url(redis_server.url, "n1")
+    bus = Bus.from_url(redis_server.url, "n1", auth=redis_server.admin)
     nb = NodeBus.of(bus)
     try:
         async with bus.transaction() as tx:
@@ -41,7 +41,7 @@ async def test_tables_and_transaction(redis_server: Any) -> None:
 
 
 async def test_consumer_group_ack_claim_and_bad_entries(redis_server: Any) -> None:
-    bus = Bus.from_url(redis_server.url, "n1")
+    bus = Bus.from_url(redis_server.url, "n1", auth=redis_server.admin)
     stream = NodeBus.of(bus).pods
     try:
         await stream.ensure_group("g")
@@ -72,7 +72,7 @@ async def test_consumer_group_ack_claim_and_bad_entries(redis_server: Any) -> No
 
 
 async def test_lease(redis_server: Any) -> None:
-    bus = Bus.from_url(redis_server.url, "n1")
+    bus = Bus.from_url(redis_server.url, "n1", auth=redis_server.admin)
     try:
         a = bus.lease("svc", "host:a", ttl_ms=500)
         b = bus.lease("svc", "host:b", ttl_ms=500)
@@ -93,7 +93,7 @@ async def test_lease(redis_server: Any) -> None:
 
 
 async def test_unavailable(redis_server: Any) -> None:
-    bus = Bus.from_url(redis_server.url, "n1", timeout_s=1)
+    bus = Bus.from_url(redis_server.url, "n1", auth=redis_server.admin, timeout_s=1)
     nb = NodeBus.of(bus)
     try:
         redis_server.stop()

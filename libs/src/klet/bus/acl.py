@@ -53,7 +53,8 @@ STREAM_CONSUME = (
     "xinfo|consumers",
     "xlen",
 )
-LEASE = ("get", "set", "pexpire", "pttl", "del", "incr", "exists")
+# redis-py sends INCR as INCRBY.
+LEASE = ("get", "set", "pexpire", "pttl", "del", "incr", "incrby", "exists")
 SCRIPTS = ("eval", "evalsha")
 
 _NODE_NAME = re.compile(r"[a-z0-9]([-a-z0-9.]*[a-z0-9])?")

@@ -515,8 +515,7 @@ _SETTING_FLAGS: tuple[FlagSpec, ...] = (
     ),
     FlagSpec(
         "--redis-password-file",
-        "klet-only: file whose first line is the bus Redis password, read at start "
-        "(default: none)",
+        "klet-only: file whose first line is the bus Redis password, read at start (default: none)",
         setting="redis_password_file",
         env="KLET_REDIS_PASSWORD_FILE",
         metavar="PATH",

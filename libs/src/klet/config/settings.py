@@ -39,7 +39,14 @@ from klet.config.flags import (
 from klet.config.kubelet import KubeletConfiguration
 from klet.config.validation import validate_problems
 
-__all__ = ["DEFAULT_REDIS_URL", "KletSettings", "RedisAuth", "Settings", "build_parser", "load_settings"]
+__all__ = [
+    "DEFAULT_REDIS_URL",
+    "KletSettings",
+    "RedisAuth",
+    "Settings",
+    "build_parser",
+    "load_settings",
+]
 
 _DNS1123_LABEL = r"[a-z0-9]([-a-z0-9]*[a-z0-9])?"
 _DNS1123_SUBDOMAIN = re.compile(rf"{_DNS1123_LABEL}(\.{_DNS1123_LABEL})*")
