@@ -16,6 +16,7 @@ live in the ACL file, not in the dataset).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import secrets
 import socket
@@ -99,7 +100,8 @@ class RedisServer:
     def __init__(self, dir: Path, *, tls: RedisTLS | None = None) -> None:
         self.dir = dir.resolve()
         socket_path = self.dir / "redis.sock"
-        if len(str(socket_path)) > _MAX_SOCKET_PATH:
+        self._own_socket_dir = len(str(socket_path)) > _MAX_SOCKET_PATH
+        if self._own_socket_dir:
             # pytest's tmp_path can be too long for a unix socket: a short private one.
             socket_path = Path(tempfile.mkdtemp(prefix="klet-redis-", dir="/tmp")) / "redis.sock"
         self.socket_path = socket_path
@@ -237,6 +239,10 @@ class RedisServer:
         if self._proc is not None:
             self._proc.stop()
             self._proc = None
+        if self._own_socket_dir:
+            with contextlib.suppress(OSError):  # start() makes it again
+                self.socket_path.unlink(missing_ok=True)
+                self.socket_path.parent.rmdir()
 
     def restart(self) -> None:
         """Stop and start again on the same socket, with an empty dataset (same users)."""
