@@ -86,6 +86,13 @@ def test_password_in_the_environment_url_is_moved_out_of_the_url() -> None:
     assert (klet.redis_auth.username, klet.redis_auth.password) == ("u", "hunter2")
 
 
+def test_unix_url_with_credentials_in_the_environment() -> None:
+    env = {"KLET_REDIS_URL": "unix://klet-admin:pw@/run/redis/redis.sock?db=0"}
+    klet = load([], env=env).klet
+    assert klet.redis_url == "unix:///run/redis/redis.sock?db=0"
+    assert (klet.redis_auth.username, klet.redis_auth.password) == ("klet-admin", "pw")
+
+
 def test_unreadable_or_empty_password_file(tmp_path: Path) -> None:
     missing = tmp_path / "nope"
     (problem,) = problems(["--redis-password-file", str(missing)])

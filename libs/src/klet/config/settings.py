@@ -234,8 +234,10 @@ def _redis(
     if parts.scheme not in ("redis", "rediss", "unix") or not (parts.netloc or parts.path):
         bad("redis_url", f"must be a redis://, rediss:// or unix:// URL, got {url!r}")
         return url, RedisAuth(), problems
-    userinfo, at, hostport = parts.netloc.rpartition("@")
-    bare = parts._replace(netloc=hostport).geturl() if at else url
+    _, at, hostport = parts.netloc.rpartition("@")
+    # Rebuilt by hand: urlunsplit drops the "//" of an empty netloc (unix:///path).
+    query = f"?{parts.query}" if parts.query else ""
+    bare = f"{parts.scheme}://{hostport}{parts.path}{query}" if at else url
     url_user = parts.username or ""
     password: str | None = parts.password or None
     if password is not None and source.get("redis_url") == "--redis-url":
