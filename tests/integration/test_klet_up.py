@@ -157,9 +157,11 @@ def test_external_redis_password_in_the_environment_stays_off_command_lines(
     redis_server: RedisServer, devstack: DevStack, tmp_path: Path
 ) -> None:
     run_dir = Path(tempfile.mkdtemp(prefix="klet-up-", dir="/tmp"))
+    # One user for every service, as an operator's simple set-up would have it.
+    cred = redis_server.credentials("extnode", "pod-source")
     admin = redis_server.admin
     sock = redis_server.url.removeprefix("unix://")
-    env = dict(os.environ, KLET_REDIS_URL=f"unix://{admin.username}:{admin.password}@{sock}")
+    env = dict(os.environ, KLET_REDIS_URL=f"unix://{cred.username}:{cred.password}@{sock}")
     log = run_dir / "up.log"
     with log.open("w") as out:
         proc = subprocess.Popen(
@@ -186,24 +188,24 @@ def test_external_redis_password_in_the_environment_stays_off_command_lines(
         )
         pids = [int(m) for m in re.findall(r"started \S+ \(pid (\d+)\)", log.read_text())]
         password_file = run_dir / "secrets" / "redis-password"
-        assert password_file.read_text().strip() == admin.password
+        assert password_file.read_text().strip() == cred.password
         assert stat.S_IMODE(password_file.stat().st_mode) == 0o600
         for pid in pids:
             argv = cmdline(pid)
-            assert not any(admin.password in arg for arg in argv), f"password on {pid}'s argv"
+            assert not any(cred.password in arg for arg in argv), f"password on {pid}'s argv"
             assert argv[argv.index("--redis-password-file") + 1] == str(password_file)
             assert argv[argv.index("--redis-url") + 1] == f"unix://{sock}"
             environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
             assert not any(e.startswith(b"KLET_REDIS_URL=") for e in environ)
-        # The services did connect with it: their leases are on the bus.
+        # pod-source did connect with it: its lease is on the bus.
         wait_for(
             lambda: (
                 not redis_command(
-                    Path(sock), "KEYS", "klet:extnode:lease:*", auth=admin
+                    Path(sock), "KEYS", "klet:extnode:lease:pod-source*", auth=admin
                 ).startswith(b"*0")
             ),
             timeout_s=30,
-            what="the services' leases on the external Redis",
+            what="pod-source's lease on the external Redis",
         )
     finally:
         proc.send_signal(signal.SIGTERM)

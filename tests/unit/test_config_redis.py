@@ -13,7 +13,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from klet.bus.acl import ADMIN_USER
 from klet.config import ConfigError, Settings, load_settings
+from klet.config.settings import REDIS_ADMIN_USER
 
 
 def load(argv: list[str], env: dict[str, str] | None = None) -> Settings:
@@ -87,10 +89,10 @@ def test_password_in_the_environment_url_is_moved_out_of_the_url() -> None:
 
 
 def test_unix_url_with_credentials_in_the_environment() -> None:
-    env = {"KLET_REDIS_URL": "unix://klet-admin:pw@/run/redis/redis.sock?db=0"}
+    env = {"KLET_REDIS_URL": "unix://klet-syncloop@n1:pw@/run/redis/redis.sock?db=0"}
     klet = load([], env=env).klet
     assert klet.redis_url == "unix:///run/redis/redis.sock?db=0"
-    assert (klet.redis_auth.username, klet.redis_auth.password) == ("klet-admin", "pw")
+    assert (klet.redis_auth.username, klet.redis_auth.password) == ("klet-syncloop@n1", "pw")
 
 
 def test_unreadable_or_empty_password_file(tmp_path: Path) -> None:
@@ -128,3 +130,13 @@ def test_client_certificate_counts_as_credentials(tmp_path: Path) -> None:
     assert problems(["--redis-url", "rediss://r:6380/0", "--redis-cert-file", str(cert)]) == [
         "--redis-cert-file: --redis-cert-file and --redis-key-file go together"
     ]
+
+
+def test_the_admin_user_is_not_for_services(password_file: Path) -> None:
+    (problem,) = problems(
+        ["--redis-username", "klet-admin", "--redis-password-file", str(password_file)]
+    )
+    assert problem.startswith("--redis-username: klet-admin is the set-up credential")
+    (problem,) = problems([], env={"KLET_REDIS_URL": "unix://klet-admin:pw@/r.sock"})
+    assert problem.startswith("KLET_REDIS_URL: klet-admin is the set-up credential")
+    assert REDIS_ADMIN_USER == ADMIN_USER

@@ -54,6 +54,9 @@ _LABEL_NAME = re.compile(r"[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?")
 
 
 DEFAULT_REDIS_URL = "unix:///run/klet/redis/redis.sock"
+# klet.bus.acl.ADMIN_USER, the set-up credential of the Redis klet starts (not imported:
+# klet.bus pulls in redis, and pure modules import this package).
+REDIS_ADMIN_USER = "klet-admin"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -250,6 +253,12 @@ def _redis(
     if url_user and username and url_user != username:
         bad("redis_username", f"{username!r} differs from the user {url_user!r} in the URL")
     username = username or url_user
+    if username == REDIS_ADMIN_USER:
+        bad(
+            "redis_username" if values.get("redis_username") else "redis_url",
+            f"{REDIS_ADMIN_USER} is the set-up credential of klet's Redis, not for a "
+            "service: give this service its own user (klet bus-acl)",
+        )
     password_file = _optional_path(values.get("redis_password_file"))
     if password_file is not None:
         if password is not None:
