@@ -62,11 +62,11 @@ class Node:
 
 @asynccontextmanager
 async def status_reporter(
-    tmp: Path, *, node: str, redis_url: str, cp: ControlPlane, runtime_endpoint: str
+    tmp: Path, *, node: str, redis: RedisServer, cp: ControlPlane, runtime_endpoint: str
 ) -> AsyncIterator[Deps]:
     (tmp / "manifests").mkdir(exist_ok=True)
     argv = [
-        "--redis-url", redis_url,
+        *redis.service_flags(node, "status-reporter"),
         "--hostname-override", node,
         "--kubeconfig", str(cp.node_kubeconfig(node)),
         "--container-runtime-endpoint", runtime_endpoint,
@@ -93,7 +93,7 @@ async def node(
     tmp_path: Path, redis_server: RedisServer, control_plane: ControlPlane, devstack: DevStack
 ) -> AsyncIterator[Node]:
     name = f"sr-{uuid.uuid4().hex[:8]}"
-    bus = Bus.from_url(redis_server.url, name, timeout_s=2.0)
+    bus = Bus.from_url(redis_server.url, name, auth=redis_server.admin, timeout_s=2.0)
     node_bus = NodeBus.of(bus)
     # What pod-source records once its sources delivered their first snapshot.
     for source in ("file", "api"):
@@ -102,7 +102,7 @@ async def node(
         async with status_reporter(
             tmp_path,
             node=name,
-            redis_url=redis_server.url,
+            redis=redis_server,
             cp=control_plane,
             runtime_endpoint=devstack.runtime_endpoint,
         ) as deps:

@@ -60,7 +60,7 @@ def node() -> str:
 
 @pytest.fixture
 async def bus(redis_server: RedisServer, node: str) -> AsyncIterator[NodeBus]:
-    b = Bus.from_url(redis_server.url, node, timeout_s=2.0)
+    b = Bus.from_url(redis_server.url, node, auth=redis_server.admin, timeout_s=2.0)
     try:
         yield NodeBus.of(b)
     finally:
@@ -69,11 +69,11 @@ async def bus(redis_server: RedisServer, node: str) -> AsyncIterator[NodeBus]:
 
 @asynccontextmanager
 async def running(
-    tmp: Path, redis_url: str, *, node: str, kubeconfig: Path
+    tmp: Path, redis: RedisServer, *, node: str, kubeconfig: Path
 ) -> AsyncIterator[Service]:
     """pod-source for `node` with only the api source, short back-offs and watches."""
     argv = [
-        "--redis-url", redis_url,
+        *redis.service_flags(node, "pod-source"),
         "--hostname-override", node,
         "--run-dir", str(tmp / "run"),
         "--service-port", str(free_port()),
@@ -188,7 +188,7 @@ async def test_this_nodes_pods_are_desired(
     mirror = f"{node}-static-{node}"
     kubeconfig = control_plane.node_kubeconfig(node)
     try:
-        async with running(tmp_path, redis_server.url, node=node, kubeconfig=kubeconfig) as svc:
+        async with running(tmp_path, redis_server, node=node, kubeconfig=kubeconfig) as svc:
             await eventually(lambda: api_ready(bus), what="the api source to be ready")
             assert await desired(bus) == {}
 
@@ -226,7 +226,7 @@ async def test_graceful_then_forced_deletion(
     name = f"{node}-web"
     kubeconfig = control_plane.node_kubeconfig(node)
     try:
-        async with running(tmp_path, redis_server.url, node=node, kubeconfig=kubeconfig):
+        async with running(tmp_path, redis_server, node=node, kubeconfig=kubeconfig):
             uid = await create_pod(control_plane, name, node)
             await eventually(lambda: desired(bus), what="the pod in the desired table")
 
@@ -263,7 +263,7 @@ async def test_apiserver_outage_keeps_the_desired_set(
     first, second = f"{node}-first", f"{node}-second"
     kubeconfig = control_plane.node_kubeconfig(node)
     try:
-        async with running(tmp_path, redis_server.url, node=node, kubeconfig=kubeconfig) as svc:
+        async with running(tmp_path, redis_server, node=node, kubeconfig=kubeconfig) as svc:
             uid1 = await create_pod(control_plane, first, node)
             await eventually(lambda: desired(bus), what="the first pod in the desired table")
 

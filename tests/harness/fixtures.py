@@ -10,6 +10,10 @@ socket path must stay under 108 bytes, which pytest's ``tmp_path`` does not prom
 Tests sharing it must use unique pod names/UIDs and clean up their pods. ``redis_server``
 gives a test a Redis of its own, for tests that stop, restart or flush it.
 
+Every Redis here is the one `klet up` runs: a unix socket in a 0700 directory, the
+default user off, per-node per-service ACL users (``RedisServer.service_flags`` gives a
+service its URL, user and password file; ``RedisServer.admin`` is for the test itself).
+
 Set ``KLET_KEEP_DEVSTACK=1`` to keep the directory (logs, configs) after the run.
 """
 

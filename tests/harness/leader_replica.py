@@ -3,7 +3,7 @@ leader loop (`klet.bus.leader.hold`) and a writer per bus write path (a stream e
 put, a transaction) that keeps writing while elected, each record tagged with this
 replica's name. Run as a process by tests/integration/test_fencing.py:
 
-    python -m tests.harness.leader_replica REDIS_URL NODE NAME TTL_MS
+    python -m tests.harness.leader_replica REDIS_URL NODE NAME TTL_MS USER PASSWORD_FILE
 
 It exits non-zero when it steps down, like a service under `run_supervised`.
 """
@@ -13,8 +13,10 @@ from __future__ import annotations
 import asyncio
 import logging
 import sys
+from pathlib import Path
 
 from klet.bus import Bus, BusError
+from klet.bus.acl import Credentials
 from klet.bus.leader import hold
 from klet.model.records import NodeConditionRecord
 from klet.obs import run_supervised
@@ -22,8 +24,8 @@ from klet.obs import run_supervised
 LEASE = "fencing-test"
 
 
-async def replica(url: str, node: str, name: str, ttl_ms: int) -> None:
-    bus = Bus.from_url(url, node, timeout_s=1.0)
+async def replica(url: str, node: str, name: str, ttl_ms: int, auth: Credentials) -> None:
+    bus = Bus.from_url(url, node, auth=auth, timeout_s=1.0)
     writes = bus.stream("fencing-writes", NodeConditionRecord, maxlen=1_000_000)
     table = bus.table("fencing-leader", NodeConditionRecord)
     lease = bus.lease(LEASE, f"{name}:{ttl_ms}", ttl_ms=ttl_ms)
@@ -62,8 +64,9 @@ async def replica(url: str, node: str, name: str, ttl_ms: int) -> None:
 
 def main() -> int:
     logging.basicConfig(level=logging.INFO, format="%(name)s %(levelname)s %(message)s")
-    url, node, name, ttl_ms = sys.argv[1:5]
-    asyncio.run(replica(url, node, name, int(ttl_ms)))
+    url, node, name, ttl_ms, user, password_file = sys.argv[1:7]
+    auth = Credentials.from_file(user, Path(password_file))
+    asyncio.run(replica(url, node, name, int(ttl_ms), auth))
     return 0
 
 

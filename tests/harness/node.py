@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any, TypeVar, cast
 
 from klet.bus import Bus, NodeBus
-from klet.devstack import DevStack, ManagedProcess, free_port
+from klet.devstack import DevStack, ManagedProcess, RedisServer, free_port
 from klet.model.records import EventRecord
 from klet.syncloop.volumes.fs import mounts_under
 
@@ -39,12 +39,15 @@ class KletNode:
         manifest_dir: Path | None = None,
         manifest_url: str | None = None,
         extra_flags: Sequence[str] = (),
-        redis_url: str | None = None,
+        redis: RedisServer | None = None,
     ) -> None:
         self.stack = stack
         self.dir = dir
         self.node_name = node_name
-        self.redis_url = redis_url or stack.redis_url
+        # Each service connects as its own ACL user of this node (klet.bus.acl), with
+        # its password file's path on its command line, as `klet up` does.
+        self.redis = redis or stack.redis
+        self.redis_url = self.redis.url
         self.read_only_port = free_port()
         self.healthz_port = free_port()
         self.kubelet_port = free_port()  # the 10250 API, off unless it can authorize
@@ -54,8 +57,6 @@ class KletNode:
         flags = [
             "--hostname-override",
             node_name,
-            "--redis-url",
-            self.redis_url,
             "--container-runtime-endpoint",
             stack.runtime_endpoint,
             "--run-dir",
@@ -94,6 +95,7 @@ class KletNode:
                     "-m",
                     f"klet.{s.replace('-', '_')}",
                     *self.flags,
+                    *self.redis_flags(s),
                     "--service-port",
                     str(self.ports[s]),
                 ],
@@ -101,6 +103,18 @@ class KletNode:
             )
             for s in SERVICES
         }
+
+    def redis_flags(self, service: str) -> list[str]:
+        """The bus flags of `service`: the URL, its user and its password file."""
+        return self.redis.service_flags(self.node_name, service)
+
+    def bus(self, *, service: str | None = None, timeout_s: float = 5.0) -> Bus:
+        """A bus client of this node: as `service`'s user, or (None) as the admin, for
+        tests that read or plant records no single service may."""
+        auth = (
+            self.redis.admin if service is None else self.redis.credentials(self.node_name, service)
+        )
+        return Bus.from_url(self.redis_url, self.node_name, auth=auth, timeout_s=timeout_s)
 
     def start(self, *services: str) -> None:
         for s in services or SERVICES:
@@ -182,7 +196,7 @@ def bus_events(node: KletNode, pod: str | None = None) -> list[EventRecord]:
     (by its manifest name, without the `-<node>` suffix)."""
 
     async def go() -> list[EventRecord]:
-        bus = Bus.from_url(node.redis_url, node.node_name, timeout_s=5.0)
+        bus = node.bus()
         try:
             nb = NodeBus.of(bus)
             raw = await nb.bus.client.xrange(nb.events.key)

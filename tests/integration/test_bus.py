@@ -23,7 +23,7 @@ def change(uid: str) -> PodChange:
 
 
 async def test_tables_and_transaction(redis_server: Any) -> None:
-    bus = Bus.from_url(redis_server.url, "n1")
+    bus = Bus.from_url(redis_server.url, "n1", auth=redis_server.admin)
     nb = NodeBus.of(bus)
     try:
         async with bus.transaction() as tx:
@@ -42,7 +42,7 @@ async def test_tables_and_transaction(redis_server: Any) -> None:
 
 
 async def test_consumer_group_ack_claim_and_bad_entries(redis_server: Any) -> None:
-    bus = Bus.from_url(redis_server.url, "n1")
+    bus = Bus.from_url(redis_server.url, "n1", auth=redis_server.admin)
     stream = NodeBus.of(bus).pods
     try:
         await stream.ensure_group("g")
@@ -73,7 +73,7 @@ async def test_consumer_group_ack_claim_and_bad_entries(redis_server: Any) -> No
 
 
 async def test_dead_consumers_are_removed_from_the_group(redis_server: Any) -> None:
-    bus = Bus.from_url(redis_server.url, "n1")
+    bus = Bus.from_url(redis_server.url, "n1", auth=redis_server.admin)
     stream = NodeBus.of(bus).pods
 
     async def consumers() -> dict[str, int]:
@@ -102,7 +102,7 @@ async def test_dead_consumers_are_removed_from_the_group(redis_server: Any) -> N
 
 
 async def test_lease(redis_server: Any) -> None:
-    buses = [Bus.from_url(redis_server.url, "n1") for _ in range(4)]
+    buses = [Bus.from_url(redis_server.url, "n1", auth=redis_server.admin) for _ in range(4)]
     try:
         a = buses[0].lease("svc", "host:1:aaaaaaaaaaaa", ttl_ms=500)
         b = buses[1].lease("svc", "host:2:bbbbbbbbbbbb", ttl_ms=500)
@@ -130,7 +130,7 @@ async def test_lease(redis_server: Any) -> None:
 
 
 async def test_unavailable(redis_server: Any) -> None:
-    bus = Bus.from_url(redis_server.url, "n1", timeout_s=1)
+    bus = Bus.from_url(redis_server.url, "n1", auth=redis_server.admin, timeout_s=1)
     nb = NodeBus.of(bus)
     try:
         redis_server.stop()

@@ -89,15 +89,17 @@ def everything(stack: DevStack) -> tuple[set[str], set[str]]:
 def gc_pass(
     stack: DevStack,
     *,
-    redis_url: str,
+    redis: RedisServer,
     node_name: str,
     logs_dir: Path,
     settings: ContainerGCSettings,
 ) -> ContainerGCResult:
-    """One ContainerGC pass whose sources and desired pods come from `redis_url`."""
+    """One ContainerGC pass whose sources and desired pods come from `redis`, read as
+    image-gc's user of the node."""
 
     async def go() -> ContainerGCResult:
-        bus = NodeBus.of(Bus.from_url(redis_url, node_name, timeout_s=5.0))
+        auth = redis.credentials(node_name, "image-gc")
+        bus = NodeBus.of(Bus.from_url(redis.url, node_name, auth=auth, timeout_s=5.0))
         cri = cri_client(stack)
 
         async def sources_ready() -> bool:
@@ -126,7 +128,7 @@ def gc_pass(
 
 def desired(node: KletNode) -> set[str]:
     async def go() -> set[str]:
-        bus = Bus.from_url(node.redis_url, node.node_name, timeout_s=5.0)
+        bus = node.bus(service="image-gc")
         try:
             return set(await NodeBus.of(bus).desired.all())
         finally:
@@ -175,10 +177,10 @@ def test_dead_containers_deleted_pods_and_sources_not_ready(
     log_dir = node.logs_dir / f"default_{full}_{uid}"
     assert log_dir.is_dir() and len(containers) >= DEAD_WANTED
 
-    def run(settings: ContainerGCSettings, redis_url: str | None = None) -> ContainerGCResult:
+    def run(settings: ContainerGCSettings, redis: RedisServer | None = None) -> ContainerGCResult:
         return gc_pass(
             devstack,
-            redis_url=redis_url or node.redis_url,
+            redis=redis or node.redis,
             node_name=node.node_name,
             logs_dir=node.logs_dir,
             settings=settings,
@@ -186,7 +188,7 @@ def test_dead_containers_deleted_pods_and_sources_not_ready(
 
     # A fresh Redis has no sources table: not ready, nothing at all is removed.
     before = everything(devstack)
-    result = run(ContainerGCSettings(max_per_pod_container=0, max_containers=0), redis_server.url)
+    result = run(ContainerGCSettings(max_per_pod_container=0, max_containers=0), redis_server)
     assert not result.sources_ready and result.containers_removed == 0
     assert everything(devstack) == before and log_dir.is_dir()
 

@@ -9,6 +9,7 @@ restarted on its port; and stopping a stack leaves no mount, shim or network beh
 
 from __future__ import annotations
 
+import stat
 import subprocess
 import tempfile
 import time
@@ -22,7 +23,7 @@ import pytest
 from cri_api.v1 import api_pb2 as cri
 from cri_api.v1 import api_pb2_grpc as cri_grpc
 from klet.devstack import BUSYBOX_IMAGE, DevStack, RedisServer
-from klet.devstack.redis_server import redis_ping
+from klet.devstack.redis_server import redis_command, redis_ping
 
 pytestmark = pytest.mark.integration
 
@@ -65,9 +66,14 @@ def remove_sandbox(client: Cri, sandbox_id: str) -> None:
     client.runtime.RemovePodSandbox(cri.RemovePodSandboxRequest(pod_sandbox_id=sandbox_id))
 
 
-def test_redis_answers_ping(devstack: DevStack) -> None:
-    assert devstack.redis_url.startswith("redis://127.0.0.1:")
-    assert redis_ping("127.0.0.1", devstack.redis.port)
+def test_redis_is_a_root_only_unix_socket_with_auth(devstack: DevStack) -> None:
+    sock = devstack.redis.socket_path
+    assert devstack.redis_url == f"unix://{sock}"
+    assert stat.S_IMODE(sock.stat().st_mode) == 0o600
+    assert stat.S_IMODE(sock.parent.stat().st_mode) == 0o700
+    assert redis_ping(sock, devstack.redis.admin)
+    # The default (unauthenticated) user is off.
+    assert redis_command(sock, "PING").startswith(b"-NOAUTH")
 
 
 def test_registry_holds_the_standard_images(devstack: DevStack) -> None:
@@ -161,14 +167,18 @@ def test_sandbox_gets_an_ip_and_a_container_exit_code_is_observed(
         remove_sandbox(cri_client, sandbox_id)
 
 
-def test_private_redis_restarts_on_the_same_port(redis_server: RedisServer) -> None:
-    port = redis_server.port
+def test_private_redis_restarts_on_the_same_socket_with_its_users(
+    redis_server: RedisServer,
+) -> None:
+    sock = redis_server.socket_path
+    syncloop = redis_server.credentials("n1", "syncloop")
     redis_server.stop()
     with pytest.raises(OSError):
-        redis_ping("127.0.0.1", port)
+        redis_ping(sock, redis_server.admin)
     redis_server.restart()
-    assert redis_server.port == port
-    assert redis_ping("127.0.0.1", port)
+    assert redis_server.socket_path == sock
+    assert redis_ping(sock, redis_server.admin)
+    assert redis_ping(sock, syncloop)
 
 
 def test_stop_leaves_nothing_behind() -> None:

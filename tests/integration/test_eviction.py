@@ -58,7 +58,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from klet.bus import Bus, NodeBus
+from klet.bus import NodeBus
 from klet.cgroups import CgroupFS
 from klet.cgroups.machine import parse_meminfo
 from klet.cri import CRISettings, RuntimeClient
@@ -127,7 +127,7 @@ def publish(node: KletNode, *pods: JSON) -> None:
     one `pods` stream entry each."""
 
     async def go() -> None:
-        bus = Bus.from_url(node.redis_url, node.node_name, timeout_s=5.0)
+        bus = node.bus(service="pod-source")
         try:
             nb = NodeBus.of(bus)
             async with bus.transaction() as tx:
@@ -147,7 +147,7 @@ def node_conditions(node: KletNode) -> dict[str, str]:
     """The eviction service's contributions to the bus `node` table: type -> status."""
 
     async def go() -> dict[str, str]:
-        bus = Bus.from_url(node.redis_url, node.node_name, timeout_s=5.0)
+        bus = node.bus(service="eviction")
         try:
             rows = await NodeBus.of(bus).node.all()
         finally:

@@ -37,7 +37,7 @@ async def buses(redis_server: RedisServer) -> AsyncIterator[Callable[[], Bus]]:
     made: list[Bus] = []
 
     def make() -> Bus:
-        made.append(Bus.from_url(redis_server.url, "n1", timeout_s=0.5))
+        made.append(Bus.from_url(redis_server.url, "n1", auth=redis_server.admin, timeout_s=0.5))
         return made[-1]
 
     yield make
@@ -243,8 +243,11 @@ async def test_predecessor_takeover_and_unique_holders(buses: Callable[[], Bus])
 
 def replica(tmp: Path, redis: RedisServer, name: str, ttl_ms: int) -> ManagedProcess:
     env = dict(os.environ, PYTHONPATH=str(REPO))
+    # The replicas write keys of their own (not a service's), so they connect as the admin.
+    admin = redis.admin
     argv = [sys.executable, "-m", "tests.harness.leader_replica", redis.url, "n1", name]
-    return ManagedProcess(f"replica-{name}", [*argv, str(ttl_ms)], dir=tmp / name, env=env)
+    argv += [str(ttl_ms), admin.username, str(admin.password_file)]
+    return ManagedProcess(f"replica-{name}", argv, dir=tmp / name, env=env)
 
 
 async def writes(bus: Bus) -> list[tuple[str, str]]:

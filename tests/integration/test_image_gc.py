@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import TypeVar
 
 import pytest
-from klet.bus import Bus, NodeBus
+from klet.bus import NodeBus
 from klet.cri import CRISettings, RuntimeClient
 from klet.cri import labels as L
 from klet.devstack import DevStack
@@ -246,7 +246,7 @@ def test_image_gc_on_a_small_image_filesystem(
 
     # The times are on the bus: lru3 was last used after it was first detected.
     async def table() -> dict[str, tuple[float, float]]:
-        bus = Bus.from_url(node.redis_url, node.node_name)
+        bus = node.bus(service="image-gc")
         try:
             rows = await NodeBus.of(bus).images.all()
             return {k: (r.first_detected, r.last_used) for k, r in rows.items()}

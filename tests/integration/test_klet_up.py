@@ -1,6 +1,9 @@
 """`klet up` as an operator runs it: it starts its own Redis, registry and containerd,
 runs the example static pods, restarts a service that dies (and says so), and on
-SIGTERM stops everything it started, leaving no process behind."""
+SIGTERM stops everything it started, leaving no process behind. Its Redis is a
+root-only unix socket, each service has a user of its own, and no password shows on
+any command line (/proc/<pid>/cmdline is readable by every local user), also when the
+password of an external Redis came in KLET_REDIS_URL."""
 
 from __future__ import annotations
 
@@ -9,15 +12,18 @@ import os
 import re
 import shutil
 import signal
+import stat
 import subprocess
 import sys
 import tempfile
 import time
 import urllib.request
 from pathlib import Path
+from typing import Any
 
 import pytest
-from klet.devstack import Pidfile, free_port
+from klet.devstack import DevStack, Pidfile, RedisServer, free_port
+from klet.devstack.redis_server import redis_command
 
 from tests.harness.node import wait_for
 
@@ -35,6 +41,34 @@ def alive(pid: int) -> bool:
         Path(f"/proc/{pid}").exists()
         and "zombie" not in Path(f"/proc/{pid}/status").read_text().lower()
     )
+
+
+def cmdline(pid: int) -> list[str]:
+    return Path(f"/proc/{pid}/cmdline").read_bytes().decode().split("\0")
+
+
+def assert_no_secret_on_command_lines(pids: list[int], endpoints: dict[str, Any]) -> None:
+    """The private Redis is a root-only unix socket with a user per service; no process
+    of `klet up` carries a password on its command line, only password file paths."""
+    url = endpoints["redis_url"]
+    sock = Path(url.removeprefix("unix://"))
+    assert stat.S_IMODE(sock.stat().st_mode) == 0o600
+    assert stat.S_IMODE(sock.parent.stat().st_mode) == 0o700
+    secrets_dir = Path(endpoints["redis_admin_password_file"]).parent
+    assert stat.S_IMODE(secrets_dir.stat().st_mode) == 0o700
+    passwords = {p.read_text().strip() for p in secrets_dir.rglob("*") if p.is_file()}
+    assert len(passwords) >= 4, "no per-service password files"
+    users = set()
+    for pid in pids:
+        if not alive(pid):
+            continue  # a service between restarts
+        argv = cmdline(pid)
+        for password in passwords:
+            assert not any(password in arg for arg in argv), f"a password on pid {pid}'s argv"
+        if "--redis-username" in argv:
+            users.add(argv[len(argv) - 1 - argv[::-1].index("--redis-username") + 1])
+            assert "--redis-password-file" in argv
+    assert len(users) >= 3, f"services do not have users of their own: {users}"
 
 
 def test_klet_up_runs_examples_supervises_and_stops_cleanly() -> None:
@@ -101,6 +135,7 @@ def test_klet_up_runs_examples_supervises_and_stops_cleanly() -> None:
         )
         assert "web-upnode" in crictl.stdout
         children = [int(m) for m in re.findall(r"pid (\d+)\)", log.read_text())]
+        assert_no_secret_on_command_lines([proc.pid, *children], endpoints)
         recorded = [Pidfile(p).read() for p in (run_dir / "stack").glob("*/*.pid")]
         daemon_pids = [r[0] for r in recorded if r is not None]
         assert daemon_pids, "no pid files of the private daemons"
@@ -115,4 +150,65 @@ def test_klet_up_runs_examples_supervises_and_stops_cleanly() -> None:
         ["pgrep", "-f", str(run_dir)], capture_output=True, text=True
     ).stdout.split()
     assert not leftovers, f"processes still naming {run_dir}: {leftovers}"
+    shutil.rmtree(run_dir, ignore_errors=True)
+
+
+def test_external_redis_password_in_the_environment_stays_off_command_lines(
+    redis_server: RedisServer, devstack: DevStack, tmp_path: Path
+) -> None:
+    run_dir = Path(tempfile.mkdtemp(prefix="klet-up-", dir="/tmp"))
+    # One user for every service, as an operator's simple set-up would have it.
+    cred = redis_server.credentials("extnode", "pod-source")
+    admin = redis_server.admin
+    sock = redis_server.url.removeprefix("unix://")
+    env = dict(os.environ, KLET_REDIS_URL=f"unix://{cred.username}:{cred.password}@{sock}")
+    log = run_dir / "up.log"
+    with log.open("w") as out:
+        proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "klet.cli.main",
+                "up",
+                "--run-dir",
+                str(run_dir),
+                "--container-runtime-endpoint",
+                devstack.runtime_endpoint,
+                "--hostname-override",
+                "extnode",
+            ],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            env=env,
+        )
+    try:
+        wait_for(
+            lambda: "started image-gc" in log.read_text(), timeout_s=30, what="image-gc started"
+        )
+        pids = [int(m) for m in re.findall(r"started \S+ \(pid (\d+)\)", log.read_text())]
+        password_file = run_dir / "secrets" / "redis-password"
+        assert password_file.read_text().strip() == cred.password
+        assert stat.S_IMODE(password_file.stat().st_mode) == 0o600
+        for pid in pids:
+            argv = cmdline(pid)
+            assert not any(cred.password in arg for arg in argv), f"password on {pid}'s argv"
+            assert argv[argv.index("--redis-password-file") + 1] == str(password_file)
+            assert argv[argv.index("--redis-url") + 1] == f"unix://{sock}"
+            environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+            assert not any(e.startswith(b"KLET_REDIS_URL=") for e in environ)
+        # pod-source did connect with it: its lease is on the bus.
+        wait_for(
+            lambda: (
+                not redis_command(
+                    Path(sock), "KEYS", "klet:extnode:lease:pod-source*", auth=admin
+                ).startswith(b"*0")
+            ),
+            timeout_s=30,
+            what="pod-source's lease on the external Redis",
+        )
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        code = proc.wait(timeout=60)
+    assert code == 0, log.read_text()[-3000:]
     shutil.rmtree(run_dir, ignore_errors=True)

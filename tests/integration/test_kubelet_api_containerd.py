@@ -162,7 +162,11 @@ def api_settings(
     webhook: bool = False,
     extra_flags: tuple[str, ...] = (),
 ) -> Settings:
-    settings = load_settings([*node.flags, *extra_flags], env={}, service="status-reporter")
+    settings = load_settings(
+        [*node.flags, *node.redis_flags("status-reporter"), *extra_flags],
+        env={},
+        service="status-reporter",
+    )
     kubelet = dataclasses.replace(
         settings.kubelet,
         address="127.0.0.1",

@@ -87,7 +87,7 @@ class Service:
 @asynccontextmanager
 async def running(
     tmp: Path,
-    redis_url: str,
+    redis: RedisServer,
     *,
     manifests: Path | None = None,
     url: str | None = None,
@@ -96,7 +96,7 @@ async def running(
     """pod-source with the production wiring, short timeouts, on a free port."""
     port = free_port()
     argv = [
-        "--redis-url", redis_url,
+        *redis.service_flags(NODE, "pod-source"),
         "--hostname-override", NODE,
         "--run-dir", str(tmp / "run"),
         "--service-port", str(port),
@@ -157,7 +157,7 @@ async def eventually(check: Callable[[], Awaitable[T]], *, what: str, timeout_s:
 @pytest.fixture
 async def bus(redis_server: RedisServer) -> AsyncIterator[NodeBus]:
     """The test's own view of the node's tables and streams."""
-    b = Bus.from_url(redis_server.url, NODE, timeout_s=2.0)
+    b = Bus.from_url(redis_server.url, NODE, auth=redis_server.admin, timeout_s=2.0)
     try:
         yield NodeBus.of(b)
     finally:
@@ -198,7 +198,7 @@ async def test_manifest_add_change_remove(
     path = manifests / "web.yaml"
     path.write_text(WEB)
     uid1 = file_uid(path, WEB)
-    async with running(tmp_path, redis_server.url, manifests=manifests):
+    async with running(tmp_path, redis_server, manifests=manifests):
         table = await eventually(lambda: desired(bus), what="the pod in the desired table")
         record = table[uid1]
         assert record.pod["metadata"]["name"] == f"web-{NODE}"
@@ -246,7 +246,7 @@ async def test_bad_manifests_do_not_affect_good_ones(
     # An editor backup: read like any non-dot file, dropped as a duplicate name.
     (manifests / "a-good.yaml~").write_text(manifest("good"))
 
-    async with running(tmp_path, redis_server.url, manifests=manifests) as svc:
+    async with running(tmp_path, redis_server, manifests=manifests) as svc:
         await eventually(lambda: source_ready(bus, "file"), what="the file source to be ready")
         assert await names(bus) == {f"good-{NODE}"}
 
@@ -342,7 +342,7 @@ async def test_http_source_keeps_the_last_good_set(
     tmp_path: Path, redis_server: RedisServer, bus: NodeBus, manifest_server: ManifestServer
 ) -> None:
     manifest_server.body = POD_LIST.encode()
-    async with running(tmp_path, redis_server.url, url=manifest_server.url) as svc:
+    async with running(tmp_path, redis_server, url=manifest_server.url) as svc:
         good = {f"one-{NODE}", f"two-{NODE}"}
 
         async def published() -> bool:
@@ -395,7 +395,7 @@ async def test_redis_restart_repopulates_the_tables(
     manifests = tmp_path / "manifests"
     manifests.mkdir()
     (manifests / "web.yaml").write_text(WEB)
-    async with running(tmp_path, redis_server.url, manifests=manifests) as svc:
+    async with running(tmp_path, redis_server, manifests=manifests) as svc:
         first = await eventually(lambda: desired(bus), what="the pod in the desired table")
         await eventually(lambda: source_ready(bus, "file"), what="the file source to be ready")
 
@@ -417,7 +417,7 @@ async def test_restart_diffs_against_what_was_published(
     keep, gone = manifests / "keep.yaml", manifests / "gone.yaml"
     keep.write_text(manifest("keep"))
     gone.write_text(manifest("gone"))
-    async with running(tmp_path, redis_server.url, manifests=manifests):
+    async with running(tmp_path, redis_server, manifests=manifests):
 
         async def both() -> bool:
             return len(await desired(bus)) == 2
@@ -425,7 +425,7 @@ async def test_restart_diffs_against_what_was_published(
         await eventually(both, what="both pods")
     before = await desired(bus)
     gone.unlink()
-    async with running(tmp_path, redis_server.url, manifests=manifests):
+    async with running(tmp_path, redis_server, manifests=manifests):
 
         async def one() -> bool:
             return set(await desired(bus)) == {file_uid(keep, manifest("keep"))}
@@ -441,8 +441,8 @@ async def test_standby_takes_over(tmp_path: Path, redis_server: RedisServer, bus
     manifests = tmp_path / "manifests"
     manifests.mkdir()
     (manifests / "a.yaml").write_text(manifest("a"))
-    async with running(tmp_path / "b", redis_server.url, manifests=manifests, holder="b") as b:
-        async with running(tmp_path / "a", redis_server.url, manifests=manifests, holder="a") as a:
+    async with running(tmp_path / "b", redis_server, manifests=manifests, holder="b") as b:
+        async with running(tmp_path / "a", redis_server, manifests=manifests, holder="a") as a:
 
             async def a_or_b_leads() -> bool:
                 return a.deps.publisher.leading != b.deps.publisher.leading and bool(
@@ -457,8 +457,8 @@ async def test_standby_takes_over(tmp_path: Path, redis_server: RedisServer, bus
                 lambda: asyncio.sleep(0, standby.deps.publisher.ready), what="standby ready"
             )
         # a stopped; b still leads. Now stop the leader while a standby runs.
-    async with running(tmp_path / "c", redis_server.url, manifests=manifests, holder="c") as c:
-        async with running(tmp_path / "d", redis_server.url, manifests=manifests, holder="d") as d:
+    async with running(tmp_path / "c", redis_server, manifests=manifests, holder="c") as c:
+        async with running(tmp_path / "d", redis_server, manifests=manifests, holder="d") as d:
             await eventually(lambda: asyncio.sleep(0, c.deps.publisher.leading), what="c to lead")
             c.task.cancel()  # releases the lease on the way out
             await asyncio.gather(c.task, return_exceptions=True)

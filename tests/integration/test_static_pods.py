@@ -250,7 +250,7 @@ def test_malformed_manifests_do_not_hurt_good_ones(node_factory: Any, manifests:
 def test_syncloop_sigkill_and_redis_restart_restart_nothing(
     node_factory: Any, manifests: Path, devstack: DevStack, redis_server: Any
 ) -> None:
-    node: KletNode = node_factory(manifest_dir=manifests, redis_url=redis_server.url)
+    node: KletNode = node_factory(manifest_dir=manifests, redis=redis_server)
     node.start()
     (manifests / "web.yaml").write_text(WEB)
     wait_for(lambda: running(node, "web"), timeout_s=15, what="web Running")

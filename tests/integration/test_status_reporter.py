@@ -48,11 +48,11 @@ def _service_env() -> dict[str, str]:
 
 
 @contextmanager
-def service(dir: Path, redis_url: str, **ports: int) -> Iterator[ManagedProcess]:
+def service(dir: Path, redis: RedisServer, **ports: int) -> Iterator[ManagedProcess]:
     """Run `python -m klet.status_reporter`; ports by flag name without dashes."""
     argv = [
         sys.executable, "-m", "klet.status_reporter",
-        "--redis-url", redis_url,
+        *redis.service_flags(NODE, "status-reporter"),
         "--hostname-override", NODE,
         "--run-dir", str(dir / "run"),
         "--root-dir", str(dir / "root"),
@@ -98,8 +98,10 @@ def refused(port: int) -> bool:
 
 
 @asynccontextmanager
-async def node_bus(url: str) -> AsyncIterator[NodeBus]:
-    bus = Bus.from_url(url, NODE)
+async def node_bus(redis: RedisServer) -> AsyncIterator[NodeBus]:
+    """The test's own view of the node's bus (as the admin: it plays pod-source and
+    syncloop)."""
+    bus = Bus.from_url(redis.url, NODE, auth=redis.admin)
     try:
         yield NodeBus.of(bus)
     finally:
@@ -129,9 +131,9 @@ async def test_serves_the_pod_view_and_survives_redis_outages(
     ro, hz, svc = free_port(), free_port(), free_port()
     web, db = make_pod("web"), make_pod("db", namespace="prod")
     with service(
-        tmp_path / "sr", redis_server.url, read_only_port=ro, healthz_port=hz, service_port=svc
+        tmp_path / "sr", redis_server, read_only_port=ro, healthz_port=hz, service_port=svc
     ) as proc:
-        async with httpx.AsyncClient(timeout=5) as http, node_bus(redis_server.url) as node:
+        async with httpx.AsyncClient(timeout=5) as http, node_bus(redis_server) as node:
 
             async def pods() -> dict[str, Any]:
                 resp = await http.get(f"http://127.0.0.1:{ro}/pods")
@@ -204,7 +206,7 @@ async def test_serves_the_pod_view_and_survives_redis_outages(
             redis_server.start()
             after = {"phase": "Succeeded", "message": "after restart"}
             # A new client: this one's pooled connection died with the old server.
-            async with node_bus(redis_server.url) as fresh:
+            async with node_bus(redis_server) as fresh:
                 await write_pod(fresh, web)
                 await report(fresh, status_record(web, version=1, epoch=2.0, status=after))
             await eventually(
@@ -246,7 +248,7 @@ async def test_read_only_port_is_off_by_default(tmp_path: Path, redis_server: Re
     upstream_default = 10255
     was_free = refused(upstream_default)
     hz, svc = free_port(), free_port()
-    with service(tmp_path / "sr", redis_server.url, healthz_port=hz, service_port=svc) as proc:
+    with service(tmp_path / "sr", redis_server, healthz_port=hz, service_port=svc) as proc:
         async with httpx.AsyncClient(timeout=5) as http:
             await eventually(
                 lambda: http.get(f"http://127.0.0.1:{svc}/readyz"),

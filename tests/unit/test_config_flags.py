@@ -56,7 +56,7 @@ def test_no_flags_gives_defaults() -> None:
 
 def test_klet_only_defaults() -> None:
     klet = load([]).klet
-    assert klet.redis_url == "redis://127.0.0.1:6379/0"
+    assert klet.redis_url == "unix:///run/klet/redis/redis.sock"
     assert klet.run_dir == Path("/run/klet")
     assert klet.root_dir == Path("/var/lib/kubelet")
     assert klet.cert_dir == Path("/var/lib/kubelet/pki")
@@ -223,6 +223,7 @@ def test_agent_flags() -> None:
 def test_klet_only_environment_variables() -> None:
     env = {
         "KLET_REDIS_URL": "redis://redis:6380/2",
+        "KLET_ALLOW_INSECURE_REDIS": "true",
         "KLET_RUN_DIR": "/tmp/klet-run",
         "KLET_SERVICE_PORT": "9999",
         "KLET_SERVICE_BIND_ADDRESS": "0.0.0.0",
@@ -239,9 +240,9 @@ def test_klet_only_environment_variables() -> None:
 
 
 def test_flags_win_over_environment() -> None:
-    env = {"KLET_REDIS_URL": "redis://env:6379/0", "KLET_LOG_FORMAT": "text"}
-    klet = load(["--redis-url", "redis://flag:6379/0", "--log-format", "json"], env=env).klet
-    assert (klet.redis_url, klet.log_format) == ("redis://flag:6379/0", "json")
+    env = {"KLET_REDIS_URL": "unix:///env.sock", "KLET_LOG_FORMAT": "text"}
+    klet = load(["--redis-url", "unix:///flag.sock", "--log-format", "json"], env=env).klet
+    assert (klet.redis_url, klet.log_format) == ("unix:///flag.sock", "json")
 
 
 def test_environment_is_not_read_for_upstream_settings() -> None:

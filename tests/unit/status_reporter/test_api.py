@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 import httpx
 import pytest
 from fastapi import FastAPI
+from klet.config import RedisAuth
 from klet.model.records import DesiredPod, PodStatusRecord
 from klet.status_reporter.api import create_app, create_healthz_app
 from klet.status_reporter.testing import (
@@ -36,6 +37,7 @@ class KubeletCfg:
 @dataclass(frozen=True)
 class KletCfg:
     redis_url: str = "redis://127.0.0.1:1/0"
+    redis_auth: RedisAuth = RedisAuth()
     node_name: str = "node1"
     service_port: int = 0
     service_bind_address: str = "127.0.0.1"

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from klet.config import RedisAuth
 from klet.model.records import DesiredPod, PodStatusRecord
 from klet.status_reporter.app import root_tasks
 from klet.status_reporter.testing import FakeFeed, FakeTable
@@ -24,6 +25,7 @@ class KubeletCfg:
 @dataclass(frozen=True)
 class KletCfg:
     redis_url: str = "redis://127.0.0.1:1/0"
+    redis_auth: RedisAuth = RedisAuth()
     node_name: str = "node1"
     service_port: int = 0
     service_bind_address: str = "127.0.0.1"

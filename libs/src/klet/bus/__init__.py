@@ -3,6 +3,7 @@
 from klet.bus.holder import service_lease
 from klet.bus.redisbus import (
     Bus,
+    BusAuth,
     BusError,
     BusUnavailable,
     Entry,
@@ -18,6 +19,7 @@ from klet.bus.schema import NodeBus
 
 __all__ = [
     "Bus",
+    "BusAuth",
     "BusError",
     "BusUnavailable",
     "Entry",

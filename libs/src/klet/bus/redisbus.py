@@ -33,7 +33,9 @@ import time
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Generic, Protocol, TypeVar
+from urllib.parse import urlsplit
 
 import redis.asyncio as aioredis
 from klet.model.records import BadRecord, Record
@@ -100,6 +102,26 @@ class GroupStream(Protocol[R_co]):
     ) -> Sequence[Entry[R_co]]: ...
 
 
+class BusAuth(Protocol):
+    """How a bus client proves who it is: an ACL user and password, and for rediss://
+    the CA to check the server against and an optional client certificate."""
+
+    @property
+    def username(self) -> str: ...  # "" = Redis's `default` user
+
+    @property
+    def password(self) -> str | None: ...
+
+    @property
+    def ca_file(self) -> Path | None: ...
+
+    @property
+    def cert_file(self) -> Path | None: ...
+
+    @property
+    def key_file(self) -> Path | None: ...
+
+
 class Bus:
     """All of one node's keys in one Redis."""
 
@@ -109,13 +131,36 @@ class Bus:
         self._fence: Lease | None = None
 
     @classmethod
-    def from_url(cls, url: str, node: str, *, timeout_s: float = 5.0) -> Bus:
+    def from_url(
+        cls, url: str, node: str, *, auth: BusAuth | None = None, timeout_s: float = 5.0
+    ) -> Bus:
+        """A bus on the Redis at `url` (redis://, rediss:// with TLS, or unix://),
+        authenticated as `auth` (a service's own ACL user, see klet.bus.acl).
+
+        The credentials are passed to the client as arguments, never through the URL, so
+        they show up in no URL a log line or an error message may print.
+        """
+        options: dict[str, Any] = {}
+        if auth is not None:
+            if auth.username:
+                options["username"] = auth.username
+            if auth.password:
+                options["password"] = auth.password
+            if urlsplit(url).scheme == "rediss":
+                options["ssl_cert_reqs"] = "required"
+                if auth.ca_file is not None:
+                    options["ssl_ca_certs"] = str(auth.ca_file)
+                if auth.cert_file is not None:
+                    options["ssl_certfile"] = str(auth.cert_file)
+                if auth.key_file is not None:
+                    options["ssl_keyfile"] = str(auth.key_file)
         client = aioredis.Redis.from_url(
             url,
             decode_responses=True,
             socket_timeout=timeout_s,
             socket_connect_timeout=timeout_s,
             health_check_interval=10,
+            **options,
         )
         return cls(client, node)
 

@@ -1,4 +1,4 @@
-"""`klet` entry point: dispatches to `up`, `run` and `crictl`.
+"""`klet` entry point: dispatches to `up`, `run`, `crictl` and `bus-acl`.
 
 `klet run <service>` finds the service through the `klet.services` entry points, so this
 library never imports a service package (the layering contract in pyproject.toml).
@@ -18,6 +18,9 @@ commands:
   run <service> [flags]       run one service: {services}
   crictl [--run-dir DIR | --runtime-endpoint EP] pods|ps [-a]|images
                               list what the runtime has, as crictl would
+  bus-acl --node N --secrets-dir DIR
+                              password files and Redis ACL lines of node N's services,
+                              for a bus Redis that klet up does not start
 """
 
 
@@ -46,6 +49,10 @@ def main(argv: list[str] | None = None) -> int:
             return 2
         service_main = found[rest[0]].load()  # type: ignore[attr-defined]
         return int(service_main(rest[1:]) or 0)
+    if command == "bus-acl":
+        from klet.cli.busacl import bus_acl
+
+        return bus_acl(rest)
     if command == "crictl":
         from klet.cli.crictl import crictl
 

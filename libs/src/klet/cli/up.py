@@ -8,6 +8,13 @@ the service's name as `docker compose up` does, restarts a service that dies (wi
 capped back-off, each restart logged), and on SIGINT/SIGTERM stops the services and then
 the private components, leaving no process behind. Private state lives under
 `--run-dir`; `endpoints.json` there tells other commands (`klet crictl`) where it is.
+
+The private Redis is safe by default (klet.devstack.redis_server): a unix socket in a
+0700 directory, no unauthenticated user, and one ACL user per service (klet.bus.acl).
+Each child gets its own user and the path of its own password file, never a password:
+every local user can read a process's command line in /proc/<pid>/cmdline. For an
+external Redis whose password came in KLET_REDIS_URL, the children get the URL without
+it and the password in a 0600 file under `<run-dir>/secrets` (and no KLET_REDIS_URL).
 """
 
 from __future__ import annotations
@@ -23,9 +30,16 @@ from dataclasses import dataclass, field
 from importlib.metadata import entry_points
 from pathlib import Path
 
-from klet.config import DEFAULT_SERVICE_PORTS, ConfigError, build_parser, load_settings
+from klet.config import (
+    DEFAULT_SERVICE_PORTS,
+    ConfigError,
+    RedisAuth,
+    build_parser,
+    load_settings,
+)
 from klet.config.kubelet import KubeletConfiguration
 from klet.devstack import DevStack, RedisServer, free_port
+from klet.devstack.redis_server import write_secret
 
 log = logging.getLogger("klet.up")
 
@@ -51,6 +65,7 @@ def _port_free(port: int) -> bool:
 class Child:
     name: str
     argv: list[str]
+    env: dict[str, str] | None = None
     proc: asyncio.subprocess.Process | None = None
     restarts: int = 0
     started_at: float = 0.0
@@ -78,6 +93,7 @@ async def _start(child: Child) -> None:
         stderr=asyncio.subprocess.STDOUT,
         stdin=asyncio.subprocess.DEVNULL,
         start_new_session=True,
+        env=child.env,
     )
     child.started_at = time.monotonic()
     child.pump = asyncio.create_task(_pump(child), name=f"pump-{child.name}")
@@ -138,6 +154,19 @@ async def _supervise(children: list[Child], stop: asyncio.Event) -> None:
         _emit("klet", f"stopped {child.name}")
 
 
+def _external_redis_flags(auth: RedisAuth, url: str, run_dir: Path) -> list[str]:
+    """The bus flags every child gets for a Redis `klet up` did not start: the URL
+    without credentials, and a password that came inside KLET_REDIS_URL as a file."""
+    flags = ["--redis-url", url]
+    if auth.username:
+        flags += ["--redis-username", auth.username]
+    if auth.password and auth.password_file is None:
+        path = run_dir / "secrets" / "redis-password"
+        write_secret(path, auth.password)
+        flags += ["--redis-password-file", str(path)]
+    return flags
+
+
 def up(argv: list[str]) -> int:
     logging.basicConfig(
         level=logging.INFO, format="klet            | %(message)s", stream=sys.stdout
@@ -160,7 +189,9 @@ def up(argv: list[str]) -> int:
     own_redis = not _given(argv, "--redis-url") and "KLET_REDIS_URL" not in os.environ
     stack: DevStack | None = None
     redis: RedisServer | None = None
-    redis_url = settings.klet.redis_url
+    redis_url = settings.klet.redis_url  # without credentials (load_settings took them out)
+    redis_flags: dict[str, list[str]] = {}  # per service, when the Redis is ours
+    admin_password_file: Path | None = None
     runtime_endpoint = settings.kubelet.container_runtime_endpoint
     try:
         if own_runtime:
@@ -172,14 +203,18 @@ def up(argv: list[str]) -> int:
             runtime_endpoint = stack.runtime_endpoint
             extra += ["--container-runtime-endpoint", runtime_endpoint]
             if own_redis:
-                redis_url = stack.redis_url
+                redis = stack.redis
         elif own_redis:
             _emit("klet", f"starting private Redis under {run_dir / 'redis'}")
             redis = RedisServer(run_dir / "redis")
             redis.start()
+        if redis is not None:
             redis_url = redis.url
-        if own_redis:
-            extra += ["--redis-url", redis_url]
+            admin_password_file = redis.admin.password_file
+            node = settings.klet.node_name
+            redis_flags = {name: redis.service_flags(node, name) for name in START_ORDER}
+        else:
+            extra += _external_redis_flags(settings.klet.redis_auth, redis_url, run_dir)
         if not _given(argv, "--root-dir"):
             extra += ["--root-dir", str(run_dir / "root")]
         if "--pod-logs-dir" in accepted and not _given(argv, "--pod-logs-dir"):
@@ -190,6 +225,9 @@ def up(argv: list[str]) -> int:
             json.dumps(
                 {
                     "redis_url": redis_url,
+                    "redis_admin_password_file": (
+                        str(admin_password_file) if admin_password_file else None
+                    ),
                     "runtime_endpoint": runtime_endpoint,
                     "registry": stack.registry_address if stack else None,
                     "pid": os.getpid(),
@@ -197,6 +235,8 @@ def up(argv: list[str]) -> int:
                 indent=2,
             )
         )
+        # The URL (and so any password in it) reaches the children as a flag without it.
+        child_env = {k: v for k, v in os.environ.items() if k != "KLET_REDIS_URL"}
         installed = {ep.name for ep in entry_points(group="klet.services")}
         children = []
         for name in [s for s in START_ORDER if s in installed]:
@@ -212,9 +252,11 @@ def up(argv: list[str]) -> int:
                         f"klet.{name.replace('-', '_')}",
                         *argv,
                         *extra,
+                        *redis_flags.get(name, []),
                         "--service-port",
                         str(port),
                     ],
+                    env=child_env,
                 )
             )
             _emit("klet", f"{name}: private /healthz /metrics on 127.0.0.1:{port}")
@@ -223,7 +265,7 @@ def up(argv: list[str]) -> int:
         if stack is not None:
             _emit("klet", "stopping private containerd, registry and Redis")
             stack.stop()
-        if redis is not None:
+        elif redis is not None:
             redis.stop()
 
 

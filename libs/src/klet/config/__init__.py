@@ -34,7 +34,7 @@ from klet.config.kubelet import (
     UserNamespaces,
     upstream_name,
 )
-from klet.config.settings import KletSettings, Settings, build_parser, load_settings
+from klet.config.settings import KletSettings, RedisAuth, Settings, build_parser, load_settings
 from klet.config.units import (
     format_duration,
     parse_duration,
@@ -55,6 +55,7 @@ __all__ = [
     "CrashLoopBackOffConfig",
     "FlagSpec",
     "KletSettings",
+    "RedisAuth",
     "KubeletAnonymousAuthentication",
     "KubeletAuthentication",
     "KubeletAuthorization",

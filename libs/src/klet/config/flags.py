@@ -498,10 +498,58 @@ _SETTING_FLAGS: tuple[FlagSpec, ...] = (
     ),
     FlagSpec(
         "--redis-url",
-        "klet-only: bus Redis URL (default redis://127.0.0.1:6379/0)",
+        "klet-only: bus Redis URL: unix://, redis:// or rediss:// (TLS); a TCP URL needs "
+        "credentials unless --allow-insecure-redis; no password in it, use "
+        "--redis-password-file (default unix:///run/klet/redis/redis.sock)",
         setting="redis_url",
         env="KLET_REDIS_URL",
         metavar="URL",
+    ),
+    FlagSpec(
+        "--redis-username",
+        "klet-only: the bus Redis ACL user of this service, e.g. klet-syncloop@<node> "
+        "(default: none, Redis's default user)",
+        setting="redis_username",
+        env="KLET_REDIS_USERNAME",
+        metavar="USER",
+    ),
+    FlagSpec(
+        "--redis-password-file",
+        "klet-only: file whose first line is the bus Redis password, read at start (default: none)",
+        setting="redis_password_file",
+        env="KLET_REDIS_PASSWORD_FILE",
+        metavar="PATH",
+    ),
+    FlagSpec(
+        "--redis-ca-file",
+        "klet-only: CA bundle to verify a rediss:// server with (default: the system's)",
+        setting="redis_ca_file",
+        env="KLET_REDIS_CA_FILE",
+        metavar="PATH",
+    ),
+    FlagSpec(
+        "--redis-cert-file",
+        "klet-only: client certificate for a rediss:// server (with --redis-key-file)",
+        setting="redis_cert_file",
+        env="KLET_REDIS_CERT_FILE",
+        metavar="PATH",
+    ),
+    FlagSpec(
+        "--redis-key-file",
+        "klet-only: private key of --redis-cert-file",
+        setting="redis_key_file",
+        env="KLET_REDIS_KEY_FILE",
+        metavar="PATH",
+    ),
+    FlagSpec(
+        "--allow-insecure-redis",
+        "klet-only: accept a redis:// or rediss:// URL without credentials (anyone who "
+        "reaches that port can run pods as root on the node) (default false)",
+        _BOOL,
+        setting="allow_insecure_redis",
+        env="KLET_ALLOW_INSECURE_REDIS",
+        metavar="BOOL",
+        optional_value=True,
     ),
     FlagSpec(
         "--run-dir",

@@ -39,11 +39,40 @@ from klet.config.flags import (
 from klet.config.kubelet import KubeletConfiguration
 from klet.config.validation import validate_problems
 
-__all__ = ["KletSettings", "Settings", "build_parser", "load_settings"]
+__all__ = [
+    "DEFAULT_REDIS_URL",
+    "KletSettings",
+    "RedisAuth",
+    "Settings",
+    "build_parser",
+    "load_settings",
+]
 
 _DNS1123_LABEL = r"[a-z0-9]([-a-z0-9]*[a-z0-9])?"
 _DNS1123_SUBDOMAIN = re.compile(rf"{_DNS1123_LABEL}(\.{_DNS1123_LABEL})*")
 _LABEL_NAME = re.compile(r"[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?")
+
+
+DEFAULT_REDIS_URL = "unix:///run/klet/redis/redis.sock"
+# klet.bus.acl.ADMIN_USER, the set-up credential of the Redis klet starts (not imported:
+# klet.bus pulls in redis, and pure modules import this package).
+REDIS_ADMIN_USER = "klet-admin"
+
+
+@dataclasses.dataclass(frozen=True)
+class RedisAuth:
+    """How a service authenticates to the bus Redis (a `klet.bus.BusAuth`).
+
+    The password is read from `password_file` once, at start-up; it is kept out of the
+    settings' repr so no log line of the settings prints it.
+    """
+
+    username: str = ""  # --redis-username / KLET_REDIS_USERNAME; "" = Redis's default user
+    password_file: Path | None = None  # --redis-password-file / KLET_REDIS_PASSWORD_FILE
+    password: str | None = dataclasses.field(default=None, repr=False)  # from the file (or URL)
+    ca_file: Path | None = None  # --redis-ca-file: CA of a rediss:// server; None = system's
+    cert_file: Path | None = None  # --redis-cert-file: client certificate for rediss://
+    key_file: Path | None = None  # --redis-key-file: its private key
 
 
 @dataclasses.dataclass(frozen=True)
@@ -52,7 +81,10 @@ class KletSettings:
 
     service: str  # the service these settings are for ("syncloop", ...)
     node_name: str  # --hostname-override, else the hostname; lowercased DNS-1123 subdomain
-    redis_url: str = "redis://127.0.0.1:6379/0"  # --redis-url / KLET_REDIS_URL
+    # --redis-url / KLET_REDIS_URL, without user or password (those are in redis_auth)
+    redis_url: str = DEFAULT_REDIS_URL
+    redis_auth: RedisAuth = RedisAuth()
+    allow_insecure_redis: bool = False  # --allow-insecure-redis / KLET_ALLOW_INSECURE_REDIS
     run_dir: Path = Path("/run/klet")  # --run-dir / KLET_RUN_DIR: gRPC sockets, pid files
     root_dir: Path = Path("/var/lib/kubelet")  # --root-dir
     cert_dir: Path = Path("/var/lib/kubelet/pki")  # --cert-dir
@@ -156,13 +188,6 @@ def _check_klet(values: Mapping[str, Any], source: Mapping[str, str]) -> list[Pr
     def bad(setting: str, message: str) -> None:
         problems.append(Problem(source.get(setting, setting), message))
 
-    if "redis_url" in values:
-        parts = _split_url(values["redis_url"])
-        if parts.scheme not in ("redis", "rediss", "unix") or not (parts.netloc or parts.path):
-            bad(
-                "redis_url",
-                f"must be a redis://, rediss:// or unix:// URL, got {values['redis_url']!r}",
-            )
     if values.get("minimum_container_ttl_duration", 0.0) < 0:
         # upstream's NewContainerGC refuses a negative age the same way
         bad(
@@ -193,6 +218,102 @@ def _check_klet(values: Mapping[str, Any], source: Mapping[str, str]) -> list[Pr
         if value and not (len(value) <= 63 and _LABEL_NAME.fullmatch(value)):
             bad("node_labels", f"invalid value {value!r} of label {key!r}")
     return problems
+
+
+def _read_secret(path: Path) -> str:
+    text = path.read_text()
+    return text.splitlines()[0] if text else ""
+
+
+def _redis(
+    values: Mapping[str, Any], source: Mapping[str, str]
+) -> tuple[str, RedisAuth, list[Problem]]:
+    """The bus URL without credentials, how to authenticate, and what is wrong.
+
+    A password must not be in `--redis-url` (every user can read a process's command
+    line in /proc); KLET_REDIS_URL may carry one (a process's environment is readable
+    by its owner and root only). A TCP URL is refused without credentials, unless the
+    operator says --allow-insecure-redis: whoever writes the bus runs pods as root.
+    """
+    problems: list[Problem] = []
+
+    def bad(setting: str, message: str) -> None:
+        problems.append(Problem(source.get(setting, setting), message))
+
+    url = values.get("redis_url", DEFAULT_REDIS_URL)
+    parts = _split_url(url)
+    if parts.scheme not in ("redis", "rediss", "unix") or not (parts.netloc or parts.path):
+        bad("redis_url", f"must be a redis://, rediss:// or unix:// URL, got {url!r}")
+        return url, RedisAuth(), problems
+    _, at, hostport = parts.netloc.rpartition("@")
+    # Rebuilt by hand: urlunsplit drops the "//" of an empty netloc (unix:///path).
+    query = f"?{parts.query}" if parts.query else ""
+    bare = f"{parts.scheme}://{hostport}{parts.path}{query}" if at else url
+    url_user = parts.username or ""
+    password: str | None = parts.password or None
+    if password is not None and source.get("redis_url") == "--redis-url":
+        bad(
+            "redis_url",
+            "must not contain a password: every user can read it in /proc/<pid>/cmdline; "
+            "put it in a file and give --redis-password-file",
+        )
+    username = values.get("redis_username", "")
+    if url_user and username and url_user != username:
+        bad("redis_username", f"{username!r} differs from the user {url_user!r} in the URL")
+    username = username or url_user
+    if username == REDIS_ADMIN_USER:
+        bad(
+            "redis_username" if values.get("redis_username") else "redis_url",
+            f"{REDIS_ADMIN_USER} is the set-up credential of klet's Redis, not for a "
+            "service: give this service its own user (klet bus-acl)",
+        )
+    password_file = _optional_path(values.get("redis_password_file"))
+    if password_file is not None:
+        if password is not None:
+            bad("redis_password_file", "the URL carries a password already; give it once")
+        try:
+            password = _read_secret(password_file)
+        except (OSError, UnicodeDecodeError) as exc:
+            bad("redis_password_file", f"cannot read {password_file}: {exc}")
+        else:
+            if not password:
+                bad("redis_password_file", f"{password_file} is empty")
+    tls = {
+        name: _optional_path(values.get(name))
+        for name in ("redis_ca_file", "redis_cert_file", "redis_key_file")
+    }
+    for name, path in tls.items():
+        if path is None:
+            continue
+        if parts.scheme != "rediss":
+            bad(name, f"is for a rediss:// URL only, but the bus URL is {bare!r}")
+        elif not path.is_file():
+            bad(name, f"{path} is not a readable file")
+    if (tls["redis_cert_file"] is None) != (tls["redis_key_file"] is None):
+        bad("redis_cert_file", "--redis-cert-file and --redis-key-file go together")
+    insecure_ok = bool(values.get("allow_insecure_redis", False))
+    if (
+        parts.scheme in ("redis", "rediss")
+        and not password
+        and tls["redis_cert_file"] is None
+        and not insecure_ok
+    ):
+        bad(
+            "redis_url",
+            f"{bare} is a TCP Redis without credentials: anyone who can reach it can run "
+            "pods as root on this node; give --redis-username and --redis-password-file "
+            "(or a client certificate for rediss://), use a unix:// socket, or pass "
+            "--allow-insecure-redis",
+        )
+    auth = RedisAuth(
+        username=username,
+        password_file=password_file,
+        password=password,
+        ca_file=tls["redis_ca_file"],
+        cert_file=tls["redis_cert_file"],
+        key_file=tls["redis_key_file"],
+    )
+    return bare, auth, problems
 
 
 def _node_name(values: Mapping[str, Any], hostname: str | None) -> tuple[str, Problem | None]:
@@ -270,6 +391,8 @@ def load_settings(
             problems.append(problem)
 
     problems += _check_klet(klet_values, source)
+    redis_url, redis_auth, redis_problems = _redis(klet_values, source)
+    problems += redis_problems
     node_name, name_problem = _node_name(klet_values, hostname)
     if name_problem is not None:
         problems.append(name_problem)
@@ -281,7 +404,9 @@ def load_settings(
     klet = KletSettings(
         service=service,
         node_name=node_name,
-        redis_url=klet_values.get("redis_url", KletSettings.redis_url),
+        redis_url=redis_url,
+        redis_auth=redis_auth,
+        allow_insecure_redis=bool(klet_values.get("allow_insecure_redis", False)),
         run_dir=Path(klet_values.get("run_dir", KletSettings.run_dir)),
         root_dir=Path(klet_values.get("root_dir", KletSettings.root_dir)),
         cert_dir=Path(klet_values.get("cert_dir", KletSettings.cert_dir)),

@@ -24,7 +24,7 @@ from klet.devstack.images import (
     write_oci_archive,
 )
 from klet.devstack.procs import ManagedProcess, Pidfile, StartError, free_port
-from klet.devstack.redis_server import RedisServer
+from klet.devstack.redis_server import RedisServer, RedisTLS
 from klet.devstack.registry import Registry
 from klet.devstack.stack import DevStack
 
@@ -44,6 +44,7 @@ __all__ = [
     "ManagedProcess",
     "Pidfile",
     "RedisServer",
+    "RedisTLS",
     "Registry",
     "StartError",
     "build",

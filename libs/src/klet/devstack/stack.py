@@ -2,10 +2,12 @@
 
 ``klet up`` and the integration tests both start exactly this, so what a developer runs
 by hand is what CI runs. Components live in sub-directories of one directory (keep it
-short, e.g. ``/tmp/klet-xxxx``: containerd's socket path must fit in 107 bytes) and
-listen on free loopback ports. Start order follows the dependencies (the registry must
-hold the images before containerd is told about it; containerd must have the pause
-image before any sandbox); stop runs in reverse and tolerates a partial start.
+short, e.g. ``/tmp/klet-xxxx``: containerd's socket path must fit in 107 bytes); the
+registry listens on a free loopback port, Redis on a root-only unix socket with a user
+per service of each node (``redis.service_flags(node, service)``). Start order follows
+the dependencies (the registry must hold the images before containerd is told about
+it; containerd must have the pause image before any sandbox); stop runs in reverse and
+tolerates a partial start.
 """
 
 from __future__ import annotations

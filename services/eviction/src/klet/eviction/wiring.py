@@ -80,7 +80,9 @@ class NodeEvents:
 def build_deps(settings: Settings, **overrides: Any) -> Deps:
     k = settings.kubelet
     config = parse_eviction_config(k)
-    bus = Bus.from_url(settings.klet.redis_url, settings.klet.node_name)
+    bus = Bus.from_url(
+        settings.klet.redis_url, settings.klet.node_name, auth=settings.klet.redis_auth
+    )
     node_bus = NodeBus.of(bus)
     cri = RuntimeClient(cri_settings(k))
     run_dir = Path(settings.klet.run_dir)

@@ -70,7 +70,9 @@ class Deps:
 def build_deps(settings: Settings, **overrides: Any) -> Deps:
     k = settings.kubelet
     policy = image_gc_policy(settings)  # refuses an invalid policy before any I/O
-    bus = Bus.from_url(settings.klet.redis_url, settings.klet.node_name)
+    bus = Bus.from_url(
+        settings.klet.redis_url, settings.klet.node_name, auth=settings.klet.redis_auth
+    )
     node_bus = NodeBus.of(bus)
     cri = RuntimeClient(cri_settings(k))
     registry = CollectorRegistry()

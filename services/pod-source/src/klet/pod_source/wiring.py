@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
-from klet.bus import Bus, NodeBus, service_lease
+from klet.bus import Bus, BusAuth, NodeBus, service_lease
 from klet.config import DEFAULT_SERVICE_PORTS
 from klet.kube import KubeClient, kube_settings
 from klet.model.records import SourceName
@@ -85,6 +85,8 @@ class KletSettings(Protocol):
 
     @property
     def run_dir(self) -> Path: ...  # holds the lease's replica slot (klet.bus.holder)
+    @property
+    def redis_auth(self) -> BusAuth: ...  # credentials and TLS files of the bus
 
     @property
     def kubeconfig(self) -> Path | None: ...  # --kubeconfig; None = standalone (no api source)
@@ -154,7 +156,7 @@ def build_deps(settings: ServiceSettings, overrides: Overrides | None = None) ->
     node = klet.node_name
     registry = o.registry if o.registry is not None else new_registry(process_metrics=True)
     metrics = create_metrics(registry)
-    bus = o.bus if o.bus is not None else Bus.from_url(klet.redis_url, node)
+    bus = o.bus if o.bus is not None else Bus.from_url(klet.redis_url, node, auth=klet.redis_auth)
     ttl_s = o.lease_ttl_s if o.lease_ttl_s is not None else DEFAULT_LEASE_TTL_S
     ttl_ms = int(ttl_s * 1000)
     lease = (

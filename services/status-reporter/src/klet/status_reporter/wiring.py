@@ -23,7 +23,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Protocol
 
-from klet.bus import Bus, NodeBus
+from klet.bus import Bus, BusAuth, NodeBus
 from klet.config import DEFAULT_SERVICE_PORTS, Settings
 from klet.cri import RuntimeClient, cri_settings
 from klet.kube import KubeClient, kube_settings
@@ -76,6 +76,9 @@ class KletSettings(ClusterKlet, Protocol):
 
     @property
     def redis_url(self) -> str: ...
+
+    @property
+    def redis_auth(self) -> BusAuth: ...  # credentials and TLS files of the bus
 
     @property
     def node_name(self) -> str: ...
@@ -158,7 +161,7 @@ def build_deps(settings: ServiceSettings, *, overrides: Overrides | None = None)
     def node_bus() -> NodeBus:
         # One connection pool for every table and stream, made on first need.
         if not buses:
-            buses.append(Bus.from_url(klet.redis_url, klet.node_name))
+            buses.append(Bus.from_url(klet.redis_url, klet.node_name, auth=klet.redis_auth))
         return NodeBus.of(buses[0])
 
     desired, status, feed = o.desired, o.status, o.feed

@@ -104,7 +104,9 @@ def admission_node(settings: Settings) -> NodeInfo:
 
 def build_deps(settings: Settings, **overrides: Any) -> Deps:
     k = settings.kubelet
-    bus = Bus.from_url(settings.klet.redis_url, settings.klet.node_name)
+    bus = Bus.from_url(
+        settings.klet.redis_url, settings.klet.node_name, auth=settings.klet.redis_auth
+    )
     node_bus = NodeBus.of(bus)
     cri = RuntimeClient(cri_settings(k))
     events = BusEventSink(node_bus)

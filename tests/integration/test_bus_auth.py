@@ -1,0 +1,194 @@
+"""Attacks on the bus, against the real Redis that `klet up` and the harness run.
+
+Writing a node's `desired` table is root on that node (syncloop runs what it says), so:
+a client without credentials, a client with a wrong password, and a client holding
+another service's or another node's credentials cannot write desired pods, the `pods`
+stream, leases or node conditions, neither directly nor through a Lua script (the
+fenced-write path). Each refusal is paired with the owner doing the same write, so the
+test cannot pass by everything failing. Also: rediss:// with TLS against redis-server's
+own TLS listener, server certificate verified, with a client certificate.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+
+import pytest
+from klet.bus import Bus, BusError, NodeBus
+from klet.bus.acl import SERVICES, Credentials
+from klet.config import RedisAuth
+from klet.devstack import RedisServer, RedisTLS
+from klet.devstack.pki import CertificateAuthority
+from klet.model.records import DesiredPod, NodeConditionRecord, PodChange
+from klet.model.types import PodUID
+
+pytestmark = pytest.mark.integration
+
+NODE, OTHER = "victim", "attacker"
+
+
+def evil_pod() -> DesiredPod:
+    pod = {
+        "metadata": {"name": "root", "namespace": "default", "uid": "evil-uid"},
+        "spec": {
+            "nodeName": NODE,
+            "hostPID": True,
+            "containers": [
+                {"name": "c", "image": "busybox", "securityContext": {"privileged": True}}
+            ],
+            "volumes": [{"name": "host", "hostPath": {"path": "/"}}],
+        },
+    }
+    return DesiredPod(uid=PodUID("evil-uid"), pod=pod, source="api", hash="x", seen_at=1.0)
+
+
+def pressure() -> NodeConditionRecord:
+    return NodeConditionRecord(
+        type="MemoryPressure",
+        status="True",
+        reason="KubeletHasInsufficientMemory",
+        message="fake",
+        at=time.time(),
+    )
+
+
+@asynccontextmanager
+async def node_bus(server: RedisServer, auth: Credentials | None) -> AsyncIterator[NodeBus]:
+    bus = Bus.from_url(server.url, NODE, auth=auth, timeout_s=2.0)
+    try:
+        yield NodeBus.of(bus)
+    finally:
+        await bus.close()
+
+
+async def attempts(nb: NodeBus) -> dict[str, bool]:
+    """Try every dangerous write; which ones Redis accepted."""
+    done: dict[str, bool] = {}
+
+    async def attempt(name: str, write: object) -> None:
+        try:
+            await write  # type: ignore[misc]
+            done[name] = True
+        except BusError:
+            done[name] = False
+
+    client = nb.bus.client
+    await attempt("desired", nb.desired.put("evil-uid", evil_pod()))
+    await attempt(
+        "pods", nb.pods.publish(PodChange(op="ADD", uid=PodUID("evil-uid"), source="api"))
+    )
+    await attempt("node", nb.node.put("eviction:MemoryPressure", pressure()))
+    await attempt("status", nb.status.delete("some-uid"))
+    for service in SERVICES:
+        lease = nb.bus.lease(service, f"thief-{service}", ttl_ms=60_000)
+        await attempt(f"lease:{service}", lease.try_acquire())
+    # The same writes from inside a script, as the fenced leader writes run.
+    await attempt(
+        "desired-by-script",
+        _eval(client, "return redis.call('HSET', KEYS[1], 'evil-uid', 'x')", nb.desired.key),
+    )
+    return done
+
+
+async def _eval(client: object, script: str, key: str) -> None:
+    from redis.exceptions import RedisError
+
+    try:
+        await client.eval(script, 1, key)  # type: ignore[attr-defined]
+    except (RedisError, OSError) as err:
+        raise BusError(str(err)) from err
+
+
+async def written(server: RedisServer) -> dict[str, object]:
+    """What the attempts left on the bus, read as the admin."""
+    async with node_bus(server, server.admin) as nb:
+        client = nb.bus.client
+        return {
+            "desired": await client.hgetall(nb.desired.key),
+            "pods": await client.xlen(nb.pods.key),
+            "node": await client.hgetall(nb.node.key),
+            "leases": await client.keys(f"klet:{NODE}:lease:*"),
+        }
+
+
+async def test_no_credentials_and_a_wrong_password_write_nothing(
+    redis_server: RedisServer,
+) -> None:
+    redis_server.add_node(NODE)
+    async with node_bus(redis_server, None) as nb:
+        assert not any((await attempts(nb)).values())
+    wrong = Credentials(f"klet-pod-source@{NODE}", Path("/nonexistent"), "not-the-password")
+    async with node_bus(redis_server, wrong) as nb:
+        assert not any((await attempts(nb)).values())
+    assert await written(redis_server) == {"desired": {}, "pods": 0, "node": {}, "leases": []}
+
+
+@pytest.mark.parametrize("service", SERVICES)
+async def test_each_service_writes_only_what_it_owns(
+    redis_server: RedisServer, service: str
+) -> None:
+    async with node_bus(redis_server, redis_server.credentials(NODE, service)) as nb:
+        done = await attempts(nb)
+    owned = {
+        "pod-source": {"desired", "desired-by-script", "pods", "lease:pod-source"},
+        "syncloop": {"node", "status", "lease:syncloop"},
+        "status-reporter": {"lease:status-reporter"},
+        "eviction": {"node", "lease:eviction"},
+        "image-gc": {"lease:image-gc"},
+    }[service]
+    assert {name for name, ok in done.items() if ok} == owned
+
+
+async def test_another_nodes_credentials_write_nothing_on_this_node(
+    redis_server: RedisServer,
+) -> None:
+    redis_server.add_node(NODE)
+    for service in SERVICES:
+        async with node_bus(redis_server, redis_server.credentials(OTHER, service)) as nb:
+            assert not any((await attempts(nb)).values()), service
+    assert await written(redis_server) == {"desired": {}, "pods": 0, "node": {}, "leases": []}
+
+
+async def test_rediss_with_a_verified_server_and_a_client_certificate(tmp_path: Path) -> None:
+    ca = CertificateAuthority.create(tmp_path / "pki", "redis-ca")
+    server_cert = ca.issue("redis", ip_addresses=["127.0.0.1"], server=True)
+    client_cert = ca.issue("klet-syncloop", client=True)
+    other_ca = CertificateAuthority.create(tmp_path / "other", "someone-else")
+    server = RedisServer(
+        tmp_path / "redis",
+        tls=RedisTLS(server_cert.cert, server_cert.key, ca.cert_path, client_certs=True),
+    )
+    server.start()
+    try:
+        cred = server.credentials(NODE, "syncloop")
+        auth = RedisAuth(
+            username=cred.username,
+            password=cred.password,
+            ca_file=ca.cert_path,
+            cert_file=client_cert.cert,
+            key_file=client_cert.key,
+        )
+        bus = Bus.from_url(server.tls_url, NODE, auth=auth, timeout_s=3.0)
+        try:
+            await NodeBus.of(bus).status.delete("x")  # a write syncloop owns, over TLS
+        finally:
+            await bus.close()
+        # A server certificate the client's CA did not sign is refused.
+        impostor = RedisAuth(
+            username=cred.username,
+            password=cred.password,
+            ca_file=other_ca.cert_path,
+            cert_file=client_cert.cert,
+            key_file=client_cert.key,
+        )
+        bus = Bus.from_url(server.tls_url, NODE, auth=impostor, timeout_s=3.0)
+        try:
+            with pytest.raises(BusError, match="certificate verify failed"):
+                await bus.ping()
+        finally:
+            await bus.close()
+    finally:
+        server.stop()

@@ -1,0 +1,105 @@
+"""The bus ACL (klet.bus.acl) and `klet bus-acl`.
+
+Covers: user names per node and service; the exact grants of a service (its own node's
+keys only, one selector per key group, scripts limited to keys it may touch, its own
+lease only); node names that would widen a key pattern refused; ACL file lines holding
+password hashes, never passwords; `klet bus-acl` writing 0600 password files it keeps
+on a re-run.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import stat
+from pathlib import Path
+
+import pytest
+from klet.bus.acl import (
+    ACCESS,
+    SERVICES,
+    acl_file_lines,
+    describe,
+    service_rules,
+    user_name,
+)
+from klet.cli.busacl import bus_acl
+
+
+def test_user_names() -> None:
+    assert user_name("node-a", "syncloop") == "klet-syncloop@node-a"
+    with pytest.raises(ValueError, match="unknown service"):
+        user_name("node-a", "kube-proxy")
+
+
+@pytest.mark.parametrize("node", ["*", "a*", "n1 ~*", "N1", "a?b", "[ab]", ""])
+def test_node_names_that_would_widen_a_key_pattern_are_refused(node: str) -> None:
+    with pytest.raises(ValueError, match="not a valid node name"):
+        service_rules(node, "syncloop")
+
+
+def test_pod_source_rules() -> None:
+    p = "klet:n1:"
+    assert service_rules("n1", "pod-source") == [
+        "resetkeys",
+        "resetchannels",
+        "-@all",
+        "+ping",
+        "+multi",
+        "+exec",
+        "+discard",
+        "+select",
+        f"(~{p}desired ~{p}sources +hget +hgetall +hset +hdel)",
+        f"(~{p}pods ~{p}events +xadd)",
+        f"(~{p}lease:pod-source ~{p}lease:pod-source:* "
+        "+get +set +pexpire +pttl +del +incr +incrby +exists)",
+        f"(~{p}desired ~{p}sources ~{p}pods ~{p}events ~{p}lease:pod-source "
+        f"~{p}lease:pod-source:* +eval +evalsha)",
+    ]
+
+
+@pytest.mark.parametrize("service", SERVICES)
+def test_every_grant_is_on_the_own_node_and_own_lease(service: str) -> None:
+    rules = " ".join(service_rules("n1", service))
+    keys = [w for w in rules.replace("(", " ").replace(")", " ").split() if w.startswith("~")]
+    assert keys and all(k.startswith("~klet:n1:") for k in keys)
+    leases = {k for k in keys if ":lease:" in k}
+    assert leases == {f"~klet:n1:lease:{service}", f"~klet:n1:lease:{service}:*"}
+
+
+def test_only_pod_source_writes_desired_and_pods() -> None:
+    writers = {s for s, a in ACCESS.items() if "desired" in a.writes or "pods" in a.publishes}
+    assert writers == {"pod-source"}
+    node_writers = {s for s, a in ACCESS.items() if "node" in a.writes}
+    assert node_writers == {"syncloop", "eviction"}
+
+
+def test_acl_file_holds_hashes_not_passwords() -> None:
+    lines = acl_file_lines("admin-pw", {"n1": {s: f"pw-{s}" for s in SERVICES}})
+    text = "\n".join(lines)
+    assert lines[0] == "user default off"
+    assert "admin-pw" not in text and "pw-syncloop" not in text
+    assert "#" + hashlib.sha256(b"pw-syncloop").hexdigest() in text
+    assert len(lines) == 2 + len(SERVICES)
+
+
+def test_describe_names_every_service() -> None:
+    text = describe()
+    assert [line.split(":")[0] for line in text.splitlines()] == list(SERVICES)
+    assert "pod-source: reads and writes desired, sources" in text
+
+
+def test_bus_acl_command(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    secrets_dir = tmp_path / "secrets"
+    assert bus_acl(["--node", "n1", "--secrets-dir", str(secrets_dir)]) == 0
+    first = capsys.readouterr().out
+    files = sorted((secrets_dir / "n1").iterdir())
+    assert [f.name for f in files] == sorted(SERVICES)
+    for f in files:
+        assert stat.S_IMODE(f.stat().st_mode) == 0o600
+        assert f.read_text().strip() not in first
+    assert stat.S_IMODE((secrets_dir / "n1").stat().st_mode) == 0o700
+    assert "user klet-syncloop@n1 on #" in first
+    # A re-run keeps the passwords (services already use them).
+    assert bus_acl(["--node", "n1", "--secrets-dir", str(secrets_dir)]) == 0
+    assert capsys.readouterr().out == first
+    assert bus_acl(["--node", "N*", "--secrets-dir", str(secrets_dir)]) == 2
