@@ -64,7 +64,7 @@ async def node_bus(server: RedisServer, auth: Credentials | None) -> AsyncIterat
         await bus.close()
 
 
-async def attempts(nb: NodeBus) -> dict[str, bool]:
+async def attempts(nb: NodeBus, server: RedisServer, auth: Credentials | None) -> dict[str, bool]:
     """Try every dangerous write; which ones Redis accepted."""
     done: dict[str, bool] = {}
 
@@ -83,8 +83,13 @@ async def attempts(nb: NodeBus) -> dict[str, bool]:
     await attempt("node", nb.node.put("eviction:MemoryPressure", pressure()))
     await attempt("status", nb.status.delete("some-uid"))
     for service in SERVICES:
-        lease = nb.bus.lease(service, f"thief-{service}", ttl_ms=60_000)
-        await attempt(f"lease:{service}", lease.try_acquire())
+        # One lease per bus (a bus with a lease fences every write by it): a bus each.
+        thief = Bus.from_url(server.url, NODE, auth=auth, timeout_s=2.0)
+        try:
+            lease = thief.lease(service, f"thief-{service}", ttl_ms=60_000)
+            await attempt(f"lease:{service}", lease.try_acquire())
+        finally:
+            await thief.close()
     # The same writes from inside a script, as the fenced leader writes run.
     await attempt(
         "desired-by-script",
@@ -119,10 +124,10 @@ async def test_no_credentials_and_a_wrong_password_write_nothing(
 ) -> None:
     redis_server.add_node(NODE)
     async with node_bus(redis_server, None) as nb:
-        assert not any((await attempts(nb)).values())
+        assert not any((await attempts(nb, redis_server, None)).values())
     wrong = Credentials(f"klet-pod-source@{NODE}", Path("/nonexistent"), "not-the-password")
     async with node_bus(redis_server, wrong) as nb:
-        assert not any((await attempts(nb)).values())
+        assert not any((await attempts(nb, redis_server, wrong)).values())
     assert await written(redis_server) == {"desired": {}, "pods": 0, "node": {}, "leases": []}
 
 
@@ -130,8 +135,9 @@ async def test_no_credentials_and_a_wrong_password_write_nothing(
 async def test_each_service_writes_only_what_it_owns(
     redis_server: RedisServer, service: str
 ) -> None:
-    async with node_bus(redis_server, redis_server.credentials(NODE, service)) as nb:
-        done = await attempts(nb)
+    cred = redis_server.credentials(NODE, service)
+    async with node_bus(redis_server, cred) as nb:
+        done = await attempts(nb, redis_server, cred)
     owned = {
         "pod-source": {"desired", "desired-by-script", "pods", "lease:pod-source"},
         "syncloop": {"node", "status", "lease:syncloop"},
@@ -147,8 +153,9 @@ async def test_another_nodes_credentials_write_nothing_on_this_node(
 ) -> None:
     redis_server.add_node(NODE)
     for service in SERVICES:
-        async with node_bus(redis_server, redis_server.credentials(OTHER, service)) as nb:
-            assert not any((await attempts(nb)).values()), service
+        cred = redis_server.credentials(OTHER, service)
+        async with node_bus(redis_server, cred) as nb:
+            assert not any((await attempts(nb, redis_server, cred)).values()), service
     assert await written(redis_server) == {"desired": {}, "pods": 0, "node": {}, "leases": []}
 
 

@@ -290,7 +290,8 @@ def _redis(
         elif not path.is_file():
             bad(name, f"{path} is not a readable file")
     if (tls["redis_cert_file"] is None) != (tls["redis_key_file"] is None):
-        bad("redis_cert_file", "--redis-cert-file and --redis-key-file go together")
+        given = "redis_cert_file" if tls["redis_cert_file"] is not None else "redis_key_file"
+        bad(given, "--redis-cert-file and --redis-key-file go together")
     insecure_ok = bool(values.get("allow_insecure_redis", False))
     if (
         parts.scheme in ("redis", "rediss")
