@@ -62,7 +62,7 @@ async def connect(port: int, ctx: ssl.SSLContext, *, source: str = "127.0.0.1") 
     )
 
 
-async def answer(conn: Conn, timeout_s: float = 5) -> bytes:
+async def answer(conn: Conn, timeout_s: float = 10) -> bytes:
     """Everything the server sends until it closes the connection."""
     return await asyncio.wait_for(conn[0].read(), timeout_s)
 
