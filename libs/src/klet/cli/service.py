@@ -2,7 +2,9 @@
 
 Parse the settings (invalid configuration is refused before anything starts, every
 problem listed, exit 1 as upstream's kubelet), configure logging, then run the
-service's `start(settings)` coroutine in a fresh event loop. `start` builds the
+service's `start(settings)` coroutine in a fresh event loop. Before the loop starts,
+the process's open-files limit is set from `maxOpenFiles` (`klet.cli.rlimits`), here
+once for all five services, as upstream's kubelet does at start. `start` builds the
 dependencies itself, inside the loop: grpc.aio channels bind to the loop that exists
 when they are made. A root task that failed was already logged with its name and
 traceback, so it only sets the exit code.
@@ -16,6 +18,7 @@ import sys
 from collections.abc import Callable, Coroutine
 from typing import Any
 
+from klet.cli.rlimits import apply_open_files_limit
 from klet.config import ConfigError, Settings, load_settings
 from klet.obs import RootTaskFailed, configure_logging
 
@@ -33,6 +36,7 @@ def run_service(service: str, argv: list[str] | None, start: Start) -> int:
     configure_logging(
         service=service, verbosity=settings.klet.verbosity, fmt=settings.klet.log_format
     )
+    apply_open_files_limit(settings.kubelet.max_open_files)
     try:
         return int(asyncio.run(start(settings)) or 0)
     except RootTaskFailed:

@@ -7,6 +7,7 @@ resolved to the runtime's streaming URL."""
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import tracemalloc
 from collections.abc import AsyncIterator
@@ -259,6 +260,35 @@ async def test_run(client: httpx.AsyncClient, world: World) -> None:
     assert (await client.post(f"/run/ns/web/{UID}/app?cmd=ls")).status_code == 200
     assert (await client.post("/run/ns/web/wrong-uid/app?cmd=ls")).status_code == 404
     assert (await client.post("/run/ns/gone/app?cmd=ls")).status_code == 404
+
+
+class HangingExec(FakeRuntime):
+    """A runtime whose ExecSync never answers; records the timeout it was given."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.timeouts: list[int] = []
+
+    async def exec_sync(
+        self, container_id: ContainerID, cmd: list[str], *, timeout_s: int
+    ) -> tuple[int, bytes, bytes]:
+        self.timeouts.append(timeout_s)
+        await asyncio.Event().wait()
+        raise AssertionError("unreachable")
+
+
+async def test_run_is_bounded_by_runtime_request_timeout(world: World) -> None:
+    runtime = HangingExec()
+    runtime.statuses, runtime.containers = world.runtime.statuses, world.runtime.containers
+    settings = dataclasses.replace(world.deps.settings, runtime_request_timeout_s=0.2)
+    world.deps = dataclasses.replace(world.deps, settings=settings, runtime=runtime)
+    async for client in client_for(world):
+        r = await asyncio.wait_for(client.post("/run/ns/web/app?cmd=sleep+3600"), 10)
+        assert (r.status_code, r.text) == (
+            500,
+            "command did not finish within runtimeRequestTimeout (0.2s)",
+        )
+    assert runtime.timeouts == [1]  # the runtime is told to stop it too (whole seconds)
 
 
 async def test_resolve_stream_url(world: World) -> None:

@@ -9,7 +9,8 @@ Endpoints, as upstream's kubelet serves them on its secure port: `/healthz`, `/p
 (the pod view's PodList, the same one the read-only port serves), `/runningpods/`
 (pods as the runtime sees them), `/metrics`, `/metrics/resource` (metrics-server's
 CPU and memory series, from the summary), `/configz`, `/stats/summary`,
-`/containerLogs/{ns}/{pod}/{container}`, `/run/{ns}/{pod}[/{uid}]/{container}`; exec,
+`/containerLogs/{ns}/{pod}/{container}`, `/run/{ns}/{pod}[/{uid}]/{container}` (the
+command bounded by runtimeRequestTimeout, as upstream's CRI deadline bounds it); exec,
 attach and portForward need an upgrade and are proxied by `server.py` after
 `resolve_stream_url`: without one they answer 400. Error bodies are upstream's plain
 text. With enableDebuggingHandlers off, the debugging endpoints answer 405 "Debug
@@ -19,6 +20,7 @@ endpoints are disabled.", as upstream's.
 from __future__ import annotations
 
 import logging
+import math
 import time
 from urllib.parse import parse_qs
 
@@ -190,9 +192,20 @@ def create_app(deps: KubeletApiDeps) -> FastAPI:
         pod_uid = lookup.pod_uid(pod)
         if uid and uid != pod_uid:
             raise HttpProblem(404, "pod not found")
+        # runtimeRequestTimeout bounds the command twice: the runtime stops it then
+        # (CRI ExecSync timeout), and the answer does not wait past it should the
+        # runtime not (a hung command would otherwise hold the request forever).
+        timeout_s = s.runtime_request_timeout_s
         try:
             cid = await lookup.running_container(deps.runtime, pod_uid, container)
-            _, out, err = await deps.runtime.exec_sync(cid, cmd.split(" "), timeout_s=0)
+            async with asyncio.timeout(timeout_s):
+                _, out, err = await deps.runtime.exec_sync(
+                    cid, cmd.split(" "), timeout_s=max(1, math.ceil(timeout_s))
+                )
+        except TimeoutError as e:
+            raise HttpProblem(
+                500, f"command did not finish within runtimeRequestTimeout ({timeout_s:g}s)"
+            ) from e
         except (lookup.TargetError, CRIError) as e:
             raise HttpProblem(500, str(e)) from e
         return Response(out + err, media_type="application/json")

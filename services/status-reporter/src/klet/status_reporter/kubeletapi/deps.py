@@ -114,6 +114,26 @@ class KubeletApiSettings:
     """Keep-alive idle timeout between requests, seconds (upstream's IdleTimeout)."""
     max_header_bytes: int = 1 << 20
     """Largest request head, bytes (upstream's MaxHeaderBytes)."""
+    # Limits of the listener (klet's own; see server.py and connlimits.py).
+    header_timeout_s: float = 10.0
+    """A request head must be complete this many seconds after the TLS handshake (a
+    connection no request authenticated on yet) or after its first byte (the next
+    request of a kept-alive connection): a deadline, not an idle timeout."""
+    body_timeout_s: float = 60.0
+    """An authorized request's body must be complete this many seconds after its head."""
+    max_body_bytes: int = 1 << 20
+    """Largest request body, bytes; the API takes none larger."""
+    handshake_timeout_s: float = 10.0
+    """The TLS handshake must be complete within this many seconds."""
+    max_connections: int = 4096
+    """Connections held at once, all clients together (0: no cap)."""
+    max_connections_per_client: int = 1024
+    """Connections held at once by one client address (IPv6: one /64; 0: no cap)."""
+    tls_reload_interval_s: float = 10.0
+    """How often, at most, the certificate, key and client CA files are checked for
+    changes (on a new connection)."""
+    runtime_request_timeout_s: float = 120.0
+    """[runtimeRequestTimeout]: how long /run waits for the command, seconds."""
     configz: JSON = field(default_factory=dict)
     """The KubeletConfiguration in upstream JSON form, for /configz."""
 
@@ -148,6 +168,7 @@ class KubeletApiSettings:
             pod_logs_dir=Path(k.pod_logs_dir),
             root_dir=klet.root_dir,
             streaming_idle_timeout_s=k.streaming_connection_idle_timeout,
+            runtime_request_timeout_s=k.runtime_request_timeout,
             configz={"kubeletconfig": k.to_upstream()},
         )
 

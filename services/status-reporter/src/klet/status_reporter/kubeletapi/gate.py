@@ -2,6 +2,10 @@
 None (go ahead) or the error answer, with upstream's statuses and bodies: 401
 "Unauthorized" (no identity, or the TokenReview failed), 500 "Authorization error
 (...)" (the SubjectAccessReview failed), 403 "Forbidden (user=..., ...)" (denied).
+
+It decides on the request head alone (method, path, headers, the TLS client
+certificate): `server.py` calls it before reading any body, so a request that is not
+allowed never gets its body read or buffered.
 """
 
 from __future__ import annotations

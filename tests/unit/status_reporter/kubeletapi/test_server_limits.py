@@ -1,0 +1,299 @@
+"""What a client can make the kubelet API listener hold, for real on loopback TLS
+(in-process, fakes behind it): a request head trickled a byte at a time is cut off by
+the header deadline while an authenticated kept-alive connection may idle; connections
+over the per-client and the global cap are closed before the TLS handshake; a refused
+request's body is never waited for (401/413 answered on the head, then close); what a
+client pipelines while a followed log streams is bounded; the serving certificate and
+the client CA are reloaded when their files change (a broken change keeps the old
+ones); the self-generated certificate is regenerated before it expires (clock
+injected); TLS 1.2 offers only the ECDHE AEAD suites by default."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import datetime
+import ssl
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from cryptography import x509
+from klet.devstack.pki import CertificateAuthority
+from klet.status_reporter.kubeletapi import KubeletApiDeps, serve_kubelet_api
+from klet.status_reporter.kubeletapi.server import tls_settings
+from klet.status_reporter.kubeletapi.tlsconfig import ServingTLS
+
+from tests.unit.status_reporter.kubeletapi import test_server
+from tests.unit.status_reporter.kubeletapi.test_app import World
+from tests.unit.status_reporter.kubeletapi.test_server import Pki, deps_for
+
+pki = test_server.pki
+
+Conn = tuple[asyncio.StreamReader, asyncio.StreamWriter]
+
+
+@contextlib.asynccontextmanager
+async def serving(deps: KubeletApiDeps, **kwargs: Any) -> AsyncIterator[int]:
+    """The server on a free loopback port (yields the port)."""
+    ready = asyncio.Event()
+    ports: list[int] = []
+    task = asyncio.create_task(
+        serve_kubelet_api(deps, ready=ready, on_listening=lambda h, p: ports.append(p), **kwargs),
+        name="kubelet-api",
+    )
+    waiter = asyncio.create_task(ready.wait())
+    await asyncio.wait([task, waiter], timeout=10, return_when=asyncio.FIRST_COMPLETED)
+    if task.done():
+        waiter.cancel()
+        task.result()
+    try:
+        yield ports[0]
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+
+async def connect(port: int, ctx: ssl.SSLContext, *, source: str = "127.0.0.1") -> Conn:
+    return await asyncio.wait_for(
+        asyncio.open_connection("127.0.0.1", port, ssl=ctx, local_addr=(source, 0)), 5
+    )
+
+
+async def answer(conn: Conn, timeout_s: float = 10) -> bytes:
+    """Everything the server sends until it closes the connection."""
+    return await asyncio.wait_for(conn[0].read(), timeout_s)
+
+
+async def request(conn: Conn, head: str) -> bytes:
+    """Send `head`, return the response head."""
+    conn[1].write(head.encode())
+    await conn[1].drain()
+    return await asyncio.wait_for(conn[0].readuntil(b"\r\n\r\n"), 5)
+
+
+async def status_of(port: int, ctx: ssl.SSLContext, path: str = "/pods") -> int | None:
+    """The status of one GET over a new connection; None when TLS refused it."""
+    try:
+        conn = await connect(port, ctx)
+        head = await request(conn, f"GET {path} HTTP/1.1\r\nHost: n1\r\n\r\n")
+    except (OSError, asyncio.IncompleteReadError, TimeoutError):
+        return None
+    conn[1].close()
+    return int(head.split(b" ", 2)[1])
+
+
+def insecure() -> ssl.SSLContext:
+    ctx = ssl.create_default_context()
+    ctx.check_hostname = False
+    ctx.verify_mode = ssl.CERT_NONE
+    return ctx
+
+
+async def served_cert(port: int, ctx: ssl.SSLContext | None = None) -> x509.Certificate:
+    conn = await connect(port, ctx or insecure())
+    der = conn[1].get_extra_info("ssl_object").getpeercert(binary_form=True)
+    conn[1].close()
+    return x509.load_der_x509_certificate(der)
+
+
+def load_cert(path: Path) -> x509.Certificate:
+    return x509.load_pem_x509_certificates(path.read_bytes())[0]
+
+
+def truncate(path: Path) -> None:
+    path.write_bytes(b"-----BEGIN PRIVATE KEY-----\n")
+
+
+@pytest.fixture
+def world(tmp_path: Path) -> World:
+    return World(tmp_path)
+
+
+REFUSED = (ssl.SSLError, ConnectionResetError)
+"""A failed handshake: the alert, or the reset when the server drops it unsent."""
+GET = "GET /healthz HTTP/1.1\r\nHost: n1\r\n\r\n"
+
+
+async def test_a_trickled_head_is_cut_off_by_the_deadline(world: World, pki: Pki) -> None:
+    head = (GET[:-2] + "X-Padding: " + "a" * 40 + "\r\n\r\n").encode()
+    async with serving(deps_for(world, pki, header_timeout_s=0.5)) as port:
+        reader, writer = await connect(port, pki.admin)
+        sent = 0
+        closed = False
+        for byte in head:  # one byte every 0.1 s: the head would take ~6 s
+            try:
+                writer.write(bytes([byte]))
+                await writer.drain()
+            except OSError:
+                closed = True
+                break
+            sent += 1
+            try:
+                data = await asyncio.wait_for(reader.read(100), 0.1)
+            except TimeoutError:
+                continue
+            except OSError:
+                closed = True
+                break
+            assert data == b"", f"the server answered a trickled head: {data!r}"
+            closed = True
+            break
+        assert closed and sent < len(head), "the trickled head was read to its end"
+        writer.close()
+
+
+async def test_an_authenticated_connection_may_idle(world: World, pki: Pki) -> None:
+    async with serving(deps_for(world, pki, header_timeout_s=0.3)) as port:
+        conn = await connect(port, pki.admin)
+        assert (await request(conn, GET)).startswith(b"HTTP/1.1 200")
+        await conn[0].readexactly(2)  # "ok"
+        await asyncio.sleep(0.6)  # past the head deadline, well within the idle timeout
+        assert (await request(conn, GET)).startswith(b"HTTP/1.1 200")
+        conn[1].close()
+        # Without credentials, the connection may not idle after its 401.
+        conn = await connect(port, pki.plain)
+        assert (await request(conn, GET)).startswith(b"HTTP/1.1 401")
+        assert await answer(conn) == b"Unauthorized"  # then closed by the deadline
+
+
+async def test_connection_caps(world: World, pki: Pki) -> None:
+    deps = deps_for(world, pki, max_connections=3, max_connections_per_client=2)
+    async with serving(deps) as port:
+        held = [await connect(port, pki.admin), await connect(port, pki.admin)]
+        # A third from the same client is closed before the handshake...
+        with pytest.raises((OSError, asyncio.IncompleteReadError)):
+            conn = await connect(port, pki.admin)
+            await request(conn, GET)
+        # ...another client still gets in, up to the global cap.
+        held.append(await connect(port, pki.admin, source="127.0.0.2"))
+        with pytest.raises((OSError, asyncio.IncompleteReadError)):
+            conn = await connect(port, pki.admin, source="127.0.0.3")
+            await request(conn, GET)
+        assert (await request(held[0], GET)).startswith(b"HTTP/1.1 200")
+        # A closed connection frees its place.
+        held[1][1].close()
+        for _ in range(50):
+            if await status_of(port, pki.admin) == 200:
+                break
+            await asyncio.sleep(0.1)
+        else:
+            raise AssertionError("the closed connection's place was not freed")
+        for _, writer in held:
+            writer.close()
+
+
+async def test_refused_bodies_are_not_read(world: World, pki: Pki) -> None:
+    big = "POST /run/ns/web/app?cmd=ls HTTP/1.1\r\nHost: n1\r\nContent-Length: 104857600\r\n\r\n"
+    async with serving(deps_for(world, pki)) as port:
+        # No credentials: 401 on the head, the 100 MiB body never sent nor waited for.
+        conn = await connect(port, pki.plain)
+        conn[1].write(big.encode())
+        data = await answer(conn)
+        assert data.startswith(b"HTTP/1.1 401") and b"connection: close" in data.lower()
+        # Authenticated but over the body limit: 413 before a byte of it.
+        conn = await connect(port, pki.admin)
+        conn[1].write(big.encode())
+        data = await answer(conn)
+        assert data.startswith(b"HTTP/1.1 413")
+        # Bodies within the limit are read as before.
+        conn = await connect(port, pki.admin)
+        head = await request(
+            conn, "POST /run/ns/web/app?cmd=ls HTTP/1.1\r\nHost: n1\r\nContent-Length: 3\r\n\r\nabc"
+        )
+        assert head.startswith(b"HTTP/1.1 200")
+        conn[1].close()
+
+
+async def test_what_a_client_sends_during_a_stream_is_bounded(world: World, pki: Pki) -> None:
+    deps = deps_for(world, pki, max_header_bytes=4096, max_body_bytes=4096)
+    async with serving(deps) as port:
+        conn = await connect(port, pki.admin)
+        head = await request(
+            conn, "GET /containerLogs/ns/web/app?follow=true HTTP/1.1\r\nHost: n1\r\n\r\n"
+        )
+        assert head.startswith(b"HTTP/1.1 200")
+        await asyncio.wait_for(conn[0].readuntil(b"line4"), 5)
+        for _ in range(16):  # 64 KiB of pipelined garbage while the log is followed
+            conn[1].write(b"x" * 4096)
+            await conn[1].drain()
+        # The server closes the connection (a reset, when our bytes were still unread).
+        with contextlib.suppress(ConnectionResetError):
+            await answer(conn)  # the end of the stream, not a timeout
+
+
+async def test_certificate_and_client_ca_reload(world: World, pki: Pki, tmp_path: Path) -> None:
+    client_ca = tmp_path / "client-ca.crt"
+    client_ca.write_bytes(pki.ca.cert_pem)
+    other = CertificateAuthority.create(tmp_path / "other", "other-ca")
+    bob = other.issue("bob", ["devs"], client=True, name="bob")
+    bob_ctx = ssl.create_default_context(cafile=str(pki.ca.cert_path))
+    bob_ctx.load_cert_chain(str(bob.cert), str(bob.key))
+    serving_pair = pki.ca.serving  # type: ignore[attr-defined]
+    deps = deps_for(world, pki, client_ca_file=client_ca, tls_reload_interval_s=0)
+    async with serving(deps) as port:
+        first = await served_cert(port)
+        assert await status_of(port, bob_ctx) is None  # bob's CA is not trusted yet
+
+        pki.ca.issue("system:node:n1", ["system:nodes"], ip_addresses=["127.0.0.1"],
+                     server=True, name="serving")  # fmt: skip
+        client_ca.write_bytes(pki.ca.cert_pem + other.cert_pem)
+        second = await served_cert(port)
+        assert second.serial_number != first.serial_number
+        assert second == load_cert(Path(serving_pair.cert))
+        assert await status_of(port, bob_ctx) == 200
+        assert await status_of(port, pki.admin) == 200
+
+        # A change that does not load (a truncated key) keeps what is served.
+        truncate(Path(serving_pair.key))
+        assert (await served_cert(port)).serial_number == second.serial_number
+        assert await status_of(port, pki.admin) == 200
+
+
+async def test_self_signed_certificate_is_renewed_before_it_expires(
+    world: World, pki: Pki, tmp_path: Path
+) -> None:
+    deps = deps_for(
+        world,
+        pki,
+        tls_cert_file="",
+        tls_private_key_file="",
+        cert_dir=tmp_path / "certs",
+        node_ips=("127.0.0.1",),
+        tls_reload_interval_s=0,
+    )
+    now = [datetime.datetime.now(datetime.UTC)]
+    tls = ServingTLS(tls_settings(deps.settings), clock=lambda: now[0])
+    async with serving(deps, tls=tls) as port:
+        first = await served_cert(port)
+        now[0] = first.not_valid_after_utc - datetime.timedelta(days=60)
+        assert (await served_cert(port)).serial_number == first.serial_number
+        now[0] = first.not_valid_after_utc - datetime.timedelta(days=1)
+        renewed = await served_cert(port)
+        assert renewed.serial_number != first.serial_number
+        assert renewed.not_valid_after_utc > first.not_valid_after_utc
+        assert load_cert(tmp_path / "certs" / "kubelet.crt") == renewed
+
+
+async def test_tls12_offers_only_ecdhe_aead_suites(world: World, pki: Pki) -> None:
+    def tls12(ciphers: str) -> ssl.SSLContext:
+        ctx = insecure()
+        ctx.maximum_version = ssl.TLSVersion.TLSv1_2
+        ctx.set_ciphers(ciphers)
+        return ctx
+
+    async with serving(deps_for(world, pki)) as port:
+        cert = await served_cert(port, tls12("ECDHE-ECDSA-AES128-GCM-SHA256"))
+        assert cert.subject.rfc4514_string().startswith("CN=system:node:n1")
+        await served_cert(port, tls12("ECDHE-ECDSA-CHACHA20-POLY1305"))
+        for cbc in ("ECDHE-ECDSA-AES128-SHA256", "ECDHE-ECDSA-AES256-SHA384"):
+            with pytest.raises(REFUSED):
+                await served_cert(port, tls12(cbc))
+        # The operator's tlsCipherSuites still win.
+    chosen = deps_for(world, pki, tls_cipher_suites=("TLS_ECDHE_ECDSA_WITH_AES_256_GCM_SHA384",))
+    async with serving(chosen) as port:
+        await served_cert(port, tls12("ECDHE-ECDSA-AES256-GCM-SHA384"))
+        with pytest.raises(REFUSED):
+            await served_cert(port, tls12("ECDHE-ECDSA-AES128-GCM-SHA256"))
