@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import ssl
 from collections.abc import Mapping, Sequence
 from typing import Final
 
@@ -85,8 +86,11 @@ class HttpSource:
         inbox: Inbox,
         metrics: Metrics,
         timeout_s: float = DEFAULT_TIMEOUT_S,
+        tls_verify: ssl.SSLContext | bool = True,
     ) -> None:
         self._url = url
+        # True: the system's CAs, as upstream's client; tests pass their own CA.
+        self._tls_verify = tls_verify
         # Repeated header names are sent as repeated headers, as Go's http.Header does.
         self._headers = [(k, v) for k, values in headers.items() for v in values]
         self._node_name = node_name
@@ -109,7 +113,12 @@ class HttpSource:
                 await asyncio.sleep(self._period_s)
 
     def _client(self) -> httpx.AsyncClient:
-        return httpx.AsyncClient(follow_redirects=False, timeout=self._timeout_s, trust_env=False)
+        return httpx.AsyncClient(
+            follow_redirects=False,
+            timeout=self._timeout_s,
+            trust_env=False,
+            verify=self._tls_verify,
+        )
 
     async def run_once(self, client: httpx.AsyncClient) -> None:
         """One fetch: offer a snapshot on a new good body, report a new error otherwise."""
