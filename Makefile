@@ -4,7 +4,7 @@ PY := .venv/bin/python
 RUN_DIR ?= $(CURDIR)/.run
 PYTEST_ARGS ?=
 
-.PHONY: setup run test unit integration cluster lint typecheck proto bench bench-gc clean
+.PHONY: setup run test unit integration cluster lint typecheck proto bench bench-gc clean fuzz fuzz-manifests
 
 setup:
 	@bash tools/setup.sh
@@ -52,6 +52,13 @@ bench-gc: setup
 .PHONY: cluster-binaries
 cluster-binaries:
 	bash tools/cluster/build.sh
+
+# Long fuzz runs (not part of `make test`; seeded subsets run in the unit tests).
+# fuzz-manifests: 10,000 mutated static pods through the file and URL sources.
+fuzz: fuzz-manifests
+
+fuzz-manifests: setup
+	$(PY) -m tests.fuzz.manifests --count 10000 --seed 1
 
 clean:
 	rm -rf .run .cache .venv libs/src/klet/rpc/gen

@@ -156,3 +156,18 @@ def test_path_components_from_a_manifest_are_refused(change: str | None, field: 
 def test_a_valid_manifest_uid_is_kept() -> None:
     data = HEAD.replace("name: web\n", "name: web\n  uid: 0123abcd-ef\n", 1).encode()
     assert pod_from_file(data, path="/m/x", node_name="n1")["metadata"]["uid"] == "0123abcd-ef"
+
+
+@pytest.mark.parametrize(
+    "data",
+    [
+        b"a: " + b"[" * 30_000 + b"]" * 30_000,  # flow nesting: PyYAML's scanner is quadratic
+        b"a: " + b"{x: " * 20_000,
+        b"\n".join(b" " * i + b"- a:" for i in range(0, 4000, 2)),  # block nesting
+    ],
+)
+def test_deep_yaml_nesting_is_refused_fast(data: bytes) -> None:
+    started = time.monotonic()
+    err = refused(data)
+    assert time.monotonic() - started < 1.0
+    assert err.reason == "parse" and "nested" in err.message

@@ -25,6 +25,7 @@ Hostile input is refused while decoding, before anything expands it:
   bytes of nested aliases (a "billion laughs") become gigabytes. A document whose
   aliases would add more than `MAX_ALIAS_EXPANSION` nodes, or that refers to itself,
   is refused. Ordinary use of anchors (a shared env list) stays well below that.
+- Nesting deeper than `MAX_NESTING` levels: PyYAML's scanner is quadratic in it.
 - Integers: Python parses arbitrarily long numbers, and converting one of more than
   4300 digits raises a ValueError of its own. Both parsers hand long digit strings to
   us unconverted, and any integer outside int64 (the API's widest integer) is refused
@@ -57,6 +58,10 @@ REASONS: Final = ("read", "too_large", "parse", "invalid", "duplicate")
 # How many nodes YAML aliases may add to a document once expanded.
 MAX_ALIAS_EXPANSION: Final = 10_000
 
+# Deepest YAML nesting accepted (a pod is about 10 levels deep; the composer's own
+# recursion would stop a little above 300).
+MAX_NESTING: Final = 100
+
 # Digit strings longer than this are not converted to int (int64 has 19 digits; the
 # margin lets the range check, not the parser, report "out of range" with the field).
 MAX_INT_TEXT: Final = 40
@@ -79,8 +84,21 @@ class _LongInt:
 
 
 class _Loader(yaml.SafeLoader):
-    """Safe YAML loader: timestamps stay strings, aliases are measured before any
-    object is built, long integers are not converted."""
+    """Safe YAML loader: nesting is capped while scanning, timestamps stay strings,
+    aliases are measured before any object is built, long integers are not converted."""
+
+    def fetch_flow_collection_start(self, TokenClass: Any) -> None:  # noqa: N803 - PyYAML's name
+        # PyYAML's scanner is quadratic in the flow nesting depth (it re-checks every
+        # open level at each token): 30,000 `[` take ten seconds, a megabyte of them
+        # hours. Stop at a depth no pod needs, before the scanner slows down.
+        if self.flow_level >= MAX_NESTING:
+            raise ManifestError("parse", _too_deep(self.get_mark()))
+        super().fetch_flow_collection_start(TokenClass)
+
+    def add_indent(self, column: int) -> bool:
+        if len(self.indents) >= MAX_NESTING:
+            raise ManifestError("parse", _too_deep(self.get_mark()))
+        return bool(super().add_indent(column))
 
     def get_single_node(self) -> yaml.Node | None:
         node = super().get_single_node()
@@ -95,6 +113,10 @@ _Loader.yaml_implicit_resolvers = {
     first: [(tag, rx) for tag, rx in rules if tag != "tag:yaml.org,2002:timestamp"]
     for first, rules in yaml.SafeLoader.yaml_implicit_resolvers.items()
 }
+
+
+def _too_deep(mark: Any) -> str:
+    return f"document nested deeper than {MAX_NESTING} levels (line {mark.line + 1})"
 
 
 def _construct_int(loader: yaml.SafeLoader, node: yaml.ScalarNode) -> int | _LongInt:
