@@ -386,7 +386,9 @@ class Outcome:
             self.slowest = (seconds, where)
 
 
-FIELD_START = re.compile(r"^(items\[\d+\]\.)?(apiVersion|kind|metadata|spec|<root>)(?=[.\[:]).*?: \S", re.S)
+FIELD_START = re.compile(
+    r"^(items\[\d+\]\.)?(apiVersion|kind|metadata|spec|<root>)(?=[.\[:]).*?: \S", re.S
+)
 
 
 def _clear(reason: str, message: str) -> bool:

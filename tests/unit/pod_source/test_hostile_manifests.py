@@ -79,7 +79,7 @@ def test_anchors_within_reason_still_work() -> None:
 
 def test_a_big_alias_bomb_stays_within_bounded_memory() -> None:
     """~630 bytes that would reach gigabytes: refused by a process limited to 512 MiB."""
-    script = textwrap.dedent(f"""\
+    script = textwrap.dedent("""\
         import resource, sys
         resource.setrlimit(resource.RLIMIT_AS, (512 * 2**20, 512 * 2**20))
         from klet.pod_source.manifests import ManifestError, pod_from_file
