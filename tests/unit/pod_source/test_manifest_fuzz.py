@@ -28,4 +28,3 @@ def test_a_seeded_subset_of_mutated_manifests() -> None:
     assert not outcome.unclear, text
     assert not outcome.inconsistent, text
     assert outcome.accepted > 0 and sum(outcome.rejected.values()) > 200, text
-    assert outcome.slowest[0] < 5, text
