@@ -4,7 +4,7 @@ PY := .venv/bin/python
 RUN_DIR ?= $(CURDIR)/.run
 PYTEST_ARGS ?=
 
-.PHONY: setup run test unit integration cluster soak lint typecheck proto bench bench-gc fuzz clean
+.PHONY: setup run test unit integration cluster soak lint typecheck proto bench bench-gc fuzz fuzz-manifests clean
 
 setup:
 	@bash tools/setup.sh
@@ -53,13 +53,18 @@ bench: setup
 bench-gc: setup
 	$(PY) bench/gc.py
 
-# 10,000 mutated KubeletConfiguration files and 10,000 mutated flag sets through
-# load_settings (tests/fuzz/kubelet_config.py); prints the figures, fails on any crash.
-# FUZZ_SEED picks another reproducible run. A 300-case subset runs in the unit tests.
+# Long fuzz runs, not part of `make test` (seeded subsets run in the unit tests); each
+# prints its figures and fails on any crash. `fuzz`: 10,000 mutated KubeletConfiguration
+# files and 10,000 mutated flag sets through load_settings (tests/fuzz/kubelet_config.py),
+# then the manifests. `fuzz-manifests`: 10,000 mutated static pods through the file and
+# URL sources (tests/fuzz/manifests.py). FUZZ_SEED picks another reproducible run.
 FUZZ_COUNT ?= 10000
 FUZZ_SEED ?= 1
-fuzz: setup
+fuzz: setup fuzz-manifests
 	$(PY) -m tests.fuzz.kubelet_config --count $(FUZZ_COUNT) --seed $(FUZZ_SEED)
+
+fuzz-manifests: setup
+	$(PY) -m tests.fuzz.manifests --count $(FUZZ_COUNT) --seed $(FUZZ_SEED)
 
 # The real control plane of the cluster tests (kube-apiserver, kubectl, etcd), built from
 # tools/cluster's Go modules into $KLET_CACHE (default /var/cache/klet); no-op once cached.

@@ -4,7 +4,9 @@ Pure. Follows the upstream kubelet's static-pod rules so mirror pods and tooling
 the same identity: the UID is an md5 over the node, the origin (file path or URL) and
 the manifest, the name gets the node as suffix, the namespace defaults to `default`,
 and the `kubernetes.io/config.*` annotations are set. A manifest that carries its own
-`metadata.uid` keeps it, as upstream does.
+`metadata.uid` keeps it, as upstream does, but only a UID that is safe as a
+directory name reaches this point (upstream does not check it; validation does here,
+since the UID names the pod's directories under the root dir and the log dir).
 
 Trade-off, documented in KUBELET_BEHAVIOUR.md §13: because the UID hashes the whole
 manifest, editing a manifest yields a new UID (REMOVE of the old pod, ADD of the new

@@ -9,6 +9,17 @@ Removal is destructive and so gated (STYLE rule 12): a runtime pod without a des
 entry is only killed once every configured pod source has delivered a full snapshot
 to the bus. After a Redis restart or flush the sources table is empty, so nothing is
 removed until pod-source has written everything back.
+
+Every desired record is checked before the controller takes it (`check_desired`): the
+`desired` table is an input like any other, and whatever wrote it (a pod-source of
+another version, a bug, anyone with access to Redis) must not make this node join an
+unchecked name into a host path or run another node's pod. A record whose
+`spec.nodeName` names another node is ignored; one that fails the shared pod
+validation (`klet.model.podvalidation`, the same rules pod-source applies) is refused
+with a logged error naming the pod and the fields, and a `FailedValidation` Warning
+Event when its identity is sound enough to attach one to. Either way the record counts
+as not desired: a pod of that UID that is running is stopped like a removed one (with
+the last valid spec it had), and every other pod carries on.
 """
 
 from __future__ import annotations
@@ -16,13 +27,14 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 from klet.bus import BusError, NodeBus
 from klet.cri import labels as L
 from klet.cri.types import ContainerState, SandboxState
+from klet.model.podvalidation import pod_problems
 from klet.model.records import DesiredPod, PodChange, SourceState
 from klet.model.types import JSON, PodUID
 from klet.rpc.podcontrol import PodSummary
@@ -49,6 +61,50 @@ class KillRequest:
         default_factory=lambda: asyncio.get_running_loop().create_future()
     )
     announced: bool = False  # its Event was recorded (once, even if the kill is retried)
+
+
+FAILED_VALIDATION = "FailedValidation"  # upstream's event reason for a refused pod
+MAX_PROBLEMS_SHOWN = 10
+
+
+@dataclass(frozen=True)
+class Refusal:
+    """Why a desired record is not acted on."""
+
+    reason: str  # "OtherNode" or FailedValidation
+    message: str
+    fields: tuple[str, ...] = ()
+    eventable: bool = False  # the pod's identity is valid: an Event may name it
+
+
+def check_desired(uid: str, rec: DesiredPod, *, node_name: str) -> Refusal | None:
+    """Why the record `uid` of the `desired` table must not be acted on; None if it may.
+
+    `node_name` "" skips the node check (unit tests of other concerns).
+    """
+    pod: Any = rec.pod
+    spec = pod.get("spec") if isinstance(pod, Mapping) else None
+    other = spec.get("nodeName") if isinstance(spec, Mapping) else None
+    if node_name and isinstance(other, str) and other and other != node_name:
+        return Refusal("OtherNode", f"spec.nodeName is {other[:253]!r}, not this node")
+    problems = pod_problems(pod, require_uid=True)
+    meta = pod.get("metadata") if isinstance(pod, Mapping) else None
+    pod_uid = meta.get("uid") if isinstance(meta, Mapping) else None
+    mismatch = pod_uid != uid or rec.uid != uid
+    if not problems and not mismatch:
+        return None
+    texts = [str(p) for p in problems[:MAX_PROBLEMS_SHOWN]]
+    if len(problems) > MAX_PROBLEMS_SHOWN:
+        texts.append(f"and {len(problems) - MAX_PROBLEMS_SHOWN} more")
+    if mismatch:
+        texts.insert(0, f"metadata.uid: {str(pod_uid)[:80]!r} is not the table key {uid[:80]!r}")
+    identity = ("metadata", "metadata.name", "metadata.namespace", "metadata.uid", "<root>")
+    return Refusal(
+        FAILED_VALIDATION,
+        "; ".join(texts),
+        fields=tuple(p.field for p in problems),
+        eventable=not mismatch and not any(p.field in identity for p in problems),
+    )
 
 
 def sources_ready(sources: dict[str, SourceState]) -> bool:
@@ -114,8 +170,12 @@ class PodController:
         pressure: PressureSource | None = None,
         last_status: LastStatus | None = None,
         on_rejected: Callable[[str], None] | None = None,
+        node_name: str = "",
     ) -> None:
         self.bus = bus
+        # Desired records naming another node are ignored; "" checks no node name.
+        self.node_name = node_name
+        self._refused: dict[str, tuple[str, str]] = {}  # uid -> (hash, message) logged
         self.last_status = last_status  # the status published before a restart
         self.runtime = runtime
         self.syncer = syncer
@@ -167,6 +227,7 @@ class PodController:
             for uid in [u for u in self.desired if u not in table and u not in newer]:
                 self._unset(uid)
         self._changed_at = {uid: gen for uid, gen in self._changed_at.items() if gen > read_from}
+        self._refused = {uid: key for uid, key in self._refused.items() if uid in table}
 
     async def on_change(self, change: PodChange) -> None:
         """A `pods` stream entry: re-read that pod's desired entry."""
@@ -182,9 +243,55 @@ class PodController:
             self._unset(change.uid)
 
     def _set(self, uid: str, rec: DesiredPod) -> None:
+        refusal = check_desired(uid, rec, node_name=self.node_name)
+        if refusal is not None:
+            self._refuse(uid, rec, refusal)
+            self._unset(uid)
+            return
+        if self._refused.pop(uid, None) is not None:
+            log.info("desired pod accepted again", extra={"uid": uid})
         self.desired[uid] = rec
         self.last_pod[uid] = rec.pod
         self.workers.wake(uid)
+
+    def _refuse(self, uid: str, rec: DesiredPod, refusal: Refusal) -> None:
+        """Log (and, for an invalid pod, record an Event) once per record content."""
+        key = (rec.hash, refusal.message)
+        if self._refused.get(uid) == key:
+            return
+        self._refused[uid] = key
+        pod: Any = rec.pod
+        meta = pod.get("metadata") if isinstance(pod, Mapping) else None
+        meta = meta if isinstance(meta, Mapping) else {}
+        name = f"{str(meta.get('namespace', ''))[:63]}/{str(meta.get('name', ''))[:253]}"
+        if refusal.reason == "OtherNode":
+            log.error(
+                "desired pod %s (uid %s) belongs to another node, ignored: %s",
+                name,
+                uid[:128],
+                refusal.message,
+                extra={"uid": uid[:128], "pod": name, "source": rec.source},
+            )
+            return
+        log.error(
+            "desired pod %s (uid %s) is invalid, not run: %s",
+            name,
+            uid[:128],
+            refusal.message,
+            extra={
+                "uid": uid[:128],
+                "pod": name,
+                "source": rec.source,
+                "fields": list(refusal.fields[:MAX_PROBLEMS_SHOWN]),
+            },
+        )
+        if refusal.eventable:
+            self.syncer.events.emit(
+                rec.pod,
+                "Warning",
+                FAILED_VALIDATION,
+                f"Error validating pod {name} from {rec.source}, ignoring: {refusal.message}",
+            )
 
     def _unset(self, uid: str) -> None:
         if self.desired.pop(uid, None) is not None:

@@ -22,6 +22,7 @@ import os
 from pathlib import Path
 
 from klet.cri.types import Mount
+from klet.model.podvalidation import UnsafePathComponent, checked_component
 from klet.model.types import JSON
 from klet.syncloop import dns
 
@@ -78,7 +79,7 @@ def wants_hosts_file(container: JSON, pod_ips: tuple[str, ...]) -> bool:
 
 
 def hosts_path(root_dir: Path, uid: str) -> Path:
-    return root_dir / "pods" / uid / FILE_NAME
+    return root_dir / "pods" / checked_component(uid, what="pod UID") / FILE_NAME
 
 
 def pod_ips_for_hosts(pod: JSON, *, pod_ip: str, node_ips: tuple[str, ...]) -> tuple[str, ...]:
@@ -128,4 +129,8 @@ def hosts_mount(
 def remove_hosts_file(root_dir: Path, uid: str) -> None:
     """Remove the pod's hosts file once the pod is gone (absent is fine)."""
     if uid:
-        hosts_path(root_dir, uid).unlink(missing_ok=True)
+        try:
+            path = hosts_path(root_dir, uid)
+        except UnsafePathComponent:
+            return  # a UID read from the runtime's labels that no pod directory can have
+        path.unlink(missing_ok=True)

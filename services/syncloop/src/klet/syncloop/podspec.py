@@ -12,6 +12,7 @@ import hashlib
 import json
 from typing import Any
 
+from klet.model.podvalidation import checked_component
 from klet.model.types import JSON
 
 HASH_VERSION = "v1"
@@ -120,7 +121,8 @@ def deadline_at(pod: JSON, started_at: float | None) -> float | None:
 
 def pod_log_dir_name(pod: JSON) -> str:
     m = meta(pod)
-    return f"{m.get('namespace', 'default')}_{m.get('name', '')}_{m.get('uid', '')}"
+    name = f"{m.get('namespace', 'default')}_{m.get('name', '')}_{m.get('uid', '')}"
+    return checked_component(name, what="pod log directory")
 
 
 def backoff_key(pod: JSON, container: JSON) -> str:

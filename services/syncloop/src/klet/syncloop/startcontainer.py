@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 
 from klet.cri import CRIError
 from klet.cri.types import Mount, SandboxConfig
+from klet.model.podvalidation import checked_component
 from klet.model.types import JSON, SandboxID
 from klet.syncloop import (
     criconfig,
@@ -149,7 +150,10 @@ class ContainerStarter:
                 pod, "Warning", "Failed", f"Error: {err}", field_path=podspec.field_path(pod, name)
             )
             return ("CreateContainerConfigError", str(err)), None
-        os.makedirs(os.path.join(sandbox_cfg.log_directory, name), mode=0o755, exist_ok=True)
+        log_dir = os.path.join(
+            sandbox_cfg.log_directory, checked_component(name, what="container name")
+        )
+        os.makedirs(log_dir, mode=0o755, exist_ok=True)
         field_path = podspec.field_path(pod, name)
         try:
             cid = await self.cri.create_container(sandbox_id, cfg, sandbox_cfg)

@@ -28,6 +28,7 @@ from pathlib import Path
 
 from klet.cri import labels as L
 from klet.cri.types import ContainerState, ContainerStatusInfo, Mount
+from klet.model.podvalidation import UnsafePathComponent, checked_component
 from klet.model.types import JSON
 
 log = logging.getLogger(__name__)
@@ -50,7 +51,7 @@ def message_path(container: JSON) -> str:
 
 
 def containers_dir(root_dir: Path, uid: str) -> Path:
-    return root_dir / "pods" / uid / "containers"
+    return root_dir / "pods" / checked_component(uid, what="pod UID") / "containers"
 
 
 def create_message_file(root_dir: Path, uid: str, container: JSON) -> Mount | None:
@@ -61,7 +62,9 @@ def create_message_file(root_dir: Path, uid: str, container: JSON) -> Mount | No
     path = message_path(container)
     if not path or not uid:
         return None
-    directory = containers_dir(root_dir, uid) / str(container["name"])
+    directory = containers_dir(root_dir, uid) / checked_component(
+        str(container["name"]), what="container name"
+    )
     host = directory / secrets.token_hex(4)
     try:
         directory.mkdir(parents=True, exist_ok=True, mode=0o750)
@@ -90,9 +93,13 @@ def remove_pod_files(root_dir: Path, uid: str) -> None:
     """Remove the pod's message files, and its directory when nothing else is left in it."""
     if not uid:
         return
-    shutil.rmtree(containers_dir(root_dir, uid), ignore_errors=True)
     try:
-        (root_dir / "pods" / uid).rmdir()
+        directory = containers_dir(root_dir, uid)
+    except UnsafePathComponent:
+        return  # a UID read from the runtime's labels that no pod directory can have
+    shutil.rmtree(directory, ignore_errors=True)
+    try:
+        directory.parent.rmdir()
     except OSError:
         pass  # absent, or holds something else (volumes): not ours to remove
 

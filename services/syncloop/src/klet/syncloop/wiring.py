@@ -200,6 +200,7 @@ def build_deps(settings: Settings, **overrides: Any) -> Deps:
         pressure=NodePressure(node_bus),
         last_status=functools.partial(published_status, node_bus),
         on_rejected=metrics.record_admission_rejection,
+        node_name=settings.klet.node_name,
     )
     deps = Deps(
         settings=settings,

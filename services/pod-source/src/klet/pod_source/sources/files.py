@@ -165,6 +165,9 @@ def _decode_file(
         return pod_from_file(data, path=where, node_name=node_name)
     except ManifestError as err:
         return BadManifest(where, err.reason, err.message, hashlib.sha256(data).hexdigest())
+    except Exception as err:  # noqa: BLE001 - manifests.py converts; one file never ends the scan
+        message = f"{type(err).__name__}: {err}"
+        return BadManifest(where, "parse", message, hashlib.sha256(data).hexdigest())
 
 
 class FileSource:

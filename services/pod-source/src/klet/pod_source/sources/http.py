@@ -15,13 +15,24 @@ body is decoded in a worker thread, since YAML parsing is pure Python (manifests
 The timeout (10 s, as upstream's client) covers the whole request, body included:
 httpx's own timeouts apply per network operation, so a server that trickles bytes
 would otherwise hold the poll forever.
+
+Redirects are followed by hand (at most 10, as Go's client), each checked by
+`redirect_problem` before it is followed. Upstream's Go client follows any redirect
+and forwards every custom header except the credential ones; here a redirect from
+https to http is refused (the manifest, which the node runs as root, would travel
+unauthenticated), and so is a redirect to another host while custom headers
+(`--manifest-url-header`, often a token) are configured, since those headers were
+meant for the configured server only. A refused redirect is a read error: the last
+good set stays.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import ssl
 from collections.abc import Mapping, Sequence
+from typing import Final
 
 import httpx
 from klet.model.records import SourceName
@@ -29,11 +40,37 @@ from klet.model.types import JSON
 from klet.pod_source.inbox import Inbox
 from klet.pod_source.manifests import ManifestError, pods_from_url_body
 from klet.pod_source.metrics import Metrics
-from klet.pod_source.validation import MAX_MANIFEST_BYTES
+from klet.pod_source.validation import MAX_URL_BODY_BYTES
 
 log = logging.getLogger(__name__)
 
 DEFAULT_TIMEOUT_S = 10.0
+MAX_REDIRECTS: Final = 10
+_DEFAULT_PORTS: Final = {"http": 80, "https": 443}
+
+
+def redirect_problem(origin: httpx.URL, target: httpx.URL, *, custom_headers: bool) -> str | None:
+    """Why the redirect from the configured URL `origin` to `target` must not be
+    followed; None when it may be."""
+    if target.scheme not in _DEFAULT_PORTS:
+        return f"redirect to {target} refused: not an http or https URL"
+    if origin.scheme == "https" and target.scheme != "https":
+        return f"redirect from https to {target} refused: it would drop TLS"
+    if custom_headers and not _same_server(origin, target):
+        return (
+            f"redirect to {target} refused: another host, and the configured "
+            "manifest URL headers are only for the configured host"
+        )
+    return None
+
+
+def _same_server(a: httpx.URL, b: httpx.URL) -> bool:
+    """Same host and port, counting an upgrade from http to https on the default ports."""
+    if (a.host or "").lower() != (b.host or "").lower():
+        return False
+    port_a = a.port or _DEFAULT_PORTS.get(a.scheme)
+    port_b = b.port or _DEFAULT_PORTS.get(b.scheme)
+    return port_a == port_b or (a.scheme, port_a, b.scheme, port_b) == ("http", 80, "https", 443)
 
 
 class HttpSource:
@@ -49,8 +86,11 @@ class HttpSource:
         inbox: Inbox,
         metrics: Metrics,
         timeout_s: float = DEFAULT_TIMEOUT_S,
+        tls_verify: ssl.SSLContext | bool = True,
     ) -> None:
         self._url = url
+        # True: the system's CAs, as upstream's client; tests pass their own CA.
+        self._tls_verify = tls_verify
         # Repeated header names are sent as repeated headers, as Go's http.Header does.
         self._headers = [(k, v) for k, values in headers.items() for v in values]
         self._node_name = node_name
@@ -73,7 +113,12 @@ class HttpSource:
                 await asyncio.sleep(self._period_s)
 
     def _client(self) -> httpx.AsyncClient:
-        return httpx.AsyncClient(follow_redirects=True, timeout=self._timeout_s, trust_env=False)
+        return httpx.AsyncClient(
+            follow_redirects=False,
+            timeout=self._timeout_s,
+            trust_env=False,
+            verify=self._tls_verify,
+        )
 
     async def run_once(self, client: httpx.AsyncClient) -> None:
         """One fetch: offer a snapshot on a new good body, report a new error otherwise."""
@@ -81,6 +126,9 @@ class HttpSource:
             body = await self._fetch(client)
         except ManifestError as err:
             self._refused(err, body=None)
+            return
+        except Exception as err:  # noqa: BLE001 - a bad answer must not end the source
+            self._refused(ManifestError("read", f"{type(err).__name__}: {err}"), body=None)
             return
         if body == self._bad_body:
             self._inbox.polled()  # refused already, and reported
@@ -94,6 +142,9 @@ class HttpSource:
                 )
             except ManifestError as err:
                 self._refused(err, body=body)
+                return
+            except Exception as err:  # noqa: BLE001 - manifests.py converts; belt and braces
+                self._refused(ManifestError("parse", f"{type(err).__name__}: {err}"), body=body)
                 return
         if self._last_error is not None:
             log.info("manifest URL readable again", extra={"url": self._url})
@@ -125,20 +176,34 @@ class HttpSource:
     async def _fetch(self, client: httpx.AsyncClient) -> bytes:
         try:
             async with asyncio.timeout(self._timeout_s):
-                async with client.stream("GET", self._url, headers=self._headers) as resp:
-                    if not 200 <= resp.status_code < 300:
-                        raise ManifestError(
-                            "read", f"HTTP {resp.status_code} {resp.reason_phrase}".strip()
-                        )
-                    body = bytearray()
-                    async for chunk in resp.aiter_bytes():
-                        body += chunk
-                        if len(body) > MAX_MANIFEST_BYTES:
-                            raise ManifestError(
-                                "too_large", f"body larger than {MAX_MANIFEST_BYTES} bytes"
-                            )
-                    return bytes(body)
+                return await self._follow(client)
         except TimeoutError as err:
             raise ManifestError("read", f"no complete answer within {self._timeout_s:g}s") from err
         except (httpx.HTTPError, httpx.InvalidURL) as err:
             raise ManifestError("read", f"{type(err).__name__}: {err}".rstrip(": ")) from err
+
+    async def _follow(self, client: httpx.AsyncClient) -> bytes:
+        """GET the URL, following the redirects `redirect_problem` allows."""
+        origin = url = httpx.URL(self._url)
+        for _ in range(MAX_REDIRECTS + 1):
+            async with client.stream("GET", url, headers=self._headers) as resp:
+                if resp.is_redirect:
+                    target = url.join(resp.headers["location"])
+                    problem = redirect_problem(origin, target, custom_headers=bool(self._headers))
+                    if problem is not None:
+                        raise ManifestError("read", problem)
+                    url = target
+                    continue
+                if not 200 <= resp.status_code < 300:
+                    raise ManifestError(
+                        "read", f"HTTP {resp.status_code} {resp.reason_phrase}".strip()
+                    )
+                body = bytearray()
+                async for chunk in resp.aiter_bytes():
+                    body += chunk
+                    if len(body) > MAX_URL_BODY_BYTES:
+                        raise ManifestError(
+                            "too_large", f"body larger than {MAX_URL_BODY_BYTES} bytes"
+                        )
+                return bytes(body)
+        raise ManifestError("read", f"more than {MAX_REDIRECTS} redirects")

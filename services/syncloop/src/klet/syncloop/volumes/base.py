@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
+from klet.model.podvalidation import checked_component
 from klet.model.types import JSON
 from klet.syncloop.envvars import NodeFacts
 from klet.syncloop.kubeobjects import KubeObjects
@@ -55,7 +56,12 @@ def volume_type(volume: JSON) -> str:
 
 def volume_path(pod_dir: Path, *, dir_name: str, name: str) -> Path:
     """`<pod_dir>/volumes/<dir_name>/<name>`, the kubelet's layout."""
-    return pod_dir / "volumes" / dir_name / name
+    return (
+        pod_dir
+        / "volumes"
+        / checked_component(dir_name, what="volume plugin")
+        / checked_component(name, what="volume name")
+    )
 
 
 class TokenIssuer(Protocol):

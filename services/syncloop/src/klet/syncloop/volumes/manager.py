@@ -26,6 +26,7 @@ from pathlib import Path
 
 from klet.cri import CRIError
 from klet.cri import labels as L
+from klet.model.podvalidation import checked_component
 from klet.model.types import JSON
 from klet.syncloop.envvars import NodeFacts
 from klet.syncloop.ports import RuntimeReader
@@ -90,7 +91,7 @@ class VolumeManager:
         return self.root_dir / "pods"
 
     def pod_dir(self, uid: str) -> Path:
-        return self.pods_dir() / uid
+        return self.pods_dir() / checked_component(uid, what="pod UID")
 
     def plugin_for(self, volume: JSON) -> VolumePlugin | None:
         return next((p for p in self.plugins if p.handles(volume)), None)
