@@ -113,6 +113,7 @@ def test_hosts_mount_writes_the_file(tmp_path: Path) -> None:
         tmp_path,
         p,
         p["spec"]["containers"][0],
+        sandbox_id="s1",
         pod_ip="10.88.0.7",
         node_ips=("10.0.0.5",),
         cluster_domain="cluster.local",
@@ -131,6 +132,48 @@ def test_hosts_mount_writes_the_file(tmp_path: Path) -> None:
     etchosts.remove_hosts_file(tmp_path, "u1")  # already gone: fine
 
 
+@pytest.mark.parametrize(
+    ("written_for", "exists", "expected"),
+    [
+        (None, False, True),  # a new pod
+        ("s1", True, False),  # the same sandbox: never again, whatever runs in it
+        ("s0", True, True),  # a new sandbox (a new IP): its own file
+        (None, True, True),  # no record (written by an older klet)
+        ("s1", False, True),  # the file went missing
+    ],
+)
+def test_the_file_is_written_once_per_sandbox(
+    written_for: str | None, exists: bool, expected: bool
+) -> None:
+    assert (
+        etchosts.needs_writing(written_for=written_for, sandbox_id="s1", exists=exists) is expected
+    )
+
+
+def test_later_containers_of_a_sandbox_get_the_file_as_it_is(tmp_path: Path) -> None:
+    p = pod("app", "side", hostname="web")
+    kw: dict[str, Any] = {"pod_ip": "10.88.0.7", "node_ips": (), "cluster_domain": ""}
+    [first] = etchosts.hosts_mount(tmp_path, p, p["spec"]["containers"][0], sandbox_id="s1", **kw)
+    path = Path(first.host_path)
+    with path.open("a") as f:  # what a running container may add to its /etc/hosts
+        f.write("10.9.9.9\tadded-by-app\n")
+    before = path.stat()
+    for c in p["spec"]["containers"]:  # another container, a restart: same sandbox
+        [again] = etchosts.hosts_mount(tmp_path, p, c, sandbox_id="s1", **kw)
+        assert again == first
+    after = path.stat()
+    assert (after.st_ino, after.st_mtime_ns) == (before.st_ino, before.st_mtime_ns)
+    assert path.read_text().endswith("10.9.9.9\tadded-by-app\n")
+    # a new sandbox with a new IP: a new file, renamed into place (not refilled in place)
+    kw["pod_ip"] = "10.88.0.8"
+    etchosts.hosts_mount(tmp_path, p, p["spec"]["containers"][0], sandbox_id="s2", **kw)
+    assert path.stat().st_ino != before.st_ino
+    assert "10.88.0.8\tweb\n" in path.read_text() and "added-by-app" not in path.read_text()
+    assert stat.S_IMODE(path.stat().st_mode) == 0o644
+    etchosts.remove_hosts_file(tmp_path, "u1")
+    assert list((tmp_path / "pods" / "u1").iterdir()) == []
+
+
 def test_hosts_mount_for_a_host_network_pod(tmp_path: Path) -> None:
     node = tmp_path / "node-hosts"
     node.write_text("192.168.5.5\tnode1\n")
@@ -139,6 +182,7 @@ def test_hosts_mount_for_a_host_network_pod(tmp_path: Path) -> None:
         tmp_path,
         p,
         p["spec"]["containers"][0],
+        sandbox_id="s1",
         pod_ip="",
         node_ips=("192.168.5.5",),
         cluster_domain="",
@@ -153,7 +197,7 @@ def test_hosts_mount_for_a_host_network_pod(tmp_path: Path) -> None:
 def test_hosts_mount_skips_what_does_not_want_one(tmp_path: Path) -> None:
     p = pod("app")
     own = {"name": "app", "volumeMounts": [{"name": "h", "mountPath": "/etc/hosts"}]}
-    kw: dict[str, Any] = {"node_ips": ("10.0.0.5",), "cluster_domain": ""}
+    kw: dict[str, Any] = {"node_ips": ("10.0.0.5",), "cluster_domain": "", "sandbox_id": "s1"}
     assert etchosts.hosts_mount(tmp_path, p, own, pod_ip="10.88.0.7", **kw) == ()
     assert etchosts.hosts_mount(tmp_path, p, p["spec"]["containers"][0], pod_ip="", **kw) == ()
     assert not (tmp_path / "pods").exists()
@@ -167,6 +211,7 @@ def test_hosts_mount_errors(tmp_path: Path) -> None:
             tmp_path,
             p,
             p["spec"]["containers"][0],
+            sandbox_id="s1",
             pod_ip="",
             node_ips=("10.0.0.5",),
             cluster_domain="",
@@ -179,6 +224,7 @@ def test_hosts_mount_errors(tmp_path: Path) -> None:
             tmp_path,
             bad,
             bad["spec"]["containers"][0],
+            sandbox_id="s1",
             pod_ip="10.88.0.7",
             node_ips=(),
             cluster_domain="",

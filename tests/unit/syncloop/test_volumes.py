@@ -23,8 +23,10 @@ from klet.syncloop.volumes.emptydir import EmptyDirPlugin, directory_mode, tmpfs
 from klet.syncloop.volumes.hostpath import HostPathPlugin, check_type
 from klet.syncloop.volumes.manager import VolumeManager
 from klet.syncloop.volumes.mounts import MountConfigError
+from klet.syncloop.volumes.subpath import SubPathMounter
 
 from .helpers import pod
+from .test_subpath import RecordingBinder
 from .test_syncpod import World
 
 # -- hostPath -----------------------------------------------------------------------------
@@ -241,40 +243,20 @@ def test_subpath_expr_expansion(expr: str, env: dict[str, str], result: str) -> 
         assert mounts.expand_subpath_expr(expr, env=env) == result
 
 
-def test_subpath_is_created_with_the_volume_mode(tmp_path: Path) -> None:
+def test_subpath_failures_name_the_mount_the_container_and_the_subpath(tmp_path: Path) -> None:
     volume = tmp_path / "vol"
     volume.mkdir()
-    os.chmod(volume, 0o775)
-    got = mounts.prepare_subpath(volume, sub_path="a/b", mount_name="v", container="c")
-    assert got == volume / "a" / "b" and got.is_dir()
-    assert stat.S_IMODE((volume / "a").stat().st_mode) == 0o775
-    assert stat.S_IMODE(got.stat().st_mode) == 0o775
-    (volume / "file").write_text("x")  # an existing file is mounted as it is
-    assert (
-        mounts.prepare_subpath(volume, sub_path="file", mount_name="v", container="c")
-        == volume / "file"
+    (volume / "escape").symlink_to(tmp_path)
+    (tmp_path / "pod").mkdir()
+    mounter = SubPathMounter(tmp_path / "pod", RecordingBinder())
+    with pytest.raises(MountConfigError) as err:
+        mounts.prepare_subpath(
+            volume, sub_path="escape/x", mounter=mounter, mount_name="v", container="c", index=0
+        )
+    assert str(err.value) == (
+        'failed to prepare subPath for volumeMount "v" of container "c": subPath `escape/x`: '
+        f"'escape/x' resolves to {tmp_path}/x, outside the volume"
     )
-
-
-def test_subpath_symlinks_must_stay_inside_the_volume(tmp_path: Path) -> None:
-    volume = tmp_path / "vol"
-    (volume / "real").mkdir(parents=True)
-    outside = tmp_path / "secret"
-    outside.mkdir()
-    (volume / "inside").symlink_to(volume / "real")
-    (volume / "escape").symlink_to(outside)
-    (volume / "dangling").symlink_to(tmp_path / "nowhere")
-    got = mounts.prepare_subpath(volume, sub_path="inside", mount_name="v", container="c")
-    assert got == volume / "real"
-    prepared = 'failed to prepare subPath for volumeMount "v" of container "c"'
-    with pytest.raises(MountConfigError, match=prepared):
-        mounts.prepare_subpath(volume, sub_path="escape", mount_name="v", container="c")
-    with pytest.raises(MountConfigError, match=prepared):
-        mounts.prepare_subpath(volume, sub_path="dangling", mount_name="v", container="c")
-    created = 'failed to create subPath directory for volumeMount "v" of container "c"'
-    with pytest.raises(MountConfigError, match=created):
-        mounts.prepare_subpath(volume, sub_path="escape/new", mount_name="v", container="c")
-    assert list(outside.iterdir()) == []  # nothing was made outside the volume
 
 
 @pytest.mark.parametrize(
@@ -309,12 +291,22 @@ def volume_pod(tmp_path: Path, *mount_specs: JSON, privileged: bool = False) -> 
     return p
 
 
-def build(tmp_path: Path, p: JSON, env: dict[str, str] | None = None) -> tuple[Mount, ...]:
+def build(
+    tmp_path: Path,
+    p: JSON,
+    env: dict[str, str] | None = None,
+    binder: RecordingBinder | None = None,
+) -> tuple[Mount, ...]:
     volumes = {"data": tmp_path / "data", "host": tmp_path, "config": tmp_path / "config"}
     for path in volumes.values():
         path.mkdir(exist_ok=True)
+    (tmp_path / "pod").mkdir(exist_ok=True)
     return mounts.container_mounts(
-        p, p["spec"]["containers"][0], volumes=volumes, env=(env or {}).items()
+        p,
+        p["spec"]["containers"][0],
+        volumes=volumes,
+        env=(env or {}).items(),
+        subpaths=SubPathMounter(tmp_path / "pod", binder or RecordingBinder()),
     )
 
 
@@ -327,15 +319,19 @@ def test_container_mounts(tmp_path: Path) -> None:
         {"name": "host", "mountPath": "relative/x", "mountPropagation": "HostToContainer"},
         {"name": "data", "mountPath": "/logs", "subPathExpr": "logs/$(POD_NAME)"},
     )
-    got = build(tmp_path, p, {"POD_NAME": "web"})
+    binder = RecordingBinder()
+    got = build(tmp_path, p, {"POD_NAME": "web"}, binder)
+    target = tmp_path / "pod" / "volume-subpaths" / "data" / "app" / "4"
     assert got == (
         Mount("/data", str(tmp_path / "data"), selinux_relabel=True),
         Mount("/ro", str(tmp_path / "data"), readonly=True, selinux_relabel=True),
         Mount("/etc/app", str(tmp_path / "config"), readonly=True, selinux_relabel=True),
         Mount("/relative/x", str(tmp_path), propagation=MountPropagation.HOST_TO_CONTAINER),
-        Mount("/logs", str(tmp_path / "data" / "logs" / "web"), selinux_relabel=True),
+        Mount("/logs", str(target), selinux_relabel=True),
     )
     assert (tmp_path / "data" / "logs" / "web").is_dir()
+    # the runtime gets the bind mount of the opened directory, not the volume's path
+    assert binder.bound == {target: str(tmp_path / "data" / "logs" / "web")}
 
 
 def test_unknown_volume_is_a_config_error(tmp_path: Path) -> None:

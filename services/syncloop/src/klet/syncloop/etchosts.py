@@ -8,8 +8,15 @@ localhost and IPv6 entries, one line per pod IP with the hostname (preceded by t
 `<hostname>.<subdomain>.<ns>.svc.<clusterDomain>` when the pod has a subdomain), then
 the `hostAliases` under `# Entries added by HostAliases.`. A host-network pod gets a
 copy of the node's hosts file under a `(host network)` header, with its hostAliases
-appended. The file is rewritten before each container instance is created, so a new
-instance always sees the current content.
+appended.
+
+The file is written once per sandbox: by the first container started in a new sandbox
+(its IP is known by then), with the sandbox's ID recorded beside it. Later containers
+of the same sandbox, and restarts, mount the file as it is, so a running container never
+sees its /etc/hosts truncated and rewritten under it (and keeps entries it added
+itself). A new sandbox (a new IP) gets a new file, written aside and renamed into place;
+by then the old sandbox's containers are stopped. Upstream rewrites the file before
+every container start; the once-per-sandbox rule is klet's (issue 11).
 
 The content functions are pure; `hosts_mount` is the small I/O shell that writes the
 file, and reports failures as `HostsFileError` (the container then waits in
@@ -28,6 +35,8 @@ from klet.syncloop import dns
 
 ETC_HOSTS = "/etc/hosts"
 FILE_NAME = "etc-hosts"
+SANDBOX_FILE_NAME = "etc-hosts.sandbox"
+"""Beside the hosts file: the ID of the sandbox it was written for."""
 FILE_MODE = 0o644
 MANAGED_HEADER = "# Kubernetes-managed hosts file.\n"
 HOST_NETWORK_HEADER = "# Kubernetes-managed hosts file (host network).\n"
@@ -82,6 +91,31 @@ def hosts_path(root_dir: Path, uid: str) -> Path:
     return root_dir / "pods" / checked_component(uid, what="pod UID") / FILE_NAME
 
 
+def needs_writing(*, written_for: str | None, sandbox_id: str, exists: bool) -> bool:
+    """Whether the hosts file must be (re)written: it is missing, or was written for
+    another sandbox (or none recorded). Never for a sandbox it was already written for."""
+    return not exists or written_for != sandbox_id
+
+
+def _read_marker(path: Path) -> str | None:
+    try:
+        return path.read_text().strip()
+    except FileNotFoundError:
+        return None
+
+
+def _write_replacing(path: Path, content: str, mode: int) -> None:
+    """Write `content` aside and rename it over `path`: a new file, never one truncated
+    and refilled in place."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.unlink(missing_ok=True)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, mode)
+    with os.fdopen(fd, "w") as f:
+        f.write(content)
+    os.chmod(tmp, mode)  # the creation mode is subject to the umask
+    os.replace(tmp, path)
+
+
 def pod_ips_for_hosts(pod: JSON, *, pod_ip: str, node_ips: tuple[str, ...]) -> tuple[str, ...]:
     """The sandbox's IP, or the node's addresses for a host-network pod (as its status)."""
     if (pod.get("spec") or {}).get("hostNetwork"):
@@ -94,12 +128,14 @@ def hosts_mount(
     pod: JSON,
     container: JSON,
     *,
+    sandbox_id: str,
     pod_ip: str,
     node_ips: tuple[str, ...],
     cluster_domain: str,
     node_hosts_file: str = ETC_HOSTS,
 ) -> tuple[Mount, ...]:
-    """Write the pod's hosts file and return its mount, or nothing when none is wanted."""
+    """The mount of the pod's hosts file, or nothing when none is wanted; the file is
+    written only when the sandbox `sandbox_id` has none yet."""
     uid = str((pod.get("metadata") or {}).get("uid", ""))
     pod_ips = pod_ips_for_hosts(pod, pod_ip=pod_ip, node_ips=node_ips)
     if not uid or not wants_hosts_file(container, pod_ips):
@@ -107,7 +143,12 @@ def hosts_mount(
     spec = pod.get("spec") or {}
     aliases = list(spec.get("hostAliases") or ())
     path = hosts_path(root_dir, uid)
+    marker = path.with_name(SANDBOX_FILE_NAME)
     try:
+        if not needs_writing(
+            written_for=_read_marker(marker), sandbox_id=sandbox_id, exists=path.is_file()
+        ):
+            return (Mount(container_path=ETC_HOSTS, host_path=str(path)),)
         if spec.get("hostNetwork"):
             node_hosts = Path(node_hosts_file).read_text(errors="replace")
             content = host_network_content(node_hosts, host_aliases=aliases)
@@ -117,8 +158,8 @@ def hosts_mount(
                 pod_ips, hostname=hostname, domain=domain, host_aliases=aliases
             )
         path.parent.mkdir(parents=True, exist_ok=True, mode=0o750)
-        path.write_text(content)
-        os.chmod(path, FILE_MODE)  # write_text honours the umask
+        _write_replacing(path, content, FILE_MODE)
+        _write_replacing(marker, sandbox_id + "\n", 0o600)  # after the file it vouches for
     except dns.PodDNSError as err:
         raise HostsFileError(str(err)) from err
     except OSError as err:
@@ -134,3 +175,4 @@ def remove_hosts_file(root_dir: Path, uid: str) -> None:
         except UnsafePathComponent:
             return  # a UID read from the runtime's labels that no pod directory can have
         path.unlink(missing_ok=True)
+        path.with_name(SANDBOX_FILE_NAME).unlink(missing_ok=True)

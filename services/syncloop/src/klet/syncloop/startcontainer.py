@@ -38,6 +38,7 @@ from klet.syncloop.kubeobjects import KubeObjects
 from klet.syncloop.ports import RuntimeService
 from klet.syncloop.runtimepod import RuntimePod, restart_count_of
 from klet.syncloop.volumes import mounts as volmounts
+from klet.syncloop.volumes.subpath import Binder, KernelBinder, SubPathMounter
 
 if TYPE_CHECKING:
     from klet.syncloop.syncpod import SyncSettings
@@ -55,6 +56,7 @@ class ContainerStarter:
         backoff: Backoff,
         clock: Callable[[], float] = time.time,
         objects: KubeObjects | None = None,
+        binder: Binder | None = None,
     ) -> None:
         self.cri = cri
         self.puller = puller
@@ -64,8 +66,18 @@ class ContainerStarter:
         self.backoff = backoff
         self.clock = clock
         self.objects = objects  # the apiserver's ConfigMaps and Secrets; None standalone
+        self.binder: Binder = binder or KernelBinder()  # subPath bind mounts
 
-    def _hosts_mount(self, pod: JSON, container: JSON, pod_ip: str) -> tuple[Mount, ...]:
+    def _subpaths(self, pod: JSON) -> SubPathMounter | None:
+        """The pod's subPath mounter (None without a root dir: no pod directory)."""
+        uid = str((pod.get("metadata") or {}).get("uid") or "")
+        if self.settings.root_dir is None or not uid:
+            return None
+        return SubPathMounter(self.settings.root_dir / "pods" / uid, self.binder)
+
+    def _hosts_mount(
+        self, pod: JSON, container: JSON, pod_ip: str, sandbox_id: SandboxID
+    ) -> tuple[Mount, ...]:
         """The managed /etc/hosts mount (none without a root dir); raises HostsFileError."""
         if self.settings.root_dir is None:
             return ()
@@ -73,6 +85,7 @@ class ContainerStarter:
             self.settings.root_dir,
             pod,
             container,
+            sandbox_id=sandbox_id,
             pod_ip=pod_ip,
             node_ips=self.settings.node.host_ips,
             cluster_domain=self.settings.dns.cluster_domain if self.settings.dns else "",
@@ -125,6 +138,7 @@ class ContainerStarter:
                     node=self.settings.node,
                     sources=env_sources,
                 ),
+                subpaths=self._subpaths(pod),
             )
             instance = criconfig.Instance(
                 restart_count=restart_count,
@@ -133,7 +147,7 @@ class ContainerStarter:
                 image_user=image_user,
                 mounts=volume_mounts
                 + termination.mounts_for(self.settings.root_dir, pod, container)
-                + self._hosts_mount(pod, container, pod_ip),
+                + self._hosts_mount(pod, container, pod_ip, sandbox_id),
                 env_sources=env_sources,
             )
             cfg = criconfig.container_config(

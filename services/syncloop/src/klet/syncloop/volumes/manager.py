@@ -39,6 +39,7 @@ from klet.syncloop.volumes.base import (
     VolumePlugin,
     volume_type,
 )
+from klet.syncloop.volumes.subpath import SUBPATHS_DIR
 
 log = logging.getLogger(__name__)
 
@@ -147,7 +148,11 @@ class VolumeManager:
 
     async def _tear_down(self, uid: str) -> list[str]:
         volumes_dir = self.pod_dir(uid) / "volumes"
-        problems: list[str] = []
+        # The containers' subPath bind mounts go first, as upstream: they pin the volumes.
+        problems = await fs.remove_tree(self.pod_dir(uid) / SUBPATHS_DIR)
+        if problems:  # nothing of a volume is removed while a subPath of it is mounted
+            log.warning("pod subPath mounts not removed", extra={"uid": uid, "problems": problems})
+            return problems
         by_dir = {p.dir_name: p for p in self.plugins}
         for plugin_dir in _subdirs(volumes_dir):
             plugin = by_dir.get(plugin_dir.name)

@@ -7,11 +7,10 @@ upstream's, and a failure is the container's CreateContainerConfigError:
 - a volumeMount naming no ready volume: `cannot find volume "x" to mount into container "c"`;
 - `subPathExpr` is expanded with the container's environment (`$(VAR)`), and every
   variable it names must have a non-empty value (`missing value for A, B`);
-- a subPath must be relative and free of `..`; what it names is created when missing
-  (with the volume root's mode, as upstream's SafeMakeDir), and after resolving
-  symlinks it must still lie inside the volume, so a symlink planted in a volume cannot
-  expose the node's files. Upstream also bind-mounts the checked path to close the
-  window between the check and the container's start; klet passes the checked path.
+- a subPath must be relative and free of `..`; it is opened without following symlinks
+  (created when missing) and bind-mounted under the pod's `volume-subpaths`, and that
+  bind mount is what the runtime gets, so a container sharing the volume cannot swap
+  in a symlink to the node's root between the check and the mount (subpath.py);
 - mountPropagation None/HostToContainer/Bidirectional → CRI private/host-to-container/
   bidirectional; Bidirectional only in a privileged container (upstream's validation).
 - configMap, secret, downwardAPI and projected volumes are always mounted read-only,
@@ -23,7 +22,6 @@ upstream's, and a failure is the container's CreateContainerConfigError:
 from __future__ import annotations
 
 import os
-import stat
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 
@@ -31,6 +29,7 @@ from klet.cri.types import Mount, MountPropagation
 from klet.model.types import JSON
 from klet.syncloop import envvars
 from klet.syncloop.volumes.base import volume_type
+from klet.syncloop.volumes.subpath import SubPathError, SubPathMounter
 
 READ_ONLY_TYPES = frozenset({"configMap", "secret", "downwardAPI", "projected"})
 NOT_RELABELED = frozenset({"hostPath"})
@@ -103,48 +102,27 @@ def validate_subpath(sub_path: str) -> None:
         raise MountConfigError(f"unable to provision SubPath `{sub_path}`: must not contain '..'")
 
 
-def _within(path: str, base: str) -> bool:
-    return path == base or path.startswith(base.rstrip("/") + "/")
-
-
-def prepare_subpath(volume_path: Path, *, sub_path: str, mount_name: str, container: str) -> Path:
-    """The host path of `sub_path` inside the volume, created when missing, checked to
-    stay inside the volume once symlinks are resolved."""
-    base = os.path.realpath(volume_path)
-    target = os.path.join(volume_path, sub_path)
-    if not os.path.lexists(target):
-        try:
-            _safe_make_dir(base, sub_path)
-        except (OSError, ValueError) as err:
-            raise MountConfigError(
-                f'failed to create subPath directory for volumeMount "{mount_name}" '
-                f'of container "{container}"'
-            ) from err
-    resolved = os.path.realpath(target)
-    if not _within(resolved, base) or not os.path.exists(resolved):
-        raise MountConfigError(
-            f'failed to prepare subPath for volumeMount "{mount_name}" of container "{container}"'
+def prepare_subpath(
+    volume_path: Path,
+    *,
+    sub_path: str,
+    mounter: SubPathMounter,
+    mount_name: str,
+    container: str,
+    index: int,
+) -> Path:
+    """Bind-mount `sub_path` of the volume for the container's `index`-th volumeMount
+    (see subpath.py) and return the host path to give the runtime."""
+    try:
+        return mounter.mount(
+            volume_path, sub_path, volume=mount_name, container=container, index=index
         )
-    return Path(resolved)
-
-
-def _safe_make_dir(base: str, sub_path: str) -> None:
-    """Create `sub_path` under `base` one element at a time, each with the mode of the
-    volume root, refusing to go through anything that leaves `base`."""
-    mode = stat.S_IMODE(os.stat(base).st_mode)
-    current = base
-    for part in [p for p in sub_path.split("/") if p not in ("", ".")]:
-        nxt = os.path.join(current, part)
-        if os.path.lexists(nxt):
-            nxt = os.path.realpath(nxt)
-            if not _within(nxt, base):
-                raise ValueError(f"{nxt} is not within {base}")
-            if not os.path.isdir(nxt):
-                raise ValueError(f"{nxt} is not a directory")
-        else:
-            os.mkdir(nxt, mode)
-            os.chmod(nxt, mode)  # mkdir is subject to the umask
-        current = nxt
+    except (OSError, SubPathError) as err:
+        cause = err.strerror if isinstance(err, OSError) and err.strerror else str(err)
+        raise MountConfigError(
+            f'failed to prepare subPath for volumeMount "{mount_name}" of container '
+            f'"{container}": subPath `{sub_path}`: {cause}'
+        ) from err
 
 
 def recursive_read_only(mount: JSON) -> None:
@@ -163,17 +141,28 @@ def container_mounts(
     *,
     volumes: Mapping[str, Path],
     env: Iterable[tuple[str, str]],
+    subpaths: SubPathMounter | None,
 ) -> tuple[Mount, ...]:
     """The CRI mounts for the container's volumeMounts; raises `MountConfigError`.
 
     `volumes` maps each ready volume's name to its host path (the manager's result);
-    `env` is the container's finished environment (for subPathExpr)."""
+    `env` is the container's finished environment (for subPathExpr); `subpaths` makes
+    the pod's subPath bind mounts (None: no pod directory, so a subPath is refused).
+    What earlier instances of the container left under `volume-subpaths` is removed
+    first."""
     kinds = {
         str(v.get("name")): volume_type(v) for v in (pod.get("spec") or {}).get("volumes") or []
     }
     env_map = dict(env)
     name = str(container.get("name", ""))
     out: list[Mount] = []
+    if subpaths is not None:
+        try:
+            subpaths.clear(name)
+        except (OSError, SubPathError) as err:
+            raise MountConfigError(
+                f'failed to clean up subPath mounts of container "{name}": {err}'
+            ) from err
     for index, vm in enumerate(container.get("volumeMounts") or []):
         vol_name = str(vm.get("name", ""))
         host = volumes.get(vol_name)
@@ -186,7 +175,19 @@ def container_mounts(
             sub_path = expand_subpath_expr(str(vm["subPathExpr"]), env=env_map)
         if sub_path:
             validate_subpath(sub_path)
-            host = prepare_subpath(host, sub_path=sub_path, mount_name=vol_name, container=name)
+            if subpaths is None:
+                raise MountConfigError(
+                    f'cannot mount subPath `{sub_path}` of volume "{vol_name}" into container '
+                    f'"{name}": no pod directory'
+                )
+            host = prepare_subpath(
+                host,
+                sub_path=sub_path,
+                mounter=subpaths,
+                mount_name=vol_name,
+                container=name,
+                index=index,
+            )
         mode = vm.get("mountPropagation")
         prop = propagation(mode)
         check_propagation(pod, container, index=index, mode=mode)
