@@ -19,6 +19,7 @@ endpoints are disabled.", as upstream's.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import math
 import time
