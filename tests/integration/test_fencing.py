@@ -190,6 +190,31 @@ async def test_a_leader_keeps_leading_when_redis_restarts_empty(
         await asyncio.gather(task, return_exceptions=True)
 
 
+async def test_a_write_prepared_before_the_leader_took_its_lease_back_is_retried(
+    redis_server: RedisServer, buses: Callable[[], Bus]
+) -> None:
+    """Redis restarted empty; the leader took the lease back under a new token while a
+    write carrying the old one was on its way: that write is lapsed (nothing written,
+    retried), never fenced, which would make the only leader step down."""
+    bus_a = buses()
+    lease = bus_a.lease("svc", "host:1:aaaaaaaaaaaa", ttl_ms=30_000)
+    assert await lease.try_acquire()
+    await lease.release()
+    assert await lease.try_acquire() and lease.token == 2
+    old_value = lease.value
+    redis_server.restart()  # the counter restarts too: the lease comes back as token 1
+    await wait_for(_answers(bus_a), "Redis back")
+    assert await lease.try_acquire() and lease.value != old_value
+    table = bus_a.table("t", NodeConditionRecord)
+    real = lease.current_value
+    lease.current_value = lambda: old_value  # type: ignore[method-assign]
+    with pytest.raises(LeaseLapsed):
+        await table.put("k", rec("stale"))
+    lease.current_value = real  # type: ignore[method-assign]
+    assert lease.held and not lease.lost.is_set()
+    await table.put("k", rec("fresh"))
+
+
 async def test_a_leader_whose_lease_was_granted_to_another_meanwhile_steps_down(
     buses: Callable[[], Bus],
 ) -> None:

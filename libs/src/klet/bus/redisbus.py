@@ -481,12 +481,19 @@ _LAPSED_PREFIX = "LAPSED"
 
 # KEYS[1] is the lease, KEYS[2..] the keys written; ARGV[1] is this replica's lease
 # value, then the ops: verb, index of its key in KEYS, arguments. The comparison and the
-# writes run as one script, so nothing can take the lease in between.
+# writes run as one script, so nothing can take the lease in between. A lease held by
+# this same holder under another token (a write prepared before the leader took the
+# lease back after Redis lost it) is "lapsed", to be retried, not "fenced": holder IDs
+# are unique per process, so no other process can have written in between.
 _FENCED_WRITE = """
 local holder = redis.call('GET', KEYS[1])
 if holder ~= ARGV[1] then
   if not holder then
     return redis.error_reply('LAPSED lease ' .. KEYS[1] .. ' is held by nobody')
+  end
+  local me = string.match(ARGV[1], '^(.*:)[^:]*$')
+  if me and string.sub(holder, 1, string.len(me)) == me then
+    return redis.error_reply('LAPSED lease ' .. KEYS[1] .. ' was granted to this holder again')
   end
   return redis.error_reply('FENCED lease ' .. KEYS[1] .. ' is not held by ' .. ARGV[1])
 end
