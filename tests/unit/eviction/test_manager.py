@@ -130,6 +130,7 @@ class World:
         self.free_hangs = False
         self.free_error: Exception | None = None
         self.events: list[tuple[str, str]] = []
+        self.volumes: set[str] = set()  # pods whose volumes syncloop has not removed yet
         self.registry = CollectorRegistry()
         self.layout = layout
         self.config = EvictionConfig(
@@ -147,6 +148,7 @@ class World:
             layout=self.get_layout,
             node_event=self.node_event,
             metrics=create_metrics(self.registry),
+            volumes_exist=lambda uid: uid in self.volumes,
         )
         self.manager = self.new_manager()
 
@@ -436,6 +438,32 @@ async def test_wait_for_cleanup_returns_once_the_pod_is_terminal() -> None:
     hog = w.add("hog", usage("hog", memory_working_set=900 * MI))
     assert await w.step() == [hog]
     assert await w.manager.wait_for_cleanup([hog]) is True
+
+
+async def test_wait_for_cleanup_waits_for_the_evicted_pods_volumes(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A terminal pod whose emptyDir is still on disk is not cleaned up yet: measuring
+    again then would find the same disk pressure and evict a second pod."""
+    monkeypatch.setattr("klet.eviction.manager.CLEANUP_POLL_S", 0.0)
+    w = World(MEMORY)
+    w.source.available[Signal.MEMORY_AVAILABLE] = 50 * MI
+    hog = w.add("hog", usage("hog", memory_working_set=900 * MI))
+    assert await w.step() == [hog]
+    w.volumes.add(hog)
+    polls = 0
+    exists = w.deps.volumes_exist
+
+    def torn_down_after_three_polls(uid: str) -> bool:
+        nonlocal polls
+        polls += 1
+        if polls == 3:
+            w.volumes.discard(hog)
+        return exists(uid)
+
+    object.__setattr__(w.deps, "volumes_exist", torn_down_after_three_polls)
+    assert await w.manager.wait_for_cleanup([hog]) is True
+    assert polls == 3
 
 
 class Tables:

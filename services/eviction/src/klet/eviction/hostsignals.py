@@ -56,8 +56,9 @@ from klet.eviction.signals import (
     pod_usage,
 )
 from klet.model.node import reservation
+from klet.model.podvalidation import UnsafePathComponent, checked_component
 
-__all__ = ["FsLayout", "HostSignalSource", "StatsRuntime", "dir_usage"]
+__all__ = ["FsLayout", "HostSignalSource", "StatsRuntime", "dir_usage", "pod_volumes_exist"]
 
 log = logging.getLogger(__name__)
 
@@ -389,3 +390,17 @@ class HostSignalSource:
             volumes=volumes,
             pod_logs=dir_usage(log_dir) if log_dir.exists() else None,
         )
+
+
+def pod_volumes_exist(root_dir: Path) -> Callable[[str], bool]:
+    """Whether a pod's `<root-dir>/pods/<uid>/volumes` is still there: syncloop removes
+    it once it has torn down every volume of the pod (emptyDirs included)."""
+
+    def exist(uid: str) -> bool:
+        try:
+            name = checked_component(uid, what="pod UID")
+        except UnsafePathComponent:
+            return False  # no pod directory can have such a name
+        return (root_dir / "pods" / name / "volumes").exists()
+
+    return exist

@@ -154,6 +154,9 @@ class Deps:
     layout: Callable[[], Awaitable[FsLayout]]
     node_event: NodeEvent
     metrics: Metrics
+    volumes_exist: Callable[[str], bool]
+    """Whether a pod still has volumes on the node (its `volumes` directory): an evicted
+    pod's emptyDir holds its disk until syncloop tears it down."""
 
 
 @dataclass
@@ -276,7 +279,9 @@ class EvictionManager:
                 await asyncio.sleep(self.settings.monitoring_period_s)
 
     async def wait_for_cleanup(self, uids: Sequence[str]) -> bool:
-        """Until no evicted pod is active any more (upstream's waitForPodsCleanup)."""
+        """Until no evicted pod is active any more and none has volumes left (upstream's
+        waitForPodsCleanup with podResourcesAreReclaimed): measuring again before an
+        evicted pod's emptyDir is gone would find the same pressure and evict another."""
         deadline = self.clock() + CLEANUP_TIMEOUT_S
         while self.clock() < deadline:
             try:
@@ -285,7 +290,9 @@ class EvictionManager:
                 }
             except BusError:
                 active = set(uids)
-            if not active.intersection(uids):
+            if not active.intersection(uids) and not any(
+                self.deps.volumes_exist(uid) for uid in uids
+            ):
                 log.info("evicted pods cleaned up", extra={"uids": list(uids)})
                 return True
             await asyncio.sleep(CLEANUP_POLL_S)

@@ -18,7 +18,7 @@ from typing import Any
 from klet.bus import Bus, BusError, Lease, NodeBus, service_lease
 from klet.config import Settings
 from klet.cri import RuntimeClient, cri_settings
-from klet.eviction.hostsignals import FsLayout, HostSignalSource
+from klet.eviction.hostsignals import FsLayout, HostSignalSource, pod_volumes_exist
 from klet.eviction.manager import BusPods, EvictionManager, ManagerSettings
 from klet.eviction.manager import Deps as ManagerDeps
 from klet.eviction.metrics import Metrics, create_metrics
@@ -108,6 +108,7 @@ def build_deps(settings: Settings, **overrides: Any) -> Deps:
             layout=layout,
             node_event=NodeEvents(node_bus, settings.klet.node_name),
             metrics=metrics,
+            volumes_exist=pod_volumes_exist(Path(settings.klet.root_dir)),
         ),
         config=config,
         settings=ManagerSettings(
