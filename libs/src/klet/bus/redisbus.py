@@ -57,10 +57,12 @@ class BusUnavailable(BusError):
     """Redis could not be reached or did not answer in time."""
 
 
-class LeaseLapsed(BusError):
+class LeaseLapsed(BusUnavailable):
     """A leader write was refused because nobody holds the lease right now (it expired,
     or Redis restarted empty). Nothing was written; the leader loop tries to take the
-    lease back at once, and the write may be retried once it has."""
+    lease back at once, and the write may be retried once it has. It is a kind of
+    `BusUnavailable` so every writer keeps its state and retries, as for an outage,
+    instead of letting it end a root task (a Redis flush stopped syncloop that way)."""
 
 
 class Fenced(BusError):
