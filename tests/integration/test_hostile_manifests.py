@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from klet.bus import Bus, NodeBus
+from klet.bus import NodeBus
 from klet.devstack import DevStack
 from klet.model.records import DesiredPod, PodChange
 from klet.model.types import PodUID
@@ -133,7 +133,7 @@ def test_syncloop_refuses_invalid_records_on_the_bus(
     ]
 
     async def write() -> None:
-        bus = Bus.from_url(node.redis_url, node.node_name, timeout_s=5.0)
+        bus = node.bus(service="pod-source")  # the only writer of `desired`
         try:
             nb = NodeBus.of(bus)
             for rec in records:
