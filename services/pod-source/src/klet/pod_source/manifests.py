@@ -150,12 +150,12 @@ def _check_aliases(root: yaml.Node) -> None:
     and this must not add a recursion of its own.
     """
     distinct: set[int] = set()
-    todo = [root]
-    while todo:
-        node = todo.pop()
+    pending = [root]
+    while pending:
+        node = pending.pop()
         if id(node) not in distinct:
             distinct.add(id(node))
-            todo.extend(_children(node))
+            pending.extend(_children(node))
     if len(distinct) <= 1:
         return
     limit = len(distinct) + MAX_ALIAS_EXPANSION
