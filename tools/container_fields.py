@@ -3,7 +3,7 @@ Kubernetes API model, and which ones klet ignores.
 
 The paths come from the official Python client's models (`V1Container` and the types
 it nests), so a newer API with a new field shows up here without anyone remembering
-it; `klet.syncloop.fields` says which ones klet implements and which it ignores (and
+it; `klet.syncloop.containers.fields` says which ones klet implements and which it ignores (and
 why), and a unit test fails when a model field is in neither. Run it to print the
 ignored ones: `.venv/bin/python tools/container_fields.py`.
 """
@@ -48,7 +48,7 @@ def volume_types() -> list[str]:
 
 
 def main() -> None:
-    from klet.syncloop import fields
+    from klet.syncloop.containers import fields
 
     print("# container fields klet ignores")
     for path in leaf_paths():

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from klet.syncloop import podcgroups, resources
+from klet.syncloop.containers import podcgroups, resources
 
 from tests.harness.node import KletNode, container_status, wait_for
 from tests.integration.test_static_pods import running

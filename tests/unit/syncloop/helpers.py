@@ -7,8 +7,8 @@ from typing import Any, NamedTuple
 from klet.cri import labels as L
 from klet.cri.types import ContainerState, ContainerStatusInfo, SandboxState
 from klet.model.types import ContainerID, SandboxID
-from klet.syncloop import podspec
-from klet.syncloop.runtimepod import RuntimePod, SandboxView, sort_newest_first
+from klet.syncloop.pods import podspec
+from klet.syncloop.pods.runtimepod import RuntimePod, SandboxView, sort_newest_first
 
 S = 1_000_000_000  # ns per second
 

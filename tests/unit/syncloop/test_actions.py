@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 from klet.cri.types import ContainerState as CS
 from klet.cri.types import SandboxState
-from klet.syncloop.actions import compute_pod_actions, should_restart
-from klet.syncloop.backoff import Backoff
+from klet.syncloop.pods.actions import compute_pod_actions, should_restart
+from klet.syncloop.pods.backoff import Backoff
 
 from .helpers import ctr, pod, runtime, sandbox
 
@@ -99,7 +99,7 @@ def test_unknown_state_container_is_killed_then_started() -> None:
 def test_crash_loop_backoff_waits_and_reports() -> None:
     p = pod("a")
     b = Backoff()
-    from klet.syncloop import podspec
+    from klet.syncloop.pods import podspec
 
     key = podspec.backoff_key(p, p["spec"]["containers"][0])
     b.next(key, now=990)  # one restart already happened: the delay is now 10 s

@@ -23,7 +23,7 @@ import pytest
 from klet.cri.testing import FakeRuntimeService
 from klet.model.records import DesiredPod, SourceState
 from klet.model.types import JSON, PodUID
-from klet.syncloop.admission import (
+from klet.syncloop.admission.admit import (
     ADMIT,
     AdmissionLedger,
     NodeInfo,
@@ -35,14 +35,14 @@ from klet.syncloop.admission import (
     pod_requests,
     port_conflict,
 )
-from klet.syncloop.backoff import Backoff
-from klet.syncloop.controller import PodController
-from klet.syncloop.images import ImagePuller
+from klet.syncloop.containers.images import ImagePuller
 from klet.syncloop.metrics import create_metrics
-from klet.syncloop.runtime import PodRuntime
-from klet.syncloop.runtimepod import RuntimePod
-from klet.syncloop.statuspub import StatusPublisher
-from klet.syncloop.syncpod import PodSyncer, SyncSettings
+from klet.syncloop.pods.backoff import Backoff
+from klet.syncloop.pods.controller import PodController
+from klet.syncloop.pods.runtime import PodRuntime
+from klet.syncloop.pods.runtimepod import RuntimePod
+from klet.syncloop.pods.statuspub import StatusPublisher
+from klet.syncloop.pods.syncpod import PodSyncer, SyncSettings
 from prometheus_client import CollectorRegistry
 
 MI = 1024**2

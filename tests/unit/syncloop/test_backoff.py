@@ -3,7 +3,7 @@ waiting measured from the last exit, and forgetting after twice the cap."""
 
 from __future__ import annotations
 
-from klet.syncloop.backoff import Backoff
+from klet.syncloop.pods.backoff import Backoff
 
 
 def test_doubles_to_cap() -> None:

@@ -20,8 +20,8 @@ from typing import Any
 import pytest
 from klet.kube import Forbidden, NotFound, Unavailable
 from klet.model.types import JSON
-from klet.syncloop.envvars import NodeFacts, format_map, go_quote
-from klet.syncloop.kubeobjects import ObjectUnavailable
+from klet.syncloop.environment.envvars import NodeFacts, format_map, go_quote
+from klet.syncloop.environment.kubeobjects import ObjectUnavailable
 from klet.syncloop.volumes import payloads
 from klet.syncloop.volumes.atomic import FileProjection
 from klet.syncloop.volumes.base import VolumeContext, VolumeError

@@ -20,13 +20,13 @@ from klet.cri.testing import FakeRuntimeService
 from klet.cri.types import ContainerState, SandboxState
 from klet.model.records import DesiredPod, PodChange, SourceState
 from klet.model.types import PodUID
-from klet.syncloop.backoff import Backoff
-from klet.syncloop.controller import PodController
-from klet.syncloop.images import ImagePuller
-from klet.syncloop.runtime import PodRuntime
-from klet.syncloop.runtimepod import RuntimePod
-from klet.syncloop.statuspub import StatusPublisher
-from klet.syncloop.syncpod import PodSyncer, SyncSettings
+from klet.syncloop.containers.images import ImagePuller
+from klet.syncloop.pods.backoff import Backoff
+from klet.syncloop.pods.controller import PodController
+from klet.syncloop.pods.runtime import PodRuntime
+from klet.syncloop.pods.runtimepod import RuntimePod
+from klet.syncloop.pods.statuspub import StatusPublisher
+from klet.syncloop.pods.syncpod import PodSyncer, SyncSettings
 
 from .helpers import pod
 

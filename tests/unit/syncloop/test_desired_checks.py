@@ -17,8 +17,10 @@ import pytest
 from klet.model.podvalidation import UnsafePathComponent
 from klet.model.records import DesiredPod, PodChange
 from klet.model.types import PodUID
-from klet.syncloop import etchosts, podspec, termination
-from klet.syncloop.controller import FAILED_VALIDATION, check_desired
+from klet.syncloop.containers import termination
+from klet.syncloop.environment import etchosts
+from klet.syncloop.pods import podspec
+from klet.syncloop.pods.controller import FAILED_VALIDATION, check_desired
 from klet.syncloop.volumes.base import volume_path
 from klet.syncloop.volumes.manager import VolumeManager
 
@@ -79,7 +81,7 @@ async def test_an_invalid_record_is_not_run_and_the_others_are(
     w: World, caplog: pytest.LogCaptureFixture
 ) -> None:
     table = {"good": rec("good"), "bad": rec("bad", escaping_volume("bad"))}
-    with caplog.at_level(logging.ERROR, logger="klet.syncloop.controller"):
+    with caplog.at_level(logging.ERROR, logger="klet.syncloop.pods.controller"):
         w.controller.apply_desired(table, READY, read_from=0)
         w.controller.apply_desired(table, READY, read_from=0)  # a resync logs nothing new
     assert set(w.controller.desired) == {"good"}
@@ -102,7 +104,7 @@ async def test_a_record_with_an_unsafe_uid_gets_no_event(w: World) -> None:
 
 async def test_another_nodes_record_is_ignored(w: World, caplog: pytest.LogCaptureFixture) -> None:
     other = rec("o", pod("app", uid="o", nodeName="node2"))
-    with caplog.at_level(logging.ERROR, logger="klet.syncloop.controller"):
+    with caplog.at_level(logging.ERROR, logger="klet.syncloop.pods.controller"):
         w.controller.apply_desired({"o": other, "good": rec("good")}, READY, read_from=0)
     for uid in ("o", "good"):
         await w.controller.sync_once(uid)

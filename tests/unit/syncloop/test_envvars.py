@@ -14,7 +14,7 @@ import base64
 
 import pytest
 from cri_api.v1.api_pb2 import KeyValue
-from klet.syncloop.envvars import (
+from klet.syncloop.environment.envvars import (
     EnvError,
     EnvSources,
     NodeFacts,
@@ -22,7 +22,7 @@ from klet.syncloop.envvars import (
     expand,
     references,
 )
-from klet.syncloop.kubeobjects import secret_data
+from klet.syncloop.environment.kubeobjects import secret_data
 
 ENV = {"A": "1", "B": "two", "EMPTY": ""}
 

@@ -16,13 +16,13 @@ from typing import Any
 import pytest
 from klet.cri.testing import FakeRuntimeService
 from klet.cri.types import Mount
-from klet.syncloop import etchosts
-from klet.syncloop.backoff import Backoff
-from klet.syncloop.envvars import NodeFacts
-from klet.syncloop.etchosts import HostsFileError
-from klet.syncloop.images import ImagePuller
-from klet.syncloop.runtime import PodRuntime
-from klet.syncloop.syncpod import PodSyncer, SyncSettings
+from klet.syncloop.containers.images import ImagePuller
+from klet.syncloop.environment import etchosts
+from klet.syncloop.environment.envvars import NodeFacts
+from klet.syncloop.environment.etchosts import HostsFileError
+from klet.syncloop.pods.backoff import Backoff
+from klet.syncloop.pods.runtime import PodRuntime
+from klet.syncloop.pods.syncpod import PodSyncer, SyncSettings
 
 from .helpers import RecordedEvents, pod
 

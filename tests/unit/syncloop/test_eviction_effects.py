@@ -25,13 +25,19 @@ from klet.cri.testing import FakeRuntimeService
 from klet.cri.types import ContainerState
 from klet.model.records import DesiredPod, NodeConditionRecord, SourceState
 from klet.model.types import JSON, PodUID
-from klet.syncloop.admission import ADMIT, AdmissionLedger, NodeInfo, pressure_verdict, tolerates
-from klet.syncloop.backoff import Backoff
-from klet.syncloop.controller import NodePressure, PodController
-from klet.syncloop.images import ImagePuller
-from klet.syncloop.runtime import PodRuntime
-from klet.syncloop.statuspub import StatusPublisher
-from klet.syncloop.syncpod import PodSyncer, SyncSettings
+from klet.syncloop.admission.admit import (
+    ADMIT,
+    AdmissionLedger,
+    NodeInfo,
+    pressure_verdict,
+    tolerates,
+)
+from klet.syncloop.containers.images import ImagePuller
+from klet.syncloop.pods.backoff import Backoff
+from klet.syncloop.pods.controller import NodePressure, PodController
+from klet.syncloop.pods.runtime import PodRuntime
+from klet.syncloop.pods.statuspub import StatusPublisher
+from klet.syncloop.pods.syncpod import PodSyncer, SyncSettings
 
 from .helpers import pod
 

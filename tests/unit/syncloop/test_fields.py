@@ -7,14 +7,14 @@ else."""
 from __future__ import annotations
 
 import kubernetes.client as k8s
-from klet.syncloop import fields
+from klet.syncloop.containers import fields
 
 from tools.container_fields import leaf_paths, pod_paths, volume_types
 
 
 def test_every_model_field_is_classified() -> None:
     unclassified = [p for p in leaf_paths() if fields.classify(p) is None]
-    assert unclassified == [], "add these to klet.syncloop.fields SUPPORTED or IGNORED"
+    assert unclassified == [], "add these to klet.syncloop.containers.fields SUPPORTED or IGNORED"
 
 
 def test_rules_name_real_fields_and_do_not_overlap() -> None:
@@ -27,7 +27,7 @@ def test_rules_name_real_fields_and_do_not_overlap() -> None:
 
 def test_every_pod_field_is_classified() -> None:
     unclassified = [p for p in pod_paths() if fields.classify_pod(p) is None]
-    assert unclassified == [], "add these to klet.syncloop.fields POD_* tables"
+    assert unclassified == [], "add these to klet.syncloop.containers.fields POD_* tables"
 
 
 def test_pod_rules_name_real_fields_and_do_not_overlap() -> None:

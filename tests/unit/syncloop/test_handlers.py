@@ -35,8 +35,8 @@ from klet.cri import CRIError, RuntimeUnavailable
 from klet.cri.testing import FakeRuntimeService
 from klet.cri.types import ContainerConfig, SandboxConfig
 from klet.model.types import ContainerID
-from klet.syncloop import handlers
-from klet.syncloop.handlers import HandlerResult
+from klet.syncloop.containers import handlers
+from klet.syncloop.containers.handlers import HandlerResult
 
 # -- exec ------------------------------------------------------------------------------
 

@@ -26,12 +26,13 @@ from klet.cri.client import _container_pb
 from klet.cri.testing import FakeRuntimeService
 from klet.cri.types import ContainerState
 from klet.model.types import ContainerID
-from klet.syncloop import hooks, podspec
-from klet.syncloop.backoff import Backoff
-from klet.syncloop.hooks import LifecycleHooks
-from klet.syncloop.images import ImagePuller
-from klet.syncloop.runtime import PodRuntime
-from klet.syncloop.syncpod import PodSyncer, SyncResult, SyncSettings
+from klet.syncloop.containers import hooks
+from klet.syncloop.containers.hooks import LifecycleHooks
+from klet.syncloop.containers.images import ImagePuller
+from klet.syncloop.pods import podspec
+from klet.syncloop.pods.backoff import Backoff
+from klet.syncloop.pods.runtime import PodRuntime
+from klet.syncloop.pods.syncpod import PodSyncer, SyncResult, SyncSettings
 
 from .helpers import RecordedEvents, pod
 

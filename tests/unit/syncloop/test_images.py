@@ -25,8 +25,7 @@ from klet.cri.types import AuthConfig, SandboxConfig
 from klet.kube import Forbidden
 from klet.kube import NotFound as KubeNotFound
 from klet.model.types import JSON
-from klet.syncloop.backoff import Backoff
-from klet.syncloop.images import (
+from klet.syncloop.containers.images import (
     QPS_EXCEEDED,
     ImagePuller,
     NodeCredentials,
@@ -35,7 +34,8 @@ from klet.syncloop.images import (
     go_duration,
     pull_parallelism,
 )
-from klet.syncloop.kubeobjects import ApiObjects, ObjectUnavailable, env_sources
+from klet.syncloop.environment.kubeobjects import ApiObjects, ObjectUnavailable, env_sources
+from klet.syncloop.pods.backoff import Backoff
 
 from .helpers import RecordedEvents
 

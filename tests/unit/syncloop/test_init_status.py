@@ -8,8 +8,8 @@ from __future__ import annotations
 from typing import Any
 
 from klet.cri.types import ContainerState as CS
-from klet.syncloop.proberesults import ProbeKind, StaticProbeResults
-from klet.syncloop.status import compute_pod_status
+from klet.syncloop.pods.status import compute_pod_status
+from klet.syncloop.probing.proberesults import ProbeKind, StaticProbeResults
 
 from .helpers import ctr, pod, runtime, sandbox
 

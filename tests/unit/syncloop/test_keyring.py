@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 from klet.cri.types import AuthConfig
-from klet.syncloop.keyring import (
+from klet.syncloop.containers.keyring import (
     Keyring,
     KeyringError,
     docker_config_paths,

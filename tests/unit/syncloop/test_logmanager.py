@@ -19,8 +19,8 @@ from klet.cri.errors import CRIError
 from klet.cri.testing import FakeRuntimeService
 from klet.cri.types import ContainerConfig, SandboxConfig
 from klet.model.types import ContainerID
-from klet.syncloop.logmanager import ContainerLogManager, LogManagerSettings
-from klet.syncloop.logrotation import RotationPolicy
+from klet.syncloop.containers.logmanager import ContainerLogManager, LogManagerSettings
+from klet.syncloop.containers.logrotation import RotationPolicy
 
 UID = "0b7e0c52-0000-4000-8000-000000000001"
 
@@ -133,7 +133,7 @@ async def test_a_failed_reopen_renames_the_log_back_and_is_logged_once(
     cid, log = await w.container("app")
     write(log, "keep")
     w.cri.fail_always("ReopenContainerLog", CRIError("runtime says no"))
-    with caplog.at_level(logging.WARNING, logger="klet.syncloop.logmanager"):
+    with caplog.at_level(logging.WARNING, logger="klet.syncloop.containers.logmanager"):
         for _ in range(3):
             w.now += timedelta(seconds=10)
             assert await w.manager.run_once() == 0

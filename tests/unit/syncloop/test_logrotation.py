@@ -9,7 +9,7 @@ from datetime import UTC, datetime, timedelta, timezone
 
 import pytest
 from klet.model.logfiles import rotated_name, rotations_of
-from klet.syncloop.logrotation import RotationPlan, RotationPolicy, plan_rotation
+from klet.syncloop.containers.logrotation import RotationPlan, RotationPolicy, plan_rotation
 
 NOW = datetime(2026, 11, 25, 7, 1, 2, tzinfo=UTC)
 STAMP = "20261125-070102"

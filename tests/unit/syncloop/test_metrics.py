@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import pytest
 from klet.syncloop.metrics import admission_rejection_reason, create_metrics
-from klet.syncloop.prober import ProbeRun
-from klet.syncloop.proberesults import ProbeKind
+from klet.syncloop.probing.prober import ProbeRun
+from klet.syncloop.probing.proberesults import ProbeKind
 from prometheus_client import CollectorRegistry
 
 

@@ -32,10 +32,10 @@ from klet.cri.testing import FakeRuntimeService
 from klet.cri.types import ContainerConfig, SandboxConfig
 from klet.model.types import ContainerID, SandboxID
 from klet.syncloop.metrics import Metrics, create_metrics
-from klet.syncloop.prober import ProbeManager, ProbeSettings
-from klet.syncloop.proberesults import ProbeKind
-from klet.syncloop.runtime import PodRuntime
-from klet.syncloop.runtimepod import RuntimePod
+from klet.syncloop.pods.runtime import PodRuntime
+from klet.syncloop.pods.runtimepod import RuntimePod
+from klet.syncloop.probing.prober import ProbeManager, ProbeSettings
+from klet.syncloop.probing.proberesults import ProbeKind
 from prometheus_client import CollectorRegistry
 
 from .helpers import RecordedEvents

@@ -15,9 +15,9 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from klet.syncloop import probes
-from klet.syncloop.proberesults import ProbeKind
-from klet.syncloop.probes import Counter, Gate, ProbeSpec
+from klet.syncloop.probing import probes
+from klet.syncloop.probing.proberesults import ProbeKind
+from klet.syncloop.probing.probes import Counter, Gate, ProbeSpec
 
 L, R, S = ProbeKind.LIVENESS, ProbeKind.READINESS, ProbeKind.STARTUP
 

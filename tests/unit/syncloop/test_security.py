@@ -28,12 +28,12 @@ from klet.cri.types import (
     SELinuxOptions,
 )
 from klet.model.types import ImageRef
-from klet.syncloop import criconfig, security
-from klet.syncloop.backoff import Backoff
-from klet.syncloop.images import ImagePuller
-from klet.syncloop.runtime import PodRuntime
-from klet.syncloop.security import ImageUser, SecurityConfigError, SecuritySettings
-from klet.syncloop.syncpod import PodSyncer, SyncSettings
+from klet.syncloop.containers import criconfig, security
+from klet.syncloop.containers.images import ImagePuller
+from klet.syncloop.containers.security import ImageUser, SecurityConfigError, SecuritySettings
+from klet.syncloop.pods.backoff import Backoff
+from klet.syncloop.pods.runtime import PodRuntime
+from klet.syncloop.pods.syncpod import PodSyncer, SyncSettings
 
 from .helpers import RecordedEvents
 

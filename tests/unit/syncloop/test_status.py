@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 from klet.cri.types import ContainerState as CS
-from klet.syncloop.status import compute_pod_status, pod_phase
+from klet.syncloop.pods.status import compute_pod_status, pod_phase
 
 from .helpers import ctr, pod, runtime, sandbox
 

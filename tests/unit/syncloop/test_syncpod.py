@@ -18,11 +18,11 @@ from klet.cri import NotFound
 from klet.cri import labels as L
 from klet.cri.testing import FakeRuntimeService
 from klet.cri.types import ContainerState, SandboxState
-from klet.syncloop import podspec
-from klet.syncloop.backoff import Backoff
-from klet.syncloop.images import ImagePuller
-from klet.syncloop.runtime import PodRuntime
-from klet.syncloop.syncpod import PodSyncer, SyncResult, SyncSettings
+from klet.syncloop.containers.images import ImagePuller
+from klet.syncloop.pods import podspec
+from klet.syncloop.pods.backoff import Backoff
+from klet.syncloop.pods.runtime import PodRuntime
+from klet.syncloop.pods.syncpod import PodSyncer, SyncResult, SyncSettings
 
 from .helpers import RecordedEvents, pod
 

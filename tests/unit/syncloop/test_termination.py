@@ -20,7 +20,7 @@ import pytest
 from klet.cri import labels as L
 from klet.cri.types import ContainerState, ContainerStatusInfo, Mount
 from klet.model.types import ContainerID
-from klet.syncloop import termination
+from klet.syncloop.containers import termination
 
 POD = {"metadata": {"uid": "u1", "name": "p", "namespace": "default"}}
 

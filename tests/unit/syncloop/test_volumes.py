@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 from klet.cri.types import Mount, MountPropagation
 from klet.model.types import JSON
-from klet.syncloop.envvars import NodeFacts
+from klet.syncloop.environment.envvars import NodeFacts
 from klet.syncloop.volumes import fs, mounts
 from klet.syncloop.volumes.base import VolumeContext, VolumeError, volume_type
 from klet.syncloop.volumes.emptydir import EmptyDirPlugin, directory_mode, tmpfs_size

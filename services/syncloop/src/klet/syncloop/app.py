@@ -19,9 +19,9 @@ from klet.cri.types import SandboxState
 from klet.model.records import NodeConditionRecord
 from klet.obs import create_health_app, run_supervised, serve_http
 from klet.rpc.podcontrol import serve_pod_control
-from klet.syncloop.intake import BusIntake
-from klet.syncloop.logmanager import ContainerLogManager, LogManagerSettings
-from klet.syncloop.relisting import RELIST_THRESHOLD_S, Relister
+from klet.syncloop.containers.logmanager import ContainerLogManager, LogManagerSettings
+from klet.syncloop.pods.intake import BusIntake
+from klet.syncloop.pods.relisting import RELIST_THRESHOLD_S, Relister
 from klet.syncloop.wiring import Deps
 
 log = logging.getLogger(__name__)

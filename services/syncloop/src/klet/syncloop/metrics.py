@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 if TYPE_CHECKING:
-    from klet.syncloop.prober import ProbeRun
+    from klet.syncloop.probing.prober import ProbeRun
 
 # upstream's prober_probe_total `result` values; upstream's third value, "unknown", is
 # never reached: a probe that errors is thrown away there and here, not counted.

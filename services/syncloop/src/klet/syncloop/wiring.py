@@ -17,27 +17,27 @@ from klet.cri import RuntimeClient, cri_settings
 from klet.kube import KubeClient, kube_settings
 from klet.model.node import allocatable_amounts, node_labels, storage_aware_eviction_hard
 from klet.rpc.unixserver import service_socket
-from klet.syncloop import podcgroups
-from klet.syncloop.admission import AdmissionLedger, NodeInfo
-from klet.syncloop.backoff import Backoff
-from klet.syncloop.controller import NodePressure, PodController, published_status
-from klet.syncloop.dns import DNSSettings
-from klet.syncloop.envvars import NodeFacts
-from klet.syncloop.events import BusEventSink
-from klet.syncloop.images import (
+from klet.syncloop.admission.admit import AdmissionLedger, NodeInfo
+from klet.syncloop.containers import podcgroups
+from klet.syncloop.containers.images import (
     ImagePuller,
     NodeCredentials,
     PullCredentials,
     TokenBucket,
     pull_parallelism,
 )
-from klet.syncloop.kubeobjects import ApiObjects
+from klet.syncloop.containers.security import SecuritySettings
+from klet.syncloop.environment.dns import DNSSettings
+from klet.syncloop.environment.envvars import NodeFacts
+from klet.syncloop.environment.kubeobjects import ApiObjects
+from klet.syncloop.events import BusEventSink
 from klet.syncloop.metrics import Metrics, create_metrics
-from klet.syncloop.prober import ProbeManager
-from klet.syncloop.runtime import PodRuntime
-from klet.syncloop.security import SecuritySettings
-from klet.syncloop.statuspub import StatusPublisher
-from klet.syncloop.syncpod import PodSyncer, SyncSettings
+from klet.syncloop.pods.backoff import Backoff
+from klet.syncloop.pods.controller import NodePressure, PodController, published_status
+from klet.syncloop.pods.runtime import PodRuntime
+from klet.syncloop.pods.statuspub import StatusPublisher
+from klet.syncloop.pods.syncpod import PodSyncer, SyncSettings
+from klet.syncloop.probing.prober import ProbeManager
 from klet.syncloop.volumes.content import (
     ConfigMapPlugin,
     DownwardAPIPlugin,

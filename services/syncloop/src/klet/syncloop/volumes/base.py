@@ -19,8 +19,8 @@ from typing import Protocol
 
 from klet.model.podvalidation import checked_component
 from klet.model.types import JSON
-from klet.syncloop.envvars import NodeFacts
-from klet.syncloop.kubeobjects import KubeObjects
+from klet.syncloop.environment.envvars import NodeFacts
+from klet.syncloop.environment.kubeobjects import KubeObjects
 
 ObjectReader = KubeObjects
 """What a plugin reads ConfigMaps and Secrets through (kubeobjects' reader)."""

@@ -31,7 +31,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from klet.model.types import JSON
-from klet.syncloop.kubeobjects import ObjectUnavailable
+from klet.syncloop.environment.kubeobjects import ObjectUnavailable
 from klet.syncloop.volumes import atomic, emptydir, fs, payloads
 from klet.syncloop.volumes.atomic import FileProjection
 from klet.syncloop.volumes.base import VolumeContext, VolumeError

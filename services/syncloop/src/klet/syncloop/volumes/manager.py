@@ -28,7 +28,7 @@ from klet.cri import CRIError
 from klet.cri import labels as L
 from klet.model.podvalidation import checked_component
 from klet.model.types import JSON
-from klet.syncloop.envvars import NodeFacts
+from klet.syncloop.environment.envvars import NodeFacts
 from klet.syncloop.ports import RuntimeReader
 from klet.syncloop.volumes import fs, poddirs
 from klet.syncloop.volumes.base import (

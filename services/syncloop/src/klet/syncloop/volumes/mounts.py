@@ -27,7 +27,7 @@ from pathlib import Path
 
 from klet.cri.types import Mount, MountPropagation
 from klet.model.types import JSON
-from klet.syncloop import envvars
+from klet.syncloop.environment import envvars
 from klet.syncloop.volumes.base import volume_type
 from klet.syncloop.volumes.subpath import SubPathError, SubPathMounter
 

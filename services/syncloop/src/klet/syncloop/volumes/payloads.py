@@ -32,7 +32,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from klet.model.types import JSON
-from klet.syncloop import envvars
+from klet.syncloop.environment import envvars
 from klet.syncloop.volumes import emptydir
 from klet.syncloop.volumes.atomic import FileProjection
 from klet.syncloop.volumes.base import VolumeError

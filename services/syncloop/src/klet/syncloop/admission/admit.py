@@ -53,7 +53,7 @@ from decimal import Decimal
 
 from klet.config.units import parse_quantity
 from klet.model.types import JSON
-from klet.syncloop import podspec
+from klet.syncloop.pods import podspec
 
 NODE_OS = "linux"
 LABEL_OS = "kubernetes.io/os"

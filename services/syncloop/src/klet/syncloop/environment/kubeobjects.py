@@ -24,7 +24,7 @@ from urllib.parse import quote
 from klet.kube import KubeError
 from klet.kube import NotFound as KubeNotFound
 from klet.model.types import JSON
-from klet.syncloop import envvars
+from klet.syncloop.environment import envvars
 
 DEFAULT_TTL_S = 5.0
 

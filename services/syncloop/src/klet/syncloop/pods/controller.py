@@ -38,16 +38,16 @@ from klet.model.podvalidation import pod_problems
 from klet.model.records import DesiredPod, PodChange, SourceState
 from klet.model.types import JSON, PodUID
 from klet.rpc.podcontrol import PodSummary
-from klet.syncloop import podspec
-from klet.syncloop.admission import EVICTED, PRESSURE_ORDER, AdmissionLedger, Verdict
-from klet.syncloop.podworkers import Outcome, PodWorkers
-from klet.syncloop.prober import ProbeManager
-from klet.syncloop.proberesults import NO_PROBES, ProbeResults
-from klet.syncloop.runtime import PodRuntime
-from klet.syncloop.runtimepod import RuntimePod
-from klet.syncloop.status import compute_pod_status
-from klet.syncloop.statuspub import StatusPublisher
-from klet.syncloop.syncpod import PodSyncer
+from klet.syncloop.admission.admit import EVICTED, PRESSURE_ORDER, AdmissionLedger, Verdict
+from klet.syncloop.pods import podspec
+from klet.syncloop.pods.podworkers import Outcome, PodWorkers
+from klet.syncloop.pods.runtime import PodRuntime
+from klet.syncloop.pods.runtimepod import RuntimePod
+from klet.syncloop.pods.status import compute_pod_status
+from klet.syncloop.pods.statuspub import StatusPublisher
+from klet.syncloop.pods.syncpod import PodSyncer
+from klet.syncloop.probing.prober import ProbeManager
+from klet.syncloop.probing.proberesults import NO_PROBES, ProbeResults
 
 log = logging.getLogger(__name__)
 

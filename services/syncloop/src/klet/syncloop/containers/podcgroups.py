@@ -16,7 +16,7 @@ import os
 from pathlib import Path
 
 from klet.cgroups.fs import V1_CONTROLLERS, detect
-from klet.syncloop.resources import NodeLimits, PodResources
+from klet.syncloop.containers.resources import NodeLimits, PodResources
 
 log = logging.getLogger(__name__)
 

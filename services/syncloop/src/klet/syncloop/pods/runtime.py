@@ -13,9 +13,9 @@ from klet.cri import NotFound
 from klet.cri import labels as L
 from klet.cri.types import ContainerState, ContainerStatusInfo, SandboxState
 from klet.model.types import ContainerID
-from klet.syncloop import termination
+from klet.syncloop.containers import termination
+from klet.syncloop.pods.runtimepod import RuntimePod, SandboxView, sort_newest_first
 from klet.syncloop.ports import RuntimeReader
-from klet.syncloop.runtimepod import RuntimePod, SandboxView, sort_newest_first
 
 
 class PodRuntime:

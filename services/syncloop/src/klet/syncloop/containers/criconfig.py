@@ -12,8 +12,10 @@ from dataclasses import dataclass, field
 from klet.cri import labels as L
 from klet.cri.types import ContainerConfig, DNSConfig, Mount, PortMapping, SandboxConfig
 from klet.model.types import JSON
-from klet.syncloop import dns, envvars, podspec, resources, security
-from klet.syncloop.envvars import NodeFacts
+from klet.syncloop.containers import resources, security
+from klet.syncloop.environment import dns, envvars
+from klet.syncloop.environment.envvars import NodeFacts
+from klet.syncloop.pods import podspec
 
 
 def sandbox_config(

@@ -30,10 +30,10 @@ from dataclasses import dataclass, field
 
 from klet.cri.types import ContainerState, ContainerStatusInfo, SandboxState
 from klet.model.types import JSON, ContainerID
-from klet.syncloop import podspec
-from klet.syncloop.backoff import Backoff
-from klet.syncloop.proberesults import NO_PROBES, ProbeKind, ProbeResults
-from klet.syncloop.runtimepod import RuntimePod, hash_of
+from klet.syncloop.pods import podspec
+from klet.syncloop.pods.backoff import Backoff
+from klet.syncloop.pods.runtimepod import RuntimePod, hash_of
+from klet.syncloop.probing.proberesults import NO_PROBES, ProbeKind, ProbeResults
 
 # upstream's containerKillReason values, carried to the Killing event and metrics
 KILL_LIVENESS = "LivenessProbe"

@@ -39,7 +39,7 @@ from klet.cri.errors import CRIError
 from klet.cri.types import Container, ContainerState, ContainerStatusInfo
 from klet.model.logfiles import COMPRESSED_SUFFIX, TEMPORARY_SUFFIX
 from klet.model.types import ContainerID
-from klet.syncloop.logrotation import RotationPlan, RotationPolicy, plan_rotation
+from klet.syncloop.containers.logrotation import RotationPlan, RotationPolicy, plan_rotation
 
 log = logging.getLogger(__name__)
 

@@ -35,9 +35,7 @@ from typing import Protocol
 
 from klet.cri.types import ContainerState
 from klet.model.types import JSON, ContainerID
-from klet.syncloop import envvars, podspec, probes
-from klet.syncloop.events import EventSink
-from klet.syncloop.handlers import (
+from klet.syncloop.containers.handlers import (
     ExecRunner,
     HandlerResult,
     run_exec,
@@ -45,8 +43,12 @@ from klet.syncloop.handlers import (
     run_http_get,
     run_tcp,
 )
-from klet.syncloop.proberesults import ProbeKind
-from klet.syncloop.runtimepod import RuntimePod
+from klet.syncloop.environment import envvars
+from klet.syncloop.events import EventSink
+from klet.syncloop.pods import podspec
+from klet.syncloop.pods.runtimepod import RuntimePod
+from klet.syncloop.probing import probes
+from klet.syncloop.probing.proberesults import ProbeKind
 
 log = logging.getLogger(__name__)
 

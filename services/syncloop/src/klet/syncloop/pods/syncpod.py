@@ -21,32 +21,24 @@ from klet.cgroups import CgroupFS
 from klet.cri import CRIError
 from klet.cri.types import ContainerState, DNSConfig, SandboxConfig
 from klet.model.types import JSON, SandboxID
-from klet.syncloop import actions as actions_mod
-from klet.syncloop import (
-    criconfig,
-    dns,
-    etchosts,
-    fields,
-    podcgroups,
-    podspec,
-    resources,
-    runtimepod,
-    termination,
-)
-from klet.syncloop.actions import PodActions, StartAction, compute_pod_actions
-from klet.syncloop.backoff import Backoff
-from klet.syncloop.dns import DNSSettings
-from klet.syncloop.envvars import NodeFacts
+from klet.syncloop.containers import criconfig, fields, podcgroups, resources, termination
+from klet.syncloop.containers.hooks import LifecycleHooks, container_spec, pod_ip_of
+from klet.syncloop.containers.images import ImagePuller
+from klet.syncloop.containers.security import SecuritySettings
+from klet.syncloop.containers.startcontainer import ContainerStarter
+from klet.syncloop.environment import dns, etchosts
+from klet.syncloop.environment.dns import DNSSettings
+from klet.syncloop.environment.envvars import NodeFacts
+from klet.syncloop.environment.kubeobjects import KubeObjects
 from klet.syncloop.events import EventSink
-from klet.syncloop.hooks import LifecycleHooks, container_spec, pod_ip_of
-from klet.syncloop.images import ImagePuller
-from klet.syncloop.kubeobjects import KubeObjects
+from klet.syncloop.pods import actions as actions_mod
+from klet.syncloop.pods import podspec, runtimepod
+from klet.syncloop.pods.actions import PodActions, StartAction, compute_pod_actions
+from klet.syncloop.pods.backoff import Backoff
+from klet.syncloop.pods.runtime import PodRuntime
+from klet.syncloop.pods.runtimepod import RuntimePod
 from klet.syncloop.ports import RuntimeService
-from klet.syncloop.proberesults import NO_PROBES, ProbeResults
-from klet.syncloop.runtime import PodRuntime
-from klet.syncloop.runtimepod import RuntimePod
-from klet.syncloop.security import SecuritySettings
-from klet.syncloop.startcontainer import ContainerStarter
+from klet.syncloop.probing.proberesults import NO_PROBES, ProbeResults
 from klet.syncloop.volumes.manager import VolumeManager
 
 log = logging.getLogger(__name__)

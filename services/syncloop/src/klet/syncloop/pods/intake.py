@@ -18,7 +18,7 @@ import time
 from collections.abc import Callable
 
 from klet.bus import BusError, BusUnavailable, NodeBus
-from klet.syncloop.controller import PodController
+from klet.syncloop.pods.controller import PodController
 
 log = logging.getLogger(__name__)
 

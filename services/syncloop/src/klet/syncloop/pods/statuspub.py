@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from klet.bus import BusUnavailable, NodeBus
 from klet.model.records import PodStatusChange, PodStatusRecord
 from klet.model.types import JSON, PodUID
-from klet.syncloop.status import strip_volatile
+from klet.syncloop.pods.status import strip_volatile
 
 log = logging.getLogger(__name__)
 

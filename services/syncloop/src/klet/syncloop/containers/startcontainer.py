@@ -20,28 +20,21 @@ from klet.cri import CRIError
 from klet.cri.types import Mount, SandboxConfig
 from klet.model.podvalidation import checked_component
 from klet.model.types import JSON, SandboxID
-from klet.syncloop import (
-    criconfig,
-    envvars,
-    etchosts,
-    kubeobjects,
-    podcgroups,
-    podspec,
-    security,
-    termination,
-)
-from klet.syncloop.backoff import Backoff
+from klet.syncloop.containers import criconfig, podcgroups, security, termination
+from klet.syncloop.containers.hooks import LifecycleHooks
+from klet.syncloop.containers.images import ImagePuller
+from klet.syncloop.environment import envvars, etchosts, kubeobjects
+from klet.syncloop.environment.kubeobjects import KubeObjects
 from klet.syncloop.events import EventSink
-from klet.syncloop.hooks import LifecycleHooks
-from klet.syncloop.images import ImagePuller
-from klet.syncloop.kubeobjects import KubeObjects
+from klet.syncloop.pods import podspec
+from klet.syncloop.pods.backoff import Backoff
+from klet.syncloop.pods.runtimepod import RuntimePod, restart_count_of
 from klet.syncloop.ports import RuntimeService
-from klet.syncloop.runtimepod import RuntimePod, restart_count_of
 from klet.syncloop.volumes import mounts as volmounts
 from klet.syncloop.volumes.subpath import Binder, KernelBinder, SubPathMounter
 
 if TYPE_CHECKING:
-    from klet.syncloop.syncpod import SyncSettings
+    from klet.syncloop.pods.syncpod import SyncSettings
 
 
 class ContainerStarter:

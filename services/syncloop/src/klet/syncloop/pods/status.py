@@ -13,9 +13,10 @@ from typing import Any
 
 from klet.cri.types import ContainerState, ContainerStatusInfo, SandboxState
 from klet.model.types import JSON
-from klet.syncloop import podspec, termination
-from klet.syncloop.proberesults import NO_PROBES, ProbeKind, ProbeResults
-from klet.syncloop.runtimepod import RuntimePod, restart_count_of
+from klet.syncloop.containers import termination
+from klet.syncloop.pods import podspec
+from klet.syncloop.pods.runtimepod import RuntimePod, restart_count_of
+from klet.syncloop.probing.proberesults import NO_PROBES, ProbeKind, ProbeResults
 
 DISRUPTION_TARGET = "DisruptionTarget"
 TERMINATION_BY_KUBELET = "TerminationByKubelet"

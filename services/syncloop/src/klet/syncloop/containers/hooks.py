@@ -40,10 +40,11 @@ from typing import Protocol
 from klet.cri import labels as L
 from klet.cri.types import ContainerState, ContainerStatusInfo
 from klet.model.types import JSON, ContainerID
-from klet.syncloop import handlers, podspec
+from klet.syncloop.containers import handlers
+from klet.syncloop.containers.handlers import HandlerResult
 from klet.syncloop.events import EventSink
-from klet.syncloop.handlers import HandlerResult
-from klet.syncloop.runtimepod import RuntimePod
+from klet.syncloop.pods import podspec
+from klet.syncloop.pods.runtimepod import RuntimePod
 
 log = logging.getLogger(__name__)
 

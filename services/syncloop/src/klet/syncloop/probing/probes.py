@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from enum import Enum
 
 from klet.model.types import JSON
-from klet.syncloop.proberesults import ProbeKind
+from klet.syncloop.probing.proberesults import ProbeKind
 
 DEFAULT_PERIOD_S = 10
 DEFAULT_TIMEOUT_S = 1

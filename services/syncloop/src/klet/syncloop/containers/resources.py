@@ -19,7 +19,7 @@ from typing import Any
 from klet.config.units import parse_quantity
 from klet.cri.types import LinuxResources
 from klet.model.types import JSON
-from klet.syncloop import podspec
+from klet.syncloop.pods import podspec
 
 MIN_SHARES = 2
 MAX_SHARES = 262144

@@ -31,7 +31,7 @@ from pathlib import Path
 from klet.cri.types import Mount
 from klet.model.podvalidation import UnsafePathComponent, checked_component
 from klet.model.types import JSON
-from klet.syncloop import dns
+from klet.syncloop.environment import dns
 
 ETC_HOSTS = "/etc/hosts"
 FILE_NAME = "etc-hosts"

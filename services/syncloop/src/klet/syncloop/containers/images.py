@@ -34,10 +34,11 @@ from pathlib import Path
 from klet.cri import CRIError
 from klet.cri.types import AuthConfig, SandboxConfig
 from klet.model.types import JSON
-from klet.syncloop import keyring, podspec
-from klet.syncloop.backoff import Backoff
+from klet.syncloop.containers import keyring
+from klet.syncloop.environment.kubeobjects import KubeObjects, ObjectUnavailable
 from klet.syncloop.events import EventSink
-from klet.syncloop.kubeobjects import KubeObjects, ObjectUnavailable
+from klet.syncloop.pods import podspec
+from klet.syncloop.pods.backoff import Backoff
 from klet.syncloop.ports import ImageService
 
 log = logging.getLogger(__name__)

@@ -1,0 +1,2 @@
+"""Whether this node takes a pod, decided as upstream's admit handlers do.
+"""

@@ -1,0 +1,3 @@
+"""Liveness, readiness and startup probes: the pure timing decisions, the results cache and the
+per-container probe tasks.
+"""
