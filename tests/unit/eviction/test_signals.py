@@ -22,7 +22,7 @@ from klet.cri.types import (
     Sandbox,
     SandboxState,
 )
-from klet.eviction.hostsignals import FsLayout, HostSignalSource, dir_usage
+from klet.eviction.hostsignals import FsLayout, HostSignalSource
 from klet.eviction.signals import (
     ContainerSample,
     Observation,
@@ -30,11 +30,12 @@ from klet.eviction.signals import (
     Signal,
     available_observation,
     fs_observations,
-    parse_loadavg_tasks,
     pid_observation,
     pod_usage,
 )
 from klet.model.types import ContainerID, SandboxID
+from klet.stats import HostReader, StatsProvider
+from klet.stats.testing import FakeStatsRuntime
 
 Mi = 2**20
 
@@ -128,20 +129,6 @@ def test_working_set(
 
 
 @pytest.mark.parametrize(
-    ("text", "tasks"),
-    [
-        ("0.22 0.54 0.75 1/164 20474\n", 164),
-        ("1.00 2.00 3.00 12/70000 1\n", 70000),  # above sysinfo's 16-bit truncation
-        ("0.1 0.2 0.3\n", None),
-        ("0.1 0.2 0.3 x/y 1\n", None),
-        ("", None),
-    ],
-)
-def test_loadavg_tasks(text: str, tasks: int | None) -> None:
-    assert parse_loadavg_tasks(text) == tasks
-
-
-@pytest.mark.parametrize(
     ("pid_max", "tasks", "available"),
     [(32768, 164, 32604), (4194304, 70000, 4124304), (100, 150, 0)],
 )
@@ -218,55 +205,9 @@ def test_pod_usage_without_pod_cgroup_or_log_dir_sums_containers() -> None:
     )
 
 
-def test_dir_usage_counts_allocated_blocks_and_hard_links_once(tmp_path: Path) -> None:
-    d = tmp_path / "vol"
-    (d / "sub").mkdir(parents=True)
-    (d / "sub" / "data").write_bytes(b"x" * 100_000)
-    os.link(d / "sub" / "data", d / "again")
-    (d / "link").symlink_to("/etc")
-    size, inodes = dir_usage(d)
-    assert inodes == 4  # vol, sub, data (= again), link
-    assert size >= 100_000
-    assert size < 200_000  # the hard link is not counted twice
-    assert dir_usage(tmp_path / "missing") == (0, 0)
-
-
 # -- the host adapter on a fake host ------------------------------------------------------
 
 UID = "1111-2222"
-
-
-class FakeStatsRuntime:
-    """The adapter's CRI reads, answered from fields; `error` makes every call fail."""
-
-    def __init__(self) -> None:
-        self.sandboxes: list[Sandbox] = []
-        self.stats: list[ContainerStatsInfo] = []
-        self.image_fs: list[FilesystemUsageInfo] = []
-        self.container_fs: list[FilesystemUsageInfo] = []
-        self.error: Exception | None = None
-        self.calls = 0
-
-    def _call(self) -> None:
-        self.calls += 1
-        if self.error is not None:
-            raise self.error
-
-    async def list_pod_sandboxes(
-        self, *, label_selector: dict[str, str] | None = None
-    ) -> list[Sandbox]:
-        self._call()
-        return list(self.sandboxes)
-
-    async def list_container_stats(self) -> list[ContainerStatsInfo]:
-        self._call()
-        return list(self.stats)
-
-    async def image_fs_info(
-        self,
-    ) -> tuple[list[FilesystemUsageInfo], list[FilesystemUsageInfo]]:
-        self._call()
-        return list(self.image_fs), list(self.container_fs)
 
 
 def sandbox(uid: str, name: str, state: SandboxState = SandboxState.READY) -> Sandbox:
@@ -317,15 +258,13 @@ def host(tmp_path: Path) -> tuple[HostSignalSource, FakeStatsRuntime, Path]:
         cstats("other", "x", 0, 5 * Mi, 5 * Mi),
     ]
     runtime.image_fs = [FilesystemUsageInfo(0, str(root), 123, 4)]
+    reader = HostReader(
+        cgroups=CgroupFS(cg, proc=proc), root_dir=root, pod_logs_dir=logs, proc=proc
+    )
     source = HostSignalSource(
-        runtime,
-        cgroups=CgroupFS(cg, proc=proc),
-        root_dir=root,
-        pod_logs_dir=logs,
+        StatsProvider(runtime, reader, clock=lambda: 42 * 10**9),
         memory_capacity=2 * 2**30,
         allocatable_memory=1 * 2**30,
-        proc=proc,
-        clock=lambda: 42.0,
     )
     return source, runtime, tmp_path
 

@@ -31,6 +31,7 @@ from klet.cri.types import (
     SandboxState,
 )
 from klet.model.types import ContainerID, SandboxID
+from klet.stats.testing import FakeCgroups
 from klet.status_reporter.kubeletapi import (
     KubeletApiDeps,
     KubeletApiSettings,
@@ -39,7 +40,7 @@ from klet.status_reporter.kubeletapi import (
 )
 from klet.status_reporter.kubeletapi.app import HttpProblem, resolve_stream_url
 from klet.status_reporter.kubeletapi.routes import StreamTarget
-from klet.status_reporter.kubeletapi.testing import FakeCgroups, FakePodView, FakeRuntime
+from klet.status_reporter.kubeletapi.testing import FakePodView, FakeRuntime
 from prometheus_client import CollectorRegistry, Counter
 from prometheus_client.parser import text_string_to_metric_families
 

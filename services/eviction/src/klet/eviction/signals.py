@@ -20,6 +20,9 @@ than on whatever host runs the tests, restating upstream's definitions:
 - pid.available = /proc/sys/kernel/pid_max − the number of tasks (the total of
   /proc/loadavg's fourth field, which upstream prefers to sysinfo's truncated count).
 
+The readings themselves are collected by `klet.stats`, once for eviction and the
+Summary API alike.
+
 This module does no I/O and imports nothing that does: decision modules import it.
 """
 
@@ -40,7 +43,6 @@ __all__ = [
     "SignalSource",
     "available_observation",
     "fs_observations",
-    "parse_loadavg_tasks",
     "pid_observation",
     "pod_usage",
 ]
@@ -141,15 +143,6 @@ def fs_observations(
     if files <= 0:
         return size, None
     return size, Observation(available=ffree, capacity=files, time=now)
-
-
-def parse_loadavg_tasks(text: str) -> int | None:
-    """The task count of /proc/loadavg ("0.1 0.2 0.3 2/164 999" → 164)."""
-    parts = text.split()
-    if len(parts) < 4:
-        return None
-    _, sep, total = parts[3].partition("/")
-    return int(total) if sep and total.isdigit() else None
 
 
 def pid_observation(pid_max: int, tasks: int, *, now: float) -> Observation:

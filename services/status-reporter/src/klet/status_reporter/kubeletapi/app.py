@@ -31,6 +31,7 @@ from klet.cri.errors import CRIError
 from klet.cri.errors import NotFound as CRINotFound
 from klet.model.types import JSON
 from klet.obs import render
+from klet.stats import HostReader, StatsProvider
 from klet.status_reporter.kubeletapi import lookup
 from klet.status_reporter.kubeletapi.containerlogs import container_logs_response
 from klet.status_reporter.kubeletapi.deps import KubeletApiDeps
@@ -108,13 +109,8 @@ def create_app(deps: KubeletApiDeps) -> FastAPI:
     """The kubelet API app (no authentication: see `server.py`)."""
     app = FastAPI(title="klet kubelet API", docs_url=None, redoc_url=None, openapi_url=None)
     s = deps.settings
-    summary = SummaryProvider(
-        node_name=s.node_name,
-        runtime=deps.runtime,
-        cgroups=deps.cgroups,
-        root_dir=s.root_dir,
-        pod_logs_dir=s.pod_logs_dir,
-    )
+    host = HostReader(cgroups=deps.cgroups, root_dir=s.root_dir, pod_logs_dir=s.pod_logs_dir)
+    summary = SummaryProvider(node_name=s.node_name, stats=StatsProvider(deps.runtime, host))
 
     @app.exception_handler(HttpProblem)
     async def problem(_: Request, err: HttpProblem) -> Response:

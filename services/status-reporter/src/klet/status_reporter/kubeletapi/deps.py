@@ -16,11 +16,11 @@ from klet.cgroups import CgroupFS
 from klet.config import Settings
 from klet.cri.types import ContainerStatusInfo
 from klet.model.types import JSON, ContainerID, SandboxID
+from klet.stats import CgroupReader, StatsRuntime
 from klet.status_reporter.kubeletapi.authn import ApiServer, AuthnSettings
 from klet.status_reporter.kubeletapi.authz import AuthzSettings
 from klet.status_reporter.kubeletapi.logstream import FollowPolicy
 from klet.status_reporter.kubeletapi.lookup import RuntimeLister
-from klet.status_reporter.kubeletapi.stats import CgroupReader, StatsRuntime
 from prometheus_client import CollectorRegistry
 
 FINE_GRAINED_GATE = "KubeletFineGrainedAuthz"

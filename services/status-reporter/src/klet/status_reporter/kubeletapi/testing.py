@@ -7,7 +7,6 @@
 - `FakeApiServer`: answers TokenReview from a token table and SubjectAccessReview from
   a set of allowed (user, verb, subresource) triples, recording every review; `fail`
   makes calls raise Unavailable.
-- `FakeCgroups`: CgroupStats by relative path.
 
 mypy checks them against the protocols at the bottom. Integration tests use the real
 runtime and apiserver.
@@ -17,7 +16,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from klet.cgroups import CgroupStats
 from klet.cri.errors import CRIError, NotFound
 from klet.cri.types import (
     Container,
@@ -31,7 +29,6 @@ from klet.model.types import JSON, ContainerID, SandboxID
 from klet.status_reporter.kubeletapi.authn import TOKENREVIEWS, ApiServer
 from klet.status_reporter.kubeletapi.authz import SUBJECTACCESSREVIEWS
 from klet.status_reporter.kubeletapi.deps import KubeletRuntime, PodView
-from klet.status_reporter.kubeletapi.stats import CgroupReader
 
 
 class FakePodView:
@@ -158,18 +155,7 @@ class FakeApiServer:
         raise AssertionError(f"fake apiserver: no handler for POST {path}")
 
 
-class FakeCgroups:
-    def __init__(self) -> None:
-        self.groups: dict[str, CgroupStats] = {}
-
-    def stats(self, rel: str) -> CgroupStats:
-        return self.groups.get(rel, CgroupStats(None, None, None, None))
-
-    def exists(self, rel: str) -> bool:
-        return rel in self.groups
-
-
 def _conforms(
-    p: FakePodView, r: FakeRuntime, a: FakeApiServer, c: FakeCgroups
-) -> tuple[PodView, KubeletRuntime, ApiServer, CgroupReader]:
-    return p, r, a, c
+    p: FakePodView, r: FakeRuntime, a: FakeApiServer
+) -> tuple[PodView, KubeletRuntime, ApiServer]:
+    return p, r, a

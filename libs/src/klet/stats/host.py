@@ -1,0 +1,158 @@
+"""The host half of the stats provider: cgroups, statfs, /proc and directory walks.
+
+Blocking reads, called from a worker thread by `klet.stats.provider`. Each read that
+fails gives None (or an empty value) rather than an error: a host without a pids
+controller or a missing log directory still yields every other reading. Directory sizes
+are allocated blocks with each inode counted once, as `du` measures and as upstream's
+volume metrics do; statfs of a path that does not exist (yet) reads its nearest
+existing parent.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Protocol
+
+from klet.cgroups import CgroupStats
+from klet.cgroups.machine import parse_meminfo
+from klet.stats.model import DirUsage, FsUsage, parse_btime, parse_loadavg_tasks
+
+__all__ = ["CgroupReader", "HostReader", "dir_usage", "statfs"]
+
+# Where syncloop puts a pod's cgroup: Guaranteed pods directly under kubepods.
+POD_CGROUPS = (
+    "/kubepods/pod{uid}",
+    "/kubepods/burstable/pod{uid}",
+    "/kubepods/besteffort/pod{uid}",
+)
+KUBEPODS = "/kubepods"
+EMPTY_DIR = "kubernetes.io~empty-dir"
+
+
+class CgroupReader(Protocol):
+    """The cgroup reads the provider makes (`klet.cgroups.CgroupFS` provides them)."""
+
+    def stats(self, rel: str) -> CgroupStats: ...
+
+    def exists(self, rel: str) -> bool: ...
+
+    def task_count(self, rel: str) -> int: ...
+
+
+def dir_usage(path: Path) -> DirUsage:
+    """Allocated bytes and inodes under `path`, itself included; symlinks not followed,
+    hard links counted once; zero when it does not exist."""
+    seen: set[tuple[int, int]] = set()
+    size = 0
+
+    def count(p: str) -> None:
+        nonlocal size
+        try:
+            st = os.lstat(p)
+        except OSError:
+            return
+        key = (st.st_dev, st.st_ino)
+        if key not in seen:
+            seen.add(key)
+            size += st.st_blocks * 512
+
+    if not path.exists():
+        return DirUsage(0, 0)
+    count(str(path))
+    for root, dirs, files in os.walk(path):
+        for name in dirs + files:
+            count(os.path.join(root, name))
+    return DirUsage(size, len(seen))
+
+
+def _existing(path: Path) -> Path:
+    probe = path
+    while not probe.exists() and probe != probe.parent:
+        probe = probe.parent
+    return probe
+
+
+def statfs(path: Path) -> FsUsage | None:
+    """statfs of the filesystem holding `path`; None when it cannot be read."""
+    probe = _existing(path)
+    try:
+        st = os.statvfs(probe)
+        device = os.stat(probe).st_dev
+    except OSError:
+        return None
+    return FsUsage(
+        blocks=st.f_blocks,
+        bfree=st.f_bfree,
+        bavail=st.f_bavail,
+        frsize=st.f_frsize,
+        files=st.f_files,
+        ffree=st.f_ffree,
+        device=device,
+    )
+
+
+def _read(path: Path) -> str | None:
+    try:
+        return path.read_text()
+    except OSError:
+        return None
+
+
+class HostReader:
+    """Reads this host: `cgroups` for cgroup files, `proc` for /proc, `root_dir` the
+    kubelet root (pod directories, nodefs), `pod_logs_dir` the pod log root."""
+
+    def __init__(
+        self,
+        *,
+        cgroups: CgroupReader,
+        root_dir: Path,
+        pod_logs_dir: Path,
+        proc: Path = Path("/proc"),
+    ) -> None:
+        self.cgroups = cgroups
+        self.root_dir = root_dir
+        self.pod_logs_dir = pod_logs_dir
+        self.proc = proc
+
+    def kubepods(self) -> CgroupStats | None:
+        return self.cgroups.stats(KUBEPODS) if self.cgroups.exists(KUBEPODS) else None
+
+    def pod_cgroup(self, uid: str) -> str | None:
+        """The pod's cgroup path relative to the cgroup root, if it exists."""
+        for template in POD_CGROUPS:
+            rel = template.format(uid=uid)
+            if self.cgroups.exists(rel):
+                return rel
+        return None
+
+    def processes(self, rel: str, stats: CgroupStats) -> int:
+        """pids.current of the cgroup, else its tasks counted (no pids controller)."""
+        return stats.pids if stats.pids is not None else self.cgroups.task_count(rel)
+
+    def memory_total(self) -> int | None:
+        total = parse_meminfo(_read(self.proc / "meminfo") or "")
+        return total or None
+
+    def boot_ns(self) -> int | None:
+        return parse_btime(_read(self.proc / "stat") or "")
+
+    def pid_max(self) -> int | None:
+        text = (_read(self.proc / "sys/kernel/pid_max") or "").strip()
+        return int(text) if text.isdigit() else None
+
+    def tasks(self) -> int | None:
+        return parse_loadavg_tasks(_read(self.proc / "loadavg") or "")
+
+    def pod_log_dir(self, namespace: str, name: str, uid: str) -> Path:
+        return self.pod_logs_dir / f"{namespace}_{name}_{uid}"
+
+    def empty_dirs(self, uid: str) -> dict[str, DirUsage]:
+        """The pod's disk-backed emptyDirs; a mounted one (a tmpfs) is memory, skipped."""
+        base = self.root_dir / "pods" / uid / "volumes" / EMPTY_DIR
+        try:
+            entries = sorted(base.iterdir())
+        except OSError:
+            return {}
+        return {e.name: dir_usage(e) for e in entries if e.is_dir() and not os.path.ismount(e)}

@@ -1,0 +1,248 @@
+"""What one stats pass measured, and the pure arithmetic that shapes raw readings into it.
+
+A `Snapshot` is the node and its ready pods at one instant, in the units the kernel and
+the runtime report (bytes, inodes, nanoseconds). It is the one collection that both
+consumers read, as upstream's stats provider feeds both the Summary API and the
+eviction manager: status-reporter renders it as `/stats/summary`, eviction derives its
+signals and per-pod usage from it. Which readings go where:
+
+- node: the root cgroup (cpu, memory, working set), the `/kubepods` cgroup, MemTotal,
+  boot time, pid_max and the task count of /proc/loadavg; statfs of the kubelet root
+  dir (nodefs), of the pod log dir, and of the runtime's image and container
+  filesystems (CRI ImageFsInfo's mountpoints; the container filesystem is the image
+  filesystem unless the runtime names one of its own);
+- pods: one per ready sandbox, its pod cgroup (cpu, memory, process count), its
+  containers (below), its log directory and its disk-backed emptyDirs;
+- containers: every container of the pod that CRI reports stats for or lists as
+  running, with its CRI stats, whether it runs, and its log directory's usage.
+
+Consumers pick from the containers what they need (`running_containers`,
+`latest_attempts`); this module does no I/O.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import NamedTuple
+
+from klet.cgroups import CgroupStats
+from klet.cri import labels as L
+from klet.cri.types import Container, ContainerState, ContainerStatsInfo, Sandbox, SandboxState
+
+__all__ = [
+    "ContainerStats",
+    "DirUsage",
+    "FsUsage",
+    "NodeStats",
+    "PodStats",
+    "RuntimeFs",
+    "Snapshot",
+    "latest_attempts",
+    "parse_btime",
+    "parse_loadavg_tasks",
+    "plan_pods",
+    "running_containers",
+]
+
+
+class DirUsage(NamedTuple):
+    """Bytes allocated and inodes used under a directory, itself included (as `du`)."""
+
+    bytes: int
+    inodes: int
+
+
+@dataclass(frozen=True)
+class FsUsage:
+    """A statfs result: blocks of `frsize` bytes, inodes, and the filesystem's device
+    (st_dev of the path, which tells whether two paths share a filesystem)."""
+
+    blocks: int
+    bfree: int
+    bavail: int
+    frsize: int
+    files: int
+    ffree: int
+    device: int
+
+    @property
+    def capacity_bytes(self) -> int:
+        return self.blocks * self.frsize
+
+    @property
+    def available_bytes(self) -> int:
+        """Free to unprivileged users (bavail), as upstream's availableBytes."""
+        return self.bavail * self.frsize
+
+    @property
+    def used_bytes(self) -> int:
+        return (self.blocks - self.bfree) * self.frsize
+
+    @property
+    def inodes_used(self) -> int:
+        return self.files - self.ffree
+
+
+@dataclass(frozen=True)
+class RuntimeFs:
+    """A runtime filesystem as CRI ImageFsInfo names it: the runtime's own count of what
+    it uses there, and statfs of its mountpoint (None when that failed)."""
+
+    mountpoint: str
+    used_bytes: int | None
+    inodes_used: int | None
+    fs: FsUsage | None
+
+
+@dataclass(frozen=True)
+class ContainerStats:
+    """One CRI container of a pod.
+
+    name: the pod spec's container name (the CRI label, else the CRI name).
+    start_ns: when the runtime created it; None when it is known from stats only.
+    usage: the runtime's ListContainerStats reading; None when it gave none.
+    logs: its log directory `<pod log dir>/<name>/`; None when filesystems were skipped.
+    """
+
+    id: str
+    name: str
+    attempt: int
+    running: bool
+    start_ns: int | None = None
+    usage: ContainerStatsInfo | None = None
+    logs: DirUsage | None = None
+
+
+@dataclass(frozen=True)
+class PodStats:
+    """One ready sandbox and what its pod uses.
+
+    cgroup: the pod cgroup's stats; None when the pod has none (cgroupsPerQOS off).
+    processes: tasks in the pod cgroup (pids.current, else a count of its tasks files);
+      None without a pod cgroup.
+    logs: the pod's whole log directory (it also holds the logs of containers no longer
+      running); None when it does not exist or filesystems were skipped.
+    volumes: disk-backed emptyDir name → its usage (a mounted one is a `medium: Memory`
+      tmpfs, which is memory, not disk, and is left out).
+    """
+
+    uid: str
+    namespace: str
+    name: str
+    start_ns: int
+    cgroup: CgroupStats | None
+    processes: int | None
+    containers: Sequence[ContainerStats] = ()
+    logs: DirUsage | None = None
+    volumes: Mapping[str, DirUsage] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class NodeStats:
+    """The node. `kubepods` is None when that cgroup does not exist; the filesystem
+    fields are None when statfs failed or filesystems were skipped; `container_fs` is
+    the image filesystem unless the runtime reports a separate one."""
+
+    root: CgroupStats
+    kubepods: CgroupStats | None
+    memory_total: int | None
+    boot_ns: int | None
+    pid_max: int | None
+    tasks: int | None
+    rootfs: FsUsage | None = None
+    logs_fs: FsUsage | None = None
+    image_fs: RuntimeFs | None = None
+    container_fs: RuntimeFs | None = None
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """One stats pass taken at `time_ns`. `runtime_error` is the runtime's error when it
+    could not be read: the node readings are still there, pods and runtime filesystems
+    are not."""
+
+    time_ns: int
+    node: NodeStats
+    pods: Sequence[PodStats] = ()
+    runtime_error: str | None = None
+
+
+# -- pure arithmetic ---------------------------------------------------------------------
+
+
+def parse_loadavg_tasks(text: str) -> int | None:
+    """The task count of /proc/loadavg ("0.1 0.2 0.3 2/164 999" → 164)."""
+    parts = text.split()
+    if len(parts) < 4:
+        return None
+    _, sep, total = parts[3].partition("/")
+    return int(total) if sep and total.isdigit() else None
+
+
+def parse_btime(text: str) -> int | None:
+    """Boot time of /proc/stat's `btime` line, in nanoseconds since the epoch."""
+    for line in text.splitlines():
+        key, _, value = line.partition(" ")
+        if key == "btime" and value.strip().isdigit():
+            return int(value.strip()) * 1_000_000_000
+    return None
+
+
+def _container_name(labels: Mapping[str, str], fallback: str) -> str:
+    return labels.get(L.CONTAINER_NAME, fallback)
+
+
+def plan_pods(
+    sandboxes: Iterable[Sandbox],
+    containers: Iterable[Container],
+    stats: Iterable[ContainerStatsInfo],
+) -> list[tuple[Sandbox, list[ContainerStats]]]:
+    """The ready sandboxes, in the runtime's order, each with its containers: those the
+    runtime lists as running in it, and those whose stats carry its pod UID, joined by
+    container ID. Log usage is left for the reader to fill in."""
+    by_id = {str(s.id): s for s in stats}
+    running = [c for c in containers if c.state == ContainerState.RUNNING]
+    out: list[tuple[Sandbox, list[ContainerStats]]] = []
+    for sandbox in sandboxes:
+        if sandbox.state != SandboxState.READY:
+            continue
+        mine: dict[str, ContainerStats] = {}
+        for c in running:
+            if c.sandbox_id == sandbox.id:
+                mine[str(c.id)] = ContainerStats(
+                    id=str(c.id),
+                    name=_container_name(c.labels, c.name),
+                    attempt=c.attempt,
+                    running=True,
+                    start_ns=c.created_at,
+                    usage=by_id.get(str(c.id)),
+                )
+        for s in by_id.values():
+            if str(s.id) not in mine and s.labels.get(L.POD_UID) == sandbox.uid:
+                mine[str(s.id)] = ContainerStats(
+                    id=str(s.id),
+                    name=_container_name(s.labels, s.name),
+                    attempt=s.attempt,
+                    running=False,
+                    usage=s,
+                )
+        out.append((sandbox, sorted(mine.values(), key=lambda c: (c.name, c.attempt, c.id))))
+    return out
+
+
+def running_containers(pod: PodStats) -> list[ContainerStats]:
+    """The containers the runtime lists as running, by name (what the Summary shows)."""
+    return [c for c in pod.containers if c.running]
+
+
+def latest_attempts(pod: PodStats) -> dict[str, ContainerStats]:
+    """Container name → its latest attempt among those with stats (what the pod is
+    charged for: an earlier attempt's writable layer is the runtime's to remove)."""
+    out: dict[str, ContainerStats] = {}
+    for c in pod.containers:
+        if c.usage is None:
+            continue
+        if c.name not in out or c.attempt > out[c.name].attempt:
+            out[c.name] = c
+    return out

@@ -1,0 +1,166 @@
+"""The stats provider: one pass over the runtime and the host, giving a `Snapshot`.
+
+Both `/stats/summary` (status-reporter) and the eviction signals (eviction) are built
+from `StatsProvider.collect()`, as upstream's Summary API and eviction manager share one
+stats provider, so the two report the same numbers. One pass makes up to four CRI reads
+(ListPodSandboxes, ListContainers, ListContainerStats, ImageFsInfo) and then reads the
+host in a worker thread (`klet.stats.host`), so the event loop never blocks on the
+filesystem. `filesystems=False` skips ImageFsInfo, statfs and the directory walks (the
+CPU-and-memory pass `/metrics/resource` and `only_cpu_and_memory` need).
+
+When the runtime cannot be read the snapshot carries its error and the node readings
+still, without pods: eviction keeps observing memory, nodefs and PIDs, and the Summary
+API answers with the error. The provider keeps no state between passes; rates (CPU
+nano-cores) are the consumer's to compute from consecutive snapshots.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Protocol
+
+from klet.cri.errors import CRIError
+from klet.cri.types import Container, ContainerStatsInfo, FilesystemUsageInfo, Sandbox
+from klet.model.types import SandboxID
+from klet.stats.host import HostReader, dir_usage, statfs
+from klet.stats.model import (
+    ContainerStats,
+    NodeStats,
+    PodStats,
+    RuntimeFs,
+    Snapshot,
+    plan_pods,
+)
+
+__all__ = ["StatsProvider", "StatsRuntime"]
+
+
+class StatsRuntime(Protocol):
+    """The CRI reads a pass makes (`klet.cri.RuntimeClient` provides them)."""
+
+    async def list_pod_sandboxes(
+        self, *, label_selector: dict[str, str] | None = None
+    ) -> list[Sandbox]: ...
+
+    async def list_containers(
+        self, *, sandbox_id: SandboxID | None = None, label_selector: dict[str, str] | None = None
+    ) -> list[Container]: ...
+
+    async def list_container_stats(self) -> list[ContainerStatsInfo]: ...
+
+    async def image_fs_info(
+        self,
+    ) -> tuple[list[FilesystemUsageInfo], list[FilesystemUsageInfo]]: ...
+
+
+@dataclasses.dataclass(frozen=True)
+class _RuntimeReadings:
+    sandboxes: list[Sandbox]
+    containers: list[Container]
+    stats: list[ContainerStatsInfo]
+    image_fs: list[FilesystemUsageInfo]
+    container_fs: list[FilesystemUsageInfo]
+    error: str | None = None
+
+
+class StatsProvider:
+    """Collects snapshots of this node; `clock` (nanoseconds) stamps each one."""
+
+    def __init__(
+        self,
+        runtime: StatsRuntime,
+        host: HostReader,
+        *,
+        clock: Callable[[], int] = time.time_ns,
+    ) -> None:
+        self._runtime = runtime
+        self.host = host
+        self._clock = clock
+
+    async def collect(self, *, filesystems: bool = True) -> Snapshot:
+        readings = await self._read_runtime(filesystems=filesystems)
+        return await asyncio.to_thread(self._measure, readings, filesystems, self._clock())
+
+    async def _read_runtime(self, *, filesystems: bool) -> _RuntimeReadings:
+        try:
+            images, writable = await self._runtime.image_fs_info() if filesystems else ([], [])
+            sandboxes = await self._runtime.list_pod_sandboxes()
+            containers = await self._runtime.list_containers()
+            stats = await self._runtime.list_container_stats()
+        except CRIError as err:
+            return _RuntimeReadings([], [], [], [], [], error=str(err))
+        return _RuntimeReadings(sandboxes, containers, stats, images, writable)
+
+    # -- in the worker thread ---------------------------------------------------------
+
+    def _measure(self, cri: _RuntimeReadings, filesystems: bool, now_ns: int) -> Snapshot:
+        host = self.host
+        node = NodeStats(
+            root=host.cgroups.stats("/"),
+            kubepods=host.kubepods(),
+            memory_total=host.memory_total(),
+            boot_ns=host.boot_ns(),
+            pid_max=host.pid_max(),
+            tasks=host.tasks(),
+        )
+        if filesystems:
+            image_fs = self._runtime_fs(cri.image_fs[0], host.root_dir) if cri.image_fs else None
+            container_fs = image_fs
+            if cri.container_fs and image_fs is not None:
+                container_fs = self._runtime_fs(cri.container_fs[0], Path(image_fs.mountpoint))
+            node = dataclasses.replace(
+                node,
+                rootfs=statfs(host.root_dir),
+                logs_fs=statfs(host.pod_logs_dir),
+                image_fs=image_fs,
+                container_fs=container_fs,
+            )
+        pods = [
+            self._pod(sandbox, containers, filesystems)
+            for sandbox, containers in plan_pods(cri.sandboxes, cri.containers, cri.stats)
+        ]
+        return Snapshot(time_ns=now_ns, node=node, pods=pods, runtime_error=cri.error)
+
+    @staticmethod
+    def _runtime_fs(info: FilesystemUsageInfo, default: Path) -> RuntimeFs:
+        mountpoint = info.mountpoint or str(default)
+        return RuntimeFs(
+            mountpoint=mountpoint,
+            used_bytes=info.used_bytes,
+            inodes_used=info.inodes_used,
+            fs=statfs(Path(mountpoint)),
+        )
+
+    def _pod(
+        self, sandbox: Sandbox, containers: list[ContainerStats], filesystems: bool
+    ) -> PodStats:
+        host = self.host
+        rel = host.pod_cgroup(sandbox.uid)
+        cgroup, processes = None, None
+        if rel is not None:
+            cgroup = host.cgroups.stats(rel)
+            processes = host.processes(rel, cgroup)
+        pod = PodStats(
+            uid=sandbox.uid,
+            namespace=sandbox.namespace,
+            name=sandbox.name,
+            start_ns=sandbox.created_at,
+            cgroup=cgroup,
+            processes=processes,
+            containers=containers,
+        )
+        if not filesystems:
+            return pod
+        log_dir = host.pod_log_dir(sandbox.namespace, sandbox.name, sandbox.uid)
+        return dataclasses.replace(
+            pod,
+            containers=[
+                dataclasses.replace(c, logs=dir_usage(log_dir / c.name)) for c in containers
+            ],
+            logs=dir_usage(log_dir) if log_dir.exists() else None,
+            volumes=host.empty_dirs(sandbox.uid),
+        )

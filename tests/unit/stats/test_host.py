@@ -1,0 +1,119 @@
+"""The host half of the stats provider on tmp_path trees: `du`-style directory usage,
+statfs of missing paths, /proc readings, pod cgroup lookup by QoS class, the task-count
+fallback without a pids controller, and disk-backed emptyDirs."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+from klet.cgroups import CgroupFS, CgroupStats
+from klet.stats.host import HostReader, dir_usage, statfs
+from klet.stats.model import DirUsage
+from klet.stats.testing import FakeCgroups
+
+
+def write(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+
+
+def test_dir_usage_counts_allocated_blocks_and_hard_links_once(tmp_path: Path) -> None:
+    d = tmp_path / "vol"
+    (d / "sub").mkdir(parents=True)
+    (d / "sub" / "data").write_bytes(b"x" * 100_000)
+    os.link(d / "sub" / "data", d / "again")
+    (d / "link").symlink_to("/etc")
+    size, inodes = dir_usage(d)
+    assert inodes == 4  # vol, sub, data (= again), link
+    assert size >= 100_000
+    assert size < 200_000  # the hard link is not counted twice
+    assert dir_usage(tmp_path / "missing") == (0, 0)
+
+
+def test_statfs_reads_the_nearest_existing_parent(tmp_path: Path) -> None:
+    here = statfs(tmp_path / "not" / "yet")
+    st = os.statvfs(tmp_path)
+    assert here is not None
+    assert (here.blocks, here.frsize, here.files) == (st.f_blocks, st.f_frsize, st.f_files)
+    assert here.device == os.stat(tmp_path).st_dev
+
+
+@pytest.fixture
+def reader(tmp_path: Path) -> HostReader:
+    proc = tmp_path / "proc"
+    write(proc / "meminfo", "MemTotal:  2097152 kB\nMemFree:  1000 kB\n")
+    write(proc / "stat", "cpu 1 2 3\nbtime 1700000000\n")
+    write(proc / "sys/kernel/pid_max", "4096\n")
+    write(proc / "loadavg", "0.5 0.5 0.5 3/400 999\n")
+    return HostReader(
+        cgroups=FakeCgroups(), root_dir=tmp_path / "root", pod_logs_dir=tmp_path / "logs", proc=proc
+    )
+
+
+def test_proc_readings(reader: HostReader) -> None:
+    assert reader.memory_total() == 2 * 2**30
+    assert reader.boot_ns() == 1_700_000_000 * 10**9
+    assert (reader.pid_max(), reader.tasks()) == (4096, 400)
+
+
+def test_missing_proc_files_read_as_unknown(tmp_path: Path) -> None:
+    empty = HostReader(
+        cgroups=FakeCgroups(), root_dir=tmp_path, pod_logs_dir=tmp_path, proc=tmp_path / "none"
+    )
+    assert (empty.memory_total(), empty.boot_ns(), empty.pid_max(), empty.tasks()) == (
+        None,
+        None,
+        None,
+        None,
+    )
+
+
+@pytest.mark.parametrize(
+    "path", ["/kubepods/podU", "/kubepods/burstable/podU", "/kubepods/besteffort/podU"]
+)
+def test_pod_cgroup_under_each_qos_class(reader: HostReader, path: str) -> None:
+    assert isinstance(reader.cgroups, FakeCgroups)
+    reader.cgroups.groups[path] = CgroupStats(1, 1, 1, 1)
+    assert reader.pod_cgroup("U") == path
+    assert reader.pod_cgroup("V") is None
+
+
+def test_kubepods_absent_is_none(reader: HostReader) -> None:
+    assert isinstance(reader.cgroups, FakeCgroups)
+    assert reader.kubepods() is None
+    reader.cgroups.groups["/kubepods"] = CgroupStats(5, 4, 3, 2)
+    assert reader.kubepods() == CgroupStats(5, 4, 3, 2)
+
+
+@pytest.mark.parametrize("version", [1, 2])
+def test_processes_fall_back_to_counting_tasks(tmp_path: Path, version: int) -> None:
+    cg = tmp_path / "cg"
+    if version == 2:
+        write(cg / "cgroup.controllers", "memory\n")
+        write(cg / "kubepods/podU/cgroup.threads", "1\n2\n")
+        write(cg / "kubepods/podU/c1/cgroup.threads", "3\n\n")
+    else:
+        write(cg / "memory/kubepods/podU/tasks", "1\n2\n")
+        write(cg / "memory/kubepods/podU/c1/tasks", "3\n")
+    reader = HostReader(cgroups=CgroupFS(cg), root_dir=tmp_path, pod_logs_dir=tmp_path)
+    assert reader.processes("/kubepods/podU", CgroupStats(None, None, None, None)) == 3
+    assert reader.processes("/kubepods/podU", CgroupStats(None, None, None, 9)) == 9
+
+
+def test_empty_dirs_on_disk_only(reader: HostReader) -> None:
+    base = reader.root_dir / "pods/U/volumes/kubernetes.io~empty-dir"
+    write(base / "scratch/blob", "y" * 50_000)
+    (base / "cache").mkdir()
+    write(base / "stray-file", "not a volume")
+    volumes = reader.empty_dirs("U")
+    assert sorted(volumes) == ["cache", "scratch"]
+    assert 50_000 <= volumes["scratch"].bytes < 50_000 + 16 * 1024
+    assert volumes["cache"].inodes == 1
+    assert reader.empty_dirs("gone") == {}
+
+
+def test_pod_log_dir_name(reader: HostReader) -> None:
+    assert reader.pod_log_dir("ns", "web", "U") == reader.pod_logs_dir / "ns_web_U"
+    assert dir_usage(reader.pod_log_dir("ns", "web", "U")) == DirUsage(0, 0)
