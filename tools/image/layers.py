@@ -300,6 +300,7 @@ def workspace_layer(*, uv: Path, python_version: str, dest: Path) -> Layer:
         stage = Path(tmp) / "root"
         target = _pip_install(uv, stage, python_version, ["--no-deps", *built])
         shutil.rmtree(target / "bin", ignore_errors=True)
+        _forget_wheel_paths(target)
         if not (target / "klet/rpc/gen/__init__.py").is_file():
             raise BuildError("the klet-libs wheel does not carry klet/rpc/gen")
         bin_dir = stage / "usr/local/bin"
@@ -313,6 +314,23 @@ def workspace_layer(*, uv: Path, python_version: str, dest: Path) -> Layer:
             script.chmod(0o755)
         _compile(stage, target)
         return compress_layer(tar_dir_chunks(stage), dest)
+
+
+def _forget_wheel_paths(target: Path) -> None:
+    """Drop the install records that name this build's temporary wheel paths.
+
+    uv notes where a local wheel came from (`direct_url.json`, `uv_cache.json`); in the
+    image those paths mean nothing, and they would make every build's layer differ.
+    """
+    for dist_info in target.glob("*.dist-info"):
+        dropped = {"direct_url.json", "uv_cache.json"}
+        for name in dropped:
+            (dist_info / name).unlink(missing_ok=True)
+        record = dist_info / "RECORD"
+        lines = record.read_text().splitlines(keepends=True)
+        record.write_text(
+            "".join(line for line in lines if line.split(",", 1)[0].split("/")[-1] not in dropped)
+        )
 
 
 def console_scripts() -> dict[str, str]:
