@@ -49,12 +49,13 @@ proto:
 # the locked dependencies + the workspace wheels, entrypoint `klet`) and
 # klet-redis:<version>, as OCI archives in .cache/image/ that `docker load`, `ctr images
 # import` and `skopeo copy oci-archive:` accept. The rootfs and dependency layers are
-# cached under $KLET_CACHE/image (default /var/cache/klet/image); see tools/image.
-image: setup proto
+# cached under $KLET_CACHE/image (default /var/cache/klet/image); see tools/image. The
+# gRPC stubs the libs wheel carries are the ones setup (re)generates when proto/ changed.
+image: setup
 	$(PY) -m tools.image
 
 # Builds the images and runs them on a private containerd (tests/image); not in `make test` yet.
-test-image: setup proto
+test-image: setup
 	KLET_IMAGE_TESTS=1 $(PY) -m pytest tests/image $(PYTEST_ARGS)
 
 bench: setup

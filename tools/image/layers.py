@@ -16,6 +16,10 @@
 
 Python files are compiled to unchecked-hash .pyc files at build time: the image's file
 system is read-only in spirit, and a service then starts without compiling its imports.
+Every layer is reproducible: mmdebstrap runs with SOURCE_DATE_EPOCH (its file times are
+clamped, and Debian's own .pyc files are then hash-checked rather than time-checked),
+and the builder's tars have sorted entries with fixed times and owners. The same inputs
+give the same image digest, so pushing an unchanged image moves nothing.
 Layers are written to `<cache>/layers/<key>.tar.gz` with a `<key>.json` beside it holding
 the digests; the cache is safe to share between concurrent builds (a file lock).
 """
