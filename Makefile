@@ -4,7 +4,7 @@ PY := .venv/bin/python
 RUN_DIR ?= $(CURDIR)/.run
 PYTEST_ARGS ?=
 
-.PHONY: setup run test unit integration cluster soak lint typecheck proto bench bench-gc fuzz fuzz-manifests clean
+.PHONY: setup run test unit integration cluster soak lint typecheck proto bench bench-gc fuzz fuzz-manifests clean image test-image
 
 setup:
 	@bash tools/setup.sh
@@ -40,10 +40,23 @@ lint: setup
 	.venv/bin/lint-imports
 
 typecheck: setup
-	.venv/bin/mypy libs/src services/pod-source/src services/syncloop/src services/status-reporter/src services/eviction/src services/image-gc/src bench/run.py bench/gc.py tools/container_fields.py tools/config_fields.py
+	.venv/bin/mypy libs/src services/pod-source/src services/syncloop/src services/status-reporter/src services/eviction/src services/image-gc/src bench/run.py bench/gc.py tools/container_fields.py tools/config_fields.py tools/image
 
 proto:
 	$(PY) tools/gen_proto.py
+
+# The deployment images, with no Docker daemon: klet:<version> (Debian bookworm minbase +
+# the locked dependencies + the workspace wheels, entrypoint `klet`) and
+# klet-redis:<version>, as OCI archives in .cache/image/ that `docker load`, `ctr images
+# import` and `skopeo copy oci-archive:` accept. The rootfs and dependency layers are
+# cached under $KLET_CACHE/image (default /var/cache/klet/image); see tools/image. The
+# gRPC stubs the libs wheel carries are the ones setup (re)generates when proto/ changed.
+image: setup
+	$(PY) -m tools.image
+
+# Builds the images and runs them on a private containerd (tests/image); not in `make test` yet.
+test-image: setup
+	KLET_IMAGE_TESTS=1 $(PY) -m pytest tests/image $(PYTEST_ARGS)
 
 bench: setup
 	$(PY) bench/run.py

@@ -7,7 +7,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 APT_PACKAGES=(containerd runc containernetworking-plugins busybox-static docker-registry
-              redis-server iproute2 iptables apache2-utils)
+              redis-server iproute2 iptables apache2-utils mmdebstrap skopeo)
 UV_VERSION=0.13.9
 
 missing=()

@@ -1,0 +1,182 @@
+"""`make image`: build `klet:<version>` and `klet-redis:<version>` as OCI archives.
+
+No Docker daemon and no Dockerfile: the layers come from mmdebstrap and uv (see
+tools/image/layers.py), the config, manifest and archive from tools/image/oci.py. Each
+archive is an OCI layout that `ctr images import`, `skopeo copy oci-archive:` and
+docker 20.10's `docker load` all accept.
+
+    python -m tools.image [--out-dir DIR] [--cache-dir DIR] [--uv PATH] [klet|redis ...]
+
+The last lines printed are one per image: name, archive path, sizes and seconds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import sys
+import tempfile
+import time
+import tomllib
+from dataclasses import dataclass
+from pathlib import Path
+
+from tools.image.layers import (
+    ROOT,
+    BuildError,
+    LayerCache,
+    Rootfs,
+    dependencies_layer,
+    rootfs_layer,
+    workspace_layer,
+)
+from tools.image.oci import ImageConfig, Layer, image_config, write_archive
+
+# What the services execute or load besides Python: mount/umount (syncloop's volumes,
+# package mount), util-linux (nsenter, findmnt for diagnosis in the container),
+# iproute2 (ip, for a look at the host network the services run in), ca-certificates
+# (TLS to the apiserver and manifest URLs).
+KLET_ROOTFS = Rootfs(
+    name="klet", packages=("python3", "util-linux", "iproute2", "ca-certificates", "mount")
+)
+REDIS_ROOTFS = Rootfs(name="redis", packages=("redis-server",))
+PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+
+
+@dataclass(frozen=True)
+class Built:
+    reference: str
+    archive: Path
+    layers: list[Layer]
+    seconds: float
+
+    @property
+    def compressed(self) -> int:
+        return sum(layer.size for layer in self.layers)
+
+    @property
+    def uncompressed(self) -> int:
+        return sum(layer.uncompressed_size for layer in self.layers)
+
+    def summary(self) -> str:
+        return (
+            f"{self.reference} {self.archive} layers={len(self.layers)} "
+            f"compressed={self.compressed / 1e6:.1f}MB "
+            f"uncompressed={self.uncompressed / 1e6:.1f}MB seconds={self.seconds:.1f}"
+        )
+
+
+def version() -> str:
+    return str(tomllib.loads((ROOT / "libs/pyproject.toml").read_text())["project"]["version"])
+
+
+def labels(title: str) -> dict[str, str]:
+    return {
+        "org.opencontainers.image.title": title,
+        "org.opencontainers.image.version": version(),
+        "org.opencontainers.image.base.name": "debian:bookworm",
+    }
+
+
+def build_klet(*, out_dir: Path, cache: LayerCache, uv: Path) -> Built:
+    began = time.monotonic()
+    reference = f"klet:{version()}"
+    rootfs = rootfs_layer(KLET_ROOTFS, cache)
+    python = rootfs.python_version()
+    deps = dependencies_layer(uv=uv, python_version=python, cache=cache)
+    with tempfile.TemporaryDirectory(prefix="klet-image-") as tmp:
+        workspace = workspace_layer(uv=uv, python_version=python, dest=Path(tmp) / "ws.tar.gz")
+        layers = [rootfs.layer, deps, workspace]
+        config = image_config(
+            layers,
+            ImageConfig(
+                entrypoint=["klet"],
+                cmd=["--help"],
+                # The .pyc files are built in; a container never writes new ones.
+                env={"PATH": PATH, "PYTHONDONTWRITEBYTECODE": "1"},
+                labels=labels("klet"),
+            ),
+            history=[
+                _rootfs_step(KLET_ROOTFS),
+                "uv pip install (uv.lock, third-party)",
+                "uv pip install (workspace wheels)",
+            ],
+        )
+        archive = out_dir / f"klet-{version()}.oci.tar"
+        write_archive(archive, reference=reference, layers=layers, config=config)
+    return Built(reference, archive, layers, time.monotonic() - began)
+
+
+def build_redis(*, out_dir: Path, cache: LayerCache) -> Built:
+    began = time.monotonic()
+    reference = f"klet-redis:{version()}"
+    rootfs = rootfs_layer(REDIS_ROOTFS, cache)
+    layers = [rootfs.layer]
+    config = image_config(
+        layers,
+        ImageConfig(
+            entrypoint=["redis-server"],
+            cmd=[],
+            env={"PATH": PATH},
+            labels=labels("klet-redis"),
+        ),
+        history=[_rootfs_step(REDIS_ROOTFS)],
+    )
+    archive = out_dir / f"klet-redis-{version()}.oci.tar"
+    write_archive(archive, reference=reference, layers=layers, config=config)
+    return Built(reference, archive, layers, time.monotonic() - began)
+
+
+def _rootfs_step(spec: Rootfs) -> str:
+    return f"mmdebstrap --variant=minbase --include={','.join(sorted(spec.packages))} bookworm"
+
+
+def default_uv() -> Path:
+    bootstrap = ROOT / ".cache/bootstrap/bin/uv"
+    if bootstrap.is_file():
+        return bootstrap
+    found = shutil.which("uv")
+    if found is None:
+        raise BuildError("no uv: run `make setup` (it installs .cache/bootstrap/bin/uv)")
+    return Path(found)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m tools.image", description=__doc__.split("\n")[0]
+    )
+    parser.add_argument("images", nargs="*", metavar="klet|redis", help="default: both")
+    parser.add_argument("--out-dir", type=Path, default=ROOT / ".cache/image")
+    parser.add_argument(
+        "--cache-dir",
+        type=Path,
+        default=Path(os.environ.get("KLET_CACHE", "/var/cache/klet")) / "image",
+        help="where the rootfs and dependency layers are cached (default $KLET_CACHE/image)",
+    )
+    parser.add_argument(
+        "--uv", type=Path, default=None, help="the uv binary (default: make setup's)"
+    )
+    args = parser.parse_args(argv)
+    wanted = args.images or ["klet", "redis"]
+    if unknown := set(wanted) - {"klet", "redis"}:
+        parser.error(f"unknown image(s): {', '.join(sorted(unknown))}")
+    args.out_dir.mkdir(parents=True, exist_ok=True)
+    cache = LayerCache(args.cache_dir)
+    try:
+        uv = args.uv or default_uv()
+        built = []
+        if "klet" in wanted:
+            built.append(build_klet(out_dir=args.out_dir, cache=cache, uv=uv))
+        if "redis" in wanted:
+            built.append(build_redis(out_dir=args.out_dir, cache=cache))
+    except BuildError as err:
+        print(f"image: {err}", file=sys.stderr)
+        return 1
+    for image in built:
+        print(image.summary())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
