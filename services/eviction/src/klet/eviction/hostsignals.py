@@ -57,6 +57,7 @@ from klet.eviction.signals import (
 )
 from klet.model.node import reservation
 from klet.model.podvalidation import UnsafePathComponent, checked_component
+from klet.obs import OnceLogger
 
 __all__ = ["FsLayout", "HostSignalSource", "StatsRuntime", "dir_usage", "pod_volumes_exist"]
 
@@ -176,7 +177,7 @@ class HostSignalSource:
         self._allocatable_memory = allocatable_memory
         self._proc = proc
         self._clock = clock
-        self._last_error: str | None = None
+        self._once = OnceLogger(log, level=logging.WARNING)
 
     @property
     def memory_capacity(self) -> int:
@@ -241,15 +242,14 @@ class HostSignalSource:
             sandboxes = await self._runtime.list_pod_sandboxes()
             stats = await self._runtime.list_container_stats()
         except CRIError as err:
-            message = str(err)
-            if message != self._last_error:
-                log.warning(
-                    "eviction: runtime stats unavailable, observing without them",
-                    extra={"error": message},
-                )
-                self._last_error = message
+            self._once.error(
+                "cri",
+                "eviction: runtime stats unavailable, observing without them",
+                cause=str(err),
+                error=str(err),
+            )
             return _CriReadings([], [], [], [])
-        self._last_error = None
+        self._once.clear("cri", "eviction: runtime stats available again")
         return _CriReadings(images, containers, sandboxes, stats)
 
     # -- in the worker thread ---------------------------------------------------------
