@@ -162,6 +162,37 @@ def test_once_logger_logs_once_per_change_and_recovery() -> None:
 
 
 @pytest.mark.usefixtures("restore_root_logger")
+def test_once_logger_cause_under_a_fixed_message_and_level() -> None:
+    stream = configured()
+    once = OnceLogger(logging.getLogger("klet.test.once-cause"), level=logging.WARNING)
+    results = [
+        once.error("cri", "stats unavailable", cause="refused", error="refused"),
+        once.error("cri", "stats unavailable", cause="refused", error="refused again"),
+        once.error("cri", "stats unavailable", cause="timeout", level=logging.ERROR),
+        once.clear("cri", "stats available again"),
+    ]
+    assert results == [True, False, True, True]
+    assert [(line["level"], line["msg"]) for line in lines(stream)] == [
+        ("warning", "stats unavailable"),
+        ("error", "stats unavailable"),
+        ("info", "stats available again"),
+    ]
+
+
+@pytest.mark.usefixtures("restore_root_logger")
+def test_once_logger_retain_forgets_gone_keys_silently() -> None:
+    stream = configured()
+    once = OnceLogger(logging.getLogger("klet.test.once-retain"))
+    once.error("c1", "not rotated")
+    once.error("c2", "not rotated")
+    once.retain(["c2", "c3"])
+    assert once.active() == {"c2": "not rotated"}
+    assert once.error("c1", "not rotated")  # a new object under an old key logs again
+    assert not once.error("c2", "not rotated")
+    assert [line["msg"] for line in lines(stream)] == ["not rotated"] * 3
+
+
+@pytest.mark.usefixtures("restore_root_logger")
 def test_log_once_per_change_function() -> None:
     stream = configured()
     log = logging.getLogger("klet.test.once-function")

@@ -1,12 +1,17 @@
 """The leader loop's decision (`klet.bus.leader.decide`): when a replica starts acting,
 keeps acting (renewed; the lease re-taken after Redis lost it while it was valid), and
 steps down (lease taken, a write refused, renewals failing for a whole TTL, the lease
-lapsed and possibly granted to someone else in between)."""
+lapsed and possibly granted to someone else in between); and when the loop (`hold`)
+says its role is decided (Redis answered, leading or not)."""
 
 from __future__ import annotations
 
+import asyncio
+from typing import cast
+
 import pytest
-from klet.bus.leader import Attempt, Observation, Role, decide
+from klet.bus import BusUnavailable, Lease
+from klet.bus.leader import Attempt, Observation, Role, decide, hold
 
 
 def seen(
@@ -63,3 +68,50 @@ def test_decide(leading: bool, observation: Observation, role: Role, why: str) -
     assert got is role
     assert why in reason
     assert (reason == "") == (role is not Role.STEP_DOWN)
+
+
+class ScriptedLease:
+    """The parts of `klet.bus.Lease` that `hold` reads; each attempt answers from
+    `answers` (True: held, False: refused, None: Redis unreachable), then refuses."""
+
+    def __init__(self, answers: list[bool | None], *, attempts: int) -> None:
+        self.answers = answers
+        self.attempts = 0
+        self.wanted = attempts
+        self.done = asyncio.Event()
+        self.key = "klet:n1:lease:test"
+        self.holder = "a"
+        self.ttl_ms = 30
+        self.token: int | None = None
+        self.held = False
+        self.valid_until = 0.0
+        self.reacquired = True
+        self.counter_reset = False
+        self.lost = asyncio.Event()
+        self.wake = asyncio.Event()
+
+    async def try_acquire(self) -> bool:
+        answer = self.answers.pop(0) if self.answers else False
+        self.attempts += 1
+        if self.attempts >= self.wanted:
+            self.done.set()  # the caller looks once this attempt is decided
+        if answer is None:
+            raise BusUnavailable("refused")
+        self.held = answer
+        return answer
+
+
+async def run_hold(answers: list[bool | None], attempts: int) -> tuple[bool, bool]:
+    lease = ScriptedLease(answers, attempts=attempts)
+    elected, decided = asyncio.Event(), asyncio.Event()
+    task = asyncio.create_task(hold(cast(Lease, lease), elected, decided=decided))
+    await asyncio.wait_for(lease.done.wait(), 5.0)
+    task.cancel()
+    await asyncio.gather(task, return_exceptions=True)
+    return elected.is_set(), decided.is_set()
+
+
+async def test_hold_decides_on_the_first_answer_not_on_an_unreachable_redis() -> None:
+    assert await run_hold([None, None], attempts=2) == (False, False)
+    assert await run_hold([None, False], attempts=3) == (False, True)
+    assert await run_hold([True], attempts=1) == (True, True)

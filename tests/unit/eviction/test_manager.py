@@ -171,7 +171,7 @@ class World:
             self.source.available[signal] += gained
         return sum(self.free_effect.values())
 
-    async def node_event(self, reason: str, message: str) -> None:
+    def node_event(self, type_: str, reason: str, message: str) -> None:
         self.events.append((reason, message))
 
     def add(self, name: str, u: PodUsage | None, **spec: Any) -> str:

@@ -10,6 +10,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from klet.config import KletSettings, KubeletConfiguration, Settings
+from klet.model.flowcontrol import BackoffPolicy
 from klet.model.records import (
     DesiredPod,
     EventRecord,
@@ -18,7 +19,6 @@ from klet.model.records import (
     SourceState,
 )
 from klet.status_reporter.app import root_tasks
-from klet.status_reporter.backoff import BackoffPolicy
 from klet.status_reporter.capacity import MachineInfo
 from klet.status_reporter.cluster import (
     ClusterOverrides,

@@ -1,6 +1,5 @@
 """Event bodies, naming and namespace, aggregation within the 10-minute window (count
-raised, then a new Event after the window or when forgotten), LRU bound, and the token
-bucket of eventRecordQPS/eventBurst."""
+raised, then a new Event after the window or when forgotten) and LRU bound."""
 
 from __future__ import annotations
 
@@ -84,13 +83,3 @@ def test_aggregator_is_bounded() -> None:
         agg.posted(key, agg.decide(key, rec, ref), at=rec.at)
     assert agg.decide(keys[0], record(message="m0"), ref).kind == "create"
     assert agg.decide(keys[2], record(message="m2"), ref).kind == "patch"
-
-
-def test_token_bucket() -> None:
-    bucket = events.TokenBucket(qps=10, burst=2, now=0.0)
-    assert bucket.take(0.0) == 0.0
-    assert bucket.take(0.0) == 0.0
-    assert abs(bucket.take(0.0) - 0.1) < 1e-9
-    assert bucket.take(1.0) == 0.0  # refilled (up to the burst)
-    unlimited = events.TokenBucket(qps=0, burst=1, now=0.0)
-    assert all(unlimited.take(0.0) == 0.0 for _ in range(100))

@@ -10,9 +10,9 @@ import logging
 
 import pytest
 from klet.kube import Invalid, Unavailable
+from klet.model.flowcontrol import BackoffPolicy
 from klet.model.records import EventRecord
 from klet.model.types import JSON
-from klet.status_reporter.backoff import BackoffPolicy
 from klet.status_reporter.eventsink import EventPolicy, EventSink
 from klet.status_reporter.kubeapi import NO_RETRY, KubeApi
 from klet.status_reporter.testing import FakeApiServer, FakeStream

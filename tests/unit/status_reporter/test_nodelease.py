@@ -11,7 +11,7 @@ from collections.abc import Callable
 
 import pytest
 from klet.kube import Conflict, KubeError
-from klet.status_reporter.backoff import BackoffPolicy
+from klet.model.flowcontrol import BackoffPolicy
 from klet.status_reporter.kubeapi import NO_RETRY, KubeApi
 from klet.status_reporter.nodeid import NodeIdentity
 from klet.status_reporter.nodelease import (

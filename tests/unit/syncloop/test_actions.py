@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 from klet.cri.types import ContainerState as CS
 from klet.cri.types import SandboxState
+from klet.model.flowcontrol import Backoff
 from klet.syncloop.pods.actions import compute_pod_actions, should_restart
-from klet.syncloop.pods.backoff import Backoff
 
 from .helpers import ctr, pod, runtime, sandbox
 

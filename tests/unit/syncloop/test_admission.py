@@ -21,6 +21,7 @@ from typing import Any
 
 import pytest
 from klet.cri.testing import FakeRuntimeService
+from klet.model.flowcontrol import Backoff
 from klet.model.records import DesiredPod, SourceState
 from klet.model.types import JSON, PodUID
 from klet.syncloop.admission.admit import (
@@ -37,7 +38,6 @@ from klet.syncloop.admission.admit import (
 )
 from klet.syncloop.containers.images import ImagePuller
 from klet.syncloop.metrics import create_metrics
-from klet.syncloop.pods.backoff import Backoff
 from klet.syncloop.pods.controller import PodController
 from klet.syncloop.pods.runtime import PodRuntime
 from klet.syncloop.pods.runtimepod import RuntimePod

@@ -18,10 +18,10 @@ from typing import Any
 import pytest
 from klet.cri.testing import FakeRuntimeService
 from klet.cri.types import ContainerState, SandboxState
+from klet.model.flowcontrol import Backoff
 from klet.model.records import DesiredPod, PodChange, SourceState
 from klet.model.types import PodUID
 from klet.syncloop.containers.images import ImagePuller
-from klet.syncloop.pods.backoff import Backoff
 from klet.syncloop.pods.controller import PodController
 from klet.syncloop.pods.runtime import PodRuntime
 from klet.syncloop.pods.runtimepod import RuntimePod
@@ -291,9 +291,7 @@ async def test_a_pod_failed_before_a_restart_is_not_started_again(w: World) -> N
         "phase": "Failed",
         "reason": "Evicted",
         "message": "The node was low on resource: memory.",
-        "conditions": [
-            {"type": "DisruptionTarget", "status": "True", "message": "low on memory"}
-        ],
+        "conditions": [{"type": "DisruptionTarget", "status": "True", "message": "low on memory"}],
     }
     asked: list[str] = []
 

@@ -14,12 +14,12 @@ from typing import Any
 import pytest
 from klet.cri.testing import FakeRuntimeService
 from klet.cri.types import DNSConfig
+from klet.model.flowcontrol import Backoff
 from klet.syncloop.containers import criconfig
 from klet.syncloop.containers.images import ImagePuller
 from klet.syncloop.environment import dns
 from klet.syncloop.environment.dns import DNSSettings, PodDNSError, ResolvConf
 from klet.syncloop.environment.envvars import NodeFacts
-from klet.syncloop.pods.backoff import Backoff
 from klet.syncloop.pods.runtime import PodRuntime
 from klet.syncloop.pods.syncpod import PodSyncer, SyncSettings
 

@@ -16,11 +16,11 @@ from typing import Any
 import pytest
 from klet.cri.testing import FakeRuntimeService
 from klet.cri.types import Mount
+from klet.model.flowcontrol import Backoff
 from klet.syncloop.containers.images import ImagePuller
 from klet.syncloop.environment import etchosts
 from klet.syncloop.environment.envvars import NodeFacts
 from klet.syncloop.environment.etchosts import HostsFileError
-from klet.syncloop.pods.backoff import Backoff
 from klet.syncloop.pods.runtime import PodRuntime
 from klet.syncloop.pods.syncpod import PodSyncer, SyncSettings
 

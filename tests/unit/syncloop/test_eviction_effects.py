@@ -23,6 +23,7 @@ import pytest
 from klet.bus import BusUnavailable
 from klet.cri.testing import FakeRuntimeService
 from klet.cri.types import ContainerState
+from klet.model.flowcontrol import Backoff
 from klet.model.records import DesiredPod, NodeConditionRecord, SourceState
 from klet.model.types import JSON, PodUID
 from klet.syncloop.admission.admit import (
@@ -33,7 +34,6 @@ from klet.syncloop.admission.admit import (
     tolerates,
 )
 from klet.syncloop.containers.images import ImagePuller
-from klet.syncloop.pods.backoff import Backoff
 from klet.syncloop.pods.controller import NodePressure, PodController
 from klet.syncloop.pods.runtime import PodRuntime
 from klet.syncloop.pods.statuspub import StatusPublisher

@@ -25,12 +25,12 @@ from klet.cri import labels as L
 from klet.cri.client import _container_pb
 from klet.cri.testing import FakeRuntimeService
 from klet.cri.types import ContainerState
+from klet.model.flowcontrol import Backoff
 from klet.model.types import ContainerID
 from klet.syncloop.containers import hooks
 from klet.syncloop.containers.hooks import LifecycleHooks
 from klet.syncloop.containers.images import ImagePuller
 from klet.syncloop.pods import podspec
-from klet.syncloop.pods.backoff import Backoff
 from klet.syncloop.pods.runtime import PodRuntime
 from klet.syncloop.pods.syncpod import PodSyncer, SyncResult, SyncSettings
 

@@ -10,9 +10,9 @@ from typing import Any
 import pytest
 from klet.cri.types import ContainerState as CS
 from klet.cri.types import SandboxState
+from klet.model.flowcontrol import Backoff
 from klet.model.types import ContainerID
 from klet.syncloop.pods.actions import KILL_LIVENESS, KILL_STARTUP, PodActions, compute_pod_actions
-from klet.syncloop.pods.backoff import Backoff
 from klet.syncloop.probing.proberesults import ProbeKind, StaticProbeResults
 
 from .helpers import ctr, pod, runtime, sandbox

@@ -27,11 +27,11 @@ from klet.cri.types import (
     SecurityProfile,
     SELinuxOptions,
 )
+from klet.model.flowcontrol import Backoff
 from klet.model.types import ImageRef
 from klet.syncloop.containers import criconfig, security
 from klet.syncloop.containers.images import ImagePuller
 from klet.syncloop.containers.security import ImageUser, SecurityConfigError, SecuritySettings
-from klet.syncloop.pods.backoff import Backoff
 from klet.syncloop.pods.runtime import PodRuntime
 from klet.syncloop.pods.syncpod import PodSyncer, SyncSettings
 

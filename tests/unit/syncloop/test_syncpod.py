@@ -18,9 +18,9 @@ from klet.cri import NotFound
 from klet.cri import labels as L
 from klet.cri.testing import FakeRuntimeService
 from klet.cri.types import ContainerState, SandboxState
+from klet.model.flowcontrol import Backoff
 from klet.syncloop.containers.images import ImagePuller
 from klet.syncloop.pods import podspec
-from klet.syncloop.pods.backoff import Backoff
 from klet.syncloop.pods.runtime import PodRuntime
 from klet.syncloop.pods.syncpod import PodSyncer, SyncResult, SyncSettings
 

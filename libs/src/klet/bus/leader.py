@@ -103,10 +103,16 @@ def decide(*, leading: bool, seen: Observation) -> tuple[Role, str]:
 
 
 async def hold(
-    lease: Lease, elected: asyncio.Event, *, clock: Callable[[], float] = time.monotonic
+    lease: Lease,
+    elected: asyncio.Event,
+    *,
+    decided: asyncio.Event | None = None,
+    clock: Callable[[], float] = time.monotonic,
 ) -> None:
     """Acquire and renew `lease` forever; set `elected` once held, raise LeaseLost when
-    this replica must stop acting."""
+    this replica must stop acting. `decided`, when given, is set once Redis answered a
+    first attempt: from then on an unset `elected` means "standing by", not "not yet
+    known" (pod-source drops what only the leader sends)."""
     interval = lease.ttl_ms / 3000
     while True:
         before, valid_until = lease.token, lease.valid_until
@@ -128,6 +134,8 @@ async def hold(
             counter_reset=lease.counter_reset,
         )
         role, why = decide(leading=elected.is_set(), seen=seen)
+        if decided is not None and attempt is not Attempt.UNREACHABLE:
+            decided.set()
         if role is Role.STEP_DOWN:
             log.warning(
                 "stepping down as leader",

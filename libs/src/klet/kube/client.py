@@ -25,6 +25,7 @@ from typing import Any, Protocol
 
 import urllib3
 from klet.kube.errors import KubeError, Unavailable, for_status
+from klet.model.flowcontrol import TokenBucket
 from klet.model.types import JSON
 from kubernetes import client as k8s_client
 from kubernetes import config as k8s_config
@@ -79,26 +80,6 @@ def kube_settings(settings: ApiSettings, *, user_agent: str = "klet") -> KubeSet
     )
 
 
-class _TokenBucket:
-    def __init__(self, qps: float, burst: int) -> None:
-        self.rate = qps
-        self.capacity = max(1, burst)
-        self.tokens = float(self.capacity)
-        self.at = time.monotonic()
-        self.lock = threading.Lock()
-
-    def delay(self) -> float:
-        """Take a token; return how long to wait before using it (0 = now)."""
-        if self.rate <= 0:
-            return 0.0
-        with self.lock:
-            now = time.monotonic()
-            self.tokens = min(self.capacity, self.tokens + (now - self.at) * self.rate)
-            self.at = now
-            self.tokens -= 1
-            return 0.0 if self.tokens >= 0 else -self.tokens / self.rate
-
-
 @dataclass(frozen=True)
 class WatchEvent:
     type: str  # ADDED, MODIFIED, DELETED, BOOKMARK, ERROR
@@ -118,7 +99,8 @@ class KubeClient:
         self._api = k8s_client.ApiClient(configuration)
         self._api.user_agent = settings.user_agent
         self.host = configuration.host.rstrip("/")
-        self._bucket = _TokenBucket(settings.qps, settings.burst)
+        # Taken on the event loop, before the request moves to a worker thread.
+        self._bucket = TokenBucket(settings.qps, settings.burst, now=time.monotonic())
 
     async def close(self) -> None:
         await asyncio.to_thread(self._api.close)
@@ -172,7 +154,7 @@ class KubeClient:
         content_type: str = "application/json",
         timeout_s: float | None = None,
     ) -> Any:
-        wait = self._bucket.delay()
+        wait = self._bucket.take(time.monotonic())
         if wait:
             await asyncio.sleep(wait)
         return await asyncio.to_thread(

@@ -11,7 +11,8 @@ also let the HTTP client libraries (httpx, httpcore) log their per-request detai
 
 `OnceLogger` / `log_once_per_change` implement STYLE rule 17, "a repeated error is
 logged once per change": a loop that fails every second logs the failure when it starts
-or its message changes, and one recovery line when it clears.
+or its cause changes, and one recovery line when it clears. Every service uses them
+instead of keeping a "last error" field of its own.
 
 Trade-off: the formatter walks the record's __dict__ on every line; that is cheap next
 to the I/O and spares callers a custom logging API.
@@ -24,7 +25,7 @@ import logging
 import sys
 import threading
 import traceback
-from collections.abc import Hashable
+from collections.abc import Hashable, Iterable
 from datetime import UTC, datetime
 from typing import Any, TextIO
 
@@ -159,30 +160,50 @@ def configure_logging(
 
 
 class OnceLogger:
-    """Logs a condition once per change of its message, and once when it clears.
+    """Logs a condition once per change of its cause, and once when it clears.
 
-    Keyed by any hashable (an endpoint, a pod UID, "redis"): `error(key, msg)` logs only
-    when `msg` differs from the last one logged for `key`; `clear(key)` logs a recovery
-    line if `key` had an error. Thread-safe; methods return whether they logged.
+    Keyed by any hashable (an endpoint, a pod UID, a container ID, "redis"):
+    `error(key, msg)` logs only when the cause differs from the last one logged for
+    `key` (the cause is `msg` unless `cause=` names it, e.g. the error text under a
+    fixed message); `clear(key)` logs a recovery line if `key` had an error; `retain`
+    forgets, silently, the keys whose objects are gone. Thread-safe; `error` and
+    `clear` return whether they logged.
     """
 
     def __init__(self, logger: logging.Logger, *, level: int = logging.ERROR) -> None:
         self.logger = logger
         self.level = level
         self._active: dict[Hashable, str] = {}
+        self._causes: dict[Hashable, Hashable] = {}
         self._lock = threading.Lock()
 
-    def error(self, key: Hashable, message: str, **fields: Any) -> bool:
+    def error(
+        self,
+        key: Hashable,
+        message: str,
+        *,
+        cause: Hashable = None,
+        level: int | None = None,
+        **fields: Any,
+    ) -> bool:
+        seen = message if cause is None else cause
         with self._lock:
-            if self._active.get(key) == message:
+            if key in self._active and self._causes[key] == seen:
                 return False
             self._active[key] = message
-        self.logger.log(self.level, message, extra=_safe_extra(fields), stacklevel=2)
+            self._causes[key] = seen
+        self.logger.log(
+            self.level if level is None else level,
+            message,
+            extra=_safe_extra(fields),
+            stacklevel=2,
+        )
         return True
 
     def clear(self, key: Hashable, message: str | None = None, **fields: Any) -> bool:
         with self._lock:
             previous = self._active.pop(key, None)
+            self._causes.pop(key, None)
         if previous is None:
             return False
         text = message or f"recovered: {previous}"
@@ -190,6 +211,14 @@ class OnceLogger:
             text, extra=_safe_extra({**fields, "previous_error": previous}), stacklevel=2
         )
         return True
+
+    def retain(self, keys: Iterable[Hashable]) -> None:
+        """Forget, without a recovery line, every key not in `keys` (objects gone)."""
+        keep = set(keys)
+        with self._lock:
+            for key in [k for k in self._active if k not in keep]:
+                del self._active[key]
+                del self._causes[key]
 
     def active(self) -> dict[Hashable, str]:
         """The conditions currently logged as failing, by key."""

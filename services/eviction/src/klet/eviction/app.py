@@ -1,4 +1,5 @@
-"""The eviction service's root tasks: the lease, the monitoring loop and the health port.
+"""The eviction service's root tasks: the lease, the monitoring loop, the node Event
+queue and the health port.
 
 All run in one event loop under `run_supervised`; if one dies the process exits non-zero
 and its supervisor restarts it. Only the holder of the "eviction" lease measures and
@@ -44,6 +45,7 @@ async def main(deps: Deps) -> int:
             {
                 "lease": hold(deps.lease, elected),
                 "monitor": monitor(),
+                "node-events": deps.events.run(),
                 "health": serve_http(
                     health,
                     host=deps.settings.klet.service_bind_address,

@@ -42,6 +42,7 @@ from klet.eviction.signals import (
 )
 from klet.model.node import reservation
 from klet.model.podvalidation import UnsafePathComponent, checked_component
+from klet.obs import OnceLogger
 from klet.stats import FsUsage, HostReader, PodStats, Snapshot, StatsProvider, StatsRuntime
 from klet.stats.model import latest_attempts
 
@@ -168,7 +169,7 @@ class HostSignalSource:
         self._stats = stats
         self._memory_capacity = memory_capacity
         self._allocatable_memory = allocatable_memory
-        self._last_error: str | None = None
+        self._once = OnceLogger(log, level=logging.WARNING)
 
     @property
     def memory_capacity(self) -> int:
@@ -229,13 +230,14 @@ class HostSignalSource:
     async def _collect(self) -> Snapshot:
         snap = await self._stats.collect()
         if snap.runtime_error is None:
-            self._last_error = None
-        elif snap.runtime_error != self._last_error:
-            log.warning(
+            self._once.clear("cri", "eviction: runtime stats available again")
+        else:
+            self._once.error(
+                "cri",
                 "eviction: runtime stats unavailable, observing without them",
-                extra={"error": snap.runtime_error},
+                cause=snap.runtime_error,
+                error=snap.runtime_error,
             )
-            self._last_error = snap.runtime_error
         return snap
 
 

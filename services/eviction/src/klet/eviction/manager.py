@@ -81,8 +81,8 @@ FreeSpace = Callable[[int], Awaitable[int]]
 """Ask image-gc to free this many bytes (dead containers, then unused images); returns
 the bytes freed. Raises when image-gc cannot be reached."""
 
-NodeEvent = Callable[[str, str], Awaitable[None]]
-"""Record a Warning Event (reason, message) on this Node."""
+NodeEvent = Callable[[str, str, str], None]
+"""Record an Event (type, reason, message) on this Node; queues, never blocks."""
 
 
 class ConditionTable(Protocol):
@@ -233,7 +233,7 @@ class EvictionManager:
         threshold = next(t for t in updated if t.signal == signal)
         resource = ranking.SIGNAL_RESOURCE[signal]
         log.info("attempting to reclaim", extra={"resource": resource, "signal": signal.value})
-        await self.deps.node_event("EvictionThresholdMet", f"Attempting to reclaim {resource}")
+        self.deps.node_event("Warning", "EvictionThresholdMet", f"Attempting to reclaim {resource}")
         if ranking.reclaims_node_level(signal, layout=self.layout):
             if await self._reclaim_node_level(signal, observations):
                 log.info("reduced the pressure without evicting pods", extra={"resource": resource})

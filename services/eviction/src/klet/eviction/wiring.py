@@ -10,12 +10,13 @@ thresholds refuse the start naming their field.
 
 from __future__ import annotations
 
-import time
+import functools
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from klet.bus import Bus, BusError, Lease, NodeBus, service_lease
+from klet.bus import Bus, Lease, NodeBus, service_lease
+from klet.bus.events import EventQueue, node_reference
 from klet.config import Settings
 from klet.cri import RuntimeClient, cri_settings
 from klet.eviction.hostsignals import FsLayout, HostSignalSource, pod_volumes_exist
@@ -23,7 +24,6 @@ from klet.eviction.manager import BusPods, EvictionManager, ManagerSettings
 from klet.eviction.manager import Deps as ManagerDeps
 from klet.eviction.metrics import Metrics, create_metrics
 from klet.eviction.thresholds import parse_eviction_config
-from klet.model.records import EventRecord
 from klet.rpc.gc import GarbageCollectorClient
 from klet.rpc.podcontrol import PodControlClient
 from klet.rpc.unixserver import service_socket
@@ -45,36 +45,9 @@ class Deps:
     metrics: Metrics
     service_port: int
     lease: Lease
+    events: EventQueue
     pod_control: PodControlClient
     gc: GarbageCollectorClient
-
-
-class NodeEvents:
-    """Warning Events on this Node, appended to the bus `events` stream (status-reporter
-    posts them); best effort: a Redis outage drops them."""
-
-    def __init__(self, bus: NodeBus, node_name: str) -> None:
-        self.bus = bus
-        self.node_name = node_name
-
-    async def __call__(self, reason: str, message: str) -> None:
-        record = EventRecord(
-            type="Warning",
-            reason=reason,
-            message=message,
-            involved={
-                "kind": "Node",
-                "name": self.node_name,
-                "uid": self.node_name,
-                "apiVersion": "v1",
-            },
-            component="kubelet",
-            at=time.time(),
-        )
-        try:
-            await self.bus.events.publish(record)
-        except BusError:
-            pass
 
 
 def build_deps(settings: Settings, **overrides: Any) -> Deps:
@@ -98,6 +71,7 @@ def build_deps(settings: Settings, **overrides: Any) -> Deps:
 
     registry = CollectorRegistry()
     metrics = create_metrics(registry)
+    events = EventQueue(node_bus.events, cap=100)
     manager = EvictionManager(
         ManagerDeps(
             source=source,
@@ -106,7 +80,7 @@ def build_deps(settings: Settings, **overrides: Any) -> Deps:
             free_space=free_space,
             conditions=node_bus.node,
             layout=layout,
-            node_event=NodeEvents(node_bus, settings.klet.node_name),
+            node_event=functools.partial(events.emit, node_reference(settings.klet.node_name)),
             metrics=metrics,
             volumes_exist=pod_volumes_exist(Path(settings.klet.root_dir)),
         ),
@@ -127,6 +101,7 @@ def build_deps(settings: Settings, **overrides: Any) -> Deps:
         # A holder ID of its own; a restart takes over its dead predecessor's lease
         # at once (klet.bus.holder).
         lease=service_lease(bus, "eviction", Path(settings.klet.run_dir), ttl_ms=15_000),
+        events=events,
         pod_control=pod_control,
         gc=gc,
     )

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from klet.bus import Bus, Lease, NodeBus, service_lease
+from klet.bus.events import EventQueue, node_reference
 from klet.config import DEFAULT_SERVICE_PORTS, Settings
 from klet.cri import RuntimeClient, cri_settings
 from klet.image_gc.collector import Collector, CollectorSettings
@@ -17,7 +19,6 @@ from klet.image_gc.imagegc import ImageGCManager
 from klet.image_gc.imageselect import ImageGCPolicy
 from klet.image_gc.imagestore import BusImageUseStore
 from klet.image_gc.metrics import Metrics, create_metrics
-from klet.image_gc.nodeevents import NodeEvents
 from klet.image_gc.podsources import BusPods
 from klet.rpc.unixserver import service_socket
 from prometheus_client import CollectorRegistry
@@ -58,7 +59,7 @@ class Deps:
     images: ImageGCManager
     containers: ContainerGC
     collector: Collector
-    events: NodeEvents
+    events: EventQueue
     registry: CollectorRegistry
     metrics: Metrics
     socket_path: Path
@@ -77,7 +78,8 @@ def build_deps(settings: Settings, **overrides: Any) -> Deps:
     cri = RuntimeClient(cri_settings(k))
     registry = CollectorRegistry()
     metrics = create_metrics(registry)
-    events = NodeEvents(node_bus, settings.klet.node_name)
+    events = EventQueue(node_bus.events, cap=100)
+    node_event = functools.partial(events.emit, node_reference(settings.klet.node_name))
     pods = BusPods(node_bus)
     images = ImageGCManager(
         cri,
@@ -85,7 +87,7 @@ def build_deps(settings: Settings, **overrides: Any) -> Deps:
         fs_stats=ImageFs(cri.image_fs_info).usage,
         sandbox_image=cri.sandbox_image,
         store=BusImageUseStore(node_bus),
-        events=events.emit,
+        events=node_event,
         sources_ready=pods.sources_ready,
         on_removed=lambda reason: metrics.images_collected.labels(reason).inc(),
     )
@@ -102,7 +104,7 @@ def build_deps(settings: Settings, **overrides: Any) -> Deps:
         containers=containers,
         images=images,
         metrics=metrics,
-        events=events.emit,
+        events=node_event,
         settings=CollectorSettings(),
     )
     deps = Deps(

@@ -5,15 +5,19 @@ Root tasks, named so a crash says which one died:
 - `source-file`, `source-http`, `source-api`: one loop per configured source, reading
   manifests (or listing and watching this node's pods on the apiserver) and handing
   full snapshots to the inbox;
+- `lease`: the shared leader loop (`klet.bus.leader.hold`) on the "pod-source" lease;
+  it elects the publisher, and stepping down (the lease taken, a write fenced, Redis
+  unreachable for a whole TTL) ends the process, which comes back as a standby;
 - `publisher`: merges snapshots and writes the desired set to the bus (lease holder
   only), repairing the tables at every poll;
 - `service-http`: the private /healthz /readyz /metrics port (klet.obs). /readyz turns
   ready once every configured source has delivered a snapshot and the bus answers.
 
-None of these ends on a Redis or apiserver outage or a bad manifest; if one ends anyway, the others
-are cancelled and the process exits non-zero so its supervisor restarts it. A service
-with no source configured still runs: its publisher removes what an earlier
-configuration published (nothing is desired any more).
+Apart from the lease, none of these ends on a Redis or apiserver outage or a bad
+manifest; if one ends anyway, the others are cancelled and the process exits non-zero
+so its supervisor restarts it. A service with no source configured still runs: its
+publisher removes what an earlier configuration published (nothing is desired any
+more).
 """
 
 from __future__ import annotations
@@ -23,13 +27,14 @@ import time
 from collections.abc import Coroutine
 from typing import Any
 
+from klet.bus.leader import hold, release_quietly
 from klet.obs import RootTaskFailed, create_health_app, run_supervised, serve_http
 from klet.pod_source.wiring import Deps
 
 log = logging.getLogger(__name__)
 
-# The publisher loop wakes at least every lease renewal (a few seconds) and at the end
-# of each outage back-off; not having run for this long means it is stuck.
+# The publisher loop wakes at least every idle period (a third of the lease TTL) and at
+# the end of each outage back-off; not having run for this long means it is stuck.
 PUBLISHER_STALL_S = 120.0
 
 
@@ -48,6 +53,7 @@ def root_tasks(deps: Deps) -> dict[str, Coroutine[Any, Any, None]]:
     tasks: dict[str, Coroutine[Any, Any, None]] = {
         f"source-{source.name}": source.run() for source in deps.sources
     }
+    tasks["lease"] = hold(deps.lease, publisher.elected, decided=publisher.decided)
     tasks["publisher"] = publisher.run()
     tasks["service-http"] = serve_http(
         health, host=deps.service.host, port=deps.service.port, name="service"
@@ -73,5 +79,6 @@ async def main(deps: Deps, *, handle_signals: bool = True) -> int:
         log.error("a root task ended; exiting", extra={"error": str(err)})
         return 1
     finally:
+        await release_quietly(deps.lease)
         await deps.close()
     return 0

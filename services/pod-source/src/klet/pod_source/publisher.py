@@ -6,8 +6,10 @@ The stateful shell around the pure merge (`podconfig`) and repair (`reconcile`):
   `pods` stream records in upstream's order, FailedValidation events for newly dropped
   duplicates, then the source's `sources` entry (ready). syncloop therefore never sees
   a source marked ready before its pods are in the table.
-- Only the holder of the "pod-source" lease writes. A standby replica runs the same
-  sources and merge, so on takeover it needs only a reconcile, not a re-read.
+- Only the holder of the "pod-source" lease writes. The lease is held by the shared
+  leader loop (`klet.bus.leader.hold`, an app root task), which sets `elected`; a
+  standby replica runs the same sources and merge, so on takeover it needs only a
+  reconcile, not a re-read.
 - At start the `desired` table is loaded and seeded into the merge, so the first
   snapshot after a restart is diffed against what was published: unchanged pods
   produce no traffic and pods removed while the service was down get a REMOVE.
@@ -21,17 +23,17 @@ The stateful shell around the pure merge (`podconfig`) and repair (`reconcile`):
 
 - Every write is fenced by the lease (`klet.bus.Bus.lease`): a leader that stalled past
   the TTL while a standby took over cannot write after the takeover. A refused write
-  (`Fenced`) makes this replica a standby at once, in-process: its only acting is
-  writing, so standing by needs no restart; it reconciles when it leads again.
+  (`Fenced`) marks the lease lost; the leader loop then steps down, which ends the
+  process as in every service, and it comes back as a standby.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Protocol
 
 from klet.bus import BusError, Fenced, NodeBus, Transaction
 from klet.model.records import EventRecord, PodChange, SourceName, SourceState
@@ -49,16 +51,6 @@ LEASE_NAME = "pod-source"
 
 # Events are best effort: during a long outage only the first ones are kept.
 MAX_PENDING_EVENTS = 100
-
-
-class LeaseLike(Protocol):
-    """What the publisher needs of `klet.bus.Lease`."""
-
-    held: bool
-
-    async def try_acquire(self) -> bool: ...
-
-    async def release(self) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -80,20 +72,18 @@ class Publisher:
         self,
         *,
         bus: NodeBus,
-        lease: LeaseLike,
         inbox: Inbox,
         configured: frozenset[SourceName],
         metrics: Metrics,
-        renew_every_s: float,
+        idle_s: float,
         retry: RetryPolicy = RetryPolicy(),
         clock: Clock = time.time,
     ) -> None:
         self._bus = bus
-        self._lease = lease
         self._inbox = inbox
         self._configured = configured
         self._metrics = metrics
-        self._renew_every_s = renew_every_s
+        self._idle_s = idle_s
         self._retry = retry
         self._clock = clock
         self._state = PodConfigState()
@@ -105,8 +95,11 @@ class Publisher:
         self._reconcile_requested = False
         self._failures = 0
         self._retry_at = 0.0  # monotonic
-        self._renew_at = 0.0  # monotonic
         self.last_run = 0.0  # monotonic; for the liveness check
+        self.elected = asyncio.Event()
+        """Set by the leader loop once this replica holds the "pod-source" lease."""
+        self.decided = asyncio.Event()
+        """Set by the leader loop once Redis answered its first attempt (leader or not)."""
 
     @property
     def state(self) -> PodConfigState:
@@ -122,12 +115,9 @@ class Publisher:
         return self._held
 
     async def run(self) -> None:
-        try:
-            while True:
-                await self.run_once()
-                await self._inbox.wait(self._sleep_s())
-        finally:
-            await self._step_down()
+        while True:
+            await self.run_once()
+            await self._wait(self._sleep_s())
 
     async def run_once(self) -> bool:
         """One pass: lease, load, merge, write. Returns True (the loop never ends itself)."""
@@ -138,23 +128,21 @@ class Publisher:
                 self._merge(*self._inbox.take())
             return True
         try:
-            await self._renew_lease()
+            self._follow_lease()
             if not self._loaded:
                 await self._load()
             self._merge(*self._inbox.take())
             if self._held:
                 await self._flush()
-            else:
+            elif self.decided.is_set():
                 self._outbox.clear()
                 self._events.clear()  # the leader posts them
+            # else the lease's first answer is pending: keep the events until it comes.
         except Fenced as err:
-            log.warning(
-                "standing by: a write was refused, the lease is lost", extra={"error": str(err)}
-            )
-            self._held = False
+            # The lease is marked lost: the leader loop steps down and ends the process.
+            log.warning("a write was refused, the lease is lost", extra={"error": str(err)})
             self._needs_reconcile = True
             self._outbox.clear()
-            self._renew_at = 0.0  # see who holds it now
         except BusError as err:
             # Unreachable (BusUnavailable) or refusing writes (read-only replica, out of
             # memory): either way keep the state and retry; neither is worth a restart.
@@ -165,17 +153,11 @@ class Publisher:
 
     # -- steps ---------------------------------------------------------------
 
-    async def _renew_lease(self) -> None:
-        if time.monotonic() < self._renew_at:
-            return
-        held = await self._lease.try_acquire()
-        self._renew_at = time.monotonic() + self._renew_every_s
-        if held and not self._held:
+    def _follow_lease(self) -> None:
+        if self.elected.is_set() and not self._held:
             log.info("leading: this replica now writes the desired set")
             self._needs_reconcile = True
-        elif self._held and not held:
-            log.warning("standing by: another replica holds the pod-source lease")
-        self._held = held
+            self._held = True
 
     async def _load(self) -> None:
         published = await self._bus.desired.all()
@@ -280,16 +262,6 @@ class Publisher:
                 tx.delete(nb.sources, key)
         del self._events[:sent]
 
-    async def _step_down(self) -> None:
-        """Hand the lease over promptly on shutdown instead of letting it expire."""
-        if not self._held:
-            return
-        try:
-            await self._lease.release()
-        except BusError:
-            pass  # it expires on its own
-        self._held = False
-
     # -- bookkeeping ---------------------------------------------------------
 
     def _on_failure(self, err: BusError) -> None:
@@ -297,7 +269,6 @@ class Publisher:
         self._failures += 1
         self._needs_reconcile = True
         self._outbox.clear()
-        self._renew_at = 0.0  # confirm the lease first thing when Redis answers again
         delay = self._retry.delay(self._failures)
         self._retry_at = time.monotonic() + delay
         if self._failures == 1:
@@ -315,10 +286,27 @@ class Publisher:
         self._retry_at = 0.0
 
     def _sleep_s(self) -> float:
-        """Until the next lease renewal, or the end of the outage back-off."""
+        """Until the end of the outage back-off, or at most `idle_s`."""
         now = time.monotonic()
-        wake = self._retry_at if self._retry_at > now else self._renew_at
+        wake = self._retry_at if self._retry_at > now else now + self._idle_s
         return max(0.0, wake - now)
+
+    async def _wait(self, timeout_s: float) -> None:
+        """Until a source rings the inbox, `timeout_s` passes or, standing by, this
+        replica is elected (so a takeover reconciles at once)."""
+        if self._held:
+            await self._inbox.wait(timeout_s)
+            return
+        waits = (
+            asyncio.create_task(self._inbox.wait(timeout_s)),
+            asyncio.create_task(self.elected.wait()),
+        )
+        try:
+            await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for task in waits:
+                task.cancel()
+            await asyncio.gather(*waits, return_exceptions=True)
 
     def _log_changes(self, changes: Changes) -> None:
         if changes.first:

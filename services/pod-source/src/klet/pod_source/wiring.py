@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
-from klet.bus import Bus, BusAuth, NodeBus, service_lease
+from klet.bus import Bus, BusAuth, Lease, NodeBus, service_lease
 from klet.config import DEFAULT_SERVICE_PORTS
 from klet.kube import KubeClient, kube_settings
 from klet.model.records import SourceName
@@ -140,6 +140,7 @@ class Deps:
     node_name: str
     configured: frozenset[SourceName]
     bus: Bus
+    lease: Lease
     publisher: Publisher
     sources: tuple[PodSource, ...]
     registry: CollectorRegistry
@@ -213,12 +214,11 @@ def build_deps(settings: ServiceSettings, overrides: Overrides | None = None) ->
     configured = frozenset(s.name for s in sources)
     publisher = Publisher(
         bus=NodeBus.of(bus),
-        lease=lease,
         inbox=inbox,
         configured=configured,
         metrics=metrics,
-        # Renew at a third of the TTL: two renewals may fail before the lease lapses.
-        renew_every_s=ttl_s / 3,
+        # Wakes as often as the leader loop renews (a third of the TTL) when idle.
+        idle_s=ttl_s / 3,
         retry=o.retry if o.retry is not None else RetryPolicy(),
         clock=o.clock if o.clock is not None else time.time,
     )
@@ -226,6 +226,7 @@ def build_deps(settings: ServiceSettings, overrides: Overrides | None = None) ->
         node_name=node,
         configured=configured,
         bus=bus,
+        lease=lease,
         publisher=publisher,
         sources=tuple(sources),
         registry=registry,

@@ -1,5 +1,4 @@
-"""Kubernetes Events from the bus's EventRecords: the pure part (bodies, aggregation,
-rate limit).
+"""Kubernetes Events from the bus's EventRecords: the pure part (bodies, aggregation).
 
 We post core/v1 Events (`/api/v1/namespaces/<ns>/events`), which is what the upstream
 kubelet's recorder still writes and what `kubectl describe` and `kubectl get events`
@@ -13,8 +12,9 @@ show. Rules restated from client-go's event correlator and recorder:
   component as one posted less than `window_s` (10 min) ago is not posted again; the
   existing Event's `count` is raised and its `lastTimestamp` moved (a PATCH). After the
   window, or when the PATCH finds the Event gone, a new Event is created.
-- **Rate limit**: a token bucket of eventRecordQPS with eventBurst tokens; a post waits
-  for its token (0 QPS = unlimited), so a burst is smoothed, never dropped.
+- **Rate limit** (in `eventsink.py`, with `klet.model.flowcontrol.TokenBucket`): a
+  token bucket of eventRecordQPS with eventBurst tokens; a post waits for its token
+  (0 QPS = unlimited), so a burst is smoothed, never dropped.
 
 Static pods' events are posted against their mirror pod (the only object of theirs the
 apiserver knows); the caller does that translation.
@@ -141,21 +141,3 @@ class Aggregator:
 
     def forget(self, key: EventKey) -> None:
         self._seen.pop(key, None)
-
-
-class TokenBucket:
-    """eventRecordQPS/eventBurst: `take(now)` returns how long to wait for the token."""
-
-    def __init__(self, qps: float, burst: int, *, now: float) -> None:
-        self.qps = qps
-        self.capacity = float(max(1, burst))
-        self.tokens = self.capacity
-        self.at = now
-
-    def take(self, now: float) -> float:
-        if self.qps <= 0:
-            return 0.0
-        self.tokens = min(self.capacity, self.tokens + max(0.0, now - self.at) * self.qps)
-        self.at = now
-        self.tokens -= 1.0
-        return 0.0 if self.tokens >= 0 else -self.tokens / self.qps

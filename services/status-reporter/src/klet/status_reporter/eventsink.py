@@ -30,11 +30,11 @@ from dataclasses import dataclass, field
 
 from klet.bus import BusError, Entry, GroupStream
 from klet.kube import Conflict, KubeError, NotFound, Unavailable
+from klet.model.flowcontrol import BackoffPolicy, RetryDelay, TokenBucket
 from klet.model.records import EventRecord
 from klet.model.types import PodUID
 from klet.obs import OnceLogger
 from klet.status_reporter import events
-from klet.status_reporter.backoff import Backoff, BackoffPolicy
 from klet.status_reporter.kubeapi import KubeApi
 
 log = logging.getLogger(__name__)
@@ -89,7 +89,7 @@ class EventSink:
         self._policy = policy
         self._monotonic = monotonic
         self._aggregator = events.Aggregator(window_s=policy.window_s)
-        self._bucket = events.TokenBucket(policy.qps, policy.burst, now=monotonic())
+        self._bucket = TokenBucket(policy.qps, policy.burst, now=monotonic())
         self._group_ready = False
         self._reclaim_at = 0.0  # monotonic time of the next stale-entry takeover
         self._once = OnceLogger(log, level=logging.WARNING)
@@ -143,7 +143,7 @@ class EventSink:
                 extra={"entry": entry.id, "error": entry.error},
             )
             return
-        backoff = Backoff(self._policy.retry)
+        backoff = RetryDelay(self._policy.retry)
         for attempt in range(1, max(1, self._policy.max_tries) + 1):
             try:
                 await self.post(record)
@@ -196,7 +196,7 @@ class EventSink:
 
     async def run(self) -> None:
         """Consume the stream until cancelled, surviving bus outages."""
-        backoff = Backoff(self._policy.bus_backoff)
+        backoff = RetryDelay(self._policy.bus_backoff)
         while True:
             try:
                 await self.consume_once()

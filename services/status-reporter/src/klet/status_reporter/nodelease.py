@@ -27,9 +27,9 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
 from klet.kube import Conflict, KubeError, NotFound
+from klet.model.flowcontrol import BackoffPolicy, RetryDelay
 from klet.model.types import JSON
 from klet.obs import OnceLogger
-from klet.status_reporter.backoff import Backoff, BackoffPolicy
 from klet.status_reporter.kubeapi import LEASE_NAMESPACE, KubeApi
 from klet.status_reporter.nodeid import NodeIdentity
 
@@ -137,7 +137,7 @@ class LeaseManager:
 
     async def run(self) -> None:
         """Renew every renew_interval_s until cancelled; back off while failing."""
-        backoff = Backoff(self._policy.backoff)
+        backoff = RetryDelay(self._policy.backoff)
         while True:
             try:
                 await self.renew_once()

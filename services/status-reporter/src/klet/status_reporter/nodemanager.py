@@ -33,11 +33,11 @@ from typing import Protocol
 
 from klet.bus import BusError
 from klet.kube import Conflict, KubeError, NotFound
+from klet.model.flowcontrol import BackoffPolicy, RetryDelay, jittered
 from klet.model.records import EventRecord
 from klet.model.types import JSON
 from klet.obs import OnceLogger
 from klet.status_reporter import nodestatus
-from klet.status_reporter.backoff import Backoff, BackoffPolicy, jittered
 from klet.status_reporter.kubeapi import KubeApi
 from klet.status_reporter.nodeid import NodeIdentity
 from klet.status_reporter.nodestatus import NodeConfig, Observations
@@ -205,7 +205,7 @@ class NodeStatusManager:
 
     async def run(self) -> None:
         """Register (if configured), then update the status until cancelled."""
-        backoff = Backoff(self._policy.register_backoff)
+        backoff = RetryDelay(self._policy.register_backoff)
         while True:
             if self._policy.register and not self._identity.registered.is_set():
                 if not await self.register_once():

@@ -46,6 +46,7 @@ from types import MappingProxyType
 from typing import Protocol
 
 from klet.bus import BusError, Entry, GroupStream
+from klet.model.flowcontrol import BackoffPolicy, RetryDelay
 from klet.model.records import DesiredPod, PodStatusChange, PodStatusRecord
 from klet.model.types import JSON, PodUID
 from klet.obs import OnceLogger
@@ -115,21 +116,9 @@ class CachePolicy:
             if value < (1 if name == "read_count" else 0):
                 raise ValueError(f"CachePolicy.{name}: out of range: {value!r}")
 
-
-class _Backoff:
-    """Exponential retry delay for one loop, reset by a success."""
-
-    def __init__(self, policy: CachePolicy) -> None:
-        self._policy = policy
-        self._next = policy.backoff_initial_s
-
-    def reset(self) -> None:
-        self._next = self._policy.backoff_initial_s
-
-    def next(self) -> float:
-        delay = self._next
-        self._next = min(max(delay * 2, 0.01), self._policy.backoff_max_s)
-        return delay
+    @property
+    def backoff(self) -> BackoffPolicy:
+        return BackoffPolicy(self.backoff_initial_s, self.backoff_max_s)
 
 
 class PodCache:
@@ -288,7 +277,7 @@ class PodCache:
 
     async def run_consumer(self) -> None:
         """Consume the podstatus stream until cancelled, surviving bus outages."""
-        backoff = _Backoff(self._policy)
+        backoff = RetryDelay(self._policy.backoff)
         while True:
             try:
                 await self.consume_once()
@@ -303,7 +292,7 @@ class PodCache:
 
     async def run_reloader(self) -> None:
         """Reload both tables every reload_interval_s until cancelled."""
-        backoff = _Backoff(self._policy)
+        backoff = RetryDelay(self._policy.backoff)
         while True:
             try:
                 await self.reload()

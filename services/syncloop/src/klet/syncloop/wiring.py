@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 import os
 import socket
+import time
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -15,6 +16,7 @@ from klet.cgroups.machine import read_machine
 from klet.config import Settings
 from klet.cri import RuntimeClient, cri_settings
 from klet.kube import KubeClient, kube_settings
+from klet.model.flowcontrol import Backoff, TokenBucket
 from klet.model.node import allocatable_amounts, node_labels, storage_aware_eviction_hard
 from klet.rpc.unixserver import service_socket
 from klet.syncloop.admission.admit import AdmissionLedger, NodeInfo
@@ -23,7 +25,6 @@ from klet.syncloop.containers.images import (
     ImagePuller,
     NodeCredentials,
     PullCredentials,
-    TokenBucket,
     pull_parallelism,
 )
 from klet.syncloop.containers.security import SecuritySettings
@@ -32,7 +33,6 @@ from klet.syncloop.environment.envvars import NodeFacts
 from klet.syncloop.environment.kubeobjects import ApiObjects
 from klet.syncloop.events import BusEventSink
 from klet.syncloop.metrics import Metrics, create_metrics
-from klet.syncloop.pods.backoff import Backoff
 from klet.syncloop.pods.controller import NodePressure, PodController, published_status
 from klet.syncloop.pods.runtime import PodRuntime
 from klet.syncloop.pods.statuspub import StatusPublisher
@@ -120,7 +120,11 @@ def build_deps(settings: Settings, **overrides: Any) -> Deps:
         parallel=pull_parallelism(
             serialize=k.serialize_image_pulls, max_parallel=k.max_parallel_image_pulls
         ),
-        rate=TokenBucket(k.registry_pull_qps, k.registry_burst) if k.registry_pull_qps else None,
+        rate=(
+            TokenBucket(k.registry_pull_qps, k.registry_burst, now=time.time())
+            if k.registry_pull_qps
+            else None
+        ),
         credentials=PullCredentials(
             node=NodeCredentials(Path(settings.klet.root_dir)), objects=objects
         ),

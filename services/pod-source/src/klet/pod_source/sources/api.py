@@ -40,6 +40,7 @@ from typing import Protocol
 from klet.kube import Forbidden, Gone, KubeClient, KubeError, Unavailable, WatchEvent
 from klet.model.records import SourceName
 from klet.model.types import JSON
+from klet.obs import OnceLogger
 from klet.pod_source import apipods
 from klet.pod_source.inbox import Inbox
 from klet.pod_source.metrics import Metrics
@@ -133,7 +134,7 @@ class ApiSource:
         self._rv: str | None = None  # None: list next
         self._listed = False
         self._failures = 0
-        self._last_error: tuple[type[BaseException], int] | None = None
+        self._once = OnceLogger(log, level=logging.WARNING)
         # Skipped (uid, reason) already logged; reset at every list, so it stays small.
         self._reported: set[tuple[str, str]] = set()
 
@@ -254,21 +255,20 @@ class ApiSource:
         """Keep the set; log the error once per outage (and per change of error)."""
         self._failures += 1
         delay = self._retry.delay(self._failures)
-        key = (type(err), getattr(err, "status", 0))
         fields = {"error": str(err), "retry_in_s": delay, "listed": self._listed}
-        if key != self._last_error:
-            self._last_error = key
-            level = logging.ERROR if isinstance(err, Forbidden) else logging.WARNING
-            log.log(level, "apiserver pod source failing; keeping the last pod set", extra=fields)
-        else:
+        if not self._once.error(
+            "apiserver",
+            "apiserver pod source failing; keeping the last pod set",
+            cause=(type(err), getattr(err, "status", 0)),
+            level=logging.ERROR if isinstance(err, Forbidden) else logging.WARNING,
+            **fields,
+        ):
             log.debug("apiserver pod source still failing", extra=fields)
         return delay
 
     def _recovered(self) -> None:
-        if self._failures:
-            log.info("apiserver pod source working again", extra={"failures": self._failures})
+        self._once.clear("apiserver", "apiserver pod source working again", failures=self._failures)
         self._failures = 0
-        self._last_error = None
 
     def _report(self, skipped: apipods.Skipped) -> None:
         fields = {"pod": skipped.full_name, "uid": skipped.uid, "reason": skipped.reason}

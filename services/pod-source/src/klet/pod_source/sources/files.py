@@ -37,6 +37,7 @@ from typing import Literal
 
 from klet.model.records import SourceName
 from klet.model.types import JSON
+from klet.obs import OnceLogger
 from klet.pod_source.inbox import Inbox
 from klet.pod_source.manifests import ManifestError, Reason, pod_from_file
 from klet.pod_source.metrics import Metrics
@@ -191,7 +192,7 @@ class FileSource:
         self._use_inotify = use_inotify
         self._last: list[JSON] | None = None
         self._cache: DecodeCache = {}
-        self._reported: dict[str, tuple[str, str, str]] = {}
+        self._once = OnceLogger(log, level=logging.WARNING)
         self._path_note = ""
 
     @property
@@ -234,19 +235,18 @@ class FileSource:
                     extra={"path": str(self._path), "error": result.note},
                 )
         for path, bad in result.bad.items():
-            if self._reported.get(path) != bad.report_key:
-                self._reported[path] = bad.report_key
+            if self._once.error(
+                path,
+                f"bad static pod manifest {path}: {bad.message}",
+                cause=bad.report_key,
+                path=path,
+                reason=bad.reason,
+                error=bad.message,
+            ):
                 self._metrics.manifest_errors.labels(source="file", reason=bad.reason).inc()
-                log.warning(
-                    "bad static pod manifest %s: %s",
-                    path,
-                    bad.message,
-                    extra={"path": path, "reason": bad.reason, "error": bad.message},
-                )
         if result.complete:
-            for path in [p for p in self._reported if p not in result.bad]:
-                del self._reported[path]
-                log.info("static pod manifest no longer refused", extra={"path": path})
+            for gone in [p for p in self._once.active() if p not in result.bad]:
+                self._once.clear(gone, "static pod manifest no longer refused", path=gone)
 
     def _open_watcher(self) -> DirWatcher | None:
         if not self._use_inotify:

@@ -37,6 +37,7 @@ from typing import Final
 import httpx
 from klet.model.records import SourceName
 from klet.model.types import JSON
+from klet.obs import OnceLogger
 from klet.pod_source.inbox import Inbox
 from klet.pod_source.manifests import ManifestError, pods_from_url_body
 from klet.pod_source.metrics import Metrics
@@ -100,7 +101,7 @@ class HttpSource:
         self._timeout_s = timeout_s
         self._last_body: bytes | None = None  # the last body that became a snapshot
         self._bad_body: bytes | None = None  # the last body refused (already reported)
-        self._last_error: tuple[str, str] | None = None
+        self._once = OnceLogger(log, level=logging.WARNING)
 
     @property
     def name(self) -> SourceName:
@@ -146,9 +147,7 @@ class HttpSource:
             except Exception as err:  # noqa: BLE001 - manifests.py converts; belt and braces
                 self._refused(ManifestError("parse", f"{type(err).__name__}: {err}"), body=body)
                 return
-        if self._last_error is not None:
-            log.info("manifest URL readable again", extra={"url": self._url})
-            self._last_error = None
+        self._once.clear("url", "manifest URL readable again", url=self._url)
         self._bad_body = None
         if pods is None:
             self._inbox.polled()  # the same bytes as the last snapshot
@@ -161,17 +160,15 @@ class HttpSource:
         """Keep the last good set; report `err` unless it is the one reported last."""
         self._bad_body = body
         self._inbox.polled()
-        key = (err.reason, err.message)
-        if key == self._last_error:
-            return
-        self._last_error = key
-        self._metrics.manifest_errors.labels(source="http", reason=err.reason).inc()
-        log.warning(
-            "manifest URL %s refused: %s; keeping the last good set",
-            self._url,
-            err.message,
-            extra={"url": self._url, "reason": err.reason, "error": err.message},
-        )
+        if self._once.error(
+            "url",
+            f"manifest URL {self._url} refused: {err.message}; keeping the last good set",
+            cause=(err.reason, err.message),
+            url=self._url,
+            reason=err.reason,
+            error=err.message,
+        ):
+            self._metrics.manifest_errors.labels(source="http", reason=err.reason).inc()
 
     async def _fetch(self, client: httpx.AsyncClient) -> bytes:
         try:

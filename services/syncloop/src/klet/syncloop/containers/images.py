@@ -33,12 +33,12 @@ from pathlib import Path
 
 from klet.cri import CRIError
 from klet.cri.types import AuthConfig, SandboxConfig
+from klet.model.flowcontrol import Backoff, TokenBucket
 from klet.model.types import JSON
 from klet.syncloop.containers import keyring
 from klet.syncloop.environment.kubeobjects import KubeObjects, ObjectUnavailable
 from klet.syncloop.events import EventSink
 from klet.syncloop.pods import podspec
-from klet.syncloop.pods.backoff import Backoff
 from klet.syncloop.ports import ImageService
 
 log = logging.getLogger(__name__)
@@ -59,26 +59,6 @@ class PullOutcome:
     image_ref: str | None
     waiting: tuple[str, str] | None = None  # (reason, message) when not pulled
     wake_at: float | None = None
-
-
-class TokenBucket:
-    """registryPullQPS / registryBurst: starts full, refills `qps` tokens a second."""
-
-    def __init__(self, qps: float, burst: int, *, clock: Callable[[], float] = time.monotonic):
-        self.qps = qps
-        self.capacity = float(max(1, burst))
-        self.tokens = self.capacity
-        self.clock = clock
-        self._at = clock()
-
-    def try_accept(self) -> bool:
-        now = self.clock()
-        self.tokens = min(self.capacity, self.tokens + (now - self._at) * self.qps)
-        self._at = now
-        if self.tokens < 1:
-            return False
-        self.tokens -= 1
-        return True
 
 
 def pull_parallelism(*, serialize: bool, max_parallel: int | None) -> int | None:
@@ -264,7 +244,7 @@ class ImagePuller:
             started = time.monotonic()
             attempts: list[AuthConfig | None] = list(credentials) or [None]
             for auth in attempts:
-                if self.rate is not None and not self.rate.try_accept():
+                if self.rate is not None and not self.rate.try_take(self.clock()):
                     attempt.errors.append(QPS_EXCEEDED)
                     continue
                 try:

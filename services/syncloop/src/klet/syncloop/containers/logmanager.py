@@ -39,6 +39,7 @@ from klet.cri.errors import CRIError
 from klet.cri.types import Container, ContainerState, ContainerStatusInfo
 from klet.model.logfiles import COMPRESSED_SUFFIX, TEMPORARY_SUFFIX
 from klet.model.types import ContainerID
+from klet.obs import OnceLogger
 from klet.syncloop.containers.logrotation import RotationPlan, RotationPolicy, plan_rotation
 
 log = logging.getLogger(__name__)
@@ -113,7 +114,7 @@ class ContainerLogManager:
         self.runtime = runtime
         self.settings = settings
         self.clock = clock
-        self._last_error: dict[ContainerID, str] = {}
+        self._once = OnceLogger(log, level=logging.WARNING)
 
     async def run(self) -> None:
         if not self.settings.policy.enabled:
@@ -141,8 +142,7 @@ class ContainerLogManager:
         running = [
             c.id for c in await self.runtime.list_containers() if c.state == ContainerState.RUNNING
         ]
-        for gone in set(self._last_error) - set(running):
-            del self._last_error[gone]
+        self._once.retain(running)
         workers = asyncio.Semaphore(self.settings.workers)
 
         async def one(cid: ContainerID) -> bool:
@@ -152,17 +152,16 @@ class ContainerLogManager:
                 except (CRIError, OSError, RotationError) as err:
                     self._report(cid, err)
                     return False
-                self._last_error.pop(cid, None)
+                self._once.clear(cid, "container log rotated again", container=cid)
                 return rotated
 
         results = await asyncio.gather(*(one(cid) for cid in running))
         return sum(results)
 
     def _report(self, cid: ContainerID, err: Exception) -> None:
-        text = str(err)
-        if self._last_error.get(cid) != text:
-            log.warning("container log not rotated", extra={"container": cid, "error": text})
-        self._last_error[cid] = text
+        self._once.error(
+            cid, "container log not rotated", cause=str(err), container=cid, error=str(err)
+        )
 
     async def rotate_if_needed(self, cid: ContainerID) -> bool:
         status = await self.runtime.container_status(cid)

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 
 from klet.cri import CRIError
 from klet.cri.types import Mount, SandboxConfig
+from klet.model.flowcontrol import Backoff
 from klet.model.podvalidation import checked_component
 from klet.model.types import JSON, SandboxID
 from klet.syncloop.containers import criconfig, podcgroups, security, termination
@@ -27,7 +28,6 @@ from klet.syncloop.environment import envvars, etchosts, kubeobjects
 from klet.syncloop.environment.kubeobjects import KubeObjects
 from klet.syncloop.events import EventSink
 from klet.syncloop.pods import podspec
-from klet.syncloop.pods.backoff import Backoff
 from klet.syncloop.pods.runtimepod import RuntimePod, restart_count_of
 from klet.syncloop.ports import RuntimeService
 from klet.syncloop.volumes import mounts as volmounts

@@ -29,9 +29,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from klet.cri.types import ContainerState, ContainerStatusInfo, SandboxState
+from klet.model.flowcontrol import Backoff
 from klet.model.types import JSON, ContainerID
 from klet.syncloop.pods import podspec
-from klet.syncloop.pods.backoff import Backoff
 from klet.syncloop.pods.runtimepod import RuntimePod, hash_of
 from klet.syncloop.probing.proberesults import NO_PROBES, ProbeKind, ProbeResults
 

@@ -18,6 +18,7 @@ import time
 from collections.abc import Callable
 
 from klet.bus import BusError, BusUnavailable, NodeBus
+from klet.obs import OnceLogger
 from klet.syncloop.pods.controller import PodController
 
 log = logging.getLogger(__name__)
@@ -46,19 +47,16 @@ class BusIntake:
         self.on_bad = on_bad
         self.on_error = on_error
         self.synced = asyncio.Event()  # set after the first full read of the tables
-        self._down = ""
+        self._once = OnceLogger(log, level=logging.WARNING)
 
     def _report(self, err: Exception) -> None:
         self.on_error()
-        text = str(err)
-        if text != self._down:
-            log.warning("bus unavailable, keeping the last state", extra={"error": text})
-            self._down = text
+        self._once.error(
+            "bus", "bus unavailable, keeping the last state", cause=str(err), error=str(err)
+        )
 
     def _recovered(self) -> None:
-        if self._down:
-            log.info("bus available again")
-            self._down = ""
+        self._once.clear("bus", "bus available again")
 
     async def resync_once(self) -> None:
         read_from = self.controller.generation

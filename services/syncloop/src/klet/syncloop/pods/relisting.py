@@ -17,6 +17,7 @@ from collections.abc import Callable
 
 from klet.cri import CRIError
 from klet.cri import labels as L
+from klet.obs import OnceLogger
 from klet.syncloop.ports import RuntimeReader
 
 log = logging.getLogger(__name__)
@@ -54,7 +55,7 @@ class Relister:
         self.clock = clock
         self.previous: dict[str, Fingerprint] = {}
         self.last_ok = clock()
-        self._error = ""
+        self._once = OnceLogger(log, level=logging.WARNING)
 
     def age(self) -> float:
         """Seconds since the last successful relist."""
@@ -85,11 +86,7 @@ class Relister:
         while True:
             try:
                 on_uids(await self.relist_once())
-                if self._error:
-                    log.info("relist recovered")
-                    self._error = ""
+                self._once.clear("cri", "relist recovered")
             except CRIError as err:
-                if str(err) != self._error:
-                    log.warning("relist failed", extra={"error": str(err)})
-                    self._error = str(err)
+                self._once.error("cri", "relist failed", cause=str(err), error=str(err))
             await asyncio.sleep(self.period_s)

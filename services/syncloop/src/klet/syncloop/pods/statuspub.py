@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from klet.bus import BusUnavailable, NodeBus
 from klet.model.records import PodStatusChange, PodStatusRecord
 from klet.model.types import JSON, PodUID
+from klet.obs import OnceLogger
 from klet.syncloop.pods.status import strip_volatile
 
 log = logging.getLogger(__name__)
@@ -41,7 +42,7 @@ class StatusPublisher:
         self._dirty: set[str] = set()
         self._removed: set[str] = set()
         self._wake = asyncio.Event()
-        self._down = False
+        self._once = OnceLogger(log, level=logging.WARNING)
 
     def get(self, uid: str) -> JSON | None:
         e = self._entries.get(uid)
@@ -127,14 +128,8 @@ class StatusPublisher:
             self._wake.clear()
             try:
                 await self.flush()
-                if self._down:
-                    log.info("status publishing resumed")
-                    self._down = False
+                self._once.clear("bus", "status publishing resumed")
             except BusUnavailable as err:
-                if not self._down:
-                    log.warning(
-                        "cannot publish pod statuses, will retry", extra={"error": str(err)}
-                    )
-                    self._down = True
+                self._once.error("bus", "cannot publish pod statuses, will retry", error=str(err))
                 await asyncio.sleep(1.0)
             await asyncio.sleep(0.05)  # coalesce bursts of updates into one transaction

@@ -20,6 +20,7 @@ from pathlib import Path
 from klet.cgroups import CgroupFS
 from klet.cri import CRIError
 from klet.cri.types import ContainerState, DNSConfig, SandboxConfig
+from klet.model.flowcontrol import Backoff
 from klet.model.types import JSON, SandboxID
 from klet.syncloop.containers import criconfig, fields, podcgroups, resources, termination
 from klet.syncloop.containers.hooks import LifecycleHooks, container_spec, pod_ip_of
@@ -34,7 +35,6 @@ from klet.syncloop.events import EventSink
 from klet.syncloop.pods import actions as actions_mod
 from klet.syncloop.pods import podspec, runtimepod
 from klet.syncloop.pods.actions import PodActions, StartAction, compute_pod_actions
-from klet.syncloop.pods.backoff import Backoff
 from klet.syncloop.pods.runtime import PodRuntime
 from klet.syncloop.pods.runtimepod import RuntimePod
 from klet.syncloop.ports import RuntimeService
