@@ -1,13 +1,23 @@
-"""Builds syncloop's dependencies from settings; production and tests use the same path."""
+"""syncloop's dependencies, built once from settings, by production and tests alike.
+
+`build_deps(settings, overrides=...)` decides what talks to what: the CRI client that
+the pod syncer, the runtime reader, the image puller, the prober and (in app.py) PLEG
+and log rotation all share; the Redis bus the controller, the intake, the status and
+event publishers read and write; the apiserver client of cluster mode. Tests pass
+`Overrides` (a `FakeRuntimeService`, a `FakeBus`, a fixed clock, the node as admission
+sees it) and get the production objects wired over them. `Deps.close()` closes what
+build_deps opened.
+"""
 
 from __future__ import annotations
 
 import functools
 import os
 import socket
-from dataclasses import dataclass, replace
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from klet.bus import Bus, Lease, NodeBus, service_lease
 from klet.cgroups import CgroupFS
@@ -37,6 +47,7 @@ from klet.syncloop.pods.controller import NodePressure, PodController, published
 from klet.syncloop.pods.runtime import PodRuntime
 from klet.syncloop.pods.statuspub import StatusPublisher
 from klet.syncloop.pods.syncpod import PodSyncer, SyncSettings
+from klet.syncloop.ports import NodeRuntime
 from klet.syncloop.probing.prober import ProbeManager
 from klet.syncloop.volumes.content import (
     ConfigMapPlugin,
@@ -54,11 +65,26 @@ DEFAULT_SERVICE_PORT = 10261
 
 
 @dataclass(frozen=True)
+class Overrides:
+    """Replacements for production choices (tests); None keeps the default."""
+
+    bus: Bus | None = None  # e.g. klet.bus.testing.FakeBus
+    cri: NodeRuntime | None = None  # e.g. klet.cri.testing.FakeRuntimeService
+    registry: CollectorRegistry | None = None
+    clock: Callable[[], float] | None = None
+    """Wall clock of the controller, syncer, image puller, prober and status publisher."""
+    node: NodeInfo | None = None  # the node as admission sees it (default: read from the host)
+    sync: SyncSettings | None = None  # SyncPod's settings (default: from the settings tree)
+    consumer: str | None = None  # the `pods` stream consumer name
+    lease_holder: str | None = None  # default: this process's replica slot (klet.bus.holder)
+
+
+@dataclass(frozen=True)
 class Deps:
     settings: Settings
     bus: Bus
     node_bus: NodeBus
-    cri: RuntimeClient
+    cri: NodeRuntime
     controller: PodController
     prober: ProbeManager
     events: BusEventSink
@@ -70,6 +96,13 @@ class Deps:
     lease: Lease
     kube: KubeClient | None = None  # cluster mode's apiserver client, closed at exit
     volumes: VolumeManager | None = None  # pod volumes; its orphan clean-up is a root task
+
+    async def close(self) -> None:
+        """Close the clients build_deps opened: CRI, the apiserver's, the bus."""
+        await self.cri.close()
+        if self.kube is not None:
+            await self.kube.close()
+        await self.bus.close()
 
 
 def host_ip(settings: Settings) -> str:
@@ -102,13 +135,19 @@ def admission_node(settings: Settings) -> NodeInfo:
     )
 
 
-def build_deps(settings: Settings, **overrides: Any) -> Deps:
+def build_deps(settings: Settings, overrides: Overrides | None = None) -> Deps:
+    o = overrides or Overrides()
     k = settings.kubelet
-    bus = Bus.from_url(
-        settings.klet.redis_url, settings.klet.node_name, auth=settings.klet.redis_auth
+    clock = o.clock if o.clock is not None else time.time
+    bus = (
+        o.bus
+        if o.bus is not None
+        else Bus.from_url(
+            settings.klet.redis_url, settings.klet.node_name, auth=settings.klet.redis_auth
+        )
     )
     node_bus = NodeBus.of(bus)
-    cri = RuntimeClient(cri_settings(k))
+    cri = o.cri if o.cri is not None else RuntimeClient(cri_settings(k))
     events = BusEventSink(node_bus)
     # Cluster mode: ConfigMaps and Secrets (env references, pull secrets) from the apiserver.
     api = kube_settings(settings)
@@ -120,6 +159,7 @@ def build_deps(settings: Settings, **overrides: Any) -> Deps:
         parallel=pull_parallelism(
             serialize=k.serialize_image_pulls, max_parallel=k.max_parallel_image_pulls
         ),
+        clock=clock,
         rate=TokenBucket(k.registry_pull_qps, k.registry_burst) if k.registry_pull_qps else None,
         credentials=PullCredentials(
             node=NodeCredentials(Path(settings.klet.root_dir)), objects=objects
@@ -156,7 +196,8 @@ def build_deps(settings: Settings, **overrides: Any) -> Deps:
         puller=puller,
         events=events,
         cgroups=CgroupFS() if k.cgroups_per_qos else None,
-        settings=SyncSettings(
+        settings=o.sync
+        or SyncSettings(
             pod_logs_dir=Path(k.pod_logs_dir),
             cgroups_per_qos=k.cgroups_per_qos,
             cpu_cfs_quota=k.cpu_cfs_quota,
@@ -176,18 +217,19 @@ def build_deps(settings: Settings, **overrides: Any) -> Deps:
             ),
         ),
         backoff=backoff,
+        clock=clock,
         objects=objects,
         volumes=volumes,
     )
-    publisher = StatusPublisher(node_bus)
-    registry = CollectorRegistry()
+    publisher = StatusPublisher(node_bus, clock=clock)
+    registry = o.registry if o.registry is not None else CollectorRegistry()
     metrics = create_metrics(registry)
 
     def probe_result_changed(uid: str) -> None:
         controller.on_runtime_change(uid)  # wake the pod's worker
 
     prober = ProbeManager(
-        cri, events=events, on_change=probe_result_changed, observer=metrics.prober
+        cri, events=events, on_change=probe_result_changed, clock=clock, observer=metrics.prober
     )
     controller = PodController(
         bus=node_bus,
@@ -195,14 +237,16 @@ def build_deps(settings: Settings, **overrides: Any) -> Deps:
         syncer=syncer,
         publisher=publisher,
         host_ip=host_ip(settings),
+        clock=clock,
         prober=prober,
-        admission=AdmissionLedger(admission_node(settings)),
+        admission=AdmissionLedger(o.node or admission_node(settings)),
         pressure=NodePressure(node_bus),
         last_status=functools.partial(published_status, node_bus),
         on_rejected=metrics.record_admission_rejection,
         node_name=settings.klet.node_name,
     )
-    deps = Deps(
+    run_dir = Path(settings.klet.run_dir)
+    return Deps(
         settings=settings,
         bus=bus,
         node_bus=node_bus,
@@ -212,13 +256,16 @@ def build_deps(settings: Settings, **overrides: Any) -> Deps:
         events=events,
         registry=registry,
         metrics=metrics,
-        socket_path=service_socket(Path(settings.klet.run_dir), "syncloop.sock"),
+        socket_path=service_socket(run_dir, "syncloop.sock"),
         service_port=settings.klet.service_port or DEFAULT_SERVICE_PORT,
-        consumer=f"{socket.gethostname()}-{os.getpid()}",
+        consumer=o.consumer or f"{socket.gethostname()}-{os.getpid()}",
         # A holder ID of its own; a restart takes over its dead predecessor's lease
         # at once (klet.bus.holder).
-        lease=service_lease(bus, "syncloop", Path(settings.klet.run_dir), ttl_ms=15_000),
+        lease=(
+            bus.lease("syncloop", o.lease_holder, ttl_ms=15_000)
+            if o.lease_holder
+            else service_lease(bus, "syncloop", run_dir, ttl_ms=15_000)
+        ),
         kube=kube,
         volumes=volumes,
     )
-    return replace(deps, **overrides) if overrides else deps
