@@ -11,11 +11,12 @@ build_deps opened.
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import os
 import socket
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -29,6 +30,7 @@ from klet.model.node import allocatable_amounts, node_labels, storage_aware_evic
 from klet.rpc.unixserver import service_socket
 from klet.syncloop.admission.admit import AdmissionLedger, NodeInfo
 from klet.syncloop.containers import podcgroups
+from klet.syncloop.containers.hooks import LifecycleHooks
 from klet.syncloop.containers.images import (
     ImagePuller,
     NodeCredentials,
@@ -40,7 +42,7 @@ from klet.syncloop.containers.security import SecuritySettings
 from klet.syncloop.environment.dns import DNSSettings
 from klet.syncloop.environment.envvars import NodeFacts
 from klet.syncloop.environment.kubeobjects import ApiObjects
-from klet.syncloop.events import BusEventSink
+from klet.syncloop.events import BusEventSink, EventSink
 from klet.syncloop.metrics import Metrics, create_metrics
 from klet.syncloop.pods.backoff import Backoff
 from klet.syncloop.pods.controller import NodePressure, PodController, published_status
@@ -70,9 +72,14 @@ class Overrides:
 
     bus: Bus | None = None  # e.g. klet.bus.testing.FakeBus
     cri: NodeRuntime | None = None  # e.g. klet.cri.testing.FakeRuntimeService
+    events: EventSink | None = None
+    """Where the syncer, image puller and prober record Events (default: `Deps.events`,
+    which queues them for the `events` stream)."""
     registry: CollectorRegistry | None = None
     clock: Callable[[], float] | None = None
-    """Wall clock of the controller, syncer, image puller, prober and status publisher."""
+    """The clock of the controller, syncer, image puller, prober, status publisher and
+    lifecycle hooks (in production the wall clock, and monotonic time for the hooks)."""
+    sleep: Callable[[float], Awaitable[None]] | None = None  # of lifecycle hooks and probes
     node: NodeInfo | None = None  # the node as admission sees it (default: read from the host)
     sync: SyncSettings | None = None  # SyncPod's settings (default: from the settings tree)
     consumer: str | None = None  # the `pods` stream consumer name
@@ -148,7 +155,8 @@ def build_deps(settings: Settings, overrides: Overrides | None = None) -> Deps:
     )
     node_bus = NodeBus.of(bus)
     cri = o.cri if o.cri is not None else RuntimeClient(cri_settings(k))
-    events = BusEventSink(node_bus)
+    bus_events = BusEventSink(node_bus)
+    events = o.events if o.events is not None else bus_events
     # Cluster mode: ConfigMaps and Secrets (env references, pull secrets) from the apiserver.
     api = kube_settings(settings)
     kube = KubeClient(api) if api is not None else None
@@ -190,33 +198,43 @@ def build_deps(settings: Settings, overrides: Overrides | None = None) -> Deps:
     # upstream: the initial back-off is 10 s, or the maximum when that is set lower
     max_backoff = k.crash_loop_back_off.max_container_restart_period
     backoff = Backoff(initial_s=min(10.0, max_backoff), max_s=max_backoff)
+    sync = o.sync or SyncSettings(
+        pod_logs_dir=Path(k.pod_logs_dir),
+        cgroups_per_qos=k.cgroups_per_qos,
+        cpu_cfs_quota=k.cpu_cfs_quota,
+        cpu_cfs_quota_period=k.cpu_cfs_quota_period,
+        pod_pids_limit=k.pod_pids_limit,
+        node=node_facts,
+        root_dir=Path(settings.klet.root_dir),
+        hook_timeout_s=k.runtime_request_timeout,
+        security=SecuritySettings(
+            seccomp_default=k.seccomp_default,
+            seccomp_profile_root=str(Path(settings.klet.root_dir) / "seccomp"),
+        ),
+        dns=DNSSettings(
+            cluster_dns=tuple(k.cluster_dns),
+            cluster_domain=k.cluster_domain,
+            resolv_conf=k.resolv_conf,
+        ),
+    )
+    sleep = o.sleep if o.sleep is not None else asyncio.sleep
+    hooks = LifecycleHooks(
+        cri=cri,
+        events=events,
+        host_ip=next(iter(sync.node.host_ips), ""),
+        post_start_timeout_s=sync.hook_timeout_s,
+        clock=o.clock if o.clock is not None else time.monotonic,
+        sleep=sleep,
+    )
     syncer = PodSyncer(
         cri=cri,
         runtime=runtime,
         puller=puller,
         events=events,
         cgroups=CgroupFS() if k.cgroups_per_qos else None,
-        settings=o.sync
-        or SyncSettings(
-            pod_logs_dir=Path(k.pod_logs_dir),
-            cgroups_per_qos=k.cgroups_per_qos,
-            cpu_cfs_quota=k.cpu_cfs_quota,
-            cpu_cfs_quota_period=k.cpu_cfs_quota_period,
-            pod_pids_limit=k.pod_pids_limit,
-            node=node_facts,
-            root_dir=Path(settings.klet.root_dir),
-            hook_timeout_s=k.runtime_request_timeout,
-            security=SecuritySettings(
-                seccomp_default=k.seccomp_default,
-                seccomp_profile_root=str(Path(settings.klet.root_dir) / "seccomp"),
-            ),
-            dns=DNSSettings(
-                cluster_dns=tuple(k.cluster_dns),
-                cluster_domain=k.cluster_domain,
-                resolv_conf=k.resolv_conf,
-            ),
-        ),
+        settings=sync,
         backoff=backoff,
+        hooks=hooks,
         clock=clock,
         objects=objects,
         volumes=volumes,
@@ -229,7 +247,12 @@ def build_deps(settings: Settings, overrides: Overrides | None = None) -> Deps:
         controller.on_runtime_change(uid)  # wake the pod's worker
 
     prober = ProbeManager(
-        cri, events=events, on_change=probe_result_changed, clock=clock, observer=metrics.prober
+        cri,
+        events=events,
+        on_change=probe_result_changed,
+        clock=clock,
+        sleep=sleep,
+        observer=metrics.prober,
     )
     controller = PodController(
         bus=node_bus,
@@ -253,7 +276,7 @@ def build_deps(settings: Settings, overrides: Overrides | None = None) -> Deps:
         cri=cri,
         controller=controller,
         prober=prober,
-        events=events,
+        events=bus_events,
         registry=registry,
         metrics=metrics,
         socket_path=service_socket(run_dir, "syncloop.sock"),
