@@ -70,14 +70,9 @@ class FakeBus(Bus):
     def stream(self, name: str, record_type: type[R], *, maxlen: int = 10_000) -> Stream[R]:
         return FakeStream(self, name, record_type, maxlen=maxlen)
 
-    def lease(
-        self, name: str, holder: str, *, ttl_ms: int = 15_000, predecessor: str | None = None
-    ) -> Lease:
-        if self._fence is not None:
-            raise ValueError(f"bus already fenced by {self._fence.key}; one lease per bus")
+    def _new_lease(self, name: str, holder: str, *, ttl_ms: int, predecessor: str | None) -> Lease:
         lease = FakeLease(self, name, holder, ttl_ms=ttl_ms, predecessor=predecessor)
         lease.clock = self.clock
-        self._fence = lease
         return lease
 
     @property
@@ -245,40 +240,35 @@ class FakeLease(Lease):
         super().__init__(bus, name, holder, ttl_ms=ttl_ms, predecessor=predecessor)
         self.fake = bus
 
-    async def try_acquire(self) -> bool:
+    async def _renew(self) -> bool:
         fake = self.fake
         fake.check()
-        sent = self.clock()
-        current = fake.strings.get(self.key)
-        if current is not None and sent >= fake.expiry.get(self.key, 0.0):
-            del fake.strings[self.key]
-            current = None
-        if self.held and current == self.value:
-            self.renewed_at = sent
-            fake.expiry[self.key] = sent + self.ttl_ms / 1000
-            self.reacquired = self.counter_reset = False
-            return True
-        mine = current is None or (
-            self.predecessor is not None and current.startswith(f"{self.predecessor}:")
-        )
-        if mine:
-            continued = self.fence_key in fake.strings
-            token = int(fake.strings.get(self.fence_key, "0")) + 1
-            fake.strings[self.fence_key] = str(token)
-            self.token, self.held, self.renewed_at = token, True, sent
-            fake.expiry[self.key] = sent + self.ttl_ms / 1000
-            self.reacquired, self.counter_reset = True, not continued
-            fake.strings[self.key] = self.value
-        elif self.held:
-            self.held = False
-        return self.held
+        now = self.clock()
+        if fake.strings.get(self.key) != self.value or now >= fake.expiry.get(self.key, 0.0):
+            return False
+        fake.expiry[self.key] = now + self.ttl_ms / 1000
+        return True
 
-    async def release(self) -> None:
-        if not self.held:
-            return
-        try:
-            self.fake.check()
-            if self.fake.strings.get(self.key) == self.value:
-                del self.fake.strings[self.key]
-        finally:
-            self.held = False
+    async def _acquire(self) -> tuple[int, bool] | None:
+        fake = self.fake
+        fake.check()
+        now = self.clock()
+        current = fake.strings.get(self.key)
+        if current is not None and now >= fake.expiry.get(self.key, 0.0):
+            current = None  # expired
+        if current is not None:  # as the _ACQUIRE script: this holder's own or its heir's
+            mine = current.startswith(f"{self.holder}:")
+            heir = self.predecessor is not None and current.startswith(f"{self.predecessor}:")
+            if not (mine or heir):
+                return None
+        continued = self.fence_key in fake.strings
+        token = int(fake.strings.get(self.fence_key, "0")) + 1
+        fake.strings[self.fence_key] = str(token)
+        fake.strings[self.key] = f"{self.holder}:{token}"
+        fake.expiry[self.key] = now + self.ttl_ms / 1000
+        return token, continued
+
+    async def _release(self) -> None:
+        self.fake.check()
+        if self.fake.strings.get(self.key) == self.value:
+            del self.fake.strings[self.key]
