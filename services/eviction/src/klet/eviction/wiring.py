@@ -5,8 +5,8 @@ The manager acts through adapters of the libs: the host signal source (cgroups, 
 /proc, CRI stats), the bus tables (desired and status pods in, pressure conditions and
 node Events out), syncloop's PodControl socket and image-gc's GarbageCollector socket,
 both under the run directory. The eviction configuration is parsed here, so invalid
-thresholds refuse the start naming their field. `Deps.close()` closes the clients
-build_deps opened (the two gRPC channels, CRI, the bus).
+thresholds refuse the start naming their field. `Deps.close()` closes the service's
+clients at exit (the two gRPC channels, CRI, the bus).
 """
 
 from __future__ import annotations
@@ -61,7 +61,7 @@ class Deps:
     gc: GarbageCollectorClient
 
     async def close(self) -> None:
-        """Close the clients build_deps opened: the gRPC channels, CRI, the bus."""
+        """Close the clients the service holds (gRPC channels, CRI, bus), given ones too."""
         await self.pod_control.close()
         await self.gc.close()
         await self.cri.close()

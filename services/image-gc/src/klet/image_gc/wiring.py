@@ -3,7 +3,7 @@
 `build_deps(settings, overrides=Overrides(...))`: one CRI client serves image GC, image
 detection, container GC and the image filesystem's usage; the bus carries the pod
 tables, image use times and node Events. Tests replace the clients and the loop
-periods through `Overrides`; `Deps.close()` closes what build_deps opened.
+periods through `Overrides`; `Deps.close()` closes its clients at exit.
 """
 
 from __future__ import annotations
@@ -83,7 +83,7 @@ class Deps:
     periods: Periods = Periods()
 
     async def close(self) -> None:
-        """Close the clients build_deps opened: CRI and the bus."""
+        """Close the clients the service holds (CRI and the bus), given ones too."""
         await self.cri.close()
         await self.bus.close()
 

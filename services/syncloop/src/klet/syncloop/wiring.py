@@ -5,8 +5,7 @@ the pod syncer, the runtime reader, the image puller, the prober and (in app.py)
 and log rotation all share; the Redis bus the controller, the intake, the status and
 event publishers read and write; the apiserver client of cluster mode. Tests pass
 `Overrides` (a `FakeRuntimeService`, a `FakeBus`, a fixed clock, the node as admission
-sees it) and get the production objects wired over them. `Deps.close()` closes what
-build_deps opened.
+sees it) and get the production objects wired over them. `Deps.close()` closes the clients at exit.
 """
 
 from __future__ import annotations
@@ -105,7 +104,7 @@ class Deps:
     volumes: VolumeManager | None = None  # pod volumes; its orphan clean-up is a root task
 
     async def close(self) -> None:
-        """Close the clients build_deps opened: CRI, the apiserver's, the bus."""
+        """Close the clients the service holds (CRI, the apiserver's, the bus), given ones too."""
         await self.cri.close()
         if self.kube is not None:
             await self.kube.close()
