@@ -20,11 +20,13 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 import pytest
+from klet.bus import NodeBus
+from klet.bus.testing import FakeBus
 from klet.eviction.manager import ActivePod, BusPods, Deps, EvictionManager, ManagerSettings
 from klet.eviction.metrics import create_metrics
 from klet.eviction.signals import Observation, Observations, PodUsage, Signal
 from klet.eviction.thresholds import Amount, EvictionConfig, Threshold
-from klet.model.records import DesiredPod, NodeConditionRecord, PodStatusRecord
+from klet.model.records import DesiredPod, PodStatusRecord
 from klet.model.types import JSON, PodUID
 from prometheus_client import CollectorRegistry
 
@@ -100,17 +102,6 @@ class Killer:
         return True
 
 
-@dataclass
-class Conditions:
-    rows: dict[str, NodeConditionRecord] = field(default_factory=dict)
-
-    async def put(self, key: str, record: NodeConditionRecord) -> None:
-        self.rows[key] = record
-
-    def status(self, type_: str) -> str:
-        return self.rows[f"eviction:{type_}"].status
-
-
 @dataclass(frozen=True)
 class Layout:
     dedicated_image_fs: bool = False
@@ -124,7 +115,8 @@ class World:
         self.source = Source(self.clock)
         self.pods = Pods()
         self.killer = Killer(self.pods, self.log)
-        self.conditions = Conditions()
+        self.bus = FakeBus("n1")
+        self.node_bus = NodeBus.of(self.bus)
         self.frees: list[int] = []
         self.free_effect: dict[Signal, int] = {}
         self.free_hangs = False
@@ -144,7 +136,7 @@ class World:
             pods=self.pods,
             killer=self.killer,
             free_space=self.free_space,
-            conditions=self.conditions,
+            conditions=self.node_bus.node,
             layout=self.get_layout,
             node_event=self.node_event,
             metrics=create_metrics(self.registry),
@@ -170,6 +162,10 @@ class World:
         for signal, gained in self.free_effect.items():
             self.source.available[signal] += gained
         return sum(self.free_effect.values())
+
+    def condition(self, type_: str) -> str:
+        """The status of the pressure condition this service last wrote to the bus."""
+        return self.bus.rows(self.node_bus.node)[f"eviction:{type_}"].status
 
     def node_event(self, type_: str, reason: str, message: str) -> None:
         self.events.append((reason, message))
@@ -234,9 +230,9 @@ async def test_hard_memory_threshold_evicts_the_pod_over_its_request() -> None:
             "Container c was using 500Mi, request is 64Mi, has larger consumption of memory. ",
         )
     ]
-    assert w.conditions.status("MemoryPressure") == "True"
-    assert w.conditions.status("DiskPressure") == "False"
-    assert w.conditions.status("PIDPressure") == "False"
+    assert w.condition("MemoryPressure") == "True"
+    assert w.condition("DiskPressure") == "False"
+    assert w.condition("PIDPressure") == "False"
     assert w.events == [("EvictionThresholdMet", "Attempting to reclaim memory")]
     assert (
         w.registry.get_sample_value("kubelet_evictions", {"eviction_signal": "memory.available"})
@@ -275,7 +271,7 @@ async def test_disk_pressure_is_answered_by_freespace_first() -> None:
     # The deficit up to threshold + minimum reclaim: 1Gi + 512Mi - 800Mi.
     assert w.frees == [GI + 512 * MI - 800 * MI]
     assert w.killer.calls == []
-    assert w.conditions.status("DiskPressure") == "True"
+    assert w.condition("DiskPressure") == "True"
     assert w.registry.get_sample_value("klet_eviction_node_reclaims_total", {"outcome": "ok"}) == 1
 
 
@@ -373,7 +369,7 @@ async def test_soft_threshold_waits_for_its_grace_period() -> None:
         "long", usage("long", memory_working_set=900 * MI), terminationGracePeriodSeconds=60
     )
     assert await w.step() == []
-    assert w.conditions.status("MemoryPressure") == "True"  # raised at once
+    assert w.condition("MemoryPressure") == "True"  # raised at once
     assert await w.step(10) == []
     assert await w.step(25) == [long]
     assert w.killer.calls[0][1] == 20  # min(evictionMaxPodGracePeriod, the pod's 60)
@@ -402,7 +398,7 @@ async def test_local_storage_limits_evict_without_node_pressure() -> None:
     assert w.killer.calls == [
         (over, 1, "Evicted", 'Usage of EmptyDir volume "scratch" exceeds the limit "10Mi". ')
     ]
-    assert w.conditions.status("MemoryPressure") == "False"
+    assert w.condition("MemoryPressure") == "False"
     assert (
         w.registry.get_sample_value("kubelet_evictions", {"eviction_signal": "emptydirfs.limit"})
         == 1
@@ -413,13 +409,13 @@ async def test_pressure_condition_clears_after_the_transition_period() -> None:
     w = World(MEMORY, transition=60.0)
     w.source.available[Signal.MEMORY_AVAILABLE] = 50 * MI
     await w.step()
-    assert w.conditions.status("MemoryPressure") == "True"
+    assert w.condition("MemoryPressure") == "True"
     w.source.available[Signal.MEMORY_AVAILABLE] = GI
-    assert w.conditions.rows["eviction:MemoryPressure"].status == "True"
+    assert w.condition("MemoryPressure") == "True"
     await w.step(30)
-    assert w.conditions.status("MemoryPressure") == "True"  # held against flapping
+    assert w.condition("MemoryPressure") == "True"  # held against flapping
     await w.step(31)
-    assert w.conditions.status("MemoryPressure") == "False"
+    assert w.condition("MemoryPressure") == "False"
 
 
 async def test_a_failed_kill_is_retried_on_the_next_pass() -> None:
@@ -466,14 +462,6 @@ async def test_wait_for_cleanup_waits_for_the_evicted_pods_volumes(
     assert polls == 3
 
 
-class Tables:
-    def __init__(self, rows: dict[str, Any]) -> None:
-        self.rows = rows
-
-    async def all(self) -> dict[str, Any]:
-        return self.rows
-
-
 async def test_bus_pods_are_the_desired_pods_not_reported_terminal() -> None:
     def desired(uid: str) -> DesiredPod:
         return DesiredPod(
@@ -492,17 +480,18 @@ async def test_bus_pods_are_the_desired_pods_not_reported_terminal() -> None:
             terminated=terminated,
         )
 
-    pods = BusPods(
-        desired=Tables({u: desired(u) for u in ("new", "running", "failed", "done", "stopping")}),
-        status=Tables(
-            {
-                "running": status("running", "Running"),
-                "failed": status("failed", "Failed"),
-                "done": status("done", "Succeeded"),
-                "stopping": status("stopping", "Running", terminated=True),
-                "gone": status("gone", "Running"),
-            }
-        ),
-    )
+    bus = FakeBus("n1")
+    node = NodeBus.of(bus)
+    for u in ("new", "running", "failed", "done", "stopping"):
+        bus.seed(node.desired, u, desired(u))
+    for rec in (
+        status("running", "Running"),
+        status("failed", "Failed"),
+        status("done", "Succeeded"),
+        status("stopping", "Running", terminated=True),
+        status("gone", "Running"),
+    ):
+        bus.seed(node.status, rec.uid, rec)
+    pods = BusPods(desired=node.desired, status=node.status)
     active = await pods.active()
     assert sorted(p.pod["metadata"]["uid"] for p in active) == ["new", "running"]

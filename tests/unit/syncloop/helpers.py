@@ -1,14 +1,25 @@
-"""Builders of pods and runtime state for syncloop's pure-function tests."""
+"""Builders of pods and runtime state for syncloop's tests, and `wire`: syncloop's
+production wiring (`build_deps`) over a fake runtime and a fake bus."""
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
+from pathlib import Path
 from typing import Any, NamedTuple
 
+from klet.bus.testing import FakeBus
+from klet.config import KletSettings, KubeletConfiguration, Settings
 from klet.cri import labels as L
+from klet.cri.testing import FakeRuntimeService
 from klet.cri.types import ContainerState, ContainerStatusInfo, SandboxState
 from klet.model.types import ContainerID, SandboxID
+from klet.syncloop.admission.admit import NodeInfo
+from klet.syncloop.events import EventSink
 from klet.syncloop.pods import podspec
 from klet.syncloop.pods.runtimepod import RuntimePod, SandboxView, sort_newest_first
+from klet.syncloop.pods.syncpod import SyncSettings
+from klet.syncloop.wiring import Deps, Overrides, build_deps
+from prometheus_client import CollectorRegistry
 
 S = 1_000_000_000  # ns per second
 
@@ -118,3 +129,51 @@ class RecordedEvents:
     def triples(self) -> list[tuple[str, str, str]]:
         """(type, reason, message) of each event."""
         return [(e.type, e.reason, e.message) for e in self.records]
+
+
+NODE = "node1"
+HOST_IP = "192.168.1.10"
+
+
+def wire(
+    tmp_path: Path,
+    cri: FakeRuntimeService,
+    *,
+    events: EventSink | None = None,
+    clock: Callable[[], float] | None = None,
+    sleep: Callable[[float], Awaitable[None]] | None = None,
+    sync: SyncSettings | None = None,
+    node: NodeInfo | None = None,
+    bus: FakeBus | None = None,
+    node_name: str = NODE,
+) -> Deps:
+    """syncloop as production builds it, over `cri`, a fresh `FakeBus` (or `bus`) and
+    no pod cgroups, with volumes under `tmp_path/node`; `sync` defaults to SyncSettings
+    with logs under `tmp_path` (and a test's own root_dir stays apart from the volumes'), and
+    admission sees a node with room for ten pods unless `node` says otherwise. A
+    `node_name` of "" turns off the controller's own check of spec.nodeName."""
+    settings = Settings(
+        kubelet=KubeletConfiguration(cgroups_per_qos=False),
+        klet=KletSettings(
+            service="syncloop",
+            node_name=node_name,
+            node_ip=HOST_IP,
+            root_dir=tmp_path / "node",
+            run_dir=tmp_path / "run",
+        ),
+    )
+    return build_deps(
+        settings,
+        Overrides(
+            bus=bus or FakeBus(NODE),
+            cri=cri,
+            events=events,
+            registry=CollectorRegistry(),
+            clock=clock,
+            sleep=sleep,
+            node=node or NodeInfo(name=NODE, labels={}, allocatable={"pods": 10}),
+            sync=sync or SyncSettings(pod_logs_dir=tmp_path),
+            consumer="test",
+            lease_holder="test",
+        ),
+    )

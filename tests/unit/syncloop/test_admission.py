@@ -21,7 +21,6 @@ from typing import Any
 
 import pytest
 from klet.cri.testing import FakeRuntimeService
-from klet.model.flowcontrol import Backoff
 from klet.model.records import DesiredPod, SourceState
 from klet.model.types import JSON, PodUID
 from klet.syncloop.admission.admit import (
@@ -36,14 +35,11 @@ from klet.syncloop.admission.admit import (
     pod_requests,
     port_conflict,
 )
-from klet.syncloop.containers.images import ImagePuller
-from klet.syncloop.metrics import create_metrics
 from klet.syncloop.pods.controller import PodController
-from klet.syncloop.pods.runtime import PodRuntime
 from klet.syncloop.pods.runtimepod import RuntimePod
-from klet.syncloop.pods.statuspub import StatusPublisher
-from klet.syncloop.pods.syncpod import PodSyncer, SyncSettings
-from prometheus_client import CollectorRegistry
+from klet.syncloop.wiring import Deps
+
+from .helpers import wire
 
 MI = 1024**2
 GI = 1024**3
@@ -638,15 +634,6 @@ class Workers:
         pass
 
 
-class Table:
-    async def get(self, key: str) -> None:
-        return None
-
-
-class Bus:
-    desired = Table()
-
-
 READY = {"file": SourceState(source="file", ready=True, at=0.0)}
 
 
@@ -656,21 +643,8 @@ class World:
         self.cri = FakeRuntimeService(clock=lambda: int(self.t * 1e9))
         self.cri.add_image(IMAGE)
         self.events = Events()
-        self.runtime = PodRuntime(self.cri)
-        self.syncer = PodSyncer(
-            cri=self.cri,
-            runtime=self.runtime,
-            puller=ImagePuller(self.cri, self.events, parallel=1, clock=self.clock),
-            events=self.events,
-            cgroups=None,
-            settings=SyncSettings(pod_logs_dir=tmp_path),
-            backoff=Backoff(),
-            clock=self.clock,
-        )
         self.tmp_path = tmp_path
         self.max_pods = max_pods
-        self.registry = CollectorRegistry()
-        self.metrics = create_metrics(self.registry)
         self.controller = self.new_controller()
 
     def clock(self) -> float:
@@ -678,23 +652,19 @@ class World:
 
     def new_controller(self) -> PodController:
         """A fresh syncloop (as after a restart) over the same runtime."""
-        bus: Any = Bus()
         node = NodeInfo(name="node1", labels={}, allocatable={"pods": self.max_pods})
-        controller = PodController(
-            bus=bus,
-            runtime=self.runtime,
-            syncer=self.syncer,
-            publisher=StatusPublisher(bus, clock=self.clock),
-            host_ip="192.168.1.10",
-            clock=self.clock,
-            admission=AdmissionLedger(node),
-            on_rejected=self.metrics.record_admission_rejection,
+        # No node name: admission's NodeName predicate, not the controller's refusal of
+        # records naming another node, decides about a pod bound elsewhere.
+        self.deps: Deps = wire(
+            self.tmp_path, self.cri, events=self.events, clock=self.clock, node=node, node_name=""
         )
+        self.syncer = self.deps.controller.syncer
+        controller = self.deps.controller
         controller.workers = Workers()  # type: ignore[assignment]
         return controller
 
     def rejections(self, reason: str) -> float | None:
-        return self.registry.get_sample_value(
+        return self.deps.registry.get_sample_value(
             "kubelet_admission_rejections_total", {"reason": reason}
         )
 

@@ -16,19 +16,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from klet.bus.testing import FakeBus
 from klet.cri.testing import FakeRuntimeService
 from klet.cri.types import ContainerState, SandboxState
-from klet.model.flowcontrol import Backoff
 from klet.model.records import DesiredPod, PodChange, SourceState
 from klet.model.types import PodUID
-from klet.syncloop.containers.images import ImagePuller
-from klet.syncloop.pods.controller import PodController
-from klet.syncloop.pods.runtime import PodRuntime
 from klet.syncloop.pods.runtimepod import RuntimePod
-from klet.syncloop.pods.statuspub import StatusPublisher
-from klet.syncloop.pods.syncpod import PodSyncer, SyncSettings
 
-from .helpers import pod
+from .helpers import RecordedEvents, pod, wire
 
 IMAGE = "registry.klet.test/busybox:1.36"
 READY = {"file": SourceState(source="file", ready=True, at=0.0)}
@@ -46,21 +41,6 @@ class Clock:
         return int(self.t * 1e9)
 
 
-class DesiredTable:
-    def __init__(self) -> None:
-        self.rows: dict[str, DesiredPod] = {}
-
-    async def get(self, key: str) -> DesiredPod | None:
-        return self.rows.get(key)
-
-
-class FakeNodeBus:
-    """The part of NodeBus the controller touches (`desired.get`); never flushed here."""
-
-    def __init__(self) -> None:
-        self.desired = DesiredTable()
-
-
 class RecordingWorkers:
     def __init__(self) -> None:
         self.woken: list[str] = []
@@ -72,36 +52,16 @@ class RecordingWorkers:
         return sorted(set(self.woken))
 
 
-class NoEvents:
-    def emit(self, *_args: Any, **_kw: Any) -> None:
-        pass
-
-
 class World:
     def __init__(self, tmp_path: Path) -> None:
         self.clock = Clock()
         self.cri = FakeRuntimeService(clock=self.clock.ns)
         self.cri.add_image(IMAGE)
-        runtime = PodRuntime(self.cri)
-        self.syncer = PodSyncer(
-            cri=self.cri,
-            runtime=runtime,
-            puller=ImagePuller(self.cri, NoEvents(), parallel=1, clock=self.clock),
-            events=NoEvents(),
-            cgroups=None,
-            settings=SyncSettings(pod_logs_dir=tmp_path),
-            backoff=Backoff(),
-            clock=self.clock,
-        )
-        bus: Any = FakeNodeBus()
-        self.controller = PodController(
-            bus=bus,
-            runtime=runtime,
-            syncer=self.syncer,
-            publisher=StatusPublisher(bus, clock=self.clock),
-            host_ip="192.168.1.10",
-            clock=self.clock,
-        )
+        self.bus = FakeBus()
+        self.events = RecordedEvents()
+        self.deps = wire(tmp_path, self.cri, events=self.events, clock=self.clock, bus=self.bus)
+        self.controller = self.deps.controller
+        self.syncer = self.controller.syncer
         self.workers = RecordingWorkers()
         self.controller.workers = self.workers  # type: ignore[assignment]
 
@@ -225,8 +185,10 @@ async def test_kill_pod_of_an_unknown_pod(w: World) -> None:
 
 
 async def test_table_read_older_than_a_stream_change_does_not_undo_it(w: World) -> None:
+    # The start-up read (admission holds every pod until the first full read is in).
+    w.controller.apply_desired({}, NOT_READY, read_from=w.controller.generation)
     read_from = w.controller.generation  # a resync starts reading the tables here
-    w.controller.bus.desired.rows["u5"] = desired("u5")  # type: ignore[attr-defined]
+    w.bus.seed(w.deps.node_bus.desired, "u5", desired("u5"))  # pod-source wrote it
     await w.controller.on_change(PodChange(op="ADD", uid=PodUID("u5"), source="file"))
     await w.controller.sync_once("u5")
     assert "u5" in w.running()
@@ -291,7 +253,9 @@ async def test_a_pod_failed_before_a_restart_is_not_started_again(w: World) -> N
         "phase": "Failed",
         "reason": "Evicted",
         "message": "The node was low on resource: memory.",
-        "conditions": [{"type": "DisruptionTarget", "status": "True", "message": "low on memory"}],
+        "conditions": [
+            {"type": "DisruptionTarget", "status": "True", "message": "low on memory"}
+        ],
     }
     asked: list[str] = []
 

@@ -24,7 +24,7 @@ from klet.syncloop.pods.controller import FAILED_VALIDATION, check_desired
 from klet.syncloop.volumes.base import volume_path
 from klet.syncloop.volumes.manager import VolumeManager
 
-from .helpers import RecordedEvents, pod
+from .helpers import pod
 from .test_controller import READY, World
 
 NODE = "node1"
@@ -43,9 +43,7 @@ def escaping_volume(uid: str) -> dict[str, Any]:
 @pytest.fixture
 def w(tmp_path: Path) -> World:
     world = World(tmp_path)
-    world.controller.node_name = NODE
-    world.events = RecordedEvents()  # type: ignore[attr-defined]
-    world.syncer.events = world.events  # type: ignore[attr-defined]
+    assert world.controller.node_name == NODE
     return world
 
 
@@ -91,7 +89,7 @@ async def test_an_invalid_record_is_not_run_and_the_others_are(
     [record] = [r for r in caplog.records if "invalid" in r.getMessage()]
     assert "default/web-node1" in record.getMessage()
     assert "spec.volumes[0].name" in record.getMessage()
-    events = w.events.of(FAILED_VALIDATION)  # type: ignore[attr-defined]
+    events = w.events.of(FAILED_VALIDATION)
     assert len(events) == 1 and events[0].type == "Warning"
     assert "spec.volumes[0].name" in events[0].message
 
@@ -99,7 +97,7 @@ async def test_an_invalid_record_is_not_run_and_the_others_are(
 async def test_a_record_with_an_unsafe_uid_gets_no_event(w: World) -> None:
     w.controller.apply_desired({"../x": rec("../x", pod("app", uid="../x"))}, READY, read_from=0)
     assert w.controller.desired == {}
-    assert w.events.of(FAILED_VALIDATION) == []  # type: ignore[attr-defined]
+    assert w.events.of(FAILED_VALIDATION) == []
 
 
 async def test_another_nodes_record_is_ignored(w: World, caplog: pytest.LogCaptureFixture) -> None:
@@ -111,14 +109,14 @@ async def test_another_nodes_record_is_ignored(w: World, caplog: pytest.LogCaptu
     assert w.running() == ["good"]
     assert w.controller.publisher.get("o") is None  # no status for another node's pod
     assert any("another node" in r.getMessage() for r in caplog.records)
-    assert w.events.records == []  # type: ignore[attr-defined]
+    assert w.events.reasons() == ["Pulled", "Created", "Started"]  # the good pod's only
 
 
 async def test_a_running_pod_whose_record_turns_invalid_is_stopped(w: World) -> None:
     w.controller.apply_desired({"u1": rec("u1")}, READY, read_from=0)
     await w.controller.sync_once("u1")
     assert w.running() == ["u1"]
-    w.controller.bus.desired.rows["u1"] = rec("u1", escaping_volume("u1"), hash_="h2")  # type: ignore[attr-defined]
+    w.bus.seed(w.deps.node_bus.desired, "u1", rec("u1", escaping_volume("u1"), hash_="h2"))
     await w.controller.on_change(PodChange(op="UPDATE", uid=PodUID("u1"), source="file"))
     w.controller.sources_ready = True
     await w.controller.sync_once("u1")

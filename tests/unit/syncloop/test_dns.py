@@ -14,16 +14,13 @@ from typing import Any
 import pytest
 from klet.cri.testing import FakeRuntimeService
 from klet.cri.types import DNSConfig
-from klet.model.flowcontrol import Backoff
 from klet.syncloop.containers import criconfig
-from klet.syncloop.containers.images import ImagePuller
 from klet.syncloop.environment import dns
 from klet.syncloop.environment.dns import DNSSettings, PodDNSError, ResolvConf
 from klet.syncloop.environment.envvars import NodeFacts
-from klet.syncloop.pods.runtime import PodRuntime
 from klet.syncloop.pods.syncpod import PodSyncer, SyncSettings
 
-from .helpers import RecordedEvents, pod
+from .helpers import RecordedEvents, pod, wire
 
 HOST = ResolvConf(
     servers=("192.168.1.1", "192.168.1.2"),
@@ -373,20 +370,13 @@ def _syncer(
     cri = FakeRuntimeService()
     cri.add_image("registry.klet.test/busybox:1.36", 1_000_000)
     events = RecordedEvents()
-    syncer = PodSyncer(
-        cri=cri,
-        runtime=PodRuntime(cri),
-        puller=ImagePuller(cri, events, parallel=1, backoff=Backoff()),
-        events=events,
-        cgroups=None,
-        settings=SyncSettings(
-            pod_logs_dir=tmp_path / "logs",
-            root_dir=tmp_path / "root",
-            node=NodeFacts(host_ips=("10.0.0.5",)),
-            dns=settings,
-        ),
-        backoff=Backoff(),
+    sync = SyncSettings(
+        pod_logs_dir=tmp_path / "logs",
+        root_dir=tmp_path / "root",
+        node=NodeFacts(host_ips=("10.0.0.5",)),
+        dns=settings,
     )
+    syncer = wire(tmp_path, cri, events=events, sync=sync).controller.syncer
     return syncer, cri, events
 
 

@@ -16,15 +16,12 @@ from typing import Any
 import pytest
 from klet.cri.testing import FakeRuntimeService
 from klet.cri.types import Mount
-from klet.model.flowcontrol import Backoff
-from klet.syncloop.containers.images import ImagePuller
 from klet.syncloop.environment import etchosts
 from klet.syncloop.environment.envvars import NodeFacts
 from klet.syncloop.environment.etchosts import HostsFileError
-from klet.syncloop.pods.runtime import PodRuntime
 from klet.syncloop.pods.syncpod import PodSyncer, SyncSettings
 
-from .helpers import RecordedEvents, pod
+from .helpers import RecordedEvents, pod, wire
 
 LOCALHOST = (
     "127.0.0.1\tlocalhost\n"
@@ -238,19 +235,12 @@ def _syncer(tmp_path: Path) -> tuple[PodSyncer, FakeRuntimeService, RecordedEven
     cri = FakeRuntimeService()
     cri.add_image("registry.klet.test/busybox:1.36", 1_000_000)
     events = RecordedEvents()
-    syncer = PodSyncer(
-        cri=cri,
-        runtime=PodRuntime(cri),
-        puller=ImagePuller(cri, events, parallel=1, backoff=Backoff()),
-        events=events,
-        cgroups=None,
-        settings=SyncSettings(
-            pod_logs_dir=tmp_path / "logs",
-            root_dir=tmp_path / "root",
-            node=NodeFacts(host_ips=("10.0.0.5",)),
-        ),
-        backoff=Backoff(),
+    sync = SyncSettings(
+        pod_logs_dir=tmp_path / "logs",
+        root_dir=tmp_path / "root",
+        node=NodeFacts(host_ips=("10.0.0.5",)),
     )
+    syncer = wire(tmp_path, cri, events=events, sync=sync).controller.syncer
     return syncer, cri, events
 
 

@@ -21,25 +21,14 @@ from typing import Any
 
 import pytest
 from klet.bus import BusUnavailable
+from klet.bus.testing import FakeBus
 from klet.cri.testing import FakeRuntimeService
 from klet.cri.types import ContainerState
-from klet.model.flowcontrol import Backoff
 from klet.model.records import DesiredPod, NodeConditionRecord, SourceState
 from klet.model.types import JSON, PodUID
-from klet.syncloop.admission.admit import (
-    ADMIT,
-    AdmissionLedger,
-    NodeInfo,
-    pressure_verdict,
-    tolerates,
-)
-from klet.syncloop.containers.images import ImagePuller
-from klet.syncloop.pods.controller import NodePressure, PodController
-from klet.syncloop.pods.runtime import PodRuntime
-from klet.syncloop.pods.statuspub import StatusPublisher
-from klet.syncloop.pods.syncpod import PodSyncer, SyncSettings
+from klet.syncloop.admission.admit import ADMIT, pressure_verdict, tolerates
 
-from .helpers import pod
+from .helpers import pod, wire
 
 IMAGE = "registry.klet.test/busybox:1.36"
 READY = {"api": SourceState(source="api", ready=True, at=0.0)}
@@ -62,54 +51,15 @@ class Workers:
         pass
 
 
-class Table:
-    def __init__(self) -> None:
-        self.rows: dict[str, Any] = {}
-        self.error: Exception | None = None
-
-    async def get(self, key: str) -> Any:
-        return self.rows.get(key)
-
-    async def all(self) -> dict[str, Any]:
-        if self.error is not None:
-            raise self.error
-        return dict(self.rows)
-
-
-class Bus:
-    def __init__(self) -> None:
-        self.desired = Table()
-        self.node = Table()
-
-
 class World:
     def __init__(self, tmp_path: Path) -> None:
         self.t = 1_700_000_000.0
         self.cri = FakeRuntimeService(clock=lambda: int(self.t * 1e9))
         self.cri.add_image(IMAGE)
         self.events = Events()
-        runtime = PodRuntime(self.cri)
-        syncer = PodSyncer(
-            cri=self.cri,
-            runtime=runtime,
-            puller=ImagePuller(self.cri, self.events, parallel=1, clock=self.clock),
-            events=self.events,
-            cgroups=None,
-            settings=SyncSettings(pod_logs_dir=tmp_path),
-            backoff=Backoff(),
-            clock=self.clock,
-        )
-        self.bus: Any = Bus()
-        self.controller = PodController(
-            bus=self.bus,
-            runtime=runtime,
-            syncer=syncer,
-            publisher=StatusPublisher(self.bus, clock=self.clock),
-            host_ip="192.168.1.10",
-            clock=self.clock,
-            admission=AdmissionLedger(NodeInfo(name="node1", labels={}, allocatable={"pods": 10})),
-            pressure=NodePressure(self.bus),
-        )
+        self.bus = FakeBus()
+        self.deps = wire(tmp_path, self.cri, events=self.events, clock=self.clock, bus=self.bus)
+        self.controller = self.deps.controller
         self.controller.workers = Workers()  # type: ignore[assignment]
         self.controller.admission.restarted = True  # type: ignore[union-attr]
 
@@ -123,9 +73,16 @@ class World:
         self.controller.apply_desired({uid: rec}, READY, read_from=self.controller.generation)
 
     def pressure(self, *types: str) -> None:
-        self.bus.node.rows = {
-            f"eviction:{t}": NodeConditionRecord(type=t, status="True", at=0.0) for t in types
-        }
+        self.conditions(
+            {f"eviction:{t}": NodeConditionRecord(type=t, status="True", at=0.0) for t in types}
+        )
+
+    def conditions(self, rows: dict[str, NodeConditionRecord]) -> None:
+        """The `node` table as the eviction service left it."""
+        table = self.deps.node_bus.node
+        self.bus.hashes.pop(table.key, None)
+        for key, record in rows.items():
+            self.bus.seed(table, key, record)
 
     def running(self, uid: str) -> bool:
         return any(
@@ -279,9 +236,13 @@ async def test_admission_follows_the_node_table_and_keeps_it_through_an_outage(w
     w.add("be1")
     await w.controller.sync_once("be1")
     assert not w.running("be1")
-    w.bus.node.rows = {
-        "eviction:MemoryPressure": NodeConditionRecord(type="MemoryPressure", status="False", at=1)
-    }
+    w.conditions(
+        {
+            "eviction:MemoryPressure": NodeConditionRecord(
+                type="MemoryPressure", status="False", at=1
+            )
+        }
+    )
     w.add("be2")
     await w.controller.sync_once("be2")
     assert w.running("be2")
@@ -291,11 +252,11 @@ async def test_admission_follows_the_node_table_and_keeps_it_through_an_outage(w
     await w.controller.sync_once("be3")
     assert not w.running("be3")
     w.pressure()
-    w.bus.node.error = BusUnavailable("connection refused")
+    w.bus.error = BusUnavailable("connection refused")
     w.add("be4")
     await w.controller.sync_once("be4")
     assert not w.running("be4")
-    w.bus.node.error = None
+    w.bus.error = None
     w.add("be5")
     await w.controller.sync_once("be5")
     assert w.running("be5")

@@ -25,16 +25,12 @@ from klet.cri import labels as L
 from klet.cri.client import _container_pb
 from klet.cri.testing import FakeRuntimeService
 from klet.cri.types import ContainerState
-from klet.model.flowcontrol import Backoff
 from klet.model.types import ContainerID
 from klet.syncloop.containers import hooks
-from klet.syncloop.containers.hooks import LifecycleHooks
-from klet.syncloop.containers.images import ImagePuller
 from klet.syncloop.pods import podspec
-from klet.syncloop.pods.runtime import PodRuntime
-from klet.syncloop.pods.syncpod import PodSyncer, SyncResult, SyncSettings
+from klet.syncloop.pods.syncpod import SyncResult, SyncSettings
 
-from .helpers import RecordedEvents, pod
+from .helpers import RecordedEvents, pod, wire
 
 IMAGE = "registry.klet.test/busybox:1.36"
 
@@ -63,23 +59,16 @@ class World:
         self.cri = FakeRuntimeService(clock=self.time.ns)
         self.cri.add_image(IMAGE, 1_000_000)
         self.events = RecordedEvents()
-        self.runtime = PodRuntime(self.cri)
-        self.hooks = LifecycleHooks(
-            cri=self.cri, events=self.events, clock=self.time, sleep=self.time.sleep
-        )
-        self.syncer = PodSyncer(
-            cri=self.cri,
-            runtime=self.runtime,
-            puller=ImagePuller(
-                self.cri, self.events, parallel=1, backoff=Backoff(), clock=self.time
-            ),
+        self.syncer = wire(
+            tmp_path,
+            self.cri,
             events=self.events,
-            cgroups=None,
-            settings=SyncSettings(pod_logs_dir=tmp_path / "logs", root_dir=tmp_path / "root"),
-            backoff=Backoff(),
             clock=self.time,
-            hooks=self.hooks,
-        )
+            sleep=self.time.sleep,
+            sync=SyncSettings(pod_logs_dir=tmp_path / "logs", root_dir=tmp_path / "root"),
+        ).controller.syncer
+        self.runtime = self.syncer.runtime
+        self.hooks = self.syncer.hooks
         self.execs: list[tuple[str, list[str]]] = []
         self.exec_codes: dict[str, int] = {}  # first command word -> exit code
         self.exec_seconds: dict[str, float] = {}  # first command word -> time it takes

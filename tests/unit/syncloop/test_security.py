@@ -27,15 +27,12 @@ from klet.cri.types import (
     SecurityProfile,
     SELinuxOptions,
 )
-from klet.model.flowcontrol import Backoff
 from klet.model.types import ImageRef
 from klet.syncloop.containers import criconfig, security
-from klet.syncloop.containers.images import ImagePuller
 from klet.syncloop.containers.security import ImageUser, SecurityConfigError, SecuritySettings
-from klet.syncloop.pods.runtime import PodRuntime
-from klet.syncloop.pods.syncpod import PodSyncer, SyncSettings
+from klet.syncloop.pods.syncpod import PodSyncer
 
-from .helpers import RecordedEvents
+from .helpers import RecordedEvents, wire
 
 IMAGE = "registry.klet.test/busybox:1.36"
 ROOT = ImageUser(uid=0)
@@ -485,15 +482,7 @@ def test_image_status_user_is_read_from_the_cri_message() -> None:
 
 
 def syncer(cri: FakeRuntimeService, events: RecordedEvents, tmp_path: Path) -> PodSyncer:
-    return PodSyncer(
-        cri=cri,
-        runtime=PodRuntime(cri),
-        puller=ImagePuller(cri, events, parallel=1),
-        events=events,
-        cgroups=None,
-        settings=SyncSettings(pod_logs_dir=tmp_path),
-        backoff=Backoff(),
-    )
+    return wire(tmp_path, cri, events=events).controller.syncer
 
 
 async def test_run_as_non_root_on_a_root_image_waits_with_create_container_config_error(

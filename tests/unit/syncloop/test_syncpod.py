@@ -18,13 +18,10 @@ from klet.cri import NotFound
 from klet.cri import labels as L
 from klet.cri.testing import FakeRuntimeService
 from klet.cri.types import ContainerState, SandboxState
-from klet.model.flowcontrol import Backoff
-from klet.syncloop.containers.images import ImagePuller
 from klet.syncloop.pods import podspec
-from klet.syncloop.pods.runtime import PodRuntime
-from klet.syncloop.pods.syncpod import PodSyncer, SyncResult, SyncSettings
+from klet.syncloop.pods.syncpod import SyncResult
 
-from .helpers import RecordedEvents, pod
+from .helpers import RecordedEvents, pod, wire
 
 IMAGE = "registry.klet.test/busybox:1.36"
 
@@ -51,20 +48,10 @@ class World:
         self.cri = FakeRuntimeService(clock=self.clock.ns)
         self.cri.add_image(IMAGE, 1_000_000)
         self.events = RecordedEvents()
-        self.runtime = PodRuntime(self.cri)
-        self.puller = ImagePuller(
-            self.cri, self.events, parallel=1, backoff=Backoff(), clock=self.clock
-        )
-        self.syncer = PodSyncer(
-            cri=self.cri,
-            runtime=self.runtime,
-            puller=self.puller,
-            events=self.events,
-            cgroups=None,
-            settings=SyncSettings(pod_logs_dir=tmp_path),
-            backoff=Backoff(),
-            clock=self.clock,
-        )
+        self.syncer = wire(
+            tmp_path, self.cri, events=self.events, clock=self.clock
+        ).controller.syncer
+        self.runtime = self.syncer.runtime
 
     async def sync(self, p: dict[str, Any]) -> SyncResult:
         return await self.syncer.sync(p, await self.runtime.get(p["metadata"]["uid"]))

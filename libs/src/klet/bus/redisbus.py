@@ -186,9 +186,12 @@ class Bus:
         """
         if self._fence is not None:
             raise ValueError(f"bus already fenced by {self._fence.key}; one lease per bus")
-        lease = Lease(self, name, holder, ttl_ms=ttl_ms, predecessor=predecessor)
+        lease = self._new_lease(name, holder, ttl_ms=ttl_ms, predecessor=predecessor)
         self._fence = lease
         return lease
+
+    def _new_lease(self, name: str, holder: str, *, ttl_ms: int, predecessor: str | None) -> Lease:
+        return Lease(self, name, holder, ttl_ms=ttl_ms, predecessor=predecessor)
 
     async def ping(self) -> None:
         try:
@@ -635,23 +638,17 @@ class Lease:
 
     async def try_acquire(self) -> bool:
         """Acquire or renew; returns whether this replica holds the lease now."""
-        client = self.bus.client
         sent = self.clock()
         try:
-            if self.held and self.token is not None:
-                renewed = await client.eval(_RENEW, 1, self.key, self.value, str(self.ttl_ms))
-                if renewed:
-                    self.renewed_at = sent
-                    self.reacquired = self.counter_reset = False
-                    return True
-            heir = f"{self.predecessor}:" if self.predecessor else ""
-            reply = await client.eval(
-                _ACQUIRE, 2, self.key, self.fence_key, f"{self.holder}:", heir, str(self.ttl_ms)
-            )
+            if self.held and self.token is not None and await self._renew():
+                self.renewed_at = sent
+                self.reacquired = self.counter_reset = False
+                return True
+            granted = await self._acquire()
         except (RedisError, OSError) as err:
             raise _wrap(err) from err
-        if isinstance(reply, list):
-            token, continued = int(reply[0]), bool(int(reply[1]))
+        if granted is not None:
+            token, continued = granted
             log.info(
                 "lease acquired",
                 extra={"lease": self.key, "token": token, "counter_reset": not continued},
@@ -667,8 +664,28 @@ class Lease:
         if not self.held:
             return
         try:
-            await self.bus.client.eval(_RELEASE, 1, self.key, self.value)
+            await self._release()
         except (RedisError, OSError) as err:
             raise _wrap(err) from err
         finally:
             self.held = False
+
+    # The three Redis operations (klet.bus.testing's fake lease replaces just these).
+
+    async def _renew(self) -> bool:
+        """Extend the key's TTL if it still holds this replica's value."""
+        return bool(await self.bus.client.eval(_RENEW, 1, self.key, self.value, str(self.ttl_ms)))
+
+    async def _acquire(self) -> tuple[int, bool] | None:
+        """Take the key if nobody (or this slot's dead predecessor) holds it: the new
+        token and whether the fence counter survived; None while another replica holds it."""
+        heir = f"{self.predecessor}:" if self.predecessor else ""
+        reply = await self.bus.client.eval(
+            _ACQUIRE, 2, self.key, self.fence_key, f"{self.holder}:", heir, str(self.ttl_ms)
+        )
+        if isinstance(reply, list):
+            return int(reply[0]), bool(int(reply[1]))
+        return None
+
+    async def _release(self) -> None:
+        await self.bus.client.eval(_RELEASE, 1, self.key, self.value)

@@ -110,6 +110,7 @@ class FakeRuntimeService:
         # it may raise (a CRIError with code DEADLINE_EXCEEDED is a timed-out command).
         # None answers success with no output.
         self.exec_responder: ExecResponder | None = None
+        self.closed = False  # close() was called (the client's channel would be gone)
 
     # -- test controls ---------------------------------------------------------------
 
@@ -245,7 +246,7 @@ class FakeRuntimeService:
     # -- RuntimeService --------------------------------------------------------------
 
     async def close(self) -> None:
-        pass
+        self.closed = True
 
     async def version(self) -> RuntimeVersion:
         await self._enter("Version")

@@ -56,8 +56,5 @@ async def main(deps: Deps) -> int:
         )
     finally:
         await release_quietly(deps.lease)
-        await deps.pod_control.close()
-        await deps.gc.close()
-        await deps.cri.close()
-        await deps.bus.close()
+        await deps.close()
     return 0

@@ -1,19 +1,19 @@
 """Builds the eviction service's dependencies from settings; production and tests use
-the same path (`build_deps(settings, **overrides)`).
+the same path (`build_deps(settings, overrides=Overrides(...))`).
 
 The manager acts through adapters of the libs: the host signal source (cgroups, statfs,
 /proc, CRI stats), the bus tables (desired and status pods in, pressure conditions and
 node Events out), syncloop's PodControl socket and image-gc's GarbageCollector socket,
 both under the run directory. The eviction configuration is parsed here, so invalid
-thresholds refuse the start naming their field.
+thresholds refuse the start naming their field. `Deps.close()` closes the service's
+clients at exit (the two gRPC channels, CRI, the bus).
 """
 
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from klet.bus import Bus, Lease, NodeBus, service_lease
 from klet.bus.events import EventQueue, node_reference
@@ -35,6 +35,18 @@ IMAGE_GC_SOCKET = "image-gc.sock"
 
 
 @dataclass(frozen=True)
+class Overrides:
+    """Replacements for production clients (tests); None keeps the default."""
+
+    bus: Bus | None = None  # e.g. klet.bus.testing.FakeBus
+    cri: RuntimeClient | None = None  # the host signal source's container stats
+    pod_control: PodControlClient | None = None  # syncloop's, to kill pods
+    gc: GarbageCollectorClient | None = None  # image-gc's, to free disk space
+    registry: CollectorRegistry | None = None
+    lease_holder: str | None = None  # default: this process's replica slot (klet.bus.holder)
+
+
+@dataclass(frozen=True)
 class Deps:
     settings: Settings
     bus: Bus
@@ -49,18 +61,38 @@ class Deps:
     pod_control: PodControlClient
     gc: GarbageCollectorClient
 
+    async def close(self) -> None:
+        """Close the clients the service holds (gRPC channels, CRI, bus), given ones too."""
+        await self.pod_control.close()
+        await self.gc.close()
+        await self.cri.close()
+        await self.bus.close()
 
-def build_deps(settings: Settings, **overrides: Any) -> Deps:
+
+def build_deps(settings: Settings, overrides: Overrides | None = None) -> Deps:
+    o = overrides or Overrides()
     k = settings.kubelet
     config = parse_eviction_config(k)
-    bus = Bus.from_url(
-        settings.klet.redis_url, settings.klet.node_name, auth=settings.klet.redis_auth
+    bus = (
+        o.bus
+        if o.bus is not None
+        else Bus.from_url(
+            settings.klet.redis_url, settings.klet.node_name, auth=settings.klet.redis_auth
+        )
     )
     node_bus = NodeBus.of(bus)
-    cri = RuntimeClient(cri_settings(k))
+    cri = o.cri if o.cri is not None else RuntimeClient(cri_settings(k))
     run_dir = Path(settings.klet.run_dir)
-    pod_control = PodControlClient(service_socket(run_dir, SYNCLOOP_SOCKET))
-    gc = GarbageCollectorClient(service_socket(run_dir, IMAGE_GC_SOCKET))
+    pod_control = (
+        o.pod_control
+        if o.pod_control is not None
+        else PodControlClient(service_socket(run_dir, SYNCLOOP_SOCKET))
+    )
+    gc = (
+        o.gc
+        if o.gc is not None
+        else GarbageCollectorClient(service_socket(run_dir, IMAGE_GC_SOCKET))
+    )
     source = HostSignalSource.from_settings(settings, cri)
 
     async def free_space(wanted: int) -> int:
@@ -69,7 +101,7 @@ def build_deps(settings: Settings, **overrides: Any) -> Deps:
     async def layout() -> FsLayout:
         return await source.fs_layout()
 
-    registry = CollectorRegistry()
+    registry = o.registry if o.registry is not None else CollectorRegistry()
     metrics = create_metrics(registry)
     events = EventQueue(node_bus.events, cap=100)
     manager = EvictionManager(
@@ -89,7 +121,7 @@ def build_deps(settings: Settings, **overrides: Any) -> Deps:
             local_storage_capacity_isolation=k.local_storage_capacity_isolation
         ),
     )
-    deps = Deps(
+    return Deps(
         settings=settings,
         bus=bus,
         node_bus=node_bus,
@@ -100,9 +132,12 @@ def build_deps(settings: Settings, **overrides: Any) -> Deps:
         service_port=settings.klet.service_port or DEFAULT_SERVICE_PORT,
         # A holder ID of its own; a restart takes over its dead predecessor's lease
         # at once (klet.bus.holder).
-        lease=service_lease(bus, "eviction", Path(settings.klet.run_dir), ttl_ms=15_000),
+        lease=(
+            bus.lease("eviction", o.lease_holder, ttl_ms=15_000)
+            if o.lease_holder
+            else service_lease(bus, "eviction", run_dir, ttl_ms=15_000)
+        ),
         events=events,
         pod_control=pod_control,
         gc=gc,
     )
-    return replace(deps, **overrides) if overrides else deps

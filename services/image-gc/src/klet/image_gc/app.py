@@ -124,6 +124,5 @@ async def main(deps: Deps) -> int:
         )
     finally:
         await release_quietly(deps.lease)
-        await deps.cri.close()
-        await deps.bus.close()
+        await deps.close()
     return 0

@@ -1,11 +1,16 @@
-"""Builds image-gc's dependencies from settings; production and tests use the same path."""
+"""Builds image-gc's dependencies from settings; production and tests use the same path.
+
+`build_deps(settings, overrides=Overrides(...))`: one CRI client serves image GC, image
+detection, container GC and the image filesystem's usage; the bus carries the pod
+tables, image use times and node Events. Tests replace the clients and the loop
+periods through `Overrides`; `Deps.close()` closes its clients at exit.
+"""
 
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from klet.bus import Bus, Lease, NodeBus, service_lease
 from klet.bus.events import EventQueue, node_reference
@@ -51,6 +56,17 @@ def image_gc_policy(settings: Settings) -> ImageGCPolicy:
 
 
 @dataclass(frozen=True)
+class Overrides:
+    """Replacements for production choices (tests); None keeps the default."""
+
+    bus: Bus | None = None  # e.g. klet.bus.testing.FakeBus
+    cri: RuntimeClient | None = None
+    registry: CollectorRegistry | None = None
+    periods: Periods | None = None
+    lease_holder: str | None = None  # default: this process's replica slot (klet.bus.holder)
+
+
+@dataclass(frozen=True)
 class Deps:
     settings: Settings
     bus: Bus
@@ -67,16 +83,26 @@ class Deps:
     lease: Lease
     periods: Periods = Periods()
 
+    async def close(self) -> None:
+        """Close the clients the service holds (CRI and the bus), given ones too."""
+        await self.cri.close()
+        await self.bus.close()
 
-def build_deps(settings: Settings, **overrides: Any) -> Deps:
+
+def build_deps(settings: Settings, overrides: Overrides | None = None) -> Deps:
+    o = overrides or Overrides()
     k = settings.kubelet
     policy = image_gc_policy(settings)  # refuses an invalid policy before any I/O
-    bus = Bus.from_url(
-        settings.klet.redis_url, settings.klet.node_name, auth=settings.klet.redis_auth
+    bus = (
+        o.bus
+        if o.bus is not None
+        else Bus.from_url(
+            settings.klet.redis_url, settings.klet.node_name, auth=settings.klet.redis_auth
+        )
     )
     node_bus = NodeBus.of(bus)
-    cri = RuntimeClient(cri_settings(k))
-    registry = CollectorRegistry()
+    cri = o.cri if o.cri is not None else RuntimeClient(cri_settings(k))
+    registry = o.registry if o.registry is not None else CollectorRegistry()
     metrics = create_metrics(registry)
     events = EventQueue(node_bus.events, cap=100)
     node_event = functools.partial(events.emit, node_reference(settings.klet.node_name))
@@ -107,7 +133,8 @@ def build_deps(settings: Settings, **overrides: Any) -> Deps:
         events=node_event,
         settings=CollectorSettings(),
     )
-    deps = Deps(
+    run_dir = Path(settings.klet.run_dir)
+    return Deps(
         settings=settings,
         bus=bus,
         node_bus=node_bus,
@@ -118,10 +145,14 @@ def build_deps(settings: Settings, **overrides: Any) -> Deps:
         events=events,
         registry=registry,
         metrics=metrics,
-        socket_path=service_socket(Path(settings.klet.run_dir), SOCKET_NAME),
+        socket_path=service_socket(run_dir, SOCKET_NAME),
         service_port=settings.klet.service_port or DEFAULT_SERVICE_PORT,
         # A holder ID of its own; a restart takes over its dead predecessor's lease
         # at once (klet.bus.holder).
-        lease=service_lease(bus, "image-gc", Path(settings.klet.run_dir), ttl_ms=15_000),
+        lease=(
+            bus.lease("image-gc", o.lease_holder, ttl_ms=15_000)
+            if o.lease_holder
+            else service_lease(bus, "image-gc", run_dir, ttl_ms=15_000)
+        ),
+        periods=o.periods or Periods(),
     )
-    return replace(deps, **overrides) if overrides else deps

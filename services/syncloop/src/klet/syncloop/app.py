@@ -127,10 +127,7 @@ async def main(deps: Deps) -> int:
     finally:
         await controller.workers.stop()
         await release_quietly(deps.lease)
-        await deps.cri.close()
-        if deps.kube is not None:
-            await deps.kube.close()
-        await deps.bus.close()
+        await deps.close()
     return 0
 
 

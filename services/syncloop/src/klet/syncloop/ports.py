@@ -17,6 +17,7 @@ from klet.cri.types import (
     ContainerConfig,
     ContainerStatusInfo,
     ImageInfo,
+    RuntimeVersion,
     Sandbox,
     SandboxConfig,
     SandboxStatusInfo,
@@ -80,9 +81,20 @@ class RuntimeService(RuntimeReader, ImageService, Protocol):
     ) -> tuple[int, bytes, bytes]: ...  # lifecycle hooks (hooks.py)
 
 
+class NodeRuntime(RuntimeService, Protocol):
+    """The CRI client as syncloop's wiring holds it (`wiring.Deps.cri`): everything
+    above plus log rotation's reopen, the version logged at start and `close` at exit."""
+
+    async def version(self) -> RuntimeVersion: ...
+
+    async def reopen_container_log(self, container_id: ContainerID) -> None: ...
+
+    async def close(self) -> None: ...
+
+
 if TYPE_CHECKING:
     from klet.cri import RuntimeClient
     from klet.cri.testing import FakeRuntimeService
 
-    def _conforms(real: RuntimeClient, fake: FakeRuntimeService) -> list[RuntimeService]:
+    def _conforms(real: RuntimeClient, fake: FakeRuntimeService) -> list[NodeRuntime]:
         return [real, fake]

@@ -1,14 +1,23 @@
-"""Builds syncloop's dependencies from settings; production and tests use the same path."""
+"""syncloop's dependencies, built once from settings, by production and tests alike.
+
+`build_deps(settings, overrides=...)` decides what talks to what: the CRI client that
+the pod syncer, the runtime reader, the image puller, the prober and (in app.py) PLEG
+and log rotation all share; the Redis bus the controller, the intake, the status and
+event publishers read and write; the apiserver client of cluster mode. Tests pass
+`Overrides` (a `FakeRuntimeService`, a `FakeBus`, a fixed clock, the node as admission
+sees it) and get the production objects wired over them. `Deps.close()` closes the clients at exit.
+"""
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import os
 import socket
 import time
-from dataclasses import dataclass, replace
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from klet.bus import Bus, Lease, NodeBus, service_lease
 from klet.cgroups import CgroupFS
@@ -21,6 +30,7 @@ from klet.model.node import allocatable_amounts, node_labels, storage_aware_evic
 from klet.rpc.unixserver import service_socket
 from klet.syncloop.admission.admit import AdmissionLedger, NodeInfo
 from klet.syncloop.containers import podcgroups
+from klet.syncloop.containers.hooks import LifecycleHooks
 from klet.syncloop.containers.images import (
     ImagePuller,
     NodeCredentials,
@@ -31,12 +41,13 @@ from klet.syncloop.containers.security import SecuritySettings
 from klet.syncloop.environment.dns import DNSSettings
 from klet.syncloop.environment.envvars import NodeFacts
 from klet.syncloop.environment.kubeobjects import ApiObjects
-from klet.syncloop.events import BusEventSink
+from klet.syncloop.events import BusEventSink, EventSink
 from klet.syncloop.metrics import Metrics, create_metrics
 from klet.syncloop.pods.controller import NodePressure, PodController, published_status
 from klet.syncloop.pods.runtime import PodRuntime
 from klet.syncloop.pods.statuspub import StatusPublisher
 from klet.syncloop.pods.syncpod import PodSyncer, SyncSettings
+from klet.syncloop.ports import NodeRuntime
 from klet.syncloop.probing.prober import ProbeManager
 from klet.syncloop.volumes.content import (
     ConfigMapPlugin,
@@ -54,11 +65,31 @@ DEFAULT_SERVICE_PORT = 10261
 
 
 @dataclass(frozen=True)
+class Overrides:
+    """Replacements for production choices (tests); None keeps the default."""
+
+    bus: Bus | None = None  # e.g. klet.bus.testing.FakeBus
+    cri: NodeRuntime | None = None  # e.g. klet.cri.testing.FakeRuntimeService
+    events: EventSink | None = None
+    """Where the syncer, image puller and prober record Events (default: `Deps.events`,
+    which queues them for the `events` stream)."""
+    registry: CollectorRegistry | None = None
+    clock: Callable[[], float] | None = None
+    """The clock of the controller, syncer, image puller, prober, status publisher and
+    lifecycle hooks (in production the wall clock, and monotonic time for the hooks)."""
+    sleep: Callable[[float], Awaitable[None]] | None = None  # of lifecycle hooks and probes
+    node: NodeInfo | None = None  # the node as admission sees it (default: read from the host)
+    sync: SyncSettings | None = None  # SyncPod's settings (default: from the settings tree)
+    consumer: str | None = None  # the `pods` stream consumer name
+    lease_holder: str | None = None  # default: this process's replica slot (klet.bus.holder)
+
+
+@dataclass(frozen=True)
 class Deps:
     settings: Settings
     bus: Bus
     node_bus: NodeBus
-    cri: RuntimeClient
+    cri: NodeRuntime
     controller: PodController
     prober: ProbeManager
     events: BusEventSink
@@ -70,6 +101,13 @@ class Deps:
     lease: Lease
     kube: KubeClient | None = None  # cluster mode's apiserver client, closed at exit
     volumes: VolumeManager | None = None  # pod volumes; its orphan clean-up is a root task
+
+    async def close(self) -> None:
+        """Close the clients the service holds (CRI, the apiserver's, the bus), given ones too."""
+        await self.cri.close()
+        if self.kube is not None:
+            await self.kube.close()
+        await self.bus.close()
 
 
 def host_ip(settings: Settings) -> str:
@@ -102,14 +140,21 @@ def admission_node(settings: Settings) -> NodeInfo:
     )
 
 
-def build_deps(settings: Settings, **overrides: Any) -> Deps:
+def build_deps(settings: Settings, overrides: Overrides | None = None) -> Deps:
+    o = overrides or Overrides()
     k = settings.kubelet
-    bus = Bus.from_url(
-        settings.klet.redis_url, settings.klet.node_name, auth=settings.klet.redis_auth
+    clock = o.clock if o.clock is not None else time.time
+    bus = (
+        o.bus
+        if o.bus is not None
+        else Bus.from_url(
+            settings.klet.redis_url, settings.klet.node_name, auth=settings.klet.redis_auth
+        )
     )
     node_bus = NodeBus.of(bus)
-    cri = RuntimeClient(cri_settings(k))
-    events = BusEventSink(node_bus)
+    cri = o.cri if o.cri is not None else RuntimeClient(cri_settings(k))
+    bus_events = BusEventSink(node_bus)
+    events = o.events if o.events is not None else bus_events
     # Cluster mode: ConfigMaps and Secrets (env references, pull secrets) from the apiserver.
     api = kube_settings(settings)
     kube = KubeClient(api) if api is not None else None
@@ -120,8 +165,9 @@ def build_deps(settings: Settings, **overrides: Any) -> Deps:
         parallel=pull_parallelism(
             serialize=k.serialize_image_pulls, max_parallel=k.max_parallel_image_pulls
         ),
+        clock=clock,
         rate=(
-            TokenBucket(k.registry_pull_qps, k.registry_burst, now=time.time())
+            TokenBucket(k.registry_pull_qps, k.registry_burst, now=clock())
             if k.registry_pull_qps
             else None
         ),
@@ -154,44 +200,61 @@ def build_deps(settings: Settings, **overrides: Any) -> Deps:
     # upstream: the initial back-off is 10 s, or the maximum when that is set lower
     max_backoff = k.crash_loop_back_off.max_container_restart_period
     backoff = Backoff(initial_s=min(10.0, max_backoff), max_s=max_backoff)
+    sync = o.sync or SyncSettings(
+        pod_logs_dir=Path(k.pod_logs_dir),
+        cgroups_per_qos=k.cgroups_per_qos,
+        cpu_cfs_quota=k.cpu_cfs_quota,
+        cpu_cfs_quota_period=k.cpu_cfs_quota_period,
+        pod_pids_limit=k.pod_pids_limit,
+        node=node_facts,
+        root_dir=Path(settings.klet.root_dir),
+        hook_timeout_s=k.runtime_request_timeout,
+        security=SecuritySettings(
+            seccomp_default=k.seccomp_default,
+            seccomp_profile_root=str(Path(settings.klet.root_dir) / "seccomp"),
+        ),
+        dns=DNSSettings(
+            cluster_dns=tuple(k.cluster_dns),
+            cluster_domain=k.cluster_domain,
+            resolv_conf=k.resolv_conf,
+        ),
+    )
+    sleep = o.sleep if o.sleep is not None else asyncio.sleep
+    hooks = LifecycleHooks(
+        cri=cri,
+        events=events,
+        host_ip=next(iter(sync.node.host_ips), ""),
+        post_start_timeout_s=sync.hook_timeout_s,
+        clock=o.clock if o.clock is not None else time.monotonic,
+        sleep=sleep,
+    )
     syncer = PodSyncer(
         cri=cri,
         runtime=runtime,
         puller=puller,
         events=events,
         cgroups=CgroupFS() if k.cgroups_per_qos else None,
-        settings=SyncSettings(
-            pod_logs_dir=Path(k.pod_logs_dir),
-            cgroups_per_qos=k.cgroups_per_qos,
-            cpu_cfs_quota=k.cpu_cfs_quota,
-            cpu_cfs_quota_period=k.cpu_cfs_quota_period,
-            pod_pids_limit=k.pod_pids_limit,
-            node=node_facts,
-            root_dir=Path(settings.klet.root_dir),
-            hook_timeout_s=k.runtime_request_timeout,
-            security=SecuritySettings(
-                seccomp_default=k.seccomp_default,
-                seccomp_profile_root=str(Path(settings.klet.root_dir) / "seccomp"),
-            ),
-            dns=DNSSettings(
-                cluster_dns=tuple(k.cluster_dns),
-                cluster_domain=k.cluster_domain,
-                resolv_conf=k.resolv_conf,
-            ),
-        ),
+        settings=sync,
         backoff=backoff,
+        hooks=hooks,
+        clock=clock,
         objects=objects,
         volumes=volumes,
     )
-    publisher = StatusPublisher(node_bus)
-    registry = CollectorRegistry()
+    publisher = StatusPublisher(node_bus, clock=clock)
+    registry = o.registry if o.registry is not None else CollectorRegistry()
     metrics = create_metrics(registry)
 
     def probe_result_changed(uid: str) -> None:
         controller.on_runtime_change(uid)  # wake the pod's worker
 
     prober = ProbeManager(
-        cri, events=events, on_change=probe_result_changed, observer=metrics.prober
+        cri,
+        events=events,
+        on_change=probe_result_changed,
+        clock=clock,
+        sleep=sleep,
+        observer=metrics.prober,
     )
     controller = PodController(
         bus=node_bus,
@@ -199,30 +262,35 @@ def build_deps(settings: Settings, **overrides: Any) -> Deps:
         syncer=syncer,
         publisher=publisher,
         host_ip=host_ip(settings),
+        clock=clock,
         prober=prober,
-        admission=AdmissionLedger(admission_node(settings)),
+        admission=AdmissionLedger(o.node or admission_node(settings)),
         pressure=NodePressure(node_bus),
         last_status=functools.partial(published_status, node_bus),
         on_rejected=metrics.record_admission_rejection,
         node_name=settings.klet.node_name,
     )
-    deps = Deps(
+    run_dir = Path(settings.klet.run_dir)
+    return Deps(
         settings=settings,
         bus=bus,
         node_bus=node_bus,
         cri=cri,
         controller=controller,
         prober=prober,
-        events=events,
+        events=bus_events,
         registry=registry,
         metrics=metrics,
-        socket_path=service_socket(Path(settings.klet.run_dir), "syncloop.sock"),
+        socket_path=service_socket(run_dir, "syncloop.sock"),
         service_port=settings.klet.service_port or DEFAULT_SERVICE_PORT,
-        consumer=f"{socket.gethostname()}-{os.getpid()}",
+        consumer=o.consumer or f"{socket.gethostname()}-{os.getpid()}",
         # A holder ID of its own; a restart takes over its dead predecessor's lease
         # at once (klet.bus.holder).
-        lease=service_lease(bus, "syncloop", Path(settings.klet.run_dir), ttl_ms=15_000),
+        lease=(
+            bus.lease("syncloop", o.lease_holder, ttl_ms=15_000)
+            if o.lease_holder
+            else service_lease(bus, "syncloop", run_dir, ttl_ms=15_000)
+        ),
         kube=kube,
         volumes=volumes,
     )
-    return replace(deps, **overrides) if overrides else deps

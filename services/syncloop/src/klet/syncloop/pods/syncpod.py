@@ -86,8 +86,8 @@ class PodSyncer:
         cgroups: CgroupFS | None,
         settings: SyncSettings,
         backoff: Backoff,
+        hooks: LifecycleHooks,
         clock: Callable[[], float] = time.time,
-        hooks: LifecycleHooks | None = None,
         objects: KubeObjects | None = None,
         volumes: VolumeManager | None = None,
     ) -> None:
@@ -101,12 +101,7 @@ class PodSyncer:
         self.clock = clock
         self.objects = objects  # the apiserver's ConfigMaps and Secrets; None standalone
         self.volumes = volumes  # None: pods get no volumes (a syncer without a root dir)
-        self.hooks = hooks or LifecycleHooks(
-            cri=cri,
-            events=events,
-            host_ip=next(iter(settings.node.host_ips), ""),
-            post_start_timeout_s=settings.hook_timeout_s,
-        )
+        self.hooks = hooks
         self.starter = ContainerStarter(
             cri=cri,
             puller=puller,

@@ -1,0 +1,274 @@
+"""`FakeBus`: an in-memory Redis bus for unit tests (STYLE rule 7), beside the real one.
+
+`FakeBus` is a `Bus`, and the tables, streams and leases it makes are `Table`, `Stream`
+and `Lease` subclasses, so `NodeBus.of(FakeBus("n1"))` is a real `NodeBus` and every
+consumer typed by the real classes takes it; mypy checks the overrides against them.
+State is kept as Redis keeps it, encoded: hashes of record JSON, streams of entries with
+consumer groups (last delivered entry, pending entries per consumer), lease keys with
+fencing tokens. Writes go through the real `Table.put`/`Stream.publish`/`Transaction`
+code into `FakeBus.write`, which applies them atomically and, on a leader bus, fences
+them by its lease as the Lua script does (`Fenced`, `LeaseLapsed`).
+
+Failure injection: set `FakeBus.error` (a `BusUnavailable`, say) and every call raises
+it, as an unreachable Redis does, before anything changes. `seed`, `rows` and `entries`
+read and plant state synchronously for test set-up and assertions. Nothing here does I/O
+or sleeps except `Stream.read`, which blocks for new entries as XREADGROUP BLOCK does.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import redis.asyncio as aioredis
+from klet.bus.redisbus import Bus, BusError, Entry, Lease, R, Stream, Table, _Op
+from klet.model.records import BadRecord
+
+
+@dataclass
+class _Group:
+    delivered: int  # index of the next entry to deliver
+    pending: dict[str, tuple[str, float]] = field(default_factory=dict)  # id → consumer, since
+
+
+@dataclass
+class _StreamState:
+    entries: list[tuple[str, str]] = field(default_factory=list)  # (id, encoded record)
+    groups: dict[str, _Group] = field(default_factory=dict)
+    grown: asyncio.Event = field(default_factory=asyncio.Event)
+
+
+class FakeBus(Bus):
+    """One node's keys in an in-memory Redis."""
+
+    def __init__(self, node: str = "node1", *, clock: Callable[[], float] = time.monotonic) -> None:
+        self.node = node
+        self._fence = None
+        self.clock = clock
+        """Monotonic seconds: consumer-group idle times and lease deadlines."""
+        self.hashes: dict[str, dict[str, str]] = {}
+        self.streams: dict[str, _StreamState] = {}
+        self.strings: dict[str, str] = {}  # lease keys and fence counters
+        self.expiry: dict[str, float] = {}  # lease key → when Redis drops it (bus clock)
+        self.error: BusError | None = None
+        """Raised by every call while set (Redis unreachable)."""
+        self.closed = False
+        self._ids = 0
+
+    def connect(self) -> FakeBus:
+        """Another connection to the same fake Redis (a second replica's bus)."""
+        other = FakeBus(self.node, clock=self.clock)
+        other.hashes, other.streams = self.hashes, self.streams
+        other.strings, other.expiry = self.strings, self.expiry
+        return other
+
+    def table(self, name: str, record_type: type[R]) -> Table[R]:
+        return FakeTable(self, name, record_type)
+
+    def stream(self, name: str, record_type: type[R], *, maxlen: int = 10_000) -> Stream[R]:
+        return FakeStream(self, name, record_type, maxlen=maxlen)
+
+    def _new_lease(self, name: str, holder: str, *, ttl_ms: int, predecessor: str | None) -> Lease:
+        lease = FakeLease(self, name, holder, ttl_ms=ttl_ms, predecessor=predecessor)
+        lease.clock = self.clock
+        return lease
+
+    @property
+    def client(self) -> aioredis.Redis:
+        raise TypeError("FakeBus has no Redis client; its tables and streams keep the state")
+
+    def check(self) -> None:
+        """Raise the injected error, if any (every call starts here)."""
+        if self.error is not None:
+            raise self.error
+
+    async def ping(self) -> None:
+        self.check()
+
+    async def close(self) -> None:
+        self.closed = True
+
+    async def write(self, ops: Sequence[_Op]) -> list[str]:
+        self.check()
+        if self._fence is not None:
+            value = self._fence.current_value()
+            if value is None:
+                raise self._fence.fenced("the lease is not held or its last renewal is too old")
+            held_by = self.strings.get(self._fence.key)
+            if held_by is None:
+                raise self._fence.lapsed()
+            if held_by != value:
+                raise self._fence.fenced("another replica holds the lease")
+        return [self._apply(op) for op in ops]
+
+    def _apply(self, op: _Op) -> str:
+        if op.verb == "hset":
+            key, value = op.args
+            self.hashes.setdefault(op.key, {})[key] = value
+            return "1"
+        if op.verb == "hdel":
+            removed = self.hashes.get(op.key, {}).pop(op.args[0], None)
+            return "1" if removed is not None else "0"
+        maxlen, record = op.args
+        self._ids += 1
+        entry_id = f"{self._ids}-0"
+        state = self.streams.setdefault(op.key, _StreamState())
+        state.entries.append((entry_id, record))
+        del state.entries[: max(0, len(state.entries) - int(maxlen))]
+        state.grown.set()
+        return entry_id
+
+    def seed(self, table: Table[R], key: str, record: R) -> None:
+        """Plant a row as if another service had written it (no fencing, no error)."""
+        self.hashes.setdefault(table.key, {})[key] = record.encode()
+
+    def rows(self, table: Table[R]) -> dict[str, R]:
+        """The table's decodable rows, now (as `Table.all` returns them)."""
+        decoded = (
+            (k, _decode(table.record_type, v)) for k, v in self.hashes.get(table.key, {}).items()
+        )
+        return {k: r for k, r in decoded if r is not None}
+
+    def entries(self, stream: Stream[R]) -> list[R]:
+        """The stream's decoded records, oldest first."""
+        state = self.streams.get(stream.key, _StreamState())
+        return [stream.record_type.decode(raw) for _id, raw in state.entries]
+
+
+def _decode(record_type: type[R], raw: str) -> R | None:
+    try:
+        return record_type.decode(raw)
+    except BadRecord:
+        return None
+
+
+class FakeTable(Table[R]):
+    """A hash of the fake Redis, decoded as `Table` decodes (bad records left out)."""
+
+    def __init__(self, bus: FakeBus, name: str, record_type: type[R]) -> None:
+        super().__init__(bus, name, record_type)
+        self.fake = bus
+
+    async def get(self, key: str) -> R | None:
+        self.fake.check()
+        raw = self.fake.hashes.get(self.key, {}).get(key)
+        return None if raw is None else _decode(self.record_type, raw)
+
+    async def all(self) -> dict[str, R]:
+        self.fake.check()
+        return self.fake.rows(self)
+
+
+class FakeStream(Stream[R]):
+    """A stream of the fake Redis with consumer groups (at-least-once, as XREADGROUP)."""
+
+    def __init__(self, bus: FakeBus, name: str, record_type: type[R], *, maxlen: int) -> None:
+        super().__init__(bus, name, record_type, maxlen=maxlen)
+        self.fake = bus
+
+    @property
+    def state(self) -> _StreamState:
+        return self.fake.streams.setdefault(self.key, _StreamState())
+
+    async def ensure_group(self, group: str, *, start: str = "0") -> None:
+        self.fake.check()
+        state = self.state
+        if group not in state.groups:
+            state.groups[group] = _Group(delivered=len(state.entries) if start == "$" else 0)
+
+    async def read(
+        self, group: str, consumer: str, *, count: int = 100, block_ms: int = 1000
+    ) -> list[Entry[R]]:
+        self.fake.check()
+        state = self.state
+        g = state.groups.setdefault(group, _Group(delivered=0))  # NOGROUP: re-created
+        if g.delivered >= len(state.entries):
+            state.grown.clear()
+            try:
+                await asyncio.wait_for(state.grown.wait(), block_ms / 1000 if block_ms else None)
+            except TimeoutError:
+                return []
+        batch = state.entries[g.delivered : g.delivered + count]
+        g.delivered += len(batch)
+        now = self.fake.clock()
+        for entry_id, _raw in batch:
+            g.pending[entry_id] = (consumer, now)
+        return [self._entry(entry_id, {"r": raw}) for entry_id, raw in batch]
+
+    async def claim_stale(self, group: str, consumer: str, *, min_idle_ms: int) -> list[Entry[R]]:
+        self.fake.check()
+        state = self.state
+        g = state.groups.get(group)
+        if g is None:
+            await self.ensure_group(group)
+            return []
+        now = self.fake.clock()
+        raw_by_id = dict(state.entries)
+        claimed: list[Entry[R]] = []
+        for entry_id, (_owner, since) in list(g.pending.items()):
+            if (now - since) * 1000 >= min_idle_ms and entry_id in raw_by_id:
+                g.pending[entry_id] = (consumer, now)
+                claimed.append(self._entry(entry_id, {"r": raw_by_id[entry_id]}))
+        return claimed
+
+    async def ack(self, group: str, *ids: str) -> None:
+        self.fake.check()
+        g = self.state.groups.get(group)
+        for entry_id in ids:
+            if g is not None:
+                g.pending.pop(entry_id, None)
+
+    async def length(self) -> int:
+        self.fake.check()
+        return len(self.state.entries)
+
+    def pending(self, group: str) -> list[str]:
+        """IDs read in `group` but not acknowledged yet."""
+        g = self.state.groups.get(group)
+        return sorted(g.pending) if g is not None else []
+
+
+class FakeLease(Lease):
+    """A lease key with a fencing token in the fake Redis; replicas of one `FakeBus`
+    contend for it as they do for the real key (expiry by the bus clock)."""
+
+    def __init__(
+        self, bus: FakeBus, name: str, holder: str, *, ttl_ms: int, predecessor: str | None = None
+    ) -> None:
+        super().__init__(bus, name, holder, ttl_ms=ttl_ms, predecessor=predecessor)
+        self.fake = bus
+
+    async def _renew(self) -> bool:
+        fake = self.fake
+        fake.check()
+        now = self.clock()
+        if fake.strings.get(self.key) != self.value or now >= fake.expiry.get(self.key, 0.0):
+            return False
+        fake.expiry[self.key] = now + self.ttl_ms / 1000
+        return True
+
+    async def _acquire(self) -> tuple[int, bool] | None:
+        fake = self.fake
+        fake.check()
+        now = self.clock()
+        current = fake.strings.get(self.key)
+        if current is not None and now >= fake.expiry.get(self.key, 0.0):
+            current = None  # expired
+        if current is not None:  # as the _ACQUIRE script: this holder's own or its heir's
+            mine = current.startswith(f"{self.holder}:")
+            heir = self.predecessor is not None and current.startswith(f"{self.predecessor}:")
+            if not (mine or heir):
+                return None
+        continued = self.fence_key in fake.strings
+        token = int(fake.strings.get(self.fence_key, "0")) + 1
+        fake.strings[self.fence_key] = str(token)
+        fake.strings[self.key] = f"{self.holder}:{token}"
+        fake.expiry[self.key] = now + self.ttl_ms / 1000
+        return token, continued
+
+    async def _release(self) -> None:
+        self.fake.check()
+        if self.fake.strings.get(self.key) == self.value:
+            del self.fake.strings[self.key]

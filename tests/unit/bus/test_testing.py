@@ -1,0 +1,139 @@
+"""klet.bus.testing: the in-memory bus behaves as the Redis one where consumers can tell.
+
+Covers: table rows written through `put`, a transaction or `seed` read back decoded, and a
+bad record is left out; stream entries reach a consumer group once, stay pending until
+acknowledged and are claimed by another consumer once idle long enough; a reader blocks
+until an entry arrives or its block time ends; an injected error is raised by every call
+before anything changes; a leader bus writes only while its lease is held and current,
+a second replica takes the lease only once it expired; `NodeBus.of` a fake bus is a
+NodeBus of fakes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from klet.bus import BusUnavailable, Fenced, LeaseLapsed, NodeBus
+from klet.bus.testing import FakeBus, FakeStream
+from klet.model.records import NodeConditionRecord, PodChange, SourceState
+from klet.model.types import PodUID
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.t = 100.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def ready(source: str) -> SourceState:
+    return SourceState(source=source, ready=True, at=0.0)
+
+
+def change(uid: str) -> PodChange:
+    return PodChange(op="ADD", uid=PodUID(uid), source="file")
+
+
+async def test_table_rows_round_trip_and_bad_records_are_left_out() -> None:
+    bus = FakeBus()
+    node = NodeBus.of(bus)
+    await node.sources.put("file", ready("file"))
+    async with bus.transaction() as tx:
+        tx.put(node.sources, "api", ready("api"))
+    bus.seed(node.sources, "http", ready("http"))
+    bus.hashes[node.sources.key]["broken"] = "{not json"
+    assert sorted(await node.sources.all()) == ["api", "file", "http"]
+    assert await node.sources.get("broken") is None
+    await node.sources.delete("api")
+    assert sorted(bus.rows(node.sources)) == ["file", "http"]  # broken is no record
+    assert await node.sources.get("file") == ready("file")
+
+
+async def test_stream_entries_are_delivered_once_and_pending_until_acked() -> None:
+    clock = Clock()
+    bus = FakeBus(clock=clock)
+    pods = NodeBus.of(bus).pods
+    assert isinstance(pods, FakeStream)
+    await pods.ensure_group("g")
+    first = await pods.publish(change("u1"))
+    await pods.publish(change("u2"))
+    read = await pods.read("g", "c1", count=1, block_ms=1)
+    assert [(e.id, e.record) for e in read] == [(first, change("u1"))]
+    rest = await pods.read("g", "c1", block_ms=1)
+    assert [e.record for e in rest] == [change("u2")]
+    assert await pods.read("g", "c1", block_ms=1) == []
+    await pods.ack("g", first)
+    assert pods.pending("g") == [rest[0].id]
+    assert await pods.claim_stale("g", "c2", min_idle_ms=1000) == []  # not idle long enough
+    clock.t += 2
+    [claimed] = await pods.claim_stale("g", "c2", min_idle_ms=1000)
+    assert claimed.record == change("u2")
+    assert await pods.length() == 2 and bus.entries(pods) == [change("u1"), change("u2")]
+
+
+async def test_a_group_made_at_the_end_sees_only_new_entries() -> None:
+    pods = NodeBus.of(FakeBus()).pods
+    await pods.publish(change("old"))
+    await pods.ensure_group("g", start="$")
+    await pods.publish(change("new"))
+    assert [e.record for e in await pods.read("g", "c", block_ms=1)] == [change("new")]
+
+
+async def test_a_reader_blocks_until_an_entry_arrives() -> None:
+    pods = NodeBus.of(FakeBus()).pods
+    await pods.ensure_group("g")
+    reader = asyncio.create_task(pods.read("g", "c", block_ms=10_000))
+    await asyncio.sleep(0)
+    assert not reader.done()
+    await pods.publish(change("u1"))
+    assert [e.record for e in await reader] == [change("u1")]
+
+
+async def test_an_injected_error_is_raised_before_anything_changes() -> None:
+    bus = FakeBus()
+    node = NodeBus.of(bus)
+    bus.error = BusUnavailable("redis down")
+    with pytest.raises(BusUnavailable):
+        await node.node.put(
+            "eviction:MemoryPressure", NodeConditionRecord(type="x", status="True", at=0.0)
+        )
+    with pytest.raises(BusUnavailable):
+        await node.pods.read("g", "c", block_ms=1)
+    with pytest.raises(BusUnavailable):
+        await bus.ping()
+    bus.error = None
+    assert await node.node.all() == {}
+
+
+async def test_a_leader_bus_writes_only_while_it_holds_a_current_lease() -> None:
+    clock = Clock()
+    bus = FakeBus(clock=clock)
+    node = NodeBus.of(bus)
+    lease = bus.lease("svc", "a", ttl_ms=10_000)
+    with pytest.raises(Fenced):
+        await node.sources.put("file", ready("file"))  # not acquired yet
+    assert await lease.try_acquire() and lease.token == 1 and lease.counter_reset
+    await node.sources.put("file", ready("file"))
+
+    standby = bus.connect()
+    other = standby.lease("svc", "b", ttl_ms=10_000)
+    assert not await other.try_acquire()  # a holds it
+    clock.t += 11
+    assert await other.try_acquire() and other.token == 2 and not other.counter_reset
+    with pytest.raises(Fenced):
+        await node.sources.put("file", ready("file"))  # a's renewal is too old
+    await NodeBus.of(standby).sources.put("api", ready("api"))
+    assert sorted(bus.rows(node.sources)) == ["api", "file"]  # one Redis
+
+    await other.release()
+    other.held, other.token = True, 2  # as if a's release raced a write in flight
+    with pytest.raises(LeaseLapsed):
+        await NodeBus.of(standby).sources.put("api", ready("api"))
+
+
+async def test_close_is_recorded() -> None:
+    bus = FakeBus()
+    await bus.close()
+    assert bus.closed
