@@ -28,8 +28,6 @@ from tests.harness.clusternode import cluster_node
 from tests.harness.node import KletNode, fetch, wait_for
 from tests.integration.test_static_pods import runtime_containers
 
-pytestmark = pytest.mark.cluster
-
 NODE = "kletnode1"
 
 

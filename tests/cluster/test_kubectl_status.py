@@ -19,8 +19,6 @@ from klet.devstack.cluster import ControlPlane
 from tests.harness.clusternode import cluster_node
 from tests.harness.node import KletNode, wait_for
 
-pytestmark = pytest.mark.cluster
-
 NODE = "kletstatus1"
 IMAGE = "registry.klet.test/busybox:1.36"
 

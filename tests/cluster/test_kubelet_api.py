@@ -39,8 +39,6 @@ from tests.integration.test_kubelet_api_containerd import (
     api_settings,
 )
 
-pytestmark = pytest.mark.cluster
-
 
 def kubectl(cp: ControlPlane, *args: str, input: str | None = None, timeout_s: float = 60) -> str:
     res = cp.kubectl(*args, input=input, timeout_s=timeout_s)

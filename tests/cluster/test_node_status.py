@@ -47,8 +47,6 @@ from klet.status_reporter.nodestatus import KUBELET_VERSION
 from klet.status_reporter.wiring import Deps, Overrides, build_deps
 from prometheus_client import CollectorRegistry
 
-pytestmark = pytest.mark.cluster
-
 T = TypeVar("T")
 
 

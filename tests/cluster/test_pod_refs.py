@@ -21,8 +21,6 @@ from tests.harness.clusternode import cluster_node
 from tests.harness.node import KletNode, wait_for
 from tests.integration.test_image_pull import PASSWORD, USER, Private, private_registry
 
-pytestmark = pytest.mark.cluster
-
 NODE = "kletrefs1"
 OBJECTS = (
     ("secret", "regcred"),

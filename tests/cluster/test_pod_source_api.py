@@ -35,8 +35,6 @@ from klet.pod_source.publisher import RetryPolicy
 from klet.pod_source.wiring import Deps, Overrides, build_deps
 from prometheus_client import CollectorRegistry
 
-pytestmark = pytest.mark.cluster
-
 T = TypeVar("T")
 WATCH_TIMEOUT_S = 3
 WATCH_THREAD = "watch /api/v1/pods"

@@ -38,8 +38,6 @@ from klet.syncloop.volumes import fs
 from tests.harness.clusternode import cluster_node
 from tests.harness.node import KletNode, wait_for
 
-pytestmark = pytest.mark.cluster
-
 NODE = "kletvol1"
 IMAGE = "registry.klet.test/busybox:1.36"
 OBJECTS = (

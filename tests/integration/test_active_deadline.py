@@ -7,13 +7,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-import pytest
 from klet.devstack import DevStack
 
 from tests.harness.node import KletNode, wait_for
 from tests.integration.test_static_pods import running, runtime_containers
-
-pytestmark = pytest.mark.integration
 
 POD = """
 apiVersion: v1

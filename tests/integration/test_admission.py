@@ -14,13 +14,10 @@ import os
 from pathlib import Path
 from typing import Any
 
-import pytest
 from klet.devstack import DevStack, free_port
 
 from tests.harness.node import KletNode, bus_events, wait_for
 from tests.integration.test_static_pods import running, runtime_containers, runtime_sandboxes
-
-pytestmark = pytest.mark.integration
 
 
 def sleeper(name: str, extra_spec: str = "", container_extra: str = "") -> str:

@@ -15,8 +15,6 @@ from klet.bus import Bus, BusUnavailable, NodeBus
 from klet.model.records import PodChange, SourceState
 from klet.model.types import PodUID
 
-pytestmark = pytest.mark.integration
-
 
 def change(uid: str) -> PodChange:
     return PodChange(op="ADD", uid=PodUID(uid), source="file")

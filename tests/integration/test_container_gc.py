@@ -27,8 +27,6 @@ from klet.image_gc.containerselect import ContainerGCSettings
 
 from tests.harness.node import KletNode, wait_for
 
-pytestmark = pytest.mark.integration
-
 BUSYBOX = "registry.klet.test/busybox:1.36"
 CRASHER = f"""
 apiVersion: v1

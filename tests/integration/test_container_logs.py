@@ -28,8 +28,6 @@ from klet.devstack.pki import CertificateAuthority, CertPair
 from tests.harness.node import KletNode, container_status, wait_for
 from tests.integration.test_kubelet_api_containerd import Client, serving_api
 
-pytestmark = pytest.mark.integration
-
 PAD = "x" * 80
 WRITER = f"""
 apiVersion: v1

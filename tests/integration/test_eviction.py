@@ -71,8 +71,6 @@ from klet.model.types import JSON, PodUID
 from tests.harness.node import KletNode, bus_events, wait_for
 from tests.integration.conftest import remove_node_pods
 
-pytestmark = pytest.mark.integration
-
 MI = 1024**2
 IMAGE = "registry.klet.test/busybox:1.36"
 SERVICES = ("syncloop", "status-reporter", "eviction")

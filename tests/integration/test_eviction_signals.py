@@ -35,8 +35,6 @@ from klet.eviction.signals import Observations, PodUsage, Signal
 from tests.harness.node import KletNode, wait_for
 from tests.integration.test_static_pods import running
 
-pytestmark = pytest.mark.integration
-
 Mi = 2**20
 IMAGE = "registry.klet.test/busybox:1.36"
 

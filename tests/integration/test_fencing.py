@@ -22,8 +22,6 @@ from klet.bus.leader import LeaseLost, hold
 from klet.devstack import ManagedProcess, RedisServer
 from klet.model.records import NodeConditionRecord
 
-pytestmark = pytest.mark.integration
-
 REPO = Path(__file__).resolve().parents[2]
 
 

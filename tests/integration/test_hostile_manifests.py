@@ -17,7 +17,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-import pytest
 from klet.bus import NodeBus
 from klet.devstack import DevStack
 from klet.model.records import DesiredPod, PodChange
@@ -25,8 +24,6 @@ from klet.model.types import PodUID
 
 from tests.harness.node import KletNode, bus_events, wait_for
 from tests.integration.test_static_pods import running, runtime_containers
-
-pytestmark = pytest.mark.integration
 
 GOOD = """\
 apiVersion: v1

@@ -36,8 +36,6 @@ from tests.harness.node import KletNode, wait_for
 from tests.integration.conftest import remove_node_pods
 from tests.integration.test_static_pods import running
 
-pytestmark = pytest.mark.integration
-
 T = TypeVar("T")
 
 MIB = 1 << 20

@@ -24,8 +24,6 @@ from klet.devstack.registry import Registry
 
 from tests.harness.node import KletNode, bus_events, container_status, wait_for
 
-pytestmark = pytest.mark.integration
-
 USER, PASSWORD = "alice", "wonderland"
 REPOSITORY = "private/app"
 

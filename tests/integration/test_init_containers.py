@@ -12,14 +12,11 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-import pytest
 from klet.cri import CRISettings, RuntimeClient
 from klet.cri import labels as L
 from klet.devstack import DevStack
 
 from tests.harness.node import KletNode, wait_for
-
-pytestmark = pytest.mark.integration
 
 IMAGE = "registry.klet.test/busybox:1.36"
 

@@ -21,13 +21,10 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-import pytest
 from klet.devstack import DevStack, Pidfile, RedisServer, free_port
 from klet.devstack.redis_server import redis_command
 
 from tests.harness.node import wait_for
-
-pytestmark = pytest.mark.integration
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -46,8 +46,6 @@ from klet.status_reporter.wiring import Overrides, build_deps
 
 from tests.harness.node import KletNode, wait_for
 
-pytestmark = pytest.mark.integration
-
 TALKER = """
 apiVersion: v1
 kind: Pod

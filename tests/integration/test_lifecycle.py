@@ -18,7 +18,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-import pytest
 from klet.devstack import DevStack
 from klet.devstack.images import USR1_STOP_IMAGE
 from klet.model.types import PodUID
@@ -26,8 +25,6 @@ from klet.rpc.podcontrol import PodControlClient
 
 from tests.harness.node import KletNode, bus_events, container_status, wait_for
 from tests.integration.test_static_pods import running, runtime_sandboxes
-
-pytestmark = pytest.mark.integration
 
 BUSYBOX = "registry.klet.test/busybox:1.36"
 # A main process that exits at once on SIGTERM (PID 1 ignores signals it does not trap).

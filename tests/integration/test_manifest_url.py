@@ -16,8 +16,6 @@ from klet.devstack import DevStack
 from tests.harness.node import KletNode, wait_for
 from tests.integration.test_static_pods import running, runtime_containers
 
-pytestmark = pytest.mark.integration
-
 
 def pod(name: str) -> dict[str, Any]:
     return {

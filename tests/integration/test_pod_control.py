@@ -11,15 +11,12 @@ import time
 from pathlib import Path
 from typing import Any
 
-import pytest
 from klet.devstack import DevStack
 from klet.model.types import PodUID
 from klet.rpc.podcontrol import PodControlClient
 
 from tests.harness.node import KletNode, wait_for
 from tests.integration.test_static_pods import WEB, running, runtime_containers
-
-pytestmark = pytest.mark.integration
 
 
 def test_kill_pod_over_grpc(node_factory: Any, manifests: Path, devstack: DevStack) -> None:

@@ -18,11 +18,7 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
-import pytest
-
 from tests.harness.node import KletNode, wait_for
-
-pytestmark = pytest.mark.integration
 
 NOBODY = 65534
 

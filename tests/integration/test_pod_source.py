@@ -41,8 +41,6 @@ from klet.pod_source.wiring import Deps, Overrides, build_deps
 from prometheus_client import CollectorRegistry
 from prometheus_client.parser import text_string_to_metric_families
 
-pytestmark = pytest.mark.integration
-
 NODE = "node1"
 T = TypeVar("T")
 

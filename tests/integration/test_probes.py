@@ -32,8 +32,6 @@ from klet.model.types import ContainerID
 
 from tests.harness.node import KletNode, bus_events, container_status, wait_for
 
-pytestmark = pytest.mark.integration
-
 BUSYBOX = "registry.klet.test/busybox:1.36"
 HTTPD = "registry.klet.test/httpd:1.36"
 

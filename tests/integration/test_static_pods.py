@@ -17,8 +17,6 @@ from klet.devstack import DevStack
 
 from tests.harness.node import KletNode, container_status, fetch, wait_for
 
-pytestmark = pytest.mark.integration
-
 WEB = """
 apiVersion: v1
 kind: Pod

@@ -23,7 +23,6 @@ from typing import Any, TypeVar
 
 import httpx
 import klet.status_reporter
-import pytest
 from klet.bus import Bus, NodeBus
 from klet.devstack import ManagedProcess, RedisServer, free_port
 from klet.model.records import PodStatusChange, PodStatusRecord
@@ -31,7 +30,6 @@ from klet.model.types import JSON
 from klet.status_reporter.testing import desired_record, make_pod, status_record
 
 pytest_plugins = ["tests.harness.fixtures"]
-pytestmark = pytest.mark.integration
 
 NODE = "node1"
 GROUP = "status-reporter"
