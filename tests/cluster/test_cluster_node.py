@@ -26,7 +26,7 @@ from klet.devstack.cluster import ControlPlane
 
 from tests.harness.clusternode import cluster_node
 from tests.harness.node import KletNode, fetch, wait_for
-from tests.integration.test_static_pods import runtime_containers
+from tests.harness.pods import runtime_containers
 
 NODE = "kletnode1"
 

@@ -10,7 +10,7 @@ from typing import Any
 from klet.devstack import DevStack
 
 from tests.harness.node import KletNode, wait_for
-from tests.integration.test_static_pods import running, runtime_containers
+from tests.harness.pods import running, runtime_containers
 
 POD = """
 apiVersion: v1

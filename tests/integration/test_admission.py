@@ -17,7 +17,7 @@ from typing import Any
 from klet.devstack import DevStack, free_port
 
 from tests.harness.node import KletNode, bus_events, wait_for
-from tests.integration.test_static_pods import running, runtime_containers, runtime_sandboxes
+from tests.harness.pods import running, runtime_containers, runtime_sandboxes
 
 
 def sleeper(name: str, extra_spec: str = "", container_extra: str = "") -> str:

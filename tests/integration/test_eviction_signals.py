@@ -33,7 +33,7 @@ from klet.eviction.hostsignals import FsLayout, HostSignalSource
 from klet.eviction.signals import Observations, PodUsage, Signal
 
 from tests.harness.node import KletNode, wait_for
-from tests.integration.test_static_pods import running
+from tests.harness.pods import running
 
 Mi = 2**20
 IMAGE = "registry.klet.test/busybox:1.36"

@@ -23,7 +23,7 @@ from klet.model.records import DesiredPod, PodChange
 from klet.model.types import PodUID
 
 from tests.harness.node import KletNode, bus_events, wait_for
-from tests.integration.test_static_pods import running, runtime_containers
+from tests.harness.pods import running, runtime_containers
 
 GOOD = """\
 apiVersion: v1

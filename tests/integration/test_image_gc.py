@@ -33,8 +33,8 @@ from klet.devstack.images import PAUSE_IMAGE, TEST_REGISTRY_HOST, ImageSpec
 from klet.rpc.gc import CollectResult, GarbageCollectorClient
 
 from tests.harness.node import KletNode, wait_for
+from tests.harness.pods import running
 from tests.integration.conftest import remove_node_pods
-from tests.integration.test_static_pods import running
 
 T = TypeVar("T")
 

@@ -24,7 +24,7 @@ from klet.model.types import PodUID
 from klet.rpc.podcontrol import PodControlClient
 
 from tests.harness.node import KletNode, bus_events, container_status, wait_for
-from tests.integration.test_static_pods import running, runtime_sandboxes
+from tests.harness.pods import running, runtime_sandboxes
 
 BUSYBOX = "registry.klet.test/busybox:1.36"
 # A main process that exits at once on SIGTERM (PID 1 ignores signals it does not trap).

@@ -14,7 +14,7 @@ import pytest
 from klet.devstack import DevStack
 
 from tests.harness.node import KletNode, wait_for
-from tests.integration.test_static_pods import running, runtime_containers
+from tests.harness.pods import running, runtime_containers
 
 
 def pod(name: str) -> dict[str, Any]:

@@ -16,7 +16,7 @@ from klet.model.types import PodUID
 from klet.rpc.podcontrol import PodControlClient
 
 from tests.harness.node import KletNode, wait_for
-from tests.integration.test_static_pods import WEB, running, runtime_containers
+from tests.harness.pods import WEB, running, runtime_containers
 
 
 def test_kill_pod_over_grpc(node_factory: Any, manifests: Path, devstack: DevStack) -> None:

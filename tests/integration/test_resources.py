@@ -11,7 +11,7 @@ from typing import Any
 from klet.syncloop.containers import podcgroups, resources
 
 from tests.harness.node import KletNode, container_status, wait_for
-from tests.integration.test_static_pods import running
+from tests.harness.pods import running
 
 CG = Path("/sys/fs/cgroup")
 

@@ -24,7 +24,7 @@ from klet.cri import CRISettings, RuntimeClient
 from klet.model.types import ContainerID
 
 from tests.harness.node import KletNode, container_status, wait_for
-from tests.integration.test_static_pods import running
+from tests.harness.pods import running
 
 IDS_AND_PRIVILEGES = """
 apiVersion: v1

@@ -5,33 +5,15 @@ SIGKILLed syncloop or a restarted Redis restarts no container."""
 
 from __future__ import annotations
 
-import asyncio
 import time
 from pathlib import Path
 from typing import Any
 
 import pytest
-from klet.cri import CRISettings, RuntimeClient
-from klet.cri import labels as L
 from klet.devstack import DevStack
 
 from tests.harness.node import KletNode, container_status, fetch, wait_for
-
-WEB = """
-apiVersion: v1
-kind: Pod
-metadata:
-  name: web
-spec:
-  terminationGracePeriodSeconds: 3
-  containers:
-    - name: httpd
-      image: registry.klet.test/httpd:1.36
-      command: ["sh", "-c", "echo served-by-klet > /www/index.html && exec httpd -f -p 80 -h /www"]
-    - name: sleeper
-      image: registry.klet.test/busybox:1.36
-      command: ["sleep", "100000"]
-"""
+from tests.harness.pods import WEB, running, runtime_containers, runtime_sandboxes
 
 
 def exiting_pod(name: str, policy: str, code: int, *, run_s: float = 0.5) -> str:
@@ -47,46 +29,6 @@ spec:
       image: registry.klet.test/busybox:1.36
       command: ["sh", "-c", "sleep {run_s}; exit {code}"]
 """
-
-
-def running(node: KletNode, name: str) -> dict[str, Any] | None:
-    pod = node.pods().get(f"{name}-{node.node_name}")
-    if (
-        pod
-        and pod["status"].get("phase") == "Running"
-        and all(c["ready"] for c in pod["status"].get("containerStatuses", []))
-    ):
-        return pod
-    return None
-
-
-def runtime_containers(stack: DevStack, pod_name: str) -> dict[str, str]:
-    """container id -> state for one pod, straight from CRI."""
-
-    async def go() -> dict[str, str]:
-        cri = RuntimeClient(CRISettings(runtime_endpoint=stack.runtime_endpoint, timeout_s=10))
-        try:
-            return {
-                c.id: c.state.value
-                for c in await cri.list_containers(label_selector={L.POD_NAME: pod_name})
-            }
-        finally:
-            await cri.close()
-
-    return asyncio.run(go())
-
-
-def runtime_sandboxes(stack: DevStack, pod_name: str) -> list[str]:
-    async def go() -> list[str]:
-        cri = RuntimeClient(CRISettings(runtime_endpoint=stack.runtime_endpoint, timeout_s=10))
-        try:
-            return [
-                s.id for s in await cri.list_pod_sandboxes(label_selector={L.POD_NAME: pod_name})
-            ]
-        finally:
-            await cri.close()
-
-    return asyncio.run(go())
 
 
 def test_two_container_pod_runs_and_serves(

@@ -26,7 +26,7 @@ from klet.cri import CRISettings, RuntimeClient
 from klet.model.types import ContainerID
 
 from tests.harness.node import KletNode, bus_events, container_status, wait_for
-from tests.integration.test_static_pods import running
+from tests.harness.pods import running
 
 IMAGE = "registry.klet.test/busybox:1.36"
 EMPTY_DIR = "kubernetes.io~empty-dir"
