@@ -25,8 +25,9 @@ from klet.devstack import DevStack, free_port
 from klet.devstack.cluster import ControlPlane
 
 from tests.harness.clusternode import cluster_node
-from tests.harness.node import KletNode, fetch, wait_for
+from tests.harness.node import KletNode, fetch
 from tests.harness.pods import runtime_containers
+from tests.harness.waiting import wait_for
 
 NODE = "kletnode1"
 
@@ -54,9 +55,9 @@ def node(
 
 
 def kget(cp: ControlPlane, *args: str) -> Any:
-    r = cp.kubectl("get", *args, "-o", "json")
-    assert r.returncode == 0, r.stderr
-    return json.loads(r.stdout)
+    """`kubectl get -o json`; a failed kubectl (not there yet, the apiserver away) raises
+    CalledProcessError, which wait_for retries."""
+    return json.loads(cp.kubectl("get", *args, "-o", "json", check=True).stdout)
 
 
 def ready(node_obj: dict[str, Any]) -> bool:

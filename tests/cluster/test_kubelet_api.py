@@ -31,7 +31,8 @@ from klet.cri import labels as L
 from klet.devstack import DevStack, free_port
 from klet.devstack.cluster import ControlPlane
 
-from tests.harness.node import KletNode, wait_for
+from tests.harness.node import KletNode
+from tests.harness.waiting import wait_for
 from tests.integration.test_kubelet_api_containerd import (
     TALKER,
     Client,
@@ -144,7 +145,7 @@ def test_kubectl_logs_exec_and_port_forward(
     pod = f"talker-{node.node_name}"
 
     logs = wait_for(
-        lambda: (out := kubectl(cp, "logs", pod, "-c", "talk")) and "tick-2" in out and out,
+        lambda: (out := cp.kubectl("logs", pod, "-c", "talk").stdout) and "tick-2" in out and out,
         timeout_s=15, what="kubectl logs with ticks",
     )  # fmt: skip
     assert logs.startswith("hello-1\nhello-2\nhello-3\nhello-4\nhello-5\ntick-1\n")
@@ -235,8 +236,9 @@ def test_tokens_need_rbac(
         # RBAC may take a moment to see the new binding (and a denial is cached 30 s,
         # so the first try must be after it is visible).
         wait_for(
-            lambda: kubectl(cp, "auth", "can-i", "get", "nodes", "--subresource=proxy",
-                            f"--as=system:serviceaccount:default:{reader}").strip() == "yes",
+            lambda: cp.kubectl("auth", "can-i", "get", "nodes", "--subresource=proxy",
+                               f"--as=system:serviceaccount:default:{reader}"
+                               ).stdout.strip() == "yes",
             timeout_s=10, what="RBAC binding visible",
         )  # fmt: skip
         status, body = as_token(allowed)

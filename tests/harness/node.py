@@ -13,9 +13,8 @@ import functools
 import json
 import subprocess
 import sys
-import time
 import urllib.request
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, TypeVar, cast
 
@@ -166,25 +165,6 @@ def fetch(url: str, *, timeout_s: float = 3) -> str:
     """GET `url` and return the body, closing the connection (no leaked sockets)."""
     with urllib.request.urlopen(url, timeout=timeout_s) as r:
         return str(r.read().decode())
-
-
-def wait_for(
-    check: Callable[[], T | None], *, timeout_s: float, what: str, interval_s: float = 0.25
-) -> T:
-    """Poll until `check` returns something truthy; fail naming `what` and the last value."""
-    deadline = time.monotonic() + timeout_s
-    last: object = None
-    while True:
-        try:
-            value = check()
-            if value:
-                return value
-            last = value
-        except Exception as err:  # noqa: BLE001 - not ready yet: remember why
-            last = err
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout_s}s waiting for {what}; last: {last!r}")
-        time.sleep(interval_s)
 
 
 def container_status(pod: dict[str, Any], name: str) -> dict[str, Any]:

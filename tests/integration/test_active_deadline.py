@@ -9,8 +9,9 @@ from typing import Any
 
 from klet.devstack import DevStack
 
-from tests.harness.node import KletNode, wait_for
+from tests.harness.node import KletNode
 from tests.harness.pods import running, runtime_containers
+from tests.harness.waiting import wait_for
 
 POD = """
 apiVersion: v1

@@ -16,8 +16,9 @@ from typing import Any
 
 from klet.devstack import DevStack, free_port
 
-from tests.harness.node import KletNode, bus_events, wait_for
+from tests.harness.node import KletNode, bus_events
 from tests.harness.pods import running, runtime_containers, runtime_sandboxes
+from tests.harness.waiting import wait_for
 
 
 def sleeper(name: str, extra_spec: str = "", container_extra: str = "") -> str:

@@ -21,7 +21,8 @@ import socket
 from pathlib import Path
 from typing import Any
 
-from tests.harness.node import KletNode, bus_events, container_status, wait_for
+from tests.harness.node import KletNode, bus_events, container_status
+from tests.harness.waiting import wait_for
 from tests.integration.test_security import exec_in, start
 
 NODE_RESOLV = (

@@ -68,7 +68,8 @@ from klet.eviction.ranking import format_count
 from klet.model.records import DesiredPod, PodChange, SourceState
 from klet.model.types import JSON, PodUID
 
-from tests.harness.node import KletNode, bus_events, wait_for
+from tests.harness.node import KletNode, bus_events
+from tests.harness.waiting import wait_for
 from tests.integration.conftest import remove_node_pods
 
 MI = 1024**2

@@ -22,8 +22,9 @@ from klet.devstack import DevStack
 from klet.model.records import DesiredPod, PodChange
 from klet.model.types import PodUID
 
-from tests.harness.node import KletNode, bus_events, wait_for
+from tests.harness.node import KletNode, bus_events
 from tests.harness.pods import running, runtime_containers
+from tests.harness.waiting import wait_for
 
 GOOD = """\
 apiVersion: v1

@@ -22,7 +22,8 @@ from klet.devstack import DevStack
 from klet.devstack.images import ImageSpec, build, push
 from klet.devstack.registry import Registry
 
-from tests.harness.node import KletNode, bus_events, container_status, wait_for
+from tests.harness.node import KletNode, bus_events, container_status
+from tests.harness.waiting import wait_for
 
 USER, PASSWORD = "alice", "wonderland"
 REPOSITORY = "private/app"

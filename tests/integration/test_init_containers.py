@@ -16,7 +16,8 @@ from klet.cri import CRISettings, RuntimeClient
 from klet.cri import labels as L
 from klet.devstack import DevStack
 
-from tests.harness.node import KletNode, wait_for
+from tests.harness.node import KletNode
+from tests.harness.waiting import wait_for
 
 IMAGE = "registry.klet.test/busybox:1.36"
 

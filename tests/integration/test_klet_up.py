@@ -24,7 +24,7 @@ from typing import Any
 from klet.devstack import DevStack, Pidfile, RedisServer, free_port
 from klet.devstack.redis_server import redis_command
 
-from tests.harness.node import wait_for
+from tests.harness.waiting import wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
 

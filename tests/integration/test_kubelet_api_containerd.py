@@ -44,7 +44,8 @@ from klet.status_reporter.kubeletapi import build_kubelet_api_deps, serve_kubele
 from klet.status_reporter.podcache import CachePolicy
 from klet.status_reporter.wiring import Overrides, build_deps
 
-from tests.harness.node import KletNode, wait_for
+from tests.harness.node import KletNode
+from tests.harness.waiting import wait_for
 
 TALKER = """
 apiVersion: v1

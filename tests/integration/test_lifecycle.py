@@ -23,8 +23,9 @@ from klet.devstack.images import USR1_STOP_IMAGE
 from klet.model.types import PodUID
 from klet.rpc.podcontrol import PodControlClient
 
-from tests.harness.node import KletNode, bus_events, container_status, wait_for
+from tests.harness.node import KletNode, bus_events, container_status
 from tests.harness.pods import running, runtime_sandboxes
+from tests.harness.waiting import wait_for
 
 BUSYBOX = "registry.klet.test/busybox:1.36"
 # A main process that exits at once on SIGTERM (PID 1 ignores signals it does not trap).

@@ -15,8 +15,9 @@ from klet.devstack import DevStack
 from klet.model.types import PodUID
 from klet.rpc.podcontrol import PodControlClient
 
-from tests.harness.node import KletNode, wait_for
+from tests.harness.node import KletNode
 from tests.harness.pods import WEB, running, runtime_containers
+from tests.harness.waiting import wait_for
 
 
 def test_kill_pod_over_grpc(node_factory: Any, manifests: Path, devstack: DevStack) -> None:

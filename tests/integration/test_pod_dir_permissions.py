@@ -18,7 +18,8 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
-from tests.harness.node import KletNode, wait_for
+from tests.harness.node import KletNode
+from tests.harness.waiting import wait_for
 
 NOBODY = 65534
 

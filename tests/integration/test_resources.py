@@ -10,8 +10,9 @@ from typing import Any
 
 from klet.syncloop.containers import podcgroups, resources
 
-from tests.harness.node import KletNode, container_status, wait_for
+from tests.harness.node import KletNode, container_status
 from tests.harness.pods import running
+from tests.harness.waiting import wait_for
 
 CG = Path("/sys/fs/cgroup")
 

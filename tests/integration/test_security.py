@@ -23,8 +23,9 @@ from typing import Any
 from klet.cri import CRISettings, RuntimeClient
 from klet.model.types import ContainerID
 
-from tests.harness.node import KletNode, container_status, wait_for
+from tests.harness.node import KletNode, container_status
 from tests.harness.pods import running
+from tests.harness.waiting import wait_for
 
 IDS_AND_PRIVILEGES = """
 apiVersion: v1

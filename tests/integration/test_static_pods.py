@@ -12,8 +12,9 @@ from typing import Any
 import pytest
 from klet.devstack import DevStack
 
-from tests.harness.node import KletNode, container_status, fetch, wait_for
+from tests.harness.node import KletNode, container_status, fetch
 from tests.harness.pods import WEB, running, runtime_containers, runtime_sandboxes
+from tests.harness.waiting import wait_for
 
 
 def exiting_pod(name: str, policy: str, code: int, *, run_s: float = 0.5) -> str:

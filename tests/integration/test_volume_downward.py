@@ -15,7 +15,8 @@ from typing import Any
 
 from klet.syncloop.volumes import fs
 
-from tests.harness.node import KletNode, bus_events, container_status, wait_for
+from tests.harness.node import KletNode, bus_events, container_status
+from tests.harness.waiting import wait_for
 
 DOWNWARD_POD = """
 apiVersion: v1
