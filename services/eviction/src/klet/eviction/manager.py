@@ -200,6 +200,7 @@ class EvictionManager:
             self.layout = await self._detect_layout()
         observations, usage = await self.deps.source.observe()
         self.passes += 1
+        self.deps.metrics.passes.inc()
         now = self.clock()
         self._record_observations(observations)
         evaluation = evaluate(
