@@ -124,7 +124,7 @@ def create_metrics(registry: CollectorRegistry) -> Metrics:
         ),
         passes=Counter(
             "klet_eviction_passes",
-            "Eviction monitoring passes that measured the node",
+            "Eviction monitoring passes completed (measurement, decision and any eviction)",
             registry=registry,
         ),
     )
