@@ -54,6 +54,7 @@ class Relister:
         self.clock = clock
         self.previous: dict[str, Fingerprint] = {}
         self.last_ok = clock()
+        self.last_duration_s = 0.0  # of the last successful relist (kubelet_pleg_relist_duration)
         self._error = ""
 
     def age(self) -> float:
@@ -64,6 +65,7 @@ class Relister:
         return self.age() < RELIST_THRESHOLD_S
 
     async def relist_once(self) -> set[str]:
+        started = self.clock()
         sandboxes = await self.cri.list_pod_sandboxes()
         containers = await self.cri.list_containers()
         current = fingerprints(
@@ -77,6 +79,7 @@ class Relister:
         }
         self.previous = current
         self.last_ok = self.clock()
+        self.last_duration_s = self.last_ok - started
         for uid in changed:
             self.on_change(uid)
         return set(current)
