@@ -16,16 +16,21 @@ import sys
 import urllib.request
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, TypeVar, cast
+from typing import Any, cast
 
 from klet.bus import Bus, NodeBus
 from klet.devstack import DevStack, ManagedProcess, RedisServer, free_port
 from klet.model.records import EventRecord
 from klet.syncloop.volumes.fs import mounts_under
+from prometheus_client.parser import text_string_to_metric_families
 
-T = TypeVar("T")
+from tests.harness.waiting import wait_for
 
 SERVICES = ("pod-source", "syncloop", "status-reporter", "eviction", "image-gc")
+
+# Counters of the services' loops, for KletNode.wait_passes.
+RELISTS = "kubelet_pleg_relist_duration_seconds_count"  # syncloop: one per PLEG relist
+EVICTION_PASSES = "klet_eviction_passes_total"  # eviction: one per monitoring pass
 
 
 class KletNode:
@@ -159,6 +164,27 @@ class KletNode:
             f"http://127.0.0.1:{self.ports[service]}/metrics", timeout=5
         ) as r:
             return str(r.read().decode())
+
+    def metric(self, service: str, name: str, **labels: str) -> float | None:
+        """The sample `name` (with `labels` among its labels) of `service`'s /metrics, or
+        None when it has none."""
+        for family in text_string_to_metric_families(self.metrics(service)):
+            for sample in family.samples:
+                if sample.name == name and labels.items() <= sample.labels.items():
+                    return float(sample.value)
+        return None
+
+    def wait_passes(self, service: str, counter: str, count: int, *, timeout_s: float) -> None:
+        """Wait until `service`'s `counter` (RELISTS, EVICTION_PASSES, ...) grew by `count`
+        from now. A test that proves a negative ("nothing restarts") watches for that many
+        more passes of the loop that would act, not for a number of seconds that a slow
+        machine may not fill with passes."""
+        start = self.metric(service, counter) or 0.0
+        wait_for(
+            lambda: (self.metric(service, counter) or 0.0) >= start + count,
+            timeout_s=timeout_s,
+            what=f"{count} more {counter} of {service}",
+        )
 
 
 def fetch(url: str, *, timeout_s: float = 3) -> str:

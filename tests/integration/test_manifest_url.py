@@ -98,7 +98,11 @@ def test_url_podlist_and_outages(
     assert running(node, "url-a") and running(node, "url-b")
 
     handler.mode = "hang"
-    time.sleep(13)  # at least one poll runs into the client timeout
+    wait_for(
+        lambda: "no complete answer within 10s" in node.log("pod-source"),
+        timeout_s=25,
+        what="a poll that ran into the client timeout",
+    )
     assert running(node, "url-a") and running(node, "url-b")
     assert runtime_containers(devstack, f"url-a-{node.node_name}") == before
 

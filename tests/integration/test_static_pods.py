@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 from klet.devstack import DevStack
 
-from tests.harness.node import KletNode, container_status, fetch
+from tests.harness.node import RELISTS, KletNode, container_status, fetch
 from tests.harness.pods import WEB, running, runtime_containers, runtime_sandboxes
 from tests.harness.waiting import wait_for
 
@@ -112,7 +112,9 @@ def test_restart_policy(
             timeout_s=20,
             what=f"phase {expected}",
         )
-        time.sleep(3)
+        # Nothing restarts: three more relists, each of which would have seen a new
+        # container (a bounded window, counted in relists rather than seconds).
+        node.wait_passes("syncloop", RELISTS, 3, timeout_s=15)
         cs = container_status(node.pods()[full], "main")
         assert cs["restartCount"] == 0
         assert cs["state"]["terminated"]["exitCode"] == code
@@ -201,17 +203,18 @@ def test_syncloop_sigkill_and_redis_restart_restart_nothing(
 
     node.kill("syncloop")
     node.start("syncloop")
-    time.sleep(4)  # several relists and a resync with the new syncloop
+    # The new syncloop adopts the pod: several of its relists pass and nothing restarts.
+    node.wait_passes("syncloop", RELISTS, 4, timeout_s=20)
     assert runtime_containers(devstack, full) == before
     assert running(node, "web")
 
     redis_server.stop()
-    time.sleep(3)
+    node.wait_passes("syncloop", RELISTS, 3, timeout_s=15)  # relisting goes on without Redis
     assert runtime_containers(devstack, full) == before  # Redis down: nothing stops
     assert running(node, "web"), "status-reporter keeps serving the last view"
     redis_server.restart()  # empty: the bus is rebuilt from the sources and the runtime
     wait_for(lambda: running(node, "web"), timeout_s=20, what="status back after Redis restart")
-    time.sleep(5)
+    node.wait_passes("syncloop", RELISTS, 5, timeout_s=20)
     assert runtime_containers(devstack, full) == before
     for svc in ("pod-source", "syncloop", "status-reporter"):
         assert node.procs[svc].alive, f"{svc} died"
