@@ -30,7 +30,7 @@ SERVICES = ("pod-source", "syncloop", "status-reporter", "eviction", "image-gc")
 
 # Counters of the services' loops, for KletNode.wait_passes.
 RELISTS = "kubelet_pleg_relist_duration_seconds_count"  # syncloop: one per PLEG relist
-EVICTION_PASSES = "klet_eviction_passes_total"  # eviction: one per monitoring pass
+EVICTION_PASSES = "klet_eviction_passes_total"  # eviction: one per completed pass
 
 
 class KletNode:
@@ -166,13 +166,9 @@ class KletNode:
             return str(r.read().decode())
 
     def metric(self, service: str, name: str, **labels: str) -> float | None:
-        """The sample `name` (with `labels` among its labels) of `service`'s /metrics, or
-        None when it has none."""
-        for family in text_string_to_metric_families(self.metrics(service)):
-            for sample in family.samples:
-                if sample.name == name and labels.items() <= sample.labels.items():
-                    return float(sample.value)
-        return None
+        """The samples `name` with `labels` among their labels in `service`'s /metrics,
+        summed (a counter over all its label values), or None when it has none."""
+        return sample_value(self.metrics(service), name, **labels)
 
     def wait_passes(self, service: str, counter: str, count: int, *, timeout_s: float) -> None:
         """Wait until `service`'s `counter` (RELISTS, EVICTION_PASSES, ...) grew by `count`
@@ -185,6 +181,18 @@ class KletNode:
             timeout_s=timeout_s,
             what=f"{count} more {counter} of {service}",
         )
+
+
+def sample_value(text: str, name: str, **labels: str) -> float | None:
+    """The sum of the samples `name` with `labels` among their labels in a Prometheus
+    text page, or None when there is none."""
+    values = [
+        float(sample.value)
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+        if sample.name == name and labels.items() <= sample.labels.items()
+    ]
+    return sum(values) if values else None
 
 
 def fetch(url: str, *, timeout_s: float = 3) -> str:

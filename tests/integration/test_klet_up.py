@@ -16,7 +16,6 @@ import stat
 import subprocess
 import sys
 import tempfile
-import time
 import urllib.request
 from pathlib import Path
 from typing import Any
@@ -24,6 +23,7 @@ from typing import Any
 from klet.devstack import DevStack, Pidfile, RedisServer, free_port
 from klet.devstack.redis_server import redis_command
 
+from tests.harness.node import RELISTS, fetch, sample_value
 from tests.harness.waiting import wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -117,7 +117,18 @@ def test_klet_up_runs_examples_supervises_and_stops_cleanly() -> None:
             lambda: "restarted syncloop" in log.read_text(), timeout_s=20, what="syncloop restarted"
         )
         assert re.search(r"syncloop exited with code -9 .* restarting", log.read_text())
-        time.sleep(3)
+        # The restarted syncloop (same port) adopts the pod: three of its relists pass
+        # and no container was replaced.
+        port = re.search(r"syncloop: private /healthz /metrics on 127\.0\.0\.1:(\d+)", text)
+        assert port is not None, "klet up did not say where syncloop's /metrics is"
+
+        def relists() -> float:
+            page = fetch(f"http://127.0.0.1:{port[1]}/metrics")
+            return sample_value(page, RELISTS) or 0.0
+
+        wait_for(relists, timeout_s=20, what="the restarted syncloop relisting")
+        seen = relists()
+        wait_for(lambda: relists() >= seen + 3, timeout_s=15, what="three more relists")
         assert [
             c["containerID"] for c in pods()["web-upnode"]["status"]["containerStatuses"]
         ] == web_ids
