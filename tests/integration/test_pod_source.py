@@ -260,7 +260,13 @@ async def test_bad_manifests_do_not_affect_good_ones(
         await eventually(counted, what="one error counted per bad manifest")
         (event,) = await events(bus)
         assert (event.reason, event.involved["name"]) == ("FailedValidation", f"good-{NODE}")
-        await asyncio.sleep(2.5)  # two more polls: the same errors are not counted again
+        # Two more scans of the directory: the same errors are not counted again.
+        scans = await svc.metric("klet_pod_source_file_scans_total")
+
+        async def scanned_twice_more() -> bool:
+            return await svc.metric("klet_pod_source_file_scans_total") >= scans + 2
+
+        await eventually(scanned_twice_more, what="two more scans")
         assert await counted()
 
         # Good files added next to the bad ones are picked up as usual.
