@@ -79,9 +79,8 @@ def pod_running(cp: ControlPlane, name: str) -> dict[str, Any] | None:
         return None
     pod = json.loads(r.stdout)
     status = pod.get("status", {})
-    if status.get("phase") == "Running" and all(
-        c.get("ready") for c in status.get("containerStatuses", [])
-    ):
+    statuses = status.get("containerStatuses") or []
+    if status.get("phase") == "Running" and statuses and all(c.get("ready") for c in statuses):
         return pod
     return None
 

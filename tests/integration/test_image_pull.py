@@ -110,7 +110,8 @@ def running(node: KletNode, name: str) -> bool:
     return bool(
         pod
         and pod["status"].get("phase") == "Running"
-        and all("running" in c["state"] for c in pod["status"].get("containerStatuses", []))
+        and bool(statuses := pod["status"].get("containerStatuses"))
+        and all("running" in c["state"] for c in statuses)
     )
 
 

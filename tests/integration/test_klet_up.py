@@ -195,6 +195,7 @@ def test_external_redis_password_in_the_environment_stays_off_command_lines(
             lambda: "started image-gc" in log.read_text(), timeout_s=30, what="image-gc started"
         )
         pids = [int(m) for m in re.findall(r"started \S+ \(pid (\d+)\)", log.read_text())]
+        assert pids, "klet up named no service pid"
         password_file = run_dir / "secrets" / "redis-password"
         assert password_file.read_text().strip() == cred.password
         assert stat.S_IMODE(password_file.stat().st_mode) == 0o600

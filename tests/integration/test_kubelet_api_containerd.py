@@ -272,7 +272,8 @@ def talker(node_factory: Any, manifests: Path) -> KletNode:
         return bool(
             pod
             and pod["status"].get("phase") == "Running"
-            and all(c["ready"] for c in pod["status"].get("containerStatuses", []))
+            and bool(statuses := pod["status"].get("containerStatuses"))
+            and all(c["ready"] for c in statuses)
         )
 
     wait_for(running, timeout_s=30, what="talker Running")

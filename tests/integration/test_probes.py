@@ -47,7 +47,8 @@ def ready_state(node: KletNode, name: str) -> tuple[bool, str, str] | None:
     if pod is None or pod["status"].get("phase") != "Running":
         return None
     conditions = {c["type"]: c["status"] for c in pod["status"].get("conditions", [])}
-    ready = all(c["ready"] for c in pod["status"].get("containerStatuses", []))
+    statuses = pod["status"].get("containerStatuses") or []
+    ready = bool(statuses) and all(c["ready"] for c in statuses)
     return ready, conditions.get("Ready", ""), conditions.get("ContainersReady", "")
 
 
