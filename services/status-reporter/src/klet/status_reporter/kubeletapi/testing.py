@@ -199,9 +199,12 @@ class FollowerClock:
                 break
             self._due.remove((end, woken))
             self.now = end
-            before = self.sleeps
+
+            def slept_again(before: int = self.sleeps) -> bool:
+                return self.sleeps > before
+
             woken.set()
-            await self.until(lambda before=before: self.sleeps > before, task)
+            await self.until(slept_again, task)
         self.now = max(self.now, target)
 
     async def finish(self, task: asyncio.Task[Any], *, step_s: float = 1.0) -> None:
