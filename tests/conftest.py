@@ -1,4 +1,9 @@
-"""Shared test configuration: every coroutine test fails if it leaves tasks running.
+"""Shared test configuration: a test's tier is its directory, and every coroutine test
+fails if it leaves tasks running.
+
+The tier markers (STYLE.md 21) come from where a test lives, not from a marker each file
+must remember: tests/integration is `integration`, tests/cluster and tests/soak are
+`cluster`, everything else is the unit tier (`-m "not integration and not cluster"`).
 
 The harness fixtures (real Redis, containerd, registry) are loaded as a plugin from
 pyproject.toml (`-p tests.harness.fixtures`).
@@ -10,6 +15,7 @@ import asyncio
 import inspect
 import os
 from collections.abc import AsyncIterator
+from pathlib import Path
 
 import pytest
 
@@ -19,6 +25,9 @@ import pytest
 collect_ignore = [] if os.environ.get("KLET_SOAK") else ["soak"]
 if not os.environ.get("KLET_IMAGE_TESTS"):
     collect_ignore.append("image")
+
+TESTS = Path(__file__).parent
+TIERS = {"integration": "integration", "cluster": "cluster", "soak": "cluster"}
 
 
 @pytest.fixture
@@ -34,7 +43,19 @@ async def no_leaked_tasks() -> AsyncIterator[None]:
     assert not leaked, f"test left tasks running: {[t.get_name() for t in leaked]}"
 
 
+def tier_of(path: Path) -> str | None:
+    """The tier marker of a test file by its directory under tests/; None for the unit tier."""
+    if not path.is_relative_to(TESTS):
+        return None
+    return TIERS.get(path.relative_to(TESTS).parts[0])
+
+
+# tryfirst: the markers must be on the items before `-m` deselects by them.
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
+        tier = tier_of(item.path)
+        if tier is not None:
+            item.add_marker(tier)
         if isinstance(item, pytest.Function) and inspect.iscoroutinefunction(item.obj):
             item.fixturenames.insert(0, "no_leaked_tasks")

@@ -25,10 +25,9 @@ from klet.devstack import DevStack, free_port
 from klet.devstack.cluster import ControlPlane
 
 from tests.harness.clusternode import cluster_node
-from tests.harness.node import KletNode, fetch, wait_for
-from tests.integration.test_static_pods import runtime_containers
-
-pytestmark = pytest.mark.cluster
+from tests.harness.node import RELISTS, KletNode, fetch
+from tests.harness.pods import runtime_containers
+from tests.harness.waiting import wait_for
 
 NODE = "kletnode1"
 
@@ -56,9 +55,15 @@ def node(
 
 
 def kget(cp: ControlPlane, *args: str) -> Any:
-    r = cp.kubectl("get", *args, "-o", "json")
-    assert r.returncode == 0, r.stderr
-    return json.loads(r.stdout)
+    """`kubectl get -o json`; a failed kubectl (not there yet, the apiserver away) raises
+    CalledProcessError, which wait_for retries."""
+    return json.loads(cp.kubectl("get", *args, "-o", "json", check=True).stdout)
+
+
+def lease_renewed_at(cp: ControlPlane) -> float:
+    """The node Lease's renewTime (microsecond precision), as a Unix time."""
+    lease = kget(cp, "lease", NODE, "-n", "kube-node-lease")
+    return datetime.fromisoformat(lease["spec"]["renewTime"].replace("Z", "+00:00")).timestamp()
 
 
 def ready(node_obj: dict[str, Any]) -> bool:
@@ -74,9 +79,8 @@ def pod_running(cp: ControlPlane, name: str) -> dict[str, Any] | None:
         return None
     pod = json.loads(r.stdout)
     status = pod.get("status", {})
-    if status.get("phase") == "Running" and all(
-        c.get("ready") for c in status.get("containerStatuses", [])
-    ):
+    statuses = status.get("containerStatuses") or []
+    if status.get("phase") == "Running" and statuses and all(c.get("ready") for c in statuses):
         return pod
     return None
 
@@ -225,14 +229,30 @@ def test_restarts_and_outages_stop_no_pod(
     before = runtime_containers(devstack, "talker")
 
     node.kill("status-reporter")
+    killed = time.time()  # a renewal after this is the new reporter's
     node.start("status-reporter")
-    for _ in range(8):
+
+    def renewed_by_the_new_reporter() -> bool:
         assert ready(kget(cp, "node", NODE)), "node went NotReady during a status-reporter restart"
-        time.sleep(1)
+        return lease_renewed_at(cp) > killed
+
+    wait_for(renewed_by_the_new_reporter, timeout_s=30, what="the restarted reporter's renewal")
     assert runtime_containers(devstack, "talker") == before
 
+    # The apiserver stays away until pod-source's api source has failed four lists or
+    # watches (its back-off grows from 0.8 s) and syncloop has relisted three times since:
+    # an outage taken for an empty pod set would have stopped the pod by then.
+    failures = node.metric("pod-source", "klet_pod_source_api_watch_errors_total") or 0.0
     cp.stop_apiserver()
-    time.sleep(60)
+    wait_for(
+        lambda: (
+            (node.metric("pod-source", "klet_pod_source_api_watch_errors_total") or 0.0)
+            >= failures + 4
+        ),
+        timeout_s=60,
+        what="four failed lists or watches of the api source",
+    )
+    node.wait_passes("syncloop", RELISTS, 3, timeout_s=15)
     assert runtime_containers(devstack, "talker") == before, (
         "a pod changed while the apiserver was down"
     )
@@ -240,9 +260,7 @@ def test_restarts_and_outages_stop_no_pod(
     back = time.monotonic()
 
     def renewed_after_return() -> bool:
-        lease = kget(cp, "lease", NODE, "-n", "kube-node-lease")
-        renew = datetime.fromisoformat(lease["spec"]["renewTime"].replace("Z", "+00:00"))
-        return renew.timestamp() > time.time() - (time.monotonic() - back)
+        return lease_renewed_at(cp) > time.time() - (time.monotonic() - back)
 
     wait_for(
         renewed_after_return,

@@ -20,14 +20,11 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-import pytest
 from cryptography import x509
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 from klet.devstack.cluster import ControlPlane
 
 from tests.harness.cluster_fixtures import kubernetes_version
-
-pytestmark = pytest.mark.cluster
 
 
 def _kubeconfig_client(kubeconfig: Path, tmp_path: Path) -> tuple[str, ssl.SSLContext]:

@@ -17,9 +17,8 @@ from klet.devstack import DevStack
 from klet.devstack.cluster import ControlPlane
 
 from tests.harness.clusternode import cluster_node
-from tests.harness.node import KletNode, wait_for
-
-pytestmark = pytest.mark.cluster
+from tests.harness.node import KletNode
+from tests.harness.waiting import wait_for
 
 NODE = "kletstatus1"
 IMAGE = "registry.klet.test/busybox:1.36"

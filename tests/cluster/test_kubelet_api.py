@@ -31,15 +31,14 @@ from klet.cri import labels as L
 from klet.devstack import DevStack, free_port
 from klet.devstack.cluster import ControlPlane
 
-from tests.harness.node import KletNode, wait_for
+from tests.harness.node import KletNode
+from tests.harness.waiting import wait_for
 from tests.integration.test_kubelet_api_containerd import (
     TALKER,
     Client,
     KubeletApiThread,
     api_settings,
 )
-
-pytestmark = pytest.mark.cluster
 
 
 def kubectl(cp: ControlPlane, *args: str, input: str | None = None, timeout_s: float = 60) -> str:
@@ -74,7 +73,8 @@ def node(devstack: DevStack, tmp_path: Path) -> Iterator[KletNode]:
             return bool(
                 pod
                 and pod["status"].get("phase") == "Running"
-                and all(c["ready"] for c in pod["status"].get("containerStatuses", []))
+                and bool(statuses := pod["status"].get("containerStatuses"))
+                and all(c["ready"] for c in statuses)
             )
 
         wait_for(running, timeout_s=30, what="talker Running")
@@ -146,7 +146,7 @@ def test_kubectl_logs_exec_and_port_forward(
     pod = f"talker-{node.node_name}"
 
     logs = wait_for(
-        lambda: (out := kubectl(cp, "logs", pod, "-c", "talk")) and "tick-2" in out and out,
+        lambda: (out := cp.kubectl("logs", pod, "-c", "talk").stdout) and "tick-2" in out and out,
         timeout_s=15, what="kubectl logs with ticks",
     )  # fmt: skip
     assert logs.startswith("hello-1\nhello-2\nhello-3\nhello-4\nhello-5\ntick-1\n")
@@ -237,8 +237,9 @@ def test_tokens_need_rbac(
         # RBAC may take a moment to see the new binding (and a denial is cached 30 s,
         # so the first try must be after it is visible).
         wait_for(
-            lambda: kubectl(cp, "auth", "can-i", "get", "nodes", "--subresource=proxy",
-                            f"--as=system:serviceaccount:default:{reader}").strip() == "yes",
+            lambda: cp.kubectl("auth", "can-i", "get", "nodes", "--subresource=proxy",
+                               f"--as=system:serviceaccount:default:{reader}"
+                               ).stdout.strip() == "yes",
             timeout_s=10, what="RBAC binding visible",
         )  # fmt: skip
         status, body = as_token(allowed)

@@ -18,10 +18,9 @@ from klet.devstack import DevStack
 from klet.devstack.cluster import ControlPlane
 
 from tests.harness.clusternode import cluster_node
-from tests.harness.node import KletNode, wait_for
+from tests.harness.node import KletNode
+from tests.harness.waiting import wait_for
 from tests.integration.test_image_pull import PASSWORD, USER, Private, private_registry
-
-pytestmark = pytest.mark.cluster
 
 NODE = "kletrefs1"
 OBJECTS = (

@@ -35,8 +35,6 @@ from klet.pod_source.publisher import RetryPolicy
 from klet.pod_source.wiring import Deps, Overrides, build_deps
 from prometheus_client import CollectorRegistry
 
-pytestmark = pytest.mark.cluster
-
 T = TypeVar("T")
 WATCH_TIMEOUT_S = 3
 WATCH_THREAD = "watch /api/v1/pods"
@@ -207,8 +205,13 @@ async def test_this_nodes_pods_are_desired(
             assert record.pod["spec"]["nodeName"] == node
             assert await changes(bus) == [("ADD", uid)]
 
-            # Outlive a few server-side watch timeouts: nothing is lost or repeated.
-            await asyncio.sleep(2 * WATCH_TIMEOUT_S + 1)
+            # Outlive two server-side watch timeouts: nothing is lost or repeated.
+            watches = svc.metric("klet_pod_source_api_watches_total")
+
+            async def two_more_watches() -> bool:
+                return svc.metric("klet_pod_source_api_watches_total") >= watches + 2
+
+            await eventually(two_more_watches, what="two watches timed out by the server")
             assert set(await desired(bus)) == {uid}
             assert await changes(bus) == [("ADD", uid)]
             assert svc.metric("klet_pod_source_api_relists_total") == 0
@@ -277,7 +280,15 @@ async def test_apiserver_outage_keeps_the_desired_set(
                     )
 
                 await eventually(failing, what="the source to notice the outage")
-                await asyncio.sleep(3)
+
+                async def failed_three_times() -> bool:
+                    return (
+                        svc.metric("klet_pod_source_api_watch_errors_total", reason="unavailable")
+                        >= 3
+                    )
+
+                # Two retries (after 0.2 s and 0.4 s of back-off here) fail as well.
+                await eventually(failed_three_times, what="three failed attempts")
                 assert set(await desired(bus)) == {uid1}
                 assert await api_ready(bus)
                 assert svc.task.done() is False

@@ -36,9 +36,8 @@ from klet.devstack.cluster import ControlPlane
 from klet.syncloop.volumes import fs
 
 from tests.harness.clusternode import cluster_node
-from tests.harness.node import KletNode, wait_for
-
-pytestmark = pytest.mark.cluster
+from tests.harness.node import KletNode
+from tests.harness.waiting import wait_for
 
 NODE = "kletvol1"
 IMAGE = "registry.klet.test/busybox:1.36"

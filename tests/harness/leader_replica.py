@@ -64,6 +64,8 @@ async def replica(url: str, node: str, name: str, ttl_ms: int, auth: Credentials
 
 def main() -> int:
     logging.basicConfig(level=logging.INFO, format="%(name)s %(levelname)s %(message)s")
+    # "standing by for the lease" (DEBUG): what the test waits on before it stalls the leader.
+    logging.getLogger("klet.bus.leader").setLevel(logging.DEBUG)
     url, node, name, ttl_ms, user, password_file = sys.argv[1:7]
     auth = Credentials.from_file(user, Path(password_file))
     asyncio.run(replica(url, node, name, int(ttl_ms), auth))

@@ -13,20 +13,24 @@ import functools
 import json
 import subprocess
 import sys
-import time
 import urllib.request
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, TypeVar, cast
+from typing import Any, cast
 
 from klet.bus import Bus, NodeBus
 from klet.devstack import DevStack, ManagedProcess, RedisServer, free_port
 from klet.model.records import EventRecord
 from klet.syncloop.volumes.fs import mounts_under
+from prometheus_client.parser import text_string_to_metric_families
 
-T = TypeVar("T")
+from tests.harness.waiting import wait_for
 
 SERVICES = ("pod-source", "syncloop", "status-reporter", "eviction", "image-gc")
+
+# Counters of the services' loops, for KletNode.wait_passes.
+RELISTS = "kubelet_pleg_relist_duration_seconds_count"  # syncloop: one per PLEG relist
+EVICTION_PASSES = "klet_eviction_passes_total"  # eviction: one per completed pass
 
 
 class KletNode:
@@ -161,30 +165,40 @@ class KletNode:
         ) as r:
             return str(r.read().decode())
 
+    def metric(self, service: str, name: str, **labels: str) -> float | None:
+        """The samples `name` with `labels` among their labels in `service`'s /metrics,
+        summed (a counter over all its label values), or None when it has none."""
+        return sample_value(self.metrics(service), name, **labels)
+
+    def wait_passes(self, service: str, counter: str, count: int, *, timeout_s: float) -> None:
+        """Wait until `service`'s `counter` (RELISTS, EVICTION_PASSES, ...) grew by `count`
+        from now. A test that proves a negative ("nothing restarts") watches for that many
+        more passes of the loop that would act, not for a number of seconds that a slow
+        machine may not fill with passes."""
+        start = self.metric(service, counter) or 0.0
+        wait_for(
+            lambda: (self.metric(service, counter) or 0.0) >= start + count,
+            timeout_s=timeout_s,
+            what=f"{count} more {counter} of {service}",
+        )
+
+
+def sample_value(text: str, name: str, **labels: str) -> float | None:
+    """The sum of the samples `name` with `labels` among their labels in a Prometheus
+    text page, or None when there is none."""
+    values = [
+        float(sample.value)
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+        if sample.name == name and labels.items() <= sample.labels.items()
+    ]
+    return sum(values) if values else None
+
 
 def fetch(url: str, *, timeout_s: float = 3) -> str:
     """GET `url` and return the body, closing the connection (no leaked sockets)."""
     with urllib.request.urlopen(url, timeout=timeout_s) as r:
         return str(r.read().decode())
-
-
-def wait_for(
-    check: Callable[[], T | None], *, timeout_s: float, what: str, interval_s: float = 0.25
-) -> T:
-    """Poll until `check` returns something truthy; fail naming `what` and the last value."""
-    deadline = time.monotonic() + timeout_s
-    last: object = None
-    while True:
-        try:
-            value = check()
-            if value:
-                return value
-            last = value
-        except Exception as err:  # noqa: BLE001 - not ready yet: remember why
-            last = err
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout_s}s waiting for {what}; last: {last!r}")
-        time.sleep(interval_s)
 
 
 def container_status(pod: dict[str, Any], name: str) -> dict[str, Any]:

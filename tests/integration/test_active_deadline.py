@@ -3,17 +3,14 @@ and reported Failed with reason DeadlineExceeded, and is not restarted."""
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 from typing import Any
 
-import pytest
 from klet.devstack import DevStack
 
-from tests.harness.node import KletNode, wait_for
-from tests.integration.test_static_pods import running, runtime_containers
-
-pytestmark = pytest.mark.integration
+from tests.harness.node import RELISTS, KletNode
+from tests.harness.pods import running, runtime_containers
+from tests.harness.waiting import wait_for
 
 POD = """
 apiVersion: v1
@@ -45,5 +42,7 @@ def test_pod_past_its_deadline_fails(
     status = wait_for(failed, timeout_s=4 + 10, what="Failed after activeDeadlineSeconds")
     assert status["reason"] == "DeadlineExceeded"
     assert "deadline" in status["message"]
-    time.sleep(3)
-    assert all(state == "CONTAINER_EXITED" for state in runtime_containers(devstack, full).values())
+    # Stopped and not restarted: three more relists still see only exited containers.
+    node.wait_passes("syncloop", RELISTS, 3, timeout_s=15)
+    states = runtime_containers(devstack, full).values()
+    assert states and all(state == "CONTAINER_EXITED" for state in states)

@@ -14,13 +14,11 @@ import os
 from pathlib import Path
 from typing import Any
 
-import pytest
 from klet.devstack import DevStack, free_port
 
-from tests.harness.node import KletNode, bus_events, wait_for
-from tests.integration.test_static_pods import running, runtime_containers, runtime_sandboxes
-
-pytestmark = pytest.mark.integration
+from tests.harness.node import KletNode, bus_events
+from tests.harness.pods import running, runtime_containers, runtime_sandboxes
+from tests.harness.waiting import wait_for
 
 
 def sleeper(name: str, extra_spec: str = "", container_extra: str = "") -> str:

@@ -8,14 +8,15 @@ is gone."""
 from __future__ import annotations
 
 import asyncio
-from typing import Any
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
 
 import pytest
 from klet.bus import Bus, BusUnavailable, NodeBus
 from klet.model.records import PodChange, SourceState
 from klet.model.types import PodUID
 
-pytestmark = pytest.mark.integration
+T = TypeVar("T")
 
 
 def change(uid: str) -> PodChange:
@@ -87,7 +88,7 @@ async def test_dead_consumers_are_removed_from_the_group(redis_server: Any) -> N
         done = await stream.read("g", "host-100", count=1, block_ms=100)
         await stream.ack("g", done[0].id)  # host-100 handled "a", then died
         await stream.read("g", "host-200", count=1, block_ms=100)  # died handling "b"
-        await asyncio.sleep(0.3)
+        await until(lambda: idle_ms(bus, stream.key, "host-200"), lambda ms: ms > 200)
         await stream.publish(change("c"))
         fresh = await stream.read("g", "host-300", block_ms=100)  # alive: just got "c"
         await stream.ack("g", fresh[0].id)
@@ -99,6 +100,22 @@ async def test_dead_consumers_are_removed_from_the_group(redis_server: Any) -> N
         assert await consumers() == {"host-300": 0, "host-400": 1}
     finally:
         await bus.close()
+
+
+async def until(probe: Callable[[], Awaitable[T]], accept: Callable[[T], bool]) -> T:
+    """Poll `probe` until `accept` holds (within 5 s)."""
+    async with asyncio.timeout(5):
+        while True:
+            value = await probe()
+            if accept(value):
+                return value
+            await asyncio.sleep(0.02)
+
+
+async def idle_ms(bus: Bus, key: str, consumer: str) -> int:
+    """How long (by Redis's clock) the entry pending for `consumer` has gone unacknowledged."""
+    (entry,) = await bus.client.xpending_range(key, "g", "-", "+", 1, consumer)
+    return int(entry["time_since_delivered"])
 
 
 async def test_lease(redis_server: Any) -> None:
@@ -117,8 +134,7 @@ async def test_lease(redis_server: Any) -> None:
         assert await restarted.try_acquire() and restarted.token is not None
         assert first_token is not None and restarted.token == first_token + 1
         assert not await a.try_acquire()  # a is fenced off
-        await asyncio.sleep(0.7)  # nobody renews: it expires
-        assert await b.try_acquire()
+        await until(b.try_acquire, bool)  # nobody renews: it expires, and b takes it
         assert not await restarted.try_acquire()
         await b.release()
         assert await a.try_acquire()

@@ -25,8 +25,6 @@ from klet.devstack.pki import CertificateAuthority
 from klet.model.records import DesiredPod, NodeConditionRecord, PodChange
 from klet.model.types import PodUID
 
-pytestmark = pytest.mark.integration
-
 NODE, OTHER = "victim", "attacker"
 
 

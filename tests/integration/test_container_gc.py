@@ -25,9 +25,8 @@ from klet.devstack import DevStack, RedisServer
 from klet.image_gc.containergc import ContainerGC, ContainerGCResult
 from klet.image_gc.containerselect import ContainerGCSettings
 
-from tests.harness.node import KletNode, wait_for
-
-pytestmark = pytest.mark.integration
+from tests.harness.node import KletNode
+from tests.harness.waiting import wait_for
 
 BUSYBOX = "registry.klet.test/busybox:1.36"
 CRASHER = f"""

@@ -25,10 +25,9 @@ from typing import Any
 import pytest
 from klet.devstack.pki import CertificateAuthority, CertPair
 
-from tests.harness.node import KletNode, container_status, wait_for
+from tests.harness.node import KletNode, container_status
+from tests.harness.waiting import wait_for
 from tests.integration.test_kubelet_api_containerd import Client, serving_api
-
-pytestmark = pytest.mark.integration
 
 PAD = "x" * 80
 WRITER = f"""

@@ -25,8 +25,6 @@ from cri_api.v1 import api_pb2_grpc as cri_grpc
 from klet.devstack import BUSYBOX_IMAGE, DevStack, RedisServer
 from klet.devstack.redis_server import redis_command, redis_ping
 
-pytestmark = pytest.mark.integration
-
 
 class Cri:
     """Raw CRI stubs: this test checks the runtime itself, not klet's CRI client."""

@@ -21,12 +21,9 @@ import socket
 from pathlib import Path
 from typing import Any
 
-import pytest
-
-from tests.harness.node import KletNode, bus_events, container_status, wait_for
+from tests.harness.node import KletNode, bus_events, container_status
+from tests.harness.waiting import wait_for
 from tests.integration.test_security import exec_in, start
-
-pytestmark = pytest.mark.integration
 
 NODE_RESOLV = (
     "# the node's resolver\nnameserver 192.0.2.53\nsearch corp.example\noptions timeout:2\n"

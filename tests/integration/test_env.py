@@ -8,11 +8,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-import pytest
-
-from tests.harness.node import KletNode, container_status, wait_for
-
-pytestmark = pytest.mark.integration
+from tests.harness.node import KletNode, container_status
+from tests.harness.waiting import wait_for
 
 POD = """
 apiVersion: v1

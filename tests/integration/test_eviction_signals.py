@@ -32,10 +32,9 @@ from klet.devstack import DevStack
 from klet.eviction.hostsignals import FsLayout, HostSignalSource
 from klet.eviction.signals import Observations, PodUsage, Signal
 
-from tests.harness.node import KletNode, wait_for
-from tests.integration.test_static_pods import running
-
-pytestmark = pytest.mark.integration
+from tests.harness.node import KletNode
+from tests.harness.pods import running
+from tests.harness.waiting import wait_for
 
 Mi = 2**20
 IMAGE = "registry.klet.test/busybox:1.36"

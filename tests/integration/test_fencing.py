@@ -22,8 +22,6 @@ from klet.bus.leader import LeaseLost, hold
 from klet.devstack import ManagedProcess, RedisServer
 from klet.model.records import NodeConditionRecord
 
-pytestmark = pytest.mark.integration
-
 REPO = Path(__file__).resolve().parents[2]
 
 
@@ -73,8 +71,8 @@ async def test_leader_writes_are_conditional_on_the_current_token(
     # A stalls: its lease expires and B takes it. A's own clock is held back, as for a
     # write that was already on its way when the process stopped: only Redis can refuse.
     a.clock = lambda: a.renewed_at
-    await asyncio.sleep(0.4)
-    assert await b.try_acquire() and b.token is not None and a.token is not None
+    await wait_for(b.try_acquire, "a's lease to expire and B to take it", timeout_s=5)
+    assert b.token is not None and a.token is not None
     assert b.token > a.token
     with pytest.raises(Fenced, match="another replica"):
         await table_a.put("k", rec("stale"))
@@ -306,7 +304,11 @@ async def test_a_stalled_leader_writes_nothing_after_the_takeover(
 
         await wait_for(a_writes, "replica a leading and writing")
         b.start()
-        await asyncio.sleep(1.0)  # b is up and standing by
+
+        async def b_standing_by() -> bool:
+            return "standing by for the lease" in b.log_path.read_text()
+
+        await wait_for(b_standing_by, "replica b standing by")
         assert b.alive and all(w == "a" for _, w in await writes(bus))
 
         assert a.pid is not None

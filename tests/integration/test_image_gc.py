@@ -32,11 +32,10 @@ from klet.devstack import DevStack
 from klet.devstack.images import PAUSE_IMAGE, TEST_REGISTRY_HOST, ImageSpec
 from klet.rpc.gc import CollectResult, GarbageCollectorClient
 
-from tests.harness.node import KletNode, wait_for
+from tests.harness.node import KletNode
+from tests.harness.pods import running
+from tests.harness.waiting import wait_for
 from tests.integration.conftest import remove_node_pods
-from tests.integration.test_static_pods import running
-
-pytestmark = pytest.mark.integration
 
 T = TypeVar("T")
 

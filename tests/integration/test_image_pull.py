@@ -22,9 +22,8 @@ from klet.devstack import DevStack
 from klet.devstack.images import ImageSpec, build, push
 from klet.devstack.registry import Registry
 
-from tests.harness.node import KletNode, bus_events, container_status, wait_for
-
-pytestmark = pytest.mark.integration
+from tests.harness.node import KletNode, bus_events, container_status
+from tests.harness.waiting import wait_for
 
 USER, PASSWORD = "alice", "wonderland"
 REPOSITORY = "private/app"
@@ -111,7 +110,8 @@ def running(node: KletNode, name: str) -> bool:
     return bool(
         pod
         and pod["status"].get("phase") == "Running"
-        and all("running" in c["state"] for c in pod["status"].get("containerStatuses", []))
+        and bool(statuses := pod["status"].get("containerStatuses"))
+        and all("running" in c["state"] for c in statuses)
     )
 
 

@@ -12,14 +12,12 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-import pytest
 from klet.cri import CRISettings, RuntimeClient
 from klet.cri import labels as L
 from klet.devstack import DevStack
 
-from tests.harness.node import KletNode, wait_for
-
-pytestmark = pytest.mark.integration
+from tests.harness.node import KletNode
+from tests.harness.waiting import wait_for
 
 IMAGE = "registry.klet.test/busybox:1.36"
 
@@ -106,6 +104,7 @@ def test_init_containers_run_in_order_before_main(node_factory: Any, manifests: 
 
     after = wait_for(main_running, timeout_s=30, what="main container running")
     done = by_name(after["initContainerStatuses"])
+    assert set(done) == {"first", "second"}
     assert all(d["state"]["terminated"]["reason"] == "Completed" for d in done.values())
     assert all(d["ready"] for d in done.values())
     # One at a time: the second started only after the first finished.
@@ -114,9 +113,8 @@ def test_init_containers_run_in_order_before_main(node_factory: Any, manifests: 
     main_start = ts(after["containerStatuses"][0]["state"]["running"]["startedAt"])
     assert ts(done["second"]["state"]["terminated"]["finishedAt"]) <= main_start
     assert after["phase"] == "Running"
-    assert all(
-        c["status"] == "True" for c in after["conditions"] if c["type"] in ("Initialized", "Ready")
-    )
+    conditions = {c["type"]: c["status"] for c in after["conditions"]}
+    assert (conditions.get("Initialized"), conditions.get("Ready")) == ("True", "True")
 
 
 def test_failing_init_container_backs_off_and_main_never_starts(

@@ -16,18 +16,15 @@ import stat
 import subprocess
 import sys
 import tempfile
-import time
 import urllib.request
 from pathlib import Path
 from typing import Any
 
-import pytest
 from klet.devstack import DevStack, Pidfile, RedisServer, free_port
 from klet.devstack.redis_server import redis_command
 
-from tests.harness.node import wait_for
-
-pytestmark = pytest.mark.integration
+from tests.harness.node import RELISTS, fetch, sample_value
+from tests.harness.waiting import wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -120,7 +117,18 @@ def test_klet_up_runs_examples_supervises_and_stops_cleanly() -> None:
             lambda: "restarted syncloop" in log.read_text(), timeout_s=20, what="syncloop restarted"
         )
         assert re.search(r"syncloop exited with code -9 .* restarting", log.read_text())
-        time.sleep(3)
+        # The restarted syncloop (same port) adopts the pod: three of its relists pass
+        # and no container was replaced.
+        port = re.search(r"syncloop: private /healthz /metrics on 127\.0\.0\.1:(\d+)", text)
+        assert port is not None, "klet up did not say where syncloop's /metrics is"
+
+        def relists() -> float:
+            page = fetch(f"http://127.0.0.1:{port[1]}/metrics")
+            return sample_value(page, RELISTS) or 0.0
+
+        wait_for(relists, timeout_s=20, what="the restarted syncloop relisting")
+        seen = relists()
+        wait_for(lambda: relists() >= seen + 3, timeout_s=15, what="three more relists")
         assert [
             c["containerID"] for c in pods()["web-upnode"]["status"]["containerStatuses"]
         ] == web_ids
@@ -187,6 +195,7 @@ def test_external_redis_password_in_the_environment_stays_off_command_lines(
             lambda: "started image-gc" in log.read_text(), timeout_s=30, what="image-gc started"
         )
         pids = [int(m) for m in re.findall(r"started \S+ \(pid (\d+)\)", log.read_text())]
+        assert pids, "klet up named no service pid"
         password_file = run_dir / "secrets" / "redis-password"
         assert password_file.read_text().strip() == cred.password
         assert stat.S_IMODE(password_file.stat().st_mode) == 0o600

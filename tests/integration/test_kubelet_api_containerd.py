@@ -44,9 +44,8 @@ from klet.status_reporter.kubeletapi import build_kubelet_api_deps, serve_kubele
 from klet.status_reporter.podcache import CachePolicy
 from klet.status_reporter.wiring import Overrides, build_deps
 
-from tests.harness.node import KletNode, wait_for
-
-pytestmark = pytest.mark.integration
+from tests.harness.node import KletNode
+from tests.harness.waiting import wait_for
 
 TALKER = """
 apiVersion: v1
@@ -273,7 +272,8 @@ def talker(node_factory: Any, manifests: Path) -> KletNode:
         return bool(
             pod
             and pod["status"].get("phase") == "Running"
-            and all(c["ready"] for c in pod["status"].get("containerStatuses", []))
+            and bool(statuses := pod["status"].get("containerStatuses"))
+            and all(c["ready"] for c in statuses)
         )
 
     wait_for(running, timeout_s=30, what="talker Running")

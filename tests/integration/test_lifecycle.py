@@ -18,16 +18,14 @@ import time
 from pathlib import Path
 from typing import Any
 
-import pytest
 from klet.devstack import DevStack
 from klet.devstack.images import USR1_STOP_IMAGE
 from klet.model.types import PodUID
 from klet.rpc.podcontrol import PodControlClient
 
-from tests.harness.node import KletNode, bus_events, container_status, wait_for
-from tests.integration.test_static_pods import running, runtime_sandboxes
-
-pytestmark = pytest.mark.integration
+from tests.harness.node import KletNode, bus_events, container_status
+from tests.harness.pods import running, runtime_sandboxes
+from tests.harness.waiting import wait_for
 
 BUSYBOX = "registry.klet.test/busybox:1.36"
 # A main process that exits at once on SIGTERM (PID 1 ignores signals it does not trap).

@@ -13,10 +13,9 @@ from typing import Any
 import pytest
 from klet.devstack import DevStack
 
-from tests.harness.node import KletNode, wait_for
-from tests.integration.test_static_pods import running, runtime_containers
-
-pytestmark = pytest.mark.integration
+from tests.harness.node import KletNode
+from tests.harness.pods import running, runtime_containers
+from tests.harness.waiting import wait_for
 
 
 def pod(name: str) -> dict[str, Any]:
@@ -99,7 +98,11 @@ def test_url_podlist_and_outages(
     assert running(node, "url-a") and running(node, "url-b")
 
     handler.mode = "hang"
-    time.sleep(13)  # at least one poll runs into the client timeout
+    wait_for(
+        lambda: "no complete answer within 10s" in node.log("pod-source"),
+        timeout_s=25,
+        what="a poll that ran into the client timeout",
+    )
     assert running(node, "url-a") and running(node, "url-b")
     assert runtime_containers(devstack, f"url-a-{node.node_name}") == before
 

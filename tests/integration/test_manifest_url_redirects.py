@@ -26,8 +26,6 @@ from klet.pod_source.inbox import Inbox
 from klet.pod_source.metrics import create_metrics
 from klet.pod_source.sources.http import HttpSource, redirect_problem
 
-pytestmark = pytest.mark.integration
-
 BODY = json.dumps(
     {
         "apiVersion": "v1",

@@ -7,19 +7,16 @@ from __future__ import annotations
 
 import asyncio
 import stat
-import time
 from pathlib import Path
 from typing import Any
 
-import pytest
 from klet.devstack import DevStack
 from klet.model.types import PodUID
 from klet.rpc.podcontrol import PodControlClient
 
-from tests.harness.node import KletNode, wait_for
-from tests.integration.test_static_pods import WEB, running, runtime_containers
-
-pytestmark = pytest.mark.integration
+from tests.harness.node import RELISTS, KletNode
+from tests.harness.pods import WEB, running, runtime_containers
+from tests.harness.waiting import wait_for
 
 
 def test_kill_pod_over_grpc(node_factory: Any, manifests: Path, devstack: DevStack) -> None:
@@ -55,7 +52,8 @@ def test_kill_pod_over_grpc(node_factory: Any, manifests: Path, devstack: DevSta
 
     asyncio.run(drive())
     full = f"web-{node.node_name}"
-    assert all(state == "CONTAINER_EXITED" for state in runtime_containers(devstack, full).values())
+    states = runtime_containers(devstack, full).values()
+    assert states and all(state == "CONTAINER_EXITED" for state in states)
     status = wait_for(
         lambda: (
             node.pods()[full]["status"]
@@ -66,7 +64,7 @@ def test_kill_pod_over_grpc(node_factory: Any, manifests: Path, devstack: DevSta
         what="Failed in /pods",
     )
     assert status["reason"] == "Evicted"
-    time.sleep(3)
-    assert all(
-        state == "CONTAINER_EXITED" for state in runtime_containers(devstack, full).values()
-    ), "restarted"
+    # Nothing restarts the killed pod: three more relists see its containers still exited.
+    node.wait_passes("syncloop", RELISTS, 3, timeout_s=15)
+    states = runtime_containers(devstack, full).values()
+    assert states and all(state == "CONTAINER_EXITED" for state in states), "restarted"

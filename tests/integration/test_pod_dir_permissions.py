@@ -18,11 +18,8 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
-import pytest
-
-from tests.harness.node import KletNode, wait_for
-
-pytestmark = pytest.mark.integration
+from tests.harness.node import KletNode
+from tests.harness.waiting import wait_for
 
 NOBODY = 65534
 

@@ -41,8 +41,6 @@ from klet.pod_source.wiring import Deps, Overrides, build_deps
 from prometheus_client import CollectorRegistry
 from prometheus_client.parser import text_string_to_metric_families
 
-pytestmark = pytest.mark.integration
-
 NODE = "node1"
 T = TypeVar("T")
 
@@ -262,7 +260,13 @@ async def test_bad_manifests_do_not_affect_good_ones(
         await eventually(counted, what="one error counted per bad manifest")
         (event,) = await events(bus)
         assert (event.reason, event.involved["name"]) == ("FailedValidation", f"good-{NODE}")
-        await asyncio.sleep(2.5)  # two more polls: the same errors are not counted again
+        # Two more scans of the directory: the same errors are not counted again.
+        scans = await svc.metric("klet_pod_source_file_scans_total")
+
+        async def scanned_twice_more() -> bool:
+            return await svc.metric("klet_pod_source_file_scans_total") >= scans + 2
+
+        await eventually(scanned_twice_more, what="two more scans")
         assert await counted()
 
         # Good files added next to the bad ones are picked up as usual.

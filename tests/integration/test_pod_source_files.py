@@ -8,10 +8,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-import pytest
 from klet.pod_source.sources.files import scan
-
-pytestmark = pytest.mark.integration
 
 NODE = "n1"
 

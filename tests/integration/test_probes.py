@@ -30,9 +30,8 @@ from klet.devstack import free_port
 from klet.model.records import EventRecord
 from klet.model.types import ContainerID
 
-from tests.harness.node import KletNode, bus_events, container_status, wait_for
-
-pytestmark = pytest.mark.integration
+from tests.harness.node import KletNode, bus_events, container_status
+from tests.harness.waiting import wait_for
 
 BUSYBOX = "registry.klet.test/busybox:1.36"
 HTTPD = "registry.klet.test/httpd:1.36"
@@ -48,20 +47,19 @@ def ready_state(node: KletNode, name: str) -> tuple[bool, str, str] | None:
     if pod is None or pod["status"].get("phase") != "Running":
         return None
     conditions = {c["type"]: c["status"] for c in pod["status"].get("conditions", [])}
-    ready = all(c["ready"] for c in pod["status"].get("containerStatuses", []))
+    statuses = pod["status"].get("containerStatuses") or []
+    ready = bool(statuses) and all(c["ready"] for c in statuses)
     return ready, conditions.get("Ready", ""), conditions.get("ContainersReady", "")
 
 
 def wait_ready(node: KletNode, name: str, ready: bool, *, timeout_s: float = 40) -> None:
     expected = (ready, str(ready), str(ready))
 
-    def check() -> bool:
-        state = ready_state(node, name)
-        if state != expected:
-            raise AssertionError(f"(ready, Ready, ContainersReady) is {state}")
-        return True
-
-    wait_for(check, timeout_s=timeout_s, what=f"{name} ready={ready} with matching conditions")
+    wait_for(
+        lambda: ready_state(node, name) == expected,
+        timeout_s=timeout_s,
+        what=f"{name}'s (ready, Ready, ContainersReady) to be {expected}",
+    )
 
 
 def container_id(node: KletNode, name: str, container: str = "main") -> ContainerID:

@@ -8,13 +8,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-import pytest
 from klet.syncloop.containers import podcgroups, resources
 
-from tests.harness.node import KletNode, container_status, wait_for
-from tests.integration.test_static_pods import running
-
-pytestmark = pytest.mark.integration
+from tests.harness.node import KletNode, container_status
+from tests.harness.pods import running
+from tests.harness.waiting import wait_for
 
 CG = Path("/sys/fs/cgroup")
 

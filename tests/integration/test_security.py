@@ -20,14 +20,12 @@ import re
 from pathlib import Path
 from typing import Any
 
-import pytest
 from klet.cri import CRISettings, RuntimeClient
 from klet.model.types import ContainerID
 
-from tests.harness.node import KletNode, container_status, wait_for
-from tests.integration.test_static_pods import running
-
-pytestmark = pytest.mark.integration
+from tests.harness.node import KletNode, container_status
+from tests.harness.pods import running
+from tests.harness.waiting import wait_for
 
 IDS_AND_PRIVILEGES = """
 apiVersion: v1

@@ -8,11 +8,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-import pytest
-
 from tests.harness.node import SERVICES, KletNode
-
-pytestmark = pytest.mark.integration
 
 
 def open_files_limit(pid: int) -> tuple[int, int]:

@@ -5,35 +5,16 @@ SIGKILLed syncloop or a restarted Redis restarts no container."""
 
 from __future__ import annotations
 
-import asyncio
 import time
 from pathlib import Path
 from typing import Any
 
 import pytest
-from klet.cri import CRISettings, RuntimeClient
-from klet.cri import labels as L
 from klet.devstack import DevStack
 
-from tests.harness.node import KletNode, container_status, fetch, wait_for
-
-pytestmark = pytest.mark.integration
-
-WEB = """
-apiVersion: v1
-kind: Pod
-metadata:
-  name: web
-spec:
-  terminationGracePeriodSeconds: 3
-  containers:
-    - name: httpd
-      image: registry.klet.test/httpd:1.36
-      command: ["sh", "-c", "echo served-by-klet > /www/index.html && exec httpd -f -p 80 -h /www"]
-    - name: sleeper
-      image: registry.klet.test/busybox:1.36
-      command: ["sleep", "100000"]
-"""
+from tests.harness.node import RELISTS, KletNode, container_status, fetch
+from tests.harness.pods import WEB, running, runtime_containers, runtime_sandboxes
+from tests.harness.waiting import wait_for
 
 
 def exiting_pod(name: str, policy: str, code: int, *, run_s: float = 0.5) -> str:
@@ -49,46 +30,6 @@ spec:
       image: registry.klet.test/busybox:1.36
       command: ["sh", "-c", "sleep {run_s}; exit {code}"]
 """
-
-
-def running(node: KletNode, name: str) -> dict[str, Any] | None:
-    pod = node.pods().get(f"{name}-{node.node_name}")
-    if (
-        pod
-        and pod["status"].get("phase") == "Running"
-        and all(c["ready"] for c in pod["status"].get("containerStatuses", []))
-    ):
-        return pod
-    return None
-
-
-def runtime_containers(stack: DevStack, pod_name: str) -> dict[str, str]:
-    """container id -> state for one pod, straight from CRI."""
-
-    async def go() -> dict[str, str]:
-        cri = RuntimeClient(CRISettings(runtime_endpoint=stack.runtime_endpoint, timeout_s=10))
-        try:
-            return {
-                c.id: c.state.value
-                for c in await cri.list_containers(label_selector={L.POD_NAME: pod_name})
-            }
-        finally:
-            await cri.close()
-
-    return asyncio.run(go())
-
-
-def runtime_sandboxes(stack: DevStack, pod_name: str) -> list[str]:
-    async def go() -> list[str]:
-        cri = RuntimeClient(CRISettings(runtime_endpoint=stack.runtime_endpoint, timeout_s=10))
-        try:
-            return [
-                s.id for s in await cri.list_pod_sandboxes(label_selector={L.POD_NAME: pod_name})
-            ]
-        finally:
-            await cri.close()
-
-    return asyncio.run(go())
 
 
 def test_two_container_pod_runs_and_serves(
@@ -171,7 +112,9 @@ def test_restart_policy(
             timeout_s=20,
             what=f"phase {expected}",
         )
-        time.sleep(3)
+        # Nothing restarts: three more relists, each of which would have seen a new
+        # container (a bounded window, counted in relists rather than seconds).
+        node.wait_passes("syncloop", RELISTS, 3, timeout_s=15)
         cs = container_status(node.pods()[full], "main")
         assert cs["restartCount"] == 0
         assert cs["state"]["terminated"]["exitCode"] == code
@@ -260,17 +203,18 @@ def test_syncloop_sigkill_and_redis_restart_restart_nothing(
 
     node.kill("syncloop")
     node.start("syncloop")
-    time.sleep(4)  # several relists and a resync with the new syncloop
+    # The new syncloop adopts the pod: several of its relists pass and nothing restarts.
+    node.wait_passes("syncloop", RELISTS, 4, timeout_s=20)
     assert runtime_containers(devstack, full) == before
     assert running(node, "web")
 
     redis_server.stop()
-    time.sleep(3)
+    node.wait_passes("syncloop", RELISTS, 3, timeout_s=15)  # relisting goes on without Redis
     assert runtime_containers(devstack, full) == before  # Redis down: nothing stops
     assert running(node, "web"), "status-reporter keeps serving the last view"
     redis_server.restart()  # empty: the bus is rebuilt from the sources and the runtime
     wait_for(lambda: running(node, "web"), timeout_s=20, what="status back after Redis restart")
-    time.sleep(5)
+    node.wait_passes("syncloop", RELISTS, 5, timeout_s=20)
     assert runtime_containers(devstack, full) == before
     for svc in ("pod-source", "syncloop", "status-reporter"):
         assert node.procs[svc].alive, f"{svc} died"

@@ -22,10 +22,9 @@ from typing import Any
 
 import pytest
 
-from tests.harness.node import KletNode, bus_events, wait_for
+from tests.harness.node import KletNode, bus_events
+from tests.harness.waiting import wait_for
 from tests.integration.test_volumes import EMPTY_DIR, host_mounts, mounts_below
-
-pytestmark = pytest.mark.integration
 
 IMAGE = "registry.klet.test/busybox:1.36"
 VICTIMS = 12

@@ -13,12 +13,10 @@ import os
 from pathlib import Path
 from typing import Any
 
-import pytest
 from klet.syncloop.volumes import fs
 
-from tests.harness.node import KletNode, bus_events, container_status, wait_for
-
-pytestmark = pytest.mark.integration
+from tests.harness.node import KletNode, bus_events, container_status
+from tests.harness.waiting import wait_for
 
 DOWNWARD_POD = """
 apiVersion: v1

@@ -22,14 +22,12 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
-import pytest
 from klet.cri import CRISettings, RuntimeClient
 from klet.model.types import ContainerID
 
-from tests.harness.node import KletNode, bus_events, container_status, wait_for
-from tests.integration.test_static_pods import running
-
-pytestmark = pytest.mark.integration
+from tests.harness.node import KletNode, bus_events, container_status
+from tests.harness.pods import running
+from tests.harness.waiting import wait_for
 
 IMAGE = "registry.klet.test/busybox:1.36"
 EMPTY_DIR = "kubernetes.io~empty-dir"

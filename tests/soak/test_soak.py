@@ -44,9 +44,10 @@ from klet.devstack.cluster import ControlPlane
 from klet.model.types import ContainerID
 
 from tests.harness.clusternode import cluster_node
-from tests.harness.node import SERVICES, KletNode, wait_for
+from tests.harness.node import SERVICES, KletNode
+from tests.harness.waiting import wait_for
 
-pytestmark = [pytest.mark.cluster, pytest.mark.timeout(4 * 3600)]
+pytestmark = pytest.mark.timeout(4 * 3600)
 
 REPO = Path(__file__).resolve().parents[2]
 NAMESPACE = "default"

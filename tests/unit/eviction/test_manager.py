@@ -211,6 +211,15 @@ def with_request(memory: str) -> list[JSON]:
     return [{"name": "c", "image": "x", "resources": {"requests": {"memory": memory}}}]
 
 
+async def test_every_pass_is_counted_with_or_without_pressure() -> None:
+    w = World(MEMORY)
+    w.source.available[Signal.MEMORY_AVAILABLE] = 500 * MI
+    assert await w.step() == []
+    assert await w.step() == []
+    assert w.registry.get_sample_value("klet_eviction_passes_total") == 2.0
+    assert w.manager.passes == 2
+
+
 async def test_hard_memory_threshold_evicts_the_pod_over_its_request() -> None:
     w = World(MEMORY)
     w.source.available[Signal.MEMORY_AVAILABLE] = 50 * MI

@@ -119,6 +119,7 @@ async def test_watch_events_are_applied(h: Harness) -> None:
     assert set(h.source.pods) == {p["metadata"]["uid"] for p in h.api.pods.values()}
     # every watch resumes where the last one ended
     assert h.api.calls[-1] == f"watch {int(a['metadata']['resourceVersion']) + 2}"
+    assert h.metric("klet_pod_source_api_watches_total") == 2  # both ended without an error
 
 
 async def test_status_only_change_is_a_reconcile(h: Harness) -> None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import pytest
@@ -72,6 +73,19 @@ class World:
 
 WEB = make_pod("web")
 DB = make_pod("db")
+
+
+async def until(condition: Callable[[], bool], *, what: str) -> None:
+    """Let the cache's loops run until `condition` holds (their back-offs are FAST's
+    milliseconds); the 5 s bound only turns a hang into a failure naming `what`."""
+    try:
+        async with asyncio.timeout(5):
+            while True:
+                if condition():
+                    return
+                await asyncio.sleep(0.005)
+    except TimeoutError:
+        raise AssertionError(f"timed out waiting for {what}") from None
 
 
 async def test_reload_joins_desired_pods_with_statuses() -> None:
@@ -182,11 +196,12 @@ async def test_outage_keeps_the_view_logs_once_and_heals(
         await asyncio.wait_for(w.cache.loaded.wait(), 1)
         w.state.unavailable = True
         w.now[0] += 30
-        await asyncio.sleep(0.2)  # many failed attempts of both loops
+        await until(
+            lambda: (w.metric("klet_status_reporter_bus_errors_total") or 0) >= 4,
+            what="several failed attempts of both loops",
+        )
         assert w.phases() == {"web": "Running"}  # the last view, still served
         assert w.cache.stale and not w.cache.bus_available
-        errors = w.metric("klet_status_reporter_bus_errors_total")
-        assert errors is not None and errors >= 4
         assert w.metric("klet_status_reporter_view_age_seconds") == pytest.approx(30, abs=0.01)
         warnings = [r for r in caplog.records if r.levelno >= logging.WARNING]
         assert [r.getMessage() for r in warnings] == ["bus unavailable, serving the last pod view"]
@@ -195,12 +210,12 @@ async def test_outage_keeps_the_view_logs_once_and_heals(
         w.want(DB)
         w.report(DB, version=1, phase="Pending")
         w.state.unavailable = False
-        for _ in range(100):
-            if w.phases() == {"web": "Running", "db": "Pending"} and w.cache.bus_available:
-                break
-            await asyncio.sleep(0.01)
-        assert w.phases() == {"web": "Running", "db": "Pending"}
-        assert not w.cache.stale
+        await until(
+            lambda: w.phases() == {"web": "Running", "db": "Pending"}
+            and w.cache.bus_available
+            and not w.cache.stale,  # the reloader's next attempt may come after the consumer's
+            what="the view following the bus again",
+        )
         assert sum("available again" in r.getMessage() for r in caplog.records) == 1
     finally:
         for task in tasks:
@@ -228,10 +243,7 @@ async def test_unacked_entries_are_taken_over_after_an_outage() -> None:
     w.status.get = get_once_failing  # type: ignore[method-assign]
     task = asyncio.create_task(w.cache.run_consumer())
     try:
-        for _ in range(100):
-            if w.feed.acked:
-                break
-            await asyncio.sleep(0.01)
+        await until(lambda: bool(w.feed.acked), what="the entry acknowledged")
     finally:
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)

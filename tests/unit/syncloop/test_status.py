@@ -21,7 +21,7 @@ def test_running_pod() -> None:
         now=1000,
     )
     assert st["phase"] == "Running" and st["podIP"] == "10.1.0.2"
-    assert all(c["ready"] for c in st["containerStatuses"])
+    assert st["containerStatuses"] and all(c["ready"] for c in st["containerStatuses"])
     cond = {c["type"]: c["status"] for c in st["conditions"]}
     assert cond == {
         "PodReadyToStartContainers": "True",

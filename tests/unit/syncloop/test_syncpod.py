@@ -185,7 +185,7 @@ async def test_kill_pod_stops_containers_with_the_grace_then_the_sandbox(
     last_stop = max(i for i, n in enumerate(names) if n == "StopContainer")
     assert names.index("StopPodSandbox") > last_stop
     assert w.live() == []
-    assert all(c.exit_code == 137 for c in w.cri.containers.values())
+    assert w.cri.containers and all(c.exit_code == 137 for c in w.cri.containers.values())
     [sandbox] = w.cri.sandboxes.values()
     assert sandbox.state == SandboxState.NOTREADY  # kept, with its dead containers
     assert w.cri.calls_of("RemovePodSandbox") == []

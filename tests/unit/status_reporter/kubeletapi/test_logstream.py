@@ -26,8 +26,16 @@ from klet.status_reporter.kubeletapi.logstream import (
     scan_back,
     stream_log,
 )
+from klet.status_reporter.kubeletapi.testing import FollowerClock
 
 FAST = FollowPolicy(poll_s=0.01, check_s=0.03)
+
+
+def stepped(clock: FollowerClock) -> FollowPolicy:
+    """FAST, polling when the test moves `clock` on."""
+    return FollowPolicy(poll_s=FAST.poll_s, check_s=FAST.check_s, sleep=clock.sleep)
+
+
 T0_S = 1_700_000_000
 
 
@@ -39,13 +47,15 @@ def numbered(first: int, last: int, second: int = 0) -> bytes:
     return b"".join(line(f"n{i}", second=second) for i in range(first, last))
 
 
-async def collect(path: Path, opts: LogOptions, running: list[bool]) -> list[bytes]:
+async def collect(
+    path: Path, opts: LogOptions, running: list[bool], policy: FollowPolicy = FAST
+) -> list[bytes]:
     async def is_running() -> bool:
         return running[0]
 
     files = LogFiles.open(str(path))
     try:
-        return [c async for c in stream_log(files, opts, is_running=is_running, policy=FAST)]
+        return [c async for c in stream_log(files, opts, is_running=is_running, policy=policy)]
     finally:
         files.close()
 
@@ -67,29 +77,30 @@ async def test_follow_streams_growth_rotation_and_ends_with_the_container(tmp_pa
         return running[0]
 
     files = LogFiles.open(str(log))
+    clock = FollowerClock()
 
     async def reader() -> None:
         async for chunk in stream_log(
-            files, LogOptions(follow=True), is_running=is_running, policy=FAST
+            files, LogOptions(follow=True), is_running=is_running, policy=stepped(clock)
         ):
             chunks.append(chunk)
 
     task = asyncio.create_task(reader())
-    await asyncio.sleep(0.05)
+    await clock.advance(0.05, task)
     assert b"".join(chunks) == b"first\n"
     with log.open("ab") as f:
         f.write(line("second"))
-    await asyncio.sleep(0.05)
+    await clock.advance(0.05, task)
     assert b"".join(chunks) == b"first\nsecond\n"
     replacement = tmp_path / "new.log"
     replacement.write_bytes(line("after-rotation"))
     os.replace(replacement, log)
-    await asyncio.sleep(0.05)
+    await clock.advance(0.05, task)
     assert b"".join(chunks).endswith(b"after-rotation\n")
     with log.open("ab") as f:
         f.write(line("last") + line("dangling", "P"))
     running[0] = False
-    await asyncio.wait_for(task, 2)
+    await clock.finish(task)
     files.close()
     assert b"".join(chunks) == b"first\nsecond\nafter-rotation\nlast\ndangling"
 
@@ -98,15 +109,15 @@ async def test_limit_bytes_ends_a_followed_stream(tmp_path: Path) -> None:
     log = tmp_path / "0.log"
     log.write_bytes(line("abc"))
 
-    async def grow() -> None:
-        await asyncio.sleep(0.05)
-        with log.open("ab") as f:
-            f.write(line("defg"))
-
-    writer = asyncio.create_task(grow())
-    out = await asyncio.wait_for(collect(log, LogOptions(follow=True, limit_bytes=6), [True]), 2)
-    await writer
-    assert out == [b"abc\n", b"de"]
+    clock = FollowerClock()
+    task = asyncio.create_task(
+        collect(log, LogOptions(follow=True, limit_bytes=6), [True], stepped(clock))
+    )
+    await clock.advance(0.05, task)
+    with log.open("ab") as f:
+        f.write(line("defg"))
+    await clock.finish(task)
+    assert task.result() == [b"abc\n", b"de"]
 
 
 def rotated_set(tmp_path: Path) -> Path:
@@ -161,29 +172,30 @@ async def test_follow_across_a_rotation_loses_nothing(tmp_path: Path) -> None:
         return running[0]
 
     files = LogFiles.open(str(log))
+    clock = FollowerClock()
 
     async def reader() -> None:
         opts = LogOptions(follow=True, tail_lines=1)
-        async for chunk in stream_log(files, opts, is_running=is_running, policy=FAST):
+        async for chunk in stream_log(files, opts, is_running=is_running, policy=stepped(clock)):
             chunks.append(chunk)
 
     task = asyncio.create_task(reader())
-    await asyncio.sleep(0.05)
+    await clock.advance(0.05, task)
     runtime = log.open("ab", buffering=0)  # the runtime's open log
     runtime.write(numbered(3, 6))
-    await asyncio.sleep(0.05)
+    await clock.advance(0.05, task)
     log.rename(tmp_path / "0.log.20231114-221320")
     runtime.write(numbered(6, 9))  # before the reopen: into the rotated file
-    await asyncio.sleep(0.05)
+    await clock.advance(0.05, task)
     runtime.close()
     runtime = log.open("ab", buffering=0)  # ReopenContainerLog
     runtime.write(numbered(9, 12))
-    await asyncio.sleep(0.05)
+    await clock.advance(0.05, task)
     runtime.write(numbered(12, 14))
     runtime.close()
-    await asyncio.sleep(0.05)
+    await clock.advance(0.05, task)
     running[0] = False
-    await asyncio.wait_for(task, 2)
+    await clock.finish(task)
     files.close()
     assert names(chunks) == list(range(2, 14))
 
@@ -314,21 +326,22 @@ async def test_a_followed_burst_arrives_in_blocks(tmp_path: Path) -> None:
         return running[0]
 
     files = LogFiles.open(str(log))
+    clock = FollowerClock()
 
     async def reader() -> None:
         nonlocal largest, total
         async for chunk in stream_log(
-            files, LogOptions(follow=True), is_running=is_running, policy=FAST
+            files, LogOptions(follow=True), is_running=is_running, policy=stepped(clock)
         ):
             largest, total = max(largest, len(chunk)), total + len(chunk)
 
     task = asyncio.create_task(reader())
-    await asyncio.sleep(0.05)
+    await clock.advance(0.05, task)
     burst = numbered(0, 100_000)
     with log.open("ab") as f:
         f.write(burst)
     running[0] = False
-    await asyncio.wait_for(task, 10)
+    await clock.finish(task)
     files.close()
     assert total == len(b"start\n") + sum(len(f"n{i}\n") for i in range(100_000))
     assert largest <= BLOCK

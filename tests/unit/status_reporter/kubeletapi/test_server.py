@@ -22,7 +22,7 @@ from klet.devstack.pki import CertificateAuthority
 from klet.status_reporter.kubeletapi import KubeletApiDeps, serve_kubelet_api
 from klet.status_reporter.kubeletapi.authn import AuthnSettings
 from klet.status_reporter.kubeletapi.logstream import FollowPolicy
-from klet.status_reporter.kubeletapi.testing import FakeApiServer
+from klet.status_reporter.kubeletapi.testing import FakeApiServer, FollowerClock
 
 from tests.unit.status_reporter.kubeletapi.test_app import World, log_line
 
@@ -139,7 +139,10 @@ async def test_tokens_and_webhook_authorization(world: World, pki: Pki) -> None:
 
 
 async def test_follow_streams_until_the_client_leaves(world: World, pki: Pki) -> None:
-    async with serving(deps_for(world, pki)) as url:
+    clock = FollowerClock()
+    deps = deps_for(world, pki)
+    deps = dataclasses.replace(deps, follow=dataclasses.replace(deps.follow, sleep=clock.sleep))
+    async with serving(deps) as url:
         async with httpx.AsyncClient(base_url=url, verify=pki.admin, timeout=5) as c:
             async with c.stream("GET", "/containerLogs/ns/web/app?follow=true&tailLines=1") as r:
                 assert r.headers.get("transfer-encoding") == "chunked"
@@ -148,14 +151,17 @@ async def test_follow_streams_until_the_client_leaves(world: World, pki: Pki) ->
                     assert await anext(chunks) == b"line4\n"
                     with world.log.open("ab") as f:
                         f.write(log_line("line5", 5))
+                    await clock.until(lambda: clock.sleeping > 0)
+                    await clock.advance(deps.follow.poll_s)
                     assert await anext(chunks) == b"line5\n"
                 finally:
                     await chunks.aclose()  # type: ignore[attr-defined]
         # The client closed mid-stream: the follower, which asks the runtime whether the
-        # container still runs every check_s, must have stopped.
-        await asyncio.sleep(0.3)
+        # container still runs every check_s, must have stopped (left its sleep), and
+        # however long the time moves on, it asks nothing more.
+        await clock.until(lambda: clock.sleeping == 0)
         polls = len(world.runtime.calls)
-        await asyncio.sleep(0.4)
+        await clock.advance(10 * deps.follow.check_s)
         assert len(world.runtime.calls) == polls
 
 

@@ -195,7 +195,13 @@ class EvictionManager:
     # -- one pass --------------------------------------------------------------------
 
     async def run_once(self) -> list[Eviction]:
-        """One monitoring pass; returns the pods it evicted (at most one for pressure)."""
+        """One monitoring pass; returns the pods it evicted (at most one for pressure).
+        Counted in the metrics once it is over, decision and eviction included."""
+        evicted = await self._pass()
+        self.deps.metrics.passes.inc()
+        return evicted
+
+    async def _pass(self) -> list[Eviction]:
         if self.layout is None:
             self.layout = await self._detect_layout()
         observations, usage = await self.deps.source.observe()

@@ -74,6 +74,7 @@ class Metrics:
     threshold: Gauge
     condition: Gauge
     reclaims: Counter
+    passes: Counter
 
 
 def create_metrics(registry: CollectorRegistry) -> Metrics:
@@ -119,6 +120,11 @@ def create_metrics(registry: CollectorRegistry) -> Metrics:
             "klet_eviction_node_reclaims",
             "Node-level reclaim calls to image-gc's FreeSpace by outcome",
             ["outcome"],
+            registry=registry,
+        ),
+        passes=Counter(
+            "klet_eviction_passes",
+            "Eviction monitoring passes completed (measurement, decision and any eviction)",
             registry=registry,
         ),
     )

@@ -31,6 +31,8 @@ class Metrics:
     bus_errors: Counter
     api_relists: Counter
     api_watch_errors: Counter
+    api_watches: Counter
+    file_scans: Counter
 
 
 def create_metrics(registry: CollectorRegistry) -> Metrics:
@@ -67,6 +69,16 @@ def create_metrics(registry: CollectorRegistry) -> Metrics:
             "klet_pod_source_api_watch_errors_total",
             "Lists and watches of the apiserver source that ended in an error.",
             ["reason"],
+            registry=registry,
+        ),
+        api_watches=Counter(
+            "klet_pod_source_api_watches_total",
+            "Watches of this node's pods that ended without an error (the server's timeout).",
+            registry=registry,
+        ),
+        file_scans=Counter(
+            "klet_pod_source_file_scans_total",
+            "Scans of the manifest directory, whether or not they found a change.",
             registry=registry,
         ),
     )

@@ -44,6 +44,7 @@ async def main(deps: Deps) -> int:
 
     def on_uids(uids: set[str]) -> None:
         controller.runtime_uids = uids
+        m.pleg_relist_duration.observe(relister.last_duration_s)
         m.pleg_last_seen.set(time.time())
         m.pod_workers.set(len(controller.workers.uids()))
         m.running_pods.set(

@@ -221,6 +221,7 @@ class ApiSource:
         finally:
             if isinstance(stream, AsyncGenerator):
                 await stream.aclose()  # stops the request now, not when collected
+        self._metrics.api_watches.inc()
         self._recovered()
         if events == 0 and time.monotonic() - started < self._short_watch_s:
             return self._short_watch_s

@@ -216,6 +216,7 @@ class FileSource:
             scan, self._path, node_name=self._node_name, cache=self._cache
         )
         self._cache = result.cache
+        self._metrics.file_scans.inc()
         self._report(result)
         if result.complete and result.pods != self._last:
             self._last = result.pods

@@ -63,12 +63,14 @@ Read = Callable[[int, int], bytes]
 
 @dataclass(frozen=True)
 class FollowPolicy:
-    """How a followed log is watched (tests shrink these)."""
+    """How a followed log is watched (tests shrink these, or pass a fake `sleep`)."""
 
     poll_s: float = 0.2
     """Seconds between checks for new data."""
     check_s: float = 1.0
     """Seconds without new data before asking whether the container still runs."""
+    sleep: Callable[[float], Awaitable[None]] = asyncio.sleep
+    """The follower's clock: how it waits `poll_s` (testing.FollowerClock in unit tests)."""
 
 
 def scan_back(read: Read, end: int, finder: TailFinder, *, block: int = BLOCK) -> int | None:
@@ -392,7 +394,7 @@ async def stream_log(
             if out := show():
                 yield out
             return
-        await asyncio.sleep(policy.poll_s)
+        await policy.sleep(policy.poll_s)
         idle += policy.poll_s
         if idle >= policy.check_s:
             idle = 0.0

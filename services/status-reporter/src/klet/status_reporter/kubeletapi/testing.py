@@ -7,6 +7,8 @@
 - `FakeApiServer`: answers TokenReview from a token table and SubjectAccessReview from
   a set of allowed (user, verb, subresource) triples, recording every review; `fail`
   makes calls raise Unavailable.
+- `FollowerClock`: the clock of a followed log (`FollowPolicy(sleep=clock.sleep)`): its
+  polls happen when the test moves the time on, not when the wall clock does.
 
 mypy checks them against the protocols at the bottom. Integration tests use the real
 runtime and apiserver.
@@ -14,6 +16,9 @@ runtime and apiserver.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+from collections.abc import Callable
 from typing import Any
 
 from klet.cri.errors import CRIError, NotFound
@@ -153,6 +158,80 @@ class FakeApiServer:
             ok = (spec["user"], ra["verb"], ra["subresource"]) in self.allowed
             return {**body, "status": {"allowed": ok}}
         raise AssertionError(f"fake apiserver: no handler for POST {path}")
+
+
+class FollowerClock:
+    """A fake clock for log followers: `sleep` returns only when `advance` moves the time
+    past its end. `advance(s)` wakes the due sleeps one at a time, each time waiting until
+    the woken follower sleeps again (or `task`, the follower, ends), so afterwards the
+    follower has made exactly the polls `s` seconds would have given it. `sleeping`
+    counts followers inside `sleep`: 0 once every follower stopped. Without `task`,
+    `advance` wakes only the followers sleeping at the time (wait with `until` first)."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+        self.sleeping = 0
+        self.sleeps = 0  # calls of sleep so far
+        self._due: list[tuple[float, asyncio.Event]] = []
+        self._changed = asyncio.Event()
+
+    async def sleep(self, seconds: float) -> None:
+        entry = (self.now + seconds, asyncio.Event())
+        self._due.append(entry)
+        self.sleeps += 1
+        self.sleeping += 1
+        self._changed.set()
+        try:
+            await entry[1].wait()
+        finally:
+            self.sleeping -= 1
+            with contextlib.suppress(ValueError):
+                self._due.remove(entry)
+            self._changed.set()
+
+    async def advance(self, seconds: float, task: asyncio.Task[Any] | None = None) -> None:
+        target = self.now + seconds
+        if task is not None:
+            await self.until(lambda: self.sleeping > 0, task)
+        while self._due and not (task and task.done()):
+            end, woken = min(self._due, key=lambda d: d[0])
+            if end > target:
+                break
+            self._due.remove((end, woken))
+            self.now = end
+
+            def slept_again(before: int = self.sleeps) -> bool:
+                return self.sleeps > before
+
+            woken.set()
+            await self.until(slept_again, task)
+        self.now = max(self.now, target)
+
+    async def finish(self, task: asyncio.Task[Any], *, step_s: float = 1.0) -> None:
+        """Move the time on, `step_s` at a time, until the follower `task` ends."""
+        while not task.done():
+            await self.advance(step_s, task)
+        await task
+
+    async def until(
+        self,
+        condition: Callable[[], bool],
+        task: asyncio.Task[Any] | None = None,
+        timeout_s: float = 10,
+    ) -> None:
+        """Until `condition()` holds or `task` ended; `timeout_s` only guards a broken test."""
+        async with asyncio.timeout(timeout_s):
+            while not condition() and not (task and task.done()):
+                self._changed.clear()
+                waiter = asyncio.ensure_future(self._changed.wait())
+                try:
+                    await asyncio.wait(
+                        [waiter, *([task] if task else [])], return_when=asyncio.FIRST_COMPLETED
+                    )
+                finally:
+                    waiter.cancel()
+                    with contextlib.suppress(asyncio.CancelledError):
+                        await waiter
 
 
 def _conforms(

@@ -56,6 +56,7 @@ class Relister:
         self.previous: dict[str, Fingerprint] = {}
         self.last_ok = clock()
         self._once = OnceLogger(log, level=logging.WARNING)
+        self.last_duration_s = 0.0  # of the last successful relist (kubelet_pleg_relist_duration)
 
     def age(self) -> float:
         """Seconds since the last successful relist."""
@@ -65,6 +66,7 @@ class Relister:
         return self.age() < RELIST_THRESHOLD_S
 
     async def relist_once(self) -> set[str]:
+        started = self.clock()
         sandboxes = await self.cri.list_pod_sandboxes()
         containers = await self.cri.list_containers()
         current = fingerprints(
@@ -78,6 +80,7 @@ class Relister:
         }
         self.previous = current
         self.last_ok = self.clock()
+        self.last_duration_s = self.last_ok - started
         for uid in changed:
             self.on_change(uid)
         return set(current)
