@@ -42,7 +42,8 @@ from klet.syncloop.pods.controller import PodController
 from klet.syncloop.pods.runtime import PodRuntime
 from klet.syncloop.pods.runtimepod import RuntimePod
 from klet.syncloop.pods.statuspub import StatusPublisher
-from klet.syncloop.pods.syncpod import PodSyncer, SyncSettings
+from klet.syncloop.pods.syncpod import PodSyncer
+from klet.syncloop.pods.syncsettings import SyncSettings
 from prometheus_client import CollectorRegistry
 
 MI = 1024**2

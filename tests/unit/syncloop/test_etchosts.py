@@ -22,7 +22,8 @@ from klet.syncloop.environment import etchosts
 from klet.syncloop.environment.envvars import NodeFacts
 from klet.syncloop.environment.etchosts import HostsFileError
 from klet.syncloop.pods.runtime import PodRuntime
-from klet.syncloop.pods.syncpod import PodSyncer, SyncSettings
+from klet.syncloop.pods.syncpod import PodSyncer
+from klet.syncloop.pods.syncsettings import SyncSettings
 
 from .helpers import RecordedEvents, pod
 

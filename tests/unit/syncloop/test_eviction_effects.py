@@ -37,7 +37,8 @@ from klet.syncloop.containers.images import ImagePuller
 from klet.syncloop.pods.controller import NodePressure, PodController
 from klet.syncloop.pods.runtime import PodRuntime
 from klet.syncloop.pods.statuspub import StatusPublisher
-from klet.syncloop.pods.syncpod import PodSyncer, SyncSettings
+from klet.syncloop.pods.syncpod import PodSyncer
+from klet.syncloop.pods.syncsettings import SyncSettings
 
 from .helpers import pod
 

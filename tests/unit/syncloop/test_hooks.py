@@ -32,7 +32,8 @@ from klet.syncloop.containers.hooks import LifecycleHooks
 from klet.syncloop.containers.images import ImagePuller
 from klet.syncloop.pods import podspec
 from klet.syncloop.pods.runtime import PodRuntime
-from klet.syncloop.pods.syncpod import PodSyncer, SyncResult, SyncSettings
+from klet.syncloop.pods.syncpod import PodSyncer, SyncResult
+from klet.syncloop.pods.syncsettings import SyncSettings
 
 from .helpers import RecordedEvents, pod
 

@@ -33,7 +33,8 @@ from klet.syncloop.containers import criconfig, security
 from klet.syncloop.containers.images import ImagePuller
 from klet.syncloop.containers.security import ImageUser, SecurityConfigError, SecuritySettings
 from klet.syncloop.pods.runtime import PodRuntime
-from klet.syncloop.pods.syncpod import PodSyncer, SyncSettings
+from klet.syncloop.pods.syncpod import PodSyncer
+from klet.syncloop.pods.syncsettings import SyncSettings
 
 from .helpers import RecordedEvents
 

@@ -36,7 +36,8 @@ from klet.syncloop.metrics import Metrics, create_metrics
 from klet.syncloop.pods.controller import NodePressure, PodController, published_status
 from klet.syncloop.pods.runtime import PodRuntime
 from klet.syncloop.pods.statuspub import StatusPublisher
-from klet.syncloop.pods.syncpod import PodSyncer, SyncSettings
+from klet.syncloop.pods.syncpod import PodSyncer
+from klet.syncloop.pods.syncsettings import SyncSettings
 from klet.syncloop.probing.prober import ProbeManager
 from klet.syncloop.volumes.content import (
     ConfigMapPlugin,

@@ -25,11 +25,8 @@ from klet.model.types import JSON, SandboxID
 from klet.syncloop.containers import criconfig, fields, podcgroups, resources, termination
 from klet.syncloop.containers.hooks import LifecycleHooks, container_spec, pod_ip_of
 from klet.syncloop.containers.images import ImagePuller
-from klet.syncloop.containers.security import SecuritySettings
 from klet.syncloop.containers.startcontainer import ContainerStarter
 from klet.syncloop.environment import dns, etchosts
-from klet.syncloop.environment.dns import DNSSettings
-from klet.syncloop.environment.envvars import NodeFacts
 from klet.syncloop.environment.kubeobjects import KubeObjects
 from klet.syncloop.events import EventSink
 from klet.syncloop.pods import actions as actions_mod
@@ -37,6 +34,7 @@ from klet.syncloop.pods import podspec, runtimepod
 from klet.syncloop.pods.actions import PodActions, StartAction, compute_pod_actions
 from klet.syncloop.pods.runtime import PodRuntime
 from klet.syncloop.pods.runtimepod import RuntimePod
+from klet.syncloop.pods.syncsettings import SyncSettings
 from klet.syncloop.ports import RuntimeService
 from klet.syncloop.probing.proberesults import NO_PROBES, ProbeResults
 from klet.syncloop.volumes.manager import VolumeManager
@@ -45,27 +43,6 @@ log = logging.getLogger(__name__)
 
 VOLUME_RETRY_S = 5.0
 """How soon a pod whose volumes could not be set up is synced again, seconds."""
-
-
-@dataclass(frozen=True)
-class SyncSettings:
-    pod_logs_dir: Path
-    cgroups_per_qos: bool = True
-    cpu_cfs_quota: bool = True
-    """cpuCFSQuota: enforce CPU limits with CFS quota."""
-    cpu_cfs_quota_period: float = 0.1
-    """cpuCFSQuotaPeriod, seconds."""
-    pod_pids_limit: int = -1
-    """podPidsLimit: pids.max of every pod cgroup; -1 = no per-pod limit."""
-    node: NodeFacts = field(default_factory=NodeFacts)
-    root_dir: Path | None = None
-    """--root-dir; pods' termination-message files go under <root>/pods/<uid>. None: no files."""
-    hook_timeout_s: float = 120.0
-    """How long a postStart hook may run (runtimeRequestTimeout), seconds."""
-    security: SecuritySettings = field(default_factory=SecuritySettings)
-    """seccompDefault and where Localhost seccomp profiles live."""
-    dns: DNSSettings | None = None
-    """clusterDNS, clusterDomain, resolvConf; None sends no DNS config (the runtime's own)."""
 
 
 @dataclass
