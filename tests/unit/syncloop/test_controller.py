@@ -100,6 +100,7 @@ class World:
             runtime=runtime,
             syncer=self.syncer,
             publisher=StatusPublisher(bus, clock=self.clock),
+            events=NoEvents(),
             host_ip="192.168.1.10",
             clock=self.clock,
         )
@@ -222,7 +223,7 @@ async def test_kill_pod_stops_a_desired_pod_and_keeps_it_failed(w: World) -> Non
 
 async def test_kill_pod_of_an_unknown_pod(w: World) -> None:
     assert await w.controller.kill_pod(PodUID("nobody"), None, "Evicted", "") is False
-    assert w.workers.woken == [] and w.controller.kill_requests == {}
+    assert w.workers.woken == [] and w.controller.pods == {}
 
 
 async def test_table_read_older_than_a_stream_change_does_not_undo_it(w: World) -> None:

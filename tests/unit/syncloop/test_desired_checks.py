@@ -46,6 +46,7 @@ def w(tmp_path: Path) -> World:
     world.controller.node_name = NODE
     world.events = RecordedEvents()  # type: ignore[attr-defined]
     world.syncer.events = world.events  # type: ignore[attr-defined]
+    world.controller.events = world.events  # type: ignore[attr-defined]
     return world
 
 

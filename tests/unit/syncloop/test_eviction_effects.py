@@ -106,6 +106,7 @@ class World:
             runtime=runtime,
             syncer=syncer,
             publisher=StatusPublisher(self.bus, clock=self.clock),
+            events=self.events,
             host_ip="192.168.1.10",
             clock=self.clock,
             admission=AdmissionLedger(NodeInfo(name="node1", labels={}, allocatable={"pods": 10})),

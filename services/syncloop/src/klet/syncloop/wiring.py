@@ -199,6 +199,7 @@ def build_deps(settings: Settings, **overrides: Any) -> Deps:
         runtime=runtime,
         syncer=syncer,
         publisher=publisher,
+        events=events,
         host_ip=host_ip(settings),
         prober=prober,
         admission=AdmissionLedger(admission_node(settings)),

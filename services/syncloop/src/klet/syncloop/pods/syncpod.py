@@ -315,6 +315,11 @@ class PodSyncer:
                         extra={"pod": _name(pod), "container": c.name, "error": str(err)},
                     )
 
+    async def release_volumes(self, uid: str) -> bool:
+        """Tear down a terminated pod's volumes (upstream SyncTerminatedPod); True once
+        none is left (or the syncer sets up none), False to try again."""
+        return self.volumes is None or not await self.volumes.tear_down(uid)
+
     async def kill_pod(
         self, pod: JSON | None, current: RuntimePod, *, grace_override: int | None, remove: bool
     ) -> None:
