@@ -555,6 +555,7 @@ class PodController:
         if self.prober is not None:
             self.prober.remove_pod(uid)
         self.publisher.remove(uid)
+        self.syncer.forget_pod(uid)
         if self.admission is not None:
             self.admission.forget(uid)
         state = self.pods.pop(uid, None)

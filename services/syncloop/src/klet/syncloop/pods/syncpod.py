@@ -75,6 +75,9 @@ class PodSyncer:
         self.cgroups = cgroups
         self.settings = settings
         self.backoff = backoff
+        # The crash-loop back-off keys of every container started, by pod UID, so the
+        # entries of a pod that is gone go with it (forget_pod).
+        self._backoff_keys: dict[str, set[str]] = {}
         self.clock = clock
         self.objects = objects  # the apiserver's ConfigMaps and Secrets; None standalone
         self.volumes = volumes  # None: pods get no volumes (a syncer without a root dir)
@@ -241,6 +244,8 @@ class PodSyncer:
     ) -> bool:
         """Start one container, recording why it waits if it cannot; True if started."""
         result.acted = True
+        uid = str(podspec.meta(pod).get("uid", ""))
+        self._backoff_keys.setdefault(uid, set()).add(podspec.backoff_key(pod, container))
         waiting = await self.starter.start(
             pod, container, current, sandbox_id, sandbox_cfg, pod_ip, volumes=volumes
         )
@@ -314,6 +319,11 @@ class PodSyncer:
                         "init container not purged",
                         extra={"pod": _name(pod), "container": c.name, "error": str(err)},
                     )
+
+    def forget_pod(self, uid: str) -> None:
+        """The pod is gone: drop its containers' crash-loop back-off entries."""
+        for key in self._backoff_keys.pop(uid, ()):
+            self.backoff.reset(key)
 
     async def release_volumes(self, uid: str) -> bool:
         """Tear down a terminated pod's volumes (upstream SyncTerminatedPod); True once
