@@ -267,6 +267,7 @@ class PodController:
         state.desired = rec
         state.last_pod = rec.pod
         self.workers.wake(uid)
+
     def _refuse(self, uid: str, rec: DesiredPod, refusal: Refusal) -> None:
         """Log (and, for an invalid pod, record an Event) once per record content."""
         key = (rec.hash, refusal.message)
@@ -318,6 +319,10 @@ class PodController:
 
     def known(self, uid: str) -> bool:
         return self._desired(uid) is not None or uid in self.runtime_uids
+
+    async def reconcile_statuses(self) -> None:
+        """Publish again what the status table lacks; drop the statuses of unknown pods."""
+        await self.publisher.reconcile(self.known)
 
     # -- the pod worker body -----------------------------------------------------------
 
