@@ -1,9 +1,14 @@
-"""Builders of pods and runtime state for syncloop's pure-function tests."""
+"""Builders of pods and runtime state for syncloop's pure-function tests, and the fake
+clock and step-by-step waits of its loop tests."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, NamedTuple
 
+import pytest
 from klet.cri import labels as L
 from klet.cri.types import ContainerState, ContainerStatusInfo, SandboxState
 from klet.model.types import ContainerID, SandboxID
@@ -118,3 +123,33 @@ class RecordedEvents:
     def triples(self) -> list[tuple[str, str, str]]:
         """(type, reason, message) of each event."""
         return [(e.type, e.reason, e.message) for e in self.records]
+
+
+class Clock:
+    """A wall or monotonic clock that moves only when a test sets `t`."""
+
+    def __init__(self, t: float = 1000.0) -> None:
+        self.t = t
+
+    def __call__(self) -> float:
+        return self.t
+
+
+async def until(done: Callable[[], bool], steps: int = 1000) -> None:
+    """Yield to the running tasks, step by step (no time passes), until `done()` holds."""
+    for _ in range(steps):
+        if done():
+            return
+        await asyncio.sleep(0)
+    pytest.fail("the condition never held")
+
+
+@contextlib.asynccontextmanager
+async def running(loop: Awaitable[None]) -> AsyncIterator[None]:
+    """Run a root loop as a task for the body of the `with`, then cancel it."""
+    task = asyncio.ensure_future(loop)
+    try:
+        yield
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Callable, Sequence
 from typing import Generic, TypeVar
 
 import pytest
@@ -24,7 +24,7 @@ from klet.model.records import DesiredPod, PodChange, SourceState
 from klet.model.types import PodUID
 from klet.syncloop.pods.intake import GROUP, BusIntake
 
-from .helpers import pod
+from .helpers import Clock, pod, running, until
 
 
 def desired(uid: str) -> DesiredPod:
@@ -111,19 +111,11 @@ class FakeController:
         self.reconciled += 1
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.t = 100.0
-
-    def __call__(self) -> float:
-        return self.t
-
-
 class World:
     def __init__(self) -> None:
         self.bus = FakeBus()
         self.controller = FakeController()
-        self.clock = Clock()
+        self.clock = Clock(100.0)
         self.bad: list[str] = []
         self.errors = 0
         self.intake = BusIntake(
@@ -144,25 +136,6 @@ class World:
 
 def change(uid: str) -> PodChange:
     return PodChange(op="ADD", uid=PodUID(uid), source="file")
-
-
-async def until(done: Callable[[], bool], steps: int = 1000) -> None:
-    """Yield to the running loops, step by step, until `done()` holds."""
-    for _ in range(steps):
-        if done():
-            return
-        await asyncio.sleep(0)
-    pytest.fail("the condition never held")
-
-
-async def run_until(loop: Awaitable[None], done: Callable[[], bool]) -> None:
-    """Run a root loop of the intake until `done()` holds, then stop it."""
-    task = asyncio.ensure_future(loop)
-    try:
-        await until(done)
-    finally:
-        task.cancel()
-        await asyncio.gather(task, return_exceptions=True)
 
 
 @pytest.fixture
@@ -189,7 +162,8 @@ async def test_a_bus_error_during_resync_keeps_the_last_view_and_is_logged_once(
 ) -> None:
     w.bus.desired.errors = [BusUnavailable("connection refused")] * 3
     with caplog.at_level(logging.INFO, logger="klet.syncloop.pods.intake"):
-        await run_until(w.intake.run_resync(), lambda: len(w.controller.applied) == 1)
+        async with running(w.intake.run_resync()):
+            await until(lambda: len(w.controller.applied) == 1)
     assert w.errors == 3
     assert w.controller.applied == [({"u1"}, True, 0)]
     messages = [r.getMessage() for r in caplog.records]
@@ -201,7 +175,8 @@ async def test_the_consumer_takes_over_stale_entries_then_reads_and_acks(w: Worl
     await w.bus.pods.queue.put(Entry("2-0", change("u2")))
     await w.bus.pods.queue.put(Entry("3-0", None, error="bad json"))
     await w.bus.pods.queue.put(Entry("4-0", change("u3")))
-    await run_until(w.intake.run_consumer(), lambda: len(w.bus.pods.acked) == 4)
+    async with running(w.intake.run_consumer()):
+        await until(lambda: len(w.bus.pods.acked) == 4)
     assert w.bus.pods.calls[:3] == ["ensure_group", "claim_stale", "read"]
     assert [c.uid for c in w.controller.changes] == ["u1", "u2", "u3"]
     assert w.bus.pods.acked == ["1-0", "2-0", "3-0", "4-0"]
@@ -211,17 +186,13 @@ async def test_the_consumer_takes_over_stale_entries_then_reads_and_acks(w: Worl
 async def test_stale_entries_are_taken_over_again_after_reclaim_s(w: World) -> None:
     stream = w.bus.pods
     await stream.queue.put(Entry("1-0", change("u1")))
-    task = asyncio.ensure_future(w.intake.run_consumer())
-    try:
+    async with running(w.intake.run_consumer()):
         await until(lambda: len(stream.acked) == 1)
         assert stream.calls.count("claim_stale") == 1
         w.clock.t += 300  # the next pass takes over what a dead replica left
         stream.stale = [Entry("0-5", change("u9"))]
         await stream.queue.put(Entry("2-0", change("u2")))
         await until(lambda: len(stream.acked) == 3)
-    finally:
-        task.cancel()
-        await asyncio.gather(task, return_exceptions=True)
     assert stream.calls.count("claim_stale") == 2
     assert stream.calls.count("ensure_group") == 1
     assert stream.acked == ["1-0", "2-0", "0-5"]  # the read waiting when the time came
@@ -230,16 +201,12 @@ async def test_stale_entries_are_taken_over_again_after_reclaim_s(w: World) -> N
 async def test_after_an_outage_the_consumer_ensures_its_group_again(w: World) -> None:
     stream = w.bus.pods
     await stream.queue.put(Entry("1-0", change("u1")))
-    task = asyncio.ensure_future(w.intake.run_consumer())
-    try:
+    async with running(w.intake.run_consumer()):
         await until(lambda: len(stream.acked) == 1)
         for item in (BusUnavailable("Redis restarted"), BusError("NOGROUP")):
             await stream.queue.put(item)
         await stream.queue.put(Entry("2-0", change("u2")))
         await until(lambda: len(stream.acked) == 2)
-    finally:
-        task.cancel()
-        await asyncio.gather(task, return_exceptions=True)
     # the group (and the stream) may be gone after an outage; a plain error keeps it
     assert stream.calls.count("ensure_group") == 2
     assert w.errors == 2

@@ -19,13 +19,7 @@ from collections.abc import AsyncIterator, Callable, Iterator
 import pytest
 from klet.syncloop.pods.podworkers import Outcome, PodWorkers
 
-
-class Clock:
-    def __init__(self) -> None:
-        self.t = 1000.0
-
-    def __call__(self) -> float:
-        return self.t
+from .helpers import Clock, until
 
 
 class Script:
@@ -60,14 +54,6 @@ async def settle(steps: int = 20) -> None:
     """Let every runnable task take its steps (no time passes)."""
     for _ in range(steps):
         await asyncio.sleep(0)
-
-
-async def until(done: Callable[[], bool], steps: int = 1000) -> None:
-    for _ in range(steps):
-        if done():
-            return
-        await asyncio.sleep(0)
-    pytest.fail("the condition never held")
 
 
 class World:

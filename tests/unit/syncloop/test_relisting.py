@@ -21,15 +21,9 @@ from klet.cri.types import ContainerConfig, SandboxConfig
 from klet.model.types import ContainerID, SandboxID
 from klet.syncloop.pods.relisting import RELIST_THRESHOLD_S, Relister
 
+from .helpers import Clock, running, until
+
 IMAGE = "registry.klet.test/busybox:1.36"
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.t = 1000.0
-
-    def __call__(self) -> float:
-        return self.t
 
 
 def sandbox_config(uid: str, labels: dict[str, str]) -> SandboxConfig:
@@ -130,19 +124,12 @@ async def test_the_run_loop_reports_uids_and_logs_a_failure_once(
     await w.sandbox("a")
     reported: list[set[str]] = []
     w.cri.fail_always("ListPodSandbox", CRIError("runtime down"))
-    task = asyncio.create_task(w.relister.run(reported.append))
-    try:
-        with caplog.at_level(logging.INFO, logger="klet.syncloop.pods.relisting"):
+    with caplog.at_level(logging.INFO, logger="klet.syncloop.pods.relisting"):
+        async with running(w.relister.run(reported.append)):
             for _ in range(5):  # five failing passes
                 await asyncio.sleep(0)
             assert reported == []
             w.cri.fail_always("ListPodSandbox", None)
-            for _ in range(100):
-                if reported:
-                    break
-                await asyncio.sleep(0)
-    finally:
-        task.cancel()
-        await asyncio.gather(task, return_exceptions=True)
+            await until(lambda: bool(reported))
     assert reported[0] == {"a"}
     assert [r.getMessage() for r in caplog.records] == ["relist failed", "relist recovered"]
