@@ -156,7 +156,7 @@ def active_deadline(pod: JSON, current: RuntimePod) -> float | None:
     return podspec.deadline_at(pod, None if first is None else first / 1e9)
 
 
-def running(current: RuntimePod) -> bool:
+def anything_running(current: RuntimePod) -> bool:
     """The pod has a running container or a ready sandbox: there is something to stop."""
     return bool(current.running()) or any(s.state == SandboxState.READY for s in current.sandboxes)
 
@@ -188,7 +188,7 @@ class PodController:
         self.runtime = runtime
         self.syncer = syncer
         self.publisher = publisher
-        self.events = events  # the Events the controller records itself (admission, eviction)
+        self.events = events  # the Events it records itself: validation, admission, eviction
         self.host_ip = host_ip
         self.runtime_type = runtime_type
         self.clock = clock
@@ -407,7 +407,7 @@ class PodController:
                 # upstream's eviction manager records the Warning before killing.
                 self.events.emit(pod, "Warning", EVICTED, request.message)
                 state.evicted = request.message
-        if running(current):
+        if anything_running(current):
             if request is not None:
                 grace = request.grace_s
             elif deleting:
@@ -437,7 +437,7 @@ class PodController:
             stopping=True,
             disruption=state.evicted,
         )
-        stopped = not running(current)
+        stopped = not anything_running(current)
         self._publish(uid, pod, status, terminated=stopped)
         return stopped
 
