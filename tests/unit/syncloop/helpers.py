@@ -1,12 +1,16 @@
-"""Builders of pods and runtime state for syncloop's tests, and `wire`: syncloop's
-production wiring (`build_deps`) over a fake runtime and a fake bus."""
+"""Builders of pods and runtime state for syncloop's tests, `wire`: syncloop's production
+wiring (`build_deps`) over a fake runtime and a fake bus, and the fake clock and step-by-step
+waits of its loop tests."""
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any, NamedTuple
 
+import pytest
 from klet.bus.testing import FakeBus
 from klet.config import KletSettings, KubeletConfiguration, Settings
 from klet.cri import labels as L
@@ -17,7 +21,7 @@ from klet.syncloop.admission.admit import NodeInfo
 from klet.syncloop.events import EventSink
 from klet.syncloop.pods import podspec
 from klet.syncloop.pods.runtimepod import RuntimePod, SandboxView, sort_newest_first
-from klet.syncloop.pods.syncpod import SyncSettings
+from klet.syncloop.pods.syncsettings import SyncSettings
 from klet.syncloop.wiring import Deps, Overrides, build_deps
 from prometheus_client import CollectorRegistry
 
@@ -177,3 +181,33 @@ def wire(
             lease_holder="test",
         ),
     )
+
+
+class Clock:
+    """A wall or monotonic clock that moves only when a test sets `t`."""
+
+    def __init__(self, t: float = 1000.0) -> None:
+        self.t = t
+
+    def __call__(self) -> float:
+        return self.t
+
+
+async def until(done: Callable[[], bool], steps: int = 1000) -> None:
+    """Yield to the running tasks, step by step (no time passes), until `done()` holds."""
+    for _ in range(steps):
+        if done():
+            return
+        await asyncio.sleep(0)
+    pytest.fail("the condition never held")
+
+
+@contextlib.asynccontextmanager
+async def running(loop: Awaitable[None]) -> AsyncIterator[None]:
+    """Run a root loop as a task for the body of the `with`, then cancel it."""
+    task = asyncio.ensure_future(loop)
+    try:
+        yield
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)

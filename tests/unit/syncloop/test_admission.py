@@ -755,7 +755,7 @@ async def test_after_a_restart_running_pods_are_admitted_before_new_ones(w: Worl
 
 
 async def test_admission_waits_for_the_first_full_read_of_desired_pods(w: World) -> None:
-    w.controller.desired["a"] = rec("a", 1)  # set by the stream before any table read
+    w.controller.set_desired("a", rec("a", 1))  # set by the stream before any table read
     outcome = await w.controller.sync_once("a")
     assert outcome.wake_at == pytest.approx(w.t + 1.0)
     assert w.running() == set() and w.controller.admission is not None

@@ -5,7 +5,8 @@ run); a runtime pod nobody wants is left alone until every pod source is ready, 
 killed and removed; the desired table read landing while the worker's CRI call is in
 flight wins over the stale empty view (no kill); PodControl's kill_pod stops a desired
 pod with the given grace, marks it Failed with its reason and message and keeps it
-dead on later syncs; kill_pod of an unknown pod answers False. Workers are replaced by
+dead on later syncs; kill_pod of an unknown pod answers False; a removed pod's
+crash-loop back-off entries go with it. Workers are replaced by
 a recorder so each test drives sync_once itself, one step at a time.
 """
 
@@ -21,6 +22,7 @@ from klet.cri.testing import FakeRuntimeService
 from klet.cri.types import ContainerState, SandboxState
 from klet.model.records import DesiredPod, PodChange, SourceState
 from klet.model.types import PodUID
+from klet.syncloop.pods import podspec
 from klet.syncloop.pods.runtimepod import RuntimePod
 
 from .helpers import RecordedEvents, pod, wire
@@ -179,9 +181,23 @@ async def test_kill_pod_stops_a_desired_pod_and_keeps_it_failed(w: World) -> Non
     assert status is not None and status["phase"] == "Failed"
 
 
+async def test_a_removed_pod_takes_its_crash_loop_back_off_along(w: World) -> None:
+    w.controller.apply_desired({"u1": desired()}, READY, read_from=w.controller.generation)
+    await w.controller.sync_once("u1")
+    [cid] = list(w.cri.containers)
+    w.cri.exit_container(cid, 1)
+    await w.controller.sync_once("u1")  # restarted at once; the next restart waits
+    p = desired().pod
+    key = podspec.backoff_key(p, podspec.containers(p)[0])
+    assert w.syncer.backoff.delay(key, w.clock()) == 10.0
+    w.controller.apply_desired({}, READY, read_from=w.controller.generation)
+    assert (await w.controller.sync_once("u1")).done
+    assert w.syncer.backoff.delay(key, w.clock()) == 0.0
+
+
 async def test_kill_pod_of_an_unknown_pod(w: World) -> None:
     assert await w.controller.kill_pod(PodUID("nobody"), None, "Evicted", "") is False
-    assert w.workers.woken == [] and w.controller.kill_requests == {}
+    assert w.workers.woken == [] and w.controller.pods == {}
 
 
 async def test_table_read_older_than_a_stream_change_does_not_undo_it(w: World) -> None:

@@ -18,7 +18,8 @@ from klet.syncloop.containers import criconfig
 from klet.syncloop.environment import dns
 from klet.syncloop.environment.dns import DNSSettings, PodDNSError, ResolvConf
 from klet.syncloop.environment.envvars import NodeFacts
-from klet.syncloop.pods.syncpod import PodSyncer, SyncSettings
+from klet.syncloop.pods.syncpod import PodSyncer
+from klet.syncloop.pods.syncsettings import SyncSettings
 
 from .helpers import RecordedEvents, pod, wire
 

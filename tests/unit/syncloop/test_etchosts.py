@@ -19,7 +19,8 @@ from klet.cri.types import Mount
 from klet.syncloop.environment import etchosts
 from klet.syncloop.environment.envvars import NodeFacts
 from klet.syncloop.environment.etchosts import HostsFileError
-from klet.syncloop.pods.syncpod import PodSyncer, SyncSettings
+from klet.syncloop.pods.syncpod import PodSyncer
+from klet.syncloop.pods.syncsettings import SyncSettings
 
 from .helpers import RecordedEvents, pod, wire
 

@@ -28,7 +28,8 @@ from klet.cri.types import ContainerState
 from klet.model.types import ContainerID
 from klet.syncloop.containers import hooks
 from klet.syncloop.pods import podspec
-from klet.syncloop.pods.syncpod import SyncResult, SyncSettings
+from klet.syncloop.pods.syncpod import SyncResult
+from klet.syncloop.pods.syncsettings import SyncSettings
 
 from .helpers import RecordedEvents, pod, wire
 

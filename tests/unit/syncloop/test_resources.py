@@ -212,7 +212,7 @@ def test_ensure_pod_cgroup_pids_limit(tmp_path: Path) -> None:
 
 
 def test_node_limits_reads_pod_pids_limit() -> None:
-    from klet.syncloop.pods.syncpod import SyncSettings
+    from klet.syncloop.pods.syncsettings import SyncSettings
 
     assert podcgroups.node_limits(SyncSettings(Path("/l"), pod_pids_limit=7)).pod_pids_limit == 7
     assert podcgroups.node_limits(SyncSettings(Path("/l"))).pod_pids_limit == -1

@@ -20,7 +20,7 @@ from klet.config import KletSettings, KubeletConfiguration, Settings
 from klet.cri import RuntimeClient
 from klet.cri.testing import FakeRuntimeService
 from klet.syncloop.admission.admit import NodeInfo
-from klet.syncloop.pods.syncpod import SyncSettings
+from klet.syncloop.pods.syncsettings import SyncSettings
 from klet.syncloop.wiring import Overrides, build_deps
 from prometheus_client import CollectorRegistry
 

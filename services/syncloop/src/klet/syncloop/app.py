@@ -15,7 +15,6 @@ from typing import Any
 
 from klet.bus import BusError
 from klet.bus.leader import hold, release_quietly
-from klet.cri.types import SandboxState
 from klet.model.records import NodeConditionRecord
 from klet.obs import create_health_app, run_supervised, serve_http
 from klet.rpc.podcontrol import serve_pod_control
@@ -47,9 +46,7 @@ async def main(deps: Deps) -> int:
         m.pleg_relist_duration.observe(relister.last_duration_s)
         m.pleg_last_seen.set(time.time())
         m.pod_workers.set(len(controller.workers.uids()))
-        m.running_pods.set(
-            sum(1 for s in relister_sandboxes(relister) if s == SandboxState.READY.value)
-        )
+        m.running_pods.set(relister.ready_sandboxes())
 
     async def pleg() -> None:
         await relister.run(on_uids)
@@ -143,15 +140,6 @@ async def _volume_cleanup(deps: Deps) -> None:
         ready=lambda: controller.sources_ready,
         desired=lambda: set(controller.desired),
     )
-
-
-def relister_sandboxes(relister: Relister) -> list[str]:
-    return [
-        state
-        for fp in relister.previous.values()
-        for (_id, state) in fp
-        if state.startswith("SANDBOX_")
-    ]
 
 
 async def _runtime_version(deps: Deps) -> str:

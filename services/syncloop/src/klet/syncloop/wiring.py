@@ -46,7 +46,8 @@ from klet.syncloop.metrics import Metrics, create_metrics
 from klet.syncloop.pods.controller import NodePressure, PodController, published_status
 from klet.syncloop.pods.runtime import PodRuntime
 from klet.syncloop.pods.statuspub import StatusPublisher
-from klet.syncloop.pods.syncpod import PodSyncer, SyncSettings
+from klet.syncloop.pods.syncpod import PodSyncer
+from klet.syncloop.pods.syncsettings import SyncSettings
 from klet.syncloop.ports import NodeRuntime
 from klet.syncloop.probing.prober import ProbeManager
 from klet.syncloop.volumes.content import (
@@ -261,6 +262,7 @@ def build_deps(settings: Settings, overrides: Overrides | None = None) -> Deps:
         runtime=runtime,
         syncer=syncer,
         publisher=publisher,
+        events=events,
         host_ip=host_ip(settings),
         clock=clock,
         prober=prober,

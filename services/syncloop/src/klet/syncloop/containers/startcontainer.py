@@ -14,7 +14,6 @@ import os
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from klet.cri import CRIError
 from klet.cri.types import Mount, SandboxConfig
@@ -29,12 +28,10 @@ from klet.syncloop.environment.kubeobjects import KubeObjects
 from klet.syncloop.events import EventSink
 from klet.syncloop.pods import podspec
 from klet.syncloop.pods.runtimepod import RuntimePod, restart_count_of
+from klet.syncloop.pods.syncsettings import SyncSettings
 from klet.syncloop.ports import RuntimeService
 from klet.syncloop.volumes import mounts as volmounts
 from klet.syncloop.volumes.subpath import Binder, KernelBinder, SubPathMounter
-
-if TYPE_CHECKING:
-    from klet.syncloop.pods.syncpod import SyncSettings
 
 
 class ContainerStarter:

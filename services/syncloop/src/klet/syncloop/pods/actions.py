@@ -114,25 +114,27 @@ def _seconds(ns: int) -> float:
     return ns / 1e9
 
 
-def _check_backoff(
+def _start_after_backoff(
     actions: PodActions,
     pod: JSON,
     container: JSON,
     last: ContainerStatusInfo | None,
     backoff: Backoff,
     now: float,
-) -> str | None:
-    """None when the container may start now; sets waiting state otherwise.
+    reason: str,
+) -> StartAction | None:
+    """The start of `container`, or None while it waits out its crash-loop back-off
+    (the waiting state and the wake-up are recorded on `actions`).
 
-    Returns the back-off key to advance when the start goes ahead.
+    A restart (`last` is an earlier instance) advances the back-off when it goes ahead.
     """
+    name = container.get("name", "")
     key = podspec.backoff_key(pod, container)
     if last is None or last.state != ContainerState.EXITED:
-        return key if last is not None else None
+        return StartAction(name, reason, backoff_key=key if last is not None else None)
     finished = _seconds(last.finished_at) or now
     if backoff.in_backoff_since(key, finished, now):
         delay = backoff.delay(key, now)
-        name = container.get("name", "")
         pod_name = podspec.meta(pod).get("name", "")
         uid = podspec.meta(pod).get("uid", "")
         actions.waiting[name] = (
@@ -141,8 +143,8 @@ def _check_backoff(
             f"{podspec.meta(pod).get('namespace', 'default')}({uid})",
         )
         actions.wake(finished + delay)
-        return "WAIT"
-    return key
+        return None
+    return StartAction(name, reason, backoff_key=key)
 
 
 def _probe_grace(container: JSON, probe_field: str) -> int | None:
@@ -173,13 +175,14 @@ def compute_pod_actions(
         name = c["name"]
         last = runtime.latest(name)
         if last is not None and last.state == ContainerState.RUNNING:
-            kill = _running_container_kill(c, last, policy, probes)
-            if kill is None:
+            decided = _running_container_kill(c, last, policy, probes)
+            if decided is None:
                 keep += 1
                 continue
+            kill, restart = decided
             actions.to_kill[last.id] = kill
-            if kill.message.endswith("will be restarted"):
-                actions.to_start.append(StartAction(name, kill.message))
+            if restart is not None:
+                actions.to_start.append(restart)
             continue
         if last is not None and last.state == ContainerState.UNKNOWN:
             actions.to_kill[last.id] = KillAction(
@@ -189,11 +192,11 @@ def compute_pod_actions(
             )
         if not should_restart(last, policy):
             continue
-        key = _check_backoff(actions, pod, c, last, backoff, now)
-        if key == "WAIT":
+        start = _start_after_backoff(actions, pod, c, last, backoff, now, "not running")
+        if start is None:
             keep += 1  # a container waiting out its back-off keeps the pod alive
             continue
-        actions.to_start.append(StartAction(name, "not running", backoff_key=key))
+        actions.to_start.append(start)
 
     if keep == 0 and not actions.to_start:
         actions.kill_pod = True
@@ -232,13 +235,14 @@ def _new_sandbox(
 
 def _running_container_kill(
     container: JSON, last: ContainerStatusInfo, policy: str, probes: ProbeResults
-) -> KillAction | None:
-    """Why a running regular container must be killed, or None to keep it."""
+) -> tuple[KillAction, StartAction | None] | None:
+    """A running regular container to kill: (the kill, its restart when it starts again);
+    None to keep it."""
     name = container["name"]
-    restart = policy != "Never"
     if hash_of(last) != podspec.container_hash(container):
         # A changed spec restarts the container whatever the policy.
-        return KillAction(name, f"Container {name} definition changed, will be restarted")
+        message = f"Container {name} definition changed, will be restarted"
+        return KillAction(name, message), StartAction(name, message)
     if probes.result(ProbeKind.LIVENESS, last.id) is False:
         message, reason = f"Container {name} failed liveness probe", KILL_LIVENESS
         grace = _probe_grace(container, "livenessProbe")
@@ -247,9 +251,10 @@ def _running_container_kill(
         grace = _probe_grace(container, "startupProbe")
     else:
         return None
-    if restart:
-        message += ", will be restarted"
-    return KillAction(name, message, reason, grace)
+    if policy == "Never":
+        return KillAction(name, message, reason, grace), None
+    message += ", will be restarted"
+    return KillAction(name, message, reason, grace), StartAction(name, message)
 
 
 def _any_regular_created(pod: JSON, runtime: RuntimePod) -> bool:
@@ -283,10 +288,9 @@ def _init_actions(
     starts: list[StartAction] = []  # collected backwards, reversed at the end
 
     def start(index: int, reason: str, last: ContainerStatusInfo | None) -> None:
-        c = inits[index]
-        key = _check_backoff(actions, pod, c, last, backoff, now)
-        if key != "WAIT":
-            starts.append(StartAction(c["name"], reason, backoff_key=key))
+        action = _start_after_backoff(actions, pod, inits[index], last, backoff, now, reason)
+        if action is not None:
+            starts.append(action)
 
     for i in range(len(inits) - 1, -1, -1):
         c = inits[i]

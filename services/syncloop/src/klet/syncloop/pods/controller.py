@@ -1,9 +1,12 @@
 """The pod controller: desired pods in, one pod worker per UID, statuses out.
 
-It holds syncloop's view of the world: the desired pods (from the bus), the pods the
-runtime has (woken by PLEG), kill requests from PodControl, and which pods were made
-terminal. `sync_once(uid)` is the body of a pod worker; it decides between syncing a
-desired pod, killing a pod killed by request, and removing a pod nobody wants any more.
+It holds syncloop's view of the world: one `PodSyncState` per pod (podstate.py: its
+desired record, a kill request from PodControl, why it was made terminal) and the pods
+the runtime has (woken by PLEG). `sync_once(uid)` is the body of a pod worker; as
+upstream's pod workers it picks by the pod's place in its life between `sync_pod` (run
+it as desired), `sync_terminating_pod` (stop a pod killed by request, made terminal or
+being deleted), `sync_terminated_pod` (give a stopped terminal pod's volumes back) and
+removing a pod nobody wants any more.
 
 Removal is destructive and so gated (STYLE rule 12): a runtime pod without a desired
 entry is only killed once every configured pod source has delivered a full snapshot
@@ -28,18 +31,19 @@ import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 from klet.bus import BusError, NodeBus
-from klet.cri import labels as L
-from klet.cri.types import ContainerState, SandboxState
+from klet.cri.types import SandboxState
 from klet.model.podvalidation import pod_problems
 from klet.model.records import DesiredPod, PodChange, SourceState
 from klet.model.types import JSON, PodUID
 from klet.rpc.podcontrol import PodSummary
 from klet.syncloop.admission.admit import EVICTED, PRESSURE_ORDER, AdmissionLedger, Verdict
+from klet.syncloop.events import EventSink
 from klet.syncloop.pods import podspec
+from klet.syncloop.pods.podstate import KillRequest, PodSyncState
 from klet.syncloop.pods.podworkers import Outcome, PodWorkers
 from klet.syncloop.pods.runtime import PodRuntime
 from klet.syncloop.pods.runtimepod import RuntimePod
@@ -50,17 +54,6 @@ from klet.syncloop.probing.prober import ProbeManager
 from klet.syncloop.probing.proberesults import NO_PROBES, ProbeResults
 
 log = logging.getLogger(__name__)
-
-
-@dataclass
-class KillRequest:
-    grace_s: int | None
-    reason: str
-    message: str
-    done: asyncio.Future[None] = field(
-        default_factory=lambda: asyncio.get_running_loop().create_future()
-    )
-    announced: bool = False  # its Event was recorded (once, even if the kill is retried)
 
 
 FAILED_VALIDATION = "FailedValidation"  # upstream's event reason for a refused pod
@@ -154,6 +147,20 @@ async def published_status(bus: NodeBus, uid: str) -> JSON | None:
     return rec.status if rec is not None else None
 
 
+def active_deadline(pod: JSON, current: RuntimePod) -> float | None:
+    """When the pod's activeDeadlineSeconds runs out (None: no deadline, or no sandbox yet).
+
+    It counts from the pod's first sandbox, which survives a syncloop restart (an
+    in-memory start time would not)."""
+    first = min((s.created_at for s in current.sandboxes), default=None)
+    return podspec.deadline_at(pod, None if first is None else first / 1e9)
+
+
+def anything_running(current: RuntimePod) -> bool:
+    """The pod has a running container or a ready sandbox: there is something to stop."""
+    return bool(current.running()) or any(s.state == SandboxState.READY for s in current.sandboxes)
+
+
 class PodController:
     def __init__(
         self,
@@ -162,6 +169,7 @@ class PodController:
         runtime: PodRuntime,
         syncer: PodSyncer,
         publisher: StatusPublisher,
+        events: EventSink,
         host_ip: str,
         runtime_type: str = "containerd",
         clock: Callable[[], float] = time.time,
@@ -180,18 +188,13 @@ class PodController:
         self.runtime = runtime
         self.syncer = syncer
         self.publisher = publisher
+        self.events = events  # the Events it records itself: validation, admission, eviction
         self.host_ip = host_ip
         self.runtime_type = runtime_type
         self.clock = clock
         self.prober = prober
         self.probes: ProbeResults = prober if prober is not None else NO_PROBES
-        self.desired: dict[str, DesiredPod] = {}
-        self.last_pod: dict[str, JSON] = {}  # last desired spec, to kill a removed pod gracefully
-        self.kill_requests: dict[str, KillRequest] = {}
-        self.terminal: dict[str, tuple[str, str]] = {}
-        self.evicted: dict[str, str] = {}  # uid -> eviction message (DisruptionTarget)
-        self._restored: set[str] = set()  # pods whose terminal state was read back
-        self.released: set[str] = set()  # terminal pods whose volumes were torn down
+        self.pods: dict[str, PodSyncState] = {}
         self.sources_ready = False
         self.runtime_uids: set[str] = set()
         self.workers = PodWorkers(self.sync_once, clock=clock)
@@ -207,6 +210,15 @@ class PodController:
         self._desired_read = False  # the restart re-admission needs one full table read
         self._readmit_lock = asyncio.Lock()
 
+    @property
+    def desired(self) -> dict[str, DesiredPod]:
+        """The desired pods by UID."""
+        return {uid: s.desired for uid, s in self.pods.items() if s.desired is not None}
+
+    def _desired(self, uid: str) -> DesiredPod | None:
+        state = self.pods.get(uid)
+        return state.desired if state is not None else None
+
     # -- inputs ------------------------------------------------------------------------
 
     def apply_desired(
@@ -220,9 +232,9 @@ class PodController:
         self._desired_read = True
         newer = {uid for uid, gen in self._changed_at.items() if gen > read_from}
         for uid, rec in table.items():
-            old = self.desired.get(uid)
+            old = self._desired(uid)
             if uid not in newer and (old is None or old.hash != rec.hash or old.pod != rec.pod):
-                self._set(uid, rec)
+                self.set_desired(uid, rec)
         if self.sources_ready:
             for uid in [u for u in self.desired if u not in table and u not in newer]:
                 self._unset(uid)
@@ -235,14 +247,15 @@ class PodController:
         self.generation += 1
         self._changed_at[change.uid] = self.generation
         if rec is not None:
-            self._set(change.uid, rec)
+            self.set_desired(change.uid, rec)
         elif change.op in ("REMOVE", "DELETE"):
             # A removal may be the first sign that the sources became ready; read them
             # now rather than making the kill wait for the next table resync.
             self.sources_ready = sources_ready(await self.bus.sources.all())
             self._unset(change.uid)
 
-    def _set(self, uid: str, rec: DesiredPod) -> None:
+    def set_desired(self, uid: str, rec: DesiredPod) -> None:
+        """The record `uid` of the `desired` table, as read: taken if it passes the checks."""
         refusal = check_desired(uid, rec, node_name=self.node_name)
         if refusal is not None:
             self._refuse(uid, rec, refusal)
@@ -250,8 +263,9 @@ class PodController:
             return
         if self._refused.pop(uid, None) is not None:
             log.info("desired pod accepted again", extra={"uid": uid})
-        self.desired[uid] = rec
-        self.last_pod[uid] = rec.pod
+        state = self.pods.setdefault(uid, PodSyncState())
+        state.desired = rec
+        state.last_pod = rec.pod
         self.workers.wake(uid)
 
     def _refuse(self, uid: str, rec: DesiredPod, refusal: Refusal) -> None:
@@ -286,7 +300,7 @@ class PodController:
             },
         )
         if refusal.eventable:
-            self.syncer.events.emit(
+            self.events.emit(
                 rec.pod,
                 "Warning",
                 FAILED_VALIDATION,
@@ -294,7 +308,9 @@ class PodController:
             )
 
     def _unset(self, uid: str) -> None:
-        if self.desired.pop(uid, None) is not None:
+        state = self.pods.get(uid)
+        if state is not None and state.desired is not None:
+            state.desired = None
             log.info("pod no longer desired", extra={"uid": uid})
         self.workers.wake(uid)
 
@@ -302,99 +318,55 @@ class PodController:
         self.workers.wake(uid)
 
     def known(self, uid: str) -> bool:
-        return uid in self.desired or uid in self.runtime_uids
+        return self._desired(uid) is not None or uid in self.runtime_uids
+
+    async def reconcile_statuses(self) -> None:
+        """Publish again what the status table lacks; drop the statuses of unknown pods."""
+        await self.publisher.reconcile(self.known)
 
     # -- the pod worker body -----------------------------------------------------------
 
     async def sync_once(self, uid: str) -> Outcome:
+        """The pod worker body: one sync of pod `uid`, chosen by where it is in its life
+        (upstream's podWorkerLoop): removed, terminating, terminated or running."""
         current = await self.runtime.get(uid)
         # Read the desired state only after the await: a resync may have landed while
         # CRI answered, and a decision to remove must never rest on a stale read.
         now = self.clock()
-        rec = self.desired.get(uid)
-        if rec is None:
-            return await self._remove(uid, current)
-        pod = rec.pod
-        meta = pod.get("metadata") or {}
-        if uid not in self._restored:
-            await self._restore_terminal(uid)
-        # activeDeadlineSeconds counts from the pod's first sandbox, which survives a
-        # syncloop restart (an in-memory start time would not).
-        first_sandbox = min((s.created_at for s in current.sandboxes), default=None)
-        deadline = podspec.deadline_at(pod, None if first_sandbox is None else first_sandbox / 1e9)
-        if deadline is not None and now >= deadline and uid not in self.terminal:
+        state = self.pods.get(uid)
+        if state is None or state.desired is None:
+            return await self._remove(uid, state, current)
+        pod = state.desired.pod
+        if not state.restored:
+            await self._restore_terminal(uid, state)
+        deadline = active_deadline(pod, current)
+        if deadline is not None and now >= deadline and state.terminal is None:
             log.info("pod exceeded activeDeadlineSeconds", extra={"uid": uid})
-            self.terminal[uid] = podspec.DEADLINE_EXCEEDED
-        request = self.kill_requests.get(uid)
-        deleting = bool(meta.get("deletionTimestamp"))
-        if (
-            self.admission is not None
-            and request is None
-            and not deleting
-            and uid not in self.terminal
-        ):
+            state.terminal = podspec.DEADLINE_EXCEEDED
+        deleting = bool(podspec.meta(pod).get("deletionTimestamp"))
+        if self.admission is not None and not deleting and not state.terminating:
             verdict = await self._admit(self.admission, uid, pod)
             if verdict is None:
                 return Outcome(wake_at=now + 1.0)
             if not verdict.admit:
                 # upstream's rejectPod: a Warning Event with the bare message, and the
-                # pod Failed with "Pod was rejected: ..." (the terminal branch below).
-                self.terminal[uid] = (verdict.reason, verdict.status_message)
-                self.syncer.events.emit(pod, "Warning", verdict.reason, verdict.message)
-        if request is not None or uid in self.terminal or deleting:
-            if request is not None and not request.announced:
-                request.announced = True
-                if request.reason == EVICTED and uid not in self.terminal:
-                    # upstream's eviction manager records the Warning before killing.
-                    self.syncer.events.emit(pod, "Warning", EVICTED, request.message)
-                    self.evicted[uid] = request.message
-            if current.running() or any(s.state == SandboxState.READY for s in current.sandboxes):
-                if request is not None:
-                    grace = request.grace_s
-                elif deleting:
-                    grace = podspec.deletion_grace_s(pod)
-                else:
-                    grace = None
-                await self.syncer.kill_pod(pod, current, grace_override=grace, remove=False)
-                current = await self.runtime.get(uid)
-            if request is not None:
-                # A pod made terminal before (rejected, deadline, an earlier kill) keeps
-                # its first reason: a repeated kill is idempotent.
-                self.terminal.setdefault(uid, (request.reason, request.message))
-                del self.kill_requests[uid]
-                if not request.done.done():
-                    request.done.set_result(None)
-            self._update_probes(pod, current, deleting=True)
-            status = compute_pod_status(
-                pod,
-                current,
-                probes=self.probes,
-                waiting={},
-                previous=self.publisher.get(uid),
-                now=now,
-                runtime_type=self.runtime_type,
-                host_ip=self.host_ip,
-                terminal=self.terminal.get(uid),
-                stopping=True,
-                disruption=self.evicted.get(uid),
-            )
-            stopped = not current.running() and all(
-                s.state != SandboxState.READY for s in current.sandboxes
-            )
-            self.publisher.set(
-                uid,
-                meta.get("namespace", "default"),
-                meta.get("name", ""),
-                status,
-                terminated=stopped,
-            )
-            if stopped and uid in self.terminal and not deleting and uid not in self.released:
-                # upstream's SyncTerminatedPod: a pod that will not run again gives its
-                # volumes back (an evicted pod's emptyDir must not keep the disk pressure).
-                volumes = self.syncer.volumes
-                if volumes is None or not await volumes.tear_down(uid):
-                    self.released.add(uid)
-            return Outcome()
+                # pod Failed with "Pod was rejected: ..." (a terminating pod).
+                state.terminal = (verdict.reason, verdict.status_message)
+                self.events.emit(pod, "Warning", verdict.reason, verdict.message)
+        if not (deleting or state.terminating):
+            return await self.sync_pod(uid, pod, current, deadline)
+        stopped = await self.sync_terminating_pod(
+            uid, state, pod, current, deleting=deleting, now=now
+        )
+        if stopped and state.terminal is not None and not deleting and not state.released:
+            await self.sync_terminated_pod(uid, state)
+        return Outcome()
+
+    async def sync_pod(
+        self, uid: str, pod: JSON, current: RuntimePod, deadline: float | None
+    ) -> Outcome:
+        """upstream SyncPod: bring the runtime to the spec and publish the pod's status;
+        the outcome says when to sync again (a back-off ending, the active deadline)."""
         result = await self.syncer.sync(pod, current, probes=self.probes)
         if result.acted:
             current = await self.runtime.get(uid)
@@ -409,42 +381,107 @@ class PodController:
             runtime_type=self.runtime_type,
             host_ip=self.host_ip,
         )
-        self.publisher.set(uid, meta.get("namespace", "default"), meta.get("name", ""), status)
+        self._publish(uid, pod, status)
         if deadline is None:  # the sandbox may have been created by this very sync
-            first = min((s.created_at for s in current.sandboxes), default=None)
-            deadline = podspec.deadline_at(pod, None if first is None else first / 1e9)
+            deadline = active_deadline(pod, current)
         wake = [t for t in (result.wake_at, deadline) if t is not None]
         return Outcome(wake_at=min(wake) if wake else None)
 
-    async def _restore_terminal(self, uid: str) -> None:
+    async def sync_terminating_pod(
+        self,
+        uid: str,
+        state: PodSyncState,
+        pod: JSON,
+        current: RuntimePod,
+        *,
+        deleting: bool,
+        now: float,
+    ) -> bool:
+        """upstream SyncTerminatingPod: stop what still runs (with the kill request's, the
+        deletion's or the pod's grace period), complete the kill request and publish the
+        stopping pod's status. Returns whether the pod has stopped."""
+        request = state.kill
+        if request is not None and not request.announced:
+            request.announced = True
+            if request.reason == EVICTED and state.terminal is None:
+                # upstream's eviction manager records the Warning before killing.
+                self.events.emit(pod, "Warning", EVICTED, request.message)
+                state.evicted = request.message
+        if anything_running(current):
+            if request is not None:
+                grace = request.grace_s
+            elif deleting:
+                grace = podspec.deletion_grace_s(pod)
+            else:
+                grace = None
+            await self.syncer.kill_pod(pod, current, grace_override=grace, remove=False)
+            current = await self.runtime.get(uid)
+        if request is not None:
+            # A pod made terminal before (rejected, deadline, an earlier kill) keeps
+            # its first reason: a repeated kill is idempotent.
+            if state.terminal is None:
+                state.terminal = (request.reason, request.message)
+            state.kill = None
+            request.finish()
+        self._update_probes(pod, current, deleting=True)
+        status = compute_pod_status(
+            pod,
+            current,
+            probes=self.probes,
+            waiting={},
+            previous=self.publisher.get(uid),
+            now=now,
+            runtime_type=self.runtime_type,
+            host_ip=self.host_ip,
+            terminal=state.terminal,
+            stopping=True,
+            disruption=state.evicted,
+        )
+        stopped = not anything_running(current)
+        self._publish(uid, pod, status, terminated=stopped)
+        return stopped
+
+    async def sync_terminated_pod(self, uid: str, state: PodSyncState) -> None:
+        """upstream SyncTerminatedPod: a pod that will not run again gives its volumes
+        back (an evicted pod's emptyDir must not keep the disk pressure)."""
+        if await self.syncer.release_volumes(uid):
+            state.released = True
+
+    def _publish(self, uid: str, pod: JSON, status: JSON, *, terminated: bool = False) -> None:
+        meta = podspec.meta(pod)
+        namespace, name = meta.get("namespace", "default"), meta.get("name", "")
+        self.publisher.set(uid, namespace, name, status, terminated=terminated)
+
+    async def _restore_terminal(self, uid: str, state: PodSyncState) -> None:
         """After a restart, a pod this node made Failed (evicted, rejected, past its
         deadline, killed) stays so: its last published status on the bus says why. As
         upstream, a terminal pod is never started again."""
         if self.last_status is None:
-            self._restored.add(uid)
+            state.restored = True
             return
         try:
             status = await self.last_status(uid) or {}
         except BusError:
             return  # try again on the next sync
-        self._restored.add(uid)
+        state.restored = True
         reason = str(status.get("reason") or "")
-        if status.get("phase") != "Failed" or not reason or uid in self.terminal:
+        if status.get("phase") != "Failed" or not reason or state.terminal is not None:
             return
         message = str(status.get("message") or "")
-        self.terminal[uid] = (reason, message)
+        state.terminal = (reason, message)
         for cond in status.get("conditions") or []:
             if cond.get("type") == "DisruptionTarget" and cond.get("status") == "True":
-                self.evicted[uid] = str(cond.get("message") or message)
+                state.evicted = str(cond.get("message") or message)
         log.info("pod stays terminal after restart", extra={"uid": uid, "reason": reason})
 
-    async def _remove(self, uid: str, current: RuntimePod) -> Outcome:
+    async def _remove(self, uid: str, state: PodSyncState | None, current: RuntimePod) -> Outcome:
+        """A pod no source wants: killed and removed once the sources are ready."""
         if current.empty:
             self._forget(uid)
             return Outcome(done=True)
         if not self.sources_ready:
             return Outcome(wake_at=self.clock() + 5)  # wait: the sources may still want it
-        pod = self.last_pod.get(uid)
+        pod = state.last_pod if state is not None else None
         log.info(
             "killing pod that is not desired", extra={"uid": uid, "known_spec": pod is not None}
         )
@@ -469,11 +506,14 @@ class PodController:
             if verdict is not None:
                 return verdict
         others = [
-            self.desired[u].pod
+            state.desired.pod
             for u in ledger.admitted
             if u != uid
-            and u in self.desired
-            and ledger.counts(u, status=self.publisher.get(u), terminal=u in self.terminal)
+            and (state := self.pods.get(u)) is not None
+            and state.desired is not None
+            and ledger.counts(
+                u, status=self.publisher.get(u), terminal=state.terminal is not None
+            )
         ]
         pressure = await self.pressure.conditions() if self.pressure is not None else ()
         verdict = ledger.decide(uid, pod, others=others, pressure=pressure)
@@ -487,17 +527,11 @@ class PodController:
 
     async def _readmit(self, ledger: AdmissionLedger) -> None:
         """At start: re-admit the desired pods the runtime still runs, before any new one."""
-        sandboxes = await self.runtime.cri.list_pod_sandboxes()
-        containers = await self.runtime.cri.list_containers()
-        running = {
-            s.labels.get(L.POD_UID, "") for s in sandboxes if s.state == SandboxState.READY
-        } | {c.labels.get(L.POD_UID, "") for c in containers if c.state == ContainerState.RUNNING}
-        present = {s.labels.get(L.POD_UID, "") for s in sandboxes} | {
-            c.labels.get(L.POD_UID, "") for c in containers
-        }
+        uids = await self.runtime.pod_uids()
+        desired = self.desired
         verdicts = ledger.readmit(
-            {u: (r.pod, r.seen_at) for u, r in self.desired.items() if u in running},
-            idle=[u for u in present - running if u in self.desired],
+            {u: (r.pod, r.seen_at) for u, r in desired.items() if u in uids.running},
+            idle=[u for u in uids.present - uids.running if u in desired],
         )
         rejected = {u: v.reason for u, v in verdicts.items() if not v.admit}
         for reason in rejected.values():
@@ -522,31 +556,34 @@ class PodController:
         self.prober.update(pod, current, pod_ip=pod_ip, deleting=deleting)
 
     def _forget(self, uid: str) -> None:
+        """The pod is gone from the runtime and no source wants it: drop what is kept of it."""
         if self.prober is not None:
             self.prober.remove_pod(uid)
         self.publisher.remove(uid)
-        self.last_pod.pop(uid, None)
-        self.terminal.pop(uid, None)
-        self.evicted.pop(uid, None)
-        self._restored.discard(uid)
-        self.released.discard(uid)
+        self.syncer.forget_pod(uid)
         if self.admission is not None:
             self.admission.forget(uid)
-        request = self.kill_requests.pop(uid, None)
-        if request is not None and not request.done.done():
-            request.done.set_result(None)
+        state = self.pods.pop(uid, None)
+        if state is None:
+            return
+        if state.kill is not None:
+            state.kill.finish()
+        if state.desired is not None:  # desired again while it was being removed: anew
+            self.pods[uid] = PodSyncState(desired=state.desired, last_pod=state.last_pod)
 
     # -- PodControl backend ------------------------------------------------------------
 
     async def kill_pod(
         self, uid: PodUID, grace_period_s: int | None, reason: str, message: str
     ) -> bool:
-        if uid not in self.desired and uid not in self.runtime_uids:
+        state = self.pods.get(uid)
+        if (state is None or state.desired is None) and uid not in self.runtime_uids:
             return False
-        request = self.kill_requests.get(uid)
-        if request is None:
-            request = KillRequest(grace_period_s, reason, message)
-            self.kill_requests[uid] = request
+        if state is None:
+            state = self.pods[uid] = PodSyncState()
+        if state.kill is None:
+            state.kill = KillRequest(grace_period_s, reason, message)
+        request = state.kill
         self.workers.wake(uid)
         await asyncio.shield(request.done)
         return True

@@ -15,35 +15,74 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from typing import Protocol, TypeVar
 
-from klet.bus import BusError, BusUnavailable, NodeBus
+from klet.bus import BusError, BusUnavailable, Entry, GroupStream
+from klet.model.records import DesiredPod, PodChange, SourceState
 from klet.obs import OnceLogger
-from klet.syncloop.pods.controller import PodController
 
 log = logging.getLogger(__name__)
 
 GROUP = "syncloop"
 
+R = TypeVar("R")
+
+
+class TableReader(Protocol[R]):
+    async def all(self) -> dict[str, R]: ...
+
+
+class IntakeBus(Protocol):
+    """The bus tables and stream the intake reads (`NodeBus` is one)."""
+
+    @property
+    def desired(self) -> TableReader[DesiredPod]: ...
+
+    @property
+    def sources(self) -> TableReader[SourceState]: ...
+
+    @property
+    def pods(self) -> GroupStream[PodChange]: ...
+
+
+class DesiredPods(Protocol):
+    """Where the intake hands the desired pods (the pod controller)."""
+
+    @property
+    def generation(self) -> int: ...
+
+    def apply_desired(
+        self, table: dict[str, DesiredPod], sources: dict[str, SourceState], *, read_from: int
+    ) -> None: ...
+
+    async def on_change(self, change: PodChange) -> None: ...
+
+    async def reconcile_statuses(self) -> None: ...
+
 
 class BusIntake:
     def __init__(
         self,
-        bus: NodeBus,
-        controller: PodController,
+        bus: IntakeBus,
+        controller: DesiredPods,
         *,
         consumer: str,
         resync_s: float = 5.0,
         reclaim_s: float = 300.0,
+        retry_s: float = 1.0,
         on_bad: Callable[[str], None] = lambda _e: None,
         on_error: Callable[[], None] = lambda: None,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.bus = bus
         self.controller = controller
         self.consumer = consumer
         self.resync_s = resync_s
         self.reclaim_s = reclaim_s
-        self._reclaim_at = 0.0  # monotonic time of the next stale-entry takeover
+        self.retry_s = retry_s  # how soon the consumer reads again after a bus error
+        self.clock = clock
+        self._reclaim_at = 0.0  # clock time of the next stale-entry takeover
         self.on_bad = on_bad
         self.on_error = on_error
         self.synced = asyncio.Event()  # set after the first full read of the tables
@@ -63,7 +102,7 @@ class BusIntake:
         table = await self.bus.desired.all()
         sources = await self.bus.sources.all()
         self.controller.apply_desired(table, sources, read_from=read_from)
-        await self.controller.publisher.reconcile(self.controller.known)
+        await self.controller.reconcile_statuses()
         self.synced.set()
 
     async def run_resync(self) -> None:
@@ -80,11 +119,11 @@ class BusIntake:
         started = False
         while True:
             try:
-                if not started or time.monotonic() >= self._reclaim_at:
+                if not started or self.clock() >= self._reclaim_at:
                     if not started:
                         await stream.ensure_group(GROUP)
                     pending = await stream.claim_stale(GROUP, self.consumer, min_idle_ms=30_000)
-                    self._reclaim_at = time.monotonic() + self.reclaim_s
+                    self._reclaim_at = self.clock() + self.reclaim_s
                     await self._handle(pending)
                     started = True
                 await self._handle(
@@ -94,12 +133,12 @@ class BusIntake:
             except BusUnavailable as err:
                 self._report(err)
                 started = False
-                await asyncio.sleep(1.0)
+                await asyncio.sleep(self.retry_s)
             except BusError as err:
                 self._report(err)
-                await asyncio.sleep(1.0)
+                await asyncio.sleep(self.retry_s)
 
-    async def _handle(self, entries: list) -> None:  # type: ignore[type-arg]
+    async def _handle(self, entries: Sequence[Entry[PodChange]]) -> None:
         for entry in entries:
             if entry.record is None:
                 log.error(

@@ -17,6 +17,7 @@ from collections.abc import Callable
 
 from klet.cri import CRIError
 from klet.cri import labels as L
+from klet.cri.types import ContainerState, SandboxState
 from klet.obs import OnceLogger
 from klet.syncloop.ports import RuntimeReader
 
@@ -24,16 +25,18 @@ log = logging.getLogger(__name__)
 
 RELIST_THRESHOLD_S = 180.0
 
-Fingerprint = frozenset[tuple[str, str]]
+RuntimeState = SandboxState | ContainerState
+Fingerprint = frozenset[tuple[str, RuntimeState]]
 
 
 def fingerprints(
-    sandboxes: list[tuple[str, str, dict[str, str]]],
-    containers: list[tuple[str, str, dict[str, str]]],
+    sandboxes: list[tuple[str, SandboxState, dict[str, str]]],
+    containers: list[tuple[str, ContainerState, dict[str, str]]],
 ) -> dict[str, Fingerprint]:
     """Group (id, state, labels) triples by pod UID label; unlabelled objects are not ours."""
-    out: dict[str, set[tuple[str, str]]] = {}
-    for oid, state, labels in [*sandboxes, *containers]:
+    triples: list[tuple[str, RuntimeState, dict[str, str]]] = [*sandboxes, *containers]
+    out: dict[str, set[tuple[str, RuntimeState]]] = {}
+    for oid, state, labels in triples:
         uid = labels.get(L.POD_UID)
         if uid:
             out.setdefault(uid, set()).add((oid, state))
@@ -65,13 +68,19 @@ class Relister:
     def healthy(self) -> bool:
         return self.age() < RELIST_THRESHOLD_S
 
+    def ready_sandboxes(self) -> int:
+        """How many sandboxes of our pods were ready at the last relist."""
+        return sum(
+            1 for fp in self.previous.values() for _id, state in fp if state is SandboxState.READY
+        )
+
     async def relist_once(self) -> set[str]:
         started = self.clock()
         sandboxes = await self.cri.list_pod_sandboxes()
         containers = await self.cri.list_containers()
         current = fingerprints(
-            [(s.id, s.state.value, s.labels) for s in sandboxes],
-            [(c.id, c.state.value, c.labels) for c in containers],
+            [(s.id, s.state, s.labels) for s in sandboxes],
+            [(c.id, c.state, c.labels) for c in containers],
         )
         changed = {
             uid

@@ -9,6 +9,8 @@ actions at once instead of waiting for the next relist.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from klet.cri import NotFound
 from klet.cri import labels as L
 from klet.cri.types import ContainerState, ContainerStatusInfo, SandboxState
@@ -16,6 +18,12 @@ from klet.model.types import ContainerID
 from klet.syncloop.containers import termination
 from klet.syncloop.pods.runtimepod import RuntimePod, SandboxView, sort_newest_first
 from klet.syncloop.ports import RuntimeReader
+
+
+@dataclass(frozen=True)
+class RuntimeUIDs:
+    present: frozenset[str]  # pods with any sandbox or container
+    running: frozenset[str]  # pods with a ready sandbox or a running container
 
 
 class PodRuntime:
@@ -56,6 +64,18 @@ class PodRuntime:
                 self._exited[c.id] = st
             statuses.append(st)
         return RuntimePod(uid=uid, sandboxes=tuple(views), containers=sort_newest_first(statuses))
+
+    async def pod_uids(self) -> RuntimeUIDs:
+        """Every pod the runtime has, and those of them it runs (two list calls)."""
+        sandboxes = await self.cri.list_pod_sandboxes()
+        containers = await self.cri.list_containers()
+        running = {
+            s.labels.get(L.POD_UID, "") for s in sandboxes if s.state == SandboxState.READY
+        } | {c.labels.get(L.POD_UID, "") for c in containers if c.state == ContainerState.RUNNING}
+        present = {s.labels.get(L.POD_UID, "") for s in sandboxes} | {
+            c.labels.get(L.POD_UID, "") for c in containers
+        }
+        return RuntimeUIDs(present=frozenset(present), running=frozenset(running))
 
     def forget(self, pod: RuntimePod) -> None:
         for c in pod.containers:

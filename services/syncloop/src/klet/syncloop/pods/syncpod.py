@@ -25,11 +25,8 @@ from klet.model.types import JSON, SandboxID
 from klet.syncloop.containers import criconfig, fields, podcgroups, resources, termination
 from klet.syncloop.containers.hooks import LifecycleHooks, container_spec, pod_ip_of
 from klet.syncloop.containers.images import ImagePuller
-from klet.syncloop.containers.security import SecuritySettings
 from klet.syncloop.containers.startcontainer import ContainerStarter
 from klet.syncloop.environment import dns, etchosts
-from klet.syncloop.environment.dns import DNSSettings
-from klet.syncloop.environment.envvars import NodeFacts
 from klet.syncloop.environment.kubeobjects import KubeObjects
 from klet.syncloop.events import EventSink
 from klet.syncloop.pods import actions as actions_mod
@@ -37,6 +34,7 @@ from klet.syncloop.pods import podspec, runtimepod
 from klet.syncloop.pods.actions import PodActions, StartAction, compute_pod_actions
 from klet.syncloop.pods.runtime import PodRuntime
 from klet.syncloop.pods.runtimepod import RuntimePod
+from klet.syncloop.pods.syncsettings import SyncSettings
 from klet.syncloop.ports import RuntimeService
 from klet.syncloop.probing.proberesults import NO_PROBES, ProbeResults
 from klet.syncloop.volumes.manager import VolumeManager
@@ -45,27 +43,6 @@ log = logging.getLogger(__name__)
 
 VOLUME_RETRY_S = 5.0
 """How soon a pod whose volumes could not be set up is synced again, seconds."""
-
-
-@dataclass(frozen=True)
-class SyncSettings:
-    pod_logs_dir: Path
-    cgroups_per_qos: bool = True
-    cpu_cfs_quota: bool = True
-    """cpuCFSQuota: enforce CPU limits with CFS quota."""
-    cpu_cfs_quota_period: float = 0.1
-    """cpuCFSQuotaPeriod, seconds."""
-    pod_pids_limit: int = -1
-    """podPidsLimit: pids.max of every pod cgroup; -1 = no per-pod limit."""
-    node: NodeFacts = field(default_factory=NodeFacts)
-    root_dir: Path | None = None
-    """--root-dir; pods' termination-message files go under <root>/pods/<uid>. None: no files."""
-    hook_timeout_s: float = 120.0
-    """How long a postStart hook may run (runtimeRequestTimeout), seconds."""
-    security: SecuritySettings = field(default_factory=SecuritySettings)
-    """seccompDefault and where Localhost seccomp profiles live."""
-    dns: DNSSettings | None = None
-    """clusterDNS, clusterDomain, resolvConf; None sends no DNS config (the runtime's own)."""
 
 
 @dataclass
@@ -98,6 +75,9 @@ class PodSyncer:
         self.cgroups = cgroups
         self.settings = settings
         self.backoff = backoff
+        # The crash-loop back-off keys of every container started, by pod UID, so the
+        # entries of a pod that is gone go with it (forget_pod).
+        self._backoff_keys: dict[str, set[str]] = {}
         self.clock = clock
         self.objects = objects  # the apiserver's ConfigMaps and Secrets; None standalone
         self.volumes = volumes  # None: pods get no volumes (a syncer without a root dir)
@@ -259,6 +239,8 @@ class PodSyncer:
     ) -> bool:
         """Start one container, recording why it waits if it cannot; True if started."""
         result.acted = True
+        uid = str(podspec.meta(pod).get("uid", ""))
+        self._backoff_keys.setdefault(uid, set()).add(podspec.backoff_key(pod, container))
         waiting = await self.starter.start(
             pod, container, current, sandbox_id, sandbox_cfg, pod_ip, volumes=volumes
         )
@@ -332,6 +314,16 @@ class PodSyncer:
                         "init container not purged",
                         extra={"pod": _name(pod), "container": c.name, "error": str(err)},
                     )
+
+    def forget_pod(self, uid: str) -> None:
+        """The pod is gone: drop its containers' crash-loop back-off entries."""
+        for key in self._backoff_keys.pop(uid, ()):
+            self.backoff.reset(key)
+
+    async def release_volumes(self, uid: str) -> bool:
+        """Tear down a terminated pod's volumes (upstream SyncTerminatedPod); True once
+        none is left (or the syncer sets up none), False to try again."""
+        return self.volumes is None or not await self.volumes.tear_down(uid)
 
     async def kill_pod(
         self, pod: JSON | None, current: RuntimePod, *, grace_override: int | None, remove: bool

@@ -1,0 +1,135 @@
+"""The relister, syncloop's PLEG (pods/relisting.py), against FakeRuntimeService.
+
+Covers: the first relist wakes every pod the runtime has; later relists wake only the
+pods whose sandboxes or containers changed state, appeared or went away, including
+pods no source wants; objects without a pod-UID label are not ours; the count of ready
+sandboxes follows the last relist; health turns false once the last successful relist
+is older than three minutes (a fake monotonic clock) and true again after one; the
+run loop reports each pod-UID set, and logs a CRI failure once and its recovery.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+import pytest
+from klet.cri import CRIError
+from klet.cri import labels as L
+from klet.cri.testing import FakeRuntimeService
+from klet.cri.types import ContainerConfig, SandboxConfig
+from klet.model.types import ContainerID, SandboxID
+from klet.syncloop.pods.relisting import RELIST_THRESHOLD_S, Relister
+
+from .helpers import Clock, running, until
+
+IMAGE = "registry.klet.test/busybox:1.36"
+
+
+def sandbox_config(uid: str, labels: dict[str, str]) -> SandboxConfig:
+    return SandboxConfig(
+        name=f"p-{uid}",
+        namespace="default",
+        uid=uid,
+        attempt=0,
+        hostname=uid,
+        log_directory="/tmp",
+        labels=labels,
+    )
+
+
+class World:
+    def __init__(self) -> None:
+        self.cri = FakeRuntimeService()
+        self.cri.add_image(IMAGE)
+        self.clock = Clock()
+        self.woken: list[str] = []
+        self.relister = Relister(self.cri, self.woken.append, period_s=0, clock=self.clock)
+
+    async def sandbox(self, uid: str, *, labelled: bool = True) -> SandboxID:
+        labels = {L.POD_UID: uid} if labelled else {}
+        return await self.cri.run_pod_sandbox(sandbox_config(uid, labels))
+
+    async def container(self, sandbox_id: SandboxID, uid: str) -> ContainerID:
+        config = ContainerConfig(name="main", attempt=0, image=IMAGE, labels={L.POD_UID: uid})
+        labels = {L.POD_UID: uid}
+        cid = await self.cri.create_container(sandbox_id, config, sandbox_config(uid, labels))
+        await self.cri.start_container(cid)
+        return cid
+
+    async def relist(self) -> set[str]:
+        self.woken.clear()
+        return await self.relister.relist_once()
+
+
+@pytest.fixture
+def w() -> World:
+    return World()
+
+
+async def test_only_pods_that_changed_are_woken(w: World) -> None:
+    a = await w.sandbox("a")
+    await w.container(a, "a")
+    await w.sandbox("b")
+    await w.sandbox("theirs", labelled=False)  # not made by a kubelet: not ours
+    assert await w.relist() == {"a", "b"}
+    assert sorted(w.woken) == ["a", "b"]
+
+    assert await w.relist() == {"a", "b"}
+    assert w.woken == []  # nothing changed
+
+    [cid] = list(w.cri.containers)
+    w.cri.exit_container(cid, 1)
+    await w.sandbox("c")  # a pod no source asked for is woken too: its worker decides
+    await w.relist()
+    assert sorted(w.woken) == ["a", "c"]
+
+    b = next(s for s in w.cri.sandboxes.values() if s.config.uid == "b")
+    await w.cri.stop_pod_sandbox(b.id)
+    await w.cri.remove_pod_sandbox(b.id)
+    assert await w.relist() == {"a", "c"}
+    assert w.woken == ["b"]  # gone from the runtime: woken once more
+
+
+async def test_ready_sandboxes_follow_the_last_relist(w: World) -> None:
+    assert w.relister.ready_sandboxes() == 0
+    a = await w.sandbox("a")
+    await w.container(a, "a")
+    await w.sandbox("b")
+    await w.relist()
+    assert w.relister.ready_sandboxes() == 2
+    await w.cri.stop_pod_sandbox(a)
+    assert w.relister.ready_sandboxes() == 2  # until the next relist
+    await w.relist()
+    assert w.relister.ready_sandboxes() == 1
+
+
+async def test_health_follows_the_age_of_the_last_successful_relist(w: World) -> None:
+    assert w.relister.healthy()
+    w.clock.t += RELIST_THRESHOLD_S - 1
+    assert w.relister.healthy()
+    w.clock.t += 1
+    assert not w.relister.healthy()
+    w.cri.fail_next("ListPodSandbox", CRIError("runtime down"))
+    with pytest.raises(CRIError):
+        await w.relist()
+    assert not w.relister.healthy()  # a failed relist does not count
+    await w.relist()
+    assert w.relister.healthy() and w.relister.age() == 0
+
+
+async def test_the_run_loop_reports_uids_and_logs_a_failure_once(
+    w: World, caplog: pytest.LogCaptureFixture
+) -> None:
+    await w.sandbox("a")
+    reported: list[set[str]] = []
+    w.cri.fail_always("ListPodSandbox", CRIError("runtime down"))
+    with caplog.at_level(logging.INFO, logger="klet.syncloop.pods.relisting"):
+        async with running(w.relister.run(reported.append)):
+            for _ in range(5):  # five failing passes
+                await asyncio.sleep(0)
+            assert reported == []
+            w.cri.fail_always("ListPodSandbox", None)
+            await until(lambda: bool(reported))
+    assert reported[0] == {"a"}
+    assert [r.getMessage() for r in caplog.records] == ["relist failed", "relist recovered"]
