@@ -40,13 +40,14 @@ from typing import Protocol
 
 from klet.bus import BusError
 from klet.kube import Conflict, Invalid, KubeError, NotFound, Unavailable
+from klet.model.pod import is_mirror, is_static
 from klet.model.records import PodStatusRecord, SourceState
 from klet.model.types import JSON, PodUID
 from klet.obs import OnceLogger
 from klet.status_reporter import mirrors, podstatus
 from klet.status_reporter.kubeapi import KubeApi
 from klet.status_reporter.nodeid import NodeIdentity
-from klet.status_reporter.podstatus import Sent, full_name, is_mirror, is_static, uid_of
+from klet.status_reporter.podstatus import Sent, full_name, uid_of
 
 log = logging.getLogger(__name__)
 
