@@ -17,8 +17,8 @@ from klet.config import Settings
 from klet.cri import RuntimeClient, cri_settings
 from klet.kube import KubeClient, kube_settings
 from klet.model.flowcontrol import Backoff, TokenBucket
+from klet.model.layout import DEFAULT_SERVICE_PORTS, SYNCLOOP, grpc_socket
 from klet.model.node import allocatable_amounts, node_labels, storage_aware_eviction_hard
-from klet.rpc.unixserver import service_socket
 from klet.syncloop.admission.admit import AdmissionLedger, NodeInfo
 from klet.syncloop.containers import podcgroups
 from klet.syncloop.containers.images import (
@@ -49,8 +49,6 @@ from klet.syncloop.volumes.hostpath import HostPathPlugin
 from klet.syncloop.volumes.manager import VolumeManager
 from klet.syncloop.volumes.tokens import TokenManager
 from prometheus_client import CollectorRegistry
-
-DEFAULT_SERVICE_PORT = 10261
 
 
 @dataclass(frozen=True)
@@ -216,8 +214,8 @@ def build_deps(settings: Settings, **overrides: Any) -> Deps:
         events=events,
         registry=registry,
         metrics=metrics,
-        socket_path=service_socket(Path(settings.klet.run_dir), "syncloop.sock"),
-        service_port=settings.klet.service_port or DEFAULT_SERVICE_PORT,
+        socket_path=grpc_socket(Path(settings.klet.run_dir), SYNCLOOP),
+        service_port=settings.klet.service_port or DEFAULT_SERVICE_PORTS[SYNCLOOP],
         consumer=f"{socket.gethostname()}-{os.getpid()}",
         # A holder ID of its own; a restart takes over its dead predecessor's lease
         # at once (klet.bus.holder).
