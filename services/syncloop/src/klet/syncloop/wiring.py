@@ -12,7 +12,7 @@ from typing import Any
 
 from klet.bus import Bus, Lease, NodeBus, service_lease
 from klet.cgroups import CgroupFS
-from klet.cgroups.machine import read_machine
+from klet.cgroups.machine import mem_total_bytes, read_machine
 from klet.config import Settings
 from klet.cri import RuntimeClient, cri_settings
 from klet.kube import KubeClient, kube_settings
@@ -20,7 +20,6 @@ from klet.model.flowcontrol import Backoff, TokenBucket
 from klet.model.layout import DEFAULT_SERVICE_PORTS, SYNCLOOP, grpc_socket
 from klet.model.node import allocatable_amounts, node_labels, storage_aware_eviction_hard
 from klet.syncloop.admission.admit import AdmissionLedger, NodeInfo
-from klet.syncloop.containers import podcgroups
 from klet.syncloop.containers.images import (
     ImagePuller,
     NodeCredentials,
@@ -131,7 +130,7 @@ def build_deps(settings: Settings, **overrides: Any) -> Deps:
     node_facts = NodeFacts(
         host_ips=(host_ip(settings),),
         cpu_count=os.cpu_count() or 1,
-        memory_bytes=podcgroups.memory_capacity_bytes(),
+        memory_bytes=mem_total_bytes(),
     )
     # Service-account tokens for projected volumes (TokenRequest), cluster mode only.
     tokens = TokenManager(kube) if kube is not None else None
