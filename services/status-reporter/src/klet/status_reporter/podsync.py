@@ -41,7 +41,7 @@ from typing import Protocol
 from klet.bus import BusError
 from klet.kube import Conflict, Invalid, KubeError, NotFound, Unavailable
 from klet.model.pod import is_mirror, is_static
-from klet.model.records import PodStatusRecord, SourceState
+from klet.model.records import PodStatusRecord, SourceState, sources_ready
 from klet.model.types import JSON, PodUID
 from klet.obs import OnceLogger
 from klet.status_reporter import mirrors, podstatus
@@ -90,7 +90,6 @@ class PodSyncManager:
         api: KubeApi,
         identity: NodeIdentity,
         sources: SourcesTable,
-        configured_sources: frozenset[str],
         policy: PodSyncPolicy = PodSyncPolicy(),
         monotonic: Callable[[], float] = time.monotonic,
     ) -> None:
@@ -98,7 +97,6 @@ class PodSyncManager:
         self._api = api
         self._identity = identity
         self._sources = sources
-        self._configured = configured_sources
         self._policy = policy
         self._monotonic = monotonic
         self._sent: dict[PodUID, Sent] = {}
@@ -147,13 +145,13 @@ class PodSyncManager:
         await self.sync_statuses()
 
     async def sources_ready(self) -> bool:
-        """Whether every configured pod source has delivered its first full snapshot."""
+        """Whether every configured pod source has delivered its first full snapshot
+        (`klet.model.records.sources_ready`); an unreadable table is not ready."""
         try:
             states = await self._sources.all()
         except BusError:
             return False
-        ready = {s.source for s in states.values() if s.ready}
-        return self._configured <= ready
+        return sources_ready(states)
 
     async def reconcile_mirrors(self) -> None:
         """Create, replace and delete mirror pods. Raises Unavailable."""

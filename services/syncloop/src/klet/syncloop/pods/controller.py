@@ -35,7 +35,7 @@ from klet.bus import BusError, NodeBus
 from klet.cri import labels as L
 from klet.cri.types import ContainerState, SandboxState
 from klet.model.podvalidation import pod_problems
-from klet.model.records import DesiredPod, PodChange, SourceState
+from klet.model.records import DesiredPod, PodChange, SourceState, sources_ready
 from klet.model.types import JSON, PodUID
 from klet.rpc.podcontrol import PodSummary
 from klet.syncloop.admission.admit import EVICTED, PRESSURE_ORDER, AdmissionLedger, Verdict
@@ -105,10 +105,6 @@ def check_desired(uid: str, rec: DesiredPod, *, node_name: str) -> Refusal | Non
         fields=tuple(p.field for p in problems),
         eventable=not mismatch and not any(p.field in identity for p in problems),
     )
-
-
-def sources_ready(sources: dict[str, SourceState]) -> bool:
-    return bool(sources) and all(s.ready for s in sources.values())
 
 
 class PressureSource(Protocol):
