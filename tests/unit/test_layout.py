@@ -1,6 +1,7 @@
 """The node layout (klet.model.layout): gRPC and Redis sockets under the run directory,
-the per-service ports, pod cgroups by QoS class (and every candidate for a reader that
-does not know the class), and pod log directory names read both ways."""
+the per-service ports, pod directories under the root directory, pod cgroups by QoS
+class (and every candidate for a reader that does not know the class), and pod log
+directory names read both ways."""
 
 from __future__ import annotations
 
@@ -14,8 +15,10 @@ from klet.model.layout import (
     grpc_socket,
     pod_cgroup,
     pod_cgroup_candidates,
+    pod_dir,
     pod_log_dir_name,
     pod_log_dir_uid,
+    pods_dir,
     redis_socket,
 )
 
@@ -43,6 +46,11 @@ def test_service_ports() -> None:
         "eviction": 10263,
         "image-gc": 10264,
     }
+
+
+def test_pod_dirs_under_the_root_dir() -> None:
+    assert pods_dir(Path("/var/lib/kubelet")) == Path("/var/lib/kubelet/pods")
+    assert pod_dir(Path("/var/lib/kubelet"), "u1") == Path("/var/lib/kubelet/pods/u1")
 
 
 @pytest.mark.parametrize(

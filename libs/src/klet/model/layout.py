@@ -11,6 +11,8 @@ Pure names and paths, no I/O; the directories they sit in come from settings
 - Pod cgroups (cgroupfs names, as upstream's QoS container manager makes them):
   Guaranteed pods directly under `/kubepods`, the others under
   `/kubepods/{burstable,besteffort}`, each in `pod<uid>`.
+- Pod directories under the root directory: `<root-dir>/pods/<uid>` (volumes,
+  container termination logs, the managed /etc/hosts), as upstream's `getPodDir`.
 - Pod log directories: `<podLogsDir>/<namespace>_<name>_<uid>` (upstream's
   `BuildPodLogsDirectory`); a pod's name and namespace cannot contain `_`, so the UID
   can be read back from the name.
@@ -38,6 +40,8 @@ SYNCLOOP = "syncloop"
 IMAGE_GC = "image-gc"
 """Serves GarbageCollector."""
 
+PODS_DIR = "pods"
+
 REDIS_DIR = "redis"
 REDIS_SOCKET = "redis.sock"
 
@@ -54,6 +58,15 @@ def grpc_socket(run_dir: Path, service: str) -> Path:
 def redis_socket(run_dir: Path) -> Path:
     """The private Redis's unix socket: `<run-dir>/redis/redis.sock`."""
     return run_dir / REDIS_DIR / REDIS_SOCKET
+
+
+def pods_dir(root_dir: Path) -> Path:
+    return root_dir / PODS_DIR
+
+
+def pod_dir(root_dir: Path, uid: str) -> Path:
+    """A pod's directory; `uid` must already be a safe path component."""
+    return pods_dir(root_dir) / uid
 
 
 def pod_cgroup(uid: str, qos_class: str) -> str:
