@@ -24,6 +24,7 @@ from klet.cri.types import Container, ContainerState, Sandbox
 from klet.devstack import DevStack, RedisServer
 from klet.image_gc.containergc import ContainerGC, ContainerGCResult
 from klet.image_gc.containerselect import ContainerGCSettings
+from klet.model import records
 
 from tests.harness.node import KletNode
 from tests.harness.waiting import wait_for
@@ -102,8 +103,7 @@ def gc_pass(
         cri = cri_client(stack)
 
         async def sources_ready() -> bool:
-            sources = await bus.sources.all()
-            return bool(sources) and all(s.ready for s in sources.values())
+            return records.sources_ready(await bus.sources.all())
 
         async def desired_uids() -> set[str]:
             return set(await bus.desired.all())

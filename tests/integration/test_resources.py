@@ -8,6 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from klet.cgroups.machine import mem_total_bytes
 from klet.syncloop.containers import podcgroups, resources
 
 from tests.harness.node import KletNode, container_status
@@ -70,7 +71,7 @@ def check_pod(node: KletNode, manifests: Path, name: str, text: str, qos: str) -
     assert (CG / "pids" / parent).is_dir()
     pids = read(CG / "cpu" / parent / cid / "cgroup.procs").split()
     assert pids
-    capacity = podcgroups.memory_capacity_bytes()
+    capacity = mem_total_bytes()
     container = {"name": "main", "resources": {"requests": {"memory": "64Mi"}}}
     spec = {
         "spec": {

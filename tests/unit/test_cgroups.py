@@ -1,12 +1,14 @@
 """cgroup detection and stats on v1 and v2 trees laid out in a temporary directory:
 working set = usage − inactive_file as upstream, missing files give None, and removal
-only rmdirs (a non-empty cgroup stays and is reported)."""
+only rmdirs (a non-empty cgroup stays and is reported); the machine's MemTotal from a
+meminfo file (0 when it cannot be read)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 from klet.cgroups import CgroupFS, detect
+from klet.cgroups.machine import mem_total_bytes
 
 
 def write(path: Path, text: str) -> None:
@@ -63,3 +65,10 @@ def test_remove_only_empty_cgroups(tmp_path: Path) -> None:
     write(tmp_path / "memory" / "kubepods" / "podu4" / "tasks", "1\n")  # a file: rmdir fails
     left = fs.remove("kubepods/podu4")
     assert len(left) == 1 and "podu4" in left[0]
+
+
+def test_mem_total_bytes(tmp_path: Path) -> None:
+    f = tmp_path / "meminfo"
+    f.write_text("MemTotal:       1000 kB\nMemFree: 1 kB\n")
+    assert mem_total_bytes(f) == 1024000
+    assert mem_total_bytes(tmp_path / "nope") == 0

@@ -14,7 +14,6 @@ from pathlib import Path
 
 import pytest
 from klet.config import (
-    DEFAULT_SERVICE_PORTS,
     ConfigError,
     KletSettings,
     KubeletConfiguration,
@@ -22,6 +21,7 @@ from klet.config import (
     build_parser,
     load_settings,
 )
+from klet.model.layout import DEFAULT_SERVICE_PORTS
 
 HEADER = "apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\n"
 

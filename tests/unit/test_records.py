@@ -1,12 +1,20 @@
 """Bus records: round trip, and strict decoding that rejects (never half-reads) a
-payload of an unknown version, with missing or unknown fields, or wrong types."""
+payload of an unknown version, with missing or unknown fields, or wrong types; the
+sources-ready gate over the `sources` table."""
 
 from __future__ import annotations
 
 import json
 
 import pytest
-from klet.model.records import BadRecord, DesiredPod, PodChange, PodStatusRecord
+from klet.model.records import (
+    BadRecord,
+    DesiredPod,
+    PodChange,
+    PodStatusRecord,
+    SourceState,
+    sources_ready,
+)
 from klet.model.types import PodUID
 
 
@@ -62,3 +70,21 @@ def test_bool_is_not_an_int() -> None:
     raw = {"v": 1, "uid": "u", "pod": {}, "source": "file", "hash": "h", "seen_at": True}
     with pytest.raises(BadRecord, match="seen_at"):
         DesiredPod.decode(json.dumps(raw))
+
+
+def _table(**ready: bool) -> dict[str, SourceState]:
+    return {name: SourceState(source=name, ready=r, at=1.0) for name, r in ready.items()}  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("table", "ready"),
+    [
+        pytest.param({}, False, id="empty table (flushed Redis): never ready"),
+        pytest.param(_table(api=False), False, id="configured, no snapshot yet"),
+        pytest.param(_table(api=True), True, id="the one source ready"),
+        pytest.param(_table(api=True, file=False), False, id="one source still loading"),
+        pytest.param(_table(api=True, file=True, http=True), True, id="every source ready"),
+    ],
+)
+def test_sources_ready(table: dict[str, SourceState], ready: bool) -> None:
+    assert sources_ready(table) is ready

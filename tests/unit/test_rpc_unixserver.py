@@ -17,7 +17,8 @@ from pathlib import Path
 
 import grpc
 import pytest
-from klet.rpc.unixserver import SocketDirError, private_dir, serve_unix, service_socket
+from klet.model.layout import IMAGE_GC, SYNCLOOP, grpc_socket
+from klet.rpc.unixserver import SocketDirError, private_dir, serve_unix
 
 NOBODY = 65534
 
@@ -51,16 +52,10 @@ async def serve() -> AsyncIterator[Callable[[Path], Awaitable[None]]]:
     await asyncio.gather(*tasks, return_exceptions=True)
 
 
-def test_service_sockets_live_in_the_grpc_directory() -> None:
-    assert service_socket(Path("/run/klet"), "syncloop.sock") == Path(
-        "/run/klet/grpc/syncloop.sock"
-    )
-
-
 async def test_socket_dir_0700_and_socket_0600_whatever_the_umask(
     tmp_path: Path, serve: Callable[[Path], Awaitable[None]]
 ) -> None:
-    sock = service_socket(tmp_path / "run", "syncloop.sock")
+    sock = grpc_socket(tmp_path / "run", SYNCLOOP)
     sock.parent.mkdir(parents=True, mode=0o755)
     os.chmod(sock.parent, 0o755)  # as an older klet (or a 022 umask) left it
     old = os.umask(0)
@@ -84,7 +79,7 @@ async def test_the_process_umask_is_never_changed(
         return real(mask)
 
     monkeypatch.setattr(os, "umask", umask)
-    await serve(service_socket(tmp_path / "run", "image-gc.sock"))
+    await serve(grpc_socket(tmp_path / "run", IMAGE_GC))
     assert calls == []
 
 
@@ -93,7 +88,7 @@ async def test_another_user_cannot_connect(
     tmp_path: Path, serve: Callable[[Path], Awaitable[None]]
 ) -> None:
     run_dir = tmp_path / "run"
-    sock = service_socket(run_dir, "syncloop.sock")
+    sock = grpc_socket(run_dir, SYNCLOOP)
     await serve(sock)
     os.chmod(run_dir, 0o755)  # so that only the socket's own directory stands in the way
     connect = (

@@ -5,11 +5,9 @@ request; a pod without a sample first), the disk order with the filesystem layou
 deciding what counts (shared filesystem, dedicated image filesystem, split container
 filesystem) and inodes, the PID order (priority first, then process count); which
 signals node-level reclaim serves per layout; memory signals first among thresholds;
-critical pods (static, mirror, system priority; an `api` pod is not); pod requests
-(limits as default, sidecars, init peak, pod-level, overhead); upstream's eviction
-message with per-container lines and quantity formatting; the local storage limits
-(emptyDir sizeLimit, the pod's summed ephemeral-storage limit, a container's own limit)
-with upstream's messages.
+upstream's eviction message with per-container lines and quantity formatting; the local
+storage limits (emptyDir sizeLimit, the pod's summed ephemeral-storage limit, a
+container's own limit) with upstream's messages.
 """
 
 from __future__ import annotations
@@ -259,81 +257,6 @@ def test_memory_signals_come_first() -> None:
     assert ranking.by_eviction_priority(
         [Signal.NODEFS_AVAILABLE, Signal.PID_AVAILABLE, Signal.ALLOCATABLE_MEMORY_AVAILABLE]
     ) == [Signal.ALLOCATABLE_MEMORY_AVAILABLE, Signal.NODEFS_AVAILABLE, Signal.PID_AVAILABLE]
-
-
-@pytest.mark.parametrize(
-    ("p", "critical"),
-    [
-        (pod("api"), False),
-        (pod("noannotation", annotations={}), False),
-        (pod("file", annotations={"kubernetes.io/config.source": "file"}), True),
-        (pod("http", annotations={"kubernetes.io/config.source": "http"}), True),
-        (pod("mirror", annotations={"kubernetes.io/config.mirror": "abc"}), True),
-        (pod("node-critical", priority=2_000_001_000), True),
-        (pod("cluster-critical", priority=2_000_000_000), True),
-        (pod("high", priority=1_999_999_999), False),
-    ],
-)
-def test_critical_pods(p: JSON, critical: bool) -> None:
-    assert ranking.is_critical(p) is critical
-
-
-@pytest.mark.parametrize(
-    ("spec", "resource", "expected"),
-    [
-        ({"containers": [{"name": "a"}]}, "memory", 0),
-        (
-            {
-                "containers": [
-                    {"name": "a", "resources": {"requests": {"memory": "100Mi"}}},
-                    {"name": "b", "resources": {"limits": {"memory": "50Mi"}}},
-                ]
-            },
-            "memory",
-            150 * MI,
-        ),
-        (
-            {
-                "containers": [{"name": "a", "resources": {"requests": {"memory": "100Mi"}}}],
-                "initContainers": [
-                    {"name": "big", "resources": {"requests": {"memory": "1Gi"}}},
-                ],
-            },
-            "memory",
-            GI,
-        ),
-        (
-            {
-                "containers": [{"name": "a", "resources": {"requests": {"memory": "100Mi"}}}],
-                "initContainers": [
-                    {
-                        "name": "side",
-                        "restartPolicy": "Always",
-                        "resources": {"requests": {"memory": "20Mi"}},
-                    },
-                ],
-                "overhead": {"memory": "5Mi"},
-            },
-            "memory",
-            125 * MI,
-        ),
-        (
-            {
-                "containers": [{"name": "a", "resources": {"requests": {"memory": "100Mi"}}}],
-                "resources": {"requests": {"memory": "300Mi"}},
-            },
-            "memory",
-            300 * MI,
-        ),
-        (
-            {"containers": [{"name": "a", "resources": {"requests": {"ephemeral-storage": "1G"}}}]},
-            "ephemeral-storage",
-            10**9,
-        ),
-    ],
-)
-def test_pod_request(spec: JSON, resource: str, expected: int) -> None:
-    assert ranking.pod_request({"spec": spec}, resource) == expected
 
 
 def test_memory_eviction_message_names_the_containers_over_their_request() -> None:

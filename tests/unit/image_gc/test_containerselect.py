@@ -14,7 +14,6 @@ from klet.cri.types import Container, ContainerState, Sandbox, SandboxState
 from klet.image_gc.containerselect import (
     ContainerGCSettings,
     live_pods,
-    log_dir_uid,
     log_dirs_to_remove,
     plan,
 )
@@ -275,21 +274,6 @@ def test_unknown_containers_are_to_be_stopped() -> None:
         now_s=NOW,
     )
     assert [c.id for c in decision.to_stop] == ["a/c/0"]
-
-
-@pytest.mark.parametrize(
-    ("name", "uid"),
-    [
-        ("default_web-node1_0b5c7d2e-1111-2222-3333-4444", "0b5c7d2e-1111-2222-3333-4444"),
-        ("kube-system_dns_abc", "abc"),
-        ("nounderscore", ""),
-        ("a_b", ""),
-        ("a_b_c_d", ""),
-        ("a__c", ""),
-    ],
-)
-def test_log_dir_uid(name: str, uid: str) -> None:
-    assert log_dir_uid(name) == uid
 
 
 @pytest.mark.parametrize(

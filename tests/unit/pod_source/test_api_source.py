@@ -15,12 +15,13 @@ from typing import Any
 import pytest
 from klet.config import load_settings
 from klet.kube import Forbidden, Unavailable
+from klet.model.pod import CONFIG_MIRROR, CONFIG_SEEN, CONFIG_SOURCE
 from klet.model.records import ChangeOp
+from klet.model.timestamps import rfc3339_nano
 from klet.model.types import JSON
 from klet.pod_source.inbox import Inbox
 from klet.pod_source.metrics import Metrics, create_metrics
-from klet.pod_source.normalize import CONFIG_MIRROR, CONFIG_SEEN, CONFIG_SOURCE
-from klet.pod_source.podconfig import PodConfigState, merge_snapshot, rfc3339
+from klet.pod_source.podconfig import PodConfigState, merge_snapshot
 from klet.pod_source.publisher import RetryPolicy
 from klet.pod_source.sources.api import ApiSource
 from klet.pod_source.sources.fakeapi import DELETION_TIMESTAMP, FakePodApi
@@ -286,7 +287,7 @@ async def test_merge_records_source_and_first_seen(h: Harness) -> None:
     merged = h.state.source_pods("api")[a["metadata"]["uid"]]
     annotations = merged.pod["metadata"]["annotations"]
     assert annotations[CONFIG_SOURCE] == "api"
-    assert annotations[CONFIG_SEEN] == rfc3339(h.now)
+    assert annotations[CONFIG_SEEN] == rfc3339_nano(h.now)
     assert merged.pod["metadata"]["name"] == "a" and merged.source == "api"
 
 

@@ -8,8 +8,8 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from klet.model.pod import CONFIG_MIRROR
 from klet.pod_source import apipods
-from klet.pod_source.normalize import CONFIG_MIRROR
 
 NODE = "node1"
 

@@ -9,9 +9,8 @@ import json
 from typing import Any
 
 import pytest
+from klet.model.pod import CONFIG_HASH, CONFIG_SOURCE
 from klet.pod_source.normalize import (
-    CONFIG_HASH,
-    CONFIG_SOURCE,
     default_pull_policy,
     normalize_static_pod,
     static_pod_uid,

@@ -8,16 +8,16 @@ import copy
 from typing import Any
 
 import pytest
+from klet.model.pod import CONFIG_SEEN, CONFIG_SOURCE
 from klet.model.records import ChangeOp
+from klet.model.timestamps import rfc3339_nano
 from klet.model.types import PodUID
-from klet.pod_source.normalize import CONFIG_SEEN, CONFIG_SOURCE
 from klet.pod_source.podconfig import (
     Changes,
     MergedPod,
     PodConfigState,
     classify,
     merge_snapshot,
-    rfc3339,
     seed,
 )
 
@@ -71,7 +71,7 @@ def test_local_annotations_are_set() -> None:
     state, changes = merge_snapshot(PodConfigState(), "http", [pod("a")], T0)
     annotations = changes.adds[0].pod["metadata"]["annotations"]
     assert annotations[CONFIG_SOURCE] == "http"
-    assert annotations[CONFIG_SEEN] == rfc3339(T0) == "2023-11-14T22:13:20Z"
+    assert annotations[CONFIG_SEEN] == rfc3339_nano(T0) == "2023-11-14T22:13:20Z"
     assert changes.adds[0].seen_at == T0
 
 
@@ -99,7 +99,7 @@ def test_update_keeps_first_seen_time() -> None:
     assert ops(changes) == [("UPDATE", "a")]
     (updated,) = changes.updates
     assert updated.seen_at == T0
-    assert updated.pod["metadata"]["annotations"][CONFIG_SEEN] == rfc3339(T0)
+    assert updated.pod["metadata"]["annotations"][CONFIG_SEEN] == rfc3339_nano(T0)
     assert updated.pod["spec"]["restartPolicy"] == "Never"
     assert state.source_pods("api")[updated.uid] == updated
 

@@ -23,7 +23,6 @@ from klet.status_reporter.capacity import MachineInfo
 from klet.status_reporter.cluster import (
     ClusterOverrides,
     cluster_tasks,
-    configured_sources,
     node_config,
 )
 from klet.status_reporter.eventsink import EventPolicy
@@ -117,12 +116,11 @@ def test_cluster_tasks_added() -> None:
     ]
 
 
-def test_settings_map_to_node_config_and_sources() -> None:
+def test_settings_map_to_node_config() -> None:
     cfg = KubeletConfiguration(
         port=10999,
         max_pods=30,
         local_storage_capacity_isolation=False,
-        static_pod_path="/etc/kubernetes/manifests",
     )
     klet = KletSettings(
         service="status-reporter",
@@ -134,8 +132,6 @@ def test_settings_map_to_node_config_and_sources() -> None:
     assert (nc.kubelet_port, nc.max_pods, nc.node_labels) == (10999, 30, {"a": "b"})
     assert "nodefs.available" not in nc.eviction_hard  # no storage reservation, as upstream
     assert "memory.available" in nc.eviction_hard
-    assert configured_sources(cfg) == frozenset({"api", "file"})
-    assert configured_sources(KubeletConfiguration()) == frozenset({"api"})
 
 
 async def until(condition: Callable[[], bool], what: str) -> None:

@@ -17,17 +17,12 @@ from klet.status_reporter.nodeid import NodeIdentity
 from klet.status_reporter.nodelease import (
     LeaseManager,
     LeasePolicy,
-    micro_time,
     new_lease,
     renewed,
 )
 from klet.status_reporter.testing import FakeApiServer
 
 LEASE = "/apis/coordination.k8s.io/v1/namespaces/kube-node-lease/leases/node1"
-
-
-def test_micro_time() -> None:
-    assert micro_time(1.5) == "1970-01-01T00:00:01.500000Z"
 
 
 def test_new_and_renewed() -> None:

@@ -8,17 +8,15 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from klet.model.pod import config_source, is_mirror, is_static
 from klet.model.types import JSON
 from klet.status_reporter.podstatus import (
     Sent,
     decide,
     full_name,
     illegal_transition,
-    is_mirror,
-    is_static,
     merge_status,
     should_delete,
-    source_of,
     status_patch,
 )
 from klet.status_reporter.testing import make_api_pod, make_static_pod, status_record
@@ -190,9 +188,9 @@ def test_should_delete(
 
 def test_pod_kinds() -> None:
     static = make_static_pod("etcd")
-    assert is_static(static) and source_of(static) == "file"
-    assert not is_static(POD) and source_of(POD) == "api"
-    assert source_of({"metadata": {}}) == "api"
+    assert is_static(static) and config_source(static) == "file"
+    assert not is_static(POD) and config_source(POD) == "api"
+    assert config_source({"metadata": {}}) == "api"
     mirror = {"metadata": {"annotations": {"kubernetes.io/config.mirror": "h"}}}
     assert is_mirror(mirror) and not is_mirror(POD)
     assert full_name(static) == ("default", "etcd-node1")

@@ -55,7 +55,6 @@ class World:
             api=KubeApi(self.kube, retry=NO_RETRY),
             identity=self.identity,
             sources=self.sources,
-            configured_sources=frozenset({"api", "file"}),
             policy=PodSyncPolicy(resync_s=0.05, min_resync_gap_s=0.01),
         )
 

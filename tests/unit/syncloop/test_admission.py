@@ -21,6 +21,7 @@ from typing import Any
 
 import pytest
 from klet.cri.testing import FakeRuntimeService
+from klet.model.pod import pod_requests
 from klet.model.records import DesiredPod, SourceState
 from klet.model.types import JSON, PodUID
 from klet.syncloop.admission.admit import (
@@ -32,7 +33,6 @@ from klet.syncloop.admission.admit import (
     admit_pod,
     host_ports,
     matches_node_affinity,
-    pod_requests,
     port_conflict,
 )
 from klet.syncloop.pods.controller import PodController

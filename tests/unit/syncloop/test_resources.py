@@ -245,10 +245,3 @@ def test_oom_floor_refused(tmp_path: Path) -> None:
     d = tmp_path / "ro"
     d.mkdir()
     assert podcgroups.oom_score_adj_floor(d) == 0  # unreadable: 0
-
-
-def test_memory_capacity(tmp_path: Path) -> None:
-    f = tmp_path / "meminfo"
-    f.write_text("MemTotal:       1000 kB\nMemFree: 1 kB\n")
-    assert podcgroups.memory_capacity_bytes(f) == 1024000
-    assert podcgroups.memory_capacity_bytes(tmp_path / "nope") == 0

@@ -5,7 +5,8 @@ Upstream gets these from cAdvisor; we read the same kernel files directly (each 
 a few small files). status-reporter reads them for every Node status update, syncloop
 once at start for pod admission; both through this one reader, so the allocatable a pod
 is admitted against is the one the Node reports. The parsers are pure functions so the
-formats are tested without a host; `read_machine` touches /proc, /sys, /etc and statvfs.
+formats are tested without a host; `read_machine` touches /proc, /sys, /etc and statvfs,
+`mem_total_bytes` only /proc/meminfo (for syncloop, which needs no more).
 A file that cannot be read gives an empty value rather than an error: a container
 without /sys/class/dmi still reports a Node, only without that field, as upstream does.
 """
@@ -78,6 +79,11 @@ def _read(path: Path) -> str:
         return ""
 
 
+def mem_total_bytes(meminfo: Path = Path("/proc/meminfo")) -> int:
+    """The machine's MemTotal in bytes; 0 when it cannot be read."""
+    return parse_meminfo(_read(meminfo))
+
+
 def _hugepages(root: Path) -> dict[int, int]:
     out: dict[int, int] = {}
     try:
@@ -112,7 +118,7 @@ def read_machine(root_dir: Path, *, fs_root: Path = Path("/")) -> MachineInfo:
     uname = os.uname()
     return MachineInfo(
         cpus=os.cpu_count() or 1,
-        memory_bytes=parse_meminfo(_read(fs_root / "proc/meminfo")),
+        memory_bytes=mem_total_bytes(fs_root / "proc/meminfo"),
         ephemeral_storage_bytes=_disk_bytes(root_dir),
         hugepages=_hugepages(fs_root / "sys/kernel/mm/hugepages"),
         machine_id=_read(fs_root / "etc/machine-id"),

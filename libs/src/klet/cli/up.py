@@ -31,7 +31,6 @@ from importlib.metadata import entry_points
 from pathlib import Path
 
 from klet.config import (
-    DEFAULT_SERVICE_PORTS,
     ConfigError,
     RedisAuth,
     build_parser,
@@ -40,6 +39,7 @@ from klet.config import (
 from klet.config.kubelet import KubeletConfiguration
 from klet.devstack import DevStack, RedisServer, free_port
 from klet.devstack.redis_server import write_secret
+from klet.model.layout import DEFAULT_SERVICE_PORTS, REDIS_DIR
 
 log = logging.getLogger("klet.up")
 
@@ -205,8 +205,8 @@ def up(argv: list[str]) -> int:
             if own_redis:
                 redis = stack.redis
         elif own_redis:
-            _emit("klet", f"starting private Redis under {run_dir / 'redis'}")
-            redis = RedisServer(run_dir / "redis")
+            _emit("klet", f"starting private Redis under {run_dir / REDIS_DIR}")
+            redis = RedisServer(run_dir / REDIS_DIR)
             redis.start()
         if redis is not None:
             redis_url = redis.url

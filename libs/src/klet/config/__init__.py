@@ -9,7 +9,6 @@ settings.py for precedence.
 from klet.config.decoding import decode_config, load_config_file, read_config_file
 from klet.config.errors import ConfigError, Problem
 from klet.config.flags import (
-    DEFAULT_SERVICE_PORTS,
     FLAGS,
     FlagSpec,
     add_kubelet_flags,
@@ -47,7 +46,6 @@ from klet.config.validation import EVICTION_SIGNALS, validate, validate_problems
 __all__ = [
     "API_VERSION",
     "DEFAULT_EVICTION_HARD",
-    "DEFAULT_SERVICE_PORTS",
     "EVICTION_SIGNALS",
     "FLAGS",
     "KIND",

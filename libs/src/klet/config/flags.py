@@ -27,9 +27,9 @@ from typing import Any
 from klet.config.errors import Problem
 from klet.config.kubelet import KubeletConfiguration, upstream_name
 from klet.config.units import parse_duration
+from klet.model.layout import DEFAULT_SERVICE_PORTS
 
 __all__ = [
-    "DEFAULT_SERVICE_PORTS",
     "FLAGS",
     "FlagSpec",
     "add_kubelet_flags",
@@ -37,15 +37,6 @@ __all__ = [
     "convert_flags",
     "normalize_argv",
 ]
-
-# Private /healthz, /readyz, /metrics port of each service when --service-port is 0.
-DEFAULT_SERVICE_PORTS: Mapping[str, int] = {
-    "pod-source": 10260,
-    "syncloop": 10261,
-    "status-reporter": 10262,
-    "eviction": 10263,
-    "image-gc": 10264,
-}
 
 Parser = Callable[[list[str]], Any]
 
@@ -561,8 +552,9 @@ _SETTING_FLAGS: tuple[FlagSpec, ...] = (
     FlagSpec(
         "--service-port",
         "klet-only: this service's /healthz /readyz /metrics port; 0 = the "
-        "service's default (pod-source 10260, syncloop 10261, status-reporter 10262, "
-        "eviction 10263, image-gc 10264) (default 0)",
+        "service's default ("
+        + ", ".join(f"{name} {port}" for name, port in DEFAULT_SERVICE_PORTS.items())
+        + ") (default 0)",
         _last(_port),
         setting="service_port",
         env="KLET_SERVICE_PORT",

@@ -29,7 +29,6 @@ from urllib.parse import SplitResult, urlsplit
 from klet.config.decoding import read_config_file
 from klet.config.errors import ConfigError, Problem
 from klet.config.flags import (
-    DEFAULT_SERVICE_PORTS,
     FLAGS,
     add_kubelet_flags,
     apply_to_config,
@@ -38,6 +37,7 @@ from klet.config.flags import (
 )
 from klet.config.kubelet import KubeletConfiguration
 from klet.config.validation import validate_problems
+from klet.model.layout import DEFAULT_SERVICE_PORTS, redis_socket
 
 __all__ = [
     "DEFAULT_REDIS_URL",
@@ -53,7 +53,8 @@ _DNS1123_SUBDOMAIN = re.compile(rf"{_DNS1123_LABEL}(\.{_DNS1123_LABEL})*")
 _LABEL_NAME = re.compile(r"[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?")
 
 
-DEFAULT_REDIS_URL = "unix:///run/klet/redis/redis.sock"
+DEFAULT_RUN_DIR = Path("/run/klet")
+DEFAULT_REDIS_URL = f"unix://{redis_socket(DEFAULT_RUN_DIR)}"
 # klet.bus.acl.ADMIN_USER, the set-up credential of the Redis klet starts (not imported:
 # klet.bus pulls in redis, and pure modules import this package).
 REDIS_ADMIN_USER = "klet-admin"
@@ -85,7 +86,7 @@ class KletSettings:
     redis_url: str = DEFAULT_REDIS_URL
     redis_auth: RedisAuth = RedisAuth()
     allow_insecure_redis: bool = False  # --allow-insecure-redis / KLET_ALLOW_INSECURE_REDIS
-    run_dir: Path = Path("/run/klet")  # --run-dir / KLET_RUN_DIR: gRPC sockets, pid files
+    run_dir: Path = DEFAULT_RUN_DIR  # --run-dir / KLET_RUN_DIR: gRPC sockets, pid files
     root_dir: Path = Path("/var/lib/kubelet")  # --root-dir
     cert_dir: Path = Path("/var/lib/kubelet/pki")  # --cert-dir
     node_ip: str = ""  # --node-ip: "", one IP, or "IPv4,IPv6"; "" = detect

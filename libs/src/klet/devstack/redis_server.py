@@ -33,6 +33,7 @@ from klet.bus.acl import (
     user_name,
 )
 from klet.devstack.procs import ManagedProcess, StartError, free_port
+from klet.model.layout import REDIS_SOCKET
 
 REDIS_BINARY = "/usr/bin/redis-server"
 _MAX_SOCKET_PATH = 100  # sun_path holds 107 bytes; keep a margin
@@ -99,11 +100,11 @@ class RedisServer:
 
     def __init__(self, dir: Path, *, tls: RedisTLS | None = None) -> None:
         self.dir = dir.resolve()
-        socket_path = self.dir / "redis.sock"
+        socket_path = self.dir / REDIS_SOCKET
         self._own_socket_dir = len(str(socket_path)) > _MAX_SOCKET_PATH
         if self._own_socket_dir:
             # pytest's tmp_path can be too long for a unix socket: a short private one.
-            socket_path = Path(tempfile.mkdtemp(prefix="klet-redis-", dir="/tmp")) / "redis.sock"
+            socket_path = Path(tempfile.mkdtemp(prefix="klet-redis-", dir="/tmp")) / REDIS_SOCKET
         self.socket_path = socket_path
         self.secrets_dir = self.dir / "secrets"
         self.acl_file = self.dir / "users.acl"

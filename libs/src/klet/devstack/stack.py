@@ -30,6 +30,7 @@ from klet.devstack.images import (
 )
 from klet.devstack.redis_server import RedisServer
 from klet.devstack.registry import Registry
+from klet.model.layout import REDIS_DIR
 
 log = logging.getLogger(__name__)
 
@@ -50,7 +51,7 @@ class DevStack:
         self.dir = dir.resolve()
         self.start_containerd = start_containerd
         self.specs = dict(images if images is not None else standard_images())
-        self.redis = RedisServer(self.dir / "redis")
+        self.redis = RedisServer(self.dir / REDIS_DIR)
         self.registry = Registry(self.dir / "registry")
         self.containerd: Containerd | None = (
             Containerd.for_registry(

@@ -10,6 +10,7 @@ what it read.
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any, ClassVar, Literal, TypeVar, get_args
 
@@ -116,6 +117,20 @@ class SourceState(Record):
     source: SourceName
     ready: bool
     at: float
+
+
+def sources_ready(states: Mapping[str, SourceState]) -> bool:
+    """The gate on destructive work (DESIGN.md), upstream's SeenAllSources: every
+    configured pod source has delivered its first full snapshot.
+
+    The `sources` table is the list of configured sources: pod-source, the one service
+    that reads the source configuration, writes an entry with ready=False for each
+    configured source before its first snapshot and removes the entry of a source no
+    longer configured. So "at least one entry, and every entry ready" is exactly that,
+    without a second copy of the configuration in the readers; an empty table (a flushed
+    Redis, or pod-source not started yet) is never ready.
+    """
+    return bool(states) and all(s.ready for s in states.values())
 
 
 @dataclass(frozen=True)

@@ -2,12 +2,13 @@
 
 DESIGN.md: internal gRPC listens on unix sockets, mode 0600. Whoever can connect to
 syncloop's socket can kill pods, and to image-gc's can delete images, so the sockets
-live in a directory of their own, `<run-dir>/grpc`, mode 0700 and owned by the serving
-user: no other user can reach a socket there, not even in the moment between bind(2)
-(which creates it with the umask's mode) and the chmod to 0600 that follows. The
-directory is chmodded explicitly after it is made, so the umask does not matter, and
-the process umask is never changed (it is process-wide: changing it around an await
-would apply to whatever else the event loop creates meanwhile). A directory that is a
+live in a directory of their own, `<run-dir>/grpc` (`klet.model.layout.grpc_socket`),
+mode 0700 and owned by the serving user: no other user can reach a socket there, not
+even in the moment between bind(2) (which creates it with the umask's mode) and the
+chmod to 0600 that follows. The directory is chmodded explicitly after it is made, so
+the umask does not matter, and the process umask is never changed (it is process-wide:
+changing it around an await would apply to whatever else the event loop creates
+meanwhile). A directory that is a
 symbolic link or belongs to another user is refused, naming it. A stale socket file
 from a crashed process is replaced.
 """
@@ -22,18 +23,12 @@ from pathlib import Path
 
 import grpc
 
-SOCKET_DIR = "grpc"
 DIR_MODE = 0o700
 SOCKET_MODE = 0o600
 
 
 class SocketDirError(OSError):
     """The sockets' directory is not private and cannot be made so."""
-
-
-def service_socket(run_dir: Path, name: str) -> Path:
-    """Where the service socket `name` lives: `<run-dir>/grpc/<name>`."""
-    return run_dir / SOCKET_DIR / name
 
 
 def private_dir(directory: Path) -> None:

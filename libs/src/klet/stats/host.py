@@ -15,18 +15,12 @@ from pathlib import Path
 from typing import Protocol
 
 from klet.cgroups import CgroupStats
-from klet.cgroups.machine import parse_meminfo
+from klet.cgroups.machine import mem_total_bytes
+from klet.model import layout
 from klet.stats.model import DirUsage, FsUsage, parse_btime, parse_loadavg_tasks
 
 __all__ = ["CgroupReader", "HostReader", "dir_usage", "statfs"]
 
-# Where syncloop puts a pod's cgroup: Guaranteed pods directly under kubepods.
-POD_CGROUPS = (
-    "/kubepods/pod{uid}",
-    "/kubepods/burstable/pod{uid}",
-    "/kubepods/besteffort/pod{uid}",
-)
-KUBEPODS = "/kubepods"
 EMPTY_DIR = "kubernetes.io~empty-dir"
 
 
@@ -117,12 +111,13 @@ class HostReader:
         self.proc = proc
 
     def kubepods(self) -> CgroupStats | None:
-        return self.cgroups.stats(KUBEPODS) if self.cgroups.exists(KUBEPODS) else None
+        if not self.cgroups.exists(layout.KUBEPODS):
+            return None
+        return self.cgroups.stats(layout.KUBEPODS)
 
     def pod_cgroup(self, uid: str) -> str | None:
         """The pod's cgroup path relative to the cgroup root, if it exists."""
-        for template in POD_CGROUPS:
-            rel = template.format(uid=uid)
+        for rel in layout.pod_cgroup_candidates(uid):
             if self.cgroups.exists(rel):
                 return rel
         return None
@@ -132,8 +127,7 @@ class HostReader:
         return stats.pids if stats.pids is not None else self.cgroups.task_count(rel)
 
     def memory_total(self) -> int | None:
-        total = parse_meminfo(_read(self.proc / "meminfo") or "")
-        return total or None
+        return mem_total_bytes(self.proc / "meminfo") or None
 
     def boot_ns(self) -> int | None:
         return parse_btime(_read(self.proc / "stat") or "")
@@ -146,11 +140,11 @@ class HostReader:
         return parse_loadavg_tasks(_read(self.proc / "loadavg") or "")
 
     def pod_log_dir(self, namespace: str, name: str, uid: str) -> Path:
-        return self.pod_logs_dir / f"{namespace}_{name}_{uid}"
+        return self.pod_logs_dir / layout.pod_log_dir_name(namespace, name, uid)
 
     def empty_dirs(self, uid: str) -> dict[str, DirUsage]:
         """The pod's disk-backed emptyDirs; a mounted one (a tmpfs) is memory, skipped."""
-        base = self.root_dir / "pods" / uid / "volumes" / EMPTY_DIR
+        base = layout.pod_dir(self.root_dir, uid) / "volumes" / EMPTY_DIR
         try:
             entries = sorted(base.iterdir())
         except OSError:

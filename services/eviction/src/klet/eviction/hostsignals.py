@@ -40,6 +40,7 @@ from klet.eviction.signals import (
     pid_observation,
     pod_usage,
 )
+from klet.model.layout import pod_dir
 from klet.model.node import reservation
 from klet.model.podvalidation import UnsafePathComponent, checked_component
 from klet.obs import OnceLogger
@@ -250,6 +251,6 @@ def pod_volumes_exist(root_dir: Path) -> Callable[[str], bool]:
             name = checked_component(uid, what="pod UID")
         except UnsafePathComponent:
             return False  # no pod directory can have such a name
-        return (root_dir / "pods" / name / "volumes").exists()
+        return (pod_dir(root_dir, name) / "volumes").exists()
 
     return exist

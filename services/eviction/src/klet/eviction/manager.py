@@ -51,6 +51,7 @@ from klet.eviction.thresholds import (
     thresholds_met,
     with_containerfs_thresholds,
 )
+from klet.model.pod import is_critical
 from klet.model.records import DesiredPod, NodeConditionRecord, PodStatusRecord
 from klet.model.types import JSON, PodUID
 from klet.obs import OnceLogger
@@ -254,7 +255,7 @@ class EvictionManager:
             if seen is not None:
                 self.deps.metrics.stats_age.labels(t.signal.value).observe(max(now - seen.time, 0))
         for c in ranked:
-            if ranking.is_critical(c.pod):
+            if is_critical(c.pod):
                 log.error("cannot evict a critical pod", extra={"pod": c.full_name})
                 continue
             message = ranking.eviction_message(
@@ -375,7 +376,7 @@ class EvictionManager:
             violation = ranking.local_storage_violation(c.pod, c.usage)
             if violation is None:
                 continue
-            if ranking.is_critical(c.pod):
+            if is_critical(c.pod):
                 log.error("cannot evict a critical pod", extra={"pod": c.full_name})
                 continue
             if await self._evict(c, grace=IMMEDIATE_GRACE_S, message=violation.message):

@@ -18,9 +18,9 @@ Restated from upstream's `pkg/kubelet/eviction/helpers.go` (our own code):
   nothing per pod. Node-level reclaim (image-gc's FreeSpace) follows the same layout
   (`reclaims_node_level`): nodefs pressure next to a dedicated image filesystem has
   nothing to free there. Inode signals rank by the inodes a pod uses in total.
-- Critical pods are never evicted (`is_critical`, upstream's IsCriticalPod): static
-  pods (a `kubernetes.io/config.source` annotation other than `api`), mirror pods, and
-  pods with priority >= 2000000000 (system-cluster-critical and system-node-critical).
+- Critical pods are never evicted (`klet.model.pod.is_critical`, upstream's
+  IsCriticalPod): static pods, mirror pods, and pods with priority >= 2000000000
+  (system-cluster-critical and system-node-critical).
 - The message (`eviction_message`) says which resource ran low, the threshold and
   what was available, and which containers used more than they requested, in
   upstream's words; local storage limits (`local_storage_violation`) have their own
@@ -41,6 +41,7 @@ from typing import Protocol
 from klet.config.units import parse_quantity
 from klet.eviction.signals import PodUsage, Signal
 from klet.model.node import format_bytes
+from klet.model.pod import container_requests, pod_priority, pod_requests
 from klet.model.types import JSON, PodUID
 
 REASON = "Evicted"
@@ -50,11 +51,6 @@ MEMORY = "memory"
 EPHEMERAL_STORAGE = "ephemeral-storage"
 INODES = "inodes"
 PIDS = "pids"
-
-CONFIG_SOURCE = "kubernetes.io/config.source"
-CONFIG_MIRROR = "kubernetes.io/config.mirror"
-API_SOURCE = "api"
-SYSTEM_CRITICAL_PRIORITY = 2_000_000_000
 
 # Metric label values of the local-storage evictions (upstream's pseudo-signals).
 EMPTYDIR_LIMIT = "emptydirfs.limit"
@@ -108,32 +104,6 @@ class Candidate:
         return f"{meta.get('namespace', 'default')}/{meta.get('name', '')}"
 
 
-# -- pod facts ---------------------------------------------------------------------------
-
-
-def _annotations(pod: JSON) -> Mapping[str, str]:
-    return (pod.get("metadata") or {}).get("annotations") or {}
-
-
-def is_static(pod: JSON) -> bool:
-    source = _annotations(pod).get(CONFIG_SOURCE)
-    return source is not None and source != API_SOURCE
-
-
-def is_mirror(pod: JSON) -> bool:
-    return CONFIG_MIRROR in _annotations(pod)
-
-
-def pod_priority(pod: JSON) -> int:
-    """spec.priority (the apiserver resolves priorityClassName into it); 0 when unset."""
-    value = (pod.get("spec") or {}).get("priority")
-    return int(value) if isinstance(value, int) else 0
-
-
-def is_critical(pod: JSON) -> bool:
-    return is_static(pod) or is_mirror(pod) or pod_priority(pod) >= SYSTEM_CRITICAL_PRIORITY
-
-
 def _quantity(value: object) -> Decimal | None:
     if value is None or value == "":
         return None
@@ -141,42 +111,6 @@ def _quantity(value: object) -> Decimal | None:
         return parse_quantity(str(value))
     except ValueError:
         return None
-
-
-def _container_request(container: JSON, resource: str) -> Decimal:
-    """The container's request, defaulting to its limit as the apiserver does."""
-    res = container.get("resources") or {}
-    for part in ("requests", "limits"):
-        q = _quantity((res.get(part) or {}).get(resource))
-        if q is not None:
-            return q
-    return Decimal(0)
-
-
-def pod_request(pod: JSON, resource: str) -> int:
-    """upstream's GetResourceRequestQuantity: regular containers and sidecars summed, at
-    least the peak of any init container (with the sidecars started before it), a
-    pod-level request replacing that for memory, plus the pod overhead."""
-    spec: JSON = pod.get("spec") or {}
-    total = sum((_container_request(c, resource) for c in spec.get("containers") or []), Decimal(0))
-    sidecars = Decimal(0)
-    peak = Decimal(0)
-    for c in spec.get("initContainers") or []:
-        req = _container_request(c, resource)
-        if c.get("restartPolicy") == "Always":
-            total += req
-            sidecars += req
-            peak = max(peak, sidecars)
-        else:
-            peak = max(peak, req + sidecars)
-    total = max(total, peak)
-    level = _quantity(((spec.get("resources") or {}).get("requests") or {}).get(resource))
-    if level is not None and resource == MEMORY:
-        total = level
-    overhead = _quantity((spec.get("overhead") or {}).get(resource))
-    if overhead is not None:
-        total += overhead
-    return math.ceil(total)
 
 
 def pod_grace_period(pod: JSON) -> int:
@@ -224,12 +158,12 @@ def _sort_key(signal: Signal, c: Candidate, layout: FsLayout) -> tuple[int, ...]
         return (0, 0, priority, 0)
     if resource == MEMORY:
         used = c.usage.memory_working_set
-        request = pod_request(c.pod, MEMORY)
+        request = pod_requests(c.pod).get(MEMORY, 0)
     else:
         used = disk_usage(signal, c.usage, layout=layout)
         # upstream compares inodes with a request of none (0) and subtracts the
         # ephemeral-storage request from both.
-        request = pod_request(c.pod, EPHEMERAL_STORAGE)
+        request = pod_requests(c.pod).get(EPHEMERAL_STORAGE, 0)
         exceeds = used > (request if resource == EPHEMERAL_STORAGE else 0)
         return (1, 0 if exceeds else 1, priority, -(used - request))
     return (1, 0 if used > request else 1, priority, -(used - request))
@@ -319,7 +253,7 @@ def eviction_message(
         used = per_container.get(str(c.get("name", "")))
         if used is None:
             continue
-        if used > _container_request(c, resource):
+        if used > container_requests(c).get(resource, 0):
             message += (
                 f"Container {c['name']} was using {format_bytes(used)}, request is "
                 f"{_container_request_text(c, resource)}, has larger consumption of {resource}. "

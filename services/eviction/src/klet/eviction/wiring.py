@@ -24,14 +24,10 @@ from klet.eviction.manager import BusPods, EvictionManager, ManagerSettings
 from klet.eviction.manager import Deps as ManagerDeps
 from klet.eviction.metrics import Metrics, create_metrics
 from klet.eviction.thresholds import parse_eviction_config
+from klet.model.layout import DEFAULT_SERVICE_PORTS, IMAGE_GC, SYNCLOOP, grpc_socket
 from klet.rpc.gc import GarbageCollectorClient
 from klet.rpc.podcontrol import PodControlClient
-from klet.rpc.unixserver import service_socket
 from prometheus_client import CollectorRegistry
-
-DEFAULT_SERVICE_PORT = 10263
-SYNCLOOP_SOCKET = "syncloop.sock"
-IMAGE_GC_SOCKET = "image-gc.sock"
 
 
 @dataclass(frozen=True)
@@ -86,12 +82,12 @@ def build_deps(settings: Settings, overrides: Overrides | None = None) -> Deps:
     pod_control = (
         o.pod_control
         if o.pod_control is not None
-        else PodControlClient(service_socket(run_dir, SYNCLOOP_SOCKET))
+        else PodControlClient(grpc_socket(run_dir, SYNCLOOP))
     )
     gc = (
         o.gc
         if o.gc is not None
-        else GarbageCollectorClient(service_socket(run_dir, IMAGE_GC_SOCKET))
+        else GarbageCollectorClient(grpc_socket(run_dir, IMAGE_GC))
     )
     source = HostSignalSource.from_settings(settings, cri)
 
@@ -129,7 +125,7 @@ def build_deps(settings: Settings, overrides: Overrides | None = None) -> Deps:
         manager=manager,
         registry=registry,
         metrics=metrics,
-        service_port=settings.klet.service_port or DEFAULT_SERVICE_PORT,
+        service_port=settings.klet.service_port or DEFAULT_SERVICE_PORTS["eviction"],
         # A holder ID of its own; a restart takes over its dead predecessor's lease
         # at once (klet.bus.holder).
         lease=(

@@ -35,6 +35,7 @@ from dataclasses import dataclass
 from klet.config import KletSettings
 from klet.cri import labels as L
 from klet.cri.types import Container, ContainerState, Sandbox, SandboxState
+from klet.model.layout import pod_log_dir_uid
 
 NS_PER_S = 1_000_000_000
 
@@ -201,12 +202,6 @@ def plan(
     return GCPlan(containers=tuple(gone), sandboxes=tuple(doomed), removable_pods=removable)
 
 
-def log_dir_uid(name: str) -> str:
-    """The pod UID of a pod log directory name `<namespace>_<name>_<uid>` ("" if not one)."""
-    parts = name.split("_")
-    return parts[2] if len(parts) == 3 and all(parts) else ""
-
-
 def log_dirs_to_remove(
     names: Iterable[str],
     *,
@@ -223,5 +218,5 @@ def log_dirs_to_remove(
     return sorted(
         n
         for n in names
-        if (uid := log_dir_uid(n)) and pod_removable(uid, desired=desired, live=live)
+        if (uid := pod_log_dir_uid(n)) and pod_removable(uid, desired=desired, live=live)
     )

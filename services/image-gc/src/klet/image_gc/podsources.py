@@ -13,6 +13,7 @@ import logging
 
 from klet.bus import BusError, NodeBus
 from klet.image_gc.containergc import terminated_uids
+from klet.model.records import sources_ready
 from klet.obs import OnceLogger
 
 log = logging.getLogger(__name__)
@@ -30,7 +31,7 @@ class BusPods:
             self._errors.error("sources", f"cannot read the pod sources: {err}")
             return False
         self._errors.clear("sources", "pod sources readable again")
-        return bool(sources) and all(s.ready for s in sources.values())
+        return sources_ready(sources)
 
     async def desired_uids(self) -> set[str]:
         return set(await self.bus.desired.all())

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from klet.bus import Bus, Lease, NodeBus, service_lease
 from klet.bus.events import EventQueue, node_reference
-from klet.config import DEFAULT_SERVICE_PORTS, Settings
+from klet.config import Settings
 from klet.cri import RuntimeClient, cri_settings
 from klet.image_gc.collector import Collector, CollectorSettings
 from klet.image_gc.containergc import ContainerGC
@@ -25,11 +25,8 @@ from klet.image_gc.imageselect import ImageGCPolicy
 from klet.image_gc.imagestore import BusImageUseStore
 from klet.image_gc.metrics import Metrics, create_metrics
 from klet.image_gc.podsources import BusPods
-from klet.rpc.unixserver import service_socket
+from klet.model.layout import DEFAULT_SERVICE_PORTS, IMAGE_GC, grpc_socket
 from prometheus_client import CollectorRegistry
-
-DEFAULT_SERVICE_PORT = DEFAULT_SERVICE_PORTS["image-gc"]
-SOCKET_NAME = "image-gc.sock"
 
 
 @dataclass(frozen=True)
@@ -145,8 +142,8 @@ def build_deps(settings: Settings, overrides: Overrides | None = None) -> Deps:
         events=events,
         registry=registry,
         metrics=metrics,
-        socket_path=service_socket(run_dir, SOCKET_NAME),
-        service_port=settings.klet.service_port or DEFAULT_SERVICE_PORT,
+        socket_path=grpc_socket(run_dir, IMAGE_GC),
+        service_port=settings.klet.service_port or DEFAULT_SERVICE_PORTS[IMAGE_GC],
         # A holder ID of its own; a restart takes over its dead predecessor's lease
         # at once (klet.bus.holder).
         lease=(

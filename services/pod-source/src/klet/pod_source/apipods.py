@@ -29,8 +29,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from klet.model.pod import CONFIG_MIRROR
 from klet.model.types import JSON
-from klet.pod_source.normalize import CONFIG_MIRROR
 
 # Watch event types (the apiserver's); ERROR is turned into an exception by klet.kube.
 ADDED, MODIFIED, DELETED, BOOKMARK = "ADDED", "MODIFIED", "DELETED", "BOOKMARK"

@@ -28,14 +28,10 @@ import hashlib
 import json
 from typing import Any, Literal
 
+from klet.model.pod import CONFIG_HASH, CONFIG_SOURCE
 from klet.model.types import JSON
 
 StaticSource = Literal["file", "http"]
-
-CONFIG_HASH = "kubernetes.io/config.hash"
-CONFIG_SOURCE = "kubernetes.io/config.source"
-CONFIG_SEEN = "kubernetes.io/config.seen"
-CONFIG_MIRROR = "kubernetes.io/config.mirror"
 
 DEFAULT_NAMESPACE = "default"
 DEFAULT_GRACE_PERIOD_S = 30

@@ -27,12 +27,12 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from typing import Any
 
+from klet.model.pod import CONFIG_HASH, CONFIG_MIRROR, CONFIG_SEEN, CONFIG_SOURCE
 from klet.model.records import ChangeOp, SourceName
+from klet.model.timestamps import rfc3339_nano
 from klet.model.types import JSON, PodUID, pod_full_name, pod_uid
-from klet.pod_source.normalize import CONFIG_HASH, CONFIG_MIRROR, CONFIG_SEEN, CONFIG_SOURCE
 
 LOCAL_ANNOTATIONS = frozenset({CONFIG_SOURCE, CONFIG_MIRROR, CONFIG_SEEN})
 
@@ -215,18 +215,12 @@ def differs_semantically(old: JSON, new: JSON) -> bool:
     return _shared_annotations(old_meta) != _shared_annotations(new_meta)
 
 
-def rfc3339(ts: float) -> str:
-    """RFC 3339 UTC with up to microseconds, trailing zeros trimmed (as Go's RFC3339Nano)."""
-    text = datetime.fromtimestamp(ts, UTC).strftime("%Y-%m-%dT%H:%M:%S.%f").rstrip("0").rstrip(".")
-    return text + "Z"
-
-
 def _with_local(pod: JSON, source: SourceName, seen_at: float) -> JSON:
     """A copy of `pod` with the local annotations the merge owns."""
     meta = dict(_meta(pod))
     annotations = dict(meta.get("annotations") or {})
     annotations[CONFIG_SOURCE] = source
-    annotations[CONFIG_SEEN] = rfc3339(seen_at)
+    annotations[CONFIG_SEEN] = rfc3339_nano(seen_at)
     meta["annotations"] = annotations
     return {**pod, "metadata": meta}
 

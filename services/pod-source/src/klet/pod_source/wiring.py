@@ -20,8 +20,8 @@ from pathlib import Path
 from typing import Protocol
 
 from klet.bus import Bus, BusAuth, Lease, NodeBus, service_lease
-from klet.config import DEFAULT_SERVICE_PORTS
 from klet.kube import KubeClient, kube_settings
+from klet.model.layout import DEFAULT_SERVICE_PORTS
 from klet.model.records import SourceName
 from klet.obs import new_registry
 from klet.pod_source.inbox import Inbox

@@ -101,12 +101,6 @@ class ClusterKubelet(Protocol):
     @property
     def effective_image_service_endpoint(self) -> str: ...  # [imageServiceEndpoint]
 
-    @property
-    def static_pod_path(self) -> str: ...  # [staticPodPath]
-
-    @property
-    def static_pod_url(self) -> str: ...  # [staticPodURL]
-
 
 class ClusterKlet(Protocol):
     """The klet-only settings cluster mode reads."""
@@ -191,16 +185,6 @@ def node_config(kubelet: ClusterKubelet, klet: ClusterKlet) -> NodeConfig:
         eviction_hard=eviction_hard,
         controller_attach_detach=kubelet.enable_controller_attach_detach,
     )
-
-
-def configured_sources(kubelet: ClusterKubelet) -> frozenset[str]:
-    """The pod sources that must be ready before an orphaned mirror pod is deleted."""
-    sources = {"api"}
-    if kubelet.static_pod_path:
-        sources.add("file")
-    if kubelet.static_pod_url:
-        sources.add("http")
-    return frozenset(sources)
 
 
 def _kube_client(kubeconfig: Path, kubelet: ClusterKubelet, node: str) -> Any:
@@ -291,7 +275,6 @@ def build_cluster(
         api=api,
         identity=identity,
         sources=o.sources or bus().sources,
-        configured_sources=configured_sources(kubelet),
         policy=o.pod_policy or PodSyncPolicy(),
     )
     event_sink = EventSink(

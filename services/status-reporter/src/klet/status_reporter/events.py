@@ -24,9 +24,9 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from dataclasses import dataclass
-from datetime import UTC, datetime
 
 from klet.model.records import EventRecord
+from klet.model.timestamps import rfc3339
 from klet.model.types import JSON
 
 DEFAULT_COMPONENT = "kubelet"
@@ -34,10 +34,6 @@ AGGREGATION_WINDOW_S = 600.0
 CACHE_SIZE = 4096
 
 EventKey = tuple[str, ...]
-
-
-def rfc3339(ts: float) -> str:
-    return datetime.fromtimestamp(ts, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def involved_object(involved: JSON) -> JSON:

@@ -25,14 +25,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Literal
 
+from klet.model.pod import CONFIG_HASH, CONFIG_MIRROR, pod_annotations
 from klet.model.types import JSON
-from klet.status_reporter.podstatus import (
-    CONFIG_HASH,
-    CONFIG_MIRROR,
-    annotations_of,
-    being_deleted,
-    uid_of,
-)
+from klet.status_reporter.podstatus import being_deleted, uid_of
 
 FullName = tuple[str, str]
 
@@ -51,11 +46,11 @@ class MirrorAction:
 
 def config_hash(pod: JSON) -> str:
     """The static pod's hash (pod-source sets it; its UID is the same hash)."""
-    return annotations_of(pod).get(CONFIG_HASH) or uid_of(pod)
+    return pod_annotations(pod).get(CONFIG_HASH) or uid_of(pod)
 
 
 def mirror_hash(mirror: JSON) -> str:
-    return annotations_of(mirror).get(CONFIG_MIRROR, "")
+    return pod_annotations(mirror).get(CONFIG_MIRROR, "")
 
 
 def mirror_pod(static_pod: JSON, *, node_name: str, node_uid: str) -> JSON:

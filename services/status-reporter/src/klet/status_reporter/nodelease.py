@@ -24,10 +24,10 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
 
 from klet.kube import Conflict, KubeError, NotFound
 from klet.model.flowcontrol import BackoffPolicy, RetryDelay
+from klet.model.timestamps import micro_time
 from klet.model.types import JSON
 from klet.obs import OnceLogger
 from klet.status_reporter.kubeapi import LEASE_NAMESPACE, KubeApi
@@ -36,11 +36,6 @@ from klet.status_reporter.nodeid import NodeIdentity
 log = logging.getLogger(__name__)
 
 RENEW_FRACTION = 0.25
-
-
-def micro_time(ts: float) -> str:
-    """metav1.MicroTime: RFC 3339 UTC with exactly six fractional digits."""
-    return datetime.fromtimestamp(ts, UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
 def owner_reference(node_name: str, node_uid: str) -> JSON:

@@ -34,12 +34,12 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from typing import Any
 
 from klet.model import node as nodemodel
 from klet.model.node import DEFAULT_LABELS, MachineInfo
 from klet.model.records import NodeConditionRecord
+from klet.model.timestamps import rfc3339
 from klet.model.types import JSON
 from klet.status_reporter.capacity import allocatable, capacity
 
@@ -157,11 +157,6 @@ class ConditionState:
     status: str
     reason: str
     message: str
-
-
-def rfc3339(ts: float) -> str:
-    """Seconds-precision RFC 3339 UTC, as metav1.Time serialises."""
-    return datetime.fromtimestamp(ts, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 # -- labels, addresses, images --------------------------------------------------------

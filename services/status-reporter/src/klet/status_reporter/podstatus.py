@@ -30,11 +30,6 @@ from typing import Literal
 from klet.model.records import PodStatusRecord
 from klet.model.types import JSON
 
-CONFIG_SOURCE = "kubernetes.io/config.source"
-CONFIG_HASH = "kubernetes.io/config.hash"
-CONFIG_MIRROR = "kubernetes.io/config.mirror"
-STATIC_SOURCES = frozenset({"file", "http"})
-
 # Conditions the kubelet owns outright (upstream PodConditionByKubelet).
 KUBELET_CONDITIONS = frozenset(
     {
@@ -67,23 +62,6 @@ Verdict = Literal["skip", "same", "illegal", "send"]
 class Decision:
     verdict: Verdict
     reason: str = ""
-
-
-def annotations_of(pod: JSON) -> dict[str, str]:
-    return dict((pod.get("metadata") or {}).get("annotations") or {})
-
-
-def source_of(pod: JSON) -> str:
-    """The config source of a desired pod ("api" unless pod-source marked it otherwise)."""
-    return annotations_of(pod).get(CONFIG_SOURCE, "api")
-
-
-def is_static(pod: JSON) -> bool:
-    return source_of(pod) in STATIC_SOURCES
-
-
-def is_mirror(pod: JSON) -> bool:
-    return CONFIG_MIRROR in annotations_of(pod)
 
 
 def full_name(pod: JSON) -> tuple[str, str]:

@@ -40,13 +40,14 @@ from typing import Protocol
 
 from klet.bus import BusError
 from klet.kube import Conflict, Invalid, KubeError, NotFound, Unavailable
-from klet.model.records import PodStatusRecord, SourceState
+from klet.model.pod import is_mirror, is_static
+from klet.model.records import PodStatusRecord, SourceState, sources_ready
 from klet.model.types import JSON, PodUID
 from klet.obs import OnceLogger
 from klet.status_reporter import mirrors, podstatus
 from klet.status_reporter.kubeapi import KubeApi
 from klet.status_reporter.nodeid import NodeIdentity
-from klet.status_reporter.podstatus import Sent, full_name, is_mirror, is_static, uid_of
+from klet.status_reporter.podstatus import Sent, full_name, uid_of
 
 log = logging.getLogger(__name__)
 
@@ -89,7 +90,6 @@ class PodSyncManager:
         api: KubeApi,
         identity: NodeIdentity,
         sources: SourcesTable,
-        configured_sources: frozenset[str],
         policy: PodSyncPolicy = PodSyncPolicy(),
         monotonic: Callable[[], float] = time.monotonic,
     ) -> None:
@@ -97,7 +97,6 @@ class PodSyncManager:
         self._api = api
         self._identity = identity
         self._sources = sources
-        self._configured = configured_sources
         self._policy = policy
         self._monotonic = monotonic
         self._sent: dict[PodUID, Sent] = {}
@@ -146,13 +145,13 @@ class PodSyncManager:
         await self.sync_statuses()
 
     async def sources_ready(self) -> bool:
-        """Whether every configured pod source has delivered its first full snapshot."""
+        """Whether every configured pod source has delivered its first full snapshot
+        (`klet.model.records.sources_ready`); an unreadable table is not ready."""
         try:
             states = await self._sources.all()
         except BusError:
             return False
-        ready = {s.source for s in states.values() if s.ready}
-        return self._configured <= ready
+        return sources_ready(states)
 
     async def reconcile_mirrors(self) -> None:
         """Create, replace and delete mirror pods. Raises Unavailable."""

@@ -25,6 +25,7 @@ from klet.bus import BusUnavailable, Entry
 from klet.cri import RuntimeUnavailable
 from klet.cri.types import ImageInfo, RuntimeCondition, RuntimeVersion
 from klet.kube import Conflict, Invalid, KubeError, NotFound, Unavailable
+from klet.model.pod import API_SOURCE, CONFIG_HASH, CONFIG_SEEN, CONFIG_SOURCE
 from klet.model.records import (
     DesiredPod,
     EventRecord,
@@ -411,9 +412,9 @@ def make_static_pod(
     """A static pod as pod-source stores it: node-suffixed name, config annotations."""
     pod = make_pod(f"{name}-{node}", namespace=namespace, uid=uid or f"static-{name}")
     pod["metadata"]["annotations"] = {
-        "kubernetes.io/config.hash": pod["metadata"]["uid"],
-        "kubernetes.io/config.source": "file",
-        "kubernetes.io/config.seen": "2025-01-01T00:00:00Z",
+        CONFIG_HASH: pod["metadata"]["uid"],
+        CONFIG_SOURCE: "file",
+        CONFIG_SEEN: "2025-01-01T00:00:00Z",
     }
     pod["spec"]["nodeName"] = node
     return pod
@@ -422,6 +423,6 @@ def make_static_pod(
 def make_api_pod(name: str, *, node: str = "node1", namespace: str = "default") -> JSON:
     """A pod as pod-source stores an apiserver pod (config.source annotation added)."""
     pod = make_pod(name, namespace=namespace)
-    pod["metadata"]["annotations"] = {"kubernetes.io/config.source": "api"}
+    pod["metadata"]["annotations"] = {CONFIG_SOURCE: API_SOURCE}
     pod["spec"]["nodeName"] = node
     return pod

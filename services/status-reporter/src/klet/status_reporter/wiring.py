@@ -24,9 +24,10 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from klet.bus import Bus, BusAuth, NodeBus
-from klet.config import DEFAULT_SERVICE_PORTS, Settings
+from klet.config import Settings
 from klet.cri import RuntimeClient, cri_settings
 from klet.kube import KubeClient, kube_settings
+from klet.model.layout import DEFAULT_SERVICE_PORTS
 from klet.obs import new_registry
 from klet.status_reporter.cluster import (
     ClusterDeps,

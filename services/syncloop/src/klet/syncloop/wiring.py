@@ -21,15 +21,14 @@ from pathlib import Path
 
 from klet.bus import Bus, Lease, NodeBus, service_lease
 from klet.cgroups import CgroupFS
-from klet.cgroups.machine import read_machine
+from klet.cgroups.machine import mem_total_bytes, read_machine
 from klet.config import Settings
 from klet.cri import RuntimeClient, cri_settings
 from klet.kube import KubeClient, kube_settings
 from klet.model.flowcontrol import Backoff, TokenBucket
+from klet.model.layout import DEFAULT_SERVICE_PORTS, SYNCLOOP, grpc_socket
 from klet.model.node import allocatable_amounts, node_labels, storage_aware_eviction_hard
-from klet.rpc.unixserver import service_socket
 from klet.syncloop.admission.admit import AdmissionLedger, NodeInfo
-from klet.syncloop.containers import podcgroups
 from klet.syncloop.containers.hooks import LifecycleHooks
 from klet.syncloop.containers.images import (
     ImagePuller,
@@ -61,8 +60,6 @@ from klet.syncloop.volumes.hostpath import HostPathPlugin
 from klet.syncloop.volumes.manager import VolumeManager
 from klet.syncloop.volumes.tokens import TokenManager
 from prometheus_client import CollectorRegistry
-
-DEFAULT_SERVICE_PORT = 10261
 
 
 @dataclass(frozen=True)
@@ -180,7 +177,7 @@ def build_deps(settings: Settings, overrides: Overrides | None = None) -> Deps:
     node_facts = NodeFacts(
         host_ips=(host_ip(settings),),
         cpu_count=os.cpu_count() or 1,
-        memory_bytes=podcgroups.memory_capacity_bytes(),
+        memory_bytes=mem_total_bytes(),
     )
     # Service-account tokens for projected volumes (TokenRequest), cluster mode only.
     tokens = TokenManager(kube) if kube is not None else None
@@ -283,8 +280,8 @@ def build_deps(settings: Settings, overrides: Overrides | None = None) -> Deps:
         events=bus_events,
         registry=registry,
         metrics=metrics,
-        socket_path=service_socket(run_dir, "syncloop.sock"),
-        service_port=settings.klet.service_port or DEFAULT_SERVICE_PORT,
+        socket_path=grpc_socket(run_dir, SYNCLOOP),
+        service_port=settings.klet.service_port or DEFAULT_SERVICE_PORTS[SYNCLOOP],
         consumer=o.consumer or f"{socket.gethostname()}-{os.getpid()}",
         # A holder ID of its own; a restart takes over its dead predecessor's lease
         # at once (klet.bus.holder).

@@ -16,6 +16,7 @@ from urllib.parse import parse_qs
 from fastapi.responses import PlainTextResponse, Response, StreamingResponse
 from klet.cri.errors import CRIError
 from klet.cri.types import ContainerState
+from klet.model.layout import pod_log_dir_name
 from klet.model.types import JSON, ContainerID
 from klet.status_reporter.kubeletapi import lookup
 from klet.status_reporter.kubeletapi.crilogs import LogOptionsError, parse_log_options
@@ -84,5 +85,7 @@ async def log_path(
         pass
     meta = pod.get("metadata") or {}
     restarts = lookup.restart_count(pod, container) - (1 if previous else 0)
-    pod_dir = f"{meta.get('namespace', 'default')}_{meta.get('name', '')}_{meta.get('uid', '')}"
+    pod_dir = pod_log_dir_name(
+        str(meta.get("namespace", "default")), str(meta.get("name", "")), str(meta.get("uid", ""))
+    )
     return str(deps.settings.pod_logs_dir / pod_dir / container / f"{max(restarts, 0)}.log")

@@ -25,10 +25,10 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass
-from datetime import UTC, datetime
 
 from klet.cgroups import CgroupStats
 from klet.cri.errors import CRIError
+from klet.model import timestamps
 from klet.model.types import JSON
 from klet.stats import FsUsage, PodStats, RuntimeFs, Snapshot, StatsProvider, running_containers
 
@@ -40,7 +40,8 @@ class CpuSample:
 
 
 def rfc3339(ns: int) -> str:
-    return datetime.fromtimestamp(ns / 1e9, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    """metav1.Time of a time in nanoseconds (the unit of CRI and cgroup samples)."""
+    return timestamps.rfc3339(ns / 1e9)
 
 
 def nano_cores(prev: CpuSample | None, cur: CpuSample) -> int | None:

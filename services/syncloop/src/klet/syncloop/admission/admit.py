@@ -20,11 +20,7 @@ upstream's order, the first failure being the one reported:
 5. `NodePorts`: no (hostIP, protocol, hostPort) of the pod may be in use by another
    admitted pod, `0.0.0.0` (or no hostIP) conflicting with every address.
 
-A pod's requests follow upstream's `PodRequests`: the sum over regular containers and
-sidecars (restartable init containers), at least the peak of any init container
-(which runs alongside the sidecars started before it), pod-level requests replacing
-that for cpu/memory/huge pages when set, plus the pod overhead. A request missing on a
-container defaults to its limit, as the apiserver's defaulting does.
+A pod's requests are upstream's `PodRequests` (`klet.model.pod.pod_requests`).
 
 Before those, as upstream registers the eviction manager's admit handler first, node
 pressure (the MemoryPressure/DiskPressure/PIDPressure conditions the eviction service
@@ -45,13 +41,11 @@ controller feeds it the pods that count (admitted, not terminal) and the restart
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
-from decimal import Decimal
 
-from klet.config.units import parse_quantity
+from klet.model.pod import is_critical, pod_requests
 from klet.model.types import JSON
 from klet.syncloop.pods import podspec
 
@@ -64,7 +58,6 @@ INSUFFICIENT_PREFIX = "OutOf"
 REJECTED_PREFIX = "Pod was rejected: "
 
 _FIT_ORDER = ("cpu", "memory", "ephemeral-storage")
-_POD_LEVEL = ("cpu", "memory")
 _TERMINAL_PHASES = ("Succeeded", "Failed")
 
 
@@ -120,75 +113,7 @@ def insufficient(resource: str, *, requested: int, used: int, capacity: int) -> 
     )
 
 
-# -- requests ------------------------------------------------------------------------
-
-
-def _amount(resource: str, quantity: Decimal) -> int:
-    """A quantity in the fit check's unit (Quantity.MilliValue / Value, rounded up)."""
-    return math.ceil(quantity * 1000) if resource == "cpu" else math.ceil(quantity)
-
-
-def _resource_map(values: object) -> dict[str, Decimal]:
-    if not isinstance(values, Mapping):
-        return {}
-    return {str(k): parse_quantity(str(v)) for k, v in values.items() if v is not None and v != ""}
-
-
-def container_requests(container: JSON) -> dict[str, Decimal]:
-    """The container's requests, each missing one defaulting to its limit."""
-    res = container.get("resources") or {}
-    if not isinstance(res, Mapping):
-        return {}
-    return {**_resource_map(res.get("limits")), **_resource_map(res.get("requests"))}
-
-
-def _add(total: dict[str, Decimal], more: Mapping[str, Decimal]) -> None:
-    for k, v in more.items():
-        total[k] = total.get(k, Decimal(0)) + v
-
-
-def _max(total: dict[str, Decimal], other: Mapping[str, Decimal]) -> None:
-    for k, v in other.items():
-        if k not in total or v > total[k]:
-            total[k] = v
-
-
-def _pod_level_resource(name: str) -> bool:
-    return name in _POD_LEVEL or name.startswith("hugepages-")
-
-
-def pod_requests(pod: JSON) -> dict[str, int]:
-    """upstream's PodRequests, as amounts (see the module docstring)."""
-    spec: JSON = pod.get("spec") or {}
-    total: dict[str, Decimal] = {}
-    for c in spec.get("containers") or []:
-        _add(total, container_requests(c))
-    sidecars: dict[str, Decimal] = {}
-    init_peak: dict[str, Decimal] = {}
-    for c in spec.get("initContainers") or []:
-        reqs = container_requests(c)
-        if c.get("restartPolicy") == "Always":
-            _add(total, reqs)
-            _add(sidecars, reqs)
-            running = dict(sidecars)
-        else:
-            running = dict(reqs)
-            _add(running, sidecars)
-        _max(init_peak, running)
-    _max(total, init_peak)
-    # Pod-level resources: an explicit pod-level request wins; a pod-level limit alone
-    # becomes the request (upstream's defaulting) only when no container requests it.
-    level = spec.get("resources") or {}
-    if isinstance(level, Mapping):
-        level_requests = _resource_map(level.get("requests"))
-        for name, q in _resource_map(level.get("limits")).items():
-            if _pod_level_resource(name) and name not in level_requests and name not in total:
-                total[name] = q
-        for name, q in level_requests.items():
-            if _pod_level_resource(name):
-                total[name] = q
-    _add(total, _resource_map(spec.get("overhead")))
-    return {k: _amount(k, v) for k, v in total.items()}
+# -- resource names ----------------------------------------------------------------
 
 
 def _is_extended(resource: str) -> bool:
@@ -376,22 +301,6 @@ MEMORY_PRESSURE = "MemoryPressure"
 PRESSURE_ORDER = (MEMORY_PRESSURE, "DiskPressure", "PIDPressure")
 TAINT_MEMORY_PRESSURE = "node.kubernetes.io/memory-pressure"
 EVICTED = "Evicted"
-CONFIG_SOURCE = "kubernetes.io/config.source"
-CONFIG_MIRROR = "kubernetes.io/config.mirror"
-SYSTEM_CRITICAL_PRIORITY = 2_000_000_000
-
-
-def is_critical_pod(pod: JSON) -> bool:
-    """upstream's IsCriticalPod: a static pod (config source other than the apiserver),
-    a mirror pod, or priority at least system-cluster-critical's."""
-    annotations = (pod.get("metadata") or {}).get("annotations") or {}
-    source = annotations.get(CONFIG_SOURCE)
-    if (source is not None and source != "api") or CONFIG_MIRROR in annotations:
-        return True
-    priority = (pod.get("spec") or {}).get("priority")
-    return isinstance(priority, int) and priority >= SYSTEM_CRITICAL_PRIORITY
-
-
 def tolerates(tolerations: Iterable[JSON], *, key: str, effect: str) -> bool:
     """TolerationsTolerateTaint for a taint with `key`, `effect` and an empty value."""
     for t in tolerations:
@@ -413,7 +322,7 @@ def tolerates(tolerations: Iterable[JSON], *, key: str, effect: str) -> bool:
 def pressure_verdict(pod: JSON, conditions: Iterable[str]) -> Verdict:
     """Whether node pressure keeps `pod` out (see the module docstring)."""
     present = [c for c in PRESSURE_ORDER if c in set(conditions)]
-    if not present or is_critical_pod(pod):
+    if not present or is_critical(pod):
         return ADMIT
     if present == [MEMORY_PRESSURE]:
         if podspec.qos_class(pod) != "BestEffort":

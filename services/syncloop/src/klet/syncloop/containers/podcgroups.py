@@ -16,22 +16,12 @@ import os
 from pathlib import Path
 
 from klet.cgroups.fs import V1_CONTROLLERS, detect
+from klet.cgroups.machine import mem_total_bytes
 from klet.syncloop.containers.resources import NodeLimits, PodResources
 
 log = logging.getLogger(__name__)
 
-MEMINFO = Path("/proc/meminfo")
 OOM_SCORE_ADJ = Path("/proc/self/oom_score_adj")
-
-
-def memory_capacity_bytes(meminfo: Path = MEMINFO) -> int:
-    try:
-        for line in meminfo.read_text().splitlines():
-            if line.startswith("MemTotal:"):
-                return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        pass
-    return 0
 
 
 def oom_score_adj_floor(path: Path = OOM_SCORE_ADJ) -> int:
@@ -63,7 +53,7 @@ def oom_score_adj_floor(path: Path = OOM_SCORE_ADJ) -> int:
 
 @functools.cache
 def _detected() -> tuple[int, int]:
-    return memory_capacity_bytes(), oom_score_adj_floor()
+    return mem_total_bytes(), oom_score_adj_floor()
 
 
 def node_limits(settings: object) -> NodeLimits:

@@ -18,6 +18,7 @@ from pathlib import Path
 from klet.cri import CRIError
 from klet.cri.types import Mount, SandboxConfig
 from klet.model.flowcontrol import Backoff
+from klet.model.layout import pod_dir
 from klet.model.podvalidation import checked_component
 from klet.model.types import JSON, SandboxID
 from klet.syncloop.containers import criconfig, podcgroups, security, termination
@@ -63,7 +64,7 @@ class ContainerStarter:
         uid = str((pod.get("metadata") or {}).get("uid") or "")
         if self.settings.root_dir is None or not uid:
             return None
-        return SubPathMounter(self.settings.root_dir / "pods" / uid, self.binder)
+        return SubPathMounter(pod_dir(self.settings.root_dir, uid), self.binder)
 
     def _hosts_mount(
         self, pod: JSON, container: JSON, pod_ip: str, sandbox_id: SandboxID

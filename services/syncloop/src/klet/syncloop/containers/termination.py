@@ -28,6 +28,7 @@ from pathlib import Path
 
 from klet.cri import labels as L
 from klet.cri.types import ContainerState, ContainerStatusInfo, Mount
+from klet.model.layout import pod_dir
 from klet.model.podvalidation import UnsafePathComponent, checked_component
 from klet.model.types import JSON
 
@@ -51,7 +52,7 @@ def message_path(container: JSON) -> str:
 
 
 def containers_dir(root_dir: Path, uid: str) -> Path:
-    return root_dir / "pods" / checked_component(uid, what="pod UID") / "containers"
+    return pod_dir(root_dir, checked_component(uid, what="pod UID")) / "containers"
 
 
 def create_message_file(root_dir: Path, uid: str, container: JSON) -> Mount | None:

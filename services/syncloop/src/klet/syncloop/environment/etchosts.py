@@ -29,6 +29,7 @@ import os
 from pathlib import Path
 
 from klet.cri.types import Mount
+from klet.model.layout import pod_dir
 from klet.model.podvalidation import UnsafePathComponent, checked_component
 from klet.model.types import JSON
 from klet.syncloop.environment import dns
@@ -88,7 +89,7 @@ def wants_hosts_file(container: JSON, pod_ips: tuple[str, ...]) -> bool:
 
 
 def hosts_path(root_dir: Path, uid: str) -> Path:
-    return root_dir / "pods" / checked_component(uid, what="pod UID") / FILE_NAME
+    return pod_dir(root_dir, checked_component(uid, what="pod UID")) / FILE_NAME
 
 
 def needs_writing(*, written_for: str | None, sandbox_id: str, exists: bool) -> bool:

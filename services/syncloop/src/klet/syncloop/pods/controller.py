@@ -37,7 +37,7 @@ from typing import Any, Protocol
 from klet.bus import BusError, NodeBus
 from klet.cri.types import SandboxState
 from klet.model.podvalidation import pod_problems
-from klet.model.records import DesiredPod, PodChange, SourceState
+from klet.model.records import DesiredPod, PodChange, SourceState, sources_ready
 from klet.model.types import JSON, PodUID
 from klet.rpc.podcontrol import PodSummary
 from klet.syncloop.admission.admit import EVICTED, PRESSURE_ORDER, AdmissionLedger, Verdict
@@ -98,10 +98,6 @@ def check_desired(uid: str, rec: DesiredPod, *, node_name: str) -> Refusal | Non
         fields=tuple(p.field for p in problems),
         eventable=not mismatch and not any(p.field in identity for p in problems),
     )
-
-
-def sources_ready(sources: dict[str, SourceState]) -> bool:
-    return bool(sources) and all(s.ready for s in sources.values())
 
 
 class PressureSource(Protocol):

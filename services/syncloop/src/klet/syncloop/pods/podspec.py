@@ -12,6 +12,7 @@ import hashlib
 import json
 from typing import Any
 
+from klet.model import layout
 from klet.model.podvalidation import checked_component
 from klet.model.types import JSON
 
@@ -121,7 +122,9 @@ def deadline_at(pod: JSON, started_at: float | None) -> float | None:
 
 def pod_log_dir_name(pod: JSON) -> str:
     m = meta(pod)
-    name = f"{m.get('namespace', 'default')}_{m.get('name', '')}_{m.get('uid', '')}"
+    name = layout.pod_log_dir_name(
+        str(m.get("namespace", "default")), str(m.get("name", "")), str(m.get("uid", ""))
+    )
     return checked_component(name, what="pod log directory")
 
 
@@ -171,9 +174,5 @@ def qos_class(pod: JSON) -> str:
 
 
 def pod_cgroup_parent(pod: JSON) -> str:
-    """`/kubepods/<qos>/pod<uid>` (Guaranteed pods directly under kubepods), cgroupfs style."""
-    uid = meta(pod).get("uid", "")
-    qos = qos_class(pod)
-    if qos == "Guaranteed":
-        return f"/kubepods/pod{uid}"
-    return f"/kubepods/{qos.lower()}/pod{uid}"
+    """The pod's cgroup by its QoS class (`klet.model.layout.pod_cgroup`)."""
+    return layout.pod_cgroup(str(meta(pod).get("uid", "")), qos_class(pod))

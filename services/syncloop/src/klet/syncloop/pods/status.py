@@ -8,10 +8,10 @@ upstream's status manager does. Times come in as arguments.
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
 from typing import Any
 
 from klet.cri.types import ContainerState, ContainerStatusInfo, SandboxState
+from klet.model.timestamps import rfc3339
 from klet.model.types import JSON
 from klet.syncloop.containers import termination
 from klet.syncloop.pods import podspec
@@ -20,10 +20,6 @@ from klet.syncloop.probing.proberesults import NO_PROBES, ProbeKind, ProbeResult
 
 DISRUPTION_TARGET = "DisruptionTarget"
 TERMINATION_BY_KUBELET = "TerminationByKubelet"
-
-
-def rfc3339(ts: float) -> str:
-    return datetime.fromtimestamp(ts, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def _ns(ns: int) -> str | None:

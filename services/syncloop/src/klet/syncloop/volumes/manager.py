@@ -26,6 +26,7 @@ from pathlib import Path
 
 from klet.cri import CRIError
 from klet.cri import labels as L
+from klet.model import layout
 from klet.model.podvalidation import checked_component
 from klet.model.types import JSON
 from klet.syncloop.environment.envvars import NodeFacts
@@ -89,10 +90,10 @@ class VolumeManager:
         return self._locks.setdefault(uid, asyncio.Lock())
 
     def pods_dir(self) -> Path:
-        return self.root_dir / "pods"
+        return layout.pods_dir(self.root_dir)
 
     def pod_dir(self, uid: str) -> Path:
-        return self.pods_dir() / checked_component(uid, what="pod UID")
+        return layout.pod_dir(self.root_dir, checked_component(uid, what="pod UID"))
 
     def plugin_for(self, volume: JSON) -> VolumePlugin | None:
         return next((p for p in self.plugins if p.handles(volume)), None)

@@ -24,8 +24,9 @@ import os
 import stat
 from pathlib import Path
 
+from klet.model.layout import pod_dir, pods_dir
+
 DIR_MODE = 0o750
-PODS = "pods"
 
 
 class PodDirError(OSError):
@@ -37,7 +38,7 @@ def ensure_root_dir(root_dir: Path) -> None:
     if not root_dir.is_dir():
         root_dir.parent.mkdir(parents=True, exist_ok=True)
         _ensure(root_dir, enforce=False)
-    _ensure(root_dir / PODS, enforce=True)
+    _ensure(pods_dir(root_dir), enforce=True)
 
 
 def ensure_pod_dir(root_dir: Path, uid: str) -> Path:
@@ -45,7 +46,7 @@ def ensure_pod_dir(root_dir: Path, uid: str) -> Path:
     if not uid or "/" in uid or uid in (".", ".."):
         raise PodDirError(f"invalid pod UID {uid!r}: not usable as a directory name")
     ensure_root_dir(root_dir)
-    path = root_dir / PODS / uid
+    path = pod_dir(root_dir, uid)
     _ensure(path, enforce=True)
     return path
 

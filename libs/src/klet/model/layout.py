@@ -1,0 +1,92 @@
+"""Where things live on a node: the names every service and `klet up` agree on.
+
+Pure names and paths, no I/O; the directories they sit in come from settings
+(`--run-dir`, `--root-dir`, `podLogsDir`).
+
+- Service ports: each service's private `/healthz`, `/readyz` and `/metrics` port when
+  `--service-port` is 0 (upstream has none: the kubelet is one process).
+- Sockets under the run directory: the project's gRPC APIs in `<run-dir>/grpc/<service>.sock`
+  (a directory of their own, mode 0700, see `klet.rpc.unixserver`), the private Redis of
+  `klet up` in `<run-dir>/redis/redis.sock`.
+- Pod cgroups (cgroupfs names, as upstream's QoS container manager makes them):
+  Guaranteed pods directly under `/kubepods`, the others under
+  `/kubepods/{burstable,besteffort}`, each in `pod<uid>`.
+- Pod directories under the root directory: `<root-dir>/pods/<uid>` (volumes,
+  container termination logs, the managed /etc/hosts), as upstream's `getPodDir`.
+- Pod log directories: `<podLogsDir>/<namespace>_<name>_<uid>` (upstream's
+  `BuildPodLogsDirectory`); a pod's name and namespace cannot contain `_`, so the UID
+  can be read back from the name.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from types import MappingProxyType
+
+DEFAULT_SERVICE_PORTS: Mapping[str, int] = MappingProxyType(
+    {
+        "pod-source": 10260,
+        "syncloop": 10261,
+        "status-reporter": 10262,
+        "eviction": 10263,
+        "image-gc": 10264,
+    }
+)
+
+GRPC_SOCKET_DIR = "grpc"
+SYNCLOOP = "syncloop"
+"""Serves PodControl."""
+IMAGE_GC = "image-gc"
+"""Serves GarbageCollector."""
+
+PODS_DIR = "pods"
+
+REDIS_DIR = "redis"
+REDIS_SOCKET = "redis.sock"
+
+KUBEPODS = "/kubepods"
+QOS_GUARANTEED = "Guaranteed"
+_QOS_PARENTS = ("burstable", "besteffort")
+
+
+def grpc_socket(run_dir: Path, service: str) -> Path:
+    """The unix socket `service` serves its gRPC API on: `<run-dir>/grpc/<service>.sock`."""
+    return run_dir / GRPC_SOCKET_DIR / f"{service}.sock"
+
+
+def redis_socket(run_dir: Path) -> Path:
+    """The private Redis's unix socket: `<run-dir>/redis/redis.sock`."""
+    return run_dir / REDIS_DIR / REDIS_SOCKET
+
+
+def pods_dir(root_dir: Path) -> Path:
+    return root_dir / PODS_DIR
+
+
+def pod_dir(root_dir: Path, uid: str) -> Path:
+    """A pod's directory; `uid` must already be a safe path component."""
+    return pods_dir(root_dir) / uid
+
+
+def pod_cgroup(uid: str, qos_class: str) -> str:
+    """The cgroup of a pod of `qos_class` (Guaranteed, Burstable, BestEffort)."""
+    if qos_class == QOS_GUARANTEED:
+        return f"{KUBEPODS}/pod{uid}"
+    return f"{KUBEPODS}/{qos_class.lower()}/pod{uid}"
+
+
+def pod_cgroup_candidates(uid: str) -> tuple[str, ...]:
+    """Every cgroup a pod may have, for a reader that does not know its QoS class."""
+    return (f"{KUBEPODS}/pod{uid}", *(f"{KUBEPODS}/{q}/pod{uid}" for q in _QOS_PARENTS))
+
+
+def pod_log_dir_name(namespace: str, name: str, uid: str) -> str:
+    """A pod's log directory under podLogsDir."""
+    return f"{namespace}_{name}_{uid}"
+
+
+def pod_log_dir_uid(dir_name: str) -> str:
+    """The pod UID of a pod log directory name ("" if the name is not one)."""
+    parts = dir_name.split("_")
+    return parts[2] if len(parts) == 3 and all(parts) else ""

@@ -1,0 +1,93 @@
+"""The node layout (klet.model.layout): gRPC and Redis sockets under the run directory,
+the per-service ports, pod directories under the root directory, pod cgroups by QoS
+class (and every candidate for a reader that does not know the class), and pod log
+directory names read both ways."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from klet.model.layout import (
+    DEFAULT_SERVICE_PORTS,
+    IMAGE_GC,
+    SYNCLOOP,
+    grpc_socket,
+    pod_cgroup,
+    pod_cgroup_candidates,
+    pod_dir,
+    pod_log_dir_name,
+    pod_log_dir_uid,
+    pods_dir,
+    redis_socket,
+)
+
+
+@pytest.mark.parametrize(
+    ("service", "want"),
+    [
+        (SYNCLOOP, "/run/klet/grpc/syncloop.sock"),
+        (IMAGE_GC, "/run/klet/grpc/image-gc.sock"),
+    ],
+)
+def test_grpc_sockets_live_in_the_grpc_directory(service: str, want: str) -> None:
+    assert grpc_socket(Path("/run/klet"), service) == Path(want)
+
+
+def test_redis_socket() -> None:
+    assert redis_socket(Path("/run/klet")) == Path("/run/klet/redis/redis.sock")
+
+
+def test_service_ports() -> None:
+    assert dict(DEFAULT_SERVICE_PORTS) == {
+        "pod-source": 10260,
+        "syncloop": 10261,
+        "status-reporter": 10262,
+        "eviction": 10263,
+        "image-gc": 10264,
+    }
+
+
+def test_pod_dirs_under_the_root_dir() -> None:
+    assert pods_dir(Path("/var/lib/kubelet")) == Path("/var/lib/kubelet/pods")
+    assert pod_dir(Path("/var/lib/kubelet"), "u1") == Path("/var/lib/kubelet/pods/u1")
+
+
+@pytest.mark.parametrize(
+    ("qos", "want"),
+    [
+        ("Guaranteed", "/kubepods/podu1"),
+        ("Burstable", "/kubepods/burstable/podu1"),
+        ("BestEffort", "/kubepods/besteffort/podu1"),
+    ],
+)
+def test_pod_cgroup_by_qos(qos: str, want: str) -> None:
+    assert pod_cgroup("u1", qos) == want
+    assert want in pod_cgroup_candidates("u1")
+
+
+def test_pod_cgroup_candidates_cover_exactly_the_qos_classes() -> None:
+    assert pod_cgroup_candidates("u1") == tuple(
+        pod_cgroup("u1", q) for q in ("Guaranteed", "Burstable", "BestEffort")
+    )
+
+
+def test_pod_log_dir_name_round_trips() -> None:
+    name = pod_log_dir_name("kube-system", "dns-node1", "0b5c7d2e-1111")
+    assert name == "kube-system_dns-node1_0b5c7d2e-1111"
+    assert pod_log_dir_uid(name) == "0b5c7d2e-1111"
+
+
+@pytest.mark.parametrize(
+    ("name", "uid"),
+    [
+        ("default_web-node1_0b5c7d2e-1111-2222-3333-4444", "0b5c7d2e-1111-2222-3333-4444"),
+        ("kube-system_dns_abc", "abc"),
+        ("nounderscore", ""),
+        ("a_b", ""),
+        ("a_b_c_d", ""),
+        ("a__c", ""),
+    ],
+)
+def test_pod_log_dir_uid(name: str, uid: str) -> None:
+    assert pod_log_dir_uid(name) == uid
