@@ -36,6 +36,7 @@ from klet.cri import labels as L
 from klet.devstack import DevStack, Dockerd, free_port
 
 from tests.harness.node import fetch, wait_for
+from tests.integration.conftest import remove_node_pods
 from tools.image.__main__ import version
 
 pytestmark = [pytest.mark.compose, pytest.mark.timeout(1500)]
@@ -215,12 +216,11 @@ class Deployment:
                 CRISettings(runtime_endpoint=self.stack.runtime_endpoint, timeout_s=10)
             )
             try:
-                out = {}
+                out: dict[str, tuple[str, str, int, str]] = {}
                 for c in await cri.list_containers():
                     pod = c.labels.get(L.POD_NAME, "")
                     if pod.endswith(f"-{self.node}"):
-                        key = f"{pod}/{c.metadata.name}"
-                        out[key] = (c.pod_sandbox_id, c.id, c.metadata.attempt, c.state.value)
+                        out[f"{pod}/{c.name}"] = (c.sandbox_id, c.id, c.attempt, c.state.value)
                 return out
             finally:
                 await cri.close()
@@ -233,17 +233,6 @@ class Deployment:
 
 def mount(*args: str) -> None:
     subprocess.run(["mount", *args], check=True, capture_output=True)
-
-
-async def remove_node_pods(endpoint: str, node: str) -> None:
-    cri = RuntimeClient(CRISettings(runtime_endpoint=endpoint, timeout_s=30))
-    try:
-        for s in await cri.list_pod_sandboxes():
-            if s.labels.get(L.POD_NAME, "").endswith(f"-{node}"):
-                await cri.stop_pod_sandbox(s.id)
-                await cri.remove_pod_sandbox(s.id)
-    finally:
-        await cri.close()
 
 
 @pytest.fixture(scope="module")
