@@ -59,8 +59,8 @@ test-image: setup
 	KLET_IMAGE_TESTS=1 $(PY) -m pytest tests/image $(PYTEST_ARGS)
 
 # docker-compose.yml on a private dockerd against the test stack's containerd: restarts,
-# SIGKILLs, a Redis outage and down/up leave the pods alone (tests/compose); not in
-# `make test` yet.
+# SIGKILLs, a Redis outage and down/up leave the pods alone (tests/compose). About 9
+# minutes on 2 cores (each restart waits for a passing health check): not in `make test`.
 test-compose: setup
 	KLET_COMPOSE_TESTS=1 $(PY) -m pytest tests/compose -s $(PYTEST_ARGS)
 

@@ -35,7 +35,8 @@ from klet.cri import CRISettings, RuntimeClient
 from klet.cri import labels as L
 from klet.devstack import DevStack, Dockerd, free_port
 
-from tests.harness.node import fetch, wait_for
+from tests.harness.node import fetch
+from tests.harness.waiting import wait_for
 from tests.integration.conftest import remove_node_pods
 from tools.image.__main__ import version
 
@@ -171,7 +172,8 @@ class Deployment:
     def container(self, service: str) -> dict[str, Any]:
         """`docker inspect` of the service's container."""
         cid = self.compose("ps", "-q", service).strip()
-        assert cid, f"no container of {service}"
+        if not cid:
+            raise LookupError(f"no container of {service}")
         found = json.loads(self.dockerd.docker(["inspect", cid]).stdout)
         assert isinstance(found, list)
         return dict(found[0])

@@ -11,12 +11,9 @@ import subprocess
 import tarfile
 from pathlib import Path
 
-import pytest
 from klet.devstack import Dockerd
 from klet.devstack.containerd import _mount_points
 from klet.devstack.procs import pid_alive
-
-pytestmark = pytest.mark.integration
 
 
 def iptables_rules() -> str:
