@@ -15,7 +15,7 @@ import urllib.error
 import urllib.request
 from collections.abc import Mapping, Sequence
 
-from klet.config import DEFAULT_SERVICE_PORTS
+from klet.model.layout import DEFAULT_SERVICE_PORTS
 
 
 def healthz_url(service: str, env: Mapping[str, str]) -> str:
