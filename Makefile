@@ -4,7 +4,7 @@ PY := .venv/bin/python
 RUN_DIR ?= $(CURDIR)/.run
 PYTEST_ARGS ?=
 
-.PHONY: setup run test unit integration cluster soak lint typecheck proto bench bench-gc fuzz fuzz-manifests clean image test-image
+.PHONY: setup run test unit integration cluster soak lint typecheck proto bench bench-gc fuzz fuzz-manifests clean image test-image test-compose
 
 setup:
 	@bash tools/setup.sh
@@ -57,6 +57,12 @@ image: setup
 # Builds the images and runs them on a private containerd (tests/image); not in `make test` yet.
 test-image: setup
 	KLET_IMAGE_TESTS=1 $(PY) -m pytest tests/image $(PYTEST_ARGS)
+
+# docker-compose.yml on a private dockerd against the test stack's containerd: restarts,
+# SIGKILLs, a Redis outage and down/up leave the pods alone (tests/compose). About 9
+# minutes on 2 cores (each restart waits for a passing health check): not in `make test`.
+test-compose: setup
+	KLET_COMPOSE_TESTS=1 $(PY) -m pytest tests/compose -s $(PYTEST_ARGS)
 
 bench: setup
 	$(PY) bench/run.py

@@ -2,12 +2,15 @@
 # One-time, idempotent set-up for `make setup`: Debian packages, uv, the virtualenv with
 # every workspace package installed editable, and the generated gRPC stubs. Each step
 # checks first and is skipped when already done. Never touches system daemons: it only
-# installs packages (Debian's post-install scripts cannot start services without systemd).
+# installs packages, under a policy-rc.d that forbids starting any (docker.io's
+# post-install script would otherwise start the system dockerd through its init script;
+# the compose tests start a private one, klet.devstack.Dockerd).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 APT_PACKAGES=(containerd runc containernetworking-plugins busybox-static docker-registry
-              redis-server iproute2 iptables apache2-utils mmdebstrap skopeo)
+              redis-server iproute2 iptables apache2-utils mmdebstrap skopeo
+              docker.io docker-compose)
 UV_VERSION=0.13.9
 
 missing=()
@@ -17,6 +20,12 @@ done
 if [ ${#missing[@]} -gt 0 ]; then
   echo "setup: installing Debian packages: ${missing[*]}"
   export DEBIAN_FRONTEND=noninteractive
+  if [ ! -e /usr/sbin/policy-rc.d ]; then
+    printf '#!/bin/sh\n# klet tools/setup.sh: no service starts while it installs packages\nexit 101\n' \
+      > /usr/sbin/policy-rc.d
+    chmod 755 /usr/sbin/policy-rc.d
+    trap 'rm -f /usr/sbin/policy-rc.d' EXIT
+  fi
   apt-get update -qq
   apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 fi

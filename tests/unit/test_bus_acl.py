@@ -4,7 +4,7 @@ Covers: user names per node and service; the exact grants of a service (its own 
 keys only, one selector per key group, scripts limited to keys it may touch, its own
 lease only); node names that would widen a key pattern refused; ACL file lines holding
 password hashes, never passwords; `klet bus-acl` writing 0600 password files it keeps
-on a re-run.
+on a re-run, and with `--acl-file` a whole ACL file with the default user off.
 """
 
 from __future__ import annotations
@@ -103,3 +103,20 @@ def test_bus_acl_command(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> 
     assert bus_acl(["--node", "n1", "--secrets-dir", str(secrets_dir)]) == 0
     assert capsys.readouterr().out == first
     assert bus_acl(["--node", "N*", "--secrets-dir", str(secrets_dir)]) == 2
+
+
+def test_bus_acl_writes_a_whole_acl_file(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    secrets_dir, acl_file = tmp_path / "secrets", tmp_path / "bus" / "users.acl"
+    argv = ["--node", "n1", "--node", "n2", "--secrets-dir", str(secrets_dir)]
+    assert bus_acl([*argv, "--acl-file", str(acl_file)]) == 0
+    printed = capsys.readouterr().out
+    lines = acl_file.read_text().splitlines()
+    assert lines[0] == "user default off"
+    # The printed users, without the comment lines redis-server would not accept.
+    assert lines[1:] == [line for line in printed.splitlines() if not line.startswith("#")]
+    assert len(lines) == 1 + 2 * len(SERVICES)
+    assert stat.S_IMODE(acl_file.stat().st_mode) == 0o600
+    for f in (secrets_dir / "n2").iterdir():
+        assert f.read_text().strip() not in acl_file.read_text()

@@ -7,6 +7,10 @@ writes one random password per service into `<secrets-dir>/<node>/<service>` (06
 ACL file lines of those users (passwords as SHA-256 hashes) from klet.bus.acl, the same
 grants `klet up` uses. Each service is then started with `--redis-username` and
 `--redis-password-file` pointing at its own file.
+
+With `--acl-file` it also writes a whole ACL file for `redis-server --aclfile` (0600):
+the unauthenticated `default` user off, then those users. docker-compose.yml runs it as
+a one-shot step before the Redis starts.
 """
 
 from __future__ import annotations
@@ -43,6 +47,11 @@ def bus_acl(argv: Sequence[str]) -> int:
     parser.add_argument(
         "--secrets-dir", required=True, type=Path, help="where the password files go"
     )
+    parser.add_argument(
+        "--acl-file",
+        type=Path,
+        help="also write a whole ACL file (default user off, then these users) here",
+    )
     args = parser.parse_args(list(argv))
     try:
         nodes = [check_node(n) for n in args.node]
@@ -50,8 +59,13 @@ def bus_acl(argv: Sequence[str]) -> int:
         print(f"klet bus-acl: --node: {err}", file=sys.stderr)
         return 2
     out = []
+    users = ["user default off"]
     for node in nodes:
         out.append(f"# klet node {node}: " + ", ".join(user_name(node, s) for s in SERVICES))
-        out += node_acl_lines(node, args.secrets_dir)
+        lines = node_acl_lines(node, args.secrets_dir)
+        out += lines
+        users += lines
+    if args.acl_file is not None:
+        write_secret(args.acl_file, "\n".join(users))
     print("\n".join(out))
     return 0

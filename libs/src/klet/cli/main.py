@@ -1,4 +1,4 @@
-"""`klet` entry point: dispatches to `up`, `run`, `crictl` and `bus-acl`.
+"""`klet` entry point: dispatches to `up`, `run`, `crictl`, `bus-acl` and `healthcheck`.
 
 `klet run <service>` finds the service through the `klet.services` entry points, so this
 library never imports a service package (the layering contract in pyproject.toml).
@@ -18,9 +18,11 @@ commands:
   run <service> [flags]       run one service: {services}
   crictl [--run-dir DIR | --runtime-endpoint EP] pods|ps [-a]|images
                               list what the runtime has, as crictl would
-  bus-acl --node N --secrets-dir DIR
+  bus-acl --node N --secrets-dir DIR [--acl-file FILE]
                               password files and Redis ACL lines of node N's services,
                               for a bus Redis that klet up does not start
+  healthcheck <service>       exit 0 when the service's /healthz on this host passes
+                              (container health checks)
 """
 
 
@@ -53,6 +55,10 @@ def main(argv: list[str] | None = None) -> int:
         from klet.cli.busacl import bus_acl
 
         return bus_acl(rest)
+    if command == "healthcheck":
+        from klet.cli.healthcheck import healthcheck
+
+        return healthcheck(rest)
     if command == "crictl":
         from klet.cli.crictl import crictl
 

@@ -8,6 +8,7 @@ loopback ports, so a run never touches a system instance. See ``DevStack``.
 
 from klet.devstack.cni import CniNetwork, choose_subnet
 from klet.devstack.containerd import Containerd, ContainerdError
+from klet.devstack.dockerd import Dockerd
 from klet.devstack.images import (
     BUSYBOX_IMAGE,
     HTTPD_IMAGE,
@@ -39,6 +40,7 @@ __all__ = [
     "Containerd",
     "ContainerdError",
     "DevStack",
+    "Dockerd",
     "ImageError",
     "ImageSpec",
     "ManagedProcess",

@@ -351,16 +351,21 @@ disabled_plugins = [{disabled}]
             kill_pid(shim, timeout_s=2.0)
 
     def _unmount_all(self) -> None:
-        prefix = str(self.dir.resolve()) + "/"
-        targets = [m for m in _mount_points() if m.startswith(prefix)]
-        if not targets:
-            return
-        libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
-        # Deepest first, and for equal depth the most recent mount first.
-        for target in sorted(reversed(targets), key=lambda m: m.count("/"), reverse=True):
-            if libc.umount2(os.fsencode(target), _MNT_DETACH) != 0:
-                err = ctypes.get_errno()
-                log.warning("umount failed target=%s error=%s", target, os.strerror(err))
+        unmount_under(self.dir)
+
+
+def unmount_under(dir: Path) -> None:
+    """Detach every mount below `dir` (not `dir` itself), deepest first."""
+    prefix = str(dir.resolve()) + "/"
+    targets = [m for m in _mount_points() if m.startswith(prefix)]
+    if not targets:
+        return
+    libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
+    # Deepest first, and for equal depth the most recent mount first.
+    for target in sorted(reversed(targets), key=lambda m: m.count("/"), reverse=True):
+        if libc.umount2(os.fsencode(target), _MNT_DETACH) != 0:
+            err = ctypes.get_errno()
+            log.warning("umount failed target=%s error=%s", target, os.strerror(err))
 
 
 def _mount_points() -> list[str]:

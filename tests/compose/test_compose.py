@@ -1,0 +1,425 @@
+"""The real docker-compose.yml on a private dockerd: restarting, killing or stopping any
+part of the deployment never touches the pods.
+
+Builds `klet:<version>` and `klet-redis:<version>` with tools/image, starts a private
+dockerd (klet.devstack.Dockerd), `docker load`s both, makes the test's root dir a
+shared mount, and runs docker-compose.yml with an env file that points every path at
+the test's directories and the devstack's containerd. Two static pods run: `hooked`
+(a liveness probe, and a postStart hook that appends a line to a hostPath file, so a
+re-run hook shows) and `plain`. After each disruption — `docker-compose restart` of
+each service, `kill -s KILL` of each service container, `stop redis` for 30 s then
+`start`, `down` then `up` — the pods' sandbox and container IDs and attempts (from CRI)
+are unchanged, the hook ran once, and the agent reports both pods Running again.
+Then a configuration file with an invalid field, and no configuration file at all, make
+the restarted service exit with an error naming the field or the file (docker restarts
+it, unless-stopped), while Redis, the other services and the pods carry on; with the
+good file back it is healthy again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import pytest
+from klet.cri import CRISettings, RuntimeClient
+from klet.cri import labels as L
+from klet.devstack import DevStack, Dockerd, free_port
+
+from tests.harness.node import fetch
+from tests.harness.waiting import wait_for
+from tests.integration.conftest import remove_node_pods
+from tools.image.__main__ import version
+
+pytestmark = [pytest.mark.compose, pytest.mark.timeout(1500)]
+
+ROOT = Path(__file__).resolve().parents[2]
+SERVICES = ("pod-source", "syncloop", "status-reporter", "eviction", "image-gc")
+BUSYBOX = "registry.klet.test/busybox:1.36"
+SLEEPER = "trap 'exit 0' TERM; sleep 100000 & wait"
+
+
+def hooked_pod(hook_file: Path) -> str:
+    # No hostPath `type`: syncloop would check the path inside its own container, where
+    # the test's directory is not mounted (the runtime, on the host, mounts it).
+    return f"""
+apiVersion: v1
+kind: Pod
+metadata: {{name: hooked}}
+spec:
+  terminationGracePeriodSeconds: 2
+  volumes:
+    - name: hook
+      hostPath: {{path: {hook_file.parent}}}
+  containers:
+    - name: main
+      image: {BUSYBOX}
+      command: ["sh", "-c", "{SLEEPER}"]
+      volumeMounts: [{{name: hook, mountPath: /hook}}]
+      lifecycle:
+        postStart:
+          exec: {{command: ["sh", "-c", "echo started >> /hook/{hook_file.name}"]}}
+      livenessProbe:
+        exec: {{command: ["true"]}}
+        periodSeconds: 1
+        failureThreshold: 1
+"""
+
+
+PLAIN_POD = f"""
+apiVersion: v1
+kind: Pod
+metadata: {{name: plain}}
+spec:
+  terminationGracePeriodSeconds: 2
+  containers:
+    - name: main
+      image: {BUSYBOX}
+      command: ["sh", "-c", "{SLEEPER}"]
+"""
+
+
+# Capability numbers (linux/capability.h) and the names docker's cap_add takes: the
+# ones docker 20.10 knows (it refuses PERFMON, BPF and CHECKPOINT_RESTORE, and its
+# privileged mode does not ask for them).
+CAPABILITIES = (
+    "CHOWN DAC_OVERRIDE DAC_READ_SEARCH FOWNER FSETID KILL SETGID SETUID SETPCAP "
+    "LINUX_IMMUTABLE NET_BIND_SERVICE NET_BROADCAST NET_ADMIN NET_RAW IPC_LOCK IPC_OWNER "
+    "SYS_MODULE SYS_RAWIO SYS_CHROOT SYS_PTRACE SYS_PACCT SYS_ADMIN SYS_BOOT SYS_NICE "
+    "SYS_RESOURCE SYS_TIME SYS_TTY_CONFIG MKNOD LEASE AUDIT_WRITE AUDIT_CONTROL SETFCAP "
+    "MAC_OVERRIDE MAC_ADMIN SYSLOG WAKE_ALARM BLOCK_SUSPEND AUDIT_READ"
+).split()
+
+
+def privileged_override(dir: Path) -> Path | None:
+    """A compose override for a host whose capability bounding set lacks some of the
+    kernel's capabilities (this test host lacks CAP_SYS_RESOURCE): docker 20.10's
+    `privileged` asks runc for every capability the kernel knows and fails with "unable
+    to apply caps: operation not permitted". The override gives the services every
+    capability the host has, unconfined, instead; None on a host that has them all."""
+    last = int(Path("/proc/sys/kernel/cap_last_cap").read_text())
+    status = Path("/proc/self/status").read_text()
+    bounding = int(next(x for x in status.splitlines() if x.startswith("CapBnd:")).split()[1], 16)
+    have = [name for bit, name in enumerate(CAPABILITIES[: last + 1]) if bounding >> bit & 1]
+    if len(have) == min(last + 1, len(CAPABILITIES)):
+        return None
+    service = {
+        "privileged": False,
+        "cap_add": have,
+        "security_opt": ["seccomp=unconfined", "apparmor=unconfined"],
+    }
+    path = dir / "unprivileged.yml"
+    path.write_text(json.dumps({"services": {s: service for s in SERVICES}}, indent=2))
+    return path
+
+
+def config_yaml(*, manifests: Path, read_only_port: int, extra: str = "") -> str:
+    return f"""apiVersion: kubelet.config.k8s.io/v1beta1
+kind: KubeletConfiguration
+staticPodPath: {manifests}
+fileCheckFrequency: 1s
+readOnlyPort: {read_only_port}
+healthzPort: {free_port()}
+port: {free_port()}
+{extra}"""
+
+
+@dataclass
+class Deployment:
+    dockerd: Dockerd
+    stack: DevStack
+    env_file: Path
+    project: str
+    node: str
+    read_only_port: int
+    config_file: Path
+    hook_file: Path
+    good_config: str
+    override: Path | None
+
+    def compose(self, *args: str, check: bool = True, timeout_s: float = 300) -> str:
+        res = subprocess.run(
+            [
+                "docker-compose",
+                "--file",
+                str(ROOT / "docker-compose.yml"),
+                *(["--file", str(self.override)] if self.override else []),
+                "--env-file",
+                str(self.env_file),
+                "--project-name",
+                self.project,
+                *args,
+            ],
+            env=self.dockerd.env,
+            cwd=self.env_file.parent,
+            capture_output=True,
+            text=True,
+            timeout=timeout_s,
+        )
+        if check:
+            assert res.returncode == 0, f"docker-compose {' '.join(args)}:\n{res.stderr[-3000:]}"
+        return res.stdout + res.stderr
+
+    def container(self, service: str) -> dict[str, Any]:
+        """`docker inspect` of the service's container."""
+        cid = self.compose("ps", "-q", service).strip()
+        if not cid:
+            raise LookupError(f"no container of {service}")
+        found = json.loads(self.dockerd.docker(["inspect", cid]).stdout)
+        assert isinstance(found, list)
+        return dict(found[0])
+
+    def healthy(self, *services: str) -> bool:
+        return all(
+            self.container(s)["State"].get("Health", {}).get("Status") == "healthy"
+            for s in services
+        )
+
+    def restarted_healthy(self, service: str, started_at: str) -> bool:
+        """Whether the service's container started again since `started_at` and is healthy."""
+        return self.container(service)["State"]["StartedAt"] != started_at and self.healthy(service)
+
+    def refused(self, service: str, expected: str) -> str | None:
+        """The service's log once it exited (or is being restarted) with `expected` in it."""
+        logs = self.compose("logs", "--no-color", service)
+        state = self.container(service)["State"]
+        if expected in logs and (state["Restarting"] or state["ExitCode"] == 1):
+            return logs
+        return None
+
+    def pods(self) -> dict[str, dict[str, Any]]:
+        body = fetch(f"http://127.0.0.1:{self.read_only_port}/pods", timeout_s=5)
+        return {p["metadata"]["name"]: p for p in json.loads(body)["items"]}
+
+    def all_running(self) -> bool:
+        pods = self.pods()
+        names = [f"hooked-{self.node}", f"plain-{self.node}"]
+        return all(
+            n in pods
+            and pods[n]["status"].get("phase") == "Running"
+            and all(c["ready"] for c in pods[n]["status"].get("containerStatuses", []))
+            for n in names
+        )
+
+    def runtime(self) -> dict[str, tuple[str, str, int, str]]:
+        """(pod, container) -> (sandbox ID, container ID, attempt, state), from CRI."""
+
+        async def go() -> dict[str, tuple[str, str, int, str]]:
+            cri = RuntimeClient(
+                CRISettings(runtime_endpoint=self.stack.runtime_endpoint, timeout_s=10)
+            )
+            try:
+                out: dict[str, tuple[str, str, int, str]] = {}
+                for c in await cri.list_containers():
+                    pod = c.labels.get(L.POD_NAME, "")
+                    if pod.endswith(f"-{self.node}"):
+                        out[f"{pod}/{c.name}"] = (c.sandbox_id, c.id, c.attempt, c.state.value)
+                return out
+            finally:
+                await cri.close()
+
+        return asyncio.run(go())
+
+    def hook_runs(self) -> int:
+        return len(self.hook_file.read_text().splitlines())
+
+
+def mount(*args: str) -> None:
+    subprocess.run(["mount", *args], check=True, capture_output=True)
+
+
+@pytest.fixture(scope="module")
+def deployment(
+    tmp_path_factory: pytest.TempPathFactory, devstack: DevStack
+) -> Iterator[Deployment]:
+    tmp = tmp_path_factory.mktemp("compose")
+    began = time.monotonic()
+    images = tmp / "image"
+    res = subprocess.run(
+        [sys.executable, "-m", "tools.image", "--out-dir", str(images)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    assert res.returncode == 0, res.stderr[-3000:]
+    print(f"images built in {time.monotonic() - began:.0f}s")
+    dockerd = Dockerd(tmp / "docker")
+    dockerd.start()
+    root = tmp / "root"
+    root.mkdir()
+    node = f"compose-{uuid.uuid4().hex[:6]}"
+    deployment = None
+    try:
+        for name in (f"klet-{version()}", f"klet-redis-{version()}"):
+            dockerd.docker(["load", "--input", str(images / f"{name}.oci.tar")], timeout_s=300)
+        print(f"images loaded after {time.monotonic() - began:.0f}s")
+        # rshared binds need a shared mount on the host side.
+        mount("--bind", str(root), str(root))
+        mount("--make-rshared", str(root))
+        kubernetes = tmp / "kubernetes"
+        manifests = kubernetes / "manifests"
+        manifests.mkdir(parents=True)
+        config_dir = tmp / "config"
+        config_dir.mkdir()
+        read_only_port = free_port()
+        good = config_yaml(manifests=manifests, read_only_port=read_only_port)
+        (config_dir / "kubelet-config.yaml").write_text(good)
+        hook_dir = tmp / "hook"
+        hook_dir.mkdir()
+        hook_file = hook_dir / "runs"
+        hook_file.touch()
+        assert devstack.containerd is not None
+        env = {
+            "KLET_NODE_NAME": node,
+            "KLET_IMAGE": f"klet:{version()}",
+            "KLET_REDIS_IMAGE": f"klet-redis:{version()}",
+            "KLET_CONFIG_DIR": str(config_dir),
+            "KLET_CONFIG_NAME": "kubelet-config.yaml",
+            "KLET_KUBERNETES_DIR": str(kubernetes),
+            "KLET_KUBECONFIG": "",
+            "KLET_ROOT_DIR": str(root),
+            "KLET_POD_LOGS_DIR": str(tmp / "logs"),
+            "KLET_CONTAINER_RUNTIME_ENDPOINT": devstack.runtime_endpoint,
+            "KLET_RUNTIME_SOCKET_DIR": str(devstack.containerd.socket.parent),
+            "KLET_RUN_DIR": str(tmp / "run"),
+            "KLET_REDIS_SOCKET_DIR": str(tmp / "run" / "redis"),
+            "KLET_BUS_DIR": str(tmp / "bus"),
+            "KLET_CGROUP_ROOT": "/sys/fs/cgroup",
+            "KLET_RESOLV_CONF": "/etc/resolv.conf",
+            **{f"KLET_{s.upper().replace('-', '_')}_PORT": str(free_port()) for s in SERVICES},
+            "KLET_STOP_GRACE_PERIOD": "30s",
+            "KLET_LOG_FORMAT": "text",
+        }
+        env_file = tmp / "compose.env"
+        env_file.write_text("".join(f"{k}={v}\n" for k, v in env.items()))
+        deployment = Deployment(
+            dockerd=dockerd,
+            stack=devstack,
+            env_file=env_file,
+            project=node,
+            node=node,
+            read_only_port=read_only_port,
+            config_file=config_dir / "kubelet-config.yaml",
+            hook_file=hook_file,
+            good_config=good,
+            override=privileged_override(tmp),
+        )
+        deployment.compose("up", "--detach")
+        wait_for(lambda: deployment.healthy(*SERVICES), timeout_s=240, what="every service healthy")
+        print(f"services healthy after {time.monotonic() - began:.0f}s")
+        (manifests / "hooked.yaml").write_text(hooked_pod(hook_file))
+        (manifests / "plain.yaml").write_text(PLAIN_POD)
+        wait_for(deployment.all_running, timeout_s=90, what="both pods Running")
+        print(f"pods running after {time.monotonic() - began:.0f}s")
+        yield deployment
+    finally:
+        if deployment is not None:
+            logs = deployment.compose("logs", "--no-color", "--tail", "40", check=False)
+            print(logs[-20000:])
+            deployment.compose("down", "--timeout", "5", check=False)
+        dockerd.stop()
+        asyncio.run(remove_node_pods(devstack.runtime_endpoint, node))
+        subprocess.run(["umount", "--recursive", "--lazy", str(root)], capture_output=True)
+
+
+def assert_untouched(
+    d: Deployment, before: dict[str, tuple[str, str, int, str]], what: str
+) -> None:
+    """The pods still run the same containers in the same sandboxes, the hook ran once,
+    and the agent reports both pods Running again."""
+    wait_for(d.all_running, timeout_s=60, what=f"both pods reported Running after {what}")
+    assert d.runtime() == before, what
+    assert d.hook_runs() == 1, f"postStart hook re-ran after {what}"
+    for pod in d.pods().values():
+        for status in pod["status"].get("containerStatuses", []):
+            assert status["restartCount"] == 0, f"{what}: {status}"
+
+
+def test_pods_survive_every_disruption(deployment: Deployment) -> None:
+    d = deployment
+    before = d.runtime()
+    assert len(before) == 2 and all(state == "CONTAINER_RUNNING" for *_, state in before.values())
+    assert d.hook_runs() == 1
+
+    for service in SERVICES:
+        began = time.monotonic()
+        started = d.container(service)["State"]["StartedAt"]
+        d.compose("restart", service)
+        assert d.container(service)["State"]["StartedAt"] != started
+        wait_for(partial(d.healthy, service), timeout_s=90, what=f"{service} healthy again")
+        assert_untouched(d, before, f"docker-compose restart {service}")
+        print(f"restart {service}: {time.monotonic() - began:.1f}s")
+
+    for service in SERVICES:
+        began = time.monotonic()
+        container = d.container(service)
+        subprocess.run(["kill", "-s", "KILL", str(container["State"]["Pid"])], check=True)
+        # restart: unless-stopped brings it back.
+        wait_for(
+            partial(d.restarted_healthy, service, container["State"]["StartedAt"]),
+            timeout_s=90,
+            what=f"{service} restarted by docker and healthy",
+        )
+        assert_untouched(d, before, f"kill -s KILL of {service}")
+        print(f"kill {service}: {time.monotonic() - began:.1f}s")
+
+    began = time.monotonic()
+    d.compose("stop", "redis")
+    time.sleep(30)
+    assert d.runtime() == before, "Redis down 30 s"
+    d.compose("start", "redis")
+    assert_untouched(d, before, "Redis stopped 30 s and started empty")
+    print(f"redis stop 30 s + start: {time.monotonic() - began:.1f}s")
+
+    began = time.monotonic()
+    d.compose("down", "--timeout", "30")
+    assert not d.compose("ps", "-q").strip()
+    time.sleep(3)
+    assert d.runtime() == before, "the pods run on after docker-compose down"
+    d.compose("up", "--detach")
+    wait_for(lambda: d.healthy(*SERVICES), timeout_s=180, what="every service healthy after up")
+    assert_untouched(d, before, "docker-compose down, then up")
+    print(f"down + up: {time.monotonic() - began:.1f}s")
+
+
+def test_bad_config_stops_only_the_service_restarted_with_it(deployment: Deployment) -> None:
+    d = deployment
+    before = d.runtime()
+    for what, expected in (
+        ("a negative maxPods", "maxPods: must not be negative"),
+        ("no config file", "cannot read: No such file or directory"),
+    ):
+        if what == "no config file":
+            d.config_file.unlink()
+        else:
+            d.config_file.write_text(d.good_config + "maxPods: -3\n")
+        try:
+            d.compose("restart", "eviction")
+            logs = wait_for(
+                partial(d.refused, "eviction", expected),
+                timeout_s=60,
+                what=f"eviction to exit naming the problem ({what})",
+            )
+            assert "eviction: invalid configuration" in logs
+            assert str(d.config_file) in logs
+            # The others, Redis and the pods carry on.
+            assert d.healthy("redis", "pod-source", "syncloop", "status-reporter", "image-gc")
+            time.sleep(3)
+            assert d.runtime() == before
+            assert d.all_running()
+        finally:
+            d.config_file.write_text(d.good_config)
+        wait_for(
+            partial(d.healthy, "eviction"), timeout_s=180, what="eviction back with a good config"
+        )
+        assert_untouched(d, before, f"{what}, then the good config file")

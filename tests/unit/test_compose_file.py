@@ -1,0 +1,103 @@
+"""docker-compose.yml and .env.example agree: the five services run `klet run <service>`
+from one shared block (host network and PID namespace, privileged, init, restart
+policy, stop grace period, the same flags and mounts, a health check through `klet
+healthcheck`), each with its own Redis user and password file; the Redis has no network
+and no persistence; every variable the compose file reads is documented in
+.env.example with the same default; the default image tags are this version's."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from klet.bus.acl import SERVICES
+
+from tools.image.__main__ import version
+
+ROOT = Path(__file__).resolve().parents[2]
+COMPOSE = ROOT / "docker-compose.yml"
+ENV_EXAMPLE = ROOT / ".env.example"
+# ${NAME}, ${NAME:-default}, ${NAME:?message}
+VARIABLE = re.compile(r"\$\{([A-Z0-9_]+)(?:(:-|:\?)([^}]*))?\}")
+
+
+def compose() -> dict[str, Any]:
+    """The compose file as docker-compose reads it with .env.example and a node name."""
+    env = {**documented(), "KLET_NODE_NAME": "node-a"}
+    text = VARIABLE.sub(lambda m: env[m.group(1)], COMPOSE.read_text())
+    loaded = yaml.safe_load(text)
+    assert isinstance(loaded, dict)
+    return loaded
+
+
+def documented() -> dict[str, str]:
+    out = {}
+    for line in ENV_EXAMPLE.read_text().splitlines():
+        if line and not line.startswith("#"):
+            name, _, value = line.partition("=")
+            out[name] = value
+    return out
+
+
+def test_every_variable_is_documented_with_its_default() -> None:
+    env = documented()
+    used = VARIABLE.findall(COMPOSE.read_text())
+    assert {name for name, _, _ in used} == set(env)
+    for name, kind, default in used:
+        if kind == ":-":
+            assert env[name] == default, f"{name}: .env.example {env[name]!r}, compose {default!r}"
+    required = {name for name, kind, _ in used if kind == ":?"}
+    assert required == {"KLET_NODE_NAME"}
+    assert env["KLET_NODE_NAME"] == ""
+
+
+def test_default_images_are_this_version() -> None:
+    env = documented()
+    assert env["KLET_IMAGE"] == f"klet:{version()}"
+    assert env["KLET_REDIS_IMAGE"] == f"klet-redis:{version()}"
+
+
+@pytest.mark.parametrize("service", SERVICES)
+def test_service_runs_from_the_shared_block(service: str) -> None:
+    spec = compose()["services"][service]
+    assert spec["entrypoint"] == ["klet", "run", service]
+    assert spec["healthcheck"]["test"] == ["CMD", "klet", "healthcheck", service]
+    for key, value in {
+        "network_mode": "host",
+        "pid": "host",
+        "privileged": True,
+        "init": True,
+        "restart": "unless-stopped",
+    }.items():
+        assert spec[key] == value, key
+    assert spec["stop_grace_period"]
+    assert spec["environment"]["KLET_REDIS_USERNAME"] == f"klet-{service}@node-a"
+    assert spec["environment"]["KLET_REDIS_PASSWORD_FILE"].endswith(f"/secrets/node-a/{service}")
+    root = [v for v in spec["volumes"] if isinstance(v, dict)]
+    assert root and root[0]["bind"]["propagation"] == "rshared"
+    assert root[0]["source"] == root[0]["target"]
+    for volume in spec["volumes"]:
+        if isinstance(volume, str):
+            source, target = volume.split(":")[:2]
+            assert source == target, f"{service}: {volume} is not a same-path bind"
+
+
+def test_services_share_flags_and_mounts() -> None:
+    specs = [compose()["services"][s] for s in SERVICES]
+    for spec in specs[1:]:
+        assert spec["command"] == specs[0]["command"]
+        assert spec["volumes"] == specs[0]["volumes"]
+
+
+def test_redis_has_no_network_and_no_persistence() -> None:
+    redis = compose()["services"]["redis"]
+    assert redis["network_mode"] == "none"
+    assert "ports" not in redis
+    argv = redis["command"]
+    assert argv[argv.index("--port") + 1] == "0"
+    assert argv[argv.index("--save") + 1] == ""
+    assert argv[argv.index("--appendonly") + 1] == "no"
+    assert redis["depends_on"]["bus-acl"]["condition"] == "service_completed_successfully"
