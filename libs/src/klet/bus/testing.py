@@ -11,9 +11,10 @@ them by its lease as the Lua script does (`Fenced`, `LeaseLapsed`).
 
 Failure injection: set `FakeBus.error` (a `BusUnavailable`, say) and every call raises
 it, as an unreachable Redis does, before anything changes; `calls` lists the calls made,
-by name. `seed`, `drop`, `append`, `plant`, `rows` and `entries` read and plant state
-synchronously for test set-up and assertions; a stream's `acked` lists what was acknowledged. Nothing here does I/O
-or sleeps except `Stream.read`, which blocks for new entries as XREADGROUP BLOCK does.
+by name. `seed`, `drop`, `append`, `plant` (a corrupt entry), `rows` and `entries` read
+and plant state synchronously for test set-up and assertions; a stream's `acked` lists
+what was acknowledged. Nothing here does I/O or sleeps except `Stream.read`, which
+blocks for new entries as XREADGROUP BLOCK does.
 """
 
 from __future__ import annotations
@@ -128,9 +129,10 @@ class FakeBus(Bus):
         """Plant a row as if another service had written it (no fencing, no error)."""
         self.hashes.setdefault(table.key, {})[key] = record.encode()
 
-    def drop(self, table: Table[R], key: str) -> None:
-        """Remove a row as if another service had deleted it."""
-        self.hashes.get(table.key, {}).pop(key, None)
+    def drop(self, table: Table[R], *keys: str) -> None:
+        """Remove rows as if another service had deleted them."""
+        for key in keys:
+            self.hashes.get(table.key, {}).pop(key, None)
 
     def append(self, stream: Stream[R], record: R) -> str:
         """Add an entry as if another service had published it; returns its id."""
