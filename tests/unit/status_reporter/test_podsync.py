@@ -80,7 +80,7 @@ class World:
 
     def sources_ready(self) -> None:
         for s in ("api", "file"):
-            self.bus.seed(self.sources, s, SourceState(source=s, ready=True, at=1.0))  # type: ignore[arg-type]
+            self.bus.seed(self.sources, s, SourceState(source=s, ready=True, at=1.0))
 
 
 WEB = make_api_pod("web")
