@@ -7,7 +7,8 @@ until an entry arrives or its block time ends; an injected error is raised by ev
 before anything changes; a leader bus writes only while its lease is held and current,
 a second replica takes the lease only once it expired; `NodeBus.of` a fake bus is a
 NodeBus of fakes; entries and rows planted synchronously (a corrupt entry too) are read as
-published ones, and every call is logged by name and every acknowledgement by id.
+published ones, and every call is logged by name and every acknowledgement by id; errors
+injected for the next calls are raised one each, by a blocked read first.
 """
 
 from __future__ import annotations
@@ -169,3 +170,18 @@ async def test_calls_and_acknowledgements_are_logged() -> None:
     await pods.ack("g", first)  # nor is first any more
     assert pods.acked == [first]
     assert bus.calls == ["ensure_group", "write", "read", "ack", "ack"]
+
+
+async def test_errors_for_the_next_calls_are_raised_one_each_by_a_blocked_read_first() -> None:
+    bus = FakeBus()
+    node = NodeBus.of(bus)
+    pods = node.pods
+    await pods.ensure_group("g")
+    reader = asyncio.create_task(pods.read("g", "c", block_ms=10_000))
+    await asyncio.sleep(0)
+    bus.fail(BusUnavailable("connection dropped"), BusUnavailable("still down"))
+    with pytest.raises(BusUnavailable, match="connection dropped"):
+        await reader
+    with pytest.raises(BusUnavailable, match="still down"):
+        await node.sources.all()
+    assert await node.sources.all() == {}

@@ -10,7 +10,8 @@ code into `FakeBus.write`, which applies them atomically and, on a leader bus, f
 them by its lease as the Lua script does (`Fenced`, `LeaseLapsed`).
 
 Failure injection: set `FakeBus.error` (a `BusUnavailable`, say) and every call raises
-it, as an unreachable Redis does, before anything changes; `calls` lists the calls made,
+it, as an unreachable Redis does, before anything changes; `fail` makes only the next
+calls raise, one error each (a blocked read too); `calls` lists the calls made,
 by name. `seed`, `drop`, `append`, `plant` (a corrupt entry), `rows` and `entries` read
 and plant state synchronously for test set-up and assertions; a stream's `acked` lists
 what was acknowledged. Nothing here does I/O or sleeps except `Stream.read`, which
@@ -56,6 +57,8 @@ class FakeBus(Bus):
         self.expiry: dict[str, float] = {}  # lease key → when Redis drops it (bus clock)
         self.error: BusError | None = None
         """Raised by every call while set (Redis unreachable)."""
+        self.failures: list[BusError] = []
+        """Raised by the next calls, one each (see `fail`)."""
         self.calls: list[str] = []
         """Every call made, by name ("get", "read", "claim_stale", ...), failed ones too."""
         self.closed = False
@@ -86,8 +89,20 @@ class FakeBus(Bus):
     def check(self, call: str) -> None:
         """Log `call` and raise the injected error, if any (every call starts here)."""
         self.calls.append(call)
+        self.raise_injected()
+
+    def raise_injected(self) -> None:
+        if self.failures:
+            raise self.failures.pop(0)
         if self.error is not None:
             raise self.error
+
+    def fail(self, *errors: BusError) -> None:
+        """Make the next calls raise `errors`, one each; a read blocked now fails first,
+        as XREADGROUP BLOCK does when its connection drops."""
+        self.failures.extend(errors)
+        for state in self.streams.values():
+            state.grown.set()
 
     async def ping(self) -> None:
         self.check("ping")
@@ -210,6 +225,7 @@ class FakeStream(Stream[R]):
                 await asyncio.wait_for(state.grown.wait(), block_ms / 1000 if block_ms else None)
             except TimeoutError:
                 return []
+            self.fake.raise_injected()
         batch = state.entries[g.delivered : g.delivered + count]
         g.delivered += len(batch)
         now = self.fake.clock()
