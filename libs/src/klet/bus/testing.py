@@ -92,6 +92,7 @@ class FakeBus(Bus):
         self.raise_injected()
 
     def raise_injected(self) -> None:
+        """Raise the next one-shot failure, else the standing error, if any."""
         if self.failures:
             raise self.failures.pop(0)
         if self.error is not None:
