@@ -6,7 +6,9 @@ acknowledged and are claimed by another consumer once idle long enough; a reader
 until an entry arrives or its block time ends; an injected error is raised by every call
 before anything changes; a leader bus writes only while its lease is held and current,
 a second replica takes the lease only once it expired; `NodeBus.of` a fake bus is a
-NodeBus of fakes.
+NodeBus of fakes; entries and rows planted synchronously (a corrupt entry too) are read as
+published ones, and every call is logged by name and every acknowledgement by id; errors
+injected for the next calls are raised one each, by a blocked read first.
 """
 
 from __future__ import annotations
@@ -137,3 +139,49 @@ async def test_close_is_recorded() -> None:
     bus = FakeBus()
     await bus.close()
     assert bus.closed
+
+
+async def test_entries_planted_synchronously_are_read_as_published_ones() -> None:
+    bus = FakeBus()
+    node = NodeBus.of(bus)
+    pods = node.pods
+    assert isinstance(pods, FakeStream)
+    good = bus.append(pods, change("u1"))
+    bad = bus.plant(pods, "{not json")
+    await pods.ensure_group("g")
+    read = await pods.read("g", "c", block_ms=1)
+    assert [(e.id, e.record) for e in read[:1]] == [(good, change("u1"))]
+    assert read[1].id == bad and read[1].record is None and read[1].error
+    bus.seed(node.sources, "file", ready("file"))
+    bus.seed(node.sources, "api", ready("api"))
+    bus.seed(node.sources, "http", ready("http"))
+    bus.drop(node.sources, "file", "api")
+    assert list(await node.sources.all()) == ["http"]
+
+
+async def test_calls_and_acknowledgements_are_logged() -> None:
+    bus = FakeBus()
+    pods = NodeBus.of(bus).pods
+    assert isinstance(pods, FakeStream)
+    await pods.ensure_group("g")
+    first = await pods.publish(change("u1"))
+    await pods.read("g", "c", block_ms=1)
+    await pods.ack("g", first, "9-0")  # 9-0 was never pending
+    await pods.ack("g", first)  # nor is first any more
+    assert pods.acked == [first]
+    assert bus.calls == ["ensure_group", "write", "read", "ack", "ack"]
+
+
+async def test_errors_for_the_next_calls_are_raised_one_each_by_a_blocked_read_first() -> None:
+    bus = FakeBus()
+    node = NodeBus.of(bus)
+    pods = node.pods
+    await pods.ensure_group("g")
+    reader = asyncio.create_task(pods.read("g", "c", block_ms=10_000))
+    await asyncio.sleep(0)
+    bus.fail(BusUnavailable("connection dropped"), BusUnavailable("still down"))
+    with pytest.raises(BusUnavailable, match="connection dropped"):
+        await reader
+    with pytest.raises(BusUnavailable, match="still down"):
+        await node.sources.all()
+    assert await node.sources.all() == {}

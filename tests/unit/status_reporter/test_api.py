@@ -11,17 +11,11 @@ from dataclasses import dataclass, field
 import httpx
 import pytest
 from fastapi import FastAPI
+from klet.bus import BusUnavailable, NodeBus
+from klet.bus.testing import FakeBus
 from klet.config import RedisAuth
-from klet.model.records import DesiredPod, PodStatusRecord
 from klet.status_reporter.api import create_app, create_healthz_app
-from klet.status_reporter.testing import (
-    FakeBusState,
-    FakeFeed,
-    FakeTable,
-    desired_record,
-    make_pod,
-    status_record,
-)
+from klet.status_reporter.testing import desired_record, make_pod, status_record
 from klet.status_reporter.wiring import DEFAULT_SERVICE_PORT, Deps, Listener, Overrides, build_deps
 from prometheus_client import CollectorRegistry
 
@@ -51,12 +45,13 @@ class Settings:
 
 @dataclass
 class Fakes:
-    state: FakeBusState = field(default_factory=FakeBusState)
+    bus: FakeBus = field(default_factory=FakeBus)
 
     def __post_init__(self) -> None:
-        self.desired: FakeTable[DesiredPod] = FakeTable(self.state)
-        self.status: FakeTable[PodStatusRecord] = FakeTable(self.state)
-        self.feed = FakeFeed(self.state)
+        node = NodeBus.of(self.bus)
+        self.desired = node.desired
+        self.status = node.status
+        self.feed = node.podstatus
 
     def deps(self, settings: Settings | None = None) -> Deps:
         return build_deps(
@@ -84,9 +79,10 @@ async def client_for(app: FastAPI) -> AsyncIterator[httpx.AsyncClient]:
 
 async def test_pods_serves_the_view_as_a_podlist(fakes: Fakes) -> None:
     web, db = make_pod("web"), make_pod("db", namespace="prod")
-    fakes.desired.rows = {"uid-web": desired_record(web), "uid-db": desired_record(db)}
+    fakes.bus.seed(fakes.desired, "uid-web", desired_record(web))
+    fakes.bus.seed(fakes.desired, "uid-db", desired_record(db))
     running = {"phase": "Running", "containerStatuses": [{"name": "app", "ready": True}]}
-    fakes.status.rows = {"uid-web": status_record(web, version=4, status=running)}
+    fakes.bus.seed(fakes.status, "uid-web", status_record(web, version=4, status=running))
     deps = fakes.deps()
     await deps.pods.reload()
 
@@ -106,10 +102,10 @@ async def test_pods_serves_the_view_as_a_podlist(fakes: Fakes) -> None:
         }
 
         # Redis goes away: the same list keeps being served.
-        fakes.state.unavailable = True
-        calls = len(fakes.state.calls)
+        fakes.bus.error = BusUnavailable("fake bus down")
+        calls = len(fakes.bus.calls)
         assert (await client.get("/pods")).json() == body
-        assert len(fakes.state.calls) == calls  # a request never reads the bus
+        assert len(fakes.bus.calls) == calls  # a request never reads the bus
 
 
 async def test_healthz_and_metrics(fakes: Fakes) -> None:

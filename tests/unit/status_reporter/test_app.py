@@ -6,10 +6,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from klet.bus import NodeBus
+from klet.bus.testing import FakeBus
 from klet.config import RedisAuth
-from klet.model.records import DesiredPod, PodStatusRecord
 from klet.status_reporter.app import root_tasks
-from klet.status_reporter.testing import FakeFeed, FakeTable
 from klet.status_reporter.wiring import Overrides, build_deps
 from prometheus_client import CollectorRegistry
 
@@ -38,12 +38,14 @@ class Settings:
 
 
 def task_names(*, read_only_port: int, healthz_port: int) -> list[str]:
-    desired: FakeTable[DesiredPod] = FakeTable()
-    status: FakeTable[PodStatusRecord] = FakeTable()
+    node = NodeBus.of(FakeBus())
     deps = build_deps(
         Settings(KubeletCfg(read_only_port=read_only_port, healthz_port=healthz_port)),
         overrides=Overrides(
-            desired=desired, status=status, feed=FakeFeed(), registry=CollectorRegistry()
+            desired=node.desired,
+            status=node.status,
+            feed=node.podstatus,
+            registry=CollectorRegistry(),
         ),
     )
     tasks = root_tasks(deps)

@@ -9,15 +9,11 @@ import asyncio
 from collections.abc import Callable
 from pathlib import Path
 
+from klet.bus import NodeBus
+from klet.bus.testing import FakeBus
 from klet.config import KletSettings, KubeletConfiguration, Settings
 from klet.model.flowcontrol import BackoffPolicy
-from klet.model.records import (
-    DesiredPod,
-    EventRecord,
-    NodeConditionRecord,
-    PodStatusRecord,
-    SourceState,
-)
+from klet.model.records import DesiredPod
 from klet.status_reporter.app import root_tasks
 from klet.status_reporter.capacity import MachineInfo
 from klet.status_reporter.cluster import (
@@ -33,11 +29,7 @@ from klet.status_reporter.podcache import CachePolicy
 from klet.status_reporter.podsync import PodSyncPolicy
 from klet.status_reporter.testing import (
     FakeApiServer,
-    FakeFeed,
-    FakePublisher,
     FakeRuntime,
-    FakeStream,
-    FakeTable,
     desired_record,
     make_static_pod,
 )
@@ -55,27 +47,25 @@ def settings(**kubelet: object) -> Settings:
 class Fakes:
     def __init__(self) -> None:
         self.kube = FakeApiServer()
-        self.desired: FakeTable[DesiredPod] = FakeTable()
-        self.status: FakeTable[PodStatusRecord] = FakeTable()
-        self.events: FakeStream[EventRecord] = FakeStream()
-        self.publisher = FakePublisher()
+        self.bus = FakeBus()
+        self.node = NodeBus.of(self.bus)
 
     def overrides(self, *, cluster: bool) -> Overrides:
         fast = BackoffPolicy(0.001, 0.01)
         return Overrides(
-            desired=self.desired,
-            status=self.status,
-            feed=FakeFeed(),
+            desired=self.node.desired,
+            status=self.node.status,
+            feed=self.node.podstatus,
             registry=CollectorRegistry(),
             policy=CachePolicy(reload_interval_s=0.02, read_block_ms=2),
             cluster=ClusterOverrides(
                 kube=self.kube,
                 lease_kube=self.kube,
                 runtime=FakeRuntime(),
-                conditions=FakeTable[NodeConditionRecord](),
-                sources=FakeTable[SourceState](),
-                events=self.events,
-                publisher=self.publisher,
+                conditions=self.node.node,
+                sources=self.node.sources,
+                events=self.node.events,
+                publisher=self.node.events,
                 read_machine=lambda: MachineInfo(
                     cpus=1, memory_bytes=2**30, ephemeral_storage_bytes=2**30
                 ),
@@ -146,7 +136,8 @@ async def test_managers_together() -> None:
     fakes = Fakes()
     static = make_static_pod("etcd")
     rec = desired_record(static)
-    fakes.desired.rows[rec.uid] = DesiredPod(rec.uid, static, "file", rec.hash, rec.seen_at)
+    desired = DesiredPod(rec.uid, static, "file", rec.hash, rec.seen_at)
+    fakes.bus.seed(fakes.node.desired, rec.uid, desired)
     deps = build_deps(settings(), overrides=fakes.overrides(cluster=True))
     assert deps.cluster is not None
     tasks = [
@@ -172,9 +163,8 @@ async def test_managers_together() -> None:
             lambda: kube.get_object("/api/v1/namespaces/default/pods/etcd-node1") is not None,
             "the mirror pod",
         )
-        # The node manager's own events ("Starting", "NodeReady", ...) went to the bus;
-        # feed one through the events stream as another service would.
-        fakes.events.publish(fakes.publisher.records[0])
+        # The node manager's own events ("Starting", "NodeReady", ...) go to the bus's
+        # events stream, which the event sink posts.
         await until(lambda: any("/events/node1." in k for k in kube.objects), "the Starting event")
     finally:
         for t in tasks:

@@ -9,13 +9,14 @@ from __future__ import annotations
 import logging
 
 import pytest
+from klet.bus.testing import FakeBus, FakeStream
 from klet.kube import Invalid, Unavailable
 from klet.model.flowcontrol import BackoffPolicy
 from klet.model.records import EventRecord
 from klet.model.types import JSON
-from klet.status_reporter.eventsink import EventPolicy, EventSink
+from klet.status_reporter.eventsink import GROUP, EventPolicy, EventSink
 from klet.status_reporter.kubeapi import NO_RETRY, KubeApi
-from klet.status_reporter.testing import FakeApiServer, FakeStream
+from klet.status_reporter.testing import FakeApiServer
 
 EVENTS = "/api/v1/namespaces/ns1/events"
 
@@ -35,7 +36,8 @@ class World:
     def __init__(self, *, max_tries: int = 3) -> None:
         self.now = [100.0]
         self.kube = FakeApiServer()
-        self.feed: FakeStream[EventRecord] = FakeStream()
+        self.bus = FakeBus()
+        self.feed = FakeStream(self.bus, "events", EventRecord, maxlen=10_000)
         self.mirrors: dict[str, str] = {}
         self.sink = EventSink(
             feed=self.feed,
@@ -55,14 +57,14 @@ class World:
 
 async def test_record_becomes_an_event_and_repeats_are_counted() -> None:
     w = World()
-    w.feed.publish(record(at=1000.0))
-    w.feed.publish(record(at=1010.0))
+    w.bus.append(w.feed, record(at=1000.0))
+    w.bus.append(w.feed, record(at=1010.0))
     assert await w.sink.consume_once() == 2
     [event] = w.events()
     assert event["count"] == 2
     assert event["lastTimestamp"] == "1970-01-01T00:16:50Z"
     assert event["source"] == {"component": "kubelet", "host": "node1"}
-    assert w.feed.pending == {} and len(w.feed.acked) == 2
+    assert w.feed.pending(GROUP) == [] and len(w.feed.acked) == 2
 
 
 async def test_forgotten_event_is_created_again() -> None:
@@ -84,10 +86,10 @@ async def test_static_pod_event_names_the_mirror() -> None:
 
 async def test_bad_and_refused_entries_are_acked(caplog: pytest.LogCaptureFixture) -> None:
     w = World()
-    w.feed.publish_bad("event: unsupported version 9")
+    w.bus.plant(w.feed, '{"v": 9}')  # event: unsupported version 9
     w.kube.fail_next("POST", "events", Invalid("bad name"))
-    w.feed.publish(record(message="refused"))
-    w.feed.publish(record(message="fine"))
+    w.bus.append(w.feed, record(message="refused"))
+    w.bus.append(w.feed, record(message="fine"))
     caplog.set_level(logging.ERROR)
     await w.sink.consume_once()
     assert [e["message"] for e in w.events()] == ["fine"]
@@ -100,20 +102,20 @@ async def test_bad_and_refused_entries_are_acked(caplog: pytest.LogCaptureFixtur
 async def test_unavailable_is_retried_then_dropped(caplog: pytest.LogCaptureFixture) -> None:
     w = World(max_tries=3)
     w.kube.fail_next("POST", "events", Unavailable("down"))
-    w.feed.publish(record())
+    w.bus.append(w.feed, record())
     await w.sink.consume_once()
     assert len(w.events()) == 1  # second try worked
 
     w.kube.down = True
     caplog.set_level(logging.WARNING)
     caplog.clear()
-    w.feed.publish(record(message="lost"))
+    w.bus.append(w.feed, record(message="lost"))
     await w.sink.consume_once()
     assert w.kube.count("POST") == 2 + 3
     messages = [r.message for r in caplog.records]
     assert messages.count("cannot post events, apiserver unavailable") == 1
     assert "event dropped after retries" in messages
-    assert w.feed.pending == {}
+    assert w.feed.pending(GROUP) == []
 
 
 async def test_redelivery_creates_no_duplicate() -> None:
@@ -146,8 +148,8 @@ async def test_stale_entries_are_taken_over_again_every_reclaim_interval() -> No
     w = World()
     await w.sink.consume_once()
     await w.sink.consume_once()
-    assert w.feed.state.calls.count("claim_stale") == 1
+    assert w.bus.calls.count("claim_stale") == 1
     w.now[0] += EventPolicy().reclaim_interval_s
     await w.sink.consume_once()
-    assert w.feed.state.calls.count("claim_stale") == 2
-    assert w.feed.state.calls.count("ensure_group") == 1
+    assert w.bus.calls.count("claim_stale") == 2
+    assert w.bus.calls.count("ensure_group") == 1

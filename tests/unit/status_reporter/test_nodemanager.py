@@ -9,8 +9,10 @@ from __future__ import annotations
 import logging
 
 import pytest
+from klet.bus import BusUnavailable, NodeBus
+from klet.bus.testing import FakeBus
 from klet.kube import Unavailable
-from klet.model.records import NodeConditionRecord
+from klet.model.records import EventRecord, NodeConditionRecord
 from klet.model.types import JSON
 from klet.status_reporter.capacity import MachineInfo
 from klet.status_reporter.kubeapi import NO_RETRY, KubeApi
@@ -18,7 +20,7 @@ from klet.status_reporter.nodeid import NodeIdentity
 from klet.status_reporter.nodemanager import NodeStatusManager, NodeStatusPolicy
 from klet.status_reporter.nodeobserver import NodeObserver
 from klet.status_reporter.nodestatus import CMAD_ANNOTATION, NodeConfig
-from klet.status_reporter.testing import FakeApiServer, FakePublisher, FakeRuntime, FakeTable
+from klet.status_reporter.testing import FakeApiServer, FakeRuntime
 
 NODE = "/api/v1/nodes/node1"
 GI = 1024**3
@@ -29,8 +31,10 @@ class World:
         self.kube = FakeApiServer()
         self.runtime = FakeRuntime()
         self.runtime.add_image("busybox:1", 5)
-        self.conditions: FakeTable[NodeConditionRecord] = FakeTable()
-        self.publisher = FakePublisher()
+        self.bus = FakeBus()
+        node = NodeBus.of(self.bus)
+        self.conditions = node.node
+        self.publisher = node.events
         self.identity = NodeIdentity("node1")
         self.mono = [0.0]
         self.manager = NodeStatusManager(
@@ -54,6 +58,9 @@ class World:
             clock=lambda: 1_700_000_000.0 + self.mono[0],
             monotonic=lambda: self.mono[0],
         )
+
+    def published(self) -> list[EventRecord]:
+        return self.bus.entries(self.publisher)
 
     def node(self) -> JSON:
         node = self.kube.get_object(NODE)
@@ -127,18 +134,24 @@ async def test_patches_only_on_change_or_report_frequency() -> None:
 async def test_contributions_reach_the_node() -> None:
     w = World()
     await w.manager.register_once()
-    w.conditions.rows["eviction:MemoryPressure"] = NodeConditionRecord(
-        type="MemoryPressure", status="True", at=1.0
+    w.bus.seed(
+        w.conditions,
+        "eviction:MemoryPressure",
+        NodeConditionRecord(type="MemoryPressure", status="True", at=1.0),
     )
-    w.conditions.rows["syncloop:Ready"] = NodeConditionRecord(
-        type="Ready", status="False", at=1.0, message="PLEG is not healthy: stuck"
+    w.bus.seed(
+        w.conditions,
+        "syncloop:Ready",
+        NodeConditionRecord(
+            type="Ready", status="False", at=1.0, message="PLEG is not healthy: stuck"
+        ),
     )
     await w.manager.sync_once()
     conds = {c["type"]: c for c in w.node()["status"]["conditions"]}
     assert conds["MemoryPressure"]["reason"] == "KubeletHasInsufficientMemory"
     assert conds["Ready"]["message"] == "PLEG is not healthy: stuck"
     # A bus outage keeps the last contributions rather than flipping the conditions.
-    w.conditions.state.unavailable = True
+    w.bus.error = BusUnavailable("fake bus down")
     w.mono[0] = 10.0
     await w.manager.sync_once()
     conds = {c["type"]: c for c in w.node()["status"]["conditions"]}
@@ -199,7 +212,7 @@ async def test_node_events() -> None:
     w = World()
     await w.manager.register_once()
     await w.manager.sync_once()
-    reasons = [r.reason for r in w.publisher.records]
+    reasons = [r.reason for r in w.published()]
     assert reasons == [
         "Starting",
         "NodeHasSufficientMemory",
@@ -207,13 +220,13 @@ async def test_node_events() -> None:
         "NodeHasSufficientPID",
         "NodeReady",
     ]
-    assert w.publisher.records[-1].involved == {"kind": "Node", "name": "node1", "uid": "node1"}
-    assert w.publisher.records[-1].message == "Node node1 status is now: NodeReady"
+    assert w.published()[-1].involved == {"kind": "Node", "name": "node1", "uid": "node1"}
+    assert w.published()[-1].message == "Node node1 status is now: NodeReady"
     w.runtime.down = True
     w.mono[0] = 10
     await w.manager.sync_once()
-    assert w.publisher.records[-1].reason == "NodeNotReady"
-    w.publisher.state.unavailable = True  # a bus outage loses events, nothing else
+    assert w.published()[-1].reason == "NodeNotReady"
+    w.bus.error = BusUnavailable("fake bus down")  # a bus outage loses events, nothing else
     w.runtime.down = False
     w.mono[0] = 20
     assert await w.manager.sync_once()

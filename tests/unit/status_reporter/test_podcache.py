@@ -11,18 +11,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import pytest
+from klet.bus import BusUnavailable
+from klet.bus.testing import FakeBus, FakeStream, FakeTable
 from klet.model.records import DesiredPod, PodStatusChange, PodStatusRecord
 from klet.model.types import JSON
 from klet.status_reporter.metrics import Metrics
-from klet.status_reporter.podcache import CachePolicy, PodCache
-from klet.status_reporter.testing import (
-    FakeBusState,
-    FakeFeed,
-    FakeTable,
-    desired_record,
-    make_pod,
-    status_record,
-)
+from klet.status_reporter.podcache import GROUP, CachePolicy, PodCache
+from klet.status_reporter.testing import desired_record, make_pod, status_record
 from prometheus_client import CollectorRegistry
 
 FAST = CachePolicy(
@@ -31,19 +26,20 @@ FAST = CachePolicy(
     backoff_initial_s=0.01,
     backoff_max_s=0.02,
     stale_after_s=1.0,
+    claim_idle_ms=0,
 )
 
 
 @dataclass
 class World:
-    state: FakeBusState = field(default_factory=FakeBusState)
+    bus: FakeBus = field(default_factory=FakeBus)
     registry: CollectorRegistry = field(default_factory=CollectorRegistry)
     now: list[float] = field(default_factory=lambda: [1000.0])
 
     def __post_init__(self) -> None:
-        self.desired: FakeTable[DesiredPod] = FakeTable(self.state)
-        self.status: FakeTable[PodStatusRecord] = FakeTable(self.state)
-        self.feed = FakeFeed(self.state)
+        self.desired = FakeTable(self.bus, "desired", DesiredPod)
+        self.status = FakeTable(self.bus, "status", PodStatusRecord)
+        self.feed = FakeStream(self.bus, "podstatus", PodStatusChange, maxlen=10_000)
         self.cache = PodCache(
             desired=self.desired,
             status=self.status,
@@ -55,12 +51,12 @@ class World:
         )
 
     def want(self, pod: JSON) -> None:
-        self.desired.rows[pod["metadata"]["uid"]] = desired_record(pod)
+        self.bus.seed(self.desired, pod["metadata"]["uid"], desired_record(pod))
 
     def report(self, pod: JSON, *, version: int, epoch: float = 1.0, phase: str = "Running") -> str:
         record = status_record(pod, version=version, epoch=epoch, phase=phase)
-        self.status.rows[record.uid] = record
-        return self.feed.publish(PodStatusChange(uid=record.uid, version=version))
+        self.bus.seed(self.status, record.uid, record)
+        return self.bus.append(self.feed, PodStatusChange(uid=record.uid, version=version))
 
     def phases(self) -> dict[str, str]:
         return {
@@ -123,7 +119,7 @@ async def test_stream_applies_newer_versions_and_ignores_older() -> None:
     w.report(WEB, version=1, epoch=2.0, phase="Running")
     await w.cache.consume_once()
     assert w.phases() == {"web": "Running"}
-    assert w.feed.pending == {}
+    assert w.feed.pending(GROUP) == []
 
 
 async def test_malformed_entry_is_acked_and_the_next_one_applied(
@@ -131,7 +127,7 @@ async def test_malformed_entry_is_acked_and_the_next_one_applied(
 ) -> None:
     w = World()
     w.want(WEB)
-    bad = w.feed.publish_bad("podstatuschange: unsupported version 7 (want 1)")
+    bad = w.bus.plant(w.feed, '{"v": 7}')  # podstatuschange: unsupported version 7
     good = w.report(WEB, version=1)
     with caplog.at_level(logging.ERROR):
         assert await w.cache.consume_once() == 2
@@ -145,7 +141,7 @@ async def test_removed_pod_stays_listed_until_terminal() -> None:
     w.want(WEB)
     w.report(WEB, version=1)
     await w.cache.reload()
-    del w.desired.rows["uid-web"]
+    w.bus.drop(w.desired, "uid-web")
     await w.cache.reload()
     (item,) = w.cache.pod_list()["items"]
     assert item["spec"] == WEB["spec"]  # the last seen spec, not a skeleton
@@ -153,7 +149,7 @@ async def test_removed_pod_stays_listed_until_terminal() -> None:
     await w.cache.consume_once()
     assert w.phases() == {}
     # Gone from both tables: gone from the view.
-    del w.status.rows["uid-web"]
+    w.bus.drop(w.status, "uid-web")
     await w.cache.reload()
     assert w.cache.pod_list()["items"] == []
 
@@ -194,7 +190,7 @@ async def test_outage_keeps_the_view_logs_once_and_heals(
     ]
     try:
         await asyncio.wait_for(w.cache.loaded.wait(), 1)
-        w.state.unavailable = True
+        w.bus.error = BusUnavailable("fake bus down")
         w.now[0] += 30
         await until(
             lambda: (w.metric("klet_status_reporter_bus_errors_total") or 0) >= 4,
@@ -209,7 +205,7 @@ async def test_outage_keeps_the_view_logs_once_and_heals(
         # Redis is back with different content: the view follows promptly.
         w.want(DB)
         w.report(DB, version=1, phase="Pending")
-        w.state.unavailable = False
+        w.bus.error = None
         await until(
             lambda: w.phases() == {"web": "Running", "db": "Pending"}
             and w.cache.bus_available
@@ -233,11 +229,11 @@ async def test_unacked_entries_are_taken_over_after_an_outage() -> None:
     async def get_once_failing(key: str) -> PodStatusRecord | None:
         if failing[0]:
             failing[0] = False
-            w.state.unavailable = True
+            w.bus.error = BusUnavailable("fake bus down")
             try:
-                w.state.check("get")
+                w.bus.check("get")
             finally:
-                w.state.unavailable = False
+                w.bus.error = None
         return await real_get(key)
 
     w.status.get = get_once_failing  # type: ignore[method-assign]
@@ -247,7 +243,7 @@ async def test_unacked_entries_are_taken_over_after_an_outage() -> None:
     finally:
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
-    assert w.feed.acked == ["1-0"] and w.feed.pending == {}
+    assert w.feed.acked == ["1-0"] and w.feed.pending(GROUP) == []
     assert w.phases() == {"web": "Running"}
 
 
@@ -257,12 +253,12 @@ async def test_stale_entries_are_taken_over_again_every_reclaim_interval() -> No
     w = World()
     await w.cache.consume_once()
     await w.cache.consume_once()
-    assert w.state.calls.count("claim_stale") == 1
+    assert w.bus.calls.count("claim_stale") == 1
     w.now[0] += FAST.reclaim_interval_s
     await w.cache.consume_once()
     await w.cache.consume_once()
-    assert w.state.calls.count("claim_stale") == 2
-    assert w.state.calls.count("ensure_group") == 1
+    assert w.bus.calls.count("claim_stale") == 2
+    assert w.bus.calls.count("ensure_group") == 1
 
 
 def test_policy_rejects_nonsense() -> None:

@@ -13,7 +13,9 @@ import logging
 from typing import Any
 
 import pytest
-from klet.model.records import DesiredPod, PodStatusRecord, SourceState
+from klet.bus import NodeBus
+from klet.bus.testing import FakeBus
+from klet.model.records import DesiredPod, SourceState
 from klet.model.types import JSON, PodUID
 from klet.status_reporter.kubeapi import NO_RETRY, KubeApi
 from klet.status_reporter.metrics import Metrics
@@ -22,8 +24,6 @@ from klet.status_reporter.podcache import CachePolicy, PodCache
 from klet.status_reporter.podsync import PodSyncManager, PodSyncPolicy
 from klet.status_reporter.testing import (
     FakeApiServer,
-    FakeFeed,
-    FakeTable,
     desired_record,
     make_api_pod,
     make_static_pod,
@@ -37,13 +37,15 @@ PODS = "/api/v1/namespaces/default/pods"
 class World:
     def __init__(self) -> None:
         self.kube = FakeApiServer()
-        self.desired: FakeTable[DesiredPod] = FakeTable()
-        self.status: FakeTable[PodStatusRecord] = FakeTable()
-        self.sources: FakeTable[SourceState] = FakeTable()
+        self.bus = FakeBus()
+        node = NodeBus.of(self.bus)
+        self.desired = node.desired
+        self.status = node.status
+        self.sources = node.sources
         self.cache = PodCache(
             desired=self.desired,
             status=self.status,
-            feed=FakeFeed(),
+            feed=node.podstatus,
             consumer="test",
             metrics=Metrics(CollectorRegistry()),
             policy=CachePolicy(read_block_ms=1),
@@ -64,12 +66,13 @@ class World:
 
     async def want(self, pod: JSON, source: Any = "api") -> None:
         rec = desired_record(pod)
-        self.desired.rows[rec.uid] = DesiredPod(rec.uid, pod, source, rec.hash, rec.seen_at)
+        record = DesiredPod(rec.uid, pod, source, rec.hash, rec.seen_at)
+        self.bus.seed(self.desired, rec.uid, record)
         await self.cache.reload()
 
     async def report(self, pod: JSON, **kw: Any) -> None:
         record = status_record(pod, **kw)
-        self.status.rows[record.uid] = record
+        self.bus.seed(self.status, record.uid, record)
         await self.cache.refresh_pod(record.uid)
 
     def api(self, name: str) -> JSON | None:
@@ -77,7 +80,7 @@ class World:
 
     def sources_ready(self) -> None:
         for s in ("api", "file"):
-            self.sources.rows[s] = SourceState(source=s, ready=True, at=1.0)  # type: ignore[arg-type]
+            self.bus.seed(self.sources, s, SourceState(source=s, ready=True, at=1.0))
 
 
 WEB = make_api_pod("web")
@@ -264,7 +267,7 @@ async def test_mirror_replaced_when_static_pod_changes() -> None:
     await w.want(STATIC, "file")
     await w.sync.resync()
     changed = make_static_pod("etcd", uid="hash-2")
-    w.desired.rows.clear()
+    w.bus.drop(w.desired, *w.bus.rows(w.desired))
     await w.want(changed, "file")
     await w.sync.resync()
     mirror = w.kube.get_object(MIRROR)
@@ -276,7 +279,7 @@ async def test_orphan_mirror_deleted_only_when_sources_ready() -> None:
     w = World()
     await w.want(STATIC, "file")
     await w.sync.resync()
-    w.desired.rows.clear()
+    w.bus.drop(w.desired, *w.bus.rows(w.desired))
     await w.cache.reload()
     await w.sync.resync()
     assert w.kube.get_object(MIRROR) is not None  # sources not ready: "gone" may be "not read"

@@ -10,9 +10,12 @@ code into `FakeBus.write`, which applies them atomically and, on a leader bus, f
 them by its lease as the Lua script does (`Fenced`, `LeaseLapsed`).
 
 Failure injection: set `FakeBus.error` (a `BusUnavailable`, say) and every call raises
-it, as an unreachable Redis does, before anything changes. `seed`, `rows` and `entries`
-read and plant state synchronously for test set-up and assertions. Nothing here does I/O
-or sleeps except `Stream.read`, which blocks for new entries as XREADGROUP BLOCK does.
+it, as an unreachable Redis does, before anything changes; `fail` makes only the next
+calls raise, one error each (a blocked read too); `calls` lists the calls made,
+by name. `seed`, `drop`, `append`, `plant` (a corrupt entry), `rows` and `entries` read
+and plant state synchronously for test set-up and assertions; a stream's `acked` lists
+what was acknowledged. Nothing here does I/O or sleeps except `Stream.read`, which
+blocks for new entries as XREADGROUP BLOCK does.
 """
 
 from __future__ import annotations
@@ -54,6 +57,10 @@ class FakeBus(Bus):
         self.expiry: dict[str, float] = {}  # lease key → when Redis drops it (bus clock)
         self.error: BusError | None = None
         """Raised by every call while set (Redis unreachable)."""
+        self.failures: list[BusError] = []
+        """Raised by the next calls, one each (see `fail`)."""
+        self.calls: list[str] = []
+        """Every call made, by name ("get", "read", "claim_stale", ...), failed ones too."""
         self.closed = False
         self._ids = 0
 
@@ -79,19 +86,33 @@ class FakeBus(Bus):
     def client(self) -> aioredis.Redis:
         raise TypeError("FakeBus has no Redis client; its tables and streams keep the state")
 
-    def check(self) -> None:
-        """Raise the injected error, if any (every call starts here)."""
+    def check(self, call: str) -> None:
+        """Log `call` and raise the injected error, if any (every call starts here)."""
+        self.calls.append(call)
+        self.raise_injected()
+
+    def raise_injected(self) -> None:
+        """Raise the next one-shot failure, else the standing error, if any."""
+        if self.failures:
+            raise self.failures.pop(0)
         if self.error is not None:
             raise self.error
 
+    def fail(self, *errors: BusError) -> None:
+        """Make the next calls raise `errors`, one each; a read blocked now fails first,
+        as XREADGROUP BLOCK does when its connection drops."""
+        self.failures.extend(errors)
+        for state in self.streams.values():
+            state.grown.set()
+
     async def ping(self) -> None:
-        self.check()
+        self.check("ping")
 
     async def close(self) -> None:
         self.closed = True
 
     async def write(self, ops: Sequence[_Op]) -> list[str]:
-        self.check()
+        self.check("write")
         if self._fence is not None:
             value = self._fence.current_value()
             if value is None:
@@ -124,6 +145,19 @@ class FakeBus(Bus):
         """Plant a row as if another service had written it (no fencing, no error)."""
         self.hashes.setdefault(table.key, {})[key] = record.encode()
 
+    def drop(self, table: Table[R], *keys: str) -> None:
+        """Remove rows as if another service had deleted them."""
+        for key in keys:
+            self.hashes.get(table.key, {}).pop(key, None)
+
+    def append(self, stream: Stream[R], record: R) -> str:
+        """Add an entry as if another service had published it; returns its id."""
+        return self.plant(stream, record.encode())
+
+    def plant(self, stream: Stream[R], raw: str) -> str:
+        """Add an entry of any text, a corrupt one say, as `append` does."""
+        return self._apply(_Op.xadd(stream.key, stream.maxlen, raw))
+
     def rows(self, table: Table[R]) -> dict[str, R]:
         """The table's decodable rows, now (as `Table.all` returns them)."""
         decoded = (
@@ -152,12 +186,12 @@ class FakeTable(Table[R]):
         self.fake = bus
 
     async def get(self, key: str) -> R | None:
-        self.fake.check()
+        self.fake.check("get")
         raw = self.fake.hashes.get(self.key, {}).get(key)
         return None if raw is None else _decode(self.record_type, raw)
 
     async def all(self) -> dict[str, R]:
-        self.fake.check()
+        self.fake.check("all")
         return self.fake.rows(self)
 
 
@@ -167,13 +201,15 @@ class FakeStream(Stream[R]):
     def __init__(self, bus: FakeBus, name: str, record_type: type[R], *, maxlen: int) -> None:
         super().__init__(bus, name, record_type, maxlen=maxlen)
         self.fake = bus
+        self.acked: list[str] = []
+        """IDs acknowledged while pending, in order (any group)."""
 
     @property
     def state(self) -> _StreamState:
         return self.fake.streams.setdefault(self.key, _StreamState())
 
     async def ensure_group(self, group: str, *, start: str = "0") -> None:
-        self.fake.check()
+        self.fake.check("ensure_group")
         state = self.state
         if group not in state.groups:
             state.groups[group] = _Group(delivered=len(state.entries) if start == "$" else 0)
@@ -181,7 +217,7 @@ class FakeStream(Stream[R]):
     async def read(
         self, group: str, consumer: str, *, count: int = 100, block_ms: int = 1000
     ) -> list[Entry[R]]:
-        self.fake.check()
+        self.fake.check("read")
         state = self.state
         g = state.groups.setdefault(group, _Group(delivered=0))  # NOGROUP: re-created
         if g.delivered >= len(state.entries):
@@ -190,6 +226,7 @@ class FakeStream(Stream[R]):
                 await asyncio.wait_for(state.grown.wait(), block_ms / 1000 if block_ms else None)
             except TimeoutError:
                 return []
+            self.fake.raise_injected()
         batch = state.entries[g.delivered : g.delivered + count]
         g.delivered += len(batch)
         now = self.fake.clock()
@@ -198,7 +235,7 @@ class FakeStream(Stream[R]):
         return [self._entry(entry_id, {"r": raw}) for entry_id, raw in batch]
 
     async def claim_stale(self, group: str, consumer: str, *, min_idle_ms: int) -> list[Entry[R]]:
-        self.fake.check()
+        self.fake.check("claim_stale")
         state = self.state
         g = state.groups.get(group)
         if g is None:
@@ -214,14 +251,14 @@ class FakeStream(Stream[R]):
         return claimed
 
     async def ack(self, group: str, *ids: str) -> None:
-        self.fake.check()
+        self.fake.check("ack")
         g = self.state.groups.get(group)
         for entry_id in ids:
-            if g is not None:
-                g.pending.pop(entry_id, None)
+            if g is not None and g.pending.pop(entry_id, None) is not None:
+                self.acked.append(entry_id)
 
     async def length(self) -> int:
-        self.fake.check()
+        self.fake.check("length")
         return len(self.state.entries)
 
     def pending(self, group: str) -> list[str]:
@@ -242,7 +279,7 @@ class FakeLease(Lease):
 
     async def _renew(self) -> bool:
         fake = self.fake
-        fake.check()
+        fake.check("renew")
         now = self.clock()
         if fake.strings.get(self.key) != self.value or now >= fake.expiry.get(self.key, 0.0):
             return False
@@ -251,7 +288,7 @@ class FakeLease(Lease):
 
     async def _acquire(self) -> tuple[int, bool] | None:
         fake = self.fake
-        fake.check()
+        fake.check("acquire")
         now = self.clock()
         current = fake.strings.get(self.key)
         if current is not None and now >= fake.expiry.get(self.key, 0.0):
@@ -269,6 +306,6 @@ class FakeLease(Lease):
         return token, continued
 
     async def _release(self) -> None:
-        self.fake.check()
+        self.fake.check("release")
         if self.fake.strings.get(self.key) == self.value:
             del self.fake.strings[self.key]

@@ -1,8 +1,5 @@
-"""Stateful fakes of the interfaces this service consumes, for unit tests.
-
-Bus fakes keep real state (a table is a dict of records, a stream is a log with one
-consumer group's pending list and acknowledgements) and an `unavailable` switch that
-makes every call raise `BusUnavailable`, the way a stopped Redis does.
+"""Stateful fakes of the interfaces this service consumes, for unit tests; the bus's
+are shared by all services, in `klet.bus.testing`.
 
 Cluster mode's fakes: `FakeApiServer` is a small in-memory apiserver behind the `Kube`
 protocol (objects by path, UIDs and resourceVersions, AlreadyExists/Conflict, UID
@@ -16,131 +13,21 @@ Integration and cluster tests use the real Redis, containerd and kube-apiserver.
 
 from __future__ import annotations
 
-import asyncio
 import copy
 import itertools
-from typing import Any, Generic, TypeVar
+from typing import Any
 
-from klet.bus import BusUnavailable, Entry
 from klet.cri import RuntimeUnavailable
 from klet.cri.types import ImageInfo, RuntimeCondition, RuntimeVersion
 from klet.kube import Conflict, Invalid, KubeError, NotFound, Unavailable
 from klet.model.pod import API_SOURCE, CONFIG_HASH, CONFIG_SEEN, CONFIG_SOURCE
 from klet.model.records import (
     DesiredPod,
-    EventRecord,
-    NodeConditionRecord,
-    PodStatusChange,
     PodStatusRecord,
-    Record,
-    SourceState,
 )
 from klet.model.types import JSON, ImageRef, pod_uid
-from klet.status_reporter.eventsink import EventFeed
 from klet.status_reporter.kubeapi import Kube
-from klet.status_reporter.nodemanager import EventPublisher
-from klet.status_reporter.nodeobserver import ConditionTable, RuntimeService
-from klet.status_reporter.podcache import DesiredTable, StatusFeed, StatusTable
-from klet.status_reporter.podsync import SourcesTable
-
-R = TypeVar("R", bound=Record)
-
-
-class FakeBusState:
-    """The switch shared by the fakes of one bus: flip `unavailable` to stop "Redis"."""
-
-    def __init__(self) -> None:
-        self.unavailable = False
-        self.calls: list[str] = []
-
-    def check(self, call: str) -> None:
-        self.calls.append(call)
-        if self.unavailable:
-            raise BusUnavailable(f"fake bus down ({call})")
-
-
-class FakeTable(Generic[R]):
-    """A bus table: records by key."""
-
-    def __init__(self, state: FakeBusState | None = None) -> None:
-        self.state = state or FakeBusState()
-        self.rows: dict[str, R] = {}
-
-    async def get(self, key: str) -> R | None:
-        self.state.check("get")
-        return self.rows.get(key)
-
-    async def all(self) -> dict[str, R]:
-        self.state.check("all")
-        return dict(self.rows)
-
-
-class FakeStream(Generic[R]):
-    """A bus stream with one consumer group: a log, a read cursor, a pending list."""
-
-    def __init__(self, state: FakeBusState | None = None) -> None:
-        self.state = state or FakeBusState()
-        self.log: list[Entry[R]] = []
-        self.groups: set[str] = set()
-        self.cursor = 0
-        self.pending: dict[str, Entry[R]] = {}
-        self.acked: list[str] = []
-
-    def publish(self, record: R) -> str:
-        entry_id = f"{len(self.log) + 1}-0"
-        self.log.append(Entry(entry_id, record))
-        return entry_id
-
-    def publish_bad(self, error: str = "not JSON") -> str:
-        entry_id = f"{len(self.log) + 1}-0"
-        self.log.append(Entry(entry_id, None, error))
-        return entry_id
-
-    async def ensure_group(self, group: str) -> None:
-        self.state.check("ensure_group")
-        self.groups.add(group)
-
-    async def read(self, group: str, consumer: str, *, count: int, block_ms: int) -> list[Entry[R]]:
-        self.state.check("read")
-        if group not in self.groups:
-            raise AssertionError(f"read from group {group!r} before ensure_group")
-        batch = self.log[self.cursor : self.cursor + count]
-        if not batch:
-            # Like XREADGROUP BLOCK: an idle read waits, so a consumer loop never spins.
-            await asyncio.sleep(block_ms / 1000)
-            return []
-        self.cursor += len(batch)
-        for entry in batch:
-            self.pending[entry.id] = entry
-        return batch
-
-    async def ack(self, group: str, *ids: str) -> None:
-        self.state.check("ack")
-        for entry_id in ids:
-            if self.pending.pop(entry_id, None) is not None:
-                self.acked.append(entry_id)
-
-    async def claim_stale(self, group: str, consumer: str, *, min_idle_ms: int) -> list[Entry[R]]:
-        self.state.check("claim_stale")
-        return list(self.pending.values())
-
-
-class FakeFeed(FakeStream[PodStatusChange]):
-    """The `podstatus` stream."""
-
-
-class FakePublisher:
-    """An `events` stream as a publisher sees it: every published record, in order."""
-
-    def __init__(self, state: FakeBusState | None = None) -> None:
-        self.state = state or FakeBusState()
-        self.records: list[EventRecord] = []
-
-    async def publish(self, record: EventRecord) -> str:
-        self.state.check("publish")
-        self.records.append(record)
-        return f"{len(self.records)}-0"
-
+from klet.status_reporter.nodeobserver import RuntimeService
 
 # -- the apiserver ------------------------------------------------------------------------
 
@@ -341,29 +228,9 @@ class FakeRuntime:
         return list(self.images)
 
 
-def _conforms(
-    desired: FakeTable[DesiredPod],
-    status: FakeTable[PodStatusRecord],
-    feed: FakeFeed,
-    conditions: FakeTable[NodeConditionRecord],
-    sources: FakeTable[SourceState],
-    events: FakeStream[EventRecord],
-    publisher: FakePublisher,
-    kube: FakeApiServer,
-    runtime: FakeRuntime,
-) -> tuple[
-    DesiredTable,
-    StatusTable,
-    StatusFeed,
-    ConditionTable,
-    SourcesTable,
-    EventFeed,
-    EventPublisher,
-    Kube,
-    RuntimeService,
-]:
+def _conforms(kube: FakeApiServer, runtime: FakeRuntime) -> tuple[Kube, RuntimeService]:
     # Never called: makes mypy prove the fakes satisfy the consumers' protocols.
-    return desired, status, feed, conditions, sources, events, publisher, kube, runtime
+    return kube, runtime
 
 
 # -- record builders (shared by unit and integration tests) ---------------------------
