@@ -134,10 +134,11 @@ class Publisher:
             self._merge(*self._inbox.take())
             if self._held:
                 await self._flush()
-            elif self.decided.is_set():
+            elif self.decided.is_set() and not self.elected.is_set():
                 self._outbox.clear()
-                self._events.clear()  # the leader posts them
-            # else the lease's first answer is pending: keep the events until it comes.
+                self._events.clear()  # standing by: the leader posts them
+            # else the lease's first answer is pending, or this replica was elected during
+            # this pass (after _follow_lease looked): keep them for the next pass.
         except Fenced as err:
             # The lease is marked lost: the leader loop steps down and ends the process.
             log.warning("a write was refused, the lease is lost", extra={"error": str(err)})
