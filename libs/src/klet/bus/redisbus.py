@@ -73,7 +73,16 @@ class Fenced(BusError):
     """
 
 
-def _wrap(err: Exception) -> BusError:
+def _wrap(err: Exception) -> BusError | asyncio.CancelledError:
+    """Our exception for a Redis client error. A task being cancelled gets its
+    cancellation back instead: the client can turn a cancellation that lands in a read
+    into a connection error, and a loop that retries on BusError would then never stop."""
+    try:
+        task = asyncio.current_task()
+    except RuntimeError:  # no running loop
+        task = None
+    if task is not None and task.cancelling():
+        return asyncio.CancelledError()
     if isinstance(err, RedisConnectionError | RedisTimeoutError | OSError):
         return BusUnavailable(str(err) or type(err).__name__)
     return BusError(str(err))
