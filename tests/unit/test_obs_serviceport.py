@@ -1,7 +1,8 @@
 """serve_service_port (klet.obs.serviceport): with port 0 two replicas get distinct ports
 on one host and publish them under one run directory; each writes its own private port
 file; a stale private file is removed before binding (a failing bind leaves none
-behind); cancelling the task removes both files."""
+behind); cancelling the task removes both files; a private file that cannot be written
+fails the task and releases the port."""
 
 from __future__ import annotations
 
@@ -84,3 +85,15 @@ async def test_a_stale_private_file_is_gone_even_when_binding_fails(
             await serve_service_port(app, where(tmp_path, "r", port))
     assert not stale.exists()
     assert live_replicas(tmp_path / "run", "image-gc") == []
+
+
+async def test_an_unwritable_port_file_fails_and_releases_the_port(
+    app: Any, tmp_path: Path
+) -> None:
+    with socket.create_server(("127.0.0.1", 0)) as probe:
+        port = probe.getsockname()[1]
+    spec = ServicePort("image-gc", "127.0.0.1", port, port_file=tmp_path / "no" / "port.json")
+    with pytest.raises(FileNotFoundError):
+        await serve_service_port(app, spec)
+    with socket.create_server(("127.0.0.1", port)):
+        pass  # released: a restart can bind it again

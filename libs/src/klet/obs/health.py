@@ -234,7 +234,11 @@ async def serve_http(
     bound_host, bound_port = sock.getsockname()[:2]
     log.info("HTTP listening", extra={"server": name, "host": bound_host, "port": bound_port})
     if on_listening is not None:
-        on_listening(bound_host, bound_port)
+        try:
+            on_listening(bound_host, bound_port)
+        except BaseException:
+            sock.close()
+            raise
 
     async def run() -> None:
         # uvicorn calls sys.exit() when the lifespan start-up fails; a SystemExit escaping
