@@ -43,7 +43,7 @@ from pathlib import Path
 
 from klet.model.layout import PORTS_DIR, port_file, port_files_dir, replica_name
 
-__all__ = ["PortFiles", "PortRecord", "live_replicas", "read_port_file"]
+__all__ = ["PortFiles", "PortRecord", "live_replicas", "read_port_file", "remove_port_file"]
 
 log = logging.getLogger(__name__)
 
@@ -93,6 +93,12 @@ def read_port_file(path: Path) -> PortRecord:
     if len(data) > _MAX_SIZE:
         raise ValueError(f"{path}: larger than {_MAX_SIZE} bytes")
     return PortRecord.from_json(data.decode("utf-8", "replace"))
+
+
+def remove_port_file(path: Path | None) -> None:
+    """Remove a private port file an earlier run left, if any (None: there is none)."""
+    if path is not None:
+        path.unlink(missing_ok=True)
 
 
 def _write_new(path: Path, text: str, *, lock: bool) -> int:
@@ -200,8 +206,7 @@ class PortFiles:
 
     def clear_private(self) -> None:
         """Remove the private file a previous run may have left (before binding)."""
-        if self.private_file is not None:
-            self.private_file.unlink(missing_ok=True)
+        remove_port_file(self.private_file)
 
     def publish(self, host: str, port: int) -> PortRecord:
         """Write both files for a port now listening on host:port."""
