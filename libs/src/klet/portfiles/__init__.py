@@ -239,7 +239,7 @@ class PortFiles:
         )
         return record
 
-    def withdraw_published(self) -> None:
+    def _withdraw_published(self) -> None:
         """Remove the published file and drop its lock."""
         if self._held is None:
             return
@@ -252,7 +252,7 @@ class PortFiles:
 
     def withdraw(self) -> None:
         """Remove both files (clean exit): the port no longer listens."""
-        self.withdraw_published()
+        self._withdraw_published()
         if self.private_file is not None:
             with contextlib.suppress(OSError):
                 self.private_file.unlink(missing_ok=True)
