@@ -5,6 +5,7 @@ view's two loops and the private port always, the healthz listener unless its po
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
 from klet.bus import NodeBus
 from klet.bus.testing import FakeBus
@@ -27,8 +28,10 @@ class KletCfg:
     redis_url: str = "redis://127.0.0.1:1/0"
     redis_auth: RedisAuth = RedisAuth()
     node_name: str = "node1"
-    service_port: int = 0
+    service_port: int | None = None  # the default port
     service_bind_address: str = "127.0.0.1"
+    service_port_file: Path | None = None
+    run_dir: Path = Path("/run/klet")
 
 
 @dataclass(frozen=True)

@@ -21,7 +21,7 @@ from __future__ import annotations
 from collections.abc import Coroutine
 from typing import Any
 
-from klet.obs import create_health_app, run_supervised, serve_http
+from klet.obs import create_health_app, run_supervised, serve_http, serve_service_port
 from klet.status_reporter.api import create_app, create_healthz_app
 from klet.status_reporter.cluster import cluster_tasks
 from klet.status_reporter.kubeletapi import serve_kubelet_api
@@ -41,9 +41,7 @@ def root_tasks(deps: Deps) -> dict[str, Coroutine[Any, Any, None]]:
     tasks: dict[str, Coroutine[Any, Any, None]] = {
         "pod-view-reload": deps.pods.run_reloader(),
         "podstatus-consumer": deps.pods.run_consumer(),
-        "service-http": serve_http(
-            service_app, host=deps.service.host, port=deps.service.port, name="service"
-        ),
+        "service-http": serve_service_port(service_app, deps.service),
     }
     if deps.healthz is not None:
         tasks["healthz-http"] = serve_http(
