@@ -14,6 +14,7 @@ it go; an unusable slot changes nothing."""
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import AsyncIterator, Callable
 from typing import cast
 
@@ -161,8 +162,10 @@ class Replica:
     """One process of a service: its lease on a shared fake Redis, its handle on the
     shared slot file and its leader loop."""
 
-    def __init__(self, redis: FakeBus, file: FakeSlotFile | None, holder: str) -> None:
-        self.lease = redis.connect().lease("svc", holder, ttl_ms=TTL_MS)
+    def __init__(
+        self, redis: FakeBus, file: FakeSlotFile | None, holder: str, ttl_ms: int = TTL_MS
+    ) -> None:
+        self.lease = redis.connect().lease("svc", holder, ttl_ms=ttl_ms)
         self.slot = FakeLeaderSlot(file, holder) if file is not None else None
         self.lease.leader_slot = self.slot
         self.elected = asyncio.Event()
@@ -186,8 +189,8 @@ async def replicas() -> AsyncIterator[Callable[..., Replica]]:
     redis = FakeBus("n1")
     made: list[Replica] = []
 
-    def start(holder: str, file: FakeSlotFile | None) -> Replica:
-        made.append(Replica(redis, file, holder))
+    def start(holder: str, file: FakeSlotFile | None, ttl_ms: int = TTL_MS) -> Replica:
+        made.append(Replica(redis, file, holder, ttl_ms))
         return made[-1]
 
     yield start
@@ -296,3 +299,15 @@ async def test_an_unusable_slot_leaves_the_lease_to_its_ttl(
     await until(lambda: file.probes >= 1, "b's one look at the slot")
     await asyncio.sleep(20 * PROBE_S)  # a stretch in which b would probe again if it did
     assert file.probes == 1 and not b.elected.is_set()
+
+
+async def test_a_leader_takes_the_slot_once_and_keeps_it_through_renewals(
+    replicas: Callable[..., Replica], caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="klet.bus.leader")
+    file = FakeSlotFile()
+    a = replicas("host:1:aaaaaaaaaaaa", file, 30)  # renewed every 10 ms
+    calls = a.lease.bus.calls  # type: ignore[attr-defined]
+    await until(lambda: calls.count("renew") >= 5, "a few renewals")
+    assert a.elected.is_set() and file.locked_by is a.slot
+    assert [r.message for r in caplog.records].count("leader slot taken") == 1

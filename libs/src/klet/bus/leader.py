@@ -163,6 +163,8 @@ class _SlotWatch:
         return None
 
     def claim(self) -> bool:
+        if self.slot.held:
+            return True
         try:
             claimed = self.slot.claim()
         except OSError as err:
