@@ -14,14 +14,15 @@ setup:
 run: setup
 	.venv/bin/klet up --run-dir $(RUN_DIR) --pod-manifest-path examples/static-pods --read-only-port 10255
 
-# Lint, types, then every tier: unit, integration (real Redis, containerd, registry)
-# and cluster (a real kube-apiserver + etcd, built once by cluster-binaries). pytest
+# Lint, types, then every tier: unit, integration (real Redis, containerd, registry),
+# cluster (a real kube-apiserver + etcd, built once by cluster-binaries) and compose
+# (the images and docker-compose.yml on a private dockerd). pytest
 # exits 5 when it collected nothing: that is a failure here like any other non-zero exit.
 test: setup cluster-binaries lint typecheck
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 unit: setup
-	$(PY) -m pytest -m "not integration and not cluster" $(PYTEST_ARGS)
+	$(PY) -m pytest -m "not integration and not cluster and not compose" $(PYTEST_ARGS)
 
 integration: setup
 	$(PY) -m pytest -m integration $(PYTEST_ARGS)
@@ -58,11 +59,12 @@ image: setup
 test-image: setup
 	KLET_IMAGE_TESTS=1 $(PY) -m pytest tests/image $(PYTEST_ARGS)
 
-# docker-compose.yml on a private dockerd against the test stack's containerd: restarts,
-# SIGKILLs, a Redis outage and down/up leave the pods alone (tests/compose). About 9
-# minutes on 2 cores (each restart waits for a passing health check): not in `make test`.
-test-compose: setup
-	KLET_COMPOSE_TESTS=1 $(PY) -m pytest tests/compose -s $(PYTEST_ARGS)
+# The compose tier alone (it is part of `make test` too): docker-compose.yml on a private
+# dockerd against the test stack's containerd and the cluster harness's apiserver;
+# restarts, SIGKILLs, scaled replicas losing their leader, a Redis outage and down/up
+# leave the pods alone (tests/compose).
+test-compose: setup cluster-binaries
+	$(PY) -m pytest tests/compose -s $(PYTEST_ARGS)
 
 bench: setup
 	$(PY) bench/run.py

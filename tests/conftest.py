@@ -3,7 +3,9 @@ fails if it leaves tasks running.
 
 The tier markers (STYLE.md 21) come from where a test lives, not from a marker each file
 must remember: tests/integration is `integration`, tests/cluster and tests/soak are
-`cluster`, everything else is the unit tier (`-m "not integration and not cluster"`).
+`cluster`, tests/compose is `compose` (docker-compose.yml on a private dockerd, against the
+cluster harness's apiserver), everything else is the unit tier
+(`-m "not integration and not cluster and not compose"`).
 
 The harness fixtures (real Redis, containerd, registry) are loaded as a plugin from
 pyproject.toml (`-p tests.harness.fixtures`).
@@ -25,13 +27,14 @@ import pytest
 collect_ignore = [] if os.environ.get("KLET_SOAK") else ["soak"]
 if not os.environ.get("KLET_IMAGE_TESTS"):
     collect_ignore.append("image")
-# The compose tier (tests/compose) builds the images, runs docker-compose.yml on a private
-# dockerd and waits out a 30 s Redis outage: only `make test-compose` (KLET_COMPOSE_TESTS=1).
-if not os.environ.get("KLET_COMPOSE_TESTS"):
-    collect_ignore.append("compose")
 
 TESTS = Path(__file__).parent
-TIERS = {"integration": "integration", "cluster": "cluster", "soak": "cluster"}
+TIERS = {
+    "integration": "integration",
+    "cluster": "cluster",
+    "soak": "cluster",
+    "compose": "compose",
+}
 
 
 @pytest.fixture

@@ -1,15 +1,20 @@
-"""The real docker-compose.yml on a private dockerd: restarting, killing or stopping any
-part of the deployment never touches the pods.
+"""The real docker-compose.yml on a private dockerd, in cluster mode: restarting,
+killing, scaling or stopping any part of the deployment never touches the pods.
 
 Builds `klet:<version>` and `klet-redis:<version>` with tools/image, starts a private
 dockerd (klet.devstack.Dockerd), `docker load`s both, makes the test's root dir a
 shared mount, and runs docker-compose.yml with an env file that points every path at
-the test's directories and the devstack's containerd. Two static pods run: `hooked`
-(a liveness probe, and a postStart hook that appends a line to a hostPath file, so a
-re-run hook shows) and `plain`. After each disruption — `docker-compose restart` of
-each service, `kill -s KILL` of each service container, `stop redis` for 30 s then
-`start`, `down` then `up` — the pods' sandbox and container IDs and attempts (from CRI)
-are unchanged, the hook ran once, and the agent reports both pods Running again.
+the test's directories, the devstack's containerd and a node kubeconfig of the cluster
+harness's real kube-apiserver. Two static pods run: `hooked` (a liveness probe, and a
+postStart hook that appends a line to a hostPath file, so a re-run hook shows) and
+`plain`. After each disruption — `docker-compose restart` of each service, `kill -s
+KILL` of each service container, `up --scale syncloop=2` and `--scale
+status-reporter=2` then SIGKILL of the leader, `stop redis` for 30 s then `start`,
+`down` then `up` — the pods' sandbox and container IDs and attempts (from CRI) are
+unchanged, the hook ran once, the agent reports both pods Running again, the apiserver
+holds one `Started` and no `Killing` Event per pod, and the Node never reported
+anything but Ready. A container that dies while the leader is being replaced has its
+exit reported afterwards.
 Then a configuration file with an invalid field, and no configuration file at all, make
 the restarted service exit with an error naming the field or the file (docker restarts
 it, unless-stopped), while Redis, the other services and the pods carry on; with the
@@ -20,10 +25,15 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import shutil
+import signal
 import subprocess
 import sys
+import threading
 import time
 import uuid
+from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass
 from functools import partial
@@ -34,6 +44,7 @@ import pytest
 from klet.cri import CRISettings, RuntimeClient
 from klet.cri import labels as L
 from klet.devstack import DevStack, Dockerd, free_port
+from klet.devstack.cluster import ControlPlane
 
 from tests.harness.node import fetch
 from tests.harness.waiting import wait_for
@@ -46,6 +57,8 @@ ROOT = Path(__file__).resolve().parents[2]
 SERVICES = ("pod-source", "syncloop", "status-reporter", "eviction", "image-gc")
 BUSYBOX = "registry.klet.test/busybox:1.36"
 SLEEPER = "trap 'exit 0' TERM; sleep 100000 & wait"
+WATCHED = ("hooked", "plain")
+"""The static pods no disruption may touch."""
 
 
 def hooked_pod(hook_file: Path) -> str:
@@ -72,6 +85,26 @@ spec:
         exec: {{command: ["true"]}}
         periodSeconds: 1
         failureThreshold: 1
+"""
+
+
+def victim_pod(name: str, die_file: Path) -> str:
+    """A pod whose container exits 3 once `die_file` exists (restartPolicy Never)."""
+    return f"""
+apiVersion: v1
+kind: Pod
+metadata: {{name: {name}}}
+spec:
+  restartPolicy: Never
+  terminationGracePeriodSeconds: 1
+  volumes:
+    - name: hook
+      hostPath: {{path: {die_file.parent}}}
+  containers:
+    - name: main
+      image: {BUSYBOX}
+      command: ["sh", "-c", "while [ ! -e /hook/{die_file.name} ]; do sleep 0.1; done; exit 3"]
+      volumeMounts: [{{name: hook, mountPath: /hook}}]
 """
 
 
@@ -133,18 +166,54 @@ port: {free_port()}
 {extra}"""
 
 
+class NodeWatch:
+    """Polls the Node's Ready condition from the apiserver every half second, in a
+    thread, from the first Ready on: what it saw besides True is a flap."""
+
+    def __init__(self, plane: ControlPlane, node: str) -> None:
+        self.plane = plane
+        self.node = node
+        self.flaps: list[str] = []
+        self.ready_seen = False
+        self.stopping = threading.Event()
+        self.thread = threading.Thread(target=self.run, name="node-watch", daemon=True)
+
+    def ready(self) -> str | None:
+        try:
+            node = json.loads(self.plane.get(f"/api/v1/nodes/{self.node}", timeout_s=5))
+        except OSError:
+            return None  # not registered yet, or the apiserver did not answer
+        conditions = node.get("status", {}).get("conditions", [])
+        found = next((c for c in conditions if c["type"] == "Ready"), None)
+        return None if found is None else f"{found['status']} ({found.get('reason', '')})"
+
+    def run(self) -> None:
+        while not self.stopping.wait(0.5):
+            seen = self.ready()
+            if seen is None:
+                continue
+            if seen.startswith("True"):
+                self.ready_seen = True
+            elif self.ready_seen:
+                self.flaps.append(f"{time.strftime('%H:%M:%S')} Ready={seen}")
+
+
 @dataclass
 class Deployment:
     dockerd: Dockerd
     stack: DevStack
+    plane: ControlPlane
     env_file: Path
     project: str
     node: str
     read_only_port: int
     config_file: Path
+    manifests: Path
+    run_dir: Path
     hook_file: Path
     good_config: str
     override: Path | None
+    watch: NodeWatch
 
     def compose(self, *args: str, check: bool = True, timeout_s: float = 300) -> str:
         res = subprocess.run(
@@ -169,19 +238,25 @@ class Deployment:
             assert res.returncode == 0, f"docker-compose {' '.join(args)}:\n{res.stderr[-3000:]}"
         return res.stdout + res.stderr
 
-    def container(self, service: str) -> dict[str, Any]:
-        """`docker inspect` of the service's container."""
-        cid = self.compose("ps", "-q", service).strip()
-        if not cid:
+    def containers(self, service: str) -> list[dict[str, Any]]:
+        """`docker inspect` of each of the service's containers (one per replica)."""
+        ids = self.compose("ps", "-q", service).split()
+        if not ids:
             raise LookupError(f"no container of {service}")
-        found = json.loads(self.dockerd.docker(["inspect", cid]).stdout)
+        found = json.loads(self.dockerd.docker(["inspect", *ids]).stdout)
         assert isinstance(found, list)
-        return dict(found[0])
+        return [dict(c) for c in found]
+
+    def container(self, service: str) -> dict[str, Any]:
+        """`docker inspect` of the service's one container."""
+        (found,) = self.containers(service)
+        return found
 
     def healthy(self, *services: str) -> bool:
         return all(
-            self.container(s)["State"].get("Health", {}).get("Status") == "healthy"
+            c["State"].get("Health", {}).get("Status") == "healthy"
             for s in services
+            for c in self.containers(s)
         )
 
     def restarted_healthy(self, service: str, started_at: str) -> bool:
@@ -202,7 +277,7 @@ class Deployment:
 
     def all_running(self) -> bool:
         pods = self.pods()
-        names = [f"hooked-{self.node}", f"plain-{self.node}"]
+        names = [f"{pod}-{self.node}" for pod in WATCHED]
         return all(
             n in pods
             and pods[n]["status"].get("phase") == "Running"
@@ -211,7 +286,8 @@ class Deployment:
         )
 
     def runtime(self) -> dict[str, tuple[str, str, int, str]]:
-        """(pod, container) -> (sandbox ID, container ID, attempt, state), from CRI."""
+        """(pod, container) -> (sandbox ID, container ID, attempt, state) of the watched
+        pods, from CRI."""
 
         async def go() -> dict[str, tuple[str, str, int, str]]:
             cri = RuntimeClient(
@@ -219,9 +295,10 @@ class Deployment:
             )
             try:
                 out: dict[str, tuple[str, str, int, str]] = {}
+                watched = {f"{pod}-{self.node}" for pod in WATCHED}
                 for c in await cri.list_containers():
                     pod = c.labels.get(L.POD_NAME, "")
-                    if pod.endswith(f"-{self.node}"):
+                    if pod in watched:
                         out[f"{pod}/{c.name}"] = (c.sandbox_id, c.id, c.attempt, c.state.value)
                 return out
             finally:
@@ -232,6 +309,34 @@ class Deployment:
     def hook_runs(self) -> int:
         return len(self.hook_file.read_text().splitlines())
 
+    def event_reasons(self) -> dict[str, Counter[str]]:
+        """Mirror pod name -> how many Events of each reason the apiserver holds for it."""
+        body = json.loads(self.plane.get("/api/v1/namespaces/default/events"))
+        out: dict[str, Counter[str]] = {}
+        for event in body["items"]:
+            name = event["involvedObject"].get("name", "")
+            if name.endswith(f"-{self.node}"):
+                out.setdefault(name, Counter())[event["reason"]] += event.get("count") or 1
+        return out
+
+    def mirror_status(self, pod: str) -> dict[str, Any]:
+        body = self.plane.get(f"/api/v1/namespaces/default/pods/{pod}-{self.node}")
+        status: dict[str, Any] = json.loads(body).get("status", {})
+        return status
+
+    def leader_pid(self, service: str) -> int | None:
+        """The PID (host PID namespace: the services run with `pid: host`) of the
+        service's lease holder, from its leader slot file; None when no live leader."""
+        try:
+            holder = (self.run_dir / "leases" / f"{service}.leader").read_text().strip()
+        except FileNotFoundError:
+            return None
+        parts = holder.split(":")
+        if len(parts) != 3 or not parts[1].isdigit():
+            return None
+        pid = int(parts[1])
+        return pid if Path(f"/proc/{pid}").exists() else None
+
 
 def mount(*args: str) -> None:
     subprocess.run(["mount", *args], check=True, capture_output=True)
@@ -239,7 +344,7 @@ def mount(*args: str) -> None:
 
 @pytest.fixture(scope="module")
 def deployment(
-    tmp_path_factory: pytest.TempPathFactory, devstack: DevStack
+    tmp_path_factory: pytest.TempPathFactory, devstack: DevStack, control_plane: ControlPlane
 ) -> Iterator[Deployment]:
     tmp = tmp_path_factory.mktemp("compose")
     began = time.monotonic()
@@ -278,6 +383,10 @@ def deployment(
         hook_dir.mkdir()
         hook_file = hook_dir / "runs"
         hook_file.touch()
+        # Cluster mode: the node's own credentials (system:node:<node>), inside the
+        # read-only kubernetes dir as on a real node.
+        kubeconfig = kubernetes / "kubelet.conf"
+        shutil.copy(control_plane.node_kubeconfig(node), kubeconfig)
         assert devstack.containerd is not None
         env = {
             "KLET_NODE_NAME": node,
@@ -286,7 +395,7 @@ def deployment(
             "KLET_CONFIG_DIR": str(config_dir),
             "KLET_CONFIG_NAME": "kubelet-config.yaml",
             "KLET_KUBERNETES_DIR": str(kubernetes),
-            "KLET_KUBECONFIG": "",
+            "KLET_KUBECONFIG": str(kubeconfig),
             "KLET_ROOT_DIR": str(root),
             "KLET_POD_LOGS_DIR": str(tmp / "logs"),
             "KLET_CONTAINER_RUNTIME_ENDPOINT": devstack.runtime_endpoint,
@@ -305,31 +414,58 @@ def deployment(
         deployment = Deployment(
             dockerd=dockerd,
             stack=devstack,
+            plane=control_plane,
             env_file=env_file,
             project=node,
             node=node,
             read_only_port=read_only_port,
             config_file=config_dir / "kubelet-config.yaml",
+            manifests=manifests,
+            run_dir=tmp / "run",
             hook_file=hook_file,
             good_config=good,
             override=privileged_override(tmp),
+            watch=NodeWatch(control_plane, node),
         )
+        deployment.watch.thread.start()
         deployment.compose("up", "--detach")
         wait_for(lambda: deployment.healthy(*SERVICES), timeout_s=240, what="every service healthy")
         print(f"services healthy after {time.monotonic() - began:.0f}s")
         (manifests / "hooked.yaml").write_text(hooked_pod(hook_file))
         (manifests / "plain.yaml").write_text(PLAIN_POD)
         wait_for(deployment.all_running, timeout_s=90, what="both pods Running")
+        wait_for(
+            lambda: deployment.watch.ready_seen, timeout_s=60, what="the Node registered Ready"
+        )
+        wait_for(
+            lambda: all(
+                deployment.event_reasons().get(f"{pod}-{node}", {}).get("Started") == 1
+                for pod in WATCHED
+            ),
+            timeout_s=60,
+            what="a Started Event of each pod in the apiserver",
+        )
         print(f"pods running after {time.monotonic() - began:.0f}s")
         yield deployment
     finally:
         if deployment is not None:
+            deployment.watch.stopping.set()
             logs = deployment.compose("logs", "--no-color", "--tail", "40", check=False)
             print(logs[-20000:])
             deployment.compose("down", "--timeout", "5", check=False)
         dockerd.stop()
         asyncio.run(remove_node_pods(devstack.runtime_endpoint, node))
         subprocess.run(["umount", "--recursive", "--lazy", str(root)], capture_output=True)
+        control_plane.kubectl(
+            "delete",
+            "pods",
+            "--all-namespaces",
+            f"--field-selector=spec.nodeName={node}",
+            "--grace-period=0",
+            "--force",
+            "--ignore-not-found",
+        )
+        control_plane.kubectl("delete", "node", node, "--ignore-not-found")
 
 
 def assert_untouched(
@@ -340,9 +476,15 @@ def assert_untouched(
     wait_for(d.all_running, timeout_s=60, what=f"both pods reported Running after {what}")
     assert d.runtime() == before, what
     assert d.hook_runs() == 1, f"postStart hook re-ran after {what}"
-    for pod in d.pods().values():
-        for status in pod["status"].get("containerStatuses", []):
+    pods = d.pods()
+    for name in WATCHED:
+        for status in pods[f"{name}-{d.node}"]["status"].get("containerStatuses", []):
             assert status["restartCount"] == 0, f"{what}: {status}"
+    reasons = d.event_reasons()
+    for name in WATCHED:
+        seen = reasons.get(f"{name}-{d.node}", Counter())
+        assert seen["Started"] == 1 and seen["Killing"] == 0, f"{what}: {name} Events {seen}"
+    assert not d.watch.flaps, f"the Node left Ready by {what}: {d.watch.flaps}"
 
 
 def test_pods_survive_every_disruption(deployment: Deployment) -> None:
@@ -390,6 +532,76 @@ def test_pods_survive_every_disruption(deployment: Deployment) -> None:
     wait_for(lambda: d.healthy(*SERVICES), timeout_s=180, what="every service healthy after up")
     assert_untouched(d, before, "docker-compose down, then up")
     print(f"down + up: {time.monotonic() - began:.1f}s")
+
+
+@pytest.mark.parametrize("service", ["syncloop", "status-reporter"])
+def test_scaled_service_loses_its_leader(deployment: Deployment, service: str) -> None:
+    """Two replicas; SIGKILL of the lease holder: the standby takes over, and a container
+    that exits while the leader is being replaced has its exit reported afterwards."""
+    d = deployment
+    before = d.runtime()
+    victim = f"victim-{service}"
+    die_file = d.hook_file.parent / f"die-{service}"
+    (d.manifests / f"{victim}.yaml").write_text(victim_pod(victim, die_file))
+    wait_for(
+        lambda: d.pods().get(f"{victim}-{d.node}", {}).get("status", {}).get("phase")
+        == "Running",
+        timeout_s=90,
+        what=f"{victim} Running",
+    )
+
+    d.compose("up", "--detach", "--no-recreate", "--scale", f"{service}=2")
+    wait_for(
+        lambda: len(d.containers(service)) == 2 and d.healthy(service),
+        timeout_s=120,
+        what=f"two healthy {service} replicas",
+    )
+    replicas = {c["State"]["Pid"] for c in d.containers(service)}
+    leader = wait_for(
+        lambda: d.leader_pid(service), timeout_s=60, what=f"a {service} lease holder"
+    )
+    # The holder runs under one of the replicas' init (compose `init: true`).
+    parent = next(
+        int(line.split()[1])
+        for line in Path(f"/proc/{leader}/status").read_text().splitlines()
+        if line.startswith("PPid:")
+    )
+    assert parent in replicas, f"{service} leader {leader} is not in a replica container"
+
+    killed = time.monotonic()
+    os.kill(leader, signal.SIGKILL)
+    die_file.touch()
+    successor = wait_for(
+        lambda: (pid := d.leader_pid(service)) is not None and pid != leader and pid,
+        timeout_s=60,
+        what=f"another {service} replica holding the lease",
+    )
+    print(f"{service}: lease held by {successor} {time.monotonic() - killed:.1f}s after the kill")
+
+    def exit_reported() -> bool:
+        mirror = d.mirror_status(victim)
+        states = [c.get("state", {}) for c in mirror.get("containerStatuses", [])]
+        return mirror.get("phase") == "Failed" and any(
+            s.get("terminated", {}).get("exitCode") == 3 for s in states
+        )
+
+    wait_for(exit_reported, timeout_s=90, what=f"{victim}'s exit in the apiserver")
+    print(f"{service}: exit reported {time.monotonic() - killed:.1f}s after the kill")
+    assert_untouched(d, before, f"SIGKILL of the {service} leader with a standby running")
+
+    # docker brings the killed replica back (unless-stopped); then back to one replica.
+    wait_for(
+        lambda: len(d.containers(service)) == 2 and d.healthy(service),
+        timeout_s=120,
+        what=f"both {service} replicas healthy again",
+    )
+    d.compose("up", "--detach", "--no-recreate", "--scale", f"{service}=1")
+    wait_for(lambda: d.healthy(service), timeout_s=120, what=f"{service} at one replica")
+    (d.manifests / f"{victim}.yaml").unlink()
+    wait_for(
+        lambda: f"{victim}-{d.node}" not in d.pods(), timeout_s=60, what=f"{victim} removed"
+    )
+    assert_untouched(d, before, f"{service} scaled back to one replica")
 
 
 def test_bad_config_stops_only_the_service_restarted_with_it(deployment: Deployment) -> None:
