@@ -7,16 +7,17 @@ time, it starts a second replica of that service with its own ``--service-port``
 the node's run directory (as two docker-compose replicas on one host would), and repeats
 ``FAILOVER_ROUNDS`` times (default 5):
 
-1. find the leader from the lease key in Redis (``klet:<node>:lease:<service>``, whose
-   value starts with the holder ID ``<hostname>:<pid>:<hex>``) and SIGKILL it;
+1. wait a random part of the leaders' 5 s renewal period, find the leader from the lease
+   key in Redis (``klet:<node>:lease:<service>``, whose value starts with the holder ID
+   ``<hostname>:<pid>:<hex>``) and SIGKILL it;
 2. poll every 10 ms until the standby holds the lease (*lease*) and until it acts
    (*acts*): its ``/readyz`` answers 200 (syncloop, eviction, image-gc: ready means elected
    and working). pod-source's standby is ready before it leads (it reads and merges the
    sources too), so for it *acts* is when a manifest written at the kill is published to
    the ``desired`` table, which only the leader writes;
 3. syncloop only: at the kill the victim's container is also stopped through CRI
-   (StopContainer, timeout 0); *death* is when ``/pods`` shows it terminated or restarted,
-   *restarted* when it is running again;
+   (StopContainer, timeout 0); *death* is when the ``status`` table (what ``/pods``
+   serves) shows it terminated or restarted, *restarted* when it is running again;
 4. restart the killed replica (it comes back as the standby), and after two PLEG relists
    of the syncloop leader count the restarts the failover caused: a pod that was not
    killed must keep its container ID and its restartCount.
@@ -31,6 +32,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import datetime as dt
+import functools
 import json
 import logging
 import os
@@ -82,8 +84,6 @@ NO_LEASE_AFTER_S = 10.0  # both replicas ready and no lease key this long: "no l
 PODS = ("victim", "bystander")
 # status-reporter's other listeners; the second replica needs ports of its own for them.
 OTHER_PORTS = {"status-reporter": ("--read-only-port", "--healthz-port", "--port")}
-
-log = logging.getLogger("bench")
 
 
 @dataclass
@@ -452,7 +452,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"bench: klet node {node_name} starting ...", flush=True)
         node.start()
         for name in PODS:
-            wait_for(lambda: running(node, name), timeout_s=ROUND_TIMEOUT_S,  # noqa: B023
+            wait_for(functools.partial(running, node, name), timeout_s=ROUND_TIMEOUT_S,
                      what=f"{name} Running")
         bench = Failover(node, manifests, runner, cri, runner.run(admin_bus(node)))
         for service in args.services:
