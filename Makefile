@@ -4,7 +4,7 @@ PY := .venv/bin/python
 RUN_DIR ?= $(CURDIR)/.run
 PYTEST_ARGS ?=
 
-.PHONY: setup run test unit integration cluster soak lint typecheck proto bench bench-gc fuzz fuzz-manifests clean image test-image test-compose
+.PHONY: setup run test unit integration cluster soak lint typecheck proto bench bench-gc bench-failover fuzz fuzz-manifests clean image test-image test-compose
 
 setup:
 	@bash tools/setup.sh
@@ -41,7 +41,7 @@ lint: setup
 	.venv/bin/lint-imports
 
 typecheck: setup
-	.venv/bin/mypy libs/src services/pod-source/src services/syncloop/src services/status-reporter/src services/eviction/src services/image-gc/src bench/run.py bench/gc.py tools/container_fields.py tools/config_fields.py tools/image
+	.venv/bin/mypy libs/src services/pod-source/src services/syncloop/src services/status-reporter/src services/eviction/src services/image-gc/src bench/run.py bench/gc.py bench/failover.py tools/container_fields.py tools/config_fields.py tools/image
 
 proto:
 	$(PY) tools/gen_proto.py
@@ -73,6 +73,12 @@ bench: setup
 # runtime, and passes on a private real containerd (root); see bench/README.md.
 bench-gc: setup
 	$(PY) bench/gc.py
+
+# Failover of each leased service: two replicas sharing one run dir, the leader SIGKILLed,
+# time until the standby holds the lease and acts (and, for syncloop, reports a container
+# that died meanwhile); FAILOVER_ROUNDS (default 5) kills per service. See bench/README.md.
+bench-failover: setup
+	$(PY) bench/failover.py
 
 # Long fuzz runs, not part of `make test` (seeded subsets run in the unit tests); each
 # prints its figures and fails on any crash. `fuzz`: 10,000 mutated KubeletConfiguration
