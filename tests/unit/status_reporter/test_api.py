@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import httpx
 import pytest
@@ -35,6 +36,7 @@ class KletCfg:
     node_name: str = "node1"
     service_port: int = 0
     service_bind_address: str = "127.0.0.1"
+    run_dir: Path = Path("/nonexistent")  # unused: the tests name the lease holder
 
 
 @dataclass(frozen=True)
@@ -57,6 +59,8 @@ class Fakes:
         return build_deps(
             settings or Settings(),
             overrides=Overrides(
+                bus=self.bus.connect(),  # one lease per bus: a bus per Deps
+                lease_holder="test",
                 desired=self.desired,
                 status=self.status,
                 feed=self.feed,

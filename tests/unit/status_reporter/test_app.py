@@ -5,6 +5,7 @@ view's two loops and the private port always, the healthz listener unless its po
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
 from klet.bus import NodeBus
 from klet.bus.testing import FakeBus
@@ -29,6 +30,7 @@ class KletCfg:
     node_name: str = "node1"
     service_port: int = 0
     service_bind_address: str = "127.0.0.1"
+    run_dir: Path = Path("/nonexistent")  # unused: the tests name the lease holder
 
 
 @dataclass(frozen=True)
@@ -38,10 +40,13 @@ class Settings:
 
 
 def task_names(*, read_only_port: int, healthz_port: int) -> list[str]:
-    node = NodeBus.of(FakeBus())
+    bus = FakeBus()
+    node = NodeBus.of(bus)
     deps = build_deps(
         Settings(KubeletCfg(read_only_port=read_only_port, healthz_port=healthz_port)),
         overrides=Overrides(
+            bus=bus,
+            lease_holder="test",
             desired=node.desired,
             status=node.status,
             feed=node.podstatus,
@@ -57,6 +62,7 @@ def task_names(*, read_only_port: int, healthz_port: int) -> list[str]:
 def test_defaults_serve_healthz_but_not_the_read_only_api() -> None:
     assert task_names(read_only_port=0, healthz_port=10248) == [
         "healthz-http",
+        "lease",
         "pod-view-reload",
         "podstatus-consumer",
         "service-http",
@@ -65,6 +71,7 @@ def test_defaults_serve_healthz_but_not_the_read_only_api() -> None:
 
 def test_read_only_on_and_healthz_off() -> None:
     assert task_names(read_only_port=10255, healthz_port=0) == [
+        "lease",
         "pod-view-reload",
         "podstatus-consumer",
         "read-only-http",

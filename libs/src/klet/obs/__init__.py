@@ -14,11 +14,12 @@ from klet.obs.logs import (
     level_for_verbosity,
     log_once_per_change,
 )
-from klet.obs.metrics import CONTENT_TYPE, new_registry, render
+from klet.obs.metrics import CONTENT_TYPE, LEADER_METRIC, leader_metric, new_registry, render
 from klet.obs.supervise import RootTaskFailed, run_supervised
 
 __all__ = [
     "CONTENT_TYPE",
+    "LEADER_METRIC",
     "HealthCheck",
     "JsonFormatter",
     "OnceLogger",
@@ -26,6 +27,7 @@ __all__ = [
     "TextFormatter",
     "configure_logging",
     "create_health_app",
+    "leader_metric",
     "level_for_verbosity",
     "log_once_per_change",
     "new_registry",
