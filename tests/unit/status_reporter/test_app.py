@@ -4,13 +4,14 @@ view's two loops and the private port always, the healthz listener unless its po
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass
 from pathlib import Path
 
 from klet.bus import NodeBus
 from klet.bus.testing import FakeBus
 from klet.config import RedisAuth
-from klet.status_reporter.app import root_tasks
+from klet.status_reporter.app import root_tasks, when_elected
 from klet.status_reporter.wiring import Overrides, build_deps
 from prometheus_client import CollectorRegistry
 
@@ -77,3 +78,38 @@ def test_read_only_on_and_healthz_off() -> None:
         "read-only-http",
         "service-http",
     ]
+
+
+async def test_a_writer_starts_only_when_elected_and_its_other_condition_holds() -> None:
+    # pod-status runs once the replica leads *and* its pod view has loaded: an empty
+    # view would make every mirror pod look orphaned.
+    elected, loaded = asyncio.Event(), asyncio.Event()
+    started: list[str] = []
+
+    async def run() -> None:
+        started.append("pod-status")
+
+    task = asyncio.create_task(when_elected(elected, run, also=loaded))
+    for _ in range(10):
+        await asyncio.sleep(0)
+    loaded.set()
+    for _ in range(10):
+        await asyncio.sleep(0)
+    assert started == []  # loaded, but standing by
+    elected.set()
+    await asyncio.wait_for(task, 1)
+    assert started == ["pod-status"]
+
+
+def test_a_standby_creates_no_writer_coroutine() -> None:
+    # cluster_tasks gives functions, not coroutines: a standby cancelled before it
+    # was elected leaves no "never awaited" coroutine behind (warnings are errors here).
+    elected = asyncio.Event()
+    calls: list[str] = []
+
+    async def run() -> None:
+        calls.append("ran")
+
+    coro = when_elected(elected, run)
+    coro.close()
+    assert calls == []

@@ -60,9 +60,17 @@ from klet.status_reporter.kubeletapi import serve_kubelet_api
 from klet.status_reporter.wiring import Deps
 
 
-async def when_elected(elected: asyncio.Event, run: Callable[[], Awaitable[None]]) -> None:
-    """Start `run()` once this replica holds the lease; a standby never starts it."""
+async def when_elected(
+    elected: asyncio.Event,
+    run: Callable[[], Awaitable[None]],
+    *,
+    also: asyncio.Event | None = None,
+) -> None:
+    """Start `run()` once this replica holds the lease (and `also` is set, when given);
+    a standby never starts it."""
     await elected.wait()
+    if also is not None:
+        await also.wait()
     await run()
 
 
@@ -102,7 +110,12 @@ def root_tasks(deps: Deps) -> dict[str, Coroutine[Any, Any, None]]:
         )
     if deps.cluster is not None:
         for name, run in cluster_tasks(deps.cluster).items():
-            tasks[name] = when_elected(deps.elected, run)
+            # Pod statuses and mirror pods wait for the pod view as well: an empty view
+            # would read as "no static pods" and delete every mirror pod as an orphan.
+            # A replica elected as it starts (the new leader after a handover, say)
+            # gets there within one reload.
+            loaded = deps.pods.loaded if name == "pod-status" else None
+            tasks[name] = when_elected(deps.elected, run, also=loaded)
     if deps.kubelet_api is not None:
         tasks["kubelet-api"] = serve_kubelet_api(deps.kubelet_api, reuse_port=True)
     return tasks

@@ -140,6 +140,8 @@ class Overrides:
     clock: Callable[[], float] | None = None
     lease_holder: str | None = None
     """The lease holder ID; default: a fresh one from this process's replica slot."""
+    lease_ttl_ms: int | None = None
+    """The lease TTL; default LEASE_TTL_MS (tests shorten it to watch a handover)."""
     cluster: ClusterOverrides | None = None
     """Build cluster mode over these (even without a kubeconfig)."""
 
@@ -190,10 +192,11 @@ def build_deps(settings: ServiceSettings, *, overrides: Overrides | None = None)
         return NodeBus.of(buses[0])
 
     bus = node_bus().bus
+    ttl_ms = o.lease_ttl_ms or LEASE_TTL_MS
     lease = (
-        bus.lease(SERVICE, o.lease_holder, ttl_ms=LEASE_TTL_MS)
+        bus.lease(SERVICE, o.lease_holder, ttl_ms=ttl_ms)
         if o.lease_holder
-        else service_lease(bus, SERVICE, Path(klet.run_dir), ttl_ms=LEASE_TTL_MS)
+        else service_lease(bus, SERVICE, Path(klet.run_dir), ttl_ms=ttl_ms)
     )
 
     desired, status, feed = o.desired, o.status, o.feed
