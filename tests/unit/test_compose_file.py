@@ -3,7 +3,9 @@ from one shared block (host network and PID namespace, privileged, init, restart
 policy, stop grace period, the same flags and mounts, a health check through `klet
 healthcheck`), each with its own Redis user and password file; the Redis has no network
 and no persistence; every variable the compose file reads is documented in
-.env.example with the same default; the default image tags are this version's."""
+.env.example with the same default; the default image tags are this version's;
+replicas of a service take any free port (0, overridable per service) and each keeps
+its port file for its health check outside the shared bind mounts."""
 
 from __future__ import annotations
 
@@ -101,3 +103,33 @@ def test_redis_has_no_network_and_no_persistence() -> None:
     assert argv[argv.index("--save") + 1] == ""
     assert argv[argv.index("--appendonly") + 1] == "no"
     assert redis["depends_on"]["bus-acl"]["condition"] == "service_completed_successfully"
+
+
+PORT_VARIABLES = {
+    "pod-source": "KLET_POD_SOURCE_PORT",
+    "syncloop": "KLET_SYNCLOOP_PORT",
+    "status-reporter": "KLET_STATUS_REPORTER_PORT",
+    "eviction": "KLET_EVICTION_PORT",
+    "image-gc": "KLET_IMAGE_GC_PORT",
+}
+
+
+@pytest.mark.parametrize("service", SERVICES)
+def test_replicas_take_any_free_port_and_check_their_own(service: str) -> None:
+    """`up --scale` must not collide on the host network: port 0 by default (still
+    overridable per service), and a port file each replica keeps to itself."""
+    text = COMPOSE.read_text()
+    assert f"KLET_SERVICE_PORT: ${{{PORT_VARIABLES[service]}:-0}}" in text
+    assert documented()[PORT_VARIABLES[service]] == "0"
+    spec = compose()["services"][service]
+    assert str(spec["environment"]["KLET_SERVICE_PORT"]) == "0"
+    port_file = spec["environment"]["KLET_SERVICE_PORT_FILE"]
+    assert port_file.startswith("/")
+    targets = [v["target"] if isinstance(v, dict) else v.split(":")[1] for v in spec["volumes"]]
+    for target in targets:
+        shared = Path(target)
+        assert shared != Path(port_file) and shared not in Path(port_file).parents, (
+            f"{service}: {port_file} is under the bind mount {target}: replicas would share it"
+        )
+    assert "container_name" not in spec  # a fixed name would refuse a second replica
+    assert "ports" not in spec  # host network: nothing to publish, nothing to collide

@@ -3,7 +3,8 @@
 Covers: precedence flag > config file > default (an absent flag never overrides the file),
 upstream value syntaxes (--manifest-url-header multimap, --eviction-hard `<` map, Go
 booleans, repeated flags, -v spellings, underscores in flag names), klet-only flags with
-their KLET_* variables and defaults, per-service default ports, node name rules, and the
+their KLET_* variables and defaults, per-service default ports (an unset port is the
+service's own, 0 is any free port, `klet up` has none), node name rules, and the
 collection of every problem (unknown flags, bad values, bad variables, file problems,
 invalid merged values) into one ConfigError naming flag, variable or file.
 """
@@ -70,6 +71,37 @@ def test_klet_only_defaults() -> None:
 def test_service_port_defaults_per_service(service: str, port: int) -> None:
     assert load([], service=service).klet.service_port == port
     assert load(["--service-port", "7000"], service=service).klet.service_port == 7000
+
+
+@pytest.mark.parametrize("service", sorted(DEFAULT_SERVICE_PORTS))
+def test_service_port_zero_is_any_free_port_not_the_default(service: str) -> None:
+    assert load(["--service-port", "0"], service=service).klet.service_port == 0
+    assert load(["--service-port=0"], service=service).klet.service_port == 0
+    assert load([], env={"KLET_SERVICE_PORT": "0"}, service=service).klet.service_port == 0
+    # The flag wins over the variable either way.
+    env = {"KLET_SERVICE_PORT": "0"}
+    assert load(["--service-port", "7000"], env=env, service=service).klet.service_port == 7000
+    env = {"KLET_SERVICE_PORT": "7000"}
+    assert load(["--service-port", "0"], env=env, service=service).klet.service_port == 0
+
+
+def test_klet_up_has_no_service_port_of_its_own() -> None:
+    assert load([], service="up").klet.service_port is None
+    assert load(["--service-port", "0"], service="up").klet.service_port == 0
+    # Settings built by hand: not given, as load_settings sees it.
+    assert KletSettings(service="syncloop", node_name="n").service_port is None
+
+
+def test_service_port_file() -> None:
+    assert load([]).klet.service_port_file is None
+    assert load(["--service-port-file", "/tmp/p.json"]).klet.service_port_file == Path(
+        "/tmp/p.json"
+    )
+    env = {"KLET_SERVICE_PORT_FILE": "/tmp/env.json"}
+    assert load([], env=env).klet.service_port_file == Path("/tmp/env.json")
+    assert load(["--service-port-file=/tmp/f.json"], env=env).klet.service_port_file == Path(
+        "/tmp/f.json"
+    )
 
 
 def test_file_values_apply_when_no_flag(config_file: Path) -> None:

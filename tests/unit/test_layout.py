@@ -1,5 +1,6 @@
 """The node layout (klet.model.layout): gRPC and Redis sockets under the run directory,
-the per-service ports, pod directories under the root directory, pod cgroups by QoS
+the per-service ports (unset = the default, 0 = any free port) and the replicas' port
+files, pod directories under the root directory, pod cgroups by QoS
 class (and every candidate for a reader that does not know the class), and pod log
 directory names read both ways."""
 
@@ -19,7 +20,11 @@ from klet.model.layout import (
     pod_log_dir_name,
     pod_log_dir_uid,
     pods_dir,
+    port_file,
+    port_files_dir,
     redis_socket,
+    replica_name,
+    resolve_service_port,
 )
 
 
@@ -46,6 +51,25 @@ def test_service_ports() -> None:
         "eviction": 10263,
         "image-gc": 10264,
     }
+
+
+def test_resolve_service_port() -> None:
+    assert resolve_service_port("eviction", None) == 10263
+    assert resolve_service_port("eviction", 0) == 0  # any free port, not the default
+    assert resolve_service_port("eviction", 7000) == 7000
+    with pytest.raises(KeyError):
+        resolve_service_port("kube-proxy", None)
+
+
+def test_port_files_per_service_and_replica() -> None:
+    run = Path("/run/klet")
+    assert port_files_dir(run, "syncloop") == Path("/run/klet/ports/syncloop")
+    assert replica_name("node-a", 812) == "node-a-812"
+    assert replica_name("../x y", 1) == "_x_y-1"  # a file name, never a path
+    assert replica_name("", 1) == "host-1"
+    assert port_file(run, "syncloop", "node-a-812") == Path(
+        "/run/klet/ports/syncloop/node-a-812.json"
+    )
 
 
 def test_pod_dirs_under_the_root_dir() -> None:

@@ -15,6 +15,7 @@ from fastapi import FastAPI
 from klet.bus import BusUnavailable, NodeBus
 from klet.bus.testing import FakeBus
 from klet.config import RedisAuth
+from klet.obs import ServicePort
 from klet.status_reporter.api import create_app, create_healthz_app
 from klet.status_reporter.testing import desired_record, make_pod, status_record
 from klet.status_reporter.wiring import DEFAULT_SERVICE_PORT, Deps, Listener, Overrides, build_deps
@@ -34,9 +35,10 @@ class KletCfg:
     redis_url: str = "redis://127.0.0.1:1/0"
     redis_auth: RedisAuth = RedisAuth()
     node_name: str = "node1"
-    service_port: int = 0
+    service_port: int | None = None  # the default port
     service_bind_address: str = "127.0.0.1"
-    run_dir: Path = Path("/nonexistent")  # unused: the tests name the lease holder
+    service_port_file: Path | None = None
+    run_dir: Path = Path("/run/klet")  # the lease slot is not used: the tests name the holder
 
 
 @dataclass(frozen=True)
@@ -136,14 +138,22 @@ def test_listeners_follow_upstream_defaults(fakes: Fakes) -> None:
     deps = fakes.deps()
     assert deps.read_only is None  # readOnlyPort 0: off
     assert deps.healthz == Listener("127.0.0.1", 10248)
-    assert deps.service == Listener("127.0.0.1", DEFAULT_SERVICE_PORT)
+    assert deps.service == ServicePort(
+        "status-reporter", "127.0.0.1", DEFAULT_SERVICE_PORT, run_dir=Path("/run/klet")
+    )
 
     deps = fakes.deps(
         Settings(
             kubelet=KubeletCfg(read_only_port=10255, healthz_port=0),
-            klet=KletCfg(service_port=9999),
+            klet=KletCfg(service_port=0, service_port_file=Path("/tmp/sr.port")),
         )
     )
     assert deps.read_only == Listener("0.0.0.0", 10255)  # bound to `address`, as upstream
     assert deps.healthz is None  # healthzPort 0: off
-    assert deps.service == Listener("127.0.0.1", 9999)
+    assert deps.service == ServicePort(  # 0: any free port, said in the port files
+        "status-reporter",
+        "127.0.0.1",
+        0,
+        run_dir=Path("/run/klet"),
+        port_file=Path("/tmp/sr.port"),
+    )

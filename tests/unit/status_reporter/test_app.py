@@ -29,9 +29,10 @@ class KletCfg:
     redis_url: str = "redis://127.0.0.1:1/0"
     redis_auth: RedisAuth = RedisAuth()
     node_name: str = "node1"
-    service_port: int = 0
+    service_port: int | None = None  # the default port
     service_bind_address: str = "127.0.0.1"
-    run_dir: Path = Path("/nonexistent")  # unused: the tests name the lease holder
+    service_port_file: Path | None = None
+    run_dir: Path = Path("/run/klet")  # the lease slot is not used: the tests name the holder
 
 
 @dataclass(frozen=True)

@@ -22,7 +22,8 @@ commands:
                               password files and Redis ACL lines of node N's services,
                               for a bus Redis that klet up does not start
   healthcheck <service>       exit 0 when the service's /healthz on this host passes
-                              (container health checks)
+                              (container health checks; the port from the replica's
+                              KLET_SERVICE_PORT_FILE, else KLET_SERVICE_PORT or its default)
 """
 
 

@@ -4,7 +4,10 @@ Parse the settings (invalid configuration is refused before anything starts, eve
 problem listed, exit 1 as upstream's kubelet), configure logging, then run the
 service's `start(settings)` coroutine in a fresh event loop. Before the loop starts,
 the process's open-files limit is set from `maxOpenFiles` (`klet.cli.rlimits`), here
-once for all five services, as upstream's kubelet does at start. `start` builds the
+once for all five services, as upstream's kubelet does at start. A private port file
+(`--service-port-file`) left by an earlier run of the same container is removed first
+thing, so `klet healthcheck` cannot pass on it while the new process starts (the
+service port removes it again before binding). `start` builds the
 dependencies itself, inside the loop: grpc.aio channels bind to the loop that exists
 when they are made. A root task that failed was already logged with its name and
 traceback, so it only sets the exit code.
@@ -21,6 +24,7 @@ from typing import Any
 from klet.cli.rlimits import apply_open_files_limit
 from klet.config import ConfigError, Settings, load_settings
 from klet.obs import RootTaskFailed, configure_logging
+from klet.portfiles import remove_port_file
 
 Start = Callable[[Settings], Coroutine[Any, Any, int | None]]
 
@@ -33,6 +37,7 @@ def run_service(service: str, argv: list[str] | None, start: Start) -> int:
     except ConfigError as err:
         print(f"{service}: {err}", file=sys.stderr)
         return 1
+    remove_port_file(settings.klet.service_port_file)
     configure_logging(
         service=service, verbosity=settings.klet.verbosity, fmt=settings.klet.log_format
     )

@@ -8,6 +8,8 @@ the service's name as `docker compose up` does, restarts a service that dies (wi
 capped back-off, each restart logged), and on SIGINT/SIGTERM stops the services and then
 the private components, leaving no process behind. Private state lives under
 `--run-dir`; `endpoints.json` there tells other commands (`klet crictl`) where it is.
+Each service's private port is its default (10260-10264, a free one when taken), or
+with `--service-port=0` one the kernel picks, published under `<run-dir>/ports/`.
 
 The private Redis is safe by default (klet.devstack.redis_server): a unix socket in a
 0700 directory, no unauthenticated user, and one ACL user per service (klet.bus.acl).
@@ -39,7 +41,7 @@ from klet.config import (
 from klet.config.kubelet import KubeletConfiguration
 from klet.devstack import DevStack, RedisServer, free_port
 from klet.devstack.redis_server import write_secret
-from klet.model.layout import DEFAULT_SERVICE_PORTS, REDIS_DIR
+from klet.model.layout import DEFAULT_SERVICE_PORTS, REDIS_DIR, port_files_dir
 
 log = logging.getLogger("klet.up")
 
@@ -177,6 +179,13 @@ def up(argv: list[str]) -> int:
     except ConfigError as err:
         print(err, file=sys.stderr)
         return 2
+    if settings.klet.service_port_file is not None:
+        print(
+            "klet up: --service-port-file (KLET_SERVICE_PORT_FILE) is one replica's own; "
+            "the services of klet up publish their ports under <run-dir>/ports/",
+            file=sys.stderr,
+        )
+        return 2
     run_dir = Path(settings.klet.run_dir).resolve()
     run_dir.mkdir(parents=True, exist_ok=True)
     accepted = {a for action in build_parser("up")._actions for a in action.option_strings}
@@ -239,9 +248,12 @@ def up(argv: list[str]) -> int:
         child_env = {k: v for k, v in os.environ.items() if k != "KLET_REDIS_URL"}
         installed = {ep.name for ep in entry_points(group="klet.services")}
         children = []
+        # --service-port=0: every service on a port the kernel picks (published under
+        # <run-dir>/ports/); otherwise each on its own default, or a free one if taken.
+        any_port = settings.klet.service_port == 0
         for name in [s for s in START_ORDER if s in installed]:
-            port = DEFAULT_SERVICE_PORTS[name]
-            if not _port_free(port):
+            port = 0 if any_port else DEFAULT_SERVICE_PORTS[name]
+            if port and not _port_free(port):
                 port = free_port()
             children.append(
                 Child(
@@ -259,7 +271,10 @@ def up(argv: list[str]) -> int:
                     env=child_env,
                 )
             )
-            _emit("klet", f"{name}: private /healthz /metrics on 127.0.0.1:{port}")
+            where = (
+                f"127.0.0.1:{port}" if port else f"a free port, see {port_files_dir(run_dir, name)}"
+            )
+            _emit("klet", f"{name}: private /healthz /metrics on {where}")
         return asyncio.run(_main(children))
     finally:
         if stack is not None:

@@ -551,14 +551,23 @@ _SETTING_FLAGS: tuple[FlagSpec, ...] = (
     ),
     FlagSpec(
         "--service-port",
-        "klet-only: this service's /healthz /readyz /metrics port; 0 = the "
-        "service's default ("
+        "klet-only: this service's /healthz /readyz /metrics port; 0 = any free port "
+        "(published under <run-dir>/ports/<service>/) (default: the service's own, "
         + ", ".join(f"{name} {port}" for name, port in DEFAULT_SERVICE_PORTS.items())
-        + ") (default 0)",
+        + ")",
         _last(_port),
         setting="service_port",
         env="KLET_SERVICE_PORT",
         metavar="PORT",
+    ),
+    FlagSpec(
+        "--service-port-file",
+        "klet-only: a file this replica writes its service port to once it listens, for "
+        "`klet healthcheck` (removed at start and at exit); not shared by replicas "
+        "(default none)",
+        setting="service_port_file",
+        env="KLET_SERVICE_PORT_FILE",
+        metavar="PATH",
     ),
     FlagSpec(
         "--service-bind-address",

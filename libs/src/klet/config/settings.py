@@ -93,9 +93,13 @@ class KletSettings:
     node_labels: Mapping[str, str] = dataclasses.field(default_factory=dict)  # --node-labels
     kubeconfig: Path | None = None  # --kubeconfig; None = standalone
     config_file: Path | None = None  # --config
-    # --service-port / KLET_SERVICE_PORT, resolved: 0 became the service's default port
-    # (DEFAULT_SERVICE_PORTS).
-    service_port: int = 0
+    # --service-port / KLET_SERVICE_PORT: 0 = any free port (the kernel picks one);
+    # None = not given, the service's default (DEFAULT_SERVICE_PORTS). load_settings
+    # resolves None for the five services; it stays None for `klet up`.
+    service_port: int | None = None
+    # --service-port-file / KLET_SERVICE_PORT_FILE: where this replica writes its port
+    # for `klet healthcheck`; None = nowhere.
+    service_port_file: Path | None = None
     service_bind_address: str = "127.0.0.1"  # --service-bind-address / KLET_SERVICE_BIND_ADDRESS
     log_format: str = "json"  # --log-format / KLET_LOG_FORMAT: "json" or "text"
     verbosity: int = 0  # -v/--v, else logging.verbosity of the file; klog levels, 4+ = debug
@@ -401,8 +405,10 @@ def load_settings(
     if problems:
         raise ConfigError([str(p) for p in problems])
 
-    # `klet up` validates the flags its services get; it has no service port of its own.
-    port = klet_values.get("service_port", 0) or DEFAULT_SERVICE_PORTS.get(service, 0)
+    # An absent flag and variable leave no value: the service's default port. 0 is a
+    # value (any free port). `klet up` validates the flags its services get; it has no
+    # service port of its own, so an unset one stays None there.
+    port: int | None = klet_values.get("service_port", DEFAULT_SERVICE_PORTS.get(service))
     klet = KletSettings(
         service=service,
         node_name=node_name,
@@ -417,6 +423,7 @@ def load_settings(
         kubeconfig=_optional_path(klet_values.get("kubeconfig")),
         config_file=config_file,
         service_port=port,
+        service_port_file=_optional_path(klet_values.get("service_port_file")),
         service_bind_address=klet_values.get(
             "service_bind_address", KletSettings.service_bind_address
         ),

@@ -4,7 +4,12 @@ Pure names and paths, no I/O; the directories they sit in come from settings
 (`--run-dir`, `--root-dir`, `podLogsDir`).
 
 - Service ports: each service's private `/healthz`, `/readyz` and `/metrics` port when
-  `--service-port` is 0 (upstream has none: the kubelet is one process).
+  `--service-port` is not given (upstream has none: the kubelet is one process);
+  `--service-port=0` lets the kernel pick a free one, so replicas sharing the host's
+  network do not collide.
+- Port files: every replica says where its service port listens in
+  `<run-dir>/ports/<service>/<hostname>-<pid>.json` (klet.portfiles writes and reads
+  them), so operators and scrapers find replicas on ephemeral ports.
 - Sockets under the run directory: the project's gRPC APIs in `<run-dir>/grpc/<service>.sock`
   (a directory of their own, mode 0700, see `klet.rpc.unixserver`), the private Redis of
   `klet up` in `<run-dir>/redis/redis.sock`.
@@ -20,6 +25,7 @@ Pure names and paths, no I/O; the directories they sit in come from settings
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from pathlib import Path
 from types import MappingProxyType
@@ -33,6 +39,15 @@ DEFAULT_SERVICE_PORTS: Mapping[str, int] = MappingProxyType(
         "image-gc": 10264,
     }
 )
+
+
+def resolve_service_port(service: str, port: int | None) -> int:
+    """The port `service` listens on: `port` when given (0 = any free port), else its
+    default. Raises KeyError for an unknown service."""
+    return DEFAULT_SERVICE_PORTS[service] if port is None else port
+
+
+PORTS_DIR = "ports"
 
 GRPC_SOCKET_DIR = "grpc"
 SYNCLOOP = "syncloop"
@@ -53,6 +68,23 @@ _QOS_PARENTS = ("burstable", "besteffort")
 def grpc_socket(run_dir: Path, service: str) -> Path:
     """The unix socket `service` serves its gRPC API on: `<run-dir>/grpc/<service>.sock`."""
     return run_dir / GRPC_SOCKET_DIR / f"{service}.sock"
+
+
+def port_files_dir(run_dir: Path, service: str) -> Path:
+    """Where the replicas of `service` publish their port files: `<run-dir>/ports/<service>`."""
+    return run_dir / PORTS_DIR / service
+
+
+def replica_name(hostname: str, pid: int) -> str:
+    """A replica's name in port file names: `<hostname>-<pid>`, the hostname reduced to
+    characters safe in a file name."""
+    host = re.sub(r"[^A-Za-z0-9._-]", "_", hostname).lstrip(".") or "host"
+    return f"{host}-{pid}"
+
+
+def port_file(run_dir: Path, service: str, replica: str) -> Path:
+    """The port file of one replica: `<run-dir>/ports/<service>/<replica>.json`."""
+    return port_files_dir(run_dir, service) / f"{replica}.json"
 
 
 def redis_socket(run_dir: Path) -> Path:

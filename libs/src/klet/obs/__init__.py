@@ -2,7 +2,8 @@
 
 Libraries log through `logging.getLogger(__name__)` with `extra=` fields; entry points
 call `configure_logging`, build a registry with `new_registry`, serve
-`create_health_app(...)` with `serve_http` and run everything under `run_supervised`.
+`create_health_app(...)` with `serve_service_port` (`serve_http` plus the port files of
+klet.portfiles) and run everything under `run_supervised`.
 """
 
 from klet.obs.health import HealthCheck, create_health_app, serve_http
@@ -15,6 +16,7 @@ from klet.obs.logs import (
     log_once_per_change,
 )
 from klet.obs.metrics import CONTENT_TYPE, LEADER_METRIC, leader_metric, new_registry, render
+from klet.obs.serviceport import ServicePort, serve_service_port
 from klet.obs.supervise import RootTaskFailed, run_supervised
 
 __all__ = [
@@ -24,6 +26,7 @@ __all__ = [
     "JsonFormatter",
     "OnceLogger",
     "RootTaskFailed",
+    "ServicePort",
     "TextFormatter",
     "configure_logging",
     "create_health_app",
@@ -34,4 +37,5 @@ __all__ = [
     "render",
     "run_supervised",
     "serve_http",
+    "serve_service_port",
 ]

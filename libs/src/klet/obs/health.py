@@ -9,11 +9,27 @@ to the log, not to unauthenticated callers); `?exclude=name` skips a check;
 `/healthz/<name>` runs one. `/readyz` is the same list plus the service's `ready`
 callable. `/metrics` is the Prometheus text format (OpenMetrics when asked for).
 
+What the two mean, the same in every klet service:
+
+- `/healthz`: the process is alive and its loops run. A standby replica (one not
+  holding its service's lease) is healthy: a liveness probe or container health check
+  (`klet healthcheck`) must never restart a replica for standing by. Checks of a loop
+  that only the leader runs pass while standing by.
+- `/readyz`: this replica is acting — it holds its service's lease and has caught up.
+  pod-source: leading, every configured source delivered and the bus answered;
+  syncloop: leading and the desired set read; eviction: leading and one monitoring
+  pass made; image-gc: leading, images detected and GarbageCollector served;
+  status-reporter: its pod view loaded and the bus reachable (its lease, when it has
+  one, belongs in the same callable). A standby is not ready, so a scraper or an
+  operator finds the acting replica among those published under
+  `<run-dir>/ports/<service>/` (klet.portfiles) by its /readyz.
+
 `serve_http(app, host=..., port=..., name=...)` runs uvicorn inside the current event loop
 as one of the service's supervised root tasks: it binds the socket itself (so a busy port
 is an OSError at once, and port 0 works), sets `ready` once serving, never installs
 signal handlers (the process's supervisor owns SIGTERM), and shuts down cleanly when its
-task is cancelled.
+task is cancelled. The services call it through `klet.obs.serviceport.serve_service_port`,
+which adds the port files.
 
 Trade-off: checks run on every probe, concurrently, each bounded by `check_timeout`; a
 check must be cheap (read a flag a loop maintains) rather than do I/O itself.
@@ -176,6 +192,9 @@ async def _bind(host: str, port: int, *, reuse_port: bool = False) -> socket.soc
         if family == socket.AF_INET6:
             sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
         sock.bind(address)
+        # Listening already, so `on_listening` tells the truth: a client that connects
+        # before uvicorn serves waits in the backlog instead of being refused.
+        sock.listen(2048)
         sock.setblocking(False)
     except BaseException:
         sock.close()
@@ -221,7 +240,11 @@ async def serve_http(
     bound_host, bound_port = sock.getsockname()[:2]
     log.info("HTTP listening", extra={"server": name, "host": bound_host, "port": bound_port})
     if on_listening is not None:
-        on_listening(bound_host, bound_port)
+        try:
+            on_listening(bound_host, bound_port)
+        except BaseException:
+            sock.close()
+            raise
 
     async def run() -> None:
         # uvicorn calls sys.exit() when the lifespan start-up fails; a SystemExit escaping

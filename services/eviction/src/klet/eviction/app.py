@@ -15,7 +15,7 @@ import logging
 
 from klet.bus.leader import hold, release_quietly
 from klet.eviction.wiring import Deps
-from klet.obs import create_health_app, run_supervised, serve_http
+from klet.obs import create_health_app, run_supervised, serve_service_port
 
 log = logging.getLogger(__name__)
 
@@ -46,12 +46,7 @@ async def main(deps: Deps) -> int:
                 "lease": hold(deps.lease, elected),
                 "monitor": monitor(),
                 "node-events": deps.events.run(),
-                "health": serve_http(
-                    health,
-                    host=deps.settings.klet.service_bind_address,
-                    port=deps.service_port,
-                    name="eviction",
-                ),
+                "health": serve_service_port(health, deps.service_port),
             }
         )
     finally:

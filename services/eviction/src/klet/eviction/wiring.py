@@ -24,7 +24,8 @@ from klet.eviction.manager import BusPods, EvictionManager, ManagerSettings
 from klet.eviction.manager import Deps as ManagerDeps
 from klet.eviction.metrics import Metrics, create_metrics
 from klet.eviction.thresholds import parse_eviction_config
-from klet.model.layout import DEFAULT_SERVICE_PORTS, IMAGE_GC, SYNCLOOP, grpc_socket
+from klet.model.layout import IMAGE_GC, SYNCLOOP, grpc_socket, resolve_service_port
+from klet.obs import ServicePort
 from klet.rpc.gc import GarbageCollectorClient
 from klet.rpc.podcontrol import PodControlClient
 from prometheus_client import CollectorRegistry
@@ -51,7 +52,7 @@ class Deps:
     manager: EvictionManager
     registry: CollectorRegistry
     metrics: Metrics
-    service_port: int
+    service_port: ServicePort
     lease: Lease
     events: EventQueue
     pod_control: PodControlClient
@@ -125,7 +126,13 @@ def build_deps(settings: Settings, overrides: Overrides | None = None) -> Deps:
         manager=manager,
         registry=registry,
         metrics=metrics,
-        service_port=settings.klet.service_port or DEFAULT_SERVICE_PORTS["eviction"],
+        service_port=ServicePort(
+            "eviction",
+            settings.klet.service_bind_address,
+            resolve_service_port("eviction", settings.klet.service_port),
+            run_dir=run_dir,
+            port_file=settings.klet.service_port_file,
+        ),
         # A holder ID of its own; a restart takes over its dead predecessor's lease
         # at once (klet.bus.holder).
         lease=(

@@ -19,7 +19,7 @@ from typing import Any
 
 from klet.bus.leader import hold, release_quietly
 from klet.image_gc.wiring import Deps
-from klet.obs import OnceLogger, create_health_app, run_supervised, serve_http
+from klet.obs import OnceLogger, create_health_app, run_supervised, serve_service_port
 from klet.rpc.gc import serve_garbage_collector
 
 log = logging.getLogger(__name__)
@@ -85,7 +85,9 @@ async def main(deps: Deps) -> int:
     health = create_health_app(
         registry=deps.registry,
         checks={"image-detection": detection_fresh},
-        ready=lambda: elected.is_set() and serving.is_set(),
+        # Acting: leading, images detected once (FreeSpace needs the records) and
+        # GarbageCollector served. A standby is healthy, not ready.
+        ready=lambda: elected.is_set() and serving.is_set() and detected_at > 0,
     )
     try:
         await run_supervised(
@@ -114,12 +116,7 @@ async def main(deps: Deps) -> int:
                         deps.collector, deps.socket_path, ready=serving
                     ),
                 ),
-                "health": serve_http(
-                    health,
-                    host=deps.settings.klet.service_bind_address,
-                    port=deps.service_port,
-                    name="image-gc",
-                ),
+                "health": serve_service_port(health, deps.service_port),
             }
         )
     finally:

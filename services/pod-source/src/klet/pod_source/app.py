@@ -11,7 +11,8 @@ Root tasks, named so a crash says which one died:
 - `publisher`: merges snapshots and writes the desired set to the bus (lease holder
   only), repairing the tables at every poll;
 - `service-http`: the private /healthz /readyz /metrics port (klet.obs). /readyz turns
-  ready once every configured source has delivered a snapshot and the bus answers.
+  ready once this replica leads (holds the lease), every configured source has
+  delivered a snapshot and the bus answers; a standby is healthy, not ready.
 
 Apart from the lease, none of these ends on a Redis or apiserver outage or a bad
 manifest; if one ends anyway, the others are cancelled and the process exits non-zero
@@ -28,7 +29,7 @@ from collections.abc import Coroutine
 from typing import Any
 
 from klet.bus.leader import hold, release_quietly
-from klet.obs import RootTaskFailed, create_health_app, run_supervised, serve_http
+from klet.obs import RootTaskFailed, create_health_app, run_supervised, serve_service_port
 from klet.pod_source.wiring import Deps
 
 log = logging.getLogger(__name__)
@@ -48,16 +49,14 @@ def root_tasks(deps: Deps) -> dict[str, Coroutine[Any, Any, None]]:
     health = create_health_app(
         registry=deps.registry,
         checks={"publisher": publisher_alive},
-        ready=lambda: publisher.ready,
+        ready=lambda: publisher.leading and publisher.ready,
     )
     tasks: dict[str, Coroutine[Any, Any, None]] = {
         f"source-{source.name}": source.run() for source in deps.sources
     }
     tasks["lease"] = hold(deps.lease, publisher.elected, decided=publisher.decided)
     tasks["publisher"] = publisher.run()
-    tasks["service-http"] = serve_http(
-        health, host=deps.service.host, port=deps.service.port, name="service"
-    )
+    tasks["service-http"] = serve_service_port(health, deps.service)
     return tasks
 
 

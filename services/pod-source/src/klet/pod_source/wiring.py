@@ -21,9 +21,9 @@ from typing import Protocol
 
 from klet.bus import Bus, BusAuth, Lease, NodeBus, service_lease
 from klet.kube import KubeClient, kube_settings
-from klet.model.layout import DEFAULT_SERVICE_PORTS
+from klet.model.layout import resolve_service_port
 from klet.model.records import SourceName
-from klet.obs import new_registry
+from klet.obs import ServicePort, new_registry
 from klet.pod_source.inbox import Inbox
 from klet.pod_source.metrics import Metrics, create_metrics
 from klet.pod_source.publisher import LEASE_NAME, Publisher, RetryPolicy
@@ -40,10 +40,6 @@ from klet.pod_source.sources.http import DEFAULT_TIMEOUT_S, HttpSource
 from prometheus_client import CollectorRegistry
 
 SERVICE = "pod-source"
-
-# The private /healthz /readyz /metrics port when `service_port` is 0 (load_settings
-# already resolves 0; settings built by hand may not).
-DEFAULT_SERVICE_PORT = DEFAULT_SERVICE_PORTS[SERVICE]
 
 # A standby replica takes over within this time after the leader dies.
 DEFAULT_LEASE_TTL_S = 15.0
@@ -92,7 +88,10 @@ class KletSettings(Protocol):
     def kubeconfig(self) -> Path | None: ...  # --kubeconfig; None = standalone (no api source)
 
     @property
-    def service_port(self) -> int: ...  # 0 = DEFAULT_SERVICE_PORT
+    def service_port(self) -> int | None: ...  # 0 = any free port, None = 10260
+
+    @property
+    def service_port_file(self) -> Path | None: ...  # for `klet healthcheck`; None = none
 
     @property
     def service_bind_address(self) -> str: ...
@@ -126,14 +125,6 @@ class Overrides:
 
 
 @dataclass(frozen=True)
-class Listener:
-    """Where an HTTP app is served."""
-
-    host: str
-    port: int
-
-
-@dataclass(frozen=True)
 class Deps:
     """Everything pod-source's root tasks use."""
 
@@ -145,7 +136,7 @@ class Deps:
     sources: tuple[PodSource, ...]
     registry: CollectorRegistry
     metrics: Metrics
-    service: Listener
+    service: ServicePort
 
     async def close(self) -> None:
         await self.bus.close()
@@ -231,7 +222,11 @@ def build_deps(settings: ServiceSettings, overrides: Overrides | None = None) ->
         sources=tuple(sources),
         registry=registry,
         metrics=metrics,
-        service=Listener(
-            host=klet.service_bind_address, port=klet.service_port or DEFAULT_SERVICE_PORT
+        service=ServicePort(
+            SERVICE,
+            klet.service_bind_address,
+            resolve_service_port(SERVICE, klet.service_port),
+            run_dir=klet.run_dir,
+            port_file=klet.service_port_file,
         ),
     )

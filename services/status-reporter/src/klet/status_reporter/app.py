@@ -53,7 +53,7 @@ from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any
 
 from klet.bus.leader import hold, release_quietly
-from klet.obs import create_health_app, run_supervised, serve_http
+from klet.obs import create_health_app, run_supervised, serve_http, serve_service_port
 from klet.status_reporter.api import create_app, create_healthz_app
 from klet.status_reporter.cluster import cluster_tasks
 from klet.status_reporter.kubeletapi import serve_kubelet_api
@@ -88,9 +88,7 @@ def root_tasks(deps: Deps) -> dict[str, Coroutine[Any, Any, None]]:
         "lease": hold(deps.lease, deps.elected),
         "pod-view-reload": deps.pods.run_reloader(),
         "podstatus-consumer": deps.pods.run_consumer(),
-        "service-http": serve_http(
-            service_app, host=deps.service.host, port=deps.service.port, name="service"
-        ),
+        "service-http": serve_service_port(service_app, deps.service),
     }
     if deps.healthz is not None:
         tasks["healthz-http"] = serve_http(

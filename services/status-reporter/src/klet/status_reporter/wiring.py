@@ -34,8 +34,8 @@ from klet.bus import Bus, BusAuth, Lease, NodeBus, service_lease
 from klet.config import Settings
 from klet.cri import RuntimeClient, cri_settings
 from klet.kube import KubeClient, kube_settings
-from klet.model.layout import DEFAULT_SERVICE_PORTS
-from klet.obs import leader_metric, new_registry
+from klet.model.layout import DEFAULT_SERVICE_PORTS, resolve_service_port
+from klet.obs import ServicePort, leader_metric, new_registry
 from klet.status_reporter.cluster import (
     ClusterDeps,
     ClusterKlet,
@@ -61,9 +61,9 @@ LEASE_TTL_MS = 15_000
 the dead leader's slot is reused, see klet.bus.holder), as for the other services."""
 
 DEFAULT_SERVICE_PORT = DEFAULT_SERVICE_PORTS[SERVICE]
-"""The private /healthz /readyz /metrics port when `service_port` is 0 (unset).
+"""The private /healthz /readyz /metrics port when `service_port` is None (not given).
 
-`load_settings` already resolves 0 to it; settings built by hand (tests) may not."""
+`load_settings` already resolves None to it; settings built by hand (tests) may not."""
 
 
 class KubeletServing(ClusterKubelet, Protocol):
@@ -96,13 +96,16 @@ class KletSettings(ClusterKlet, Protocol):
     def node_name(self) -> str: ...
 
     @property
-    def service_port(self) -> int: ...  # 0 = DEFAULT_SERVICE_PORT
+    def service_port(self) -> int | None: ...  # 0 = any free port, None = DEFAULT_SERVICE_PORT
+
+    @property
+    def service_port_file(self) -> Path | None: ...  # for `klet healthcheck`; None = none
+
+    @property
+    def run_dir(self) -> Path: ...  # <run-dir>/ports/ (port file), <run-dir>/leases/ (slot)
 
     @property
     def service_bind_address(self) -> str: ...
-
-    @property
-    def run_dir(self) -> Path: ...  # the lease's replica slot lives here (klet.bus.holder)
 
 
 class ServiceSettings(Protocol):
@@ -163,8 +166,8 @@ class Deps:
     """The healthz-only listener; None when healthzPort is 0."""
     read_only: Listener | None
     """The read-only API listener; None when readOnlyPort is 0 (the default)."""
-    service: Listener
-    """The private /healthz /readyz /metrics listener."""
+    service: ServicePort
+    """The private /healthz /readyz /metrics listener and its port files."""
     close: Callable[[], Awaitable[None]] = _nothing_to_close
     """Releases clients (the Redis connection pool, apiserver and CRI clients) at shutdown."""
     cluster: ClusterDeps | None = None
@@ -258,7 +261,13 @@ def build_deps(settings: ServiceSettings, *, overrides: Overrides | None = None)
         read_only=(
             Listener(kubelet.address, kubelet.read_only_port) if kubelet.read_only_port else None
         ),
-        service=Listener(klet.service_bind_address, klet.service_port or DEFAULT_SERVICE_PORT),
+        service=ServicePort(
+            SERVICE,
+            klet.service_bind_address,
+            resolve_service_port(SERVICE, klet.service_port),
+            run_dir=klet.run_dir,
+            port_file=klet.service_port_file,
+        ),
         close=close,
         cluster=cluster,
         kubelet_api=kubelet_api,

@@ -16,7 +16,7 @@ from typing import Any
 from klet.bus import BusError
 from klet.bus.leader import hold, release_quietly
 from klet.model.records import NodeConditionRecord
-from klet.obs import create_health_app, run_supervised, serve_http
+from klet.obs import create_health_app, run_supervised, serve_service_port
 from klet.rpc.podcontrol import serve_pod_control
 from klet.syncloop.containers.logmanager import ContainerLogManager, LogManagerSettings
 from klet.syncloop.pods.intake import BusIntake
@@ -114,12 +114,7 @@ async def main(deps: Deps) -> int:
                 "pod-control": gated(
                     "pod-control", lambda: serve_pod_control(controller, deps.socket_path)
                 ),
-                "health": serve_http(
-                    health,
-                    host=deps.settings.klet.service_bind_address,
-                    port=deps.service_port,
-                    name="syncloop",
-                ),
+                "health": serve_service_port(health, deps.service_port),
             }
         )
     finally:

@@ -26,8 +26,9 @@ from klet.config import Settings
 from klet.cri import RuntimeClient, cri_settings
 from klet.kube import KubeClient, kube_settings
 from klet.model.flowcontrol import Backoff, TokenBucket
-from klet.model.layout import DEFAULT_SERVICE_PORTS, SYNCLOOP, grpc_socket
+from klet.model.layout import SYNCLOOP, grpc_socket, resolve_service_port
 from klet.model.node import allocatable_amounts, node_labels, storage_aware_eviction_hard
+from klet.obs import ServicePort
 from klet.syncloop.admission.admit import AdmissionLedger, NodeInfo
 from klet.syncloop.containers.hooks import LifecycleHooks
 from klet.syncloop.containers.images import (
@@ -94,7 +95,7 @@ class Deps:
     registry: CollectorRegistry
     metrics: Metrics
     socket_path: Path
-    service_port: int
+    service_port: ServicePort
     consumer: str
     lease: Lease
     kube: KubeClient | None = None  # cluster mode's apiserver client, closed at exit
@@ -281,7 +282,13 @@ def build_deps(settings: Settings, overrides: Overrides | None = None) -> Deps:
         registry=registry,
         metrics=metrics,
         socket_path=grpc_socket(run_dir, SYNCLOOP),
-        service_port=settings.klet.service_port or DEFAULT_SERVICE_PORTS[SYNCLOOP],
+        service_port=ServicePort(
+            SYNCLOOP,
+            settings.klet.service_bind_address,
+            resolve_service_port(SYNCLOOP, settings.klet.service_port),
+            run_dir=run_dir,
+            port_file=settings.klet.service_port_file,
+        ),
         consumer=o.consumer or f"{socket.gethostname()}-{os.getpid()}",
         # A holder ID of its own; a restart takes over its dead predecessor's lease
         # at once (klet.bus.holder).

@@ -1,0 +1,56 @@
+"""A service's private port with its port files: `serve_service_port(app, ServicePort(...))`.
+
+The one way the five services serve their /healthz /readyz /metrics app: `serve_http`
+plus the port files of `klet.portfiles`. Before binding it removes the private port
+file an earlier run of the same container may have left; once the port listens it
+writes the private file and publishes `<run-dir>/ports/<service>/<hostname>-<pid>.json`;
+when the task ends (cancelled at shutdown, or failed) it removes both. With port 0 the
+kernel picks a free port, so replicas sharing the host's network never collide and the
+port files are how they are found.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from klet.obs.health import serve_http
+from klet.portfiles import PortFiles
+
+__all__ = ["ServicePort", "serve_service_port"]
+
+
+@dataclass(frozen=True)
+class ServicePort:
+    """Where a service serves its private port, and where it says so."""
+
+    service: str  # "syncloop", ...: the port files' directory and record
+    host: str  # --service-bind-address
+    port: int  # --service-port resolved (klet.model.layout.resolve_service_port); 0 = any free
+    run_dir: Path | None = None  # publishes under <run-dir>/ports/<service>/; None = nowhere
+    port_file: Path | None = None  # --service-port-file, for `klet healthcheck`; None = none
+
+
+async def serve_service_port(
+    app: Any, where: ServicePort, *, ready: asyncio.Event | None = None
+) -> None:
+    """Serve `app` on `where` until cancelled, with its port files (see the module)."""
+    files = PortFiles(where.service, run_dir=where.run_dir, private_file=where.port_file)
+    files.clear_private()
+
+    def on_listening(host: str, port: int) -> None:
+        files.publish(host, port)
+
+    try:
+        await serve_http(
+            app,
+            host=where.host,
+            port=where.port,
+            name=where.service,
+            ready=ready,
+            on_listening=on_listening,
+        )
+    finally:
+        files.withdraw()

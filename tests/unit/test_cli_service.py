@@ -1,0 +1,42 @@
+"""The entry sequence of every service (klet.cli.service.run_service): a private port
+file left by an earlier run of the same container is gone before the service starts,
+so `klet healthcheck` cannot pass on it meanwhile; without one configured nothing is
+touched."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from klet.cli import service
+from klet.config import Settings
+from klet.portfiles import PortRecord
+
+
+@pytest.fixture(autouse=True)
+def quiet(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(service, "apply_open_files_limit", lambda want, **_: None)
+    monkeypatch.setattr(service, "configure_logging", lambda **_: None)
+
+
+def test_a_stale_port_file_is_removed_before_the_service_starts(tmp_path: Path) -> None:
+    stale = tmp_path / "klet-service-port.json"
+    stale.write_text(PortRecord("eviction", "127.0.0.1", 40000, 1, "old").to_json())
+    seen: list[bool] = []
+
+    async def start(settings: Settings) -> int:
+        assert settings.klet.service_port_file == stale
+        seen.append(stale.exists())
+        return 0
+
+    argv = ["--service-port", "0", "--service-port-file", str(stale)]
+    assert service.run_service("eviction", argv, start) == 0
+    assert seen == [False]
+
+
+def test_no_port_file_configured(tmp_path: Path) -> None:
+    async def start(settings: Settings) -> int:
+        assert settings.klet.service_port_file is None
+        return 0
+
+    assert service.run_service("eviction", [], start) == 0
