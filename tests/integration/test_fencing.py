@@ -264,12 +264,21 @@ async def test_predecessor_takeover_and_unique_holders(buses: Callable[[], Bus])
 # -- two replica processes ---------------------------------------------------------------
 
 
-def replica(tmp: Path, redis: RedisServer, name: str, ttl_ms: int) -> ManagedProcess:
-    env = dict(os.environ, PYTHONPATH=str(REPO))
+def replica(
+    tmp: Path, redis: RedisServer, name: str, ttl_ms: int, *, run_dir: Path | None = None
+) -> ManagedProcess:
+    """A replica process (tests/harness/leader_replica.py); with `run_dir`, its lease is a
+    service's, with the replica and leader slots there."""
+    # The repository for `tests.harness`, before whatever path this run has (a worktree's
+    # sources ahead of the installed ones).
+    path = os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH", "")) if p)
+    env = dict(os.environ, PYTHONPATH=path)
     # The replicas write keys of their own (not a service's), so they connect as the admin.
     admin = redis.admin
     argv = [sys.executable, "-m", "tests.harness.leader_replica", redis.url, "n1", name]
     argv += [str(ttl_ms), admin.username, str(admin.password_file)]
+    if run_dir is not None:
+        argv.append(str(run_dir))
     return ManagedProcess(f"replica-{name}", argv, dir=tmp / name, env=env)
 
 

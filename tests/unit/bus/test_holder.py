@@ -1,6 +1,6 @@
 """Lease holder identities (`klet.bus.holder`): unique per process, and a replica slot
 (a locked file in the run directory) that names a dead predecessor only when its
-process is gone."""
+process is gone, and a service's lease comes with its leader slot."""
 
 from __future__ import annotations
 
@@ -9,7 +9,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-from klet.bus.holder import claim_slot, new_holder_id
+from klet.bus.holder import claim_slot, new_holder_id, service_lease
+from klet.bus.leaderslot import FileLeaderSlot
+from klet.bus.testing import FakeBus
 
 
 def test_ids_are_unique_and_name_the_process() -> None:
@@ -50,3 +52,11 @@ def test_an_unusable_slot_means_no_predecessor(tmp_path: Path) -> None:
     (garbage / "leases").mkdir(parents=True)
     (garbage / "leases" / "syncloop.holder").write_text("../../etc:1:zz\n")
     assert claim_slot(garbage, "syncloop").predecessor is None
+
+
+def test_a_service_lease_comes_with_this_hosts_leader_slot(tmp_path: Path) -> None:
+    lease = service_lease(FakeBus("n1"), "eviction", tmp_path, ttl_ms=15_000)
+    slot = lease.leader_slot
+    assert isinstance(slot, FileLeaderSlot)
+    assert slot.path == tmp_path / "leases" / "eviction.leader"
+    assert slot.holder == lease.holder and not slot.held

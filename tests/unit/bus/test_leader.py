@@ -2,16 +2,27 @@
 keeps acting (renewed; the lease re-taken after Redis lost it while it was valid), and
 steps down (lease taken, a write refused, renewals failing for a whole TTL, the lease
 lapsed and possibly granted to someone else in between); and when the loop (`hold`)
-says its role is decided (Redis answered, leading or not)."""
+says its role is decided (Redis answered, leading or not).
+
+The leader slot (`vacated`, and `hold` with fake replicas on a fake Redis and a fake slot
+file, under a TTL too long to explain any takeover): the leader takes the slot, a
+standby takes the lease at once when the leader dies or shuts down cleanly, never from
+a stopped leader or from a slot naming somebody who no longer holds the lease, tries a
+slot that stays free only once, and a leader takes the slot once a former leader lets
+it go; an unusable slot changes nothing."""
 
 from __future__ import annotations
 
 import asyncio
+import logging
+from collections.abc import AsyncIterator, Callable
 from typing import cast
 
 import pytest
 from klet.bus import BusUnavailable, Lease
-from klet.bus.leader import Attempt, Observation, Role, decide, hold
+from klet.bus.leader import Attempt, Observation, Role, decide, hold, release_quietly, vacated
+from klet.bus.leaderslot import SlotView
+from klet.bus.testing import FakeBus, FakeLeaderSlot, FakeSlotFile
 
 
 def seen(
@@ -89,8 +100,9 @@ class ScriptedLease:
         self.counter_reset = False
         self.lost = asyncio.Event()
         self.wake = asyncio.Event()
+        self.leader_slot = None
 
-    async def try_acquire(self) -> bool:
+    async def try_acquire(self, *, heir: str | None = None) -> bool:
         answer = self.answers.pop(0) if self.answers else False
         self.attempts += 1
         if self.attempts >= self.wanted:
@@ -115,3 +127,187 @@ async def test_hold_decides_on_the_first_answer_not_on_an_unreachable_redis() ->
     assert await run_hold([None, None], attempts=2) == (False, False)
     assert await run_hold([None, False], attempts=3) == (False, True)
     assert await run_hold([True], attempts=1) == (True, True)
+
+
+# -- the leader slot -----------------------------------------------------------------------
+
+FREE_A = SlotView(locked=False, holder="a")
+FREE_B = SlotView(locked=False, holder="b")
+LOCKED = SlotView(locked=True, holder=None)
+
+
+@pytest.mark.parametrize(
+    ("before", "now", "try_now"),
+    [
+        (LOCKED, FREE_A, True),  # the leader died or gave the slot back
+        (None, FREE_A, True),  # first look: a leader died before this standby started
+        (FREE_A, FREE_B, True),  # another leader came and went between two probes
+        (LOCKED, SlotView(locked=False, holder=None), True),  # no ID: a plain attempt
+        (FREE_A, FREE_A, False),  # still free (the leader is elsewhere): tried already
+        (None, LOCKED, False),  # a live leader (or a stopped one) holds it
+        (FREE_A, LOCKED, False),
+        (FREE_A, None, False),  # no slot file
+        (None, None, False),
+    ],
+)
+def test_vacated(before: SlotView | None, now: SlotView | None, try_now: bool) -> None:
+    assert vacated(before, now) is try_now
+
+
+TTL_MS = 60_000  # the next attempt is 20 s away and the lease lives for a minute:
+PROBE_S = 0.005  # anything faster is the slot's doing
+
+
+class Replica:
+    """One process of a service: its lease on a shared fake Redis, its handle on the
+    shared slot file and its leader loop."""
+
+    def __init__(
+        self, redis: FakeBus, file: FakeSlotFile | None, holder: str, ttl_ms: int = TTL_MS
+    ) -> None:
+        self.lease = redis.connect().lease("svc", holder, ttl_ms=ttl_ms)
+        self.slot = FakeLeaderSlot(file, holder) if file is not None else None
+        self.lease.leader_slot = self.slot
+        self.elected = asyncio.Event()
+        self.task = asyncio.create_task(
+            hold(self.lease, self.elected, probe_interval_s=PROBE_S), name=f"hold-{holder}"
+        )
+
+    def kill(self) -> None:
+        """SIGKILL: the loop stops at once, the kernel drops the slot's lock."""
+        self.task.cancel()
+        if self.slot is not None:
+            self.slot.die()
+
+    def stop(self) -> None:
+        """SIGSTOP: the loop stops at once; the lock stays held."""
+        self.task.cancel()
+
+
+@pytest.fixture
+async def replicas() -> AsyncIterator[Callable[..., Replica]]:
+    redis = FakeBus("n1")
+    made: list[Replica] = []
+
+    def start(holder: str, file: FakeSlotFile | None, ttl_ms: int = TTL_MS) -> Replica:
+        made.append(Replica(redis, file, holder, ttl_ms))
+        return made[-1]
+
+    yield start
+    for r in made:
+        r.task.cancel()
+    await asyncio.gather(*(r.task for r in made), return_exceptions=True)
+
+
+async def until(check: Callable[[], bool], what: str) -> None:
+    """Poll `check` (the loops under test run meanwhile) for up to 5 s."""
+    deadline = asyncio.get_running_loop().time() + 5.0
+    while asyncio.get_running_loop().time() < deadline:
+        if check():
+            return
+        await asyncio.sleep(PROBE_S)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+async def test_a_standby_takes_over_at_once_when_the_leader_dies(
+    replicas: Callable[..., Replica],
+) -> None:
+    file = FakeSlotFile()
+    a = replicas("host:1:aaaaaaaaaaaa", file)
+    await until(lambda: a.elected.is_set() and file.locked_by is a.slot, "a leading in the slot")
+    assert file.holder == a.lease.holder
+    b = replicas("host:2:bbbbbbbbbbbb", file)
+    probes = file.probes
+    await until(lambda: file.probes > probes + 3, "b watching the slot")
+    assert not b.elected.is_set()
+
+    a.kill()
+    await until(b.elected.is_set, "b leading")
+    assert b.lease.token is not None and a.lease.token is not None
+    assert b.lease.token > a.lease.token
+    await until(lambda: file.locked_by is b.slot, "b in the slot")
+    assert file.holder == b.lease.holder
+
+
+async def test_a_stopped_leader_keeps_its_slot_and_its_lease(
+    replicas: Callable[..., Replica],
+) -> None:
+    file = FakeSlotFile()
+    a = replicas("host:1:aaaaaaaaaaaa", file)
+    await until(lambda: file.locked_by is a.slot, "a leading in the slot")
+    b = replicas("host:2:bbbbbbbbbbbb", file)
+    a.stop()
+    probes = file.probes
+    await until(lambda: file.probes > probes + 20, "b probing a stopped leader's slot")
+    assert not b.elected.is_set() and file.locked_by is a.slot
+    a.kill()  # dead now
+    await until(b.elected.is_set, "b leading")
+
+
+async def test_a_free_slot_naming_another_holder_takes_nothing_and_is_tried_once(
+    replicas: Callable[..., Replica],
+) -> None:
+    # The leader runs without this host's slot (another host); the slot names a holder
+    # that died long ago.
+    file = FakeSlotFile(holder="host:9:999999999999")
+    a = replicas("host:1:aaaaaaaaaaaa", None)
+    await until(a.elected.is_set, "a leading")
+    b = replicas("host:2:bbbbbbbbbbbb", file)
+    b_calls = b.lease.bus.calls  # type: ignore[attr-defined]
+    await until(lambda: file.probes > 20, "b probing")
+    assert not b.elected.is_set() and b_calls.count("acquire") == 2  # start-up, slot once
+    assert file.locked_by is None
+
+
+async def test_a_leader_takes_the_slot_once_a_stopped_former_leader_lets_go(
+    replicas: Callable[..., Replica],
+) -> None:
+    file = FakeSlotFile()
+    stalled = FakeLeaderSlot(file, "host:1:aaaaaaaaaaaa")
+    assert stalled.claim()  # the former leader, stopped; its lease expired meanwhile
+    b = replicas("host:2:bbbbbbbbbbbb", file)
+    await until(b.elected.is_set, "b leading without the slot")
+    probes_before = file.probes
+    assert file.locked_by is stalled
+    stalled.die()  # continued, stepped down, gone
+    await until(lambda: file.locked_by is b.slot, "b in the slot")
+    assert file.holder == b.lease.holder and file.probes == probes_before  # a leader never probes
+
+
+async def test_a_clean_shutdown_hands_over_at_once(replicas: Callable[..., Replica]) -> None:
+    file = FakeSlotFile()
+    a = replicas("host:1:aaaaaaaaaaaa", file)
+    await until(lambda: file.locked_by is a.slot, "a leading in the slot")
+    b = replicas("host:2:bbbbbbbbbbbb", file)
+    probes = file.probes
+    await until(lambda: file.probes > probes + 3, "b watching the slot")
+    a.task.cancel()  # SIGTERM: the tasks stop, then the lease and the slot are given back
+    await asyncio.gather(a.task, return_exceptions=True)
+    assert file.locked_by is a.slot  # the slot outlives the tasks until released
+    await release_quietly(a.lease)
+    assert not a.lease.held and file.locked_by is None
+    await until(b.elected.is_set, "b leading")
+
+
+async def test_an_unusable_slot_leaves_the_lease_to_its_ttl(
+    replicas: Callable[..., Replica],
+) -> None:
+    file = FakeSlotFile(error=PermissionError("read-only run dir"))
+    a = replicas("host:1:aaaaaaaaaaaa", file)
+    b = replicas("host:2:bbbbbbbbbbbb", file)
+    await until(a.elected.is_set, "a leading")
+    await until(lambda: file.probes >= 1, "b's one look at the slot")
+    await asyncio.sleep(20 * PROBE_S)  # a stretch in which b would probe again if it did
+    assert file.probes == 1 and not b.elected.is_set()
+
+
+async def test_a_leader_takes_the_slot_once_and_keeps_it_through_renewals(
+    replicas: Callable[..., Replica], caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="klet.bus.leader")
+    file = FakeSlotFile()
+    a = replicas("host:1:aaaaaaaaaaaa", file, 30)  # renewed every 10 ms
+    calls = a.lease.bus.calls  # type: ignore[attr-defined]
+    await until(lambda: calls.count("renew") >= 5, "a few renewals")
+    assert a.elected.is_set() and file.locked_by is a.slot
+    assert [r.message for r in caplog.records].count("leader slot taken") == 1

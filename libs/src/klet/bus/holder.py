@@ -15,6 +15,12 @@ stopped (SIGSTOP) or hung process still holds the lock, so it is never mistaken 
 dead. A second replica sharing the run directory finds the slot locked and runs without
 a predecessor: after a crash of that one, its successor waits for the old lease to
 expire. So does every replica whose run directory cannot be written.
+
+The replica slot helps a process that its supervisor restarts; it does nothing for a hot
+standby running beside the leader (the leader's slot stays locked while it lives). For
+that, the lease also gets a leader slot, `<run_dir>/leases/<service>.leader`, held by
+whichever replica leads: a standby on this host that finds it free takes over the named
+leader's lease at once (`klet.bus.leaderslot` says why that is safe).
 """
 
 from __future__ import annotations
@@ -28,11 +34,10 @@ import socket
 from dataclasses import dataclass
 from pathlib import Path
 
+from klet.bus.leaderslot import FileLeaderSlot, read_holder
 from klet.bus.redisbus import Bus, Lease
 
 log = logging.getLogger(__name__)
-
-_VALID = re.compile(r"^[A-Za-z0-9._-]+:\d+:[0-9a-f]{12}$")
 
 # Open slot files, kept for the life of the process: closing one would drop its lock.
 _held_slots: list[int] = []
@@ -74,21 +79,23 @@ def claim_slot(run_dir: Path, service: str) -> HolderIdentity:
             extra={"path": str(path)},
         )
         return HolderIdentity(holder, None)
-    previous = os.read(fd, 256).decode("ascii", "replace").strip()
+    predecessor = read_holder(os.read(fd, 256))
     os.lseek(fd, 0, os.SEEK_SET)
     os.ftruncate(fd, 0)
     os.write(fd, f"{holder}\n".encode())
     _held_slots.append(fd)
-    predecessor = previous if _VALID.match(previous) else None
     return HolderIdentity(holder, predecessor)
 
 
 def service_lease(bus: Bus, service: str, run_dir: Path, *, ttl_ms: int) -> Lease:
-    """The lease named `service`, held under a fresh identity from this slot; the bus's
-    writes are fenced by it from now on (see `Bus.lease`)."""
+    """The lease named `service`, held under a fresh identity from this slot, with this
+    host's leader slot for it; the bus's writes are fenced by it from now on (see
+    `Bus.lease`)."""
     me = claim_slot(run_dir, service)
     log.info(
         "lease identity",
         extra={"lease": service, "holder": me.holder, "predecessor": me.predecessor},
     )
-    return bus.lease(service, me.holder, ttl_ms=ttl_ms, predecessor=me.predecessor)
+    lease = bus.lease(service, me.holder, ttl_ms=ttl_ms, predecessor=me.predecessor)
+    lease.leader_slot = FileLeaderSlot(run_dir / "leases" / f"{service}.leader", me.holder)
+    return lease

@@ -21,7 +21,18 @@ state when it leads again, and pods keep running. A short Redis outage (shorter 
 the TTL) changes nothing; a longer one makes the leaders restart as standbys, and one
 of them leads again as soon as Redis answers.
 
-The decision is the pure `decide`; `hold` is the loop around it.
+Fast failover on one host (`klet.bus.leaderslot`, when the lease has a leader slot):
+the leader holds the slot's lock while it leads and a standby probes it every
+`PROBE_INTERVAL_S`. When the lock is found free (the leader died, or gave the slot back
+at shutdown), the standby asks for the lease at once, as heir of the holder named in
+the slot, instead of waiting for its next attempt or for the lease to expire. Redis
+grants it only if the key still holds that holder's value (or is gone), so the fencing
+above is unchanged: a live leader loses nothing to a stale slot. A leader that cannot
+take the slot at once (a standby probing it that instant, a stopped former leader still
+holding it) retries at the same pace. The slot is given back by `release_quietly`, once
+the process's tasks have stopped, never while it may still act.
+
+The decisions are the pure `decide` and `vacated`; `hold` is the loop around them.
 """
 
 from __future__ import annotations
@@ -34,9 +45,18 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from klet.bus.leaderslot import LeaderSlot, SlotView
 from klet.bus.redisbus import BusUnavailable, Lease
 
 log = logging.getLogger(__name__)
+
+PROBE_INTERVAL_S = 0.15
+"""Seconds between a standby's looks at the leader slot (and a leader's retries to take
+it): half of it is the mean wait before a standby notices its leader died."""
+
+SLOT_WARN_AFTER_S = 2.0
+"""Seconds a leader may fail to take its slot before it says so (a standby's probe
+holds the lock for microseconds; longer means a stopped former leader holds it)."""
 
 
 class LeaseLost(Exception):
@@ -102,23 +122,108 @@ def decide(*, leading: bool, seen: Observation) -> tuple[Role, str]:
     return Role.STEP_DOWN, "the lease lapsed and another replica may have led meanwhile"
 
 
+def vacated(before: SlotView | None, now: SlotView | None) -> bool:
+    """Whether a standby should try for the lease at once: the leader slot is free and
+    was not free in this same state at the last probe (a leader died or gave it back
+    since; or, at the first probe, one died before this standby looked). A slot that
+    stays free (the leader runs on another host) is tried once, not at every probe."""
+    return now is not None and not now.locked and now != before
+
+
+class _SlotWatch:
+    """The leader loop's use of the lease's leader slot between two attempts."""
+
+    def __init__(self, slot: LeaderSlot, lease: Lease, interval_s: float) -> None:
+        self.slot = slot
+        self.lease = lease
+        self.interval_s = interval_s
+        self.usable = True
+        self.last: SlotView | None = None
+        self.unclaimed_since: float | None = None
+        self.warned = False
+
+    async def wait(self, *, leading: bool) -> SlotView | None:
+        """Until the lease wakes the loop (None) or, standing by, the slot is vacated
+        (what the probe saw). Leading, take the slot first, retrying until it is ours."""
+        while self.usable:
+            if leading:
+                if self.claim():
+                    break
+            else:
+                seen = self.probe()
+                if vacated(self.last, seen):
+                    self.last = seen
+                    return seen
+                self.last = seen
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(self.interval_s):
+                    await self.lease.wake.wait()
+                    return None
+        await self.lease.wake.wait()
+        return None
+
+    def claim(self) -> bool:
+        if self.slot.held:
+            return True
+        try:
+            claimed = self.slot.claim()
+        except OSError as err:
+            self.give_up(err)
+            return False
+        now = time.monotonic()
+        if claimed:
+            log.info("leader slot taken", extra={"holder": self.lease.holder})
+            self.unclaimed_since = None
+            return True
+        if self.unclaimed_since is None:
+            self.unclaimed_since = now
+        elif now - self.unclaimed_since >= SLOT_WARN_AFTER_S and not self.warned:
+            self.warned = True
+            log.warning(
+                "another process holds the leader slot (a stopped former leader?); "
+                "until this leader takes it, standbys wait for the lease TTL if it dies",
+                extra={"lease": self.lease.key, "holder": self.lease.holder},
+            )
+        return False
+
+    def probe(self) -> SlotView | None:
+        try:
+            return self.slot.probe()
+        except OSError as err:
+            self.give_up(err)
+            return None
+
+    def give_up(self, err: OSError) -> None:
+        log.warning(
+            "leader slot unusable; failover waits for the lease TTL",
+            extra={"lease": self.lease.key, "error": str(err)},
+        )
+        self.usable = False
+
+
 async def hold(
     lease: Lease,
     elected: asyncio.Event,
     *,
     decided: asyncio.Event | None = None,
     clock: Callable[[], float] = time.monotonic,
+    probe_interval_s: float = PROBE_INTERVAL_S,
 ) -> None:
     """Acquire and renew `lease` forever; set `elected` once held, raise LeaseLost when
     this replica must stop acting. `decided`, when given, is set once Redis answered a
     first attempt: from then on an unset `elected` means "standing by", not "not yet
-    known" (pod-source drops what only the leader sends)."""
+    known" (pod-source drops what only the leader sends). With a leader slot
+    (`lease.leader_slot`) the leader holds it and a standby watches it, every
+    `probe_interval_s`, to take over at once from a leader that died."""
     interval = lease.ttl_ms / 3000
+    slot = lease.leader_slot
+    watch = _SlotWatch(slot, lease, probe_interval_s) if slot is not None else None
+    heir: str | None = None
     while True:
         before, valid_until = lease.token, lease.valid_until
         lease.wake.clear()
         try:
-            if await lease.try_acquire():
+            if await lease.try_acquire(heir=heir):
                 attempt = Attempt.ACQUIRED if lease.reacquired else Attempt.RENEWED
             else:
                 attempt = Attempt.REFUSED
@@ -152,17 +257,28 @@ async def hold(
             # Wake at the deadline at the latest, so an unreachable leader steps down
             # as soon as a standby could have taken over.
             wait = min(interval, max(0.0, lease.valid_until - clock()))
+        heir = None
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(wait):
-                await lease.wake.wait()  # a write was refused: look at the lease now
+                if watch is None:
+                    await lease.wake.wait()  # a write was refused: look at the lease now
+                elif (vacancy := await watch.wait(leading=elected.is_set())) is not None:
+                    log.info(
+                        "the leader slot is free: trying for the lease at once",
+                        extra={"holder": lease.holder, "heir_of": vacancy.holder},
+                    )
+                    heir = vacancy.holder
 
 
 async def release_quietly(lease: Lease) -> None:
-    """At shutdown: give the lease back so a standby takes over at once (a failure only
-    costs the standby the rest of the TTL)."""
-    if not lease.held:
-        return
+    """At shutdown, once this process stopped acting: give the lease back, then the
+    leader slot, so a standby takes over at once (a failure only costs the standby the
+    rest of the TTL; with the slot given back, not even that on this host)."""
     try:
-        await lease.release()
+        if lease.held:
+            await lease.release()
     except Exception as err:  # noqa: BLE001 - shutting down; the TTL frees it anyway
         log.warning("could not release the lease", extra={"error": str(err)})
+    finally:
+        if lease.leader_slot is not None:
+            lease.leader_slot.release()

@@ -38,6 +38,7 @@ from typing import Any, Generic, Protocol, TypeVar
 from urllib.parse import urlsplit
 
 import redis.asyncio as aioredis
+from klet.bus.leaderslot import LeaderSlot
 from klet.model.records import BadRecord, Record
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import NoScriptError, RedisError, ResponseError
@@ -560,9 +561,10 @@ end
 return 0
 """
 
-# KEYS: lease, fence counter. ARGV: "<holder>:", "<predecessor>:" or "", ttl.
-# Take the lease when it is free, or held by this process under an older token, or by
-# this replica slot's previous process, which is known to be dead (klet.bus.holder).
+# KEYS: lease, fence counter. ARGV: "<holder>:", "<heir of>:" or "", ttl.
+# Take the lease when it is free, or held by this process under an older token, or by a
+# process known to be dead: this replica slot's previous process (klet.bus.holder) or
+# the leader named by a vacated leader slot (klet.bus.leaderslot).
 # Holder IDs end in a fixed-length random part, so a prefix match is an exact match of
 # the holder. The token is only drawn when the lease is granted: the fence counter is
 # the last token granted. The reply says whether the counter existed: if not, Redis lost
@@ -604,6 +606,10 @@ class Lease:
     A replica that cannot reach Redis keeps its role until the deadline (nobody else
     can take the lease before the key expires either); past it, it must assume a
     standby took over.
+
+    `leader_slot`, when set (`klet.bus.holder.service_lease` sets it), is the lock file
+    by which the leader loop shows standbys on this host that the leader is alive, and
+    sees as a standby that it died (`klet.bus.leaderslot`).
     """
 
     def __init__(
@@ -628,6 +634,8 @@ class Lease:
         self.counter_reset = False
         """... and the fence counter had been lost before it (a Redis restart or flush)."""
         self.clock: Callable[[], float] = time.monotonic
+        self.leader_slot: LeaderSlot | None = None
+        """This lease's leader slot on this host, if it has one."""
 
     @property
     def value(self) -> str:
@@ -664,15 +672,19 @@ class Lease:
         self.wake.set()
         return LeaseLapsed(f"{self.key}: write refused for {self.value}: the lease lapsed")
 
-    async def try_acquire(self) -> bool:
-        """Acquire or renew; returns whether this replica holds the lease now."""
+    async def try_acquire(self, *, heir: str | None = None) -> bool:
+        """Acquire or renew; returns whether this replica holds the lease now.
+
+        `heir`: the holder ID of a process known to be dead (named by a vacated leader
+        slot) whose lease this attempt may take over, in place of `predecessor`.
+        """
         sent = self.clock()
         try:
             if self.held and self.token is not None and await self._renew():
                 self.renewed_at = sent
                 self.reacquired = self.counter_reset = False
                 return True
-            granted = await self._acquire()
+            granted = await self._acquire(heir or self.predecessor)
         except (RedisError, OSError) as err:
             raise _wrap(err) from err
         if granted is not None:
@@ -704,10 +716,10 @@ class Lease:
         """Extend the key's TTL if it still holds this replica's value."""
         return bool(await self.bus.client.eval(_RENEW, 1, self.key, self.value, str(self.ttl_ms)))
 
-    async def _acquire(self) -> tuple[int, bool] | None:
-        """Take the key if nobody (or this slot's dead predecessor) holds it: the new
-        token and whether the fence counter survived; None while another replica holds it."""
-        heir = f"{self.predecessor}:" if self.predecessor else ""
+    async def _acquire(self, heir_of: str | None) -> tuple[int, bool] | None:
+        """Take the key if nobody (or the dead holder `heir_of`) holds it: the new token
+        and whether the fence counter survived; None while another replica holds it."""
+        heir = f"{heir_of}:" if heir_of else ""
         reply = await self.bus.client.eval(
             _ACQUIRE, 2, self.key, self.fence_key, f"{self.holder}:", heir, str(self.ttl_ms)
         )

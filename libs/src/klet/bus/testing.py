@@ -9,6 +9,10 @@ fencing tokens. Writes go through the real `Table.put`/`Stream.publish`/`Transac
 code into `FakeBus.write`, which applies them atomically and, on a leader bus, fences
 them by its lease as the Lua script does (`Fenced`, `LeaseLapsed`).
 
+`FakeSlotFile` is one leader slot file shared by replicas (`klet.bus.leaderslot`); each
+replica's `FakeLeaderSlot` claims, probes and releases it as the real lock file behaves,
+and `die` drops a replica's lock as the kernel does when its process dies.
+
 Failure injection: set `FakeBus.error` (a `BusUnavailable`, say) and every call raises
 it, as an unreachable Redis does, before anything changes; `fail` makes only the next
 calls raise, one error each (a blocked read too); `calls` lists the calls made,
@@ -26,6 +30,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import redis.asyncio as aioredis
+from klet.bus.leaderslot import SlotView
 from klet.bus.redisbus import Bus, BusError, Entry, Lease, R, Stream, Table, _Op
 from klet.model.records import BadRecord
 
@@ -315,7 +320,7 @@ class FakeLease(Lease):
         fake.expiry[self.key] = now + self.ttl_ms / 1000
         return True
 
-    async def _acquire(self) -> tuple[int, bool] | None:
+    async def _acquire(self, heir_of: str | None) -> tuple[int, bool] | None:
         fake = self.fake
         fake.check("acquire")
         now = self.clock()
@@ -324,7 +329,7 @@ class FakeLease(Lease):
             current = None  # expired
         if current is not None:  # as the _ACQUIRE script: this holder's own or its heir's
             mine = current.startswith(f"{self.holder}:")
-            heir = self.predecessor is not None and current.startswith(f"{self.predecessor}:")
+            heir = heir_of is not None and current.startswith(f"{heir_of}:")
             if not (mine or heir):
                 return None
         continued = self.fence_key in fake.strings
@@ -338,3 +343,52 @@ class FakeLease(Lease):
         self.fake.check("release")
         if self.fake.strings.get(self.key) == self.value:
             del self.fake.strings[self.key]
+
+
+@dataclass
+class FakeSlotFile:
+    """One leader slot file: who holds its lock and the holder ID written in it."""
+
+    locked_by: FakeLeaderSlot | None = None
+    holder: str = ""
+    """The ID last written by a claim ("" for a file never claimed)."""
+    probes: int = 0
+    """Probes made, by any replica."""
+    error: OSError | None = None
+    """Raised by every claim and probe while set (an unusable run directory)."""
+
+
+class FakeLeaderSlot:
+    """One replica's handle on a `FakeSlotFile` (a `klet.bus.leaderslot.LeaderSlot`)."""
+
+    def __init__(self, file: FakeSlotFile, holder: str) -> None:
+        self.file = file
+        self.holder = holder
+
+    @property
+    def held(self) -> bool:
+        return self.file.locked_by is self
+
+    def claim(self) -> bool:
+        if self.file.error is not None:
+            raise self.file.error
+        if self.file.locked_by not in (None, self):
+            return False
+        self.file.locked_by, self.file.holder = self, self.holder
+        return True
+
+    def probe(self) -> SlotView | None:
+        self.file.probes += 1
+        if self.file.error is not None:
+            raise self.file.error
+        if self.file.locked_by is not None:
+            return SlotView(locked=True, holder=None)
+        return SlotView(locked=False, holder=self.file.holder or None)
+
+    def release(self) -> None:
+        if self.held:
+            self.file.locked_by = None
+
+    def die(self) -> None:
+        """This replica's process is gone: the kernel drops its lock."""
+        self.release()
