@@ -5,7 +5,8 @@ talks to the apiserver, and when it is SIGKILLed the other takes over.
 Each replica reaches the apiserver through a TCP proxy of its own that counts
 connections, so "only one writes" is measured, not inferred: the standby opens no
 connection at all. Both bind the same kubelet API and read-only ports (SO_REUSEPORT).
-After the kill, the standby leads (`klet_leader`), renews the node Lease and reports the
+After the kill (with a run directory shared by both, as on one host, and with one each),
+the standby leads (`klet_leader`), renews the node Lease and reports the
 node status; the Node's Ready condition stays True throughout (polled, and its
 lastTransitionTime unchanged), and an Event posted before the handover is not posted
 again. Each leader announces its own start ("Starting"), as a restarted kubelet does;
@@ -118,6 +119,7 @@ def replica(
     kubeconfig: Path,
     runtime_endpoint: str,
     ports: dict[str, int],
+    run_dir: Path,
 ) -> ManagedProcess:
     base.mkdir(parents=True, exist_ok=True)
     (base / "manifests").mkdir(exist_ok=True)
@@ -127,7 +129,7 @@ def replica(
         "--hostname-override", node,
         "--kubeconfig", str(kubeconfig),
         "--container-runtime-endpoint", runtime_endpoint,
-        "--run-dir", str(base / "run"),
+        "--run-dir", str(run_dir),
         "--root-dir", str(base / "root"),
         "--pod-manifest-path", str(base / "manifests"),
         "--node-ip", "127.0.0.1",
@@ -186,9 +188,17 @@ async def leader_flag(port: int) -> float | None:
 
 
 @pytest.mark.timeout(300)
+@pytest.mark.parametrize("run_dirs", ["shared", "separate"])
 async def test_only_the_leader_writes_and_a_killed_leader_is_replaced_without_flapping(
-    tmp_path: Path, redis_server: RedisServer, control_plane: ControlPlane, devstack: DevStack
+    run_dirs: str,
+    tmp_path: Path,
+    redis_server: RedisServer,
+    control_plane: ControlPlane,
+    devstack: DevStack,
 ) -> None:
+    # shared: the replicas share a run directory (one host's /run/klet, as under
+    # compose), so the standby sees the leader's slot free the moment it dies
+    # (klet.bus.leaderslot); separate: it waits for the lease TTL (15 s).
     cp = control_plane
     name = f"sr-rep-{uuid.uuid4().hex[:6]}"
     bus = Bus.from_url(redis_server.url, name, auth=redis_server.admin, timeout_s=2.0)
@@ -210,6 +220,7 @@ async def test_only_the_leader_writes_and_a_killed_leader_is_replaced_without_fl
             kubeconfig=proxied_kubeconfig(cp, name, proxy_port, tmp_path / f"{r}.kubeconfig"),
             runtime_endpoint=devstack.runtime_endpoint,
             ports={**shared, "service_port": service_ports[r]},
+            run_dir=tmp_path / ("run" if run_dirs == "shared" else f"{r}-run"),
         )
 
     async def watch_ready() -> None:
@@ -272,6 +283,9 @@ async def test_only_the_leader_writes_and_a_killed_leader_is_replaced_without_fl
         await eventually(
             lambda: _is(leader_flag(service_ports["b"]), 1.0), what="b leading", timeout_s=40
         )
+        if run_dirs == "shared":
+            # The leader slot is free the moment a dies: no waiting out the lease TTL.
+            assert time.time() - killed_at < 10, time.time() - killed_at
         await eventually(lambda: lease_renewed_after(killed_at), what="b renewing", timeout_s=30)
 
         async def reported_after(t: float) -> JSON | None:
