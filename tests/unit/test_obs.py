@@ -4,8 +4,9 @@ Covers: JSON log lines carrying every `extra=` field and the traceback as a stri
 text form, klog-style verbosity, once-per-change error logging with recovery lines, the
 health app in-process through httpx.ASGITransport (/healthz ok, verbose and 500 forms in
 upstream's format, async and raising checks, ?exclude, /healthz/<name>, /readyz, /metrics
-content type), serve_http on a loopback port (ready event, clean cancellation, a busy port
-raising OSError), and run_supervised (siblings cancelled when a task fails or returns,
+content type), the `klet_leader` gauge, serve_http on a loopback port (ready event, clean
+cancellation, SO_REUSEPORT shared by two servers, a busy port raising OSError), and
+run_supervised (siblings cancelled when a task fails or returns,
 caller cancellation, SIGTERM as a normal stop).
 """
 
@@ -31,6 +32,7 @@ from klet.obs import (
     RootTaskFailed,
     configure_logging,
     create_health_app,
+    leader_metric,
     log_once_per_change,
     new_registry,
     render,
@@ -330,6 +332,15 @@ def test_render_and_process_metrics() -> None:
     assert b"python_info" in body
 
 
+def test_leader_metric_follows_the_leader_loop() -> None:
+    registry = new_registry()
+    leading = [False]
+    leader_metric(registry, service="eviction", leading=lambda: leading[0])
+    assert registry.get_sample_value("klet_leader", {"service": "eviction"}) == 0.0
+    leading[0] = True
+    assert registry.get_sample_value("klet_leader", {"service": "eviction"}) == 1.0
+
+
 def test_ready_is_a_reserved_check_name(registry: CollectorRegistry) -> None:
     with pytest.raises(ValueError, match="reserved"):
         create_health_app(registry=registry, checks={"ready": lambda: True}, ready=lambda: True)
@@ -367,6 +378,43 @@ async def test_serve_http_busy_port_raises(app: Any) -> None:
         port = busy.getsockname()[1]
         with pytest.raises(OSError, match=f"health: cannot listen on 127.0.0.1:{port}"):
             await serve_http(app, host="127.0.0.1", port=port, name="health")
+
+
+async def test_serve_http_reuse_port_lets_replicas_share_a_port(app: Any) -> None:
+    # Replicas of status-reporter bind the same kubelet ports; both must set the option.
+    ready = [asyncio.Event(), asyncio.Event()]
+    bound: list[int] = []
+    first = asyncio.create_task(
+        serve_http(
+            app,
+            host="127.0.0.1",
+            port=0,
+            name="one",
+            ready=ready[0],
+            on_listening=lambda _host, port: bound.append(port),
+            reuse_port=True,
+        )
+    )
+    await asyncio.wait_for(ready[0].wait(), 5)
+    with pytest.raises(OSError, match="cannot listen"):  # without the option: busy
+        await serve_http(app, host="127.0.0.1", port=bound[0], name="plain")
+    second = asyncio.create_task(
+        serve_http(
+            app, host="127.0.0.1", port=bound[0], name="two", ready=ready[1], reuse_port=True
+        )
+    )
+    try:
+        await asyncio.wait_for(ready[1].wait(), 5)
+        first.cancel()
+        await asyncio.gather(first, return_exceptions=True)
+        # The first one is gone: new connections reach the second.
+        for _ in range(5):
+            async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{bound[0]}") as client:
+                assert (await client.get("/healthz")).text == "ok"
+    finally:
+        for task in (first, second):
+            task.cancel()
+        await asyncio.gather(first, second, return_exceptions=True)
 
 
 async def test_serve_http_lifespan_failure_is_an_error(registry: CollectorRegistry) -> None:

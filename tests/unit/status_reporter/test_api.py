@@ -38,7 +38,7 @@ class KletCfg:
     service_port: int | None = None  # the default port
     service_bind_address: str = "127.0.0.1"
     service_port_file: Path | None = None
-    run_dir: Path = Path("/run/klet")
+    run_dir: Path = Path("/run/klet")  # the lease slot is not used: the tests name the holder
 
 
 @dataclass(frozen=True)
@@ -61,6 +61,8 @@ class Fakes:
         return build_deps(
             settings or Settings(),
             overrides=Overrides(
+                bus=self.bus.connect(),  # one lease per bus: a bus per Deps
+                lease_holder="test",
                 desired=self.desired,
                 status=self.status,
                 feed=self.feed,

@@ -4,13 +4,14 @@ view's two loops and the private port always, the healthz listener unless its po
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass
 from pathlib import Path
 
 from klet.bus import NodeBus
 from klet.bus.testing import FakeBus
 from klet.config import RedisAuth
-from klet.status_reporter.app import root_tasks
+from klet.status_reporter.app import root_tasks, when_elected
 from klet.status_reporter.wiring import Overrides, build_deps
 from prometheus_client import CollectorRegistry
 
@@ -31,7 +32,7 @@ class KletCfg:
     service_port: int | None = None  # the default port
     service_bind_address: str = "127.0.0.1"
     service_port_file: Path | None = None
-    run_dir: Path = Path("/run/klet")
+    run_dir: Path = Path("/run/klet")  # the lease slot is not used: the tests name the holder
 
 
 @dataclass(frozen=True)
@@ -41,10 +42,13 @@ class Settings:
 
 
 def task_names(*, read_only_port: int, healthz_port: int) -> list[str]:
-    node = NodeBus.of(FakeBus())
+    bus = FakeBus()
+    node = NodeBus.of(bus)
     deps = build_deps(
         Settings(KubeletCfg(read_only_port=read_only_port, healthz_port=healthz_port)),
         overrides=Overrides(
+            bus=bus,
+            lease_holder="test",
             desired=node.desired,
             status=node.status,
             feed=node.podstatus,
@@ -60,6 +64,7 @@ def task_names(*, read_only_port: int, healthz_port: int) -> list[str]:
 def test_defaults_serve_healthz_but_not_the_read_only_api() -> None:
     assert task_names(read_only_port=0, healthz_port=10248) == [
         "healthz-http",
+        "lease",
         "pod-view-reload",
         "podstatus-consumer",
         "service-http",
@@ -68,8 +73,44 @@ def test_defaults_serve_healthz_but_not_the_read_only_api() -> None:
 
 def test_read_only_on_and_healthz_off() -> None:
     assert task_names(read_only_port=10255, healthz_port=0) == [
+        "lease",
         "pod-view-reload",
         "podstatus-consumer",
         "read-only-http",
         "service-http",
     ]
+
+
+async def test_a_writer_starts_only_when_elected_and_its_other_condition_holds() -> None:
+    # pod-status runs once the replica leads *and* its pod view has loaded: an empty
+    # view would make every mirror pod look orphaned.
+    elected, loaded = asyncio.Event(), asyncio.Event()
+    started: list[str] = []
+
+    async def run() -> None:
+        started.append("pod-status")
+
+    task = asyncio.create_task(when_elected(elected, run, also=loaded))
+    for _ in range(10):
+        await asyncio.sleep(0)
+    loaded.set()
+    for _ in range(10):
+        await asyncio.sleep(0)
+    assert started == []  # loaded, but standing by
+    elected.set()
+    await asyncio.wait_for(task, 1)
+    assert started == ["pod-status"]
+
+
+def test_a_standby_creates_no_writer_coroutine() -> None:
+    # cluster_tasks gives functions, not coroutines: a standby cancelled before it
+    # was elected leaves no "never awaited" coroutine behind (warnings are errors here).
+    elected = asyncio.Event()
+    calls: list[str] = []
+
+    async def run() -> None:
+        calls.append("ran")
+
+    coro = when_elected(elected, run)
+    coro.close()
+    assert calls == []

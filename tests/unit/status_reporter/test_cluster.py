@@ -10,11 +10,12 @@ from collections.abc import Callable
 from pathlib import Path
 
 from klet.bus import NodeBus
+from klet.bus.leader import hold
 from klet.bus.testing import FakeBus
 from klet.config import KletSettings, KubeletConfiguration, Settings
 from klet.model.flowcontrol import BackoffPolicy
 from klet.model.records import DesiredPod
-from klet.status_reporter.app import root_tasks
+from klet.status_reporter.app import root_tasks, when_elected
 from klet.status_reporter.capacity import MachineInfo
 from klet.status_reporter.cluster import (
     ClusterOverrides,
@@ -53,6 +54,8 @@ class Fakes:
     def overrides(self, *, cluster: bool) -> Overrides:
         fast = BackoffPolicy(0.001, 0.01)
         return Overrides(
+            bus=self.bus,
+            lease_holder="test",
             desired=self.node.desired,
             status=self.node.status,
             feed=self.node.podstatus,
@@ -98,7 +101,7 @@ def test_cluster_tasks_added() -> None:
     assert deps.cluster is not None
     got = names(root_tasks(deps))
     assert {"node-status", "node-lease", "pod-status", "events", "pod-view-reload"} <= set(got)
-    assert sorted(names(cluster_tasks(deps.cluster))) == [
+    assert sorted(cluster_tasks(deps.cluster)) == [
         "events",
         "node-lease",
         "node-status",
@@ -143,8 +146,12 @@ async def test_managers_together() -> None:
     tasks = [
         asyncio.create_task(coro, name=name)
         for name, coro in {
+            "lease": hold(deps.lease, deps.elected),
             "pod-view-reload": deps.pods.run_reloader(),
-            **cluster_tasks(deps.cluster),
+            **{
+                name: when_elected(deps.elected, run)
+                for name, run in cluster_tasks(deps.cluster).items()
+            },
         }.items()
     ]
     try:

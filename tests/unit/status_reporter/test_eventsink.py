@@ -153,3 +153,43 @@ async def test_stale_entries_are_taken_over_again_every_reclaim_interval() -> No
     await w.sink.consume_once()
     assert w.bus.calls.count("claim_stale") == 2
     assert w.bus.calls.count("ensure_group") == 1
+
+
+async def test_a_new_leader_takes_over_the_old_leaders_pending_entries_at_once() -> None:
+    # The old leader read two entries, posted both, acknowledged the first and died.
+    # Only the leader consumes, so the new one claims every pending entry when it starts
+    # (not after claim_idle_ms, 30 s), posts it again (AlreadyExists: no second Event)
+    # and acknowledges it.
+    w = World()
+    w.bus.append(w.feed, record(at=1000.0, message="first"))
+    w.bus.append(w.feed, record(at=1001.0, message="second"))
+    first, second = await w.feed.read(GROUP, "old-leader", count=10, block_ms=1)
+    for entry in (first, second):
+        assert entry.record is not None
+        await w.sink.post(entry.record)
+    await w.feed.ack(GROUP, first.id)
+    assert w.feed.pending(GROUP) == [second.id]
+
+    new = World()
+    new.kube, new.bus, new.feed = w.kube, w.bus, w.feed
+    new.sink = EventSink(
+        feed=w.feed,
+        api=KubeApi(w.kube, retry=NO_RETRY),
+        node_name="node1",
+        mirror_uid=lambda uid: None,
+        consumer="new-leader",
+        policy=EventPolicy(qps=0, read_block_ms=1),  # claim_idle_ms: the default 30 s
+        monotonic=lambda: new.now[0],
+    )
+    await new.sink.consume_once()
+    assert w.feed.pending(GROUP) == []
+    assert w.feed.acked == [first.id, second.id]
+    assert sorted(e["message"] for e in w.events()) == ["first", "second"]
+    assert all(e["count"] == 1 for e in w.events())
+
+    # Later takeovers wait for claim_idle_ms again: a live leader's own entries stay.
+    w.bus.append(w.feed, record(at=1002.0, message="third"))
+    await w.feed.read(GROUP, "someone", count=10, block_ms=1)
+    new.now[0] += EventPolicy().reclaim_interval_s
+    await new.sink.consume_once()
+    assert len(w.feed.pending(GROUP)) == 1

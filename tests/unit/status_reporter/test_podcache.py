@@ -1,6 +1,7 @@
 """The pod view manager over fake tables and a fake stream: reload joins desired pods
-with statuses, stream entries refresh one pod and are acknowledged (malformed ones too),
-stale versions never replace newer ones, removed pods stay until their status is
+with statuses, stream entries refresh one pod (malformed ones are skipped), the stream
+is tailed from its newest entry with no consumer group so every replica sees every
+entry, stale versions never replace newer ones, removed pods stay until their status is
 terminal, and a bus outage keeps the last view, is logged once and heals."""
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from klet.bus.testing import FakeBus, FakeStream, FakeTable
 from klet.model.records import DesiredPod, PodStatusChange, PodStatusRecord
 from klet.model.types import JSON
 from klet.status_reporter.metrics import Metrics
-from klet.status_reporter.podcache import GROUP, CachePolicy, PodCache
+from klet.status_reporter.podcache import CachePolicy, PodCache
 from klet.status_reporter.testing import desired_record, make_pod, status_record
 from prometheus_client import CollectorRegistry
 
@@ -26,7 +27,6 @@ FAST = CachePolicy(
     backoff_initial_s=0.01,
     backoff_max_s=0.02,
     stale_after_s=1.0,
-    claim_idle_ms=0,
 )
 
 
@@ -40,13 +40,18 @@ class World:
         self.desired = FakeTable(self.bus, "desired", DesiredPod)
         self.status = FakeTable(self.bus, "status", PodStatusRecord)
         self.feed = FakeStream(self.bus, "podstatus", PodStatusChange, maxlen=10_000)
-        self.cache = PodCache(
+        self.cache = self.replica(registry=self.registry)
+
+    def replica(
+        self, *, registry: CollectorRegistry | None = None, policy: CachePolicy = FAST
+    ) -> PodCache:
+        """A pod view over this world's bus (each replica of the service has one)."""
+        return PodCache(
             desired=self.desired,
             status=self.status,
             feed=self.feed,
-            consumer="test",
-            metrics=Metrics(self.registry, clock=lambda: self.now[0]),
-            policy=FAST,
+            metrics=Metrics(registry or CollectorRegistry(), clock=lambda: self.now[0]),
+            policy=policy,
             clock=lambda: self.now[0],
         )
 
@@ -99,6 +104,7 @@ async def test_reload_joins_desired_pods_with_statuses() -> None:
 async def test_stream_applies_newer_versions_and_ignores_older() -> None:
     w = World()
     w.want(WEB)
+    assert await w.cache.consume_once() == 0  # takes the cursor: the stream is empty
     w.report(WEB, version=2, phase="Running")
     assert await w.cache.consume_once() == 1
     assert w.phases() == {"web": "Running"}
@@ -119,25 +125,26 @@ async def test_stream_applies_newer_versions_and_ignores_older() -> None:
     w.report(WEB, version=1, epoch=2.0, phase="Running")
     await w.cache.consume_once()
     assert w.phases() == {"web": "Running"}
-    assert w.feed.pending(GROUP) == []
+    assert "ensure_group" not in w.bus.calls and not w.feed.acked  # no consumer group
 
 
-async def test_malformed_entry_is_acked_and_the_next_one_applied(
+async def test_malformed_entry_is_skipped_and_the_next_one_applied(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     w = World()
     w.want(WEB)
-    bad = w.bus.plant(w.feed, '{"v": 7}')  # podstatuschange: unsupported version 7
-    good = w.report(WEB, version=1)
+    await w.cache.consume_once()
+    w.bus.plant(w.feed, '{"v": 7}')  # podstatuschange: unsupported version 7
+    w.report(WEB, version=1)
     with caplog.at_level(logging.ERROR):
         assert await w.cache.consume_once() == 2
-    assert w.feed.acked == [bad, good]
     assert w.phases() == {"web": "Running"}
     assert any("bad podstatus entry" in r.getMessage() for r in caplog.records)
 
 
 async def test_removed_pod_stays_listed_until_terminal() -> None:
     w = World()
+    await w.cache.consume_once()  # takes the cursor
     w.want(WEB)
     w.report(WEB, version=1)
     await w.cache.reload()
@@ -159,6 +166,7 @@ async def test_reload_does_not_undo_a_refresh_that_happened_during_it() -> None:
     w.want(WEB)
     w.report(WEB, version=1)
     await w.cache.reload()
+    await w.cache.consume_once()  # takes the cursor
 
     # The reload reads the desired table, then a stream refresh for a new pod runs
     # before the reload reads the status table; the reload must not drop that pod.
@@ -207,9 +215,11 @@ async def test_outage_keeps_the_view_logs_once_and_heals(
         w.report(DB, version=1, phase="Pending")
         w.bus.error = None
         await until(
-            lambda: w.phases() == {"web": "Running", "db": "Pending"}
-            and w.cache.bus_available
-            and not w.cache.stale,  # the reloader's next attempt may come after the consumer's
+            lambda: (
+                w.phases() == {"web": "Running", "db": "Pending"}
+                and w.cache.bus_available
+                and not w.cache.stale
+            ),  # the reloader's next attempt may come after the consumer's
             what="the view following the bus again",
         )
         assert sum("available again" in r.getMessage() for r in caplog.records) == 1
@@ -219,52 +229,67 @@ async def test_outage_keeps_the_view_logs_once_and_heals(
         await asyncio.gather(*tasks, return_exceptions=True)
 
 
-async def test_unacked_entries_are_taken_over_after_an_outage() -> None:
+async def test_the_cursor_starts_at_the_newest_entry_and_asks_for_a_reload() -> None:
+    # Entries published before a replica starts are not replayed (there may be
+    # thousands): the tables hold what they announced, and taking the cursor wakes the
+    # reloader at once rather than after its interval (an hour here).
     w = World()
+    w.cache = w.replica(policy=CachePolicy(reload_interval_s=3600, read_block_ms=5))
     w.want(WEB)
     w.report(WEB, version=1)
-    real_get = w.status.get
-    failing = [True]
+    assert await w.cache.consume_once() == 0  # the entry is older than the cursor
+    assert w.phases() == {}
+    tasks = [asyncio.create_task(w.cache.run_reloader())]
+    try:
+        await until(lambda: w.cache.loaded.is_set(), what="the first reload")
+        w.want(DB)  # no stream entry: only a reload can show it
+        w.bus.fail(BusUnavailable("fake bus down"))  # the consumer's next read fails
+        tasks.append(asyncio.create_task(w.cache.run_consumer()))
+        await until(lambda: w.phases() == {"web": "Running", "db": "Pending"}, what="a reload")
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
 
-    async def get_once_failing(key: str) -> PodStatusRecord | None:
-        if failing[0]:
-            failing[0] = False
-            w.bus.error = BusUnavailable("fake bus down")
-            try:
-                w.bus.check("get")
-            finally:
-                w.bus.error = None
-        return await real_get(key)
 
-    w.status.get = get_once_failing  # type: ignore[method-assign]
+async def test_every_replica_sees_every_entry() -> None:
+    # Two replicas of the service on one bus: a consumer group would hand each entry to
+    # one of them only, leaving the other's view behind until its next reload.
+    w = World()
+    other = w.replica()
+    w.want(WEB)
+    w.want(DB)
+    await w.cache.consume_once()
+    await other.consume_once()
+    w.report(WEB, version=1)
+    w.report(DB, version=1, phase="Succeeded")
+    assert await w.cache.consume_once() == 2
+    assert await other.consume_once() == 2
+    for view in (w.cache, other):
+        assert {uid: rec.version for uid, rec in view.statuses().items()} == {
+            WEB["metadata"]["uid"]: 1,
+            DB["metadata"]["uid"]: 1,
+        }
+
+
+async def test_a_failed_read_takes_a_fresh_cursor() -> None:
+    # After a bus failure the stream may have been flushed and restarted: the old cursor
+    # means nothing any more, so a new one is taken (and the reload covers the gap).
+    w = World()
+    await w.cache.consume_once()
+    w.bus.fail(BusUnavailable("fake bus down"))
     task = asyncio.create_task(w.cache.run_consumer())
     try:
-        await until(lambda: bool(w.feed.acked), what="the entry acknowledged")
+        await until(lambda: w.bus.calls.count("last_id") == 2, what="a second cursor")
     finally:
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
-    assert w.feed.acked == ["1-0"] and w.feed.pending(GROUP) == []
-    assert w.phases() == {"web": "Running"}
-
-
-async def test_stale_entries_are_taken_over_again_every_reclaim_interval() -> None:
-    # Each takeover also removes dead consumers from the group (Stream.claim_stale), so
-    # a consumer that died after this one started does not stay listed until a restart.
-    w = World()
-    await w.cache.consume_once()
-    await w.cache.consume_once()
-    assert w.bus.calls.count("claim_stale") == 1
-    w.now[0] += FAST.reclaim_interval_s
-    await w.cache.consume_once()
-    await w.cache.consume_once()
-    assert w.bus.calls.count("claim_stale") == 2
-    assert w.bus.calls.count("ensure_group") == 1
 
 
 def test_policy_rejects_nonsense() -> None:
     with pytest.raises(ValueError, match="reload_interval_s"):
         CachePolicy(reload_interval_s=-1)
-    with pytest.raises(ValueError, match="reclaim_interval_s"):
-        CachePolicy(reclaim_interval_s=-1)
+    with pytest.raises(ValueError, match="backoff_max_s"):
+        CachePolicy(backoff_max_s=-1)
     with pytest.raises(ValueError, match="read_count"):
         CachePolicy(read_count=0)

@@ -46,7 +46,6 @@ class World:
             desired=self.desired,
             status=self.status,
             feed=node.podstatus,
-            consumer="test",
             metrics=Metrics(CollectorRegistry()),
             policy=CachePolicy(read_block_ms=1),
         )

@@ -53,6 +53,8 @@ STREAM_CONSUME = (
     "xinfo|consumers",
     "xlen",
 )
+# Reading a stream without a group (each reader its own cursor) changes nothing in it.
+STREAM_TAIL = ("xread", "xrevrange", "xlen")
 # redis-py sends INCR as INCRBY.
 LEASE = ("get", "set", "pexpire", "pttl", "del", "incr", "incrby", "exists")
 SCRIPTS = ("eval", "evalsha")
@@ -77,6 +79,7 @@ class ServiceAccess:
     writes: tuple[str, ...] = ()  # tables it reads and writes
     publishes: tuple[str, ...] = ()  # streams it appends to
     consumes: tuple[str, ...] = ()  # streams it reads through a consumer group
+    tails: tuple[str, ...] = ()  # streams it reads without a group (XREAD)
     leases: tuple[str, ...] = field(default=())  # its own leases (key and fence counter)
 
     def grants(self) -> tuple[Grant, ...]:
@@ -86,6 +89,7 @@ class ServiceAccess:
             Grant(self.writes, TABLE_WRITE),
             Grant(self.publishes, STREAM_PUBLISH),
             Grant(self.consumes, STREAM_CONSUME),
+            Grant(self.tails, STREAM_TAIL),
             Grant(lease_keys, LEASE),
         ]
         every_key = tuple(dict.fromkeys(k for g in grants for k in g.keys))
@@ -112,7 +116,8 @@ ACCESS: Mapping[str, ServiceAccess] = {
     "status-reporter": ServiceAccess(
         reads=("desired", "status", "sources", "node"),
         publishes=("events",),
-        consumes=("podstatus", "events"),
+        consumes=("events",),
+        tails=("podstatus",),
         leases=("status-reporter",),
     ),
     "eviction": ServiceAccess(
@@ -195,6 +200,7 @@ def describe(services: Iterable[str] = SERVICES) -> str:
             ("reads and writes", a.writes),
             ("appends to", a.publishes),
             ("consumes", a.consumes),
+            ("tails", a.tails),
             ("holds lease", a.leases),
         ]
         out.append(f"{service}: " + "; ".join(f"{w} {', '.join(k)}" for w, k in parts if k))

@@ -440,6 +440,25 @@ class Stream(Generic[R]):
         messages = reply[1] if len(reply) > 1 else []
         return [self._entry(mid, fields) for mid, fields in messages if fields is not None]
 
+    async def last_id(self) -> str:
+        """The id of the newest entry ("0-0" when the stream is empty or missing): where a
+        `tail` that wants only what comes next starts."""
+        try:
+            reply = await self.bus.client.xrevrange(self.key, "+", "-", count=1)
+        except (RedisError, OSError) as err:
+            raise _wrap(err) from err
+        return str(reply[0][0]) if reply else "0-0"
+
+    async def tail(self, after: str, *, count: int = 100, block_ms: int = 1000) -> list[Entry[R]]:
+        """Entries newer than the id `after` (XREAD, blocking up to `block_ms`), without
+        a consumer group: every reader sees every entry and nothing is acknowledged. For
+        readers that only want wake-ups and each keep their own cursor (one per replica)."""
+        try:
+            reply = await self.bus.client.xread({self.key: after}, count=count, block=block_ms)
+        except (RedisError, OSError) as err:
+            raise _wrap(err) from err
+        return self._entries(reply)
+
     async def ack(self, group: str, *ids: str) -> None:
         if not ids:
             return

@@ -19,7 +19,7 @@ calls raise, one error each (a blocked read too); `calls` lists the calls made,
 by name. `seed`, `drop`, `append`, `plant` (a corrupt entry), `rows` and `entries` read
 and plant state synchronously for test set-up and assertions; a stream's `acked` lists
 what was acknowledged. Nothing here does I/O or sleeps except `Stream.read`, which
-blocks for new entries as XREADGROUP BLOCK does.
+and `Stream.tail`, which block for new entries as XREADGROUP/XREAD BLOCK do.
 """
 
 from __future__ import annotations
@@ -176,6 +176,12 @@ class FakeBus(Bus):
         return [stream.record_type.decode(raw) for _id, raw in state.entries]
 
 
+def _id_key(entry_id: str) -> tuple[int, int]:
+    """A stream entry id ("<ms>-<seq>") as a sortable pair."""
+    ms, _, seq = entry_id.partition("-")
+    return int(ms), int(seq or 0)
+
+
 def _decode(record_type: type[R], raw: str) -> R | None:
     try:
         return record_type.decode(raw)
@@ -237,6 +243,29 @@ class FakeStream(Stream[R]):
         now = self.fake.clock()
         for entry_id, _raw in batch:
             g.pending[entry_id] = (consumer, now)
+        return [self._entry(entry_id, {"r": raw}) for entry_id, raw in batch]
+
+    async def last_id(self) -> str:
+        self.fake.check("last_id")
+        entries = self.state.entries
+        return entries[-1][0] if entries else "0-0"
+
+    async def tail(self, after: str, *, count: int = 100, block_ms: int = 1000) -> list[Entry[R]]:
+        self.fake.check("tail")
+        state = self.state
+
+        def newer() -> list[tuple[str, str]]:
+            return [e for e in state.entries if _id_key(e[0]) > _id_key(after)][:count]
+
+        batch = newer()
+        if not batch:
+            state.grown.clear()
+            try:
+                await asyncio.wait_for(state.grown.wait(), block_ms / 1000 if block_ms else None)
+            except TimeoutError:
+                return []
+            self.fake.raise_injected()
+            batch = newer()
         return [self._entry(entry_id, {"r": raw}) for entry_id, raw in batch]
 
     async def claim_stale(self, group: str, consumer: str, *, min_idle_ms: int) -> list[Entry[R]]:

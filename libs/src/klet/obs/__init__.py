@@ -15,12 +15,13 @@ from klet.obs.logs import (
     level_for_verbosity,
     log_once_per_change,
 )
-from klet.obs.metrics import CONTENT_TYPE, new_registry, render
+from klet.obs.metrics import CONTENT_TYPE, LEADER_METRIC, leader_metric, new_registry, render
 from klet.obs.serviceport import ServicePort, serve_service_port
 from klet.obs.supervise import RootTaskFailed, run_supervised
 
 __all__ = [
     "CONTENT_TYPE",
+    "LEADER_METRIC",
     "HealthCheck",
     "JsonFormatter",
     "OnceLogger",
@@ -29,6 +30,7 @@ __all__ = [
     "TextFormatter",
     "configure_logging",
     "create_health_app",
+    "leader_metric",
     "level_for_verbosity",
     "log_once_per_change",
     "new_registry",

@@ -176,7 +176,7 @@ class _Server(uvicorn.Server):
             self._ready.set()
 
 
-async def _bind(host: str, port: int) -> socket.socket:
+async def _bind(host: str, port: int, *, reuse_port: bool = False) -> socket.socket:
     loop = asyncio.get_running_loop()
     infos = await loop.getaddrinfo(
         host or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
@@ -187,6 +187,8 @@ async def _bind(host: str, port: int) -> socket.socket:
     sock = socket.socket(family, kind, proto)
     try:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        if reuse_port:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
         if family == socket.AF_INET6:
             sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
         sock.bind(address)
@@ -209,6 +211,7 @@ async def serve_http(
     ready: asyncio.Event | None = None,
     on_listening: Callable[[str, int], None] | None = None,
     uvicorn_options: Mapping[str, Any] | None = None,
+    reuse_port: bool = False,
 ) -> None:
     """Serve the ASGI `app` on host:port until cancelled (then shut down gracefully).
 
@@ -216,7 +219,10 @@ async def serve_http(
     lifespan start-up fails. `on_listening(host, port)` is called with the bound
     address before `ready` is set (useful with port 0). `uvicorn_options` go to
     uvicorn.Config (e.g. ssl_certfile/ssl_keyfile for HTTPS, ws="auto" for websockets;
-    websockets are off by default).
+    websockets are off by default). `reuse_port` sets SO_REUSEPORT, so several
+    processes (replicas of one service) can listen on the same port: the kernel spreads
+    new connections over them, and one replica dying drops only its own connections.
+    Every process sharing the port must set it (and run as the same user).
     """
     options: dict[str, Any] = {
         "log_config": None,
@@ -228,7 +234,7 @@ async def serve_http(
     }
     server = _Server(uvicorn.Config(app, **options), ready)
     try:
-        sock = await _bind(host, port)
+        sock = await _bind(host, port, reuse_port=reuse_port)
     except OSError as exc:
         raise OSError(exc.errno, f"{name}: cannot listen on {host}:{port}: {exc.strerror}") from exc
     bound_host, bound_port = sock.getsockname()[:2]

@@ -12,8 +12,11 @@ deterministic.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from prometheus_client import (
     CollectorRegistry,
+    Gauge,
     GCCollector,
     PlatformCollector,
     ProcessCollector,
@@ -21,7 +24,11 @@ from prometheus_client import (
     generate_latest,
 )
 
-__all__ = ["CONTENT_TYPE", "new_registry", "render"]
+__all__ = ["CONTENT_TYPE", "LEADER_METRIC", "leader_metric", "new_registry", "render"]
+
+LEADER_METRIC = "klet_leader"
+"""1 while this replica holds its service's bus lease (acts), 0 while it stands by; one
+name for every service, told apart by the `service` label."""
 
 # Content type of what generate_latest() writes: the classic text format 0.0.4 (newer
 # prometheus_client names it CONTENT_TYPE_PLAIN_0_0_4; its CONTENT_TYPE_LATEST moved on).
@@ -44,3 +51,18 @@ def new_registry(*, process_metrics: bool = False) -> CollectorRegistry:
 def render(registry: CollectorRegistry) -> tuple[bytes, str]:
     """The registry in the Prometheus text format, and the content type to serve it with."""
     return generate_latest(registry), CONTENT_TYPE
+
+
+def leader_metric(
+    registry: CollectorRegistry, *, service: str, leading: Callable[[], bool]
+) -> Gauge:
+    """Register `klet_leader{service=...}`, read from `leading()` at every scrape (so it
+    can never disagree with the leader loop's own state)."""
+    gauge = Gauge(
+        LEADER_METRIC,
+        "Whether this replica holds its service's lease on the bus and acts (1) or stands by (0).",
+        ["service"],
+        registry=registry,
+    )
+    gauge.labels(service=service).set_function(lambda: 1.0 if leading() else 0.0)
+    return gauge

@@ -18,7 +18,6 @@ Settings are read through the protocols below: exactly the fields cluster mode u
 
 from __future__ import annotations
 
-import socket
 from collections.abc import Awaitable, Callable, Coroutine, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -157,13 +156,15 @@ class ClusterDeps:
     close: Callable[[], Awaitable[None]] = field(default=_nothing)
 
 
-def cluster_tasks(c: ClusterDeps) -> dict[str, Coroutine[Any, Any, None]]:
-    """The named root coroutines of cluster mode (not started)."""
+def cluster_tasks(c: ClusterDeps) -> dict[str, Callable[[], Coroutine[Any, Any, None]]]:
+    """The named root tasks of cluster mode, as functions that start them: every one
+    writes to the apiserver or consumes the `events` group, so only the lease holder may
+    run them, and a standby never even creates their coroutines (app.py)."""
     return {
-        "node-status": c.node_status.run(),
-        "node-lease": c.lease.run(),
-        "pod-status": c.pods.run(),
-        "events": c.events.run(),
+        "node-status": c.node_status.run,
+        "node-lease": c.lease.run,
+        "pod-status": c.pods.run,
+        "events": c.events.run,
     }
 
 
@@ -206,9 +207,11 @@ def build_cluster(
     *,
     view: PodView,
     bus: Callable[[], NodeBus],
+    consumer: str,
     overrides: ClusterOverrides | None = None,
 ) -> ClusterDeps:
-    """Build cluster mode's managers; `bus()` gives the node's tables when not overridden."""
+    """Build cluster mode's managers; `bus()` gives the node's tables when not overridden.
+    `consumer` names this process in the `events` consumer group (unique per process)."""
     o = overrides or ClusterOverrides()
     closers: list[Callable[[], Awaitable[None]]] = []
 
@@ -283,7 +286,7 @@ def build_cluster(
         api=KubeApi(kube, retry=NO_RETRY),
         node_name=klet.node_name,
         mirror_uid=pods.mirror_uid,
-        consumer=socket.gethostname(),
+        consumer=consumer,
         policy=o.event_policy
         or EventPolicy(qps=float(kubelet.event_record_qps), burst=kubelet.event_burst),
     )

@@ -1,10 +1,14 @@
 """Posts the bus's EventRecords to the apiserver as core/v1 Events (the manager around
 `events.py`).
 
-The `events` stream is consumed in the consumer group "status-reporter" (pending
-entries of a dead consumer are claimed on start and every few minutes, and dead
-consumers removed from the group, as the pod view does); an entry is
-acknowledged once its Event exists, or once it is given up on:
+The `events` stream is consumed in the consumer group "status-reporter", by the lease
+holder only (see app.py), under a consumer name of its own process (its lease holder
+ID). Its first takeover, when it is elected, claims every pending entry whatever its
+idle time: only a leader consumes, so whatever is pending was read by a previous leader
+that is gone (dead, or stepped down) and may never be posted otherwise. Later takeovers
+(every few minutes) claim entries idle for `claim_idle_ms`, and dead consumers are
+removed from the group each time. An entry is acknowledged once its Event exists, or
+once it is given up on:
 
 - a malformed entry is logged and acknowledged (reading it again would never help);
 - an Event the apiserver refuses (Invalid, Forbidden, ...) is logged and dropped;
@@ -12,8 +16,11 @@ acknowledged once its Event exists, or once it is given up on:
   recorder gives up after 12), the outage logged once, so a short outage loses nothing
   and a long one does not hold the stream forever.
 
-Redelivery after a crash is harmless: the Event name derives from the record's time,
-so creating it again answers AlreadyExists, which counts as done.
+Redelivery after a crash or a handover is harmless for a new Event: its name derives
+from the record's time, so creating it again answers AlreadyExists, which counts as
+done. The aggregation memory is per process, as upstream's correlator: an entry the
+old leader had already counted into an existing Event (a PATCH) and not yet
+acknowledged when it died becomes an Event of its own when redelivered.
 
 A static pod's events are posted against its mirror pod (`mirror_uid`), as the
 apiserver knows no object with the static pod's UID; before a mirror exists they keep
@@ -62,6 +69,8 @@ class EventPolicy:
     read_count: int = 100
     read_block_ms: int = 1000
     claim_idle_ms: int = 30_000
+    """Pending entries idle this long are claimed by the periodic takeovers (the first
+    one, at election, claims them all)."""
     reclaim_interval_s: float = 300.0
     """Seconds between takeovers of a dead consumer's entries after the first; dead
     consumers are removed from the group at the same time (`Stream.claim_stale`)."""
@@ -91,6 +100,7 @@ class EventSink:
         self._aggregator = events.Aggregator(window_s=policy.window_s)
         self._bucket = TokenBucket(policy.qps, policy.burst, now=monotonic())
         self._group_ready = False
+        self._taken_over = False  # the takeover at election is done
         self._reclaim_at = 0.0  # monotonic time of the next stale-entry takeover
         self._once = OnceLogger(log, level=logging.WARNING)
         self.posted = 0
@@ -175,8 +185,11 @@ class EventSink:
             if not self._group_ready:
                 await self._feed.ensure_group(GROUP)
             stale = await self._feed.claim_stale(
-                GROUP, self._consumer, min_idle_ms=self._policy.claim_idle_ms
+                GROUP,
+                self._consumer,
+                min_idle_ms=self._policy.claim_idle_ms if self._taken_over else 0,
             )
+            self._taken_over = True
             self._group_ready = True
             self._reclaim_at = now + self._policy.reclaim_interval_s
             await self._apply(stale)

@@ -2,13 +2,14 @@
 
 A manager (state + two loops) around the pure rules in `listing.py`:
 
-- the **consumer** reads the `podstatus` stream in the consumer group "status-reporter";
-  each entry names a pod whose status changed, and the pod's current `status` and
-  `desired` entries are fetched by UID and applied. The stream is only a wake-up: the
-  tables are the truth, so an entry is acknowledged once its pod has been refreshed,
-  and a malformed entry is logged and acknowledged (re-reading it would never help).
-  Entries a dead consumer left pending are taken over at start and every
-  `reclaim_interval_s`, and dead consumers are removed from the group then;
+- the **consumer** tails the `podstatus` stream with plain XREAD, from its own cursor
+  (no consumer group): every replica sees every entry, and none takes an entry away
+  from another. Each entry names a pod whose status changed, and the pod's current
+  `status` and `desired` entries are fetched by UID and applied; the stream is only a
+  wake-up, the tables are the truth, so nothing is acknowledged and a malformed entry is
+  logged and skipped. The cursor starts at the stream's newest entry and a full reload
+  is asked for right after it was taken, so nothing published before is missed either;
+  after a bus failure the cursor is taken afresh the same way;
 - the **reloader** reads both tables in full every `reload_interval_s`. That is cheap
   (one HGETALL each, at most a few hundred pods) and is how the view catches up with
   everything the stream cannot tell it: desired pods added or removed (pod-source's
@@ -28,10 +29,8 @@ Cluster mode reads the same view (`desired_pods`, `known_pod`, `statuses`) and
 subscribes to its changes, so a new status reaches the apiserver as soon as the stream
 delivers it; subscribers must copy what they iterate across an await.
 
-With more than one replica each one reads only part of the stream (that is what a
-consumer group does), so a replica's view of the other entries lags by at most one
-reload interval. Standalone mode runs one replica; good enough until a replica needs
-exact freshness.
+Every replica of the service keeps its own complete view (see app.py): reading is not
+gated on the lease.
 """
 
 from __future__ import annotations
@@ -40,12 +39,12 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Protocol
 
-from klet.bus import BusError, Entry, GroupStream
+from klet.bus import BusError, Entry
 from klet.model.flowcontrol import BackoffPolicy, RetryDelay
 from klet.model.records import DesiredPod, PodStatusChange, PodStatusRecord
 from klet.model.types import JSON, PodUID
@@ -54,8 +53,6 @@ from klet.status_reporter import listing
 from klet.status_reporter.metrics import Metrics
 
 log = logging.getLogger(__name__)
-
-GROUP = "status-reporter"
 
 
 class DesiredTable(Protocol):
@@ -74,8 +71,14 @@ class StatusTable(Protocol):
     async def all(self) -> dict[str, PodStatusRecord]: ...
 
 
-StatusFeed = GroupStream[PodStatusChange]
-"""The `podstatus` stream, consumed in a consumer group."""
+class StatusFeed(Protocol):
+    """The `podstatus` stream, read without a consumer group (`klet.bus.Stream`)."""
+
+    async def last_id(self) -> str: ...
+
+    async def tail(
+        self, after: str, *, count: int, block_ms: int
+    ) -> Sequence[Entry[PodStatusChange]]: ...
 
 
 @dataclass(frozen=True)
@@ -88,11 +91,6 @@ class CachePolicy:
     """Stream entries read per call."""
     read_block_ms: int = 1000
     """How long one stream read waits for new entries, in milliseconds."""
-    claim_idle_ms: int = 30_000
-    """Pending entries idle this long (a consumer died before acking) are taken over."""
-    reclaim_interval_s: float = 300.0
-    """Seconds between takeovers after the first: a replica that died since is
-    reclaimed, and dead consumers are removed from the group (`Stream.claim_stale`)."""
     backoff_initial_s: float = 0.2
     """First retry delay after a bus failure, doubled per failure."""
     backoff_max_s: float = 5.0
@@ -103,7 +101,6 @@ class CachePolicy:
     def __post_init__(self) -> None:
         for name in (
             "reload_interval_s",
-            "reclaim_interval_s",
             "backoff_initial_s",
             "backoff_max_s",
             "stale_after_s",
@@ -111,7 +108,7 @@ class CachePolicy:
             value = getattr(self, name)
             if value < 0:
                 raise ValueError(f"CachePolicy.{name}: must be >= 0, got {value!r}")
-        for name in ("read_count", "read_block_ms", "claim_idle_ms"):
+        for name in ("read_count", "read_block_ms"):
             value = getattr(self, name)
             if value < (1 if name == "read_count" else 0):
                 raise ValueError(f"CachePolicy.{name}: out of range: {value!r}")
@@ -130,7 +127,6 @@ class PodCache:
         desired: DesiredTable,
         status: StatusTable,
         feed: StatusFeed,
-        consumer: str,
         metrics: Metrics,
         policy: CachePolicy = CachePolicy(),
         clock: Callable[[], float] = time.monotonic,
@@ -138,7 +134,6 @@ class PodCache:
         self._desired_table = desired
         self._status_table = status
         self._feed = feed
-        self._consumer = consumer
         self._metrics = metrics
         self._policy = policy
         self._clock = clock
@@ -151,8 +146,7 @@ class PodCache:
         self._last_reload: float | None = None
         self._outage: str | None = None
         self._once = OnceLogger(log, level=logging.WARNING)
-        self._group_ready = False
-        self._reclaim_at = 0.0  # clock time of the next stale-entry takeover
+        self._cursor: str | None = None  # id of the last stream entry seen; None: take one
         self._wake = asyncio.Event()
         self._listeners: list[Callable[[], None]] = []
         self.loaded = asyncio.Event()
@@ -226,26 +220,20 @@ class PodCache:
     async def consume_once(self) -> int:
         """Read one batch from the stream (blocking up to read_block_ms) and apply it.
 
-        Returns the number of entries handled. Raises BusError, leaving the batch
-        unacknowledged (it is taken over again later, and the reload covers it anyway).
+        Returns the number of entries handled. Raises BusError; the next call then takes
+        a fresh cursor (the reload it asks for covers what was missed meanwhile).
         """
-        now = self._clock()
-        if not self._group_ready or now >= self._reclaim_at:
-            if not self._group_ready:
-                await self._feed.ensure_group(GROUP)
-            stale = await self._feed.claim_stale(
-                GROUP, self._consumer, min_idle_ms=self._policy.claim_idle_ms
-            )
-            self._group_ready = True
-            self._reclaim_at = now + self._policy.reclaim_interval_s
-            await self._apply(stale)
-        entries = await self._feed.read(
-            GROUP,
-            self._consumer,
-            count=self._policy.read_count,
-            block_ms=self._policy.read_block_ms,
+        if self._cursor is None:
+            self._cursor = await self._feed.last_id()
+            # Anything published before the cursor is in the tables: reload them now
+            # rather than at the next interval.
+            self._wake.set()
+        entries = await self._feed.tail(
+            self._cursor, count=self._policy.read_count, block_ms=self._policy.read_block_ms
         )
-        await self._apply(entries)
+        for entry in entries:
+            self._cursor = entry.id
+            await self._apply(entry)
         return len(entries)
 
     async def refresh_pod(self, uid: PodUID) -> None:
@@ -282,8 +270,8 @@ class PodCache:
             try:
                 await self.consume_once()
             except BusError as err:
-                # The group may be gone with the data (restart, flush): set it up again.
-                self._group_ready = False
+                # The stream may be gone with the data (restart, flush): start afresh.
+                self._cursor = None
                 self._bus_failed("stream", err)
                 await asyncio.sleep(backoff.next())
                 continue
@@ -294,6 +282,9 @@ class PodCache:
         """Reload both tables every reload_interval_s until cancelled."""
         backoff = RetryDelay(self._policy.backoff)
         while True:
+            # Cleared before the reload: a wake-up asked for while it runs (a new
+            # stream cursor, the bus back) may need a newer snapshot, so it is kept.
+            self._wake.clear()
             try:
                 await self.reload()
             except BusError as err:
@@ -303,7 +294,6 @@ class PodCache:
                 backoff.reset()
                 self._bus_ok()
                 delay = self._policy.reload_interval_s
-            self._wake.clear()
             # asyncio.timeout, not wait_for: on 3.11 wait_for can swallow a cancellation
             # that races with the event being set, and the task would never stop.
             with contextlib.suppress(TimeoutError):
@@ -312,19 +302,14 @@ class PodCache:
 
     # -- internals ------------------------------------------------------------------------
 
-    async def _apply(self, entries: Iterable[Entry[PodStatusChange]]) -> None:
-        done: list[str] = []
-        for entry in entries:
-            if entry.record is None:
-                log.error(
-                    "bad podstatus entry, acknowledging without applying",
-                    extra={"entry": entry.id, "error": entry.error},
-                )
-            else:
-                await self.refresh_pod(entry.record.uid)
-            done.append(entry.id)
-        if done:
-            await self._feed.ack(GROUP, *done)
+    async def _apply(self, entry: Entry[PodStatusChange]) -> None:
+        if entry.record is None:
+            log.error(
+                "bad podstatus entry, skipped",
+                extra={"entry": entry.id, "error": entry.error},
+            )
+            return
+        await self.refresh_pod(entry.record.uid)
 
     def _set_desired(self, desired: dict[PodUID, JSON]) -> None:
         """Replace the desired pods, remembering the spec of those that left."""

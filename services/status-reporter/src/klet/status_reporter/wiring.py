@@ -8,6 +8,12 @@ metrics registry so tests never share metric state.
 Settings are read through `ServiceSettings`, a protocol of just the fields this service
 uses, so the wiring does not depend on the rest of the settings tree.
 
+Every replica gets the "status-reporter" bus lease (`Deps.lease`, held under a holder ID
+of its own, `klet.bus.holder`); the app runs the writers only while it holds it. The
+bus is fenced by that lease, so a write from a replica that does not hold it is refused
+by Redis, whatever the code above it does. `Overrides.bus` puts the whole service on a
+`klet.bus.testing.FakeBus`.
+
 With a kubeconfig (`klet.kubeconfig` set) `Deps.cluster` holds the cluster-mode managers
 (`cluster.py`); without one it is None and nothing of cluster mode is built, so
 standalone behaviour does not change. `Overrides.cluster` builds cluster mode over
@@ -16,20 +22,20 @@ fakes even without a kubeconfig (tests).
 
 from __future__ import annotations
 
+import asyncio
 import logging
-import socket
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
-from klet.bus import Bus, BusAuth, NodeBus
+from klet.bus import Bus, BusAuth, Lease, NodeBus, service_lease
 from klet.config import Settings
 from klet.cri import RuntimeClient, cri_settings
 from klet.kube import KubeClient, kube_settings
 from klet.model.layout import DEFAULT_SERVICE_PORTS, resolve_service_port
-from klet.obs import ServicePort, new_registry
+from klet.obs import ServicePort, leader_metric, new_registry
 from klet.status_reporter.cluster import (
     ClusterDeps,
     ClusterKlet,
@@ -49,6 +55,10 @@ from klet.status_reporter.podcache import (
 from prometheus_client import CollectorRegistry
 
 SERVICE = "status-reporter"
+
+LEASE_TTL_MS = 15_000
+"""The bus lease's TTL: a dead leader's writers are taken over within it (at once when
+the dead leader's slot is reused, see klet.bus.holder), as for the other services."""
 
 DEFAULT_SERVICE_PORT = DEFAULT_SERVICE_PORTS[SERVICE]
 """The private /healthz /readyz /metrics port when `service_port` is None (not given).
@@ -92,7 +102,7 @@ class KletSettings(ClusterKlet, Protocol):
     def service_port_file(self) -> Path | None: ...  # for `klet healthcheck`; None = none
 
     @property
-    def run_dir(self) -> Path: ...  # the service port's port file: <run-dir>/ports/
+    def run_dir(self) -> Path: ...  # <run-dir>/ports/ (port file), <run-dir>/leases/ (slot)
 
     @property
     def service_bind_address(self) -> str: ...
@@ -123,13 +133,18 @@ class Listener:
 class Overrides:
     """Replacements for production dependencies (tests); None keeps the default."""
 
+    bus: Bus | None = None
+    """The node's bus (e.g. `klet.bus.testing.FakeBus`): tables, streams and the lease."""
     desired: DesiredTable | None = None
     status: StatusTable | None = None
     feed: StatusFeed | None = None
     registry: CollectorRegistry | None = None
     policy: CachePolicy | None = None
     clock: Callable[[], float] | None = None
-    consumer: str | None = None
+    lease_holder: str | None = None
+    """The lease holder ID; default: a fresh one from this process's replica slot."""
+    lease_ttl_ms: int | None = None
+    """The lease TTL; default LEASE_TTL_MS (tests shorten it to watch a handover)."""
     cluster: ClusterOverrides | None = None
     """Build cluster mode over these (even without a kubeconfig)."""
 
@@ -143,6 +158,8 @@ class Deps:
     """Everything the status-reporter's root tasks and HTTP apps use."""
 
     pods: PodCache
+    lease: Lease
+    """The "status-reporter" bus lease; only its holder runs the cluster-mode writers."""
     registry: CollectorRegistry
     metrics: Metrics
     healthz: Listener | None
@@ -157,6 +174,9 @@ class Deps:
     """Cluster mode's managers; None when standalone."""
     kubelet_api: KubeletApiDeps | None = None
     """The kubelet API on --port; None when enableServer is off or it cannot authorize."""
+    elected: asyncio.Event = field(default_factory=asyncio.Event)
+    """Set once this replica holds the lease (by `klet.bus.leader.hold`); never cleared:
+    losing the lease ends the process."""
 
 
 def build_deps(settings: ServiceSettings, *, overrides: Overrides | None = None) -> Deps:
@@ -167,10 +187,20 @@ def build_deps(settings: ServiceSettings, *, overrides: Overrides | None = None)
     buses: list[Bus] = []
 
     def node_bus() -> NodeBus:
-        # One connection pool for every table and stream, made on first need.
+        # One connection pool for every table, stream and the lease, made on first need.
+        if o.bus is not None:
+            return NodeBus.of(o.bus)
         if not buses:
             buses.append(Bus.from_url(klet.redis_url, klet.node_name, auth=klet.redis_auth))
         return NodeBus.of(buses[0])
+
+    bus = node_bus().bus
+    ttl_ms = o.lease_ttl_ms or LEASE_TTL_MS
+    lease = (
+        bus.lease(SERVICE, o.lease_holder, ttl_ms=ttl_ms)
+        if o.lease_holder
+        else service_lease(bus, SERVICE, Path(klet.run_dir), ttl_ms=ttl_ms)
+    )
 
     desired, status, feed = o.desired, o.status, o.feed
     if desired is None or status is None or feed is None:
@@ -187,8 +217,6 @@ def build_deps(settings: ServiceSettings, *, overrides: Overrides | None = None)
         desired=desired,
         status=status,
         feed=feed,
-        # Stable across restarts of one replica, distinct between replicas on other hosts.
-        consumer=o.consumer or socket.gethostname(),
         metrics=metrics,
         policy=o.policy or CachePolicy(),
         clock=clock,
@@ -196,7 +224,16 @@ def build_deps(settings: ServiceSettings, *, overrides: Overrides | None = None)
     cluster: ClusterDeps | None = None
     # getattr: standalone settings trees built by hand (older tests) have no kubeconfig.
     if getattr(klet, "kubeconfig", None) is not None or o.cluster is not None:
-        cluster = build_cluster(kubelet, klet, view=pods, bus=node_bus, overrides=o.cluster)
+        cluster = build_cluster(
+            kubelet,
+            klet,
+            view=pods,
+            bus=node_bus,
+            # Its own consumer in the events group: a dead leader's pending entries are
+            # then another consumer's, which the new leader claims at election.
+            consumer=lease.holder,
+            overrides=o.cluster,
+        )
 
     kubelet_api, api_closers = _kubelet_api(settings, pods=pods, registry=registry)
 
@@ -208,8 +245,12 @@ def build_deps(settings: ServiceSettings, *, overrides: Overrides | None = None)
         for bus in buses:
             await bus.close()
 
+    elected = asyncio.Event()
+    leader_metric(registry, service=SERVICE, leading=elected.is_set)
     return Deps(
         pods=pods,
+        lease=lease,
+        elected=elected,
         registry=registry,
         metrics=metrics,
         healthz=(

@@ -429,13 +429,16 @@ async def serve_kubelet_api(
     ready: asyncio.Event | None = None,
     on_listening: Callable[[str, int], None] | None = None,
     tls: ServingTLS | None = None,
+    reuse_port: bool = False,
 ) -> None:
     """Serve the kubelet API on settings.address:port until cancelled.
 
     Raises OSError when the port cannot be bound or the certificate files cannot be
     read, ValueError for a bad TLS or authorization setting. `on_listening(host, port)`
     gets the bound address (port 0 in tests) before `ready` is set. `tls` replaces the
-    `ServingTLS` built from the settings (tests inject one with a clock).
+    `ServingTLS` built from the settings (tests inject one with a clock). `reuse_port`
+    sets SO_REUSEPORT, so every replica of the service listens on the same port and the
+    kernel spreads connections over them (see klet.obs.serve_http).
     """
     s = deps.settings
     serving_tls = tls if tls is not None else ServingTLS(tls_settings(s))
@@ -481,6 +484,7 @@ async def serve_kubelet_api(
             lambda: _PausedProtocol(asyncio.StreamReader(limit=READ_SIZE), handle),
             s.address,
             s.port,
+            reuse_port=reuse_port or None,
         )
     except OSError as err:
         raise OSError(
