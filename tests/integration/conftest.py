@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 from klet.cri import CRISettings, RuntimeClient
 from klet.cri import labels as L
+from klet.cri.errors import CRIError
 from klet.devstack import DevStack
 
 from tests.harness.node import KletNode
@@ -23,13 +24,24 @@ from tests.harness.node import KletNode
 _seq = itertools.count(1)
 
 
-async def remove_node_pods(endpoint: str, node_name: str) -> None:
+async def remove_node_pods(endpoint: str, node_name: str, *, attempts: int = 3) -> None:
+    """Stop and remove every sandbox of `node_name`'s pods. A stop can fail when the
+    runtime loses a container's shim under load ("ttrpc: closed"); containerd notices
+    the shim is gone within a second, so the clean-up tries each sandbox again."""
     cri = RuntimeClient(CRISettings(runtime_endpoint=endpoint, timeout_s=30))
     try:
         for s in await cri.list_pod_sandboxes():
-            if s.labels.get(L.POD_NAME, "").endswith(f"-{node_name}"):
-                await cri.stop_pod_sandbox(s.id)
-                await cri.remove_pod_sandbox(s.id)
+            if not s.labels.get(L.POD_NAME, "").endswith(f"-{node_name}"):
+                continue
+            for attempt in range(1, attempts + 1):
+                try:
+                    await cri.stop_pod_sandbox(s.id)
+                    await cri.remove_pod_sandbox(s.id)
+                    break
+                except CRIError:
+                    if attempt == attempts:
+                        raise
+                    await asyncio.sleep(1.0)
     finally:
         await cri.close()
 
