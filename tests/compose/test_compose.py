@@ -405,7 +405,8 @@ def deployment(
             "KLET_BUS_DIR": str(tmp / "bus"),
             "KLET_CGROUP_ROOT": "/sys/fs/cgroup",
             "KLET_RESOLV_CONF": "/etc/resolv.conf",
-            **{f"KLET_{s.upper().replace('-', '_')}_PORT": str(free_port()) for s in SERVICES},
+            # Each replica's private port is picked by the kernel (the compose default).
+            **{f"KLET_{s.upper().replace('-', '_')}_PORT": "0" for s in SERVICES},
             "KLET_STOP_GRACE_PERIOD": "30s",
             "KLET_LOG_FORMAT": "text",
         }
