@@ -23,6 +23,7 @@ import pytest
 from klet.devstack import ManagedProcess, RedisServer
 from klet.portfiles import PortRecord, live_replicas, read_port_file
 
+from tests.harness.node import fetch, sample_value
 from tests.harness.waiting import wait_for
 
 NODE = "ports-node"
@@ -48,6 +49,12 @@ def status(record: PortRecord, path: str) -> int:
             return int(r.status)
     except urllib.error.HTTPError as err:
         return err.code
+
+
+def leading(record: PortRecord) -> float | None:
+    """This replica's `klet_leader` gauge."""
+    page = fetch(f"http://127.0.0.1:{record.port}/metrics", timeout_s=5)
+    return sample_value(page, "klet_leader", service=SERVICE)
 
 
 class Replica:
@@ -127,6 +134,8 @@ def test_two_replicas_serve_publish_and_check_their_own_ports(
         what="one ready replica, one standby",
     )
     assert [status(x, "/healthz") for x in (a, b)] == [200, 200]
+    # klet_leader tells the two apart as /readyz does.
+    assert sorted(leading(x) for x in (a, b)) == [0.0, 1.0]
 
     # The leader crashes: no clean exit, both of its files stay behind.
     leader_index = 0 if status(a, "/readyz") == 200 else 1
@@ -145,6 +154,7 @@ def test_two_replicas_serve_publish_and_check_their_own_ports(
     ]
     # Once the dead leader's lease expires the standby takes over: now it is ready.
     wait_for(lambda: status(alive, "/readyz") == 200, timeout_s=60, what="the standby taking over")
+    assert leading(alive) == 1.0
     assert healthcheck(survivor.port_file).returncode == 0, survivor.log()
 
     # A clean stop takes its files with it.

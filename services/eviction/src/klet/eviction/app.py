@@ -15,13 +15,14 @@ import logging
 
 from klet.bus.leader import hold, release_quietly
 from klet.eviction.wiring import Deps
-from klet.obs import create_health_app, run_supervised, serve_service_port
+from klet.obs import create_health_app, leader_metric, run_supervised, serve_service_port
 
 log = logging.getLogger(__name__)
 
 
 async def main(deps: Deps) -> int:
     elected = asyncio.Event()
+    leader_metric(deps.registry, service="eviction", leading=elected.is_set)
 
     async def monitor() -> None:
         await elected.wait()

@@ -19,7 +19,13 @@ from typing import Any
 
 from klet.bus.leader import hold, release_quietly
 from klet.image_gc.wiring import Deps
-from klet.obs import OnceLogger, create_health_app, run_supervised, serve_service_port
+from klet.obs import (
+    OnceLogger,
+    create_health_app,
+    leader_metric,
+    run_supervised,
+    serve_service_port,
+)
 from klet.rpc.gc import serve_garbage_collector
 
 log = logging.getLogger(__name__)
@@ -41,6 +47,7 @@ async def every(
 
 async def main(deps: Deps) -> int:
     elected = asyncio.Event()
+    leader_metric(deps.registry, service="image-gc", leading=elected.is_set)
     serving = asyncio.Event()
     errors = OnceLogger(log, level=logging.WARNING)
     detected_at = 0.0

@@ -29,7 +29,13 @@ from collections.abc import Coroutine
 from typing import Any
 
 from klet.bus.leader import hold, release_quietly
-from klet.obs import RootTaskFailed, create_health_app, run_supervised, serve_service_port
+from klet.obs import (
+    RootTaskFailed,
+    create_health_app,
+    leader_metric,
+    run_supervised,
+    serve_service_port,
+)
 from klet.pod_source.wiring import Deps
 
 log = logging.getLogger(__name__)
@@ -42,6 +48,7 @@ PUBLISHER_STALL_S = 120.0
 def root_tasks(deps: Deps) -> dict[str, Coroutine[Any, Any, None]]:
     """The named root coroutines for `deps` (not started)."""
     publisher = deps.publisher
+    leader_metric(deps.registry, service="pod-source", leading=publisher.elected.is_set)
 
     def publisher_alive() -> bool:
         return time.monotonic() - publisher.last_run < PUBLISHER_STALL_S

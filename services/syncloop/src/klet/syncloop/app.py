@@ -16,7 +16,7 @@ from typing import Any
 from klet.bus import BusError
 from klet.bus.leader import hold, release_quietly
 from klet.model.records import NodeConditionRecord
-from klet.obs import create_health_app, run_supervised, serve_service_port
+from klet.obs import create_health_app, leader_metric, run_supervised, serve_service_port
 from klet.rpc.podcontrol import serve_pod_control
 from klet.syncloop.containers.logmanager import ContainerLogManager, LogManagerSettings
 from klet.syncloop.pods.intake import BusIntake
@@ -84,6 +84,7 @@ async def main(deps: Deps) -> int:
             controller.workers.wake_all()
 
     elected = asyncio.Event()
+    leader_metric(deps.registry, service="syncloop", leading=elected.is_set)
 
     async def gated(name: str, work: Callable[[], Coroutine[Any, Any, None]]) -> None:
         await elected.wait()
