@@ -14,12 +14,29 @@ from __future__ import annotations
 import asyncio
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
+from klet.model.layout import resolve_service_port
 from klet.obs.health import serve_http
 from klet.portfiles import PortFiles
 
 __all__ = ["ServicePort", "serve_service_port"]
+
+
+class ServicePortSettings(Protocol):
+    """The klet-only settings a service's private port comes from."""
+
+    @property
+    def service_bind_address(self) -> str: ...  # --service-bind-address
+
+    @property
+    def service_port(self) -> int | None: ...  # --service-port; None = the default
+
+    @property
+    def run_dir(self) -> Path: ...  # --run-dir
+
+    @property
+    def service_port_file(self) -> Path | None: ...  # --service-port-file
 
 
 @dataclass(frozen=True)
@@ -31,6 +48,17 @@ class ServicePort:
     port: int  # --service-port resolved (klet.model.layout.resolve_service_port); 0 = any free
     run_dir: Path | None = None  # publishes under <run-dir>/ports/<service>/; None = nowhere
     port_file: Path | None = None  # --service-port-file, for `klet healthcheck`; None = none
+
+    @classmethod
+    def of(cls, service: str, klet: ServicePortSettings) -> ServicePort:
+        """`service`'s private port as the settings say, published under the run dir."""
+        return cls(
+            service,
+            klet.service_bind_address,
+            resolve_service_port(service, klet.service_port),
+            run_dir=Path(klet.run_dir),
+            port_file=klet.service_port_file,
+        )
 
 
 async def serve_service_port(

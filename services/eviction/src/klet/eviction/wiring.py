@@ -24,7 +24,7 @@ from klet.eviction.manager import BusPods, EvictionManager, ManagerSettings
 from klet.eviction.manager import Deps as ManagerDeps
 from klet.eviction.metrics import Metrics, create_metrics
 from klet.eviction.thresholds import parse_eviction_config
-from klet.model.layout import IMAGE_GC, SYNCLOOP, grpc_socket, resolve_service_port
+from klet.model.layout import IMAGE_GC, SYNCLOOP, grpc_socket
 from klet.obs import ServicePort
 from klet.rpc.gc import GarbageCollectorClient
 from klet.rpc.podcontrol import PodControlClient
@@ -126,13 +126,7 @@ def build_deps(settings: Settings, overrides: Overrides | None = None) -> Deps:
         manager=manager,
         registry=registry,
         metrics=metrics,
-        service_port=ServicePort(
-            "eviction",
-            settings.klet.service_bind_address,
-            resolve_service_port("eviction", settings.klet.service_port),
-            run_dir=run_dir,
-            port_file=settings.klet.service_port_file,
-        ),
+        service_port=ServicePort.of("eviction", settings.klet),
         # A holder ID of its own; a restart takes over its dead predecessor's lease
         # at once (klet.bus.holder).
         lease=(

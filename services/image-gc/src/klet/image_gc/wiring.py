@@ -25,7 +25,7 @@ from klet.image_gc.imageselect import ImageGCPolicy
 from klet.image_gc.imagestore import BusImageUseStore
 from klet.image_gc.metrics import Metrics, create_metrics
 from klet.image_gc.podsources import BusPods
-from klet.model.layout import IMAGE_GC, grpc_socket, resolve_service_port
+from klet.model.layout import IMAGE_GC, grpc_socket
 from klet.obs import ServicePort
 from prometheus_client import CollectorRegistry
 
@@ -144,13 +144,7 @@ def build_deps(settings: Settings, overrides: Overrides | None = None) -> Deps:
         registry=registry,
         metrics=metrics,
         socket_path=grpc_socket(run_dir, IMAGE_GC),
-        service_port=ServicePort(
-            IMAGE_GC,
-            settings.klet.service_bind_address,
-            resolve_service_port(IMAGE_GC, settings.klet.service_port),
-            run_dir=run_dir,
-            port_file=settings.klet.service_port_file,
-        ),
+        service_port=ServicePort.of(IMAGE_GC, settings.klet),
         # A holder ID of its own; a restart takes over its dead predecessor's lease
         # at once (klet.bus.holder).
         lease=(

@@ -21,7 +21,6 @@ from typing import Protocol
 
 from klet.bus import Bus, BusAuth, Lease, NodeBus, service_lease
 from klet.kube import KubeClient, kube_settings
-from klet.model.layout import resolve_service_port
 from klet.model.records import SourceName
 from klet.obs import ServicePort, new_registry
 from klet.pod_source.inbox import Inbox
@@ -222,11 +221,5 @@ def build_deps(settings: ServiceSettings, overrides: Overrides | None = None) ->
         sources=tuple(sources),
         registry=registry,
         metrics=metrics,
-        service=ServicePort(
-            SERVICE,
-            klet.service_bind_address,
-            resolve_service_port(SERVICE, klet.service_port),
-            run_dir=klet.run_dir,
-            port_file=klet.service_port_file,
-        ),
+        service=ServicePort.of(SERVICE, klet),
     )

@@ -34,7 +34,7 @@ from klet.bus import Bus, BusAuth, Lease, NodeBus, service_lease
 from klet.config import Settings
 from klet.cri import RuntimeClient, cri_settings
 from klet.kube import KubeClient, kube_settings
-from klet.model.layout import DEFAULT_SERVICE_PORTS, resolve_service_port
+from klet.model.layout import DEFAULT_SERVICE_PORTS
 from klet.obs import ServicePort, leader_metric, new_registry
 from klet.status_reporter.cluster import (
     ClusterDeps,
@@ -261,13 +261,7 @@ def build_deps(settings: ServiceSettings, *, overrides: Overrides | None = None)
         read_only=(
             Listener(kubelet.address, kubelet.read_only_port) if kubelet.read_only_port else None
         ),
-        service=ServicePort(
-            SERVICE,
-            klet.service_bind_address,
-            resolve_service_port(SERVICE, klet.service_port),
-            run_dir=klet.run_dir,
-            port_file=klet.service_port_file,
-        ),
+        service=ServicePort.of(SERVICE, klet),
         close=close,
         cluster=cluster,
         kubelet_api=kubelet_api,

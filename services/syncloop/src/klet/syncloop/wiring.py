@@ -26,7 +26,7 @@ from klet.config import Settings
 from klet.cri import RuntimeClient, cri_settings
 from klet.kube import KubeClient, kube_settings
 from klet.model.flowcontrol import Backoff, TokenBucket
-from klet.model.layout import SYNCLOOP, grpc_socket, resolve_service_port
+from klet.model.layout import SYNCLOOP, grpc_socket
 from klet.model.node import allocatable_amounts, node_labels, storage_aware_eviction_hard
 from klet.obs import ServicePort
 from klet.syncloop.admission.admit import AdmissionLedger, NodeInfo
@@ -282,13 +282,7 @@ def build_deps(settings: Settings, overrides: Overrides | None = None) -> Deps:
         registry=registry,
         metrics=metrics,
         socket_path=grpc_socket(run_dir, SYNCLOOP),
-        service_port=ServicePort(
-            SYNCLOOP,
-            settings.klet.service_bind_address,
-            resolve_service_port(SYNCLOOP, settings.klet.service_port),
-            run_dir=run_dir,
-            port_file=settings.klet.service_port_file,
-        ),
+        service_port=ServicePort.of(SYNCLOOP, settings.klet),
         consumer=o.consumer or f"{socket.gethostname()}-{os.getpid()}",
         # A holder ID of its own; a restart takes over its dead predecessor's lease
         # at once (klet.bus.holder).
