@@ -1,11 +1,12 @@
 """docker-compose.yml and .env.example agree: the five services run `klet run <service>`
 from one shared block (host network and PID namespace, privileged, no init (docker
-ignores it in the host's PID namespace), restart policy, stop grace period, the same flags and mounts, a health check through `klet
-healthcheck`), each with its own Redis user and password file; the Redis has no network
-and no persistence; every variable the compose file reads is documented in
-.env.example with the same default; the default image tags are this version's;
-replicas of a service take any free port (0, overridable per service) and each keeps
-its port file for its health check outside the shared bind mounts."""
+ignores it in the host's PID namespace), restart policy, stop grace period, the same
+flags and mounts, a health check through `klet healthcheck`), each with its own Redis
+user and password file; the Redis has no network and no persistence; every variable the
+compose file reads is documented in .env.example with the same default; the default
+image tags are this version's; replicas of a service take any free port (0, overridable
+per service) and each keeps its port file for its health check outside the shared bind
+mounts."""
 
 from __future__ import annotations
 
