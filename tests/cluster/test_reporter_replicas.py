@@ -278,6 +278,9 @@ async def test_only_the_leader_writes_and_a_killed_leader_is_replaced_without_fl
         assert proxies["b"].connections == 0
 
         watcher = asyncio.create_task(watch_ready())
+        # Heartbeat times have whole seconds: b's first report may fall in the second of
+        # the kill, so "reported since" means a heartbeat other than a's last one.
+        last_heartbeat = ready_condition(await ready_node() or node).get("lastHeartbeatTime")
         killed_at = time.time()
         procs["a"].kill()
         await eventually(
@@ -291,13 +294,13 @@ async def test_only_the_leader_writes_and_a_killed_leader_is_replaced_without_fl
         assert took_over_by_slot == (run_dirs == "shared")
         await eventually(lambda: lease_renewed_after(killed_at), what="b renewing", timeout_s=30)
 
-        async def reported_after(t: float) -> JSON | None:
+        async def reported_again() -> JSON | None:
             obj = await get(cp, "node", name)
             heartbeat = obj and ready_condition(obj).get("lastHeartbeatTime")
-            return obj if heartbeat and stamp(heartbeat) > t else None
+            return obj if heartbeat and heartbeat != last_heartbeat else None
 
         node = await eventually(
-            lambda: reported_after(killed_at), what="b reporting node status", timeout_s=30
+            reported_again, what="b reporting node status", timeout_s=30
         )
         assert proxies["b"].connections > 0
         watching = False
