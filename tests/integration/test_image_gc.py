@@ -32,7 +32,7 @@ from klet.devstack import DevStack
 from klet.devstack.images import PAUSE_IMAGE, TEST_REGISTRY_HOST, ImageSpec
 from klet.rpc.gc import CollectResult, GarbageCollectorClient
 
-from tests.harness.node import KletNode
+from tests.harness.node import KletNode, fetch, sample_value
 from tests.harness.pods import running
 from tests.harness.waiting import wait_for
 from tests.integration.conftest import remove_node_pods
@@ -202,6 +202,12 @@ def test_image_gc_on_a_small_image_filesystem(
     sock = node.dir / "run" / "grpc" / "image-gc.sock"
     wait_for(sock.exists, timeout_s=30, what="the GarbageCollector socket")
     assert stat.S_IMODE(sock.stat().st_mode) == 0o600
+    # Ready means acting: the lease held, GarbageCollector served, images detected once.
+    readyz = f"http://127.0.0.1:{node.ports['image-gc']}/readyz"
+    wait_for(lambda: fetch(readyz) == "ok", timeout_s=60, what="image-gc ready")
+    page = fetch(f"http://127.0.0.1:{node.ports['image-gc']}/metrics")
+    assert sample_value(page, "klet_leader", service="image-gc") == 1.0
+    assert (sample_value(page, "klet_image_gc_images") or 0) > 0  # the pause image at least
 
     pull(stack, *(ref(n) for n in ("never", "lru1", "lru2", "lru3", "inuse")))
     first_detection = time.monotonic()
