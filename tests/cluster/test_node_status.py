@@ -21,12 +21,12 @@ import dataclasses
 import json
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import pytest
 from klet.bus import Bus, NodeBus
@@ -47,7 +47,7 @@ from klet.status_reporter.nodestatus import KUBELET_VERSION
 from klet.status_reporter.wiring import Deps, Overrides, build_deps
 from prometheus_client import CollectorRegistry
 
-T = TypeVar("T")
+from tests.harness.clusternode import eventually, kubectl_json
 
 
 @dataclass
@@ -117,28 +117,6 @@ async def kubectl(cp: ControlPlane, *args: str, check: bool = True) -> str:
     return res.stdout
 
 
-async def get(cp: ControlPlane, *args: str) -> JSON | None:
-    res = await asyncio.to_thread(cp.kubectl, "get", *args, "-o", "json")
-    if res.returncode != 0:
-        return None
-    out: JSON = json.loads(res.stdout)
-    return out
-
-
-async def eventually(check: Callable[[], Awaitable[T | None]], *, what: str, timeout_s: float) -> T:
-    deadline = asyncio.get_running_loop().time() + timeout_s
-    last: Any = None
-    while True:
-        try:
-            result = await check()
-            if result:
-                return result
-            last = result
-        except (AssertionError, KeyError, TypeError, ValueError) as err:
-            last = err
-        if asyncio.get_running_loop().time() > deadline:
-            raise AssertionError(f"timed out after {timeout_s}s waiting for {what}; last: {last!r}")
-        await asyncio.sleep(0.25)
 
 
 def conditions(node: JSON) -> dict[str, JSON]:
@@ -151,7 +129,7 @@ def parse_time(text: str) -> float:
 
 async def ready_node(n: Node, timeout_s: float = 15.0) -> JSON:
     async def check() -> JSON | None:
-        obj = await get(n.cp, "node", n.name)
+        obj = await kubectl_json(n.cp, "node", n.name)
         if obj and conditions(obj).get("Ready", {}).get("status") == "True":
             return obj
         return None
@@ -160,7 +138,7 @@ async def ready_node(n: Node, timeout_s: float = 15.0) -> JSON:
 
 
 async def lease(n: Node) -> JSON | None:
-    return await get(n.cp, "lease", "-n", "kube-node-lease", n.name)
+    return await kubectl_json(n.cp, "lease", "-n", "kube-node-lease", n.name)
 
 
 async def write_desired(n: Node, pod: JSON, source: Any) -> None:
@@ -352,7 +330,7 @@ async def test_api_pod_status_reaches_the_apiserver_and_finished_pod_is_deleted(
     await report(node, record_for(pod, 1, pod_status("Running")))
 
     async def running() -> JSON | None:
-        obj = await get(node.cp, "pod", name)
+        obj = await kubectl_json(node.cp, "pod", name)
         return obj if obj and obj["status"].get("phase") == "Running" else None
 
     obj = await eventually(running, what="the pod status", timeout_s=15)
@@ -378,7 +356,7 @@ async def test_static_pod_is_mirrored(node: Node) -> None:
     await report(node, record_for(pod, 1, pod_status("Running", ip="127.0.0.1")))
 
     async def mirror(exclude_uid: str = "") -> JSON | None:
-        obj = await get(node.cp, "pod", name)
+        obj = await kubectl_json(node.cp, "pod", name)
         if (
             obj
             and obj["metadata"]["uid"] != exclude_uid
@@ -440,7 +418,9 @@ async def test_event_record_becomes_an_event(node: Node) -> None:
     selector = f"involvedObject.name={pod['metadata']['name']},reason=BackOff"
 
     async def counted() -> JSON | None:
-        listed = await get(node.cp, "events", "-n", "default", "--field-selector", selector)
+        listed = await kubectl_json(
+            node.cp, "events", "-n", "default", "--field-selector", selector
+        )
         items = (listed or {}).get("items") or []
         return items[0] if len(items) == 1 and items[0].get("count") == 2 else None
 
@@ -489,7 +469,7 @@ async def test_lease_and_status_resume_after_an_apiserver_outage(
         return None
 
     async def pressure_reported() -> JSON | None:
-        obj = await get(node.cp, "node", node.name)
+        obj = await kubectl_json(node.cp, "node", node.name)
         if obj and conditions(obj).get("MemoryPressure", {}).get("status") == "True":
             return obj
         return None

@@ -22,9 +22,9 @@ import os
 import sys
 import time
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 from urllib.parse import urlsplit
 
 import httpx
@@ -36,9 +36,8 @@ from klet.devstack.cluster import ControlPlane
 from klet.model.records import EventRecord, SourceState
 from klet.model.types import JSON
 
+from tests.harness.clusternode import eventually, kubectl_json
 from tests.harness.node import sample_value
-
-T = TypeVar("T")
 
 
 class CountingProxy:
@@ -147,28 +146,6 @@ def replica(
     return proc
 
 
-async def eventually(check: Callable[[], Awaitable[T | None]], *, what: str, timeout_s: float) -> T:
-    deadline = asyncio.get_running_loop().time() + timeout_s
-    last: Any = None
-    while True:
-        try:
-            result = await check()
-            if result:
-                return result
-            last = result
-        except (httpx.HTTPError, OSError, KeyError, TypeError, ValueError) as err:
-            last = err
-        if asyncio.get_running_loop().time() > deadline:
-            raise AssertionError(f"timed out after {timeout_s}s waiting for {what}; last: {last!r}")
-        await asyncio.sleep(0.25)
-
-
-async def get(cp: ControlPlane, *args: str) -> JSON | None:
-    res = await asyncio.to_thread(cp.kubectl, "get", *args, "-o", "json")
-    if res.returncode != 0:
-        return None
-    out: JSON = json.loads(res.stdout)
-    return out
 
 
 def ready_condition(node: JSON) -> JSON:
@@ -225,7 +202,7 @@ async def test_only_the_leader_writes_and_a_killed_leader_is_replaced_without_fl
 
     async def watch_ready() -> None:
         while watching:
-            obj = await get(cp, "node", name)
+            obj = await kubectl_json(cp, "node", name)
             if obj is not None:
                 ready_seen.append(ready_condition(obj)["status"])
             await asyncio.sleep(0.25)
@@ -242,7 +219,7 @@ async def test_only_the_leader_writes_and_a_killed_leader_is_replaced_without_fl
         )
 
         async def ready_node() -> JSON | None:
-            obj = await get(cp, "node", name)
+            obj = await kubectl_json(cp, "node", name)
             return obj if obj and ready_condition(obj)["status"] == "True" else None
 
         node = await eventually(ready_node, what="the Node Ready", timeout_s=30)
@@ -260,7 +237,7 @@ async def test_only_the_leader_writes_and_a_killed_leader_is_replaced_without_fl
         )
 
         async def node_events() -> list[JSON]:
-            listed = await get(
+            listed = await kubectl_json(
                 cp, "events", "-n", "default", f"--field-selector=involvedObject.name={name}"
             )
             return list((listed or {}).get("items") or [])
@@ -268,7 +245,7 @@ async def test_only_the_leader_writes_and_a_killed_leader_is_replaced_without_fl
         await eventually(lambda: _has(node_events(), "ReplicaTest"), what="the Event", timeout_s=30)
 
         async def lease_renewed_after(t: float) -> JSON | None:
-            obj = await get(cp, "lease", "-n", "kube-node-lease", name)
+            obj = await kubectl_json(cp, "lease", "-n", "kube-node-lease", name)
             return obj if obj and stamp(obj["spec"]["renewTime"]) > t else None
 
         now = time.time()
@@ -295,7 +272,7 @@ async def test_only_the_leader_writes_and_a_killed_leader_is_replaced_without_fl
         await eventually(lambda: lease_renewed_after(killed_at), what="b renewing", timeout_s=30)
 
         async def reported_again() -> JSON | None:
-            obj = await get(cp, "node", name)
+            obj = await kubectl_json(cp, "node", name)
             heartbeat = obj and ready_condition(obj).get("lastHeartbeatTime")
             return obj if heartbeat and heartbeat != last_heartbeat else None
 

@@ -9,15 +9,49 @@ object is deleted, so the next module starts clean.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
+import json
+from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any, TypeVar
 
+import httpx
 from klet.devstack import DevStack
 from klet.devstack.cluster import ControlPlane
+from klet.model.types import JSON
 
 from tests.harness.node import KletNode
 from tests.integration.conftest import remove_node_pods
+
+T = TypeVar("T")
+
+
+async def kubectl_json(cp: ControlPlane, *args: str) -> JSON | None:
+    """`kubectl get <args> -o json` as admin, parsed; None when kubectl fails (not found)."""
+    res = await asyncio.to_thread(cp.kubectl, "get", *args, "-o", "json")
+    if res.returncode != 0:
+        return None
+    out: JSON = json.loads(res.stdout)
+    return out
+
+
+async def eventually(check: Callable[[], Awaitable[T | None]], *, what: str, timeout_s: float) -> T:
+    """Await `check` every 0.25 s until it returns something truthy; an error counts as
+    "not yet" (an object not written yet, a replica not answering); fail naming `what`
+    and the last value or error."""
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    last: Any = None
+    while True:
+        try:
+            result = await check()
+            if result:
+                return result
+            last = result
+        except (AssertionError, httpx.HTTPError, OSError, KeyError, TypeError, ValueError) as err:
+            last = err
+        if asyncio.get_running_loop().time() > deadline:
+            raise AssertionError(f"timed out after {timeout_s}s waiting for {what}; last: {last!r}")
+        await asyncio.sleep(0.25)
 
 
 @contextmanager
