@@ -9,7 +9,7 @@ and the agnhost-2 link, and handles SIGTERM itself (exit code 2); nonewprivs' nn
 setuid root, so a non-root container gets euid 0 from it unless no_new_privs is set.
 
 Cost: the module fixture runs tools/e2e/build.sh for agnhost and nnp, then packs and
-pushes the images. Warm (binaries and layers cached) the module takes about 10 s. The
+pushes the images. Warm (binaries and layers cached) the module takes 4-12 s. The
 first run on a machine whose GOCACHE already holds the k8s packages (tools/cluster) added
 about 25 s (agnhost 7 s, nnp under 1 s, gzip of the layers); on empty Go caches it first
 downloads the k8s.io/kubernetes module and compiles agnhost's dependencies (minutes):

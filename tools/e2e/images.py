@@ -49,6 +49,7 @@ import yaml
 from klet.devstack.images import (
     TEST_REGISTRY_HOST,
     BuiltImage,
+    ImageError,
     ImageSpec,
     build,
     build_layer,
@@ -453,7 +454,7 @@ def main(argv: list[str] | None = None) -> int:
             push_images(images, args.registry)
         if args.repo_list:
             args.repo_list.write_text(repo_list_yaml(src.manifest(), args.host))
-    except (E2EImageError, OSError) as err:
+    except (E2EImageError, ImageError, OSError) as err:
         print(f"e2e images: {err}", file=sys.stderr)
         return 1
     for img in images:
