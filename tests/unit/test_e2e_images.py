@@ -5,7 +5,8 @@ into references; the KUBE_TEST_REPO_LIST mapping serves each public registry fro
 local host (path kept) and leaves the invalid and authenticated ones out; a table
 without one of the images this module provides, or naming an unknown registry, is
 refused; a layer tar keeps the owners and modes it is given (setuid included) with
-fixed times, parents first, and is the same bytes twice.
+fixed times, parents first, and is the same bytes twice; files are read back from a
+rootfs layer blob, and a missing one is named.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from __future__ import annotations
 import io
 import tarfile
 from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 import yaml
@@ -23,8 +25,10 @@ from tools.e2e.images import (
     dirs,
     parse_manifest,
     repo_list_yaml,
+    rootfs_files,
     tar_entries,
 )
+from tools.image.oci import compress_layer
 
 # The shape of test/utils/image/manifest.go, cut down to what the parser reads.
 MANIFEST_GO = """
@@ -123,3 +127,21 @@ def test_layer_tar_keeps_owners_and_modes_with_fixed_times() -> None:
         assert (by_name["home/user"].uid, by_name["home/user"].gid) == (1000, 1000)
         assert by_name["agnhost-2"].linkname == "agnhost"
         assert {m.mtime for m in members} == {946684800}
+
+
+def test_rootfs_files_are_read_from_a_layer_blob(tmp_path: Path) -> None:
+    raw = tar_entries(
+        [
+            *dirs(".", "./etc"),
+            Entry("./etc/passwd", data=b"root:x:0:0::/root:/bin/bash\n"),
+            Entry("./etc/group", data=b"root:x:0:\n"),
+            Entry("./etc/hostname", data=b"x\n"),
+        ]
+    )
+    layer = compress_layer([raw], tmp_path / "rootfs.tar.gz")
+    assert rootfs_files(layer, ("etc/passwd", "etc/group")) == {
+        "etc/passwd": b"root:x:0:0::/root:/bin/bash\n",
+        "etc/group": b"root:x:0:\n",
+    }
+    with pytest.raises(E2EImageError, match="no etc/shadow"):
+        rootfs_files(layer, ("etc/passwd", "etc/shadow"))

@@ -5,14 +5,17 @@ The [NodeConformance] tests pull four images: `e2e-test-images/agnhost`, `busybo
 module makes them from what is here:
 
 - **agnhost** and **nonewprivs** from their Go sources in the k8s.io/kubernetes module
-  (`tools/e2e/build.sh` compiles them static), each as one layer over a busybox base, in
-  the shape their upstream Dockerfiles give them: agnhost at `/agnhost` with the
-  `agnhost-2` link, the porter's `localhost.crt`/`localhost.key`, `/uploads`, the user
+  (`tools/e2e/build.sh` compiles them static), each as one layer over a base, in the
+  shape their upstream Dockerfiles give them: agnhost at `/agnhost` with the `agnhost-2`
+  link, the porter's `localhost.crt`/`localhost.key`, `/uploads`, the user
   `user-defined-in-image` (1000) in the group `group-defined-in-image` (50000),
   entrypoint `/agnhost` and CMD `pause`; nonewprivs' `nnp` setuid root in
-  /usr/local/bin, CMD `nnp`. Upstream's base is Alpine; here it is the dev stack's
-  busybox-static layer, so the shell and the usual applets are there, but not Alpine's
-  packages (curl, bind-tools, iproute2, iperf, bash, coredns).
+  /usr/local/bin, CMD `nnp`.
+- Upstream's bases are Alpine. agnhost's here is a Debian bookworm minbase made by
+  tools/image (mmdebstrap) with the tools the tests run in it: curl (lifecycle hooks and
+  the pod networking checks of [NodeConformance]), bash, nc, ip, iperf, ps; not Alpine's
+  bind-tools (dig drags in 35 MB of ICU for DNS tests that are not node tests) nor
+  coredns. nonewprivs needs nothing but nnp: its base is the dev stack's busybox layer.
 - **busybox** and **pause** are the dev stack's own (klet.devstack.images) pushed again
   under the names the suite asks for.
 
@@ -24,8 +27,10 @@ gcAuthenticated) as they are. The suite reads that file when its package loads, 
 must be named by the KUBE_TEST_REPO_LIST environment variable of the e2e.test process.
 
 Layers and images are built with tools/image (gzip layers, reproducible tars, OCI
-archive) and the layers are cached by content under `$KLET_CACHE/e2e/<k8s>/images`, so a
-second run only hashes the binaries and pushes nothing new.
+archive). The Debian rootfs is cached by tools/image under `$KLET_CACHE/image` (about a
+minute to make the first time), the other layers by their inputs under
+`$KLET_CACHE/e2e/<k8s>/images`, so a second run only hashes the binaries and pushes
+nothing new.
 
     python -m tools.e2e.images [--registry 127.0.0.1:PORT] [--repo-list FILE] ...
 """
@@ -41,7 +46,7 @@ import re
 import subprocess
 import sys
 import tarfile
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -57,7 +62,7 @@ from klet.devstack.images import (
     standard_images,
 )
 
-from tools.image.layers import LayerCache
+from tools.image.layers import LayerCache, Rootfs, rootfs_layer
 from tools.image.oci import (
     FIXED_MTIME,
     ImageConfig,
@@ -82,18 +87,15 @@ NOT_MIRRORED = frozenset({"invalidRegistry", "gcAuthenticatedRegistry", "private
 # The ImageIDs of manifest.go this module provides.
 PROVIDED = ("Agnhost", "BusyBox", "Nonewprivs", "Pause")
 
-# The user and group agnhost's Dockerfile adds (SupplementalGroups tests run as 1000 and
-# expect 50000 from the image's /etc/group); root and nobody as every image has them.
-AGNHOST_PASSWD = (
-    "root:x:0:0:root:/root:/bin/sh\n"
-    "nobody:x:65534:65534:nobody:/nonexistent:/bin/false\n"
-    "user-defined-in-image:x:1000:1000::/home/user-defined-in-image:/bin/sh\n"
+# What agnhost's Dockerfile installs on Alpine, by Debian's names (bash is essential).
+AGNHOST_ROOTFS = Rootfs(
+    name="agnhost", packages=("curl", "iperf", "iproute2", "netcat-openbsd", "procps")
 )
+# The user and group agnhost's Dockerfile adds, appended to the rootfs's own files
+# (SupplementalGroups tests run as 1000 and expect 50000 from the image's /etc/group).
+AGNHOST_PASSWD = "user-defined-in-image:x:1000:1000::/home/user-defined-in-image:/bin/sh\n"
 AGNHOST_GROUP = (
-    "root:x:0:\n"
-    "nobody:x:65534:\n"
-    "user-defined-in-image:x:1000:\n"
-    "group-defined-in-image:x:50000:user-defined-in-image\n"
+    "user-defined-in-image:x:1000:\ngroup-defined-in-image:x:50000:user-defined-in-image\n"
 )
 
 
@@ -234,8 +236,24 @@ def dirs(*paths: str, mode: int = 0o755) -> list[Entry]:
     return [Entry(p, tarfile.DIRTYPE, mode) for p in paths]
 
 
-def agnhost_entries(src: Sources) -> list[Entry]:
+def rootfs_files(layer: Layer, names: tuple[str, ...]) -> dict[str, bytes]:
+    """Regular files of a rootfs layer by path (`etc/passwd`), read from its blob."""
+    found: dict[str, bytes] = {}
+    with tarfile.open(layer.path, mode="r:gz") as tar:
+        for member in tar:
+            name = member.name.removeprefix("./")
+            if name in names and member.isreg():
+                data = tar.extractfile(member)
+                if data is not None:
+                    found[name] = data.read()
+            if len(found) == len(names):
+                return found
+    raise E2EImageError(f"{layer.path}: no {', '.join(sorted(set(names) - set(found)))}")
+
+
+def agnhost_entries(src: Sources, base: Layer) -> list[Entry]:
     porter = src.module_dir / "test/images/agnhost/porter"
+    etc = rootfs_files(base, ("etc/passwd", "etc/group"))
     return [
         *dirs("etc", "home", "uploads"),
         Entry("home/user-defined-in-image", tarfile.DIRTYPE, 0o755, uid=1000, gid=1000),
@@ -243,8 +261,8 @@ def agnhost_entries(src: Sources) -> list[Entry]:
         Entry("agnhost-2", tarfile.SYMTYPE, 0o777, linkname="agnhost"),
         Entry("localhost.crt", source=porter / "localhost.crt"),
         Entry("localhost.key", source=porter / "localhost.key"),
-        Entry("etc/passwd", data=AGNHOST_PASSWD.encode()),
-        Entry("etc/group", data=AGNHOST_GROUP.encode()),
+        Entry("etc/passwd", data=etc["etc/passwd"] + AGNHOST_PASSWD.encode()),
+        Entry("etc/group", data=etc["etc/group"] + AGNHOST_GROUP.encode()),
     ]
 
 
@@ -266,29 +284,23 @@ def _file_digest(path: Path) -> str:
         return hashlib.file_digest(f, "sha256").hexdigest()
 
 
-def cached_layer(cache: LayerCache, what: str, entries: list[Entry]) -> Layer:
-    """The gzip layer of `entries`, from the cache when the same content was built."""
-    content = [
-        {
-            "path": e.path,
-            "kind": e.kind.decode(),
-            "mode": e.mode,
-            "owner": [e.uid, e.gid],
-            "link": e.linkname,
-            "sha256": _file_digest(e.source)
-            if e.source is not None
-            else hashlib.sha256(e.data).hexdigest(),
-        }
-        for e in entries
-    ]
+def cached_layer(
+    cache: LayerCache,
+    what: str,
+    *,
+    inputs: Mapping[str, object],
+    entries: Callable[[], list[Entry]],
+) -> Layer:
+    """The gzip layer of `entries()`, from the cache when it was built from the same
+    `inputs` (the digests of what goes in; how it goes in is LAYOUT_VERSION's)."""
     layer, _ = cache.put(
-        _key({"kind": what, "entries": content}),
-        lambda dest: (compress_layer([tar_entries(entries)], dest), {"what": what}),
+        _key({"kind": what, **inputs}),
+        lambda dest: (compress_layer([tar_entries(entries())], dest), {"what": what}),
     )
     return layer
 
 
-def base_layer(cache: LayerCache) -> Layer:
+def busybox_layer(cache: LayerCache) -> Layer:
     """The dev stack's busybox layer (the host's busybox-static), gzipped and cached."""
     raw = build_layer(standard_images()["busybox"])
     layer, _ = cache.put(
@@ -298,9 +310,11 @@ def base_layer(cache: LayerCache) -> Layer:
     return layer
 
 
-def packed(reference: str, layers: list[Layer], config: ImageConfig, step: str) -> BuiltImage:
+def packed(
+    reference: str, layers: list[Layer], config: ImageConfig, history: list[str]
+) -> BuiltImage:
     """A built image of `layers` as klet.devstack's push() takes it (blobs in memory)."""
-    body = image_config(layers, config, history=["busybox-static (klet.devstack.images)", step])
+    body = image_config(layers, config, history=history)
     manifest_body = manifest(layers, body)
     name, _, tag = reference.rpartition(":")
     return BuiltImage(
@@ -345,9 +359,27 @@ def build_images(src: Sources, *, cache: Path, host: str = TEST_REGISTRY_HOST) -
     """The four images, named for the mirror `host`, from cached layers where possible."""
     suite = src.manifest()
     layers = LayerCache(cache / "e2e" / src.k8s_version / "images")
-    base = base_layer(layers)
-    agnhost = cached_layer(layers, "agnhost", agnhost_entries(src))
-    nnp = cached_layer(layers, "nonewprivs", nonewprivs_entries(src))
+    busybox = busybox_layer(layers)
+    debian = rootfs_layer(AGNHOST_ROOTFS, LayerCache(cache / "image")).layer
+    porter = src.module_dir / "test/images/agnhost/porter"
+    agnhost = cached_layer(
+        layers,
+        "agnhost",
+        inputs={
+            "base": debian.diff_id,
+            "agnhost": _file_digest(src.bin_dir / "agnhost"),
+            "porter": [_file_digest(porter / f) for f in ("localhost.crt", "localhost.key")],
+            "passwd": AGNHOST_PASSWD,
+            "group": AGNHOST_GROUP,
+        },
+        entries=lambda: agnhost_entries(src, debian),
+    )
+    nnp = cached_layer(
+        layers,
+        "nonewprivs",
+        inputs={"nnp": _file_digest(src.bin_dir / "nnp")},
+        entries=lambda: nonewprivs_entries(src),
+    )
     labels = {"org.opencontainers.image.version": src.k8s_version}
 
     def ref(image_id: str) -> str:
@@ -359,27 +391,34 @@ def build_images(src: Sources, *, cache: Path, host: str = TEST_REGISTRY_HOST) -
             ref("Agnhost"),
             packed(
                 ref("Agnhost"),
-                [base, agnhost],
+                [debian, agnhost],
                 ImageConfig(
                     entrypoint=["/agnhost"],
                     cmd=["pause"],
                     env={"PATH": ALPINE_PATH},
                     labels=labels,
                 ),
-                f"k8s.io/kubernetes@{src.k8s_version}/test/images/agnhost",
+                [
+                    "mmdebstrap --variant=minbase "
+                    f"--include={','.join(sorted(AGNHOST_ROOTFS.packages))} bookworm",
+                    f"k8s.io/kubernetes@{src.k8s_version}/test/images/agnhost",
+                ],
             ),
-            (base, agnhost),
+            (debian, agnhost),
         ),
         E2EImage(
             suite.images["Nonewprivs"],
             ref("Nonewprivs"),
             packed(
                 ref("Nonewprivs"),
-                [base, nnp],
+                [busybox, nnp],
                 ImageConfig(entrypoint=[], cmd=["nnp"], env={"PATH": ALPINE_PATH}, labels=labels),
-                f"k8s.io/kubernetes@{src.k8s_version}/test/images/nonewprivs",
+                [
+                    "busybox-static (klet.devstack.images)",
+                    f"k8s.io/kubernetes@{src.k8s_version}/test/images/nonewprivs",
+                ],
             ),
-            (base, nnp),
+            (busybox, nnp),
         ),
     ]
     for image_id, devstack_name in (("BusyBox", "busybox"), ("Pause", "pause")):
