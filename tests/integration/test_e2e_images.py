@@ -44,7 +44,8 @@ from klet.devstack import DevStack
 from klet.model.types import ContainerID, SandboxID
 
 from tests.harness.waiting import wait_for
-from tools.e2e.images import E2EImage, build_binaries, build_images, push_images, repo_list_yaml
+from tools.e2e.images import E2EImage, build_binaries, build_images, push_images
+from tools.e2e.suite import repo_list_yaml
 
 pytestmark = pytest.mark.timeout(900)
 

@@ -20,17 +20,18 @@ module makes them from what is here:
   under the names the suite asks for.
 
 Names and tags are read from the suite's own table (`test/utils/image/manifest.go` in
-the module cache), not repeated here, and so are the registries a `KUBE_TEST_REPO_LIST`
-file can remap: the file written here points every public one at the local registry
-host, and leaves the deliberately unreachable or authenticated ones (invalid, private,
-gcAuthenticated) as they are. The suite reads that file when its package loads, so it
-must be named by the KUBE_TEST_REPO_LIST environment variable of the e2e.test process.
+the module cache; tools/e2e/suite.py), not repeated here, and so are the registries a
+`KUBE_TEST_REPO_LIST` file can remap: the file written here points every public one at
+the local registry host, and leaves the deliberately unreachable or authenticated ones
+(invalid, private, gcAuthenticated) as they are. The suite reads that file when its
+package loads, so it must be named by the KUBE_TEST_REPO_LIST environment variable of
+the e2e.test process.
 
 Layers and images are built with tools/image (gzip layers, reproducible tars, OCI
 archive). The Debian rootfs is cached by tools/image under `$KLET_CACHE/image` (about a
-minute to make the first time), the other layers by their inputs under
-`$KLET_CACHE/e2e/<k8s>/images`, so a second run only hashes the binaries and pushes
-nothing new.
+minute to make the first time), the layers written entry by entry (tools/e2e/layers.py)
+by their inputs under `$KLET_CACHE/e2e/<k8s>/images`, so a second run only hashes the
+binaries and pushes nothing new.
 
     python -m tools.e2e.images [--registry 127.0.0.1:PORT] [--repo-list FILE] ...
 """
@@ -39,18 +40,15 @@ from __future__ import annotations
 
 import argparse
 import hashlib
-import io
 import json
 import os
-import re
 import subprocess
 import sys
 import tarfile
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-import yaml
 from klet.devstack.images import (
     TEST_REGISTRY_HOST,
     BuiltImage,
@@ -62,12 +60,26 @@ from klet.devstack.images import (
     standard_images,
 )
 
+from tools.e2e.layers import (
+    Entry,
+    LayerError,
+    cached_layer,
+    dirs,
+    file_digest,
+    key,
+    rootfs_files,
+)
+from tools.e2e.suite import (
+    E2EImageError,
+    SuiteImage,
+    SuiteManifest,
+    parse_manifest,
+    repo_list_yaml,
+)
 from tools.image.layers import LayerCache, Rootfs, rootfs_layer
 from tools.image.oci import (
-    FIXED_MTIME,
     ImageConfig,
     Layer,
-    canonical_json,
     compress_layer,
     image_config,
     manifest,
@@ -77,15 +89,8 @@ from tools.image.oci import (
 
 HERE = Path(__file__).resolve().parent
 BUILD_SH = HERE / "build.sh"
-# Bumped when the way an image is put together changes, so cached layers are not reused.
-LAYOUT_VERSION = 1
 # Alpine's default, which the upstream images inherit.
 ALPINE_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
-# RegistryList fields the repo list leaves alone: a registry meant not to exist, and the
-# ones that need credentials the tests bring themselves.
-NOT_MIRRORED = frozenset({"invalidRegistry", "gcAuthenticatedRegistry", "privateRegistry"})
-# The ImageIDs of manifest.go this module provides.
-PROVIDED = ("Agnhost", "BusyBox", "Nonewprivs", "Pause")
 
 # What agnhost's Dockerfile installs on Alpine, by Debian's names (bash is essential).
 AGNHOST_ROOTFS = Rootfs(
@@ -97,73 +102,6 @@ AGNHOST_PASSWD = "user-defined-in-image:x:1000:1000::/home/user-defined-in-image
 AGNHOST_GROUP = (
     "user-defined-in-image:x:1000:\ngroup-defined-in-image:x:50000:user-defined-in-image\n"
 )
-
-
-class E2EImageError(RuntimeError):
-    """The suite's image table could not be read, or an image could not be built."""
-
-
-@dataclass(frozen=True)
-class SuiteImage:
-    """One image as the suite names it: `<registry of registry_key>/<name>:<tag>`."""
-
-    image_id: str  # the ImageID constant in manifest.go, e.g. Agnhost
-    registry_key: str  # the RegistryList YAML key, e.g. promoterE2eRegistry
-    name: str
-    tag: str
-
-
-@dataclass(frozen=True)
-class SuiteManifest:
-    """What manifest.go says: the images by ImageID, the default registry of each key."""
-
-    images: dict[str, SuiteImage]
-    registries: dict[str, str]  # YAML key -> default, e.g. gcRegistry -> registry.k8s.io
-
-    def mirror(self, host: str) -> dict[str, str]:
-        """The KUBE_TEST_REPO_LIST mapping that serves every public registry from `host`:
-        `registry.k8s.io/e2e-test-images` becomes `<host>/e2e-test-images`."""
-        mapped = {}
-        for key, default in sorted(self.registries.items()):
-            if key in NOT_MIRRORED:
-                continue
-            _, _, path = default.partition("/")
-            mapped[key] = f"{host}/{path}" if path else host
-        return mapped
-
-    def reference(self, image_id: str, host: str) -> str:
-        """Where the suite pulls `image_id` from once its repo list is mirror(`host`)."""
-        image = self.images[image_id]
-        return f"{self.mirror(host)[image.registry_key]}/{image.name}:{image.tag}"
-
-
-_FIELD = re.compile(r"^\s*(\w+)\s+string\s+`yaml:\"(\w+)\"`", re.M)
-_DEFAULT = re.compile(r"^\s*(\w+):\s+\"([^\"]+)\",", re.M)
-_CONFIG = re.compile(r"configs\[(\w+)\] = Config\{list\.(\w+), \"([^\"]+)\", \"([^\"]+)\"\}")
-
-
-def parse_manifest(source: str) -> SuiteManifest:
-    """Read the image table of test/utils/image/manifest.go (its `RegistryList` struct,
-    the `initRegistry` defaults and the `configs[...] = Config{...}` lines)."""
-    keys = dict(_FIELD.findall(source))
-    start = source.find("initRegistry = RegistryList{")
-    end = source.find("\n\t}", start)
-    if not keys or start < 0 or end < 0:
-        raise E2EImageError("manifest.go: no RegistryList struct or initRegistry block")
-    defaults = dict(_DEFAULT.findall(source[start:end]))
-    registries: dict[str, str] = {}
-    for field, key in keys.items():
-        if field not in defaults:
-            raise E2EImageError(f"manifest.go: initRegistry has no default for {field}")
-        registries[key] = defaults[field]
-    images: dict[str, SuiteImage] = {}
-    for image_id, field, name, tag in _CONFIG.findall(source):
-        if field not in keys:
-            raise E2EImageError(f"manifest.go: {image_id} uses unknown registry {field}")
-        images[image_id] = SuiteImage(image_id, keys[field], name, tag)
-    if missing := [i for i in PROVIDED if i not in images]:
-        raise E2EImageError(f"manifest.go: no entry for {', '.join(missing)}")
-    return SuiteManifest(images=images, registries=registries)
 
 
 @dataclass(frozen=True)
@@ -198,59 +136,6 @@ def build_binaries(*, cache: Path) -> Sources:
     return Sources(bin_dir=bin_dir, module_dir=cache / f"go/mod/k8s.io/kubernetes@{version}")
 
 
-@dataclass(frozen=True)
-class Entry:
-    """One member of a layer tar that the builder writes itself."""
-
-    path: str
-    kind: bytes = tarfile.REGTYPE
-    mode: int = 0o644
-    data: bytes = b""
-    source: Path | None = None  # a file to copy instead of `data`
-    linkname: str = ""
-    uid: int = 0
-    gid: int = 0
-
-
-def tar_entries(entries: Iterable[Entry]) -> bytes:
-    """An uncompressed layer tar: parents first, fixed times, the given owners and modes."""
-    buf = io.BytesIO()
-    with tarfile.open(fileobj=buf, mode="w", format=tarfile.PAX_FORMAT) as tar:
-        for e in sorted(entries, key=lambda e: e.path):
-            info = tarfile.TarInfo(e.path)
-            info.type = e.kind
-            info.mode = e.mode
-            info.mtime = FIXED_MTIME
-            info.uid, info.gid = e.uid, e.gid
-            info.linkname = e.linkname
-            data = e.source.read_bytes() if e.source is not None else e.data
-            if e.kind == tarfile.REGTYPE:
-                info.size = len(data)
-                tar.addfile(info, io.BytesIO(data))
-            else:
-                tar.addfile(info)
-    return buf.getvalue()
-
-
-def dirs(*paths: str, mode: int = 0o755) -> list[Entry]:
-    return [Entry(p, tarfile.DIRTYPE, mode) for p in paths]
-
-
-def rootfs_files(layer: Layer, names: tuple[str, ...]) -> dict[str, bytes]:
-    """Regular files of a rootfs layer by path (`etc/passwd`), read from its blob."""
-    found: dict[str, bytes] = {}
-    with tarfile.open(layer.path, mode="r:gz") as tar:
-        for member in tar:
-            name = member.name.removeprefix("./")
-            if name in names and member.isreg():
-                data = tar.extractfile(member)
-                if data is not None:
-                    found[name] = data.read()
-            if len(found) == len(names):
-                return found
-    raise E2EImageError(f"{layer.path}: no {', '.join(sorted(set(names) - set(found)))}")
-
-
 def agnhost_entries(src: Sources, base: Layer) -> list[Entry]:
     porter = src.module_dir / "test/images/agnhost/porter"
     etc = rootfs_files(base, ("etc/passwd", "etc/group"))
@@ -275,36 +160,11 @@ def nonewprivs_entries(src: Sources) -> list[Entry]:
     ]
 
 
-def _key(parts: Mapping[str, object]) -> str:
-    return hashlib.sha256(canonical_json({**parts, "layout": LAYOUT_VERSION})).hexdigest()[:32]
-
-
-def _file_digest(path: Path) -> str:
-    with path.open("rb") as f:
-        return hashlib.file_digest(f, "sha256").hexdigest()
-
-
-def cached_layer(
-    cache: LayerCache,
-    what: str,
-    *,
-    inputs: Mapping[str, object],
-    entries: Callable[[], list[Entry]],
-) -> Layer:
-    """The gzip layer of `entries()`, from the cache when it was built from the same
-    `inputs` (the digests of what goes in; how it goes in is LAYOUT_VERSION's)."""
-    layer, _ = cache.put(
-        _key({"kind": what, **inputs}),
-        lambda dest: (compress_layer([tar_entries(entries())], dest), {"what": what}),
-    )
-    return layer
-
-
 def busybox_layer(cache: LayerCache) -> Layer:
     """The dev stack's busybox layer (the host's busybox-static), gzipped and cached."""
     raw = build_layer(standard_images()["busybox"])
     layer, _ = cache.put(
-        _key({"kind": "busybox-base", "sha256": hashlib.sha256(raw).hexdigest()}),
+        key({"kind": "busybox-base", "sha256": hashlib.sha256(raw).hexdigest()}),
         lambda dest: (compress_layer([raw], dest), {"what": "busybox base"}),
     )
     return layer
@@ -367,8 +227,8 @@ def build_images(src: Sources, *, cache: Path, host: str = TEST_REGISTRY_HOST) -
         "agnhost",
         inputs={
             "base": debian.diff_id,
-            "agnhost": _file_digest(src.bin_dir / "agnhost"),
-            "porter": [_file_digest(porter / f) for f in ("localhost.crt", "localhost.key")],
+            "agnhost": file_digest(src.bin_dir / "agnhost"),
+            "porter": [file_digest(porter / f) for f in ("localhost.crt", "localhost.key")],
             "passwd": AGNHOST_PASSWD,
             "group": AGNHOST_GROUP,
         },
@@ -377,7 +237,7 @@ def build_images(src: Sources, *, cache: Path, host: str = TEST_REGISTRY_HOST) -
     nnp = cached_layer(
         layers,
         "nonewprivs",
-        inputs={"nnp": _file_digest(src.bin_dir / "nnp")},
+        inputs={"nnp": file_digest(src.bin_dir / "nnp")},
         entries=lambda: nonewprivs_entries(src),
     )
     labels = {"org.opencontainers.image.version": src.k8s_version}
@@ -458,11 +318,6 @@ def write_archives(images: Iterable[E2EImage], out_dir: Path) -> list[Path]:
     return paths
 
 
-def repo_list_yaml(suite: SuiteManifest, host: str) -> str:
-    """The KUBE_TEST_REPO_LIST file content that makes the suite pull from `host`."""
-    return yaml.safe_dump(suite.mirror(host), sort_keys=True)
-
-
 def main(argv: list[str] | None = None) -> int:
     doc = __doc__ or ""
     parser = argparse.ArgumentParser(prog="python -m tools.e2e.images", description=doc[:80])
@@ -493,7 +348,7 @@ def main(argv: list[str] | None = None) -> int:
             push_images(images, args.registry)
         if args.repo_list:
             args.repo_list.write_text(repo_list_yaml(src.manifest(), args.host))
-    except (E2EImageError, ImageError, OSError) as err:
+    except (E2EImageError, LayerError, ImageError, OSError) as err:
         print(f"e2e images: {err}", file=sys.stderr)
         return 1
     for img in images:

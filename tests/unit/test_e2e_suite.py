@@ -1,34 +1,19 @@
-"""tools/e2e/images.py: the suite's image table and the layers the builder writes itself.
+"""tools/e2e/suite.py: the suite's image table and the repo list that mirrors it.
 
 Covers: manifest.go's RegistryList keys, their defaults and the image entries are read
 into references; the KUBE_TEST_REPO_LIST mapping serves each public registry from the
 local host (path kept) and leaves the invalid and authenticated ones out; a table
-without one of the images this module provides, or naming an unknown registry, is
-refused; a layer tar keeps the owners and modes it is given (setuid included) with
-fixed times, parents first, and is the same bytes twice; files are read back from a
-rootfs layer blob, and a missing one is named.
+without one of the images tools/e2e provides, or naming an unknown registry, is refused.
 """
 
 from __future__ import annotations
 
-import io
-import tarfile
 from collections.abc import Callable
-from pathlib import Path
 
 import pytest
 import yaml
 
-from tools.e2e.images import (
-    E2EImageError,
-    Entry,
-    dirs,
-    parse_manifest,
-    repo_list_yaml,
-    rootfs_files,
-    tar_entries,
-)
-from tools.image.oci import compress_layer
+from tools.e2e.suite import E2EImageError, parse_manifest, repo_list_yaml
 
 # The shape of test/utils/image/manifest.go, cut down to what the parser reads.
 MANIFEST_GO = """
@@ -104,44 +89,3 @@ def test_a_table_it_cannot_read_is_refused(edit: Callable[[str], str], message: 
     assert source != MANIFEST_GO
     with pytest.raises(E2EImageError, match=message):
         parse_manifest(source)
-
-
-def test_layer_tar_keeps_owners_and_modes_with_fixed_times() -> None:
-    entries = [
-        Entry("usr/local/bin/nnp", mode=0o4755, data=b"\x7fELF"),
-        *dirs("usr", "usr/local", "usr/local/bin"),
-        Entry("home/user", tarfile.DIRTYPE, 0o755, uid=1000, gid=1000),
-        Entry("agnhost-2", tarfile.SYMTYPE, 0o777, linkname="agnhost"),
-    ]
-    raw = tar_entries(entries)
-    assert tar_entries(list(reversed(entries))) == raw
-    with tarfile.open(fileobj=io.BytesIO(raw)) as tar:
-        members = tar.getmembers()
-        names = [m.name for m in members]
-        assert names.index("usr") < names.index("usr/local") < names.index("usr/local/bin/nnp")
-        by_name = {m.name: m for m in members}
-        nnp = by_name["usr/local/bin/nnp"]
-        assert (nnp.mode, nnp.uid, nnp.size) == (0o4755, 0, 4)
-        extracted = tar.extractfile(nnp)
-        assert extracted is not None and extracted.read() == b"\x7fELF"
-        assert (by_name["home/user"].uid, by_name["home/user"].gid) == (1000, 1000)
-        assert by_name["agnhost-2"].linkname == "agnhost"
-        assert {m.mtime for m in members} == {946684800}
-
-
-def test_rootfs_files_are_read_from_a_layer_blob(tmp_path: Path) -> None:
-    raw = tar_entries(
-        [
-            *dirs(".", "./etc"),
-            Entry("./etc/passwd", data=b"root:x:0:0::/root:/bin/bash\n"),
-            Entry("./etc/group", data=b"root:x:0:\n"),
-            Entry("./etc/hostname", data=b"x\n"),
-        ]
-    )
-    layer = compress_layer([raw], tmp_path / "rootfs.tar.gz")
-    assert rootfs_files(layer, ("etc/passwd", "etc/group")) == {
-        "etc/passwd": b"root:x:0:0::/root:/bin/bash\n",
-        "etc/group": b"root:x:0:\n",
-    }
-    with pytest.raises(E2EImageError, match="no etc/shadow"):
-        rootfs_files(layer, ("etc/passwd", "etc/shadow"))
