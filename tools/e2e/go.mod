@@ -1,7 +1,8 @@
-// The project's own module that builds Kubernetes' end-to-end suite (e2e.test) and the
-// ginkgo CLI from the published k8s.io/kubernetes module, at the same version and with the
-// same staging replacements as tools/cluster. tools.go imports the suite's packages so that
-// `go mod tidy` records their (test) dependencies; see build.sh.
+// The project's own module that builds Kubernetes' end-to-end suite (e2e.test), the ginkgo
+// CLI and the agnhost/nonewprivs binaries of its test images from the published
+// k8s.io/kubernetes module, at the same version and with the same staging replacements as
+// tools/cluster. tools.go imports the suite's packages so that `go mod tidy` records their
+// (test) dependencies; the binaries are `tool`s. See build.sh.
 module klet.dev/tools/e2e
 
 go 1.24.0
