@@ -41,7 +41,7 @@ lint: setup
 	.venv/bin/lint-imports
 
 typecheck: setup
-	.venv/bin/mypy libs/src services/pod-source/src services/syncloop/src services/status-reporter/src services/eviction/src services/image-gc/src bench/run.py bench/gc.py bench/failover.py tools/container_fields.py tools/config_fields.py tools/image
+	.venv/bin/mypy libs/src services/pod-source/src services/syncloop/src services/status-reporter/src services/eviction/src services/image-gc/src bench/run.py bench/gc.py bench/failover.py tools/container_fields.py tools/config_fields.py tools/image tools/e2e
 
 proto:
 	$(PY) tools/gen_proto.py
@@ -98,6 +98,13 @@ fuzz-manifests: setup
 .PHONY: cluster-binaries
 cluster-binaries:
 	bash tools/cluster/build.sh
+
+# Kubernetes' e2e suite (e2e.test), the ginkgo CLI and the agnhost/nnp binaries of its test
+# images, from tools/e2e's Go module into $KLET_CACHE/e2e/<k8s>/bin; no-op once cached.
+# The images themselves: `python -m tools.e2e.images --registry HOST:PORT --repo-list FILE`.
+.PHONY: e2e-binaries
+e2e-binaries:
+	bash tools/e2e/build.sh
 
 clean:
 	rm -rf .run .cache .venv libs/src/klet/rpc/gen
