@@ -8,7 +8,8 @@ ServiceAccount and ``kube-root-ca.crt`` (with the cluster CA) from the controlle
 Deployment gets a ReplicaSet whose pod, with no ``nodeName``, is bound by kube-scheduler
 to the klet node and Running there; a DaemonSet's pod lands on the node and runs;
 deleting the namespace empties it: the pods are gone from the apiserver and their
-containers from CRI, and the namespace itself is gone.
+containers from CRI, and the namespace itself is gone; after an apiserver restart the
+controllers are still at work (a new namespace gets its ServiceAccount and ConfigMap).
 """
 
 from __future__ import annotations
@@ -206,3 +207,17 @@ def test_namespace_workloads_scheduled_and_deletion_empties_it(
         timeout_s=30,
         what="the namespace's containers removed from CRI",
     )
+
+
+def test_controllers_ride_out_an_apiserver_restart(
+    node: KletNode, full_control_plane: ControlPlane
+) -> None:
+    cp = full_control_plane
+    cp.restart_apiserver(down_s=3)
+    ns = f"ctl-{uuid.uuid4().hex[:8]}"
+    try:
+        # Only the controllers make these: they reconnected.
+        cp.prepare_namespace(ns, timeout_s=60)
+        assert cp.controllers_running
+    finally:
+        cp.kubectl("delete", "namespace", ns, "--wait=false", "--ignore-not-found")
