@@ -291,6 +291,13 @@ def test_replicas_and_strategies() -> None:
     }
 
 
+def test_services_can_be_left_out() -> None:
+    only = workloads(
+        render(sets=["serviceDefaults.enabled=false", "services.syncloop.enabled=true"])
+    )
+    assert set(only) == {"syncloop", "redis"}
+
+
 def test_a_deployment_must_be_pinned_to_one_node() -> None:
     err = render_error(sets=["services.syncloop.kind=Deployment"])
     assert "services.syncloop: a Deployment needs a nodeSelector or affinity" in err

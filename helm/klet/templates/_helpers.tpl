@@ -38,7 +38,9 @@ replacing them whole. Returned as YAML: (include "klet.serviceValues" (dict "roo
 */}}
 {{- define "klet.serviceValues" -}}
 {{- $merged := deepCopy .root.Values.serviceDefaults -}}
+{{- if not (hasKey $merged "enabled") -}}
 {{- $_ := set $merged "enabled" true -}}
+{{- end -}}
 {{- range $k, $v := (index .root.Values.services .name | default dict) -}}
 {{- $_ := set $merged $k $v -}}
 {{- end -}}
