@@ -398,6 +398,16 @@ def test_external_redis() -> None:
         assert not [p for p in mounts_of(w) if p.startswith("/var/lib/klet/bus")]
 
 
+def test_external_redis_on_a_unix_socket_of_the_host() -> None:
+    docs = render(sets=["redis.enabled=false", "externalRedis.url=unix:///run/bus/redis.sock"])
+    w = workloads(docs)["syncloop"]
+    assert env_of(container(w))["KLET_REDIS_URL"] == "unix:///run/bus/redis.sock"
+    assert "KLET_REDIS_PASSWORD_FILE" not in env_of(container(w))
+    mount, volume = mounts_of(w)["/run/bus"]
+    assert volume["hostPath"] == {"path": "/run/bus", "type": "DirectoryOrCreate"}
+    assert "/run/klet/redis" not in mounts_of(w)
+
+
 def test_bundled_redis_is_on_a_unix_socket_with_per_service_users() -> None:
     w = workloads(render())["syncloop"]
     env = env_of(container(w))
