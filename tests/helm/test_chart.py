@@ -29,6 +29,8 @@ from tests.unit.test_compose_file import compose
 from tools.image.__main__ import version
 
 CI = {p.stem: p for p in CI_VALUES}
+# A named node's services must be pinned to its host.
+PINNED = "serviceDefaults.nodeSelector.kubernetes\\.io/hostname=host-a"
 WORKLOAD_KINDS = {"DaemonSet", "Deployment"}
 Doc = dict[str, Any]
 
@@ -140,7 +142,7 @@ def test_service_runs_as_compose_runs_it(service: str) -> None:
     """Same flags, environment and same-path host mounts as docker-compose.yml with its
     defaults; the chart adds --node-ip (the host's IP from the downward API)."""
     spec = compose()["services"][service]  # rendered for node "node-a"
-    w = workloads(render(sets=["node.name=node-a", "rbac.create=true"]))[service]
+    w = workloads(render(sets=["node.name=node-a", "rbac.create=true", PINNED]))[service]
     c = container(w)
     assert sorted(flag_names(c["args"])) == sorted([*flag_names(spec["command"]), "--node-ip"])
     by_flag = {a.split("=", 1)[0]: a.split("=", 1)[1] for a in c["args"]}
@@ -168,7 +170,7 @@ def test_service_runs_as_compose_runs_it(service: str) -> None:
 
 def test_redis_runs_as_compose_runs_it() -> None:
     spec = compose()["services"]
-    w = workloads(render(sets=["node.name=node-a"]))["redis"]
+    w = workloads(render(sets=["node.name=node-a", PINNED]))["redis"]
     pod = w["spec"]["template"]["spec"]
     c = container(w)
     assert c["args"] == spec["redis"]["command"]
@@ -188,7 +190,7 @@ def test_node_from_the_downward_api_or_the_values() -> None:
     assert env["NODE_NAME"] == {"fieldRef": {"fieldPath": "spec.nodeName"}}
     assert env["NODE_IP"] == {"fieldRef": {"fieldPath": "status.hostIP"}}
     env = env_of(
-        container(workloads(render(sets=["node.name=n1", "node.ip=10.1.2.3"]))["eviction"])
+        container(workloads(render(sets=["node.name=n1", "node.ip=10.1.2.3", PINNED]))["eviction"])
     )
     assert (env["NODE_NAME"], env["NODE_IP"]) == ("n1", "10.1.2.3")
 
@@ -303,6 +305,12 @@ def test_a_deployment_must_be_pinned_to_one_node() -> None:
     assert "services.syncloop: a Deployment needs a nodeSelector or affinity" in err
     err = render_error(sets=["redis.kind=Deployment"])
     assert "redis: a Deployment needs a nodeSelector" in err
+    err = render_error(sets=["node.name=n1"])
+    assert "services.pod-source: node.name names one node: pin the service" in err
+    pin_each = [f"services.{s}.nodeSelector.kubernetes\\.io/hostname=h" for s in SERVICES]
+    err = render_error(sets=["node.name=n1", *pin_each])
+    assert "redis: node.name names one node: pin the Redis" in err
+    assert workloads(render(sets=["node.name=n1", *pin_each, "redis.nodeSelector.a=b"]))
 
 
 # ---------------------------------------------------------------------------------------
