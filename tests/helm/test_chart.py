@@ -23,6 +23,7 @@ from typing import Any
 import pytest
 import yaml
 from klet.bus.acl import SERVICES
+from klet.config import load_settings
 
 from tests.harness.helmbin import CHART, CI_VALUES, helm, render, render_error
 from tests.unit.test_compose_file import compose
@@ -105,11 +106,7 @@ def test_kube_version_is_enforced() -> None:
 def test_every_workload_is_a_node_agent(name: str) -> None:
     docs = render([CI[name]])
     found = workloads(docs)
-    values = yaml.safe_load(CI[name].read_text()) or {}
-    enabled = [
-        s for s in SERVICES if (values.get("services", {}).get(s) or {}).get("enabled", True)
-    ]
-    assert set(found) - {"redis"} == set(enabled)
+    assert set(found) - {"redis"} == set(enabled_services(name))
     for component, w in found.items():
         pod = w["spec"]["template"]["spec"]
         assert pod["hostNetwork"] is True, component
@@ -166,6 +163,55 @@ def test_service_runs_as_compose_runs_it(service: str) -> None:
             isinstance(volume, str) and volume.endswith(":ro")
         ), path
     assert mounts["/etc/klet/host/resolv.conf"][1]["hostPath"]["path"] == "/etc/resolv.conf"
+
+
+def enabled_services(name: str) -> list[str]:
+    services = (yaml.safe_load(CI[name].read_text()) or {}).get("services") or {}
+    return [s for s in SERVICES if (services.get(s) or {}).get("enabled", True)]
+
+
+@pytest.mark.parametrize(
+    ("name", "service"),
+    [
+        (name, service)
+        for name in ("rbac-values", "secret-values", "external-redis-values")
+        for service in enabled_services(name)
+    ],
+)
+def test_klet_accepts_what_is_rendered(name: str, service: str, tmp_path: Path) -> None:
+    """The rendered flags, environment and KubeletConfiguration load as the service
+    would load them (klet.config.load_settings); the files the pod mounts are stood in
+    for by files under tmp_path."""
+    docs = render([CI[name]])
+    c = container(workloads(docs)[service])
+    config = tmp_path / "kubelet-config.yaml"
+    config.write_text(yaml.safe_dump(kubelet_config(docs)))
+    stand_ins = {"/etc/klet/config/kubelet-config.yaml": str(config)}
+    env = env_of(c)
+    # A value, or what the downward API gives: the host's name and IP.
+    node = env["NODE_NAME"] if isinstance(env["NODE_NAME"], str) else "host-node"
+    ip = env["NODE_IP"] if isinstance(env["NODE_IP"], str) else "10.0.0.9"
+
+    def expand(text: str) -> str:
+        text = text.replace("$(NODE_NAME)", node).replace("$(NODE_IP)", ip)
+        for path, stand_in in stand_ins.items():
+            text = text.replace(path, stand_in)
+        return text
+
+    for variable in ("KLET_REDIS_PASSWORD_FILE",):
+        if variable in env:
+            secret = tmp_path / variable
+            secret.write_text("s3cret\n")
+            stand_ins[expand(env[variable])] = str(secret)
+    settings = load_settings(
+        [expand(a) for a in c["args"]],
+        env={k: expand(v) for k, v in env.items() if isinstance(v, str)},
+        service=service,
+    )
+    assert settings.klet.node_name == node
+    assert settings.klet.service_port == 0
+    assert settings.klet.redis_url == env["KLET_REDIS_URL"]
+    assert settings.kubelet.port == kubelet_config(docs)["port"]
 
 
 def test_redis_runs_as_compose_runs_it() -> None:
