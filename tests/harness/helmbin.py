@@ -71,6 +71,22 @@ def helm(major: str, *args: str, check: bool = True) -> subprocess.CompletedProc
     return res
 
 
+class _StrictLoader(yaml.SafeLoader):
+    """SafeLoader that refuses a key twice in one mapping (PyYAML keeps the last one
+    silently; the apiserver's decoder may refuse or pick either)."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        seen = set()
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            if key in seen:
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"duplicate key {key!r}", key_node.start_mark
+                )
+            seen.add(key)
+        return super().construct_mapping(node, deep=deep)
+
+
 def _template_args(values: Sequence[Path], sets: Sequence[str]) -> list[str]:
     args = ["template", "klet", str(CHART), "--namespace", "klet-system"]
     for f in values:
@@ -90,7 +106,7 @@ def render(
 ) -> list[dict[str, Any]]:
     """The documents `helm template` renders (release "klet", namespace "klet-system")."""
     text = _render(tuple(values), tuple(sets), major)
-    return [d for d in yaml.safe_load_all(text) if d]
+    return [d for d in yaml.load_all(text, Loader=_StrictLoader) if d]
 
 
 def render_error(

@@ -97,14 +97,16 @@ after them may refer to $(NODE_NAME).
 {{- end }}
 {{- end -}}
 
-{{/* The exec probe command of a service: (dict "name" NAME). */}}
+{{/*
+The exec probe of a service: (dict "name" NAME "failureThreshold" N). A Python start on a
+loaded node can take seconds, and a check that times out is a failure: hence 15 s.
+*/}}
 {{- define "klet.probe" -}}
 exec:
   command: [klet, healthcheck, {{ .name }}]
-# A Python start on a loaded node can take seconds: a check that times out is a failure.
 timeoutSeconds: 15
 periodSeconds: 10
-failureThreshold: 3
+failureThreshold: {{ .failureThreshold | default 3 }}
 {{- end -}}
 
 {{/*
