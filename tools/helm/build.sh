@@ -12,6 +12,12 @@
 # Idempotent: when the binary exists and `helm version` reports the pinned version it does
 # nothing. The last line printed on stdout is the binary's path; progress goes to stderr.
 #
+# Measured on 2 cores: with empty module and build caches helm v4 took 17 min while the
+# machine's load average was 40-70 (other builds), then v3 3 min more (sharing most
+# modules; 0.8 GB of modules, 1.7 GB of build cache for both); with the caches holding
+# only tools/cluster's modules, 233 s and 207 s; relinking with a warm GOCACHE 8 s; the
+# cached check 0.15 s.
+#
 # Usage: build.sh [--check] v4|v3   (--check: only report; exit 1 if a build would be needed)
 set -euo pipefail
 
