@@ -115,7 +115,7 @@ cluster-binaries:
 e2e-binaries:
 	bash tools/e2e/build.sh
 
-# The pinned helm binaries of the helm tier, built from tools/helm's Go modules into
+# The pinned helm binaries of the helm tier, built from tools/helm's Go module into
 # $KLET_CACHE/helm/<version>/helm (default /var/cache/klet); no-op once cached. v4 renders
 # and installs the chart; v3 only proves it still lints on Helm 3. `make run` needs no helm.
 .PHONY: helm-binaries
