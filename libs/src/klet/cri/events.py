@@ -11,7 +11,11 @@ Two sources, tried in this order on every subscription:
   These events are published before the CRI plugin has updated its own view of the
   container, so the consumer must confirm a change through CRI before acting on it.
 
-`subscribe()` yields `Subscribed` once the call is open, then `RuntimeEvent`s. It ends
+`subscribe()` yields `Subscribed` once the runtime answered a Version call and the
+stream was requested, then `RuntimeEvent`s. Neither API confirms when the runtime has
+registered the subscription, so an event in the first milliseconds of a stream can
+be missed; the caller's full relist right after `Subscribed` (and its periodic relist)
+covers that. It ends
 by raising `RuntimeUnavailable` when the stream drops (the runtime restarted) and
 `EventsUnsupported` when neither source exists; re-subscribing and catching up is the
 caller's business. gRPC channels back off reconnecting for up to two minutes by
@@ -21,6 +25,7 @@ re-subscribed within seconds.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import AsyncIterator
 from typing import Any
@@ -136,8 +141,12 @@ class RuntimeEvents:
         *,
         namespace: str = CRI_NAMESPACE,
         reconnect_max_s: float = 1.0,
+        ping_timeout_s: float = 5.0,
+        probe_s: float = 1.0,
     ) -> None:
         self.namespace = namespace
+        self.ping_timeout_s = ping_timeout_s
+        self.probe_s = probe_s
         ms = max(100, int(reconnect_max_s * 1000))
         self._channel = grpc.aio.insecure_channel(
             _target(settings.runtime_endpoint),
@@ -155,6 +164,10 @@ class RuntimeEvents:
         await self._channel.close(None)
 
     async def subscribe(self) -> AsyncIterator[RuntimeEvent | Subscribed]:
+        # A stream call does not fail until its first read, and a Go server sends no
+        # response headers before its first event: a unary call first proves the
+        # runtime answers, so `Subscribed` is not announced to a runtime that is down.
+        await self._ping()
         if self._cri_events is not False:
             try:
                 async for item in self._subscribe_cri():
@@ -165,32 +178,43 @@ class RuntimeEvents:
         async for item in self._subscribe_containerd():
             yield item
 
+    async def _ping(self) -> None:
+        try:
+            await self._cri.Version(
+                cri_pb.VersionRequest(version="v1"), timeout=self.ping_timeout_s
+            )
+        except grpc.aio.AioRpcError as err:
+            raise _stream_error(err, "Version") from err
+
     async def _subscribe_cri(self) -> AsyncIterator[RuntimeEvent | Subscribed]:
         call = self._cri.GetContainerEvents(cri_pb.GetEventsRequest())
+        first: asyncio.Task[Any] = asyncio.ensure_future(call.read())
         try:
-            await call.wait_for_connection()
-            if self._cri_events:
-                yield Subscribed("cri")
-            async for r in call:
-                if not self._cri_events:
-                    # The first event proves the method exists; announce it only now,
-                    # as a runtime without it answers UNIMPLEMENTED instead.
-                    self._cri_events = True
-                    yield Subscribed("cri")
+            if self._cri_events is None:
+                # A runtime without the method answers UNIMPLEMENTED within
+                # milliseconds; one that has it keeps the stream open and quiet.
+                await asyncio.wait([first], timeout=self.probe_s)
+                if first.done() and first.exception() is not None:
+                    raise first.exception()  # type: ignore[misc]
+                self._cri_events = True
+            yield Subscribed("cri")
+            r = await first
+            while r is not grpc.aio.EOF:  # type: ignore[attr-defined]
                 event = decode_cri_event(r)
                 if event is not None:
                     yield event
+                r = await call.read()
             raise RuntimeUnavailable("GetContainerEvents: the stream ended", code="UNAVAILABLE")
         except grpc.aio.AioRpcError as err:
             raise _stream_error(err, "GetContainerEvents") from err
         finally:
             call.cancel()
+            first.cancel()
 
     async def _subscribe_containerd(self) -> AsyncIterator[RuntimeEvent | Subscribed]:
         request = events_pb2.SubscribeRequest(filters=subscribe_filters(self.namespace))
         call = self._containerd.Subscribe(request)
         try:
-            await call.wait_for_connection()
             yield Subscribed("containerd")
             async for env in call:
                 event = decode_envelope(env, namespace=self.namespace)
@@ -208,6 +232,11 @@ def _stream_error(err: grpc.aio.AioRpcError, what: str) -> CRIError:
     text = f"{what}: {code.name}: {err.details()}"
     if code == grpc.StatusCode.UNIMPLEMENTED:
         return EventsUnsupported(text, code=code.name)
-    if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED, grpc.StatusCode.UNKNOWN):
+    if code in (
+        grpc.StatusCode.UNAVAILABLE,
+        grpc.StatusCode.CANCELLED,
+        grpc.StatusCode.UNKNOWN,
+        grpc.StatusCode.DEADLINE_EXCEEDED,
+    ):
         return RuntimeUnavailable(text, code=code.name)
     return CRIError(text, code=code.name)
