@@ -109,9 +109,12 @@ def w() -> World:
     return World()
 
 
-def test_settle_delays_double_within_the_bound() -> None:
+def test_settle_delays_double_up_to_the_step_within_the_bound() -> None:
     assert settle_delays(SettleSettings(first_s=0.01, max_s=0.1)) == pytest.approx(
         [0.01, 0.02, 0.04]
+    )
+    assert settle_delays(SettleSettings(first_s=0.1, step_max_s=0.3, max_s=1.0)) == (
+        pytest.approx([0.1, 0.2, 0.3, 0.3])
     )
     assert settle_delays(SettleSettings(first_s=0.0, max_s=1.0)) == []
     assert settle_delays(SettleSettings(first_s=2.0, max_s=1.0)) == []

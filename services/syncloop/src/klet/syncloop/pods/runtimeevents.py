@@ -11,7 +11,7 @@ PLEG relisting every second, as upstream's generic PLEG does.
 
 containerd publishes a task's exit before its CRI plugin has recorded it, so an exit is
 confirmed through CRI (`ContainerStatus`, polled with short growing delays up to
-`SettleSettings.max_s`) before the worker is woken: a worker woken earlier would read
+`SettleSettings`) before the worker is woken: a worker woken earlier would read
 the container as still running and publish nothing new until the next relist. Other
 events wake at once. Each event is handled in its own task so one slow confirmation
 does not hold up the events behind it; events about objects that are not ours (no pod
@@ -60,12 +60,17 @@ class EventObserver(Protocol):
 
 @dataclass(frozen=True)
 class SettleSettings:
-    """How long an exit is confirmed through CRI before the worker is woken anyway."""
+    """How an exit is confirmed through CRI before the worker is woken."""
 
     first_s: float = 0.002
-    """First delay between ContainerStatus polls, seconds; doubled each time."""
-    max_s: float = 2.0
-    """Give up confirming after this many seconds in all (the relist catches it)."""
+    """First delay between ContainerStatus polls, seconds; doubled each time..."""
+    step_max_s: float = 0.5
+    """...up to this delay between polls, seconds."""
+    max_s: float = 30.0
+    """Give up after this many seconds in all and wake the worker anyway (the periodic
+    relist catches what CRI records later). containerd's CRI plugin records an exit
+    within milliseconds on an idle node but took seconds on this 2-core machine under a
+    load average of 50: the bound is generous so the event path still wins there."""
 
 
 SETTLE = SettleSettings()
@@ -74,13 +79,14 @@ RESUBSCRIBE_BACKOFF = BackoffPolicy(initial_s=0.1, max_s=5.0)
 
 
 def settle_delays(s: SettleSettings) -> list[float]:
-    """The delays between confirmation polls: `first_s` doubling, in all <= `max_s`."""
+    """The delays between confirmation polls: `first_s` doubling up to `step_max_s`,
+    adding up to at most `max_s`."""
     out: list[float] = []
     total, delay = 0.0, s.first_s
     while delay > 0 and total + delay <= s.max_s:
         out.append(delay)
         total += delay
-        delay *= 2
+        delay = min(delay * 2, s.step_max_s)
     return out
 
 
@@ -214,11 +220,15 @@ class EventWatcher:
 
     async def _confirm_stopped(self, object_id: str) -> None:
         """Wait until CRI no longer reports the object running (bounded; see module doc)."""
+        polls = 0
         for delay in [0.0, *settle_delays(self.settle)]:
             if delay:
                 await self.sleep(delay)
+            polls += 1
             if not await self._running(object_id):
+                log.debug("exit confirmed through CRI", extra={"id": object_id, "polls": polls})
                 return
+        log.info("exit not confirmed through CRI in time", extra={"id": object_id})
 
     async def _running(self, object_id: str) -> bool:
         try:
