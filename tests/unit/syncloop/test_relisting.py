@@ -7,7 +7,8 @@ sandboxes follows the last relist; health turns false once the last successful r
 is older than three minutes (a fake monotonic clock) and true again after one; the
 run loop reports each pod-UID set, and logs a CRI failure once and its recovery;
 `relist_pod` refreshes one pod's fingerprint (label-selected lists) without waking it;
-the period is the long one only while runtime events flow; `kick` starts a relist at
+the period is the long one only while runtime events flow, and a long one stretches
+the health threshold; `kick` starts a relist at
 once, and a kicked relist that fails is retried within a second until one succeeds.
 """
 
@@ -161,9 +162,16 @@ async def test_relist_pod_refreshes_one_fingerprint_without_waking(w: World) -> 
 
 async def test_the_period_is_long_only_while_events_flow(w: World) -> None:
     relister = Relister(w.cri, w.woken.append, period_s=1, evented_period_s=20)
-    assert relister.current_period() == 1
+    assert relister.current_period() == 1 and relister.threshold_s() == RELIST_THRESHOLD_S
     relister.evented = True
     assert relister.current_period() == 20
+    # a long evented period stretches the health threshold to two periods
+    slow = Relister(w.cri, w.woken.append, evented_period_s=300, clock=w.clock)
+    assert slow.threshold_s() == 600
+    w.clock.t += 599
+    assert slow.healthy()
+    w.clock.t += 1
+    assert not slow.healthy()
 
 
 async def test_a_kick_relists_at_once_and_an_owed_relist_is_retried(w: World) -> None:

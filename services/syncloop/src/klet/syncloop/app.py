@@ -20,7 +20,6 @@ from klet.obs import create_health_app, leader_metric, run_supervised, serve_ser
 from klet.rpc.podcontrol import serve_pod_control
 from klet.syncloop.containers.logmanager import ContainerLogManager, LogManagerSettings
 from klet.syncloop.pods.intake import BusIntake
-from klet.syncloop.pods.relisting import RELIST_THRESHOLD_S
 from klet.syncloop.wiring import Deps
 
 log = logging.getLogger(__name__)
@@ -67,7 +66,7 @@ async def main(deps: Deps) -> int:
                 if healthy
                 else (
                     f"PLEG is not healthy: pleg was last seen active {relister.age():.0f}s ago; "
-                    f"threshold is {RELIST_THRESHOLD_S:.0f}s"
+                    f"threshold is {relister.threshold_s():.0f}s"
                 )
             )
             record = NodeConditionRecord(

@@ -94,8 +94,14 @@ class Relister:
         """Seconds since the last successful relist."""
         return self.clock() - self.last_ok
 
+    def threshold_s(self) -> float:
+        """How old the last successful relist may be while PLEG counts as healthy:
+        upstream's three minutes, or twice a longer evented period (upstream's evented
+        PLEG pairs its 300 s relist with a 600 s threshold)."""
+        return max(RELIST_THRESHOLD_S, 2 * self.evented_period_s)
+
     def healthy(self) -> bool:
-        return self.age() < RELIST_THRESHOLD_S
+        return self.age() < self.threshold_s()
 
     def ready_sandboxes(self) -> int:
         """How many sandboxes of our pods were ready at the last relist."""
