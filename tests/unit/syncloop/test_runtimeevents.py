@@ -1,15 +1,15 @@
 """The evented PLEG (pods/runtimeevents.py) against FakeRuntimeService and FakeRuntimeEvents.
 
-Covers: an open subscription switches the relister to its long period and owes one full
-relist; an exit wakes the pod's worker only once CRI shows the container stopped (polled
-with growing delays, bounded), then refreshes that pod alone with label-selected lists;
-a start wakes at once; an event about an object the last relist did not know is resolved
-through ContainerStatus or PodSandboxStatus, and one that is not ours is dropped and
-looked up once; an exec's exit is never dispatched (decoding drops it, see
-test_cri_events); a dropped stream puts the relister back on its short period, owes a
-relist, re-subscribes after the back-off delays and owes one more full relist once open;
-a runtime without events leaves the relister short-period for good; the observer sees
-each subscription, drop and event.
+Covers: what each event calls for (`action_for`); an open subscription switches the
+relister to its long period and owes one full relist; an exit wakes the pod's worker
+only once CRI shows the container stopped (polled with growing delays, bounded), then
+refreshes that pod alone with label-selected lists; the delete that follows a seen exit
+and an OOM kill wake nobody; a start wakes at once; an event about an object the last
+relist did not know is resolved through ContainerStatus or PodSandboxStatus, and one
+that is not ours is dropped and looked up once; a dropped stream puts the relister
+back on its short period, owes a relist, re-subscribes after the back-off delays and
+owes one more full relist once open; a runtime without events leaves the relister
+short-period for good; the observer sees each subscription, drop and event.
 """
 
 from __future__ import annotations
@@ -25,10 +25,11 @@ from klet.model.flowcontrol import BackoffPolicy
 from klet.model.types import ContainerID, SandboxID
 from klet.syncloop.pods.relisting import Relister
 from klet.syncloop.pods.runtimeevents import (
+    Action,
     EventWatcher,
     SettleSettings,
+    action_for,
     settle_delays,
-    wakes_after_confirming,
 )
 
 from .helpers import running, until
@@ -121,17 +122,19 @@ def test_settle_delays_double_up_to_the_step_within_the_bound() -> None:
 
 
 @pytest.mark.parametrize(
-    ("kind", "confirm"),
+    ("kind", "exit_seen", "action"),
     [
-        (EventKind.EXITED, True),
-        (EventKind.OOM, True),
-        (EventKind.DELETED, True),
-        (EventKind.STARTED, False),
-        (EventKind.CREATED, False),
+        (EventKind.EXITED, False, Action.CONFIRM),
+        (EventKind.EXITED, True, Action.CONFIRM),
+        (EventKind.DELETED, True, Action.IGNORE),  # its exit wakes the worker
+        (EventKind.DELETED, False, Action.CONFIRM),  # the exit was missed
+        (EventKind.OOM, False, Action.IGNORE),  # the exit follows if the container dies
+        (EventKind.STARTED, False, Action.WAKE),
+        (EventKind.CREATED, False, Action.WAKE),
     ],
 )
-def test_which_events_wait_for_cri(kind: EventKind, confirm: bool) -> None:
-    assert wakes_after_confirming(kind) is confirm
+def test_what_each_event_calls_for(kind: EventKind, exit_seen: bool, action: Action) -> None:
+    assert action_for(kind, exit_seen=exit_seen) is action
 
 
 async def test_subscribing_switches_to_the_long_period_and_owes_a_relist(w: World) -> None:
@@ -168,6 +171,23 @@ async def test_an_exit_wakes_the_pod_once_cri_shows_it_and_relists_that_pod_only
     w.woken.clear()
     await w.relister.relist_once()
     assert w.woken == []
+
+
+async def test_exit_delete_and_oom_of_one_death_wake_the_worker_once(w: World) -> None:
+    _sid, cid = await w.pod("a")
+    await w.relister.relist_once()
+    w.woken.clear()
+    async with running(w.watcher.run()):
+        await w.subscribed()
+        w.events.push(EventKind.OOM, cid)
+        w.cri.exit_container(cid, 137)
+        w.events.push(EventKind.EXITED, cid)
+        w.events.push(EventKind.DELETED, cid)
+        await until(lambda: len(w.observer.log) == 4 and not w.watcher._tasks)
+        # a delete whose exit was not seen stands in for it
+        w.events.push(EventKind.DELETED, cid)
+        await until(lambda: len(w.observer.log) == 5 and not w.watcher._tasks)
+    assert w.woken == ["a", "a"]
 
 
 async def test_an_exit_cri_never_confirms_wakes_the_pod_after_the_bound(w: World) -> None:

@@ -1,5 +1,6 @@
 """Evented PLEG: wake the worker of a pod as soon as the runtime says one of its
-sandboxes or containers started, exited, was OOM-killed or deleted.
+sandboxes or containers started or exited (`action_for` says which event calls for
+what; OOM kills and the deletions that follow exits are counted, not acted on).
 
 The subscription (`klet.cri.events.RuntimeEvents`) is CRI GetContainerEvents where the
 runtime has it, else containerd's own task events. While it is open the relister runs
@@ -24,6 +25,7 @@ import asyncio
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
+from enum import Enum
 from typing import Protocol
 
 from klet.cri import CRIError, NotFound
@@ -39,7 +41,7 @@ from klet.syncloop.ports import RuntimeReader
 log = logging.getLogger(__name__)
 
 FOREIGN_CACHE = 1024
-"""How many IDs of objects that are not ours are remembered."""
+"""How many IDs of objects that are not ours (or whose exit was seen) are remembered."""
 
 
 class EventSource(Protocol):
@@ -90,9 +92,25 @@ def settle_delays(s: SettleSettings) -> list[float]:
     return out
 
 
-def wakes_after_confirming(kind: EventKind) -> bool:
-    """Whether the worker is woken only once CRI shows the change (see module doc)."""
-    return kind in (EventKind.EXITED, EventKind.OOM, EventKind.DELETED)
+class Action(Enum):
+    WAKE = "wake"  # wake the worker at once
+    CONFIRM = "confirm"  # wake it once CRI shows the object stopped
+    IGNORE = "ignore"
+
+
+def action_for(kind: EventKind, *, exit_seen: bool) -> Action:
+    """What an event calls for. An exit waits for CRI (see the module doc). A delete
+    follows the exit it belongs to and is ignored when that exit was seen, else it
+    stands in for it. An OOM kill is not an exit: the killed process may be a child
+    and the container live on; when the container does die, its exit follows and CRI
+    then gives the reason (OOMKilled). Starts and creations wake at once."""
+    if kind is EventKind.EXITED:
+        return Action.CONFIRM
+    if kind is EventKind.DELETED:
+        return Action.IGNORE if exit_seen else Action.CONFIRM
+    if kind is EventKind.OOM:
+        return Action.IGNORE
+    return Action.WAKE
 
 
 class EventWatcher:
@@ -119,6 +137,7 @@ class EventWatcher:
         self.subscribed = False
         self.source_name = ""
         self._foreign: dict[str, None] = {}
+        self._exits: dict[str, None] = {}  # objects whose exit was seen (bounded)
         self._tasks: set[asyncio.Task[None]] = set()
         self._once = OnceLogger(log, level=logging.WARNING)
 
@@ -175,21 +194,33 @@ class EventWatcher:
             self.observer.unsubscribed(error=error)
 
     def dispatch(self, event: RuntimeEvent) -> None:
-        """Handle one event in a task of its own."""
+        """Handle one event in a task of its own (unless it calls for nothing)."""
         if self.observer is not None:
             self.observer.event(event)
-        task = asyncio.create_task(self.handle(event), name=f"pleg-event-{event.object_id[:12]}")
+        action = action_for(event.kind, exit_seen=event.object_id in self._exits)
+        if event.kind is EventKind.EXITED:
+            self._exits[event.object_id] = None
+            while len(self._exits) > FOREIGN_CACHE:
+                del self._exits[next(iter(self._exits))]
+        elif event.kind is EventKind.DELETED:
+            self._exits.pop(event.object_id, None)
+        if action is Action.IGNORE:
+            return
+        task = asyncio.create_task(
+            self.handle(event, confirm=action is Action.CONFIRM),
+            name=f"pleg-event-{event.object_id[:12]}",
+        )
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    async def handle(self, event: RuntimeEvent) -> None:
+    async def handle(self, event: RuntimeEvent, *, confirm: bool) -> None:
         try:
             uid = event.pod_uid or self.relister.owner.get(event.object_id)
             if uid is None:
                 uid = await self._lookup(event.object_id)
             if uid is None:
                 return
-            if wakes_after_confirming(event.kind):
+            if confirm:
                 await self._confirm_stopped(event.object_id)
             self.wake(uid)
             await self.relister.relist_pod(uid)
