@@ -4,7 +4,7 @@ PY := .venv/bin/python
 RUN_DIR ?= $(CURDIR)/.run
 PYTEST_ARGS ?=
 
-.PHONY: setup run test unit integration cluster soak lint typecheck proto bench bench-gc bench-failover fuzz fuzz-manifests clean image test-image test-compose test-helm
+.PHONY: setup run test unit integration cluster soak lint typecheck proto bench bench-gc bench-failover bench-events fuzz fuzz-manifests clean image test-image test-compose test-helm
 
 setup:
 	@bash tools/setup.sh
@@ -42,7 +42,7 @@ lint: setup
 	.venv/bin/lint-imports
 
 typecheck: setup
-	.venv/bin/mypy libs/src services/pod-source/src services/syncloop/src services/status-reporter/src services/eviction/src services/image-gc/src bench/run.py bench/gc.py bench/failover.py tools/container_fields.py tools/config_fields.py tools/image tools/e2e
+	.venv/bin/mypy libs/src services/pod-source/src services/syncloop/src services/status-reporter/src services/eviction/src services/image-gc/src bench/run.py bench/gc.py bench/failover.py bench/events.py tools/container_fields.py tools/config_fields.py tools/image tools/e2e
 
 proto:
 	$(PY) tools/gen_proto.py
@@ -86,6 +86,12 @@ bench-gc: setup
 # that died meanwhile); FAILOVER_ROUNDS (default 5) kills per service. See bench/README.md.
 bench-failover: setup
 	$(PY) bench/failover.py
+
+# Container death (SIGKILL of its process) → /pods shows it terminated, and → restarted,
+# EVENTS_ROUNDS (default 20) pods each with runtime events (the default) and with the
+# 1 s relist alone (featureGates.EventedPLEG=false); medians and p99. See bench/README.md.
+bench-events: setup
+	$(PY) bench/events.py --rounds $(or $(EVENTS_ROUNDS),20)
 
 # Long fuzz runs, not part of `make test` (seeded subsets run in the unit tests); each
 # prints its figures and fails on any crash. `fuzz`: 10,000 mutated KubeletConfiguration

@@ -445,7 +445,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         manifests = run_dir / "manifests"
         manifests.mkdir()
-        node = KletNode(stack, run_dir / "node", node_name=node_name, manifest_dir=manifests)
+        node = KletNode(stack, run_dir / "node", node_name=node_name, manifest_dir=manifests,
+                        extra_flags=["--evented-pleg-relist-period", "20s"])  # the default
         print(f"bench: klet node {node_name} starting ...", flush=True)
         node.start()
         kb = KletBench(node, manifests, runner, cri)

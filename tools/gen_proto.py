@@ -2,7 +2,9 @@
 
 Run by `make proto` (and `make setup`). The output is not committed and not edited by
 hand; imports are rewritten from `klet.podcontrol.v1` to `klet.rpc.gen.klet.podcontrol.v1`
-so the generated package lives inside klet.rpc.
+so the generated package lives inside klet.rpc. The well-known types that
+grpcio-tools ships (google/protobuf/*.proto) are on the include path; their Python
+modules come from the protobuf runtime, not from here.
 """
 
 from __future__ import annotations
@@ -12,11 +14,13 @@ import shutil
 import sys
 from pathlib import Path
 
+import grpc_tools
 from grpc_tools import protoc
 
 ROOT = Path(__file__).resolve().parent.parent
 PROTO = ROOT / "proto"
 OUT = ROOT / "libs" / "src" / "klet" / "rpc" / "gen"
+WELL_KNOWN = Path(grpc_tools.__file__).parent / "_proto"
 
 
 def main() -> int:
@@ -26,6 +30,7 @@ def main() -> int:
     args = [
         "protoc",
         f"-I{PROTO}",
+        f"-I{WELL_KNOWN}",
         f"--python_out={OUT}",
         f"--pyi_out={OUT}",
         f"--grpc_python_out={OUT}",

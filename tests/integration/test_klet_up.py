@@ -88,6 +88,9 @@ def test_klet_up_runs_examples_supervises_and_stops_cleanly() -> None:
             str(healthz_port),
             "--hostname-override",
             "upnode",
+            # relisting every second (as with no runtime events): the test counts relists
+            "--evented-pleg-relist-period",
+            "1s",
         ],
         stdout=out,
         stderr=subprocess.STDOUT,

@@ -389,3 +389,16 @@ def test_build_parser_is_reusable_and_documents_defaults() -> None:
         assert flag in text
     assert "KLET_REDIS_URL" in text and "10264" in text
     assert vars(parser.parse_args([])) == {}  # absent flags leave no trace
+
+
+def test_the_evented_pleg_relist_period() -> None:
+    assert load([]).klet.evented_pleg_relist_period == 20.0
+    assert load(["--evented-pleg-relist-period", "2m"]).klet.evented_pleg_relist_period == 120.0
+    env = {"KLET_EVENTED_PLEG_RELIST_PERIOD": "30s"}
+    assert load([], env=env).klet.evented_pleg_relist_period == 30.0
+    assert load(["--feature-gates", "EventedPLEG=false"]).kubelet.feature_gates == {
+        "EventedPLEG": False
+    }
+    assert problems(["--evented-pleg-relist-period", "0s"]) == [
+        "--evented-pleg-relist-period: must be a positive duration"
+    ]

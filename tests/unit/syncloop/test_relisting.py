@@ -5,7 +5,11 @@ pods whose sandboxes or containers changed state, appeared or went away, includi
 pods no source wants; objects without a pod-UID label are not ours; the count of ready
 sandboxes follows the last relist; health turns false once the last successful relist
 is older than three minutes (a fake monotonic clock) and true again after one; the
-run loop reports each pod-UID set, and logs a CRI failure once and its recovery.
+run loop reports each pod-UID set, and logs a CRI failure once and its recovery;
+`relist_pod` refreshes one pod's fingerprint (label-selected lists) without waking it;
+the period is the long one only while runtime events flow, and a long one stretches
+the health threshold; `kick` starts a relist at
+once, and a kicked relist that fails is retried within a second until one succeeds.
 """
 
 from __future__ import annotations
@@ -133,3 +137,56 @@ async def test_the_run_loop_reports_uids_and_logs_a_failure_once(
             await until(lambda: bool(reported))
     assert reported[0] == {"a"}
     assert [r.getMessage() for r in caplog.records] == ["relist failed", "relist recovered"]
+
+
+async def test_relist_pod_refreshes_one_fingerprint_without_waking(w: World) -> None:
+    a = await w.sandbox("a")
+    cid = await w.container(a, "a")
+    b = await w.sandbox("b")
+    await w.relist()
+    assert w.relister.owner == {a: "a", cid: "a", b: "b"}
+    w.cri.exit_container(cid, 1)
+    w.cri.calls.clear()
+    w.woken.clear()
+    assert await w.relister.relist_pod("a") is True
+    assert await w.relister.relist_pod("a") is False
+    assert w.woken == []
+    assert {c[1:] for c in w.cri.calls} == {(f"{L.POD_UID}=a",)}
+    await w.relist()
+    assert w.woken == []  # the full relist agrees with the refreshed fingerprint
+    await w.cri.stop_pod_sandbox(a)
+    await w.cri.remove_pod_sandbox(a)
+    assert await w.relister.relist_pod("a") is True
+    assert "a" not in w.relister.previous and w.relister.ready_sandboxes() == 1
+
+
+async def test_the_period_is_long_only_while_events_flow(w: World) -> None:
+    relister = Relister(w.cri, w.woken.append, period_s=1, evented_period_s=20)
+    assert relister.current_period() == 1 and relister.threshold_s() == RELIST_THRESHOLD_S
+    relister.evented = True
+    assert relister.current_period() == 20
+    # a long evented period stretches the health threshold to two periods
+    slow = Relister(w.cri, w.woken.append, evented_period_s=300, clock=w.clock)
+    assert slow.threshold_s() == 600
+    w.clock.t += 599
+    assert slow.healthy()
+    w.clock.t += 1
+    assert not slow.healthy()
+
+
+async def test_a_kick_relists_at_once_and_an_owed_relist_is_retried(w: World) -> None:
+    await w.sandbox("a")
+    reported: list[set[str]] = []
+    relister = Relister(
+        w.cri, w.woken.append, period_s=3600, evented_period_s=3600, retry_period_s=0
+    )
+    relister.evented = True
+    async with running(relister.run(reported.append)):
+        await until(lambda: len(reported) == 1)  # the first pass, then an hour's wait
+        w.cri.fail_next("ListPodSandbox", CRIError("runtime restarting"))
+        w.cri.fail_next("ListPodSandbox", CRIError("runtime restarting"))
+        relister.kick()
+        # two failures, retried at the retry period (not in an hour) until one succeeds
+        await until(lambda: len(reported) == 2)
+        assert not relister.owed()
+    assert len(w.cri.calls_of("ListPodSandbox")) == 4

@@ -7,18 +7,23 @@ the sleep, the event sink, the registry, admission's node, the SyncPod settings,
 consumer name and the lease holder each reach their consumers; without overrides the
 CRI client, the bus and the lease come from the settings (the lease from the run
 directory's replica slot) and nothing connects while building; close() closes the CRI
-client and the bus (and the apiserver client in cluster mode).
+client and the bus (and the apiserver client in cluster mode); the evented PLEG watches
+the runtime's events by default, not with featureGates.EventedPLEG=false, and through
+a given source (none when only the CRI client is a fake); the relister's long period
+comes from --evented-pleg-relist-period.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 from klet.bus import Bus
 from klet.bus.testing import FakeBus
 from klet.config import KletSettings, KubeletConfiguration, Settings
 from klet.cri import RuntimeClient
-from klet.cri.testing import FakeRuntimeService
+from klet.cri.events import RuntimeEvents
+from klet.cri.testing import FakeRuntimeEvents, FakeRuntimeService
 from klet.syncloop.admission.admit import NodeInfo
 from klet.syncloop.pods.syncsettings import SyncSettings
 from klet.syncloop.wiring import Overrides, build_deps
@@ -97,7 +102,33 @@ async def test_the_defaults_come_from_the_settings(tmp_path: Path) -> None:
     assert syncer.settings.pod_logs_dir == tmp_path / "logs"
     assert syncer.settings.root_dir == tmp_path / "node"
     assert syncer.cgroups is None  # cgroupsPerQOS off
+    # evented PLEG on by default, on the CRI endpoint, with the long relist period
+    assert isinstance(deps.runtime_events, RuntimeEvents) and deps.watcher is not None
+    assert deps.watcher.source is deps.runtime_events and deps.watcher.relister is deps.relister
+    assert deps.relister.evented_period_s == 20.0 and deps.relister.current_period() == 1.0
     await deps.close()
+
+
+async def test_the_evented_pleg_gate_and_source(tmp_path: Path) -> None:
+    base = settings(tmp_path)
+    off = Settings(
+        kubelet=KubeletConfiguration(
+            cgroups_per_qos=False,
+            pod_logs_dir=str(tmp_path / "logs"),
+            feature_gates={"EventedPLEG": False},
+        ),
+        klet=dataclasses.replace(base.klet, evented_pleg_relist_period=120.0),
+    )
+    deps = build_deps(off)
+    assert deps.watcher is None and deps.runtime_events is None
+    assert deps.relister.evented_period_s == 120.0
+    await deps.close()
+    cri, events = FakeRuntimeService(), FakeRuntimeEvents()
+    deps = build_deps(base, Overrides(cri=cri, bus=FakeBus(), runtime_events=events))
+    assert deps.watcher is not None and deps.watcher.source is events
+    assert deps.watcher.cri is cri and deps.relister.cri is cri
+    assert deps.runtime_events is None  # a given source is the test's to close
+    assert build_deps(base, Overrides(cri=cri, bus=FakeBus())).watcher is None
 
 
 async def test_close_closes_what_build_deps_opened(tmp_path: Path) -> None:

@@ -583,6 +583,16 @@ _SETTING_FLAGS: tuple[FlagSpec, ...] = (
         env="KLET_LOG_FORMAT",
         metavar="FORMAT",
     ),
+    FlagSpec(
+        "--evented-pleg-relist-period",
+        "klet-only: syncloop's safety-net relist period while runtime events drive PLEG "
+        "(featureGates.EventedPLEG, on by default); without events it relists every 1s "
+        "(default 20s)",
+        _DUR,
+        setting="evented_pleg_relist_period",
+        env="KLET_EVENTED_PLEG_RELIST_PERIOD",
+        metavar="DURATION",
+    ),
     # Container GC policy: upstream's deprecated KubeletFlags (no config file fields).
     FlagSpec(
         "--minimum-container-ttl-duration",

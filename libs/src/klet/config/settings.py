@@ -108,6 +108,9 @@ class KletSettings:
     minimum_container_ttl_duration: float = 0.0  # --minimum-container-ttl-duration, seconds
     maximum_dead_containers_per_container: int = 1  # --maximum-dead-containers-per-container
     maximum_dead_containers: int = -1  # --maximum-dead-containers
+    # --evented-pleg-relist-period / KLET_EVENTED_PLEG_RELIST_PERIOD, seconds: syncloop's
+    # relist period while runtime events drive PLEG (see klet.syncloop.pods.relisting)
+    evented_pleg_relist_period: float = 20.0
 
     @property
     def standalone(self) -> bool:
@@ -199,6 +202,8 @@ def _check_klet(values: Mapping[str, Any], source: Mapping[str, str]) -> list[Pr
             "minimum_container_ttl_duration",
             f"invalid minimum garbage collection age: {values['minimum_container_ttl_duration']}s",
         )
+    if values.get("evented_pleg_relist_period", 20.0) <= 0:
+        bad("evented_pleg_relist_period", "must be a positive duration")
     if values.get("log_format", "json") not in ("json", "text"):
         bad("log_format", f"must be json or text, got {values['log_format']!r}")
     if "service_bind_address" in values:
@@ -438,6 +443,9 @@ def load_settings(
         ),
         maximum_dead_containers=klet_values.get(
             "maximum_dead_containers", KletSettings.maximum_dead_containers
+        ),
+        evented_pleg_relist_period=klet_values.get(
+            "evented_pleg_relist_period", KletSettings.evented_pleg_relist_period
         ),
     )
     return Settings(kubelet=cfg, klet=klet)

@@ -121,7 +121,15 @@ class RuntimeClient:
 
     def __init__(self, settings: CRISettings) -> None:
         self.settings = settings
-        options = [("grpc.max_receive_message_length", 16 * 1024 * 1024)]
+        # gRPC's default reconnect back-off grows to two minutes: after a runtime
+        # restart the first calls would fail for that long. A unix socket is cheap to
+        # retry, so reconnect within a second.
+        options = [
+            ("grpc.max_receive_message_length", 16 * 1024 * 1024),
+            ("grpc.initial_reconnect_backoff_ms", 100),
+            ("grpc.min_reconnect_backoff_ms", 100),
+            ("grpc.max_reconnect_backoff_ms", 1000),
+        ]
         self._channel = grpc.aio.insecure_channel(
             _target(settings.runtime_endpoint), options=options
         )

@@ -17,3 +17,7 @@ class NotFound(CRIError):
 
 class RuntimeUnavailable(CRIError):
     """The runtime did not answer: socket missing, refused, or the deadline passed."""
+
+
+class EventsUnsupported(CRIError):
+    """The runtime serves neither CRI GetContainerEvents nor containerd's events API."""

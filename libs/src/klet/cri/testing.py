@@ -12,36 +12,41 @@ It presents the client's contract, not the raw gRPC one: stop and remove calls o
 unknown ID succeed (the client swallows NotFound there), reads and starts on an unknown
 ID raise `NotFound`. Injected failures (`fail_next`, `fail_always`, `fail_pull`) are
 raised as given, before any state changes. Every call is logged in `calls` as
-`(RPC name, *string arguments)`, and `hooks[RPC name]` is awaited inside that call,
+`(RPC name, *string arguments)` (for the list calls, their selector's "key=value"s),
+and `hooks[RPC name]` is awaited inside that call,
 which lets a test interleave other work with a call in flight. Times are nanoseconds
 from the injected `clock`; nothing here sleeps or does I/O.
 """
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import hashlib
 import ipaddress
 import os
 import time
 from collections import deque
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 
-from klet.cri.errors import CRIError, NotFound
+from klet.cri.errors import CRIError, EventsUnsupported, NotFound, RuntimeUnavailable
 from klet.cri.types import (
     AuthConfig,
     Container,
     ContainerConfig,
     ContainerState,
     ContainerStatusInfo,
+    EventKind,
     ImageInfo,
     RuntimeCondition,
+    RuntimeEvent,
     RuntimeVersion,
     Sandbox,
     SandboxConfig,
     SandboxState,
     SandboxStatusInfo,
+    Subscribed,
 )
 from klet.model.types import ContainerID, ImageRef, SandboxID
 
@@ -81,6 +86,11 @@ class FakeContainer:
     reason: str = ""
     message: str = ""
     log_reopens: int = 0
+
+
+def _selector_args(selector: dict[str, str] | None) -> list[str]:
+    """A label selector as it appears in `calls`: sorted "key=value" strings."""
+    return sorted(f"{k}={v}" for k, v in (selector or {}).items())
 
 
 def _matches(labels: dict[str, str], selector: dict[str, str] | None) -> bool:
@@ -301,7 +311,7 @@ class FakeRuntimeService:
     async def list_pod_sandboxes(
         self, *, label_selector: dict[str, str] | None = None
     ) -> list[Sandbox]:
-        await self._enter("ListPodSandbox")
+        await self._enter("ListPodSandbox", *_selector_args(label_selector))
         return [
             Sandbox(
                 id=s.id,
@@ -369,7 +379,7 @@ class FakeRuntimeService:
     async def list_containers(
         self, *, sandbox_id: SandboxID | None = None, label_selector: dict[str, str] | None = None
     ) -> list[Container]:
-        await self._enter("ListContainers")
+        await self._enter("ListContainers", *_selector_args(label_selector))
         return [
             Container(
                 id=c.id,
@@ -480,3 +490,45 @@ def _user_of(auth: AuthConfig | None) -> str:
     """The user a PullImage authenticated as, for the call log ("" = anonymous)."""
     credentials = _credentials_of(auth)
     return credentials[0] if credentials else ""
+
+
+class FakeRuntimeEvents:
+    """`klet.cri.events.RuntimeEvents` for unit tests: events are pushed by the test.
+
+    `push` delivers an event to the open subscription (queued until one is open);
+    `drop` ends the open subscription with `RuntimeUnavailable`, as a runtime restart
+    does; `refuse` makes the next subscriptions fail to open with `error` (None stops
+    refusing); `unsupported` makes every subscription raise `EventsUnsupported`.
+    `subscriptions` counts the subscriptions opened.
+    """
+
+    def __init__(self, *, source: str = "containerd") -> None:
+        self.source = source
+        self.unsupported = False
+        self.subscriptions = 0
+        self._refuse: CRIError | None = None
+        self._queue: asyncio.Queue[RuntimeEvent | CRIError] = asyncio.Queue()
+
+    def push(self, kind: EventKind, object_id: str, **fields: object) -> None:
+        self._queue.put_nowait(
+            RuntimeEvent(kind=kind, object_id=object_id, topic=f"fake/{kind.value}", **fields)  # type: ignore[arg-type]
+        )
+
+    def drop(self) -> None:
+        self._queue.put_nowait(RuntimeUnavailable("the fake runtime restarted", code="UNAVAILABLE"))
+
+    def refuse(self, error: CRIError | None) -> None:
+        self._refuse = error
+
+    async def subscribe(self) -> AsyncIterator[RuntimeEvent | Subscribed]:
+        if self.unsupported:
+            raise EventsUnsupported("no events in the fake", code="UNIMPLEMENTED")
+        if self._refuse is not None:
+            raise self._refuse
+        self.subscriptions += 1
+        yield Subscribed(self.source)
+        while True:
+            item = await self._queue.get()
+            if isinstance(item, CRIError):
+                raise item
+            yield item

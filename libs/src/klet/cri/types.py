@@ -317,3 +317,38 @@ class ContainerStatsInfo:
     memory_rss_bytes: int | None
     memory_available_bytes: int | None
     writable_layer: FilesystemUsageInfo | None
+
+
+# -- runtime events (klet.cri.events) ------------------------------------------------
+
+
+class EventKind(Enum):
+    CREATED = "created"
+    STARTED = "started"
+    EXITED = "exited"
+    OOM = "oom"
+    DELETED = "deleted"
+
+
+@dataclass(frozen=True)
+class RuntimeEvent:
+    """Something happened to a sandbox or container.
+
+    `object_id` is a CRI container ID or sandbox ID (containerd's events do not say
+    which); `pod_uid` is set when the runtime said (CRI events carry the sandbox's
+    status), else "". `at` is the runtime's Unix time of the event, 0 when unknown.
+    """
+
+    kind: EventKind
+    object_id: str
+    topic: str
+    pod_uid: str = ""
+    exit_status: int | None = None
+    at: float = 0.0
+
+
+@dataclass(frozen=True)
+class Subscribed:
+    """The subscription is open; `source` is "cri" or "containerd"."""
+
+    source: str

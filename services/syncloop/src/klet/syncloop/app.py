@@ -20,7 +20,6 @@ from klet.obs import create_health_app, leader_metric, run_supervised, serve_ser
 from klet.rpc.podcontrol import serve_pod_control
 from klet.syncloop.containers.logmanager import ContainerLogManager, LogManagerSettings
 from klet.syncloop.pods.intake import BusIntake
-from klet.syncloop.pods.relisting import RELIST_THRESHOLD_S, Relister
 from klet.syncloop.wiring import Deps
 
 log = logging.getLogger(__name__)
@@ -36,7 +35,7 @@ async def main(deps: Deps) -> int:
         on_bad=lambda _e: m.bad_bus_entries.inc(),
         on_error=m.bus_errors.inc,
     )
-    relister = Relister(deps.cri, controller.on_runtime_change)
+    relister = deps.relister
     log_manager = ContainerLogManager(
         deps.cri, LogManagerSettings.from_config(deps.settings.kubelet)
     )
@@ -51,6 +50,12 @@ async def main(deps: Deps) -> int:
     async def pleg() -> None:
         await relister.run(on_uids)
 
+    async def pleg_events() -> None:
+        if deps.watcher is None:  # featureGates.EventedPLEG=false
+            await asyncio.Event().wait()
+            return
+        await deps.watcher.run()
+
     async def report_health() -> None:
         # syncloop's contribution to the Node's Ready condition (status-reporter folds
         # it in): False with upstream's message while PLEG is not healthy.
@@ -61,7 +66,7 @@ async def main(deps: Deps) -> int:
                 if healthy
                 else (
                     f"PLEG is not healthy: pleg was last seen active {relister.age():.0f}s ago; "
-                    f"threshold is {RELIST_THRESHOLD_S:.0f}s"
+                    f"threshold is {relister.threshold_s():.0f}s"
                 )
             )
             record = NodeConditionRecord(
@@ -105,6 +110,7 @@ async def main(deps: Deps) -> int:
                 "pods-consumer": gated("pods-consumer", intake.run_consumer),
                 "desired-resync": gated("desired-resync", intake.run_resync),
                 "pleg": gated("pleg", pleg),
+                "pleg-events": gated("pleg-events", pleg_events),
                 "periodic-resync": gated("periodic-resync", periodic_resync),
                 "node-health": gated("node-health", report_health),
                 "status-publisher": gated("status-publisher", controller.publisher.run),

@@ -6,12 +6,15 @@ small recorders below (`ProberMetrics`, `Metrics.record_admission_rejection`).
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 if TYPE_CHECKING:
+    from klet.cri.types import RuntimeEvent
     from klet.syncloop.probing.prober import ProbeRun
 
 # upstream's prober_probe_total `result` values; upstream's third value, "unknown", is
@@ -92,6 +95,39 @@ class ProberMetrics:
 
 
 @dataclass(frozen=True)
+class PlegMetrics:
+    """The evented PLEG's recorder (runtimeevents.EventObserver).
+
+    Upstream's evented PLEG counts connections in `kubelet_evented_pleg_connection_*_count`
+    counters; prometheus_client would expose those as `..._count_total`, so klet names its
+    own: stream opens by source, stream failures, whether a stream is open, and events
+    by kind. The latency histogram keeps upstream's name: seconds from the runtime's
+    timestamp of an event to its arrival here (same host, same clock).
+    """
+
+    opens: Counter
+    errors: Counter
+    up: Gauge
+    events: Counter
+    latency: Histogram
+    clock: Callable[[], float] = time.time
+
+    def subscribed(self, source: str) -> None:
+        self.opens.labels(source if source in ("cri", "containerd") else "other").inc()
+        self.up.set(1)
+
+    def unsubscribed(self, *, error: bool) -> None:
+        self.up.set(0)
+        if error:
+            self.errors.inc()
+
+    def event(self, event: RuntimeEvent) -> None:
+        self.events.labels(event.kind.value).inc()
+        if event.at > 0:
+            self.latency.observe(max(0.0, self.clock() - event.at))
+
+
+@dataclass(frozen=True)
 class Metrics:
     running_pods: Gauge
     pod_workers: Gauge
@@ -102,6 +138,7 @@ class Metrics:
     bus_errors: Counter
     admission_rejections: Counter
     prober: ProberMetrics
+    pleg: PlegMetrics
 
     def record_admission_rejection(self, reason: str) -> None:
         self.admission_rejections.labels(admission_rejection_reason(reason)).inc()
@@ -145,6 +182,36 @@ def create_metrics(registry: CollectorRegistry) -> Metrics:
             "Pods this node refused to admit, by reason",
             ["reason"],
             registry=registry,
+        ),
+        pleg=PlegMetrics(
+            opens=Counter(
+                "klet_syncloop_runtime_event_streams_total",
+                "Runtime event subscriptions opened, by source (cri, containerd)",
+                ["source"],
+                registry=registry,
+            ),
+            errors=Counter(
+                "klet_syncloop_runtime_event_stream_errors_total",
+                "Runtime event subscriptions that failed or dropped",
+                registry=registry,
+            ),
+            up=Gauge(
+                "klet_syncloop_runtime_event_stream_up",
+                "1 while a runtime event subscription is open (PLEG relists at its long period)",
+                registry=registry,
+            ),
+            events=Counter(
+                "klet_syncloop_runtime_events_total",
+                "Runtime events received, by kind (created, started, exited, oom, deleted)",
+                ["kind"],
+                registry=registry,
+            ),
+            latency=Histogram(
+                "kubelet_evented_pleg_connection_latency_seconds",
+                "Seconds from a runtime event's timestamp to its arrival in syncloop",
+                registry=registry,
+                buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5),
+            ),
         ),
         prober=ProberMetrics(
             results=Counter(

@@ -24,6 +24,7 @@ from klet.cgroups import CgroupFS
 from klet.cgroups.machine import mem_total_bytes, read_machine
 from klet.config import Settings
 from klet.cri import RuntimeClient, cri_settings
+from klet.cri.events import RuntimeEvents
 from klet.kube import KubeClient, kube_settings
 from klet.model.flowcontrol import Backoff, TokenBucket
 from klet.model.layout import SYNCLOOP, grpc_socket
@@ -44,7 +45,9 @@ from klet.syncloop.environment.kubeobjects import ApiObjects
 from klet.syncloop.events import BusEventSink, EventSink
 from klet.syncloop.metrics import Metrics, create_metrics
 from klet.syncloop.pods.controller import NodePressure, PodController, published_status
+from klet.syncloop.pods.relisting import Relister
 from klet.syncloop.pods.runtime import PodRuntime
+from klet.syncloop.pods.runtimeevents import EventSource, EventWatcher
 from klet.syncloop.pods.statuspub import StatusPublisher
 from klet.syncloop.pods.syncpod import PodSyncer
 from klet.syncloop.pods.syncsettings import SyncSettings
@@ -61,6 +64,8 @@ from klet.syncloop.volumes.hostpath import HostPathPlugin
 from klet.syncloop.volumes.manager import VolumeManager
 from klet.syncloop.volumes.tokens import TokenManager
 from prometheus_client import CollectorRegistry
+
+EVENTED_PLEG_GATE = "EventedPLEG"
 
 
 @dataclass(frozen=True)
@@ -81,6 +86,10 @@ class Overrides:
     sync: SyncSettings | None = None  # SyncPod's settings (default: from the settings tree)
     consumer: str | None = None  # the `pods` stream consumer name
     lease_holder: str | None = None  # default: this process's replica slot (klet.bus.holder)
+    runtime_events: EventSource | None = None
+    """The runtime event source of the evented PLEG (e.g. klet.cri.testing.FakeRuntimeEvents);
+    default: `RuntimeEvents` on the CRI endpoint unless featureGates.EventedPLEG is false
+    or `cri` is overridden (then no events unless given here)."""
 
 
 @dataclass(frozen=True)
@@ -98,12 +107,17 @@ class Deps:
     service_port: ServicePort
     consumer: str
     lease: Lease
+    relister: Relister
+    watcher: EventWatcher | None  # None: featureGates.EventedPLEG=false, relisting only
     kube: KubeClient | None = None  # cluster mode's apiserver client, closed at exit
     volumes: VolumeManager | None = None  # pod volumes; its orphan clean-up is a root task
+    runtime_events: RuntimeEvents | None = None  # the production event channel, closed at exit
 
     async def close(self) -> None:
         """Close the clients the service holds (CRI, the apiserver's, the bus), given ones too."""
         await self.cri.close()
+        if self.runtime_events is not None:
+            await self.runtime_events.close()
         if self.kube is not None:
             await self.kube.close()
         await self.bus.close()
@@ -270,6 +284,27 @@ def build_deps(settings: Settings, overrides: Overrides | None = None) -> Deps:
         on_rejected=metrics.record_admission_rejection,
         node_name=settings.klet.node_name,
     )
+    relister = Relister(
+        cri,
+        controller.on_runtime_change,
+        evented_period_s=settings.klet.evented_pleg_relist_period,
+    )
+    # Evented PLEG: on unless featureGates.EventedPLEG is false (upstream's gate, whose
+    # default is false there; klet defaults it on and falls back to relisting every
+    # second by itself when the runtime serves no events).
+    runtime_events: RuntimeEvents | None = None
+    source = o.runtime_events
+    if source is None and o.cri is None and k.feature_gates.get(EVENTED_PLEG_GATE, True):
+        # (a CRI override is a fake runtime: real events would come from elsewhere)
+        runtime_events = RuntimeEvents(cri_settings(k))
+        source = runtime_events
+    watcher = (
+        EventWatcher(
+            source, cri, relister, wake=controller.on_runtime_change, observer=metrics.pleg
+        )
+        if source is not None
+        else None
+    )
     run_dir = Path(settings.klet.run_dir)
     return Deps(
         settings=settings,
@@ -293,4 +328,7 @@ def build_deps(settings: Settings, overrides: Overrides | None = None) -> Deps:
         ),
         kube=kube,
         volumes=volumes,
+        relister=relister,
+        watcher=watcher,
+        runtime_events=runtime_events,
     )

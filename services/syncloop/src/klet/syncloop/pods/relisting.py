@@ -1,11 +1,20 @@
-"""PLEG: relist the runtime every second and wake the workers of pods that changed.
+"""PLEG: relist the runtime and wake the workers of pods that changed.
 
-containerd 1.6 has no GetContainerEvents, so relisting is the only source of runtime
-events. Each relist is two CRI calls (all sandboxes, all containers); a pod's
-fingerprint is the set of (id, state) of its sandboxes and containers, and any
-difference wakes its worker — including pods no source wants (orphans), whose workers
-decide whether they may be removed. `healthy()` follows upstream: unhealthy when the
-last successful relist is older than three minutes.
+Each relist is two CRI calls (all sandboxes, all containers); a pod's fingerprint is
+the set of (id, state) of its sandboxes and containers, and any difference wakes its
+worker — including pods no source wants (orphans), whose workers decide whether they
+may be removed. `healthy()` follows upstream: unhealthy when the last successful
+relist is older than three minutes.
+
+Without runtime events the relist runs every second (upstream's generic PLEG). While
+an event subscription is open (`evented`, see runtimeevents.py) events wake workers
+and the relist is a safety net every `evented_period_s` (20 s by default): it is what
+notices a container removed behind our back (containerd publishes no task event for
+that), an event lost between a stream's drop and its replacement, and a runtime that
+never sends one. Upstream's evented PLEG relists every 300 s; 20 s bounds those cases
+at the manifest poll period (fileCheckFrequency) for a cost of two CRI calls. `kick()`
+asks for a full relist at once (after a re-subscription); `relist_pod` refreshes one
+pod's fingerprint after an event so the next full relist does not wake it again.
 """
 
 from __future__ import annotations
@@ -24,6 +33,12 @@ from klet.syncloop.ports import RuntimeReader
 log = logging.getLogger(__name__)
 
 RELIST_THRESHOLD_S = 180.0
+GENERIC_PERIOD_S = 1.0
+"""Relist period without runtime events (upstream's genericPlegRelistPeriod)."""
+EVENTED_PERIOD_S = 20.0
+"""Default relist period while runtime events drive PLEG (klet's choice; see above)."""
+RETRY_PERIOD_S = 1.0
+"""At most this long between attempts while a full relist is owed and failing."""
 
 RuntimeState = SandboxState | ContainerState
 Fingerprint = frozenset[tuple[str, RuntimeState]]
@@ -43,20 +58,34 @@ def fingerprints(
     return {uid: frozenset(v) for uid, v in out.items()}
 
 
+def owners(
+    objects: list[tuple[str, SandboxState | ContainerState, dict[str, str]]],
+) -> dict[str, str]:
+    """Sandbox or container ID → pod UID, for the objects that carry the label."""
+    return {oid: labels[L.POD_UID] for oid, _state, labels in objects if labels.get(L.POD_UID)}
+
+
 class Relister:
     def __init__(
         self,
         cri: RuntimeReader,
         on_change: Callable[[str], None],
         *,
-        period_s: float = 1.0,
+        period_s: float = GENERIC_PERIOD_S,
+        evented_period_s: float = EVENTED_PERIOD_S,
+        retry_period_s: float = RETRY_PERIOD_S,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.cri = cri
         self.on_change = on_change
         self.period_s = period_s
+        self.evented_period_s = evented_period_s
+        self.retry_period_s = retry_period_s
+        self.evented = False  # set while a runtime event subscription is open
         self.clock = clock
         self.previous: dict[str, Fingerprint] = {}
+        self.owner: dict[str, str] = {}  # sandbox/container ID → pod UID, last seen
+        self._kick = asyncio.Event()
         self.last_ok = clock()
         self._once = OnceLogger(log, level=logging.WARNING)
         self.last_duration_s = 0.0  # of the last successful relist (kubelet_pleg_relist_duration)
@@ -65,8 +94,14 @@ class Relister:
         """Seconds since the last successful relist."""
         return self.clock() - self.last_ok
 
+    def threshold_s(self) -> float:
+        """How old the last successful relist may be while PLEG counts as healthy:
+        upstream's three minutes, or twice a longer evented period (upstream's evented
+        PLEG pairs its 300 s relist with a 600 s threshold)."""
+        return max(RELIST_THRESHOLD_S, 2 * self.evented_period_s)
+
     def healthy(self) -> bool:
-        return self.age() < RELIST_THRESHOLD_S
+        return self.age() < self.threshold_s()
 
     def ready_sandboxes(self) -> int:
         """How many sandboxes of our pods were ready at the last relist."""
@@ -74,14 +109,50 @@ class Relister:
             1 for fp in self.previous.values() for _id, state in fp if state is SandboxState.READY
         )
 
+    def current_period(self) -> float:
+        return self.evented_period_s if self.evented else self.period_s
+
+    def kick(self) -> None:
+        """Relist everything now (the run loop's next pass starts at once)."""
+        self._kick.set()
+
+    def owed(self) -> bool:
+        """Whether a kicked full relist has not started yet."""
+        return self._kick.is_set()
+
+    async def relist_pod(self, uid: str) -> bool:
+        """Refresh the fingerprint of one pod (two label-selected CRI calls) without
+        waking it; whether it changed. The caller has woken the worker already."""
+        selector = {L.POD_UID: uid}
+        sandboxes = await self.cri.list_pod_sandboxes(label_selector=selector)
+        containers = await self.cri.list_containers(label_selector=selector)
+        sb: list[tuple[str, SandboxState, dict[str, str]]] = [
+            (s.id, s.state, s.labels) for s in sandboxes
+        ]
+        ct: list[tuple[str, ContainerState, dict[str, str]]] = [
+            (c.id, c.state, c.labels) for c in containers
+        ]
+        fp = fingerprints(sb, ct).get(uid)
+        changed = fp != self.previous.get(uid)
+        if fp is None:
+            self.previous.pop(uid, None)
+        else:
+            self.previous[uid] = fp
+        self.owner.update(owners([*sb, *ct]))
+        return changed
+
     async def relist_once(self) -> set[str]:
         started = self.clock()
         sandboxes = await self.cri.list_pod_sandboxes()
         containers = await self.cri.list_containers()
-        current = fingerprints(
-            [(s.id, s.state, s.labels) for s in sandboxes],
-            [(c.id, c.state, c.labels) for c in containers],
-        )
+        sb: list[tuple[str, SandboxState, dict[str, str]]] = [
+            (s.id, s.state, s.labels) for s in sandboxes
+        ]
+        ct: list[tuple[str, ContainerState, dict[str, str]]] = [
+            (c.id, c.state, c.labels) for c in containers
+        ]
+        current = fingerprints(sb, ct)
+        self.owner = owners([*sb, *ct])
         changed = {
             uid
             for uid in current.keys() | self.previous.keys()
@@ -95,10 +166,21 @@ class Relister:
         return set(current)
 
     async def run(self, on_uids: Callable[[set[str]], None]) -> None:
+        """Relist every `current_period()`, and at once after `kick()`; a relist owed by
+        a kick that fails is retried every `retry_period_s` until one succeeds."""
         while True:
+            owed = self._kick.is_set()
+            self._kick.clear()
             try:
                 on_uids(await self.relist_once())
                 self._once.clear("cri", "relist recovered")
             except CRIError as err:
                 self._once.error("cri", "relist failed", cause=str(err), error=str(err))
-            await asyncio.sleep(self.period_s)
+                if owed:
+                    await asyncio.sleep(min(self.current_period(), self.retry_period_s))
+                    self._kick.set()
+                    continue
+            try:
+                await asyncio.wait_for(self._kick.wait(), timeout=self.current_period())
+            except TimeoutError:
+                pass

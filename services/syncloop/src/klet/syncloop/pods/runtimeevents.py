@@ -1,0 +1,274 @@
+"""Evented PLEG: wake the worker of a pod as soon as the runtime says one of its
+sandboxes or containers started or exited (`action_for` says which event calls for
+what; OOM kills and the deletions that follow exits are counted, not acted on).
+
+The subscription (`klet.cri.events.RuntimeEvents`) is CRI GetContainerEvents where the
+runtime has it, else containerd's own task events. While it is open the relister runs
+as a safety net at its long period (relisting.py); when it drops (the runtime
+restarted) the relister goes back to relisting every second, the watcher re-subscribes
+with back-off, and once the new stream is open it asks for one full relist at once, so
+whatever happened while no stream was open is found. A runtime with neither API leaves
+PLEG relisting every second, as upstream's generic PLEG does.
+
+containerd publishes a task's exit before its CRI plugin has recorded it, so an exit is
+confirmed through CRI (`ContainerStatus`, polled with short growing delays up to
+`SettleSettings`) before the worker is woken: a worker woken earlier would read
+the container as still running and publish nothing new until the next relist. Other
+events wake at once. Each event is handled in its own task so one slow confirmation
+does not hold up the events behind it; events about objects that are not ours (no pod
+UID label) are dropped, and the IDs are remembered (bounded) so they cost one lookup.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
+from enum import Enum
+from typing import Protocol
+
+from klet.cri import CRIError, NotFound
+from klet.cri import labels as L
+from klet.cri.errors import EventsUnsupported
+from klet.cri.types import ContainerState, EventKind, RuntimeEvent, SandboxState, Subscribed
+from klet.model.flowcontrol import BackoffPolicy, RetryDelay
+from klet.model.types import ContainerID, SandboxID
+from klet.obs import OnceLogger
+from klet.syncloop.pods.relisting import Relister
+from klet.syncloop.ports import RuntimeReader
+
+log = logging.getLogger(__name__)
+
+FOREIGN_CACHE = 1024
+"""How many IDs of objects that are not ours (or whose exit was seen) are remembered."""
+
+
+class EventSource(Protocol):
+    """What the watcher subscribes through (`klet.cri.events.RuntimeEvents`)."""
+
+    def subscribe(self) -> AsyncIterator[RuntimeEvent | Subscribed]: ...
+
+
+class EventObserver(Protocol):
+    """Where the watcher reports (metrics.py's PlegMetrics)."""
+
+    def subscribed(self, source: str) -> None: ...
+
+    def unsubscribed(self, *, error: bool) -> None: ...
+
+    def event(self, event: RuntimeEvent) -> None: ...
+
+
+@dataclass(frozen=True)
+class SettleSettings:
+    """How an exit is confirmed through CRI before the worker is woken."""
+
+    first_s: float = 0.002
+    """First delay between ContainerStatus polls, seconds; doubled each time..."""
+    step_max_s: float = 0.5
+    """...up to this delay between polls, seconds."""
+    max_s: float = 30.0
+    """Give up after this many seconds in all and wake the worker anyway (the periodic
+    relist catches what CRI records later). containerd's CRI plugin records an exit
+    within milliseconds on an idle node but took seconds on this 2-core machine under a
+    load average of 50: the bound is generous so the event path still wins there."""
+
+
+SETTLE = SettleSettings()
+RESUBSCRIBE_BACKOFF = BackoffPolicy(initial_s=0.1, max_s=5.0)
+"""Delays between subscription attempts while the runtime is away."""
+
+
+def settle_delays(s: SettleSettings) -> list[float]:
+    """The delays between confirmation polls: `first_s` doubling up to `step_max_s`,
+    adding up to at most `max_s`."""
+    out: list[float] = []
+    total, delay = 0.0, s.first_s
+    while delay > 0 and total + delay <= s.max_s:
+        out.append(delay)
+        total += delay
+        delay = min(delay * 2, s.step_max_s)
+    return out
+
+
+class Action(Enum):
+    WAKE = "wake"  # wake the worker at once
+    CONFIRM = "confirm"  # wake it once CRI shows the object stopped
+    IGNORE = "ignore"
+
+
+def action_for(kind: EventKind, *, exit_seen: bool) -> Action:
+    """What an event calls for. An exit waits for CRI (see the module doc). A delete
+    follows the exit it belongs to and is ignored when that exit was seen, else it
+    stands in for it. An OOM kill is not an exit: the killed process may be a child
+    and the container live on; when the container does die, its exit follows and CRI
+    then gives the reason (OOMKilled). Starts and creations wake at once."""
+    if kind is EventKind.EXITED:
+        return Action.CONFIRM
+    if kind is EventKind.DELETED:
+        return Action.IGNORE if exit_seen else Action.CONFIRM
+    if kind is EventKind.OOM:
+        return Action.IGNORE
+    return Action.WAKE
+
+
+class EventWatcher:
+    def __init__(
+        self,
+        source: EventSource,
+        cri: RuntimeReader,
+        relister: Relister,
+        *,
+        wake: Callable[[str], None],
+        observer: EventObserver | None = None,
+        backoff: BackoffPolicy = RESUBSCRIBE_BACKOFF,
+        settle: SettleSettings = SETTLE,
+        sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+    ) -> None:
+        self.source = source
+        self.cri = cri
+        self.relister = relister
+        self.wake = wake
+        self.observer = observer
+        self.backoff = backoff
+        self.settle = settle
+        self.sleep = sleep
+        self.subscribed = False
+        self.source_name = ""
+        self._foreign: dict[str, None] = {}
+        self._exits: dict[str, None] = {}  # objects whose exit was seen (bounded)
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._once = OnceLogger(log, level=logging.WARNING)
+
+    async def run(self) -> None:
+        delay = RetryDelay(self.backoff)
+        try:
+            while True:
+                try:
+                    async for item in self.source.subscribe():
+                        if isinstance(item, Subscribed):
+                            self._on_subscribed(item.source)
+                            delay.reset()
+                        else:
+                            self.dispatch(item)
+                except EventsUnsupported as err:
+                    self._on_dropped(error=False)
+                    log.info(
+                        "the runtime serves no events: PLEG relists every %.0fs",
+                        self.relister.period_s,
+                        extra={"error": str(err)},
+                    )
+                    await asyncio.Event().wait()  # a root task must not return
+                except CRIError as err:
+                    self._once.error(
+                        "stream", "runtime event stream failed", cause=err.code, error=str(err)
+                    )
+                    self._on_dropped(error=True)
+                await self.sleep(delay.next())
+        finally:
+            await self.stop()
+
+    async def stop(self) -> None:
+        for task in list(self._tasks):
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+
+    def _on_subscribed(self, source: str) -> None:
+        self.subscribed = True
+        self.source_name = source
+        self.relister.evented = True
+        self.relister.kick()  # catch up on whatever happened without a stream
+        if self.observer is not None:
+            self.observer.subscribed(source)
+        if not self._once.clear("stream", "runtime event stream open again", source=source):
+            log.info("subscribed to runtime events", extra={"source": source})
+
+    def _on_dropped(self, *, error: bool) -> None:
+        was = self.subscribed
+        self.subscribed = False
+        self.relister.evented = False
+        if was:
+            self.relister.kick()  # relist every second again, starting now
+        if self.observer is not None:
+            self.observer.unsubscribed(error=error)
+
+    def dispatch(self, event: RuntimeEvent) -> None:
+        """Handle one event in a task of its own (unless it calls for nothing)."""
+        if self.observer is not None:
+            self.observer.event(event)
+        action = action_for(event.kind, exit_seen=event.object_id in self._exits)
+        if event.kind is EventKind.EXITED:
+            self._exits[event.object_id] = None
+            while len(self._exits) > FOREIGN_CACHE:
+                del self._exits[next(iter(self._exits))]
+        elif event.kind is EventKind.DELETED:
+            self._exits.pop(event.object_id, None)
+        if action is Action.IGNORE:
+            return
+        task = asyncio.create_task(
+            self.handle(event, confirm=action is Action.CONFIRM),
+            name=f"pleg-event-{event.object_id[:12]}",
+        )
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def handle(self, event: RuntimeEvent, *, confirm: bool) -> None:
+        try:
+            uid = event.pod_uid or self.relister.owner.get(event.object_id)
+            if uid is None:
+                uid = await self._lookup(event.object_id)
+            if uid is None:
+                return
+            if confirm:
+                await self._confirm_stopped(event.object_id)
+            self.wake(uid)
+            await self.relister.relist_pod(uid)
+        except CRIError as err:
+            # The periodic relist finds whatever this event was about.
+            log.debug("runtime event not followed up", extra={"error": str(err)})
+
+    async def _lookup(self, object_id: str) -> str | None:
+        """The pod UID of a container or sandbox the last relist did not know."""
+        if object_id in self._foreign:
+            return None
+        labels: dict[str, str] = {}
+        try:
+            labels = (await self.cri.container_status(ContainerID(object_id))).labels
+        except NotFound:
+            try:
+                labels = (await self.cri.pod_sandbox_status(SandboxID(object_id))).labels
+            except NotFound:
+                pass
+        uid = labels.get(L.POD_UID)
+        if uid:
+            self.relister.owner[object_id] = uid
+            return uid
+        self._foreign[object_id] = None
+        while len(self._foreign) > FOREIGN_CACHE:
+            del self._foreign[next(iter(self._foreign))]
+        return None
+
+    async def _confirm_stopped(self, object_id: str) -> None:
+        """Wait until CRI no longer reports the object running (bounded; see module doc)."""
+        polls = 0
+        for delay in [0.0, *settle_delays(self.settle)]:
+            if delay:
+                await self.sleep(delay)
+            polls += 1
+            if not await self._running(object_id):
+                log.debug("exit confirmed through CRI", extra={"id": object_id, "polls": polls})
+                return
+        log.info("exit not confirmed through CRI in time", extra={"id": object_id})
+
+    async def _running(self, object_id: str) -> bool:
+        try:
+            state = (await self.cri.container_status(ContainerID(object_id))).state
+            return state is ContainerState.RUNNING
+        except NotFound:
+            pass
+        try:
+            sandbox = await self.cri.pod_sandbox_status(SandboxID(object_id))
+            return sandbox.state is SandboxState.READY
+        except NotFound:
+            return False

@@ -1,0 +1,324 @@
+"""The evented PLEG (pods/runtimeevents.py) against FakeRuntimeService and FakeRuntimeEvents.
+
+Covers: what each event calls for (`action_for`); an open subscription switches the
+relister to its long period and owes one full relist; an exit wakes the pod's worker
+only once CRI shows the container stopped (polled with growing delays, bounded), then
+refreshes that pod alone with label-selected lists; the delete that follows a seen exit
+and an OOM kill wake nobody; a start wakes at once; an event about an object the last
+relist did not know is resolved through ContainerStatus or PodSandboxStatus, and one
+that is not ours is dropped and looked up once; a dropped stream puts the relister
+back on its short period, owes a relist, re-subscribes after the back-off delays and
+owes one more full relist once open; a runtime without events leaves the relister
+short-period for good; the observer sees each subscription, drop and event.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from klet.cri import CRIError, RuntimeUnavailable
+from klet.cri import labels as L
+from klet.cri.testing import FakeRuntimeEvents, FakeRuntimeService
+from klet.cri.types import ContainerConfig, ContainerState, EventKind, RuntimeEvent, SandboxConfig
+from klet.model.flowcontrol import BackoffPolicy
+from klet.model.types import ContainerID, SandboxID
+from klet.syncloop.pods.relisting import Relister
+from klet.syncloop.pods.runtimeevents import (
+    Action,
+    EventWatcher,
+    SettleSettings,
+    action_for,
+    settle_delays,
+)
+
+from .helpers import running, until
+
+IMAGE = "registry.klet.test/busybox:1.36"
+
+
+class Observer:
+    def __init__(self) -> None:
+        self.log: list[str] = []
+
+    def subscribed(self, source: str) -> None:
+        self.log.append(f"subscribed {source}")
+
+    def unsubscribed(self, *, error: bool) -> None:
+        self.log.append(f"unsubscribed error={error}")
+
+    def event(self, event: RuntimeEvent) -> None:
+        self.log.append(f"{event.kind.value} {event.object_id}")
+
+
+class World:
+    def __init__(self) -> None:
+        self.cri = FakeRuntimeService()
+        self.cri.add_image(IMAGE)
+        self.events = FakeRuntimeEvents()
+        self.woken: list[str] = []
+        self.slept: list[float] = []
+        self.on_sleep: list[object] = []  # callables run on the n-th sleep, in order
+        self.relister = Relister(self.cri, self.woken.append, period_s=1, evented_period_s=20)
+        self.observer = Observer()
+        self.watcher = EventWatcher(
+            self.events,
+            self.cri,
+            self.relister,
+            wake=self.woken.append,
+            observer=self.observer,
+            backoff=BackoffPolicy(initial_s=0.1, max_s=0.4),
+            settle=SettleSettings(first_s=0.01, max_s=0.1),
+            sleep=self.sleep,
+        )
+
+    async def sleep(self, delay: float) -> None:
+        self.slept.append(delay)
+        await asyncio.sleep(0)  # no time passes, but the other tasks run
+        if self.on_sleep:
+            action = self.on_sleep.pop(0)
+            if callable(action):
+                action()
+
+    async def pod(self, uid: str, *, labelled: bool = True) -> tuple[SandboxID, ContainerID]:
+        labels = {L.POD_UID: uid} if labelled else {}
+        config = SandboxConfig(
+            name=f"p-{uid}",
+            namespace="default",
+            uid=uid,
+            attempt=0,
+            hostname=uid,
+            log_directory="/tmp",
+            labels=labels,
+        )
+        sid = await self.cri.run_pod_sandbox(config)
+        cid = await self.cri.create_container(
+            sid, ContainerConfig(name="main", attempt=0, image=IMAGE, labels=labels), config
+        )
+        await self.cri.start_container(cid)
+        return sid, cid
+
+    async def subscribed(self) -> None:
+        await until(lambda: self.watcher.subscribed)
+
+    def list_calls(self) -> list[tuple[str, ...]]:
+        return [c for c in self.cri.calls if c[0] in ("ListPodSandbox", "ListContainers")]
+
+
+@pytest.fixture
+def w() -> World:
+    return World()
+
+
+def test_settle_delays_double_up_to_the_step_within_the_bound() -> None:
+    assert settle_delays(SettleSettings(first_s=0.01, max_s=0.1)) == pytest.approx(
+        [0.01, 0.02, 0.04]
+    )
+    assert settle_delays(SettleSettings(first_s=0.1, step_max_s=0.3, max_s=1.0)) == (
+        pytest.approx([0.1, 0.2, 0.3, 0.3])
+    )
+    assert settle_delays(SettleSettings(first_s=0.0, max_s=1.0)) == []
+    assert settle_delays(SettleSettings(first_s=2.0, max_s=1.0)) == []
+
+
+@pytest.mark.parametrize(
+    ("kind", "exit_seen", "action"),
+    [
+        (EventKind.EXITED, False, Action.CONFIRM),
+        (EventKind.EXITED, True, Action.CONFIRM),
+        (EventKind.DELETED, True, Action.IGNORE),  # its exit wakes the worker
+        (EventKind.DELETED, False, Action.CONFIRM),  # the exit was missed
+        (EventKind.OOM, False, Action.IGNORE),  # the exit follows if the container dies
+        (EventKind.STARTED, False, Action.WAKE),
+        (EventKind.CREATED, False, Action.WAKE),
+    ],
+)
+def test_what_each_event_calls_for(kind: EventKind, exit_seen: bool, action: Action) -> None:
+    assert action_for(kind, exit_seen=exit_seen) is action
+
+
+async def test_subscribing_switches_to_the_long_period_and_owes_a_relist(w: World) -> None:
+    assert w.relister.current_period() == 1
+    async with running(w.watcher.run()):
+        await w.subscribed()
+        assert w.relister.evented and w.relister.current_period() == 20
+        assert w.relister.owed()
+        assert w.observer.log == ["subscribed containerd"]
+
+
+async def test_an_exit_wakes_the_pod_once_cri_shows_it_and_relists_that_pod_only(
+    w: World,
+) -> None:
+    _sid, cid = await w.pod("a")
+    await w.pod("b")
+    await w.relister.relist_once()
+    w.cri.calls.clear()
+    w.woken.clear()
+    # containerd announces the exit before its CRI plugin records it: the container
+    # still reads RUNNING for two polls.
+    w.on_sleep = [None, lambda: w.cri.exit_container(cid, 137)]
+    async with running(w.watcher.run()):
+        await w.subscribed()
+        w.events.push(EventKind.EXITED, cid, exit_status=137)
+        await until(lambda: w.woken == ["a"] and not w.watcher._tasks)
+    assert w.slept == pytest.approx([0.01, 0.02])
+    assert [c for c in w.cri.calls if c[0] == "ContainerStatus"] == [("ContainerStatus", cid)] * 3
+    assert w.list_calls() == [
+        ("ListPodSandbox", f"{L.POD_UID}=a"),
+        ("ListContainers", f"{L.POD_UID}=a"),
+    ]
+    # the refreshed fingerprint: the next full relist wakes nobody again
+    w.woken.clear()
+    await w.relister.relist_once()
+    assert w.woken == []
+
+
+async def test_exit_delete_and_oom_of_one_death_wake_the_worker_once(w: World) -> None:
+    _sid, cid = await w.pod("a")
+    await w.relister.relist_once()
+    w.woken.clear()
+    async with running(w.watcher.run()):
+        await w.subscribed()
+        w.events.push(EventKind.OOM, cid)
+        w.cri.exit_container(cid, 137)
+        w.events.push(EventKind.EXITED, cid)
+        w.events.push(EventKind.DELETED, cid)
+        await until(lambda: len(w.observer.log) == 4 and not w.watcher._tasks)
+        # a delete whose exit was not seen stands in for it
+        w.events.push(EventKind.DELETED, cid)
+        await until(lambda: len(w.observer.log) == 5 and not w.watcher._tasks)
+    assert w.woken == ["a", "a"]
+
+
+async def test_an_exit_cri_never_confirms_wakes_the_pod_after_the_bound(w: World) -> None:
+    _sid, cid = await w.pod("a")
+    await w.relister.relist_once()
+    w.woken.clear()
+    async with running(w.watcher.run()):
+        await w.subscribed()
+        w.events.push(EventKind.EXITED, cid)
+        await until(lambda: w.woken == ["a"])
+    assert w.slept == pytest.approx([0.01, 0.02, 0.04])
+    assert w.cri.containers[cid].state is ContainerState.RUNNING
+
+
+async def test_a_start_wakes_at_once_and_an_unknown_object_is_looked_up(w: World) -> None:
+    sid, cid = await w.pod("a")  # not relisted yet: the relister knows neither ID
+    async with running(w.watcher.run()):
+        await w.subscribed()
+        w.events.push(EventKind.STARTED, sid)  # the pause task: a sandbox ID
+        await until(lambda: w.woken == ["a"] and not w.watcher._tasks)
+        # the pod's refresh taught the relister its container too: no lookup
+        w.events.push(EventKind.STARTED, cid)
+        await until(lambda: w.woken == ["a", "a"])
+    assert w.slept == []
+    assert w.cri.calls_of("ContainerStatus") == [("ContainerStatus", sid)]
+    assert w.cri.calls_of("PodSandboxStatus") == [("PodSandboxStatus", sid)]
+    assert w.relister.owner == {sid: "a", cid: "a"}
+
+
+async def test_an_event_naming_its_pod_needs_no_lookup(w: World) -> None:
+    _sid, cid = await w.pod("a")
+    async with running(w.watcher.run()):
+        await w.subscribed()
+        w.events.push(EventKind.STARTED, cid, pod_uid="a")
+        await until(lambda: w.woken == ["a"])
+    assert w.cri.calls_of("ContainerStatus") == []
+
+
+async def test_events_about_objects_that_are_not_ours_are_dropped_after_one_lookup(
+    w: World,
+) -> None:
+    _sid, cid = await w.pod("theirs", labelled=False)
+    async with running(w.watcher.run()):
+        await w.subscribed()
+        w.events.push(EventKind.STARTED, cid)
+        w.events.push(EventKind.STARTED, "gone")  # neither container nor sandbox any more
+        await until(lambda: w.observer.log[-1] == "started gone" and not w.watcher._tasks)
+        w.events.push(EventKind.STARTED, cid)
+        await until(lambda: w.observer.log.count(f"started {cid}") == 2 and not w.watcher._tasks)
+    assert w.woken == []
+    assert w.cri.calls_of("ContainerStatus") == [
+        ("ContainerStatus", cid),
+        ("ContainerStatus", "gone"),
+    ]
+
+
+async def test_a_cri_failure_while_following_an_event_is_left_to_the_relist(w: World) -> None:
+    _sid, cid = await w.pod("a")
+    await w.relister.relist_once()
+    w.woken.clear()
+    w.cri.fail_next("ContainerStatus", RuntimeUnavailable("down"))
+    async with running(w.watcher.run()):
+        await w.subscribed()
+        w.events.push(EventKind.EXITED, cid)
+        await until(lambda: w.observer.log[-1] == f"exited {cid}" and not w.watcher._tasks)
+        assert w.woken == []
+        assert w.watcher.subscribed  # the stream itself is fine
+
+
+async def test_a_dropped_stream_is_replaced_and_followed_by_a_full_relist(w: World) -> None:
+    seen: list[tuple[bool, bool, float]] = []
+
+    def look() -> None:
+        seen.append((w.relister.evented, w.relister.owed(), w.relister.current_period()))
+        w.relister._kick.clear()  # as if the owed relist ran (and failed: no runtime)
+
+    def runtime_back() -> None:
+        look()
+        w.events.refuse(None)
+
+    async with running(w.watcher.run()):
+        await w.subscribed()
+        w.relister._kick.clear()  # as if the owed relist ran
+        w.events.refuse(RuntimeUnavailable("connection refused"))
+        w.on_sleep = [look, None, runtime_back]
+        w.events.drop()
+        await until(lambda: w.events.subscriptions == 2 and w.watcher.subscribed)
+        assert w.relister.evented and w.relister.owed()  # the catch-up relist
+    # dropped: relisting every second again, starting at once
+    assert seen == [(False, True, 1), (False, False, 1)]
+    assert w.slept == pytest.approx([0.1, 0.2, 0.4])  # two refused attempts in between
+    assert w.observer.log == [
+        "subscribed containerd",
+        "unsubscribed error=True",
+        "unsubscribed error=True",
+        "unsubscribed error=True",
+        "subscribed containerd",
+    ]
+
+
+async def test_the_backoff_starts_over_after_a_successful_subscription(w: World) -> None:
+    async with running(w.watcher.run()):
+        await w.subscribed()
+        w.events.drop()
+        await until(lambda: w.events.subscriptions == 2 and w.watcher.subscribed)
+        w.events.drop()
+        await until(lambda: w.events.subscriptions == 3 and w.watcher.subscribed)
+    assert w.slept == pytest.approx([0.1, 0.1])
+
+
+async def test_a_runtime_without_events_keeps_relisting_every_second(
+    w: World, caplog: pytest.LogCaptureFixture
+) -> None:
+    w.events.unsupported = True
+    with caplog.at_level("INFO", logger="klet.syncloop.pods.runtimeevents"):
+        async with running(w.watcher.run()):
+            await until(lambda: bool(w.observer.log))
+            for _ in range(10):
+                await until(lambda: True)
+            assert w.events.subscriptions == 0 and w.slept == []
+            assert not w.relister.evented and w.relister.current_period() == 1
+    assert w.observer.log == ["unsubscribed error=False"]
+    assert "serves no events" in caplog.text
+
+
+async def test_a_generic_failure_is_logged_once(w: World, caplog: pytest.LogCaptureFixture) -> None:
+    w.events.refuse(CRIError("permission denied", code="PERMISSION_DENIED"))
+    with caplog.at_level("INFO", logger="klet.syncloop.pods.runtimeevents"):
+        async with running(w.watcher.run()):
+            await until(lambda: len(w.slept) >= 4)
+            w.events.refuse(None)
+            await w.subscribed()
+    messages = [r.getMessage() for r in caplog.records]
+    assert messages == ["runtime event stream failed", "runtime event stream open again"]
