@@ -4,7 +4,7 @@ PY := .venv/bin/python
 RUN_DIR ?= $(CURDIR)/.run
 PYTEST_ARGS ?=
 
-.PHONY: setup run test unit integration cluster soak lint typecheck proto bench bench-gc bench-failover fuzz fuzz-manifests clean image test-image test-compose
+.PHONY: setup run test unit integration cluster soak lint typecheck proto bench bench-gc bench-failover bench-compare fuzz fuzz-manifests clean image test-image test-compose
 
 setup:
 	@bash tools/setup.sh
@@ -41,7 +41,7 @@ lint: setup
 	.venv/bin/lint-imports
 
 typecheck: setup
-	.venv/bin/mypy libs/src services/pod-source/src services/syncloop/src services/status-reporter/src services/eviction/src services/image-gc/src bench/run.py bench/gc.py bench/failover.py tools/container_fields.py tools/config_fields.py tools/image tools/e2e
+	.venv/bin/mypy libs/src services/pod-source/src services/syncloop/src services/status-reporter/src services/eviction/src services/image-gc/src bench/run.py bench/gc.py bench/failover.py bench/compare.py tools/container_fields.py tools/config_fields.py tools/image tools/e2e
 
 proto:
 	$(PY) tools/gen_proto.py
@@ -79,6 +79,13 @@ bench-gc: setup
 # that died meanwhile); FAILOVER_ROUNDS (default 5) kills per service. See bench/README.md.
 bench-failover: setup
 	$(PY) bench/failover.py
+
+# klet beside the upstream kubelet (built by tools/cluster/build.sh --with-kubelet when
+# missing), each on its own containerd, alternating workloads: pod start (1, bursts), a
+# container's death, removal, 110 idle pods (CPU, memory), an agent restart. COMPARE_ROUNDS,
+# COMPARE_SINGLES, COMPARE_BURSTS, COMPARE_IDLE_PODS, COMPARE_IDLE_S scale it; see bench/README.md.
+bench-compare: setup
+	$(PY) bench/compare.py $(COMPARE_ARGS)
 
 # Long fuzz runs, not part of `make test` (seeded subsets run in the unit tests); each
 # prints its figures and fails on any crash. `fuzz`: 10,000 mutated KubeletConfiguration
