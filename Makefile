@@ -4,7 +4,7 @@ PY := .venv/bin/python
 RUN_DIR ?= $(CURDIR)/.run
 PYTEST_ARGS ?=
 
-.PHONY: setup run test unit integration cluster soak lint typecheck proto bench bench-gc bench-failover bench-events fuzz fuzz-manifests clean image test-image test-compose test-helm
+.PHONY: setup run test unit integration cluster soak lint typecheck proto bench bench-gc bench-failover bench-events bench-compare fuzz fuzz-manifests clean image test-image test-compose test-helm
 
 setup:
 	@bash tools/setup.sh
@@ -42,7 +42,8 @@ lint: setup
 	.venv/bin/lint-imports
 
 typecheck: setup
-	.venv/bin/mypy libs/src services/pod-source/src services/syncloop/src services/status-reporter/src services/eviction/src services/image-gc/src bench/run.py bench/gc.py bench/failover.py bench/events.py tools/container_fields.py tools/config_fields.py tools/image tools/e2e
+	.venv/bin/mypy libs/src services/pod-source/src services/syncloop/src services/status-reporter/src services/eviction/src services/image-gc/src tools/container_fields.py tools/config_fields.py tools/image tools/e2e \
+		bench/run.py bench/gc.py bench/failover.py bench/events.py bench/compare.py
 
 proto:
 	$(PY) tools/gen_proto.py
@@ -92,6 +93,13 @@ bench-failover: setup
 # 1 s relist alone (featureGates.EventedPLEG=false); medians and p99. See bench/README.md.
 bench-events: setup
 	$(PY) bench/events.py --rounds $(or $(EVENTS_ROUNDS),20)
+
+# klet beside the upstream kubelet (built by tools/cluster/build.sh --with-kubelet when
+# missing), each on its own containerd, alternating workloads: pod start (1, bursts), a
+# container's death, removal, 110 idle pods (CPU, memory), an agent restart. COMPARE_ROUNDS,
+# COMPARE_SINGLES, COMPARE_BURSTS, COMPARE_IDLE_PODS, COMPARE_IDLE_S scale it; see bench/README.md.
+bench-compare: setup
+	$(PY) bench/compare.py $(COMPARE_ARGS)
 
 # Long fuzz runs, not part of `make test` (seeded subsets run in the unit tests); each
 # prints its figures and fails on any crash. `fuzz`: 10,000 mutated KubeletConfiguration

@@ -1,0 +1,98 @@
+"""bench/compare.py's pure helpers: percentiles, the tail statistic, the table cells and
+ratio, the README section replacement, CPU from clock ticks and the env parsing."""
+
+from __future__ import annotations
+
+import pytest
+
+from bench.compare import (
+    CLK_TCK,
+    README_BEGIN,
+    README_END,
+    Row,
+    cpu_cores,
+    env_ints,
+    markdown_table,
+    percentile,
+    replace_section,
+    row_cells,
+    tail,
+)
+
+
+@pytest.mark.parametrize(
+    ("samples", "q", "expected"),
+    [
+        ([5.0], 50, 5.0),
+        ([1.0, 2.0, 3.0], 50, 2.0),
+        ([3.0, 1.0, 2.0, 4.0], 50, 2.5),
+        ([0.0, 10.0], 95, 9.5),
+        ([1.0, 2.0, 3.0], 100, 3.0),
+        ([1.0, 2.0, 3.0], 0, 1.0),
+    ],
+)
+def test_percentile_interpolates_between_closest_ranks(
+    samples: list[float], q: float, expected: float
+) -> None:
+    assert percentile(samples, q) == pytest.approx(expected)
+
+
+def test_percentile_of_nothing_is_an_error() -> None:
+    with pytest.raises(ValueError):
+        percentile([], 50)
+
+
+def test_tail_is_the_max_below_100_samples_and_p99_from_100() -> None:
+    few = [float(i) for i in range(99)]
+    assert tail(few) == (98.0, "max")
+    many = [float(i) for i in range(101)]
+    value, name = tail(many)
+    assert name == "p99"
+    assert value == pytest.approx(99.0)
+
+
+def test_row_cells_give_medians_tails_and_the_ratio_of_medians() -> None:
+    row = Row("start", "s", [0.2, 0.3, 0.4], [0.1, 0.2])
+    assert row_cells(row) == [
+        "start", "3/2", "300 ms", "400 ms (max)", "150 ms", "200 ms (max)", "2.00x",
+    ]
+
+
+def test_row_cells_of_one_sample_have_no_tail_and_long_times_are_in_seconds() -> None:
+    row = Row("restart", "s", [12.34], [2.0])
+    assert row_cells(row) == ["restart", "1/1", "12.3 s", "", "2000 ms", "", "6.17x"]
+
+
+def test_row_cells_with_a_side_missing_or_a_zero_median() -> None:
+    assert row_cells(Row("x", "count", [1.0], []))[-1] == "-"
+    assert row_cells(Row("x", "count", [0.0], [0.0]))[-1] == "="
+    assert row_cells(Row("x", "count", [2.0], [0.0]))[-1] == "inf"
+    assert row_cells(Row("x", "MB", [512.4], [98.0]))[2] == "512 MB"
+
+
+def test_markdown_table_has_a_header_a_rule_and_one_line_per_row() -> None:
+    lines = markdown_table([Row("a", "cores", [0.01], [0.02])]).splitlines()
+    assert len(lines) == 3
+    assert lines[1] == "|---|---|---|---|---|---|---|"
+    assert lines[2] == "| a | 1/1 | 0.010 |  | 0.020 |  | 0.50x |"
+
+
+def test_replace_section_replaces_between_the_markers_only() -> None:
+    text = f"intro\n{README_BEGIN}\nold\n{README_END}\noutro\n"
+    assert replace_section(text, "new\n") == f"intro\n{README_BEGIN}\nnew\n{README_END}\noutro\n"
+
+
+def test_replace_section_appends_markers_when_missing() -> None:
+    assert replace_section("intro\n", "t") == f"intro\n\n{README_BEGIN}\nt\n{README_END}\n"
+
+
+def test_cpu_cores_from_clock_ticks() -> None:
+    assert cpu_cores(0, CLK_TCK, 2.0) == pytest.approx(0.5)
+    assert cpu_cores(5, 5, 0.0) == 0.0
+
+
+def test_env_ints_reads_a_comma_list_or_falls_back(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("COMPARE_TEST_LIST", "10, 30,")
+    assert env_ints("COMPARE_TEST_LIST", (1,)) == [10, 30]
+    monkeypatch.setenv("COMPARE_TEST_LIST", " ")
+    assert env_ints("COMPARE_TEST_LIST", (1,)) == [1]
