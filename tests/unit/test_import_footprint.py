@@ -1,6 +1,7 @@
 """What a standalone service loads: importing the five services' entry points, apps and
 wiring (what `klet run <service>` imports before it builds its dependencies) loads
-neither the Kubernetes client, nor FastAPI/Starlette/pydantic, nor httpx.
+neither the Kubernetes client, nor FastAPI/Starlette/pydantic, nor httpx; `klet up`
+(which needs only the bus's ACL helpers) does not load the redis client.
 
 Each costs 10-25 MB resident per process (issue 15's memory diet): the Kubernetes client
 belongs to cluster mode (imported where the wiring builds it), FastAPI to the kubelet API
@@ -41,3 +42,14 @@ def test_the_probe_sees_an_eager_import() -> None:
         [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True
     )
     assert json.loads(out.stdout.strip().splitlines()[-1]) == ["httpx"]
+
+
+def test_klet_up_does_not_import_the_redis_client() -> None:
+    code = (
+        "import json, sys, klet.cli.main, klet.cli.up\n"
+        "print(json.dumps(sorted({m.partition('.')[0] for m in sys.modules} & {'redis'})))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True
+    )
+    assert json.loads(out.stdout.strip().splitlines()[-1]) == []
