@@ -5,7 +5,8 @@ neither the Kubernetes client, nor FastAPI/Starlette/pydantic, nor httpx; `klet 
 
 Each costs 10-25 MB resident per process (issue 15's memory diet): the Kubernetes client
 belongs to cluster mode (imported where the wiring builds it), FastAPI to the kubelet API
-on --port, httpx to a manifest URL or an HTTP probe/hook. A fresh interpreter does the
+on --port, httpx to a manifest URL or an HTTP probe/hook. The status-reporter loads no
+gRPC either: standalone it talks to no runtime. A fresh interpreter does the
 imports, so modules the test process already holds do not hide a regression.
 """
 
@@ -29,6 +30,14 @@ print(json.dumps(sorted({{m.partition(".")[0] for m in sys.modules}} & set({lazy
 
 def test_standalone_services_do_not_import_the_cluster_or_api_libraries() -> None:
     code = PROBE.format(services=SERVICES, lazy=LAZY)
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True
+    )
+    assert json.loads(out.stdout.strip().splitlines()[-1]) == []
+
+
+def test_the_standalone_status_reporter_does_not_import_grpc() -> None:
+    code = PROBE.format(services=("status_reporter",), lazy=("grpc", "cri_api"))
     out = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True
     )

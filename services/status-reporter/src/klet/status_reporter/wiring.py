@@ -32,7 +32,6 @@ from typing import TYPE_CHECKING, Protocol
 
 from klet.bus import Bus, BusAuth, Lease, NodeBus, service_lease
 from klet.config import Settings
-from klet.cri import RuntimeClient, cri_settings
 from klet.kube import kube_settings
 from klet.model.layout import DEFAULT_SERVICE_PORTS
 from klet.obs import ServicePort, leader_metric, new_registry
@@ -294,6 +293,8 @@ def _kubelet_api(
     if api_kube is None and kubelet.authorization.mode == "Webhook":
         log.warning("kubelet API on --port is off: authorization mode Webhook needs --kubeconfig")
         return None, closers
+    from klet.cri import RuntimeClient, cri_settings  # only with the API: loads gRPC
+
     api_cri = RuntimeClient(
         cri_settings(kubelet, image_endpoint=kubelet.effective_image_service_endpoint)
     )
