@@ -39,8 +39,9 @@ from klet.config.kubelet import (
 from klet.cri import CRISettings, RuntimeClient
 from klet.devstack import free_port
 from klet.devstack.pki import CertificateAuthority, CertPair
-from klet.kube import KubeClient
-from klet.status_reporter.kubeletapi import build_kubelet_api_deps, serve_kubelet_api
+from klet.kube.client import KubeClient
+from klet.status_reporter.kubeletapi import build_kubelet_api_deps
+from klet.status_reporter.kubeletapi.server import serve_kubelet_api
 from klet.status_reporter.podcache import CachePolicy
 from klet.status_reporter.wiring import Overrides, build_deps
 

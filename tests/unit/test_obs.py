@@ -4,10 +4,10 @@ Covers: JSON log lines carrying every `extra=` field and the traceback as a stri
 text form, klog-style verbosity, once-per-change error logging with recovery lines, the
 health app in-process through httpx.ASGITransport (/healthz ok, verbose and 500 forms in
 upstream's format, async and raising checks, ?exclude, /healthz/<name>, /readyz, /metrics
-content type), the `klet_leader` gauge, serve_http on a loopback port (ready event, clean
-cancellation, SO_REUSEPORT shared by two servers, a busy port raising OSError), and
-run_supervised (siblings cancelled when a task fails or returns,
-caller cancellation, SIGTERM as a normal stop).
+content type, 404/405 with a JSON detail, HEAD), the `klet_leader` gauge, serve_http on
+a loopback port (ready event, clean cancellation, SO_REUSEPORT shared by two servers, a
+busy port raising OSError), and run_supervised (siblings cancelled when a task fails or
+returns, caller cancellation, SIGTERM as a normal stop).
 """
 
 from __future__ import annotations
@@ -316,6 +316,21 @@ async def test_readyz(app: Any, flags: Flags) -> None:
     assert response.status_code == 500
     assert response.text.endswith("[-]ready failed: reason withheld\nreadyz check failed\n")
     assert healthz.status_code == 200  # not being ready is not being unhealthy
+
+
+async def test_unknown_paths_and_methods_and_head(app: Any) -> None:
+    async with client_for(app) as client:
+        missing = await client.get("/nope")
+        nested = await client.get("/healthz/cri/more")
+        post = await client.post("/healthz")
+        head = await client.head("/healthz")
+    assert (missing.status_code, missing.json()) == (404, {"detail": "Not Found"})
+    assert nested.status_code == 404
+    assert (post.status_code, post.json()) == (405, {"detail": "Method Not Allowed"})
+    assert post.headers["allow"] == "GET, HEAD"
+    assert (head.status_code, head.content) == (200, b"")
+    assert head.headers["content-length"] == "2"  # the GET body's length
+    assert head.headers["content-type"] == "text/plain; charset=utf-8"
 
 
 async def test_metrics(app: Any) -> None:

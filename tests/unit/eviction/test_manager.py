@@ -10,7 +10,8 @@ a restarted manager does not evict a pod already Failed; critical pods are skipp
 soft thresholds wait out their grace period and kill with min(evictionMaxPodGracePeriod,
 the pod's grace); a pod over an emptyDir sizeLimit is evicted without node pressure;
 pressure conditions clear after the transition period; a KillPod that fails is retried
-on the next pass; `wait_for_cleanup` returns once the pod is terminal.
+on the next pass; `wait_for_cleanup` returns once the pod is terminal; the record of
+an evicted pod is dropped once the pod is no longer active.
 """
 
 from __future__ import annotations
@@ -435,6 +436,20 @@ async def test_a_failed_kill_is_retried_on_the_next_pass() -> None:
     assert await w.step() == []
     w.killer.fail = None
     assert await w.step() == [hog]
+
+
+async def test_an_evicted_pod_is_forgotten_once_it_is_no_longer_active() -> None:
+    w = World(MEMORY)
+    w.source.available[Signal.MEMORY_AVAILABLE] = 50 * MI
+    hog = w.add("hog", usage("hog", memory_working_set=900 * MI))
+    other = w.add(
+        "other", usage("other", memory_working_set=10 * MI), containers=with_request("1Gi")
+    )
+    assert await w.step() == [hog]
+    assert set(w.manager.evicted) == {hog}  # still active: its status has not caught up
+    del w.pods.pods[hog]  # terminal now, or gone
+    assert await w.step() == [other]
+    assert set(w.manager.evicted) == {other}
 
 
 async def test_wait_for_cleanup_returns_once_the_pod_is_terminal() -> None:

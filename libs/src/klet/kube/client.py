@@ -20,72 +20,17 @@ import threading
 import time
 import urllib.parse
 from collections.abc import AsyncIterator, Mapping
-from dataclasses import dataclass
-from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 import urllib3
 from klet.kube.errors import KubeError, Unavailable, for_status
+from klet.kube.settings import KubeSettings, WatchEvent
 from klet.kube.tokens import TokenFile, token_file
 from klet.model.flowcontrol import TokenBucket
 from klet.model.types import JSON
 from kubernetes import client as k8s_client
 from kubernetes import config as k8s_config
 from kubernetes.client.exceptions import ApiException
-
-
-@dataclass(frozen=True)
-class KubeSettings:
-    """How to reach the apiserver; `qps`/`burst` are kubeAPIQPS/kubeAPIBurst."""
-
-    kubeconfig: Path
-    qps: float = 50.0
-    burst: int = 100
-    timeout_s: float = 30.0
-    user_agent: str = "klet"
-
-
-class _ApiLimits(Protocol):
-    @property
-    def kube_api_qps(self) -> int: ...
-
-    @property
-    def kube_api_burst(self) -> int: ...
-
-
-class _ApiTarget(Protocol):
-    @property
-    def kubeconfig(self) -> Path | None: ...
-
-
-class ApiSettings(Protocol):
-    """The part of the settings tree (klet.config.Settings) that says how to reach the
-    apiserver; services pass their whole settings."""
-
-    @property
-    def kubelet(self) -> _ApiLimits: ...
-
-    @property
-    def klet(self) -> _ApiTarget: ...
-
-
-def kube_settings(settings: ApiSettings, *, user_agent: str = "klet") -> KubeSettings | None:
-    """The apiserver connection every service uses (--kubeconfig, kubeAPIQPS,
-    kubeAPIBurst); None in standalone mode."""
-    if settings.klet.kubeconfig is None:
-        return None
-    return KubeSettings(
-        kubeconfig=Path(settings.klet.kubeconfig),
-        qps=float(settings.kubelet.kube_api_qps),
-        burst=settings.kubelet.kube_api_burst,
-        user_agent=user_agent,
-    )
-
-
-@dataclass(frozen=True)
-class WatchEvent:
-    type: str  # ADDED, MODIFIED, DELETED, BOOKMARK, ERROR
-    object: JSON
 
 
 class KubeClient:

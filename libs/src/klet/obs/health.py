@@ -1,6 +1,7 @@
 """The private /healthz, /readyz and /metrics endpoints every klet service serves.
 
-`create_health_app(registry=..., checks=..., ready=...)` builds a small FastAPI app; its
+`create_health_app(registry=..., checks=..., ready=...)` builds a small ASGI app
+(klet.obs.asgi: not FastAPI, which would cost each service about 20 MB to import); its
 responses follow the upstream kubelet/apiserver healthz handler so existing probes and
 muscle memory work: `ok` with 200 when every check passes; with `?verbose` one
 `[+]name ok` line per check then `healthz check passed`; on failure status 500 and the
@@ -46,8 +47,7 @@ from collections.abc import Awaitable, Callable, Generator, Mapping
 from typing import Any
 
 import uvicorn
-from fastapi import FastAPI, Request, Response
-from fastapi.responses import PlainTextResponse
+from klet.obs.asgi import Request, Response, Routes, text
 from klet.obs.logs import OnceLogger
 from prometheus_client import CollectorRegistry
 from prometheus_client.exposition import choose_encoder
@@ -86,7 +86,7 @@ class _Checker:
 
     async def report(self, kind: str, request: Request, names: list[str]) -> Response:
         """The upstream-style report of the checks `names`, honouring ?verbose and ?exclude."""
-        excluded = set(request.query_params.getlist("exclude"))
+        excluded = set(request.query_values("exclude"))
         run = [n for n in names if n not in excluded]
         results = dict(zip(run, await asyncio.gather(*map(self.run_one, run)), strict=True))
         lines = []
@@ -103,11 +103,11 @@ class _Checker:
             lines.append(f"warn: some health checks cannot be excluded: no matches for {missing}")
         if not all(results.values()):
             body = "\n".join([*lines, f"{kind} check failed"]) + "\n"
-            return PlainTextResponse(body, status_code=500, headers=_NOSNIFF)
-        if "verbose" not in request.query_params:
-            return PlainTextResponse("ok", headers=_NOSNIFF)
+            return text(body, 500, _NOSNIFF)
+        if not request.has_query("verbose"):
+            return text("ok", headers=_NOSNIFF)
         body = "\n".join([*lines, f"{kind} check passed"]) + "\n"
-        return PlainTextResponse(body, headers=_NOSNIFF)
+        return text(body, headers=_NOSNIFF)
 
 
 def create_health_app(
@@ -116,7 +116,7 @@ def create_health_app(
     checks: Mapping[str, HealthCheck],
     ready: Callable[[], bool],
     check_timeout: float = 5.0,
-) -> FastAPI:
+) -> Routes:
     """The app of a service's private port: /healthz, /healthz/{name}, /readyz, /metrics.
 
     checks: named health conditions, reported in this order after a built-in "ping".
@@ -127,31 +127,28 @@ def create_health_app(
         raise ValueError('"ready" is reserved for the readiness callable')
     health_names = ["ping", *(n for n in checks if n != "ping")]
     checker = _Checker({"ping": lambda: True, **checks, "ready": ready}, check_timeout)
-    app = FastAPI(openapi_url=None, docs_url=None, redoc_url=None)
 
-    @app.get("/healthz", include_in_schema=False)
     async def healthz(request: Request) -> Response:
         return await checker.report("healthz", request, health_names)
 
-    @app.get("/healthz/{name}", include_in_schema=False)
-    async def healthz_one(name: str) -> Response:
+    async def healthz_one(_request: Request, name: str) -> Response:
         if name not in health_names:
-            return PlainTextResponse(f"no health check named {name}\n", status_code=404)
+            return text(f"no health check named {name}\n", 404)
         if await checker.run_one(name):
-            return PlainTextResponse("ok", headers=_NOSNIFF)
-        body = f"internal server error: {name} check failed\n"
-        return PlainTextResponse(body, status_code=500, headers=_NOSNIFF)
+            return text("ok", headers=_NOSNIFF)
+        return text(f"internal server error: {name} check failed\n", 500, _NOSNIFF)
 
-    @app.get("/readyz", include_in_schema=False)
     async def readyz(request: Request) -> Response:
         return await checker.report("readyz", request, [*health_names, "ready"])
 
-    @app.get("/metrics", include_in_schema=False)
     async def metrics(request: Request) -> Response:
         encoder, content_type = choose_encoder(request.headers.get("accept", ""))
-        return Response(content=encoder(registry), media_type=content_type)
+        return Response(encoder(registry), content_type=content_type)
 
-    return app
+    return Routes(
+        {"/healthz": healthz, "/readyz": readyz, "/metrics": metrics},
+        {"/healthz/": healthz_one},
+    )
 
 
 class _Server(uvicorn.Server):

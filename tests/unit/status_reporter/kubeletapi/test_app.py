@@ -36,9 +36,8 @@ from klet.status_reporter.kubeletapi import (
     KubeletApiDeps,
     KubeletApiSettings,
     build_kubelet_api_deps,
-    create_app,
 )
-from klet.status_reporter.kubeletapi.app import HttpProblem, resolve_stream_url
+from klet.status_reporter.kubeletapi.app import HttpProblem, create_app, resolve_stream_url
 from klet.status_reporter.kubeletapi.routes import StreamTarget
 from klet.status_reporter.kubeletapi.testing import FakePodView, FakeRuntime
 from prometheus_client import CollectorRegistry, Counter

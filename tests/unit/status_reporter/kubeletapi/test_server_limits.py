@@ -21,8 +21,8 @@ from typing import Any
 import pytest
 from cryptography import x509
 from klet.devstack.pki import CertificateAuthority
-from klet.status_reporter.kubeletapi import KubeletApiDeps, serve_kubelet_api
-from klet.status_reporter.kubeletapi.server import tls_settings
+from klet.status_reporter.kubeletapi import KubeletApiDeps
+from klet.status_reporter.kubeletapi.server import serve_kubelet_api, tls_settings
 from klet.status_reporter.kubeletapi.tlsconfig import ServingTLS
 
 from tests.unit.status_reporter.kubeletapi import test_server

@@ -361,11 +361,16 @@ class EvictionManager:
             return None
         self._once.clear("pods")
         out = []
+        listed = set()
         for p in active:
             uid = str((p.pod.get("metadata") or {}).get("uid", ""))
+            listed.add(uid)
             if uid in self.evicted:
                 continue  # this process evicted it; its status has not caught up yet
             out.append(Candidate(p.pod, usage.get(uid)))
+        # A pod no longer active has a terminal status or is gone: nothing can pick it
+        # again, so its entry goes (else the map grows with every eviction for good).
+        self.evicted = {uid: at for uid, at in self.evicted.items() if uid in listed}
         return out
 
     async def _local_storage_evictions(self, candidates: Sequence[Candidate]) -> list[Eviction]:

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Protocol
 
 from klet.bus import Bus, BusAuth, Lease, NodeBus, service_lease
-from klet.kube import KubeClient, kube_settings
+from klet.kube import kube_settings
 from klet.model.records import SourceName
 from klet.obs import ServicePort, new_registry
 from klet.pod_source.inbox import Inbox
@@ -35,7 +35,6 @@ from klet.pod_source.sources.api import (
     PodApi,
 )
 from klet.pod_source.sources.files import FileSource
-from klet.pod_source.sources.http import DEFAULT_TIMEOUT_S, HttpSource
 from prometheus_client import CollectorRegistry
 
 SERVICE = "pod-source"
@@ -170,6 +169,9 @@ def build_deps(settings: ServiceSettings, overrides: Overrides | None = None) ->
             )
         )
     if kubelet.static_pod_url:
+        # Only with --manifest-url: the HTTP source loads httpx (about 10 MB resident).
+        from klet.pod_source.sources.http import DEFAULT_TIMEOUT_S, HttpSource
+
         sources.append(
             HttpSource(
                 url=kubelet.static_pod_url,
@@ -186,6 +188,8 @@ def build_deps(settings: ServiceSettings, overrides: Overrides | None = None) ->
         if api is None:
             api_settings = kube_settings(settings)
             assert api_settings is not None  # a kubeconfig is set
+            from klet.kube.client import KubeClient  # cluster mode only: loads `kubernetes`
+
             client = KubeClient(api_settings)
             api = KubePodApi(
                 client,

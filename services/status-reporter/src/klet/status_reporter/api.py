@@ -1,4 +1,4 @@
-"""The kubelet's unauthenticated HTTP endpoints, as FastAPI app factories.
+"""The kubelet's unauthenticated HTTP endpoints, as ASGI app factories (klet.obs.asgi).
 
 - `create_app`: the read-only API (upstream `readOnlyPort`, off by default):
   `GET /pods` (the node's pods as a v1 PodList, each with its latest computed status),
@@ -11,18 +11,18 @@ process is serving: a Redis outage must not make a liveness probe restart this s
 and a dead refresh loop already ends the process (supervised root tasks). The private
 service port's /healthz /readyz /metrics come from `klet.obs`, not from here.
 
-Neither app holds a client, so neither needs a lifespan. The secure port (10250, with
-authentication) belongs to cluster mode and is not served yet.
+Neither app holds a client, so neither needs a lifespan. Both are a few GET paths, written
+against klet.obs.asgi rather than FastAPI: importing FastAPI costs the process about
+20 MB resident, which only the kubelet API on --port (kubeletapi) needs.
 """
 
 from __future__ import annotations
 
 from typing import Protocol
 
-from fastapi import FastAPI
-from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from klet.model.types import JSON
 from klet.obs import render
+from klet.obs.asgi import Request, Response, Routes, json_response, text
 from prometheus_client import CollectorRegistry
 
 
@@ -42,31 +42,23 @@ class ApiDeps(Protocol):
     def registry(self) -> CollectorRegistry: ...
 
 
-def _add_healthz(app: FastAPI) -> None:
-    @app.get("/healthz", response_class=PlainTextResponse)
-    async def healthz() -> str:
-        return "ok"
+async def _healthz(_request: Request) -> Response:
+    return text("ok")
 
 
-def create_app(deps: ApiDeps) -> FastAPI:
+def create_app(deps: ApiDeps) -> Routes:
     """The kubelet read-only API app over `deps.pods` and `deps.registry`."""
-    app = FastAPI(title="klet read-only API", docs_url=None, redoc_url=None, openapi_url=None)
-    _add_healthz(app)
 
-    @app.get("/pods")
-    async def pods() -> JSONResponse:
-        return JSONResponse(deps.pods.pod_list())
+    async def pods(_request: Request) -> Response:
+        return json_response(deps.pods.pod_list())
 
-    @app.get("/metrics")
-    async def metrics() -> Response:
+    async def metrics(_request: Request) -> Response:
         body, content_type = render(deps.registry)
-        return Response(body, media_type=content_type)
+        return Response(body, content_type=content_type)
 
-    return app
+    return Routes({"/healthz": _healthz, "/pods": pods, "/metrics": metrics})
 
 
-def create_healthz_app() -> FastAPI:
+def create_healthz_app() -> Routes:
     """The healthz-only app of `healthzBindAddress:healthzPort`."""
-    app = FastAPI(title="klet healthz", docs_url=None, redoc_url=None, openapi_url=None)
-    _add_healthz(app)
-    return app
+    return Routes({"/healthz": _healthz})

@@ -56,7 +56,6 @@ from klet.bus.leader import hold, release_quietly
 from klet.obs import create_health_app, run_supervised, serve_http, serve_service_port
 from klet.status_reporter.api import create_app, create_healthz_app
 from klet.status_reporter.cluster import cluster_tasks
-from klet.status_reporter.kubeletapi import serve_kubelet_api
 from klet.status_reporter.wiring import Deps
 
 
@@ -115,6 +114,9 @@ def root_tasks(deps: Deps) -> dict[str, Coroutine[Any, Any, None]]:
             loaded = deps.pods.loaded if name == "pod-status" else None
             tasks[name] = when_elected(deps.elected, run, also=loaded)
     if deps.kubelet_api is not None:
+        # Only with the API on --port: the server loads FastAPI and cryptography.
+        from klet.status_reporter.kubeletapi.server import serve_kubelet_api
+
         tasks["kubelet-api"] = serve_kubelet_api(deps.kubelet_api, reuse_port=True)
     return tasks
 

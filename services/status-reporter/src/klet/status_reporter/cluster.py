@@ -189,7 +189,8 @@ def node_config(kubelet: ClusterKubelet, klet: ClusterKlet) -> NodeConfig:
 
 
 def _kube_client(kubeconfig: Path, kubelet: ClusterKubelet, node: str) -> Any:
-    from klet.kube import KubeClient, KubeSettings
+    from klet.kube import KubeSettings
+    from klet.kube.client import KubeClient
 
     return KubeClient(
         KubeSettings(

@@ -28,12 +28,11 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from klet.bus import Bus, BusAuth, Lease, NodeBus, service_lease
 from klet.config import Settings
-from klet.cri import RuntimeClient, cri_settings
-from klet.kube import KubeClient, kube_settings
+from klet.kube import kube_settings
 from klet.model.layout import DEFAULT_SERVICE_PORTS
 from klet.obs import ServicePort, leader_metric, new_registry
 from klet.status_reporter.cluster import (
@@ -53,6 +52,9 @@ from klet.status_reporter.podcache import (
     StatusTable,
 )
 from prometheus_client import CollectorRegistry
+
+if TYPE_CHECKING:
+    from klet.kube.client import KubeClient
 
 SERVICE = "status-reporter"
 
@@ -284,11 +286,15 @@ def _kubelet_api(
     api_kube: KubeClient | None = None
     api_settings = kube_settings(settings)
     if api_settings is not None:
+        from klet.kube.client import KubeClient  # cluster mode only: loads `kubernetes`
+
         api_kube = KubeClient(api_settings)
         closers.append(api_kube.close)
     if api_kube is None and kubelet.authorization.mode == "Webhook":
         log.warning("kubelet API on --port is off: authorization mode Webhook needs --kubeconfig")
         return None, closers
+    from klet.cri import RuntimeClient, cri_settings  # only with the API: loads gRPC
+
     api_cri = RuntimeClient(
         cri_settings(kubelet, image_endpoint=kubelet.effective_image_service_endpoint)
     )

@@ -18,6 +18,7 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from klet.bus import Bus, Lease, NodeBus, service_lease
 from klet.cgroups import CgroupFS
@@ -25,7 +26,7 @@ from klet.cgroups.machine import mem_total_bytes, read_machine
 from klet.config import Settings
 from klet.cri import RuntimeClient, cri_settings
 from klet.cri.events import RuntimeEvents
-from klet.kube import KubeClient, kube_settings
+from klet.kube import kube_settings
 from klet.model.flowcontrol import Backoff, TokenBucket
 from klet.model.layout import SYNCLOOP, grpc_socket
 from klet.model.node import allocatable_amounts, node_labels, storage_aware_eviction_hard
@@ -64,6 +65,9 @@ from klet.syncloop.volumes.hostpath import HostPathPlugin
 from klet.syncloop.volumes.manager import VolumeManager
 from klet.syncloop.volumes.tokens import TokenManager
 from prometheus_client import CollectorRegistry
+
+if TYPE_CHECKING:
+    from klet.kube.client import KubeClient
 
 EVENTED_PLEG_GATE = "EventedPLEG"
 
@@ -170,7 +174,11 @@ def build_deps(settings: Settings, overrides: Overrides | None = None) -> Deps:
     events = o.events if o.events is not None else bus_events
     # Cluster mode: ConfigMaps and Secrets (env references, pull secrets) from the apiserver.
     api = kube_settings(settings)
-    kube = KubeClient(api) if api is not None else None
+    kube: KubeClient | None = None
+    if api is not None:
+        from klet.kube.client import KubeClient  # cluster mode only: loads `kubernetes`
+
+        kube = KubeClient(api)
     objects = ApiObjects(kube) if kube is not None else None
     puller = ImagePuller(
         cri,

@@ -35,9 +35,9 @@ import random
 import time
 from collections.abc import AsyncGenerator, AsyncIterator
 from dataclasses import dataclass
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
-from klet.kube import Forbidden, Gone, KubeClient, KubeError, Unavailable, WatchEvent
+from klet.kube import Forbidden, Gone, KubeError, Unavailable, WatchEvent
 from klet.model.records import SourceName
 from klet.model.types import JSON
 from klet.obs import OnceLogger
@@ -45,6 +45,9 @@ from klet.pod_source import apipods
 from klet.pod_source.inbox import Inbox
 from klet.pod_source.metrics import Metrics
 from klet.pod_source.publisher import RetryPolicy
+
+if TYPE_CHECKING:
+    from klet.kube.client import KubeClient
 
 log = logging.getLogger(__name__)
 

@@ -22,13 +22,15 @@ import errno
 import math
 import ssl
 from dataclasses import dataclass
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 from urllib.parse import urljoin, urlsplit
 
-import httpx
 from klet.cri import CRIError
 from klet.model.types import JSON, ContainerID
 from klet.rpc.healthcheck import check_health
+
+if TYPE_CHECKING:
+    import httpx
 
 # The upstream release klet follows (status-reporter reports it as kubeletVersion).
 PROBE_USER_AGENT = "kube-probe/1.34"
@@ -225,6 +227,10 @@ async def run_http_get(
         return HandlerResult(False, str(err), error=True)
     url = probe_url(scheme, host, port, str(action.get("path") or ""))
     headers = request_headers(action)
+    # httpx (about 10 MB resident) loads with the first HTTP handler a pod has, not
+    # with syncloop: most nodes probe by exec or TCP, or not at all.
+    import httpx
+
     client = httpx.AsyncClient(
         verify=_insecure_tls(), follow_redirects=False, timeout=None, trust_env=False
     )

@@ -1,0 +1,71 @@
+"""How to reach the apiserver, and the watch event type: the part of klet.kube that
+does not import the `kubernetes` package.
+
+A service imports `KubeClient` (klet.kube.client, which loads `kubernetes`, about 25 MB
+resident) only in cluster mode; standalone it needs no more than `kube_settings` saying
+there is no apiserver, the errors, and these types.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
+
+from klet.model.types import JSON
+
+__all__ = ["ApiSettings", "KubeSettings", "WatchEvent", "kube_settings"]
+
+
+@dataclass(frozen=True)
+class KubeSettings:
+    """How to reach the apiserver; `qps`/`burst` are kubeAPIQPS/kubeAPIBurst."""
+
+    kubeconfig: Path
+    qps: float = 50.0
+    burst: int = 100
+    timeout_s: float = 30.0
+    user_agent: str = "klet"
+
+
+class _ApiLimits(Protocol):
+    @property
+    def kube_api_qps(self) -> int: ...
+
+    @property
+    def kube_api_burst(self) -> int: ...
+
+
+class _ApiTarget(Protocol):
+    @property
+    def kubeconfig(self) -> Path | None: ...
+
+
+class ApiSettings(Protocol):
+    """The part of the settings tree (klet.config.Settings) that says how to reach the
+    apiserver; services pass their whole settings."""
+
+    @property
+    def kubelet(self) -> _ApiLimits: ...
+
+    @property
+    def klet(self) -> _ApiTarget: ...
+
+
+def kube_settings(settings: ApiSettings, *, user_agent: str = "klet") -> KubeSettings | None:
+    """The apiserver connection every service uses (--kubeconfig, kubeAPIQPS,
+    kubeAPIBurst); None in standalone mode."""
+    if settings.klet.kubeconfig is None:
+        return None
+    return KubeSettings(
+        kubeconfig=Path(settings.klet.kubeconfig),
+        qps=float(settings.kubelet.kube_api_qps),
+        burst=settings.kubelet.kube_api_burst,
+        user_agent=user_agent,
+    )
+
+
+@dataclass(frozen=True)
+class WatchEvent:
+    type: str  # ADDED, MODIFIED, DELETED, BOOKMARK, ERROR
+    object: JSON

@@ -1,0 +1,64 @@
+"""What a standalone service loads: importing the five services' entry points, apps and
+wiring (what `klet run <service>` imports before it builds its dependencies) loads
+neither the Kubernetes client, nor FastAPI/Starlette/pydantic, nor httpx; `klet up`
+(which needs only the bus's ACL helpers) does not load the redis client.
+
+Each costs 10-25 MB resident per process (issue 15's memory diet): the Kubernetes client
+belongs to cluster mode (imported where the wiring builds it), FastAPI to the kubelet API
+on --port, httpx to a manifest URL or an HTTP probe/hook. The status-reporter loads no
+gRPC either: standalone it talks to no runtime. A fresh interpreter does the
+imports, so modules the test process already holds do not hide a regression.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+SERVICES = ("pod_source", "syncloop", "status_reporter", "eviction", "image_gc")
+LAZY = ("kubernetes", "fastapi", "starlette", "pydantic", "httpx")
+
+PROBE = """
+import importlib, json, sys
+for service in {services!r}:
+    for part in ("__main__", "app", "wiring"):
+        importlib.import_module(f"klet.{{service}}.{{part}}")
+print(json.dumps(sorted({{m.partition(".")[0] for m in sys.modules}} & set({lazy!r}))))
+"""
+
+
+def test_standalone_services_do_not_import_the_cluster_or_api_libraries() -> None:
+    code = PROBE.format(services=SERVICES, lazy=LAZY)
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True
+    )
+    assert json.loads(out.stdout.strip().splitlines()[-1]) == []
+
+
+def test_the_standalone_status_reporter_does_not_import_grpc() -> None:
+    code = PROBE.format(services=("status_reporter",), lazy=("grpc", "cri_api"))
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True
+    )
+    assert json.loads(out.stdout.strip().splitlines()[-1]) == []
+
+
+def test_the_probe_sees_an_eager_import() -> None:
+    """The probe itself: a module that is imported shows up (the test above can fail)."""
+    code = PROBE.format(services=(), lazy=LAZY).replace("print(", "import httpx\nprint(", 1)
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True
+    )
+    assert json.loads(out.stdout.strip().splitlines()[-1]) == ["httpx"]
+
+
+def test_klet_up_does_not_import_the_redis_client() -> None:
+    code = (
+        "import json, sys, klet.cli.main, klet.cli.up\n"
+        "print(json.dumps(sorted({m.partition('.')[0] for m in sys.modules} & {'redis'})))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True
+    )
+    assert json.loads(out.stdout.strip().splitlines()[-1]) == []
