@@ -21,7 +21,8 @@ from typing import Any
 import pytest
 from klet.cli.checknode import check_node
 from klet.devstack.cluster import ControlPlane
-from klet.kube import Forbidden, KubeClient, KubeSettings
+from klet.kube import Forbidden, KubeSettings
+from klet.kube.client import KubeClient
 from klet.model.timestamps import micro_time, rfc3339
 
 

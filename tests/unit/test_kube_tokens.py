@@ -10,7 +10,8 @@ from typing import Any
 
 import pytest
 import yaml
-from klet.kube import KubeClient, KubeSettings, Unavailable
+from klet.kube import KubeSettings, Unavailable
+from klet.kube.client import KubeClient
 from klet.kube.tokens import TokenFile, token_file
 
 

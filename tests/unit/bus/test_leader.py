@@ -306,8 +306,10 @@ async def test_a_leader_takes_the_slot_once_and_keeps_it_through_renewals(
 ) -> None:
     caplog.set_level(logging.INFO, logger="klet.bus.leader")
     file = FakeSlotFile()
-    a = replicas("host:1:aaaaaaaaaaaa", file, 30)  # renewed every 10 ms
+    # Renewed every 150 ms: a TTL of tens of ms expired whenever the loaded test machine
+    # stalled the loop that long, and the re-election logged a second "slot taken".
+    a = replicas("host:1:aaaaaaaaaaaa", file, 450)
     calls = a.lease.bus.calls  # type: ignore[attr-defined]
-    await until(lambda: calls.count("renew") >= 5, "a few renewals")
+    await until(lambda: calls.count("renew") >= 3, "a few renewals")
     assert a.elected.is_set() and file.locked_by is a.slot
     assert [r.message for r in caplog.records].count("leader slot taken") == 1

@@ -28,7 +28,8 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any, Protocol
 
-from klet.kube import KubeClient, KubeError, KubeSettings, NotFound
+from klet.kube import KubeError, KubeSettings, NotFound
+from klet.kube.client import KubeClient
 from klet.model.types import JSON
 
 LEASE_NAMESPACE = "kube-node-lease"
