@@ -93,8 +93,10 @@ fuzz: setup fuzz-manifests
 fuzz-manifests: setup
 	$(PY) -m tests.fuzz.manifests --count $(FUZZ_COUNT) --seed $(FUZZ_SEED)
 
-# The real control plane of the cluster tests (kube-apiserver, kubectl, etcd), built from
-# tools/cluster's Go modules into $KLET_CACHE (default /var/cache/klet); no-op once cached.
+# The real control plane of the cluster tests (kube-apiserver, kubectl, etcd,
+# kube-controller-manager, kube-scheduler), built from tools/cluster's Go modules into
+# $KLET_CACHE (default /var/cache/klet); builds only what is missing, a no-op once cached.
+# `bash tools/cluster/build.sh --with-kubelet` also builds the upstream kubelet.
 .PHONY: cluster-binaries
 cluster-binaries:
 	bash tools/cluster/build.sh
