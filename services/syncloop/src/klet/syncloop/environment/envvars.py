@@ -156,8 +156,12 @@ def resource_field_ref(container: JSON, ref: JSON, node: NodeFacts) -> str | Non
         value = Decimal(node.memory_bytes)
     else:
         return None
-    divisor = parse_quantity(str(ref.get("divisor") or "1"))
-    if divisor <= 0:
+    # The apiserver writes an unset divisor as the zero Quantity ("0"), which upstream
+    # reads as 1, as it does a missing one.
+    divisor = parse_quantity(str(ref.get("divisor") or "0"))
+    if divisor == 0:
+        divisor = Decimal(1)
+    if divisor < 0:
         return None
     return str(math.ceil(value / divisor))  # upstream rounds up (1m of CPU → "1")
 
