@@ -61,6 +61,9 @@ class FakeObjects:
             raise ObjectUnavailable(self.broken[name])
         return self.secrets.get((namespace, name))
 
+    async def list_services(self, namespace: str) -> list[JSON]:
+        return []
+
 
 class FakeTokens:
     def __init__(self) -> None:

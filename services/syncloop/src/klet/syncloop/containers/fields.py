@@ -77,6 +77,7 @@ POD_SUPPORTED = frozenset(
         "affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution",
         "dnsConfig",
         "dnsPolicy",
+        "enableServiceLinks",
         "hostAliases",
         "hostIPC",
         "hostNetwork",
@@ -117,7 +118,6 @@ POD_NOT_FOR_THE_NODE: dict[str, str] = {
 
 POD_IGNORED: dict[str, str] = {
     "ephemeralContainers": "ephemeral (debug) containers are not started",
-    "enableServiceLinks": "service environment variables are out of scope",
     "evictionResponders": _NOT_IN_TARGET_API,
     "hostUsers": "user namespaces are not supported: pods always use the host's",
     "hostnameOverride": "the alpha hostname override is not supported",
