@@ -22,6 +22,7 @@ Everything runs on this machine, privately, and is torn down afterwards:
    file and the logs of every component.
 
     python -m tools.e2e.conformance [--focus RE] [--skip RE] [--procs N] [--out DIR]
+    python -m tools.e2e.conformance --render    # RESULTS.md again from the last run
 
 The exit code is 0 when every selected spec passed, 1 when some failed, 2 when the
 cluster could not be set up. KLET_KEEP_DEVSTACK=1 keeps the working directory.
@@ -340,6 +341,28 @@ def conform(run: SuiteRun, artifacts: Path) -> Outcome:
     )
 
 
+def write_results(out: Path, info: RunInfo) -> int:
+    """RESULTS.md in `out` from `out`/run/report.json and `info` (also kept as
+    run/meta.json, so `--render` can write it again with newer known differences)."""
+    artifacts = out / "run"
+    results = parse_report(json.loads((artifacts / "report.json").read_text()))
+    meta = {
+        "command": info.command,
+        "focus": info.focus,
+        "skip": info.skip,
+        "procs": info.procs,
+        "wall_seconds": info.wall_seconds,
+        "versions": dict(info.versions),
+    }
+    (artifacts / "meta.json").write_text(json.dumps(meta, indent=2) + "\n")
+    (out / "RESULTS.md").write_text(render_markdown(results, info))
+    log(
+        f"{results.passed} passed, {results.failed} failed, {results.skipped} skipped; "
+        f"{out / 'RESULTS.md'}"
+    )
+    return 0 if results.failed == 0 and not results.problems else 1
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m tools.e2e.conformance")
     parser.add_argument("--focus", default=FOCUS, help=f"ginkgo focus (default {FOCUS})")
@@ -354,7 +377,16 @@ def main(argv: list[str] | None = None) -> int:
         "logs go to its run/ subdirectory",
     )
     parser.add_argument("--quiet", action="store_true", help="without ginkgo -v")
+    parser.add_argument(
+        "--render",
+        action="store_true",
+        help="run nothing: write RESULTS.md again from the last run's report and meta.json",
+    )
     args = parser.parse_args(argv)
+    out: Path = args.out.resolve()
+    if args.render:
+        meta = json.loads((out / "run" / "meta.json").read_text())
+        return write_results(out, RunInfo(**meta, known=KNOWN_DIFFERENCES))
     run = SuiteRun(
         focus=args.focus,
         skip=args.skip,
@@ -362,13 +394,11 @@ def main(argv: list[str] | None = None) -> int:
         timeout=args.timeout,
         verbose=not args.quiet,
     )
-    out: Path = args.out.resolve()
     try:
         outcome = conform(run, out / "run")
     except SetupError as err:
         log(f"cluster set-up failed: {err}")
         return 2
-    results = outcome.results
     info = RunInfo(
         command="python -m tools.e2e.conformance" + (" " + shlex.join(argv) if argv else ""),
         focus=run.focus,
@@ -378,12 +408,7 @@ def main(argv: list[str] | None = None) -> int:
         versions=outcome.versions,
         known=KNOWN_DIFFERENCES,
     )
-    (out / "RESULTS.md").write_text(render_markdown(results, info))
-    log(
-        f"{results.passed} passed, {results.failed} failed, {results.skipped} skipped; "
-        f"{out / 'RESULTS.md'}"
-    )
-    return 0 if results.failed == 0 and not results.problems else 1
+    return write_results(out, info)
 
 
 def git_describe() -> str:
