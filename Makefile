@@ -4,7 +4,7 @@ PY := .venv/bin/python
 RUN_DIR ?= $(CURDIR)/.run
 PYTEST_ARGS ?=
 
-.PHONY: setup run test unit integration cluster soak lint typecheck proto bench bench-gc bench-failover bench-events bench-compare fuzz fuzz-manifests clean image test-image test-compose test-helm
+.PHONY: setup run test unit integration cluster soak lint typecheck proto bench bench-gc bench-failover bench-events bench-compare fuzz fuzz-manifests clean image test-image test-compose test-helm conformance
 
 setup:
 	@bash tools/setup.sh
@@ -19,7 +19,7 @@ run: setup
 # (the images and docker-compose.yml on a private dockerd) and helm (the chart, with the
 # helm binaries built once by helm-binaries). pytest
 # exits 5 when it collected nothing: that is a failure here like any other non-zero exit.
-test: setup cluster-binaries helm-binaries lint typecheck
+test: setup cluster-binaries helm-binaries e2e-binaries lint typecheck
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 unit: setup
@@ -113,6 +113,16 @@ fuzz: setup fuzz-manifests
 
 fuzz-manifests: setup
 	$(PY) -m tests.fuzz.manifests --count $(FUZZ_COUNT) --seed $(FUZZ_SEED)
+
+# Kubernetes' own [NodeConformance] e2e tests (e2e.test v1.34) against klet: a private dev
+# stack with the suite's images, a control plane with controller-manager and scheduler,
+# `klet up` as the node; writes conformance/RESULTS.md (and the JUnit, JSON report and
+# logs under conformance/run/). About 20 minutes with 4 ginkgo processes on 2 cores;
+# not part of `make test`, which runs a smoke subset (tests/conformance).
+# CONFORMANCE_ARGS: e.g. --focus 'Downward API' --procs 1.
+CONFORMANCE_ARGS ?= --procs 4
+conformance: setup cluster-binaries e2e-binaries
+	$(PY) -m tools.e2e.conformance $(CONFORMANCE_ARGS)
 
 # The real control plane of the cluster tests (kube-apiserver, kubectl, etcd,
 # kube-controller-manager, kube-scheduler), built from tools/cluster's Go modules into

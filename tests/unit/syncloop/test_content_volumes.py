@@ -61,6 +61,9 @@ class FakeObjects:
             raise ObjectUnavailable(self.broken[name])
         return self.secrets.get((namespace, name))
 
+    async def list_services(self, namespace: str) -> list[JSON]:
+        return []
+
 
 class FakeTokens:
     def __init__(self) -> None:
@@ -343,6 +346,15 @@ async def test_downward_api_fields(tmp_path: Path) -> None:
             "path": "cpu",
             "resourceFieldRef": {"containerName": "main", "resource": "limits.cpu"},
         },
+        {
+            # as the apiserver returns an item given without a divisor
+            "path": "mem_bytes",
+            "resourceFieldRef": {
+                "containerName": "main",
+                "resource": "limits.memory",
+                "divisor": "0",
+            },
+        },
     ]
     volume = {"name": "info", "downwardAPI": {"items": items}}
     payload = await DownwardAPIPlugin().payload(volume, context(tmp_path))
@@ -356,6 +368,7 @@ async def test_downward_api_fields(tmp_path: Path) -> None:
         "none": ("", "0o644"),
         "mem": ("64", "0o644"),
         "cpu": ("4", "0o644"),  # no limit: the node's capacity
+        "mem_bytes": (str(64 * 2**20), "0o644"),
     }
 
 

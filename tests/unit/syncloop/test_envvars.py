@@ -100,6 +100,9 @@ def test_field_refs(path: str, value: str) -> None:
     [
         ("limits.cpu", None, {"limits": {"cpu": "500m"}}, "1"),
         ("limits.cpu", "1m", {"limits": {"cpu": "500m"}}, "500"),
+        # the apiserver's default: the zero Quantity, read as 1
+        ("limits.cpu", "0", {"limits": {"cpu": "1250m"}}, "2"),
+        ("requests.memory", "0", {"requests": {"memory": "32Mi"}}, "33554432"),
         ("limits.memory", "1Mi", {"limits": {"memory": "128Mi"}}, "128"),
         ("requests.memory", None, {"limits": {"memory": "1Ki"}}, "1024"),
         ("limits.cpu", None, {}, "4"),

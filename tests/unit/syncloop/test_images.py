@@ -73,6 +73,9 @@ class Objects:
     async def get_configmap(self, namespace: str, name: str) -> JSON | None:
         return None
 
+    async def list_services(self, namespace: str) -> list[JSON]:
+        return []
+
 
 def b64(text: str) -> str:
     return base64.b64encode(text.encode()).decode()

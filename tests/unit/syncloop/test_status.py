@@ -1,6 +1,7 @@
 """compute_pod_status: phase per restart policy, container states and lastState,
 CrashLoopBackOff waiting, conditions with kept transition times, terminal override, and
-a host-network pod reporting the node IP."""
+a host-network pod reporting the node IP, readiness gates holding Ready (upstream's
+ReadinessGatesNotReady reason and messages) while ContainersReady is True."""
 
 from __future__ import annotations
 
@@ -149,3 +150,54 @@ def test_host_network_pod_reports_the_node_ip() -> None:
         p, runtime([sandbox(ip="")], []), waiting={}, previous=None, now=1000, host_ip="10.9.8.7"
     )
     assert s["podIP"] == "10.9.8.7" and s["podIPs"] == [{"ip": "10.9.8.7"}]
+
+
+def _gated(*conditions: tuple[str, str]) -> dict:  # type: ignore[type-arg]
+    p = pod("a")
+    p["spec"]["readinessGates"] = [
+        {"conditionType": "k8s.io/test-condition1"},
+        {"conditionType": "k8s.io/test-condition2"},
+    ]
+    p["status"] = {"conditions": [{"type": t, "status": s} for t, s in conditions]}
+    return p
+
+
+@pytest.mark.parametrize(
+    ("conditions", "ready", "message"),
+    [
+        (
+            (),
+            "False",
+            'corresponding condition of pod readiness gate "k8s.io/test-condition1" does not '
+            'exist., corresponding condition of pod readiness gate "k8s.io/test-condition2" '
+            "does not exist.",
+        ),
+        (
+            (("k8s.io/test-condition1", "True"), ("k8s.io/test-condition2", "False")),
+            "False",
+            'the status of pod readiness gate "k8s.io/test-condition2" is not "True", but False',
+        ),
+        ((("k8s.io/test-condition1", "True"), ("k8s.io/test-condition2", "True")), "True", None),
+    ],
+)
+def test_readiness_gates_hold_ready(
+    conditions: tuple[tuple[str, str], ...], ready: str, message: str | None
+) -> None:
+    p = _gated(*conditions)
+    st = compute_pod_status(
+        p, runtime([sandbox()], [ctr(p, "a", CS.RUNNING)]), waiting={}, previous=None, now=1000
+    )
+    cond = {c["type"]: c for c in st["conditions"]}
+    assert cond["ContainersReady"]["status"] == "True"
+    assert cond["Ready"]["status"] == ready
+    assert cond["Ready"].get("message") == message
+    if ready == "False":
+        assert cond["Ready"]["reason"] == "ReadinessGatesNotReady"
+
+
+def test_unready_containers_come_before_readiness_gates() -> None:
+    p = _gated()
+    st = compute_pod_status(p, runtime([], []), waiting={}, previous=None, now=1000)
+    ready = next(c for c in st["conditions"] if c["type"] == "Ready")
+    assert ready["reason"] == "ContainersNotReady"
+    assert ready["message"] == "containers with unready status: [a]"

@@ -167,10 +167,6 @@ ACCEPTED: Mapping[str, str] = {
     "enableSystemLogHandler": "default true not honoured: klet serves no /logs/",
     "enableProfilingHandler": "default true not honoured: klet serves no /debug/pprof",
     "enableDebugFlagsHandler": "default true not honoured: klet serves no /debug/flags/v",
-    "allowedUnsafeSysctls": (
-        "klet does not check pod sysctls against a safe list: the runtime receives "
-        "every sysctl a pod names"
-    ),
 }
 
 # Fields applied by work merged alongside this table (issue 11: maxOpenFiles by the

@@ -32,6 +32,7 @@ from klet.model.layout import SYNCLOOP, grpc_socket
 from klet.model.node import allocatable_amounts, node_labels, storage_aware_eviction_hard
 from klet.obs import ServicePort
 from klet.syncloop.admission.admit import AdmissionLedger, NodeInfo
+from klet.syncloop.admission.sysctls import SysctlAllowlist
 from klet.syncloop.containers.hooks import LifecycleHooks
 from klet.syncloop.containers.images import (
     ImagePuller,
@@ -154,6 +155,7 @@ def admission_node(settings: Settings) -> NodeInfo:
                 k.eviction_hard, local_storage_capacity_isolation=k.local_storage_capacity_isolation
             ),
         ),
+        sysctls=SysctlAllowlist.of(k.allowed_unsafe_sysctls),
     )
 
 

@@ -1,2 +1,1 @@
-"""Whether this node takes a pod, decided as upstream's admit handlers do.
-"""
+"""Whether this node takes a pod, decided as upstream's admit handlers do."""

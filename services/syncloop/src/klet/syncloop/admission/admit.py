@@ -22,6 +22,10 @@ upstream's order, the first failure being the one reported:
 
 A pod's requests are upstream's `PodRequests` (`klet.model.pod.pod_requests`).
 
+After the node-pressure check below and before the predicates above (upstream registers
+its sysctl handler second), every sysctl of the pod must be allowed on this node
+(`sysctls.py`, reason `SysctlForbidden`).
+
 Before those, as upstream registers the eviction manager's admit handler first, node
 pressure (the MemoryPressure/DiskPressure/PIDPressure conditions the eviction service
 writes to the bus `node` table, see `pressure_verdict`): critical pods (static, mirror,
@@ -47,6 +51,7 @@ from datetime import datetime
 
 from klet.model.pod import is_critical, pod_requests
 from klet.model.types import JSON
+from klet.syncloop.admission.sysctls import FORBIDDEN_REASON, SysctlAllowlist
 from klet.syncloop.pods import podspec
 
 NODE_OS = "linux"
@@ -69,6 +74,8 @@ class NodeInfo:
     labels: Mapping[str, str]
     allocatable: Mapping[str, int]
     """Resource → amount: millicores for cpu, a count for pods, else bytes/units."""
+    sysctls: SysctlAllowlist = field(default_factory=SysctlAllowlist.of)
+    """The pod sysctls allowed here: the safe ones plus allowedUnsafeSysctls."""
 
 
 @dataclass(frozen=True)
@@ -301,6 +308,8 @@ MEMORY_PRESSURE = "MemoryPressure"
 PRESSURE_ORDER = (MEMORY_PRESSURE, "DiskPressure", "PIDPressure")
 TAINT_MEMORY_PRESSURE = "node.kubernetes.io/memory-pressure"
 EVICTED = "Evicted"
+
+
 def tolerates(tolerations: Iterable[JSON], *, key: str, effect: str) -> bool:
     """TolerationsTolerateTaint for a taint with `key`, `effect` and an empty value."""
     for t in tolerations:
@@ -384,6 +393,10 @@ class AdmissionLedger:
         self, uid: str, pod: JSON, *, others: Sequence[JSON], pressure: Iterable[str] = ()
     ) -> Verdict:
         verdict = pressure_verdict(pod, pressure)
+        if verdict.admit:
+            forbidden = self.node.sysctls.check(pod)
+            if forbidden is not None:
+                verdict = Verdict(False, FORBIDDEN_REASON, forbidden)
         if verdict.admit:
             verdict = admit_pod(pod, others=others, node=self.node)
         if verdict.admit:

@@ -156,8 +156,12 @@ def resource_field_ref(container: JSON, ref: JSON, node: NodeFacts) -> str | Non
         value = Decimal(node.memory_bytes)
     else:
         return None
-    divisor = parse_quantity(str(ref.get("divisor") or "1"))
-    if divisor <= 0:
+    # The apiserver writes an unset divisor as the zero Quantity ("0"), which upstream
+    # reads as 1, as it does a missing one.
+    divisor = parse_quantity(str(ref.get("divisor") or "0"))
+    if divisor == 0:
+        divisor = Decimal(1)
+    if divisor < 0:
         return None
     return str(math.ceil(value / divisor))  # upstream rounds up (1m of CPU → "1")
 
@@ -179,6 +183,10 @@ class EnvSources:
     """Secret values as text; bytes that are not UTF-8 as lone surrogates
     (`bytes.decode("utf-8", "surrogateescape")`), so they can be told apart."""
     failures: Mapping[tuple[str, str], str] = field(default_factory=dict)
+    service_env: tuple[tuple[str, str], ...] = ()
+    """The service variables of the Services the pod sees (servicelinks.py), in order."""
+    services_failure: str | None = None
+    """Why the Services could not be listed (the container then cannot start)."""
 
 
 def references(container: JSON) -> tuple[list[str], list[str]]:
@@ -257,13 +265,21 @@ def container_env(
 
     `envFrom` first (each source's keys with its prefix; later sources win), then `env`
     in order, each entry replacing what came before and expanding `$(VAR)` with every
-    variable defined so far. `sources` are the referenced ConfigMaps and Secrets; None
-    means there is no apiserver to read them from. Raises `EnvError` when a reference
-    that is not optional cannot be resolved.
+    variable defined so far, then the service variables of `sources` (service links)
+    under the names still free; expansion falls back to them too. `sources` are the
+    referenced ConfigMaps and Secrets and the service variables; None means there is no
+    apiserver to read them from. Raises `EnvError` when a reference that is not optional
+    cannot be resolved, or the Services could not be listed.
     """
     objects = _Objects(_namespace(pod), sources)
     values: dict[str, str] = {}
     order: list[str] = []
+    if sources is not None and sources.services_failure is not None:
+        raise EnvError(sources.services_failure)
+    services = dict(sources.service_env) if sources is not None else {}
+
+    def lookup(name: str) -> str | None:
+        return values.get(name, services.get(name))
 
     def put(name: str, value: str) -> None:
         if name not in values:
@@ -288,7 +304,7 @@ def container_env(
         source = var.get("valueFrom") or {}
         value: str | None
         if var.get("value") or not source:
-            value = expand(str(var.get("value") or ""), values.get)
+            value = expand(str(var.get("value") or ""), lookup)
         elif "fieldRef" in source:
             value = field_ref(
                 pod, str(source["fieldRef"].get("fieldPath", "")), pod_ips=pod_ips, node=node
@@ -306,6 +322,10 @@ def container_env(
         else:
             value = None
         if value is not None:
+            put(name, value)
+    # the service variables fill only the names the container left undefined
+    for name, value in sources.service_env if sources is not None else ():
+        if name not in values:
             put(name, value)
     return [(name, values[name]) for name in order]
 

@@ -1,9 +1,11 @@
-"""ConfigMaps and Secrets from the apiserver, for environment references and pull secrets.
+"""ConfigMaps, Secrets and Services from the apiserver, for environment references, pull
+secrets and service links.
 
 Cluster mode only: a standalone syncloop has no `KubeObjects` at all, and its callers
 treat that as upstream treats a kubelet without an API client. The Node authorizer lets
 the node GET a Secret or ConfigMap only while a pod bound to it refers to the object,
-which is exactly when syncloop asks.
+which is exactly when syncloop asks. Services are listed by namespace (the pod's, and
+`default` for the master Service), which the node's RBAC role allows.
 
 `ApiObjects` keeps what it read for a few seconds (absent objects too), so one sync of
 a pod whose containers share a ConfigMap reads it once, while an object created or
@@ -24,7 +26,7 @@ from urllib.parse import quote
 from klet.kube import KubeError
 from klet.kube import NotFound as KubeNotFound
 from klet.model.types import JSON
-from klet.syncloop.environment import envvars
+from klet.syncloop.environment import envvars, servicelinks
 
 DEFAULT_TTL_S = 5.0
 
@@ -43,6 +45,10 @@ class KubeObjects(Protocol):
 
     async def get_configmap(self, namespace: str, name: str) -> JSON | None:
         """The ConfigMap, or None when it does not exist; raises `ObjectUnavailable`."""
+        ...
+
+    async def list_services(self, namespace: str) -> list[JSON]:
+        """The Services of `namespace`; raises `ObjectUnavailable`."""
         ...
 
 
@@ -73,13 +79,20 @@ class ApiObjects:
     async def get_configmap(self, namespace: str, name: str) -> JSON | None:
         return await self._get("configmaps", namespace, name)
 
+    async def list_services(self, namespace: str) -> list[JSON]:
+        found = await self._get("services", namespace, "")
+        return list((found or {}).get("items") or [])
+
     async def _get(self, resource: str, namespace: str, name: str) -> JSON | None:
+        """One object, or with an empty `name` the list of them."""
         key = (resource, namespace, name)
         now = self.clock()
         cached = self._cache.get(key)
         if cached is not None and cached[0] > now:
             return cached[1]
-        path = f"/api/v1/namespaces/{quote(namespace, safe='')}/{resource}/{quote(name, safe='')}"
+        path = f"/api/v1/namespaces/{quote(namespace, safe='')}/{resource}"
+        if name:
+            path += f"/{quote(name, safe='')}"
         try:
             obj: JSON | None = await self.kube.get(path)
         except KubeNotFound:
@@ -138,4 +151,24 @@ async def env_sources(
             continue
         if secret is not None:
             secrets[name] = secret_data(secret)
-    return envvars.EnvSources(config_maps=config_maps, secrets=secrets, failures=failures)
+    service_env: list[tuple[str, str]] = []
+    services_failure: str | None = None
+    try:
+        links = servicelinks.links_enabled(pod)
+        service_env = servicelinks.service_env(
+            servicelinks.visible_services(
+                namespace,
+                own=await objects.list_services(namespace) if links else [],
+                master=await objects.list_services(servicelinks.MASTER_NAMESPACE),
+                links=links,
+            )
+        )
+    except ObjectUnavailable as err:
+        services_failure = f"failed to list services: {err}"
+    return envvars.EnvSources(
+        config_maps=config_maps,
+        secrets=secrets,
+        failures=failures,
+        service_env=tuple(service_env),
+        services_failure=services_failure,
+    )

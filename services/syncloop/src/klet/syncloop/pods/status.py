@@ -226,6 +226,32 @@ def _condition(
     return cond
 
 
+READINESS_GATES_NOT_READY = "ReadinessGatesNotReady"
+
+
+def unready_gates(pod: JSON) -> str | None:
+    """Why the pod's readiness gates keep it from being Ready (upstream's message), or
+    None when every gate's condition is True. The conditions are those of the pod as the
+    apiserver has it: other controllers set them on the pod's status."""
+    gates = [g for g in (pod.get("spec") or {}).get("readinessGates") or [] if g]
+    if not gates:
+        return None
+    conditions = {c.get("type"): c for c in (pod.get("status") or {}).get("conditions") or [] if c}
+    problems = []
+    for gate in gates:
+        kind = str(gate.get("conditionType", ""))
+        cond = conditions.get(kind)
+        if cond is None:
+            problems.append(
+                f'corresponding condition of pod readiness gate "{kind}" does not exist.'
+            )
+        elif cond.get("status") != "True":
+            problems.append(
+                f'the status of pod readiness gate "{kind}" is not "True", but {cond.get("status")}'
+            )
+    return ", ".join(problems) or None
+
+
 def compute_pod_status(
     pod: JSON,
     runtime: RuntimePod,
@@ -307,10 +333,21 @@ def compute_pod_status(
         init_cond["message"] = init_message
     elif phase == "Succeeded" and inits:
         init_cond["reason"] = "PodCompleted"
+    # Ready also waits for the readiness gates, once the containers are ready.
+    gates = unready_gates(pod) if all_ready else None
+    ready_cond = _condition(
+        "Ready",
+        all_ready and gates is None,
+        prev_conditions,
+        now,
+        READINESS_GATES_NOT_READY if gates is not None else reason,
+    )
+    if gates is not None:
+        ready_cond["message"] = gates
     conditions = [
         _condition("PodReadyToStartContainers", sandbox_ready, prev_conditions, now),
         init_cond,
-        _condition("Ready", all_ready, prev_conditions, now, reason),
+        ready_cond,
         _condition("ContainersReady", all_ready, prev_conditions, now, reason),
         _condition("PodScheduled", True, prev_conditions, now),
     ]
@@ -326,6 +363,7 @@ def compute_pod_status(
             cond["type"] in ("Ready", "ContainersReady")
             and cond["status"] == "False"
             and not terminal_phase
+            and not all_ready
         ):
             cond["message"] = f"containers with unready status: [{' '.join(not_ready)}]"
     status: JSON = {
