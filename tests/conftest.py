@@ -34,6 +34,7 @@ TIERS = {
     "cluster": "cluster",
     "soak": "cluster",
     "compose": "compose",
+    "helm": "helm",
 }
 
 
