@@ -18,7 +18,7 @@ run: setup
 # cluster (a real kube-apiserver + etcd, built once by cluster-binaries) and compose
 # (the images and docker-compose.yml on a private dockerd). pytest
 # exits 5 when it collected nothing: that is a failure here like any other non-zero exit.
-test: setup cluster-binaries lint typecheck
+test: setup cluster-binaries helm-binaries lint typecheck
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 unit: setup
@@ -93,11 +93,21 @@ fuzz: setup fuzz-manifests
 fuzz-manifests: setup
 	$(PY) -m tests.fuzz.manifests --count $(FUZZ_COUNT) --seed $(FUZZ_SEED)
 
-# The real control plane of the cluster tests (kube-apiserver, kubectl, etcd), built from
-# tools/cluster's Go modules into $KLET_CACHE (default /var/cache/klet); no-op once cached.
+# The real control plane of the cluster tests (kube-apiserver, kubectl, etcd,
+# kube-controller-manager, kube-scheduler), built from tools/cluster's Go modules into
+# $KLET_CACHE (default /var/cache/klet); builds only what is missing, a no-op once cached.
+# `bash tools/cluster/build.sh --with-kubelet` also builds the upstream kubelet.
 .PHONY: cluster-binaries
 cluster-binaries:
 	bash tools/cluster/build.sh
+
+# The pinned helm binaries of the helm tier, built from tools/helm's Go modules into
+# $KLET_CACHE/helm/<version>/helm (default /var/cache/klet); no-op once cached. v4 renders
+# and installs the chart; v3 only proves it still lints on Helm 3. `make run` needs no helm.
+.PHONY: helm-binaries
+helm-binaries:
+	bash tools/helm/build.sh v4
+	bash tools/helm/build.sh v3
 
 clean:
 	rm -rf .run .cache .venv libs/src/klet/rpc/gen

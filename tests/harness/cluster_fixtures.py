@@ -1,4 +1,5 @@
-"""Pytest fixtures for the cluster tier: a real etcd + kube-apiserver (``klet.devstack.cluster``).
+"""Pytest fixtures for the cluster tier: a real etcd + kube-apiserver (``klet.devstack.cluster``),
+and for the tests that need them also kube-controller-manager and kube-scheduler.
 
 Loaded as a plugin, like ``tests.harness.fixtures``: pyproject's pytest ``addopts`` gets
 ``-p tests.harness.cluster_fixtures`` (or pass it on the command line).
@@ -9,8 +10,14 @@ for pods (default ServiceAccount, ``kube-root-ca.crt``). Tests sharing it use un
 object names and clean up after themselves; a test that takes the apiserver down
 (``restart_apiserver``) must leave it running.
 
+``full_control_plane`` is a second, separate plane (its own etcd, apiserver, PKI and
+/tmp directory) that also runs kube-controller-manager and kube-scheduler. It is
+session-scoped too but started only when a test asks for it, so runs without such tests
+pay nothing, and ``control_plane`` keeps its controller-less behaviour (tests on it bind
+pods with ``spec.nodeName`` and create namespaces through ``prepare_namespace``).
+
 The binaries come from ``tools/cluster/build.sh``, a no-op once they are cached under
-``$KLET_CACHE`` (default /var/cache/klet). A cold build takes about six minutes on 2 cores,
+``$KLET_CACHE`` (default /var/cache/klet). A cold build takes about eight minutes on 2 cores,
 longer than the per-test timeout, so when nothing is cached yet the fixture fails at once
 and says to run ``make cluster-binaries`` first (or pass ``--timeout=0``). Set
 ``KLET_KEEP_DEVSTACK=1`` to keep the directory (logs, PKI, kubeconfigs) after the run.
@@ -73,12 +80,10 @@ def _build(config: pytest.Config) -> Path:
     return Path(res.stdout.strip().splitlines()[-1])
 
 
-@pytest.fixture(scope="session")
-def control_plane(pytestconfig: pytest.Config) -> Iterator[ControlPlane]:
-    """A started etcd + kube-apiserver (Node,RBAC authorization, NodeRestriction)."""
-    bin_dir = _build(pytestconfig)
-    dir = Path(tempfile.mkdtemp(prefix="klet-cp-", dir="/tmp"))
-    plane = ControlPlane(dir, bin_dir)
+def _plane(config: pytest.Config, *, prefix: str, controllers: bool) -> Iterator[ControlPlane]:
+    bin_dir = _build(config)
+    dir = Path(tempfile.mkdtemp(prefix=prefix, dir="/tmp"))
+    plane = ControlPlane(dir, bin_dir, controllers=controllers)
     plane.start()
     try:
         yield plane
@@ -86,3 +91,15 @@ def control_plane(pytestconfig: pytest.Config) -> Iterator[ControlPlane]:
         plane.stop()
         if not os.environ.get("KLET_KEEP_DEVSTACK"):
             shutil.rmtree(dir, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def control_plane(pytestconfig: pytest.Config) -> Iterator[ControlPlane]:
+    """A started etcd + kube-apiserver (Node,RBAC authorization, NodeRestriction)."""
+    yield from _plane(pytestconfig, prefix="klet-cp-", controllers=False)
+
+
+@pytest.fixture(scope="session")
+def full_control_plane(pytestconfig: pytest.Config) -> Iterator[ControlPlane]:
+    """Another etcd + kube-apiserver, with kube-controller-manager and kube-scheduler."""
+    yield from _plane(pytestconfig, prefix="klet-cpfull-", controllers=True)

@@ -1,27 +1,38 @@
 #!/usr/bin/env bash
-# Build the real control plane used by the cluster tests: kube-apiserver and kubectl from
-# the Go module k8s.io/kubernetes (see go.mod here) and etcd from go.etcd.io/etcd/server/v3
-# (see etcd/go.mod), through the Go module proxy.
+# Build the real control plane used by the cluster tests: kube-apiserver, kubectl,
+# kube-controller-manager and kube-scheduler from the Go module k8s.io/kubernetes (see
+# go.mod here) and etcd from go.etcd.io/etcd/server/v3 (see etcd/go.mod), through the Go
+# module proxy. With --with-kubelet also the upstream kubelet (for benchmarks against it;
+# no test needs it, so it is built only on request).
 #
 # Binaries go to a cache keyed by version, outside the repository:
-#   ${KLET_CACHE:-/var/cache/klet}/control-plane/<k8s>-etcd<etcd>/bin/{kube-apiserver,kubectl,etcd}
+#   ${KLET_CACHE:-/var/cache/klet}/control-plane/<k8s>-etcd<etcd>/bin/{kube-apiserver,...}
 # and the Go module/build caches to ${KLET_CACHE}/go/{mod,build}, so fresh clones on the
-# same machine reuse them. Idempotent: when the three binaries exist and report the right
-# versions it does nothing. The last line printed on stdout is the bin directory; all
-# progress goes to stderr.
+# same machine reuse them. Idempotent: each binary that exists and reports the right
+# version is kept; only the missing or stale ones are built. The last line printed on
+# stdout is the bin directory; all progress goes to stderr.
 #
-# A cold build (empty module and build caches) took 6 min on 2 cores (3.6 GB of caches);
-# relinking with a warm GOCACHE about 10 s; the cached check 0.1 s.
+# Timings on 2 cores: a cold build of kube-apiserver, kubectl and etcd (empty module and
+# build caches) took 6 min (3.6 GB of caches). Adding kube-controller-manager and
+# kube-scheduler to a GOCACHE warm from those took 132 s + 15 s (64 s of CPU, on a busy
+# machine: their 381 packages beyond the apiserver's 2150), so they add an estimated
+# 1.5-2.5 min to a cold build; kubelet (100 packages more) 26 s here. Relinking one
+# binary with a warm GOCACHE takes about 10-15 s; the cached check 0.3 s.
 #
-# Usage: build.sh [--check]   (--check: only report; exit 1 if a build would be needed)
+# Usage: build.sh [--check] [--with-kubelet]
+#   --check         only report; exit 1 if a build would be needed
+#   --with-kubelet  also build (or check) kubelet
 set -euo pipefail
 
 only_check=false
-case "${1:-}" in
-    --check) only_check=true ;;
-    "") ;;
-    *) echo "usage: $0 [--check]" >&2; exit 2 ;;
-esac
+with_kubelet=false
+for arg in "$@"; do
+    case "$arg" in
+        --check) only_check=true ;;
+        --with-kubelet) with_kubelet=true ;;
+        *) echo "usage: $0 [--check] [--with-kubelet]" >&2; exit 2 ;;
+    esac
+done
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 cache="${KLET_CACHE:-/var/cache/klet}"
@@ -41,26 +52,46 @@ k8s_minor="${BASH_REMATCH[1]}"
 
 bin="$cache/control-plane/${k8s_version}-etcd${etcd_version#v}/bin"
 
+# The binaries from k8s.io/kubernetes (cmd/<name>); etcd is built from its own module.
+k8s_cmds=(kube-apiserver kubectl kube-controller-manager kube-scheduler)
+if $with_kubelet; then k8s_cmds+=(kubelet); fi
+wanted=("${k8s_cmds[@]}" etcd)
+
 # Each version is read into a variable first: with pipefail, `cmd | grep -q` fails at
 # random when grep exits on its match before cmd has written everything (SIGPIPE).
-check() {
-    [[ -x "$bin/kube-apiserver" && -x "$bin/kubectl" && -x "$bin/etcd" ]] || return 1
-    local out
-    out=$("$bin/kube-apiserver" --version 2>/dev/null) || return 1
-    grep -qx "Kubernetes ${k8s_version}" <<<"$out" || return 1
-    out=$("$bin/kubectl" version --client -o json 2>/dev/null) || return 1
-    grep -q "\"gitVersion\": \"${k8s_version}\"" <<<"$out" || return 1
-    out=$("$bin/etcd" --version 2>/dev/null) || return 1
-    grep -qx "etcd Version: ${etcd_version#v}" <<<"$out" || return 1
+version_ok() {  # version_ok NAME: the binary exists and reports the wanted version
+    local name="$1" out
+    [[ -x "$bin/$name" ]] || return 1
+    case "$name" in
+        kubectl)
+            out=$("$bin/kubectl" version --client -o json 2>/dev/null) || return 1
+            grep -q "\"gitVersion\": \"${k8s_version}\"" <<<"$out" ;;
+        etcd)
+            out=$("$bin/etcd" --version 2>/dev/null) || return 1
+            grep -qx "etcd Version: ${etcd_version#v}" <<<"$out" ;;
+        *)
+            out=$("$bin/$name" --version 2>/dev/null) || return 1
+            grep -qx "Kubernetes ${k8s_version}" <<<"$out" ;;
+    esac
 }
 
-if check; then
-    log "cached: kube-apiserver/kubectl ${k8s_version}, etcd ${etcd_version}"
+missing=()
+find_missing() {  # sets `missing` to the wanted binaries that are absent or stale
+    missing=()
+    local name
+    for name in "${wanted[@]}"; do
+        version_ok "$name" || missing+=("$name")
+    done
+}
+
+find_missing
+if ((${#missing[@]} == 0)); then
+    log "cached: ${k8s_cmds[*]} ${k8s_version}, etcd ${etcd_version}"
     echo "$bin"
     exit 0
 fi
 if $only_check; then
-    log "not built yet: ${bin}"
+    log "not built yet in ${bin}: ${missing[*]}"
     exit 1
 fi
 
@@ -75,7 +106,8 @@ export GOTOOLCHAIN=local GOFLAGS="-mod=readonly -buildvcs=false" CGO_ENABLED=0
 # One build at a time per cache (parallel test sessions may all call this script).
 exec 9>"$cache/control-plane/.build.lock"
 flock 9
-if check; then
+find_missing
+if ((${#missing[@]} == 0)); then
     log "built by a concurrent run"
     echo "$bin"
     exit 0
@@ -98,17 +130,25 @@ for pkg in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
 done
 
 start=$SECONDS
-for cmd in kube-apiserver kubectl; do
-    log "building ${cmd} ${k8s_version} (-p ${jobs})"
-    (cd "$here" && "$go" build -p "$jobs" -trimpath -ldflags "$ldflags" \
-        -o "$bin/.${cmd}.tmp" "k8s.io/kubernetes/cmd/${cmd}")
+for cmd in "${missing[@]}"; do
+    t0=$SECONDS
+    if [[ "$cmd" == etcd ]]; then
+        log "building etcd ${etcd_version} (-p ${jobs})"
+        (cd "$here/etcd" && "$go" build -p "$jobs" -trimpath -ldflags "-s -w" \
+            -o "$bin/.etcd.tmp" go.etcd.io/etcd/server/v3)
+    else
+        log "building ${cmd} ${k8s_version} (-p ${jobs})"
+        (cd "$here" && "$go" build -p "$jobs" -trimpath -ldflags "$ldflags" \
+            -o "$bin/.${cmd}.tmp" "k8s.io/kubernetes/cmd/${cmd}")
+    fi
     mv -f "$bin/.${cmd}.tmp" "$bin/${cmd}"
+    log "built ${cmd} in $((SECONDS - t0)) s"
 done
-log "building etcd ${etcd_version} (-p ${jobs})"
-(cd "$here/etcd" && "$go" build -p "$jobs" -trimpath -ldflags "-s -w" \
-    -o "$bin/.etcd.tmp" go.etcd.io/etcd/server/v3)
-mv -f "$bin/.etcd.tmp" "$bin/etcd"
 
-check || { log "built binaries do not report the expected versions"; exit 1; }
+find_missing
+if ((${#missing[@]} > 0)); then
+    log "built binaries do not report the expected versions: ${missing[*]}"
+    exit 1
+fi
 log "built in $((SECONDS - start)) s"
 echo "$bin"

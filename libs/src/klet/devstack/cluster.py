@@ -1,17 +1,23 @@
-"""A real, minimal control plane for the cluster tests: etcd plus kube-apiserver.
+"""A real, minimal control plane for the cluster tests: etcd plus kube-apiserver, and
+on request kube-controller-manager and kube-scheduler.
 
 The binaries come from ``tools/cluster/build.sh`` (built from the published Go modules,
 cached per version outside the repository). Everything else lives under one directory:
 
-    <dir>/pki/          CA, serving and client certificates, service-account keys
-    <dir>/etcd/         etcd's data dir and log (``--unsafe-no-fsync``: tests only)
-    <dir>/apiserver/    kube-apiserver's log
-    <dir>/kubeconfigs/  admin and per-identity kubeconfigs (certificates embedded)
+    <dir>/pki/                 CA, serving and client certificates, service-account keys
+    <dir>/etcd/                etcd's data dir and log (``--unsafe-no-fsync``: tests only)
+    <dir>/apiserver/           kube-apiserver's log
+    <dir>/controller-manager/  kube-controller-manager's log (``controllers=True``)
+    <dir>/scheduler/           kube-scheduler's log (``controllers=True``)
+    <dir>/kubeconfigs/         admin and per-identity kubeconfigs (certificates embedded)
 
-Both daemons listen on free loopback ports and are stopped by PID. There is no
-controller-manager and no scheduler, so ``start`` does by hand what those would do for
-the objects a pod needs (see ``prepare_namespace``), and tests bind pods with
-``spec.nodeName``. Nothing garbage-collects or deletes namespaces.
+Every daemon listens on free loopback ports and is stopped by PID. By default there is
+no controller-manager and no scheduler, so ``start`` does by hand what those would do
+for the objects a pod needs (see ``prepare_namespace``), tests bind pods with
+``spec.nodeName``, and nothing garbage-collects or deletes namespaces. With
+``controllers=True`` both run (``klet.devstack.kube_components`` says which controllers
+and why): namespaces get their ServiceAccount and CA ConfigMap from the controllers,
+workloads make pods, the scheduler binds them, deleted namespaces empty.
 
 The apiserver runs with the Node authorizer and the NodeRestriction admission plugin, as
 on a kubeadm cluster, so a node's client certificate (``node_kubeconfig``) gets exactly
@@ -33,6 +39,13 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
+from klet.devstack.kube_components import (
+    CONTROLLER_MANAGER_USER,
+    SCHEDULER_USER,
+    SecureComponent,
+    controller_manager_argv,
+    scheduler_argv,
+)
 from klet.devstack.pki import CertificateAuthority, CertPair, file_stem, write_key_pair
 from klet.devstack.procs import ManagedProcess, StartError, free_port
 
@@ -60,9 +73,11 @@ class ControlPlane:
 
     ``start()`` creates the PKI (or reuses the one in ``dir``), starts etcd and the
     apiserver, waits for ``/readyz`` and prepares the system namespaces; ``stop()``
-    stops both. The apiserver can be stopped and started again on the same port
-    (``stop_apiserver``/``start_apiserver``/``restart_apiserver``) to test outages.
-    Usable as a context manager.
+    stops them all. With ``controllers=True`` it also starts kube-controller-manager
+    and kube-scheduler and waits for their ``/healthz``. The apiserver can be stopped
+    and started again on the same port (``stop_apiserver``/``start_apiserver``/
+    ``restart_apiserver``) to test outages; the controllers ride that out as they
+    would on a real cluster. Usable as a context manager.
     """
 
     def __init__(
@@ -72,6 +87,7 @@ class ControlPlane:
         *,
         apiserver_port: int | None = None,
         etcd_port: int | None = None,
+        controllers: bool = False,
     ) -> None:
         self.dir = dir.resolve()
         self.bin_dir = bin_dir.resolve()
@@ -84,6 +100,11 @@ class ControlPlane:
         self._admin: CertPair | None = None
         self._etcd: ManagedProcess | None = None
         self._apiserver: ManagedProcess | None = None
+        self.controllers = controllers
+        # Both components serve HTTPS (healthz, metrics) on loopback ports of their own.
+        self.controller_manager_port = free_port() if controllers else 0
+        self.scheduler_port = free_port() if controllers else 0
+        self._components: list[SecureComponent] = []
 
     # -- addresses and credentials ---------------------------------------------------
 
@@ -120,6 +141,14 @@ class ControlPlane:
     @property
     def etcd_log(self) -> Path:
         return self.dir / "etcd" / "etcd.log"
+
+    @property
+    def controller_manager_log(self) -> Path:
+        return self.dir / "controller-manager" / "kube-controller-manager.log"
+
+    @property
+    def scheduler_log(self) -> Path:
+        return self.dir / "scheduler" / "kube-scheduler.log"
 
     @property
     def apiserver_running(self) -> bool:
@@ -162,8 +191,12 @@ class ControlPlane:
     # -- life cycle ------------------------------------------------------------------
 
     def start(self, *, timeout_s: float = 90.0) -> None:
-        """Create the PKI, start etcd and the apiserver, wait for ``/readyz``, set up."""
-        for binary in ("etcd", "kube-apiserver", "kubectl"):
+        """Create the PKI, start etcd and the apiserver, wait for ``/readyz``, set up (and
+        with ``controllers`` start the controller-manager and scheduler)."""
+        binaries = ["etcd", "kube-apiserver", "kubectl"]
+        if self.controllers:
+            binaries += ["kube-controller-manager", "kube-scheduler"]
+        for binary in binaries:
             if not (self.bin_dir / binary).is_file():
                 raise StartError(f"{self.bin_dir / binary} missing: run tools/cluster/build.sh")
         self.dir.mkdir(parents=True, exist_ok=True)
@@ -184,7 +217,10 @@ class ControlPlane:
         )
 
     def stop(self) -> None:
-        """Stop the apiserver, then etcd (each by PID); safe after a partial start."""
+        """Stop the scheduler and controller-manager, the apiserver, then etcd (each by
+        PID); safe after a partial start."""
+        while self._components:
+            self._components.pop().stop()
         self.stop_apiserver()
         if self._etcd is not None:
             self._etcd.stop(timeout_s=10.0)
@@ -287,13 +323,26 @@ class ControlPlane:
             log.debug("apply not yet accepted: %s", res.stderr.strip())
             time.sleep(0.5)
 
-    def prepare_namespace(self, namespace: str) -> None:
-        """Make ``namespace`` ready for pods as kube-controller-manager would.
+    def prepare_namespace(self, namespace: str, *, timeout_s: float = 60.0) -> None:
+        """Make ``namespace`` ready for pods.
 
         Creates the namespace, its ``default`` ServiceAccount (the ServiceAccount
         admission plugin rejects pods without it) and the ``kube-root-ca.crt`` ConfigMap
-        (the projected service-account volume of every pod refers to it).
+        (the projected service-account volume of every pod refers to it). With
+        ``controllers`` those two are the controllers' to make: it creates only the
+        namespace and waits for them, so nothing races the controllers' own writes.
         """
+        if self.controllers:
+            self.apply(
+                [{"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace}}],
+                timeout_s=timeout_s,
+            )
+            for path in (
+                f"/api/v1/namespaces/{namespace}/serviceaccounts/default",
+                f"/api/v1/namespaces/{namespace}/configmaps/kube-root-ca.crt",
+            ):
+                self._wait_for_object(path, timeout_s=timeout_s)
+            return
         self.apply(
             [
                 {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace}},
@@ -312,6 +361,62 @@ class ControlPlane:
         )
 
     # -- internals -------------------------------------------------------------------
+
+    def _wait_for_object(self, path: str, *, timeout_s: float) -> None:
+        """Poll a GET of ``path`` as admin until it succeeds (404 while not made yet)."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                self.get(path, timeout_s=5.0)
+                return
+            except OSError as exc:  # urllib's HTTPError/URLError are OSErrors
+                if time.monotonic() >= deadline:
+                    raise StartError(f"{path} not there after {timeout_s:.0f}s: {exc}") from exc
+            time.sleep(0.2)
+
+    def _start_controllers(self, *, timeout_s: float) -> None:
+        """Start kube-controller-manager, then kube-scheduler; wait for each ``/healthz``."""
+        pki = self.pki_dir
+        manager = SecureComponent(
+            "kube-controller-manager",
+            controller_manager_argv(
+                self.bin_dir,
+                kubeconfig=self.user_kubeconfig(CONTROLLER_MANAGER_USER, name="controller-manager"),
+                port=self.controller_manager_port,
+                serving=self._serving_cert("controller-manager"),
+                ca_file=self.ca_file,
+                service_account_key=pki / "sa.key",
+            ),
+            dir=self.dir / "controller-manager",
+            port=self.controller_manager_port,
+            ca_file=self.ca_file,
+        )
+        scheduler = SecureComponent(
+            "kube-scheduler",
+            scheduler_argv(
+                self.bin_dir,
+                kubeconfig=self.user_kubeconfig(SCHEDULER_USER, name="scheduler"),
+                port=self.scheduler_port,
+                serving=self._serving_cert("scheduler"),
+                ca_file=self.ca_file,
+            ),
+            dir=self.dir / "scheduler",
+            port=self.scheduler_port,
+            ca_file=self.ca_file,
+        )
+        for component in (manager, scheduler):
+            component.start(timeout_s=timeout_s)
+            self._components.append(component)
+
+    def _serving_cert(self, stem: str) -> CertPair:
+        """A loopback serving certificate from the CA (``<stem>-serving.{crt,key}``)."""
+        return self.ca.issue(
+            f"{stem}-serving",
+            dns_names=["localhost"],
+            ip_addresses=["127.0.0.1"],
+            server=True,
+            name=f"{stem}-serving",
+        )
 
     def _make_pki(self) -> None:
         ca = self.ca
@@ -453,5 +558,7 @@ class ControlPlane:
             ],
             timeout_s=timeout_s,
         )
+        if self.controllers:
+            self._start_controllers(timeout_s=timeout_s)
         for namespace in SYSTEM_NAMESPACES:
-            self.prepare_namespace(namespace)
+            self.prepare_namespace(namespace, timeout_s=timeout_s)
