@@ -104,3 +104,11 @@ timeoutSeconds: 15
 periodSeconds: 10
 failureThreshold: 3
 {{- end -}}
+
+{{/*
+Where the services see the host's resolver file (paths.resolvConf), the KubeletConfiguration's
+resolvConf: the node's resolver that Default-policy and host-network pods get.
+*/}}
+{{- define "klet.hostResolvConf" -}}
+/etc/klet/host/resolv.conf
+{{- end -}}

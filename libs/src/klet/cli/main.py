@@ -1,4 +1,5 @@
-"""`klet` entry point: dispatches to `up`, `run`, `crictl`, `bus-acl` and `healthcheck`.
+"""`klet` entry point: dispatches to `up`, `run`, `crictl`, `bus-acl`, `healthcheck` and
+`check-node`.
 
 `klet run <service>` finds the service through the `klet.services` entry points, so this
 library never imports a service package (the layering contract in pyproject.toml).
@@ -24,6 +25,9 @@ commands:
   healthcheck <service>       exit 0 when the service's /healthz on this host passes
                               (container health checks; the port from the replica's
                               KLET_SERVICE_PORT_FILE, else KLET_SERVICE_PORT or its default)
+  check-node --node N --kubeconfig FILE
+                              exit 0 when Node N is Ready and its Lease is renewed (the
+                              chart's helm test)
 """
 
 
@@ -60,6 +64,10 @@ def main(argv: list[str] | None = None) -> int:
         from klet.cli.healthcheck import healthcheck
 
         return healthcheck(rest)
+    if command == "check-node":
+        from klet.cli.checknode import check_node_cli
+
+        return check_node_cli(rest)
     if command == "crictl":
         from klet.cli.crictl import crictl
 
