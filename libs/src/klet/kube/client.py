@@ -25,6 +25,7 @@ from typing import Any, Protocol
 
 import urllib3
 from klet.kube.errors import KubeError, Unavailable, for_status
+from klet.kube.tokens import BearerToken
 from klet.model.flowcontrol import TokenBucket
 from klet.model.types import JSON
 from kubernetes import client as k8s_client
@@ -96,6 +97,9 @@ class KubeClient:
         # Our callers retry with their own back-off and log once per outage; urllib3's
         # own retries would add a warning per attempt.
         configuration.retries = False
+        self._configuration = configuration
+        # The REST layer below sends no credentials itself: a token user's header is ours.
+        self._token = BearerToken.from_kubeconfig(settings.kubeconfig)
         self._api = k8s_client.ApiClient(configuration)
         self._api.user_agent = settings.user_agent
         self.host = configuration.host.rstrip("/")
@@ -104,6 +108,17 @@ class KubeClient:
 
     async def close(self) -> None:
         await asyncio.to_thread(self._api.close)
+
+    def _headers(self, **headers: str) -> dict[str, str]:
+        """`headers` plus the Authorization of a token user (a kubeconfig `token` or
+        `tokenFile`, or what an exec plugin gave the official client)."""
+        if self._token is not None:
+            authorization: str | None = self._token.header()
+        else:
+            authorization = self._configuration.get_api_key_with_prefix("BearerToken")
+        if authorization:
+            headers["Authorization"] = authorization
+        return headers
 
     def _url(self, path: str, params: Mapping[str, Any] | None) -> str:
         query = {k: v for k, v in (params or {}).items() if v is not None}
@@ -118,7 +133,7 @@ class KubeClient:
         content_type: str,
         timeout_s: float | None,
     ) -> Any:
-        headers = {"Accept": "application/json", "Content-Type": content_type}
+        headers = self._headers(Accept="application/json", **{"Content-Type": content_type})
         url = self._url(path, params)
         try:
             r = self._api.rest_client.request(
@@ -215,7 +230,7 @@ class KubeClient:
                 r = self._api.rest_client.pool_manager.request(
                     "GET",
                     self._url(path, query),
-                    headers={"Accept": "application/json"},
+                    headers=self._headers(Accept="application/json"),
                     preload_content=False,
                     retries=False,
                     timeout=urllib3.Timeout(connect=10, read=timeout_s + 30),
