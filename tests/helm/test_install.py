@@ -1,15 +1,25 @@
-"""klet installed into a real cluster as pods, managing a node of its own.
+"""`helm install` of helm/klet into a real cluster: klet's services run as pods on a
+harness node and manage a node of their own.
 
-The cluster harness's kube-apiserver and a klet node "host" (the harness's own, on the
-dev stack's containerd A) run klet's five services and its Redis as pods bound to
-"host": the `klet` and `klet-redis` images from tools/image, pushed to the dev stack's
-registry; hostNetwork, hostPID, privileged, the root dir mounted with
-`mountPropagation: Bidirectional`, the pod logs dir, the runtime's socket directory,
-cgroups, the run dir, the bus secrets; the KubeletConfiguration in a ConfigMap and a
-`system:node:inner` kubeconfig in a Secret. The klet they make up ("inner") runs on a
-second private containerd B with its own root dir, run dir and ports
-(tests/harness/innernode.py), and must register Node `inner`, become Ready, renew its
-Lease and run a pod bound to it, pulling busybox from the registry.
+The full control plane (kube-apiserver, kube-controller-manager, kube-scheduler) and a
+klet node "host" (the harness's own, its services as processes on the dev stack's
+containerd A). The `klet` and `klet-redis` images from tools/image are pushed to the
+dev stack's registry. `helm install --wait` of the chart with a values file this test
+writes: every workload on "host" (nodeSelector), syncloop a Deployment (so it can be
+scaled), node.name `inner`, a `system:node:inner` kubeconfig Secret
+(credentials.existingSecret), the apiserver's loopback URL, and every path and port of
+a second private containerd B, its own root dir, run dir and ports
+(tests/harness/innernode.py, which asserts no two nodes share any of them).
+
+Then: the inner Node is Ready and renews its Lease; `helm test` passes with its pod on
+the inner node; a Deployment (no nodeName, a nodeSelector for `inner`) is scheduled and
+runs there; `kubectl rollout restart` of every klet workload, `kubectl scale` of syncloop
+to 2 and deleting the pod of the lease holder (found through the leader slot file in the
+run dir), and a `helm upgrade` that changes kubeletConfig (maxPods, seen in the Node's
+capacity) each leave the inner node's containers (IDs and attempts, from containerd B
+through CRI) and restart counts unchanged, and the Node Ready throughout (polled every
+half second);
+`helm uninstall` leaves no object of the release in the cluster.
 """
 
 from __future__ import annotations
@@ -17,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
+import os
 import subprocess
 import sys
 import time
@@ -27,200 +38,105 @@ from typing import Any
 
 import pytest
 from klet.cri import CRISettings, RuntimeClient
+from klet.cri import labels as L
 from klet.devstack import BUSYBOX_IMAGE, TEST_REGISTRY_HOST, DevStack
 from klet.devstack.cluster import ControlPlane
 
 from tests.harness.clusternode import cluster_node
 from tests.harness.innernode import InnerHost, inner_host, separate
 from tests.harness.node import KletNode
+from tests.harness.nodewatch import NodeWatch
 from tests.harness.waiting import wait_for
 from tools.image.__main__ import version
 
 pytestmark = [pytest.mark.timeout(900)]
 
 ROOT = Path(__file__).resolve().parents[2]
+CHART = ROOT / "helm" / "klet"
 SERVICES = ("pod-source", "syncloop", "status-reporter", "eviction", "image-gc")
 NAMESPACE = "klet-system"
+RELEASE = "klet"
 HOST = "host"
 INNER = "inner"
-CONFIG_DIR = "/etc/klet"
-KUBERNETES_DIR = "/etc/kubernetes"
 SLEEPER = "trap 'exit 0' TERM; sleep 100000 & wait"
+CREDENTIALS = "inner-credentials"
+SECRET_DIR = "/etc/klet/credentials"
+"""Where the chart mounts credentials.existingSecret."""
+WORKLOAD = "sleepers"
+"""The Deployment on the inner node whose containers no disruption may touch."""
 
 
-def kubelet_config(inner: InnerHost) -> str:
-    return f"""apiVersion: kubelet.config.k8s.io/v1beta1
-kind: KubeletConfiguration
-port: {inner.port}
-healthzPort: {inner.healthz_port}
-readOnlyPort: {inner.read_only_port}
-"""
+def helm_binary() -> Path:
+    """The pinned helm v4 (tools/helm/build.sh: a no-op once cached)."""
+    res = subprocess.run(
+        ["bash", str(ROOT / "tools" / "helm" / "build.sh"), "v4"],
+        capture_output=True,
+        text=True,
+        timeout=1800,
+    )
+    assert res.returncode == 0, res.stderr[-3000:]
+    return Path(res.stdout.strip().splitlines()[-1])
 
 
-def host_path(name: str, path: Path | str, *, kind: str = "Directory") -> dict[str, Any]:
-    return {"name": name, "hostPath": {"path": str(path), "type": kind}}
-
-
-def same_path(name: str, path: Path | str, **extra: Any) -> dict[str, Any]:
-    return {"name": name, "mountPath": str(path), **extra}
-
-
-def service_pod(service: str, inner: InnerHost, image: str) -> dict[str, Any]:
-    """One klet service as a pod on the host node, for the inner node."""
-    flags = [
-        f"--config={CONFIG_DIR}/kubelet-config.yaml",
-        f"--hostname-override={inner.name}",
-        "--node-ip=$(NODE_IP)",
-        f"--root-dir={inner.root_dir}",
-        f"--cert-dir={inner.root_dir}/pki",
-        f"--pod-logs-dir={inner.logs_dir}",
-        f"--container-runtime-endpoint={inner.runtime_endpoint}",
-        f"--kubeconfig={KUBERNETES_DIR}/kubelet.conf",
-    ]
-    env = {
-        "KLET_RUN_DIR": str(inner.run_dir),
-        "KLET_REDIS_URL": f"unix://{inner.redis_socket_dir}/redis.sock",
-        "KLET_REDIS_USERNAME": f"klet-{service}@{inner.name}",
-        "KLET_REDIS_PASSWORD_FILE": str(inner.bus_dir / "secrets" / inner.name / service),
-        "KLET_LOG_FORMAT": "text",
-        "KLET_SERVICE_PORT": "0",
-        "KLET_SERVICE_PORT_FILE": "/tmp/klet-service-port.json",
-    }
-    probe = {
-        "exec": {"command": ["klet", "healthcheck", service]},
-        "periodSeconds": 10,
-        "timeoutSeconds": 15,
-        "failureThreshold": 3,
-    }
+def values(inner: InnerHost, plane: ControlPlane, *, max_pods: int) -> dict[str, Any]:
+    on_host = {"kubernetes.io/hostname": HOST}
     return {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {
-            "name": service,
-            "namespace": NAMESPACE,
-            "labels": {"app.kubernetes.io/name": "klet", "app.kubernetes.io/component": service},
+        "image": {"repository": f"{TEST_REGISTRY_HOST}/klet", "pullPolicy": "IfNotPresent"},
+        "redis": {"image": {"repository": f"{TEST_REGISTRY_HOST}/klet-redis"}},
+        "node": {"name": inner.name, "ip": "127.0.0.1"},
+        # No kube-proxy in the test cluster: the apiserver's own address.
+        "apiServer": {"url": plane.server},
+        "credentials": {"existingSecret": CREDENTIALS, "key": "kubeconfig"},
+        "kubeletConfig": {
+            # The 10250 API's serving certificate, signed by the CA the apiserver checks
+            # kubelets against (else `kubectl logs` fails verification), and the CA of
+            # the apiserver's client certificate: files in the credentials Secret.
+            "tlsCertFile": f"{SECRET_DIR}/kubelet.crt",
+            "tlsPrivateKeyFile": f"{SECRET_DIR}/kubelet.key",
+            "authentication": {"x509": {"clientCAFile": f"{SECRET_DIR}/ca.crt"}},
+            "port": inner.port,
+            "healthzPort": inner.healthz_port,
+            "readOnlyPort": inner.read_only_port,
+            "staticPodPath": str(inner.dir / "kubernetes" / "manifests"),
+            "maxPods": max_pods,
         },
-        "spec": {
-            "nodeName": HOST,
-            "hostNetwork": True,
-            "hostPID": True,
-            "dnsPolicy": "ClusterFirstWithHostNet",
-            "terminationGracePeriodSeconds": 30,
-            "containers": [
-                {
-                    "name": service,
-                    "image": image,
-                    "imagePullPolicy": "IfNotPresent",
-                    "args": ["run", service, *flags],
-                    "env": [
-                        *({"name": k, "value": v} for k, v in env.items()),
-                        {
-                            "name": "NODE_IP",
-                            "valueFrom": {"fieldRef": {"fieldPath": "status.hostIP"}},
-                        },
-                    ],
-                    "securityContext": {"privileged": True},
-                    "livenessProbe": {**probe, "initialDelaySeconds": 30},
-                    "readinessProbe": probe,
-                    "volumeMounts": [
-                        same_path("config", CONFIG_DIR, readOnly=True),
-                        same_path("kubeconfig", KUBERNETES_DIR, readOnly=True),
-                        same_path("root", inner.root_dir, mountPropagation="Bidirectional"),
-                        same_path("logs", inner.logs_dir),
-                        same_path("runtime", inner.socket_dir),
-                        same_path("run", inner.run_dir),
-                        same_path("cgroup", "/sys/fs/cgroup"),
-                        same_path("bus", inner.bus_dir / "secrets", readOnly=True),
-                    ],
-                }
-            ],
-            "volumes": [
-                {"name": "config", "configMap": {"name": "inner-config"}},
-                {"name": "kubeconfig", "secret": {"secretName": "inner-kubeconfig"}},
-                host_path("root", inner.root_dir),
-                host_path("logs", inner.logs_dir),
-                host_path("runtime", inner.socket_dir),
-                host_path("run", inner.run_dir),
-                host_path("cgroup", "/sys/fs/cgroup"),
-                host_path("bus", inner.bus_dir / "secrets"),
-            ],
+        "paths": {
+            "rootDir": str(inner.root_dir),
+            "podLogsDir": str(inner.logs_dir),
+            "containerRuntimeEndpoint": inner.runtime_endpoint,
+            "runtimeSocketDir": str(inner.socket_dir),
+            "kubernetesDir": str(inner.dir / "kubernetes"),
+            "runDir": str(inner.run_dir),
+            "redisSocketDir": str(inner.redis_socket_dir),
+            "busDir": str(inner.bus_dir),
         },
+        "logFormat": "text",
+        "serviceDefaults": {"nodeSelector": on_host},
+        "services": {"syncloop": {"kind": "Deployment", "replicas": 1}},
+        # The test pod reaches the apiserver on the host's loopback address.
+        "tests": {"hostNetwork": True},
     }
 
 
-def redis_pod(inner: InnerHost, klet_image: str, redis_image: str) -> dict[str, Any]:
-    """Redis on a unix socket only, its ACL file and passwords from `klet bus-acl`."""
-    acl = inner.bus_dir / "users.acl"
+def sleepers() -> dict[str, Any]:
+    labels = {"app": WORKLOAD}
     return {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {
-            "name": "redis",
-            "namespace": NAMESPACE,
-            "labels": {"app.kubernetes.io/name": "klet", "app.kubernetes.io/component": "redis"},
-        },
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"name": WORKLOAD, "namespace": "default"},
         "spec": {
-            "nodeName": HOST,
-            "automountServiceAccountToken": False,
-            "initContainers": [
-                {
-                    "name": "bus-acl",
-                    "image": klet_image,
-                    "imagePullPolicy": "IfNotPresent",
-                    "command": [
-                        "klet",
-                        "bus-acl",
-                        f"--node={inner.name}",
-                        f"--secrets-dir={inner.bus_dir / 'secrets'}",
-                        f"--acl-file={acl}",
+            "replicas": 2,
+            "selector": {"matchLabels": labels},
+            "template": {
+                "metadata": {"labels": labels},
+                "spec": {
+                    "nodeSelector": {"kubernetes.io/hostname": INNER},
+                    "terminationGracePeriodSeconds": 2,
+                    "containers": [
+                        {"name": "main", "image": BUSYBOX_IMAGE, "command": ["sh", "-c", SLEEPER]}
                     ],
-                    "volumeMounts": [same_path("bus", inner.bus_dir)],
-                }
-            ],
-            "containers": [
-                {
-                    "name": "redis",
-                    "image": redis_image,
-                    "imagePullPolicy": "IfNotPresent",
-                    "args": [
-                        "--port",
-                        "0",
-                        "--unixsocket",
-                        f"{inner.redis_socket_dir}/redis.sock",
-                        "--unixsocketperm",
-                        "600",
-                        "--aclfile",
-                        str(acl),
-                        "--save",
-                        "",
-                        "--appendonly",
-                        "no",
-                    ],
-                    "volumeMounts": [
-                        same_path("socket", inner.redis_socket_dir),
-                        same_path("bus", inner.bus_dir, readOnly=True),
-                    ],
-                }
-            ],
-            "volumes": [
-                host_path("socket", inner.redis_socket_dir),
-                host_path("bus", inner.bus_dir),
-            ],
-        },
-    }
-
-
-def busybox_pod(name: str) -> dict[str, Any]:
-    return {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {"name": name, "namespace": "default"},
-        "spec": {
-            "nodeName": INNER,
-            "terminationGracePeriodSeconds": 2,
-            "containers": [
-                {"name": "main", "image": BUSYBOX_IMAGE, "command": ["sh", "-c", SLEEPER]}
-            ],
+                },
+            },
         },
     }
 
@@ -230,6 +146,11 @@ class Install:
     plane: ControlPlane
     host: KletNode
     inner: InnerHost
+    helm_bin: Path
+    home: Path
+    values_file: Path
+    watch: NodeWatch
+    installed: bool = False
 
     def kubectl(self, *args: str, timeout_s: float = 60) -> str:
         res = self.plane.kubectl(*args, timeout_s=timeout_s)
@@ -240,52 +161,141 @@ class Install:
         found: dict[str, Any] = json.loads(self.kubectl("get", *args, "-o", "json"))
         return found
 
-    def ready(self, kind: str, name: str, *, namespace: str = NAMESPACE) -> bool:
-        obj = self.get(kind, name, "-n", namespace)
-        conditions = obj.get("status", {}).get("conditions", [])
+    def helm(self, *args: str, timeout_s: float = 420) -> str:
+        env = {
+            **os.environ,
+            "KUBECONFIG": str(self.plane.admin_kubeconfig),
+            "HELM_CACHE_HOME": str(self.home / "cache"),
+            "HELM_CONFIG_HOME": str(self.home / "config"),
+            "HELM_DATA_HOME": str(self.home / "data"),
+        }
+        res = subprocess.run(
+            [str(self.helm_bin), *args, "--namespace", NAMESPACE],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=timeout_s,
+        )
+        assert res.returncode == 0, f"helm {' '.join(args)}:\n{res.stdout}\n{res.stderr}"
+        return res.stdout
+
+    def write_values(self, *, max_pods: int) -> Path:
+        self.values_file.write_text(
+            json.dumps(values(self.inner, self.plane, max_pods=max_pods), indent=2)
+        )
+        return self.values_file
+
+    def node(self) -> dict[str, Any]:
+        return self.get("node", INNER)
+
+    def node_ready(self) -> bool:
+        conditions = self.node().get("status", {}).get("conditions", [])
         return any(c["type"] == "Ready" and c["status"] == "True" for c in conditions)
 
-    def node_ready(self, name: str) -> bool:
-        node = self.get("node", name)
-        conditions = node.get("status", {}).get("conditions", [])
-        return any(c["type"] == "Ready" and c["status"] == "True" for c in conditions)
+    def lease_renewed(self) -> str:
+        return str(self.get("lease", INNER, "-n", "kube-node-lease")["spec"]["renewTime"])
 
-    def lease_renewed(self, name: str) -> str:
-        lease = self.get("lease", name, "-n", "kube-node-lease")
-        return str(lease["spec"]["renewTime"])
+    def pods(self, namespace: str, selector: str) -> list[dict[str, Any]]:
+        items: list[dict[str, Any]] = self.get("pods", "-n", namespace, "-l", selector)["items"]
+        return items
 
-    def logs(self) -> str:
-        out = []
-        for component in ("redis", *SERVICES):
-            res = self.plane.kubectl("logs", "-n", NAMESPACE, component, "--tail=60")
-            out.append(f"--- {component}:\n{res.stdout[-6000:]}{res.stderr[-500:]}")
-        return "\n".join(out)
+    def workloads(self) -> list[str]:
+        """kind/name of every workload of the release."""
+        out = self.kubectl(
+            "get",
+            "daemonsets,deployments",
+            "-n",
+            NAMESPACE,
+            "-l",
+            f"app.kubernetes.io/instance={RELEASE}",
+            "-o",
+            "name",
+        )
+        return out.split()
 
-    def inner_containers(self) -> dict[str, tuple[str, int, str]]:
-        """Pod/container name -> (container ID, attempt, state) on containerd B."""
+    def rolled_out(self) -> None:
+        for workload in self.workloads():
+            self.kubectl(
+                "rollout", "status", workload, "-n", NAMESPACE, "--timeout=240s", timeout_s=260
+            )
 
-        async def go() -> dict[str, tuple[str, int, str]]:
+    def sleepers_state(self) -> dict[str, tuple[str, int, str, int]]:
+        """Pod/container -> (container ID, attempt, state) from containerd B, and the
+        restart count the apiserver holds."""
+        pods = self.pods("default", f"app={WORKLOAD}")
+        restarts = {
+            p["metadata"]["name"]: sum(
+                c.get("restartCount", 0) for c in p["status"].get("containerStatuses", [])
+            )
+            for p in pods
+        }
+        assert all(p["spec"].get("nodeName") == INNER for p in pods), pods
+
+        async def go() -> dict[str, tuple[str, int, str, int]]:
             cri = RuntimeClient(
                 CRISettings(runtime_endpoint=self.inner.runtime_endpoint, timeout_s=10)
             )
             try:
-                return {
-                    f"{c.labels.get('io.kubernetes.pod.name', '')}/{c.name}": (
-                        c.id,
-                        c.attempt,
-                        c.state.value,
-                    )
-                    for c in await cri.list_containers()
-                }
+                out = {}
+                for c in await cri.list_containers():
+                    pod = c.labels.get(L.POD_NAME, "")
+                    if pod in restarts:
+                        out[f"{pod}/{c.name}"] = (c.id, c.attempt, c.state.value, restarts[pod])
+                return out
             finally:
                 await cri.close()
 
         return asyncio.run(go())
 
+    def sleepers_running(self) -> bool:
+        pods = self.pods("default", f"app={WORKLOAD}")
+        return len(pods) == 2 and all(
+            p["status"].get("phase") == "Running"
+            and all(c.get("ready") for c in p["status"].get("containerStatuses", []))
+            for p in pods
+        )
 
-def push_images(stack: DevStack, out: Path) -> tuple[str, str]:
-    """Build both images with tools/image and push them to the stack's registry;
-    their references as the runtimes pull them."""
+    def leader_pid(self, service: str) -> int | None:
+        """The host PID of the service's lease holder, from its leader slot file in the
+        run dir (the services run with hostPID); None when there is no live one."""
+        slot = self.inner.run_dir / "leases" / f"{service}.leader"
+        try:
+            parts = slot.read_text().strip().split(":")
+        except FileNotFoundError:
+            return None
+        if len(parts) != 3 or not parts[1].isdigit():
+            return None
+        pid = int(parts[1])
+        return pid if Path(f"/proc/{pid}").exists() else None
+
+    def logs(self) -> str:
+        res = self.plane.kubectl(
+            "logs",
+            "-n",
+            NAMESPACE,
+            "-l",
+            f"app.kubernetes.io/instance={RELEASE}",
+            "--all-containers",
+            "--prefix",
+            "--tail=40",
+            "--max-log-requests=20",
+        )
+        return res.stdout[-30000:] + res.stderr[-2000:]
+
+
+def pod_of_pid(pid: int, pods: list[dict[str, Any]]) -> dict[str, Any]:
+    """The pod whose cgroup holds `pid` (its cgroup path names the pod UID)."""
+    cgroups = Path(f"/proc/{pid}/cgroup").read_text()
+    for pod in pods:
+        uid = pod["metadata"]["uid"]
+        if uid in cgroups or uid.replace("-", "_") in cgroups:
+            return pod
+    raise AssertionError(f"no pod holds pid {pid}: {cgroups}")
+
+
+def push_images(stack: DevStack, out: Path) -> None:
+    """Build both images with tools/image and push them to the stack's registry, where
+    both runtimes pull them as registry.klet.test/<name>:<version>."""
     res = subprocess.run(
         [sys.executable, "-m", "tools.image", "--out-dir", str(out)],
         cwd=ROOT,
@@ -294,7 +304,6 @@ def push_images(stack: DevStack, out: Path) -> tuple[str, str]:
         timeout=840,
     )
     assert res.returncode == 0, res.stderr[-3000:]
-    refs = []
     for name in ("klet", "klet-redis"):
         subprocess.run(
             [
@@ -309,58 +318,91 @@ def push_images(stack: DevStack, out: Path) -> tuple[str, str]:
             capture_output=True,
             timeout=300,
         )
-        refs.append(f"{TEST_REGISTRY_HOST}/{name}:{version()}")
-    return refs[0], refs[1]
+
+
+def uninstalled(d: Install) -> list[str]:
+    """Every object of the release still in the cluster."""
+    out = d.kubectl(
+        "get",
+        "all,configmaps,secrets,serviceaccounts,roles,rolebindings,clusterroles,"
+        "clusterrolebindings",
+        "--all-namespaces",
+        "-l",
+        f"app.kubernetes.io/instance={RELEASE}",
+        "-o",
+        "name",
+    )
+    return out.split()
 
 
 @pytest.fixture(scope="module")
 def install(
-    tmp_path_factory: pytest.TempPathFactory, devstack: DevStack, control_plane: ControlPlane
+    tmp_path_factory: pytest.TempPathFactory,
+    devstack: DevStack,
+    full_control_plane: ControlPlane,
 ) -> Iterator[Install]:
+    plane = full_control_plane
     tmp = tmp_path_factory.mktemp("helm")
     began = time.monotonic()
-    klet_image, redis_image = push_images(devstack, tmp / "image")
+    helm_bin = helm_binary()
+    push_images(devstack, tmp / "image")
     print(f"images built and pushed in {time.monotonic() - began:.0f}s")
     with (
-        cluster_node(control_plane, devstack, tmp / "host", name=HOST) as host,
+        cluster_node(plane, devstack, tmp / "host", name=HOST) as host,
         inner_host(devstack, name=INNER) as inner,
     ):
         separate(inner, host, devstack)
-        d = Install(control_plane, host, inner)
-        control_plane.prepare_namespace(NAMESPACE)
-        kubeconfig = control_plane.node_kubeconfig(INNER).read_bytes()
+        (inner.dir / "kubernetes" / "manifests").mkdir(parents=True)
+        d = Install(
+            plane,
+            host,
+            inner,
+            helm_bin,
+            tmp / "helm-home",
+            tmp / "values.json",
+            NodeWatch(plane, INNER),
+        )
+        plane.prepare_namespace(NAMESPACE)
+        serving = plane.issue_kubelet_serving_cert(INNER, ["127.0.0.1"])
+        files = {
+            "kubeconfig": plane.node_kubeconfig(INNER),
+            "kubelet.crt": serving.cert,
+            "kubelet.key": serving.key,
+            "ca.crt": plane.ca_file,
+        }
+        plane.apply(
+            [
+                {
+                    "apiVersion": "v1",
+                    "kind": "Secret",
+                    "metadata": {"name": CREDENTIALS, "namespace": NAMESPACE},
+                    "data": {
+                        k: base64.b64encode(f.read_bytes()).decode() for k, f in files.items()
+                    },
+                }
+            ]
+        )
         try:
-            control_plane.apply(
-                [
-                    {
-                        "apiVersion": "v1",
-                        "kind": "ConfigMap",
-                        "metadata": {"name": "inner-config", "namespace": NAMESPACE},
-                        "data": {"kubelet-config.yaml": kubelet_config(inner)},
-                    },
-                    {
-                        "apiVersion": "v1",
-                        "kind": "Secret",
-                        "metadata": {"name": "inner-kubeconfig", "namespace": NAMESPACE},
-                        "data": {"kubelet.conf": base64.b64encode(kubeconfig).decode()},
-                    },
-                    redis_pod(inner, klet_image, redis_image),
-                ]
+            d.helm(
+                "install",
+                RELEASE,
+                str(CHART),
+                "--values",
+                str(d.write_values(max_pods=110)),
+                "--wait",
+                "--timeout=6m",
             )
-            wait_for(lambda: d.ready("pod", "redis"), timeout_s=180, what="Redis pod Ready")
-            print(f"redis ready after {time.monotonic() - began:.0f}s")
-            control_plane.apply([service_pod(s, inner, klet_image) for s in SERVICES])
-            wait_for(
-                lambda: all(d.ready("pod", s) for s in SERVICES),
-                timeout_s=240,
-                what="every service pod Ready",
-            )
-            print(f"services ready after {time.monotonic() - began:.0f}s")
+            d.installed = True
+            print(f"helm install --wait done after {time.monotonic() - began:.0f}s")
+            d.watch.thread.start()
             yield d
         finally:
-            print(d.logs())
-            d.kubectl("delete", "pods", "-n", NAMESPACE, "--all", "--wait=true", timeout_s=120)
-            control_plane.kubectl(
+            d.watch.stopping.set()
+            if d.installed:
+                print(d.logs())
+                d.kubectl("delete", "deployment", WORKLOAD, "-n", "default", "--ignore-not-found")
+                d.helm("uninstall", RELEASE, "--wait", "--timeout=3m", timeout_s=240)
+            plane.kubectl(
                 "delete",
                 "pods",
                 "--all-namespaces",
@@ -368,27 +410,105 @@ def install(
                 "--grace-period=0",
                 "--force",
             )
-            control_plane.kubectl("delete", "node", INNER, "--ignore-not-found")
-            control_plane.kubectl("delete", "namespace", NAMESPACE, "--wait=false")
+            plane.kubectl("delete", "node", INNER, "--ignore-not-found")
+            plane.kubectl("delete", "namespace", NAMESPACE, "--wait=false")
+
+
+def assert_untouched(d: Install, before: dict[str, tuple[str, int, str, int]], what: str) -> None:
+    """The inner node's containers are the same (IDs, attempts, restart counts), its
+    pods Running and ready, and the Node never left Ready."""
+    wait_for(d.sleepers_running, timeout_s=60, what=f"{WORKLOAD} Running after {what}")
+    assert d.sleepers_state() == before, what
+    assert d.watch.ready_seen and not d.watch.flaps, f"Node inner left Ready: {d.watch.flaps}"
 
 
 def test_inner_node_ready_with_lease_renewed(install: Install) -> None:
     d = install
-    wait_for(lambda: d.node_ready(INNER), timeout_s=120, what="Node inner Ready")
-    first = wait_for(lambda: d.lease_renewed(INNER), timeout_s=60, what="inner's Lease")
-    wait_for(lambda: d.lease_renewed(INNER) != first, timeout_s=60, what="inner's Lease renewed")
+    wait_for(d.node_ready, timeout_s=120, what="Node inner Ready")
+    first = wait_for(d.lease_renewed, timeout_s=60, what="inner's Lease")
+    wait_for(lambda: d.lease_renewed() != first, timeout_s=60, what="inner's Lease renewed")
 
 
-def test_pod_bound_to_inner_runs_on_containerd_b(install: Install) -> None:
+def test_helm_test_passes_on_the_inner_node(install: Install) -> None:
     d = install
-    d.plane.apply([busybox_pod("on-inner")])
-    try:
-        wait_for(
-            lambda: d.get("pod", "on-inner", "-n", "default")["status"].get("phase") == "Running",
-            timeout_s=120,
-            what="pod on-inner Running",
-        )
-        containers = d.inner_containers()
-        assert containers["on-inner/main"][2] == "CONTAINER_RUNNING", containers
-    finally:
-        d.kubectl("delete", "pod", "on-inner", "-n", "default", "--wait=true", timeout_s=90)
+    wait_for(d.node_ready, timeout_s=120, what="Node inner Ready")
+    out = d.helm("test", RELEASE, "--timeout=3m", "--logs", timeout_s=240)
+    print(out)
+    # Helm deletes a passed test's pod; the scheduler's Event says where it ran.
+    events = d.get(
+        "events",
+        "-n",
+        NAMESPACE,
+        "--field-selector",
+        f"reason=Scheduled,involvedObject.name={RELEASE}-test-node",
+    )["items"]
+    assert events, "no Scheduled Event of the test pod"
+    assert all(f" to {INNER}" in e["message"] for e in events), [e["message"] for e in events]
+
+
+def test_workloads_never_touch_the_inner_nodes_pods(install: Install) -> None:
+    d = install
+    wait_for(d.node_ready, timeout_s=120, what="Node inner Ready")
+    d.plane.apply([sleepers()])
+    wait_for(d.sleepers_running, timeout_s=180, what=f"{WORKLOAD} Running on inner")
+    before = d.sleepers_state()
+    assert len(before) == 2, before
+    assert all(state == "CONTAINER_RUNNING" for _, _, state, _ in before.values()), before
+
+    began = time.monotonic()
+    for workload in d.workloads():
+        d.kubectl("rollout", "restart", workload, "-n", NAMESPACE)
+    d.rolled_out()
+    assert_untouched(d, before, "kubectl rollout restart of every workload")
+    print(f"rollout restart: {time.monotonic() - began:.0f}s")
+
+    began = time.monotonic()
+    syncloop = f"deployment/{RELEASE}-syncloop"
+    d.kubectl("scale", syncloop, "-n", NAMESPACE, "--replicas=2")
+    d.kubectl("rollout", "status", syncloop, "-n", NAMESPACE, "--timeout=180s", timeout_s=200)
+    selector = "app.kubernetes.io/component=syncloop"
+    leader = wait_for(lambda: d.leader_pid("syncloop"), timeout_s=60, what="a syncloop leader")
+    victim = pod_of_pid(leader, d.pods(NAMESPACE, selector))
+    d.kubectl("delete", "pod", victim["metadata"]["name"], "-n", NAMESPACE, "--wait=false")
+    wait_for(
+        lambda: (pid := d.leader_pid("syncloop")) is not None and pid != leader,
+        timeout_s=90,
+        what="another syncloop replica holding the lease",
+    )
+    d.kubectl("rollout", "status", syncloop, "-n", NAMESPACE, "--timeout=180s", timeout_s=200)
+    assert_untouched(d, before, "deleting the syncloop leader's pod with a standby running")
+    d.kubectl("scale", syncloop, "-n", NAMESPACE, "--replicas=1")
+    print(f"scale + leader pod deleted: {time.monotonic() - began:.0f}s")
+
+    began = time.monotonic()
+    d.helm(
+        "upgrade",
+        RELEASE,
+        str(CHART),
+        "--values",
+        str(d.write_values(max_pods=90)),
+        "--wait",
+        "--timeout=5m",
+    )
+    wait_for(
+        lambda: d.node()["status"]["capacity"].get("pods") == "90",
+        timeout_s=90,
+        what="the Node's pod capacity from the upgraded kubeletConfig",
+    )
+    assert_untouched(d, before, "helm upgrade changing kubeletConfig")
+    print(f"helm upgrade: {time.monotonic() - began:.0f}s")
+
+
+def test_uninstall_leaves_nothing_of_the_chart(install: Install) -> None:
+    d = install
+    print(d.logs())
+    d.kubectl("delete", "deployment", WORKLOAD, "-n", "default", "--ignore-not-found")
+    wait_for(
+        lambda: not d.pods("default", f"app={WORKLOAD}"),
+        timeout_s=120,
+        what=f"{WORKLOAD}'s pods gone",
+    )
+    d.helm("uninstall", RELEASE, "--wait", "--timeout=3m", timeout_s=240)
+    d.installed = False
+    wait_for(lambda: not uninstalled(d), timeout_s=120, what="no object of the release left")
+    assert not d.pods(NAMESPACE, f"app.kubernetes.io/instance={RELEASE}")
