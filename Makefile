@@ -4,7 +4,7 @@ PY := .venv/bin/python
 RUN_DIR ?= $(CURDIR)/.run
 PYTEST_ARGS ?=
 
-.PHONY: setup run test unit integration cluster soak lint typecheck proto bench bench-gc bench-failover fuzz fuzz-manifests clean image test-image test-compose
+.PHONY: setup run test unit integration cluster soak lint typecheck proto bench bench-gc bench-failover fuzz fuzz-manifests clean image test-image test-compose test-helm
 
 setup:
 	@bash tools/setup.sh
@@ -15,14 +15,15 @@ run: setup
 	.venv/bin/klet up --run-dir $(RUN_DIR) --pod-manifest-path examples/static-pods --read-only-port 10255
 
 # Lint, types, then every tier: unit, integration (real Redis, containerd, registry),
-# cluster (a real kube-apiserver + etcd, built once by cluster-binaries) and compose
-# (the images and docker-compose.yml on a private dockerd). pytest
+# cluster (a real kube-apiserver + etcd, built once by cluster-binaries), compose
+# (the images and docker-compose.yml on a private dockerd) and helm (the chart, with the
+# helm binaries built once by helm-binaries). pytest
 # exits 5 when it collected nothing: that is a failure here like any other non-zero exit.
 test: setup cluster-binaries helm-binaries lint typecheck
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 unit: setup
-	$(PY) -m pytest -m "not integration and not cluster and not compose" $(PYTEST_ARGS)
+	$(PY) -m pytest -m "not integration and not cluster and not compose and not helm" $(PYTEST_ARGS)
 
 integration: setup
 	$(PY) -m pytest -m integration $(PYTEST_ARGS)
@@ -65,6 +66,13 @@ test-image: setup
 # leave the pods alone (tests/compose).
 test-compose: setup cluster-binaries
 	$(PY) -m pytest tests/compose -s $(PYTEST_ARGS)
+
+# The helm tier alone (it is part of `make test` too): `helm lint --strict` of every
+# helm/klet/ci/*.yaml on Helm 4 and Helm 3, the `helm template` output checked, and a
+# real `helm install` on the full test control plane, its klet managing a node of its
+# own on a second containerd (tests/helm).
+test-helm: setup cluster-binaries helm-binaries
+	$(PY) -m pytest tests/helm $(PYTEST_ARGS)
 
 bench: setup
 	$(PY) bench/run.py

@@ -4,8 +4,9 @@ fails if it leaves tasks running.
 The tier markers (STYLE.md 21) come from where a test lives, not from a marker each file
 must remember: tests/integration is `integration`, tests/cluster and tests/soak are
 `cluster`, tests/compose is `compose` (docker-compose.yml on a private dockerd, against the
-cluster harness's apiserver), everything else is the unit tier
-(`-m "not integration and not cluster and not compose"`).
+cluster harness's apiserver), tests/helm is `helm` (the chart rendered and linted by the
+pinned helm binaries, and installed on the cluster harness), everything else is the unit
+tier (`-m "not integration and not cluster and not compose and not helm"`).
 
 The harness fixtures (real Redis, containerd, registry) are loaded as a plugin from
 pyproject.toml (`-p tests.harness.fixtures`).

@@ -43,6 +43,7 @@ from klet.devstack import BUSYBOX_IMAGE, TEST_REGISTRY_HOST, DevStack
 from klet.devstack.cluster import ControlPlane
 
 from tests.harness.clusternode import cluster_node
+from tests.harness.helmbin import helm_binary
 from tests.harness.innernode import InnerHost, inner_host, separate
 from tests.harness.node import KletNode
 from tests.harness.nodewatch import NodeWatch
@@ -64,18 +65,6 @@ SECRET_DIR = "/etc/klet/credentials"
 """Where the chart mounts credentials.existingSecret."""
 WORKLOAD = "sleepers"
 """The Deployment on the inner node whose containers no disruption may touch."""
-
-
-def helm_binary() -> Path:
-    """The pinned helm v4 (tools/helm/build.sh: a no-op once cached)."""
-    res = subprocess.run(
-        ["bash", str(ROOT / "tools" / "helm" / "build.sh"), "v4"],
-        capture_output=True,
-        text=True,
-        timeout=1800,
-    )
-    assert res.returncode == 0, res.stderr[-3000:]
-    return Path(res.stdout.strip().splitlines()[-1])
 
 
 def values(inner: InnerHost, plane: ControlPlane, *, max_pods: int) -> dict[str, Any]:
@@ -344,7 +333,7 @@ def install(
     plane = full_control_plane
     tmp = tmp_path_factory.mktemp("helm")
     began = time.monotonic()
-    helm_bin = helm_binary()
+    helm_bin = helm_binary("v4")
     push_images(devstack, tmp / "image")
     print(f"images built and pushed in {time.monotonic() - began:.0f}s")
     with (

@@ -38,7 +38,9 @@ replacing them whole. Returned as YAML: (include "klet.serviceValues" (dict "roo
 */}}
 {{- define "klet.serviceValues" -}}
 {{- $merged := deepCopy .root.Values.serviceDefaults -}}
+{{- if not (hasKey $merged "enabled") -}}
 {{- $_ := set $merged "enabled" true -}}
+{{- end -}}
 {{- range $k, $v := (index .root.Values.services .name | default dict) -}}
 {{- $_ := set $merged $k $v -}}
 {{- end -}}
@@ -95,14 +97,16 @@ after them may refer to $(NODE_NAME).
 {{- end }}
 {{- end -}}
 
-{{/* The exec probe command of a service: (dict "name" NAME). */}}
+{{/*
+The exec probe of a service: (dict "name" NAME "failureThreshold" N). A Python start on a
+loaded node can take seconds, and a check that times out is a failure: hence 15 s.
+*/}}
 {{- define "klet.probe" -}}
 exec:
   command: [klet, healthcheck, {{ .name }}]
-# A Python start on a loaded node can take seconds: a check that times out is a failure.
 timeoutSeconds: 15
 periodSeconds: 10
-failureThreshold: 3
+failureThreshold: {{ .failureThreshold | default 3 }}
 {{- end -}}
 
 {{/*

@@ -1,8 +1,9 @@
 """`klet healthcheck <service>`: exit 0 when the service's /healthz on this host passes.
 
-For container health checks (docker-compose.yml), where the image has no curl. It runs
-in the service's own container (as `docker exec` does: the container's environment and
-filesystem), so it finds the port the way that replica published it:
+For container health checks (docker-compose.yml, the Helm chart's exec probes), where
+the image has no curl. It runs in the service's own container (as `docker exec` and an
+exec probe do: the container's environment and filesystem), so it finds the port the
+way that replica published it:
 
 - KLET_SERVICE_PORT_FILE set: the port file the replica writes once its port listens
   (klet.portfiles; the replica removes it at start, so one left by an earlier run of

@@ -3,7 +3,8 @@ imports it.
 
 The `kubernetes` package loads the kubeconfig (client certificates, tokens, CA, embedded
 data) and keeps the TLS connection pool; this adapter sends raw JSON requests through
-its REST client, in a worker thread (`asyncio.to_thread`, STYLE rule 9: the one adapter
+its REST client (adding the Authorization header of a token kubeconfig itself, see
+klet.kube.tokens), in a worker thread (`asyncio.to_thread`, STYLE rule 9: the one adapter
 around a blocking library), so callers deal in plain dicts — the same JSON the
 manifests, the bus and the HTTP API speak — and in our own exceptions. A client-side
 token bucket enforces kubeAPIQPS/kubeAPIBurst. Watches run in a thread each and hand
@@ -25,7 +26,7 @@ from typing import Any, Protocol
 
 import urllib3
 from klet.kube.errors import KubeError, Unavailable, for_status
-from klet.kube.tokens import BearerToken
+from klet.kube.tokens import TokenFile, token_file
 from klet.model.flowcontrol import TokenBucket
 from klet.model.types import JSON
 from kubernetes import client as k8s_client
@@ -98,8 +99,8 @@ class KubeClient:
         # own retries would add a warning per attempt.
         configuration.retries = False
         self._configuration = configuration
-        # The REST layer below sends no credentials itself: a token user's header is ours.
-        self._token = BearerToken.from_kubeconfig(settings.kubeconfig)
+        path = token_file(settings.kubeconfig)
+        self._token_file = TokenFile(path) if path is not None else None
         self._api = k8s_client.ApiClient(configuration)
         self._api.user_agent = settings.user_agent
         self.host = configuration.host.rstrip("/")
@@ -109,16 +110,14 @@ class KubeClient:
     async def close(self) -> None:
         await asyncio.to_thread(self._api.close)
 
-    def _headers(self, **headers: str) -> dict[str, str]:
-        """`headers` plus the Authorization of a token user (a kubeconfig `token` or
-        `tokenFile`, or what an exec plugin gave the official client)."""
-        if self._token is not None:
-            authorization: str | None = self._token.header()
-        else:
-            authorization = self._configuration.get_api_key_with_prefix("BearerToken")
-        if authorization:
-            headers["Authorization"] = authorization
-        return headers
+    def auth_headers(self) -> dict[str, str]:
+        """The Authorization header of the kubeconfig's token, if it has one (a client
+        certificate authenticates in the TLS handshake instead); in a worker thread, as
+        a token file may be read."""
+        if self._token_file is not None:
+            return {"Authorization": self._token_file.header()}
+        key = self._configuration.get_api_key_with_prefix("BearerToken")
+        return {"Authorization": key} if key else {}
 
     def _url(self, path: str, params: Mapping[str, Any] | None) -> str:
         query = {k: v for k, v in (params or {}).items() if v is not None}
@@ -133,9 +132,10 @@ class KubeClient:
         content_type: str,
         timeout_s: float | None,
     ) -> Any:
-        headers = self._headers(Accept="application/json", **{"Content-Type": content_type})
+        headers = {"Accept": "application/json", "Content-Type": content_type}
         url = self._url(path, params)
         try:
+            headers.update(self.auth_headers())
             r = self._api.rest_client.request(
                 method,
                 url,
@@ -230,7 +230,7 @@ class KubeClient:
                 r = self._api.rest_client.pool_manager.request(
                     "GET",
                     self._url(path, query),
-                    headers=self._headers(Accept="application/json"),
+                    headers={"Accept": "application/json", **self.auth_headers()},
                     preload_content=False,
                     retries=False,
                     timeout=urllib3.Timeout(connect=10, read=timeout_s + 30),

@@ -1,97 +1,82 @@
-"""The bearer token of a kubeconfig's current user, for the requests `KubeClient` sends.
+"""The bearer token of a kubeconfig's user, for the requests KubeClient sends itself.
 
-`KubeClient` sends its requests through the official client's REST layer directly, which
-adds no credentials of its own: a client certificate works (it lives in the TLS pool),
-but a token user (`token`, or `tokenFile` as a ServiceAccount kubeconfig names the
-projected token) went out anonymous. This reads the token the way kubectl does, and
-re-reads a `tokenFile` whenever the file changes: the kubelet rotates a projected
-service-account token in place (a new file behind the same path), and a long-running
-service must follow it rather than keep the token it started with.
-
-Users authenticated by an exec plugin or an auth provider are left to the official
-client's own refresh (`KubeClient` asks it when this finds no token).
+KubeClient sends raw requests through the official client's REST layer, below the
+ApiClient that would add the Authorization header, so the header is added here: a
+token the official loader read (`token`, an exec plugin's, refreshed by its own hook
+when it expires), or a `tokenFile`. The official loader reads a `tokenFile` once and
+never again; the kubelet rewrites a projected ServiceAccount token before it expires
+(the chart's rbac.create kubeconfig), so `TokenFile` re-reads it once a minute, as
+client-go does, and keeps the last token when a re-read fails.
 """
 
 from __future__ import annotations
 
-import os
 import threading
+import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import yaml
+from klet.kube.errors import Unavailable
 
 
-class KubeconfigError(ValueError):
-    """The kubeconfig cannot be read or names a token file that cannot be read."""
-
-
-def _named(entries: Any, name: str, what: str, path: Path) -> dict[str, Any]:
-    for entry in entries or []:
-        if isinstance(entry, dict) and entry.get("name") == name:
-            body = entry.get(what)
-            return body if isinstance(body, dict) else {}
-    raise KubeconfigError(f"{path}: no {what} named {name!r}")
-
-
-def current_user(path: Path) -> dict[str, Any]:
-    """The `user` block of the kubeconfig's current context ({} when it has none)."""
+def token_file(kubeconfig: Path) -> Path | None:
+    """The `tokenFile` of the kubeconfig's current user (relative to the kubeconfig's
+    directory), or None when it has none."""
     try:
-        config = yaml.safe_load(path.read_text())
-    except (OSError, yaml.YAMLError) as err:
-        raise KubeconfigError(f"{path}: {err}") from err
+        config: Any = yaml.safe_load(kubeconfig.read_text())
+    except (OSError, yaml.YAMLError):
+        return None  # the official loader reports what is wrong with it
     if not isinstance(config, dict):
-        raise KubeconfigError(f"{path}: not a kubeconfig")
-    context_name = config.get("current-context")
-    if not context_name:
-        return {}
-    context = _named(config.get("contexts"), str(context_name), "context", path)
-    user_name = context.get("user")
-    if not user_name:
-        return {}
-    return _named(config.get("users"), str(user_name), "user", path)
-
-
-class BearerToken:
-    """`header()`: the Authorization header value, `Bearer <token>`; a token file is
-    read again when its identity (inode, size, modification time) changes."""
-
-    def __init__(self, *, token: str | None = None, token_file: Path | None = None) -> None:
-        if (token is None) == (token_file is None):
-            raise ValueError("exactly one of token and token_file")
-        self._token = token
-        self._file = token_file
-        self._seen: tuple[int, int, int] | None = None
-        self._lock = threading.Lock()  # requests run in worker threads
-
-    @classmethod
-    def from_kubeconfig(cls, path: Path) -> BearerToken | None:
-        """The token of the current user (`token` wins over `tokenFile`, as kubectl
-        has it), a relative token file taken from the kubeconfig's directory; None for
-        a user without one (client certificates, exec plugins)."""
-        user = current_user(path)
-        if user.get("token"):
-            return cls(token=str(user["token"]))
-        if user.get("tokenFile"):
-            file = Path(str(user["tokenFile"]))
-            token = cls(token_file=file if file.is_absolute() else path.parent / file)
-            token.header()  # a missing file is a configuration error: say so at start
-            return token
         return None
+    current = config.get("current-context")
+    user_name = next(
+        (
+            (c.get("context") or {}).get("user")
+            for c in config.get("contexts") or []
+            if isinstance(c, dict) and c.get("name") == current
+        ),
+        None,
+    )
+    for u in config.get("users") or []:
+        if isinstance(u, dict) and u.get("name") == user_name:
+            path = (u.get("user") or {}).get("tokenFile")
+            if isinstance(path, str) and path:
+                return kubeconfig.parent / path
+    return None
+
+
+class TokenFile:
+    """`Bearer <token>` from a file, re-read when the last read is `max_age_s` old."""
+
+    def __init__(
+        self,
+        path: Path,
+        *,
+        max_age_s: float = 60.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.path = path
+        self.max_age_s = max_age_s
+        self._clock = clock
+        self._lock = threading.Lock()  # requests run in worker threads
+        self._token = ""
+        self._read_at: float | None = None
 
     def header(self) -> str:
-        if self._file is None:
-            assert self._token is not None
-            return f"Bearer {self._token}"
         with self._lock:
-            try:
-                st = os.stat(self._file)
-                seen = (st.st_ino, st.st_size, st.st_mtime_ns)
-                if seen != self._seen or self._token is None:
-                    self._token = self._file.read_text().strip()
-                    self._seen = seen
-            except OSError as err:
-                if self._token is None:
-                    raise KubeconfigError(f"tokenFile {self._file}: {err.strerror}") from err
-                # A rotation in progress: the token read last is still valid for a while.
+            now = self._clock()
+            if self._read_at is None or now - self._read_at >= self.max_age_s:
+                try:
+                    token = self.path.read_text().strip()
+                except OSError as err:
+                    if not self._token:
+                        raise Unavailable(f"tokenFile {self.path}: {err}") from err
+                    token = ""
+                if token:
+                    self._token = token
+                elif not self._token:
+                    raise Unavailable(f"tokenFile {self.path}: empty")
+                self._read_at = now
             return f"Bearer {self._token}"
