@@ -154,6 +154,11 @@ class ControlPlane:
     def apiserver_running(self) -> bool:
         return self._apiserver is not None and self._apiserver.alive
 
+    @property
+    def controllers_running(self) -> bool:
+        """Whether kube-controller-manager and kube-scheduler were started and still run."""
+        return bool(self._components) and all(c.alive for c in self._components)
+
     def user_kubeconfig(
         self, user: str, groups: Sequence[str] = (), *, name: str | None = None
     ) -> Path:
@@ -533,7 +538,16 @@ class ControlPlane:
             "--endpoint-reconciler-type=none",
             "--profiling=false",
             "--v=1",
+            *self._shutdown_flags(),
         ]
+
+    def _shutdown_flags(self) -> list[str]:
+        """A stopped apiserver stops listening at once but then waits for open watches
+        to end, which they do not: with the controllers' watches ``stop_apiserver`` gave
+        up after 30 s and SIGKILLed it. Draining them actively stops it in about 1 s.
+        (The plain plane does the same whenever a watch is open, a klet node's for one;
+        it is left as it was.)"""
+        return ["--shutdown-watch-termination-grace-period=5s"] if self.controllers else []
 
     def _set_up(self, *, timeout_s: float) -> None:
         self.apply(
