@@ -24,15 +24,13 @@ from typing import Protocol
 
 from klet.cgroups import CgroupStats
 from klet.cgroups.machine import mem_total_bytes
+from klet.hostfs import HOST_ROOT
 from klet.model import layout
 from klet.stats.model import DirUsage, FsUsage, parse_btime, parse_loadavg_tasks
 
 __all__ = ["HOST_ROOT", "CgroupReader", "HostReader", "dir_usage", "host_view", "statfs"]
 
 EMPTY_DIR = "kubernetes.io~empty-dir"
-# The root of PID 1's mount namespace: the host's, for a process in the host's PID
-# namespace; the process's own root otherwise.
-HOST_ROOT = Path("/proc/1/root")
 
 
 class CgroupReader(Protocol):
