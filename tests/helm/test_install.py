@@ -13,13 +13,19 @@ a second private containerd B, its own root dir, run dir and ports
 
 Then: the inner Node is Ready and renews its Lease; `helm test` passes with its pod on
 the inner node; a Deployment (no nodeName, a nodeSelector for `inner`) is scheduled and
-runs there; `kubectl rollout restart` of every klet workload, `kubectl scale` of syncloop
-to 2 and deleting the pod of the lease holder (found through the leader slot file in the
-run dir), and a `helm upgrade` that changes kubeletConfig (maxPods, seen in the Node's
-capacity) each leave the inner node's containers (IDs and attempts, from containerd B
-through CRI) and restart counts unchanged, and the Node Ready throughout (polled every
-half second);
-`helm uninstall` leaves no object of the release in the cluster.
+runs there, writing into a hostPath (DirectoryOrCreate) that only the host has (not
+mounted into klet's pods); `kubectl rollout restart` of every klet workload, `kubectl
+scale` of syncloop to 2 and deleting the pod of the lease holder (found through the
+leader slot file in the run dir), and a `helm upgrade` that changes kubeletConfig
+(maxPods, seen in the Node's capacity) each leave the inner node's containers (IDs and
+attempts, from containerd B through CRI) and restart counts unchanged, and the Node
+Ready throughout (polled every half second); `helm uninstall` leaves no object of the
+release in the cluster.
+
+Client and serving certificates come from the harness's CA: the credentials Secret
+holds the node's kubeconfig and the 10250 API's serving certificate and client CA
+(kubeletConfig tlsCertFile, tlsPrivateKeyFile, authentication.x509.clientCAFile point
+into it), without which the apiserver refuses klet's certificate for `kubectl logs`.
 """
 
 from __future__ import annotations
@@ -107,8 +113,12 @@ def values(inner: InnerHost, plane: ControlPlane, *, max_pods: int) -> dict[str,
     }
 
 
-def sleepers() -> dict[str, Any]:
+def sleepers(host_dir: Path) -> dict[str, Any]:
+    """Two replicas on the inner node, each writing its name into a hostPath directory
+    (DirectoryOrCreate) that klet's pods do not mount: syncloop must create it on the
+    host, where containerd B mounts it from."""
     labels = {"app": WORKLOAD}
+    command = f'echo up > "/data/$HOSTNAME"; {SLEEPER}'
     return {
         "apiVersion": "apps/v1",
         "kind": "Deployment",
@@ -121,8 +131,19 @@ def sleepers() -> dict[str, Any]:
                 "spec": {
                     "nodeSelector": {"kubernetes.io/hostname": INNER},
                     "terminationGracePeriodSeconds": 2,
+                    "volumes": [
+                        {
+                            "name": "data",
+                            "hostPath": {"path": str(host_dir), "type": "DirectoryOrCreate"},
+                        }
+                    ],
                     "containers": [
-                        {"name": "main", "image": BUSYBOX_IMAGE, "command": ["sh", "-c", SLEEPER]}
+                        {
+                            "name": "main",
+                            "image": BUSYBOX_IMAGE,
+                            "command": ["sh", "-c", command],
+                            "volumeMounts": [{"name": "data", "mountPath": "/data"}],
+                        }
                     ],
                 },
             },
@@ -438,8 +459,15 @@ def test_helm_test_passes_on_the_inner_node(install: Install) -> None:
 def test_workloads_never_touch_the_inner_nodes_pods(install: Install) -> None:
     d = install
     wait_for(d.node_ready, timeout_s=120, what="Node inner Ready")
-    d.plane.apply([sleepers()])
+    host_dir = d.inner.dir / "hostdata"
+    d.plane.apply([sleepers(host_dir)])
     wait_for(d.sleepers_running, timeout_s=180, what=f"{WORKLOAD} Running on inner")
+    names = {p["metadata"]["name"] for p in d.pods("default", f"app={WORKLOAD}")}
+    wait_for(
+        lambda: {f.name for f in host_dir.iterdir()} == names,
+        timeout_s=30,
+        what="each replica's file in the hostPath directory on the host",
+    )
     before = d.sleepers_state()
     assert len(before) == 2, before
     assert all(state == "CONTAINER_RUNNING" for _, _, state, _ in before.values()), before
