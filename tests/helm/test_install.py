@@ -13,7 +13,7 @@ a second private containerd B, its own root dir, run dir and ports
 
 Then: the inner Node is Ready and renews its Lease; `helm test` passes with its pod on
 the inner node; a Deployment (no nodeName, a nodeSelector for `inner`) is scheduled and
-runs there, writing into a hostPath (DirectoryOrCreate) that only the host has (not
+runs there, writing into a hostPath (type Directory) that only the host has (not
 mounted into klet's pods); `kubectl rollout restart` of every klet workload, `kubectl
 scale` of syncloop to 2 and deleting the pod of the lease holder (found through the
 leader slot file in the run dir), and a `helm upgrade` that changes kubeletConfig
@@ -115,8 +115,8 @@ def values(inner: InnerHost, plane: ControlPlane, *, max_pods: int) -> dict[str,
 
 def sleepers(host_dir: Path) -> dict[str, Any]:
     """Two replicas on the inner node, each writing its name into a hostPath directory
-    (DirectoryOrCreate) that klet's pods do not mount: syncloop must create it on the
-    host, where containerd B mounts it from."""
+    (type Directory) that exists on the host but is not mounted into klet's pods:
+    syncloop must check it on the host, where containerd B mounts it from."""
     labels = {"app": WORKLOAD}
     command = f'echo up > "/data/$HOSTNAME"; {SLEEPER}'
     return {
@@ -134,7 +134,7 @@ def sleepers(host_dir: Path) -> dict[str, Any]:
                     "volumes": [
                         {
                             "name": "data",
-                            "hostPath": {"path": str(host_dir), "type": "DirectoryOrCreate"},
+                            "hostPath": {"path": str(host_dir), "type": "Directory"},
                         }
                     ],
                     "containers": [
@@ -460,6 +460,7 @@ def test_workloads_never_touch_the_inner_nodes_pods(install: Install) -> None:
     d = install
     wait_for(d.node_ready, timeout_s=120, what="Node inner Ready")
     host_dir = d.inner.dir / "hostdata"
+    host_dir.mkdir()
     d.plane.apply([sleepers(host_dir)])
     wait_for(d.sleepers_running, timeout_s=180, what=f"{WORKLOAD} Running on inner")
     names = {p["metadata"]["name"] for p in d.pods("default", f"app={WORKLOAD}")}

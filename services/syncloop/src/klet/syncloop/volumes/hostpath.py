@@ -9,8 +9,9 @@ upstream's os.Stat does.
 
 The path is the host's: the runtime on the host mounts it. A syncloop in a pod (the Helm
 chart) checks and creates it through the host's root (`klet.hostfs.on_host`); it used to
-create a `DirectoryOrCreate` directory inside its own container, and the runtime then
-failed to mount a source that does not exist on the host.
+refuse a `Directory`, `File` or `Socket` that only the host has ("doesn't exist"), and
+to create an `*OrCreate` path inside its own container (containerd then made an empty
+directory on the host, whatever the type).
 """
 
 from __future__ import annotations
