@@ -69,9 +69,10 @@ test-compose: setup cluster-binaries
 	$(PY) -m pytest tests/compose -s $(PYTEST_ARGS)
 
 # The helm tier alone (it is part of `make test` too): `helm lint --strict` of every
-# helm/klet/ci/*.yaml on Helm 4 and Helm 3, and the `helm template` output checked
-# (tests/helm).
-test-helm: setup helm-binaries
+# helm/klet/ci/*.yaml on Helm 4 and Helm 3, the `helm template` output checked, and a
+# real `helm install` on the full test control plane, its klet managing a node of its
+# own on a second containerd (tests/helm).
+test-helm: setup cluster-binaries helm-binaries
 	$(PY) -m pytest tests/helm $(PYTEST_ARGS)
 
 bench: setup

@@ -30,7 +30,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import threading
 import time
 import uuid
 from collections import Counter
@@ -47,6 +46,7 @@ from klet.devstack import DevStack, Dockerd, free_port
 from klet.devstack.cluster import ControlPlane
 
 from tests.harness.node import fetch
+from tests.harness.nodewatch import NodeWatch
 from tests.harness.waiting import wait_for
 from tests.integration.conftest import remove_node_pods
 from tools.image.__main__ import version
@@ -164,38 +164,6 @@ readOnlyPort: {read_only_port}
 healthzPort: {free_port()}
 port: {free_port()}
 {extra}"""
-
-
-class NodeWatch:
-    """Polls the Node's Ready condition from the apiserver every half second, in a
-    thread, from the first Ready on: what it saw besides True is a flap."""
-
-    def __init__(self, plane: ControlPlane, node: str) -> None:
-        self.plane = plane
-        self.node = node
-        self.flaps: list[str] = []
-        self.ready_seen = False
-        self.stopping = threading.Event()
-        self.thread = threading.Thread(target=self.run, name="node-watch", daemon=True)
-
-    def ready(self) -> str | None:
-        try:
-            node = json.loads(self.plane.get(f"/api/v1/nodes/{self.node}", timeout_s=5))
-        except OSError:
-            return None  # not registered yet, or the apiserver did not answer
-        conditions = node.get("status", {}).get("conditions", [])
-        found = next((c for c in conditions if c["type"] == "Ready"), None)
-        return None if found is None else f"{found['status']} ({found.get('reason', '')})"
-
-    def run(self) -> None:
-        while not self.stopping.wait(0.5):
-            seen = self.ready()
-            if seen is None:
-                continue
-            if seen.startswith("True"):
-                self.ready_seen = True
-            elif self.ready_seen:
-                self.flaps.append(f"{time.strftime('%H:%M:%S')} Ready={seen}")
 
 
 @dataclass
@@ -545,8 +513,7 @@ def test_scaled_service_loses_its_leader(deployment: Deployment, service: str) -
     die_file = d.hook_file.parent / f"die-{service}"
     (d.manifests / f"{victim}.yaml").write_text(victim_pod(victim, die_file))
     wait_for(
-        lambda: d.pods().get(f"{victim}-{d.node}", {}).get("status", {}).get("phase")
-        == "Running",
+        lambda: d.pods().get(f"{victim}-{d.node}", {}).get("status", {}).get("phase") == "Running",
         timeout_s=90,
         what=f"{victim} Running",
     )
@@ -558,9 +525,7 @@ def test_scaled_service_loses_its_leader(deployment: Deployment, service: str) -
         what=f"two healthy {service} replicas",
     )
     replicas = {c["State"]["Pid"] for c in d.containers(service)}
-    leader = wait_for(
-        lambda: d.leader_pid(service), timeout_s=60, what=f"a {service} lease holder"
-    )
+    leader = wait_for(lambda: d.leader_pid(service), timeout_s=60, what=f"a {service} lease holder")
     # The holder is one of the replicas' main process, or runs under its init.
     parent = next(
         int(line.split()[1])
@@ -600,9 +565,7 @@ def test_scaled_service_loses_its_leader(deployment: Deployment, service: str) -
     d.compose("up", "--detach", "--no-recreate", "--scale", f"{service}=1")
     wait_for(lambda: d.healthy(service), timeout_s=120, what=f"{service} at one replica")
     (d.manifests / f"{victim}.yaml").unlink()
-    wait_for(
-        lambda: f"{victim}-{d.node}" not in d.pods(), timeout_s=60, what=f"{victim} removed"
-    )
+    wait_for(lambda: f"{victim}-{d.node}" not in d.pods(), timeout_s=60, what=f"{victim} removed")
     assert_untouched(d, before, f"{service} scaled back to one replica")
 
 

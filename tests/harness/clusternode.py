@@ -2,8 +2,9 @@
 
 The node gets a client certificate of its own (`system:node:<name>`), a serving
 certificate for its 10250 API signed by the cluster CA, and the 127.0.0.1 node IP. On
-exit it is stopped, its pods are removed from CRI and from the apiserver, and the Node
-object is deleted, so the next module starts clean.
+exit it is stopped, its pods are removed from CRI (static ones by name, the apiserver's
+by the UIDs of the pods bound to it) and from the apiserver, and the Node object is
+deleted, so the next module starts clean.
 """
 
 from __future__ import annotations
@@ -92,7 +93,17 @@ def cluster_node(
         yield node
     finally:
         node.stop()
-        asyncio.run(remove_node_pods(devstack.runtime_endpoint, name))
+        bound = control_plane.kubectl(
+            "get",
+            "pods",
+            "--all-namespaces",
+            f"--field-selector=spec.nodeName={name}",
+            "-o",
+            "jsonpath={.items[*].metadata.uid}",
+        )
+        asyncio.run(
+            remove_node_pods(devstack.runtime_endpoint, name, uids=set(bound.stdout.split()))
+        )
         node.release_mounts()
         control_plane.kubectl(
             "delete",

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from pathlib import Path
 
 import pytest
@@ -24,14 +24,21 @@ from tests.harness.node import KletNode
 _seq = itertools.count(1)
 
 
-async def remove_node_pods(endpoint: str, node_name: str, *, attempts: int = 3) -> None:
-    """Stop and remove every sandbox of `node_name`'s pods. A stop can fail when the
-    runtime loses a container's shim under load ("ttrpc: closed"); containerd notices
-    the shim is gone within a second, so the clean-up tries each sandbox again."""
+async def remove_node_pods(
+    endpoint: str, node_name: str, *, uids: Collection[str] = (), attempts: int = 3
+) -> None:
+    """Stop and remove every sandbox of `node_name`'s static pods (their names end in
+    `-<node>`) and of the pods with UIDs `uids` (the apiserver's pods bound to the node:
+    CRI does not say which node ran a sandbox). A stop can fail when the runtime loses a
+    container's shim under load ("ttrpc: closed"); containerd notices the shim is gone
+    within a second, so the clean-up tries each sandbox again."""
     cri = RuntimeClient(CRISettings(runtime_endpoint=endpoint, timeout_s=30))
     try:
         for s in await cri.list_pod_sandboxes():
-            if not s.labels.get(L.POD_NAME, "").endswith(f"-{node_name}"):
+            if not (
+                s.labels.get(L.POD_NAME, "").endswith(f"-{node_name}")
+                or s.labels.get(L.POD_UID, "") in uids
+            ):
                 continue
             for attempt in range(1, attempts + 1):
                 try:

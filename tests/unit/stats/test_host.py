@@ -1,15 +1,20 @@
 """The host half of the stats provider on tmp_path trees: `du`-style directory usage,
-statfs of missing paths, /proc readings, pod cgroup lookup by QoS class, the task-count
+statfs of missing paths, of host paths seen only under the host's root (a klet in a
+pod), /proc readings, pod cgroup lookup by QoS class, the task-count
 fallback without a pids controller, and disk-backed emptyDirs."""
 
 from __future__ import annotations
 
 import os
+import shutil
+import tempfile
+import uuid
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from klet.cgroups import CgroupFS, CgroupStats
-from klet.stats.host import HostReader, dir_usage, statfs
+from klet.stats.host import HostReader, dir_usage, host_view, statfs
 from klet.stats.model import DirUsage
 from klet.stats.testing import FakeCgroups
 
@@ -38,6 +43,47 @@ def test_statfs_reads_the_nearest_existing_parent(tmp_path: Path) -> None:
     assert here is not None
     assert (here.blocks, here.frsize, here.files) == (st.f_blocks, st.f_frsize, st.f_files)
     assert here.device == os.stat(tmp_path).st_dev
+
+
+@pytest.fixture
+def host_root(tmp_path: Path) -> Iterator[Path]:
+    """A stand-in for /proc/1/root on another filesystem than tmp_path's and /'s (a
+    tmpfs), so a statfs of the wrong one shows."""
+    shm = Path("/dev/shm")
+    if not shm.is_dir() or os.stat(shm).st_dev in (os.stat("/").st_dev, os.stat(tmp_path).st_dev):
+        pytest.skip("needs /dev/shm on a filesystem of its own")
+    root = Path(tempfile.mkdtemp(dir=shm))
+    try:
+        yield root
+    finally:
+        shutil.rmtree(root)
+
+
+def test_a_host_path_missing_here_is_read_under_the_host_root(host_root: Path) -> None:
+    # What CRI ImageFsInfo names: a path on the host that the klet's pod does not mount.
+    missing = Path("/var/lib") / f"containerd-{uuid.uuid4().hex}" / "overlayfs"
+    assert not missing.exists()
+    (host_root / missing.relative_to("/")).mkdir(parents=True)
+    seen = host_root / missing.relative_to("/")
+    assert host_view(missing, host_root=host_root) == seen
+    fs = statfs(missing, host_root=host_root)
+    assert fs is not None
+    assert fs.device == os.stat(host_root).st_dev != os.stat("/var/lib").st_dev
+    assert fs.blocks == os.statvfs(host_root).f_blocks
+
+
+def test_a_path_seen_here_is_not_looked_up_on_the_host(tmp_path: Path, host_root: Path) -> None:
+    (host_root / tmp_path.relative_to("/")).mkdir(parents=True)
+    assert host_view(tmp_path, host_root=host_root) == tmp_path
+    fs = statfs(tmp_path, host_root=host_root)
+    assert fs is not None and fs.device == os.stat(tmp_path).st_dev
+
+
+def test_a_path_missing_on_both_sides_reads_the_nearest_parent(
+    tmp_path: Path, host_root: Path
+) -> None:
+    fs = statfs(tmp_path / "not" / "yet", host_root=host_root)
+    assert fs is not None and fs.device == os.stat(tmp_path).st_dev
 
 
 @pytest.fixture

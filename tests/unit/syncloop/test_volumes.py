@@ -107,6 +107,26 @@ def test_host_path_or_create_makes_what_is_missing(tmp_path: Path) -> None:
         check_type(str(tmp_path / "f" / "x"), path_type="FileOrCreate")
 
 
+def test_host_path_is_checked_and_created_on_the_host_seen_from_a_pod(tmp_path: Path) -> None:
+    """A syncloop in a pod (hostPID) reaches the host's files under /proc/1/root: the
+    *OrCreate types create there, not in its own container, and a path its container
+    has but the host lacks does not exist; messages name the pod's path."""
+    host = tmp_path / "host"  # stands for /proc/1/root: another root than ours
+    host.mkdir()
+    wanted = tmp_path / "data" / "dir"
+    check_type(str(wanted), path_type="DirectoryOrCreate", host_root=host)
+    assert (host / wanted.relative_to("/")).is_dir()
+    assert not wanted.exists()
+    check_type(str(wanted), path_type="Directory", host_root=host)
+    here_only = tmp_path / "here-only"
+    here_only.mkdir()
+    with pytest.raises(VolumeError, match=f"^hostPath {here_only} doesn't exist$"):
+        check_type(str(here_only), path_type="Directory", host_root=host)
+    (host / wanted.relative_to("/") / "f").write_text("")
+    with pytest.raises(VolumeError, match=f"^hostPath type check failed: {wanted}/f is not a"):
+        check_type(str(wanted / "f"), path_type="Directory", host_root=host)
+
+
 async def test_host_path_plugin_returns_the_path_itself(tmp_path: Path) -> None:
     plugin = HostPathPlugin()
     volume = {"name": "h", "hostPath": {"path": str(tmp_path / "new"), "type": "DirectoryOrCreate"}}

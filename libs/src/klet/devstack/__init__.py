@@ -6,7 +6,7 @@ bridge CNI network, each under a private directory with private sockets and free
 loopback ports, so a run never touches a system instance. See ``DevStack``.
 """
 
-from klet.devstack.cni import CniNetwork, choose_subnet
+from klet.devstack.cni import CniNetwork, choose_subnet, claim_subnet, release_subnet
 from klet.devstack.containerd import Containerd, ContainerdError
 from klet.devstack.dockerd import Dockerd
 from klet.devstack.images import (
@@ -51,9 +51,11 @@ __all__ = [
     "StartError",
     "build",
     "choose_subnet",
+    "claim_subnet",
     "free_port",
     "oci_archive_bytes",
     "push",
+    "release_subnet",
     "standard_images",
     "write_oci_archive",
 ]

@@ -71,10 +71,14 @@ class Containerd:
         *,
         log_level: str = "info",
         root_size_bytes: int | None = None,
+        socket_dir: Path | None = None,
     ) -> None:
         """``root_size_bytes``: put containerd's root (images, snapshots) on a tmpfs of
         that size, mounted at start and unmounted at stop, so that tests fill the image
-        filesystem for real (image GC thresholds); None keeps it on the host's disk."""
+        filesystem for real (image GC thresholds); None keeps it on the host's disk.
+        ``socket_dir``: where the sockets go (default ``dir``); a directory of their own
+        is what a containerized agent mounts, without containerd's root and state (and
+        every container's rootfs and network namespace mounted below them)."""
         # Absolute, because the socket path goes into the config and the mount sweep
         # compares against /proc/self/mountinfo.
         self.dir = dir.resolve()
@@ -82,8 +86,9 @@ class Containerd:
         self.sandbox_image = sandbox_image
         self.log_level = log_level
         self.root_size_bytes = root_size_bytes
-        self.socket = dir / "containerd.sock"
-        self.ttrpc_socket = dir / "containerd.sock.ttrpc"
+        self.socket_dir = socket_dir.resolve() if socket_dir is not None else self.dir
+        self.socket = self.socket_dir / "containerd.sock"
+        self.ttrpc_socket = self.socket_dir / "containerd.sock.ttrpc"
         self.config_path = dir / "config.toml"
         self.root = dir / "root"
         self.state = dir / "state"
@@ -101,11 +106,19 @@ class Containerd:
         sandbox_image: str = PAUSE_IMAGE,
         log_level: str = "info",
         root_size_bytes: int | None = None,
+        socket_dir: Path | None = None,
     ) -> Containerd:
         """A containerd that pulls ``registry.klet.test/...`` (and ``registry_address``
         itself) over plain HTTP from the registry at ``registry_address``."""
         hosts = {TEST_REGISTRY_HOST: registry_address, registry_address: registry_address}
-        return cls(dir, hosts, sandbox_image, log_level=log_level, root_size_bytes=root_size_bytes)
+        return cls(
+            dir,
+            hosts,
+            sandbox_image,
+            log_level=log_level,
+            root_size_bytes=root_size_bytes,
+            socket_dir=socket_dir,
+        )
 
     @property
     def endpoint(self) -> str:
@@ -186,6 +199,7 @@ disabled_plugins = [{disabled}]
                     f"limit of {UNIX_PATH_MAX - 1}: use a shorter directory"
                 )
         self.dir.mkdir(parents=True, exist_ok=True)
+        self.socket_dir.mkdir(parents=True, exist_ok=True)
         self.config_path.write_text(self.config_toml())
         for host, address in self.registry_host_map.items():
             host_dir = self.certs_dir / host

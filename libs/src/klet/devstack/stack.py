@@ -114,6 +114,22 @@ class DevStack:
         self.images[key or spec.repository] = img
         return img
 
+    def extra_containerd(self, dir: Path, *, socket_dir: Path | None = None) -> Containerd:
+        """Start another containerd under ``dir``, beside the stack's own: its own root,
+        state, sockets and CNI network (a subnet of its own, see ``claim_subnet``),
+        pulling from this stack's registry, with the pause image imported. For a second
+        klet node, which must never share a runtime with another; the caller stops it."""
+        containerd = Containerd.for_registry(
+            dir, self.registry.address, sandbox_image=PAUSE_IMAGE, socket_dir=socket_dir
+        )
+        containerd.start()
+        try:
+            self._import_sandbox_image(containerd)
+        except BaseException:
+            containerd.stop()
+            raise
+        return containerd
+
     def _import_sandbox_image(self, containerd: Containerd) -> None:
         # Imported rather than pulled so a sandbox never depends on the registry being up
         # (tests stop the registry to check image-pull failures).

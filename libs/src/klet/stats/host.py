@@ -6,6 +6,14 @@ controller or a missing log directory still yields every other reading. Director
 are allocated blocks with each inode counted once, as `du` measures and as upstream's
 volume metrics do; statfs of a path that does not exist (yet) reads its nearest
 existing parent.
+
+A klet whose services run in containers (the Helm chart: hostPID, privileged) does not
+see every host path the runtime names: CRI ImageFsInfo gives containerd's
+`<root>/io.containerd.snapshotter.v1.overlayfs`, which the pod need not mount. Such a
+path is read through the host's root, `/proc/1/root` (PID 1 of the host's PID
+namespace, its mount namespace), before falling back to a parent: the nearest existing
+parent inside the container is the container's own root filesystem, and its statfs made
+image GC and eviction measure the wrong disk (`host_view`).
 """
 
 from __future__ import annotations
@@ -16,10 +24,11 @@ from typing import Protocol
 
 from klet.cgroups import CgroupStats
 from klet.cgroups.machine import mem_total_bytes
+from klet.hostfs import HOST_ROOT
 from klet.model import layout
 from klet.stats.model import DirUsage, FsUsage, parse_btime, parse_loadavg_tasks
 
-__all__ = ["CgroupReader", "HostReader", "dir_usage", "statfs"]
+__all__ = ["HOST_ROOT", "CgroupReader", "HostReader", "dir_usage", "host_view", "statfs"]
 
 EMPTY_DIR = "kubernetes.io~empty-dir"
 
@@ -67,9 +76,24 @@ def _existing(path: Path) -> Path:
     return probe
 
 
-def statfs(path: Path) -> FsUsage | None:
-    """statfs of the filesystem holding `path`; None when it cannot be read."""
-    probe = _existing(path)
+def host_view(path: Path, *, host_root: Path = HOST_ROOT) -> Path:
+    """`path` as this process can read it: itself when it exists here, else the same
+    absolute path under `host_root` when it exists there, else itself."""
+    if path.exists() or not path.is_absolute():
+        return path
+    try:
+        seen = host_root / path.relative_to("/")
+        if seen.exists():
+            return seen
+    except OSError:  # no permission to look into PID 1's root
+        pass
+    return path
+
+
+def statfs(path: Path, *, host_root: Path = HOST_ROOT) -> FsUsage | None:
+    """statfs of the filesystem holding `path` (`host_view`); None when it cannot be
+    read."""
+    probe = _existing(host_view(path, host_root=host_root))
     try:
         st = os.statvfs(probe)
         device = os.stat(probe).st_dev

@@ -280,3 +280,31 @@ async def test_self_signed_certificate(world: World, pki: Pki, tmp_path: Path) -
     before = crt.read_bytes()
     async with serving(deps):
         assert crt.read_bytes() == before  # reused, not regenerated
+
+
+async def test_connections_open_at_shutdown_end_without_a_callback_error(
+    world: World, pki: Pki
+) -> None:
+    """Stopping the server with a client connected logged "Exception in callback" (a
+    CancelledError from asyncio's stream protocol asking the cancelled connection task
+    for its exception) at every status-reporter shutdown."""
+    loop = asyncio.get_running_loop()
+    errors: list[dict[str, Any]] = []
+    previous = loop.get_exception_handler()
+    loop.set_exception_handler(lambda _loop, context: errors.append(context))
+    try:
+        async with serving(deps_for(world, pki)) as url:
+            port = int(url.rsplit(":", 1)[1])
+            reader, writer = await asyncio.open_connection("127.0.0.1", port, ssl=pki.admin)
+            writer.write(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+            await writer.drain()
+            assert (await reader.readline()).startswith(b"HTTP/1.1 200")
+        # The server is gone, the connection was open (keep-alive) when it stopped.
+        for _ in range(5):
+            await asyncio.sleep(0)
+        writer.close()
+        with contextlib.suppress(ConnectionError, ssl.SSLError):
+            await writer.wait_closed()
+    finally:
+        loop.set_exception_handler(previous)
+    assert errors == []

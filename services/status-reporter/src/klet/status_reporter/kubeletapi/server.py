@@ -450,6 +450,11 @@ async def serve_kubelet_api(
     )
     refusals = RefusalLog()
     connections: set[asyncio.Task[Any]] = set()
+    # Set when the server stops and cancels its open connections: a connection task
+    # then ends normally. asyncio's stream protocol (Python 3.11) asks a finished
+    # connection task for its exception, which raises for a cancelled one and is logged
+    # as "Exception in callback" for every connection open at shutdown.
+    closing = False
 
     async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         key = client_key(writer.get_extra_info("peername"))
@@ -467,6 +472,9 @@ async def serve_kubelet_api(
             await _Connection(deps, app, gate, reader, writer).run()
         except (_Closed, ssl.SSLError, OSError, ConnectionError, TimeoutError):
             pass
+        except asyncio.CancelledError:
+            if not closing:
+                raise
         except Exception:  # noqa: BLE001 - one broken connection must not end the server
             log.exception(
                 "kubelet API connection failed",
@@ -504,6 +512,7 @@ async def serve_kubelet_api(
             await server.serve_forever()
     finally:
         server.close()
+        closing = True
         for task in list(connections):
             task.cancel()
         if connections:

@@ -6,6 +6,12 @@ set-up with upstream's rules and messages: "" checks nothing, `DirectoryOrCreate
 `FileOrCreate` create what is missing (0755 directory, 0644 empty file), and the other
 types require the path to exist and be of that kind. Symlinks are followed, as
 upstream's os.Stat does.
+
+The path is the host's: the runtime on the host mounts it. A syncloop in a pod (the Helm
+chart) checks and creates it through the host's root (`klet.hostfs.on_host`); it used to
+refuse a `Directory`, `File` or `Socket` that only the host has ("doesn't exist"), and
+to create an `*OrCreate` path inside its own container (containerd then made an empty
+directory on the host, whatever the type).
 """
 
 from __future__ import annotations
@@ -16,6 +22,7 @@ import os
 import stat
 from pathlib import Path
 
+from klet.hostfs import HOST_ROOT, on_host
 from klet.model.types import JSON
 from klet.syncloop.volumes import fs
 from klet.syncloop.volumes.base import VolumeContext, VolumeError
@@ -52,27 +59,33 @@ def file_type(path: str) -> str:
     return kind
 
 
-def check_type(path: str, *, path_type: str) -> None:
-    """Upstream's hostPath type check (creating what the *OrCreate types allow)."""
+def check_type(path: str, *, path_type: str, host_root: Path = HOST_ROOT) -> None:
+    """Upstream's hostPath type check (creating what the *OrCreate types allow), on the
+    host's `path`; messages name `path` as the pod gives it."""
     if path_type == "":
         return
     if path_type not in _REQUIRED:
         raise VolumeError(f"{path_type} is an invalid volume type")
-    if path_type.endswith("OrCreate") and not os.path.exists(path):
+    _check_type(str(on_host(Path(path), host_root=host_root)), path, path_type=path_type)
+
+
+def _check_type(real: str, path: str, *, path_type: str) -> None:
+    """The check on `real` (the host's file), reported as `path`."""
+    if path_type.endswith("OrCreate") and not os.path.exists(real):
         try:
             if path_type == "DirectoryOrCreate":
-                os.makedirs(path, mode=0o755, exist_ok=True)
+                os.makedirs(real, mode=0o755, exist_ok=True)
             else:
-                os.close(os.open(path, os.O_CREAT | os.O_RDONLY, 0o644))
+                os.close(os.open(real, os.O_CREAT | os.O_RDONLY, 0o644))
         except OSError as err:
             verb = "mkdir" if path_type == "DirectoryOrCreate" else "open"
-            raise VolumeError(f"{verb} {err.filename or path}: {_go_text(err)}") from err
+            raise VolumeError(f"{verb} {path}: {_go_text(err)}") from err
         return
     want, described = _REQUIRED[path_type]
-    if not os.path.exists(path):
+    if not os.path.exists(real):
         raise VolumeError(f"hostPath {path} doesn't exist")
     try:
-        kind = file_type(path)
+        kind = file_type(real)
     except (OSError, ValueError) as err:
         detail = f"stat {path}: {_go_text(err)}" if isinstance(err, OSError) else str(err)
         raise VolumeError(
