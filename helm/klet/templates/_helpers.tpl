@@ -67,7 +67,7 @@ unix://{{ .Values.paths.redisSocketDir }}/redis.sock
 
 {{/*
 The checksum/config annotation: the rendered KubeletConfiguration and kubeconfig, so that
-a change of either rolls every workload.
+a change of either rolls every service workload (not Redis, which reads neither).
 */}}
 {{- define "klet.configChecksum" -}}
 {{- $cfg := include (print .Template.BasePath "/configmap.yaml") . -}}
