@@ -87,10 +87,6 @@ KNOWN_DIFFERENCES: dict[str, str] = {
         "empty because the container's shell had not yet written its line. It passed in the "
         "first full run; klet serves the log over the binary.k8s.io websocket."
     ),
-    r"Ephemeral Containers": (
-        "klet: ephemeral containers (`kubectl debug`) are not implemented; the pod's "
-        "ephemeralContainers are ignored (syncloop fields.py), so the container never starts."
-    ),
 }
 
 

@@ -106,6 +106,29 @@ async def test_status_sent_once_per_change() -> None:
     assert w.kube.count("PATCH") == 2
 
 
+async def test_ephemeral_container_statuses_reach_the_apiserver() -> None:
+    w = World()
+    w.admin_creates(WEB)
+    await w.want(WEB)
+    app = {"name": "app", "state": {"running": {}}, "restartCount": 0}
+    debugger = {
+        "name": "debugger",
+        "state": {"running": {"startedAt": "2026-11-26T08:00:00Z"}},
+        "imageID": "sha256:abc",
+        "containerID": "containerd://d1",
+        "ready": False,
+    }
+    status = {"phase": "Running", "containerStatuses": [app]}
+    await w.report(WEB, version=1, status=status)
+    await w.sync.sync_statuses()
+    await w.report(WEB, version=2, status={**status, "ephemeralContainerStatuses": [debugger]})
+    await w.sync.sync_statuses()
+    api = w.api("web")
+    assert api is not None and api["status"]["ephemeralContainerStatuses"] == [debugger]
+    assert api["status"]["containerStatuses"] == [app]
+    assert w.kube.count("PATCH") == 2
+
+
 async def test_foreign_conditions_kept() -> None:
     w = World()
     pod = w.admin_creates(WEB)

@@ -66,7 +66,11 @@ def ctr(
     created_s: float | None = None,
     hash_: str | None = None,
 ) -> ContainerStatusInfo:
-    specs = p["spec"]["containers"] + p["spec"].get("initContainers", [])
+    specs = (
+        p["spec"]["containers"]
+        + p["spec"].get("initContainers", [])
+        + p["spec"].get("ephemeralContainers", [])
+    )
     spec = next(c for c in specs if c["name"] == name)
     return ContainerStatusInfo(
         id=ContainerID(f"{name}-{n}"),

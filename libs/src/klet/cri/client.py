@@ -710,6 +710,7 @@ def _namespaces_pb(n: NamespaceOptions) -> Any:
         network=mode.Value(n.network.value),
         pid=mode.Value(n.pid.value),
         ipc=mode.Value(n.ipc.value),
+        target_id=n.target_id,
     )
 
 

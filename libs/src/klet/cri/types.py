@@ -146,11 +146,14 @@ class DNSConfig:
 
 
 class NamespaceMode(Enum):
-    """CRI NamespaceMode: whose namespace a container joins (TARGET is not used)."""
+    """CRI NamespaceMode: whose namespace a container joins (TARGET: another
+    container's, named by `NamespaceOptions.target_id`; an ephemeral container's PID
+    namespace when it targets a container)."""
 
     POD = "POD"
     CONTAINER = "CONTAINER"
     NODE = "NODE"
+    TARGET = "TARGET"
 
 
 @dataclass(frozen=True)
@@ -158,6 +161,8 @@ class NamespaceOptions:
     network: NamespaceMode = NamespaceMode.POD
     pid: NamespaceMode = NamespaceMode.CONTAINER
     ipc: NamespaceMode = NamespaceMode.POD
+    target_id: str = ""
+    """The container whose namespace a TARGET mode joins; empty otherwise."""
 
 
 class ProfileType(Enum):

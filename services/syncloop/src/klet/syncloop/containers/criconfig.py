@@ -6,11 +6,20 @@ them back; the container's restart count and spec hash travel in annotations.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from dataclasses import dataclass, field
 
 from klet.cri import labels as L
-from klet.cri.types import ContainerConfig, DNSConfig, Mount, PortMapping, SandboxConfig
+from klet.cri.types import (
+    ContainerConfig,
+    DNSConfig,
+    LinuxContainerSecurity,
+    Mount,
+    NamespaceMode,
+    PortMapping,
+    SandboxConfig,
+)
 from klet.model.types import JSON
 from klet.syncloop.containers import resources, security
 from klet.syncloop.environment import dns, envvars
@@ -97,6 +106,9 @@ class Instance:
     mounts: tuple[Mount, ...] = ()
     env_sources: envvars.EnvSources | None = None
     """The ConfigMaps and Secrets the environment refers to; None without an apiserver."""
+    pid_target: str = ""
+    """An ephemeral container's target: the runtime ID of the container whose PID
+    namespace it joins (its `targetContainerName`); empty for none."""
 
 
 def container_config(
@@ -150,7 +162,20 @@ def container_config(
         resources=resources.container_resources(pod, container, limits) if limits else None,
         mounts=instance.mounts,
         stop_signal=str(lifecycle.get("stopSignal") or ""),
-        security=security.container_security(
-            pod, container, image=instance.image_user, settings=node.security
+        security=_with_pid_target(
+            security.container_security(
+                pod, container, image=instance.image_user, settings=node.security
+            ),
+            instance.pid_target,
         ),
     )
+
+
+def _with_pid_target(sc: LinuxContainerSecurity, target_id: str) -> LinuxContainerSecurity:
+    """Join the target container's PID namespace (an ephemeral container naming a
+    targetContainerName), as upstream does only where the pod's containers each have
+    their own (no shareProcessNamespace, no hostPID)."""
+    if not target_id or sc.namespaces.pid != NamespaceMode.CONTAINER:
+        return sc
+    ns = dataclasses.replace(sc.namespaces, pid=NamespaceMode.TARGET, target_id=target_id)
+    return dataclasses.replace(sc, namespaces=ns)

@@ -66,12 +66,13 @@ IGNORED: dict[str, str] = {
 }
 
 
-# The pod spec outside its containers. "containers"/"initContainers" are decided by
-# the container rules above and "volumes" by VOLUME_TYPES below.
+# The pod spec outside its containers. "containers"/"initContainers"/"ephemeralContainers"
+# are decided by the container rules above and "volumes" by VOLUME_TYPES below.
 POD_SUPPORTED = frozenset(
     {
         "containers",
         "initContainers",
+        "ephemeralContainers",
         "volumes",
         "activeDeadlineSeconds",
         "affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution",
@@ -118,7 +119,6 @@ POD_NOT_FOR_THE_NODE: dict[str, str] = {
 }
 
 POD_IGNORED: dict[str, str] = {
-    "ephemeralContainers": "ephemeral (debug) containers are not started",
     "evictionResponders": _NOT_IN_TARGET_API,
     "hostUsers": "user namespaces are not supported: pods always use the host's",
     "hostnameOverride": "the alpha hostname override is not supported",

@@ -112,6 +112,11 @@ class ContainerStarter:
             return pulled.waiting, pulled.wake_at
         last = current.latest(name)
         restart_count = restart_count_of(last) + 1 if last is not None else 0
+        target = str(container.get("targetContainerName") or "")
+        target_last = current.latest(target) if target else None
+        if target and target_last is None:
+            message = f"target container {target!r} of ephemeral container {name!r} not found"
+            return ("CreateContainerConfigError", message), self.clock() + 10
         # The image's user: passed on as the user to run as, and checked by runAsNonRoot.
         image_user = security.image_user(await self.cri.image_status(pulled.image_ref))
         # ConfigMaps and Secrets the environment refers to (None: no apiserver).
@@ -140,6 +145,7 @@ class ContainerStarter:
                 + termination.mounts_for(self.settings.root_dir, pod, container)
                 + self._hosts_mount(pod, container, pod_ip, sandbox_id),
                 env_sources=env_sources,
+                pid_target=target_last.id if target_last is not None else "",
             )
             cfg = criconfig.container_config(
                 pod, container, instance=instance, node=self._node_context()

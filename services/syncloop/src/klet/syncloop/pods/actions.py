@@ -22,6 +22,10 @@ The rules follow upstream:
   while it waits it is reported as CrashLoopBackOff and the worker is woken when the
   wait ends.
 - Nothing running and nothing to start → kill the pod (its sandbox and sidecars stop).
+- Ephemeral (debug) containers start once each in the existing sandbox: one the
+  runtime has never run is started (even while init containers run); one that ran is
+  never started again, whatever its exit. They neither keep a pod alive nor start in a
+  new sandbox, and changing them changes no other container's hash.
 """
 
 from __future__ import annotations
@@ -64,6 +68,7 @@ class PodActions:
     purge_init: bool = False  # remove the old sandbox's init containers first
     init_to_start: list[StartAction] = field(default_factory=list)  # in spec order
     to_start: list[StartAction] = field(default_factory=list)
+    ephemeral_to_start: list[StartAction] = field(default_factory=list)  # in spec order
     to_kill: dict[ContainerID, KillAction] = field(default_factory=dict)
     waiting: dict[str, tuple[str, str]] = field(default_factory=dict)  # name -> (reason, message)
     wake_at: float | None = None  # when a back-off ends
@@ -167,7 +172,14 @@ def compute_pod_actions(
         return actions
 
     initialized = _init_actions(actions, pod, runtime, backoff, now, probes)
-    if actions.kill_pod or not initialized:
+    if actions.kill_pod:
+        return actions
+    actions.ephemeral_to_start = [
+        StartAction(c["name"], "ephemeral container added")
+        for c in podspec.ephemeral_containers(pod)
+        if runtime.latest(c["name"]) is None
+    ]
+    if not initialized:
         return actions
 
     keep = 0
@@ -201,6 +213,7 @@ def compute_pod_actions(
     if keep == 0 and not actions.to_start:
         actions.kill_pod = True
         actions.init_to_start.clear()  # sidecars alone do not keep a pod alive
+        actions.ephemeral_to_start.clear()  # nor do ephemeral containers
     return actions
 
 

@@ -55,15 +55,23 @@ def init_containers(pod: JSON) -> list[JSON]:
     return list(pod.get("spec", {}).get("initContainers") or [])
 
 
+def ephemeral_containers(pod: JSON) -> list[JSON]:
+    """The pod's ephemeral (debug) containers, added through pods/ephemeralcontainers."""
+    return list(pod.get("spec", {}).get("ephemeralContainers") or [])
+
+
 def is_sidecar(container: JSON) -> bool:
     """A restartable init container (`restartPolicy: Always`): upstream's sidecar."""
     return container.get("restartPolicy") == "Always"
 
 
 def field_path(pod: JSON, name: str) -> str:
-    """An event's fieldPath for a container: spec.containers{x} or spec.initContainers{x}."""
+    """An event's fieldPath for a container: spec.containers{x}, spec.initContainers{x}
+    or spec.ephemeralContainers{x}."""
     if any(c.get("name") == name for c in init_containers(pod)):
         return f"spec.initContainers{{{name}}}"
+    if any(c.get("name") == name for c in ephemeral_containers(pod)):
+        return f"spec.ephemeralContainers{{{name}}}"
     return f"spec.containers{{{name}}}"
 
 

@@ -115,6 +115,14 @@ def container_status(
     return status
 
 
+def _ephemeral(status: JSON) -> JSON:
+    """An ephemeral container's status: never ready (it serves nothing) and, without
+    probes, no started flag, as upstream leaves both to the prober it does not have."""
+    status["ready"] = False
+    del status["started"]
+    return status
+
+
 def _waiting(reason: str, message: str) -> JSON:
     out: JSON = {"reason": reason}
     if message:
@@ -291,6 +299,7 @@ def compute_pod_status(
 
     init_statuses = [one(c, init=True) for c in inits]
     statuses = [one(c, init=False) for c in podspec.containers(pod)]
+    ephemeral_statuses = [_ephemeral(one(c, init=False)) for c in podspec.ephemeral_containers(pod)]
     termination.trim_pod_messages(pod, init_statuses + statuses)
     phase = pod_phase(pod, statuses, init_statuses)
     if stopping and not any("running" in s["state"] for s in statuses):
@@ -375,6 +384,8 @@ def compute_pod_status(
     if inits:
         status["initContainerStatuses"] = init_statuses
     status["containerStatuses"] = statuses
+    if ephemeral_statuses:
+        status["ephemeralContainerStatuses"] = ephemeral_statuses
     status["qosClass"] = podspec.qos_class(pod)
     if host_ip:
         status["hostIPs"] = [{"ip": host_ip}]

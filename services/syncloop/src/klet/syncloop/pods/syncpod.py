@@ -164,6 +164,21 @@ class PodSyncer:
             pod_ip = latest.ip if latest else ""
         if sandbox_id is None:
             return result
+        # Ephemeral containers first, as upstream: a debug container can look at a pod
+        # whose initialization is stuck.
+        ephemerals = {c["name"]: c for c in podspec.ephemeral_containers(pod)}
+        for start in actions.ephemeral_to_start:
+            await self._start_one(
+                pod,
+                ephemerals[start.name],
+                start,
+                current,
+                sandbox_id,
+                sandbox_cfg,
+                pod_ip,
+                result,
+                volumes=volumes,
+            )
         inits = {c["name"]: c for c in podspec.init_containers(pod)}
         for start in actions.init_to_start:
             started = await self._start_one(
@@ -209,7 +224,12 @@ class PodSyncer:
         soon. Running containers are left alone."""
         if self.volumes is None:
             return {}
-        if not (actions.init_to_start or actions.to_start or current.running()):
+        if not (
+            actions.init_to_start
+            or actions.to_start
+            or actions.ephemeral_to_start
+            or current.running()
+        ):
             return {}
         outcome = await self.volumes.set_up(pod, pod_ip=pod_ip)
         if not outcome.failures:
@@ -218,7 +238,7 @@ class PodSyncer:
             message = f'MountVolume.SetUp failed for volume "{name}" : {cause}'
             self.events.emit(pod, "Warning", "FailedMount", message)
         log.info("pod volumes not ready", extra={"pod": _name(pod), "failures": outcome.failures})
-        for start in [*actions.init_to_start, *actions.to_start]:
+        for start in [*actions.ephemeral_to_start, *actions.init_to_start, *actions.to_start]:
             result.waiting.setdefault(start.name, ("ContainerCreating", ""))
         retry = self.clock() + VOLUME_RETRY_S
         result.wake_at = retry if result.wake_at is None else min(result.wake_at, retry)
