@@ -48,6 +48,10 @@ class FakeObjects:
         self.secrets: dict[tuple[str, str], JSON] = {}
         self.broken: dict[str, str] = {}
         self.reads: list[tuple[str, str, str]] = []
+        self.forgotten = 0
+
+    def forget_cached(self) -> None:
+        self.forgotten += 1
 
     async def get_configmap(self, namespace: str, name: str) -> JSON | None:
         self.reads.append(("configmap", namespace, name))

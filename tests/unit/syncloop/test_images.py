@@ -73,6 +73,9 @@ class Objects:
     async def get_configmap(self, namespace: str, name: str) -> JSON | None:
         return None
 
+    def forget_cached(self) -> None:
+        pass  # keeps no answers: every read is the current object
+
     async def list_services(self, namespace: str) -> list[JSON]:
         return []
 
@@ -423,6 +426,17 @@ async def test_api_objects_cache_answers_for_the_ttl() -> None:
     now[0] = 5.5
     assert await objects.get_configmap("ns", "gone") == {"data": {}}
     assert len(kube.gets) == 3
+
+
+async def test_api_objects_forget_cached_makes_the_next_read_ask_again() -> None:
+    kube = Kube({CM_PATH: {"data": {"k": "old"}}})
+    objects = ApiObjects(kube, ttl_s=5.0, clock=lambda: 0.0)
+    assert await objects.get_configmap("ns", "cm") == {"data": {"k": "old"}}
+    kube.objects[CM_PATH] = {"data": {"k": "new"}}
+    assert await objects.get_configmap("ns", "cm") == {"data": {"k": "old"}}  # within the TTL
+    objects.forget_cached()
+    assert await objects.get_configmap("ns", "cm") == {"data": {"k": "new"}}
+    assert len(kube.gets) == 2
 
 
 async def test_api_objects_report_other_errors_in_the_apiservers_words() -> None:

@@ -591,3 +591,37 @@ async def test_removing_the_pod_removes_its_volumes(w: World, tmp_path: Path) ->
     assert m.host_path == str(volume) and volume.is_dir()
     await w.syncer.kill_pod(p, await w.runtime.get("u1"), grace_override=None, remove=True)
     assert not (tmp_path / "root/pods/u1/volumes").exists()
+
+
+async def test_a_new_pod_reads_its_objects_afresh_not_from_the_cache(tmp_path: Path) -> None:
+    """The first set-up of a pod (and of a pod set up again after its tear-down) drops
+    the reader's cache; later set-ups of the same pod use it."""
+
+    class Reader:
+        def __init__(self) -> None:
+            self.forgotten = 0
+
+        async def get_secret(self, namespace: str, name: str) -> JSON | None:
+            return None
+
+        async def get_configmap(self, namespace: str, name: str) -> JSON | None:
+            return None
+
+        async def list_services(self, namespace: str) -> list[JSON]:
+            return []
+
+        def forget_cached(self) -> None:
+            self.forgotten += 1
+
+    reader = Reader()
+    m = VolumeManager([FakePlugin()], root_dir=tmp_path, node=NodeFacts(), objects=reader)
+    first = with_volumes({"name": "a", "fake": {}}, uid="u1")
+    await m.set_up(first, pod_ip="10.0.0.1")
+    assert reader.forgotten == 1
+    await m.set_up(first, pod_ip="10.0.0.1")
+    assert reader.forgotten == 1
+    await m.set_up(with_volumes({"name": "a", "fake": {}}, uid="u2"), pod_ip="10.0.0.2")
+    assert reader.forgotten == 2
+    assert await m.tear_down("u1") == []
+    await m.set_up(first, pod_ip="10.0.0.1")
+    assert reader.forgotten == 3

@@ -11,7 +11,11 @@ which is exactly when syncloop asks. Services are listed by namespace (the pod's
 a pod whose containers share a ConfigMap reads it once, while an object created or
 changed later is seen at the next retry. Upstream's default strategy watches each
 referenced object instead; a short TTL gives the same outcome for container start,
-the only place syncloop reads these objects, with no watch to keep per object.
+the only place syncloop reads these objects, with no watch to keep per object. A new
+pod reads what the apiserver holds now, not the cache (`forget_cached` at its first
+volume set-up), as upstream refetches an object when a new pod refers to it: the pods a
+rollout creates right after their ConfigMap changed (`helm upgrade`) would otherwise
+get the old one from a read the pods they replace made seconds before.
 """
 
 from __future__ import annotations
@@ -51,6 +55,11 @@ class KubeObjects(Protocol):
         """The Services of `namespace`; raises `ObjectUnavailable`."""
         ...
 
+    def forget_cached(self) -> None:
+        """Drop every answer kept so far: the next read of each object asks the
+        apiserver (a reader that keeps nothing has nothing to drop)."""
+        ...
+
 
 class Kube(Protocol):
     """The part of `klet.kube.KubeClient` used here."""
@@ -82,6 +91,9 @@ class ApiObjects:
     async def list_services(self, namespace: str) -> list[JSON]:
         found = await self._get("services", namespace, "")
         return list((found or {}).get("items") or [])
+
+    def forget_cached(self) -> None:
+        self._cache.clear()
 
     async def _get(self, resource: str, namespace: str, name: str) -> JSON | None:
         """One object, or with an empty `name` the list of them."""

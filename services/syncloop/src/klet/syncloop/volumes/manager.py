@@ -103,6 +103,11 @@ class VolumeManager:
         uid = str((pod.get("metadata") or {}).get("uid") or "")
         if not uid:
             raise ValueError("a pod without a UID has no pod directory")
+        if uid not in self._locks and self.objects is not None:
+            # A pod not set up before (since start or its tear-down) reads its
+            # ConfigMaps and Secrets as they are now, not as another pod read them
+            # seconds ago (see kubeobjects).
+            self.objects.forget_cached()
         ctx = VolumeContext(
             pod=pod,
             pod_dir=self.pod_dir(uid),
