@@ -36,6 +36,7 @@ and, with ``--readme``, replaces the measured table in bench/README.md.
 
 from __future__ import annotations
 
+import abc
 import argparse
 import asyncio
 import dataclasses
@@ -285,7 +286,7 @@ def container_pid(container_id: str) -> int:
 # -- the two agents ------------------------------------------------------------------------
 
 
-class Agent:
+class Agent(abc.ABC):
     """One node agent under test: its process, manifest directory, read-only port, CRI."""
 
     name = ""
@@ -298,8 +299,9 @@ class Agent:
         self.ro_port = free_port()
         self.proc: ManagedProcess | None = None
 
+    @abc.abstractmethod
     def argv(self) -> list[str]:
-        raise NotImplementedError
+        """The agent's command line."""
 
     def env(self) -> dict[str, str] | None:
         return None
