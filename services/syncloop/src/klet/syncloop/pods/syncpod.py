@@ -164,49 +164,33 @@ class PodSyncer:
             pod_ip = latest.ip if latest else ""
         if sandbox_id is None:
             return result
+
+        async def start_one(spec: JSON, start: StartAction) -> bool:
+            return await self._start_one(
+                pod,
+                spec,
+                start,
+                current,
+                sandbox_id,
+                sandbox_cfg,
+                pod_ip,
+                result,
+                volumes=volumes,
+            )
+
         # Ephemeral containers first, as upstream: a debug container can look at a pod
         # whose initialization is stuck.
         ephemerals = {c["name"]: c for c in podspec.ephemeral_containers(pod)}
         for start in actions.ephemeral_to_start:
-            await self._start_one(
-                pod,
-                ephemerals[start.name],
-                start,
-                current,
-                sandbox_id,
-                sandbox_cfg,
-                pod_ip,
-                result,
-                volumes=volumes,
-            )
+            await start_one(ephemerals[start.name], start)
         inits = {c["name"]: c for c in podspec.init_containers(pod)}
         for start in actions.init_to_start:
-            started = await self._start_one(
-                pod,
-                inits[start.name],
-                start,
-                current,
-                sandbox_id,
-                sandbox_cfg,
-                pod_ip,
-                result,
-                volumes=volumes,
-            )
+            started = await start_one(inits[start.name], start)
             if not started and not podspec.is_sidecar(inits[start.name]):
                 return result  # initialization cannot go on past a plain init container
         specs = {c["name"]: c for c in podspec.containers(pod)}
         for start in actions.to_start:
-            await self._start_one(
-                pod,
-                specs[start.name],
-                start,
-                current,
-                sandbox_id,
-                sandbox_cfg,
-                pod_ip,
-                result,
-                volumes=volumes,
-            )
+            await start_one(specs[start.name], start)
         return result
 
     async def _set_up_volumes(
