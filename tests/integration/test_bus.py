@@ -1,9 +1,9 @@
-"""The Redis bus against a real Redis: tables, consumer groups (delivery, ack, claiming
-what a dead consumer left pending, a bad entry surfacing as an error instead of a
-record, the group re-created after a flush, dead consumers removed from the group),
-atomic transactions, the lease (one holder, a dead predecessor's lease taken over at
-once, takeover after expiry, fencing tokens increase), and BusUnavailable when Redis
-is gone."""
+"""The Redis bus against a real Redis: tables (one and many records read), consumer
+groups (delivery, ack, claiming what a dead consumer left pending, a bad entry
+surfacing as an error instead of a record, the group re-created after a flush, dead
+consumers removed from the group), atomic transactions, the lease (one holder, a dead
+predecessor's lease taken over at once, takeover after expiry, fencing tokens
+increase), and BusUnavailable when Redis is gone."""
 
 from __future__ import annotations
 
@@ -35,6 +35,13 @@ async def test_tables_and_transaction(redis_server: Any) -> None:
         await bus.client.hset(nb.sources.key, "bad", "{garbage")
         assert set(await nb.sources.all()) == {"file"}  # the bad entry is logged and left out
         assert await nb.sources.get("bad") is None
+        # many keys in one HMGET: missing and bad ones None, a repeated key once
+        assert await nb.sources.get_many(["file", "bad", "none", "file"]) == {
+            "file": SourceState(source="file", ready=True, at=1.0),
+            "bad": None,
+            "none": None,
+        }
+        assert await nb.sources.get_many([]) == {}
         await nb.sources.delete("file")
         assert await nb.sources.get("file") is None
         assert nb.sources.key == "klet:n1:sources"

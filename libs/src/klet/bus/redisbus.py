@@ -333,6 +333,21 @@ class Table(Generic[R]):
             raw = await self.bus.client.hget(self.key, key)
         except (RedisError, OSError) as err:
             raise _wrap(err) from err
+        return self._decode(key, raw)
+
+    async def get_many(self, keys: Sequence[str]) -> dict[str, R | None]:
+        """The records of `keys` in one round trip (HMGET): None for a missing or
+        undecodable one, as `get`. A burst of changes costs one read, not one each."""
+        unique = list(dict.fromkeys(keys))
+        if not unique:
+            return {}
+        try:
+            raws = await self.bus.client.hmget(self.key, unique)
+        except (RedisError, OSError) as err:
+            raise _wrap(err) from err
+        return {key: self._decode(key, raw) for key, raw in zip(unique, raws, strict=True)}
+
+    def _decode(self, key: str, raw: str | bytes | None) -> R | None:
         if raw is None:
             return None
         try:
