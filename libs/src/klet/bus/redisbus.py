@@ -134,6 +134,11 @@ class BusAuth(Protocol):
     def key_file(self) -> Path | None: ...
 
 
+MAX_CONNECTIONS = 32
+"""Connections one process keeps to Redis at most; more concurrent calls wait their
+turn. A service has a few long blocking reads (stream consumers) and short calls."""
+
+
 class Bus:
     """All of one node's keys in one Redis."""
 
@@ -166,15 +171,21 @@ class Bus:
                     options["ssl_certfile"] = str(auth.cert_file)
                 if auth.key_file is not None:
                     options["ssl_keyfile"] = str(auth.key_file)
-        client = aioredis.Redis.from_url(
+        # A blocking pool: a burst of concurrent calls (110 pod workers woken at once,
+        # each reading a table) waits up to `timeout_s` for a free connection, where
+        # redis-py's default pool fails every call past its 100th with "Too many
+        # connections".
+        pool = aioredis.BlockingConnectionPool.from_url(
             url,
+            max_connections=MAX_CONNECTIONS,
+            timeout=timeout_s,
             decode_responses=True,
             socket_timeout=timeout_s,
             socket_connect_timeout=timeout_s,
             health_check_interval=10,
             **options,
         )
-        return cls(client, node)
+        return cls(aioredis.Redis.from_pool(pool), node)
 
     def key(self, name: str) -> str:
         return f"klet:{self.node}:{name}"
