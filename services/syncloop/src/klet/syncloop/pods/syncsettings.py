@@ -39,6 +39,9 @@ class SyncSettings:
     """How many RunPodSandbox calls (with the PodSandboxStatus after each) syncloop has
     in flight at once, all pods together; 0 = no limit. containerd does a sandbox's
     work (shim, pause container, CNI plugins and their iptables rules) in parallel, and
-    110 at once on 2 cores thrash: on raw CRI (2026-11-26, a loaded 2-core VM), 110 pod
-    starts with 8 sandboxes at a time were all running in 9-14 s against 16-18 s all at
-    once, the median pod in 5-6 s against 16 s. Pulls and container starts are not held."""
+    110 at once on 2 cores share it out so that every pod finishes near the end: on raw
+    CRI (2026-11-26, a loaded 2-core VM, bench/run.py) 110 pod starts with 8 sandboxes
+    at a time had their median pod running in about 7 s against 13 s all at once, and
+    the last one at about the same time (12-16 s, 0-12 % sooner in most runs). Pulls and
+    container starts are not held. A creation that hangs holds its slot until the CRI
+    call's timeout (runtimeRequestTimeout, 2 min)."""
