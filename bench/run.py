@@ -6,7 +6,8 @@ DevStack (Redis, registry, containerd) in a short temp dir under /tmp and measur
 1. CRI floor, sequential: N pods straight through ``klet.cri.RuntimeClient``
    (RunPodSandbox + PodSandboxStatus, CreateContainer + StartContainer of an image
    already present; then StopPodSandbox + RemovePodSandbox).
-2. CRI floor, burst: M such pod starts issued concurrently.
+2. CRI floor, burst: M such pod starts issued concurrently, then again with at most
+   `--floor-parallel` sandbox creations in flight (syncloop's bound, default 8).
 3. klet, sequential: a KletNode (the three services as processes); for each of N pods a
    one-container manifest is written, ``/pods`` is polled every 20 ms until the pod is
    Running with all containers ready; then the manifest is removed and CRI is polled
@@ -23,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import datetime as dt
 import functools
 import json
@@ -124,11 +126,16 @@ class Floor:
         )
         return sandbox, container
 
-    async def start_pod(self, name: str) -> tuple[str, dict[str, float]]:
+    async def start_pod(
+        self, name: str, gate: asyncio.Semaphore | None = None
+    ) -> tuple[str, dict[str, float]]:
+        """Start one pod; with `gate`, its sandbox is created while holding it (as
+        syncloop bounds the sandbox creations in flight)."""
         sandbox, container = self._configs(name)
         t0 = time.perf_counter()
-        sid = await self.cri.run_pod_sandbox(sandbox)
-        await self.cri.pod_sandbox_status(sid)
+        async with gate if gate is not None else contextlib.nullcontext():
+            sid = await self.cri.run_pod_sandbox(sandbox)
+            await self.cri.pod_sandbox_status(sid)
         t1 = time.perf_counter()
         cid = await self.cri.create_container(sid, container, sandbox)
         await self.cri.start_container(cid)
@@ -152,11 +159,14 @@ class Floor:
                 out["teardown"].append(down)
         return out
 
-    async def burst(self, m: int) -> dict[str, Any]:
+    async def burst(self, m: int, parallel: int = 0) -> dict[str, Any]:
+        """M pod starts issued at once; `parallel` > 0 bounds the sandbox creations in
+        flight (0: all at once)."""
+        gate = asyncio.Semaphore(parallel) if parallel > 0 else None
         t0 = time.perf_counter()
 
         async def one(j: int) -> tuple[str, float]:
-            sid, _ = await self.start_pod(f"floorburst-{j}-{self.run_id}")
+            sid, _ = await self.start_pod(f"floorburst{parallel}-{j}-{self.run_id}", gate)
             return sid, time.perf_counter() - t0
 
         done = await asyncio.gather(*(one(j) for j in range(m)))
@@ -340,6 +350,7 @@ def ratio(a: dict[str, Any], b: dict[str, Any]) -> float | None:
 
 def report(res: dict[str, Any]) -> str:
     m = res["measurements"]
+    par = res.get("floor_parallel", 0)
     lines = [
         "",
         f"klet bench  {res['date']}  nproc={res['machine']['nproc']}  "
@@ -361,6 +372,8 @@ def report(res: dict[str, Any]) -> str:
         ("klet: manifest removed -> sandbox gone", "klet_teardown", "cri_teardown"),
         (f"CRI floor burst x{res['burst']}: per-pod started", "cri_burst_per_pod", None),
         (f"klet burst x{res['burst']}: per-pod Running", "klet_burst_per_pod", "cri_burst_per_pod"),
+        (f"CRI floor burst x{res['burst']} ({par} sbx): per-pod", "cri_burst_bounded_per_pod",
+         None),
     ]
     for label, key, base in rows:
         if key in m:
@@ -369,6 +382,9 @@ def report(res: dict[str, Any]) -> str:
     for label, key, base in (
         (f"CRI floor burst x{res['burst']}: all started", "cri_burst_all", None),
         (f"klet burst x{res['burst']}: all Running", "klet_burst_all", "cri_burst_all"),
+        (f"CRI floor burst x{res['burst']} ({par} sbx): all started", "cri_burst_bounded_all",
+         None),
+        ("  klet all Running / this floor", "klet_burst_all", "cri_burst_bounded_all"),
         (f"CRI floor burst x{res['burst']}: all removed", "cri_burst_removed", None),
         (f"klet burst x{res['burst']}: all sandboxes gone", "klet_burst_removed",
          "cri_burst_removed"),
@@ -395,6 +411,9 @@ def parse(argv: Sequence[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
     p.add_argument("--pods", type=int, default=10, help="pods measured one at a time (default 10)")
     p.add_argument("--burst", type=int, default=10, help="pods written at once (default 10)")
+    p.add_argument("--floor-parallel", type=int, default=8,
+                   help="also run the CRI-floor burst with at most this many sandbox "
+                   "creations in flight, as syncloop does (default 8; 0 skips it)")
     p.add_argument("--warmup", type=int, default=1,
                    help="untimed pods before each sequential series (default 1)")
     p.add_argument("--keep", action="store_true", help="keep the devstack dir (logs, configs)")
@@ -442,6 +461,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             fb = runner.run(floor.burst(args.burst))
             m["cri_burst_per_pod"] = summary(fb["per_pod"])
             m["cri_burst_all"], m["cri_burst_removed"] = fb["all_running"], fb["all_removed"]
+            if args.floor_parallel > 0:
+                print(f"bench: CRI floor, burst of {args.burst}, {args.floor_parallel} sandboxes "
+                      "at a time ...", flush=True)
+                fp = runner.run(floor.burst(args.burst, args.floor_parallel))
+                m["cri_burst_bounded_per_pod"] = summary(fp["per_pod"])
+                m["cri_burst_bounded_all"] = fp["all_running"]
 
         manifests = run_dir / "manifests"
         manifests.mkdir()
@@ -463,6 +488,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
             "pods": args.pods,
             "burst": args.burst,
+            "floor_parallel": args.floor_parallel,
             "warmup": args.warmup,
             "poll_interval_s": POLL_S,
             "file_check_frequency": "1s (inotify-driven)",

@@ -1,9 +1,10 @@
-"""The Redis bus against a real Redis: tables, consumer groups (delivery, ack, claiming
-what a dead consumer left pending, a bad entry surfacing as an error instead of a
-record, the group re-created after a flush, dead consumers removed from the group),
-atomic transactions, the lease (one holder, a dead predecessor's lease taken over at
-once, takeover after expiry, fencing tokens increase), and BusUnavailable when Redis
-is gone."""
+"""The Redis bus against a real Redis: tables (one and many records read, a burst of
+concurrent calls waiting for a connection rather than failing), consumer
+groups (delivery, ack, claiming what a dead consumer left pending, a bad entry
+surfacing as an error instead of a record, the group re-created after a flush, dead
+consumers removed from the group), atomic transactions, the lease (one holder, a dead
+predecessor's lease taken over at once, takeover after expiry, fencing tokens
+increase), and BusUnavailable when Redis is gone."""
 
 from __future__ import annotations
 
@@ -35,9 +36,29 @@ async def test_tables_and_transaction(redis_server: Any) -> None:
         await bus.client.hset(nb.sources.key, "bad", "{garbage")
         assert set(await nb.sources.all()) == {"file"}  # the bad entry is logged and left out
         assert await nb.sources.get("bad") is None
+        # many keys in one HMGET: missing and bad ones None, a repeated key once
+        assert await nb.sources.get_many(["file", "bad", "none", "file"]) == {
+            "file": SourceState(source="file", ready=True, at=1.0),
+            "bad": None,
+            "none": None,
+        }
+        assert await nb.sources.get_many([]) == {}
         await nb.sources.delete("file")
         assert await nb.sources.get("file") is None
         assert nb.sources.key == "klet:n1:sources"
+    finally:
+        await bus.close()
+
+
+async def test_a_burst_of_concurrent_calls_waits_for_connections(redis_server: Any) -> None:
+    # 110 pod workers woken at once each read a table; past the pool's size the calls
+    # wait for a connection instead of failing with "Too many connections".
+    bus = Bus.from_url(redis_server.url, "n1", auth=redis_server.admin)
+    nb = NodeBus.of(bus)
+    try:
+        await nb.sources.put("file", SourceState(source="file", ready=True, at=1.0))
+        got = await asyncio.gather(*(nb.sources.get("file") for _ in range(300)))
+        assert all(g is not None and g.ready for g in got)
     finally:
         await bus.close()
 

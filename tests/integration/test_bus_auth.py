@@ -4,7 +4,8 @@ Writing a node's `desired` table is root on that node (syncloop runs what it say
 a client without credentials, a client with a wrong password, and a client holding
 another service's or another node's credentials cannot write desired pods, the `pods`
 stream, leases or node conditions, neither directly nor through a Lua script (the
-fenced-write path). Each refusal is paired with the owner doing the same write, so the
+fenced-write path), while every service reads the tables it is granted (one record,
+many in one HMGET, all). Each refusal is paired with the owner doing the same write, so the
 test cannot pass by everything failing. Also: rediss:// with TLS against redis-server's
 own TLS listener, server certificate verified, with a client certificate.
 """
@@ -18,11 +19,11 @@ from pathlib import Path
 
 import pytest
 from klet.bus import Bus, BusError, NodeBus
-from klet.bus.acl import SERVICES, Credentials
+from klet.bus.acl import ACCESS, SERVICES, Credentials
 from klet.config import RedisAuth
 from klet.devstack import RedisServer, RedisTLS
 from klet.devstack.pki import CertificateAuthority
-from klet.model.records import DesiredPod, NodeConditionRecord, PodChange
+from klet.model.records import DesiredPod, NodeConditionRecord, PodChange, SourceState
 from klet.model.types import PodUID
 
 NODE, OTHER = "victim", "attacker"
@@ -144,6 +145,22 @@ async def test_each_service_writes_only_what_it_owns(
         "image-gc": {"lease:image-gc"},
     }[service]
     assert {name for name, ok in done.items() if ok} == owned
+
+
+@pytest.mark.parametrize("service", SERVICES)
+async def test_each_service_reads_its_tables_one_many_and_all(
+    redis_server: RedisServer, service: str
+) -> None:
+    # Batched readers (syncloop's pods consumer, status-reporter's view) use HMGET: a
+    # grant without it failed every batch and left pods to the 5 s table resync.
+    redis_server.add_node(NODE)
+    access = ACCESS[service]
+    async with node_bus(redis_server, redis_server.credentials(NODE, service)) as nb:
+        for name in (*access.reads, *access.writes):
+            table = nb.bus.table(name, SourceState)
+            assert await table.get("k") is None, name
+            assert await table.get_many(["k", "l"]) == {"k": None, "l": None}, name
+            assert await table.all() == {}, name
 
 
 async def test_another_nodes_credentials_write_nothing_on_this_node(

@@ -48,7 +48,7 @@ def test_pod_source_rules() -> None:
         "+exec",
         "+discard",
         "+select",
-        f"(~{p}desired ~{p}sources +hget +hgetall +hset +hdel)",
+        f"(~{p}desired ~{p}sources +hget +hmget +hgetall +hset +hdel)",
         f"(~{p}pods ~{p}events +xadd)",
         f"(~{p}lease:pod-source ~{p}lease:pod-source:* "
         "+get +set +pexpire +pttl +del +incr +incrby +exists)",

@@ -51,6 +51,11 @@ async def test_table_rows_round_trip_and_bad_records_are_left_out() -> None:
     await node.sources.delete("api")
     assert sorted(bus.rows(node.sources)) == ["file", "http"]  # broken is no record
     assert await node.sources.get("file") == ready("file")
+    assert await node.sources.get_many(["file", "broken", "gone", "file"]) == {
+        "file": ready("file"),
+        "broken": None,
+        "gone": None,
+    }
 
 
 async def test_stream_entries_are_delivered_once_and_pending_until_acked() -> None:

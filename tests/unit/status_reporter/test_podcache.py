@@ -1,5 +1,6 @@
 """The pod view manager over fake tables and a fake stream: reload joins desired pods
-with statuses, stream entries refresh one pod (malformed ones are skipped), the stream
+with statuses, stream entries refresh one pod (malformed ones are skipped; a batch read
+at once is fetched in one read per table and the listeners are told once), the stream
 is tailed from its newest entry with no consumer group so every replica sees every
 entry, stale versions never replace newer ones, removed pods stay until their status is
 terminal, and a bus outage keeps the last view, is logged once and heals."""
@@ -293,3 +294,22 @@ def test_policy_rejects_nonsense() -> None:
         CachePolicy(backoff_max_s=-1)
     with pytest.raises(ValueError, match="read_count"):
         CachePolicy(read_count=0)
+
+
+async def test_a_batch_of_entries_is_fetched_in_one_read_per_table() -> None:
+    w = World()
+    told: list[int] = []
+    w.cache.subscribe(lambda: told.append(1))
+    assert await w.cache.consume_once() == 0  # takes the cursor
+    w.want(WEB)
+    w.want(DB)
+    w.report(WEB, version=1, phase="Pending")
+    w.bus.plant(w.feed, "bad json")
+    w.report(DB, version=1)
+    w.report(WEB, version=2)  # the table holds v2 by the time the batch is read
+    w.bus.calls.clear()
+    told.clear()
+    assert await w.cache.consume_once() == 4
+    assert w.bus.calls == ["tail", "get_many", "get_many"]
+    assert w.phases() == {"web": "Running", "db": "Running"}
+    assert told == [1]

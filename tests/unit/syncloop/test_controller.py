@@ -6,7 +6,8 @@ killed and removed; the desired table read landing while the worker's CRI call i
 flight wins over the stale empty view (no kill); PodControl's kill_pod stops a desired
 pod with the given grace, marks it Failed with its reason and message and keeps it
 dead on later syncs; kill_pod of an unknown pod answers False; a removed pod's
-crash-loop back-off entries go with it. Workers are replaced by
+crash-loop back-off entries go with it; a batch of stream changes is read in one
+round trip (and the sources once, for its removals), in stream order. Workers are replaced by
 a recorder so each test drives sync_once itself, one step at a time.
 """
 
@@ -292,3 +293,24 @@ async def test_a_pod_failed_before_a_restart_is_not_started_again(w: World) -> N
     assert status is not None and (status["phase"], status["reason"]) == ("Failed", "Evicted")
     target = [c for c in status["conditions"] if c["type"] == "DisruptionTarget"]
     assert target and target[0]["message"] == "low on memory"
+
+
+async def test_a_batch_of_changes_reads_the_desired_table_once(w: World) -> None:
+    w.controller.apply_desired({"u3": desired("u3")}, READY, read_from=0)
+    w.bus.seed(w.deps.node_bus.sources, "file", READY["file"])
+    for uid in ("u1", "u2"):
+        w.bus.seed(w.deps.node_bus.desired, uid, desired(uid))
+    w.workers.woken.clear()
+    w.bus.calls.clear()
+    await w.controller.on_changes(
+        [
+            PodChange(op="ADD", uid=PodUID("u1"), source="file"),
+            PodChange(op="REMOVE", uid=PodUID("u3"), source="file"),
+            PodChange(op="ADD", uid=PodUID("u2"), source="file"),
+            PodChange(op="ADD", uid=PodUID("u4"), source="file"),  # gone again already
+        ]
+    )
+    assert w.bus.calls == ["get_many", "all"]  # one read for four changes, sources once
+    assert w.workers.woken == ["u1", "u3", "u2"]
+    assert set(w.controller.desired) == {"u1", "u2"}
+    assert w.controller.generation == 4

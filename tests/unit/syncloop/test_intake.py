@@ -6,7 +6,8 @@ synced; a bus error during a resync is counted every time, logged once per disti
 error and once more when the bus is back, and the controller keeps its view; the
 consumer ensures its group, takes over stale entries before reading, hands every
 good entry to the controller and acknowledges it afterwards, while a bad entry is
-counted and acknowledged without reaching the controller; stale entries are taken
+counted and acknowledged without reaching the controller; a batch read at once reaches
+the controller in one call and is acknowledged in one XACK; stale entries are taken
 over again once `reclaim_s` has passed (a fake clock); after an outage the consumer
 ensures the group again. The in-memory bus (klet.bus.testing), a fake controller; no sleeps.
 """
@@ -14,6 +15,7 @@ ensures the group again. The in-memory bus (klet.bus.testing), a fake controller
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 
 import pytest
 from klet.bus import BusError, BusUnavailable, NodeBus
@@ -37,6 +39,7 @@ class FakeController:
         self.generation = 0
         self.applied: list[tuple[set[str], bool, int]] = []  # (uids, sources ready, read_from)
         self.changes: list[PodChange] = []
+        self.batches: list[int] = []  # the size of each on_changes call
         self.reconciled = 0
 
     def apply_desired(
@@ -45,8 +48,9 @@ class FakeController:
         ready = all(s.ready for s in sources.values())
         self.applied.append((set(table), ready, read_from))
 
-    async def on_change(self, change: PodChange) -> None:
-        self.changes.append(change)
+    async def on_changes(self, changes: Sequence[PodChange]) -> None:
+        self.batches.append(len(changes))
+        self.changes.extend(changes)
 
     async def reconcile_statuses(self) -> None:
         self.reconciled += 1
@@ -173,3 +177,16 @@ async def test_after_an_outage_the_consumer_ensures_its_group_again(w: World) ->
     assert w.bus.calls.count("ensure_group") == 2
     assert w.errors == 2
     assert [c.uid for c in w.controller.changes] == ["u1", "u2"]
+
+
+async def test_a_burst_is_handed_over_in_one_call_and_acked_in_one_xack(w: World) -> None:
+    await w.pods.ensure_group(GROUP)
+    ids = [w.bus.append(w.pods, change(f"u{i}")) for i in range(5)]
+    w.bus.plant(w.pods, "bad json")
+    async with running(w.intake.run_consumer()):
+        await until(lambda: len(w.pods.acked) == 6)
+    assert w.controller.batches == [5]
+    assert [c.uid for c in w.controller.changes] == [f"u{i}" for i in range(5)]
+    assert w.bus.calls.count("ack") == 1
+    assert w.pods.acked[:5] == ids
+    assert len(w.bad) == 1

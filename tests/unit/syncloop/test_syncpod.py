@@ -5,23 +5,27 @@ annotations and `<name>/<restart>.log` log paths), crash-loop restarts (immediat
 first restart with restartCount + 1, then CrashLoopBackOff until the back-off ends),
 image pulls (ErrImagePull → ImagePullBackOff with a wake time, ErrImageNeverPull), and
 KillPod (grace period passed to StopContainer, 2 s minimum, sandbox stopped after
-the containers, everything removed with remove=True).
+the containers, everything removed with remove=True), and the bound on sandbox
+creations in flight across pods (a burst queues, a failed creation frees its slot,
+containers of an existing sandbox never wait for it, 0 = no bound).
 """
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 from typing import Any
 
 import pytest
-from klet.cri import NotFound
+from klet.cri import CRIError, NotFound
 from klet.cri import labels as L
 from klet.cri.testing import FakeRuntimeService
 from klet.cri.types import ContainerState, SandboxState
 from klet.syncloop.pods import podspec
 from klet.syncloop.pods.syncpod import SyncResult
+from klet.syncloop.pods.syncsettings import SyncSettings
 
-from .helpers import RecordedEvents, pod, wire
+from .helpers import RecordedEvents, pod, until, wire
 
 IMAGE = "registry.klet.test/busybox:1.36"
 
@@ -201,3 +205,93 @@ async def test_kill_pod_with_remove_removes_the_sandboxes(w: World) -> None:
     assert w.live() == ["db"]
     assert len(w.cri.calls_of("RemovePodSandbox")) == 1
     assert (await w.runtime.get("u1")).empty
+
+
+class HeldSandboxes:
+    """A RunPodSandbox hook: every creation waits until the test releases it, and the
+    most ever in flight at once is recorded."""
+
+    def __init__(self) -> None:
+        self.release = asyncio.Event()
+        self.in_flight = 0
+        self.most = 0
+
+    async def __call__(self) -> None:
+        self.in_flight += 1
+        self.most = max(self.most, self.in_flight)
+        try:
+            await self.release.wait()
+        finally:
+            self.in_flight -= 1
+
+
+def bounded_world(tmp_path: Path, limit: int) -> tuple[World, HeldSandboxes]:
+    w = World(tmp_path)
+    w.syncer = wire(
+        tmp_path,
+        w.cri,
+        events=w.events,
+        clock=w.clock,
+        sync=SyncSettings(pod_logs_dir=tmp_path, parallel_sandbox_creations=limit),
+    ).controller.syncer
+    w.runtime = w.syncer.runtime
+    held = HeldSandboxes()
+    w.cri.hooks["RunPodSandbox"] = held
+    return w, held
+
+
+def sandbox_calls(w: World) -> int:
+    return sum(1 for c in w.cri.calls if c[0] == "RunPodSandbox")
+
+
+async def test_a_burst_of_new_pods_creates_at_most_the_bound_of_sandboxes_at_once(
+    tmp_path: Path,
+) -> None:
+    w, held = bounded_world(tmp_path, 2)
+    syncs = [asyncio.ensure_future(w.sync(pod("app", uid=f"u{i}"))) for i in range(5)]
+    await until(lambda: held.in_flight == 2)
+    for _ in range(20):  # the other three stay queued however long the two take
+        await asyncio.sleep(0)
+    assert sandbox_calls(w) == 2
+    held.release.set()
+    await asyncio.gather(*syncs)
+    assert held.most == 2 and sandbox_calls(w) == 5
+    assert len(w.live()) == 5
+
+
+async def test_a_failed_sandbox_creation_gives_its_slot_back(tmp_path: Path) -> None:
+    w, held = bounded_world(tmp_path, 1)
+    held.release.set()
+    w.cri.fail_next("RunPodSandbox", CRIError("CNI failed", code="UNKNOWN"))
+    syncs = [asyncio.ensure_future(w.sync(pod("app", uid=f"u{i}"))) for i in range(3)]
+    await until(lambda: all(s.done() for s in syncs))
+    results = [s.result() for s in syncs]
+    assert sandbox_calls(w) == 3
+    assert [bool(r.waiting) for r in results] == [True, False, False]
+    assert len(w.live()) == 2
+
+
+async def test_a_container_restart_in_an_existing_sandbox_does_not_wait_for_the_bound(
+    tmp_path: Path,
+) -> None:
+    w, held = bounded_world(tmp_path, 1)
+    held.release.set()
+    old = pod("app", uid="old")
+    await w.sync(old)
+    held.release.clear()
+    new = asyncio.ensure_future(w.sync(pod("app", uid="new")))
+    await until(lambda: held.in_flight == 1)  # the only slot is taken
+    w.cri.exit_container(w.latest("app").id, 1)
+    await w.sync(old)  # restarts at once (the first restart has no back-off)
+    assert w.live() == ["app"] and w.latest("app").config.attempt == 1
+    held.release.set()
+    await new
+
+
+async def test_zero_means_no_bound_on_sandbox_creations(tmp_path: Path) -> None:
+    w, held = bounded_world(tmp_path, 0)
+    syncs = [asyncio.ensure_future(w.sync(pod("app", uid=f"u{i}"))) for i in range(5)]
+    await until(lambda: held.in_flight == 5)
+    held.release.set()
+    await asyncio.gather(*syncs)
+    assert len(w.live()) == 5

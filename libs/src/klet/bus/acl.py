@@ -39,7 +39,7 @@ service is ever given it (`klet up` passes each service its own user only)."""
 # still checked against the grants), SELECT when the URL names a database.
 CONNECTION_COMMANDS = ("ping", "multi", "exec", "discard", "select")
 
-TABLE_READ = ("hget", "hgetall")
+TABLE_READ = ("hget", "hmget", "hgetall")
 TABLE_WRITE = (*TABLE_READ, "hset", "hdel")
 STREAM_PUBLISH = ("xadd",)
 # A consumer group's bookkeeping is a write to the stream (XREADGROUP moves the group's

@@ -134,6 +134,11 @@ class BusAuth(Protocol):
     def key_file(self) -> Path | None: ...
 
 
+MAX_CONNECTIONS = 32
+"""Connections one process keeps to Redis at most; more concurrent calls wait their
+turn. A service has a few long blocking reads (stream consumers) and short calls."""
+
+
 class Bus:
     """All of one node's keys in one Redis."""
 
@@ -166,15 +171,21 @@ class Bus:
                     options["ssl_certfile"] = str(auth.cert_file)
                 if auth.key_file is not None:
                     options["ssl_keyfile"] = str(auth.key_file)
-        client = aioredis.Redis.from_url(
+        # A blocking pool: a burst of concurrent calls (110 pod workers woken at once,
+        # each reading a table) waits up to `timeout_s` for a free connection, where
+        # redis-py's default pool fails every call past its 100th with "Too many
+        # connections".
+        pool = aioredis.BlockingConnectionPool.from_url(
             url,
+            max_connections=MAX_CONNECTIONS,
+            timeout=timeout_s,
             decode_responses=True,
             socket_timeout=timeout_s,
             socket_connect_timeout=timeout_s,
             health_check_interval=10,
             **options,
         )
-        return cls(client, node)
+        return cls(aioredis.Redis.from_pool(pool), node)
 
     def key(self, name: str) -> str:
         return f"klet:{self.node}:{name}"
@@ -333,6 +344,21 @@ class Table(Generic[R]):
             raw = await self.bus.client.hget(self.key, key)
         except (RedisError, OSError) as err:
             raise _wrap(err) from err
+        return self._decode(key, raw)
+
+    async def get_many(self, keys: Sequence[str]) -> dict[str, R | None]:
+        """The records of `keys` in one round trip (HMGET): None for a missing or
+        undecodable one, as `get`. A burst of changes costs one read, not one each."""
+        unique = list(dict.fromkeys(keys))
+        if not unique:
+            return {}
+        try:
+            raws = await self.bus.client.hmget(self.key, unique)
+        except (RedisError, OSError) as err:
+            raise _wrap(err) from err
+        return {key: self._decode(key, raw) for key, raw in zip(unique, raws, strict=True)}
+
+    def _decode(self, key: str, raw: str | bytes | None) -> R | None:
         if raw is None:
             return None
         try:

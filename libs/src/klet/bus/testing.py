@@ -201,6 +201,14 @@ class FakeTable(Table[R]):
         raw = self.fake.hashes.get(self.key, {}).get(key)
         return None if raw is None else _decode(self.record_type, raw)
 
+    async def get_many(self, keys: Sequence[str]) -> dict[str, R | None]:
+        self.fake.check("get_many")
+        rows = self.fake.hashes.get(self.key, {})
+        return {
+            key: None if (raw := rows.get(key)) is None else _decode(self.record_type, raw)
+            for key in dict.fromkeys(keys)
+        }
+
     async def all(self) -> dict[str, R]:
         self.fake.check("all")
         return self.fake.rows(self)

@@ -5,7 +5,8 @@ A manager (state + two loops) around the pure rules in `listing.py`:
 - the **consumer** tails the `podstatus` stream with plain XREAD, from its own cursor
   (no consumer group): every replica sees every entry, and none takes an entry away
   from another. Each entry names a pod whose status changed, and the pod's current
-  `status` and `desired` entries are fetched by UID and applied; the stream is only a
+  `status` and `desired` entries are fetched by UID and applied (each batch read is
+  fetched in two HMGETs and the listeners told once); the stream is only a
   wake-up, the tables are the truth, so nothing is acknowledged and a malformed entry is
   logged and skipped. The cursor starts at the stream's newest entry and a full reload
   is asked for right after it was taken, so nothing published before is missed either;
@@ -60,6 +61,8 @@ class DesiredTable(Protocol):
 
     async def get(self, key: str) -> DesiredPod | None: ...
 
+    async def get_many(self, keys: Sequence[str]) -> dict[str, DesiredPod | None]: ...
+
     async def all(self) -> dict[str, DesiredPod]: ...
 
 
@@ -67,6 +70,8 @@ class StatusTable(Protocol):
     """The `status` table, as far as this service reads it."""
 
     async def get(self, key: str) -> PodStatusRecord | None: ...
+
+    async def get_many(self, keys: Sequence[str]) -> dict[str, PodStatusRecord | None]: ...
 
     async def all(self) -> dict[str, PodStatusRecord]: ...
 
@@ -231,15 +236,40 @@ class PodCache:
         entries = await self._feed.tail(
             self._cursor, count=self._policy.read_count, block_ms=self._policy.read_block_ms
         )
+        uids: list[PodUID] = []
         for entry in entries:
-            self._cursor = entry.id
-            await self._apply(entry)
+            if entry.record is None:
+                log.error(
+                    "bad podstatus entry, skipped",
+                    extra={"entry": entry.id, "error": entry.error},
+                )
+            else:
+                uids.append(entry.record.uid)
+        await self.refresh_pods(uids)
+        if entries:  # only once the batch is applied: a failed read takes a fresh cursor
+            self._cursor = entries[-1].id
         return len(entries)
 
     async def refresh_pod(self, uid: PodUID) -> None:
         """Fetch one pod's desired and status entries and apply them. Raises BusError."""
-        record = await self._status_table.get(uid)
-        desired = await self._desired_table.get(uid)
+        await self.refresh_pods([uid])
+
+    async def refresh_pods(self, uids: Sequence[PodUID]) -> None:
+        """Fetch the desired and status entries of `uids` (two round trips for the whole
+        batch: a burst of status changes is not read one pod after the other) and apply
+        them, then tell the listeners once. Raises BusError."""
+        unique = list(dict.fromkeys(uids))
+        if not unique:
+            return
+        records = await self._status_table.get_many(unique)
+        desireds = await self._desired_table.get_many(unique)
+        for uid in unique:
+            self._apply_pod(uid, records.get(uid), desireds.get(uid))
+        self._changed()
+
+    def _apply_pod(
+        self, uid: PodUID, record: PodStatusRecord | None, desired: DesiredPod | None
+    ) -> None:
         self._seq += 1
         self._refreshed_at[uid] = self._seq
         if desired is None:
@@ -259,7 +289,6 @@ class PodCache:
                 "dropped stale status",
                 extra={"uid": uid, "version": record.version, "have": current.version},
             )
-        self._changed()
 
     # -- loops ----------------------------------------------------------------------------
 
@@ -301,15 +330,6 @@ class PodCache:
                     await self._wake.wait()
 
     # -- internals ------------------------------------------------------------------------
-
-    async def _apply(self, entry: Entry[PodStatusChange]) -> None:
-        if entry.record is None:
-            log.error(
-                "bad podstatus entry, skipped",
-                extra={"entry": entry.id, "error": entry.error},
-            )
-            return
-        await self.refresh_pod(entry.record.uid)
 
     def _set_desired(self, desired: dict[PodUID, JSON]) -> None:
         """Replace the desired pods, remembering the spec of those that left."""

@@ -30,7 +30,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -239,16 +239,34 @@ class PodController:
 
     async def on_change(self, change: PodChange) -> None:
         """A `pods` stream entry: re-read that pod's desired entry."""
-        rec = await self.bus.desired.get(change.uid)
-        self.generation += 1
-        self._changed_at[change.uid] = self.generation
-        if rec is not None:
-            self.set_desired(change.uid, rec)
-        elif change.op in ("REMOVE", "DELETE"):
-            # A removal may be the first sign that the sources became ready; read them
-            # now rather than making the kill wait for the next table resync.
-            self.sources_ready = sources_ready(await self.bus.sources.all())
-            self._unset(change.uid)
+        await self.on_changes([change])
+
+    async def on_changes(self, changes: Sequence[PodChange]) -> None:
+        """A batch of `pods` stream entries, in stream order: the desired entries of
+        their pods are re-read in one round trip (a burst of 110 new pods is one HMGET,
+        not 110 reads one after the other before the last pod's worker is woken).
+
+        The read comes after every entry of the batch was written, so it is at least as
+        new as each of them; a pod named twice gets its latest record both times.
+        """
+        if not changes:
+            return
+        records = await self.bus.desired.get_many([c.uid for c in changes])
+        sources_read = False
+        for change in changes:
+            rec = records.get(change.uid)
+            self.generation += 1
+            self._changed_at[change.uid] = self.generation
+            if rec is not None:
+                self.set_desired(change.uid, rec)
+            elif change.op in ("REMOVE", "DELETE"):
+                # A removal may be the first sign that the sources became ready; read
+                # them now (once per batch) rather than making the kill wait for the
+                # next table resync.
+                if not sources_read:
+                    self.sources_ready = sources_ready(await self.bus.sources.all())
+                    sources_read = True
+                self._unset(change.uid)
 
     def set_desired(self, uid: str, rec: DesiredPod) -> None:
         """The record `uid` of the `desired` table, as read: taken if it passes the checks."""

@@ -14,6 +14,7 @@ import math
 import os
 import time
 from collections.abc import Callable
+from contextlib import AbstractAsyncContextManager, nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -82,6 +83,13 @@ class PodSyncer:
         self.objects = objects  # the apiserver's ConfigMaps and Secrets; None standalone
         self.volumes = volumes  # None: pods get no volumes (a syncer without a root dir)
         self.hooks = hooks
+        # Sandbox creations in flight, all pods together (see SyncSettings): a burst of
+        # new pods queues here in arrival order instead of thrashing the runtime.
+        self._sandbox_gate: AbstractAsyncContextManager[object] = (
+            asyncio.Semaphore(settings.parallel_sandbox_creations)
+            if settings.parallel_sandbox_creations > 0
+            else nullcontext()
+        )
         self.starter = ContainerStarter(
             cri=cri,
             puller=puller,
@@ -154,8 +162,9 @@ class PodSyncer:
                         "pod cgroup limits", extra={"pod": _name(pod), "problems": problems}
                     )
             try:
-                sandbox_id = await self.cri.run_pod_sandbox(sandbox_cfg)
-                pod_ip = (await self.cri.pod_sandbox_status(sandbox_id)).ip
+                async with self._sandbox_gate:
+                    sandbox_id = await self.cri.run_pod_sandbox(sandbox_cfg)
+                    pod_ip = (await self.cri.pod_sandbox_status(sandbox_id)).ip
             except CRIError as err:
                 return self._sandbox_failed(pod, result, err, now=now)
         else:
