@@ -68,7 +68,7 @@ class World:
             wake=self.woken.append,
             observer=self.observer,
             backoff=BackoffPolicy(initial_s=0.1, max_s=0.4),
-            settle=SettleSettings(first_s=0.01, max_s=0.1),
+            settle=SettleSettings(first_s=0.01, growth=2, max_s=0.1),
             sleep=self.sleep,
         )
 
@@ -110,12 +110,26 @@ def w() -> World:
     return World()
 
 
-def test_settle_delays_double_up_to_the_step_within_the_bound() -> None:
-    assert settle_delays(SettleSettings(first_s=0.01, max_s=0.1)) == pytest.approx(
+def test_settle_delays_grow_up_to_the_step_within_the_bound() -> None:
+    assert settle_delays(SettleSettings(first_s=0.01, growth=2, max_s=0.1)) == pytest.approx(
         [0.01, 0.02, 0.04]
     )
-    assert settle_delays(SettleSettings(first_s=0.1, step_max_s=0.3, max_s=1.0)) == (
+    assert settle_delays(SettleSettings(first_s=0.1, growth=2, step_max_s=0.3, max_s=1.0)) == (
         pytest.approx([0.1, 0.2, 0.3, 0.3])
+    )
+    # the default grows by a quarter: no poll comes more than a quarter late
+    delays = settle_delays(SettleSettings(max_s=0.05))
+    assert delays == pytest.approx(
+        [
+            0.002,
+            0.0025,
+            0.003125,
+            0.00390625,
+            0.0048828125,
+            0.006103515625,
+            0.00762939453125,
+            0.0095367431640625,
+        ]
     )
     assert settle_delays(SettleSettings(first_s=0.0, max_s=1.0)) == []
     assert settle_delays(SettleSettings(first_s=2.0, max_s=1.0)) == []

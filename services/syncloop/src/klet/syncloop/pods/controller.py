@@ -368,7 +368,7 @@ class PodController:
                 state.terminal = (verdict.reason, verdict.status_message)
                 self.events.emit(pod, "Warning", verdict.reason, verdict.message)
         if not (deleting or state.terminating):
-            return await self.sync_pod(uid, pod, current, deadline)
+            return await self.sync_pod(uid, state, pod, current, deadline)
         stopped = await self.sync_terminating_pod(
             uid, state, pod, current, deleting=deleting, now=now
         )
@@ -377,29 +377,41 @@ class PodController:
         return Outcome()
 
     async def sync_pod(
-        self, uid: str, pod: JSON, current: RuntimePod, deadline: float | None
+        self, uid: str, state: PodSyncState, pod: JSON, current: RuntimePod, deadline: float | None
     ) -> Outcome:
-        """upstream SyncPod: bring the runtime to the spec and publish the pod's status;
-        the outcome says when to sync again (a back-off ending, the active deadline)."""
+        """upstream SyncPod: publish the pod's status as the runtime shows it, bring the
+        runtime to the spec and publish again; the outcome says when to sync again (a
+        back-off ending, the active deadline).
+
+        As upstream, the status goes out before the sync acts: a dead container shows
+        terminated (and the pod not ready) at once, not only after its restart. The
+        waiting reasons the last sync found stand in for the ones this sync finds."""
+        self._update_probes(pod, current, deleting=False)
+        self._publish(uid, pod, self._pod_status(uid, pod, current, state.waiting))
         result = await self.syncer.sync(pod, current, probes=self.probes)
+        state.waiting = dict(result.waiting)
         if result.acted:
             current = await self.runtime.get(uid)
-        self._update_probes(pod, current, deleting=False)
-        status = compute_pod_status(
+            self._update_probes(pod, current, deleting=False)
+        self._publish(uid, pod, self._pod_status(uid, pod, current, result.waiting))
+        if deadline is None:  # the sandbox may have been created by this very sync
+            deadline = active_deadline(pod, current)
+        wake = [t for t in (result.wake_at, deadline) if t is not None]
+        return Outcome(wake_at=min(wake) if wake else None)
+
+    def _pod_status(
+        self, uid: str, pod: JSON, current: RuntimePod, waiting: dict[str, tuple[str, str]]
+    ) -> JSON:
+        return compute_pod_status(
             pod,
             current,
             probes=self.probes,
-            waiting=result.waiting,
+            waiting=waiting,
             previous=self.publisher.get(uid),
             now=self.clock(),
             runtime_type=self.runtime_type,
             host_ip=self.host_ip,
         )
-        self._publish(uid, pod, status)
-        if deadline is None:  # the sandbox may have been created by this very sync
-            deadline = active_deadline(pod, current)
-        wake = [t for t in (result.wake_at, deadline) if t is not None]
-        return Outcome(wake_at=min(wake) if wake else None)
 
     async def sync_terminating_pod(
         self,
@@ -525,9 +537,7 @@ class PodController:
             if u != uid
             and (state := self.pods.get(u)) is not None
             and state.desired is not None
-            and ledger.counts(
-                u, status=self.publisher.get(u), terminal=state.terminal is not None
-            )
+            and ledger.counts(u, status=self.publisher.get(u), terminal=state.terminal is not None)
         ]
         pressure = await self.pressure.conditions() if self.pressure is not None else ()
         verdict = ledger.decide(uid, pod, others=others, pressure=pressure)

@@ -43,6 +43,9 @@ class PodSyncState:
     evicted: str | None = None  # the eviction message (a DisruptionTarget condition)
     restored: bool = False  # the terminal state published before a restart was read back
     released: bool = False  # terminated: its volumes were torn down
+    waiting: dict[str, tuple[str, str]] = field(default_factory=dict)
+    """Why each container the last sync could not start waits (upstream's reasonCache):
+    the status published before the next sync acts shows them."""
 
     @property
     def terminating(self) -> bool:
