@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -197,12 +198,20 @@ class Clock:
         return self.t
 
 
-async def until(done: Callable[[], bool], steps: int = 1000) -> None:
-    """Yield to the running tasks, step by step (no time passes), until `done()` holds."""
+async def until(done: Callable[[], bool], steps: int = 1000, *, bound_s: float = 10.0) -> None:
+    """Yield to the running tasks, step by step, until `done()` holds: first `steps`
+    times with no time passing, then every millisecond up to `bound_s`, for what runs
+    in threads (a pod's directories are made with `asyncio.to_thread`), which a busy
+    machine may not schedule within any number of event-loop steps."""
     for _ in range(steps):
         if done():
             return
         await asyncio.sleep(0)
+    deadline = time.monotonic() + bound_s
+    while time.monotonic() < deadline:
+        if done():
+            return
+        await asyncio.sleep(0.001)
     pytest.fail("the condition never held")
 
 

@@ -22,7 +22,7 @@ from klet.bus.testing import FakeBus
 from klet.cri.testing import FakeRuntimeService
 from klet.cri.types import ContainerState, SandboxState
 from klet.model.records import DesiredPod, PodChange, SourceState
-from klet.model.types import PodUID
+from klet.model.types import JSON, PodUID
 from klet.syncloop.pods import podspec
 from klet.syncloop.pods.runtimepod import RuntimePod
 
@@ -196,6 +196,55 @@ async def test_a_removed_pod_takes_its_crash_loop_back_off_along(w: World) -> No
     assert w.syncer.backoff.delay(key, w.clock()) == 0.0
 
 
+def record_published(w: World) -> list[JSON]:
+    """Every status the controller hands the publisher that changed, in order."""
+    published: list[JSON] = []
+    publisher = w.controller.publisher
+    set_status = publisher.set
+
+    def recording(
+        uid: str, namespace: str, name: str, status: JSON, *, terminated: bool = False
+    ) -> bool:
+        changed = set_status(uid, namespace, name, status, terminated=terminated)
+        if changed:
+            published.append(status)
+        return changed
+
+    publisher.set = recording  # type: ignore[method-assign]
+    return published
+
+
+def state_of(status: JSON) -> tuple[str, int, bool]:
+    [cs] = status["containerStatuses"]
+    return next(iter(cs["state"])), cs["restartCount"], cs["ready"]
+
+
+async def test_a_death_is_published_before_the_restart_and_a_back_off_does_not_flap(
+    w: World,
+) -> None:
+    w.controller.apply_desired({"u1": desired()}, READY, read_from=w.controller.generation)
+    await w.controller.sync_once("u1")
+    published = record_published(w)
+    [cid] = list(w.cri.containers)
+    w.cri.exit_container(cid, 1)
+    await w.controller.sync_once("u1")  # restarted at once (no back-off the first time)
+    assert [state_of(s) for s in published] == [("terminated", 0, False), ("running", 1, True)]
+    ready = {c["type"]: c["status"] for c in published[0]["conditions"]}["Ready"]
+    assert ready == "False"
+    published.clear()
+    [cid] = [c.id for c in w.cri.containers.values() if c.state == ContainerState.RUNNING]
+    w.cri.exit_container(cid, 1)
+    await w.controller.sync_once("u1")  # dead again: its restart waits 10 s
+    assert [state_of(s) for s in published] == [("terminated", 1, False), ("waiting", 1, False)]
+    published.clear()
+    w.clock.t += 5  # a sync inside the back-off: the reason the last sync found stands
+    await w.controller.sync_once("u1")
+    assert published == []
+    w.clock.t += 6
+    await w.controller.sync_once("u1")
+    assert [state_of(s) for s in published] == [("running", 2, True)]
+
+
 async def test_kill_pod_of_an_unknown_pod(w: World) -> None:
     assert await w.controller.kill_pod(PodUID("nobody"), None, "Evicted", "") is False
     assert w.workers.woken == [] and w.controller.pods == {}
@@ -270,9 +319,7 @@ async def test_a_pod_failed_before_a_restart_is_not_started_again(w: World) -> N
         "phase": "Failed",
         "reason": "Evicted",
         "message": "The node was low on resource: memory.",
-        "conditions": [
-            {"type": "DisruptionTarget", "status": "True", "message": "low on memory"}
-        ],
+        "conditions": [{"type": "DisruptionTarget", "status": "True", "message": "low on memory"}],
     }
     asked: list[str] = []
 

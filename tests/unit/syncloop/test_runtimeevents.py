@@ -1,9 +1,11 @@
 """The evented PLEG (pods/runtimeevents.py) against FakeRuntimeService and FakeRuntimeEvents.
 
 Covers: what each event calls for (`action_for`); an open subscription switches the
-relister to its long period and owes one full relist; an exit wakes the pod's worker
-only once CRI shows the container stopped (polled with growing delays, bounded), then
-refreshes that pod alone with label-selected lists; the delete that follows a seen exit
+relister to its long period and owes one full relist; an exit with its status is noted
+(the pod adapter reads the container as exited, OOMKilled after an OOM event) and wakes
+the pod's worker at once, and again once CRI shows the container stopped (polled with
+growing delays, bounded), when the notice is dropped and that pod alone is refreshed
+with label-selected lists; the delete that follows a seen exit
 and an OOM kill wake nobody; a start wakes at once; an event about an object the last
 relist did not know is resolved through ContainerStatus or PodSandboxStatus, and one
 that is not ours is dropped and looked up once; a dropped stream puts the relister
@@ -24,6 +26,7 @@ from klet.cri.types import ContainerConfig, ContainerState, EventKind, RuntimeEv
 from klet.model.flowcontrol import BackoffPolicy
 from klet.model.types import ContainerID, SandboxID
 from klet.syncloop.pods.relisting import Relister
+from klet.syncloop.pods.runtime import ExitNotices, PodRuntime
 from klet.syncloop.pods.runtimeevents import (
     Action,
     EventWatcher,
@@ -78,7 +81,9 @@ class World:
         if self.on_sleep:
             action = self.on_sleep.pop(0)
             if callable(action):
-                action()
+                result = action()
+                if asyncio.iscoroutine(result):
+                    await result
 
     async def pod(self, uid: str, *, labelled: bool = True) -> tuple[SandboxID, ContainerID]:
         labels = {L.POD_UID: uid} if labelled else {}
@@ -160,24 +165,33 @@ async def test_subscribing_switches_to_the_long_period_and_owes_a_relist(w: Worl
         assert w.observer.log == ["subscribed containerd"]
 
 
-async def test_an_exit_wakes_the_pod_once_cri_shows_it_and_relists_that_pod_only(
-    w: World,
-) -> None:
+async def test_an_exit_wakes_the_pod_at_once_and_again_once_cri_shows_it(w: World) -> None:
     _sid, cid = await w.pod("a")
     await w.pod("b")
     await w.relister.relist_once()
     w.cri.calls.clear()
     w.woken.clear()
+    runtime = PodRuntime(w.cri, w.watcher.notices)
+    seen: list[tuple[list[str], ContainerState, int]] = []
+
+    async def look() -> None:  # what a worker woken before CRI's record reads
+        c = (await runtime.get("a")).containers[0]
+        seen.append((list(w.woken), c.state, c.exit_code))
+
     # containerd announces the exit before its CRI plugin records it: the container
-    # still reads RUNNING for two polls.
-    w.on_sleep = [None, lambda: w.cri.exit_container(cid, 137)]
+    # still reads RUNNING for two polls, while the notice already counts.
+    w.on_sleep = [look, lambda: w.cri.exit_container(cid, 137)]
     async with running(w.watcher.run()):
         await w.subscribed()
-        w.events.push(EventKind.EXITED, cid, exit_status=137)
-        await until(lambda: w.woken == ["a"] and not w.watcher._tasks)
+        w.events.push(EventKind.EXITED, cid, exit_status=137, at=1_700_000_000.5)
+        await until(lambda: w.woken == ["a", "a"] and not w.watcher._tasks)
+    assert seen == [(["a"], ContainerState.EXITED, 137)]
+    assert cid not in w.watcher.notices  # CRI's record stands from now on
     assert w.slept == pytest.approx([0.01, 0.02])
-    assert [c for c in w.cri.calls if c[0] == "ContainerStatus"] == [("ContainerStatus", cid)] * 3
-    assert w.list_calls() == [
+    assert [c for c in w.cri.calls_of("ContainerStatus") if c[1] == cid][-3:] == [
+        ("ContainerStatus", cid)
+    ] * 3
+    assert w.list_calls()[-2:] == [
         ("ListPodSandbox", f"{L.POD_UID}=a"),
         ("ListContainers", f"{L.POD_UID}=a"),
     ]
@@ -185,6 +199,42 @@ async def test_an_exit_wakes_the_pod_once_cri_shows_it_and_relists_that_pod_only
     w.woken.clear()
     await w.relister.relist_once()
     assert w.woken == []
+
+
+async def test_a_noticed_exit_reads_as_cri_will_record_it(w: World) -> None:
+    _sid, cid = await w.pod("a")
+    runtime = PodRuntime(w.cri, w.watcher.notices)
+    started = (await runtime.get("a")).containers[0]
+    assert started.state is ContainerState.RUNNING
+    at = started.started_at / 1e9 + 2.5
+    w.watcher.notices.add(cid, 0, at)
+    done = (await runtime.get("a")).containers[0]
+    assert (done.state, done.exit_code, done.reason) == (ContainerState.EXITED, 0, "")
+    assert done.finished_at == int(at * 1e9)
+    # an OOM kill seen before the exit gives CRI's reason
+    async with running(w.watcher.run()):
+        await w.subscribed()
+        w.events.push(EventKind.OOM, cid)
+        w.events.push(EventKind.EXITED, cid, exit_status=137, at=1_700_000_001.0)
+        await until(lambda: w.woken[:1] == ["a"])
+        killed = (await runtime.get("a")).containers[0]
+        assert (killed.state, killed.exit_code, killed.reason) == (
+            ContainerState.EXITED,
+            137,
+            "OOMKilled",
+        )
+        w.cri.exit_container(cid, 137, reason="OOMKilled")
+        await until(lambda: not w.watcher._tasks)
+    # once CRI records it, CRI's record is what is read (and cached)
+    assert (await runtime.get("a")).containers[0].reason == "OOMKilled"
+    assert cid not in w.watcher.notices
+
+
+def test_notices_are_bounded() -> None:
+    notices = ExitNotices(limit=2)
+    for i in range(3):
+        notices.add(f"c{i}", 1, 10.0)
+    assert "c0" not in notices and "c1" in notices and "c2" in notices
 
 
 async def test_exit_delete_and_oom_of_one_death_wake_the_worker_once(w: World) -> None:

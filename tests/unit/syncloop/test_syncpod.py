@@ -267,7 +267,9 @@ async def test_a_failed_sandbox_creation_gives_its_slot_back(tmp_path: Path) -> 
     await until(lambda: all(s.done() for s in syncs))
     results = [s.result() for s in syncs]
     assert sandbox_calls(w) == 3
-    assert [bool(r.waiting) for r in results] == [True, False, False]
+    # whichever sync reached the runtime first got the failure (their volume set-ups
+    # may finish in any order); the other two went on through the slot it gave back
+    assert sorted(bool(r.waiting) for r in results) == [False, False, True]
     assert len(w.live()) == 2
 
 

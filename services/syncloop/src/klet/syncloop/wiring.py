@@ -48,7 +48,7 @@ from klet.syncloop.events import BusEventSink, EventSink
 from klet.syncloop.metrics import Metrics, create_metrics
 from klet.syncloop.pods.controller import NodePressure, PodController, published_status
 from klet.syncloop.pods.relisting import Relister
-from klet.syncloop.pods.runtime import PodRuntime
+from klet.syncloop.pods.runtime import ExitNotices, PodRuntime
 from klet.syncloop.pods.runtimeevents import EventSource, EventWatcher
 from klet.syncloop.pods.statuspub import StatusPublisher
 from klet.syncloop.pods.syncpod import PodSyncer
@@ -198,7 +198,8 @@ def build_deps(settings: Settings, overrides: Overrides | None = None) -> Deps:
             node=NodeCredentials(Path(settings.klet.root_dir)), objects=objects
         ),
     )
-    runtime = PodRuntime(cri)
+    exits = ExitNotices()  # exits announced before CRI records them (runtimeevents.py)
+    runtime = PodRuntime(cri, exits)
     node_facts = NodeFacts(
         host_ips=(host_ip(settings),),
         cpu_count=os.cpu_count() or 1,
@@ -310,7 +311,12 @@ def build_deps(settings: Settings, overrides: Overrides | None = None) -> Deps:
         source = runtime_events
     watcher = (
         EventWatcher(
-            source, cri, relister, wake=controller.on_runtime_change, observer=metrics.pleg
+            source,
+            cri,
+            relister,
+            wake=controller.on_runtime_change,
+            observer=metrics.pleg,
+            exits=exits,
         )
         if source is not None
         else None
