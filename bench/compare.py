@@ -20,7 +20,8 @@ kubelet (klet, upstream, klet, upstream, ...), so machine noise hits both:
    ready again with restartCount + 1; manifest removed -> CRI lists no running container
    of the pod (*stopped*) -> CRI lists no container of it at all (*gone*);
 2. bursts (``COMPARE_BURSTS``, default 10,30,110): all manifests written at once,
-   per-pod and all Running+ready; all removed at once -> no running container.
+   per-pod and all Running+ready, and the CPU seconds the agent's processes used until
+   then; all removed at once -> no running container.
 
 Then, once per side: ``COMPARE_IDLE_PODS`` (110) pods started and left idle for
 ``COMPARE_IDLE_S`` (300) seconds while /proc is sampled every second (CPU in cores of
@@ -124,7 +125,7 @@ class Row:
     """One line of the table: a measurement's samples on both sides, in its unit."""
 
     label: str
-    unit: str  # "s", "cores", "MB", "count"
+    unit: str  # "s", "cores", "MB", "cpu-s" (CPU seconds), "count"
     klet: Sequence[float]
     upstream: Sequence[float]
     # For a value that is a distribution of its own (CPU p95 over the idle window), the
@@ -139,6 +140,8 @@ def _fmt(value: float, unit: str) -> str:
         return f"{value:.3f}"
     if unit == "MB":
         return f"{value:.0f} MB"
+    if unit == "cpu-s":
+        return f"{value:.1f} CPU-s"
     return f"{value:.0f}"
 
 
@@ -451,6 +454,7 @@ class Workloads:
     def __init__(self, runner: asyncio.Runner) -> None:
         self.runner = runner
         self.clients: dict[str, RuntimeClient] = {}
+        self.last_start_cpu_s = 0.0  # CPU seconds of the agent during the last start()
 
     def cri(self, agent: Agent) -> RuntimeClient:
         if agent.endpoint not in self.clients:
@@ -476,10 +480,12 @@ class Workloads:
             (agent.manifests / f"{n}.yaml").unlink()
 
     def start(self, agent: Agent, names: Sequence[str]) -> tuple[list[float], float]:
-        """Write all manifests at once; (per-pod seconds to Running+ready, all)."""
+        """Write all manifests at once; (per-pod seconds to Running+ready, all). The CPU
+        the agent's processes used meanwhile is left in ``last_start_cpu_s``."""
         fulls = {agent.full(n) for n in names}
         ready: dict[str, float] = {}
         poll_s = POLL_SINGLE_S if len(names) == 1 else POLL_BURST_S
+        before = agent.pids()
         t0 = time.perf_counter()
         self.write(agent, names)
 
@@ -492,7 +498,12 @@ class Workloads:
             return len(ready) == len(fulls)
 
         wait(all_ready, f"{agent.name}: {len(names)} pods Running", poll_s=poll_s)
-        return sorted(ready.values()), time.perf_counter() - t0
+        took = time.perf_counter() - t0
+        after = agent.pids()
+        # Processes that started or ended in between count only where both readings exist.
+        common = before.keys() & after.keys()
+        self.last_start_cpu_s = sum(after[p] - before[p] for p in common) / CLK_TCK
+        return sorted(ready.values()), took
 
     def stop(self, agent: Agent, names: Sequence[str], *, gone: bool
              ) -> tuple[float, float | None]:
@@ -672,10 +683,12 @@ def burst(w: Workloads, agent: Agent, names: Sequence[str], samples: Samples) ->
     per, total = w.start(agent, names)
     record(samples, f"burst{m}_per_pod", side, *per)
     record(samples, f"burst{m}_all", side, total)
+    record(samples, f"burst{m}_cpu", side, w.last_start_cpu_s)
     stopped, _ = w.stop(agent, names, gone=False)
     record(samples, f"burst{m}_stopped", side, stopped)
     print(f"  {side:<8} burst {m}: all running {total:.2f}s (median pod "
-          f"{percentile(per, 50):.2f}s); removed -> all stopped {stopped:.2f}s", flush=True)
+          f"{percentile(per, 50):.2f}s, agent CPU {w.last_start_cpu_s:.1f} s); removed -> "
+          f"all stopped {stopped:.2f}s", flush=True)
 
 
 def idle_and_restart(w: Workloads, agent: Agent, cfg: Config, samples: Samples) -> None:
@@ -722,6 +735,7 @@ def table_rows(samples: Samples, cfg: Config) -> list[Row]:
         rows += [
             row(f"burst {m}: per pod -> Running+ready", f"burst{m}_per_pod"),
             row(f"burst {m}: all Running+ready", f"burst{m}_all"),
+            row(f"burst {m}: agent CPU until all Running+ready", f"burst{m}_cpu", "cpu-s"),
             row(f"burst {m}: removed -> none running", f"burst{m}_stopped"),
         ]
     if cfg.idle_pods:

@@ -68,6 +68,7 @@ def test_row_cells_with_a_side_missing_or_a_zero_median() -> None:
     assert row_cells(Row("x", "count", [0.0], [0.0]))[-1] == "="
     assert row_cells(Row("x", "count", [2.0], [0.0]))[-1] == "inf"
     assert row_cells(Row("x", "MB", [512.4], [98.0]))[2] == "512 MB"
+    assert row_cells(Row("x", "cpu-s", [6.25], [2.5]))[2::2] == ["6.2 CPU-s", "2.5 CPU-s", "2.50x"]
 
 
 def test_markdown_table_has_a_header_a_rule_and_one_line_per_row() -> None:
