@@ -48,7 +48,6 @@ import logging
 import math
 import os
 import platform
-import shutil
 import signal
 import subprocess
 import sys
@@ -73,6 +72,7 @@ from klet.devstack.cni import CniNetwork, choose_subnet  # noqa: E402
 from klet.devstack.containerd import Containerd, unmount_under  # noqa: E402
 from klet.devstack.images import build, standard_images, write_oci_archive  # noqa: E402
 
+from bench import common  # noqa: E402
 from bench.run import MANIFEST, machine, make_client, pod_ready  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results" / "compare-latest.json"
@@ -817,26 +817,18 @@ def readme_section(res: dict[str, Any], rows: Sequence[Row]) -> str:
 
 
 def parse(argv: Sequence[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
-    p.add_argument("--keep", action="store_true", help="keep the run dir (logs, configs)")
+    p = common.parser(__doc__)
     p.add_argument("--readme", action="store_true",
                    help="write the table into bench/README.md between the compare markers")
-    p.add_argument("--output", type=Path, default=RESULTS, help=f"JSON results (default {RESULTS})")
+    common.add_keep_and_output(p, RESULTS, keep_help="keep the run dir (logs, configs)")
     return p.parse_args(argv)
-
-
-def _sigterm(signum: int, frame: object) -> None:
-    raise KeyboardInterrupt(f"signal {signum}")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse(argv)
-    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
-    if os.geteuid() != 0:
-        print("bench: must run as root (it starts containerd and the kubelet)", file=sys.stderr)
-        return 2
+    if (code := common.begin(root_for="it starts containerd and the kubelet")) is not None:
+        return code
     cfg = Config.from_env()
-    signal.signal(signal.SIGTERM, _sigterm)
     binary, kubelet_version = kubelet_binary()
     began = time.perf_counter()
     run_id = uuid.uuid4().hex[:6]
@@ -848,7 +840,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     agents: list[Agent] = []
     cgroups: list[Path] = []
     sysctls = read_sysctls()
-    load_before = [round(x, 2) for x in os.getloadavg()]
+    load_before = common.load()
     samples: Samples = {}
     failed: Exception | None = None
     version_text = "?"
@@ -882,11 +874,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         failed = err
         print(f"bench: FAILED: {err!r}", file=sys.stderr)
     finally:
-        signal.signal(signal.SIGINT, signal.SIG_IGN)
-        signal.signal(signal.SIGTERM, signal.SIG_IGN)
-        print("bench: cleaning up ...", flush=True)
-        cleanup(agents, w, stack, upstream_cd, cgroups, sysctls, run_dir, args.keep)
-        signal.signal(signal.SIGINT, signal.default_int_handler)
+        with common.cleaning_up():
+            cleanup(agents, w, stack, upstream_cd, cgroups, sysctls, run_dir, args.keep)
     res: dict[str, Any] = {
         "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
         "config": dataclasses.asdict(cfg),
@@ -895,15 +884,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         "runtime_version": version_text,
         "kubelet_version": kubelet_version,
         "load_before": load_before,
-        "load_after": [round(x, 2) for x in os.getloadavg()],
+        "load_after": common.load(),
         "samples": samples,
         "units": "seconds, cores, MB (10^6 bytes)",
         "error": repr(failed) if failed else None,
         "run_seconds": time.perf_counter() - began,
     }
     rows = table_rows(samples, cfg)
-    args.output.parent.mkdir(parents=True, exist_ok=True)
-    args.output.write_text(json.dumps(res, indent=2) + "\n")
+    common.write_results(args.output, res)
     print()
     print(text_table(rows))
     print(f"results: {args.output}")
@@ -917,7 +905,7 @@ def cleanup(agents: Sequence[Agent], w: Workloads, stack: DevStack,
             upstream_cd: Containerd | None, cgroups: Sequence[Path],
             sysctls: Mapping[str, str], run_dir: Path, keep: bool) -> None:
     """Every step is attempted even if an earlier one fails."""
-    steps: list[tuple[str, Callable[[], object]]] = []
+    steps: list[common.Step] = []
     for a in agents:
         steps.append((f"stop {a.name}", a.stop))
     for c in list(w.clients.values()):
@@ -929,20 +917,8 @@ def cleanup(agents: Sequence[Agent], w: Workloads, stack: DevStack,
     steps.append(("unmount under the run dir", lambda: unmount_under(run_dir)))
     steps.append(("remove the kubelet's cgroups", lambda: remove_cgroups(cgroups)))
     steps.append(("restore sysctls", lambda: restore_sysctls(sysctls)))
-    if not keep:
-        steps.append(("remove run dir", lambda: shutil.rmtree(run_dir, ignore_errors=True)))
-    for what, step in steps:
-        try:
-            step()
-        except Exception as err:  # noqa: BLE001 - report and go on with the rest
-            print(f"bench: clean-up step '{what}' failed: {err!r}", file=sys.stderr)
-    if keep:
-        print(f"bench: kept {run_dir}")
+    common.run_steps(steps, run_dir=run_dir, keep=keep)
 
 
 if __name__ == "__main__":
-    try:
-        sys.exit(main())
-    except KeyboardInterrupt as err:
-        print(f"bench: interrupted ({str(err) or 'Ctrl-C'}); clean-up ran", file=sys.stderr)
-        sys.exit(130)
+    common.entry(main)

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
-import json
 import logging
 import math
 import os
@@ -43,6 +42,7 @@ import asyncio  # noqa: E402
 from klet.cri import RuntimeClient  # noqa: E402
 from klet.devstack import BUSYBOX_IMAGE, DevStack  # noqa: E402
 
+from bench import common  # noqa: E402
 from bench.run import MANIFEST, cleanup, machine, make_client, remove_sandboxes  # noqa: E402
 from tests.harness.node import KletNode  # noqa: E402
 
@@ -166,37 +166,29 @@ def report(res: dict[str, Any]) -> str:
 
 
 def parse(argv: Sequence[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
+    p = common.parser(__doc__)
     p.add_argument("--rounds", type=int, default=20, help="pods killed per mode (default 20)")
     p.add_argument("--poll-ms", type=float, default=10.0, help="/pods poll period (default 10)")
     p.add_argument("--modes", default="evented,relist", help="comma-separated (default both)")
-    p.add_argument("--keep", action="store_true", help="keep the devstack dir (logs, configs)")
-    p.add_argument("--output", type=Path, default=RESULTS, help=f"JSON results (default {RESULTS})")
+    common.add_keep_and_output(p, RESULTS)
     return p.parse_args(argv)
-
-
-def _sigterm(signum: int, frame: object) -> None:
-    raise KeyboardInterrupt(f"signal {signum}")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse(argv)
-    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
-    if os.geteuid() != 0:
-        print("bench: must run as root (it starts containerd)", file=sys.stderr)
-        return 2
+    if (code := common.begin(root_for="it starts containerd")) is not None:
+        return code
     modes = [m for m in args.modes.split(",") if m]
     if unknown := [m for m in modes if m not in MODES]:
         print(f"bench: unknown mode(s) {unknown}; known: {list(MODES)}", file=sys.stderr)
         return 2
-    signal.signal(signal.SIGTERM, _sigterm)
     run_id = uuid.uuid4().hex[:6]
     run_dir = Path(tempfile.mkdtemp(prefix="klet-", dir="/tmp"))
     stack = DevStack(run_dir)
     runner = asyncio.Runner()
     cri: RuntimeClient | None = None
     res: dict[str, Any] = {}
-    load_before = [round(x, 2) for x in os.getloadavg()]
+    load_before = common.load()
     try:
         print(f"bench: devstack in {run_dir} ...", flush=True)
         stack.start()
@@ -220,19 +212,15 @@ def main(argv: Sequence[str] | None = None) -> int:
             "runtime": f"{version.runtime_name} {version.runtime_version}",
             "machine": machine(),
             "load_before": load_before,
-            "load_after": [round(x, 2) for x in os.getloadavg()],
+            "load_after": common.load(),
             "modes": results,
             "units": "seconds",
         }
     finally:
-        signal.signal(signal.SIGINT, signal.SIG_IGN)
-        signal.signal(signal.SIGTERM, signal.SIG_IGN)
-        print("bench: cleaning up ...", flush=True)
-        # the nodes' sandboxes went with their modes (cleanup_node): no node name here
-        cleanup(stack, runner, cri, None, run_id, "", run_dir, args.keep)
-        signal.signal(signal.SIGINT, signal.default_int_handler)
-    args.output.parent.mkdir(parents=True, exist_ok=True)
-    args.output.write_text(json.dumps(res, indent=2) + "\n")
+        with common.cleaning_up():
+            # the nodes' sandboxes went with their modes (cleanup_node): no node name here
+            cleanup(stack, runner, cri, None, run_id, "", run_dir, args.keep)
+    common.write_results(args.output, res)
     print(report(res))
     print(f"results: {args.output}")
     return 0
@@ -247,8 +235,4 @@ def cleanup_node(stack: DevStack, runner: asyncio.Runner, cri: RuntimeClient | N
 
 
 if __name__ == "__main__":
-    try:
-        sys.exit(main())
-    except KeyboardInterrupt as err:
-        print(f"bench: interrupted ({str(err) or 'Ctrl-C'}); clean-up ran", file=sys.stderr)
-        sys.exit(130)
+    common.entry(main)

@@ -33,11 +33,8 @@ import argparse
 import asyncio
 import datetime as dt
 import functools
-import json
-import logging
 import os
 import random
-import signal
 import sys
 import tempfile
 import time
@@ -60,6 +57,7 @@ from klet.cri.types import ContainerState  # noqa: E402
 from klet.devstack import BUSYBOX_IMAGE, DevStack, ManagedProcess, free_port  # noqa: E402
 from klet.model.types import ContainerID  # noqa: E402
 
+from bench import common  # noqa: E402
 from bench.run import MANIFEST, cleanup, machine, make_client, summary  # noqa: E402
 from tests.harness.node import (  # noqa: E402
     RELISTS,
@@ -404,18 +402,13 @@ def report(res: dict[str, Any]) -> str:
 
 
 def parse(argv: Sequence[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
+    p = common.parser(__doc__)
     p.add_argument("--rounds", type=int, default=int(os.environ.get("FAILOVER_ROUNDS", "5")),
                    help="failovers per service (default $FAILOVER_ROUNDS or 5)")
     p.add_argument("--services", nargs="+", choices=SERVICES, default=list(SERVICES),
                    help="services to fail over (default all)")
-    p.add_argument("--keep", action="store_true", help="keep the run dir (service logs)")
-    p.add_argument("--output", type=Path, default=RESULTS, help=f"JSON results (default {RESULTS})")
+    common.add_keep_and_output(p, RESULTS, keep_help="keep the run dir (service logs)")
     return p.parse_args(argv)
-
-
-def _sigterm(signum: int, frame: object) -> None:
-    raise KeyboardInterrupt(f"signal {signum}")
 
 
 async def admin_bus(node: KletNode) -> Bus:
@@ -424,11 +417,8 @@ async def admin_bus(node: KletNode) -> Bus:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse(argv)
-    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
-    if os.geteuid() != 0:
-        print("bench: must run as root (it starts containerd)", file=sys.stderr)
-        return 2
-    signal.signal(signal.SIGTERM, _sigterm)
+    if (code := common.begin(root_for="it starts containerd")) is not None:
+        return code
     began = time.perf_counter()
     run_id = uuid.uuid4().hex[:8]
     node_name = f"failover{run_id}"
@@ -438,7 +428,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     cri: RuntimeClient | None = None
     node: KletNode | None = None
     bench: Failover | None = None
-    load_before = [round(x, 2) for x in os.getloadavg()]
+    load_before = common.load()
     results: dict[str, Result] = {}
     try:
         print(f"bench: devstack in {run_dir} ...", flush=True)
@@ -459,15 +449,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"bench: {service}, {args.rounds} failovers ...", flush=True)
             results[service] = bench.service(service, args.rounds)
     finally:
-        signal.signal(signal.SIGINT, signal.SIG_IGN)
-        signal.signal(signal.SIGTERM, signal.SIG_IGN)
-        print("bench: cleaning up ...", flush=True)
-        if bench is not None:
-            for replica in bench.extra:
-                replica.proc.stop()
-            runner.run(bench.bus.close())
-        cleanup(stack, runner, cri, node, run_id, node_name, run_dir, args.keep)
-        signal.signal(signal.SIGINT, signal.default_int_handler)
+        with common.cleaning_up():
+            if bench is not None:
+                for replica in bench.extra:
+                    replica.proc.stop()
+                runner.run(bench.bus.close())
+            cleanup(stack, runner, cri, node, run_id, node_name, run_dir, args.keep)
 
     res = {
         "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
@@ -475,22 +462,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         "poll_interval_s": POLL_S,
         "machine": machine(),
         "load_before": load_before,
-        "load_after": [round(x, 2) for x in os.getloadavg()],
+        "load_after": common.load(),
         "services": {s: summarize(r) for s, r in results.items()},
         "run_seconds": time.perf_counter() - began,
         "units": "seconds",
     }
-    args.output.parent.mkdir(parents=True, exist_ok=True)
-    args.output.write_text(json.dumps(res, indent=2) + "\n")
+    common.write_results(args.output, res)
     print(report(res))
     print(f"results: {args.output}")
     return 1 if any(r.error for r in results.values()) else 0
 
 
 if __name__ == "__main__":
-    try:
-        sys.exit(main())
-    except KeyboardInterrupt as err:
-        print(f"bench: interrupted ({str(err) or 'Ctrl-C'}); clean-up ran (failed steps, if any, "
-              "are reported above)", file=sys.stderr)
-        sys.exit(130)
+    common.entry(main)

@@ -25,11 +25,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import datetime as dt
-import json
 import logging
-import os
-import shutil
-import signal
 import sys
 import tempfile
 import time
@@ -55,6 +51,7 @@ from klet.image_gc.imagegc import ImageGCManager  # noqa: E402
 from klet.image_gc.imageselect import FsUsage, ImageGCPolicy  # noqa: E402
 from klet.model.records import ImageUseRecord  # noqa: E402
 
+from bench import common  # noqa: E402
 from bench.run import machine, summary  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results" / "gc-latest.json"
@@ -391,7 +388,7 @@ def report(res: dict[str, Any]) -> str:
 
 
 def parse(argv: Sequence[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
+    p = common.parser(__doc__)
     p.add_argument("--pods", type=int, default=100, help="pods of the fake node (default 100)")
     p.add_argument("--dead", type=int, default=5, help="dead instances per pod (default 5)")
     p.add_argument("--images", type=int, default=200, help="images of the fake node (default 200)")
@@ -405,28 +402,21 @@ def parse(argv: Sequence[str] | None) -> argparse.Namespace:
     )
     p.add_argument("--real-runs", type=int, default=3, help="real passes (default 3)")
     p.add_argument("--no-real", action="store_true", help="skip real containerd (no root needed)")
-    p.add_argument("--keep", action="store_true", help="keep the devstack dir")
-    p.add_argument("--output", type=Path, default=RESULTS, help=f"JSON results (default {RESULTS})")
+    common.add_keep_and_output(p, RESULTS)
     return p.parse_args(argv)
-
-
-def _sigterm(signum: int, frame: object) -> None:
-    raise KeyboardInterrupt(f"signal {signum}")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse(argv)
-    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
-    if not args.no_real and os.geteuid() != 0:
-        print("bench: the real containerd part needs root (or pass --no-real)", file=sys.stderr)
-        return 2
-    signal.signal(signal.SIGTERM, _sigterm)
+    root_for = None if args.no_real else "the real containerd part; or pass --no-real"
+    if (code := common.begin(root_for=root_for)) is not None:
+        return code
     began = time.perf_counter()
     run_id = uuid.uuid4().hex[:6]
     fake = Shape(args.pods, args.dead, args.images)
     real = Shape(args.real_pods, args.real_dead)
     tmp = Path(tempfile.mkdtemp(prefix="klet-gc-", dir="/tmp"))
-    load_before = [round(x, 2) for x in os.getloadavg()]
+    load_before = common.load()
     m: dict[str, Any] = {}
     stack: DevStack | None = None
     try:
@@ -445,19 +435,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                 bench_real_pass(stack.runtime_endpoint, real, args.real_runs, tmp, run_id)
             )
     finally:
-        signal.signal(signal.SIGINT, signal.SIG_IGN)
-        signal.signal(signal.SIGTERM, signal.SIG_IGN)
-        print("bench: cleaning up ...", flush=True)
-        if stack is not None:
-            try:
-                stack.stop()
-            except Exception as err:  # noqa: BLE001 - report and go on with the rest
-                print(f"bench: stopping the devstack failed: {err!r}", file=sys.stderr)
-        if args.keep:
-            print(f"bench: kept {tmp}")
-        else:
-            shutil.rmtree(tmp, ignore_errors=True)
-        signal.signal(signal.SIGINT, signal.default_int_handler)
+        with common.cleaning_up():
+            steps = [("stop devstack", stack.stop)] if stack is not None else []
+            common.run_steps(steps, run_dir=tmp, keep=args.keep)
 
     res = {
         "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
@@ -465,21 +445,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         "real_shape": {**vars(real), "dead_total": real.dead_total},
         "machine": machine(),
         "load_before": load_before,
-        "load_after": [round(x, 2) for x in os.getloadavg()],
+        "load_after": common.load(),
         "measurements": m,
         "run_seconds": time.perf_counter() - began,
         "units": "seconds",
     }
-    args.output.parent.mkdir(parents=True, exist_ok=True)
-    args.output.write_text(json.dumps(res, indent=2) + "\n")
+    common.write_results(args.output, res)
     print(report(res))
     print(f"results: {args.output}")
     return 0
 
 
 if __name__ == "__main__":
-    try:
-        sys.exit(main())
-    except KeyboardInterrupt as err:
-        print(f"bench: interrupted ({str(err) or 'Ctrl-C'}); clean-up ran", file=sys.stderr)
-        sys.exit(130)
+    common.entry(main)

@@ -27,12 +27,9 @@ import asyncio
 import contextlib
 import datetime as dt
 import functools
-import json
 import logging
 import os
 import platform
-import shutil
-import signal
 import statistics
 import subprocess
 import sys
@@ -53,6 +50,7 @@ from klet.cri.errors import CRIError  # noqa: E402
 from klet.cri.types import ContainerConfig, SandboxConfig  # noqa: E402
 from klet.devstack import BUSYBOX_IMAGE, DevStack  # noqa: E402
 
+from bench import common  # noqa: E402
 from tests.harness.node import KletNode  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results" / "latest.json"
@@ -408,7 +406,7 @@ def report(res: dict[str, Any]) -> str:
 
 
 def parse(argv: Sequence[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
+    p = common.parser(__doc__)
     p.add_argument("--pods", type=int, default=10, help="pods measured one at a time (default 10)")
     p.add_argument("--burst", type=int, default=10, help="pods written at once (default 10)")
     p.add_argument("--floor-parallel", type=int, default=8,
@@ -416,22 +414,14 @@ def parse(argv: Sequence[str] | None) -> argparse.Namespace:
                    "creations in flight, as syncloop does (default 8; 0 skips it)")
     p.add_argument("--warmup", type=int, default=1,
                    help="untimed pods before each sequential series (default 1)")
-    p.add_argument("--keep", action="store_true", help="keep the devstack dir (logs, configs)")
-    p.add_argument("--output", type=Path, default=RESULTS, help=f"JSON results (default {RESULTS})")
+    common.add_keep_and_output(p, RESULTS)
     return p.parse_args(argv)
-
-
-def _sigterm(signum: int, frame: object) -> None:
-    raise KeyboardInterrupt(f"signal {signum}")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse(argv)
-    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
-    if os.geteuid() != 0:
-        print("bench: must run as root (it starts containerd)", file=sys.stderr)
-        return 2
-    signal.signal(signal.SIGTERM, _sigterm)
+    if (code := common.begin(root_for="it starts containerd")) is not None:
+        return code
 
     began = time.perf_counter()
     run_id = uuid.uuid4().hex[:8]
@@ -441,7 +431,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     runner = asyncio.Runner()
     cri: RuntimeClient | None = None
     node: KletNode | None = None
-    load_before = [round(x, 2) for x in os.getloadavg()]
+    load_before = common.load()
     m: dict[str, Any] = {}
     res: dict[str, Any] = {}
     try:
@@ -495,7 +485,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             "runtime_version": f"{version.runtime_name} {version.runtime_version}",
             "machine": machine(),
             "load_before": load_before,
-            "load_after": [round(x, 2) for x in os.getloadavg()],
+            "load_after": common.load(),
             "devstack_seconds": stack.start_seconds or 0.0,
             "measurements": m,
             "ratios": {
@@ -508,15 +498,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         }
     finally:
         # A second Ctrl-C must not leave containerd and sandboxes behind.
-        signal.signal(signal.SIGINT, signal.SIG_IGN)
-        signal.signal(signal.SIGTERM, signal.SIG_IGN)
-        print("bench: cleaning up ...", flush=True)
-        cleanup(stack, runner, cri, node, run_id, node_name, run_dir, args.keep)
-        signal.signal(signal.SIGINT, signal.default_int_handler)
+        with common.cleaning_up():
+            cleanup(stack, runner, cri, node, run_id, node_name, run_dir, args.keep)
 
     res["run_seconds"] = time.perf_counter() - began
-    args.output.parent.mkdir(parents=True, exist_ok=True)
-    args.output.write_text(json.dumps(res, indent=2) + "\n")
+    common.write_results(args.output, res)
     print(report(res))
     print(f"results: {args.output}")
     return 0
@@ -526,7 +512,7 @@ def cleanup(stack: DevStack, runner: asyncio.Runner, cri: RuntimeClient | None,
             node: KletNode | None, run_id: str, node_name: str, run_dir: Path,
             keep: bool) -> None:
     """Every step is attempted even if an earlier one fails."""
-    steps: list[tuple[str, Callable[[], object]]] = []
+    steps: list[common.Step] = []
     if node is not None:
         steps.append(("stop klet node", node.stop))
     if cri is not None and stack.containerd is not None:
@@ -535,21 +521,8 @@ def cleanup(stack: DevStack, runner: asyncio.Runner, cri: RuntimeClient | None,
         steps.append(("close CRI client", lambda: runner.run(cri.close())))
     steps.append(("close event loop", runner.close))
     steps.append(("stop devstack", stack.stop))
-    if not keep:
-        steps.append(("remove run dir", lambda: shutil.rmtree(run_dir, ignore_errors=True)))
-    for what, step in steps:
-        try:
-            step()
-        except Exception as err:  # noqa: BLE001 - report and go on with the rest
-            print(f"bench: clean-up step '{what}' failed: {err!r}", file=sys.stderr)
-    if keep:
-        print(f"bench: kept {run_dir}")
+    common.run_steps(steps, run_dir=run_dir, keep=keep)
 
 
 if __name__ == "__main__":
-    try:
-        sys.exit(main())
-    except KeyboardInterrupt as err:
-        print(f"bench: interrupted ({str(err) or 'Ctrl-C'}); clean-up ran (failed steps, if any, "
-              "are reported above)", file=sys.stderr)
-        sys.exit(130)
+    common.entry(main)
