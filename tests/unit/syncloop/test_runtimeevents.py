@@ -230,6 +230,34 @@ async def test_a_noticed_exit_reads_as_cri_will_record_it(w: World) -> None:
     assert cid not in w.watcher.notices
 
 
+async def test_a_notice_waits_for_cri_when_the_message_comes_from_the_log(w: World) -> None:
+    labels = {L.POD_UID: "a"}
+    config = SandboxConfig(
+        name="p-a",
+        namespace="default",
+        uid="a",
+        attempt=0,
+        hostname="a",
+        log_directory="/tmp",
+        labels=labels,
+    )
+    sid = await w.cri.run_pod_sandbox(config)
+    annotations = {L.TERMINATION_MESSAGE_POLICY: "FallbackToLogsOnError"}
+    cid = await w.cri.create_container(
+        sid,
+        ContainerConfig(
+            name="main", attempt=0, image=IMAGE, labels=labels, annotations=annotations
+        ),
+        config,
+    )
+    await w.cri.start_container(cid)
+    runtime = PodRuntime(w.cri, w.watcher.notices)
+    w.watcher.notices.add(cid, 1, 0.0)  # failed: its message would be its log's tail
+    assert (await runtime.get("a")).containers[0].state is ContainerState.RUNNING
+    w.watcher.notices.add(cid, 0, 0.0)  # succeeded: no log read, the notice counts
+    assert (await runtime.get("a")).containers[0].state is ContainerState.EXITED
+
+
 def test_notices_are_bounded() -> None:
     notices = ExitNotices(limit=2)
     for i in range(3):

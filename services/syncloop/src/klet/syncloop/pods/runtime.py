@@ -11,7 +11,8 @@ before its CRI plugin records it: the plugin first has the shim delete the task.
 exit the runtime announced (`ExitNotices`, filled by the evented PLEG) therefore counts
 for a container CRI still reports running, until CRI records it: the worker publishes
 the death and starts the next instance at once. The exit reads as CRI will record it:
-`OOMKilled` after an OOM event, with the termination message read the same way.
+`OOMKilled` after an OOM event, with the termination message read the same way (but a
+message to be taken from the log waits for CRI: the log may not have its last lines).
 """
 
 from __future__ import annotations
@@ -67,9 +68,14 @@ class ExitNotices:
         return object_id in self._by_id
 
     def apply(self, st: ContainerStatusInfo) -> ContainerStatusInfo:
-        """`st` as exited if the runtime announced its exit and CRI still runs it."""
+        """`st` as exited if the runtime announced its exit and CRI still runs it. Not
+        when the termination message is to come from the log: the runtime may still
+        be copying the last lines into it, so that one waits for CRI's record."""
         notice = self._by_id.get(st.id)
         if notice is None or st.state != ContainerState.RUNNING:
+            return st
+        policy = st.annotations.get(L.TERMINATION_MESSAGE_POLICY, termination.DEFAULT_POLICY)
+        if termination.should_read_logs(policy, notice.exit_code, ""):
             return st
         exited = dataclasses.replace(
             st,
