@@ -1,7 +1,8 @@
 """Static pods end to end on real containerd: a manifest becomes running containers and
-a Running status in /pods; restarts follow restartPolicy with back-off; changed and
-removed manifests replace and stop pods; malformed manifests hurt nobody else; and a
-SIGKILLed syncloop or a restarted Redis restarts no container."""
+a Running status in /pods, its CRI calls counted in upstream's runtime operation
+metrics; restarts follow restartPolicy with back-off; changed and removed manifests
+replace and stop pods; malformed manifests hurt nobody else; and a SIGKILLed syncloop
+or a restarted Redis restarts no container."""
 
 from __future__ import annotations
 
@@ -61,6 +62,18 @@ def test_two_container_pod_runs_and_serves(
     )
     assert body.strip() == "served-by-klet"
     print(f"manifest written -> Running in {took:.2f}s")
+    # upstream's runtime operation metrics, from each service's own CRI calls
+    ops = "kubelet_runtime_operations_total"
+    for op in ("run_podsandbox", "create_container", "start_container", "list_containers"):
+        assert (node.metric("syncloop", ops, operation_type=op) or 0) >= 1, op
+    seconds = "kubelet_runtime_operations_duration_seconds_count"
+    assert (node.metric("syncloop", seconds, operation_type="run_podsandbox") or 0) >= 1
+    assert node.metric("syncloop", "kubelet_runtime_operations_errors_total") is None
+    wait_for(
+        lambda: (node.metric("image-gc", ops, operation_type="list_images") or 0) >= 1,
+        timeout_s=60,
+        what="image-gc's list_images counted",
+    )
 
 
 @pytest.mark.parametrize(

@@ -7,7 +7,7 @@ the pod's worker at once, and again once CRI shows the container stopped (polled
 growing delays, bounded), when the notice is dropped and that pod alone is refreshed
 with label-selected lists; the delete that follows a seen exit
 and an OOM kill wake nobody; a start wakes at once; an event about an object the last
-relist did not know is resolved through ContainerStatus or PodSandboxStatus, and one
+relist did not know is resolved through lists filtered by its ID, and one
 that is not ours is dropped and looked up once; a dropped stream puts the relister
 back on its short period, owes a relist, re-subscribes after the back-off delays and
 owes one more full relist once open; a runtime without events leaves the relister
@@ -304,8 +304,10 @@ async def test_a_start_wakes_at_once_and_an_unknown_object_is_looked_up(w: World
         w.events.push(EventKind.STARTED, cid)
         await until(lambda: w.woken == ["a", "a"])
     assert w.slept == []
-    assert w.cri.calls_of("ContainerStatus") == [("ContainerStatus", sid)]
-    assert w.cri.calls_of("PodSandboxStatus") == [("PodSandboxStatus", sid)]
+    # looked up with lists filtered by ID, which fail nothing when the ID is the other kind
+    assert w.cri.calls_of("ListContainers")[0] == ("ListContainers", f"id={sid}")
+    assert w.cri.calls_of("ListPodSandbox")[0] == ("ListPodSandbox", f"id={sid}")
+    assert w.cri.calls_of("ContainerStatus") == w.cri.calls_of("PodSandboxStatus") == []
     assert w.relister.owner == {sid: "a", cid: "a"}
 
 
@@ -316,6 +318,7 @@ async def test_an_event_naming_its_pod_needs_no_lookup(w: World) -> None:
         w.events.push(EventKind.STARTED, cid, pod_uid="a")
         await until(lambda: w.woken == ["a"])
     assert w.cri.calls_of("ContainerStatus") == []
+    assert [c for c in w.cri.calls if any(a.startswith("id=") for a in c[1:])] == []
 
 
 async def test_events_about_objects_that_are_not_ours_are_dropped_after_one_lookup(
@@ -330,10 +333,11 @@ async def test_events_about_objects_that_are_not_ours_are_dropped_after_one_look
         w.events.push(EventKind.STARTED, cid)
         await until(lambda: w.observer.log.count(f"started {cid}") == 2 and not w.watcher._tasks)
     assert w.woken == []
-    assert w.cri.calls_of("ContainerStatus") == [
-        ("ContainerStatus", cid),
-        ("ContainerStatus", "gone"),
+    assert w.cri.calls_of("ListContainers") == [
+        ("ListContainers", f"id={cid}"),
+        ("ListContainers", "id=gone"),
     ]
+    assert w.cri.calls_of("ListPodSandbox") == [("ListPodSandbox", "id=gone")]
 
 
 async def test_a_cri_failure_while_following_an_event_is_left_to_the_relist(w: World) -> None:

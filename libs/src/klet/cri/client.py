@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, replace
 from typing import Any, Protocol, TypeVar
@@ -116,11 +117,19 @@ def _map_error(err: grpc.aio.AioRpcError, what: str) -> CRIError:
     return CRIError(text, code=code.name)
 
 
+class CallObserver(Protocol):
+    """Told of every unary CRI call: its method name, how long it took, whether it failed
+    (klet.obs.runtimeops turns this into upstream's kubelet_runtime_operations_*)."""
+
+    def observe(self, method: str, seconds: float, *, failed: bool) -> None: ...
+
+
 class RuntimeClient:
     """RuntimeService + ImageService of one runtime."""
 
-    def __init__(self, settings: CRISettings) -> None:
+    def __init__(self, settings: CRISettings, *, observer: CallObserver | None = None) -> None:
         self.settings = settings
+        self.observer = observer
         # gRPC's default reconnect back-off grows to two minutes: after a runtime
         # restart the first calls would fail for that long. A unix socket is cheap to
         # retry, so reconnect within a second.
@@ -150,10 +159,15 @@ class RuntimeClient:
     async def _call(
         self, what: str, method: Any, request: Any, *, deadline_s: float | None = None
     ) -> Any:
+        started, failed = time.perf_counter(), False
         try:
             return await method(request, timeout=deadline_s or self.settings.timeout_s)
         except grpc.aio.AioRpcError as err:
+            failed = True
             raise _map_error(err, what) from err
+        finally:
+            if self.observer is not None:
+                self.observer.observe(what, time.perf_counter() - started, failed=failed)
 
     async def _read(self, what: str, call: Callable[[], Awaitable[T]]) -> T:
         retrying = AsyncRetrying(
@@ -252,10 +266,10 @@ class RuntimeClient:
         )
 
     async def list_pod_sandboxes(
-        self, *, label_selector: dict[str, str] | None = None
+        self, *, label_selector: dict[str, str] | None = None, sandbox_id: SandboxID | None = None
     ) -> list[Sandbox]:
         request = pb.ListPodSandboxRequest(
-            filter=pb.PodSandboxFilter(label_selector=label_selector or {})
+            filter=pb.PodSandboxFilter(id=sandbox_id or "", label_selector=label_selector or {})
         )
         r = await self._read(
             "ListPodSandbox", lambda: self._call("ListPodSandbox", self._rt.ListPodSandbox, request)
@@ -318,10 +332,16 @@ class RuntimeClient:
             pass
 
     async def list_containers(
-        self, *, sandbox_id: SandboxID | None = None, label_selector: dict[str, str] | None = None
+        self,
+        *,
+        sandbox_id: SandboxID | None = None,
+        label_selector: dict[str, str] | None = None,
+        container_id: ContainerID | None = None,
     ) -> list[Container]:
         flt = pb.ContainerFilter(
-            pod_sandbox_id=sandbox_id or "", label_selector=label_selector or {}
+            id=container_id or "",
+            pod_sandbox_id=sandbox_id or "",
+            label_selector=label_selector or {},
         )
         r = await self._read(
             "ListContainers",

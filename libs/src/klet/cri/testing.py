@@ -93,6 +93,11 @@ def _selector_args(selector: dict[str, str] | None) -> list[str]:
     return sorted(f"{k}={v}" for k, v in (selector or {}).items())
 
 
+def _id_args(object_id: str | None) -> list[str]:
+    """An ID filter as it appears in `calls`: "id=<id>", or nothing."""
+    return [f"id={object_id}"] if object_id else []
+
+
 def _matches(labels: dict[str, str], selector: dict[str, str] | None) -> bool:
     return all(labels.get(k) == v for k, v in (selector or {}).items())
 
@@ -309,9 +314,9 @@ class FakeRuntimeService:
         )
 
     async def list_pod_sandboxes(
-        self, *, label_selector: dict[str, str] | None = None
+        self, *, label_selector: dict[str, str] | None = None, sandbox_id: SandboxID | None = None
     ) -> list[Sandbox]:
-        await self._enter("ListPodSandbox", *_selector_args(label_selector))
+        await self._enter("ListPodSandbox", *_selector_args(label_selector), *_id_args(sandbox_id))
         return [
             Sandbox(
                 id=s.id,
@@ -325,7 +330,7 @@ class FakeRuntimeService:
                 annotations=dict(s.config.annotations),
             )
             for s in self.sandboxes.values()
-            if _matches(s.config.labels, label_selector)
+            if sandbox_id in (None, "", s.id) and _matches(s.config.labels, label_selector)
         ]
 
     async def create_container(
@@ -377,9 +382,15 @@ class FakeRuntimeService:
         del self.containers[container_id]
 
     async def list_containers(
-        self, *, sandbox_id: SandboxID | None = None, label_selector: dict[str, str] | None = None
+        self,
+        *,
+        sandbox_id: SandboxID | None = None,
+        label_selector: dict[str, str] | None = None,
+        container_id: ContainerID | None = None,
     ) -> list[Container]:
-        await self._enter("ListContainers", *_selector_args(label_selector))
+        await self._enter(
+            "ListContainers", *_selector_args(label_selector), *_id_args(container_id)
+        )
         return [
             Container(
                 id=c.id,
@@ -394,7 +405,9 @@ class FakeRuntimeService:
                 annotations=dict(c.config.annotations),
             )
             for c in self.containers.values()
-            if sandbox_id in (None, "", c.sandbox_id) and _matches(c.config.labels, label_selector)
+            if sandbox_id in (None, "", c.sandbox_id)
+            and container_id in (None, "", c.id)
+            and _matches(c.config.labels, label_selector)
         ]
 
     async def container_status(self, container_id: ContainerID) -> ContainerStatusInfo:

@@ -26,6 +26,7 @@ from klet.eviction.metrics import Metrics, create_metrics
 from klet.eviction.thresholds import parse_eviction_config
 from klet.model.layout import IMAGE_GC, SYNCLOOP, grpc_socket
 from klet.obs import ServicePort
+from klet.obs.runtimeops import RuntimeOperationMetrics
 from klet.rpc.gc import GarbageCollectorClient
 from klet.rpc.podcontrol import PodControlClient
 from prometheus_client import CollectorRegistry
@@ -78,18 +79,19 @@ def build_deps(settings: Settings, overrides: Overrides | None = None) -> Deps:
         )
     )
     node_bus = NodeBus.of(bus)
-    cri = o.cri if o.cri is not None else RuntimeClient(cri_settings(k))
+    registry = o.registry if o.registry is not None else CollectorRegistry()
+    cri = (
+        o.cri
+        if o.cri is not None
+        else RuntimeClient(cri_settings(k), observer=RuntimeOperationMetrics(registry))
+    )
     run_dir = Path(settings.klet.run_dir)
     pod_control = (
         o.pod_control
         if o.pod_control is not None
         else PodControlClient(grpc_socket(run_dir, SYNCLOOP))
     )
-    gc = (
-        o.gc
-        if o.gc is not None
-        else GarbageCollectorClient(grpc_socket(run_dir, IMAGE_GC))
-    )
+    gc = o.gc if o.gc is not None else GarbageCollectorClient(grpc_socket(run_dir, IMAGE_GC))
     source = HostSignalSource.from_settings(settings, cri)
 
     async def free_space(wanted: int) -> int:
@@ -98,7 +100,6 @@ def build_deps(settings: Settings, overrides: Overrides | None = None) -> Deps:
     async def layout() -> FsLayout:
         return await source.fs_layout()
 
-    registry = o.registry if o.registry is not None else CollectorRegistry()
     metrics = create_metrics(registry)
     events = EventQueue(node_bus.events, cap=100)
     manager = EvictionManager(

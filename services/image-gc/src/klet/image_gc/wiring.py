@@ -27,6 +27,7 @@ from klet.image_gc.metrics import Metrics, create_metrics
 from klet.image_gc.podsources import BusPods
 from klet.model.layout import IMAGE_GC, grpc_socket
 from klet.obs import ServicePort
+from klet.obs.runtimeops import RuntimeOperationMetrics
 from prometheus_client import CollectorRegistry
 
 
@@ -99,8 +100,12 @@ def build_deps(settings: Settings, overrides: Overrides | None = None) -> Deps:
         )
     )
     node_bus = NodeBus.of(bus)
-    cri = o.cri if o.cri is not None else RuntimeClient(cri_settings(k))
     registry = o.registry if o.registry is not None else CollectorRegistry()
+    cri = (
+        o.cri
+        if o.cri is not None
+        else RuntimeClient(cri_settings(k), observer=RuntimeOperationMetrics(registry))
+    )
     metrics = create_metrics(registry)
     events = EventQueue(node_bus.events, cap=100)
     node_event = functools.partial(events.emit, node_reference(settings.klet.node_name))

@@ -35,6 +35,7 @@ from klet.config import Settings
 from klet.kube import kube_settings
 from klet.model.layout import DEFAULT_SERVICE_PORTS
 from klet.obs import ServicePort, leader_metric, new_registry
+from klet.obs.runtimeops import RuntimeOperationMetrics
 from klet.status_reporter.cluster import (
     ClusterDeps,
     ClusterKlet,
@@ -296,7 +297,8 @@ def _kubelet_api(
     from klet.cri import RuntimeClient, cri_settings  # only with the API: loads gRPC
 
     api_cri = RuntimeClient(
-        cri_settings(kubelet, image_endpoint=kubelet.effective_image_service_endpoint)
+        cri_settings(kubelet, image_endpoint=kubelet.effective_image_service_endpoint),
+        observer=RuntimeOperationMetrics(registry),
     )
     closers.append(api_cri.close)
     deps = build_kubelet_api_deps(

@@ -29,13 +29,17 @@ class RuntimeReader(Protocol):
     """What PodRuntime (runtime.py) and the relister (relisting.py) read."""
 
     async def list_pod_sandboxes(
-        self, *, label_selector: dict[str, str] | None = None
+        self, *, label_selector: dict[str, str] | None = None, sandbox_id: SandboxID | None = None
     ) -> list[Sandbox]: ...
 
     async def pod_sandbox_status(self, sandbox_id: SandboxID) -> SandboxStatusInfo: ...
 
     async def list_containers(
-        self, *, sandbox_id: SandboxID | None = None, label_selector: dict[str, str] | None = None
+        self,
+        *,
+        sandbox_id: SandboxID | None = None,
+        label_selector: dict[str, str] | None = None,
+        container_id: ContainerID | None = None,
     ) -> list[Container]: ...
 
     async def container_status(self, container_id: ContainerID) -> ContainerStatusInfo: ...

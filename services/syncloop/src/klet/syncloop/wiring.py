@@ -31,6 +31,7 @@ from klet.model.flowcontrol import Backoff, TokenBucket
 from klet.model.layout import SYNCLOOP, grpc_socket
 from klet.model.node import allocatable_amounts, node_labels, storage_aware_eviction_hard
 from klet.obs import ServicePort
+from klet.obs.runtimeops import RuntimeOperationMetrics
 from klet.syncloop.admission.admit import AdmissionLedger, NodeInfo
 from klet.syncloop.admission.sysctls import SysctlAllowlist
 from klet.syncloop.containers.hooks import LifecycleHooks
@@ -171,7 +172,12 @@ def build_deps(settings: Settings, overrides: Overrides | None = None) -> Deps:
         )
     )
     node_bus = NodeBus.of(bus)
-    cri = o.cri if o.cri is not None else RuntimeClient(cri_settings(k))
+    registry = o.registry if o.registry is not None else CollectorRegistry()
+    cri = (
+        o.cri
+        if o.cri is not None
+        else RuntimeClient(cri_settings(k), observer=RuntimeOperationMetrics(registry))
+    )
     bus_events = BusEventSink(node_bus)
     events = o.events if o.events is not None else bus_events
     # Cluster mode: ConfigMaps and Secrets (env references, pull secrets) from the apiserver.
@@ -266,7 +272,6 @@ def build_deps(settings: Settings, overrides: Overrides | None = None) -> Deps:
         volumes=volumes,
     )
     publisher = StatusPublisher(node_bus, clock=clock)
-    registry = o.registry if o.registry is not None else CollectorRegistry()
     metrics = create_metrics(registry)
 
     def probe_result_changed(uid: str) -> None:

@@ -37,7 +37,15 @@ from typing import Protocol
 from klet.cri import CRIError, NotFound
 from klet.cri import labels as L
 from klet.cri.errors import EventsUnsupported
-from klet.cri.types import ContainerState, EventKind, RuntimeEvent, SandboxState, Subscribed
+from klet.cri.types import (
+    Container,
+    ContainerState,
+    EventKind,
+    RuntimeEvent,
+    Sandbox,
+    SandboxState,
+    Subscribed,
+)
 from klet.model.flowcontrol import BackoffPolicy, RetryDelay
 from klet.model.types import ContainerID, SandboxID
 from klet.obs import OnceLogger
@@ -254,15 +262,12 @@ class EventWatcher:
         """The pod UID of a container or sandbox the last relist did not know."""
         if object_id in self._foreign:
             return None
-        labels: dict[str, str] = {}
-        try:
-            labels = (await self.cri.container_status(ContainerID(object_id))).labels
-        except NotFound:
-            try:
-                labels = (await self.cri.pod_sandbox_status(SandboxID(object_id))).labels
-            except NotFound:
-                pass
-        uid = labels.get(L.POD_UID)
+        # Lists filtered by ID answer "none" where a status call would fail NotFound
+        # (and count as a failed runtime operation): the event does not say which it is.
+        found: list[Container] | list[Sandbox] = await self.cri.list_containers(
+            container_id=ContainerID(object_id)
+        ) or await self.cri.list_pod_sandboxes(sandbox_id=SandboxID(object_id))
+        uid = next((o.labels.get(L.POD_UID) for o in found if o.id == object_id), None)
         if uid:
             self.relister.owner[object_id] = uid
             return uid
