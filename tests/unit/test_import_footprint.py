@@ -6,7 +6,8 @@ neither the Kubernetes client, nor FastAPI/Starlette/pydantic, nor httpx; `klet 
 Each costs 10-25 MB resident per process (issue 15's memory diet): the Kubernetes client
 belongs to cluster mode (imported where the wiring builds it), FastAPI to the kubelet API
 on --port, httpx to a manifest URL or an HTTP probe/hook. The status-reporter loads no
-gRPC either: standalone it talks to no runtime. `klet up`, a supervisor that stays
+gRPC either: standalone it talks to no runtime. Only pod-source loads PyYAML at start
+(manifests); the others read YAML only for a --config file. `klet up`, a supervisor that stays
 resident beside its services, loads neither the image builder of klet.devstack (and its
 HTTP client) nor the installed distributions' metadata unless it starts a private
 runtime. A fresh interpreter does the imports, so modules the test process already holds
@@ -47,6 +48,16 @@ def test_the_standalone_status_reporter_does_not_import_grpc() -> None:
     assert json.loads(out.stdout.strip().splitlines()[-1]) == []
 
 
+def test_only_pod_source_imports_yaml() -> None:
+    """PyYAML is for manifests (pod-source) and a --config file, read only when given."""
+    services = tuple(s for s in SERVICES if s != "pod_source")
+    code = PROBE.format(services=services, lazy=("yaml",))
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True
+    )
+    assert json.loads(out.stdout.strip().splitlines()[-1]) == []
+
+
 def test_the_probe_sees_an_eager_import() -> None:
     """The probe itself: a module that is imported shows up (the test above can fail)."""
     code = PROBE.format(services=(), lazy=LAZY).replace("print(", "import httpx\nprint(", 1)
@@ -58,6 +69,7 @@ def test_the_probe_sees_an_eager_import() -> None:
 
 UP_LAZY = (
     "redis",
+    "yaml",
     "grpc",
     "httpx",
     "klet.devstack.images",
