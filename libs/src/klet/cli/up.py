@@ -256,6 +256,11 @@ def up(argv: list[str]) -> int:
         )
         # The URL (and so any password in it) reaches the children as a flag without it.
         child_env = {k: v for k, v in os.environ.items() if k != "KLET_REDIS_URL"}
+        # glibc gives every thread that allocates a malloc arena of its own (gRPC's
+        # event-engine threads, asyncio's executor): two in all hold a service's memory
+        # in fewer, fuller heaps, about 3 MB less resident over the five (issue 15). The
+        # image sets the same. One set by the operator stands.
+        child_env.setdefault("MALLOC_ARENA_MAX", "2")
         # A service is installed when `python -m klet.<service>` can find it (without
         # reading every distribution's metadata for the klet.services entry points).
         installed = {s for s in START_ORDER if find_spec(_module(s)) is not None}
