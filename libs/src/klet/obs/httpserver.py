@@ -342,6 +342,8 @@ class HttpServer:
 
         try:
             await self.app(scope, receive, send)
+        except ConnectionError:  # the client went away while the answer was written
+            raise _Drop() from None
         except Exception:
             log.exception(
                 "HTTP app failed", extra={"server": self.name, "method": method, "path": path}
