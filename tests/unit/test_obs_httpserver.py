@@ -1,9 +1,10 @@
 """klet.obs.httpserver through `serve_http` on a real loopback socket: answers with the
 app's status, headers and body plus a Date; keeps a connection alive across requests
 (and answers pipelined ones in order); HEAD carries no body; a streamed answer without
-a length is chunked; a malformed request gets a 400 and a too-large body a 413, both
-closing the connection; an app that fails gets a 500 and the server goes on serving;
-on cancellation a request being answered still finishes while idle connections close.
+a length is chunked; a lifespan start-up that fails is an error carrying the app's; a
+malformed request gets a 400 and a too-large body a 413, both closing the connection;
+an app that fails gets a 500 and the server goes on serving; on cancellation a request
+being answered still finishes while idle connections close.
 """
 
 from __future__ import annotations
@@ -124,6 +125,18 @@ async def test_a_streamed_answer_without_a_length_is_chunked() -> None:
         assert response.text == "one two three"
     finally:
         await _stop(task)
+
+
+async def test_a_failed_lifespan_start_up_carries_the_apps_error() -> None:
+    async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        await receive()
+        await send({"type": "lifespan.startup.failed", "message": "no database"})
+        raise LookupError("no database")
+
+    with pytest.raises(RuntimeError, match="test: HTTP server failed to start") as failed:
+        await serve_http(app, host="127.0.0.1", port=0, name="test")
+    cause = failed.value.__cause__
+    assert cause is not None and isinstance(cause.__cause__, LookupError)
 
 
 async def test_a_malformed_request_is_a_400_and_closes(served: Served) -> None:

@@ -104,7 +104,16 @@ class _Lifespan:
 
     async def startup(self) -> None:
         self.task = asyncio.create_task(self._run(), name="http-lifespan")
-        await self._step("startup")
+        try:
+            await self._step("startup")
+        except LifespanFailed as failed:
+            # An app may report the failure and then raise it too (Starlette does): the
+            # error it raised is the cause worth showing, and is retrieved here.
+            self.task.cancel()
+            (ended,) = await asyncio.gather(self.task, return_exceptions=True)
+            if isinstance(ended, Exception) and failed.__cause__ is None:
+                raise LifespanFailed(str(failed)) from ended
+            raise
 
     async def shutdown(self) -> None:
         if self.task is None or self.task.done():
