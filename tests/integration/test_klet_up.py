@@ -113,6 +113,9 @@ def test_klet_up_runs_examples_supervises_and_stops_cleanly() -> None:
             assert re.search(rf"^{service}\s*\|", text, re.M), f"no tagged output from {service}"
         pids = {m[0]: int(m[1]) for m in re.findall(r"started (\S+) \(pid (\d+)\)", text)}
         assert set(pids) >= {"pod-source", "syncloop", "status-reporter"}
+        # Two glibc malloc arenas per service, not one per thread (gRPC's and asyncio's).
+        environ = Path(f"/proc/{pids['syncloop']}/environ").read_bytes().split(b"\0")
+        assert b"MALLOC_ARENA_MAX=2" in environ
         web_ids = [c["containerID"] for c in pods()["web-upnode"]["status"]["containerStatuses"]]
 
         os.kill(pids["syncloop"], signal.SIGKILL)

@@ -93,8 +93,10 @@ def build_klet(*, out_dir: Path, cache: LayerCache, uv: Path) -> Built:
             ImageConfig(
                 entrypoint=["klet"],
                 cmd=["--help"],
-                # The .pyc files are built in; a container never writes new ones.
-                env={"PATH": PATH, "PYTHONDONTWRITEBYTECODE": "1"},
+                # The .pyc files are built in; a container never writes new ones. Two
+                # glibc malloc arenas per process, not one per thread (as `klet up` sets
+                # for its services): about 3 MB less resident over the five services.
+                env={"PATH": PATH, "PYTHONDONTWRITEBYTECODE": "1", "MALLOC_ARENA_MAX": "2"},
                 labels=labels("klet"),
             ),
             history=[

@@ -8,7 +8,6 @@ library never imports a service package (the layering contract in pyproject.toml
 from __future__ import annotations
 
 import sys
-from importlib.metadata import entry_points
 
 USAGE = """usage: klet <command> [flags]
 
@@ -32,6 +31,10 @@ commands:
 
 
 def services() -> dict[str, object]:
+    # Read here, not at import: `klet up`, a long-lived supervisor, never needs the
+    # installed distributions' metadata (importlib.metadata and its zipfile, email, csv).
+    from importlib.metadata import entry_points
+
     return {ep.name: ep for ep in entry_points(group="klet.services")}
 
 

@@ -18,12 +18,10 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-import re
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-import yaml
 from klet.config.errors import ConfigError, Problem
 from klet.config.kubelet import (
     API_VERSION,
@@ -230,68 +228,6 @@ def _apply_defaults(cfg: KubeletConfiguration, given: Mapping[str, Any]) -> Kube
     return dataclasses.replace(cfg, **changes) if changes else cfg
 
 
-class _StrictYamlLoader(yaml.SafeLoader):
-    """A safe loader that records duplicate keys instead of keeping the last one."""
-
-    duplicates: list[str]
-
-    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
-        self.flatten_mapping(node)
-        seen: set[Any] = set()
-        for key_node, _ in node.value:
-            key = self.construct_object(key_node, deep=True)
-            try:
-                duplicate = key in seen
-                seen.add(key)
-            except TypeError:
-                continue  # unhashable key; construct_mapping reports it
-            if duplicate:
-                line = key_node.start_mark.line + 1
-                self.duplicates.append(f"line {line}: duplicate field {_show(key)}")
-        return super().construct_mapping(node, deep=deep)
-
-
-_OPENERS = (
-    yaml.FlowSequenceStartToken,
-    yaml.FlowMappingStartToken,
-    yaml.BlockSequenceStartToken,
-    yaml.BlockMappingStartToken,
-)
-_CLOSERS = (yaml.FlowSequenceEndToken, yaml.FlowMappingEndToken, yaml.BlockEndToken)
-
-
-_QUOTED = re.compile(r'"(?:[^"\\]|\\.)*"|\'(?:[^\']|\'\')*\'')
-_NOT_BRACKET = re.compile(r"[^\[\]{}]+")
-
-
-def _flow_depth(text: str) -> int:
-    """The deepest `[`/`{` nesting outside quoted strings (a bracket inside a plain
-    scalar, as in tcp://[::1]:10250, counts once: close enough for a bound of 64)."""
-    depth = deepest = 0
-    for ch in _NOT_BRACKET.sub("", _QUOTED.sub("", text)):
-        depth = depth + 1 if ch in "[{" else max(depth - 1, 0)
-        deepest = max(deepest, depth)
-    return deepest
-
-
-def _yaml_too_deep(text: str) -> str | None:
-    """PyYAML's composer recurses once per nesting level: a few thousand `[` take it
-    seconds to fail with a RecursionError, and its scanner slows down quadratically with
-    open flow collections. Flow nesting is counted on the raw text, block nesting on the
-    (iterative) scanner's tokens, before anything is composed."""
-    if _flow_depth(text) > MAX_DEPTH:
-        return f"nested more than {MAX_DEPTH} levels deep"
-    depth = 0
-    for token in yaml.scan(text, Loader=yaml.SafeLoader):
-        if isinstance(token, _OPENERS):
-            depth += 1
-            if depth > MAX_DEPTH:
-                return f"nested more than {MAX_DEPTH} levels deep"
-        elif isinstance(token, _CLOSERS):
-            depth -= 1
-    return None
-
-
 def _parse_text(text: str, *, json_file: bool) -> tuple[object, list[str]]:
     if json_file:
         duplicates: list[str] = []
@@ -305,15 +241,11 @@ def _parse_text(text: str, *, json_file: bool) -> tuple[object, list[str]]:
             return out
 
         return json.loads(text, object_pairs_hook=pairs), duplicates
-    too_deep = _yaml_too_deep(text)
-    if too_deep:
-        raise ValueError(too_deep)
-    loader = _StrictYamlLoader(text)
-    loader.duplicates = []
-    try:
-        return loader.get_single_data(), loader.duplicates
-    finally:
-        loader.dispose()
+    # PyYAML is imported only when a YAML file is read: most services start without
+    # --config, and it costs each of them about 1 MB resident (issue 15).
+    from klet.config.yamltext import parse_yaml
+
+    return parse_yaml(text)
 
 
 # Bounds on the parsed document. A KubeletConfiguration is a few levels deep with a few
@@ -381,7 +313,7 @@ def read_config_file(path: Path | str) -> tuple[KubeletConfiguration, list[Probl
         return KubeletConfiguration(), [Problem("", "the file is empty")]
     try:
         data, duplicates = _parse_text(text, json_file=file.suffix.lower() == ".json")
-    except (yaml.YAMLError, ValueError) as exc:
+    except ValueError as exc:  # klet.config.yamltext turns YAMLError into ValueError
         detail = " ".join(str(exc).split())
         return KubeletConfiguration(), [Problem("", f"cannot parse: {detail}")]
     except RecursionError:

@@ -25,12 +25,14 @@ What the two mean, the same in every klet service:
   operator finds the acting replica among those published under
   `<run-dir>/ports/<service>/` (klet.portfiles) by its /readyz.
 
-`serve_http(app, host=..., port=..., name=...)` runs uvicorn inside the current event loop
-as one of the service's supervised root tasks: it binds the socket itself (so a busy port
-is an OSError at once, and port 0 works), sets `ready` once serving, never installs
-signal handlers (the process's supervisor owns SIGTERM), and shuts down cleanly when its
-task is cancelled. The services call it through `klet.obs.serviceport.serve_service_port`,
-which adds the port files.
+`serve_http(app, host=..., port=..., name=...)` runs klet's small HTTP/1.1 server
+(`klet.obs.httpserver`, h11 on asyncio streams; uvicorn cost each service about 2.5 MB
+resident to import) inside the current event loop as one of the service's supervised
+root tasks: it binds the socket itself (so a busy port is an OSError at once, and port 0
+works), sets `ready` once serving, never installs signal handlers (the process's
+supervisor owns SIGTERM), and shuts down cleanly when its task is cancelled. The
+services call it through `klet.obs.serviceport.serve_service_port`, which adds the port
+files.
 
 Trade-off: checks run on every probe, concurrently, each bounded by `check_timeout`; a
 check must be cheap (read a flag a loop maintains) rather than do I/O itself.
@@ -39,15 +41,14 @@ check must be cheap (read a flag a loop maintains) rather than do I/O itself.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import inspect
 import logging
 import socket
-from collections.abc import Awaitable, Callable, Generator, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
-import uvicorn
 from klet.obs.asgi import Request, Response, Routes, text
+from klet.obs.httpserver import HttpServer, LifespanFailed
 from klet.obs.logs import OnceLogger
 from prometheus_client import CollectorRegistry
 from prometheus_client.exposition import choose_encoder
@@ -151,28 +152,6 @@ def create_health_app(
     )
 
 
-class _Server(uvicorn.Server):
-    """uvicorn.Server that leaves signals to the process and reports when it serves."""
-
-    def __init__(self, config: uvicorn.Config, ready: asyncio.Event | None) -> None:
-        super().__init__(config)
-        self._ready = ready
-
-    # uvicorn >= 0.29 captures SIGINT/SIGTERM around serve(); older versions call
-    # install_signal_handlers(). Both are disabled: run_supervised owns the signals.
-    @contextlib.contextmanager
-    def capture_signals(self) -> Generator[None, None, None]:
-        yield
-
-    def install_signal_handlers(self) -> None:
-        return None
-
-    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
-        await super().startup(sockets=sockets)
-        if self.started and self._ready is not None:
-            self._ready.set()
-
-
 async def _bind(host: str, port: int, *, reuse_port: bool = False) -> socket.socket:
     loop = asyncio.get_running_loop()
     infos = await loop.getaddrinfo(
@@ -190,7 +169,7 @@ async def _bind(host: str, port: int, *, reuse_port: bool = False) -> socket.soc
             sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
         sock.bind(address)
         # Listening already, so `on_listening` tells the truth: a client that connects
-        # before uvicorn serves waits in the backlog instead of being refused.
+        # before the server accepts waits in the backlog instead of being refused.
         sock.listen(2048)
         sock.setblocking(False)
     except BaseException:
@@ -207,63 +186,43 @@ async def serve_http(
     name: str,
     ready: asyncio.Event | None = None,
     on_listening: Callable[[str, int], None] | None = None,
-    uvicorn_options: Mapping[str, Any] | None = None,
     reuse_port: bool = False,
 ) -> None:
     """Serve the ASGI `app` on host:port until cancelled (then shut down gracefully).
 
     Raises OSError when the address cannot be bound and RuntimeError when the app's
     lifespan start-up fails. `on_listening(host, port)` is called with the bound
-    address before `ready` is set (useful with port 0). `uvicorn_options` go to
-    uvicorn.Config (e.g. ssl_certfile/ssl_keyfile for HTTPS, ws="auto" for websockets;
-    websockets are off by default). `reuse_port` sets SO_REUSEPORT, so several
-    processes (replicas of one service) can listen on the same port: the kernel spreads
-    new connections over them, and one replica dying drops only its own connections.
-    Every process sharing the port must set it (and run as the same user).
+    address before `ready` is set (useful with port 0). `reuse_port` sets SO_REUSEPORT,
+    so several processes (replicas of one service) can listen on the same port: the
+    kernel spreads new connections over them, and one replica dying drops only its own
+    connections. Every process sharing the port must set it (and run as the same user).
     """
-    options: dict[str, Any] = {
-        "log_config": None,
-        "lifespan": "on",
-        "access_log": False,
-        "ws": "none",
-        "timeout_graceful_shutdown": 5,
-        **(uvicorn_options or {}),
-    }
-    server = _Server(uvicorn.Config(app, **options), ready)
+    server = HttpServer(app, name=name)
     try:
         sock = await _bind(host, port, reuse_port=reuse_port)
     except OSError as exc:
         raise OSError(exc.errno, f"{name}: cannot listen on {host}:{port}: {exc.strerror}") from exc
     bound_host, bound_port = sock.getsockname()[:2]
     log.info("HTTP listening", extra={"server": name, "host": bound_host, "port": bound_port})
-    if on_listening is not None:
-        try:
-            on_listening(bound_host, bound_port)
-        except BaseException:
-            sock.close()
-            raise
-
-    async def run() -> None:
-        # uvicorn calls sys.exit() when the lifespan start-up fails; a SystemExit escaping
-        # a task would stop the whole event loop, so it becomes an ordinary error here.
-        try:
-            await server.serve(sockets=[sock])
-        except SystemExit as exc:
-            raise RuntimeError(f"{name}: HTTP server failed to start") from exc
-
-    task = asyncio.create_task(run(), name=f"{name}-http")
     try:
-        await asyncio.shield(task)
-    except asyncio.CancelledError:
-        server.should_exit = True
+        if on_listening is not None:
+            on_listening(bound_host, bound_port)
         try:
-            await asyncio.shield(task)
-        except asyncio.CancelledError:
-            server.force_exit = True
-            task.cancel()
-        except Exception:
-            log.exception("HTTP server failed while stopping", extra={"server": name})
-        raise
+            await server.start(sock)
+        except LifespanFailed as exc:
+            raise RuntimeError(f"{name}: HTTP server failed to start") from exc
+        if ready is not None:
+            ready.set()
+        try:
+            await asyncio.Event().wait()  # serve until cancelled
+        finally:
+            try:
+                await server.close()
+            except asyncio.CancelledError:
+                server.abort()  # cancelled again while closing: drop the rest now
+                raise
+            except Exception:
+                log.exception("HTTP server failed while stopping", extra={"server": name})
     finally:
         sock.close()
         log.info("stopped serving HTTP", extra={"server": name})

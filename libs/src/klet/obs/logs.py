@@ -45,7 +45,7 @@ _RECORD_ATTRS = frozenset(
 )
 _CORE_KEYS = ("ts", "level", "service", "logger", "msg")
 _HANDLER_MARK = "_klet_handler"
-_NOISY_LOGGERS = ("httpx", "httpcore", "hpack", "uvicorn.access")
+_NOISY_LOGGERS = ("httpx", "httpcore", "hpack")
 
 
 def _timestamp(record: logging.LogRecord) -> str:
