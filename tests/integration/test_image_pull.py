@@ -38,9 +38,20 @@ class Private:
 
     def fresh_tag(self) -> str:
         """A tag containerd has never seen, pushed now: the image reference to use."""
-        tag = uuid.uuid4().hex[:10]
-        push(self.image, self.registry.address, tag=tag, auth=(USER, PASSWORD))
-        return f"{self.registry.address}/{REPOSITORY}:{tag}"
+        return self.push(self.unpushed_tag())
+
+    def unpushed_tag(self) -> str:
+        """The reference of a tag not pushed yet (a pull of it fails: no such manifest)."""
+        return f"{self.registry.address}/{REPOSITORY}:{uuid.uuid4().hex[:10]}"
+
+    def push(self, reference: str) -> str:
+        push(
+            self.image,
+            self.registry.address,
+            tag=reference.rpartition(":")[2],
+            auth=(USER, PASSWORD),
+        )
+        return reference
 
     def served(self, reference: str) -> int:
         """Manifest requests for `reference` answered 200: the pulls that succeeded."""
@@ -235,9 +246,11 @@ def test_registry_qps_refuses_pulls_beyond_the_burst(
     )
     write_node_credentials(node, private.registry)
     node.start()
-    images = [private.fresh_tag() for _ in range(3)]
-    # Three pulls in one sync, one after the other: the bucket holds a single token and
-    # gains one a second, so at least one pull finds it empty.
+    # The bucket holds a single token and gains one a second. c0's pull takes it and
+    # fails at once (its tag is not pushed yet), so c1's pull follows in the same
+    # sync with no container start in between (which a busy machine may stretch past
+    # a second) and finds the bucket empty.
+    images = [private.unpushed_tag(), private.fresh_tag()]
     (manifests / "qps.yaml").write_text(manifest("qps", *((i, "Always") for i in images)))
 
     def refused() -> list[int]:
@@ -248,12 +261,16 @@ def test_registry_qps_refuses_pulls_beyond_the_burst(
         ]
 
     first_refused = wait_for(refused, timeout_s=30, what="a pull refused: 'pull QPS exceeded'")
+    assert first_refused == [1]
+    private.push(images[0])
     # A refused pull never reached the registry.
     assert all(private.served(images[i]) == 0 for i in first_refused)
     assert any(
         e.reason == "Failed" and e.message.endswith(": pull QPS exceeded")
         for e in bus_events(node, "qps")
     )
-    # After their back-off the refused pulls are tried again, and all of them run.
-    wait_for(lambda: running(node, "qps"), timeout_s=80, what="qps Running after the back-off")
+    # After their back-off the refused pulls are tried again, and all of them run. c0's
+    # retry takes the token again, so c1 is refused once more and waits out a longer
+    # back-off: about a minute in all.
+    wait_for(lambda: running(node, "qps"), timeout_s=150, what="qps Running after the back-off")
     assert all(private.served(i) == 1 for i in images)
