@@ -41,6 +41,8 @@ from klet.obs import (
 )
 from prometheus_client import CollectorRegistry, Counter
 
+from tests.harness.serving import serve_on_free_port
+
 # --- logging -------------------------------------------------------------------------------
 
 
@@ -365,26 +367,14 @@ def test_ready_is_a_reserved_check_name(registry: CollectorRegistry) -> None:
 
 
 async def test_serve_http_serves_and_stops_on_cancel(app: Any) -> None:
-    ready = asyncio.Event()
-    bound: list[int] = []
-    task = asyncio.create_task(
-        serve_http(
-            app,
-            host="127.0.0.1",
-            port=0,
-            name="health",
-            ready=ready,
-            on_listening=lambda _host, port: bound.append(port),
-        )
-    )
-    await asyncio.wait_for(ready.wait(), 5)
-    async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{bound[0]}") as client:
+    task, port = await serve_on_free_port(app, name="health")
+    async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}") as client:
         response = await client.get("/healthz")
     assert (response.status_code, response.text) == (200, "ok")
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task
-    with socket.create_server(("127.0.0.1", bound[0])):
+    with socket.create_server(("127.0.0.1", port)):
         pass  # the port was released
 
 

@@ -20,24 +20,13 @@ from klet.obs import serve_http
 from klet.obs.asgi import Request, Response, Routes, text
 from klet.obs.httpserver import MAX_BODY
 
+from tests.harness.serving import serve_on_free_port
+
 Served = tuple[asyncio.Task[None], int]
 
 
 async def _start(app: Any) -> Served:
-    ready = asyncio.Event()
-    bound: list[int] = []
-    task = asyncio.create_task(
-        serve_http(
-            app,
-            host="127.0.0.1",
-            port=0,
-            name="test",
-            ready=ready,
-            on_listening=lambda _host, port: bound.append(port),
-        )
-    )
-    await asyncio.wait_for(ready.wait(), 5)
-    return task, bound[0]
+    return await serve_on_free_port(app)
 
 
 async def _stop(task: asyncio.Task[None]) -> None:
