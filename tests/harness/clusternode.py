@@ -67,25 +67,12 @@ def cluster_node(
     """A started node `name` under `base`; its static-pod directory is `node.manifests`."""
     manifests = base / "manifests"
     manifests.mkdir(parents=True, exist_ok=True)
-    cert = control_plane.issue_kubelet_serving_cert(name, ["127.0.0.1"])
     node = KletNode(
         devstack,
         base,
         node_name=name,
         manifest_dir=manifests,
-        extra_flags=[
-            "--kubeconfig",
-            str(control_plane.node_kubeconfig(name)),
-            "--node-ip",
-            "127.0.0.1",
-            "--tls-cert-file",
-            str(cert.cert),
-            "--tls-private-key-file",
-            str(cert.key),
-            "--client-ca-file",
-            str(control_plane.ca_file),
-            *(extra_flags or []),
-        ],
+        extra_flags=[*control_plane.node_flags(name), *(extra_flags or [])],
     )
     node.manifests = manifests  # type: ignore[attr-defined]
     node.start()

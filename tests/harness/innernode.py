@@ -108,7 +108,7 @@ def inner_host(stack: DevStack, *, name: str) -> Iterator[InnerHost]:
         os.chmod(dir / "bus", 0o700)
         _run("mount", "--bind", str(root), str(root))
         _run("mount", "--make-rshared", str(root))
-        ports = set()
+        ports: set[int] = set()
         while len(ports) < 3:
             ports.add(free_port())
         port, healthz, read_only = sorted(ports)

@@ -123,7 +123,6 @@ class KletProcess:
     """`klet up` as the cluster's node on the dev stack's containerd (its own Redis)."""
 
     def __init__(self, stack: DevStack, plane: ControlPlane, dir: Path, *, node: str) -> None:
-        cert = plane.issue_kubelet_serving_cert(node, ["127.0.0.1"])
         self.kubelet_port = free_port()
         argv = [
             sys.executable,
@@ -142,16 +141,7 @@ class KletProcess:
             stack.runtime_endpoint,
             "--hostname-override",
             node,
-            "--kubeconfig",
-            str(plane.node_kubeconfig(node)),
-            "--node-ip",
-            "127.0.0.1",
-            "--tls-cert-file",
-            str(cert.cert),
-            "--tls-private-key-file",
-            str(cert.key),
-            "--client-ca-file",
-            str(plane.ca_file),
+            *plane.node_flags(node),
             "--port",
             str(self.kubelet_port),
             "--healthz-port",

@@ -193,6 +193,23 @@ class ControlPlane:
             name=f"kubelet-serving-{file_stem(node_name)}",
         )
 
+    def node_flags(self, node_name: str, ip: str = "127.0.0.1") -> list[str]:
+        """What a klet needs on its command line to join as ``node_name`` at ``ip``: its
+        node kubeconfig, a serving certificate for the kubelet API, the client CA."""
+        cert = self.issue_kubelet_serving_cert(node_name, [ip])
+        return [
+            "--kubeconfig",
+            str(self.node_kubeconfig(node_name)),
+            "--node-ip",
+            ip,
+            "--tls-cert-file",
+            str(cert.cert),
+            "--tls-private-key-file",
+            str(cert.key),
+            "--client-ca-file",
+            str(self.ca_file),
+        ]
+
     # -- life cycle ------------------------------------------------------------------
 
     def start(self, *, timeout_s: float = 90.0) -> None:
