@@ -6,10 +6,7 @@ fallback without a pids controller, and disk-backed emptyDirs."""
 from __future__ import annotations
 
 import os
-import shutil
-import tempfile
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -43,20 +40,6 @@ def test_statfs_reads_the_nearest_existing_parent(tmp_path: Path) -> None:
     assert here is not None
     assert (here.blocks, here.frsize, here.files) == (st.f_blocks, st.f_frsize, st.f_files)
     assert here.device == os.stat(tmp_path).st_dev
-
-
-@pytest.fixture
-def host_root(tmp_path: Path) -> Iterator[Path]:
-    """A stand-in for /proc/1/root on another filesystem than tmp_path's and /'s (a
-    tmpfs), so a statfs of the wrong one shows."""
-    shm = Path("/dev/shm")
-    if not shm.is_dir() or os.stat(shm).st_dev in (os.stat("/").st_dev, os.stat(tmp_path).st_dev):
-        pytest.skip("needs /dev/shm on a filesystem of its own")
-    root = Path(tempfile.mkdtemp(dir=shm))
-    try:
-        yield root
-    finally:
-        shutil.rmtree(root)
 
 
 def test_a_host_path_missing_here_is_read_under_the_host_root(host_root: Path) -> None:
