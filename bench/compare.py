@@ -454,7 +454,6 @@ class Workloads:
     def __init__(self, runner: asyncio.Runner) -> None:
         self.runner = runner
         self.clients: dict[str, RuntimeClient] = {}
-        self.last_start_cpu_s = 0.0  # CPU seconds of the agent during the last start()
 
     def cri(self, agent: Agent) -> RuntimeClient:
         if agent.endpoint not in self.clients:
@@ -479,9 +478,9 @@ class Workloads:
         for n in names:
             (agent.manifests / f"{n}.yaml").unlink()
 
-    def start(self, agent: Agent, names: Sequence[str]) -> tuple[list[float], float]:
-        """Write all manifests at once; (per-pod seconds to Running+ready, all). The CPU
-        the agent's processes used meanwhile is left in ``last_start_cpu_s``."""
+    def start(self, agent: Agent, names: Sequence[str]) -> tuple[list[float], float, float]:
+        """Write all manifests at once; (per-pod seconds to Running+ready, all, the CPU
+        seconds the agent's processes used meanwhile)."""
         fulls = {agent.full(n) for n in names}
         ready: dict[str, float] = {}
         poll_s = POLL_SINGLE_S if len(names) == 1 else POLL_BURST_S
@@ -502,8 +501,8 @@ class Workloads:
         after = agent.pids()
         # Processes that started or ended in between count only where both readings exist.
         common = before.keys() & after.keys()
-        self.last_start_cpu_s = sum(after[p] - before[p] for p in common) / CLK_TCK
-        return sorted(ready.values()), took
+        cpu_s = sum(after[p] - before[p] for p in common) / CLK_TCK
+        return sorted(ready.values()), took, cpu_s
 
     def stop(self, agent: Agent, names: Sequence[str], *, gone: bool
              ) -> tuple[float, float | None]:
@@ -664,7 +663,7 @@ def run_round(w: Workloads, agent: Agent, cfg: Config, r: int, samples: Samples)
 
 def single(w: Workloads, agent: Agent, name: str, samples: Samples) -> None:
     side = agent.name
-    per, _ = w.start(agent, [name])
+    per, _, _ = w.start(agent, [name])
     record(samples, "single_start", side, *per)
     dead, again = w.death(agent, name)
     record(samples, "death_terminated", side, dead)
@@ -680,21 +679,21 @@ def single(w: Workloads, agent: Agent, name: str, samples: Samples) -> None:
 
 def burst(w: Workloads, agent: Agent, names: Sequence[str], samples: Samples) -> None:
     side, m = agent.name, len(names)
-    per, total = w.start(agent, names)
+    per, total, cpu_s = w.start(agent, names)
     record(samples, f"burst{m}_per_pod", side, *per)
     record(samples, f"burst{m}_all", side, total)
-    record(samples, f"burst{m}_cpu", side, w.last_start_cpu_s)
+    record(samples, f"burst{m}_cpu", side, cpu_s)
     stopped, _ = w.stop(agent, names, gone=False)
     record(samples, f"burst{m}_stopped", side, stopped)
     print(f"  {side:<8} burst {m}: all running {total:.2f}s (median pod "
-          f"{percentile(per, 50):.2f}s, agent CPU {w.last_start_cpu_s:.1f} s); removed -> "
+          f"{percentile(per, 50):.2f}s, agent CPU {cpu_s:.1f} s); removed -> "
           f"all stopped {stopped:.2f}s", flush=True)
 
 
 def idle_and_restart(w: Workloads, agent: Agent, cfg: Config, samples: Samples) -> None:
     side = agent.name
     names = [f"idle{j}" for j in range(cfg.idle_pods)]
-    _, total = w.start(agent, names)
+    _, total, _ = w.start(agent, names)
     record(samples, "idle_start_all", side, total)
     print(f"  {side:<8} {cfg.idle_pods} pods running after {total:.1f}s; idle "
           f"{cfg.idle_s}s ...", flush=True)

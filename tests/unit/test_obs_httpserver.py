@@ -25,10 +25,6 @@ from tests.harness.serving import serve_on_free_port
 Served = tuple[asyncio.Task[None], int]
 
 
-async def _start(app: Any) -> Served:
-    return await serve_on_free_port(app)
-
-
 async def _stop(task: asyncio.Task[None]) -> None:
     task.cancel()
     await asyncio.gather(task, return_exceptions=True)
@@ -40,7 +36,7 @@ async def _hello(_request: Request) -> Response:
 
 @pytest.fixture
 async def served() -> AsyncIterator[Served]:
-    task, port = await _start(Routes({"/hello": _hello}))
+    task, port = await serve_on_free_port(Routes({"/hello": _hello}))
     yield task, port
     await _stop(task)
 
@@ -106,7 +102,7 @@ async def test_a_streamed_answer_without_a_length_is_chunked() -> None:
             await send({"type": "http.response.body", "body": part, "more_body": True})
         await send({"type": "http.response.body", "body": b""})
 
-    task, port = await _start(app)
+    task, port = await serve_on_free_port(app)
     try:
         async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}") as client:
             response = await client.get("/")
@@ -145,7 +141,7 @@ async def test_a_failing_app_is_a_500_and_the_server_goes_on() -> None:
     async def boom(_request: Request) -> Response:
         raise RuntimeError("bug")
 
-    task, port = await _start(Routes({"/boom": boom, "/hello": _hello}))
+    task, port = await serve_on_free_port(Routes({"/boom": boom, "/hello": _hello}))
     try:
         async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}") as client:
             failed = await client.get("/boom")
@@ -165,7 +161,7 @@ async def test_on_cancel_a_request_in_flight_finishes_and_idle_connections_close
         await release.wait()
         return text("finished")
 
-    task, port = await _start(Routes({"/slow": slow, "/hello": _hello}))
+    task, port = await serve_on_free_port(Routes({"/slow": slow, "/hello": _hello}))
     idle_reader, idle_writer = await asyncio.open_connection("127.0.0.1", port)
     idle_writer.write(b"GET /hello HTTP/1.1\r\nHost: x\r\n\r\n")
     first = await asyncio.wait_for(idle_reader.readuntil(b"hello"), 5)

@@ -10,6 +10,7 @@ eviction and status-reporter the stats, image-gc the image calls).
 
 from __future__ import annotations
 
+import functools
 import re
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
@@ -24,6 +25,7 @@ BUCKETS = tuple(0.005 * 2.5**i for i in range(14))
 _SPECIAL = {"UpdateContainerResources": "update_container"}
 
 
+@functools.cache
 def operation_type(method: str) -> str:
     """Upstream's name of a CRI method: snake case, with "pod sandbox" as one word
     (`RunPodSandbox` -> `run_podsandbox`)."""
@@ -57,12 +59,9 @@ class RuntimeOperationMetrics:
             labels,
             registry=registry,
         )
-        self._types: dict[str, str] = {}
 
     def observe(self, method: str, seconds: float, *, failed: bool) -> None:
-        op = self._types.get(method)
-        if op is None:
-            op = self._types[method] = operation_type(method)
+        op = operation_type(method)
         self.operations.labels(op).inc()
         self.duration.labels(op).observe(seconds)
         if failed:
