@@ -5,13 +5,14 @@ relister to its long period and owes one full relist; an exit with its status is
 (the pod adapter reads the container as exited, OOMKilled after an OOM event) and wakes
 the pod's worker at once, and again once CRI shows the container stopped (polled with
 growing delays, bounded), when the notice is dropped and that pod alone is refreshed
-with label-selected lists; the delete that follows a seen exit
-and an OOM kill wake nobody; a start wakes at once; an event about an object the last
-relist did not know is resolved through lists filtered by its ID, and one
-that is not ours is dropped and looked up once; a dropped stream puts the relister
-back on its short period, owes a relist, re-subscribes after the back-off delays and
-owes one more full relist once open; a runtime without events leaves the relister
-short-period for good; the observer sees each subscription, drop and event.
+with label-selected lists; the delete that follows a seen exit wakes nobody; an OOM
+kill wakes at once, and an exit CRI recorded as `Error` before it handled the OOM event
+reads `OOMKilled` from then on; a start wakes at once; an event about an object the
+last relist did not know is resolved through lists filtered by its ID, and one that is
+not ours is dropped and looked up once; a dropped stream puts the relister back on its
+short period, owes a relist, re-subscribes after the back-off delays and owes one more
+full relist once open; a runtime without events leaves the relister short-period for
+good; the observer sees each subscription, drop and event.
 """
 
 from __future__ import annotations
@@ -147,7 +148,7 @@ def test_settle_delays_grow_up_to_the_step_within_the_bound() -> None:
         (EventKind.EXITED, True, Action.CONFIRM),
         (EventKind.DELETED, True, Action.IGNORE),  # its exit wakes the worker
         (EventKind.DELETED, False, Action.CONFIRM),  # the exit was missed
-        (EventKind.OOM, False, Action.IGNORE),  # the exit follows if the container dies
+        (EventKind.OOM, False, Action.WAKE),  # an exit published may turn OOMKilled
         (EventKind.STARTED, False, Action.WAKE),
         (EventKind.CREATED, False, Action.WAKE),
     ],
@@ -265,21 +266,66 @@ def test_notices_are_bounded() -> None:
     assert "c0" not in notices and "c1" in notices and "c2" in notices
 
 
-async def test_exit_delete_and_oom_of_one_death_wake_the_worker_once(w: World) -> None:
+async def test_exit_and_delete_of_one_death_wake_the_worker_once(w: World) -> None:
     _sid, cid = await w.pod("a")
     await w.relister.relist_once()
     w.woken.clear()
     async with running(w.watcher.run()):
         await w.subscribed()
-        w.events.push(EventKind.OOM, cid)
         w.cri.exit_container(cid, 137)
         w.events.push(EventKind.EXITED, cid)
         w.events.push(EventKind.DELETED, cid)
-        await until(lambda: len(w.observer.log) == 4 and not w.watcher._tasks)
+        await until(lambda: len(w.observer.log) == 3 and not w.watcher._tasks)
+        assert w.woken == ["a"]
         # a delete whose exit was not seen stands in for it
         w.events.push(EventKind.DELETED, cid)
-        await until(lambda: len(w.observer.log) == 5 and not w.watcher._tasks)
+        await until(lambda: len(w.observer.log) == 4 and not w.watcher._tasks)
     assert w.woken == ["a", "a"]
+
+
+async def test_an_oom_kill_after_the_recorded_exit_turns_it_oomkilled(w: World) -> None:
+    """containerd's CRI plugin handles events in order: an OOM event that came after the
+    exit leaves CRI's record an `Error` until it is handled (then `OOMKilled` for good).
+    The exit read in between must not stand: the OOM event wakes the worker, and the
+    cached exit reads OOMKilled."""
+    _sid, cid = await w.pod("a")
+    await w.relister.relist_once()
+    runtime = PodRuntime(w.cri, w.watcher.notices)
+    w.woken.clear()
+    async with running(w.watcher.run()):
+        await w.subscribed()
+        w.cri.exit_container(cid, 137)  # recorded before the OOM event was handled
+        w.events.push(EventKind.EXITED, cid, exit_status=137)
+        await until(lambda: w.woken == ["a", "a"] and not w.watcher._tasks)
+        first = (await runtime.get("a")).containers[0]
+        assert (first.state, first.reason) == (ContainerState.EXITED, "Error")
+        w.events.push(EventKind.OOM, cid)
+        await until(lambda: w.woken == ["a", "a", "a"] and not w.watcher._tasks)
+    again = (await runtime.get("a")).containers[0]
+    assert (again.state, again.exit_code, again.reason) == (
+        ContainerState.EXITED,
+        137,
+        "OOMKilled",
+    )
+    assert again.finished_at == first.finished_at
+    # the cache holds the reason from now on, however many OOM kills come after
+    w.watcher.notices.limit = 0
+    w.watcher.notices.oom_killed("another")
+    assert (await runtime.get("a")).containers[0].reason == "OOMKilled"
+
+
+async def test_an_oom_kill_in_a_live_container_wakes_but_changes_nothing(w: World) -> None:
+    _sid, cid = await w.pod("a")
+    await w.relister.relist_once()
+    runtime = PodRuntime(w.cri, w.watcher.notices)
+    w.woken.clear()
+    async with running(w.watcher.run()):
+        await w.subscribed()
+        w.events.push(EventKind.OOM, cid)  # a child was killed; the container lives on
+        await until(lambda: w.woken == ["a"] and not w.watcher._tasks)
+    assert (await runtime.get("a")).containers[0].state is ContainerState.RUNNING
+    w.cri.exit_container(cid, 0)  # its exit later reads as CRI records it: OOMKilled
+    assert (await runtime.get("a")).containers[0].reason == "OOMKilled"
 
 
 async def test_an_exit_cri_never_confirms_wakes_the_pod_after_the_bound(w: World) -> None:

@@ -1,18 +1,26 @@
 """Reads one pod's state from CRI (by the pod-UID label) into a `RuntimePod`.
 
-Exited containers never change again, so their ContainerStatus is cached by ID, together
-with the termination message read from their message file or log (termination.py) the
-first time they are seen exited; running ones are asked every time. This is the adapter
-the pod workers read through, one pod at a time, so a worker sees the effect of its own
-actions at once instead of waiting for the next relist.
+Exited containers never change again (but for the reason of an OOM kill, below), so
+their ContainerStatus is cached by ID, together with the termination message read from
+their message file or log (termination.py) the first time they are seen exited; running
+ones are asked every time. This is the adapter the pod workers read through, one pod at
+a time, so a worker sees the effect of its own actions at once instead of waiting for
+the next relist.
 
 containerd announces a task's exit (with its exit status and time) tens of milliseconds
 before its CRI plugin records it: the plugin first has the shim delete the task. An
 exit the runtime announced (`ExitNotices`, filled by the evented PLEG) therefore counts
 for a container CRI still reports running, until CRI records it: the worker publishes
-the death and starts the next instance at once. The exit reads as CRI will record it:
-`OOMKilled` after an OOM event, with the termination message read the same way (but a
-message to be taken from the log waits for CRI: the log may not have its last lines).
+the death and starts the next instance at once. The exit reads as CRI will record it,
+with the termination message read the same way (but a message to be taken from the log
+waits for CRI: the log may not have its last lines).
+
+An OOM kill the runtime announced makes the container's exit read `OOMKilled`, as CRI
+records it too: containerd's CRI plugin marks a container OOM-killed when it handles
+the OOM event, for good, but handles the events in the order they came, so an OOM event
+that came after the exit leaves CRI reporting `Error` for a moment after the exit. The
+exited status cached here takes the reason once the OOM is known, so a record read in
+that moment does not stand.
 """
 
 from __future__ import annotations
@@ -20,6 +28,7 @@ from __future__ import annotations
 import dataclasses
 import time
 from dataclasses import dataclass
+from typing import Any
 
 from klet.cri import NotFound
 from klet.cri import labels as L
@@ -37,40 +46,54 @@ class RuntimeUIDs:
 
 
 NOTICES_MAX = 1024
-"""How many announced exits are kept at most (each lives until CRI records it)."""
+"""How many announced exits, and OOM kills, are kept at most."""
+
+OOM_KILLED = "OOMKilled"
 
 
 @dataclass(frozen=True)
 class ExitNotice:
     exit_code: int
     finished_at: int  # Unix ns
-    oom: bool = False
 
 
 class ExitNotices:
-    """Exits the runtime announced that CRI may not have recorded yet, by container ID."""
+    """Exits the runtime announced that CRI may not have recorded yet, and the
+    containers an OOM kill was announced in, by container ID (each bounded)."""
 
     def __init__(self, *, limit: int = NOTICES_MAX) -> None:
         self.limit = limit
         self._by_id: dict[str, ExitNotice] = {}
+        self._oom: dict[str, None] = {}
 
-    def add(self, object_id: str, exit_code: int, at: float, *, oom: bool = False) -> None:
+    def add(self, object_id: str, exit_code: int, at: float) -> None:
         """`at` is the runtime's Unix time of the exit in seconds, 0 when unknown."""
         finished_at = int((at or time.time()) * 1e9)
-        self._by_id[object_id] = ExitNotice(exit_code, finished_at, oom)
-        while len(self._by_id) > self.limit:
-            del self._by_id[next(iter(self._by_id))]
+        self._by_id[object_id] = ExitNotice(exit_code, finished_at)
+        bound(self._by_id, self.limit)
+
+    def oom_killed(self, object_id: str) -> None:
+        """The runtime announced an OOM kill in this container (its exit may follow)."""
+        self._oom[object_id] = None
+        bound(self._oom, self.limit)
 
     def discard(self, object_id: str) -> None:
+        """CRI recorded the exit: its record stands from now on."""
         self._by_id.pop(object_id, None)
 
     def __contains__(self, object_id: str) -> bool:
         return object_id in self._by_id
 
     def apply(self, st: ContainerStatusInfo) -> ContainerStatusInfo:
-        """`st` as exited if the runtime announced its exit and CRI still runs it. Not
-        when the termination message is to come from the log: the runtime may still
-        be copying the last lines into it, so that one waits for CRI's record."""
+        """`st` as CRI will record it: exited if the runtime announced its exit and CRI
+        still runs it, and `OOMKilled` if it exited after an announced OOM kill. An
+        announced exit does not count when the termination message is to come from
+        the log: the runtime may still be copying the last lines into it, so that one
+        waits for CRI's record."""
+        if st.state == ContainerState.EXITED:
+            if st.id in self._oom and st.reason != OOM_KILLED:
+                return dataclasses.replace(st, reason=OOM_KILLED)
+            return st
         notice = self._by_id.get(st.id)
         if notice is None or st.state != ContainerState.RUNNING:
             return st
@@ -82,10 +105,16 @@ class ExitNotices:
             state=ContainerState.EXITED,
             exit_code=notice.exit_code,
             finished_at=max(notice.finished_at, st.started_at),
-            reason="OOMKilled" if notice.oom else "",
+            reason=OOM_KILLED if st.id in self._oom else "",
             message="",
         )
         return termination.with_message(exited)
+
+
+def bound(entries: dict[str, Any], limit: int) -> None:
+    """Drop the oldest entries of an insertion-ordered dict beyond `limit`."""
+    while len(entries) > limit:
+        del entries[next(iter(entries))]
 
 
 class PodRuntime:
@@ -114,17 +143,17 @@ class PodRuntime:
             views.append(SandboxView(s.id, s.attempt, s.state, s.created_at, ip, tuple(ips)))
         statuses: list[ContainerStatusInfo] = []
         for c in await self.cri.list_containers(label_selector=selector):
-            cached = self._exited.get(c.id)
-            if cached is not None:
-                statuses.append(cached)
-                continue
-            try:
-                st = await self.cri.container_status(c.id)
-            except NotFound:
-                continue
+            st = self._exited.get(c.id)
+            if st is None:
+                try:
+                    st = await self.cri.container_status(c.id)
+                except NotFound:
+                    continue
+                if st.state == ContainerState.EXITED:
+                    st = termination.with_message(st)
             if st.state == ContainerState.EXITED:
-                st = termination.with_message(st)
-                self._exited[c.id] = st
+                # CRI's record, with the reason of an OOM kill announced since.
+                st = self._exited[c.id] = self.exits.apply(st)
             else:
                 st = self.exits.apply(st)
             statuses.append(st)

@@ -1,6 +1,6 @@
 """Evented PLEG: wake the worker of a pod as soon as the runtime says one of its
 sandboxes or containers started or exited (`action_for` says which event calls for
-what; OOM kills and the deletions that follow exits are counted, not acted on).
+what; the deletions that follow exits are counted, not acted on).
 
 The subscription (`klet.cri.events.RuntimeEvents`) is CRI GetContainerEvents where the
 runtime has it, else containerd's own task events. While it is open the relister runs
@@ -18,7 +18,9 @@ the death and restarts the container without waiting for CRI. The exit is then
 confirmed through CRI (`ContainerStatus`, polled with short growing delays up to
 `SettleSettings`), the notice dropped and the worker woken again, so the status
 converges on what CRI recorded. An exit without a status (a deletion standing in for
-an unseen exit) only wakes the worker once confirmed. Other events wake at once.
+an unseen exit) only wakes the worker once confirmed. An OOM kill is noted too (the
+exit reads `OOMKilled`, before or after the exit came) and wakes the worker at once, as
+other events do: it may come after the exit was published as an `Error`.
 
 Each event is handled in its own task so one slow confirmation does not hold up the
 events behind it; events about objects that are not ours (no pod
@@ -50,7 +52,7 @@ from klet.model.flowcontrol import BackoffPolicy, RetryDelay
 from klet.model.types import ContainerID, SandboxID
 from klet.obs import OnceLogger
 from klet.syncloop.pods.relisting import Relister
-from klet.syncloop.pods.runtime import ExitNotices
+from klet.syncloop.pods.runtime import ExitNotices, bound
 from klet.syncloop.ports import RuntimeReader
 
 log = logging.getLogger(__name__)
@@ -120,15 +122,13 @@ class Action(Enum):
 def action_for(kind: EventKind, *, exit_seen: bool) -> Action:
     """What an event calls for. An exit waits for CRI (see the module doc). A delete
     follows the exit it belongs to and is ignored when that exit was seen, else it
-    stands in for it. An OOM kill is not an exit: the killed process may be a child
-    and the container live on; when the container does die, its exit follows and CRI
-    then gives the reason (OOMKilled). Starts and creations wake at once."""
+    stands in for it. Starts, creations and OOM kills wake at once: an OOM kill is not
+    an exit (the killed process may be a child and the container live on), but it
+    changes the reason of an exit that may already have been published."""
     if kind is EventKind.EXITED:
         return Action.CONFIRM
     if kind is EventKind.DELETED:
         return Action.IGNORE if exit_seen else Action.CONFIRM
-    if kind is EventKind.OOM:
-        return Action.IGNORE
     return Action.WAKE
 
 
@@ -158,7 +158,6 @@ class EventWatcher:
         self.source_name = ""
         self._foreign: dict[str, None] = {}
         self._exits: dict[str, None] = {}  # objects whose exit was seen (bounded)
-        self._ooms: dict[str, None] = {}  # objects an OOM kill was seen in (bounded)
         self.notices = exits if exits is not None else ExitNotices()
         self._tasks: set[asyncio.Task[None]] = set()
         self._once = OnceLogger(log, level=logging.WARNING)
@@ -223,10 +222,9 @@ class EventWatcher:
         if event.kind is EventKind.EXITED:
             _remember(self._exits, event.object_id)
         elif event.kind is EventKind.OOM:
-            _remember(self._ooms, event.object_id)
+            self.notices.oom_killed(event.object_id)
         elif event.kind is EventKind.DELETED:
             self._exits.pop(event.object_id, None)
-            self._ooms.pop(event.object_id, None)
         if action is Action.IGNORE:
             return
         task = asyncio.create_task(
@@ -245,8 +243,7 @@ class EventWatcher:
                 return
             if confirm:
                 if event.kind is EventKind.EXITED and event.exit_status is not None:
-                    oom = event.object_id in self._ooms
-                    self.notices.add(event.object_id, event.exit_status, event.at, oom=oom)
+                    self.notices.add(event.object_id, event.exit_status, event.at)
                     self.wake(uid)
                 try:
                     await self._confirm_stopped(event.object_id)
@@ -302,5 +299,4 @@ class EventWatcher:
 def _remember(ids: dict[str, None], object_id: str) -> None:
     """Add to a bounded, insertion-ordered set of IDs."""
     ids[object_id] = None
-    while len(ids) > FOREIGN_CACHE:
-        del ids[next(iter(ids))]
+    bound(ids, FOREIGN_CACHE)
