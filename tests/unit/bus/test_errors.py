@@ -1,5 +1,5 @@
 """How Redis client errors become bus errors: unreachable vs refused, and a task being
-cancelled keeps its cancellation (the client can turn one into a connection error)."""
+cancelled keeps its cancellation even if a connection error is what it caught."""
 
 from __future__ import annotations
 
@@ -7,14 +7,12 @@ import asyncio
 
 from klet.bus import BusError, BusUnavailable
 from klet.bus.redisbus import _wrap
-from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import ResponseError
+from klet.bus.resp import ConnectionFailed, ReplyError
 
 
 async def test_connection_errors_are_unavailable_and_others_plain_bus_errors() -> None:
-    assert isinstance(_wrap(RedisConnectionError("refused")), BusUnavailable)
-    assert isinstance(_wrap(OSError("gone")), BusUnavailable)
-    refused = _wrap(ResponseError("NOPERM"))
+    assert isinstance(_wrap(ConnectionFailed("refused")), BusUnavailable)
+    refused = _wrap(ReplyError("NOPERM this user has no permissions"))
     assert isinstance(refused, BusError) and not isinstance(refused, BusUnavailable)
 
 
@@ -27,8 +25,8 @@ async def test_a_task_being_cancelled_gets_its_cancellation_back() -> None:
         try:
             await asyncio.sleep(60)
         except asyncio.CancelledError:
-            # what the client does when a cancellation lands in a read
-            wrapped.append(_wrap(RedisConnectionError("Connection closed by server.")))
+            # a connection error caught while the task is being cancelled
+            wrapped.append(_wrap(ConnectionFailed("Redis closed the connection")))
 
     task = asyncio.create_task(reader())
     await waiting.wait()
