@@ -6,7 +6,8 @@ pods no source wants; objects without a pod-UID label are not ours; the count of
 sandboxes follows the last relist; health turns false once the last successful relist
 is older than three minutes (a fake monotonic clock) and true again after one; the
 run loop reports each pod-UID set, and logs a CRI failure once and its recovery;
-`relist_pod` refreshes one pod's fingerprint (label-selected lists) without waking it;
+a pod worker's own read (PodRuntime) refreshes its pod's fingerprint and owners without
+waking it;
 the period is the long one only while runtime events flow, and a long one stretches
 the health threshold; `kick` starts a relist at
 once, and a kicked relist that fails is retried within a second until one succeeds.
@@ -24,6 +25,7 @@ from klet.cri.testing import FakeRuntimeService
 from klet.cri.types import ContainerConfig, SandboxConfig
 from klet.model.types import ContainerID, SandboxID
 from klet.syncloop.pods.relisting import RELIST_THRESHOLD_S, Relister
+from klet.syncloop.pods.runtime import PodRuntime
 
 from .helpers import Clock, running, until
 
@@ -54,8 +56,8 @@ class World:
         labels = {L.POD_UID: uid} if labelled else {}
         return await self.cri.run_pod_sandbox(sandbox_config(uid, labels))
 
-    async def container(self, sandbox_id: SandboxID, uid: str) -> ContainerID:
-        config = ContainerConfig(name="main", attempt=0, image=IMAGE, labels={L.POD_UID: uid})
+    async def container(self, sandbox_id: SandboxID, uid: str, name: str = "main") -> ContainerID:
+        config = ContainerConfig(name=name, attempt=0, image=IMAGE, labels={L.POD_UID: uid})
         labels = {L.POD_UID: uid}
         cid = await self.cri.create_container(sandbox_id, config, sandbox_config(uid, labels))
         await self.cri.start_container(cid)
@@ -139,24 +141,26 @@ async def test_the_run_loop_reports_uids_and_logs_a_failure_once(
     assert [r.getMessage() for r in caplog.records] == ["relist failed", "relist recovered"]
 
 
-async def test_relist_pod_refreshes_one_fingerprint_without_waking(w: World) -> None:
+async def test_a_workers_read_refreshes_its_pods_fingerprint_without_waking(w: World) -> None:
     a = await w.sandbox("a")
     cid = await w.container(a, "a")
     b = await w.sandbox("b")
     await w.relist()
     assert w.relister.owner == {a: "a", cid: "a", b: "b"}
+    runtime = PodRuntime(w.cri, observe=w.relister.observe)
     w.cri.exit_container(cid, 1)
-    w.cri.calls.clear()
     w.woken.clear()
-    assert await w.relister.relist_pod("a") is True
-    assert await w.relister.relist_pod("a") is False
+    await runtime.get("a")  # the worker sees the exit itself
     assert w.woken == []
-    assert {c[1:] for c in w.cri.calls} == {(f"{L.POD_UID}=a",)}
     await w.relist()
     assert w.woken == []  # the full relist agrees with the refreshed fingerprint
+    # a container the worker made since the last relist is known by its read
+    other = await w.container(a, "a", "sidecar")
+    await runtime.get("a")
+    assert w.relister.owner[other] == "a"
     await w.cri.stop_pod_sandbox(a)
     await w.cri.remove_pod_sandbox(a)
-    assert await w.relister.relist_pod("a") is True
+    await runtime.get("a")
     assert "a" not in w.relister.previous and w.relister.ready_sandboxes() == 1
 
 

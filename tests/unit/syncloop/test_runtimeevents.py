@@ -4,15 +4,16 @@ Covers: what each event calls for (`action_for`); an open subscription switches 
 relister to its long period and owes one full relist; an exit with its status is noted
 (the pod adapter reads the container as exited, OOMKilled after an OOM event) and wakes
 the pod's worker at once, and again once CRI shows the container stopped (polled with
-growing delays, bounded), when the notice is dropped and that pod alone is refreshed
-with label-selected lists; the delete that follows a seen exit wakes nobody; an OOM
-kill wakes at once, and an exit CRI recorded as `Error` before it handled the OOM event
-reads `OOMKilled` from then on; a start wakes at once; an event about an object the
-last relist did not know is resolved through lists filtered by its ID, and one that is
-not ours is dropped and looked up once; a dropped stream puts the relister back on its
-short period, owes a relist, re-subscribes after the back-off delays and owes one more
-full relist once open; a runtime without events leaves the relister short-period for
-good; the observer sees each subscription, drop and event.
+growing delays, bounded), when the notice is dropped; the delete that follows a seen
+exit wakes nobody; an OOM kill wakes at once, and an exit CRI recorded as `Error` before
+it handled the OOM event reads `OOMKilled` from then on; creations and starts wake
+nobody and cost no CRI call; an event about an object the last relist did not know is
+resolved through lists filtered by its ID, and one that is not ours is dropped and
+looked up once; the woken worker's read (PodRuntime) refreshes PLEG's fingerprint; a
+dropped stream puts the relister back on its short period, owes a relist, re-subscribes
+after the back-off delays and owes one more full relist once open; a runtime without
+events leaves the relister short-period for good; the observer sees each subscription,
+drop and event.
 """
 
 from __future__ import annotations
@@ -149,8 +150,8 @@ def test_settle_delays_grow_up_to_the_step_within_the_bound() -> None:
         (EventKind.DELETED, True, Action.IGNORE),  # its exit wakes the worker
         (EventKind.DELETED, False, Action.CONFIRM),  # the exit was missed
         (EventKind.OOM, False, Action.WAKE),  # an exit published may turn OOMKilled
-        (EventKind.STARTED, False, Action.WAKE),
-        (EventKind.CREATED, False, Action.WAKE),
+        (EventKind.STARTED, False, Action.IGNORE),  # a worker's own action, seen by it
+        (EventKind.CREATED, False, Action.IGNORE),
     ],
 )
 def test_what_each_event_calls_for(kind: EventKind, exit_seen: bool, action: Action) -> None:
@@ -172,7 +173,7 @@ async def test_an_exit_wakes_the_pod_at_once_and_again_once_cri_shows_it(w: Worl
     await w.relister.relist_once()
     w.cri.calls.clear()
     w.woken.clear()
-    runtime = PodRuntime(w.cri, w.watcher.notices)
+    runtime = PodRuntime(w.cri, w.watcher.notices, w.relister.observe)
     seen: list[tuple[list[str], ContainerState, int]] = []
 
     async def look() -> None:  # what a worker woken before CRI's record reads
@@ -192,11 +193,14 @@ async def test_an_exit_wakes_the_pod_at_once_and_again_once_cri_shows_it(w: Worl
     assert [c for c in w.cri.calls_of("ContainerStatus") if c[1] == cid][-3:] == [
         ("ContainerStatus", cid)
     ] * 3
-    assert w.list_calls()[-2:] == [
+    # the watcher lists nothing itself: these are the early worker read's (look)
+    assert w.list_calls() == [
         ("ListPodSandbox", f"{L.POD_UID}=a"),
         ("ListContainers", f"{L.POD_UID}=a"),
     ]
-    # the refreshed fingerprint: the next full relist wakes nobody again
+    # the woken worker's read refreshes PLEG's fingerprint: the next full relist
+    # wakes nobody again
+    await runtime.get("a")
     w.woken.clear()
     await w.relister.relist_once()
     assert w.woken == []
@@ -340,31 +344,40 @@ async def test_an_exit_cri_never_confirms_wakes_the_pod_after_the_bound(w: World
     assert w.cri.containers[cid].state is ContainerState.RUNNING
 
 
-async def test_a_start_wakes_at_once_and_an_unknown_object_is_looked_up(w: World) -> None:
+async def test_creations_and_starts_wake_nobody_and_cost_nothing(w: World) -> None:
     sid, cid = await w.pod("a")  # not relisted yet: the relister knows neither ID
+    w.cri.calls.clear()
     async with running(w.watcher.run()):
         await w.subscribed()
-        w.events.push(EventKind.STARTED, sid)  # the pause task: a sandbox ID
+        for kind in (EventKind.CREATED, EventKind.STARTED):
+            w.events.push(kind, sid)
+            w.events.push(kind, cid)
+        await until(lambda: len(w.observer.log) == 5)  # counted all the same
+    assert w.woken == [] and w.cri.calls == []
+
+
+async def test_an_exit_of_an_unknown_object_is_looked_up(w: World) -> None:
+    sid, cid = await w.pod("a")  # not relisted yet: the relister knows neither ID
+    await w.cri.stop_pod_sandbox(sid)  # the pause task exits
+    async with running(w.watcher.run()):
+        await w.subscribed()
+        w.events.push(EventKind.EXITED, sid)  # a sandbox ID
         await until(lambda: w.woken == ["a"] and not w.watcher._tasks)
-        # the pod's refresh taught the relister its container too: no lookup
-        w.events.push(EventKind.STARTED, cid)
-        await until(lambda: w.woken == ["a", "a"])
-    assert w.slept == []
     # looked up with lists filtered by ID, which fail nothing when the ID is the other kind
     assert w.cri.calls_of("ListContainers")[0] == ("ListContainers", f"id={sid}")
     assert w.cri.calls_of("ListPodSandbox")[0] == ("ListPodSandbox", f"id={sid}")
-    assert w.cri.calls_of("ContainerStatus") == w.cri.calls_of("PodSandboxStatus") == []
-    assert w.relister.owner == {sid: "a", cid: "a"}
+    assert w.relister.owner == {sid: "a"}
+    assert cid not in w.relister.owner  # the woken worker's read teaches it the rest
 
 
 async def test_an_event_naming_its_pod_needs_no_lookup(w: World) -> None:
     _sid, cid = await w.pod("a")
+    w.cri.calls.clear()
     async with running(w.watcher.run()):
         await w.subscribed()
-        w.events.push(EventKind.STARTED, cid, pod_uid="a")
+        w.events.push(EventKind.OOM, cid, pod_uid="a")
         await until(lambda: w.woken == ["a"])
-    assert w.cri.calls_of("ContainerStatus") == []
-    assert [c for c in w.cri.calls if any(a.startswith("id=") for a in c[1:])] == []
+    assert w.cri.calls == []
 
 
 async def test_events_about_objects_that_are_not_ours_are_dropped_after_one_lookup(
@@ -373,11 +386,11 @@ async def test_events_about_objects_that_are_not_ours_are_dropped_after_one_look
     _sid, cid = await w.pod("theirs", labelled=False)
     async with running(w.watcher.run()):
         await w.subscribed()
-        w.events.push(EventKind.STARTED, cid)
-        w.events.push(EventKind.STARTED, "gone")  # neither container nor sandbox any more
-        await until(lambda: w.observer.log[-1] == "started gone" and not w.watcher._tasks)
-        w.events.push(EventKind.STARTED, cid)
-        await until(lambda: w.observer.log.count(f"started {cid}") == 2 and not w.watcher._tasks)
+        w.events.push(EventKind.OOM, cid)
+        w.events.push(EventKind.OOM, "gone")  # neither container nor sandbox any more
+        await until(lambda: w.observer.log[-1] == "oom gone" and not w.watcher._tasks)
+        w.events.push(EventKind.OOM, cid)
+        await until(lambda: w.observer.log.count(f"oom {cid}") == 2 and not w.watcher._tasks)
     assert w.woken == []
     assert w.cri.calls_of("ListContainers") == [
         ("ListContainers", f"id={cid}"),

@@ -305,6 +305,7 @@ def build_deps(settings: Settings, overrides: Overrides | None = None) -> Deps:
         controller.on_runtime_change,
         evented_period_s=settings.klet.evented_pleg_relist_period,
     )
+    runtime.observe = relister.observe  # the workers' reads keep PLEG's fingerprints
     # Evented PLEG: on unless featureGates.EventedPLEG is false (upstream's gate, whose
     # default is false there; klet defaults it on and falls back to relisting every
     # second by itself when the runtime serves no events).

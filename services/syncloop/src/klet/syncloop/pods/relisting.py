@@ -13,8 +13,12 @@ notices a container removed behind our back (containerd publishes no task event 
 that), an event lost between a stream's drop and its replacement, and a runtime that
 never sends one. Upstream's evented PLEG relists every 300 s; 20 s bounds those cases
 at the manifest poll period (fileCheckFrequency) for a cost of two CRI calls. `kick()`
-asks for a full relist at once (after a re-subscription); `relist_pod` refreshes one
-pod's fingerprint after an event so the next full relist does not wake it again.
+asks for a full relist at once (after a re-subscription).
+
+A pod worker's own read of its pod (PodRuntime.get: the pod's sandboxes and containers,
+selected by label) refreshes that pod's fingerprint and owners through `observe`: what
+a worker has seen (its own actions included) does not wake it again at the next relist,
+and an event about a container it created is matched to its pod without a lookup.
 """
 
 from __future__ import annotations
@@ -22,11 +26,11 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from klet.cri import CRIError
 from klet.cri import labels as L
-from klet.cri.types import ContainerState, SandboxState
+from klet.cri.types import Container, ContainerState, Sandbox, SandboxState
 from klet.obs import OnceLogger
 from klet.syncloop.ports import RuntimeReader
 
@@ -120,12 +124,11 @@ class Relister:
         """Whether a kicked full relist has not started yet."""
         return self._kick.is_set()
 
-    async def relist_pod(self, uid: str) -> bool:
-        """Refresh the fingerprint of one pod (two label-selected CRI calls) without
-        waking it; whether it changed. The caller has woken the worker already."""
-        selector = {L.POD_UID: uid}
-        sandboxes = await self.cri.list_pod_sandboxes(label_selector=selector)
-        containers = await self.cri.list_containers(label_selector=selector)
+    def observe(
+        self, uid: str, sandboxes: Sequence[Sandbox], containers: Sequence[Container]
+    ) -> None:
+        """Take what a label-selected read of pod `uid` found as its fingerprint and
+        owners, without waking it: the reader is its worker."""
         sb: list[tuple[str, SandboxState, dict[str, str]]] = [
             (s.id, s.state, s.labels) for s in sandboxes
         ]
@@ -133,13 +136,11 @@ class Relister:
             (c.id, c.state, c.labels) for c in containers
         ]
         fp = fingerprints(sb, ct).get(uid)
-        changed = fp != self.previous.get(uid)
         if fp is None:
             self.previous.pop(uid, None)
         else:
             self.previous[uid] = fp
         self.owner.update(owners([*sb, *ct]))
-        return changed
 
     async def relist_once(self) -> set[str]:
         started = self.clock()
@@ -152,7 +153,8 @@ class Relister:
             (c.id, c.state, c.labels) for c in containers
         ]
         current = fingerprints(sb, ct)
-        self.owner = owners([*sb, *ct])
+        self.owner.clear()  # in place: pod workers add to it as they read (observe)
+        self.owner.update(owners([*sb, *ct]))
         changed = {
             uid
             for uid in current.keys() | self.previous.keys()

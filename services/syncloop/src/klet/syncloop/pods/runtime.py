@@ -27,12 +27,13 @@ from __future__ import annotations
 
 import dataclasses
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from klet.cri import NotFound
 from klet.cri import labels as L
-from klet.cri.types import ContainerState, ContainerStatusInfo, SandboxState
+from klet.cri.types import Container, ContainerState, ContainerStatusInfo, Sandbox, SandboxState
 from klet.model.types import ContainerID
 from klet.syncloop.containers import termination
 from klet.syncloop.pods.runtimepod import RuntimePod, SandboxView, sort_newest_first
@@ -117,19 +118,26 @@ def bound(entries: dict[str, Any], limit: int) -> None:
         del entries[next(iter(entries))]
 
 
+Observer = Callable[[str, Sequence[Sandbox], Sequence[Container]], None]
+"""Told what each read of a pod listed (PLEG's `Relister.observe`)."""
+
+
 class PodRuntime:
-    def __init__(self, cri: RuntimeReader, exits: ExitNotices | None = None) -> None:
+    def __init__(
+        self, cri: RuntimeReader, exits: ExitNotices | None = None, observe: Observer | None = None
+    ) -> None:
         self.cri = cri
         self.exits = exits if exits is not None else ExitNotices()
+        self.observe = observe
         self._exited: dict[ContainerID, ContainerStatusInfo] = {}
 
     async def get(self, uid: str) -> RuntimePod:
         selector = {L.POD_UID: uid}
-        sandboxes = sorted(
-            await self.cri.list_pod_sandboxes(label_selector=selector),
-            key=lambda s: (s.created_at, s.attempt),
-            reverse=True,
-        )
+        listed_sandboxes = await self.cri.list_pod_sandboxes(label_selector=selector)
+        listed_containers = await self.cri.list_containers(label_selector=selector)
+        if self.observe is not None:
+            self.observe(uid, listed_sandboxes, listed_containers)
+        sandboxes = sorted(listed_sandboxes, key=lambda s: (s.created_at, s.attempt), reverse=True)
         views: list[SandboxView] = []
         for i, s in enumerate(sandboxes):
             ip: str = ""
@@ -142,7 +150,7 @@ class PodRuntime:
                     continue
             views.append(SandboxView(s.id, s.attempt, s.state, s.created_at, ip, tuple(ips)))
         statuses: list[ContainerStatusInfo] = []
-        for c in await self.cri.list_containers(label_selector=selector):
+        for c in listed_containers:
             st = self._exited.get(c.id)
             if st is None:
                 try:

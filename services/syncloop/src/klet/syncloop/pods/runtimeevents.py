@@ -1,6 +1,9 @@
 """Evented PLEG: wake the worker of a pod as soon as the runtime says one of its
-sandboxes or containers started or exited (`action_for` says which event calls for
-what; the deletions that follow exits are counted, not acted on).
+sandboxes or containers exited or was OOM-killed (`action_for` says which event calls
+for what). Creations and starts are counted, not acted on: only syncloop's pod workers
+create and start our pods' sandboxes and containers, and a worker reads its pod again
+after acting, so those events only echo what it has seen. So are the deletions that
+follow exits.
 
 The subscription (`klet.cri.events.RuntimeEvents`) is CRI GetContainerEvents where the
 runtime has it, else containerd's own task events. While it is open the relister runs
@@ -19,12 +22,15 @@ confirmed through CRI (`ContainerStatus`, polled with short growing delays up to
 `SettleSettings`), the notice dropped and the worker woken again, so the status
 converges on what CRI recorded. An exit without a status (a deletion standing in for
 an unseen exit) only wakes the worker once confirmed. An OOM kill is noted too (the
-exit reads `OOMKilled`, before or after the exit came) and wakes the worker at once, as
-other events do: it may come after the exit was published as an `Error`.
+exit reads `OOMKilled`, before or after the exit came) and wakes the worker at once: it
+may come after the exit was published as an `Error`. The woken worker's read of its pod
+refreshes PLEG's fingerprint of it (relisting.py), so the next full relist does not wake
+it again.
 
 Each event is handled in its own task so one slow confirmation does not hold up the
-events behind it; events about objects that are not ours (no pod
-UID label) are dropped, and the IDs are remembered (bounded) so they cost one lookup.
+events behind it. An object is matched to its pod by the IDs the relist and the
+workers' reads have seen, else looked up; events about objects that are not ours (no
+pod UID label) are dropped, and the IDs are remembered (bounded) so they cost one lookup.
 """
 
 from __future__ import annotations
@@ -122,14 +128,17 @@ class Action(Enum):
 def action_for(kind: EventKind, *, exit_seen: bool) -> Action:
     """What an event calls for. An exit waits for CRI (see the module doc). A delete
     follows the exit it belongs to and is ignored when that exit was seen, else it
-    stands in for it. Starts, creations and OOM kills wake at once: an OOM kill is not
-    an exit (the killed process may be a child and the container live on), but it
-    changes the reason of an exit that may already have been published."""
+    stands in for it. An OOM kill wakes at once: it is not an exit (the killed process
+    may be a child and the container live on), but it changes the reason of an exit
+    that may already have been published. Creations and starts echo a worker's own
+    actions (see the module doc)."""
     if kind is EventKind.EXITED:
         return Action.CONFIRM
     if kind is EventKind.DELETED:
         return Action.IGNORE if exit_seen else Action.CONFIRM
-    return Action.WAKE
+    if kind is EventKind.OOM:
+        return Action.WAKE
+    return Action.IGNORE
 
 
 class EventWatcher:
@@ -250,7 +259,6 @@ class EventWatcher:
                 finally:
                     self.notices.discard(event.object_id)
             self.wake(uid)
-            await self.relister.relist_pod(uid)
         except CRIError as err:
             # The periodic relist finds whatever this event was about.
             log.debug("runtime event not followed up", extra={"error": str(err)})
