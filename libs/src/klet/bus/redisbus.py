@@ -414,21 +414,8 @@ class Stream(Generic[R]):
         """New entries for this consumer; re-creates the group if Redis lost it."""
         for attempt in (1, 2):
             try:
-                reply = await self.bus.client.execute(
-                    "XREADGROUP",
-                    "GROUP",
-                    group,
-                    consumer,
-                    "COUNT",
-                    count,
-                    "BLOCK",
-                    block_ms,
-                    "STREAMS",
-                    self.key,
-                    ">",
-                    block_s=block_ms / 1000,
-                )
-                return self._entries(reply)
+                command = ("XREADGROUP", "GROUP", group, consumer)
+                return await self._read(command, ">", count=count, block_ms=block_ms)
             except ReplyError as err:
                 if err.code == "NOGROUP" and attempt == 1:
                     log.warning("consumer group missing, re-creating", extra={"stream": self.name})
@@ -484,20 +471,9 @@ class Stream(Generic[R]):
         a consumer group: every reader sees every entry and nothing is acknowledged. For
         readers that only want wake-ups and each keep their own cursor (one per replica)."""
         try:
-            reply = await self.bus.client.execute(
-                "XREAD",
-                "COUNT",
-                count,
-                "BLOCK",
-                block_ms,
-                "STREAMS",
-                self.key,
-                after,
-                block_s=block_ms / 1000,
-            )
+            return await self._read(("XREAD",), after, count=count, block_ms=block_ms)
         except RespError as err:
             raise _wrap(err) from err
-        return self._entries(reply)
 
     async def ack(self, group: str, *ids: str) -> None:
         if not ids:
@@ -512,6 +488,24 @@ class Stream(Generic[R]):
             return int(await self.bus.client.execute("XLEN", self.key))
         except RespError as err:
             raise _wrap(err) from err
+
+    async def _read(
+        self, command: tuple[str, ...], start: str, *, count: int, block_ms: int
+    ) -> list[Entry[R]]:
+        """`command` (XREAD, or XREADGROUP with its group and consumer) for up to `count`
+        entries after `start`, blocking up to `block_ms` on the server."""
+        reply = await self.bus.client.execute(
+            *command,
+            "COUNT",
+            count,
+            "BLOCK",
+            block_ms,
+            "STREAMS",
+            self.key,
+            start,
+            block_s=block_ms / 1000,
+        )
+        return self._entries(reply)
 
     def _entries(self, reply: Any) -> list[Entry[R]]:
         """XREAD(GROUP)'s reply: nil on timeout, else [[stream, [[id, fields], ...]]]."""
