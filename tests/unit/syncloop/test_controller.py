@@ -298,11 +298,40 @@ async def test_deleted_pod_is_stopped_with_min_grace_and_reported_terminated(w: 
     assert "u7" not in w.running() and w.controller.publisher._entries["u7"].terminated
 
 
+async def test_a_started_sidecar_lets_the_next_sync_start_main_at_once(w: World) -> None:
+    """The worker itself goes on after a start (klet drops its own start events, which
+    upstream's pod worker waits for): the sidecar's sync asks for the next one now."""
+    sidecar = {"name": "proxy", "restartPolicy": "Always"}
+    rec = DesiredPod(
+        uid=PodUID("u9"),
+        pod=pod("main", uid="u9", inits=(sidecar,)),
+        source="file",
+        hash="h1",
+        seen_at=0.0,
+    )
+    w.controller.apply_desired({"u9": rec}, READY, read_from=w.controller.generation)
+
+    def names() -> list[str]:
+        return sorted(
+            c.config.name for c in w.cri.containers.values() if c.state == ContainerState.RUNNING
+        )
+
+    outcome = await w.controller.sync_once("u9")
+    assert names() == ["proxy"] and outcome.wake_at == w.clock.t
+    outcome = await w.controller.sync_once("u9")
+    assert names() == ["main", "proxy"] and outcome.wake_at == w.clock.t
+    outcome = await w.controller.sync_once("u9")  # nothing left to start
+    assert outcome.wake_at is None
+
+
 async def test_active_deadline_fails_the_pod(w: World) -> None:
     rec = desired("u8", activeDeadlineSeconds=30)
     w.controller.apply_desired({"u8": rec}, READY, read_from=w.controller.generation)
     outcome = await w.controller.sync_once("u8")
     assert "u8" in w.running()
+    # a container started: the worker syncs again at once (what waits for it may go on)
+    assert outcome.wake_at == w.clock.t
+    outcome = await w.controller.sync_once("u8")  # nothing left to start: the deadline
     assert outcome.wake_at is not None and abs(outcome.wake_at - (w.clock.t + 30)) < 1
     w.clock.t += 31
     await w.controller.sync_once("u8")

@@ -397,6 +397,10 @@ class PodController:
         if deadline is None:  # the sandbox may have been created by this very sync
             deadline = active_deadline(pod, current)
         wake = [t for t in (result.wake_at, deadline) if t is not None]
+        if result.started:
+            # Upstream's pod worker syncs again on PLEG's ContainerStarted event; klet
+            # drops its own start events (runtimeevents.py), so the worker goes on now.
+            wake.append(self.clock())
         return Outcome(wake_at=min(wake) if wake else None)
 
     def _pod_status(

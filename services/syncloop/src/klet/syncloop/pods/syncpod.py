@@ -51,6 +51,9 @@ class SyncResult:
     waiting: dict[str, tuple[str, str]] = field(default_factory=dict)
     wake_at: float | None = None
     acted: bool = False
+    started: bool = False
+    """A container started: what waits for it (a sidecar's main container) needs
+    another sync."""
 
 
 class PodSyncer:
@@ -266,6 +269,7 @@ class PodSyncer:
             return False
         if start.backoff_key:
             self.backoff.next(start.backoff_key, self.clock())
+        result.started = True
         return True
 
     def _sandbox_failed(
