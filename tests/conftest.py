@@ -11,17 +11,23 @@ installed on the cluster harness), everything else is the unit tier
 
 The harness fixtures (real Redis, containerd, registry) are loaded as a plugin from
 pyproject.toml (`-p tests.harness.fixtures`).
+
+Captured log lines carry each record's `extra=` fields (`key=value`, as klet's text
+logs do): klet logs the cause of a failure as a field (`error=...`), and a failing
+test's "Captured log" must show it.
 """
 
 from __future__ import annotations
 
 import asyncio
 import inspect
+import logging
 import os
 from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
+from klet.obs.logs import fields_text
 
 # The soak (tests/soak) runs for tens of minutes: only `make soak` (KLET_SOAK=1) collects it.
 # The image tests (tests/image) build the deployment images: only `make test-image`
@@ -52,6 +58,29 @@ async def no_leaked_tasks() -> AsyncIterator[None]:
     for t in leaked:
         t.cancel()
     assert not leaked, f"test left tasks running: {[t.get_name() for t in leaked]}"
+
+
+class _WithFields(logging.Formatter):
+    """pytest's own log line, then the record's extra fields."""
+
+    def __init__(self, inner: logging.Formatter) -> None:
+        super().__init__()
+        self.inner = inner
+
+    def format(self, record: logging.LogRecord) -> str:
+        line = self.inner.format(record)
+        fields = fields_text(record)
+        return f"{line} {fields}" if fields else line
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_configure(config: pytest.Config) -> None:
+    plugin = config.pluginmanager.get_plugin("logging-plugin")
+    if plugin is None:  # -p no:logging
+        return
+    for handler in (plugin.caplog_handler, plugin.report_handler):
+        if handler.formatter is not None:
+            handler.setFormatter(_WithFields(handler.formatter))
 
 
 def tier_of(path: Path) -> str | None:

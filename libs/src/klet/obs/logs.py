@@ -100,6 +100,11 @@ def _text_value(value: Any) -> str:
     return text
 
 
+def fields_text(record: logging.LogRecord) -> str:
+    """The record's `extra=` fields as `key=value ...` (values with spaces quoted)."""
+    return " ".join(f"{k}={_text_value(v)}" for k, v in _extra_fields(record).items())
+
+
 class TextFormatter(logging.Formatter):
     """`<ts> <LEVEL> <service> <logger>: <msg> key=value ...`, then any traceback."""
 
@@ -108,7 +113,7 @@ class TextFormatter(logging.Formatter):
         self.service = service
 
     def format(self, record: logging.LogRecord) -> str:
-        fields = " ".join(f"{k}={_text_value(v)}" for k, v in _extra_fields(record).items())
+        fields = fields_text(record)
         line = (
             f"{_timestamp(record)} {record.levelname:<7} {self.service} {record.name}: "
             f"{record.getMessage()}"
