@@ -1,6 +1,7 @@
 """Environment variables seen from inside a real container: values, $(VAR) expansion in
 env, command and args (with $$ escaping and undefined references kept), fieldRef and
-resourceFieldRef; and a container whose env uses a ConfigMap reference does not start
+resourceFieldRef; a host-network pod reads the node's address as its pod IP (status and
+downward API agree); and a container whose env uses a ConfigMap reference does not start
 without an apiserver and says why, in upstream's words (CreateContainerConfigError)."""
 
 from __future__ import annotations
@@ -45,6 +46,26 @@ spec:
           valueFrom: {resourceFieldRef: {resource: limits.memory, divisor: 1Mi}}
 """
 
+HOST_NETWORK_POD = """
+apiVersion: v1
+kind: Pod
+metadata: {name: hostnet}
+spec:
+  hostNetwork: true
+  restartPolicy: Never
+  containers:
+    - name: main
+      image: registry.klet.test/busybox:1.36
+      command: ["sh", "-c", "echo POD_IP=${POD_IP:?}; echo POD_IPS=$POD_IPS; echo HOST_IP=$HOST_IP"]
+      env:
+        - name: POD_IP
+          valueFrom: {fieldRef: {fieldPath: status.podIP}}
+        - name: POD_IPS
+          valueFrom: {fieldRef: {fieldPath: status.podIPs}}
+        - name: HOST_IP
+          valueFrom: {fieldRef: {fieldPath: status.hostIP}}
+"""
+
 CONFIGMAP_POD = """
 apiVersion: v1
 kind: Pod
@@ -82,6 +103,27 @@ def test_env_and_expansion_inside_the_container(node_factory: Any, manifests: Pa
         "MEM=64",
         "UNDEF=$(NOPE)",
     ]
+
+
+def test_host_network_pod_ip_is_the_nodes(node_factory: Any, manifests: Path) -> None:
+    node: KletNode = node_factory(manifest_dir=manifests)
+    node.start()
+    (manifests / "hostnet.yaml").write_text(HOST_NETWORK_POD)
+    full = f"hostnet-{node.node_name}"
+    done = ("Succeeded", "Failed")
+    pod = wait_for(
+        lambda: (p := node.pods().get(full)) and p["status"]["phase"] in done and p,
+        timeout_s=20,
+        what="hostnet finished",
+    )
+    status = pod["status"]
+    log_file = next(node.logs_dir.glob(f"default_{full}_*")) / "main" / "0.log"
+    lines = [line.split(" ", 3)[3] for line in log_file.read_text().splitlines()]
+    assert status["phase"] == "Succeeded", lines
+    host_ip = status["hostIP"]
+    assert host_ip and status["podIP"] == host_ip
+    assert status["podIPs"] == [{"ip": host_ip}]
+    assert lines == [f"POD_IP={host_ip}", f"POD_IPS={host_ip}", f"HOST_IP={host_ip}"]
 
 
 def test_configmap_reference_is_refused_with_a_reason(node_factory: Any, manifests: Path) -> None:

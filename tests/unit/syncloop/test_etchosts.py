@@ -100,9 +100,9 @@ def test_wants_hosts_file(mounts: list[Any], ips: tuple[str, ...], wanted: bool)
         (True, "", ("10.0.0.5",)),  # a host-network pod has the node's addresses
     ],
 )
-def test_pod_ips_for_hosts(host_network: bool, pod_ip: str, expected: tuple[str, ...]) -> None:
+def test_reported_pod_ips(host_network: bool, pod_ip: str, expected: tuple[str, ...]) -> None:
     p = pod("app", hostNetwork=host_network)
-    assert etchosts.pod_ips_for_hosts(p, pod_ip=pod_ip, node_ips=("10.0.0.5",)) == expected
+    assert etchosts.reported_pod_ips(p, pod_ip=pod_ip, node_ips=("10.0.0.5",)) == expected
 
 
 def test_hosts_mount_writes_the_file(tmp_path: Path) -> None:

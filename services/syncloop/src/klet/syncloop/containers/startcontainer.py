@@ -121,6 +121,11 @@ class ContainerStarter:
         image_user = security.image_user(await self.cri.image_status(pulled.image_ref))
         # ConfigMaps and Secrets the environment refers to (None: no apiserver).
         env_sources = await kubeobjects.env_sources(self.objects, pod, container)
+        # What status.podIP(s) say: the sandbox's address, or for a host-network pod the
+        # node's, as upstream's SyncPod hands the reported pod IPs to the runtime manager.
+        pod_ips = etchosts.reported_pod_ips(
+            pod, pod_ip=pod_ip, node_ips=self.settings.node.host_ips
+        )
         try:
             # volumeMounts first (subPathExpr expands with the container's environment)
             volume_mounts = volmounts.container_mounts(
@@ -130,7 +135,7 @@ class ContainerStarter:
                 env=envvars.container_env(
                     pod,
                     container,
-                    pod_ips=(pod_ip,) if pod_ip else (),
+                    pod_ips=pod_ips,
                     node=self.settings.node,
                     sources=env_sources,
                 ),
@@ -139,7 +144,7 @@ class ContainerStarter:
             instance = criconfig.Instance(
                 restart_count=restart_count,
                 image=pulled.image_ref,
-                pod_ips=(pod_ip,) if pod_ip else (),
+                pod_ips=pod_ips,
                 image_user=image_user,
                 mounts=volume_mounts
                 + termination.mounts_for(self.settings.root_dir, pod, container)

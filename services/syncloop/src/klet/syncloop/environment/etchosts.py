@@ -117,8 +117,9 @@ def _write_replacing(path: Path, content: str, mode: int) -> None:
     os.replace(tmp, path)
 
 
-def pod_ips_for_hosts(pod: JSON, *, pod_ip: str, node_ips: tuple[str, ...]) -> tuple[str, ...]:
-    """The sandbox's IP, or the node's addresses for a host-network pod (as its status)."""
+def reported_pod_ips(pod: JSON, *, pod_ip: str, node_ips: tuple[str, ...]) -> tuple[str, ...]:
+    """The pod's IPs as its status reports them, for its hosts file and the downward
+    API alike: the sandbox's IP, or the node's addresses for a host-network pod."""
     if (pod.get("spec") or {}).get("hostNetwork"):
         return node_ips
     return (pod_ip,) if pod_ip else ()
@@ -138,7 +139,7 @@ def hosts_mount(
     """The mount of the pod's hosts file, or nothing when none is wanted; the file is
     written only when the sandbox `sandbox_id` has none yet."""
     uid = str((pod.get("metadata") or {}).get("uid", ""))
-    pod_ips = pod_ips_for_hosts(pod, pod_ip=pod_ip, node_ips=node_ips)
+    pod_ips = reported_pod_ips(pod, pod_ip=pod_ip, node_ips=node_ips)
     if not uid or not wants_hosts_file(container, pod_ips):
         return ()
     spec = pod.get("spec") or {}
