@@ -8,7 +8,8 @@ in syncloop's `prober_probe_total`; an exec liveness
 probe that starts failing gets the container killed and restarted (restartCount, the
 `Unhealthy` and `Killing` events with upstream's messages) within the probe's own
 terminationGracePeriodSeconds rather than the pod's; a startup probe that never
-succeeds restarts the container and keeps `started: false`; a tcpSocket readiness
+succeeds restarts the container and keeps `started: false`; a startup probe that
+succeeds has the readiness probe run at once, however long its period; a tcpSocket readiness
 probe follows a listener inside the container; a gRPC readiness probe of a host-network
 pod follows a real grpc.health.v1 server's SERVING / NOT_SERVING.
 """
@@ -270,6 +271,45 @@ def test_startup_probe_that_never_succeeds_restarts(node: KletNode, manifests: P
     # the readiness probe never ran before start-up: no readiness event, never ready
     assert has_event(node, "slowstart", "Unhealthy", "Readiness") is None
     (manifests / "slowstart.yaml").unlink()
+
+
+STARTED_THEN_READY = f"""
+apiVersion: v1
+kind: Pod
+metadata:
+  name: startready
+spec:
+  terminationGracePeriodSeconds: 1
+  containers:
+    - name: main
+      image: {BUSYBOX}
+      command: ["sh", "-c", "sleep 3; touch /tmp/started; exec sleep 100000"]
+      startupProbe:
+        exec: {{command: ["test", "-f", "/tmp/started"]}}
+        periodSeconds: 1
+        failureThreshold: 60
+      readinessProbe:
+        exec: {{command: ["true"]}}
+        periodSeconds: 60
+"""
+
+
+def test_readiness_runs_as_soon_as_the_startup_probe_succeeds(
+    node: KletNode, manifests: Path
+) -> None:
+    (manifests / "startready.yaml").write_text(STARTED_THEN_READY)
+
+    def started() -> dict[str, Any] | None:
+        p = pod_of(node, "startready")
+        return p if p is not None and container_status(p, "main").get("started") else None
+
+    wait_for(started, timeout_s=60, what="startready's startup probe to succeed")
+    # Upstream's prober runs the readiness probe when the container has started; waiting
+    # for its 60 s period would keep it unready for up to a minute.
+    wait_ready(node, "startready", True, timeout_s=20)
+    pod = pod_of(node, "startready")
+    assert pod is not None and container_status(pod, "main")["restartCount"] == 0
+    (manifests / "startready.yaml").unlink()
 
 
 TCP_READY = f"""

@@ -6,7 +6,9 @@ the failure threshold, wakes the pod worker only on a change and records
 `Readiness probe failed: <output>` for each failed run; a liveness failure is published
 after the threshold and the worker stops (on hold); an exited instance loses its
 workers and results, a new instance starts over; the startup probe gates readiness and
-liveness (they do not run before it succeeds) and stops once it resolves;
+liveness (they do not run before it succeeds) and stops once it resolves, and its
+success runs the readiness probe at once, however long its period (initialDelaySeconds
+still holds);
 initialDelaySeconds and periodSeconds decide when probes run; a deleted pod's liveness
 reports success and stops; handler errors are retried three times, then reported as
 `errored` without changing the result; the exec command is expanded with the static
@@ -239,10 +241,48 @@ async def test_startup_probe_gates_readiness_and_liveness(env: Env) -> None:
     await env.clock.advance(2)
     assert env.prober.result(START, cid) is True
     assert START not in env.prober.probing(UID)[cid]  # a started container is not re-probed
+    assert env.execs("ready") == 1 and env.execs("alive") == 0  # readiness at once
     await env.clock.advance(2)
-    assert env.execs("ready") == 1 and env.execs("alive") == 1
+    assert env.execs("ready") == 2 and env.execs("alive") == 1
     assert env.prober.result(READY, cid) is True
     assert env.execs("started") == 4
+
+
+async def test_startup_success_runs_readiness_at_once(env: Env) -> None:
+    p = pod(
+        startupProbe=exec_probe("started", periodSeconds=1, failureThreshold=30),
+        readinessProbe=exec_probe("ready", periodSeconds=60),
+    )
+    env.exits["started"] = 1
+    cid = await env.start("app")
+    await env.sync(p)
+    await env.clock.advance(2)
+    assert env.execs("ready") == 0  # gated: not started yet
+    env.exits["started"] = 0
+    await env.clock.advance(1)
+    assert env.prober.result(START, cid) is True
+    # Within the same instant, not 60 s later.
+    assert env.execs("ready") == 1
+    assert env.prober.result(READY, cid) is True
+    await env.clock.advance(59)
+    assert env.execs("ready") == 1  # then every period, as before
+    await env.clock.advance(1)
+    assert env.execs("ready") == 2
+
+
+async def test_startup_success_keeps_readinesss_initial_delay(env: Env) -> None:
+    p = pod(
+        startupProbe=exec_probe("started", periodSeconds=1),
+        readinessProbe=exec_probe("ready", periodSeconds=60, initialDelaySeconds=10),
+    )
+    cid = await env.start("app")
+    await env.sync(p)
+    await env.clock.advance(1)
+    assert env.prober.result(START, cid) is True
+    await env.clock.advance(8)
+    assert env.execs("ready") == 0
+    await env.clock.advance(1)
+    assert env.execs("ready") == 1
 
 
 async def test_startup_failure_threshold(env: Env) -> None:

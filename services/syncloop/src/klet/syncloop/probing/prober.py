@@ -15,6 +15,11 @@ published result changes, the pod's worker is woken (`on_change`), which recompu
 status (readiness, `started`) and the actions (liveness and startup failures kill the
 container). Probes never run inside a pod worker, so a slow probe never delays a sync.
 
+When a startup probe succeeds, the instance's readiness worker runs at once instead of
+at the end of its period (upstream's prober triggers it manually when it sees the
+container started): a readiness probe with a long period would otherwise keep a started
+container unready for up to that period. initialDelaySeconds still holds.
+
 Every probe run that produced a result (an error is not one) is reported to the
 `observer` (upstream's prober_probe_total and prober_probe_duration_seconds; wiring
 passes metrics.ProberMetrics), which forgets a pod's series when the pod is removed.
@@ -89,6 +94,8 @@ class _Instance:
     container: JSON
     started_at: float  # seconds since the epoch
     tasks: dict[ProbeKind, asyncio.Task[None]] = field(default_factory=dict)
+    readiness_due: asyncio.Event = field(default_factory=asyncio.Event)
+    """Set when the startup probe succeeds: the readiness worker runs without waiting."""
 
 
 @dataclass
@@ -229,6 +236,11 @@ class ProbeManager:
     def _set(self, uid: str, cid: ContainerID, kind: ProbeKind, value: bool) -> None:
         before = self._results.get((kind, cid))
         self._results[(kind, cid)] = value
+        if kind == ProbeKind.STARTUP and value:
+            entry = self._pods.get(uid)
+            inst = entry.instances.get(cid) if entry is not None else None
+            if inst is not None:
+                inst.readiness_due.set()
         if before is not value:
             log.info(
                 "probe result changed",
@@ -240,6 +252,20 @@ class ProbeManager:
         delay = at - self.clock()
         if delay > 0:
             await self.sleep(delay)
+
+    async def _wait_due(self, at: float, due: asyncio.Event) -> None:
+        """Sleep until `at`, or less if `due` is set meanwhile; `due` is consumed."""
+        delay = at - self.clock()
+        if delay > 0 and not due.is_set():
+            sleeper = asyncio.ensure_future(self.sleep(delay))
+            waiter = asyncio.ensure_future(due.wait())
+            try:
+                await asyncio.wait((sleeper, waiter), return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                sleeper.cancel()
+                waiter.cancel()
+                await asyncio.gather(sleeper, waiter, return_exceptions=True)
+        due.clear()
 
     async def _work(self, uid: str, cid: ContainerID, spec: probes.ProbeSpec) -> None:
         try:
@@ -260,8 +286,13 @@ class ProbeManager:
             jitter=self.jitter(),
         )
         counter = probes.Counter()
+        earliest = inst.started_at + spec.initial_delay_s
         while True:
-            await self._sleep_until(at)
+            if spec.kind == ProbeKind.READINESS:
+                await self._wait_due(at, inst.readiness_due)
+                await self._sleep_until(earliest)
+            else:
+                await self._sleep_until(at)
             begun = self.clock()
             started = probes.container_started(
                 inst.container, running=True, startup=self.result(ProbeKind.STARTUP, cid)
