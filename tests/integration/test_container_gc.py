@@ -163,7 +163,10 @@ def test_dead_containers_deleted_pods_and_sources_not_ready(
         what=f"{DEAD_WANTED} dead instances of the crashing container",
         interval_s=0.5,
     )
-    # No more restarts from here on, so what a pass sees is what the test saw.
+    # No more restarts from here on, so what a pass sees is what the test saw. A start
+    # in flight when syncloop stops runs to its end before syncloop exits (the CRI
+    # client's drain): it used to be abandoned by containerd seconds later, and until
+    # then the container was "in starting state" and could not be removed.
     node.stop("syncloop")
     wait_for(
         lambda: not any(c.state == ContainerState.RUNNING for c in runtime(devstack, full)[1]),

@@ -6,10 +6,19 @@ converts messages to the value types of `klet.cri.types`, and maps gRPC failures
 `NotFound` / `RuntimeUnavailable` / `CRIError`. Only idempotent reads are retried here
 (a short tenacity policy); mutating calls are retried by their callers, which know
 whether repeating them is safe.
+
+The calls that make something (RunPodSandbox, CreateContainer, StartContainer) run to
+their end even when their caller is cancelled, and `close()` waits for them (at most
+`CRISettings.drain_s`). A service stopped in the middle of a start would otherwise
+cancel the RPC: containerd then abandons the start seconds later ("failed to create
+shim task: context canceled"), the container ends as a StartError that the next
+syncloop reports as a failed start, and until then containerd refuses to remove it
+("container is in starting state"). Restarting a service must not do that to a pod.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import time
@@ -66,6 +75,9 @@ class CRISettings:
     pull_timeout_s: float = 600.0
     read_attempts: int = 3
     retry_initial_s: float = 0.2
+    drain_s: float = 10.0
+    """How long `close()` waits for sandbox and container creations and starts whose
+    callers were cancelled (a service stopping) before it closes the channel."""
 
 
 class RuntimeConfig(Protocol):
@@ -92,6 +104,18 @@ def cri_settings(kubelet: RuntimeConfig, **overrides: Any) -> CRISettings:
         ),
         **overrides,
     )
+
+
+def _forget_making(making: set[asyncio.Task[Any]]) -> Callable[[asyncio.Task[Any]], None]:
+    """A done-callback: drop the task from `making`, and take its outcome so that one
+    whose caller went away is not reported as never retrieved."""
+
+    def done(task: asyncio.Task[Any]) -> None:
+        making.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            log.debug("runtime call failed", extra={"call": task.get_name()})
+
+    return done
 
 
 def _target(endpoint: str) -> str:
@@ -150,8 +174,23 @@ class RuntimeClient:
         )
         self._rt = pb_grpc.RuntimeServiceStub(self._channel)
         self._img = pb_grpc.ImageServiceStub(self._image_channel)
+        self._making: set[asyncio.Task[Any]] = set()
+
+    async def settle(self) -> bool:
+        """Wait (at most `drain_s`) for the creations and starts whose callers were
+        cancelled; False when some still run."""
+        if not self._making:
+            return True
+        _, left = await asyncio.wait(set(self._making), timeout=self.settings.drain_s)
+        if left:
+            log.warning(
+                "runtime calls still running after the drain",
+                extra={"calls": sorted(t.get_name() for t in left)},
+            )
+        return not left
 
     async def close(self) -> None:
+        await self.settle()
         await self._channel.close(None)
         if self._image_channel is not self._channel:
             await self._image_channel.close(None)
@@ -168,6 +207,15 @@ class RuntimeClient:
         finally:
             if self.observer is not None:
                 self.observer.observe(what, time.perf_counter() - started, failed=failed)
+
+    async def _make(self, what: str, method: Any, request: Any) -> Any:
+        """`_call` for a creation or start: it runs on when the caller is cancelled, and
+        `close()` waits for it (see the module docstring)."""
+        task = asyncio.ensure_future(self._call(what, method, request))
+        task.set_name(what)
+        self._making.add(task)
+        task.add_done_callback(_forget_making(self._making))
+        return await asyncio.shield(task)
 
     async def _read(self, what: str, call: Callable[[], Awaitable[T]]) -> T:
         retrying = AsyncRetrying(
@@ -218,7 +266,7 @@ class RuntimeClient:
     async def run_pod_sandbox(
         self, config: SandboxConfig, *, runtime_handler: str = ""
     ) -> SandboxID:
-        r = await self._call(
+        r = await self._make(
             "RunPodSandbox",
             self._rt.RunPodSandbox,
             pb.RunPodSandboxRequest(config=_sandbox_pb(config), runtime_handler=runtime_handler),
@@ -292,7 +340,7 @@ class RuntimeClient:
     async def create_container(
         self, sandbox_id: SandboxID, config: ContainerConfig, sandbox_config: SandboxConfig
     ) -> ContainerID:
-        r = await self._call(
+        r = await self._make(
             "CreateContainer",
             self._rt.CreateContainer,
             pb.CreateContainerRequest(
@@ -304,7 +352,7 @@ class RuntimeClient:
         return ContainerID(r.container_id)
 
     async def start_container(self, container_id: ContainerID) -> None:
-        await self._call(
+        await self._make(
             "StartContainer",
             self._rt.StartContainer,
             pb.StartContainerRequest(container_id=container_id),
@@ -402,6 +450,24 @@ class RuntimeClient:
                 for m in s.mounts
             ),
         )
+
+    async def container_pid(self, container_id: ContainerID) -> int:
+        """The host PID of the container's process, from the runtime's verbose status
+        (containerd puts it in `info["info"]` as `pid`); 0 when the runtime does not say
+        or the container has no process."""
+        r = await self._read(
+            "ContainerStatus",
+            lambda: self._call(
+                "ContainerStatus",
+                self._rt.ContainerStatus,
+                pb.ContainerStatusRequest(container_id=container_id, verbose=True),
+            ),
+        )
+        try:
+            pid = json.loads(r.info.get("info", "") or "{}").get("pid", 0)
+        except (ValueError, AttributeError):
+            return 0
+        return pid if isinstance(pid, int) and pid > 0 else 0
 
     async def reopen_container_log(self, container_id: ContainerID) -> None:
         """Make the runtime reopen the container's log file at its log path (after the

@@ -125,6 +125,8 @@ class FakeRuntimeService:
         # it may raise (a CRIError with code DEADLINE_EXCEEDED is a timed-out command).
         # None answers success with no output.
         self.exec_responder: ExecResponder | None = None
+        # Host PIDs container_pid answers, by container ID (a test sets them).
+        self.pids: dict[ContainerID, int] = {}
         self.closed = False  # close() was called (the client's channel would be gone)
 
     # -- test controls ---------------------------------------------------------------
@@ -262,6 +264,11 @@ class FakeRuntimeService:
 
     async def close(self) -> None:
         self.closed = True
+
+    async def settle(self) -> bool:
+        """True: every fake call completes within the await its caller made, so none
+        is ever left running after the caller is cancelled."""
+        return True
 
     async def version(self) -> RuntimeVersion:
         await self._enter("Version")
@@ -432,6 +439,12 @@ class FakeRuntimeService:
             annotations=dict(c.config.annotations),
             mounts=c.config.mounts,
         )
+
+    async def container_pid(self, container_id: ContainerID) -> int:
+        """`pids[container_id]` when a test set one, else 0 (the runtime does not say)."""
+        await self._enter("ContainerStatus", container_id)
+        self._container(container_id)
+        return self.pids.get(container_id, 0)
 
     async def reopen_container_log(self, container_id: ContainerID) -> None:
         """Counted in `log_reopens`; no file is touched (a test hook may create one).

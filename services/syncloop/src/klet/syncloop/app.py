@@ -126,6 +126,9 @@ async def main(deps: Deps) -> int:
         )
     finally:
         await controller.workers.stop()
+        # A start a worker was cancelled in finishes before the lease goes: a standby
+        # that takes over must find it done, not half made.
+        await deps.cri.settle()
         await release_quietly(deps.lease)
         await deps.close()
     return 0

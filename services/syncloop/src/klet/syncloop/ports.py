@@ -78,6 +78,8 @@ class RuntimeService(RuntimeReader, ImageService, Protocol):
 
     async def stop_container(self, container_id: ContainerID, *, timeout_s: int) -> None: ...
 
+    async def container_pid(self, container_id: ContainerID) -> int: ...  # execwait.py
+
     async def remove_container(self, container_id: ContainerID) -> None: ...
 
     async def exec_sync(
@@ -92,6 +94,8 @@ class NodeRuntime(RuntimeService, Protocol):
     async def version(self) -> RuntimeVersion: ...
 
     async def reopen_container_log(self, container_id: ContainerID) -> None: ...
+
+    async def settle(self) -> bool: ...  # creations and starts still running, at exit
 
     async def close(self) -> None: ...
 

@@ -40,7 +40,7 @@ from typing import Protocol
 from klet.cri import labels as L
 from klet.cri.types import ContainerState, ContainerStatusInfo
 from klet.model.types import JSON, ContainerID
-from klet.syncloop.containers import handlers
+from klet.syncloop.containers import execwait, handlers
 from klet.syncloop.containers.handlers import HandlerResult
 from klet.syncloop.events import EventSink
 from klet.syncloop.pods import podspec
@@ -54,13 +54,16 @@ _HTTP_STATUS_FAILURE = "HTTP probe failed with statuscode:"  # handlers.run_http
 
 
 class HookRuntime(Protocol):
-    """The CRI calls hooks need: ExecSync for exec actions, StopContainer for the kill."""
+    """The CRI calls hooks need: ExecSync for exec actions, StopContainer for the kill
+    (and the container's PID, to stop it only once it runs its command: execwait.py)."""
 
     async def exec_sync(
         self, container_id: ContainerID, cmd: list[str], *, timeout_s: int
     ) -> tuple[int, bytes, bytes]: ...
 
     async def stop_container(self, container_id: ContainerID, *, timeout_s: int) -> None: ...
+
+    async def container_pid(self, container_id: ContainerID) -> int: ...
 
 
 def handler_kind(handler: JSON) -> str:
@@ -328,7 +331,18 @@ class LifecycleHooks:
     ) -> None:
         """upstream killContainer after its event: preStop, then StopContainer with the rest."""
         elapsed = await self.pre_stop(pod, container, container_id, budget_s=grace_s, pod_ip=pod_ip)
-        await self.cri.stop_container(container_id, timeout_s=remaining_grace(grace_s, elapsed))
+        await self.stop(container_id, timeout_s=remaining_grace(grace_s, elapsed))
+
+    async def stop(
+        self, container_id: ContainerID, *, timeout_s: int, started_at_ns: int | None = None
+    ) -> None:
+        """StopContainer; a graceful one once the container runs its command, so that
+        its stop signal is not lost on the runtime's init (execwait.py)."""
+        if timeout_s > 0:
+            await execwait.wait_for_exec(
+                self.cri, container_id, started_at_ns=started_at_ns, sleep=self.sleep
+            )
+        await self.cri.stop_container(container_id, timeout_s=timeout_s)
 
     def start_pre_stops(
         self,

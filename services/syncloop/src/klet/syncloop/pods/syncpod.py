@@ -381,7 +381,10 @@ class PodSyncer:
             # grace minus the whole seconds used so far (upstream truncates the time used)
             budget = max(math.ceil(deadline - self.clock()), podspec.MINIMUM_GRACE_PERIOD_S)
             results = await asyncio.gather(
-                *(self.cri.stop_container(c.id, timeout_s=budget) for c in group),
+                *(
+                    self.hooks.stop(c.id, timeout_s=budget, started_at_ns=c.started_at)
+                    for c in group
+                ),
                 return_exceptions=True,
             )
             errors += [r for r in results if isinstance(r, BaseException)]
