@@ -16,7 +16,7 @@ import pytest
 from klet.devstack import DevStack
 from klet.devstack.cluster import ControlPlane
 
-from tests.harness.clusternode import cluster_node
+from tests.harness.clusternode import cluster_node, wait_node_ready
 from tests.harness.node import KletNode
 from tests.harness.waiting import wait_for
 
@@ -123,14 +123,7 @@ def test_kubectl_prints_upstream_status_strings(
 ) -> None:
     cp = control_plane
 
-    def node_ready() -> bool:
-        r = cp.kubectl("get", "node", NODE, "-o", "json")
-        if r.returncode != 0:
-            return False
-        conditions = json.loads(r.stdout)["status"].get("conditions", [])
-        return any(c["type"] == "Ready" and c["status"] == "True" for c in conditions)
-
-    wait_for(node_ready, timeout_s=60, what="node Ready")
+    wait_node_ready(cp, NODE)
     for manifest in PODS.values():
         r = cp.kubectl("create", "-f", "-", input=json.dumps(manifest))
         assert r.returncode == 0, r.stderr

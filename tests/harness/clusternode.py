@@ -22,6 +22,7 @@ from klet.devstack.cluster import ControlPlane
 from klet.model.types import JSON
 
 from tests.harness.node import KletNode
+from tests.harness.waiting import wait_for
 from tests.integration.conftest import remove_node_pods
 
 T = TypeVar("T")
@@ -53,6 +54,19 @@ async def eventually(check: Callable[[], Awaitable[T | None]], *, what: str, tim
         if asyncio.get_running_loop().time() > deadline:
             raise AssertionError(f"timed out after {timeout_s}s waiting for {what}; last: {last!r}")
         await asyncio.sleep(0.25)
+
+
+def wait_node_ready(cp: ControlPlane, name: str, *, timeout_s: float = 60) -> None:
+    """Wait until the Node `name` reports Ready=True (admin's view, through kubectl)."""
+
+    def ready() -> bool:
+        r = cp.kubectl("get", "node", name, "-o", "json")
+        if r.returncode != 0:
+            return False
+        conditions = json.loads(r.stdout)["status"].get("conditions", [])
+        return any(c["type"] == "Ready" and c["status"] == "True" for c in conditions)
+
+    wait_for(ready, timeout_s=timeout_s, what=f"node {name} Ready")
 
 
 @contextmanager
