@@ -11,7 +11,8 @@ same name bound to it, so the apiserver routes to us.
 Covers: `kubectl logs` (plain and --tail), `kubectl exec -- cat /etc/hostname`,
 `kubectl exec -i` feeding stdin, and `kubectl port-forward` to the pod's httpd, each
 going apiserver → (SPDY) → this API → containerd's stream server; a ServiceAccount token
-without RBAC gets upstream's 403, one granted nodes/proxy gets 200, an unknown token 401.
+without RBAC gets upstream's 403, one granted `get nodes/proxy` gets 200 on /pods but
+403 on a WebSocket exec (an upgraded GET, authorized as `create`), an unknown token 401.
 """
 
 from __future__ import annotations
@@ -214,9 +215,11 @@ def test_tokens_need_rbac(
     try:
         ca = cp.ca_file
 
-        def as_token(token: str) -> tuple[int, bytes]:
+        def as_token(
+            token: str, path: str = "/pods", headers: dict[str, str] | None = None
+        ) -> tuple[int, bytes]:
             req = urllib.request.Request(
-                api.url + "/pods", headers={"Authorization": f"Bearer {token}"}
+                api.url + path, headers={"Authorization": f"Bearer {token}", **(headers or {})}
             )
             client = Client(api.url, ca, None)
             try:
@@ -244,6 +247,21 @@ def test_tokens_need_rbac(
         )  # fmt: skip
         status, body = as_token(allowed)
         assert status == 200 and json.loads(body)["kind"] == "PodList"
+        # Reading nodes/proxy is not running commands: a WebSocket exec is a GET.
+        websocket = {
+            "Connection": "Upgrade",
+            "Upgrade": "websocket",
+            "Sec-WebSocket-Version": "13",
+            "Sec-WebSocket-Key": "dGhlIHNhbXBsZSBub25jZQ==",
+            "Sec-WebSocket-Protocol": "v4.channel.k8s.io",
+        }
+        exec_path = f"/exec/default/talker-{node.node_name}/talk?command=id"
+        status, body = as_token(allowed, exec_path, websocket)
+        assert status == 403
+        assert body.decode() == (
+            f"Forbidden (user=system:serviceaccount:default:{reader}, verb=create, "
+            "resource=nodes, subresource(s)=[proxy])\n"
+        )
         assert as_token("not-a-token")[0] == 401
     finally:
         cp.kubectl("delete", "clusterrolebinding", f"kubelet-reader-{suffix}")

@@ -1,4 +1,5 @@
-"""Authorization attributes of kubelet API requests: the verb from the HTTP method, the
+"""Authorization attributes of kubelet API requests: the verb from the HTTP method
+(`create` on /exec, /attach, /portForward and /run whatever the method), the
 nodes subresource(s) from the path (upstream's table, with and without the
 KubeletFineGrainedAuthz fallbacks), the subpath rule, and the 403/500 wording."""
 
@@ -33,6 +34,31 @@ from klet.status_reporter.kubeletapi.attributes import (
 )
 def test_verb_from_method(method: str, verb: str) -> None:
     assert verb_for(method) == verb
+    assert verb_for(method, "/pods") == verb
+
+
+@pytest.mark.parametrize(
+    "path",
+    [
+        "/exec/ns/pod/c",
+        "/exec/ns/pod/uid/c",
+        "/attach/ns/pod/c",
+        "/portForward/ns/pod",
+        "/run/ns/pod/c",
+        "/exec",
+    ],
+)
+@pytest.mark.parametrize("method", ["GET", "POST", "HEAD", "OPTIONS", "PUT"])
+def test_acting_paths_are_create_whatever_the_method(path: str, method: str) -> None:
+    # A WebSocket exec is an upgraded GET: `get nodes/proxy` must not be enough.
+    assert verb_for(method, path) == "create"
+    attrs = request_attributes(ANONYMOUS, method, path, node_name="n1")
+    assert {a.verb for a in attrs} == {"create"}
+
+
+@pytest.mark.parametrize("path", ["/execx/ns/pod/c", "/running", "/containerLogs/ns/p/c"])
+def test_other_paths_keep_the_methods_verb(path: str) -> None:
+    assert verb_for("GET", path) == "get"
 
 
 @pytest.mark.parametrize(

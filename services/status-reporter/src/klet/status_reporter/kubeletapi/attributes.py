@@ -5,6 +5,12 @@ the `nodes` resource named after this node, in the core group, version v1:
 
 - the verb comes from the HTTP method: POST create, GET get, PUT update, PATCH patch,
   DELETE delete; any other method has the empty verb (which no RBAC rule grants);
+- except on `/exec`, `/attach`, `/portForward` and `/run`, which are `create` whatever
+  the method. Stricter than upstream, which authorizes a WebSocket exec, attach or
+  port-forward (an upgraded GET) as `get`: there, a role that may only read
+  `nodes/proxy` (for logs or metrics) can run commands in every container of the node.
+  A user who execs through the apiserver is unaffected (the apiserver's own
+  identity calls the kubelet); one who calls 10250 directly needs `create`;
 - the subresource comes from the path: `/stats/...` stats, `/metrics...` metrics,
   `/logs/...` log, `/checkpoint/...` checkpoint, anything else proxy (so exec, attach,
   portForward, run and containerLogs all need `nodes/proxy`);
@@ -23,6 +29,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 _VERBS = {"POST": "create", "GET": "get", "PUT": "update", "PATCH": "patch", "DELETE": "delete"}
+# Paths that run something in a container or open a stream into it: `create` always.
+_ACTING = ("/exec", "/attach", "/portForward", "/run")
 
 _FINE_GRAINED = (
     ("/pods", "pods"),
@@ -64,7 +72,10 @@ class Attributes:
     api_version: str = "v1"
 
 
-def verb_for(method: str) -> str:
+def verb_for(method: str, path: str = "") -> str:
+    """The verb of a request: `create` on the acting paths, else by the method."""
+    if any(is_subpath(path, prefix) for prefix in _ACTING):
+        return "create"
     return _VERBS.get(method.upper(), "")
 
 
@@ -96,7 +107,7 @@ def request_attributes(
     user: User, method: str, path: str, *, node_name: str, fine_grained: bool = True
 ) -> list[Attributes]:
     """The attribute sets of one request; allowed when any one of them is."""
-    verb = verb_for(method)
+    verb = verb_for(method, path)
     return [
         Attributes(user=user, verb=verb, subresource=sub, name=node_name, path=path)
         for sub in subresources_for(path, fine_grained=fine_grained)
