@@ -500,6 +500,15 @@ def test_service_monitor_only_when_enabled() -> None:
     assert service["spec"]["selector"]["app.kubernetes.io/component"] == "status-reporter"
     for key, value in monitor["spec"]["selector"]["matchLabels"].items():
         assert service["metadata"]["labels"][key] == value
+    # Prometheus verifies the certificate before it sends its token (no skip by default).
+    assert endpoint["tlsConfig"] == {
+        "caFile": "/var/run/secrets/kubernetes.io/serviceaccount/ca.crt"
+    }
+    skip = render(
+        [CI["secret-values"]], ["metrics.serviceMonitor.tlsConfig.insecureSkipVerify=true"]
+    )
+    (monitor,) = of_kind(skip, "ServiceMonitor")
+    assert monitor["spec"]["endpoints"][0]["tlsConfig"]["insecureSkipVerify"] is True
 
 
 def test_helm_test_pod_checks_the_node_from_the_node() -> None:

@@ -1,5 +1,8 @@
 """The manifest-URL source and redirects, against real local HTTP and HTTPS servers.
 
+Also its encodings: it asks for `identity`; a gzip body is decoded, and a gzip bomb
+(64 KiB that inflate to 64 MiB) is refused as too large, keeping the last good set.
+
 An https URL redirected to http is refused (the pods would travel without TLS); a
 redirect to another host is refused while custom headers are configured, and that host
 never sees the headers; without custom headers it is followed, and a redirect on the
@@ -10,6 +13,7 @@ reported with the reason. `redirect_problem` itself is checked case by case.
 from __future__ import annotations
 
 import asyncio
+import gzip
 import json
 import ssl
 import threading
@@ -127,6 +131,18 @@ def poll(
         if s.name.endswith("_total") and s.value
     ]
     return pending.get("http"), errors
+
+
+def test_gzip_is_decoded_and_a_gzip_bomb_refused(servers: list[Server]) -> None:
+    small = Server(lambda _p: (200, {"Content-Encoding": "gzip"}, gzip.compress(BODY))).start()
+    bomb = gzip.compress(b" " * (64 << 20))
+    large = Server(lambda _p: (200, {"Content-Encoding": "gzip"}, bomb)).start()
+    servers += [small, large]
+    pods, errors = poll(f"http://127.0.0.1:{small.port}/pods")
+    assert pods is not None and [p["metadata"]["name"] for p in pods] == ["redirected-node1"]
+    assert small.seen[0].get("Accept-Encoding") == "identity"
+    pods, errors = poll(f"http://127.0.0.1:{large.port}/pods")
+    assert pods is None and errors == ["too_large"]
 
 
 def test_https_redirected_to_http_is_refused(

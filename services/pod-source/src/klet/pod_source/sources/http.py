@@ -24,6 +24,12 @@ unauthenticated), and so is a redirect to another host while custom headers
 (`--manifest-url-header`, often a token) are configured, since those headers were
 meant for the configured server only. A refused redirect is a read error: the last
 good set stays.
+
+The size bound (10 MiB) holds for the body as decoded: a server asked for
+`Accept-Encoding: identity` may still send gzip or deflate, and 64 KiB of gzip inflate
+to 64 MiB in one step of httpx's own decoder, before any check could run. So the body
+is read raw and inflated here with zlib, at most up to the bound (hand-written on
+purpose: httpx's decoders take no output limit); any other encoding is refused.
 """
 
 from __future__ import annotations
@@ -31,6 +37,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import ssl
+import zlib
 from collections.abc import Mapping, Sequence
 from typing import Final
 
@@ -47,6 +54,8 @@ log = logging.getLogger(__name__)
 
 DEFAULT_TIMEOUT_S = 10.0
 MAX_REDIRECTS: Final = 10
+# zlib's window bits that accept a gzip or a zlib header (HTTP's "deflate" is zlib).
+_GZIP_OR_ZLIB: Final = 32 + zlib.MAX_WBITS
 _DEFAULT_PORTS: Final = {"http": 80, "https": 443}
 
 
@@ -183,7 +192,8 @@ class HttpSource:
         """GET the URL, following the redirects `redirect_problem` allows."""
         origin = url = httpx.URL(self._url)
         for _ in range(MAX_REDIRECTS + 1):
-            async with client.stream("GET", url, headers=self._headers) as resp:
+            headers = [("Accept-Encoding", "identity"), *self._headers]
+            async with client.stream("GET", url, headers=headers) as resp:
                 if resp.is_redirect:
                     target = url.join(resp.headers["location"])
                     problem = redirect_problem(origin, target, custom_headers=bool(self._headers))
@@ -195,12 +205,50 @@ class HttpSource:
                     raise ManifestError(
                         "read", f"HTTP {resp.status_code} {resp.reason_phrase}".strip()
                     )
-                body = bytearray()
-                async for chunk in resp.aiter_bytes():
-                    body += chunk
-                    if len(body) > MAX_URL_BODY_BYTES:
-                        raise ManifestError(
-                            "too_large", f"body larger than {MAX_URL_BODY_BYTES} bytes"
-                        )
-                return bytes(body)
+                body = BoundedBody(resp.headers.get("content-encoding", ""))
+                async for chunk in resp.aiter_raw():
+                    body.add(chunk)
+                return body.finish()
         raise ManifestError("read", f"more than {MAX_REDIRECTS} redirects")
+
+
+class BoundedBody:
+    """A response body decoded as it arrives, refused once it exceeds `limit` bytes."""
+
+    def __init__(self, content_encoding: str, *, limit: int = MAX_URL_BODY_BYTES) -> None:
+        encodings = [e.strip().lower() for e in content_encoding.split(",") if e.strip()]
+        encodings = [e for e in encodings if e != "identity"]
+        if len(encodings) > 1 or (encodings and encodings[0] not in ("gzip", "x-gzip", "deflate")):
+            raise ManifestError("read", f"Content-Encoding {content_encoding!r} not supported")
+        self._inflater = zlib.decompressobj(_GZIP_OR_ZLIB) if encodings else None
+        self._limit = limit
+        self._data = bytearray()
+        self._fed = False  # any compressed bytes at all (an empty body is just empty)
+
+    def _too_large(self) -> ManifestError:
+        return ManifestError("too_large", f"body larger than {self._limit} bytes")
+
+    def _append(self, data: bytes) -> None:
+        self._data += data
+        if len(self._data) > self._limit:
+            raise self._too_large()
+
+    def add(self, chunk: bytes) -> None:
+        if self._inflater is None:
+            self._append(chunk)
+            return
+        self._fed = self._fed or bool(chunk)
+        room = self._limit - len(self._data) + 1
+        try:
+            self._append(self._inflater.decompress(chunk, room))
+        except zlib.error as err:
+            raise ManifestError("read", f"body not valid compressed data: {err}") from err
+        if self._inflater.unconsumed_tail:
+            raise self._too_large()
+
+    def finish(self) -> bytes:
+        if self._inflater is not None and self._fed:
+            if not self._inflater.eof:
+                raise ManifestError("read", "compressed body ends early")
+            self._append(self._inflater.flush())
+        return bytes(self._data)
