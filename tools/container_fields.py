@@ -59,6 +59,12 @@ def main() -> None:
     rules = {fields.classify_pod(p) for p in pod_paths()}
     for rule in sorted(r for r in rules if r in fields.POD_IGNORED):
         print(f"{rule}\t{fields.POD_IGNORED[rule]}")
+    print("# fields that get a pod rejected at admission (PodFeatureUnsupported)")
+    container_rules = {fields.classify(p) for p in leaf_paths()}
+    for refused in sorted(r for r in fields.REFUSED if r in container_rules):
+        print(f"containers[].{refused}\t{fields.REFUSED[refused]}")
+    for rule in sorted(r for r in rules if r in fields.POD_REFUSED):
+        print(f"{rule}\t{fields.POD_REFUSED[rule]}")
     print("# volume types klet does not set up (FailedMount: unsupported)")
     print(" ".join(t for t in volume_types() if t not in fields.VOLUME_TYPES))
 

@@ -3,7 +3,9 @@ rejects the next static pod (Failed with OutOfpods and upstream's message in /po
 Warning Event on the bus, no sandbox or container in CRI); a pod requesting more CPU
 than the node's allocatable is rejected with OutOfcpu; a second pod wanting a host port
 already taken is rejected with NodePorts; a nodeSelector that the node's labels
-(--node-labels) do not satisfy gives NodeAffinity while a matching one runs; and a
+(--node-labels) do not satisfy gives NodeAffinity while a matching one runs; a pod
+asking for a user namespace and a RuntimeClass is rejected with PodFeatureUnsupported
+naming both fields; and a
 SIGKILLed syncloop restarted at the limit keeps every running pod running with the same
 containers, while the rejected pod stays Failed (read back from the bus, not
 re-admitted)."""
@@ -160,3 +162,16 @@ def test_resources_ports_and_affinity_rejections(
     )
     (manifests / "ssd.yaml").write_text(sleeper("ssd", "  nodeSelector: {disktype: ssd}"))
     wait_for(lambda: running(node, "ssd"), timeout_s=40, what="ssd (matching selector) Running")
+
+    # More isolation than klet gives: refused, never run with less.
+    isolated = "  hostUsers: false\n  runtimeClassName: kata"
+    (manifests / "isolated.yaml").write_text(sleeper("isolated", isolated))
+    check_rejected(
+        node,
+        devstack,
+        "isolated",
+        "PodFeatureUnsupported",
+        "Pod requires features this node lacks: spec.hostUsers: user namespaces "
+        "(hostUsers: false) are not supported on this node; spec.runtimeClassName: "
+        "RuntimeClass is not supported: only the default runtime handler runs",
+    )

@@ -2,7 +2,8 @@
 
 Covers every rejection reason with upstream's reason and message (OutOfpods, OutOfcpu,
 OutOfmemory, OutOfephemeral-storage, OutOf<scalar>, NodeAffinity, NodeName, NodePorts,
-the two OS checks) and the order in which the checks run; the request rules (limits as
+the two OS checks, PodFeatureUnsupported for a user namespace, a RuntimeClass or resource
+claims, naming each field) and the order in which the checks run; the request rules (limits as
 default requests, sum of regular containers and sidecars, peak of init containers with
 the sidecars started before them, pod-level requests, overhead); host ports with the
 0.0.0.0 wildcard, protocols, host-network defaults and sidecars; every node affinity
@@ -350,6 +351,48 @@ NODE_AFFINITY = Verdict(
 )
 def test_admit_pod(pod: JSON, others: list[JSON], want: Verdict) -> None:
     assert admit_pod(pod, others=others, node=NODE) == want
+
+
+@pytest.mark.parametrize(
+    ("spec", "named"),
+    [
+        pytest.param({"hostUsers": False}, "spec.hostUsers: user namespaces", id="hostUsers"),
+        pytest.param({"runtimeClassName": "gvisor"}, "spec.runtimeClassName: ", id="runtime"),
+        pytest.param(
+            {"resourceClaims": [{"name": "gpu", "resourceClaimName": "g"}]},
+            "spec.resourceClaims: dynamic resource allocation",
+            id="pod claims",
+        ),
+        pytest.param(
+            {"containers": [c(resources={"claims": [{"name": "gpu"}]})]},
+            "spec.containers[main].resources.claims: ",
+            id="container claims",
+        ),
+    ],
+)
+def test_fields_asking_for_more_than_klet_gives_are_refused(spec: JSON, named: str) -> None:
+    pod = mk(c(), **spec)
+    verdict = admit_pod(pod, others=[], node=NODE)
+    assert not verdict.admit and verdict.reason == "PodFeatureUnsupported"
+    assert verdict.message.startswith("Pod requires features this node lacks: ")
+    assert named in verdict.message
+
+
+@pytest.mark.parametrize(
+    "spec",
+    [{"hostUsers": True}, {"runtimeClassName": ""}, {"resourceClaims": []}],
+    ids=["host user namespace", "empty runtime class", "no claims"],
+)
+def test_what_klet_gives_anyway_is_admitted(spec: JSON) -> None:
+    assert admit_pod(mk(c(), **spec), others=[], node=NODE) == ADMIT
+
+
+def test_every_refused_field_is_named_and_os_comes_first() -> None:
+    pod = mk(c(), hostUsers=False, runtimeClassName="kata")
+    verdict = admit_pod(pod, others=[], node=NODE)
+    assert "spec.hostUsers" in verdict.message and "spec.runtimeClassName" in verdict.message
+    pod = mk(c(), hostUsers=False, os={"name": "windows"})
+    assert admit_pod(pod, others=[], node=NODE).reason == "PodOSNotSupported"
 
 
 def test_rejected_status_message_is_upstreams() -> None:

@@ -19,8 +19,9 @@ def test_every_model_field_is_classified() -> None:
 
 def test_rules_name_real_fields_and_do_not_overlap() -> None:
     paths = list(leaf_paths())
-    rules = set(fields.SUPPORTED) | set(fields.IGNORED)
-    assert not set(fields.SUPPORTED) & set(fields.IGNORED)
+    rules = set(fields.SUPPORTED) | set(fields.IGNORED) | set(fields.REFUSED)
+    tables = [set(fields.SUPPORTED), set(fields.IGNORED), set(fields.REFUSED)]
+    assert all(not (a & b) for i, a in enumerate(tables) for b in tables[i + 1 :])
     stale = [r for r in rules if not any(p == r or p.startswith(r + ".") for p in paths)]
     assert stale == []
 
@@ -32,7 +33,12 @@ def test_every_pod_field_is_classified() -> None:
 
 def test_pod_rules_name_real_fields_and_do_not_overlap() -> None:
     paths = [*pod_paths(), *leaf_paths(k8s.V1PodSpec)]
-    tables = [set(fields.POD_SUPPORTED), set(fields.POD_IGNORED), set(fields.POD_NOT_FOR_THE_NODE)]
+    tables = [
+        set(fields.POD_SUPPORTED),
+        set(fields.POD_IGNORED),
+        set(fields.POD_NOT_FOR_THE_NODE),
+        set(fields.POD_REFUSED),
+    ]
     assert all(not (a & b) for i, a in enumerate(tables) for b in tables[i + 1 :])
     rules = set().union(*tables)
     stale = [r for r in rules if not any(p == r or p.startswith(r + ".") for p in paths)]

@@ -7,7 +7,9 @@ upstream's order, the first failure being the one reported:
 
 1. the pod's `kubernetes.io/os` *label*, when set, must name this node's OS
    (`PodOSSelectorNodeLabelDoesNotMatch`), and `spec.os.name`, when set, must too
-   (`PodOSNotSupported`);
+   (`PodOSNotSupported`); then the pod must not set a field klet refuses rather than
+   ignores (`containers/fields.py`: a user namespace, a RuntimeClass, resource claims),
+   `PodFeatureUnsupported` naming the field, as upstream's feature admit handler;
 2. resources (`noderesources.Fits`): one more pod must fit under maxPods
    (`OutOfpods`), and each resource the pod requests must fit into allocatable minus
    what the other admitted pods request (`OutOfcpu`, `OutOfmemory`,
@@ -52,6 +54,7 @@ from datetime import datetime
 from klet.model.pod import is_critical, pod_requests
 from klet.model.types import JSON
 from klet.syncloop.admission.sysctls import FORBIDDEN_REASON, SysctlAllowlist
+from klet.syncloop.containers import fields
 from klet.syncloop.pods import podspec
 
 NODE_OS = "linux"
@@ -108,6 +111,16 @@ OS_LABEL_MISMATCH = Verdict(
 OS_NOT_SUPPORTED = Verdict(
     False, "PodOSNotSupported", "Failed to admit pod as the OS field doesn't match node OS"
 )
+FEATURE_UNSUPPORTED = "PodFeatureUnsupported"
+
+
+def unsupported_features(pod: JSON) -> Verdict:
+    """PodFeatureUnsupported naming every refused field the pod sets, or ADMIT."""
+    refused = fields.refused_in(pod)
+    if not refused:
+        return ADMIT
+    named = "; ".join(f"{path}: {why}" for path, why in refused)
+    return Verdict(False, FEATURE_UNSUPPORTED, f"Pod requires features this node lacks: {named}")
 
 
 def insufficient(resource: str, *, requested: int, used: int, capacity: int) -> Verdict:
@@ -289,6 +302,9 @@ def admit_pod(pod: JSON, *, others: Sequence[JSON], node: NodeInfo) -> Verdict:
     pod_os = (spec.get("os") or {}).get("name")
     if pod_os and pod_os != NODE_OS:
         return OS_NOT_SUPPORTED
+    verdict = unsupported_features(pod)
+    if not verdict.admit:
+        return verdict
     verdict = fits_resources(pod, others=others, node=node)
     if not verdict.admit:
         return verdict

@@ -8,6 +8,13 @@ The same is done for the pod spec around the containers (`POD_*`) and for the vo
 types. A container that sets an ignored field gets a Warning event naming it when the
 pod's sandbox is created (see syncpod.py), because a setting that has no effect should
 not look as if it had one.
+
+A field that asks for more isolation or for a resource klet cannot give is not
+ignored but refused (`REFUSED`, `POD_REFUSED`): a pod that sets it is rejected at
+admission (`PodFeatureUnsupported`, as upstream rejects a pod that needs a feature its
+node lacks), since running it with less than it asked for would be worse than not
+running it. `hostUsers: false` (a user namespace), a `runtimeClassName` (another
+runtime handler, often a sandboxing one) and resource claims are such fields.
 """
 
 from __future__ import annotations
@@ -53,7 +60,6 @@ IGNORED: dict[str, str] = {
     "volumeDevices": "raw block volumes are not supported",
     "resizePolicy": "in-place resize is not supported: a resources change is not applied",
     "restartPolicyRules": "container restart rules (alpha) are not supported",
-    "resources.claims": "dynamic resource allocation is not supported",
     "livenessProbe.httpGet.protocol": _NOT_IN_TARGET_API,
     "readinessProbe.httpGet.protocol": _NOT_IN_TARGET_API,
     "startupProbe.httpGet.protocol": _NOT_IN_TARGET_API,
@@ -120,13 +126,20 @@ POD_NOT_FOR_THE_NODE: dict[str, str] = {
 
 POD_IGNORED: dict[str, str] = {
     "evictionResponders": _NOT_IN_TARGET_API,
-    "hostUsers": "user namespaces are not supported: pods always use the host's",
     "hostnameOverride": "the alpha hostname override is not supported",
-    "resourceClaims": "dynamic resource allocation is not supported",
-    "runtimeClassName": "RuntimeClass handlers are not looked up: the default runtime runs it",
     "securityContext.windowsOptions": "Windows only",
     "securityContext.seLinuxChangePolicy": "SELinux relabelling policy is not supported",
     "securityContext.fsGroupChangePolicy": "volume ownership is always changed",
+}
+
+REFUSED: dict[str, str] = {
+    "resources.claims": "dynamic resource allocation (resource claims) is not supported",
+}
+
+POD_REFUSED: dict[str, str] = {
+    "hostUsers": "user namespaces (hostUsers: false) are not supported on this node",
+    "resourceClaims": "dynamic resource allocation (resource claims) is not supported",
+    "runtimeClassName": "RuntimeClass is not supported: only the default runtime handler runs",
 }
 
 VOLUME_TYPES = frozenset(
@@ -146,12 +159,12 @@ def _longest_rule(path: str, *tables: Collection[str]) -> str | None:
 
 def classify(path: str) -> str | None:
     """The rule deciding a container field `path` (a key of SUPPORTED or IGNORED)."""
-    return _longest_rule(path, IGNORED, SUPPORTED)
+    return _longest_rule(path, REFUSED, IGNORED, SUPPORTED)
 
 
 def classify_pod(path: str) -> str | None:
     """The rule deciding a pod spec field `path` outside its containers and volumes."""
-    return _longest_rule(path, POD_IGNORED, POD_NOT_FOR_THE_NODE, POD_SUPPORTED)
+    return _longest_rule(path, POD_REFUSED, POD_IGNORED, POD_NOT_FOR_THE_NODE, POD_SUPPORTED)
 
 
 def _set(value: Any) -> bool:
@@ -169,4 +182,38 @@ def ignored_in(container: JSON) -> list[str]:
             value = value.get(part) if isinstance(value, dict) else None
         if _set(value):
             found.append(rule)
+    return found
+
+
+def _value(obj: JSON, path: str) -> Any:
+    value: Any = obj
+    for part in path.split("."):
+        value = value.get(part) if isinstance(value, dict) else None
+    return value
+
+
+def _refused_value(path: str, value: Any) -> bool:
+    """Whether `value` at `path` asks for what klet does not give: `hostUsers` only when
+    false (true is the host's namespace, what klet gives anyway); the others when set."""
+    if path == "hostUsers":
+        return value is False
+    return _set(value)
+
+
+def refused_in(pod: JSON) -> list[tuple[str, str]]:
+    """(field path, why) of every refused field the pod or one of its containers sets;
+    container fields are named as `spec.containers[name].resources.claims`."""
+    spec = pod.get("spec") or {}
+    found = [
+        (f"spec.{rule}", why)
+        for rule, why in POD_REFUSED.items()
+        if _refused_value(rule, _value(spec, rule))
+    ]
+    for kind in ("initContainers", "containers", "ephemeralContainers"):
+        for c in spec.get(kind) or []:
+            if not isinstance(c, dict):
+                continue
+            for rule, why in REFUSED.items():
+                if _refused_value(rule, _value(c, rule)):
+                    found.append((f"spec.{kind}[{c.get('name', '')}].{rule}", why))
     return found
