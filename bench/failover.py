@@ -337,7 +337,7 @@ class Failover:
 
 
 async def _get(bus: Bus, name: str) -> str | None:
-    value = await bus.client.execute("GET", bus.key(name))
+    value = await bus.client.get(bus.key(name))
     return None if value is None else str(value)
 
 

@@ -22,7 +22,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 import pytest
 from klet.bus import Bus, NodeBus
@@ -34,8 +34,6 @@ from klet.pod_source import app
 from klet.pod_source.publisher import RetryPolicy
 from klet.pod_source.wiring import Deps, Overrides, build_deps
 from prometheus_client import CollectorRegistry
-
-from tests.harness.busraw import stream_fields
 
 T = TypeVar("T")
 WATCH_TIMEOUT_S = 3
@@ -166,7 +164,8 @@ async def desired(nb: NodeBus) -> dict[str, DesiredPod]:
 
 
 async def changes(nb: NodeBus) -> list[tuple[str, str]]:
-    entries = await stream_fields(nb.bus, nb.pods.key)
+    raw = await nb.bus.client.xrange(nb.pods.key)
+    entries = cast(list[tuple[str, dict[str, str]]], raw)  # decode_responses=True
     return [(c.op, c.uid) for c in (PodChange.decode(f["r"]) for _, f in entries)]
 
 

@@ -16,7 +16,7 @@ import sys
 import urllib.request
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from klet.bus import Bus, NodeBus
 from klet.devstack import DevStack, ManagedProcess, RedisServer, free_port
@@ -24,7 +24,6 @@ from klet.model.records import EventRecord
 from klet.syncloop.volumes.fs import mounts_under
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.harness.busraw import stream_fields
 from tests.harness.waiting import wait_for
 
 SERVICES = ("pod-source", "syncloop", "status-reporter", "eviction", "image-gc")
@@ -219,7 +218,8 @@ def bus_events(node: KletNode, pod: str | None = None) -> list[EventRecord]:
         bus = node.bus()
         try:
             nb = NodeBus.of(bus)
-            entries = await stream_fields(nb.bus, nb.events.key)
+            raw = await nb.bus.client.xrange(nb.events.key)
+            entries = cast(list[tuple[str, dict[str, str]]], raw)
             return [EventRecord.decode(f["r"]) for _, f in entries]
         finally:
             await bus.close()

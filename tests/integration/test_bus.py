@@ -14,7 +14,6 @@ from typing import Any, TypeVar
 
 import pytest
 from klet.bus import Bus, BusUnavailable, NodeBus
-from klet.bus.resp import field_map
 from klet.model.records import PodChange, SourceState
 from klet.model.types import PodUID
 
@@ -34,7 +33,7 @@ async def test_tables_and_transaction(redis_server: Any) -> None:
             tx.publish(nb.pods, change("a"))
         assert (await nb.sources.get("file")) == SourceState(source="file", ready=True, at=1.0)
         assert await nb.pods.length() == 1
-        await bus.client.execute("HSET", nb.sources.key, "bad", "{garbage")
+        await bus.client.hset(nb.sources.key, "bad", "{garbage")
         assert set(await nb.sources.all()) == {"file"}  # the bad entry is logged and left out
         assert await nb.sources.get("bad") is None
         # many keys in one HMGET: missing and bad ones None, a repeated key once
@@ -71,7 +70,7 @@ async def test_consumer_group_ack_claim_and_bad_entries(redis_server: Any) -> No
         await stream.ensure_group("g")
         await stream.ensure_group("g")  # idempotent
         await stream.publish(change("a"))
-        await bus.client.execute("XADD", stream.key, "*", "r", '{"v": 9}')
+        await bus.client.xadd(stream.key, {"r": '{"v": 9}'})
         await stream.publish(change("b"))
         got = await stream.read("g", "c1", block_ms=100)
         assert [e.record.uid if e.record else e.error for e in got][0] == "a"
@@ -83,7 +82,7 @@ async def test_consumer_group_ack_claim_and_bad_entries(redis_server: Any) -> No
         await stream.ack("g", claimed[0].id)
         assert await stream.claim_stale("g", "c2", min_idle_ms=0) == []
 
-        await bus.client.execute("FLUSHALL")  # Redis lost everything, the group included
+        await bus.client.flushall()  # Redis lost everything, the group included
         await stream.publish(change("c"))
         again = await stream.read("g", "c2", block_ms=100)
         assert again == [] or [e.record.uid for e in again if e.record] == ["c"]
@@ -100,8 +99,8 @@ async def test_dead_consumers_are_removed_from_the_group(redis_server: Any) -> N
     stream = NodeBus.of(bus).pods
 
     async def consumers() -> dict[str, int]:
-        info = await bus.client.execute("XINFO", "CONSUMERS", stream.key, "g")
-        return {c["name"]: int(c["pending"]) for c in map(field_map, info) if c}
+        info = await bus.client.xinfo_consumers(stream.key, "g")
+        return {c["name"]: int(c["pending"]) for c in info}
 
     try:
         await stream.ensure_group("g")
@@ -136,11 +135,8 @@ async def until(probe: Callable[[], Awaitable[T]], accept: Callable[[T], bool]) 
 
 async def idle_ms(bus: Bus, key: str, consumer: str) -> int:
     """How long (by Redis's clock) the entry pending for `consumer` has gone unacknowledged."""
-    # XPENDING's extended form: [[id, consumer, ms since delivered, deliveries]]
-    ((_id, _consumer, idle, _deliveries),) = await bus.client.execute(
-        "XPENDING", key, "g", "-", "+", 1, consumer
-    )
-    return int(idle)
+    (entry,) = await bus.client.xpending_range(key, "g", "-", "+", 1, consumer)
+    return int(entry["time_since_delivered"])
 
 
 async def test_lease(redis_server: Any) -> None:

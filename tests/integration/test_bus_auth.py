@@ -20,7 +20,6 @@ from pathlib import Path
 import pytest
 from klet.bus import Bus, BusError, NodeBus
 from klet.bus.acl import ACCESS, SERVICES, Credentials
-from klet.bus.resp import RespClient, RespError, field_map
 from klet.config import RedisAuth
 from klet.devstack import RedisServer, RedisTLS
 from klet.devstack.pki import CertificateAuthority
@@ -98,10 +97,12 @@ async def attempts(nb: NodeBus, server: RedisServer, auth: Credentials | None) -
     return done
 
 
-async def _eval(client: RespClient, script: str, key: str) -> None:
+async def _eval(client: object, script: str, key: str) -> None:
+    from redis.exceptions import RedisError
+
     try:
-        await client.execute("EVAL", script, 1, key)
-    except RespError as err:
+        await client.eval(script, 1, key)  # type: ignore[attr-defined]
+    except (RedisError, OSError) as err:
         raise BusError(str(err)) from err
 
 
@@ -110,10 +111,10 @@ async def written(server: RedisServer) -> dict[str, object]:
     async with node_bus(server, server.admin) as nb:
         client = nb.bus.client
         return {
-            "desired": field_map(await client.execute("HGETALL", nb.desired.key)),
-            "pods": await client.execute("XLEN", nb.pods.key),
-            "node": field_map(await client.execute("HGETALL", nb.node.key)),
-            "leases": await client.execute("KEYS", f"klet:{NODE}:lease:*"),
+            "desired": await client.hgetall(nb.desired.key),
+            "pods": await client.xlen(nb.pods.key),
+            "node": await client.hgetall(nb.node.key),
+            "leases": await client.keys(f"klet:{NODE}:lease:*"),
         }
 
 

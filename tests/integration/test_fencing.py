@@ -22,8 +22,6 @@ from klet.bus.leader import LeaseLost, hold
 from klet.devstack import ManagedProcess, RedisServer
 from klet.model.records import NodeConditionRecord
 
-from tests.harness.busraw import stream_fields
-
 REPO = Path(__file__).resolve().parents[2]
 
 
@@ -95,12 +93,12 @@ async def test_redis_refuses_a_stale_token_even_when_the_local_check_passes(
     a = bus_a.lease("svc", "host:1:aaaaaaaaaaaa", ttl_ms=10_000)
     b = bus_b.lease("svc", "host:2:bbbbbbbbbbbb", ttl_ms=10_000)
     assert await a.try_acquire()
-    await bus_a.client.execute("DEL", a.key)  # as if expired
+    await bus_a.client.delete(a.key)  # as if expired
     assert await b.try_acquire()
     assert a.current_value() is not None  # A still believes it leads
     with pytest.raises(Fenced):
         await bus_a.stream("s", NodeConditionRecord).publish(rec("a"))
-    assert await bus_b.client.execute("XLEN", bus_b.key("s")) == 0
+    assert await bus_b.client.xlen(bus_b.key("s")) == 0
 
 
 async def test_a_write_after_a_whole_ttl_without_renewal_is_refused_locally(
@@ -114,7 +112,7 @@ async def test_a_write_after_a_whole_ttl_without_renewal_is_refused_locally(
     with pytest.raises(Fenced, match="too old"):
         await bus_a.table("t", NodeConditionRecord).put("k", rec("a"))
     assert a.lost.is_set()
-    assert await bus_a.client.execute("HLEN", bus_a.key("t")) == 0  # nothing reached Redis
+    assert await bus_a.client.hlen(bus_a.key("t")) == 0  # nothing reached Redis
 
 
 async def test_the_leader_steps_down_when_redis_is_unreachable_for_a_ttl(
@@ -147,7 +145,7 @@ async def test_a_refused_write_wakes_the_leader_loop_at_once(
     task = asyncio.create_task(hold(lease, elected))
     try:
         await asyncio.wait_for(elected.wait(), 5)
-        await bus_a.client.execute("DEL", lease.key)
+        await bus_a.client.delete(lease.key)
         assert await b.try_acquire()
         with pytest.raises(Fenced):
             await bus_a.table("t", NodeConditionRecord).put("k", rec("a"))
@@ -225,7 +223,7 @@ async def test_a_leader_whose_lease_was_granted_to_another_meanwhile_steps_down(
     task = asyncio.create_task(hold(lease, elected))
     try:
         await asyncio.wait_for(elected.wait(), 5)
-        await bus_a.client.execute("DEL", lease.key)
+        await bus_a.client.delete(lease.key)
         assert await b.try_acquire()  # b leads for a moment and gives it back
         await b.release()
         with pytest.raises(LeaseLapsed):
@@ -286,7 +284,7 @@ def replica(
 
 async def writes(bus: Bus) -> list[tuple[str, str]]:
     """(entry id, writer) of every entry in the replicas' stream, in Redis order."""
-    raw = await stream_fields(bus, bus.key("fencing-writes"))
+    raw = await bus.client.xrange(bus.key("fencing-writes"))
     return [(eid, NodeConditionRecord.decode(fields["r"]).reason) for eid, fields in raw]
 
 

@@ -25,7 +25,7 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 import httpx
 import pytest
@@ -40,8 +40,6 @@ from klet.pod_source.publisher import RetryPolicy
 from klet.pod_source.wiring import Deps, Overrides, build_deps
 from prometheus_client import CollectorRegistry
 from prometheus_client.parser import text_string_to_metric_families
-
-from tests.harness.busraw import stream_fields
 
 NODE = "node1"
 T = TypeVar("T")
@@ -174,12 +172,14 @@ async def names(nb: NodeBus) -> set[str]:
 
 async def changes(nb: NodeBus) -> list[tuple[str, str]]:
     """(op, uid) of every `pods` stream entry so far."""
-    entries = await stream_fields(nb.bus, nb.pods.key)
+    raw = await nb.bus.client.xrange(nb.pods.key)
+    entries = cast(list[tuple[str, dict[str, str]]], raw)  # decode_responses=True
     return [(c.op, c.uid) for c in (PodChange.decode(f["r"]) for _, f in entries)]
 
 
 async def events(nb: NodeBus) -> list[EventRecord]:
-    entries = await stream_fields(nb.bus, nb.events.key)
+    raw = await nb.bus.client.xrange(nb.events.key)
+    entries = cast(list[tuple[str, dict[str, str]]], raw)
     return [EventRecord.decode(f["r"]) for _, f in entries]
 
 

@@ -175,16 +175,15 @@ async def test_serves_the_pod_view_and_survives_redis_outages(
             # Older version, malformed entries, then a good entry for another pod: once
             # db shows up, everything before it was handled in order.
             await report(node, status_record(web, version=1, status={"phase": "Pending"}))
-            key = node.podstatus.key
-            await node.bus.client.execute("XADD", key, "*", "r", "{not json")
-            await node.bus.client.execute("XADD", key, "*", "r", '{"v":7,"uid":"x"}')
-            await node.bus.client.execute("XADD", key, "*", "other", "field")
+            await node.bus.client.xadd(node.podstatus.key, {"r": "{not json"})
+            await node.bus.client.xadd(node.podstatus.key, {"r": '{"v":7,"uid":"x"}'})
+            await node.bus.client.xadd(node.podstatus.key, {"other": "field"})
             await write_pod(node, db)
             await report(node, status_record(db, version=1, status={"phase": "Pending"}))
             body = await eventually(pods, lambda b: "db" in phases(b), what="db listed")
             assert phases(body) == {"web": v3, "db": {"phase": "Pending"}}
             # The stream is tailed without a consumer group (every replica reads all).
-            groups = await node.bus.client.execute("XINFO", "GROUPS", node.podstatus.key)
+            groups = await node.bus.client.xinfo_groups(node.podstatus.key)
             assert groups == [], groups
 
             # The reload reads the same table: still v3 after the next full reload, seen

@@ -51,7 +51,7 @@ def test_pod_source_rules() -> None:
         f"(~{p}desired ~{p}sources +hget +hmget +hgetall +hset +hdel)",
         f"(~{p}pods ~{p}events +xadd)",
         f"(~{p}lease:pod-source ~{p}lease:pod-source:* "
-        "+get +set +pexpire +pttl +del +incr +exists)",
+        "+get +set +pexpire +pttl +del +incr +incrby +exists)",
         f"(~{p}desired ~{p}sources ~{p}pods ~{p}events ~{p}lease:pod-source "
         f"~{p}lease:pod-source:* +eval +evalsha)",
     ]

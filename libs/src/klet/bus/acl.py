@@ -34,9 +34,9 @@ ADMIN_USER = "klet-admin"
 """The set-up and test credential of a dev-stack Redis: every key and command. No
 service is ever given it (`klet up` passes each service its own user only)."""
 
-# Commands every authenticated service needs, on no key: liveness checks (`Bus.ping`),
-# MULTI/EXEC around unfenced writes (each queued command is still checked against the
-# grants), SELECT when the URL names a database.
+# Commands every authenticated service needs, on no key: liveness checks (redis-py's
+# health check is a PING), MULTI/EXEC around unfenced writes (each queued command is
+# still checked against the grants), SELECT when the URL names a database.
 CONNECTION_COMMANDS = ("ping", "multi", "exec", "discard", "select")
 
 TABLE_READ = ("hget", "hmget", "hgetall")
@@ -55,7 +55,8 @@ STREAM_CONSUME = (
 )
 # Reading a stream without a group (each reader its own cursor) changes nothing in it.
 STREAM_TAIL = ("xread", "xrevrange", "xlen")
-LEASE = ("get", "set", "pexpire", "pttl", "del", "incr", "exists")
+# redis-py sends INCR as INCRBY.
+LEASE = ("get", "set", "pexpire", "pttl", "del", "incr", "incrby", "exists")
 SCRIPTS = ("eval", "evalsha")
 
 _NODE_NAME = re.compile(r"[a-z0-9]([-a-z0-9.]*[a-z0-9])?")

@@ -1,9 +1,20 @@
 """The Redis bus: tables (hashes, the truth), streams (wake-ups) and leases.
 
-It talks to Redis through klet's own small client (`klet.bus.resp`). Keys are
+This is the only module that imports `redis` (redis-py's asyncio client). Keys are
 `klet:<node>:<name>` so one Redis can serve several nodes. Every failure to reach Redis
-surfaces as `BusUnavailable` (raised from the client's error), which callers treat as
-"retry later, keep the last state" — never as a reason to change what runs on the node.
+surfaces as `BusUnavailable` (raised from the redis error), which callers treat as
+"retry later, keep the last state" — never as a reason to change what runs on the
+node. So do the replies of a Redis that is there but cannot serve yet or any more:
+`LOADING` (restarting with data), `READONLY` (a replica after a failover),
+`MASTERDOWN`, `TRYAGAIN` and `OOM` (maxmemory reached). Every other refusal (`NOPERM`,
+a wrong type, a script error) is a `BusError`: retrying would not help.
+
+The client's policy is spelled out rather than left to redis-py's defaults, which have
+changed between releases: a pooled connection idle for 10 s is checked with PING before
+use (so one Redis closed while restarting is replaced without the caller seeing it),
+and no call is ever sent twice by the client (`Retry(NoBackoff(), 0)`): a write whose
+connection broke may have been applied, and the callers' own loops, which already
+retry on `BusUnavailable`, decide whether to send it again.
 
 Fencing. A bus that a service's lease was made from (`Bus.lease`) is that service's
 leader bus: every write through it (`Table.put/delete`, `Stream.publish`, a
@@ -35,19 +46,24 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Generic, Protocol, TypeVar
+from urllib.parse import urlsplit
 
+import redis.asyncio as aioredis
 from klet.bus.leaderslot import LeaderSlot
-from klet.bus.resp import (
-    ConnectionFailed,
-    Endpoint,
-    ReplyError,
-    RespClient,
-    RespError,
-    TLSFiles,
-    field_map,
-    stream_entries,
-)
 from klet.model.records import BadRecord, Record
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
+from redis.exceptions import (
+    ClusterDownError,
+    NoScriptError,
+    OutOfMemoryError,
+    ReadOnlyError,
+    RedisError,
+    ResponseError,
+    TryAgainError,
+)
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 
 log = logging.getLogger(__name__)
 
@@ -81,17 +97,30 @@ class Fenced(BusError):
 
 def _wrap(err: Exception) -> BusError | asyncio.CancelledError:
     """Our exception for a Redis client error. A task being cancelled gets its
-    cancellation back instead: a loop that retries on BusError must not outlive its
-    cancellation."""
+    cancellation back instead: the client can turn a cancellation that lands in a read
+    into a connection error, and a loop that retries on BusError would then never stop."""
     try:
         task = asyncio.current_task()
     except RuntimeError:  # no running loop
         task = None
     if task is not None and task.cancelling():
         return asyncio.CancelledError()
-    if isinstance(err, ConnectionFailed):
+    if isinstance(err, _UNAVAILABLE):
         return BusUnavailable(str(err) or type(err).__name__)
     return BusError(str(err))
+
+
+# Redis is not there, or there but not serving (yet): LOADING is a ConnectionError in
+# redis-py; MASTERDOWN is a ClusterDownError.
+_UNAVAILABLE = (
+    RedisConnectionError,
+    RedisTimeoutError,
+    OSError,
+    ReadOnlyError,
+    ClusterDownError,
+    TryAgainError,
+    OutOfMemoryError,
+)
 
 
 @dataclass(frozen=True)
@@ -139,6 +168,9 @@ class BusAuth(Protocol):
     def key_file(self) -> Path | None: ...
 
 
+HEALTH_CHECK_S = 10
+"""A pooled connection idle this long is PINGed before it is used again."""
+
 MAX_CONNECTIONS = 32
 """Connections one process keeps to Redis at most; more concurrent calls wait their
 turn. A service has a few long blocking reads (stream consumers) and short calls."""
@@ -147,7 +179,7 @@ turn. A service has a few long blocking reads (stream consumers) and short calls
 class Bus:
     """All of one node's keys in one Redis."""
 
-    def __init__(self, client: RespClient, node: str) -> None:
+    def __init__(self, client: aioredis.Redis, node: str) -> None:
         self._r = client
         self.node = node
         self._fence: Lease | None = None
@@ -162,21 +194,36 @@ class Bus:
         The credentials are passed to the client as arguments, never through the URL, so
         they show up in no URL a log line or an error message may print.
         """
-        endpoint = Endpoint.parse(url)
-        tls = None
-        if auth is not None and endpoint.tls:
-            tls = TLSFiles(auth.ca_file, auth.cert_file, auth.key_file)
-        # At most MAX_CONNECTIONS; a burst of concurrent calls (110 pod workers woken at
-        # once, each reading a table) waits up to `timeout_s` for a free connection.
-        client = RespClient(
-            endpoint,
-            username=auth.username if auth is not None else "",
-            password=(auth.password or "") if auth is not None else "",
-            tls=tls,
+        options: dict[str, Any] = {}
+        if auth is not None:
+            if auth.username:
+                options["username"] = auth.username
+            if auth.password:
+                options["password"] = auth.password
+            if urlsplit(url).scheme == "rediss":
+                options["ssl_cert_reqs"] = "required"
+                if auth.ca_file is not None:
+                    options["ssl_ca_certs"] = str(auth.ca_file)
+                if auth.cert_file is not None:
+                    options["ssl_certfile"] = str(auth.cert_file)
+                if auth.key_file is not None:
+                    options["ssl_keyfile"] = str(auth.key_file)
+        # A blocking pool: a burst of concurrent calls (110 pod workers woken at once,
+        # each reading a table) waits up to `timeout_s` for a free connection, where
+        # redis-py's default pool fails every call past its 100th with "Too many
+        # connections".
+        pool = aioredis.BlockingConnectionPool.from_url(
+            url,
             max_connections=MAX_CONNECTIONS,
-            timeout_s=timeout_s,
+            timeout=timeout_s,
+            decode_responses=True,
+            socket_timeout=timeout_s,
+            socket_connect_timeout=timeout_s,
+            health_check_interval=HEALTH_CHECK_S,
+            retry=Retry(NoBackoff(), 0),
+            **options,
         )
-        return cls(client, node)
+        return cls(aioredis.Redis.from_pool(pool), node)
 
     def key(self, name: str) -> str:
         return f"klet:{self.node}:{name}"
@@ -207,12 +254,12 @@ class Bus:
 
     async def ping(self) -> None:
         try:
-            await self._r.execute("PING")
-        except RespError as err:
+            await self._r.ping()
+        except (RedisError, OSError) as err:
             raise _wrap(err) from err
 
     async def close(self) -> None:
-        await self._r.close()
+        await self._r.aclose()
 
     @asynccontextmanager
     async def transaction(self) -> AsyncIterator[Transaction]:
@@ -242,13 +289,13 @@ class Bus:
             argv += [op.verb, str(keys.index(op.key) + 1), *op.args]
         try:
             reply = await self._script(_FENCED_WRITE, _FENCED_WRITE_SHA, keys, argv)
-        except ReplyError as err:
-            if err.code == _FENCED_PREFIX:
+        except ResponseError as err:
+            if str(err).startswith(_FENCED_PREFIX):
                 raise self._fence.fenced("another replica holds the lease") from err
-            if err.code == _LAPSED_PREFIX:
+            if str(err).startswith(_LAPSED_PREFIX):
                 raise self._fence.lapsed() from err
             raise _wrap(err) from err
-        except RespError as err:
+        except (RedisError, OSError) as err:
             raise _wrap(err) from err
         return [str(r) for r in reply]
 
@@ -256,29 +303,27 @@ class Bus:
         """EVALSHA, falling back to EVAL when Redis does not know the script yet (after
         a restart): only those two commands, no SCRIPT LOAD, need be allowed by ACLs."""
         try:
-            return await self._r.execute("EVALSHA", sha, len(keys), *keys, *args)
-        except ReplyError as err:
-            if err.code != "NOSCRIPT":
-                raise
-            return await self._r.execute("EVAL", script, len(keys), *keys, *args)
+            return await self._r.evalsha(sha, len(keys), *keys, *args)
+        except NoScriptError:
+            return await self._r.eval(script, len(keys), *keys, *args)
 
     async def _write_unfenced(self, ops: Sequence[_Op]) -> list[str]:
-        commands: list[tuple[str, ...]] = []
+        pipe = self._r.pipeline(transaction=len(ops) > 1)
         for op in ops:
             if op.verb == "hset":
-                commands.append(("HSET", op.key, op.args[0], op.args[1]))
+                pipe.hset(op.key, op.args[0], op.args[1])
             elif op.verb == "hdel":
-                commands.append(("HDEL", op.key, op.args[0]))
+                pipe.hdel(op.key, op.args[0])
             else:
-                commands.append(("XADD", op.key, "MAXLEN", "~", op.args[0], "*", "r", op.args[1]))
+                pipe.xadd(op.key, {"r": op.args[1]}, maxlen=int(op.args[0]), approximate=True)
         try:
-            reply = await self._r.pipeline(commands, transaction=len(ops) > 1)
-        except RespError as err:
+            reply = await pipe.execute()
+        except (RedisError, OSError) as err:
             raise _wrap(err) from err
         return [str(r) for r in reply]
 
     @property
-    def client(self) -> RespClient:
+    def client(self) -> aioredis.Redis:
         return self._r
 
 
@@ -334,8 +379,8 @@ class Table(Generic[R]):
 
     async def get(self, key: str) -> R | None:
         try:
-            raw = await self.bus.client.execute("HGET", self.key, key)
-        except RespError as err:
+            raw = await self.bus.client.hget(self.key, key)
+        except (RedisError, OSError) as err:
             raise _wrap(err) from err
         return self._decode(key, raw)
 
@@ -346,12 +391,12 @@ class Table(Generic[R]):
         if not unique:
             return {}
         try:
-            raws = await self.bus.client.execute("HMGET", self.key, *unique)
-        except RespError as err:
+            raws = await self.bus.client.hmget(self.key, unique)
+        except (RedisError, OSError) as err:
             raise _wrap(err) from err
         return {key: self._decode(key, raw) for key, raw in zip(unique, raws, strict=True)}
 
-    def _decode(self, key: str, raw: str | None) -> R | None:
+    def _decode(self, key: str, raw: str | bytes | None) -> R | None:
         if raw is None:
             return None
         try:
@@ -365,11 +410,12 @@ class Table(Generic[R]):
     async def all(self) -> dict[str, R]:
         """Every decodable record; undecodable ones are logged and left out."""
         try:
-            raw = field_map(await self.bus.client.execute("HGETALL", self.key)) or {}
-        except RespError as err:
+            raw = await self.bus.client.hgetall(self.key)
+        except (RedisError, OSError) as err:
             raise _wrap(err) from err
         out: dict[str, R] = {}
         for key, value in raw.items():
+            key = str(key)  # decode_responses=True: keys are str at run time
             try:
                 out[key] = self.record_type.decode(value)
             except BadRecord as err:
@@ -401,11 +447,11 @@ class Stream(Generic[R]):
 
     async def ensure_group(self, group: str, *, start: str = "0") -> None:
         try:
-            await self.bus.client.execute("XGROUP", "CREATE", self.key, group, start, "MKSTREAM")
-        except ReplyError as err:
-            if err.code != "BUSYGROUP":
+            await self.bus.client.xgroup_create(self.key, group, id=start, mkstream=True)
+        except ResponseError as err:
+            if "BUSYGROUP" not in str(err):
                 raise _wrap(err) from err
-        except RespError as err:
+        except (RedisError, OSError) as err:
             raise _wrap(err) from err
 
     async def read(
@@ -414,15 +460,17 @@ class Stream(Generic[R]):
         """New entries for this consumer; re-creates the group if Redis lost it."""
         for attempt in (1, 2):
             try:
-                command = ("XREADGROUP", "GROUP", group, consumer)
-                return await self._read(command, ">", count=count, block_ms=block_ms)
-            except ReplyError as err:
-                if err.code == "NOGROUP" and attempt == 1:
+                reply = await self.bus.client.xreadgroup(
+                    group, consumer, {self.key: ">"}, count=count, block=block_ms
+                )
+                return self._entries(reply)
+            except ResponseError as err:
+                if "NOGROUP" in str(err) and attempt == 1:
                     log.warning("consumer group missing, re-creating", extra={"stream": self.name})
                     await self.ensure_group(group)
                     continue
                 raise _wrap(err) from err
-            except RespError as err:
+            except (RedisError, OSError) as err:
                 raise _wrap(err) from err
         return []
 
@@ -435,34 +483,33 @@ class Stream(Generic[R]):
         memory grow with every restart.
         """
         try:
-            reply = await self.bus.client.execute(
-                "XAUTOCLAIM", self.key, group, consumer, min_idle_ms, "0-0", "COUNT", 1000
+            reply = await self.bus.client.xautoclaim(
+                self.key, group, consumer, min_idle_time=min_idle_ms, start_id="0-0", count=1000
             )
-            forgotten = await self.bus.client.execute(
-                "EVAL", _FORGET_DEAD_CONSUMERS, 1, self.key, group, consumer, min_idle_ms
+            forgotten = await self.bus.client.eval(
+                _FORGET_DEAD_CONSUMERS, 1, self.key, group, consumer, str(min_idle_ms)
             )
-        except ReplyError as err:
-            if err.code == "NOGROUP":
+        except ResponseError as err:
+            if "NOGROUP" in str(err):
                 await self.ensure_group(group)
                 return []
             raise _wrap(err) from err
-        except RespError as err:
+        except (RedisError, OSError) as err:
             raise _wrap(err) from err
         if forgotten:
             log.info(
                 "dead consumers removed from the group",
                 extra={"stream": self.name, "group": group, "consumers": list(forgotten)},
             )
-        # XAUTOCLAIM: [next start, [[id, fields or nil], ...], deleted ids (Redis 7)]
-        messages = stream_entries(reply[1] if len(reply) > 1 else [])
+        messages = reply[1] if len(reply) > 1 else []
         return [self._entry(mid, fields) for mid, fields in messages if fields is not None]
 
     async def last_id(self) -> str:
         """The id of the newest entry ("0-0" when the stream is empty or missing): where a
         `tail` that wants only what comes next starts."""
         try:
-            reply = await self.bus.client.execute("XREVRANGE", self.key, "+", "-", "COUNT", 1)
-        except RespError as err:
+            reply = await self.bus.client.xrevrange(self.key, "+", "-", count=1)
+        except (RedisError, OSError) as err:
             raise _wrap(err) from err
         return str(reply[0][0]) if reply else "0-0"
 
@@ -471,48 +518,30 @@ class Stream(Generic[R]):
         a consumer group: every reader sees every entry and nothing is acknowledged. For
         readers that only want wake-ups and each keep their own cursor (one per replica)."""
         try:
-            return await self._read(("XREAD",), after, count=count, block_ms=block_ms)
-        except RespError as err:
+            reply = await self.bus.client.xread({self.key: after}, count=count, block=block_ms)
+        except (RedisError, OSError) as err:
             raise _wrap(err) from err
+        return self._entries(reply)
 
     async def ack(self, group: str, *ids: str) -> None:
         if not ids:
             return
         try:
-            await self.bus.client.execute("XACK", self.key, group, *ids)
-        except RespError as err:
+            await self.bus.client.xack(self.key, group, *ids)
+        except (RedisError, OSError) as err:
             raise _wrap(err) from err
 
     async def length(self) -> int:
         try:
-            return int(await self.bus.client.execute("XLEN", self.key))
-        except RespError as err:
+            return int(await self.bus.client.xlen(self.key))
+        except (RedisError, OSError) as err:
             raise _wrap(err) from err
 
-    async def _read(
-        self, command: tuple[str, ...], start: str, *, count: int, block_ms: int
-    ) -> list[Entry[R]]:
-        """`command` (XREAD, or XREADGROUP with its group and consumer) for up to `count`
-        entries after `start`, blocking up to `block_ms` on the server."""
-        reply = await self.bus.client.execute(
-            *command,
-            "COUNT",
-            count,
-            "BLOCK",
-            block_ms,
-            "STREAMS",
-            self.key,
-            start,
-            block_s=block_ms / 1000,
-        )
-        return self._entries(reply)
-
     def _entries(self, reply: Any) -> list[Entry[R]]:
-        """XREAD(GROUP)'s reply: nil on timeout, else [[stream, [[id, fields], ...]]]."""
         out: list[Entry[R]] = []
         for _stream, messages in reply or []:
-            for mid, fields in stream_entries(messages):
-                out.append(self._entry(mid, fields or {}))
+            for mid, fields in messages:
+                out.append(self._entry(mid, fields))
         return out
 
     def _entry(self, mid: str, fields: Mapping[str, str]) -> Entry[R]:
@@ -720,7 +749,7 @@ class Lease:
                 self.reacquired = self.counter_reset = False
                 return True
             granted = await self._acquire(heir or self.predecessor)
-        except RespError as err:
+        except (RedisError, OSError) as err:
             raise _wrap(err) from err
         if granted is not None:
             token, continued = granted
@@ -740,7 +769,7 @@ class Lease:
             return
         try:
             await self._release()
-        except RespError as err:
+        except (RedisError, OSError) as err:
             raise _wrap(err) from err
         finally:
             self.held = False
@@ -749,20 +778,18 @@ class Lease:
 
     async def _renew(self) -> bool:
         """Extend the key's TTL if it still holds this replica's value."""
-        return bool(
-            await self.bus.client.execute("EVAL", _RENEW, 1, self.key, self.value, self.ttl_ms)
-        )
+        return bool(await self.bus.client.eval(_RENEW, 1, self.key, self.value, str(self.ttl_ms)))
 
     async def _acquire(self, heir_of: str | None) -> tuple[int, bool] | None:
         """Take the key if nobody (or the dead holder `heir_of`) holds it: the new token
         and whether the fence counter survived; None while another replica holds it."""
         heir = f"{heir_of}:" if heir_of else ""
-        reply = await self.bus.client.execute(
-            "EVAL", _ACQUIRE, 2, self.key, self.fence_key, f"{self.holder}:", heir, self.ttl_ms
+        reply = await self.bus.client.eval(
+            _ACQUIRE, 2, self.key, self.fence_key, f"{self.holder}:", heir, str(self.ttl_ms)
         )
         if isinstance(reply, list):
             return int(reply[0]), bool(int(reply[1]))
         return None
 
     async def _release(self) -> None:
-        await self.bus.client.execute("EVAL", _RELEASE, 1, self.key, self.value)
+        await self.bus.client.eval(_RELEASE, 1, self.key, self.value)

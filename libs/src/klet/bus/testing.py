@@ -29,9 +29,9 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
+import redis.asyncio as aioredis
 from klet.bus.leaderslot import SlotView
 from klet.bus.redisbus import Bus, BusError, Entry, Lease, R, Stream, Table, _Op
-from klet.bus.resp import RespClient
 from klet.model.records import BadRecord
 
 
@@ -88,7 +88,7 @@ class FakeBus(Bus):
         return lease
 
     @property
-    def client(self) -> RespClient:
+    def client(self) -> aioredis.Redis:
         raise TypeError("FakeBus has no Redis client; its tables and streams keep the state")
 
     def check(self, call: str) -> None:
