@@ -6,8 +6,9 @@ another service's or another node's credentials cannot write desired pods, the `
 stream, leases or node conditions, neither directly nor through a Lua script (the
 fenced-write path), while every service reads the tables it is granted (one record,
 many in one HMGET, all). Each refusal is paired with the owner doing the same write, so the
-test cannot pass by everything failing. Also: rediss:// with TLS against redis-server's
-own TLS listener, server certificate verified, with a client certificate.
+test cannot pass by everything failing. No service may SELECT another database. Also:
+rediss:// with TLS against redis-server's own TLS listener, server certificate verified,
+with a client certificate.
 """
 
 from __future__ import annotations
@@ -161,6 +162,19 @@ async def test_each_service_reads_its_tables_one_many_and_all(
             assert await table.get("k") is None, name
             assert await table.get_many(["k", "l"]) == {"k": None, "l": None}, name
             assert await table.all() == {}, name
+
+
+@pytest.mark.parametrize("service", SERVICES)
+async def test_no_service_may_leave_database_0(redis_server: RedisServer, service: str) -> None:
+    # With SELECT granted, pod-source wrote `desired` in database 5, where nothing of
+    # klet's looks and anything else of the operator's may.
+    from redis.exceptions import NoPermissionError
+
+    redis_server.add_node(NODE)
+    async with node_bus(redis_server, redis_server.credentials(NODE, service)) as nb:
+        with pytest.raises(NoPermissionError):
+            await nb.bus.client.execute_command("SELECT", 5)
+        assert await nb.bus.client.ping()  # the connection itself is fine
 
 
 async def test_another_nodes_credentials_write_nothing_on_this_node(

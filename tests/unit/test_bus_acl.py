@@ -47,7 +47,6 @@ def test_pod_source_rules() -> None:
         "+multi",
         "+exec",
         "+discard",
-        "+select",
         f"(~{p}desired ~{p}sources +hget +hmget +hgetall +hset +hdel)",
         f"(~{p}pods ~{p}events +xadd)",
         f"(~{p}lease:pod-source ~{p}lease:pod-source:* "

@@ -254,7 +254,7 @@ def test_agent_flags() -> None:
 
 def test_klet_only_environment_variables() -> None:
     env = {
-        "KLET_REDIS_URL": "redis://redis:6380/2",
+        "KLET_REDIS_URL": "redis://redis:6380/0",
         "KLET_ALLOW_INSECURE_REDIS": "true",
         "KLET_RUN_DIR": "/tmp/klet-run",
         "KLET_SERVICE_PORT": "9999",
@@ -262,7 +262,7 @@ def test_klet_only_environment_variables() -> None:
         "KLET_LOG_FORMAT": "text",
     }
     klet = load([], env=env).klet
-    assert klet.redis_url == "redis://redis:6380/2"
+    assert klet.redis_url == "redis://redis:6380/0"
     assert klet.run_dir == Path("/tmp/klet-run")
     assert (klet.service_port, klet.service_bind_address, klet.log_format) == (
         9999,

@@ -5,7 +5,8 @@ the way out (--allow-insecure-redis, a password file, a unix socket); the passwo
 from --redis-password-file and never from --redis-url (which every local user can read
 in /proc/<pid>/cmdline), but KLET_REDIS_URL may carry one; the URL kept in the settings
 has no credentials in it; TLS files only with rediss://; the password stays out of the
-settings' repr.
+settings' repr; a password over plain redis:// only to a loopback address (or with
+--allow-insecure-redis); a URL naming a database other than 0 is refused.
 """
 
 from __future__ import annotations
@@ -65,7 +66,7 @@ def test_password_comes_from_the_file(password_file: Path) -> None:
     klet = load(
         [
             "--redis-url",
-            "redis://10.0.0.5:6379/0",
+            "rediss://10.0.0.5:6379/0",
             "--redis-username",
             "klet-syncloop@node-1",
             "--redis-password-file",
@@ -78,13 +79,13 @@ def test_password_comes_from_the_file(password_file: Path) -> None:
 
 
 def test_password_in_the_url_flag_is_refused() -> None:
-    (problem,) = problems(["--redis-url", "redis://u:hunter2@10.0.0.5:6379/0"])
+    (problem,) = problems(["--redis-url", "rediss://u:hunter2@10.0.0.5:6379/0"])
     assert problem.startswith("--redis-url: must not contain a password")
 
 
 def test_password_in_the_environment_url_is_moved_out_of_the_url() -> None:
-    klet = load([], env={"KLET_REDIS_URL": "rediss://u:hunter2@redis.example:6380/1"}).klet
-    assert klet.redis_url == "rediss://redis.example:6380/1"
+    klet = load([], env={"KLET_REDIS_URL": "rediss://u:hunter2@redis.example:6380/0"}).klet
+    assert klet.redis_url == "rediss://redis.example:6380/0"
     assert (klet.redis_auth.username, klet.redis_auth.password) == ("u", "hunter2")
 
 
@@ -140,3 +141,31 @@ def test_the_admin_user_is_not_for_services(password_file: Path) -> None:
     (problem,) = problems([], env={"KLET_REDIS_URL": "unix://klet-admin:pw@/r.sock"})
     assert problem.startswith("KLET_REDIS_URL: klet-admin is the set-up credential")
     assert REDIS_ADMIN_USER == ADMIN_USER
+
+
+def test_a_cleartext_password_off_loopback_is_refused(password_file: Path) -> None:
+    flags = ["--redis-username", "u", "--redis-password-file", str(password_file)]
+    (problem,) = problems(["--redis-url", "redis://10.0.0.5:6379", *flags])
+    assert problem.startswith("--redis-url: redis://10.0.0.5:6379 would carry the password")
+    assert "rediss://" in problem and "--allow-insecure-redis" in problem
+    for url in ("redis://127.0.0.1:6379", "redis://localhost:6379", "redis://[::1]:6379"):
+        assert load(["--redis-url", url, *flags]).klet.redis_auth.password == "s3cret-pw"
+    insecure = load(["--redis-url", "redis://10.0.0.5:6379", *flags, "--allow-insecure-redis"])
+    assert insecure.klet.redis_auth.password == "s3cret-pw"
+    assert load(["--redis-url", "rediss://10.0.0.5:6379", *flags]).klet.redis_url
+
+
+@pytest.mark.parametrize(
+    "url",
+    ["rediss://redis.example:6380/5", "unix:///run/redis.sock?db=3", "rediss://r:1/0?db=2"],
+)
+def test_a_database_other_than_0_is_refused(url: str, password_file: Path) -> None:
+    flags = ["--redis-username", "u", "--redis-password-file", str(password_file)]
+    (problem,) = problems(["--redis-url", url, *flags])
+    assert "names database" in problem and "may not SELECT" in problem
+
+
+@pytest.mark.parametrize("url", ["rediss://redis.example:6380/0", "unix:///s.sock?db=0"])
+def test_database_0_may_be_named(url: str, password_file: Path) -> None:
+    flags = ["--redis-username", "u", "--redis-password-file", str(password_file)]
+    assert load(["--redis-url", url, *flags]).klet.redis_url == url

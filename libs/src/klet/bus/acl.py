@@ -36,8 +36,9 @@ service is ever given it (`klet up` passes each service its own user only)."""
 
 # Commands every authenticated service needs, on no key: liveness checks (redis-py's
 # health check is a PING), MULTI/EXEC around unfenced writes (each queued command is
-# still checked against the grants), SELECT when the URL names a database.
-CONNECTION_COMMANDS = ("ping", "multi", "exec", "discard", "select")
+# still checked against the grants). Not SELECT: klet's keys live in database 0 and a
+# service may write nowhere else (the settings refuse a URL naming another database).
+CONNECTION_COMMANDS = ("ping", "multi", "exec", "discard")
 
 TABLE_READ = ("hget", "hmget", "hgetall")
 TABLE_WRITE = (*TABLE_READ, "hset", "hdel")

@@ -190,6 +190,28 @@ def _split_url(url: str) -> SplitResult:
         return urlsplit("")
 
 
+def _database(parts: SplitResult) -> str:
+    """The database a bus URL names: the path of redis:// and rediss:// (`/5`), the `db`
+    query parameter of any ("" when it names none)."""
+    for item in parts.query.split("&"):
+        key, _, value = item.partition("=")
+        if key == "db":
+            return value
+    if parts.scheme in ("redis", "rediss"):
+        return parts.path.strip("/")
+    return ""
+
+
+def _loopback(parts: SplitResult) -> bool:
+    host = parts.hostname or ""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
 def _check_klet(values: Mapping[str, Any], source: Mapping[str, str]) -> list[Problem]:
     problems: list[Problem] = []
 
@@ -243,7 +265,10 @@ def _redis(
     A password must not be in `--redis-url` (every user can read a process's command
     line in /proc); KLET_REDIS_URL may carry one (a process's environment is readable
     by its owner and root only). A TCP URL is refused without credentials, unless the
-    operator says --allow-insecure-redis: whoever writes the bus runs pods as root.
+    operator says --allow-insecure-redis: whoever writes the bus runs pods as root. So
+    is a password sent in clear text (redis://) to anything but a loopback address: it
+    could be read on the way, and whoever sits there could write the bus. The URL may
+    name database 0 only: klet's ACL users may not SELECT another.
     """
     problems: list[Problem] = []
 
@@ -303,6 +328,20 @@ def _redis(
         given = "redis_cert_file" if tls["redis_cert_file"] is not None else "redis_key_file"
         bad(given, "--redis-cert-file and --redis-key-file go together")
     insecure_ok = bool(values.get("allow_insecure_redis", False))
+    database = _database(parts)
+    if database not in ("", "0"):
+        bad(
+            "redis_url",
+            f"names database {database!r}: klet keeps its keys in database 0 and its ACL "
+            "users may not SELECT another (several nodes share one database by key prefix)",
+        )
+    if parts.scheme == "redis" and password and not insecure_ok and not _loopback(parts):
+        bad(
+            "redis_url",
+            f"{bare} would carry the password in clear text to a host that is not this "
+            "machine, and whoever sits in between could read it and write the bus: use "
+            "rediss:// (--redis-ca-file), or pass --allow-insecure-redis",
+        )
     if (
         parts.scheme in ("redis", "rediss")
         and not password
