@@ -4,7 +4,9 @@ groups (delivery, ack, claiming what a dead consumer left pending, a bad entry
 surfacing as an error instead of a record, the group re-created after a flush, dead
 consumers removed from the group), atomic transactions, the lease (one holder, a dead
 predecessor's lease taken over at once, takeover after expiry, fencing tokens
-increase), and BusUnavailable when Redis is gone."""
+increase), and BusUnavailable when Redis is gone. Redis is bounded (maxmemory, noeviction):
+a write past the bound is refused with OOM, which the bus reports as BusUnavailable (the
+writer retries), and nothing already written is evicted."""
 
 from __future__ import annotations
 
@@ -176,4 +178,26 @@ async def test_unavailable(redis_server: Any) -> None:
         with pytest.raises(BusUnavailable):
             await nb.pods.publish(change("x"))
     finally:
+        await bus.close()
+
+
+async def test_a_full_redis_refuses_writes_as_unavailable_and_evicts_nothing(
+    redis_server: Any,
+) -> None:
+    bus = Bus.from_url(redis_server.url, "n1", auth=redis_server.admin)
+    try:
+        assert await bus.client.config_get("maxmemory") == {"maxmemory": str(256 << 20)}
+        assert await bus.client.config_get("maxmemory-policy") == {
+            "maxmemory-policy": "noeviction"
+        }
+        nb = NodeBus.of(bus)
+        first = SourceState(source="file", ready=True, at=1.0)
+        await nb.sources.put("file", first)
+        used = int((await bus.client.info("memory"))["used_memory"])
+        await bus.client.config_set("maxmemory", used + 64 * 1024)
+        with pytest.raises(BusUnavailable, match="OOM|maxmemory"):
+            await nb.pods.publish(change("x" * (256 * 1024)))
+        assert await nb.sources.get("file") == first
+    finally:
+        await bus.client.config_set("maxmemory", 256 << 20)
         await bus.close()

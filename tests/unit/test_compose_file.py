@@ -103,6 +103,8 @@ def test_redis_has_no_network_and_no_persistence() -> None:
     assert argv[argv.index("--port") + 1] == "0"
     assert argv[argv.index("--save") + 1] == ""
     assert argv[argv.index("--appendonly") + 1] == "no"
+    assert argv[argv.index("--maxmemory") + 1] == "256mb"
+    assert argv[argv.index("--maxmemory-policy") + 1] == "noeviction"
     assert redis["depends_on"]["bus-acl"]["condition"] == "service_completed_successfully"
 
 

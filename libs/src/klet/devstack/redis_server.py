@@ -36,6 +36,9 @@ from klet.devstack.procs import ManagedProcess, StartError, free_port
 from klet.model.layout import REDIS_SOCKET
 
 REDIS_BINARY = "/usr/bin/redis-server"
+MAXMEMORY = "256mb"
+"""Redis's bound (noeviction: writes past it fail, the services retry); as in
+docker-compose.yml and the chart's `redis.maxmemory`."""
 _MAX_SOCKET_PATH = 100  # sun_path holds 107 bytes; keep a margin
 
 
@@ -204,6 +207,10 @@ class RedisServer:
             "no",
             "--daemonize",
             "no",
+            "--maxmemory",
+            MAXMEMORY,
+            "--maxmemory-policy",
+            "noeviction",
             "--dir",
             str(self.dir),
         ]
