@@ -4,7 +4,9 @@ locally once the last renewal is a TTL old), a refused write ends leadership, th
 loop steps down when Redis has been unreachable for a whole TTL or when somebody else
 held the lease meanwhile, a Redis restarted empty does not end leadership, and — with
 two real replica processes — a leader stalled by SIGSTOP past its TTL writes nothing
-after the standby took over and steps down when it is continued."""
+after the standby took over and steps down when it is continued. A fenced write that
+one of its writes would be refused (a key of the wrong type, a grant the service lacks,
+with pod-source's real credential) writes nothing at all."""
 
 from __future__ import annotations
 
@@ -17,10 +19,11 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 
 import pytest
-from klet.bus import Bus, BusError, Fenced, LeaseLapsed
+from klet.bus import Bus, BusError, Fenced, LeaseLapsed, NodeBus
 from klet.bus.leader import LeaseLost, hold
 from klet.devstack import ManagedProcess, RedisServer
-from klet.model.records import NodeConditionRecord
+from klet.model.records import NodeConditionRecord, PodStatusRecord, SourceState
+from klet.model.types import PodUID
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -361,3 +364,62 @@ def _later(eid: str, than: str) -> bool:
     ms, seq = (int(x) for x in eid.split("-"))
     ms2, seq2 = (int(x) for x in than.split("-"))
     return (ms, seq) > (ms2, seq2)
+
+
+async def test_a_write_refused_half_way_writes_nothing(
+    buses: Callable[[], Bus], redis_server: RedisServer
+) -> None:
+    bus, reader = buses(), buses()
+    lease = bus.lease("svc", "host:1:aaaaaaaaaaaa", ttl_ms=10_000)
+    assert await lease.try_acquire()
+    await reader.client.hset(reader.key("s"), "not", "a stream")
+    with pytest.raises(BusError, match="WRONGTYPE"):
+        async with bus.transaction() as tx:
+            tx.put(bus.table("t", NodeConditionRecord), "k", rec("first"))
+            tx.publish(bus.stream("s", NodeConditionRecord), rec("second"))
+            tx.put(bus.table("t", NodeConditionRecord), "k2", rec("third"))
+    assert await reader.table("t", NodeConditionRecord).all() == {}
+    assert await reader.client.hgetall(reader.key("s")) == {"not": "a stream"}
+    assert not lease.lost.is_set()  # a refused write is no reason to step down
+
+
+async def test_a_write_the_service_may_not_make_writes_nothing(redis_server: RedisServer) -> None:
+    redis_server.add_node("n1")
+    bus = Bus.from_url(
+        redis_server.url, "n1", auth=redis_server.credentials("n1", "pod-source"), timeout_s=2
+    )
+    reader = Bus.from_url(redis_server.url, "n1", auth=redis_server.admin, timeout_s=2)
+    try:
+        nb = NodeBus.of(bus)
+        assert await bus.lease("pod-source", "host:1:cccccccccccc").try_acquire()
+        ready = SourceState(source="file", ready=True, at=1.0)
+        await nb.sources.put("file", ready)  # what it owns, it writes
+        # The status table is syncloop's: Redis refuses the script for its keys.
+        with pytest.raises(BusError, match="permission"):
+            async with bus.transaction() as tx:
+                tx.put(nb.sources, "api", SourceState(source="api", ready=True, at=2.0))
+                tx.put(
+                    nb.status,
+                    "uid",
+                    PodStatusRecord(
+                        uid=PodUID("uid"),
+                        namespace="default",
+                        name="p",
+                        version=1,
+                        epoch=1.0,
+                        status={},
+                        updated_at=1.0,
+                    ),
+                )
+        assert await NodeBus.of(reader).sources.all() == {"file": ready}
+        # A key the script may touch but not write so: refused by the script's own check
+        # before its first write (it used to leave the first HSET applied).
+        junk = bus.table("lease:pod-source:junk", SourceState)
+        with pytest.raises(BusError, match="may not HSET"):
+            async with bus.transaction() as tx:
+                tx.put(nb.sources, "api", SourceState(source="api", ready=True, at=2.0))
+                tx.put(junk, "k", ready)
+        assert await NodeBus.of(reader).sources.all() == {"file": ready}
+    finally:
+        await bus.close()
+        await reader.close()

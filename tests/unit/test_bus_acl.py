@@ -52,7 +52,7 @@ def test_pod_source_rules() -> None:
         f"(~{p}lease:pod-source ~{p}lease:pod-source:* "
         "+get +set +pexpire +pttl +del +incr +incrby +exists)",
         f"(~{p}desired ~{p}sources ~{p}pods ~{p}events ~{p}lease:pod-source "
-        f"~{p}lease:pod-source:* +eval +evalsha)",
+        f"~{p}lease:pod-source:* +eval +evalsha +type)",
     ]
 
 

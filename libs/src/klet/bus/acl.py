@@ -58,7 +58,8 @@ STREAM_CONSUME = (
 STREAM_TAIL = ("xread", "xrevrange", "xlen")
 # redis-py sends INCR as INCRBY.
 LEASE = ("get", "set", "pexpire", "pttl", "del", "incr", "incrby", "exists")
-SCRIPTS = ("eval", "evalsha")
+# TYPE: the fenced write checks each key's type before its first write (redisbus.py).
+SCRIPTS = ("eval", "evalsha", "type")
 
 _NODE_NAME = re.compile(r"[a-z0-9]([-a-z0-9.]*[a-z0-9])?")
 

@@ -583,6 +583,11 @@ _LAPSED_PREFIX = "LAPSED"
 # this same holder under another token (a write prepared before the leader took the
 # lease back after Redis lost it) is "lapsed", to be retried, not "fenced": holder IDs
 # are unique per process, so no other process can have written in between.
+# Redis has no rollback: a write refused half-way through a script leaves the earlier
+# ones applied. So every write is checked before the first one runs, against what can
+# refuse it: the caller's ACL (redis.acl_check_cmd) and the key's type (TYPE, granted
+# with the scripts). Memory cannot refuse one half-way: Redis checks maxmemory only
+# before a script's first write.
 _FENCED_WRITE = """
 local holder = redis.call('GET', KEYS[1])
 if holder ~= ARGV[1] then
@@ -595,8 +600,28 @@ if holder ~= ARGV[1] then
   end
   return redis.error_reply('FENCED lease ' .. KEYS[1] .. ' is not held by ' .. ARGV[1])
 end
-local out = {}
+local kinds = {hset = 'hash', hdel = 'hash', xadd = 'stream'}
+local sample = {
+  hset = {'HSET', 'f', 'v'}, hdel = {'HDEL', 'f'}, xadd = {'XADD', '*', 'r', 'v'}
+}
 local i = 2
+while i <= #ARGV do
+  local verb, key = ARGV[i], KEYS[tonumber(ARGV[i + 1])]
+  if not kinds[verb] or not key then
+    return redis.error_reply('ERR unknown bus write ' .. tostring(verb))
+  end
+  local t = redis.call('TYPE', key)['ok']
+  if t ~= 'none' and t ~= kinds[verb] then
+    return redis.error_reply('WRONGTYPE ' .. key .. ' holds a ' .. t .. ', not a ' .. kinds[verb])
+  end
+  local s = sample[verb]
+  if not redis.acl_check_cmd(s[1], key, unpack(s, 2)) then
+    return redis.error_reply('NOPERM this user may not ' .. s[1] .. ' ' .. key)
+  end
+  i = i + (verb == 'hdel' and 3 or 4)
+end
+local out = {}
+i = 2
 while i <= #ARGV do
   local verb, key = ARGV[i], KEYS[tonumber(ARGV[i + 1])]
   if verb == 'hset' then
