@@ -1,7 +1,7 @@
-"""ServiceAccount token credentials against the real apiserver: what the chart's
-rbac.create and helm test objects rely on.
+"""ServiceAccount token credentials against the real apiserver: what the chart's helm
+test objects rely on.
 
-Covers: a kubeconfig with a `tokenFile` (as the chart renders for rbac.create)
+Covers: a kubeconfig with a `tokenFile` (as the chart renders for the helm test pod)
 authenticates KubeClient as the ServiceAccount, which the binding to the built-in
 system:node ClusterRole lets read nodes and write node leases; a token file rewritten
 in place (as the kubelet rotates a projected token) is read again, a bad token is

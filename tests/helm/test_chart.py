@@ -7,8 +7,9 @@ mounts, the root dir with Bidirectional propagation, KLET_SERVICE_PORT=0 and a p
 port file, `klet healthcheck <service>` probes), with the checksum of the rendered
 configuration (which changes when kubeletConfig does), system-node-critical and
 tolerations of every taint by default, of the kind its values choose; the bundled Redis
-has the compose file's flags and no TCP port; credentials bind only to system:node
-(never cluster-admin, and nothing without rbac.create); the ServiceMonitor is rendered
+has the compose file's flags and no TCP port; the services get no ServiceAccount token
+and nothing is bound to system:node or cluster-admin (rbac.create is refused, naming
+why); the ServiceMonitor is rendered
 only when enabled; the helm test pod runs on the klet node with a read-only view of its
 Node and Lease; the schema refuses bad values with a message naming the field.
 """
@@ -142,7 +143,8 @@ def test_service_runs_as_compose_runs_it(service: str) -> None:
     """Same flags, environment and same-path host mounts as docker-compose.yml with its
     defaults; the chart adds --node-ip (the host's IP from the downward API)."""
     spec = compose()["services"][service]  # rendered for node "node-a"
-    w = workloads(render(sets=["node.name=node-a", "rbac.create=true", PINNED]))[service]
+    sets = ["node.name=node-a", "credentials.existingSecret=node-a-kubeconfig", PINNED]
+    w = workloads(render(sets=sets))[service]
     c = container(w)
     assert sorted(flag_names(c["args"])) == sorted([*flag_names(spec["command"]), "--node-ip"])
     by_flag = {a.split("=", 1)[0]: a.split("=", 1)[1] for a in c["args"]}
@@ -151,7 +153,7 @@ def test_service_runs_as_compose_runs_it(service: str) -> None:
         if name not in ("--config", "--kubeconfig", "--hostname-override"):
             assert by_flag[name] == value, name
     assert by_flag["--hostname-override"] == "$(NODE_NAME)"
-    assert by_flag["--kubeconfig"] == "/etc/klet/kubeconfig/kubeconfig"
+    assert by_flag["--kubeconfig"] == "/etc/klet/credentials/kubeconfig"
     env = {k: str(v).replace("$(NODE_NAME)", "node-a") for k, v in env_of(c).items()}
     for name, value in spec["environment"].items():
         assert env[name] == str(value), name
@@ -177,7 +179,7 @@ def enabled_services(name: str) -> list[str]:
     ("name", "service"),
     [
         (name, service)
-        for name in ("rbac-values", "secret-values", "external-redis-values")
+        for name in ("pinned-values", "secret-values", "external-redis-values")
         for service in enabled_services(name)
     ],
 )
@@ -251,7 +253,7 @@ def kubelet_config(docs: list[Doc]) -> Doc:
 
 
 def test_node_labels_and_taints() -> None:
-    docs = render([CI["rbac-values"]], ["node.labels.a\\.io/z=x1"])
+    docs = render([CI["pinned-values"]], ["node.labels.a\\.io/z=x1"])
     args = container(workloads(docs)["status-reporter"])["args"]
     assert "--node-labels=a.io/z=x1,klet.dev/pool=test" in args
     cfg = kubelet_config(docs)
@@ -274,10 +276,10 @@ def checksums(docs: list[Doc]) -> dict[str, str]:
 
 
 def test_kubelet_config_change_rolls_every_service_but_not_redis() -> None:
-    before = checksums(render([CI["rbac-values"]]))
-    assert before == checksums(render([CI["rbac-values"]], ["logFormat=json"]))
-    redis_before = workloads(render([CI["rbac-values"]]))["redis"]["spec"]["template"]
-    after_docs = render([CI["rbac-values"]], ["kubeletConfig.maxPods=60"])
+    before = checksums(render([CI["pinned-values"]]))
+    assert before == checksums(render([CI["pinned-values"]], ["logFormat=json"]))
+    redis_before = workloads(render([CI["pinned-values"]]))["redis"]["spec"]["template"]
+    after_docs = render([CI["pinned-values"]], ["kubeletConfig.maxPods=60"])
     after = checksums(after_docs)
     assert workloads(after_docs)["redis"]["spec"]["template"] == redis_before
     assert set(after) == set(before) == set(SERVICES)
@@ -302,7 +304,7 @@ def test_resolv_conf_is_set_through_paths() -> None:
     [
         ("default-values", dict.fromkeys([*SERVICES, "redis"], "DaemonSet")),
         (
-            "rbac-values",
+            "pinned-values",
             {**dict.fromkeys([*SERVICES, "redis"], "DaemonSet"), "syncloop": "Deployment"},
         ),
         ("secret-values", dict.fromkeys([*SERVICES, "redis"], "Deployment")),
@@ -321,7 +323,7 @@ def test_kind_per_service(name: str, kinds: dict[str, str]) -> None:
 def test_replicas_and_strategies() -> None:
     found = workloads(
         render(
-            [CI["rbac-values"]],
+            [CI["pinned-values"]],
             [
                 "services.eviction.updateStrategy.rollingUpdate.maxUnavailable=2",
                 "services.syncloop.updateStrategy.type=Recreate",
@@ -385,43 +387,21 @@ def test_never_cluster_admin(name: str) -> None:
             assert set(rule["verbs"]) <= {"get"}, role  # the test pod's only role
 
 
-def test_no_binding_to_system_node_without_rbac_create() -> None:
-    for name in ("default-values", "secret-values", "external-redis-values"):
-        docs = render([CI[name]])
-        assert not [b for b in bindings(docs) if b["roleRef"]["name"] == "system:node"], name
-        for w in workloads(docs).values():
-            pod = w["spec"]["template"]["spec"]
-            assert "serviceAccountName" not in pod
-            assert pod["automountServiceAccountToken"] is False
+@pytest.mark.parametrize("name", sorted(CI))
+def test_no_service_account_token_and_no_binding_to_system_node(name: str) -> None:
+    docs = render([CI[name]])
+    assert not [b for b in bindings(docs) if b["roleRef"]["name"] == "system:node"], name
+    for w in workloads(docs).values():
+        pod = w["spec"]["template"]["spec"]
+        assert "serviceAccountName" not in pod
+        assert pod["automountServiceAccountToken"] is False
 
 
-def test_rbac_create_binds_the_services_to_system_node() -> None:
-    docs = render([CI["rbac-values"]], ["apiServer.url=https://10.0.0.1:6443"])
-    (sa,) = [
-        d for d in of_kind(docs, "ServiceAccount") if not d["metadata"]["name"].endswith("-test")
-    ]
-    (binding,) = [b for b in bindings(docs) if b["roleRef"]["name"] == "system:node"]
-    assert binding["roleRef"]["kind"] == "ClusterRole"
-    assert binding["subjects"] == [
-        {"kind": "ServiceAccount", "name": sa["metadata"]["name"], "namespace": "klet-system"}
-    ]
-    (cm,) = [d for d in of_kind(docs, "ConfigMap") if d["metadata"]["name"].endswith("-kubeconfig")]
-    kubeconfig = yaml.safe_load(cm["data"]["kubeconfig"])
-    cluster = kubeconfig["clusters"][0]["cluster"]
-    assert cluster["server"] == "https://10.0.0.1:6443"
-    assert (
-        cluster["certificate-authority"] == "/var/run/secrets/kubernetes.io/serviceaccount/ca.crt"
-    )
-    assert kubeconfig["users"][0]["user"] == {
-        "tokenFile": "/var/run/secrets/kubernetes.io/serviceaccount/token"
-    }
-    for service in SERVICES:
-        w = workloads(docs)[service]
-        assert w["spec"]["template"]["spec"]["serviceAccountName"] == sa["metadata"]["name"]
-        assert "--kubeconfig=/etc/klet/kubeconfig/kubeconfig" in container(w)["args"]
-        assert (
-            mounts_of(w)["/etc/klet/kubeconfig"][1]["configMap"]["name"] == cm["metadata"]["name"]
-        )
+def test_rbac_create_is_refused_naming_why() -> None:
+    err = render_error(sets=["rbac.create=true"])
+    assert "rbac.create was removed" in err
+    assert "Node authorizer" in err and "credentials.existingSecret" in err
+    assert render(sets=["rbac.create=false"]) == render()
 
 
 def test_existing_secret_credentials() -> None:
@@ -432,8 +412,6 @@ def test_existing_secret_credentials() -> None:
         mount, volume = mounts_of(w)["/etc/klet/credentials"]
         assert mount["readOnly"] is True
         assert volume["secret"]["secretName"] == "klet-node-2-kubeconfig"
-    err = render_error([CI["secret-values"]], ["rbac.create=true"])
-    assert "set either credentials.existingSecret or rbac.create, not both" in err
 
 
 def test_standalone_has_no_kubeconfig() -> None:
@@ -484,7 +462,7 @@ def test_bundled_redis_is_on_a_unix_socket_with_per_service_users() -> None:
 
 
 def test_service_monitor_only_when_enabled() -> None:
-    for name in ("default-values", "rbac-values", "external-redis-values"):
+    for name in ("default-values", "pinned-values", "external-redis-values"):
         assert not of_kind(render([CI[name]]), "ServiceMonitor"), name
     docs = render([CI["secret-values"]])
     (monitor,) = of_kind(docs, "ServiceMonitor")
@@ -512,7 +490,7 @@ def test_service_monitor_only_when_enabled() -> None:
 
 
 def test_helm_test_pod_checks_the_node_from_the_node() -> None:
-    docs = render([CI["rbac-values"]])
+    docs = render([CI["pinned-values"]])
     (pod,) = of_kind(docs, "Pod")
     assert pod["metadata"]["annotations"]["helm.sh/hook"] == "test"
     spec = pod["spec"]
@@ -533,7 +511,7 @@ def test_helm_test_pod_checks_the_node_from_the_node() -> None:
     for d in of_kind(docs, "ServiceAccount") + of_kind(docs, "ClusterRole"):
         assert "helm.sh/hook" not in (d["metadata"].get("annotations") or {})
     assert not of_kind(render(), "Pod")  # no node name: no one node to check
-    assert not of_kind(render([CI["rbac-values"]], ["tests.enabled=false"]), "Pod")
+    assert not of_kind(render([CI["pinned-values"]], ["tests.enabled=false"]), "Pod")
 
 
 # ---------------------------------------------------------------------------------------

@@ -51,8 +51,6 @@ replacing them whole. Returned as YAML: (include "klet.serviceValues" (dict "roo
 {{- define "klet.kubeconfigPath" -}}
 {{- if .Values.credentials.existingSecret -}}
 /etc/klet/credentials/{{ .Values.credentials.key }}
-{{- else if .Values.rbac.create -}}
-/etc/klet/kubeconfig/kubeconfig
 {{- end -}}
 {{- end -}}
 
