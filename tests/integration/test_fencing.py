@@ -412,9 +412,10 @@ async def test_a_write_the_service_may_not_make_writes_nothing(redis_server: Red
                     ),
                 )
         assert await NodeBus.of(reader).sources.all() == {"file": ready}
-        # A key the script may touch but not write so: refused by the script's own check
-        # before its first write (it used to leave the first HSET applied).
-        junk = bus.table("lease:pod-source:junk", SourceState)
+        # A key the script may touch but not write so (a stream it publishes to, not
+        # created yet): refused by the script's own check before its first write (it used
+        # to leave the first HSET applied).
+        junk = bus.table("pods", SourceState)
         with pytest.raises(BusError, match="may not HSET"):
             async with bus.transaction() as tx:
                 tx.put(nb.sources, "api", SourceState(source="api", ready=True, at=2.0))

@@ -49,10 +49,10 @@ def test_pod_source_rules() -> None:
         "+discard",
         f"(~{p}desired ~{p}sources +hget +hmget +hgetall +hset +hdel)",
         f"(~{p}pods ~{p}events +xadd)",
-        f"(~{p}lease:pod-source ~{p}lease:pod-source:* "
+        f"(~{p}lease:pod-source ~{p}lease:pod-source:fence "
         "+get +set +pexpire +pttl +del +incr +incrby +exists)",
         f"(~{p}desired ~{p}sources ~{p}pods ~{p}events ~{p}lease:pod-source "
-        f"~{p}lease:pod-source:* +eval +evalsha +type)",
+        f"~{p}lease:pod-source:fence +eval +evalsha +type)",
     ]
 
 
@@ -62,7 +62,9 @@ def test_every_grant_is_on_the_own_node_and_own_lease(service: str) -> None:
     keys = [w for w in rules.replace("(", " ").replace(")", " ").split() if w.startswith("~")]
     assert keys and all(k.startswith("~klet:n1:") for k in keys)
     leases = {k for k in keys if ":lease:" in k}
-    assert leases == {f"~klet:n1:lease:{service}", f"~klet:n1:lease:{service}:*"}
+    # No glob: a service may not create lease keys without end.
+    assert leases == {f"~klet:n1:lease:{service}", f"~klet:n1:lease:{service}:fence"}
+    assert "*" not in rules
 
 
 def test_only_pod_source_writes_desired_and_pods() -> None:

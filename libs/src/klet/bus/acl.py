@@ -85,7 +85,11 @@ class ServiceAccess:
     leases: tuple[str, ...] = field(default=())  # its own leases (key and fence counter)
 
     def grants(self) -> tuple[Grant, ...]:
-        lease_keys = tuple(k for name in self.leases for k in (f"lease:{name}", f"lease:{name}:*"))
+        # The lease and its fence counter, nothing else: a glob would let a service
+        # create keys without end.
+        lease_keys = tuple(
+            k for name in self.leases for k in (f"lease:{name}", f"lease:{name}:fence")
+        )
         grants = [
             Grant(self.reads, TABLE_READ),
             Grant(self.writes, TABLE_WRITE),
