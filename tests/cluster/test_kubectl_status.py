@@ -72,7 +72,9 @@ PODS = {
         containers=[
             container(
                 "main",
-                "tail /dev/zero",
+                # After a second: containerd's shim registers its OOM watcher just after
+                # the start; a kill before that is never reported as one (CRI: Error).
+                "sleep 1; exec tail /dev/zero",
                 resources={"limits": {"memory": "16Mi"}},
             )
         ],
