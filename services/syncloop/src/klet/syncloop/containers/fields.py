@@ -175,17 +175,11 @@ def _set(value: Any) -> bool:
 
 def ignored_in(container: JSON) -> list[str]:
     """The ignored fields a container sets (a false or empty value counts as unset)."""
-    found = []
-    for rule in IGNORED:
-        value: Any = container
-        for part in rule.split("."):
-            value = value.get(part) if isinstance(value, dict) else None
-        if _set(value):
-            found.append(rule)
-    return found
+    return [rule for rule in IGNORED if _set(_value(container, rule))]
 
 
 def _value(obj: JSON, path: str) -> Any:
+    """The value at a dotted path (None where a step is missing or not an object)."""
     value: Any = obj
     for part in path.split("."):
         value = value.get(part) if isinstance(value, dict) else None
