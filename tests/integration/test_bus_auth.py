@@ -3,23 +3,28 @@
 Writing a node's `desired` table is root on that node (syncloop runs what it says), so:
 a client without credentials, a client with a wrong password, and a client holding
 another service's or another node's credentials cannot write desired pods, the `pods`
-stream, leases or node conditions, neither directly nor through a Lua script (the
+stream, leases or node conditions, neither directly nor through klet's functions (the
 fenced-write path), while every service reads the tables it is granted (one record,
 many in one HMGET, all). Each refusal is paired with the owner doing the same write, so the
-test cannot pass by everything failing. No service may SELECT another database. Also:
+test cannot pass by everything failing. No service may SELECT another database, run Lua
+of its own (EVAL, FUNCTION LOAD, a function not klet's): a looping script of a service
+blocked every client of the Redis. A Redis without klet's functions (restarted, not
+loaded yet) is unavailable, not an error; `klet bus-acl --apply` sets a node's users
+and the functions on a Redis klet did not start. Also:
 rediss:// with TLS against redis-server's own TLS listener, server certificate verified,
 with a client certificate.
 """
 
 from __future__ import annotations
 
+import asyncio
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable
 from contextlib import asynccontextmanager
 from pathlib import Path
 
 import pytest
-from klet.bus import Bus, BusError, NodeBus
+from klet.bus import Bus, BusError, BusUnavailable, NodeBus, functions
 from klet.bus.acl import ACCESS, SERVICES, Credentials
 from klet.config import RedisAuth
 from klet.devstack import RedisServer, RedisTLS
@@ -76,6 +81,7 @@ async def attempts(nb: NodeBus, server: RedisServer, auth: Credentials | None) -
             done[name] = False
 
     client = nb.bus.client
+    lease_key = nb.bus.key("lease:pod-source")
     await attempt("desired", nb.desired.put("evil-uid", evil_pod()))
     await attempt(
         "pods", nb.pods.publish(PodChange(op="ADD", uid=PodUID("evil-uid"), source="api"))
@@ -90,20 +96,29 @@ async def attempts(nb: NodeBus, server: RedisServer, auth: Credentials | None) -
             await attempt(f"lease:{service}", lease.try_acquire())
         finally:
             await thief.close()
-    # The same writes from inside a script, as the fenced leader writes run.
+    # The same write through the fenced-write function, as the leader writes run; the
+    # lease value is nobody's, so only the ACL can refuse it first.
     await attempt(
-        "desired-by-script",
-        _eval(client, "return redis.call('HSET', KEYS[1], 'evil-uid', 'x')", nb.desired.key),
+        "desired-by-function",
+        _call(
+            client.fcall(
+                functions.FENCED_WRITE, 2, lease_key, nb.desired.key, "x", "hset", "2", "e", "x"
+            )
+        ),
     )
     return done
 
 
-async def _eval(client: object, script: str, key: str) -> None:
+async def _call(call: Awaitable[object]) -> None:
+    """Await a raw client call: a refusal by Redis is BusError; the function's own
+    verdict on the lease (FENCED or LAPSED: the ACL let the call through) is success."""
     from redis.exceptions import RedisError
 
     try:
-        await client.eval(script, 1, key)  # type: ignore[attr-defined]
-    except (RedisError, OSError) as err:
+        await call
+    except RedisError as err:
+        if str(err).startswith(("FENCED", "LAPSED")):
+            return
         raise BusError(str(err)) from err
 
 
@@ -139,7 +154,7 @@ async def test_each_service_writes_only_what_it_owns(
     async with node_bus(redis_server, cred) as nb:
         done = await attempts(nb, redis_server, cred)
     owned = {
-        "pod-source": {"desired", "desired-by-script", "pods", "lease:pod-source"},
+        "pod-source": {"desired", "desired-by-function", "pods", "lease:pod-source"},
         "syncloop": {"node", "status", "lease:syncloop"},
         "status-reporter": {"lease:status-reporter"},
         "eviction": {"node", "lease:eviction"},
@@ -175,6 +190,79 @@ async def test_no_service_may_leave_database_0(redis_server: RedisServer, servic
         with pytest.raises(NoPermissionError):
             await nb.bus.client.execute_command("SELECT", 5)
         assert await nb.bus.client.ping()  # the connection itself is fine
+
+
+@pytest.mark.parametrize("service", SERVICES)
+async def test_no_service_may_run_lua_of_its_own(redis_server: RedisServer, service: str) -> None:
+    from redis.exceptions import NoPermissionError
+
+    redis_server.add_node(NODE)
+    loop = "while true do end"
+    async with node_bus(redis_server, redis_server.credentials(NODE, service)) as nb:
+        key = nb.bus.key(f"lease:{service}")
+        client = nb.bus.client
+        with pytest.raises(NoPermissionError):
+            await client.eval(f"redis.call('SET', KEYS[1], 'x'); {loop}", 1, key)
+        with pytest.raises(NoPermissionError):
+            await client.eval_ro("return 1", 0)
+        with pytest.raises(NoPermissionError):
+            await client.function_load(
+                f"#!lua name=evil\nredis.register_function('evil', function() {loop} end)"
+            )
+        # A function of another library, even one loaded by the admin, is not klet's.
+        async with node_bus(redis_server, redis_server.admin) as admin:
+            await admin.bus.client.function_load(
+                "#!lua name=other\nredis.register_function('other', function() return 1 end)",
+                replace=True,
+            )
+        with pytest.raises(NoPermissionError):
+            await client.fcall("other", 0)
+        # klet's own functions it may call: its lease is free, so it gets it.
+        lease = nb.bus.lease(service, f"owner-{service}", ttl_ms=10_000)
+        assert await lease.try_acquire()
+
+
+async def test_a_redis_without_the_functions_is_unavailable_until_they_are_loaded(
+    redis_server: RedisServer,
+) -> None:
+    cred = redis_server.credentials(NODE, "syncloop")
+    async with node_bus(redis_server, redis_server.admin) as admin:
+        await admin.bus.client.function_flush()
+        async with node_bus(redis_server, cred) as nb:
+            lease = nb.bus.lease("syncloop", "owner-syncloop", ttl_ms=10_000)
+            with pytest.raises(BusUnavailable, match="functions .* are not loaded"):
+                await lease.try_acquire()
+            redis_server.load_functions()
+            assert await lease.try_acquire()
+            await nb.status.delete("x")  # a fenced write
+
+
+async def test_bus_acl_apply_sets_a_nodes_users_and_the_functions(
+    redis_server: RedisServer, tmp_path: Path
+) -> None:
+    from klet.cli.busacl import bus_acl
+
+    async with node_bus(redis_server, redis_server.admin) as admin:
+        await admin.bus.client.function_flush()
+    secrets_dir = tmp_path / "secrets"
+    argv = ["--node", "applied", "--secrets-dir", str(secrets_dir), "--apply", redis_server.url]
+    argv += ["--admin-password-file", str(redis_server.admin.password_file)]
+    assert await asyncio.to_thread(bus_acl, argv) == 0
+    cred = Credentials.from_file("klet-pod-source@applied", secrets_dir / "applied" / "pod-source")
+    bus = Bus.from_url(redis_server.url, "applied", auth=cred, timeout_s=2.0)
+    try:
+        nb = NodeBus.of(bus)
+        assert await nb.bus.lease("pod-source", "ps-1", ttl_ms=10_000).try_acquire()
+        await nb.desired.put("uid-1", evil_pod())  # its own write, fenced
+        with pytest.raises(BusError):  # and not another service's
+            await nb.status.delete("uid-1")
+    finally:
+        await bus.close()
+    # Re-applying keeps the passwords the services hold.
+    assert await asyncio.to_thread(bus_acl, argv) == 0
+    assert Credentials.from_file(cred.username, cred.password_file).password == cred.password
+    wrong = [*argv[:-1], str(tmp_path / "missing")]
+    assert await asyncio.to_thread(bus_acl, wrong) == 2
 
 
 async def test_another_nodes_credentials_write_nothing_on_this_node(

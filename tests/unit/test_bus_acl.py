@@ -1,10 +1,13 @@
 """The bus ACL (klet.bus.acl) and `klet bus-acl`.
 
 Covers: user names per node and service; the exact grants of a service (its own node's
-keys only, one selector per key group, scripts limited to keys it may touch, its own
-lease only); node names that would widen a key pattern refused; ACL file lines holding
-password hashes, never passwords; `klet bus-acl` writing 0600 password files it keeps
-on a re-run, and with `--acl-file` a whole ACL file with the default user off.
+keys only, one selector per key group, klet's functions by name and no Lua of its own,
+limited to keys it may touch, its own lease only); node names that would widen a key
+pattern refused; ACL file lines holding password hashes, never passwords; `klet
+bus-acl` writing 0600 password files it keeps on a re-run, with `--acl-file` a whole
+ACL file with the default user off (and the admin with `--admin-password-file`),
+`--functions-file` writing the library, and `--apply` refusing a cleartext admin
+password off loopback.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from klet.bus.acl import (
     service_rules,
     user_name,
 )
+from klet.bus.functions import FUNCTIONS, LIBRARY, library_code
 from klet.cli.busacl import bus_acl
 
 
@@ -39,6 +43,7 @@ def test_node_names_that_would_widen_a_key_pattern_are_refused(node: str) -> Non
 
 def test_pod_source_rules() -> None:
     p = "klet:n1:"
+    calls = " ".join(f"+fcall|{name}" for name in FUNCTIONS)
     assert service_rules("n1", "pod-source") == [
         "resetkeys",
         "resetchannels",
@@ -52,7 +57,7 @@ def test_pod_source_rules() -> None:
         f"(~{p}lease:pod-source ~{p}lease:pod-source:fence "
         "+get +set +pexpire +pttl +del +incr +incrby +exists)",
         f"(~{p}desired ~{p}sources ~{p}pods ~{p}events ~{p}lease:pod-source "
-        f"~{p}lease:pod-source:fence +eval +evalsha +type)",
+        f"~{p}lease:pod-source:fence {calls} +type)",
     ]
 
 
@@ -121,3 +126,54 @@ def test_bus_acl_writes_a_whole_acl_file(
     assert stat.S_IMODE(acl_file.stat().st_mode) == 0o600
     for f in (secrets_dir / "n2").iterdir():
         assert f.read_text().strip() not in acl_file.read_text()
+
+
+@pytest.mark.parametrize("service", SERVICES)
+def test_no_service_may_run_lua_of_its_own(service: str) -> None:
+    words = " ".join(service_rules("n1", service)).replace("(", " ").replace(")", " ").split()
+    commands = {w[1:] for w in words if w.startswith("+")}
+    for lua in ("eval", "evalsha", "eval_ro", "evalsha_ro", "script", "function", "fcall"):
+        assert lua not in commands
+    calls = {c.split("|", 1)[1] for c in commands if c.startswith("fcall|")}
+    assert calls == set(FUNCTIONS)
+    assert all(name.startswith(LIBRARY + "_") for name in calls)
+
+
+def test_library_names_its_functions() -> None:
+    code = library_code()
+    assert code.startswith(f"#!lua name={LIBRARY}\n")
+    for name in FUNCTIONS:
+        assert f"redis.register_function('{name}'," in code
+
+
+def test_bus_acl_admin_and_functions_files(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    acl_file, admin, lib = tmp_path / "users.acl", tmp_path / "admin", tmp_path / "lib.lua"
+    argv = ["--node", "n1", "--secrets-dir", str(tmp_path / "s"), "--acl-file", str(acl_file)]
+    assert bus_acl([*argv, "--admin-password-file", str(admin), "--functions-file", str(lib)]) == 0
+    capsys.readouterr()
+    password = admin.read_text().strip()
+    assert stat.S_IMODE(admin.stat().st_mode) == 0o600
+    lines = acl_file.read_text().splitlines()
+    assert (
+        lines[1]
+        == f"user klet-admin on #{hashlib.sha256(password.encode()).hexdigest()} ~* &* +@all"
+    )
+    assert lib.read_text() == library_code()
+    # The admin password is kept on a re-run, as the services' are.
+    assert bus_acl([*argv, "--admin-password-file", str(admin)]) == 0
+    assert admin.read_text().strip() == password
+
+
+def test_apply_refuses_a_cleartext_admin_password_off_loopback(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (tmp_path / "admin").write_text("pw\n")
+    argv = ["--node", "n1", "--secrets-dir", str(tmp_path / "s")]
+    argv += ["--admin-password-file", str(tmp_path / "admin")]
+    assert bus_acl([*argv, "--apply", "redis://10.0.0.9:6379"]) == 2
+    assert "not loopback" in capsys.readouterr().err
+    assert bus_acl([*argv, "--apply", "redis://u:p@127.0.0.1:6379"]) == 2
+    assert "no credentials in the URL" in capsys.readouterr().err
+    assert not (tmp_path / "s").exists()

@@ -9,15 +9,18 @@ service or one node is worth that service on that node, no more.
 
 The grants are Redis 7 ACL selectors, one per (keys, commands) pair, so a command is
 allowed only with keys of the same grant (XADD to `events` does not let status-reporter
-XADD to `podstatus`, which it only consumes). Scripts (`EVAL`/`EVALSHA`, which the
-fenced leader writes use) may name any key the user can touch at all: Redis checks every
-`redis.call` inside a script against the same selectors, so a script can do nothing the
-user could not do directly.
+XADD to `podstatus`, which it only consumes). No service may run Lua of its own (no
+EVAL, no FUNCTION): the fenced writes and the lease operations are the functions of
+klet's library (klet.bus.functions), which the admin loads and each service may call by
+name (`+fcall|<name>`) with any key it can touch at all; Redis checks every `redis.call`
+inside a function against the same selectors, so a function can do nothing the user
+could not do directly.
 
 This module is pure data and text: `klet up` and the dev stack write its lines into the
 ACL file of the Redis they start, and an operator of a shared Redis gets the same lines
 from `acl_file_lines` (the README lists the grants from `describe`). It imports nothing
-of `redis`.
+of `redis`. The grants name the function library's current version, so an upgrade
+rewrites the ACL lines along with the library.
 """
 
 from __future__ import annotations
@@ -27,6 +30,8 @@ import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from klet.bus.functions import FUNCTIONS
 
 SERVICES = ("pod-source", "syncloop", "status-reporter", "eviction", "image-gc")
 
@@ -58,8 +63,9 @@ STREAM_CONSUME = (
 STREAM_TAIL = ("xread", "xrevrange", "xlen")
 # redis-py sends INCR as INCRBY.
 LEASE = ("get", "set", "pexpire", "pttl", "del", "incr", "incrby", "exists")
-# TYPE: the fenced write checks each key's type before its first write (redisbus.py).
-SCRIPTS = ("eval", "evalsha", "type")
+# The library's functions, each by name (FCALL's first argument); TYPE: the fenced
+# write checks each key's type before its first write.
+FUNCTION_CALLS = (*(f"fcall|{name}" for name in FUNCTIONS), "type")
 
 _NODE_NAME = re.compile(r"[a-z0-9]([-a-z0-9.]*[a-z0-9])?")
 
@@ -99,7 +105,7 @@ class ServiceAccess:
             Grant(lease_keys, LEASE),
         ]
         every_key = tuple(dict.fromkeys(k for g in grants for k in g.keys))
-        grants.append(Grant(every_key, SCRIPTS))
+        grants.append(Grant(every_key, FUNCTION_CALLS))
         return tuple(g for g in grants if g.keys)
 
 

@@ -6,8 +6,10 @@ surfaces as `BusUnavailable` (raised from the redis error), which callers treat 
 "retry later, keep the last state" — never as a reason to change what runs on the
 node. So do the replies of a Redis that is there but cannot serve yet or any more:
 `LOADING` (restarting with data), `READONLY` (a replica after a failover),
-`MASTERDOWN`, `TRYAGAIN` and `OOM` (maxmemory reached). Every other refusal (`NOPERM`,
-a wrong type, a script error) is a `BusError`: retrying would not help.
+`MASTERDOWN`, `TRYAGAIN` and `OOM` (maxmemory reached), and a Redis that has not had
+klet's function library loaded yet (klet.bus.functions: after a restart, the set-up
+step loads it again). Every other refusal (`NOPERM`, a wrong type, a function's error)
+is a `BusError`: retrying would not help.
 
 The client's policy is spelled out rather than left to redis-py's defaults, which have
 changed between releases: a pooled connection idle for 10 s is checked with PING before
@@ -18,8 +20,9 @@ retry on `BusUnavailable`, decide whether to send it again.
 
 Fencing. A bus that a service's lease was made from (`Bus.lease`) is that service's
 leader bus: every write through it (`Table.put/delete`, `Stream.publish`, a
-`Transaction`) is one Lua script that first compares the lease key with this replica's
-`holder:token` and only then writes, atomically. A replica that stalled past its TTL
+`Transaction`) is one call of a Redis function (klet.bus.functions) that first
+compares the lease key with this replica's `holder:token` and only then writes,
+atomically. A replica that stalled past its TTL
 (a long GC pause, SIGSTOP, a partition) and lost the lease to a standby can therefore
 write nothing after the takeover, even a write already on the wire: Redis refuses it
 and the writer gets `Fenced`, which also marks the lease lost so the leader loop steps
@@ -38,7 +41,6 @@ themselves.
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import logging
 import time
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
@@ -49,13 +51,13 @@ from typing import Any, Generic, Protocol, TypeVar
 from urllib.parse import urlsplit
 
 import redis.asyncio as aioredis
+from klet.bus import functions
 from klet.bus.leaderslot import LeaderSlot
 from klet.model.records import BadRecord, Record
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 from redis.exceptions import (
     ClusterDownError,
-    NoScriptError,
     OutOfMemoryError,
     ReadOnlyError,
     RedisError,
@@ -107,7 +109,35 @@ def _wrap(err: Exception) -> BusError | asyncio.CancelledError:
         return asyncio.CancelledError()
     if isinstance(err, _UNAVAILABLE):
         return BusUnavailable(str(err) or type(err).__name__)
+    if isinstance(err, ResponseError) and str(err).startswith("Function not found"):
+        return BusUnavailable(
+            f"klet's Redis functions ({functions.LIBRARY}) are not loaded on this Redis: "
+            "they are loaded after each start of the bundled Redis, and on a Redis of "
+            "your own by `klet bus-acl --apply`"
+        )
     return BusError(str(err))
+
+
+async def load_functions(client: aioredis.Redis) -> str:
+    """Load (or replace) klet's function library into the Redis `client` is connected
+    to; needs the admin credential (`FUNCTION LOAD`). Returns the library's name."""
+    try:
+        return str(await client.function_load(functions.library_code(), replace=True))
+    except (RedisError, OSError) as err:
+        raise _wrap(err) from err
+
+
+async def set_user(client: aioredis.Redis, username: str, rules: Sequence[str]) -> None:
+    """Create or redefine the ACL user `username` from scratch (`reset`, then `rules`);
+    needs the admin credential."""
+    try:
+        # Raw: the rules are ACL-file words (klet.bus.acl), selectors included, which
+        # acl_setuser's keyword form cannot express; redis-py leaves this untyped.
+        await client.execute_command(  # type: ignore[no-untyped-call]
+            "ACL", "SETUSER", username, "reset", *rules
+        )
+    except (RedisError, OSError) as err:
+        raise _wrap(err) from err
 
 
 # Redis is not there, or there but not serving (yet): LOADING is a ConnectionError in
@@ -263,7 +293,7 @@ class Bus:
 
     @asynccontextmanager
     async def transaction(self) -> AsyncIterator[Transaction]:
-        """Collect writes and apply them atomically on exit (one fenced script on a
+        """Collect writes and apply them atomically on exit (one fenced function call on a
         leader bus, MULTI/EXEC otherwise)."""
         tx = Transaction()
         yield tx
@@ -288,7 +318,7 @@ class Bus:
                 keys.append(op.key)
             argv += [op.verb, str(keys.index(op.key) + 1), *op.args]
         try:
-            reply = await self._script(_FENCED_WRITE, _FENCED_WRITE_SHA, keys, argv)
+            reply = await self._r.fcall(functions.FENCED_WRITE, len(keys), *keys, *argv)
         except ResponseError as err:
             if str(err).startswith(_FENCED_PREFIX):
                 raise self._fence.fenced("another replica holds the lease") from err
@@ -298,14 +328,6 @@ class Bus:
         except (RedisError, OSError) as err:
             raise _wrap(err) from err
         return [str(r) for r in reply]
-
-    async def _script(self, script: str, sha: str, keys: list[str], args: list[str]) -> Any:
-        """EVALSHA, falling back to EVAL when Redis does not know the script yet (after
-        a restart): only those two commands, no SCRIPT LOAD, need be allowed by ACLs."""
-        try:
-            return await self._r.evalsha(sha, len(keys), *keys, *args)
-        except NoScriptError:
-            return await self._r.eval(script, len(keys), *keys, *args)
 
     async def _write_unfenced(self, ops: Sequence[_Op]) -> list[str]:
         pipe = self._r.pipeline(transaction=len(ops) > 1)
@@ -486,8 +508,8 @@ class Stream(Generic[R]):
             reply = await self.bus.client.xautoclaim(
                 self.key, group, consumer, min_idle_time=min_idle_ms, start_id="0-0", count=1000
             )
-            forgotten = await self.bus.client.eval(
-                _FORGET_DEAD_CONSUMERS, 1, self.key, group, consumer, str(min_idle_ms)
+            forgotten = await self.bus.client.fcall(
+                functions.FORGET_CONSUMERS, 1, self.key, group, consumer, str(min_idle_ms)
             )
         except ResponseError as err:
             if "NOGROUP" in str(err):
@@ -554,131 +576,8 @@ class Stream(Generic[R]):
             return Entry(mid, None, str(err))
 
 
-# KEYS[1] the stream; ARGV: group, the calling consumer (kept), minimum idle time (ms).
-# Deleting a consumer drops its pending entries, so only consumers with none go, and the
-# check and the delete are one script: nobody can read in between. A live consumer
-# deleted this way would only be re-created by its next read.
-_FORGET_DEAD_CONSUMERS = """
-local removed = {}
-for _, c in ipairs(redis.call('XINFO', 'CONSUMERS', KEYS[1], ARGV[1])) do
-  local f = {}
-  for i = 1, #c, 2 do
-    f[c[i]] = c[i + 1]
-  end
-  if f['name'] ~= ARGV[2] and tonumber(f['pending']) == 0
-      and tonumber(f['idle']) >= tonumber(ARGV[3]) then
-    redis.call('XGROUP', 'DELCONSUMER', KEYS[1], ARGV[1], f['name'])
-    removed[#removed + 1] = f['name']
-  end
-end
-return removed
-"""
-
 _FENCED_PREFIX = "FENCED"
 _LAPSED_PREFIX = "LAPSED"
-
-# KEYS[1] is the lease, KEYS[2..] the keys written; ARGV[1] is this replica's lease
-# value, then the ops: verb, index of its key in KEYS, arguments. The comparison and the
-# writes run as one script, so nothing can take the lease in between. A lease held by
-# this same holder under another token (a write prepared before the leader took the
-# lease back after Redis lost it) is "lapsed", to be retried, not "fenced": holder IDs
-# are unique per process, so no other process can have written in between.
-# Redis has no rollback: a write refused half-way through a script leaves the earlier
-# ones applied. So every write is checked before the first one runs, against what can
-# refuse it: the caller's ACL (redis.acl_check_cmd) and the key's type (TYPE, granted
-# with the scripts). Memory cannot refuse one half-way: Redis checks maxmemory only
-# before a script's first write.
-_FENCED_WRITE = """
-local holder = redis.call('GET', KEYS[1])
-if holder ~= ARGV[1] then
-  if not holder then
-    return redis.error_reply('LAPSED lease ' .. KEYS[1] .. ' is held by nobody')
-  end
-  local me = string.match(ARGV[1], '^(.*:)[^:]*$')
-  if me and string.sub(holder, 1, string.len(me)) == me then
-    return redis.error_reply('LAPSED lease ' .. KEYS[1] .. ' was granted to this holder again')
-  end
-  return redis.error_reply('FENCED lease ' .. KEYS[1] .. ' is not held by ' .. ARGV[1])
-end
-local kinds = {hset = 'hash', hdel = 'hash', xadd = 'stream'}
-local sample = {
-  hset = {'HSET', 'f', 'v'}, hdel = {'HDEL', 'f'}, xadd = {'XADD', '*', 'r', 'v'}
-}
-local i = 2
-while i <= #ARGV do
-  local verb, key = ARGV[i], KEYS[tonumber(ARGV[i + 1])]
-  if not kinds[verb] or not key then
-    return redis.error_reply('ERR unknown bus write ' .. tostring(verb))
-  end
-  local t = redis.call('TYPE', key)['ok']
-  if t ~= 'none' and t ~= kinds[verb] then
-    return redis.error_reply('WRONGTYPE ' .. key .. ' holds a ' .. t .. ', not a ' .. kinds[verb])
-  end
-  local s = sample[verb]
-  if not redis.acl_check_cmd(s[1], key, unpack(s, 2)) then
-    return redis.error_reply('NOPERM this user may not ' .. s[1] .. ' ' .. key)
-  end
-  i = i + (verb == 'hdel' and 3 or 4)
-end
-local out = {}
-i = 2
-while i <= #ARGV do
-  local verb, key = ARGV[i], KEYS[tonumber(ARGV[i + 1])]
-  if verb == 'hset' then
-    redis.call('HSET', key, ARGV[i + 2], ARGV[i + 3])
-    out[#out + 1] = ''
-    i = i + 4
-  elseif verb == 'hdel' then
-    redis.call('HDEL', key, ARGV[i + 2])
-    out[#out + 1] = ''
-    i = i + 3
-  elseif verb == 'xadd' then
-    out[#out + 1] = redis.call('XADD', key, 'MAXLEN', '~', ARGV[i + 2], '*', 'r', ARGV[i + 3])
-    i = i + 4
-  else
-    return redis.error_reply('ERR unknown bus write ' .. tostring(verb))
-  end
-end
-return out
-"""
-_FENCED_WRITE_SHA = hashlib.sha1(_FENCED_WRITE.encode()).hexdigest()  # noqa: S324 - Redis's id
-
-_RENEW = """
-if redis.call('GET', KEYS[1]) == ARGV[1] then
-  return redis.call('PEXPIRE', KEYS[1], ARGV[2])
-end
-return 0
-"""
-
-# KEYS: lease, fence counter. ARGV: "<holder>:", "<heir of>:" or "", ttl.
-# Take the lease when it is free, or held by this process under an older token, or by a
-# process known to be dead: this replica slot's previous process (klet.bus.holder) or
-# the leader named by a vacated leader slot (klet.bus.leaderslot).
-# Holder IDs end in a fixed-length random part, so a prefix match is an exact match of
-# the holder. The token is only drawn when the lease is granted: the fence counter is
-# the last token granted. The reply says whether the counter existed: if not, Redis lost
-# it (restart, flush) and this is the first grant since.
-_ACQUIRE = """
-local cur = redis.call('GET', KEYS[1])
-if cur then
-  local mine = string.sub(cur, 1, string.len(ARGV[1])) == ARGV[1]
-  local heir = ARGV[2] ~= '' and string.sub(cur, 1, string.len(ARGV[2])) == ARGV[2]
-  if not (mine or heir) then
-    return 0
-  end
-end
-local continued = redis.call('EXISTS', KEYS[2])
-local token = redis.call('INCR', KEYS[2])
-redis.call('SET', KEYS[1], ARGV[1] .. token, 'PX', ARGV[3])
-return {token, continued}
-"""
-
-_RELEASE = """
-if redis.call('GET', KEYS[1]) == ARGV[1] then
-  return redis.call('DEL', KEYS[1])
-end
-return 0
-"""
 
 
 class Lease:
@@ -803,18 +702,27 @@ class Lease:
 
     async def _renew(self) -> bool:
         """Extend the key's TTL if it still holds this replica's value."""
-        return bool(await self.bus.client.eval(_RENEW, 1, self.key, self.value, str(self.ttl_ms)))
+        reply = await self.bus.client.fcall(
+            functions.LEASE_RENEW, 1, self.key, self.value, str(self.ttl_ms)
+        )
+        return bool(reply)
 
     async def _acquire(self, heir_of: str | None) -> tuple[int, bool] | None:
         """Take the key if nobody (or the dead holder `heir_of`) holds it: the new token
         and whether the fence counter survived; None while another replica holds it."""
         heir = f"{heir_of}:" if heir_of else ""
-        reply = await self.bus.client.eval(
-            _ACQUIRE, 2, self.key, self.fence_key, f"{self.holder}:", heir, str(self.ttl_ms)
+        reply = await self.bus.client.fcall(
+            functions.LEASE_ACQUIRE,
+            2,
+            self.key,
+            self.fence_key,
+            f"{self.holder}:",
+            heir,
+            str(self.ttl_ms),
         )
         if isinstance(reply, list):
             return int(reply[0]), bool(int(reply[1]))
         return None
 
     async def _release(self) -> None:
-        await self.bus.client.eval(_RELEASE, 1, self.key, self.value)
+        await self.bus.client.fcall(functions.LEASE_RELEASE, 1, self.key, self.value)

@@ -18,9 +18,10 @@ commands:
   run <service> [flags]       run one service: {services}
   crictl [--run-dir DIR | --runtime-endpoint EP] pods|ps [-a]|images
                               list what the runtime has, as crictl would
-  bus-acl --node N --secrets-dir DIR [--acl-file FILE]
+  bus-acl --node N --secrets-dir DIR [--acl-file FILE] [--apply URL ...]
                               password files and Redis ACL lines of node N's services,
-                              for a bus Redis that klet up does not start
+                              and klet's Redis functions, for a bus Redis that klet up
+                              does not start (--apply sets them on it as the admin)
   healthcheck <service>       exit 0 when the service's /healthz on this host passes
                               (container health checks; the port from the replica's
                               KLET_SERVICE_PORT_FILE, else KLET_SERVICE_PORT or its default)

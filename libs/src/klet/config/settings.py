@@ -202,7 +202,8 @@ def _database(parts: SplitResult) -> str:
     return ""
 
 
-def _loopback(parts: SplitResult) -> bool:
+def loopback(parts: SplitResult) -> bool:
+    """Whether a bus URL names this host over loopback (a password may go there in clear)."""
     host = parts.hostname or ""
     if host == "localhost":
         return True
@@ -335,7 +336,7 @@ def _redis(
             f"names database {database!r}: klet keeps its keys in database 0 and its ACL "
             "users may not SELECT another (several nodes share one database by key prefix)",
         )
-    if parts.scheme == "redis" and password and not insecure_ok and not _loopback(parts):
+    if parts.scheme == "redis" and password and not insecure_ok and not loopback(parts):
         bad(
             "redis_url",
             f"{bare} would carry the password in clear text to a host that is not this "

@@ -11,7 +11,8 @@ directory), and reach services as file paths only; the ACL file holds their hash
 Persistence is off: the bus keeps no state that must outlive a run, and tests that
 check resync after a Redis outage restart it empty (``restart``), which is what a
 flushed production Redis looks like to the services. The users survive a restart (they
-live in the ACL file, not in the dataset).
+live in the ACL file, not in the dataset); klet's function library, which the services'
+fenced writes and leases call, is loaded again at every start.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from klet.bus.acl import (
     check_node,
     user_name,
 )
+from klet.bus.functions import library_code
 from klet.devstack.procs import ManagedProcess, StartError, free_port
 from klet.model.layout import REDIS_SOCKET
 
@@ -238,10 +240,21 @@ class RedisServer:
                 timeout_s,
                 f"PING on {self.socket_path}",
             )
+            self.load_functions()
         except StartError:
             proc.stop()
             self._proc = None
             raise
+
+    def load_functions(self) -> None:
+        """Load klet's function library (klet.bus.functions) as the admin: the services
+        may call its functions and run no Lua of their own. Done at every start (no
+        persistence: a restarted Redis has none)."""
+        reply = redis_command(
+            self.socket_path, "FUNCTION", "LOAD", "REPLACE", library_code(), auth=self.admin
+        )
+        if reply.startswith(b"-"):
+            raise StartError(f"redis FUNCTION LOAD failed: {reply.decode(errors='replace')}")
 
     def stop(self) -> None:
         if self._proc is not None:

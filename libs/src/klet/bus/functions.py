@@ -1,0 +1,179 @@
+"""klet's server-side bus operations, as one Redis Function library (Redis 7).
+
+A fenced write must compare the lease and write in one atomic step, and so must taking,
+renewing and releasing a lease; Redis runs such steps as Lua. Services used to send the
+Lua themselves (EVAL), which meant any service credential could run any script: one
+that loops blocks every client of that Redis (`BUSY`, and a script that wrote cannot be
+killed), Lua allocations escape `maxmemory`, and the Lua engine's own defects become
+reachable from the least-privileged user. Instead, the set-up step that holds the admin
+credential loads this library once (`FUNCTION LOAD REPLACE`: `klet up`, the dev stack,
+the bundled Redis's start script, or `klet bus-acl --apply` on an operator's Redis), and
+each service user may `FCALL` these functions by name and nothing else of Lua
+(klet.bus.acl). Inside a function every `redis.call` is still checked against the
+calling user's ACL, so a function lets a service do nothing it could not do directly.
+
+The library's name carries a digest of its text, so a changed library is a new name: a
+node upgraded while another still runs the old release finds its own functions, and a
+stale library never answers for a newer one. A Redis that restarted empty has no
+functions until they are loaded again; the services meanwhile get `BusUnavailable`
+(klet.bus.redisbus) and retry.
+
+This module is pure text (no `redis` import): the ACL grants and the loaders share it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+
+# Every function takes the lease (or stream) keys in KEYS and its values in ARGV, the
+# calling convention of FCALL. Replies starting FENCED or LAPSED are fencing verdicts
+# (klet.bus.redisbus turns them into Fenced and LeaseLapsed).
+_BODY = """
+-- KEYS[1] is the lease, KEYS[2..] the keys written; ARGV[1] is the writer's lease
+-- value, then the ops: verb, index of its key in KEYS, arguments. The comparison and
+-- the writes are one step, so nothing can take the lease in between. A lease held by
+-- the same holder under another token (a write prepared before the leader took the
+-- lease back after Redis lost it) is "lapsed", to be retried, not "fenced": holder IDs
+-- are unique per process, so no other process can have written in between.
+-- Redis has no rollback: a write refused half-way leaves the earlier ones applied. So
+-- every write is checked first against what can refuse it: the caller's ACL
+-- (redis.acl_check_cmd) and the key's type. Memory cannot refuse one half-way: Redis
+-- checks maxmemory before a function that may write starts.
+local function fenced_write(keys, argv)
+  local holder = redis.call('GET', keys[1])
+  if holder ~= argv[1] then
+    if not holder then
+      return redis.error_reply('LAPSED lease ' .. keys[1] .. ' is held by nobody')
+    end
+    local me = string.match(argv[1], '^(.*:)[^:]*$')
+    if me and string.sub(holder, 1, string.len(me)) == me then
+      return redis.error_reply('LAPSED lease ' .. keys[1] .. ' was granted to this holder again')
+    end
+    return redis.error_reply('FENCED lease ' .. keys[1] .. ' is not held by ' .. argv[1])
+  end
+  local kinds = {hset = 'hash', hdel = 'hash', xadd = 'stream'}
+  local sample = {
+    hset = {'HSET', 'f', 'v'}, hdel = {'HDEL', 'f'}, xadd = {'XADD', '*', 'r', 'v'}
+  }
+  local i = 2
+  while i <= #argv do
+    local verb, key = argv[i], keys[tonumber(argv[i + 1])]
+    if not kinds[verb] or not key then
+      return redis.error_reply('ERR unknown bus write ' .. tostring(verb))
+    end
+    local t = redis.call('TYPE', key)['ok']
+    if t ~= 'none' and t ~= kinds[verb] then
+      return redis.error_reply('WRONGTYPE ' .. key .. ' holds a ' .. t .. ', not a ' .. kinds[verb])
+    end
+    local s = sample[verb]
+    if not redis.acl_check_cmd(s[1], key, unpack(s, 2)) then
+      return redis.error_reply('NOPERM this user may not ' .. s[1] .. ' ' .. key)
+    end
+    i = i + (verb == 'hdel' and 3 or 4)
+  end
+  local out = {}
+  i = 2
+  while i <= #argv do
+    local verb, key = argv[i], keys[tonumber(argv[i + 1])]
+    if verb == 'hset' then
+      redis.call('HSET', key, argv[i + 2], argv[i + 3])
+      out[#out + 1] = ''
+      i = i + 4
+    elseif verb == 'hdel' then
+      redis.call('HDEL', key, argv[i + 2])
+      out[#out + 1] = ''
+      i = i + 3
+    else
+      out[#out + 1] = redis.call('XADD', key, 'MAXLEN', '~', argv[i + 2], '*', 'r', argv[i + 3])
+      i = i + 4
+    end
+  end
+  return out
+end
+
+-- KEYS[1] the lease; ARGV: the holder's value, the TTL (ms).
+local function lease_renew(keys, argv)
+  if redis.call('GET', keys[1]) == argv[1] then
+    return redis.call('PEXPIRE', keys[1], argv[2])
+  end
+  return 0
+end
+
+-- KEYS: lease, fence counter. ARGV: "<holder>:", "<heir of>:" or "", TTL (ms).
+-- Take the lease when it is free, or held by this process under an older token, or by
+-- a process known to be dead (the predecessor of this replica slot, or the leader a
+-- vacated leader slot names). Holder IDs end in a fixed-length random part, so a prefix
+-- match is an exact match of the holder. The token is drawn only when the lease is
+-- granted: the fence counter is the last token granted. The reply says whether the
+-- counter existed: if not, Redis lost it (restart, flush) and this is the first grant.
+local function lease_acquire(keys, argv)
+  local cur = redis.call('GET', keys[1])
+  if cur then
+    local mine = string.sub(cur, 1, string.len(argv[1])) == argv[1]
+    local heir = argv[2] ~= '' and string.sub(cur, 1, string.len(argv[2])) == argv[2]
+    if not (mine or heir) then
+      return 0
+    end
+  end
+  local continued = redis.call('EXISTS', keys[2])
+  local token = redis.call('INCR', keys[2])
+  redis.call('SET', keys[1], argv[1] .. token, 'PX', argv[3])
+  return {token, continued}
+end
+
+-- KEYS[1] the lease; ARGV[1] the holder's value.
+local function lease_release(keys, argv)
+  if redis.call('GET', keys[1]) == argv[1] then
+    return redis.call('DEL', keys[1])
+  end
+  return 0
+end
+
+-- KEYS[1] the stream; ARGV: group, the calling consumer (kept), minimum idle time (ms).
+-- Deleting a consumer drops its pending entries, so only consumers with none go, and
+-- the check and the delete are one step: nobody can read in between.
+local function forget_consumers(keys, argv)
+  local removed = {}
+  for _, c in ipairs(redis.call('XINFO', 'CONSUMERS', keys[1], argv[1])) do
+    local f = {}
+    for i = 1, #c, 2 do
+      f[c[i]] = c[i + 1]
+    end
+    if f['name'] ~= argv[2] and tonumber(f['pending']) == 0
+        and tonumber(f['idle']) >= tonumber(argv[3]) then
+      redis.call('XGROUP', 'DELCONSUMER', keys[1], argv[1], f['name'])
+      removed[#removed + 1] = f['name']
+    end
+  end
+  return removed
+end
+"""
+
+_ROLES = ("fenced_write", "lease_renew", "lease_acquire", "lease_release", "forget_consumers")
+
+LIBRARY = "klet_" + hashlib.sha256(_BODY.encode()).hexdigest()[:12]
+"""The library's name, versioned by its text."""
+
+
+def function_name(role: str) -> str:
+    """The registered name of one of the library's functions (`fenced_write`, ...)."""
+    if role not in _ROLES:
+        raise ValueError(f"no bus function {role!r} (one of {', '.join(_ROLES)})")
+    return f"{LIBRARY}_{role}"
+
+
+FENCED_WRITE = function_name("fenced_write")
+LEASE_RENEW = function_name("lease_renew")
+LEASE_ACQUIRE = function_name("lease_acquire")
+LEASE_RELEASE = function_name("lease_release")
+FORGET_CONSUMERS = function_name("forget_consumers")
+FUNCTIONS = tuple(function_name(role) for role in _ROLES)
+
+
+def library_code() -> str:
+    """The text `FUNCTION LOAD REPLACE` takes: the shebang naming the library, the
+    functions, their registrations."""
+    registrations = "\n".join(
+        f"redis.register_function('{function_name(role)}', {role})" for role in _ROLES
+    )
+    return f"#!lua name={LIBRARY}\n{_BODY}\n{registrations}\n"
