@@ -107,6 +107,9 @@ UNIMPLEMENTED: Mapping[str, Unimplemented] = {
         "handing a pod CIDR to the runtime (the CNI configuration assigns pod IPs)"
     ),
     "userNamespaces.idsPerPod": Unimplemented("pod user namespaces (hostUsers: false)"),
+    "runOnce": Unimplemented(
+        "run-once mode (upstream v1.34 refuses runOnce: true too; the mode is deprecated)"
+    ),
     "shutdownGracePeriod": Unimplemented("graceful node shutdown"),
     "shutdownGracePeriodCriticalPods": Unimplemented("graceful node shutdown"),
     "shutdownGracePeriodByPodPriority": Unimplemented("graceful node shutdown", check=_empty),
