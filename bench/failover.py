@@ -169,14 +169,14 @@ class Failover:
 
     def published(self, name: str) -> bool:
         full = f"{name}-{self.node.node_name}"
-        desired = self.runner.run(NodeBus.of(self.bus).desired.all())
+        desired = self.runner.run(NodeBus.of(self.bus, service="syncloop").desired.all())
         return any(r.pod.get("metadata", {}).get("name") == full for r in desired.values())
 
     def main_status(self, pod: str) -> dict[str, Any]:
         """The status of `pod`'s container as syncloop reported it (the `status` table that
         status-reporter serves as /pods; read here so no status-reporter is needed)."""
         full = f"{pod}-{self.node.node_name}"
-        records = self.runner.run(NodeBus.of(self.bus).status.all()).values()
+        records = self.runner.run(NodeBus.of(self.bus, service="syncloop").status.all()).values()
         status = next(r.status for r in records if r.name == full)
         return container_status({"status": status}, "main")
 

@@ -92,7 +92,7 @@ async def node(
 ) -> AsyncIterator[Node]:
     name = f"sr-{uuid.uuid4().hex[:8]}"
     bus = Bus.from_url(redis_server.url, name, auth=redis_server.admin, timeout_s=2.0)
-    node_bus = NodeBus.of(bus)
+    node_bus = NodeBus.of(bus, service="status-reporter")
     # What pod-source records once its sources delivered their first snapshot.
     for source in ("file", "api"):
         await node_bus.sources.put(source, SourceState(source=source, ready=True, at=time.time()))
@@ -115,8 +115,6 @@ async def kubectl(cp: ControlPlane, *args: str, check: bool = True) -> str:
     if check:
         assert res.returncode == 0, f"kubectl {' '.join(args)}: {res.stderr}"
     return res.stdout
-
-
 
 
 def conditions(node: JSON) -> dict[str, JSON]:

@@ -60,7 +60,7 @@ def node() -> str:
 async def bus(redis_server: RedisServer, node: str) -> AsyncIterator[NodeBus]:
     b = Bus.from_url(redis_server.url, node, auth=redis_server.admin, timeout_s=2.0)
     try:
-        yield NodeBus.of(b)
+        yield NodeBus.of(b, service="pod-source")
     finally:
         await b.close()
 

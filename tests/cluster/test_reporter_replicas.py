@@ -146,8 +146,6 @@ def replica(
     return proc
 
 
-
-
 def ready_condition(node: JSON) -> JSON:
     return next(c for c in node["status"]["conditions"] if c["type"] == "Ready")
 
@@ -179,7 +177,7 @@ async def test_only_the_leader_writes_and_a_killed_leader_is_replaced_without_fl
     cp = control_plane
     name = f"sr-rep-{uuid.uuid4().hex[:6]}"
     bus = Bus.from_url(redis_server.url, name, auth=redis_server.admin, timeout_s=2.0)
-    node_bus = NodeBus.of(bus)
+    node_bus = NodeBus.of(bus, service="status-reporter")
     for source in ("file", "api"):
         await node_bus.sources.put(source, SourceState(source=source, ready=True, at=time.time()))
     proxies = {r: CountingProxy(cp.server) for r in ("a", "b")}
@@ -276,9 +274,7 @@ async def test_only_the_leader_writes_and_a_killed_leader_is_replaced_without_fl
             heartbeat = obj and ready_condition(obj).get("lastHeartbeatTime")
             return obj if heartbeat and heartbeat != last_heartbeat else None
 
-        node = await eventually(
-            reported_again, what="b reporting node status", timeout_s=30
-        )
+        node = await eventually(reported_again, what="b reporting node status", timeout_s=30)
         assert proxies["b"].connections > 0
         watching = False
         await watcher

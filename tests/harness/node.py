@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, cast
 
-from klet.bus import Bus, NodeBus
+from klet.bus import Bus
 from klet.devstack import DevStack, ManagedProcess, RedisServer, free_port
 from klet.model.records import EventRecord
 from klet.syncloop.volumes.fs import mounts_under
@@ -211,16 +211,18 @@ def container_status(pod: dict[str, Any], name: str) -> dict[str, Any]:
 
 
 def bus_events(node: KletNode, pod: str | None = None) -> list[EventRecord]:
-    """The Events the node's services put on its bus, optionally of one static pod
-    (by its manifest name, without the `-<node>` suffix)."""
+    """The Events the node's services put on its bus (each its own stream), oldest
+    first, optionally of one static pod (by its manifest name, without `-<node>`)."""
 
     async def go() -> list[EventRecord]:
         bus = node.bus()
         try:
-            nb = NodeBus.of(bus)
-            raw = await nb.bus.client.xrange(nb.events.key)
-            entries = cast(list[tuple[str, dict[str, str]]], raw)
-            return [EventRecord.decode(f["r"]) for _, f in entries]
+            found: list[EventRecord] = []
+            for service in SERVICES:
+                raw = await bus.client.xrange(bus.key(f"events:{service}"))
+                entries = cast(list[tuple[str, dict[str, str]]], raw)
+                found += [EventRecord.decode(f["r"]) for _, f in entries]
+            return sorted(found, key=lambda e: e.at)
         finally:
             await bus.close()
 

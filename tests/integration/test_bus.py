@@ -28,7 +28,7 @@ def change(uid: str) -> PodChange:
 
 async def test_tables_and_transaction(redis_server: Any) -> None:
     bus = Bus.from_url(redis_server.url, "n1", auth=redis_server.admin)
-    nb = NodeBus.of(bus)
+    nb = NodeBus.of(bus, service="syncloop")
     try:
         async with bus.transaction() as tx:
             tx.put(nb.sources, "file", SourceState(source="file", ready=True, at=1.0))
@@ -56,7 +56,7 @@ async def test_a_burst_of_concurrent_calls_waits_for_connections(redis_server: A
     # 110 pod workers woken at once each read a table; past the pool's size the calls
     # wait for a connection instead of failing with "Too many connections".
     bus = Bus.from_url(redis_server.url, "n1", auth=redis_server.admin)
-    nb = NodeBus.of(bus)
+    nb = NodeBus.of(bus, service="syncloop")
     try:
         await nb.sources.put("file", SourceState(source="file", ready=True, at=1.0))
         got = await asyncio.gather(*(nb.sources.get("file") for _ in range(300)))
@@ -67,7 +67,7 @@ async def test_a_burst_of_concurrent_calls_waits_for_connections(redis_server: A
 
 async def test_consumer_group_ack_claim_and_bad_entries(redis_server: Any) -> None:
     bus = Bus.from_url(redis_server.url, "n1", auth=redis_server.admin)
-    stream = NodeBus.of(bus).pods
+    stream = NodeBus.of(bus, service="syncloop").pods
     try:
         await stream.ensure_group("g")
         await stream.ensure_group("g")  # idempotent
@@ -98,7 +98,7 @@ async def test_consumer_group_ack_claim_and_bad_entries(redis_server: Any) -> No
 
 async def test_dead_consumers_are_removed_from_the_group(redis_server: Any) -> None:
     bus = Bus.from_url(redis_server.url, "n1", auth=redis_server.admin)
-    stream = NodeBus.of(bus).pods
+    stream = NodeBus.of(bus, service="syncloop").pods
 
     async def consumers() -> dict[str, int]:
         info = await bus.client.xinfo_consumers(stream.key, "g")
@@ -170,7 +170,7 @@ async def test_lease(redis_server: Any) -> None:
 
 async def test_unavailable(redis_server: Any) -> None:
     bus = Bus.from_url(redis_server.url, "n1", auth=redis_server.admin, timeout_s=1)
-    nb = NodeBus.of(bus)
+    nb = NodeBus.of(bus, service="syncloop")
     try:
         redis_server.stop()
         with pytest.raises(BusUnavailable):
@@ -187,10 +187,8 @@ async def test_a_full_redis_refuses_writes_as_unavailable_and_evicts_nothing(
     bus = Bus.from_url(redis_server.url, "n1", auth=redis_server.admin)
     try:
         assert await bus.client.config_get("maxmemory") == {"maxmemory": str(256 << 20)}
-        assert await bus.client.config_get("maxmemory-policy") == {
-            "maxmemory-policy": "noeviction"
-        }
-        nb = NodeBus.of(bus)
+        assert await bus.client.config_get("maxmemory-policy") == {"maxmemory-policy": "noeviction"}
+        nb = NodeBus.of(bus, service="syncloop")
         first = SourceState(source="file", ready=True, at=1.0)
         await nb.sources.put("file", first)
         used = int((await bus.client.info("memory"))["used_memory"])

@@ -3,9 +3,11 @@
 Writing a node's `desired` table is root on that node (syncloop runs what it says), so:
 a client without credentials, a client with a wrong password, and a client holding
 another service's or another node's credentials cannot write desired pods, the `pods`
-stream, leases or node conditions, neither directly nor through klet's functions (the
-fenced-write path), while every service reads the tables it is granted (one record,
-many in one HMGET, all). Each refusal is paired with the owner doing the same write, so the
+stream, leases, node conditions or another service's Events (one writer per key:
+eviction forged syncloop's Ready, and an XADD with the largest ID broke the shared
+stream for all), neither directly nor through klet's functions (the fenced-write path),
+while every service reads the tables it is granted (one record, many in one HMGET, all).
+Each refusal is paired with the owner doing the same write, so the
 test cannot pass by everything failing. No service may SELECT another database, run Lua
 of its own (EVAL, FUNCTION LOAD, a function not klet's): a looping script of a service
 blocked every client of the Redis. A Redis without klet's functions (restarted, not
@@ -60,11 +62,15 @@ def pressure() -> NodeConditionRecord:
     )
 
 
+def not_ready() -> NodeConditionRecord:
+    return NodeConditionRecord(type="Ready", status="False", message="forged", at=time.time())
+
+
 @asynccontextmanager
 async def node_bus(server: RedisServer, auth: Credentials | None) -> AsyncIterator[NodeBus]:
     bus = Bus.from_url(server.url, NODE, auth=auth, timeout_s=2.0)
     try:
-        yield NodeBus.of(bus)
+        yield NodeBus.of(bus, service="syncloop")
     finally:
         await bus.close()
 
@@ -86,7 +92,22 @@ async def attempts(nb: NodeBus, server: RedisServer, auth: Credentials | None) -
     await attempt(
         "pods", nb.pods.publish(PodChange(op="ADD", uid=PodUID("evil-uid"), source="api"))
     )
-    await attempt("node", nb.node.put("eviction:MemoryPressure", pressure()))
+    # One writer per key: each service's conditions and Events are its own.
+    await attempt(
+        "node:eviction",
+        nb.bus.table("node:eviction", NodeConditionRecord).put("MemoryPressure", pressure()),
+    )
+    await attempt(
+        "node:syncloop",
+        nb.bus.table("node:syncloop", NodeConditionRecord).put("Ready", not_ready()),
+    )
+    # The largest possible ID: every later XADD to that stream would fail.
+    await attempt(
+        "events:eviction",
+        _call(
+            client.xadd(nb.bus.key("events:eviction"), {"r": "x"}, id=f"{2**64 - 1}-{2**64 - 1}")
+        ),
+    )
     await attempt("status", nb.status.delete("some-uid"))
     for service in SERVICES:
         # One lease per bus (a bus with a lease fences every write by it): a bus each.
@@ -129,7 +150,8 @@ async def written(server: RedisServer) -> dict[str, object]:
         return {
             "desired": await client.hgetall(nb.desired.key),
             "pods": await client.xlen(nb.pods.key),
-            "node": await client.hgetall(nb.node.key),
+            "node": await nb.node.all(),
+            "events": await client.xlen(nb.bus.key("events:eviction")),
             "leases": await client.keys(f"klet:{NODE}:lease:*"),
         }
 
@@ -143,7 +165,13 @@ async def test_no_credentials_and_a_wrong_password_write_nothing(
     wrong = Credentials(f"klet-pod-source@{NODE}", Path("/nonexistent"), "not-the-password")
     async with node_bus(redis_server, wrong) as nb:
         assert not any((await attempts(nb, redis_server, wrong)).values())
-    assert await written(redis_server) == {"desired": {}, "pods": 0, "node": {}, "leases": []}
+    assert await written(redis_server) == {
+        "desired": {},
+        "pods": 0,
+        "node": {},
+        "events": 0,
+        "leases": [],
+    }
 
 
 @pytest.mark.parametrize("service", SERVICES)
@@ -155,9 +183,9 @@ async def test_each_service_writes_only_what_it_owns(
         done = await attempts(nb, redis_server, cred)
     owned = {
         "pod-source": {"desired", "desired-by-function", "pods", "lease:pod-source"},
-        "syncloop": {"node", "status", "lease:syncloop"},
+        "syncloop": {"node:syncloop", "status", "lease:syncloop"},
         "status-reporter": {"lease:status-reporter"},
-        "eviction": {"node", "lease:eviction"},
+        "eviction": {"node:eviction", "events:eviction", "lease:eviction"},
         "image-gc": {"lease:image-gc"},
     }[service]
     assert {name for name, ok in done.items() if ok} == owned
@@ -251,7 +279,7 @@ async def test_bus_acl_apply_sets_a_nodes_users_and_the_functions(
     cred = Credentials.from_file("klet-pod-source@applied", secrets_dir / "applied" / "pod-source")
     bus = Bus.from_url(redis_server.url, "applied", auth=cred, timeout_s=2.0)
     try:
-        nb = NodeBus.of(bus)
+        nb = NodeBus.of(bus, service="syncloop")
         assert await nb.bus.lease("pod-source", "ps-1", ttl_ms=10_000).try_acquire()
         await nb.desired.put("uid-1", evil_pod())  # its own write, fenced
         with pytest.raises(BusError):  # and not another service's
@@ -273,7 +301,13 @@ async def test_another_nodes_credentials_write_nothing_on_this_node(
         cred = redis_server.credentials(OTHER, service)
         async with node_bus(redis_server, cred) as nb:
             assert not any((await attempts(nb, redis_server, cred)).values()), service
-    assert await written(redis_server) == {"desired": {}, "pods": 0, "node": {}, "leases": []}
+    assert await written(redis_server) == {
+        "desired": {},
+        "pods": 0,
+        "node": {},
+        "events": 0,
+        "leases": [],
+    }
 
 
 async def test_rediss_with_a_verified_server_and_a_client_certificate(tmp_path: Path) -> None:
@@ -297,7 +331,9 @@ async def test_rediss_with_a_verified_server_and_a_client_certificate(tmp_path: 
         )
         bus = Bus.from_url(server.tls_url, NODE, auth=auth, timeout_s=3.0)
         try:
-            await NodeBus.of(bus).status.delete("x")  # a write syncloop owns, over TLS
+            await NodeBus.of(bus, service="syncloop").status.delete(
+                "x"
+            )  # a write syncloop owns, over TLS
         finally:
             await bus.close()
         # A server certificate the client's CA did not sign is refused.

@@ -99,7 +99,8 @@ def gc_pass(
 
     async def go() -> ContainerGCResult:
         auth = redis.credentials(node_name, "image-gc")
-        bus = NodeBus.of(Bus.from_url(redis.url, node_name, auth=auth, timeout_s=5.0))
+        raw = Bus.from_url(redis.url, node_name, auth=auth, timeout_s=5.0)
+        bus = NodeBus.of(raw, service="image-gc")
         cri = cri_client(stack)
 
         async def sources_ready() -> bool:
@@ -129,7 +130,7 @@ def desired(node: KletNode) -> set[str]:
     async def go() -> set[str]:
         bus = node.bus(service="image-gc")
         try:
-            return set(await NodeBus.of(bus).desired.all())
+            return set(await NodeBus.of(bus, service="syncloop").desired.all())
         finally:
             await bus.close()
 

@@ -128,7 +128,7 @@ def publish(node: KletNode, *pods: JSON) -> None:
     async def go() -> None:
         bus = node.bus(service="pod-source")
         try:
-            nb = NodeBus.of(bus)
+            nb = NodeBus.of(bus, service="eviction")
             async with bus.transaction() as tx:
                 for p in pods:
                     uid = PodUID(p["metadata"]["uid"])
@@ -143,15 +143,15 @@ def publish(node: KletNode, *pods: JSON) -> None:
 
 
 def node_conditions(node: KletNode) -> dict[str, str]:
-    """The eviction service's contributions to the bus `node` table: type -> status."""
+    """The eviction service's node conditions on the bus (`node:eviction`): type -> status."""
 
     async def go() -> dict[str, str]:
         bus = node.bus(service="eviction")
         try:
-            rows = await NodeBus.of(bus).node.all()
+            rows = await NodeBus.of(bus, service="eviction").conditions.all()
         finally:
             await bus.close()
-        return {r.type: r.status for k, r in rows.items() if k.startswith("eviction:")}
+        return {r.type: r.status for r in rows.values()}
 
     return asyncio.run(go())
 

@@ -390,7 +390,7 @@ async def test_a_write_the_service_may_not_make_writes_nothing(redis_server: Red
     )
     reader = Bus.from_url(redis_server.url, "n1", auth=redis_server.admin, timeout_s=2)
     try:
-        nb = NodeBus.of(bus)
+        nb = NodeBus.of(bus, service="pod-source")
         assert await bus.lease("pod-source", "host:1:cccccccccccc").try_acquire()
         ready = SourceState(source="file", ready=True, at=1.0)
         await nb.sources.put("file", ready)  # what it owns, it writes
@@ -411,7 +411,7 @@ async def test_a_write_the_service_may_not_make_writes_nothing(redis_server: Red
                         updated_at=1.0,
                     ),
                 )
-        assert await NodeBus.of(reader).sources.all() == {"file": ready}
+        assert await NodeBus.of(reader, service="pod-source").sources.all() == {"file": ready}
         # A key the script may touch but not write so (a stream it publishes to, not
         # created yet): refused by the script's own check before its first write (it used
         # to leave the first HSET applied).
@@ -420,7 +420,7 @@ async def test_a_write_the_service_may_not_make_writes_nothing(redis_server: Red
             async with bus.transaction() as tx:
                 tx.put(nb.sources, "api", SourceState(source="api", ready=True, at=2.0))
                 tx.put(junk, "k", ready)
-        assert await NodeBus.of(reader).sources.all() == {"file": ready}
+        assert await NodeBus.of(reader, service="pod-source").sources.all() == {"file": ready}
     finally:
         await bus.close()
         await reader.close()

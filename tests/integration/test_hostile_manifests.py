@@ -133,7 +133,7 @@ def test_syncloop_refuses_invalid_records_on_the_bus(
     async def write() -> None:
         bus = node.bus(service="pod-source")  # the only writer of `desired`
         try:
-            nb = NodeBus.of(bus)
+            nb = NodeBus.of(bus, service="pod-source")
             for rec in records:
                 await nb.desired.put(rec.uid, rec)
                 await nb.pods.publish(PodChange(op="ADD", uid=rec.uid, source="file"))

@@ -253,7 +253,7 @@ def test_image_gc_on_a_small_image_filesystem(
     async def table() -> dict[str, tuple[float, float]]:
         bus = node.bus(service="image-gc")
         try:
-            rows = await NodeBus.of(bus).images.all()
+            rows = await NodeBus.of(bus, service="image-gc").images.all()
             return {k: (r.first_detected, r.last_used) for k, r in rows.items()}
         finally:
             await bus.close()

@@ -157,7 +157,7 @@ async def bus(redis_server: RedisServer) -> AsyncIterator[NodeBus]:
     """The test's own view of the node's tables and streams."""
     b = Bus.from_url(redis_server.url, NODE, auth=redis_server.admin, timeout_s=2.0)
     try:
-        yield NodeBus.of(b)
+        yield NodeBus.of(b, service="pod-source")
     finally:
         await b.close()
 

@@ -107,7 +107,7 @@ async def node_bus(redis: RedisServer) -> AsyncIterator[NodeBus]:
     syncloop)."""
     bus = Bus.from_url(redis.url, NODE, auth=redis.admin)
     try:
-        yield NodeBus.of(bus)
+        yield NodeBus.of(bus, service="status-reporter")
     finally:
         await bus.close()
 

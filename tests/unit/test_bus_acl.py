@@ -53,10 +53,10 @@ def test_pod_source_rules() -> None:
         "+exec",
         "+discard",
         f"(~{p}desired ~{p}sources +hget +hmget +hgetall +hset +hdel)",
-        f"(~{p}pods ~{p}events +xadd)",
+        f"(~{p}pods ~{p}events:pod-source +xadd)",
         f"(~{p}lease:pod-source ~{p}lease:pod-source:fence "
         "+get +set +pexpire +pttl +del +incr +incrby +exists)",
-        f"(~{p}desired ~{p}sources ~{p}pods ~{p}events ~{p}lease:pod-source "
+        f"(~{p}desired ~{p}sources ~{p}pods ~{p}events:pod-source ~{p}lease:pod-source "
         f"~{p}lease:pod-source:fence {calls} +type)",
     ]
 
@@ -75,8 +75,21 @@ def test_every_grant_is_on_the_own_node_and_own_lease(service: str) -> None:
 def test_only_pod_source_writes_desired_and_pods() -> None:
     writers = {s for s, a in ACCESS.items() if "desired" in a.writes or "pods" in a.publishes}
     assert writers == {"pod-source"}
-    node_writers = {s for s, a in ACCESS.items() if "node" in a.writes}
-    assert node_writers == {"syncloop", "eviction"}
+
+
+def test_every_key_has_one_writer() -> None:
+    # A key two services wrote let either forge the other's records (eviction's HSET of
+    # syncloop:Ready) or break it for both (an XADD with the largest ID).
+    writers: dict[str, set[str]] = {}
+    for service, access in ACCESS.items():
+        for key in (*access.writes, *access.publishes):
+            writers.setdefault(key, set()).add(service)
+    assert {k: w for k, w in writers.items() if len(w) > 1} == {}
+    assert writers["node:syncloop"] == {"syncloop"} and writers["node:eviction"] == {"eviction"}
+    assert {k for k in writers if k.startswith("events:")} == {f"events:{s}" for s in SERVICES}
+    # status-reporter reads every service's Events and every condition table.
+    assert set(ACCESS["status-reporter"].consumes) == {f"events:{s}" for s in SERVICES}
+    assert {"node:syncloop", "node:eviction"} <= set(ACCESS["status-reporter"].reads)
 
 
 def test_acl_file_holds_hashes_not_passwords() -> None:

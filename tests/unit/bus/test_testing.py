@@ -40,7 +40,7 @@ def change(uid: str) -> PodChange:
 
 async def test_table_rows_round_trip_and_bad_records_are_left_out() -> None:
     bus = FakeBus()
-    node = NodeBus.of(bus)
+    node = NodeBus.of(bus, service="syncloop")
     await node.sources.put("file", ready("file"))
     async with bus.transaction() as tx:
         tx.put(node.sources, "api", ready("api"))
@@ -61,7 +61,7 @@ async def test_table_rows_round_trip_and_bad_records_are_left_out() -> None:
 async def test_stream_entries_are_delivered_once_and_pending_until_acked() -> None:
     clock = Clock()
     bus = FakeBus(clock=clock)
-    pods = NodeBus.of(bus).pods
+    pods = NodeBus.of(bus, service="syncloop").pods
     assert isinstance(pods, FakeStream)
     await pods.ensure_group("g")
     first = await pods.publish(change("u1"))
@@ -81,7 +81,7 @@ async def test_stream_entries_are_delivered_once_and_pending_until_acked() -> No
 
 
 async def test_a_group_made_at_the_end_sees_only_new_entries() -> None:
-    pods = NodeBus.of(FakeBus()).pods
+    pods = NodeBus.of(FakeBus(), service="syncloop").pods
     await pods.publish(change("old"))
     await pods.ensure_group("g", start="$")
     await pods.publish(change("new"))
@@ -89,7 +89,7 @@ async def test_a_group_made_at_the_end_sees_only_new_entries() -> None:
 
 
 async def test_a_reader_blocks_until_an_entry_arrives() -> None:
-    pods = NodeBus.of(FakeBus()).pods
+    pods = NodeBus.of(FakeBus(), service="syncloop").pods
     await pods.ensure_group("g")
     reader = asyncio.create_task(pods.read("g", "c", block_ms=10_000))
     await asyncio.sleep(0)
@@ -100,11 +100,11 @@ async def test_a_reader_blocks_until_an_entry_arrives() -> None:
 
 async def test_an_injected_error_is_raised_before_anything_changes() -> None:
     bus = FakeBus()
-    node = NodeBus.of(bus)
+    node = NodeBus.of(bus, service="syncloop")
     bus.error = BusUnavailable("redis down")
     with pytest.raises(BusUnavailable):
-        await node.node.put(
-            "eviction:MemoryPressure", NodeConditionRecord(type="x", status="True", at=0.0)
+        await node.conditions.put(
+            "MemoryPressure", NodeConditionRecord(type="x", status="True", at=0.0)
         )
     with pytest.raises(BusUnavailable):
         await node.pods.read("g", "c", block_ms=1)
@@ -117,7 +117,7 @@ async def test_an_injected_error_is_raised_before_anything_changes() -> None:
 async def test_a_leader_bus_writes_only_while_it_holds_a_current_lease() -> None:
     clock = Clock()
     bus = FakeBus(clock=clock)
-    node = NodeBus.of(bus)
+    node = NodeBus.of(bus, service="syncloop")
     lease = bus.lease("svc", "a", ttl_ms=10_000)
     with pytest.raises(Fenced):
         await node.sources.put("file", ready("file"))  # not acquired yet
@@ -131,13 +131,13 @@ async def test_a_leader_bus_writes_only_while_it_holds_a_current_lease() -> None
     assert await other.try_acquire() and other.token == 2 and not other.counter_reset
     with pytest.raises(Fenced):
         await node.sources.put("file", ready("file"))  # a's renewal is too old
-    await NodeBus.of(standby).sources.put("api", ready("api"))
+    await NodeBus.of(standby, service="syncloop").sources.put("api", ready("api"))
     assert sorted(bus.rows(node.sources)) == ["api", "file"]  # one Redis
 
     await other.release()
     other.held, other.token = True, 2  # as if a's release raced a write in flight
     with pytest.raises(LeaseLapsed):
-        await NodeBus.of(standby).sources.put("api", ready("api"))
+        await NodeBus.of(standby, service="syncloop").sources.put("api", ready("api"))
 
 
 async def test_close_is_recorded() -> None:
@@ -148,7 +148,7 @@ async def test_close_is_recorded() -> None:
 
 async def test_entries_planted_synchronously_are_read_as_published_ones() -> None:
     bus = FakeBus()
-    node = NodeBus.of(bus)
+    node = NodeBus.of(bus, service="syncloop")
     pods = node.pods
     assert isinstance(pods, FakeStream)
     good = bus.append(pods, change("u1"))
@@ -166,7 +166,7 @@ async def test_entries_planted_synchronously_are_read_as_published_ones() -> Non
 
 async def test_calls_and_acknowledgements_are_logged() -> None:
     bus = FakeBus()
-    pods = NodeBus.of(bus).pods
+    pods = NodeBus.of(bus, service="syncloop").pods
     assert isinstance(pods, FakeStream)
     await pods.ensure_group("g")
     first = await pods.publish(change("u1"))
@@ -179,7 +179,7 @@ async def test_calls_and_acknowledgements_are_logged() -> None:
 
 async def test_errors_for_the_next_calls_are_raised_one_each_by_a_blocked_read_first() -> None:
     bus = FakeBus()
-    node = NodeBus.of(bus)
+    node = NodeBus.of(bus, service="syncloop")
     pods = node.pods
     await pods.ensure_group("g")
     reader = asyncio.create_task(pods.read("g", "c", block_ms=10_000))

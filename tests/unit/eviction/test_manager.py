@@ -117,7 +117,7 @@ class World:
         self.pods = Pods()
         self.killer = Killer(self.pods, self.log)
         self.bus = FakeBus("n1")
-        self.node_bus = NodeBus.of(self.bus)
+        self.node_bus = NodeBus.of(self.bus, service="eviction")
         self.frees: list[int] = []
         self.free_effect: dict[Signal, int] = {}
         self.free_hangs = False
@@ -137,7 +137,7 @@ class World:
             pods=self.pods,
             killer=self.killer,
             free_space=self.free_space,
-            conditions=self.node_bus.node,
+            conditions=self.node_bus.conditions,
             layout=self.get_layout,
             node_event=self.node_event,
             metrics=create_metrics(self.registry),
@@ -166,7 +166,7 @@ class World:
 
     def condition(self, type_: str) -> str:
         """The status of the pressure condition this service last wrote to the bus."""
-        return self.bus.rows(self.node_bus.node)[f"eviction:{type_}"].status
+        return self.bus.rows(self.node_bus.conditions)[type_].status
 
     def node_event(self, type_: str, reason: str, message: str) -> None:
         self.events.append((reason, message))
@@ -505,7 +505,7 @@ async def test_bus_pods_are_the_desired_pods_not_reported_terminal() -> None:
         )
 
     bus = FakeBus("n1")
-    node = NodeBus.of(bus)
+    node = NodeBus.of(bus, service="eviction")
     for u in ("new", "running", "failed", "done", "stopping"):
         bus.seed(node.desired, u, desired(u))
     for rec in (

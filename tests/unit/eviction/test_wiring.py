@@ -92,7 +92,7 @@ async def test_every_override_reaches_its_consumer(tmp_path: Path) -> None:
     assert deps.bus is bus and deps.cri is cri and deps.registry is registry
     bus.seed(deps.node_bus.desired, "u1", desired("u1"))
     assert [p.pod["metadata"]["uid"] for p in await m.pods.active()] == ["u1"]
-    assert m.conditions is deps.node_bus.node and deps.node_bus.bus is bus
+    assert m.conditions is deps.node_bus.conditions and deps.node_bus.bus is bus
     m.node_event("Warning", "EvictionThresholdMet", "low on memory")
     assert [e.reason for e in deps.events.queue] == ["EvictionThresholdMet"]
     assert deps.events.stream is deps.node_bus.events

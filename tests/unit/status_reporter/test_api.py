@@ -52,7 +52,7 @@ class Fakes:
     bus: FakeBus = field(default_factory=FakeBus)
 
     def __post_init__(self) -> None:
-        node = NodeBus.of(self.bus)
+        node = NodeBus.of(self.bus, service="status-reporter")
         self.desired = node.desired
         self.status = node.status
         self.feed = node.podstatus

@@ -43,7 +43,7 @@ class Settings:
 
 def task_names(*, read_only_port: int, healthz_port: int) -> list[str]:
     bus = FakeBus()
-    node = NodeBus.of(bus)
+    node = NodeBus.of(bus, service="status-reporter")
     deps = build_deps(
         Settings(KubeletCfg(read_only_port=read_only_port, healthz_port=healthz_port)),
         overrides=Overrides(

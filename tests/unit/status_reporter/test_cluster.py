@@ -49,7 +49,7 @@ class Fakes:
     def __init__(self) -> None:
         self.kube = FakeApiServer()
         self.bus = FakeBus()
-        self.node = NodeBus.of(self.bus)
+        self.node = NodeBus.of(self.bus, service="status-reporter")
 
     def overrides(self, *, cluster: bool) -> Overrides:
         fast = BackoffPolicy(0.001, 0.01)

@@ -32,7 +32,7 @@ class World:
         self.runtime = FakeRuntime()
         self.runtime.add_image("busybox:1", 5)
         self.bus = FakeBus()
-        node = NodeBus.of(self.bus)
+        node = NodeBus.of(self.bus, service="status-reporter")
         self.conditions = node.node
         self.publisher = node.events
         self.identity = NodeIdentity("node1")
@@ -135,13 +135,13 @@ async def test_contributions_reach_the_node() -> None:
     w = World()
     await w.manager.register_once()
     w.bus.seed(
-        w.conditions,
-        "eviction:MemoryPressure",
+        w.conditions.tables["eviction"],
+        "MemoryPressure",
         NodeConditionRecord(type="MemoryPressure", status="True", at=1.0),
     )
     w.bus.seed(
-        w.conditions,
-        "syncloop:Ready",
+        w.conditions.tables["syncloop"],
+        "Ready",
         NodeConditionRecord(
             type="Ready", status="False", at=1.0, message="PLEG is not healthy: stuck"
         ),

@@ -38,7 +38,7 @@ class World:
     def __init__(self) -> None:
         self.kube = FakeApiServer()
         self.bus = FakeBus()
-        node = NodeBus.of(self.bus)
+        node = NodeBus.of(self.bus, service="status-reporter")
         self.desired = node.desired
         self.status = node.status
         self.sources = node.sources

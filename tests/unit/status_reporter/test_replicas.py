@@ -156,9 +156,9 @@ async def test_only_the_lease_holder_writes_and_the_standby_takes_over() -> None
     redis, kube = FakeBus(), FakeApiServer()
     web = make_pod("web")
     rec = desired_record(web)
-    redis.seed(NodeBus.of(redis).desired, rec.uid, rec)
+    redis.seed(NodeBus.of(redis, service="status-reporter").desired, rec.uid, rec)
     a, b = Replica("a", redis, kube), Replica("b", redis, kube)
-    node = NodeBus.of(redis)
+    node = NodeBus.of(redis, service="status-reporter")
     try:
         a.start()
         await until(lambda: a.leading == 1, "a leading")

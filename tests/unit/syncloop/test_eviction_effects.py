@@ -9,7 +9,7 @@ another reason has no DisruptionTarget. Admission under pressure, table-driven
 not tolerate the memory-pressure taint, DiskPressure and PIDPressure reject every pod,
 critical pods (static, mirror, system priority) are always admitted; through the
 controller a rejected pod is Failed with "Pod was rejected: The node had condition:
-[...]. " and no DisruptionTarget, and the bus's `node` table is what decides
+[...]. " and no DisruptionTarget, and the bus's condition tables are what decides
 (`NodePressure`, which keeps its last answer while Redis is down).
 """
 
@@ -78,11 +78,14 @@ class World:
         )
 
     def conditions(self, rows: dict[str, NodeConditionRecord]) -> None:
-        """The `node` table as the eviction service left it."""
-        table = self.deps.node_bus.node
-        self.bus.hashes.pop(table.key, None)
+        """The services' condition tables as they left them (`rows` keyed
+        `<service>:<type>`, as syncloop reads them)."""
+        tables = self.deps.node_bus.node.tables
+        for table in tables.values():
+            self.bus.hashes.pop(table.key, None)
         for key, record in rows.items():
-            self.bus.seed(table, key, record)
+            service, _, type_ = key.partition(":")
+            self.bus.seed(tables[service], type_, record)
 
     def running(self, uid: str) -> bool:
         return any(

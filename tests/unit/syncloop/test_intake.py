@@ -60,7 +60,7 @@ class World:
     def __init__(self) -> None:
         self.clock = Clock(100.0)
         self.bus = FakeBus(clock=self.clock)
-        self.node = NodeBus.of(self.bus)
+        self.node = NodeBus.of(self.bus, service="syncloop")
         assert isinstance(self.node.pods, FakeStream)
         self.pods = self.node.pods
         self.bus.seed(self.node.desired, "u1", desired("u1"))

@@ -4,7 +4,8 @@ syncloop runs whatever the `desired` table holds, so write access to a node's ke
 root on that node. Every service therefore connects as its own Redis user, limited to
 the keys of its own node (`klet:<node>:...`) and, per key, to the commands it needs:
 only pod-source may write `desired` and the `pods` stream, only syncloop `status`, only
-image-gc `images`; each may touch only its own lease. A stolen credential of one
+image-gc `images`; each may touch only its own lease, its own Events stream and its own
+node conditions. A stolen credential of one
 service or one node is worth that service on that node, no more.
 
 The grants are Redis 7 ACL selectors, one per (keys, commands) pair, so a command is
@@ -109,39 +110,47 @@ class ServiceAccess:
         return tuple(g for g in grants if g.keys)
 
 
+CONDITION_WRITERS = ("syncloop", "eviction")
+"""The services that contribute node conditions, each to its own `node:<service>`."""
+
+_EVENTS = tuple(f"events:{s}" for s in SERVICES)
+_CONDITIONS = tuple(f"node:{s}" for s in CONDITION_WRITERS)
+
 # Derived from what each service does on the bus (klet.bus.schema.NodeBus and the
 # services' publishers, consumers and leases); a service that starts touching another
-# key needs its line here, or Redis answers NOPERM.
+# key needs its line here, or Redis answers NOPERM. One writer per key: each service
+# appends to its own `events:<service>` and writes its own `node:<service>`; a key two
+# services wrote let either forge the other's records or break the key for both.
 ACCESS: Mapping[str, ServiceAccess] = {
     "pod-source": ServiceAccess(
         writes=("desired", "sources"),
-        publishes=("pods", "events"),
+        publishes=("pods", "events:pod-source"),
         leases=("pod-source",),
     ),
     "syncloop": ServiceAccess(
-        reads=("desired", "sources"),
-        writes=("status", "node"),
-        publishes=("podstatus", "events"),
+        reads=("desired", "sources", "node:eviction"),
+        writes=("status", "node:syncloop"),
+        publishes=("podstatus", "events:syncloop"),
         consumes=("pods",),
         leases=("syncloop",),
     ),
     "status-reporter": ServiceAccess(
-        reads=("desired", "status", "sources", "node"),
-        publishes=("events",),
-        consumes=("events",),
+        reads=("desired", "status", "sources", *_CONDITIONS),
+        publishes=("events:status-reporter",),
+        consumes=_EVENTS,
         tails=("podstatus",),
         leases=("status-reporter",),
     ),
     "eviction": ServiceAccess(
         reads=("desired", "status"),
-        writes=("node",),
-        publishes=("events",),
+        writes=("node:eviction",),
+        publishes=("events:eviction",),
         leases=("eviction",),
     ),
     "image-gc": ServiceAccess(
         reads=("desired", "status", "sources"),
         writes=("images",),
-        publishes=("events",),
+        publishes=("events:image-gc",),
         leases=("image-gc",),
     ),
 }

@@ -1,5 +1,5 @@
-"""The queue every service records Kubernetes Events through, onto the bus's `events`
-stream (status-reporter posts them to the apiserver).
+"""The queue every service records Kubernetes Events through, onto its own bus stream
+`events:<service>` (status-reporter posts them all to the apiserver).
 
 `emit` only queues, so recording an Event never blocks a pod worker or a GC or eviction
 pass on Redis; the `run` root task publishes in order. While Redis is away (or a write
@@ -38,7 +38,7 @@ def node_reference(node_name: str) -> JSON:
 
 
 class EventQueue:
-    """Events waiting for the `events` stream, at most `cap` of them."""
+    """Events waiting for the service's `events:<service>` stream, at most `cap` of them."""
 
     def __init__(
         self,

@@ -47,7 +47,7 @@ from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Generic, Protocol, TypeVar
+from typing import Any, Generic, Protocol, TypeVar, cast
 from urllib.parse import urlsplit
 
 import redis.asyncio as aioredis
@@ -263,6 +263,9 @@ class Bus:
 
     def stream(self, name: str, record_type: type[R], *, maxlen: int = 10_000) -> Stream[R]:
         return Stream(self, name, record_type, maxlen=maxlen)
+
+    def merged_stream(self, streams: Sequence[Stream[R]]) -> MergedStream[R]:
+        return MergedStream(streams)
 
     def lease(
         self, name: str, holder: str, *, ttl_ms: int = 15_000, predecessor: str | None = None
@@ -574,6 +577,78 @@ class Stream(Generic[R]):
             return Entry(mid, self.record_type.decode(raw))
         except BadRecord as err:
             return Entry(mid, None, str(err))
+
+
+class MergedStream(Generic[R]):
+    """Several streams of one record type, consumed as one (a `GroupStream`): the same
+    group on each, one blocking XREADGROUP over all of them.
+
+    Why several: a stream has one writer, so that a service can neither forge another's
+    entries nor break its stream (an XADD with the largest possible ID makes every later
+    XADD to that stream fail); a reader of all of them (status-reporter, which posts
+    every service's Events) reads them through this. Entry IDs are `<stream> <id>`, so
+    an acknowledgement finds its stream; order holds within each stream, not across.
+    """
+
+    def __init__(self, streams: Sequence[Stream[R]]) -> None:
+        if not streams:
+            raise ValueError("a merged stream needs at least one stream")
+        self.streams = {s.name: s for s in streams}
+        self._by_key = {s.key: s for s in streams}
+        self.bus = streams[0].bus
+
+    async def ensure_group(self, group: str) -> None:
+        for stream in self.streams.values():
+            await stream.ensure_group(group)
+
+    async def read(
+        self, group: str, consumer: str, *, count: int = 100, block_ms: int = 1000
+    ) -> list[Entry[R]]:
+        """New entries of any of the streams for this consumer (each stream up to
+        `count`); re-creates the group where Redis lost it."""
+        for attempt in (1, 2):
+            try:
+                reply = await self.bus.client.xreadgroup(
+                    group, consumer, dict.fromkeys(self._by_key, ">"), count=count, block=block_ms
+                )
+            except ResponseError as err:
+                if "NOGROUP" in str(err) and attempt == 1:
+                    log.warning(
+                        "consumer group missing, re-creating", extra={"streams": list(self.streams)}
+                    )
+                    await self.ensure_group(group)
+                    continue
+                raise _wrap(err) from err
+            except (RedisError, OSError) as err:
+                raise _wrap(err) from err
+            out: list[Entry[R]] = []
+            batches = cast(list[tuple[str, list[tuple[str, dict[str, str]]]]], reply or [])
+            for key, messages in batches:
+                stream = self._by_key[key]
+                out += [self._tag(stream, stream._entry(mid, fields)) for mid, fields in messages]
+            return out
+        return []
+
+    async def ack(self, group: str, *ids: str) -> None:
+        by_stream: dict[str, list[str]] = {}
+        for tagged in ids:
+            name, _, entry_id = tagged.partition(" ")
+            if name not in self.streams or not entry_id:
+                raise BusError(f"{tagged!r} is not an entry of {', '.join(self.streams)}")
+            by_stream.setdefault(name, []).append(entry_id)
+        for name, entry_ids in by_stream.items():
+            await self.streams[name].ack(group, *entry_ids)
+
+    async def claim_stale(self, group: str, consumer: str, *, min_idle_ms: int) -> list[Entry[R]]:
+        out: list[Entry[R]] = []
+        for stream in self.streams.values():
+            claimed = await stream.claim_stale(group, consumer, min_idle_ms=min_idle_ms)
+            out += [self._tag(stream, e) for e in claimed]
+        return out
+
+    @staticmethod
+    def _tag(stream: Stream[R], entry: Entry[R]) -> Entry[R]:
+        return Entry(f"{stream.name} {entry.id}", entry.record, entry.error)
 
 
 _FENCED_PREFIX = "FENCED"

@@ -1,10 +1,20 @@
-"""The node's tables and streams by name, typed by their records (DESIGN.md, "The bus")."""
+"""The node's tables and streams by name, typed by their records (DESIGN.md, "The bus").
+
+One writer per key: what more than one service wrote once is now one key per service,
+so a service's credential can neither forge another's records nor break another's key.
+Each service appends its Events to its own `events:<service>` stream (status-reporter
+reads them all as one, `event_feed`) and writes its node conditions to its own
+`node:<service>` table, keyed by condition type (readers see them all through `node`,
+keyed `<service>:<type>` as before).
+"""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 
-from klet.bus.redisbus import Bus, Stream, Table
+from klet.bus.acl import CONDITION_WRITERS, SERVICES
+from klet.bus.redisbus import Bus, MergedStream, Stream, Table
 from klet.model.records import (
     DesiredPod,
     EventRecord,
@@ -17,32 +27,62 @@ from klet.model.records import (
 )
 
 
+class NodeConditions:
+    """Every service's node conditions, read as one table keyed `<service>:<type>`."""
+
+    def __init__(self, tables: Mapping[str, Table[NodeConditionRecord]]) -> None:
+        self.tables = dict(tables)
+
+    async def all(self) -> dict[str, NodeConditionRecord]:
+        out: dict[str, NodeConditionRecord] = {}
+        for service, table in self.tables.items():
+            for type_, record in (await table.all()).items():
+                out[f"{service}:{type_}"] = record
+        return out
+
+
 @dataclass(frozen=True)
 class NodeBus:
-    """Every table and stream of one node, built once from a `Bus`."""
+    """Every table and stream of one node as one service sees it, built once from a
+    `Bus`: `events` and `conditions` are that service's own."""
 
     bus: Bus
+    service: str
     desired: Table[DesiredPod]
     sources: Table[SourceState]
     status: Table[PodStatusRecord]
     pods: Stream[PodChange]
     podstatus: Stream[PodStatusChange]
     events: Stream[EventRecord]
-    node: Table[NodeConditionRecord]
-    """Node condition contributions by service, keyed `<service>:<conditionType>`."""
+    """This service's Events (`events:<service>`)."""
+    event_feed: MergedStream[EventRecord]
+    """Every service's Events, consumed as one (status-reporter posts them)."""
+    conditions: Table[NodeConditionRecord]
+    """This service's node conditions (`node:<service>`), keyed by condition type."""
+    node: NodeConditions
+    """Node condition contributions of every service, keyed `<service>:<type>`."""
     images: Table[ImageUseRecord]
     """Image GC's first-detected and last-used times, keyed by image ID."""
 
     @classmethod
-    def of(cls, bus: Bus) -> NodeBus:
+    def of(cls, bus: Bus, *, service: str) -> NodeBus:
+        if service not in SERVICES:
+            raise ValueError(f"unknown service {service!r} (one of {', '.join(SERVICES)})")
         return cls(
             bus=bus,
+            service=service,
             desired=bus.table("desired", DesiredPod),
             sources=bus.table("sources", SourceState),
             status=bus.table("status", PodStatusRecord),
             pods=bus.stream("pods", PodChange),
             podstatus=bus.stream("podstatus", PodStatusChange),
-            events=bus.stream("events", EventRecord),
-            node=bus.table("node", NodeConditionRecord),
+            events=bus.stream(f"events:{service}", EventRecord),
+            event_feed=bus.merged_stream(
+                [bus.stream(f"events:{s}", EventRecord) for s in SERVICES]
+            ),
+            conditions=bus.table(f"node:{service}", NodeConditionRecord),
+            node=NodeConditions(
+                {s: bus.table(f"node:{s}", NodeConditionRecord) for s in CONDITION_WRITERS}
+            ),
             images=bus.table("images", ImageUseRecord),
         )

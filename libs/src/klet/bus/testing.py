@@ -1,13 +1,13 @@
 """`FakeBus`: an in-memory Redis bus for unit tests (STYLE rule 7), beside the real one.
 
 `FakeBus` is a `Bus`, and the tables, streams and leases it makes are `Table`, `Stream`
-and `Lease` subclasses, so `NodeBus.of(FakeBus("n1"))` is a real `NodeBus` and every
+and `Lease` subclasses, so `NodeBus.of(FakeBus("n1"), service=...)` is a real `NodeBus` and every
 consumer typed by the real classes takes it; mypy checks the overrides against them.
 State is kept as Redis keeps it, encoded: hashes of record JSON, streams of entries with
 consumer groups (last delivered entry, pending entries per consumer), lease keys with
 fencing tokens. Writes go through the real `Table.put`/`Stream.publish`/`Transaction`
 code into `FakeBus.write`, which applies them atomically and, on a leader bus, fences
-them by its lease as the Lua script does (`Fenced`, `LeaseLapsed`).
+them by its lease as the fenced-write function does (`Fenced`, `LeaseLapsed`).
 
 `FakeSlotFile` is one leader slot file shared by replicas (`klet.bus.leaderslot`); each
 replica's `FakeLeaderSlot` claims, probes and releases it as the real lock file behaves,
@@ -18,8 +18,9 @@ it, as an unreachable Redis does, before anything changes; `fail` makes only the
 calls raise, one error each (a blocked read too); `calls` lists the calls made,
 by name. `seed`, `drop`, `append`, `plant` (a corrupt entry), `rows` and `entries` read
 and plant state synchronously for test set-up and assertions; a stream's `acked` lists
-what was acknowledged. Nothing here does I/O or sleeps except `Stream.read`, which
-and `Stream.tail`, which block for new entries as XREADGROUP/XREAD BLOCK do.
+what was acknowledged. Nothing here does I/O or sleeps except `Stream.read`,
+`MergedStream.read` and `Stream.tail`, which block for new entries as XREADGROUP/XREAD
+BLOCK do.
 """
 
 from __future__ import annotations
@@ -31,7 +32,17 @@ from dataclasses import dataclass, field
 
 import redis.asyncio as aioredis
 from klet.bus.leaderslot import SlotView
-from klet.bus.redisbus import Bus, BusError, Entry, Lease, R, Stream, Table, _Op
+from klet.bus.redisbus import (
+    Bus,
+    BusError,
+    Entry,
+    Lease,
+    MergedStream,
+    R,
+    Stream,
+    Table,
+    _Op,
+)
 from klet.model.records import BadRecord
 
 
@@ -81,6 +92,9 @@ class FakeBus(Bus):
 
     def stream(self, name: str, record_type: type[R], *, maxlen: int = 10_000) -> Stream[R]:
         return FakeStream(self, name, record_type, maxlen=maxlen)
+
+    def merged_stream(self, streams: Sequence[Stream[R]]) -> MergedStream[R]:
+        return FakeMergedStream(streams)
 
     def _new_lease(self, name: str, holder: str, *, ttl_ms: int, predecessor: str | None) -> Lease:
         lease = FakeLease(self, name, holder, ttl_ms=ttl_ms, predecessor=predecessor)
@@ -307,6 +321,46 @@ class FakeStream(Stream[R]):
         """IDs read in `group` but not acknowledged yet."""
         g = self.state.groups.get(group)
         return sorted(g.pending) if g is not None else []
+
+
+class FakeMergedStream(MergedStream[R]):
+    """Fake streams read as one: what any of them has undelivered, else a wait for the
+    first to grow (as one XREADGROUP BLOCK over several keys)."""
+
+    async def read(
+        self, group: str, consumer: str, *, count: int = 100, block_ms: int = 1000
+    ) -> list[Entry[R]]:
+        streams = [s for s in self.streams.values() if isinstance(s, FakeStream)]
+
+        def ready() -> list[FakeStream[R]]:
+            return [
+                s
+                for s in streams
+                if s.state.groups.setdefault(group, _Group(delivered=0)).delivered
+                < len(s.state.entries)
+            ]
+
+        if streams:
+            streams[0].fake.check("read")
+        if not ready():
+            for s in streams:
+                s.state.grown.clear()
+            waits = [asyncio.ensure_future(s.state.grown.wait()) for s in streams]
+            try:
+                await asyncio.wait(
+                    waits,
+                    timeout=block_ms / 1000 if block_ms else None,
+                    return_when="FIRST_COMPLETED",
+                )
+            finally:
+                for w in waits:
+                    w.cancel()
+                await asyncio.gather(*waits, return_exceptions=True)
+        out: list[Entry[R]] = []
+        for s in ready():
+            entries = await s.read(group, consumer, count=count, block_ms=block_ms)
+            out += [self._tag(s, e) for e in entries]
+        return out
 
 
 class FakeLease(Lease):

@@ -177,7 +177,7 @@ class PodStatusChange(Record):
 
 @dataclass(frozen=True)
 class EventRecord(Record):
-    """`events` stream entry: a Kubernetes Event to post (status-reporter posts them)."""
+    """`events:<service>` stream entry: a Kubernetes Event to post (status-reporter posts them)."""
 
     kind: ClassVar[str] = "event"
     type: str  # Normal | Warning
@@ -192,7 +192,8 @@ class EventRecord(Record):
 
 @dataclass(frozen=True)
 class NodeConditionRecord(Record):
-    """`node` table value, keyed `<service>:<conditionType>`: one service's contribution
+    """`node:<service>` table value, keyed `<conditionType>` (read together as
+    `<service>:<conditionType>`): one service's contribution
     to a Node condition (the eviction service's MemoryPressure, syncloop's Ready, ...).
 
     A level, not an event: the writer keeps it current (status "True", "False" or

@@ -4,8 +4,8 @@ Restates upstream's `managerImpl.synchronize` around the pure pieces (`threshold
 `ranking`), with every effect behind a small consumer-side interface:
 
 1. observe the node and the pods (`SignalSource`), evaluate the thresholds
-   (`thresholds.evaluate`) and write the pressure conditions to the bus `node` table
-   (`eviction:MemoryPressure`, ... as "True"/"False"; status-reporter puts upstream's
+   (`thresholds.evaluate`) and write the pressure conditions to eviction's own bus
+   table `node:eviction` (`MemoryPressure`, ... as "True"/"False"; status-reporter puts upstream's
    reasons and messages on the Node, syncloop's admission reads them);
 2. local storage limits: every pod over an emptyDir sizeLimit or its ephemeral-storage
    limit is evicted, whatever the node's pressure; if any was, the pass ends there;
@@ -87,7 +87,7 @@ NodeEvent = Callable[[str, str, str], None]
 
 
 class ConditionTable(Protocol):
-    """The bus `node` table."""
+    """Eviction's own node conditions on the bus (`node:eviction`), keyed by type."""
 
     async def put(self, key: str, record: NodeConditionRecord) -> None: ...
 
@@ -347,7 +347,7 @@ class EvictionManager:
             for type_ in ranking.PRESSURE_CONDITIONS:
                 status = "True" if type_ in conditions else "False"
                 record = NodeConditionRecord(type=type_, status=status, at=now)
-                await self.deps.conditions.put(f"eviction:{type_}", record)
+                await self.deps.conditions.put(type_, record)
         except BusError as err:
             self._once.error("conditions", f"cannot write the node conditions: {err}")
         else:

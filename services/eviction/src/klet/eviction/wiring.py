@@ -78,7 +78,7 @@ def build_deps(settings: Settings, overrides: Overrides | None = None) -> Deps:
             settings.klet.redis_url, settings.klet.node_name, auth=settings.klet.redis_auth
         )
     )
-    node_bus = NodeBus.of(bus)
+    node_bus = NodeBus.of(bus, service="eviction")
     registry = o.registry if o.registry is not None else CollectorRegistry()
     cri = (
         o.cri
@@ -108,7 +108,7 @@ def build_deps(settings: Settings, overrides: Overrides | None = None) -> Deps:
             pods=BusPods(desired=node_bus.desired, status=node_bus.status),
             killer=pod_control,
             free_space=free_space,
-            conditions=node_bus.node,
+            conditions=node_bus.conditions,
             layout=layout,
             node_event=functools.partial(events.emit, node_reference(settings.klet.node_name)),
             metrics=metrics,

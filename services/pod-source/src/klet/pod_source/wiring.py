@@ -207,7 +207,7 @@ def build_deps(settings: ServiceSettings, overrides: Overrides | None = None) ->
         )
     configured = frozenset(s.name for s in sources)
     publisher = Publisher(
-        bus=NodeBus.of(bus),
+        bus=NodeBus.of(bus, service="pod-source"),
         inbox=inbox,
         configured=configured,
         metrics=metrics,

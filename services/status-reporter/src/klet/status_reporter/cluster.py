@@ -3,13 +3,13 @@
 `build_cluster` wires the four cluster-mode managers to their adapters:
 
 - `node-status` (`NodeStatusManager`): registration and the node status loop, observing
-  the host (`hostinfo`), the CRI runtime and the bus's `node` table (`NodeObserver`);
+  the host (`hostinfo`), the CRI runtime and the bus's node condition tables (`NodeObserver`);
 - `node-lease` (`LeaseManager`): the Lease heartbeat, on its own apiserver client (its
   own QPS bucket and connections, as upstream's dedicated heartbeat client), so a burst
   of pod status writes can never delay a renewal;
 - `pod-status` (`PodSyncManager`): pod statuses, mirror pods, final deletions, reading
   the same pod view the HTTP API serves;
-- `events` (`EventSink`): the bus's `events` stream to core/v1 Events.
+- `events` (`EventSink`): the services' bus Events streams to core/v1 Events.
 
 Every adapter can be replaced through `ClusterOverrides` (tests pass
 `testing.FakeApiServer` and friends); what is not replaced is built from settings.
@@ -282,7 +282,7 @@ def build_cluster(
         policy=o.pod_policy or PodSyncPolicy(),
     )
     event_sink = EventSink(
-        feed=o.events or bus().events,
+        feed=o.events or bus().event_feed,
         # The sink retries an unavailable apiserver itself, per event.
         api=KubeApi(kube, retry=NO_RETRY),
         node_name=klet.node_name,

@@ -1,10 +1,11 @@
 """Posts the bus's EventRecords to the apiserver as core/v1 Events (the manager around
 `events.py`).
 
-The `events` stream is consumed in the consumer group "status-reporter", by the lease
-holder only (see app.py), under a consumer name of its own process (its lease holder
-ID). Its first takeover, when it is elected, claims every pending entry whatever its
-idle time: only a leader consumes, so whatever is pending was read by a previous leader
+Every service's `events:<service>` stream is consumed, as one (`NodeBus.event_feed`), in
+the consumer group "status-reporter", by the lease holder only (see app.py), under a
+consumer name of its own process (its lease holder ID). Its first takeover, when it is
+elected, claims every pending entry whatever its idle time: only a leader consumes, so
+whatever is pending was read by a previous leader
 that is gone (dead, or stepped down) and may never be posted otherwise. Later takeovers
 (every few minutes) claim entries idle for `claim_idle_ms`, and dead consumers are
 removed from the group each time. An entry is acknowledged once its Event exists, or
@@ -52,7 +53,7 @@ MirrorLookup = Callable[[PodUID], "str | None"]
 
 
 EventFeed = GroupStream[EventRecord]
-"""The `events` stream, consumed in a consumer group."""
+"""The services' Events streams, consumed as one in a consumer group."""
 
 
 @dataclass(frozen=True)
@@ -77,7 +78,7 @@ class EventPolicy:
 
 
 class EventSink:
-    """Consumes the `events` stream and posts each record; `post` is one step."""
+    """Consumes the Events streams and posts each record; `post` is one step."""
 
     def __init__(
         self,

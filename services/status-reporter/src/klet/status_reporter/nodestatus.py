@@ -21,7 +21,7 @@ registration rules (`kubelet_node_status.go`):
 Ready is False (reason `KubeletNotReady`, upstream's messages, several joined as
 "[a, b]") when the runtime is unreachable, the runtime's RuntimeReady or NetworkReady
 condition is false, or a service contributed a `Ready` condition that is not "True"
-(this is how syncloop reports an unhealthy PLEG: it writes `syncloop:Ready`). A pressure
+(how syncloop reports an unhealthy PLEG: its `Ready`, read as `syncloop:Ready`). A pressure
 condition is True when any contribution of its type says "True"; the contribution's
 reason/message replace upstream's defaults only when given.
 

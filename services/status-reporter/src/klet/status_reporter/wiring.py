@@ -192,10 +192,10 @@ def build_deps(settings: ServiceSettings, *, overrides: Overrides | None = None)
     def node_bus() -> NodeBus:
         # One connection pool for every table, stream and the lease, made on first need.
         if o.bus is not None:
-            return NodeBus.of(o.bus)
+            return NodeBus.of(o.bus, service="status-reporter")
         if not buses:
             buses.append(Bus.from_url(klet.redis_url, klet.node_name, auth=klet.redis_auth))
-        return NodeBus.of(buses[0])
+        return NodeBus.of(buses[0], service="status-reporter")
 
     bus = node_bus().bus
     ttl_ms = o.lease_ttl_ms or LEASE_TTL_MS

@@ -77,7 +77,7 @@ async def main(deps: Deps) -> int:
                 message=message,
             )
             try:
-                await deps.node_bus.node.put("syncloop:Ready", record)
+                await deps.node_bus.conditions.put("Ready", record)
             except BusError as err:
                 log.debug("cannot publish the PLEG health", extra={"error": str(err)})
             await asyncio.sleep(5.0)

@@ -171,7 +171,7 @@ def build_deps(settings: Settings, overrides: Overrides | None = None) -> Deps:
             settings.klet.redis_url, settings.klet.node_name, auth=settings.klet.redis_auth
         )
     )
-    node_bus = NodeBus.of(bus)
+    node_bus = NodeBus.of(bus, service="syncloop")
     registry = o.registry if o.registry is not None else CollectorRegistry()
     cri = (
         o.cri
