@@ -2,7 +2,8 @@
 concurrent calls waiting for a connection rather than failing), consumer
 groups (delivery, ack, claiming what a dead consumer left pending, a bad entry
 surfacing as an error instead of a record, the group re-created after a flush, dead
-consumers removed from the group), atomic transactions, the lease (one holder, a dead
+consumers removed from the group; every service's Events stream read as one), atomic
+transactions, the lease (one holder, a dead
 predecessor's lease taken over at once, takeover after expiry, fencing tokens
 increase), and BusUnavailable when Redis is gone. Redis is bounded (maxmemory, noeviction):
 a write past the bound is refused with OOM, which the bus reports as BusUnavailable (the
@@ -15,8 +16,8 @@ from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
 import pytest
-from klet.bus import Bus, BusUnavailable, NodeBus
-from klet.model.records import PodChange, SourceState
+from klet.bus import Bus, BusError, BusUnavailable, NodeBus
+from klet.model.records import EventRecord, PodChange, SourceState
 from klet.model.types import PodUID
 
 T = TypeVar("T")
@@ -24,6 +25,17 @@ T = TypeVar("T")
 
 def change(uid: str) -> PodChange:
     return PodChange(op="ADD", uid=PodUID(uid), source="file")
+
+
+def event(reason: str) -> EventRecord:
+    return EventRecord(
+        type="Normal",
+        reason=reason,
+        message="m",
+        involved={"kind": "Node", "name": "n1"},
+        component="kubelet",
+        at=1.0,
+    )
 
 
 async def test_tables_and_transaction(redis_server: Any) -> None:
@@ -94,6 +106,37 @@ async def test_consumer_group_ack_claim_and_bad_entries(redis_server: Any) -> No
         ]
     finally:
         await bus.close()
+
+
+async def test_every_services_events_are_consumed_as_one_stream(redis_server: Any) -> None:
+    # Each service appends to its own stream with its own credential; status-reporter
+    # reads them all in one blocking read, acks each in its stream, claims stale ones.
+    buses = {
+        s: Bus.from_url(redis_server.url, "n1", auth=redis_server.credentials("n1", s))
+        for s in ("syncloop", "eviction", "status-reporter")
+    }
+    try:
+        nbs = {s: NodeBus.of(b, service=s) for s, b in buses.items()}
+        feed = nbs["status-reporter"].event_feed
+        await feed.ensure_group("g")
+        reader = asyncio.create_task(feed.read("g", "c1", block_ms=5000))
+        await asyncio.sleep(0.1)
+        await nbs["eviction"].events.publish(event("EvictionThresholdMet"))
+        first = await reader  # woken by the one stream that grew
+        assert [e.record.reason for e in first if e.record] == ["EvictionThresholdMet"]
+        assert first[0].id.startswith("events:eviction ")
+        await nbs["syncloop"].events.publish(event("Pulled"))
+        await nbs["eviction"].events.publish(event("Evicted"))
+        second = await feed.read("g", "c1", block_ms=100)
+        assert sorted(e.record.reason for e in second if e.record) == ["Evicted", "Pulled"]
+        await feed.ack("g", *(e.id for e in first + second[:1]))
+        stale = await feed.claim_stale("g", "c2", min_idle_ms=0)
+        assert [e.id for e in stale] == [second[1].id]
+        with pytest.raises(BusError, match="not an entry"):
+            await feed.ack("g", "pods 1-0")
+    finally:
+        for b in buses.values():
+            await b.close()
 
 
 async def test_dead_consumers_are_removed_from_the_group(redis_server: Any) -> None:

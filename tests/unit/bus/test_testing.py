@@ -8,7 +8,8 @@ before anything changes; a leader bus writes only while its lease is held and cu
 a second replica takes the lease only once it expired; `NodeBus.of` a fake bus is a
 NodeBus of fakes; entries and rows planted synchronously (a corrupt entry too) are read as
 published ones, and every call is logged by name and every acknowledgement by id; errors
-injected for the next calls are raised one each, by a blocked read first.
+injected for the next calls are raised one each, by a blocked read first; several
+services' Events streams read as one wake on whichever grows and ack into their own.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import asyncio
 import pytest
 from klet.bus import BusUnavailable, Fenced, LeaseLapsed, NodeBus
 from klet.bus.testing import FakeBus, FakeStream
-from klet.model.records import NodeConditionRecord, PodChange, SourceState
+from klet.model.records import EventRecord, NodeConditionRecord, PodChange, SourceState
 from klet.model.types import PodUID
 
 
@@ -190,3 +191,26 @@ async def test_errors_for_the_next_calls_are_raised_one_each_by_a_blocked_read_f
     with pytest.raises(BusUnavailable, match="still down"):
         await node.sources.all()
     assert await node.sources.all() == {}
+
+
+def note(reason: str) -> EventRecord:
+    return EventRecord(
+        type="Normal", reason=reason, message="", involved={}, component="kubelet", at=0.0
+    )
+
+
+async def test_merged_streams_wake_on_any_and_ack_into_their_own() -> None:
+    bus = FakeBus()
+    feed = NodeBus.of(bus, service="status-reporter").event_feed
+    eviction = NodeBus.of(bus.connect(), service="eviction").events
+    await feed.ensure_group("g")
+    reader = asyncio.create_task(feed.read("g", "c", block_ms=5000))
+    await asyncio.sleep(0)
+    assert not reader.done()
+    await eviction.publish(note("Evicted"))
+    [entry] = await reader
+    assert entry.record == note("Evicted") and entry.id.startswith("events:eviction ")
+    assert isinstance(eviction, FakeStream) and eviction.pending("g") == [entry.id.split()[1]]
+    await feed.ack("g", entry.id)
+    assert eviction.pending("g") == []
+    assert await feed.read("g", "c", block_ms=1) == []
