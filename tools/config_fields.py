@@ -33,7 +33,8 @@ unrelated code; it never counts a field that no expression of a configuration ty
 
 `check()` compares the result with `klet.config.support`: a field no code reads must be
 listed there, refused unless it holds a value klet implements (UNIMPLEMENTED) or accepted
-with the reason (ACCEPTED); a field listed as refused must not be read. The unit test
+with the reason (ACCEPTED); a field listed as refused must not be read. The feature gates
+code reads must be those klet.config.gates says klet honours, and no others. The unit test
 tests/unit/test_config_support.py runs `check()`; `main()` prints the table for the
 README: `.venv/bin/python tools/config_fields.py`.
 """
@@ -49,7 +50,7 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from klet.config import support
+from klet.config import gates, support
 from klet.config.kubelet import KubeletConfiguration, nested_class
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -59,6 +60,8 @@ SKIP = {
     "libs/src/klet/config/flags.py",
     "libs/src/klet/config/validation.py",
     "libs/src/klet/config/support.py",
+    "libs/src/klet/config/gates.py",
+    "libs/src/klet/config/gatelist.py",
 }
 
 
@@ -479,6 +482,14 @@ def check(root: Path = ROOT) -> list[str]:
         if support.UNIMPLEMENTED[path].partial:
             continue
         problems.append(f"{path}: refused as unimplemented, but some code reads it now")
+    read_gates = reads(root).gates
+    for name in sorted(set(gates.HONOURED) - read_gates):
+        problems.append(f"featureGates.{name}: listed as honoured but read by nothing")
+    for name in sorted(read_gates - set(gates.HONOURED)):
+        problems.append(
+            f"featureGates.{name}: read, but refused away from its default (not in "
+            "klet.config.gates.HONOURED)"
+        )
     known = set(support.all_paths())
     for path in sorted({*support.UNIMPLEMENTED, *support.ACCEPTED, *support.IN_PROGRESS} - known):
         problems.append(f"{path}: listed in klet.config.support but not a field")

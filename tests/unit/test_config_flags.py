@@ -167,7 +167,11 @@ def test_flag_order_does_not_matter(config_file: Path) -> None:
         (["--register-node=T"], "register_node", True),
         (["--port", "1", "--port", "2"], "port", 2),
         (["--pod_manifest_path=/underscores"], "static_pod_path", "/underscores"),
-        (["--feature-gates", "A=true,B=false"], "feature_gates", {"A": True, "B": False}),
+        (
+            ["--feature-gates", "EventedPLEG=false,KubeletFineGrainedAuthz=true"],
+            "feature_gates",
+            {"EventedPLEG": False, "KubeletFineGrainedAuthz": True},
+        ),
         (
             ["--kube-reserved", "cpu=100m,memory=1Gi"],
             "kube_reserved",

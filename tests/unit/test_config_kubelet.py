@@ -197,7 +197,7 @@ evictionHard: {memory.available: 1Gi}
 evictionSoft: {memory.available: 2Gi}
 evictionSoftGracePeriod: {memory.available: 1m30s}
 kubeReserved: {cpu: 100m, memory: 1Gi}
-featureGates: {SomeGate: true}
+featureGates: {EventedPLEG: false}
 registerWithTaints:
   - {key: dedicated, value: infra, effect: NoSchedule}
 crashLoopBackOff: {maxContainerRestartPeriod: 1m}
@@ -221,7 +221,7 @@ logging: {format: json, flushFrequency: 1000000000, verbosity: 3}
     assert cfg.eviction_hard == {"memory.available": "1Gi"}
     assert cfg.eviction_soft_grace_period == {"memory.available": 90.0}
     assert cfg.kube_reserved == {"cpu": "100m", "memory": "1Gi"}
-    assert cfg.feature_gates == {"SomeGate": True}
+    assert cfg.feature_gates == {"EventedPLEG": False}
     assert cfg.register_with_taints[0]["effect"] == "NoSchedule"
     assert cfg.crash_loop_back_off.max_container_restart_period == 60.0
     assert (cfg.logging.format, cfg.logging.flush_frequency, cfg.logging.verbosity) == (

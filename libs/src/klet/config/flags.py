@@ -689,7 +689,8 @@ def _replace_path(obj: Any, path: Sequence[str], value: Any) -> Any:
 def apply_to_config(
     cfg: KubeletConfiguration, values: Mapping[str, Any], specs: Sequence[FlagSpec] = FLAGS
 ) -> tuple[KubeletConfiguration, dict[str, str]]:
-    """Apply converted flag values over `cfg` (flags win over the file).
+    """Apply converted flag values over `cfg` (flags win over the file; `--feature-gates`
+    gate by gate, as upstream, keeping the file's other gates).
 
     Returns the new configuration and, for problem attribution, a map from each
     overridden upstream field path to the flag that set it.
@@ -698,6 +699,13 @@ def apply_to_config(
     for spec in specs:
         if spec.field is None or spec.flag not in values:
             continue
-        cfg = _replace_path(cfg, spec.field.split("."), values[spec.flag])
+        value = values[spec.flag]
+        if spec.field == "feature_gates":
+            # As upstream: the flag's gates win gate by gate; the file's others stay.
+            cfg = dataclasses.replace(cfg, feature_gates={**cfg.feature_gates, **value})
+            for name in value:
+                overridden[f"featureGates.{name}"] = spec.flag
+            continue
+        cfg = _replace_path(cfg, spec.field.split("."), value)
         overridden[upstream_name(spec.field)] = spec.flag
     return cfg, overridden

@@ -9,7 +9,8 @@ naming the upstream field path, so an operator fixes the whole file in one pass.
 
 Fields klet does not implement (CPU manager, topology manager, certificate rotation, ...)
 are checked against their enumerations like any other, then refused unless they hold a
-value klet implements (support.py), so nothing is accepted and silently ignored.
+value klet implements (support.py), so nothing is accepted and silently ignored; so are
+feature gates klet does not know or does not act on (gates.py).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from klet.config.errors import Problem
+from klet.config.gates import gate_problems
 from klet.config.kubelet import KubeletConfiguration
 from klet.config.support import unimplemented_problems
 from klet.config.units import parse_percentage, parse_quantity
@@ -324,6 +326,12 @@ def _check_implemented(c: _Checks, cfg: KubeletConfiguration) -> None:
             c.add(path, message)
 
 
+def _check_gates(c: _Checks, cfg: KubeletConfiguration) -> None:
+    """Unknown, locked and unimplemented feature gates (see gates.py)."""
+    for path, message in gate_problems(cfg.feature_gates):
+        c.add(path, message)
+
+
 def validate_problems(cfg: KubeletConfiguration) -> list[Problem]:
     """Every value problem of `cfg`, each with its upstream field path."""
     c = _Checks()
@@ -335,6 +343,7 @@ def validate_problems(cfg: KubeletConfiguration) -> list[Problem]:
         _check_node,
         _check_cgroups,
         _check_eviction,
+        _check_gates,
         _check_implemented,
     ):
         check(c, cfg)
