@@ -482,6 +482,8 @@ def check(root: Path = ROOT) -> list[str]:
         if support.UNIMPLEMENTED[path].partial:
             continue
         problems.append(f"{path}: refused as unimplemented, but some code reads it now")
+    for path in sorted(set(support.ACCEPTED) - unread):
+        problems.append(f"{path}: listed as accepted without effect, but some code reads it now")
     read_gates = reads(root).gates
     for name in sorted(set(gates.HONOURED) - read_gates):
         problems.append(f"featureGates.{name}: listed as honoured but read by nothing")

@@ -16,6 +16,8 @@ from klet.portfiles import PortRecord
 @pytest.fixture(autouse=True)
 def quiet(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(service, "apply_open_files_limit", lambda want, **_: None)
+    monkeypatch.setattr(service, "apply_oom_score_adj", lambda value: "")
+    monkeypatch.setattr(service, "swap_problem", lambda fail_swap_on: None)
     monkeypatch.setattr(service, "configure_logging", lambda **_: None)
 
 

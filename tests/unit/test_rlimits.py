@@ -111,6 +111,8 @@ def test_every_service_applies_max_open_files(monkeypatch: pytest.MonkeyPatch) -
     applied: list[int] = []
     monkeypatch.setattr(service, "apply_open_files_limit", lambda want, **_: applied.append(want))
     monkeypatch.setattr(service, "configure_logging", lambda **_: None)
+    monkeypatch.setattr(service, "apply_oom_score_adj", lambda value: "")
+    monkeypatch.setattr(service, "swap_problem", lambda fail_swap_on: None)
 
     async def start(settings: Settings) -> int:
         assert applied == [4096], "the limit must be in place before the service starts"

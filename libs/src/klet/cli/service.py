@@ -1,15 +1,16 @@
 """The one entry sequence every service's `__main__` runs.
 
 Parse the settings (invalid configuration is refused before anything starts, every
-problem listed, exit 1 as upstream's kubelet), configure logging, then run the
-service's `start(settings)` coroutine in a fresh event loop. Before the loop starts,
-the process's open-files limit is set from `maxOpenFiles` (`klet.cli.rlimits`), here
-once for all five services, as upstream's kubelet does at start. A private port file
-(`--service-port-file`) left by an earlier run of the same container is removed first
-thing, so `klet healthcheck` cannot pass on it while the new process starts (the
-service port removes it again before binding). `start` builds the
-dependencies itself, inside the loop: grpc.aio channels bind to the loop that exists
-when they are made. A root task that failed was already logged with its name and
+problem listed, exit 1 as upstream's kubelet), refuse a node with swap on as upstream's
+kubelet does (`failSwapOn`, `klet.cli.swap`), configure logging, then run the service's
+`start(settings)` coroutine in a fresh event loop. Before the loop starts, the process's
+oom_score_adj is set from `oomScoreAdj` (`klet.cli.oomscore`) and its open-files limit
+from `maxOpenFiles` (`klet.cli.rlimits`), here once for all five services, as upstream's
+kubelet does at start. A private port file (`--service-port-file`) left by an earlier
+run of the same container is removed first thing, so `klet healthcheck` cannot pass on
+it while the new process starts (the service port removes it again before binding).
+`start` builds the dependencies itself, inside the loop: grpc.aio channels bind to the
+loop that exists when they are made. A root task that failed was already logged with its name and
 traceback, so it only sets the exit code.
 """
 
@@ -21,7 +22,9 @@ import sys
 from collections.abc import Callable, Coroutine
 from typing import Any
 
+from klet.cli.oomscore import apply_oom_score_adj
 from klet.cli.rlimits import apply_open_files_limit
+from klet.cli.swap import swap_problem
 from klet.config import ConfigError, Settings, load_settings
 from klet.obs import RootTaskFailed, configure_logging
 from klet.portfiles import remove_port_file
@@ -37,10 +40,15 @@ def run_service(service: str, argv: list[str] | None, start: Start) -> int:
     except ConfigError as err:
         print(f"{service}: {err}", file=sys.stderr)
         return 1
+    refusal = swap_problem(settings.kubelet.fail_swap_on)
+    if refusal is not None:
+        print(f"{service}: {refusal}", file=sys.stderr)
+        return 1
     remove_port_file(settings.klet.service_port_file)
     configure_logging(
         service=service, verbosity=settings.klet.verbosity, fmt=settings.klet.log_format
     )
+    apply_oom_score_adj(settings.kubelet.oom_score_adj)
     apply_open_files_limit(settings.kubelet.max_open_files)
     try:
         return int(asyncio.run(start(settings)) or 0)

@@ -308,7 +308,14 @@ _CONFIG_FLAGS: tuple[FlagSpec, ...] = (
         "fail_swap_on",
         _BOOL,
         "BOOL",
-        "refuse to start with swap on (default true)",
+        "refuse to start with swap on (default true; klet refuses swap either way)",
+    ),
+    _cfg(
+        "--oom-score-adj",
+        "oom_score_adj",
+        _I32,
+        "N",
+        "oom_score_adj of each klet service process, -1000..1000 (default -999)",
     ),
     _cfg(
         "--serialize-image-pulls",

@@ -165,8 +165,6 @@ ACCEPTED: Mapping[str, str] = {
     "iptablesMasqueradeBit": "no effect: klet creates no iptables rules",
     "iptablesDropBit": "no effect: klet creates no iptables rules",
     "makeIPTablesUtilChains": "default true not honoured: klet creates no iptables chains",
-    "failSwapOn": "default true not honoured: klet does not check for swap",
-    "oomScoreAdj": "default -999 not honoured: klet leaves its own oom_score_adj",
     "enableSystemLogHandler": "default true not honoured: klet serves no /logs/",
     "enableProfilingHandler": "default true not honoured: klet serves no /debug/pprof",
     "enableDebugFlagsHandler": "default true not honoured: klet serves no /debug/flags/v",
