@@ -1,6 +1,7 @@
 """Flags, KLET_* variables and precedence (klet.config.flags and klet.config.settings).
 
-Covers: precedence flag > config file > default (an absent flag never overrides the file),
+Covers: precedence flag > config file > default (an absent flag never overrides the file;
+--log-format / KLET_LOG_FORMAT over the file's logging.format when it sets one),
 upstream value syntaxes (--manifest-url-header multimap, --eviction-hard `<` map, Go
 booleans, repeated flags, -v spellings, underscores in flag names), klet-only flags with
 their KLET_* variables and defaults, per-service default ports (an unset port is the
@@ -279,6 +280,27 @@ def test_flags_win_over_environment() -> None:
     env = {"KLET_REDIS_URL": "unix:///env.sock", "KLET_LOG_FORMAT": "text"}
     klet = load(["--redis-url", "unix:///flag.sock", "--log-format", "json"], env=env).klet
     assert (klet.redis_url, klet.log_format) == ("unix:///flag.sock", "json")
+
+
+@pytest.mark.parametrize(
+    ("logging", "argv", "env", "expected"),
+    [
+        ("logging: {format: text}\n", [], {}, "text"),
+        ("logging: {format: json}\n", [], {}, "json"),
+        # a file that does not set it: klet's default, not upstream's text
+        ("logging: {verbosity: 2}\n", [], {}, "json"),
+        ("", [], {}, "json"),
+        # the flag and its variable win over the file
+        ("logging: {format: text}\n", [], {"KLET_LOG_FORMAT": "json"}, "json"),
+        ("logging: {format: json}\n", ["--log-format", "text"], {}, "text"),
+    ],
+)
+def test_log_format_falls_back_to_the_files_logging_format(
+    tmp_path: Path, logging: str, argv: list[str], env: dict[str, str], expected: str
+) -> None:
+    path = tmp_path / "kubelet.yaml"
+    path.write_text(HEADER + logging)
+    assert load(["--config", str(path), *argv], env=env).klet.log_format == expected
 
 
 def test_environment_is_not_read_for_upstream_settings() -> None:

@@ -5,7 +5,8 @@ cross-field ones: nodeStatusReportFrequency, serializeImagePulls, evictionHard a
 mergeDefaultEvictionSettings), the zero-means-unset rule of non-pointer fields, YAML and
 JSON files, relative paths resolved against the file's directory, the collection of every
 problem (apiVersion/kind, unknown and duplicate fields, wrong types, invalid values) with
-file and field path, `validate()` rules, and the /configz round trip.
+file and field path, `validate()` rules, the /configz round trip, and which fields a
+file set (for settings that fall back to a file field).
 """
 
 from __future__ import annotations
@@ -529,3 +530,26 @@ def test_to_upstream_round_trips(tmp_path: Path) -> None:
     decoded, problems = decode_config(upstream)
     assert problems == []
     assert decoded == cfg
+
+
+def test_decoding_tells_which_fields_the_file_set() -> None:
+    given: set[str] = set()
+    _, problems = decode_config(
+        {
+            "apiVersion": "kubelet.config.k8s.io/v1beta1",
+            "kind": "KubeletConfiguration",
+            "logging": {"format": "text"},  # the default, but set
+            "authentication": {"webhook": {"cacheTTL": "1m"}},
+            "maxPods": "many",  # not decoded: not given
+            "address": "",  # a zero that means "not set" upstream
+        },
+        given=given,
+    )
+    assert len(problems) == 1
+    assert given == {
+        "logging",
+        "logging.format",
+        "authentication",
+        "authentication.webhook",
+        "authentication.webhook.cacheTTL",
+    }

@@ -61,6 +61,7 @@ class _Decoder:
     def __init__(self, base_dir: Path | None) -> None:
         self.base_dir = base_dir
         self.problems: list[Problem] = []
+        self.given: set[str] = set()  # upstream dotted paths the file set (decoded)
 
     def bad(self, path: str, message: str) -> object:
         self.problems.append(Problem(path, message))
@@ -185,16 +186,19 @@ class _Decoder:
             if f.metadata["zero_unset"] and not decoded:
                 continue
             given[f.name] = decoded
+            self.given.add(key_path)
         return cls(**given), given
 
 
 def decode_config(
-    data: object, *, base_dir: Path | None = None
+    data: object, *, base_dir: Path | None = None, given: set[str] | None = None
 ) -> tuple[KubeletConfiguration, list[Problem]]:
     """Decode a parsed file (dict) strictly and apply upstream's defaulting.
 
     Returns the configuration (fields with problems keep their defaults) and the type
-    problems; value checks are `validate()`'s.
+    problems; value checks are `validate()`'s. `given`, when passed, receives the upstream
+    dotted path of every field the file set (`logging.format`): what a klet-only setting
+    that falls back to a file field needs to tell "set to the default" from "not set".
     """
     decoder = _Decoder(base_dir)
     if not isinstance(data, Mapping):
@@ -209,8 +213,10 @@ def decode_config(
     if kind != KIND:
         got = "missing" if kind is None else f"got {_show(kind)}"
         decoder.bad("kind", f'must be "{KIND}" ({got})')
-    cfg, given = decoder.struct(KubeletConfiguration, body, "")
-    return _apply_defaults(cfg, given), decoder.problems
+    cfg, fields = decoder.struct(KubeletConfiguration, body, "")
+    if given is not None:
+        given.update(decoder.given)
+    return _apply_defaults(cfg, fields), decoder.problems
 
 
 def _apply_defaults(cfg: KubeletConfiguration, given: Mapping[str, Any]) -> KubeletConfiguration:
@@ -297,10 +303,13 @@ def _shape_problem(data: object) -> str | None:
     return None
 
 
-def read_config_file(path: Path | str) -> tuple[KubeletConfiguration, list[Problem]]:
+def read_config_file(
+    path: Path | str, *, given: set[str] | None = None
+) -> tuple[KubeletConfiguration, list[Problem]]:
     """Read and decode a file without validating it; problems are unprefixed.
 
-    Syntax and I/O errors come back as problems with an empty path.
+    Syntax and I/O errors come back as problems with an empty path. `given`: as for
+    `decode_config`.
     """
     file = Path(path)
     try:
@@ -321,7 +330,7 @@ def read_config_file(path: Path | str) -> tuple[KubeletConfiguration, list[Probl
     shape = _shape_problem(data)
     if shape is not None:
         return KubeletConfiguration(), [Problem("", f"cannot parse: {shape}")]
-    cfg, problems = decode_config(data, base_dir=file.parent.absolute())
+    cfg, problems = decode_config(data, base_dir=file.parent.absolute(), given=given)
     return cfg, [Problem("", d) for d in duplicates] + problems
 
 

@@ -585,7 +585,7 @@ _SETTING_FLAGS: tuple[FlagSpec, ...] = (
     ),
     FlagSpec(
         "--log-format",
-        "klet-only: json or text (default json)",
+        "json or text (default: the config file's logging.format if it sets one, else json)",
         setting="log_format",
         env="KLET_LOG_FORMAT",
         metavar="FORMAT",

@@ -101,7 +101,9 @@ class KletSettings:
     # for `klet healthcheck`; None = nowhere.
     service_port_file: Path | None = None
     service_bind_address: str = "127.0.0.1"  # --service-bind-address / KLET_SERVICE_BIND_ADDRESS
-    log_format: str = "json"  # --log-format / KLET_LOG_FORMAT: "json" or "text"
+    # --log-format / KLET_LOG_FORMAT, else logging.format when the file sets it: "json"
+    # (klet's default; upstream's is text) or "text"
+    log_format: str = "json"
     verbosity: int = 0  # -v/--v, else logging.verbosity of the file; klog levels, 4+ = debug
     # Container GC policy (upstream's deprecated KubeletFlags MinimumGCAge,
     # MaxPerPodContainerCount, MaxContainerCount); negative counts mean no limit.
@@ -426,8 +428,9 @@ def load_settings(
     problems += env_problems
 
     config_file = _optional_path(klet_values.get("config_file"))
+    file_sets: set[str] = set()
     if config_file is not None:
-        cfg, file_problems = read_config_file(config_file)
+        cfg, file_problems = read_config_file(config_file, given=file_sets)
         problems += [Problem(str(config_file), str(p)) for p in file_problems]
     else:
         cfg = KubeletConfiguration()
@@ -472,7 +475,11 @@ def load_settings(
         service_bind_address=klet_values.get(
             "service_bind_address", KletSettings.service_bind_address
         ),
-        log_format=klet_values.get("log_format", KletSettings.log_format),
+        # --log-format, KLET_LOG_FORMAT, the file's logging.format if it sets one, json
+        log_format=klet_values.get(
+            "log_format",
+            cfg.logging.format if "logging.format" in file_sets else KletSettings.log_format,
+        ),
         verbosity=klet_values.get("verbosity", cfg.logging.verbosity),
         minimum_container_ttl_duration=klet_values.get(
             "minimum_container_ttl_duration", KletSettings.minimum_container_ttl_duration

@@ -155,7 +155,6 @@ UNIMPLEMENTED: Mapping[str, Unimplemented] = {
 # Fields any value of which loads: klet already behaves as the value asks, or the field
 # has no effect in what klet accepts. Upstream path -> why.
 ACCEPTED: Mapping[str, str] = {
-    "logging.format": "klet's log format is --log-format / KLET_LOG_FORMAT (default json)",
     "logging.flushFrequency": "klet writes every log record at once; nothing to flush",
     "contentType": "default protobuf not honoured: klet's apiserver client speaks JSON",
     "cpuManagerReconcilePeriod": "no effect: only cpuManagerPolicy none is accepted",
