@@ -450,8 +450,8 @@ async def test_lease_and_status_resume_after_an_apiserver_outage(
 
         await eventually(both_failed, what="a failed Lease renewal and status update", timeout_s=40)
         # A change made while the apiserver is away: the eviction service sees pressure.
-        await node.bus.node.put(
-            "eviction:MemoryPressure",
+        await node.bus.node.tables["eviction"].put(
+            "MemoryPressure",
             NodeConditionRecord(type="MemoryPressure", status="True", at=time.time()),
         )
     finally:
