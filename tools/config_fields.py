@@ -31,11 +31,14 @@ Names alone never count: `run_once()` methods do not read `runOnce`. The walk ca
 over-count where a function name or a configuration-typed attribute name is shared by
 unrelated code; it never counts a field that no expression of a configuration type reaches.
 
-`check()` compares the result with `klet.config.support`: a field no code reads must be
-listed there, refused unless it holds a value klet implements (UNIMPLEMENTED) or accepted
-with the reason (ACCEPTED); a field listed as refused must not be read. The feature gates
-code reads must be those klet.config.gates says klet honours, and no others. The unit test
-tests/unit/test_config_support.py runs `check()`; `main()` prints the table for the
+`check()` compares the result with `klet.config.support`. A field no code reads must be
+refused unless it holds a value klet implements (UNIMPLEMENTED), have no effect in any
+configuration klet accepts (NO_EFFECT: tied to a refused field or an unhonoured gate
+that is off by default, or read nowhere upstream either), or be a default klet does not
+honour, warned about at start (NOT_HONOURED); anything else accepted and read by nothing
+is a failure, and so is a field listed there that code reads. The feature gates code
+reads must be those klet.config.gates says klet honours, and no others. The unit test
+tests/unit/test_config_support.py runs `check()`; `main()` prints the tables for the
 README: `.venv/bin/python tools/config_fields.py`.
 """
 
@@ -52,8 +55,10 @@ from typing import Any, NamedTuple
 
 from klet.config import gates, support
 from klet.config.kubelet import KubeletConfiguration, nested_class
+from klet.model.layout import DEFAULT_SERVICE_PORTS
 
 ROOT = Path(__file__).resolve().parent.parent
+SERVICES = frozenset(DEFAULT_SERVICE_PORTS)
 # Modules that name every field without implementing any.
 SKIP = {
     "libs/src/klet/config/kubelet.py",
@@ -474,16 +479,29 @@ def unread_fields(root: Path = ROOT) -> list[str]:
 def check(root: Path = ROOT) -> list[str]:
     """Disagreements between the code and klet.config.support (empty when consistent)."""
     unread = set(unread_fields(root))
+    listed = {*support.UNIMPLEMENTED, *support.NO_EFFECT, *support.NOT_HONOURED}
     problems = []
-    for path in sorted(unread - set(support.UNIMPLEMENTED) - set(support.ACCEPTED)):
-        if path not in support.IN_PROGRESS:
-            problems.append(f"{path}: read by nothing and not listed in klet.config.support")
+    for path in sorted(unread - listed):
+        problems.append(
+            f"{path}: accepted, but read by nothing: implement it, or list it in "
+            "klet.config.support"
+        )
     for path in sorted(set(support.UNIMPLEMENTED) - unread):
         if support.UNIMPLEMENTED[path].partial:
             continue
         problems.append(f"{path}: refused as unimplemented, but some code reads it now")
-    for path in sorted(set(support.ACCEPTED) - unread):
-        problems.append(f"{path}: listed as accepted without effect, but some code reads it now")
+    for path in sorted((set(support.NO_EFFECT) | set(support.NOT_HONOURED)) - unread):
+        problems.append(f"{path}: listed as not acted on, but some code reads it now")
+    for path, rule in support.NO_EFFECT.items():
+        problem = _governing_problem(rule.unless)
+        if problem:
+            problems.append(f"{path}: has no effect unless {rule.unless}, but {problem}")
+    for path, honour in support.NOT_HONOURED.items():
+        _, default = support.field_value(KubeletConfiguration(), path)
+        if honour.implemented == default:
+            problems.append(f"{path}: klet implements the default; it is not NOT_HONOURED")
+        if honour.service not in SERVICES:
+            problems.append(f"{path}: no service {honour.service!r}")
     read_gates = reads(root).gates
     for name in sorted(set(gates.HONOURED) - read_gates):
         problems.append(f"featureGates.{name}: listed as honoured but read by nothing")
@@ -493,9 +511,30 @@ def check(root: Path = ROOT) -> list[str]:
             "klet.config.gates.HONOURED)"
         )
     known = set(support.all_paths())
-    for path in sorted({*support.UNIMPLEMENTED, *support.ACCEPTED, *support.IN_PROGRESS} - known):
+    for path in sorted(listed - known):
         problems.append(f"{path}: listed in klet.config.support but not a field")
+    for path in sorted(
+        set(support.UNIMPLEMENTED) & (set(support.NO_EFFECT) | set(support.NOT_HONOURED))
+    ):
+        problems.append(f"{path}: listed twice in klet.config.support")
     return problems
+
+
+def _governing_problem(unless: str | None) -> str:
+    """Why the field or gate a NO_EFFECT entry names would not keep it inert; "" if it does."""
+    if unless is None:
+        return ""
+    if unless.startswith("featureGates."):
+        name = unless.removeprefix("featureGates.")
+        if name not in gates.GATES:
+            return "no such gate"
+        if name in gates.HONOURED or gates.GATES[name][0]:
+            return "klet accepts that gate on"
+        return ""
+    rule = support.UNIMPLEMENTED.get(unless)
+    if rule is None or rule.partial:
+        return "klet does not refuse that field away from its default"
+    return ""
 
 
 def _show(value: object) -> str:
@@ -508,9 +547,13 @@ def main() -> None:
     for path, rule in support.UNIMPLEMENTED.items():
         values = ", ".join(_show(a) for a in rule.allowed) if rule.check is None else rule.shown
         print(f"{path}\t{rule.reason}\taccepted: {values}")
-    print("# fields klet accepts with any value, though nothing acts on them")
-    for path, reason in support.ACCEPTED.items():
-        print(f"{path}\t{reason}")
+    print("# fields without effect in any configuration klet accepts, as upstream")
+    for path, no_effect in support.NO_EFFECT.items():
+        unless = f" (refused: {no_effect.unless} away from its default)" if no_effect.unless else ""
+        print(f"{path}\t{no_effect.reason}{unless}")
+    print("# fields whose upstream default klet does not honour (a WARNING at start)")
+    for path, honour in support.NOT_HONOURED.items():
+        print(f"{path}\t{honour.reason}\t{honour.service} warns unless: {honour.implemented!r}")
     if problems:
         print("# inconsistencies (fix klet.config.support)")
         for problem in problems:

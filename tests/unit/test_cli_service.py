@@ -1,10 +1,12 @@
 """The entry sequence of every service (klet.cli.service.run_service): a private port
 file left by an earlier run of the same container is gone before the service starts,
 so `klet healthcheck` cannot pass on it meanwhile; without one configured nothing is
-touched."""
+touched. A default klet does not honour is a WARNING of the service that would act on
+it, and only of that one."""
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 import pytest
@@ -42,3 +44,18 @@ def test_no_port_file_configured(tmp_path: Path) -> None:
         return 0
 
     assert service.run_service("eviction", [], start) == 0
+
+
+@pytest.mark.parametrize(
+    ("name", "warned"),
+    [("syncloop", ["makeIPTablesUtilChains"]), ("eviction", [])],
+)
+def test_defaults_klet_does_not_honour_are_warned(
+    caplog: pytest.LogCaptureFixture, name: str, warned: list[str]
+) -> None:
+    async def start(settings: Settings) -> int:
+        return 0
+
+    with caplog.at_level(logging.WARNING, logger="klet.cli.service"):
+        assert service.run_service(name, [], start) == 0
+    assert [r.getMessage().split(":")[0] for r in caplog.records] == warned

@@ -1,7 +1,9 @@
-"""Fields klet accepts without acting on them: the table in klet.config.support agrees
-with the code (tools/config_fields.py), defaults and the documented accepted values
-load, and any other value of an unimplemented field is refused at start naming the file
-and field, or the flag that set it."""
+"""Fields klet does not act on: the tables in klet.config.support agree with the code
+(tools/config_fields.py: a field accepted and read by nothing, a NO_EFFECT entry whose
+governing field or gate klet accepts, or a listed field some code reads is a failure),
+defaults and the documented accepted values load, any other value of an unimplemented
+field is refused at start naming the file and field, or the flag that set it, and a
+default klet does not honour is a start-up WARNING of the service that would act on it."""
 
 from __future__ import annotations
 
@@ -11,9 +13,17 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from klet.config import ConfigError, KubeletConfiguration, load_config_file, load_settings
+from klet.config import ConfigError, KubeletConfiguration, load_config_file, load_settings, support
 from klet.config.kubelet import nested_class
-from klet.config.support import ACCEPTED, UNIMPLEMENTED, all_paths, field_value
+from klet.config.support import (
+    NO_EFFECT,
+    NOT_HONOURED,
+    UNIMPLEMENTED,
+    NoEffect,
+    all_paths,
+    field_value,
+    not_honoured,
+)
 
 from tools.config_fields import check, unread_fields
 
@@ -43,8 +53,104 @@ def test_defaults_pass() -> None:
 
 
 def test_tables_do_not_overlap() -> None:
-    assert not set(UNIMPLEMENTED) & set(ACCEPTED)
-    assert set(UNIMPLEMENTED) | set(ACCEPTED) <= set(all_paths())
+    tables = [set(UNIMPLEMENTED), set(NO_EFFECT), set(NOT_HONOURED)]
+    assert sum(len(t) for t in tables) == len(set().union(*tables))
+    assert set().union(*tables) <= set(all_paths())
+
+
+def test_a_field_accepted_and_read_by_nothing_fails_the_check(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(
+        support, "NO_EFFECT", {k: v for k, v in NO_EFFECT.items() if k != "hairpinMode"}
+    )
+    assert check() == [
+        "hairpinMode: accepted, but read by nothing: implement it, or list it in "
+        "klet.config.support"
+    ]
+
+
+@pytest.mark.parametrize(
+    ("unless", "why"),
+    [
+        ("maxPods", "klet does not refuse that field away from its default"),
+        ("enforceNodeAllocatable", "klet does not refuse that field away from its default"),
+        ("featureGates.EventedPLEG", "klet accepts that gate on"),
+        ("featureGates.InPlacePodVerticalScaling", "klet accepts that gate on"),  # default on
+        ("featureGates.NoSuchGate", "no such gate"),
+    ],
+)
+def test_no_effect_must_be_tied_to_a_refused_field_or_gate(
+    monkeypatch: pytest.MonkeyPatch, unless: str, why: str
+) -> None:
+    monkeypatch.setattr(
+        support, "NO_EFFECT", {**NO_EFFECT, "hairpinMode": NoEffect("test", unless=unless)}
+    )
+    assert check() == [f"hairpinMode: has no effect unless {unless}, but {why}"]
+
+
+def test_a_listed_field_that_code_reads_fails_the_check(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(support, "NO_EFFECT", {**NO_EFFECT, "maxPods": NoEffect("test")})
+    assert check() == ["maxPods: listed as not acted on, but some code reads it now"]
+
+
+@pytest.mark.parametrize(
+    ("service", "standalone", "fields"),
+    [
+        (
+            "status-reporter",
+            False,
+            [
+                "enableSystemLogHandler",
+                "enableProfilingHandler",
+                "enableDebugFlagsHandler",
+                "contentType",
+            ],
+        ),
+        (
+            "status-reporter",
+            True,
+            ["enableSystemLogHandler", "enableProfilingHandler", "enableDebugFlagsHandler"],
+        ),
+        ("syncloop", True, ["makeIPTablesUtilChains"]),
+        ("eviction", False, []),
+    ],
+)
+def test_defaults_klet_does_not_honour_are_warned_by_their_service(
+    service: str, standalone: bool, fields: list[str]
+) -> None:
+    warnings = not_honoured(KubeletConfiguration(), service=service, standalone=standalone)
+    assert [w.split(":")[0] for w in warnings] == fields
+
+
+def test_the_warning_names_the_field_and_what_silences_it() -> None:
+    (warning,) = not_honoured(KubeletConfiguration(), service="syncloop", standalone=True)
+    assert warning == (
+        "makeIPTablesUtilChains: true (the default) asks for the KUBE-IPTABLES-HINT and "
+        "KUBE-FIREWALL iptables chains, which klet does not implement; set "
+        "makeIPTablesUtilChains: false to say so"
+    )
+
+
+def test_no_warning_once_the_file_says_what_klet_does() -> None:
+    cfg = dataclasses.replace(
+        KubeletConfiguration(),
+        enable_system_log_handler=False,
+        enable_profiling_handler=False,
+        enable_debug_flags_handler=False,
+        content_type="application/json",
+        make_iptables_util_chains=False,
+    )
+    for service in ("status-reporter", "syncloop"):
+        assert not_honoured(cfg, service=service, standalone=False) == []
+
+
+def test_debugging_handlers_off_means_no_handler_warnings() -> None:
+    cfg = dataclasses.replace(KubeletConfiguration(), enable_debugging_handlers=False)
+    warnings = not_honoured(cfg, service="status-reporter", standalone=True)
+    assert warnings == []
+    cfg = dataclasses.replace(KubeletConfiguration(), enable_server=False)
+    assert not_honoured(cfg, service="status-reporter", standalone=True) == []
 
 
 def _field(path: str) -> dataclasses.Field[Any]:
@@ -128,8 +234,9 @@ def test_message(tmp_path: Path, body: dict[str, Any], path: str | None) -> None
         {"enforceNodeAllocatable": ["none"]},
         # what kubeadm writes
         {"logging": {"flushFrequency": 0, "options": {"json": {"infoBufferSize": "0"}}}},
-        # ACCEPTED fields take any value
+        # fields without effect, and defaults klet does not honour, take any value
         {"makeIPTablesUtilChains": False, "failSwapOn": False, "hairpinMode": "none"},
+        {"cpuManagerReconcilePeriod": "1m", "iptablesDropBit": 3, "contentType": "x/y"},
         {"enableSystemLogHandler": False, "enableProfilingHandler": False},
     ],
 )

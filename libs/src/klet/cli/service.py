@@ -3,20 +3,23 @@
 Parse the settings (invalid configuration is refused before anything starts, every
 problem listed, exit 1 as upstream's kubelet), refuse a node with swap on as upstream's
 kubelet does (`failSwapOn`, `klet.cli.swap`), configure logging, then run the service's
-`start(settings)` coroutine in a fresh event loop. Before the loop starts, the process's
+`start(settings)` coroutine in a fresh event loop. Once logging is set up, a field whose
+upstream default klet does not honour is logged as a WARNING by the service that would
+act on it (`klet.config.support.not_honoured`). Before the loop starts, the process's
 oom_score_adj is set from `oomScoreAdj` (`klet.cli.oomscore`) and its open-files limit
 from `maxOpenFiles` (`klet.cli.rlimits`), here once for all five services, as upstream's
 kubelet does at start. A private port file (`--service-port-file`) left by an earlier
 run of the same container is removed first thing, so `klet healthcheck` cannot pass on
 it while the new process starts (the service port removes it again before binding).
 `start` builds the dependencies itself, inside the loop: grpc.aio channels bind to the
-loop that exists when they are made. A root task that failed was already logged with its name and
-traceback, so it only sets the exit code.
+loop that exists when they are made. A root task that failed was already logged with its
+name and traceback, so it only sets the exit code.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import sys
 from collections.abc import Callable, Coroutine
@@ -26,8 +29,11 @@ from klet.cli.oomscore import apply_oom_score_adj
 from klet.cli.rlimits import apply_open_files_limit
 from klet.cli.swap import swap_problem
 from klet.config import ConfigError, Settings, load_settings
+from klet.config.support import not_honoured
 from klet.obs import RootTaskFailed, configure_logging
 from klet.portfiles import remove_port_file
+
+log = logging.getLogger(__name__)
 
 Start = Callable[[Settings], Coroutine[Any, Any, int | None]]
 
@@ -48,6 +54,8 @@ def run_service(service: str, argv: list[str] | None, start: Start) -> int:
     configure_logging(
         service=service, verbosity=settings.klet.verbosity, fmt=settings.klet.log_format
     )
+    for warning in not_honoured(settings.kubelet, service=service, standalone=settings.standalone):
+        log.warning(warning)
     apply_oom_score_adj(settings.kubelet.oom_score_adj)
     apply_open_files_limit(settings.kubelet.max_open_files)
     try:

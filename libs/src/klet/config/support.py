@@ -1,20 +1,26 @@
-"""Which KubeletConfiguration fields klet accepts without acting on them, and why.
+"""Which KubeletConfiguration fields klet does not act on, and what it does about each.
 
 klet loads every upstream field so a file written for the upstream kubelet decodes, but a
 setting that is accepted and silently ignored is worse than an error: the operator
 believes the node is protected (rotated certificates, a CPU manager, graceful shutdown)
-when it is not. So each field no klet code reads is listed here with the reason, and the
-values klet does implement (always the default); validation refuses any other value,
-naming the field (or the flag that set it).
+when it is not. So every field no klet code reads is in one of three tables:
 
-A few fields are listed as `ACCEPTED`: any value loads, because klet's behaviour already
-is what the value asks for, or the field has no effect in the configuration klet allows
-(as upstream, a CPU manager reconcile period means nothing with cpuManagerPolicy none).
-Their reason says which default klet does not honour, where that is the case.
+- `UNIMPLEMENTED`: the values klet implements (the default, sometimes one more);
+  validation refuses any other value, naming the field (or the flag that set it).
+- `NO_EFFECT`: the field does nothing in upstream's kubelet either, in every
+  configuration klet accepts. Each names the refused field or feature gate that would
+  give it an effect (`cpuManagerReconcilePeriod` means nothing unless cpuManagerPolicy
+  is static, which klet refuses), or says why it has none upstream at all (upstream
+  v1.34 reads `hairpinMode` nowhere).
+- `NOT_HONOURED`: upstream's default asks for something klet does not do, and the other
+  value says what klet does (`enableProfilingHandler` defaults to true; klet serves no
+  /debug/pprof/). Refusing the default would refuse every upstream file, so it loads,
+  and the service that would act on it logs a WARNING at start naming the field, until
+  the file says what klet does (`not_honoured`).
 
-`tools/config_fields.py` finds the fields nothing in libs/ or services/ reads and prints
-this table; a unit test fails when a field is read by nothing and not listed here, or is
-listed as refused although some code now reads it.
+`tools/config_fields.py` finds the fields nothing in libs/ or services/ reads; a unit
+test fails when such a field is in none of the tables, when a NO_EFFECT entry's
+governing field or gate is not refused, or when a field listed here is read after all.
 
 Trade-off: the allowed values are predicates over the decoded value, not a schema; the
 table is short enough to read, and each predicate is tested against the field's default.
@@ -29,13 +35,16 @@ from typing import Any, NamedTuple
 from klet.config.kubelet import KubeletConfiguration, nested_class
 
 __all__ = [
-    "ACCEPTED",
     "DEFAULT",
-    "all_paths",
-    "IN_PROGRESS",
+    "NOT_HONOURED",
+    "NO_EFFECT",
     "UNIMPLEMENTED",
+    "NoEffect",
+    "NotHonoured",
     "Unimplemented",
+    "all_paths",
     "field_value",
+    "not_honoured",
     "unimplemented_problems",
 ]
 
@@ -152,27 +161,95 @@ UNIMPLEMENTED: Mapping[str, Unimplemented] = {
     "volumePluginDir": Unimplemented("FlexVolume plugins"),
 }
 
-# Fields any value of which loads: klet already behaves as the value asks, or the field
-# has no effect in what klet accepts. Upstream path -> why.
-ACCEPTED: Mapping[str, str] = {
-    "logging.flushFrequency": "klet writes every log record at once; nothing to flush",
-    "contentType": "default protobuf not honoured: klet's apiserver client speaks JSON",
-    "cpuManagerReconcilePeriod": "no effect: only cpuManagerPolicy none is accepted",
-    "topologyManagerScope": "no effect: only topologyManagerPolicy none is accepted",
-    "memoryThrottlingFactor": "no effect without the MemoryQoS feature (as upstream)",
-    "hairpinMode": "no effect with a CRI runtime (as upstream): the CNI plugin decides",
-    "iptablesMasqueradeBit": "no effect: klet creates no iptables rules",
-    "iptablesDropBit": "no effect: klet creates no iptables rules",
-    "makeIPTablesUtilChains": "default true not honoured: klet creates no iptables chains",
-    "enableSystemLogHandler": "default true not honoured: klet serves no /logs/",
-    "enableProfilingHandler": "default true not honoured: klet serves no /debug/pprof",
-    "enableDebugFlagsHandler": "default true not honoured: klet serves no /debug/flags/v",
+
+class NoEffect(NamedTuple):
+    """A field that does nothing in any configuration klet accepts, as upstream."""
+
+    reason: str
+    # The field (upstream path) or gate ("featureGates.NAME") that would give it an
+    # effect, refused by klet away from its default; None: upstream reads it nowhere.
+    unless: str | None = None
+
+
+NO_EFFECT: Mapping[str, NoEffect] = {
+    "logging.flushFrequency": NoEffect(
+        "upstream ignores it for a log backend that does not buffer, and klet's writes "
+        "every record at once"
+    ),
+    "cpuManagerReconcilePeriod": NoEffect(
+        "reconciles the static CPU manager's assignments", unless="cpuManagerPolicy"
+    ),
+    "topologyManagerScope": NoEffect(
+        "scopes a topology manager policy's hints", unless="topologyManagerPolicy"
+    ),
+    "memoryThrottlingFactor": NoEffect(
+        "sets memory.high under MemoryQoS", unless="featureGates.MemoryQoS"
+    ),
+    "hairpinMode": NoEffect("upstream v1.34 validates it and reads it nowhere"),
+    "iptablesMasqueradeBit": NoEffect("upstream v1.34 validates it and reads it nowhere"),
+    "iptablesDropBit": NoEffect("upstream v1.34 validates it and reads it nowhere"),
 }
 
-# Fields applied by work merged alongside this table (issue 11: maxOpenFiles by the
-# services' start-up, the container log fields by log rotation). Neither refused nor
-# reported; the consistency test skips them. Delete an entry once its reader is in.
-IN_PROGRESS: frozenset[str] = frozenset()
+
+class NotHonoured(NamedTuple):
+    """A field whose upstream default asks for what klet does not do."""
+
+    reason: str  # what klet does not do, in a phrase
+    implemented: Any  # the value that says what klet does; it silences the warning
+    service: str  # the service that would act on the field, and warns
+    # Upstream serves the handler only with enableServer and enableDebuggingHandlers.
+    debugging_handler: bool = False
+    needs_apiserver: bool = False  # only means something with an apiserver (--kubeconfig)
+
+
+NOT_HONOURED: Mapping[str, NotHonoured] = {
+    "makeIPTablesUtilChains": NotHonoured(
+        "the KUBE-IPTABLES-HINT and KUBE-FIREWALL iptables chains", False, "syncloop"
+    ),
+    "enableSystemLogHandler": NotHonoured(
+        "the /logs/ handler", False, "status-reporter", debugging_handler=True
+    ),
+    "enableProfilingHandler": NotHonoured(
+        "the /debug/pprof/ handlers", False, "status-reporter", debugging_handler=True
+    ),
+    "enableDebugFlagsHandler": NotHonoured(
+        "the /debug/flags/v handler", False, "status-reporter", debugging_handler=True
+    ),
+    "contentType": NotHonoured(
+        "protobuf requests to the apiserver (klet's client speaks JSON)",
+        "application/json",
+        "status-reporter",
+        needs_apiserver=True,
+    ),
+}
+
+
+def _show_value(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return str(value)
+
+
+def not_honoured(cfg: KubeletConfiguration, *, service: str, standalone: bool) -> list[str]:
+    """The WARNING lines `service` logs at start: each NOT_HONOURED field of its own
+    whose value asks for what klet does not do."""
+    out: list[str] = []
+    for path, rule in NOT_HONOURED.items():
+        if rule.service != service:
+            continue
+        if rule.debugging_handler and not (cfg.enable_server and cfg.enable_debugging_handlers):
+            continue
+        if rule.needs_apiserver and standalone:
+            continue
+        value, default = field_value(cfg, path)
+        if value == rule.implemented:
+            continue
+        which = " (the default)" if value == default else ""
+        out.append(
+            f"{path}: {_show_value(value)}{which} asks for {rule.reason}, which klet does "
+            f"not implement; set {path}: {_show_value(rule.implemented)} to say so"
+        )
+    return out
 
 
 def field_value(cfg: Any, path: str) -> tuple[Any, Any]:
