@@ -16,10 +16,11 @@ An expression holds the configuration, or one of its nested blocks, when it is
 - a name assigned from one of those (`k = settings.kubelet`, `kubelet, klet =
   settings.kubelet, settings.klet`, `auth = k.authentication`, `cfg, problems =
   read_config_file(path)` by the callee's return annotation, `KubeletConfiguration()`),
-  in the same function or an enclosing one;
-- a parameter of a function some call passes one of those to (by position or keyword),
-  the function found by name, so `node_limits(settings.kubelet)` makes `node_limits`'s
-  first parameter hold it even where it is annotated `object`.
+  in the same function or an enclosing one.
+
+A parameter annotated `object` or `Any` holds nothing, whatever its callers pass: a
+reader must say by its annotation (a Protocol of the fields it needs is enough) that it
+reads the configuration.
 
 Then `cfg.authentication.webhook.cache_ttl` reads that leaf, `getattr(cfg, "x")` with a
 literal reads `x`, and a property of the configuration class
@@ -28,8 +29,9 @@ gate is read where code indexes or calls `.get` on `featureGates` with a literal
 module-level string constant (`k.feature_gates.get(EVENTED_PLEG_GATE, True)`).
 
 Names alone never count: `run_once()` methods do not read `runOnce`. The walk can still
-over-count where a function name or a configuration-typed attribute name is shared by
-unrelated code; it never counts a field that no expression of a configuration type reaches.
+over-count where a configuration-typed attribute name (`kubelet`) or a function whose
+return annotation is a configuration type is shared by unrelated code; it never counts a
+field that no expression of a configuration type reaches.
 
 `check()` compares the result with `klet.config.support`. A field no code reads must be
 refused unless it holds a value klet implements (UNIMPLEMENTED), have no effect in any
@@ -199,8 +201,6 @@ class Program:
             for n in ast.walk(tree):
                 if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef):
                     self.functions.setdefault(n.name, []).append(n)
-        # (function node id, parameter name) -> the block a call passes to it
-        self.passed: dict[tuple[int, str], Block] = {}
 
     def _satisfied_by(self, members: set[str]) -> Block | None:
         if not members:
@@ -238,14 +238,10 @@ class Program:
         return []
 
     def walk(self) -> Reads:
-        """Walk every module until no call passes the configuration anywhere new."""
-        while True:
-            before = len(self.passed)
-            reads = Reads()
-            for tree in self.trees:
-                _Module(self, tree, reads).run()
-            if len(self.passed) == before:
-                return reads
+        reads = Reads()
+        for tree in self.trees:
+            _Module(self, tree, reads).run()
+        return reads
 
 
 class _Module:
@@ -299,8 +295,6 @@ class _Module:
         args = func.args
         for arg in [*args.posonlyargs, *args.args, *args.kwonlyargs]:
             block = self.p.block_of(arg.annotation)
-            if block is None:
-                block = self.p.passed.get((id(func), arg.arg))
             if block is not None:
                 env[arg.arg] = block
 
@@ -390,7 +384,6 @@ class _Module:
             self.resolve(node, env)
         if isinstance(node, ast.Call):
             self.gate_call(node, env)
-            self.pass_arguments(node, env)
         elif isinstance(node, ast.Subscript) and self.is_gates(node.value, env):
             name = self.gate_name(node.slice)
             if name is not None:
@@ -413,32 +406,6 @@ class _Module:
             name = self.gate_name(node.args[0])
             if name is not None:
                 self.reads.gates.add(name)
-
-    def pass_arguments(self, node: ast.Call, env: dict[str, Block]) -> None:
-        func = node.func
-        targets = self.p._callees(node)
-        if not targets:
-            return
-        given: list[tuple[int | str, Block]] = []
-        for i, arg in enumerate(node.args):
-            block = self.resolve(arg, env)
-            if block is not None:
-                given.append((i, block))
-        for kw in node.keywords:
-            block = self.resolve(kw.value, env) if kw.arg else None
-            if block is not None and kw.arg is not None:
-                given.append((kw.arg, block))
-        for target in targets:
-            params = [a.arg for a in [*target.args.posonlyargs, *target.args.args]]
-            # a method called through an instance or class: skip `self`/`cls`
-            if isinstance(func, ast.Attribute) and params and params[0] in ("self", "cls"):
-                params = params[1:]
-            for where, block in given:
-                if isinstance(where, int):
-                    if where < len(params):
-                        self.p.passed.setdefault((id(target), params[where]), block)
-                else:
-                    self.p.passed.setdefault((id(target), where), block)
 
 
 def _own_nodes(stmt: ast.stmt) -> Iterator[ast.AST]:

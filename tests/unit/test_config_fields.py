@@ -1,8 +1,8 @@
 """tools/config_fields.py counts a KubeletConfiguration field as read only where code loads
 its value from an expression holding the configuration (a typed name, a configuration-typed
-attribute, a name assigned from one, a parameter a call passes it to), never because a
-method or attribute elsewhere has the same name; feature gates are read by literal or
-constant name. Each case is a small source tree of its own."""
+attribute, a name assigned from one), never because a method or attribute elsewhere has
+the same name, and a parameter holds it only by its annotation; feature gates are read by
+literal or constant name. Each case is a small source tree of its own."""
 
 from __future__ import annotations
 
@@ -60,6 +60,21 @@ def test_the_same_name_on_another_object_reads_nothing(tmp_path: Path) -> None:
     assert fields == {"maxPods"}
 
 
+def test_an_untyped_parameter_holds_nothing_whatever_callers_pass(tmp_path: Path) -> None:
+    fields, _ = reads_of(
+        tmp_path,
+        SETTINGS,
+        """
+        def check(cfg: object) -> bool:
+            return bool(getattr(cfg, "run_once", False))
+
+        def main(settings) -> bool:
+            return check(settings.kubelet)
+        """,
+    )
+    assert fields == set()
+
+
 @pytest.mark.parametrize(
     "body",
     [
@@ -83,13 +98,6 @@ def test_the_same_name_on_another_object_reads_nothing(tmp_path: Path) -> None:
         """
         def f(settings) -> bool:
             return getattr(settings.kubelet, "run_once")
-        """,
-        # a parameter of a function the configuration is passed to, whatever its annotation
-        """
-        def check(cfg: object) -> bool:
-            return bool(getattr(cfg, "run_once", False))
-        def main(settings) -> bool:
-            return check(settings.kubelet)
         """,
         # an inner function sees the enclosing function's names
         """
