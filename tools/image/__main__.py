@@ -31,7 +31,14 @@ from tools.image.layers import (
     rootfs_layer,
     workspace_layer,
 )
-from tools.image.oci import ImageConfig, Layer, image_config, write_archive
+from tools.image.oci import (
+    ImageConfig,
+    Layer,
+    compress_layer,
+    image_config,
+    tar_dir_chunks,
+    write_archive,
+)
 
 # What the services execute or load besides Python: mount/umount (syncloop's volumes,
 # package mount), util-linux (nsenter, findmnt for diagnosis in the container),
@@ -41,6 +48,14 @@ KLET_ROOTFS = Rootfs(
     name="klet", packages=("python3", "util-linux", "iproute2", "ca-certificates", "mount")
 )
 REDIS_ROOTFS = Rootfs(name="redis", packages=("redis-server",))
+# The Redis image runs as this user and group, not root and without a passwd entry
+# (Redis needs none). docker-compose.yml and the chart name the same numbers: the bus
+# files Redis reads are given to its group, and the services join that group to reach its
+# socket (mode 0660).
+REDIS_UID = 6379
+REDIS_GID = 6379
+SCRIPTS_DIR = Path(__file__).parent / "redis"
+REDIS_SCRIPTS = ("klet-redis-server", "klet-redis-check")
 PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
 
@@ -114,20 +129,44 @@ def build_redis(*, out_dir: Path, cache: LayerCache) -> Built:
     began = time.monotonic()
     reference = f"klet-redis:{version()}"
     rootfs = rootfs_layer(REDIS_ROOTFS, cache)
-    layers = [rootfs.layer]
-    config = image_config(
-        layers,
-        ImageConfig(
-            entrypoint=["redis-server"],
-            cmd=[],
-            env={"PATH": PATH},
-            labels=labels("klet-redis"),
-        ),
-        history=[_rootfs_step(REDIS_ROOTFS)],
-    )
-    archive = out_dir / f"klet-redis-{version()}.oci.tar"
-    write_archive(archive, reference=reference, layers=layers, config=config)
+    with tempfile.TemporaryDirectory(prefix="klet-image-") as tmp:
+        scripts = redis_scripts_layer(Path(tmp) / "scripts.tar.gz")
+        layers = [rootfs.layer, scripts]
+        config = image_config(
+            layers,
+            ImageConfig(
+                # redis-server, then klet's function library loaded as the admin (the
+                # bundled Redis keeps nothing across a restart); klet-redis-check is the
+                # health check that fails until the library is loaded.
+                entrypoint=["klet-redis-server"],
+                cmd=[],
+                env={"PATH": PATH},
+                labels=labels("klet-redis"),
+                user=f"{REDIS_UID}:{REDIS_GID}",
+            ),
+            history=[
+                _rootfs_step(REDIS_ROOTFS),
+                f"COPY {' '.join(REDIS_SCRIPTS)} /usr/local/bin/",
+            ],
+        )
+        archive = out_dir / f"klet-redis-{version()}.oci.tar"
+        write_archive(archive, reference=reference, layers=layers, config=config)
     return Built(reference, archive, layers, time.monotonic() - began)
+
+
+def redis_scripts_layer(dest: Path) -> Layer:
+    """tools/image/redis/* in /usr/local/bin, mode 0755."""
+    with tempfile.TemporaryDirectory(prefix="klet-redis-scripts-") as tmp:
+        stage = Path(tmp)
+        bin_dir = stage / "usr/local/bin"
+        bin_dir.mkdir(parents=True)
+        for d in (stage / "usr", stage / "usr/local", bin_dir):
+            d.chmod(0o755)
+        for name in REDIS_SCRIPTS:
+            target = bin_dir / name
+            shutil.copyfile(SCRIPTS_DIR / name, target)
+            target.chmod(0o755)
+        return compress_layer(tar_dir_chunks(stage), dest)
 
 
 def _rootfs_step(spec: Rootfs) -> str:

@@ -80,6 +80,7 @@ class ImageConfig:
     labels: dict[str, str]
     working_dir: str = "/"
     stop_signal: str = "SIGTERM"
+    user: str = ""  # "uid:gid"; empty: root
 
 
 def canonical_json(obj: Any) -> bytes:
@@ -195,6 +196,8 @@ def image_config(layers: list[Layer], config: ImageConfig, *, history: list[str]
     }
     if config.cmd:
         body["Cmd"] = config.cmd
+    if config.user:
+        body["User"] = config.user
     return canonical_json(
         {
             "architecture": "amd64",
