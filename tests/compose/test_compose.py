@@ -7,7 +7,10 @@ shared mount, and runs docker-compose.yml with an env file that points every pat
 the test's directories, the devstack's containerd and a node kubeconfig of the cluster
 harness's real kube-apiserver. Two static pods run: `hooked` (a liveness probe, and a
 postStart hook that appends a line to a hostPath file, so a re-run hook shows) and
-`plain`. After each disruption — `docker-compose restart` of each service, `kill -s
+`plain`. First, each running container is checked against the compose file's
+table of what it may use (capabilities, PID namespace, user, mounts, its own bus
+password only, the kubeconfig only where the apiserver is called): only syncloop is
+privileged. After each disruption — `docker-compose restart` of each service, `kill -s
 KILL` of each service container, `up --scale syncloop=2` and `--scale
 status-reporter=2` then SIGKILL of the leader, `stop redis` for 30 s then `start`,
 `down` then `up` — the pods' sandbox and container IDs and attempts (from CRI) are
@@ -49,6 +52,7 @@ from tests.harness.node import fetch
 from tests.harness.nodewatch import NodeWatch
 from tests.harness.waiting import wait_for
 from tests.integration.conftest import remove_node_pods
+from tests.unit.test_compose_file import confinement
 from tools.image.__main__ import version
 
 pytestmark = [pytest.mark.compose, pytest.mark.timeout(1500)]
@@ -137,13 +141,11 @@ def privileged_override(dir: Path) -> Path | None:
     """A compose override for a host whose capability bounding set lacks some of the
     kernel's capabilities (this test host lacks CAP_SYS_RESOURCE): docker 20.10's
     `privileged` asks runc for every capability the kernel knows and fails with "unable
-    to apply caps: operation not permitted". The override gives the services every
-    capability the host has, unconfined, instead; None on a host that has them all."""
-    last = int(Path("/proc/sys/kernel/cap_last_cap").read_text())
-    status = Path("/proc/self/status").read_text()
-    bounding = int(next(x for x in status.splitlines() if x.startswith("CapBnd:")).split()[1], 16)
-    have = [name for bit, name in enumerate(CAPABILITIES[: last + 1]) if bounding >> bit & 1]
-    if len(have) == min(last + 1, len(CAPABILITIES)):
+    to apply caps: operation not permitted". The override gives syncloop, the one
+    privileged service, every capability the host has, unconfined, instead; None on a
+    host that has them all."""
+    have = [CAPABILITIES[bit] for bit in capability_bits(bounding_set())]
+    if len(have) == min(cap_last_cap() + 1, len(CAPABILITIES)):
         return None
     service = {
         "privileged": False,
@@ -151,8 +153,31 @@ def privileged_override(dir: Path) -> Path | None:
         "security_opt": ["seccomp=unconfined", "apparmor=unconfined"],
     }
     path = dir / "unprivileged.yml"
-    path.write_text(json.dumps({"services": {s: service for s in SERVICES}}, indent=2))
+    path.write_text(json.dumps({"services": {"syncloop": service}}, indent=2))
     return path
+
+
+def cap_last_cap() -> int:
+    return int(Path("/proc/sys/kernel/cap_last_cap").read_text())
+
+
+def status_field(pid: int | str, name: str) -> str:
+    """A field of /proc/<pid>/status (`self` for this process)."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        key, _, value = line.partition(":")
+        if key == name:
+            return value.strip()
+    raise LookupError(f"/proc/{pid}/status has no {name}")
+
+
+def bounding_set() -> int:
+    """This process's capability bounding set, as a mask (the host's: the test runs as
+    root on the host)."""
+    return int(status_field("self", "CapBnd"), 16)
+
+
+def capability_bits(mask: int) -> list[int]:
+    return [bit for bit in range(min(cap_last_cap() + 1, len(CAPABILITIES))) if mask >> bit & 1]
 
 
 def config_yaml(*, manifests: Path, read_only_port: int, extra: str = "") -> str:
@@ -182,6 +207,7 @@ class Deployment:
     good_config: str
     override: Path | None
     watch: NodeWatch
+    env: dict[str, str]
 
     def compose(self, *args: str, check: bool = True, timeout_s: float = 300) -> str:
         res = subprocess.run(
@@ -293,17 +319,22 @@ class Deployment:
         return status
 
     def leader_pid(self, service: str) -> int | None:
-        """The PID (host PID namespace: the services run with `pid: host`) of the
-        service's lease holder, from its leader slot file; None when no live leader."""
+        """The host PID of the service's lease holder: the process holding the
+        exclusive lock on its leader slot file (/proc/locks names it in this, the
+        host's, PID namespace; the holder ID in the file carries the PID in the
+        container's own, which is not the host's for status-reporter); None when no
+        live process holds it."""
         try:
-            holder = (self.run_dir / "leases" / f"{service}.leader").read_text().strip()
+            st = (self.run_dir / "leases" / f"{service}.leader").stat()
         except FileNotFoundError:
             return None
-        parts = holder.split(":")
-        if len(parts) != 3 or not parts[1].isdigit():
-            return None
-        pid = int(parts[1])
-        return pid if Path(f"/proc/{pid}").exists() else None
+        inode = f"{os.major(st.st_dev):02x}:{os.minor(st.st_dev):02x}:{st.st_ino}"
+        for line in Path("/proc/locks").read_text().splitlines():
+            fields = line.split()
+            # "1: FLOCK  ADVISORY  WRITE 1234 00:2e:5678 0 EOF"; a waiter's line has "->"
+            if fields[1:4] == ["FLOCK", "ADVISORY", "WRITE"] and fields[5] == inode:
+                return int(fields[4])
+        return None
 
 
 def mount(*args: str) -> None:
@@ -368,9 +399,12 @@ def deployment(
             "KLET_POD_LOGS_DIR": str(tmp / "logs"),
             "KLET_CONTAINER_RUNTIME_ENDPOINT": devstack.runtime_endpoint,
             "KLET_RUNTIME_SOCKET_DIR": str(devstack.containerd.socket.parent),
+            "KLET_IMAGE_FS_DIR": str(devstack.containerd.root),
             "KLET_RUN_DIR": str(tmp / "run"),
             "KLET_REDIS_SOCKET_DIR": str(tmp / "run" / "redis"),
             "KLET_BUS_DIR": str(tmp / "bus"),
+            "KLET_REDIS_UID": "6379",
+            "KLET_REDIS_GID": "6379",
             "KLET_CGROUP_ROOT": "/sys/fs/cgroup",
             "KLET_RESOLV_CONF": "/etc/resolv.conf",
             # Each replica's private port is picked by the kernel (the compose default).
@@ -395,6 +429,7 @@ def deployment(
             good_config=good,
             override=privileged_override(tmp),
             watch=NodeWatch(control_plane, node),
+            env=env,
         )
         deployment.watch.thread.start()
         deployment.compose("up", "--detach")
@@ -454,6 +489,74 @@ def assert_untouched(
         seen = reasons.get(f"{name}-{d.node}", Counter())
         assert seen["Started"] == 1 and seen["Killing"] == 0, f"{what}: {name} Events {seen}"
     assert not d.watch.flaps, f"the Node left Ready by {what}: {d.watch.flaps}"
+
+
+def exec_in(d: Deployment, service: str, *argv: str) -> subprocess.CompletedProcess[str]:
+    """`argv` in the service's container, with its user, capabilities and mounts."""
+    return subprocess.run(
+        ["docker", "exec", d.container(service)["Id"], *argv],
+        env=d.dockerd.env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+def test_each_container_has_only_what_it_uses(deployment: Deployment) -> None:
+    """The running containers as the kernel and docker see them match the compose
+    file's table (tests/unit/test_compose_file.confinement): effective capabilities
+    (all of the host's for syncloop, DAC_READ_SEARCH for eviction, none for the others
+    and Redis), no new privileges, the PID namespace, the user, a read-only root
+    filesystem, every mount and whether it is writable, the kubeconfig flag; each
+    service sees its own bus password and no other, Redis sees no service's; writes
+    outside a container's writable mounts fail."""
+    d = deployment
+    host_pid_ns = os.readlink("/proc/self/ns/pid")
+    bus = Path(d.env["KLET_BUS_DIR"])
+    for service in SERVICES:
+        want = confinement(service, d.env)
+        c = d.container(service)
+        pid = c["State"]["Pid"]
+        effective = int(status_field(pid, "CapEff"), 16)
+        if want.privileged:
+            # Every capability of the host that docker knows (privileged_override).
+            assert capability_bits(effective) == capability_bits(bounding_set()), service
+        else:
+            names = {CAPABILITIES[bit] for bit in capability_bits(effective)}
+            assert names == want.capabilities, service
+            assert status_field(pid, "NoNewPrivs") == "1", service
+            assert c["HostConfig"]["ReadonlyRootfs"] is True, service
+        assert status_field(pid, "Uid").split()[1] == "0", service  # root, its caps dropped
+        assert (os.readlink(f"/proc/{pid}/ns/pid") == host_pid_ns) is want.host_pid, service
+        assert {m["Destination"]: m["RW"] for m in c["Mounts"]} == want.mounts, service
+        assert any(a.startswith("--kubeconfig=/") for a in c["Args"]) is want.kubeconfig
+        seen = Path(f"/proc/{pid}/root")
+        own = bus / "secrets" / d.node / service
+        assert (seen / "etc/klet/bus/password").read_text() == own.read_text(), service
+        assert not (seen / bus.relative_to("/")).exists(), f"{service} sees the bus dir"
+
+    redis = d.container("redis")
+    pid = redis["State"]["Pid"]  # docker's init; redis-server runs under it, as it does
+    assert status_field(pid, "Uid").split()[1] == "6379"
+    assert int(status_field(pid, "CapEff"), 16) == 0
+    assert status_field(pid, "NoNewPrivs") == "1"
+    assert redis["HostConfig"]["ReadonlyRootfs"] is True
+    assert os.readlink(f"/proc/{pid}/ns/pid") != host_pid_ns
+    assert not (Path(f"/proc/{pid}/root") / bus.relative_to("/") / "secrets").exists()
+
+    # What the mounts mean: status-reporter writes its serving certificate and nothing
+    # else of the root dir; a confined service writes nothing in its own image.
+    root = d.env["KLET_ROOT_DIR"]
+    denied = exec_in(d, "status-reporter", "touch", f"{root}/probe")
+    assert denied.returncode != 0 and "Read-only file system" in denied.stderr
+    allowed = exec_in(d, "status-reporter", "touch", f"{root}/pki/probe")
+    assert allowed.returncode == 0, allowed.stderr
+    Path(root, "pki", "probe").unlink()
+    for service in ("pod-source", "eviction", "image-gc"):
+        denied = exec_in(d, service, "touch", "/etc/probe")
+        assert "Read-only file system" in denied.stderr, service
+    hidden = exec_in(d, "pod-source", "ls", root)
+    assert hidden.returncode != 0, "pod-source sees the root dir"
 
 
 def test_pods_survive_every_disruption(deployment: Deployment) -> None:

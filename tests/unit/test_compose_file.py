@@ -1,16 +1,23 @@
 """docker-compose.yml and .env.example agree: the five services run `klet run <service>`
-from one shared block (host network and PID namespace, privileged, no init (docker
-ignores it in the host's PID namespace), restart policy, stop grace period, the same
-flags and mounts, a health check through `klet healthcheck`), each with its own Redis
-user and password file; the Redis has no network and no persistence; every variable the
-compose file reads is documented in .env.example with the same default; the default
-image tags are this version's; replicas of a service take any free port (0, overridable
-per service) and each keeps its port file for its health check outside the shared bind
-mounts."""
+from one shared block (host network, restart policy, stop grace period, Redis's group,
+the same flags, a health check through `klet healthcheck`), each with its own Redis user
+and its own password file, mounted alone; each gets exactly the privileges, PID
+namespace, kubeconfig and mounts of `confinement` (the table the compose tier checks the
+running containers against): only syncloop privileged and in the host's PID namespace,
+the others with every capability dropped but eviction's DAC_READ_SEARCH, no new
+privileges and a read-only root filesystem, the kubeconfig for pod-source, syncloop and
+status-reporter only. The bus-acl step may only chown; the Redis has no network, no
+persistence, no capability, a user of its own, a read-only root filesystem, its three
+bus files and no password of a service, and is healthy once the function library is
+loaded. Every variable the compose file reads is documented in .env.example with the
+same default; the default image tags are this version's; replicas of a service take any
+free port (0, overridable per service) and each keeps its port file for its health check
+outside the shared bind mounts."""
 
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -63,49 +70,190 @@ def test_default_images_are_this_version() -> None:
     assert env["KLET_REDIS_IMAGE"] == f"klet-redis:{version()}"
 
 
+@dataclass(frozen=True)
+class Confinement:
+    """What one service container of docker-compose.yml gets."""
+
+    privileged: bool
+    capabilities: frozenset[str]  # added to an empty set (cap_drop ALL); privileged: all
+    host_pid: bool
+    kubeconfig: bool  # --kubeconfig, for the services that call the apiserver
+    mounts: dict[str, bool]  # target -> writable
+
+
+def confinement(service: str, env: dict[str, str]) -> Confinement:
+    """The expected confinement of `service` with the compose variables `env`."""
+    root = env["KLET_ROOT_DIR"]
+    common = {
+        env["KLET_CONFIG_DIR"]: False,
+        env["KLET_RUN_DIR"]: True,
+        env["KLET_REDIS_SOCKET_DIR"]: False,
+        "/etc/klet/bus/password": False,
+    }
+    kubernetes = {env["KLET_KUBERNETES_DIR"]: False}
+    readers = {
+        root: False,
+        env["KLET_POD_LOGS_DIR"]: False,
+        env["KLET_RUNTIME_SOCKET_DIR"]: False,
+        env["KLET_IMAGE_FS_DIR"]: False,
+        env["KLET_CGROUP_ROOT"]: False,
+    }
+    none: frozenset[str] = frozenset()
+    return {
+        "pod-source": Confinement(False, none, False, True, {**common, **kubernetes}),
+        "syncloop": Confinement(
+            True,
+            none,
+            True,
+            True,
+            {
+                **common,
+                **kubernetes,
+                root: True,
+                env["KLET_POD_LOGS_DIR"]: True,
+                env["KLET_RUNTIME_SOCKET_DIR"]: True,
+                env["KLET_CGROUP_ROOT"]: True,
+                env["KLET_RESOLV_CONF"]: False,
+            },
+        ),
+        "status-reporter": Confinement(
+            False, none, False, True, {**common, **kubernetes, **readers, f"{root}/pki": True}
+        ),
+        "eviction": Confinement(
+            False, frozenset({"DAC_READ_SEARCH"}), False, False, {**common, **readers}
+        ),
+        "image-gc": Confinement(
+            False,
+            none,
+            False,
+            False,
+            {
+                **common,
+                env["KLET_POD_LOGS_DIR"]: True,
+                env["KLET_RUNTIME_SOCKET_DIR"]: False,
+                env["KLET_IMAGE_FS_DIR"]: False,
+            },
+        ),
+    }[service]
+
+
+def volume_targets(spec: dict[str, Any]) -> dict[str, bool]:
+    """A compose service's volumes: target -> writable."""
+    out = {}
+    for volume in spec["volumes"]:
+        if isinstance(volume, dict):
+            out[volume["target"]] = not volume.get("read_only", False)
+        else:
+            parts = volume.split(":")
+            out[parts[1]] = parts[2:] != ["ro"]
+    return out
+
+
+def variables() -> dict[str, str]:
+    return {**documented(), "KLET_NODE_NAME": "node-a"}
+
+
 @pytest.mark.parametrize("service", SERVICES)
 def test_service_runs_from_the_shared_block(service: str) -> None:
     spec = compose()["services"][service]
     assert spec["entrypoint"] == ["klet", "run", service]
     assert spec["healthcheck"]["test"] == ["CMD", "klet", "healthcheck", service]
-    for key, value in {
-        "network_mode": "host",
-        "pid": "host",
-        "privileged": True,
-        "restart": "unless-stopped",
-    }.items():
+    for key, value in {"network_mode": "host", "restart": "unless-stopped"}.items():
         assert spec[key] == value, key
     assert "init" not in spec  # a no-op with pid: host; the comment says why
     assert spec["stop_grace_period"]
+    assert spec["group_add"] == ["6379"]  # Redis's group: its socket is 0660
     assert spec["environment"]["KLET_REDIS_USERNAME"] == f"klet-{service}@node-a"
-    assert spec["environment"]["KLET_REDIS_PASSWORD_FILE"].endswith(f"/secrets/node-a/{service}")
-    root = [v for v in spec["volumes"] if isinstance(v, dict)]
-    assert root and root[0]["bind"]["propagation"] == "rshared"
-    assert root[0]["source"] == root[0]["target"]
-    for volume in spec["volumes"]:
-        if isinstance(volume, str):
-            source, target = volume.split(":")[:2]
-            assert source == target, f"{service}: {volume} is not a same-path bind"
+    assert spec["environment"]["KLET_REDIS_PASSWORD_FILE"] == "/etc/klet/bus/password"
 
 
-def test_services_share_flags_and_mounts() -> None:
-    specs = [compose()["services"][s] for s in SERVICES]
-    for spec in specs[1:]:
-        assert spec["command"] == specs[0]["command"]
-        assert spec["volumes"] == specs[0]["volumes"]
+@pytest.mark.parametrize("service", SERVICES)
+def test_each_service_gets_only_what_it_uses(service: str) -> None:
+    env = variables()
+    spec = compose()["services"][service]
+    want = confinement(service, env)
+    assert spec.get("privileged", False) is want.privileged
+    assert (spec.get("pid") == "host") is want.host_pid
+    if not want.privileged:
+        assert spec["cap_drop"] == ["ALL"]
+        assert frozenset(spec.get("cap_add", [])) == want.capabilities
+        assert spec["security_opt"] == ["no-new-privileges:true"]
+        assert spec["read_only"] is True
+        assert spec["tmpfs"] == ["/tmp"]  # the private port file
+    assert volume_targets(spec) == want.mounts
+    kubeconfig = [a for a in spec["command"] if a.startswith("--kubeconfig")]
+    assert bool(kubeconfig) is want.kubeconfig
+    flags = [a for a in spec["command"] if not a.startswith("--kubeconfig")]
+    assert flags == [a for a in compose()["services"]["eviction"]["command"]]
 
 
-def test_redis_has_no_network_and_no_persistence() -> None:
+@pytest.mark.parametrize("service", SERVICES)
+def test_each_service_mounts_its_own_password_alone(service: str) -> None:
+    spec = compose()["services"][service]
+    bus = documented()["KLET_BUS_DIR"]
+    sources = {
+        v.split(":")[0]: v.split(":")[1]
+        for v in spec["volumes"]
+        if isinstance(v, str) and v.startswith(bus)
+    }
+    assert sources == {f"{bus}/secrets/node-a/{service}": "/etc/klet/bus/password"}
+
+
+def test_same_path_binds() -> None:
+    """A path a service hands to the runtime must mean the same thing on the host: every
+    bind is at its own path, but the password file (read by the service alone)."""
+    for service in SERVICES:
+        for volume in compose()["services"][service]["volumes"]:
+            if isinstance(volume, dict):
+                assert volume["source"] == volume["target"], service
+            elif not volume.split(":")[1] == "/etc/klet/bus/password":
+                source, target = volume.split(":")[:2]
+                assert source == target, f"{service}: {volume} is not a same-path bind"
+    root = compose()["services"]["syncloop"]["volumes"]
+    (shared,) = [v for v in root if isinstance(v, dict)]
+    assert shared["bind"]["propagation"] == "rshared"
+    for service in ("status-reporter", "eviction"):
+        (seen,) = [v for v in compose()["services"][service]["volumes"] if isinstance(v, dict)]
+        assert (seen["bind"]["propagation"], seen["read_only"]) == ("rslave", True), service
+
+
+def test_bus_acl_may_only_chown() -> None:
+    spec = compose()["services"]["bus-acl"]
+    assert spec["network_mode"] == "none"
+    assert (spec["cap_drop"], spec["cap_add"]) == (["ALL"], ["CHOWN"])
+    assert spec["security_opt"] == ["no-new-privileges:true"]
+    script = spec["entrypoint"][2]
+    assert "--admin-password-file=" in script and "--functions-file=" in script
+
+
+def test_redis_has_no_network_no_persistence_and_no_privilege() -> None:
     redis = compose()["services"]["redis"]
+    bus = documented()["KLET_BUS_DIR"]
     assert redis["network_mode"] == "none"
     assert "ports" not in redis
     argv = redis["command"]
     assert argv[argv.index("--port") + 1] == "0"
+    assert argv[argv.index("--unixsocketperm") + 1] == "660"
     assert argv[argv.index("--save") + 1] == ""
     assert argv[argv.index("--appendonly") + 1] == "no"
     assert argv[argv.index("--maxmemory") + 1] == "256mb"
     assert argv[argv.index("--maxmemory-policy") + 1] == "noeviction"
     assert redis["depends_on"]["bus-acl"]["condition"] == "service_completed_successfully"
+    assert redis["user"] == "6379:6379"
+    assert redis["cap_drop"] == ["ALL"] and "cap_add" not in redis
+    assert redis["read_only"] is True
+    assert redis["security_opt"] == ["no-new-privileges:true"]
+    assert volume_targets(redis) == {
+        documented()["KLET_REDIS_SOCKET_DIR"]: True,
+        f"{bus}/users.acl": False,
+        f"{bus}/functions.lua": False,
+        f"{bus}/admin-password": False,
+    }
+    assert redis["healthcheck"]["test"] == ["CMD", "klet-redis-check"]
+    env = redis["environment"]
+    assert env["KLET_REDIS_ADMIN_PASSWORD_FILE"] == f"{bus}/admin-password"
+    assert env["KLET_REDIS_FUNCTIONS_FILE"] == f"{bus}/functions.lua"
+    assert env["KLET_REDIS_SOCKET"] == argv[argv.index("--unixsocket") + 1]
 
 
 PORT_VARIABLES = {
