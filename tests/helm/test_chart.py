@@ -2,16 +2,25 @@
 
 `helm lint --strict` passes for every ci/*.yaml on Helm 4 and on Helm 3. In every
 rendering each service workload runs as docker-compose.yml runs the service (host
-network and PID namespace, privileged, the same flags, environment and same-path
-mounts, the root dir with Bidirectional propagation, KLET_SERVICE_PORT=0 and a private
-port file, `klet healthcheck <service>` probes), with the checksum of the rendered
-configuration (which changes when kubeletConfig does), system-node-critical and
-tolerations of every taint by default, of the kind its values choose; the bundled Redis
-has the compose file's flags and no TCP port; the services get no ServiceAccount token
-and nothing is bound to system:node or cluster-admin (rbac.create is refused, naming
-why); the ServiceMonitor is rendered
-only when enabled; the helm test pod runs on the klet node with a read-only view of its
-Node and Lease; the schema refuses bad values with a message naming the field.
+network, the same flags, environment and same-path mounts, KLET_SERVICE_PORT=0 and a
+private port file, `klet healthcheck <service>` probes) and gets what the compose file
+gives it (tests/unit/test_compose_file.confinement): only syncloop privileged, in the
+host's PID namespace and with the root dir Bidirectional; the others with every
+capability dropped but eviction's DAC_READ_SEARCH, no privilege escalation, a read-only
+root filesystem, the same mounts read-only or writable; the node credentials only for
+pod-source, syncloop and status-reporter; each service's bus password alone, from the
+directory the bus set-up copies it to, after an init container waits for it. Each
+workload carries the checksum of the rendered configuration (which changes when
+kubeletConfig does), system-node-critical and tolerations of every taint by default, and
+is of the kind its values choose; status-reporter has a memory limit. The bundled Redis
+has the compose file's flags, no TCP port, its user, no capability, a read-only root
+filesystem and its three bus files only; its init container may only chown. An external
+Redis gets per-node, per-service users from a bus-users pod that alone mounts the admin
+Secret; one shared user is refused for a DaemonSet. The services get no ServiceAccount
+token and nothing is bound to system:node or cluster-admin (rbac.create is refused,
+naming why); the ServiceMonitor is rendered only when enabled; the helm test pod runs on
+the klet node with a read-only view of its Node and Lease; the schema refuses bad values
+with a message naming the field.
 """
 
 from __future__ import annotations
@@ -27,7 +36,7 @@ from klet.bus.acl import SERVICES
 from klet.config import load_settings
 
 from tests.harness.helmbin import CHART, CI_VALUES, helm, render, render_error
-from tests.unit.test_compose_file import compose
+from tests.unit.test_compose_file import compose, confinement, documented, volume_targets
 from tools.image.__main__ import version
 
 CI = {p.stem: p for p in CI_VALUES}
@@ -60,10 +69,11 @@ def env_of(c: Doc) -> dict[str, Any]:
     return {e["name"]: e.get("value", e.get("valueFrom")) for e in c.get("env", [])}
 
 
-def mounts_of(workload: Doc) -> dict[str, tuple[Doc, Doc]]:
-    """mountPath -> (volumeMount, volume) of the workload's one container."""
+def mounts_of(workload: Doc, c: Doc | None = None) -> dict[str, tuple[Doc, Doc]]:
+    """mountPath -> (volumeMount, volume) of the workload's one container (or `c`)."""
     volumes = {v["name"]: v for v in workload["spec"]["template"]["spec"]["volumes"]}
-    return {m["mountPath"]: (m, volumes[m["name"]]) for m in container(workload)["volumeMounts"]}
+    c = container(workload) if c is None else c
+    return {m["mountPath"]: (m, volumes[m["name"]]) for m in c["volumeMounts"]}
 
 
 def flag_names(argv: list[str]) -> list[str]:
@@ -107,41 +117,55 @@ def test_kube_version_is_enforced() -> None:
 def test_every_workload_is_a_node_agent(name: str) -> None:
     docs = render([CI[name]])
     found = workloads(docs)
-    assert set(found) - {"redis"} == set(enabled_services(name))
+    assert set(found) - {"redis", "bus-users"} == set(enabled_services(name))
     for component, w in found.items():
         pod = w["spec"]["template"]["spec"]
         assert pod["hostNetwork"] is True, component
         assert pod["priorityClassName"] == "system-node-critical", component
         assert {"operator": "Exists"} in pod["tolerations"], component
-        if component == "redis":
-            assert "checksum/config" not in w["spec"]["template"]["metadata"].get(
-                "annotations", {}
-            )
+        if component in ("redis", "bus-users"):
+            assert "checksum/config" not in w["spec"]["template"]["metadata"].get("annotations", {})
+            assert "hostPID" not in pod, component
             continue
         checksum = w["spec"]["template"]["metadata"]["annotations"]["checksum/config"]
         assert re.fullmatch(r"[0-9a-f]{64}", checksum), component
-        assert pod["hostPID"] is True, component
+        assert pod.get("hostPID", False) is (component == "syncloop"), component
         c = container(w)
-        assert c["securityContext"]["privileged"] is True
         assert c["command"] == ["klet", "run", component]
         for probe in ("startupProbe", "livenessProbe", "readinessProbe"):
             assert c[probe]["exec"]["command"] == ["klet", "healthcheck", component], probe
             assert c[probe]["timeoutSeconds"] >= 10, probe  # a Python start on a loaded node
-        root_dir = "/var/lib/kubelet"
-        mount, volume = mounts_of(w)[root_dir]
-        assert mount["mountPropagation"] == "Bidirectional"
-        assert volume["hostPath"] == {"path": root_dir, "type": "DirectoryOrCreate"}
         env = env_of(c)
         assert env["KLET_SERVICE_PORT"] == "0"
         port_file = Path(env["KLET_SERVICE_PORT_FILE"])
-        for path in mounts_of(w):
-            assert Path(path) not in port_file.parents, f"{component}: port file under {path}"
+        for path, (_, volume) in mounts_of(w).items():
+            if "emptyDir" not in volume:  # a host path replicas would share
+                assert Path(path) not in port_file.parents, f"{component}: port file under {path}"
+
+
+# Where the chart mounts what the compose file binds elsewhere: the ConfigMap, the host's
+# resolver file beside the pod's own, the service's password directory, the kubeconfig
+# (in the credentials Secret, not in the kubernetes dir; only pod-source reads static
+# pods from there).
+CHART_PATH = {
+    "/etc/klet": "/etc/klet/config",
+    "/etc/resolv.conf": "/etc/klet/host/resolv.conf",
+    "/etc/klet/bus/password": "/etc/klet/bus",
+}
+
+
+def chart_path(service: str, compose_target: str) -> str:
+    if compose_target == documented()["KLET_KUBERNETES_DIR"] and service != "pod-source":
+        return "/etc/klet/credentials"
+    return CHART_PATH.get(compose_target, compose_target)
 
 
 @pytest.mark.parametrize("service", SERVICES)
 def test_service_runs_as_compose_runs_it(service: str) -> None:
-    """Same flags, environment and same-path host mounts as docker-compose.yml with its
-    defaults; the chart adds --node-ip (the host's IP from the downward API)."""
+    """Same flags, environment, privileges and mounts as docker-compose.yml with its
+    defaults (each read-only or writable as there, from the same host path); the chart
+    adds --node-ip (the host's IP from the downward API), and a memory-backed /tmp for
+    the confined services' port file."""
     spec = compose()["services"][service]  # rendered for node "node-a"
     sets = ["node.name=node-a", "credentials.existingSecret=node-a-kubeconfig", PINNED]
     w = workloads(render(sets=sets))[service]
@@ -153,21 +177,60 @@ def test_service_runs_as_compose_runs_it(service: str) -> None:
         if name not in ("--config", "--kubeconfig", "--hostname-override"):
             assert by_flag[name] == value, name
     assert by_flag["--hostname-override"] == "$(NODE_NAME)"
-    assert by_flag["--kubeconfig"] == "/etc/klet/credentials/kubeconfig"
     env = {k: str(v).replace("$(NODE_NAME)", "node-a") for k, v in env_of(c).items()}
     for name, value in spec["environment"].items():
         assert env[name] == str(value), name
+
+    want = confinement(service, {**documented(), "KLET_NODE_NAME": "node-a"})
+    assert volume_targets(spec) == want.mounts
     mounts = mounts_of(w)
-    for volume in spec["volumes"]:
-        path = volume["target"] if isinstance(volume, dict) else volume.split(":")[1]
-        if path in ("/etc/klet", "/etc/resolv.conf"):
-            continue  # the ConfigMap at /etc/klet/config; the host's resolver file beside
-        mount, source = mounts[path]
-        assert source["hostPath"]["path"] == path, path
-        assert mount.get("readOnly", False) == (
-            isinstance(volume, str) and volume.endswith(":ro")
-        ), path
-    assert mounts["/etc/klet/host/resolv.conf"][1]["hostPath"]["path"] == "/etc/resolv.conf"
+    expected = {chart_path(service, target): rw for target, rw in want.mounts.items()}
+    if not want.privileged:
+        expected["/tmp"] = True
+    if want.kubeconfig:
+        expected["/etc/klet/credentials"] = False
+    assert {path: not m.get("readOnly", False) for path, (m, _) in mounts.items()} == expected
+    for target in want.mounts:
+        m, volume = mounts[chart_path(service, target)]
+        if "hostPath" in volume and target not in CHART_PATH:
+            assert volume["hostPath"]["path"] == target, target
+    assert mounts["/etc/klet/host/resolv.conf" if service == "syncloop" else "/etc/klet/config"]
+    if service == "syncloop":
+        assert mounts["/etc/klet/host/resolv.conf"][1]["hostPath"]["path"] == "/etc/resolv.conf"
+    root = mounts.get("/var/lib/kubelet")
+    if root is not None:
+        propagation = "Bidirectional" if want.privileged else "HostToContainer"
+        assert root[0]["mountPropagation"] == propagation
+    assert by_flag.get("--kubeconfig") == (
+        "/etc/klet/credentials/kubeconfig" if want.kubeconfig else None
+    )
+
+
+@pytest.mark.parametrize("service", SERVICES)
+def test_each_container_gets_only_what_it_uses(service: str) -> None:
+    """The compose file's privileges (tests/unit/test_compose_file.confinement) as a
+    securityContext: privileged and the host's PID namespace for syncloop alone; for the
+    others every capability dropped but the ones named, no privilege escalation, a
+    read-only root filesystem and the runtime's default seccomp profile."""
+    want = confinement(service, {**documented(), "KLET_NODE_NAME": "node-a"})
+    w = workloads(render())[service]
+    pod = w["spec"]["template"]["spec"]
+    context = container(w)["securityContext"]
+    assert pod.get("hostPID", False) is want.host_pid
+    if want.privileged:
+        assert context == {"privileged": True}
+        return
+    assert context == {
+        "allowPrivilegeEscalation": False,
+        "readOnlyRootFilesystem": True,
+        "capabilities": {
+            "drop": ["ALL"],
+            **({"add": sorted(want.capabilities)} if want.capabilities else {}),
+        },
+        "seccompProfile": {"type": "RuntimeDefault"},
+    }
+    (tmp,) = [v for v in pod["volumes"] if v["name"] == "tmp"]
+    assert tmp["emptyDir"]["medium"] == "Memory"
 
 
 def enabled_services(name: str) -> list[str]:
@@ -220,19 +283,53 @@ def test_klet_accepts_what_is_rendered(name: str, service: str, tmp_path: Path) 
 
 
 def test_redis_runs_as_compose_runs_it() -> None:
+    """The compose file's Redis: the same flags and environment of klet-redis-server, its
+    user and group, no capability, a read-only root filesystem, its three bus files
+    read-only (no service password); the init container runs the compose file's bus-acl
+    step (`$$` is compose's `$`) as root that may only chown, then copies each
+    service's password to the directory that service mounts."""
     spec = compose()["services"]
+    bus = documented()["KLET_BUS_DIR"]
     w = workloads(render(sets=["node.name=node-a", PINNED]))["redis"]
     pod = w["spec"]["template"]["spec"]
     c = container(w)
     assert c["args"] == spec["redis"]["command"]
+    assert env_of(c) == spec["redis"]["environment"]
     assert "ports" not in c
-    (init,) = pod["initContainers"]
-    assert init["command"] == [
-        a.replace("node-a", "$(NODE_NAME)") for a in spec["bus-acl"]["entrypoint"]
-    ]
-    assert env_of(init)["NODE_NAME"] == "node-a"
     assert pod["automountServiceAccountToken"] is False
-    assert "securityContext" not in c  # not privileged: it only needs its two host dirs
+    assert c["securityContext"] == {
+        "runAsUser": 6379,
+        "runAsGroup": 6379,
+        "runAsNonRoot": True,
+        "allowPrivilegeEscalation": False,
+        "readOnlyRootFilesystem": True,
+        "capabilities": {"drop": ["ALL"]},
+        "seccompProfile": {"type": "RuntimeDefault"},
+    }
+    assert spec["redis"]["user"] == "6379:6379"
+    mounts = mounts_of(w)
+    assert {p: not m.get("readOnly", False) for p, (m, _) in mounts.items()} == volume_targets(
+        spec["redis"]
+    )
+    for name in ("users.acl", "functions.lua", "admin-password"):
+        m, volume = mounts[f"{bus}/{name}"]
+        assert (m["subPath"], volume["hostPath"]["path"]) == (name, bus)
+    assert c["readinessProbe"]["exec"]["command"] == spec["redis"]["healthcheck"]["test"][1:]
+
+    (init,) = pod["initContainers"]
+    step = spec["bus-acl"]
+    assert init["command"][:2] == step["entrypoint"][:2]
+    script = init["command"][2]
+    assert script.startswith(step["entrypoint"][2].replace("$$", "$"))
+    assert 'cp "$BUS_DIR/secrets/$NODE_NAME/$s" "$BUS_DIR/services/$s/' in script
+    env = env_of(init)
+    assert env["NODE_NAME"] == "node-a"
+    for name, value in step["environment"].items():
+        if name != "NODE_NAME":
+            assert env[name] == str(value), name
+    assert init["securityContext"]["runAsUser"] == 0
+    assert init["securityContext"]["capabilities"] == {"drop": ["ALL"], "add": ["CHOWN"]}
+    assert set(mounts_of(w, init)) == set(volume_targets(step))
 
 
 def test_node_from_the_downward_api_or_the_values() -> None:
@@ -404,14 +501,24 @@ def test_rbac_create_is_refused_naming_why() -> None:
     assert render(sets=["rbac.create=false"]) == render()
 
 
-def test_existing_secret_credentials() -> None:
+def test_credentials_only_where_the_apiserver_is_called() -> None:
+    """The node credentials (a kubeconfig and the files it names) go to pod-source,
+    syncloop and status-reporter; eviction and image-gc never call the apiserver and get
+    neither the Secret nor --kubeconfig."""
     docs = render([CI["secret-values"]])
+    callers = {"pod-source", "syncloop", "status-reporter"}
     for service in SERVICES:
         w = workloads(docs)[service]
-        assert "--kubeconfig=/etc/klet/credentials/kubeconfig" in container(w)["args"]
-        mount, volume = mounts_of(w)["/etc/klet/credentials"]
-        assert mount["readOnly"] is True
-        assert volume["secret"]["secretName"] == "klet-node-2-kubeconfig"
+        args = container(w)["args"]
+        found = mounts_of(w).get("/etc/klet/credentials")
+        volumes = [v for v in w["spec"]["template"]["spec"]["volumes"] if "secret" in v]
+        if service in callers:
+            assert "--kubeconfig=/etc/klet/credentials/kubeconfig" in args
+            assert found is not None and found[0]["readOnly"] is True
+            assert found[1]["secret"]["secretName"] == "klet-node-2-kubeconfig"
+        else:
+            assert not [a for a in args if a.startswith("--kubeconfig")], service
+            assert found is None and not volumes, service
 
 
 def test_standalone_has_no_kubeconfig() -> None:
@@ -423,38 +530,114 @@ def test_standalone_has_no_kubeconfig() -> None:
 # Redis
 
 
-def test_external_redis() -> None:
+def test_external_redis_with_per_node_per_service_users() -> None:
+    """externalRedis.admin: a bus-users pod on each node (the services' kind and
+    placement) runs `klet bus-acl --apply` as the admin, the only container that mounts
+    the admin Secret, then copies each password to its service's directory; each
+    service is klet-<service>@<node> with its own password alone, as with the bundled
+    Redis, and no supplemental group (no Redis socket of ours)."""
     docs = render([CI["external-redis-values"]])
     found = workloads(docs)
     assert "redis" not in found and "image-gc" not in found
+    users = found["bus-users"]
+    assert users["kind"] == "DaemonSet"
+    pod = users["spec"]["template"]["spec"]
+    (init,) = pod["initContainers"]
+    script = init["command"][2]
+    assert 'klet bus-acl --apply="$REDIS_URL" --node="$NODE_NAME"' in script
+    assert "--admin-password-file=/etc/klet/redis-admin/password" in script
+    assert 'cp "$BUS_DIR/secrets/$NODE_NAME/$s" "$BUS_DIR/services/$s/' in script
+    env = env_of(init)
+    assert (env["REDIS_URL"], env["ADMIN_USER"]) == ("rediss://redis.example:6380", "klet-admin")
+    admin = mounts_of(users, init)["/etc/klet/redis-admin"]
+    assert admin[1]["secret"] == {"secretName": "klet-redis-admin", "defaultMode": 0o400}
+    assert init["securityContext"]["capabilities"] == {"drop": ["ALL"]}
+    idle = container(users)
+    assert "volumeMounts" not in idle
+    assert idle["securityContext"]["runAsNonRoot"] is True
     for service in set(SERVICES) - {"image-gc"}:
         w = found[service]
         env = env_of(container(w))
         assert env["KLET_REDIS_URL"] == "rediss://redis.example:6380"
-        assert env["KLET_REDIS_USERNAME"] == "klet"
-        assert env["KLET_REDIS_PASSWORD_FILE"] == "/etc/klet/redis/password"
-        assert mounts_of(w)["/etc/klet/redis"][1]["secret"]["secretName"] == "klet-redis"
-        assert not [p for p in mounts_of(w) if p.startswith("/var/lib/klet/bus")]
+        assert env["KLET_REDIS_USERNAME"] == f"klet-{service}@$(NODE_NAME)"
+        assert env["KLET_REDIS_PASSWORD_FILE"] == "/etc/klet/bus/password"
+        volume = mounts_of(w)["/etc/klet/bus"][1]
+        assert volume["hostPath"]["path"] == f"/var/lib/klet/bus/services/{service}"
+        spec = w["spec"]["template"]["spec"]
+        assert not [v for v in spec["volumes"] if "secret" in v], service
+        assert "securityContext" not in spec, service
+
+
+def test_external_redis_shared_user_is_refused_for_a_daemonset() -> None:
+    shared = [
+        "redis.enabled=false",
+        "externalRedis.url=rediss://r:6380",
+        "externalRedis.username=klet",
+        "externalRedis.passwordSecret.name=s",
+    ]
+    err = render_error(sets=shared)
+    assert "externalRedis: services.pod-source is a DaemonSet" in err
+    assert "externalRedis.admin.passwordSecret" in err
+    err = render_error(sets=["redis.enabled=false", "externalRedis.url=unix:///run/r.sock"])
+    assert "is a DaemonSet, and one Redis user for every service" in err
+    err = render_error(sets=[*shared, "externalRedis.admin.passwordSecret.name=a"])
+    assert "externalRedis: give admin" in err and "not both" in err
+    # One node (every service a pinned Deployment): one user may serve it.
+    pinned = ["serviceDefaults.kind=Deployment", PINNED]
+    docs = render(sets=[*shared, *pinned])
+    found = workloads(docs)
+    assert "bus-users" not in found
+    env = env_of(container(found["syncloop"]))
+    assert env["KLET_REDIS_USERNAME"] == "klet"
+    assert env["KLET_REDIS_PASSWORD_FILE"] == "/etc/klet/redis/password"
+    assert mounts_of(found["syncloop"])["/etc/klet/redis"][1]["secret"]["secretName"] == "s"
+    assert not [p for p in mounts_of(found["syncloop"]) if p.startswith("/etc/klet/bus")]
 
 
 def test_external_redis_on_a_unix_socket_of_the_host() -> None:
-    docs = render(sets=["redis.enabled=false", "externalRedis.url=unix:///run/bus/redis.sock"])
-    w = workloads(docs)["syncloop"]
-    assert env_of(container(w))["KLET_REDIS_URL"] == "unix:///run/bus/redis.sock"
-    assert "KLET_REDIS_PASSWORD_FILE" not in env_of(container(w))
-    mount, volume = mounts_of(w)["/run/bus"]
-    assert volume["hostPath"] == {"path": "/run/bus", "type": "DirectoryOrCreate"}
-    assert "/run/klet/redis" not in mounts_of(w)
+    docs = render(
+        sets=[
+            "redis.enabled=false",
+            "externalRedis.url=unix:///run/bus/redis.sock",
+            "externalRedis.admin.passwordSecret.name=a",
+        ]
+    )
+    for component in ("syncloop", "bus-users"):
+        w = workloads(docs)[component]
+        pod = w["spec"]["template"]["spec"]
+        c = container(w) if component == "syncloop" else pod["initContainers"][0]
+        mount, volume = mounts_of(w, c)["/run/bus"]
+        assert mount["readOnly"] is True
+        assert volume["hostPath"] == {"path": "/run/bus", "type": "DirectoryOrCreate"}
+        assert "/run/klet/redis" not in mounts_of(w, c)
+    env = env_of(container(workloads(docs)["syncloop"]))
+    assert env["KLET_REDIS_URL"] == "unix:///run/bus/redis.sock"
 
 
 def test_bundled_redis_is_on_a_unix_socket_with_per_service_users() -> None:
-    w = workloads(render())["syncloop"]
-    env = env_of(container(w))
-    assert env["KLET_REDIS_URL"] == "unix:///run/klet/redis/redis.sock"
-    assert env["KLET_REDIS_USERNAME"] == "klet-syncloop@$(NODE_NAME)"
-    assert env["KLET_REDIS_PASSWORD_FILE"] == "/var/lib/klet/bus/secrets/$(NODE_NAME)/syncloop"
-    names = [e["name"] for e in container(w)["env"]]
-    assert names.index("NODE_NAME") < names.index("KLET_REDIS_USERNAME")  # $(NODE_NAME) expands
+    """Each service reads its own password from the directory the Redis pod's init
+    container copies it to (a DaemonSet cannot name the node in a hostPath), after an
+    init container of its own has waited for it; it reaches the socket through Redis's
+    group."""
+    found = workloads(render())
+    for service in SERVICES:
+        w = found[service]
+        pod = w["spec"]["template"]["spec"]
+        env = env_of(container(w))
+        assert env["KLET_REDIS_URL"] == "unix:///run/klet/redis/redis.sock"
+        assert env["KLET_REDIS_USERNAME"] == f"klet-{service}@$(NODE_NAME)"
+        assert env["KLET_REDIS_PASSWORD_FILE"] == "/etc/klet/bus/password"
+        names = [e["name"] for e in container(w)["env"]]
+        assert names.index("NODE_NAME") < names.index("KLET_REDIS_USERNAME")  # expands
+        mount, volume = mounts_of(w)["/etc/klet/bus"]
+        assert mount["readOnly"] is True
+        assert volume["hostPath"]["path"] == f"/var/lib/klet/bus/services/{service}"
+        assert not [p for p in mounts_of(w) if p.startswith("/var/lib/klet/bus")]
+        assert pod["securityContext"] == {"supplementalGroups": [6379]}
+        (wait,) = pod["initContainers"]
+        assert "until [ -s /etc/klet/bus/password ]" in wait["command"][2]
+        assert set(mounts_of(w, wait)) == {"/etc/klet/bus"}
+        assert wait["securityContext"]["capabilities"] == {"drop": ["ALL"]}
 
 
 # ---------------------------------------------------------------------------------------
@@ -548,12 +731,17 @@ def test_schema_names_the_bad_field(major: str, sets: list[str], field: str, why
     assert field in err and why in err, err
 
 
-def test_a_tcp_redis_with_a_password_secret_is_accepted() -> None:
-    render(
-        sets=[
-            "redis.enabled=false",
-            "externalRedis.url=redis://r:6379",
-            "externalRedis.passwordSecret.name=s",
-        ]
-    )
-    render(sets=["redis.enabled=false", "externalRedis.url=unix:///run/r.sock"])
+def test_a_tcp_redis_needs_a_password_or_an_admin() -> None:
+    pinned = ["serviceDefaults.kind=Deployment", PINNED]
+    tcp = ["redis.enabled=false", "externalRedis.url=redis://r:6379"]
+    render(sets=[*tcp, "externalRedis.passwordSecret.name=s", *pinned])
+    render(sets=[*tcp, "externalRedis.admin.passwordSecret.name=a"])
+
+
+def test_status_reporter_has_a_memory_limit() -> None:
+    """It faces the network: a flood must end in its own OOM kill, not the node's."""
+    found = workloads(render())
+    limits = container(found["status-reporter"])["resources"]["limits"]
+    assert limits["memory"] == "256Mi"
+    assert container(found["status-reporter"])["resources"]["requests"]["memory"] == "96Mi"
+    assert "limits" not in container(found["syncloop"])["resources"]

@@ -11,7 +11,11 @@ scaled), node.name `inner`, a `system:node:inner` kubeconfig Secret
 a second private containerd B, its own root dir, run dir and ports
 (tests/harness/innernode.py, which asserts no two nodes share any of them).
 
-Then: the inner Node is Ready and renews its Lease; `helm test` passes with its pod on
+Then: each running container (read from /proc on the host: effective capabilities, no
+new privileges, user, PID namespace, mount points and whether they are read-only) has
+what the release's manifest gives it and nothing more, each service sees its own bus
+password and no other, and Redis no service's; the inner Node is Ready and renews its
+Lease; `helm test` passes with its pod on
 the inner node; a Deployment (no nodeName, a nodeSelector for `inner`) is scheduled and
 runs there, writing into a hostPath that only the host has (not mounted into klet's
 pods; type Directory where klet can read the host's root through /proc/1/root);
@@ -43,6 +47,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 from klet.cri import CRISettings, RuntimeClient
 from klet.cri import labels as L
 from klet.devstack import BUSYBOX_IMAGE, TEST_REGISTRY_HOST, DevStack
@@ -100,6 +105,7 @@ def values(inner: InnerHost, plane: ControlPlane, *, max_pods: int) -> dict[str,
             "podLogsDir": str(inner.logs_dir),
             "containerRuntimeEndpoint": inner.runtime_endpoint,
             "runtimeSocketDir": str(inner.socket_dir),
+            "imageFsDir": str(inner.containerd.root),
             "kubernetesDir": str(inner.dir / "kubernetes"),
             "runDir": str(inner.run_dir),
             "redisSocketDir": str(inner.redis_socket_dir),
@@ -305,6 +311,56 @@ class Install:
         return res.stdout[-30000:] + res.stderr[-2000:]
 
 
+def pids_of_pod(uid: str) -> list[int]:
+    """The host PIDs of the processes in the pod's cgroups (its path names the UID)."""
+    found = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            cgroups = (proc / "cgroup").read_text()
+        except OSError:
+            continue
+        if uid in cgroups or uid.replace("-", "_") in cgroups:
+            found.append(int(proc.name))
+    return found
+
+
+def status_field(pid: int | str, name: str) -> str:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        key, _, value = line.partition(":")
+        if key == name:
+            return value.strip()
+    raise LookupError(f"/proc/{pid}/status has no {name}")
+
+
+def main_pid(pod: dict[str, Any], marker: str) -> int:
+    """The PID of the pod's process whose command line holds `marker` (its main
+    container's; the init containers have exited)."""
+    for pid in pids_of_pod(pod["metadata"]["uid"]):
+        try:
+            argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        # Redis rewrites its title: "redis-server *:0".
+        if any(a == marker.encode() or a.startswith(f"{marker} ".encode()) for a in argv):
+            return pid
+    raise AssertionError(f"no process running {marker} in pod {pod['metadata']['name']}")
+
+
+def mount_points(pid: int) -> dict[str, bool]:
+    """Mount point -> writable, as process `pid` sees its mounts (the last mount on a
+    path is the one in force)."""
+    out = {}
+    for line in Path(f"/proc/{pid}/mountinfo").read_text().splitlines():
+        fields = line.split()
+        out[fields[4]] = "ro" not in fields[5].split(",")
+    return out
+
+
+CAPABILITIES = {"CHOWN": 0, "DAC_READ_SEARCH": 2}
+
+
 def pod_of_pid(pid: int, pods: list[dict[str, Any]]) -> dict[str, Any]:
     """The pod whose cgroup holds `pid` (its cgroup path names the pod UID)."""
     cgroups = Path(f"/proc/{pid}/cgroup").read_text()
@@ -442,6 +498,59 @@ def assert_untouched(d: Install, before: dict[str, tuple[str, int, str, int]], w
     wait_for(d.sleepers_running, timeout_s=60, what=f"{WORKLOAD} Running after {what}")
     assert d.sleepers_state() == before, what
     assert d.watch.ready_seen and not d.watch.flaps, f"Node inner left Ready: {d.watch.flaps}"
+
+
+def test_each_container_has_only_what_it_uses(install: Install) -> None:
+    """What the kernel says each running container has is what the release's manifest
+    (which tests/helm/test_chart checks against the compose file's table) gives it: the
+    effective capabilities (every one this host has for syncloop), no new privileges
+    for the others, root (Redis: its own user), the host's PID namespace for syncloop
+    alone, and each mount the manifest names, read-only where it says so. Each service
+    reads its own bus password and sees no other; Redis sees its three bus files and no
+    service's password."""
+    d = install
+    manifest = [
+        doc
+        for doc in yaml.safe_load_all(d.helm("get", "manifest", RELEASE))
+        if doc and doc["kind"] in ("DaemonSet", "Deployment")
+    ]
+    host_pid_ns = os.readlink("/proc/self/ns/pid")
+    host_caps = int(status_field("self", "CapBnd"), 16)
+    bus = d.inner.bus_dir
+    assert {w["metadata"]["labels"]["app.kubernetes.io/component"] for w in manifest} == {
+        *SERVICES,
+        "redis",
+    }
+    for w in manifest:
+        component = w["metadata"]["labels"]["app.kubernetes.io/component"]
+        spec = w["spec"]["template"]["spec"]
+        (c,) = spec["containers"]
+        context = c["securityContext"]
+        for pod in d.pods(NAMESPACE, f"app.kubernetes.io/component={component}"):
+            pid = main_pid(pod, "redis-server" if component == "redis" else component)
+            what = f"{component} ({pod['metadata']['name']}, pid {pid})"
+            effective = int(status_field(pid, "CapEff"), 16)
+            if context.get("privileged"):
+                assert effective == host_caps, what
+            else:
+                added = context["capabilities"].get("add", [])
+                assert effective == sum(1 << CAPABILITIES[a] for a in added), what
+                assert status_field(pid, "NoNewPrivs") == "1", what
+            uid = context.get("runAsUser", 0)
+            assert status_field(pid, "Uid").split()[1] == str(uid), what
+            shared = os.readlink(f"/proc/{pid}/ns/pid") == host_pid_ns
+            assert shared is bool(spec.get("hostPID")), what
+            seen = mount_points(pid)
+            assert seen["/"] is not context.get("readOnlyRootFilesystem", False), what
+            for m in c["volumeMounts"]:
+                assert m["mountPath"] in seen, f"{what}: {m['mountPath']} not mounted"
+                assert seen[m["mountPath"]] is not m.get("readOnly", False), (what, m)
+            root = Path(f"/proc/{pid}/root")
+            assert not (root / str(bus / "secrets").lstrip("/")).exists(), what
+            if component != "redis":
+                own = (root / "etc/klet/bus/password").read_text()
+                assert own == (bus / "secrets" / INNER / component).read_text(), what
+                assert not [p for p in seen if p.startswith(str(bus))], what
 
 
 def test_inner_node_ready_with_lease_renewed(install: Install) -> None:

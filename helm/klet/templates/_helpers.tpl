@@ -114,3 +114,115 @@ resolvConf: the node's resolver that Default-policy and host-network pods get.
 {{- define "klet.hostResolvConf" -}}
 /etc/klet/host/resolv.conf
 {{- end -}}
+
+{{/*
+What each service container gets, the chart's copy of docker-compose.yml's (helm/klet/
+README.md has the table; tests/helm checks the rendering against it). `mounts` maps a
+host mount (services.yaml defines each) to rw, ro or bidirectional. Every service
+also gets the configuration (read-only), the run dir (its lease slots, port files,
+gRPC sockets), the bus (its own password file, Redis's socket directory) and an
+emptyDir at /tmp for its port file; `apiserver` ones get the node credentials.
+*/}}
+{{- define "klet.confinement" -}}
+# Reads static pod manifests (and a manifest URL) and watches the apiserver.
+pod-source:
+  privileged: false
+  hostPID: false
+  capabilities: []
+  apiserver: true
+  mounts:
+    kubernetes-dir: ro
+# Runs the pods: mounts their volumes under the root dir (propagated to the host), sets
+# cgroups, sysctls and oom_score_adj, and checks hostPath volumes in the host's mount
+# namespace through /proc/1/root, which needs the host's PID namespace.
+syncloop:
+  privileged: true
+  hostPID: true
+  capabilities: []
+  apiserver: true
+  mounts:
+    root-dir: bidirectional
+    pod-logs-dir: rw
+    runtime-socket-dir: rw
+    cgroup-root: rw
+    resolv-conf: ro
+# The one on the network (the kubelet API): reads what it reports (pod directories,
+# logs, cgroups, the image filesystem's statfs, CRI), writes its serving certificate.
+status-reporter:
+  privileged: false
+  hostPID: false
+  capabilities: []
+  apiserver: true
+  mounts:
+    root-dir: ro
+    cert-dir: rw
+    pod-logs-dir: ro
+    runtime-socket-dir: ro
+    image-fs-dir: ro
+    cgroup-root: ro
+# Measures the node and the pods; kills through syncloop and frees disk through
+# image-gc, both on sockets in the run dir. DAC_READ_SEARCH: it reads every pod's
+# emptyDirs and logs whoever owns them; without it a pod hides its disk use from
+# ephemeral-storage eviction in a directory only its own user may read.
+eviction:
+  privileged: false
+  hostPID: false
+  capabilities: [DAC_READ_SEARCH]
+  apiserver: false
+  mounts:
+    root-dir: ro
+    pod-logs-dir: ro
+    runtime-socket-dir: ro
+    image-fs-dir: ro
+    cgroup-root: ro
+# Removes images, dead containers and their log directories through CRI.
+image-gc:
+  privileged: false
+  hostPID: false
+  capabilities: []
+  apiserver: false
+  mounts:
+    pod-logs-dir: rw
+    runtime-socket-dir: ro
+    image-fs-dir: ro
+{{- end -}}
+
+{{/*
+Whether the services get per-node, per-service bus users: the bundled Redis, or an
+external one with externalRedis.admin (a set-up step creates them).
+*/}}
+{{- define "klet.perServiceUsers" -}}
+{{- if or .Values.redis.enabled .Values.externalRedis.admin.passwordSecret.name -}}
+true
+{{- end -}}
+{{- end -}}
+
+{{/*
+The end of a bus set-up step (the bundled Redis's init container, or the external
+Redis's bus-users): each service's password, from `klet bus-acl`'s
+<busDir>/secrets/<node>/<service>, copied to <busDir>/services/<service>/password, the
+directory that service alone mounts (a DaemonSet cannot name the node in a hostPath,
+and a subPath that does not exist yet would be made a directory by the kubelet). The
+copy is renamed into place, so a service never reads half a file.
+*/}}
+{{- define "klet.distributePasswords" -}}
+for s in pod-source syncloop status-reporter eviction image-gc; do
+  mkdir -p "$BUS_DIR/services/$s"
+  cp "$BUS_DIR/secrets/$NODE_NAME/$s" "$BUS_DIR/services/$s/.password.new"
+  mv "$BUS_DIR/services/$s/.password.new" "$BUS_DIR/services/$s/password"
+done
+{{- end -}}
+
+{{/* The securityContext of a container that needs no privilege: (dict "add" CAPS). */}}
+{{- define "klet.confinedContext" -}}
+allowPrivilegeEscalation: false
+readOnlyRootFilesystem: true
+capabilities:
+  drop: [ALL]
+  {{- with .add }}
+  add:
+    {{- toYaml . | nindent 4 }}
+  {{- end }}
+seccompProfile:
+  type: RuntimeDefault
+{{- end -}}
