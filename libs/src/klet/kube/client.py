@@ -9,18 +9,26 @@ around a blocking library), so callers deal in plain dicts — the same JSON the
 manifests, the bus and the HTTP API speak — and in our own exceptions. A client-side
 token bucket enforces kubeAPIQPS/kubeAPIBurst. Watches run in a thread each and hand
 their events to the loop through a queue.
+
+Requests run in the event loop's default executor unless the client is given
+`threads` of its own: a client whose callers can be made to call at will (the kubelet
+API's TokenReviews, caused by anyone who reaches port 10250) then never takes the
+threads the node Lease's renewal needs.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
+import functools
 import json
 import threading
 import time
 import urllib.parse
-from collections.abc import AsyncIterator, Mapping
-from typing import Any
+from collections.abc import AsyncIterator, Callable, Mapping
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, TypeVar
 
 import urllib3
 from klet.kube.errors import KubeError, Unavailable, for_status
@@ -32,10 +40,19 @@ from kubernetes import client as k8s_client
 from kubernetes import config as k8s_config
 from kubernetes.client.exceptions import ApiException
 
+T = TypeVar("T")
+
 
 class KubeClient:
-    def __init__(self, settings: KubeSettings) -> None:
+    def __init__(self, settings: KubeSettings, *, threads: int | None = None) -> None:
+        """`threads`: requests run on a pool of that many threads of this client's own
+        instead of the loop's default executor."""
         self.settings = settings
+        self._executor = (
+            ThreadPoolExecutor(max_workers=threads, thread_name_prefix="kube-client")
+            if threads is not None
+            else None
+        )
         configuration = k8s_client.Configuration()
         k8s_config.load_kube_config(
             config_file=str(settings.kubeconfig), client_configuration=configuration
@@ -53,7 +70,17 @@ class KubeClient:
         self._bucket = TokenBucket(settings.qps, settings.burst, now=time.monotonic())
 
     async def close(self) -> None:
-        await asyncio.to_thread(self._api.close)
+        await self._in_thread(self._api.close)
+        if self._executor is not None:
+            self._executor.shutdown(wait=False)
+
+    async def _in_thread(self, call: Callable[..., T], *args: Any) -> T:
+        """`asyncio.to_thread`, on this client's own threads when it has them."""
+        loop = asyncio.get_running_loop()
+        context = contextvars.copy_context()
+        return await loop.run_in_executor(
+            self._executor, functools.partial(context.run, call, *args)
+        )
 
     def auth_headers(self) -> dict[str, str]:
         """The Authorization header of the kubeconfig's token, if it has one (a client
@@ -117,9 +144,10 @@ class KubeClient:
         wait = self._bucket.take(time.monotonic())
         if wait:
             await asyncio.sleep(wait)
-        return await asyncio.to_thread(
+        result: Any = await self._in_thread(
             self._request_sync, method, path, params, body, content_type, timeout_s
         )
+        return result
 
     async def get(self, path: str, **params: Any) -> Any:
         return await self.request("GET", path, params=params)

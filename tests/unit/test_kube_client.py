@@ -1,0 +1,97 @@
+"""KubeClient's worker threads: given `threads`, its requests run on a pool of its own
+(at most that many at once, threads named kube-client), so a default executor that is
+all taken (as the kubelet API's TokenReviews could take it) does not delay them, while
+a client without `threads` waits for that executor; close() ends the pool."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import pytest
+from klet.kube import KubeSettings
+from klet.kube.client import KubeClient
+
+from tests.unit.test_kube_tokens import kubeconfig
+
+
+class Response:
+    status = 200
+
+    def read(self) -> bytes:
+        return b"{}"
+
+
+class Recorder:
+    """Stands in for the REST client's blocking request: notes the thread and how many
+    run at once, and blocks until `release` is set."""
+
+    def __init__(self) -> None:
+        self.threads: set[str] = set()
+        self.running = 0
+        self.peak = 0
+        self.release = threading.Event()
+        self._lock = threading.Lock()
+
+    def request(self, method: str, url: str, **_: Any) -> Response:
+        with self._lock:
+            self.threads.add(threading.current_thread().name)
+            self.running += 1
+            self.peak = max(self.peak, self.running)
+        self.release.wait(5)
+        with self._lock:
+            self.running -= 1
+        return Response()
+
+
+def client_of(tmp_path: Path, recorder: Recorder, threads: int | None) -> KubeClient:
+    client = KubeClient(
+        KubeSettings(kubeconfig=kubeconfig(tmp_path, {"token": "t"})), threads=threads
+    )
+    client._api.rest_client.request = recorder.request  # type: ignore[method-assign,assignment]
+    return client
+
+
+async def test_requests_run_on_the_clients_own_threads(tmp_path: Path) -> None:
+    recorder = Recorder()
+    client = client_of(tmp_path, recorder, threads=2)
+    calls = [asyncio.create_task(client.get("/api")) for _ in range(5)]
+    await asyncio.sleep(0.2)
+    assert recorder.running == 2
+    recorder.release.set()
+    assert await asyncio.gather(*calls) == [{}] * 5
+    assert recorder.peak == 2
+    assert all(name.startswith("kube-client") for name in recorder.threads), recorder.threads
+    await client.close()
+    assert client._executor is not None and client._executor._shutdown
+
+
+async def test_a_busy_default_executor_delays_only_clients_without_threads(
+    tmp_path: Path,
+) -> None:
+    loop = asyncio.get_running_loop()
+    default = ThreadPoolExecutor(max_workers=1)
+    loop.set_default_executor(default)
+    busy = threading.Event()
+    hog = loop.run_in_executor(None, busy.wait, 5)  # the one default thread, taken
+    own, shared = Recorder(), Recorder()
+    own.release.set()
+    shared.release.set()
+    with_threads = client_of(tmp_path, own, threads=1)
+    without = client_of(tmp_path, shared, threads=None)
+    try:
+        assert await asyncio.wait_for(with_threads.get("/api"), 2) == {}
+        waiting = asyncio.create_task(without.get("/api"))
+        with pytest.raises(TimeoutError):
+            await asyncio.wait_for(asyncio.shield(waiting), 0.5)
+        busy.set()
+        assert await asyncio.wait_for(waiting, 5) == {}
+    finally:
+        busy.set()
+        await hog
+        await with_threads.close()
+        await without.close()
+        default.shutdown()
