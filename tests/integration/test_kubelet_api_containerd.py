@@ -44,6 +44,7 @@ from klet.status_reporter.kubeletapi import build_kubelet_api_deps
 from klet.status_reporter.kubeletapi.server import serve_kubelet_api
 from klet.status_reporter.podcache import CachePolicy
 from klet.status_reporter.wiring import Overrides, build_deps
+from prometheus_client import CollectorRegistry
 
 from tests.harness.node import KletNode
 from tests.harness.waiting import wait_for
@@ -125,7 +126,8 @@ class KubeletApiThread:
             self.settings,
             pods=reporter.pods,
             runtime=cri,
-            registry=reporter.registry,
+            # Not the reporter's: build_deps already registered the API's metrics there.
+            registry=CollectorRegistry(),
             apiserver=kube,
         )
         ready = asyncio.Event()

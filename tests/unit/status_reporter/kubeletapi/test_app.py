@@ -38,6 +38,7 @@ from klet.status_reporter.kubeletapi import (
     build_kubelet_api_deps,
 )
 from klet.status_reporter.kubeletapi.app import HttpProblem, create_app, resolve_stream_url
+from klet.status_reporter.kubeletapi.deps import kubelet_api_metrics
 from klet.status_reporter.kubeletapi.routes import StreamTarget
 from klet.status_reporter.kubeletapi.testing import FakePodView, FakeRuntime
 from prometheus_client import CollectorRegistry, Counter
@@ -124,6 +125,7 @@ class World:
             runtime=self.runtime,
             registry=self.registry,
             cgroups=self.cgroups,
+            metrics=kubelet_api_metrics(self.registry),
         )
 
     @staticmethod
@@ -432,7 +434,7 @@ def test_build_deps_from_settings(world: World) -> None:
         ),
     )
     deps = build_kubelet_api_deps(
-        allow, pods=world.pods, runtime=world.runtime, registry=world.registry, apiserver=None
+        allow, pods=world.pods, runtime=world.runtime, registry=CollectorRegistry(), apiserver=None
     )
     s = deps.settings
     assert (s.port, s.authorization_mode, s.authn.webhook, s.authn.x509) == (

@@ -1,8 +1,13 @@
 """Authentication of kubelet API requests: client certificates (CN and O), bearer tokens
 through TokenReview with the cacheTTL cache (positive and negative, errors never
-cached), anonymous only when enabled and never for a rejected token, and 401 otherwise."""
+cached, rejected tokens never evicting accepted ones), reviews in bounded slots (a
+review over them refused, a cached answer needing none, a waiter finding the answer
+another review cached), anonymous only when enabled and never for a rejected token, and
+401 otherwise."""
 
 from __future__ import annotations
+
+import asyncio
 
 import pytest
 from klet.status_reporter.kubeletapi.attributes import ANONYMOUS, User
@@ -14,6 +19,7 @@ from klet.status_reporter.kubeletapi.authn import (
     bearer_token,
     user_from_peercert,
 )
+from klet.status_reporter.kubeletapi.reviewslots import ReviewSlots, ReviewsOverloaded
 from klet.status_reporter.kubeletapi.testing import FakeApiServer
 
 CERT = {
@@ -120,3 +126,47 @@ async def test_tokens_ignored_without_webhook_or_apiserver() -> None:
     standalone = Authenticator(AuthnSettings(webhook=True), None)
     assert await standalone.authenticate({"authorization": "Bearer t"}, None) is None
     assert api.reviews == []
+
+
+async def test_rejected_tokens_never_push_accepted_ones_out_of_the_cache() -> None:
+    api = FakeApiServer()
+    api.tokens["good"] = {"username": "sa"}
+    authn = Authenticator(AuthnSettings(), api)
+    assert await authn.authenticate({"authorization": "Bearer good"}, None) == User("sa")
+    for i in range(5000):  # more than a cache holds, each one reviewed once
+        assert await authn.authenticate({"authorization": f"Bearer random-{i}"}, None) is None
+    reviews = len(api.reviews)
+    assert await authn.authenticate({"authorization": "Bearer good"}, None) == User("sa")
+    assert len(api.reviews) == reviews  # still cached
+
+
+async def test_token_reviews_run_in_bounded_slots() -> None:
+    api = FakeApiServer()
+    api.tokens["good"] = {"username": "sa"}
+    api.hold = asyncio.Event()
+    slots = ReviewSlots("TokenReview", concurrency=2, queue=2)
+    authn = Authenticator(AuthnSettings(), api, slots=slots)
+
+    def ask(token: str) -> asyncio.Task[User | None]:
+        return asyncio.create_task(authn.authenticate({"authorization": f"Bearer {token}"}, None))
+
+    first = [ask("good"), ask("good"), ask("good"), ask("x")]
+    for _ in range(5):
+        await asyncio.sleep(0)
+    assert (api.waiting, slots.waiting) == (2, 2)
+    with pytest.raises(ReviewsOverloaded):
+        await authn.authenticate({"authorization": "Bearer y"}, None)
+    api.hold.set()
+    assert await asyncio.gather(*first) == [User("sa"), User("sa"), User("sa"), None]
+    # Two reviews of "good" were in flight at once; the third waited and found the
+    # answer cached.
+    assert [b["spec"]["token"] for _, b in api.reviews] == ["good", "good", "x"]
+    # Every slot busy and the queue full: a cached answer needs neither.
+    api.hold = asyncio.Event()
+    busy = [ask("p"), ask("q"), ask("r"), ask("s")]
+    for _ in range(5):
+        await asyncio.sleep(0)
+    assert slots.waiting == 2
+    assert await authn.authenticate({"authorization": "Bearer good"}, None) == User("sa")
+    api.hold.set()
+    await asyncio.gather(*busy)

@@ -1,9 +1,12 @@
 """Authorization of kubelet API requests: the SubjectAccessReview sent (user, groups,
 uid, extra, nodes/<subresource> of this node), allowed answers cached 5 min and denied
-ones 30 s, the proxy fallback of fine-grained attributes, and failures surfacing as
-AuthorizationError without being cached."""
+ones 30 s, the proxy fallback of fine-grained attributes, failures surfacing as
+AuthorizationError without being cached, and reviews in bounded slots (one over them
+refused with ReviewsOverloaded, a waiter finding the answer another review cached)."""
 
 from __future__ import annotations
+
+import asyncio
 
 import pytest
 from klet.status_reporter.kubeletapi.attributes import User, request_attributes
@@ -14,6 +17,7 @@ from klet.status_reporter.kubeletapi.authz import (
     WebhookAuthorizer,
     review_body,
 )
+from klet.status_reporter.kubeletapi.reviewslots import ReviewSlots, ReviewsOverloaded
 from klet.status_reporter.kubeletapi.testing import FakeApiServer
 
 
@@ -100,3 +104,22 @@ async def test_failures_raise_and_are_not_cached() -> None:
     api.fail = False
     api.allowed.add(("x", "get", "metrics"))
     assert await authz.allowed(attrs)
+
+
+async def test_reviews_run_in_bounded_slots() -> None:
+    api = FakeApiServer()
+    api.allowed.add(("ok", "get", "stats"))
+    api.hold = asyncio.Event()
+    slots = ReviewSlots("SubjectAccessReview", concurrency=1, queue=1)
+    authz = WebhookAuthorizer(AuthzSettings(), api, slots=slots)
+    yes = request_attributes(User("ok"), "GET", "/stats/summary", node_name="n1")
+    first, second = (asyncio.create_task(authz.allowed(yes)) for _ in range(2))
+    for _ in range(5):
+        await asyncio.sleep(0)
+    assert (api.waiting, slots.waiting) == (1, 1)
+    other = request_attributes(User("other"), "GET", "/stats/summary", node_name="n1")
+    with pytest.raises(ReviewsOverloaded):
+        await authz.allowed(other)
+    api.hold.set()
+    assert await first and await second
+    assert len(api.reviews) == 1  # the waiter found the answer cached

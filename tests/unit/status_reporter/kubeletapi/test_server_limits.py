@@ -1,17 +1,23 @@
 """What a client can make the kubelet API listener hold, for real on loopback TLS
 (in-process, fakes behind it): a request head trickled a byte at a time is cut off by
-the header deadline while an authenticated kept-alive connection may idle; connections
-over the per-client and the global cap are closed before the TLS handshake; a refused
-request's body is never waited for (401/413 answered on the head, then close); what a
-client pipelines while a followed log streams is bounded; the serving certificate and
-the client CA are reloaded when their files change (a broken change keeps the old
-ones); the self-generated certificate is regenerated before it expires (clock
-injected); TLS 1.2 offers only the ECDHE AEAD suites by default."""
+the header deadline while an authenticated kept-alive connection may idle; a head over
+64 KiB is answered 431; connections over the per-client and the global cap are closed
+before the TLS handshake; a full unauthenticated pool gives the oldest place of the
+client holding the most to a newcomer (the authenticated stay), refusals and evictions
+counted; a client without credentials gets one answer per connection, and one that
+then never finishes the TLS shutdown is reset within seconds; a request whose
+TokenReview finds no free slot is answered 429 with Retry-After; a refused request's
+body is never waited for (401/413 answered on the head, then close); what a client
+pipelines while a followed log streams is bounded; the serving certificate and the
+client CA are reloaded when their files change (a broken change keeps the old ones);
+the self-generated certificate is regenerated before it expires (clock injected); TLS
+1.2 offers only the ECDHE AEAD suites by default."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import datetime
 import ssl
 from collections.abc import AsyncIterator
@@ -22,7 +28,9 @@ import pytest
 from cryptography import x509
 from klet.devstack.pki import CertificateAuthority
 from klet.status_reporter.kubeletapi import KubeletApiDeps
+from klet.status_reporter.kubeletapi.authn import AuthnSettings
 from klet.status_reporter.kubeletapi.server import serve_kubelet_api, tls_settings
+from klet.status_reporter.kubeletapi.testing import FakeApiServer
 from klet.status_reporter.kubeletapi.tlsconfig import ServingTLS
 
 from tests.unit.status_reporter.kubeletapi import test_server
@@ -183,6 +191,141 @@ async def test_connection_caps(world: World, pki: Pki) -> None:
             raise AssertionError("the closed connection's place was not freed")
         for _, writer in held:
             writer.close()
+
+
+async def test_a_head_over_64_kib_is_refused(world: World, pki: Pki) -> None:
+    padding = "".join(f"X-Pad-{i}: {'a' * 1000}\r\n" for i in range(66))  # 66 KiB and more
+    async with serving(deps_for(world, pki)) as port:
+        conn = await connect(port, pki.admin)
+        conn[1].write(f"GET /healthz HTTP/1.1\r\nHost: n1\r\n{padding}\r\n".encode())
+        with contextlib.suppress(ConnectionResetError):
+            await conn[1].drain()
+        data = await answer(conn)  # answered and closed, not held until a deadline
+        assert data.startswith(b"HTTP/1.1 431")
+        conn = await connect(port, pki.admin)  # a head within the bound is served
+        small = "".join(f"X-Pad-{i}: {'a' * 1000}\r\n" for i in range(63))
+        head = await request(conn, f"GET /healthz HTTP/1.1\r\nHost: n1\r\n{small}\r\n")
+        assert head.startswith(b"HTTP/1.1 200")
+        conn[1].close()
+
+
+def sample(world: World, name: str, **labels: str) -> float:
+    value = world.registry.get_sample_value(name, labels)
+    assert value is not None, f"no sample {name}{labels}"
+    return value
+
+
+async def closed_by_server(conn: Conn) -> bool:
+    """Whether the server ended `conn` (EOF or reset) within a second."""
+    try:
+        return await asyncio.wait_for(conn[0].read(100), 1) == b""
+    except (ConnectionResetError, ssl.SSLError):
+        return True
+    except TimeoutError:
+        return False
+
+
+async def test_a_full_unauthenticated_pool_makes_room_for_a_newcomer(
+    world: World, pki: Pki
+) -> None:
+    deps = deps_for(world, pki, max_unauthenticated_connections=4, max_unauthenticated_per_client=3)
+    async with serving(deps) as port:
+        # An authenticated keep-alive connection: out of the pool, never given away.
+        kept = await connect(port, pki.admin)
+        assert (await request(kept, GET)).startswith(b"HTTP/1.1 200")
+        await kept[0].readexactly(2)
+        # Idle TLS connections, no request: three from .2 (its share), one from .3.
+        idle = [await connect(port, pki.plain, source="127.0.0.2") for _ in range(3)]
+        other = await connect(port, pki.plain, source="127.0.0.3")
+        # .2 is at its share: closed before the handshake.
+        with pytest.raises((OSError, asyncio.IncompleteReadError)):
+            conn = await connect(port, pki.plain, source="127.0.0.2")
+            await request(conn, GET)
+        # The pool is full, but the admin's address holds none of it: the oldest of .2
+        # (the client holding the most) is closed and the admin served.
+        assert await status_of(port, pki.admin) == 200
+        assert await closed_by_server(idle[0])
+        assert not await closed_by_server(idle[1])
+        # The admin's connection left the pool when served: .4 fills it again. Then .3
+        # (one) takes the oldest place of .2 (two), and holding two, the most, another
+        # of .3 is refused.
+        fourth = await connect(port, pki.plain, source="127.0.0.4")
+        third = await connect(port, pki.plain, source="127.0.0.3")
+        assert await closed_by_server(idle[1])
+        with pytest.raises((OSError, asyncio.IncompleteReadError)):
+            conn = await connect(port, pki.plain, source="127.0.0.3")
+            await request(conn, GET)
+        assert not await closed_by_server(other)
+        assert (await request(kept, GET)).startswith(b"HTTP/1.1 200")
+        assert sample(world, "klet_kubelet_api_connections_evicted_total") == 2
+        refused = "klet_kubelet_api_connections_refused_total"
+        assert sample(world, refused, reason="unauthenticated_client") == 1
+        assert sample(world, refused, reason="unauthenticated") == 1
+        assert sample(world, "klet_kubelet_api_connections", state="authenticated") == 1
+        assert sample(world, "klet_kubelet_api_connections", state="unauthenticated") == 4
+        for _, writer in (kept, *idle, other, third, fourth):
+            writer.close()
+
+
+async def test_one_answer_per_connection_without_credentials(world: World, pki: Pki) -> None:
+    deps = deps_for(world, pki, max_unauthenticated_per_client=1, header_timeout_s=30)
+    async with serving(deps) as port:
+        conn = await connect(port, pki.plain)
+        head = await request(conn, GET)
+        assert head.startswith(b"HTTP/1.1 401") and b"connection: close" in head.lower()
+        assert await answer(conn, timeout_s=2) == b"Unauthorized"  # closed, not idling
+        # A client that neither reads on nor finishes the TLS shutdown holds its place
+        # only a couple of seconds (asyncio alone would wait 30 s for it).
+        conn = await connect(port, pki.plain)
+        transport: Any = conn[1].transport
+        transport.pause_reading()
+        conn[1].write(GET.encode())
+        started = asyncio.get_running_loop().time()
+        while await status_of(port, pki.plain) is None:
+            assert asyncio.get_running_loop().time() - started < 5, "the place was not freed"
+            await asyncio.sleep(0.2)
+        conn[1].transport.abort()
+
+
+async def test_token_reviews_over_their_slots_are_answered_429(world: World, pki: Pki) -> None:
+    api = FakeApiServer()
+    api.tokens["good"] = {"username": "sa"}
+    api.hold = asyncio.Event()
+    deps = dataclasses.replace(
+        deps_for(
+            world,
+            pki,
+            authn=AuthnSettings(x509=True, webhook=True),
+            review_concurrency=1,
+            review_queue=0,
+        ),
+        apiserver=api,
+    )
+
+    def with_token(token: str) -> str:
+        return f"GET /healthz HTTP/1.1\r\nHost: n1\r\nAuthorization: Bearer {token}\r\n\r\n"
+
+    async with serving(deps) as port:
+        held = await connect(port, pki.plain)
+        held[1].write(with_token("good").encode())
+        for _ in range(500):  # until its review holds the one slot
+            if api.waiting:
+                break
+            await asyncio.sleep(0.01)
+        conn = await connect(port, pki.plain)
+        head = await request(conn, with_token("random"))
+        assert head.startswith(b"HTTP/1.1 429")
+        assert b"retry-after: 1" in head.lower() and b"connection: close" in head.lower()
+        assert await answer(conn) == b"Too Many Requests"
+        assert sample(world, "klet_kubelet_api_reviews_rejected_total", review="TokenReview") == 1
+        # The x509-authenticated needs no TokenReview: served meanwhile.
+        assert await status_of(port, pki.admin, "/healthz") == 200
+        api.hold.set()
+        good = await asyncio.wait_for(held[0].readuntil(b"\r\n\r\n"), 5)
+        assert good.startswith(b"HTTP/1.1 200")
+        await held[0].readexactly(2)  # "ok"
+        assert (await request(held, with_token("good"))).startswith(b"HTTP/1.1 200")
+        held[1].close()
 
 
 async def test_refused_bodies_are_not_read(world: World, pki: Pki) -> None:

@@ -123,3 +123,48 @@ class Metrics:
         self.running_pods.set(counts.pods)
         for state, n in counts.containers.items():
             self.running_containers.labels(container_state=state).set(n)
+
+
+REVIEWS = ("TokenReview", "SubjectAccessReview")
+
+
+class KubeletApiMetrics:
+    """What the kubelet API's listener refused (port 10250), registered on `registry` at
+    construction. klet's own: upstream's kubelet has no connection caps to count.
+
+    Refusal reasons are klet.status_reporter.kubeletapi.connlimits.REFUSALS; every
+    series exists from the start, so an alert on a rate sees 0, not "no data".
+    """
+
+    def __init__(self, registry: CollectorRegistry, *, refusals: Iterable[str]) -> None:
+        self.refused = Counter(
+            "klet_kubelet_api_connections_refused",
+            "Connections to the kubelet API closed at accept, unanswered, by the cap reached.",
+            ["reason"],
+            registry=registry,
+        )
+        self.evicted = Counter(
+            "klet_kubelet_api_connections_evicted",
+            "Unauthenticated kubelet API connections closed to give their place to a client "
+            "holding fewer.",
+            registry=registry,
+        )
+        self.open = Gauge(
+            "klet_kubelet_api_connections",
+            "Open kubelet API connections, by whether a request on them was let through yet.",
+            ["state"],
+            registry=registry,
+        )
+        self.reviews_rejected = Counter(
+            "klet_kubelet_api_reviews_rejected",
+            "Kubelet API requests answered 429 because every slot for their review was busy "
+            "and the queue full.",
+            ["review"],
+            registry=registry,
+        )
+        for reason in refusals:
+            self.refused.labels(reason=reason)
+        for state in ("authenticated", "unauthenticated"):
+            self.open.labels(state=state)
+        for review in REVIEWS:
+            self.reviews_rejected.labels(review=review)

@@ -43,7 +43,11 @@ from klet.status_reporter.cluster import (
     ClusterOverrides,
     build_cluster,
 )
-from klet.status_reporter.kubeletapi import KubeletApiDeps, build_kubelet_api_deps
+from klet.status_reporter.kubeletapi import (
+    KubeletApiDeps,
+    KubeletApiSettings,
+    build_kubelet_api_deps,
+)
 from klet.status_reporter.metrics import Metrics
 from klet.status_reporter.podcache import (
     CachePolicy,
@@ -274,7 +278,9 @@ def build_deps(settings: ServiceSettings, *, overrides: Overrides | None = None)
 def _kubelet_api(
     settings: ServiceSettings, *, pods: PodCache, registry: CollectorRegistry
 ) -> tuple[KubeletApiDeps | None, list[Callable[[], Awaitable[None]]]]:
-    """The 10250 API's dependencies, with their own apiserver and CRI clients.
+    """The 10250 API's dependencies, with their own apiserver and CRI clients (the
+    apiserver client with threads of its own: whoever reaches the port can cause
+    TokenReviews, which must not take the threads of the node Lease's renewal).
 
     Off when enableServer is false, and off (with a warning) when authorization is
     Webhook but there is no apiserver to ask — upstream refuses to start then; turning
@@ -289,7 +295,8 @@ def _kubelet_api(
     if api_settings is not None:
         from klet.kube.client import KubeClient  # cluster mode only: loads `kubernetes`
 
-        api_kube = KubeClient(api_settings)
+        threads = KubeletApiSettings.from_settings(settings).review_threads
+        api_kube = KubeClient(api_settings, threads=threads)
         closers.append(api_kube.close)
     if api_kube is None and kubelet.authorization.mode == "Webhook":
         log.warning("kubelet API on --port is off: authorization mode Webhook needs --kubeconfig")

@@ -10,9 +10,13 @@ In upstream's order, first match wins:
    verifies during the handshake, which fails the handshake instead — stricter, and
    OpenSSL's verification is the one we trust.
 2. **Bearer token** (`authentication.webhook.enabled` and an apiserver to ask): a
-   TokenReview, answers cached for `cacheTTL` (2 min), positive and negative alike;
-   failed calls are not cached. A presented token that does not authenticate fails the
-   request even when anonymous access is on (upstream's "invalid bearer token").
+   TokenReview, answers cached for `cacheTTL` (2 min), positive and negative alike, as
+   upstream's delegating authenticator caches them; failed calls are not cached. A
+   presented token that does not authenticate fails the request even when anonymous
+   access is on (upstream's "invalid bearer token"). Reviews run in bounded slots
+   (`reviewslots.py`): over them the request is refused, not queued. Negative answers
+   are kept apart from positive ones, so a flood of random tokens, each cached as a
+   failure, never pushes an authenticated client's entry out of the cache.
 3. **Anonymous** (`authentication.anonymous.enabled`): system:anonymous in group
    system:unauthenticated.
 
@@ -31,6 +35,7 @@ from typing import Any, Generic, Protocol, TypeVar
 from klet.kube import KubeError
 from klet.model.types import JSON
 from klet.status_reporter.kubeletapi.attributes import ANONYMOUS, User
+from klet.status_reporter.kubeletapi.reviewslots import ReviewSlots
 
 log = logging.getLogger(__name__)
 
@@ -146,15 +151,19 @@ class Authenticator:
         apiserver: ApiServer | None,
         *,
         clock: Callable[[], float] = time.monotonic,
+        slots: ReviewSlots | None = None,
     ) -> None:
         self.settings = settings
         self._apiserver = apiserver if settings.webhook else None
-        self._cache: TTLCache[str, User | None] = TTLCache(clock=clock)
+        self._slots = slots
+        self._cache: TTLCache[str, User] = TTLCache(clock=clock)
+        self._failures: TTLCache[str, None] = TTLCache(clock=clock)
 
     async def authenticate(
         self, headers: Mapping[str, str], peercert: Mapping[str, Any] | None
     ) -> User | None:
-        """The user, or None (401). Raises AuthenticationError when the apiserver failed."""
+        """The user, or None (401). Raises AuthenticationError when the apiserver failed,
+        ReviewsOverloaded when a TokenReview is needed and no slot is free."""
         if self.settings.x509:
             user = user_from_peercert(peercert)
             if user is not None:
@@ -168,11 +177,29 @@ class Authenticator:
             return ANONYMOUS
         return None
 
+    def _cached(self, key: str) -> tuple[bool, User | None]:
+        hit, user = self._cache.get(key)
+        if hit:
+            return True, user
+        return self._failures.get(key)[0], None
+
     async def _review(self, token: str) -> User | None:
+        """The token's user from the cache or a TokenReview. Raises ReviewsOverloaded
+        when no review slot is free."""
         key = hashlib.sha256(token.encode()).hexdigest()
-        hit, cached = self._cache.get(key)
+        hit, cached = self._cached(key)
         if hit:
             return cached
+        if self._slots is None:
+            return await self._ask(key, token)
+        async with self._slots.hold():
+            # Another request with the same token may have had the answer meanwhile.
+            hit, cached = self._cached(key)
+            if hit:
+                return cached
+            return await self._ask(key, token)
+
+    async def _ask(self, key: str, token: str) -> User | None:
         assert self._apiserver is not None
         body: JSON = {
             "apiVersion": "authentication.k8s.io/v1",
@@ -185,5 +212,8 @@ class Authenticator:
             log.error("TokenReview failed", extra={"error": str(err)})
             raise AuthenticationError(str(err)) from err
         user = user_from_token_review(review or {})
-        self._cache.put(key, user, self.settings.webhook_cache_ttl_s)
+        if user is None:
+            self._failures.put(key, None, self.settings.webhook_cache_ttl_s)
+        else:
+            self._cache.put(key, user, self.settings.webhook_cache_ttl_s)
         return user

@@ -6,7 +6,8 @@
   upstream's webhook authorizer caches them: allowed for `cacheAuthorizedTTL` (5 min),
   denied for `cacheUnauthorizedTTL` (30 s); a failed call is not cached and becomes a
   500 "Authorization error". A request is allowed when any of its attribute sets is
-  (the fine-grained subresource first, then its `proxy` fallback).
+  (the fine-grained subresource first, then its `proxy` fallback). Reviews run in
+  bounded slots of their own (`reviewslots.py`), apart from the TokenReviews.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from klet.kube import KubeError
 from klet.model.types import JSON
 from klet.status_reporter.kubeletapi.attributes import Attributes
 from klet.status_reporter.kubeletapi.authn import ApiServer, TTLCache
+from klet.status_reporter.kubeletapi.reviewslots import ReviewSlots
 
 log = logging.getLogger(__name__)
 
@@ -38,7 +40,8 @@ class AuthorizationError(Exception):
 
 class Authorizer(Protocol):
     async def allowed(self, attrs: list[Attributes]) -> bool:
-        """Whether any of `attrs` is allowed. Raises AuthorizationError."""
+        """Whether any of `attrs` is allowed. Raises AuthorizationError, or
+        ReviewsOverloaded when a review is needed and no slot is free."""
         ...
 
 
@@ -87,9 +90,11 @@ class WebhookAuthorizer:
         apiserver: ApiServer,
         *,
         clock: Callable[[], float] = time.monotonic,
+        slots: ReviewSlots | None = None,
     ) -> None:
         self.settings = settings
         self._apiserver = apiserver
+        self._slots = slots
         self._cache: TTLCache[str, bool] = TTLCache(clock=clock)
 
     async def allowed(self, attrs: list[Attributes]) -> bool:
@@ -104,6 +109,15 @@ class WebhookAuthorizer:
         hit, cached = self._cache.get(key)
         if hit:
             return bool(cached)
+        if self._slots is None:
+            return await self._ask(key, body, attrs)
+        async with self._slots.hold():
+            hit, cached = self._cache.get(key)
+            if hit:
+                return bool(cached)
+            return await self._ask(key, body, attrs)
+
+    async def _ask(self, key: str, body: JSON, attrs: Attributes) -> bool:
         try:
             review = await self._apiserver.create(SUBJECTACCESSREVIEWS, body)
         except KubeError as err:

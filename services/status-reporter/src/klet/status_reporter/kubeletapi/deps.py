@@ -19,8 +19,10 @@ from klet.model.types import JSON, ContainerID, SandboxID
 from klet.stats import CgroupReader, StatsRuntime
 from klet.status_reporter.kubeletapi.authn import ApiServer, AuthnSettings
 from klet.status_reporter.kubeletapi.authz import AuthzSettings
+from klet.status_reporter.kubeletapi.connlimits import REFUSALS
 from klet.status_reporter.kubeletapi.logstream import FollowPolicy
 from klet.status_reporter.kubeletapi.lookup import RuntimeLister
+from klet.status_reporter.metrics import KubeletApiMetrics
 from prometheus_client import CollectorRegistry
 
 FINE_GRAINED_GATE = "KubeletFineGrainedAuthz"
@@ -112,9 +114,12 @@ class KubeletApiSettings:
     """[streamingConnectionIdleTimeout], seconds."""
     idle_timeout_s: float = 90.0
     """Keep-alive idle timeout between requests, seconds (upstream's IdleTimeout)."""
-    max_header_bytes: int = 1 << 20
-    """Largest request head, bytes (upstream's MaxHeaderBytes)."""
-    # Limits of the listener (klet's own; see server.py and connlimits.py).
+    max_header_bytes: int = 64 << 10
+    """Largest request head, bytes; a larger one is answered 431 and closed. Upstream's
+    MaxHeaderBytes is 1 MiB, which every connection with an unfinished head could make
+    the server buffer before a credential is checked; 64 KiB holds any real head (a
+    bearer token is a few KiB, the apiserver's proxy headers less)."""
+    # Limits of the listener (klet's own; see server.py, connlimits.py, reviewslots.py).
     header_timeout_s: float = 10.0
     """A request head must be complete this many seconds after the TLS handshake (a
     connection no request authenticated on yet) or after its first byte (the next
@@ -125,10 +130,26 @@ class KubeletApiSettings:
     """Largest request body, bytes; the API takes none larger."""
     handshake_timeout_s: float = 10.0
     """The TLS handshake must be complete within this many seconds."""
-    max_connections: int = 4096
-    """Connections held at once, all clients together (0: no cap)."""
-    max_connections_per_client: int = 1024
-    """Connections held at once by one client address (IPv6: one /64; 0: no cap)."""
+    max_connections: int = 1024
+    """Connections held at once, all clients together (0: no cap). Each costs under
+    100 KiB of memory (TLS state and buffers) while idle."""
+    max_connections_per_client: int = 512
+    """Connections held at once by one client address (IPv6: one /64; 0: no cap). The
+    apiserver is one client: every `kubectl logs -f`, exec and port-forward to this node
+    through it holds one of these."""
+    max_unauthenticated_connections: int = 128
+    """Connections held at once on which no request was let through yet (the TLS
+    handshake, the first request head and its review), all clients together (0: no
+    cap). When full, a newcomer takes the place of the oldest one of the client holding
+    the most, if that client holds more than the newcomer's (connlimits.py)."""
+    max_unauthenticated_per_client: int = 32
+    """Unauthenticated connections held at once by one client address (0: no cap)."""
+    review_concurrency: int = 4
+    """TokenReviews run at once, and as many SubjectAccessReviews; the API's apiserver
+    client has a pool of twice this many threads of its own."""
+    review_queue: int = 64
+    """TokenReviews (and, apart, SubjectAccessReviews) that may wait for a slot; a
+    request needing one more is answered 429 with Retry-After."""
     tls_reload_interval_s: float = 10.0
     """How often, at most, the certificate, key and client CA files are checked for
     changes (on a new connection)."""
@@ -136,6 +157,11 @@ class KubeletApiSettings:
     """[runtimeRequestTimeout]: how long /run waits for the command, seconds."""
     configz: JSON = field(default_factory=dict)
     """The KubeletConfiguration in upstream JSON form, for /configz."""
+
+    @property
+    def review_threads(self) -> int:
+        """The threads of the API's own apiserver client: one per review slot."""
+        return 2 * self.review_concurrency
 
     @classmethod
     def from_settings(cls, settings: Settings) -> KubeletApiSettings:
@@ -182,9 +208,16 @@ class KubeletApiDeps:
     runtime: KubeletRuntime
     registry: CollectorRegistry
     cgroups: CgroupReader
+    metrics: KubeletApiMetrics
+    """The listener's refusals, on `registry` (`kubelet_api_metrics(registry)`)."""
     apiserver: ApiServer | None = None
     """For TokenReview and SubjectAccessReview; None in standalone mode."""
     follow: FollowPolicy = field(default_factory=FollowPolicy)
+
+
+def kubelet_api_metrics(registry: CollectorRegistry) -> KubeletApiMetrics:
+    """The listener's metrics, registered on `registry`."""
+    return KubeletApiMetrics(registry, refusals=REFUSALS)
 
 
 def build_kubelet_api_deps(
@@ -210,5 +243,6 @@ def build_kubelet_api_deps(
         runtime=runtime,
         registry=registry,
         cgroups=cgroups if cgroups is not None else CgroupFS(),
+        metrics=kubelet_api_metrics(registry),
         apiserver=apiserver,
     )

@@ -1,7 +1,9 @@
 """Authentication then authorization of one kubelet API request: `Gate.check` returns
 None (go ahead) or the error answer, with upstream's statuses and bodies: 401
 "Unauthorized" (no identity, or the TokenReview failed), 500 "Authorization error
-(...)" (the SubjectAccessReview failed), 403 "Forbidden (user=..., ...)" (denied).
+(...)" (the SubjectAccessReview failed), 403 "Forbidden (user=..., ...)" (denied); and
+klet's own 429 "Too Many Requests" when the review the request needs has no free slot
+(`reviewslots.py`; upstream queues every review without bound).
 
 It decides on the request head alone (method, path, headers, the TLS client
 certificate): `server.py` calls it before reading any body, so a request that is not
@@ -27,8 +29,13 @@ from klet.status_reporter.kubeletapi.authz import (
     WebhookAuthorizer,
 )
 from klet.status_reporter.kubeletapi.deps import KubeletApiDeps
+from klet.status_reporter.kubeletapi.reviewslots import ReviewSlots, ReviewsOverloaded
 
 log = logging.getLogger(__name__)
+
+TOO_MANY_REQUESTS = (429, "Too Many Requests")
+"""The answer when the review a request needs has no free slot (the server adds
+Retry-After)."""
 
 
 class Gate:
@@ -38,14 +45,27 @@ class Gate:
         s = deps.settings
         self._node = s.node_name
         self._fine_grained = s.fine_grained_authz
-        self._authn = Authenticator(s.authn, deps.apiserver)
+        self._metrics = deps.metrics
+        self._authn = Authenticator(
+            s.authn,
+            deps.apiserver,
+            slots=ReviewSlots(
+                "TokenReview", concurrency=s.review_concurrency, queue=s.review_queue
+            ),
+        )
         self._authz: Authorizer
         if s.authorization_mode == "AlwaysAllow":
             self._authz = AlwaysAllow()
         elif deps.apiserver is None:
             raise ValueError("authorization.mode: Webhook needs an apiserver (--kubeconfig)")
         else:
-            self._authz = WebhookAuthorizer(s.authz, deps.apiserver)
+            self._authz = WebhookAuthorizer(
+                s.authz,
+                deps.apiserver,
+                slots=ReviewSlots(
+                    "SubjectAccessReview", concurrency=s.review_concurrency, queue=s.review_queue
+                ),
+            )
 
     async def check(
         self, method: str, path: str, headers: Mapping[str, str], peercert: Any
@@ -54,6 +74,8 @@ class Gate:
             user = await self._authn.authenticate(headers, peercert)
         except AuthenticationError:
             user = None
+        except ReviewsOverloaded as err:
+            return self._overloaded(err)
         if user is None:
             return 401, "Unauthorized"
         attrs = request_attributes(
@@ -63,6 +85,8 @@ class Gate:
             allowed = await self._authz.allowed(attrs)
         except AuthorizationError as err:
             return 500, authorization_error_message(err.attrs)
+        except ReviewsOverloaded as err:
+            return self._overloaded(err)
         if not allowed:
             log.info(
                 "forbidden",
@@ -75,3 +99,7 @@ class Gate:
             )
             return 403, forbidden_message(attrs)
         return None
+
+    def _overloaded(self, err: ReviewsOverloaded) -> tuple[int, str]:
+        self._metrics.reviews_rejected.labels(review=err.review).inc()
+        return TOO_MANY_REQUESTS

@@ -10,8 +10,11 @@ state machine uvicorn itself uses) to read request heads and frame responses, an
 request:
 
 1. authenticate and authorize (`gate.py`) on the request head alone: 401, 403 or 500
-   with upstream's bodies. A refused request's body is never read: when it has one,
-   the answer says `Connection: close` and the connection is closed;
+   with upstream's bodies, 429 when the review it needs has no free slot. A refused
+   request's body is never read: when it has one, the answer says `Connection: close`
+   and the connection is closed; so it is when no request on the connection was let
+   through yet (a client without credentials gets one answer per connection, and so
+   one review per handshake);
 2. an upgrade request to /exec, /attach or /portForward: resolve the runtime's URL
    (`app.resolve_stream_url`) and proxy the connection (`streaming.proxy_upgrade`);
    the connection then belongs to the stream and is closed with it;
@@ -24,17 +27,26 @@ request:
 What one client can make the server hold is bounded, since anyone who reaches the port
 can open connections before any credential is checked:
 
-- connections: a global and a per-client cap (`connlimits.py`), counted from accept,
-  before the handshake; one over a cap is closed unanswered;
+- connections: a global and a per-client cap, and a small pool (with a per-client
+  share) for connections no request was let through on yet (`connlimits.py`), counted
+  from accept, before the handshake; one over a cap is closed unanswered, and when the
+  unauthenticated pool is full a newcomer takes the place of the oldest connection of
+  the client holding the most of it;
 - time: the TLS handshake (10 s) and then the whole request head (10 s) each have a
   deadline, not an idle timeout that each byte restarts (a client sending a byte a
   second is cut off); a kept-alive connection may idle 90 s between requests only once
   a request on it was authenticated, and its next head has the same deadline from its
   first byte; the body of an authorized request has its own (60 s);
-- memory: the request head is bounded (1 MiB, upstream's MaxHeaderBytes), a body
-  (1 MiB; a larger Content-Length is refused before a byte of it is read), and what a
-  client sends while a response is being produced (a head and a body's worth, then the
-  connection is closed); writes wait for the client to take the bytes (drain).
+- memory: the request head is bounded (64 KiB; upstream's 1 MiB would let the
+  unauthenticated pool alone pin 128 MiB), a body (1 MiB; a larger Content-Length is
+  refused before a byte of it is read), and what a client sends while a response is
+  being produced (a head and a body's worth, then the connection is closed); writes
+  wait for the client to take the bytes (drain). asyncio's TLS layer gives every
+  connection a 256 KiB read buffer, zero-filled at once (so resident) before the
+  handshake; `serve_kubelet_api` lowers it to 32 KiB (TLS records are at most 16 KiB),
+  which brings an idle connection from about 300 KiB to under 100 KiB;
+- work: TokenReviews and SubjectAccessReviews run in bounded slots, on an apiserver
+  client with threads of its own (`reviewslots.py`).
 
 The alternative, uvicorn on a private unix socket behind a reverse proxy here, would
 parse every request twice and still need this module's upgrade handling; in-process is
@@ -47,6 +59,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import socket
 import ssl
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -55,8 +68,10 @@ from urllib.parse import unquote, urlsplit
 import h11
 from klet.status_reporter.kubeletapi.app import HttpProblem, create_app, resolve_stream_url
 from klet.status_reporter.kubeletapi.connlimits import (
+    ConnectionCaps,
     ConnectionLimiter,
     RefusalLog,
+    Ticket,
     client_key,
 )
 from klet.status_reporter.kubeletapi.deps import KubeletApiDeps, KubeletApiSettings
@@ -74,10 +89,59 @@ log = logging.getLogger(__name__)
 
 READ_SIZE = 64 * 1024
 
+TLS_READ_BUFFER = 32 * 1024
+"""asyncio's per-connection TLS read buffer here (its default is 256 KiB)."""
+
+
+def shrink_tls_read_buffer(size: int = TLS_READ_BUFFER) -> None:
+    """Lower the read buffer asyncio's TLS protocol allocates for every connection.
+
+    `SSLProtocol.__init__` zero-fills a `max_size` bytearray (256 KiB in Python 3.11 and
+    3.12), resident from accept, and neither `start_tls` nor the server API offers a way
+    to choose it per connection: the class attribute is the only hook. It is the socket
+    read size and the largest plaintext chunk handed on, so 32 KiB (two full TLS
+    records) costs a few more loop iterations on a bulk stream and nothing else. It
+    applies to every asyncio TLS connection of the process (the bus client's too),
+    which is the same trade everywhere."""
+    sslproto: Any = getattr(asyncio, "sslproto", None)
+    protocol = getattr(sslproto, "SSLProtocol", None)
+    if protocol is not None and getattr(protocol, "max_size", 0) > size:
+        protocol.max_size = size
+
 
 class _Closed(Exception):
     """The client went away, broke the protocol or missed a deadline: drop the
-    connection."""
+    connection (`abort`: at once, with nothing left to tell it)."""
+
+    def __init__(self, reason: str, *, abort: bool = False) -> None:
+        super().__init__(reason)
+        self.abort = abort
+
+
+CLOSE_TIMEOUT_S = 2.0
+"""How long a connection closed with an answer may take to finish its TLS shutdown
+before it is aborted; it stays counted against the caps until then."""
+
+
+async def _close(writer: asyncio.StreamWriter, *, abort: bool) -> None:
+    """Close a connection: gracefully (the answer is delivered, close_notify exchanged)
+    within CLOSE_TIMEOUT_S, else, or when `abort`, by a reset. asyncio's own TLS
+    shutdown waits 30 s for a client that never answers close_notify, holding the
+    connection's memory, which a client without credentials could repeat at will."""
+    if not abort and writer.transport is not None:
+        writer.close()
+        try:
+            await asyncio.wait_for(writer.wait_closed(), CLOSE_TIMEOUT_S)
+            return
+        except Exception:  # noqa: BLE001 - timed out or failed: reset it
+            pass
+    _abort(writer)
+
+
+def _abort(writer: asyncio.StreamWriter) -> None:
+    transport: Any = writer.transport
+    if transport is not None:
+        transport.abort()
 
 
 def tls_settings(s: KubeletApiSettings) -> TLSSettings:
@@ -118,8 +182,10 @@ class _Connection:
         gate: Gate,
         reader: asyncio.StreamReader,
         writer: asyncio.StreamWriter,
+        on_authenticated: Callable[[], None] = lambda: None,
     ) -> None:
         self.deps = deps
+        self.on_authenticated = on_authenticated
         self.settings = deps.settings
         self.app = app
         self.gate = gate
@@ -151,16 +217,18 @@ class _Connection:
         except h11.RemoteProtocolError as err:
             raise _ProtocolError(err) from err
 
-    async def _receive(self, deadline: float, what: str) -> None:
-        """Feed h11 the next bytes, which must come before `deadline` (loop time)."""
+    async def _receive(self, deadline: float, what: str, *, at_most: int = READ_SIZE) -> int:
+        """Feed h11 the next bytes (at most `at_most`), which must come before `deadline`
+        (loop time); how many."""
         try:
             async with asyncio.timeout_at(deadline):
-                data = await self.reader.read(READ_SIZE)
+                data = await self.reader.read(max(1, min(READ_SIZE, at_most)))
         except TimeoutError as err:
-            raise _Closed(f"{what} deadline passed") from err
+            raise _Closed(f"{what} deadline passed", abort=True) from err
         except (OSError, ConnectionError) as err:
-            raise _Closed("reset") from err
+            raise _Closed("reset", abort=True) from err
         self.h11.receive_data(data)
+        return len(data)
 
     async def _read_head(self) -> h11.Request | None:
         """The next request head; None when the client closed between requests."""
@@ -168,12 +236,20 @@ class _Connection:
         now = asyncio.get_running_loop().time()
         # Until a request authenticated here, the head's deadline runs from the end of
         # the handshake (or of the last answer): an unauthenticated client may not idle.
-        started = not self.authenticated or bool(self.h11.trailing_data[0])
+        buffered = len(self.h11.trailing_data[0])
+        started = not self.authenticated or bool(buffered)
         deadline = now + (s.header_timeout_s if started else s.idle_timeout_s)
         while True:
             event = self._event()
             if event is h11.NEED_DATA:
-                await self._receive(deadline, "request head" if started else "idle")
+                # h11 refuses a head only while it is incomplete past the bound: never
+                # feed it more than one byte past it, so a head that would complete
+                # beyond it is refused too (431) instead of being parsed whole.
+                buffered += await self._receive(
+                    deadline,
+                    "request head" if started else "idle",
+                    at_most=s.max_header_bytes + 1 - buffered,
+                )
                 if not started:
                     started = True
                     deadline = asyncio.get_running_loop().time() + s.header_timeout_s
@@ -219,6 +295,8 @@ class _Connection:
             (b"x-content-type-options", b"nosniff"),
             (b"content-length", str(len(data)).encode()),
         ]
+        if status == 429:
+            headers.append((b"retry-after", b"1"))
         if close:
             headers.append((b"connection", b"close"))
         await self._send(h11.Response(status_code=status, headers=headers))
@@ -259,12 +337,17 @@ class _Connection:
         denied = await self.gate.check(method, path, headers, self.peercert)
         if denied is not None:
             # The body of a refused request is not read: close instead of draining it.
-            await self._send_text(*denied, close=has_body)
-            if has_body:
+            # A connection nothing was let through on yet is closed too, giving its
+            # place in the unauthenticated pool back.
+            close = has_body or not self.authenticated
+            await self._send_text(*denied, close=close)
+            if close:
                 return True
             await self._read_body()  # the EndOfMessage h11 already holds
             return False
-        self.authenticated = True
+        if not self.authenticated:
+            self.authenticated = True
+            self.on_authenticated()
         length = declared_length(headers)
         if length is not None and length > self.settings.max_body_bytes:
             await self._send_text(413, "Request Entity Too Large", close=True)
@@ -443,34 +526,71 @@ async def serve_kubelet_api(
     s = deps.settings
     serving_tls = tls if tls is not None else ServingTLS(tls_settings(s))
     await asyncio.to_thread(serving_tls.load)
+    shrink_tls_read_buffer()
     gate = Gate(deps)
     app = create_app(deps)
     limiter = ConnectionLimiter(
-        max_total=s.max_connections, max_per_client=s.max_connections_per_client
+        ConnectionCaps(
+            max_total=s.max_connections,
+            max_per_client=s.max_connections_per_client,
+            max_unauthenticated=s.max_unauthenticated_connections,
+            max_unauthenticated_per_client=s.max_unauthenticated_per_client,
+        )
+    )
+    metrics = deps.metrics
+    metrics.open.labels(state="unauthenticated").set_function(lambda: limiter.unauthenticated)
+    metrics.open.labels(state="authenticated").set_function(
+        lambda: limiter.total - limiter.unauthenticated
     )
     refusals = RefusalLog()
+    evictions = RefusalLog(action="closing unauthenticated connections for others", done="closed")
     connections: set[asyncio.Task[Any]] = set()
+    # How to end each unauthenticated connection, should its place be given away.
+    evictors: dict[Ticket, Callable[[], None]] = {}
     # Set when the server stops and cancels its open connections: a connection task
     # then ends normally. asyncio's stream protocol (Python 3.11) asks a finished
     # connection task for its exception, which raises for a cancelled one and is logged
     # as "Exception in callback" for every connection open at shutdown.
     closing = False
 
+    def authenticated(ticket: Ticket) -> None:
+        limiter.authenticated(ticket)
+        evictors.pop(ticket, None)
+
     async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         key = client_key(writer.get_extra_info("peername"))
-        refused = limiter.acquire(key)
-        if refused is not None:
-            refusals.refused(refused)
+        admission = limiter.admit(key)
+        ticket = admission.ticket
+        if ticket is None:
+            metrics.refused.labels(reason=admission.refused).inc()
+            refusals.refused(admission.message)
             writer.transport.abort()
             return
+        if admission.evicted is not None:
+            metrics.evicted.inc()
+            evictions.refused(admission.message)
+            evict = evictors.pop(admission.evicted, None)
+            if evict is not None:
+                evict()
         task = asyncio.current_task()
         assert task is not None
         connections.add(task)
+        abort = True
         try:
-            context = await serving_tls.current()
-            await writer.start_tls(context, ssl_handshake_timeout=s.handshake_timeout_s)
-            await _Connection(deps, app, gate, reader, writer).run()
-        except (_Closed, ssl.SSLError, OSError, ConnectionError, TimeoutError):
+            # An eviction ends whatever the connection awaits (its handshake, a head) as
+            # this scope's timeout: the task itself is never cancelled (see `closing`).
+            async with asyncio.timeout(None) as scope:
+                loop = asyncio.get_running_loop()
+                evictors[ticket] = lambda: scope.reschedule(loop.time())
+                context = await serving_tls.current()
+                await writer.start_tls(context, ssl_handshake_timeout=s.handshake_timeout_s)
+                await _Connection(
+                    deps, app, gate, reader, writer, on_authenticated=lambda: authenticated(ticket)
+                ).run()
+            abort = False
+        except _Closed as err:
+            abort = err.abort
+        except (ssl.SSLError, OSError, ConnectionError, TimeoutError):
             pass
         except asyncio.CancelledError:
             if not closing:
@@ -481,11 +601,18 @@ async def serve_kubelet_api(
                 extra={"peer": str(writer.get_extra_info("peername"))},
             )
         finally:
-            limiter.release(key)
-            connections.discard(task)
-            writer.close()
-            with contextlib.suppress(Exception):
-                await asyncio.wait_for(writer.wait_closed(), 2)
+            evictors.pop(ticket, None)
+            # Counted (and awaited by a stopping server) until it is really gone: a
+            # closing connection still holds its memory.
+            try:
+                await _close(writer, abort=abort or closing)
+            except asyncio.CancelledError:
+                _abort(writer)
+                if not closing:
+                    raise
+            finally:
+                limiter.release(ticket)
+                connections.discard(task)
 
     try:
         server = await asyncio.get_running_loop().create_server(
@@ -493,6 +620,9 @@ async def serve_kubelet_api(
             s.address,
             s.port,
             reuse_port=reuse_port or None,
+            # The kernel's bound (as Go's listeners), not asyncio's 100: while refused
+            # connections churn, an apiserver's SYN must not find the queue full.
+            backlog=socket.SOMAXCONN,
         )
     except OSError as err:
         raise OSError(

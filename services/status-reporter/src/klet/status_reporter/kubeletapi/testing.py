@@ -141,9 +141,19 @@ class FakeApiServer:
         """(user, verb, subresource) triples SubjectAccessReview allows."""
         self.reviews: list[tuple[str, JSON]] = []
         self.fail = False
+        self.hold: asyncio.Event | None = None
+        """When set, every review waits for this event before it is answered (a slow
+        apiserver); `waiting` counts the reviews held."""
+        self.waiting = 0
 
     async def create(self, path: str, body: JSON) -> Any:
         self.reviews.append((path, body))
+        if self.hold is not None:
+            self.waiting += 1
+            try:
+                await self.hold.wait()
+            finally:
+                self.waiting -= 1
         if self.fail:
             raise Unavailable(f"POST {path}: connection refused")
         spec = body["spec"]
