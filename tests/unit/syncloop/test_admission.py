@@ -17,6 +17,7 @@ re-admission) counts once in kubelet_admission_rejections_total by reason.
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import Any
 
@@ -385,6 +386,14 @@ def test_fields_asking_for_more_than_klet_gives_are_refused(spec: JSON, named: s
 )
 def test_what_klet_gives_anyway_is_admitted(spec: JSON) -> None:
     assert admit_pod(mk(c(), **spec), others=[], node=NODE) == ADMIT
+
+
+def test_a_runtime_class_is_admitted_where_it_can_be_looked_up() -> None:
+    pod = mk(c(), runtimeClassName="crun")
+    standalone = admit_pod(pod, others=[], node=NODE)
+    assert not standalone.admit and "standalone" in standalone.message
+    cluster = dataclasses.replace(NODE, runtime_classes=True)
+    assert admit_pod(pod, others=[], node=cluster) == ADMIT
 
 
 def test_every_refused_field_is_named_and_os_comes_first() -> None:

@@ -162,6 +162,32 @@ def test_pod_resources(p: Any, node: NodeLimits, expected: PodResources) -> None
     assert resources.pod_resources(p, node) == expected
 
 
+def with_overhead(p: Any, **overhead: str) -> Any:
+    p["spec"]["overhead"] = overhead
+    return p
+
+
+@pytest.mark.parametrize(
+    ("p", "expected"),
+    [
+        # requests and both limits grow by the overhead (a RuntimeClass's, 10m and 1Mi)
+        (
+            with_overhead(pod(GUARANTEED), cpu="100m", memory="1Mi"),
+            PodResources(1126, 110000, 100000, 134217728 + 1048576),
+        ),
+        # no memory limit declared: none is made up from the overhead
+        (
+            with_overhead(pod(c(req={"cpu": "250m"})), cpu="10m", memory="1Mi"),
+            PodResources(266, None, None, None),
+        ),
+        # a best-effort pod stays best-effort
+        (with_overhead(pod(c()), cpu="10m"), PodResources(2, None, None, None)),
+    ],
+)
+def test_the_pod_overhead_counts_in_the_pod_cgroup(p: Any, expected: PodResources) -> None:
+    assert resources.pod_resources(p, NODE) == expected
+
+
 def test_ensure_pod_cgroup_v1(tmp_path: Path) -> None:
     for ctrl in ("cpu", "memory", "pids", "cpuset"):
         (tmp_path / ctrl).mkdir()

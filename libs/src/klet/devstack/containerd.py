@@ -39,6 +39,8 @@ log = logging.getLogger(__name__)
 
 CONTAINERD_BINARY = "/usr/bin/containerd"
 CTR_BINARY = "/usr/bin/ctr"
+TEST_HANDLER = "test-handler"
+"""The second runtime handler (RuntimeClass tests; upstream e2e's preconfigured one)."""
 # The kernel's limit on sun_path, including the terminating NUL.
 UNIX_PATH_MAX = 108
 _DISABLED_PLUGINS = (
@@ -93,6 +95,7 @@ class Containerd:
         self.root = dir / "root"
         self.state = dir / "state"
         self.runc_root = dir / "runc"
+        self.test_handler_root = dir / TEST_HANDLER  # runc's state under TEST_HANDLER
         self.certs_dir = dir / "certs.d"
         self.network = CniNetwork(dir / "cni")
         self._proc: ManagedProcess | None = None
@@ -181,6 +184,17 @@ disabled_plugins = [{disabled}]
   {cri}.containerd.runtimes.runc.options]
     SystemdCgroup = false
     Root = {_q(str(self.runc_root))}
+
+  # A second runtime handler, for RuntimeClass: the one upstream's e2e suite expects
+  # a node to have preconfigured (PreconfiguredRuntimeClassHandler). It is runc with a
+  # state directory of its own, so which handler ran a container can be read back.
+  # (crun, Debian's other OCI runtime, refuses this host's hybrid cgroup layout.)
+  {cri}.containerd.runtimes.{TEST_HANDLER}]
+    runtime_type = "io.containerd.runc.v2"
+
+  {cri}.containerd.runtimes.{TEST_HANDLER}.options]
+    SystemdCgroup = false
+    Root = {_q(str(self.test_handler_root))}
 
   {cri}.cni]
     bin_dir = {_q(CNI_BIN_DIR)}

@@ -157,6 +157,7 @@ def admission_node(settings: Settings) -> NodeInfo:
             ),
         ),
         sysctls=SysctlAllowlist.of(k.allowed_unsafe_sysctls),
+        runtime_classes=kube_settings(settings) is not None,
     )
 
 
@@ -270,6 +271,7 @@ def build_deps(settings: Settings, overrides: Overrides | None = None) -> Deps:
         clock=clock,
         objects=objects,
         volumes=volumes,
+        runtime_classes=objects,
     )
     publisher = StatusPublisher(node_bus, clock=clock)
     metrics = create_metrics(registry)

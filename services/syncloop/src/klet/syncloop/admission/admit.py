@@ -79,6 +79,8 @@ class NodeInfo:
     """Resource → amount: millicores for cpu, a count for pods, else bytes/units."""
     sysctls: SysctlAllowlist = field(default_factory=SysctlAllowlist.of)
     """The pod sysctls allowed here: the safe ones plus allowedUnsafeSysctls."""
+    runtime_classes: bool = False
+    """RuntimeClasses can be looked up (cluster mode: the apiserver holds them)."""
 
 
 @dataclass(frozen=True)
@@ -114,9 +116,18 @@ OS_NOT_SUPPORTED = Verdict(
 FEATURE_UNSUPPORTED = "PodFeatureUnsupported"
 
 
-def unsupported_features(pod: JSON) -> Verdict:
-    """PodFeatureUnsupported naming every refused field the pod sets, or ADMIT."""
+def unsupported_features(pod: JSON, *, runtime_classes: bool = True) -> Verdict:
+    """PodFeatureUnsupported naming every refused field the pod sets, or ADMIT; a
+    `runtimeClassName` is refused where RuntimeClasses cannot be looked up (upstream's
+    standalone kubelet runs such a pod on the default handler, silently)."""
     refused = fields.refused_in(pod)
+    if (pod.get("spec") or {}).get("runtimeClassName") and not runtime_classes:
+        refused.append(
+            (
+                "spec.runtimeClassName",
+                "a RuntimeClass is looked up in the API server and this node has none (standalone)",
+            )
+        )
     if not refused:
         return ADMIT
     named = "; ".join(f"{path}: {why}" for path, why in refused)
@@ -302,7 +313,7 @@ def admit_pod(pod: JSON, *, others: Sequence[JSON], node: NodeInfo) -> Verdict:
     pod_os = (spec.get("os") or {}).get("name")
     if pod_os and pod_os != NODE_OS:
         return OS_NOT_SUPPORTED
-    verdict = unsupported_features(pod)
+    verdict = unsupported_features(pod, runtime_classes=node.runtime_classes)
     if not verdict.admit:
         return verdict
     verdict = fits_resources(pod, others=others, node=node)

@@ -13,8 +13,9 @@ A field that asks for more isolation or for a resource klet cannot give is not
 ignored but refused (`REFUSED`, `POD_REFUSED`): a pod that sets it is rejected at
 admission (`PodFeatureUnsupported`, as upstream rejects a pod that needs a feature its
 node lacks), since running it with less than it asked for would be worse than not
-running it. `hostUsers: false` (a user namespace), a `runtimeClassName` (another
-runtime handler, often a sandboxing one) and resource claims are such fields.
+running it. `hostUsers: false` (a user namespace) and resource claims are such fields.
+A `runtimeClassName` is honoured in cluster mode (the RuntimeClass's handler goes to
+RunPodSandbox) and refused at admission without an apiserver to look it up in.
 """
 
 from __future__ import annotations
@@ -97,6 +98,7 @@ POD_SUPPORTED = frozenset(
         "os",
         "overhead",
         "priority",
+        "runtimeClassName",
         "resources",
         "restartPolicy",
         "securityContext",
@@ -139,7 +141,6 @@ REFUSED: dict[str, str] = {
 POD_REFUSED: dict[str, str] = {
     "hostUsers": "user namespaces (hostUsers: false) are not supported on this node",
     "resourceClaims": "dynamic resource allocation (resource claims) is not supported",
-    "runtimeClassName": "RuntimeClass is not supported: only the default runtime handler runs",
 }
 
 VOLUME_TYPES = frozenset(

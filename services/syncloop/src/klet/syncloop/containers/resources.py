@@ -5,8 +5,9 @@ memory limit, the container's oom_score_adj by QoS class (clamped to the host's 
 for hosts that refuse negative values), and the pod cgroup's values as sums over its
 containers (upstream's ResourceConfigForPod) plus the node-wide podPidsLimit, which caps
 every pod whatever its QoS class (a fork bomb in one pod cannot take the node's PIDs).
-Missing requests default to the limits, as the API server's defaulting does. Hugepages
-and other resources are ignored.
+Missing requests default to the limits, as the API server's defaulting does; the pod's
+`overhead` counts in the pod cgroup (not in any container's). Hugepages and other
+resources are ignored.
 """
 
 from __future__ import annotations
@@ -185,6 +186,18 @@ def pod_resources(pod: JSON, node: NodeLimits) -> PodResources:
     requests, _ = _pod_total(pod, cpu_req)
     cpu_limits, cpu_declared = _pod_total(pod, cpu_lim)
     memory, memory_declared = _pod_total(pod, mem_lim)
+    # The pod's overhead (its RuntimeClass's, copied in by the apiserver) is added to
+    # the requests, and to each limit the containers declare, as upstream's PodRequests
+    # and PodLimits count it.
+    overhead = {"resources": {"overhead": (pod.get("spec") or {}).get("overhead")}}
+    cpu_extra = milli_value(_get(overhead, "overhead", "cpu"))
+    memory_extra = value(_get(overhead, "overhead", "memory"))
+    if cpu_extra or memory_extra:
+        requests += cpu_extra
+        if cpu_declared:
+            cpu_limits += cpu_extra
+        if memory_declared:
+            memory += memory_extra
     shares = milli_cpu_to_shares(requests)
     period = node.period_us
     quota = milli_cpu_to_quota(cpu_limits, period) if node.cpu_cfs_quota else -1

@@ -1,5 +1,5 @@
 """ConfigMaps, Secrets and Services from the apiserver, for environment references, pull
-secrets and service links.
+secrets and service links; RuntimeClasses, for the sandbox's runtime handler.
 
 Cluster mode only: a standalone syncloop has no `KubeObjects` at all, and its callers
 treat that as upstream treats a kubelet without an API client. The Node authorizer lets
@@ -92,19 +92,26 @@ class ApiObjects:
         found = await self._get("services", namespace, "")
         return list((found or {}).get("items") or [])
 
+    async def get_runtime_class(self, name: str) -> JSON | None:
+        """The RuntimeClass `name` (cluster-scoped, node.k8s.io/v1), or None."""
+        path = f"/apis/node.k8s.io/v1/runtimeclasses/{quote(name, safe='')}"
+        return await self._fetch(("runtimeclasses", "", name), path)
+
     def forget_cached(self) -> None:
         self._cache.clear()
 
     async def _get(self, resource: str, namespace: str, name: str) -> JSON | None:
         """One object, or with an empty `name` the list of them."""
-        key = (resource, namespace, name)
+        path = f"/api/v1/namespaces/{quote(namespace, safe='')}/{resource}"
+        if name:
+            path += f"/{quote(name, safe='')}"
+        return await self._fetch((resource, namespace, name), path)
+
+    async def _fetch(self, key: tuple[str, str, str], path: str) -> JSON | None:
         now = self.clock()
         cached = self._cache.get(key)
         if cached is not None and cached[0] > now:
             return cached[1]
-        path = f"/api/v1/namespaces/{quote(namespace, safe='')}/{resource}"
-        if name:
-            path += f"/{quote(name, safe='')}"
         try:
             obj: JSON | None = await self.kube.get(path)
         except KubeNotFound:

@@ -31,9 +31,10 @@ from klet.syncloop.environment import dns, etchosts
 from klet.syncloop.environment.kubeobjects import KubeObjects
 from klet.syncloop.events import EventSink
 from klet.syncloop.pods import actions as actions_mod
-from klet.syncloop.pods import podspec, runtimepod
+from klet.syncloop.pods import podspec, runtimeclass, runtimepod
 from klet.syncloop.pods.actions import PodActions, StartAction, compute_pod_actions
 from klet.syncloop.pods.runtime import PodRuntime
+from klet.syncloop.pods.runtimeclass import RuntimeClasses
 from klet.syncloop.pods.runtimepod import RuntimePod
 from klet.syncloop.pods.syncsettings import SyncSettings
 from klet.syncloop.ports import RuntimeService
@@ -71,6 +72,7 @@ class PodSyncer:
         clock: Callable[[], float] = time.time,
         objects: KubeObjects | None = None,
         volumes: VolumeManager | None = None,
+        runtime_classes: RuntimeClasses | None = None,
     ) -> None:
         self.cri = cri
         self.runtime = runtime
@@ -85,6 +87,7 @@ class PodSyncer:
         self.clock = clock
         self.objects = objects  # the apiserver's ConfigMaps and Secrets; None standalone
         self.volumes = volumes  # None: pods get no volumes (a syncer without a root dir)
+        self.runtime_classes = runtime_classes  # None standalone (admission refuses them)
         self.hooks = hooks
         # Sandbox creations in flight, all pods together (see SyncSettings): a burst of
         # new pods queues here in arrival order instead of thrashing the runtime.
@@ -165,8 +168,14 @@ class PodSyncer:
                         "pod cgroup limits", extra={"pod": _name(pod), "problems": problems}
                     )
             try:
+                handler = await runtimeclass.runtime_handler(pod, self.runtime_classes)
+            except runtimeclass.RuntimeClassError as err:
+                return self._sandbox_failed(pod, result, err, now=now)
+            try:
                 async with self._sandbox_gate:
-                    sandbox_id = await self.cri.run_pod_sandbox(sandbox_cfg)
+                    sandbox_id = await self.cri.run_pod_sandbox(
+                        sandbox_cfg, runtime_handler=handler
+                    )
                     pod_ip = (await self.cri.pod_sandbox_status(sandbox_id)).ip
             except CRIError as err:
                 return self._sandbox_failed(pod, result, err, now=now)
