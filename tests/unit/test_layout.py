@@ -64,9 +64,9 @@ def test_resolve_service_port() -> None:
 def test_port_files_per_service_and_replica() -> None:
     run = Path("/run/klet")
     assert port_files_dir(run, "syncloop") == Path("/run/klet/ports/syncloop")
-    assert replica_name("node-a", 812) == "node-a-812"
-    assert replica_name("../x y", 1) == "_x_y-1"  # a file name, never a path
-    assert replica_name("", 1) == "host-1"
+    assert replica_name("node-a", 812, "ab12") == "node-a-812-ab12"
+    assert replica_name("../x y", 1, "t") == "_x_y-1-t"  # a file name, never a path
+    assert replica_name("", 1, "t") == "host-1-t"
     assert port_file(run, "syncloop", "node-a-812") == Path(
         "/run/klet/ports/syncloop/node-a-812.json"
     )

@@ -1,5 +1,5 @@
 """Port files (klet.portfiles): a replica publishes `<run-dir>/ports/<service>/
-<hostname>-<pid>.json` (0700 directories, 0644 file) and its private file with the
+<hostname>-<pid>-<token>.json` (0700 directories, 0644 file) and its private file with the
 same record, both replaced atomically by rename; withdrawing removes both; readers list
 live replicas only — a file no live process holds locked (a crashed or SIGKILLed
 replica's, a planted one) is skipped and removed, a malformed one skipped — and records
@@ -31,6 +31,7 @@ def files(tmp_path: Path) -> Iterator[PortFiles]:
         private_file=tmp_path / "own" / "port.json",
         hostname="node-a",
         pid=4242,
+        token="t0",
     )
     (tmp_path / "own").mkdir()
     yield replica
@@ -40,12 +41,27 @@ def files(tmp_path: Path) -> Iterator[PortFiles]:
 def test_publish_writes_both_files_with_one_record(files: PortFiles, tmp_path: Path) -> None:
     record = files.publish("127.0.0.1", 40123)
     assert record == PortRecord("eviction", "127.0.0.1", 40123, 4242, "node-a")
-    published = tmp_path / "run" / "ports" / "eviction" / "node-a-4242.json"
+    published = tmp_path / "run" / "ports" / "eviction" / "node-a-4242-t0.json"
     assert files.published == published
     assert read_port_file(published) == record
     assert read_port_file(tmp_path / "own" / "port.json") == record
     assert live_replicas(tmp_path / "run", "eviction") == [record]
     assert live_replicas(tmp_path / "run", "syncloop") == []
+
+
+def test_replicas_with_one_hostname_and_pid_publish_apart(tmp_path: Path) -> None:
+    # Containers on the host's network in PID namespaces of their own: same hostname,
+    # all pid 1. Each replica's file is its own.
+    a = PortFiles("eviction", run_dir=tmp_path / "run", hostname="node-a", pid=1)
+    b = PortFiles("eviction", run_dir=tmp_path / "run", hostname="node-a", pid=1)
+    try:
+        a.publish("127.0.0.1", 40001)
+        b.publish("127.0.0.1", 40002)
+        ports = sorted(r.port for r in live_replicas(tmp_path / "run", "eviction"))
+        assert ports == [40001, 40002]
+    finally:
+        a.withdraw()
+        b.withdraw()
 
 
 def test_modes(files: PortFiles, tmp_path: Path) -> None:
@@ -73,7 +89,7 @@ def test_files_are_replaced_atomically(files: PortFiles, tmp_path: Path) -> None
     assert [r.port for r in live_replicas(tmp_path / "run", "eviction")] == [40124]
     leftovers = [p.name for p in (tmp_path / "own").iterdir()]
     leftovers += [p.name for p in files.published.parent.iterdir()]
-    assert sorted(leftovers) == ["node-a-4242.json", "port.json"]  # no temporary files
+    assert sorted(leftovers) == ["node-a-4242-t0.json", "port.json"]  # no temporary files
 
 
 def test_withdraw_removes_both(files: PortFiles, tmp_path: Path) -> None:
@@ -158,7 +174,7 @@ def test_a_killed_replica_is_skipped_and_its_file_removed(files: PortFiles, tmp_
         assert child.stdin is not None and child.stdout is not None
         child.stdin.close()
         child.stdout.close()
-    left = list((tmp_path / "run" / "ports" / "eviction").glob(f"*-{child.pid}.json"))
+    left = list((tmp_path / "run" / "ports" / "eviction").glob(f"*-{child.pid}-*.json"))
     assert len(left) == 1
     assert [r.port for r in live_replicas(tmp_path / "run", "eviction")] == [40123]
     assert not left[0].exists()

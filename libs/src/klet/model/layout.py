@@ -8,7 +8,7 @@ Pure names and paths, no I/O; the directories they sit in come from settings
   `--service-port=0` lets the kernel pick a free one, so replicas sharing the host's
   network do not collide.
 - Port files: every replica says where its service port listens in
-  `<run-dir>/ports/<service>/<hostname>-<pid>.json` (klet.portfiles writes and reads
+  `<run-dir>/ports/<service>/<hostname>-<pid>-<token>.json` (klet.portfiles writes and reads
   them), so operators and scrapers find replicas on ephemeral ports.
 - Sockets under the run directory: the project's gRPC APIs in `<run-dir>/grpc/<service>.sock`
   (a directory of their own, mode 0700, see `klet.rpc.unixserver`), the private Redis of
@@ -75,11 +75,13 @@ def port_files_dir(run_dir: Path, service: str) -> Path:
     return run_dir / PORTS_DIR / service
 
 
-def replica_name(hostname: str, pid: int) -> str:
-    """A replica's name in port file names: `<hostname>-<pid>`, the hostname reduced to
-    characters safe in a file name."""
+def replica_name(hostname: str, pid: int, token: str) -> str:
+    """A replica's name in port file names: `<hostname>-<pid>-<token>`, the hostname
+    reduced to characters safe in a file name. The token is the process's own random
+    one: replicas in containers of their own PID namespace on the host's network share
+    the hostname and are all pid 1."""
     host = re.sub(r"[^A-Za-z0-9._-]", "_", hostname).lstrip(".") or "host"
-    return f"{host}-{pid}"
+    return f"{host}-{pid}-{token}"
 
 
 def port_file(run_dir: Path, service: str, replica: str) -> Path:

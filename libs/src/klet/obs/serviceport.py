@@ -3,7 +3,7 @@
 The one way the five services serve their /healthz /readyz /metrics app: `serve_http`
 plus the port files of `klet.portfiles`. Before binding it removes the private port
 file an earlier run of the same container may have left; once the port listens it
-writes the private file and publishes `<run-dir>/ports/<service>/<hostname>-<pid>.json`;
+writes the private file and publishes `<run-dir>/ports/<service>/<hostname>-<pid>-<token>.json`;
 when the task ends (cancelled at shutdown, or failed) it removes both. With port 0 the
 kernel picks a free port, so replicas sharing the host's network never collide and the
 port files are how they are found.

@@ -3,7 +3,7 @@
 A service writes them once its /healthz /readyz /metrics port listens and removes them
 on a clean exit (`PortFiles`):
 
-- the published file, `<run-dir>/ports/<service>/<hostname>-<pid>.json`
+- the published file, `<run-dir>/ports/<service>/<hostname>-<pid>-<token>.json`
   (klet.model.layout), one per replica, from which operators and scrapers discover
   replicas on ephemeral ports (`--service-port=0`): `live_replicas(run_dir, service)`;
 - optionally a private file (`--service-port-file`) for `klet healthcheck` run inside
@@ -37,6 +37,7 @@ import fcntl
 import json
 import logging
 import os
+import secrets
 import socket
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -191,14 +192,16 @@ class PortFiles:
         private_file: Path | None = None,
         hostname: str | None = None,
         pid: int | None = None,
+        token: str | None = None,
     ) -> None:
         self.service = service
         self.hostname = socket.gethostname() if hostname is None else hostname
         self.pid = os.getpid() if pid is None else pid
+        self.token = secrets.token_hex(4) if token is None else token
         self.run_dir = run_dir
         self.private_file = private_file
         self.published = (
-            port_file(run_dir, service, replica_name(self.hostname, self.pid))
+            port_file(run_dir, service, replica_name(self.hostname, self.pid, self.token))
             if run_dir is not None
             else None
         )
