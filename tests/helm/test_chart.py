@@ -743,5 +743,5 @@ def test_status_reporter_has_a_memory_limit() -> None:
     found = workloads(render())
     limits = container(found["status-reporter"])["resources"]["limits"]
     assert limits["memory"] == "256Mi"
-    assert container(found["status-reporter"])["resources"]["requests"]["memory"] == "96Mi"
+    assert container(found["status-reporter"])["resources"]["requests"]["memory"] == "128Mi"
     assert "limits" not in container(found["syncloop"])["resources"]
