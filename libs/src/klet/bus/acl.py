@@ -129,13 +129,13 @@ ACCESS: Mapping[str, ServiceAccess] = {
     ),
     "syncloop": ServiceAccess(
         reads=("desired", "sources", "node:eviction"),
-        writes=("status", "node:syncloop"),
+        writes=("status", "node:syncloop", "csidrivers"),
         publishes=("podstatus", "events:syncloop"),
         consumes=("pods",),
         leases=("syncloop",),
     ),
     "status-reporter": ServiceAccess(
-        reads=("desired", "status", "sources", *_CONDITIONS),
+        reads=("desired", "status", "sources", "csidrivers", *_CONDITIONS),
         publishes=("events:status-reporter",),
         consumes=_EVENTS,
         tails=("podstatus",),

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from klet.bus.acl import CONDITION_WRITERS, SERVICES
 from klet.bus.redisbus import Bus, MergedStream, Stream, Table
 from klet.model.records import (
+    CSIDriverRecord,
     DesiredPod,
     EventRecord,
     ImageUseRecord,
@@ -63,6 +64,8 @@ class NodeBus:
     """Node condition contributions of every service, keyed `<service>:<type>`."""
     images: Table[ImageUseRecord]
     """Image GC's first-detected and last-used times, keyed by image ID."""
+    csidrivers: Table[CSIDriverRecord]
+    """The CSI drivers registered on this node, keyed by driver name (syncloop)."""
 
     @classmethod
     def of(cls, bus: Bus, *, service: str) -> NodeBus:
@@ -85,4 +88,5 @@ class NodeBus:
                 {s: bus.table(f"node:{s}", NodeConditionRecord) for s in CONDITION_WRITERS}
             ),
             images=bus.table("images", ImageUseRecord),
+            csidrivers=bus.table("csidrivers", CSIDriverRecord),
         )

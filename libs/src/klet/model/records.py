@@ -223,3 +223,21 @@ class ImageUseRecord(Record):
     id: str
     first_detected: float
     last_used: float
+
+
+@dataclass(frozen=True)
+class CSIDriverRecord(Record):
+    """`csidrivers` table value, keyed by driver name: a CSI driver registered on this
+    node through its registration socket (syncloop's plugin watcher writes it; the
+    volume code calls the driver at `endpoint`, status-reporter publishes `node_id`,
+    `max_volumes` and `topology` in the node's CSINode object and on the Node)."""
+
+    kind: ClassVar[str] = "csidriver"
+    name: str
+    endpoint: str  # the driver's CSI socket
+    registration: str  # the registration socket it came from
+    node_id: str
+    max_volumes: int  # 0: no limit
+    topology: JSON  # segment key -> value
+    versions: str  # the CSI versions it supports, comma-separated
+    registered_at: float

@@ -117,6 +117,7 @@ async def main(deps: Deps) -> int:
                 "event-publisher": gated("event-publisher", deps.events.run),
                 "prober": gated("prober", deps.prober.run),
                 "volume-cleanup": gated("volume-cleanup", lambda: _volume_cleanup(deps)),
+                "plugin-watcher": gated("plugin-watcher", lambda: _watch_plugins(deps)),
                 "log-rotation": gated("log-rotation", log_manager.run),
                 "pod-control": gated(
                     "pod-control", lambda: serve_pod_control(controller, deps.socket_path)
@@ -145,6 +146,14 @@ async def _volume_cleanup(deps: Deps) -> None:
         ready=lambda: controller.sources_ready,
         desired=lambda: set(controller.desired),
     )
+
+
+async def _watch_plugins(deps: Deps) -> None:
+    """The plugin registry, on the leader only (it writes the bus); idle without one."""
+    if deps.plugins is None:
+        await asyncio.Event().wait()
+        return
+    await deps.plugins.run()
 
 
 async def _runtime_version(deps: Deps) -> str:

@@ -26,6 +26,7 @@ from klet.cgroups.machine import mem_total_bytes, read_machine
 from klet.config import Settings
 from klet.cri import RuntimeClient, cri_settings
 from klet.cri.events import RuntimeEvents
+from klet.csi import CSIClient, RegistrationClient
 from klet.kube import kube_settings
 from klet.model.flowcontrol import Backoff, TokenBucket
 from klet.model.layout import SYNCLOOP, grpc_socket
@@ -47,6 +48,8 @@ from klet.syncloop.environment.envvars import NodeFacts
 from klet.syncloop.environment.kubeobjects import ApiObjects
 from klet.syncloop.events import BusEventSink, EventSink
 from klet.syncloop.metrics import Metrics, create_metrics
+from klet.syncloop.plugins.csidrivers import CSIRegistrar
+from klet.syncloop.plugins.watcher import PLUGINS_REGISTRY, PluginWatcher
 from klet.syncloop.pods.controller import NodePressure, PodController, published_status
 from klet.syncloop.pods.relisting import Relister
 from klet.syncloop.pods.runtime import ExitNotices, PodRuntime
@@ -117,6 +120,7 @@ class Deps:
     watcher: EventWatcher | None  # None: featureGates.EventedPLEG=false, relisting only
     kube: KubeClient | None = None  # cluster mode's apiserver client, closed at exit
     volumes: VolumeManager | None = None  # pod volumes; its orphan clean-up is a root task
+    plugins: PluginWatcher | None = None  # <root-dir>/plugins_registry; None: not watched
     runtime_events: RuntimeEvents | None = None  # the production event channel, closed at exit
 
     async def close(self) -> None:
@@ -352,6 +356,12 @@ def build_deps(settings: Settings, overrides: Overrides | None = None) -> Deps:
         ),
         kube=kube,
         volumes=volumes,
+        plugins=PluginWatcher(
+            Path(settings.klet.root_dir) / PLUGINS_REGISTRY,
+            CSIRegistrar(
+                node_bus.csidrivers, registration=RegistrationClient, driver=CSIClient
+            ),
+        ),
         relister=relister,
         watcher=watcher,
         runtime_events=runtime_events,

@@ -1,0 +1,153 @@
+"""gRPC clients of a CSI driver's node plugin and of a plugin's registration socket.
+
+Two sockets per driver on a node: the registration socket the driver's
+node-driver-registrar puts in `<root-dir>/plugins_registry/` (pluginregistration v1:
+what it is, then told whether it was taken), and the driver's own endpoint, where the
+CSI Identity and Node services answer. Every call has a deadline (a driver that hangs
+must not hang a pod's sync); a failed call is `CSIError` with the gRPC status code name,
+and an endpoint that does not answer at all is `DriverUnavailable` (a kind of it), so
+callers can tell "retry later" from "the driver said no".
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import grpc
+from klet.rpc.gen.klet.csi.v1 import csi_pb2 as csi
+from klet.rpc.gen.klet.csi.v1 import csi_pb2_grpc as csi_grpc
+from klet.rpc.gen.klet.pluginregistration.v1 import registration_pb2 as reg
+from klet.rpc.gen.klet.pluginregistration.v1 import registration_pb2_grpc as reg_grpc
+
+DEFAULT_TIMEOUT_S = 10.0
+"""A node call's deadline unless the caller gives one (upstream's CSI client uses
+minutes for stage and publish; these clients take theirs per call)."""
+
+_UNAVAILABLE = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED})
+
+
+class CSIError(Exception):
+    """A driver refused a call or failed it; `code` is the gRPC status code's name."""
+
+    def __init__(self, message: str, *, code: str) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+class DriverUnavailable(CSIError):
+    """The socket did not answer (no listener, gone, or past the deadline)."""
+
+
+@dataclass(frozen=True)
+class PluginInfo:
+    """What a registration socket says (pluginregistration `GetInfo`)."""
+
+    type: str
+    name: str
+    endpoint: str
+    supported_versions: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class DriverInfo:
+    """The driver's identity (CSI `GetPluginInfo`)."""
+
+    name: str
+    vendor_version: str
+
+
+@dataclass(frozen=True)
+class NodeInfo:
+    """What the driver calls this node (CSI `NodeGetInfo`)."""
+
+    node_id: str
+    max_volumes_per_node: int  # 0: no limit
+    topology: dict[str, str] = field(default_factory=dict)
+
+
+def _target(socket: Path | str) -> str:
+    path = str(socket)
+    if path.startswith("unix://"):
+        return path
+    return f"unix://{path}"
+
+
+async def _call(method: Any, request: Any, timeout_s: float, what: str) -> Any:
+    try:
+        return await method(request, timeout=timeout_s)
+    except grpc.aio.AioRpcError as err:
+        kind = DriverUnavailable if err.code() in _UNAVAILABLE else CSIError
+        raise kind(f"{what}: {err.code().name}: {err.details()}", code=err.code().name) from err
+
+
+class RegistrationClient:
+    """The pluginregistration v1 service on one registration socket."""
+
+    def __init__(self, socket: Path, *, timeout_s: float = DEFAULT_TIMEOUT_S) -> None:
+        self.socket = socket
+        self._timeout = timeout_s
+        self._channel = grpc.aio.insecure_channel(_target(socket))
+        self._stub = reg_grpc.RegistrationStub(self._channel)
+
+    async def get_info(self) -> PluginInfo:
+        reply = await _call(self._stub.GetInfo, reg.InfoRequest(), self._timeout, "GetInfo")
+        return PluginInfo(
+            type=reply.type,
+            name=reply.name,
+            endpoint=reply.endpoint,
+            supported_versions=tuple(reply.supported_versions),
+        )
+
+    async def notify(self, *, registered: bool, error: str = "") -> None:
+        status = reg.RegistrationStatus(plugin_registered=registered, error=error)
+        await _call(
+            self._stub.NotifyRegistrationStatus, status, self._timeout, "NotifyRegistrationStatus"
+        )
+
+    async def close(self) -> None:
+        await self._channel.close(None)
+
+
+class CSIClient:
+    """The Identity and Node services of one CSI driver endpoint."""
+
+    def __init__(self, endpoint: Path | str, *, timeout_s: float = DEFAULT_TIMEOUT_S) -> None:
+        self.endpoint = str(endpoint)
+        self._timeout = timeout_s
+        self._channel = grpc.aio.insecure_channel(_target(endpoint))
+        self._identity = csi_grpc.IdentityStub(self._channel)
+        self._node = csi_grpc.NodeStub(self._channel)
+
+    async def plugin_info(self) -> DriverInfo:
+        reply = await _call(
+            self._identity.GetPluginInfo, csi.GetPluginInfoRequest(), self._timeout, "GetPluginInfo"
+        )
+        return DriverInfo(name=reply.name, vendor_version=reply.vendor_version)
+
+    async def node_info(self) -> NodeInfo:
+        reply = await _call(
+            self._node.NodeGetInfo, csi.NodeGetInfoRequest(), self._timeout, "NodeGetInfo"
+        )
+        return NodeInfo(
+            node_id=reply.node_id,
+            max_volumes_per_node=int(reply.max_volumes_per_node),
+            topology=dict(reply.accessible_topology.segments),
+        )
+
+    async def node_capabilities(self) -> frozenset[str]:
+        """The Node service's RPC capabilities by name (`STAGE_UNSTAGE_VOLUME`, ...)."""
+        reply = await _call(
+            self._node.NodeGetCapabilities,
+            csi.NodeGetCapabilitiesRequest(),
+            self._timeout,
+            "NodeGetCapabilities",
+        )
+        names = csi.NodeServiceCapability.RPC.Type
+        return frozenset(
+            names.Name(c.rpc.type) for c in reply.capabilities if c.WhichOneof("type") == "rpc"
+        )
+
+    async def close(self) -> None:
+        await self._channel.close(None)

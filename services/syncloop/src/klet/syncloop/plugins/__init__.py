@@ -1,0 +1,1 @@
+"""Node plugins: the kubelet plugin watcher and the CSI drivers it registers."""

@@ -1,0 +1,194 @@
+"""CSI drivers registered through the plugin watcher, kept in the bus `csidrivers` table.
+
+For each registration socket the watcher finds, as upstream's CSI plugin handler does:
+ask it what it is (`GetInfo`); refuse anything but a `CSIPlugin` naming a driver and a
+CSI version 1.x; ask the driver's own endpoint what it calls this node (`NodeGetInfo`:
+node ID, volume limit, topology); record the driver in the bus table, keyed by its
+name; then tell the plugin (`NotifyRegistrationStatus`). A refusal is told to the
+plugin with the reason and logged; node-driver-registrar exits on it and its restart
+makes a new socket, which is a new registration. A socket that vanishes takes its
+driver out of the table, unless the driver registered again through another socket
+since.
+
+The table is what the rest of the node reads: syncloop's volume code finds a driver's
+endpoint there, status-reporter publishes the node IDs and topology in the CSINode
+object and on the Node. The table outlives a syncloop restart; the first scan after
+one re-registers what is there and drops the drivers whose socket went away meanwhile.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Protocol
+
+from klet.bus import BusError
+from klet.csi import CSIError, DriverUnavailable, NodeInfo, PluginInfo
+from klet.model.records import CSIDriverRecord
+
+log = logging.getLogger(__name__)
+
+CSI_PLUGIN = "CSIPlugin"
+_VERSION = re.compile(r"v?(\d+)(?:\.(\d+))?(?:\.(\d+))?$")
+
+
+class DriverTable(Protocol):
+    async def put(self, key: str, record: CSIDriverRecord) -> None: ...
+
+    async def delete(self, key: str) -> None: ...
+
+    async def all(self) -> dict[str, CSIDriverRecord]: ...
+
+
+class Registration(Protocol):
+    async def get_info(self) -> PluginInfo: ...
+
+    async def notify(self, *, registered: bool, error: str = "") -> None: ...
+
+    async def close(self) -> None: ...
+
+
+class Driver(Protocol):
+    async def node_info(self) -> NodeInfo: ...
+
+    async def close(self) -> None: ...
+
+
+def refusal(info: PluginInfo) -> str | None:
+    """Why klet does not take this plugin, or None."""
+    if info.type != CSI_PLUGIN:
+        return f"plugin type {info.type!r} is not supported by klet (only {CSI_PLUGIN})"
+    if not info.name:
+        return "the plugin gave no driver name"
+    majors = set()
+    for version in info.supported_versions:
+        m = _VERSION.match(version.strip())
+        if m:
+            majors.add(int(m.group(1)))
+    if 1 not in majors:
+        versions = ", ".join(info.supported_versions) or "none"
+        return f"none of the CSI versions the plugin supports ({versions}) is 1.x"
+    return None
+
+
+class CSIRegistrar:
+    """The watcher's `Registrar` for CSI drivers."""
+
+    def __init__(
+        self,
+        table: DriverTable,
+        *,
+        registration: Callable[[Path], Registration],
+        driver: Callable[[str], Driver],
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.table = table
+        self.registration = registration
+        self.driver = driver
+        self.clock = clock
+        self.by_socket: dict[Path, str] = {}
+        """Registration socket → driver name, for the drivers registered by this process."""
+        self._reconciled = False
+
+    async def register(self, socket: Path) -> bool:
+        client = self.registration(socket)
+        try:
+            return await self._register(socket, client)
+        finally:
+            await client.close()
+
+    async def _register(self, socket: Path, client: Registration) -> bool:
+        try:
+            info = await client.get_info()
+        except CSIError as err:
+            log.warning(
+                "plugin did not answer GetInfo", extra={"socket": str(socket), "error": str(err)}
+            )
+            return not isinstance(err, DriverUnavailable)
+        why = refusal(info)
+        if why is not None:
+            log.warning(
+                "plugin refused", extra={"socket": str(socket), "plugin": info.name, "why": why}
+            )
+            await self._notify(client, socket, registered=False, error=why)
+            return True
+        endpoint = info.endpoint or str(socket)
+        driver = self.driver(endpoint)
+        try:
+            node = await driver.node_info()
+        except CSIError as err:
+            why = f"NodeGetInfo on {endpoint}: {err}"
+            log.warning("CSI driver refused", extra={"driver": info.name, "why": why})
+            await self._notify(client, socket, registered=False, error=why)
+            return not isinstance(err, DriverUnavailable)
+        finally:
+            await driver.close()
+        if not node.node_id:
+            why = f"NodeGetInfo on {endpoint} gave no node ID"
+            await self._notify(client, socket, registered=False, error=why)
+            return True
+        record = CSIDriverRecord(
+            name=info.name,
+            endpoint=endpoint,
+            registration=str(socket),
+            node_id=node.node_id,
+            max_volumes=node.max_volumes_per_node,
+            topology=dict(node.topology),
+            versions=",".join(info.supported_versions),
+            registered_at=self.clock(),
+        )
+        try:
+            await self.table.put(info.name, record)
+        except BusError as err:  # the bus is away: try again, the plugin waits
+            log.warning(
+                "cannot record the CSI driver, will retry",
+                extra={"driver": info.name, "error": str(err)},
+            )
+            return False
+        self.by_socket[socket] = info.name
+        log.info(
+            "CSI driver registered",
+            extra={"driver": info.name, "endpoint": endpoint, "node_id": node.node_id},
+        )
+        await self._notify(client, socket, registered=True)
+        return True
+
+    async def _notify(
+        self, client: Registration, socket: Path, *, registered: bool, error: str = ""
+    ) -> None:
+        try:
+            await client.notify(registered=registered, error=error)
+        except CSIError as err:  # the plugin went away meanwhile: nothing to tell
+            log.info(
+                "plugin not told its registration status",
+                extra={"socket": str(socket), "error": str(err)},
+            )
+
+    async def deregister(self, socket: Path) -> None:
+        name = self.by_socket.pop(socket, None)
+        if name is None:
+            return
+        log.info("CSI driver deregistered", extra={"driver": name, "socket": str(socket)})
+        self._reconciled = False  # the table's record goes at the reconcile that follows
+
+    async def reconcile(self, present: frozenset[Path]) -> None:
+        if self._reconciled:
+            return
+        try:
+            records = await self.table.all()
+            for name, record in records.items():
+                socket = Path(record.registration)
+                if socket in present and self.by_socket.get(socket) == name:
+                    continue
+                if socket not in present or name not in self.by_socket.values():
+                    await self.table.delete(name)
+                    log.info("CSI driver removed from the node", extra={"driver": name})
+        except BusError as err:
+            log.warning(
+                "cannot update the CSI drivers table, will retry", extra={"error": str(err)}
+            )
+            return
+        self._reconciled = True
