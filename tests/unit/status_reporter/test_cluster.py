@@ -102,6 +102,7 @@ def test_cluster_tasks_added() -> None:
     got = names(root_tasks(deps))
     assert {"node-status", "node-lease", "pod-status", "events", "pod-view-reload"} <= set(got)
     assert sorted(cluster_tasks(deps.cluster)) == [
+        "csinode",
         "events",
         "node-lease",
         "node-status",

@@ -1,6 +1,6 @@
 """Cluster mode (a kubeconfig is set): its dependencies, built once, and its root tasks.
 
-`build_cluster` wires the four cluster-mode managers to their adapters:
+`build_cluster` wires the five cluster-mode managers to their adapters:
 
 - `node-status` (`NodeStatusManager`): registration and the node status loop, observing
   the host (`hostinfo`), the CRI runtime and the bus's node condition tables (`NodeObserver`);
@@ -9,7 +9,9 @@
   of pod status writes can never delay a renewal;
 - `pod-status` (`PodSyncManager`): pod statuses, mirror pods, final deletions, reading
   the same pod view the HTTP API serves;
-- `events` (`EventSink`): the services' bus Events streams to core/v1 Events.
+- `events` (`EventSink`): the services' bus Events streams to core/v1 Events;
+- `csinode` (`CSINodeManager`): the CSI drivers registered on the node (syncloop's
+  `csidrivers` table) into the CSINode object and the Node's annotation and labels.
 
 Every adapter can be replaced through `ClusterOverrides` (tests pass
 `testing.FakeApiServer` and friends); what is not replaced is built from settings.
@@ -26,6 +28,8 @@ from typing import Any, Protocol
 from klet.bus import NodeBus
 from klet.model.node import storage_aware_eviction_hard
 from klet.status_reporter.capacity import MachineInfo
+from klet.status_reporter.csinode import CSINodeManager
+from klet.status_reporter.csinode import DriverTable as CSIDriverTable
 from klet.status_reporter.eventsink import EventFeed, EventPolicy, EventSink
 from klet.status_reporter.hostinfo import detect_node_ips, read_machine
 from klet.status_reporter.kubeapi import NO_RETRY, Kube, KubeApi, RetryPolicy
@@ -138,6 +142,7 @@ class ClusterOverrides:
     lease_policy: LeasePolicy | None = None
     pod_policy: PodSyncPolicy | None = None
     event_policy: EventPolicy | None = None
+    csidrivers: CSIDriverTable | None = None
 
 
 async def _nothing() -> None:
@@ -153,6 +158,7 @@ class ClusterDeps:
     lease: LeaseManager
     pods: PodSyncManager
     events: EventSink
+    csinode: CSINodeManager
     close: Callable[[], Awaitable[None]] = field(default=_nothing)
 
 
@@ -165,6 +171,7 @@ def cluster_tasks(c: ClusterDeps) -> dict[str, Callable[[], Coroutine[Any, Any, 
         "node-lease": c.lease.run,
         "pod-status": c.pods.run,
         "events": c.events.run,
+        "csinode": c.csinode.run,
     }
 
 
@@ -296,11 +303,13 @@ def build_cluster(
         for closer in reversed(closers):
             await closer()
 
+    csinode = CSINodeManager(kube, o.csidrivers or bus().csidrivers, identity)
     return ClusterDeps(
         identity=identity,
         node_status=node_status,
         lease=lease,
         pods=pods,
         events=event_sink,
+        csinode=csinode,
         close=close,
     )
