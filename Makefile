@@ -102,6 +102,15 @@ bench-events: setup
 bench-compare: setup
 	$(PY) bench/compare.py $(COMPARE_ARGS)
 
+# Idle memory per process (RSS and PSS from smaps_rollup, median of 5 readings after 60 s
+# idle) of `klet up` with 110 pods, standalone (static pods) and in cluster mode (a real
+# kube-apiserver, apiserver pods bound by nodeName); MEMORY_MODES picks one, MEMORY_ARGS
+# passes options (--pods --idle-s --samples --keep). See bench/README.md.
+MEMORY_MODES ?= standalone cluster
+.PHONY: bench-memory
+bench-memory: setup
+	set -e; for mode in $(MEMORY_MODES); do $(PY) bench/memory.py --mode $$mode $(MEMORY_ARGS); done
+
 # Long fuzz runs, not part of `make test` (seeded subsets run in the unit tests); each
 # prints its figures and fails on any crash. `fuzz`: 10,000 mutated KubeletConfiguration
 # files and 10,000 mutated flag sets through load_settings (tests/fuzz/kubelet_config.py),
