@@ -173,5 +173,5 @@ def test_resources_ports_and_affinity_rejections(
         "PodFeatureUnsupported",
         "Pod requires features this node lacks: spec.hostUsers: user namespaces "
         "(hostUsers: false) are not supported on this node; spec.runtimeClassName: "
-        "RuntimeClass is not supported: only the default runtime handler runs",
+        "a RuntimeClass is looked up in the API server and this node has none (standalone)",
     )
