@@ -43,7 +43,7 @@ lint: setup
 
 typecheck: setup
 	.venv/bin/mypy libs/src services/pod-source/src services/syncloop/src services/status-reporter/src services/eviction/src services/image-gc/src tools/container_fields.py tools/config_fields.py tools/image tools/e2e \
-		bench/common.py bench/run.py bench/gc.py bench/failover.py bench/events.py bench/compare.py
+		bench/common.py bench/run.py bench/gc.py bench/failover.py bench/events.py bench/compare.py bench/memory.py
 
 proto:
 	$(PY) tools/gen_proto.py
