@@ -50,6 +50,7 @@ from klet.devstack.cluster import ControlPlane
 
 from tests.harness.node import fetch
 from tests.harness.nodewatch import NodeWatch
+from tests.harness.procfs import status_field
 from tests.harness.waiting import wait_for
 from tests.integration.conftest import remove_node_pods
 from tests.unit.test_compose_file import confinement
@@ -160,14 +161,6 @@ def privileged_override(dir: Path) -> Path | None:
 def cap_last_cap() -> int:
     return int(Path("/proc/sys/kernel/cap_last_cap").read_text())
 
-
-def status_field(pid: int | str, name: str) -> str:
-    """A field of /proc/<pid>/status (`self` for this process)."""
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        key, _, value = line.partition(":")
-        if key == name:
-            return value.strip()
-    raise LookupError(f"/proc/{pid}/status has no {name}")
 
 
 def bounding_set() -> int:

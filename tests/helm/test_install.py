@@ -58,6 +58,7 @@ from tests.harness.helmbin import helm_binary
 from tests.harness.innernode import InnerHost, inner_host, separate
 from tests.harness.node import KletNode
 from tests.harness.nodewatch import NodeWatch
+from tests.harness.procfs import status_field
 from tests.harness.waiting import wait_for
 from tools.image.__main__ import version
 
@@ -325,13 +326,6 @@ def pids_of_pod(uid: str) -> list[int]:
             found.append(int(proc.name))
     return found
 
-
-def status_field(pid: int | str, name: str) -> str:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        key, _, value = line.partition(":")
-        if key == name:
-            return value.strip()
-    raise LookupError(f"/proc/{pid}/status has no {name}")
 
 
 def main_pid(pod: dict[str, Any], marker: str) -> int:

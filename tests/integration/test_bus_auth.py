@@ -143,6 +143,9 @@ async def _call(call: Awaitable[object]) -> None:
         raise BusError(str(err)) from err
 
 
+NOTHING_WRITTEN = {"desired": {}, "pods": 0, "node": {}, "events": 0, "leases": []}
+
+
 async def written(server: RedisServer) -> dict[str, object]:
     """What the attempts left on the bus, read as the admin."""
     async with node_bus(server, server.admin) as nb:
@@ -165,13 +168,7 @@ async def test_no_credentials_and_a_wrong_password_write_nothing(
     wrong = Credentials(f"klet-pod-source@{NODE}", Path("/nonexistent"), "not-the-password")
     async with node_bus(redis_server, wrong) as nb:
         assert not any((await attempts(nb, redis_server, wrong)).values())
-    assert await written(redis_server) == {
-        "desired": {},
-        "pods": 0,
-        "node": {},
-        "events": 0,
-        "leases": [],
-    }
+    assert await written(redis_server) == NOTHING_WRITTEN
 
 
 @pytest.mark.parametrize("service", SERVICES)
@@ -301,13 +298,7 @@ async def test_another_nodes_credentials_write_nothing_on_this_node(
         cred = redis_server.credentials(OTHER, service)
         async with node_bus(redis_server, cred) as nb:
             assert not any((await attempts(nb, redis_server, cred)).values()), service
-    assert await written(redis_server) == {
-        "desired": {},
-        "pods": 0,
-        "node": {},
-        "events": 0,
-        "leases": [],
-    }
+    assert await written(redis_server) == NOTHING_WRITTEN
 
 
 async def test_rediss_with_a_verified_server_and_a_client_certificate(tmp_path: Path) -> None:
