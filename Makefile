@@ -149,6 +149,18 @@ cluster-binaries:
 e2e-binaries:
 	bash tools/e2e/build.sh
 
+# The CSI components of the storage e2e suite's manifests (csi-provisioner, csi-resizer,
+# csi-snapshotter, snapshot-controller), csi-sanity and csi-mock (the suite's mock CSI
+# driver as a binary), each from tools/csi/<dir>'s Go module into
+# $KLET_CACHE/csi/<name>/<version>; no-op once cached. Not in `make test`: a cold build
+# takes minutes (tools/csi/README.md). The components whose modules the Go module proxy
+# does not serve (hostpathplugin, node-driver-registrar, attacher, livenessprobe, health
+# monitor) are tried, and fail naming the module, only by `bash tools/csi/build.sh --all`.
+# The images: `python -m tools.csi.images --registry HOST:PORT`.
+.PHONY: csi-binaries
+csi-binaries:
+	bash tools/csi/build.sh
+
 # The pinned helm binaries of the helm tier, built from tools/helm's Go module into
 # $KLET_CACHE/helm/<version>/helm (default /var/cache/klet); no-op once cached. v4 renders
 # and installs the chart; v3 only proves it still lints on Helm 3. `make run` needs no helm.
