@@ -37,18 +37,15 @@ import subprocess
 import tempfile
 import xml.etree.ElementTree as ET
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 from klet.csi import CSIClient, DriverUnavailable
 
-from tests.harness.waiting import wait_for
+from tests.harness.csi import BUILD_SH, MockDriver, csi_binaries
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]
 
-REPO = Path(__file__).resolve().parents[2]
-BUILD_SH = REPO / "tools" / "csi" / "build.sh"
 DRIVER = "mock.csi.klet.test"
 # Upstream's mock: its GetPluginInfo vendor version and its one topology segment.
 MOCK_VENDOR_VERSION = "0.3.0"
@@ -56,40 +53,10 @@ MOCK_TOPOLOGY = {"io.kubernetes.storage.mock/node": "some-mock-node"}
 SANITY_SKIP = r"ModifyVolume|invalid volume attribute class"
 
 
-@dataclass(frozen=True)
-class Binaries:
-    mock: Path
-    sanity: Path
-
-
 @pytest.fixture(scope="module")
-def binaries() -> Binaries:
+def binaries() -> dict[str, Path]:
     """csi-mock and csi-sanity from tools/csi/build.sh (built when not cached)."""
-    res = subprocess.run(
-        ["bash", str(BUILD_SH), "csi-mock", "csi-sanity"],
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    assert res.returncode == 0, f"{BUILD_SH} exited {res.returncode}:\n{res.stderr[-3000:]}"
-    paths = dict(line.split(" ", 1) for line in res.stdout.splitlines())
-    return Binaries(mock=Path(paths["csi-mock"]), sanity=Path(paths["csi-sanity"]))
-
-
-@dataclass
-class MockDriver:
-    proc: subprocess.Popen[bytes]
-    socket: Path
-    log: Path
-
-    def grpc_methods(self) -> list[str]:
-        """The CSI methods the driver logged, in order (its -v=3 `gRPCCall:` lines)."""
-        out = []
-        for line in self.log.read_text(errors="replace").splitlines():
-            _, sep, rest = line.partition('gRPCCall: {"Method":"')
-            if sep:
-                out.append(rest.partition('"')[0])
-        return out
+    return csi_binaries(["csi-mock", "csi-sanity"])
 
 
 @pytest.fixture
@@ -100,43 +67,19 @@ def workdir() -> Iterator[Path]:
     shutil.rmtree(path, ignore_errors=True)
 
 
-def start_mock(binaries: Binaries, workdir: Path, *extra: str) -> MockDriver:
-    socket = workdir / "csi.sock"
-    log = workdir / "mock.log"
-    with log.open("wb") as out:
-        proc = subprocess.Popen(
-            [
-                str(binaries.mock),
-                f"--endpoint=unix://{socket}",
-                f"--drivername={DRIVER}",
-                "-v=3",
-                *extra,
-            ],
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            cwd=workdir,
-        )
-    wait_for(
-        lambda: socket.is_socket() or proc.poll() is not None,
-        timeout_s=10,
-        what=f"{socket} to appear",
-    )
-    assert proc.poll() is None, f"csi-mock exited {proc.returncode}: {log.read_text()}"
-    return MockDriver(proc=proc, socket=socket, log=log)
-
-
 @pytest.fixture
-def mock_driver(binaries: Binaries, workdir: Path) -> Iterator[MockDriver]:
-    driver = start_mock(
-        binaries, workdir, "--attach-limit=7", "--enable-topology", "--node-expand-required"
+def mock_driver(binaries: dict[str, Path], workdir: Path) -> Iterator[MockDriver]:
+    driver = MockDriver.start(
+        binaries["csi-mock"],
+        workdir,
+        name=DRIVER,
+        args=["--attach-limit=7", "--enable-topology", "--node-expand-required"],
     )
     yield driver
-    if driver.proc.poll() is None:
-        driver.proc.kill()
-        driver.proc.wait()
+    driver.stop()
 
 
-def test_build_is_cached(binaries: Binaries) -> None:
+def test_build_is_cached(binaries: dict[str, Path]) -> None:
     res = subprocess.run(
         ["bash", str(BUILD_SH), "csi-mock", "csi-sanity"],
         capture_output=True,
@@ -146,12 +89,12 @@ def test_build_is_cached(binaries: Binaries) -> None:
     assert res.stderr == ""
     assert res.stdout.split() == [
         "csi-mock",
-        str(binaries.mock),
+        str(binaries["csi-mock"]),
         "csi-sanity",
-        str(binaries.sanity),
+        str(binaries["csi-sanity"]),
     ]
-    assert binaries.mock.parent.name == "v1.34.4"
-    assert binaries.sanity.parent.name == "v5.3.1"
+    assert binaries["csi-mock"].parent.name == "v1.34.4"
+    assert binaries["csi-sanity"].parent.name == "v5.3.1"
 
 
 async def test_identity_and_node_info(mock_driver: MockDriver) -> None:
@@ -174,8 +117,8 @@ async def test_identity_and_node_info(mock_driver: MockDriver) -> None:
     ]
 
 
-async def test_node_without_options(binaries: Binaries, workdir: Path) -> None:
-    driver = start_mock(binaries, workdir)
+async def test_node_without_options(binaries: dict[str, Path], workdir: Path) -> None:
+    driver = MockDriver.start(binaries["csi-mock"], workdir, name=DRIVER)
     client = CSIClient(driver.socket, timeout_s=5)
     try:
         node = await client.node_info()
@@ -183,15 +126,14 @@ async def test_node_without_options(binaries: Binaries, workdir: Path) -> None:
         assert "EXPAND_VOLUME" not in await client.node_capabilities()
     finally:
         await client.close()
-        driver.proc.kill()
-        driver.proc.wait()
+        driver.stop()
 
 
-def test_csi_sanity(binaries: Binaries, mock_driver: MockDriver, workdir: Path) -> None:
+def test_csi_sanity(binaries: dict[str, Path], mock_driver: MockDriver, workdir: Path) -> None:
     report = workdir / "sanity.xml"
     res = subprocess.run(
         [
-            str(binaries.sanity),
+            str(binaries["csi-sanity"]),
             f"--csi.endpoint={mock_driver.socket}",
             f"--csi.mountdir={workdir / 'target'}",
             f"--csi.stagingdir={workdir / 'staging'}",

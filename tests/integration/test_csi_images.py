@@ -19,7 +19,6 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import subprocess
 import uuid
 from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
@@ -32,9 +31,9 @@ from klet.cri.types import ContainerConfig, ContainerState, ContainerStatusInfo,
 from klet.devstack import DevStack
 from klet.model.types import ContainerID
 
+from tests.harness.csi import csi_built
 from tests.harness.waiting import wait_for
 from tools.csi.images import (
-    BUILD_SH,
     IMAGED,
     CSIImage,
     build_binaries,
@@ -66,21 +65,11 @@ NOT_PROVIDED = {
 ACCEPT = "application/vnd.oci.image.manifest.v1+json"
 
 
-def _sidecars_built() -> bool:
-    res = subprocess.run(
-        ["bash", str(BUILD_SH), "--check", *IMAGED],
-        capture_output=True,
-        env={**os.environ, "KLET_CACHE": str(CACHE)},
-        check=False,
-    )
-    return res.returncode == 0
-
-
 pytestmark = [
     pytest.mark.integration,
     pytest.mark.timeout(600),
     pytest.mark.skipif(
-        not _sidecars_built(),
+        not csi_built(IMAGED),
         reason="the CSI sidecars are not built: run `make csi-binaries` (minutes, cold)",
     ),
 ]

@@ -1,0 +1,93 @@
+"""CSI components for tests: the binaries of tools/csi/build.sh and a csi-mock driver
+run as a host process on a socket of its own.
+
+`csi_binaries(names)` builds what is missing (csi-mock and csi-sanity take seconds once
+tools/e2e's k8s.io packages are compiled) and returns name -> path; `csi_built(names)`
+only says whether they are cached, for the tests of the sidecars, whose cold build
+takes minutes (`make csi-binaries`). `MockDriver.start` runs csi-mock with `-v=3`, so its
+log holds one JSON `gRPCCall:` line per CSI call it served, which `grpc_methods()` reads.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from tests.harness.waiting import wait_for
+
+REPO = Path(__file__).resolve().parents[2]
+BUILD_SH = REPO / "tools" / "csi" / "build.sh"
+
+
+def csi_binaries(names: Sequence[str]) -> dict[str, Path]:
+    """Build (when not cached) and return the components `names`; AssertionError with
+    build.sh's stderr when it fails."""
+    res = subprocess.run(
+        ["bash", str(BUILD_SH), *names], capture_output=True, text=True, check=False
+    )
+    assert res.returncode == 0, f"{BUILD_SH} exited {res.returncode}:\n{res.stderr[-3000:]}"
+    paths = dict(line.split(" ", 1) for line in res.stdout.splitlines())
+    return {name: Path(paths[name]) for name in names}
+
+
+def csi_built(names: Sequence[str]) -> bool:
+    """Whether build.sh has all of `names` cached (it builds nothing here)."""
+    res = subprocess.run(
+        ["bash", str(BUILD_SH), "--check", *names],
+        capture_output=True,
+        env=dict(os.environ),
+        check=False,
+    )
+    return res.returncode == 0
+
+
+@dataclass
+class MockDriver:
+    """A running csi-mock: its process, socket and log."""
+
+    proc: subprocess.Popen[bytes]
+    name: str
+    socket: Path
+    log: Path
+
+    @classmethod
+    def start(
+        cls, binary: Path, workdir: Path, *, name: str, args: Sequence[str] = ()
+    ) -> MockDriver:
+        """csi-mock serving driver `name` on `<workdir>/csi.sock` (keep `workdir` short:
+        a unix socket's path must fit in 108 bytes), once the socket is there."""
+        socket = workdir / "csi.sock"
+        log = workdir / "mock.log"
+        with log.open("wb") as out:
+            proc = subprocess.Popen(
+                [str(binary), f"--endpoint=unix://{socket}", f"--drivername={name}", "-v=3", *args],
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                cwd=workdir,
+            )
+        driver = cls(proc=proc, name=name, socket=socket, log=log)
+        wait_for(
+            lambda: socket.is_socket() or proc.poll() is not None,
+            timeout_s=10,
+            what=f"{socket} to appear",
+        )
+        if proc.poll() is not None:
+            raise AssertionError(f"csi-mock exited {proc.returncode}: {log.read_text()}")
+        return driver
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+
+    def grpc_methods(self) -> list[str]:
+        """The CSI methods the driver served, in order (its `gRPCCall:` log lines)."""
+        out = []
+        for line in self.log.read_text(errors="replace").splitlines():
+            _, sep, rest = line.partition('gRPCCall: {"Method":"')
+            if sep:
+                out.append(rest.partition('"')[0])
+        return out
