@@ -42,7 +42,7 @@ lint: setup
 	.venv/bin/lint-imports
 
 typecheck: setup
-	.venv/bin/mypy libs/src services/pod-source/src services/syncloop/src services/status-reporter/src services/eviction/src services/image-gc/src tools/container_fields.py tools/config_fields.py tools/image tools/e2e \
+	.venv/bin/mypy libs/src services/pod-source/src services/syncloop/src services/status-reporter/src services/eviction/src services/image-gc/src tools/container_fields.py tools/config_fields.py tools/image tools/e2e tools/csi \
 		bench/common.py bench/run.py bench/gc.py bench/failover.py bench/events.py bench/compare.py bench/memory.py
 
 proto:
@@ -157,9 +157,14 @@ e2e-binaries:
 # does not serve (hostpathplugin, node-driver-registrar, attacher, livenessprobe, health
 # monitor) are tried, and fail naming the module, only by `bash tools/csi/build.sh --all`.
 # The images: `python -m tools.csi.images --registry HOST:PORT`.
-.PHONY: csi-binaries
+.PHONY: csi-binaries test-csi
 csi-binaries:
 	bash tools/csi/build.sh
+
+# The tests of those components (their images through CRI, the provisioner and resizer
+# against the real apiserver), which `make test` does not collect (tests/conftest.py).
+test-csi: setup cluster-binaries csi-binaries
+	KLET_CSI_TESTS=1 $(PY) -m pytest tests/integration/test_csi_images.py tests/cluster/test_csi_sidecars.py $(PYTEST_ARGS)
 
 # The pinned helm binaries of the helm tier, built from tools/helm's Go module into
 # $KLET_CACHE/helm/<version>/helm (default /var/cache/klet); no-op once cached. v4 renders

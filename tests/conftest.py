@@ -35,6 +35,10 @@ from klet.obs.logs import fields_text
 collect_ignore = [] if os.environ.get("KLET_SOAK") else ["soak"]
 if not os.environ.get("KLET_IMAGE_TESTS"):
     collect_ignore.append("image")
+# The CSI sidecars' tests need `make csi-binaries` (minutes cold, outside CI's budget):
+# only `make test-csi` (KLET_CSI_TESTS=1) collects them, and then they must pass.
+if not os.environ.get("KLET_CSI_TESTS"):
+    collect_ignore += ["integration/test_csi_images.py", "cluster/test_csi_sidecars.py"]
 
 TESTS = Path(__file__).parent
 TIERS = {

@@ -14,7 +14,7 @@ PVC's status capacity grow to the new size.
 
 No kube-controller-manager: the persistentvolume-binder's part (the annotation, the
 binding) is done by the test through the API, so only the sidecars and the driver are
-under test. Skipped, saying so, unless `make csi-binaries` has built the sidecars.
+under test. Only `make test-csi` collects it (it builds the sidecars first).
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ from typing import Any
 import pytest
 from klet.devstack.cluster import ControlPlane
 
-from tests.harness.csi import MockDriver, csi_binaries, csi_built
+from tests.harness.csi import MockDriver, csi_binaries
 from tests.harness.waiting import wait_for
 
 SIDECARS = ("csi-provisioner", "csi-resizer")
@@ -39,10 +39,6 @@ SIDECARS = ("csi-provisioner", "csi-resizer")
 pytestmark = [
     pytest.mark.cluster,
     pytest.mark.timeout(300),
-    pytest.mark.skipif(
-        not csi_built(SIDECARS),
-        reason="the CSI sidecars are not built: run `make csi-binaries` (minutes, cold)",
-    ),
 ]
 
 

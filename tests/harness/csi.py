@@ -2,15 +2,14 @@
 run as a host process on a socket of its own.
 
 `csi_binaries(names)` builds what is missing (csi-mock and csi-sanity take seconds once
-tools/e2e's k8s.io packages are compiled) and returns name -> path; `csi_built(names)`
-only says whether they are cached, for the tests of the sidecars, whose cold build
-takes minutes (`make csi-binaries`). `MockDriver.start` runs csi-mock with `-v=3`, so its
-log holds one JSON `gRPCCall:` line per CSI call it served, which `grpc_methods()` reads.
+tools/e2e's k8s.io packages are compiled) and returns name -> path (the sidecars'
+cold build takes minutes: `make csi-binaries`, before `make test-csi`).
+`MockDriver.start` runs csi-mock with `-v=3`, so its log holds one JSON `gRPCCall:` line
+per CSI call it served, which `grpc_methods()` reads.
 """
 
 from __future__ import annotations
 
-import os
 import subprocess
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -31,17 +30,6 @@ def csi_binaries(names: Sequence[str]) -> dict[str, Path]:
     assert res.returncode == 0, f"{BUILD_SH} exited {res.returncode}:\n{res.stderr[-3000:]}"
     paths = dict(line.split(" ", 1) for line in res.stdout.splitlines())
     return {name: Path(paths[name]) for name in names}
-
-
-def csi_built(names: Sequence[str]) -> bool:
-    """Whether build.sh has all of `names` cached (it builds nothing here)."""
-    res = subprocess.run(
-        ["bash", str(BUILD_SH), "--check", *names],
-        capture_output=True,
-        env=dict(os.environ),
-        check=False,
-    )
-    return res.returncode == 0
 
 
 @dataclass

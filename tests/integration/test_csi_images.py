@@ -9,9 +9,9 @@ klet's CRI client on the dev stack's containerd, reports its version and exits 0
 images the manifests name that nothing here builds are reported as not provided.
 
 Needs the sidecar binaries built (`make csi-binaries`): a cold build is several minutes
-(see tools/csi/README.md), more than `make test` spends on them yet, so the module is
-skipped, saying so, when they are not cached. Cached, the module takes a few seconds
-(the images' layers are cached too).
+(see tools/csi/README.md), more than `make test` spends on them yet, so only `make
+test-csi` collects this module (tests/conftest.py). Cached, it takes a few seconds (the
+images' layers are cached too).
 """
 
 from __future__ import annotations
@@ -31,10 +31,8 @@ from klet.cri.types import ContainerConfig, ContainerState, ContainerStatusInfo,
 from klet.devstack import DevStack
 from klet.model.types import ContainerID
 
-from tests.harness.csi import csi_built
 from tests.harness.waiting import wait_for
 from tools.csi.images import (
-    IMAGED,
     CSIImage,
     build_binaries,
     build_images,
@@ -68,10 +66,6 @@ ACCEPT = "application/vnd.oci.image.manifest.v1+json"
 pytestmark = [
     pytest.mark.integration,
     pytest.mark.timeout(600),
-    pytest.mark.skipif(
-        not csi_built(IMAGED),
-        reason="the CSI sidecars are not built: run `make csi-binaries` (minutes, cold)",
-    ),
 ]
 
 
