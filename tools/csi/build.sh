@@ -101,6 +101,11 @@ row() {  # row NAME -> sets dir module package version
     local fixed
     IFS='|' read -r _ dir module package fixed < <(grep "^$1|" <<<"$table")
     if [[ "$dir" == - ]]; then version="$fixed"; else version="$(modver "$module" "$here/$dir/go.mod")"; fi
+    # A component with code of ours (csi-mock's main.go): its version carries the code's
+    # digest, so a changed main.go is a new version, built again, not a stale cache hit.
+    if [[ "$dir" != - && -f "$here/$dir/main.go" ]]; then
+        version="${version}-klet.$(cat "$here/$dir/main.go" "$here/$dir/go.sum" | sha256sum | cut -c1-12)"
+    fi
 }
 binary() { printf '%s/csi/%s/%s/%s' "$cache" "$1" "$2" "$1"; }
 
