@@ -138,7 +138,8 @@ def build_binaries(*, cache: Path) -> tuple[dict[str, tuple[Path, str]], Path]:
     for line in res.stdout.splitlines():
         name, _, path = line.partition(" ")
         built[name] = (Path(path), Path(path).parent.name)  # .../<name>/<version>/<name>
-    k8s_version = built.pop("csi-mock")[1]
+    # csi-mock's version is k8s.io/kubernetes's plus the digest of our main.go.
+    k8s_version = built.pop("csi-mock")[1].partition("-klet.")[0]
     return built, cache / "go/mod" / f"k8s.io/kubernetes@{k8s_version}"
 
 
