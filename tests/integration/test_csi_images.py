@@ -16,21 +16,19 @@ images' layers are cached too).
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 import uuid
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
-from typing import TypeVar
 
-import httpx
 import pytest
-from klet.cri import CRISettings, RuntimeClient
+from klet.cri import RuntimeClient
 from klet.cri.types import ContainerConfig, ContainerState, ContainerStatusInfo, SandboxConfig
 from klet.devstack import DevStack
 from klet.model.types import ContainerID
 
+from tests.harness.devstackio import cri_call, registry_get
 from tests.harness.waiting import wait_for
 from tools.csi.images import (
     CSIImage,
@@ -42,7 +40,6 @@ from tools.csi.images import (
 )
 from tools.e2e.suite import parse_manifest
 
-T = TypeVar("T")
 CACHE = Path(os.environ.get("KLET_CACHE", "/var/cache/klet"))
 
 # What e2e v1.34.4's storage-csi manifests name (and the snapshot controller at its
@@ -85,28 +82,6 @@ def images(devstack: DevStack) -> Iterator[dict[str, CSIImage]]:
     cri_call(devstack, remove)
 
 
-def cri_call(devstack: DevStack, call: Callable[[RuntimeClient], Awaitable[T]]) -> T:
-    async def run() -> T:
-        client = RuntimeClient(CRISettings(runtime_endpoint=devstack.runtime_endpoint))
-        try:
-            return await call(client)
-        finally:
-            await client.close()
-
-    return asyncio.run(run())
-
-
-def registry_get(devstack: DevStack, path: str) -> httpx.Response:
-    resp = httpx.get(
-        f"http://{devstack.registry_address}{path}",
-        headers={"Accept": ACCEPT},
-        trust_env=False,
-        timeout=30,
-    )
-    resp.raise_for_status()
-    return resp
-
-
 def test_registry_holds_them_where_the_repo_list_points(
     devstack: DevStack, images: dict[str, CSIImage]
 ) -> None:
@@ -118,10 +93,12 @@ def test_registry_holds_them_where_the_repo_list_points(
     for name, tag in EXPECTED.items():
         img = images[name]
         assert img.reference == f"{mirror['sigStorageRegistry']}/{name}:{tag}"
-        manifest = registry_get(devstack, f"/v2/sig-storage/{name}/manifests/{tag}")
+        manifest = registry_get(devstack, f"/v2/sig-storage/{name}/manifests/{tag}", accept=ACCEPT)
         assert manifest.headers["Docker-Content-Digest"] == img.image.manifest_digest
         config_digest = manifest.json()["config"]["digest"]
-        blob = registry_get(devstack, f"/v2/sig-storage/{name}/blobs/{config_digest}")
+        blob = registry_get(
+            devstack, f"/v2/sig-storage/{name}/blobs/{config_digest}", accept=ACCEPT
+        )
         config = json.loads(blob.content)["config"]
         assert config["Entrypoint"] == [f"/{name}"]
         assert not config.get("Cmd")

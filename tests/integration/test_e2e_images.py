@@ -20,19 +20,17 @@ module and compiles agnhost's dependencies (minutes): hence the long timeout her
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 import uuid
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TypeVar
 
 import httpx
 import pytest
 import yaml
-from klet.cri import CRISettings, RuntimeClient
+from klet.cri import RuntimeClient
 from klet.cri.types import (
     ContainerConfig,
     ContainerState,
@@ -43,13 +41,13 @@ from klet.cri.types import (
 from klet.devstack import DevStack
 from klet.model.types import ContainerID, SandboxID
 
+from tests.harness.devstackio import cri_call, registry_get
 from tests.harness.waiting import wait_for
 from tools.e2e.images import E2EImage, build_binaries, build_images, push_images
 from tools.e2e.suite import repo_list_yaml
 
 pytestmark = pytest.mark.timeout(900)
 
-T = TypeVar("T")
 
 # What the suite pulls (test/utils/image/manifest.go of v1.34.4, issue 16), written out
 # here rather than read from the parser under test.
@@ -101,41 +99,19 @@ def suite_images(
     cri_call(devstack, remove)
 
 
-def cri_call(devstack: DevStack, call: Callable[[RuntimeClient], Awaitable[T]]) -> T:
-    """One call through klet's CRI client, from a synchronous test (and `wait_for`)."""
-
-    async def run() -> T:
-        client = RuntimeClient(CRISettings(runtime_endpoint=devstack.runtime_endpoint))
-        try:
-            return await call(client)
-        finally:
-            await client.close()
-
-    return asyncio.run(run())
-
-
 def local_reference(upstream: str, repo_list: dict[str, str]) -> str:
     """Where the suite pulls `upstream` from under `repo_list`, as manifest.go maps it."""
     registry, _, name_tag = upstream.rpartition("/")
     return f"{repo_list[UPSTREAM_KEYS[registry]]}/{name_tag}"
 
 
-def registry_get(devstack: DevStack, path: str) -> httpx.Response:
-    resp = httpx.get(
-        f"http://{devstack.registry_address}{path}",
-        headers={"Accept": ACCEPT},
-        trust_env=False,
-        timeout=30,
-    )
-    resp.raise_for_status()
-    return resp
-
-
 def image_config(devstack: DevStack, reference: str) -> dict[str, object]:
     """The `config` object of `reference`'s image config, read back from the registry."""
     repository, _, tag = reference.partition("/")[2].rpartition(":")
-    manifest = registry_get(devstack, f"/v2/{repository}/manifests/{tag}").json()
-    blob = registry_get(devstack, f"/v2/{repository}/blobs/{manifest['config']['digest']}")
+    manifest = registry_get(devstack, f"/v2/{repository}/manifests/{tag}", accept=ACCEPT).json()
+    blob = registry_get(
+        devstack, f"/v2/{repository}/blobs/{manifest['config']['digest']}", accept=ACCEPT
+    )
     config = json.loads(blob.content)["config"]
     assert isinstance(config, dict)
     return config
