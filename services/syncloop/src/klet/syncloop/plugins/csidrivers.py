@@ -179,11 +179,11 @@ class CSIRegistrar:
             return
         try:
             records = await self.table.all()
+            # A record names the socket of its driver's last registration; this process
+            # took that one (and it is still there: a vanished socket is deregistered) or
+            # the driver is not registered.
             for name, record in records.items():
-                socket = Path(record.registration)
-                if socket in present and self.by_socket.get(socket) == name:
-                    continue
-                if socket not in present or name not in self.by_socket.values():
+                if self.by_socket.get(Path(record.registration)) != name:
                     await self.table.delete(name)
                     log.info("CSI driver removed from the node", extra={"driver": name})
         except BusError as err:
