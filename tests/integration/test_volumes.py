@@ -236,8 +236,8 @@ def test_failed_mounts_wait_and_retry_without_blocking_other_pods(
         what="needsfile's FailedMount event",
     )
     claim_failed = (
-        'MountVolume.SetUp failed for volume "data" : unsupported volume type '
-        '"persistentVolumeClaim": klet does not implement this volume type'
+        'MountVolume.SetUp failed for volume "data" : persistentVolumeClaim volumes need the '
+        "apiserver (claims, PVs and CSIDriver objects): this node runs standalone"
     )
     wait_for(
         lambda: any(e.message == claim_failed for e in bus_events(node, "claim")),

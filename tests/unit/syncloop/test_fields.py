@@ -47,7 +47,7 @@ def test_pod_rules_name_real_fields_and_do_not_overlap() -> None:
 
 def test_supported_volume_types_exist_in_the_api() -> None:
     assert fields.VOLUME_TYPES <= set(volume_types())
-    assert "persistentVolumeClaim" in set(volume_types()) - fields.VOLUME_TYPES
+    assert "iscsi" in set(volume_types()) - fields.VOLUME_TYPES
 
 
 def test_longest_rule_wins() -> None:

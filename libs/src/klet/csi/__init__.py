@@ -5,6 +5,7 @@ module that talks gRPC to a driver. Callers get plain dataclasses and our own er
 """
 
 from klet.csi.client import (
+    Capability,
     CSIClient,
     CSIError,
     DriverInfo,
@@ -12,14 +13,17 @@ from klet.csi.client import (
     NodeInfo,
     PluginInfo,
     RegistrationClient,
+    Volume,
 )
 
 __all__ = [
     "CSIClient",
+    "Capability",
     "CSIError",
     "DriverInfo",
     "DriverUnavailable",
     "NodeInfo",
     "PluginInfo",
     "RegistrationClient",
+    "Volume",
 ]

@@ -41,6 +41,29 @@ class DriverUnavailable(CSIError):
 
 
 @dataclass(frozen=True)
+class Capability:
+    """How a volume is used (CSI `VolumeCapability`): a mounted filesystem or a block
+    device, and the access mode by its CSI name (`SINGLE_NODE_WRITER`, ...)."""
+
+    access_mode: str
+    block: bool = False
+    fs_type: str = ""
+    mount_flags: tuple[str, ...] = ()
+    mount_group: str = ""  # the pod's fsGroup, for a driver with VOLUME_MOUNT_GROUP
+
+
+@dataclass(frozen=True)
+class Volume:
+    """What stage and publish tell a driver about one volume."""
+
+    volume_id: str
+    capability: Capability
+    volume_context: dict[str, str] = field(default_factory=dict)
+    publish_context: dict[str, str] = field(default_factory=dict)
+    secrets: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
 class PluginInfo:
     """What a registration socket says (pluginregistration `GetInfo`)."""
 
@@ -149,5 +172,59 @@ class CSIClient:
             names.Name(c.rpc.type) for c in reply.capabilities if c.WhichOneof("type") == "rpc"
         )
 
+    async def stage(self, volume: Volume, *, staging_path: str) -> None:
+        """NodeStageVolume: make the volume ready at the node's global path."""
+        request = csi.NodeStageVolumeRequest(
+            volume_id=volume.volume_id,
+            publish_context=volume.publish_context,
+            staging_target_path=staging_path,
+            volume_capability=_capability(volume.capability),
+            secrets=volume.secrets,
+            volume_context=volume.volume_context,
+        )
+        await _call(self._node.NodeStageVolume, request, self._timeout, "NodeStageVolume")
+
+    async def unstage(self, volume_id: str, *, staging_path: str) -> None:
+        request = csi.NodeUnstageVolumeRequest(
+            volume_id=volume_id, staging_target_path=staging_path
+        )
+        await _call(self._node.NodeUnstageVolume, request, self._timeout, "NodeUnstageVolume")
+
+    async def publish(
+        self, volume: Volume, *, target_path: str, staging_path: str = "", read_only: bool = False
+    ) -> None:
+        """NodePublishVolume: make the volume appear at the pod's `target_path`."""
+        request = csi.NodePublishVolumeRequest(
+            volume_id=volume.volume_id,
+            publish_context=volume.publish_context,
+            staging_target_path=staging_path,
+            target_path=target_path,
+            volume_capability=_capability(volume.capability),
+            readonly=read_only,
+            secrets=volume.secrets,
+            volume_context=volume.volume_context,
+        )
+        await _call(self._node.NodePublishVolume, request, self._timeout, "NodePublishVolume")
+
+    async def unpublish(self, volume_id: str, *, target_path: str) -> None:
+        request = csi.NodeUnpublishVolumeRequest(volume_id=volume_id, target_path=target_path)
+        await _call(self._node.NodeUnpublishVolume, request, self._timeout, "NodeUnpublishVolume")
+
     async def close(self) -> None:
         await self._channel.close(None)
+
+
+def _capability(cap: Capability) -> Any:
+    modes = csi.VolumeCapability.AccessMode.Mode
+    try:
+        mode = modes.Value(cap.access_mode)
+    except ValueError as err:
+        message = f"unknown CSI access mode {cap.access_mode!r}"
+        raise CSIError(message, code="INVALID_ARGUMENT") from err
+    access = csi.VolumeCapability.AccessMode(mode=mode)
+    if cap.block:
+        return csi.VolumeCapability(block=csi.VolumeCapability.BlockVolume(), access_mode=access)
+    mount = csi.VolumeCapability.MountVolume(
+        fs_type=cap.fs_type, mount_flags=list(cap.mount_flags), volume_mount_group=cap.mount_group
+    )
+    return csi.VolumeCapability(mount=mount, access_mode=access)

@@ -56,6 +56,18 @@ CONTROLLERS = (
     # The built-in admin/edit/view ClusterRoles are empty until this aggregates the
     # system:aggregate-to-* rules into them; charts bind them.
     "clusterrole-aggregation-controller",
+    # Persistent storage (issue 26): claims are bound to PVs (and a CSI provisioner is
+    # asked for new ones) only by the binder; the StorageObjectInUseProtection admission
+    # plugin puts finalizers on every PVC and PV that only the two protection controllers
+    # remove; a pod's `ephemeral` volume gets its claim from the ephemeral-volume
+    # controller; StatefulSets make claims from their volumeClaimTemplates. No
+    # attach-detach controller: no driver klet is tested with needs attaching (the
+    # external-attacher is not served by the module proxy here).
+    "persistentvolume-binder-controller",
+    "persistentvolume-protection-controller",
+    "persistentvolumeclaim-protection-controller",
+    "ephemeral-volume-controller",
+    "statefulset-controller",
 )
 
 # How long a Node may go without a heartbeat (Lease or status) before node-lifecycle

@@ -65,6 +65,7 @@ from klet.syncloop.volumes.content import (
     ProjectedPlugin,
     SecretPlugin,
 )
+from klet.syncloop.volumes.csi import CSIVolumePlugin
 from klet.syncloop.volumes.emptydir import EmptyDirPlugin
 from klet.syncloop.volumes.hostpath import HostPathPlugin
 from klet.syncloop.volumes.manager import VolumeManager
@@ -75,6 +76,8 @@ if TYPE_CHECKING:
     from klet.kube.client import KubeClient
 
 EVENTED_PLEG_GATE = "EventedPLEG"
+CSI_VOLUME_TIMEOUT_S = 120.0
+"""Deadline of a CSI stage, publish, unpublish or unstage call (upstream's: 2 minutes)."""
 
 
 @dataclass(frozen=True)
@@ -226,6 +229,14 @@ def build_deps(settings: Settings, overrides: Overrides | None = None) -> Deps:
             SecretPlugin(),
             DownwardAPIPlugin(),
             ProjectedPlugin(forget_tokens=tokens.forget_pod if tokens is not None else None),
+            CSIVolumePlugin(
+                root_dir=Path(settings.klet.root_dir),
+                node_name=settings.klet.node_name,
+                drivers=node_bus.csidrivers,
+                connect=lambda endpoint: CSIClient(endpoint, timeout_s=CSI_VOLUME_TIMEOUT_S),
+                objects=objects,
+                tokens=tokens,
+            ),
         ],
         root_dir=Path(settings.klet.root_dir),
         node=node_facts,

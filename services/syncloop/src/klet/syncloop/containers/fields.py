@@ -131,7 +131,6 @@ POD_IGNORED: dict[str, str] = {
     "hostnameOverride": "the alpha hostname override is not supported",
     "securityContext.windowsOptions": "Windows only",
     "securityContext.seLinuxChangePolicy": "SELinux relabelling policy is not supported",
-    "securityContext.fsGroupChangePolicy": "volume ownership is always changed",
 }
 
 REFUSED: dict[str, str] = {
@@ -144,7 +143,17 @@ POD_REFUSED: dict[str, str] = {
 }
 
 VOLUME_TYPES = frozenset(
-    {"emptyDir", "hostPath", "configMap", "secret", "downwardAPI", "projected"}
+    {
+        "emptyDir",
+        "hostPath",
+        "configMap",
+        "secret",
+        "downwardAPI",
+        "projected",
+        "persistentVolumeClaim",
+        "ephemeral",
+        "csi",
+    }
 )
 """The volume sources klet sets up; every other one fails with FailedMount (unsupported)."""
 

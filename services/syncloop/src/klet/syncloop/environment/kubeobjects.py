@@ -1,5 +1,7 @@
 """ConfigMaps, Secrets and Services from the apiserver, for environment references, pull
-secrets and service links; RuntimeClasses, for the sandbox's runtime handler.
+secrets and service links; RuntimeClasses, for the sandbox's runtime handler;
+PersistentVolumeClaims, PersistentVolumes, CSIDrivers and VolumeAttachments, for the
+volumes of claims and CSI drivers.
 
 Cluster mode only: a standalone syncloop has no `KubeObjects` at all, and its callers
 treat that as upstream treats a kubelet without an API client. The Node authorizer lets
@@ -96,6 +98,22 @@ class ApiObjects:
         """The RuntimeClass `name` (cluster-scoped, node.k8s.io/v1), or None."""
         path = f"/apis/node.k8s.io/v1/runtimeclasses/{quote(name, safe='')}"
         return await self._fetch(("runtimeclasses", "", name), path)
+
+    async def get_pvc(self, namespace: str, name: str) -> JSON | None:
+        return await self._get("persistentvolumeclaims", namespace, name)
+
+    async def get_pv(self, name: str) -> JSON | None:
+        path = f"/api/v1/persistentvolumes/{quote(name, safe='')}"
+        return await self._fetch(("persistentvolumes", "", name), path)
+
+    async def get_csi_driver(self, name: str) -> JSON | None:
+        """The CSIDriver object `name` (storage.k8s.io/v1), or None."""
+        path = f"/apis/storage.k8s.io/v1/csidrivers/{quote(name, safe='')}"
+        return await self._fetch(("csidrivers", "", name), path)
+
+    async def get_volume_attachment(self, name: str) -> JSON | None:
+        path = f"/apis/storage.k8s.io/v1/volumeattachments/{quote(name, safe='')}"
+        return await self._fetch(("volumeattachments", "", name), path)
 
     def forget_cached(self) -> None:
         self._cache.clear()

@@ -3,7 +3,7 @@
 For every volume of the pod spec the first plugin that `handles` it makes it ready
 under `<root-dir>/pods/<uid>/volumes/<plugin dir>/<name>`; the result maps each volume
 name to the host path its volumeMounts bind into containers. A volume that fails (or
-that no plugin serves: PVC, CSI, ephemeral, ...) is reported by name with its cause and
+that no plugin serves: iSCSI, NFS, ...) is reported by name with its cause and
 the others still get set up, so the caller can report every problem at once and retry.
 Set-up first makes the pod directory (0750, root's: `poddirs`), before anything else
 of the pod is written below it.
@@ -23,6 +23,7 @@ import os
 from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Protocol, runtime_checkable
 
 from klet.cri import CRIError
 from klet.cri import labels as L
@@ -168,7 +169,7 @@ class VolumeManager:
                         await plugin.tear_down(path)
                     else:
                         problems += await fs.remove_tree(path)
-                except (OSError, fs.MountError) as err:
+                except (OSError, fs.MountError, VolumeError) as err:
                     problems.append(f"{path}: {err}")
         if not problems:  # what is left (plugin directories) holds no mount any more
             problems += await fs.remove_tree(volumes_dir)
@@ -197,6 +198,13 @@ class VolumeManager:
             removed.append(uid)
         return removed
 
+    async def sweep(self) -> None:
+        """Let each plugin that keeps node-wide state for pods' volumes (a CSI volume's
+        staging) release what no pod directory uses any more."""
+        for plugin in self.plugins:
+            if isinstance(plugin, Sweeper):
+                await plugin.sweep()
+
     async def run_orphan_cleanup(
         self,
         *,
@@ -219,9 +227,17 @@ class VolumeManager:
                 else:
                     keep = {s.labels.get(L.POD_UID, "") for s in sandboxes} | set(desired())
                     await self.clean_orphans(keep=keep)
+                    await self.sweep()
                 await asyncio.sleep(period_s)
             else:
                 await asyncio.sleep(1.0)
+
+
+@runtime_checkable
+class Sweeper(Protocol):
+    """A plugin with node-wide state to release once no pod uses it."""
+
+    async def sweep(self) -> None: ...
 
 
 def _volumes(pod: JSON) -> list[JSON]:

@@ -14,7 +14,8 @@ upstream's, and a failure is the container's CreateContainerConfigError:
 - mountPropagation None/HostToContainer/Bidirectional → CRI private/host-to-container/
   bidirectional; Bidirectional only in a privileged container (upstream's validation).
 - configMap, secret, downwardAPI and projected volumes are always mounted read-only,
-  as upstream's plugins declare; every volume but hostPath asks for SELinux relabelling.
+  as upstream's plugins declare, and so is a claim or inline CSI volume with
+  `readOnly: true` in the pod spec; every volume but hostPath asks for SELinux relabelling.
 - `recursiveReadOnly: Enabled` fails as upstream does on a runtime without support
   (containerd 1.6 has none); `IfPossible` falls back to a plain read-only mount.
 """
@@ -125,6 +126,14 @@ def prepare_subpath(
         ) from err
 
 
+def source_read_only(volume: JSON) -> bool:
+    """A claim or inline CSI volume that the pod spec makes read-only for every mount."""
+    kind = volume_type(volume)
+    return kind in ("persistentVolumeClaim", "csi") and bool(
+        (volume.get(kind) or {}).get("readOnly")
+    )
+
+
 def recursive_read_only(mount: JSON) -> None:
     """Upstream fails `Enabled` when the runtime cannot do it (containerd 1.6 cannot)."""
     if mount.get("recursiveReadOnly") == "Enabled":
@@ -150,9 +159,8 @@ def container_mounts(
     the pod's subPath bind mounts (None: no pod directory, so a subPath is refused).
     What earlier instances of the container left under `volume-subpaths` is removed
     first."""
-    kinds = {
-        str(v.get("name")): volume_type(v) for v in (pod.get("spec") or {}).get("volumes") or []
-    }
+    specs = {str(v.get("name")): v for v in (pod.get("spec") or {}).get("volumes") or []}
+    kinds = {name: volume_type(v) for name, v in specs.items()}
     env_map = dict(env)
     name = str(container.get("name", ""))
     out: list[Mount] = []
@@ -200,7 +208,9 @@ def container_mounts(
             Mount(
                 container_path=mount_path,
                 host_path=str(host),
-                readonly=bool(vm.get("readOnly")) or kind in READ_ONLY_TYPES,
+                readonly=bool(vm.get("readOnly"))
+                or kind in READ_ONLY_TYPES
+                or source_read_only(specs.get(vol_name) or {}),
                 propagation=prop,
                 selinux_relabel=kind not in NOT_RELABELED,
             )

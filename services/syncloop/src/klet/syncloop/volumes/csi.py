@@ -1,0 +1,678 @@
+"""CSI volumes, and the other volumes a PersistentVolumeClaim can bring, for a pod.
+
+Three pod volume types end here: `persistentVolumeClaim` and `ephemeral` (a claim,
+resolved to its bound PV by `claims`) and `csi` (an inline ephemeral volume of a CSI
+driver). A claim's PV is a CSI volume, a `local` PV or a `hostPath` PV; any other PV
+type fails the pod's volume with its name.
+
+A CSI volume goes through the driver registered on this node (the bus `csidrivers`
+table, which syncloop's plugin watcher fills), as upstream's CSI volume plugin drives it:
+
+- **attach**: when the driver's CSIDriver object says `attachRequired` (or there is no
+  CSIDriver object), the volume waits until its VolumeAttachment
+  (`csi-<sha256(handle+driver+node)>`) is attached; its `attachmentMetadata` is the
+  publish context;
+- **stage** (`NodeStageVolume`, only for a driver with STAGE_UNSTAGE_VOLUME) once per
+  volume on the node, at `<root-dir>/plugins/kubernetes.io/csi/<driver>/<sha256(handle)>/
+  globalmount`, with the PV's `nodeStageSecretRef`;
+- **publish** (`NodePublishVolume`) per pod at `<pod dir>/volumes/kubernetes.io~csi/
+  <PV or volume name>/mount`, with the PV's volume attributes, mount options, access
+  mode (the first of the PV's), read-only flag, `nodePublishSecretRef`, the pod's
+  identity (`podInfoOnMount`) and service-account tokens (`tokenRequests`);
+- **fsGroup**: given to a driver with VOLUME_MOUNT_GROUP; else applied to the published
+  files as the CSIDriver's `fsGroupPolicy` says (`File`; `ReadWriteOnceWithFSType`, the
+  default, when the PV has an fsType and is ReadWriteOnce; `None`), skipped with
+  `fsGroupChangePolicy: OnRootMismatch` when the root already has it;
+- **unpublish** when the pod's volumes are torn down, and **unstage** when no pod on the
+  node uses the volume any more.
+
+Everything a tear-down needs is on disk, as upstream keeps it: `vol_data.json` beside
+each pod's `mount` and beside each `globalmount`, so a syncloop restarted (or a new
+leader) tears down what its predecessor set up, and a staging left behind by a crash is
+found and unstaged (`sweep`). Set-up runs at every sync of the pod; a volume published by
+this process is not published again (unless the driver asks for `requiresRepublish`),
+and one published by a predecessor is published again, which CSI requires drivers to
+accept (the call is idempotent), as upstream's reconstruction does.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import logging
+import os
+import stat
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, Protocol
+
+from klet.csi import Capability, CSIError, Volume
+from klet.model.records import CSIDriverRecord
+from klet.model.types import JSON
+from klet.syncloop.environment.kubeobjects import ObjectUnavailable, secret_data
+from klet.syncloop.volumes import claims, fs, hostpath
+from klet.syncloop.volumes.base import TokenIssuer, VolumeContext, VolumeError
+from klet.syncloop.volumes.emptydir import fs_group
+
+log = logging.getLogger(__name__)
+
+DIR_NAME = "kubernetes.io~csi"
+DATA_FILE = "vol_data.json"
+MOUNT_DIR = "mount"
+GLOBAL_MOUNT = "globalmount"
+GLOBAL_DIR = Path("plugins") / "kubernetes.io" / "csi"
+"""Below the root dir: `<driver>/<sha256(volume handle)>/globalmount`, as upstream."""
+
+STAGE_UNSTAGE = "STAGE_UNSTAGE_VOLUME"
+VOLUME_MOUNT_GROUP = "VOLUME_MOUNT_GROUP"
+SINGLE_NODE_MULTI_WRITER = "SINGLE_NODE_MULTI_WRITER"
+
+EPHEMERAL_KEY = "csi.storage.k8s.io/ephemeral"
+TOKENS_KEY = "csi.storage.k8s.io/serviceAccount.tokens"
+DEFAULT_TOKEN_EXPIRATION_S = 3600
+
+
+class DriverDirectory(Protocol):
+    """The drivers registered on this node (the bus `csidrivers` table)."""
+
+    async def get(self, key: str) -> CSIDriverRecord | None: ...
+
+
+class NodeDriver(Protocol):
+    """The node service of one CSI driver (`klet.csi.CSIClient`)."""
+
+    async def node_capabilities(self) -> frozenset[str]: ...
+
+    async def stage(self, volume: Volume, *, staging_path: str) -> None: ...
+
+    async def unstage(self, volume_id: str, *, staging_path: str) -> None: ...
+
+    async def publish(
+        self, volume: Volume, *, target_path: str, staging_path: str = "", read_only: bool = False
+    ) -> None: ...
+
+    async def unpublish(self, volume_id: str, *, target_path: str) -> None: ...
+
+
+class CSIObjects(claims.ClaimObjects, Protocol):
+    """What the plugin reads from the apiserver (`ApiObjects`)."""
+
+    async def get_csi_driver(self, name: str) -> JSON | None: ...
+
+    async def get_volume_attachment(self, name: str) -> JSON | None: ...
+
+    async def get_secret(self, namespace: str, name: str) -> JSON | None: ...
+
+
+def attachment_name(volume_handle: str, driver: str, node: str) -> str:
+    """The VolumeAttachment the attach-detach controller makes for this volume and node."""
+    return "csi-" + hashlib.sha256(f"{volume_handle}{driver}{node}".encode()).hexdigest()
+
+
+def inline_handle(pod_uid: str, volume_name: str) -> str:
+    """The volume handle of an inline (ephemeral) CSI volume, as upstream makes it."""
+    return "csi-" + hashlib.sha256(f"{pod_uid}{volume_name}".encode()).hexdigest()
+
+
+def staging_path(root_dir: Path, driver: str, volume_handle: str) -> Path:
+    digest = hashlib.sha256(volume_handle.encode()).hexdigest()
+    return root_dir / GLOBAL_DIR / driver / digest / GLOBAL_MOUNT
+
+
+_ACCESS_MODES = {
+    "ReadWriteOnce": "SINGLE_NODE_WRITER",
+    "ReadOnlyMany": "MULTI_NODE_READER_ONLY",
+    "ReadWriteMany": "MULTI_NODE_MULTI_WRITER",
+    "ReadWriteOncePod": "SINGLE_NODE_WRITER",
+}
+
+
+def csi_access_mode(access_modes: list[Any], capabilities: frozenset[str]) -> str:
+    """The CSI access mode of the PV's first access mode (ReadWriteOnce without any)."""
+    first = str(access_modes[0]) if access_modes else "ReadWriteOnce"
+    if first not in _ACCESS_MODES:
+        raise VolumeError(f"unknown access mode {first!r}")
+    if SINGLE_NODE_MULTI_WRITER in capabilities and first == "ReadWriteOnce":
+        return "SINGLE_NODE_MULTI_WRITER"
+    if SINGLE_NODE_MULTI_WRITER in capabilities and first == "ReadWriteOncePod":
+        return "SINGLE_NODE_SINGLE_WRITER"
+    return _ACCESS_MODES[first]
+
+
+def applies_fs_group(policy: str, *, fs_type: str, access_modes: list[Any] | None) -> bool:
+    """Whether the kubelet changes the volume's group to the pod's fsGroup.
+
+    `access_modes` is None for an inline volume (no PV)."""
+    if policy == "File":
+        return True
+    if policy == "None":
+        return False
+    # ReadWriteOnceWithFSType
+    if not fs_type:
+        return False
+    if access_modes is None:
+        return True
+    return "ReadWriteOnce" in access_modes or "ReadWriteOncePod" in access_modes
+
+
+def set_ownership(path: Path, gid: int, *, read_only: bool, on_root_mismatch: bool) -> None:
+    """Give every file below `path` the group `gid` with group access, and each directory
+    the setgid bit, as upstream's volume ownership change does (symlinks: group only)."""
+    if on_root_mismatch:
+        st = os.stat(path)
+        want = 0o2070 if not read_only else 0o2050
+        if st.st_gid == gid and st.st_mode & want == want:
+            return
+    mask = 0o440 if read_only else 0o660
+
+    def change(entry: str) -> None:
+        st = os.lstat(entry)
+        os.lchown(entry, -1, gid)
+        if not stat.S_ISLNK(st.st_mode):
+            extra = mask | (0o2110 if stat.S_ISDIR(st.st_mode) else 0)
+            os.chmod(entry, stat.S_IMODE(st.st_mode) | extra)
+
+    for top, dirs, files in os.walk(path):
+        change(top)  # each real directory once, as the top of its own step
+        for name in files:
+            change(os.path.join(top, name))
+        for name in dirs:  # a symlink to a directory is listed here but not walked
+            entry = os.path.join(top, name)
+            if os.path.islink(entry):
+                change(entry)
+
+
+def _write_json(path: Path, data: JSON) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(data, sort_keys=True))
+    os.replace(tmp, path)
+
+
+def _read_json(path: Path) -> JSON | None:
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+class CSIVolumePlugin:
+    """`VolumePlugin` for CSI volumes and the PVs of claims."""
+
+    dir_name = DIR_NAME
+
+    def __init__(
+        self,
+        *,
+        root_dir: Path,
+        node_name: str,
+        drivers: DriverDirectory,
+        connect: Callable[[str], NodeDriver],
+        objects: CSIObjects | None,
+        tokens: TokenIssuer | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.root_dir = root_dir
+        self.node_name = node_name
+        self.drivers = drivers
+        self.connect = connect
+        self.objects = objects
+        self.tokens = tokens
+        self.clock = clock
+        self._clients: dict[str, NodeDriver] = {}
+        self._capabilities: dict[tuple[str, float], frozenset[str]] = {}
+        self._published: set[Path] = set()
+        self._staged: set[Path] = set()
+        # Stage, publish, unpublish and unstage of one volume never overlap.
+        self._locks: dict[str, asyncio.Lock] = {}
+
+    def handles(self, volume: JSON) -> bool:
+        return any(
+            isinstance(volume.get(k), dict) for k in ("csi", "persistentVolumeClaim", "ephemeral")
+        )
+
+    # -- set-up ---------------------------------------------------------------------
+
+    async def set_up(self, volume: JSON, ctx: VolumeContext) -> Path:
+        if self.objects is None:
+            kind = next(k for k in _POD_VOLUME_TYPES if k in volume)
+            raise VolumeError(
+                f"{kind} volumes need the apiserver (claims, PVs and CSIDriver objects): "
+                "this node runs standalone"
+            )
+        if isinstance(volume.get("csi"), dict):
+            return await self._set_up_inline(volume, ctx)
+        claimed = await claims.resolve(volume, ctx.pod, self.objects)
+        spec = claimed.pv.get("spec") or {}
+        if isinstance(spec.get("csi"), dict):
+            return await self._set_up_pv(claimed, ctx)
+        if isinstance(spec.get("local"), dict):
+            return await self._local_path(claimed, str(spec["local"].get("path") or ""), "")
+        if isinstance(spec.get("hostPath"), dict):
+            source = spec["hostPath"]
+            return await self._local_path(
+                claimed, str(source.get("path") or ""), str(source.get("type") or "")
+            )
+        kind = next((k for k, v in spec.items() if isinstance(v, dict) and k not in _PV_FIELDS), "")
+        raise VolumeError(
+            f'PV {claimed.pv_name}: volume type "{kind or "none"}" is not supported by klet '
+            "(CSI, local and hostPath PVs are)"
+        )
+
+    async def _local_path(self, claimed: claims.Claimed, path: str, path_type: str) -> Path:
+        """A `local` or `hostPath` PV: the node's own path, mounted as it is."""
+        if not path:
+            raise VolumeError(f"PV {claimed.pv_name} names no path")
+        check = path_type
+        if "local" in claimed.pv["spec"]:
+            check = "Directory"  # a Filesystem-mode local PV is a directory of the node
+        try:
+            await asyncio.to_thread(hostpath.check_type, path, path_type=check)
+        except VolumeError as err:
+            raise VolumeError(f"PV {claimed.pv_name}: {err}") from err
+        return Path(path)
+
+    async def _set_up_pv(self, claimed: claims.Claimed, ctx: VolumeContext) -> Path:
+        assert self.objects is not None
+        source: JSON = claimed.pv["spec"]["csi"]
+        driver = str(source.get("driver") or "")
+        handle = str(source.get("volumeHandle") or "")
+        if not driver or not handle:
+            raise VolumeError(f"PV {claimed.pv_name}: csi needs a driver and a volumeHandle")
+        record, client, caps = await self._driver(driver)
+        csidriver = await self._csidriver(driver)
+        dspec = (csidriver or {}).get("spec") or {}
+        publish_context: dict[str, str] = {}
+        attach_id = ""
+        if csidriver is None or dspec.get("attachRequired", True):
+            attach_id = attachment_name(handle, driver, self.node_name)
+            publish_context = await self._attached(attach_id, driver, handle)
+        access_modes = list(claimed.pv["spec"].get("accessModes") or [])
+        fs_type = str(source.get("fsType") or "")
+        gid = fs_group(ctx.pod)
+        mount_group = str(gid) if gid is not None and VOLUME_MOUNT_GROUP in caps else ""
+        capability = Capability(
+            access_mode=csi_access_mode(access_modes, caps),
+            fs_type=fs_type,
+            mount_flags=tuple(str(o) for o in claimed.pv["spec"].get("mountOptions") or []),
+            mount_group=mount_group,
+        )
+        attributes = {str(k): str(v) for k, v in (source.get("volumeAttributes") or {}).items()}
+        read_only = claimed.read_only or bool(source.get("readOnly"))
+        volume_dir = ctx.volume_dir(self, claimed.pv_name)
+        async with self._lock(driver, handle):
+            staging = ""
+            if STAGE_UNSTAGE in caps:
+                staging_dir = staging_path(self.root_dir, driver, handle)
+                if staging_dir not in self._staged:
+                    stage_volume = Volume(
+                        volume_id=handle,
+                        capability=capability,
+                        volume_context=attributes,
+                        publish_context=publish_context,
+                        secrets=await self._secret(source.get("nodeStageSecretRef"), "NodeStage"),
+                    )
+                    await self._stage(client, record, stage_volume, staging_dir)
+                staging = str(staging_dir)
+            context = {**attributes, **await self._pod_context(ctx, dspec, ephemeral=False)}
+            volume = Volume(
+                volume_id=handle,
+                capability=capability,
+                volume_context=context,
+                publish_context=publish_context,
+                secrets=await self._secret(source.get("nodePublishSecretRef"), "NodePublish"),
+            )
+            data = {
+                "specVolID": claimed.pv_name,
+                "volumeHandle": handle,
+                "driverName": driver,
+                "nodeName": self.node_name,
+                "attachmentID": attach_id,
+                "volumeLifecycleMode": "Persistent",
+                "stagingTargetPath": staging,
+            }
+            target = await self._publish(
+                client,
+                record,
+                volume,
+                volume_dir,
+                data,
+                read_only=read_only,
+                republish=bool(dspec.get("requiresRepublish")),
+            )
+        if (
+            gid is not None
+            and not mount_group
+            and applies_fs_group(
+                str(dspec.get("fsGroupPolicy") or "ReadWriteOnceWithFSType"),
+                fs_type=fs_type,
+                access_modes=access_modes,
+            )
+        ):
+            await self._ownership(ctx.pod, target, gid, read_only=read_only)
+        return target
+
+    async def _set_up_inline(self, volume: JSON, ctx: VolumeContext) -> Path:
+        source: JSON = volume["csi"]
+        name = str(volume.get("name") or "")
+        driver = str(source.get("driver") or "")
+        if not driver:
+            raise VolumeError("csi volume names no driver")
+        record, client, caps = await self._driver(driver)
+        csidriver = await self._csidriver(driver)
+        if csidriver is None:
+            raise VolumeError(
+                f'CSIDriver "{driver}" not found: an inline CSI volume needs the driver\'s '
+                "CSIDriver object to allow the Ephemeral lifecycle mode"
+            )
+        dspec = csidriver.get("spec") or {}
+        modes = list(dspec.get("volumeLifecycleModes") or ["Persistent"])
+        if "Ephemeral" not in modes:
+            raise VolumeError(
+                f'volume mode "Ephemeral" not supported by driver {driver} (only supports {modes})'
+            )
+        uid = str(ctx.pod["metadata"]["uid"])
+        handle = inline_handle(uid, name)
+        fs_type = str(source.get("fsType") or "")
+        gid = fs_group(ctx.pod)
+        mount_group = str(gid) if gid is not None and VOLUME_MOUNT_GROUP in caps else ""
+        capability = Capability(
+            access_mode="SINGLE_NODE_WRITER", fs_type=fs_type, mount_group=mount_group
+        )
+        attributes = {str(k): str(v) for k, v in (source.get("volumeAttributes") or {}).items()}
+        context = {**attributes, **await self._pod_context(ctx, dspec, ephemeral=True)}
+        ref = source.get("nodePublishSecretRef")
+        secret_ref = {**ref, "namespace": ctx.pod["metadata"].get("namespace")} if ref else None
+        read_only = bool(source.get("readOnly"))
+        volume_obj = Volume(
+            volume_id=handle,
+            capability=capability,
+            volume_context=context,
+            secrets=await self._secret(secret_ref, "NodePublish"),
+        )
+        data = {
+            "specVolID": name,
+            "volumeHandle": handle,
+            "driverName": driver,
+            "nodeName": self.node_name,
+            "attachmentID": "",
+            "volumeLifecycleMode": "Ephemeral",
+            "stagingTargetPath": "",
+        }
+        async with self._lock(driver, handle):
+            target = await self._publish(
+                client,
+                record,
+                volume_obj,
+                ctx.volume_dir(self, name),
+                data,
+                read_only=read_only,
+                republish=bool(dspec.get("requiresRepublish")),
+            )
+        if (
+            gid is not None
+            and not mount_group
+            and applies_fs_group(
+                str(dspec.get("fsGroupPolicy") or "ReadWriteOnceWithFSType"),
+                fs_type=fs_type,
+                access_modes=None,
+            )
+        ):
+            await self._ownership(ctx.pod, target, gid, read_only=read_only)
+        return target
+
+    async def _stage(
+        self, client: NodeDriver, record: CSIDriverRecord, volume: Volume, staging_dir: Path
+    ) -> None:
+        data = {"driverName": record.name, "volumeHandle": volume.volume_id}
+        await asyncio.to_thread(_prepare_staging, staging_dir, data)
+        try:
+            await client.stage(volume, staging_path=str(staging_dir))
+        except CSIError as err:
+            raise VolumeError(
+                f"MountVolume.MountDevice failed: rpc error: driver {record.name}: {err}"
+            ) from err
+        self._staged.add(staging_dir)
+
+    async def _publish(
+        self,
+        client: NodeDriver,
+        record: CSIDriverRecord,
+        volume: Volume,
+        volume_dir: Path,
+        data: JSON,
+        *,
+        read_only: bool,
+        republish: bool,
+    ) -> Path:
+        target = volume_dir / MOUNT_DIR
+        if target in self._published and not republish:
+            return target
+        await asyncio.to_thread(_prepare_volume_dir, volume_dir, data)
+        try:
+            await client.publish(
+                volume,
+                target_path=str(target),
+                staging_path=str(data.get("stagingTargetPath") or ""),
+                read_only=read_only,
+            )
+        except CSIError as err:
+            raise VolumeError(f"rpc error: driver {record.name}: {err}") from err
+        self._published.add(target)
+        return target
+
+    async def _ownership(self, pod: JSON, target: Path, gid: int, *, read_only: bool) -> None:
+        policy = ((pod.get("spec") or {}).get("securityContext") or {}).get("fsGroupChangePolicy")
+        if not await asyncio.to_thread(target.exists):
+            return  # the driver made nothing there (the runtime makes the directory)
+        try:
+            await asyncio.to_thread(
+                set_ownership,
+                target,
+                gid,
+                read_only=read_only,
+                on_root_mismatch=policy == "OnRootMismatch",
+            )
+        except OSError as err:
+            raise VolumeError(f"applying fsGroup {gid} to {target}: {err}") from err
+
+    async def _driver(self, name: str) -> tuple[CSIDriverRecord, NodeDriver, frozenset[str]]:
+        record = await self.drivers.get(name)
+        if record is None:
+            raise VolumeError(f"driver name {name} not found in the list of registered CSI drivers")
+        client = self._clients.get(record.endpoint)
+        if client is None:
+            client = self._clients[record.endpoint] = self.connect(record.endpoint)
+        key = (record.endpoint, record.registered_at)
+        caps = self._capabilities.get(key)
+        if caps is None:
+            try:
+                caps = await client.node_capabilities()
+            except CSIError as err:
+                raise VolumeError(f"driver {name}: {err}") from err
+            self._capabilities[key] = caps
+        return record, client, caps
+
+    async def _csidriver(self, name: str) -> JSON | None:
+        assert self.objects is not None
+        try:
+            return await self.objects.get_csi_driver(name)
+        except ObjectUnavailable as err:
+            raise VolumeError(f"failed to read CSIDriver {name}: {err}") from err
+
+    async def _attached(self, name: str, driver: str, handle: str) -> dict[str, str]:
+        assert self.objects is not None
+        try:
+            attachment = await self.objects.get_volume_attachment(name)
+        except ObjectUnavailable as err:
+            raise VolumeError(f"failed to read VolumeAttachment {name}: {err}") from err
+        status = (attachment or {}).get("status") or {}
+        if attachment is None or not status.get("attached"):
+            why = "does not exist yet" if attachment is None else "is not attached yet"
+            error = ((status.get("attachError") or {}).get("message")) or ""
+            raise VolumeError(
+                f"volume {handle} of driver {driver} is not attached to this node: "
+                f"VolumeAttachment {name} {why}{': ' + error if error else ''} "
+                "(the driver's CSIDriver requires attach)"
+            )
+        return {str(k): str(v) for k, v in (status.get("attachmentMetadata") or {}).items()}
+
+    async def _secret(self, ref: Any, what: str) -> dict[str, str]:
+        if not isinstance(ref, dict) or not ref.get("name"):
+            return {}
+        assert self.objects is not None
+        namespace, name = str(ref.get("namespace") or ""), str(ref["name"])
+        try:
+            secret = await self.objects.get_secret(namespace, name)
+        except ObjectUnavailable as err:
+            raise VolumeError(f"fetching {what}SecretRef {namespace}/{name} failed: {err}") from err
+        if secret is None:
+            raise VolumeError(
+                f'fetching {what}SecretRef {namespace}/{name} failed: secrets "{name}" not found'
+            )
+        return secret_data(secret)
+
+    async def _pod_context(
+        self, ctx: VolumeContext, dspec: JSON, *, ephemeral: bool
+    ) -> dict[str, str]:
+        """The pod's identity (`podInfoOnMount`) and tokens (`tokenRequests`)."""
+        out: dict[str, str] = {}
+        meta = ctx.pod.get("metadata") or {}
+        account = str((ctx.pod.get("spec") or {}).get("serviceAccountName") or "default")
+        if dspec.get("podInfoOnMount"):
+            out.update(
+                {
+                    "csi.storage.k8s.io/pod.name": str(meta.get("name") or ""),
+                    "csi.storage.k8s.io/pod.namespace": str(meta.get("namespace") or ""),
+                    "csi.storage.k8s.io/pod.uid": str(meta.get("uid") or ""),
+                    "csi.storage.k8s.io/serviceAccount.name": account,
+                    EPHEMERAL_KEY: "true" if ephemeral else "false",
+                }
+            )
+        requests = list(dspec.get("tokenRequests") or [])
+        if requests:
+            if self.tokens is None:
+                raise VolumeError(
+                    "the CSIDriver asks for service-account tokens; none can be issued"
+                )
+            tokens: dict[str, JSON] = {}
+            for request in requests:
+                audience = str(request.get("audience") or "")
+                expiration = int(request.get("expirationSeconds") or DEFAULT_TOKEN_EXPIRATION_S)
+                try:
+                    token, expires = await self.tokens.token(
+                        ctx.pod, service_account=account, audience=audience, expiration_s=expiration
+                    )
+                except Exception as err:  # the issuer's own errors: the message says why
+                    raise VolumeError(
+                        f"requesting a token for audience {audience!r}: {err}"
+                    ) from err
+                when = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(expires))
+                tokens[audience] = {"token": token, "expirationTimestamp": when}
+            out[TOKENS_KEY] = json.dumps(tokens, sort_keys=True)
+        return out
+
+    def _lock(self, driver: str, handle: str) -> asyncio.Lock:
+        return self._locks.setdefault(f"{driver}\0{handle}", asyncio.Lock())
+
+    # -- tear-down ------------------------------------------------------------------
+
+    async def tear_down(self, path: Path) -> None:
+        """Unpublish the pod's volume at `path`, then unstage it when no pod uses it."""
+        data = await asyncio.to_thread(_read_json, path / DATA_FILE)
+        if data is None:  # never published (a crash before vol_data.json was written)
+            problems = await fs.remove_tree(path)
+            if problems:
+                raise OSError(f"{path} not removed: {'; '.join(problems)}")
+            return
+        driver = str(data.get("driverName") or "")
+        handle = str(data.get("volumeHandle") or "")
+        target = path / MOUNT_DIR
+        async with self._lock(driver, handle):
+            client = await self._client_for_teardown(driver, path)
+            try:
+                await client.unpublish(handle, target_path=str(target))
+            except CSIError as err:
+                raise VolumeError(f"UnmountVolume.TearDown failed: driver {driver}: {err}") from err
+            self._published.discard(target)
+            problems = await fs.remove_tree(path)
+            if problems:
+                raise OSError(f"{path} not removed: {'; '.join(problems)}")
+            staging = str(data.get("stagingTargetPath") or "")
+            if staging and not await asyncio.to_thread(self._in_use, driver, handle):
+                await self._unstage(client, driver, handle, Path(staging))
+
+    async def sweep(self) -> None:
+        """Unstage every staged volume no pod on the node uses (left by a crash between
+        a pod's unpublish and the unstage)."""
+        for data_file in await asyncio.to_thread(self._global_data_files):
+            data = await asyncio.to_thread(_read_json, data_file)
+            if data is None:
+                continue
+            driver = str(data.get("driverName") or "")
+            handle = str(data.get("volumeHandle") or "")
+            async with self._lock(driver, handle):
+                if await asyncio.to_thread(self._in_use, driver, handle):
+                    continue
+                try:
+                    client = await self._client_for_teardown(driver, data_file.parent)
+                    await self._unstage(client, driver, handle, data_file.parent / GLOBAL_MOUNT)
+                except (VolumeError, OSError) as err:
+                    log.warning(
+                        "staged volume not unstaged",
+                        extra={"path": str(data_file.parent), "error": str(err)},
+                    )
+
+    async def _unstage(self, client: NodeDriver, driver: str, handle: str, staging: Path) -> None:
+        try:
+            await client.unstage(handle, staging_path=str(staging))
+        except CSIError as err:
+            raise VolumeError(f"UnmountDevice failed: driver {driver}: {err}") from err
+        self._staged.discard(staging)
+        problems = await fs.remove_tree(staging.parent)
+        if problems:
+            raise OSError(f"{staging.parent} not removed: {'; '.join(problems)}")
+
+    async def _client_for_teardown(self, driver: str, path: Path) -> NodeDriver:
+        record = await self.drivers.get(driver)
+        if record is None:
+            raise VolumeError(
+                f"{path} kept: driver {driver} is not registered on this node (it is needed to "
+                "unmount the volume)"
+            )
+        client = self._clients.get(record.endpoint)
+        if client is None:
+            client = self._clients[record.endpoint] = self.connect(record.endpoint)
+        return client
+
+    def _in_use(self, driver: str, handle: str) -> bool:
+        """Whether any pod directory on the node still holds this volume."""
+        pods = self.root_dir / "pods"
+        for data_file in pods.glob(f"*/volumes/{DIR_NAME}/*/{DATA_FILE}"):
+            data = _read_json(data_file)
+            if data and data.get("driverName") == driver and data.get("volumeHandle") == handle:
+                return True
+        return False
+
+    def _global_data_files(self) -> list[Path]:
+        return sorted((self.root_dir / GLOBAL_DIR).glob(f"*/*/{DATA_FILE}"))
+
+
+_POD_VOLUME_TYPES = ("csi", "persistentVolumeClaim", "ephemeral")
+_PV_FIELDS = frozenset({"capacity", "claimRef", "nodeAffinity"})
+
+
+def _prepare_staging(staging_dir: Path, data: JSON) -> None:
+    staging_dir.mkdir(parents=True, exist_ok=True)
+    _write_json(staging_dir.parent / DATA_FILE, data)
+
+
+def _prepare_volume_dir(volume_dir: Path, data: JSON) -> None:
+    """The pod's volume directory and its `vol_data.json`, before the publish (the
+    driver makes `mount` itself; upstream leaves that to it too)."""
+    volume_dir.mkdir(parents=True, exist_ok=True)
+    if _read_json(volume_dir / DATA_FILE) == data:
+        return
+    _write_json(volume_dir / DATA_FILE, data)

@@ -1,0 +1,495 @@
+"""Pods with persistent and CSI volumes on a klet node: the volume manager against the real
+apiserver, kube-controller-manager (the PV binder, the protection, ephemeral-volume and
+StatefulSet controllers), csi-provisioner and a real CSI driver.
+
+The driver is csi-mock (the storage e2e suite's mock driver, tools/csi), registered
+through the node's plugins_registry as node-driver-registrar would, with a CSIDriver
+object that needs no attach (the module proxy here serves no external-attacher) and
+asks for pod info on mount; csi-provisioner creates its volumes for the claims. csi-mock
+keeps volumes in memory and publishes one by making the target directory, so what these
+tests see of a "mount" is that directory and the driver's log of CSI calls.
+
+Covers: a claim's pod gets NodeStageVolume at the node's global path and
+NodePublishVolume at the pod's volume directory (upstream's layout and vol_data.json),
+runs, and the pod's fsGroup owns what it writes; the pod deleted → NodeUnpublishVolume
+and then NodeUnstageVolume, no directory left; syncloop SIGKILLed while such a pod runs
+→ no container restarted, the volume still there, and torn down by the new syncloop
+when the pod goes; an inline CSI volume and a generic ephemeral volume; a local PV; a
+StatefulSet's pod deleted and recreated reads the data it wrote (on a local PV: the mock
+keeps no data); bad input (a claim
+that does not exist, one that is not bound, a driver that is not registered, a driver
+that does not answer) → FailedMount Events naming the cause while the pod waits in
+ContainerCreating, and retried once the cause is gone.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import signal
+import subprocess
+import tempfile
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from klet.devstack import DevStack
+from klet.devstack.cluster import ControlPlane
+
+from tests.harness.clusternode import cluster_node
+from tests.harness.csi import MockDriver, csi_binaries
+from tests.harness.node import KletNode
+from tests.harness.waiting import wait_for
+
+NODE = "kletcsivol1"
+DRIVER = "csi-mock-vol.klet.test"
+CLASS = "csi-mock-vol"
+IMAGE = "registry.klet.test/busybox:1.36"
+
+pytestmark = [pytest.mark.cluster, pytest.mark.timeout(600)]
+
+
+@pytest.fixture(scope="module")
+def cp(full_control_plane: ControlPlane) -> ControlPlane:
+    return full_control_plane
+
+
+@pytest.fixture(scope="module")
+def node(
+    cp: ControlPlane, devstack: DevStack, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[KletNode]:
+    base = tmp_path_factory.mktemp("csivol")
+    with cluster_node(cp, devstack, base, name=NODE) as kletnode:
+        yield kletnode
+
+
+@pytest.fixture(scope="module")
+def workdir() -> Iterator[Path]:
+    path = Path(tempfile.mkdtemp(prefix="klet-csiv-"))  # short: the socket paths
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def start_mock(node: KletNode, workdir: Path) -> MockDriver:
+    registration = node.root_dir / "plugins_registry" / f"{DRIVER}-reg.sock"
+    registration.parent.mkdir(parents=True, exist_ok=True)
+    return MockDriver.start(
+        csi_binaries(["csi-mock"])["csi-mock"],
+        workdir,
+        name=DRIVER,
+        args=[f"--registration-socket={registration}", "--disable-attach"],
+    )
+
+
+@pytest.fixture(scope="module")
+def driver(cp: ControlPlane, node: KletNode, workdir: Path) -> Iterator[dict[str, Any]]:
+    """The registered csi-mock, its CSIDriver and StorageClass, and csi-provisioner; a
+    dict so that a test may replace the driver process (key "mock")."""
+    apply(
+        cp,
+        {
+            "apiVersion": "storage.k8s.io/v1",
+            "kind": "CSIDriver",
+            "metadata": {"name": DRIVER},
+            "spec": {
+                "attachRequired": False,
+                "podInfoOnMount": True,
+                "volumeLifecycleModes": ["Persistent", "Ephemeral"],
+                "fsGroupPolicy": "File",
+            },
+        },
+    )
+    apply(
+        cp,
+        {
+            "apiVersion": "storage.k8s.io/v1",
+            "kind": "StorageClass",
+            "metadata": {"name": CLASS},
+            "provisioner": DRIVER,
+            "reclaimPolicy": "Delete",
+            "volumeBindingMode": "Immediate",
+        },
+    )
+    state: dict[str, Any] = {"mock": start_mock(node, workdir)}
+    provisioner_log = workdir / "provisioner.log"
+    with provisioner_log.open("wb") as out:
+        provisioner = subprocess.Popen(
+            [
+                str(csi_binaries(["csi-provisioner"])["csi-provisioner"]),
+                f"--csi-address={state['mock'].socket}",
+                f"--kubeconfig={cp.admin_kubeconfig}",
+                "--v=4",
+                "--timeout=30s",
+                "--worker-threads=2",
+            ],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
+    wait_for(lambda: csinode_has_driver(cp), timeout_s=60, what="the driver in the CSINode")
+    try:
+        yield state
+    finally:
+        print("--- csi-provisioner\n" + "\n".join(provisioner_log.read_text().splitlines()[-30:]))
+        provisioner.terminate()
+        provisioner.wait(15)
+        state["mock"].stop()
+        cp.kubectl("delete", "storageclass", CLASS, "--ignore-not-found")
+        cp.kubectl("delete", "csidriver", DRIVER, "--ignore-not-found")
+
+
+def apply(cp: ControlPlane, obj: dict[str, Any]) -> None:
+    cp.kubectl("apply", "-f", "-", input=json.dumps(obj), check=True)
+
+
+def kget(cp: ControlPlane, *args: str) -> Any:
+    return json.loads(cp.kubectl("get", *args, "-o", "json", check=True).stdout)
+
+
+def csinode_has_driver(cp: ControlPlane) -> bool:
+    res = cp.kubectl("get", "csinode", NODE, "-o", "json")
+    if res.returncode != 0:
+        return False
+    drivers = json.loads(res.stdout).get("spec", {}).get("drivers") or []
+    return any(d["name"] == DRIVER for d in drivers)
+
+
+@pytest.fixture
+def ns(cp: ControlPlane, node: KletNode) -> Iterator[str]:
+    name = f"csivol-{uuid.uuid4().hex[:6]}"
+    cp.kubectl("create", "namespace", name, check=True)
+    wait_for(
+        lambda: cp.kubectl("get", "serviceaccount", "default", "-n", name).returncode == 0,
+        timeout_s=60,
+        what="the default ServiceAccount",
+    )
+    yield name
+    cp.kubectl("delete", "namespace", name, "--wait=false")
+
+
+def claim(name: str, *, storage_class: str = CLASS, size: str = "1Mi") -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "PersistentVolumeClaim",
+        "metadata": {"name": name},
+        "spec": {
+            "accessModes": ["ReadWriteOnce"],
+            "storageClassName": storage_class,
+            "resources": {"requests": {"storage": size}},
+        },
+    }
+
+
+def pod(name: str, volume: dict[str, Any], *, fs_group: int | None = None) -> dict[str, Any]:
+    spec: dict[str, Any] = {
+        "nodeName": NODE,
+        "terminationGracePeriodSeconds": 1,
+        "volumes": [{"name": "data", **volume}],
+        "containers": [
+            {
+                "name": "main",
+                "image": IMAGE,
+                "command": ["sh", "-c", "echo written-by-$HOSTNAME > /data/file; sleep 100000"],
+                "volumeMounts": [{"name": "data", "mountPath": "/data"}],
+            }
+        ],
+    }
+    if fs_group is not None:
+        spec["securityContext"] = {"fsGroup": fs_group}
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name}, "spec": spec}
+
+
+def create(cp: ControlPlane, ns: str, obj: dict[str, Any]) -> None:
+    cp.kubectl("apply", "-n", ns, "-f", "-", input=json.dumps(obj), check=True)
+
+
+def running(cp: ControlPlane, ns: str, name: str) -> dict[str, Any] | None:
+    p = kget(cp, "pod", name, "-n", ns)
+    return p if p["status"].get("phase") == "Running" else None
+
+
+def waiting_reason(cp: ControlPlane, ns: str, name: str) -> str | None:
+    statuses = kget(cp, "pod", name, "-n", ns)["status"].get("containerStatuses") or []
+    return next((s["state"].get("waiting", {}).get("reason") for s in statuses), None)
+
+
+def failed_mount(cp: ControlPlane, ns: str, name: str, text: str) -> bool:
+    events = kget(cp, "events", "-n", ns, f"--field-selector=involvedObject.name={name}")
+    return any(
+        e["reason"] == "FailedMount" and e["type"] == "Warning" and text in e["message"]
+        for e in events["items"]
+    )
+
+
+def volume_dirs(node: KletNode, uid: str) -> list[Path]:
+    return sorted((node.root_dir / "pods" / uid / "volumes" / "kubernetes.io~csi").glob("*"))
+
+
+def staged(node: KletNode) -> list[Path]:
+    """The driver's volumes' directories under the node's global path (`<sha256>`)."""
+    return sorted((node.root_dir / "plugins" / "kubernetes.io" / "csi" / DRIVER).glob("*"))
+
+
+def delete_pod(cp: ControlPlane, ns: str, name: str) -> None:
+    cp.kubectl("delete", "pod", name, "-n", ns, "--wait=false", check=True)
+    wait_for(
+        lambda: cp.kubectl("get", "pod", name, "-n", ns).returncode != 0,
+        timeout_s=90,
+        what=f"pod {name} gone",
+    )
+
+
+def test_a_claims_volume_is_staged_published_and_torn_down(
+    cp: ControlPlane, node: KletNode, driver: dict[str, Any], ns: str
+) -> None:
+    mock: MockDriver = driver["mock"]
+    create(cp, ns, claim("data"))
+    create(cp, ns, pod("app", {"persistentVolumeClaim": {"claimName": "data"}}, fs_group=4321))
+    p = wait_for(lambda: running(cp, ns, "app"), timeout_s=120, what="app Running")
+    uid = p["metadata"]["uid"]
+    pv = kget(cp, "pvc", "data", "-n", ns)["spec"]["volumeName"]
+    handle = kget(cp, "pv", pv)["spec"]["csi"]["volumeHandle"]
+
+    [volume_dir] = volume_dirs(node, uid)
+    assert volume_dir.name == pv  # upstream's layout: the PV's name
+    data = json.loads((volume_dir / "vol_data.json").read_text())
+    assert data["driverName"] == DRIVER and data["volumeHandle"] == handle
+    [global_dir] = staged(node)
+    assert sorted(p.name for p in global_dir.iterdir()) == ["globalmount", "vol_data.json"]
+    assert json.loads((global_dir / "vol_data.json").read_text())["volumeHandle"] == handle
+    written = wait_for(
+        lambda: (volume_dir / "mount" / "file").exists() and volume_dir / "mount" / "file",
+        timeout_s=30,
+        what="the container's file in the published volume",
+    )
+    assert written.read_text() == "written-by-app\n"
+    assert (volume_dir / "mount").stat().st_gid == 4321  # fsGroupPolicy File
+    methods = mock.grpc_methods()
+    assert methods.index("/csi.v1.Node/NodeStageVolume") < methods.index(
+        "/csi.v1.Node/NodePublishVolume"
+    )
+
+    delete_pod(cp, ns, "app")
+    wait_for(
+        lambda: "/csi.v1.Node/NodeUnstageVolume" in mock.grpc_methods(),
+        timeout_s=60,
+        what="NodeUnstageVolume",
+    )
+    methods = mock.grpc_methods()
+    assert methods.index("/csi.v1.Node/NodeUnpublishVolume") < methods.index(
+        "/csi.v1.Node/NodeUnstageVolume"
+    )
+    wait_for(lambda: not volume_dirs(node, uid), timeout_s=30, what="the pod's volume removed")
+    assert staged(node) == []
+
+
+def test_syncloop_killed_while_a_csi_volume_is_in_use(
+    cp: ControlPlane, node: KletNode, driver: dict[str, Any], ns: str
+) -> None:
+    mock: MockDriver = driver["mock"]
+    create(cp, ns, claim("kept"))
+    create(cp, ns, pod("kept", {"persistentVolumeClaim": {"claimName": "kept"}}))
+    p = wait_for(lambda: running(cp, ns, "kept"), timeout_s=120, what="kept Running")
+    uid = p["metadata"]["uid"]
+    before = p["status"]["containerStatuses"][0]
+    [volume_dir] = volume_dirs(node, uid)
+
+    node.kill("syncloop")
+    node.start("syncloop")
+    wait_for(
+        lambda: node.pods().get("kept", {}).get("status", {}).get("phase") == "Running",
+        timeout_s=60,
+        what="kept Running after the restart",
+    )
+    after = kget(cp, "pod", "kept", "-n", ns)["status"]["containerStatuses"][0]
+    assert (after["containerID"], after["restartCount"]) == (before["containerID"], 0)
+    assert (volume_dir / "mount" / "file").read_text() == "written-by-kept\n"
+
+    unpublished = mock.grpc_methods().count("/csi.v1.Node/NodeUnpublishVolume")
+    delete_pod(cp, ns, "kept")
+    wait_for(
+        lambda: mock.grpc_methods().count("/csi.v1.Node/NodeUnpublishVolume") > unpublished,
+        timeout_s=60,
+        what="the new syncloop unpublishing the volume",
+    )
+    wait_for(lambda: not volume_dirs(node, uid), timeout_s=30, what="the volume removed")
+    wait_for(lambda: staged(node) == [], timeout_s=30, what="the volume unstaged")
+
+
+def test_inline_and_generic_ephemeral_volumes(
+    cp: ControlPlane, node: KletNode, driver: dict[str, Any], ns: str
+) -> None:
+    create(cp, ns, pod("inline", {"csi": {"driver": DRIVER}}))
+    template = {"spec": claim("unused")["spec"]}
+    create(cp, ns, pod("generic", {"ephemeral": {"volumeClaimTemplate": template}}))
+    inline = wait_for(lambda: running(cp, ns, "inline"), timeout_s=120, what="inline Running")
+    generic = wait_for(lambda: running(cp, ns, "generic"), timeout_s=120, what="generic Running")
+    [inline_dir] = volume_dirs(node, inline["metadata"]["uid"])
+    assert inline_dir.name == "data"  # an inline volume: the pod's volume name
+    data = json.loads((inline_dir / "vol_data.json").read_text())
+    assert data["volumeLifecycleMode"] == "Ephemeral"
+    owner = kget(cp, "pvc", "generic-data", "-n", ns)["metadata"]["ownerReferences"][0]
+    assert owner["uid"] == generic["metadata"]["uid"]
+    [generic_dir] = volume_dirs(node, generic["metadata"]["uid"])
+    assert json.loads((generic_dir / "vol_data.json").read_text())["volumeLifecycleMode"] == (
+        "Persistent"
+    )
+    for name in ("inline", "generic"):
+        delete_pod(cp, ns, name)
+    assert volume_dirs(node, inline["metadata"]["uid"]) == []
+
+
+def local_pv(
+    cp: ControlPlane, name: str, path: Path, *, storage_class: str, claim_ref: Any = None
+) -> None:
+    """A `local` PV of `path` on the node (node affinity to it)."""
+    term = {
+        "matchExpressions": [{"key": "kubernetes.io/hostname", "operator": "In", "values": [NODE]}]
+    }
+    spec: dict[str, Any] = {
+        "capacity": {"storage": "1Mi"},
+        "accessModes": ["ReadWriteOnce"],
+        "storageClassName": storage_class,
+        "persistentVolumeReclaimPolicy": "Retain",
+        "local": {"path": str(path)},
+        "nodeAffinity": {"required": {"nodeSelectorTerms": [term]}},
+    }
+    if claim_ref:
+        spec["claimRef"] = claim_ref
+    apply(
+        cp,
+        {"apiVersion": "v1", "kind": "PersistentVolume", "metadata": {"name": name}, "spec": spec},
+    )
+
+
+def test_a_local_pv(cp: ControlPlane, node: KletNode, ns: str, tmp_path: Path) -> None:
+    local = tmp_path / "disk"
+    local.mkdir()
+    (local / "hello").write_text("from the node\n")
+    name = f"local-{ns}"
+    local_pv(
+        cp, name, local, storage_class="local-test", claim_ref={"namespace": ns, "name": "local"}
+    )
+    try:
+        create(cp, ns, claim("local", storage_class="local-test"))
+        create(cp, ns, pod("local", {"persistentVolumeClaim": {"claimName": "local"}}))
+        wait_for(lambda: running(cp, ns, "local"), timeout_s=120, what="local Running")
+        wait_for(lambda: (local / "file").exists(), timeout_s=30, what="the pod's file")
+        assert (local / "file").read_text() == "written-by-local\n"
+        delete_pod(cp, ns, "local")
+        assert (local / "hello").exists()  # the node's data is left alone
+    finally:
+        cp.kubectl("delete", "pvc", "local", "-n", ns, "--wait=false")
+        cp.kubectl("delete", "pv", name, "--wait=false")
+
+
+def test_a_statefulset_pod_reads_back_what_it_wrote(
+    cp: ControlPlane, node: KletNode, ns: str, tmp_path: Path
+) -> None:
+    """On a local PV: csi-mock keeps no data (it makes an empty directory per publish
+    and removes it at unpublish), so persistence across pods is shown with a volume
+    whose data lives on the node."""
+    disk = tmp_path / "sts"
+    disk.mkdir()
+    storage_class = f"local-sts-{ns}"
+    pv = f"sts-{ns}"
+    local_pv(cp, pv, disk, storage_class=storage_class)
+    script = (
+        "[ -f /data/first ] || echo $HOSTNAME-$RANDOM$RANDOM > /data/first;"
+        " cp /data/first /data/read-by-$POD_UID; sleep 100000"
+    )
+    container = {
+        "name": "db",
+        "image": IMAGE,
+        "command": ["sh", "-c", script],
+        "env": [{"name": "POD_UID", "valueFrom": {"fieldRef": {"fieldPath": "metadata.uid"}}}],
+        "volumeMounts": [{"name": "data", "mountPath": "/data"}],
+    }
+    template = {
+        "metadata": {"labels": {"app": "db"}},
+        "spec": {
+            "nodeSelector": {"kubernetes.io/hostname": NODE},
+            "terminationGracePeriodSeconds": 1,
+            "containers": [container],
+        },
+    }
+    claim_template = {
+        "metadata": {"name": "data"},
+        "spec": claim("x", storage_class=storage_class)["spec"],
+    }
+    statefulset = {
+        "apiVersion": "apps/v1",
+        "kind": "StatefulSet",
+        "metadata": {"name": "db", "namespace": ns},
+        "spec": {
+            "serviceName": "db",
+            "replicas": 1,
+            "selector": {"matchLabels": {"app": "db"}},
+            "template": template,
+            "volumeClaimTemplates": [claim_template],
+        },
+    }
+    try:
+        apply(cp, statefulset)
+        first = wait_for(lambda: running(cp, ns, "db-0"), timeout_s=180, what="db-0 Running")
+        first_uid = first["metadata"]["uid"]
+        wait_for(lambda: (disk / f"read-by-{first_uid}").exists(), timeout_s=30, what="written")
+        written = (disk / "first").read_text()
+        cp.kubectl("delete", "pod", "db-0", "-n", ns, "--wait=false", check=True)
+        again = wait_for(
+            lambda: (p := running(cp, ns, "db-0")) and p["metadata"]["uid"] != first_uid and p,
+            timeout_s=180,
+            what="db-0 recreated and Running",
+        )
+        read = disk / f"read-by-{again['metadata']['uid']}"
+        wait_for(read.exists, timeout_s=30, what="the new pod's copy")
+        assert read.read_text() == written
+        assert kget(cp, "pvc", "data-db-0", "-n", ns)["spec"]["volumeName"] == pv
+    finally:
+        cp.kubectl("delete", "statefulset", "db", "-n", ns)
+        cp.kubectl("delete", "pvc", "data-db-0", "-n", ns, "--wait=false")
+        cp.kubectl("delete", "pv", pv, "--wait=false")
+
+
+def test_bad_claims_and_drivers_are_failed_mounts(
+    cp: ControlPlane, node: KletNode, driver: dict[str, Any], ns: str, workdir: Path
+) -> None:
+    create(cp, ns, pod("noclaim", {"persistentVolumeClaim": {"claimName": "nope"}}))
+    create(cp, ns, claim("unbound", storage_class="no-such-class"))
+    create(cp, ns, pod("unbound", {"persistentVolumeClaim": {"claimName": "unbound"}}))
+    create(cp, ns, pod("nodriver", {"csi": {"driver": "not-here.klet.test"}}))
+    create(cp, ns, pod("healthy", {"emptyDir": {}}))
+    causes = {
+        "noclaim": 'persistentvolumeclaims "nope" not found',
+        "unbound": f"PVC {ns}/unbound: the PVC is not bound",
+        "nodriver": "driver name not-here.klet.test not found in the list of registered CSI",
+    }
+    for name, text in causes.items():
+        wait_for(
+            lambda n=name, t=text: failed_mount(cp, ns, n, t),
+            timeout_s=60,
+            what=f"{name}'s FailedMount naming the cause",
+        )
+        assert waiting_reason(cp, ns, name) == "ContainerCreating"
+    wait_for(lambda: running(cp, ns, "healthy"), timeout_s=60, what="the other pod Running")
+
+    # The driver stops answering (killed: its sockets stay, so it stays registered): an
+    # inline volume fails naming it, and the pod starts once the driver is back.
+    mock: MockDriver = driver["mock"]
+    mock.proc.send_signal(signal.SIGKILL)
+    mock.proc.wait(10)
+    create(cp, ns, pod("driverdown", {"csi": {"driver": DRIVER}}))
+    wait_for(
+        lambda: (
+            failed_mount(cp, ns, "driverdown", f"driver {DRIVER}: Node")
+            and failed_mount(cp, ns, "driverdown", ": UNAVAILABLE: ")
+        ),
+        timeout_s=60,
+        what="driverdown's FailedMount naming the driver",
+    )
+    (workdir / "csi.sock").unlink(missing_ok=True)
+    (node.root_dir / "plugins_registry" / f"{DRIVER}-reg.sock").unlink(missing_ok=True)
+    driver["mock"] = start_mock(node, workdir)
+    wait_for(lambda: running(cp, ns, "driverdown"), timeout_s=120, what="driverdown Running")
+    assert running(cp, ns, "healthy")
