@@ -1,0 +1,467 @@
+"""The claim and CSI volume logic on fakes of its own interfaces (the driver's node
+service, the API reads, the driver table): a claim resolved to its PV or refused with
+the cause; stage once per volume then publish per pod, with upstream's paths and
+vol_data.json; the attach wait; unpublish per pod and unstage with the last user; a
+new plugin (a restarted syncloop) tearing down what the old one set up; the sweep of a
+staging no pod uses; inline volumes and the CSIDriver's lifecycle modes; the helpers
+(access modes, fsGroup policy, ownership, names). The real driver: tests/cluster/
+test_csi_volumes.py."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+from klet.csi import CSIError, DriverUnavailable, Volume
+from klet.model.records import CSIDriverRecord
+from klet.model.types import JSON
+from klet.syncloop.environment.envvars import NodeFacts
+from klet.syncloop.volumes import claims
+from klet.syncloop.volumes.base import VolumeContext, VolumeError
+from klet.syncloop.volumes.csi import (
+    CSIVolumePlugin,
+    applies_fs_group,
+    attachment_name,
+    csi_access_mode,
+    inline_handle,
+    set_ownership,
+    staging_path,
+)
+
+DRIVER = "drv.klet.test"
+NODE = "node1"
+
+
+class FakeDriver:
+    def __init__(self, caps: frozenset[str] = frozenset({"STAGE_UNSTAGE_VOLUME"})) -> None:
+        self.caps = caps
+        self.calls: list[tuple[str, Any]] = []
+        self.fail: CSIError | None = None
+
+    async def node_capabilities(self) -> frozenset[str]:
+        if self.fail:
+            raise self.fail
+        return self.caps
+
+    async def stage(self, volume: Volume, *, staging_path: str) -> None:
+        self.calls.append(("stage", (volume, staging_path)))
+
+    async def unstage(self, volume_id: str, *, staging_path: str) -> None:
+        self.calls.append(("unstage", (volume_id, staging_path)))
+
+    async def publish(
+        self, volume: Volume, *, target_path: str, staging_path: str = "", read_only: bool = False
+    ) -> None:
+        if self.fail:
+            raise self.fail
+        self.calls.append(("publish", (volume, target_path, staging_path, read_only)))
+        os.makedirs(target_path, exist_ok=True)
+
+    async def unpublish(self, volume_id: str, *, target_path: str) -> None:
+        self.calls.append(("unpublish", (volume_id, target_path)))
+        os.rmdir(target_path)
+
+    def names(self) -> list[str]:
+        return [c[0] for c in self.calls]
+
+
+class Drivers:
+    def __init__(self) -> None:
+        self.records = {
+            DRIVER: CSIDriverRecord(
+                name=DRIVER,
+                endpoint="/run/drv.sock",
+                registration="/reg.sock",
+                node_id="n1",
+                max_volumes=0,
+                topology={},
+                versions="1.0.0",
+                registered_at=1.0,
+            )
+        }
+
+    async def get(self, key: str) -> CSIDriverRecord | None:
+        return self.records.get(key)
+
+
+class Objects:
+    def __init__(self) -> None:
+        self.pvcs: dict[tuple[str, str], JSON] = {}
+        self.pvs: dict[str, JSON] = {}
+        self.csidrivers: dict[str, JSON] = {DRIVER: {"spec": {"attachRequired": False}}}
+        self.attachments: dict[str, JSON] = {}
+        self.secrets: dict[tuple[str, str], JSON] = {}
+
+    async def get_pvc(self, namespace: str, name: str) -> JSON | None:
+        return self.pvcs.get((namespace, name))
+
+    async def get_pv(self, name: str) -> JSON | None:
+        return self.pvs.get(name)
+
+    async def get_csi_driver(self, name: str) -> JSON | None:
+        return self.csidrivers.get(name)
+
+    async def get_volume_attachment(self, name: str) -> JSON | None:
+        return self.attachments.get(name)
+
+    async def get_secret(self, namespace: str, name: str) -> JSON | None:
+        return self.secrets.get((namespace, name))
+
+    def bind(self, claim: str, pv: str, *, handle: str = "vol-1", **csi: Any) -> None:
+        self.pvcs[("ns", claim)] = {
+            "metadata": {"name": claim, "namespace": "ns", "uid": f"uid-{claim}"},
+            "spec": {"volumeName": pv},
+            "status": {"phase": "Bound"},
+        }
+        self.pvs[pv] = {
+            "metadata": {"name": pv},
+            "spec": {
+                "accessModes": ["ReadWriteOnce"],
+                "claimRef": {"uid": f"uid-{claim}"},
+                "csi": {"driver": DRIVER, "volumeHandle": handle, **csi},
+            },
+        }
+
+
+def a_pod(uid: str, *volumes: JSON, fs_group: int | None = None) -> JSON:
+    spec: JSON = {"volumes": list(volumes)}
+    if fs_group is not None:
+        spec["securityContext"] = {"fsGroup": fs_group}
+    return {"metadata": {"name": f"pod-{uid}", "namespace": "ns", "uid": uid}, "spec": spec}
+
+
+def ctx(root: Path, pod: JSON) -> VolumeContext:
+    return VolumeContext(
+        pod=pod,
+        pod_dir=root / "pods" / pod["metadata"]["uid"],
+        objects=None,
+        tokens=None,
+        node=NodeFacts(),
+        pod_ip="",
+    )
+
+
+def plugin(root: Path, driver: FakeDriver, objects: Objects) -> CSIVolumePlugin:
+    return CSIVolumePlugin(
+        root_dir=root,
+        node_name=NODE,
+        drivers=Drivers(),
+        connect=lambda endpoint: driver,
+        objects=objects,
+    )
+
+
+CLAIM = {"name": "data", "persistentVolumeClaim": {"claimName": "data"}}
+
+# -- claims -------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("change", "cause"),
+    [
+        (lambda o: o.pvcs.clear(), 'persistentvolumeclaims "data" not found'),
+        (
+            lambda o: o.pvcs[("ns", "data")]["status"].update(phase="Pending"),
+            "the PVC is not bound (phase 'Pending'",
+        ),
+        (
+            lambda o: o.pvcs[("ns", "data")]["metadata"].update(deletionTimestamp="x"),
+            "the PVC is being deleted",
+        ),
+        (lambda o: o.pvs.clear(), 'persistentvolumes "pv1" not found'),
+        (
+            lambda o: o.pvs["pv1"]["spec"]["claimRef"].update(uid="other"),
+            "PV pv1 is bound to claim UID other, not to this claim (uid-data)",
+        ),
+        (
+            lambda o: o.pvs["pv1"]["spec"].update(volumeMode="Block"),
+            "PV pv1 has volumeMode Block",
+        ),
+    ],
+)
+async def test_a_claim_the_pod_cannot_use_yet_says_why(change: Any, cause: str) -> None:
+    objects = Objects()
+    objects.bind("data", "pv1")
+    change(objects)
+    with pytest.raises(VolumeError) as err:
+        await claims.resolve(CLAIM, a_pod("u1"), objects)
+    assert str(err.value).startswith("error processing PVC ns/data: ")
+    assert cause in str(err.value)
+
+
+async def test_an_ephemeral_volumes_claim_must_belong_to_the_pod() -> None:
+    objects = Objects()
+    objects.bind("pod-u1-scratch", "pv1")
+    volume = {"name": "scratch", "ephemeral": {"volumeClaimTemplate": {}}}
+    with pytest.raises(VolumeError, match="the pod is not its owner"):
+        await claims.resolve(volume, a_pod("u1"), objects)
+    objects.pvcs[("ns", "pod-u1-scratch")]["metadata"]["ownerReferences"] = [
+        {"uid": "u1", "controller": True}
+    ]
+    got = await claims.resolve(volume, a_pod("u1"), objects)
+    assert got.pv_name == "pv1"
+
+
+# -- set-up and tear-down -----------------------------------------------------------------
+
+
+async def test_a_volume_is_staged_once_and_published_per_pod(tmp_path: Path) -> None:
+    driver, objects = FakeDriver(), Objects()
+    objects.bind("data", "pv1", volumeAttributes={"k": "v"})
+    p = plugin(tmp_path, driver, objects)
+    one, two = a_pod("u1", CLAIM), a_pod("u2", CLAIM)
+    path1 = await p.set_up(CLAIM, ctx(tmp_path, one))
+    path2 = await p.set_up(CLAIM, ctx(tmp_path, two))
+    await p.set_up(CLAIM, ctx(tmp_path, one))  # a later sync: nothing to do
+    staging = staging_path(tmp_path, DRIVER, "vol-1")
+    digest = hashlib.sha256(b"vol-1").hexdigest()
+    assert staging == tmp_path / f"plugins/kubernetes.io/csi/{DRIVER}/{digest}/globalmount"
+    assert path1 == tmp_path / "pods/u1/volumes/kubernetes.io~csi/pv1/mount"
+    assert driver.names() == ["stage", "publish", "publish"]
+    volume, target, staged, read_only = driver.calls[1][1]
+    assert (target, staged, read_only) == (str(path1), str(staging), False)
+    assert volume.volume_context == {"k": "v"}
+    assert volume.capability.access_mode == "SINGLE_NODE_WRITER"
+    data = json.loads((path1.parent / "vol_data.json").read_text())
+    assert data["volumeHandle"] == "vol-1" and data["specVolID"] == "pv1"
+    assert data["stagingTargetPath"] == str(staging)
+
+    await p.tear_down(path1.parent)
+    assert driver.names()[-1] == "unpublish"  # another pod still uses it
+    assert staging.is_dir()
+    await p.tear_down(path2.parent)
+    assert driver.names()[-2:] == ["unpublish", "unstage"]
+    assert not staging.parent.exists()
+    assert not path2.parent.exists()
+
+
+async def test_a_restarted_syncloop_tears_down_what_its_predecessor_set_up(
+    tmp_path: Path,
+) -> None:
+    driver, objects = FakeDriver(), Objects()
+    objects.bind("data", "pv1")
+    path = await plugin(tmp_path, driver, objects).set_up(CLAIM, ctx(tmp_path, a_pod("u1", CLAIM)))
+    fresh = plugin(tmp_path, driver, objects)
+    await fresh.tear_down(path.parent)
+    assert driver.names() == ["stage", "publish", "unpublish", "unstage"]
+
+
+async def test_the_sweep_unstages_a_staging_no_pod_uses(tmp_path: Path) -> None:
+    driver, objects = FakeDriver(), Objects()
+    objects.bind("data", "pv1")
+    p = plugin(tmp_path, driver, objects)
+    path = await p.set_up(CLAIM, ctx(tmp_path, a_pod("u1", CLAIM)))
+    await p.sweep()
+    assert "unstage" not in driver.names()  # in use
+    # A crash after the pod's volume went and before the unstage:
+    (path.parent / "vol_data.json").unlink()
+    os.rmdir(path)
+    os.rmdir(path.parent)
+    await p.sweep()
+    assert driver.names()[-1] == "unstage"
+    assert list((tmp_path / "plugins/kubernetes.io/csi" / DRIVER).iterdir()) == []
+
+
+async def test_a_driver_without_stage_unstage_is_only_published(tmp_path: Path) -> None:
+    driver, objects = FakeDriver(caps=frozenset()), Objects()
+    objects.bind("data", "pv1")
+    p = plugin(tmp_path, driver, objects)
+    path = await p.set_up(CLAIM, ctx(tmp_path, a_pod("u1", CLAIM)))
+    await p.tear_down(path.parent)
+    assert driver.names() == ["publish", "unpublish"]
+
+
+async def test_attach_is_waited_for_when_the_csidriver_requires_it(tmp_path: Path) -> None:
+    driver, objects = FakeDriver(), Objects()
+    objects.bind("data", "pv1")
+    objects.csidrivers[DRIVER] = {"spec": {"attachRequired": True}}
+    p = plugin(tmp_path, driver, objects)
+    name = attachment_name("vol-1", DRIVER, NODE)
+    with pytest.raises(VolumeError, match=f"VolumeAttachment {name} does not exist yet"):
+        await p.set_up(CLAIM, ctx(tmp_path, a_pod("u1", CLAIM)))
+    objects.attachments[name] = {
+        "status": {"attached": False, "attachError": {"message": "no such disk"}}
+    }
+    with pytest.raises(VolumeError, match="is not attached yet: no such disk"):
+        await p.set_up(CLAIM, ctx(tmp_path, a_pod("u1", CLAIM)))
+    objects.attachments[name] = {
+        "status": {"attached": True, "attachmentMetadata": {"device": "/dev/xvdb"}}
+    }
+    await p.set_up(CLAIM, ctx(tmp_path, a_pod("u1", CLAIM)))
+    assert driver.calls[-1][1][0].publish_context == {"device": "/dev/xvdb"}
+    staged = next(c[1][0] for c in driver.calls if c[0] == "stage")
+    assert staged.publish_context == {"device": "/dev/xvdb"}
+
+
+async def test_no_csidriver_object_means_attach_required(tmp_path: Path) -> None:
+    objects = Objects()
+    objects.bind("data", "pv1")
+    del objects.csidrivers[DRIVER]
+    with pytest.raises(VolumeError, match="is not attached to this node"):
+        await plugin(tmp_path, FakeDriver(), objects).set_up(
+            CLAIM, ctx(tmp_path, a_pod("u1", CLAIM))
+        )
+
+
+async def test_driver_problems_name_the_driver(tmp_path: Path) -> None:
+    driver, objects = FakeDriver(), Objects()
+    objects.bind("data", "pv1", driver="gone.klet.test")
+    p = plugin(tmp_path, driver, objects)
+    with pytest.raises(VolumeError) as err:
+        await p.set_up(CLAIM, ctx(tmp_path, a_pod("u1", CLAIM)))
+    assert str(err.value) == (
+        "driver name gone.klet.test not found in the list of registered CSI drivers"
+    )
+    objects.bind("data", "pv1")
+    driver.fail = DriverUnavailable("NodeGetCapabilities: UNAVAILABLE: refused", code="UNAVAILABLE")
+    with pytest.raises(VolumeError, match=f"driver {DRIVER}: NodeGetCapabilities: UNAVAILABLE"):
+        await p.set_up(CLAIM, ctx(tmp_path, a_pod("u1", CLAIM)))
+
+
+async def test_a_secret_ref_that_is_missing_fails_the_volume(tmp_path: Path) -> None:
+    objects = Objects()
+    objects.bind("data", "pv1", nodePublishSecretRef={"namespace": "sec", "name": "creds"})
+    p = plugin(tmp_path, FakeDriver(), objects)
+    with pytest.raises(VolumeError, match='NodePublishSecretRef sec/creds failed: secrets "creds"'):
+        await p.set_up(CLAIM, ctx(tmp_path, a_pod("u1", CLAIM)))
+    objects.secrets[("sec", "creds")] = {"data": {"user": "YWRtaW4="}}
+    driver = FakeDriver()
+    await plugin(tmp_path, driver, objects).set_up(CLAIM, ctx(tmp_path, a_pod("u1", CLAIM)))
+    assert driver.calls[-1][1][0].secrets == {"user": "admin"}
+
+
+async def test_pod_info_and_read_only(tmp_path: Path) -> None:
+    driver, objects = FakeDriver(), Objects()
+    objects.bind("data", "pv1")
+    objects.csidrivers[DRIVER] = {"spec": {"attachRequired": False, "podInfoOnMount": True}}
+    volume = {"name": "data", "persistentVolumeClaim": {"claimName": "data", "readOnly": True}}
+    await plugin(tmp_path, driver, objects).set_up(volume, ctx(tmp_path, a_pod("u1", volume)))
+    published, _, _, read_only = driver.calls[-1][1]
+    assert read_only
+    assert published.volume_context == {
+        "csi.storage.k8s.io/pod.name": "pod-u1",
+        "csi.storage.k8s.io/pod.namespace": "ns",
+        "csi.storage.k8s.io/pod.uid": "u1",
+        "csi.storage.k8s.io/serviceAccount.name": "default",
+        "csi.storage.k8s.io/ephemeral": "false",
+    }
+
+
+async def test_inline_volumes_need_the_ephemeral_lifecycle_mode(tmp_path: Path) -> None:
+    driver, objects = FakeDriver(), Objects()
+    volume = {"name": "scratch", "csi": {"driver": DRIVER, "volumeAttributes": {"size": "1"}}}
+    p = plugin(tmp_path, driver, objects)
+    with pytest.raises(VolumeError, match=r'"Ephemeral" not supported by driver .* \[\'Persistent'):
+        await p.set_up(volume, ctx(tmp_path, a_pod("u1", volume)))
+    objects.csidrivers[DRIVER]["spec"]["volumeLifecycleModes"] = ["Ephemeral"]
+    path = await p.set_up(volume, ctx(tmp_path, a_pod("u1", volume)))
+    assert path == tmp_path / "pods/u1/volumes/kubernetes.io~csi/scratch/mount"
+    assert driver.names() == ["publish"]  # never staged
+    published = driver.calls[0][1][0]
+    assert published.volume_id == inline_handle("u1", "scratch")
+    assert published.volume_context == {"size": "1"}
+    await p.tear_down(path.parent)
+    assert driver.names() == ["publish", "unpublish"]
+    del objects.csidrivers[DRIVER]
+    with pytest.raises(VolumeError, match='CSIDriver "drv.klet.test" not found'):
+        await p.set_up(volume, ctx(tmp_path, a_pod("u2", volume)))
+
+
+async def test_standalone_refuses_claims_and_csi(tmp_path: Path) -> None:
+    p = CSIVolumePlugin(
+        root_dir=tmp_path,
+        node_name=NODE,
+        drivers=Drivers(),
+        connect=lambda endpoint: FakeDriver(),
+        objects=None,
+    )
+    with pytest.raises(VolumeError, match="persistentVolumeClaim volumes need the apiserver"):
+        await p.set_up(CLAIM, ctx(tmp_path, a_pod("u1", CLAIM)))
+
+
+async def test_local_and_host_path_pvs_are_the_nodes_paths(tmp_path: Path) -> None:
+    objects = Objects()
+    objects.bind("data", "pv1")
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    objects.pvs["pv1"]["spec"].pop("csi")
+    objects.pvs["pv1"]["spec"]["local"] = {"path": str(disk)}
+    p = plugin(tmp_path, FakeDriver(), objects)
+    assert await p.set_up(CLAIM, ctx(tmp_path, a_pod("u1", CLAIM))) == disk
+    objects.pvs["pv1"]["spec"]["local"] = {"path": str(tmp_path / "missing")}
+    with pytest.raises(VolumeError, match="PV pv1: hostPath .*missing doesn't exist"):
+        await p.set_up(CLAIM, ctx(tmp_path, a_pod("u1", CLAIM)))
+    objects.pvs["pv1"]["spec"].pop("local")
+    objects.pvs["pv1"]["spec"]["hostPath"] = {
+        "path": str(tmp_path / "new"),
+        "type": "DirectoryOrCreate",
+    }
+    assert await p.set_up(CLAIM, ctx(tmp_path, a_pod("u1", CLAIM))) == tmp_path / "new"
+    objects.pvs["pv1"]["spec"].pop("hostPath")
+    objects.pvs["pv1"]["spec"]["nfs"] = {"server": "x", "path": "/"}
+    with pytest.raises(VolumeError, match='PV pv1: volume type "nfs" is not supported by klet'):
+        await p.set_up(CLAIM, ctx(tmp_path, a_pod("u1", CLAIM)))
+
+
+async def test_fs_group_is_applied_as_the_policy_says(tmp_path: Path) -> None:
+    driver, objects = FakeDriver(), Objects()
+    objects.bind("data", "pv1")
+    objects.csidrivers[DRIVER] = {"spec": {"attachRequired": False, "fsGroupPolicy": "File"}}
+    p = plugin(tmp_path, driver, objects)
+    path = await p.set_up(CLAIM, ctx(tmp_path, a_pod("u1", CLAIM, fs_group=4321)))
+    assert path.stat().st_gid == 4321
+    assert path.stat().st_mode & 0o2070 == 0o2070
+
+
+# -- helpers ------------------------------------------------------------------------------
+
+
+def test_access_modes() -> None:
+    assert csi_access_mode([], frozenset()) == "SINGLE_NODE_WRITER"
+    assert csi_access_mode(["ReadOnlyMany", "ReadWriteOnce"], frozenset()) == (
+        "MULTI_NODE_READER_ONLY"
+    )
+    assert csi_access_mode(["ReadWriteMany"], frozenset()) == "MULTI_NODE_MULTI_WRITER"
+    multi = frozenset({"SINGLE_NODE_MULTI_WRITER"})
+    assert csi_access_mode(["ReadWriteOnce"], multi) == "SINGLE_NODE_MULTI_WRITER"
+    assert csi_access_mode(["ReadWriteOncePod"], multi) == "SINGLE_NODE_SINGLE_WRITER"
+    with pytest.raises(VolumeError, match="unknown access mode"):
+        csi_access_mode(["Sometimes"], frozenset())
+
+
+def test_fs_group_policy() -> None:
+    rwo = ["ReadWriteOnce"]
+    assert applies_fs_group("File", fs_type="", access_modes=["ReadWriteMany"])
+    assert not applies_fs_group("None", fs_type="ext4", access_modes=rwo)
+    assert applies_fs_group("ReadWriteOnceWithFSType", fs_type="ext4", access_modes=rwo)
+    assert not applies_fs_group("ReadWriteOnceWithFSType", fs_type="", access_modes=rwo)
+    assert not applies_fs_group(
+        "ReadWriteOnceWithFSType", fs_type="ext4", access_modes=["ReadWriteMany"]
+    )
+    assert applies_fs_group("ReadWriteOnceWithFSType", fs_type="ext4", access_modes=None)
+
+
+def test_set_ownership(tmp_path: Path) -> None:
+    (tmp_path / "d").mkdir(mode=0o700)
+    (tmp_path / "d" / "f").write_text("x")
+    os.chmod(tmp_path / "d" / "f", 0o600)
+    (tmp_path / "link").symlink_to("d")
+    set_ownership(tmp_path, 4321, read_only=False, on_root_mismatch=False)
+    for p in (tmp_path, tmp_path / "d", tmp_path / "d" / "f"):
+        assert p.stat().st_gid == 4321
+    assert os.lstat(tmp_path / "link").st_gid == 4321
+    assert (tmp_path / "d").stat().st_mode & 0o7777 == 0o2770
+    assert (tmp_path / "d" / "f").stat().st_mode & 0o777 == 0o660
+    os.chmod(tmp_path / "d" / "f", 0o600)
+    set_ownership(tmp_path, 4321, read_only=False, on_root_mismatch=True)
+    assert (tmp_path / "d" / "f").stat().st_mode & 0o777 == 0o600  # the root matched
+
+
+def test_names() -> None:
+    digest = hashlib.sha256(f"vol-1{DRIVER}{NODE}".encode()).hexdigest()
+    assert attachment_name("vol-1", DRIVER, NODE) == f"csi-{digest}"
+    assert inline_handle("u1", "v") == "csi-" + hashlib.sha256(b"u1v").hexdigest()
