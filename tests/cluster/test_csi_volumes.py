@@ -11,7 +11,9 @@ tests see of a "mount" is that directory and the driver's log of CSI calls.
 
 Covers: a claim's pod gets NodeStageVolume at the node's global path and
 NodePublishVolume at the pod's volume directory (upstream's layout and vol_data.json),
-runs, and the pod's fsGroup owns what it writes; the pod deleted → NodeUnpublishVolume
+runs, and the pod's fsGroup owns what it writes; the Node lists it in volumesInUse and
+status-reporter's kubelet_volume_stats_* give the driver's NodeGetVolumeStats; the pod
+deleted → NodeUnpublishVolume
 and then NodeUnstageVolume, no directory left; syncloop SIGKILLed while such a pod runs
 → no container restarted, the volume still there, and torn down by the new syncloop
 when the pod goes; an inline CSI volume and a generic ephemeral volume; a local PV; a
@@ -61,7 +63,9 @@ def node(
     cp: ControlPlane, devstack: DevStack, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[KletNode]:
     base = tmp_path_factory.mktemp("csivol")
-    with cluster_node(cp, devstack, base, name=NODE) as kletnode:
+    with cluster_node(
+        cp, devstack, base, name=NODE, extra_flags=["--volume-stats-agg-period=1s"]
+    ) as kletnode:
         yield kletnode
 
 
@@ -231,6 +235,10 @@ def staged(node: KletNode) -> list[Path]:
     return sorted((node.root_dir / "plugins" / "kubernetes.io" / "csi" / DRIVER).glob("*"))
 
 
+def volumes_in_use(cp: ControlPlane) -> list[str]:
+    return list(kget(cp, "node", NODE)["status"].get("volumesInUse") or [])
+
+
 def delete_pod(cp: ControlPlane, ns: str, name: str) -> None:
     cp.kubectl("delete", "pod", name, "-n", ns, "--wait=false", check=True)
     wait_for(
@@ -269,6 +277,19 @@ def test_a_claims_volume_is_staged_published_and_torn_down(
     assert methods.index("/csi.v1.Node/NodeStageVolume") < methods.index(
         "/csi.v1.Node/NodePublishVolume"
     )
+    unique = f"kubernetes.io/csi/{DRIVER}^{handle}"
+    wait_for(lambda: unique in volumes_in_use(cp), timeout_s=60, what="volumesInUse")
+    capacity = wait_for(
+        lambda: node.metric(
+            "status-reporter",
+            "kubelet_volume_stats_capacity_bytes",
+            namespace=ns,
+            persistentvolumeclaim="data",
+        ),
+        timeout_s=60,
+        what="the claim's volume stats metric",
+    )
+    assert capacity == 1 << 20  # what csi-mock's NodeGetVolumeStats says: the claim's size
 
     delete_pod(cp, ns, "app")
     wait_for(
@@ -282,6 +303,7 @@ def test_a_claims_volume_is_staged_published_and_torn_down(
     )
     wait_for(lambda: not volume_dirs(node, uid), timeout_s=30, what="the pod's volume removed")
     assert staged(node) == []
+    wait_for(lambda: unique not in volumes_in_use(cp), timeout_s=60, what="out of volumesInUse")
 
 
 def test_syncloop_killed_while_a_csi_volume_is_in_use(

@@ -68,6 +68,7 @@ def test_defaults_serve_healthz_but_not_the_read_only_api() -> None:
         "pod-view-reload",
         "podstatus-consumer",
         "service-http",
+        "volume-view",
     ]
 
 
@@ -78,6 +79,7 @@ def test_read_only_on_and_healthz_off() -> None:
         "podstatus-consumer",
         "read-only-http",
         "service-http",
+        "volume-view",
     ]
 
 

@@ -129,13 +129,13 @@ ACCESS: Mapping[str, ServiceAccess] = {
     ),
     "syncloop": ServiceAccess(
         reads=("desired", "sources", "node:eviction"),
-        writes=("status", "node:syncloop", "csidrivers"),
+        writes=("status", "node:syncloop", "csidrivers", "volumes"),
         publishes=("podstatus", "events:syncloop"),
         consumes=("pods",),
         leases=("syncloop",),
     ),
     "status-reporter": ServiceAccess(
-        reads=("desired", "status", "sources", "csidrivers", *_CONDITIONS),
+        reads=("desired", "status", "sources", "csidrivers", "volumes", *_CONDITIONS),
         publishes=("events:status-reporter",),
         consumes=_EVENTS,
         tails=("podstatus",),

@@ -25,6 +25,7 @@ from klet.model.records import (
     PodStatusChange,
     PodStatusRecord,
     SourceState,
+    VolumeRecord,
 )
 
 
@@ -66,6 +67,8 @@ class NodeBus:
     """Image GC's first-detected and last-used times, keyed by image ID."""
     csidrivers: Table[CSIDriverRecord]
     """The CSI drivers registered on this node, keyed by driver name (syncloop)."""
+    volumes: Table[VolumeRecord]
+    """The CSI volumes published for pods, keyed `<pod uid>/<volume>` (syncloop)."""
 
     @classmethod
     def of(cls, bus: Bus, *, service: str) -> NodeBus:
@@ -89,4 +92,5 @@ class NodeBus:
             ),
             images=bus.table("images", ImageUseRecord),
             csidrivers=bus.table("csidrivers", CSIDriverRecord),
+            volumes=bus.table("volumes", VolumeRecord),
         )

@@ -261,6 +261,13 @@ _CONFIG_FLAGS: tuple[FlagSpec, ...] = (
     ),
     _cfg("--max-pods", "max_pods", _I32, "N", "pods this node may run (default 110)"),
     _cfg(
+        "--volume-stats-agg-period",
+        "volume_stats_agg_period",
+        _DUR,
+        "DURATION",
+        "how often each CSI volume's usage is measured (default 1m)",
+    ),
+    _cfg(
         "--pod-max-pids", "pod_pids_limit", _I64, "N", "PIDs per pod, -1 = node limit (default -1)"
     ),
     _cfg(

@@ -155,9 +155,6 @@ UNIMPLEMENTED: Mapping[str, Unimplemented] = {
     ),
     "failCgroupV1": Unimplemented("refusing to start on cgroup v1"),
     "kernelMemcgNotification": Unimplemented("memcg threshold notifications (eviction polls)"),
-    "volumeStatsAggPeriod": Unimplemented(
-        "a background volume usage period (usage is measured when asked)"
-    ),
     "volumePluginDir": Unimplemented("FlexVolume plugins"),
 }
 

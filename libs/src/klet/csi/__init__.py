@@ -14,6 +14,7 @@ from klet.csi.client import (
     PluginInfo,
     RegistrationClient,
     Volume,
+    VolumeStats,
 )
 
 __all__ = [
@@ -26,4 +27,5 @@ __all__ = [
     "PluginInfo",
     "RegistrationClient",
     "Volume",
+    "VolumeStats",
 ]

@@ -64,6 +64,16 @@ class Volume:
 
 
 @dataclass(frozen=True)
+class VolumeStats:
+    """A published volume's usage (CSI `NodeGetVolumeStats`), in the Summary API's
+    names (`capacityBytes`, `usedBytes`, `inodesFree`, ...): only what the driver gave."""
+
+    usage: dict[str, int]
+    abnormal: bool = False
+    message: str = ""
+
+
+@dataclass(frozen=True)
 class PluginInfo:
     """What a registration socket says (pluginregistration `GetInfo`)."""
 
@@ -209,6 +219,29 @@ class CSIClient:
     async def unpublish(self, volume_id: str, *, target_path: str) -> None:
         request = csi.NodeUnpublishVolumeRequest(volume_id=volume_id, target_path=target_path)
         await _call(self._node.NodeUnpublishVolume, request, self._timeout, "NodeUnpublishVolume")
+
+    async def volume_stats(
+        self, volume_id: str, *, volume_path: str, staging_path: str = ""
+    ) -> VolumeStats:
+        request = csi.NodeGetVolumeStatsRequest(
+            volume_id=volume_id, volume_path=volume_path, staging_target_path=staging_path
+        )
+        reply = await _call(
+            self._node.NodeGetVolumeStats, request, self._timeout, "NodeGetVolumeStats"
+        )
+        usage: dict[str, int] = {}
+        for u in reply.usage:
+            if u.unit == csi.VolumeUsage.BYTES:
+                names = ("capacityBytes", "availableBytes", "usedBytes")
+            elif u.unit == csi.VolumeUsage.INODES:
+                names = ("inodes", "inodesFree", "inodesUsed")
+            else:
+                continue
+            usage.update(zip(names, (int(u.total), int(u.available), int(u.used)), strict=True))
+        condition = reply.volume_condition
+        return VolumeStats(
+            usage=usage, abnormal=bool(condition.abnormal), message=str(condition.message)
+        )
 
     async def close(self) -> None:
         await self._channel.close(None)

@@ -30,6 +30,7 @@ from klet.cri.types import (
     Sandbox,
     SandboxState,
 )
+from klet.model.records import VolumeRecord
 from klet.model.types import ContainerID, SandboxID
 from klet.stats.testing import FakeCgroups
 from klet.status_reporter.kubeletapi import (
@@ -113,6 +114,7 @@ class World:
         self.registry = CollectorRegistry()
         Counter("klet_test_total", "a test counter", registry=self.registry).inc()
         self.cgroups = FakeCgroups()
+        self.volumes = FakeVolumes()
         self.deps = KubeletApiDeps(
             settings=KubeletApiSettings(
                 node_name="n1",
@@ -126,6 +128,7 @@ class World:
             registry=self.registry,
             cgroups=self.cgroups,
             metrics=kubelet_api_metrics(self.registry),
+            volumes=self.volumes,
         )
 
     @staticmethod
@@ -135,6 +138,14 @@ class World:
         return ContainerStatusInfo(
             ContainerID(cid), "app", 1, state, 0, 0, 0, 0, "busybox", "sha", "", "", log_path
         )
+
+
+class FakeVolumes:
+    def __init__(self) -> None:
+        self.records: list[VolumeRecord] = []
+
+    def measured(self, pod_uid: str) -> list[VolumeRecord]:
+        return [r for r in self.records if r.pod_uid == pod_uid]
 
 
 @pytest.fixture
@@ -352,6 +363,18 @@ async def test_stats_summary(client: httpx.AsyncClient, world: World) -> None:
             FilesystemUsageInfo(0, "", 4096, 4),
         ),
     ]
+    world.volumes.records = [
+        VolumeRecord(
+            pod_uid=UID,
+            namespace="ns",
+            pod="web",
+            volume="data",
+            claim="data-claim",
+            unique_name="kubernetes.io/csi/d^h",
+            usage={"capacityBytes": 100, "usedBytes": 10},
+            measured_at=1.5,
+        )
+    ]
     first = (await client.get("/stats/summary")).json()
     node = first["node"]
     assert node["nodeName"] == "n1"
@@ -368,11 +391,21 @@ async def test_stats_summary(client: httpx.AsyncClient, world: World) -> None:
     assert c["name"] == "app" and c["memory"]["workingSetBytes"] == 700
     assert c["rootfs"]["usedBytes"] == 4096
     assert c["logs"]["usedBytes"] == 0
+    assert pod["volume"] == [
+        {
+            "time": "1970-01-01T00:00:01Z",
+            "name": "data",
+            "capacityBytes": 100,
+            "usedBytes": 10,
+            "pvcRef": {"name": "data-claim", "namespace": "ns"},
+        }
+    ]
     cg["/"] = CgroupStats(4000, 3000, 2 * 10**9, 100)
     second = (await client.get("/stats/summary")).json()
     assert second["node"]["cpu"]["usageNanoCores"] > 0
     light = (await client.get("/stats/summary?only_cpu_and_memory=true")).json()
     assert "fs" not in light["node"] and "logs" not in light["pods"][0]["containers"][0]
+    assert "volume" not in light["pods"][0]
 
 
 async def test_resource_metrics(client: httpx.AsyncClient, world: World) -> None:

@@ -89,6 +89,8 @@ def root_tasks(deps: Deps) -> dict[str, Coroutine[Any, Any, None]]:
         "podstatus-consumer": deps.pods.run_consumer(),
         "service-http": serve_service_port(service_app, deps.service),
     }
+    if deps.volumes is not None:
+        tasks["volume-view"] = deps.volumes.run()
     if deps.healthz is not None:
         tasks["healthz-http"] = serve_http(
             create_healthz_app(),

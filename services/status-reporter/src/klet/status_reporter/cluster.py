@@ -217,6 +217,7 @@ def build_cluster(
     bus: Callable[[], NodeBus],
     consumer: str,
     overrides: ClusterOverrides | None = None,
+    volumes_in_use: Callable[[], tuple[str, ...] | None] = lambda: None,
 ) -> ClusterDeps:
     """Build cluster mode's managers; `bus()` gives the node's tables when not overridden.
     `consumer` names this process in the `events` consumer group (unique per process)."""
@@ -261,6 +262,7 @@ def build_cluster(
         node_ips=o.node_ips
         if o.node_ips is not None
         else detect_node_ips(klet.node_ips, klet.node_name),
+        volumes_in_use=volumes_in_use,
     )
     node_policy = o.node_policy or NodeStatusPolicy(
         update_frequency_s=kubelet.node_status_update_frequency,

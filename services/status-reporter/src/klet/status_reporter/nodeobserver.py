@@ -60,7 +60,9 @@ class NodeObserver:
         read_machine: Callable[[], MachineInfo],
         node_ips: tuple[str, ...],
         timeout_s: float = 5.0,
+        volumes_in_use: Callable[[], tuple[str, ...] | None] = lambda: None,
     ) -> None:
+        self._volumes_in_use = volumes_in_use
         self._runtime = runtime
         self._conditions = conditions
         self._read_machine = read_machine
@@ -76,6 +78,7 @@ class NodeObserver:
             node_ips=self.node_ips,
             runtime=await self.runtime_state(),
             contributions=await self.contributions(),
+            volumes_in_use=self._volumes_in_use(),
         )
 
     async def runtime_state(self) -> RuntimeState:

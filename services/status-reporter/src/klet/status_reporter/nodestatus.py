@@ -149,6 +149,8 @@ class Observations:
     node_ips: tuple[str, ...]
     runtime: RuntimeState
     contributions: Mapping[str, NodeConditionRecord] = field(default_factory=dict)
+    volumes_in_use: tuple[str, ...] | None = None
+    """Unique names of the volumes pods use (the bus `volumes` table); None: unknown."""
 
 
 @dataclass(frozen=True)
@@ -335,6 +337,13 @@ def node_status(cfg: NodeConfig, obs: Observations, *, existing: JSON | None, no
         "daemonEndpoints": {"kubeletEndpoint": {"Port": cfg.kubelet_port}},
         "nodeInfo": node_info,
         "images": images,
+        # None (absent; the patch deletes it) when nothing is in use, as upstream omits
+        # it; while unknown, what the Node says.
+        "volumesInUse": (
+            list(obs.volumes_in_use) or None
+            if obs.volumes_in_use is not None
+            else (existing or {}).get("volumesInUse")
+        ),
     }
 
 

@@ -56,6 +56,7 @@ from klet.status_reporter.podcache import (
     StatusFeed,
     StatusTable,
 )
+from klet.status_reporter.volumes import VolumeView
 from prometheus_client import CollectorRegistry
 
 if TYPE_CHECKING:
@@ -181,6 +182,8 @@ class Deps:
     """Cluster mode's managers; None when standalone."""
     kubelet_api: KubeletApiDeps | None = None
     """The kubelet API on --port; None when enableServer is off or it cannot authorize."""
+    volumes: VolumeView | None = None
+    """The bus `volumes` table's last read (volumesInUse, volume stats); a root task."""
     elected: asyncio.Event = field(default_factory=asyncio.Event)
     """Set once this replica holds the lease (by `klet.bus.leader.hold`); never cleared:
     losing the lease ends the process."""
@@ -228,6 +231,7 @@ def build_deps(settings: ServiceSettings, *, overrides: Overrides | None = None)
         policy=o.policy or CachePolicy(),
         clock=clock,
     )
+    volumes = VolumeView(node_bus().volumes, registry)
     cluster: ClusterDeps | None = None
     # getattr: standalone settings trees built by hand (older tests) have no kubeconfig.
     if getattr(klet, "kubeconfig", None) is not None or o.cluster is not None:
@@ -240,9 +244,12 @@ def build_deps(settings: ServiceSettings, *, overrides: Overrides | None = None)
             # then another consumer's, which the new leader claims at election.
             consumer=lease.holder,
             overrides=o.cluster,
+            volumes_in_use=volumes.in_use,
         )
 
-    kubelet_api, api_closers = _kubelet_api(settings, pods=pods, registry=registry)
+    kubelet_api, api_closers = _kubelet_api(
+        settings, pods=pods, registry=registry, volumes=volumes
+    )
 
     async def close() -> None:
         if cluster is not None:
@@ -272,11 +279,12 @@ def build_deps(settings: ServiceSettings, *, overrides: Overrides | None = None)
         close=close,
         cluster=cluster,
         kubelet_api=kubelet_api,
+        volumes=volumes,
     )
 
 
 def _kubelet_api(
-    settings: ServiceSettings, *, pods: PodCache, registry: CollectorRegistry
+    settings: ServiceSettings, *, pods: PodCache, registry: CollectorRegistry, volumes: VolumeView
 ) -> tuple[KubeletApiDeps | None, list[Callable[[], Awaitable[None]]]]:
     """The 10250 API's dependencies, with their own apiserver and CRI clients (the
     apiserver client with threads of its own: whoever reaches the port can cause
@@ -309,6 +317,11 @@ def _kubelet_api(
     )
     closers.append(api_cri.close)
     deps = build_kubelet_api_deps(
-        settings, pods=pods, runtime=api_cri, registry=registry, apiserver=api_kube
+        settings,
+        pods=pods,
+        runtime=api_cri,
+        registry=registry,
+        apiserver=api_kube,
+        volumes=volumes,
     )
     return deps, closers

@@ -118,6 +118,7 @@ async def main(deps: Deps) -> int:
                 "prober": gated("prober", deps.prober.run),
                 "volume-cleanup": gated("volume-cleanup", lambda: _volume_cleanup(deps)),
                 "plugin-watcher": gated("plugin-watcher", lambda: _watch_plugins(deps)),
+                "volume-stats": gated("volume-stats", lambda: _volume_stats(deps)),
                 "log-rotation": gated("log-rotation", log_manager.run),
                 "pod-control": gated(
                     "pod-control", lambda: serve_pod_control(controller, deps.socket_path)
@@ -154,6 +155,14 @@ async def _watch_plugins(deps: Deps) -> None:
         await asyncio.Event().wait()
         return
     await deps.plugins.run()
+
+
+async def _volume_stats(deps: Deps) -> None:
+    """The bus `volumes` table, on the leader only (it writes the bus); idle without it."""
+    if deps.volume_stats is None:
+        await asyncio.Event().wait()
+        return
+    await deps.volume_stats.run()
 
 
 async def _runtime_version(deps: Deps) -> str:

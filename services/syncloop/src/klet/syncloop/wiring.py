@@ -70,6 +70,7 @@ from klet.syncloop.volumes.emptydir import EmptyDirPlugin
 from klet.syncloop.volumes.hostpath import HostPathPlugin
 from klet.syncloop.volumes.manager import VolumeManager
 from klet.syncloop.volumes.tokens import TokenManager
+from klet.syncloop.volumes.volumestats import VolumeStatsCollector
 from prometheus_client import CollectorRegistry
 
 if TYPE_CHECKING:
@@ -124,6 +125,7 @@ class Deps:
     kube: KubeClient | None = None  # cluster mode's apiserver client, closed at exit
     volumes: VolumeManager | None = None  # pod volumes; its orphan clean-up is a root task
     plugins: PluginWatcher | None = None  # <root-dir>/plugins_registry; None: not watched
+    volume_stats: VolumeStatsCollector | None = None  # the bus `volumes` table; None: off
     runtime_events: RuntimeEvents | None = None  # the production event channel, closed at exit
 
     async def close(self) -> None:
@@ -372,6 +374,13 @@ def build_deps(settings: Settings, overrides: Overrides | None = None) -> Deps:
             CSIRegistrar(
                 node_bus.csidrivers, registration=RegistrationClient, driver=CSIClient
             ),
+        ),
+        volume_stats=VolumeStatsCollector(
+            root_dir=Path(settings.klet.root_dir),
+            table=node_bus.volumes,
+            drivers=node_bus.csidrivers,
+            connect=lambda endpoint: CSIClient(endpoint),
+            stats_period_s=k.volume_stats_agg_period,
         ),
         relister=relister,
         watcher=watcher,

@@ -110,7 +110,9 @@ def create_app(deps: KubeletApiDeps) -> FastAPI:
     app = FastAPI(title="klet kubelet API", docs_url=None, redoc_url=None, openapi_url=None)
     s = deps.settings
     host = HostReader(cgroups=deps.cgroups, root_dir=s.root_dir, pod_logs_dir=s.pod_logs_dir)
-    summary = SummaryProvider(node_name=s.node_name, stats=StatsProvider(deps.runtime, host))
+    summary = SummaryProvider(
+        node_name=s.node_name, stats=StatsProvider(deps.runtime, host), volumes=deps.volumes
+    )
 
     @app.exception_handler(HttpProblem)
     async def problem(_: Request, err: HttpProblem) -> Response:

@@ -22,6 +22,7 @@ from klet.status_reporter.kubeletapi.authz import AuthzSettings
 from klet.status_reporter.kubeletapi.connlimits import REFUSALS
 from klet.status_reporter.kubeletapi.logstream import FollowPolicy
 from klet.status_reporter.kubeletapi.lookup import RuntimeLister
+from klet.status_reporter.kubeletapi.stats import VolumeSource
 from klet.status_reporter.metrics import KubeletApiMetrics
 from prometheus_client import CollectorRegistry
 
@@ -213,6 +214,8 @@ class KubeletApiDeps:
     apiserver: ApiServer | None = None
     """For TokenReview and SubjectAccessReview; None in standalone mode."""
     follow: FollowPolicy = field(default_factory=FollowPolicy)
+    volumes: VolumeSource | None = None
+    """The pods' measured CSI volumes, for /stats/summary; None: none reported."""
 
 
 def kubelet_api_metrics(registry: CollectorRegistry) -> KubeletApiMetrics:
@@ -228,6 +231,7 @@ def build_kubelet_api_deps(
     registry: CollectorRegistry,
     apiserver: ApiServer | None,
     cgroups: CgroupReader | None = None,
+    volumes: VolumeSource | None = None,
 ) -> KubeletApiDeps:
     """The kubelet API's dependencies. Raises ValueError when authorization.mode is
     Webhook and there is no apiserver to ask (upstream refuses to start the same way)."""
@@ -245,4 +249,5 @@ def build_kubelet_api_deps(
         cgroups=cgroups if cgroups is not None else CgroupFS(),
         metrics=kubelet_api_metrics(registry),
         apiserver=apiserver,
+        volumes=volumes,
     )

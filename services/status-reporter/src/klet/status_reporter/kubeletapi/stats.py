@@ -12,12 +12,14 @@ eviction-style consumers:
 - `pods`: one per ready sandbox: podRef, startTime, cpu/memory of the pod cgroup,
   process_stats, and `containers`: each running container's cpu/memory from CRI
   ListContainerStats, rootfs (writable layer usage on the image filesystem) and logs
-  (the allocated size of its files under podLogsDir on the log filesystem).
+  (the allocated size of its files under podLogsDir on the log filesystem); `volume`:
+  the pod's CSI volumes with the usage their driver last gave (syncloop measures every
+  volumeStatsAggPeriod), with `pvcRef` for a claim's volume.
 
 The numbers are the ones eviction decides on: both come from `klet.stats.StatsProvider`.
-Left out: network, volumes, ephemeral-storage, accelerators, swap, PSI. usageNanoCores
-comes from CRI when the runtime computes it, otherwise from the previous sample of the
-same cgroup or container (so the first scrape has none, as upstream's first).
+Left out: network, other volumes' usage, ephemeral-storage, accelerators, swap, PSI.
+usageNanoCores comes from CRI when the runtime computes it, otherwise from the previous
+sample of the same cgroup or container (so the first scrape has none, as upstream's first).
 `only_cpu_and_memory=true` drops the filesystem parts, as upstream.
 """
 
@@ -25,12 +27,20 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass
+from typing import Protocol
 
 from klet.cgroups import CgroupStats
 from klet.cri.errors import CRIError
 from klet.model import timestamps
+from klet.model.records import VolumeRecord
 from klet.model.types import JSON
 from klet.stats import FsUsage, PodStats, RuntimeFs, Snapshot, StatsProvider, running_containers
+
+
+class VolumeSource(Protocol):
+    """The pods' measured CSI volumes (status_reporter.volumes.VolumeView)."""
+
+    def measured(self, pod_uid: str) -> list[VolumeRecord]: ...
 
 
 @dataclass(frozen=True)
@@ -87,9 +97,12 @@ def _runtime_fs(f: RuntimeFs, now_ns: int) -> JSON:
 class SummaryProvider:
     """Renders snapshots; remembers the previous CPU samples for usageNanoCores."""
 
-    def __init__(self, *, node_name: str, stats: StatsProvider) -> None:
+    def __init__(
+        self, *, node_name: str, stats: StatsProvider, volumes: VolumeSource | None = None
+    ) -> None:
         self.node_name = node_name
         self._stats = stats
+        self._volumes = volumes
         self._samples: dict[str, CpuSample] = {}
         self._lock = asyncio.Lock()
 
@@ -218,4 +231,16 @@ class SummaryProvider:
                     snap.node.logs_fs, now, used_bytes=c.logs.bytes, inodes_used=c.logs.inodes
                 )
             pod["containers"].append(_drop_none(entry))
+        if not only_cpu_and_memory and self._volumes is not None:
+            volumes = [
+                {
+                    "time": rfc3339(int(r.measured_at * 1e9)),
+                    "name": r.volume,
+                    **r.usage,
+                    **({"pvcRef": {"name": r.claim, "namespace": r.namespace}} if r.claim else {}),
+                }
+                for r in self._volumes.measured(p.uid)
+            ]
+            if volumes:
+                pod["volume"] = volumes
         return _drop_none(pod)

@@ -27,12 +27,14 @@ table, which syncloop's plugin watcher fills), as upstream's CSI volume plugin d
   node uses the volume any more.
 
 Everything a tear-down needs is on disk, as upstream keeps it: `vol_data.json` beside
-each pod's `mount` and beside each `globalmount`, so a syncloop restarted (or a new
-leader) tears down what its predecessor set up, and a staging left behind by a crash is
-found and unstaged (`sweep`). Set-up runs at every sync of the pod; a volume published by
-this process is not published again (unless the driver asks for `requiresRepublish`),
-and one published by a predecessor is published again, which CSI requires drivers to
-accept (the call is idempotent), as upstream's reconstruction does.
+each pod's `mount` (upstream's keys, and klet's `kletPod*`/`kletClaimName` naming the
+pod, its volume and claim for the volume stats) and beside each `globalmount`, so a
+syncloop restarted (or a new leader) tears down what its predecessor set up, and a
+staging left behind by a crash is found and unstaged (`sweep`). Set-up runs at every
+sync of the pod; a volume published by this process is not published again (unless the
+driver asks for `requiresRepublish`), and one published by a predecessor is published
+again, which CSI requires drivers to accept (the call is idempotent), as upstream's
+reconstruction does.
 """
 
 from __future__ import annotations
@@ -247,7 +249,7 @@ class CSIVolumePlugin:
         claimed = await claims.resolve(volume, ctx.pod, self.objects)
         spec = claimed.pv.get("spec") or {}
         if isinstance(spec.get("csi"), dict):
-            return await self._set_up_pv(claimed, ctx)
+            return await self._set_up_pv(claimed, ctx, str(volume.get("name") or ""))
         if isinstance(spec.get("local"), dict):
             return await self._local_path(claimed, str(spec["local"].get("path") or ""), "")
         if isinstance(spec.get("hostPath"), dict):
@@ -274,7 +276,9 @@ class CSIVolumePlugin:
             raise VolumeError(f"PV {claimed.pv_name}: {err}") from err
         return Path(path)
 
-    async def _set_up_pv(self, claimed: claims.Claimed, ctx: VolumeContext) -> Path:
+    async def _set_up_pv(
+        self, claimed: claims.Claimed, ctx: VolumeContext, volume_name: str
+    ) -> Path:
         assert self.objects is not None
         source: JSON = claimed.pv["spec"]["csi"]
         driver = str(source.get("driver") or "")
@@ -332,6 +336,7 @@ class CSIVolumePlugin:
                 "attachmentID": attach_id,
                 "volumeLifecycleMode": "Persistent",
                 "stagingTargetPath": staging,
+                **_pod_keys(ctx.pod, volume_name, str(claimed.claim["metadata"]["name"])),
             }
             target = await self._publish(
                 client,
@@ -400,6 +405,7 @@ class CSIVolumePlugin:
             "attachmentID": "",
             "volumeLifecycleMode": "Ephemeral",
             "stagingTargetPath": "",
+            **_pod_keys(ctx.pod, name, ""),
         }
         async with self._lock(driver, handle):
             target = await self._publish(
@@ -662,6 +668,17 @@ class CSIVolumePlugin:
 
 _POD_VOLUME_TYPES = ("csi", "persistentVolumeClaim", "ephemeral")
 _PV_FIELDS = frozenset({"capacity", "claimRef", "nodeAffinity"})
+
+
+def _pod_keys(pod: JSON, volume: str, claim: str) -> JSON:
+    """klet's own vol_data.json keys: whose volume this is, for the volume stats."""
+    meta = pod.get("metadata") or {}
+    return {
+        "kletPodNamespace": str(meta.get("namespace") or ""),
+        "kletPodName": str(meta.get("name") or ""),
+        "kletPodVolume": volume,
+        "kletClaimName": claim,
+    }
 
 
 def _prepare_staging(staging_dir: Path, data: JSON) -> None:

@@ -1,0 +1,182 @@
+"""The CSI volumes published for pods, and their usage, in the bus `volumes` table.
+
+A root task of the leader. Every `scan_period_s` it reads what is on disk (each pod's
+`volumes/kubernetes.io~csi/<name>/vol_data.json`, which the CSI plugin writes before a
+publish and removes after the unpublish) and brings the table in line: a record per
+volume, keyed `<pod uid>/<volume name>`, with upstream's unique volume name
+(`kubernetes.io/csi/<driver>^<handle>`), which status-reporter reports as the Node's
+`volumesInUse` so the attach-detach controller does not detach a volume still mounted.
+The scan is what makes it restart-proof: a new leader finds the same files.
+
+Usage is measured every `volumeStatsAggPeriod` per volume, as upstream's volume stat
+calculator does, through the driver's `NodeGetVolumeStats` when it has the
+GET_VOLUME_STATS capability (a driver without it gives no usage, as upstream reports
+none); status-reporter serves it in /stats/summary (with `pvcRef`) and as the
+`kubelet_volume_stats_*` metrics. A driver that fails the call keeps the last usage and
+is asked again at the next period; the failure is logged once until it recovers.
+Left out: usage of emptyDir, configMap, secret and projected volumes and of local and
+hostPath PVs (upstream measures those with du and statfs).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import replace
+from pathlib import Path
+from typing import Protocol
+
+from klet.bus import BusError
+from klet.csi import CSIError, VolumeStats
+from klet.model.records import CSIDriverRecord, VolumeRecord
+from klet.model.types import JSON
+from klet.obs import OnceLogger
+from klet.syncloop.volumes.csi import DATA_FILE, DIR_NAME, MOUNT_DIR
+
+log = logging.getLogger(__name__)
+
+GET_VOLUME_STATS = "GET_VOLUME_STATS"
+SCAN_PERIOD_S = 5.0
+
+
+class VolumeTable(Protocol):
+    async def put(self, key: str, record: VolumeRecord) -> None: ...
+
+    async def delete(self, key: str) -> None: ...
+
+    async def all(self) -> dict[str, VolumeRecord]: ...
+
+
+class DriverDirectory(Protocol):
+    async def get(self, key: str) -> CSIDriverRecord | None: ...
+
+
+class StatsDriver(Protocol):
+    async def node_capabilities(self) -> frozenset[str]: ...
+
+    async def volume_stats(
+        self, volume_id: str, *, volume_path: str, staging_path: str = ""
+    ) -> VolumeStats: ...
+
+
+def unique_name(driver: str, handle: str) -> str:
+    """Upstream's unique name of a CSI volume (what `volumesInUse` lists)."""
+    return f"kubernetes.io/csi/{driver}^{handle}"
+
+
+def on_disk(root_dir: Path) -> dict[str, tuple[VolumeRecord, JSON]]:
+    """key → (a record without usage, the vol_data.json) for every published volume."""
+    out: dict[str, tuple[VolumeRecord, JSON]] = {}
+    for data_file in sorted((root_dir / "pods").glob(f"*/volumes/{DIR_NAME}/*/{DATA_FILE}")):
+        try:
+            data = json.loads(data_file.read_text())
+        except (OSError, ValueError):
+            continue  # being written, or left half-made by a crash: the plugin cleans it
+        if not isinstance(data, dict) or not data.get("driverName"):
+            continue
+        uid = data_file.parents[3].name
+        volume = str(data.get("kletPodVolume") or data_file.parent.name)
+        record = VolumeRecord(
+            pod_uid=uid,
+            namespace=str(data.get("kletPodNamespace") or ""),
+            pod=str(data.get("kletPodName") or ""),
+            volume=volume,
+            claim=str(data.get("kletClaimName") or ""),
+            unique_name=unique_name(str(data["driverName"]), str(data.get("volumeHandle") or "")),
+            usage={},
+            measured_at=0.0,
+        )
+        data["_target"] = str(data_file.parent / MOUNT_DIR)
+        out[f"{uid}/{volume}"] = (record, data)
+    return out
+
+
+class VolumeStatsCollector:
+    """Keeps the `volumes` table true to the disk and measures usage."""
+
+    def __init__(
+        self,
+        *,
+        root_dir: Path,
+        table: VolumeTable,
+        drivers: DriverDirectory,
+        connect: Callable[[str], StatsDriver],
+        stats_period_s: float,
+        scan_period_s: float = SCAN_PERIOD_S,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.root_dir = root_dir
+        self.table = table
+        self.drivers = drivers
+        self.connect = connect
+        self.stats_period_s = stats_period_s
+        self.scan_period_s = scan_period_s
+        self.clock = clock
+        self._clients: dict[str, StatsDriver] = {}
+        self._known: dict[str, VolumeRecord] | None = None
+        self._next: dict[str, float] = {}  # key -> when to measure its usage next
+        self._once = OnceLogger(log, level=logging.WARNING)
+
+    async def run(self) -> None:
+        while True:
+            try:
+                await self.sync_once()
+            except BusError as err:
+                self._once.error("bus", "volumes table not updated", cause=str(err), error=str(err))
+                self._known = None  # read it again: a write may or may not have landed
+            else:
+                self._once.clear("bus", "volumes table updated again")
+            await asyncio.sleep(self.scan_period_s)
+
+    async def sync_once(self) -> None:
+        if self._known is None:
+            self._known = await self.table.all()
+        known = self._known
+        found = await asyncio.to_thread(on_disk, self.root_dir)
+        for key in sorted(set(known) - set(found)):
+            await self.table.delete(key)
+            del known[key]
+        self._next = {k: v for k, v in self._next.items() if k in found}
+        now = self.clock()
+        for key, (fresh, data) in found.items():
+            old = known.get(key)
+            record = fresh
+            if old is not None and replace(old, usage={}, measured_at=0.0) == fresh:
+                record = old
+            if now >= self._next.get(key, 0.0):
+                self._next[key] = now + self.stats_period_s
+                record = await self._measure(record, data, now)
+            if record != old:
+                await self.table.put(key, record)
+                known[key] = record
+
+    async def _measure(self, record: VolumeRecord, data: JSON, now: float) -> VolumeRecord:
+        driver = str(data["driverName"])
+        entry = await self.drivers.get(driver)
+        if entry is None:
+            return record
+        client = self._clients.get(entry.endpoint)
+        if client is None:
+            client = self._clients[entry.endpoint] = self.connect(entry.endpoint)
+        try:
+            if GET_VOLUME_STATS not in await client.node_capabilities():
+                return record  # the driver gives none
+            stats = await client.volume_stats(
+                str(data.get("volumeHandle") or ""),
+                volume_path=str(data["_target"]),
+                staging_path=str(data.get("stagingTargetPath") or ""),
+            )
+        except CSIError as err:
+            self._once.error(
+                f"stats:{driver}",
+                "volume stats not read",
+                cause=str(err),
+                driver=driver,
+                error=str(err),
+            )
+            return record
+        self._once.clear(f"stats:{driver}", "volume stats read again", driver=driver)
+        return replace(record, usage=dict(stats.usage), measured_at=now)

@@ -1,0 +1,187 @@
+"""Volumes in use and their usage, from syncloop's disk scan to what status-reporter
+shows: the collector keeps the bus `volumes` table true to the pods' vol_data.json
+files (a new one added, a removed one deleted, a restarted collector rereads the
+table), measures usage through the driver every period and only with
+GET_VOLUME_STATS, keeps the last usage when the driver fails; the view turns the table
+into volumesInUse (None before its first read, kept while the bus is down), the
+kubelet_volume_stats_* gauges of claims and the Summary's `volume` entries; the node
+status lists volumesInUse and deletes the field when nothing is in use."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from klet.bus import BusUnavailable
+from klet.bus.schema import NodeBus
+from klet.bus.testing import FakeBus
+from klet.csi import CSIError, VolumeStats
+from klet.model.records import CSIDriverRecord
+from klet.status_reporter import nodestatus as ns
+from klet.syncloop.volumes.volumestats import VolumeStatsCollector
+from prometheus_client import CollectorRegistry
+
+from tests.unit.status_reporter.test_nodestatus import CFG, obs
+
+DRIVER = "drv.klet.test"
+
+
+class Driver:
+    def __init__(self, caps: frozenset[str] = frozenset({"GET_VOLUME_STATS"})) -> None:
+        self.caps = caps
+        self.asked: list[tuple[str, str]] = []
+        self.fail = False
+
+    async def node_capabilities(self) -> frozenset[str]:
+        return self.caps
+
+    async def volume_stats(
+        self, volume_id: str, *, volume_path: str, staging_path: str = ""
+    ) -> VolumeStats:
+        self.asked.append((volume_id, volume_path))
+        if self.fail:
+            raise CSIError("NodeGetVolumeStats: INTERNAL: boom", code="INTERNAL")
+        return VolumeStats(usage={"capacityBytes": 100, "usedBytes": 10, "inodes": 5})
+
+
+class Drivers:
+    async def get(self, key: str) -> CSIDriverRecord | None:
+        if key != DRIVER:
+            return None
+        return CSIDriverRecord(
+            name=DRIVER,
+            endpoint="/e.sock",
+            registration="/r.sock",
+            node_id="n",
+            max_volumes=0,
+            topology={},
+            versions="1.0.0",
+            registered_at=1.0,
+        )
+
+
+def publish(root: Path, uid: str, name: str, *, claim: str = "", handle: str = "h1") -> Path:
+    volume_dir = root / "pods" / uid / "volumes" / "kubernetes.io~csi" / name
+    volume_dir.mkdir(parents=True)
+    data = {
+        "driverName": DRIVER,
+        "volumeHandle": handle,
+        "specVolID": name,
+        "stagingTargetPath": "",
+        "kletPodNamespace": "ns",
+        "kletPodName": f"pod-{uid}",
+        "kletPodVolume": "data",
+        "kletClaimName": claim,
+    }
+    (volume_dir / "vol_data.json").write_text(json.dumps(data))
+    return volume_dir
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def collector(root: Path, bus: FakeBus, driver: Driver, clock: Clock) -> VolumeStatsCollector:
+    return VolumeStatsCollector(
+        root_dir=root,
+        table=NodeBus.of(bus, service="syncloop").volumes,
+        drivers=Drivers(),
+        connect=lambda endpoint: driver,
+        stats_period_s=60.0,
+        clock=clock,
+    )
+
+
+async def test_the_table_follows_the_disk_and_usage_the_period(tmp_path: Path) -> None:
+    bus, driver, clock = FakeBus(), Driver(), Clock()
+    table = NodeBus.of(bus, service="status-reporter").volumes
+    c = collector(tmp_path, bus, driver, clock)
+    volume_dir = publish(tmp_path, "u1", "pv1", claim="data")
+    await c.sync_once()
+    [record] = (await table.all()).values()
+    assert (record.pod_uid, record.namespace, record.pod, record.volume, record.claim) == (
+        "u1",
+        "ns",
+        "pod-u1",
+        "data",
+        "data",
+    )
+    assert record.unique_name == f"kubernetes.io/csi/{DRIVER}^h1"
+    assert record.usage == {"capacityBytes": 100, "usedBytes": 10, "inodes": 5}
+    assert record.measured_at == 1000.0
+    assert driver.asked == [("h1", str(volume_dir / "mount"))]
+
+    clock.now += 30
+    await c.sync_once()
+    assert len(driver.asked) == 1  # within the period
+    clock.now += 31
+    driver.fail = True
+    await c.sync_once()
+    assert len(driver.asked) == 2
+    [kept] = (await table.all()).values()
+    assert kept.usage == record.usage and kept.measured_at == 1000.0  # the last usage stays
+
+    # A restarted collector starts from the table; the volume goes with its files.
+    fresh = collector(tmp_path, bus, driver, clock)
+    (volume_dir / "vol_data.json").unlink()
+    await fresh.sync_once()
+    assert await table.all() == {}
+
+
+async def test_a_driver_without_volume_stats_gives_none(tmp_path: Path) -> None:
+    bus, driver, clock = FakeBus(), Driver(caps=frozenset()), Clock()
+    publish(tmp_path, "u1", "inline")
+    await collector(tmp_path, bus, driver, clock).sync_once()
+    [record] = (await NodeBus.of(bus, service="status-reporter").volumes.all()).values()
+    assert (record.usage, record.measured_at, record.claim) == ({}, 0.0, "")
+    assert driver.asked == []
+
+
+async def test_the_view_the_metrics_and_the_summary(tmp_path: Path) -> None:
+    from klet.status_reporter.volumes import VolumeView
+
+    bus, driver, clock = FakeBus(), Driver(), Clock()
+    publish(tmp_path, "u1", "pv1", claim="data")
+    publish(tmp_path, "u2", "inline", handle="h2")
+    await collector(tmp_path, bus, driver, clock).sync_once()
+    registry = CollectorRegistry()
+    view = VolumeView(NodeBus.of(bus, service="status-reporter").volumes, registry)
+    assert view.in_use() is None
+    await view.refresh()
+    assert view.in_use() == (f"kubernetes.io/csi/{DRIVER}^h1", f"kubernetes.io/csi/{DRIVER}^h2")
+    labels = {"namespace": "ns", "persistentvolumeclaim": "data"}
+    assert registry.get_sample_value("kubelet_volume_stats_capacity_bytes", labels) == 100
+    assert registry.get_sample_value("kubelet_volume_stats_used_bytes", labels) == 10
+    assert registry.get_sample_value("kubelet_volume_stats_available_bytes", labels) is None
+    [measured] = view.measured("u1")
+    assert measured.claim == "data"
+
+    bus.error = BusUnavailable("redis down")
+    await view.refresh()
+    assert len(view.in_use() or ()) == 2  # kept while the bus is down
+
+
+def test_node_status_lists_volumes_in_use() -> None:
+    base = obs()
+    using = ns.Observations(
+        machine=base.machine,
+        node_ips=base.node_ips,
+        runtime=base.runtime,
+        volumes_in_use=("kubernetes.io/csi/d^b", "kubernetes.io/csi/d^a"),
+    )
+    first = ns.node_status(CFG, using, existing=None, now=0.0)
+    assert first["volumesInUse"] == ["kubernetes.io/csi/d^b", "kubernetes.io/csi/d^a"]
+    unknown = ns.node_status(CFG, base, existing=first, now=10.0)
+    assert unknown["volumesInUse"] == first["volumesInUse"]  # not read yet: as the Node says
+    none = ns.Observations(
+        machine=base.machine, node_ips=base.node_ips, runtime=base.runtime, volumes_in_use=()
+    )
+    cleared = ns.node_status(CFG, none, existing=first, now=20.0)
+    assert cleared["volumesInUse"] is None  # the patch deletes the field
+    assert ns.status_changed(first, cleared)
+    assert not ns.status_changed({**first, "volumesInUse": None}, cleared)
+    assert ns.status_patch(cleared)["status"]["volumesInUse"] is None
