@@ -10,7 +10,7 @@ cd "$(dirname "$0")/.."
 
 APT_PACKAGES=(containerd runc containernetworking-plugins busybox-static docker-registry
               redis-server iproute2 iptables apache2-utils mmdebstrap skopeo
-              docker.io docker-compose)
+              docker.io docker-compose tini)
 UV_VERSION=0.13.9
 
 missing=()

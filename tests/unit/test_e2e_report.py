@@ -6,7 +6,8 @@ kept; suite nodes (BeforeSuite, ReportAfterSuite) are not specs but their failur
 reported; a spec's file is its path below test/e2e/ and its area its first [sig-*];
 every failure state counts as failed; a failure's reason is the first lines of the
 message, bounded; the Markdown has the totals, a row per file with a total row, each
-failure with its location and reason, and table cells with `|` escaped.
+failure with its location and reason, and table cells with `|` escaped; its heading
+names the selection (the node suite's unless told).
 """
 
 from __future__ import annotations
@@ -188,3 +189,14 @@ def test_known_difference_is_given_with_the_failure() -> None:
     assert text.count("Known difference:") == 1
     mount = text.index("### [sig-storage] EmptyDir volumes should mount")
     assert text.index("Known difference: environment: no tmpfs here") > mount
+
+
+def test_title_names_the_selection() -> None:
+    info = RunInfo(
+        command="c", focus="f", skip="s", procs=1, wall_seconds=1.0, versions={}, title="Storage"
+    )
+    text = render_markdown(parse_report(suite()), info)
+    assert text.startswith("# Storage\n")
+    assert render_markdown(parse_report(suite()), RunInfo("c", "f", "s", 1, 1.0, {})).startswith(
+        "# Kubernetes [NodeConformance] e2e results for klet\n"
+    )

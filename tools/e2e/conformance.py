@@ -1,4 +1,6 @@
-"""`make conformance`: Kubernetes' [NodeConformance] e2e tests against a klet node.
+"""`make conformance`: Kubernetes' [NodeConformance] e2e tests against a klet node;
+`make conformance-storage`: the storage specs of PersistentVolumes and
+PersistentVolumes-local against the same kind of node (`--preset storage`).
 
 Everything runs on this machine, privately, and is torn down afterwards:
 
@@ -21,8 +23,12 @@ Everything runs on this machine, privately, and is torn down afterwards:
 6. the summary: `<out>/RESULTS.md` (tools/e2e/report.py), next to the suite's JUnit
    file and the logs of every component.
 
-    python -m tools.e2e.conformance [--focus RE] [--skip RE] [--procs N] [--out DIR]
-    python -m tools.e2e.conformance --render    # RESULTS.md again from the last run
+    python -m tools.e2e.conformance [--preset node|storage] [--focus RE] [--skip RE]
+                                    [--procs N] [--out DIR]
+    python -m tools.e2e.conformance [--preset P] --render   # RESULTS.md again from the last run
+
+A preset names the focus, the skip, the output directory and the extra images of one
+selection; --focus, --skip and --out override its choices.
 
 The exit code is 0 when every selected spec passed, 1 when some failed, 2 when the
 cluster could not be set up. KLET_KEEP_DEVSTACK=1 keeps the working directory.
@@ -50,7 +56,7 @@ from klet.devstack.cluster import ControlPlane
 from klet.devstack.procs import StartError, tail
 
 from tools.e2e.images import build_binaries, build_images, push_images
-from tools.e2e.report import Results, RunInfo, parse_report, render_markdown
+from tools.e2e.report import TITLE, Results, RunInfo, parse_report, render_markdown
 from tools.e2e.suite import repo_list_yaml
 
 REPO = Path(__file__).resolve().parents[2]
@@ -59,6 +65,48 @@ E2E_BUILD = REPO / "tools" / "e2e" / "build.sh"
 NODE_NAME = "klet-conformance"
 FOCUS = r"\[NodeConformance\]"
 SKIP = r"\[Slow\]|\[Serial\]|\[Disruptive\]|\[Flaky\]|\[Feature:.+\]"
+# The storage selection: the Describes "PersistentVolumes" and "PersistentVolumes-local"
+# (the space keeps out "PersistentVolumes-expansion" and the like), and FeatureGate tags
+# besides the node skip. 46 specs in v1.34.4 (34 local, 12 PersistentVolumes).
+STORAGE_FOCUS = r"\[sig-storage\] PersistentVolumes(-local)? "
+STORAGE_SKIP = SKIP + r"|\[FeatureGate:.+\]"
+
+
+@dataclass(frozen=True)
+class Preset:
+    """One named selection of the suite and where its results go."""
+
+    focus: str
+    skip: str
+    out: str  # RESULTS.md's directory, relative to the repository
+    title: str  # RESULTS.md's heading
+    images: tuple[str, ...] = ()  # ImageIDs of manifest.go beyond the four every run has
+    # Run everything in a PID and mount namespace of its own (see own_pid_namespace).
+    own_pid_namespace: bool = False
+    notes: tuple[str, ...] = ()  # lines RESULTS.md gives about how the run was made
+
+
+PRESETS: dict[str, Preset] = {
+    "node": Preset(focus=FOCUS, skip=SKIP, out="conformance", title=TITLE),
+    "storage": Preset(
+        focus=STORAGE_FOCUS,
+        skip=STORAGE_SKIP,
+        out="conformance/storage",
+        title="Kubernetes storage e2e results for klet "
+        "(PersistentVolumes, PersistentVolumes-local)",
+        images=("VolumeNFSServer",),
+        own_pid_namespace=True,
+        notes=(
+            "The run is made in a PID and mount namespace of its own (tini as PID 1): the "
+            "specs' hostexec pods run `nsenter --mount=/rootfs/proc/1/ns/mnt`, and the test "
+            "machine's PID 1 (the VM's agent) refuses that even to root on the host. The "
+            "node's containerd and klet run in that mount namespace; the network is the "
+            "machine's.",
+        ),
+    ),
+}
+# Set in the environment of the run that own_pid_namespace started, so it does not again.
+IN_OWN_NAMESPACE = "KLET_CONFORMANCE_IN_PID_NS"
 NOT_READY_TAINT = "node.kubernetes.io/not-ready"
 OS_LABEL = "kubernetes.io/os"
 
@@ -208,6 +256,7 @@ class SuiteRun:
     procs: int
     timeout: str  # ginkgo duration, e.g. 3h
     verbose: bool = True
+    images: tuple[str, ...] = ()  # extra images of the suite to provide (Preset.images)
 
 
 def suite_argv(bins: Binaries, run: SuiteRun, *, kubeconfig: Path, out: Path) -> list[str]:
@@ -251,9 +300,12 @@ def suite_argv(bins: Binaries, run: SuiteRun, *, kubeconfig: Path, out: Path) ->
 
 
 @contextmanager
-def cluster(bins: Binaries, work: Path) -> Iterator[tuple[ControlPlane, Path]]:
-    """The dev stack with the suite's images, the control plane and klet's Node, ready;
-    yields the plane and the KUBE_TEST_REPO_LIST file."""
+def cluster(
+    bins: Binaries, work: Path, *, images: Sequence[str] = ()
+) -> Iterator[tuple[ControlPlane, Path]]:
+    """The dev stack with the suite's images (and the `images` ImageIDs besides), the
+    control plane and klet's Node, ready; yields the plane and the KUBE_TEST_REPO_LIST
+    file."""
     cache = Path(os.environ.get("KLET_CACHE", "/var/cache/klet"))
     with ExitStack() as stack:
         began = time.monotonic()
@@ -261,7 +313,7 @@ def cluster(bins: Binaries, work: Path) -> Iterator[tuple[ControlPlane, Path]]:
         stack.callback(dev.stop)
         dev.start()
         src = build_binaries(cache=cache)
-        push_images(build_images(src, cache=cache), dev.registry_address)
+        push_images(build_images(src, cache=cache, extra=images), dev.registry_address)
         repo_list = work / "repo-list.yaml"
         repo_list.write_text(repo_list_yaml(src.manifest(), TEST_REGISTRY_HOST))
         log(f"dev stack and images: {time.monotonic() - began:.0f} s")
@@ -305,7 +357,7 @@ def conform(run: SuiteRun, artifacts: Path) -> Outcome:
     work = Path(tempfile.mkdtemp(prefix="klet-conf-", dir="/tmp"))
     try:
         bins = build_all()
-        with cluster(bins, work) as (plane, repo_list):
+        with cluster(bins, work, images=run.images) as (plane, repo_list):
             command = suite_argv(bins, run, kubeconfig=plane.admin_kubeconfig, out=artifacts)
             log(f"running: {shlex.join(command)}")
             env = {**os.environ, "KUBE_TEST_REPO_LIST": str(repo_list)}
@@ -346,6 +398,7 @@ def write_results(out: Path, info: RunInfo) -> int:
         "wall_seconds": info.wall_seconds,
         "versions": dict(info.versions),
         "notes": list(info.notes),
+        "title": info.title,
     }
     (artifacts / "meta.json").write_text(json.dumps(meta, indent=2) + "\n")
     (out / "RESULTS.md").write_text(render_markdown(results, info))
@@ -358,16 +411,22 @@ def write_results(out: Path, info: RunInfo) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m tools.e2e.conformance")
-    parser.add_argument("--focus", default=FOCUS, help=f"ginkgo focus (default {FOCUS})")
-    parser.add_argument("--skip", default=SKIP, help=f"ginkgo skip (default {SKIP})")
+    parser.add_argument(
+        "--preset",
+        choices=sorted(PRESETS),
+        default="node",
+        help="the selection: node ([NodeConformance], conformance/) or storage "
+        "(PersistentVolumes and PersistentVolumes-local, conformance/storage/); default node",
+    )
+    parser.add_argument("--focus", help=f"ginkgo focus (default the preset's; node: {FOCUS})")
+    parser.add_argument("--skip", help=f"ginkgo skip (default the preset's; node: {SKIP})")
     parser.add_argument("--procs", type=int, default=1, help="parallel ginkgo processes")
     parser.add_argument("--timeout", default="3h", help="ginkgo's suite timeout (default 3h)")
     parser.add_argument(
         "--out",
         type=Path,
-        default=REPO / "conformance",
-        help="where RESULTS.md goes (default conformance/); the JUnit, JSON report and "
-        "logs go to its run/ subdirectory",
+        help="where RESULTS.md goes (default the preset's: conformance/ or "
+        "conformance/storage/); the JUnit, JSON report and logs go to its run/ subdirectory",
     )
     parser.add_argument("--quiet", action="store_true", help="without ginkgo -v")
     parser.add_argument(
@@ -376,16 +435,24 @@ def main(argv: list[str] | None = None) -> int:
         help="run nothing: write RESULTS.md again from the last run's report and meta.json",
     )
     args = parser.parse_args(argv)
-    out: Path = args.out.resolve()
+    preset = PRESETS[args.preset]
+    out: Path = (args.out or REPO / preset.out).resolve()
     if args.render:
         meta = json.loads((out / "run" / "meta.json").read_text())
         return write_results(out, RunInfo(**meta, known=KNOWN_DIFFERENCES))
+    if preset.own_pid_namespace and os.environ.get(IN_OWN_NAMESPACE) != "1":
+        try:
+            own_pid_namespace(sys.argv[1:] if argv is None else argv)
+        except SetupError as err:
+            log(f"cluster set-up failed: {err}")
+            return 2
     run = SuiteRun(
-        focus=args.focus,
-        skip=args.skip,
+        focus=args.focus or preset.focus,
+        skip=args.skip or preset.skip,
         procs=args.procs,
         timeout=args.timeout,
         verbose=not args.quiet,
+        images=preset.images,
     )
     try:
         outcome = conform(run, out / "run")
@@ -400,8 +467,51 @@ def main(argv: list[str] | None = None) -> int:
         wall_seconds=outcome.wall_seconds,
         versions=outcome.versions,
         known=KNOWN_DIFFERENCES,
+        title=preset.title,
+        notes=preset.notes,
     )
     return write_results(out, info)
+
+
+def own_pid_namespace(argv: Sequence[str]) -> None:
+    """Run this command again as PID 2 of a new PID and mount namespace (tini as its PID 1,
+    reaping the shims that daemonize to it); does not return.
+
+    The storage specs reach the node through a "hostexec" pod: privileged, the host's
+    `/` at /rootfs, and `nsenter --mount=/rootfs/proc/1/ns/mnt` for every command. On the
+    test machines PID 1 is the VM's own agent, whose namespace files even root on the host
+    cannot open (EACCES), so every such spec would fail before it begins. In a namespace
+    of our own, /proc is remounted and /proc/1 is tini, in the mount namespace where
+    containerd and klet run and mount: the node's "host" as the suite means it. The
+    network and everything else stay the machine's. When the run ends (or `unshare` is
+    killed: --kill-child), the kernel kills whatever is left in the namespace and drops
+    its mounts.
+    """
+    tini = shutil.which("tini") or shutil.which("tini-static")
+    unshare = shutil.which("unshare")
+    if not tini or not unshare:
+        raise SetupError("own PID namespace: needs unshare (util-linux) and tini (make setup)")
+    command = [
+        unshare,
+        "--pid",
+        "--fork",
+        "--mount-proc",
+        "--kill-child",
+        "--",
+        tini,
+        "-s",
+        "-g",
+        "--",
+        sys.executable,
+        "-m",
+        "tools.e2e.conformance",
+        *argv,
+    ]
+    log(f"in a PID namespace of its own: {shlex.join(command)}")
+    os.environ[IN_OWN_NAMESPACE] = "1"
+    sys.stdout.flush()
+    os.chdir(REPO)
+    os.execv(unshare, command)
 
 
 def git_describe() -> str:

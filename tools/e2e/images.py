@@ -18,6 +18,13 @@ module makes them from what is here:
   coredns. nonewprivs needs nothing but nnp: its base is the dev stack's busybox layer.
 - **busybox** and **pause** are the dev stack's own (klet.devstack.images) pushed again
   under the names the suite asks for.
+- **volume/nfs** (the NFS server of the storage specs, built only when a run asks for
+  it: `extra=("VolumeNFSServer",)`) is upstream's Fedora + nfs-utils image redone on a
+  Debian minbase with nfs-kernel-server, upstream's own `run_nfs.sh` and `index.html`
+  from the module source, `/exports`, entrypoint run_nfs.sh and CMD `/exports /`. It
+  serves only where the kernel has nfsd (and the node an NFS client); the script goes on
+  to print "NFS started" when nfsd fails, so the server pod still runs and the specs
+  that need only its address get it.
 
 Names and tags are read from the suite's own table (`test/utils/image/manifest.go` in
 the module cache; tools/e2e/suite.py), not repeated here, and so are the registries a
@@ -102,6 +109,9 @@ AGNHOST_PASSWD = "user-defined-in-image:x:1000:1000::/home/user-defined-in-image
 AGNHOST_GROUP = (
     "user-defined-in-image:x:1000:\ngroup-defined-in-image:x:50000:user-defined-in-image\n"
 )
+# What volume/nfs's Dockerfile installs on Fedora (ps, nfs-utils), by Debian's names;
+# nfs-kernel-server brings nfs-common and rpcbind (rpcinfo, rpcbind, rpc.statd).
+NFS_ROOTFS = Rootfs(name="volume-nfs", packages=("nfs-kernel-server", "procps"))
 
 
 @dataclass(frozen=True)
@@ -148,6 +158,15 @@ def agnhost_entries(src: Sources, base: Layer) -> list[Entry]:
         Entry("localhost.key", source=porter / "localhost.key"),
         Entry("etc/passwd", data=etc["etc/passwd"] + AGNHOST_PASSWD.encode()),
         Entry("etc/group", data=etc["etc/group"] + AGNHOST_GROUP.encode()),
+    ]
+
+
+def nfs_entries(src: Sources) -> list[Entry]:
+    image_dir = src.module_dir / "test/images/volume/nfs"
+    return [
+        *dirs("exports", "tmp", "usr", "usr/local", "usr/local/bin"),
+        Entry("usr/local/bin/run_nfs.sh", mode=0o755, source=image_dir / "run_nfs.sh"),
+        Entry("tmp/index.html", mode=0o644, source=image_dir / "index.html"),
     ]
 
 
@@ -215,8 +234,57 @@ class E2EImage:
         return sum(layer.uncompressed_size for layer in self.layers)
 
 
-def build_images(src: Sources, *, cache: Path, host: str = TEST_REGISTRY_HOST) -> list[E2EImage]:
-    """The four images, named for the mirror `host`, from cached layers where possible."""
+def nfs_image(src: Sources, *, cache: Path, host: str) -> E2EImage:
+    """volume/nfs, the storage specs' NFS server (see the module docstring)."""
+    suite = src.manifest()
+    if "VolumeNFSServer" not in suite.images:
+        raise E2EImageError("manifest.go: no entry for VolumeNFSServer")
+    debian = rootfs_layer(NFS_ROOTFS, LayerCache(cache / "image")).layer
+    image_dir = src.module_dir / "test/images/volume/nfs"
+    nfs = cached_layer(
+        LayerCache(cache / "e2e" / src.k8s_version / "images"),
+        "volume-nfs",
+        inputs={
+            "base": debian.diff_id,
+            "files": [file_digest(image_dir / f) for f in ("run_nfs.sh", "index.html")],
+        },
+        entries=lambda: nfs_entries(src),
+    )
+    ref = suite.reference("VolumeNFSServer", host)
+    return E2EImage(
+        suite.images["VolumeNFSServer"],
+        ref,
+        packed(
+            ref,
+            [debian, nfs],
+            ImageConfig(
+                entrypoint=["/usr/local/bin/run_nfs.sh"],
+                cmd=["/exports", "/"],
+                env={"PATH": ALPINE_PATH},
+                labels={"org.opencontainers.image.version": src.k8s_version},
+            ),
+            [
+                "mmdebstrap --variant=minbase "
+                f"--include={','.join(sorted(NFS_ROOTFS.packages))} bookworm",
+                f"k8s.io/kubernetes@{src.k8s_version}/test/images/volume/nfs",
+            ],
+        ),
+        (debian, nfs),
+    )
+
+
+# The images a run may ask for beyond the four: ImageID -> builder.
+EXTRA_IMAGES = {"VolumeNFSServer": nfs_image}
+
+
+def build_images(
+    src: Sources, *, cache: Path, host: str = TEST_REGISTRY_HOST, extra: Iterable[str] = ()
+) -> list[E2EImage]:
+    """The four images, and the `extra` ones (EXTRA_IMAGES keys), named for the mirror
+    `host`, from cached layers where possible."""
+    unknown = sorted(set(extra) - EXTRA_IMAGES.keys())
+    if unknown:
+        raise E2EImageError(f"no builder for {', '.join(unknown)}; known: {sorted(EXTRA_IMAGES)}")
     suite = src.manifest()
     layers = LayerCache(cache / "e2e" / src.k8s_version / "images")
     busybox = busybox_layer(layers)
@@ -290,6 +358,7 @@ def build_images(src: Sources, *, cache: Path, host: str = TEST_REGISTRY_HOST) -
                 (),
             )
         )
+    out += [EXTRA_IMAGES[image_id](src, cache=cache, host=host) for image_id in extra]
     return out
 
 
@@ -311,7 +380,8 @@ def write_archives(images: Iterable[E2EImage], out_dir: Path) -> list[Path]:
     for img in images:
         if not img.layers:
             continue
-        dest = out_dir / f"{img.suite.name}-{img.suite.tag}.oci.tar"
+        # volume/nfs -> volume-nfs-1.4.oci.tar
+        dest = out_dir / f"{img.suite.name.replace('/', '-')}-{img.suite.tag}.oci.tar"
         config = img.image.blobs[img.image.config_digest]
         write_archive(dest, reference=img.reference, layers=list(img.layers), config=config)
         paths.append(dest)
@@ -331,6 +401,13 @@ def main(argv: list[str] | None = None) -> int:
         f"(default {TEST_REGISTRY_HOST}, as the dev stack's containerd does)",
     )
     parser.add_argument("--repo-list", type=Path, help="write the KUBE_TEST_REPO_LIST file here")
+    parser.add_argument(
+        "--extra",
+        action="append",
+        default=[],
+        choices=sorted(EXTRA_IMAGES),
+        help="also build this image of the suite (repeatable)",
+    )
     parser.add_argument("--out-dir", type=Path, help="also write OCI archives here")
     parser.add_argument(
         "--cache-dir",
@@ -341,7 +418,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         src = build_binaries(cache=args.cache_dir)
-        images = build_images(src, cache=args.cache_dir, host=args.host)
+        images = build_images(src, cache=args.cache_dir, host=args.host, extra=args.extra)
         if args.out_dir:
             write_archives(images, args.out_dir)
         if args.registry:

@@ -25,6 +25,7 @@ PENDING = "pending"
 FAILURE_STATES = frozenset({"failed", "aborted", "panicked", "interrupted", "timedout"})
 REASON_LINES = 6
 REASON_CHARS = 600
+TITLE = "Kubernetes [NodeConformance] e2e results for klet"
 
 
 @dataclass(frozen=True)
@@ -171,6 +172,7 @@ class RunInfo:
     notes: Sequence[str] = ()  # free text lines
     # A pattern of a spec's text -> why that failure is not klet's (re.search).
     known: Mapping[str, str] = field(default_factory=dict)
+    title: str = TITLE  # the Markdown's heading: what was run
 
     def known_reason(self, spec: SpecResult) -> str:
         return next((why for pat, why in self.known.items() if re.search(pat, spec.text)), "")
@@ -204,7 +206,7 @@ def per_file(specs: Iterable[SpecResult]) -> list[tuple[str, str, int, int, int]
 def render_markdown(results: Results, info: RunInfo) -> str:
     """conformance/RESULTS.md: totals, the table per file, each failure with its reason."""
     out = [
-        "# Kubernetes [NodeConformance] e2e results for klet",
+        f"# {info.title}",
         "",
         f"Run of {results.start or 'unknown date'} by `{info.command}`: "
         f"{len(results.specs)} specs selected, **{results.passed} passed, "

@@ -1,0 +1,84 @@
+"""tools/e2e/conformance.py's presets: which specs each selects, where it writes, and
+what it asks of the run.
+
+Covers: the node preset is `make conformance`'s selection; the storage preset's focus
+takes the PersistentVolumes and PersistentVolumes-local specs and not the other
+Describes that begin with the same word, and its skip drops the Serial, Slow,
+Disruptive, Flaky, Feature and FeatureGate ones (the patterns are applied as ginkgo
+applies them to the full spec text, with `re.search`); the storage run asks for the NFS
+server image and a PID namespace of its own and writes to conformance/storage; an
+image the harness cannot build is refused before anything is built.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from tools.e2e.conformance import FOCUS, PRESETS, SKIP
+from tools.e2e.images import EXTRA_IMAGES, Sources, build_images
+from tools.e2e.report import TITLE
+from tools.e2e.suite import E2EImageError
+
+SELECTED = [
+    "[sig-storage] PersistentVolumes-local [Volume type: dir] One pod requesting one "
+    "prebound PVC should be able to mount volume and read from pod1",
+    "[sig-storage] PersistentVolumes-local Pod with node different from PV's NodeAffinity "
+    "should fail scheduling due to different NodeSelector",
+    "[sig-storage] PersistentVolumes NFS with Single PV - PVC pairs create a PV and a "
+    "pre-bound PVC: test write access",
+    "[sig-storage] PersistentVolumes CSI Conformance should run through the lifecycle of a "
+    "PV and a PVC [Conformance]",
+]
+NOT_SELECTED = [
+    # other Describes starting with the same word
+    "[sig-storage] PersistentVolumes-expansion loopback local block volume should support "
+    "online expansion on node",
+    # tagged away
+    "[sig-storage] PersistentVolumes-local Stress with local volumes [Serial] should be able "
+    "to process many pods and reuse local volumes",
+    "[sig-storage] PersistentVolumes-local [Volume type: gce-localssd-scsi-fs] [Serial] "
+    "One pod requesting one prebound PVC should be able to mount volume and read from pod1",
+    "[sig-storage] PersistentVolumes NFS when invoking the Recycle reclaim policy [Slow] x",
+    "[sig-storage] PersistentVolumes-local [FeatureGate:Something] [Beta] x",
+    "[sig-storage] PersistentVolumes [Feature:vsphere] x",
+    "[sig-node] Pods should be submitted and removed [NodeConformance] [Conformance]",
+]
+
+
+def selected(preset: str, text: str) -> bool:
+    p = PRESETS[preset]
+    return bool(re.search(p.focus, text)) and not re.search(p.skip, text)
+
+
+def test_node_preset_is_make_conformance() -> None:
+    node = PRESETS["node"]
+    assert (node.focus, node.skip, node.out, node.title) == (FOCUS, SKIP, "conformance", TITLE)
+    assert not node.images and not node.own_pid_namespace
+
+
+@pytest.mark.parametrize("text", SELECTED)
+def test_storage_selects(text: str) -> None:
+    assert selected("storage", text)
+
+
+@pytest.mark.parametrize("text", NOT_SELECTED)
+def test_storage_leaves_out(text: str) -> None:
+    assert not selected("storage", text)
+
+
+def test_storage_run() -> None:
+    storage = PRESETS["storage"]
+    assert storage.out == "conformance/storage"
+    assert storage.own_pid_namespace
+    assert set(storage.images) <= EXTRA_IMAGES.keys()
+    assert "VolumeNFSServer" in storage.images
+    assert storage.notes and "PID" in storage.notes[0]
+
+
+def test_unknown_extra_image_is_refused(tmp_path: Path) -> None:
+    src = Sources(bin_dir=tmp_path, module_dir=tmp_path / "k8s.io/kubernetes@v1.34.4")
+    with pytest.raises(E2EImageError, match="no builder for Nope"):
+        build_images(src, cache=tmp_path, extra=("Nope",))
