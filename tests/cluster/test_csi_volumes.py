@@ -12,8 +12,9 @@ tests see of a "mount" is that directory and the driver's log of CSI calls.
 Covers: a claim's pod gets NodeStageVolume at the node's global path and
 NodePublishVolume at the pod's volume directory (upstream's layout and vol_data.json),
 runs, and the pod's fsGroup owns what it writes; the Node lists it in volumesInUse and
-status-reporter's kubelet_volume_stats_* give the driver's NodeGetVolumeStats; the pod
-deleted → NodeUnpublishVolume
+status-reporter's kubelet_volume_stats_* give the driver's NodeGetVolumeStats; the PV
+grown with the claim waiting for the node → NodeExpandVolume and the claim's status
+capacity grown; the pod deleted → NodeUnpublishVolume
 and then NodeUnstageVolume, no directory left; syncloop SIGKILLed while such a pod runs
 → no container restarted, the volume still there, and torn down by the new syncloop
 when the pod goes; an inline CSI volume and a generic ephemeral volume; a local PV; a
@@ -64,7 +65,11 @@ def node(
 ) -> Iterator[KletNode]:
     base = tmp_path_factory.mktemp("csivol")
     with cluster_node(
-        cp, devstack, base, name=NODE, extra_flags=["--volume-stats-agg-period=1s"]
+        cp,
+        devstack,
+        base,
+        name=NODE,
+        extra_flags=["--volume-stats-agg-period=1s", "--sync-frequency=3s"],
     ) as kletnode:
         yield kletnode
 
@@ -83,7 +88,11 @@ def start_mock(node: KletNode, workdir: Path) -> MockDriver:
         csi_binaries(["csi-mock"])["csi-mock"],
         workdir,
         name=DRIVER,
-        args=[f"--registration-socket={registration}", "--disable-attach"],
+        args=[
+            f"--registration-socket={registration}",
+            "--disable-attach",
+            "--node-expand-required",
+        ],
     )
 
 
@@ -290,6 +299,45 @@ def test_a_claims_volume_is_staged_published_and_torn_down(
         what="the claim's volume stats metric",
     )
     assert capacity == 1 << 20  # what csi-mock's NodeGetVolumeStats says: the claim's size
+
+    # Online expansion, the controller side done by hand as csi-resizer would leave it:
+    # the PV grown, the claim waiting for the node.
+    cp.kubectl(
+        "patch",
+        "pv",
+        pv,
+        "--type=merge",
+        "-p",
+        '{"spec":{"capacity":{"storage":"2Mi"}}}',
+        check=True,
+    )
+    resize = {
+        "status": {
+            "allocatedResourceStatuses": {"storage": "NodeResizePending"},
+            "conditions": [{"type": "FileSystemResizePending", "status": "True"}],
+        }
+    }
+    cp.kubectl(
+        "patch",
+        "pvc",
+        "data",
+        "-n",
+        ns,
+        "--subresource=status",
+        "--type=merge",
+        "-p",
+        json.dumps(resize),
+        check=True,
+    )
+    grown = wait_for(
+        lambda: (
+            (c := kget(cp, "pvc", "data", "-n", ns))["status"]["capacity"]["storage"] == "2Mi" and c
+        ),
+        timeout_s=60,
+        what="the claim's status capacity grown by the node",
+    )
+    assert not grown["status"].get("conditions")
+    assert "/csi.v1.Node/NodeExpandVolume" in mock.grpc_methods()
 
     delete_pod(cp, ns, "app")
     wait_for(

@@ -32,6 +32,9 @@ class Driver:
         self.asked: list[tuple[str, str]] = []
         self.fail = False
 
+    async def close(self) -> None:
+        return None
+
     async def node_capabilities(self) -> frozenset[str]:
         return self.caps
 

@@ -65,6 +65,15 @@ class FakeDriver:
         self.calls.append(("unpublish", (volume_id, target_path)))
         os.rmdir(target_path)
 
+    async def expand(
+        self, volume: Volume, *, volume_path: str, staging_path: str = "", required_bytes: int
+    ) -> int:
+        self.calls.append(("expand", (volume.volume_id, volume_path, required_bytes)))
+        return required_bytes
+
+    async def close(self) -> None:
+        return None
+
     def names(self) -> list[str]:
         return [c[0] for c in self.calls]
 
@@ -95,6 +104,7 @@ class Objects:
         self.csidrivers: dict[str, JSON] = {DRIVER: {"spec": {"attachRequired": False}}}
         self.attachments: dict[str, JSON] = {}
         self.secrets: dict[tuple[str, str], JSON] = {}
+        self.patches: list[tuple[tuple[str, str], JSON]] = []
 
     async def get_pvc(self, namespace: str, name: str) -> JSON | None:
         return self.pvcs.get((namespace, name))
@@ -110,6 +120,9 @@ class Objects:
 
     async def get_secret(self, namespace: str, name: str) -> JSON | None:
         return self.secrets.get((namespace, name))
+
+    async def patch_pvc_status(self, namespace: str, name: str, patch: JSON) -> None:
+        self.patches.append(((namespace, name), patch))
 
     def bind(self, claim: str, pv: str, *, handle: str = "vol-1", **csi: Any) -> None:
         self.pvcs[("ns", claim)] = {
@@ -415,6 +428,39 @@ async def test_fs_group_is_applied_as_the_policy_says(tmp_path: Path) -> None:
     path = await p.set_up(CLAIM, ctx(tmp_path, a_pod("u1", CLAIM, fs_group=4321)))
     assert path.stat().st_gid == 4321
     assert path.stat().st_mode & 0o2070 == 0o2070
+
+
+async def test_online_expansion_when_the_claim_waits_for_the_node(tmp_path: Path) -> None:
+    driver, objects = FakeDriver(caps=frozenset({"EXPAND_VOLUME"})), Objects()
+    objects.bind("data", "pv1")
+    claim = objects.pvcs[("ns", "data")]
+    claim["status"]["capacity"] = {"storage": "1Mi"}
+    objects.pvs["pv1"]["spec"]["capacity"] = {"storage": "1Mi"}
+    p = plugin(tmp_path, driver, objects)
+    path = await p.set_up(CLAIM, ctx(tmp_path, a_pod("u1", CLAIM)))
+    assert driver.names() == ["publish"]  # nothing to grow
+    objects.pvs["pv1"]["spec"]["capacity"] = {"storage": "2Mi"}
+    await p.set_up(CLAIM, ctx(tmp_path, a_pod("u1", CLAIM)))
+    assert driver.names() == ["publish"]  # the claim does not wait for the node
+    claim["status"]["allocatedResourceStatuses"] = {"storage": "NodeResizePending"}
+    claim["status"]["conditions"] = [
+        {"type": "FileSystemResizePending", "status": "True"},
+        {"type": "Other", "status": "True"},
+    ]
+    await p.set_up(CLAIM, ctx(tmp_path, a_pod("u1", CLAIM)))
+    assert driver.calls[-1] == ("expand", ("vol-1", str(path), 2 << 20))
+    assert objects.patches == [
+        (
+            ("ns", "data"),
+            {
+                "status": {
+                    "capacity": {"storage": "2Mi"},
+                    "conditions": [{"type": "Other", "status": "True"}],
+                    "allocatedResourceStatuses": {"storage": None},
+                }
+            },
+        )
+    ]
 
 
 # -- helpers ------------------------------------------------------------------------------

@@ -25,6 +25,13 @@ DEFAULT_TIMEOUT_S = 10.0
 """A node call's deadline unless the caller gives one (upstream's CSI client uses
 minutes for stage and publish; these clients take theirs per call)."""
 
+CHANNEL_OPTIONS = (("grpc.max_reconnect_backoff_ms", 5_000), ("grpc.use_local_subchannel_pool", 1))
+"""A driver on a local socket that was down is tried again within seconds (gRPC's
+default back-off grows to two minutes), and each client connects on its own: channels
+to one socket otherwise share gRPC's global subchannel, so a client that failed again
+and again while the driver was away would make the first call of a fresh one (the
+registration of the restarted driver) fail at once with the old error."""
+
 _UNAVAILABLE = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED})
 
 
@@ -121,7 +128,7 @@ class RegistrationClient:
     def __init__(self, socket: Path, *, timeout_s: float = DEFAULT_TIMEOUT_S) -> None:
         self.socket = socket
         self._timeout = timeout_s
-        self._channel = grpc.aio.insecure_channel(_target(socket))
+        self._channel = grpc.aio.insecure_channel(_target(socket), options=CHANNEL_OPTIONS)
         self._stub = reg_grpc.RegistrationStub(self._channel)
 
     async def get_info(self) -> PluginInfo:
@@ -149,7 +156,7 @@ class CSIClient:
     def __init__(self, endpoint: Path | str, *, timeout_s: float = DEFAULT_TIMEOUT_S) -> None:
         self.endpoint = str(endpoint)
         self._timeout = timeout_s
-        self._channel = grpc.aio.insecure_channel(_target(endpoint))
+        self._channel = grpc.aio.insecure_channel(_target(endpoint), options=CHANNEL_OPTIONS)
         self._identity = csi_grpc.IdentityStub(self._channel)
         self._node = csi_grpc.NodeStub(self._channel)
 
@@ -219,6 +226,27 @@ class CSIClient:
     async def unpublish(self, volume_id: str, *, target_path: str) -> None:
         request = csi.NodeUnpublishVolumeRequest(volume_id=volume_id, target_path=target_path)
         await _call(self._node.NodeUnpublishVolume, request, self._timeout, "NodeUnpublishVolume")
+
+    async def expand(
+        self,
+        volume: Volume,
+        *,
+        volume_path: str,
+        staging_path: str = "",
+        required_bytes: int,
+    ) -> int:
+        """NodeExpandVolume: grow the published volume's filesystem; the new capacity
+        the driver reports (0: it did not say)."""
+        request = csi.NodeExpandVolumeRequest(
+            volume_id=volume.volume_id,
+            volume_path=volume_path,
+            capacity_range=csi.CapacityRange(required_bytes=required_bytes),
+            staging_target_path=staging_path,
+            volume_capability=_capability(volume.capability),
+            secrets=volume.secrets,
+        )
+        reply = await _call(self._node.NodeExpandVolume, request, self._timeout, "NodeExpandVolume")
+        return int(reply.capacity_bytes)
 
     async def volume_stats(
         self, volume_id: str, *, volume_path: str, staging_path: str = ""

@@ -68,6 +68,8 @@ class Kube(Protocol):
 
     async def get(self, path: str, **params: Any) -> Any: ...
 
+    async def patch(self, path: str, body: Any, *, kind: str = "strategic") -> Any: ...
+
 
 class ApiObjects:
     """`KubeObjects` over a `KubeClient`, with a TTL cache of answers."""
@@ -114,6 +116,19 @@ class ApiObjects:
     async def get_volume_attachment(self, name: str) -> JSON | None:
         path = f"/apis/storage.k8s.io/v1/volumeattachments/{quote(name, safe='')}"
         return await self._fetch(("volumeattachments", "", name), path)
+
+    async def patch_pvc_status(self, namespace: str, name: str, patch: JSON) -> None:
+        """A merge patch of the claim's status (the node may write its resize fields);
+        raises `ObjectUnavailable`."""
+        path = (
+            f"/api/v1/namespaces/{quote(namespace, safe='')}/persistentvolumeclaims/"
+            f"{quote(name, safe='')}/status"
+        )
+        try:
+            await self.kube.patch(path, patch, kind="merge")
+        except KubeError as err:
+            raise ObjectUnavailable(str(err)) from err
+        self._cache.pop(("persistentvolumeclaims", namespace, name), None)
 
     def forget_cached(self) -> None:
         self._cache.clear()

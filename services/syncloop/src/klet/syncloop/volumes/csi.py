@@ -23,6 +23,9 @@ table, which syncloop's plugin watcher fills), as upstream's CSI volume plugin d
   files as the CSIDriver's `fsGroupPolicy` says (`File`; `ReadWriteOnceWithFSType`, the
   default, when the PV has an fsType and is ReadWriteOnce; `None`), skipped with
   `fsGroupChangePolicy: OnRootMismatch` when the root already has it;
+- **expand** (`NodeExpandVolume`, for a driver with EXPAND_VOLUME) when the controller
+  side grew the PV and the claim waits for the node; the claim's status then gets the
+  new capacity (a failure is logged and tried again at the next sync);
 - **unpublish** when the pod's volumes are torn down, and **unstage** when no pod on the
   node uses the volume any more.
 
@@ -48,8 +51,9 @@ import stat
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Generic, Protocol, TypeVar
 
+from klet.config.units import parse_quantity_int
 from klet.csi import Capability, CSIError, Volume
 from klet.model.records import CSIDriverRecord
 from klet.model.types import JSON
@@ -68,6 +72,9 @@ GLOBAL_DIR = Path("plugins") / "kubernetes.io" / "csi"
 """Below the root dir: `<driver>/<sha256(volume handle)>/globalmount`, as upstream."""
 
 STAGE_UNSTAGE = "STAGE_UNSTAGE_VOLUME"
+EXPAND_VOLUME = "EXPAND_VOLUME"
+FS_RESIZE_PENDING = "FileSystemResizePending"
+NODE_RESIZE_STATES = frozenset({"NodeResizePending", "NodeResizeInProgress", "NodeResizeFailed"})
 VOLUME_MOUNT_GROUP = "VOLUME_MOUNT_GROUP"
 SINGLE_NODE_MULTI_WRITER = "SINGLE_NODE_MULTI_WRITER"
 
@@ -97,6 +104,12 @@ class NodeDriver(Protocol):
 
     async def unpublish(self, volume_id: str, *, target_path: str) -> None: ...
 
+    async def close(self) -> None: ...
+
+    async def expand(
+        self, volume: Volume, *, volume_path: str, staging_path: str = "", required_bytes: int
+    ) -> int: ...
+
 
 class CSIObjects(claims.ClaimObjects, Protocol):
     """What the plugin reads from the apiserver (`ApiObjects`)."""
@@ -106,6 +119,35 @@ class CSIObjects(claims.ClaimObjects, Protocol):
     async def get_volume_attachment(self, name: str) -> JSON | None: ...
 
     async def get_secret(self, namespace: str, name: str) -> JSON | None: ...
+
+    async def patch_pvc_status(self, namespace: str, name: str, patch: JSON) -> None: ...
+
+
+class Closable(Protocol):
+    async def close(self) -> None: ...
+
+
+C = TypeVar("C", bound=Closable)
+
+
+class ClientPool(Generic[C]):
+    """One client per registered driver, made again when the driver registers anew: a
+    restarted driver gets a fresh channel rather than one deep in its reconnect
+    back-off from the outage."""
+
+    def __init__(self, connect: Callable[[str], C]) -> None:
+        self.connect = connect
+        self._clients: dict[str, tuple[float, C]] = {}
+
+    async def get(self, record: CSIDriverRecord) -> C:
+        held = self._clients.get(record.endpoint)
+        if held is not None and held[0] == record.registered_at:
+            return held[1]
+        if held is not None:
+            await held[1].close()
+        client = self.connect(record.endpoint)
+        self._clients[record.endpoint] = (record.registered_at, client)
+        return client
 
 
 def attachment_name(volume_handle: str, driver: str, node: str) -> str:
@@ -157,6 +199,43 @@ def applies_fs_group(policy: str, *, fs_type: str, access_modes: list[Any] | Non
     if access_modes is None:
         return True
     return "ReadWriteOnce" in access_modes or "ReadWriteOncePod" in access_modes
+
+
+def resize_wanted(claim: JSON, pv: JSON) -> tuple[str, int] | None:
+    """(the PV's capacity as written, in bytes) when the node must expand the volume:
+    the PV is larger than the claim's status capacity and the claim waits for the node
+    (`allocatedResourceStatuses.storage` NodeResize*, or the FileSystemResizePending
+    condition of older resizers)."""
+    status = claim.get("status") or {}
+    written = str(((pv.get("spec") or {}).get("capacity") or {}).get("storage") or "")
+    have = str((status.get("capacity") or {}).get("storage") or "")
+    if not written or not have:
+        return None
+    try:
+        want_bytes, have_bytes = parse_quantity_int(written), parse_quantity_int(have)
+    except ValueError:
+        return None
+    pending = (status.get("allocatedResourceStatuses") or {}).get("storage") in NODE_RESIZE_STATES
+    pending = pending or any(
+        c.get("type") == FS_RESIZE_PENDING for c in status.get("conditions") or []
+    )
+    return (written, want_bytes) if pending and want_bytes > have_bytes else None
+
+
+def resized_status(claim: JSON, capacity: str) -> JSON:
+    """The merge patch of a claim's status once the node has expanded its volume."""
+    conditions = [
+        c
+        for c in (claim.get("status") or {}).get("conditions") or []
+        if c.get("type") != FS_RESIZE_PENDING
+    ]
+    return {
+        "status": {
+            "capacity": {"storage": capacity},
+            "conditions": conditions or None,
+            "allocatedResourceStatuses": {"storage": None},
+        }
+    }
 
 
 def set_ownership(path: Path, gid: int, *, read_only: bool, on_root_mismatch: bool) -> None:
@@ -223,7 +302,7 @@ class CSIVolumePlugin:
         self.objects = objects
         self.tokens = tokens
         self.clock = clock
-        self._clients: dict[str, NodeDriver] = {}
+        self._clients: ClientPool[NodeDriver] = ClientPool(connect)
         self._capabilities: dict[tuple[str, float], frozenset[str]] = {}
         self._published: set[Path] = set()
         self._staged: set[Path] = set()
@@ -347,6 +426,8 @@ class CSIVolumePlugin:
                 read_only=read_only,
                 republish=bool(dspec.get("requiresRepublish")),
             )
+            if EXPAND_VOLUME in caps:
+                await self._expand(client, record, claimed, volume, target, staging)
         if (
             gid is not None
             and not mount_group
@@ -469,6 +550,42 @@ class CSIVolumePlugin:
         self._published.add(target)
         return target
 
+    async def _expand(
+        self,
+        client: NodeDriver,
+        record: CSIDriverRecord,
+        claimed: claims.Claimed,
+        volume: Volume,
+        target: Path,
+        staging: str,
+    ) -> None:
+        """Online expansion: when the controller side grew the PV past what the claim's
+        status says and left the node's part pending, NodeExpandVolume, then the claim's
+        status records the new size (upstream's kubelet does both)."""
+        assert self.objects is not None
+        wanted = resize_wanted(claimed.claim, claimed.pv)
+        if wanted is None:
+            return
+        meta = claimed.claim["metadata"]
+        try:
+            await client.expand(
+                volume,
+                volume_path=str(target),
+                staging_path=staging,
+                required_bytes=wanted[1],
+            )
+            await self.objects.patch_pvc_status(
+                str(meta["namespace"]), str(meta["name"]), resized_status(claimed.claim, wanted[0])
+            )
+        except (CSIError, ObjectUnavailable) as err:
+            # The pod keeps running on the old size; the next sync tries again.
+            log.warning(
+                "volume not expanded",
+                extra={"pv": claimed.pv_name, "driver": record.name, "error": str(err)},
+            )
+            return
+        log.info("volume expanded", extra={"pv": claimed.pv_name, "capacity": wanted[0]})
+
     async def _ownership(self, pod: JSON, target: Path, gid: int, *, read_only: bool) -> None:
         policy = ((pod.get("spec") or {}).get("securityContext") or {}).get("fsGroupChangePolicy")
         if not await asyncio.to_thread(target.exists):
@@ -488,9 +605,7 @@ class CSIVolumePlugin:
         record = await self.drivers.get(name)
         if record is None:
             raise VolumeError(f"driver name {name} not found in the list of registered CSI drivers")
-        client = self._clients.get(record.endpoint)
-        if client is None:
-            client = self._clients[record.endpoint] = self.connect(record.endpoint)
+        client = await self._clients.get(record)
         key = (record.endpoint, record.registered_at)
         caps = self._capabilities.get(key)
         if caps is None:
@@ -648,10 +763,7 @@ class CSIVolumePlugin:
                 f"{path} kept: driver {driver} is not registered on this node (it is needed to "
                 "unmount the volume)"
             )
-        client = self._clients.get(record.endpoint)
-        if client is None:
-            client = self._clients[record.endpoint] = self.connect(record.endpoint)
-        return client
+        return await self._clients.get(record)
 
     def _in_use(self, driver: str, handle: str) -> bool:
         """Whether any pod directory on the node still holds this volume."""

@@ -34,7 +34,7 @@ from klet.csi import CSIError, VolumeStats
 from klet.model.records import CSIDriverRecord, VolumeRecord
 from klet.model.types import JSON
 from klet.obs import OnceLogger
-from klet.syncloop.volumes.csi import DATA_FILE, DIR_NAME, MOUNT_DIR
+from klet.syncloop.volumes.csi import DATA_FILE, DIR_NAME, MOUNT_DIR, ClientPool
 
 log = logging.getLogger(__name__)
 
@@ -60,6 +60,8 @@ class StatsDriver(Protocol):
     async def volume_stats(
         self, volume_id: str, *, volume_path: str, staging_path: str = ""
     ) -> VolumeStats: ...
+
+    async def close(self) -> None: ...
 
 
 def unique_name(driver: str, handle: str) -> str:
@@ -115,7 +117,7 @@ class VolumeStatsCollector:
         self.stats_period_s = stats_period_s
         self.scan_period_s = scan_period_s
         self.clock = clock
-        self._clients: dict[str, StatsDriver] = {}
+        self._clients: ClientPool[StatsDriver] = ClientPool(connect)
         self._known: dict[str, VolumeRecord] | None = None
         self._next: dict[str, float] = {}  # key -> when to measure its usage next
         self._once = OnceLogger(log, level=logging.WARNING)
@@ -158,9 +160,7 @@ class VolumeStatsCollector:
         entry = await self.drivers.get(driver)
         if entry is None:
             return record
-        client = self._clients.get(entry.endpoint)
-        if client is None:
-            client = self._clients[entry.endpoint] = self.connect(entry.endpoint)
+        client = await self._clients.get(entry)
         try:
             if GET_VOLUME_STATS not in await client.node_capabilities():
                 return record  # the driver gives none
