@@ -14,8 +14,8 @@ NodePublishVolume at the pod's volume directory (upstream's layout and vol_data.
 runs, and the pod's fsGroup owns what it writes; the Node lists it in volumesInUse and
 status-reporter's kubelet_volume_stats_* give the driver's NodeGetVolumeStats; the PV
 grown with the claim waiting for the node → NodeExpandVolume and the claim's status
-capacity grown; the pod deleted → NodeUnpublishVolume
-and then NodeUnstageVolume, no directory left; syncloop SIGKILLed while such a pod runs
+capacity grown; the pod deleted → NodeUnpublishVolume and then NodeUnstageVolume, no
+directory left, before the API object is gone; syncloop SIGKILLed while such a pod runs
 → no container restarted, the volume still there, and torn down by the new syncloop
 when the pod goes; an inline CSI volume and a generic ephemeral volume; a local PV; a
 StatefulSet's pod deleted and recreated reads the data it wrote (on a local PV: the mock
@@ -340,16 +340,14 @@ def test_a_claims_volume_is_staged_published_and_torn_down(
     assert "/csi.v1.Node/NodeExpandVolume" in mock.grpc_methods()
 
     delete_pod(cp, ns, "app")
-    wait_for(
-        lambda: "/csi.v1.Node/NodeUnstageVolume" in mock.grpc_methods(),
-        timeout_s=60,
-        what="NodeUnstageVolume",
-    )
+    # The API object goes only once the volume is unpublished and unstaged (upstream's
+    # status manager waits for the volumes too).
+    assert "/csi.v1.Node/NodeUnstageVolume" in mock.grpc_methods()
+    assert volume_dirs(node, uid) == []
     methods = mock.grpc_methods()
     assert methods.index("/csi.v1.Node/NodeUnpublishVolume") < methods.index(
         "/csi.v1.Node/NodeUnstageVolume"
     )
-    wait_for(lambda: not volume_dirs(node, uid), timeout_s=30, what="the pod's volume removed")
     assert staged(node) == []
     wait_for(lambda: unique not in volumes_in_use(cp), timeout_s=60, what="out of volumesInUse")
 

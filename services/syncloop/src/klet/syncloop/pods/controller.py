@@ -5,7 +5,9 @@ desired record, a kill request from PodControl, why it was made terminal) and th
 the runtime has (woken by PLEG). `sync_once(uid)` is the body of a pod worker; as
 upstream's pod workers it picks by the pod's place in its life between `sync_pod` (run
 it as desired), `sync_terminating_pod` (stop a pod killed by request, made terminal or
-being deleted), `sync_terminated_pod` (give a stopped terminal pod's volumes back) and
+being deleted), `sync_terminated_pod` (give a stopped terminal or deleted pod's volumes
+back: a deleted pod is reported terminated, which lets status-reporter delete its API
+object, only once they are gone, as upstream's status manager waits for them) and
 removing a pod nobody wants any more.
 
 Removal is destructive and so gated (STYLE rule 12): a runtime pod without a desired
@@ -372,8 +374,15 @@ class PodController:
         stopped = await self.sync_terminating_pod(
             uid, state, pod, current, deleting=deleting, now=now
         )
-        if stopped and state.terminal is not None and not deleting and not state.released:
+        if stopped and (state.terminal is not None or deleting) and not state.released:
             await self.sync_terminated_pod(uid, state)
+            if deleting and state.released:
+                # Only now may status-reporter delete the API object (upstream's
+                # canBeDeleted): a claim's protection ends with its last pod, and a
+                # volume still published when its PV goes is a driver's problem.
+                previous = self.publisher.get(uid)
+                if previous is not None:
+                    self._publish(uid, pod, previous, terminated=True)
         return Outcome()
 
     async def sync_pod(
@@ -468,7 +477,8 @@ class PodController:
             disruption=state.evicted,
         )
         stopped = not anything_running(current)
-        self._publish(uid, pod, status, terminated=stopped)
+        # A pod being deleted is done for the apiserver once its volumes are gone too.
+        self._publish(uid, pod, status, terminated=stopped and (state.released or not deleting))
         return stopped
 
     async def sync_terminated_pod(self, uid: str, state: PodSyncState) -> None:
