@@ -18,6 +18,8 @@ capacity grown; the pod deleted → NodeUnpublishVolume and then NodeUnstageVolu
 directory left, before the API object is gone; syncloop SIGKILLed while such a pod runs
 → no container restarted, the volume still there, and torn down by the new syncloop
 when the pod goes; an inline CSI volume and a generic ephemeral volume; a local PV; a
+Block-mode local PV on a loop device, written through `volumeDevices` (and refused in
+`volumeMounts`); a
 StatefulSet's pod deleted and recreated reads the data it wrote (on a local PV: the mock
 keeps no data); bad input (a claim
 that does not exist, one that is not bound, a driver that is not registered, a driver
@@ -409,7 +411,13 @@ def test_inline_and_generic_ephemeral_volumes(
 
 
 def local_pv(
-    cp: ControlPlane, name: str, path: Path, *, storage_class: str, claim_ref: Any = None
+    cp: ControlPlane,
+    name: str,
+    path: Path,
+    *,
+    storage_class: str,
+    claim_ref: Any = None,
+    block: bool = False,
 ) -> None:
     """A `local` PV of `path` on the node (node affinity to it)."""
     term = {
@@ -425,6 +433,8 @@ def local_pv(
     }
     if claim_ref:
         spec["claimRef"] = claim_ref
+    if block:
+        spec["volumeMode"] = "Block"
     apply(
         cp,
         {"apiVersion": "v1", "kind": "PersistentVolume", "metadata": {"name": name}, "spec": spec},
@@ -449,6 +459,67 @@ def test_a_local_pv(cp: ControlPlane, node: KletNode, ns: str, tmp_path: Path) -
         assert (local / "hello").exists()  # the node's data is left alone
     finally:
         cp.kubectl("delete", "pvc", "local", "-n", ns, "--wait=false")
+        cp.kubectl("delete", "pv", name, "--wait=false")
+
+
+@pytest.fixture
+def loop_device(tmp_path: Path) -> Iterator[Path]:
+    """A 1 MiB file behind a loop device (a real block device node of the host)."""
+    backing = tmp_path / "disk.img"
+    backing.write_bytes(bytes(1 << 20))
+    res = subprocess.run(
+        ["losetup", "--find", "--show", str(backing)], capture_output=True, text=True, check=True
+    )
+    device = Path(res.stdout.strip())
+    yield device
+    subprocess.run(["losetup", "--detach", str(device)], check=False)
+
+
+def test_a_block_mode_local_pv(
+    cp: ControlPlane, node: KletNode, ns: str, loop_device: Path, tmp_path: Path
+) -> None:
+    name = f"block-{ns}"
+    local_pv(
+        cp,
+        name,
+        loop_device,
+        storage_class="local-block",
+        claim_ref={"namespace": ns, "name": "raw"},
+        block=True,
+    )
+    try:
+        raw = claim("raw", storage_class="local-block")
+        raw["spec"]["volumeMode"] = "Block"
+        create(cp, ns, raw)
+        p = pod("raw", {"persistentVolumeClaim": {"claimName": "raw"}})
+        container = p["spec"]["containers"][0]
+        container.pop("volumeMounts")
+        container["volumeDevices"] = [{"name": "data", "devicePath": "/dev/xvda"}]
+        container["command"] = [
+            "sh",
+            "-c",
+            "echo written-through-the-device | dd of=/dev/xvda conv=notrunc; sleep 100000",
+        ]
+        create(cp, ns, p)
+        wait_for(lambda: running(cp, ns, "raw"), timeout_s=120, what="raw Running")
+        backing = tmp_path / "disk.img"
+        wait_for(
+            lambda: backing.read_bytes().startswith(b"written-through-the-device\n"),
+            timeout_s=30,
+            what="the container's bytes on the loop device's file",
+        )
+        # The same volume in volumeMounts is refused, naming the mode.
+        wrong = pod("wrong", {"persistentVolumeClaim": {"claimName": "raw"}})
+        create(cp, ns, wrong)
+        wait_for(
+            lambda: waiting_reason(cp, ns, "wrong") == "CreateContainerConfigError",
+            timeout_s=60,
+            what="the filesystem use of a block volume refused",
+        )
+        delete_pod(cp, ns, "wrong")
+        delete_pod(cp, ns, "raw")
+    finally:
+        cp.kubectl("delete", "pvc", "raw", "-n", ns, "--wait=false")
         cp.kubectl("delete", "pv", name, "--wait=false")
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import stat
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +22,7 @@ from klet.model.records import CSIDriverRecord
 from klet.model.types import JSON
 from klet.syncloop.environment.envvars import NodeFacts
 from klet.syncloop.volumes import claims
-from klet.syncloop.volumes.base import VolumeContext, VolumeError
+from klet.syncloop.volumes.base import Block, VolumeContext, VolumeError
 from klet.syncloop.volumes.csi import (
     CSIVolumePlugin,
     applies_fs_group,
@@ -191,8 +192,8 @@ CLAIM = {"name": "data", "persistentVolumeClaim": {"claimName": "data"}}
             "PV pv1 is bound to claim UID other, not to this claim (uid-data)",
         ),
         (
-            lambda o: o.pvs["pv1"]["spec"].update(volumeMode="Block"),
-            "PV pv1 has volumeMode Block",
+            lambda o: o.pvs["pv1"]["spec"].update(volumeMode="Sideways"),
+            "PV pv1 has volumeMode 'Sideways'",
         ),
     ],
 )
@@ -418,6 +419,26 @@ async def test_local_and_host_path_pvs_are_the_nodes_paths(tmp_path: Path) -> No
     objects.pvs["pv1"]["spec"]["nfs"] = {"server": "x", "path": "/"}
     with pytest.raises(VolumeError, match='PV pv1: volume type "nfs" is not supported by klet'):
         await p.set_up(CLAIM, ctx(tmp_path, a_pod("u1", CLAIM)))
+
+
+async def test_a_block_local_pv_is_a_device_and_other_block_pvs_are_refused(
+    tmp_path: Path,
+) -> None:
+    objects = Objects()
+    objects.bind("data", "pv1")
+    spec = objects.pvs["pv1"]["spec"]
+    spec["volumeMode"] = "Block"
+    p = plugin(tmp_path, FakeDriver(), objects)
+    with pytest.raises(VolumeError, match="supported for local PVs only"):
+        await p.set_up(CLAIM, ctx(tmp_path, a_pod("u1", CLAIM)))
+    spec.pop("csi")
+    spec["local"] = {"path": "/dev/null"}
+    with pytest.raises(VolumeError, match="/dev/null is not a block device, it's a CharDevice"):
+        await p.set_up(CLAIM, ctx(tmp_path, a_pod("u1", CLAIM)))
+    node = tmp_path / "blk"
+    os.mknod(node, stat.S_IFBLK | 0o600, os.makedev(7, 0))  # as loop0's (tests run as root)
+    spec["local"] = {"path": str(node)}
+    assert await p.set_up(CLAIM, ctx(tmp_path, a_pod("u1", CLAIM))) == Block(node)
 
 
 async def test_fs_group_is_applied_as_the_policy_says(tmp_path: Path) -> None:

@@ -14,11 +14,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from klet.cri.types import Mount, MountPropagation
+from klet.cri.types import Device, Mount, MountPropagation
 from klet.model.types import JSON
 from klet.syncloop.environment.envvars import NodeFacts
 from klet.syncloop.volumes import fs, mounts
-from klet.syncloop.volumes.base import VolumeContext, VolumeError, volume_type
+from klet.syncloop.volumes.base import Block, VolumeContext, VolumeError, volume_type
 from klet.syncloop.volumes.emptydir import EmptyDirPlugin, directory_mode, tmpfs_size
 from klet.syncloop.volumes.hostpath import HostPathPlugin, check_type
 from klet.syncloop.volumes.manager import VolumeManager
@@ -449,7 +449,9 @@ class FakePlugin:
     def handles(self, volume: JSON) -> bool:
         return "fake" in volume
 
-    async def set_up(self, volume: JSON, ctx: VolumeContext) -> Path:
+    async def set_up(self, volume: JSON, ctx: VolumeContext) -> Path | Block:
+        if volume["fake"].get("device"):
+            return Block(Path(volume["fake"]["device"]))
         fail = volume["fake"].get("fail")
         if fail == "volume":
             raise VolumeError("the fake volume refuses")
@@ -498,6 +500,28 @@ async def test_manager_sets_up_every_volume_and_reports_each_failure(tmp_path: P
         "eph": 'unsupported volume type "ephemeral": klet does not implement this volume type',
         "empty": "unsupported volume type: the volume names no source",
     }
+
+
+async def test_a_block_volume_is_a_device_for_volume_devices_only(tmp_path: Path) -> None:
+    m, _ = manager(tmp_path)
+    p = with_volumes({"name": "raw", "fake": {"device": "/dev/loop7"}}, {"name": "fs", "fake": {}})
+    got = await m.set_up(p, pod_ip="10.0.0.1")
+    assert got.devices == {"raw": Path("/dev/loop7")} and set(got.paths) == {"fs"}
+    container = {"name": "db", "volumeDevices": [{"name": "raw", "devicePath": "/dev/xvda"}]}
+    assert mounts.container_devices(container, devices=got.devices, volumes=got.paths) == (
+        Device(container_path="/dev/xvda", host_path="/dev/loop7", permissions="mrw"),
+    )
+    wrong = {"name": "db", "volumeDevices": [{"name": "fs", "devicePath": "/dev/xvda"}]}
+    with pytest.raises(MountConfigError, match='"fs" has volumeMode Filesystem, but is specified'):
+        mounts.container_devices(wrong, devices=got.devices, volumes=got.paths)
+    missing = {"name": "db", "volumeDevices": [{"name": "nope", "devicePath": "/dev/x"}]}
+    with pytest.raises(MountConfigError, match='cannot find volume "nope" to use as a device'):
+        mounts.container_devices(missing, devices=got.devices, volumes=got.paths)
+    mounted = {"name": "db", "volumeMounts": [{"name": "raw", "mountPath": "/raw"}]}
+    with pytest.raises(MountConfigError, match='"raw" has volumeMode Block, but is specified'):
+        mounts.container_mounts(
+            p, mounted, volumes=got.paths, env=(), subpaths=None, devices=got.devices
+        )
 
 
 def test_volume_type() -> None:

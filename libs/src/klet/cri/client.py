@@ -756,6 +756,12 @@ def _container_pb(c: ContainerConfig) -> Any:
             )
             for m in c.mounts
         ],
+        devices=[
+            pb.Device(
+                container_path=d.container_path, host_path=d.host_path, permissions=d.permissions
+            )
+            for d in c.devices
+        ],
         labels=c.labels,
         annotations=c.annotations,
         log_path=c.log_path,

@@ -139,6 +139,15 @@ class Mount:
 
 
 @dataclass(frozen=True)
+class Device:
+    """A host device node handed to a container (CRI `Device`): a raw block volume."""
+
+    container_path: str
+    host_path: str
+    permissions: str = "mrw"  # cgroup device access: mknod, read, write
+
+
+@dataclass(frozen=True)
 class DNSConfig:
     servers: tuple[str, ...] = ()
     searches: tuple[str, ...] = ()
@@ -270,6 +279,7 @@ class ContainerConfig:
     annotations: dict[str, str] = field(default_factory=dict)
     log_path: str = ""
     mounts: tuple[Mount, ...] = ()
+    devices: tuple[Device, ...] = ()
     stdin: bool = False
     stdin_once: bool = False
     tty: bool = False

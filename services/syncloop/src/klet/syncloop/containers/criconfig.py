@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from klet.cri import labels as L
 from klet.cri.types import (
     ContainerConfig,
+    Device,
     DNSConfig,
     LinuxContainerSecurity,
     Mount,
@@ -104,6 +105,8 @@ class Instance:
     image_user: security.ImageUser | None = None
     """The image's user from ImageStatus; None when unknown."""
     mounts: tuple[Mount, ...] = ()
+    devices: tuple[Device, ...] = ()
+    """The container's volumeDevices (raw block volumes)."""
     env_sources: envvars.EnvSources | None = None
     """The ConfigMaps and Secrets the environment refers to; None without an apiserver."""
     pid_target: str = ""
@@ -161,6 +164,7 @@ def container_config(
         tty=bool(container.get("tty")),
         resources=resources.container_resources(pod, container, limits) if limits else None,
         mounts=instance.mounts,
+        devices=instance.devices,
         stop_signal=str(lifecycle.get("stopSignal") or ""),
         security=_with_pid_target(
             security.container_security(

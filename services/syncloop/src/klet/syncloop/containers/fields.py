@@ -29,6 +29,7 @@ SUPPORTED = frozenset(
     {
         "name",
         "image",
+        "volumeDevices",
         "imagePullPolicy",
         "command",
         "args",
@@ -58,7 +59,6 @@ SUPPORTED = frozenset(
 _NOT_IN_TARGET_API = "not part of the v1.34 API klet implements"
 
 IGNORED: dict[str, str] = {
-    "volumeDevices": "raw block volumes are not supported",
     "resizePolicy": "in-place resize is not supported: a resources change is not applied",
     "restartPolicyRules": "container restart rules (alpha) are not supported",
     "livenessProbe.httpGet.protocol": _NOT_IN_TARGET_API,

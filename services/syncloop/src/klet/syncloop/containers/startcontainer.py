@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 from klet.cri import CRIError
@@ -99,6 +99,7 @@ class ContainerStarter:
         pod_ip: str,
         *,
         volumes: dict[str, Path],
+        devices: Mapping[str, Path] | None = None,
     ) -> tuple[tuple[str, str], float | None] | None:
         """Pull, build the config, create, start, run postStart.
 
@@ -140,6 +141,10 @@ class ContainerStarter:
                     sources=env_sources,
                 ),
                 subpaths=self._subpaths(pod),
+                devices=devices,
+            )
+            volume_devices = volmounts.container_devices(
+                container, devices=devices or {}, volumes=volumes
             )
             instance = criconfig.Instance(
                 restart_count=restart_count,
@@ -149,6 +154,7 @@ class ContainerStarter:
                 mounts=volume_mounts
                 + termination.mounts_for(self.settings.root_dir, pod, container)
                 + self._hosts_mount(pod, container, pod_ip, sandbox_id),
+                devices=volume_devices,
                 env_sources=env_sources,
                 pid_target=target_last.id if target_last is not None else "",
             )

@@ -147,11 +147,12 @@ class PodSyncer:
             return self._sandbox_failed(pod, result, err, now=now)
         # Volumes come before the sandbox, as upstream: a pod whose volume cannot be set
         # up gets no sandbox and waits in ContainerCreating.
-        volumes = await self._set_up_volumes(
+        ready = await self._set_up_volumes(
             pod, actions, current, pod_ip=pod_ip_of(current), result=result
         )
-        if volumes is None:
+        if ready is None:
             return result
+        volumes, devices = ready
         sandbox_id: SandboxID | None
         pod_ip = ""
         if actions.create_sandbox:
@@ -197,6 +198,7 @@ class PodSyncer:
                 pod_ip,
                 result,
                 volumes=volumes,
+                devices=devices,
             )
 
         # Ephemeral containers first, as upstream: a debug container can look at a pod
@@ -222,23 +224,24 @@ class PodSyncer:
         *,
         pod_ip: str,
         result: SyncResult,
-    ) -> dict[str, Path] | None:
-        """The pod's volumes by name, set up (or refreshed) while it has containers to
-        start or running; None when one failed: a FailedMount event per volume says why,
-        the containers to start wait in ContainerCreating, and the pod is synced again
-        soon. Running containers are left alone."""
+    ) -> tuple[dict[str, Path], dict[str, Path]] | None:
+        """The pod's volumes by name (filesystems, raw block devices), set up (or
+        refreshed) while it has containers to start or running; None when one failed: a
+        FailedMount event per volume says why, the containers to start wait in
+        ContainerCreating, and the pod is synced again soon. Running containers are left
+        alone."""
         if self.volumes is None:
-            return {}
+            return {}, {}
         if not (
             actions.init_to_start
             or actions.to_start
             or actions.ephemeral_to_start
             or current.running()
         ):
-            return {}
+            return {}, {}
         outcome = await self.volumes.set_up(pod, pod_ip=pod_ip)
         if not outcome.failures:
-            return outcome.paths
+            return outcome.paths, outcome.devices
         for name, cause in outcome.failures.items():
             message = f'MountVolume.SetUp failed for volume "{name}" : {cause}'
             self.events.emit(pod, "Warning", "FailedMount", message)
@@ -261,13 +264,21 @@ class PodSyncer:
         result: SyncResult,
         *,
         volumes: dict[str, Path],
+        devices: dict[str, Path],
     ) -> bool:
         """Start one container, recording why it waits if it cannot; True if started."""
         result.acted = True
         uid = str(podspec.meta(pod).get("uid", ""))
         self._backoff_keys.setdefault(uid, set()).add(podspec.backoff_key(pod, container))
         waiting = await self.starter.start(
-            pod, container, current, sandbox_id, sandbox_cfg, pod_ip, volumes=volumes
+            pod,
+            container,
+            current,
+            sandbox_id,
+            sandbox_cfg,
+            pod_ip,
+            volumes=volumes,
+            devices=devices,
         )
         if waiting is not None:
             result.waiting[start.name] = waiting[0]

@@ -26,6 +26,14 @@ ObjectReader = KubeObjects
 """What a plugin reads ConfigMaps and Secrets through (kubeobjects' reader)."""
 
 
+@dataclass(frozen=True)
+class Block:
+    """What `set_up` returns for a raw block volume (`volumeMode: Block`): the device
+    node the runtime hands to containers that list the volume in `volumeDevices`."""
+
+    device: Path
+
+
 class VolumeError(Exception):
     """Why a volume cannot be set up; the text goes into the FailedMount event."""
 
@@ -84,8 +92,9 @@ class VolumePlugin(Protocol):
         """Whether this plugin serves the pod-spec volume `volume`."""
         ...
 
-    async def set_up(self, volume: JSON, ctx: VolumeContext) -> Path:
-        """Make the volume ready and return the host path to mount into containers.
+    async def set_up(self, volume: JSON, ctx: VolumeContext) -> Path | Block:
+        """Make the volume ready and return the host path to mount into containers (a
+        `Block` for a raw block volume).
 
         Called at every sync of the pod: idempotent, and refreshes content. Raises
         `VolumeError` with the cause when the volume cannot be set up."""

@@ -5,9 +5,9 @@ Two pod volume types name a claim: `persistentVolumeClaim` (by `claimName`) and
 as `<pod name>-<volume name>`, owned by the pod. The node uses the volume only when the
 claim is bound and the PV's `claimRef` points back at that claim (by UID), as upstream's
 desired-state populator checks; until then the pod waits, and the cause goes into its
-FailedMount event. The claim's `volumeMode` must match how the containers use it: a
-`Block` claim is a device (`volumeDevices`), which klet refuses, a `Filesystem` one a
-mount.
+FailedMount event. The PV's `volumeMode` says how containers use it: a `Block` volume is
+a device (`volumeDevices`), a `Filesystem` one a mount (`volumeMounts`); the container
+configuration refuses the other use.
 """
 
 from __future__ import annotations
@@ -36,6 +36,8 @@ class Claimed:
     pv: JSON
     read_only: bool
     """The pod volume's `persistentVolumeClaim.readOnly`: every mount of it read-only."""
+    block: bool = False
+    """The PV's `volumeMode` is Block: a device for `volumeDevices`, not a mount."""
 
     @property
     def pv_name(self) -> str:
@@ -93,13 +95,10 @@ async def resolve(volume: JSON, pod: JSON, objects: ClaimObjects) -> Claimed:
             f"not to this claim ({cmeta.get('uid')})"
         )
     mode = str((pv.get("spec") or {}).get("volumeMode") or "Filesystem")
-    if mode != "Filesystem":
-        raise VolumeError(
-            f"error processing {where}: PV {pv_name} has volumeMode {mode}; klet mounts only "
-            "Filesystem volumes (raw block devices, volumeDevices, are not supported)"
-        )
+    if mode not in ("Filesystem", "Block"):
+        raise VolumeError(f"error processing {where}: PV {pv_name} has volumeMode {mode!r}")
     read_only = bool((volume.get("persistentVolumeClaim") or {}).get("readOnly"))
-    return Claimed(claim=claim, pv=pv, read_only=read_only)
+    return Claimed(claim=claim, pv=pv, read_only=read_only, block=mode == "Block")
 
 
 def _owned_by(meta: JSON, uid: str) -> bool:

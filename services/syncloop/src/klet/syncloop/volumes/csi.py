@@ -59,7 +59,7 @@ from klet.model.records import CSIDriverRecord
 from klet.model.types import JSON
 from klet.syncloop.environment.kubeobjects import ObjectUnavailable, secret_data
 from klet.syncloop.volumes import claims, fs, hostpath
-from klet.syncloop.volumes.base import TokenIssuer, VolumeContext, VolumeError
+from klet.syncloop.volumes.base import Block, TokenIssuer, VolumeContext, VolumeError
 from klet.syncloop.volumes.emptydir import fs_group
 
 log = logging.getLogger(__name__)
@@ -316,7 +316,7 @@ class CSIVolumePlugin:
 
     # -- set-up ---------------------------------------------------------------------
 
-    async def set_up(self, volume: JSON, ctx: VolumeContext) -> Path:
+    async def set_up(self, volume: JSON, ctx: VolumeContext) -> Path | Block:
         if self.objects is None:
             kind = next(k for k in _POD_VOLUME_TYPES if k in volume)
             raise VolumeError(
@@ -327,6 +327,13 @@ class CSIVolumePlugin:
             return await self._set_up_inline(volume, ctx)
         claimed = await claims.resolve(volume, ctx.pod, self.objects)
         spec = claimed.pv.get("spec") or {}
+        if claimed.block:
+            if isinstance(spec.get("local"), dict):
+                return await self._local_device(claimed, str(spec["local"].get("path") or ""))
+            raise VolumeError(
+                f"PV {claimed.pv_name}: raw block (volumeMode Block) volumes are supported for "
+                "local PVs only (not yet for CSI or hostPath PVs)"
+            )
         if isinstance(spec.get("csi"), dict):
             return await self._set_up_pv(claimed, ctx, str(volume.get("name") or ""))
         if isinstance(spec.get("local"), dict):
@@ -341,6 +348,16 @@ class CSIVolumePlugin:
             f'PV {claimed.pv_name}: volume type "{kind or "none"}" is not supported by klet '
             "(CSI, local and hostPath PVs are)"
         )
+
+    async def _local_device(self, claimed: claims.Claimed, path: str) -> Block:
+        """A Block-mode `local` PV: the node's block device, handed to containers as is."""
+        if not path:
+            raise VolumeError(f"PV {claimed.pv_name} names no path")
+        try:
+            await asyncio.to_thread(hostpath.check_type, path, path_type="BlockDevice")
+        except VolumeError as err:
+            raise VolumeError(f"PV {claimed.pv_name}: {err}") from err
+        return Block(Path(path))
 
     async def _local_path(self, claimed: claims.Claimed, path: str, path_type: str) -> Path:
         """A `local` or `hostPath` PV: the node's own path, mounted as it is."""

@@ -34,6 +34,7 @@ from klet.syncloop.environment.envvars import NodeFacts
 from klet.syncloop.ports import RuntimeReader
 from klet.syncloop.volumes import fs, poddirs
 from klet.syncloop.volumes.base import (
+    Block,
     ObjectReader,
     TokenIssuer,
     VolumeContext,
@@ -57,6 +58,8 @@ class PodVolumes:
     """Volume name → host path, for the volumes that are ready."""
     failures: dict[str, str] = field(default_factory=dict)
     """Volume name → why it could not be set up (the FailedMount cause)."""
+    devices: dict[str, Path] = field(default_factory=dict)
+    """Volume name → device node, for the raw block volumes that are ready."""
 
 
 def unsupported_message(volume: JSON) -> str:
@@ -133,11 +136,16 @@ class VolumeManager:
                 result.failures[name] = unsupported_message(volume)
                 continue
             try:
-                result.paths[name] = await plugin.set_up(volume, ctx)
+                ready = await plugin.set_up(volume, ctx)
             except VolumeError as err:
                 result.failures[name] = str(err)
             except OSError as err:
                 result.failures[name] = _os_message(err)
+            else:
+                if isinstance(ready, Block):
+                    result.devices[name] = ready.device
+                else:
+                    result.paths[name] = ready
         return result
 
     async def tear_down(self, uid: str) -> list[str]:

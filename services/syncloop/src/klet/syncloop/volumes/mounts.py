@@ -26,7 +26,7 @@ import os
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 
-from klet.cri.types import Mount, MountPropagation
+from klet.cri.types import Device, Mount, MountPropagation
 from klet.model.types import JSON
 from klet.syncloop.environment import envvars
 from klet.syncloop.volumes.base import volume_type
@@ -126,6 +126,29 @@ def prepare_subpath(
         ) from err
 
 
+def container_devices(
+    container: JSON, *, devices: Mapping[str, Path], volumes: Mapping[str, Path]
+) -> tuple[Device, ...]:
+    """A container's volumeDevices → the CRI devices (upstream's makeDevices): each names
+    a raw block volume that is ready; a filesystem volume there is refused."""
+    name = str(container.get("name", ""))
+    out: list[Device] = []
+    for vd in container.get("volumeDevices") or []:
+        vol_name = str(vd.get("name", ""))
+        device = devices.get(vol_name)
+        if device is None and vol_name in volumes:
+            raise MountConfigError(
+                f'volume "{vol_name}" has volumeMode Filesystem, but is specified in '
+                f'volumeDevices of container "{name}"'
+            )
+        if device is None:
+            raise MountConfigError(
+                f'cannot find volume "{vol_name}" to use as a device in container "{name}"'
+            )
+        out.append(Device(container_path=str(vd.get("devicePath") or ""), host_path=str(device)))
+    return tuple(out)
+
+
 def source_read_only(volume: JSON) -> bool:
     """A claim or inline CSI volume that the pod spec makes read-only for every mount."""
     kind = volume_type(volume)
@@ -151,10 +174,12 @@ def container_mounts(
     volumes: Mapping[str, Path],
     env: Iterable[tuple[str, str]],
     subpaths: SubPathMounter | None,
+    devices: Mapping[str, Path] | None = None,
 ) -> tuple[Mount, ...]:
     """The CRI mounts for the container's volumeMounts; raises `MountConfigError`.
 
-    `volumes` maps each ready volume's name to its host path (the manager's result);
+    `volumes` maps each ready volume's name to its host path (the manager's result),
+    `devices` each raw block volume's to its device node (refused here);
     `env` is the container's finished environment (for subPathExpr); `subpaths` makes
     the pod's subPath bind mounts (None: no pod directory, so a subPath is refused).
     What earlier instances of the container left under `volume-subpaths` is removed
@@ -174,6 +199,11 @@ def container_mounts(
     for index, vm in enumerate(container.get("volumeMounts") or []):
         vol_name = str(vm.get("name", ""))
         host = volumes.get(vol_name)
+        if host is None and vol_name in (devices or {}):
+            raise MountConfigError(
+                f'volume "{vol_name}" has volumeMode Block, but is specified in volumeMounts '
+                f'of container "{name}"'
+            )
         if host is None:
             raise MountConfigError(
                 f'cannot find volume "{vol_name}" to mount into container "{name}"'
