@@ -449,6 +449,9 @@ async def test_fs_group_is_applied_as_the_policy_says(tmp_path: Path) -> None:
     path = await p.set_up(CLAIM, ctx(tmp_path, a_pod("u1", CLAIM, fs_group=4321)))
     assert path.stat().st_gid == 4321
     assert path.stat().st_mode & 0o2070 == 0o2070
+    os.chown(path, -1, 0)  # a later sync does not walk the volume again
+    await p.set_up(CLAIM, ctx(tmp_path, a_pod("u1", CLAIM, fs_group=4321)))
+    assert path.stat().st_gid == 0
 
 
 async def test_online_expansion_when_the_claim_waits_for_the_node(tmp_path: Path) -> None:

@@ -20,9 +20,10 @@ table, which syncloop's plugin watcher fills), as upstream's CSI volume plugin d
   mode (the first of the PV's), read-only flag, `nodePublishSecretRef`, the pod's
   identity (`podInfoOnMount`) and service-account tokens (`tokenRequests`);
 - **fsGroup**: given to a driver with VOLUME_MOUNT_GROUP; else applied to the published
-  files as the CSIDriver's `fsGroupPolicy` says (`File`; `ReadWriteOnceWithFSType`, the
-  default, when the PV has an fsType and is ReadWriteOnce; `None`), skipped with
-  `fsGroupChangePolicy: OnRootMismatch` when the root already has it;
+  files once per publish (not at every sync) as the CSIDriver's `fsGroupPolicy` says
+  (`File`; `ReadWriteOnceWithFSType`, the default, when the PV has an fsType and is
+  ReadWriteOnce; `None`), skipped with `fsGroupChangePolicy: OnRootMismatch` when the
+  root already has it;
 - **expand** (`NodeExpandVolume`, for a driver with EXPAND_VOLUME) when the controller
   side grew the PV and the claim waits for the node; the claim's status then gets the
   new capacity (a failure is logged and tried again at the next sync);
@@ -434,7 +435,7 @@ class CSIVolumePlugin:
                 "stagingTargetPath": staging,
                 **_pod_keys(ctx.pod, volume_name, str(claimed.claim["metadata"]["name"])),
             }
-            target = await self._publish(
+            target, fresh = await self._publish(
                 client,
                 record,
                 volume,
@@ -443,18 +444,20 @@ class CSIVolumePlugin:
                 read_only=read_only,
                 republish=bool(dspec.get("requiresRepublish")),
             )
+            if (
+                fresh
+                and gid is not None
+                and not mount_group
+                and applies_fs_group(
+                    str(dspec.get("fsGroupPolicy") or "ReadWriteOnceWithFSType"),
+                    fs_type=fs_type,
+                    access_modes=access_modes,
+                )
+            ):
+                await self._ownership(ctx.pod, target, gid, read_only=read_only)
+            self._published.add(target)
             if EXPAND_VOLUME in caps:
                 await self._expand(client, record, claimed, volume, target, staging)
-        if (
-            gid is not None
-            and not mount_group
-            and applies_fs_group(
-                str(dspec.get("fsGroupPolicy") or "ReadWriteOnceWithFSType"),
-                fs_type=fs_type,
-                access_modes=access_modes,
-            )
-        ):
-            await self._ownership(ctx.pod, target, gid, read_only=read_only)
         return target
 
     async def _set_up_inline(self, volume: JSON, ctx: VolumeContext) -> Path:
@@ -506,7 +509,7 @@ class CSIVolumePlugin:
             **_pod_keys(ctx.pod, name, ""),
         }
         async with self._lock(driver, handle):
-            target = await self._publish(
+            target, fresh = await self._publish(
                 client,
                 record,
                 volume_obj,
@@ -515,16 +518,18 @@ class CSIVolumePlugin:
                 read_only=read_only,
                 republish=bool(dspec.get("requiresRepublish")),
             )
-        if (
-            gid is not None
-            and not mount_group
-            and applies_fs_group(
-                str(dspec.get("fsGroupPolicy") or "ReadWriteOnceWithFSType"),
-                fs_type=fs_type,
-                access_modes=None,
-            )
-        ):
-            await self._ownership(ctx.pod, target, gid, read_only=read_only)
+            if (
+                fresh
+                and gid is not None
+                and not mount_group
+                and applies_fs_group(
+                    str(dspec.get("fsGroupPolicy") or "ReadWriteOnceWithFSType"),
+                    fs_type=fs_type,
+                    access_modes=None,
+                )
+            ):
+                await self._ownership(ctx.pod, target, gid, read_only=read_only)
+            self._published.add(target)
         return target
 
     async def _stage(
@@ -550,10 +555,14 @@ class CSIVolumePlugin:
         *,
         read_only: bool,
         republish: bool,
-    ) -> Path:
+    ) -> tuple[Path, bool]:
+        """Publish unless this process did already (or the driver wants it again); the
+        target, and whether it is new to this process (the caller then applies fsGroup
+        and marks it published, so a failed ownership change is tried again)."""
         target = volume_dir / MOUNT_DIR
-        if target in self._published and not republish:
-            return target
+        known = target in self._published
+        if known and not republish:
+            return target, False
         await asyncio.to_thread(_prepare_volume_dir, volume_dir, data)
         try:
             await client.publish(
@@ -564,8 +573,7 @@ class CSIVolumePlugin:
             )
         except CSIError as err:
             raise VolumeError(f"rpc error: driver {record.name}: {err}") from err
-        self._published.add(target)
-        return target
+        return target, not known
 
     async def _expand(
         self,
