@@ -365,6 +365,47 @@ async def test_pod_info_and_read_only(tmp_path: Path) -> None:
     }
 
 
+async def test_token_requests_hand_the_driver_service_account_tokens(tmp_path: Path) -> None:
+    class Tokens:
+        def __init__(self) -> None:
+            self.asked: list[tuple[str, str, int]] = []
+
+        async def token(
+            self, pod: JSON, *, service_account: str, audience: str, expiration_s: int
+        ) -> tuple[str, float]:
+            self.asked.append((service_account, audience, expiration_s))
+            return f"token-for-{audience}", 3600.0
+
+    driver, objects, tokens = FakeDriver(), Objects(), Tokens()
+    objects.bind("data", "pv1")
+    objects.csidrivers[DRIVER] = {
+        "spec": {
+            "attachRequired": False,
+            "tokenRequests": [{"audience": "vault"}, {"audience": "", "expirationSeconds": 600}],
+        }
+    }
+    p = CSIVolumePlugin(
+        root_dir=tmp_path,
+        node_name=NODE,
+        drivers=Drivers(),
+        connect=lambda endpoint: driver,
+        objects=objects,
+        tokens=tokens,
+    )
+    pod = a_pod("u1", CLAIM)
+    pod["spec"]["serviceAccountName"] = "app"
+    await p.set_up(CLAIM, ctx(tmp_path, pod))
+    assert tokens.asked == [("app", "vault", 3600), ("app", "", 600)]
+    published = driver.calls[-1][1][0]
+    assert json.loads(published.volume_context["csi.storage.k8s.io/serviceAccount.tokens"]) == {
+        "vault": {"token": "token-for-vault", "expirationTimestamp": "1970-01-01T01:00:00Z"},
+        "": {"token": "token-for-", "expirationTimestamp": "1970-01-01T01:00:00Z"},
+    }
+    no_issuer = plugin(tmp_path, FakeDriver(), objects)
+    with pytest.raises(VolumeError, match="asks for service-account tokens; none can be issued"):
+        await no_issuer.set_up(CLAIM, ctx(tmp_path, a_pod("u2", CLAIM)))
+
+
 async def test_inline_volumes_need_the_ephemeral_lifecycle_mode(tmp_path: Path) -> None:
     driver, objects = FakeDriver(), Objects()
     volume = {"name": "scratch", "csi": {"driver": DRIVER, "volumeAttributes": {"size": "1"}}}
