@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from klet.bus import BusUnavailable
 from klet.csi import CSIError, DriverUnavailable, Volume
 from klet.model.records import CSIDriverRecord
 from klet.model.types import JSON
@@ -333,6 +334,24 @@ async def test_driver_problems_name_the_driver(tmp_path: Path) -> None:
     objects.bind("data", "pv1")
     driver.fail = DriverUnavailable("NodeGetCapabilities: UNAVAILABLE: refused", code="UNAVAILABLE")
     with pytest.raises(VolumeError, match=f"driver {DRIVER}: NodeGetCapabilities: UNAVAILABLE"):
+        await p.set_up(CLAIM, ctx(tmp_path, a_pod("u1", CLAIM)))
+
+
+async def test_a_bus_outage_fails_the_volume_not_the_worker(tmp_path: Path) -> None:
+    class DownDrivers:
+        async def get(self, key: str) -> CSIDriverRecord | None:
+            raise BusUnavailable("redis down")
+
+    objects = Objects()
+    objects.bind("data", "pv1")
+    p = CSIVolumePlugin(
+        root_dir=tmp_path,
+        node_name=NODE,
+        drivers=DownDrivers(),
+        connect=lambda endpoint: FakeDriver(),
+        objects=objects,
+    )
+    with pytest.raises(VolumeError, match="registered CSI drivers could not be read: redis down"):
         await p.set_up(CLAIM, ctx(tmp_path, a_pod("u1", CLAIM)))
 
 

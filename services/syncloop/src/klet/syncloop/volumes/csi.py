@@ -54,6 +54,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Generic, Protocol, TypeVar
 
+from klet.bus import BusError
 from klet.config.units import parse_quantity_int
 from klet.csi import Capability, CSIError, Volume
 from klet.model.records import CSIDriverRecord
@@ -627,7 +628,7 @@ class CSIVolumePlugin:
             raise VolumeError(f"applying fsGroup {gid} to {target}: {err}") from err
 
     async def _driver(self, name: str) -> tuple[CSIDriverRecord, NodeDriver, frozenset[str]]:
-        record = await self.drivers.get(name)
+        record = await self._registered(name)
         if record is None:
             raise VolumeError(f"driver name {name} not found in the list of registered CSI drivers")
         client = await self._clients.get(record)
@@ -640,6 +641,14 @@ class CSIVolumePlugin:
                 raise VolumeError(f"driver {name}: {err}") from err
             self._capabilities[key] = caps
         return record, client, caps
+
+    async def _registered(self, name: str) -> CSIDriverRecord | None:
+        """The driver's registration; a bus that does not answer fails the volume (to be
+        tried again), it never fails the pod worker."""
+        try:
+            return await self.drivers.get(name)
+        except BusError as err:
+            raise VolumeError(f"the registered CSI drivers could not be read: {err}") from err
 
     async def _csidriver(self, name: str) -> JSON | None:
         assert self.objects is not None
@@ -782,7 +791,7 @@ class CSIVolumePlugin:
             raise OSError(f"{staging.parent} not removed: {'; '.join(problems)}")
 
     async def _client_for_teardown(self, driver: str, path: Path) -> NodeDriver:
-        record = await self.drivers.get(driver)
+        record = await self._registered(driver)
         if record is None:
             raise VolumeError(
                 f"{path} kept: driver {driver} is not registered on this node (it is needed to "
