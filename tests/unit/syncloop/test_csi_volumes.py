@@ -245,6 +245,8 @@ async def test_a_volume_is_staged_once_and_published_per_pod(tmp_path: Path) -> 
     assert data["volumeHandle"] == "vol-1" and data["specVolID"] == "pv1"
     assert data["stagingTargetPath"] == str(staging)
 
+    assert p.plugin_name("u1", CLAIM) == f"kubernetes.io/csi:{DRIVER}"
+    assert p.plugin_name("u3", CLAIM) is None  # not resolved for that pod
     await p.tear_down(path1.parent)
     assert driver.names()[-1] == "unpublish"  # another pod still uses it
     assert staging.is_dir()

@@ -17,6 +17,7 @@ import pytest
 from klet.cri.types import Device, Mount, MountPropagation
 from klet.model.types import JSON
 from klet.syncloop.environment.envvars import NodeFacts
+from klet.syncloop.metrics import volume_counts
 from klet.syncloop.volumes import fs, mounts
 from klet.syncloop.volumes.base import Block, VolumeContext, VolumeError, volume_type
 from klet.syncloop.volumes.emptydir import EmptyDirPlugin, directory_mode, tmpfs_size
@@ -24,6 +25,7 @@ from klet.syncloop.volumes.hostpath import HostPathPlugin, check_type
 from klet.syncloop.volumes.manager import VolumeManager
 from klet.syncloop.volumes.mounts import MountConfigError
 from klet.syncloop.volumes.subpath import SubPathMounter
+from prometheus_client import CollectorRegistry
 
 from .helpers import pod
 from .test_subpath import RecordingBinder
@@ -522,6 +524,33 @@ async def test_a_block_volume_is_a_device_for_volume_devices_only(tmp_path: Path
         mounts.container_mounts(
             p, mounted, volumes=got.paths, env=(), subpaths=None, devices=got.devices
         )
+
+
+async def test_volume_manager_total_volumes(tmp_path: Path) -> None:
+    registry = CollectorRegistry()
+    m = VolumeManager(
+        [EmptyDirPlugin(), HostPathPlugin()],
+        root_dir=tmp_path,
+        node=NodeFacts(),
+        counts=volume_counts(registry),
+    )
+    p = with_volumes(
+        {"name": "a", "emptyDir": {}},
+        {"name": "b", "emptyDir": {}},
+        {"name": "gone", "hostPath": {"path": str(tmp_path / "nope"), "type": "Directory"}},
+    )
+    await m.set_up(p, pod_ip="10.0.0.1")
+
+    def value(plugin: str, state: str) -> float | None:
+        labels = {"plugin_name": plugin, "state": state}
+        return registry.get_sample_value("volume_manager_total_volumes", labels)
+
+    assert value("kubernetes.io/empty-dir", "desired_state_of_world") == 2
+    assert value("kubernetes.io/empty-dir", "actual_state_of_world") == 2
+    assert value("kubernetes.io/host-path", "desired_state_of_world") == 1
+    assert value("kubernetes.io/host-path", "actual_state_of_world") is None  # not set up
+    assert await m.tear_down("u1") == []
+    assert value("kubernetes.io/empty-dir", "desired_state_of_world") is None
 
 
 def test_volume_type() -> None:

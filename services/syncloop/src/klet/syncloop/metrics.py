@@ -7,7 +7,7 @@ small recorders below (`ProberMetrics`, `Metrics.record_admission_rejection`).
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -142,6 +142,29 @@ class Metrics:
 
     def record_admission_rejection(self, reason: str) -> None:
         self.admission_rejections.labels(admission_rejection_reason(reason)).inc()
+
+
+def volume_counts(registry: CollectorRegistry) -> Callable[[Mapping[tuple[str, str], int]], None]:
+    """upstream's volume_manager_total_volumes{plugin_name, state}: the volumes of the
+    node's pods by plugin, in the desired state (what the pods ask for) and the actual
+    state (what is set up); the returned function sets them from the manager's totals."""
+    gauge = Gauge(
+        "volume_manager_total_volumes",
+        "Number of volumes in Volume Manager",
+        ["plugin_name", "state"],
+        registry=registry,
+    )
+    shown: set[tuple[str, str]] = set()
+
+    def record(totals: Mapping[tuple[str, str], int]) -> None:
+        for key in shown - set(totals):
+            gauge.remove(*key)
+        for (plugin_name, state), count in totals.items():
+            gauge.labels(plugin_name, state).set(count)
+        shown.clear()
+        shown.update(totals)
+
+    return record
 
 
 def create_metrics(registry: CollectorRegistry) -> Metrics:

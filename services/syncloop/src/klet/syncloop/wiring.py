@@ -47,7 +47,7 @@ from klet.syncloop.environment.dns import DNSSettings
 from klet.syncloop.environment.envvars import NodeFacts
 from klet.syncloop.environment.kubeobjects import ApiObjects
 from klet.syncloop.events import BusEventSink, EventSink
-from klet.syncloop.metrics import Metrics, create_metrics
+from klet.syncloop.metrics import Metrics, create_metrics, volume_counts
 from klet.syncloop.plugins.csidrivers import CSIRegistrar
 from klet.syncloop.plugins.watcher import PLUGINS_REGISTRY, PluginWatcher
 from klet.syncloop.pods.controller import NodePressure, PodController, published_status
@@ -244,6 +244,7 @@ def build_deps(settings: Settings, overrides: Overrides | None = None) -> Deps:
         node=node_facts,
         objects=objects,
         tokens=tokens,
+        counts=volume_counts(registry),
     )
     # upstream: the initial back-off is 10 s, or the maximum when that is set lower
     max_backoff = k.crash_loop_back_off.max_container_restart_period

@@ -152,6 +152,20 @@ class ClientPool(Generic[C]):
         return client
 
 
+CSI_PLUGIN = "kubernetes.io/csi"
+
+
+def pv_plugin_name(spec: JSON) -> str:
+    """Upstream's plugin name of a PV's volume."""
+    if isinstance(spec.get("csi"), dict):
+        return f"{CSI_PLUGIN}:{spec['csi'].get('driver') or ''}"
+    if isinstance(spec.get("local"), dict):
+        return "kubernetes.io/local-volume"
+    if isinstance(spec.get("hostPath"), dict):
+        return "kubernetes.io/host-path"
+    return ""
+
+
 def attachment_name(volume_handle: str, driver: str, node: str) -> str:
     """The VolumeAttachment the attach-detach controller makes for this volume and node."""
     return "csi-" + hashlib.sha256(f"{volume_handle}{driver}{node}".encode()).hexdigest()
@@ -307,6 +321,8 @@ class CSIVolumePlugin:
         self._clients: ClientPool[NodeDriver] = ClientPool(connect)
         self._capabilities: dict[tuple[str, float], frozenset[str]] = {}
         self._published: set[Path] = set()
+        # (pod UID, volume name) -> upstream's plugin name of what the volume resolved to
+        self._names: dict[tuple[str, str], str] = {}
         self._staged: set[Path] = set()
         # Stage, publish, unpublish and unstage of one volume never overlap.
         self._locks: dict[str, asyncio.Lock] = {}
@@ -315,6 +331,16 @@ class CSIVolumePlugin:
         return any(
             isinstance(volume.get(k), dict) for k in ("csi", "persistentVolumeClaim", "ephemeral")
         )
+
+    def plugin_name(self, pod_uid: str, volume: JSON) -> str | None:
+        """Upstream's plugin name of the volume (volume_manager_total_volumes)."""
+        source = volume.get("csi")
+        if isinstance(source, dict):
+            return f"{CSI_PLUGIN}:{source.get('driver') or ''}"
+        return self._names.get((pod_uid, str(volume.get("name") or "")))
+
+    def forget_pod(self, pod_uid: str) -> None:
+        self._names = {k: v for k, v in self._names.items() if k[0] != pod_uid}
 
     # -- set-up ---------------------------------------------------------------------
 
@@ -329,6 +355,8 @@ class CSIVolumePlugin:
             return await self._set_up_inline(volume, ctx)
         claimed = await claims.resolve(volume, ctx.pod, self.objects)
         spec = claimed.pv.get("spec") or {}
+        key = (str(ctx.pod["metadata"]["uid"]), str(volume.get("name") or ""))
+        self._names[key] = pv_plugin_name(spec)
         if claimed.block:
             if isinstance(spec.get("local"), dict):
                 return await self._local_device(claimed, str(spec["local"].get("path") or ""))

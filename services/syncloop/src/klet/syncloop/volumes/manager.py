@@ -20,7 +20,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-from collections.abc import Callable, Collection, Iterable
+from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol, runtime_checkable
@@ -80,8 +80,13 @@ class VolumeManager:
         node: NodeFacts,
         objects: ObjectReader | None = None,
         tokens: TokenIssuer | None = None,
+        counts: Callable[[Mapping[tuple[str, str], int]], None] | None = None,
     ) -> None:
         self.plugins: list[VolumePlugin] = list(plugins)
+        self.counts = counts
+        # pod UID -> volume name -> (upstream plugin name, set up): the volume manager's
+        # desired and actual states, for volume_manager_total_volumes.
+        self._states: dict[str, dict[str, tuple[str, bool]]] = {}
         self.root_dir = root_dir
         self.node = node
         self.objects = objects
@@ -129,24 +134,49 @@ class VolumeManager:
 
     async def _set_up(self, pod: JSON, ctx: VolumeContext) -> PodVolumes:
         result = PodVolumes()
+        uid = str(pod["metadata"]["uid"])
+        states: dict[str, tuple[str, bool]] = {}
         for volume in _volumes(pod):
             name = str(volume.get("name") or "")
             plugin = self.plugin_for(volume)
             if plugin is None:
                 result.failures[name] = unsupported_message(volume)
                 continue
-            try:
-                ready = await plugin.set_up(volume, ctx)
-            except VolumeError as err:
-                result.failures[name] = str(err)
-            except OSError as err:
-                result.failures[name] = _os_message(err)
-            else:
-                if isinstance(ready, Block):
-                    result.devices[name] = ready.device
-                else:
-                    result.paths[name] = ready
+            await self._set_up_one(volume, ctx, plugin, result)
+            plugin_name = _plugin_name(plugin, volume, uid)
+            if plugin_name:
+                states[name] = (plugin_name, name in result.paths or name in result.devices)
+        self._states[uid] = states
+        self._report_counts()
         return result
+
+    def _report_counts(self) -> None:
+        if self.counts is None:
+            return
+        totals: dict[tuple[str, str], int] = {}
+        for states in self._states.values():
+            for plugin_name, ready in states.values():
+                for state, counted in ((DESIRED, True), (ACTUAL, ready)):
+                    if counted:
+                        key = (plugin_name, state)
+                        totals[key] = totals.get(key, 0) + 1
+        self.counts(totals)
+
+    async def _set_up_one(
+        self, volume: JSON, ctx: VolumeContext, plugin: VolumePlugin, result: PodVolumes
+    ) -> None:
+        name = str(volume.get("name") or "")
+        try:
+            ready = await plugin.set_up(volume, ctx)
+        except VolumeError as err:
+            result.failures[name] = str(err)
+        except OSError as err:
+            result.failures[name] = _os_message(err)
+        else:
+            if isinstance(ready, Block):
+                result.devices[name] = ready.device
+            else:
+                result.paths[name] = ready
 
     async def tear_down(self, uid: str) -> list[str]:
         """Remove all the pod's volumes and then its directory's `volumes` part.
@@ -159,6 +189,11 @@ class VolumeManager:
             problems = await self._tear_down(uid)
         if not problems:
             self._locks.pop(uid, None)
+            for plugin in self.plugins:
+                if isinstance(plugin, NamesPlugins):
+                    plugin.forget_pod(uid)
+            if self._states.pop(uid, None) is not None:
+                self._report_counts()
         return problems
 
     async def _tear_down(self, uid: str) -> list[str]:
@@ -239,6 +274,41 @@ class VolumeManager:
                 await asyncio.sleep(period_s)
             else:
                 await asyncio.sleep(1.0)
+
+
+DESIRED = "desired_state_of_world"
+ACTUAL = "actual_state_of_world"
+
+# volume type -> upstream's plugin name, for the types whose plugin the spec decides
+_PLUGIN_NAMES = {
+    "emptyDir": "kubernetes.io/empty-dir",
+    "hostPath": "kubernetes.io/host-path",
+    "configMap": "kubernetes.io/configmap",
+    "secret": "kubernetes.io/secret",
+    "downwardAPI": "kubernetes.io/downward-api",
+    "projected": "kubernetes.io/projected",
+}
+
+
+@runtime_checkable
+class NamesPlugins(Protocol):
+    """A plugin whose upstream plugin name depends on what the volume resolved to (a
+    claim's PV, a CSI driver); None while it is not known."""
+
+    def plugin_name(self, pod_uid: str, volume: JSON) -> str | None: ...
+
+    def forget_pod(self, pod_uid: str) -> None:
+        """The pod's volumes are gone: drop what was kept about them."""
+        ...
+
+
+def _plugin_name(plugin: VolumePlugin, volume: JSON, uid: str) -> str | None:
+    """Upstream's name of the plugin serving `volume` (`kubernetes.io/csi:<driver>` for a
+    CSI volume); None for a claim not resolved yet, which upstream's desired state of the
+    world leaves out as well."""
+    if isinstance(plugin, NamesPlugins):
+        return plugin.plugin_name(uid, volume)
+    return _PLUGIN_NAMES.get(volume_type(volume))
 
 
 @runtime_checkable
