@@ -43,7 +43,7 @@ lint: setup
 
 typecheck: setup
 	.venv/bin/mypy libs/src services/pod-source/src services/syncloop/src services/status-reporter/src services/eviction/src services/image-gc/src tools/container_fields.py tools/config_fields.py tools/image tools/e2e tools/csi \
-		bench/common.py bench/run.py bench/gc.py bench/failover.py bench/events.py bench/compare.py bench/memory.py
+		bench/common.py bench/run.py bench/gc.py bench/failover.py bench/events.py bench/compare.py bench/memory.py bench/volumes.py
 
 proto:
 	$(PY) tools/gen_proto.py
@@ -101,6 +101,17 @@ bench-events: setup
 # COMPARE_SINGLES, COMPARE_BURSTS, COMPARE_IDLE_PODS, COMPARE_IDLE_S scale it; see bench/README.md.
 bench-compare: setup
 	$(PY) bench/compare.py $(COMPARE_ARGS)
+
+# Pod start and deletion with volumes, klet beside the upstream kubelet as two nodes of one
+# real control plane (controller-manager: PV binder, protection, ephemeral volumes), each on
+# its own containerd with its own csi-mock and csi-provisioner: an emptyDir pod, a pod with
+# a Bound CSI claim, a pod with an inline CSI volume; created -> Running+ready, deleted ->
+# gone, the CSI Node calls, agent CPU. VOLUMES_ROUNDS (default 30), VOLUMES_WARMUP (1);
+# VOLUMES_ARGS passes --keep, --readme. It builds what is missing (the kubelet, the control
+# plane, csi-mock, csi-provisioner: no-ops once cached). About 10 minutes. See bench/README.md.
+.PHONY: bench-volumes
+bench-volumes: setup
+	$(PY) bench/volumes.py $(VOLUMES_ARGS)
 
 # Idle memory per process (RSS and PSS from smaps_rollup, median of 5 readings after 60 s
 # idle) of `klet up` with 110 pods, standalone (static pods) and in cluster mode (a real
