@@ -24,11 +24,15 @@ StatefulSet's pod deleted and recreated reads the data it wrote (on a local PV: 
 keeps no data); bad input (a claim
 that does not exist, one that is not bound, a driver that is not registered, a driver
 that does not answer) → FailedMount Events naming the cause while the pod waits in
-ContainerCreating, and retried once the cause is gone.
+ContainerCreating, and retried once the cause is gone; a CSIDriver that requires attach
+→ the pod waits for the Node's volumesAttached (FailedMount naming it) and stages with
+the VolumeAttachment's metadata once the test, playing the attacher and the
+attach-detach controller, marks it attached.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import shutil
 import signal
@@ -102,20 +106,7 @@ def start_mock(node: KletNode, workdir: Path) -> MockDriver:
 def driver(cp: ControlPlane, node: KletNode, workdir: Path) -> Iterator[dict[str, Any]]:
     """The registered csi-mock, its CSIDriver and StorageClass, and csi-provisioner; a
     dict so that a test may replace the driver process (key "mock")."""
-    apply(
-        cp,
-        {
-            "apiVersion": "storage.k8s.io/v1",
-            "kind": "CSIDriver",
-            "metadata": {"name": DRIVER},
-            "spec": {
-                "attachRequired": False,
-                "podInfoOnMount": True,
-                "volumeLifecycleModes": ["Persistent", "Ephemeral"],
-                "fsGroupPolicy": "File",
-            },
-        },
-    )
+    apply(cp, csidriver(attach=False))
     apply(
         cp,
         {
@@ -152,6 +143,20 @@ def driver(cp: ControlPlane, node: KletNode, workdir: Path) -> Iterator[dict[str
         state["mock"].stop()
         cp.kubectl("delete", "storageclass", CLASS, "--ignore-not-found")
         cp.kubectl("delete", "csidriver", DRIVER, "--ignore-not-found")
+
+
+def csidriver(*, attach: bool) -> dict[str, Any]:
+    return {
+        "apiVersion": "storage.k8s.io/v1",
+        "kind": "CSIDriver",
+        "metadata": {"name": DRIVER},
+        "spec": {
+            "attachRequired": attach,
+            "podInfoOnMount": True,
+            "volumeLifecycleModes": ["Persistent", "Ephemeral"],
+            "fsGroupPolicy": "File",
+        },
+    }
 
 
 def apply(cp: ControlPlane, obj: dict[str, Any]) -> None:
@@ -591,9 +596,92 @@ def test_a_statefulset_pod_reads_back_what_it_wrote(
         cp.kubectl("delete", "pv", pv, "--wait=false")
 
 
+def test_a_driver_that_needs_attach_waits_for_its_volume_attachment(
+    cp: ControlPlane, node: KletNode, driver: dict[str, Any], ns: str
+) -> None:
+    """The test plays external-attacher and the attach-detach controller (the module
+    proxy here serves no external-attacher): the node waits until its Node's
+    volumesAttached lists the volume, reads the VolumeAttachment through the Node
+    authorizer, and stages with its attachment metadata."""
+    create(cp, ns, claim("attached"))
+    pv = wait_for(
+        lambda: kget(cp, "pvc", "attached", "-n", ns)["spec"].get("volumeName"),
+        timeout_s=60,
+        what="the claim bound",
+    )
+    handle = kget(cp, "pv", pv)["spec"]["csi"]["volumeHandle"]
+    # attachRequired is immutable: the CSIDriver is made again, and put back after.
+    cp.kubectl("delete", "csidriver", DRIVER, check=True)
+    apply(cp, csidriver(attach=True))
+    name = "csi-" + hashlib.sha256(f"{handle}{DRIVER}{NODE}".encode()).hexdigest()
+    unique = f"kubernetes.io/csi/{DRIVER}^{handle}"
+    try:
+        create(cp, ns, pod("attached", {"persistentVolumeClaim": {"claimName": "attached"}}))
+        wait_for(
+            lambda: failed_mount(cp, ns, "attached", "is not in the Node's status.volumesAttached"),
+            timeout_s=60,
+            what="the FailedMount naming volumesAttached",
+        )
+        assert waiting_reason(cp, ns, "attached") == "ContainerCreating"
+        apply(
+            cp,
+            {
+                "apiVersion": "storage.k8s.io/v1",
+                "kind": "VolumeAttachment",
+                "metadata": {"name": name},
+                "spec": {
+                    "attacher": DRIVER,
+                    "nodeName": NODE,
+                    "source": {"persistentVolumeName": pv},
+                },
+            },
+        )
+        status = {"status": {"attached": True, "attachmentMetadata": {"device": "/dev/klet-test"}}}
+        cp.kubectl(
+            "patch",
+            "volumeattachment",
+            name,
+            "--subresource=status",
+            "--type=merge",
+            "-p",
+            json.dumps(status),
+            check=True,
+        )
+        listed = {"status": {"volumesAttached": [{"name": unique, "devicePath": ""}]}}
+        cp.kubectl(
+            "patch",
+            "node",
+            NODE,
+            "--subresource=status",
+            "--type=merge",
+            "-p",
+            json.dumps(listed),
+            check=True,
+        )
+        wait_for(lambda: running(cp, ns, "attached"), timeout_s=120, what="attached Running")
+        mock: MockDriver = driver["mock"]
+        staged_with = [
+            line
+            for line in mock.log.read_text(errors="replace").splitlines()
+            if "NodeStageVolume" in line and handle in line
+        ]
+        assert any("/dev/klet-test" in line for line in staged_with)
+        delete_pod(cp, ns, "attached")
+    finally:
+        cp.kubectl("delete", "volumeattachment", name, "--ignore-not-found")
+        cleared = {"status": {"volumesAttached": None}}
+        cp.kubectl(
+            "patch", "node", NODE, "--subresource=status", "--type=merge", "-p", json.dumps(cleared)
+        )
+        cp.kubectl("delete", "csidriver", DRIVER, check=True)
+        apply(cp, csidriver(attach=False))
+
+
 def test_bad_claims_and_drivers_are_failed_mounts(
     cp: ControlPlane, node: KletNode, driver: dict[str, Any], ns: str, workdir: Path
 ) -> None:
+    """Last in the module: it kills the driver, and csi-provisioner exits when its
+    driver's connection drops (as the sidecars do)."""
     create(cp, ns, pod("noclaim", {"persistentVolumeClaim": {"claimName": "nope"}}))
     create(cp, ns, claim("unbound", storage_class="no-such-class"))
     create(cp, ns, pod("unbound", {"persistentVolumeClaim": {"claimName": "unbound"}}))

@@ -107,6 +107,7 @@ class Objects:
         self.attachments: dict[str, JSON] = {}
         self.secrets: dict[tuple[str, str], JSON] = {}
         self.patches: list[tuple[tuple[str, str], JSON]] = []
+        self.attached: list[JSON] = []
 
     async def get_pvc(self, namespace: str, name: str) -> JSON | None:
         return self.pvcs.get((namespace, name))
@@ -119,6 +120,9 @@ class Objects:
 
     async def get_volume_attachment(self, name: str) -> JSON | None:
         return self.attachments.get(name)
+
+    async def get_node(self, name: str) -> JSON | None:
+        return {"status": {"volumesAttached": self.attached}} if name == NODE else None
 
     async def get_secret(self, namespace: str, name: str) -> JSON | None:
         return self.secrets.get((namespace, name))
@@ -298,6 +302,9 @@ async def test_attach_is_waited_for_when_the_csidriver_requires_it(tmp_path: Pat
     objects.csidrivers[DRIVER] = {"spec": {"attachRequired": True}}
     p = plugin(tmp_path, driver, objects)
     name = attachment_name("vol-1", DRIVER, NODE)
+    with pytest.raises(VolumeError, match=r"not in the Node's status.volumesAttached"):
+        await p.set_up(CLAIM, ctx(tmp_path, a_pod("u1", CLAIM)))
+    objects.attached = [{"name": f"kubernetes.io/csi/{DRIVER}^vol-1", "devicePath": ""}]
     with pytest.raises(VolumeError, match=f"VolumeAttachment {name} does not exist yet"):
         await p.set_up(CLAIM, ctx(tmp_path, a_pod("u1", CLAIM)))
     objects.attachments[name] = {

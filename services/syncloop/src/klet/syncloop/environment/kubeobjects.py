@@ -117,6 +117,10 @@ class ApiObjects:
         path = f"/apis/storage.k8s.io/v1/volumeattachments/{quote(name, safe='')}"
         return await self._fetch(("volumeattachments", "", name), path)
 
+    async def get_node(self, name: str) -> JSON | None:
+        path = f"/api/v1/nodes/{quote(name, safe='')}"
+        return await self._fetch(("nodes", "", name), path)
+
     async def patch_pvc_status(self, namespace: str, name: str, patch: JSON) -> None:
         """A merge patch of the claim's status (the node may write its resize fields);
         raises `ObjectUnavailable`."""

@@ -9,9 +9,9 @@ A CSI volume goes through the driver registered on this node (the bus `csidriver
 table, which syncloop's plugin watcher fills), as upstream's CSI volume plugin drives it:
 
 - **attach**: when the driver's CSIDriver object says `attachRequired` (or there is no
-  CSIDriver object), the volume waits until its VolumeAttachment
-  (`csi-<sha256(handle+driver+node)>`) is attached; its `attachmentMetadata` is the
-  publish context;
+  CSIDriver object), the volume waits until the Node's `status.volumesAttached` lists it
+  and its VolumeAttachment (`csi-<sha256(handle+driver+node)>`) is attached; the
+  attachment's `attachmentMetadata` is the publish context;
 - **stage** (`NodeStageVolume`, only for a driver with STAGE_UNSTAGE_VOLUME) once per
   volume on the node, at `<root-dir>/plugins/kubernetes.io/csi/<driver>/<sha256(handle)>/
   globalmount`, with the PV's `nodeStageSecretRef`;
@@ -119,6 +119,8 @@ class CSIObjects(claims.ClaimObjects, Protocol):
     async def get_csi_driver(self, name: str) -> JSON | None: ...
 
     async def get_volume_attachment(self, name: str) -> JSON | None: ...
+
+    async def get_node(self, name: str) -> JSON | None: ...
 
     async def get_secret(self, namespace: str, name: str) -> JSON | None: ...
 
@@ -686,7 +688,24 @@ class CSIVolumePlugin:
             raise VolumeError(f"failed to read CSIDriver {name}: {err}") from err
 
     async def _attached(self, name: str, driver: str, handle: str) -> dict[str, str]:
+        """The attachment's metadata once the volume is attached to this node: first in
+        the Node's `status.volumesAttached` (the attach-detach controller's word, as
+        upstream's kubelet waits for it; the Node authorizer lets a node read a
+        VolumeAttachment only once it exists for the node), then attached in its
+        VolumeAttachment."""
         assert self.objects is not None
+        unique = f"kubernetes.io/csi/{driver}^{handle}"
+        try:
+            node = await self.objects.get_node(self.node_name)
+        except ObjectUnavailable as err:
+            raise VolumeError(f"failed to read Node {self.node_name}: {err}") from err
+        listed = ((node or {}).get("status") or {}).get("volumesAttached") or []
+        if not any(v.get("name") == unique for v in listed):
+            raise VolumeError(
+                f"volume {handle} of driver {driver} is not attached to this node yet: "
+                f"{unique} is not in the Node's status.volumesAttached (the driver's CSIDriver "
+                "requires attach; the attach-detach controller lists it once attached)"
+            )
         try:
             attachment = await self.objects.get_volume_attachment(name)
         except ObjectUnavailable as err:
