@@ -113,10 +113,12 @@ def percentile(samples: Sequence[float], q: float) -> float:
 P99_MIN_SAMPLES = 100
 
 
-def tail(samples: Sequence[float]) -> tuple[float, str]:
-    """p99 when there are enough samples for it to mean something, else the max."""
-    if len(samples) >= P99_MIN_SAMPLES:
-        return percentile(samples, 99), "p99"
+def tail(samples: Sequence[float], *, q: int = 99,
+         min_samples: int = P99_MIN_SAMPLES) -> tuple[float, str]:
+    """The q-th percentile when there are enough samples for it to mean something (at
+    least `min_samples`), else the max."""
+    if len(samples) >= min_samples:
+        return percentile(samples, q), f"p{q}"
     return max(samples), "max"
 
 
@@ -145,8 +147,9 @@ def _fmt(value: float, unit: str) -> str:
     return f"{value:.0f}"
 
 
-def row_cells(row: Row) -> list[str]:
-    """label, n, klet median, klet tail, upstream median, upstream tail, ratio."""
+def row_cells(row: Row, *, q: int = 99, min_samples: int = P99_MIN_SAMPLES) -> list[str]:
+    """label, n, klet median, klet tail, upstream median, upstream tail, ratio (the tail:
+    see `tail`)."""
     cells = [row.label, f"{len(row.klet)}/{len(row.upstream)}"]
     medians: list[float | None] = []
     for xs in (row.klet, row.upstream):
@@ -159,7 +162,7 @@ def row_cells(row: Row) -> list[str]:
         if len(xs) == 1:
             cells += [_fmt(med, row.unit), ""]
         else:
-            value, name = tail(xs)
+            value, name = tail(xs, q=q, min_samples=min_samples)
             cells += [_fmt(med, row.unit), f"{_fmt(value, row.unit)} ({name})"]
     k, u = medians
     if k is None or u is None:
@@ -175,14 +178,16 @@ HEADER = ["measurement", "n klet/up", "klet median", "klet tail", "upstream medi
           "upstream tail", "klet/upstream"]
 
 
-def markdown_table(rows: Iterable[Row]) -> str:
+def markdown_table(rows: Iterable[Row], *, q: int = 99,
+                   min_samples: int = P99_MIN_SAMPLES) -> str:
     lines = ["| " + " | ".join(HEADER) + " |", "|" + "---|" * len(HEADER)]
-    lines += ["| " + " | ".join(row_cells(r)) + " |" for r in rows]
+    lines += ["| " + " | ".join(row_cells(r, q=q, min_samples=min_samples)) + " |"
+              for r in rows]
     return "\n".join(lines)
 
 
-def text_table(rows: Iterable[Row]) -> str:
-    body = [HEADER, *(row_cells(r) for r in rows)]
+def text_table(rows: Iterable[Row], *, q: int = 99, min_samples: int = P99_MIN_SAMPLES) -> str:
+    body = [HEADER, *(row_cells(r, q=q, min_samples=min_samples) for r in rows)]
     widths = [max(len(line[i]) for line in body) for i in range(len(HEADER))]
     out = []
     for line in body:
@@ -191,14 +196,15 @@ def text_table(rows: Iterable[Row]) -> str:
     return "\n".join(out)
 
 
-def replace_section(text: str, section: str) -> str:
-    """``text`` with what lies between the compare markers replaced by ``section``
-    (markers appended at the end when missing)."""
-    block = f"{README_BEGIN}\n{section.rstrip()}\n{README_END}"
-    start, end = text.find(README_BEGIN), text.find(README_END)
+def replace_section(text: str, section: str, *, begin: str = README_BEGIN,
+                    end_marker: str = README_END) -> str:
+    """``text`` with what lies between the markers (the compare table's by default)
+    replaced by ``section`` (markers appended at the end when missing)."""
+    block = f"{begin}\n{section.rstrip()}\n{end_marker}"
+    start, end = text.find(begin), text.find(end_marker)
     if start < 0 or end < start:
         return text.rstrip() + "\n\n" + block + "\n"
-    return text[:start] + block + text[end + len(README_END):]
+    return text[:start] + block + text[end + len(end_marker):]
 
 
 def cpu_cores(ticks_before: int, ticks_after: int, seconds: float) -> float:

@@ -88,7 +88,7 @@ from klet.devstack.containerd import Containerd, unmount_under  # noqa: E402
 from klet.devstack.pki import CertPair  # noqa: E402
 from klet.devstack.procs import read_cmdline  # noqa: E402
 
-from bench import common  # noqa: E402
+from bench import common, compare  # noqa: E402
 from bench.compare import (  # noqa: E402
     CLK_TCK,
     Agent,
@@ -98,7 +98,6 @@ from bench.compare import (  # noqa: E402
     env_int,
     kubelet_binary,
     make_cgroup_root,
-    percentile,
     read_sysctls,
     remove_cgroups,
     restore_sysctls,
@@ -596,42 +595,6 @@ def report(side: str, kind: str, res: Mapping[str, Any], *, timed: bool) -> None
 # -- the table -------------------------------------------------------------------------------
 
 
-def fmt(value: float, unit: str) -> str:
-    if unit == "s":
-        return f"{value * 1000:.0f} ms" if value < 10 else f"{value:.1f} s"
-    if unit == "cpu-s":
-        return f"{value:.2f} CPU-s"
-    if unit == "cores":
-        return f"{value:.3f} cores"
-    return f"{value:.0f}"
-
-
-def row_cells(row: Row) -> list[str]:
-    """label, n, klet median, klet p95 (or max), upstream median, p95 (or max), ratio."""
-    cells = [row.label, f"{len(row.klet)}/{len(row.upstream)}"]
-    medians: list[float | None] = []
-    for xs in (row.klet, row.upstream):
-        if not xs:
-            cells += ["-", "-"]
-            medians.append(None)
-            continue
-        med = percentile(xs, 50)
-        medians.append(med)
-        if len(xs) == 1:
-            cells += [fmt(med, row.unit), ""]
-        elif len(xs) >= P95_MIN_SAMPLES:
-            cells += [fmt(med, row.unit), f"{fmt(percentile(xs, 95), row.unit)} (p95)"]
-        else:
-            cells += [fmt(med, row.unit), f"{fmt(max(xs), row.unit)} (max)"]
-    k, u = medians
-    cells.append("-" if k is None or u is None else "inf" if u == 0 else f"{k / u:.2f}x")
-    return cells
-
-
-HEADER = ["measurement", "n klet/up", "klet median", "klet tail", "upstream median",
-          "upstream tail", "klet/upstream"]
-
-
 def table_rows(samples: Samples) -> list[Row]:
     def row(label: str, key: str, unit: str = "s") -> Row:
         s = samples.get(key, {})
@@ -655,25 +618,15 @@ def table_rows(samples: Samples) -> list[Row]:
 
 
 def markdown_table(rows: Sequence[Row]) -> str:
-    lines = ["| " + " | ".join(HEADER) + " |", "|" + "---|" * len(HEADER)]
-    lines += ["| " + " | ".join(row_cells(r)) + " |" for r in rows]
-    return "\n".join(lines)
+    return compare.markdown_table(rows, q=95, min_samples=P95_MIN_SAMPLES)
 
 
 def text_table(rows: Sequence[Row]) -> str:
-    body = [HEADER, *(row_cells(r) for r in rows)]
-    widths = [max(len(line[i]) for line in body) for i in range(len(HEADER))]
-    return "\n".join("  ".join(c.ljust(w) if i == 0 else c.rjust(w)
-                               for i, (c, w) in enumerate(zip(line, widths, strict=True)))
-                     for line in body)
+    return compare.text_table(rows, q=95, min_samples=P95_MIN_SAMPLES)
 
 
 def replace_section(text: str, section: str) -> str:
-    block = f"{README_BEGIN}\n{section.rstrip()}\n{README_END}"
-    start, end = text.find(README_BEGIN), text.find(README_END)
-    if start < 0 or end < start:
-        return text.rstrip() + "\n\n" + block + "\n"
-    return text[:start] + block + text[end + len(README_END):]
+    return compare.replace_section(text, section, begin=README_BEGIN, end_marker=README_END)
 
 
 def readme_section(res: dict[str, Any], rows: Sequence[Row]) -> str:

@@ -475,17 +475,10 @@ class CSIVolumePlugin:
                 read_only=read_only,
                 republish=bool(dspec.get("requiresRepublish")),
             )
-            if (
-                fresh
-                and gid is not None
-                and not mount_group
-                and applies_fs_group(
-                    str(dspec.get("fsGroupPolicy") or "ReadWriteOnceWithFSType"),
-                    fs_type=fs_type,
-                    access_modes=access_modes,
+            if fresh and not mount_group:
+                await self._ownership(
+                    ctx.pod, target, dspec, fs_type, access_modes, read_only=read_only
                 )
-            ):
-                await self._ownership(ctx.pod, target, gid, read_only=read_only)
             self._published.add(target)
             if EXPAND_VOLUME in caps:
                 await self._expand(client, record, claimed, volume, target, staging)
@@ -549,17 +542,8 @@ class CSIVolumePlugin:
                 read_only=read_only,
                 republish=bool(dspec.get("requiresRepublish")),
             )
-            if (
-                fresh
-                and gid is not None
-                and not mount_group
-                and applies_fs_group(
-                    str(dspec.get("fsGroupPolicy") or "ReadWriteOnceWithFSType"),
-                    fs_type=fs_type,
-                    access_modes=None,
-                )
-            ):
-                await self._ownership(ctx.pod, target, gid, read_only=read_only)
+            if fresh and not mount_group:
+                await self._ownership(ctx.pod, target, dspec, fs_type, None, read_only=read_only)
             self._published.add(target)
         return target
 
@@ -642,8 +626,23 @@ class CSIVolumePlugin:
             return
         log.info("volume expanded", extra={"pv": claimed.pv_name, "capacity": wanted[0]})
 
-    async def _ownership(self, pod: JSON, target: Path, gid: int, *, read_only: bool) -> None:
-        policy = ((pod.get("spec") or {}).get("securityContext") or {}).get("fsGroupChangePolicy")
+    async def _ownership(
+        self,
+        pod: JSON,
+        target: Path,
+        dspec: JSON,
+        fs_type: str,
+        access_modes: list[Any] | None,
+        *,
+        read_only: bool,
+    ) -> None:
+        """The pod's fsGroup on the freshly published files, when the CSIDriver's
+        fsGroupPolicy asks for it (`access_modes` None: an inline volume)."""
+        gid = fs_group(pod)
+        policy = str(dspec.get("fsGroupPolicy") or "ReadWriteOnceWithFSType")
+        if gid is None or not applies_fs_group(policy, fs_type=fs_type, access_modes=access_modes):
+            return
+        change = ((pod.get("spec") or {}).get("securityContext") or {}).get("fsGroupChangePolicy")
         if not await asyncio.to_thread(target.exists):
             return  # the driver made nothing there (the runtime makes the directory)
         try:
@@ -652,7 +651,7 @@ class CSIVolumePlugin:
                 target,
                 gid,
                 read_only=read_only,
-                on_root_mismatch=policy == "OnRootMismatch",
+                on_root_mismatch=change == "OnRootMismatch",
             )
         except OSError as err:
             raise VolumeError(f"applying fsGroup {gid} to {target}: {err}") from err
