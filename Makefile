@@ -150,7 +150,8 @@ conformance: setup cluster-binaries e2e-binaries
 # PersistentVolumes-local` (34) and `PersistentVolumes` (12; the NFS server image of its
 # NFS specs, volume/nfs, is built offline too), in a PID and mount namespace of its own (the
 # specs' hostexec pods nsenter /proc/1's mount namespace, which this VM's PID 1 refuses);
-# writes conformance/storage/RESULTS.md (artefacts under conformance/storage/run/).
+# writes conformance/storage/RESULTS.md (artefacts under conformance/storage/run/). About
+# 50 minutes with 2 ginkgo processes, mostly the 300 s waits of the specs that fail here.
 # CONFORMANCE_STORAGE_ARGS: e.g. --focus 'Volume type: dir\]' --procs 1.
 CONFORMANCE_STORAGE_ARGS ?= --procs 2
 conformance-storage: setup cluster-binaries e2e-binaries
