@@ -367,6 +367,9 @@ def conform(run: SuiteRun, artifacts: Path) -> Outcome:
     `artifacts` (with e2e.log and the components' logs), tear everything down.
     SetupError when the cluster or the suite could not be run at all."""
     began = time.monotonic()
+    # klet runs the code it imports at start: name that commit, not the one the checkout
+    # has moved to by the end of a long run.
+    klet_commit = git_describe()
     shutil.rmtree(artifacts, ignore_errors=True)
     artifacts.mkdir(parents=True)
     work = Path(tempfile.mkdtemp(prefix="klet-conf-", dir="/tmp"))
@@ -391,7 +394,7 @@ def conform(run: SuiteRun, artifacts: Path) -> Outcome:
         "e2e.test": version_of([str(bins.e2e / "e2e.test"), "--version"]),
         "kube-apiserver": version_of([str(bins.control_plane / "kube-apiserver"), "--version"]),
         "containerd": version_of(["containerd", "--version"]),
-        "klet": "commit " + git_describe(),
+        "klet": "commit " + klet_commit,
     }
     return Outcome(
         results=parse_report(json.loads(report.read_text())),
