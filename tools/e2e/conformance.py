@@ -144,12 +144,6 @@ KNOWN_DIFFERENCES: dict[str, str] = {
         'not mount `nfs` PVs either (FailedMount: volume type "nfs" is not supported); '
         "the one NFS spec that mounts nothing (a new PV turns Available) passes."
     ),
-    r"PersistentVolumes-local \[Volume type: block\]": (
-        "klet, on purpose: these PVs have volumeMode Block and the pods use them through "
-        "`volumeDevices`; klet refuses raw block volumes for now (FailedMount: PV ... has "
-        "volumeMode Block; klet mounts only Filesystem volumes). Loop devices work here: the "
-        "blockfswithformat specs, on a loop device, pass."
-    ),
 }
 
 
