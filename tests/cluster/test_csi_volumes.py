@@ -19,7 +19,9 @@ directory left, before the API object is gone; syncloop SIGKILLed while such a p
 → no container restarted, the volume still there, and torn down by the new syncloop
 when the pod goes; an inline CSI volume and a generic ephemeral volume; a local PV; a
 Block-mode local PV on a loop device, written through `volumeDevices` (and refused in
-`volumeMounts`); a
+`volumeMounts`); a Filesystem-mode local PV on a blank loop device, formatted, mounted
+for the node and bound into the pod, unmounted with its last pod, its data there for
+the next; a
 StatefulSet's pod deleted and recreated reads the data it wrote (on a local PV: the mock
 keeps no data); bad input (a claim
 that does not exist, one that is not bound, a driver that is not registered, a driver
@@ -526,6 +528,63 @@ def test_a_block_mode_local_pv(
     finally:
         cp.kubectl("delete", "pvc", "raw", "-n", ns, "--wait=false")
         cp.kubectl("delete", "pv", name, "--wait=false")
+
+
+def test_a_local_pv_on_a_blank_block_device_is_formatted_and_mounted(
+    cp: ControlPlane, node: KletNode, ns: str, loop_device: Path
+) -> None:
+    """upstream's [Volume type: blockfswithoutformat]: a Filesystem-mode local PV whose
+    path is a device without a filesystem."""
+    name = f"fsdev-{ns}"
+    local_pv(
+        cp,
+        name,
+        loop_device,
+        storage_class="local-fsdev",
+        claim_ref={"namespace": ns, "name": "fsdev"},
+    )
+    node_mount = node.root_dir / "plugins/kubernetes.io/local-volume/mounts" / name
+    try:
+        create(cp, ns, claim("fsdev", storage_class="local-fsdev"))
+        first = pod("first", {"persistentVolumeClaim": {"claimName": "fsdev"}})
+        create(cp, ns, first)
+        p = wait_for(lambda: running(cp, ns, "first"), timeout_s=120, what="first Running")
+        uid = p["metadata"]["uid"]
+        wait_for(lambda: (node_mount / "file").exists(), timeout_s=30, what="the pod's file")
+        assert (node_mount / "file").read_text() == "written-by-first\n"
+        assert str(node_mount) in mount_points()
+        bind = node.root_dir / "pods" / uid / "volumes/kubernetes.io~local-volume" / name
+        assert str(bind) in mount_points()
+        fs_type = subprocess.run(
+            ["blkid", "-p", "-s", "TYPE", "-o", "value", str(loop_device)],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
+        assert fs_type == "ext4"
+        delete_pod(cp, ns, "first")
+        assert str(node_mount) not in mount_points()  # unmounted with its last pod
+        assert str(bind) not in mount_points()
+
+        second = pod("second", {"persistentVolumeClaim": {"claimName": "fsdev"}})
+        second["spec"]["containers"][0]["command"] = [
+            "sh",
+            "-c",
+            "cat /data/file > /data/seen; sleep 100000",
+        ]
+        create(cp, ns, second)
+        wait_for(lambda: running(cp, ns, "second"), timeout_s=120, what="second Running")
+        wait_for(lambda: (node_mount / "seen").exists(), timeout_s=30, what="the second's copy")
+        assert (node_mount / "seen").read_text() == "written-by-first\n"  # not formatted again
+        delete_pod(cp, ns, "second")
+        assert str(node_mount) not in mount_points()
+    finally:
+        cp.kubectl("delete", "pvc", "fsdev", "-n", ns, "--wait=false")
+        cp.kubectl("delete", "pv", name, "--wait=false")
+
+
+def mount_points() -> set[str]:
+    return {line.split()[4] for line in Path("/proc/self/mountinfo").read_text().splitlines()}
 
 
 def test_a_statefulset_pod_reads_back_what_it_wrote(

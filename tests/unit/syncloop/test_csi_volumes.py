@@ -13,6 +13,7 @@ import hashlib
 import json
 import os
 import stat
+import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +23,7 @@ from klet.csi import CSIError, DriverUnavailable, Volume
 from klet.model.records import CSIDriverRecord
 from klet.model.types import JSON
 from klet.syncloop.environment.envvars import NodeFacts
-from klet.syncloop.volumes import claims
+from klet.syncloop.volumes import claims, localdevice
 from klet.syncloop.volumes.base import Block, VolumeContext, VolumeError
 from klet.syncloop.volumes.csi import (
     CSIVolumePlugin,
@@ -508,6 +509,30 @@ async def test_a_block_local_pv_is_a_device_and_other_block_pvs_are_refused(
     os.mknod(node, stat.S_IFBLK | 0o600, os.makedev(7, 0))  # as loop0's (tests run as root)
     spec["local"] = {"path": str(node)}
     assert await p.set_up(CLAIM, ctx(tmp_path, a_pod("u1", CLAIM))) == Block(node)
+
+
+@pytest.fixture
+def ext4_image(tmp_path: Path) -> Path:
+    image = tmp_path / "disk.img"
+    image.write_bytes(bytes(4 << 20))
+    subprocess.run(["mkfs.ext4", "-q", "-F", str(image)], check=True)
+    return image
+
+
+async def test_a_device_with_another_filesystem_is_not_formatted(
+    tmp_path: Path, ext4_image: Path
+) -> None:
+    image = ext4_image
+    assert await localdevice.filesystem_of(str(image)) == "ext4"
+    blank = tmp_path / "blank.img"
+    blank.write_bytes(bytes(1 << 20))
+    assert await localdevice.filesystem_of(str(blank)) == ""
+    mounts = localdevice.LocalDeviceMounts(tmp_path)
+    with pytest.raises(VolumeError, match="as 'xfs': it already contains 'ext4'"):
+        await mounts.set_up(
+            "pv1", str(image), fs_type="xfs", options=(), pod_volume=tmp_path / "pod" / "pv1"
+        )
+    assert not mounts.global_path("pv1").exists()
 
 
 async def test_fs_group_is_applied_as_the_policy_says(tmp_path: Path) -> None:

@@ -50,18 +50,25 @@ import logging
 import os
 import stat
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
 from typing import Any, Generic, Protocol, TypeVar
 
 from klet.bus import BusError
 from klet.config.units import parse_quantity_int
 from klet.csi import Capability, CSIError, Volume
+from klet.hostfs import on_host
 from klet.model.records import CSIDriverRecord
 from klet.model.types import JSON
 from klet.syncloop.environment.kubeobjects import ObjectUnavailable, secret_data
-from klet.syncloop.volumes import claims, fs, hostpath
-from klet.syncloop.volumes.base import Block, TokenIssuer, VolumeContext, VolumeError
+from klet.syncloop.volumes import claims, fs, hostpath, localdevice
+from klet.syncloop.volumes.base import (
+    Block,
+    TokenIssuer,
+    VolumeContext,
+    VolumeError,
+    volume_path,
+)
 from klet.syncloop.volumes.emptydir import fs_group
 
 log = logging.getLogger(__name__)
@@ -323,6 +330,7 @@ class CSIVolumePlugin:
         self._clients: ClientPool[NodeDriver] = ClientPool(connect)
         self._capabilities: dict[tuple[str, float], frozenset[str]] = {}
         self._published: set[Path] = set()
+        self._local_devices = localdevice.LocalDeviceMounts(root_dir)
         # (pod UID, volume name) -> upstream's plugin name of what the volume resolved to
         self._names: dict[tuple[str, str], str] = {}
         self._staged: set[Path] = set()
@@ -369,7 +377,7 @@ class CSIVolumePlugin:
         if isinstance(spec.get("csi"), dict):
             return await self._set_up_pv(claimed, ctx, str(volume.get("name") or ""))
         if isinstance(spec.get("local"), dict):
-            return await self._local_path(claimed, str(spec["local"].get("path") or ""), "")
+            return await self._local(claimed, ctx, spec)
         if isinstance(spec.get("hostPath"), dict):
             source = spec["hostPath"]
             return await self._local_path(
@@ -390,6 +398,27 @@ class CSIVolumePlugin:
         except VolumeError as err:
             raise VolumeError(f"PV {claimed.pv_name}: {err}") from err
         return Block(Path(path))
+
+    async def _local(self, claimed: claims.Claimed, ctx: VolumeContext, spec: JSON) -> Path:
+        """A Filesystem-mode `local` PV: a directory of the node as it is, or a block
+        device mounted for the node and bound into the pod (`localdevice`)."""
+        path = str(spec["local"].get("path") or "")
+        device: bool = await asyncio.to_thread(_is_block_device, path) if path else False
+        if device:
+            return await self._local_devices.set_up(
+                claimed.pv_name,
+                path,
+                fs_type=str(spec["local"].get("fsType") or ""),
+                options=tuple(str(o) for o in spec.get("mountOptions") or []),
+                pod_volume=volume_path(
+                    ctx.pod_dir, dir_name=localdevice.DIR_NAME, name=claimed.pv_name
+                ),
+            )
+        return await self._local_path(claimed, path, "")
+
+    def more_dirs(self) -> Mapping[str, Callable[[Path], Awaitable[None]]]:
+        """Block-device `local` PVs live under `kubernetes.io~local-volume`."""
+        return {localdevice.DIR_NAME: self._local_devices.tear_down}
 
     async def _local_path(self, claimed: claims.Claimed, path: str, path_type: str) -> Path:
         """A `local` or `hostPath` PV: the node's own path, mounted as it is."""
@@ -871,6 +900,13 @@ def _pod_keys(pod: JSON, volume: str, claim: str) -> JSON:
         "kletPodVolume": volume,
         "kletClaimName": claim,
     }
+
+
+def _is_block_device(path: str) -> bool:
+    try:
+        return stat.S_ISBLK(os.stat(on_host(Path(path))).st_mode)
+    except OSError:
+        return False  # the directory check says what is wrong
 
 
 def _prepare_staging(staging_dir: Path, data: JSON) -> None:

@@ -81,6 +81,11 @@ def fs_type(path: Path) -> str | None:
     return found[-1] if found else None
 
 
+async def run(*argv: str) -> None:
+    """Run a mount-related command; `MountError` with its output when it fails."""
+    await _run(*argv)
+
+
 async def _run(*argv: str) -> None:
     proc = await asyncio.create_subprocess_exec(
         *argv, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT
@@ -97,6 +102,21 @@ async def mount_tmpfs(path: Path, *, options: tuple[str, ...] = ()) -> None:
     if options:
         argv += ["-o", ",".join(options)]
     await _run(*argv, "tmpfs", str(path))
+
+
+async def mount_device(
+    device: str, path: Path, *, fs_type: str, options: tuple[str, ...] = ()
+) -> None:
+    """Mount a block device's filesystem at `path`."""
+    argv = ["mount", "-t", fs_type]
+    if options:
+        argv += ["-o", ",".join(options)]
+    await _run(*argv, device, str(path))
+
+
+async def bind(source: Path, path: Path) -> None:
+    """Bind-mount `source` at `path`."""
+    await _run("mount", "--bind", str(source), str(path))
 
 
 async def unmount(path: Path) -> None:

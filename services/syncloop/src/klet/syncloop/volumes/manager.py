@@ -20,7 +20,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-from collections.abc import Callable, Collection, Iterable, Mapping
+from collections.abc import Awaitable, Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol, runtime_checkable
@@ -203,13 +203,17 @@ class VolumeManager:
         if problems:  # nothing of a volume is removed while a subPath of it is mounted
             log.warning("pod subPath mounts not removed", extra={"uid": uid, "problems": problems})
             return problems
-        by_dir = {p.dir_name: p for p in self.plugins}
+        by_dir: dict[str, Callable[[Path], Awaitable[None]]] = {}
+        for p in self.plugins:
+            by_dir[p.dir_name] = p.tear_down
+            if isinstance(p, OwnsMoreDirs):
+                by_dir.update(p.more_dirs())
         for plugin_dir in _subdirs(volumes_dir):
-            plugin = by_dir.get(plugin_dir.name)
+            tear_down = by_dir.get(plugin_dir.name)
             for path in _subdirs(plugin_dir, include_files=True):
                 try:
-                    if plugin is not None:
-                        await plugin.tear_down(path)
+                    if tear_down is not None:
+                        await tear_down(path)
                     else:
                         problems += await fs.remove_tree(path)
                 except (OSError, fs.MountError, VolumeError) as err:
@@ -309,6 +313,16 @@ def _plugin_name(plugin: VolumePlugin, volume: JSON, uid: str) -> str | None:
     if isinstance(plugin, NamesPlugins):
         return plugin.plugin_name(uid, volume)
     return _PLUGIN_NAMES.get(volume_type(volume))
+
+
+@runtime_checkable
+class OwnsMoreDirs(Protocol):
+    """A plugin that keeps some of its volumes under other plugin directories (a block
+    device `local` PV under `kubernetes.io~local-volume`)."""
+
+    def more_dirs(self) -> Mapping[str, Callable[[Path], Awaitable[None]]]:
+        """Plugin directory name -> how a volume there is torn down."""
+        ...
 
 
 @runtime_checkable
