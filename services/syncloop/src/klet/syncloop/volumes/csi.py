@@ -81,6 +81,7 @@ GLOBAL_DIR = Path("plugins") / "kubernetes.io" / "csi"
 """Below the root dir: `<driver>/<sha256(volume handle)>/globalmount`, as upstream."""
 
 STAGE_UNSTAGE = "STAGE_UNSTAGE_VOLUME"
+GET_VOLUME_STATS = "GET_VOLUME_STATS"
 EXPAND_VOLUME = "EXPAND_VOLUME"
 FS_RESIZE_PENDING = "FileSystemResizePending"
 NODE_RESIZE_STATES = frozenset({"NodeResizePending", "NodeResizeInProgress", "NodeResizeFailed"})
@@ -134,21 +135,24 @@ class CSIObjects(claims.ClaimObjects, Protocol):
     async def patch_pvc_status(self, namespace: str, name: str, patch: JSON) -> None: ...
 
 
-class Closable(Protocol):
+class PooledDriver(Protocol):
+    async def node_capabilities(self) -> frozenset[str]: ...
+
     async def close(self) -> None: ...
 
 
-C = TypeVar("C", bound=Closable)
+C = TypeVar("C", bound=PooledDriver)
 
 
 class ClientPool(Generic[C]):
-    """One client per registered driver, made again when the driver registers anew: a
-    restarted driver gets a fresh channel rather than one deep in its reconnect
-    back-off from the outage."""
+    """One client per registered driver, and its node capabilities asked once, both
+    made again when the driver registers anew: a restarted driver gets a fresh channel
+    rather than one deep in its reconnect back-off from the outage."""
 
     def __init__(self, connect: Callable[[str], C]) -> None:
         self.connect = connect
         self._clients: dict[str, tuple[float, C]] = {}
+        self._capabilities: dict[tuple[str, float], frozenset[str]] = {}
 
     async def get(self, record: CSIDriverRecord) -> C:
         held = self._clients.get(record.endpoint)
@@ -156,9 +160,25 @@ class ClientPool(Generic[C]):
             return held[1]
         if held is not None:
             await held[1].close()
+            self._capabilities.pop((record.endpoint, held[0]), None)
         client = self.connect(record.endpoint)
         self._clients[record.endpoint] = (record.registered_at, client)
         return client
+
+    async def capabilities(self, record: CSIDriverRecord) -> frozenset[str]:
+        """The driver's node capabilities (NodeGetCapabilities); raises `CSIError`."""
+        key = (record.endpoint, record.registered_at)
+        caps = self._capabilities.get(key)
+        if caps is None:
+            caps = await (await self.get(record)).node_capabilities()
+            self._capabilities[key] = caps
+        return caps
+
+
+def unique_name(driver: str, handle: str) -> str:
+    """Upstream's unique name of a CSI volume (what `volumesInUse` and the Node's
+    `volumesAttached` list)."""
+    return f"kubernetes.io/csi/{driver}^{handle}"
 
 
 CSI_PLUGIN = "kubernetes.io/csi"
@@ -323,12 +343,10 @@ class CSIVolumePlugin:
         self.root_dir = root_dir
         self.node_name = node_name
         self.drivers = drivers
-        self.connect = connect
         self.objects = objects
         self.tokens = tokens
         self.clock = clock
         self._clients: ClientPool[NodeDriver] = ClientPool(connect)
-        self._capabilities: dict[tuple[str, float], frozenset[str]] = {}
         self._published: set[Path] = set()
         self._local_devices = localdevice.LocalDeviceMounts(root_dir)
         # (pod UID, volume name) -> upstream's plugin name of what the volume resolved to
@@ -689,16 +707,11 @@ class CSIVolumePlugin:
         record = await self._registered(name)
         if record is None:
             raise VolumeError(f"driver name {name} not found in the list of registered CSI drivers")
-        client = await self._clients.get(record)
-        key = (record.endpoint, record.registered_at)
-        caps = self._capabilities.get(key)
-        if caps is None:
-            try:
-                caps = await client.node_capabilities()
-            except CSIError as err:
-                raise VolumeError(f"driver {name}: {err}") from err
-            self._capabilities[key] = caps
-        return record, client, caps
+        try:
+            caps = await self._clients.capabilities(record)
+        except CSIError as err:
+            raise VolumeError(f"driver {name}: {err}") from err
+        return record, await self._clients.get(record), caps
 
     async def _registered(self, name: str) -> CSIDriverRecord | None:
         """The driver's registration; a bus that does not answer fails the volume (to be
@@ -722,7 +735,7 @@ class CSIVolumePlugin:
         VolumeAttachment only once it exists for the node), then attached in its
         VolumeAttachment."""
         assert self.objects is not None
-        unique = f"kubernetes.io/csi/{driver}^{handle}"
+        unique = unique_name(driver, handle)
         try:
             node = await self.objects.get_node(self.node_name)
         except ObjectUnavailable as err:

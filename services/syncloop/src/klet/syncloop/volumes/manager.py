@@ -146,8 +146,9 @@ class VolumeManager:
             plugin_name = _plugin_name(plugin, volume, uid)
             if plugin_name:
                 states[name] = (plugin_name, name in result.paths or name in result.devices)
-        self._states[uid] = states
-        self._report_counts()
+        if self._states.get(uid) != states:  # most syncs of a running pod change nothing
+            self._states[uid] = states
+            self._report_counts()
         return result
 
     def _report_counts(self) -> None:

@@ -31,14 +31,21 @@ from typing import Protocol
 
 from klet.bus import BusError
 from klet.csi import CSIError, VolumeStats
-from klet.model.records import CSIDriverRecord, VolumeRecord
+from klet.model.records import VolumeRecord
 from klet.model.types import JSON
 from klet.obs import OnceLogger
-from klet.syncloop.volumes.csi import DATA_FILE, DIR_NAME, MOUNT_DIR, ClientPool
+from klet.syncloop.volumes.csi import (
+    DATA_FILE,
+    DIR_NAME,
+    GET_VOLUME_STATS,
+    MOUNT_DIR,
+    ClientPool,
+    DriverDirectory,
+    unique_name,
+)
 
 log = logging.getLogger(__name__)
 
-GET_VOLUME_STATS = "GET_VOLUME_STATS"
 SCAN_PERIOD_S = 5.0
 
 
@@ -50,10 +57,6 @@ class VolumeTable(Protocol):
     async def all(self) -> dict[str, VolumeRecord]: ...
 
 
-class DriverDirectory(Protocol):
-    async def get(self, key: str) -> CSIDriverRecord | None: ...
-
-
 class StatsDriver(Protocol):
     async def node_capabilities(self) -> frozenset[str]: ...
 
@@ -62,11 +65,6 @@ class StatsDriver(Protocol):
     ) -> VolumeStats: ...
 
     async def close(self) -> None: ...
-
-
-def unique_name(driver: str, handle: str) -> str:
-    """Upstream's unique name of a CSI volume (what `volumesInUse` lists)."""
-    return f"kubernetes.io/csi/{driver}^{handle}"
 
 
 def on_disk(root_dir: Path) -> dict[str, tuple[VolumeRecord, JSON]]:
@@ -113,7 +111,6 @@ class VolumeStatsCollector:
         self.root_dir = root_dir
         self.table = table
         self.drivers = drivers
-        self.connect = connect
         self.stats_period_s = stats_period_s
         self.scan_period_s = scan_period_s
         self.clock = clock
@@ -160,11 +157,10 @@ class VolumeStatsCollector:
         entry = await self.drivers.get(driver)
         if entry is None:
             return record
-        client = await self._clients.get(entry)
         try:
-            if GET_VOLUME_STATS not in await client.node_capabilities():
+            if GET_VOLUME_STATS not in await self._clients.capabilities(entry):
                 return record  # the driver gives none
-            stats = await client.volume_stats(
+            stats = await (await self._clients.get(entry)).volume_stats(
                 str(data.get("volumeHandle") or ""),
                 volume_path=str(data["_target"]),
                 staging_path=str(data.get("stagingTargetPath") or ""),
