@@ -1,6 +1,6 @@
 """Pods with persistent and CSI volumes on a klet node: the volume manager against the real
-apiserver, kube-controller-manager (the PV binder, the protection, ephemeral-volume and
-StatefulSet controllers), csi-provisioner and a real CSI driver.
+apiserver, kube-controller-manager (the PV binder, attach-detach, the protection,
+ephemeral-volume and StatefulSet controllers), csi-provisioner and a real CSI driver.
 
 The driver is csi-mock (the storage e2e suite's mock driver, tools/csi), registered
 through the node's plugins_registry as node-driver-registrar would, with a CSIDriver
@@ -27,9 +27,10 @@ keeps no data); bad input (a claim
 that does not exist, one that is not bound, a driver that is not registered, a driver
 that does not answer) → FailedMount Events naming the cause while the pod waits in
 ContainerCreating, and retried once the cause is gone; a CSIDriver that requires attach
-→ the pod waits for the Node's volumesAttached (FailedMount naming it) and stages with
-the VolumeAttachment's metadata once the test, playing the attacher and the
-attach-detach controller, marks it attached.
+→ the attach-detach controller makes its VolumeAttachment, the pod waits for the Node's
+volumesAttached (FailedMount naming it) and stages with the VolumeAttachment's metadata
+once the test, playing external-attacher, marks it attached; detached only once the
+node has unmounted it.
 """
 
 from __future__ import annotations
@@ -658,10 +659,13 @@ def test_a_statefulset_pod_reads_back_what_it_wrote(
 def test_a_driver_that_needs_attach_waits_for_its_volume_attachment(
     cp: ControlPlane, node: KletNode, driver: dict[str, Any], ns: str
 ) -> None:
-    """The test plays external-attacher and the attach-detach controller (the module
-    proxy here serves no external-attacher): the node waits until its Node's
-    volumesAttached lists the volume, reads the VolumeAttachment through the Node
-    authorizer, and stages with its attachment metadata."""
+    """kube-controller-manager's attach-detach controller makes the VolumeAttachment and
+    the test plays external-attacher (the module proxy here serves none): until it is
+    attached the pod waits with a FailedMount naming volumesAttached; then the
+    controller lists the volume in the Node's status, the node reads the
+    VolumeAttachment through the Node authorizer and stages with its attachment
+    metadata. The pod deleted, the node unmounts and drops the volume from volumesInUse,
+    and only then does the controller detach (delete the VolumeAttachment)."""
     create(cp, ns, claim("attached"))
     pv = wait_for(
         lambda: kget(cp, "pvc", "attached", "-n", ns)["spec"].get("volumeName"),
@@ -674,27 +678,41 @@ def test_a_driver_that_needs_attach_waits_for_its_volume_attachment(
     apply(cp, csidriver(attach=True))
     name = "csi-" + hashlib.sha256(f"{handle}{DRIVER}{NODE}".encode()).hexdigest()
     unique = f"kubernetes.io/csi/{DRIVER}^{handle}"
+
+    def attachment() -> dict[str, Any] | None:
+        got = cp.kubectl("get", "volumeattachment", name, "-o", "json", "--ignore-not-found")
+        return json.loads(got.stdout) if got.stdout.strip() else None
+
+    def node_volumes(field: str) -> list[str]:
+        return [
+            v["name"] if isinstance(v, dict) else v
+            for v in kget(cp, "node", NODE)["status"].get(field) or []
+        ]
+
+    mock: MockDriver = driver["mock"]
+
+    def stage_calls() -> list[str]:
+        this = f'"volume_id":"{handle}"'
+        log = mock.log.read_text(errors="replace").splitlines()
+        return [line for line in log if "NodeStageVolume" in line and this in line]
+
     try:
         create(cp, ns, pod("attached", {"persistentVolumeClaim": {"claimName": "attached"}}))
+        made = wait_for(attachment, timeout_s=60, what="the controller's VolumeAttachment")
+        assert made["spec"] == {
+            "attacher": DRIVER,
+            "nodeName": NODE,
+            "source": {"persistentVolumeName": pv},
+        }
         wait_for(
             lambda: failed_mount(cp, ns, "attached", "is not in the Node's status.volumesAttached"),
             timeout_s=60,
             what="the FailedMount naming volumesAttached",
         )
         assert waiting_reason(cp, ns, "attached") == "ContainerCreating"
-        apply(
-            cp,
-            {
-                "apiVersion": "storage.k8s.io/v1",
-                "kind": "VolumeAttachment",
-                "metadata": {"name": name},
-                "spec": {
-                    "attacher": DRIVER,
-                    "nodeName": NODE,
-                    "source": {"persistentVolumeName": pv},
-                },
-            },
-        )
+        # in use before anything is mounted (upstream's guard against a detach under it)
+        assert unique in node_volumes("volumesInUse")
+        assert stage_calls() == []
         status = {"status": {"attached": True, "attachmentMetadata": {"device": "/dev/klet-test"}}}
         cp.kubectl(
             "patch",
@@ -706,32 +724,28 @@ def test_a_driver_that_needs_attach_waits_for_its_volume_attachment(
             json.dumps(status),
             check=True,
         )
-        listed = {"status": {"volumesAttached": [{"name": unique, "devicePath": ""}]}}
-        cp.kubectl(
-            "patch",
-            "node",
-            NODE,
-            "--subresource=status",
-            "--type=merge",
-            "-p",
-            json.dumps(listed),
-            check=True,
+        wait_for(
+            lambda: unique in node_volumes("volumesAttached"),
+            timeout_s=60,
+            what="the controller listing the volume in volumesAttached",
         )
         wait_for(lambda: running(cp, ns, "attached"), timeout_s=120, what="attached Running")
-        mock: MockDriver = driver["mock"]
-        staged_with = [
-            line
-            for line in mock.log.read_text(errors="replace").splitlines()
-            if "NodeStageVolume" in line and handle in line
-        ]
-        assert any("/dev/klet-test" in line for line in staged_with)
+        assert any("/dev/klet-test" in line for line in stage_calls())
         delete_pod(cp, ns, "attached")
-    finally:
-        cp.kubectl("delete", "volumeattachment", name, "--ignore-not-found")
-        cleared = {"status": {"volumesAttached": None}}
-        cp.kubectl(
-            "patch", "node", NODE, "--subresource=status", "--type=merge", "-p", json.dumps(cleared)
+        wait_for(
+            lambda: unique not in node_volumes("volumesInUse"),
+            timeout_s=60,
+            what="the volume dropped from volumesInUse",
         )
+        wait_for(lambda: attachment() is None, timeout_s=120, what="the controller detaching")
+        wait_for(
+            lambda: unique not in node_volumes("volumesAttached"),
+            timeout_s=60,
+            what="the volume dropped from volumesAttached",
+        )
+    finally:
+        cp.kubectl("delete", "pod", "attached", "-n", ns, "--ignore-not-found", "--wait=false")
+        cp.kubectl("delete", "volumeattachment", name, "--ignore-not-found")
         cp.kubectl("delete", "csidriver", DRIVER, check=True)
         apply(cp, csidriver(attach=False))
 

@@ -77,6 +77,7 @@ def publish(root: Path, uid: str, name: str, *, claim: str = "", handle: str = "
         "kletClaimName": claim,
     }
     (volume_dir / "vol_data.json").write_text(json.dumps(data))
+    (volume_dir / "mount").mkdir()  # the driver's publish makes it
     return volume_dir
 
 
@@ -133,6 +134,19 @@ async def test_the_table_follows_the_disk_and_usage_the_period(tmp_path: Path) -
     (volume_dir / "vol_data.json").unlink()
     await fresh.sync_once()
     assert await table.all() == {}
+
+
+async def test_a_volume_waiting_for_its_attachment_is_in_use_but_not_measured(
+    tmp_path: Path,
+) -> None:
+    bus, driver, clock = FakeBus(), Driver(), Clock()
+    table = NodeBus.of(bus, service="status-reporter").volumes
+    volume_dir = publish(tmp_path, "u1", "pv1", claim="data")
+    (volume_dir / "mount").rmdir()  # vol_data.json written, the publish not done yet
+    await collector(tmp_path, bus, driver, clock).sync_once()
+    [record] = (await table.all()).values()
+    assert record.unique_name == f"kubernetes.io/csi/{DRIVER}^h1"  # in volumesInUse
+    assert record.usage == {} and driver.asked == []
 
 
 async def test_a_driver_without_volume_stats_gives_none(tmp_path: Path) -> None:

@@ -9,6 +9,7 @@ test_csi_volumes.py."""
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -66,7 +67,8 @@ class FakeDriver:
 
     async def unpublish(self, volume_id: str, *, target_path: str) -> None:
         self.calls.append(("unpublish", (volume_id, target_path)))
-        os.rmdir(target_path)
+        with contextlib.suppress(FileNotFoundError):  # idempotent, as CSI asks of a driver
+            os.rmdir(target_path)
 
     async def expand(
         self, volume: Volume, *, volume_path: str, staging_path: str = "", required_bytes: int
@@ -109,6 +111,7 @@ class Objects:
         self.secrets: dict[tuple[str, str], JSON] = {}
         self.patches: list[tuple[tuple[str, str], JSON]] = []
         self.attached: list[JSON] = []
+        self.in_use: list[str] = []
 
     async def get_pvc(self, namespace: str, name: str) -> JSON | None:
         return self.pvcs.get((namespace, name))
@@ -123,7 +126,9 @@ class Objects:
         return self.attachments.get(name)
 
     async def get_node(self, name: str) -> JSON | None:
-        return {"status": {"volumesAttached": self.attached}} if name == NODE else None
+        if name != NODE:
+            return None
+        return {"status": {"volumesAttached": self.attached, "volumesInUse": self.in_use}}
 
     async def get_secret(self, namespace: str, name: str) -> JSON | None:
         return self.secrets.get((namespace, name))
@@ -303,6 +308,14 @@ async def test_attach_is_waited_for_when_the_csidriver_requires_it(tmp_path: Pat
     objects.csidrivers[DRIVER] = {"spec": {"attachRequired": True}}
     p = plugin(tmp_path, driver, objects)
     name = attachment_name("vol-1", DRIVER, NODE)
+    unique = f"kubernetes.io/csi/{DRIVER}^vol-1"
+    with pytest.raises(VolumeError, match=r"not been added to the list of VolumesInUse"):
+        await p.set_up(CLAIM, ctx(tmp_path, a_pod("u1", CLAIM)))
+    # what puts it in volumesInUse is on disk before anything is mounted
+    data_file = tmp_path / "pods/u1/volumes/kubernetes.io~csi/pv1/vol_data.json"
+    assert json.loads(data_file.read_text())["attachmentID"] == name
+    assert driver.names() == []
+    objects.in_use = [unique]
     with pytest.raises(VolumeError, match=r"not in the Node's status.volumesAttached"):
         await p.set_up(CLAIM, ctx(tmp_path, a_pod("u1", CLAIM)))
     objects.attached = [{"name": f"kubernetes.io/csi/{DRIVER}^vol-1", "devicePath": ""}]
@@ -326,10 +339,16 @@ async def test_no_csidriver_object_means_attach_required(tmp_path: Path) -> None
     objects = Objects()
     objects.bind("data", "pv1")
     del objects.csidrivers[DRIVER]
-    with pytest.raises(VolumeError, match="is not attached to this node"):
-        await plugin(tmp_path, FakeDriver(), objects).set_up(
-            CLAIM, ctx(tmp_path, a_pod("u1", CLAIM))
-        )
+    driver = FakeDriver()
+    p = plugin(tmp_path, driver, objects)
+    with pytest.raises(VolumeError, match="VolumesInUse"):
+        await p.set_up(CLAIM, ctx(tmp_path, a_pod("u1", CLAIM)))
+    # the pod goes before its volume was attached: torn down as any other (the
+    # unpublish of a target never published is a no-op for a CSI driver), nothing left
+    volume_dir = tmp_path / "pods/u1/volumes/kubernetes.io~csi/pv1"
+    await p.tear_down(volume_dir)
+    assert driver.names() == ["unpublish"]
+    assert not volume_dir.exists()
 
 
 async def test_driver_problems_name_the_driver(tmp_path: Path) -> None:

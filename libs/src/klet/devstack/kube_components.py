@@ -60,10 +60,14 @@ CONTROLLERS = (
     # asked for new ones) only by the binder; the StorageObjectInUseProtection admission
     # plugin puts finalizers on every PVC and PV that only the two protection controllers
     # remove; a pod's `ephemeral` volume gets its claim from the ephemeral-volume
-    # controller; StatefulSets make claims from their volumeClaimTemplates. No
-    # attach-detach controller: no driver klet is tested with needs attaching (the
-    # external-attacher is not served by the module proxy here).
+    # controller; StatefulSets make claims from their volumeClaimTemplates. The
+    # attach-detach controller makes a VolumeAttachment for each volume of a driver that
+    # needs attaching and, once the attacher marks it attached, lists the volume in the
+    # Node's status.volumesAttached, which the node waits for; it detaches only after
+    # the node drops the volume from status.volumesInUse. (The module proxy here serves
+    # no external-attacher: the tests play that part.)
     "persistentvolume-binder-controller",
+    "persistentvolume-attach-detach-controller",
     "persistentvolume-protection-controller",
     "persistentvolumeclaim-protection-controller",
     "ephemeral-volume-controller",

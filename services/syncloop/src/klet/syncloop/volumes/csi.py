@@ -9,9 +9,11 @@ A CSI volume goes through the driver registered on this node (the bus `csidriver
 table, which syncloop's plugin watcher fills), as upstream's CSI volume plugin drives it:
 
 - **attach**: when the driver's CSIDriver object says `attachRequired` (or there is no
-  CSIDriver object), the volume waits until the Node's `status.volumesAttached` lists it
-  and its VolumeAttachment (`csi-<sha256(handle+driver+node)>`) is attached; the
-  attachment's `attachmentMetadata` is the publish context;
+  CSIDriver object), the pod's `vol_data.json` is written first (which puts the volume
+  in the Node's `status.volumesInUse`), and nothing is mounted until the Node's status
+  lists it in `volumesInUse` and in `volumesAttached` and its VolumeAttachment
+  (`csi-<sha256(handle+driver+node)>`, made by the attach-detach controller) is
+  attached; the attachment's `attachmentMetadata` is the publish context;
 - **stage** (`NodeStageVolume`, only for a driver with STAGE_UNSTAGE_VOLUME) once per
   volume on the node, at `<root-dir>/plugins/kubernetes.io/csi/<driver>/<sha256(handle)>/
   globalmount`, with the PV's `nodeStageSecretRef`;
@@ -463,10 +465,26 @@ class CSIVolumePlugin:
         record, client, caps = await self._driver(driver)
         csidriver = await self._csidriver(driver)
         dspec = (csidriver or {}).get("spec") or {}
-        publish_context: dict[str, str] = {}
         attach_id = ""
         if csidriver is None or dspec.get("attachRequired", True):
             attach_id = attachment_name(handle, driver, self.node_name)
+        volume_dir = ctx.volume_dir(self, claimed.pv_name)
+        staging_dir = staging_path(self.root_dir, driver, handle)
+        data = {
+            "specVolID": claimed.pv_name,
+            "volumeHandle": handle,
+            "driverName": driver,
+            "nodeName": self.node_name,
+            "attachmentID": attach_id,
+            "volumeLifecycleMode": "Persistent",
+            "stagingTargetPath": str(staging_dir) if STAGE_UNSTAGE in caps else "",
+            **_pod_keys(ctx.pod, volume_name, str(claimed.claim["metadata"]["name"])),
+        }
+        publish_context: dict[str, str] = {}
+        if attach_id:
+            # The pod's vol_data.json first: it is what puts the volume in the Node's
+            # volumesInUse, which must list it before anything is mounted.
+            await asyncio.to_thread(_prepare_volume_dir, volume_dir, data)
             publish_context = await self._attached(attach_id, driver, handle)
         access_modes = list(claimed.pv["spec"].get("accessModes") or [])
         fs_type = str(source.get("fsType") or "")
@@ -480,11 +498,9 @@ class CSIVolumePlugin:
         )
         attributes = {str(k): str(v) for k, v in (source.get("volumeAttributes") or {}).items()}
         read_only = claimed.read_only or bool(source.get("readOnly"))
-        volume_dir = ctx.volume_dir(self, claimed.pv_name)
         async with self._lock(driver, handle):
-            staging = ""
-            if STAGE_UNSTAGE in caps:
-                staging_dir = staging_path(self.root_dir, driver, handle)
+            staging = str(data["stagingTargetPath"])
+            if staging:
                 if staging_dir not in self._staged:
                     stage_volume = Volume(
                         volume_id=handle,
@@ -494,7 +510,6 @@ class CSIVolumePlugin:
                         secrets=await self._secret(source.get("nodeStageSecretRef"), "NodeStage"),
                     )
                     await self._stage(client, record, stage_volume, staging_dir)
-                staging = str(staging_dir)
             context = {**attributes, **await self._pod_context(ctx, dspec, ephemeral=False)}
             volume = Volume(
                 volume_id=handle,
@@ -503,16 +518,6 @@ class CSIVolumePlugin:
                 publish_context=publish_context,
                 secrets=await self._secret(source.get("nodePublishSecretRef"), "NodePublish"),
             )
-            data = {
-                "specVolID": claimed.pv_name,
-                "volumeHandle": handle,
-                "driverName": driver,
-                "nodeName": self.node_name,
-                "attachmentID": attach_id,
-                "volumeLifecycleMode": "Persistent",
-                "stagingTargetPath": staging,
-                **_pod_keys(ctx.pod, volume_name, str(claimed.claim["metadata"]["name"])),
-            }
             target, fresh = await self._publish(
                 client,
                 record,
@@ -729,18 +734,28 @@ class CSIVolumePlugin:
             raise VolumeError(f"failed to read CSIDriver {name}: {err}") from err
 
     async def _attached(self, name: str, driver: str, handle: str) -> dict[str, str]:
-        """The attachment's metadata once the volume is attached to this node: first in
-        the Node's `status.volumesAttached` (the attach-detach controller's word, as
-        upstream's kubelet waits for it; the Node authorizer lets a node read a
-        VolumeAttachment only once it exists for the node), then attached in its
-        VolumeAttachment."""
+        """The attachment's metadata once the volume is attached to this node: first
+        listed in the Node's `status.volumesInUse` (as upstream's kubelet, which mounts an
+        attachable volume only once its node status reports it in use, so the
+        attach-detach controller cannot detach it under the mount), then in the Node's
+        `status.volumesAttached` (the controller's word that it is attached; the Node
+        authorizer lets a node read a VolumeAttachment only once it exists for the node),
+        then attached in its VolumeAttachment."""
         assert self.objects is not None
         unique = unique_name(driver, handle)
         try:
             node = await self.objects.get_node(self.node_name)
         except ObjectUnavailable as err:
             raise VolumeError(f"failed to read Node {self.node_name}: {err}") from err
-        listed = ((node or {}).get("status") or {}).get("volumesAttached") or []
+        node_status = (node or {}).get("status") or {}
+        if unique not in (node_status.get("volumesInUse") or []):
+            raise VolumeError(
+                f"volume {handle} of driver {driver} has not been added to the list of "
+                f"VolumesInUse in the node's volume status yet ({unique}; the attach-detach "
+                "controller may detach a volume the Node does not list, so nothing is "
+                "mounted before it does)"
+            )
+        listed = node_status.get("volumesAttached") or []
         if not any(v.get("name") == unique for v in listed):
             raise VolumeError(
                 f"volume {handle} of driver {driver} is not attached to this node yet: "
@@ -844,7 +859,7 @@ class CSIVolumePlugin:
             if problems:
                 raise OSError(f"{path} not removed: {'; '.join(problems)}")
             staging = str(data.get("stagingTargetPath") or "")
-            if staging and not await asyncio.to_thread(self._in_use, driver, handle):
+            if staging and await asyncio.to_thread(self._unstage_wanted, driver, handle, staging):
                 await self._unstage(client, driver, handle, Path(staging))
 
     async def sweep(self) -> None:
@@ -886,6 +901,12 @@ class CSIVolumePlugin:
                 "unmount the volume)"
             )
         return await self._clients.get(record)
+
+    def _unstage_wanted(self, driver: str, handle: str, staging: str) -> bool:
+        """Staged (its global vol_data.json, written before the stage, is there: a pod
+        that went while waiting for its attachment staged nothing) and no pod uses it."""
+        staged = (Path(staging).parent / DATA_FILE).exists()
+        return staged and not self._in_use(driver, handle)
 
     def _in_use(self, driver: str, handle: str) -> bool:
         """Whether any pod directory on the node still holds this volume."""

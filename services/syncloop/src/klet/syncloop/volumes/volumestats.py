@@ -154,6 +154,8 @@ class VolumeStatsCollector:
 
     async def _measure(self, record: VolumeRecord, data: JSON, now: float) -> VolumeRecord:
         driver = str(data["driverName"])
+        if not await asyncio.to_thread(Path(str(data["_target"])).exists):
+            return record  # not published yet (waiting for its attachment)
         entry = await self.drivers.get(driver)
         if entry is None:
             return record
