@@ -18,13 +18,12 @@ missing the test fails at once and says so.
 
 from __future__ import annotations
 
-import re
-import subprocess
 from pathlib import Path
 
 import pytest
 
-from tools.e2e.conformance import CLUSTER_BUILD, E2E_BUILD, SKIP, SuiteRun, conform
+from tests.harness.suite_smoke import check_all_passed, focus_of, require_binaries
+from tools.e2e.conformance import SKIP, SuiteRun, conform
 
 pytestmark = pytest.mark.timeout(900)
 
@@ -72,33 +71,10 @@ SMOKE = (
 )
 
 
-def focus_of(texts: tuple[str, ...]) -> str:
-    """One ginkgo focus (RE2) matching these spec texts (ginkgo matches more than the
-    text, so no ^ anchor: the test checks that exactly these were selected)."""
-    return "|".join(re.escape(t) for t in texts)
-
-
 def test_smoke_subset_passes(tmp_path: Path) -> None:
-    for script, target in ((CLUSTER_BUILD, "cluster-binaries"), (E2E_BUILD, "e2e-binaries")):
-        check = subprocess.run(["bash", str(script), "--check"], capture_output=True, text=True)
-        if check.returncode != 0:
-            pytest.fail(
-                f"{script} has not built its binaries yet and a cold build takes several "
-                f"minutes: run `make {target}` first",
-                pytrace=False,
-            )
+    require_binaries()
     outcome = conform(
         SuiteRun(focus=focus_of(SMOKE), skip=SKIP, procs=2, timeout="12m", verbose=False),
         tmp_path / "run",
     )
-    results = outcome.results
-    ran = {s.text: s for s in results.specs}
-    missing = [t for t in SMOKE if not any(text.startswith(t) for text in ran)]
-    assert not missing, f"specs not selected (renamed upstream?): {missing}"
-    bad = [s for s in results.specs if s.state != "passed"]
-    assert not bad and not results.problems, "\n".join(
-        [f"{s.text}: {s.state}\n  {s.reason}" for s in bad]
-        + [f"{p.node}: {p.reason}" for p in results.problems]
-        + [f"(logs: {tmp_path / 'run'})"]
-    )
-    assert len(results.specs) == len(SMOKE), sorted(ran)
+    check_all_passed(outcome.results, SMOKE, tmp_path / "run")
