@@ -133,7 +133,6 @@ def replica(
         "--pod-manifest-path", str(base / "manifests"),
         "--node-ip", "127.0.0.1",
         "--healthz-port", "0",
-        "--log-format", "text",
         "--v", "4",
     ]  # fmt: skip
     for flag, port in ports.items():

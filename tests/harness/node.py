@@ -81,8 +81,6 @@ class KletNode:
             "1s",
             "--http-check-frequency",
             "1s",
-            "--log-format",
-            "text",
             "-v",
             "4",
             # Runtime events drive PLEG and its relist runs every 20 s by default; tests

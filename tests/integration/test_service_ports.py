@@ -71,7 +71,6 @@ class Replica:
             "--file-check-frequency", "1s",
             "--service-port", "0",
             "--service-port-file", str(self.port_file),
-            "--log-format", "text",
         ]  # fmt: skip
         self.proc = ManagedProcess(
             name, [sys.executable, "-m", "klet.cli.main", "run", SERVICE, *flags], dir=dir / name

@@ -2,16 +2,22 @@
 file left by an earlier run of the same container is gone before the service starts,
 so `klet healthcheck` cannot pass on it meanwhile; without one configured nothing is
 touched. A default klet does not honour is a WARNING of the service that would act on
-it, and only of that one."""
+it, and only of that one. The service logs klog's text lines unless --logging-format or
+the file's logging.format says json; -v (or logging.verbosity) 4 and up adds DEBUG; a
+deprecated flag is a WARNING naming it."""
 
 from __future__ import annotations
 
+import io
+import json
 import logging
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from klet.cli import service
 from klet.config import Settings
+from klet.obs import configure_logging
 from klet.portfiles import PortRecord
 
 
@@ -59,3 +65,72 @@ def test_defaults_klet_does_not_honour_are_warned(
     with caplog.at_level(logging.WARNING, logger="klet.cli.service"):
         assert service.run_service(name, [], start) == 0
     assert [r.getMessage().split(":")[0] for r in caplog.records] == warned
+
+
+@pytest.fixture
+def logged(monkeypatch: pytest.MonkeyPatch) -> Iterator[io.StringIO]:
+    """What the service's real logging configuration writes."""
+    stream = io.StringIO()
+    monkeypatch.setattr(
+        service, "configure_logging", lambda **kw: configure_logging(**kw, stream=stream)
+    )
+    root = logging.getLogger()
+    level, handlers = root.level, list(root.handlers)
+    yield stream
+    for handler in list(root.handlers):
+        if handler not in handlers:
+            root.removeHandler(handler)
+    root.setLevel(level)
+
+
+async def log_two_lines(settings: Settings) -> int:
+    log = logging.getLogger("klet.test.service")
+    log.debug("detail")
+    log.info("started", extra={"pods": 0})
+    return 0
+
+
+@pytest.mark.parametrize(
+    ("argv", "config", "form", "debug"),
+    [
+        ([], "", "text", False),
+        (["--logging-format", "json"], "", "json", False),
+        (["--logging-format=text"], "logging: {format: json}\n", "text", False),
+        ([], "logging: {format: json}\n", "json", False),
+        ([], "logging: {format: json, verbosity: 4}\n", "json", True),
+        (["-v=4"], "", "text", True),
+        (["--v", "3"], "", "text", False),
+        (["-v", "6"], "logging: {verbosity: 1}\n", "text", True),
+        (["-v", "0"], "logging: {verbosity: 5}\n", "text", False),
+    ],
+)
+def test_log_format_and_verbosity(
+    logged: io.StringIO, tmp_path: Path, argv: list[str], config: str, form: str, debug: bool
+) -> None:
+    path = tmp_path / "kubelet.yaml"
+    path.write_text(
+        "apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\n" + config
+    )
+    assert service.run_service("eviction", ["--config", str(path), *argv], log_two_lines) == 0
+    # This module's lines (at debug level, asyncio logs its selector too).
+    lines = [line for line in logged.getvalue().splitlines() if "test_cli_service.py:" in line]
+    assert len(lines) == (2 if debug else 1)
+    if form == "json":
+        found = [json.loads(line) for line in lines]
+        assert [(f["level"], f["msg"]) for f in found][-1] == ("info", "started")
+        assert found[-1]["service"] == "eviction" and found[-1]["pods"] == 0
+    else:
+        assert lines[-1].startswith("I")
+        assert lines[-1].endswith('] "started" service="eviction" pods=0')
+    assert ('"detail"' in lines[0]) is debug
+
+
+def test_a_deprecated_flag_is_warned_about(logged: io.StringIO) -> None:
+    assert service.run_service("eviction", ["--log-format", "json"], log_two_lines) == 0
+    first, started = (json.loads(line) for line in logged.getvalue().splitlines())
+    assert (first["level"], first["msg"]) == (
+        "warning",
+        "--log-format is deprecated: use --logging-format or the configuration's logging.format",
+    )
+    assert started["msg"] == "started"
+

@@ -1,7 +1,8 @@
 """Flags, KLET_* variables and precedence (klet.config.flags and klet.config.settings).
 
 Covers: precedence flag > config file > default (an absent flag never overrides the file;
---log-format / KLET_LOG_FORMAT over the file's logging.format when it sets one),
+--logging-format over the file's logging.format, text by default; the deprecated
+--log-format / KLET_LOG_FORMAT between them, each named as deprecated),
 upstream value syntaxes (--manifest-url-header multimap, --eviction-hard `<` map, Go
 booleans, repeated flags, -v spellings, underscores in flag names), klet-only flags with
 their KLET_* variables and defaults, per-service default ports (an unset port is the
@@ -63,7 +64,6 @@ def test_klet_only_defaults() -> None:
     assert klet.root_dir == Path("/var/lib/kubelet")
     assert klet.cert_dir == Path("/var/lib/kubelet/pki")
     assert klet.service_bind_address == "127.0.0.1"
-    assert klet.log_format == "json"
     assert klet.verbosity == 0
     assert klet.kubeconfig is None and klet.config_file is None
 
@@ -264,43 +264,85 @@ def test_klet_only_environment_variables() -> None:
         "KLET_RUN_DIR": "/tmp/klet-run",
         "KLET_SERVICE_PORT": "9999",
         "KLET_SERVICE_BIND_ADDRESS": "0.0.0.0",
-        "KLET_LOG_FORMAT": "text",
     }
     klet = load([], env=env).klet
     assert klet.redis_url == "redis://redis:6380/0"
     assert klet.run_dir == Path("/tmp/klet-run")
-    assert (klet.service_port, klet.service_bind_address, klet.log_format) == (
-        9999,
-        "0.0.0.0",
-        "text",
-    )
+    assert (klet.service_port, klet.service_bind_address) == (9999, "0.0.0.0")
 
 
 def test_flags_win_over_environment() -> None:
-    env = {"KLET_REDIS_URL": "unix:///env.sock", "KLET_LOG_FORMAT": "text"}
-    klet = load(["--redis-url", "unix:///flag.sock", "--log-format", "json"], env=env).klet
-    assert (klet.redis_url, klet.log_format) == ("unix:///flag.sock", "json")
+    env = {"KLET_REDIS_URL": "unix:///env.sock", "KLET_SERVICE_PORT": "9999"}
+    klet = load(["--redis-url", "unix:///flag.sock", "--service-port", "1234"], env=env).klet
+    assert (klet.redis_url, klet.service_port) == ("unix:///flag.sock", 1234)
 
 
 @pytest.mark.parametrize(
     ("logging", "argv", "env", "expected"),
     [
-        ("logging: {format: text}\n", [], {}, "text"),
+        # upstream's default, with or without a file
+        ("", [], {}, "text"),
+        ("logging: {verbosity: 2}\n", [], {}, "text"),
         ("logging: {format: json}\n", [], {}, "json"),
-        # a file that does not set it: klet's default, not upstream's text
-        ("logging: {verbosity: 2}\n", [], {}, "json"),
-        ("", [], {}, "json"),
-        # the flag and its variable win over the file
+        ("logging: {format: text}\n", [], {}, "text"),
+        # upstream's flag wins over the file
+        ("logging: {format: text}\n", ["--logging-format", "json"], {}, "json"),
+        ("logging: {format: json}\n", ["--logging-format=text"], {}, "text"),
+        # the deprecated spellings: over the file, under --logging-format
         ("logging: {format: text}\n", [], {"KLET_LOG_FORMAT": "json"}, "json"),
         ("logging: {format: json}\n", ["--log-format", "text"], {}, "text"),
+        ("", ["--log-format", "json"], {"KLET_LOG_FORMAT": "text"}, "json"),
+        ("", ["--logging-format", "text", "--log-format", "json"], {}, "text"),
     ],
 )
-def test_log_format_falls_back_to_the_files_logging_format(
+def test_logging_format_flag_file_and_deprecated_spellings(
     tmp_path: Path, logging: str, argv: list[str], env: dict[str, str], expected: str
 ) -> None:
     path = tmp_path / "kubelet.yaml"
     path.write_text(HEADER + logging)
-    assert load(["--config", str(path), *argv], env=env).klet.log_format == expected
+    settings = load(["--config", str(path), *argv], env=env)
+    assert settings.kubelet.logging.format == expected
+
+
+@pytest.mark.parametrize(
+    ("argv", "env", "expected"),
+    [
+        ([], {}, ()),
+        (["--logging-format", "json"], {}, ()),
+        (
+            ["--log-format", "json"],
+            {},
+            ("--log-format is deprecated: use --logging-format or the configuration's "
+             "logging.format",),
+        ),
+        (
+            [],
+            {"KLET_LOG_FORMAT": "json"},
+            ("KLET_LOG_FORMAT is deprecated: use --logging-format or the configuration's "
+             "logging.format",),
+        ),
+    ],
+)  # fmt: skip
+def test_deprecated_spellings_are_named(
+    argv: list[str], env: dict[str, str], expected: tuple[str, ...]
+) -> None:
+    assert load(argv, env=env).klet.deprecations == expected
+
+
+@pytest.mark.parametrize(
+    ("argv", "env", "named"),
+    [
+        (["--logging-format", "xml"], {}, "--logging-format"),
+        (["--log-format", "xml"], {}, "--log-format"),
+        ([], {"KLET_LOG_FORMAT": "xml"}, "KLET_LOG_FORMAT"),
+    ],
+)
+def test_an_unknown_logging_format_is_refused_naming_its_source(
+    argv: list[str], env: dict[str, str], named: str
+) -> None:
+    assert problems(argv, env=env) == [
+        f"{named}: logging.format: must be one of json, text; got 'xml'"
+    ]
 
 
 def test_environment_is_not_read_for_upstream_settings() -> None:
@@ -353,7 +395,7 @@ def test_every_problem_is_reported(tmp_path: Path) -> None:
             "--max-pods: maxPods: must not be negative, got -1",
             "--cluster-dns: clusterDNS[0]: invalid IP address 'not-an-ip'",
             "--redis-url: must be a redis://, rediss:// or unix:// URL, got 'http://x'",
-            "--log-format: must be json or text, got 'xml'",
+            "--log-format: logging.format: must be one of json, text; got 'xml'",
             "KLET_SERVICE_BIND_ADDRESS: invalid IP address 'everywhere'",
             "--node-ip: must be one IP or an IPv4,IPv6 pair",
             "hostname: 'bad_host' is not a valid node name (DNS-1123 subdomain)",
@@ -411,8 +453,10 @@ def test_unknown_service_is_a_programming_error() -> None:
 def test_build_parser_is_reusable_and_documents_defaults() -> None:
     parser = build_parser("image-gc")
     text = parser.format_help()
-    for flag in ("--pod-manifest-path", "--redis-url", "--service-port", "--log-format", "--v"):
+    for flag in ("--pod-manifest-path", "--redis-url", "--service-port", "--logging-format", "--v"):
         assert flag in text
+    words = " ".join(text.split())  # argparse wraps the help
+    assert "--log-format" in text and "(DEPRECATED: use --logging-format" in words
     assert "KLET_REDIS_URL" in text and "10264" in text
     assert vars(parser.parse_args([])) == {}  # absent flags leave no trace
 

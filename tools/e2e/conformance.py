@@ -207,8 +207,6 @@ class KletProcess:
             "0",
             "--service-port",
             "0",
-            "--log-format",
-            "text",
             "-v",
             "2",
         ]

@@ -3,9 +3,10 @@
 Parse the settings (invalid configuration is refused before anything starts, every
 problem listed, exit 1 as upstream's kubelet), refuse a node with swap on as upstream's
 kubelet does (`failSwapOn`, `klet.cli.swap`), configure logging, then run the service's
-`start(settings)` coroutine in a fresh event loop. Once logging is set up, a field whose
-upstream default klet does not honour is logged as a WARNING by the service that would
-act on it (`klet.config.support.not_honoured`). Before the loop starts, the process's
+`start(settings)` coroutine in a fresh event loop. Once logging is set up, each
+deprecated flag given is logged as a WARNING, and a field whose upstream default klet
+does not honour is logged as a WARNING by the service that would act on it
+(`klet.config.support.not_honoured`). Before the loop starts, the process's
 oom_score_adj is set from `oomScoreAdj` (`klet.cli.oomscore`) and its open-files limit
 from `maxOpenFiles` (`klet.cli.rlimits`), here once for all five services, as upstream's
 kubelet does at start. A private port file (`--service-port-file`) left by an earlier
@@ -52,8 +53,10 @@ def run_service(service: str, argv: list[str] | None, start: Start) -> int:
         return 1
     remove_port_file(settings.klet.service_port_file)
     configure_logging(
-        service=service, verbosity=settings.klet.verbosity, fmt=settings.klet.log_format
+        service=service, verbosity=settings.klet.verbosity, fmt=settings.kubelet.logging.format
     )
+    for deprecation in settings.klet.deprecations:
+        log.warning(deprecation)
     for warning in not_honoured(settings.kubelet, service=service, standalone=settings.standalone):
         log.warning(warning)
     apply_oom_score_adj(settings.kubelet.oom_score_adj)

@@ -135,6 +135,8 @@ class FlagSpec:
     metavar: str = "VALUE"
     short: str | None = None  # "-v"
     optional_value: bool = False  # a Go bool flag: "--flag" alone means true
+    # Still works, and the service warns at start: what to use instead ("use --x").
+    deprecated: str | None = None
 
     @property
     def dest(self) -> str:
@@ -451,6 +453,13 @@ _CONFIG_FLAGS: tuple[FlagSpec, ...] = (
         "open files of the process (default 1000000)",
     ),
     _cfg("--feature-gates", "feature_gates", _bool_map, "NAME=BOOL,...", "feature gates"),
+    _cfg(
+        "--logging-format",
+        "logging.format",
+        _string,
+        "FORMAT",
+        "service log lines: text (klog's form) or json (default text)",
+    ),
 )
 
 # Upstream flags that are not part of the file (KubeletFlags), and klet-only flags.
@@ -592,10 +601,12 @@ _SETTING_FLAGS: tuple[FlagSpec, ...] = (
     ),
     FlagSpec(
         "--log-format",
-        "json or text (default: the config file's logging.format if it sets one, else json)",
+        "klet-only, deprecated: --logging-format's earlier name; wins over the file's "
+        "logging.format, not over --logging-format",
         setting="log_format",
         env="KLET_LOG_FORMAT",
         metavar="FORMAT",
+        deprecated="use --logging-format or the configuration's logging.format",
     ),
     FlagSpec(
         "--evented-pleg-relist-period",
@@ -652,7 +663,9 @@ def add_kubelet_flags(parser: argparse.ArgumentParser) -> None:
             metavar=spec.metavar,
             nargs="?" if is_bool else None,
             const="true" if is_bool else None,
-            help=spec.help + (f" [env {spec.env}]" if spec.env else ""),
+            help=spec.help
+            + (f" [env {spec.env}]" if spec.env else "")
+            + (f" (DEPRECATED: {spec.deprecated})" if spec.deprecated else ""),
         )
 
 

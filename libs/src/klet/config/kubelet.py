@@ -157,8 +157,8 @@ class KubeletAuthorization:
 
 @dataclasses.dataclass(frozen=True)
 class LoggingConfiguration:
-    """Upstream's logging block. klet takes `verbosity` from it when -v is absent and
-    `format` when neither --log-format nor KLET_LOG_FORMAT is given (settings.py)."""
+    """Upstream's logging block. `format` ("text", klog's form, or "json") is also set
+    by --logging-format; klet takes `verbosity` from it when -v is absent (settings.py)."""
 
     format: str = _f("format", "str", "text", zero_unset=True)
     flush_frequency: float = _f("flushFrequency", "duration_or_ns", 5.0, zero_unset=True)  # s

@@ -101,9 +101,6 @@ class KletSettings:
     # for `klet healthcheck`; None = nowhere.
     service_port_file: Path | None = None
     service_bind_address: str = "127.0.0.1"  # --service-bind-address / KLET_SERVICE_BIND_ADDRESS
-    # --log-format / KLET_LOG_FORMAT, else logging.format when the file sets it: "json"
-    # (klet's default; upstream's is text) or "text"
-    log_format: str = "json"
     verbosity: int = 0  # -v/--v, else logging.verbosity of the file; klog levels, 4+ = debug
     # Container GC policy (upstream's deprecated KubeletFlags MinimumGCAge,
     # MaxPerPodContainerCount, MaxContainerCount); negative counts mean no limit.
@@ -113,6 +110,9 @@ class KletSettings:
     # --evented-pleg-relist-period / KLET_EVENTED_PLEG_RELIST_PERIOD, seconds: syncloop's
     # relist period while runtime events drive PLEG (see klet.syncloop.pods.relisting)
     evented_pleg_relist_period: float = 20.0
+    # The deprecated flags or variables given, each as "<name> is deprecated: <what
+    # instead>", for the service to log as warnings once its logging is set up.
+    deprecations: tuple[str, ...] = ()
 
     @property
     def standalone(self) -> bool:
@@ -229,8 +229,6 @@ def _check_klet(values: Mapping[str, Any], source: Mapping[str, str]) -> list[Pr
         )
     if values.get("evented_pleg_relist_period", 20.0) <= 0:
         bad("evented_pleg_relist_period", "must be a positive duration")
-    if values.get("log_format", "json") not in ("json", "text"):
-        bad("log_format", f"must be json or text, got {values['log_format']!r}")
     if "service_bind_address" in values:
         try:
             ipaddress.ip_address(values["service_bind_address"])
@@ -428,13 +426,17 @@ def load_settings(
     problems += env_problems
 
     config_file = _optional_path(klet_values.get("config_file"))
-    file_sets: set[str] = set()
     if config_file is not None:
-        cfg, file_problems = read_config_file(config_file, given=file_sets)
+        cfg, file_problems = read_config_file(config_file)
         problems += [Problem(str(config_file), str(p)) for p in file_problems]
     else:
         cfg = KubeletConfiguration()
     cfg, overridden = apply_to_config(cfg, flags)
+    if "log_format" in klet_values and "--logging-format" not in flags:
+        # The deprecated --log-format / KLET_LOG_FORMAT: over the file, under the flag.
+        logging = dataclasses.replace(cfg.logging, format=klet_values["log_format"])
+        cfg = dataclasses.replace(cfg, logging=logging)
+        overridden["logging.format"] = source["log_format"]
     for problem in validate_problems(cfg):
         flag = _overriding_flag(problem, overridden)
         if flag is not None:
@@ -475,11 +477,6 @@ def load_settings(
         service_bind_address=klet_values.get(
             "service_bind_address", KletSettings.service_bind_address
         ),
-        # --log-format, KLET_LOG_FORMAT, the file's logging.format if it sets one, json
-        log_format=klet_values.get(
-            "log_format",
-            cfg.logging.format if "logging.format" in file_sets else KletSettings.log_format,
-        ),
         verbosity=klet_values.get("verbosity", cfg.logging.verbosity),
         minimum_container_ttl_duration=klet_values.get(
             "minimum_container_ttl_duration", KletSettings.minimum_container_ttl_duration
@@ -493,6 +490,11 @@ def load_settings(
         ),
         evented_pleg_relist_period=klet_values.get(
             "evented_pleg_relist_period", KletSettings.evented_pleg_relist_period
+        ),
+        deprecations=tuple(
+            f"{source[spec.setting]} is deprecated: {spec.deprecated}"
+            for spec in FLAGS
+            if spec.deprecated and spec.setting in source
         ),
     )
     return Settings(kubelet=cfg, klet=klet)

@@ -1,10 +1,27 @@
-"""Structured logging: one JSON object per line (or a readable text line), fields first.
+"""Service logs: klog-style text lines by default, one JSON object per line on request.
 
 Libraries only call `logging.getLogger(__name__)` and pass context as fields,
 `log.info("pod started", extra={"pod": "ns/name", "uid": uid})`; entry points call
 `configure_logging(service=..., verbosity=..., fmt=...)` once. Every `extra=` key (any
 LogRecord attribute that logging itself does not define) becomes a field of the line,
-so a log shipper can filter on `pod` without parsing messages.
+so a reader can filter on `pod` without parsing messages.
+
+The text form (`--logging-format text`, the default, as upstream's) reads like klog's,
+one line per record (wrapped here):
+
+    I1127 17:14:01.123456   12345 syncloop/pods/controller.py:330] "pod no longer desired"
+        service="syncloop" uid="3f1c…"
+
+a level letter (I, W, E, F; DEBUG is an I line, as klog's -v lines are), month and day,
+the time with microseconds, the process id, the source, `]`, the quoted message, then
+`key=value` pairs: strings quoted, numbers and booleans bare, lists and maps as JSON, a
+multi-line string (a traceback under `exc_info`) as klog writes one, `key=<` then each
+line indented by a tab and a closing ` >`. Unlike klog, the time is UTC (the JSON form's
+too), and the source is the path below the `klet` package (`obs/logs.py`), not the bare
+file name: five services have a `wiring.py` and an `app.py`.
+
+The JSON form (`--logging-format json` or the configuration's `logging.format: json`)
+keeps klet's keys: `{"ts", "level", "service", "logger", "caller", "msg", ...}`.
 
 Verbosity follows klog's `-v`: 0-3 log INFO and above, 4 and more add DEBUG; 6 and more
 also let the HTTP client libraries (httpx, httpcore) log their per-request detail.
@@ -14,12 +31,13 @@ logged once per change": a loop that fails every second logs the failure when it
 or its cause changes, and one recovery line when it clears. Every service uses them
 instead of keeping a "last error" field of its own.
 
-Trade-off: the formatter walks the record's __dict__ on every line; that is cheap next
+Trade-off: the formatters walk the record's __dict__ on every line; that is cheap next
 to the I/O and spares callers a custom logging API.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import sys
@@ -27,14 +45,17 @@ import threading
 import traceback
 from collections.abc import Hashable, Iterable
 from datetime import UTC, datetime
+from pathlib import PurePath
 from typing import Any, TextIO
 
 __all__ = [
+    "FORMATS",
     "JsonFormatter",
     "OnceLogger",
     "TextFormatter",
     "configure_logging",
     "level_for_verbosity",
+    "level_letter",
     "log_once_per_change",
 ]
 
@@ -43,14 +64,31 @@ _RECORD_ATTRS = frozenset(
     logging.LogRecord("", 0, "", 0, "", (), None).__dict__.keys()
     | {"message", "asctime", "taskName"}
 )
-_CORE_KEYS = ("ts", "level", "service", "logger", "msg")
+_CORE_KEYS = ("ts", "level", "service", "logger", "caller", "msg")
 _HANDLER_MARK = "_klet_handler"
 _NOISY_LOGGERS = ("httpx", "httpcore", "hpack")
+FORMATS = ("text", "json")
+_LEVEL_LETTERS = ((logging.CRITICAL, "F"), (logging.ERROR, "E"), (logging.WARNING, "W"))
 
 
 def _timestamp(record: logging.LogRecord) -> str:
     moment = datetime.fromtimestamp(record.created, tz=UTC)
     return moment.strftime("%Y-%m-%dT%H:%M:%S.") + f"{moment.microsecond // 1000:03d}Z"
+
+
+@functools.lru_cache(maxsize=1024)
+def _source_path(pathname: str) -> str:
+    """`syncloop/pods/relisting.py` for a module of the klet namespace (below its last
+    `klet` directory), the file name for any other."""
+    parts = PurePath(pathname).parts
+    for i in range(len(parts) - 2, -1, -1):
+        if parts[i] == "klet":
+            return "/".join(parts[i + 1 :])
+    return parts[-1] if parts else ""
+
+
+def _caller(record: logging.LogRecord) -> str:
+    return f"{_source_path(record.pathname)}:{record.lineno}"
 
 
 def _extra_fields(record: logging.LogRecord) -> dict[str, Any]:
@@ -71,7 +109,8 @@ def _exception_text(record: logging.LogRecord) -> str | None:
 
 
 class JsonFormatter(logging.Formatter):
-    """`{"ts", "level", "service", "logger", "msg", <extra fields>, "exc_info"?}` per line."""
+    """`{"ts", "level", "service", "logger", "caller", "msg", <extra fields>,
+    "exc_info"?, "stack_info"?}` per line."""
 
     def __init__(self, *, service: str) -> None:
         super().__init__()
@@ -83,6 +122,7 @@ class JsonFormatter(logging.Formatter):
             "level": record.levelname.lower(),
             "service": self.service,
             "logger": record.name,
+            "caller": _caller(record),
             "msg": record.getMessage(),
         }
         line.update(_extra_fields(record))
@@ -93,38 +133,64 @@ class JsonFormatter(logging.Formatter):
         return json.dumps(line, default=str, ensure_ascii=False)
 
 
+def _quoted(text: str) -> str:
+    return json.dumps(text, ensure_ascii=False)
+
+
 def _text_value(value: Any) -> str:
-    text = value if isinstance(value, str) else json.dumps(value, default=str)
-    if text == "" or any(ch in text for ch in ' "=\n\t'):
-        return json.dumps(text, ensure_ascii=False)
-    return text
+    """One value as klog's text form writes it (see the module docstring)."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int | float):
+        return repr(value)
+    if value is None:
+        return "null"
+    if isinstance(value, list | tuple | dict):
+        return json.dumps(value, default=str, ensure_ascii=False)
+    text = value if isinstance(value, str) else str(value)
+    if "\n" in text.rstrip("\n"):
+        indented = "".join(f"\n\t{line}" for line in text.rstrip("\n").split("\n"))
+        return f"<{indented}\n >"
+    return _quoted(text)
+
+
+def _pairs_text(fields: dict[str, Any]) -> str:
+    return " ".join(f"{key}={_text_value(value)}" for key, value in fields.items())
 
 
 def fields_text(record: logging.LogRecord) -> str:
-    """The record's `extra=` fields as `key=value ...` (values with spaces quoted)."""
-    return " ".join(f"{k}={_text_value(v)}" for k, v in _extra_fields(record).items())
+    """The record's `extra=` fields as `key=value ...`, valued as the text form's."""
+    return _pairs_text(_extra_fields(record))
+
+
+def level_letter(levelno: int) -> str:
+    """klog's severity letter: F, E, W, or I (INFO and DEBUG alike)."""
+    for floor, letter in _LEVEL_LETTERS:
+        if levelno >= floor:
+            return letter
+    return "I"
 
 
 class TextFormatter(logging.Formatter):
-    """`<ts> <LEVEL> <service> <logger>: <msg> key=value ...`, then any traceback."""
+    """klog's text line: `I1127 17:14:01.123456   12345 obs/logs.py:42] "msg" service="x"
+    key=value ...`, the traceback, if any, as a multi-line `exc_info` value."""
 
     def __init__(self, *, service: str) -> None:
         super().__init__()
         self.service = service
 
     def format(self, record: logging.LogRecord) -> str:
-        fields = fields_text(record)
-        line = (
-            f"{_timestamp(record)} {record.levelname:<7} {self.service} {record.name}: "
-            f"{record.getMessage()}"
+        moment = datetime.fromtimestamp(record.created, tz=UTC)
+        header = (
+            f"{level_letter(record.levelno)}{moment:%m%d %H:%M:%S}.{moment.microsecond:06d} "
+            f"{record.process or 0:>7} {_caller(record)}]"
         )
-        if fields:
-            line = f"{line} {fields}"
+        fields: dict[str, Any] = {"service": self.service, **_extra_fields(record)}
         if (exc := _exception_text(record)) is not None:
-            line = f"{line}\n{exc}"
+            fields["exc_info"] = exc
         if record.stack_info:
-            line = f"{line}\n{record.stack_info}"
-        return line
+            fields["stack_info"] = record.stack_info
+        return f"{header} {_quoted(record.getMessage())} {_pairs_text(fields)}"
 
 
 def level_for_verbosity(verbosity: int) -> int:
@@ -136,15 +202,16 @@ def configure_logging(
     *,
     service: str,
     verbosity: int,
-    fmt: str = "json",
+    fmt: str = "text",
     stream: TextIO | None = None,
 ) -> logging.Handler:
     """Send the root logger to `stream` (default: sys.stderr at call time) in `fmt`
-    ("json" or "text"). Calling it again replaces the handler it installed before.
+    ("text", klog's form, or "json"). Calling it again replaces the handler it
+    installed before.
 
     Returns the installed handler (tests remove it again)."""
-    if fmt not in ("json", "text"):
-        raise ValueError(f"log format must be json or text, got {fmt!r}")
+    if fmt not in FORMATS:
+        raise ValueError(f"log format must be text or json, got {fmt!r}")
     formatter: logging.Formatter = (
         JsonFormatter(service=service) if fmt == "json" else TextFormatter(service=service)
     )
