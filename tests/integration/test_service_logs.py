@@ -1,15 +1,20 @@
 """A service run as a process, as a container or `klet up` runs it: without a format
 flag every line it writes is klog's text line (or a continuation of a multi-line value)
-carrying its service's name; `--logging-format json` makes every line a JSON object."""
+carrying its service's name; `--logging-format json` makes every line a JSON object.
+`python -m klet.<service> --version` and `klet run <service> --version` print the
+version line and exit 0 for each of the five services."""
 
 from __future__ import annotations
 
 import json
 import re
+import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from klet.devstack import ManagedProcess, RedisServer
+from klet.model.layout import DEFAULT_SERVICE_PORTS
 
 NODE = "logs-node"
 SERVICE = "pod-source"
@@ -59,3 +64,14 @@ def test_json_lines_on_request(tmp_path: Path, redis_server: RedisServer) -> Non
     assert {f["service"] for f in found} == {"pod-source"}
     assert "service port published" in [f["msg"] for f in found]
 
+
+@pytest.mark.parametrize("service", sorted(DEFAULT_SERVICE_PORTS))
+def test_every_service_prints_its_version(service: str) -> None:
+    module = f"klet.{service.replace('-', '_')}"
+    for argv in (
+        [sys.executable, "-m", module, "--version"],
+        [sys.executable, "-m", "klet.cli.main", "run", service, "--version"],
+    ):
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=60)
+        assert done.returncode == 0, done.stderr
+        assert re.fullmatch(rf"klet {service} \S+ \(kubelet v1\.\d+\.\d+\)\n", done.stdout)

@@ -4,13 +4,16 @@ so `klet healthcheck` cannot pass on it meanwhile; without one configured nothin
 touched. A default klet does not honour is a WARNING of the service that would act on
 it, and only of that one. The service logs klog's text lines unless --logging-format or
 the file's logging.format says json; -v (or logging.verbosity) 4 and up adds DEBUG; a
-deprecated flag is a WARNING naming it."""
+deprecated flag is a WARNING naming it. `--version` prints the version before any
+configuration is read (a bad one does not stop it), and upstream's values klet lacks are
+refused by name."""
 
 from __future__ import annotations
 
 import io
 import json
 import logging
+import re
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -134,3 +137,37 @@ def test_a_deprecated_flag_is_warned_about(logged: io.StringIO) -> None:
     )
     assert started["msg"] == "started"
 
+
+async def never(settings: Settings) -> int:
+    raise AssertionError("the service started")
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["--version"],
+        ["--version=true"],
+        # answered before the configuration is read, as upstream
+        ["--no-such-flag", "--config", "/nonexistent.yaml", "--version"],
+        ["--version=false", "--version"],
+    ],
+)
+def test_version_is_printed_before_anything_starts(
+    capsys: pytest.CaptureFixture[str], argv: list[str]
+) -> None:
+    assert service.run_service("image-gc", argv, never) == 0
+    out, err = capsys.readouterr()
+    assert re.fullmatch(r"klet image-gc \S+ \(kubelet v1\.\d+\.\d+\)\n", out)
+    assert err == ""
+
+
+def test_version_false_is_as_if_absent() -> None:
+    assert service.run_service("image-gc", ["--version=false"], log_two_lines) == 0
+
+
+@pytest.mark.parametrize("value", ["raw", "v1.35.0"])
+def test_upstream_version_values_klet_lacks_are_refused(
+    capsys: pytest.CaptureFixture[str], value: str
+) -> None:
+    assert service.run_service("image-gc", [f"--version={value}"], never) == 1
+    assert capsys.readouterr().err.startswith(f"image-gc: --version={value}: klet implements")

@@ -457,6 +457,7 @@ def test_build_parser_is_reusable_and_documents_defaults() -> None:
         assert flag in text
     words = " ".join(text.split())  # argparse wraps the help
     assert "--log-format" in text and "(DEPRECATED: use --logging-format" in words
+    assert "--version" in text
     assert "KLET_REDIS_URL" in text and "10264" in text
     assert vars(parser.parse_args([])) == {}  # absent flags leave no trace
 

@@ -1,5 +1,5 @@
 """`klet` entry point: dispatches to `up`, `run`, `crictl`, `bus-acl`, `healthcheck` and
-`check-node`.
+`check-node`; `klet --version` prints the version (klet.cli.version).
 
 `klet run <service>` finds the service through the `klet.services` entry points, so this
 library never imports a service package (the layering contract in pyproject.toml).
@@ -28,6 +28,7 @@ commands:
   check-node --node N --kubeconfig FILE
                               exit 0 when Node N is Ready and its Lease is renewed (the
                               chart's helm test)
+  --version                   print klet's version and the kubelet release it follows
 """
 
 
@@ -45,6 +46,17 @@ def main(argv: list[str] | None = None) -> int:
         print(USAGE.format(services=", ".join(sorted(services()))))
         return 0 if args else 2
     command, rest = args[0], args[1:]
+    if command.partition("=")[0] == "--version":
+        from klet.cli.version import split_version_flag, version_line
+
+        try:
+            asked, extra = split_version_flag(args)
+        except ValueError as err:
+            print(f"klet: {err}", file=sys.stderr)
+            return 2
+        if asked and not extra:
+            print(version_line())
+            return 0
     if command == "up":
         from klet.cli.up import up
 

@@ -1,11 +1,12 @@
 """The one entry sequence every service's `__main__` runs.
 
-Parse the settings (invalid configuration is refused before anything starts, every
-problem listed, exit 1 as upstream's kubelet), refuse a node with swap on as upstream's
-kubelet does (`failSwapOn`, `klet.cli.swap`), configure logging, then run the service's
-`start(settings)` coroutine in a fresh event loop. Once logging is set up, each
-deprecated flag given is logged as a WARNING, and a field whose upstream default klet
-does not honour is logged as a WARNING by the service that would act on it
+Answer `--version` first (klet.cli.version), as upstream does before reading its
+configuration. Parse the settings (invalid configuration is refused before anything
+starts, every problem listed, exit 1 as upstream's kubelet), refuse a node with swap on
+as upstream's kubelet does (`failSwapOn`, `klet.cli.swap`), configure logging, then run
+the service's `start(settings)` coroutine in a fresh event loop. Once logging is set up,
+each deprecated flag given is logged as a WARNING, and a field whose upstream default
+klet does not honour is logged as a WARNING by the service that would act on it
 (`klet.config.support.not_honoured`). Before the loop starts, the process's
 oom_score_adj is set from `oomScoreAdj` (`klet.cli.oomscore`) and its open-files limit
 from `maxOpenFiles` (`klet.cli.rlimits`), here once for all five services, as upstream's
@@ -29,6 +30,7 @@ from typing import Any
 from klet.cli.oomscore import apply_oom_score_adj
 from klet.cli.rlimits import apply_open_files_limit
 from klet.cli.swap import swap_problem
+from klet.cli.version import split_version_flag, version_line
 from klet.config import ConfigError, Settings, load_settings
 from klet.config.support import not_honoured
 from klet.obs import RootTaskFailed, configure_logging
@@ -41,9 +43,15 @@ Start = Callable[[Settings], Coroutine[Any, Any, int | None]]
 
 def run_service(service: str, argv: list[str] | None, start: Start) -> int:
     try:
-        settings = load_settings(
-            sys.argv[1:] if argv is None else argv, env=os.environ, service=service
-        )
+        asked, args = split_version_flag(sys.argv[1:] if argv is None else argv)
+    except ValueError as err:
+        print(f"{service}: {err}", file=sys.stderr)
+        return 1
+    if asked:
+        print(version_line(service))
+        return 0
+    try:
+        settings = load_settings(args, env=os.environ, service=service)
     except ConfigError as err:
         print(f"{service}: {err}", file=sys.stderr)
         return 1

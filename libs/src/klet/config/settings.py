@@ -157,7 +157,17 @@ def build_parser(service: str, *, prog: str | None = None) -> argparse.ArgumentP
     """
     port = DEFAULT_SERVICE_PORTS.get(service)
     description = f"klet {service}" + (f" (service port {port})" if port else "")
-    parser = _Parser(prog=prog or f"klet-{service}", description=description, allow_abbrev=False)
+    parser = _Parser(
+        prog=prog or f"klet-{service}",
+        description=description,
+        # A service's entry point answers it before the flags are parsed (klet.cli.version).
+        epilog=(
+            "--version: print klet's version and the kubelet release it follows, then exit"
+            if port
+            else None
+        ),
+        allow_abbrev=False,
+    )
     add_kubelet_flags(parser)
     return parser
 
