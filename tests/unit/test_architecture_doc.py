@@ -6,7 +6,8 @@ does not know; keys that every service has one of (`events:<service>`,
 `lease:<service>`) are listed once as a pattern. Every service package under services/
 is named with its distribution directory, every gRPC service in proto/ by its full name,
 every function of the bus's Redis library, the ACL user names, the default service
-ports, and the run-dir and root-dir paths of klet.model.layout.
+ports, and the run-dir and root-dir paths of klet.model.layout. The README points at
+ARCHITECTURE.md, not at a file outside the repository.
 """
 
 from __future__ import annotations
@@ -186,3 +187,9 @@ def test_the_node_layout_is_named() -> None:
     text = doc()
     missing = [p for p in (*paths, *ports) if p not in text]
     assert not missing, f"{DOC.name} does not name {missing} (klet.model.layout)"
+
+
+def test_the_readme_links_to_the_map_in_the_repository() -> None:
+    readme = (ROOT / "README.md").read_text()
+    assert "../shared/DESIGN.md" not in readme, "README.md links to ../shared/DESIGN.md"
+    assert "(ARCHITECTURE.md)" in readme, "README.md does not link to ARCHITECTURE.md"
