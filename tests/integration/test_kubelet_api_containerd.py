@@ -3,11 +3,12 @@ API is served in this process (a thread of its own) over the status-reporter's r
 view (Redis) and a real CRI client, with certificates from a test CA.
 
 Covers: /pods is 401 without credentials and 200 with a client certificate; /healthz,
-/runningpods/ and /stats/summary report the running pod; containerLogs returns what the
-container printed, honours tailLines and follows new lines as they are written; exec
-through the streaming proxy to containerd's stream server (WebSocket, channel protocol
-v4) runs a command with stdout and stderr kept apart and feeds stdin; portForward over
-WebSocket reaches the pod's httpd. SPDY (kubectl) is covered by the cluster test.
+/runningpods/ and /stats/summary report the running pod (and its emptyDir's usage);
+containerLogs returns what the container printed, honours tailLines and follows new
+lines as they are written; exec through the streaming proxy to containerd's stream
+server (WebSocket, channel protocol v4) runs a command with stdout and stderr kept apart
+and feeds stdin; portForward over WebSocket reaches the pod's httpd. SPDY (kubectl) is
+covered by the cluster test.
 """
 
 from __future__ import annotations
@@ -71,6 +72,12 @@ spec:
         - sh
         - -c
         - echo served-through-port-forward > /www/index.html && exec httpd -f -p 8080 -h /www
+      volumeMounts:
+        - name: www
+          mountPath: /www
+  volumes:
+    - name: www
+      emptyDir: {}
 """
 
 
@@ -311,6 +318,9 @@ def test_pods_logs_stats_and_auth(talker: KletNode, pki: Any) -> None:
         [stats] = [p for p in summary["pods"] if p["podRef"]["name"] == pod]
         assert {c["name"] for c in stats["containers"]} == {"talk", "web"}
         assert all(c["memory"]["workingSetBytes"] > 0 for c in stats["containers"])
+        [www] = stats["volume"]  # the emptyDir, with index.html in it, as du counts it
+        assert www["name"] == "www" and www["inodesUsed"] == 2 and www["usedBytes"] >= 4096
+        assert www["capacityBytes"] == summary["node"]["fs"]["capacityBytes"]
 
         logs = f"/containerLogs/default/{pod}/talk"
 

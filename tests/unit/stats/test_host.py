@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import uuid
 from pathlib import Path
+from typing import Any
 
 import pytest
 from klet.cgroups import CgroupFS, CgroupStats
@@ -27,11 +28,39 @@ def test_dir_usage_counts_allocated_blocks_and_hard_links_once(tmp_path: Path) -
     (d / "sub" / "data").write_bytes(b"x" * 100_000)
     os.link(d / "sub" / "data", d / "again")
     (d / "link").symlink_to("/etc")
-    size, inodes = dir_usage(d)
+    size, inodes, complete = dir_usage(d)
+    assert complete
     assert inodes == 4  # vol, sub, data (= again), link
     assert size >= 100_000
     assert size < 200_000  # the hard link is not counted twice
-    assert dir_usage(tmp_path / "missing") == (0, 0)
+    assert dir_usage(tmp_path / "missing") == (0, 0, True)
+
+
+def test_dir_usage_that_could_not_read_everything_says_so(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    d = tmp_path / "vol"
+    (d / "private").mkdir(parents=True)
+    (d / "gone").write_bytes(b"x")
+    (d / "kept").write_bytes(b"x")
+    real_lstat, real_scandir = os.lstat, os.scandir
+
+    def lstat(path: Any, *args: Any, **kwargs: Any) -> os.stat_result:
+        if str(path).endswith("gone"):
+            raise FileNotFoundError(path)  # removed during the walk: not a gap
+        return real_lstat(path, *args, **kwargs)
+
+    monkeypatch.setattr(os, "lstat", lstat)
+    counted = dir_usage(d)
+    assert (counted.inodes, counted.complete) == (3, True)  # vol, private, kept
+
+    def scandir(path: Any = ".") -> Any:
+        if str(path).endswith("private"):
+            raise PermissionError(13, "Permission denied", str(path))
+        return real_scandir(path)
+
+    monkeypatch.setattr(os, "scandir", scandir)
+    assert not dir_usage(d).complete  # a directory it may not list: a lower bound
 
 
 def test_statfs_reads_the_nearest_existing_parent(tmp_path: Path) -> None:

@@ -21,7 +21,7 @@ from klet.cri.types import (
     SandboxState,
 )
 from klet.model.types import ContainerID, SandboxID
-from klet.stats import HostReader, StatsProvider
+from klet.stats import DirUsage, HostReader, StatsProvider
 from klet.stats.testing import FakeCgroups, FakeStatsRuntime
 
 UID = "1111-2222"
@@ -119,7 +119,7 @@ async def test_pod_without_cgroup_or_logs(world: World) -> None:
     (world.logs / f"ns_web_{UID}").rmdir()
     [pod] = (await world.provider.collect()).pods
     assert (pod.cgroup, pod.processes, pod.logs) == (None, None, None)
-    assert pod.containers[0].logs == (0, 0)
+    assert pod.containers[0].logs == DirUsage(0, 0)
 
 
 async def test_cpu_and_memory_only(world: World) -> None:

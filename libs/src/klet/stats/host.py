@@ -45,28 +45,38 @@ class CgroupReader(Protocol):
 
 def dir_usage(path: Path) -> DirUsage:
     """Allocated bytes and inodes under `path`, itself included; symlinks not followed,
-    hard links counted once; zero when it does not exist."""
+    hard links counted once; zero when it does not exist. An entry that vanishes during
+    the walk is not counted; one that cannot be read makes the result incomplete."""
     seen: set[tuple[int, int]] = set()
     size = 0
+    complete = True
 
     def count(p: str) -> None:
-        nonlocal size
+        nonlocal size, complete
         try:
             st = os.lstat(p)
+        except FileNotFoundError:
+            return
         except OSError:
+            complete = False
             return
         key = (st.st_dev, st.st_ino)
         if key not in seen:
             seen.add(key)
             size += st.st_blocks * 512
 
+    def unreadable(err: OSError) -> None:
+        nonlocal complete
+        if not isinstance(err, FileNotFoundError):
+            complete = False
+
     if not path.exists():
         return DirUsage(0, 0)
     count(str(path))
-    for root, dirs, files in os.walk(path):
+    for root, dirs, files in os.walk(path, onerror=unreadable):
         for name in dirs + files:
             count(os.path.join(root, name))
-    return DirUsage(size, len(seen))
+    return DirUsage(size, len(seen), complete)
 
 
 def _existing(path: Path) -> Path:

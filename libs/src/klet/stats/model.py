@@ -47,10 +47,15 @@ __all__ = [
 
 
 class DirUsage(NamedTuple):
-    """Bytes allocated and inodes used under a directory, itself included (as `du`)."""
+    """Bytes allocated and inodes used under a directory, itself included (as `du`).
+
+    `complete` is False when some entry under it could not be read (a directory of
+    another owner that a process without CAP_DAC_READ_SEARCH may not list): the counts
+    are then a lower bound, which a reader must not report as the usage."""
 
     bytes: int
     inodes: int
+    complete: bool = True
 
 
 @dataclass(frozen=True)

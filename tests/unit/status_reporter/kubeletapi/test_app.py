@@ -1,5 +1,5 @@
 """The kubelet API app in-process (httpx.ASGITransport) over fakes: /healthz, /pods,
-/runningpods/, /configz, /metrics, /metrics/resource, /stats/summary, /run,
+/runningpods/, /configz, /metrics, /metrics/probes, /metrics/resource, /stats/summary, /run,
 containerLogs (tail, previous, the conventional path when CRI forgot the container,
 upstream's 400/404/422 answers),
 the 405 of disabled debugging handlers, and how exec/attach/portForward requests are
@@ -171,6 +171,15 @@ async def test_simple_endpoints(client: httpx.AsyncClient, world: World) -> None
     assert [p["metadata"]["name"] for p in pods["items"]] == ["web"]
     assert (await client.get("/configz")).json() == {"kubeletconfig": {"port": 10250}}
     assert "klet_test_total 1.0" in (await client.get("/metrics")).text
+    # the prober's counter is served apart, on /metrics/probes, as upstream serves it
+    Counter("prober_probe", "probe runs", ["probe_type"], registry=world.registry).labels(
+        "Liveness"
+    ).inc()
+    metrics, probes = (await client.get("/metrics")).text, await client.get("/metrics/probes")
+    assert "prober_probe_total" not in metrics
+    assert probes.status_code == 200
+    assert 'prober_probe_total{probe_type="Liveness"} 1.0' in probes.text
+    assert "klet_test_total" not in probes.text
     running = (await client.get("/runningpods/")).json()
     assert running["items"][0]["metadata"]["uid"] == UID
     assert running["items"][0]["spec"]["containers"] == [
@@ -375,6 +384,9 @@ async def test_stats_summary(client: httpx.AsyncClient, world: World) -> None:
             measured_at=1.5,
         )
     ]
+    cache = world.tmp / "pods" / UID / "volumes" / "kubernetes.io~empty-dir" / "cache"
+    cache.mkdir(parents=True)
+    (cache / "data").write_bytes(b"x" * 8192)
     first = (await client.get("/stats/summary")).json()
     node = first["node"]
     assert node["nodeName"] == "n1"
@@ -391,7 +403,12 @@ async def test_stats_summary(client: httpx.AsyncClient, world: World) -> None:
     assert c["name"] == "app" and c["memory"]["workingSetBytes"] == 700
     assert c["rootfs"]["usedBytes"] == 4096
     assert c["logs"]["usedBytes"] == 0
-    assert pod["volume"] == [
+    empty_dir, claimed = pod["volume"]
+    assert empty_dir["name"] == "cache"
+    assert empty_dir["usedBytes"] >= 8192 and empty_dir["inodesUsed"] == 2  # as du counts
+    assert empty_dir["capacityBytes"] == node["fs"]["capacityBytes"]  # the root dir's fs
+    assert empty_dir["inodes"] == node["fs"]["inodes"] and "pvcRef" not in empty_dir
+    assert [claimed] == [
         {
             "time": "1970-01-01T00:00:01Z",
             "name": "data",

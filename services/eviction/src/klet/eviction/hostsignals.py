@@ -117,8 +117,8 @@ def _pod_usage(pod: PodStats) -> PodUsage:
         cgroup_working_set=pod.cgroup.memory_working_set_bytes if pod.cgroup is not None else None,
         processes=pod.processes or 0,
         containers=containers,
-        volumes=pod.volumes,
-        pod_logs=pod.logs,
+        volumes={name: (u.bytes, u.inodes) for name, u in pod.volumes.items()},
+        pod_logs=(pod.logs.bytes, pod.logs.inodes) if pod.logs is not None else None,
     )
 
 

@@ -13,11 +13,15 @@ eviction-style consumers:
   process_stats, and `containers`: each running container's cpu/memory from CRI
   ListContainerStats, rootfs (writable layer usage on the image filesystem) and logs
   (the allocated size of its files under podLogsDir on the log filesystem); `volume`:
-  the pod's CSI volumes with the usage their driver last gave (syncloop measures every
+  the pod's disk-backed emptyDirs (usage as `du` counts it, capacity and free space of
+  the root dir's filesystem, as upstream's du-based volume metrics; an emptyDir with a
+  directory this process may not read gets no usage rather than a short count), then
+  its CSI volumes with the usage their driver last gave (syncloop measures every
   volumeStatsAggPeriod), with `pvcRef` for a claim's volume.
 
 The numbers are the ones eviction decides on: both come from `klet.stats.StatsProvider`.
-Left out: network, other volumes' usage, ephemeral-storage, accelerators, swap, PSI.
+Left out: network, the usage of `medium: Memory` emptyDirs, configMap, secret, projected,
+downward-API, local and hostPath volumes, ephemeral-storage, accelerators, swap, PSI.
 usageNanoCores comes from CRI when the runtime computes it, otherwise from the previous
 sample of the same cgroup or container (so the first scrape has none, as upstream's first).
 `only_cpu_and_memory=true` drops the filesystem parts, as upstream.
@@ -34,7 +38,15 @@ from klet.cri.errors import CRIError
 from klet.model import timestamps
 from klet.model.records import VolumeRecord
 from klet.model.types import JSON
-from klet.stats import FsUsage, PodStats, RuntimeFs, Snapshot, StatsProvider, running_containers
+from klet.stats import (
+    DirUsage,
+    FsUsage,
+    PodStats,
+    RuntimeFs,
+    Snapshot,
+    StatsProvider,
+    running_containers,
+)
 
 
 class VolumeSource(Protocol):
@@ -88,6 +100,18 @@ def fs_stats(
             "inodesUsed": inodes_used if inodes_used is not None else fs.inodes_used,
         }
     )
+
+
+def _empty_dir_stats(name: str, usage: DirUsage, fs: FsUsage | None, now_ns: int) -> JSON:
+    """A disk-backed emptyDir as a VolumeStats entry: its `du` usage on the root dir's
+    filesystem; without usage when the walk could not read all of it."""
+    if usage.complete:
+        entry = fs_stats(fs, now_ns, used_bytes=usage.bytes, inodes_used=usage.inodes)
+    else:
+        entry = {
+            k: v for k, v in fs_stats(fs, now_ns).items() if k not in ("usedBytes", "inodesUsed")
+        }
+    return {"name": name, **entry}
 
 
 def _runtime_fs(f: RuntimeFs, now_ns: int) -> JSON:
@@ -231,15 +255,19 @@ class SummaryProvider:
                     snap.node.logs_fs, now, used_bytes=c.logs.bytes, inodes_used=c.logs.inodes
                 )
             pod["containers"].append(_drop_none(entry))
-        if not only_cpu_and_memory and self._volumes is not None:
+        if not only_cpu_and_memory:
             volumes = [
+                _empty_dir_stats(name, usage, snap.node.rootfs, now)
+                for name, usage in sorted(p.volumes.items())
+            ]
+            volumes += [
                 {
                     "time": rfc3339(int(r.measured_at * 1e9)),
                     "name": r.volume,
                     **r.usage,
                     **({"pvcRef": {"name": r.claim, "namespace": r.namespace}} if r.claim else {}),
                 }
-                for r in self._volumes.measured(p.uid)
+                for r in (self._volumes.measured(p.uid) if self._volumes is not None else [])
             ]
             if volumes:
                 pod["volume"] = volumes

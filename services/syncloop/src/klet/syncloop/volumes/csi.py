@@ -859,7 +859,10 @@ class CSIVolumePlugin:
             if problems:
                 raise OSError(f"{path} not removed: {'; '.join(problems)}")
             staging = str(data.get("stagingTargetPath") or "")
-            if staging and await asyncio.to_thread(self._unstage_wanted, driver, handle, staging):
+            unstage = bool(staging) and await asyncio.to_thread(
+                self._unstage_wanted, driver, handle, staging
+            )
+            if unstage:
                 await self._unstage(client, driver, handle, Path(staging))
 
     async def sweep(self) -> None:
