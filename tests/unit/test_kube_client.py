@@ -95,3 +95,46 @@ async def test_a_busy_default_executor_delays_only_clients_without_threads(
         await with_threads.close()
         await without.close()
         default.shutdown()
+
+
+async def test_each_request_is_counted_for_rest_client_requests_total(tmp_path: Path) -> None:
+    from klet.kube.errors import KubeError
+    from klet.obs.restclient import RestClientMetrics
+    from prometheus_client import CollectorRegistry
+
+    registry = CollectorRegistry()
+    client = KubeClient(
+        KubeSettings(kubeconfig=kubeconfig(tmp_path, {"token": "t"})),
+        observer=RestClientMetrics(registry),
+    )
+    answers: list[Any] = [Response(), NotFoundResponse(), OSError("connection refused")]
+
+    def request(method: str, url: str, **_: Any) -> Any:
+        answer = answers.pop(0)
+        if isinstance(answer, BaseException):
+            raise answer
+        return answer
+
+    client._api.rest_client.request = request  # type: ignore[method-assign,assignment]
+    host = client.host.split("://", 1)[1]
+    await client.get("/api")
+    with pytest.raises(KubeError):
+        await client.delete("/api/v1/namespaces/default/pods/gone")
+    with pytest.raises(KubeError):
+        await client.create("/api/v1/namespaces/default/events", {})
+
+    def count(code: str, method: str) -> float | None:
+        labels = {"code": code, "method": method, "host": host}
+        return registry.get_sample_value("rest_client_requests_total", labels)
+
+    assert count("200", "GET") == 1
+    assert count("404", "DELETE") == 1
+    assert count("<error>", "POST") == 1
+    await client.close()
+
+
+class NotFoundResponse:
+    status = 404
+
+    def read(self) -> bytes:
+        return b'{"kind":"Status","reason":"NotFound","message":"pods \\"gone\\" not found"}'

@@ -1,5 +1,6 @@
 """The read-only and healthz HTTP apps, in-process through httpx.ASGITransport: the
-PodList served from the view (also while the bus is down), /healthz and /metrics, and
+PodList served from the view (also while the bus is down), /healthz, /metrics (with
+the node's own series and the services' scrape failures) and /metrics/probes, and
 the listeners build_deps derives from the settings."""
 
 from __future__ import annotations
@@ -114,8 +115,8 @@ async def test_pods_serves_the_view_as_a_podlist(fakes: Fakes) -> None:
         assert len(fakes.bus.calls) == calls  # a request never reads the bus
 
 
-async def test_healthz_and_metrics(fakes: Fakes) -> None:
-    deps = fakes.deps()
+async def test_healthz_and_metrics(fakes: Fakes, tmp_path: Path) -> None:
+    deps = fakes.deps(Settings(klet=KletCfg(run_dir=tmp_path)))  # no other service's port
     async with client_for(create_app(deps)) as client:
         resp = await client.get("/healthz")
         assert (resp.status_code, resp.text) == (200, "ok")
@@ -124,6 +125,16 @@ async def test_healthz_and_metrics(fakes: Fakes) -> None:
         assert metrics.status_code == 200
         assert metrics.headers["content-type"].startswith("text/plain; version=")
         assert "kubelet_running_pods 0.0" in metrics.text
+        assert 'kubelet_node_name{node="node1"} 1.0' in metrics.text
+        # no other service publishes a port here: each is counted absent
+        assert (
+            'klet_metrics_scrape_failures_total{reason="absent",service="syncloop"} 1.0'
+            in metrics.text
+        )
+        assert "_created" not in metrics.text
+        probes = await client.get("/metrics/probes")
+        assert probes.status_code == 200
+        assert "kubelet_running_pods" not in probes.text
         assert (await client.get("/docs")).status_code == 404
 
 

@@ -42,12 +42,24 @@ from kubernetes.client.exceptions import ApiException
 
 T = TypeVar("T")
 
+RequestObserver = Callable[[str, str, str], None]
+"""Told of each request sent: (status code or "<error>", method, host:port); called
+from the request's thread (klet.obs.restclient.RestClientMetrics)."""
+NO_ANSWER = "<error>"
+
 
 class KubeClient:
-    def __init__(self, settings: KubeSettings, *, threads: int | None = None) -> None:
+    def __init__(
+        self,
+        settings: KubeSettings,
+        *,
+        threads: int | None = None,
+        observer: RequestObserver | None = None,
+    ) -> None:
         """`threads`: requests run on a pool of that many threads of this client's own
-        instead of the loop's default executor."""
+        instead of the loop's default executor. `observer`: told of every request."""
         self.settings = settings
+        self._observer = observer
         self._executor = (
             ThreadPoolExecutor(max_workers=threads, thread_name_prefix="kube-client")
             if threads is not None
@@ -66,6 +78,7 @@ class KubeClient:
         self._api = k8s_client.ApiClient(configuration)
         self._api.user_agent = settings.user_agent
         self.host = configuration.host.rstrip("/")
+        self._host_label = urllib.parse.urlsplit(self.host).netloc
         # Taken on the event loop, before the request moves to a worker thread.
         self._bucket = TokenBucket(settings.qps, settings.burst, now=time.monotonic())
 
@@ -90,6 +103,10 @@ class KubeClient:
             return {"Authorization": self._token_file.header()}
         key = self._configuration.get_api_key_with_prefix("BearerToken")
         return {"Authorization": key} if key else {}
+
+    def _observe(self, code: int | str, method: str) -> None:
+        if self._observer is not None:
+            self._observer(str(code), method, self._host_label)
 
     def _url(self, path: str, params: Mapping[str, Any] | None) -> str:
         query = {k: v for k, v in (params or {}).items() if v is not None}
@@ -117,9 +134,12 @@ class KubeClient:
             )
             data = r.read()
         except ApiException as err:
+            self._observe(err.status or NO_ANSWER, method)
             raise Unavailable(f"{method} {path}: {err.reason}", status=err.status or 0) from err
         except (urllib3.exceptions.HTTPError, OSError) as err:
+            self._observe(NO_ANSWER, method)
             raise Unavailable(f"{method} {path}: {err}") from err
+        self._observe(r.status, method)
         text = data.decode() if isinstance(data, bytes) else str(data or "")
         if r.status >= 300:
             reason, message = "", text[:500]
@@ -209,6 +229,7 @@ class KubeClient:
                     timeout=urllib3.Timeout(connect=10, read=timeout_s + 30),
                 )
                 held.append(r)
+                self._observe(r.status, "GET")
                 if r.status >= 300:
                     raise for_status(r.status, f"watch {path}: {r.status} {r.data[:300]!r}")
                 buffer = b""
@@ -232,6 +253,8 @@ class KubeClient:
                 r.release_conn()
                 post(None)
             except (urllib3.exceptions.HTTPError, OSError) as err:
+                if not held:  # no answer at all (an answer is counted by its status)
+                    self._observe(NO_ANSWER, "GET")
                 post(Unavailable(f"watch {path}: {err}"))
             except (KubeError, ValueError) as err:
                 post(err)

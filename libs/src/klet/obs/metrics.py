@@ -5,6 +5,11 @@ Each service declares its metrics in its own `metrics.py`, taking a `CollectorRe
 default registry by import side effect. This module only builds such registries and
 renders them for the `/metrics` endpoint of health.py.
 
+The `_created` series that prometheus_client adds to every counter, histogram and
+summary are turned off for the whole process when this module is imported (every
+service imports it): upstream's kubelet serves none, each would double the series a
+scrape carries, and Prometheus reads a counter's reset from the counter itself.
+
 Trade-off: process and platform collectors (RSS, CPU seconds, open fds, python_info) are
 opt-in; production wiring turns them on, unit tests leave them off so scrapes are
 deterministic.
@@ -20,11 +25,25 @@ from prometheus_client import (
     GCCollector,
     PlatformCollector,
     ProcessCollector,
+    disable_created_metrics,
     exposition,
     generate_latest,
 )
 
-__all__ = ["CONTENT_TYPE", "LEADER_METRIC", "leader_metric", "new_registry", "render"]
+__all__ = [
+    "CONTENT_TYPE",
+    "DEF_BUCKETS",
+    "LEADER_METRIC",
+    "leader_metric",
+    "new_registry",
+    "render",
+]
+
+disable_created_metrics()  # type: ignore[no-untyped-call]  # untyped in prometheus_client
+
+DEF_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+"""The Go client's DefBuckets, which upstream's histograms use when they name none
+(prometheus_client's own default has four more)."""
 
 LEADER_METRIC = "klet_leader"
 """1 while this replica holds its service's bus lease (acts), 0 while it stands by; one

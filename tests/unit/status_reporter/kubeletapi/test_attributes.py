@@ -68,6 +68,7 @@ def test_other_paths_keep_the_methods_verb(path: str) -> None:
         ("/stats", ("stats",), ("stats",)),
         ("/metrics", ("metrics",), ("metrics",)),
         ("/metrics/cadvisor", ("metrics",), ("metrics",)),
+        ("/metrics/probes", ("metrics",), ("metrics",)),
         ("/metrics/resource", ("metrics",), ("metrics",)),
         ("/metricsx", ("proxy",), ("proxy",)),
         ("/logs/", ("log",), ("log",)),

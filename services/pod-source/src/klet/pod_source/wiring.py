@@ -23,6 +23,7 @@ from klet.bus import Bus, BusAuth, Lease, NodeBus, service_lease
 from klet.kube import kube_settings
 from klet.model.records import SourceName
 from klet.obs import ServicePort, new_registry
+from klet.obs.restclient import RestClientMetrics
 from klet.pod_source.inbox import Inbox
 from klet.pod_source.metrics import Metrics, create_metrics
 from klet.pod_source.publisher import LEASE_NAME, Publisher, RetryPolicy
@@ -190,7 +191,7 @@ def build_deps(settings: ServiceSettings, overrides: Overrides | None = None) ->
             assert api_settings is not None  # a kubeconfig is set
             from klet.kube.client import KubeClient  # cluster mode only: loads `kubernetes`
 
-            client = KubeClient(api_settings)
+            client = KubeClient(api_settings, observer=RestClientMetrics(registry))
             api = KubePodApi(
                 client,
                 node_name=node,

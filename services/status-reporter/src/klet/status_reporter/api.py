@@ -2,7 +2,8 @@
 
 - `create_app`: the read-only API (upstream `readOnlyPort`, off by default):
   `GET /pods` (the node's pods as a v1 PodList, each with its latest computed status),
-  `GET /healthz` and `GET /metrics`.
+  `GET /healthz`, `GET /metrics` (every service's kubelet metrics: nodemetrics.py)
+  and `GET /metrics/probes` (the prober's, apart as upstream serves them).
 - `create_healthz_app`: the `healthzBindAddress:healthzPort` listener, `/healthz` only.
 
 Both answer from the in-memory pod view and never touch Redis on a request, so they keep
@@ -21,8 +22,9 @@ from __future__ import annotations
 from typing import Protocol
 
 from klet.model.types import JSON
-from klet.obs import render
+from klet.obs import CONTENT_TYPE
 from klet.obs.asgi import Request, Response, Routes, json_response, text
+from klet.status_reporter.nodemetrics import LocalMetrics
 from prometheus_client import CollectorRegistry
 
 
@@ -41,6 +43,17 @@ class ApiDeps(Protocol):
     @property
     def registry(self) -> CollectorRegistry: ...
 
+    @property
+    def node_metrics(self) -> MetricsPages | None: ...
+
+
+class MetricsPages(Protocol):
+    """`/metrics` and `/metrics/probes` as served (klet.status_reporter.nodemetrics)."""
+
+    async def metrics(self) -> bytes: ...
+
+    async def probes(self) -> bytes: ...
+
 
 async def _healthz(_request: Request) -> Response:
     return text("ok")
@@ -52,11 +65,17 @@ def create_app(deps: ApiDeps) -> Routes:
     async def pods(_request: Request) -> Response:
         return json_response(deps.pods.pod_list())
 
-    async def metrics(_request: Request) -> Response:
-        body, content_type = render(deps.registry)
-        return Response(body, content_type=content_type)
+    pages = deps.node_metrics if deps.node_metrics is not None else LocalMetrics(deps.registry)
 
-    return Routes({"/healthz": _healthz, "/pods": pods, "/metrics": metrics})
+    async def metrics(_request: Request) -> Response:
+        return Response(await pages.metrics(), content_type=CONTENT_TYPE)
+
+    async def probes(_request: Request) -> Response:
+        return Response(await pages.probes(), content_type=CONTENT_TYPE)
+
+    return Routes(
+        {"/healthz": _healthz, "/pods": pods, "/metrics": metrics, "/metrics/probes": probes}
+    )
 
 
 def create_healthz_app() -> Routes:

@@ -195,7 +195,12 @@ def node_config(kubelet: ClusterKubelet, klet: ClusterKlet) -> NodeConfig:
     )
 
 
-def _kube_client(kubeconfig: Path, kubelet: ClusterKubelet, node: str) -> Any:
+def _kube_client(
+    kubeconfig: Path,
+    kubelet: ClusterKubelet,
+    node: str,
+    observer: Callable[[str, str, str], None] | None,
+) -> Any:
     from klet.kube import KubeSettings
     from klet.kube.client import KubeClient
 
@@ -205,7 +210,8 @@ def _kube_client(kubeconfig: Path, kubelet: ClusterKubelet, node: str) -> Any:
             qps=float(kubelet.kube_api_qps),
             burst=kubelet.kube_api_burst,
             user_agent=f"klet/{KUBELET_VERSION} ({node})",
-        )
+        ),
+        observer=observer,
     )
 
 
@@ -218,9 +224,11 @@ def build_cluster(
     consumer: str,
     overrides: ClusterOverrides | None = None,
     volumes_in_use: Callable[[], tuple[str, ...] | None] = lambda: None,
+    requests: Callable[[str, str, str], None] | None = None,
 ) -> ClusterDeps:
     """Build cluster mode's managers; `bus()` gives the node's tables when not overridden.
-    `consumer` names this process in the `events` consumer group (unique per process)."""
+    `consumer` names this process in the `events` consumer group (unique per process);
+    `requests` is told of every apiserver request (rest_client_requests_total)."""
     o = overrides or ClusterOverrides()
     closers: list[Callable[[], Awaitable[None]]] = []
 
@@ -230,10 +238,10 @@ def build_cluster(
         if klet.kubeconfig is None:
             raise ValueError("cluster mode needs a kubeconfig (or a Kube override)")
         if kube is None:
-            kube = _kube_client(klet.kubeconfig, kubelet, klet.node_name)
+            kube = _kube_client(klet.kubeconfig, kubelet, klet.node_name, requests)
             closers.append(kube.close)
         if lease_kube is None:
-            lease_kube = _kube_client(klet.kubeconfig, kubelet, klet.node_name)
+            lease_kube = _kube_client(klet.kubeconfig, kubelet, klet.node_name, requests)
             closers.append(lease_kube.close)
 
     runtime = o.runtime

@@ -1,7 +1,8 @@
 """The status-reporter's Prometheus metrics, on a registry the caller provides.
 
-Upstream names where upstream has the metric (`kubelet_running_pods`,
-`kubelet_running_containers{container_state}`), `klet_status_reporter_*` for our own.
+Upstream names where upstream has the metric (`kubelet_node_name{node}`,
+`kubelet_running_pods`, `kubelet_running_containers{container_state}`),
+`klet_status_reporter_*` for our own.
 
 Trade-off: upstream counts running pods and containers from the container runtime; we
 count them from the API statuses syncloop computed (the view this service already
@@ -81,10 +82,24 @@ class Metrics:
     """All of the service's metrics, registered on `registry` at construction."""
 
     def __init__(
-        self, registry: CollectorRegistry, *, clock: Callable[[], float] = time.monotonic
+        self,
+        registry: CollectorRegistry,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        node_name: str = "",
     ) -> None:
         self._clock = clock
         self._last_reload: float = clock()
+        # upstream's kubelet_node_name{node} (pkg/kubelet/metrics): always 1, so a
+        # dashboard counts the kubelets it scrapes and joins their node names.
+        self.node_name = Gauge(
+            "kubelet_node_name",
+            "1, labelled with this node's name.",
+            ["node"],
+            registry=registry,
+        )
+        if node_name:
+            self.node_name.labels(node=node_name).set(1)
         self.running_pods = Gauge(
             "kubelet_running_pods",
             "Pods on this node whose sandbox is running, from the latest reported statuses.",

@@ -35,6 +35,7 @@ from klet.config import Settings
 from klet.kube import kube_settings
 from klet.model.layout import DEFAULT_SERVICE_PORTS
 from klet.obs import ServicePort, leader_metric, new_registry
+from klet.obs.restclient import RestClientMetrics
 from klet.obs.runtimeops import RuntimeOperationMetrics
 from klet.status_reporter.cluster import (
     ClusterDeps,
@@ -49,6 +50,7 @@ from klet.status_reporter.kubeletapi import (
     build_kubelet_api_deps,
 )
 from klet.status_reporter.metrics import Metrics
+from klet.status_reporter.nodemetrics import NodeMetrics, port_file_replicas
 from klet.status_reporter.podcache import (
     CachePolicy,
     DesiredTable,
@@ -184,6 +186,9 @@ class Deps:
     """The kubelet API on --port; None when enableServer is off or it cannot authorize."""
     volumes: VolumeView | None = None
     """The bus `volumes` table's last read (volumesInUse, volume stats); a root task."""
+    node_metrics: NodeMetrics | None = None
+    """Every service's metrics for /metrics and /metrics/probes (nodemetrics.py); None:
+    `registry` alone."""
     elected: asyncio.Event = field(default_factory=asyncio.Event)
     """Set once this replica holds the lease (by `klet.bus.leader.hold`); never cleared:
     losing the lease ends the process."""
@@ -222,7 +227,7 @@ def build_deps(settings: ServiceSettings, *, overrides: Overrides | None = None)
     # Production scrapes carry process_* series, as any Prometheus target (upstream too).
     registry = o.registry if o.registry is not None else new_registry(process_metrics=True)
     clock = o.clock if o.clock is not None else time.monotonic
-    metrics = Metrics(registry, clock=clock)
+    metrics = Metrics(registry, clock=clock, node_name=klet.node_name)
     pods = PodCache(
         desired=desired,
         status=status,
@@ -232,6 +237,7 @@ def build_deps(settings: ServiceSettings, *, overrides: Overrides | None = None)
         clock=clock,
     )
     volumes = VolumeView(node_bus().volumes, registry)
+    requests = RestClientMetrics(registry)
     cluster: ClusterDeps | None = None
     # getattr: standalone settings trees built by hand (older tests) have no kubeconfig.
     if getattr(klet, "kubeconfig", None) is not None or o.cluster is not None:
@@ -245,10 +251,20 @@ def build_deps(settings: ServiceSettings, *, overrides: Overrides | None = None)
             consumer=lease.holder,
             overrides=o.cluster,
             volumes_in_use=volumes.in_use,
+            requests=requests,
         )
 
+    elected = asyncio.Event()
+    node_metrics = NodeMetrics(
+        registry, leading=elected.is_set, replicas=port_file_replicas(Path(klet.run_dir))
+    )
     kubelet_api, api_closers = _kubelet_api(
-        settings, pods=pods, registry=registry, volumes=volumes
+        settings,
+        pods=pods,
+        registry=registry,
+        volumes=volumes,
+        node_metrics=node_metrics,
+        requests=requests,
     )
 
     async def close() -> None:
@@ -259,7 +275,6 @@ def build_deps(settings: ServiceSettings, *, overrides: Overrides | None = None)
         for bus in buses:
             await bus.close()
 
-    elected = asyncio.Event()
     leader_metric(registry, service=SERVICE, leading=elected.is_set)
     return Deps(
         pods=pods,
@@ -280,11 +295,18 @@ def build_deps(settings: ServiceSettings, *, overrides: Overrides | None = None)
         cluster=cluster,
         kubelet_api=kubelet_api,
         volumes=volumes,
+        node_metrics=node_metrics,
     )
 
 
 def _kubelet_api(
-    settings: ServiceSettings, *, pods: PodCache, registry: CollectorRegistry, volumes: VolumeView
+    settings: ServiceSettings,
+    *,
+    pods: PodCache,
+    registry: CollectorRegistry,
+    volumes: VolumeView,
+    node_metrics: NodeMetrics,
+    requests: RestClientMetrics,
 ) -> tuple[KubeletApiDeps | None, list[Callable[[], Awaitable[None]]]]:
     """The 10250 API's dependencies, with their own apiserver and CRI clients (the
     apiserver client with threads of its own: whoever reaches the port can cause
@@ -304,7 +326,7 @@ def _kubelet_api(
         from klet.kube.client import KubeClient  # cluster mode only: loads `kubernetes`
 
         threads = KubeletApiSettings.from_settings(settings).review_threads
-        api_kube = KubeClient(api_settings, threads=threads)
+        api_kube = KubeClient(api_settings, threads=threads, observer=requests)
         closers.append(api_kube.close)
     if api_kube is None and kubelet.authorization.mode == "Webhook":
         log.warning("kubelet API on --port is off: authorization mode Webhook needs --kubeconfig")
@@ -323,5 +345,6 @@ def _kubelet_api(
         registry=registry,
         apiserver=api_kube,
         volumes=volumes,
+        node_metrics=node_metrics,
     )
     return deps, closers

@@ -1,7 +1,31 @@
 """syncloop's Prometheus metrics, upstream names where upstream has one.
 
-The prober and the pod controller do not import prometheus: wiring hands them the
-small recorders below (`ProberMetrics`, `Metrics.record_admission_rejection`).
+The prober, the pod controller, the syncer and the image puller do not import
+prometheus: wiring hands them the small recorders below (`ProberMetrics`,
+`PodStartTracker`, `CgroupTimer`, `Metrics.record_admission_rejection`, ...).
+
+Upstream's definitions (pkg/kubelet/metrics/metrics.go) give the names, labels and
+buckets (the HELP texts are ours); where each is observed follows upstream's call sites:
+
+- `kubelet_pod_worker_duration_seconds{operation_type}`: one pod worker sync, by
+  `pods.podstate.pod_worker_operation` (create, update, sync, kill, terminated); upstream times from
+  the update's arrival, klet from the sync's start (klet's workers coalesce updates);
+- `kubelet_pod_start_duration_seconds`: from the pod's first sighting
+  (`kubernetes.io/config.seen`) to the first Running status this process computes for
+  it; `kubelet_pod_start_sli_duration_seconds`: from its creationTimestamp to that
+  moment, less the time its images took to pull (first pull started to last pull
+  finished). A pod already running when this process first syncs it (a restart) is
+  observed by neither, nor is a pod that never ran. Upstream takes the SLI moment from
+  the apiserver's watch; klet has no watch of its own pods in syncloop, so it is the
+  status's computation (earlier by one status write);
+- `kubelet_started_pods_total` / `_errors_total`: sandbox creations tried / failed;
+  `kubelet_started_containers_total{container_type}` / `_errors_total{container_type,
+  code}`: container starts tried / failed (`code` is the waiting reason, as upstream's
+  error codes: ErrImagePull, CreateContainerError, RunContainerError, ...);
+- `kubelet_image_pull_duration_seconds{image_size_in_bytes}`: a successful pull, the
+  wait for a pull slot included, by upstream's image size buckets;
+- `kubelet_cgroup_manager_duration_seconds{operation_type}`: the pod cgroup's create
+  and update.
 """
 
 from __future__ import annotations
@@ -9,8 +33,12 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import TYPE_CHECKING
 
+from klet.model.pod import CONFIG_SEEN
+from klet.model.types import JSON
+from klet.obs.metrics import DEF_BUCKETS
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 if TYPE_CHECKING:
@@ -56,6 +84,152 @@ def admission_rejection_reason(reason: str) -> str:
     if reason.startswith("OutOf"):
         return "OutOfExtendedResources"
     return "Other"
+
+
+# upstream's podStartupDurationBuckets and imagePullDurationBuckets, seconds
+POD_START_BUCKETS = (
+    0.5, 1, 2, 3, 4, 5, 6, 8, 10, 20, 30, 45, 60, 120, 180, 240, 300, 360, 480, 600, 900,
+    1200, 1800, 2700, 3600,
+)  # fmt: skip
+IMAGE_PULL_BUCKETS = (
+    1, 5, 10, 20, 30, 60, 120, 180, 240, 300, 360, 480, 600, 900, 1200, 1800, 2700, 3600,
+)  # fmt: skip
+
+_MIB, _GIB = 1024 * 1024, 1024 * 1024 * 1024
+# upstream's imageSizeBuckets: (lower bound exclusive, label)
+IMAGE_SIZE_BUCKETS = (
+    (0, "0-10MB"),
+    (10 * _MIB, "10MB-100MB"),
+    (100 * _MIB, "100MB-500MB"),
+    (500 * _MIB, "500MB-1GB"),
+    (1 * _GIB, "1GB-5GB"),
+    (5 * _GIB, "5GB-10GB"),
+    (10 * _GIB, "10GB-20GB"),
+    (20 * _GIB, "20GB-30GB"),
+    (30 * _GIB, "30GB-40GB"),
+    (40 * _GIB, "40GB-60GB"),
+    (60 * _GIB, "60GB-100GB"),
+    (100 * _GIB, "GT100GB"),
+)
+
+
+def image_size_bucket(size: int) -> str:
+    """upstream's `image_size_in_bytes` label of a pulled image's size ("N/A" unknown)."""
+    if size <= 0:
+        return "N/A"
+    for lower, label in reversed(IMAGE_SIZE_BUCKETS):
+        if size > lower:
+            return label
+    return "N/A"  # unreachable: size > 0 is above the first bound
+
+
+def _timestamp(value: object) -> float | None:
+    """A Unix time from an RFC 3339 string (`creationTimestamp`, `config.seen`)."""
+    if not isinstance(value, str) or not value:
+        return None
+    try:
+        parsed = datetime.fromisoformat(value.replace("Z", "+00:00"))
+    except ValueError:
+        return None
+    return parsed.timestamp() if parsed.tzinfo is not None else None
+
+
+@dataclass
+class _Starting:
+    first_synced: float
+    pull_started: float | None = None
+    pull_finished: float | None = None
+
+
+@dataclass
+class PodStartTracker:
+    """kubelet_pod_start_duration_seconds and kubelet_pod_start_sli_duration_seconds
+    (see the module docstring for when each is observed). Times are Unix seconds."""
+
+    start: Histogram
+    sli: Histogram
+    _starting: dict[str, _Starting] = field(default_factory=dict)
+    _done: set[str] = field(default_factory=set)
+
+    def pulling(self, uid: str, now: float) -> None:
+        starting = self._starting.get(uid)
+        if starting is not None and starting.pull_started is None:
+            starting.pull_started = now
+
+    def pulled(self, uid: str, now: float) -> None:
+        starting = self._starting.get(uid)
+        if starting is not None:
+            starting.pull_finished = now
+
+    def status(self, uid: str, pod: JSON, phase: str, now: float) -> None:
+        """The pod's computed phase at `now`: observes its start once it runs."""
+        if uid in self._done:
+            return
+        starting = self._starting.get(uid)
+        if starting is None:
+            if phase == "Pending":
+                self._starting[uid] = _Starting(first_synced=now)
+            else:  # running (or over) before this process saw it start
+                self._done.add(uid)
+            return
+        if phase == "Pending":
+            return
+        del self._starting[uid]
+        self._done.add(uid)
+        if phase != "Running":
+            return  # it never ran (failed or succeeded straight away)
+        meta = pod.get("metadata") or {}
+        seen = _timestamp((meta.get("annotations") or {}).get(CONFIG_SEEN))
+        self.start.observe(max(0.0, now - (seen if seen is not None else starting.first_synced)))
+        created = _timestamp(meta.get("creationTimestamp"))
+        if created is not None:
+            pulling = 0.0
+            if starting.pull_started is not None and starting.pull_finished is not None:
+                pulling = max(0.0, starting.pull_finished - starting.pull_started)
+            self.sli.observe(max(0.0, now - created - pulling))
+
+    def forget(self, uid: str) -> None:
+        self._starting.pop(uid, None)
+        self._done.discard(uid)
+
+
+@dataclass(frozen=True)
+class ImagePullMetrics:
+    """kubelet_image_pull_duration_seconds, and the pod start tracker's pull times
+    (containers.images.PullObserver)."""
+
+    duration: Histogram
+    starts: PodStartTracker
+
+    def pulling(self, uid: str, now: float) -> None:
+        self.starts.pulling(uid, now)
+
+    def pulled(self, uid: str, now: float, *, seconds: float, size: int) -> None:
+        self.duration.labels(image_size_bucket(size)).observe(max(0.0, seconds))
+        self.starts.pulled(uid, now)
+
+
+@dataclass(frozen=True)
+class StartMetrics:
+    """kubelet_started_{pods,containers}_total and their _errors_total
+    (pods.syncpod.StartObserver)."""
+
+    pods: Counter
+    pod_errors: Counter
+    containers: Counter
+    container_errors: Counter
+
+    def pod_starting(self) -> None:
+        self.pods.inc()
+
+    def pod_failed(self) -> None:
+        self.pod_errors.inc()
+
+    def container_starting(self, container_type: str) -> None:
+        self.containers.labels(container_type).inc()
+
+    def container_failed(self, container_type: str, code: str) -> None:
+        self.container_errors.labels(container_type, code).inc()
 
 
 @dataclass
@@ -139,9 +313,39 @@ class Metrics:
     admission_rejections: Counter
     prober: ProberMetrics
     pleg: PlegMetrics
+    pod_starts: PodStartTracker
+    image_pulls: ImagePullMetrics
+    starts: StartMetrics
+    cgroup_manager_duration: Histogram
 
     def record_admission_rejection(self, reason: str) -> None:
         self.admission_rejections.labels(admission_rejection_reason(reason)).inc()
+
+    # pods.controller.WorkerObserver
+    def pod_worker(self, operation: str, seconds: float) -> None:
+        self.pod_worker_duration.labels(operation).observe(max(0.0, seconds))
+
+    def pod_status(self, uid: str, pod: JSON, phase: str, now: float) -> None:
+        self.pod_starts.status(uid, pod, phase, now)
+
+    def forget(self, uid: str) -> None:
+        self.pod_starts.forget(uid)
+
+    # pods.syncpod.StartObserver
+    def pod_starting(self) -> None:
+        self.starts.pod_starting()
+
+    def pod_failed(self) -> None:
+        self.starts.pod_failed()
+
+    def container_starting(self, container_type: str) -> None:
+        self.starts.container_starting(container_type)
+
+    def container_failed(self, container_type: str, code: str) -> None:
+        self.starts.container_failed(container_type, code)
+
+    def cgroup_operation(self, operation: str, seconds: float) -> None:
+        self.cgroup_manager_duration.labels(operation).observe(max(0.0, seconds))
 
 
 def volume_counts(registry: CollectorRegistry) -> Callable[[Mapping[tuple[str, str], int]], None]:
@@ -168,7 +372,61 @@ def volume_counts(registry: CollectorRegistry) -> Callable[[Mapping[tuple[str, s
 
 
 def create_metrics(registry: CollectorRegistry) -> Metrics:
+    pod_starts = PodStartTracker(
+        start=Histogram(
+            "kubelet_pod_start_duration_seconds",
+            "Seconds from the first sighting of a pod on this node to its first Running status",
+            registry=registry,
+            buckets=POD_START_BUCKETS,
+        ),
+        sli=Histogram(
+            "kubelet_pod_start_sli_duration_seconds",
+            "Seconds from a pod's creation to its first Running status, less the time its "
+            "images took to pull",
+            registry=registry,
+            buckets=POD_START_BUCKETS,
+        ),
+    )
     return Metrics(
+        pod_starts=pod_starts,
+        image_pulls=ImagePullMetrics(
+            duration=Histogram(
+                "kubelet_image_pull_duration_seconds",
+                "Seconds a successful image pull took, the wait for a pull slot included, "
+                "by image size",
+                ["image_size_in_bytes"],
+                registry=registry,
+                buckets=IMAGE_PULL_BUCKETS,
+            ),
+            starts=pod_starts,
+        ),
+        starts=StartMetrics(
+            pods=Counter("kubelet_started_pods", "Pod sandbox creations tried", registry=registry),
+            pod_errors=Counter(
+                "kubelet_started_pods_errors",
+                "Pod sandbox creations that failed",
+                registry=registry,
+            ),
+            containers=Counter(
+                "kubelet_started_containers",
+                "Container starts tried, by container type",
+                ["container_type"],
+                registry=registry,
+            ),
+            container_errors=Counter(
+                "kubelet_started_containers_errors",
+                "Container starts that failed, by container type and error code",
+                ["container_type", "code"],
+                registry=registry,
+            ),
+        ),
+        cgroup_manager_duration=Histogram(
+            "kubelet_cgroup_manager_duration_seconds",
+            "Seconds pod cgroup operations took, by operation",
+            ["operation_type"],
+            registry=registry,
+            buckets=DEF_BUCKETS,
+        ),
         running_pods=Gauge(
             "kubelet_running_pods",
             "Pods whose sandbox is running on this node",
@@ -188,9 +446,11 @@ def create_metrics(registry: CollectorRegistry) -> Metrics:
         ),
         pod_worker_duration=Histogram(
             "kubelet_pod_worker_duration_seconds",
-            "Seconds one pod worker sync took",
-            ["operation"],
+            "Seconds one pod worker sync took, by operation type (create, update, sync, kill, "
+            "terminated)",
+            ["operation_type"],
             registry=registry,
+            buckets=DEF_BUCKETS,
         ),
         bad_bus_entries=Counter(
             "klet_syncloop_bad_bus_entries_total",

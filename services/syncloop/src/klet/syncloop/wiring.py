@@ -32,6 +32,7 @@ from klet.model.flowcontrol import Backoff, TokenBucket
 from klet.model.layout import SYNCLOOP, grpc_socket
 from klet.model.node import allocatable_amounts, node_labels, storage_aware_eviction_hard
 from klet.obs import ServicePort
+from klet.obs.restclient import RestClientMetrics
 from klet.obs.runtimeops import RuntimeOperationMetrics
 from klet.syncloop.admission.admit import AdmissionLedger, NodeInfo
 from klet.syncloop.admission.sysctls import SysctlAllowlist
@@ -196,11 +197,13 @@ def build_deps(settings: Settings, overrides: Overrides | None = None) -> Deps:
     if api is not None:
         from klet.kube.client import KubeClient  # cluster mode only: loads `kubernetes`
 
-        kube = KubeClient(api)
+        kube = KubeClient(api, observer=RestClientMetrics(registry))
     objects = ApiObjects(kube) if kube is not None else None
+    metrics = create_metrics(registry)
     puller = ImagePuller(
         cri,
         events,
+        observer=metrics.image_pulls,
         parallel=pull_parallelism(
             serialize=k.serialize_image_pulls, max_parallel=k.max_parallel_image_pulls
         ),
@@ -290,9 +293,9 @@ def build_deps(settings: Settings, overrides: Overrides | None = None) -> Deps:
         objects=objects,
         volumes=volumes,
         runtime_classes=objects,
+        observer=metrics,
     )
     publisher = StatusPublisher(node_bus, clock=clock)
-    metrics = create_metrics(registry)
 
     def probe_result_changed(uid: str) -> None:
         controller.on_runtime_change(uid)  # wake the pod's worker
@@ -319,6 +322,7 @@ def build_deps(settings: Settings, overrides: Overrides | None = None) -> Deps:
         last_status=functools.partial(published_status, node_bus),
         on_rejected=metrics.record_admission_rejection,
         node_name=settings.klet.node_name,
+        observer=metrics,
     )
     relister = Relister(
         cri,
@@ -372,9 +376,7 @@ def build_deps(settings: Settings, overrides: Overrides | None = None) -> Deps:
         volumes=volumes,
         plugins=PluginWatcher(
             Path(settings.klet.root_dir) / PLUGINS_REGISTRY,
-            CSIRegistrar(
-                node_bus.csidrivers, registration=RegistrationClient, driver=CSIClient
-            ),
+            CSIRegistrar(node_bus.csidrivers, registration=RegistrationClient, driver=CSIClient),
         ),
         volume_stats=VolumeStatsCollector(
             root_dir=Path(settings.klet.root_dir),

@@ -7,7 +7,9 @@ in-process through `httpx.ASGITransport` like any other (STYLE rule 22).
 
 Endpoints, as upstream's kubelet serves them on its secure port: `/healthz`, `/pods`
 (the pod view's PodList, the same one the read-only port serves), `/runningpods/`
-(pods as the runtime sees them), `/metrics`, `/metrics/resource` (metrics-server's
+(pods as the runtime sees them), `/metrics` (every service's kubelet metrics, gathered
+by `nodemetrics.py`), `/metrics/probes` (the prober's, as upstream serves them apart),
+`/metrics/resource` (metrics-server's
 CPU and memory series, from the summary), `/configz`, `/stats/summary`,
 `/containerLogs/{ns}/{pod}/{container}`, `/run/{ns}/{pod}[/{uid}]/{container}` (the
 command bounded by runtimeRequestTimeout, as upstream's CRI deadline bounds it); exec,
@@ -30,7 +32,7 @@ from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from klet.cri.errors import CRIError
 from klet.cri.errors import NotFound as CRINotFound
 from klet.model.types import JSON
-from klet.obs import render
+from klet.obs import CONTENT_TYPE
 from klet.stats import HostReader, StatsProvider
 from klet.status_reporter.kubeletapi import lookup
 from klet.status_reporter.kubeletapi.containerlogs import container_logs_response
@@ -42,6 +44,7 @@ from klet.status_reporter.kubeletapi.routes import (
     stream_options,
 )
 from klet.status_reporter.kubeletapi.stats import SummaryProvider
+from klet.status_reporter.nodemetrics import LocalMetrics
 
 log = logging.getLogger(__name__)
 
@@ -140,10 +143,15 @@ def create_app(deps: KubeletApiDeps) -> FastAPI:
             raise HttpProblem(500, str(err)) from err
         return JSONResponse(lookup.running_pods(sandboxes, containers))
 
+    pages = deps.node_metrics if deps.node_metrics is not None else LocalMetrics(deps.registry)
+
     @app.get("/metrics")
     async def metrics() -> Response:
-        body, content_type = render(deps.registry)
-        return Response(body, media_type=content_type)
+        return Response(await pages.metrics(), media_type=CONTENT_TYPE)
+
+    @app.get("/metrics/probes")
+    async def metrics_probes() -> Response:
+        return Response(await pages.probes(), media_type=CONTENT_TYPE)
 
     @app.get("/metrics/resource")
     async def metrics_resource() -> Response:

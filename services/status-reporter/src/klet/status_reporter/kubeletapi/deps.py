@@ -35,6 +35,14 @@ class PodView(Protocol):
     def pod_list(self) -> JSON: ...
 
 
+class MetricsPages(Protocol):
+    """`/metrics` and `/metrics/probes` as served (klet.status_reporter.nodemetrics)."""
+
+    async def metrics(self) -> bytes: ...
+
+    async def probes(self) -> bytes: ...
+
+
 class StreamingRuntime(Protocol):
     """CRI calls behind exec, attach, portForward and run."""
 
@@ -216,6 +224,8 @@ class KubeletApiDeps:
     follow: FollowPolicy = field(default_factory=FollowPolicy)
     volumes: VolumeSource | None = None
     """The pods' measured CSI volumes, for /stats/summary; None: none reported."""
+    node_metrics: MetricsPages | None = None
+    """Every service's metrics (nodemetrics.NodeMetrics); None: `registry` alone."""
 
 
 def kubelet_api_metrics(registry: CollectorRegistry) -> KubeletApiMetrics:
@@ -232,6 +242,7 @@ def build_kubelet_api_deps(
     apiserver: ApiServer | None,
     cgroups: CgroupReader | None = None,
     volumes: VolumeSource | None = None,
+    node_metrics: MetricsPages | None = None,
 ) -> KubeletApiDeps:
     """The kubelet API's dependencies. Raises ValueError when authorization.mode is
     Webhook and there is no apiserver to ask (upstream refuses to start the same way)."""
@@ -250,4 +261,5 @@ def build_kubelet_api_deps(
         metrics=kubelet_api_metrics(registry),
         apiserver=apiserver,
         volumes=volumes,
+        node_metrics=node_metrics,
     )

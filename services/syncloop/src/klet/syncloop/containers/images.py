@@ -30,6 +30,7 @@ from collections.abc import Callable, Mapping
 from contextlib import AbstractAsyncContextManager, nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Protocol
 
 from klet.cri import CRIError
 from klet.cri.types import AuthConfig, SandboxConfig
@@ -122,6 +123,23 @@ class _Attempt:
     errors: list[str] = field(default_factory=list)
 
 
+class PullObserver(Protocol):
+    """Told of pulls (syncloop's metrics: kubelet_image_pull_duration_seconds and the pod
+    start SLI, which leaves out the time a pod's images took)."""
+
+    def pulling(self, uid: str, now: float) -> None: ...
+
+    def pulled(self, uid: str, now: float, *, seconds: float, size: int) -> None: ...
+
+
+class _NoObserver:
+    def pulling(self, uid: str, now: float) -> None:
+        return None
+
+    def pulled(self, uid: str, now: float, *, seconds: float, size: int) -> None:
+        return None
+
+
 class ImagePuller:
     def __init__(
         self,
@@ -133,8 +151,10 @@ class ImagePuller:
         clock: Callable[[], float] = time.time,
         rate: TokenBucket | None = None,
         credentials: PullCredentials | None = None,
+        observer: PullObserver | None = None,
     ) -> None:
         self.cri = cri
+        self.observer: PullObserver = observer or _NoObserver()
         self.events = events
         self._sem = asyncio.Semaphore(parallel) if parallel and parallel > 0 else None
         self.backoff = backoff or Backoff()
@@ -194,6 +214,8 @@ class ImagePuller:
             return fail("ImagePullBackOff", message, failed_at + self.backoff.delay(key, now))
         credentials = await self._credentials(pod, tagged)
         self.events.emit(pod, "Normal", "Pulling", f'Pulling image "{image}"', field_path=path)
+        uid = str(podspec.meta(pod).get("uid", ""))
+        self.observer.pulling(uid, self.clock())
         attempt = _Attempt(started=time.monotonic())
         ref, pulled_in = await self._pull(tagged, sandbox, credentials, attempt)
         if ref is None:
@@ -215,6 +237,7 @@ class ImagePuller:
         self._forget_expired(now)
         waited = time.monotonic() - attempt.started
         size = await self._size(ref)
+        self.observer.pulled(uid, self.clock(), seconds=waited, size=size)
         self.events.emit(
             pod,
             "Normal",

@@ -119,6 +119,15 @@ def _copy_cpuset(d: Path, problems: list[str]) -> None:
             problems.append(f"{d / name}: {err.strerror or err}")
 
 
+def pod_cgroup_exists(parent: str, root: Path = Path("/sys/fs/cgroup")) -> bool:
+    """The pod cgroup is there already (so `ensure_pod_cgroup` updates it rather than
+    creating it: the operation_type of kubelet_cgroup_manager_duration_seconds)."""
+    rel = parent.strip("/")
+    if detect(root) == 2:
+        return (root / rel).is_dir()
+    return any((root / ctrl / rel).is_dir() for ctrl in V1_CONTROLLERS)
+
+
 def ensure_pod_cgroup(
     parent: str, res: PodResources, root: Path = Path("/sys/fs/cgroup")
 ) -> list[str]:

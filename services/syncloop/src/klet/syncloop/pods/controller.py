@@ -45,7 +45,7 @@ from klet.rpc.podcontrol import PodSummary
 from klet.syncloop.admission.admit import EVICTED, PRESSURE_ORDER, AdmissionLedger, Verdict
 from klet.syncloop.events import EventSink
 from klet.syncloop.pods import podspec
-from klet.syncloop.pods.podstate import KillRequest, PodSyncState
+from klet.syncloop.pods.podstate import KillRequest, PodSyncState, pod_worker_operation
 from klet.syncloop.pods.podworkers import Outcome, PodWorkers
 from klet.syncloop.pods.runtime import PodRuntime
 from klet.syncloop.pods.runtimepod import RuntimePod
@@ -154,6 +154,28 @@ def active_deadline(pod: JSON, current: RuntimePod) -> float | None:
     return podspec.deadline_at(pod, None if first is None else first / 1e9)
 
 
+class WorkerObserver(Protocol):
+    """Told of each pod worker sync and each status computed (syncloop's metrics:
+    kubelet_pod_worker_duration_seconds, the pod start durations)."""
+
+    def pod_worker(self, operation: str, seconds: float) -> None: ...
+
+    def pod_status(self, uid: str, pod: JSON, phase: str, now: float) -> None: ...
+
+    def forget(self, uid: str) -> None: ...
+
+
+class _NoObserver:
+    def pod_worker(self, operation: str, seconds: float) -> None:
+        return None
+
+    def pod_status(self, uid: str, pod: JSON, phase: str, now: float) -> None:
+        return None
+
+    def forget(self, uid: str) -> None:
+        return None
+
+
 def anything_running(current: RuntimePod) -> bool:
     """The pod has a running container or a ready sandbox: there is something to stop."""
     return bool(current.running()) or any(s.state == SandboxState.READY for s in current.sandboxes)
@@ -177,8 +199,10 @@ class PodController:
         last_status: LastStatus | None = None,
         on_rejected: Callable[[str], None] | None = None,
         node_name: str = "",
+        observer: WorkerObserver | None = None,
     ) -> None:
         self.bus = bus
+        self.observer: WorkerObserver = observer or _NoObserver()
         # Desired records naming another node are ignored; "" checks no node name.
         self.node_name = node_name
         self._refused: dict[str, tuple[str, str]] = {}  # uid -> (hash, message) logged
@@ -344,7 +368,25 @@ class PodController:
 
     async def sync_once(self, uid: str) -> Outcome:
         """The pod worker body: one sync of pod `uid`, chosen by where it is in its life
-        (upstream's podWorkerLoop): removed, terminating, terminated or running."""
+        (upstream's podWorkerLoop): removed, terminating, terminated or running; timed
+        by its operation type (`podstate.pod_worker_operation`), failed or not."""
+        state = self.pods.get(uid)
+        desired = state.desired if state is not None else None
+        operation = pod_worker_operation(state)
+        began = time.monotonic()
+        cancelled = False
+        try:
+            return await self._sync_once(uid)
+        except asyncio.CancelledError:
+            cancelled = True
+            raise
+        finally:
+            if not cancelled:
+                self.observer.pod_worker(operation, time.monotonic() - began)
+            if state is not None:
+                state.synced, state.synced_once = desired, True
+
+    async def _sync_once(self, uid: str) -> Outcome:
         current = await self.runtime.get(uid)
         # Read the desired state only after the await: a resync may have landed while
         # CRI answered, and a decision to remove must never rest on a stale read.
@@ -488,6 +530,7 @@ class PodController:
             state.released = True
 
     def _publish(self, uid: str, pod: JSON, status: JSON, *, terminated: bool = False) -> None:
+        self.observer.pod_status(uid, pod, str(status.get("phase", "")), self.clock())
         meta = podspec.meta(pod)
         namespace, name = meta.get("namespace", "default"), meta.get("name", "")
         self.publisher.set(uid, namespace, name, status, terminated=terminated)
@@ -597,6 +640,7 @@ class PodController:
         """The pod is gone from the runtime and no source wants it: drop what is kept of it."""
         if self.prober is not None:
             self.prober.remove_pod(uid)
+        self.observer.forget(uid)
         self.publisher.remove(uid)
         self.syncer.forget_pod(uid)
         if self.admission is not None:

@@ -46,8 +46,34 @@ class PodSyncState:
     waiting: dict[str, tuple[str, str]] = field(default_factory=dict)
     """Why each container the last sync could not start waits (upstream's reasonCache):
     the status published before the next sync acts shows them."""
+    synced: DesiredPod | None = None
+    """The desired record the last sync acted on; a sync of another one is an update
+    (kubelet_pod_worker_duration_seconds)."""
+    synced_once: bool = False
+    """A sync of this pod ran in this process (the first one is its create)."""
 
     @property
     def terminating(self) -> bool:
         """The pod is to be stopped (and not started again): killed or made terminal."""
         return self.kill is not None or self.terminal is not None
+
+
+# kubelet_pod_worker_duration_seconds operation_type values: upstream's SyncPodType
+# names, and "terminated" for a pod's last work
+WORKER_CREATE, WORKER_UPDATE, WORKER_SYNC = "create", "update", "sync"
+WORKER_KILL, WORKER_TERMINATED = "kill", "terminated"
+
+
+def pod_worker_operation(state: PodSyncState | None) -> str:
+    """The `operation_type` of the pod worker sync about to run for `state`:
+    `terminated` for a pod no source wants, `kill` for one being stopped or deleted,
+    `create` for the first sync of a pod in this process, `update` after its desired
+    record changed, `sync` otherwise (a resync, a runtime event, a back-off ending)."""
+    if state is None or state.desired is None:
+        return WORKER_TERMINATED
+    meta = state.desired.pod.get("metadata") or {}
+    if state.terminating or meta.get("deletionTimestamp"):
+        return WORKER_KILL
+    if not state.synced_once:
+        return WORKER_CREATE
+    return WORKER_UPDATE if state.synced is not state.desired else WORKER_SYNC

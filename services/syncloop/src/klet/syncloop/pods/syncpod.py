@@ -17,6 +17,7 @@ from collections.abc import Callable
 from contextlib import AbstractAsyncContextManager, nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Protocol
 
 from klet.cgroups import CgroupFS
 from klet.cri import CRIError
@@ -57,6 +58,43 @@ class SyncResult:
     another sync."""
 
 
+class StartObserver(Protocol):
+    """Told of sandbox and container starts and of pod cgroup operations (syncloop's
+    metrics: kubelet_started_*_total, kubelet_cgroup_manager_duration_seconds)."""
+
+    def pod_starting(self) -> None: ...
+
+    def pod_failed(self) -> None: ...
+
+    def container_starting(self, container_type: str) -> None: ...
+
+    def container_failed(self, container_type: str, code: str) -> None: ...
+
+    def cgroup_operation(self, operation: str, seconds: float) -> None: ...
+
+
+class _NoObserver:
+    def pod_starting(self) -> None:
+        return None
+
+    def pod_failed(self) -> None:
+        return None
+
+    def container_starting(self, container_type: str) -> None:
+        return None
+
+    def container_failed(self, container_type: str, code: str) -> None:
+        return None
+
+    def cgroup_operation(self, operation: str, seconds: float) -> None:
+        return None
+
+
+# upstream's container_type label values of kubelet_started_containers_total
+CONTAINER, INIT_CONTAINER = "container", "init_container"
+EPHEMERAL_CONTAINER = "ephemeral_container"
+
+
 class PodSyncer:
     def __init__(
         self,
@@ -73,8 +111,10 @@ class PodSyncer:
         objects: KubeObjects | None = None,
         volumes: VolumeManager | None = None,
         runtime_classes: RuntimeClasses | None = None,
+        observer: StartObserver | None = None,
     ) -> None:
         self.cri = cri
+        self.observer: StartObserver = observer or _NoObserver()
         self.runtime = runtime
         self.puller = puller
         self.events = events
@@ -161,16 +201,25 @@ class PodSyncer:
             os.makedirs(sandbox_cfg.log_directory, mode=0o755, exist_ok=True)
             if self.cgroups is not None and self.settings.cgroups_per_qos:
                 pod_res = resources.pod_resources(pod, podcgroups.node_limits(self.settings))
+                began = time.monotonic()
+                existed = podcgroups.pod_cgroup_exists(
+                    sandbox_cfg.cgroup_parent, root=self.cgroups.root
+                )
                 problems = podcgroups.ensure_pod_cgroup(
                     sandbox_cfg.cgroup_parent, pod_res, root=self.cgroups.root
+                )
+                self.observer.cgroup_operation(
+                    "update" if existed else "create", time.monotonic() - began
                 )
                 if problems:
                     log.warning(
                         "pod cgroup limits", extra={"pod": _name(pod), "problems": problems}
                     )
+            self.observer.pod_starting()
             try:
                 handler = await runtimeclass.runtime_handler(pod, self.runtime_classes)
             except runtimeclass.RuntimeClassError as err:
+                self.observer.pod_failed()
                 return self._sandbox_failed(pod, result, err, now=now)
             try:
                 async with self._sandbox_gate:
@@ -179,6 +228,7 @@ class PodSyncer:
                     )
                     pod_ip = (await self.cri.pod_sandbox_status(sandbox_id)).ip
             except CRIError as err:
+                self.observer.pod_failed()
                 return self._sandbox_failed(pod, result, err, now=now)
         else:
             latest = current.latest_sandbox()
@@ -187,8 +237,9 @@ class PodSyncer:
         if sandbox_id is None:
             return result
 
-        async def start_one(spec: JSON, start: StartAction) -> bool:
-            return await self._start_one(
+        async def start_one(spec: JSON, start: StartAction, container_type: str) -> bool:
+            self.observer.container_starting(container_type)
+            started = await self._start_one(
                 pod,
                 spec,
                 start,
@@ -200,20 +251,24 @@ class PodSyncer:
                 volumes=volumes,
                 devices=devices,
             )
+            if not started:
+                reason = result.waiting.get(start.name, ("", ""))[0]
+                self.observer.container_failed(container_type, reason or "Unknown")
+            return started
 
         # Ephemeral containers first, as upstream: a debug container can look at a pod
         # whose initialization is stuck.
         ephemerals = {c["name"]: c for c in podspec.ephemeral_containers(pod)}
         for start in actions.ephemeral_to_start:
-            await start_one(ephemerals[start.name], start)
+            await start_one(ephemerals[start.name], start, EPHEMERAL_CONTAINER)
         inits = {c["name"]: c for c in podspec.init_containers(pod)}
         for start in actions.init_to_start:
-            started = await start_one(inits[start.name], start)
+            started = await start_one(inits[start.name], start, INIT_CONTAINER)
             if not started and not podspec.is_sidecar(inits[start.name]):
                 return result  # initialization cannot go on past a plain init container
         specs = {c["name"]: c for c in podspec.containers(pod)}
         for start in actions.to_start:
-            await start_one(specs[start.name], start)
+            await start_one(specs[start.name], start, CONTAINER)
         return result
 
     async def _set_up_volumes(

@@ -1,0 +1,217 @@
+"""The node's kubelet metrics in one scrape: what 10250 (and the read-only port) serve on
+`/metrics` and `/metrics/probes`.
+
+Upstream's kubelet is one process; klet's metrics live in five. Each service keeps
+serving its own on its private port (health, debugging), and status-reporter, which
+serves the kubelet API, gathers them at every scrape: it reads the port files of each
+service's live replicas (`klet.portfiles.live_replicas(run_dir, service)`), fetches
+their private `/metrics` concurrently, keeps the exposition of the replica that says it
+leads (`klet_leader{service} 1`, which each replica computes from its own lease at the
+scrape, so it cannot disagree with what the replica does) and merges them
+(`metricsmerge.py`).
+
+Why scrape rather than have the services publish their expositions on the bus:
+
+- it works the same in the three deployment shapes, because all three put a node's
+  services on one network and one run directory: `klet up` runs them as processes of
+  one host; docker-compose.yml runs them with `network_mode: host` and binds the run
+  dir into each; the Helm chart runs them with `hostNetwork: true` and the run dir as
+  one hostPath. A private port bound to 127.0.0.1 (the default) or a wildcard is
+  reached on the loopback;
+- a scrape is as fresh as a direct one, and costs nothing between scrapes; published
+  expositions would be written every few seconds whether anyone reads them or not,
+  and would need new bus keys and ACL grants for every service;
+- the bus being down does not take the metrics away (they are how one sees it is down).
+
+Bounds: the services are asked all at once and each service gets `timeout_s` in all; a
+service that does not answer in time, answers an error, or has no replica that leads,
+is left out of that scrape (its series are simply absent) and counted in
+`klet_metrics_scrape_failures_total{service, reason}`, reason `timeout`, `error` or
+`absent`. A hung service never holds the scrape longer than `timeout_s`.
+
+status-reporter itself: when this replica leads, its own registry is used directly;
+when it stands by (several replicas share 10250 by SO_REUSEPORT), the leading
+replica's exposition is fetched like the others', and this replica's own registry is
+the fallback when none leads. The `process_*` and `python_*` families are always the
+serving process's own.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable, Sequence
+from pathlib import Path
+
+from klet.obs.logs import OnceLogger
+from klet.portfiles import PortRecord, live_replicas
+from klet.status_reporter import metricsmerge
+from prometheus_client import CollectorRegistry, Counter
+from prometheus_client.core import Metric
+
+log = logging.getLogger(__name__)
+
+SELF = "status-reporter"
+ORDER = ("syncloop", SELF, "pod-source", "eviction", "image-gc")
+"""Merge order: a gauge two services export keeps the first one's value (syncloop's
+runtime view before status-reporter's reported one)."""
+FAILURE_REASONS = ("timeout", "error", "absent")
+DEFAULT_TIMEOUT_S = 3.0
+
+Replicas = Callable[[str], Sequence[PortRecord]]
+"""The live replicas of a service, from its port files."""
+Fetch = Callable[[PortRecord], Awaitable[str]]
+"""The text of one replica's private /metrics; raises on failure."""
+
+_LOOPBACK = {"0.0.0.0": "127.0.0.1", "::": "::1", "": "127.0.0.1"}
+
+
+def scrape_url(record: PortRecord) -> str:
+    """Where a replica's private /metrics answers (a wildcard bind is reached on the
+    loopback)."""
+    host = _LOOPBACK.get(record.host, record.host)
+    if ":" in host:
+        host = f"[{host}]"
+    return f"http://{host}:{record.port}/metrics"
+
+
+def port_file_replicas(run_dir: Path) -> Replicas:
+    """The live replicas of a service as its port files under `run_dir` list them."""
+
+    def replicas(service: str) -> Sequence[PortRecord]:
+        # A few small files on a local filesystem: read in the loop, not a thread.
+        return live_replicas(run_dir, service, remove_dead=False)
+
+    return replicas
+
+
+class NodeMetrics:
+    """The merged expositions (see the module); `metrics()` and `probes()` render them."""
+
+    def __init__(
+        self,
+        registry: CollectorRegistry,
+        *,
+        leading: Callable[[], bool],
+        replicas: Replicas,
+        fetch: Fetch | None = None,
+        timeout_s: float = DEFAULT_TIMEOUT_S,
+    ) -> None:
+        self.registry = registry
+        self._leading = leading
+        self._replicas = replicas
+        self._fetch = fetch
+        self.timeout_s = timeout_s
+        self.failures = Counter(
+            "klet_metrics_scrape_failures",
+            "Scrapes of the kubelet API's /metrics that lacked a service's metrics, by "
+            "service and why: timeout, error (no answer, not 200, not an exposition) or "
+            "absent (no live replica says it leads).",
+            ["service", "reason"],
+            registry=registry,
+        )
+        for service in ORDER:
+            for reason in FAILURE_REASONS:
+                self.failures.labels(service=service, reason=reason)
+        self._conflicts = OnceLogger(log, level=logging.WARNING)
+
+    def _own(self) -> list[Metric]:
+        return list(self.registry.collect())
+
+    async def _leader_of(self, service: str, fetch: Fetch) -> list[Metric] | None:
+        """The exposition of `service`'s leading replica; None (and counted) without one."""
+        records = list(self._replicas(service))
+        if not records:
+            self.failures.labels(service=service, reason="absent").inc()
+            return None
+
+        async def one(record: PortRecord) -> list[Metric]:
+            return metricsmerge.parse(await fetch(record))
+
+        try:
+            async with asyncio.timeout(self.timeout_s):
+                answers = await asyncio.gather(*map(one, records), return_exceptions=True)
+        except TimeoutError:
+            self.failures.labels(service=service, reason="timeout").inc()
+            log.debug("a service's metrics timed out", extra={"service": service})
+            return None
+        failed = False
+        for answer in answers:
+            if isinstance(answer, BaseException):
+                failed = True
+                log.debug(
+                    "a replica's metrics failed", extra={"service": service, "error": str(answer)}
+                )
+            elif metricsmerge.leads(answer, service):
+                return answer
+        self.failures.labels(service=service, reason="error" if failed else "absent").inc()
+        return None
+
+    async def collect(self) -> tuple[list[Metric], list[Metric]]:
+        """(`/metrics` families, `/metrics/probes` families) of the whole node."""
+        # Imported at the first scrape: a standalone node nobody scrapes (the read-only
+        # port and 10250 are off by default there) never pays for httpx.
+        import httpx
+
+        async with httpx.AsyncClient(
+            timeout=self.timeout_s,
+            trust_env=False,  # no proxy from the environment for a loopback port
+            verify=False,  # plain HTTP only; skips loading a CA bundle at every scrape
+        ) as client:
+
+            async def http_fetch(record: PortRecord) -> str:
+                response = await client.get(scrape_url(record))
+                response.raise_for_status()
+                return response.text
+
+            fetch = self._fetch or http_fetch
+            others = [s for s in ORDER if s != SELF or not self._leading()]
+            results = await asyncio.gather(*(self._leader_of(s, fetch) for s in others))
+        by_service = dict(zip(others, results, strict=True))
+        own = self._own()
+        process = [f for f in own if f.name.startswith(metricsmerge.PROCESS_PREFIXES)]
+        sources: list[list[Metric]] = []
+        for service in ORDER:
+            if service == SELF:
+                theirs = by_service.get(SELF)
+                mine = own if theirs is None else theirs
+                sources.append(process + metricsmerge.without_process_families(mine))
+                continue
+            families = by_service[service]
+            if families is not None:
+                sources.append(metricsmerge.without_process_families(families))
+        merged = metricsmerge.merge(sources)
+        for name in merged.conflicts:
+            self._conflicts.error(name, "metric family dropped: its type differs", family=name)
+        main, probes = metricsmerge.split_probes(merged.families)
+        probes += [f for f in process if f.name == "process_start_time_seconds"]
+        return main, probes
+
+    async def metrics(self) -> bytes:
+        """The node's `/metrics`."""
+        main, _ = await self.collect()
+        return metricsmerge.render_families(main)
+
+    async def probes(self) -> bytes:
+        """The node's `/metrics/probes`: prober_probe_total and prober_probe_duration_seconds."""
+        _, probes = await self.collect()
+        return metricsmerge.render_families(probes)
+
+
+class LocalMetrics:
+    """`/metrics` and `/metrics/probes` from one registry, nothing fetched (unit tests
+    of the apps, and a kubelet API without port files)."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.registry = registry
+
+    async def metrics(self) -> bytes:
+        main, _ = metricsmerge.split_probes(self.registry.collect())
+        return metricsmerge.render_families(main)
+
+    async def probes(self) -> bytes:
+        _, probes = metricsmerge.split_probes(self.registry.collect())
+        return metricsmerge.render_families(probes)
+
+
+__all__ = ["LocalMetrics", "NodeMetrics", "port_file_replicas", "scrape_url"]

@@ -1,0 +1,249 @@
+"""Where syncloop observes the upstream pod metrics, through production wiring over the
+fake runtime: kubelet_pod_worker_duration_seconds by operation_type (create, sync,
+update, kill, terminated), kubelet_started_pods_total / _errors_total,
+kubelet_started_containers_total / _errors_total by container_type and code,
+kubelet_image_pull_duration_seconds by image size, kubelet_pod_start_duration_seconds
+and kubelet_pod_start_sli_duration_seconds once per pod that starts; and the pure parts:
+the operation type, the image size buckets, the start tracker's arithmetic."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+from klet.cri import CRIError
+from klet.cri.testing import FakeRuntimeService
+from klet.model.pod import CONFIG_SEEN
+from klet.model.records import DesiredPod, SourceState
+from klet.model.timestamps import rfc3339
+from klet.model.types import PodUID
+from klet.syncloop.metrics import image_size_bucket
+from klet.syncloop.pods.podstate import PodSyncState, pod_worker_operation
+from prometheus_client import CollectorRegistry, Histogram
+
+from .helpers import RecordedEvents, pod, wire
+
+READY = {"file": SourceState(source="file", ready=True, at=0.0)}
+NOW = 1_700_000_000.0
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.t = NOW
+
+    def __call__(self) -> float:
+        return self.t
+
+    def ns(self) -> int:
+        return int(self.t * 1e9)
+
+
+class NoWorkers:
+    def wake(self, uid: str) -> None:
+        return None
+
+    def uids(self) -> list[str]:
+        return []
+
+
+def desired(uid: str = "u1", hash: str = "h1", **meta: Any) -> DesiredPod:
+    p = pod("app", uid=uid)
+    p["metadata"].update(meta)
+    return DesiredPod(uid=PodUID(uid), pod=p, source="file", hash=hash, seen_at=0.0)
+
+
+class World:
+    def __init__(self, tmp_path: Path) -> None:
+        self.clock = Clock()
+        self.cri = FakeRuntimeService(clock=self.clock.ns)
+        self.deps = wire(tmp_path, self.cri, events=RecordedEvents(), clock=self.clock)
+        self.controller = self.deps.controller
+        self.controller.workers = NoWorkers()  # type: ignore[assignment]
+        self.registry: CollectorRegistry = self.deps.registry
+
+    def value(self, name: str, **labels: str) -> float:
+        return self.registry.get_sample_value(name, labels) or 0.0
+
+    def want(self, rec: DesiredPod) -> None:
+        self.controller.apply_desired(
+            {str(rec.uid): rec}, READY, read_from=self.controller.generation
+        )
+
+
+@pytest.fixture
+def w(tmp_path: Path) -> World:
+    return World(tmp_path)
+
+
+WORKER = "kubelet_pod_worker_duration_seconds_count"
+
+
+async def test_a_pod_start_is_observed_at_each_point(w: World) -> None:
+    created, seen = NOW - 10, NOW - 4
+    w.want(desired(creationTimestamp=rfc3339(created), annotations={CONFIG_SEEN: rfc3339(seen)}))
+    await w.controller.sync_once("u1")
+    assert w.controller.publisher.get("u1")["phase"] == "Running"  # type: ignore[index]
+    assert w.value(WORKER, operation_type="create") == 1
+    assert w.value("kubelet_started_pods_total") == 1
+    assert w.value("kubelet_started_pods_errors_total") == 0
+    assert w.value("kubelet_started_containers_total", container_type="container") == 1
+    # the image was not there: pulled once (the fake's images have no size: "N/A")
+    assert w.value("kubelet_image_pull_duration_seconds_count", image_size_in_bytes="N/A") == 1
+    assert w.value("kubelet_pod_start_duration_seconds_count") == 1
+    assert w.value("kubelet_pod_start_duration_seconds_sum") == pytest.approx(4)
+    assert w.value("kubelet_pod_start_sli_duration_seconds_count") == 1
+    assert w.value("kubelet_pod_start_sli_duration_seconds_sum") == pytest.approx(10)
+
+    await w.controller.sync_once("u1")  # nothing changed: a sync, and no second start
+    assert w.value(WORKER, operation_type="sync") == 1
+    assert w.value("kubelet_pod_start_duration_seconds_count") == 1
+    assert w.value("kubelet_started_pods_total") == 1
+
+    w.want(desired(hash="h2", labels={"new": "label"}))
+    await w.controller.sync_once("u1")
+    assert w.value(WORKER, operation_type="update") == 1
+
+    w.controller.apply_desired({}, READY, read_from=w.controller.generation)
+    await w.controller.sync_once("u1")
+    assert w.value(WORKER, operation_type="terminated") == 1
+
+
+async def test_failed_starts_are_counted_with_their_code(w: World) -> None:
+    w.cri.fail_next("RunPodSandbox", CRIError("no network", code="UNKNOWN"))
+    w.want(desired())
+    await w.controller.sync_once("u1")
+    assert w.value("kubelet_started_pods_total") == 1
+    assert w.value("kubelet_started_pods_errors_total") == 1
+    assert w.value("kubelet_pod_start_duration_seconds_count") == 0
+
+    w.cri.fail_next("StartContainer", CRIError("exec format error", code="UNKNOWN"))
+    await w.controller.sync_once("u1")
+    assert w.value("kubelet_started_pods_total") == 2
+    assert w.value("kubelet_started_containers_total", container_type="container") == 1
+    assert (
+        w.value(
+            "kubelet_started_containers_errors_total",
+            container_type="container",
+            code="RunContainerError",
+        )
+        == 1
+    )
+
+
+async def test_a_pod_running_before_this_process_saw_it_is_not_a_start(w: World) -> None:
+    w.want(desired())
+    await w.controller.sync_once("u1")
+    # a new syncloop (a restart) finds it running: no start to observe
+    other = World.__new__(World)
+    other.clock, other.cri = w.clock, w.cri
+    other.deps = wire(
+        Path(w.deps.settings.klet.root_dir).parent / "again",
+        w.cri,
+        events=RecordedEvents(),
+        clock=w.clock,
+    )
+    other.controller = other.deps.controller
+    other.controller.workers = NoWorkers()  # type: ignore[assignment]
+    other.registry = other.deps.registry
+    other.want(desired())
+    await other.controller.sync_once("u1")
+    assert other.value(WORKER, operation_type="create") == 1
+    assert other.value("kubelet_pod_start_duration_seconds_count") == 0
+
+
+def test_pod_worker_operation() -> None:
+    rec = desired()
+    assert pod_worker_operation(None) == "terminated"
+    assert pod_worker_operation(PodSyncState()) == "terminated"
+    state = PodSyncState(desired=rec)
+    assert pod_worker_operation(state) == "create"
+    state.synced, state.synced_once = rec, True
+    assert pod_worker_operation(state) == "sync"
+    state.desired = desired(hash="h2")
+    assert pod_worker_operation(state) == "update"
+    state.terminal = ("Evicted", "out of memory")
+    assert pod_worker_operation(state) == "kill"
+    deleting = PodSyncState(desired=desired(deletionTimestamp=rfc3339(NOW)), synced_once=True)
+    assert pod_worker_operation(deleting) == "kill"
+
+
+MIB, GIB = 1024 * 1024, 1024 * 1024 * 1024
+
+
+@pytest.mark.parametrize(
+    ("size", "label"),
+    [
+        (0, "N/A"),
+        (1, "0-10MB"),
+        (10 * MIB, "0-10MB"),
+        (10 * MIB + 1, "10MB-100MB"),
+        (300 * MIB, "100MB-500MB"),
+        (GIB, "500MB-1GB"),
+        (2 * GIB, "1GB-5GB"),
+        (50 * GIB, "40GB-60GB"),
+        (100 * GIB + 1, "GT100GB"),
+    ],
+)
+def test_image_size_bucket(size: int, label: str) -> None:
+    assert image_size_bucket(size) == label
+
+
+def test_the_sli_leaves_out_the_image_pulls() -> None:
+    from klet.syncloop.metrics import PodStartTracker
+
+    registry = CollectorRegistry()
+    tracker = PodStartTracker(
+        start=Histogram("start", "s", registry=registry),
+        sli=Histogram("sli", "s", registry=registry),
+    )
+    p = desired(creationTimestamp=rfc3339(NOW)).pod
+    tracker.status("u1", p, "Pending", NOW + 1)
+    tracker.pulling("u1", NOW + 2)
+    tracker.pulling("u1", NOW + 3)  # a second image: the first start counts
+    tracker.pulled("u1", NOW + 5)
+    tracker.pulled("u1", NOW + 12)  # the last finish counts
+    tracker.status("u1", p, "Running", NOW + 20)
+    tracker.status("u1", p, "Running", NOW + 30)  # once
+    assert registry.get_sample_value("sli_count") == 1
+    assert registry.get_sample_value("sli_sum") == pytest.approx(20 - 10)
+    # no config.seen annotation: from the first sync that saw it pending
+    assert registry.get_sample_value("start_sum") == pytest.approx(19)
+    # a pod that never ran is not a start
+    tracker.status("u2", p, "Pending", NOW)
+    tracker.status("u2", p, "Failed", NOW + 1)
+    assert registry.get_sample_value("start_count") == 1
+    tracker.forget("u1")
+    tracker.status("u1", p, "Pending", NOW + 40)  # a new life of the same UID
+    tracker.status("u1", p, "Running", NOW + 41)
+    assert registry.get_sample_value("start_count") == 2
+
+
+async def test_the_pod_cgroup_creation_is_timed(tmp_path: Path) -> None:
+    from klet.cgroups import CgroupFS
+    from klet.syncloop.containers.podcgroups import pod_cgroup_exists
+    from klet.syncloop.pods.syncsettings import SyncSettings
+
+    root = tmp_path / "cgroup"
+    root.mkdir()
+    (root / "cgroup.controllers").write_text("cpu memory pids\n")  # a v2 hierarchy
+    clock = Clock()
+    cri = FakeRuntimeService(clock=clock.ns)
+    deps = wire(
+        tmp_path,
+        cri,
+        events=RecordedEvents(),
+        clock=clock,
+        sync=SyncSettings(pod_logs_dir=tmp_path, cgroups_per_qos=True),
+    )
+    deps.controller.syncer.cgroups = CgroupFS(root)
+    deps.controller.workers = NoWorkers()  # type: ignore[assignment]
+    rec = desired()
+    deps.controller.apply_desired({"u1": rec}, READY, read_from=deps.controller.generation)
+    await deps.controller.sync_once("u1")
+    name = "kubelet_cgroup_manager_duration_seconds_count"
+    assert deps.registry.get_sample_value(name, {"operation_type": "create"}) == 1
+    assert deps.registry.get_sample_value(name, {"operation_type": "update"}) is None
+    parent = deps.controller.syncer._cgroup_parent(rec.pod)
+    assert pod_cgroup_exists(parent, root=root)
+    assert not pod_cgroup_exists(parent + "-other", root=root)
