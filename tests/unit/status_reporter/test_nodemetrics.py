@@ -67,6 +67,7 @@ def own_registry(*, leading: bool) -> CollectorRegistry:
     registry = CollectorRegistry()
     leader_metric(registry, service="status-reporter", leading=lambda: leading)
     Gauge("process_open_fds", "fds", registry=registry).set(7)
+    Gauge("process_start_time_seconds", "start", registry=registry).set(1234)
     Gauge("kubelet_node_name", "name", ["node"], registry=registry).labels("n1").set(1)
     return registry
 
@@ -167,12 +168,17 @@ async def test_probe_metrics_are_served_apart() -> None:
     ).inc(3)
     fleet = Fleet()
     fleet.add("syncloop", generate_latest(registry).decode())
-    nm = node_metrics(fleet)
-    main = values(await nm.metrics())
+    fleet.add("eviction", None)  # hung: /metrics/probes does not ask it
+    nm = node_metrics(fleet, timeout_s=0.2)
     probes = values(await nm.probes())
+    assert fleet.fetched == [1000]  # syncloop's replica only
     key = ("prober_probe_total", (("probe_type", "Readiness"), ("result", "successful")))
-    assert key in probes and key not in main
-    assert {name for name, _ in probes} == {"prober_probe_total"}
+    assert probes[key] == 3
+    # and this process's start time, as upstream's probes registry has it
+    assert {name for name, _ in probes} == {"prober_probe_total", "process_start_time_seconds"}
+    main = values(await nm.metrics())
+    assert key not in main
+    assert ("process_start_time_seconds", ()) in main
 
 
 @pytest.mark.parametrize(

@@ -55,6 +55,8 @@ SELF = "status-reporter"
 ORDER = ("syncloop", SELF, "pod-source", "eviction", "image-gc")
 """Merge order: a gauge two services export keeps the first one's value (syncloop's
 runtime view before status-reporter's reported one)."""
+PROBER = "syncloop"
+"""The service whose prober fills /metrics/probes."""
 FAILURE_REASONS = ("timeout", "error", "absent")
 DEFAULT_TIMEOUT_S = 3.0
 
@@ -104,9 +106,9 @@ class NodeMetrics:
         self.timeout_s = timeout_s
         self.failures = Counter(
             "klet_metrics_scrape_failures",
-            "Scrapes of the kubelet API's /metrics that lacked a service's metrics, by "
-            "service and why: timeout, error (no answer, not 200, not an exposition) or "
-            "absent (no live replica says it leads).",
+            "Scrapes of the kubelet API's /metrics or /metrics/probes that lacked a "
+            "service's metrics, by service and why: timeout, error (no answer, not 200, "
+            "not an exposition) or absent (no live replica says it leads).",
             ["service", "reason"],
             registry=registry,
         )
@@ -147,8 +149,8 @@ class NodeMetrics:
         self.failures.labels(service=service, reason="error" if failed else "absent").inc()
         return None
 
-    async def collect(self) -> tuple[list[Metric], list[Metric]]:
-        """(`/metrics` families, `/metrics/probes` families) of the whole node."""
+    async def _gather(self, services: Sequence[str]) -> dict[str, list[Metric] | None]:
+        """The leading replica's exposition of each of `services` (None: left out)."""
         # Imported at the first scrape: a standalone node nobody scrapes (the read-only
         # port and 10250 are off by default there) never pays for httpx.
         import httpx
@@ -165,9 +167,12 @@ class NodeMetrics:
                 return response.text
 
             fetch = self._fetch or http_fetch
-            others = [s for s in ORDER if s != SELF or not self._leading()]
-            results = await asyncio.gather(*(self._leader_of(s, fetch) for s in others))
-        by_service = dict(zip(others, results, strict=True))
+            results = await asyncio.gather(*(self._leader_of(s, fetch) for s in services))
+        return dict(zip(services, results, strict=True))
+
+    async def collect(self) -> tuple[list[Metric], list[Metric]]:
+        """(`/metrics` families, `/metrics/probes` families) of the whole node."""
+        by_service = await self._gather([s for s in ORDER if s != SELF or not self._leading()])
         own = self._own()
         process = [f for f in own if f.name.startswith(metricsmerge.PROCESS_PREFIXES)]
         sources: list[list[Metric]] = []
@@ -184,8 +189,7 @@ class NodeMetrics:
         for name in merged.conflicts:
             self._conflicts.error(name, "metric family dropped: its type differs", family=name)
         main, probes = metricsmerge.split_probes(merged.families)
-        probes += [f for f in process if f.name == "process_start_time_seconds"]
-        return main, probes
+        return main, probes + _start_time(process)
 
     async def metrics(self) -> bytes:
         """The node's `/metrics`."""
@@ -193,9 +197,16 @@ class NodeMetrics:
         return metricsmerge.render_families(main)
 
     async def probes(self) -> bytes:
-        """The node's `/metrics/probes`: prober_probe_total and prober_probe_duration_seconds."""
-        _, probes = await self.collect()
-        return metricsmerge.render_families(probes)
+        """The node's `/metrics/probes`: syncloop's prober_probe_total and
+        prober_probe_duration_seconds (only syncloop is asked), and this process's
+        process_start_time_seconds, as upstream's probes registry has it."""
+        syncloop = (await self._gather([PROBER]))[PROBER] or []
+        _, probes = metricsmerge.split_probes(syncloop)
+        return metricsmerge.render_families(probes + _start_time(self._own()))
+
+
+def _start_time(families: Sequence[Metric]) -> list[Metric]:
+    return [f for f in families if f.name == "process_start_time_seconds"]
 
 
 class LocalMetrics:
