@@ -1,9 +1,10 @@
-"""`klet up` as an operator runs it: it starts its own Redis, registry and containerd,
-runs the example static pods, restarts a service that dies (and says so), and on
-SIGTERM stops everything it started, leaving no process behind. Its Redis is a
-root-only unix socket, each service has a user of its own, and no password shows on
-any command line (/proc/<pid>/cmdline is readable by every local user), also when the
-password of an external Redis came in KLET_REDIS_URL."""
+"""`klet up` as an operator runs it: it starts its own Redis, registry and containerd, runs
+the example static pods, each service's lines tagged with its name and in klog's text
+form, restarts a service that dies (and says so), and on SIGTERM stops everything it
+started, leaving no process behind. Its Redis is a root-only unix socket, each service
+has a user of its own, and no password shows on any command line (/proc/<pid>/cmdline is
+readable by every local user), also when the password of an external Redis came in
+KLET_REDIS_URL."""
 
 from __future__ import annotations
 
@@ -110,7 +111,10 @@ def test_klet_up_runs_examples_supervises_and_stops_cleanly() -> None:
         )
         text = log.read_text()
         for service in ("pod-source", "syncloop", "status-reporter"):
-            assert re.search(rf"^{service}\s*\|", text, re.M), f"no tagged output from {service}"
+            # tagged with the service's name, then klog's text line
+            klog = r'[IWEF]\d{4} [\d:.]{15} +\d+ \S+:\d+\] ".*"'
+            tagged = rf'^{service} *\| {klog} service="{service}"'
+            assert re.search(tagged, text, re.M), f"no tagged klog line from {service}"
         pids = {m[0]: int(m[1]) for m in re.findall(r"started (\S+) \(pid (\d+)\)", text)}
         assert set(pids) >= {"pod-source", "syncloop", "status-reporter"}
         # Two glibc malloc arenas per service, not one per thread (gRPC's and asyncio's).
