@@ -189,7 +189,25 @@ def test_image_size_bucket(size: int, label: str) -> None:
     assert image_size_bucket(size) == label
 
 
-def test_the_sli_leaves_out_the_image_pulls() -> None:
+def status(phase: str, *running: bool, init: tuple[float, float] | None = None) -> dict[str, Any]:
+    """A pod status: `phase`, one container status per `running` flag, and a completed
+    init container that ran from init[0] to init[1]."""
+    out: dict[str, Any] = {
+        "phase": phase,
+        "containerStatuses": [
+            {"name": f"c{i}", "state": {"running": {}} if r else {"waiting": {}}}
+            for i, r in enumerate(running)
+        ],
+    }
+    if init is not None:
+        began, ended = (rfc3339(t) for t in init)
+        out["initContainerStatuses"] = [
+            {"name": "init", "state": {"terminated": {"startedAt": began, "finishedAt": ended}}}
+        ]
+    return out
+
+
+def test_the_start_tracker() -> None:
     from klet.syncloop.metrics import PodStartTracker
 
     registry = CollectorRegistry()
@@ -198,25 +216,40 @@ def test_the_sli_leaves_out_the_image_pulls() -> None:
         sli=Histogram("sli", "s", registry=registry),
     )
     p = desired(creationTimestamp=rfc3339(NOW)).pod
-    tracker.status("u1", p, "Pending", NOW + 1)
+    p["spec"]["containers"].append({"name": "second", "image": "x"})
+    tracker.status("u1", p, status("Pending"), NOW + 1)
     tracker.pulling("u1", NOW + 2)
-    tracker.pulling("u1", NOW + 3)  # a second image: the first start counts
     tracker.pulled("u1", NOW + 5)
-    tracker.pulled("u1", NOW + 12)  # the last finish counts
-    tracker.status("u1", p, "Running", NOW + 20)
-    tracker.status("u1", p, "Running", NOW + 30)  # once
-    assert registry.get_sample_value("sli_count") == 1
-    assert registry.get_sample_value("sli_sum") == pytest.approx(20 - 10)
+    tracker.pulling("u1", NOW + 4)  # overlapping the first: counted once
+    tracker.pulled("u1", NOW + 6)
+    tracker.pulling("u1", NOW + 8)  # failed: never finished, replaced by the next
+    tracker.pulling("u1", NOW + 9)
+    tracker.pulled("u1", NOW + 10)
+    # Running with one of its two containers: the start, not yet the SLI
+    tracker.status("u1", p, status("Running", True, False, init=(NOW + 6, NOW + 8)), NOW + 20)
+    assert registry.get_sample_value("start_count") == 1
     # no config.seen annotation: from the first sync that saw it pending
     assert registry.get_sample_value("start_sum") == pytest.approx(19)
-    # a pod that never ran is not a start
-    tracker.status("u2", p, "Pending", NOW)
-    tracker.status("u2", p, "Failed", NOW + 1)
+    assert registry.get_sample_value("sli_count") == 0
+    tracker.status("u1", p, status("Running", True, True, init=(NOW + 6, NOW + 8)), NOW + 30)
+    tracker.status("u1", p, status("Running", True, True), NOW + 40)  # once
     assert registry.get_sample_value("start_count") == 1
+    assert registry.get_sample_value("sli_count") == 1
+    # 30 s since creation, less 4 s of pulls (2-6) and 1 s (9-10), less 2 s of init
+    assert registry.get_sample_value("sli_sum") == pytest.approx(30 - 5 - 2)
+
+    # a pod that ends before it runs is not a start
+    tracker.status("u2", p, status("Pending"), NOW)
+    tracker.status("u2", p, status("Failed"), NOW + 1)
+    tracker.status("u2", p, status("Running", True, True), NOW + 2)
+    assert registry.get_sample_value("start_count") == 1
+
+    # a new life of the same UID once the old one was forgotten
     tracker.forget("u1")
-    tracker.status("u1", p, "Pending", NOW + 40)  # a new life of the same UID
-    tracker.status("u1", p, "Running", NOW + 41)
+    tracker.status("u1", p, status("Pending"), NOW + 50)
+    tracker.status("u1", p, status("Running", True, True), NOW + 51)
     assert registry.get_sample_value("start_count") == 2
+    assert registry.get_sample_value("sli_count") == 2
 
 
 async def test_the_pod_cgroup_creation_is_timed(tmp_path: Path) -> None:

@@ -12,12 +12,14 @@ buckets (the HELP texts are ours); where each is observed follows upstream's cal
   the update's arrival, klet from the sync's start (klet's workers coalesce updates);
 - `kubelet_pod_start_duration_seconds`: from the pod's first sighting
   (`kubernetes.io/config.seen`) to the first Running status this process computes for
-  it; `kubelet_pod_start_sli_duration_seconds`: from its creationTimestamp to that
-  moment, less the time its images took to pull (first pull started to last pull
-  finished). A pod already running when this process first syncs it (a restart) is
-  observed by neither, nor is a pod that never ran. Upstream takes the SLI moment from
-  the apiserver's watch; klet has no watch of its own pods in syncloop, so it is the
-  status's computation (earlier by one status write);
+  it; `kubelet_pod_start_sli_duration_seconds`: from its creationTimestamp to the first
+  status in which every container runs, less the time its image pulls took (their
+  union) and the run time of its init containers, as upstream's startup latency
+  tracker. A pod already running when this process first syncs it (a restart) is
+  observed by neither, nor is a pod that ends before it runs; a pod without a
+  creationTimestamp (a static pod) has no SLI. Upstream takes the SLI moment from the
+  apiserver's watch; syncloop has no watch of its own pods, so it is the status's
+  computation (earlier by one status write);
 - `kubelet_started_pods_total` / `_errors_total`: sandbox creations tried / failed;
   `kubelet_started_containers_total{container_type}` / `_errors_total{container_type,
   code}`: container starts tried / failed (`code` is the waiting reason, as upstream's
@@ -137,8 +139,39 @@ def _timestamp(value: object) -> float | None:
 @dataclass
 class _Starting:
     first_synced: float
-    pull_started: float | None = None
-    pull_finished: float | None = None
+    pull_open: float | None = None  # when the pull under way began
+    pulls: list[tuple[float, float]] = field(default_factory=list)  # (began, ended)
+    started: bool = False  # kubelet_pod_start_duration_seconds observed
+    sli: bool = False  # kubelet_pod_start_sli_duration_seconds observed
+
+
+def _union_s(intervals: list[tuple[float, float]]) -> float:
+    """Seconds covered by `intervals` (overlapping pulls of one pod counted once)."""
+    total, reach = 0.0, float("-inf")
+    for began, ended in sorted(intervals):
+        began = max(began, reach)
+        if ended > began:
+            total += ended - began
+            reach = ended
+    return total
+
+
+def _init_runtime_s(status: JSON) -> float:
+    """Seconds the pod's init containers that ran to their end took (from the status)."""
+    total = 0.0
+    for cs in status.get("initContainerStatuses") or ():
+        terminated = (cs.get("state") or {}).get("terminated") or {}
+        began, ended = (_timestamp(terminated.get(k)) for k in ("startedAt", "finishedAt"))
+        if began is not None and ended is not None:
+            total += max(0.0, ended - began)
+    return total
+
+
+def _containers_running(pod: JSON, status: JSON) -> bool:
+    """Every regular container of the pod reports running (upstream's hasPodStartedSLO)."""
+    statuses = status.get("containerStatuses") or []
+    wanted = len((pod.get("spec") or {}).get("containers") or ())
+    return len(statuses) >= wanted and all("running" in (cs.get("state") or {}) for cs in statuses)
 
 
 @dataclass
@@ -153,18 +186,21 @@ class PodStartTracker:
 
     def pulling(self, uid: str, now: float) -> None:
         starting = self._starting.get(uid)
-        if starting is not None and starting.pull_started is None:
-            starting.pull_started = now
+        if starting is not None:
+            starting.pull_open = now  # one failed before (never finished) is replaced
 
     def pulled(self, uid: str, now: float) -> None:
         starting = self._starting.get(uid)
-        if starting is not None:
-            starting.pull_finished = now
+        if starting is not None and starting.pull_open is not None:
+            starting.pulls.append((starting.pull_open, now))
+            starting.pull_open = None
 
-    def status(self, uid: str, pod: JSON, phase: str, now: float) -> None:
-        """The pod's computed phase at `now`: observes its start once it runs."""
+    def status(self, uid: str, pod: JSON, status: JSON, now: float) -> None:
+        """The pod's status as computed at `now`: observes its start once it runs, and
+        its start SLI once every container runs."""
         if uid in self._done:
             return
+        phase = status.get("phase", "")
         starting = self._starting.get(uid)
         if starting is None:
             if phase == "Pending":
@@ -172,21 +208,25 @@ class PodStartTracker:
             else:  # running (or over) before this process saw it start
                 self._done.add(uid)
             return
-        if phase == "Pending":
+        if phase in ("Succeeded", "Failed"):  # over: whatever was not observed never will
+            del self._starting[uid]
+            self._done.add(uid)
             return
-        del self._starting[uid]
-        self._done.add(uid)
-        if phase != "Running":
-            return  # it never ran (failed or succeeded straight away)
         meta = pod.get("metadata") or {}
-        seen = _timestamp((meta.get("annotations") or {}).get(CONFIG_SEEN))
-        self.start.observe(max(0.0, now - (seen if seen is not None else starting.first_synced)))
-        created = _timestamp(meta.get("creationTimestamp"))
-        if created is not None:
-            pulling = 0.0
-            if starting.pull_started is not None and starting.pull_finished is not None:
-                pulling = max(0.0, starting.pull_finished - starting.pull_started)
-            self.sli.observe(max(0.0, now - created - pulling))
+        if phase == "Running" and not starting.started:
+            starting.started = True
+            seen = _timestamp((meta.get("annotations") or {}).get(CONFIG_SEEN))
+            since = seen if seen is not None else starting.first_synced
+            self.start.observe(max(0.0, now - since))
+        if not starting.sli and _containers_running(pod, status):
+            starting.sli = True
+            created = _timestamp(meta.get("creationTimestamp"))
+            if created is not None:
+                excluded = _union_s(starting.pulls) + _init_runtime_s(status)
+                self.sli.observe(max(0.0, now - created - excluded))
+        if starting.started and starting.sli:
+            del self._starting[uid]
+            self._done.add(uid)
 
     def forget(self, uid: str) -> None:
         self._starting.pop(uid, None)
@@ -325,8 +365,8 @@ class Metrics:
     def pod_worker(self, operation: str, seconds: float) -> None:
         self.pod_worker_duration.labels(operation).observe(max(0.0, seconds))
 
-    def pod_status(self, uid: str, pod: JSON, phase: str, now: float) -> None:
-        self.pod_starts.status(uid, pod, phase, now)
+    def pod_status(self, uid: str, pod: JSON, status: JSON, now: float) -> None:
+        self.pod_starts.status(uid, pod, status, now)
 
     def forget(self, uid: str) -> None:
         self.pod_starts.forget(uid)

@@ -160,7 +160,7 @@ class WorkerObserver(Protocol):
 
     def pod_worker(self, operation: str, seconds: float) -> None: ...
 
-    def pod_status(self, uid: str, pod: JSON, phase: str, now: float) -> None: ...
+    def pod_status(self, uid: str, pod: JSON, status: JSON, now: float) -> None: ...
 
     def forget(self, uid: str) -> None: ...
 
@@ -169,7 +169,7 @@ class _NoObserver:
     def pod_worker(self, operation: str, seconds: float) -> None:
         return None
 
-    def pod_status(self, uid: str, pod: JSON, phase: str, now: float) -> None:
+    def pod_status(self, uid: str, pod: JSON, status: JSON, now: float) -> None:
         return None
 
     def forget(self, uid: str) -> None:
@@ -530,7 +530,7 @@ class PodController:
             state.released = True
 
     def _publish(self, uid: str, pod: JSON, status: JSON, *, terminated: bool = False) -> None:
-        self.observer.pod_status(uid, pod, str(status.get("phase", "")), self.clock())
+        self.observer.pod_status(uid, pod, status, self.clock())
         meta = podspec.meta(pod)
         namespace, name = meta.get("namespace", "default"), meta.get("name", "")
         self.publisher.set(uid, namespace, name, status, terminated=terminated)
