@@ -16,6 +16,7 @@ import re
 import sys
 from collections.abc import Iterator
 from datetime import UTC, datetime
+from http import HTTPStatus
 from pathlib import Path
 from typing import Any
 
@@ -89,6 +90,8 @@ def test_source_is_the_path_below_the_klet_package(pathname: str, source: str) -
         (None, "null"),
         (["a", 1], '["a", 1]'),
         (("x",), '["x"]'),
+        ({"b", "a"}, '["a", "b"]'),
+        (HTTPStatus.NOT_FOUND, "404"),
         ({"cpu": "100m"}, '{"cpu": "100m"}'),
         (Path("/var/lib/kubelet"), '"/var/lib/kubelet"'),
         (ValueError("bad value"), '"bad value"'),

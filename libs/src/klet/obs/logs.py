@@ -142,9 +142,11 @@ def _text_value(value: Any) -> str:
     if isinstance(value, bool):
         return "true" if value else "false"
     if isinstance(value, int | float):
-        return repr(value)
+        return str(value)  # an IntEnum as its number, as in the JSON form
     if value is None:
         return "null"
+    if isinstance(value, set | frozenset):
+        value = sorted(value, key=str)
     if isinstance(value, list | tuple | dict):
         return json.dumps(value, default=str, ensure_ascii=False)
     text = value if isinstance(value, str) else str(value)
