@@ -32,6 +32,7 @@ import subprocess
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from klet.devstack.cluster import ControlPlane
@@ -80,10 +81,12 @@ def _build(config: pytest.Config) -> Path:
     return Path(res.stdout.strip().splitlines()[-1])
 
 
-def _plane(config: pytest.Config, *, prefix: str, controllers: bool) -> Iterator[ControlPlane]:
+def _plane(
+    config: pytest.Config, *, prefix: str, controllers: bool, **options: Any
+) -> Iterator[ControlPlane]:
     bin_dir = _build(config)
     dir = Path(tempfile.mkdtemp(prefix=prefix, dir="/tmp"))
-    plane = ControlPlane(dir, bin_dir, controllers=controllers)
+    plane = ControlPlane(dir, bin_dir, controllers=controllers, **options)
     plane.start()
     try:
         yield plane

@@ -77,8 +77,11 @@ def cluster_node(
     *,
     name: str,
     extra_flags: list[str] | None = None,
+    node_flags: list[str] | None = None,
 ) -> Iterator[KletNode]:
-    """A started node `name` under `base`; its static-pod directory is `node.manifests`."""
+    """A started node `name` under `base`; its static-pod directory is `node.manifests`.
+    `node_flags` replace the control plane's (`ControlPlane.node_flags`: a kubeconfig
+    with the node's certificate, a serving certificate, the client CA)."""
     manifests = base / "manifests"
     manifests.mkdir(parents=True, exist_ok=True)
     node = KletNode(
@@ -86,7 +89,10 @@ def cluster_node(
         base,
         node_name=name,
         manifest_dir=manifests,
-        extra_flags=[*control_plane.node_flags(name), *(extra_flags or [])],
+        extra_flags=[
+            *(control_plane.node_flags(name) if node_flags is None else node_flags),
+            *(extra_flags or []),
+        ],
     )
     node.manifests = manifests  # type: ignore[attr-defined]
     node.start()

@@ -36,11 +36,11 @@ def test_support_table_agrees_with_the_code() -> None:
 
 def test_unread_fields_found() -> None:
     unread = set(unread_fields())
-    assert {"rotateCertificates", "serverTLSBootstrap", "makeIPTablesUtilChains"} <= unread
+    assert {"serverTLSBootstrap", "makeIPTablesUtilChains"} <= unread
     # methods named run_once are not the field
     assert "runOnce" in unread
     # fields this issue made klet act on are read now
-    assert not {"podPidsLimit", "protectKernelDefaults"} & unread
+    assert not {"podPidsLimit", "protectKernelDefaults", "rotateCertificates"} & unread
 
 
 def test_defaults_pass() -> None:
@@ -203,7 +203,6 @@ def test_unimplemented_value_refused_naming_file_and_field(tmp_path: Path, path:
 @pytest.mark.parametrize(
     ("body", "path"),
     [
-        ({"rotateCertificates": True}, "rotateCertificates"),
         ({"serverTLSBootstrap": True}, "serverTLSBootstrap"),
         ({"imagePullCredentialsVerificationPolicy": "AlwaysVerify"}, None),
         ({"cgroupDriver": "systemd"}, "cgroupDriver"),
@@ -232,6 +231,7 @@ def test_message(tmp_path: Path, body: dict[str, Any], path: str | None) -> None
         {"memorySwap": {"swapBehavior": "NoSwap"}},
         {"singleProcessOOMKill": True},
         {"enforceNodeAllocatable": ["none"]},
+        {"rotateCertificates": True},
         # what kubeadm writes
         {"logging": {"flushFrequency": 0, "options": {"json": {"infoBufferSize": "0"}}}},
         # fields without effect, and defaults klet does not honour, take any value

@@ -25,6 +25,7 @@ import logging
 import os
 import sys
 from collections.abc import Callable, Coroutine
+from pathlib import Path
 from typing import Any
 
 from klet.cli.oomscore import apply_oom_score_adj
@@ -70,6 +71,36 @@ def run_service(service: str, argv: list[str] | None, start: Start) -> int:
     apply_oom_score_adj(settings.kubelet.oom_score_adj)
     apply_open_files_limit(settings.kubelet.max_open_files)
     try:
-        return int(asyncio.run(start(settings)) or 0)
+        return int(asyncio.run(_bootstrapped(service, settings, start)) or 0)
     except RootTaskFailed:
         return 1
+
+
+async def _bootstrapped(service: str, settings: Settings, start: Start) -> int | None:
+    """`start`, after TLS bootstrap when --bootstrap-kubeconfig is given (klet.kube.
+    bootstrap: a no-op when --kubeconfig already works); a failed bootstrap ends the
+    service with its cause logged."""
+    bootstrap = settings.klet.bootstrap_kubeconfig
+    if bootstrap is not None and settings.klet.kubeconfig is not None:
+        from klet.kube.bootstrap import BootstrapError, BootstrapSettings, ensure_client_certificate
+        from klet.kube.client import KubeClient
+        from klet.kube.settings import KubeSettings
+
+        def connect(path: Path) -> KubeClient:
+            return KubeClient(KubeSettings(kubeconfig=path, user_agent=f"klet-{service}"))
+
+        try:
+            await ensure_client_certificate(
+                BootstrapSettings(
+                    kubeconfig=settings.klet.kubeconfig,
+                    bootstrap_kubeconfig=bootstrap,
+                    cert_dir=settings.klet.cert_dir,
+                    node_name=settings.klet.node_name,
+                    wait_s=settings.klet.tls_bootstrap_timeout,
+                ),
+                connect,
+            )
+        except BootstrapError as err:
+            log.error("TLS bootstrap failed", extra={"error": str(err)})
+            return 1
+    return await start(settings)

@@ -320,6 +320,14 @@ _CONFIG_FLAGS: tuple[FlagSpec, ...] = (
         "refuse to start with swap on (default true; klet refuses swap either way)",
     ),
     _cfg(
+        "--rotate-certificates",
+        "rotate_certificates",
+        _BOOL,
+        "BOOL",
+        "renew the client certificate through the certificates API as it nears expiry "
+        "(default false)",
+    ),
+    _cfg(
         "--oom-score-adj",
         "oom_score_adj",
         _I32,
@@ -477,6 +485,14 @@ _SETTING_FLAGS: tuple[FlagSpec, ...] = (
         metavar="PATH",
     ),
     FlagSpec(
+        "--bootstrap-kubeconfig",
+        "kubeconfig with bootstrap credentials (a bootstrap token): used to request a "
+        "client certificate when --kubeconfig does not exist or its certificate has "
+        "expired; --kubeconfig is then written to use it (from <cert-dir>)",
+        setting="bootstrap_kubeconfig",
+        metavar="PATH",
+    ),
+    FlagSpec(
         "--hostname-override",
         "node name instead of the hostname",
         setting="node_name",
@@ -607,6 +623,16 @@ _SETTING_FLAGS: tuple[FlagSpec, ...] = (
         env="KLET_LOG_FORMAT",
         metavar="FORMAT",
         deprecated="use --logging-format or the configuration's logging.format",
+    ),
+    FlagSpec(
+        "--tls-bootstrap-timeout",
+        "klet-only: how long a service waits for the certificate it asked for with "
+        "--bootstrap-kubeconfig to be approved and issued before it exits naming the "
+        "request (default 15m)",
+        _DUR,
+        setting="tls_bootstrap_timeout",
+        env="KLET_TLS_BOOTSTRAP_TIMEOUT",
+        metavar="DURATION",
     ),
     FlagSpec(
         "--evented-pleg-relist-period",

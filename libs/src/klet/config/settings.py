@@ -92,6 +92,9 @@ class KletSettings:
     node_ip: str = ""  # --node-ip: "", one IP, or "IPv4,IPv6"; "" = detect
     node_labels: Mapping[str, str] = dataclasses.field(default_factory=dict)  # --node-labels
     kubeconfig: Path | None = None  # --kubeconfig; None = standalone
+    # --bootstrap-kubeconfig: when --kubeconfig is missing or its certificate expired, a
+    # client certificate is requested with this one's credentials and --kubeconfig written
+    bootstrap_kubeconfig: Path | None = None
     config_file: Path | None = None  # --config
     # --service-port / KLET_SERVICE_PORT: 0 = any free port (the kernel picks one);
     # None = not given, the service's default (DEFAULT_SERVICE_PORTS). load_settings
@@ -110,6 +113,7 @@ class KletSettings:
     # --evented-pleg-relist-period / KLET_EVENTED_PLEG_RELIST_PERIOD, seconds: syncloop's
     # relist period while runtime events drive PLEG (see klet.syncloop.pods.relisting)
     evented_pleg_relist_period: float = 20.0
+    tls_bootstrap_timeout: float = 900.0  # --tls-bootstrap-timeout, seconds
     # The deprecated flags or variables given, each as "<name> is deprecated: <what
     # instead>", for the service to log as warnings once its logging is set up.
     deprecations: tuple[str, ...] = ()
@@ -239,6 +243,13 @@ def _check_klet(values: Mapping[str, Any], source: Mapping[str, str]) -> list[Pr
         )
     if values.get("evented_pleg_relist_period", 20.0) <= 0:
         bad("evented_pleg_relist_period", "must be a positive duration")
+    if values.get("tls_bootstrap_timeout", 900.0) <= 0:
+        bad("tls_bootstrap_timeout", "must be a positive duration")
+    if values.get("bootstrap_kubeconfig") and not values.get("kubeconfig"):
+        bad(
+            "bootstrap_kubeconfig",
+            "needs --kubeconfig: the path the kubeconfig for the issued certificate is written to",
+        )
     if "service_bind_address" in values:
         try:
             ipaddress.ip_address(values["service_bind_address"])
@@ -481,6 +492,7 @@ def load_settings(
         node_ip=klet_values.get("node_ip", ""),
         node_labels=dict(klet_values.get("node_labels", {})),
         kubeconfig=_optional_path(klet_values.get("kubeconfig")),
+        bootstrap_kubeconfig=_optional_path(klet_values.get("bootstrap_kubeconfig")),
         config_file=config_file,
         service_port=port,
         service_port_file=_optional_path(klet_values.get("service_port_file")),
@@ -497,6 +509,9 @@ def load_settings(
         ),
         maximum_dead_containers=klet_values.get(
             "maximum_dead_containers", KletSettings.maximum_dead_containers
+        ),
+        tls_bootstrap_timeout=klet_values.get(
+            "tls_bootstrap_timeout", KletSettings.tls_bootstrap_timeout
         ),
         evented_pleg_relist_period=klet_values.get(
             "evented_pleg_relist_period", KletSettings.evented_pleg_relist_period

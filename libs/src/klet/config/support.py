@@ -85,7 +85,6 @@ def _enforce_keys(value: Any) -> bool:
 # other is refused at start with "<field>: not implemented by klet: <reason>".
 UNIMPLEMENTED: Mapping[str, Unimplemented] = {
     # --- serving and certificates
-    "rotateCertificates": Unimplemented("client certificate rotation through the certificates API"),
     "serverTLSBootstrap": Unimplemented(
         "serving certificates from the certificates API (klet uses tlsCertFile/"
         "tlsPrivateKeyFile or a self-signed certificate)"

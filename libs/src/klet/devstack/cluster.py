@@ -17,7 +17,10 @@ for the objects a pod needs (see ``prepare_namespace``), tests bind pods with
 ``spec.nodeName``, and nothing garbage-collects or deletes namespaces. With
 ``controllers=True`` both run (``klet.devstack.kube_components`` says which controllers
 and why): namespaces get their ServiceAccount and CA ConfigMap from the controllers,
-workloads make pods, the scheduler binds them, deleted namespaces empty.
+workloads make pods, the scheduler binds them, deleted namespaces empty; and nodes can
+join as kubeadm's do (``bootstrap_kubeconfig``: a bootstrap token, the apiserver's
+bootstrap-token authenticator, kubeadm's ClusterRoleBindings, the CSR approving and
+signing controllers signing with the harness CA for ``signing_duration``).
 
 The apiserver runs with the Node authorizer and the NodeRestriction admission plugin, as
 on a kubeadm cluster, so a node's client certificate (``node_kubeconfig``) gets exactly
@@ -28,8 +31,10 @@ the rights a kubelet gets; it trusts the same CA for klet's serving certificate
 from __future__ import annotations
 
 import base64
+import datetime
 import json
 import logging
+import secrets
 import ssl
 import subprocess
 import time
@@ -42,6 +47,7 @@ from typing import Any
 from klet.devstack.kube_components import (
     CONTROLLER_MANAGER_USER,
     SCHEDULER_USER,
+    SIGNING_DURATION,
     SecureComponent,
     controller_manager_argv,
     scheduler_argv,
@@ -60,6 +66,36 @@ KUBELET_CLIENT_USER = "kube-apiserver-kubelet-client"
 ADMIN_USER = "kubernetes-admin"
 # Namespaces the apiserver creates itself; each gets what pods need in ``start``.
 SYSTEM_NAMESPACES = ("default", "kube-system", "kube-public", "kube-node-lease")
+# The group kubeadm gives its node bootstrap tokens.
+BOOTSTRAP_GROUP = "system:bootstrappers:kubeadm:default-node-token"
+
+
+def _cluster_role_binding(name: str, role: str, group: str) -> dict[str, Any]:
+    return {
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "ClusterRoleBinding",
+        "metadata": {"name": name},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": role},
+        "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "Group", "name": group}],
+    }
+
+
+# What `kubeadm init` binds for TLS bootstrap (with the controllers only: without the
+# CSR controllers nothing would approve or sign): bootstrap tokens may create node CSRs,
+# which are approved automatically, and a node may renew its own client certificate.
+NODE_BOOTSTRAP_BINDINGS = [
+    _cluster_role_binding("kubeadm:kubelet-bootstrap", "system:node-bootstrapper", BOOTSTRAP_GROUP),
+    _cluster_role_binding(
+        "kubeadm:node-autoapprove-bootstrap",
+        "system:certificates.k8s.io:certificatesigningrequests:nodeclient",
+        BOOTSTRAP_GROUP,
+    ),
+    _cluster_role_binding(
+        "kubeadm:node-autoapprove-certificate-rotation",
+        "system:certificates.k8s.io:certificatesigningrequests:selfnodeclient",
+        "system:nodes",
+    ),
+]
 
 
 def _tls_context(ca_file: Path, cert: CertPair) -> ssl.SSLContext:
@@ -88,6 +124,7 @@ class ControlPlane:
         apiserver_port: int | None = None,
         etcd_port: int | None = None,
         controllers: bool = False,
+        signing_duration: str = SIGNING_DURATION,
     ) -> None:
         self.dir = dir.resolve()
         self.bin_dir = bin_dir.resolve()
@@ -101,6 +138,7 @@ class ControlPlane:
         self._etcd: ManagedProcess | None = None
         self._apiserver: ManagedProcess | None = None
         self.controllers = controllers
+        self.signing_duration = signing_duration
         # Both components serve HTTPS (healthz, metrics) on loopback ports of their own.
         self.controller_manager_port = free_port() if controllers else 0
         self.scheduler_port = free_port() if controllers else 0
@@ -176,6 +214,59 @@ class ControlPlane:
         return self.user_kubeconfig(
             f"system:node:{node_name}", ["system:nodes"], name=f"node-{node_name}"
         )
+
+    def bootstrap_kubeconfig(
+        self,
+        *,
+        name: str = "bootstrap",
+        ttl_s: float = 3600.0,
+        token: str | None = None,
+        group: str = BOOTSTRAP_GROUP,
+    ) -> Path:
+        """A kubeconfig with a bootstrap token, as ``kubeadm join`` writes one: a new
+        ``bootstrap-token-<id>`` Secret in kube-system valid for ``ttl_s`` (negative: one
+        already expired), whose user ``system:bootstrap:<id>`` is in
+        ``group`` (default ``system:bootstrappers:kubeadm:default-node-token``, whose
+        node CSRs are approved automatically). ``token`` puts that text in the kubeconfig
+        instead of the Secret's (a wrong token)."""
+        token_id, secret = secrets.token_hex(3), secrets.token_hex(8)
+        expires = datetime.datetime.now(datetime.UTC) + datetime.timedelta(seconds=ttl_s)
+        self.apply(
+            [
+                {
+                    "apiVersion": "v1",
+                    "kind": "Secret",
+                    "metadata": {"name": f"bootstrap-token-{token_id}", "namespace": "kube-system"},
+                    "type": "bootstrap.kubernetes.io/token",
+                    "stringData": {
+                        "token-id": token_id,
+                        "token-secret": secret,
+                        "expiration": expires.strftime("%Y-%m-%dT%H:%M:%SZ"),
+                        "usage-bootstrap-authentication": "true",
+                        "auth-extra-groups": group,
+                    },
+                }
+            ]
+        )
+        config = {
+            "apiVersion": "v1",
+            "kind": "Config",
+            "clusters": [{"name": "klet-test", "cluster": self._cluster_entry()}],
+            "users": [
+                {
+                    "name": "tls-bootstrap-token-user",
+                    "user": {"token": token or f"{token_id}.{secret}"},
+                }
+            ],
+            "contexts": [
+                {
+                    "name": "tls-bootstrap-token-user@klet-test",
+                    "context": {"cluster": "klet-test", "user": "tls-bootstrap-token-user"},
+                }
+            ],
+            "current-context": "tls-bootstrap-token-user@klet-test",
+        }
+        return self._write_config(name, config)
 
     def issue_kubelet_serving_cert(self, node_name: str, ips: Sequence[str]) -> CertPair:
         """A serving certificate for klet's kubelet API on ``node_name``, signed by the CA
@@ -407,7 +498,9 @@ class ControlPlane:
                 port=self.controller_manager_port,
                 serving=self._serving_cert("controller-manager"),
                 ca_file=self.ca_file,
+                ca_key=self.ca.key_path,
                 service_account_key=pki / "sa.key",
+                signing_duration=self.signing_duration,
             ),
             dir=self.dir / "controller-manager",
             port=self.controller_manager_port,
@@ -471,15 +564,7 @@ class ControlPlane:
         config = {
             "apiVersion": "v1",
             "kind": "Config",
-            "clusters": [
-                {
-                    "name": "klet-test",
-                    "cluster": {
-                        "server": self.server,
-                        "certificate-authority-data": b64(self.ca_file),
-                    },
-                }
-            ],
+            "clusters": [{"name": "klet-test", "cluster": self._cluster_entry()}],
             "users": [
                 {
                     "name": user,
@@ -492,6 +577,15 @@ class ControlPlane:
             "contexts": [{"name": "klet-test", "context": {"cluster": "klet-test", "user": user}}],
             "current-context": "klet-test",
         }
+        return self._write_config(stem, config)
+
+    def _cluster_entry(self) -> dict[str, str]:
+        return {
+            "server": self.server,
+            "certificate-authority-data": base64.b64encode(self.ca_file.read_bytes()).decode(),
+        }
+
+    def _write_config(self, stem: str, config: dict[str, Any]) -> Path:
         self.kubeconfig_dir.mkdir(parents=True, exist_ok=True)
         path = self.kubeconfig_dir / f"{stem}.kubeconfig"
         tmp = path.with_suffix(".tmp")
@@ -537,6 +631,7 @@ class ControlPlane:
             f"--tls-cert-file={pki / 'apiserver.crt'}",
             f"--tls-private-key-file={pki / 'apiserver.key'}",
             f"--client-ca-file={self.ca_file}",
+            "--enable-bootstrap-token-auth=true",
             f"--service-account-issuer={SERVICE_ACCOUNT_ISSUER}",
             f"--api-audiences={SERVICE_ACCOUNT_ISSUER}",
             f"--service-account-key-file={pki / 'sa.pub'}",
@@ -590,6 +685,7 @@ class ControlPlane:
             timeout_s=timeout_s,
         )
         if self.controllers:
+            self.apply(NODE_BOOTSTRAP_BINDINGS, timeout_s=timeout_s)
             self._start_controllers(timeout_s=timeout_s)
         for namespace in SYSTEM_NAMESPACES:
             self.prepare_namespace(namespace, timeout_s=timeout_s)

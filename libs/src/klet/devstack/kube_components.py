@@ -72,7 +72,18 @@ CONTROLLERS = (
     "persistentvolumeclaim-protection-controller",
     "ephemeral-volume-controller",
     "statefulset-controller",
+    # TLS bootstrap and certificate rotation of nodes (issue 27), as on a kubeadm
+    # cluster: node client CSRs are approved by the approver (for the groups the
+    # ClusterRoleBindings of ControlPlane._set_up allow), signed with the cluster CA by
+    # the signer, and removed an hour after issue by the cleaner.
+    "certificatesigningrequest-approving-controller",
+    "certificatesigningrequest-signing-controller",
+    "certificatesigningrequest-cleaner-controller",
 )
+
+# How long the signer's certificates live unless a test asks for less
+# (ControlPlane(signing_duration=...)): upstream's default, a year.
+SIGNING_DURATION = "8760h"
 
 # How long a Node may go without a heartbeat (Lease or status) before node-lifecycle
 # marks it Unknown and taints it unreachable. Upstream's 50 s would turn a node Unknown
@@ -115,13 +126,13 @@ def controller_manager_argv(
     port: int,
     serving: CertPair,
     ca_file: Path,
+    ca_key: Path,
     service_account_key: Path,
+    signing_duration: str = SIGNING_DURATION,
 ) -> list[str]:
-    """kube-controller-manager running ``CONTROLLERS``, each with its own ServiceAccount.
-
-    No ``--cluster-signing-*``: the CSR signing controller is not among them (klet's
-    serving certificates are issued by the harness).
-    """
+    """kube-controller-manager running ``CONTROLLERS``, each with its own ServiceAccount;
+    the CSR signer signs with the harness CA (which the apiserver trusts for client
+    certificates) for at most ``signing_duration``."""
     return [
         str(bin_dir / "kube-controller-manager"),
         *_common_flags(kubeconfig, port, serving, ca_file),
@@ -130,6 +141,9 @@ def controller_manager_argv(
         f"--root-ca-file={ca_file}",
         f"--controllers={','.join(CONTROLLERS)}",
         f"--node-monitor-grace-period={NODE_MONITOR_GRACE_PERIOD}",
+        f"--cluster-signing-cert-file={ca_file}",
+        f"--cluster-signing-key-file={ca_key}",
+        f"--cluster-signing-duration={signing_duration}",
     ]
 
 

@@ -23,6 +23,7 @@ import contextlib
 import contextvars
 import functools
 import json
+import os
 import threading
 import time
 import urllib.parse
@@ -46,6 +47,37 @@ RequestObserver = Callable[[str, str, str], None]
 """Told of each request sent: (status code or "<error>", method, host:port); called
 from the request's thread (klet.obs.restclient.RestClientMetrics)."""
 NO_ANSWER = "<error>"
+
+
+class CertificateFile:
+    """Whether the client certificate file changed since the last look (another inode
+    or mtime behind the path: `kubelet-client-current.pem` re-pointed), looking at most
+    every `every_s`; thread-safe enough for its use (a lost race only clears twice)."""
+
+    def __init__(self, path: str | None, *, every_s: float = 5.0) -> None:
+        self.path = path
+        self.every_s = every_s
+        self._next = 0.0
+        self._seen = self._identity()
+
+    def _identity(self) -> tuple[int, int] | None:
+        if not self.path:
+            return None
+        try:
+            st = os.stat(self.path)
+        except OSError:
+            return None
+        return st.st_ino, st.st_mtime_ns
+
+    def changed(self) -> bool:
+        if not self.path or time.monotonic() < self._next:
+            return False
+        self._next = time.monotonic() + self.every_s
+        now = self._identity()
+        if now is None or now == self._seen:
+            return False
+        self._seen = now
+        return True
 
 
 class KubeClient:
@@ -81,6 +113,7 @@ class KubeClient:
         self._host_label = urllib.parse.urlsplit(self.host).netloc
         # Taken on the event loop, before the request moves to a worker thread.
         self._bucket = TokenBucket(settings.qps, settings.burst, now=time.monotonic())
+        self._cert = CertificateFile(configuration.cert_file)
 
     async def close(self) -> None:
         await self._in_thread(self._api.close)
@@ -123,6 +156,10 @@ class KubeClient:
     ) -> Any:
         headers = {"Accept": "application/json", "Content-Type": content_type}
         url = self._url(path, params)
+        if self._cert.changed():
+            # A rotated client certificate (klet.kube.rotation): new connections present
+            # it; pooled ones would keep the old identity, so they go.
+            self._api.rest_client.pool_manager.clear()
         try:
             headers.update(self.auth_headers())
             r = self._api.rest_client.request(

@@ -11,7 +11,9 @@
   the same pod view the HTTP API serves;
 - `events` (`EventSink`): the services' bus Events streams to core/v1 Events;
 - `csinode` (`CSINodeManager`): the CSI drivers registered on the node (syncloop's
-  `csidrivers` table) into the CSINode object and the Node's annotation and labels.
+  `csidrivers` table) into the CSINode object and the Node's annotation and labels;
+- `client-certificate` (klet.kube.rotation, with `rotateCertificates: true`): the node's
+  client certificate renewed through the certificates API before it expires.
 
 Every adapter can be replaced through `ClusterOverrides` (tests pass
 `testing.FakeApiServer` and friends); what is not replaced is built from settings.
@@ -104,6 +106,9 @@ class ClusterKubelet(Protocol):
     @property
     def effective_image_service_endpoint(self) -> str: ...  # [imageServiceEndpoint]
 
+    @property
+    def rotate_certificates(self) -> bool: ...  # [rotateCertificates]
+
 
 class ClusterKlet(Protocol):
     """The klet-only settings cluster mode reads."""
@@ -119,6 +124,9 @@ class ClusterKlet(Protocol):
 
     @property
     def kubeconfig(self) -> Path | None: ...  # None = standalone
+
+    @property
+    def cert_dir(self) -> Path: ...  # --cert-dir: the client certificate rotation renews
 
     @property
     def root_dir(self) -> Path: ...  # --root-dir: its filesystem is ephemeral-storage
@@ -160,19 +168,23 @@ class ClusterDeps:
     events: EventSink
     csinode: CSINodeManager
     close: Callable[[], Awaitable[None]] = field(default=_nothing)
+    rotation: Any = None  # klet.kube.rotation.ClientCertificateRotation, when rotating
 
 
 def cluster_tasks(c: ClusterDeps) -> dict[str, Callable[[], Coroutine[Any, Any, None]]]:
     """The named root tasks of cluster mode, as functions that start them: every one
     writes to the apiserver or consumes the `events` group, so only the lease holder may
     run them, and a standby never even creates their coroutines (app.py)."""
-    return {
+    tasks = {
         "node-status": c.node_status.run,
         "node-lease": c.lease.run,
         "pod-status": c.pods.run,
         "events": c.events.run,
         "csinode": c.csinode.run,
     }
+    if c.rotation is not None:
+        tasks["client-certificate"] = c.rotation.run
+    return tasks
 
 
 def node_config(kubelet: ClusterKubelet, klet: ClusterKlet) -> NodeConfig:
@@ -212,6 +224,19 @@ def _kube_client(
             user_agent=f"klet/{KUBELET_VERSION} ({node})",
         ),
         observer=observer,
+    )
+
+
+def _rotation(kube: Kube, klet: ClusterKlet) -> Any:
+    """The client certificate's renewal; refused (ValueError, naming the field) when the
+    kubeconfig does not use the certificate directory's current file."""
+    from klet.kube.certificates import CertStore
+    from klet.kube.rotation import ClientCertificateRotation, check_rotatable
+
+    assert klet.kubeconfig is not None
+    check_rotatable(klet.kubeconfig, klet.cert_dir)
+    return ClientCertificateRotation(
+        store=CertStore(klet.cert_dir), api=kube, node_name=klet.node_name
     )
 
 
@@ -314,7 +339,11 @@ def build_cluster(
             await closer()
 
     csinode = CSINodeManager(kube, o.csidrivers or bus().csidrivers, identity)
+    rotation = None
+    if kubelet.rotate_certificates:
+        rotation = _rotation(kube, klet)
     return ClusterDeps(
+        rotation=rotation,
         identity=identity,
         node_status=node_status,
         lease=lease,
