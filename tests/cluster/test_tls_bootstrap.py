@@ -1,7 +1,8 @@
-"""A node that joins as a kubeadm node does: with a bootstrap token only, then renewing its
-client certificate twice, against a real apiserver (bootstrap-token authenticator, Node
-authorizer) and kube-controller-manager's CSR approving, signing and cleaner controllers,
-with the ClusterRoleBindings `kubeadm init` makes.
+"""A node that joins as a kubeadm node does: with a bootstrap token only, asking for its
+serving certificate, then renewing both certificates twice, against a real apiserver
+(bootstrap-token authenticator, Node authorizer) and kube-controller-manager's CSR
+approving, signing and cleaner controllers, with the ClusterRoleBindings `kubeadm init`
+makes.
 
 The control plane here signs for 60 s (`--cluster-signing-duration`), so rotation, due
 between 70% and 90% of a certificate's life counted from its issue, comes every 42-54 s.
@@ -9,21 +10,28 @@ between 70% and 90% of a certificate's life counted from its issue, comes every 
 Covers: every service of a node started with `--bootstrap-kubeconfig` and no
 kubeconfig waits for one CSR (made with the token, `system:bootstrap:<id>`), the node
 registers and goes Ready with `CN=system:node:<name>` from `<cert-dir>`, its kubeconfig
-naming `kubelet-client-current.pem`; with `rotateCertificates` status-reporter renews it
-twice (CSRs made as the node itself), while the Node never leaves Ready, its Lease keeps
-being renewed by the new identity and a pod's container never restarts; once the first
-certificate has expired, a new pod still goes through pod-source, syncloop and
-status-reporter to Running (each service's client presents the current file); a
-restarted service uses what is there without asking again. Bad input: a wrong token and
-an expired one (401, named), a CSR that an operator denies (its reason, named), a signer
-that does not answer in time (the CSR named): each a service that exits 1 with that
-message and no kubeconfig written; nothing else on the node is touched.
+naming `kubelet-client-current.pem`; with `serverTLSBootstrap` the node asks for its
+serving certificate (signer kubelet-serving, SANs the node name and IP), 10250 refuses
+connections until the test, as the operator, approves it, then serves it, and the
+apiserver (which checks kubelets against the cluster CA) reads a pod's log through it;
+with `rotateCertificates` status-reporter renews the client certificate twice (CSRs made
+as the node itself) and the serving one twice (approved by the test), while the Node
+never leaves Ready, its Lease keeps being renewed by the new identity and a pod's
+container never restarts; once the first certificate has expired, a new pod still goes
+through pod-source, syncloop and status-reporter to Running (each service's client
+presents the current file); a restarted service uses what is there without asking
+again. Bad input: a wrong token and an expired one (401, named), a CSR that an operator
+denies (its reason, named), a signer that does not answer in time (the CSR named): each
+a service that exits 1 with that message and no kubeconfig written; nothing else on the
+node is touched.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import socket
+import ssl
 import subprocess
 import sys
 import time
@@ -52,22 +60,25 @@ def cp(pytestconfig: pytest.Config) -> Iterator[ControlPlane]:
     yield from _plane(pytestconfig, prefix="klet-cpcsr-", controllers=True, signing_duration="60s")
 
 
-def bootstrap_flags(cp: ControlPlane, base: Path, bootstrap: Path, name: str) -> list[str]:
-    serving = cp.issue_kubelet_serving_cert(name, ["127.0.0.1"])
-    return [
+def bootstrap_flags(
+    cp: ControlPlane, base: Path, bootstrap: Path, name: str, *, serving: bool = True
+) -> list[str]:
+    """A node's flags with a bootstrap kubeconfig; with a serving certificate from the
+    harness CA, or (`serving=False`) none: serverTLSBootstrap gets it."""
+    flags = [
         "--kubeconfig",
         str(base / "kubelet.conf"),  # absent: written by the bootstrap
         "--bootstrap-kubeconfig",
         str(bootstrap),
         "--node-ip",
         "127.0.0.1",
-        "--tls-cert-file",
-        str(serving.cert),
-        "--tls-private-key-file",
-        str(serving.key),
         "--client-ca-file",
         str(cp.ca_file),
     ]
+    if serving:
+        pair = cp.issue_kubelet_serving_cert(name, ["127.0.0.1"])
+        flags += ["--tls-cert-file", str(pair.cert), "--tls-private-key-file", str(pair.key)]
+    return flags
 
 
 def kget(cp: ControlPlane, *args: str) -> Any:
@@ -80,6 +91,34 @@ def current_cert(cert_dir: Path) -> x509.Certificate:
     ]
 
 
+def pending_serving(cp: ControlPlane) -> Any:
+    """The node's kubelet-serving CSR that waits for approval, if any."""
+    for c in kget(cp, "csr")["items"]:
+        if (
+            c["spec"]["signerName"] == "kubernetes.io/kubelet-serving"
+            and c["spec"]["username"] == f"system:node:{NODE}"
+            and not (c.get("status") or {}).get("conditions")
+        ):
+            return c
+    return None
+
+
+def served_cert(node: KletNode) -> x509.Certificate | None:
+    """The certificate 10250 presents now; None when it refuses the connection."""
+    context = ssl.create_default_context()
+    context.check_hostname = False
+    context.verify_mode = ssl.CERT_NONE  # read what is served, whatever it is
+    try:
+        with (
+            socket.create_connection(("127.0.0.1", node.kubelet_port), timeout=5) as raw,
+            context.wrap_socket(raw) as tls,
+        ):
+            der = tls.getpeercert(binary_form=True)
+    except (OSError, ssl.SSLError):
+        return None
+    return x509.load_der_x509_certificate(der) if der else None
+
+
 def node_ready(cp: ControlPlane, name: str) -> bool:
     conditions = kget(cp, "node", name)["status"].get("conditions") or []
     return any(c["type"] == "Ready" and c["status"] == "True" for c in conditions)
@@ -90,13 +129,24 @@ def node(
     cp: ControlPlane, devstack: DevStack, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[KletNode]:
     base = tmp_path_factory.mktemp("bootstrap-node")
+    config = base / "kubelet.yaml"
+    config.write_text(
+        json.dumps(
+            {
+                "apiVersion": "kubelet.config.k8s.io/v1beta1",
+                "kind": "KubeletConfiguration",
+                "rotateCertificates": True,
+                "serverTLSBootstrap": True,
+            }
+        )
+    )
     with cluster_node(
         cp,
         devstack,
         base,
         name=NODE,
-        node_flags=bootstrap_flags(cp, base, cp.bootstrap_kubeconfig(), NODE),
-        extra_flags=["--rotate-certificates=true"],
+        node_flags=bootstrap_flags(cp, base, cp.bootstrap_kubeconfig(), NODE, serving=False),
+        extra_flags=["--config", str(config)],
     ) as n:
         yield n
 
@@ -118,23 +168,47 @@ def test_a_node_joins_with_a_bootstrap_token_and_rotates_its_certificate(
     assert joined[0]["spec"]["signerName"] == "kubernetes.io/kube-apiserver-client-kubelet"
     assert any(c["type"] == "Approved" for c in joined[0]["status"]["conditions"])
 
+    # the serving certificate: asked for as the node, refused connections until an
+    # operator (here the test) approves it, then served, with the node's names
+    serving = wait_for(lambda: pending_serving(cp), timeout_s=60, what="the kubelet-serving CSR")
+    assert serving["spec"]["username"] == f"system:node:{NODE}"
+    assert sorted(serving["spec"]["usages"]) == ["digital signature", "server auth"]
+    assert served_cert(node) is None  # nothing to serve with yet
+    cp.kubectl("certificate", "approve", serving["metadata"]["name"], check=True)
+    served = wait_for(lambda: served_cert(node), timeout_s=60, what="10250 serving")
+    assert served.subject == first.subject
+    sans = served.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    assert sans.get_values_for_type(x509.DNSName) == [NODE]
+    assert [str(i) for i in sans.get_values_for_type(x509.IPAddress)] == ["127.0.0.1"]
+
     cp.kubectl(
         "run", "steady", f"--image={IMAGE}", "--restart=Never",
         f"--overrides={json.dumps({'spec': {'nodeName': NODE}})}",
-        "--", "sleep", "3600", check=True,
+        "--", "sh", "-c", "echo steady-up; sleep 3600", check=True,
     )  # fmt: skip
     wait_for(
         lambda: kget(cp, "pod", "steady")["status"].get("phase") == "Running",
         timeout_s=60,
         what="steady Running",
     )
+    # the apiserver reaches the kubelet API and checks the served certificate against
+    # the cluster CA (--kubelet-certificate-authority)
+    wait_for(lambda: "steady-up" in cp.kubectl("logs", "steady").stdout, timeout_s=30, what="logs")
 
     serials = [first.serial_number]
+    served_serials = [served.serial_number]
     renewals: list[float] = []
     began = time.monotonic()
-    while len(serials) < 3:
-        assert time.monotonic() - began < 240, f"rotations seen: {len(serials) - 1} of 2"
+    while len(serials) < 3 or len(served_serials) < 3:
+        assert time.monotonic() - began < 240, (
+            f"rotations seen: client {len(serials) - 1}, serving {len(served_serials) - 1} of 2"
+        )
         assert node_ready(cp, NODE), "the Node left Ready during rotation"
+        if (again := pending_serving(cp)) is not None:
+            cp.kubectl("certificate", "approve", again["metadata"]["name"], check=True)
+        now_served = served_cert(node)
+        if now_served is not None and now_served.serial_number != served_serials[-1]:
+            served_serials.append(now_served.serial_number)
         now = current_cert(cert_dir)
         if now.serial_number != serials[-1]:
             serials.append(now.serial_number)
@@ -151,6 +225,7 @@ def test_a_node_joins_with_a_bootstrap_token_and_rotates_its_certificate(
                 what="the Lease renewed after the rotation",
             )
         time.sleep(2)
+    assert "steady-up" in cp.kubectl("logs", "steady").stdout  # through the newest one
     rotated = [
         c for c in kget(cp, "csr")["items"] if c["spec"]["username"] == f"system:node:{NODE}"
     ]

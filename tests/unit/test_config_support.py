@@ -36,11 +36,19 @@ def test_support_table_agrees_with_the_code() -> None:
 
 def test_unread_fields_found() -> None:
     unread = set(unread_fields())
-    assert {"serverTLSBootstrap", "makeIPTablesUtilChains"} <= unread
+    assert {"makeIPTablesUtilChains"} <= unread
     # methods named run_once are not the field
     assert "runOnce" in unread
     # fields this issue made klet act on are read now
-    assert not {"podPidsLimit", "protectKernelDefaults", "rotateCertificates"} & unread
+    assert (
+        not {
+            "podPidsLimit",
+            "protectKernelDefaults",
+            "rotateCertificates",
+            "serverTLSBootstrap",
+        }
+        & unread
+    )
 
 
 def test_defaults_pass() -> None:
@@ -203,7 +211,6 @@ def test_unimplemented_value_refused_naming_file_and_field(tmp_path: Path, path:
 @pytest.mark.parametrize(
     ("body", "path"),
     [
-        ({"serverTLSBootstrap": True}, "serverTLSBootstrap"),
         ({"imagePullCredentialsVerificationPolicy": "AlwaysVerify"}, None),
         ({"cgroupDriver": "systemd"}, "cgroupDriver"),
         ({"cpuManagerPolicy": "static"}, "cpuManagerPolicy"),

@@ -36,7 +36,12 @@ from klet.kube.certificates import (
     node_csr_pem,
     rotation_deadline,
 )
-from klet.kube.rotation import ClientCertificateRotation, RotationRefused, check_rotatable
+from klet.kube.rotation import (
+    CertificateRotation,
+    RotationRefused,
+    check_rotatable,
+    serving_kind,
+)
 from klet.model.types import JSON
 
 UTC = datetime.UTC
@@ -98,7 +103,10 @@ class FakeSigner:
         name = body["metadata"]["name"]
         if name in self.csrs:
             raise Conflict("exists", status=409)
-        assert body["spec"]["signerName"] == "kubernetes.io/kube-apiserver-client-kubelet"
+        assert body["spec"]["signerName"] in (
+            "kubernetes.io/kube-apiserver-client-kubelet",
+            "kubernetes.io/kubelet-serving",
+        )
         self.created.append(name)
         self.csrs[name] = {**body, "status": {}}
         return self._settle(self.csrs[name])
@@ -286,7 +294,7 @@ async def test_rotation_renews_when_due_and_keeps_the_old_one_on_failure(tmp_pat
     first = store.current()
     assert first is not None
     clock = [first.start]
-    rotation = ClientCertificateRotation(
+    rotation = CertificateRotation(
         store=store,
         api=signer,
         node_name="n1",
@@ -333,3 +341,61 @@ def test_rotation_is_refused_for_a_kubeconfig_it_could_not_update(tmp_path: Path
     )
     with pytest.raises(RotationRefused, match="must name .*kubelet-client-current.pem"):
         check_rotatable(s.kubeconfig, s.cert_dir)
+
+
+async def test_the_serving_certificate_is_asked_for_at_start_with_the_node_names(
+    tmp_path: Path,
+) -> None:
+    signer = FakeSigner()
+    signer.mode = "pending"  # no built-in approver passes kubelet-serving requests
+    kind = serving_kind("n1", ["10.0.0.21", "fd00::21", "10.0.0.21"])
+    assert (kind.dns_names, kind.ips) == (("n1",), ("10.0.0.21", "fd00::21"))
+    assert serving_kind("10.0.0.9", ["10.0.0.21"]).dns_names == ()
+    store = CertStore(tmp_path / "pki", prefix=kind.prefix)
+    rotation = CertificateRotation(
+        store=store, api=signer, node_name="n1", kind=kind, wait_s=0.05, poll_s=0.01
+    )
+    assert await rotation.run_once() == rotation.retry_s  # asked, not issued yet
+    [name] = signer.created
+    body = signer.csrs[name]
+    assert name.startswith("csr-serving-")
+    assert body["spec"]["signerName"] == "kubernetes.io/kubelet-serving"
+    assert body["spec"]["usages"] == ["digital signature", "server auth"]
+    csr = x509.load_pem_x509_csr(base64.b64decode(body["spec"]["request"]))
+    sans = csr.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    assert sans.get_values_for_type(x509.DNSName) == ["n1"]
+    assert [str(i) for i in sans.get_values_for_type(x509.IPAddress)] == ["10.0.0.21", "fd00::21"]
+    signer.mode = "issue"  # an operator approves it
+    assert await rotation.run_once() == 0.0
+    assert signer.created == [name]  # the same request, found again
+    issued = store.current()
+    assert issued is not None and store.current_path.name == "kubelet-server-current.pem"
+    assert issued.subject == "CN=system:node:n1,O=system:nodes"
+
+
+@pytest.mark.parametrize(
+    ("extra", "flags", "problem"),
+    [
+        ({}, [], "serverTLSBootstrap: needs --kubeconfig"),
+        ({"tlsCertFile": "/c.crt"}, ["--kubeconfig", "/k"], "would not be used: set one"),
+        ({}, ["--bootstrap-kubeconfig", "/b"], "needs --kubeconfig: the path"),
+    ],
+)
+def test_certificate_settings_that_cannot_work_are_refused(
+    tmp_path: Path, extra: dict[str, Any], flags: list[str], problem: str
+) -> None:
+    from klet.config import ConfigError, load_settings
+
+    file = tmp_path / "kubelet.yaml"
+    body = {
+        "apiVersion": "kubelet.config.k8s.io/v1beta1",
+        "kind": "KubeletConfiguration",
+        "serverTLSBootstrap": "--bootstrap-kubeconfig" not in flags,
+        **extra,
+    }
+    file.write_text(yaml.safe_dump(body))
+    with pytest.raises(ConfigError) as info:
+        load_settings(
+            ["--config", str(file), *flags], env={}, service="status-reporter", hostname="n"
+        )
+    assert any(problem in p for p in info.value.problems), info.value.problems

@@ -468,6 +468,21 @@ def load_settings(
             problems.append(problem)
 
     problems += _check_klet(klet_values, source)
+    if cfg.server_tls_bootstrap:
+        where = overridden.get("serverTLSBootstrap") or str(config_file or "serverTLSBootstrap")
+        if not klet_values.get("kubeconfig"):
+            problems.append(
+                Problem(where, "serverTLSBootstrap: needs --kubeconfig (the certificates API)")
+            )
+        if cfg.tls_cert_file or cfg.tls_private_key_file:
+            problems.append(
+                Problem(
+                    where,
+                    "serverTLSBootstrap: the serving certificate comes from the certificates "
+                    "API; tlsCertFile and tlsPrivateKeyFile would not be used: set one or the "
+                    "other",
+                )
+            )
     redis_url, redis_auth, redis_problems = _redis(klet_values, source)
     problems += redis_problems
     node_name, name_problem = _node_name(klet_values, hostname)

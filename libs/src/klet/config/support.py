@@ -85,10 +85,6 @@ def _enforce_keys(value: Any) -> bool:
 # other is refused at start with "<field>: not implemented by klet: <reason>".
 UNIMPLEMENTED: Mapping[str, Unimplemented] = {
     # --- serving and certificates
-    "serverTLSBootstrap": Unimplemented(
-        "serving certificates from the certificates API (klet uses tlsCertFile/"
-        "tlsPrivateKeyFile or a self-signed certificate)"
-    ),
     "enableContentionProfiling": Unimplemented("profiling handlers"),
     "enableSystemLogQuery": Unimplemented("the /logs/ node log query"),
     "showHiddenMetricsForVersion": Unimplemented("hidden metrics"),

@@ -112,16 +112,16 @@ def _utcnow() -> datetime.datetime:
     return datetime.datetime.now(datetime.UTC)
 
 
-def _open_lock(cert_dir: Path) -> int:
+def _open_lock(cert_dir: Path, name: str) -> int:
     cert_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
-    return os.open(cert_dir / LOCK_NAME, os.O_RDWR | os.O_CREAT, 0o600)
+    return os.open(cert_dir / name, os.O_RDWR | os.O_CREAT, 0o600)
 
 
 @contextlib.asynccontextmanager
-async def cert_dir_lock(cert_dir: Path) -> AsyncIterator[None]:
-    """Exclusive among every process using this certificate directory (flock: released
-    by the kernel when a holder dies)."""
-    fd = await asyncio.to_thread(_open_lock, cert_dir)
+async def cert_dir_lock(cert_dir: Path, name: str = LOCK_NAME) -> AsyncIterator[None]:
+    """Exclusive among every process using this lock file of the certificate directory
+    (flock: released by the kernel when a holder dies)."""
+    fd = await asyncio.to_thread(_open_lock, cert_dir, name)
     try:
         await asyncio.to_thread(fcntl.flock, fd, fcntl.LOCK_EX)
         yield

@@ -24,8 +24,10 @@ import base64
 import dataclasses
 import datetime
 import hashlib
+import ipaddress
 import os
 import random
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -37,6 +39,8 @@ from cryptography.x509.oid import NameOID
 __all__ = [
     "CLIENT_SIGNER",
     "CLIENT_USAGES",
+    "SERVING_SIGNER",
+    "SERVING_USAGES",
     "CertStore",
     "Issued",
     "NodeCertificateError",
@@ -48,6 +52,8 @@ __all__ = [
 
 CLIENT_SIGNER = "kubernetes.io/kube-apiserver-client-kubelet"
 CLIENT_USAGES = ("digital signature", "client auth")
+SERVING_SIGNER = "kubernetes.io/kubelet-serving"
+SERVING_USAGES = ("digital signature", "server auth")
 NODE_GROUP = "system:nodes"
 # Renewal falls at a random point between these fractions of the certificate's lifetime
 # (upstream's kubelet: 70-90%), so a fleet issued at once does not renew at once.
@@ -101,8 +107,11 @@ def _load_key(pem: bytes, where: str) -> ec.EllipticCurvePrivateKey:
     return key
 
 
-def node_csr_pem(key_pem: bytes, node_name: str) -> bytes:
-    """A PKCS#10 request for `CN=system:node:<node>, O=system:nodes`, signed by the key."""
+def node_csr_pem(
+    key_pem: bytes, node_name: str, *, dns_names: Sequence[str] = (), ips: Sequence[str] = ()
+) -> bytes:
+    """A PKCS#10 request for `CN=system:node:<node>, O=system:nodes`, signed by the key;
+    with subject alternative names when given (a serving certificate's)."""
     key = _load_key(key_pem, "request key")
     subject = x509.Name(
         [
@@ -110,10 +119,12 @@ def node_csr_pem(key_pem: bytes, node_name: str) -> bytes:
             x509.NameAttribute(NameOID.COMMON_NAME, f"system:node:{node_name}"),
         ]
     )
-    request = (
-        x509.CertificateSigningRequestBuilder().subject_name(subject).sign(key, hashes.SHA256())
-    )
-    return request.public_bytes(serialization.Encoding.PEM)
+    builder = x509.CertificateSigningRequestBuilder().subject_name(subject)
+    names: list[x509.GeneralName] = [x509.DNSName(d) for d in dict.fromkeys(dns_names)]
+    names += [x509.IPAddress(ipaddress.ip_address(i)) for i in dict.fromkeys(ips)]
+    if names:
+        builder = builder.add_extension(x509.SubjectAlternativeName(names), critical=False)
+    return builder.sign(key, hashes.SHA256()).public_bytes(serialization.Encoding.PEM)
 
 
 def csr_name(csr_pem: bytes, *, prefix: str = "node-csr-") -> str:

@@ -1,29 +1,44 @@
-"""Client certificate rotation (`rotateCertificates: true`), as upstream's kubelet does it.
+"""Certificate rotation, as upstream's kubelet does it: the client certificate
+(`rotateCertificates: true`) and the serving certificate of the kubelet API
+(`serverTLSBootstrap: true`).
 
-A root task of status-reporter's leader. At a random point between 70% and 90% of the
-current certificate's lifetime (klet.kube.certificates.rotation_deadline) it asks for a
+Root tasks of status-reporter's leader. At a random point between 70% and 90% of the
+current certificate's lifetime (klet.kube.certificates.rotation_deadline) one asks for a
 new one with a new key, through the certificates API with the node's own identity (a
-CSR for the same signer and subject, which the approver passes for
-`system:certificates.k8s.io:certificatesigningrequests:selfnodeclient`), and installs it
-as the new `kubelet-client-current.pem`. Every apiserver client of every service names
-that file in its kubeconfig, so each new connection presents the new certificate; each
-client also drops its pooled connections when it sees the file change
-(klet.kube.client), so nothing keeps authenticating with the old one. Nothing is
-restarted: the Lease, the watches and the pods carry on.
+CSR for `CN=system:node:<node>, O=system:nodes`), and installs it as the new
+`<prefix>-current.pem` of the certificate directory:
 
-The renewal runs under the certificate directory's lock (klet.kube.bootstrap) and
-re-reads the file inside it, so two replicas (a leader handing over mid-renewal) renew
-once. A request that is denied, fails or is not issued in time is logged (once per
-cause) and asked again after `retry_s`; the current certificate stays in use until it
-expires.
+- the client certificate (`kubelet-client-current.pem`, signer
+  `kubernetes.io/kube-apiserver-client-kubelet`), which the approver passes for
+  `system:certificates.k8s.io:certificatesigningrequests:selfnodeclient`. Every
+  apiserver client of every service names that file in its kubeconfig, so each new
+  connection presents the new certificate; each client also drops its pooled
+  connections when it sees the file change (klet.kube.client), so nothing keeps
+  authenticating with the old one;
+- the serving certificate (`kubelet-server-current.pem`, signer
+  `kubernetes.io/kubelet-serving`, with the node name and node IPs as subject
+  alternative names), which no built-in approver passes: an operator or an approver of
+  their choice approves it, as on a kubeadm cluster. The first one is asked for at
+  start; until it is issued the kubelet API has no certificate to serve
+  (kubeletapi.tlsconfig), and every replica's listener picks up each new file.
+
+Nothing is restarted: the Lease, the watches and the pods carry on.
+
+A renewal runs under the certificate directory's lock (klet.kube.bootstrap) and re-reads
+the file inside it, so two replicas (a leader handing over mid-renewal) renew once. A
+request that is denied, fails or is not issued in time is logged (once per cause) and
+asked again after `retry_s` (a denied one with a new key); the current certificate
+stays in use until it expires.
 """
 
 from __future__ import annotations
 
 import asyncio
 import datetime
+import ipaddress
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 from klet.kube.bootstrap import (
@@ -35,6 +50,10 @@ from klet.kube.bootstrap import (
     request_certificate,
 )
 from klet.kube.certificates import (
+    CLIENT_SIGNER,
+    CLIENT_USAGES,
+    SERVING_SIGNER,
+    SERVING_USAGES,
     CertStore,
     Issued,
     NodeCertificateError,
@@ -45,7 +64,14 @@ from klet.kube.certificates import (
 )
 from klet.obs import OnceLogger
 
-__all__ = ["ClientCertificateRotation", "RotationRefused", "check_rotatable"]
+__all__ = [
+    "CLIENT",
+    "CertificateKind",
+    "CertificateRotation",
+    "RotationRefused",
+    "check_rotatable",
+    "serving_kind",
+]
 
 log = logging.getLogger(__name__)
 
@@ -79,13 +105,60 @@ def _utcnow() -> datetime.datetime:
     return datetime.datetime.now(datetime.UTC)
 
 
-class ClientCertificateRotation:
+@dataclass(frozen=True)
+class CertificateKind:
+    """Which certificate a rotation keeps."""
+
+    what: str  # "client certificate", for logs
+    prefix: str  # its files in the certificate directory (CertStore)
+    signer: str
+    usages: tuple[str, ...]
+    csr_prefix: str  # of the CSR names
+    request_when_missing: bool  # ask for a first one (bootstrap made the client's)
+    dns_names: tuple[str, ...] = ()
+    ips: tuple[str, ...] = ()
+
+
+CLIENT = CertificateKind(
+    what="client certificate",
+    prefix="kubelet-client",
+    signer=CLIENT_SIGNER,
+    usages=CLIENT_USAGES,
+    csr_prefix="csr-",
+    request_when_missing=False,
+)
+
+
+def serving_kind(node_name: str, node_ips: Sequence[str]) -> CertificateKind:
+    """The kubelet API's certificate: the node name (a DNS name, or an IP if it is one)
+    and the node IPs as subject alternative names, as upstream's kubelet asks for it."""
+    dns: tuple[str, ...] = (node_name,)
+    ips: tuple[str, ...] = tuple(node_ips)
+    try:
+        ipaddress.ip_address(node_name)
+        dns, ips = (), (node_name, *node_ips)
+    except ValueError:
+        pass
+    return CertificateKind(
+        what="serving certificate",
+        prefix="kubelet-server",
+        signer=SERVING_SIGNER,
+        usages=SERVING_USAGES,
+        csr_prefix="csr-serving-",
+        request_when_missing=True,
+        dns_names=dns,
+        ips=tuple(dict.fromkeys(ips)),
+    )
+
+
+class CertificateRotation:
     def __init__(
         self,
         *,
         store: CertStore,
         api: CertificateApi,
         node_name: str,
+        kind: CertificateKind = CLIENT,
         wait_s: float = 300.0,
         retry_s: float = 30.0,
         poll_s: float = 1.0,
@@ -97,6 +170,7 @@ class ClientCertificateRotation:
         self.store = store
         self.api = api
         self.node_name = node_name
+        self.kind = kind
         self.wait_s = wait_s
         self.retry_s = retry_s
         self.poll_s = poll_s
@@ -116,41 +190,41 @@ class ClientCertificateRotation:
 
     async def run_once(self) -> float:
         """Renew when due; the seconds until the next look."""
+        what = self.kind.what
         try:
             issued = await asyncio.to_thread(self.store.current)
         except NodeCertificateError as err:
-            self._once.error(
-                "read", "current client certificate not readable", cause=str(err), error=str(err)
-            )
-            return self.retry_s
-        if issued is None:
+            self._once.error("read", f"current {what} not readable", cause=str(err), error=str(err))
+            if not self.kind.request_when_missing:
+                return self.retry_s
+            issued = None  # ask for a usable one
+        if issued is None and not self.kind.request_when_missing:
             self._once.error(
                 "read",
-                "no current client certificate to rotate",
+                f"no current {what} to rotate",
                 cause=str(self.store.current_path),
                 path=str(self.store.current_path),
             )
             return self.retry_s
-        self._once.clear("read", "current client certificate readable again")
-        if self._on_issued is not None:
-            self._on_issued(issued)
-        wait = (self.deadline(issued) - self.now()).total_seconds()
-        if wait > 0:
-            return min(wait, MAX_SLEEP_S)
+        if issued is not None:
+            self._once.clear("read", f"current {what} readable again")
+            if self._on_issued is not None:
+                self._on_issued(issued)
+            wait = (self.deadline(issued) - self.now()).total_seconds()
+            if wait > 0:
+                return min(wait, MAX_SLEEP_S)
         try:
             renewed = await self._renew()
         except (BootstrapError, NodeCertificateError) as err:
-            self._once.error(
-                "renew", "client certificate not renewed", cause=str(err), error=str(err)
-            )
+            self._once.error("renew", f"{what} not renewed", cause=str(err), error=str(err))
             return self.retry_s
-        self._once.clear("renew", "client certificate renewed after failures")
+        self._once.clear("renew", f"{what} renewed after failures")
         if renewed is not None:
             self._fraction = self._jitter()
             if self._on_issued is not None:
                 self._on_issued(renewed)
             log.info(
-                "client certificate rotated",
+                f"{what} rotated" if issued is not None else f"{what} issued",
                 extra={
                     "subject": renewed.subject,
                     "expires": renewed.not_after.isoformat(),
@@ -159,24 +233,46 @@ class ClientCertificateRotation:
             )
         return 0.0
 
+    async def _current_or_none(self) -> Issued | None:
+        try:
+            return await asyncio.to_thread(self.store.current)
+        except NodeCertificateError:
+            return None
+
     async def _renew(self) -> Issued | None:
-        async with cert_dir_lock(self.store.cert_dir):
-            issued = await asyncio.to_thread(self.store.current)
+        """Ask for a new certificate and install it. The lock (one per kind of
+        certificate) covers reading and writing the files, not the wait for approval: a
+        serving certificate may wait for an operator for hours, and nothing else may
+        wait for that."""
+        kind = self.kind
+        lock = f".{kind.prefix}.lock"
+        async with cert_dir_lock(self.store.cert_dir, lock):
+            issued = await self._current_or_none()
             if issued is not None and self.deadline(issued) > self.now():
                 return None  # another process renewed it meanwhile
             key = await asyncio.to_thread(self.store.pending_key)
-            csr = node_csr_pem(key, self.node_name)
-            name = csr_name(csr, prefix="csr-")
-            log.info("renewing the client certificate", extra={"csr": name})
-            try:
-                cert = await request_certificate(
-                    self.api,
-                    csr_pem=csr,
-                    name=name,
-                    wait_s=self.wait_s,
-                    poll_s=self.poll_s,
-                )
-            except CertificateDenied:
-                await asyncio.to_thread(self.store.pending_key_path.unlink, missing_ok=True)
-                raise
+        csr = node_csr_pem(key, self.node_name, dns_names=kind.dns_names, ips=kind.ips)
+        name = csr_name(csr, prefix=kind.csr_prefix)
+        log.info(f"requesting a {kind.what}", extra={"csr": name, "signer": kind.signer})
+        try:
+            cert = await request_certificate(
+                self.api,
+                csr_pem=csr,
+                name=name,
+                wait_s=self.wait_s,
+                poll_s=self.poll_s,
+                signer=kind.signer,
+                usages=kind.usages,
+            )
+        except CertificateDenied:
+            async with cert_dir_lock(self.store.cert_dir, lock):
+                await asyncio.to_thread(self._drop_pending, key)
+            raise
+        async with cert_dir_lock(self.store.cert_dir, lock):
             return await asyncio.to_thread(self.store.install, key, cert, now=self.now())
+
+    def _drop_pending(self, key: bytes) -> None:
+        """Forget the key of a denied request (unless another process replaced it)."""
+        path = self.store.pending_key_path
+        if path.exists() and path.read_bytes() == key:
+            path.unlink()

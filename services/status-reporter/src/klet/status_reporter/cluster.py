@@ -13,7 +13,9 @@
 - `csinode` (`CSINodeManager`): the CSI drivers registered on the node (syncloop's
   `csidrivers` table) into the CSINode object and the Node's annotation and labels;
 - `client-certificate` (klet.kube.rotation, with `rotateCertificates: true`): the node's
-  client certificate renewed through the certificates API before it expires.
+  client certificate renewed through the certificates API before it expires;
+  `serving-certificate` (with `serverTLSBootstrap: true`): the kubelet API's certificate
+  asked for and renewed the same way.
 
 Every adapter can be replaced through `ClusterOverrides` (tests pass
 `testing.FakeApiServer` and friends); what is not replaced is built from settings.
@@ -109,6 +111,9 @@ class ClusterKubelet(Protocol):
     @property
     def rotate_certificates(self) -> bool: ...  # [rotateCertificates]
 
+    @property
+    def server_tls_bootstrap(self) -> bool: ...  # [serverTLSBootstrap]
+
 
 class ClusterKlet(Protocol):
     """The klet-only settings cluster mode reads."""
@@ -168,7 +173,9 @@ class ClusterDeps:
     events: EventSink
     csinode: CSINodeManager
     close: Callable[[], Awaitable[None]] = field(default=_nothing)
-    rotation: Any = None  # klet.kube.rotation.ClientCertificateRotation, when rotating
+    # task name -> klet.kube.rotation.CertificateRotation ("client-certificate" with
+    # rotateCertificates, "serving-certificate" with serverTLSBootstrap)
+    certificates: Mapping[str, Any] = field(default_factory=dict)
 
 
 def cluster_tasks(c: ClusterDeps) -> dict[str, Callable[[], Coroutine[Any, Any, None]]]:
@@ -182,8 +189,8 @@ def cluster_tasks(c: ClusterDeps) -> dict[str, Callable[[], Coroutine[Any, Any, 
         "events": c.events.run,
         "csinode": c.csinode.run,
     }
-    if c.rotation is not None:
-        tasks["client-certificate"] = c.rotation.run
+    for name, rotation in c.certificates.items():
+        tasks[name] = rotation.run
     return tasks
 
 
@@ -227,17 +234,36 @@ def _kube_client(
     )
 
 
-def _rotation(kube: Kube, klet: ClusterKlet) -> Any:
-    """The client certificate's renewal; refused (ValueError, naming the field) when the
-    kubeconfig does not use the certificate directory's current file."""
+def _certificates(
+    kube: Kube, kubelet: ClusterKubelet, klet: ClusterKlet, node_ips: tuple[str, ...]
+) -> dict[str, Any]:
+    """The certificate renewals the configuration asks for; rotateCertificates is refused
+    (ValueError, naming the field) when the kubeconfig does not use the certificate
+    directory's current file."""
+    if not (kubelet.rotate_certificates or kubelet.server_tls_bootstrap):
+        return {}
     from klet.kube.certificates import CertStore
-    from klet.kube.rotation import ClientCertificateRotation, check_rotatable
+    from klet.kube.rotation import CLIENT, CertificateRotation, check_rotatable, serving_kind
 
-    assert klet.kubeconfig is not None
-    check_rotatable(klet.kubeconfig, klet.cert_dir)
-    return ClientCertificateRotation(
-        store=CertStore(klet.cert_dir), api=kube, node_name=klet.node_name
-    )
+    out: dict[str, Any] = {}
+    if kubelet.rotate_certificates:
+        assert klet.kubeconfig is not None
+        check_rotatable(klet.kubeconfig, klet.cert_dir)
+        out["client-certificate"] = CertificateRotation(
+            store=CertStore(klet.cert_dir, prefix=CLIENT.prefix),
+            api=kube,
+            node_name=klet.node_name,
+            kind=CLIENT,
+        )
+    if kubelet.server_tls_bootstrap:
+        kind = serving_kind(klet.node_name, node_ips)
+        out["serving-certificate"] = CertificateRotation(
+            store=CertStore(klet.cert_dir, prefix=kind.prefix),
+            api=kube,
+            node_name=klet.node_name,
+            kind=kind,
+        )
+    return out
 
 
 def build_cluster(
@@ -288,13 +314,14 @@ def build_cluster(
     api = KubeApi(kube, retry=retry)
     identity = NodeIdentity(klet.node_name)
     root_dir = klet.root_dir
+    node_ips = (
+        o.node_ips if o.node_ips is not None else detect_node_ips(klet.node_ips, klet.node_name)
+    )
     observer = NodeObserver(
         runtime=runtime,
         conditions=o.conditions or bus().node,
         read_machine=o.read_machine or (lambda: read_machine(root_dir)),
-        node_ips=o.node_ips
-        if o.node_ips is not None
-        else detect_node_ips(klet.node_ips, klet.node_name),
+        node_ips=node_ips,
         volumes_in_use=volumes_in_use,
     )
     node_policy = o.node_policy or NodeStatusPolicy(
@@ -339,11 +366,8 @@ def build_cluster(
             await closer()
 
     csinode = CSINodeManager(kube, o.csidrivers or bus().csidrivers, identity)
-    rotation = None
-    if kubelet.rotate_certificates:
-        rotation = _rotation(kube, klet)
     return ClusterDeps(
-        rotation=rotation,
+        certificates=_certificates(kube, kubelet, klet, tuple(node_ips)),
         identity=identity,
         node_status=node_status,
         lease=lease,

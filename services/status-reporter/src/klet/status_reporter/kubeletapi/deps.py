@@ -27,6 +27,9 @@ from klet.status_reporter.metrics import KubeletApiMetrics
 from prometheus_client import CollectorRegistry
 
 FINE_GRAINED_GATE = "KubeletFineGrainedAuthz"
+# With serverTLSBootstrap: klet.kube.rotation's serving certificate file in the cert dir
+# (named here so that a standalone process does not load `cryptography` for it).
+SERVING_FILE = "kubelet-server-current.pem"
 
 
 class PodView(Protocol):
@@ -96,6 +99,9 @@ class KubeletApiSettings:
     """[tlsCertFile]; "" = self-signed in cert_dir."""
     tls_private_key_file: str = ""
     """[tlsPrivateKeyFile]."""
+    server_tls_bootstrap: bool = False
+    """[serverTLSBootstrap]: the certificate comes from the certificates API into
+    <cert_dir>/kubelet-server-current.pem (tls_cert_file and tls_private_key_file)."""
     tls_min_version: str = ""
     """[tlsMinVersion]."""
     tls_cipher_suites: tuple[str, ...] = ()
@@ -180,8 +186,13 @@ class KubeletApiSettings:
             node_name=klet.node_name,
             address=k.address,
             port=k.port,
-            tls_cert_file=k.tls_cert_file,
-            tls_private_key_file=k.tls_private_key_file,
+            tls_cert_file=str(klet.cert_dir / SERVING_FILE)
+            if k.server_tls_bootstrap
+            else k.tls_cert_file,
+            tls_private_key_file=str(klet.cert_dir / SERVING_FILE)
+            if k.server_tls_bootstrap
+            else k.tls_private_key_file,
+            server_tls_bootstrap=k.server_tls_bootstrap,
             tls_min_version=k.tls_min_version,
             tls_cipher_suites=tuple(k.tls_cipher_suites),
             cert_dir=klet.cert_dir,

@@ -155,6 +155,7 @@ def tls_settings(s: KubeletApiSettings) -> TLSSettings:
         min_version=s.tls_min_version,
         cipher_suites=s.tls_cipher_suites,
         check_interval_s=s.tls_reload_interval_s,
+        issued_by_api=s.server_tls_bootstrap,
     )
 
 
@@ -525,7 +526,7 @@ async def serve_kubelet_api(
     """
     s = deps.settings
     serving_tls = tls if tls is not None else ServingTLS(tls_settings(s))
-    await asyncio.to_thread(serving_tls.load)
+    await asyncio.to_thread(serving_tls.load_at_start)
     shrink_tls_read_buffer()
     gate = Gate(deps)
     app = create_app(deps)

@@ -1,7 +1,11 @@
 """TLS of the kubelet API: the serving certificate, the client-certificate request, the
 cipher suites, and reloading all of it while the server runs.
 
-- Serving certificate: `tlsCertFile`/`tlsPrivateKeyFile` when set; otherwise, as
+- Serving certificate: with `serverTLSBootstrap`, `<certDir>/kubelet-server-current.pem`
+  (key and certificate), which status-reporter's leader gets from the certificates API
+  (klet.kube.rotation); until the first is issued every connection is refused, as
+  upstream's listener has no certificate to offer. Else `tlsCertFile`/`tlsPrivateKeyFile`
+  when set; otherwise, as
   upstream, `<certDir>/kubelet.crt` and `kubelet.key`, generated on first start and
   reused while readable and not about to expire. Like upstream's self-signed pair it is
   a leaf signed by a throw-away CA `<node>-ca@<unix time>`, both in kubelet.crt (leaf
@@ -275,6 +279,9 @@ class TLSSettings:
     check_interval_s: float = 10.0
     """How often, at most, the files are looked at again (on a new connection)."""
     renew_before: datetime.timedelta = RENEW_BEFORE
+    issued_by_api: bool = False
+    """[serverTLSBootstrap]: `cert_file` (key and certificate in one file) comes from a
+    CSR (klet.kube.rotation); until it exists there is nothing to serve with."""
 
 
 _Stamp = tuple[tuple[int, int, int, int] | None, ...]
@@ -353,15 +360,41 @@ class ServingTLS:
     def _due(self) -> bool:
         if self._stamp != _stamp(self._files):
             return True
-        return self.self_signed and needs_renewal(
-            self._expires, self._clock(), self.settings.renew_before
+        return (
+            self.self_signed
+            and not self.settings.issued_by_api
+            and needs_renewal(self._expires, self._clock(), self.settings.renew_before)
         )
+
+    def load_at_start(self) -> None:
+        """`load`, except that a certificate still to be issued by the certificates API
+        (`issued_by_api`) is waited for: no context yet, each connection refused."""
+        if self.settings.issued_by_api and not Path(self.settings.cert_file).exists():
+            log.warning(
+                "kubelet API: no serving certificate yet, connections are refused until "
+                "the node's kubelet-serving certificate signing request is approved and "
+                "issued (serverTLSBootstrap)",
+                extra={"certificate": self.settings.cert_file},
+            )
+            return
+        self.load()
 
     async def current(self) -> ssl.SSLContext:
         """The context for a new handshake, reloaded first when a file changed or the
-        self-generated certificate is due."""
+        self-generated certificate is due. FileNotFoundError while a certificate from
+        the certificates API is still to come (the connection is refused)."""
         if self._context is None:
+            cert = self.settings.cert_file
+            if self.settings.issued_by_api and not await asyncio.to_thread(os.path.exists, cert):
+                raise FileNotFoundError(
+                    f"no serving certificate yet at {self.settings.cert_file} "
+                    "(serverTLSBootstrap: waiting for its CSR to be approved)"
+                )
             await asyncio.to_thread(self.load)
+            log.info(
+                "kubelet API: serving certificate loaded",
+                extra={"files": [str(f) for f in self._files]},
+            )
         elif self._monotonic() - self._checked >= self.settings.check_interval_s:
             async with self._lock:
                 if self._monotonic() - self._checked >= self.settings.check_interval_s:
