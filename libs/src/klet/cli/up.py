@@ -194,6 +194,19 @@ def up(argv: list[str]) -> int:
             file=sys.stderr,
         )
         return 2
+    # A service is installed when `python -m klet.<service>` can find it (without
+    # reading every distribution's metadata for the klet.services entry points); the
+    # node needs all five, so one missing is named, not skipped.
+    missing = [s for s in START_ORDER if find_spec(_module(s)) is None]
+    if missing:
+        print(
+            "klet up: not installed: "
+            + ", ".join(
+                f"{s} (no module {_module(s)}; its distribution is klet-{s})" for s in missing
+            ),
+            file=sys.stderr,
+        )
+        return 2
     run_dir = Path(settings.klet.run_dir).resolve()
     run_dir.mkdir(parents=True, exist_ok=True)
     accepted = {a for action in build_parser("up")._actions for a in action.option_strings}
@@ -261,14 +274,11 @@ def up(argv: list[str]) -> int:
         # in fewer, fuller heaps, about 3 MB less resident over the five (issue 15). The
         # image sets the same. One set by the operator stands.
         child_env.setdefault("MALLOC_ARENA_MAX", "2")
-        # A service is installed when `python -m klet.<service>` can find it (without
-        # reading every distribution's metadata for the klet.services entry points).
-        installed = {s for s in START_ORDER if find_spec(_module(s)) is not None}
         children = []
         # --service-port=0: every service on a port the kernel picks (published under
         # <run-dir>/ports/); otherwise each on its own default, or a free one if taken.
         any_port = settings.klet.service_port == 0
-        for name in [s for s in START_ORDER if s in installed]:
+        for name in START_ORDER:
             port = 0 if any_port else DEFAULT_SERVICE_PORTS[name]
             if port and not _port_free(port):
                 port = free_port()

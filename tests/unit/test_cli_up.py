@@ -1,0 +1,28 @@
+"""`klet up` refuses to start a node without all five services, naming the missing ones."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+from klet.cli import up as up_module
+
+
+def test_a_service_that_is_not_installed_is_named(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    real = up_module.find_spec
+
+    def find_spec(name: str, *args: Any) -> Any:
+        return None if name in ("klet.eviction", "klet.image_gc") else real(name, *args)
+
+    monkeypatch.setattr(up_module, "find_spec", find_spec)
+    assert up_module.up(["--run-dir", str(tmp_path / "run")]) == 2
+    err = capsys.readouterr().err
+    assert (
+        "not installed: eviction (no module klet.eviction; its distribution is klet-eviction)"
+        in err
+    )
+    assert "image-gc (no module klet.image_gc" in err
+    assert not (tmp_path / "run").exists()  # nothing started
