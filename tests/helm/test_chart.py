@@ -16,11 +16,15 @@ is of the kind its values choose; status-reporter has a memory limit. The bundle
 has the compose file's flags, no TCP port, its user, no capability, a read-only root
 filesystem and its three bus files only; its init container may only chown. An external
 Redis gets per-node, per-service users from a bus-users pod that alone mounts the admin
-Secret; one shared user is refused for a DaemonSet. The services get no ServiceAccount
-token and nothing is bound to system:node or cluster-admin (rbac.create is refused,
-naming why); the ServiceMonitor is rendered only when enabled; the helm test pod runs on
-the klet node with a read-only view of its Node and Lease; the schema refuses bad values
-with a message naming the field.
+Secret; one shared user is refused for a DaemonSet. A bootstrap-token join
+(credentials.bootstrap) gives the bootstrap Secret, the TLS bootstrap flags and a
+writable certificate directory of its own to the three services that call the
+apiserver alone, and a ready kubeconfig with it, rotation without it or a certificate
+directory inside or around another mounted path are refused by name. The services get
+no ServiceAccount token and nothing is bound to system:node or cluster-admin
+(rbac.create is refused, naming why); the ServiceMonitor is rendered only when
+enabled; the helm test pod runs on the klet node with a read-only view of its Node and
+Lease; the schema refuses bad values with a message naming the field.
 """
 
 from __future__ import annotations
@@ -242,7 +246,7 @@ def enabled_services(name: str) -> list[str]:
     ("name", "service"),
     [
         (name, service)
-        for name in ("pinned-values", "secret-values", "external-redis-values")
+        for name in ("pinned-values", "secret-values", "external-redis-values", "bootstrap-values")
         for service in enabled_services(name)
     ],
 )
@@ -524,6 +528,140 @@ def test_credentials_only_where_the_apiserver_is_called() -> None:
 def test_standalone_has_no_kubeconfig() -> None:
     for w in workloads(render()).values():
         assert not [a for a in container(w).get("args", []) if a.startswith("--kubeconfig")]
+
+
+BOOTSTRAP_DIR = "/etc/klet/bootstrap"
+CERT_DIR = "/var/lib/klet/pki"
+"""credentials.bootstrap.certDir's default: not under the root dir eviction reads."""
+
+
+def host_paths(w: Doc) -> dict[str, tuple[str, bool]]:
+    """Host path -> (mount path, writable) of the workload's container's hostPath mounts."""
+    return {
+        volume["hostPath"]["path"]: (path, not m.get("readOnly", False))
+        for path, (m, volume) in mounts_of(w).items()
+        if "hostPath" in volume
+    }
+
+
+def test_bootstrap_token_join() -> None:
+    """credentials.bootstrap: pod-source, syncloop and status-reporter get the bootstrap
+    Secret read-only, the certificate directory writable at the same host path (where
+    the first to start writes the kubeconfig they all read) and the three flags of TLS
+    bootstrap; eviction and image-gc get neither, and no host path they mount holds the
+    certificate directory. Every container keeps its securityContext and its other
+    mounts; kubeletConfig.rotateCertificates reaches the KubeletConfiguration."""
+    docs = render([CI["bootstrap-values"]])
+    plain = workloads(render())
+    callers = {"pod-source", "syncloop", "status-reporter"}
+    kubeconfig = f"{CERT_DIR}/kubelet.conf"
+    assert kubelet_config(docs)["rotateCertificates"] is True
+    for service, w in workloads(docs).items():
+        if service == "redis":
+            continue
+        c = container(w)
+        assert c["securityContext"] == container(plain[service])["securityContext"], service
+        by_flag = {a.split("=", 1)[0]: a.split("=", 1)[1] for a in c["args"] if "=" in a}
+        assert by_flag["--cert-dir"] == CERT_DIR, service
+        mounts = mounts_of(w)
+        assert "/etc/klet/credentials" not in mounts, service
+        hosts = host_paths(w)
+        before = {
+            h: m for h, m in host_paths(plain[service]).items() if h != "/var/lib/kubelet/pki"
+        }
+        if service in callers:
+            assert by_flag["--kubeconfig"] == kubeconfig
+            assert by_flag["--bootstrap-kubeconfig"] == f"{BOOTSTRAP_DIR}/bootstrap-kubelet.conf"
+            m, volume = mounts[BOOTSTRAP_DIR]
+            assert m["readOnly"] is True
+            assert volume["secret"] == {"secretName": "klet-bootstrap", "optional": True}
+            m, volume = mounts[CERT_DIR]
+            assert not m.get("readOnly", False) and "mountPropagation" not in m, service
+            assert volume["hostPath"] == {"path": CERT_DIR, "type": "DirectoryOrCreate"}
+            assert hosts == {**before, CERT_DIR: (CERT_DIR, True)}, service
+        else:
+            assert not {"--kubeconfig", "--bootstrap-kubeconfig"} & set(by_flag), service
+            secrets = [v for v in w["spec"]["template"]["spec"]["volumes"] if "secret" in v]
+            assert not secrets and BOOTSTRAP_DIR not in mounts, service
+            assert hosts == before, service
+            for host in hosts:
+                assert not Path(CERT_DIR).is_relative_to(host), (service, host)
+
+
+def test_bootstrap_cert_dir_and_secret_key_from_the_values(tmp_path: Path) -> None:
+    """Another certificate directory and key; the rendered flags load as pod-source
+    would load them (the files stood in for), rotation on."""
+    sets = [
+        "credentials.bootstrap.existingSecret=join",
+        "credentials.bootstrap.key=token.conf",
+        "credentials.bootstrap.certDir=/srv/klet/pki/",
+        "kubeletConfig.rotateCertificates=true",
+    ]
+    docs = render(sets=sets)
+    w = workloads(docs)["pod-source"]
+    args = container(w)["args"]
+    assert "--kubeconfig=/srv/klet/pki/kubelet.conf" in args
+    assert "--bootstrap-kubeconfig=/etc/klet/bootstrap/token.conf" in args
+    assert "--cert-dir=/srv/klet/pki" in args
+    assert host_paths(w)["/srv/klet/pki"] == ("/srv/klet/pki", True)
+    config = tmp_path / "kubelet-config.yaml"
+    config.write_text(yaml.safe_dump(kubelet_config(docs)))
+    argv = [
+        a.replace("/etc/klet/config/kubelet-config.yaml", str(config))
+        .replace("$(NODE_NAME)", "node-b")
+        .replace("$(NODE_IP)", "10.0.0.9")
+        for a in args
+    ]
+    settings = load_settings(argv, env={}, service="pod-source")
+    assert settings.klet.kubeconfig == Path("/srv/klet/pki/kubelet.conf")
+    assert settings.klet.bootstrap_kubeconfig == Path("/etc/klet/bootstrap/token.conf")
+    assert settings.klet.cert_dir == Path("/srv/klet/pki")
+    assert settings.kubelet.rotate_certificates is True
+
+
+@pytest.mark.parametrize(
+    ("sets", "why"),
+    [
+        (
+            ["credentials.existingSecret=node", "credentials.bootstrap.existingSecret=join"],
+            "credentials.existingSecret and credentials.bootstrap.existingSecret are both set",
+        ),
+        (
+            ["kubeletConfig.rotateCertificates=true"],
+            "kubeletConfig.rotateCertificates: needs credentials.bootstrap.existingSecret",
+        ),
+        (
+            ["credentials.existingSecret=node", "kubeletConfig.rotateCertificates=true"],
+            "a kubeconfig from credentials.existingSecret is a read-only Secret",
+        ),
+        (
+            ["kubeletConfig.serverTLSBootstrap=true"],
+            "kubeletConfig.serverTLSBootstrap: needs credentials",
+        ),
+        (
+            # Upstream's default: inside the root dir, which eviction reads.
+            [
+                "credentials.bootstrap.existingSecret=j",
+                "credentials.bootstrap.certDir=/var/lib/kubelet/pki",
+            ],
+            "certDir /var/lib/kubelet/pki: give it a directory of its own, neither inside nor "
+            "around paths.rootDir (/var/lib/kubelet)",
+        ),
+        (
+            ["credentials.bootstrap.existingSecret=j", "credentials.bootstrap.certDir=/run"],
+            "around paths.redisSocketDir (/run/klet/redis)",
+        ),
+        (
+            [
+                "credentials.bootstrap.existingSecret=j",
+                "credentials.bootstrap.certDir=/run/klet/pki",
+            ],
+            "inside nor around paths.runDir (/run/klet)",
+        ),
+    ],
+)
+def test_contradictory_credentials_are_refused(sets: list[str], why: str) -> None:
+    assert why in render_error(sets=sets)
 
 
 # ---------------------------------------------------------------------------------------

@@ -47,10 +47,69 @@ replacing them whole. Returned as YAML: (include "klet.serviceValues" (dict "roo
 {{- toYaml $merged -}}
 {{- end -}}
 
-{{/* The kubeconfig klet's services read, or "" for standalone. */}}
+{{/*
+The kubeconfig klet's services read, or "" for standalone. With a bootstrap token it is
+the one TLS bootstrap writes, in the certificate directory: the one host directory the
+three services that call the apiserver already write, and nothing else mounts.
+*/}}
 {{- define "klet.kubeconfigPath" -}}
-{{- if .Values.credentials.existingSecret -}}
+{{- if .Values.credentials.bootstrap.existingSecret -}}
+{{ include "klet.certDir" . }}/kubelet.conf
+{{- else if .Values.credentials.existingSecret -}}
 /etc/klet/credentials/{{ .Values.credentials.key }}
+{{- end -}}
+{{- end -}}
+
+{{/* Where the bootstrap Secret is mounted; --bootstrap-kubeconfig is its key there. */}}
+{{- define "klet.bootstrapDir" -}}
+/etc/klet/bootstrap
+{{- end -}}
+
+{{/*
+--cert-dir: credentials.bootstrap.certDir with a bootstrap token (the node's client key
+lives there, so not under the root dir, which eviction and status-reporter read), else
+<rootDir>/pki (status-reporter's self-signed serving certificate).
+*/}}
+{{- define "klet.certDir" -}}
+{{- if .Values.credentials.bootstrap.existingSecret -}}
+{{- clean .Values.credentials.bootstrap.certDir -}}
+{{- else -}}
+{{- printf "%s/pki" .Values.paths.rootDir -}}
+{{- end -}}
+{{- end -}}
+
+{{/*
+Values that contradict each other about the node's credentials, refused by name: a ready
+kubeconfig and a bootstrap token at once; a certificate directory that other containers
+could read through a host path they mount (it holds the node's private key); certificate
+rotation without TLS bootstrap (klet renews only the certificate bootstrap installed in
+the certificate directory, and a Secret is read-only); serverTLSBootstrap standalone.
+*/}}
+{{- define "klet.checkCredentials" -}}
+{{- $b := .Values.credentials.bootstrap -}}
+{{- if and .Values.credentials.existingSecret $b.existingSecret -}}
+{{- fail "credentials.existingSecret and credentials.bootstrap.existingSecret are both set: give one (a Secret with the node's ready kubeconfig, or one with a bootstrap kubeconfig that gets it by TLS bootstrap)" -}}
+{{- end -}}
+{{- if $b.existingSecret -}}
+{{- $certDir := include "klet.certDir" . | trimSuffix "/" -}}
+{{- $mounted := dict -}}
+{{- range $name := list "rootDir" "podLogsDir" "runtimeSocketDir" "imageFsDir" "cgroupRoot" "kubernetesDir" "runDir" "redisSocketDir" "busDir" -}}
+{{- $_ := set $mounted (printf "paths.%s" $name) (index $.Values.paths $name) -}}
+{{- end -}}
+{{- if and (not .Values.redis.enabled) (hasPrefix "unix://" .Values.externalRedis.url) -}}
+{{- $_ := set $mounted "externalRedis.url's directory" (dir (trimPrefix "unix://" .Values.externalRedis.url)) -}}
+{{- end -}}
+{{- range $name := keys $mounted | sortAlpha -}}
+{{- $other := index $mounted $name | clean | trimSuffix "/" -}}
+{{- if or (eq $certDir $other) (hasPrefix (printf "%s/" $other) $certDir) (hasPrefix (printf "%s/" $certDir) $other) -}}
+{{- fail (printf "credentials.bootstrap.certDir %s: give it a directory of its own, neither inside nor around %s (%s): it holds the node's client key and kubeconfig, which only pod-source, syncloop and status-reporter may mount" $b.certDir $name (index $mounted $name)) -}}
+{{- end -}}
+{{- end -}}
+{{- else if dig "rotateCertificates" false .Values.kubeletConfig -}}
+{{- fail "kubeletConfig.rotateCertificates: needs credentials.bootstrap.existingSecret (TLS bootstrap): klet renews only the client certificate bootstrap keeps in the certificate directory, which the kubeconfig it writes names; a kubeconfig from credentials.existingSecret is a read-only Secret" -}}
+{{- end -}}
+{{- if and (dig "serverTLSBootstrap" false .Values.kubeletConfig) (not (or .Values.credentials.existingSecret $b.existingSecret)) -}}
+{{- fail "kubeletConfig.serverTLSBootstrap: needs credentials (credentials.bootstrap.existingSecret or credentials.existingSecret): the serving certificate is asked for through the certificates API as the node" -}}
 {{- end -}}
 {{- end -}}
 
