@@ -4,14 +4,19 @@ PY := .venv/bin/python
 RUN_DIR ?= $(CURDIR)/.run
 PYTEST_ARGS ?=
 
-.PHONY: setup run test unit integration cluster soak lint typecheck proto bench bench-gc bench-failover bench-events bench-compare fuzz fuzz-manifests clean image test-image test-compose test-helm conformance conformance-storage
+.PHONY: setup setup-run run test unit integration cluster soak lint typecheck proto bench bench-gc bench-failover bench-events bench-compare fuzz fuzz-manifests clean image test-image test-compose test-helm conformance conformance-storage
 
 setup:
 	@bash tools/setup.sh
 
+# What `make run` needs and no more (no docker, mmdebstrap, skopeo: those are the tests'
+# and `make image`'s).
+setup-run:
+	@bash tools/setup.sh --run
+
 # The whole agent on this machine with its embedded defaults: a private Redis, registry
 # and containerd under $(RUN_DIR), the example static pods, the read-only API on 10255.
-run: setup
+run: setup-run
 	.venv/bin/klet up --run-dir $(RUN_DIR) --pod-manifest-path examples/static-pods --read-only-port 10255
 
 # Lint, types, then every tier: unit, integration (real Redis, containerd, registry),

@@ -1,17 +1,37 @@
 #!/usr/bin/env bash
-# One-time, idempotent set-up for `make setup`: Debian packages, uv, the virtualenv with
-# every workspace package installed editable, and the generated gRPC stubs. Each step
-# checks first and is skipped when already done. Never touches system daemons: it only
-# installs packages, under a policy-rc.d that forbids starting any (docker.io's
-# post-install script would otherwise start the system dockerd through its init script;
-# the compose tests start a private one, klet.devstack.Dockerd).
+# One-time, idempotent set-up for `make setup` (everything) and `make run` (`--run`: only
+# what running the agent needs): Debian packages, uv, the virtualenv with every
+# workspace package installed editable, and the generated gRPC stubs. Each step checks
+# first and is skipped when already done; each step that did something says how long it
+# took. Never touches system daemons: it only installs packages, under a policy-rc.d
+# that forbids starting any (docker.io's post-install script would otherwise start the
+# system dockerd through its init script; the compose tests start a private one,
+# klet.devstack.Dockerd).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-APT_PACKAGES=(containerd runc containernetworking-plugins busybox-static docker-registry
-              redis-server iproute2 iptables apache2-utils mmdebstrap skopeo
-              docker.io docker-compose tini)
+# `klet up`: the runtime, its CNI plugins and network tools, the registry and busybox of
+# the example pods' images, Redis.
+RUN_PACKAGES=(containerd runc containernetworking-plugins busybox-static docker-registry
+              redis-server iproute2 iptables)
+# The tests and `make image` besides: htpasswd for the authenticated registry, the image
+# builder's mmdebstrap and skopeo, the compose tier's dockerd and docker-compose, tini
+# for the storage conformance run's PID namespace.
+TEST_PACKAGES=(apache2-utils mmdebstrap skopeo docker.io docker-compose tini)
+APT_PACKAGES=("${RUN_PACKAGES[@]}")
+if [ "${1:-}" != "--run" ]; then
+  APT_PACKAGES+=("${TEST_PACKAGES[@]}")
+fi
 UV_VERSION=0.13.9
+
+began=$(date +%s%3N)
+took() {  # took <what>: how long since the last step ended (milliseconds, no bc needed)
+  local now ms
+  now=$(date +%s%3N)
+  ms=$((now - began))
+  printf 'setup: %s (%d.%d s)\n' "$1" $((ms / 1000)) $((ms % 1000 / 100))
+  began=$now
+}
 
 missing=()
 for p in "${APT_PACKAGES[@]}"; do
@@ -28,14 +48,18 @@ if [ ${#missing[@]} -gt 0 ]; then
   fi
   apt-get update -qq
   apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+  took "installed ${#missing[@]} Debian package(s)"
 fi
+began=$(date +%s%3N)
 
 UV=.cache/bootstrap/bin/uv
 if [ ! -x "$UV" ] || ! "$UV" --version 2>/dev/null | grep -q "$UV_VERSION"; then
   echo "setup: installing uv $UV_VERSION"
   python3 -m venv .cache/bootstrap
   .cache/bootstrap/bin/pip install --quiet --disable-pip-version-check "uv==$UV_VERSION"
+  took "installed uv $UV_VERSION"
 fi
+began=$(date +%s%3N)
 
 # --frozen: install exactly uv.lock; the lock is committed and CI never re-resolves.
 # --compile-bytecode: the installed packages get their .pyc files now (about 15 s once,
@@ -44,17 +68,21 @@ fi
 # and where PYTHONDONTWRITEBYTECODE is set (as on the shared test machines) that never
 # stops. The workspace's own sources are compiled below.
 "$UV" sync --all-packages --frozen --quiet --compile-bytecode
+took "virtualenv .venv in line with uv.lock (six workspace packages, editable)"
 
 stamp=libs/src/klet/rpc/gen/.stamp
 if [ ! -f "$stamp" ] || [ -n "$(find proto tools/gen_proto.py -newer "$stamp" 2>/dev/null)" ]; then
   .venv/bin/python tools/gen_proto.py
   touch "$stamp"
+  took "generated the gRPC stubs"
 fi
+began=$(date +%s%3N)
 
 # The workspace's own sources (installed editable, so uv does not compile them): Python
 # writes their .pyc files on first import, except where PYTHONDONTWRITEBYTECODE is set,
 # and there every service start compiles all of klet again, about 2 MB more resident per
 # service (issue 15). A source edited later is compiled in memory until the next setup.
 .venv/bin/python -m compileall -q -j 0 libs/src services/*/src >/dev/null
+took "compiled klet's own sources"
 
 echo "setup: done (CLI at .venv/bin/klet)"
