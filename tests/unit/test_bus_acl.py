@@ -92,6 +92,21 @@ def test_every_key_has_one_writer() -> None:
     assert {"node:syncloop", "node:eviction"} <= set(ACCESS["status-reporter"].reads)
 
 
+def test_only_status_reporter_tails_the_event_streams() -> None:
+    # `klet events` in status-reporter's container reads them with XREAD, without the
+    # consumer group; XREAD comes in a selector of its own, without XADD or XACK.
+    events = {f"events:{s}" for s in SERVICES}
+    tailers = {s for s, a in ACCESS.items() if events & set(a.tails)}
+    assert tailers == {"status-reporter"}
+    assert events <= set(ACCESS["status-reporter"].tails)
+    (selector,) = [
+        set(r.strip("()").split())
+        for r in service_rules("n1", "status-reporter")
+        if {"~klet:n1:events:syncloop", "+xread"} <= set(r.strip("()").split())
+    ]
+    assert not selector & {"+xadd", "+xack", "+xreadgroup", "+xgroup|create"}
+
+
 def test_acl_file_holds_hashes_not_passwords() -> None:
     lines = acl_file_lines("admin-pw", {"n1": {s: f"pw-{s}" for s in SERVICES}})
     text = "\n".join(lines)

@@ -138,7 +138,9 @@ ACCESS: Mapping[str, ServiceAccess] = {
         reads=("desired", "status", "sources", "csidrivers", "volumes", *_CONDITIONS),
         publishes=("events:status-reporter",),
         consumes=_EVENTS,
-        tails=("podstatus",),
+        # Tailing the Events streams too: `klet events` in its container reads them
+        # without the group (XREAD), so it takes no entry from the leader's consumer.
+        tails=("podstatus", *_EVENTS),
         leases=("status-reporter",),
     ),
     "eviction": ServiceAccess(

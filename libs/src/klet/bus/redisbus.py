@@ -629,6 +629,28 @@ class MergedStream(Generic[R]):
             return out
         return []
 
+    async def tail(
+        self, after: Mapping[str, str], *, count: int = 100, block_ms: int | None = None
+    ) -> list[Entry[R]]:
+        """Entries newer than `after[name]` ("0-0": from the start) of each stream, by
+        one XREAD without a group: a reader beside the group's consumer (`klet events`)
+        claims and acknowledges nothing. IDs are tagged as `read`'s. `block_ms` None
+        answers at once; otherwise it waits up to that long for a first entry."""
+        try:
+            reply = await self.bus.client.xread(
+                {s.key: after.get(name, "0-0") for name, s in self.streams.items()},
+                count=count,
+                block=block_ms,
+            )
+        except (RedisError, OSError) as err:
+            raise _wrap(err) from err
+        out: list[Entry[R]] = []
+        batches = cast(list[tuple[str, list[tuple[str, dict[str, str]]]]], reply or [])
+        for key, messages in batches:
+            stream = self._by_key[key]
+            out += [self._tag(stream, stream._entry(mid, fields)) for mid, fields in messages]
+        return out
+
     async def ack(self, group: str, *ids: str) -> None:
         by_stream: dict[str, list[str]] = {}
         for tagged in ids:

@@ -1,5 +1,5 @@
-"""`klet` entry point: dispatches to `up`, `run`, `crictl`, `bus-acl`, `healthcheck` and
-`check-node`; `klet --version` prints the version (klet.cli.version).
+"""`klet` entry point: dispatches to `up`, `run`, `crictl`, `events`, `bus-acl`,
+`healthcheck` and `check-node`; `klet --version` prints the version (klet.cli.version).
 
 `klet run <service>` finds the service through the `klet.services` entry points, so this
 library never imports a service package (the layering contract in pyproject.toml).
@@ -18,6 +18,9 @@ commands:
   run <service> [flags]       run one service: {services}
   crictl [--run-dir DIR | --runtime-endpoint EP] pods|ps [-a]|images
                               list what the runtime has, as crictl would
+  events [-f] [-n NS | -A] [-o wide|json] [--run-dir DIR | --redis-url URL ...]
+                              the node's Events (every service's events stream), as
+                              kubectl get events shows them; -f: keep printing new ones
   bus-acl --node N --secrets-dir DIR [--acl-file FILE] [--apply URL ...]
                               password files and Redis ACL lines of node N's services,
                               and klet's Redis functions, for a bus Redis that klet up
@@ -88,6 +91,10 @@ def main(argv: list[str] | None = None) -> int:
         from klet.cli.crictl import crictl
 
         return crictl(rest)
+    if command == "events":
+        from klet.cli.events import events
+
+        return events(rest)
     print(
         f"klet: unknown command {command!r}\n"
         + USAGE.format(services=", ".join(sorted(services()))),

@@ -1,0 +1,201 @@
+"""`klet events` (klet.cli.events) without Redis: which bus and user it reads as — the
+flags, else the KLET_* variables, else `klet up`'s endpoints.json and admin — and which
+node (--node, the service user's node, the hostname); what it refuses (a password in
+--redis-url, one in clear to a remote host, a bad node name, nothing to go on); and
+what it prints: the table, "No events found", follow lines aligned with the listing,
+the namespace filter, and JSON (a List, or one Event per line when following)."""
+
+from __future__ import annotations
+
+import io
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from klet.cli.events import Printer, UsageError, _parser, bus_access, events, node_of_user
+from klet.cli.eventview import aggregate
+from klet.model.records import EventRecord
+
+T0 = 1_700_000_000.0
+
+
+def access(argv: list[str], env: dict[str, str] | None = None) -> Any:
+    return bus_access(_parser().parse_args(argv), env or {}, hostname=lambda: "My-Host")
+
+
+@pytest.fixture
+def secret(tmp_path: Path) -> Path:
+    path = tmp_path / "pw"
+    path.write_text("s3cret\n")
+    return path
+
+
+def test_flags(secret: Path) -> None:
+    a = access(
+        [
+            "--redis-url",
+            "unix:///r/redis.sock",
+            "--redis-username",
+            "klet-status-reporter@node-a",
+            "--redis-password-file",
+            str(secret),
+        ]
+    )
+    assert (a.url, a.username, a.password, a.node) == (
+        "unix:///r/redis.sock",
+        "klet-status-reporter@node-a",
+        "s3cret",
+        "node-a",
+    )
+    assert "s3cret" not in repr(a)
+
+
+def test_variables_as_in_a_service_container(secret: Path) -> None:
+    env = {
+        "KLET_REDIS_USERNAME": "klet-status-reporter@node-b",
+        "KLET_REDIS_PASSWORD_FILE": str(secret),
+        "KLET_REDIS_CA_FILE": "/ca.pem",
+    }
+    a = access([], env)
+    # No URL: the services' default socket.
+    assert (a.url, a.node, a.password) == ("unix:///run/klet/redis/redis.sock", "node-b", "s3cret")
+    assert a.ca_file == Path("/ca.pem")
+    # A flag wins over its variable; --node over the user's node.
+    b = access(["--redis-username", "klet-syncloop@node-c", "--node", "Other"], env)
+    assert (b.username, b.node) == ("klet-syncloop@node-c", "other")
+
+
+def test_klet_up_run_dir_means_its_admin(tmp_path: Path, secret: Path) -> None:
+    (tmp_path / "endpoints.json").write_text(
+        json.dumps({"redis_url": "unix:///x.sock", "redis_admin_password_file": str(secret)})
+    )
+    a = access(["--run-dir", str(tmp_path)])
+    assert (a.url, a.username, a.password, a.node) == (
+        "unix:///x.sock",
+        "klet-admin",
+        "s3cret",
+        "my-host",
+    )
+    assert access([], {"KLET_RUN_DIR": str(tmp_path)}).url == "unix:///x.sock"
+
+
+@pytest.mark.parametrize(
+    ("argv", "endpoints", "message"),
+    [
+        ([], None, "no --redis-url or --redis-username, and no klet up in"),
+        ([], {"redis_url": "redis://h:1", "redis_admin_password_file": None}, "Redis of its own"),
+        (["--redis-url", "http://x"], None, "must be a redis://, rediss:// or unix:// URL"),
+        (["--redis-url", "redis://u:pw@127.0.0.1:6379"], None, "must not contain a password"),
+        (
+            ["--redis-url", "redis://10.0.0.1:6379", "--redis-password-file", "PW"],
+            None,
+            "10.0.0.1 is not loopback",
+        ),
+        (["--redis-username", "u", "--redis-password-file", "/nonexistent"], None, "No such file"),
+        (["--redis-username", "u", "--node", "bad_name"], None, "not a valid node name"),
+    ],
+)
+def test_refusals(
+    tmp_path: Path, secret: Path, argv: list[str], endpoints: Any, message: str
+) -> None:
+    if endpoints is not None:
+        (tmp_path / "endpoints.json").write_text(json.dumps(endpoints))
+    argv = [str(secret) if a == "PW" else a for a in argv]
+    with pytest.raises(UsageError, match=message):
+        access(["--run-dir", str(tmp_path), *argv])
+
+
+def test_remote_clear_text_allowed_when_asked(secret: Path) -> None:
+    a = access(
+        [
+            "--redis-url",
+            "redis://10.0.0.1:6379",
+            "--redis-password-file",
+            str(secret),
+            "--allow-insecure-redis",
+        ]
+    )
+    assert a.url == "redis://10.0.0.1:6379"
+
+
+def test_usage_error_exits_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert events(["--run-dir", str(tmp_path)], env={}) == 2
+    assert "klet events: no --redis-url" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("user", "node"),
+    [
+        ("klet-status-reporter@n1", "n1"),
+        ("klet-image-gc@a.b", "a.b"),
+        ("klet-admin", ""),
+        ("someone@n1", ""),
+        ("", ""),
+    ],
+)
+def test_node_of_user(user: str, node: str) -> None:
+    assert node_of_user(user) == node
+
+
+def rec(at: float, reason: str, ns: str = "default", name: str = "web-n1") -> EventRecord:
+    return EventRecord(
+        type="Warning",
+        reason=reason,
+        message=f"{reason} happened",
+        involved={"kind": "Pod", "namespace": ns, "name": name, "uid": "u"},
+        component="kubelet",
+        at=at,
+    )
+
+
+def printer(namespace: str | None = None, output: str = "") -> tuple[Printer, io.StringIO]:
+    out = io.StringIO()
+    return Printer(
+        node="n1", namespace=namespace, output=output, out=out, clock=lambda: T0 + 100
+    ), out
+
+
+def test_listing_then_follow_lines_in_the_same_columns() -> None:
+    p, out = printer()
+    rows = aggregate(
+        [
+            rec(T0, "Failed"),
+            rec(T0 + 10, "Failed"),
+            rec(T0 + 40, "BackOff", "kube-system", "dns-n1"),
+        ]
+    )
+    p.listing(rows, follow=True)
+    p.event(aggregate([rec(T0 + 100, "Started", name="x")])[0])
+    assert out.getvalue().splitlines() == [
+        "NAMESPACE     LAST SEEN            TYPE      REASON    OBJECT       MESSAGE",
+        "default       90s (x2 over 100s)   Warning   Failed    pod/web-n1   Failed happened",
+        "kube-system   60s                  Warning   BackOff   pod/dns-n1   BackOff happened",
+        "default       0s                   Warning   Started   pod/x        Started happened",
+    ]
+
+
+def test_namespace_filter_and_nothing_found() -> None:
+    p, out = printer("kube-system")
+    p.listing(aggregate([rec(T0, "Failed")]), follow=False)
+    p.event(aggregate([rec(T0, "Failed")])[0])  # another namespace: not printed
+    assert out.getvalue() == "No events found in kube-system namespace.\n"
+    p, out = printer()
+    p.listing([], follow=False)
+    assert out.getvalue() == "No events found.\n"
+    p, out = printer("default")
+    p.listing([], follow=True)  # following: the header, for the lines to come
+    assert out.getvalue() == "LAST SEEN   TYPE   REASON   OBJECT   MESSAGE\n"
+
+
+def test_json_list_and_json_lines() -> None:
+    p, out = printer(output="json")
+    p.listing(aggregate([rec(T0, "Failed"), rec(T0 + 1, "Failed")]), follow=False)
+    listed = json.loads(out.getvalue())
+    assert listed["kind"] == "List"
+    assert [(e["reason"], e["count"]) for e in listed["items"]] == [("Failed", 2)]
+    p, out = printer(output="json")
+    p.listing(aggregate([rec(T0, "Failed")]), follow=True)
+    p.event(aggregate([rec(T0, "Pulled")])[0])
+    lines = [json.loads(line) for line in out.getvalue().splitlines()]
+    assert [(e["kind"], e["reason"]) for e in lines] == [("Event", "Failed"), ("Event", "Pulled")]
