@@ -48,7 +48,7 @@ lint: setup
 
 typecheck: setup
 	.venv/bin/mypy libs/src services/pod-source/src services/syncloop/src services/status-reporter/src services/eviction/src services/image-gc/src tools/container_fields.py tools/config_fields.py tools/image tools/e2e tools/csi \
-		bench/common.py bench/run.py bench/gc.py bench/failover.py bench/events.py bench/compare.py bench/memory.py bench/volumes.py
+		bench/common.py bench/run.py bench/gc.py bench/failover.py bench/events.py bench/compare.py bench/memory.py bench/volumes.py bench/cadvisor.py
 
 proto:
 	$(PY) tools/gen_proto.py

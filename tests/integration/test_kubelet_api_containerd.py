@@ -7,8 +7,10 @@ Covers: /pods is 401 without credentials and 200 with a client certificate; /hea
 containerLogs returns what the container printed, honours tailLines and follows new
 lines as they are written; exec through the streaming proxy to containerd's stream
 server (WebSocket, channel protocol v4) runs a command with stdout and stderr kept apart
-and feeds stdin; portForward over WebSocket reaches the pod's httpd. SPDY (kubectl) is
-covered by the cluster test.
+and feeds stdin; portForward over WebSocket reaches the pod's httpd; /metrics/cadvisor
+shows a busy container's CPU counter growing between two scrapes, its memory and limits
+and the pod's network with cAdvisor's labels. SPDY (kubectl) is covered by the cluster
+test.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import asyncio
 import contextlib
 import dataclasses
 import json
+import socket
 import ssl
 import struct
 import threading
@@ -46,6 +49,7 @@ from klet.status_reporter.kubeletapi.server import serve_kubelet_api
 from klet.status_reporter.podcache import CachePolicy
 from klet.status_reporter.wiring import Overrides, build_deps
 from prometheus_client import CollectorRegistry
+from prometheus_client.parser import text_string_to_metric_families
 
 from tests.harness.node import KletNode
 from tests.harness.waiting import wait_for
@@ -381,3 +385,89 @@ def test_exec_and_port_forward_through_the_proxy(talker: KletNode, pki: Any) -> 
         # Each channel's first message is the port, little-endian, then the data.
         assert received[:2] == struct.pack("<H", 8080)
         assert b"served-through-port-forward" in received
+
+
+BURNER = """
+apiVersion: v1
+kind: Pod
+metadata:
+  name: burner
+spec:
+  terminationGracePeriodSeconds: 1
+  containers:
+    - name: burn
+      image: registry.klet.test/busybox:1.36
+      command: [sh, -c, "while :; do :; done"]
+      resources:
+        limits: {cpu: 200m, memory: 64Mi}
+"""
+
+
+def cadvisor_samples(client: Client) -> dict[str, list[tuple[dict[str, str], float]]]:
+    status, body = client.get("/metrics/cadvisor", timeout_s=20)
+    assert status == 200
+    out: dict[str, list[tuple[dict[str, str], float]]] = {}
+    for family in text_string_to_metric_families(body.decode()):
+        for s in family.samples:
+            out.setdefault(s.name, []).append((s.labels, s.value))
+    return out
+
+
+def test_metrics_cadvisor_of_a_busy_container(node_factory: Any, manifests: Path, pki: Any) -> None:
+    node: KletNode = node_factory(manifest_dir=manifests)
+    node.start()
+    (manifests / "burner.yaml").write_text(BURNER)
+    pod = f"burner-{node.node_name}"
+
+    def pod_ip() -> str | None:
+        p = node.pods().get(pod)
+        running = p and p["status"].get("phase") == "Running"
+        return p["status"].get("podIP") if running and p else None
+
+    ip = wait_for(pod_ip, timeout_s=30, what="burner Running with an IP")
+    # Some traffic into the pod's network namespace (refused: nothing listens there).
+    with contextlib.suppress(OSError), socket.create_connection((ip, 9), timeout=2):
+        pass
+    ca, serving, admin_cert = pki
+    with KubeletApiThread(api_settings(node, ca=ca, serving=serving)) as api:
+        admin = Client(api.url, ca.cert_path, admin_cert)
+        first = cadvisor_samples(admin)
+        time.sleep(1.5)
+        second = cadvisor_samples(admin)
+
+    def burn(samples: dict[str, list[tuple[dict[str, str], float]]], name: str) -> float:
+        [value] = [v for labels, v in samples[name] if labels["container"] == "burn"]
+        return value
+
+    [(labels, _)] = [
+        (lb, v)
+        for lb, v in second["container_cpu_usage_seconds_total"]
+        if lb["container"] == "burn"
+    ]
+    assert labels["pod"] == pod and labels["namespace"] == "default" and labels["cpu"] == "total"
+    assert "busybox" in labels["image"]
+    assert labels["id"].startswith("/kubepods/") and labels["id"].endswith(labels["name"])
+    cpu = "container_cpu_usage_seconds_total"
+    assert burn(second, cpu) > burn(first, cpu) + 0.05  # a busy loop under a 200m limit
+    assert burn(second, "container_memory_working_set_bytes") > 0
+    assert burn(second, "container_spec_memory_limit_bytes") == 64 << 20
+    assert burn(second, "container_spec_cpu_quota") == 20000  # 200m of a 100 ms period
+    assert burn(second, "container_cpu_cfs_periods_total") > 0
+
+    # the pod's own series: container="" and its network namespace's interfaces
+    pod_series = [
+        (lb, v) for lb, v in second["container_network_receive_bytes_total"] if lb["pod"] == pod
+    ]
+    assert pod_series and all(lb["container"] == "" for lb, _ in pod_series)
+    assert any(lb["interface"] == "eth0" and v > 0 for lb, v in pod_series)
+    assert any(
+        lb["pod"] == pod and lb["container"] == "" and v > 0
+        for lb, v in second["container_memory_working_set_bytes"]
+    )
+    # the root cgroup, without pod labels, and the machine
+    [(root, _)] = [
+        (lb, v) for lb, v in second["container_cpu_usage_seconds_total"] if lb["id"] == "/"
+    ]
+    assert root["pod"] == root["namespace"] == root["container"] == ""
+    assert second["machine_cpu_cores"][0][1] >= 1
+    assert second["container_scrape_error"] == [({}, 0.0)]

@@ -1,10 +1,12 @@
 """The read-only and healthz HTTP apps, in-process through httpx.ASGITransport: the
 PodList served from the view (also while the bus is down), /healthz, /metrics (with
-the node's own series and the services' scrape failures) and /metrics/probes, and
-the listeners build_deps derives from the settings."""
+the node's own series and the services' scrape failures), /metrics/probes,
+/metrics/cadvisor (served only with the kubelet API's CRI client), and the listeners
+build_deps derives from the settings."""
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
@@ -168,3 +170,26 @@ def test_listeners_follow_upstream_defaults(fakes: Fakes) -> None:
         run_dir=Path("/run/klet"),
         port_file=Path("/tmp/sr.port"),
     )
+
+
+class FakeContainerMetrics:
+    def __init__(self) -> None:
+        self.scrapes = 0
+
+    async def page(self) -> bytes:
+        self.scrapes += 1
+        return b"container_scrape_error 0.0\n"
+
+
+async def test_metrics_cadvisor_only_with_the_kubelet_api(fakes: Fakes) -> None:
+    deps = fakes.deps()  # no kubelet API (enableServer unset): no CRI client to read through
+    assert deps.container_metrics is None
+    async with client_for(create_app(deps)) as client:
+        assert (await client.get("/metrics/cadvisor")).status_code == 404
+    page = FakeContainerMetrics()
+    with_api = dataclasses.replace(deps, container_metrics=page)
+    async with client_for(create_app(with_api)) as client:
+        resp = await client.get("/metrics/cadvisor")
+        assert (resp.status_code, resp.text) == (200, "container_scrape_error 0.0\n")
+        assert resp.headers["content-type"].startswith("text/plain; version=")
+        assert page.scrapes == 1

@@ -13,6 +13,8 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from klet.cgroups.detail import CgroupDetail, read_detail_v1, read_detail_v2
+
 V1_CONTROLLERS = (
     "cpu",
     "cpuacct",
@@ -113,6 +115,36 @@ class CgroupFS:
             _read_int(self.root / "cpuacct" / rel / "cpuacct.usage"),
             _read_int(self.root / "pids" / rel / "pids.current"),
         )
+
+    def detail(self, rel: str) -> CgroupDetail:
+        """Every reading `/metrics/cadvisor` serves of the cgroup (detail.py)."""
+        rel = rel.strip("/")
+        if self.version == 2:
+            root_usage = _v2_root_usage(self.proc / "meminfo") if not rel else None
+            return read_detail_v2(self.root, rel, root_usage=root_usage)
+        return read_detail_v1(self.root, rel)
+
+    def children(self, rel: str) -> list[str]:
+        """The names of the cgroup's child cgroups (v1: in the memory hierarchy)."""
+        base = self.root / ("" if self.version == 2 else "memory") / rel.strip("/")
+        try:
+            return sorted(e.name for e in os.scandir(base) if e.is_dir(follow_symlinks=False))
+        except OSError:
+            return []
+
+    def procs(self, rel: str) -> list[int]:
+        """The processes in the cgroup and its children (their cgroup.procs), in the
+        order found: the cgroup's own first."""
+        base = self.root / ("" if self.version == 2 else "memory") / rel.strip("/")
+        out: list[int] = []
+        for root, _dirs, files in os.walk(base):
+            if "cgroup.procs" in files:
+                try:
+                    text = (Path(root) / "cgroup.procs").read_text()
+                except OSError:
+                    continue
+                out.extend(int(line) for line in text.split() if line.isdigit())
+        return out
 
     def task_count(self, rel: str) -> int:
         """Tasks in the cgroup and its children, counted from their task lists: what

@@ -110,6 +110,11 @@ def pod_cgroup(uid: str, qos_class: str) -> str:
     return f"{KUBEPODS}/{qos_class.lower()}/pod{uid}"
 
 
+def node_cgroups() -> tuple[str, ...]:
+    """The cgroups above the pods': `/kubepods` and its QoS parents."""
+    return (KUBEPODS, *(f"{KUBEPODS}/{q}" for q in _QOS_PARENTS))
+
+
 def pod_cgroup_candidates(uid: str) -> tuple[str, ...]:
     """Every cgroup a pod may have, for a reader that does not know its QoS class."""
     return (f"{KUBEPODS}/pod{uid}", *(f"{KUBEPODS}/{q}/pod{uid}" for q in _QOS_PARENTS))

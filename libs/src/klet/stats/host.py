@@ -23,9 +23,11 @@ from pathlib import Path
 from typing import Protocol
 
 from klet.cgroups import CgroupStats
-from klet.cgroups.machine import mem_total_bytes
+from klet.cgroups.detail import CgroupDetail
+from klet.cgroups.machine import mem_total_bytes, read_machine
 from klet.hostfs import HOST_ROOT
 from klet.model import layout
+from klet.stats.cadvisor import MachineFacts, NetDev, parse_cpuinfo, parse_net_dev
 from klet.stats.model import DirUsage, FsUsage, parse_btime, parse_loadavg_tasks
 
 __all__ = ["HOST_ROOT", "CgroupReader", "HostReader", "dir_usage", "host_view", "statfs"]
@@ -41,6 +43,12 @@ class CgroupReader(Protocol):
     def exists(self, rel: str) -> bool: ...
 
     def task_count(self, rel: str) -> int: ...
+
+    def detail(self, rel: str) -> CgroupDetail: ...
+
+    def children(self, rel: str) -> list[str]: ...
+
+    def procs(self, rel: str) -> list[int]: ...
 
 
 def dir_usage(path: Path) -> DirUsage:
@@ -128,8 +136,9 @@ def _read(path: Path) -> str | None:
 
 
 class HostReader:
-    """Reads this host: `cgroups` for cgroup files, `proc` for /proc, `root_dir` the
-    kubelet root (pod directories, nodefs), `pod_logs_dir` the pod log root."""
+    """Reads this host: `cgroups` for cgroup files, `proc` for /proc, `sys` for /sys,
+    `root_dir` the kubelet root (pod directories, nodefs), `pod_logs_dir` the pod log
+    root."""
 
     def __init__(
         self,
@@ -138,8 +147,10 @@ class HostReader:
         root_dir: Path,
         pod_logs_dir: Path,
         proc: Path = Path("/proc"),
+        sys: Path = Path("/sys"),
     ) -> None:
         self.cgroups = cgroups
+        self.sys = sys
         self.root_dir = root_dir
         self.pod_logs_dir = pod_logs_dir
         self.proc = proc
@@ -172,6 +183,32 @@ class HostReader:
 
     def tasks(self) -> int | None:
         return parse_loadavg_tasks(_read(self.proc / "loadavg") or "")
+
+    def net_dev(self, pid: int) -> dict[str, NetDev]:
+        """The interfaces of `pid`'s network namespace and their counters."""
+        return parse_net_dev(_read(self.proc / str(pid) / "net/dev") or "")
+
+    def machine(self) -> MachineFacts:
+        """The machine_* facts (read_machine, plus /proc/cpuinfo's cores and sockets)."""
+        info = read_machine(self.root_dir)
+        cores, sockets = parse_cpuinfo(_read(self.proc / "cpuinfo") or "")
+        return MachineFacts(
+            cpu_cores=info.cpus,
+            physical_cores=cores,
+            sockets=sockets,
+            memory_bytes=self.memory_total(),
+            boot_id=info.boot_id,
+            machine_id=info.machine_id,
+            system_uuid=info.system_uuid,
+        )
+
+    def block_device(self, dev: str) -> str:
+        """ "major:minor" → /dev/<name> as /sys/dev/block names it; itself when unknown."""
+        for line in (_read(self.sys / "dev/block" / dev / "uevent") or "").splitlines():
+            key, _, value = line.partition("=")
+            if key == "DEVNAME" and value:
+                return f"/dev/{value}"
+        return dev
 
     def pod_log_dir(self, namespace: str, name: str, uid: str) -> Path:
         return self.pod_logs_dir / layout.pod_log_dir_name(namespace, name, uid)

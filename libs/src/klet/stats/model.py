@@ -108,6 +108,7 @@ class ContainerStats:
     start_ns: when the runtime created it; None when it is known from stats only.
     usage: the runtime's ListContainerStats reading; None when it gave none.
     logs: its log directory `<pod log dir>/<name>/`; None when filesystems were skipped.
+    image: the image as the runtime lists the container ("" when known from stats only).
     """
 
     id: str
@@ -117,6 +118,7 @@ class ContainerStats:
     start_ns: int | None = None
     usage: ContainerStatsInfo | None = None
     logs: DirUsage | None = None
+    image: str = ""
 
 
 @dataclass(frozen=True)
@@ -222,6 +224,7 @@ def plan_pods(
                     running=True,
                     start_ns=c.created_at,
                     usage=by_id.get(str(c.id)),
+                    image=c.image,
                 )
         for s in by_id.values():
             if str(s.id) not in mine and s.labels.get(L.POD_UID) == sandbox.uid:

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import os
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -25,7 +26,9 @@ from typing import Protocol
 
 from klet.cri.errors import CRIError
 from klet.cri.types import Container, ContainerStatsInfo, FilesystemUsageInfo, Sandbox
+from klet.model import layout
 from klet.model.types import SandboxID
+from klet.stats.cadvisor import CgroupSeries, CgroupSnapshot, WritableLayer
 from klet.stats.host import HostReader, dir_usage, statfs
 from klet.stats.model import (
     ContainerStats,
@@ -95,7 +98,41 @@ class StatsProvider:
             return _RuntimeReadings([], [], [], [], [], error=str(err))
         return _RuntimeReadings(sandboxes, containers, stats, images, writable)
 
+    async def collect_cgroups(self) -> CgroupSnapshot:
+        """The long form of every node, pod and container cgroup, for /metrics/cadvisor:
+        the same CRI reads as `collect` (ImageFsInfo for the writable layers' device),
+        then the cgroups (klet.cgroups.detail) in a worker thread."""
+        readings = await self._read_runtime(filesystems=True)
+        return await asyncio.to_thread(self._measure_cgroups, readings, self._clock())
+
     # -- in the worker thread ---------------------------------------------------------
+
+    def _measure_cgroups(self, cri: _RuntimeReadings, now_ns: int) -> CgroupSnapshot:
+        host = self.host
+        cg = host.cgroups
+        boot_ns = host.boot_ns()
+        series = [
+            CgroupSeries(
+                id="/",
+                detail=cg.detail("/"),
+                start_s=None if boot_ns is None else boot_ns / 1e9,
+                network=host.net_dev(1),
+            )
+        ]
+        for rel in layout.node_cgroups():
+            if cg.exists(rel):
+                series.append(CgroupSeries(id=rel, detail=cg.detail(rel)))
+        layer_fs = self._layer_fs(cri)
+        for sandbox, containers in plan_pods(cri.sandboxes, cri.containers, cri.stats):
+            series += self._pod_cgroups(sandbox, containers, layer_fs)
+        devices = {dev for s in series for dev in s.detail.blkio}
+        names = {dev: host.block_device(dev) for dev in devices}
+        return CgroupSnapshot(
+            time_ns=now_ns,
+            machine=host.machine(),
+            cgroups=[dataclasses.replace(s, blkio_devices=names) for s in series],
+            runtime_error=cri.error,
+        )
 
     def _measure(self, cri: _RuntimeReadings, filesystems: bool, now_ns: int) -> Snapshot:
         host = self.host
@@ -124,6 +161,67 @@ class StatsProvider:
             for sandbox, containers in plan_pods(cri.sandboxes, cri.containers, cri.stats)
         ]
         return Snapshot(time_ns=now_ns, node=node, pods=pods, runtime_error=cri.error)
+
+    def _layer_fs(self, cri: _RuntimeReadings) -> tuple[str, int | None]:
+        """(device, capacity) of the filesystem holding the writable layers: the
+        runtime's container filesystem, else its image filesystem."""
+        infos = cri.container_fs or cri.image_fs
+        if not infos:
+            return "", None
+        info = infos[0]
+        fs = statfs(Path(info.mountpoint) if info.mountpoint else self.host.root_dir)
+        if fs is None:
+            return "", None
+        return self.host.block_device(f"{os.major(fs.device)}:{os.minor(fs.device)}"), (
+            fs.capacity_bytes
+        )
+
+    def _pod_cgroups(
+        self, sandbox: Sandbox, containers: list[ContainerStats], layer_fs: tuple[str, int | None]
+    ) -> list[CgroupSeries]:
+        """The pod's cgroup and its running containers' (none without a pod cgroup)."""
+        cg = self.host.cgroups
+        rel = self.host.pod_cgroup(sandbox.uid)
+        if rel is None:
+            return []
+        pids = cg.procs(rel)
+        pod, namespace = sandbox.name, sandbox.namespace
+        out = [
+            CgroupSeries(
+                id=rel,
+                detail=cg.detail(rel),
+                pod=pod,
+                namespace=namespace,
+                start_s=sandbox.created_at / 1e9,
+                processes=len(pids),
+                # Every process of a pod shares the sandbox's network namespace.
+                network=self.host.net_dev(pids[0]) if pids else {},
+            )
+        ]
+        children = cg.children(rel)
+        for c in containers:
+            # cgroupfs names a container's cgroup by its ID, systemd "cri-containerd-<ID>.scope".
+            child = next((n for n in children if c.id in n), None) if c.running else None
+            if child is None:
+                continue
+            crel = f"{rel}/{child}"
+            layer = c.usage.writable_layer if c.usage is not None else None
+            used = layer.used_bytes if layer is not None else None
+            out.append(
+                CgroupSeries(
+                    id=crel,
+                    detail=cg.detail(crel),
+                    container=c.name,
+                    pod=pod,
+                    namespace=namespace,
+                    image=c.image,
+                    name=c.id,
+                    start_s=None if c.start_ns is None else c.start_ns / 1e9,
+                    processes=len(cg.procs(crel)),
+                    fs=None if used is None else WritableLayer(layer_fs[0], used, layer_fs[1]),
+                )
+            )
+        return out
 
     @staticmethod
     def _runtime_fs(info: FilesystemUsageInfo, default: Path) -> RuntimeFs:

@@ -2,8 +2,10 @@
 consumers; mypy checks them against the protocols at the bottom.
 
 - `FakeCgroups` answers `stats` from a table of CgroupStats by relative path (a path in
-  the table exists) and `task_count` from a table of task counts. Tests of the real
-  reader use a tmp_path cgroup tree.
+  the table exists), `task_count` from a table of task counts, `detail` from a table
+  of CgroupDetail, `procs` from a table of pid lists (a cgroup's and its children's)
+  and `children` from the paths in `groups`. Tests of the real reader use a tmp_path
+  cgroup tree.
 - `FakeStatsRuntime` answers the provider's CRI reads from lists a test edits, counts
   the calls, and fails every call with `error` when it is set.
 """
@@ -11,6 +13,7 @@ consumers; mypy checks them against the protocols at the bottom.
 from __future__ import annotations
 
 from klet.cgroups import CgroupStats
+from klet.cgroups.detail import CgroupDetail
 from klet.cri.types import Container, ContainerStatsInfo, FilesystemUsageInfo, Sandbox
 from klet.model.types import SandboxID
 from klet.stats.host import CgroupReader
@@ -21,6 +24,8 @@ class FakeCgroups:
     def __init__(self) -> None:
         self.groups: dict[str, CgroupStats] = {}
         self.tasks: dict[str, int] = {}
+        self.details: dict[str, CgroupDetail] = {}
+        self.pids: dict[str, list[int]] = {}
 
     def stats(self, rel: str) -> CgroupStats:
         return self.groups.get(rel, CgroupStats(None, None, None, None))
@@ -30,6 +35,20 @@ class FakeCgroups:
 
     def task_count(self, rel: str) -> int:
         return self.tasks.get(rel, 0)
+
+    def detail(self, rel: str) -> CgroupDetail:
+        return self.details.get(rel, CgroupDetail())
+
+    def children(self, rel: str) -> list[str]:
+        prefix = rel.rstrip("/") + "/"
+        names = {p[len(prefix) :].split("/")[0] for p in self.groups if p.startswith(prefix)}
+        return sorted(names)
+
+    def procs(self, rel: str) -> list[int]:
+        prefix = rel.rstrip("/") + "/"
+        return [
+            pid for p, pids in self.pids.items() if p == rel or p.startswith(prefix) for pid in pids
+        ]
 
 
 class FakeStatsRuntime:

@@ -1,5 +1,6 @@
 """The kubelet API app in-process (httpx.ASGITransport) over fakes: /healthz, /pods,
-/runningpods/, /configz, /metrics, /metrics/probes, /metrics/resource, /stats/summary, /run,
+/runningpods/, /configz, /metrics, /metrics/probes, /metrics/resource, /metrics/cadvisor,
+/stats/summary, /run,
 containerLogs (tail, previous, the conventional path when CRI forgot the container,
 upstream's 400/404/422 answers),
 the 405 of disabled debugging handlers, and how exec/attach/portForward requests are
@@ -17,6 +18,7 @@ from typing import Any
 import httpx
 import pytest
 from klet.cgroups import CgroupStats
+from klet.cgroups.detail import CgroupDetail
 from klet.config import KletSettings, Settings
 from klet.config.kubelet import KubeletAuthorization, KubeletConfiguration
 from klet.cri import labels as L
@@ -465,6 +467,41 @@ async def test_resource_metrics(client: httpx.AsyncClient, world: World) -> None
     world.runtime.failing["list_pod_sandboxes"] = CRIError("runtime down")
     r = await client.get("/metrics/resource")
     assert "resource_scrape_error 0" not in r.text and "resource_scrape_error 1" in r.text
+
+
+async def test_metrics_cadvisor(client: httpx.AsyncClient, world: World) -> None:
+    pod = f"/kubepods/pod{UID}"
+    for rel in ("/", pod, f"{pod}/c1"):
+        world.cgroups.groups[rel] = CgroupStats(None, None, None, None)
+    world.cgroups.details["/"] = CgroupDetail(cpu_usage_ns=9 * 10**9)
+    world.cgroups.details[pod] = CgroupDetail(cpu_usage_ns=2 * 10**9, memory_working_set=800)
+    world.cgroups.details[f"{pod}/c1"] = CgroupDetail(cpu_usage_ns=10**9, memory_working_set=700)
+    # the runtime lists the image by ID; the label is its name, from the pod view
+    world.runtime.containers = [dataclasses.replace(world.runtime.containers[0], image="sha256:1")]
+    r = await client.get("/metrics/cadvisor")
+    assert r.status_code == 200 and r.headers["content-type"].startswith("text/plain; version=")
+    samples = {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in text_string_to_metric_families(r.text)
+        for s in family.samples
+    }
+    none = {"container": "", "image": "", "name": "", "namespace": "", "pod": ""}
+    root = tuple(sorted({**none, "id": "/", "cpu": "total"}.items()))
+    pod_labels = {**none, "id": pod, "pod": "web", "namespace": "ns"}
+    app = {**pod_labels, "id": f"{pod}/c1", "container": "app", "image": "busybox", "name": "c1"}
+    assert samples[("container_cpu_usage_seconds_total", root)] == 9.0
+    assert samples[("container_cpu_usage_seconds_total", _key(pod_labels, cpu="total"))] == 2.0
+    assert samples[("container_cpu_usage_seconds_total", _key(app, cpu="total"))] == 1.0
+    assert samples[("container_memory_working_set_bytes", _key(app))] == 700
+    assert samples[("container_scrape_error", ())] == 0
+    world.runtime.failing["list_pod_sandboxes"] = CRIError("runtime down")
+    r = await client.get("/metrics/cadvisor")
+    assert "container_scrape_error 1.0" in r.text
+    assert 'id="/",' in r.text and 'pod="web"' not in r.text
+
+
+def _key(labels: dict[str, str], **extra: str) -> tuple[tuple[str, str], ...]:
+    return tuple(sorted({**labels, **extra}.items()))
 
 
 def test_build_deps_from_settings(world: World) -> None:

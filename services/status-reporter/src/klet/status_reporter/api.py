@@ -2,8 +2,10 @@
 
 - `create_app`: the read-only API (upstream `readOnlyPort`, off by default):
   `GET /pods` (the node's pods as a v1 PodList, each with its latest computed status),
-  `GET /healthz`, `GET /metrics` (every service's kubelet metrics: nodemetrics.py)
-  and `GET /metrics/probes` (the prober's, apart as upstream serves them).
+  `GET /healthz`, `GET /metrics` (every service's kubelet metrics: nodemetrics.py),
+  `GET /metrics/probes` (the prober's, apart as upstream serves them) and
+  `GET /metrics/cadvisor` (containermetrics.py; only when the kubelet API is on, whose
+  CRI client it reads through).
 - `create_healthz_app`: the `healthzBindAddress:healthzPort` listener, `/healthz` only.
 
 Both answer from the in-memory pod view and never touch Redis on a request, so they keep
@@ -46,6 +48,9 @@ class ApiDeps(Protocol):
     @property
     def node_metrics(self) -> MetricsPages | None: ...
 
+    @property
+    def container_metrics(self) -> ContainerMetricsPage | None: ...
+
 
 class MetricsPages(Protocol):
     """`/metrics` and `/metrics/probes` as served (klet.status_reporter.nodemetrics)."""
@@ -53,6 +58,12 @@ class MetricsPages(Protocol):
     async def metrics(self) -> bytes: ...
 
     async def probes(self) -> bytes: ...
+
+
+class ContainerMetricsPage(Protocol):
+    """`/metrics/cadvisor` (klet.status_reporter.containermetrics)."""
+
+    async def page(self) -> bytes: ...
 
 
 async def _healthz(_request: Request) -> Response:
@@ -73,9 +84,15 @@ def create_app(deps: ApiDeps) -> Routes:
     async def probes(_request: Request) -> Response:
         return Response(await pages.probes(), content_type=CONTENT_TYPE)
 
-    return Routes(
-        {"/healthz": _healthz, "/pods": pods, "/metrics": metrics, "/metrics/probes": probes}
-    )
+    routes = {"/healthz": _healthz, "/pods": pods, "/metrics": metrics, "/metrics/probes": probes}
+    containers = deps.container_metrics
+    if containers is not None:
+
+        async def cadvisor(_request: Request) -> Response:
+            return Response(await containers.page(), content_type=CONTENT_TYPE)
+
+        routes["/metrics/cadvisor"] = cadvisor
+    return Routes(routes)
 
 
 def create_healthz_app() -> Routes:

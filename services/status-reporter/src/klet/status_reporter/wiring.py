@@ -37,6 +37,7 @@ from klet.model.layout import DEFAULT_SERVICE_PORTS
 from klet.obs import ServicePort, leader_metric, new_registry
 from klet.obs.restclient import RestClientMetrics
 from klet.obs.runtimeops import RuntimeOperationMetrics
+from klet.stats import HostReader, StatsProvider
 from klet.status_reporter.cluster import (
     ClusterDeps,
     ClusterKlet,
@@ -44,6 +45,7 @@ from klet.status_reporter.cluster import (
     ClusterOverrides,
     build_cluster,
 )
+from klet.status_reporter.containermetrics import ContainerMetrics
 from klet.status_reporter.kubeletapi import (
     KubeletApiDeps,
     KubeletApiSettings,
@@ -189,6 +191,9 @@ class Deps:
     node_metrics: NodeMetrics | None = None
     """Every service's metrics for /metrics and /metrics/probes (nodemetrics.py); None:
     `registry` alone."""
+    container_metrics: ContainerMetrics | None = None
+    """/metrics/cadvisor on the read-only port, through the kubelet API's CRI client;
+    None when that API is off."""
     elected: asyncio.Event = field(default_factory=asyncio.Event)
     """Set once this replica holds the lease (by `klet.bus.leader.hold`); never cleared:
     losing the lease ends the process."""
@@ -296,7 +301,17 @@ def build_deps(settings: ServiceSettings, *, overrides: Overrides | None = None)
         kubelet_api=kubelet_api,
         volumes=volumes,
         node_metrics=node_metrics,
+        container_metrics=_container_metrics(kubelet_api),
     )
+
+
+def _container_metrics(api: KubeletApiDeps | None) -> ContainerMetrics | None:
+    if api is None:
+        return None
+    host = HostReader(
+        cgroups=api.cgroups, root_dir=api.settings.root_dir, pod_logs_dir=api.settings.pod_logs_dir
+    )
+    return ContainerMetrics(StatsProvider(api.runtime, host), api.pods)
 
 
 def _kubelet_api(

@@ -10,7 +10,8 @@ Endpoints, as upstream's kubelet serves them on its secure port: `/healthz`, `/p
 (pods as the runtime sees them), `/metrics` (every service's kubelet metrics, gathered
 by `nodemetrics.py`), `/metrics/probes` (the prober's, as upstream serves them apart),
 `/metrics/resource` (metrics-server's
-CPU and memory series, from the summary), `/configz`, `/stats/summary`,
+CPU and memory series, from the summary), `/metrics/cadvisor` (cAdvisor's `container_*`
+and `machine_*` series, containermetrics.py), `/configz`, `/stats/summary`,
 `/containerLogs/{ns}/{pod}/{container}`, `/run/{ns}/{pod}[/{uid}]/{container}` (the
 command bounded by runtimeRequestTimeout, as upstream's CRI deadline bounds it); exec,
 attach and portForward need an upgrade and are proxied by `server.py` after
@@ -34,6 +35,7 @@ from klet.cri.errors import NotFound as CRINotFound
 from klet.model.types import JSON
 from klet.obs import CONTENT_TYPE
 from klet.stats import HostReader, StatsProvider
+from klet.status_reporter.containermetrics import ContainerMetrics
 from klet.status_reporter.kubeletapi import lookup
 from klet.status_reporter.kubeletapi.containerlogs import container_logs_response
 from klet.status_reporter.kubeletapi.deps import KubeletApiDeps
@@ -113,9 +115,9 @@ def create_app(deps: KubeletApiDeps) -> FastAPI:
     app = FastAPI(title="klet kubelet API", docs_url=None, redoc_url=None, openapi_url=None)
     s = deps.settings
     host = HostReader(cgroups=deps.cgroups, root_dir=s.root_dir, pod_logs_dir=s.pod_logs_dir)
-    summary = SummaryProvider(
-        node_name=s.node_name, stats=StatsProvider(deps.runtime, host), volumes=deps.volumes
-    )
+    stats = StatsProvider(deps.runtime, host)
+    summary = SummaryProvider(node_name=s.node_name, stats=stats, volumes=deps.volumes)
+    containers = ContainerMetrics(stats, deps.pods)
 
     @app.exception_handler(HttpProblem)
     async def problem(_: Request, err: HttpProblem) -> Response:
@@ -152,6 +154,10 @@ def create_app(deps: KubeletApiDeps) -> FastAPI:
     @app.get("/metrics/probes")
     async def metrics_probes() -> Response:
         return Response(await pages.probes(), media_type=CONTENT_TYPE)
+
+    @app.get("/metrics/cadvisor")
+    async def metrics_cadvisor() -> Response:
+        return Response(await containers.page(), media_type=CONTENT_TYPE)
 
     @app.get("/metrics/resource")
     async def metrics_resource() -> Response:

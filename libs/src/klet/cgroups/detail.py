@@ -1,0 +1,298 @@
+"""Everything one cgroup's files say about it, for `/metrics/cadvisor`: CPU time and
+throttling, memory (usage, working set, RSS, cache, swap, limits, OOM kills), the CPU
+limits, block I/O per device and task counts.
+
+`CgroupStats` (fs.py) is the four readings /stats/summary and eviction need; this is
+the long form, read only when a scrape asks for it. Each file gives None when it cannot
+be read, so a host without a controller (no blkio, no pids) still yields the rest.
+Counters are the kernel's own cumulative counters, never differences between reads,
+so they only go back when the cgroup is re-created.
+
+Which file feeds which value, as cAdvisor reads them (v1 under
+`<controller>/<cgroup>`; v2 under `<cgroup>`):
+
+- cpu usage: v1 cpuacct.usage (ns); v2 cpu.stat usage_usec. User and system: v1
+  cpuacct.stat (USER_HZ ticks); v2 cpu.stat user_usec, system_usec.
+- CFS periods, throttled periods and time: cpu.stat nr_periods, nr_throttled, and v1
+  throttled_time (ns) / v2 throttled_usec.
+- quota, period, shares: v1 cpu.cfs_quota_us (-1: none), cpu.cfs_period_us,
+  cpu.shares; v2 cpu.max ("max 100000": no quota), cpu.weight turned back into shares.
+- memory usage: v1 memory.usage_in_bytes; v2 memory.current (the root has none:
+  MemTotal - MemFree). Working set: usage - (total_)inactive_file.
+- rss, cache, mapped file, swap: v1 memory.stat total_rss, total_cache,
+  total_mapped_file, total_swap; v2 memory.stat anon, file, file_mapped and
+  memory.swap.current. Peak: v1 memory.max_usage_in_bytes; v2 memory.peak.
+- limit, reservation, swap limit: v1 memory.limit_in_bytes, soft_limit_in_bytes,
+  memsw.limit_in_bytes minus the limit; v2 memory.max, memory.low, memory.swap.max.
+- OOM kills: v1 memory.oom_control oom_kill; v2 memory.events oom_kill.
+- block I/O per device (bytes and operations read and written): v1
+  blkio.throttle.io_service_bytes_recursive and io_serviced_recursive; v2 io.stat
+  rbytes, wbytes, rios, wios.
+- threads and their limit: pids.current, pids.max.
+
+An unlimited limit is None ("max", -1, or v1's page-rounded 2^63).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import NamedTuple
+
+__all__ = [
+    "BlkioDevice",
+    "CgroupDetail",
+    "parse_blkio_v1",
+    "parse_cpu_max",
+    "parse_io_stat",
+    "parse_kv",
+    "read_detail_v1",
+    "read_detail_v2",
+    "weight_to_shares",
+]
+
+# Anything at or above this is "no limit" (v1 writes 2^63 rounded down to a page).
+_UNLIMITED = 1 << 62
+USER_HZ = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+
+
+class BlkioDevice(NamedTuple):
+    """One block device's cumulative I/O in a cgroup."""
+
+    read_bytes: int = 0
+    write_bytes: int = 0
+    reads: int = 0
+    writes: int = 0
+
+
+@dataclass(frozen=True)
+class CgroupDetail:
+    """One cgroup's readings (units: nanoseconds, bytes, microseconds for CFS
+    quota/period as the files give them). None: not readable or, for limits, none set."""
+
+    cpu_usage_ns: int | None = None
+    cpu_user_ns: int | None = None
+    cpu_system_ns: int | None = None
+    cfs_periods: int | None = None
+    cfs_throttled_periods: int | None = None
+    cfs_throttled_ns: int | None = None
+    cpu_quota_us: int | None = None
+    cpu_period_us: int | None = None
+    cpu_shares: int | None = None
+    memory_usage: int | None = None
+    memory_working_set: int | None = None
+    memory_rss: int | None = None
+    memory_cache: int | None = None
+    memory_mapped_file: int | None = None
+    memory_swap: int | None = None
+    memory_max_usage: int | None = None
+    memory_limit: int | None = None
+    memory_reservation: int | None = None
+    memory_swap_limit: int | None = None
+    oom_kills: int | None = None
+    blkio: Mapping[str, BlkioDevice] = field(default_factory=dict)
+    """"major:minor" → its I/O."""
+    threads: int | None = None
+    threads_max: int | None = None
+
+
+# -- pure parsers ------------------------------------------------------------------------
+
+
+def parse_kv(text: str) -> dict[str, int]:
+    """`key value` lines (memory.stat, cpu.stat, memory.events) → integers."""
+    out: dict[str, int] = {}
+    for line in text.splitlines():
+        key, _, value = line.partition(" ")
+        value = value.strip()
+        if value.isdigit():
+            out[key] = int(value)
+    return out
+
+
+def _limit(value: int | None) -> int | None:
+    return None if value is None or value < 0 or value >= _UNLIMITED else value
+
+
+def parse_cpu_max(text: str) -> tuple[int | None, int | None]:
+    """v2 cpu.max ("50000 100000", "max 100000") → (quota or None, period)."""
+    parts = text.split()
+    if len(parts) != 2 or not parts[1].isdigit():
+        return None, None
+    quota = int(parts[0]) if parts[0].isdigit() else None
+    return quota, int(parts[1])
+
+
+def weight_to_shares(weight: int) -> int:
+    """v2 cpu.weight (1..10000) → the v1 cpu.shares (2..262144) it stands for: the
+    inverse of the runtime's shares → weight mapping, so a pod's requests read back."""
+    return 2 + ((weight - 1) * 262142) // 9999
+
+
+def parse_blkio_v1(service_bytes: str, serviced: str) -> dict[str, BlkioDevice]:
+    """blkio.throttle.io_service_bytes(_recursive) and io_serviced(_recursive) lines
+    ("8:0 Read 4096"; a final "Total N" line) → device → BlkioDevice."""
+    acc: dict[str, dict[str, int]] = {}
+    for text, suffix in ((service_bytes, "bytes"), (serviced, "ops")):
+        for line in text.splitlines():
+            parts = line.split()
+            if len(parts) != 3 or ":" not in parts[0] or not parts[2].isdigit():
+                continue
+            op = parts[1].lower()
+            if op in ("read", "write"):
+                acc.setdefault(parts[0], {})[f"{op}_{suffix}"] = int(parts[2])
+    return {
+        dev: BlkioDevice(
+            read_bytes=v.get("read_bytes", 0),
+            write_bytes=v.get("write_bytes", 0),
+            reads=v.get("read_ops", 0),
+            writes=v.get("write_ops", 0),
+        )
+        for dev, v in acc.items()
+    }
+
+
+def parse_io_stat(text: str) -> dict[str, BlkioDevice]:
+    """v2 io.stat ("8:0 rbytes=4096 wbytes=0 rios=1 wios=0 dbytes=0 dios=0")."""
+    out: dict[str, BlkioDevice] = {}
+    for line in text.splitlines():
+        dev, *pairs = line.split()
+        if ":" not in dev:
+            continue
+        values: dict[str, int] = {}
+        for pair in pairs:
+            key, _, value = pair.partition("=")
+            if value.isdigit():
+                values[key] = int(value)
+        out[dev] = BlkioDevice(
+            read_bytes=values.get("rbytes", 0),
+            write_bytes=values.get("wbytes", 0),
+            reads=values.get("rios", 0),
+            writes=values.get("wios", 0),
+        )
+    return out
+
+
+# -- readers -----------------------------------------------------------------------------
+
+
+# Paths are strings here: a scrape reads some thousands of these files, and building
+# pathlib objects for each cost about as much as the reads.
+def _text(path: str) -> str | None:
+    try:
+        with open(path) as f:
+            return f.read()
+    except OSError:
+        return None
+
+
+def _int(path: str) -> int | None:
+    text = _text(path)
+    if text is None:
+        return None
+    word = text.strip().split("\n", 1)[0].strip()
+    if word == "max":
+        return None
+    try:
+        return int(word)
+    except ValueError:
+        return None
+
+
+def _kv(path: str) -> dict[str, int]:
+    return parse_kv(_text(path) or "")
+
+
+def _minus(a: int | None, b: int | None) -> int | None:
+    return None if a is None else max(a - (b or 0), 0)
+
+
+def read_detail_v1(root: Path, rel: str) -> CgroupDetail:
+    """A v1 cgroup `rel` (relative, no leading "/") under the hierarchies at `root`."""
+    cpu, acct, mem, pids, blkio = (
+        os.path.join(root, c, rel) for c in ("cpu", "cpuacct", "memory", "pids", "blkio")
+    )
+    cpu_stat = _kv(f"{cpu}/cpu.stat")
+    ticks = _kv(f"{acct}/cpuacct.stat")
+    stat = _kv(f"{mem}/memory.stat")
+    usage = _int(f"{mem}/memory.usage_in_bytes")
+    limit = _limit(_int(f"{mem}/memory.limit_in_bytes"))
+    memsw = _limit(_int(f"{mem}/memory.memsw.limit_in_bytes"))
+    service_bytes = _text(f"{blkio}/blkio.throttle.io_service_bytes_recursive")
+    serviced = _text(f"{blkio}/blkio.throttle.io_serviced_recursive")
+    if service_bytes is None:  # kernels before 4.x name only the non-recursive ones
+        service_bytes = _text(f"{blkio}/blkio.throttle.io_service_bytes")
+        serviced = _text(f"{blkio}/blkio.throttle.io_serviced")
+    return CgroupDetail(
+        cpu_usage_ns=_int(f"{acct}/cpuacct.usage"),
+        cpu_user_ns=_ticks_ns(ticks.get("user")),
+        cpu_system_ns=_ticks_ns(ticks.get("system")),
+        cfs_periods=cpu_stat.get("nr_periods"),
+        cfs_throttled_periods=cpu_stat.get("nr_throttled"),
+        cfs_throttled_ns=cpu_stat.get("throttled_time"),
+        cpu_quota_us=_limit(_int(f"{cpu}/cpu.cfs_quota_us")),
+        cpu_period_us=_int(f"{cpu}/cpu.cfs_period_us"),
+        cpu_shares=_int(f"{cpu}/cpu.shares"),
+        memory_usage=usage,
+        memory_working_set=_minus(usage, stat.get("total_inactive_file")),
+        memory_rss=stat.get("total_rss"),
+        memory_cache=stat.get("total_cache"),
+        memory_mapped_file=stat.get("total_mapped_file"),
+        memory_swap=stat.get("total_swap"),
+        memory_max_usage=_int(f"{mem}/memory.max_usage_in_bytes"),
+        memory_limit=limit,
+        memory_reservation=_limit(_int(f"{mem}/memory.soft_limit_in_bytes")),
+        memory_swap_limit=None if memsw is None or limit is None else max(memsw - limit, 0),
+        oom_kills=_kv(f"{mem}/memory.oom_control").get("oom_kill"),
+        blkio=parse_blkio_v1(service_bytes or "", serviced or ""),
+        threads=_int(f"{pids}/pids.current"),
+        threads_max=_int(f"{pids}/pids.max"),
+    )
+
+
+def _ticks_ns(ticks: int | None) -> int | None:
+    return None if ticks is None else ticks * 1_000_000_000 // USER_HZ
+
+
+def _usec_ns(usec: int | None) -> int | None:
+    return None if usec is None else usec * 1000
+
+
+def read_detail_v2(root: Path, rel: str, *, root_usage: int | None = None) -> CgroupDetail:
+    """A v2 cgroup `rel` under the unified hierarchy at `root`; `root_usage` stands in
+    for memory.current, which the root cgroup lacks."""
+    d = os.path.join(root, rel)
+    cpu_stat = _kv(f"{d}/cpu.stat")
+    stat = _kv(f"{d}/memory.stat")
+    usage = _int(f"{d}/memory.current")
+    if usage is None:
+        usage = root_usage
+    quota, period = parse_cpu_max(_text(f"{d}/cpu.max") or "")
+    weight = _int(f"{d}/cpu.weight")
+    return CgroupDetail(
+        cpu_usage_ns=_usec_ns(cpu_stat.get("usage_usec")),
+        cpu_user_ns=_usec_ns(cpu_stat.get("user_usec")),
+        cpu_system_ns=_usec_ns(cpu_stat.get("system_usec")),
+        cfs_periods=cpu_stat.get("nr_periods"),
+        cfs_throttled_periods=cpu_stat.get("nr_throttled"),
+        cfs_throttled_ns=_usec_ns(cpu_stat.get("throttled_usec")),
+        cpu_quota_us=quota,
+        cpu_period_us=period,
+        cpu_shares=None if weight is None else weight_to_shares(weight),
+        memory_usage=usage,
+        memory_working_set=_minus(usage, stat.get("inactive_file")),
+        memory_rss=stat.get("anon"),
+        memory_cache=stat.get("file"),
+        memory_mapped_file=stat.get("file_mapped"),
+        memory_swap=_int(f"{d}/memory.swap.current"),
+        memory_max_usage=_int(f"{d}/memory.peak"),
+        memory_limit=_limit(_int(f"{d}/memory.max")),
+        memory_reservation=_limit(_int(f"{d}/memory.low")),
+        memory_swap_limit=_limit(_int(f"{d}/memory.swap.max")),
+        oom_kills=_kv(f"{d}/memory.events").get("oom_kill"),
+        blkio=parse_io_stat(_text(f"{d}/io.stat") or ""),
+        threads=_int(f"{d}/pids.current"),
+        threads_max=_int(f"{d}/pids.max"),
+    )

@@ -1,0 +1,487 @@
+"""`/metrics/cadvisor`: what one pass read of the node's cgroups, and the pure conversion
+of it into cAdvisor's `container_*` and `machine_*` metric families.
+
+Upstream's kubelet serves these from its embedded cAdvisor; klet reads the same kernel
+files (klet.cgroups.detail) and the runtime's view (CRI) once per scrape
+(`StatsProvider.collect_cgroups`) and converts here, without I/O. Series, as cAdvisor's:
+
+- the root cgroup (`id="/"`), `/kubepods` and its QoS cgroups, with empty pod labels;
+- each ready pod's cgroup, with `pod` and `namespace` set and `container=""` (the
+  series the kubernetes-mixin's pod dashboards sum);
+- each running container's cgroup, with `container` (the pod spec's name), `pod`,
+  `namespace`, `image` (the image's name as the pod's status shows it, `with_images`;
+  else as the runtime lists it), `name` (the container ID, as cAdvisor's containerd
+  handler names it) and `id` (the cgroup path).
+
+Every series carries the six labels `container id image name namespace pod`, empty where
+they do not apply, as Prometheus needs one label set per family; the per-device,
+per-interface and per-CPU families add `device`, `interface` or `cpu` (always "total":
+per-CPU usage is off by default in cAdvisor too).
+
+Where klet differs: the pod's network counters sit on the pod cgroup's series (cAdvisor
+puts them on the pause container's, which klet does not list: the dashboards sum by pod
+either way); the writable layer's `container_fs_usage_bytes` is the runtime's count
+(CRI ListContainerStats) and its limit the capacity of the filesystem the runtime keeps
+it on; `container_memory_failcnt` is left out (a counter without `_total` that
+prometheus-client cannot type as one). No sample carries a timestamp: every value is
+read during the scrape, so the scrape's own time is the sample time, and a timestamped
+series is not marked stale by Prometheus when its container goes away.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import NamedTuple
+
+from klet.cgroups.detail import CgroupDetail
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.exposition import generate_latest
+
+__all__ = [
+    "CgroupSeries",
+    "CgroupSnapshot",
+    "MachineFacts",
+    "NetDev",
+    "WritableLayer",
+    "cadvisor_families",
+    "parse_cpuinfo",
+    "parse_net_dev",
+    "pod_images",
+    "render",
+    "with_images",
+]
+
+LABELS = ("container", "id", "image", "name", "namespace", "pod")
+# Interfaces cAdvisor leaves out of a container's network stats: the loopback and the
+# host ends of container links and bridges.
+_IGNORED_INTERFACES = ("lo", "veth", "docker")
+
+
+class NetDev(NamedTuple):
+    """One interface's counters from /proc/<pid>/net/dev."""
+
+    rx_bytes: int
+    rx_packets: int
+    rx_errors: int
+    rx_dropped: int
+    tx_bytes: int
+    tx_packets: int
+    tx_errors: int
+    tx_dropped: int
+
+
+@dataclass(frozen=True)
+class WritableLayer:
+    """A container's writable layer: bytes used (the runtime's count) on the filesystem
+    `device` of `limit_bytes` capacity."""
+
+    device: str
+    usage_bytes: int
+    limit_bytes: int | None
+
+
+@dataclass(frozen=True)
+class CgroupSeries:
+    """One cgroup's readings and the labels its series carry (`id`: the cgroup path)."""
+
+    id: str
+    detail: CgroupDetail
+    container: str = ""
+    pod: str = ""
+    namespace: str = ""
+    image: str = ""
+    name: str = ""
+    start_s: float | None = None
+    """When it started (container: created; pod: its sandbox created; root: boot)."""
+    processes: int | None = None
+    network: Mapping[str, NetDev] = field(default_factory=dict)
+    fs: WritableLayer | None = None
+    blkio_devices: Mapping[str, str] = field(default_factory=dict)
+    """"major:minor" → device name (/dev/sda); a device without one keeps its numbers."""
+
+    def labels(self) -> list[str]:
+        return [self.container, self.id, self.image, self.name, self.namespace, self.pod]
+
+
+@dataclass(frozen=True)
+class MachineFacts:
+    """The machine_* values and their labels."""
+
+    cpu_cores: int
+    physical_cores: int | None
+    sockets: int | None
+    memory_bytes: int | None
+    boot_id: str = ""
+    machine_id: str = ""
+    system_uuid: str = ""
+
+
+@dataclass(frozen=True)
+class CgroupSnapshot:
+    """One pass: the cgroups read at `time_ns`; `runtime_error` when CRI could not be
+    read (the node's cgroups are still there, pods and containers are not)."""
+
+    time_ns: int
+    machine: MachineFacts
+    cgroups: Sequence[CgroupSeries] = ()
+    runtime_error: str | None = None
+
+
+# -- pure parsers ------------------------------------------------------------------------
+
+
+def parse_net_dev(text: str) -> dict[str, NetDev]:
+    """/proc/<pid>/net/dev → interface → counters, without the interfaces cAdvisor
+    ignores (lo, veth*, docker*)."""
+    out: dict[str, NetDev] = {}
+    for line in text.splitlines()[2:]:
+        name, sep, rest = line.partition(":")
+        name = name.strip()
+        values = rest.split()
+        if not sep or len(values) < 16 or name.startswith(_IGNORED_INTERFACES):
+            continue
+        if not all(v.isdigit() for v in values[:12]):
+            continue
+        v = [int(x) for x in values[:12]]
+        # receive: bytes packets errs drop fifo frame compressed multicast; transmit: ...
+        out[name] = NetDev(v[0], v[1], v[2], v[3], v[8], v[9], v[10], v[11])
+    return out
+
+
+def parse_cpuinfo(text: str) -> tuple[int | None, int | None]:
+    """(physical cores, sockets) of /proc/cpuinfo: distinct (physical id, core id) pairs
+    and distinct physical ids; (None, None) when it names neither (some arm64 kernels)."""
+    cores: set[tuple[str, str]] = set()
+    sockets: set[str] = set()
+    phys = core = None
+    for line in [*text.splitlines(), ""]:
+        key, _, value = line.partition(":")
+        key, value = key.strip(), value.strip()
+        if key == "physical id":
+            phys = value
+        elif key == "core id":
+            core = value
+        elif not key:
+            if phys is not None:
+                sockets.add(phys)
+                if core is not None:
+                    cores.add((phys, core))
+            phys = core = None
+    return (len(cores) or None, len(sockets) or None)
+
+
+def pod_images(pod_list: Mapping[str, object]) -> dict[tuple[str, str, str], str]:
+    """(namespace, pod, container) → image of a v1 PodList: the status's image (what
+    the runtime reported, as `kubectl get pod` shows it), else the spec's."""
+    out: dict[tuple[str, str, str], str] = {}
+    items = pod_list.get("items")
+    for pod in items if isinstance(items, list) else []:
+        meta, spec, status = (pod.get(k) or {} for k in ("metadata", "spec", "status"))
+        ns, name = meta.get("namespace", "default"), meta.get("name", "")
+        for key in ("initContainers", "containers"):
+            for c in spec.get(key) or []:
+                if c.get("image"):
+                    out[(ns, name, c.get("name", ""))] = c["image"]
+        for key in ("initContainerStatuses", "containerStatuses"):
+            for c in status.get(key) or []:
+                if c.get("image"):
+                    out[(ns, name, c.get("name", ""))] = c["image"]
+    return out
+
+
+def with_images(
+    snapshot: CgroupSnapshot, images: Mapping[tuple[str, str, str], str]
+) -> CgroupSnapshot:
+    """The snapshot with each container's `image` label from `images` where it has
+    one. The runtime lists a container's image as the ID klet created it from
+    (sha256:...); cAdvisor shows the image's name, which the pod's status has."""
+    return dataclasses.replace(
+        snapshot,
+        cgroups=[
+            dataclasses.replace(c, image=images.get((c.namespace, c.pod, c.container), c.image))
+            if c.container
+            else c
+            for c in snapshot.cgroups
+        ],
+    )
+
+
+# -- the conversion ----------------------------------------------------------------------
+
+_NS = 1e-9
+Getter = Callable[[CgroupDetail], int | None]
+
+
+def _if_quota(d: CgroupDetail, value: int | None) -> int | None:
+    """CFS counters only for a cgroup with a quota, as cAdvisor serves them."""
+    return value if d.cpu_quota_us is not None else None
+
+
+# (name, help, getter, scale); counters end in _total, the rest are gauges.
+_SCALARS: tuple[tuple[str, str, Getter, float], ...] = (
+    (
+        "container_cpu_user_seconds_total",
+        "Cumulative user cpu time consumed in seconds.",
+        lambda d: d.cpu_user_ns,
+        _NS,
+    ),
+    (
+        "container_cpu_system_seconds_total",
+        "Cumulative system cpu time consumed in seconds.",
+        lambda d: d.cpu_system_ns,
+        _NS,
+    ),
+    (
+        "container_cpu_cfs_periods_total",
+        "Number of elapsed enforcement period intervals.",
+        lambda d: _if_quota(d, d.cfs_periods),
+        1.0,
+    ),
+    (
+        "container_cpu_cfs_throttled_periods_total",
+        "Number of throttled period intervals.",
+        lambda d: _if_quota(d, d.cfs_throttled_periods),
+        1.0,
+    ),
+    (
+        "container_cpu_cfs_throttled_seconds_total",
+        "Total time duration the container has been throttled.",
+        lambda d: _if_quota(d, d.cfs_throttled_ns),
+        _NS,
+    ),
+    (
+        "container_memory_usage_bytes",
+        "Current memory usage in bytes, including all memory regardless of when it was accessed",
+        lambda d: d.memory_usage,
+        1.0,
+    ),
+    (
+        "container_memory_working_set_bytes",
+        "Current working set in bytes.",
+        lambda d: d.memory_working_set,
+        1.0,
+    ),
+    ("container_memory_rss", "Size of RSS in bytes.", lambda d: d.memory_rss, 1.0),
+    (
+        "container_memory_cache",
+        "Number of bytes of page cache memory.",
+        lambda d: d.memory_cache,
+        1.0,
+    ),
+    (
+        "container_memory_mapped_file",
+        "Size of memory mapped files in bytes.",
+        lambda d: d.memory_mapped_file,
+        1.0,
+    ),
+    ("container_memory_swap", "Container swap usage in bytes.", lambda d: d.memory_swap, 1.0),
+    (
+        "container_memory_max_usage_bytes",
+        "Maximum memory usage recorded in bytes",
+        lambda d: d.memory_max_usage,
+        1.0,
+    ),
+    (
+        "container_oom_events_total",
+        "Count of out of memory events observed for the container",
+        lambda d: d.oom_kills,
+        1.0,
+    ),
+    (
+        "container_spec_memory_limit_bytes",
+        "Memory limit for the container.",
+        lambda d: d.memory_limit or 0,
+        1.0,
+    ),
+    (
+        "container_spec_memory_reservation_limit_bytes",
+        "Memory reservation limit for the container.",
+        lambda d: d.memory_reservation or 0,
+        1.0,
+    ),
+    (
+        "container_spec_memory_swap_limit_bytes",
+        "Memory swap limit for the container.",
+        lambda d: d.memory_swap_limit or 0,
+        1.0,
+    ),
+    # cAdvisor emits quota and period only when set.
+    ("container_spec_cpu_quota", "CPU quota of the container.", lambda d: d.cpu_quota_us, 1.0),
+    (
+        "container_spec_cpu_period",
+        "CPU period of the container.",
+        lambda d: d.cpu_period_us if d.cpu_quota_us is not None else None,
+        1.0,
+    ),
+    ("container_spec_cpu_shares", "CPU share of the container.", lambda d: d.cpu_shares, 1.0),
+    (
+        "container_threads",
+        "Number of threads running inside the container",
+        lambda d: d.threads,
+        1.0,
+    ),
+    (
+        "container_threads_max",
+        "Maximum number of threads allowed inside the container, infinity if value is zero",
+        lambda d: d.threads_max or 0,
+        1.0,
+    ),
+)
+
+_NETWORK: tuple[tuple[str, str, int], ...] = (
+    ("container_network_receive_bytes_total", "Cumulative count of bytes received", 0),
+    ("container_network_receive_packets_total", "Cumulative count of packets received", 1),
+    (
+        "container_network_receive_errors_total",
+        "Cumulative count of errors encountered while receiving",
+        2,
+    ),
+    (
+        "container_network_receive_packets_dropped_total",
+        "Cumulative count of packets dropped while receiving",
+        3,
+    ),
+    ("container_network_transmit_bytes_total", "Cumulative count of bytes transmitted", 4),
+    ("container_network_transmit_packets_total", "Cumulative count of packets transmitted", 5),
+    (
+        "container_network_transmit_errors_total",
+        "Cumulative count of errors encountered while transmitting",
+        6,
+    ),
+    (
+        "container_network_transmit_packets_dropped_total",
+        "Cumulative count of packets dropped while transmitting",
+        7,
+    ),
+)
+
+_BLKIO: tuple[tuple[str, str, int], ...] = (
+    ("container_fs_reads_bytes_total", "Cumulative count of bytes read", 0),
+    ("container_fs_writes_bytes_total", "Cumulative count of bytes written", 1),
+    ("container_fs_reads_total", "Cumulative count of reads completed", 2),
+    ("container_fs_writes_total", "Cumulative count of writes completed", 3),
+)
+
+
+def _family(name: str, doc: str, labels: Sequence[str]) -> Metric:
+    if name.endswith("_total"):
+        return CounterMetricFamily(name, doc, labels=list(labels))
+    return GaugeMetricFamily(name, doc, labels=list(labels))
+
+
+def _add(family: Metric, labels: list[str], value: float) -> None:
+    family.add_metric(labels, value)  # type: ignore[attr-defined]
+
+
+def _machine(m: MachineFacts) -> list[Metric]:
+    names = ("boot_id", "machine_id", "system_uuid")
+    values = [m.boot_id, m.machine_id, m.system_uuid]
+    out: list[Metric] = []
+    for name, doc, value in (
+        ("machine_cpu_cores", "Number of logical CPU cores.", m.cpu_cores),
+        ("machine_cpu_physical_cores", "Number of physical CPU cores.", m.physical_cores),
+        ("machine_cpu_sockets", "Number of CPU sockets.", m.sockets),
+        ("machine_memory_bytes", "Amount of memory installed on the machine.", m.memory_bytes),
+    ):
+        if value is not None:
+            family = GaugeMetricFamily(name, doc, labels=list(names))
+            family.add_metric(values, float(value))
+            out.append(family)
+    return out
+
+
+def cadvisor_families(snapshot: CgroupSnapshot) -> list[Metric]:
+    """The metric families of one snapshot, families in a fixed order and series in the
+    snapshot's order. A value the cgroup did not give is left out, not served as 0."""
+    cgroups = snapshot.cgroups
+    now_s = snapshot.time_ns / 1e9
+    out: list[Metric] = []
+
+    cpu = _family(
+        "container_cpu_usage_seconds_total",
+        "Cumulative cpu time consumed in seconds.",
+        (*LABELS, "cpu"),
+    )
+    for c in cgroups:
+        if c.detail.cpu_usage_ns is not None:
+            _add(cpu, [*c.labels(), "total"], c.detail.cpu_usage_ns * _NS)
+    out.append(cpu)
+
+    for name, doc, get, scale in _SCALARS:
+        family = _family(name, doc, LABELS)
+        for c in cgroups:
+            value = get(c.detail)
+            if value is not None:
+                _add(family, c.labels(), value * scale)
+        out.append(family)
+
+    for name, doc, index in _BLKIO:
+        family = _family(name, doc, (*LABELS, "device"))
+        for c in cgroups:
+            for dev, io in sorted(c.detail.blkio.items()):
+                _add(family, [*c.labels(), c.blkio_devices.get(dev, dev)], float(io[index]))
+        out.append(family)
+
+    usage = _family(
+        "container_fs_usage_bytes",
+        "Number of bytes that are consumed by the container on this filesystem.",
+        (*LABELS, "device"),
+    )
+    limit = _family(
+        "container_fs_limit_bytes",
+        "Number of bytes that can be consumed by the container on this filesystem.",
+        (*LABELS, "device"),
+    )
+    for c in cgroups:
+        if c.fs is not None:
+            _add(usage, [*c.labels(), c.fs.device], float(c.fs.usage_bytes))
+            if c.fs.limit_bytes is not None:
+                _add(limit, [*c.labels(), c.fs.device], float(c.fs.limit_bytes))
+    out += [usage, limit]
+
+    for name, doc, index in _NETWORK:
+        family = _family(name, doc, (*LABELS, "interface"))
+        for c in cgroups:
+            for iface, counters in sorted(c.network.items()):
+                _add(family, [*c.labels(), iface], float(counters[index]))
+        out.append(family)
+
+    processes = _family(
+        "container_processes", "Number of processes running inside the container.", LABELS
+    )
+    start = _family(
+        "container_start_time_seconds",
+        "Start time of the container since unix epoch in seconds.",
+        LABELS,
+    )
+    seen = _family("container_last_seen", "Last time a container was seen by the exporter", LABELS)
+    for c in cgroups:
+        if c.processes is not None:
+            _add(processes, c.labels(), float(c.processes))
+        if c.start_s is not None:
+            _add(start, c.labels(), c.start_s)
+        _add(seen, c.labels(), now_s)
+    out += [processes, start, seen]
+
+    error = GaugeMetricFamily(
+        "container_scrape_error",
+        "1 if there was an error while getting container metrics, 0 otherwise",
+    )
+    error.add_metric([], 1.0 if snapshot.runtime_error else 0.0)
+    out.append(error)
+    return [*out, *_machine(snapshot.machine)]
+
+
+class _Families:
+    def __init__(self, families: list[Metric]) -> None:
+        self._families = families
+
+    def collect(self) -> Iterable[Metric]:
+        return self._families
+
+
+def render(snapshot: CgroupSnapshot) -> bytes:
+    """The snapshot in the Prometheus text format (prometheus-client's exposition)."""
+    return generate_latest(_Families(cadvisor_families(snapshot)))

@@ -1,0 +1,277 @@
+"""The pure conversion of a cgroup snapshot into cAdvisor's families
+(klet.stats.cadvisor): every series carries the six cAdvisor labels (empty where they
+do not apply) plus `cpu`, `device` or `interface`; values in cAdvisor's units (seconds,
+bytes); absent readings are left out rather than served as 0, unlimited limits are 0,
+the CFS series only appear with a quota; network per interface; machine_* facts;
+container_scrape_error follows the runtime; the text rendering parses back; the /proc
+parsers (net/dev without lo/veth, cpuinfo cores and sockets); and containers' image
+names taken from the pod view's PodList."""
+
+from __future__ import annotations
+
+import pytest
+from klet.cgroups.detail import BlkioDevice, CgroupDetail
+from klet.stats.cadvisor import (
+    CgroupSeries,
+    CgroupSnapshot,
+    MachineFacts,
+    NetDev,
+    WritableLayer,
+    cadvisor_families,
+    parse_cpuinfo,
+    parse_net_dev,
+    pod_images,
+    render,
+    with_images,
+)
+from prometheus_client.parser import text_string_to_metric_families
+
+MACHINE = MachineFacts(
+    cpu_cores=4, physical_cores=2, sockets=1, memory_bytes=8 << 30, boot_id="b", machine_id="m"
+)
+ROOT = CgroupSeries(
+    id="/", detail=CgroupDetail(cpu_usage_ns=10**10, memory_usage=5000), start_s=100.0
+)
+POD = CgroupSeries(
+    id="/kubepods/burstable/podu1",
+    pod="web",
+    namespace="ns",
+    detail=CgroupDetail(cpu_usage_ns=3 * 10**9, memory_working_set=700),
+    processes=3,
+    network={"eth0": NetDev(100, 2, 0, 1, 200, 4, 0, 0)},
+)
+CTR = CgroupSeries(
+    id="/kubepods/burstable/podu1/abc",
+    container="app",
+    pod="web",
+    namespace="ns",
+    image="docker.io/library/busybox:1.36",
+    name="abc",
+    start_s=123.5,
+    processes=1,
+    detail=CgroupDetail(
+        cpu_usage_ns=2_500_000_000,
+        cpu_user_ns=2_000_000_000,
+        cfs_periods=10,
+        cfs_throttled_periods=1,
+        cfs_throttled_ns=500_000_000,
+        cpu_quota_us=50000,
+        cpu_period_us=100000,
+        cpu_shares=512,
+        memory_working_set=600,
+        memory_rss=400,
+        memory_cache=100,
+        memory_limit=64 << 20,
+        blkio={"8:0": BlkioDevice(4096, 8192, 1, 2)},
+    ),
+    fs=WritableLayer("/dev/vda1", 4096, 10**9),
+    blkio_devices={"8:0": "/dev/sda"},
+)
+SNAP = CgroupSnapshot(time_ns=1_700_000_000 * 10**9, machine=MACHINE, cgroups=[ROOT, POD, CTR])
+
+
+def samples(snapshot: CgroupSnapshot) -> dict[str, dict[tuple[tuple[str, str], ...], float]]:
+    out: dict[str, dict[tuple[tuple[str, str], ...], float]] = {}
+    for family in cadvisor_families(snapshot):
+        for s in family.samples:
+            out.setdefault(s.name, {})[tuple(sorted(s.labels.items()))] = s.value
+    return out
+
+
+def key(series: CgroupSeries, **extra: str) -> tuple[tuple[str, str], ...]:
+    labels = {
+        "container": series.container,
+        "id": series.id,
+        "image": series.image,
+        "name": series.name,
+        "namespace": series.namespace,
+        "pod": series.pod,
+        **extra,
+    }
+    return tuple(sorted(labels.items()))
+
+
+S = samples(SNAP)
+
+
+@pytest.mark.parametrize(
+    ("metric", "series", "extra", "value"),
+    [
+        ("container_cpu_usage_seconds_total", ROOT, {"cpu": "total"}, 10.0),
+        ("container_cpu_usage_seconds_total", POD, {"cpu": "total"}, 3.0),
+        ("container_cpu_usage_seconds_total", CTR, {"cpu": "total"}, 2.5),
+        ("container_cpu_user_seconds_total", CTR, {}, 2.0),
+        ("container_cpu_cfs_periods_total", CTR, {}, 10.0),
+        ("container_cpu_cfs_throttled_periods_total", CTR, {}, 1.0),
+        ("container_cpu_cfs_throttled_seconds_total", CTR, {}, 0.5),
+        ("container_spec_cpu_quota", CTR, {}, 50000.0),
+        ("container_spec_cpu_period", CTR, {}, 100000.0),
+        ("container_spec_cpu_shares", CTR, {}, 512.0),
+        ("container_memory_usage_bytes", ROOT, {}, 5000.0),
+        ("container_memory_working_set_bytes", POD, {}, 700.0),
+        ("container_memory_working_set_bytes", CTR, {}, 600.0),
+        ("container_memory_rss", CTR, {}, 400.0),
+        ("container_memory_cache", CTR, {}, 100.0),
+        ("container_spec_memory_limit_bytes", CTR, {}, float(64 << 20)),
+        ("container_spec_memory_limit_bytes", POD, {}, 0.0),  # unlimited
+        ("container_fs_reads_bytes_total", CTR, {"device": "/dev/sda"}, 4096.0),
+        ("container_fs_writes_bytes_total", CTR, {"device": "/dev/sda"}, 8192.0),
+        ("container_fs_reads_total", CTR, {"device": "/dev/sda"}, 1.0),
+        ("container_fs_writes_total", CTR, {"device": "/dev/sda"}, 2.0),
+        ("container_fs_usage_bytes", CTR, {"device": "/dev/vda1"}, 4096.0),
+        ("container_fs_limit_bytes", CTR, {"device": "/dev/vda1"}, 1e9),
+        ("container_network_receive_bytes_total", POD, {"interface": "eth0"}, 100.0),
+        ("container_network_receive_packets_total", POD, {"interface": "eth0"}, 2.0),
+        ("container_network_receive_packets_dropped_total", POD, {"interface": "eth0"}, 1.0),
+        ("container_network_receive_errors_total", POD, {"interface": "eth0"}, 0.0),
+        ("container_network_transmit_bytes_total", POD, {"interface": "eth0"}, 200.0),
+        ("container_network_transmit_packets_total", POD, {"interface": "eth0"}, 4.0),
+        ("container_processes", POD, {}, 3.0),
+        ("container_start_time_seconds", CTR, {}, 123.5),
+        ("container_start_time_seconds", ROOT, {}, 100.0),
+        ("container_last_seen", CTR, {}, 1_700_000_000.0),
+        ("container_last_seen", ROOT, {}, 1_700_000_000.0),
+    ],
+)
+def test_series(metric: str, series: CgroupSeries, extra: dict[str, str], value: float) -> None:
+    assert S[metric][key(series, **extra)] == value
+
+
+@pytest.mark.parametrize(
+    ("metric", "series"),
+    [
+        # no quota: no CFS series, no period (as cAdvisor)
+        ("container_cpu_cfs_periods_total", POD),
+        ("container_spec_cpu_period", POD),
+        ("container_spec_cpu_quota", ROOT),
+        # readings the cgroup did not give are absent, not 0
+        ("container_memory_rss", ROOT),
+        ("container_cpu_user_seconds_total", POD),
+        ("container_processes", ROOT),
+        ("container_start_time_seconds", POD),
+    ],
+)
+def test_absent(metric: str, series: CgroupSeries) -> None:
+    assert key(series) not in S.get(metric, {})
+
+
+def test_network_and_fs_only_where_read() -> None:
+    assert {dict(k)["id"] for k in S["container_network_receive_bytes_total"]} == {POD.id}
+    assert {dict(k)["id"] for k in S["container_fs_usage_bytes"]} == {CTR.id}
+
+
+def test_machine_and_scrape_error() -> None:
+    machine = (("boot_id", "b"), ("machine_id", "m"), ("system_uuid", ""))
+    assert S["machine_cpu_cores"] == {machine: 4.0}
+    assert S["machine_cpu_physical_cores"] == {machine: 2.0}
+    assert S["machine_memory_bytes"] == {machine: float(8 << 30)}
+    assert S["container_scrape_error"] == {(): 0.0}
+    failed = CgroupSnapshot(time_ns=0, machine=MachineFacts(2, None, None, None), runtime_error="x")
+    got = samples(failed)
+    assert got["container_scrape_error"] == {(): 1.0}
+    assert "machine_cpu_physical_cores" not in got and "machine_cpu_cores" in got
+
+
+def test_render_parses_back_with_types() -> None:
+    text = render(SNAP).decode()
+    families = {f.name: f for f in text_string_to_metric_families(text)}
+    assert families["container_cpu_usage_seconds"].type == "counter"
+    assert families["container_memory_working_set_bytes"].type == "gauge"
+    assert "container_cpu_usage_seconds_total{" in text
+    assert "_created" not in text
+    # no timestamps: every value is read at the scrape
+    for f in families.values():
+        assert all(s.timestamp is None for s in f.samples)
+
+
+NET_DEV = """\
+Inter-|   Receive                                                |  Transmit
+ face |bytes packets errs drop fifo frame compressed multicast|bytes packets errs drop ...
+    lo:     500       5    0    0    0     0    0    0     500       5    0    0    0    0    0    0
+  eth0: 1000 10 1 2 0 0 0 0 2000 20 3 4 0 0 0 0
+vethab12:  9 9 9 9 0 0 0 0 9 9 9 9 0 0 0 0
+docker0:  9 9 9 9 0 0 0 0 9 9 9 9 0 0 0 0
+  tunl0: 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0
+"""
+
+
+@pytest.mark.parametrize(
+    ("text", "want"),
+    [
+        (
+            NET_DEV,
+            {
+                "eth0": NetDev(1000, 10, 1, 2, 2000, 20, 3, 4),
+                "tunl0": NetDev(0, 0, 0, 0, 0, 0, 0, 0),
+            },
+        ),
+        ("", {}),
+        ("h1\nh2\n  eth0: 1 2 3\n", {}),
+    ],
+)
+def test_parse_net_dev(text: str, want: dict[str, NetDev]) -> None:
+    assert parse_net_dev(text) == want
+
+
+CPUINFO_2x2 = "".join(
+    f"processor\t: {i}\nphysical id\t: {i // 2}\ncore id\t\t: {i % 2}\n\n" for i in range(4)
+)
+CPUINFO_HT = "".join(
+    f"processor\t: {i}\nphysical id\t: 0\ncore id\t\t: {i % 2}\n\n" for i in range(4)
+)
+
+
+@pytest.mark.parametrize(
+    ("text", "want"),
+    [
+        (CPUINFO_2x2, (4, 2)),
+        (CPUINFO_HT, (2, 1)),  # two threads per core
+        ("processor\t: 0\nBogoMIPS\t: 50\n", (None, None)),  # arm64 names neither
+    ],
+)
+def test_parse_cpuinfo(text: str, want: tuple[int | None, int | None]) -> None:
+    assert parse_cpuinfo(text) == want
+
+
+PODS = {
+    "kind": "PodList",
+    "items": [
+        {
+            "metadata": {"name": "web", "namespace": "ns"},
+            "spec": {
+                "initContainers": [{"name": "init", "image": "busybox"}],
+                "containers": [
+                    {"name": "app", "image": "busybox:1.36"},
+                    {"name": "side", "image": "nginx"},
+                ],
+            },
+            "status": {
+                "containerStatuses": [
+                    {"name": "app", "image": "docker.io/library/busybox:1.36"},
+                    {"name": "side"},  # no image reported yet: the spec's
+                ]
+            },
+        },
+        {"metadata": {"name": "bare"}},
+    ],
+}
+
+
+def test_pod_images() -> None:
+    assert pod_images(PODS) == {
+        ("ns", "web", "init"): "busybox",
+        ("ns", "web", "app"): "docker.io/library/busybox:1.36",
+        ("ns", "web", "side"): "nginx",
+    }
+    assert pod_images({}) == {}
+
+
+def test_with_images_names_containers_only() -> None:
+    runtime_id = CgroupSeries(
+        id="/x/c", detail=CgroupDetail(), container="app", pod="web", namespace="ns",
+        image="sha256:abc",
+    )  # fmt: skip
+    other = CgroupSeries(id="/y/c", detail=CgroupDetail(), container="app", pod="db", image="i")
+    snap = CgroupSnapshot(time_ns=0, machine=MACHINE, cgroups=[ROOT, POD, runtime_id, other])
+    got = with_images(snap, pod_images(PODS))
+    assert [c.image for c in got.cgroups] == ["", "", "docker.io/library/busybox:1.36", "i"]
