@@ -20,7 +20,8 @@ never leaves Ready, its Lease keeps being renewed by the new identity and a pod'
 container never restarts; once the first certificate has expired, a new pod still goes
 through pod-source, syncloop and status-reporter to Running (each service's client
 presents the current file); a restarted service uses what is there without asking
-again. Bad input: a wrong token and an expired one (401, named), a CSR that an operator
+again; status-reporter serves upstream's kubelet_certificate_manager_{client,server}_ttl_seconds.
+Bad input: a wrong token and an expired one (401, named), a CSR that an operator
 denies (its reason, named), a signer that does not answer in time (the CSR named): each
 a service that exits 1 with that message and no kubeconfig written; nothing else on the
 node is touched.
@@ -35,6 +36,7 @@ import ssl
 import subprocess
 import sys
 import time
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -43,6 +45,7 @@ import pytest
 from cryptography import x509
 from klet.devstack import DevStack
 from klet.devstack.cluster import ControlPlane
+from prometheus_client.parser import text_string_to_metric_families
 
 from tests.harness.cluster_fixtures import _plane
 from tests.harness.clusternode import cluster_node, wait_node_ready
@@ -250,6 +253,13 @@ def test_a_node_joins_with_a_bootstrap_token_and_rotates_its_certificate(
         timeout_s=60,
         what="a pod made after the first certificate expired Running",
     )
+    # upstream's expiry gauges, which kubernetes-mixin's certificate alerts read
+    port = node.ports["status-reporter"]
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
+        families = {f.name: f for f in text_string_to_metric_families(r.read().decode())}
+    for kind in ("client", "server"):
+        [sample] = families[f"kubelet_certificate_manager_{kind}_ttl_seconds"].samples
+        assert 0 < sample.value <= 60, (kind, sample.value)
     # a restarted service finds the kubeconfig and the current certificate: no request
     asked = {c["metadata"]["name"] for c in kget(cp, "csr")["items"]}
     node.stop("syncloop")
@@ -276,7 +286,7 @@ def run_status_reporter(
         "--container-runtime-endpoint",
         devstack.runtime_endpoint,
         "--tls-bootstrap-timeout",
-        "20s",
+        "6s",
     ]
     return subprocess.run(
         [sys.executable, "-m", "klet.status_reporter", *flags],
@@ -329,7 +339,7 @@ def test_a_denied_request_and_a_signer_that_never_answers_are_named(
     bootstrap = cp.bootstrap_kubeconfig(name="manual", group=group)
     waited = run_status_reporter(cp, devstack, tmp_path, bootstrap, "kletmanual")
     assert waited.returncode == 1, waited.stderr[-2000:]
-    assert "not issued within 20s (not approved yet)" in waited.stderr
+    assert "not issued within 6s (not approved yet)" in waited.stderr
     [pending] = [c for c in kget(cp, "csr")["items"] if group in c["spec"]["groups"]]
     assert not (pending.get("status") or {}).get("conditions")
     cp.kubectl(

@@ -399,3 +399,19 @@ def test_certificate_settings_that_cannot_work_are_refused(
             ["--config", str(file), *flags], env={}, service="status-reporter", hostname="n"
         )
     assert any(problem in p for p in info.value.problems), info.value.problems
+
+
+def test_certificate_expiry_gauges_are_upstreams() -> None:
+    from klet.status_reporter.metrics import CertificateMetrics
+    from prometheus_client import CollectorRegistry
+
+    registry, now = CollectorRegistry(), [1000.0]
+    metrics = CertificateMetrics(registry, clock=lambda: now[0])
+    assert registry.get_sample_value("kubelet_certificate_manager_client_ttl_seconds") is None
+    metrics.issued("client", 1600.0)
+    metrics.issued("server", 1030.0)
+    assert registry.get_sample_value("kubelet_certificate_manager_client_ttl_seconds") == 600
+    now[0] = 1060.0
+    assert registry.get_sample_value("kubelet_certificate_manager_server_ttl_seconds") == -30
+    metrics.issued("server", 2060.0)  # renewed
+    assert registry.get_sample_value("kubelet_certificate_manager_server_ttl_seconds") == 1000

@@ -235,7 +235,11 @@ def _kube_client(
 
 
 def _certificates(
-    kube: Kube, kubelet: ClusterKubelet, klet: ClusterKlet, node_ips: tuple[str, ...]
+    kube: Kube,
+    kubelet: ClusterKubelet,
+    klet: ClusterKlet,
+    node_ips: tuple[str, ...],
+    expiry: Callable[[str, float], None] | None,
 ) -> dict[str, Any]:
     """The certificate renewals the configuration asks for; rotateCertificates is refused
     (ValueError, naming the field) when the kubeconfig does not use the certificate
@@ -254,6 +258,7 @@ def _certificates(
             api=kube,
             node_name=klet.node_name,
             kind=CLIENT,
+            on_issued=_told(expiry, "client"),
         )
     if kubelet.server_tls_bootstrap:
         kind = serving_kind(klet.node_name, node_ips)
@@ -262,8 +267,16 @@ def _certificates(
             api=kube,
             node_name=klet.node_name,
             kind=kind,
+            on_issued=_told(expiry, "server"),
         )
     return out
+
+
+def _told(expiry: Callable[[str, float], None] | None, kind: str) -> Any:
+    """The rotation's on_issued hook: tell `expiry` when the certificate expires."""
+    if expiry is None:
+        return None
+    return lambda issued: expiry(kind, issued.not_after.timestamp())
 
 
 def build_cluster(
@@ -276,10 +289,12 @@ def build_cluster(
     overrides: ClusterOverrides | None = None,
     volumes_in_use: Callable[[], tuple[str, ...] | None] = lambda: None,
     requests: Callable[[str, str, str], None] | None = None,
+    certificate_expiry: Callable[[str, float], None] | None = None,
 ) -> ClusterDeps:
     """Build cluster mode's managers; `bus()` gives the node's tables when not overridden.
     `consumer` names this process in the `events` consumer group (unique per process);
-    `requests` is told of every apiserver request (rest_client_requests_total)."""
+    `requests` is told of every apiserver request (rest_client_requests_total);
+    `certificate_expiry(kind, unix time)` of each rotated certificate's expiry."""
     o = overrides or ClusterOverrides()
     closers: list[Callable[[], Awaitable[None]]] = []
 
@@ -367,7 +382,7 @@ def build_cluster(
 
     csinode = CSINodeManager(kube, o.csidrivers or bus().csidrivers, identity)
     return ClusterDeps(
-        certificates=_certificates(kube, kubelet, klet, tuple(node_ips)),
+        certificates=_certificates(kube, kubelet, klet, tuple(node_ips), certificate_expiry),
         identity=identity,
         node_status=node_status,
         lease=lease,

@@ -78,6 +78,35 @@ def count_running(statuses: Iterable[JSON]) -> RunningCounts:
     return RunningCounts(pods=pods, containers=containers)
 
 
+class CertificateMetrics:
+    """upstream's kubelet_certificate_manager_{client,server}_ttl_seconds: seconds until
+    the current client or serving certificate expires (negative once it has), computed
+    at each scrape from what the rotation tasks last read (klet.kube.rotation); a series
+    exists only while its certificate is rotated. The renewal error counters upstream
+    also has are not served: their names lack `_total`, which prometheus-client gives
+    every counter, and failures are logged by the rotation task."""
+
+    def __init__(
+        self, registry: CollectorRegistry, *, clock: Callable[[], float] = time.time
+    ) -> None:
+        self._clock = clock
+        self._expiry: dict[str, float] = {}
+        self._registry = registry
+        self._gauges: dict[str, Gauge] = {}
+
+    def issued(self, kind: str, not_after: float) -> None:
+        """`kind` ("client" or "server") now expires at `not_after` (Unix time)."""
+        self._expiry[kind] = not_after
+        if kind not in self._gauges:
+            gauge = Gauge(
+                f"kubelet_certificate_manager_{kind}_ttl_seconds",
+                f"Seconds until the kubelet's {kind} certificate expires (negative once it has).",
+                registry=self._registry,
+            )
+            gauge.set_function(lambda: self._expiry[kind] - self._clock())
+            self._gauges[kind] = gauge
+
+
 class Metrics:
     """All of the service's metrics, registered on `registry` at construction."""
 

@@ -51,7 +51,7 @@ from klet.status_reporter.kubeletapi import (
     KubeletApiSettings,
     build_kubelet_api_deps,
 )
-from klet.status_reporter.metrics import Metrics
+from klet.status_reporter.metrics import CertificateMetrics, Metrics
 from klet.status_reporter.nodemetrics import NodeMetrics, port_file_replicas
 from klet.status_reporter.podcache import (
     CachePolicy,
@@ -257,6 +257,7 @@ def build_deps(settings: ServiceSettings, *, overrides: Overrides | None = None)
             overrides=o.cluster,
             volumes_in_use=volumes.in_use,
             requests=requests,
+            certificate_expiry=CertificateMetrics(registry).issued,
         )
 
     elected = asyncio.Event()
