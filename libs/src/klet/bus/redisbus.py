@@ -621,13 +621,17 @@ class MergedStream(Generic[R]):
                 raise _wrap(err) from err
             except (RedisError, OSError) as err:
                 raise _wrap(err) from err
-            out: list[Entry[R]] = []
-            batches = cast(list[tuple[str, list[tuple[str, dict[str, str]]]]], reply or [])
-            for key, messages in batches:
-                stream = self._by_key[key]
-                out += [self._tag(stream, stream._entry(mid, fields)) for mid, fields in messages]
-            return out
+            return self._entries(reply)
         return []
+
+    def _entries(self, reply: Any) -> list[Entry[R]]:
+        """An XREAD/XREADGROUP reply over these streams as tagged entries."""
+        out: list[Entry[R]] = []
+        batches = cast(list[tuple[str, list[tuple[str, dict[str, str]]]]], reply or [])
+        for key, messages in batches:
+            stream = self._by_key[key]
+            out += [self._tag(stream, stream._entry(mid, fields)) for mid, fields in messages]
+        return out
 
     async def tail(
         self, after: Mapping[str, str], *, count: int = 100, block_ms: int | None = None
@@ -644,12 +648,7 @@ class MergedStream(Generic[R]):
             )
         except (RedisError, OSError) as err:
             raise _wrap(err) from err
-        out: list[Entry[R]] = []
-        batches = cast(list[tuple[str, list[tuple[str, dict[str, str]]]]], reply or [])
-        for key, messages in batches:
-            stream = self._by_key[key]
-            out += [self._tag(stream, stream._entry(mid, fields)) for mid, fields in messages]
-        return out
+        return self._entries(reply)
 
     async def ack(self, group: str, *ids: str) -> None:
         by_stream: dict[str, list[str]] = {}
