@@ -26,8 +26,9 @@ condition is True when any contribution of its type says "True"; the contributio
 reason/message replace upstream's defaults only when given.
 
 kubeletVersion is `KUBELET_VERSION`: the upstream release whose behaviour and API klet
-follows, with a `-klet` pre-release suffix so `kubectl get nodes` tells a klet node
-from an upstream one while version-skew checks still see 1.34.
+follows (`KUBERNETES_VERSION`, which `--version` names too) with a `-klet` pre-release
+suffix, so `kubectl get nodes` tells a klet node from an upstream one while
+version-skew checks still see 1.34.
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from klet.config.gatelist import KUBERNETES_VERSION
 from klet.model import node as nodemodel
 from klet.model.node import DEFAULT_LABELS, MachineInfo
 from klet.model.records import NodeConditionRecord
@@ -43,7 +45,7 @@ from klet.model.timestamps import rfc3339
 from klet.model.types import JSON
 from klet.status_reporter.capacity import allocatable, capacity
 
-KUBELET_VERSION = "v1.34.0-klet"
+KUBELET_VERSION = f"{KUBERNETES_VERSION}-klet"
 CMAD_ANNOTATION = "volumes.kubernetes.io/controller-managed-attach-detach"
 MAX_NAMES_PER_IMAGE = 5
 
