@@ -2,12 +2,11 @@
 `kubectl events` / `kubectl get events` print them. Pure: records and time in, rows and
 text out (the reading is in klet.cli.events).
 
-Folding follows the rule status-reporter applies before it posts (client-go's event
-correlator): records with the same involved object (kind, namespace, name, uid,
-fieldPath), type, reason, message and component are one Event while each comes less
-than `window_s` (10 min) after the previous one; its count grows and its last-seen time
-moves. Later, the same record starts a new Event, as the apiserver would then hold. So
-a standalone node reads as a cluster node's `kubectl get events` would.
+Folding is klet.model.eventfold's rule, the one status-reporter applies before it
+posts: a record joins an Event while it comes within the window of the Event's last
+one; its count grows and its last-seen time moves. Later, the same record starts a new
+Event, as the apiserver would then hold. So a standalone node reads as a cluster node's
+`kubectl get events` would.
 
 Columns, as kubectl's: NAMESPACE (unless one namespace is asked for), LAST SEEN, TYPE,
 REASON, OBJECT, MESSAGE; LAST SEEN reads `2m (x5 over 9m)` when an Event happened more
@@ -16,9 +15,8 @@ occurrence are on the default table too. `-o wide` adds kubectl's SUBOBJECT, SOU
 FIRST SEEN, COUNT and NAME. Ages use kubectl's human durations (`45s`, `3m12s`,
 `4h5m`, `3d`).
 
-An Event's name is `<object name>.<hex Unix nanoseconds of its first record>`, the
-shape status-reporter creates; a node Event's namespace is "default", where upstream
-posts it.
+An Event's name is eventfold's, the shape status-reporter creates; a node Event's
+namespace is "default", where upstream posts it.
 """
 
 from __future__ import annotations
@@ -26,17 +24,20 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
 
+from klet.model.eventfold import (
+    DEFAULT_COMPONENT,
+    DEFAULT_TYPE,
+    WINDOW_S,
+    EventKey,
+    fold_key,
+    folds,
+)
+from klet.model.eventfold import event_name as fold_name
 from klet.model.records import EventRecord
 from klet.model.timestamps import rfc3339
 from klet.model.types import JSON
 
-WINDOW_S = 600.0
-"""Records further apart than this are separate Events (client-go's aggregation window)."""
-
-DEFAULT_COMPONENT = "kubelet"
 NODE_EVENTS_NAMESPACE = "default"
-
-EventKey = tuple[str, ...]
 
 
 @dataclass(frozen=True)
@@ -57,27 +58,8 @@ class EventRow:
     last_seen: float
 
     @property
-    def key(self) -> EventKey:
-        return event_key(self)
-
-    @property
     def event_name(self) -> str:
-        return f"{self.name or 'unknown'}.{int(self.first_seen * 1e9):x}"
-
-
-def event_key(row: EventRow) -> EventKey:
-    """What makes two records one Event."""
-    return (
-        row.kind,
-        row.namespace,
-        row.name,
-        row.uid,
-        row.field_path,
-        row.type,
-        row.reason,
-        row.message,
-        row.component,
-    )
+        return fold_name(self.name, self.first_seen)
 
 
 def row_of(record: EventRecord) -> EventRow:
@@ -94,7 +76,7 @@ def row_of(record: EventRecord) -> EventRow:
         name=text("name"),
         uid=text("uid"),
         field_path=text("fieldPath"),
-        type=record.type or "Normal",
+        type=record.type or DEFAULT_TYPE,
         reason=record.reason,
         message=record.message,
         component=record.component or DEFAULT_COMPONENT,
@@ -115,12 +97,12 @@ class Correlator:
     def add(self, record: EventRecord) -> EventRow:
         """Fold `record` in; returns the Event it made or changed."""
         new = row_of(record)
-        index = self._open.get(new.key)
+        key = fold_key(record.involved, record)
+        index = self._open.get(key)
         if index is not None:
             seen = self._rows[index]
-            # Records of one stream come in order; across streams a record may be a
-            # little older than the last one folded in, which does not move the Event back.
-            if abs(new.first_seen - seen.last_seen) < self.window_s:
+            # An older record joining does not move the Event's last-seen time back.
+            if folds(seen.last_seen, new.first_seen, self.window_s):
                 merged = replace(
                     seen,
                     count=seen.count + new.count,
@@ -129,7 +111,7 @@ class Correlator:
                 )
                 self._rows[index] = merged
                 return merged
-        self._open[new.key] = len(self._rows)
+        self._open[key] = len(self._rows)
         self._rows.append(new)
         return new
 

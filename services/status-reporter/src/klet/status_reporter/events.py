@@ -8,8 +8,8 @@ show. Rules restated from client-go's event correlator and recorder:
   namespace ("default" for cluster-scoped objects such as the Node).
 - **Source**: `source.component` is the record's component ("kubelet" when empty),
   `source.host` the node; `reportingComponent`/`reportingInstance` mirror them.
-- **Aggregation**: an event with the same involved object, type, reason, message and
-  component as one posted less than `window_s` (10 min) ago is not posted again; the
+- **Aggregation** (klet.model.eventfold's rule, which `klet events` shares): a record
+  that folds into one posted less than the window (10 min) ago is not posted again; the
   existing Event's `count` is raised and its `lastTimestamp` moved (a PATCH). After the
   window, or when the PATCH finds the Event gone, a new Event is created.
 - **Rate limit** (in `eventsink.py`, with `klet.model.flowcontrol.TokenBucket`): a
@@ -25,15 +25,14 @@ from __future__ import annotations
 from collections import OrderedDict
 from dataclasses import dataclass
 
+from klet.model import eventfold
+from klet.model.eventfold import DEFAULT_COMPONENT, DEFAULT_TYPE, EventKey
 from klet.model.records import EventRecord
 from klet.model.timestamps import rfc3339
 from klet.model.types import JSON
 
-DEFAULT_COMPONENT = "kubelet"
-AGGREGATION_WINDOW_S = 600.0
+AGGREGATION_WINDOW_S = eventfold.WINDOW_S
 CACHE_SIZE = 4096
-
-EventKey = tuple[str, ...]
 
 
 def involved_object(involved: JSON) -> JSON:
@@ -55,21 +54,11 @@ def event_namespace(ref: JSON) -> str:
 
 def event_key(record: EventRecord, ref: JSON) -> EventKey:
     """What makes two records "the same event" for aggregation."""
-    return (
-        str(ref.get("kind", "")),
-        str(ref.get("namespace", "")),
-        str(ref.get("name", "")),
-        str(ref.get("uid", "")),
-        str(ref.get("fieldPath", "")),
-        record.type,
-        record.reason,
-        record.message,
-        record.component or DEFAULT_COMPONENT,
-    )
+    return eventfold.fold_key(ref, record)
 
 
 def event_name(ref: JSON, at: float) -> str:
-    return f"{ref.get('name') or 'unknown'}.{int(at * 1e9):x}"
+    return eventfold.event_name(ref.get("name"), at)
 
 
 def new_event(record: EventRecord, ref: JSON, *, node_name: str, name: str) -> JSON:
@@ -83,7 +72,7 @@ def new_event(record: EventRecord, ref: JSON, *, node_name: str, name: str) -> J
         "involvedObject": ref,
         "reason": record.reason,
         "message": record.message,
-        "type": record.type or "Normal",
+        "type": record.type or DEFAULT_TYPE,
         "source": {"component": component, "host": node_name},
         "firstTimestamp": stamp,
         "lastTimestamp": stamp,
@@ -124,7 +113,7 @@ class Aggregator:
 
     def decide(self, key: EventKey, record: EventRecord, ref: JSON) -> Post:
         seen = self._seen.get(key)
-        if seen is not None and record.at - seen.last < self.window_s:
+        if seen is not None and eventfold.folds(seen.last, record.at, self.window_s):
             return Post("patch", seen.name, seen.count + max(1, record.count))
         return Post("create", event_name(ref, record.at), max(1, record.count))
 
