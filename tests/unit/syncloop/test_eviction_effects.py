@@ -10,7 +10,9 @@ not tolerate the memory-pressure taint, DiskPressure and PIDPressure reject ever
 critical pods (static, mirror, system priority) are always admitted; through the
 controller a rejected pod is Failed with "Pod was rejected: The node had condition:
 [...]. " and no DisruptionTarget, and the bus's condition tables are what decides
-(`NodePressure`, which keeps its last answer while Redis is down).
+(`NodePressure`, which keeps its last answer while Redis is down). A kill for a node
+shutdown (reason `Terminated`) is a disruption too; while the eviction service says the
+node is shutting down, every pod is rejected with reason `NodeShutdown`.
 """
 
 from __future__ import annotations
@@ -263,3 +265,45 @@ async def test_admission_follows_the_node_table_and_keeps_it_through_an_outage(w
     w.add("be5")
     await w.controller.sync_once("be5")
     assert w.running("be5")
+
+
+SHUTDOWN_MESSAGE = "Pod was terminated in response to imminent node shutdown."
+
+
+async def test_a_pod_killed_for_a_node_shutdown_is_failed_with_disruption_target(
+    w: World,
+) -> None:
+    w.add("u1")
+    await w.controller.sync_once("u1")
+    assert await kill(w, "u1", 2, "Terminated", SHUTDOWN_MESSAGE) is True
+    status = w.controller.publisher.get("u1")
+    assert status is not None
+    assert (status["phase"], status["reason"]) == ("Failed", "Terminated")
+    assert status["message"] == SHUTDOWN_MESSAGE
+    [target] = [c for c in status["conditions"] if c["type"] == "DisruptionTarget"]
+    assert (target["reason"], target["message"]) == ("TerminationByKubelet", SHUTDOWN_MESSAGE)
+    assert not [e for e in w.events.emitted if e[2] == "Evicted"]
+
+
+async def test_every_pod_is_rejected_while_the_node_shuts_down(w: World) -> None:
+    w.conditions(
+        {
+            "eviction:Ready": NodeConditionRecord(
+                type="Ready", status="False", at=0.0, message="node is shutting down"
+            )
+        }
+    )
+    w.add("u1", priority=2_000_001_000)
+    await w.controller.sync_once("u1")
+    assert not w.running("u1")
+    status = w.controller.publisher.get("u1")
+    assert status is not None
+    assert (status["phase"], status["reason"]) == ("Failed", "NodeShutdown")
+    assert status["message"] == "Pod was rejected: Pod was rejected as the node is shutting down."
+    # Another service's unready Ready (a PLEG problem) is no shutdown.
+    w.conditions(
+        {"syncloop:Ready": NodeConditionRecord(type="Ready", status="False", at=0.0, message="x")}
+    )
+    w.add("u2")
+    await w.controller.sync_once("u2")
+    assert w.running("u2")

@@ -56,6 +56,16 @@ _BINARY = ("", "Ki", "Mi", "Gi", "Ti", "Pi", "Ei")
 # Hard eviction signal → the resource whose allocatable it reduces.
 EVICTION_RESOURCE = {"memory.available": "memory", "nodefs.available": "ephemeral-storage"}
 
+NODE_SHUTTING_DOWN = "node is shutting down"
+"""The Ready message during a graceful shutdown (upstream's); the eviction service
+contributes it as its `Ready`, and syncloop's admission reads it."""
+NODE_SHUTDOWN = "NodeShutdown"
+"""The pseudo-condition syncloop's admission sees while the node shuts down, and the
+reason of the pods it then rejects."""
+SHUTDOWN_POD_REASON = "Terminated"
+SHUTDOWN_POD_MESSAGE = "Pod was terminated in response to imminent node shutdown."
+"""The final status of a pod killed for a graceful shutdown (upstream's)."""
+
 LABEL_HOSTNAME = "kubernetes.io/hostname"
 LABEL_OS = "kubernetes.io/os"
 LABEL_ARCH = "kubernetes.io/arch"

@@ -34,7 +34,10 @@ writes to the bus `node` table, see `pressure_verdict`): critical pods (static, 
 priority >= 2000000000) are always admitted; under MemoryPressure alone only BestEffort
 pods are rejected, unless they tolerate the `node.kubernetes.io/memory-pressure`
 NoSchedule taint; under any other pressure every pod is. Reason `Evicted`, message
-"The node had condition: [MemoryPressure]. ". Pods re-admitted after a syncloop restart
+"The node had condition: [MemoryPressure]. ". While the node shuts down gracefully
+(the eviction service's shutdown manager says so on the bus) every pod is rejected,
+critical ones too, with upstream's reason `NodeShutdown` and message "Pod was rejected
+as the node is shutting down.". Pods re-admitted after a syncloop restart
 skip this check: they already run, and a restart must not stop them.
 
 The rejected pod's status message is "Pod was rejected: <message>"; the Event carries
@@ -51,6 +54,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 
+from klet.model.node import NODE_SHUTDOWN
 from klet.model.pod import is_critical, pod_requests
 from klet.model.types import JSON
 from klet.syncloop.admission.sysctls import FORBIDDEN_REASON, SysctlAllowlist
@@ -335,6 +339,7 @@ MEMORY_PRESSURE = "MemoryPressure"
 PRESSURE_ORDER = (MEMORY_PRESSURE, "DiskPressure", "PIDPressure")
 TAINT_MEMORY_PRESSURE = "node.kubernetes.io/memory-pressure"
 EVICTED = "Evicted"
+SHUTDOWN_MESSAGE = "Pod was rejected as the node is shutting down."
 
 
 def tolerates(tolerations: Iterable[JSON], *, key: str, effect: str) -> bool:
@@ -356,7 +361,9 @@ def tolerates(tolerations: Iterable[JSON], *, key: str, effect: str) -> bool:
 
 
 def pressure_verdict(pod: JSON, conditions: Iterable[str]) -> Verdict:
-    """Whether node pressure keeps `pod` out (see the module docstring)."""
+    """Whether node pressure, or a node shutdown, keeps `pod` out (module docstring)."""
+    if NODE_SHUTDOWN in set(conditions):
+        return Verdict(False, NODE_SHUTDOWN, SHUTDOWN_MESSAGE)
     present = [c for c in PRESSURE_ORDER if c in set(conditions)]
     if not present or is_critical(pod):
         return ADMIT

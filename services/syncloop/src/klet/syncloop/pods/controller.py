@@ -38,6 +38,8 @@ from typing import Any, Protocol
 
 from klet.bus import BusError, NodeBus
 from klet.cri.types import SandboxState
+from klet.model.node import NODE_SHUTDOWN, NODE_SHUTTING_DOWN
+from klet.model.node import SHUTDOWN_POD_REASON as SHUTDOWN_KILL_REASON
 from klet.model.podvalidation import pod_problems
 from klet.model.records import DesiredPod, PodChange, SourceState, sources_ready
 from klet.model.types import JSON, PodUID
@@ -110,7 +112,8 @@ class PressureSource(Protocol):
 
 class NodePressure:
     """Pressure conditions from the bus `node` table (the eviction service writes them):
-    every condition some contribution holds "True". Read when a new pod is admitted; a
+    every condition some contribution holds "True", and `NodeShutdown` while a
+    contribution says the node is shutting down. Read when a new pod is admitted; a
     Redis outage keeps the last answer."""
 
     def __init__(self, bus: NodeBus) -> None:
@@ -130,9 +133,15 @@ class NodePressure:
                 self._down = True
             return self._last
         self._down = False
-        self._last = frozenset(
+        in_force = {
             r.type for r in records.values() if r.type in PRESSURE_ORDER and r.status == "True"
-        )
+        }
+        if any(
+            r.type == "Ready" and r.status == "False" and r.message == NODE_SHUTTING_DOWN
+            for r in records.values()
+        ):
+            in_force.add(NODE_SHUTDOWN)
+        self._last = frozenset(in_force)
         return self._last
 
 
@@ -487,6 +496,9 @@ class PodController:
             if request.reason == EVICTED and state.terminal is None:
                 # upstream's eviction manager records the Warning before killing.
                 self.events.emit(pod, "Warning", EVICTED, request.message)
+                state.evicted = request.message
+            elif request.reason == SHUTDOWN_KILL_REASON and state.terminal is None:
+                # upstream's node shutdown manager marks its kills as disruptions too.
                 state.evicted = request.message
         if anything_running(current):
             if request is not None:
