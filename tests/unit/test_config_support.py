@@ -212,7 +212,6 @@ def test_unimplemented_value_refused_naming_file_and_field(tmp_path: Path, path:
     ("body", "path"),
     [
         ({"imagePullCredentialsVerificationPolicy": "AlwaysVerify"}, None),
-        ({"cgroupDriver": "systemd"}, "cgroupDriver"),
         ({"cpuManagerPolicy": "static"}, "cpuManagerPolicy"),
         ({"shutdownGracePeriod": "30s"}, "shutdownGracePeriod"),
         ({"runOnce": True}, "runOnce"),
@@ -239,6 +238,7 @@ def test_message(tmp_path: Path, body: dict[str, Any], path: str | None) -> None
         {"singleProcessOOMKill": True},
         {"enforceNodeAllocatable": ["none"]},
         {"rotateCertificates": True},
+        {"cgroupDriver": "systemd"},
         # what kubeadm writes
         {"logging": {"flushFrequency": 0, "options": {"json": {"infoBufferSize": "0"}}}},
         # fields without effect, and defaults klet does not honour, take any value
@@ -256,7 +256,6 @@ def test_accepted_values_load(tmp_path: Path, body: dict[str, Any]) -> None:
 @pytest.mark.parametrize(
     ("argv", "flag", "field"),
     [
-        (["--cgroup-driver", "systemd"], "--cgroup-driver", "cgroupDriver"),
         (["--cgroup-root", "/custom"], "--cgroup-root", "cgroupRoot"),
         (
             ["--enforce-node-allocatable", "pods,system-reserved"],
@@ -276,11 +275,11 @@ def test_flags_refused_naming_the_flag(argv: list[str], flag: str, field: str) -
 def test_flag_over_file_names_the_flag(tmp_path: Path) -> None:
     """A flag that restores the default wins over the file's unimplemented value."""
     file = tmp_path / "kubelet.json"
-    file.write_text(json.dumps({**HEADER, "cgroupDriver": "systemd"}))
+    file.write_text(json.dumps({**HEADER, "cgroupRoot": "/custom"}))
     settings = load_settings(
-        ["--config", str(file), "--cgroup-driver", "cgroupfs"],
+        ["--config", str(file), "--cgroup-root", "/"],
         env={},
         service="syncloop",
         hostname="node-1",
     )
-    assert settings.kubelet.cgroup_driver == "cgroupfs"
+    assert settings.kubelet.cgroup_root == "/"

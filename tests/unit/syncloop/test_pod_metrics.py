@@ -254,7 +254,7 @@ def test_the_start_tracker() -> None:
 
 async def test_the_pod_cgroup_creation_is_timed(tmp_path: Path) -> None:
     from klet.cgroups import CgroupFS
-    from klet.syncloop.containers.podcgroups import pod_cgroup_exists
+    from klet.syncloop.containers.podcgroups import CgroupfsPodCgroups, pod_cgroup_exists
     from klet.syncloop.pods.syncsettings import SyncSettings
 
     root = tmp_path / "cgroup"
@@ -269,7 +269,7 @@ async def test_the_pod_cgroup_creation_is_timed(tmp_path: Path) -> None:
         clock=clock,
         sync=SyncSettings(pod_logs_dir=tmp_path, cgroups_per_qos=True),
     )
-    deps.controller.syncer.cgroups = CgroupFS(root)
+    deps.controller.syncer.cgroups = CgroupfsPodCgroups(CgroupFS(root))
     deps.controller.workers = NoWorkers()  # type: ignore[assignment]
     rec = desired()
     deps.controller.apply_desired({"u1": rec}, READY, read_from=deps.controller.generation)

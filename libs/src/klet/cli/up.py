@@ -230,7 +230,12 @@ def up(argv: list[str]) -> int:
             )
             from klet.devstack.stack import DevStack
 
-            stack = DevStack(run_dir / "stack")
+            # The private containerd follows the configured cgroup driver, which
+            # syncloop checks against the runtime's at start.
+            stack = DevStack(
+                run_dir / "stack",
+                systemd_cgroup=settings.kubelet.cgroup_driver == "systemd",
+            )
             stack.start()
             runtime_endpoint = stack.runtime_endpoint
             extra += ["--container-runtime-endpoint", runtime_endpoint]

@@ -121,7 +121,6 @@ UNIMPLEMENTED: Mapping[str, Unimplemented] = {
         "choosing how ConfigMap and Secret changes are detected"
     ),
     # --- cgroups and node resources
-    "cgroupDriver": Unimplemented("the systemd cgroup driver (pod cgroups are cgroupfs paths)"),
     "cgroupRoot": Unimplemented(
         "a cgroup root other than / (pods go under /kubepods)", allowed=(DEFAULT, "/")
     ),

@@ -263,6 +263,33 @@ class RuntimeClient:
         image = config.get("sandboxImage") if isinstance(config, dict) else None
         return image if isinstance(image, str) else ""
 
+    async def cgroup_driver(self) -> str:
+        """The runtime's cgroup driver, `systemd` or `cgroupfs` ("" when it does not say).
+
+        CRI `RuntimeConfig` (containerd 2.0 and later) answers directly. containerd 1.6
+        and 1.7 do not implement it; their verbose Status carries the CRI configuration
+        (`info["config"]`), whose default runtime's `options.SystemdCgroup` is the same
+        setting (runc's, as `containerd.runtimes.runc.options` in config.toml).
+        """
+        try:
+            r = await self._read(
+                "RuntimeConfig",
+                lambda: self._call(
+                    "RuntimeConfig", self._rt.RuntimeConfig, pb.RuntimeConfigRequest()
+                ),
+            )
+        except CRIError as err:
+            if err.code != "UNIMPLEMENTED":
+                raise
+        else:
+            if r.HasField("linux"):
+                return "systemd" if r.linux.cgroup_driver == pb.SYSTEMD else "cgroupfs"
+        status = await self._read(
+            "Status",
+            lambda: self._call("Status", self._rt.Status, pb.StatusRequest(verbose=True)),
+        )
+        return cgroup_driver_of_cri_config(status.info.get("config", ""))
+
     async def run_pod_sandbox(
         self, config: SandboxConfig, *, runtime_handler: str = ""
     ) -> SandboxID:
@@ -864,3 +891,24 @@ def _container_security_pb(s: LinuxContainerSecurity) -> Any:
     if s.apparmor is not None:
         sc.apparmor.CopyFrom(_profile_pb(s.apparmor))
     return sc
+
+
+def cgroup_driver_of_cri_config(text: str) -> str:
+    """`systemd`, `cgroupfs` or "" from containerd's CRI configuration as its verbose
+    Status gives it (JSON): the default runtime's `SystemdCgroup` option."""
+    try:
+        config = json.loads(text or "{}")
+    except ValueError:
+        return ""
+    containerd = config.get("containerd") if isinstance(config, dict) else None
+    if not isinstance(containerd, dict):
+        return ""
+    runtimes = containerd.get("runtimes")
+    default = containerd.get("defaultRuntimeName") or "runc"
+    runtime = runtimes.get(default) if isinstance(runtimes, dict) else None
+    if not isinstance(runtime, dict):
+        return ""
+    options = runtime.get("options")
+    if not isinstance(options, dict):
+        return "cgroupfs"
+    return "systemd" if options.get("SystemdCgroup") is True else "cgroupfs"

@@ -127,6 +127,7 @@ class FakeRuntimeService:
         self.exec_responder: ExecResponder | None = None
         # Host PIDs container_pid answers, by container ID (a test sets them).
         self.pids: dict[ContainerID, int] = {}
+        self.cgroup_driver_name = "cgroupfs"
         self.closed = False  # close() was called (the client's channel would be gone)
 
     # -- test controls ---------------------------------------------------------------
@@ -273,6 +274,11 @@ class FakeRuntimeService:
     async def version(self) -> RuntimeVersion:
         await self._enter("Version")
         return RuntimeVersion("fake", "1.6.0-fake", "v1")
+
+    async def cgroup_driver(self) -> str:
+        """`cgroup_driver_name` (cgroupfs unless a test sets it), as RuntimeConfig says."""
+        await self._enter("RuntimeConfig")
+        return self.cgroup_driver_name
 
     async def status(self) -> list[RuntimeCondition]:
         await self._enter("Status")

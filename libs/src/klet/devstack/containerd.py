@@ -8,7 +8,9 @@ configuration. The one exception is containerd 1.6's hard-coded shim socket dire
 collide with a system instance.
 
 Settings this host needs (see HOST_NOTES.md): ``restrict_oom_score_adj`` because
-negative oom_score_adj is refused, cgroupfs rather than systemd cgroups, CNI plugins
+negative oom_score_adj is refused, cgroupfs rather than systemd cgroups (there is no
+systemd here; ``systemd_cgroup`` turns runc's ``SystemdCgroup`` on where there is, as in
+the systemd tests' node container), CNI plugins
 from ``/usr/lib/cni``, and a ``hosts.toml`` per registry host name so that
 ``registry.klet.test/...`` is pulled over plain HTTP from the local registry.
 
@@ -74,8 +76,11 @@ class Containerd:
         log_level: str = "info",
         root_size_bytes: int | None = None,
         socket_dir: Path | None = None,
+        systemd_cgroup: bool = False,
     ) -> None:
-        """``root_size_bytes``: put containerd's root (images, snapshots) on a tmpfs of
+        """``systemd_cgroup``: runc's ``SystemdCgroup`` option (containers in systemd
+        scopes, for a node with ``cgroupDriver: systemd``; needs systemd as PID 1).
+        ``root_size_bytes``: put containerd's root (images, snapshots) on a tmpfs of
         that size, mounted at start and unmounted at stop, so that tests fill the image
         filesystem for real (image GC thresholds); None keeps it on the host's disk.
         ``socket_dir``: where the sockets go (default ``dir``); a directory of their own
@@ -88,6 +93,7 @@ class Containerd:
         self.sandbox_image = sandbox_image
         self.log_level = log_level
         self.root_size_bytes = root_size_bytes
+        self.systemd_cgroup = systemd_cgroup
         self.socket_dir = socket_dir.resolve() if socket_dir is not None else self.dir
         self.socket = self.socket_dir / "containerd.sock"
         self.ttrpc_socket = self.socket_dir / "containerd.sock.ttrpc"
@@ -110,6 +116,7 @@ class Containerd:
         log_level: str = "info",
         root_size_bytes: int | None = None,
         socket_dir: Path | None = None,
+        systemd_cgroup: bool = False,
     ) -> Containerd:
         """A containerd that pulls ``registry.klet.test/...`` (and ``registry_address``
         itself) over plain HTTP from the registry at ``registry_address``."""
@@ -121,6 +128,7 @@ class Containerd:
             log_level=log_level,
             root_size_bytes=root_size_bytes,
             socket_dir=socket_dir,
+            systemd_cgroup=systemd_cgroup,
         )
 
     @property
@@ -140,6 +148,7 @@ class Containerd:
     def config_toml(self) -> str:
         cri = '[plugins."io.containerd.grpc.v1.cri"'
         disabled = ", ".join(_q(p) for p in _DISABLED_PLUGINS)
+        systemd = "true" if self.systemd_cgroup else "false"
         return f"""\
 version = 2
 root = {_q(str(self.root))}
@@ -182,7 +191,7 @@ disabled_plugins = [{disabled}]
     runtime_type = "io.containerd.runc.v2"
 
   {cri}.containerd.runtimes.runc.options]
-    SystemdCgroup = false
+    SystemdCgroup = {systemd}
     Root = {_q(str(self.runc_root))}
 
   # A second runtime handler, for RuntimeClass: the one upstream's e2e suite expects
@@ -193,7 +202,7 @@ disabled_plugins = [{disabled}]
     runtime_type = "io.containerd.runc.v2"
 
   {cri}.containerd.runtimes.{TEST_HANDLER}.options]
-    SystemdCgroup = false
+    SystemdCgroup = {systemd}
     Root = {_q(str(self.test_handler_root))}
 
   {cri}.cni]

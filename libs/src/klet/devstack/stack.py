@@ -45,9 +45,11 @@ class DevStack:
         start_containerd: bool = True,
         images: Mapping[str, ImageSpec] | None = None,
         containerd_root_size: int | None = None,
+        systemd_cgroup: bool = False,
     ) -> None:
         """``containerd_root_size``: bytes of a tmpfs for containerd's root (a small image
-        filesystem for image GC tests); None keeps it on the host's disk."""
+        filesystem for image GC tests); None keeps it on the host's disk. ``systemd_cgroup``:
+        containerd's runc puts containers in systemd scopes (``cgroupDriver: systemd``)."""
         self.dir = dir.resolve()
         self.start_containerd = start_containerd
         self.specs = dict(images if images is not None else standard_images())
@@ -59,6 +61,7 @@ class DevStack:
                 self.registry.address,
                 sandbox_image=PAUSE_IMAGE,
                 root_size_bytes=containerd_root_size,
+                systemd_cgroup=systemd_cgroup,
             )
             if start_containerd
             else None

@@ -1,7 +1,8 @@
 """Entry point: `python -m klet.syncloop [kubelet flags]`, and `klet run syncloop`.
 
 Only the shared entry sequence (klet.cli.service) with this service's start-up: the
-protectKernelDefaults check (kerneltunables), building the dependencies inside the event
+protectKernelDefaults check (kerneltunables), with `cgroupDriver: systemd` the check that
+systemd is PID 1 and answers on the system bus, building the dependencies inside the event
 loop, and running the root tasks.
 """
 
@@ -24,7 +25,23 @@ async def start(settings: Settings, *, proc_sys: Path | None = None) -> int | No
     if problems:
         print(f"syncloop: {ConfigError(problems)}", file=sys.stderr)
         return 1
+    if settings.kubelet.cgroup_driver == "systemd":
+        problem = await systemd_problem()
+        if problem:
+            print(f"syncloop: cgroupDriver: systemd: {problem}", file=sys.stderr)
+            return 1
     return await main(build_deps(settings))
+
+
+async def systemd_problem() -> str:
+    """Why the systemd cgroup driver cannot work on this host ("" when it can)."""
+    from klet.cgroups.systemd import Systemd, preflight
+
+    systemd = Systemd(timeout_s=10.0)
+    try:
+        return await preflight(systemd)
+    finally:
+        systemd.close()
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -20,6 +20,7 @@ from klet.obs import create_health_app, leader_metric, run_supervised, serve_ser
 from klet.rpc.podcontrol import serve_pod_control
 from klet.syncloop.containers.logmanager import ContainerLogManager, LogManagerSettings
 from klet.syncloop.pods.intake import BusIntake
+from klet.syncloop.ports import NodeRuntime
 from klet.syncloop.wiring import Deps
 
 log = logging.getLogger(__name__)
@@ -42,7 +43,7 @@ async def main(deps: Deps) -> int:
 
     def on_uids(uids: set[str]) -> None:
         controller.runtime_uids = uids
-        m.pleg_relist_duration.observe(relister.last_duration_s)
+        m.pleg_relists.relisted(relister.last_duration_s, now=time.monotonic())
         m.pleg_last_seen.set(time.time())
         m.pod_workers.set(len(controller.workers.uids()))
         m.running_pods.set(relister.ready_sandboxes())
@@ -97,6 +98,11 @@ async def main(deps: Deps) -> int:
         await work()
 
     version = await _runtime_version(deps)
+    mismatch = await cgroup_driver_mismatch(deps.cri, deps.settings.kubelet.cgroup_driver)
+    if mismatch:
+        log.error(mismatch)
+        await deps.close()
+        return 1
     log.info("syncloop starting", extra={"node": deps.settings.klet.node_name, "runtime": version})
     health = create_health_app(
         registry=deps.registry,
@@ -172,3 +178,23 @@ async def _runtime_version(deps: Deps) -> str:
     except Exception as err:  # noqa: BLE001 - the runtime may come up later; PLEG reports it
         log.warning("runtime not reachable at start", extra={"error": str(err)})
         return "unknown"
+
+
+async def cgroup_driver_mismatch(cri: NodeRuntime, driver: str) -> str:
+    """Why syncloop must not start with `cgroupDriver: <driver>` on this runtime ("" when
+    it may): the runtime's own driver differs, so pod cgroups and the runtime's
+    container cgroups would be in two different trees. A runtime that is not up yet or
+    does not say is not refused (PLEG reports a runtime that stays down)."""
+    try:
+        runtime_driver = await cri.cgroup_driver()
+    except Exception as err:  # noqa: BLE001 - the runtime may come up later
+        log.warning("runtime cgroup driver unknown at start", extra={"error": str(err)})
+        return ""
+    if runtime_driver and runtime_driver != driver:
+        return (
+            f"cgroupDriver: klet's is {driver!r} but the container runtime's is "
+            f"{runtime_driver!r} (containerd: SystemdCgroup = "
+            f"{'true' if runtime_driver == 'systemd' else 'false'} in its runc options); "
+            "set both to the same driver"
+        )
+    return ""

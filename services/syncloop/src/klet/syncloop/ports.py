@@ -93,6 +93,8 @@ class NodeRuntime(RuntimeService, Protocol):
 
     async def version(self) -> RuntimeVersion: ...
 
+    async def cgroup_driver(self) -> str: ...  # checked against cgroupDriver at start
+
     async def reopen_container_log(self, container_id: ContainerID) -> None: ...
 
     async def settle(self) -> bool: ...  # creations and starts still running, at exit

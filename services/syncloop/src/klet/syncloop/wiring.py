@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING
 from klet.bus import Bus, Lease, NodeBus, service_lease
 from klet.cgroups import CgroupFS
 from klet.cgroups.machine import mem_total_bytes, read_machine
+from klet.cgroups.systemd import Systemd
 from klet.config import Settings
 from klet.cri import RuntimeClient, cri_settings
 from klet.cri.events import RuntimeEvents
@@ -43,12 +44,14 @@ from klet.syncloop.containers.images import (
     PullCredentials,
     pull_parallelism,
 )
+from klet.syncloop.containers.podcgroups import CgroupfsPodCgroups, PodCgroups
 from klet.syncloop.containers.security import SecuritySettings
+from klet.syncloop.containers.systemdcgroups import SystemdPodCgroups
 from klet.syncloop.environment.dns import DNSSettings
 from klet.syncloop.environment.envvars import NodeFacts
 from klet.syncloop.environment.kubeobjects import ApiObjects
 from klet.syncloop.events import BusEventSink, EventSink
-from klet.syncloop.metrics import Metrics, create_metrics, volume_counts
+from klet.syncloop.metrics import Metrics, create_metrics, storage_operations, volume_counts
 from klet.syncloop.plugins.csidrivers import CSIRegistrar
 from klet.syncloop.plugins.watcher import PLUGINS_REGISTRY, PluginWatcher
 from klet.syncloop.pods.controller import NodePressure, PodController, published_status
@@ -171,6 +174,14 @@ def admission_node(settings: Settings) -> NodeInfo:
     )
 
 
+def pod_cgroups(driver: str) -> PodCgroups:
+    """The pod cgroup driver of `cgroupDriver` (validated: cgroupfs or systemd)."""
+    cgroups = CgroupFS()
+    if driver == "systemd":
+        return SystemdPodCgroups(Systemd(), cgroup_version=cgroups.version)
+    return CgroupfsPodCgroups(cgroups)
+
+
 def build_deps(settings: Settings, overrides: Overrides | None = None) -> Deps:
     o = overrides or Overrides()
     k = settings.kubelet
@@ -248,6 +259,7 @@ def build_deps(settings: Settings, overrides: Overrides | None = None) -> Deps:
         objects=objects,
         tokens=tokens,
         counts=volume_counts(registry),
+        operations=storage_operations(registry),
     )
     # upstream: the initial back-off is 10 s, or the maximum when that is set lower
     max_backoff = k.crash_loop_back_off.max_container_restart_period
@@ -285,7 +297,7 @@ def build_deps(settings: Settings, overrides: Overrides | None = None) -> Deps:
         runtime=runtime,
         puller=puller,
         events=events,
-        cgroups=CgroupFS() if k.cgroups_per_qos else None,
+        cgroups=pod_cgroups(k.cgroup_driver) if k.cgroups_per_qos else None,
         settings=sync,
         backoff=backoff,
         hooks=hooks,

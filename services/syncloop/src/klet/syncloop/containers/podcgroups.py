@@ -3,6 +3,8 @@
 Before RunPodSandbox the pod cgroup is created in every cgroup v1 hierarchy (or the v2
 unified one) and its CPU shares, CFS quota, memory limit and pids.max (podPidsLimit) are
 written, as upstream's pod container manager does; doing it again is harmless.
+`PodCgroups` is the cgroup driver as syncloop sees it: `CgroupfsPodCgroups` here,
+`SystemdPodCgroups` (systemdcgroups.py) for `cgroupDriver: systemd`.
 `node_limits` detects once the node's memory capacity and the lowest oom_score_adj this
 host accepts (hosts that refuse negative values get containers' values clamped, with a
 single warning).
@@ -14,7 +16,9 @@ import functools
 import logging
 import os
 from pathlib import Path
+from typing import Protocol
 
+from klet.cgroups import CgroupFS
 from klet.cgroups.fs import V1_CONTROLLERS, detect
 from klet.cgroups.machine import mem_total_bytes
 from klet.syncloop.containers.resources import NodeLimits, PodResources
@@ -165,3 +169,38 @@ def ensure_pod_cgroup(
         for name, text in files.get(ctrl, {}).items():
             _write(base / rel / name, text, problems)
     return problems
+
+
+class PodCgroups(Protocol):
+    """The cgroup driver as syncloop uses it, by the pod's cgroupfs name
+    (`/kubepods/burstable/pod<uid>`, klet.model.layout): cgroupfs or systemd."""
+
+    def cri_parent(self, name: str) -> str:
+        """The cgroup parent handed to CRI for the pod's sandbox and containers."""
+        ...
+
+    async def ensure(self, name: str, res: PodResources) -> tuple[bool, list[str]]:
+        """Create the pod cgroup (or update its limits); returns whether it existed and
+        the problems met (none is fatal)."""
+        ...
+
+    async def remove(self, name: str) -> list[str]:
+        """Remove the pod cgroup of a pod that is gone; returns what stayed."""
+        ...
+
+
+class CgroupfsPodCgroups:
+    """`cgroupDriver: cgroupfs`: the directories under /sys/fs/cgroup, written directly."""
+
+    def __init__(self, cgroups: CgroupFS) -> None:
+        self.cgroups = cgroups
+
+    def cri_parent(self, name: str) -> str:
+        return name
+
+    async def ensure(self, name: str, res: PodResources) -> tuple[bool, list[str]]:
+        existed = pod_cgroup_exists(name, root=self.cgroups.root)
+        return existed, ensure_pod_cgroup(name, res, root=self.cgroups.root)
+
+    async def remove(self, name: str) -> list[str]:
+        return self.cgroups.remove(name)

@@ -19,7 +19,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
-from klet.cgroups import CgroupFS
 from klet.cri import CRIError
 from klet.cri.types import ContainerState, DNSConfig, SandboxConfig
 from klet.model.flowcontrol import Backoff
@@ -27,6 +26,7 @@ from klet.model.types import JSON, SandboxID
 from klet.syncloop.containers import criconfig, fields, podcgroups, resources, termination
 from klet.syncloop.containers.hooks import LifecycleHooks, container_spec, pod_ip_of
 from klet.syncloop.containers.images import ImagePuller
+from klet.syncloop.containers.podcgroups import PodCgroups
 from klet.syncloop.containers.startcontainer import ContainerStarter
 from klet.syncloop.environment import dns, etchosts
 from klet.syncloop.environment.kubeobjects import KubeObjects
@@ -103,7 +103,7 @@ class PodSyncer:
         runtime: PodRuntime,
         puller: ImagePuller,
         events: EventSink,
-        cgroups: CgroupFS | None,
+        cgroups: PodCgroups | None,
         settings: SyncSettings,
         backoff: Backoff,
         hooks: LifecycleHooks,
@@ -148,7 +148,10 @@ class PodSyncer:
         )
 
     def _cgroup_parent(self, pod: JSON) -> str:
-        return podspec.pod_cgroup_parent(pod) if self.settings.cgroups_per_qos else ""
+        """What CRI gets as the cgroup parent: the pod cgroup in the driver's form."""
+        if self.cgroups is None or not self.settings.cgroups_per_qos:
+            return ""
+        return self.cgroups.cri_parent(podspec.pod_cgroup_parent(pod))
 
     async def sync(
         self, pod: JSON, current: RuntimePod, *, probes: ProbeResults = NO_PROBES
@@ -202,11 +205,8 @@ class PodSyncer:
             if self.cgroups is not None and self.settings.cgroups_per_qos:
                 pod_res = resources.pod_resources(pod, podcgroups.node_limits(self.settings))
                 began = time.monotonic()
-                existed = podcgroups.pod_cgroup_exists(
-                    sandbox_cfg.cgroup_parent, root=self.cgroups.root
-                )
-                problems = podcgroups.ensure_pod_cgroup(
-                    sandbox_cfg.cgroup_parent, pod_res, root=self.cgroups.root
+                existed, problems = await self.cgroups.ensure(
+                    podspec.pod_cgroup_parent(pod), pod_res
                 )
                 self.observer.cgroup_operation(
                     "update" if existed else "create", time.monotonic() - began
@@ -479,7 +479,7 @@ class PodSyncer:
                 etchosts.remove_hosts_file(self.settings.root_dir, current.uid)
                 termination.remove_pod_files(self.settings.root_dir, current.uid)
             if self.cgroups is not None and pod is not None and self.settings.cgroups_per_qos:
-                left = self.cgroups.remove(podspec.pod_cgroup_parent(pod))
+                left = await self.cgroups.remove(podspec.pod_cgroup_parent(pod))
                 if left:
                     log.warning("pod cgroup not removed", extra={"pod": _name(pod), "left": left})
 

@@ -1,0 +1,108 @@
+"""`cgroupDriver: systemd`: pod and QoS cgroups as transient systemd slices.
+
+The pod's cgroupfs name (`/kubepods/burstable/pod<uid>`) becomes the slice
+`kubepods-burstable-pod<uid_>.slice` (klet.cgroups.slices), and CRI gets its full path
+`/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod<uid_>.slice` as the
+cgroup parent, so a runtime with `SystemdCgroup = true` places each container in a
+`.scope` under it. Before a pod's slice, the node's slices above it (`kubepods.slice`,
+`kubepods-burstable.slice`, `kubepods-besteffort.slice`) are started once, as upstream's
+QoS container manager creates them at start; a restarted systemd forgets transient
+units, so they are ensured again whenever systemd reports one missing.
+
+A pod's slice is stopped when the pod is removed: systemd removes its cgroups and the
+transient unit. Stopping a slice stops whatever still runs in it, which is why it only
+happens after every container and the sandbox are gone (syncpod's removal path).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Protocol
+
+from klet.cgroups.slices import (
+    Property,
+    SliceLimits,
+    limit_properties,
+    parts_of,
+    slice_properties,
+    unit_name,
+)
+from klet.cgroups.slices import cgroup_path as slice_path
+from klet.cgroups.systemd import SystemdError, SystemdUnavailable
+from klet.model.layout import node_cgroups
+from klet.syncloop.containers.resources import PodResources
+
+log = logging.getLogger(__name__)
+
+
+def pod_slice_limits(res: PodResources) -> SliceLimits:
+    return SliceLimits(
+        cpu_shares=res.cpu_shares,
+        cpu_quota_us=res.cpu_quota,
+        cpu_period_us=res.cpu_period,
+        memory_limit_bytes=res.memory_limit_bytes,
+        pids_limit=res.pids_limit,
+    )
+
+
+class Slices(Protocol):
+    """What this driver needs of systemd (klet.cgroups.systemd.Systemd;
+    klet.cgroups.testing.FakeSystemd in unit tests)."""
+
+    async def ensure_slice(
+        self, unit: str, properties: list[Property], limits: list[Property]
+    ) -> bool: ...
+
+    async def stop_slice(self, unit: str) -> None: ...
+
+    async def unit_active_state(self, unit: str) -> str: ...
+
+
+class SystemdPodCgroups:
+    """Pod slices through systemd's D-Bus API (klet.cgroups.systemd)."""
+
+    def __init__(self, systemd: Slices, *, cgroup_version: int) -> None:
+        self.systemd = systemd
+        self.cgroup_version = cgroup_version
+        self._node_slices_ready = False
+        self._node_slices_lock = asyncio.Lock()  # pod workers start pods concurrently
+
+    def cri_parent(self, name: str) -> str:
+        return slice_path(name)
+
+    async def _ensure_node_slices(self) -> None:
+        async with self._node_slices_lock:
+            if self._node_slices_ready:
+                return
+            for name in node_cgroups():
+                unit = unit_name(parts_of(name))
+                props = slice_properties(unit, SliceLimits(), cgroup_version=self.cgroup_version)
+                await self.systemd.ensure_slice(unit, props, [])
+            self._node_slices_ready = True
+
+    async def ensure(self, name: str, res: PodResources) -> tuple[bool, list[str]]:
+        unit = unit_name(parts_of(name))
+        limits = pod_slice_limits(res)
+        try:
+            if self._node_slices_ready and not await self.systemd.unit_active_state(
+                "kubepods.slice"
+            ):
+                self._node_slices_ready = False  # systemd restarted and forgot them
+            await self._ensure_node_slices()
+            existed = await self.systemd.ensure_slice(
+                unit,
+                slice_properties(unit, limits, cgroup_version=self.cgroup_version),
+                limit_properties(limits, cgroup_version=self.cgroup_version),
+            )
+        except (SystemdError, SystemdUnavailable) as err:
+            return False, [f"{unit}: {err}"]
+        return existed, []
+
+    async def remove(self, name: str) -> list[str]:
+        unit = unit_name(parts_of(name))
+        try:
+            await self.systemd.stop_slice(unit)
+        except (SystemdError, SystemdUnavailable) as err:
+            return [f"{unit}: {err}"]
+        return []

@@ -1,0 +1,135 @@
+"""The systemd cgroup driver in syncloop, on a stateful fake systemd: CRI's cgroup parent
+is the slice path; the node's slices (kubepods, burstable, besteffort) are started once
+before the first pod's, and again after systemd forgot them; a pod's slice gets its
+limits, an existing one only its limits again; removal stops the slice; a systemd error
+is a problem reported, not an exception; wiring picks the driver from cgroupDriver; and
+syncloop refuses to start when the runtime's cgroup driver differs, naming both."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+
+from klet.cgroups.systemd import SystemdUnavailable
+from klet.cgroups.testing import FakeSystemd
+from klet.cri.testing import FakeRuntimeService
+from klet.syncloop.app import cgroup_driver_mismatch
+from klet.syncloop.containers.podcgroups import CgroupfsPodCgroups
+from klet.syncloop.containers.resources import PodResources
+from klet.syncloop.containers.systemdcgroups import SystemdPodCgroups
+from klet.syncloop.wiring import pod_cgroups
+
+UID = "11111111-2222-3333-4444-555555555555"
+UID_ = UID.replace("-", "_")
+POD = f"/kubepods/burstable/pod{UID}"
+UNIT = f"kubepods-burstable-pod{UID_}.slice"
+RES = PodResources(cpu_shares=51, cpu_quota=None, cpu_period=100_000, memory_limit_bytes=128 << 20)
+NODE_SLICES = ["kubepods.slice", "kubepods-burstable.slice", "kubepods-besteffort.slice"]
+
+
+def test_cri_parent_is_the_slice_path() -> None:
+    driver = SystemdPodCgroups(FakeSystemd(), cgroup_version=1)
+    assert driver.cri_parent(POD) == (
+        f"/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod{UID_}.slice"
+    )
+    assert driver.cri_parent(f"/kubepods/pod{UID}") == f"/kubepods.slice/kubepods-pod{UID_}.slice"
+
+
+def test_node_slices_first_then_the_pod_with_its_limits() -> None:
+    systemd = FakeSystemd()
+    driver = SystemdPodCgroups(systemd, cgroup_version=1)
+    assert asyncio.run(driver.ensure(POD, RES)) == (False, [])
+    assert [u for op, u in systemd.calls if op == "ensure"] == [*NODE_SLICES, UNIT]
+    props = systemd.units[UNIT]
+    assert props["CPUShares"] == 51
+    assert props["MemoryLimit"] == 128 << 20
+    assert props["Wants"] == ["kubepods-burstable.slice"]
+    assert systemd.units["kubepods.slice"]["Wants"] == ["-.slice"]
+
+
+def test_existing_slice_is_updated_and_node_slices_not_redone() -> None:
+    systemd = FakeSystemd()
+    driver = SystemdPodCgroups(systemd, cgroup_version=1)
+
+    async def twice() -> tuple[bool, list[str]]:
+        await driver.ensure(POD, RES)
+        systemd.calls.clear()
+        return await driver.ensure(POD, dataclasses.replace(RES, memory_limit_bytes=256 << 20))
+
+    assert asyncio.run(twice()) == (True, [])
+    assert [u for op, u in systemd.calls if op == "ensure"] == [UNIT]
+    assert systemd.units[UNIT]["MemoryLimit"] == 256 << 20
+
+
+def test_concurrent_pods_start_the_node_slices_once() -> None:
+    systemd = FakeSystemd()
+    driver = SystemdPodCgroups(systemd, cgroup_version=2)
+    pods = [f"/kubepods/besteffort/pod{i}" for i in range(5)]
+
+    async def all_at_once() -> None:
+        await asyncio.gather(*(driver.ensure(p, RES) for p in pods))
+
+    asyncio.run(all_at_once())
+    ensured = [u for op, u in systemd.calls if op == "ensure"]
+    assert ensured[:3] == NODE_SLICES and len(ensured) == 3 + len(pods)
+
+
+def test_node_slices_again_after_systemd_restarts() -> None:
+    systemd = FakeSystemd()
+    driver = SystemdPodCgroups(systemd, cgroup_version=1)
+
+    async def across_restart() -> None:
+        await driver.ensure(POD, RES)
+        systemd.restart()
+        systemd.calls.clear()
+        await driver.ensure(POD, RES)
+
+    asyncio.run(across_restart())
+    assert [u for op, u in systemd.calls if op == "ensure"] == [*NODE_SLICES, UNIT]
+
+
+def test_remove_stops_the_slice() -> None:
+    systemd = FakeSystemd()
+    driver = SystemdPodCgroups(systemd, cgroup_version=1)
+
+    async def create_and_remove() -> list[str]:
+        await driver.ensure(POD, RES)
+        return await driver.remove(POD)
+
+    assert asyncio.run(create_and_remove()) == []
+    assert UNIT not in systemd.units and "kubepods.slice" in systemd.units
+
+
+def test_systemd_errors_are_reported_problems() -> None:
+    systemd = FakeSystemd()
+    driver = SystemdPodCgroups(systemd, cgroup_version=1)
+    systemd.fail_next = SystemdUnavailable("cannot connect to the system bus: gone")
+    existed, problems = asyncio.run(driver.ensure(POD, RES))
+    assert not existed
+    assert problems == [f"{UNIT}: cannot connect to the system bus: gone"]
+    systemd.fail_next = SystemdUnavailable("StopUnit: no answer in 30 s")
+    assert asyncio.run(driver.remove(POD)) == [f"{UNIT}: StopUnit: no answer in 30 s"]
+
+
+def test_wiring_picks_the_driver() -> None:
+    assert isinstance(pod_cgroups("systemd"), SystemdPodCgroups)
+    cgroupfs = pod_cgroups("cgroupfs")
+    assert isinstance(cgroupfs, CgroupfsPodCgroups)
+    assert cgroupfs.cri_parent(POD) == POD
+
+
+def test_runtime_driver_mismatch_names_both() -> None:
+    cri = FakeRuntimeService()
+    cri.cgroup_driver_name = "cgroupfs"
+    problem = asyncio.run(cgroup_driver_mismatch(cri, "systemd"))
+    assert problem.startswith(
+        "cgroupDriver: klet's is 'systemd' but the container runtime's is 'cgroupfs'"
+    )
+    assert "SystemdCgroup = false" in problem
+    assert asyncio.run(cgroup_driver_mismatch(cri, "cgroupfs")) == ""
+
+
+def test_a_runtime_that_does_not_say_is_not_refused() -> None:
+    cri = FakeRuntimeService()
+    cri.cgroup_driver_name = ""
+    assert asyncio.run(cgroup_driver_mismatch(cri, "systemd")) == ""
