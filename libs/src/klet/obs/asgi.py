@@ -5,7 +5,7 @@ The private service port (/healthz /readyz /metrics) of every service and the
 status-reporter's healthz and read-only ports answer a handful of GET paths each. FastAPI
 (with Starlette and pydantic) costs about 20 MB resident per process to import, more than
 the rest of such a service's HTTP needs together, so these apps are written against ASGI
-directly and served by klet.obs.httpserver (`klet.obs.health.serve_http`); FastAPI
+directly and served by uvicorn (`klet.obs.health.serve_http`); FastAPI
 stays where an API is served (the kubelet API on --port). The behaviour follows what the
 FastAPI versions did: GET and HEAD only (405 with `Allow: GET, HEAD` otherwise), 404 with
 a JSON `detail` for an unknown path, `text/plain; charset=utf-8` bodies.

@@ -25,14 +25,16 @@ What the two mean, the same in every klet service:
   operator finds the acting replica among those published under
   `<run-dir>/ports/<service>/` (klet.portfiles) by its /readyz.
 
-`serve_http(app, host=..., port=..., name=...)` runs klet's small HTTP/1.1 server
-(`klet.obs.httpserver`, h11 on asyncio streams; uvicorn cost each service about 2.5 MB
-resident to import) inside the current event loop as one of the service's supervised
-root tasks: it binds the socket itself (so a busy port is an OSError at once, and port 0
-works), sets `ready` once serving, never installs signal handlers (the process's
-supervisor owns SIGTERM), and shuts down cleanly when its task is cancelled. The
-services call it through `klet.obs.serviceport.serve_service_port`, which adds the port
-files.
+`serve_http(app, host=..., port=..., name=...)` runs uvicorn (its h11 protocol, no
+WebSocket) inside the current event loop as one of the service's supervised root tasks:
+it binds the socket itself (so a busy port is an OSError at once, port 0 works and
+SO_REUSEPORT can be set), sets `ready` once serving, never installs signal handlers (the
+process's supervisor owns SIGTERM), writes no access log, and shuts down gracefully when
+its task is cancelled: the listener closes, idle connections close, requests being
+answered get `GRACEFUL_S` to finish. The services call it through
+`klet.obs.serviceport.serve_service_port`, which adds the port files. The kubelet API on
+10250 has its own server (`klet.status_reporter.kubeletapi.server`: it hands the raw
+upgraded socket to exec/attach/port-forward, which uvicorn cannot).
 
 Trade-off: checks run on every probe, concurrently, each bounded by `check_timeout`; a
 check must be cheap (read a flag a loop maintains) rather than do I/O itself.
@@ -41,19 +43,20 @@ check must be cheap (read a flag a loop maintains) rather than do I/O itself.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import inspect
 import logging
 import socket
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Generator, Mapping
 from typing import Any
 
+import uvicorn
 from klet.obs.asgi import Request, Response, Routes, text
-from klet.obs.httpserver import HttpServer, LifespanFailed
 from klet.obs.logs import OnceLogger
 from prometheus_client import CollectorRegistry
 from prometheus_client.exposition import choose_encoder
 
-__all__ = ["HealthCheck", "create_health_app", "serve_http"]
+__all__ = ["GRACEFUL_S", "HealthCheck", "create_health_app", "serve_http"]
 
 log = logging.getLogger(__name__)
 
@@ -61,6 +64,9 @@ HealthCheck = Callable[[], bool | Awaitable[bool]]
 """A named health condition: True when healthy; may be async; raising counts as failed."""
 
 _NOSNIFF = {"X-Content-Type-Options": "nosniff"}
+
+GRACEFUL_S = 5
+"""Seconds requests being answered get to finish once serve_http is cancelled."""
 
 
 class _Checker:
@@ -152,6 +158,36 @@ def create_health_app(
     )
 
 
+class _Server(uvicorn.Server):
+    """uvicorn's server inside a klet service: signals stay with the process's supervisor,
+    `ready` is set once it serves, and its loop wakes once a second (to refresh the Date
+    header) rather than ten times, or at once when `stop()` is called."""
+
+    def __init__(self, config: uvicorn.Config, ready: asyncio.Event | None) -> None:
+        super().__init__(config)
+        self._ready = ready
+        self._stopping = asyncio.Event()
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Generator[None, None, None]:
+        yield
+
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        await super().startup(sockets=sockets)
+        if self.started and self._ready is not None:
+            self._ready.set()
+
+    async def main_loop(self) -> None:
+        while not await self.on_tick(0):  # counter 0: the Date header is refreshed
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._stopping.wait(), 1.0)
+
+    def stop(self, *, force: bool = False) -> None:
+        self.should_exit = True
+        self.force_exit = self.force_exit or force
+        self._stopping.set()
+
+
 async def _bind(host: str, port: int, *, reuse_port: bool = False) -> socket.socket:
     loop = asyncio.get_running_loop()
     infos = await loop.getaddrinfo(
@@ -197,32 +233,51 @@ async def serve_http(
     kernel spreads new connections over them, and one replica dying drops only its own
     connections. Every process sharing the port must set it (and run as the same user).
     """
-    server = HttpServer(app, name=name)
+    config = uvicorn.Config(
+        app,
+        http="h11",
+        ws="none",
+        interface="asgi3",
+        lifespan="on",
+        log_config=None,  # records go to klet's root handler (klet.obs.logs)
+        access_log=False,
+        proxy_headers=False,  # nothing sits in front of these ports
+        server_header=False,
+        timeout_graceful_shutdown=GRACEFUL_S,
+    )
+    server = _Server(config, ready)
     try:
         sock = await _bind(host, port, reuse_port=reuse_port)
     except OSError as exc:
         raise OSError(exc.errno, f"{name}: cannot listen on {host}:{port}: {exc.strerror}") from exc
     bound_host, bound_port = sock.getsockname()[:2]
     log.info("HTTP listening", extra={"server": name, "host": bound_host, "port": bound_port})
+
+    async def run() -> None:
+        # uvicorn calls sys.exit() when the lifespan start-up fails; a SystemExit leaving
+        # a task would stop the whole event loop, so it becomes an ordinary error here.
+        try:
+            await server.serve(sockets=[sock])
+        except SystemExit as exc:
+            raise RuntimeError(f"{name}: HTTP server failed to start") from exc
+
     try:
         if on_listening is not None:
             on_listening(bound_host, bound_port)
+        task = asyncio.create_task(run(), name=f"{name}-http")
         try:
-            await server.start(sock)
-        except LifespanFailed as exc:
-            raise RuntimeError(f"{name}: HTTP server failed to start") from exc
-        if ready is not None:
-            ready.set()
-        try:
-            await asyncio.Event().wait()  # serve until cancelled
-        finally:
+            await asyncio.shield(task)
+        except asyncio.CancelledError:
+            server.stop()
             try:
-                await server.close()
-            except asyncio.CancelledError:
-                server.abort()  # cancelled again while closing: drop the rest now
-                raise
+                await asyncio.shield(task)
+            except asyncio.CancelledError:  # cancelled again while closing: drop the rest now
+                server.stop(force=True)
+                task.cancel()
+                await asyncio.gather(task, return_exceptions=True)
             except Exception:
                 log.exception("HTTP server failed while stopping", extra={"server": name})
+            raise
     finally:
         sock.close()
         log.info("stopped serving HTTP", extra={"server": name})

@@ -66,7 +66,7 @@ _RECORD_ATTRS = frozenset(
 )
 _CORE_KEYS = ("ts", "level", "service", "logger", "caller", "msg")
 _HANDLER_MARK = "_klet_handler"
-_NOISY_LOGGERS = ("httpx", "httpcore", "hpack")
+_NOISY_LOGGERS = ("httpx", "httpcore", "hpack", "uvicorn")
 FORMATS = ("text", "json")
 _LEVEL_LETTERS = ((logging.CRITICAL, "F"), (logging.ERROR, "E"), (logging.WARNING, "W"))
 
