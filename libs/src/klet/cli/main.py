@@ -1,5 +1,5 @@
-"""`klet` entry point: dispatches to `up`, `run`, `crictl`, `events`, `bus-acl`,
-`healthcheck` and `check-node`; `klet --version` prints the version (klet.cli.version).
+"""`klet` entry point: dispatches to `up`, `run`, `crictl`, `events`, `gc`, `evict`,
+`bus-acl`, `healthcheck` and `check-node`; `klet --version` prints the version (klet.cli.version).
 
 `klet run <service>` finds the service through the `klet.services` entry points, so this
 library never imports a service package (the layering contract in pyproject.toml).
@@ -21,6 +21,14 @@ commands:
   events [-f] [-n NS | -A] [-o wide|json] [--run-dir DIR | --redis-url URL ...]
                               the node's Events (every service's events stream), as
                               kubectl get events shows them; -f: keep printing new ones
+  gc --dry-run [--threshold PERCENT] [-o json] [--run-dir DIR]
+                              what the running image-gc would remove now (dead containers,
+                              sandboxes, pod log directories, images) and the bytes each
+                              frees; --threshold: at another imageGCHighThresholdPercent
+  evict --dry-run [--signal SIGNAL<VALUE ...] [-o json] [--run-dir DIR]
+                              what the running eviction service would do now: every signal
+                              against its thresholds, the pods in eviction order and why;
+                              --signal: for these hard thresholds instead
   bus-acl --node N --secrets-dir DIR [--acl-file FILE] [--apply URL ...]
                               password files and Redis ACL lines of node N's services,
                               and klet's Redis functions, for a bus Redis that klet up
@@ -95,6 +103,14 @@ def main(argv: list[str] | None = None) -> int:
         from klet.cli.events import events
 
         return events(rest)
+    if command == "gc":
+        from klet.cli.dryrun import gc
+
+        return gc(rest)
+    if command == "evict":
+        from klet.cli.dryrun import evict
+
+        return evict(rest)
     print(
         f"klet: unknown command {command!r}\n"
         + USAGE.format(services=", ".join(sorted(services()))),

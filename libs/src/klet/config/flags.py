@@ -36,6 +36,7 @@ __all__ = [
     "apply_to_config",
     "convert_flags",
     "normalize_argv",
+    "parse_signal_thresholds",
 ]
 
 Parser = Callable[[list[str]], Any]
@@ -97,6 +98,13 @@ def _string_map(values: list[str]) -> dict[str, str]:
 
 def _langle_map(values: list[str]) -> dict[str, str]:
     return dict(_pairs(values, "<", "signal<value"))
+
+
+def parse_signal_thresholds(values: list[str]) -> dict[str, str]:
+    """`--eviction-hard`'s parser: "memory.available<1Gi,nodefs.available<10%" (each value
+    may hold several, comma-separated) to {signal: value}; raises ValueError naming the
+    malformed pair. The values are checked where they are used (klet.eviction)."""
+    return _langle_map(values)
 
 
 def _duration_map(values: list[str]) -> dict[str, float]:

@@ -54,6 +54,8 @@ SYNCLOOP = "syncloop"
 """Serves PodControl."""
 IMAGE_GC = "image-gc"
 """Serves GarbageCollector."""
+EVICTION = "eviction"
+"""Serves Eviction (DryRun)."""
 
 PODS_DIR = "pods"
 

@@ -1,5 +1,5 @@
-"""The eviction service's root tasks: the lease, the monitoring loop, the node Event
-queue and the health port.
+"""The eviction service's root tasks: the lease, the monitoring loop, the Eviction gRPC
+server (dry-runs, leader only), the node Event queue and the health port.
 
 All run in one event loop under `run_supervised`; if one dies the process exits non-zero
 and its supervisor restarts it. Only the holder of the "eviction" lease measures and
@@ -16,6 +16,7 @@ import logging
 from klet.bus.leader import hold, release_quietly
 from klet.eviction.wiring import Deps
 from klet.obs import create_health_app, leader_metric, run_supervised, serve_service_port
+from klet.rpc.eviction import serve_eviction
 
 log = logging.getLogger(__name__)
 
@@ -36,6 +37,10 @@ async def main(deps: Deps) -> int:
         )
         await deps.manager.run()
 
+    async def server() -> None:
+        await elected.wait()
+        await serve_eviction(deps.dry_run, deps.socket_path)
+
     health = create_health_app(
         registry=deps.registry,
         checks={},
@@ -46,6 +51,7 @@ async def main(deps: Deps) -> int:
             {
                 "lease": hold(deps.lease, elected),
                 "monitor": monitor(),
+                "eviction-server": server(),
                 "node-events": deps.events.run(),
                 "health": serve_service_port(health, deps.service_port),
             }

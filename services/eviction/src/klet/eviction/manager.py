@@ -31,6 +31,7 @@ candidate again.
 from __future__ import annotations
 
 import asyncio
+import copy
 import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
@@ -43,6 +44,7 @@ from klet.eviction.metrics import Metrics
 from klet.eviction.ranking import Candidate, FsLayout
 from klet.eviction.signals import Observations, PodUsage, Signal, SignalSource
 from klet.eviction.thresholds import (
+    Evaluation,
     EvictionConfig,
     Threshold,
     ThresholdState,
@@ -55,6 +57,7 @@ from klet.model.pod import is_critical
 from klet.model.records import DesiredPod, NodeConditionRecord, PodStatusRecord
 from klet.model.types import JSON, PodUID
 from klet.obs import OnceLogger
+from klet.rpc.eviction import DryRunResult, RankedPod, SignalReading
 
 log = logging.getLogger(__name__)
 
@@ -269,6 +272,116 @@ class EvictionManager:
         log.info("unable to evict any pods from the node")
         return []
 
+    # -- the dry-run ------------------------------------------------------------------
+
+    async def dry_run(self, thresholds: Sequence[Threshold] | None = None) -> DryRunResult:
+        """What `run_once` would do now, decided as it decides and not acted on: a fresh
+        measurement, the thresholds evaluated on a copy of the state (grace periods and
+        held conditions count as they would), local storage violators, node-level
+        reclaim and the ranking. Nothing is killed, written, recorded or freed, and no
+        state or metric of the manager changes. `thresholds` (hard, from
+        `parse_expressions`) replace the configured ones for this answer."""
+        layout = self.layout or await self.deps.layout()
+        base = self.config.thresholds if thresholds is None else thresholds
+        active_thresholds = with_containerfs_thresholds(
+            base,
+            dedicated_image_fs=layout.dedicated_image_fs,
+            split_container_fs=layout.split_container_fs,
+        )
+        observations, usage = await self.deps.source.observe()
+        now = self.clock()
+        evaluation = evaluate(
+            observations,
+            active_thresholds,
+            copy.deepcopy(self.state),
+            now=now,
+            transition_period_s=self.config.pressure_transition_period_s,
+        )
+        readings = _readings(observations, active_thresholds, evaluation)
+        conditions = tuple(c for c in ranking.PRESSURE_CONDITIONS if c in evaluation.conditions)
+        described = tuple(t.describe() for t in active_thresholds)
+
+        def result(
+            summary: str, *, signal: str = "", reclaim: int = 0, pods: Sequence[RankedPod] = ()
+        ) -> DryRunResult:
+            return DryRunResult(
+                readings, conditions, signal, reclaim, tuple(pods), summary, described
+            )
+
+        candidates = self._candidate_list(await self.deps.pods.active(), usage)
+        if self.settings.local_storage_capacity_isolation:
+            violators = [
+                RankedPod(
+                    c.full_name,
+                    c.uid,
+                    f"over its local storage limit ({v.signal})",
+                    critical=is_critical(c.pod),
+                    evict=not is_critical(c.pod),
+                    message=v.message if not is_critical(c.pod) else "",
+                    grace_period_s=IMMEDIATE_GRACE_S,
+                )
+                for c, v in _local_storage_violations(candidates)
+            ]
+            if any(p.evict for p in violators):
+                names = ", ".join(p.pod for p in violators if p.evict)
+                return result(
+                    f"would evict {names} for exceeding local storage limits, then end the pass",
+                    pods=violators,
+                )
+        signals = ranking.by_eviction_priority(t.signal for t in evaluation.met)
+        if not signals:
+            crossed = [t.describe() for t in evaluation.crossed]
+            if crossed:
+                return result("no threshold past its grace period; crossed: " + ", ".join(crossed))
+            return result("no threshold is met: nothing would be evicted")
+        signal = signals[0]
+        threshold = next(t for t in evaluation.met if t.signal == signal)
+        resource = ranking.SIGNAL_RESOURCE[signal]
+        reclaim = 0
+        first = ""
+        if ranking.reclaims_node_level(signal, layout=layout):
+            reclaim = _reclaim_wanted(signal, observations, active_thresholds)
+            first = (
+                f"would ask image-gc to free {reclaim} bytes first and evict only if "
+                f"{signal.value} is still below its threshold plus minimum reclaim; "
+            )
+        ranked = ranking.rank(signal, candidates, layout=layout)
+        quantity, available = _threshold_met_info(resource, evaluation.met, observations)
+        pods: list[RankedPod] = []
+        chosen = ""
+        for c in ranked:
+            critical = is_critical(c.pod)
+            evict = not critical and not chosen
+            pods.append(
+                RankedPod(
+                    c.full_name,
+                    c.uid,
+                    ranking.rank_reason(signal, c, layout=layout),
+                    critical=critical,
+                    evict=evict,
+                    message=ranking.eviction_message(
+                        resource, c, threshold_quantity=quantity, available=available
+                    )
+                    if evict
+                    else "",
+                    grace_period_s=self._grace(threshold, c.pod) if evict else 0,
+                )
+            )
+            if evict:
+                chosen = c.full_name
+        if chosen:
+            action = f"would evict {chosen} (one pod per pass)"
+        elif candidates:
+            action = "no pod can be evicted (every candidate is critical)"
+        else:
+            action = "no pod is active to evict"
+        return result(
+            f"{signal.value} is met: {first}{action}",
+            signal=signal.value,
+            reclaim=reclaim,
+            pods=pods,
+        )
+
     # -- the loop ---------------------------------------------------------------------
 
     async def run(self) -> None:
@@ -360,27 +473,26 @@ class EvictionManager:
             self._once.error("pods", f"cannot list the active pods: {err}")
             return None
         self._once.clear("pods")
-        out = []
-        listed = set()
-        for p in active:
-            uid = str((p.pod.get("metadata") or {}).get("uid", ""))
-            listed.add(uid)
-            if uid in self.evicted:
-                continue  # this process evicted it; its status has not caught up yet
-            out.append(Candidate(p.pod, usage.get(uid)))
+        listed = {str((p.pod.get("metadata") or {}).get("uid", "")) for p in active}
         # A pod no longer active has a terminal status or is gone: nothing can pick it
         # again, so its entry goes (else the map grows with every eviction for good).
         self.evicted = {uid: at for uid, at in self.evicted.items() if uid in listed}
+        return self._candidate_list(active, usage)
+
+    def _candidate_list(
+        self, active: Sequence[ActivePod], usage: Mapping[str, PodUsage]
+    ) -> list[Candidate]:
+        out = []
+        for p in active:
+            uid = str((p.pod.get("metadata") or {}).get("uid", ""))
+            if uid in self.evicted:
+                continue  # this process evicted it; its status has not caught up yet
+            out.append(Candidate(p.pod, usage.get(uid)))
         return out
 
     async def _local_storage_evictions(self, candidates: Sequence[Candidate]) -> list[Eviction]:
         out: list[Eviction] = []
-        for c in candidates:
-            if c.usage is None:
-                continue
-            violation = ranking.local_storage_violation(c.pod, c.usage)
-            if violation is None:
-                continue
+        for c, violation in _local_storage_violations(candidates):
             if is_critical(c.pod):
                 log.error("cannot evict a critical pod", extra={"pod": c.full_name})
                 continue
@@ -396,18 +508,7 @@ class EvictionManager:
     async def _reclaim_node_level(self, signal: Signal, observations: Observations) -> bool:
         """FreeSpace, then measure again: True when every threshold is clear by its
         minimum reclaim (no pod needs to go)."""
-        seen = observations.get(signal)
-        wanted = 0
-        if seen is not None:
-            for t in self.thresholds:
-                if t.signal == signal:
-                    target = threshold_value(t, seen.capacity)
-                    if t.min_reclaim is not None:
-                        target += t.min_reclaim.of(seen.capacity)
-                    wanted = max(wanted, target - seen.available)
-        if ranking.SIGNAL_RESOURCE[signal] == ranking.INODES or wanted <= 0:
-            # Inodes cannot be asked for in bytes: free whatever is unused.
-            wanted = seen.capacity if seen is not None else 2**62
+        wanted = _reclaim_wanted(signal, observations, self.thresholds)
         started = time.monotonic()
         try:
             async with asyncio.timeout(self.settings.reclaim_timeout_s):
@@ -466,6 +567,64 @@ class EvictionManager:
         self.evicted[c.uid] = self.clock()
         log.info("pod is evicted successfully", extra={"pod": c.full_name})
         return True
+
+
+def _readings(
+    observations: Observations, thresholds: Sequence[Threshold], evaluation: Evaluation
+) -> tuple[SignalReading, ...]:
+    """Every observed signal against each of its thresholds (one row without, if none)."""
+    out = []
+    for signal, seen in sorted(observations.items(), key=lambda kv: kv[0].value):
+        mine = [t for t in thresholds if t.signal == signal]
+        if not mine:
+            out.append(SignalReading(signal.value, seen.available, seen.capacity))
+        for t in mine:
+            out.append(
+                SignalReading(
+                    signal.value,
+                    seen.available,
+                    seen.capacity,
+                    threshold=t.describe(),
+                    threshold_value=threshold_value(t, seen.capacity),
+                    crossed=t in evaluation.crossed,
+                    met=t in evaluation.met,
+                )
+            )
+    return tuple(out)
+
+
+def _local_storage_violations(
+    candidates: Sequence[Candidate],
+) -> list[tuple[Candidate, ranking.LocalStorageViolation]]:
+    """The candidates over a local storage limit, each with its violation."""
+    out = []
+    for c in candidates:
+        if c.usage is None:
+            continue
+        violation = ranking.local_storage_violation(c.pod, c.usage)
+        if violation is not None:
+            out.append((c, violation))
+    return out
+
+
+def _reclaim_wanted(
+    signal: Signal, observations: Observations, thresholds: Sequence[Threshold]
+) -> int:
+    """The bytes FreeSpace is asked for: what brings `signal` back above its thresholds
+    plus their minimum reclaim; for inodes (not askable in bytes) everything unused."""
+    seen = observations.get(signal)
+    wanted = 0
+    if seen is not None:
+        for t in thresholds:
+            if t.signal == signal:
+                target = threshold_value(t, seen.capacity)
+                if t.min_reclaim is not None:
+                    target += t.min_reclaim.of(seen.capacity)
+                wanted = max(wanted, target - seen.available)
+    if ranking.SIGNAL_RESOURCE[signal] == ranking.INODES or wanted <= 0:
+        # Inodes cannot be asked for in bytes: free whatever is unused.
+        wanted = seen.capacity if seen is not None else 2**62
+    return wanted
 
 
 def _updated(signal: Signal, observations: Observations, last: Observations) -> bool:

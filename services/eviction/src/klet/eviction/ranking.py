@@ -174,6 +174,32 @@ def rank(signal: Signal, candidates: Iterable[Candidate], *, layout: FsLayout) -
     return sorted(candidates, key=lambda c: _sort_key(signal, c, layout))
 
 
+def rank_reason(signal: Signal, c: Candidate, *, layout: FsLayout) -> str:
+    """Why `rank` puts `c` where it is, in the terms of its sort key: usage against the
+    request, then priority, then usage above the request (for PIDs: priority, then
+    processes; for inodes: the inodes used)."""
+    resource = SIGNAL_RESOURCE[signal]
+    priority = pod_priority(c.pod)
+    if c.usage is None:
+        return f"no usage sample yet (sorts first), priority {priority}"
+    if resource == PIDS:
+        return f"priority {priority}, {c.usage.processes} processes"
+    if resource == INODES:
+        return f"{disk_usage(signal, c.usage, layout=layout)} inodes used, priority {priority}"
+    if resource == MEMORY:
+        used, what = c.usage.memory_working_set, "memory working set"
+    else:
+        used, what = disk_usage(signal, c.usage, layout=layout), "disk usage"
+    request = pod_requests(c.pod).get(resource, 0)
+    if not request:
+        verdict = "no request"
+    elif used > request:
+        verdict = f"over its request {format_bytes(request)} by {format_bytes(used - request)}"
+    else:
+        verdict = f"within its request {format_bytes(request)}"
+    return f"{what} {format_bytes(used)}, {verdict}, priority {priority}"
+
+
 def by_eviction_priority(signals: Iterable[Signal]) -> list[Signal]:
     """Memory signals first, then the rest in the order given (upstream's
     byEvictionPriority); signals without a resource to reclaim are dropped."""

@@ -34,6 +34,7 @@ from dataclasses import dataclass, field, replace
 from decimal import Decimal
 
 from klet.config.errors import ConfigError, Problem
+from klet.config.flags import parse_signal_thresholds
 from klet.config.kubelet import KubeletConfiguration
 from klet.config.units import parse_percentage, parse_quantity
 from klet.eviction.signals import SIGNAL_CONDITION, Observations, Signal
@@ -47,6 +48,7 @@ __all__ = [
     "evaluate",
     "node_conditions",
     "parse_eviction_config",
+    "parse_expressions",
     "parse_thresholds",
     "threshold_value",
     "thresholds_met",
@@ -284,6 +286,39 @@ def parse_thresholds(
     return with_containerfs_thresholds(
         out, dedicated_image_fs=dedicated_image_fs, split_container_fs=split_container_fs
     )
+
+
+def parse_expressions(
+    expressions: Sequence[str], kubelet: KubeletConfiguration, *, field_name: str = "--signal"
+) -> list[Threshold]:
+    """Hard thresholds from expressions as `--eviction-hard` takes them
+    ("memory.available<2Gi", "nodefs.available<10%"), parsed as evictionHard is (same
+    splitting, same value rules), with the configuration's evictionMinimumReclaim and,
+    when it enforces "pods", the allocatableMemory twin. Raises ConfigError naming
+    `field_name` and the signal."""
+    try:
+        statements = parse_signal_thresholds(list(expressions))
+    except ValueError as err:
+        raise ConfigError([str(Problem(field_name, str(err)))]) from err
+    problems: list[Problem] = []
+    hard = _statements(field_name, statements, problems)
+    reclaim = _min_reclaims(kubelet.eviction_minimum_reclaim, problems)
+    if not hard and not problems:
+        problems.append(Problem(field_name, f"no threshold in {list(expressions)}"))
+    if problems:
+        raise ConfigError([str(p) for p in problems])
+    out = [
+        Threshold(signal, amount.quantity, amount.percentage, 0.0, reclaim.get(signal))
+        for signal, amount in hard.items()
+    ]
+    if "pods" in kubelet.enforce_node_allocatable:
+        if Signal.ALLOCATABLE_MEMORY_AVAILABLE not in hard:
+            out += [
+                replace(t, signal=Signal.ALLOCATABLE_MEMORY_AVAILABLE)
+                for t in out
+                if t.signal == Signal.MEMORY_AVAILABLE
+            ]
+    return out
 
 
 def with_containerfs_thresholds(

@@ -4,7 +4,8 @@ the same path (`build_deps(settings, overrides=Overrides(...))`).
 The manager acts through adapters of the libs: the host signal source (cgroups, statfs,
 /proc, CRI stats), the bus tables (desired and status pods in, pressure conditions and
 node Events out), syncloop's PodControl socket and image-gc's GarbageCollector socket,
-both under the run directory. The eviction configuration is parsed here, so invalid
+both under the run directory; the leader serves the Eviction API (dry-runs) on its own
+socket there. The eviction configuration is parsed here, so invalid
 thresholds refuse the start naming their field. `Deps.close()` closes the service's
 clients at exit (the two gRPC channels, CRI, the bus).
 """
@@ -19,12 +20,13 @@ from klet.bus import Bus, Lease, NodeBus, service_lease
 from klet.bus.events import EventQueue, node_reference
 from klet.config import Settings
 from klet.cri import RuntimeClient, cri_settings
+from klet.eviction.dryrun import DryRunBackend
 from klet.eviction.hostsignals import FsLayout, HostSignalSource, pod_volumes_exist
 from klet.eviction.manager import BusPods, EvictionManager, ManagerSettings
 from klet.eviction.manager import Deps as ManagerDeps
 from klet.eviction.metrics import Metrics, create_metrics
 from klet.eviction.thresholds import parse_eviction_config
-from klet.model.layout import IMAGE_GC, SYNCLOOP, grpc_socket
+from klet.model.layout import EVICTION, IMAGE_GC, SYNCLOOP, grpc_socket
 from klet.obs import ServicePort
 from klet.obs.runtimeops import RuntimeOperationMetrics
 from klet.rpc.gc import GarbageCollectorClient
@@ -58,6 +60,9 @@ class Deps:
     events: EventQueue
     pod_control: PodControlClient
     gc: GarbageCollectorClient
+    dry_run: DryRunBackend
+    socket_path: Path
+    """Where the leader serves the Eviction API (`<run-dir>/grpc/eviction.sock`)."""
 
     async def close(self) -> None:
         """Close the clients the service holds (gRPC channels, CRI, bus), given ones too."""
@@ -138,4 +143,6 @@ def build_deps(settings: Settings, overrides: Overrides | None = None) -> Deps:
         events=events,
         pod_control=pod_control,
         gc=gc,
+        dry_run=DryRunBackend(manager, k),
+        socket_path=grpc_socket(run_dir, EVICTION),
     )

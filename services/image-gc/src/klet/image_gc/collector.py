@@ -6,6 +6,10 @@ image GC composed, counted and reported.
   `free_space_timeout_s` for the image part (the container pass is one bounded sweep);
   returns what was freed, which is all a retry needs to be safe.
 - `collect_now()`: one container GC pass and one image GC pass.
+- `plan_collection(high)`: what `collect_now()` would remove, and the bytes each
+  removal frees, without removing anything (`klet gc --dry-run`; `high` answers for
+  another imageGCHighThresholdPercent). The container and image managers' own `plan`
+  methods run the passes' decision functions on fresh listings.
 - `container_pass()` / `image_pass()`: what the periodic loops run. An image pass that
   fails is logged; a second failure in a row is also an `ImageGCFailed` node event with
   the error, as upstream's kubelet does (the first failure is often stats not being
@@ -20,10 +24,20 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
-from klet.image_gc.containergc import ContainerGCResult
+from klet.cri import labels as L
+from klet.cri.types import ContainerState
+from klet.image_gc import containerselect
+from klet.image_gc.containergc import ContainerGCPlan, ContainerGCResult
 from klet.image_gc.imagegc import ImageGCManager, ImageGCResult, NodeEvent
+from klet.image_gc.imageselect import ImageGCPolicy, PolicyError, fs_usage_percent
 from klet.image_gc.metrics import Metrics
-from klet.rpc.gc import CollectResult, FreeSpaceResult
+from klet.rpc.gc import (
+    CollectionPlan,
+    CollectResult,
+    FreeSpaceResult,
+    InvalidRequest,
+    PlannedRemoval,
+)
 
 log = logging.getLogger(__name__)
 
@@ -36,6 +50,8 @@ class ContainerCollector(Protocol):
     async def collect(self) -> ContainerGCResult: ...
 
     async def free(self, bytes_to_free: int) -> tuple[int, int]: ...
+
+    async def plan(self) -> ContainerGCPlan: ...
 
 
 @dataclass(frozen=True)
@@ -103,6 +119,47 @@ class Collector:
             bytes_freed=c.bytes_freed + i.bytes_freed,
         )
 
+    async def plan_collection(self, high_threshold_percent: int | None) -> CollectionPlan:
+        """What `collect_now` would remove now; nothing is removed, counted or recorded.
+        `high_threshold_percent` replaces imageGCHighThresholdPercent for this answer
+        (the low threshold is lowered to it when it was above)."""
+        policy = self.images.policy
+        if high_threshold_percent is not None:
+            try:
+                policy = ImageGCPolicy(
+                    high_threshold_percent=high_threshold_percent,
+                    low_threshold_percent=min(policy.low_threshold_percent, high_threshold_percent),
+                    min_age_s=policy.min_age_s,
+                    max_age_s=policy.max_age_s,
+                )
+            except PolicyError as err:
+                raise InvalidRequest(f"--threshold {high_threshold_percent}: {err}") from err
+        containers = await self.containers.plan()
+        images = await self.images.plan(policy)
+        fs = images.fs
+        return CollectionPlan(
+            sources_ready=containers.sources_ready and images.sources_ready,
+            high_threshold_percent=policy.high_threshold_percent,
+            low_threshold_percent=policy.low_threshold_percent,
+            image_fs_capacity=fs.capacity if fs else 0,
+            image_fs_available=fs.available if fs else 0,
+            image_fs_usage_percent=fs_usage_percent(fs) if fs and fs.capacity > 0 else 0,
+            image_fs_mountpoint=fs.mountpoint if fs else "",
+            bytes_to_free=images.bytes_to_free,
+            removals=(
+                *container_removals(containers),
+                *(
+                    PlannedRemoval("image", r.id, r.name, reason=reason, bytes=r.size)
+                    for reason, group in (
+                        ("age: unused longer than imageMaximumGCAge", images.age),
+                        ("space: least recently used", images.space),
+                    )
+                    for r in group
+                ),
+            ),
+            problem=images.problem,
+        )
+
     async def container_pass(self) -> ContainerGCResult:
         began = time.perf_counter()
         result = await self.containers.collect()
@@ -141,3 +198,39 @@ class Collector:
                 log.info("Image garbage collection succeeded")
             self.image_failed_before = False
         return result
+
+
+def _pod(labels: dict[str, str]) -> str:
+    return f"{labels.get(L.POD_NAMESPACE, '')}/{labels.get(L.POD_NAME, '')}"
+
+
+def container_removals(plan: ContainerGCPlan) -> list[PlannedRemoval]:
+    """A container pass's decision as planned removals, in the pass's order, each with
+    why it goes (pod gone, or beyond the dead instances kept)."""
+    gone = plan.decision.removable_pods
+    out = []
+    for c in plan.decision.containers:
+        why = (
+            "dead, pod gone"
+            if containerselect.pod_uid(c.labels) in gone
+            else "dead, beyond the dead instances kept"
+        )
+        if c.state == ContainerState.UNKNOWN:
+            why += " (unknown state: stopped first)"
+        out.append(
+            PlannedRemoval(
+                "container", c.id, c.name, _pod(c.labels), why, plan.container_bytes.get(c.id)
+            )
+        )
+    for s in plan.decision.sandboxes:
+        why = (
+            "inactive, pod gone"
+            if containerselect.pod_uid(s.labels) in gone
+            else "inactive, not the pod's newest"
+        )
+        out.append(PlannedRemoval("sandbox", s.id, s.name, _pod(s.labels), why))
+    for name, size in plan.log_dir_bytes.items():
+        ns, _, rest = name.partition("_")
+        pod = f"{ns}/{rest.rpartition('_')[0]}"
+        out.append(PlannedRemoval("log-dir", name, name, pod, "pod gone", size))
+    return out

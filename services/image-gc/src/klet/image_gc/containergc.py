@@ -8,6 +8,8 @@ and remove the inactive sandboxes, and remove the log directories of pods that a
 `ContainerGC.free()` is the same pass for node-level reclaim (upstream's
 DeleteAllUnusedContainers): it also empties pods that terminated but are still desired,
 and reports the bytes freed, from the writable-layer sizes CRI ContainerStats gives.
+`ContainerGC.plan()` is the dry-run of `collect()`: the same listings and decisions,
+with sizes, and nothing removed.
 
 Ordering matters for safety: the runtime and the log directory are listed *before* the
 desired set is read. syncloop creates a pod's sandbox and log directory only for a
@@ -33,7 +35,7 @@ import os
 import shutil
 import time
 from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
@@ -150,32 +152,12 @@ class ContainerGC:
         if not await self._sources_ready():
             log.debug("container GC skipped: not every pod source is ready")
             return ContainerGCResult(sources_ready=False)
-        # Listings first, the desired set last: see the module docstring.
-        sandboxes = await self.runtime.list_pod_sandboxes()
-        containers = await self.runtime.list_containers()
-        log_dirs = await asyncio.to_thread(_subdir_names, self.pod_logs_dir)
-        desired = await self._desired_uids()
-        terminated: set[str] = set()
-        if evict_terminated and self._terminated_uids is not None:
-            terminated = await self._terminated_uids()
-        decision = containerselect.plan(
-            containers,
-            sandboxes,
-            settings=self.settings,
-            desired=desired,
-            sources_ready=True,
-            now_s=self.clock(),
-            terminated=terminated,
-            evict_terminated=evict_terminated,
-        )
+        seen = await self._observe(evict_terminated=evict_terminated)
+        decision, doomed = seen.decide(self.settings, now_s=self.clock())
         sizes = await self._sizes() if decision.containers and self.stats is not None else {}
         run = _Run(sizes)
         await self._remove_containers(decision, run)
         await self._remove_sandboxes(decision, run)
-        live = containerselect.live_pods(containers, sandboxes)
-        doomed = containerselect.log_dirs_to_remove(
-            log_dirs, desired=desired, live=live, sources_ready=True
-        )
         for name in doomed:
             await self._remove_log_dir(name, run)
         result = ContainerGCResult(
@@ -202,6 +184,31 @@ class ContainerGC:
                 },
             )
         return result
+
+    async def plan(self) -> ContainerGCPlan:
+        """What one pass (`collect`) would remove now, with the bytes each frees: the
+        writable layers CRI reports and the log directories' file sizes. Nothing is
+        removed; sandboxes have no size of their own here."""
+        if not await self._sources_ready():
+            return ContainerGCPlan(sources_ready=False)
+        seen = await self._observe(evict_terminated=False)
+        decision, doomed = seen.decide(self.settings, now_s=self.clock())
+        sizes = await self._sizes() if decision.containers and self.stats is not None else {}
+        log_bytes = await asyncio.to_thread(
+            lambda: {name: _tree_bytes(self.pod_logs_dir / name) for name in doomed}
+        )
+        return ContainerGCPlan(True, decision, sizes, log_bytes)
+
+    async def _observe(self, *, evict_terminated: bool) -> _Observed:
+        # Listings first, the desired set last: see the module docstring.
+        sandboxes = await self.runtime.list_pod_sandboxes()
+        containers = await self.runtime.list_containers()
+        log_dirs = await asyncio.to_thread(_subdir_names, self.pod_logs_dir)
+        desired = await self._desired_uids()
+        terminated: set[str] = set()
+        if evict_terminated and self._terminated_uids is not None:
+            terminated = await self._terminated_uids()
+        return _Observed(sandboxes, containers, log_dirs, desired, terminated, evict_terminated)
 
     async def _sizes(self) -> dict[str, int]:
         assert self.stats is not None
@@ -275,6 +282,61 @@ class ContainerGC:
             return
         run.log_dirs += 1
         log.debug("removed pod log directory", extra={"path": str(path)})
+
+
+@dataclass(frozen=True)
+class ContainerGCPlan:
+    """What `ContainerGC.plan` found: the pass's decision and the sizes it knows."""
+
+    sources_ready: bool
+    decision: GCPlan = GCPlan()
+    container_bytes: Mapping[str, int] = field(default_factory=dict)
+    """Writable-layer bytes by container ID (those CRI reported)."""
+    log_dir_bytes: Mapping[str, int] = field(default_factory=dict)
+    """The pod log directories the pass removes, by name, with their files' bytes."""
+
+
+@dataclass(frozen=True)
+class _Observed:
+    """One pass's listings, in the order the module docstring explains."""
+
+    sandboxes: list[Sandbox]
+    containers: list[Container]
+    log_dirs: list[str]
+    desired: set[str]
+    terminated: set[str]
+    evict_terminated: bool
+
+    def decide(self, settings: ContainerGCSettings, *, now_s: float) -> tuple[GCPlan, list[str]]:
+        """containerselect's decisions: what goes, and which log directories."""
+        decision = containerselect.plan(
+            self.containers,
+            self.sandboxes,
+            settings=settings,
+            desired=self.desired,
+            sources_ready=True,
+            now_s=now_s,
+            terminated=self.terminated,
+            evict_terminated=self.evict_terminated,
+        )
+        live = containerselect.live_pods(self.containers, self.sandboxes)
+        doomed = containerselect.log_dirs_to_remove(
+            self.log_dirs, desired=self.desired, live=live, sources_ready=True
+        )
+        return decision, doomed
+
+
+def _tree_bytes(path: Path) -> int:
+    """Bytes of the regular files under `path` (0 when it is gone)."""
+    total = 0
+    for root, _dirs, files in os.walk(path):
+        for name in files:
+            try:
+                st = os.lstat(os.path.join(root, name))
+            except OSError:
+                continue
+            total += st.st_size
+    return total
 
 
 class _Run:

@@ -10,7 +10,10 @@ pass and a FreeSpace never remove concurrently:
 - `garbage_collect()`: one periodic pass (imageMaximumGCAge, then the thresholds),
   returning what it removed and the error upstream would report; the thresholds' failure
   is also a `FreeDiskSpaceFailed` node event, a zero capacity `InvalidDiskCapacity`;
-- `free_space(bytes)`: the eviction service's reclaim, same order, bounded by a deadline.
+- `free_space(bytes)`: the eviction service's reclaim, same order, bounded by a deadline;
+- `plan(policy)`: what a periodic pass would remove now (`klet gc --dry-run`), from a
+  detection of its own that neither replaces the records nor writes the `images` table,
+  and `imageselect.plan_pass`, the pass's own decisions; nothing is removed.
 
 Nothing is removed while `sources_ready()` is False: a pod that a source has not
 delivered yet may be about to use an image that looks unused. A failed removal is
@@ -41,6 +44,7 @@ from klet.image_gc.imageselect import (
     eviction_order,
     fs_usage_percent,
     images_in_use,
+    plan_pass,
     plan_space,
     space_candidates,
 )
@@ -89,6 +93,18 @@ class ImageGCResult:
     images_removed: int = 0
     bytes_freed: int = 0
     error: str = ""
+
+
+@dataclass(frozen=True)
+class ImagePlan:
+    """What `plan` found: the filesystem, the records' order, and the pass's plan."""
+
+    sources_ready: bool
+    fs: FsUsage | None = None
+    age: tuple[ImageRecord, ...] = ()
+    space: tuple[ImageRecord, ...] = ()
+    bytes_to_free: int = 0
+    problem: str = ""
 
 
 @dataclass
@@ -282,6 +298,39 @@ class ImageGCManager:
                 self.events("Warning", EVENT_FREE_DISK_SPACE_FAILED, message)
                 return ImageGCResult(removed, freed, message)
             return ImageGCResult(removed, freed)
+
+    async def plan(self, policy: ImageGCPolicy | None = None) -> ImagePlan:
+        """What one periodic pass under `policy` (default: the service's) would remove
+        now. Reads CRI and the filesystem only; raises CRIError as a pass would fail."""
+        policy = policy or self.policy
+        now = self.clock()
+        images = await self.runtime.list_images()
+        containers = await self.runtime.list_containers()
+        in_use = images_in_use(images, containers)
+        records = detect(
+            self.records, images, in_use, now=now, sandbox_image=await self._sandbox_image()
+        )
+        if not await self.sources_ready():
+            return ImagePlan(sources_ready=False)
+        try:
+            fs = await self.fs_stats()
+        except (CRIError, OSError) as err:
+            return ImagePlan(True, problem=f"cannot read image fs stats: {err}")
+        if fs.capacity <= 0:
+            return ImagePlan(True, fs, problem="invalid capacity 0 on image filesystem")
+        if not policy.periodic:
+            return ImagePlan(
+                True, fs, problem="image GC is off: imageGCHighThresholdPercent is 100"
+            )
+        decided = plan_pass(eviction_order(records, in_use), policy, fs, now=now, began=self.began)
+        problem = ""
+        if decided.eligible < decided.bytes_to_free:
+            problem = (
+                "Failed to garbage collect required amount of images. Attempted to free "
+                f"{decided.bytes_to_free} bytes, but only found {decided.eligible} bytes "
+                "eligible to free."
+            )
+        return ImagePlan(True, fs, decided.age, decided.space, decided.bytes_to_free, problem)
 
     async def free_space(
         self, bytes_to_free: int, *, deadline: float | None = None

@@ -220,3 +220,44 @@ def bytes_to_free(fs: FsUsage, policy: ImageGCPolicy) -> int:
         return 0
     available = min(fs.available, fs.capacity)
     return max(0, fs.capacity * (100 - policy.low_threshold_percent) // 100 - available)
+
+
+@dataclass(frozen=True)
+class ImagePassPlan:
+    """What one periodic image pass would remove (`plan_pass`), nothing removed yet."""
+
+    age: tuple[ImageRecord, ...]
+    """imageMaximumGCAge's victims, removed first."""
+    space: tuple[ImageRecord, ...]
+    """Then, in order, what the thresholds need."""
+    bytes_to_free: int
+    """What the space part must free, measured after the age part."""
+    eligible: int
+    """Bytes the space candidates hold in all (below `bytes_to_free`: the pass fails)."""
+
+
+def plan_pass(
+    order: Sequence[ImageRecord],
+    policy: ImageGCPolicy,
+    fs: FsUsage,
+    *,
+    now: float,
+    began: float,
+) -> ImagePassPlan:
+    """One periodic pass over `order` (`eviction_order`), as `garbage_collect` runs it,
+    assuming every removal succeeds and frees the size the runtime reports: the age
+    victims go first, the filesystem is then taken to have gained their sizes, and the
+    space candidates of the rest go until the low threshold is reached."""
+    if not policy.periodic:
+        return ImagePassPlan((), (), 0, 0)
+    age = age_victims(order, policy, now=now, began=began)
+    gone = {r.id for r in age}
+    after = FsUsage(
+        fs.capacity, min(fs.capacity, fs.available + sum(r.size for r in age)), fs.mountpoint
+    )
+    target = bytes_to_free(after, policy)
+    candidates = space_candidates([r for r in order if r.id not in gone], policy, now=now)
+    space = plan_space(candidates, target) if target > 0 else []
+    return ImagePassPlan(
+        tuple(age), tuple(space), target, sum(r.size for r in candidates) if target else 0
+    )
