@@ -97,7 +97,7 @@ async def test_a_busy_default_executor_delays_only_clients_without_threads(
         default.shutdown()
 
 
-async def test_each_request_is_counted_for_rest_client_requests_total(tmp_path: Path) -> None:
+async def test_each_request_is_counted_and_timed_for_rest_client_metrics(tmp_path: Path) -> None:
     from klet.kube.errors import KubeError
     from klet.obs.restclient import RestClientMetrics
     from prometheus_client import CollectorRegistry
@@ -130,6 +130,11 @@ async def test_each_request_is_counted_for_rest_client_requests_total(tmp_path: 
     assert count("200", "GET") == 1
     assert count("404", "DELETE") == 1
     assert count("<error>", "POST") == 1
+    # and each is timed, by method (client-go's verb), whatever the answer
+    for verb in ("GET", "DELETE", "POST"):
+        labels = {"verb": verb, "host": host}
+        assert registry.get_sample_value("rest_client_request_duration_seconds_count", labels) == 1
+        assert registry.get_sample_value("rest_client_request_duration_seconds_sum", labels) >= 0
     await client.close()
 
 

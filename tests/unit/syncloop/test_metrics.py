@@ -4,7 +4,8 @@ Covers: the `reason` label of kubelet_admission_rejections_total follows upstrea
 allowlist (known reasons as they are, other `OutOf<resource>` as
 OutOfExtendedResources, the rest as Other); ProberMetrics deletes a removed pod's
 prober_probe_total series, and its prober_probe_duration_seconds series only once no
-other pod with the same name still has it.
+other pod with the same name still has it; the PLEG relist interval runs from one
+relist's start to the next one's.
 """
 
 from __future__ import annotations
@@ -87,3 +88,24 @@ def test_admission_rejections_are_counted_by_upstream_label() -> None:
         for label in ("OutOfpods", "OutOfExtendedResources", "Other", "OutOfcpu")
     }
     assert count == {"OutOfpods": 2, "OutOfExtendedResources": 1, "Other": 1, "OutOfcpu": None}
+
+
+def test_relist_interval_runs_from_start_to_start_of_successive_relists() -> None:
+    registry = CollectorRegistry()
+    relists = create_metrics(registry).pleg_relists
+
+    def value(name: str, le: str | None = None) -> float | None:
+        labels = {} if le is None else {"le": le}
+        return registry.get_sample_value(name, labels)
+
+    relists.relisted(0.5, now=100.5)  # started at 100.0: nothing to measure from yet
+    assert value("kubelet_pleg_relist_interval_seconds_count") == 0
+    relists.relisted(0.25, now=101.25)  # started at 101.0
+    relists.relisted(0.5, now=104.5)  # started at 104.0
+    assert value("kubelet_pleg_relist_duration_seconds_count") == 3
+    assert value("kubelet_pleg_relist_interval_seconds_count") == 2
+    assert value("kubelet_pleg_relist_interval_seconds_sum") == pytest.approx(4.0)
+    assert value("kubelet_pleg_relist_interval_seconds_bucket", "0.5") == 0
+    assert value("kubelet_pleg_relist_interval_seconds_bucket", "1.0") == 1
+    assert value("kubelet_pleg_relist_interval_seconds_bucket", "2.5") == 1
+    assert value("kubelet_pleg_relist_interval_seconds_bucket", "5.0") == 2

@@ -2,7 +2,8 @@
 messages) on temporary files, emptyDir directory modes and tmpfs sizes, subPath and
 subPathExpr checks, volumeMounts → CRI mounts (read-only, propagation, SELinux
 relabelling, unknown volumes), the mount table parser, safe removal, the manager with
-fake plugins (unsupported types, failures, tear-down, orphaned pod directories), and
+fake plugins (unsupported types, failures, tear-down, orphaned pod directories), its
+volume_manager_total_volumes and storage_operation_duration_seconds, and
 PodSyncer's FailedMount handling on the fake runtime."""
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import pytest
 from klet.cri.types import Device, Mount, MountPropagation
 from klet.model.types import JSON
 from klet.syncloop.environment.envvars import NodeFacts
-from klet.syncloop.metrics import volume_counts
+from klet.syncloop.metrics import storage_operations, volume_counts
 from klet.syncloop.volumes import fs, mounts
 from klet.syncloop.volumes.base import Block, VolumeContext, VolumeError, volume_type
 from klet.syncloop.volumes.emptydir import EmptyDirPlugin, directory_mode, tmpfs_size
@@ -551,6 +552,37 @@ async def test_volume_manager_total_volumes(tmp_path: Path) -> None:
     assert value("kubernetes.io/host-path", "actual_state_of_world") is None  # not set up
     assert await m.tear_down("u1") == []
     assert value("kubernetes.io/empty-dir", "desired_state_of_world") is None
+
+
+async def test_storage_operations_are_timed_as_upstream_names_them(tmp_path: Path) -> None:
+    registry = CollectorRegistry()
+    m = VolumeManager(
+        [EmptyDirPlugin(), HostPathPlugin()],
+        root_dir=tmp_path,
+        node=NodeFacts(),
+        operations=storage_operations(registry),
+    )
+    p = with_volumes(
+        {"name": "a", "emptyDir": {}},
+        {"name": "gone", "hostPath": {"path": str(tmp_path / "nope"), "type": "Directory"}},
+    )
+
+    def count(plugin: str, operation: str, status: str) -> float | None:
+        labels = {
+            "volume_plugin": plugin,
+            "operation_name": operation,
+            "status": status,
+            "migrated": "false",
+        }
+        return registry.get_sample_value("storage_operation_duration_seconds_count", labels)
+
+    await m.set_up(p, pod_ip="10.0.0.1")
+    await m.set_up(p, pod_ip="10.0.0.1")  # the emptyDir is ready: no second mount
+    assert count("kubernetes.io/empty-dir", "volume_mount", "success") == 1
+    # the hostPath that fails is tried, and counted, at each sync until it is ready
+    assert count("kubernetes.io/host-path", "volume_mount", "fail-unknown") == 2
+    assert await m.tear_down("u1") == []
+    assert count("kubernetes.io/empty-dir", "volume_unmount", "success") == 1
 
 
 def test_volume_type() -> None:

@@ -43,8 +43,9 @@ from kubernetes.client.exceptions import ApiException
 
 T = TypeVar("T")
 
-RequestObserver = Callable[[str, str, str], None]
-"""Told of each request sent: (status code or "<error>", method, host:port); called
+RequestObserver = Callable[[str, str, str, float], None]
+"""Told of each request sent: (status code or "<error>", method, host:port, seconds
+until the answer was read, or until a watch's answer began, or until it failed); called
 from the request's thread (klet.obs.restclient.RestClientMetrics)."""
 NO_ANSWER = "<error>"
 
@@ -137,9 +138,9 @@ class KubeClient:
         key = self._configuration.get_api_key_with_prefix("BearerToken")
         return {"Authorization": key} if key else {}
 
-    def _observe(self, code: int | str, method: str) -> None:
+    def _observe(self, code: int | str, method: str, started: float) -> None:
         if self._observer is not None:
-            self._observer(str(code), method, self._host_label)
+            self._observer(str(code), method, self._host_label, time.monotonic() - started)
 
     def _url(self, path: str, params: Mapping[str, Any] | None) -> str:
         query = {k: v for k, v in (params or {}).items() if v is not None}
@@ -160,6 +161,7 @@ class KubeClient:
             # A rotated client certificate (klet.kube.rotation): new connections present
             # it; pooled ones would keep the old identity, so they go.
             self._api.rest_client.pool_manager.clear()
+        started = time.monotonic()
         try:
             headers.update(self.auth_headers())
             r = self._api.rest_client.request(
@@ -171,12 +173,12 @@ class KubeClient:
             )
             data = r.read()
         except ApiException as err:
-            self._observe(err.status or NO_ANSWER, method)
+            self._observe(err.status or NO_ANSWER, method, started)
             raise Unavailable(f"{method} {path}: {err.reason}", status=err.status or 0) from err
         except (urllib3.exceptions.HTTPError, OSError) as err:
-            self._observe(NO_ANSWER, method)
+            self._observe(NO_ANSWER, method, started)
             raise Unavailable(f"{method} {path}: {err}") from err
-        self._observe(r.status, method)
+        self._observe(r.status, method, started)
         text = data.decode() if isinstance(data, bytes) else str(data or "")
         if r.status >= 300:
             reason, message = "", text[:500]
@@ -256,6 +258,7 @@ class KubeClient:
                 stop.set()
 
         def run() -> None:
+            started = time.monotonic()
             try:
                 r = self._api.rest_client.pool_manager.request(
                     "GET",
@@ -266,7 +269,7 @@ class KubeClient:
                     timeout=urllib3.Timeout(connect=10, read=timeout_s + 30),
                 )
                 held.append(r)
-                self._observe(r.status, "GET")
+                self._observe(r.status, "GET", started)
                 if r.status >= 300:
                     raise for_status(r.status, f"watch {path}: {r.status} {r.data[:300]!r}")
                 buffer = b""
@@ -291,7 +294,7 @@ class KubeClient:
                 post(None)
             except (urllib3.exceptions.HTTPError, OSError) as err:
                 if not held:  # no answer at all (an answer is counted by its status)
-                    self._observe(NO_ANSWER, "GET")
+                    self._observe(NO_ANSWER, "GET", started)
                 post(Unavailable(f"watch {path}: {err}"))
             except (KubeError, ValueError) as err:
                 post(err)

@@ -218,7 +218,7 @@ def _kube_client(
     kubeconfig: Path,
     kubelet: ClusterKubelet,
     node: str,
-    observer: Callable[[str, str, str], None] | None,
+    observer: Callable[[str, str, str, float], None] | None,
 ) -> Any:
     from klet.kube import KubeSettings
     from klet.kube.client import KubeClient
@@ -288,12 +288,13 @@ def build_cluster(
     consumer: str,
     overrides: ClusterOverrides | None = None,
     volumes_in_use: Callable[[], tuple[str, ...] | None] = lambda: None,
-    requests: Callable[[str, str, str], None] | None = None,
+    requests: Callable[[str, str, str, float], None] | None = None,
     certificate_expiry: Callable[[str, float], None] | None = None,
 ) -> ClusterDeps:
     """Build cluster mode's managers; `bus()` gives the node's tables when not overridden.
     `consumer` names this process in the `events` consumer group (unique per process);
-    `requests` is told of every apiserver request (rest_client_requests_total);
+    `requests` is told of every apiserver request (rest_client_requests_total,
+    rest_client_request_duration_seconds);
     `certificate_expiry(kind, unix time)` of each rotated certificate's expiry."""
     o = overrides or ClusterOverrides()
     closers: list[Callable[[], Awaitable[None]]] = []

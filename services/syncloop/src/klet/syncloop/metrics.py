@@ -27,7 +27,11 @@ buckets (the HELP texts are ours); where each is observed follows upstream's cal
 - `kubelet_image_pull_duration_seconds{image_size_in_bytes}`: a successful pull, the
   wait for a pull slot included, by upstream's image size buckets;
 - `kubelet_cgroup_manager_duration_seconds{operation_type}`: the pod cgroup's create
-  and update.
+  and update;
+- `kubelet_pleg_relist_duration_seconds` and `kubelet_pleg_relist_interval_seconds`:
+  each successful relist's duration, and the time from the previous successful relist's
+  start to this one's (upstream observes it as a relist begins, klet as it ends, from
+  its start).
 """
 
 from __future__ import annotations
@@ -341,11 +345,28 @@ class PlegMetrics:
             self.latency.observe(max(0.0, self.clock() - event.at))
 
 
+class RelistMetrics:
+    """The PLEG relist's two histograms (see the module docstring)."""
+
+    def __init__(self, *, duration: Histogram, interval: Histogram) -> None:
+        self.duration = duration
+        self.interval = interval
+        self._last_start: float | None = None
+
+    def relisted(self, duration_s: float, *, now: float) -> None:
+        """A relist that took `duration_s` completed at `now` (monotonic seconds)."""
+        start = now - duration_s
+        if self._last_start is not None:
+            self.interval.observe(max(0.0, start - self._last_start))
+        self._last_start = start
+        self.duration.observe(max(0.0, duration_s))
+
+
 @dataclass(frozen=True)
 class Metrics:
     running_pods: Gauge
     pod_workers: Gauge
-    pleg_relist_duration: Histogram
+    pleg_relists: RelistMetrics
     pleg_last_seen: Gauge
     pod_worker_duration: Histogram
     bad_bus_entries: Counter
@@ -407,6 +428,30 @@ def volume_counts(registry: CollectorRegistry) -> Callable[[Mapping[tuple[str, s
             gauge.labels(plugin_name, state).set(count)
         shown.clear()
         shown.update(totals)
+
+    return record
+
+
+STORAGE_OPERATION_BUCKETS = (0.1, 0.25, 0.5, 1, 2.5, 5, 10, 15, 25, 50, 120, 300, 600)
+"""upstream's buckets of storage_operation_duration_seconds (seconds)."""
+
+
+def storage_operations(registry: CollectorRegistry) -> Callable[[str, str, bool, float], None]:
+    """upstream's storage_operation_duration_seconds{volume_plugin, operation_name,
+    status, migrated}: each volume set-up and tear-down (volumes.manager.StorageOperation),
+    `status` "success" or upstream's "fail-unknown", `migrated` always "false" (klet has
+    no in-tree plugins to migrate to CSI)."""
+    histogram = Histogram(
+        "storage_operation_duration_seconds",
+        "Seconds a volume operation took, by plugin, operation and outcome",
+        ["volume_plugin", "operation_name", "status", "migrated"],
+        registry=registry,
+        buckets=STORAGE_OPERATION_BUCKETS,
+    )
+
+    def record(operation: str, plugin: str, succeeded: bool, seconds: float) -> None:
+        status = "success" if succeeded else "fail-unknown"
+        histogram.labels(plugin, operation, status, "false").observe(max(0.0, seconds))
 
     return record
 
@@ -473,11 +518,19 @@ def create_metrics(registry: CollectorRegistry) -> Metrics:
             registry=registry,
         ),
         pod_workers=Gauge("klet_syncloop_pod_workers", "Pod workers alive", registry=registry),
-        pleg_relist_duration=Histogram(
-            "kubelet_pleg_relist_duration_seconds",
-            "Seconds one PLEG relist of the runtime took",
-            registry=registry,
-            buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
+        pleg_relists=RelistMetrics(
+            duration=Histogram(
+                "kubelet_pleg_relist_duration_seconds",
+                "Seconds one PLEG relist of the runtime took",
+                registry=registry,
+                buckets=DEF_BUCKETS,
+            ),
+            interval=Histogram(
+                "kubelet_pleg_relist_interval_seconds",
+                "Seconds from the start of the previous PLEG relist to the start of this one",
+                registry=registry,
+                buckets=DEF_BUCKETS,
+            ),
         ),
         pleg_last_seen=Gauge(
             "kubelet_pleg_last_seen_seconds",

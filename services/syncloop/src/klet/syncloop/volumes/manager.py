@@ -13,6 +13,11 @@ gone (deleted while syncloop was down), and a directory left by a crash is remov
 same way. A plugin removes its own volumes (it knows what it mounted); a directory no
 plugin claims is removed by `fs.remove_tree`, which unmounts first and never deletes
 inside a mounted filesystem.
+
+Each set-up and tear-down of a volume by its plugin is told to `operations` (upstream's
+storage_operation_duration_seconds): a set-up as `volume_mount` when the volume was not
+ready yet or is of a type whose content is refreshed at each sync (configMap, secret,
+downwardAPI, projected: upstream remounts those), a tear-down as `volume_unmount`.
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import time
 from collections.abc import Awaitable, Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -48,6 +54,17 @@ log = logging.getLogger(__name__)
 
 ORPHAN_CLEANUP_PERIOD_S = 30.0
 """How often pod directories no pod owns any more are looked for, seconds."""
+
+VOLUME_MOUNT = "volume_mount"
+VOLUME_UNMOUNT = "volume_unmount"
+
+StorageOperation = Callable[[str, str, bool, float], None]
+"""Told of each volume operation: (upstream's operation name, VOLUME_MOUNT or
+VOLUME_UNMOUNT; upstream's plugin name; whether it succeeded; seconds it took)."""
+
+REMOUNTED = frozenset({"configMap", "secret", "downwardAPI", "projected"})
+"""Volume types whose set-up at every sync writes their content again (upstream's
+plugins that require a remount), so each counts as an operation."""
 
 
 @dataclass(frozen=True)
@@ -81,9 +98,11 @@ class VolumeManager:
         objects: ObjectReader | None = None,
         tokens: TokenIssuer | None = None,
         counts: Callable[[Mapping[tuple[str, str], int]], None] | None = None,
+        operations: StorageOperation | None = None,
     ) -> None:
         self.plugins: list[VolumePlugin] = list(plugins)
         self.counts = counts
+        self.operations = operations
         # pod UID -> volume name -> (upstream plugin name, set up): the volume manager's
         # desired and actual states, for volume_manager_total_volumes.
         self._states: dict[str, dict[str, tuple[str, bool]]] = {}
@@ -136,16 +155,24 @@ class VolumeManager:
         result = PodVolumes()
         uid = str(pod["metadata"]["uid"])
         states: dict[str, tuple[str, bool]] = {}
+        before = self._states.get(uid, {})
         for volume in _volumes(pod):
             name = str(volume.get("name") or "")
             plugin = self.plugin_for(volume)
             if plugin is None:
                 result.failures[name] = unsupported_message(volume)
                 continue
+            started = time.monotonic()
             await self._set_up_one(volume, ctx, plugin, result)
             plugin_name = _plugin_name(plugin, volume, uid)
             if plugin_name:
-                states[name] = (plugin_name, name in result.paths or name in result.devices)
+                ready = name in result.paths or name in result.devices
+                states[name] = (plugin_name, ready)
+                was_ready = before.get(name, ("", False))[1]
+                if self.operations is not None and (
+                    not was_ready or volume_type(volume) in REMOUNTED
+                ):
+                    self.operations(VOLUME_MOUNT, plugin_name, ready, time.monotonic() - started)
         if self._states.get(uid) != states:  # most syncs of a running pod change nothing
             self._states[uid] = states
             self._report_counts()
@@ -209,9 +236,12 @@ class VolumeManager:
             by_dir[p.dir_name] = p.tear_down
             if isinstance(p, OwnsMoreDirs):
                 by_dir.update(p.more_dirs())
+        known = self._states.get(uid, {})
         for plugin_dir in _subdirs(volumes_dir):
             tear_down = by_dir.get(plugin_dir.name)
             for path in _subdirs(plugin_dir, include_files=True):
+                started = time.monotonic()
+                succeeded = True
                 try:
                     if tear_down is not None:
                         await tear_down(path)
@@ -219,11 +249,29 @@ class VolumeManager:
                         problems += await fs.remove_tree(path)
                 except (OSError, fs.MountError, VolumeError) as err:
                     problems.append(f"{path}: {err}")
+                    succeeded = False
+                if tear_down is not None:
+                    self._unmounted(known, plugin_dir.name, path.name, succeeded, started)
         if not problems:  # what is left (plugin directories) holds no mount any more
             problems += await fs.remove_tree(volumes_dir)
         if problems:
             log.warning("pod volumes not removed", extra={"uid": uid, "problems": problems})
         return problems
+
+    def _unmounted(
+        self,
+        known: Mapping[str, tuple[str, bool]],
+        plugin_dir: str,
+        name: str,
+        succeeded: bool,
+        started: float,
+    ) -> None:
+        """Tell `operations` of a tear-down, by the plugin name the set-up knew or else
+        the one the directory spells (`kubernetes.io~empty-dir`)."""
+        if self.operations is None:
+            return
+        plugin_name = known[name][0] if name in known else plugin_dir.replace("~", "/")
+        self.operations(VOLUME_UNMOUNT, plugin_name, succeeded, time.monotonic() - started)
 
     async def clean_orphans(self, *, keep: Collection[str]) -> list[str]:
         """Remove the directory of every pod under `<root-dir>/pods` not in `keep`.
