@@ -16,8 +16,9 @@ RUN_PACKAGES=(containerd runc containernetworking-plugins busybox-static docker-
               redis-server iproute2 iptables)
 # The tests and `make image` besides: htpasswd for the authenticated registry, the image
 # builder's mmdebstrap and skopeo, the compose tier's dockerd and docker-compose, tini
-# for the storage conformance run's PID namespace.
-TEST_PACKAGES=(apache2-utils mmdebstrap skopeo docker.io docker-compose tini)
+# for the storage conformance run's PID namespace, and the Prometheus that scrapes a node
+# as kube-prometheus would (tests/cluster/test_prometheus_scrape.py; not started here).
+TEST_PACKAGES=(apache2-utils mmdebstrap skopeo docker.io docker-compose tini prometheus)
 APT_PACKAGES=("${RUN_PACKAGES[@]}")
 if [ "${1:-}" != "--run" ]; then
   APT_PACKAGES+=("${TEST_PACKAGES[@]}")
