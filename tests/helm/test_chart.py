@@ -789,12 +789,31 @@ def test_service_monitor_only_when_enabled() -> None:
     (monitor,) = of_kind(docs, "ServiceMonitor")
     (service,) = of_kind(docs, "Service")
     assert monitor["metadata"]["labels"]["release"] == "prometheus"
-    (endpoint,) = monitor["spec"]["endpoints"]
-    assert (endpoint["port"], endpoint["scheme"], endpoint["path"]) == (
-        "https-metrics",
-        "https",
-        "/metrics",
-    )
+    # kube-prometheus's kubelet endpoints: the three paths, labels honoured, cAdvisor's
+    # own timestamps not, `metrics_path` and `job="kubelet"` as kubernetes-mixin selects
+    endpoints = monitor["spec"]["endpoints"]
+    assert [(e["port"], e["scheme"], e["path"]) for e in endpoints] == [
+        ("https-metrics", "https", "/metrics"),
+        ("https-metrics", "https", "/metrics/cadvisor"),
+        ("https-metrics", "https", "/metrics/probes"),
+    ]
+    for e in endpoints:
+        assert e["honorLabels"] is True
+        assert e["bearerTokenFile"] == "/var/run/secrets/kubernetes.io/serviceaccount/token"
+        assert {"sourceLabels": ["__metrics_path__"], "targetLabel": "metrics_path"}.items() <= (
+            e["relabelings"][0].items()
+        )
+        assert e["relabelings"][1] == {
+            "action": "replace",
+            "targetLabel": "job",
+            "replacement": "kubelet",
+        }
+    endpoint, cadvisor, probes = endpoints
+    assert cadvisor["honorTimestamps"] is False and "honorTimestamps" not in endpoint
+    drops = cadvisor["metricRelabelings"]
+    assert [d["action"] for d in drops] == ["drop"] * 3
+    assert drops[1]["sourceLabels"] == ["__name__", "pod", "namespace"]
+    assert "metricRelabelings" not in endpoint and "metricRelabelings" not in probes
     assert service["spec"]["ports"][0]["port"] == 10250
     assert service["spec"]["selector"]["app.kubernetes.io/component"] == "status-reporter"
     for key, value in monitor["spec"]["selector"]["matchLabels"].items():
@@ -807,7 +826,8 @@ def test_service_monitor_only_when_enabled() -> None:
         [CI["secret-values"]], ["metrics.serviceMonitor.tlsConfig.insecureSkipVerify=true"]
     )
     (monitor,) = of_kind(skip, "ServiceMonitor")
-    assert monitor["spec"]["endpoints"][0]["tlsConfig"]["insecureSkipVerify"] is True
+    for e in monitor["spec"]["endpoints"]:
+        assert e["tlsConfig"]["insecureSkipVerify"] is True
 
 
 def test_helm_test_pod_checks_the_node_from_the_node() -> None:
