@@ -213,7 +213,7 @@ def test_unimplemented_value_refused_naming_file_and_field(tmp_path: Path, path:
     [
         ({"imagePullCredentialsVerificationPolicy": "AlwaysVerify"}, None),
         ({"cpuManagerPolicy": "static"}, "cpuManagerPolicy"),
-        ({"shutdownGracePeriod": "30s"}, "shutdownGracePeriod"),
+        ({"cpuManagerPolicy": "static", "shutdownGracePeriod": "30s"}, "cpuManagerPolicy"),
         ({"runOnce": True}, "runOnce"),
     ],
 )
@@ -239,6 +239,8 @@ def test_message(tmp_path: Path, body: dict[str, Any], path: str | None) -> None
         {"enforceNodeAllocatable": ["none"]},
         {"rotateCertificates": True},
         {"cgroupDriver": "systemd"},
+        {"shutdownGracePeriod": "30s", "shutdownGracePeriodCriticalPods": "10s"},
+        {"shutdownGracePeriodByPodPriority": [{"priority": 0, "shutdownGracePeriodSeconds": 5}]},
         # what kubeadm writes
         {"logging": {"flushFrequency": 0, "options": {"json": {"infoBufferSize": "0"}}}},
         # fields without effect, and defaults klet does not honour, take any value
@@ -283,3 +285,21 @@ def test_flag_over_file_names_the_flag(tmp_path: Path) -> None:
         hostname="node-1",
     )
     assert settings.kubelet.cgroup_root == "/"
+
+
+@pytest.mark.parametrize(
+    ("period", "field", "message"),
+    [
+        ({"priority": 0, "grace": 5}, "grace", "unknown field"),
+        ({"priority": "high"}, "priority", "must be an integer, not 'high'"),
+        ({"shutdownGracePeriodSeconds": -1}, "shutdownGracePeriodSeconds", "must not be negative"),
+    ],
+)
+def test_shutdown_periods_by_priority_are_checked(
+    tmp_path: Path, period: dict[str, Any], field: str, message: str
+) -> None:
+    file = tmp_path / "kubelet.json"
+    file.write_text(json.dumps({**HEADER, "shutdownGracePeriodByPodPriority": [period]}))
+    with pytest.raises(ConfigError) as info:
+        load_config_file(file)
+    assert f"{file}: shutdownGracePeriodByPodPriority[0].{field}: {message}" in info.value.problems

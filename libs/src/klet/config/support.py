@@ -114,9 +114,6 @@ UNIMPLEMENTED: Mapping[str, Unimplemented] = {
     "runOnce": Unimplemented(
         "run-once mode (upstream v1.34 refuses runOnce: true too; the mode is deprecated)"
     ),
-    "shutdownGracePeriod": Unimplemented("graceful node shutdown"),
-    "shutdownGracePeriodCriticalPods": Unimplemented("graceful node shutdown"),
-    "shutdownGracePeriodByPodPriority": Unimplemented("graceful node shutdown", check=_empty),
     "configMapAndSecretChangeDetectionStrategy": Unimplemented(
         "choosing how ConfigMap and Secret changes are detected"
     ),

@@ -255,6 +255,16 @@ def _check_node(c: _Checks, cfg: KubeletConfiguration) -> None:
             "shutdownGracePeriodByPodPriority",
             "cannot be combined with shutdownGracePeriod or shutdownGracePeriodCriticalPods",
         )
+    for i, period in enumerate(cfg.shutdown_grace_period_by_pod_priority):
+        path = f"shutdownGracePeriodByPodPriority[{i}]"
+        for key in sorted(set(period) - {"priority", "shutdownGracePeriodSeconds"}):
+            c.add(f"{path}.{key}", "unknown field")
+        for key in ("priority", "shutdownGracePeriodSeconds"):
+            value = period.get(key, 0)
+            if not isinstance(value, int) or isinstance(value, bool):
+                c.add(f"{path}.{key}", f"must be an integer, not {value!r}")
+            elif key == "shutdownGracePeriodSeconds" and value < 0:
+                c.add(f"{path}.{key}", "must not be negative")
 
 
 def _check_cgroups(c: _Checks, cfg: KubeletConfiguration) -> None:

@@ -46,17 +46,21 @@ import bisect
 import json
 import logging
 import os
+import signal
 import time
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
+from klet.config.kubelet import KubeletConfiguration
 from klet.eviction.manager import ActivePod, ConditionTable, NodeEvent, PodKiller, PodLister
+from klet.logind import LogindClient, LogindError, LogindUnavailable
 from klet.model.node import NODE_SHUTTING_DOWN, SHUTDOWN_POD_MESSAGE, SHUTDOWN_POD_REASON
 from klet.model.pod import SYSTEM_CRITICAL_PRIORITY, pod_priority
 from klet.model.records import NodeConditionRecord
 from klet.model.types import JSON, PodUID
+from prometheus_client import CollectorRegistry, Gauge
 
 log = logging.getLogger(__name__)
 
@@ -128,6 +132,26 @@ def pod_grace_s(period: Period, pod: JSON) -> int:
     if isinstance(own, int) and own <= period.grace_s:
         return own
     return period.grace_s
+
+
+def time_gauges(registry: CollectorRegistry) -> Callable[[float, float], None]:
+    """The two upstream gauges of the last graceful shutdown, and their setter."""
+    start = Gauge(
+        "kubelet_graceful_shutdown_start_time_seconds",
+        "When the last graceful node shutdown began (Unix seconds)",
+        registry=registry,
+    )
+    end = Gauge(
+        "kubelet_graceful_shutdown_end_time_seconds",
+        "When the last graceful node shutdown ended (Unix seconds; 0 while under way)",
+        registry=registry,
+    )
+
+    def set_times(started: float, ended: float) -> None:
+        start.set(started)
+        end.set(ended)
+
+    return set_times
 
 
 class Logind(Protocol):
@@ -228,6 +252,10 @@ class ShutdownManager:
         self._release()
         self.lock = fd
 
+    def drop_lock(self) -> None:
+        """Release the lock (the connection it came from is gone, or the service ends)."""
+        self._release()
+
     def _release(self) -> None:
         if self.lock is not None:
             fd, self.lock = self.lock, None
@@ -269,6 +297,11 @@ class ShutdownManager:
             await self.handle()
         else:
             await self._take_lock()
+
+    async def publish_condition(self) -> None:
+        """Write the Ready contribution as this replica sees the node (at election too,
+        so a new leader never leaves one from before a reboot in place)."""
+        await self._write_condition()
 
     async def _write_condition(self) -> None:
         if not self.deps.leading():
@@ -348,3 +381,90 @@ class ShutdownManager:
             message=MESSAGE,
             timeout_s=grace + KILL_MARGIN_S,
         )
+
+
+RETRY_S = 1.0
+MAX_RETRY_S = 30.0
+
+
+async def supervise(manager: ShutdownManager, *, retry_s: float = RETRY_S) -> None:
+    """The root task: run the manager, and after logind or the bus is lost (or could
+    not be reached at all) log why once and try again, 1 s then doubling to 30 s, as
+    upstream reconnects. The node's pods are never touched for that. SIGUSR1 handles a
+    shutdown at once (upstream's manual trigger)."""
+    loop = asyncio.get_running_loop()
+    usr1 = asyncio.Event()
+    try:
+        loop.add_signal_handler(signal.SIGUSR1, usr1.set)
+    except (NotImplementedError, RuntimeError, ValueError):
+        pass  # not the main thread (tests): no manual trigger
+
+    async def manual() -> None:
+        while True:
+            await usr1.wait()
+            usr1.clear()
+            log.info("received SIGUSR1: handling a node shutdown")
+            await manager.trigger()
+
+    trigger = asyncio.create_task(manual())
+    delay = retry_s
+    last_error = ""
+    try:
+        while True:
+            try:
+                await manager.run()
+                error = "the system bus connection ended"
+            except (LogindUnavailable, LogindError, RuntimeError) as err:
+                error = str(err)
+            else:
+                delay = retry_s
+            if error != last_error:
+                log.error(
+                    "node shutdown manager cannot watch for shutdowns, retrying",
+                    extra={"error": error, "retry_s": delay},
+                )
+                last_error = error
+            # The lock (if any) stays held: the next start takes a new one first.
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, MAX_RETRY_S)
+    finally:
+        trigger.cancel()
+        manager.drop_lock()
+        try:
+            loop.remove_signal_handler(signal.SIGUSR1)
+        except (NotImplementedError, RuntimeError, ValueError):
+            pass
+
+
+def build(
+    kubelet: KubeletConfiguration,
+    *,
+    root_dir: Path,
+    pods: PodLister,
+    killer: PodKiller,
+    conditions: ConditionTable,
+    node_event: NodeEvent,
+    leading: Callable[[], bool],
+    registry: CollectorRegistry,
+    logind: Logind | None = None,
+) -> ShutdownManager | None:
+    """The manager for this configuration, or None when no grace period is set (then
+    the node shuts down at once, as upstream's)."""
+    plan = periods(
+        grace_s=kubelet.shutdown_grace_period,
+        critical_s=kubelet.shutdown_grace_period_critical_pods,
+        by_priority=kubelet.shutdown_grace_period_by_pod_priority,
+    )
+    if not plan:
+        return None
+    deps = ShutdownDeps(
+        logind=logind if logind is not None else LogindClient(),
+        pods=pods,
+        killer=killer,
+        conditions=conditions,
+        node_event=node_event,
+        state=StateFile(root_dir / STATE_FILE),
+        leading=leading,
+        set_times=time_gauges(registry),
+    )
+    return ShutdownManager(deps, plan)
