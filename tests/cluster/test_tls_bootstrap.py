@@ -20,7 +20,8 @@ never leaves Ready, its Lease keeps being renewed by the new identity and a pod'
 container never restarts; once the first certificate has expired, a new pod still goes
 through pod-source, syncloop and status-reporter to Running (each service's client
 presents the current file); a restarted service uses what is there without asking
-again; status-reporter serves upstream's kubelet_certificate_manager_{client,server}_ttl_seconds.
+again; status-reporter serves upstream's kubelet_certificate_manager_{client,server}_ttl_seconds
+and the renewal failure counters.
 Bad input: a wrong token and an expired one (401, named), a CSR that an operator
 denies (its reason, named), a signer that does not answer in time (the CSR named): each
 a service that exits 1 with that message and no kubeconfig written; nothing else on the
@@ -260,6 +261,13 @@ def test_a_node_joins_with_a_bootstrap_token_and_rotates_its_certificate(
     for kind in ("client", "server"):
         [sample] = families[f"kubelet_certificate_manager_{kind}_ttl_seconds"].samples
         assert 0 < sample.value <= 60, (kind, sample.value)
+    # and the renewal failure counters of both rotations, under upstream's names
+    for name in (
+        "kubelet_certificate_manager_client_expiration_renew_errors",
+        "kubelet_server_expiration_renew_errors",
+    ):
+        [sample] = families[name].samples
+        assert sample.name == name and sample.value >= 0, sample
     # a restarted service finds the kubeconfig and the current certificate: no request
     asked = {c["metadata"]["name"] for c in kget(cp, "csr")["items"]}
     node.stop("syncloop")

@@ -294,6 +294,7 @@ async def test_rotation_renews_when_due_and_keeps_the_old_one_on_failure(tmp_pat
     first = store.current()
     assert first is not None
     clock = [first.start]
+    failures: list[None] = []
     rotation = CertificateRotation(
         store=store,
         api=signer,
@@ -302,6 +303,7 @@ async def test_rotation_renews_when_due_and_keeps_the_old_one_on_failure(tmp_pat
         wait_s=1,
         now=lambda: clock[0],
         jitter=lambda: 0.5,
+        on_renew_failed=lambda: failures.append(None),
     )
     wait = await rotation.run_once()
     assert 0 < wait <= 60  # not due: looks again within a minute
@@ -311,6 +313,7 @@ async def test_rotation_renews_when_due_and_keeps_the_old_one_on_failure(tmp_pat
     signer.mode = "deny"
     assert await rotation.run_once() == rotation.retry_s
     assert store.current() == first  # the old one stays in use
+    assert len(failures) == 1  # told, for kubelet_*_expiration_renew_errors
     signer.mode = "issue"
     signer.now = due
     await asyncio.sleep(0.01)  # a new file gets a later mtime
@@ -401,9 +404,9 @@ def test_certificate_settings_that_cannot_work_are_refused(
     assert any(problem in p for p in info.value.problems), info.value.problems
 
 
-def test_certificate_expiry_gauges_are_upstreams() -> None:
+def test_certificate_ttl_gauges_and_renewal_error_counters_are_upstreams() -> None:
     from klet.status_reporter.metrics import CertificateMetrics
-    from prometheus_client import CollectorRegistry
+    from prometheus_client import CollectorRegistry, generate_latest
 
     registry, now = CollectorRegistry(), [1000.0]
     metrics = CertificateMetrics(registry, clock=lambda: now[0])
@@ -415,3 +418,12 @@ def test_certificate_expiry_gauges_are_upstreams() -> None:
     assert registry.get_sample_value("kubelet_certificate_manager_server_ttl_seconds") == -30
     metrics.issued("server", 2060.0)  # renewed
     assert registry.get_sample_value("kubelet_certificate_manager_server_ttl_seconds") == 1000
+    # the renewal failure counters, under upstream's names (no `_total`), from 0
+    client_errors = "kubelet_certificate_manager_client_expiration_renew_errors"
+    assert registry.get_sample_value(client_errors) == 0
+    metrics.renew_failed("client")
+    metrics.renew_failed("client")
+    assert registry.get_sample_value(client_errors) == 2
+    assert registry.get_sample_value("kubelet_server_expiration_renew_errors") == 0
+    page = generate_latest(registry).decode()
+    assert f"\n{client_errors} 2.0\n" in page and f"{client_errors}_total" not in page

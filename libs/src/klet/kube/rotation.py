@@ -166,6 +166,7 @@ class CertificateRotation:
         jitter: Callable[[], float] = random_jitter,
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
         on_issued: Callable[[Issued], None] | None = None,
+        on_renew_failed: Callable[[], None] | None = None,
     ) -> None:
         self.store = store
         self.api = api
@@ -179,6 +180,7 @@ class CertificateRotation:
         self._fraction = jitter()
         self._sleep = sleep
         self._on_issued = on_issued
+        self._on_renew_failed = on_renew_failed
         self._once = OnceLogger(log, level=logging.ERROR)
 
     async def run(self) -> None:
@@ -217,6 +219,8 @@ class CertificateRotation:
             renewed = await self._renew()
         except (BootstrapError, NodeCertificateError) as err:
             self._once.error("renew", f"{what} not renewed", cause=str(err), error=str(err))
+            if self._on_renew_failed is not None:
+                self._on_renew_failed()
             return self.retry_s
         self._once.clear("renew", f"{what} renewed after failures")
         if renewed is not None:

@@ -239,7 +239,7 @@ def _certificates(
     kubelet: ClusterKubelet,
     klet: ClusterKlet,
     node_ips: tuple[str, ...],
-    expiry: Callable[[str, float], None] | None,
+    observer: CertificateObserver | None,
 ) -> dict[str, Any]:
     """The certificate renewals the configuration asks for; rotateCertificates is refused
     (ValueError, naming the field) when the kubeconfig does not use the certificate
@@ -258,7 +258,8 @@ def _certificates(
             api=kube,
             node_name=klet.node_name,
             kind=CLIENT,
-            on_issued=_told(expiry, "client"),
+            on_issued=_told(observer, "client"),
+            on_renew_failed=_failed(observer, "client"),
         )
     if kubelet.server_tls_bootstrap:
         kind = serving_kind(klet.node_name, node_ips)
@@ -267,16 +268,32 @@ def _certificates(
             api=kube,
             node_name=klet.node_name,
             kind=kind,
-            on_issued=_told(expiry, "server"),
+            on_issued=_told(observer, "server"),
+            on_renew_failed=_failed(observer, "server"),
         )
     return out
 
 
-def _told(expiry: Callable[[str, float], None] | None, kind: str) -> Any:
-    """The rotation's on_issued hook: tell `expiry` when the certificate expires."""
-    if expiry is None:
+class CertificateObserver(Protocol):
+    """Told of the rotated certificates (status_reporter.metrics.CertificateMetrics)."""
+
+    def issued(self, kind: str, not_after: float) -> None: ...
+
+    def renew_failed(self, kind: str) -> None: ...
+
+
+def _told(observer: CertificateObserver | None, kind: str) -> Any:
+    """The rotation's on_issued hook: tell `observer` when the certificate expires."""
+    if observer is None:
         return None
-    return lambda issued: expiry(kind, issued.not_after.timestamp())
+    return lambda issued: observer.issued(kind, issued.not_after.timestamp())
+
+
+def _failed(observer: CertificateObserver | None, kind: str) -> Any:
+    """The rotation's on_renew_failed hook."""
+    if observer is None:
+        return None
+    return lambda: observer.renew_failed(kind)
 
 
 def build_cluster(
@@ -289,13 +306,13 @@ def build_cluster(
     overrides: ClusterOverrides | None = None,
     volumes_in_use: Callable[[], tuple[str, ...] | None] = lambda: None,
     requests: Callable[[str, str, str, float], None] | None = None,
-    certificate_expiry: Callable[[str, float], None] | None = None,
+    certificates: CertificateObserver | None = None,
 ) -> ClusterDeps:
     """Build cluster mode's managers; `bus()` gives the node's tables when not overridden.
     `consumer` names this process in the `events` consumer group (unique per process);
     `requests` is told of every apiserver request (rest_client_requests_total,
     rest_client_request_duration_seconds);
-    `certificate_expiry(kind, unix time)` of each rotated certificate's expiry."""
+    `certificates` of each rotated certificate's expiry and failed renewals."""
     o = overrides or ClusterOverrides()
     closers: list[Callable[[], Awaitable[None]]] = []
 
@@ -383,7 +400,7 @@ def build_cluster(
 
     csinode = CSINodeManager(kube, o.csidrivers or bus().csidrivers, identity)
     return ClusterDeps(
-        certificates=_certificates(kube, kubelet, klet, tuple(node_ips), certificate_expiry),
+        certificates=_certificates(kube, kubelet, klet, tuple(node_ips), certificates),
         identity=identity,
         node_status=node_status,
         lease=lease,

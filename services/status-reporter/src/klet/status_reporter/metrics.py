@@ -25,11 +25,12 @@ bus is down, which is the point of it.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 
 from klet.model.types import JSON
 from prometheus_client import CollectorRegistry, Counter, Gauge
+from prometheus_client.core import Metric
 
 CONTAINER_STATES = ("created", "running", "exited")
 
@@ -78,13 +79,22 @@ def count_running(statuses: Iterable[JSON]) -> RunningCounts:
     return RunningCounts(pods=pods, containers=containers)
 
 
+RENEW_ERRORS = {
+    "client": "kubelet_certificate_manager_client_expiration_renew_errors",
+    "server": "kubelet_server_expiration_renew_errors",
+}
+"""upstream's counters of failed renewals, by certificate kind."""
+
+
 class CertificateMetrics:
     """upstream's kubelet_certificate_manager_{client,server}_ttl_seconds: seconds until
     the current client or serving certificate expires (negative once it has), computed
-    at each scrape from what the rotation tasks last read (klet.kube.rotation); a series
-    exists only while its certificate is rotated. The renewal error counters upstream
-    also has are not served: their names lack `_total`, which prometheus-client gives
-    every counter, and failures are logged by the rotation task."""
+    at each scrape from what the rotation tasks last read (klet.kube.rotation); and its
+    renewal failure counters (RENEW_ERRORS). A kind's series exist only while its
+    certificate is rotated, from the rotation's first look or failure on. The counters
+    keep upstream's names, which lack `_total`: prometheus-client would add it to a
+    counter (and tie the TYPE line to that name), so they are served untyped, as
+    eviction's kubelet_evictions is."""
 
     def __init__(
         self, registry: CollectorRegistry, *, clock: Callable[[], float] = time.time
@@ -93,10 +103,13 @@ class CertificateMetrics:
         self._expiry: dict[str, float] = {}
         self._registry = registry
         self._gauges: dict[str, Gauge] = {}
+        self._failures: dict[str, int] = {}
+        registry.register(self)
 
     def issued(self, kind: str, not_after: float) -> None:
         """`kind` ("client" or "server") now expires at `not_after` (Unix time)."""
         self._expiry[kind] = not_after
+        self._failures.setdefault(kind, 0)
         if kind not in self._gauges:
             gauge = Gauge(
                 f"kubelet_certificate_manager_{kind}_ttl_seconds",
@@ -105,6 +118,19 @@ class CertificateMetrics:
             )
             gauge.set_function(lambda: self._expiry[kind] - self._clock())
             self._gauges[kind] = gauge
+
+    def renew_failed(self, kind: str) -> None:
+        """A renewal of `kind`'s certificate failed (refused, denied, not answered)."""
+        self._failures[kind] = self._failures.get(kind, 0) + 1
+
+    def collect(self) -> Iterator[Metric]:
+        for kind, count in sorted(self._failures.items()):
+            name = RENEW_ERRORS[kind]
+            metric = Metric(
+                name, f"Failed renewals of the kubelet's {kind} certificate.", "unknown"
+            )
+            metric.add_sample(name, {}, float(count))
+            yield metric
 
 
 class Metrics:

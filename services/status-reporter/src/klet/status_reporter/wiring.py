@@ -257,7 +257,7 @@ def build_deps(settings: ServiceSettings, *, overrides: Overrides | None = None)
             overrides=o.cluster,
             volumes_in_use=volumes.in_use,
             requests=requests,
-            certificate_expiry=CertificateMetrics(registry).issued,
+            certificates=CertificateMetrics(registry),
         )
 
     elected = asyncio.Event()
