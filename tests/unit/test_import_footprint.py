@@ -1,7 +1,7 @@
 """What a standalone service loads: importing the five services' entry points, apps and
 wiring (what `klet run <service>` imports before it builds its dependencies) loads
-neither the Kubernetes client, nor FastAPI/Starlette/pydantic, nor httpx (uvicorn, which
-serves every service's private port, is loaded by all of them); `klet up`
+neither the Kubernetes client, nor FastAPI/pydantic, nor httpx (uvicorn and Starlette,
+which serve every service's private port, are loaded by all of them); `klet up`
 (which needs only the bus's ACL helpers) does not load the redis client.
 
 Each costs 10-25 MB resident per process (issue 15's memory diet): the Kubernetes client
@@ -22,7 +22,7 @@ import subprocess
 import sys
 
 SERVICES = ("pod_source", "syncloop", "status_reporter", "eviction", "image_gc")
-LAZY = ("kubernetes", "fastapi", "starlette", "pydantic", "httpx")
+LAZY = ("kubernetes", "fastapi", "pydantic", "httpx")
 
 PROBE = """
 import importlib, json, sys

@@ -21,9 +21,10 @@ from typing import Any
 
 import httpx
 import pytest
-from klet.obs import serve_http
-from klet.obs.asgi import Request, Response, Routes, text
+from klet.obs import get_app, serve_http
 from klet.obs.logs import configure_logging
+from starlette.requests import Request
+from starlette.responses import PlainTextResponse, Response
 
 from tests.harness.serving import serve_on_free_port
 
@@ -36,12 +37,12 @@ async def _stop(task: asyncio.Task[None]) -> None:
 
 
 async def _hello(_request: Request) -> Response:
-    return text("hello")
+    return PlainTextResponse("hello")
 
 
 @pytest.fixture
 async def served() -> AsyncIterator[Served]:
-    task, port = await serve_on_free_port(Routes({"/hello": _hello}))
+    task, port = await serve_on_free_port(get_app({"/hello": _hello}))
     yield task, port
     await _stop(task)
 
@@ -137,7 +138,7 @@ async def test_requests_are_not_logged_nor_the_servers_start_and_stop() -> None:
     out = io.StringIO()
     handler = configure_logging(service="test", verbosity=2, stream=out)
     try:
-        task, port = await serve_on_free_port(Routes({"/hello": _hello}), name="quiet")
+        task, port = await serve_on_free_port(get_app({"/hello": _hello}), name="quiet")
         async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}") as client:
             for _ in range(3):
                 assert (await client.get("/hello")).text == "hello"
@@ -152,7 +153,7 @@ async def test_requests_are_not_logged_nor_the_servers_start_and_stop() -> None:
 
 async def test_the_signal_handlers_are_left_to_the_process() -> None:
     before = signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT)
-    task, port = await serve_on_free_port(Routes({"/hello": _hello}))
+    task, port = await serve_on_free_port(get_app({"/hello": _hello}))
     try:
         assert (signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT)) == before
     finally:
@@ -160,10 +161,12 @@ async def test_the_signal_handlers_are_left_to_the_process() -> None:
 
 
 async def test_a_failing_app_is_a_500_and_the_server_goes_on() -> None:
-    async def boom(_request: Request) -> Response:
-        raise RuntimeError("bug")
+    async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] == "http" and scope["path"] == "/boom":
+            raise RuntimeError("bug")  # before answering: the server's own 500
+        await get_app({"/hello": _hello})(scope, receive, send)
 
-    task, port = await serve_on_free_port(Routes({"/boom": boom, "/hello": _hello}))
+    task, port = await serve_on_free_port(app)
     try:
         async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}") as client:
             failed = await client.get("/boom")
@@ -181,9 +184,9 @@ async def test_on_cancel_a_request_in_flight_finishes_and_idle_connections_close
     async def slow(_request: Request) -> Response:
         entered.set()
         await release.wait()
-        return text("finished")
+        return PlainTextResponse("finished")
 
-    task, port = await serve_on_free_port(Routes({"/slow": slow, "/hello": _hello}))
+    task, port = await serve_on_free_port(get_app({"/slow": slow, "/hello": _hello}))
     idle_reader, idle_writer = await asyncio.open_connection("127.0.0.1", port)
     idle_writer.write(b"GET /hello HTTP/1.1\r\nHost: x\r\n\r\n")
     first = await asyncio.wait_for(idle_reader.readuntil(b"hello"), 5)

@@ -6,7 +6,7 @@ call `configure_logging`, build a registry with `new_registry`, serve
 klet.portfiles) and run everything under `run_supervised`.
 """
 
-from klet.obs.health import HealthCheck, create_health_app, serve_http
+from klet.obs.health import HealthCheck, create_health_app, get_app, serve_http
 from klet.obs.logs import (
     JsonFormatter,
     OnceLogger,
@@ -30,6 +30,7 @@ __all__ = [
     "TextFormatter",
     "configure_logging",
     "create_health_app",
+    "get_app",
     "leader_metric",
     "level_for_verbosity",
     "log_once_per_change",

@@ -1,7 +1,8 @@
 """The private /healthz, /readyz and /metrics endpoints every klet service serves.
 
-`create_health_app(registry=..., checks=..., ready=...)` builds a small ASGI app
-(klet.obs.asgi: not FastAPI, which would cost each service about 20 MB to import); its
+`create_health_app(registry=..., checks=..., ready=...)` builds a small Starlette app
+(`get_app`: GET and HEAD routes, 404 and 405 answered with a JSON `detail` as FastAPI
+does; not FastAPI itself, whose pydantic would cost each service about 20 MB); its
 responses follow the upstream kubelet/apiserver healthz handler so existing probes and
 muscle memory work: `ok` with 200 when every check passes; with `?verbose` one
 `[+]name ok` line per check then `healthz check passed`; on failure status 500 and the
@@ -51,12 +52,16 @@ from collections.abc import Awaitable, Callable, Generator, Mapping
 from typing import Any
 
 import uvicorn
-from klet.obs.asgi import Request, Response, Routes, text
 from klet.obs.logs import OnceLogger
 from prometheus_client import CollectorRegistry
 from prometheus_client.exposition import choose_encoder
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import JSONResponse, PlainTextResponse, Response
+from starlette.routing import Route
 
-__all__ = ["GRACEFUL_S", "HealthCheck", "create_health_app", "serve_http"]
+__all__ = ["GRACEFUL_S", "HealthCheck", "create_health_app", "get_app", "serve_http"]
 
 log = logging.getLogger(__name__)
 
@@ -64,6 +69,34 @@ HealthCheck = Callable[[], bool | Awaitable[bool]]
 """A named health condition: True when healthy; may be async; raising counts as failed."""
 
 _NOSNIFF = {"X-Content-Type-Options": "nosniff"}
+
+Endpoint = Callable[[Request], Awaitable[Response]]
+
+
+async def _http_error(_request: Request, exc: Exception) -> Response:
+    """404 and 405 as FastAPI answers them (a JSON `detail`), with a stable Allow."""
+    assert isinstance(exc, HTTPException)
+    headers = dict(exc.headers or {})
+    if "Allow" in headers:  # Starlette joins a set: the order would vary between runs
+        headers["Allow"] = ", ".join(sorted(headers["Allow"].split(", ")))
+    return JSONResponse({"detail": exc.detail}, exc.status_code, headers=headers)
+
+
+def get_app(routes: Mapping[str, Endpoint]) -> Starlette:
+    """A Starlette app answering GET and HEAD on `routes` (path -> endpoint; a path may
+    hold one `{parameter}` segment); anything else is a 404 or 405 with a JSON detail.
+    A trailing slash is not redirected: `/healthz/` is a 404, as a probe should see."""
+    app = Starlette(
+        routes=[Route(path, endpoint, methods=["GET"]) for path, endpoint in routes.items()],
+        exception_handlers={HTTPException: _http_error},
+    )
+    app.router.redirect_slashes = False
+    return app
+
+
+def text(body: str, status: int = 200, headers: Mapping[str, str] | None = None) -> Response:
+    return PlainTextResponse(body, status, headers=dict(headers or {}))
+
 
 GRACEFUL_S = 5
 """Seconds requests being answered get to finish once serve_http is cancelled."""
@@ -93,7 +126,7 @@ class _Checker:
 
     async def report(self, kind: str, request: Request, names: list[str]) -> Response:
         """The upstream-style report of the checks `names`, honouring ?verbose and ?exclude."""
-        excluded = set(request.query_values("exclude"))
+        excluded = set(request.query_params.getlist("exclude"))
         run = [n for n in names if n not in excluded]
         results = dict(zip(run, await asyncio.gather(*map(self.run_one, run)), strict=True))
         lines = []
@@ -111,7 +144,7 @@ class _Checker:
         if not all(results.values()):
             body = "\n".join([*lines, f"{kind} check failed"]) + "\n"
             return text(body, 500, _NOSNIFF)
-        if not request.has_query("verbose"):
+        if "verbose" not in request.query_params:
             return text("ok", headers=_NOSNIFF)
         body = "\n".join([*lines, f"{kind} check passed"]) + "\n"
         return text(body, headers=_NOSNIFF)
@@ -123,7 +156,7 @@ def create_health_app(
     checks: Mapping[str, HealthCheck],
     ready: Callable[[], bool],
     check_timeout: float = 5.0,
-) -> Routes:
+) -> Starlette:
     """The app of a service's private port: /healthz, /healthz/{name}, /readyz, /metrics.
 
     checks: named health conditions, reported in this order after a built-in "ping".
@@ -138,7 +171,8 @@ def create_health_app(
     async def healthz(request: Request) -> Response:
         return await checker.report("healthz", request, health_names)
 
-    async def healthz_one(_request: Request, name: str) -> Response:
+    async def healthz_one(request: Request) -> Response:
+        name = request.path_params["name"]
         if name not in health_names:
             return text(f"no health check named {name}\n", 404)
         if await checker.run_one(name):
@@ -150,11 +184,15 @@ def create_health_app(
 
     async def metrics(request: Request) -> Response:
         encoder, content_type = choose_encoder(request.headers.get("accept", ""))
-        return Response(encoder(registry), content_type=content_type)
+        return Response(encoder(registry), media_type=content_type)
 
-    return Routes(
-        {"/healthz": healthz, "/readyz": readyz, "/metrics": metrics},
-        {"/healthz/": healthz_one},
+    return get_app(
+        {
+            "/healthz": healthz,
+            "/healthz/{name}": healthz_one,
+            "/readyz": readyz,
+            "/metrics": metrics,
+        }
     )
 
 

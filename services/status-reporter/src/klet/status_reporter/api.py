@@ -1,4 +1,4 @@
-"""The kubelet's unauthenticated HTTP endpoints, as ASGI app factories (klet.obs.asgi).
+"""The kubelet's unauthenticated HTTP endpoints, as ASGI app factories (`klet.obs.get_app`).
 
 - `create_app`: the read-only API (upstream `readOnlyPort`, off by default):
   `GET /pods` (the node's pods as a v1 PodList, each with its latest computed status),
@@ -14,9 +14,9 @@ process is serving: a Redis outage must not make a liveness probe restart this s
 and a dead refresh loop already ends the process (supervised root tasks). The private
 service port's /healthz /readyz /metrics come from `klet.obs`, not from here.
 
-Neither app holds a client, so neither needs a lifespan. Both are a few GET paths, written
-against klet.obs.asgi rather than FastAPI: importing FastAPI costs the process about
-20 MB resident, which only the kubelet API on --port (kubeletapi) needs.
+Neither app holds a client, so neither needs a lifespan. Both are a few GET paths on
+Starlette (`klet.obs.get_app`) rather than FastAPI: importing FastAPI (pydantic) costs the
+process about 20 MB resident, which only the kubelet API on --port (kubeletapi) needs.
 """
 
 from __future__ import annotations
@@ -24,10 +24,12 @@ from __future__ import annotations
 from typing import Protocol
 
 from klet.model.types import JSON
-from klet.obs import CONTENT_TYPE
-from klet.obs.asgi import Request, Response, Routes, json_response, text
+from klet.obs import CONTENT_TYPE, get_app
 from klet.status_reporter.nodemetrics import LocalMetrics
 from prometheus_client import CollectorRegistry
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, PlainTextResponse, Response
 
 
 class PodView(Protocol):
@@ -67,34 +69,34 @@ class ContainerMetricsPage(Protocol):
 
 
 async def _healthz(_request: Request) -> Response:
-    return text("ok")
+    return PlainTextResponse("ok")
 
 
-def create_app(deps: ApiDeps) -> Routes:
+def create_app(deps: ApiDeps) -> Starlette:
     """The kubelet read-only API app over `deps.pods` and `deps.registry`."""
 
     async def pods(_request: Request) -> Response:
-        return json_response(deps.pods.pod_list())
+        return JSONResponse(deps.pods.pod_list())
 
     pages = deps.node_metrics if deps.node_metrics is not None else LocalMetrics(deps.registry)
 
     async def metrics(_request: Request) -> Response:
-        return Response(await pages.metrics(), content_type=CONTENT_TYPE)
+        return Response(await pages.metrics(), media_type=CONTENT_TYPE)
 
     async def probes(_request: Request) -> Response:
-        return Response(await pages.probes(), content_type=CONTENT_TYPE)
+        return Response(await pages.probes(), media_type=CONTENT_TYPE)
 
     routes = {"/healthz": _healthz, "/pods": pods, "/metrics": metrics, "/metrics/probes": probes}
     containers = deps.container_metrics
     if containers is not None:
 
         async def cadvisor(_request: Request) -> Response:
-            return Response(await containers.page(), content_type=CONTENT_TYPE)
+            return Response(await containers.page(), media_type=CONTENT_TYPE)
 
         routes["/metrics/cadvisor"] = cadvisor
-    return Routes(routes)
+    return get_app(routes)
 
 
-def create_healthz_app() -> Routes:
+def create_healthz_app() -> Starlette:
     """The healthz-only app of `healthzBindAddress:healthzPort`."""
-    return Routes({"/healthz": _healthz})
+    return get_app({"/healthz": _healthz})
