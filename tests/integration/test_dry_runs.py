@@ -315,7 +315,7 @@ def test_evict_dry_run_ranks_the_pods_and_evicts_nobody(
     signals = {s["signal"]: s for s in now["signals"]}
     assert {"memory.available", "nodefs.available", "pid.available"} <= set(signals)
     memory = signals["memory.available"]
-    assert memory["threshold"] == "memory.available<104857600 (hard)"
+    assert memory["threshold"] == "memory.available<100Mi (hard)"
     assert memory["capacity"] > memory["available"] > memory["threshold_value"] == 100 << 20
     assert not memory["met"] and now["signal"] == "" and now["pods"] == []
     assert now["summary"] == "no threshold is met: nothing would be evicted"

@@ -95,7 +95,7 @@ async def test_no_pressure_and_a_hypothetical_threshold() -> None:
     cfg = KubeletConfiguration()
     what_if = parse_expressions(["memory.available<4Gi"], cfg)
     r = await w.manager.dry_run(what_if)
-    assert r.thresholds[0] == "memory.available<4294967296 (hard)"
+    assert r.thresholds[0] == "memory.available<4Gi (hard)"
     assert [p.pod for p in r.pods if p.evict] == ["ns/a"]
     untouched(w)
     assert await w.step() == []  # the configured 100Mi still rules the real pass

@@ -38,6 +38,7 @@ from klet.config.flags import parse_signal_thresholds
 from klet.config.kubelet import KubeletConfiguration
 from klet.config.units import parse_percentage, parse_quantity
 from klet.eviction.signals import SIGNAL_CONDITION, Observations, Signal
+from klet.model.node import format_bytes
 
 __all__ = [
     "Amount",
@@ -58,6 +59,14 @@ __all__ = [
 _NODEFS = (Signal.NODEFS_AVAILABLE, Signal.NODEFS_INODES_FREE)
 _IMAGEFS = (Signal.IMAGEFS_AVAILABLE, Signal.IMAGEFS_INODES_FREE)
 _CONTAINERFS = (Signal.CONTAINERFS_AVAILABLE, Signal.CONTAINERFS_INODES_FREE)
+_COUNTED = frozenset(
+    {
+        Signal.NODEFS_INODES_FREE,
+        Signal.IMAGEFS_INODES_FREE,
+        Signal.CONTAINERFS_INODES_FREE,
+        Signal.PID_AVAILABLE,
+    }
+)
 
 
 @dataclass(frozen=True)
@@ -108,8 +117,12 @@ class Threshold:
         return SIGNAL_CONDITION[self.signal]
 
     def describe(self) -> str:
+        """As evictionHard spells it, bytes in binary units: "memory.available<100Mi (hard)"."""
         kind = "hard" if self.hard else f"soft, grace {self.grace_period_s:g}s"
-        return f"{self.signal.value}<{self.value} ({kind})"
+        value = str(self.value)
+        if self.quantity is not None and self.signal not in _COUNTED:
+            value = format_bytes(self.quantity)
+        return f"{self.signal.value}<{value} ({kind})"
 
 
 def threshold_value(t: Threshold, capacity: int) -> int:
