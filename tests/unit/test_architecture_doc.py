@@ -21,6 +21,7 @@ from klet.bus.acl import ACCESS, ADMIN_USER, SERVICES, user_name
 from klet.bus.functions import FUNCTIONS, LIBRARY
 from klet.model.layout import (
     DEFAULT_SERVICE_PORTS,
+    EVICTION,
     IMAGE_GC,
     SYNCLOOP,
     grpc_socket,
@@ -179,6 +180,7 @@ def test_the_node_layout_is_named() -> None:
     paths = [
         str(grpc_socket(run_dir, SYNCLOOP)),
         str(grpc_socket(run_dir, IMAGE_GC)),
+        str(grpc_socket(run_dir, EVICTION)),
         f"{port_files_dir(run_dir, SERVICE_PATTERN)}/",
         str(redis_socket(run_dir)),
         f"{pod_dir(root_dir, '<uid>')}/",
