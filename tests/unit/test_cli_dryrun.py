@@ -232,6 +232,23 @@ def test_a_socket_nobody_answers_on_is_not_running(
     assert f"klet gc: image-gc is not answering at {path}: UNAVAILABLE" in err
 
 
+def test_a_failing_service_is_named_with_its_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "grpc" / "eviction.sock"
+    path.parent.mkdir()
+    path.touch()
+
+    async def fails(self: object, thresholds: Sequence[str] = ()) -> DryRunResult:
+        raise dryrun.RpcUnavailable("INTERNAL: DryRun: bus unavailable")
+
+    monkeypatch.setattr(EvictionClient, "dry_run", fails)
+    assert main(["evict", "--dry-run", "--run-dir", str(tmp_path)]) == 1
+    assert capsys.readouterr().err.strip() == (
+        f"klet evict: eviction failed to answer at {path}: INTERNAL: DryRun: bus unavailable"
+    )
+
+
 def test_malformed_signal_and_missing_dry_run(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -6,8 +6,9 @@ Each service answers with its own decision functions (`GarbageCollector.PlanColl
 evicted, written or recorded. The socket is `<run-dir>/grpc/<service>.sock`; the run
 directory is `--run-dir`, else `KLET_RUN_DIR`, else the first of `/run/klet` (a node)
 and `.run` (`make run`) that holds the socket. A service that is not running (no
-socket, or nothing answering on it) is named with the paths looked at, exit 1; a
-threshold the service refuses is printed with its reason, exit 2.
+socket, or nothing answering on it) is named with the paths looked at, exit 1, as is
+a service that fails to answer (its error printed); a threshold the service refuses is
+printed with its reason, exit 2.
 """
 
 from __future__ import annotations
@@ -127,7 +128,9 @@ def _run(
         print(f"{prog}: {err}", file=sys.stderr)
         return 1
     except RpcUnavailable as err:
-        print(f"{prog}: {service} is not answering at {socket}: {err}", file=sys.stderr)
+        gone = str(err).startswith(("UNAVAILABLE", "UNIMPLEMENTED", "DEADLINE_EXCEEDED"))
+        what = "is not answering at" if gone else "failed to answer at"
+        print(f"{prog}: {service} {what} {socket}: {err}", file=sys.stderr)
         return 1
     except InvalidRequest as err:
         print(f"{prog}: {err}", file=sys.stderr)
