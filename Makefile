@@ -4,7 +4,7 @@ PY := .venv/bin/python
 RUN_DIR ?= $(CURDIR)/.run
 PYTEST_ARGS ?=
 
-.PHONY: setup setup-run run test unit integration cluster soak lint typecheck proto bench bench-gc bench-failover bench-events bench-compare fuzz fuzz-manifests clean image test-image test-compose test-helm conformance conformance-storage
+.PHONY: setup setup-run run test unit integration cluster soak lint typecheck proto bench bench-gc bench-failover bench-events bench-compare fuzz fuzz-manifests clean image test-image test-compose test-helm test-systemd conformance conformance-storage
 
 setup:
 	@bash tools/setup.sh
@@ -29,7 +29,7 @@ test: setup cluster-binaries metrics-server-binary helm-binaries e2e-binaries li
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 unit: setup
-	$(PY) -m pytest -m "not integration and not cluster and not compose and not helm" $(PYTEST_ARGS)
+	$(PY) -m pytest -m "not integration and not cluster and not compose and not helm and not systemd" $(PYTEST_ARGS)
 
 integration: setup
 	$(PY) -m pytest -m integration $(PYTEST_ARGS)
@@ -80,6 +80,13 @@ test-compose: setup cluster-binaries
 # own on a second containerd (tests/helm).
 test-helm: setup cluster-binaries helm-binaries
 	$(PY) -m pytest tests/helm $(PYTEST_ARGS)
+
+# The systemd tier alone (it is part of `make test` too): a node container whose PID 1 is
+# Debian's systemd (image klet-systemd-node from tools/image) on a private dockerd, klet
+# up inside it with cgroupDriver: systemd; pods of each QoS class in their slices, a
+# removed pod's slice gone (tests/systemd, harness tests/harness/systemd_node.py).
+test-systemd: setup
+	$(PY) -m pytest tests/systemd -s $(PYTEST_ARGS)
 
 bench: setup
 	$(PY) bench/run.py

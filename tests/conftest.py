@@ -6,8 +6,9 @@ must remember: tests/integration is `integration`, tests/cluster, tests/soak and
 tests/conformance (the e2e smoke subset) are `cluster`, tests/compose is `compose`
 (docker-compose.yml on a private dockerd, against the cluster harness's apiserver),
 tests/helm is `helm` (the chart rendered and linted by the pinned helm binaries, and
-installed on the cluster harness), everything else is the unit tier
-(`-m "not integration and not cluster and not compose and not helm"`).
+installed on the cluster harness), tests/systemd is `systemd` (a node container with
+systemd as PID 1 on a private dockerd), everything else is the unit tier
+(`-m "not integration and not cluster and not compose and not helm and not systemd"`).
 
 The harness fixtures (real Redis, containerd, registry) are loaded as a plugin from
 pyproject.toml (`-p tests.harness.fixtures`).
@@ -48,6 +49,7 @@ TIERS = {
     "conformance": "cluster",
     "compose": "compose",
     "helm": "helm",
+    "systemd": "systemd",
 }
 
 

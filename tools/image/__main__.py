@@ -1,11 +1,14 @@
-"""`make image`: build `klet:<version>` and `klet-redis:<version>` as OCI archives.
+"""`make image`: build `klet:<version>` and `klet-redis:<version>` as OCI archives
+(and, when asked for, `klet-systemd-node:<version>`, the systemd tier's test node).
 
 No Docker daemon and no Dockerfile: the layers come from mmdebstrap and uv (see
 tools/image/layers.py), the config, manifest and archive from tools/image/oci.py. Each
 archive is an OCI layout that `ctr images import`, `skopeo copy oci-archive:` and
 docker 20.10's `docker load` all accept.
 
-    python -m tools.image [--out-dir DIR] [--cache-dir DIR] [--uv PATH] [klet|redis ...]
+    python -m tools.image [--out-dir DIR] [--cache-dir DIR] [--uv PATH] [IMAGE ...]
+
+IMAGE is klet, redis (the default: both) or systemd-node.
 
 The last lines printed are one per image: name, archive path, sizes and seconds.
 """
@@ -48,6 +51,46 @@ KLET_ROOTFS = Rootfs(
     name="klet", packages=("python3", "util-linux", "iproute2", "ca-certificates", "mount")
 )
 REDIS_ROOTFS = Rootfs(name="redis", packages=("redis-server",))
+# A test node whose PID 1 is systemd (the systemd cgroup driver and graceful shutdown
+# need a real systemd and logind; the hosts here have none): Debian's systemd and dbus,
+# the container runtime and CNI plugins the dev stack uses (containerd, runc,
+# containernetworking-plugins, iptables for portmap), and what `klet up`'s private
+# stack runs besides (redis-server, docker-registry, busybox-static for the test
+# images), with the klet workspace on top as in the klet image.
+SYSTEMD_NODE_ROOTFS = Rootfs(
+    name="systemd-node",
+    packages=(
+        "python3",
+        "systemd",
+        "systemd-sysv",
+        "dbus",
+        "containerd",
+        "runc",
+        "containernetworking-plugins",
+        "iptables",
+        "redis-server",
+        "docker-registry",
+        "apache2-utils",
+        "busybox-static",
+        "util-linux",
+        "iproute2",
+        "mount",
+        "ca-certificates",
+        "procps",
+    ),
+)
+# The packages' own daemons stay off: `klet up` runs a private containerd, registry and
+# Redis of its own (a second containerd would hold /var/lib/containerd for nothing), and
+# a container has no consoles or udev to serve.
+SYSTEMD_NODE_MASKED = (
+    "containerd.service",
+    "docker-registry.service",
+    "redis-server.service",
+    "getty@tty1.service",
+    "console-getty.service",
+    "systemd-udevd.service",
+    "systemd-udev-trigger.service",
+)
 # The Redis image runs as this user and group, not root and without a passwd entry
 # (Redis needs none). docker-compose.yml and the chart name the same numbers: the bus
 # files Redis reads are given to its group, and the services join that group to reach its
@@ -125,6 +168,54 @@ def build_klet(*, out_dir: Path, cache: LayerCache, uv: Path) -> Built:
     return Built(reference, archive, layers, time.monotonic() - began)
 
 
+def build_systemd_node(*, out_dir: Path, cache: LayerCache, uv: Path) -> Built:
+    """`klet-systemd-node:<version>`: systemd as PID 1 with klet installed (see
+    SYSTEMD_NODE_ROOTFS); tests/systemd runs it on a private dockerd with every
+    capability of the host (tests/harness/systemd_node.py)."""
+    began = time.monotonic()
+    reference = f"klet-systemd-node:{version()}"
+    rootfs = rootfs_layer(SYSTEMD_NODE_ROOTFS, cache)
+    python = rootfs.python_version()
+    deps = dependencies_layer(uv=uv, python_version=python, cache=cache)
+    with tempfile.TemporaryDirectory(prefix="klet-image-") as tmp:
+        workspace = workspace_layer(uv=uv, python_version=python, dest=Path(tmp) / "ws.tar.gz")
+        units = masked_units_layer(Path(tmp) / "units.tar.gz", SYSTEMD_NODE_MASKED)
+        layers = [rootfs.layer, deps, workspace, units]
+        config = image_config(
+            layers,
+            ImageConfig(
+                entrypoint=["/sbin/init"],
+                cmd=[],
+                env={"PATH": PATH, "container": "docker"},
+                labels=labels("klet-systemd-node"),
+                # systemd's "halt" signal: `docker stop` powers the node off cleanly.
+                stop_signal="SIGRTMIN+3",
+            ),
+            history=[
+                _rootfs_step(SYSTEMD_NODE_ROOTFS),
+                "uv pip install (uv.lock, third-party)",
+                "uv pip install (workspace wheels)",
+                f"systemctl mask {' '.join(SYSTEMD_NODE_MASKED)}",
+            ],
+        )
+        archive = out_dir / f"klet-systemd-node-{version()}.oci.tar"
+        write_archive(archive, reference=reference, layers=layers, config=config)
+    return Built(reference, archive, layers, time.monotonic() - began)
+
+
+def masked_units_layer(dest: Path, units: tuple[str, ...]) -> Layer:
+    """`systemctl mask` of `units`: a link to /dev/null in /etc/systemd/system for each."""
+    with tempfile.TemporaryDirectory(prefix="klet-units-") as tmp:
+        stage = Path(tmp)
+        unit_dir = stage / "etc/systemd/system"
+        unit_dir.mkdir(parents=True)
+        for d in (stage / "etc", stage / "etc/systemd", unit_dir):
+            d.chmod(0o755)
+        for unit in units:
+            (unit_dir / unit).symlink_to("/dev/null")
+        return compress_layer(tar_dir_chunks(stage), dest)
+
+
 def build_redis(*, out_dir: Path, cache: LayerCache) -> Built:
     began = time.monotonic()
     reference = f"klet-redis:{version()}"
@@ -187,7 +278,12 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m tools.image", description=__doc__.split("\n")[0]
     )
-    parser.add_argument("images", nargs="*", metavar="klet|redis", help="default: both")
+    parser.add_argument(
+        "images",
+        nargs="*",
+        metavar="klet|redis|systemd-node",
+        help="default: klet and redis (systemd-node is the systemd tests' node)",
+    )
     parser.add_argument("--out-dir", type=Path, default=ROOT / ".cache/image")
     parser.add_argument(
         "--cache-dir",
@@ -200,7 +296,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = parser.parse_args(argv)
     wanted = args.images or ["klet", "redis"]
-    if unknown := set(wanted) - {"klet", "redis"}:
+    if unknown := set(wanted) - {"klet", "redis", "systemd-node"}:
         parser.error(f"unknown image(s): {', '.join(sorted(unknown))}")
     args.out_dir.mkdir(parents=True, exist_ok=True)
     cache = LayerCache(args.cache_dir)
@@ -211,6 +307,8 @@ def main(argv: list[str] | None = None) -> int:
             built.append(build_klet(out_dir=args.out_dir, cache=cache, uv=uv))
         if "redis" in wanted:
             built.append(build_redis(out_dir=args.out_dir, cache=cache))
+        if "systemd-node" in wanted:
+            built.append(build_systemd_node(out_dir=args.out_dir, cache=cache, uv=uv))
     except BuildError as err:
         print(f"image: {err}", file=sys.stderr)
         return 1

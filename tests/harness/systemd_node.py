@@ -1,0 +1,232 @@
+"""A node whose PID 1 is a real systemd: a container on a private dockerd.
+
+The test hosts have no systemd, and the systemd cgroup driver and graceful node shutdown
+need one (and its D-Bus, and logind). `SystemdNode` builds `klet-systemd-node:<version>`
+with tools/image (Debian bookworm's systemd 252 and dbus, containerd 1.6 and runc, the
+CNI plugins, what `klet up`'s private stack runs, and klet's wheels; the layers are cached
+under $KLET_CACHE/image), starts a private dockerd (klet.devstack.Dockerd), loads the
+image and runs it as systemd wants a container:
+
+- every capability this host has (`--cap-add` each, unconfined seccomp and AppArmor,
+  writable /proc/sys, every device), not `--privileged`: docker 20.10's privileged mode
+  asks for capabilities this host's bounding set lacks (CAP_SYS_RESOURCE) and runc
+  refuses ("unable to apply caps"), as the compose tier found;
+- a tmpfs on /run and /run/lock, the host's /sys/fs/cgroup (cgroup v1 here: systemd then
+  manages the container's own subtree, `/docker/<id>/...`);
+- no network (`--network none`: its own namespace with loopback only; pods get their
+  bridge inside it) and the stop signal SIGRTMIN+3 (systemd's halt), so `docker stop`
+  powers the node off as a shutdown would;
+- `/var/lib/klet-node` bound from a host directory, because containerd's overlay
+  snapshots cannot live on the container's own overlay root.
+
+klet runs inside as a systemd service: `start_klet` writes the KubeletConfiguration and
+runs `klet up` (its private Redis, registry with the busybox test images, containerd
+whose runc follows `cgroupDriver`) with `systemd-run --unit klet`, static pods from
+`manifests` (bound read-only at /etc/klet/manifests), the read-only port 10255. The test
+reads the node through `docker exec` (`pods`, `systemctl`, `journal`) and the host's
+view of the cgroup tree (`host_cgroup`). `stop` stops klet, powers the node off, and
+stops dockerd.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from klet.devstack import Dockerd
+
+from tests.compose.test_compose import CAPABILITIES, bounding_set, capability_bits
+from tests.harness.waiting import wait_for
+from tools.image.__main__ import version
+
+ROOT = Path(__file__).resolve().parents[2]
+NODE_STATE = "/var/lib/klet-node"
+MANIFESTS = "/etc/klet/manifests"
+CONFIG = "/etc/klet/kubelet.yaml"
+READ_ONLY_PORT = 10255
+CGROUP_ROOT = Path("/sys/fs/cgroup")
+
+
+def image_reference() -> str:
+    return f"klet-systemd-node:{version()}"
+
+
+def build_image(out_dir: Path) -> Path:
+    """tools/image's systemd-node archive (cached layers; the workspace layer is rebuilt)."""
+    res = subprocess.run(
+        [sys.executable, "-m", "tools.image", "--out-dir", str(out_dir), "systemd-node"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=1200,
+    )
+    if res.returncode != 0:
+        raise RuntimeError(f"building the systemd node image failed:\n{res.stderr[-3000:]}")
+    return out_dir / f"klet-systemd-node-{version()}.oci.tar"
+
+
+def run_options() -> list[str]:
+    """`docker run` options for systemd as PID 1 on this host (see the module docstring)."""
+    caps = [f"--cap-add={CAPABILITIES[bit]}" for bit in capability_bits(bounding_set())]
+    return [
+        *caps,
+        "--security-opt",
+        "seccomp=unconfined",
+        "--security-opt",
+        "apparmor=unconfined",
+        "--security-opt",
+        "systempaths=unconfined",
+        "--device-cgroup-rule",
+        "a *:* rwm",
+        "--network",
+        "none",
+        "--tmpfs",
+        "/run",
+        "--tmpfs",
+        "/run/lock",
+        "--volume",
+        f"{CGROUP_ROOT}:{CGROUP_ROOT}",
+    ]
+
+
+class SystemdNode:
+    """One node container (`name`) on a private dockerd under `dir`."""
+
+    def __init__(self, dir: Path, *, name: str = "node") -> None:
+        self.dir = dir
+        self.name = name
+        self.dockerd = Dockerd(dir / "docker")
+        self.state = dir / "state"
+        self.manifests = dir / "manifests"
+        self.config_file = dir / "kubelet.yaml"
+        self.timings: dict[str, float] = {}
+
+    def start(self, archive: Path) -> None:
+        began = time.monotonic()
+        self.dockerd.start()
+        self.dockerd.docker(["load", "--input", str(archive)], timeout_s=600)
+        self.timings["load"] = time.monotonic() - began
+        for d in (self.state, self.manifests):
+            d.mkdir(parents=True, exist_ok=True)
+        self.config_file.write_text("")
+        began = time.monotonic()
+        self.dockerd.docker(
+            [
+                "run",
+                "--detach",
+                "--name",
+                self.name,
+                "--hostname",
+                self.name,
+                *run_options(),
+                "--volume",
+                f"{self.state}:{NODE_STATE}",
+                "--volume",
+                f"{self.manifests}:{MANIFESTS}:ro",
+                "--volume",
+                f"{self.config_file}:{CONFIG}:ro",
+                image_reference(),
+            ]
+        )
+        wait_for(self._booted, timeout_s=60, what="systemd in the node container running")
+        self.timings["boot"] = time.monotonic() - began
+
+    def _booted(self) -> bool:
+        state = self.exec(["systemctl", "is-system-running"], check=False).stdout.strip()
+        if state == "degraded":
+            failed = self.exec(["systemctl", "--failed", "--no-legend"], check=False).stdout
+            raise AssertionError(f"systemd in the node container is degraded:\n{failed}")
+        return state == "running"
+
+    def exec(
+        self, argv: list[str], *, check: bool = True, timeout_s: float = 60.0
+    ) -> subprocess.CompletedProcess[str]:
+        res = self.dockerd.docker(["exec", self.name, *argv], check=False, timeout_s=timeout_s)
+        if check and res.returncode != 0:
+            raise AssertionError(
+                f"in {self.name}: {' '.join(argv)} exited {res.returncode}: {res.stderr.strip()}"
+            )
+        return res
+
+    def start_klet(self, config: str, *extra: str) -> None:
+        """Write the KubeletConfiguration and start `klet up` as the unit klet.service."""
+        self.config_file.write_text(config)
+        self.exec(
+            [
+                "systemd-run",
+                "--unit=klet",
+                "--property=KillMode=mixed",
+                "--property=TimeoutStopSec=60",
+                "/usr/local/bin/klet",
+                "up",
+                "--config",
+                CONFIG,
+                "--run-dir",
+                f"{NODE_STATE}/run",
+                "--pod-manifest-path",
+                MANIFESTS,
+                "--read-only-port",
+                str(READ_ONLY_PORT),
+                *extra,
+            ]
+        )
+
+    def pods(self) -> list[dict[str, Any]]:
+        """The read-only port's /pods ([] until klet answers)."""
+        res = self.exec(
+            [
+                "python3",
+                "-c",
+                "import sys,urllib.request;"
+                f"sys.stdout.write(urllib.request.urlopen('http://127.0.0.1:{READ_ONLY_PORT}/pods',"
+                "timeout=5).read().decode())",
+            ],
+            check=False,
+        )
+        if res.returncode != 0:
+            return []
+        items = json.loads(res.stdout).get("items") or []
+        return [p for p in items if isinstance(p, dict)]
+
+    def unit_properties(self, unit: str, *names: str) -> dict[str, str]:
+        out = self.exec(["systemctl", "show", unit, *(f"--property={n}" for n in names)]).stdout
+        return dict(line.split("=", 1) for line in out.splitlines() if "=" in line)
+
+    def units(self, pattern: str) -> list[str]:
+        """Loaded units matching `pattern` (any state)."""
+        out = self.exec(
+            ["systemctl", "list-units", "--all", "--plain", "--no-legend", pattern]
+        ).stdout
+        return [line.split()[0] for line in out.splitlines() if line.strip()]
+
+    def journal(self, unit: str = "klet") -> str:
+        return self.exec(["journalctl", "--unit", unit, "--no-pager"], check=False).stdout
+
+    def host_cgroup(self, controller: str, path: str) -> Path:
+        """Where a cgroup path systemd reports (its `ControlGroup`, which includes the
+        container's own `/docker/<id>` prefix here) is in the host's hierarchy."""
+        return CGROUP_ROOT / controller / path.lstrip("/")
+
+    def stop(self) -> None:
+        """Stop klet (its stack stops the pods), power the node off, stop dockerd."""
+        try:
+            if self.dockerd.pid is not None:
+                began = time.monotonic()
+                self.exec(["systemctl", "stop", "klet"], check=False, timeout_s=120)
+                self.timings["stop klet"] = time.monotonic() - began
+                began = time.monotonic()
+                self.dockerd.docker(["stop", "--time", "60", self.name], check=False, timeout_s=120)
+                self.timings["power off"] = time.monotonic() - began
+        finally:
+            began = time.monotonic()
+            self.dockerd.stop()
+            shutil.rmtree(self.state, ignore_errors=True)
+            self.timings["dockerd stop"] = time.monotonic() - began
+            print(
+                "systemd node stop: " + ", ".join(f"{k} {v:.1f}s" for k, v in self.timings.items())
+            )

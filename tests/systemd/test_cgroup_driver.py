@@ -1,0 +1,188 @@
+"""`cgroupDriver: systemd` on a node whose PID 1 is a real systemd (tests/harness/systemd_node.py):
+klet up in the node container as a systemd service, its containerd's runc with
+`SystemdCgroup = true`, three static pods, one of each QoS class.
+
+Checked: each pod runs; the node's slices (`kubepods.slice`, `kubepods-burstable.slice`,
+`kubepods-besteffort.slice`) and each pod's slice exist with upstream's names
+(`kubepods-pod<uid_>.slice` for Guaranteed, `kubepods-<qos>-pod<uid_>.slice` otherwise),
+`Wants=` their parent, and carry the pod's limits both as systemd properties and in the
+host's cgroup files (CPU shares, CFS quota, memory limit); every container of the pod
+(sandbox included) runs in a `cri-containerd-<id>.scope` inside its pod's slice. A pod
+whose manifest goes is stopped and its slice with it (unit and cgroup directories),
+while the other pods carry on; once every pod is gone only the node's three slices are
+left. Then klet.service is stopped and the node powered off (`docker stop`, SIGRTMIN+3).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.harness.systemd_node import SystemdNode, build_image
+from tests.harness.waiting import wait_for
+
+pytestmark = [pytest.mark.systemd, pytest.mark.timeout(900)]
+
+CONFIG = """\
+apiVersion: kubelet.config.k8s.io/v1beta1
+kind: KubeletConfiguration
+cgroupDriver: systemd
+"""
+BUSYBOX = "registry.klet.test/busybox:1.36"
+
+PODS = {
+    # name: (resources, qos class, cpu.shares, cfs quota (us, -1 none), memory limit (None: none))
+    "guaranteed": (
+        "{requests: {cpu: 100m, memory: 64Mi}, limits: {cpu: 100m, memory: 64Mi}}",
+        "Guaranteed",
+        102,
+        10_000,
+        64 << 20,
+    ),
+    "burstable": (
+        "{requests: {cpu: 50m, memory: 32Mi}, limits: {cpu: 250m, memory: 128Mi}}",
+        "Burstable",
+        51,
+        25_000,
+        128 << 20,
+    ),
+    "besteffort": ("{}", "BestEffort", 2, -1, None),
+}
+
+
+def manifest(name: str, resources: str) -> str:
+    return f"""\
+apiVersion: v1
+kind: Pod
+metadata: {{name: {name}, namespace: default}}
+spec:
+  terminationGracePeriodSeconds: 2
+  containers:
+    - name: main
+      image: {BUSYBOX}
+      command: ["sh", "-c", "trap 'exit 0' TERM; sleep 100000 & wait"]
+      resources: {resources}
+"""
+
+
+@pytest.fixture(scope="module")
+def node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SystemdNode]:
+    base = tmp_path_factory.mktemp("sd")
+    began = time.monotonic()
+    archive = build_image(base / "image")
+    built = time.monotonic() - began
+    node = SystemdNode(base / "n")
+    try:
+        node.start(archive)
+        print(
+            f"systemd node: image {built:.0f}s, dockerd+load {node.timings['load']:.0f}s, "
+            f"boot {node.timings['boot']:.0f}s"
+        )
+        yield node
+    finally:
+        node.stop()
+
+
+def running(node: SystemdNode, names: set[str]) -> dict[str, dict[str, Any]] | None:
+    by_name = {p["metadata"]["name"].rsplit("-", 1)[0]: p for p in node.pods()}
+    if names <= by_name.keys() and all(
+        by_name[n].get("status", {}).get("phase") == "Running" for n in names
+    ):
+        return {n: by_name[n] for n in names}
+    return None
+
+
+def pod_unit(uid: str, qos: str) -> str:
+    uid_ = uid.replace("-", "_")
+    if qos == "Guaranteed":
+        return f"kubepods-pod{uid_}.slice"
+    return f"kubepods-{qos.lower()}-pod{uid_}.slice"
+
+
+def read(path: Path) -> str:
+    return path.read_text().strip()
+
+
+def test_pods_of_each_qos_class_in_their_slices(node: SystemdNode) -> None:
+    began = time.monotonic()
+    for name, (resources, *_rest) in PODS.items():
+        (node.manifests / f"{name}.yaml").write_text(manifest(name, resources))
+    node.start_klet(CONFIG)
+    pods = wait_for(
+        lambda: running(node, set(PODS)),
+        timeout_s=180,
+        what=f"pods {sorted(PODS)} Running (klet journal at the end of the failure)",
+    )
+    print(f"klet up and 3 pods running after {time.monotonic() - began:.0f}s")
+
+    for unit in ("kubepods.slice", "kubepods-burstable.slice", "kubepods-besteffort.slice"):
+        props = node.unit_properties(unit, "ActiveState", "Transient")
+        assert props == {"ActiveState": "active", "Transient": "yes"}, (unit, props)
+
+    for name, (_res, qos, shares, quota, memory) in PODS.items():
+        pod = pods[name]
+        uid = pod["metadata"]["uid"]
+        assert pod["status"]["qosClass"] == qos
+        unit = pod_unit(uid, qos)
+        props = node.unit_properties(
+            unit, "ActiveState", "Wants", "ControlGroup", "CPUShares", "MemoryLimit"
+        )
+        parent = "kubepods.slice" if qos == "Guaranteed" else f"kubepods-{qos.lower()}.slice"
+        assert props["ActiveState"] == "active", (unit, props)
+        assert props["Wants"] == parent, (unit, props)
+        in_qos = "" if qos == "Guaranteed" else f"{parent}/"
+        assert props["ControlGroup"].endswith(f"/kubepods.slice/{in_qos}{unit}"), props
+        assert props["CPUShares"] == str(shares)
+        assert props["MemoryLimit"] == (str(memory) if memory else "infinity")
+        cgroup = props["ControlGroup"]
+        assert read(node.host_cgroup("cpu", cgroup) / "cpu.shares") == str(shares)
+        assert read(node.host_cgroup("cpu", cgroup) / "cpu.cfs_quota_us") == str(quota)
+        limit = int(read(node.host_cgroup("memory", cgroup) / "memory.limit_in_bytes"))
+        assert limit == memory if memory else limit > 1 << 60
+        # Every container of the pod, the sandbox too, in a scope inside the pod's slice.
+        scopes = {
+            d.name
+            for d in node.host_cgroup("memory", cgroup).iterdir()
+            if d.is_dir() and d.name.startswith("cri-containerd-")
+        }
+        main_id = pod["status"]["containerStatuses"][0]["containerID"].removeprefix("containerd://")
+        assert f"cri-containerd-{main_id}.scope" in scopes, (name, scopes)
+        assert len(scopes) == 2, (name, scopes)  # the sandbox's pause and main
+
+    # A pod whose manifest goes: stopped, and its slice with it; the others carry on.
+    gone = pods["burstable"]
+    unit = pod_unit(gone["metadata"]["uid"], "Burstable")
+    cgroup_dir = node.host_cgroup(
+        "memory", node.unit_properties(unit, "ControlGroup")["ControlGroup"]
+    )
+    (node.manifests / "burstable.yaml").unlink()
+    wait_for(
+        lambda: unit not in node.units("kubepods-burstable-*.slice") and not cgroup_dir.exists(),
+        timeout_s=60,
+        what=f"{unit} and {cgroup_dir} gone",
+    )
+    assert not any(p["metadata"]["uid"] == gone["metadata"]["uid"] for p in node.pods())
+    still = running(node, {"guaranteed", "besteffort"})
+    assert still is not None
+    for name in ("guaranteed", "besteffort"):
+        assert still[name]["metadata"]["uid"] == pods[name]["metadata"]["uid"]
+        assert still[name]["status"]["containerStatuses"][0]["restartCount"] == 0
+
+    # Every pod removed: every pod slice goes; the node's slices stay.
+    for name in ("guaranteed", "besteffort"):
+        (node.manifests / f"{name}.yaml").unlink()
+    wait_for(
+        lambda: not node.units("kubepods-*pod*.slice") and not node.pods(),
+        timeout_s=60,
+        what="every pod and pod slice gone",
+    )
+    assert set(node.units("kubepods*.slice")) == {
+        "kubepods.slice",
+        "kubepods-burstable.slice",
+        "kubepods-besteffort.slice",
+    }
+    print(f"whole test {time.monotonic() - began:.0f}s")
