@@ -101,6 +101,19 @@ async def test_no_pressure_and_a_hypothetical_threshold() -> None:
     assert await w.step() == []  # the configured 100Mi still rules the real pass
 
 
+async def test_given_thresholds_replace_the_configured_ones_and_their_state() -> None:
+    w = World(NODEFS)
+    w.source.available[Signal.NODEFS_AVAILABLE] = 800 * MI
+    w.source.available[Signal.MEMORY_AVAILABLE] = 3 * GI
+    await w.step()  # NODEFS met; it stays met until 1.5Gi are available
+    w.source.available[Signal.NODEFS_AVAILABLE] = 1200 * MI
+    assert (await w.manager.dry_run()).signal == "nodefs.available"
+    what_if = await w.manager.dry_run(
+        parse_expressions(["memory.available<1Gi"], KubeletConfiguration())
+    )
+    assert what_if.signal == "" and [s.threshold for s in what_if.signals if s.met] == []
+
+
 async def test_disk_pressure_names_node_level_reclaim_first() -> None:
     w = World(NODEFS)
     w.source.available[Signal.NODEFS_AVAILABLE] = 800 * MI

@@ -290,10 +290,18 @@ class EvictionManager:
         )
         observations, usage = await self.deps.source.observe()
         now = self.clock()
+        state = copy.deepcopy(self.state)
+        if thresholds is not None:
+            # Only what the given thresholds carry: a configured threshold still held
+            # by its minimum reclaim is not among them.
+            state.first_observed = {
+                t: at for t, at in state.first_observed.items() if t in active_thresholds
+            }
+            state.met = [t for t in state.met if t in active_thresholds]
         evaluation = evaluate(
             observations,
             active_thresholds,
-            copy.deepcopy(self.state),
+            state,
             now=now,
             transition_period_s=self.config.pressure_transition_period_s,
         )
