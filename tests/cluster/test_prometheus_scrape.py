@@ -42,6 +42,10 @@ from tests.harness.node import KletNode
 from tests.harness.prometheus import Prometheus, kubelet_scrape_config
 from tests.harness.waiting import wait_for
 
+# A node, its pods and Prometheus start in the module's first test: more than the default
+# per-test timeout allows on a loaded machine.
+pytestmark = pytest.mark.timeout(300)
+
 NODE = "kletprom1"
 NAMESPACE = "default"
 BUSY = "busy"
