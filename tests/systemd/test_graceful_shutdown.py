@@ -1,0 +1,218 @@
+"""Graceful node shutdown on a node whose PID 1 is a real systemd, with a real logind
+(tests/harness/systemd_node.py): klet up in the node container with
+`shutdownGracePeriod: 20s` and `shutdownGracePeriodCriticalPods: 8s`, three static pods
+(two of priority 0, one of system-node-critical priority), each with a preStop hook that
+appends its name to a file on the node's bound state directory.
+
+Checked, in order:
+
+- klet raised logind's InhibitDelayMaxSec (5 s by default) to the 20 s the periods need
+  (its drop-in and logind's property) and holds a delay lock for shutdown
+  (`systemd-inhibit --list`);
+- `systemctl poweroff` (through logind, as an operator's or a reboot's) makes klet
+  handle the shutdown: every pod ends Failed with reason `Terminated`, upstream's
+  message and the DisruptionTarget condition; the preStop hooks ran, the priority-0
+  pods' before the critical pod's; a pod that arrives meanwhile is rejected with
+  `NodeShutdown`; klet's lock is released afterwards;
+- the start and end gauges (`kubelet_graceful_shutdown_*_time_seconds`, on the
+  read-only port's merged /metrics) and the state file that keeps them are written.
+
+The test holds a delay lock of its own (`systemd-inhibit ... sleep`), and after klet has
+raised the delay it raises it further with a drop-in of its own, so that logind waits
+for the test after klet's lock is gone: the final statuses are read from the read-only
+port before the node powers off. Then the test lets go and the container exits.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from tests.harness.systemd_node import NODE_STATE, READ_ONLY_PORT, SystemdNode, build_image
+from tests.harness.waiting import wait_for
+
+pytestmark = [pytest.mark.systemd, pytest.mark.timeout(900)]
+
+CONFIG = """\
+apiVersion: kubelet.config.k8s.io/v1beta1
+kind: KubeletConfiguration
+shutdownGracePeriod: 20s
+shutdownGracePeriodCriticalPods: 8s
+"""
+BUSYBOX = "registry.klet.test/busybox:1.36"
+CRITICAL = 2_000_001_000
+ORDER = "shutdown-order"
+PODS = {"web": 0, "batch": 0, "critical": CRITICAL}
+MESSAGE = "Pod was terminated in response to imminent node shutdown."
+
+
+def manifest(name: str, priority: int) -> str:
+    return f"""\
+apiVersion: v1
+kind: Pod
+metadata: {{name: {name}, namespace: default}}
+spec:
+  priority: {priority}
+  terminationGracePeriodSeconds: 5
+  volumes:
+    - name: state
+      hostPath: {{path: {NODE_STATE}, type: Directory}}
+  containers:
+    - name: main
+      image: {BUSYBOX}
+      command: ["sh", "-c", "trap 'exit 0' TERM; sleep 100000 & wait"]
+      volumeMounts: [{{name: state, mountPath: /state}}]
+      lifecycle:
+        preStop:
+          exec:
+            command: ["sh", "-c", "echo {name} >> /state/{ORDER}"]
+"""
+
+
+@pytest.fixture(scope="module")
+def node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SystemdNode]:
+    base = tmp_path_factory.mktemp("sd-shutdown")
+    archive = build_image(base / "image")
+    node = SystemdNode(base / "n", name="shutdown-node")
+    try:
+        node.start(archive)
+        for name, priority in PODS.items():
+            (node.manifests / f"{name}.yaml").write_text(manifest(name, priority))
+        node.start_klet(CONFIG)
+        yield node
+    finally:
+        node.stop()
+
+
+def _by_name(node: SystemdNode) -> dict[str, dict[str, Any]]:
+    """The node's pods by manifest name (static pods are `<name>-<node>`)."""
+    return {str(p["metadata"]["name"]).removesuffix(f"-{node.name}"): p for p in node.pods()}
+
+
+def _read(node: SystemdNode, path: str) -> str:
+    return node.exec(
+        [
+            "python3",
+            "-c",
+            "import sys,urllib.request;"
+            f"sys.stdout.write(urllib.request.urlopen('http://127.0.0.1:{READ_ONLY_PORT}{path}',"
+            "timeout=5).read().decode())",
+        ],
+        check=False,
+    ).stdout
+
+
+def _metric(node: SystemdNode, name: str) -> float | None:
+    for line in _read(node, "/metrics").splitlines():
+        if line.startswith(name + " "):
+            return float(line.split()[1])
+    return None
+
+
+def _inhibitors(node: SystemdNode) -> str:
+    return node.exec(["systemd-inhibit", "--list", "--no-pager"], check=False).stdout
+
+
+def test_a_poweroff_kills_pods_by_priority_and_reports_each(node: SystemdNode) -> None:
+    def running() -> bool:
+        pods = _by_name(node)
+        return set(pods) == set(PODS) and all(
+            p["status"].get("phase") == "Running" for p in pods.values()
+        )
+
+    wait_for(running, timeout_s=240, what="the three static pods Running")
+
+    def locked() -> bool:
+        listing = _inhibitors(node)
+        return "kubelet" in listing and "delay" in listing
+
+    wait_for(locked, timeout_s=60, what="klet's delay lock for shutdown")
+    dropin = node.exec(["cat", "/etc/systemd/logind.conf.d/99-kubelet.conf"]).stdout
+    assert "InhibitDelayMaxSec=20" in dropin
+    delay = node.exec(
+        [
+            "busctl",
+            "get-property",
+            "org.freedesktop.login1",
+            "/org/freedesktop/login1",
+            "org.freedesktop.login1.Manager",
+            "InhibitDelayMaxUSec",
+        ]
+    ).stdout.split()
+    assert delay == ["t", "20000000"], delay
+    # Room for the test to read the statuses once klet is done (a later drop-in wins).
+    node.exec(
+        [
+            "sh",
+            "-c",
+            "printf '[Login]\\nInhibitDelayMaxSec=90\\n' "
+            "> /etc/systemd/logind.conf.d/99-zz-observer.conf"
+            " && systemctl kill --signal=HUP systemd-logind",
+        ]
+    )
+
+    # Our own delay lock: logind waits for it after klet's goes, so the statuses can be
+    # read before the node goes down.
+    node.dockerd.docker(
+        [
+            "exec",
+            "--detach",
+            node.name,
+            "systemd-inhibit",
+            "--what=shutdown",
+            "--mode=delay",
+            "--who=observer",
+            "--why=read the final statuses",
+            "sleep",
+            "600",
+        ]
+    )
+    wait_for(lambda: "observer" in _inhibitors(node), timeout_s=20, what="the observer's lock")
+    began = time.monotonic()
+    node.exec(["systemctl", "poweroff"])
+
+    def all_failed() -> bool:
+        pods = _by_name(node)
+        return set(pods) >= set(PODS) and all(
+            pods[name]["status"].get("phase") == "Failed" for name in PODS
+        )
+
+    wait_for(all_failed, timeout_s=60, what="every pod Failed by the shutdown")
+    took = time.monotonic() - began
+    pods = _by_name(node)
+    for name in PODS:
+        status = pods[name]["status"]
+        assert (status.get("reason"), status.get("message")) == ("Terminated", MESSAGE), name
+        [target] = [c for c in status["conditions"] if c["type"] == "DisruptionTarget"]
+        assert (target["status"], target["reason"]) == ("True", "TerminationByKubelet")
+
+    order = (node.state / ORDER).read_text().split()
+    assert sorted(order) == sorted(PODS), order
+    assert order[-1] == "critical", order
+
+    wait_for(
+        lambda: "kubelet" not in _inhibitors(node),
+        timeout_s=30,
+        what="klet's lock released after the shutdown",
+    )
+
+    (node.manifests / "late.yaml").write_text(manifest("late", 0))
+
+    def late_rejected() -> bool:
+        late = _by_name(node).get("late")
+        return late is not None and late["status"].get("reason") == "NodeShutdown"
+
+    wait_for(late_rejected, timeout_s=30, what="a pod arriving during the shutdown rejected")
+    # klet up's root dir is <run-dir>/root, on the node's bound state directory.
+    state = (node.state / "run" / "root" / "graceful_node_shutdown_state").read_text()
+    assert "startTime" in state and "endTime" in state, state
+    started = _metric(node, "kubelet_graceful_shutdown_start_time_seconds")
+    ended = _metric(node, "kubelet_graceful_shutdown_end_time_seconds")
+    assert started and ended and ended >= started > 0, (started, ended)
+    journal = node.journal()
+    assert "node shutdown handled" in journal, journal[-3000:]
+    print(f"graceful shutdown: poweroff -> every pod Failed in {took:.1f}s")
+    node.exec(["pkill", "-f", "systemd-inhibit --what=shutdown --mode=delay --who=observer"])
