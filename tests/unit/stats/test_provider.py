@@ -112,6 +112,14 @@ async def test_pod_readings(world: World) -> None:
     assert list(pod.volumes) == ["scratch"] and pod.volumes["scratch"].bytes >= 9000
 
 
+async def test_running_containers_carry_their_cgroup(world: World) -> None:
+    pod_cgroup = f"/kubepods/burstable/pod{UID}"
+    world.cgroups.groups[f"{pod_cgroup}/cri-containerd-c1.scope"] = CgroupStats(9, 8, 7, None)
+    world.cgroups.groups[f"{pod_cgroup}/other"] = CgroupStats(1, 1, 1, None)
+    [pod] = (await world.provider.collect(filesystems=False)).pods
+    assert pod.containers[0].cgroup == CgroupStats(9, 8, 7, None)
+
+
 async def test_pod_without_cgroup_or_logs(world: World) -> None:
     world.cgroups.groups.pop(f"/kubepods/burstable/pod{UID}")
     (world.logs / f"ns_web_{UID}/app/0.log").unlink()

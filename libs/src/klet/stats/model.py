@@ -109,6 +109,10 @@ class ContainerStats:
     usage: the runtime's ListContainerStats reading; None when it gave none.
     logs: its log directory `<pod log dir>/<name>/`; None when filesystems were skipped.
     image: the image as the runtime lists the container ("" when known from stats only).
+    cgroup: its own cgroup's CPU and memory (running containers under a pod cgroup),
+      read as upstream's kubelet reads them through cAdvisor; the summary takes them when
+      the runtime's reading lacks them (containerd 1.6's shim reports no metrics at all on
+      a cgroup v1 host where a controller listed in /proc/<pid>/cgroup is not mounted).
     """
 
     id: str
@@ -119,6 +123,7 @@ class ContainerStats:
     usage: ContainerStatsInfo | None = None
     logs: DirUsage | None = None
     image: str = ""
+    cgroup: CgroupStats | None = None
 
 
 @dataclass(frozen=True)

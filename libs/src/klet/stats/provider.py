@@ -200,8 +200,7 @@ class StatsProvider:
         ]
         children = cg.children(rel)
         for c in containers:
-            # cgroupfs names a container's cgroup by its ID, systemd "cri-containerd-<ID>.scope".
-            child = next((n for n in children if c.id in n), None) if c.running else None
+            child = _container_cgroup(children, c)
             if child is None:
                 continue
             crel = f"{rel}/{child}"
@@ -242,6 +241,13 @@ class StatsProvider:
         if rel is not None:
             cgroup = host.cgroups.stats(rel)
             processes = host.processes(rel, cgroup)
+            children = host.cgroups.children(rel)
+            containers = [
+                c
+                if (child := _container_cgroup(children, c)) is None
+                else dataclasses.replace(c, cgroup=host.cgroups.stats(f"{rel}/{child}"))
+                for c in containers
+            ]
         pod = PodStats(
             uid=sandbox.uid,
             namespace=sandbox.namespace,
@@ -262,3 +268,11 @@ class StatsProvider:
             logs=dir_usage(log_dir) if log_dir.exists() else None,
             volumes=host.empty_dirs(sandbox.uid),
         )
+
+
+def _container_cgroup(children: list[str], c: ContainerStats) -> str | None:
+    """The name of a running container's cgroup among its pod cgroup's ``children``:
+    cgroupfs names it by the container ID, systemd ``cri-containerd-<ID>.scope``."""
+    if not c.running:
+        return None
+    return next((n for n in children if c.id in n), None)

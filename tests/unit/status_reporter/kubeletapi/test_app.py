@@ -469,6 +469,32 @@ async def test_resource_metrics(client: httpx.AsyncClient, world: World) -> None
     assert "resource_scrape_error 0" not in r.text and "resource_scrape_error 1" in r.text
 
 
+async def test_container_usage_from_its_cgroup_when_the_runtime_gives_none(
+    client: httpx.AsyncClient, world: World
+) -> None:
+    # containerd 1.6's stats on a host with an unmounted cgroup v1 controller: the
+    # container is listed, with no CPU and no memory
+    pod = f"/kubepods/pod{UID}"
+    world.cgroups.groups[pod] = CgroupStats(1000, 800, 10**9, 3)
+    world.cgroups.groups[f"{pod}/c1"] = CgroupStats(900, 650, 3 * 10**8, None)
+    world.runtime.stats = [
+        ContainerStatsInfo(
+            ContainerID("c1"), "app", 1, {}, {}, 0, None, None, 0, None, None, None, None, None
+        ),
+    ]
+    r = await client.get("/metrics/resource")
+    labels = 'container="app",namespace="ns",pod="web"'
+    assert f"container_cpu_usage_seconds_total{{{labels}}} 0.3 " in r.text
+    assert f"container_memory_working_set_bytes{{{labels}}} 650 " in r.text
+    [c] = (await client.get("/stats/summary")).json()["pods"][0]["containers"]
+    assert c["cpu"]["usageCoreNanoSeconds"] == 3 * 10**8
+    assert (c["memory"]["usageBytes"], c["memory"]["workingSetBytes"]) == (900, 650)
+    # no cgroup either: no numbers rather than zeros
+    del world.cgroups.groups[f"{pod}/c1"]
+    [c] = (await client.get("/stats/summary")).json()["pods"][0]["containers"]
+    assert "cpu" not in c and "memory" not in c
+
+
 async def test_metrics_cadvisor(client: httpx.AsyncClient, world: World) -> None:
     pod = f"/kubepods/pod{UID}"
     for rel in ("/", pod, f"{pod}/c1"):

@@ -11,8 +11,10 @@ eviction-style consumers:
   cgroup).
 - `pods`: one per ready sandbox: podRef, startTime, cpu/memory of the pod cgroup,
   process_stats, and `containers`: each running container's cpu/memory from CRI
-  ListContainerStats, rootfs (writable layer usage on the image filesystem) and logs
-  (the allocated size of its files under podLogsDir on the log filesystem); `volume`:
+  ListContainerStats, or from its own cgroup when the runtime gave neither (containerd
+  1.6 on a cgroup v1 host with an unmounted controller reports none), rootfs
+  (writable layer usage on the image filesystem) and logs (the allocated size of its
+  files under podLogsDir on the log filesystem); `volume`:
   the pod's disk-backed emptyDirs (usage as `du` counts it, capacity and free space of
   the root dir's filesystem, as upstream's du-based volume metrics; an emptyDir with a
   directory this process may not read gets no usage rather than a short count), then
@@ -229,7 +231,9 @@ class SummaryProvider:
                 "startTime": rfc3339(now if c.start_ns is None else c.start_ns),
             }
             st = c.usage
-            if st is not None:
+            if st is not None and (
+                st.cpu_usage_core_ns is not None or st.memory_working_set_bytes is not None
+            ):
                 ts = st.cpu_timestamp_ns or now
                 entry["cpu"] = self._cpu(
                     c.id, ts, st.cpu_usage_core_ns, seen, st.cpu_usage_nano_cores
@@ -243,13 +247,17 @@ class SummaryProvider:
                         "rssBytes": st.memory_rss_bytes,
                     }
                 )
-                if not only_cpu_and_memory and st.writable_layer is not None:
-                    entry["rootfs"] = fs_stats(
-                        image_fs,
-                        now,
-                        used_bytes=st.writable_layer.used_bytes,
-                        inodes_used=st.writable_layer.inodes_used,
-                    )
+            elif c.cgroup is not None:
+                # The runtime gave no CPU or memory: the container's cgroup, as cAdvisor.
+                entry["cpu"] = self._cpu(c.id, now, c.cgroup.cpu_usage_ns, seen)
+                entry["memory"] = self._memory(now, c.cgroup)
+            if st is not None and not only_cpu_and_memory and st.writable_layer is not None:
+                entry["rootfs"] = fs_stats(
+                    image_fs,
+                    now,
+                    used_bytes=st.writable_layer.used_bytes,
+                    inodes_used=st.writable_layer.inodes_used,
+                )
             if not only_cpu_and_memory and c.logs is not None:
                 entry["logs"] = fs_stats(
                     snap.node.logs_fs, now, used_bytes=c.logs.bytes, inodes_used=c.logs.inodes
