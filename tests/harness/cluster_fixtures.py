@@ -16,6 +16,9 @@ session-scoped too but started only when a test asks for it, so runs without suc
 pay nothing, and ``control_plane`` keeps its controller-less behaviour (tests on it bind
 pods with ``spec.nodeName`` and create namespaces through ``prepare_namespace``).
 
+``metrics_server_binary`` is the pinned metrics-server from
+``tools/metrics-server/build.sh`` (same rule: built by make, or fail at once).
+
 The binaries come from ``tools/cluster/build.sh``, a no-op once they are cached under
 ``$KLET_CACHE`` (default /var/cache/klet). A cold build takes about eight minutes on 2 cores,
 longer than the per-test timeout, so when nothing is cached yet the fixture fails at once
@@ -39,6 +42,7 @@ from klet.devstack.cluster import ControlPlane
 
 REPO = Path(__file__).resolve().parents[2]
 BUILD_SCRIPT = REPO / "tools" / "cluster" / "build.sh"
+METRICS_SERVER_BUILD_SCRIPT = REPO / "tools" / "metrics-server" / "build.sh"
 
 
 def _required_version(go_mod: Path, module: str) -> str:
@@ -60,24 +64,30 @@ def etcd_version() -> str:
     )
 
 
-def _build(config: pytest.Config) -> Path:
-    """Run build.sh and return the bin dir (its last line of output)."""
+def _build(
+    config: pytest.Config,
+    script: Path = BUILD_SCRIPT,
+    *,
+    what: str = "control-plane binaries are",
+    target: str = "cluster-binaries",
+) -> Path:
+    """Run a build.sh and return what it printed last (the bin dir or the binary)."""
     env = dict(os.environ)
     check = subprocess.run(
-        ["bash", str(BUILD_SCRIPT), "--check"], capture_output=True, text=True, env=env
+        ["bash", str(script), "--check"], capture_output=True, text=True, env=env
     )
     if check.returncode != 0:
         timeout = float(config.getoption("timeout", None) or config.getini("timeout") or 0)
         if timeout and timeout < 3600:
             pytest.fail(
-                "control-plane binaries are not built yet and a cold build takes several "
-                "minutes (longer than the test timeout): run `make cluster-binaries` first, "
-                "or run pytest with --timeout=0",
+                f"{what} not built yet and a cold build takes several minutes (longer "
+                f"than the test timeout): run `make {target}` first, or run pytest with "
+                "--timeout=0",
                 pytrace=False,
             )
-    res = subprocess.run(["bash", str(BUILD_SCRIPT)], capture_output=True, text=True, env=env)
+    res = subprocess.run(["bash", str(script)], capture_output=True, text=True, env=env)
     if res.returncode != 0:
-        pytest.fail(f"{BUILD_SCRIPT} failed:\n{res.stderr[-4000:]}", pytrace=False)
+        pytest.fail(f"{script} failed:\n{res.stderr[-4000:]}", pytrace=False)
     return Path(res.stdout.strip().splitlines()[-1])
 
 
@@ -106,3 +116,14 @@ def control_plane(pytestconfig: pytest.Config) -> Iterator[ControlPlane]:
 def full_control_plane(pytestconfig: pytest.Config) -> Iterator[ControlPlane]:
     """Another etcd + kube-apiserver, with kube-controller-manager and kube-scheduler."""
     yield from _plane(pytestconfig, prefix="klet-cpfull-", controllers=True)
+
+
+@pytest.fixture(scope="session")
+def metrics_server_binary(pytestconfig: pytest.Config) -> Path:
+    """The pinned metrics-server, from ``tools/metrics-server/build.sh``."""
+    return _build(
+        pytestconfig,
+        METRICS_SERVER_BUILD_SCRIPT,
+        what="metrics-server is",
+        target="metrics-server-binary",
+    )

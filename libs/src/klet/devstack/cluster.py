@@ -5,6 +5,7 @@ The binaries come from ``tools/cluster/build.sh`` (built from the published Go m
 cached per version outside the repository). Everything else lives under one directory:
 
     <dir>/pki/                 CA, serving and client certificates, service-account keys
+    <dir>/pki/front-proxy/     the front-proxy CA and the apiserver's proxy client certificate
     <dir>/etcd/                etcd's data dir and log (``--unsafe-no-fsync``: tests only)
     <dir>/apiserver/           kube-apiserver's log
     <dir>/controller-manager/  kube-controller-manager's log (``controllers=True``)
@@ -26,6 +27,12 @@ The apiserver runs with the Node authorizer and the NodeRestriction admission pl
 on a kubeadm cluster, so a node's client certificate (``node_kubeconfig``) gets exactly
 the rights a kubelet gets; it trusts the same CA for klet's serving certificate
 (``issue_kubelet_serving_cert``) when it calls the kubelet API (logs, exec).
+
+The aggregation layer is on, as kubeadm sets it up: a front-proxy CA of its own (so no
+client certificate of the cluster CA can pose as the proxy), the apiserver's proxy client
+certificate ``front-proxy-client`` from it, the request-header flags that tell extension
+apiservers (metrics-server) whom to believe, and ``--enable-aggregator-routing`` because
+there is no kube-proxy: the apiserver dials an APIService's endpoint addresses directly.
 """
 
 from __future__ import annotations
@@ -68,6 +75,9 @@ ADMIN_USER = "kubernetes-admin"
 SYSTEM_NAMESPACES = ("default", "kube-system", "kube-public", "kube-node-lease")
 # The group kubeadm gives its node bootstrap tokens.
 BOOTSTRAP_GROUP = "system:bootstrappers:kubeadm:default-node-token"
+# The common name of the apiserver's front-proxy client certificate, the one name extension
+# apiservers accept request headers from (kubeadm's).
+FRONT_PROXY_CLIENT = "front-proxy-client"
 
 
 def _cluster_role_binding(name: str, role: str, group: str) -> dict[str, Any]:
@@ -134,6 +144,7 @@ class ControlPlane:
         self.pki_dir = self.dir / "pki"
         self.kubeconfig_dir = self.dir / "kubeconfigs"
         self._ca: CertificateAuthority | None = None
+        self._front_proxy_ca: CertificateAuthority | None = None
         self._admin: CertPair | None = None
         self._etcd: ManagedProcess | None = None
         self._apiserver: ManagedProcess | None = None
@@ -166,6 +177,15 @@ class ControlPlane:
         """The CA certificate: it signed the apiserver's and klet's serving certificates
         and every client certificate the apiserver accepts."""
         return self.ca.cert_path
+
+    @property
+    def front_proxy_ca(self) -> CertificateAuthority:
+        """The CA of the apiserver's front-proxy client certificate (aggregation layer)."""
+        if self._front_proxy_ca is None:
+            self._front_proxy_ca = CertificateAuthority.open(
+                self.pki_dir / "front-proxy", "klet-test-front-proxy-ca"
+            )
+        return self._front_proxy_ca
 
     @property
     def admin_kubeconfig(self) -> Path:
@@ -554,6 +574,8 @@ class ControlPlane:
         )
         # The identity the apiserver presents to kubelets; its rights come from _set_up.
         ca.issue(KUBELET_CLIENT_USER, client=True, name="apiserver-kubelet-client")
+        # The identity it presents to extension apiservers, asserting the user in headers.
+        self.front_proxy_ca.issue(FRONT_PROXY_CLIENT, client=True, name=FRONT_PROXY_CLIENT)
         self._admin = ca.issue(ADMIN_USER, ["system:masters"], client=True, name="admin")
         self._write_kubeconfig("admin", ADMIN_USER, self._admin)
 
@@ -644,6 +666,7 @@ class ControlPlane:
             f"--kubelet-client-key={pki / 'apiserver-kubelet-client.key'}",
             f"--kubelet-certificate-authority={self.ca_file}",
             "--kubelet-preferred-address-types=InternalIP,Hostname",
+            *self._aggregation_flags(),
             # The `kubernetes` Service keeps its ClusterIP, but its Endpoints cannot hold
             # the loopback advertise address (validation rejects 127.0.0.0/8): without
             # this the apiserver logs that failure every ten seconds.
@@ -651,6 +674,20 @@ class ControlPlane:
             "--profiling=false",
             "--v=1",
             *self._shutdown_flags(),
+        ]
+
+    def _aggregation_flags(self) -> list[str]:
+        """The front proxy (aggregation layer) as kubeadm configures it."""
+        front = self.front_proxy_ca
+        return [
+            f"--requestheader-client-ca-file={front.cert_path}",
+            f"--requestheader-allowed-names={FRONT_PROXY_CLIENT}",
+            "--requestheader-username-headers=X-Remote-User",
+            "--requestheader-group-headers=X-Remote-Group",
+            "--requestheader-extra-headers-prefix=X-Remote-Extra-",
+            f"--proxy-client-cert-file={front.dir / (FRONT_PROXY_CLIENT + '.crt')}",
+            f"--proxy-client-key-file={front.dir / (FRONT_PROXY_CLIENT + '.key')}",
+            "--enable-aggregator-routing=true",
         ]
 
     def _shutdown_flags(self) -> list[str]:
