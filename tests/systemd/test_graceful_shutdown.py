@@ -9,6 +9,8 @@ Checked, in order:
 - klet raised logind's InhibitDelayMaxSec (5 s by default) to the 20 s the periods need
   (its drop-in and logind's property) and holds a delay lock for shutdown
   (`systemd-inhibit --list`);
+- when logind restarts (its locks go with it) and when the eviction service is
+  SIGKILLed, klet takes a new lock (logging why for logind) and every pod runs on;
 - `systemctl poweroff` (through logind, as an operator's or a reboot's) makes klet
   handle the shutdown: every pod ends Failed with reason `Terminated`, upstream's
   message and the DisruptionTarget condition; the preStop hooks ran, the priority-0
@@ -116,6 +118,16 @@ def _inhibitors(node: SystemdNode) -> str:
     return node.exec(["systemd-inhibit", "--list", "--no-pager"], check=False).stdout
 
 
+def _lock_holder(node: SystemdNode) -> str | None:
+    """The PID holding klet's delay lock for shutdown (`systemd-inhibit --list`'s
+    columns: WHO UID USER PID COMM WHAT WHY MODE), None when there is none."""
+    for line in _inhibitors(node).splitlines():
+        fields = line.split()
+        if fields and fields[0] == "kubelet" and "delay" in fields:
+            return fields[3]
+    return None
+
+
 def test_a_poweroff_kills_pods_by_priority_and_reports_each(node: SystemdNode) -> None:
     def running() -> bool:
         pods = _by_name(node)
@@ -143,6 +155,24 @@ def test_a_poweroff_kills_pods_by_priority_and_reports_each(node: SystemdNode) -
         ]
     ).stdout.split()
     assert delay == ["t", "20000000"], delay
+
+    # logind restarted (its locks die with it), then the eviction service SIGKILLed: each
+    # time klet takes a new lock, and no pod is touched.
+    first = _lock_holder(node)
+    node.exec(["systemctl", "restart", "systemd-logind"])
+    wait_for(
+        lambda: _lock_holder(node) is not None, timeout_s=60, what="a lock after logind's restart"
+    )
+    assert "systemd-logind left the system bus" in node.journal()
+    pid = node.exec(["pgrep", "-f", "-o", "--", "-m klet.eviction"]).stdout.strip()
+    node.exec(["kill", "-KILL", pid])
+    wait_for(
+        lambda: _lock_holder(node) not in (None, pid),
+        timeout_s=60,
+        what="a lock from the restarted eviction service",
+    )
+    assert running(), "a pod stopped while logind or the eviction service restarted"
+    assert first is not None
     # Room for the test to read the statuses once klet is done (a later drop-in wins).
     node.exec(
         [

@@ -13,7 +13,8 @@ What the shutdown manager needs from logind, as upstream's kubelet uses it:
 - `preparing_for_shutdown`: the `PreparingForShutdown` property, true between
   `PrepareForShutdown(true)` and the end (or the cancellation) of a shutdown.
 - `shutdown_signals`: each `PrepareForShutdown` signal's argument, until the bus
-  connection ends.
+  connection ends or logind leaves the bus (stopped or restarted: its locks are gone
+  with it, so the caller must take a new one), which raise `LogindUnavailable`.
 
 Failures are our own `LogindUnavailable` (no bus, logind not answering) or `LogindError`
 (a call logind or systemd refused), raised `from` the original.
@@ -44,6 +45,10 @@ SIGHUP = 1
 _SIGNAL_MATCH = (
     f"type='signal',sender='{LOGIN}',path='{LOGIN_PATH}',"
     f"interface='{LOGIN_MANAGER}',member='PrepareForShutdown'"
+)
+_OWNER_MATCH = (
+    "type='signal',sender='org.freedesktop.DBus',interface='org.freedesktop.DBus',"
+    f"member='NameOwnerChanged',arg0='{LOGIN}'"
 )
 
 
@@ -176,30 +181,34 @@ class LogindClient:
 
     async def shutdown_signals(self) -> AsyncIterator[bool]:
         bus = await self._connected()
-        queue: asyncio.Queue[bool | None] = asyncio.Queue()
+        queue: asyncio.Queue[bool | str] = asyncio.Queue()
 
         def on_message(msg: Message) -> None:
-            if (
-                msg.message_type == MessageType.SIGNAL
-                and msg.interface == LOGIN_MANAGER
-                and msg.member == "PrepareForShutdown"
-            ):
+            if msg.message_type != MessageType.SIGNAL:
+                return
+            if msg.interface == LOGIN_MANAGER and msg.member == "PrepareForShutdown":
                 queue.put_nowait(bool(msg.body[0]))
+            elif msg.member == "NameOwnerChanged" and msg.body and msg.body[0] == LOGIN:
+                queue.put_nowait("systemd-logind left the system bus (stopped or restarted)")
 
         bus.add_message_handler(on_message)
-        await self._call(
-            "org.freedesktop.DBus",
-            "/org/freedesktop/DBus",
-            "org.freedesktop.DBus",
-            "AddMatch",
-            "s",
-            [_SIGNAL_MATCH],
-        )
+        for match in (_SIGNAL_MATCH, _OWNER_MATCH):
+            await self._call(
+                "org.freedesktop.DBus",
+                "/org/freedesktop/DBus",
+                "org.freedesktop.DBus",
+                "AddMatch",
+                "s",
+                [match],
+            )
         disconnected = asyncio.ensure_future(bus.wait_for_disconnect())  # type: ignore[no-untyped-call]
-        disconnected.add_done_callback(lambda _: queue.put_nowait(None))
+        disconnected.add_done_callback(
+            lambda _: queue.put_nowait("the system bus connection ended")
+        )
         try:
-            while (item := await queue.get()) is not None:
+            while not isinstance(item := await queue.get(), str):
                 yield item
+            raise LogindUnavailable(item)
         finally:
             bus.remove_message_handler(on_message)
             disconnected.cancel()

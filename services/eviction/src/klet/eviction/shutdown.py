@@ -223,6 +223,8 @@ class ShutdownManager:
         self.deps = deps
         self.plan = list(plan)
         self.lock: int | None = None
+        self.watched = False
+        """The last `run` got as far as watching logind's signals."""
         self.shutting_down = False
         self.handled = 0
         """Shutdowns handled to the end (tests, readiness)."""
@@ -266,12 +268,15 @@ class ShutdownManager:
 
     async def run(self) -> None:
         """Start, handle a shutdown already under way, then follow logind's signals.
-        Returns when the bus connection ends (the caller reconnects)."""
+        Raises LogindUnavailable when logind or the bus goes (the caller starts again,
+        which takes a new lock)."""
+        self.watched = False
         await self.start()
         log.info(
             "node shutdown manager holds its inhibitor lock",
             extra={"periods": [(p.priority, p.grace_s) for p in self.plan]},
         )
+        self.watched = True
         if await self.deps.logind.preparing_for_shutdown():
             await self.on_signal(True)
         async for shutting_down in self.deps.logind.shutdown_signals():
@@ -413,11 +418,12 @@ async def supervise(manager: ShutdownManager, *, retry_s: float = RETRY_S) -> No
         while True:
             try:
                 await manager.run()
-                error = "the system bus connection ended"
+                error = "the shutdown signals ended"
             except (LogindUnavailable, LogindError, RuntimeError) as err:
                 error = str(err)
-            else:
-                delay = retry_s
+            if manager.watched:
+                delay = retry_s  # it ran: lost later, not refused at start
+                last_error = ""
             if error != last_error:
                 log.error(
                     "node shutdown manager cannot watch for shutdowns, retrying",
