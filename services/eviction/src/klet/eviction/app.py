@@ -1,6 +1,6 @@
 """The eviction service's root tasks: the lease, the monitoring loop, the node shutdown
-manager (every replica holds its own logind lock, see shutdown.py), the node Event
-queue and the health port.
+manager (every replica holds its own logind lock, see shutdown.py), the Eviction gRPC
+server (dry-runs, leader only), the node Event queue and the health port.
 
 All run in one event loop under `run_supervised`; if one dies the process exits non-zero
 and its supervisor restarts it. Only the holder of the "eviction" lease measures and
@@ -13,15 +13,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from pathlib import Path
 
 from klet.bus import BusError
 from klet.bus.leader import hold, release_quietly
 from klet.eviction import shutdown
 from klet.eviction.wiring import Deps
-from klet.model.records import NodeConditionRecord
 from klet.obs import create_health_app, leader_metric, run_supervised, serve_service_port
+from klet.rpc.eviction import serve_eviction
 
 log = logging.getLogger(__name__)
 
@@ -35,21 +34,20 @@ async def main(deps: Deps) -> int:
         root_dir=Path(deps.settings.klet.root_dir),
         pods=deps.manager.deps.pods,
         killer=deps.manager.deps.killer,
-        conditions=deps.manager.deps.conditions,
+        conditions=deps.node_bus.conditions,
         node_event=deps.manager.deps.node_event,
         leading=elected.is_set,
         registry=deps.registry,
     )
 
     async def shutdown_condition() -> None:
-        """eviction's Ready contribution once leading: False only while the node shuts
-        down, so none is left from before a reboot or from an older configuration."""
+        """eviction's Ready contribution once leading: only while the node shuts down,
+        so none is left from before a reboot or from an older configuration."""
         if node_shutdown is not None:
             await node_shutdown.publish_condition()
             return
-        record = NodeConditionRecord(type="Ready", status="True", at=time.time())
         try:
-            await deps.manager.deps.conditions.put("Ready", record)
+            await deps.node_bus.conditions.delete("Ready")
         except BusError as err:  # a shutdown's leftover, if any, stays until the next start
             log.error("cannot clear the shutting-down condition", extra={"error": str(err)})
 
@@ -66,6 +64,10 @@ async def main(deps: Deps) -> int:
         )
         await deps.manager.run()
 
+    async def server() -> None:
+        await elected.wait()
+        await serve_eviction(deps.dry_run, deps.socket_path)
+
     health = create_health_app(
         registry=deps.registry,
         checks={},
@@ -76,6 +78,7 @@ async def main(deps: Deps) -> int:
             {
                 "lease": hold(deps.lease, elected),
                 "monitor": monitor(),
+                "eviction-server": server(),
                 "node-events": deps.events.run(),
                 "health": serve_service_port(health, deps.service_port),
                 # Every replica holds its own lock (shutdown.py); none without periods.

@@ -54,7 +54,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from klet.config.kubelet import KubeletConfiguration
-from klet.eviction.manager import ActivePod, ConditionTable, NodeEvent, PodKiller, PodLister
+from klet.eviction.manager import ActivePod, NodeEvent, PodKiller, PodLister
 from klet.logind import LogindClient, LogindError, LogindUnavailable
 from klet.model.node import NODE_SHUTTING_DOWN, SHUTDOWN_POD_MESSAGE, SHUTDOWN_POD_REASON
 from klet.model.pod import SYSTEM_CRITICAL_PRIORITY, pod_priority
@@ -154,6 +154,13 @@ def time_gauges(registry: CollectorRegistry) -> Callable[[float, float], None]:
     return set_times
 
 
+class ReadyTable(Protocol):
+    """eviction's own node conditions on the bus (`node:eviction`), keyed by type."""
+
+    async def put(self, key: str, record: NodeConditionRecord) -> None: ...
+    async def delete(self, key: str) -> None: ...
+
+
 class Logind(Protocol):
     """systemd-logind on the system bus (`klet.systemd.logind.LogindClient`)."""
 
@@ -206,7 +213,7 @@ class ShutdownDeps:
     logind: Logind
     pods: PodLister
     killer: PodKiller
-    conditions: ConditionTable
+    conditions: ReadyTable
     node_event: NodeEvent
     state: StateFile
     leading: Callable[[], bool]
@@ -309,16 +316,18 @@ class ShutdownManager:
         await self._write_condition()
 
     async def _write_condition(self) -> None:
+        """False with "node is shutting down" while it shuts down; no contribution
+        otherwise (the other services' and the runtime's say whether it is Ready)."""
         if not self.deps.leading():
             return
-        record = NodeConditionRecord(
-            type=READY,
-            status="False" if self.shutting_down else "True",
-            at=self.deps.clock(),
-            message=NODE_SHUTTING_DOWN if self.shutting_down else "",
-        )
         try:
-            await self.deps.conditions.put(READY, record)
+            if self.shutting_down:
+                record = NodeConditionRecord(
+                    type=READY, status="False", at=self.deps.clock(), message=NODE_SHUTTING_DOWN
+                )
+                await self.deps.conditions.put(READY, record)
+            else:
+                await self.deps.conditions.delete(READY)
         except Exception as err:  # noqa: BLE001 - the kills matter more than the condition
             log.error("cannot write the shutting-down condition", extra={"error": str(err)})
 
@@ -448,7 +457,7 @@ def build(
     root_dir: Path,
     pods: PodLister,
     killer: PodKiller,
-    conditions: ConditionTable,
+    conditions: ReadyTable,
     node_event: NodeEvent,
     leading: Callable[[], bool],
     registry: CollectorRegistry,
