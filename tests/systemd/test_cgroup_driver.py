@@ -9,12 +9,15 @@ Checked: each pod runs; the node's slices (`kubepods.slice`, `kubepods-burstable
 host's cgroup files (CPU shares, CFS quota, memory limit); every container of the pod
 (sandbox included) runs in a `cri-containerd-<id>.scope` inside its pod's slice. A pod
 whose manifest goes is stopped and its slice with it (unit and cgroup directories),
-while the other pods carry on; once every pod is gone only the node's three slices are
-left. Then klet.service is stopped and the node powered off (`docker stop`, SIGRTMIN+3).
+while the other pods carry on; klet.stats' host reader, run in the node, finds each pod's
+slice and kubepods.slice (what /stats/summary and eviction read); once every pod is gone
+only the node's three slices are left. Then klet.service is stopped and the node powered
+off (`docker stop`, SIGRTMIN+3).
 """
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -33,6 +36,19 @@ kind: KubeletConfiguration
 cgroupDriver: systemd
 """
 BUSYBOX = "registry.klet.test/busybox:1.36"
+# klet.stats' host reader, run in the node: kubepods' memory usage and each pod's cgroup.
+READ_CGROUPS = """\
+import json, sys
+from pathlib import Path
+from klet.cgroups import CgroupFS
+from klet.stats.host import HostReader
+r = HostReader(cgroups=CgroupFS(), root_dir=Path("/"), pod_logs_dir=Path("/"))
+k = r.kubepods()
+print(json.dumps({
+    "kubepods": k is not None and bool(k.memory_usage_bytes),
+    "pods": {uid: r.pod_cgroup(uid) for uid in sys.argv[1:]},
+}))
+"""
 
 PODS = {
     # name: (resources, qos class, cpu.shares, cfs quota (us, -1 none), memory limit (None: none))
@@ -152,6 +168,16 @@ def test_pods_of_each_qos_class_in_their_slices(node: SystemdNode) -> None:
         main_id = pod["status"]["containerStatuses"][0]["containerID"].removeprefix("containerd://")
         assert f"cri-containerd-{main_id}.scope" in scopes, (name, scopes)
         assert len(scopes) == 2, (name, scopes)  # the sandbox's pause and main
+
+    # The stats readers (/stats/summary, eviction) find the pod slices and kubepods.slice
+    # in the node's real cgroup tree.
+    uids = [pods[n]["metadata"]["uid"] for n in PODS]
+    found = json.loads(node.exec(["python3", "-c", READ_CGROUPS, *uids]).stdout)
+    assert found["kubepods"], found
+    for name in PODS:
+        uid = pods[name]["metadata"]["uid"]
+        unit = pod_unit(uid, PODS[name][1])
+        assert found["pods"][uid] == node.unit_properties(unit, "ControlGroup")["ControlGroup"]
 
     # A pod whose manifest goes: stopped, and its slice with it; the others carry on.
     gone = pods["burstable"]

@@ -138,6 +138,37 @@ def test_pod_cgroup_under_each_qos_class(reader: HostReader, path: str) -> None:
     assert reader.pod_cgroup("V") is None
 
 
+@pytest.mark.parametrize(
+    ("pid1_cgroup", "path"),
+    [
+        # systemd as the host's PID 1: its slices at the root
+        (
+            "0::/init.scope\n",
+            "/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-podU_1.slice",
+        ),
+        ("0::/init.scope\n", "/kubepods.slice/kubepods-podU_1.slice"),
+        # systemd in a container sharing the host's cgroup view: under its own subtree
+        (
+            "9:name=systemd:/docker/abc/init.scope\n0::/docker/abc/init.scope\n",
+            "/docker/abc/kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-podU_1.slice",
+        ),
+    ],
+)
+def test_pod_cgroup_as_a_systemd_slice(reader: HostReader, pid1_cgroup: str, path: str) -> None:
+    assert isinstance(reader.cgroups, FakeCgroups)
+    write(reader.proc / "1/cgroup", pid1_cgroup)
+    reader.cgroups.groups[path] = CgroupStats(1, 1, 1, 1)
+    kubepods = path[: path.index("/kubepods.slice") + len("/kubepods.slice")]
+    reader.cgroups.groups[kubepods] = CgroupStats(7, 6, 5, 4)
+    # what runc leaves at the root of the hierarchies systemd does not manage
+    reader.cgroups.groups[path[path.index("/kubepods.slice") :]] = CgroupStats(
+        None, None, None, None
+    )
+    assert reader.pod_cgroup("U-1") == path
+    assert reader.pod_cgroup("V") is None
+    assert reader.kubepods() == CgroupStats(7, 6, 5, 4)
+
+
 def test_kubepods_absent_is_none(reader: HostReader) -> None:
     assert isinstance(reader.cgroups, FakeCgroups)
     assert reader.kubepods() is None

@@ -181,3 +181,22 @@ class CgroupFS:
             except OSError as err:
                 left.append(f"{d}: {err.strerror}")
         return left
+
+
+def pid1_cgroup_prefix(proc: Path = Path("/proc")) -> str:
+    """Where systemd's cgroup tree starts in this process's view of /sys/fs/cgroup: `/` on
+    a host, `/docker/<id>` for a systemd in a container sharing the host's cgroup
+    namespace (PID 1's own cgroup without `/init.scope`, as runc finds it)."""
+    try:
+        lines = (proc / "1/cgroup").read_text().splitlines()
+    except OSError:
+        return "/"
+    by_controller: dict[str, str] = {}
+    for line in lines:
+        fields = line.split(":", 2)
+        if len(fields) == 3:
+            by_controller[fields[1]] = fields[2]
+    path = by_controller.get("name=systemd") or by_controller.get("") or "/"
+    if path.endswith("/init.scope"):
+        path = path[: -len("/init.scope")]
+    return path or "/"

@@ -29,7 +29,17 @@ from pathlib import Path
 from dbus_fast import BusType, Message, MessageType, Variant
 from dbus_fast.aio import MessageBus
 from dbus_fast.errors import DBusError
+from klet.cgroups.fs import pid1_cgroup_prefix
 from klet.cgroups.slices import Property
+
+__all__ = [
+    "Systemd",
+    "SystemdError",
+    "SystemdUnavailable",
+    "pid1_cgroup_prefix",
+    "pid1_is_systemd",
+    "preflight",
+]
 
 log = logging.getLogger(__name__)
 
@@ -61,24 +71,6 @@ def pid1_is_systemd(proc: Path = Path("/proc")) -> bool:
         return (proc / "1/comm").read_text().strip() == "systemd"
     except OSError:
         return False
-
-
-def pid1_cgroup_prefix(proc: Path = Path("/proc")) -> str:
-    """Where systemd's cgroup tree starts in this process's view of /sys/fs/cgroup: `/` on
-    a host, `/docker/<id>` for a systemd in a container sharing the host's cgroup
-    namespace (PID 1's own cgroup without `/init.scope`, as runc finds it)."""
-    try:
-        lines = (proc / "1/cgroup").read_text().splitlines()
-    except OSError:
-        return "/"
-    by_controller: dict[str, str] = {}
-    for line in lines:
-        _, controllers, path = line.split(":", 2)
-        by_controller[controllers] = path
-    path = by_controller.get("name=systemd") or by_controller.get("") or "/"
-    if path.endswith("/init.scope"):
-        path = path[: -len("/init.scope")]
-    return path or "/"
 
 
 class Systemd:

@@ -18,12 +18,14 @@ image GC and eviction measure the wrong disk (`host_view`).
 
 from __future__ import annotations
 
+import functools
 import os
 from pathlib import Path
 from typing import Protocol
 
-from klet.cgroups import CgroupStats
+from klet.cgroups import CgroupStats, slices
 from klet.cgroups.detail import CgroupDetail
+from klet.cgroups.fs import pid1_cgroup_prefix
 from klet.cgroups.machine import mem_total_bytes, read_machine
 from klet.hostfs import HOST_ROOT
 from klet.model import layout
@@ -155,17 +157,37 @@ class HostReader:
         self.pod_logs_dir = pod_logs_dir
         self.proc = proc
 
-    def kubepods(self) -> CgroupStats | None:
-        if not self.cgroups.exists(layout.KUBEPODS):
-            return None
-        return self.cgroups.stats(layout.KUBEPODS)
+    @functools.cached_property
+    def _slice_prefixes(self) -> tuple[str, ...]:
+        """Where systemd's tree starts, for the systemd cgroup driver's slices: PID 1's
+        own subtree first (a systemd in a container that shares the host's cgroup view
+        keeps its slices there; runc then also leaves same-named directories at the root
+        of the hierarchies that systemd does not manage, which hold no readings), then
+        the root."""
+        prefix = pid1_cgroup_prefix(self.proc).rstrip("/")
+        return ("",) if not prefix else (prefix, "")
 
-    def pod_cgroup(self, uid: str) -> str | None:
-        """The pod's cgroup path relative to the cgroup root, if it exists."""
-        for rel in layout.pod_cgroup_candidates(uid):
+    def _existing(self, cgroupfs_names: tuple[str, ...]) -> str | None:
+        """The first of the cgroupfs names that exists, as it is or (cgroupDriver:
+        systemd) as its slice path."""
+        for rel in cgroupfs_names:
             if self.cgroups.exists(rel):
                 return rel
+        for prefix in self._slice_prefixes:
+            for rel in cgroupfs_names:
+                path = prefix + slices.cgroup_path(rel)
+                if self.cgroups.exists(path):
+                    return path
         return None
+
+    def kubepods(self) -> CgroupStats | None:
+        rel = self._existing((layout.KUBEPODS,))
+        return None if rel is None else self.cgroups.stats(rel)
+
+    def pod_cgroup(self, uid: str) -> str | None:
+        """The pod's cgroup path relative to the cgroup root, if it exists (either
+        driver's form)."""
+        return self._existing(layout.pod_cgroup_candidates(uid))
 
     def processes(self, rel: str, stats: CgroupStats) -> int:
         """pids.current of the cgroup, else its tasks counted (no pids controller)."""
