@@ -169,6 +169,22 @@ def test_pod_cgroup_as_a_systemd_slice(reader: HostReader, pid1_cgroup: str, pat
     assert reader.kubepods() == CgroupStats(7, 6, 5, 4)
 
 
+def test_node_cgroups_in_either_form(reader: HostReader) -> None:
+    assert isinstance(reader.cgroups, FakeCgroups)
+    write(reader.proc / "1/cgroup", "0::/docker/abc/init.scope\n")
+    assert reader.node_cgroups() == []
+    reader.cgroups.groups["/kubepods"] = CgroupStats(1, 1, 1, 1)
+    reader.cgroups.groups["/kubepods/burstable"] = CgroupStats(1, 1, 1, 1)
+    assert reader.node_cgroups() == ["/kubepods", "/kubepods/burstable"]
+    reader.cgroups.groups.clear()
+    for rel in ("kubepods.slice", "kubepods.slice/kubepods-besteffort.slice"):
+        reader.cgroups.groups[f"/docker/abc/{rel}"] = CgroupStats(1, 1, 1, 1)
+    assert reader.node_cgroups() == [
+        "/docker/abc/kubepods.slice",
+        "/docker/abc/kubepods.slice/kubepods-besteffort.slice",
+    ]
+
+
 def test_kubepods_absent_is_none(reader: HostReader) -> None:
     assert isinstance(reader.cgroups, FakeCgroups)
     assert reader.kubepods() is None

@@ -184,6 +184,12 @@ class HostReader:
         rel = self._existing((layout.KUBEPODS,))
         return None if rel is None else self.cgroups.stats(rel)
 
+    def node_cgroups(self) -> list[str]:
+        """`/kubepods` and its QoS cgroups that exist, each in either driver's form
+        (`/kubepods.slice/kubepods-burstable.slice` under the systemd driver)."""
+        found = (self._existing((name,)) for name in layout.node_cgroups())
+        return [rel for rel in found if rel is not None]
+
     def pod_cgroup(self, uid: str) -> str | None:
         """The pod's cgroup path relative to the cgroup root, if it exists (either
         driver's form)."""

@@ -26,7 +26,6 @@ from typing import Protocol
 
 from klet.cri.errors import CRIError
 from klet.cri.types import Container, ContainerStatsInfo, FilesystemUsageInfo, Sandbox
-from klet.model import layout
 from klet.model.types import SandboxID
 from klet.stats.cadvisor import CgroupSeries, CgroupSnapshot, WritableLayer
 from klet.stats.host import HostReader, dir_usage, statfs
@@ -119,9 +118,8 @@ class StatsProvider:
                 network=host.net_dev(1),
             )
         ]
-        for rel in layout.node_cgroups():
-            if cg.exists(rel):
-                series.append(CgroupSeries(id=rel, detail=cg.detail(rel)))
+        for rel in host.node_cgroups():
+            series.append(CgroupSeries(id=rel, detail=cg.detail(rel)))
         layer_fs = self._layer_fs(cri)
         for sandbox, containers in plan_pods(cri.sandboxes, cri.containers, cri.stats):
             series += self._pod_cgroups(sandbox, containers, layer_fs)
