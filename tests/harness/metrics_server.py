@@ -12,7 +12,7 @@ There is no kube-proxy and no endpoint controller here: the apiserver routes to 
 Service's endpoints itself (`--enable-aggregator-routing`, set by ControlPlane), and it
 reads them from EndpointSlices, so the test writes one by hand with this host's
 non-loopback address (EndpointSlices refuse loopback addresses, as the apiserver's node
-proxy refuses loopback node addresses). `host_address` finds that address.
+proxy refuses loopback node addresses). `host_address` finds that address, or makes one.
 """
 
 from __future__ import annotations
@@ -38,9 +38,10 @@ NAMESPACE = "kube-system"
 NAME = "metrics-server"
 USER = "system:metrics-server"  # the client certificate's CN
 APISERVICE = "v1beta1.metrics.k8s.io"
-# A dummy interface made only when the host has no default route (no usable address).
-DUMMY_LINK = "kletms0"
-DUMMY_ADDRESS = "198.18.0.1"  # RFC 2544 benchmarking range: not loopback, not link-local
+# The address put on `lo` only when the host has no default route: RFC 2544's benchmarking
+# range, neither loopback nor link-local, so the apiserver proxies to it (the address is
+# what it checks, not the interface). No dummy interface: this kernel has no dummy driver.
+FALLBACK_ADDRESS = "198.18.0.1"
 
 
 def _default_route_address() -> str | None:
@@ -59,18 +60,17 @@ def _default_route_address() -> str | None:
 def host_address() -> Iterator[str]:
     """A non-loopback IPv4 address of this host that the apiserver may proxy to and an
     EndpointSlice may hold: the default route's source address, or (no default route)
-    that of a dummy interface made for the duration and removed after."""
+    FALLBACK_ADDRESS added to `lo` for the duration and removed after."""
     address = _default_route_address()
     if address is not None:
         yield address
         return
-    subprocess.run(["ip", "link", "add", DUMMY_LINK, "type", "dummy"], check=True)
+    subprocess.run(["ip", "link", "set", "lo", "up"], check=True)
+    subprocess.run(["ip", "addr", "add", f"{FALLBACK_ADDRESS}/32", "dev", "lo"], check=True)
     try:
-        subprocess.run(["ip", "addr", "add", f"{DUMMY_ADDRESS}/32", "dev", DUMMY_LINK], check=True)
-        subprocess.run(["ip", "link", "set", DUMMY_LINK, "up"], check=True)
-        yield DUMMY_ADDRESS
+        yield FALLBACK_ADDRESS
     finally:
-        subprocess.run(["ip", "link", "del", DUMMY_LINK], check=False)
+        subprocess.run(["ip", "addr", "del", f"{FALLBACK_ADDRESS}/32", "dev", "lo"], check=False)
 
 
 def _rbac() -> list[dict[str, Any]]:
