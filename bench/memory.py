@@ -7,7 +7,7 @@ agent (the five services, and klet up's own Redis, each a child process of klet 
 
 - ``standalone``: no kubeconfig; ``--pods`` (110) static pods written into the manifest
   directory once klet serves ``/pods``;
-- ``cluster``: a real etcd + kube-apiserver (``klet.devstack.cluster.ControlPlane``, the
+- ``cluster``: a real etcd + kube-apiserver (``klet.testbed.cluster.ControlPlane``, the
   binaries of ``make cluster-binaries``), klet joined to it as a node
   (``ControlPlane.node_flags``: kubeconfig, serving certificate, client CA), so the
   services that talk to the apiserver load the kubernetes client; once the Node is
@@ -55,9 +55,9 @@ if str(ROOT) not in sys.path:
 
 from klet.cli.up import START_ORDER  # noqa: E402
 from klet.devstack import BUSYBOX_IMAGE, DevStack, free_port  # noqa: E402
-from klet.devstack.cluster import ControlPlane  # noqa: E402
 from klet.devstack.containerd import unmount_under  # noqa: E402
 from klet.devstack.procs import read_cmdline  # noqa: E402
+from klet.testbed.cluster import ControlPlane  # noqa: E402
 
 from bench import common  # noqa: E402
 from bench.compare import KletAgent, Workloads, memory_mb, process_tree, wait  # noqa: E402

@@ -1,7 +1,7 @@
 """Benchmark: pod start and deletion with PVC and CSI volumes, klet beside the upstream kubelet.
 
 Run as root with ``make bench-volumes`` (``.venv/bin/python bench/volumes.py``). Both
-agents join one real control plane (``klet.devstack.cluster.ControlPlane`` with
+agents join one real control plane (``klet.testbed.cluster.ControlPlane`` with
 kube-controller-manager and kube-scheduler: the PV binder, the PV/PVC protection and
 ephemeral-volume controllers) as two nodes, each on a containerd of its own (the
 kubelet kills every pod its runtime has that it does not know):
@@ -83,10 +83,10 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from klet.devstack import BUSYBOX_IMAGE, DevStack, ManagedProcess  # noqa: E402
-from klet.devstack.cluster import ControlPlane  # noqa: E402
 from klet.devstack.containerd import Containerd, unmount_under  # noqa: E402
-from klet.devstack.pki import CertPair  # noqa: E402
 from klet.devstack.procs import read_cmdline  # noqa: E402
+from klet.testbed.cluster import ControlPlane  # noqa: E402
+from klet.testbed.pki import CertPair  # noqa: E402
 
 from bench import common, compare  # noqa: E402
 from bench.compare import (  # noqa: E402

@@ -6,7 +6,7 @@
 # took. Never touches system daemons: it only installs packages, under a policy-rc.d
 # that forbids starting any (docker.io's post-install script would otherwise start the
 # system dockerd through its init script; the compose tests start a private one,
-# klet.devstack.Dockerd).
+# klet.testbed.Dockerd).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 

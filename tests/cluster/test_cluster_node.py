@@ -22,7 +22,7 @@ from typing import Any
 
 import pytest
 from klet.devstack import DevStack, free_port
-from klet.devstack.cluster import ControlPlane
+from klet.testbed.cluster import ControlPlane
 
 from tests.harness.clusternode import cluster_node
 from tests.harness.node import RELISTS, KletNode, fetch

@@ -22,7 +22,7 @@ from typing import Any
 
 from cryptography import x509
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
-from klet.devstack.cluster import ControlPlane
+from klet.testbed.cluster import ControlPlane
 
 from tests.harness.cluster_fixtures import kubernetes_version
 

@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from klet.devstack.cluster import ControlPlane
+from klet.testbed.cluster import ControlPlane
 
 from tests.harness.csi import MockDriver, csi_binaries
 from tests.harness.waiting import wait_for

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 from klet.devstack import DevStack
-from klet.devstack.cluster import ControlPlane
+from klet.testbed.cluster import ControlPlane
 
 from tests.harness.clusternode import cluster_node
 from tests.harness.node import KletNode

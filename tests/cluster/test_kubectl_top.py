@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 from klet.config.units import parse_quantity
 from klet.devstack import DevStack
-from klet.devstack.cluster import ControlPlane
+from klet.testbed.cluster import ControlPlane
 
 from tests.harness.clusternode import cluster_node, wait_node_ready
 from tests.harness.metrics_server import MetricsServer, host_address

@@ -30,7 +30,7 @@ import pytest
 from klet.cri import CRISettings, RuntimeClient
 from klet.cri import labels as L
 from klet.devstack import DevStack, free_port
-from klet.devstack.cluster import ControlPlane
+from klet.testbed.cluster import ControlPlane
 
 from tests.harness.node import KletNode
 from tests.harness.waiting import wait_for

@@ -22,7 +22,7 @@ from collections.abc import Iterator
 
 import pytest
 from klet.devstack import DevStack
-from klet.devstack.cluster import ControlPlane
+from klet.testbed.cluster import ControlPlane
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.harness.clusternode import cluster_node

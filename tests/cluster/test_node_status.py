@@ -32,7 +32,6 @@ import pytest
 from klet.bus import Bus, NodeBus
 from klet.config import load_settings
 from klet.devstack import DevStack, RedisServer, free_port
-from klet.devstack.cluster import ControlPlane
 from klet.model.records import (
     DesiredPod,
     EventRecord,
@@ -45,6 +44,7 @@ from klet.model.types import JSON, PodUID
 from klet.status_reporter import app
 from klet.status_reporter.nodestatus import KUBELET_VERSION
 from klet.status_reporter.wiring import Deps, Overrides, build_deps
+from klet.testbed.cluster import ControlPlane
 from prometheus_client import CollectorRegistry
 
 from tests.harness.clusternode import eventually, kubectl_json

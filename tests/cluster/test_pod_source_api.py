@@ -28,11 +28,11 @@ import pytest
 from klet.bus import Bus, NodeBus
 from klet.config import load_settings
 from klet.devstack import RedisServer, free_port
-from klet.devstack.cluster import ControlPlane
 from klet.model.records import DesiredPod, PodChange
 from klet.pod_source import app
 from klet.pod_source.publisher import RetryPolicy
 from klet.pod_source.wiring import Deps, Overrides, build_deps
+from klet.testbed.cluster import ControlPlane
 from prometheus_client import CollectorRegistry
 
 T = TypeVar("T")

@@ -35,7 +35,7 @@ from pathlib import Path
 
 import pytest
 from klet.devstack import DevStack
-from klet.devstack.cluster import ControlPlane
+from klet.testbed.cluster import ControlPlane
 
 from tests.harness.clusternode import cluster_node
 from tests.harness.node import KletNode

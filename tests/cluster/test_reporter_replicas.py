@@ -32,9 +32,9 @@ import klet.status_reporter
 import pytest
 from klet.bus import Bus, NodeBus
 from klet.devstack import DevStack, ManagedProcess, RedisServer, free_port
-from klet.devstack.cluster import ControlPlane
 from klet.model.records import EventRecord, SourceState
 from klet.model.types import JSON
+from klet.testbed.cluster import ControlPlane
 
 from tests.harness.clusternode import eventually, kubectl_json
 from tests.harness.node import sample_value

@@ -19,8 +19,8 @@ from typing import Any
 
 import pytest
 from klet.devstack import DevStack
-from klet.devstack.cluster import ControlPlane
 from klet.devstack.containerd import TEST_HANDLER
+from klet.testbed.cluster import ControlPlane
 
 from tests.harness.clusternode import cluster_node
 from tests.harness.node import KletNode

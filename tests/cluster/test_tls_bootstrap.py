@@ -45,7 +45,7 @@ from typing import Any
 import pytest
 from cryptography import x509
 from klet.devstack import DevStack
-from klet.devstack.cluster import ControlPlane
+from klet.testbed.cluster import ControlPlane
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.harness.cluster_fixtures import _plane

@@ -20,10 +20,10 @@ from typing import Any
 
 import pytest
 from klet.cli.checknode import check_node
-from klet.devstack.cluster import ControlPlane
 from klet.kube import Forbidden, KubeSettings
 from klet.kube.client import KubeClient
 from klet.model.timestamps import micro_time, rfc3339
+from klet.testbed.cluster import ControlPlane
 
 
 def token_kubeconfig(plane: ControlPlane, tmp_path: Path, token: str) -> Path:

@@ -45,8 +45,9 @@ from typing import Any
 import pytest
 from klet.cri import CRISettings, RuntimeClient
 from klet.cri import labels as L
-from klet.devstack import DevStack, Dockerd, free_port
-from klet.devstack.cluster import ControlPlane
+from klet.devstack import DevStack, free_port
+from klet.testbed import Dockerd
+from klet.testbed.cluster import ControlPlane
 
 from tests.harness.node import fetch
 from tests.harness.nodewatch import NodeWatch

@@ -1,4 +1,4 @@
-"""Pytest fixtures for the cluster tier: a real etcd + kube-apiserver (``klet.devstack.cluster``),
+"""Pytest fixtures for the cluster tier: a real etcd + kube-apiserver (``klet.testbed.cluster``),
 and for the tests that need them also kube-controller-manager and kube-scheduler.
 
 Loaded as a plugin, like ``tests.harness.fixtures``: pyproject's pytest ``addopts`` gets
@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from klet.devstack.cluster import ControlPlane
+from klet.testbed.cluster import ControlPlane
 
 REPO = Path(__file__).resolve().parents[2]
 BUILD_SCRIPT = REPO / "tools" / "cluster" / "build.sh"

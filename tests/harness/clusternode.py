@@ -18,8 +18,8 @@ from typing import Any, TypeVar
 
 import httpx
 from klet.devstack import DevStack
-from klet.devstack.cluster import ControlPlane
 from klet.model.types import JSON
+from klet.testbed.cluster import ControlPlane
 
 from tests.harness.node import KletNode
 from tests.harness.waiting import wait_for

@@ -29,8 +29,8 @@ from pathlib import Path
 from typing import Any
 
 from klet.devstack import free_port
-from klet.devstack.cluster import ControlPlane
 from klet.devstack.procs import ManagedProcess
+from klet.testbed.cluster import ControlPlane
 
 from tests.harness.waiting import wait_for
 

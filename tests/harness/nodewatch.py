@@ -12,7 +12,7 @@ import json
 import threading
 import time
 
-from klet.devstack.cluster import ControlPlane
+from klet.testbed.cluster import ControlPlane
 
 
 class NodeWatch:

@@ -38,7 +38,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from klet.devstack import Dockerd
+from klet.testbed import Dockerd
 
 from tests.compose.test_compose import CAPABILITIES, bounding_set, capability_bits
 from tests.harness.waiting import wait_for

@@ -51,7 +51,7 @@ import yaml
 from klet.cri import CRISettings, RuntimeClient
 from klet.cri import labels as L
 from klet.devstack import BUSYBOX_IMAGE, TEST_REGISTRY_HOST, DevStack
-from klet.devstack.cluster import ControlPlane
+from klet.testbed.cluster import ControlPlane
 
 from tests.harness.clusternode import cluster_node
 from tests.harness.helmbin import helm_binary

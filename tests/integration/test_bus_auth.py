@@ -30,9 +30,9 @@ from klet.bus import Bus, BusError, BusUnavailable, NodeBus, functions
 from klet.bus.acl import ACCESS, SERVICES, Credentials
 from klet.config import RedisAuth
 from klet.devstack import RedisServer, RedisTLS
-from klet.devstack.pki import CertificateAuthority
 from klet.model.records import DesiredPod, NodeConditionRecord, PodChange, SourceState
 from klet.model.types import PodUID
+from klet.testbed.pki import CertificateAuthority
 
 NODE, OTHER = "victim", "attacker"
 

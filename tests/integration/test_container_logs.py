@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from klet.devstack.pki import CertificateAuthority, CertPair
+from klet.testbed.pki import CertificateAuthority, CertPair
 
 from tests.harness.node import KletNode, container_status
 from tests.harness.waiting import wait_for

@@ -11,9 +11,9 @@ import subprocess
 import tarfile
 from pathlib import Path
 
-from klet.devstack import Dockerd
 from klet.devstack.containerd import _mount_points
 from klet.devstack.procs import pid_alive
+from klet.testbed import Dockerd
 
 
 def iptables_rules() -> str:

@@ -42,12 +42,12 @@ from klet.config.kubelet import (
 )
 from klet.cri import CRISettings, RuntimeClient
 from klet.devstack import free_port
-from klet.devstack.pki import CertificateAuthority, CertPair
 from klet.kube.client import KubeClient
 from klet.status_reporter.kubeletapi import build_kubelet_api_deps
 from klet.status_reporter.kubeletapi.server import serve_kubelet_api
 from klet.status_reporter.podcache import CachePolicy
 from klet.status_reporter.wiring import Overrides, build_deps
+from klet.testbed.pki import CertificateAuthority, CertPair
 from prometheus_client import CollectorRegistry
 from prometheus_client.parser import text_string_to_metric_families
 

@@ -24,11 +24,11 @@ from typing import Any
 
 import httpx
 import pytest
-from klet.devstack.pki import CertificateAuthority
 from klet.obs import new_registry
 from klet.pod_source.inbox import Inbox
 from klet.pod_source.metrics import create_metrics
 from klet.pod_source.sources.http import HttpSource, redirect_problem
+from klet.testbed.pki import CertificateAuthority
 
 BODY = json.dumps(
     {

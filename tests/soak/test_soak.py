@@ -40,8 +40,8 @@ import pytest
 from klet.cri import CRISettings, RuntimeClient
 from klet.cri import labels as L
 from klet.devstack import DevStack
-from klet.devstack.cluster import ControlPlane
 from klet.model.types import ContainerID
+from klet.testbed.cluster import ControlPlane
 
 from tests.harness.clusternode import cluster_node
 from tests.harness.node import SERVICES, KletNode

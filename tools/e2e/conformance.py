@@ -52,8 +52,8 @@ from pathlib import Path
 from typing import Any
 
 from klet.devstack import TEST_REGISTRY_HOST, DevStack, ManagedProcess, free_port
-from klet.devstack.cluster import ControlPlane
 from klet.devstack.procs import StartError, tail
+from klet.testbed.cluster import ControlPlane
 
 from tools.e2e.images import build_binaries, build_images, push_images
 from tools.e2e.report import TITLE, Results, RunInfo, parse_report, render_markdown

@@ -289,8 +289,13 @@ def dependencies_layer(*, uv: Path, python_version: str, cache: LayerCache) -> L
     return layer
 
 
+NOT_SHIPPED = ("klet_testbed-",)
+"""Workspace wheels the images leave out: the tests' control plane, PKI and dockerd."""
+
+
 def workspace_layer(*, uv: Path, python_version: str, dest: Path) -> Layer:
-    """libs and the five services from their wheels, and their console scripts."""
+    """libs and the five services from their wheels, and their console scripts (not the
+    test bed, `NOT_SHIPPED`)."""
     gen = ROOT / "libs/src/klet/rpc/gen"
     if not (gen / "__init__.py").is_file():
         raise BuildError(f"{gen} is missing: run `make proto` first")
@@ -300,13 +305,15 @@ def workspace_layer(*, uv: Path, python_version: str, dest: Path) -> Layer:
             [str(uv), "build", "--all-packages", "--wheel", "--out-dir", str(wheels), "--quiet"],
             what="uv build of the workspace wheels",
         )
-        built = sorted(str(p) for p in wheels.glob("*.whl"))
+        built = sorted(str(p) for p in wheels.glob("*.whl") if not p.name.startswith(NOT_SHIPPED))
         stage = Path(tmp) / "root"
         target = _pip_install(uv, stage, python_version, ["--no-deps", *built])
         shutil.rmtree(target / "bin", ignore_errors=True)
         _forget_wheel_paths(target)
         if not (target / "klet/rpc/gen/__init__.py").is_file():
             raise BuildError("the klet-libs wheel does not carry klet/rpc/gen")
+        if (target / "klet/testbed").exists():
+            raise BuildError("the test bed (klet.testbed) ended up in the image")
         bin_dir = stage / "usr/local/bin"
         bin_dir.mkdir(parents=True)
         for name, entry in console_scripts().items():

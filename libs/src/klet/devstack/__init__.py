@@ -1,9 +1,11 @@
-"""Private instances of the real components klet runs against, for dev and tests.
+"""Private instances of the real components klet runs against: `klet up`'s stack.
 
 ``klet up`` and the integration-test harness both use this package to start Redis, a
 local OCI registry holding test images built from busybox-static, and containerd with a
 bridge CNI network, each under a private directory with private sockets and free
-loopback ports, so a run never touches a system instance. See ``DevStack``.
+loopback ports, so a run never touches a system instance. See ``DevStack``. What only
+the tests start (a test PKI, a control plane, dockerd) is `klet.testbed`, a distribution
+of its own that the images do not ship.
 
 The names below load their module on first use (PEP 562): `klet up` with a runtime
 endpoint of its own needs only `RedisServer`, and importing the image builder's HTTP
@@ -18,7 +20,6 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from klet.devstack.cni import CniNetwork, choose_subnet, claim_subnet, release_subnet
     from klet.devstack.containerd import Containerd, ContainerdError
-    from klet.devstack.dockerd import Dockerd
     from klet.devstack.images import (
         BUSYBOX_IMAGE,
         HTTPD_IMAGE,
@@ -46,7 +47,6 @@ _MODULE_OF = {
     "release_subnet": "cni",
     "Containerd": "containerd",
     "ContainerdError": "containerd",
-    "Dockerd": "dockerd",
     "BUSYBOX_IMAGE": "images",
     "HTTPD_IMAGE": "images",
     "PAUSE_IMAGE": "images",
@@ -91,7 +91,6 @@ __all__ = [
     "Containerd",
     "ContainerdError",
     "DevStack",
-    "Dockerd",
     "ImageError",
     "ImageSpec",
     "ManagedProcess",

@@ -18,12 +18,12 @@ from typing import Any
 import httpx
 import pytest
 from cryptography import x509
-from klet.devstack.pki import CertificateAuthority
 from klet.status_reporter.kubeletapi import KubeletApiDeps
 from klet.status_reporter.kubeletapi.authn import AuthnSettings
 from klet.status_reporter.kubeletapi.logstream import FollowPolicy
 from klet.status_reporter.kubeletapi.server import serve_kubelet_api
 from klet.status_reporter.kubeletapi.testing import FakeApiServer, FollowerClock
+from klet.testbed.pki import CertificateAuthority
 
 from tests.unit.status_reporter.kubeletapi.test_app import World, log_line
 

@@ -26,12 +26,12 @@ from typing import Any
 
 import pytest
 from cryptography import x509
-from klet.devstack.pki import CertificateAuthority
 from klet.status_reporter.kubeletapi import KubeletApiDeps
 from klet.status_reporter.kubeletapi.authn import AuthnSettings
 from klet.status_reporter.kubeletapi.server import serve_kubelet_api, tls_settings
 from klet.status_reporter.kubeletapi.testing import FakeApiServer
 from klet.status_reporter.kubeletapi.tlsconfig import ServingTLS
+from klet.testbed.pki import CertificateAuthority
 
 from tests.unit.status_reporter.kubeletapi import test_server
 from tests.unit.status_reporter.kubeletapi.test_app import World

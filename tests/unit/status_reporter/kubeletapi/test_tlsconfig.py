@@ -13,7 +13,6 @@ from pathlib import Path
 
 import pytest
 from cryptography import x509
-from klet.devstack.pki import CertificateAuthority
 from klet.status_reporter.kubeletapi.tlsconfig import (
     DEFAULT_CIPHERS,
     RENEW_BEFORE,
@@ -23,6 +22,7 @@ from klet.status_reporter.kubeletapi.tlsconfig import (
     needs_renewal,
     server_context,
 )
+from klet.testbed.pki import CertificateAuthority
 
 NOW = datetime.datetime(2026, 11, 25, 6, 0, tzinfo=datetime.UTC)
 

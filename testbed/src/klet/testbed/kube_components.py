@@ -17,8 +17,8 @@ import ssl
 import urllib.request
 from pathlib import Path
 
-from klet.devstack.pki import CertPair
 from klet.devstack.procs import ManagedProcess, StartError
+from klet.testbed.pki import CertPair
 
 # Canonical names (k8s.io/kubernetes cmd/kube-controller-manager/names, v1.34), with what
 # needs each: a Helm install of a node agent (issue 14) or the [NodeConformance] suite

@@ -16,7 +16,7 @@ Every daemon listens on free loopback ports and is stopped by PID. By default th
 no controller-manager and no scheduler, so ``start`` does by hand what those would do
 for the objects a pod needs (see ``prepare_namespace``), tests bind pods with
 ``spec.nodeName``, and nothing garbage-collects or deletes namespaces. With
-``controllers=True`` both run (``klet.devstack.kube_components`` says which controllers
+``controllers=True`` both run (``klet.testbed.kube_components`` says which controllers
 and why): namespaces get their ServiceAccount and CA ConfigMap from the controllers,
 workloads make pods, the scheduler binds them, deleted namespaces empty; and nodes can
 join as kubeadm's do (``bootstrap_kubeconfig``: a bootstrap token, the apiserver's
@@ -51,7 +51,8 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-from klet.devstack.kube_components import (
+from klet.devstack.procs import ManagedProcess, StartError, free_port
+from klet.testbed.kube_components import (
     CONTROLLER_MANAGER_USER,
     SCHEDULER_USER,
     SIGNING_DURATION,
@@ -59,8 +60,7 @@ from klet.devstack.kube_components import (
     controller_manager_argv,
     scheduler_argv,
 )
-from klet.devstack.pki import CertificateAuthority, CertPair, file_stem, write_key_pair
-from klet.devstack.procs import ManagedProcess, StartError, free_port
+from klet.testbed.pki import CertificateAuthority, CertPair, file_stem, write_key_pair
 
 log = logging.getLogger(__name__)
 
