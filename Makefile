@@ -73,6 +73,14 @@ test-image: setup
 test-compose: setup cluster-binaries
 	$(PY) -m pytest tests/compose -s $(PYTEST_ARGS)
 
+# Compose v2 (github.com/docker/compose/v2: the docker-compose binary, which is also the
+# `docker compose` CLI plugin), built from tools/compose's Go module into
+# $KLET_CACHE/compose/<version>/docker-compose; no-op once cached. Not in `make test`: a
+# cold build takes about 5 CPU-minutes (tools/compose/build.sh), outside CI's budget.
+.PHONY: compose-v2-binary
+compose-v2-binary:
+	bash tools/compose/build.sh
+
 # The helm tier alone (it is part of `make test` too): `helm lint --strict` of every
 # helm/klet/ci/*.yaml on Helm 4 and Helm 3, the `helm template` output checked, and a
 # real `helm install` on the full test control plane, its klet managing a node of its
