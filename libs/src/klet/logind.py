@@ -27,9 +27,9 @@ import os
 from collections.abc import AsyncIterator
 from pathlib import Path
 
-from dbus_fast import BusType, Message, MessageType, Variant
+from dbus_fast import Message, MessageType, Variant
 from dbus_fast.aio import MessageBus
-from dbus_fast.errors import DBusError
+from klet import sysbus
 
 LOGIN = "org.freedesktop.login1"
 LOGIN_PATH = "/org/freedesktop/login1"
@@ -78,13 +78,12 @@ class LogindClient:
     async def _connected(self) -> MessageBus:
         if self._bus is not None and self._bus.connected:
             return self._bus
-        bus = MessageBus(
-            bus_address=self.bus_address, bus_type=BusType.SYSTEM, negotiate_unix_fd=True
+        bus = await sysbus.connect(
+            self.bus_address,
+            timeout_s=self.timeout_s,
+            unavailable=LogindUnavailable,
+            negotiate_unix_fd=True,  # Inhibit answers with a file descriptor
         )
-        try:
-            await asyncio.wait_for(bus.connect(), self.timeout_s)
-        except (OSError, TimeoutError, DBusError, EOFError) as err:
-            raise LogindUnavailable(f"cannot connect to the system bus: {err}") from err
         self._bus = bus
         return bus
 
@@ -97,23 +96,17 @@ class LogindClient:
         signature: str,
         body: list[object],
     ) -> Message:
-        bus = await self._connected()
-        msg = Message(
-            destination=destination,
-            path=path,
-            interface=interface,
-            member=member,
-            signature=signature,
-            body=body,
+        reply = await sysbus.call(
+            await self._connected(),
+            destination,
+            path,
+            interface,
+            member,
+            signature,
+            body,
+            timeout_s=self.timeout_s,
+            unavailable=LogindUnavailable,
         )
-        try:
-            reply = await asyncio.wait_for(bus.call(msg), self.timeout_s)
-        except TimeoutError as err:
-            raise LogindUnavailable(f"{member}: no answer in {self.timeout_s:g} s") from err
-        except (OSError, EOFError) as err:
-            raise LogindUnavailable(f"{member}: the bus went away: {err}") from err
-        if reply is None:
-            raise LogindUnavailable(f"{member}: the bus went away")
         if reply.message_type == MessageType.ERROR:
             text = str(reply.body[0]) if reply.body else ""
             if reply.error_name in (

@@ -222,3 +222,20 @@ def test_empty_dirs_on_disk_only(reader: HostReader) -> None:
 def test_pod_log_dir_name(reader: HostReader) -> None:
     assert reader.pod_log_dir("ns", "web", "U") == reader.pod_logs_dir / "ns_web_U"
     assert dir_usage(reader.pod_log_dir("ns", "web", "U")) == DirUsage(0, 0)
+
+
+def test_a_live_slice_wins_over_an_empty_cgroupfs_leftover(tmp_path: Path) -> None:
+    """A static pod's UID is the same on every run of its manifest: an empty cgroupfs
+    directory a cgroupfs-driver run left behind must not hide the systemd driver's slice."""
+    cg = tmp_path / "cg"
+    (cg / "memory/kubepods/besteffort/podU").mkdir(parents=True)
+    live = "kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-podU.slice"
+    write(cg / "memory" / live / "cri-containerd-abc.scope/tasks", "7\n")
+    proc = tmp_path / "proc"
+    write(proc / "1/cgroup", "1:name=systemd:/init.scope\n")
+    reader = HostReader(cgroups=CgroupFS(cg), root_dir=tmp_path, pod_logs_dir=tmp_path, proc=proc)
+    assert reader.pod_cgroup("U") == "/" + live
+    # With no live one, the leftover is still what there is.
+    (cg / "memory" / live / "cri-containerd-abc.scope/tasks").unlink()
+    (cg / "memory" / live / "cri-containerd-abc.scope").rmdir()
+    assert reader.pod_cgroup("U") == "/kubepods/besteffort/podU"

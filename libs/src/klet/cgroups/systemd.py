@@ -26,9 +26,10 @@ import logging
 from collections import OrderedDict
 from pathlib import Path
 
-from dbus_fast import BusType, Message, MessageType, Variant
+from dbus_fast import Message, MessageType, Variant
 from dbus_fast.aio import MessageBus
 from dbus_fast.errors import DBusError
+from klet import sysbus
 from klet.cgroups.fs import pid1_cgroup_prefix
 from klet.cgroups.slices import Property
 
@@ -91,11 +92,9 @@ class Systemd:
         async with self._connecting:
             if self._bus is not None and self._bus.connected:
                 return self._bus
-            bus = MessageBus(bus_address=self.bus_address, bus_type=BusType.SYSTEM)
-            try:
-                await asyncio.wait_for(bus.connect(), self.timeout_s)
-            except (OSError, TimeoutError, DBusError, EOFError) as err:
-                raise SystemdUnavailable(f"cannot connect to the system bus: {err}") from err
+            bus = await sysbus.connect(
+                self.bus_address, timeout_s=self.timeout_s, unavailable=SystemdUnavailable
+            )
             bus.add_message_handler(self._on_message)
             self._bus = bus
             try:
@@ -142,22 +141,17 @@ class Systemd:
         signature: str,
         body: list[object],
     ) -> list[object]:
-        msg = Message(
-            destination=destination,
-            path=path,
-            interface=interface,
-            member=member,
-            signature=signature,
-            body=body,
+        reply = await sysbus.call(
+            bus,
+            destination,
+            path,
+            interface,
+            member,
+            signature,
+            body,
+            timeout_s=self.timeout_s,
+            unavailable=SystemdUnavailable,
         )
-        try:
-            reply = await asyncio.wait_for(bus.call(msg), self.timeout_s)
-        except TimeoutError as err:
-            raise SystemdUnavailable(f"{member}: no answer in {self.timeout_s:g} s") from err
-        except (OSError, EOFError) as err:
-            raise SystemdUnavailable(f"{member}: the bus went away: {err}") from err
-        if reply is None:
-            raise SystemdUnavailable(f"{member}: the bus went away")
         if reply.message_type == MessageType.ERROR:
             raise DBusError(reply.error_name or "", str(reply.body[0] if reply.body else ""))
         return list(reply.body)

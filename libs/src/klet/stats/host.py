@@ -169,16 +169,19 @@ class HostReader:
 
     def _existing(self, cgroupfs_names: tuple[str, ...]) -> str | None:
         """The first of the cgroupfs names that exists, as it is or (cgroupDriver:
-        systemd) as its slice path."""
-        for rel in cgroupfs_names:
-            if self.cgroups.exists(rel):
-                return rel
+        systemd) as its slice path; one in use (holding processes or cgroups) before an
+        empty one, so an empty directory the other driver left behind (a pod's UID is
+        the same on every run of its static manifest) does not hide the live one."""
+        found = [rel for rel in cgroupfs_names if self.cgroups.exists(rel)]
         for prefix in self._slice_prefixes:
             for rel in cgroupfs_names:
                 path = prefix + slices.cgroup_path(rel)
                 if self.cgroups.exists(path):
-                    return path
-        return None
+                    found.append(path)
+        for rel in found:
+            if self.cgroups.children(rel) or self.cgroups.task_count(rel):
+                return rel
+        return found[0] if found else None
 
     def kubepods(self) -> CgroupStats | None:
         rel = self._existing((layout.KUBEPODS,))
