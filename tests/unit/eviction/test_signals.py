@@ -17,6 +17,8 @@ from klet.config.settings import KletSettings, Settings
 from klet.cri import labels as L
 from klet.cri.errors import RuntimeUnavailable
 from klet.cri.types import (
+    Container,
+    ContainerState,
     ContainerStatsInfo,
     FilesystemUsageInfo,
     Sandbox,
@@ -214,7 +216,7 @@ def sandbox(uid: str, name: str, state: SandboxState = SandboxState.READY) -> Sa
     return Sandbox(SandboxID(f"sb-{uid}"), name, "ns", uid, 0, state, 0)
 
 
-def cstats(uid: str, name: str, attempt: int, ws: int, layer: int) -> ContainerStatsInfo:
+def cstats(uid: str, name: str, attempt: int, ws: int | None, layer: int) -> ContainerStatsInfo:
     return ContainerStatsInfo(
         id=ContainerID(f"c-{name}-{attempt}"),
         name=name,
@@ -259,7 +261,11 @@ def host(tmp_path: Path) -> tuple[HostSignalSource, FakeStatsRuntime, Path]:
     ]
     runtime.image_fs = [FilesystemUsageInfo(0, str(root), 123, 4)]
     reader = HostReader(
-        cgroups=CgroupFS(cg, proc=proc), root_dir=root, pod_logs_dir=logs, proc=proc
+        cgroups=CgroupFS(cg, proc=proc),
+        root_dir=root,
+        cgroup_root="/",
+        pod_logs_dir=logs,
+        proc=proc,
     )
     source = HostSignalSource(
         StatsProvider(runtime, reader, clock=lambda: 42 * 10**9),
@@ -300,6 +306,41 @@ async def test_host_pod_usage(host: tuple[HostSignalSource, FakeStatsRuntime, Pa
     assert 50_000 <= usage.volumes["scratch"] < 50_000 + 16 * 1024
     assert usage.ephemeral_storage == usage.writable_layer + usage.logs + usage.volumes["scratch"]
     assert usage.container_storage["app"] >= 2 * Mi + 40_000
+
+
+async def test_container_memory_falls_back_to_its_cgroup(
+    host: tuple[HostSignalSource, FakeStatsRuntime, Path],
+) -> None:
+    """containerd 1.6's shim may report no metrics (a cgroup v1 controller listed for
+    the process but not mounted): the running container's own cgroup gives its working
+    set, as cAdvisor gives upstream's, so the eviction message can name the container."""
+    source, runtime, tmp_path = host
+    runtime.stats = [cstats(UID, "app", 1, None, 2 * Mi)]
+    runtime.containers = [
+        Container(
+            ContainerID("c-app-1"),
+            SandboxID(f"sb-{UID}"),
+            "app",
+            1,
+            "img",
+            "img",
+            ContainerState.RUNNING,
+            0,
+            labels={L.POD_UID: UID, L.CONTAINER_NAME: "app"},
+        )
+    ]
+    _observed, pods = await source.observe()
+    assert pods[UID].containers == {"app": 0}  # no reading, no cgroup: nothing to show
+    child = tmp_path / f"cg/memory/kubepods/burstable/pod{UID}/c-app-1"
+    write(child / "memory.usage_in_bytes", str(70 * Mi))
+    write(child / "memory.stat", f"total_inactive_file {5 * Mi}\n")
+    _observed, pods = await source.observe()
+    assert pods[UID].containers == {"app": 65 * Mi}
+    assert pods[UID].writable_layer == 2 * Mi
+    # The runtime's own reading, when it has one, comes first.
+    runtime.stats = [cstats(UID, "app", 1, 80 * Mi, 2 * Mi)]
+    _observed, pods = await source.observe()
+    assert pods[UID].containers == {"app": 80 * Mi}
 
 
 async def test_processes_fall_back_to_counting_tasks(

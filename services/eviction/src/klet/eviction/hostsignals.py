@@ -14,8 +14,10 @@ only decides which readings feed which signal:
 
 Pods are the ready sandboxes. Each pod's memory and process count come from its pod
 cgroup, its containers' memory and writable layers from CRI stats (the latest attempt
-of each container name), its logs from its log directory, its emptyDirs from the
-disk-backed ones under its pod directory (sizes as `du` measures them).
+of each container name; a running container's memory from its own cgroup when the
+runtime's reading has none, as the Summary API does), its logs from its log directory,
+its emptyDirs from the disk-backed ones under its pod directory (sizes as `du`
+measures them).
 
 When the runtime cannot be reached the node-level signals it does not feed are still
 observed; its error is logged once per distinct message, not once per pass.
@@ -45,7 +47,7 @@ from klet.model.node import reservation
 from klet.model.podvalidation import UnsafePathComponent, checked_component
 from klet.obs import OnceLogger
 from klet.stats import FsUsage, HostReader, PodStats, Snapshot, StatsProvider, StatsRuntime
-from klet.stats.model import latest_attempts
+from klet.stats.model import ContainerStats, latest_attempts
 
 __all__ = ["FsLayout", "HostSignalSource", "fs_layout", "pod_volumes_exist", "signals_of"]
 
@@ -97,6 +99,17 @@ def _fs(obs: Observations, fs: FsUsage | None, size: Signal, inodes: Signal, now
         obs[inodes] = files
 
 
+def _container_working_set(c: ContainerStats) -> int:
+    """The runtime's working set of the container, else its own cgroup's (what upstream
+    reads through cAdvisor; containerd 1.6's shim gives no metrics on a cgroup v1 host
+    with an unmounted controller), else 0."""
+    if c.usage is not None and c.usage.memory_working_set_bytes is not None:
+        return c.usage.memory_working_set_bytes
+    if c.cgroup is not None and c.cgroup.memory_working_set_bytes is not None:
+        return c.cgroup.memory_working_set_bytes
+    return 0
+
+
 def _pod_usage(pod: PodStats) -> PodUsage:
     containers: dict[str, ContainerSample] = {}
     for name, c in sorted(latest_attempts(pod).items()):
@@ -104,7 +117,7 @@ def _pod_usage(pod: PodStats) -> PodUsage:
         layer = s.writable_layer if s is not None else None
         logs = c.logs
         containers[name] = ContainerSample(
-            memory_working_set=(s.memory_working_set_bytes or 0) if s is not None else 0,
+            memory_working_set=_container_working_set(c),
             writable_layer=(layer.used_bytes or 0) if layer is not None else 0,
             writable_inodes=(layer.inodes_used or 0) if layer is not None else 0,
             logs=logs.bytes if logs is not None else 0,

@@ -97,7 +97,8 @@ class PodUsage:
     ephemeral_storage: writable layers + logs + disk-backed emptyDirs, bytes (the sum of
       the three fields below it).
     processes: tasks in the pod cgroup (pids.current).
-    containers: container name → memory working set, bytes (CRI stats).
+    containers: container name → memory working set, bytes (CRI stats, else the
+      container's own cgroup).
     writable_layer / logs: bytes over all containers; container_storage: container name →
       its writable layer + its logs (what a container's ephemeral-storage limit covers).
     volumes: emptyDir name → bytes used, for disk-backed emptyDirs only (a `medium:
