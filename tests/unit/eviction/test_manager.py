@@ -5,7 +5,8 @@ Covers: a hard memory threshold evicts the pod over its request with grace 1 s, 
 `kubelet_evictions`; one pod per pass; nothing without a new measurement; disk pressure
 asks FreeSpace first (for the deficit) and evicts nothing when that clears every
 threshold, evicts after it when it does not, evicts after a FreeSpace that hangs (bounded
-by the timeout) or fails, and skips it for nodefs next to a dedicated image filesystem;
+by the timeout) or fails, waits (bounded) for the space FreeSpace reported to show in a
+measurement, and skips it for nodefs next to a dedicated image filesystem;
 a restarted manager does not evict a pod already Failed; critical pods are skipped;
 soft thresholds wait out their grace period and kill with min(evictionMaxPodGracePeriod,
 the pod's grace); a pod over an emptyDir sizeLimit is evicted without node pressure;
@@ -131,7 +132,9 @@ class World:
             pressure_transition_period_s=config.get("transition", 300.0),
             max_pod_grace_period_s=config.get("max_grace", 0),
         )
-        self.settings = ManagerSettings(reclaim_timeout_s=0.05)
+        self.settings = ManagerSettings(
+            reclaim_timeout_s=0.05, reclaim_settle_s=0.2, reclaim_settle_poll_s=0.01
+        )
         self.deps = Deps(
             source=self.source,
             pods=self.pods,
@@ -305,6 +308,39 @@ async def test_disk_pressure_evicts_when_freespace_is_not_enough() -> None:
         "The node was low on resource: ephemeral-storage. Threshold quantity: 1Gi, "
         "available: 800Mi. Container c was using 300Mi, request is 0"
     )
+
+
+@pytest.mark.parametrize("shows_after_s", [0.05, None])
+async def test_space_freespace_freed_may_show_a_moment_later(shows_after_s: float | None) -> None:
+    """containerd gives a removed container's layer back at its next garbage collection:
+    the manager measures again until the bytes FreeSpace reported show, for
+    reclaim_settle_s at most, and evicts only if the pressure is still there."""
+    w = World(NODEFS)
+    w.source.available[Signal.NODEFS_AVAILABLE] = 800 * MI
+    writer = w.add("writer", usage("writer", ephemeral_storage=300 * MI, writable_layer=300 * MI))
+
+    async def free_space(wanted: int) -> int:
+        w.frees.append(wanted)
+
+        def release() -> None:
+            w.source.available[Signal.NODEFS_AVAILABLE] += GI
+
+        if shows_after_s is not None:
+            asyncio.get_running_loop().call_later(shows_after_s, release)
+        return GI
+
+    w.deps = replace(w.deps, free_space=free_space)
+    w.manager = w.new_manager()
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    if shows_after_s is not None:
+        assert await w.step() == []
+        assert w.source.calls > 2  # the pass's, then until the space showed
+        assert loop.time() - started < w.settings.reclaim_settle_s
+    else:
+        assert await w.step() == [writer]  # never showed: decided without it
+        assert loop.time() - started >= w.settings.reclaim_settle_s
+    assert w.frees == [GI + 512 * MI - 800 * MI]
 
 
 @pytest.mark.parametrize("failure", ["hang", "error"])

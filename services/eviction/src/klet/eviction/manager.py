@@ -12,9 +12,11 @@ Restates upstream's `managerImpl.synchronize` around the pure pieces (`threshold
 3. of the thresholds past their grace period whose signal was measured anew, the first
    by eviction priority (memory first) is reclaimed: for a disk signal image-gc's
    FreeSpace (dead containers, then unused images) is asked first, bounded by
-   `reclaim_timeout_s`, and the node measured again; nothing is evicted if every
-   threshold is then clear by its minimum reclaim. An unreachable image-gc only costs
-   that timeout: eviction goes on;
+   `reclaim_timeout_s`, and the node measured again (again for up to
+   `reclaim_settle_s` until what FreeSpace reported freed shows: the runtime may
+   release it a moment later); nothing is evicted if every threshold is then clear by
+   its minimum reclaim. An unreachable image-gc only costs that timeout: eviction goes
+   on;
 4. the active pods are ranked for the signal and the first one that is not critical is
    evicted through syncloop's PodControl.KillPod: reason `Evicted`, upstream's
    message, grace 1 s for a hard threshold (upstream's immediate eviction), for a soft
@@ -140,6 +142,11 @@ class ManagerSettings:
     """upstream's evictionMonitoringPeriod (a constant there)."""
     reclaim_timeout_s: float = 10.0
     """Bound on one FreeSpace call; past it eviction goes on without it."""
+    reclaim_settle_s: float = 5.0
+    """How long the bytes FreeSpace reports freed may take to show in a measurement
+    before the manager decides without them (containerd gives a removed container's
+    writable layer back at its next metadata garbage collection, not at once)."""
+    reclaim_settle_poll_s: float = 0.5
     kill_timeout_margin_s: float = 30.0
     """KillPod waits for the containers to stop: its deadline is the grace plus this."""
     local_storage_capacity_isolation: bool = True
@@ -518,6 +525,7 @@ class EvictionManager:
         minimum reclaim (no pod needs to go)."""
         wanted = _reclaim_wanted(signal, observations, self.thresholds)
         started = time.monotonic()
+        freed = 0
         try:
             async with asyncio.timeout(self.settings.reclaim_timeout_s):
                 freed = await self.deps.free_space(wanted)
@@ -541,9 +549,48 @@ class EvictionManager:
                     "seconds": round(time.monotonic() - started, 3),
                 },
             )
-        after, _ = await self.deps.source.observe()
-        still = thresholds_met(after, self.thresholds, enforce_min_reclaim=True)
-        return not still
+        return await self._clear_after_reclaim(signal, observations, freed)
+
+    async def _clear_after_reclaim(self, signal: Signal, before: Observations, freed: int) -> bool:
+        """Measure again: True when every threshold is clear by its minimum reclaim.
+        While one is still met and `signal` has not yet gained the `freed` bytes image-gc
+        reported, measure again every `reclaim_settle_poll_s`, for `reclaim_settle_s` at
+        most: the runtime may release them a moment after FreeSpace returned (containerd
+        removes a deleted container's snapshot at its next garbage collection, which a
+        busy host delays), and deciding on the stale reading would evict a pod for
+        space that is already free."""
+        began = time.monotonic()
+        start = before.get(signal)
+        polls = 0
+        while True:
+            after, _ = await self.deps.source.observe()
+            waited_s = round(time.monotonic() - began, 3)
+            if not thresholds_met(after, self.thresholds, enforce_min_reclaim=True):
+                if polls:
+                    log.info(
+                        "the space FreeSpace freed showed after a wait",
+                        extra={"signal": signal.value, "polls": polls, "waited_s": waited_s},
+                    )
+                return True
+            seen = after.get(signal)
+            if freed <= 0 or start is None or seen is None:
+                return False
+            gained = seen.available - start.available
+            if gained >= freed:
+                return False  # it showed, and it was not enough
+            if waited_s >= self.settings.reclaim_settle_s:
+                log.info(
+                    "the space FreeSpace reported freed has not shown; deciding without it",
+                    extra={
+                        "signal": signal.value,
+                        "freed": freed,
+                        "gained": gained,
+                        "waited_s": waited_s,
+                    },
+                )
+                return False
+            polls += 1
+            await asyncio.sleep(self.settings.reclaim_settle_poll_s)
 
     def _grace(self, threshold: Threshold, pod: JSON) -> int:
         if threshold.hard:
