@@ -132,7 +132,11 @@ def build(base: Path, pods: int, per_pod: int) -> StatsProvider:
                 )
             )  # fmt: skip
     host = HostReader(
-        cgroups=CgroupFS(cg_root, proc=proc), root_dir=base, pod_logs_dir=base, proc=proc
+        cgroups=CgroupFS(cg_root, proc=proc),
+        root_dir=base,
+        pod_logs_dir=base,
+        cgroup_root="/",
+        proc=proc,
     )
     return StatsProvider(runtime, host)
 

@@ -42,7 +42,7 @@ import json, sys
 from pathlib import Path
 from klet.cgroups import CgroupFS
 from klet.stats.host import HostReader
-r = HostReader(cgroups=CgroupFS(), root_dir=Path("/"), pod_logs_dir=Path("/"))
+r = HostReader(cgroups=CgroupFS(), root_dir=Path("/"), pod_logs_dir=Path("/"), cgroup_root="/")
 k = r.kubepods()
 print(json.dumps({
     "kubepods": k is not None and bool(k.memory_usage_bytes),

@@ -440,6 +440,10 @@ def test_duplicate_json_field(tmp_path: Path) -> None:
         ({"node_lease_duration_seconds": 0}, "nodeLeaseDurationSeconds: must be greater than 0"),
         ({"cpu_cfs_quota_period": 2.0}, "cpuCFSQuotaPeriod: must be between 1ms and 1s"),
         (
+            {"cgroup_root": "kubepods"},
+            "cgroupRoot: must be an absolute cgroup path, not 'kubepods'",
+        ),
+        (
             {"eviction_hard": {"memory.available": "110%"}},
             "evictionHard.memory.available: percentage must be between 0% and 100%, got '110%'",
         ),

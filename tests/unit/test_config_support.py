@@ -234,6 +234,7 @@ def test_message(tmp_path: Path, body: dict[str, Any], path: str | None) -> None
         # accepted values that are not the default
         {"imagePullCredentialsVerificationPolicy": "NeverVerify"},
         {"cgroupRoot": "/"},
+        {"cgroupRoot": "/klet-node-a"},
         {"memorySwap": {"swapBehavior": "NoSwap"}},
         {"singleProcessOOMKill": True},
         {"enforceNodeAllocatable": ["none"]},
@@ -258,7 +259,6 @@ def test_accepted_values_load(tmp_path: Path, body: dict[str, Any]) -> None:
 @pytest.mark.parametrize(
     ("argv", "flag", "field"),
     [
-        (["--cgroup-root", "/custom"], "--cgroup-root", "cgroupRoot"),
         (
             ["--enforce-node-allocatable", "pods,system-reserved"],
             "--enforce-node-allocatable",
@@ -277,14 +277,14 @@ def test_flags_refused_naming_the_flag(argv: list[str], flag: str, field: str) -
 def test_flag_over_file_names_the_flag(tmp_path: Path) -> None:
     """A flag that restores the default wins over the file's unimplemented value."""
     file = tmp_path / "kubelet.json"
-    file.write_text(json.dumps({**HEADER, "cgroupRoot": "/custom"}))
+    file.write_text(json.dumps({**HEADER, "enforceNodeAllocatable": ["pods", "system-reserved"]}))
     settings = load_settings(
-        ["--config", str(file), "--cgroup-root", "/"],
+        ["--config", str(file), "--enforce-node-allocatable", "pods"],
         env={},
         service="syncloop",
         hostname="node-1",
     )
-    assert settings.kubelet.cgroup_root == "/"
+    assert settings.kubelet.enforce_node_allocatable == ("pods",)
 
 
 @pytest.mark.parametrize(

@@ -14,6 +14,8 @@ from klet.model.layout import (
     IMAGE_GC,
     SYNCLOOP,
     grpc_socket,
+    kubepods,
+    node_cgroups,
     pod_cgroup,
     pod_cgroup_candidates,
     pod_dir,
@@ -86,14 +88,23 @@ def test_pod_dirs_under_the_root_dir() -> None:
     ],
 )
 def test_pod_cgroup_by_qos(qos: str, want: str) -> None:
-    assert pod_cgroup("u1", qos) == want
-    assert want in pod_cgroup_candidates("u1")
+    assert pod_cgroup("u1", qos, "/") == want
+    assert pod_cgroup("u1", qos, "") == want
+    assert pod_cgroup("u1", qos, "/node-a/") == "/node-a" + want
+    assert want in pod_cgroup_candidates("u1", "/")
+    assert "/node-a" + want in pod_cgroup_candidates("u1", "/node-a")
 
 
-def test_pod_cgroup_candidates_cover_exactly_the_qos_classes() -> None:
-    assert pod_cgroup_candidates("u1") == tuple(
-        pod_cgroup("u1", q) for q in ("Guaranteed", "Burstable", "BestEffort")
+@pytest.mark.parametrize("root", ["/", "/a/b"])
+def test_pod_cgroup_candidates_cover_exactly_the_qos_classes(root: str) -> None:
+    assert pod_cgroup_candidates("u1", root) == tuple(
+        pod_cgroup("u1", q, root) for q in ("Guaranteed", "Burstable", "BestEffort")
     )
+
+
+def test_node_cgroups_under_the_cgroup_root() -> None:
+    assert node_cgroups("/") == ("/kubepods", "/kubepods/burstable", "/kubepods/besteffort")
+    assert node_cgroups("/t1")[0] == kubepods("/t1") == "/t1/kubepods"
 
 
 def test_pod_log_dir_name_round_trips() -> None:

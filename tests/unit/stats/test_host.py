@@ -106,7 +106,11 @@ def reader(tmp_path: Path) -> HostReader:
     write(proc / "sys/kernel/pid_max", "4096\n")
     write(proc / "loadavg", "0.5 0.5 0.5 3/400 999\n")
     return HostReader(
-        cgroups=FakeCgroups(), root_dir=tmp_path / "root", pod_logs_dir=tmp_path / "logs", proc=proc
+        cgroups=FakeCgroups(),
+        root_dir=tmp_path / "root",
+        cgroup_root="/",
+        pod_logs_dir=tmp_path / "logs",
+        proc=proc,
     )
 
 
@@ -118,7 +122,11 @@ def test_proc_readings(reader: HostReader) -> None:
 
 def test_missing_proc_files_read_as_unknown(tmp_path: Path) -> None:
     empty = HostReader(
-        cgroups=FakeCgroups(), root_dir=tmp_path, pod_logs_dir=tmp_path, proc=tmp_path / "none"
+        cgroups=FakeCgroups(),
+        root_dir=tmp_path,
+        cgroup_root="/",
+        pod_logs_dir=tmp_path,
+        proc=tmp_path / "none",
     )
     assert (empty.memory_total(), empty.boot_ns(), empty.pid_max(), empty.tasks()) == (
         None,
@@ -185,6 +193,34 @@ def test_node_cgroups_in_either_form(reader: HostReader) -> None:
     ]
 
 
+def test_a_cgroup_root_moves_every_pod_cgroup_reading(tmp_path: Path) -> None:
+    """cgroupRoot /n1: kubepods, its QoS cgroups and pod cgroups are read under
+    /n1/kubepods (or the slices /n1.slice/n1-kubepods.slice/...), never the host's
+    /kubepods of another node."""
+    cgroups = FakeCgroups()
+    reader = HostReader(
+        cgroups=cgroups,
+        root_dir=tmp_path,
+        cgroup_root="/n1",
+        pod_logs_dir=tmp_path,
+        proc=tmp_path / "proc",
+    )
+    for rel in ("/kubepods", "/kubepods/burstable", "/kubepods/burstable/podU"):
+        cgroups.groups[rel] = CgroupStats(9, 9, 9, 9)
+    assert (reader.kubepods(), reader.node_cgroups(), reader.pod_cgroup("U")) == (None, [], None)
+    cgroups.groups["/n1/kubepods"] = CgroupStats(1, 2, 3, 4)
+    cgroups.groups["/n1/kubepods/burstable"] = CgroupStats(1, 1, 1, 1)
+    cgroups.groups["/n1/kubepods/burstable/podU"] = CgroupStats(1, 1, 1, 1)
+    assert reader.kubepods() == CgroupStats(1, 2, 3, 4)
+    assert reader.node_cgroups() == ["/n1/kubepods", "/n1/kubepods/burstable"]
+    assert reader.pod_cgroup("U") == "/n1/kubepods/burstable/podU"
+    cgroups.groups.clear()
+    cgroups.groups["/n1.slice/n1-kubepods.slice/n1-kubepods-podV.slice"] = CgroupStats(
+        1, 1, 1, 1
+    )
+    assert reader.pod_cgroup("V") == "/n1.slice/n1-kubepods.slice/n1-kubepods-podV.slice"
+
+
 def test_kubepods_absent_is_none(reader: HostReader) -> None:
     assert isinstance(reader.cgroups, FakeCgroups)
     assert reader.kubepods() is None
@@ -202,7 +238,9 @@ def test_processes_fall_back_to_counting_tasks(tmp_path: Path, version: int) -> 
     else:
         write(cg / "memory/kubepods/podU/tasks", "1\n2\n")
         write(cg / "memory/kubepods/podU/c1/tasks", "3\n")
-    reader = HostReader(cgroups=CgroupFS(cg), root_dir=tmp_path, pod_logs_dir=tmp_path)
+    reader = HostReader(
+        cgroups=CgroupFS(cg), root_dir=tmp_path, cgroup_root="/", pod_logs_dir=tmp_path
+    )
     assert reader.processes("/kubepods/podU", CgroupStats(None, None, None, None)) == 3
     assert reader.processes("/kubepods/podU", CgroupStats(None, None, None, 9)) == 9
 
@@ -233,7 +271,9 @@ def test_a_live_slice_wins_over_an_empty_cgroupfs_leftover(tmp_path: Path) -> No
     write(cg / "memory" / live / "cri-containerd-abc.scope/tasks", "7\n")
     proc = tmp_path / "proc"
     write(proc / "1/cgroup", "1:name=systemd:/init.scope\n")
-    reader = HostReader(cgroups=CgroupFS(cg), root_dir=tmp_path, pod_logs_dir=tmp_path, proc=proc)
+    reader = HostReader(
+        cgroups=CgroupFS(cg), root_dir=tmp_path, cgroup_root="/", pod_logs_dir=tmp_path, proc=proc
+    )
     assert reader.pod_cgroup("U") == "/" + live
     # With no live one, the leftover is still what there is.
     (cg / "memory" / live / "cri-containerd-abc.scope/tasks").unlink()

@@ -66,7 +66,13 @@ class World:
         self.runtime.image_fs = [FilesystemUsageInfo(0, "", 12345, 67)]
         self.provider = StatsProvider(
             self.runtime,
-            HostReader(cgroups=self.cgroups, root_dir=self.root, pod_logs_dir=self.logs, proc=proc),
+            HostReader(
+                cgroups=self.cgroups,
+                root_dir=self.root,
+                cgroup_root="/",
+                pod_logs_dir=self.logs,
+                proc=proc,
+            ),
             clock=lambda: 42,
         )
 

@@ -81,7 +81,9 @@ def world(tmp: Path) -> tuple[StatsProvider, FakeCgroups, FakeStatsRuntime]:
         ),
     ]  # fmt: skip
     rt.image_fs = [FilesystemUsageInfo(0, str(tmp), 1, 1)]
-    host = HostReader(cgroups=cg, root_dir=tmp, pod_logs_dir=tmp, proc=proc, sys=sys)
+    host = HostReader(
+        cgroups=cg, root_dir=tmp, cgroup_root="/", pod_logs_dir=tmp, proc=proc, sys=sys
+    )
     return StatsProvider(rt, host, clock=lambda: 42), cg, rt
 
 

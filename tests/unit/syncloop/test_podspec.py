@@ -68,8 +68,9 @@ def test_qos(resources: list[dict], qos: str) -> None:  # type: ignore[type-arg]
         },
     }
     assert podspec.qos_class(p) == qos
-    parent = podspec.pod_cgroup_parent(p)
+    parent = podspec.pod_cgroup_parent(p, "/")
     assert parent == ("/kubepods/podu" if qos == "Guaranteed" else f"/kubepods/{qos.lower()}/podu")
+    assert podspec.pod_cgroup_parent(p, "/n1") == "/n1" + parent
 
 
 @pytest.mark.parametrize(

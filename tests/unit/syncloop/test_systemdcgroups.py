@@ -111,9 +111,29 @@ def test_systemd_errors_are_reported_problems() -> None:
     assert asyncio.run(driver.remove(POD)) == [f"{UNIT}: StopUnit: no answer in 30 s"]
 
 
+def test_a_cgroup_root_prefixes_the_node_slices() -> None:
+    """cgroupRoot /n1: the node's slices are n1-kubepods.slice and its QoS slices (at
+    /n1.slice/n1-kubepods.slice), the pod's under them."""
+    systemd = FakeSystemd()
+    driver = SystemdPodCgroups(systemd, cgroup_version=1, cgroup_root="/n1")
+    pod = f"/n1/kubepods/burstable/pod{UID}"
+    assert asyncio.run(driver.ensure(pod, RES)) == (False, [])
+    assert [u for op, u in systemd.calls if op == "ensure"] == [
+        "n1-kubepods.slice",
+        "n1-kubepods-burstable.slice",
+        "n1-kubepods-besteffort.slice",
+        f"n1-kubepods-burstable-pod{UID_}.slice",
+    ]
+    assert systemd.units["n1-kubepods.slice"]["Wants"] == ["n1.slice"]
+    assert driver.cri_parent(pod) == (
+        "/n1.slice/n1-kubepods.slice/n1-kubepods-burstable.slice/"
+        f"n1-kubepods-burstable-pod{UID_}.slice"
+    )
+
+
 def test_wiring_picks_the_driver() -> None:
-    assert isinstance(pod_cgroups("systemd"), SystemdPodCgroups)
-    cgroupfs = pod_cgroups("cgroupfs")
+    assert isinstance(pod_cgroups("systemd", "/"), SystemdPodCgroups)
+    cgroupfs = pod_cgroups("cgroupfs", "/")
     assert isinstance(cgroupfs, CgroupfsPodCgroups)
     assert cgroupfs.cri_parent(POD) == POD
 

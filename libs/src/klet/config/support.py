@@ -118,9 +118,6 @@ UNIMPLEMENTED: Mapping[str, Unimplemented] = {
         "choosing how ConfigMap and Secret changes are detected"
     ),
     # --- cgroups and node resources
-    "cgroupRoot": Unimplemented(
-        "a cgroup root other than / (pods go under /kubepods)", allowed=(DEFAULT, "/")
-    ),
     "kubeletCgroups": Unimplemented("moving its own processes into a cgroup"),
     "systemCgroups": Unimplemented("moving system processes into a cgroup"),
     "kubeReservedCgroup": Unimplemented("enforcing kubeReserved on a cgroup"),

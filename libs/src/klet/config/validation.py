@@ -271,6 +271,8 @@ def _check_cgroups(c: _Checks, cfg: KubeletConfiguration) -> None:
     c.one_of("cgroupDriver", cfg.cgroup_driver, ("cgroupfs", "systemd"))
     if cfg.system_cgroups and not cfg.cgroup_root:
         c.add("systemCgroups", "requires cgroupRoot")
+    if cfg.cgroup_root and not cfg.cgroup_root.startswith("/"):
+        c.add("cgroupRoot", f"must be an absolute cgroup path, not {cfg.cgroup_root!r}")
     period = cfg.cpu_cfs_quota_period
     if not 0.001 <= period <= 1:
         c.add("cpuCFSQuotaPeriod", "must be between 1ms and 1s")

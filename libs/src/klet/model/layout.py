@@ -14,8 +14,9 @@ Pure names and paths, no I/O; the directories they sit in come from settings
   (a directory of their own, mode 0700, see `klet.rpc.unixserver`), the private Redis of
   `klet up` in `<run-dir>/redis/redis.sock`.
 - Pod cgroups (cgroupfs names, as upstream's QoS container manager makes them):
-  Guaranteed pods directly under `/kubepods`, the others under
-  `/kubepods/{burstable,besteffort}`, each in `pod<uid>`.
+  Guaranteed pods directly under `<cgroupRoot>/kubepods` (`/kubepods` for the
+  default root), the others under `.../kubepods/{burstable,besteffort}`, each in
+  `pod<uid>`.
 - Pod directories under the root directory: `<root-dir>/pods/<uid>` (volumes,
   container termination logs, the managed /etc/hosts), as upstream's `getPodDir`.
 - Pod log directories: `<podLogsDir>/<namespace>_<name>_<uid>` (upstream's
@@ -105,21 +106,30 @@ def pod_dir(root_dir: Path, uid: str) -> Path:
     return pods_dir(root_dir) / uid
 
 
-def pod_cgroup(uid: str, qos_class: str) -> str:
+def kubepods(cgroup_root: str) -> str:
+    """The cgroup all pods go under: `<cgroupRoot>/kubepods` (`/kubepods` for the
+    default root, "" or "/"), as upstream names it for either cgroup driver."""
+    return cgroup_root.rstrip("/") + KUBEPODS
+
+
+def pod_cgroup(uid: str, qos_class: str, cgroup_root: str) -> str:
     """The cgroup of a pod of `qos_class` (Guaranteed, Burstable, BestEffort)."""
+    top = kubepods(cgroup_root)
     if qos_class == QOS_GUARANTEED:
-        return f"{KUBEPODS}/pod{uid}"
-    return f"{KUBEPODS}/{qos_class.lower()}/pod{uid}"
+        return f"{top}/pod{uid}"
+    return f"{top}/{qos_class.lower()}/pod{uid}"
 
 
-def node_cgroups() -> tuple[str, ...]:
-    """The cgroups above the pods': `/kubepods` and its QoS parents."""
-    return (KUBEPODS, *(f"{KUBEPODS}/{q}" for q in _QOS_PARENTS))
+def node_cgroups(cgroup_root: str) -> tuple[str, ...]:
+    """The cgroups above the pods': `<cgroupRoot>/kubepods` and its QoS parents."""
+    top = kubepods(cgroup_root)
+    return (top, *(f"{top}/{q}" for q in _QOS_PARENTS))
 
 
-def pod_cgroup_candidates(uid: str) -> tuple[str, ...]:
+def pod_cgroup_candidates(uid: str, cgroup_root: str) -> tuple[str, ...]:
     """Every cgroup a pod may have, for a reader that does not know its QoS class."""
-    return (f"{KUBEPODS}/pod{uid}", *(f"{KUBEPODS}/{q}/pod{uid}" for q in _QOS_PARENTS))
+    top = kubepods(cgroup_root)
+    return (f"{top}/pod{uid}", *(f"{top}/{q}/pod{uid}" for q in _QOS_PARENTS))
 
 
 def pod_log_dir_name(namespace: str, name: str, uid: str) -> str:

@@ -140,7 +140,7 @@ def _read(path: Path) -> str | None:
 class HostReader:
     """Reads this host: `cgroups` for cgroup files, `proc` for /proc, `sys` for /sys,
     `root_dir` the kubelet root (pod directories, nodefs), `pod_logs_dir` the pod log
-    root."""
+    root, `cgroup_root` the node's cgroupRoot (pods under `<cgroupRoot>/kubepods`)."""
 
     def __init__(
         self,
@@ -148,6 +148,7 @@ class HostReader:
         cgroups: CgroupReader,
         root_dir: Path,
         pod_logs_dir: Path,
+        cgroup_root: str,
         proc: Path = Path("/proc"),
         sys: Path = Path("/sys"),
     ) -> None:
@@ -155,6 +156,7 @@ class HostReader:
         self.sys = sys
         self.root_dir = root_dir
         self.pod_logs_dir = pod_logs_dir
+        self.cgroup_root = cgroup_root
         self.proc = proc
 
     @functools.cached_property
@@ -184,19 +186,19 @@ class HostReader:
         return found[0] if found else None
 
     def kubepods(self) -> CgroupStats | None:
-        rel = self._existing((layout.KUBEPODS,))
+        rel = self._existing((layout.kubepods(self.cgroup_root),))
         return None if rel is None else self.cgroups.stats(rel)
 
     def node_cgroups(self) -> list[str]:
-        """`/kubepods` and its QoS cgroups that exist, each in either driver's form
+        """`<cgroupRoot>/kubepods` and its QoS cgroups that exist, each in either driver's form
         (`/kubepods.slice/kubepods-burstable.slice` under the systemd driver)."""
-        found = (self._existing((name,)) for name in layout.node_cgroups())
+        found = (self._existing((name,)) for name in layout.node_cgroups(self.cgroup_root))
         return [rel for rel in found if rel is not None]
 
     def pod_cgroup(self, uid: str) -> str | None:
         """The pod's cgroup path relative to the cgroup root, if it exists (either
         driver's form)."""
-        return self._existing(layout.pod_cgroup_candidates(uid))
+        return self._existing(layout.pod_cgroup_candidates(uid, self.cgroup_root))
 
     def processes(self, rel: str, stats: CgroupStats) -> int:
         """pids.current of the cgroup, else its tasks counted (no pids controller)."""

@@ -212,6 +212,7 @@ class HostSignalSource:
             cgroups=cgroups if cgroups is not None else CgroupFS(proc=proc),
             root_dir=settings.klet.root_dir,
             pod_logs_dir=Path(k.pod_logs_dir),
+            cgroup_root=k.cgroup_root or "/",
             proc=proc,
         )
         capacity = host.memory_total() or 0

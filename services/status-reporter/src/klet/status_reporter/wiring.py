@@ -310,7 +310,10 @@ def _container_metrics(api: KubeletApiDeps | None) -> ContainerMetrics | None:
     if api is None:
         return None
     host = HostReader(
-        cgroups=api.cgroups, root_dir=api.settings.root_dir, pod_logs_dir=api.settings.pod_logs_dir
+        cgroups=api.cgroups,
+        root_dir=api.settings.root_dir,
+        pod_logs_dir=api.settings.pod_logs_dir,
+        cgroup_root=api.settings.cgroup_root,
     )
     return ContainerMetrics(StatsProvider(api.runtime, host), api.pods)
 

@@ -174,11 +174,11 @@ def admission_node(settings: Settings) -> NodeInfo:
     )
 
 
-def pod_cgroups(driver: str) -> PodCgroups:
+def pod_cgroups(driver: str, cgroup_root: str) -> PodCgroups:
     """The pod cgroup driver of `cgroupDriver` (validated: cgroupfs or systemd)."""
     cgroups = CgroupFS()
     if driver == "systemd":
-        return SystemdPodCgroups(Systemd(), cgroup_version=cgroups.version)
+        return SystemdPodCgroups(Systemd(), cgroup_version=cgroups.version, cgroup_root=cgroup_root)
     return CgroupfsPodCgroups(cgroups)
 
 
@@ -267,6 +267,7 @@ def build_deps(settings: Settings, overrides: Overrides | None = None) -> Deps:
     sync = o.sync or SyncSettings(
         pod_logs_dir=Path(k.pod_logs_dir),
         cgroups_per_qos=k.cgroups_per_qos,
+        cgroup_root=k.cgroup_root or "/",
         cpu_cfs_quota=k.cpu_cfs_quota,
         cpu_cfs_quota_period=k.cpu_cfs_quota_period,
         pod_pids_limit=k.pod_pids_limit,
@@ -297,7 +298,7 @@ def build_deps(settings: Settings, overrides: Overrides | None = None) -> Deps:
         runtime=runtime,
         puller=puller,
         events=events,
-        cgroups=pod_cgroups(k.cgroup_driver) if k.cgroups_per_qos else None,
+        cgroups=pod_cgroups(k.cgroup_driver, k.cgroup_root or "/") if k.cgroups_per_qos else None,
         settings=sync,
         backoff=backoff,
         hooks=hooks,

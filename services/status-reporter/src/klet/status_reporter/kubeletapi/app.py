@@ -114,7 +114,12 @@ def create_app(deps: KubeletApiDeps) -> FastAPI:
     """The kubelet API app (no authentication: see `server.py`)."""
     app = FastAPI(title="klet kubelet API", docs_url=None, redoc_url=None, openapi_url=None)
     s = deps.settings
-    host = HostReader(cgroups=deps.cgroups, root_dir=s.root_dir, pod_logs_dir=s.pod_logs_dir)
+    host = HostReader(
+        cgroups=deps.cgroups,
+        root_dir=s.root_dir,
+        pod_logs_dir=s.pod_logs_dir,
+        cgroup_root=s.cgroup_root,
+    )
     stats = StatsProvider(deps.runtime, host)
     summary = SummaryProvider(node_name=s.node_name, stats=stats, volumes=deps.volumes)
     containers = ContainerMetrics(stats, deps.pods)

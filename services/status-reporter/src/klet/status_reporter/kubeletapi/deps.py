@@ -125,6 +125,8 @@ class KubeletApiSettings:
     """[podLogsDir]."""
     root_dir: Path = Path("/var/lib/kubelet")
     """[--root-dir]: the node filesystem of /stats/summary."""
+    cgroup_root: str = "/"
+    """[cgroupRoot]: pod cgroups are read under `<cgroupRoot>/kubepods`."""
     streaming_idle_timeout_s: float = 4 * 3600.0
     """[streamingConnectionIdleTimeout], seconds."""
     idle_timeout_s: float = 90.0
@@ -213,6 +215,7 @@ class KubeletApiSettings:
             enable_debugging_handlers=k.enable_debugging_handlers,
             pod_logs_dir=Path(k.pod_logs_dir),
             root_dir=klet.root_dir,
+            cgroup_root=k.cgroup_root or "/",
             streaming_idle_timeout_s=k.streaming_connection_idle_timeout,
             runtime_request_timeout_s=k.runtime_request_timeout,
             configz={"kubeletconfig": k.to_upstream()},

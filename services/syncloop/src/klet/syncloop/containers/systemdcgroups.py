@@ -7,7 +7,9 @@ cgroup parent, so a runtime with `SystemdCgroup = true` places each container in
 `.scope` under it. Before a pod's slice, the node's slices above it (`kubepods.slice`,
 `kubepods-burstable.slice`, `kubepods-besteffort.slice`) are started once, as upstream's
 QoS container manager creates them at start; a restarted systemd forgets transient
-units, so they are ensured again whenever systemd reports one missing.
+units, so they are ensured again whenever systemd reports one missing. A `cgroupRoot`
+other than `/` prefixes the names as upstream does: `/n1/kubepods` is the slice
+`n1-kubepods.slice` at `/n1.slice/n1-kubepods.slice`.
 
 A pod's slice is stopped when the pod is removed: systemd removes its cgroups and the
 transient unit. Stopping a slice stops whatever still runs in it, which is why it only
@@ -30,7 +32,7 @@ from klet.cgroups.slices import (
 )
 from klet.cgroups.slices import cgroup_path as slice_path
 from klet.cgroups.systemd import SystemdError, SystemdUnavailable
-from klet.model.layout import node_cgroups
+from klet.model.layout import kubepods, node_cgroups
 from klet.syncloop.containers.resources import PodResources
 
 log = logging.getLogger(__name__)
@@ -62,9 +64,11 @@ class Slices(Protocol):
 class SystemdPodCgroups:
     """Pod slices through systemd's D-Bus API (klet.cgroups.systemd)."""
 
-    def __init__(self, systemd: Slices, *, cgroup_version: int) -> None:
+    def __init__(self, systemd: Slices, *, cgroup_version: int, cgroup_root: str = "/") -> None:
         self.systemd = systemd
         self.cgroup_version = cgroup_version
+        self.cgroup_root = cgroup_root
+        self._kubepods_unit = unit_name(parts_of(kubepods(cgroup_root)))
         self._node_slices_ready = False
         self._node_slices_lock = asyncio.Lock()  # pod workers start pods concurrently
 
@@ -75,7 +79,7 @@ class SystemdPodCgroups:
         async with self._node_slices_lock:
             if self._node_slices_ready:
                 return
-            for name in node_cgroups():
+            for name in node_cgroups(self.cgroup_root):
                 unit = unit_name(parts_of(name))
                 props = slice_properties(unit, SliceLimits(), cgroup_version=self.cgroup_version)
                 await self.systemd.ensure_slice(unit, props, [])
@@ -86,7 +90,7 @@ class SystemdPodCgroups:
         limits = pod_slice_limits(res)
         try:
             if self._node_slices_ready and not await self.systemd.unit_active_state(
-                "kubepods.slice"
+                self._kubepods_unit
             ):
                 self._node_slices_ready = False  # systemd restarted and forgot them
             await self._ensure_node_slices()

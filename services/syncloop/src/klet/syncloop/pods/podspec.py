@@ -181,6 +181,7 @@ def qos_class(pod: JSON) -> str:
     return "Guaranteed" if guaranteed else "Burstable"
 
 
-def pod_cgroup_parent(pod: JSON) -> str:
-    """The pod's cgroup by its QoS class (`klet.model.layout.pod_cgroup`)."""
-    return layout.pod_cgroup(str(meta(pod).get("uid", "")), qos_class(pod))
+def pod_cgroup_parent(pod: JSON, cgroup_root: str) -> str:
+    """The pod's cgroup by its QoS class under `<cgroupRoot>/kubepods`
+    (`klet.model.layout.pod_cgroup`)."""
+    return layout.pod_cgroup(str(meta(pod).get("uid", "")), qos_class(pod), cgroup_root)

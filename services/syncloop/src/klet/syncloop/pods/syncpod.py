@@ -151,7 +151,7 @@ class PodSyncer:
         """What CRI gets as the cgroup parent: the pod cgroup in the driver's form."""
         if self.cgroups is None or not self.settings.cgroups_per_qos:
             return ""
-        return self.cgroups.cri_parent(podspec.pod_cgroup_parent(pod))
+        return self.cgroups.cri_parent(podspec.pod_cgroup_parent(pod, self.settings.cgroup_root))
 
     async def sync(
         self, pod: JSON, current: RuntimePod, *, probes: ProbeResults = NO_PROBES
@@ -206,7 +206,7 @@ class PodSyncer:
                 pod_res = resources.pod_resources(pod, podcgroups.node_limits(self.settings))
                 began = time.monotonic()
                 existed, problems = await self.cgroups.ensure(
-                    podspec.pod_cgroup_parent(pod), pod_res
+                    podspec.pod_cgroup_parent(pod, self.settings.cgroup_root), pod_res
                 )
                 self.observer.cgroup_operation(
                     "update" if existed else "create", time.monotonic() - began
@@ -479,7 +479,9 @@ class PodSyncer:
                 etchosts.remove_hosts_file(self.settings.root_dir, current.uid)
                 termination.remove_pod_files(self.settings.root_dir, current.uid)
             if self.cgroups is not None and pod is not None and self.settings.cgroups_per_qos:
-                left = await self.cgroups.remove(podspec.pod_cgroup_parent(pod))
+                left = await self.cgroups.remove(
+                    podspec.pod_cgroup_parent(pod, self.settings.cgroup_root)
+                )
                 if left:
                     log.warning("pod cgroup not removed", extra={"pod": _name(pod), "left": left})
 

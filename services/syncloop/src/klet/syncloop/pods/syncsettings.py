@@ -20,6 +20,8 @@ from klet.syncloop.environment.envvars import NodeFacts
 class SyncSettings:
     pod_logs_dir: Path
     cgroups_per_qos: bool = True
+    cgroup_root: str = "/"
+    """cgroupRoot: pod cgroups go under `<cgroupRoot>/kubepods`."""
     cpu_cfs_quota: bool = True
     """cpuCFSQuota: enforce CPU limits with CFS quota."""
     cpu_cfs_quota_period: float = 0.1
