@@ -201,7 +201,7 @@ def check_evicted(node: KletNode, name: str, resource: str) -> dict[str, Any]:
             lambda: evicted(node, name), timeout_s=3 * MONITORING_S + 30, what=f"{name} evicted"
         )
     except AssertionError as err:
-        raise AssertionError(f"{err}\neviction log:\n{node.log('eviction')[-6000:]}") from None
+        raise AssertionError(f"{err}\neviction manager log:\n{manager_log(node)}") from None
     status = pod["status"]
     assert status["reason"] == "Evicted", status
     message = status["message"]
