@@ -1,22 +1,27 @@
 """cgroupRoot on real containerd (cgroupfs driver): a node started with a private
 `--cgroup-root` puts its pods under `<root>/kubepods` (the QoS cgroups beside them),
 never in the host's `/kubepods` that the other test nodes share; eviction reads the
-allocatable memory signal from `<root>/kubepods`; the pod cgroup goes with the pod."""
+allocatable memory signal from `<root>/kubepods`; the pod cgroup goes with the pod.
+enforceNodeAllocatable [pods]: `<root>/kubepods` holds capacity − kubeReserved −
+systemReserved (memory, CPU shares, pids.max), the besteffort QoS cgroup 2 shares."""
 
 from __future__ import annotations
 
+import os
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+from klet.cgroups.machine import mem_total_bytes, read_machine
 
 from tests.harness.node import EVICTION_PASSES, KletNode
 from tests.harness.pods import running
 from tests.harness.waiting import wait_for
 
 CG = Path("/sys/fs/cgroup")
+MI = 1024**2
 CONTROLLERS = ("cpu", "memory", "pids")
 ALLOCATABLE = "allocatableMemory.available"
 
@@ -34,6 +39,14 @@ spec:
       resources:
         requests: {cpu: 100m, memory: 32Mi}
 """
+
+
+def read(path: Path) -> str:
+    return path.read_text().strip()
+
+
+def huge_page_bytes() -> int:
+    return sum(read_machine(Path("/")).hugepages.values())
 
 
 def _remove_tree(rel: str) -> None:
@@ -59,7 +72,15 @@ def test_pods_go_under_the_cgroup_root(
     node_factory: Any, manifests: Path, cgroup_root: str
 ) -> None:
     node: KletNode = node_factory(
-        manifest_dir=manifests, extra_flags=["--cgroup-root", cgroup_root]
+        manifest_dir=manifests,
+        extra_flags=[
+            "--cgroup-root",
+            cgroup_root,
+            "--system-reserved",
+            "memory=256Mi,cpu=500m",
+            "--kube-reserved",
+            "memory=256Mi,pid=1000",
+        ],
     )
     node.start()
 
@@ -78,6 +99,16 @@ def test_pods_go_under_the_cgroup_root(
         lambda: running(node, "rooted"), timeout_s=30, what="rooted Running"
     )
     uid = pod["metadata"]["uid"]
+    # enforceNodeAllocatable [pods] (the default): capacity − kubeReserved −
+    # systemReserved on <root>/kubepods; the besteffort QoS cgroup at the minimum shares
+    top = f"{cgroup_root.lstrip('/')}/kubepods"
+    memory = mem_total_bytes() - 512 * MI - huge_page_bytes()
+    assert read(CG / "memory" / top / "memory.limit_in_bytes") == str(memory // 4096 * 4096)
+    cpu_millis = (os.cpu_count() or 1) * 1000 - 500
+    assert read(CG / "cpu" / top / "cpu.shares") == str(cpu_millis * 1024 // 1000)
+    pid_max = int(read(Path("/proc/sys/kernel/pid_max")))
+    assert read(CG / "pids" / top / "pids.max") == str(pid_max - 1000)
+    assert read(CG / "cpu" / top / "besteffort" / "cpu.shares") == "2"
     mine = f"{cgroup_root.lstrip('/')}/kubepods/burstable/pod{uid}"
     for ctrl in CONTROLLERS:
         assert (CG / ctrl / mine).is_dir(), ctrl

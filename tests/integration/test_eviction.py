@@ -9,11 +9,12 @@ as processes. Thresholds are set from a measurement taken at the start of each t
 - memory: the pressure comes from the pods alone, never from the rest of the machine
   (other processes on a busy machine must not keep the node under pressure). The
   threshold is `allocatableMemory.available` (upstream's twin of each hard
-  `memory.available` threshold, measured on the pods' `/kubepods` cgroup), with
+  `memory.available` threshold, measured on the pods' kubepods cgroup), with
   systemReserved chosen so that the pods may grow by only 400Mi more before it is
-  crossed; `memory.available` itself gets a threshold of 100Mi the machine is far
-  from. (The `/kubepods` cgroup is shared by every klet node on the host, so another
-  test's pods still count; nothing else does.) A pod that holds ~800Mi (busybox `tail`
+  crossed; `memory.available` itself gets a threshold of 1000Mi the machine is far
+  from. The node has a cgroupRoot of its own, so its kubepods cgroup holds its pods
+  alone, and enforceNodeAllocatable [pods] caps it at allocatable, the threshold
+  (1000Mi) above where eviction begins. A pod that holds ~800Mi (busybox `tail`
   buffering /dev/zero) is Evicted within two monitoring intervals (Failed, reason
   Evicted, upstream's message naming its container, the DisruptionTarget condition, a
   Warning Event), the pod within its requests survives, MemoryPressure appears in the
@@ -214,30 +215,39 @@ def check_evicted(node: KletNode, name: str, resource: str) -> dict[str, Any]:
     return pod
 
 
-PRESSURE_MI = 100  # both memory thresholds
+PRESSURE_MI = 1000  # both memory thresholds; above HOG_MI − HEADROOM_MI (see PodMemory)
 HEADROOM_MI = 400  # how much the pods may grow before allocatableMemory.available crosses
+HOG_MI = 800  # what the memory-hungry pods hold
 
 
 def memory_capacity() -> int:
     return parse_meminfo(Path("/proc/meminfo").read_text())
 
 
-def pods_working_set() -> int:
-    """The `/kubepods` cgroup's working set, as the eviction service reads it."""
+def pods_working_set(cgroup_root: str) -> int:
+    """The `<cgroupRoot>/kubepods` cgroup's working set, as the eviction service reads it."""
     cgroups = CgroupFS()
-    if not cgroups.exists("/kubepods"):
+    kubepods = f"{cgroup_root}/kubepods"
+    if not cgroups.exists(kubepods):
         return 0
-    working_set = cgroups.stats("/kubepods").memory_working_set_bytes
+    working_set = cgroups.stats(kubepods).memory_working_set_bytes
     assert working_set is not None
     return working_set
 
 
 class PodMemory:
     """allocatableMemory.available set up from what the pods use now: allocatable =
-    capacity − systemReserved = the pods' working set + the threshold + HEADROOM_MI."""
+    capacity − systemReserved = the pods' working set + the threshold + HEADROOM_MI.
+
+    The node's pods go under a cgroupRoot of the test's own: enforceNodeAllocatable
+    [pods] caps its kubepods cgroup at that allocatable, which the host's `/kubepods`
+    (shared with every other node) must never get. The cap sits PRESSURE_MI above the
+    eviction threshold, so a pod holding HOG_MI is evicted before the kernel's OOM
+    killer would act in the kubepods cgroup."""
 
     def __init__(self) -> None:
-        wanted = pods_working_set() + (PRESSURE_MI + HEADROOM_MI) * MI
+        self.cgroup_root = f"/klet-eviction-{uuid.uuid4().hex[:8]}"
+        wanted = pods_working_set(self.cgroup_root) + (PRESSURE_MI + HEADROOM_MI) * MI
         self.reserved_mi = (memory_capacity() - wanted) // MI
         self.allocatable = memory_capacity() - self.reserved_mi * MI
         self.threshold = PRESSURE_MI * MI
@@ -250,10 +260,29 @@ class PodMemory:
             f"memory={self.reserved_mi}Mi",
             "--eviction-pressure-transition-period",
             transition_period,
+            "--cgroup-root",
+            self.cgroup_root,
         ]
 
     def available(self) -> int:
-        return self.allocatable - pods_working_set()
+        return self.allocatable - pods_working_set(self.cgroup_root)
+
+    def remove_cgroups(self) -> None:
+        """rmdir the test's cgroup root in every hierarchy, deepest first (best effort:
+        a cgroup that still holds a process stays)."""
+        for hierarchy in Path("/sys/fs/cgroup").iterdir():
+            top = hierarchy / self.cgroup_root.lstrip("/")
+            if not top.is_dir() or top.is_symlink():
+                continue
+            for d in sorted((p for p in top.rglob("*") if p.is_dir()), key=lambda p: -len(p.parts)):
+                try:
+                    d.rmdir()
+                except OSError:
+                    pass
+            try:
+                top.rmdir()
+            except OSError:
+                pass
 
 
 def hold_memory(mib: int) -> list[str]:
@@ -294,8 +323,17 @@ class Crossing:
 # -- memory ------------------------------------------------------------------------------
 
 
-def test_memory_pressure_evicts_the_pod_over_its_request(node_factory: Any) -> None:
+@pytest.fixture
+def pod_memory() -> Iterator[PodMemory]:
     memory = PodMemory()
+    yield memory
+    memory.remove_cgroups()
+
+
+def test_memory_pressure_evicts_the_pod_over_its_request(
+    node_factory: Any, pod_memory: PodMemory
+) -> None:
+    memory = pod_memory
     node: KletNode = node_factory(extra_flags=memory.flags("20s"))
     start(node)
     calm = api_pod(
@@ -309,7 +347,7 @@ def test_memory_pressure_evicts_the_pod_over_its_request(node_factory: Any) -> N
         "PIDPressure": "False",
     }
 
-    hog = api_pod(node, "hog", command=hold_memory(800), requests={"memory": "64Mi"})
+    hog = api_pod(node, "hog", command=hold_memory(HOG_MI), requests={"memory": "64Mi"})
     with Crossing(memory) as crossing:
         publish(node, hog)
         pod = check_evicted(node, "hog", "memory")
@@ -344,12 +382,14 @@ def test_memory_pressure_evicts_the_pod_over_its_request(node_factory: Any) -> N
     assert len(evicted_events(node, "hog")) == 1
 
 
-def test_persistent_memory_pressure_restart_and_admission(node_factory: Any) -> None:
-    node: KletNode = node_factory(extra_flags=PodMemory().flags("5m"))
+def test_persistent_memory_pressure_restart_and_admission(
+    node_factory: Any, pod_memory: PodMemory
+) -> None:
+    node: KletNode = node_factory(extra_flags=pod_memory.flags("5m"))
     start(node)
     # The memory is held by a system-critical pod: it is never evicted, so the pressure
     # outlasts the eviction of the only other pod.
-    critical = api_pod(node, "critical", command=hold_memory(800), priority=2_000_001_000)
+    critical = api_pod(node, "critical", command=hold_memory(HOG_MI), priority=2_000_001_000)
     victim = api_pod(node, "victim", command=["sleep", "100000"])
     publish(node, critical, victim)
     pod = check_evicted(node, "victim", "memory")

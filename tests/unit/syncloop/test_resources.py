@@ -271,3 +271,87 @@ def test_oom_floor_refused(tmp_path: Path) -> None:
     d = tmp_path / "ro"
     d.mkdir()
     assert podcgroups.oom_score_adj_floor(d) == 0  # unreadable: 0
+
+
+GIB = 1 << 30
+
+
+def _machine(**kw: Any) -> Any:
+    from klet.model.node import MachineInfo
+
+    return MachineInfo(cpus=2, memory_bytes=8 * GIB, ephemeral_storage_bytes=100 * GIB, **kw)
+
+
+def test_pods_cgroup_amounts_enforce_allocatable_without_the_eviction_threshold() -> None:
+    """enforceNodeAllocatable [pods]: capacity − kubeReserved − systemReserved (upstream's
+    GetNodeAllocatableAbsolute), memory also less the huge pages; no eviction threshold."""
+    from klet.model.node import pods_cgroup_amounts
+
+    amounts = pods_cgroup_amounts(
+        _machine(hugepages={2 << 20: 512 << 20}),
+        pid_max=4194304,
+        kube_reserved={"cpu": "250m", "memory": "1Gi", "pid": "1000"},
+        system_reserved={"cpu": "0.5", "memory": "512Mi"},
+        enforce_pods=True,
+    )
+    assert amounts == {
+        "cpu": 1250,
+        "memory": 8 * GIB - GIB - (512 << 20) - (512 << 20),
+        "pid": 4194304 - 1000,
+    }
+    limits = podcgroups.NodeCgroupLimits.of("/n1", amounts)
+    assert limits.cpu_shares == 1280  # MilliCPUToShares(1250)
+
+
+def test_pods_cgroup_amounts_without_enforcement_are_the_capacity() -> None:
+    from klet.model.node import pods_cgroup_amounts
+
+    amounts = pods_cgroup_amounts(
+        _machine(),
+        pid_max=None,
+        kube_reserved={"memory": "1Gi"},
+        system_reserved={},
+        enforce_pods=False,
+    )
+    assert amounts == {"cpu": 2000, "memory": 8 * GIB}
+    assert podcgroups.NodeCgroupLimits.of("/", amounts).pids is None
+
+
+def test_pods_cgroup_amounts_never_below_zero() -> None:
+    from klet.model.node import pods_cgroup_amounts
+
+    amounts = pods_cgroup_amounts(
+        _machine(),
+        pid_max=100,
+        kube_reserved={"cpu": "3", "memory": "9Gi", "pid": "200"},
+        system_reserved={},
+        enforce_pods=True,
+    )
+    assert amounts == {"cpu": 0, "memory": 0, "pid": 0}
+
+
+def test_ensure_node_cgroups_v1(tmp_path: Path) -> None:
+    for ctrl in ("cpu", "memory", "pids"):
+        (tmp_path / ctrl).mkdir()
+    node = podcgroups.NodeCgroupLimits("/n1", cpu_shares=1280, memory_bytes=6 * GIB, pids=4000)
+    for _ in range(2):  # idempotent
+        assert podcgroups.ensure_node_cgroups(node, tmp_path) == []
+    top = "n1/kubepods"
+    assert (tmp_path / "cpu" / top / "cpu.shares").read_text() == "1280"
+    assert (tmp_path / "memory" / top / "memory.limit_in_bytes").read_text() == str(6 * GIB)
+    assert (tmp_path / "pids" / top / "pids.max").read_text() == "4000"
+    assert (tmp_path / "cpu" / top / "besteffort" / "cpu.shares").read_text() == "2"
+    assert (tmp_path / "cpu" / top / "burstable").is_dir()
+    assert not (tmp_path / "cpu" / top / "burstable" / "cpu.shares").exists()
+
+
+def test_ensure_node_cgroups_v2(tmp_path: Path) -> None:
+    (tmp_path / "cgroup.controllers").write_text("cpu memory pids\n")
+    node = podcgroups.NodeCgroupLimits("/", cpu_shares=2048, memory_bytes=GIB, pids=None)
+    assert podcgroups.ensure_node_cgroups(node, tmp_path) == []
+    assert (tmp_path / "kubepods" / "cpu.weight").read_text() == str(
+        podcgroups.shares_to_weight(2048)
+    )
+    assert (tmp_path / "kubepods" / "memory.max").read_text() == str(GIB)
+    assert (tmp_path / "kubepods" / "pids.max").read_text() == "max"
+    assert (tmp_path / "kubepods" / "besteffort" / "cpu.weight").read_text() == "1"

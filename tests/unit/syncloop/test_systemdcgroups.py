@@ -14,7 +14,7 @@ from klet.cgroups.systemd import SystemdUnavailable
 from klet.cgroups.testing import FakeSystemd
 from klet.cri.testing import FakeRuntimeService
 from klet.syncloop.app import cgroup_driver_mismatch
-from klet.syncloop.containers.podcgroups import CgroupfsPodCgroups
+from klet.syncloop.containers.podcgroups import CgroupfsPodCgroups, NodeCgroupLimits
 from klet.syncloop.containers.resources import PodResources
 from klet.syncloop.containers.systemdcgroups import SystemdPodCgroups
 from klet.syncloop.wiring import pod_cgroups
@@ -131,9 +131,24 @@ def test_a_cgroup_root_prefixes_the_node_slices() -> None:
     )
 
 
+def test_node_slices_carry_the_node_limits() -> None:
+    """kubepods.slice gets the pods' CPU shares, memory and process limits, the
+    besteffort slice the minimum shares, an existing slice the same as an update."""
+    systemd = FakeSystemd()
+    node = NodeCgroupLimits("/", cpu_shares=1536, memory_bytes=1 << 30, pids=4000)
+    driver = SystemdPodCgroups(systemd, cgroup_version=1, node=node)
+    asyncio.run(driver.ensure(POD, RES))
+    assert systemd.units["kubepods.slice"]["CPUShares"] == 1536
+    assert systemd.units["kubepods.slice"]["MemoryLimit"] == 1 << 30
+    assert systemd.units["kubepods.slice"]["TasksMax"] == 4000
+    assert systemd.units["kubepods-besteffort.slice"]["CPUShares"] == 2
+    assert "CPUShares" not in systemd.units["kubepods-burstable.slice"]
+
+
 def test_wiring_picks_the_driver() -> None:
-    assert isinstance(pod_cgroups("systemd", "/"), SystemdPodCgroups)
-    cgroupfs = pod_cgroups("cgroupfs", "/")
+    node = NodeCgroupLimits("/", cpu_shares=2048, memory_bytes=1 << 30, pids=4096)
+    assert isinstance(pod_cgroups("systemd", node), SystemdPodCgroups)
+    cgroupfs = pod_cgroups("cgroupfs", node)
     assert isinstance(cgroupfs, CgroupfsPodCgroups)
     assert cgroupfs.cri_parent(POD) == POD
 

@@ -126,7 +126,9 @@ UNIMPLEMENTED: Mapping[str, Unimplemented] = {
         "enforcing system-reserved or kube-reserved on their cgroups",
         check=_enforce_keys,
         shown="pods and none only",
-        partial=True,  # "pods" is read by eviction's allocatable thresholds
+        # "pods": syncloop caps <cgroupRoot>/kubepods at allocatable; eviction's
+        # allocatable thresholds read it too
+        partial=True,
     ),
     "reservedSystemCPUs": Unimplemented("reserving CPUs for the system"),
     "reservedMemory": Unimplemented("the memory manager's NUMA reservations", check=_empty),

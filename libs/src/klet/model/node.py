@@ -175,6 +175,39 @@ def allocatable_amounts(
     return out
 
 
+def pods_cgroup_amounts(
+    machine: MachineInfo,
+    *,
+    pid_max: int | None,
+    kube_reserved: Mapping[str, str],
+    system_reserved: Mapping[str, str],
+    enforce_pods: bool,
+) -> dict[str, int]:
+    """What the node's pods together may use, as upstream's node container manager writes
+    it on `<cgroupRoot>/kubepods`: `cpu` (millicores), `memory` (bytes) and `pid` (a
+    count, when `pid_max` is known). With `enforceNodeAllocatable` holding `pods`, that is
+    capacity − kubeReserved − systemReserved (GetNodeAllocatableAbsolute: no eviction
+    threshold, which eviction guards below the limit), memory also less the allocatable
+    huge pages; without it, capacity itself (upstream still writes the cgroup, since the
+    default CPU shares would starve the pods)."""
+    cap = {"cpu": machine.cpus * 1000, "memory": machine.memory_bytes}
+    if pid_max is not None:
+        cap["pid"] = pid_max
+    if not enforce_pods:
+        return cap
+    pages = {hugepage_resource(size): total for size, total in machine.hugepages.items()}
+    held = reservation(
+        {**cap, **pages},
+        kube_reserved=kube_reserved,
+        system_reserved=system_reserved,
+        eviction_hard={},
+    )
+    out = {name: max(0, amount - held.get(name, 0)) for name, amount in cap.items()}
+    in_pages = sum(max(0, total - held.get(name, 0)) for name, total in pages.items())
+    out["memory"] = max(0, out["memory"] - in_pages)
+    return out
+
+
 def storage_aware_eviction_hard(
     eviction_hard: Mapping[str, str], *, local_storage_capacity_isolation: bool
 ) -> dict[str, str]:

@@ -31,7 +31,12 @@ from klet.csi import CSIClient, RegistrationClient
 from klet.kube import kube_settings
 from klet.model.flowcontrol import Backoff, TokenBucket
 from klet.model.layout import SYNCLOOP, grpc_socket
-from klet.model.node import allocatable_amounts, node_labels, storage_aware_eviction_hard
+from klet.model.node import (
+    allocatable_amounts,
+    node_labels,
+    pods_cgroup_amounts,
+    storage_aware_eviction_hard,
+)
 from klet.obs import ServicePort
 from klet.obs.restclient import RestClientMetrics
 from klet.obs.runtimeops import RuntimeOperationMetrics
@@ -44,7 +49,11 @@ from klet.syncloop.containers.images import (
     PullCredentials,
     pull_parallelism,
 )
-from klet.syncloop.containers.podcgroups import CgroupfsPodCgroups, PodCgroups
+from klet.syncloop.containers.podcgroups import (
+    CgroupfsPodCgroups,
+    NodeCgroupLimits,
+    PodCgroups,
+)
 from klet.syncloop.containers.security import SecuritySettings
 from klet.syncloop.containers.systemdcgroups import SystemdPodCgroups
 from klet.syncloop.environment.dns import DNSSettings
@@ -174,12 +183,34 @@ def admission_node(settings: Settings) -> NodeInfo:
     )
 
 
-def pod_cgroups(driver: str, cgroup_root: str) -> PodCgroups:
+def _pid_max(proc: Path = Path("/proc")) -> int | None:
+    try:
+        return int((proc / "sys/kernel/pid_max").read_text().strip())
+    except (OSError, ValueError):
+        return None
+
+
+def node_cgroup_limits(settings: Settings) -> NodeCgroupLimits:
+    """The limits of `<cgroupRoot>/kubepods` for this host and configuration."""
+    k = settings.kubelet
+    amounts = pods_cgroup_amounts(
+        read_machine(Path(settings.klet.root_dir)),
+        pid_max=_pid_max(),
+        kube_reserved=k.kube_reserved,
+        system_reserved=k.system_reserved,
+        enforce_pods="pods" in k.enforce_node_allocatable,
+    )
+    return NodeCgroupLimits.of(k.cgroup_root or "/", amounts)
+
+
+def pod_cgroups(driver: str, node: NodeCgroupLimits) -> PodCgroups:
     """The pod cgroup driver of `cgroupDriver` (validated: cgroupfs or systemd)."""
     cgroups = CgroupFS()
     if driver == "systemd":
-        return SystemdPodCgroups(Systemd(), cgroup_version=cgroups.version, cgroup_root=cgroup_root)
-    return CgroupfsPodCgroups(cgroups)
+        return SystemdPodCgroups(
+            Systemd(), cgroup_version=cgroups.version, cgroup_root=node.cgroup_root, node=node
+        )
+    return CgroupfsPodCgroups(cgroups, node)
 
 
 def build_deps(settings: Settings, overrides: Overrides | None = None) -> Deps:
@@ -298,7 +329,9 @@ def build_deps(settings: Settings, overrides: Overrides | None = None) -> Deps:
         runtime=runtime,
         puller=puller,
         events=events,
-        cgroups=pod_cgroups(k.cgroup_driver, k.cgroup_root or "/") if k.cgroups_per_qos else None,
+        cgroups=pod_cgroups(k.cgroup_driver, node_cgroup_limits(settings))
+        if k.cgroups_per_qos
+        else None,
         settings=sync,
         backoff=backoff,
         hooks=hooks,

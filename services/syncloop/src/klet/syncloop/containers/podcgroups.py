@@ -2,7 +2,11 @@
 
 Before RunPodSandbox the pod cgroup is created in every cgroup v1 hierarchy (or the v2
 unified one) and its CPU shares, CFS quota, memory limit and pids.max (podPidsLimit) are
-written, as upstream's pod container manager does; doing it again is harmless.
+written, as upstream's pod container manager does; doing it again is harmless. Above
+them, `<cgroupRoot>/kubepods` gets the node's pod limits (node allocatable with
+`enforceNodeAllocatable: [pods]`, else capacity: CPU shares, memory, pids.max) and the
+besteffort QoS cgroup the minimum CPU shares, as upstream's node and QoS container
+managers write them (`NodeCgroupLimits`, from klet.model.node.pods_cgroup_amounts).
 `PodCgroups` is the cgroup driver as syncloop sees it: `CgroupfsPodCgroups` here,
 `SystemdPodCgroups` (systemdcgroups.py) for `cgroupDriver: systemd`.
 `node_limits` detects once the node's memory capacity and the lowest oom_score_adj this
@@ -15,13 +19,20 @@ from __future__ import annotations
 import functools
 import logging
 import os
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
 from klet.cgroups import CgroupFS
 from klet.cgroups.fs import V1_CONTROLLERS, detect
 from klet.cgroups.machine import mem_total_bytes
-from klet.syncloop.containers.resources import NodeLimits, PodResources
+from klet.model.layout import node_cgroups
+from klet.syncloop.containers.resources import (
+    MIN_SHARES,
+    NodeLimits,
+    PodResources,
+    milli_cpu_to_shares,
+)
 
 log = logging.getLogger(__name__)
 
@@ -136,6 +147,17 @@ def ensure_pod_cgroup(
     parent: str, res: PodResources, root: Path = Path("/sys/fs/cgroup")
 ) -> list[str]:
     """Create the pod cgroup and write its limits; returns the problems met (none is fatal)."""
+    return ensure_cgroup(parent, _v1_files(res), _v2_files(res), root=root)
+
+
+def ensure_cgroup(
+    parent: str,
+    v1_files: dict[str, dict[str, str]],
+    v2_files: dict[str, str],
+    root: Path = Path("/sys/fs/cgroup"),
+) -> list[str]:
+    """Create the cgroup `parent` (and those above it) and write the files of the
+    hierarchy in use, by v1 controller or the v2 names; returns the problems met."""
     rel = parent.strip("/")
     problems: list[str] = []
     if detect(root) == 2:
@@ -148,10 +170,10 @@ def ensure_pod_cgroup(
                     (d / "cgroup.subtree_control").write_text(f"+{ctrl}")
                 except OSError:
                     pass
-        for name, text in _v2_files(res).items():
+        for name, text in v2_files.items():
             _write(root / rel / name, text, problems)
         return problems
-    files = _v1_files(res)
+    files = v1_files
     for ctrl in V1_CONTROLLERS:
         base = root / ctrl
         if not base.is_dir():
@@ -168,6 +190,62 @@ def ensure_pod_cgroup(
                 _copy_cpuset(d, problems)
         for name, text in files.get(ctrl, {}).items():
             _write(base / rel / name, text, problems)
+    return problems
+
+
+@dataclass(frozen=True)
+class NodeCgroupLimits:
+    """What the cgroups above the pods hold (klet.model.node.pods_cgroup_amounts):
+    `<cgroupRoot>/kubepods` the CPU shares, memory and process limit of the node's pods
+    together; the besteffort QoS cgroup the minimum CPU shares, as upstream's QoS
+    container manager sets it."""
+
+    cgroup_root: str
+    cpu_shares: int
+    memory_bytes: int
+    pids: int | None
+
+    @classmethod
+    def of(cls, cgroup_root: str, amounts: dict[str, int]) -> NodeCgroupLimits:
+        return cls(
+            cgroup_root=cgroup_root,
+            cpu_shares=milli_cpu_to_shares(amounts["cpu"]),
+            memory_bytes=amounts["memory"],
+            pids=amounts.get("pid"),
+        )
+
+    def kubepods_files(self) -> tuple[dict[str, dict[str, str]], dict[str, str]]:
+        """The v1 files by controller and the v2 files of `<cgroupRoot>/kubepods`."""
+        pids = str(self.pids) if self.pids is not None else "max"
+        v1 = {
+            "cpu": {"cpu.shares": str(self.cpu_shares)},
+            "memory": {"memory.limit_in_bytes": str(self.memory_bytes)},
+            "pids": {"pids.max": pids},
+        }
+        v2 = {
+            "cpu.weight": str(shares_to_weight(self.cpu_shares)),
+            "memory.max": str(self.memory_bytes),
+            "pids.max": pids,
+        }
+        return v1, v2
+
+
+def besteffort_files() -> tuple[dict[str, dict[str, str]], dict[str, str]]:
+    """The besteffort QoS cgroup's files: MinShares (cpu.weight 1 on v2)."""
+    return {"cpu": {"cpu.shares": str(MIN_SHARES)}}, {
+        "cpu.weight": str(shares_to_weight(MIN_SHARES))
+    }
+
+
+def ensure_node_cgroups(limits: NodeCgroupLimits, root: Path) -> list[str]:
+    """Create `<cgroupRoot>/kubepods` and the besteffort QoS cgroup with their limits
+    (rewriting only what differs); returns the problems met. A memory limit below what
+    the pods use already is refused by the kernel (EBUSY): a problem each time until
+    eviction brings the usage down, as upstream retries."""
+    kubepods, burstable, besteffort = node_cgroups(limits.cgroup_root)
+    problems = ensure_cgroup(kubepods, *limits.kubepods_files(), root=root)
+    problems += ensure_cgroup(besteffort, *besteffort_files(), root=root)
+    problems += ensure_cgroup(burstable, {}, {}, root=root)
     return problems
 
 
@@ -192,15 +270,19 @@ class PodCgroups(Protocol):
 class CgroupfsPodCgroups:
     """`cgroupDriver: cgroupfs`: the directories under /sys/fs/cgroup, written directly."""
 
-    def __init__(self, cgroups: CgroupFS) -> None:
+    def __init__(self, cgroups: CgroupFS, node: NodeCgroupLimits | None = None) -> None:
         self.cgroups = cgroups
+        self.node = node
 
     def cri_parent(self, name: str) -> str:
         return name
 
     async def ensure(self, name: str, res: PodResources) -> tuple[bool, list[str]]:
+        # The node's cgroups first, every time: the files are compared before they are
+        # written, and a limit the kernel refused earlier is tried again.
+        problems = [] if self.node is None else ensure_node_cgroups(self.node, self.cgroups.root)
         existed = pod_cgroup_exists(name, root=self.cgroups.root)
-        return existed, ensure_pod_cgroup(name, res, root=self.cgroups.root)
+        return existed, problems + ensure_pod_cgroup(name, res, root=self.cgroups.root)
 
     async def remove(self, name: str) -> list[str]:
         return self.cgroups.remove(name)

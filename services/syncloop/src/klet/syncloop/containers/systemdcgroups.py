@@ -33,7 +33,8 @@ from klet.cgroups.slices import (
 from klet.cgroups.slices import cgroup_path as slice_path
 from klet.cgroups.systemd import SystemdError, SystemdUnavailable
 from klet.model.layout import kubepods, node_cgroups
-from klet.syncloop.containers.resources import PodResources
+from klet.syncloop.containers.podcgroups import NodeCgroupLimits
+from klet.syncloop.containers.resources import MIN_SHARES, PodResources
 
 log = logging.getLogger(__name__)
 
@@ -64,10 +65,18 @@ class Slices(Protocol):
 class SystemdPodCgroups:
     """Pod slices through systemd's D-Bus API (klet.cgroups.systemd)."""
 
-    def __init__(self, systemd: Slices, *, cgroup_version: int, cgroup_root: str = "/") -> None:
+    def __init__(
+        self,
+        systemd: Slices,
+        *,
+        cgroup_version: int,
+        cgroup_root: str = "/",
+        node: NodeCgroupLimits | None = None,
+    ) -> None:
         self.systemd = systemd
         self.cgroup_version = cgroup_version
         self.cgroup_root = cgroup_root
+        self.node = node
         self._kubepods_unit = unit_name(parts_of(kubepods(cgroup_root)))
         self._node_slices_ready = False
         self._node_slices_lock = asyncio.Lock()  # pod workers start pods concurrently
@@ -79,10 +88,27 @@ class SystemdPodCgroups:
         async with self._node_slices_lock:
             if self._node_slices_ready:
                 return
-            for name in node_cgroups(self.cgroup_root):
+            kubepods, burstable, besteffort = node_cgroups(self.cgroup_root)
+            node = self.node
+            limits = {
+                kubepods: SliceLimits()
+                if node is None
+                else SliceLimits(
+                    cpu_shares=node.cpu_shares,
+                    memory_limit_bytes=node.memory_bytes,
+                    pids_limit=node.pids,
+                ),
+                burstable: SliceLimits(),
+                besteffort: SliceLimits() if node is None else SliceLimits(cpu_shares=MIN_SHARES),
+            }
+            for name, limit in limits.items():
                 unit = unit_name(parts_of(name))
-                props = slice_properties(unit, SliceLimits(), cgroup_version=self.cgroup_version)
-                await self.systemd.ensure_slice(unit, props, [])
+                v = self.cgroup_version
+                await self.systemd.ensure_slice(
+                    unit,
+                    slice_properties(unit, limit, cgroup_version=v),
+                    limit_properties(limit, cgroup_version=v),
+                )
             self._node_slices_ready = True
 
     async def ensure(self, name: str, res: PodResources) -> tuple[bool, list[str]]:
