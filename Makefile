@@ -66,12 +66,18 @@ image: setup
 test-image: setup
 	KLET_IMAGE_TESTS=1 $(PY) -m pytest tests/image $(PYTEST_ARGS)
 
-# The compose tier alone (it is part of `make test` too): docker-compose.yml on a private
-# dockerd against the test stack's containerd and the cluster harness's apiserver;
-# restarts, SIGKILLs, scaled replicas losing their leader, a Redis outage and down/up
-# leave the pods alone (tests/compose).
-test-compose: setup cluster-binaries
-	$(PY) -m pytest tests/compose -s $(PYTEST_ARGS)
+# The compose tier alone: docker-compose.yml on a private dockerd against the test
+# stack's containerd and the cluster harness's apiserver; restarts, SIGKILLs, scaled
+# replicas losing their leader, a Redis outage and down/up leave the pods alone
+# (tests/compose). `make test` runs it under Debian's docker-compose 1.29 only;
+# test-compose runs it under 1.29 and then Compose v2 (`docker compose`, the plugin
+# compose-v2-binary builds), test-compose-v2 under v2 alone.
+test-compose: setup cluster-binaries compose-v2-binary
+	KLET_COMPOSE_CLIS=1.29,v2 $(PY) -m pytest tests/compose -s $(PYTEST_ARGS)
+
+.PHONY: test-compose-v2
+test-compose-v2: setup cluster-binaries compose-v2-binary
+	KLET_COMPOSE_CLIS=v2 $(PY) -m pytest tests/compose/test_compose.py -s $(PYTEST_ARGS)
 
 # Compose v2 (github.com/docker/compose/v2: the docker-compose binary, which is also the
 # `docker compose` CLI plugin), built from tools/compose's Go module into

@@ -12,7 +12,8 @@ bus files and no password of a service, and is healthy once the function library
 loaded. Every variable the compose file reads is documented in .env.example with the
 same default; the default image tags are this version's; replicas of a service take any
 free port (0, overridable per service) and each keeps its port file for its health check
-outside the shared bind mounts."""
+outside the shared bind mounts. The file uses only keys both Compose v2 and Debian's 1.29
+take without a warning."""
 
 from __future__ import annotations
 
@@ -62,6 +63,18 @@ def test_every_variable_is_documented_with_its_default() -> None:
     required = {name for name, kind, _ in used if kind == ":?"}
     assert required == {"KLET_NODE_NAME"}
     assert env["KLET_NODE_NAME"] == ""
+
+
+def test_keys_both_compose_versions_take() -> None:
+    """No top-level `version:` (v2 warns that it is obsolete) or `name:` (1.29 refuses
+    it), only the Compose Specification's top-level keys and `x-` extensions; no service
+    pins its replicas or its name (`scale:`, `deploy.replicas`, `container_name`): the
+    replicas are `--scale`'s, and a fixed name would stop it."""
+    file = compose()
+    spec = {"services", "networks", "volumes", "secrets", "configs"}
+    assert {key for key in file if not key.startswith("x-")} <= spec
+    for name, service in file["services"].items():
+        assert not {"scale", "deploy", "container_name"} & set(service), name
 
 
 def test_default_images_are_this_version() -> None:
