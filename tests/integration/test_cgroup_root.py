@@ -3,7 +3,8 @@
 never in the host's `/kubepods` that the other test nodes share; eviction reads the
 allocatable memory signal from `<root>/kubepods`; the pod cgroup goes with the pod.
 enforceNodeAllocatable [pods]: `<root>/kubepods` holds capacity − kubeReserved −
-systemReserved (memory, CPU shares, pids.max), the besteffort QoS cgroup 2 shares."""
+systemReserved (memory, CPU shares, pids.max), the besteffort QoS cgroup 2 shares, the
+burstable one the Burstable pods' CPU requests as shares."""
 
 from __future__ import annotations
 
@@ -109,6 +110,8 @@ def test_pods_go_under_the_cgroup_root(
     pid_max = int(read(Path("/proc/sys/kernel/pid_max")))
     assert read(CG / "pids" / top / "pids.max") == str(pid_max - 1000)
     assert read(CG / "cpu" / top / "besteffort" / "cpu.shares") == "2"
+    # the burstable QoS cgroup: the Burstable pods' CPU requests (100m) as shares
+    assert read(CG / "cpu" / top / "burstable" / "cpu.shares") == "102"
     mine = f"{cgroup_root.lstrip('/')}/kubepods/burstable/pod{uid}"
     for ctrl in CONTROLLERS:
         assert (CG / ctrl / mine).is_dir(), ctrl

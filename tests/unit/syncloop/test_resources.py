@@ -355,3 +355,39 @@ def test_ensure_node_cgroups_v2(tmp_path: Path) -> None:
     assert (tmp_path / "kubepods" / "memory.max").read_text() == str(GIB)
     assert (tmp_path / "kubepods" / "pids.max").read_text() == "max"
     assert (tmp_path / "kubepods" / "besteffort" / "cpu.weight").read_text() == "1"
+
+
+def _pod(qos_resources: list[dict[str, Any]], **spec: Any) -> dict[str, Any]:
+    containers = [{"name": f"c{i}", "resources": r} for i, r in enumerate(qos_resources)]
+    return {"metadata": {"uid": "u"}, "spec": {"containers": containers, **spec}}
+
+
+def test_burstable_cpu_shares_sum_the_burstable_pods_requests() -> None:
+    """Upstream's QoS manager: the Burstable pods' CPU requests (init containers and
+    overhead counted as PodRequests does) summed as shares; Guaranteed and BestEffort
+    pods do not count; no Burstable pod leaves the minimum."""
+    burstable = _pod([{"requests": {"cpu": "250m"}}, {"requests": {"cpu": "250m"}}])
+    with_init = _pod(
+        [{"requests": {"cpu": "100m"}}],
+        initContainers=[{"name": "i", "resources": {"requests": {"cpu": "1"}}}],
+        overhead={"cpu": "50m"},
+    )
+    guaranteed = _pod([{"limits": {"cpu": "2", "memory": "1Gi"}}])
+    besteffort = _pod([{}])
+    assert resources.pod_cpu_request_millis(with_init) == 1050
+    assert resources.burstable_cpu_shares([burstable, with_init, guaranteed, besteffort]) == (
+        1550 * 1024 // 1000
+    )
+    assert resources.burstable_cpu_shares([guaranteed, besteffort]) == resources.MIN_SHARES
+
+
+def test_update_qos_writes_the_burstable_shares(tmp_path: Path) -> None:
+    import asyncio
+
+    from klet.cgroups import CgroupFS
+
+    (tmp_path / "cpu").mkdir()
+    node = podcgroups.NodeCgroupLimits("/n1", cpu_shares=2048, memory_bytes=GIB, pids=None)
+    driver = podcgroups.CgroupfsPodCgroups(CgroupFS(tmp_path), node)
+    assert asyncio.run(driver.update_qos(512)) == []
+    assert (tmp_path / "cpu/n1/kubepods/burstable/cpu.shares").read_text() == "512"

@@ -145,6 +145,13 @@ def test_node_slices_carry_the_node_limits() -> None:
     assert "CPUShares" not in systemd.units["kubepods-burstable.slice"]
 
 
+def test_update_qos_sets_the_burstable_slice_shares() -> None:
+    systemd = FakeSystemd()
+    driver = SystemdPodCgroups(systemd, cgroup_version=1, cgroup_root="/n1")
+    assert asyncio.run(driver.update_qos(300)) == []
+    assert systemd.units["n1-kubepods-burstable.slice"]["CPUShares"] == 300
+
+
 def test_wiring_picks_the_driver() -> None:
     node = NodeCgroupLimits("/", cpu_shares=2048, memory_bytes=1 << 30, pids=4096)
     assert isinstance(pod_cgroups("systemd", node), SystemdPodCgroups)

@@ -6,7 +6,8 @@ written, as upstream's pod container manager does; doing it again is harmless. A
 them, `<cgroupRoot>/kubepods` gets the node's pod limits (node allocatable with
 `enforceNodeAllocatable: [pods]`, else capacity: CPU shares, memory, pids.max) and the
 besteffort QoS cgroup the minimum CPU shares, as upstream's node and QoS container
-managers write them (`NodeCgroupLimits`, from klet.model.node.pods_cgroup_amounts).
+managers write them (`NodeCgroupLimits`, from klet.model.node.pods_cgroup_amounts);
+`update_qos` gives the burstable one the active Burstable pods' CPU requests as shares.
 `PodCgroups` is the cgroup driver as syncloop sees it: `CgroupfsPodCgroups` here,
 `SystemdPodCgroups` (systemdcgroups.py) for `cgroupDriver: systemd`.
 `node_limits` detects once the node's memory capacity and the lowest oom_score_adj this
@@ -266,6 +267,10 @@ class PodCgroups(Protocol):
         """Remove the pod cgroup of a pod that is gone; returns what stayed."""
         ...
 
+    async def update_qos(self, burstable_shares: int) -> list[str]:
+        """Set the burstable QoS cgroup's CPU shares; returns the problems met."""
+        ...
+
 
 class CgroupfsPodCgroups:
     """`cgroupDriver: cgroupfs`: the directories under /sys/fs/cgroup, written directly."""
@@ -283,6 +288,12 @@ class CgroupfsPodCgroups:
         problems = [] if self.node is None else ensure_node_cgroups(self.node, self.cgroups.root)
         existed = pod_cgroup_exists(name, root=self.cgroups.root)
         return existed, problems + ensure_pod_cgroup(name, res, root=self.cgroups.root)
+
+    async def update_qos(self, burstable_shares: int) -> list[str]:
+        _, burstable, _ = node_cgroups(self.node.cgroup_root if self.node is not None else "/")
+        v1 = {"cpu": {"cpu.shares": str(burstable_shares)}}
+        v2 = {"cpu.weight": str(shares_to_weight(burstable_shares))}
+        return ensure_cgroup(burstable, v1, v2, root=self.cgroups.root)
 
     async def remove(self, name: str) -> list[str]:
         return self.cgroups.remove(name)

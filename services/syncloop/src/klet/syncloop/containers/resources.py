@@ -13,6 +13,7 @@ resources are ignored.
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any
@@ -165,12 +166,28 @@ def _pod_total(pod: JSON, pick: Any) -> tuple[int, bool]:
     return total, declared
 
 
+def _cpu_request(c: JSON) -> int | None:
+    q = _request(c, "cpu")
+    return None if q is None else milli_value(q)
+
+
+def pod_cpu_request_millis(pod: JSON) -> int:
+    """The pod's CPU request in millicores as upstream's PodRequests counts it: app
+    containers summed, the largest init container if more, plus the pod's overhead."""
+    requests, _ = _pod_total(pod, _cpu_request)
+    overhead = {"resources": {"overhead": (pod.get("spec") or {}).get("overhead")}}
+    return requests + milli_value(_get(overhead, "overhead", "cpu"))
+
+
+def burstable_cpu_shares(pods: Iterable[JSON]) -> int:
+    """The burstable QoS cgroup's CPU shares, as upstream's QoS container manager sets
+    them: the CPU requests of the active Burstable pods, summed, as shares."""
+    millis = sum(pod_cpu_request_millis(p) for p in pods if podspec.qos_class(p) == "Burstable")
+    return milli_cpu_to_shares(millis)
+
+
 def pod_resources(pod: JSON, node: NodeLimits) -> PodResources:
     """Upstream's ResourceConfigForPod: the pod cgroup's shares, quota and memory limit."""
-
-    def cpu_req(c: JSON) -> int | None:
-        q = _request(c, "cpu")
-        return None if q is None else milli_value(q)
 
     def cpu_lim(c: JSON) -> int | None:
         q = _limit(c, "cpu")
@@ -183,21 +200,17 @@ def pod_resources(pod: JSON, node: NodeLimits) -> PodResources:
     qos = podspec.qos_class(pod)
     if qos == "BestEffort":
         return PodResources(MIN_SHARES, None, None, None, pids_limit(node))
-    requests, _ = _pod_total(pod, cpu_req)
+    requests = pod_cpu_request_millis(pod)
     cpu_limits, cpu_declared = _pod_total(pod, cpu_lim)
     memory, memory_declared = _pod_total(pod, mem_lim)
-    # The pod's overhead (its RuntimeClass's, copied in by the apiserver) is added to
-    # the requests, and to each limit the containers declare, as upstream's PodRequests
-    # and PodLimits count it.
+    # The pod's overhead (its RuntimeClass's, copied in by the apiserver) is in the
+    # requests (pod_cpu_request_millis), and added to each limit the containers declare,
+    # as upstream's PodRequests and PodLimits count it.
     overhead = {"resources": {"overhead": (pod.get("spec") or {}).get("overhead")}}
-    cpu_extra = milli_value(_get(overhead, "overhead", "cpu"))
-    memory_extra = value(_get(overhead, "overhead", "memory"))
-    if cpu_extra or memory_extra:
-        requests += cpu_extra
-        if cpu_declared:
-            cpu_limits += cpu_extra
-        if memory_declared:
-            memory += memory_extra
+    if cpu_declared:
+        cpu_limits += milli_value(_get(overhead, "overhead", "cpu"))
+    if memory_declared:
+        memory += value(_get(overhead, "overhead", "memory"))
     shares = milli_cpu_to_shares(requests)
     period = node.period_us
     quota = milli_cpu_to_quota(cpu_limits, period) if node.cpu_cfs_quota else -1

@@ -111,6 +111,21 @@ class SystemdPodCgroups:
                 )
             self._node_slices_ready = True
 
+    async def update_qos(self, burstable_shares: int) -> list[str]:
+        _, burstable, _ = node_cgroups(self.cgroup_root)
+        unit = unit_name(parts_of(burstable))
+        limits = SliceLimits(cpu_shares=burstable_shares)
+        v = self.cgroup_version
+        try:
+            await self.systemd.ensure_slice(
+                unit,
+                slice_properties(unit, limits, cgroup_version=v),
+                limit_properties(limits, cgroup_version=v),
+            )
+        except (SystemdError, SystemdUnavailable) as err:
+            return [f"{unit}: {err}"]
+        return []
+
     async def ensure(self, name: str, res: PodResources) -> tuple[bool, list[str]]:
         unit = unit_name(parts_of(name))
         limits = pod_slice_limits(res)

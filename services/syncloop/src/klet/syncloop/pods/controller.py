@@ -448,6 +448,7 @@ class PodController:
         waiting reasons the last sync found stand in for the ones this sync finds."""
         self._update_probes(pod, current, deleting=False)
         self._publish(uid, pod, self._pod_status(uid, pod, current, state.waiting))
+        await self.syncer.update_qos(self._active_pods())
         result = await self.syncer.sync(pod, current, probes=self.probes)
         state.waiting = dict(result.waiting)
         if result.acted:
@@ -583,6 +584,18 @@ class PodController:
         await self.syncer.kill_pod(pod, current, grace_override=None, remove=True)
         self._forget(uid)
         return Outcome(done=True)
+
+    def _active_pods(self) -> list[JSON]:
+        """The pods that hold their resources (upstream's active pods): desired, not
+        made terminal, and (with admission) admitted and not in a terminal phase."""
+        ledger = self.admission
+        return [
+            state.desired.pod
+            for u, state in self.pods.items()
+            if state.desired is not None
+            and state.terminal is None
+            and (ledger is None or ledger.counts(u, status=self.publisher.get(u), terminal=False))
+        ]
 
     async def _admit(self, ledger: AdmissionLedger, uid: str, pod: JSON) -> Verdict | None:
         """The pod's admission verdict, decided now if it has none yet (once per pod);

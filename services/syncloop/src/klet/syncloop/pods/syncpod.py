@@ -153,6 +153,15 @@ class PodSyncer:
             return ""
         return self.cgroups.cri_parent(podspec.pod_cgroup_parent(pod, self.settings.cgroup_root))
 
+    async def update_qos(self, active_pods: list[JSON]) -> None:
+        """Size the burstable QoS cgroup for the active pods (upstream's UpdateQOSCgroups,
+        which its SyncPod runs before a pod's cgroup)."""
+        if self.cgroups is None or not self.settings.cgroups_per_qos:
+            return
+        problems = await self.cgroups.update_qos(resources.burstable_cpu_shares(active_pods))
+        if problems:
+            log.warning("QoS cgroup not updated", extra={"problems": problems})
+
     async def sync(
         self, pod: JSON, current: RuntimePod, *, probes: ProbeResults = NO_PROBES
     ) -> SyncResult:
