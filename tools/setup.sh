@@ -69,7 +69,7 @@ began=$(date +%s%3N)
 # and where PYTHONDONTWRITEBYTECODE is set (as on the shared test machines) that never
 # stops. The workspace's own sources are compiled below.
 "$UV" sync --all-packages --frozen --quiet --compile-bytecode
-took "virtualenv .venv in line with uv.lock (six workspace packages, editable)"
+took "virtualenv .venv in line with uv.lock (the workspace packages, the test bed too, editable)"
 
 stamp=libs/src/klet/rpc/gen/.stamp
 if [ ! -f "$stamp" ] || [ -n "$(find proto tools/gen_proto.py -newer "$stamp" 2>/dev/null)" ]; then

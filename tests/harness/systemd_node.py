@@ -34,6 +34,7 @@ import json
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -92,6 +93,86 @@ def run_options() -> list[str]:
         "--volume",
         f"{CGROUP_ROOT}:{CGROUP_ROOT}",
     ]
+
+
+def _host_v1_hierarchies(mountinfo: Path = Path("/proc/self/mountinfo")) -> set[frozenset[str]]:
+    """The controller sets of the cgroup v1 hierarchies mounted in this namespace
+    ({"cpu", "cpuacct"}, {"memory"}, {"name=systemd"}, ...)."""
+    subsystems = {
+        line.split()[0]
+        for line in Path("/proc/cgroups").read_text().splitlines()
+        if line and not line.startswith("#")
+    }
+    found: set[frozenset[str]] = set()
+    for line in mountinfo.read_text().splitlines():
+        _, _, post = line.partition(" - ")
+        fields = post.split()
+        if len(fields) >= 3 and fields[0] == "cgroup":
+            options = fields[2].split(",")
+            found.add(frozenset(o for o in options if o in subsystems or o.startswith("name=")))
+    return found
+
+
+def release_foreign_hierarchies(
+    proc_cgroup: Path = Path("/proc/self/cgroup"), *, tries: int = 5
+) -> list[str]:
+    """Give back the cgroup v1 hierarchies the node's systemd mounted and the host does not.
+
+    systemd in the node container mounts every controller the kernel has (hugetlb,
+    net_cls,net_prio, perf_event here, which the host leaves unmounted), and runc creates
+    the node's cgroups in them. A v1 hierarchy lives on while it holds cgroups, so after
+    the container is gone the host's processes still list it in /proc/<pid>/cgroup, and
+    the host's containerd, which looks each listed hierarchy up among its own mounts,
+    fails on it ("cannot find cgroup mount destination"): no container stats and no OOM
+    events for every later test on this machine. So: mount each such hierarchy at a
+    private directory, remove its (empty) cgroups deepest first, unmount; the kernel then
+    drops it (removed cgroups may linger a moment while their state is released, so this
+    is done again, up to `tries` times, while the hierarchy is still listed). Returns
+    the cgroups that could not be removed (still in use)."""
+    for _ in range(tries):
+        left, foreign = _release_once(proc_cgroup)
+        if left or not foreign:
+            return left
+        time.sleep(0.5)
+    return []
+
+
+def _release_once(proc_cgroup: Path) -> tuple[list[str], list[str]]:
+    """One pass of release_foreign_hierarchies: (cgroups left, hierarchies found)."""
+    mounted = _host_v1_hierarchies()
+    left: list[str] = []
+    foreign: list[str] = []
+    for line in proc_cgroup.read_text().splitlines():
+        _, controllers, _ = line.split(":", 2)
+        if not controllers or controllers.startswith("name="):
+            continue
+        if frozenset(controllers.split(",")) in mounted:
+            continue
+        foreign.append(controllers)
+        target = Path(tempfile.mkdtemp(prefix="klet-hierarchy-"))
+        try:
+            subprocess.run(
+                ["mount", "-t", "cgroup", "-o", controllers, "cgroup", str(target)],
+                check=True,
+                capture_output=True,
+            )
+        except subprocess.CalledProcessError:
+            target.rmdir()
+            continue
+        try:
+            for d in sorted(
+                (p for p in target.rglob("*") if p.is_dir()),
+                key=lambda p: len(p.parts),
+                reverse=True,
+            ):
+                try:
+                    d.rmdir()
+                except OSError:
+                    left.append(f"{controllers}:/{d.relative_to(target)}")
+        finally:
+            subprocess.run(["umount", str(target)], check=False, capture_output=True)
+            target.rmdir()
+    return left, foreign
 
 
 class SystemdNode:
@@ -227,6 +308,9 @@ class SystemdNode:
             self.dockerd.stop()
             shutil.rmtree(self.state, ignore_errors=True)
             self.timings["dockerd stop"] = time.monotonic() - began
+            left = release_foreign_hierarchies()
+            if left:
+                print(f"systemd node stop: cgroups left in the node's hierarchies: {left}")
             print(
                 "systemd node stop: " + ", ".join(f"{k} {v:.1f}s" for k, v in self.timings.items())
             )
