@@ -68,7 +68,12 @@ def test_two_container_pod_runs_and_serves(
         assert (node.metric("syncloop", ops, operation_type=op) or 0) >= 1, op
     seconds = "kubelet_runtime_operations_duration_seconds_count"
     assert (node.metric("syncloop", seconds, operation_type="run_podsandbox") or 0) >= 1
-    assert node.metric("syncloop", "kubelet_runtime_operations_errors_total") is None
+    # No lifecycle call failed. (containerd 1.6 answers RuntimeConfig, which syncloop asks
+    # for the runtime's cgroup driver at start, with Unimplemented: upstream counts that
+    # error too, so it is not asserted away.)
+    errors = "kubelet_runtime_operations_errors_total"
+    for op in ("run_podsandbox", "create_container", "start_container", "list_containers"):
+        assert node.metric("syncloop", errors, operation_type=op) is None, op
     wait_for(
         lambda: (node.metric("image-gc", ops, operation_type="list_images") or 0) >= 1,
         timeout_s=60,
