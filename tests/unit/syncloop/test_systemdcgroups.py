@@ -152,6 +152,20 @@ def test_update_qos_sets_the_burstable_slice_shares() -> None:
     assert systemd.units["n1-kubepods-burstable.slice"]["CPUShares"] == 300
 
 
+def test_update_qos_before_any_pod_starts_the_node_slices_first() -> None:
+    # Starting kubepods-burstable.slice before kubepods.slice would leave kubepods.slice
+    # a plain unit systemd loaded as the parent, without klet's limits (seen in CI).
+    systemd = FakeSystemd()
+    node = NodeCgroupLimits("/", cpu_shares=2048, memory_bytes=1 << 30, pids=4096)
+    driver = SystemdPodCgroups(systemd, cgroup_version=1, node=node)
+    assert asyncio.run(driver.update_qos(300)) == []
+    ensured = [unit for op, unit in systemd.calls if op == "ensure"]
+    assert ensured[0] == "kubepods.slice", ensured
+    assert systemd.units["kubepods.slice"]["Transient"] is True
+    assert systemd.units["kubepods.slice"]["MemoryLimit"] == 1 << 30
+    assert systemd.units["kubepods-burstable.slice"]["CPUShares"] == 300
+
+
 def test_wiring_picks_the_driver() -> None:
     node = NodeCgroupLimits("/", cpu_shares=2048, memory_bytes=1 << 30, pids=4096)
     assert isinstance(pod_cgroups("systemd", node), SystemdPodCgroups)

@@ -30,7 +30,13 @@ class FakeSystemd:
         if unit in self.units:
             self.units[unit].update({name: value for name, _sig, value in limits})
             return True
+        # As systemd does, a slice's parents (its name up to each dash) are loaded with
+        # it: plain units, not transient, when nobody started them before.
+        stem = unit.removesuffix(".slice").split("-")
+        for i in range(1, len(stem)):
+            self.units.setdefault("-".join(stem[:i]) + ".slice", {"Transient": False})
         self.units[unit] = {name: value for name, _sig, value in properties}
+        self.units[unit]["Transient"] = True
         return False
 
     async def stop_slice(self, unit: str) -> None:

@@ -111,12 +111,24 @@ class SystemdPodCgroups:
                 )
             self._node_slices_ready = True
 
+    async def _node_slices(self) -> None:
+        """The node's slices, started again when systemd has forgotten them. Always
+        before any slice under them: starting `kubepods-burstable.slice` first would make
+        systemd load its parent `kubepods.slice` itself, as a plain (not transient) unit
+        without klet's limits."""
+        if self._node_slices_ready and not await self.systemd.unit_active_state(
+            self._kubepods_unit
+        ):
+            self._node_slices_ready = False  # systemd restarted and forgot them
+        await self._ensure_node_slices()
+
     async def update_qos(self, burstable_shares: int) -> list[str]:
         _, burstable, _ = node_cgroups(self.cgroup_root)
         unit = unit_name(parts_of(burstable))
         limits = SliceLimits(cpu_shares=burstable_shares)
         v = self.cgroup_version
         try:
+            await self._node_slices()
             await self.systemd.ensure_slice(
                 unit,
                 slice_properties(unit, limits, cgroup_version=v),
@@ -130,11 +142,7 @@ class SystemdPodCgroups:
         unit = unit_name(parts_of(name))
         limits = pod_slice_limits(res)
         try:
-            if self._node_slices_ready and not await self.systemd.unit_active_state(
-                self._kubepods_unit
-            ):
-                self._node_slices_ready = False  # systemd restarted and forgot them
-            await self._ensure_node_slices()
+            await self._node_slices()
             existed = await self.systemd.ensure_slice(
                 unit,
                 slice_properties(unit, limits, cgroup_version=self.cgroup_version),
