@@ -491,13 +491,54 @@ def test_validate(changes: dict[str, Any], problem: str) -> None:
     assert validate(cfg) == [problem]
 
 
-def test_validate_reserved_enforcement_needs_its_cgroup_and_is_not_implemented() -> None:
+def test_validate_reserved_enforcement_needs_its_cgroup() -> None:
     cfg = dataclasses.replace(KubeletConfiguration(), enforce_node_allocatable=("system-reserved",))
     assert validate(cfg) == [
         "systemReservedCgroup: required when enforceNodeAllocatable has system-reserved",
-        "enforceNodeAllocatable: not implemented by klet: "
-        "enforcing system-reserved or kube-reserved on their cgroups",
     ]
+    cfg = dataclasses.replace(cfg, system_reserved_cgroup="/system.slice")
+    assert validate(cfg) == []
+
+
+@pytest.mark.parametrize(
+    ("changes", "problem"),
+    [
+        (
+            {"cgroup_driver": "systemd", "enforce_node_allocatable": ("pods", "kube-reserved")},
+            "enforceNodeAllocatable: kube-reserved with cgroupDriver: systemd: not implemented "
+            "by klet: enforcing systemReservedCgroup or kubeReservedCgroup as a systemd slice",
+        ),
+        (
+            {
+                "enforce_node_allocatable": ("system-reserved",),
+                "system_reserved": {"hugepages-2Mi": "4Mi", "memory": "1Gi"},
+            },
+            "systemReserved.hugepages-2Mi: with enforceNodeAllocatable system-reserved: "
+            "not implemented by klet: hugetlb limits on a reserved cgroup",
+        ),
+    ],
+)
+def test_validate_refuses_what_reserved_enforcement_does_not_do(
+    changes: dict[str, Any], problem: str
+) -> None:
+    cfg = dataclasses.replace(
+        KubeletConfiguration(),
+        system_reserved_cgroup="/system.slice",
+        kube_reserved_cgroup="/kube",
+        **changes,
+    )
+    assert validate(cfg) == [problem]
+
+
+def test_validate_compressible_enforcement_takes_reserved_huge_pages() -> None:
+    """Only CPU is written with the -compressible keys: reserved huge pages are fine."""
+    cfg = dataclasses.replace(
+        KubeletConfiguration(),
+        enforce_node_allocatable=("pods", "system-reserved-compressible"),
+        system_reserved_cgroup="/system.slice",
+        system_reserved={"hugepages-2Mi": "4Mi"},
+    )
+    assert validate(cfg) == []
 
 
 @pytest.mark.parametrize(

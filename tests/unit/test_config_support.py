@@ -179,8 +179,6 @@ def other_value(path: str) -> Any:
         return {"endpoint": "localhost:4317"}
     if path == "singleProcessOOMKill":
         return False
-    if path == "enforceNodeAllocatable":
-        return ["pods", "kube-reserved"]
     return {
         "bool": not f.default,
         "int32": 7,
@@ -238,6 +236,11 @@ def test_message(tmp_path: Path, body: dict[str, Any], path: str | None) -> None
         {"memorySwap": {"swapBehavior": "NoSwap"}},
         {"singleProcessOOMKill": True},
         {"enforceNodeAllocatable": ["none"]},
+        {
+            "enforceNodeAllocatable": ["pods", "system-reserved", "kube-reserved-compressible"],
+            "systemReservedCgroup": "/system.slice",
+            "kubeReservedCgroup": "/kube",
+        },
         {"rotateCertificates": True},
         {"cgroupDriver": "systemd"},
         {"shutdownGracePeriod": "30s", "shutdownGracePeriodCriticalPods": "10s"},
@@ -256,26 +259,22 @@ def test_accepted_values_load(tmp_path: Path, body: dict[str, Any]) -> None:
     load_config_file(file)
 
 
-@pytest.mark.parametrize(
-    ("argv", "flag", "field"),
-    [
-        (
-            ["--enforce-node-allocatable", "pods,system-reserved"],
-            "--enforce-node-allocatable",
-            "enforceNodeAllocatable",
-        ),
-    ],
-)
-def test_flags_refused_naming_the_flag(argv: list[str], flag: str, field: str) -> None:
+def test_flags_refused_naming_the_flag() -> None:
+    """What klet does not implement of a field it reads, set by a flag: the reserved
+    cgroups under the systemd driver."""
+    argv = ["--cgroup-driver", "systemd", "--enforce-node-allocatable", "pods,kube-reserved"]
     with pytest.raises(ConfigError) as info:
         load_settings(argv, env={}, service="syncloop", hostname="node-1")
-    assert f"{flag}: {field}: not implemented by klet: {UNIMPLEMENTED[field].reason}" in (
-        info.value.problems
-    )
+    assert (
+        "--enforce-node-allocatable: enforceNodeAllocatable: kube-reserved with cgroupDriver: "
+        "systemd: not implemented by klet: enforcing systemReservedCgroup or "
+        "kubeReservedCgroup as a systemd slice"
+    ) in info.value.problems
 
 
 def test_flag_over_file_names_the_flag(tmp_path: Path) -> None:
-    """A flag that restores the default wins over the file's unimplemented value."""
+    """A flag that restores the default wins over the file's refused value (here one
+    without the cgroup it needs)."""
     file = tmp_path / "kubelet.json"
     file.write_text(json.dumps({**HEADER, "enforceNodeAllocatable": ["pods", "system-reserved"]}))
     settings = load_settings(

@@ -81,3 +81,20 @@ def test_a_full_queue_drops_the_oldest() -> None:
         queue.emit(node_reference("n1"), "Normal", reason, "m")
     assert [r.reason for r in queue.queue] == ["B", "C"]
     assert queue.dropped == 1
+
+
+async def test_published_waits_for_the_queue_to_reach_the_stream() -> None:
+    stream = Stream([BusUnavailable("down")])
+    queue = EventQueue(stream, cap=10, retry_s=0.0)
+    await asyncio.wait_for(queue.published(), 1.0)  # nothing queued: at once
+    queue.emit(node_reference("n1"), "Warning", "A", "m")
+    waiter = asyncio.create_task(queue.published())
+    await asyncio.sleep(0)
+    assert not waiter.done()
+    task = asyncio.create_task(queue.run())
+    try:
+        await asyncio.wait_for(waiter, 2.0)
+        assert [r.reason for r in stream.published] == ["A"]
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)

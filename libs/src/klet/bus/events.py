@@ -54,6 +54,8 @@ class EventQueue:
         self.queue: deque[EventRecord] = deque(maxlen=cap)
         self.dropped = 0
         self._wake = asyncio.Event()
+        self._empty = asyncio.Event()  # set while nothing waits to be published
+        self._empty.set()
 
     def emit(self, involved: JSON, type_: str, reason: str, message: str) -> None:
         """Queue an Event (`type_` Normal or Warning) about `involved`."""
@@ -69,7 +71,13 @@ class EventQueue:
                 at=self.clock(),
             )
         )
+        self._empty.clear()
         self._wake.set()
+
+    async def published(self) -> None:
+        """Return once every Event queued so far has reached the stream (a service
+        about to exit waits for its last Warning with this, under a timeout)."""
+        await self._empty.wait()
 
     async def run(self) -> None:
         down = False
@@ -87,3 +95,4 @@ class EventQueue:
                     continue
                 down = False
                 self.queue.popleft()
+            self._empty.set()

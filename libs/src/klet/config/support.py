@@ -77,10 +77,6 @@ def _zero_options(value: Any) -> bool:
     return value in (None, False, 0, "", "0", [], {})
 
 
-def _enforce_keys(value: Any) -> bool:
-    return all(k in ("pods", "none") for k in value)
-
-
 # Upstream dotted path -> what klet does not do. A value the field accepts loads; any
 # other is refused at start with "<field>: not implemented by klet: <reason>".
 UNIMPLEMENTED: Mapping[str, Unimplemented] = {
@@ -120,16 +116,6 @@ UNIMPLEMENTED: Mapping[str, Unimplemented] = {
     # --- cgroups and node resources
     "kubeletCgroups": Unimplemented("moving its own processes into a cgroup"),
     "systemCgroups": Unimplemented("moving system processes into a cgroup"),
-    "kubeReservedCgroup": Unimplemented("enforcing kubeReserved on a cgroup"),
-    "systemReservedCgroup": Unimplemented("enforcing systemReserved on a cgroup"),
-    "enforceNodeAllocatable": Unimplemented(
-        "enforcing system-reserved or kube-reserved on their cgroups",
-        check=_enforce_keys,
-        shown="pods and none only",
-        # "pods": syncloop caps <cgroupRoot>/kubepods at allocatable; eviction's
-        # allocatable thresholds read it too
-        partial=True,
-    ),
     "reservedSystemCPUs": Unimplemented("reserving CPUs for the system"),
     "reservedMemory": Unimplemented("the memory manager's NUMA reservations", check=_empty),
     "cpuManagerPolicy": Unimplemented("the static CPU manager policy"),

@@ -43,6 +43,7 @@ EVICTION_SIGNALS = frozenset(
         "pid.available",
     }
 )
+_RESERVED_PREFIXES = ("system-reserved", "kube-reserved")
 _ENFORCE_KEYS = frozenset(
     {
         "pods",
@@ -302,6 +303,7 @@ def _check_cgroups(c: _Checks, cfg: KubeletConfiguration) -> None:
         c.add("systemReservedCgroup", "required when enforceNodeAllocatable has system-reserved")
     if any(k.startswith("kube-reserved") for k in enforce) and not cfg.kube_reserved_cgroup:
         c.add("kubeReservedCgroup", "required when enforceNodeAllocatable has kube-reserved")
+    _check_reserved_enforcement(c, cfg)
     if cfg.reserved_system_cpus and (cfg.system_reserved_cgroup or cfg.kube_reserved_cgroup):
         c.add(
             "reservedSystemCPUs", "cannot be used with systemReservedCgroup or kubeReservedCgroup"
@@ -312,6 +314,30 @@ def _check_cgroups(c: _Checks, cfg: KubeletConfiguration) -> None:
     ):
         for resource, amount in reserved.items():
             c.quantity(f"{field}.{resource}", amount)
+
+
+def _check_reserved_enforcement(c: _Checks, cfg: KubeletConfiguration) -> None:
+    """What klet does not do of system-reserved/kube-reserved enforcement (syncloop's
+    reservedcgroups.py writes the rest): the systemd driver's slices, huge pages."""
+    keys = [k for k in cfg.enforce_node_allocatable if k.startswith(_RESERVED_PREFIXES)]
+    if keys and cfg.cgroup_driver == "systemd":
+        c.add(
+            "enforceNodeAllocatable",
+            f"{keys[0]} with cgroupDriver: systemd: not implemented by klet: enforcing "
+            "systemReservedCgroup or kubeReservedCgroup as a systemd slice",
+        )
+    for field, prefix, reserved in (
+        ("systemReserved", "system-reserved", cfg.system_reserved),
+        ("kubeReserved", "kube-reserved", cfg.kube_reserved),
+    ):
+        full = prefix in cfg.enforce_node_allocatable
+        for resource in reserved:
+            if full and resource.startswith("hugepages-"):
+                c.add(
+                    f"{field}.{resource}",
+                    f"with enforceNodeAllocatable {prefix}: not implemented by klet: "
+                    "hugetlb limits on a reserved cgroup",
+                )
 
 
 def _check_eviction(c: _Checks, cfg: KubeletConfiguration) -> None:

@@ -14,11 +14,13 @@ from collections.abc import Callable, Coroutine
 from typing import Any
 
 from klet.bus import BusError
+from klet.bus.events import node_reference
 from klet.bus.leader import hold, release_quietly
 from klet.model.records import NodeConditionRecord
 from klet.obs import create_health_app, leader_metric, run_supervised, serve_service_port
 from klet.rpc.podcontrol import serve_pod_control
 from klet.syncloop.containers.logmanager import ContainerLogManager, LogManagerSettings
+from klet.syncloop.containers.reservedcgroups import run_enforcement
 from klet.syncloop.pods.intake import BusIntake
 from klet.syncloop.ports import NodeRuntime
 from klet.syncloop.wiring import Deps
@@ -119,6 +121,7 @@ async def main(deps: Deps) -> int:
                 "pleg-events": gated("pleg-events", pleg_events),
                 "periodic-resync": gated("periodic-resync", periodic_resync),
                 "node-health": gated("node-health", report_health),
+                "node-allocatable": gated("node-allocatable", lambda: _node_allocatable(deps)),
                 "status-publisher": gated("status-publisher", controller.publisher.run),
                 "event-publisher": gated("event-publisher", deps.events.run),
                 "prober": gated("prober", deps.prober.run),
@@ -140,6 +143,16 @@ async def main(deps: Deps) -> int:
         await release_quietly(deps.lease)
         await deps.close()
     return 0
+
+
+async def _node_allocatable(deps: Deps) -> None:
+    """The reserved cgroups' limits, written by the leader (reservedcgroups.py)."""
+    node = node_reference(deps.settings.klet.node_name)
+    await run_enforcement(
+        deps.reserved,
+        emit=lambda type_, reason, message: deps.events.queue.emit(node, type_, reason, message),
+        events=deps.events.queue,
+    )
 
 
 async def _volume_cleanup(deps: Deps) -> None:

@@ -54,6 +54,7 @@ from klet.syncloop.containers.podcgroups import (
     NodeCgroupLimits,
     PodCgroups,
 )
+from klet.syncloop.containers.reservedcgroups import ReservedCgroup, reserved_cgroups
 from klet.syncloop.containers.security import SecuritySettings
 from klet.syncloop.containers.systemdcgroups import SystemdPodCgroups
 from klet.syncloop.environment.dns import DNSSettings
@@ -140,6 +141,8 @@ class Deps:
     plugins: PluginWatcher | None = None  # <root-dir>/plugins_registry; None: not watched
     volume_stats: VolumeStatsCollector | None = None  # the bus `volumes` table; None: off
     runtime_events: RuntimeEvents | None = None  # the production event channel, closed at exit
+    reserved: tuple[ReservedCgroup, ...] = ()
+    """The reserved cgroups enforceNodeAllocatable names (root task `node-allocatable`)."""
 
     async def close(self) -> None:
         """Close the clients the service holds (CRI, the apiserver's, the bus), given ones too."""
@@ -434,4 +437,5 @@ def build_deps(settings: Settings, overrides: Overrides | None = None) -> Deps:
         relister=relister,
         watcher=watcher,
         runtime_events=runtime_events,
+        reserved=reserved_cgroups(k),
     )
