@@ -3,7 +3,8 @@ hierarchies (cgroupfs driver): syncloop writes systemReserved and kubeReserved (
 shares, memory limit, pids.max) onto the existing cgroups systemReservedCgroup and
 kubeReservedCgroup, records a NodeAllocatableEnforced Event on the Node for each, and
 refuses to start, naming the field, the path and the key, when one does not exist
-(creating nothing). The cgroups are the test's own, under a private top cgroup."""
+(creating nothing; here named by the --system-reserved-cgroup flag over the file). The
+cgroups are the test's own, under a private top cgroup."""
 
 from __future__ import annotations
 
@@ -101,7 +102,7 @@ def test_a_missing_reserved_cgroup_refuses_the_start(top: str) -> None:
     try:
         path = tmp / "kubelet.yaml"
         missing = f"{top}/nothing"
-        path.write_text(config(top, system=missing, kube=f"{top}/kube"))
+        path.write_text(config(top, system=f"{top}/system", kube=f"{top}/kube"))
         res = subprocess.run(
             [
                 sys.executable,
@@ -113,6 +114,8 @@ def test_a_missing_reserved_cgroup_refuses_the_start(top: str) -> None:
                 str(tmp / "root"),
                 "--config",
                 str(path),
+                "--system-reserved-cgroup",  # over the file's
+                missing,
             ],
             capture_output=True,
             text=True,
@@ -126,5 +129,6 @@ def test_a_missing_reserved_cgroup_refuses_the_start(top: str) -> None:
         "(enforceNodeAllocatable has system-reserved)"
     ) in res.stderr
     assert not any((CG / h / missing.lstrip("/")).exists() for h in HIERARCHIES)
-    # nothing else was written: the kube-reserved cgroup keeps the kernel's defaults
-    assert read(CG / "pids" / top.lstrip("/") / "kube" / "pids.max") == "max"
+    # nothing was written: the existing cgroups keep the kernel's defaults
+    for name in ("system", "kube"):
+        assert read(CG / "pids" / top.lstrip("/") / name / "pids.max") == "max"

@@ -178,6 +178,8 @@ def test_flag_order_does_not_matter(config_file: Path) -> None:
             "kube_reserved",
             {"cpu": "100m", "memory": "1Gi"},
         ),
+        (["--system-reserved-cgroup", "/system.slice"], "system_reserved_cgroup", "/system.slice"),
+        (["--kube-reserved-cgroup", "/kube.slice"], "kube_reserved_cgroup", "/kube.slice"),
     ],
 )
 def test_config_flags(argv: list[str], path: str, value: object) -> None:

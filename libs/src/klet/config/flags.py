@@ -448,6 +448,20 @@ _CONFIG_FLAGS: tuple[FlagSpec, ...] = (
         "node allocatable enforcement (default pods)",
     ),
     _cfg(
+        "--system-reserved-cgroup",
+        "system_reserved_cgroup",
+        _string,
+        "PATH",
+        "existing cgroup for system-reserved enforcement",
+    ),
+    _cfg(
+        "--kube-reserved-cgroup",
+        "kube_reserved_cgroup",
+        _string,
+        "PATH",
+        "existing cgroup for kube-reserved enforcement",
+    ),
+    _cfg(
         "--container-log-max-size",
         "container_log_max_size",
         _string,
