@@ -1,5 +1,7 @@
 """Pod resources on real containerd: the pod cgroup and each container's cgroup carry
-upstream's CPU shares, CFS quota and memory limit, `/pods` reports the QoS class, the
+upstream's CPU shares, CFS quota and memory limit (and the memory+swap limit of NoSwap
+where the kernel accounts swap; the container is created with a hugetlb limit of 0 for
+each page size although this host does not mount hugetlb), `/pods` reports the QoS class, the
 container's processes get the expected oom_score_adj (clamped to what this host allows),
 and the pod cgroup goes away with the pod."""
 
@@ -8,6 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from klet.cgroups.fs import swap_control
 from klet.cgroups.machine import mem_total_bytes
 from klet.syncloop.containers import podcgroups, resources
 
@@ -68,6 +71,10 @@ def check_pod(node: KletNode, manifests: Path, name: str, text: str, qos: str) -
         assert read(d / "cpu.cfs_quota_us") == "50000", d
     for d in (CG / "memory" / parent, CG / "memory" / parent / cid):
         assert read(d / "memory.limit_in_bytes") == "134217728", d
+    # memorySwap NoSwap, where the kernel accounts swap (this host): the container's
+    # memory+swap limit is its memory limit, so it cannot use swap beyond it.
+    if swap_control() == "memsw":
+        assert read(CG / "memory" / parent / cid / "memory.memsw.limit_in_bytes") == "134217728"
     assert (CG / "pids" / parent).is_dir()
     pids = read(CG / "cpu" / parent / cid / "cgroup.procs").split()
     assert pids

@@ -168,6 +168,15 @@ def test_pods_of_each_qos_class_in_their_slices(node: SystemdNode) -> None:
         main_id = pod["status"]["containerStatuses"][0]["containerID"].removeprefix("containerd://")
         assert f"cri-containerd-{main_id}.scope" in scopes, (name, scopes)
         assert len(scopes) == 2, (name, scopes)  # the sandbox's pause and main
+        # Huge pages: the node's systemd mounts hugetlb (the host does not), and the
+        # container may use none of a size it did not ask for.
+        found = node.exec(
+            ["find", "/sys/fs/cgroup/hugetlb", "-name", f"cri-containerd-{main_id}.scope"]
+        ).stdout.split()
+        assert len(found) == 1, (name, found)
+        for size in ("2MB", "1GB"):
+            limit = node.exec(["cat", f"{found[0]}/hugetlb.{size}.limit_in_bytes"]).stdout
+            assert limit.strip() == "0", (name, size, limit)
 
     # The stats readers (/stats/summary, eviction) find the pod slices and kubepods.slice
     # in the node's real cgroup tree.

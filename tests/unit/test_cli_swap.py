@@ -49,13 +49,24 @@ def test_swap_on_is_refused_naming_the_field(tmp_path: Path) -> None:
     assert problem.startswith(f"failSwapOn: swap is on (/dev/sda2 in {swaps});")
 
 
-def test_swap_on_with_fail_swap_on_false_is_refused_too(tmp_path: Path) -> None:
+def test_swap_on_with_fail_swap_on_false_starts_where_containers_can_be_kept_out(
+    tmp_path: Path,
+) -> None:
     swaps = tmp_path / "swaps"
     swaps.write_text(ON)
-    problem = swap_problem(False, swaps)
+    assert swap_problem(False, swaps, swap_control="memsw") is None
+    assert swap_problem(False, swaps, swap_control="swap.max") is None
+
+
+def test_swap_on_with_fail_swap_on_false_and_no_swap_controller_is_refused(
+    tmp_path: Path,
+) -> None:
+    swaps = tmp_path / "swaps"
+    swaps.write_text(ON)
+    problem = swap_problem(False, swaps, swap_control="")
     assert problem is not None
-    assert problem.startswith("failSwapOn: false is not implemented by klet while swap is on")
-    assert "NoSwap" in problem
+    assert problem.startswith("failSwapOn: false with swap on (/dev/sda2 in")
+    assert "NoSwap" in problem and "swapaccount=1" in problem
 
 
 def test_an_unreadable_proc_swaps_is_refused(tmp_path: Path) -> None:
@@ -73,7 +84,9 @@ def test_a_service_does_not_start_with_swap_on(
 ) -> None:
     swaps = tmp_path / "swaps"
     swaps.write_text(ON)
-    monkeypatch.setattr(service, "swap_problem", lambda f: swap.swap_problem(f, swaps))
+    monkeypatch.setattr(
+        service, "swap_problem", lambda f: swap.swap_problem(f, swaps, swap_control="")
+    )
     monkeypatch.setattr(service, "configure_logging", lambda **_: None)
     monkeypatch.setattr(service, "apply_oom_score_adj", lambda value: "")
     monkeypatch.setattr(service, "apply_open_files_limit", lambda want, **_: None)

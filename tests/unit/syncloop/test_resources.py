@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
@@ -298,9 +299,11 @@ def test_pods_cgroup_amounts_enforce_allocatable_without_the_eviction_threshold(
         "cpu": 1250,
         "memory": 8 * GIB - GIB - (512 << 20) - (512 << 20),
         "pid": 4194304 - 1000,
+        "hugepages-2Mi": 512 << 20,
     }
     limits = podcgroups.NodeCgroupLimits.of("/n1", amounts)
     assert limits.cpu_shares == 1280  # MilliCPUToShares(1250)
+    assert limits.hugepages == (("2MB", 512 << 20),)
 
 
 def test_pods_cgroup_amounts_without_enforcement_are_the_capacity() -> None:
@@ -391,3 +394,144 @@ def test_update_qos_writes_the_burstable_shares(tmp_path: Path) -> None:
     driver = podcgroups.CgroupfsPodCgroups(CgroupFS(tmp_path), node)
     assert asyncio.run(driver.update_qos(512)) == []
     assert (tmp_path / "cpu/n1/kubepods/burstable/cpu.shares").read_text() == "512"
+
+
+# --- huge pages and swap (NoSwap) -------------------------------------------------
+
+MI2 = 2 << 20
+PAGES = NodeLimits(memory_capacity_bytes=4 * GI, hugepage_sizes=(MI2, GI))
+
+
+@pytest.mark.parametrize(
+    ("size", "name"), [(MI2, "2MB"), (GI, "1GB"), (64 << 10, "64KB"), (16 * GI, "16GB")]
+)
+def test_hugepage_size_name(size: int, name: str) -> None:
+    assert resources.hugepage_size_name(size) == name
+
+
+def test_every_page_size_is_limited_and_zero_unless_asked_for() -> None:
+    asks = c(lim={"cpu": "1", "memory": "128Mi", "hugepages-2Mi": "8Mi"})
+    r = resources.container_resources(pod(asks), asks, PAGES)
+    assert r.hugepage_limits == (("2MB", 8 << 20), ("1GB", 0))
+    plain = c()
+    assert resources.container_resources(pod(plain), plain, PAGES).hugepage_limits == (
+        ("2MB", 0),
+        ("1GB", 0),
+    )
+    # A kernel without huge pages: nothing to limit.
+    assert resources.container_resources(pod(plain), plain, NODE).hugepage_limits == ()
+
+
+def test_the_pod_cgroup_holds_its_containers_huge_pages() -> None:
+    a = c("a", lim={"cpu": "1", "memory": "64Mi", "hugepages-2Mi": "4Mi"})
+    b = c("b", lim={"cpu": "1", "memory": "64Mi", "hugepages-2Mi": "6Mi"})
+    init = c("i", lim={"cpu": "1", "memory": "64Mi", "hugepages-2Mi": "20Mi"})
+    assert resources.pod_resources(pod(a, b), PAGES).hugepage_limits == (
+        ("2MB", 10 << 20),
+        ("1GB", 0),
+    )
+    assert resources.pod_resources(pod(a, b, init=(init,)), PAGES).hugepage_limits == (
+        ("2MB", 20 << 20),
+        ("1GB", 0),
+    )
+    assert resources.pod_resources(pod(c()), PAGES).hugepage_limits == (("2MB", 0), ("1GB", 0))
+
+
+@pytest.mark.parametrize(
+    ("control", "swap_limit", "unified"),
+    [("memsw", 128 << 20, {}), ("swap.max", 0, {"memory.swap.max": "0"}), ("", 0, {})],
+)
+def test_no_swap(control: str, swap_limit: int, unified: dict[str, str]) -> None:
+    node = NodeLimits(memory_capacity_bytes=4 * GI, swap_control=control)
+    r = resources.container_resources(pod(GUARANTEED), GUARANTEED, node)
+    assert (r.memory_swap_limit_bytes, r.unified) == (swap_limit, unified)
+    # Without a memory limit there is no memory+swap limit on v1 (upstream: the same).
+    plain = c()
+    assert resources.container_resources(pod(plain), plain, node).memory_swap_limit_bytes == 0
+
+
+def test_swap_control_is_found_as_upstream(tmp_path: Path) -> None:
+    from klet.cgroups.fs import swap_control
+
+    (tmp_path / "memory").mkdir()
+    assert swap_control(tmp_path) == ""
+    (tmp_path / "memory/memory.memsw.limit_in_bytes").write_text("9223372036854771712\n")
+    assert swap_control(tmp_path) == "memsw"
+    v2 = tmp_path / "v2"
+    (v2 / "klet.slice").mkdir(parents=True)
+    (v2 / "cgroup.controllers").write_text("cpu memory pids\n")
+    own = tmp_path / "self-cgroup"
+    own.write_text("0::/klet.slice\n")
+    assert swap_control(v2, own) == ""
+    (v2 / "klet.slice/memory.swap.max").write_text("max\n")
+    assert swap_control(v2, own) == "swap.max"
+
+
+def test_hugepage_sizes_of_the_kernel(tmp_path: Path) -> None:
+    for name in ("hugepages-2048kB", "hugepages-1048576kB", "not-a-size"):
+        (tmp_path / name).mkdir()
+    assert podcgroups.hugepage_sizes(tmp_path) == (MI2, GI)
+    assert podcgroups.hugepage_sizes(tmp_path / "absent") == ()
+
+
+def test_hugetlb_files_of_pods_kubepods_and_qos(tmp_path: Path) -> None:
+    for ctrl in ("cpu", "memory", "hugetlb"):
+        (tmp_path / ctrl).mkdir()
+    res = PodResources(2, None, None, None, None, (("2MB", 4 << 20), ("1GB", 0)))
+    assert podcgroups.ensure_pod_cgroup("/kubepods/besteffort/podu", res, root=tmp_path) == []
+    d = tmp_path / "hugetlb/kubepods/besteffort/podu"
+    assert (d / "hugetlb.2MB.limit_in_bytes").read_text() == str(4 << 20)
+    assert (d / "hugetlb.1GB.limit_in_bytes").read_text() == "0"
+    node = podcgroups.NodeCgroupLimits.of(
+        "/", {"cpu": 2000, "memory": 8 * GI, "hugepages-2Mi": 64 << 20, "hugepages-1Gi": 0}
+    )
+    assert podcgroups.ensure_node_cgroups(node, tmp_path) == []
+    kubepods = tmp_path / "hugetlb/kubepods"
+    assert (kubepods / "hugetlb.2MB.limit_in_bytes").read_text() == str(64 << 20)
+    assert (kubepods / "hugetlb.1GB.limit_in_bytes").read_text() == "0"
+    for qos in ("burstable", "besteffort"):
+        assert (kubepods / qos / "hugetlb.2MB.limit_in_bytes").read_text() == "-1"
+    _, v2 = node.kubepods_files()
+    assert v2["hugetlb.2MB.max"] == str(64 << 20)
+    assert node.qos_hugetlb()[1] == {"hugetlb.2MB.max": "max", "hugetlb.1GB.max": "max"}
+
+
+def test_a_hierarchy_the_host_does_not_mount_is_skipped() -> None:
+    # Under the real, mounted /sys/fs/cgroup an empty directory is no hierarchy (this
+    # host's hugetlb); a mounted one is.
+    root = Path("/sys/fs/cgroup")
+    if not os.path.ismount(root):
+        pytest.skip("no mounted cgroup root here")
+    mounted = [c for c in podcgroups.V1_CONTROLLERS if (root / c).is_dir()]
+    for ctrl in mounted:
+        assert podcgroups._mounted(root / ctrl) == os.path.ismount(root / ctrl)
+
+
+def test_the_cri_request_carries_swap_huge_pages_and_unified() -> None:
+    from klet.cri.client import _container_pb
+    from klet.cri.types import ContainerConfig
+
+    r = LinuxResources(
+        memory_limit_bytes=1 << 27,
+        memory_swap_limit_bytes=1 << 27,
+        hugepage_limits=(("2MB", 4 << 20), ("1GB", 0)),
+        unified={"memory.swap.max": "0"},
+    )
+    sent = _container_pb(ContainerConfig("c", 0, "img", resources=r)).linux.resources
+    assert sent.memory_swap_limit_in_bytes == 1 << 27
+    assert [(h.page_size, h.limit) for h in sent.hugepage_limits] == [
+        ("2MB", 4 << 20),
+        ("1GB", 0),
+    ]
+    assert dict(sent.unified) == {"memory.swap.max": "0"}
+
+
+def test_hugetlb_is_available_where_the_host_has_the_controller(tmp_path: Path) -> None:
+    from klet.cgroups.fs import hugetlb_available
+
+    (tmp_path / "hugetlb").mkdir()  # an empty directory, not a mounted hierarchy
+    assert not hugetlb_available(tmp_path)
+    (tmp_path / "cgroup.controllers").write_text("cpu memory pids\n")
+    assert not hugetlb_available(tmp_path)
+    (tmp_path / "cgroup.controllers").write_text("cpu hugetlb memory pids\n")
+    assert hugetlb_available(tmp_path)

@@ -42,6 +42,39 @@ def detect(root: Path = Path("/sys/fs/cgroup")) -> int:
     return 2 if (root / "cgroup.controllers").exists() else 1
 
 
+PROC_SELF_CGROUP = Path("/proc/self/cgroup")
+
+
+def swap_control(root: Path = Path("/sys/fs/cgroup"), self_cgroup: Path = PROC_SELF_CGROUP) -> str:
+    """How this host keeps containers out of swap: "memsw", "swap.max" or "" (see
+    syncloop's NodeLimits.swap_control), found as
+    upstream's swapControllerAvailable: v1's memory.memsw.limit_in_bytes at the memory
+    root (the kernel has swap accounting), v2's memory.swap.max in our own cgroup."""
+    if detect(root) == 1:
+        return "memsw" if (root / "memory" / "memory.memsw.limit_in_bytes").exists() else ""
+    try:
+        own = next(
+            (line[3:] for line in self_cgroup.read_text().splitlines() if line.startswith("0::")),
+            "/",
+        )
+    except OSError:
+        return ""
+    return "swap.max" if (root / own.strip().lstrip("/") / "memory.swap.max").exists() else ""
+
+
+def hugetlb_available(root: Path = Path("/sys/fs/cgroup")) -> bool:
+    """Whether this host's cgroups have the hugetlb controller: a mounted v1 hierarchy
+    (these hosts leave it unmounted, an empty directory), or on v2 a root that offers it.
+    Huge page limits go to the runtime only where it does: runc refuses to start a
+    container with a limit it cannot set."""
+    if detect(root) == 2:
+        try:
+            return "hugetlb" in (root / "cgroup.controllers").read_text().split()
+        except OSError:
+            return False
+    return os.path.ismount(root / "hugetlb")
+
+
 def _read_int(path: Path) -> int | None:
     try:
         return int(path.read_text().split()[0])

@@ -807,6 +807,12 @@ def _container_pb(c: ContainerConfig) -> Any:
                 cpu_period=r.cpu_period,
                 memory_limit_in_bytes=r.memory_limit_bytes,
                 oom_score_adj=r.oom_score_adj,
+                memory_swap_limit_in_bytes=r.memory_swap_limit_bytes,
+                hugepage_limits=[
+                    pb.HugepageLimit(page_size=size, limit=limit)
+                    for size, limit in r.hugepage_limits
+                ],
+                unified=r.unified,
             )
         )
     if c.security is not None:

@@ -264,6 +264,12 @@ class LinuxResources:
     cpu_period: int = 0
     memory_limit_bytes: int = 0
     oom_score_adj: int = 0
+    memory_swap_limit_bytes: int = 0
+    """Memory plus swap (cgroup v1 memory.memsw.limit_in_bytes); 0 = not set."""
+    hugepage_limits: tuple[tuple[str, int], ...] = ()
+    """(page size as the runtime names it, "2MB" or "1GB"; limit in bytes)."""
+    unified: dict[str, str] = field(default_factory=dict)
+    """cgroup v2 files by name (memory.swap.max)."""
 
 
 @dataclass(frozen=True)

@@ -184,18 +184,19 @@ def pods_cgroup_amounts(
     enforce_pods: bool,
 ) -> dict[str, int]:
     """What the node's pods together may use, as upstream's node container manager writes
-    it on `<cgroupRoot>/kubepods`: `cpu` (millicores), `memory` (bytes) and `pid` (a
-    count, when `pid_max` is known). With `enforceNodeAllocatable` holding `pods`, that is
-    capacity − kubeReserved − systemReserved (GetNodeAllocatableAbsolute: no eviction
-    threshold, which eviction guards below the limit), memory also less the allocatable
-    huge pages; without it, capacity itself (upstream still writes the cgroup, since the
-    default CPU shares would starve the pods)."""
+    it on `<cgroupRoot>/kubepods`: `cpu` (millicores), `memory` (bytes), `pid` (a count,
+    when `pid_max` is known) and each `hugepages-<size>` (bytes). With
+    `enforceNodeAllocatable` holding `pods`, that is capacity − kubeReserved −
+    systemReserved (GetNodeAllocatableAbsolute: no eviction threshold, which eviction
+    guards below the limit), memory also less the allocatable huge pages; without it,
+    capacity itself (upstream still writes the cgroup, since the default CPU shares would
+    starve the pods)."""
     cap = {"cpu": machine.cpus * 1000, "memory": machine.memory_bytes}
     if pid_max is not None:
         cap["pid"] = pid_max
-    if not enforce_pods:
-        return cap
     pages = {hugepage_resource(size): total for size, total in machine.hugepages.items()}
+    if not enforce_pods:
+        return {**cap, **pages}
     held = reservation(
         {**cap, **pages},
         kube_reserved=kube_reserved,
@@ -203,8 +204,9 @@ def pods_cgroup_amounts(
         eviction_hard={},
     )
     out = {name: max(0, amount - held.get(name, 0)) for name, amount in cap.items()}
-    in_pages = sum(max(0, total - held.get(name, 0)) for name, total in pages.items())
-    out["memory"] = max(0, out["memory"] - in_pages)
+    for name, total in pages.items():
+        out[name] = max(0, total - held.get(name, 0))
+    out["memory"] = max(0, out["memory"] - sum(out[name] for name in pages))
     return out
 
 

@@ -8,6 +8,12 @@ them, `<cgroupRoot>/kubepods` gets the node's pod limits (node allocatable with
 besteffort QoS cgroup the minimum CPU shares, as upstream's node and QoS container
 managers write them (`NodeCgroupLimits`, from klet.model.node.pods_cgroup_amounts);
 `update_qos` gives the burstable one the active Burstable pods' CPU requests as shares.
+Huge pages (hugetlb, where the host has the controller: none of the limits is sent or
+written where it has not, since runc would refuse every container): each pod cgroup its pods'
+`hugepages-<size>` limits, 0 for the sizes not asked for; `kubepods` the node's
+(allocatable) huge pages; the QoS cgroups no limit, as upstream's QoS manager. A v1
+hierarchy the host does not mount (an empty directory under a read-only /sys/fs/cgroup,
+as hugetlb is on these hosts) is skipped.
 `PodCgroups` is the cgroup driver as syncloop sees it: `CgroupfsPodCgroups` here,
 `SystemdPodCgroups` (systemdcgroups.py) for `cgroupDriver: systemd`.
 `node_limits` detects once the node's memory capacity and the lowest oom_score_adj this
@@ -20,18 +26,21 @@ from __future__ import annotations
 import functools
 import logging
 import os
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
 from klet.cgroups import CgroupFS
-from klet.cgroups.fs import V1_CONTROLLERS, detect
-from klet.cgroups.machine import mem_total_bytes
+from klet.cgroups.fs import V1_CONTROLLERS, detect, hugetlb_available, swap_control
+from klet.cgroups.machine import mem_total_bytes, parse_hugepage_dir
+from klet.config.units import parse_quantity
 from klet.model.layout import node_cgroups
 from klet.syncloop.containers.resources import (
     MIN_SHARES,
     NodeLimits,
     PodResources,
+    hugepage_size_name,
     milli_cpu_to_shares,
 )
 
@@ -67,21 +76,36 @@ def oom_score_adj_floor(path: Path = OOM_SCORE_ADJ) -> int:
     return -1000
 
 
+HUGEPAGES = Path("/sys/kernel/mm/hugepages")
+
+
+def hugepage_sizes(root: Path = HUGEPAGES) -> tuple[int, ...]:
+    """The huge page sizes (bytes) the kernel offers, whether or not any are reserved."""
+    try:
+        names = [e.name for e in root.iterdir()]
+    except OSError:
+        return ()
+    return tuple(sorted(s for s in map(parse_hugepage_dir, names) if s is not None))
+
+
 @functools.cache
-def _detected() -> tuple[int, int]:
-    return mem_total_bytes(), oom_score_adj_floor()
+def _detected() -> tuple[int, int, tuple[int, ...], str]:
+    sizes = hugepage_sizes() if hugetlb_available() else ()
+    return mem_total_bytes(), oom_score_adj_floor(), sizes, swap_control()
 
 
 def node_limits(settings: object) -> NodeLimits:
     """NodeLimits for this host; `cpu_cfs_quota(_period)` and `pod_pids_limit` are read
     from settings if present."""
-    capacity, floor = _detected()
+    capacity, floor, sizes, swap = _detected()
     return NodeLimits(
         memory_capacity_bytes=capacity,
         cpu_cfs_quota=bool(getattr(settings, "cpu_cfs_quota", True)),
         cpu_cfs_quota_period_s=float(getattr(settings, "cpu_cfs_quota_period", 0.1)),
         oom_score_adj_floor=floor,
         pod_pids_limit=int(getattr(settings, "pod_pids_limit", -1)),
+        hugepage_sizes=sizes,
+        swap_control=swap,
     )
 
 
@@ -100,7 +124,25 @@ def _v1_files(res: PodResources) -> dict[str, dict[str, str]]:
         cpu["cpu.cfs_period_us"] = str(res.cpu_period)
     cpu["cpu.cfs_quota_us"] = str(res.cpu_quota if res.cpu_quota is not None else -1)
     memory = {"memory.limit_in_bytes": str(res.memory_limit_bytes or -1)}
-    return {"cpu": cpu, "memory": memory, "pids": {"pids.max": _pids_max(res)}}
+    return {
+        "cpu": cpu,
+        "memory": memory,
+        "pids": {"pids.max": _pids_max(res)},
+        "hugetlb": hugetlb_v1(res.hugepage_limits),
+    }
+
+
+def hugetlb_v1(limits: Iterable[tuple[str, int | None]]) -> dict[str, str]:
+    """hugetlb.<size>.limit_in_bytes by size; None is no limit (-1)."""
+    return {
+        f"hugetlb.{size}.limit_in_bytes": str(-1 if limit is None else limit)
+        for size, limit in limits
+    }
+
+
+def hugetlb_v2(limits: Iterable[tuple[str, int | None]]) -> dict[str, str]:
+    """hugetlb.<size>.max by size; None is "max"."""
+    return {f"hugetlb.{size}.max": "max" if limit is None else str(limit) for size, limit in limits}
 
 
 def _pids_max(res: PodResources) -> str:
@@ -121,6 +163,7 @@ def _v2_files(res: PodResources) -> dict[str, str]:
         "cpu.max": f"{quota if quota is not None else 'max'} {period}",
         "memory.max": str(res.memory_limit_bytes or "max"),
         "pids.max": _pids_max(res),
+        **hugetlb_v2(res.hugepage_limits),
     }
 
 
@@ -151,14 +194,31 @@ def ensure_pod_cgroup(
     return ensure_cgroup(parent, _v1_files(res), _v2_files(res), root=root)
 
 
+def _read_words(path: Path) -> set[str]:
+    try:
+        return set(path.read_text().split())
+    except OSError:
+        return set()
+
+
+def _mounted(base: Path) -> bool:
+    """Whether v1 hierarchy directory `base` is one. Under a mounted cgroup root
+    (/sys/fs/cgroup, a tmpfs) every hierarchy is a mount point: an empty directory there
+    is a controller the host does not mount (hugetlb here). The trees of unit tests are
+    plain directories."""
+    return os.path.ismount(base) or not os.path.ismount(base.parent)
+
+
 def ensure_cgroup(
     parent: str,
     v1_files: dict[str, dict[str, str]],
     v2_files: dict[str, str],
     root: Path = Path("/sys/fs/cgroup"),
+    controllers: tuple[str, ...] = (),
 ) -> list[str]:
     """Create the cgroup `parent` (and those above it) and write the files of the
-    hierarchy in use, by v1 controller or the v2 names; returns the problems met."""
+    hierarchy in use, by v1 controller or the v2 names; returns the problems met. On v1,
+    `controllers` limits the hierarchies touched (all by default)."""
     rel = parent.strip("/")
     problems: list[str] = []
     if detect(root) == 2:
@@ -166,18 +226,20 @@ def ensure_cgroup(
         for i in range(len(parts)):
             d = root.joinpath(*parts[:i])
             os.makedirs(root.joinpath(*parts[: i + 1]), exist_ok=True)
-            for ctrl in ("cpu", "memory", "pids"):
+            for ctrl in ("cpu", "memory", "pids", "hugetlb"):
                 try:
                     (d / "cgroup.subtree_control").write_text(f"+{ctrl}")
                 except OSError:
                     pass
+        hugetlb = "hugetlb" in _read_words(root / "cgroup.controllers")
         for name, text in v2_files.items():
-            _write(root / rel / name, text, problems)
+            if hugetlb or not name.startswith("hugetlb."):
+                _write(root / rel / name, text, problems)
         return problems
     files = v1_files
-    for ctrl in V1_CONTROLLERS:
+    for ctrl in controllers or V1_CONTROLLERS:
         base = root / ctrl
-        if not base.is_dir():
+        if not base.is_dir() or not _mounted(base):
             continue
         parts = Path(rel).parts
         for i in range(len(parts)):
@@ -205,14 +267,22 @@ class NodeCgroupLimits:
     cpu_shares: int
     memory_bytes: int
     pids: int | None
+    hugepages: tuple[tuple[str, int], ...] = ()
+    """The pods' huge pages by size ("2MB"), bytes."""
 
     @classmethod
     def of(cls, cgroup_root: str, amounts: dict[str, int]) -> NodeCgroupLimits:
+        pages = {
+            parse_quantity(name.removeprefix("hugepages-")): amount
+            for name, amount in amounts.items()
+            if name.startswith("hugepages-")
+        }
         return cls(
             cgroup_root=cgroup_root,
             cpu_shares=milli_cpu_to_shares(amounts["cpu"]),
             memory_bytes=amounts["memory"],
             pids=amounts.get("pid"),
+            hugepages=tuple((hugepage_size_name(int(size)), pages[size]) for size in sorted(pages)),
         )
 
     def kubepods_files(self) -> tuple[dict[str, dict[str, str]], dict[str, str]]:
@@ -222,19 +292,31 @@ class NodeCgroupLimits:
             "cpu": {"cpu.shares": str(self.cpu_shares)},
             "memory": {"memory.limit_in_bytes": str(self.memory_bytes)},
             "pids": {"pids.max": pids},
+            "hugetlb": hugetlb_v1(self.hugepages),
         }
         v2 = {
             "cpu.weight": str(shares_to_weight(self.cpu_shares)),
             "memory.max": str(self.memory_bytes),
             "pids.max": pids,
+            **hugetlb_v2(self.hugepages),
         }
         return v1, v2
 
+    def qos_hugetlb(self) -> tuple[dict[str, dict[str, str]], dict[str, str]]:
+        """The QoS cgroups' hugetlb files: no limit of their own (kubepods holds it)."""
+        unbounded = [(size, None) for size, _ in self.hugepages]
+        return {"hugetlb": hugetlb_v1(unbounded)}, hugetlb_v2(unbounded)
 
-def besteffort_files() -> tuple[dict[str, dict[str, str]], dict[str, str]]:
-    """The besteffort QoS cgroup's files: MinShares (cpu.weight 1 on v2)."""
-    return {"cpu": {"cpu.shares": str(MIN_SHARES)}}, {
-        "cpu.weight": str(shares_to_weight(MIN_SHARES))
+
+def besteffort_files(
+    node: NodeCgroupLimits | None = None,
+) -> tuple[dict[str, dict[str, str]], dict[str, str]]:
+    """The besteffort QoS cgroup's files: MinShares (cpu.weight 1 on v2), and no
+    hugetlb limit of its own."""
+    v1, v2 = node.qos_hugetlb() if node is not None else ({}, {})
+    return {"cpu": {"cpu.shares": str(MIN_SHARES)}, **v1}, {
+        "cpu.weight": str(shares_to_weight(MIN_SHARES)),
+        **v2,
     }
 
 
@@ -245,8 +327,8 @@ def ensure_node_cgroups(limits: NodeCgroupLimits, root: Path) -> list[str]:
     eviction brings the usage down, as upstream retries."""
     kubepods, burstable, besteffort = node_cgroups(limits.cgroup_root)
     problems = ensure_cgroup(kubepods, *limits.kubepods_files(), root=root)
-    problems += ensure_cgroup(besteffort, *besteffort_files(), root=root)
-    problems += ensure_cgroup(burstable, {}, {}, root=root)
+    problems += ensure_cgroup(besteffort, *besteffort_files(limits), root=root)
+    problems += ensure_cgroup(burstable, *limits.qos_hugetlb(), root=root)
     return problems
 
 

@@ -6,8 +6,15 @@ for hosts that refuse negative values), and the pod cgroup's values as sums over
 containers (upstream's ResourceConfigForPod) plus the node-wide podPidsLimit, which caps
 every pod whatever its QoS class (a fork bomb in one pod cannot take the node's PIDs).
 Missing requests default to the limits, as the API server's defaulting does; the pod's
-`overhead` counts in the pod cgroup (not in any container's). Hugepages and other
-resources are ignored.
+`overhead` counts in the pod cgroup (not in any container's).
+
+Huge pages: every container and pod cgroup gets a hugetlb limit for each page size the
+kernel offers, 0 unless the containers' limits ask for `hugepages-<size>` (the pod's is
+their sum), as upstream's GetHugepageLimitsFromResources and pod container manager set
+them, so a pod uses no huge pages it was not given. Swap (`memorySwap.swapBehavior`
+NoSwap, the only behaviour klet has): where the host has a swap controller, a
+container's memory+swap limit equals its memory limit on cgroup v1 and its
+memory.swap.max is 0 on v2, as upstream's ConfigureNoSwap.
 """
 
 from __future__ import annotations
@@ -41,6 +48,11 @@ class NodeLimits:
     oom_score_adj_floor: int = -1000
     pod_pids_limit: int = -1
     """podPidsLimit / --pod-max-pids: processes per pod; -1 (or 0) = no per-pod limit."""
+    hugepage_sizes: tuple[int, ...] = ()
+    """The huge page sizes (bytes) the kernel offers (/sys/kernel/mm/hugepages)."""
+    swap_control: str = ""
+    """How containers are kept out of swap: "memsw" (cgroup v1 memory+swap limit),
+    "swap.max" (v2), "" when the host has no swap controller (nothing to set)."""
 
     @property
     def period_us(self) -> int:
@@ -56,6 +68,8 @@ class PodResources:
     cpu_period: int | None
     memory_limit_bytes: int | None
     pids_limit: int | None = None
+    hugepage_limits: tuple[tuple[str, int], ...] = ()
+    """(page size as cgroups name it, "2MB"; limit in bytes) for every size offered."""
 
 
 def pids_limit(node: NodeLimits) -> int | None:
@@ -132,6 +146,35 @@ def clamp_oom_score_adj(adj: int, floor: int) -> int:
     return max(adj, floor, -1000)
 
 
+_PAGE_UNITS = ("B", "KB", "MB", "GB", "TB", "PB")
+
+
+def hugepage_size_name(page_bytes: int) -> str:
+    """A huge page size as cgroups and CRI name it: 2097152 -> "2MB", 1Gi -> "1GB"."""
+    n, unit = page_bytes, 0
+    while n >= 1024 and n % 1024 == 0 and unit < len(_PAGE_UNITS) - 1:
+        n //= 1024
+        unit += 1
+    return f"{n}{_PAGE_UNITS[unit]}"
+
+
+def container_hugepages(container: JSON) -> dict[int, int]:
+    """The container's `hugepages-<size>` limits, bytes by page size."""
+    res = container.get("resources")
+    limits = res.get("limits") if isinstance(res, dict) else None
+    out: dict[int, int] = {}
+    for name in limits if isinstance(limits, dict) else ():
+        if isinstance(name, str) and name.startswith("hugepages-"):
+            size = value(parse_quantity(name.removeprefix("hugepages-")))
+            out[size] = value(_limit(container, name))
+    return out
+
+
+def hugepage_limits(sizes: Iterable[int], wanted: dict[int, int]) -> tuple[tuple[str, int], ...]:
+    """A limit for every page size offered: what is wanted, else 0."""
+    return tuple((hugepage_size_name(size), wanted.get(size, 0)) for size in sorted(sizes))
+
+
 def container_resources(pod: JSON, container: JSON, node: NodeLimits) -> LinuxResources:
     """The CRI LinuxResources for one container (0 means unset / unlimited)."""
     cpu_request = milli_value(_request(container, "cpu"))
@@ -140,14 +183,19 @@ def container_resources(pod: JSON, container: JSON, node: NodeLimits) -> LinuxRe
     if node.cpu_cfs_quota:
         period = node.period_us
         quota = milli_cpu_to_quota(cpu_limit, period)
+    memory = value(_limit(container, "memory"))
     return LinuxResources(
         cpu_shares=milli_cpu_to_shares(cpu_request),
         cpu_quota=quota,
         cpu_period=period,
-        memory_limit_bytes=value(_limit(container, "memory")),
+        memory_limit_bytes=memory,
         oom_score_adj=clamp_oom_score_adj(
             oom_score_adj(pod, container, node.memory_capacity_bytes), node.oom_score_adj_floor
         ),
+        # Without a memory limit there is no memory+swap limit either (0 = unset).
+        memory_swap_limit_bytes=memory if node.swap_control == "memsw" else 0,
+        hugepage_limits=hugepage_limits(node.hugepage_sizes, container_hugepages(container)),
+        unified={"memory.swap.max": "0"} if node.swap_control == "swap.max" else {},
     )
 
 
@@ -198,8 +246,9 @@ def pod_resources(pod: JSON, node: NodeLimits) -> PodResources:
         return None if q is None or q == 0 else value(q)
 
     qos = podspec.qos_class(pod)
+    pages = _pod_hugepages(pod, node)
     if qos == "BestEffort":
-        return PodResources(MIN_SHARES, None, None, None, pids_limit(node))
+        return PodResources(MIN_SHARES, None, None, None, pids_limit(node), pages)
     requests = pod_cpu_request_millis(pod)
     cpu_limits, cpu_declared = _pod_total(pod, cpu_lim)
     memory, memory_declared = _pod_total(pod, mem_lim)
@@ -215,11 +264,21 @@ def pod_resources(pod: JSON, node: NodeLimits) -> PodResources:
     period = node.period_us
     quota = milli_cpu_to_quota(cpu_limits, period) if node.cpu_cfs_quota else -1
     if qos == "Guaranteed":
-        return PodResources(shares, quota, period, memory, pids_limit(node))
+        return PodResources(shares, quota, period, memory, pids_limit(node), pages)
     return PodResources(
         shares,
         quota if cpu_declared else None,
         period if cpu_declared else None,
         memory if memory_declared else None,
         pids_limit(node),
+        pages,
     )
+
+
+def _pod_hugepages(pod: JSON, node: NodeLimits) -> tuple[tuple[str, int], ...]:
+    """The pod cgroup's hugetlb limits: per size, the app containers' limits summed, the
+    largest init container's if more."""
+    wanted: dict[int, int] = {}
+    for size in node.hugepage_sizes:
+        wanted[size], _ = _pod_total(pod, lambda c, s=size: container_hugepages(c).get(s))
+    return hugepage_limits(node.hugepage_sizes, wanted)
