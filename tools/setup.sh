@@ -17,8 +17,9 @@ RUN_PACKAGES=(containerd runc containernetworking-plugins busybox-static docker-
 # The tests and `make image` besides: htpasswd for the authenticated registry, the image
 # builder's mmdebstrap and skopeo, the compose tier's dockerd and docker-compose, tini
 # for the storage conformance run's PID namespace, and the Prometheus that scrapes a node
-# as kube-prometheus would (tests/cluster/test_prometheus_scrape.py; not started here).
-TEST_PACKAGES=(apache2-utils mmdebstrap skopeo docker.io docker-compose tini prometheus)
+# as kube-prometheus would (tests/cluster/test_prometheus_scrape.py; not started here),
+# socat to relay the apiserver into the systemd tier's node container.
+TEST_PACKAGES=(apache2-utils mmdebstrap skopeo docker.io docker-compose tini prometheus socat)
 APT_PACKAGES=("${RUN_PACKAGES[@]}")
 if [ "${1:-}" != "--run" ]; then
   APT_PACKAGES+=("${TEST_PACKAGES[@]}")

@@ -19,6 +19,13 @@ image and runs it as systemd wants a container:
 - `/var/lib/klet-node` bound from a host directory, because containerd's overlay
   snapshots cannot live on the container's own overlay root.
 
+`join` lets the node into a test control plane although it has no network: socat on the
+host listens on a Unix socket in the bound state directory and connects each client to
+the apiserver, and a socat unit in the node listens on the apiserver's loopback port and
+connects to that socket, so the node's kubeconfig names the apiserver as the host's
+does (`https://127.0.0.1:<port>`, a name its certificate holds). klet is ordered after
+that unit, so at a shutdown systemd stops klet before the relay.
+
 klet runs inside as a systemd service: `start_klet` writes the KubeletConfiguration and
 runs `klet up` (its private Redis, registry with the busybox test images, containerd
 whose runc follows `cgroupDriver`) with `systemd-run --unit klet`, static pods from
@@ -38,8 +45,10 @@ import tempfile
 import time
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 from klet.testbed import Dockerd
+from klet.testbed.cluster import ControlPlane
 
 from tests.compose.test_compose import CAPABILITIES, bounding_set, capability_bits
 from tests.harness.waiting import wait_for
@@ -186,6 +195,8 @@ class SystemdNode:
         self.manifests = dir / "manifests"
         self.config_file = dir / "kubelet.yaml"
         self.timings: dict[str, float] = {}
+        self._relay: subprocess.Popen[bytes] | None = None
+        self._klet_after: list[str] = []
 
     def start(self, archive: Path) -> None:
         began = time.monotonic()
@@ -234,6 +245,41 @@ class SystemdNode:
             )
         return res
 
+    def join(self, plane: ControlPlane) -> list[str]:
+        """Relay `plane`'s apiserver into the node (see the module docstring) and return
+        the flags `klet up` needs to join it as node `self.name`: the control plane's
+        node flags, with the files they name copied into the node."""
+        port = urlsplit(plane.server).port
+        relay = self.state / "relay"
+        relay.mkdir(exist_ok=True)
+        socket = relay / "apiserver.sock"
+        self._relay = subprocess.Popen(
+            ["socat", f"UNIX-LISTEN:{socket},fork,mode=600", f"TCP:127.0.0.1:{port}"],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        wait_for(socket.exists, timeout_s=10, what=f"socat listening on {socket}")
+        self.exec(
+            [
+                "systemd-run",
+                "--unit=apiserver-relay",
+                "socat",
+                f"TCP-LISTEN:{port},bind=127.0.0.1,fork,reuseaddr",
+                f"UNIX-CONNECT:{NODE_STATE}/relay/apiserver.sock",
+            ]
+        )
+        self._klet_after.append("apiserver-relay.service")
+        files = self.state / "join"
+        files.mkdir(exist_ok=True)
+        flags = []
+        for i, flag in enumerate(plane.node_flags(self.name)):
+            source = Path(flag)
+            if flag.startswith("/") and source.is_file():
+                shutil.copy(source, files / f"{i}-{source.name}")
+                flag = f"{NODE_STATE}/join/{i}-{source.name}"
+            flags.append(flag)
+        return flags
+
     def start_klet(self, config: str, *extra: str) -> None:
         """Write the KubeletConfiguration and start `klet up` as the unit klet.service."""
         self.config_file.write_text(config)
@@ -243,6 +289,7 @@ class SystemdNode:
                 "--unit=klet",
                 "--property=KillMode=mixed",
                 "--property=TimeoutStopSec=60",
+                *(f"--property=After={unit}" for unit in self._klet_after),
                 "/usr/local/bin/klet",
                 "up",
                 "--config",
@@ -304,6 +351,9 @@ class SystemdNode:
                 self.dockerd.docker(["stop", "--time", "60", self.name], check=False, timeout_s=120)
                 self.timings["power off"] = time.monotonic() - began
         finally:
+            if self._relay is not None:
+                self._relay.terminate()
+                self._relay.wait(timeout=10)
             began = time.monotonic()
             self.dockerd.stop()
             shutil.rmtree(self.state, ignore_errors=True)

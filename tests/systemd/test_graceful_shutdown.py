@@ -19,19 +19,27 @@ Checked, in order:
 - the start and end gauges (`kubelet_graceful_shutdown_*_time_seconds`, on the
   read-only port's merged /metrics) and the state file that keeps them are written.
 
+The node joins the session's control plane (through the harness's apiserver relay), so
+the final statuses are read where the cluster reads them, from the apiserver (the
+static pods' mirror pods), beside the node's own view; the Node's Ready condition is
+False with "node is shutting down".
+
 The test holds a delay lock of its own (`systemd-inhibit ... sleep`), and after klet has
 raised the delay it raises it further with a drop-in of its own, so that logind waits
-for the test after klet's lock is gone: the final statuses are read from the read-only
-port before the node powers off. Then the test lets go and the container exits.
+for the test after klet's lock is gone: the node's own view (the read-only port) and
+the rejection of a late pod are read before the node powers off. Then the test lets go
+and the container exits.
 """
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from klet.testbed.cluster import ControlPlane
 
 from tests.harness.systemd_node import NODE_STATE, READ_ONLY_PORT, SystemdNode, build_image
 from tests.harness.waiting import wait_for
@@ -52,12 +60,15 @@ MESSAGE = "Pod was terminated in response to imminent node shutdown."
 
 
 def manifest(name: str, priority: int) -> str:
+    # As kubeadm's static pods: the class beside the value, which the apiserver's
+    # Priority admission requires of the mirror pod when the value is not its default.
+    klass = "\n  priorityClassName: system-node-critical" if priority == CRITICAL else ""
     return f"""\
 apiVersion: v1
 kind: Pod
 metadata: {{name: {name}, namespace: default}}
 spec:
-  priority: {priority}
+  priority: {priority}{klass}
   terminationGracePeriodSeconds: 5
   volumes:
     - name: state
@@ -75,7 +86,9 @@ spec:
 
 
 @pytest.fixture(scope="module")
-def node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SystemdNode]:
+def node(
+    tmp_path_factory: pytest.TempPathFactory, control_plane: ControlPlane
+) -> Iterator[SystemdNode]:
     base = tmp_path_factory.mktemp("sd-shutdown")
     archive = build_image(base / "image")
     node = SystemdNode(base / "n", name="shutdown-node")
@@ -83,10 +96,45 @@ def node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SystemdNode]:
         node.start(archive)
         for name, priority in PODS.items():
             (node.manifests / f"{name}.yaml").write_text(manifest(name, priority))
-        node.start_klet(CONFIG)
+        node.start_klet(CONFIG, *node.join(control_plane))
         yield node
     finally:
         node.stop()
+        control_plane.kubectl(
+            "delete",
+            "pods",
+            "--namespace=default",
+            f"--field-selector=spec.nodeName={node.name}",
+            "--grace-period=0",
+            "--force",
+            "--ignore-not-found",
+        )
+        control_plane.kubectl("delete", "node", node.name, "--ignore-not-found")
+
+
+def _api_pods(plane: ControlPlane, node: SystemdNode) -> dict[str, dict[str, Any]]:
+    """The node's (mirror) pods in the apiserver, by manifest name."""
+    res = plane.kubectl(
+        "get",
+        "pods",
+        "--namespace=default",
+        f"--field-selector=spec.nodeName={node.name}",
+        "-o",
+        "json",
+    )
+    if res.returncode != 0:
+        return {}
+    items = json.loads(res.stdout)["items"]
+    return {str(p["metadata"]["name"]).removesuffix(f"-{node.name}"): p for p in items}
+
+
+def _api_ready(plane: ControlPlane, node: SystemdNode) -> dict[str, Any]:
+    """The Node's Ready condition in the apiserver ({} before it registers)."""
+    res = plane.kubectl("get", "node", node.name, "-o", "json")
+    if res.returncode != 0:
+        return {}
+    conditions = json.loads(res.stdout)["status"].get("conditions") or []
+    return next((c for c in conditions if c["type"] == "Ready"), {})
 
 
 def _by_name(node: SystemdNode) -> dict[str, dict[str, Any]]:
@@ -128,7 +176,9 @@ def _lock_holder(node: SystemdNode) -> str | None:
     return None
 
 
-def test_a_poweroff_kills_pods_by_priority_and_reports_each(node: SystemdNode) -> None:
+def test_a_poweroff_kills_pods_by_priority_and_reports_each(
+    node: SystemdNode, control_plane: ControlPlane
+) -> None:
     def running() -> bool:
         pods = _by_name(node)
         return set(pods) == set(PODS) and all(
@@ -136,6 +186,19 @@ def test_a_poweroff_kills_pods_by_priority_and_reports_each(node: SystemdNode) -
         )
 
     wait_for(running, timeout_s=240, what="the three static pods Running")
+    wait_for(
+        lambda: _api_ready(control_plane, node).get("status") == "True",
+        timeout_s=120,
+        what=f"node {node.name} Ready in the apiserver",
+    )
+
+    def mirrored() -> bool:
+        pods = _api_pods(control_plane, node)
+        return set(pods) >= set(PODS) and all(
+            pods[n]["status"].get("phase") == "Running" for n in PODS
+        )
+
+    wait_for(mirrored, timeout_s=120, what="the three mirror pods Running in the apiserver")
 
     def locked() -> bool:
         listing = _inhibitors(node)
@@ -212,12 +275,27 @@ def test_a_poweroff_kills_pods_by_priority_and_reports_each(node: SystemdNode) -
 
     wait_for(all_failed, timeout_s=60, what="every pod Failed by the shutdown")
     took = time.monotonic() - began
-    pods = _by_name(node)
-    for name in PODS:
-        status = pods[name]["status"]
-        assert (status.get("reason"), status.get("message")) == ("Terminated", MESSAGE), name
-        [target] = [c for c in status["conditions"] if c["type"] == "DisruptionTarget"]
-        assert (target["status"], target["reason"]) == ("True", "TerminationByKubelet")
+
+    # What the cluster sees: every pod's final status reported to the apiserver before
+    # the node went down, and the Node not Ready while it shuts down.
+    def reported() -> bool:
+        pods = _api_pods(control_plane, node)
+        return set(pods) >= set(PODS) and all(
+            pods[n]["status"].get("phase") == "Failed" for n in PODS
+        )
+
+    wait_for(reported, timeout_s=60, what="every pod Failed in the apiserver")
+    reported_after = time.monotonic() - began
+    api_pods = _api_pods(control_plane, node)
+    for pods in (_by_name(node), api_pods):
+        for name in PODS:
+            status = pods[name]["status"]
+            assert (status.get("reason"), status.get("message")) == ("Terminated", MESSAGE), name
+            [target] = [c for c in status["conditions"] if c["type"] == "DisruptionTarget"]
+            assert (target["status"], target["reason"]) == ("True", "TerminationByKubelet")
+    ready = _api_ready(control_plane, node)
+    assert ready.get("status") == "False", ready
+    assert "node is shutting down" in ready.get("message", ""), ready
 
     order = (node.state / ORDER).read_text().split()
     assert sorted(order) == sorted(PODS), order
@@ -244,5 +322,8 @@ def test_a_poweroff_kills_pods_by_priority_and_reports_each(node: SystemdNode) -
     assert started and ended and ended >= started > 0, (started, ended)
     journal = node.journal()
     assert "node shutdown handled" in journal, journal[-3000:]
-    print(f"graceful shutdown: poweroff -> every pod Failed in {took:.1f}s")
+    print(
+        f"graceful shutdown: poweroff -> every pod Failed in {took:.1f}s,"
+        f" in the apiserver after {reported_after:.1f}s"
+    )
     node.exec(["pkill", "-f", "systemd-inhibit --what=shutdown --mode=delay --who=observer"])

@@ -56,7 +56,8 @@ REDIS_ROOTFS = Rootfs(name="redis", packages=("redis-server",))
 # the container runtime and CNI plugins the dev stack uses (containerd, runc,
 # containernetworking-plugins, iptables for portmap), and what `klet up`'s private
 # stack runs besides (redis-server, docker-registry, busybox-static for the test
-# images), with the klet workspace on top as in the klet image.
+# images), socat (the tests relay the apiserver into the node over a Unix socket), with
+# the klet workspace on top as in the klet image.
 SYSTEMD_NODE_ROOTFS = Rootfs(
     name="systemd-node",
     packages=(
@@ -77,6 +78,7 @@ SYSTEMD_NODE_ROOTFS = Rootfs(
         "mount",
         "ca-certificates",
         "procps",
+        "socat",
     ),
 )
 # The packages' own daemons stay off: `klet up` runs a private containerd, registry and

@@ -230,3 +230,40 @@ async def test_node_events() -> None:
     w.runtime.down = False
     w.mono[0] = 20
     assert await w.manager.sync_once()
+
+
+async def test_a_changed_contribution_brings_the_update_forward() -> None:
+    """A node shutting down (eviction's Ready False) reaches the Node within the
+    contribution poll, not at the next nodeStatusUpdateFrequency; a rewrite that only
+    moves `at` does not."""
+    import asyncio
+
+    w = World()
+    w.manager._policy = NodeStatusPolicy(update_frequency_s=3600.0, contribution_poll_s=0.01)
+    eviction = NodeBus.of(w.bus, service="eviction").conditions
+    await eviction.put("Ready", NodeConditionRecord(type="Ready", status="True", at=1.0))
+    task = asyncio.create_task(w.manager.run())
+    try:
+        for _ in range(500):
+            if w.kube.get_object(NODE) is not None and w.ready()["status"] == "True":
+                break
+            await asyncio.sleep(0.01)
+        assert w.ready()["status"] == "True"
+        patches = w.kube.count("PATCH")
+        await eviction.put("Ready", NodeConditionRecord(type="Ready", status="True", at=2.0))
+        await asyncio.sleep(0.1)
+        assert w.kube.count("PATCH") == patches  # only `at` moved: no update
+        await eviction.put(
+            "Ready",
+            NodeConditionRecord(
+                type="Ready", status="False", at=3.0, message="node is shutting down"
+            ),
+        )
+        for _ in range(500):
+            if w.ready()["status"] == "False":
+                break
+            await asyncio.sleep(0.01)
+        assert w.ready()["status"] == "False"
+        assert w.ready()["message"] == "node is shutting down"
+    finally:
+        task.cancel()

@@ -10,8 +10,11 @@ Upstream's `registerWithAPIServer` and `syncNodeStatus`, restated:
   node, GET the Node (first try from the apiserver's cache, as upstream), compute the
   status and PATCH `nodes/<name>/status` only when it changed (heartbeat times aside)
   or nodeStatusReportFrequency (5 min) passed since the last report. The first update
-  follows registration at once. One update is up to 5 tries (nodeStatusUpdateRetry);
-  a failed update is logged once until one succeeds.
+  follows registration at once. Between updates the services' condition contributions
+  are read every second, and one whose status, reason or message changed (eviction's
+  Ready False for a node shutting down, a pressure) brings the next update forward, as
+  upstream's shutdown manager syncs the node status at once. One update is up to 5
+  tries (nodeStatusUpdateRetry); a failed update is logged once until one succeeds.
 - **Node deleted** under us: unlike upstream (which keeps failing until restarted) the
   Node is registered again; an operator who deletes a live node's object expects it to
   come back, and its Lease and mirror pods hang off the new UID.
@@ -34,7 +37,7 @@ from typing import Protocol
 from klet.bus import BusError
 from klet.kube import Conflict, KubeError, NotFound
 from klet.model.flowcontrol import BackoffPolicy, RetryDelay, jittered
-from klet.model.records import EventRecord
+from klet.model.records import EventRecord, NodeConditionRecord
 from klet.model.types import JSON
 from klet.obs import OnceLogger
 from klet.status_reporter import nodestatus
@@ -47,6 +50,10 @@ log = logging.getLogger(__name__)
 
 class Observer(Protocol):
     async def observe(self) -> Observations: ...
+
+    async def contributions(self) -> dict[str, NodeConditionRecord]:
+        """The services' condition contributions now (the last read on a bus error)."""
+        ...
 
 
 class EventPublisher(Protocol):
@@ -69,6 +76,14 @@ class NodeStatusPolicy:
     register: bool = True
     """registerNode."""
     register_backoff: BackoffPolicy = field(default_factory=lambda: BackoffPolicy(0.1, 7.0))
+    contribution_poll_s: float = 1.0
+    """How often the services' condition contributions are read between updates: a
+    change (a node shutting down, memory pressure) is reported at once rather than at
+    the next update, as upstream's shutdown manager syncs the node status at once."""
+
+
+def _levels(records: dict[str, NodeConditionRecord]) -> dict[str, tuple[str, str, str]]:
+    return {key: (r.status, r.reason, r.message) for key, r in records.items()}
 
 
 def _uid(obj: JSON) -> str:
@@ -212,12 +227,28 @@ class NodeStatusManager:
                     await asyncio.sleep(backoff.next())
                     continue
                 backoff.reset()
+            synced = await self._observer.contributions()
             await self.sync_once()
             if self._policy.register and not self._identity.registered.is_set():
                 continue  # deleted under us: register again at once
-            await asyncio.sleep(
-                jittered(self._policy.update_frequency_s, self._policy.jitter, rand=self._rand)
+            await self._until_next_update(
+                jittered(self._policy.update_frequency_s, self._policy.jitter, rand=self._rand),
+                synced,
             )
+
+    async def _until_next_update(
+        self, period_s: float, synced: dict[str, NodeConditionRecord]
+    ) -> None:
+        """Sleep `period_s`, or until a contribution's status, reason or message is no
+        longer what the last update saw (its `at` alone changes with every pass)."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + period_s
+        while (left := deadline - loop.time()) > 0:
+            await asyncio.sleep(min(self._policy.contribution_poll_s, left))
+            now = await self._observer.contributions()
+            if _levels(now) != _levels(synced):
+                log.debug("a node condition contribution changed: updating now")
+                return
 
     # -- events ---------------------------------------------------------------------------
 
