@@ -155,14 +155,15 @@ after them may refer to $(NODE_NAME).
 {{- end -}}
 
 {{/*
-The exec probe of a service: (dict "name" NAME "failureThreshold" N). A Python start on a
-loaded node can take seconds, and a check that times out is a failure: hence 15 s.
+The exec probe of a service: (dict "name" NAME "periodSeconds" S "failureThreshold" N),
+every 10 s and 3 failures unless given. A Python start on a loaded node can take seconds,
+and a check that times out is a failure: hence 15 s.
 */}}
 {{- define "klet.probe" -}}
 exec:
   command: [klet, healthcheck, {{ .name }}]
 timeoutSeconds: 15
-periodSeconds: 10
+periodSeconds: {{ .periodSeconds | default 10 }}
 failureThreshold: {{ .failureThreshold | default 3 }}
 {{- end -}}
 
