@@ -96,9 +96,10 @@ test-helm: setup cluster-binaries helm-binaries
 
 # The systemd tier alone (it is part of `make test` too): a node container whose PID 1 is
 # Debian's systemd (image klet-systemd-node from tools/image) on a private dockerd, klet
-# up inside it with cgroupDriver: systemd; pods of each QoS class in their slices, a
-# removed pod's slice gone; a graceful node shutdown through logind (tests/systemd,
-# harness tests/harness/systemd_node.py).
+# up inside it with cgroupDriver: systemd, joined to a control plane; pods of each QoS
+# class in their slices, a removed pod's slice gone, the pod-lifecycle specs of the
+# conformance smoke subset; a graceful node shutdown through logind, read from the
+# apiserver (tests/systemd, harness tests/harness/systemd_node.py).
 test-systemd: setup
 	$(PY) -m pytest tests/systemd -s $(PYTEST_ARGS)
 

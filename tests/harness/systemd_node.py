@@ -19,12 +19,14 @@ image and runs it as systemd wants a container:
 - `/var/lib/klet-node` bound from a host directory, because containerd's overlay
   snapshots cannot live on the container's own overlay root.
 
-`join` lets the node into a test control plane although it has no network: socat on the
-host listens on a Unix socket in the bound state directory and connects each client to
-the apiserver, and a socat unit in the node listens on the apiserver's loopback port and
-connects to that socket, so the node's kubeconfig names the apiserver as the host's
-does (`https://127.0.0.1:<port>`, a name its certificate holds). klet is ordered after
-that unit, so at a shutdown systemd stops klet before the relay.
+`join` lets the node into a test control plane although it has no network:
+`relay_in` has socat on the host listen on a Unix socket in the bound state directory
+and connect each client to the apiserver, and a socat unit in the node listen on the
+apiserver's loopback port and connect to that socket, so the node's kubeconfig names
+the apiserver as the host's does (`https://127.0.0.1:<port>`, a name its certificate
+holds). klet is ordered after that unit, so at a shutdown systemd stops klet before the
+relay. `relay_out` is the other way round, for what the host calls in the node: the
+kubelet API (the apiserver's logs and exec) and klet up's registry.
 
 klet runs inside as a systemd service: `start_klet` writes the KubeletConfiguration and
 runs `klet up` (its private Redis, registry with the busybox test images, containerd
@@ -195,7 +197,7 @@ class SystemdNode:
         self.manifests = dir / "manifests"
         self.config_file = dir / "kubelet.yaml"
         self.timings: dict[str, float] = {}
-        self._relay: subprocess.Popen[bytes] | None = None
+        self._relays: list[subprocess.Popen[bytes]] = []
         self._klet_after: list[str] = []
 
     def start(self, archive: Path) -> None:
@@ -245,30 +247,70 @@ class SystemdNode:
             )
         return res
 
+    def _relay_socket(self, name: str) -> tuple[Path, str]:
+        """A Unix socket path for relay `name`: on the host and as the node sees it."""
+        (self.state / "relay").mkdir(exist_ok=True)
+        return self.state / "relay" / f"{name}.sock", f"{NODE_STATE}/relay/{name}.sock"
+
+    def relay_in(self, name: str, port: int) -> str:
+        """Make the host's 127.0.0.1:`port` reachable in the node at the same address:
+        socat on the host listens on a Unix socket in the bound state directory and
+        connects to the port, a socat unit in the node listens on the port and connects
+        to the socket. Returns the node's unit."""
+        host, inside = self._relay_socket(name)
+        self._relays.append(
+            subprocess.Popen(
+                ["socat", f"UNIX-LISTEN:{host},fork,mode=600", f"TCP:127.0.0.1:{port}"],
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+            )
+        )
+        wait_for(host.exists, timeout_s=10, what=f"socat listening on {host}")
+        unit = f"relay-{name}.service"
+        self.exec(
+            [
+                "systemd-run",
+                f"--unit={unit}",
+                "socat",
+                f"TCP-LISTEN:{port},bind=127.0.0.1,fork,reuseaddr",
+                f"UNIX-CONNECT:{inside}",
+            ]
+        )
+        return unit
+
+    def relay_out(self, name: str, node_port: int, host_port: int) -> None:
+        """Make the node's 127.0.0.1:`node_port` reachable on the host at
+        127.0.0.1:`host_port` (the same relay, the other way round)."""
+        host, inside = self._relay_socket(name)
+        self.exec(
+            [
+                "systemd-run",
+                f"--unit=relay-{name}.service",
+                "socat",
+                f"UNIX-LISTEN:{inside},fork,mode=600",
+                f"TCP:127.0.0.1:{node_port}",
+            ]
+        )
+        wait_for(host.exists, timeout_s=10, what=f"the node's socat listening on {host}")
+        self._relays.append(
+            subprocess.Popen(
+                [
+                    "socat",
+                    f"TCP-LISTEN:{host_port},bind=127.0.0.1,fork,reuseaddr",
+                    f"UNIX-CONNECT:{host}",
+                ],
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+            )
+        )
+
     def join(self, plane: ControlPlane) -> list[str]:
         """Relay `plane`'s apiserver into the node (see the module docstring) and return
         the flags `klet up` needs to join it as node `self.name`: the control plane's
         node flags, with the files they name copied into the node."""
         port = urlsplit(plane.server).port
-        relay = self.state / "relay"
-        relay.mkdir(exist_ok=True)
-        socket = relay / "apiserver.sock"
-        self._relay = subprocess.Popen(
-            ["socat", f"UNIX-LISTEN:{socket},fork,mode=600", f"TCP:127.0.0.1:{port}"],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
-        wait_for(socket.exists, timeout_s=10, what=f"socat listening on {socket}")
-        self.exec(
-            [
-                "systemd-run",
-                "--unit=apiserver-relay",
-                "socat",
-                f"TCP-LISTEN:{port},bind=127.0.0.1,fork,reuseaddr",
-                f"UNIX-CONNECT:{NODE_STATE}/relay/apiserver.sock",
-            ]
-        )
-        self._klet_after.append("apiserver-relay.service")
+        assert port is not None, plane.server
+        self._klet_after.append(self.relay_in("apiserver", port))
         files = self.state / "join"
         files.mkdir(exist_ok=True)
         flags = []
@@ -351,9 +393,9 @@ class SystemdNode:
                 self.dockerd.docker(["stop", "--time", "60", self.name], check=False, timeout_s=120)
                 self.timings["power off"] = time.monotonic() - began
         finally:
-            if self._relay is not None:
-                self._relay.terminate()
-                self._relay.wait(timeout=10)
+            for relay in self._relays:
+                relay.terminate()
+                relay.wait(timeout=10)
             began = time.monotonic()
             self.dockerd.stop()
             shutil.rmtree(self.state, ignore_errors=True)

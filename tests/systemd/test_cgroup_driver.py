@@ -13,20 +13,35 @@ while the other pods carry on; klet.stats' host reader, run in the node, finds e
 slice and kubepods.slice (what /stats/summary and eviction read); once every pod is gone
 only the node's three slices are left. Then klet.service is stopped and the node powered
 off (`docker stop`, SIGRTMIN+3).
+
+The node joins a control plane with controllers of this module's own (the harness's
+relays: the apiserver in, the kubelet API and klet up's registry out), and upstream's
+e2e suite runs the pod-lifecycle specs of the conformance smoke subset (LIFECYCLE)
+against it, with the suite's images pushed to klet up's registry in the node.
 """
 
 from __future__ import annotations
 
 import json
+import os
+import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+from klet.devstack import TEST_REGISTRY_HOST, free_port
+from klet.testbed.cluster import ControlPlane
 
+from tests.harness.cluster_fixtures import _plane
+from tests.harness.suite_smoke import check_all_passed, focus_of, require_binaries
 from tests.harness.systemd_node import SystemdNode, build_image
 from tests.harness.waiting import wait_for
+from tools.e2e.conformance import SKIP, SuiteRun, build_all, node_state, suite_argv
+from tools.e2e.images import build_binaries, build_images, push_images
+from tools.e2e.report import parse_report
+from tools.e2e.suite import repo_list_yaml
 
 pytestmark = [pytest.mark.systemd, pytest.mark.timeout(900)]
 
@@ -86,7 +101,16 @@ spec:
 
 
 @pytest.fixture(scope="module")
-def node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SystemdNode]:
+def plane(pytestconfig: pytest.Config) -> Iterator[ControlPlane]:
+    """A control plane with controllers and scheduler of this module's own: upstream's
+    suite wants every node of its cluster Ready, and no other test's node in it."""
+    yield from _plane(pytestconfig, prefix="klet-cpsd-", controllers=True)
+
+
+@pytest.fixture(scope="module")
+def node(tmp_path_factory: pytest.TempPathFactory, plane: ControlPlane) -> Iterator[SystemdNode]:
+    """The systemd node, klet up in it joined to `plane`; its kubelet API is relayed out
+    on the same port, which the Node reports, for the apiserver's logs and exec."""
     base = tmp_path_factory.mktemp("sd")
     began = time.monotonic()
     archive = build_image(base / "image")
@@ -94,9 +118,17 @@ def node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SystemdNode]:
     node = SystemdNode(base / "n")
     try:
         node.start(archive)
+        port = free_port()
+        node.start_klet(CONFIG, *node.join(plane), "--port", str(port))
+        node.relay_out("kubelet", port, port)
+        wait_for(
+            lambda: node_state(plane, node.name)[0],
+            timeout_s=180,
+            what=f"node {node.name} ready for the suite (klet journal at the end)",
+        )
         print(
             f"systemd node: image {built:.0f}s, dockerd+load {node.timings['load']:.0f}s, "
-            f"boot {node.timings['boot']:.0f}s"
+            f"boot {node.timings['boot']:.0f}s, Ready {time.monotonic() - began:.0f}s"
         )
         yield node
     finally:
@@ -127,13 +159,12 @@ def test_pods_of_each_qos_class_in_their_slices(node: SystemdNode) -> None:
     began = time.monotonic()
     for name, (resources, *_rest) in PODS.items():
         (node.manifests / f"{name}.yaml").write_text(manifest(name, resources))
-    node.start_klet(CONFIG)
     pods = wait_for(
         lambda: running(node, set(PODS)),
         timeout_s=180,
         what=f"pods {sorted(PODS)} Running (klet journal at the end of the failure)",
     )
-    print(f"klet up and 3 pods running after {time.monotonic() - began:.0f}s")
+    print(f"3 pods running after {time.monotonic() - began:.0f}s")
 
     for unit in ("kubepods.slice", "kubepods-burstable.slice", "kubepods-besteffort.slice"):
         props = node.unit_properties(unit, "ActiveState", "Transient")
@@ -207,17 +238,81 @@ def test_pods_of_each_qos_class_in_their_slices(node: SystemdNode) -> None:
         assert still[name]["metadata"]["uid"] == pods[name]["metadata"]["uid"]
         assert still[name]["status"]["containerStatuses"][0]["restartCount"] == 0
 
-    # Every pod removed: every pod slice goes; the node's slices stay.
+    # Every pod removed: every pod slice goes (the suite's pods may come and go beside
+    # them); the node's slices stay.
+    slices = {pod_unit(pods[n]["metadata"]["uid"], PODS[n][1]) for n in PODS}
     for name in ("guaranteed", "besteffort"):
         (node.manifests / f"{name}.yaml").unlink()
     wait_for(
-        lambda: not node.units("kubepods-*pod*.slice") and not node.pods(),
+        lambda: (
+            not slices & set(node.units("kubepods-*pod*.slice"))
+            and not set(PODS) & {p["metadata"]["name"].rsplit("-", 1)[0] for p in node.pods()}
+        ),
         timeout_s=60,
         what="every pod and pod slice gone",
     )
-    assert set(node.units("kubepods*.slice")) == {
+    assert {
         "kubepods.slice",
         "kubepods-burstable.slice",
         "kubepods-besteffort.slice",
-    }
+    } <= set(node.units("kubepods*.slice"))
     print(f"whole test {time.monotonic() - began:.0f}s")
+
+
+# Leaf texts of [NodeConformance] specs of the pod lifecycle (a part of
+# tests/conformance/test_conformance_smoke.py's SMOKE): create, run to completion, logs
+# through the apiserver, init containers, a termination message, a liveness probe's
+# restart, a postStart hook, the downward API.
+LIFECYCLE = (
+    "[sig-node] Pods should be submitted and removed",
+    "[sig-node] Pods should get a host IP",
+    "[sig-node] InitContainer [NodeConformance] "
+    "should invoke init containers on a RestartNever pod",
+    "[sig-node] Container Runtime blackbox test on terminated container should report "
+    "termination message from file when pod succeeds and TerminationMessagePolicy "
+    "FallbackToLogsOnError is set",
+    "[sig-node] Kubelet when scheduling a busybox command in a pod should print the output to logs",
+    '[sig-node] Probing container should be restarted with a exec "cat /tmp/health" liveness probe',
+    "[sig-node] Container Lifecycle Hook when create a pod with lifecycle hook "
+    "should execute poststart exec hook properly",
+    "[sig-node] Downward API should provide pod name, namespace and IP address as env vars",
+)
+
+
+def test_the_lifecycle_smoke_subset_passes_on_the_systemd_node(
+    node: SystemdNode, plane: ControlPlane, tmp_path: Path
+) -> None:
+    """Upstream's e2e suite against the systemd-driver node: its images pushed to klet
+    up's registry in the node (relayed out), the specs of LIFECYCLE run by 2 ginkgo
+    processes, each must pass."""
+    require_binaries()
+    began = time.monotonic()
+    bins = build_all()
+    cache = Path(os.environ.get("KLET_CACHE", "/var/cache/klet"))
+    src = build_binaries(cache=cache)
+    endpoints = json.loads((node.state / "run" / "endpoints.json").read_text())
+    registry_port = int(str(endpoints["registry"]).rsplit(":", 1)[1])
+    host_port = free_port()
+    node.relay_out("registry", registry_port, host_port)
+    push_images(build_images(src, cache=cache), f"127.0.0.1:{host_port}")
+    repo_list = tmp_path / "repo-list.yaml"
+    repo_list.write_text(repo_list_yaml(src.manifest(), TEST_REGISTRY_HOST))
+    out = tmp_path / "run"
+    out.mkdir()
+    run = SuiteRun(focus=focus_of(LIFECYCLE), skip=SKIP, procs=2, timeout="8m", verbose=False)
+    pushed = time.monotonic() - began
+    with (out / "e2e.log").open("wb") as sink:
+        subprocess.run(
+            suite_argv(bins, run, kubeconfig=plane.admin_kubeconfig, out=out),
+            env={**os.environ, "KUBE_TEST_REPO_LIST": str(repo_list)},
+            stdout=sink,
+            stderr=subprocess.STDOUT,
+            cwd=tmp_path,
+            timeout=600,
+            check=False,
+        )
+    report = out / "report.json"
+    assert report.exists(), (out / "e2e.log").read_text()[-4000:]
+    check_all_passed(parse_report(json.loads(report.read_text())), LIFECYCLE, out)
+    took = time.monotonic() - began
+    print(f"lifecycle subset on the systemd node: images {pushed:.0f}s, all {took:.0f}s")

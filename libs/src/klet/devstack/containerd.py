@@ -31,6 +31,7 @@ import json
 import logging
 import os
 import subprocess
+import time
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -358,13 +359,44 @@ disabled_plugins = [{disabled}]
     # -- clean-up ----------------------------------------------------------------
 
     def _kill_all_tasks(self) -> None:
+        """SIGKILL each task's init process, then delete the tasks once stopped. Not
+        `tasks delete --force`: that kills through runc's `kill --all`, which freezes
+        the container's cgroup first, and with runc's systemd cgroup driver in a
+        container (the systemd tier's node) the freeze never completes and ctr hangs
+        until its timeout. A task whose init dies goes with its PID namespace."""
         try:
             namespaces = self.ctr(["namespaces", "ls", "-q"], namespace=None, timeout_s=10).split()
             for ns in namespaces:
                 tasks = self.ctr(["tasks", "ls", "-q"], namespace=ns, timeout_s=10).split()
-                if tasks:
-                    log.info("killing leftover tasks namespace=%s count=%d", ns, len(tasks))
-                    self.ctr(["tasks", "delete", "--force", *tasks], namespace=ns, timeout_s=60)
+                if not tasks:
+                    continue
+                log.info("killing leftover tasks namespace=%s count=%d", ns, len(tasks))
+                for task in tasks:
+                    try:
+                        kill = ["tasks", "kill", "--signal", "SIGKILL", task]
+                        self.ctr(kill, namespace=ns, timeout_s=10)
+                    except ContainerdError as exc:
+                        log.warning("could not kill task %s: %s", task, exc)
+                deadline = time.monotonic() + 10.0
+                while tasks and time.monotonic() < deadline:
+                    listing = self.ctr(["tasks", "ls"], namespace=ns, timeout_s=10)
+                    stopped = {
+                        fields[0]
+                        for fields in (line.split() for line in listing.splitlines()[1:])
+                        if fields and fields[-1] == "STOPPED"
+                    }
+                    listed = set(listing.split())
+                    # containerd's CRI plugin deletes the tasks that exited itself.
+                    tasks = [t for t in tasks if t in listed]
+                    for task in [t for t in tasks if t in stopped]:
+                        tasks.remove(task)
+                        try:
+                            self.ctr(["tasks", "delete", task], namespace=ns, timeout_s=10)
+                        except ContainerdError as exc:
+                            if "not found" not in str(exc):  # CRI was first after all
+                                raise
+                    if tasks:
+                        time.sleep(0.2)
         except ContainerdError as exc:
             # The shim sweep after containerd stops catches whatever this missed.
             log.warning("could not kill tasks through ctr: %s", exc)
