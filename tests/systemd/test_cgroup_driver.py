@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from klet.cgroups.machine import mem_total_bytes
 from klet.devstack import TEST_REGISTRY_HOST, free_port
 from klet.testbed.cluster import ControlPlane
 
@@ -45,11 +46,17 @@ from tools.e2e.suite import repo_list_yaml
 
 pytestmark = [pytest.mark.systemd, pytest.mark.timeout(900)]
 
+# system.slice holds klet.service itself (systemd-run's units go there), so its
+# reservation is generous: a CPU, 8 GiB and 100000 tasks.
 CONFIG = """\
 apiVersion: kubelet.config.k8s.io/v1beta1
 kind: KubeletConfiguration
 cgroupDriver: systemd
+enforceNodeAllocatable: [pods, system-reserved]
+systemReservedCgroup: /system.slice
+systemReserved: {cpu: "1", memory: 8Gi, pid: "100000"}
 """
+RESERVED_MEMORY = 8 << 30
 BUSYBOX = "registry.klet.test/busybox:1.36"
 # klet.stats' host reader, run in the node: kubepods' memory usage and each pod's cgroup.
 READ_CGROUPS = """\
@@ -155,7 +162,7 @@ def read(path: Path) -> str:
     return path.read_text().strip()
 
 
-def test_pods_of_each_qos_class_in_their_slices(node: SystemdNode) -> None:
+def test_pods_of_each_qos_class_in_their_slices(node: SystemdNode, plane: ControlPlane) -> None:
     began = time.monotonic()
     for name, (resources, *_rest) in PODS.items():
         (node.manifests / f"{name}.yaml").write_text(manifest(name, resources))
@@ -169,6 +176,32 @@ def test_pods_of_each_qos_class_in_their_slices(node: SystemdNode) -> None:
     for unit in ("kubepods.slice", "kubepods-burstable.slice", "kubepods-besteffort.slice"):
         props = node.unit_properties(unit, "ActiveState", "Transient")
         assert props == {"ActiveState": "active", "Transient": "yes"}, (unit, props)
+    # enforceNodeAllocatable: kubepods.slice holds capacity − systemReserved, and the
+    # existing system.slice gets systemReserved (SetUnitProperties), with the Event.
+    capacity = mem_total_bytes()
+    assert node.unit_properties("kubepods.slice", "MemoryLimit") == {
+        "MemoryLimit": str(capacity - RESERVED_MEMORY)
+    }
+    assert node.unit_properties("system.slice", "CPUShares", "MemoryLimit", "TasksMax") == {
+        "CPUShares": "1024",
+        "MemoryLimit": str(RESERVED_MEMORY),
+        "TasksMax": "100000",
+    }
+    wait_for(
+        lambda: (
+            "Updated limits on system reserved cgroup /system.slice"
+            in plane.kubectl(
+                "get",
+                "events",
+                "--all-namespaces",
+                "--field-selector=reason=NodeAllocatableEnforced",
+                "-o",
+                "jsonpath={.items[*].message}",
+            ).stdout
+        ),
+        timeout_s=30,
+        what="the NodeAllocatableEnforced Event in the apiserver",
+    )
 
     for name, (_res, qos, shares, quota, memory) in PODS.items():
         pod = pods[name]

@@ -504,11 +504,6 @@ def test_validate_reserved_enforcement_needs_its_cgroup() -> None:
     ("changes", "problem"),
     [
         (
-            {"cgroup_driver": "systemd", "enforce_node_allocatable": ("pods", "kube-reserved")},
-            "enforceNodeAllocatable: kube-reserved with cgroupDriver: systemd: not implemented "
-            "by klet: enforcing systemReservedCgroup or kubeReservedCgroup as a systemd slice",
-        ),
-        (
             {
                 "enforce_node_allocatable": ("system-reserved",),
                 "system_reserved": {"hugepages-2Mi": "4Mi", "memory": "1Gi"},

@@ -260,16 +260,22 @@ def test_accepted_values_load(tmp_path: Path, body: dict[str, Any]) -> None:
 
 
 def test_flags_refused_naming_the_flag() -> None:
-    """What klet does not implement of a field it reads, set by a flag: the reserved
-    cgroups under the systemd driver."""
-    argv = ["--cgroup-driver", "systemd", "--enforce-node-allocatable", "pods,kube-reserved"]
+    """What klet does not implement of a field it reads, set by a flag: huge pages
+    reserved on an enforced reserved cgroup."""
+    argv = [
+        "--enforce-node-allocatable",
+        "pods,system-reserved",
+        "--system-reserved-cgroup",
+        "/system.slice",
+        "--system-reserved",
+        "hugepages-2Mi=4Mi",
+    ]
     with pytest.raises(ConfigError) as info:
         load_settings(argv, env={}, service="syncloop", hostname="node-1")
-    assert (
-        "--enforce-node-allocatable: enforceNodeAllocatable: kube-reserved with cgroupDriver: "
-        "systemd: not implemented by klet: enforcing systemReservedCgroup or "
-        "kubeReservedCgroup as a systemd slice"
-    ) in info.value.problems
+    assert info.value.problems == [
+        "--system-reserved: systemReserved.hugepages-2Mi: with enforceNodeAllocatable "
+        "system-reserved: not implemented by klet: hugetlb limits on a reserved cgroup"
+    ]
 
 
 def test_flag_over_file_names_the_flag(tmp_path: Path) -> None:

@@ -20,8 +20,11 @@ from klet.syncloop.containers.reservedcgroups import (
     FAILED,
     ReservedCgroup,
     ReservedCgroupFailed,
+    SliceWriter,
+    cgroupfs_writer,
     enforce_reserved,
     missing_reserved_cgroups,
+    missing_reserved_slices,
     reserved_cgroups,
     run_enforcement,
     write_existing,
@@ -163,7 +166,12 @@ def test_events_of_success_in_upstreams_order(tmp_path: Path) -> None:
     )
     events: list[tuple[str, str, str]] = []
     assert (
-        enforce_reserved(reserved_cgroups(cfg), emit=lambda *e: events.append(e), root=root) == ""
+        asyncio.run(
+            enforce_reserved(
+                reserved_cgroups(cfg), emit=lambda *e: events.append(e), write=cgroupfs_writer(root)
+            )
+        )
+        == ""
     )
     assert events == [
         ("Normal", ENFORCED, "Updated limits on system reserved cgroup /system.slice"),
@@ -180,8 +188,12 @@ def test_a_refused_write_is_a_warning_naming_the_cgroup_and_cause(tmp_path: Path
     limit.unlink()
     limit.mkdir()
     events: list[tuple[str, str, str]] = []
-    failure = enforce_reserved(
-        reserved_cgroups(config()), emit=lambda *e: events.append(e), root=root
+    failure = asyncio.run(
+        enforce_reserved(
+            reserved_cgroups(config()),
+            emit=lambda *e: events.append(e),
+            write=cgroupfs_writer(root),
+        )
     )
     assert failure.startswith(
         'Failed to enforce System Reserved Cgroup Limits on "/system.slice": '
@@ -193,7 +205,11 @@ def test_a_refused_write_is_a_warning_naming_the_cgroup_and_cause(tmp_path: Path
         enforce_node_allocatable=("kube-reserved-compressible",), kube_reserved_cgroup="/x"
     )
     events.clear()
-    failure = enforce_reserved(reserved_cgroups(cfg), emit=lambda *e: events.append(e), root=root)
+    failure = asyncio.run(
+        enforce_reserved(
+            reserved_cgroups(cfg), emit=lambda *e: events.append(e), write=cgroupfs_writer(root)
+        )
+    )
     assert events == [
         (
             "Warning",
@@ -253,3 +269,51 @@ async def test_success_keeps_the_task_running(tmp_path: Path) -> None:
     assert [e[0] for e in events] == ["Normal", "Normal"]
     task.cancel()
     await asyncio.gather(task, return_exceptions=True)
+
+
+class Units:
+    """systemd as SliceWriter sees it: units by name with their active state."""
+
+    def __init__(self, **states: str) -> None:
+        self.states = states
+        self.set: list[tuple[str, list[Any]]] = []
+
+    async def unit_active_state(self, unit: str) -> str:
+        return self.states.get(unit, "")
+
+    async def set_properties(self, unit: str, properties: list[Any]) -> None:
+        self.set.append((unit, properties))
+
+
+def test_the_systemd_driver_sets_only_the_reserved_limits_on_the_unit() -> None:
+    units = Units(**{"system.slice": "active", "kube.slice": "active"})
+    cfg = config(kube_reserved_cgroup="/kube.slice")
+    writer = SliceWriter(units, cgroup_version=1)
+    events: list[tuple[str, str, str]] = []
+    cgroups = reserved_cgroups(cfg)
+    assert asyncio.run(missing_reserved_slices(cgroups, writer)) == []
+    assert (
+        asyncio.run(enforce_reserved(cgroups, emit=lambda *e: events.append(e), write=writer)) == ""
+    )
+    assert units.set == [
+        (
+            "system.slice",
+            [("CPUShares", "t", 512), ("MemoryLimit", "t", GI), ("TasksMax", "t", 1000)],
+        ),
+        ("kube.slice", [("MemoryLimit", "t", 256 << 20)]),
+    ]
+    assert [e[1] for e in events] == [ENFORCED, ENFORCED]
+    v2 = SliceWriter(units, cgroup_version=2)
+    assert v2.properties(cgroups[0])[:2] == [("CPUWeight", "t", 20), ("MemoryMax", "t", GI)]
+
+
+def test_the_systemd_driver_refuses_a_unit_that_is_not_active() -> None:
+    units = Units(**{"system.slice": "inactive"})
+    writer = SliceWriter(units, cgroup_version=1)
+    assert asyncio.run(missing_reserved_slices(reserved_cgroups(config()), writer)) == [
+        "systemReservedCgroup: /system.slice does not exist (systemd unit system.slice: "
+        "inactive) (enforceNodeAllocatable has system-reserved)",
+        "kubeReservedCgroup: /klet-test/kube does not exist (systemd unit kube: not loaded) "
+        "(enforceNodeAllocatable has kube-reserved)",
+    ]
+    assert units.set == []

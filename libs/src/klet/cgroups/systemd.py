@@ -8,7 +8,8 @@ call systemd answered with an error), raised `from` the original.
 
 - `ensure_slice` starts a transient slice (`StartTransientUnit`, mode `replace`) with the
   properties of `klet.cgroups.slices` and waits for its job; a slice that exists already
-  (`UnitExists`) gets its limits through `SetUnitProperties` (runtime) instead.
+  (`UnitExists`) gets its limits through `SetUnitProperties` (runtime) instead, as
+  `set_properties` sets them on any loaded unit (the reserved cgroups' slices).
 - `stop_slice` stops it (`StopUnit`) and waits for the job; systemd then drops the
   transient unit and removes its cgroups. A slice that is not loaded is already gone.
 
@@ -209,12 +210,17 @@ class Systemd:
         except DBusError as err:
             if err.type != _UNIT_EXISTS:
                 raise SystemdError(f"StartTransientUnit {unit}: {err.type}: {err.text}") from err
-        update = [[name, Variant(sig, value)] for name, sig, value in limits]
+        await self.set_properties(unit, limits)
+        return True
+
+    async def set_properties(self, unit: str, properties: list[Property]) -> None:
+        """Set `properties` on the loaded unit `unit` for this boot (SetUnitProperties,
+        runtime); a unit systemd does not know is a SystemdError."""
+        update = [[name, Variant(sig, value)] for name, sig, value in properties]
         try:
             await self._manager("SetUnitProperties", "sba(sv)", [unit, True, update])
         except DBusError as err:
             raise SystemdError(f"SetUnitProperties {unit}: {err.type}: {err.text}") from err
-        return True
 
     async def stop_slice(self, unit: str) -> None:
         """Stop `unit` and wait for it; a unit systemd does not know is already gone."""

@@ -43,7 +43,6 @@ EVICTION_SIGNALS = frozenset(
         "pid.available",
     }
 )
-_RESERVED_PREFIXES = ("system-reserved", "kube-reserved")
 _ENFORCE_KEYS = frozenset(
     {
         "pods",
@@ -318,14 +317,7 @@ def _check_cgroups(c: _Checks, cfg: KubeletConfiguration) -> None:
 
 def _check_reserved_enforcement(c: _Checks, cfg: KubeletConfiguration) -> None:
     """What klet does not do of system-reserved/kube-reserved enforcement (syncloop's
-    reservedcgroups.py writes the rest): the systemd driver's slices, huge pages."""
-    keys = [k for k in cfg.enforce_node_allocatable if k.startswith(_RESERVED_PREFIXES)]
-    if keys and cfg.cgroup_driver == "systemd":
-        c.add(
-            "enforceNodeAllocatable",
-            f"{keys[0]} with cgroupDriver: systemd: not implemented by klet: enforcing "
-            "systemReservedCgroup or kubeReservedCgroup as a systemd slice",
-        )
+    reservedcgroups.py writes the rest): huge pages."""
     for field, prefix, reserved in (
         ("systemReserved", "system-reserved", cfg.system_reserved),
         ("kubeReserved", "kube-reserved", cfg.kube_reserved),

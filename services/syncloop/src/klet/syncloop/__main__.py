@@ -2,18 +2,24 @@
 
 Only the shared entry sequence (klet.cli.service) with this service's start-up: the
 protectKernelDefaults check (kerneltunables), the reserved cgroups enforceNodeAllocatable
-names (they must exist: reservedcgroups), with `cgroupDriver: systemd` the check that
-systemd is PID 1 and answers on the system bus, building the dependencies inside the event
+names (they must exist: reservedcgroups; with `cgroupDriver: systemd` as active units),
+with `cgroupDriver: systemd` the check that systemd is PID 1 and answers on the system
+bus, building the dependencies inside the event
 loop, and running the root tasks.
 """
 
 from __future__ import annotations
 
 import sys
+from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from klet.cli.service import run_service
 from klet.config import ConfigError, Settings
+
+if TYPE_CHECKING:
+    from klet.syncloop.containers.reservedcgroups import ReservedCgroup
 
 
 async def start(
@@ -33,25 +39,34 @@ async def start(
         print(f"syncloop: {ConfigError(problems)}", file=sys.stderr)
         return 1
     # A reserved cgroup is never created: upstream's container manager fails its start.
-    problems = missing_reserved_cgroups(reserved_cgroups(settings.kubelet), cgroup_fs)
-    if problems:
-        print(f"syncloop: {ConfigError(problems)}", file=sys.stderr)
-        return 1
+    reserved = reserved_cgroups(settings.kubelet)
     if settings.kubelet.cgroup_driver == "systemd":
-        problem = await systemd_problem()
+        problem, problems = await systemd_problems(reserved)
         if problem:
             print(f"syncloop: cgroupDriver: systemd: {problem}", file=sys.stderr)
             return 1
+    else:
+        problems = missing_reserved_cgroups(reserved, cgroup_fs)
+    if problems:
+        print(f"syncloop: {ConfigError(problems)}", file=sys.stderr)
+        return 1
     return await main(build_deps(settings))
 
 
-async def systemd_problem() -> str:
-    """Why the systemd cgroup driver cannot work on this host ("" when it can)."""
+async def systemd_problems(reserved: Sequence[ReservedCgroup]) -> tuple[str, list[str]]:
+    """Why the systemd cgroup driver cannot work on this host ("" when it can), and the
+    reserved cgroups' units that are missing."""
+    from klet.cgroups.fs import detect
     from klet.cgroups.systemd import Systemd, preflight
+    from klet.syncloop.containers.reservedcgroups import SliceWriter, missing_reserved_slices
 
     systemd = Systemd(timeout_s=10.0)
     try:
-        return await preflight(systemd)
+        problem = await preflight(systemd)
+        if problem or not reserved:
+            return problem, []
+        writer = SliceWriter(systemd, cgroup_version=detect())
+        return "", await missing_reserved_slices(reserved, writer)
     finally:
         systemd.close()
 

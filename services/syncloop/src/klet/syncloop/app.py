@@ -152,6 +152,7 @@ async def _node_allocatable(deps: Deps) -> None:
         deps.reserved,
         emit=lambda type_, reason, message: deps.events.queue.emit(node, type_, reason, message),
         events=deps.events.queue,
+        write=deps.reserved_writer,
     )
 
 

@@ -54,7 +54,12 @@ from klet.syncloop.containers.podcgroups import (
     NodeCgroupLimits,
     PodCgroups,
 )
-from klet.syncloop.containers.reservedcgroups import ReservedCgroup, reserved_cgroups
+from klet.syncloop.containers.reservedcgroups import (
+    ReservedCgroup,
+    SliceWriter,
+    Writer,
+    reserved_cgroups,
+)
 from klet.syncloop.containers.security import SecuritySettings
 from klet.syncloop.containers.systemdcgroups import SystemdPodCgroups
 from klet.syncloop.environment.dns import DNSSettings
@@ -143,6 +148,8 @@ class Deps:
     runtime_events: RuntimeEvents | None = None  # the production event channel, closed at exit
     reserved: tuple[ReservedCgroup, ...] = ()
     """The reserved cgroups enforceNodeAllocatable names (root task `node-allocatable`)."""
+    reserved_writer: Writer | None = None
+    """How their limits are written: None is the cgroupfs driver's files."""
 
     async def close(self) -> None:
         """Close the clients the service holds (CRI, the apiserver's, the bus), given ones too."""
@@ -206,12 +213,15 @@ def node_cgroup_limits(settings: Settings) -> NodeCgroupLimits:
     return NodeCgroupLimits.of(k.cgroup_root or "/", amounts)
 
 
-def pod_cgroups(driver: str, node: NodeCgroupLimits) -> PodCgroups:
+def pod_cgroups(driver: str, node: NodeCgroupLimits, systemd: Systemd | None = None) -> PodCgroups:
     """The pod cgroup driver of `cgroupDriver` (validated: cgroupfs or systemd)."""
     cgroups = CgroupFS()
     if driver == "systemd":
         return SystemdPodCgroups(
-            Systemd(), cgroup_version=cgroups.version, cgroup_root=node.cgroup_root, node=node
+            systemd or Systemd(),
+            cgroup_version=cgroups.version,
+            cgroup_root=node.cgroup_root,
+            node=node,
         )
     return CgroupfsPodCgroups(cgroups, node)
 
@@ -319,6 +329,7 @@ def build_deps(settings: Settings, overrides: Overrides | None = None) -> Deps:
         ),
     )
     sleep = o.sleep if o.sleep is not None else asyncio.sleep
+    systemd = Systemd() if k.cgroup_driver == "systemd" else None
     hooks = LifecycleHooks(
         cri=cri,
         events=events,
@@ -332,7 +343,7 @@ def build_deps(settings: Settings, overrides: Overrides | None = None) -> Deps:
         runtime=runtime,
         puller=puller,
         events=events,
-        cgroups=pod_cgroups(k.cgroup_driver, node_cgroup_limits(settings))
+        cgroups=pod_cgroups(k.cgroup_driver, node_cgroup_limits(settings), systemd)
         if k.cgroups_per_qos
         else None,
         settings=sync,
@@ -438,4 +449,7 @@ def build_deps(settings: Settings, overrides: Overrides | None = None) -> Deps:
         watcher=watcher,
         runtime_events=runtime_events,
         reserved=reserved_cgroups(k),
+        reserved_writer=None
+        if systemd is None
+        else SliceWriter(systemd, cgroup_version=CgroupFS().version),
     )

@@ -18,20 +18,31 @@ Trade-offs: the cgroup must exist in the v1 hierarchies klet writes to (cpu, mem
 pids; cpu alone for the compressible forms), where upstream's cgroupfs manager also
 wants cpuacct, cpuset and the rest it knows; a cgroup directory is created by whoever
 owns it, so asking for hierarchies nothing is written to would refuse working set-ups
-for no effect. Only the cgroupfs driver: configuration validation refuses these keys with
-`cgroupDriver: systemd`, and reserved huge pages on an enforced cgroup.
+for no effect. Reserved huge pages on an enforced cgroup are refused by configuration
+validation.
+
+With `cgroupDriver: systemd` the cgroup names a unit systemd has loaded, as upstream's
+systemd cgroup manager reads it: the last part of the path (`/system.slice` is
+`system.slice`). It must be active (the start refuses otherwise), and its limits go
+through systemd's `SetUnitProperties` at run time (`SliceWriter`: `CPUShares`/
+`CPUWeight`, `MemoryLimit`/`MemoryMax`, `TasksMax`, only those reserved), so systemd
+keeps them and applies them to the cgroups it owns, where a write under its feet would
+be undone at its next reload.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol
 
 from klet.bus.events import EventQueue
 from klet.cgroups.fs import detect
+from klet.cgroups.slices import Property
+from klet.cgroups.systemd import SystemdError, SystemdUnavailable
 from klet.config.kubelet import KubeletConfiguration
 from klet.model.node import reservation
 from klet.syncloop.containers.podcgroups import shares_to_weight
@@ -191,8 +202,90 @@ def write_existing(rc: ReservedCgroup, root: Path = CGROUP_FS) -> list[str]:
     return [p for p in written if p]
 
 
-def enforce_reserved(
-    cgroups: Sequence[ReservedCgroup], *, emit: NodeEvent, root: Path = CGROUP_FS
+Writer = Callable[[ReservedCgroup], Awaitable[list[str]]]
+"""Write a reserved cgroup's limits; returns the problems met (the cgroupfs driver's
+`write_existing`, or a `SliceWriter`)."""
+
+
+class UnitProperties(Protocol):
+    """What `SliceWriter` needs of systemd (klet.cgroups.systemd.Systemd)."""
+
+    async def unit_active_state(self, unit: str) -> str: ...
+
+    async def set_properties(self, unit: str, properties: list[Property]) -> None: ...
+
+
+class SliceWriter:
+    """`cgroupDriver: systemd`: the reserved cgroup is a unit systemd has loaded; its
+    limits are set with SetUnitProperties (see the module docstring)."""
+
+    def __init__(self, systemd: UnitProperties, *, cgroup_version: int) -> None:
+        self.systemd = systemd
+        self.cgroup_version = cgroup_version
+
+    @staticmethod
+    def unit(rc: ReservedCgroup) -> str:
+        return rc.name.rstrip("/").rsplit("/", 1)[-1]
+
+    def properties(self, rc: ReservedCgroup) -> list[Property]:
+        """Only the reserved resources: what is not reserved keeps its value."""
+        v2 = self.cgroup_version == 2
+        props: list[Property] = []
+        if "cpu" in rc.amounts:
+            shares = milli_cpu_to_shares(rc.amounts["cpu"])
+            props.append(
+                ("CPUWeight", "t", shares_to_weight(shares)) if v2 else ("CPUShares", "t", shares)
+            )
+        if "memory" in rc.amounts:
+            props.append(("MemoryMax" if v2 else "MemoryLimit", "t", rc.amounts["memory"]))
+        if "pid" in rc.amounts:
+            props.append(("TasksMax", "t", rc.amounts["pid"]))
+        return props
+
+    async def absent(self, rc: ReservedCgroup) -> str:
+        """Why `rc`'s unit cannot be written ("" when it is active)."""
+        unit = self.unit(rc)
+        try:
+            state = await self.systemd.unit_active_state(unit)
+        except (SystemdError, SystemdUnavailable) as err:
+            return f"{rc.name}: cannot ask systemd about {unit}: {err}"
+        if state == "active":
+            return ""
+        return f"{rc.name} does not exist (systemd unit {unit}: {state or 'not loaded'})"
+
+    async def __call__(self, rc: ReservedCgroup) -> list[str]:
+        why = await self.absent(rc)
+        if why:
+            return [why]
+        try:
+            await self.systemd.set_properties(self.unit(rc), self.properties(rc))
+        except (SystemdError, SystemdUnavailable) as err:
+            return [f"{self.unit(rc)}: {err}"]
+        return []
+
+
+async def missing_reserved_slices(
+    cgroups: Sequence[ReservedCgroup], writer: SliceWriter
+) -> list[str]:
+    """`missing_reserved_cgroups` for the systemd driver: each unit must be active."""
+    out: list[str] = []
+    for rc in cgroups:
+        why = await writer.absent(rc)
+        line = f"{rc.field}: {why} (enforceNodeAllocatable has {rc.key})"
+        if why and line not in out:
+            out.append(line)
+    return out
+
+
+def cgroupfs_writer(root: Path = CGROUP_FS) -> Writer:
+    async def write(rc: ReservedCgroup) -> list[str]:
+        return write_existing(rc, root)
+
+    return write
+
+
+async def enforce_reserved(
+    cgroups: Sequence[ReservedCgroup], *, emit: NodeEvent, write: Writer
 ) -> str:
     """Write each reserved cgroup's limits in turn, recording an Event for each; stops at
     the first failure and returns its message ("" when all were enforced)."""
@@ -201,7 +294,7 @@ def enforce_reserved(
             "enforcing node allocatable on a reserved cgroup",
             extra={"cgroup": rc.name, "key": rc.key, "limits": dict(rc.amounts)},
         )
-        problems = write_existing(rc, root)
+        problems = await write(rc)
         if problems:
             message = rc.failed("; ".join(problems))
             emit("Warning", FAILED, message)
@@ -216,12 +309,16 @@ async def run_enforcement(
     emit: NodeEvent,
     events: EventQueue,
     root: Path = CGROUP_FS,
+    write: Writer | None = None,
     publish_timeout_s: float = 5.0,
 ) -> None:
-    """The leader's root task: enforce once, then idle. On a failure it waits (at most
+    """The leader's root task: enforce once (with `write`, by default the cgroupfs
+    driver's under `root`), then idle. On a failure it waits (at most
     `publish_timeout_s`) for the Warning to leave `events` for the bus, then raises
     ReservedCgroupFailed, which ends syncloop."""
-    failure = enforce_reserved(cgroups, emit=emit, root=root)
+    failure = await enforce_reserved(
+        cgroups, emit=emit, write=write if write is not None else cgroupfs_writer(root)
+    )
     if not failure:
         await asyncio.Event().wait()
         return
