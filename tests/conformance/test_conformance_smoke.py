@@ -22,29 +22,21 @@ from pathlib import Path
 
 import pytest
 
-from tests.harness.suite_smoke import check_all_passed, focus_of, require_binaries
+from tests.harness.suite_smoke import LIFECYCLE, check_all_passed, focus_of, require_binaries
 from tools.e2e.conformance import SKIP, SuiteRun, conform
 
 pytestmark = pytest.mark.timeout(900)
 
 # Leaf texts of [NodeConformance] specs (k8s.io/kubernetes v1.34.4 test/e2e/common),
-# each with its container text so that a leaf text shared by two files selects one.
-SMOKE = (
-    # pods, containers, init containers
-    "[sig-node] Pods should get a host IP",
-    "[sig-node] Pods should be submitted and removed",
+# each with its container text so that a leaf text shared by two files selects one:
+# the pod lifecycle (LIFECYCLE), then the rest.
+SMOKE = LIFECYCLE + (
+    # pods, containers, sysctls
     "[sig-node] Pods should contain environment variables for services",
     "[sig-node] Containers should use the image defaults if command and args are blank",
-    "[sig-node] InitContainer [NodeConformance] "
-    "should invoke init containers on a RestartNever pod",
-    "[sig-node] Container Runtime blackbox test on terminated container should report "
-    "termination message from file when pod succeeds and TerminationMessagePolicy "
-    "FallbackToLogsOnError is set",
-    "[sig-node] Kubelet when scheduling a busybox command in a pod should print the output to logs",
     "[sig-node] Sysctls [LinuxOnly] [NodeConformance] "
     "should not launch unsafe, but not explicitly enabled sysctls on the node",
     # environment, downward API
-    "[sig-node] Downward API should provide pod name, namespace and IP address as env vars",
     "[sig-node] Variable Expansion should allow composing env vars into new env vars",
     "[sig-node] ConfigMap should be consumable via environment variable",
     "[sig-node] Secrets should be consumable from pods in env vars",
@@ -57,12 +49,9 @@ SMOKE = (
     "[sig-storage] Projected combined "
     "should project all components that make up the projection API",
     "[sig-storage] EmptyDir volumes should support (root,0644,tmpfs)",
-    # probes, lifecycle hooks
+    # probes
     "[sig-node] Probing container with readiness probe that fails "
     "should never be ready and never restart",
-    '[sig-node] Probing container should be restarted with a exec "cat /tmp/health" liveness probe',
-    "[sig-node] Container Lifecycle Hook when create a pod with lifecycle hook "
-    "should execute poststart exec hook properly",
     # security context
     "[sig-node] Security Context When creating a container with runAsUser "
     "should run the container with uid 65534",

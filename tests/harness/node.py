@@ -33,6 +33,26 @@ RELISTS = "kubelet_pleg_relist_duration_seconds_count"  # syncloop: one per PLEG
 EVICTION_PASSES = "klet_eviction_passes_total"  # eviction: one per completed pass
 
 
+def run_syncloop(tmp: Path, *flags: str) -> subprocess.CompletedProcess[str]:
+    """syncloop alone, run to its end, with its run and root directories under `tmp`: for
+    the refusals at start (it exits before it needs a bus)."""
+    return subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "klet.syncloop",
+            "--run-dir",
+            str(tmp / "run"),
+            "--root-dir",
+            str(tmp / "root"),
+            *flags,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
 class KletNode:
     def __init__(
         self,

@@ -13,6 +13,27 @@ import pytest
 from tools.e2e.conformance import CLUSTER_BUILD, E2E_BUILD
 from tools.e2e.report import Results
 
+# Leaf texts of [NodeConformance] specs (k8s.io/kubernetes v1.34.4 test/e2e/common),
+# each with its container text so that a leaf text shared by two files selects one.
+# The pod lifecycle: create and remove, the host IP, init containers, a termination
+# message, logs through the apiserver, an exec liveness probe's restart, a postStart
+# hook, the downward API. Part of the conformance smoke subset, and what the systemd
+# tier runs on its systemd-driver node.
+LIFECYCLE = (
+    "[sig-node] Pods should get a host IP",
+    "[sig-node] Pods should be submitted and removed",
+    "[sig-node] InitContainer [NodeConformance] "
+    "should invoke init containers on a RestartNever pod",
+    "[sig-node] Container Runtime blackbox test on terminated container should report "
+    "termination message from file when pod succeeds and TerminationMessagePolicy "
+    "FallbackToLogsOnError is set",
+    "[sig-node] Kubelet when scheduling a busybox command in a pod should print the output to logs",
+    '[sig-node] Probing container should be restarted with a exec "cat /tmp/health" liveness probe',
+    "[sig-node] Container Lifecycle Hook when create a pod with lifecycle hook "
+    "should execute poststart exec hook properly",
+    "[sig-node] Downward API should provide pod name, namespace and IP address as env vars",
+)
+
 
 def focus_of(texts: tuple[str, ...]) -> str:
     """One ginkgo focus (RE2) matching these spec texts (ginkgo matches more than the

@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import shutil
-import subprocess
-import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -21,30 +19,14 @@ from klet.cgroups.systemd import pid1_is_systemd
 from klet.cri import CRISettings, RuntimeClient
 from klet.devstack.containerd import Containerd
 
+from tests.harness.node import run_syncloop
+
 
 @pytest.fixture
 def short_dir() -> Iterator[Path]:
     d = Path(tempfile.mkdtemp(prefix="kcg-", dir="/tmp"))
     yield d
     shutil.rmtree(d, ignore_errors=True)
-
-
-def syncloop(tmp: Path, *flags: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "klet.syncloop",
-            "--run-dir",
-            str(tmp / "run"),
-            "--root-dir",
-            str(tmp / "root"),
-            *flags,
-        ],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
 
 
 @pytest.mark.skipif(pid1_is_systemd(), reason="this host's PID 1 is systemd")
@@ -54,7 +36,7 @@ def test_systemd_driver_without_systemd_is_refused(short_dir: Path) -> None:
         "apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\n"
         "cgroupDriver: systemd\n"
     )
-    res = syncloop(short_dir, "--config", str(config))
+    res = run_syncloop(short_dir, "--config", str(config))
     assert res.returncode == 1, res.stderr
     comm = Path("/proc/1/comm").read_text().strip()
     assert f"syncloop: cgroupDriver: systemd: PID 1 is not systemd (it is {comm!r})" in res.stderr
@@ -64,7 +46,7 @@ def test_runtime_with_the_other_driver_is_refused(short_dir: Path) -> None:
     containerd = Containerd(short_dir / "ctd", systemd_cgroup=True)
     containerd.start()
     try:
-        res = syncloop(short_dir, "--container-runtime-endpoint", containerd.endpoint)
+        res = run_syncloop(short_dir, "--container-runtime-endpoint", containerd.endpoint)
     finally:
         containerd.stop()
     assert res.returncode == 1, res.stderr

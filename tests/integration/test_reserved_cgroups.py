@@ -9,8 +9,6 @@ cgroups are the test's own, under a private top cgroup."""
 from __future__ import annotations
 
 import shutil
-import subprocess
-import sys
 import tempfile
 import uuid
 from collections.abc import Iterator
@@ -19,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from tests.harness.node import KletNode, bus_events
+from tests.harness.node import KletNode, bus_events, run_syncloop
 from tests.harness.waiting import wait_for
 
 CG = Path("/sys/fs/cgroup")
@@ -103,23 +101,12 @@ def test_a_missing_reserved_cgroup_refuses_the_start(top: str) -> None:
         path = tmp / "kubelet.yaml"
         missing = f"{top}/nothing"
         path.write_text(config(top, system=f"{top}/system", kube=f"{top}/kube"))
-        res = subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "klet.syncloop",
-                "--run-dir",
-                str(tmp / "run"),
-                "--root-dir",
-                str(tmp / "root"),
-                "--config",
-                str(path),
-                "--system-reserved-cgroup",  # over the file's
-                missing,
-            ],
-            capture_output=True,
-            text=True,
-            timeout=60,
+        res = run_syncloop(
+            tmp,
+            "--config",
+            str(path),
+            "--system-reserved-cgroup",
+            missing,  # over the file's
         )
     finally:
         shutil.rmtree(tmp, ignore_errors=True)

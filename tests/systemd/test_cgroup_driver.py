@@ -36,7 +36,12 @@ from klet.devstack import TEST_REGISTRY_HOST, free_port
 from klet.testbed.cluster import ControlPlane
 
 from tests.harness.cluster_fixtures import _plane
-from tests.harness.suite_smoke import check_all_passed, focus_of, require_binaries
+from tests.harness.suite_smoke import (
+    LIFECYCLE,
+    check_all_passed,
+    focus_of,
+    require_binaries,
+)
 from tests.harness.systemd_node import SystemdNode, build_image
 from tests.harness.waiting import wait_for
 from tools.e2e.conformance import SKIP, SuiteRun, build_all, node_state, suite_argv
@@ -290,26 +295,6 @@ def test_pods_of_each_qos_class_in_their_slices(node: SystemdNode, plane: Contro
         "kubepods-besteffort.slice",
     } <= set(node.units("kubepods*.slice"))
     print(f"whole test {time.monotonic() - began:.0f}s")
-
-
-# Leaf texts of [NodeConformance] specs of the pod lifecycle (a part of
-# tests/conformance/test_conformance_smoke.py's SMOKE): create, run to completion, logs
-# through the apiserver, init containers, a termination message, a liveness probe's
-# restart, a postStart hook, the downward API.
-LIFECYCLE = (
-    "[sig-node] Pods should be submitted and removed",
-    "[sig-node] Pods should get a host IP",
-    "[sig-node] InitContainer [NodeConformance] "
-    "should invoke init containers on a RestartNever pod",
-    "[sig-node] Container Runtime blackbox test on terminated container should report "
-    "termination message from file when pod succeeds and TerminationMessagePolicy "
-    "FallbackToLogsOnError is set",
-    "[sig-node] Kubelet when scheduling a busybox command in a pod should print the output to logs",
-    '[sig-node] Probing container should be restarted with a exec "cat /tmp/health" liveness probe',
-    "[sig-node] Container Lifecycle Hook when create a pod with lifecycle hook "
-    "should execute poststart exec hook properly",
-    "[sig-node] Downward API should provide pod name, namespace and IP address as env vars",
-)
 
 
 def test_the_lifecycle_smoke_subset_passes_on_the_systemd_node(
