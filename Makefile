@@ -21,11 +21,13 @@ run: setup-run
 
 # Lint, types, then every tier: unit, integration (real Redis, containerd, registry),
 # cluster (a real kube-apiserver + etcd, built once by cluster-binaries), compose
-# (the images and docker-compose.yml on a private dockerd) and helm (the chart, with the
-# helm binaries built once by helm-binaries). pytest
-# exits 5 when it collected nothing: that is a failure here like any other non-zero exit.
-test: setup cluster-binaries helm-binaries e2e-binaries lint typecheck
-	$(PY) -m pytest $(PYTEST_ARGS)
+# (the images and docker-compose.yml on a private dockerd), helm (the chart, with the
+# helm binaries built once by helm-binaries), conformance and systemd (e2e-binaries).
+# tools/test.sh runs the Go builds niced beside the unit and integration tiers, which
+# need none of them, then the other tiers. pytest exits 5 when it collected nothing: that
+# is a failure here like any other non-zero exit.
+test: setup lint typecheck
+	bash tools/test.sh $(PYTEST_ARGS)
 
 unit: setup
 	$(PY) -m pytest -m "not integration and not cluster and not compose and not helm and not systemd" $(PYTEST_ARGS)
