@@ -97,3 +97,23 @@ def test_env_ints_reads_a_comma_list_or_falls_back(monkeypatch: pytest.MonkeyPat
     assert env_ints("COMPARE_TEST_LIST", (1,)) == [10, 30]
     monkeypatch.setenv("COMPARE_TEST_LIST", " ")
     assert env_ints("COMPARE_TEST_LIST", (1,)) == [1]
+
+
+def test_the_idle_cpu_is_reported_as_its_mean_and_p95_beside_the_median() -> None:
+    """A median of the 1 s samples hides the periodic passes (GC, eviction, the safety-net
+    relist); the mean and the p95 of the window show them, one number per side."""
+    from bench.compare import Config, table_rows
+
+    cfg = Config(rounds=1, singles=1, bursts=[], idle_pods=110, idle_s=10)
+    quiet_then_busy = [0.01] * 9 + [0.5]
+    samples = {"idle_cores": {"klet": quiet_then_busy, "kubelet": [0.05] * 10}}
+    rows = {r.label: r for r in table_rows(samples, cfg)}
+    assert percentile(quiet_then_busy, 50) == 0.01
+    mean = rows["idle CPU mean over the window (cores)"]
+    assert mean.klet == [pytest.approx(0.059)] and mean.upstream == [pytest.approx(0.05)]
+    p95 = rows["idle CPU p95 over the window (cores)"]
+    assert p95.klet == [pytest.approx(0.2795)] and p95.upstream == [pytest.approx(0.05)]
+    labels = list(rows)
+    assert labels.index("idle CPU mean over the window (cores)") == labels.index(
+        "idle, 110 pods: CPU per 1 s sample (cores)"
+    ) + 1
