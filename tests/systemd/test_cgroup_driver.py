@@ -237,15 +237,20 @@ def test_pods_of_each_qos_class_in_their_slices(node: SystemdNode, plane: Contro
         main_id = pod["status"]["containerStatuses"][0]["containerID"].removeprefix("containerd://")
         assert f"cri-containerd-{main_id}.scope" in scopes, (name, scopes)
         assert len(scopes) == 2, (name, scopes)  # the sandbox's pause and main
-        # Huge pages: the node's systemd mounts hugetlb (the host does not), and the
-        # container may use none of a size it did not ask for.
+        # Huge pages: the node's systemd mounts hugetlb (the host does not); neither the
+        # container nor the pod (its slice's path in the hugetlb hierarchy, which klet
+        # writes: systemd has no hugetlb property) may use a size it did not ask for.
         found = node.exec(
             ["find", "/sys/fs/cgroup/hugetlb", "-name", f"cri-containerd-{main_id}.scope"]
         ).stdout.split()
         assert len(found) == 1, (name, found)
-        for size in ("2MB", "1GB"):
-            limit = node.exec(["cat", f"{found[0]}/hugetlb.{size}.limit_in_bytes"]).stdout
-            assert limit.strip() == "0", (name, size, limit)
+        scope_dir = found[0]
+        pod_dir = scope_dir.rsplit("/", 1)[0]
+        assert pod_dir.endswith("/" + unit), (name, pod_dir)
+        for d in (scope_dir, pod_dir):
+            for size in ("2MB", "1GB"):
+                limit = node.exec(["cat", f"{d}/hugetlb.{size}.limit_in_bytes"]).stdout
+                assert limit.strip() == "0", (name, d, size, limit)
 
     # The stats readers (/stats/summary, eviction) find the pod slices and kubepods.slice
     # in the node's real cgroup tree.
@@ -268,6 +273,11 @@ def test_pods_of_each_qos_class_in_their_slices(node: SystemdNode, plane: Contro
         lambda: unit not in node.units("kubepods-burstable-*.slice") and not cgroup_dir.exists(),
         timeout_s=60,
         what=f"{unit} and {cgroup_dir} gone",
+    )
+    wait_for(
+        lambda: not node.exec(["find", "/sys/fs/cgroup/hugetlb", "-name", unit]).stdout.split(),
+        timeout_s=10,
+        what=f"{unit}'s hugetlb cgroup gone",
     )
     assert not any(p["metadata"]["uid"] == gone["metadata"]["uid"] for p in node.pods())
     still = running(node, {"guaranteed", "besteffort"})

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+from pathlib import Path
 
 from klet.cgroups.systemd import SystemdUnavailable
 from klet.cgroups.testing import FakeSystemd
@@ -189,3 +190,30 @@ def test_a_runtime_that_does_not_say_is_not_refused() -> None:
     cri = FakeRuntimeService()
     cri.cgroup_driver_name = ""
     assert asyncio.run(cgroup_driver_mismatch(cri, "systemd")) == ""
+
+
+def test_hugetlb_limits_at_the_slice_path_in_pid1s_hugetlb_cgroup(tmp_path: Path) -> None:
+    """systemd has no hugetlb property: on v1 the pod's limits go in the hugetlb hierarchy
+    at the slice's path under PID 1's hugetlb cgroup (where runc puts the scopes), and
+    the directory goes with the pod."""
+    fs = tmp_path / "cgroup"
+    (fs / "hugetlb").mkdir(parents=True)
+    proc = tmp_path / "proc"
+    (proc / "1").mkdir(parents=True)
+    (proc / "1/cgroup").write_text(
+        "12:hugetlb:/\n11:memory:/docker/abc\n1:name=systemd:/docker/abc/init.scope\n"
+    )
+    driver = SystemdPodCgroups(FakeSystemd(), cgroup_version=1, cgroup_fs=fs, proc=proc)
+    res = PodResources(256, None, None, None, None, (("2MB", 4 << 20), ("1GB", 0)))
+    assert asyncio.run(driver.ensure(POD, res)) == (False, [])
+    d = fs / "hugetlb/kubepods.slice/kubepods-burstable.slice" / UNIT
+    assert (d / "hugetlb.2MB.limit_in_bytes").read_text() == str(4 << 20)
+    assert (d / "hugetlb.1GB.limit_in_bytes").read_text() == "0"
+    for f in d.iterdir():  # the kernel's files go with the directory; these are plain
+        f.unlink()
+    assert asyncio.run(driver.remove(POD)) == []
+    assert not d.exists()
+    # No huge pages offered (or v2): nothing written.
+    plain = PodResources(256, None, None, None)
+    assert asyncio.run(driver.ensure(POD, plain)) == (False, [])
+    assert not d.exists()

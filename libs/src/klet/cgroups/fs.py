@@ -216,10 +216,12 @@ class CgroupFS:
         return left
 
 
-def pid1_cgroup_prefix(proc: Path = Path("/proc")) -> str:
+def pid1_cgroup_prefix(proc: Path = Path("/proc"), controller: str = "") -> str:
     """Where systemd's cgroup tree starts in this process's view of /sys/fs/cgroup: `/` on
     a host, `/docker/<id>` for a systemd in a container sharing the host's cgroup
-    namespace (PID 1's own cgroup without `/init.scope`, as runc finds it)."""
+    namespace (PID 1's own cgroup without `/init.scope`, as runc finds it). With a v1
+    `controller`, where it starts in that controller's hierarchy (runc places a systemd
+    unit's cgroups there for the controllers systemd does not manage, such as hugetlb)."""
     try:
         lines = (proc / "1/cgroup").read_text().splitlines()
     except OSError:
@@ -228,8 +230,13 @@ def pid1_cgroup_prefix(proc: Path = Path("/proc")) -> str:
     for line in lines:
         fields = line.split(":", 2)
         if len(fields) == 3:
-            by_controller[fields[1]] = fields[2]
-    path = by_controller.get("name=systemd") or by_controller.get("") or "/"
+            for name in fields[1].split(",") or [""]:
+                by_controller[name] = fields[2]
+    path = (
+        by_controller.get(controller)
+        if controller
+        else by_controller.get("name=systemd") or by_controller.get("")
+    ) or "/"
     if path.endswith("/init.scope"):
         path = path[: -len("/init.scope")]
     return path or "/"

@@ -14,14 +14,22 @@ other than `/` prefixes the names as upstream does: `/n1/kubepods` is the slice
 A pod's slice is stopped when the pod is removed: systemd removes its cgroups and the
 transient unit. Stopping a slice stops whatever still runs in it, which is why it only
 happens after every container and the sandbox are gone (syncpod's removal path).
+
+Huge pages: systemd has no hugetlb property, so on cgroup v1, where the host has hugetlb,
+the pod's limits are written in the hugetlb hierarchy at the slice's path (under PID 1's
+hugetlb cgroup, where runc puts the containers' scopes), as upstream's systemd cgroup
+manager writes the controllers systemd does not manage; that directory is removed with
+the slice, which systemd would not do. On v2 only the containers' limits are set.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+from pathlib import Path
 from typing import Protocol
 
+from klet.cgroups.fs import pid1_cgroup_prefix
 from klet.cgroups.slices import (
     Property,
     SliceLimits,
@@ -33,7 +41,7 @@ from klet.cgroups.slices import (
 from klet.cgroups.slices import cgroup_path as slice_path
 from klet.cgroups.systemd import SystemdError, SystemdUnavailable
 from klet.model.layout import kubepods, node_cgroups
-from klet.syncloop.containers.podcgroups import NodeCgroupLimits
+from klet.syncloop.containers.podcgroups import NodeCgroupLimits, ensure_cgroup, hugetlb_v1
 from klet.syncloop.containers.resources import MIN_SHARES, PodResources
 
 log = logging.getLogger(__name__)
@@ -72,11 +80,15 @@ class SystemdPodCgroups:
         cgroup_version: int,
         cgroup_root: str = "/",
         node: NodeCgroupLimits | None = None,
+        cgroup_fs: Path = Path("/sys/fs/cgroup"),
+        proc: Path = Path("/proc"),
     ) -> None:
         self.systemd = systemd
         self.cgroup_version = cgroup_version
         self.cgroup_root = cgroup_root
         self.node = node
+        self.cgroup_fs = cgroup_fs
+        self.proc = proc
         self._kubepods_unit = unit_name(parts_of(kubepods(cgroup_root)))
         self._node_slices_ready = False
         self._node_slices_lock = asyncio.Lock()  # pod workers start pods concurrently
@@ -150,7 +162,23 @@ class SystemdPodCgroups:
             )
         except (SystemdError, SystemdUnavailable) as err:
             return False, [f"{unit}: {err}"]
-        return existed, []
+        return existed, self._hugetlb(name, res)
+
+    def _hugetlb_path(self, name: str) -> str:
+        prefix = pid1_cgroup_prefix(self.proc, "hugetlb").rstrip("/")
+        return prefix + slice_path(name)
+
+    def _hugetlb(self, name: str, res: PodResources) -> list[str]:
+        """The pod's hugetlb limits at its slice's path (see the module docstring)."""
+        if self.cgroup_version != 1 or not res.hugepage_limits:
+            return []
+        return ensure_cgroup(
+            self._hugetlb_path(name),
+            {"hugetlb": hugetlb_v1(res.hugepage_limits)},
+            {},
+            root=self.cgroup_fs,
+            controllers=("hugetlb",),
+        )
 
     async def remove(self, name: str) -> list[str]:
         unit = unit_name(parts_of(name))
@@ -158,4 +186,12 @@ class SystemdPodCgroups:
             await self.systemd.stop_slice(unit)
         except (SystemdError, SystemdUnavailable) as err:
             return [f"{unit}: {err}"]
+        if self.cgroup_version == 1:
+            hugetlb = self.cgroup_fs / "hugetlb" / self._hugetlb_path(name).lstrip("/")
+            try:
+                hugetlb.rmdir()
+            except FileNotFoundError:
+                pass
+            except OSError as err:
+                return [f"{hugetlb}: {err.strerror or err}"]
         return []
