@@ -29,6 +29,10 @@ trap 'kill "$builds" 2>/dev/null' EXIT
 
 "$PY" -m pytest tests/unit tests/integration "$@"
 first=$?
+# Interrupted (Ctrl-C), an internal error or a usage error: no second session.
+case "$first" in
+  2 | 3 | 4) exit "$first" ;;
+esac
 
 wait "$builds"
 built=$?
