@@ -7,7 +7,6 @@ the namespace filter, and JSON (a List, or one Event per line when following).""
 
 from __future__ import annotations
 
-import asyncio
 import io
 import json
 from pathlib import Path
@@ -200,44 +199,3 @@ def test_json_list_and_json_lines() -> None:
     p.event(aggregate([rec(T0, "Pulled")])[0])
     lines = [json.loads(line) for line in out.getvalue().splitlines()]
     assert [(e["kind"], e["reason"]) for e in lines] == [("Event", "Failed"), ("Event", "Pulled")]
-
-
-async def test_follow_rides_out_a_lost_bus_and_says_so_once() -> None:
-    """`-f` does not exit when Redis goes away: one line on stderr, retries, one line
-    when it answers again, and the Events recorded meanwhile are printed."""
-    from klet.bus.redisbus import BusUnavailable
-    from klet.cli.events import follow_events
-    from klet.cli.eventview import Correlator
-
-    replies: list[Any] = [
-        [rec(T0, "Started", name="a")],
-        BusUnavailable("connection refused"),
-        BusUnavailable("connection refused"),
-        [rec(T0 + 5, "Killing", name="a")],
-    ]
-
-    class Reader:
-        async def read(self, *, block_ms: int | None) -> list[EventRecord]:
-            if not replies:
-                raise asyncio.CancelledError  # the end of this test's script
-            reply = replies.pop(0)
-            if isinstance(reply, Exception):
-                raise reply
-            return list(reply)
-
-    slept: list[float] = []
-
-    async def sleep(s: float) -> None:
-        slept.append(s)
-
-    p, out = printer()
-    warn = io.StringIO()
-    with pytest.raises(asyncio.CancelledError):
-        await follow_events(Reader(), p, Correlator(), warn=warn, retry_s=0.5, sleep=sleep)
-    printed = out.getvalue()
-    assert "Started happened" in printed and "Killing happened" in printed, printed
-    assert warn.getvalue().splitlines() == [
-        "klet events: lost the bus (connection refused); retrying every 0.5s",
-        "klet events: the bus answers again",
-    ]
-    assert slept == [0.5, 0.5]

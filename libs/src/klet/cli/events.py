@@ -8,9 +8,7 @@ takes nothing from status-reporter's consumer group and works in both modes. It 
 and prints them with klet.cli.eventview; `-f` then keeps reading (XREAD BLOCK from the
 last entry read on each stream, so nothing recorded between the listing and the wait
 is missed) and prints each new or grown Event as one more line (`-o json`: one Event
-object per line), as `kubectl get events -w` does; the bus going away meanwhile is said
-once on stderr and retried every second, from the same cursors. The first listing
-still fails at once without a bus. Every namespace is shown unless
+object per line), as `kubectl get events -w` does. Every namespace is shown unless
 `-n` names one: a standalone node's static pods live in several (`-A` is accepted for
 kubectl's habit).
 
@@ -40,10 +38,10 @@ import os
 import socket
 import sys
 import time
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Protocol, TextIO
+from typing import TYPE_CHECKING, TextIO
 from urllib.parse import urlsplit
 
 from klet.bus.acl import ADMIN_USER, SERVICES, check_node, read_password
@@ -71,9 +69,6 @@ BLOCK_MS = 1000
 
 BATCH = 1000
 """Entries read per stream and call."""
-
-RETRY_S = 1.0
-"""`-f` without the bus: how often it tries again."""
 
 
 class UsageError(Exception):
@@ -292,43 +287,6 @@ class EventReader:
         return found
 
 
-class Reader(Protocol):
-    async def read(self, *, block_ms: int | None) -> list[EventRecord]: ...
-
-
-async def follow_events(
-    reader: Reader,
-    printer: Printer,
-    correlator: Correlator,
-    *,
-    warn: TextIO,
-    retry_s: float = RETRY_S,
-    sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
-) -> None:
-    """`-f`: print each new or grown Event, forever. The bus going away (Redis restarted,
-    a network cut) is said once on stderr and retried every `retry_s`; the cursors stay,
-    so the Events recorded meanwhile come when it answers again."""
-    from klet.bus.redisbus import BusError
-
-    lost = False
-    while True:
-        try:
-            records = await reader.read(block_ms=BLOCK_MS)
-        except BusError as err:
-            if not lost:
-                warn.write(f"klet events: lost the bus ({err}); retrying every {retry_s:g}s\n")
-                warn.flush()
-                lost = True
-            await sleep(retry_s)
-            continue
-        if lost:
-            warn.write("klet events: the bus answers again\n")
-            warn.flush()
-            lost = False
-        for record in sorted(records, key=lambda r: r.at):
-            printer.event(correlator.add(record))
-
-
 async def run(access: BusAccess, printer: Printer, *, follow: bool, warn: TextIO) -> None:
     from klet.bus.redisbus import Bus
 
@@ -339,8 +297,9 @@ async def run(access: BusAccess, printer: Printer, *, follow: bool, warn: TextIO
         for record in sorted(await reader.backlog(), key=lambda r: r.at):
             correlator.add(record)
         printer.listing(correlator.rows(), follow=follow)
-        if follow:
-            await follow_events(reader, printer, correlator, warn=warn)
+        while follow:
+            for record in sorted(await reader.read(block_ms=BLOCK_MS), key=lambda r: r.at):
+                printer.event(correlator.add(record))
     finally:
         await bus.close()
 
