@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Any
 
@@ -496,15 +495,23 @@ def test_hugetlb_files_of_pods_kubepods_and_qos(tmp_path: Path) -> None:
     assert node.qos_hugetlb()[1] == {"hugetlb.2MB.max": "max", "hugetlb.1GB.max": "max"}
 
 
-def test_a_hierarchy_the_host_does_not_mount_is_skipped() -> None:
-    # Under the real, mounted /sys/fs/cgroup an empty directory is no hierarchy (this
-    # host's hugetlb); a mounted one is.
-    root = Path("/sys/fs/cgroup")
-    if not os.path.ismount(root):
-        pytest.skip("no mounted cgroup root here")
-    mounted = [c for c in podcgroups.V1_CONTROLLERS if (root / c).is_dir()]
-    for ctrl in mounted:
-        assert podcgroups._mounted(root / ctrl) == os.path.ismount(root / ctrl)
+def test_a_hierarchy_the_host_does_not_mount_is_skipped(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Under a mounted cgroup root an empty directory is no hierarchy (these hosts'
+    # hugetlb); a mounted one is. The tree of a unit test (no mount above) counts.
+    root = tmp_path / "cgroup"
+    for ctrl in ("cpu", "hugetlb"):
+        (root / ctrl).mkdir(parents=True)
+    assert podcgroups._mounted(root / "hugetlb")
+    mounts = {root, root / "cpu"}
+    monkeypatch.setattr(podcgroups.os.path, "ismount", lambda p: Path(p) in mounts)
+    assert podcgroups._mounted(root / "cpu")
+    assert not podcgroups._mounted(root / "hugetlb")
+    res = PodResources(2, None, None, None, None, (("2MB", 0),))
+    assert podcgroups.ensure_pod_cgroup("/kubepods/podu", res, root=root) == []
+    assert not (root / "hugetlb" / "kubepods").exists()
+    assert (root / "cpu/kubepods/podu/cpu.shares").read_text() == "2"
 
 
 def test_the_cri_request_carries_swap_huge_pages_and_unified() -> None:
