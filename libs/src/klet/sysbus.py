@@ -29,7 +29,8 @@ async def connect(
         bus_address=address, bus_type=BusType.SYSTEM, negotiate_unix_fd=negotiate_unix_fd
     )
     try:
-        await asyncio.wait_for(bus.connect(), timeout_s)
+        async with asyncio.timeout(timeout_s):
+            await bus.connect()
     except (OSError, TimeoutError, DBusError, EOFError) as err:
         raise unavailable(f"cannot connect to the system bus: {err}") from err
     return bus
@@ -57,7 +58,8 @@ async def call(
         body=body,
     )
     try:
-        reply = await asyncio.wait_for(bus.call(msg), timeout_s)
+        async with asyncio.timeout(timeout_s):
+            reply = await bus.call(msg)
     except TimeoutError as err:
         raise unavailable(f"{member}: no answer in {timeout_s:g} s") from err
     except (OSError, EOFError) as err:

@@ -256,7 +256,8 @@ class FakeStream(Stream[R]):
         if g.delivered >= len(state.entries):
             state.grown.clear()
             try:
-                await asyncio.wait_for(state.grown.wait(), block_ms / 1000 if block_ms else None)
+                async with asyncio.timeout(block_ms / 1000 if block_ms else None):
+                    await state.grown.wait()
             except TimeoutError:
                 return []
             self.fake.raise_injected()
@@ -283,7 +284,8 @@ class FakeStream(Stream[R]):
         if not batch:
             state.grown.clear()
             try:
-                await asyncio.wait_for(state.grown.wait(), block_ms / 1000 if block_ms else None)
+                async with asyncio.timeout(block_ms / 1000 if block_ms else None):
+                    await state.grown.wait()
             except TimeoutError:
                 return []
             self.fake.raise_injected()

@@ -184,7 +184,8 @@ class Systemd:
                 waiter: asyncio.Future[str] = asyncio.get_running_loop().create_future()
                 self._waiters[job] = waiter
                 try:
-                    result = await asyncio.wait_for(waiter, self.timeout_s)
+                    async with asyncio.timeout(self.timeout_s):
+                        result = await waiter
                 except TimeoutError as err:
                     raise SystemdUnavailable(
                         f"{member} {unit}: job {job} did not end in {self.timeout_s:g} s"

@@ -115,7 +115,8 @@ async def _stop(child: Child, timeout_s: float = 20.0) -> None:
         return
     proc.send_signal(signal.SIGTERM)
     try:
-        await asyncio.wait_for(proc.wait(), timeout_s)
+        async with asyncio.timeout(timeout_s):
+            await proc.wait()
     except TimeoutError:
         proc.kill()
         await proc.wait()
@@ -153,7 +154,8 @@ async def _supervise(children: list[Child], stop: asyncio.Event) -> None:
                 f"restarting in {delay:.1f}s (restart #{child.restarts})",
             )
             try:
-                await asyncio.wait_for(stop.wait(), delay)
+                async with asyncio.timeout(delay):
+                    await stop.wait()
             except TimeoutError:
                 await _start(child)
                 _emit(

@@ -113,7 +113,8 @@ class _Checker:
         try:
             result = check()
             if inspect.isawaitable(result):
-                result = await asyncio.wait_for(result, self.timeout)
+                async with asyncio.timeout(self.timeout):
+                    result = await result
         except Exception as exc:  # a raising check is a failed check, never a 500 crash
             reason = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
             self.failures.error(name, f"health check {name} failed: {reason}", check=name)
@@ -218,7 +219,8 @@ class _Server(uvicorn.Server):
     async def main_loop(self) -> None:
         while not await self.on_tick(0):  # counter 0: the Date header is refreshed
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._stopping.wait(), 1.0)
+                async with asyncio.timeout(1.0):
+                    await self._stopping.wait()
 
     def stop(self, *, force: bool = False) -> None:
         self.should_exit = True

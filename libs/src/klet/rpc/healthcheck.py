@@ -56,7 +56,8 @@ async def check_health(
     channel = grpc.aio.insecure_channel(addr, options=[("grpc.primary_user_agent", user_agent)])
     try:
         try:
-            await asyncio.wait_for(channel.channel_ready(), timeout_s)
+            async with asyncio.timeout(timeout_s):
+                await channel.channel_ready()
         except TimeoutError:
             return HealthCheck(
                 False,

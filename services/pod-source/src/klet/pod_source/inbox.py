@@ -46,4 +46,5 @@ class Inbox:
     async def wait(self, timeout_s: float) -> None:
         """Until something is offered or polled, or `timeout_s` passes."""
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self._bell.wait(), timeout=max(0.0, timeout_s))
+            async with asyncio.timeout(max(0.0, timeout_s)):
+                await self._bell.wait()

@@ -285,6 +285,7 @@ class FileSource:
             await asyncio.sleep(self._period_s)
             return
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(watcher.changed.wait(), timeout=self._period_s)
+            async with asyncio.timeout(self._period_s):
+                await watcher.changed.wait()
             await asyncio.sleep(DEBOUNCE_S)
         watcher.changed.clear()

@@ -131,7 +131,8 @@ async def _close(writer: asyncio.StreamWriter, *, abort: bool) -> None:
     if not abort and writer.transport is not None:
         writer.close()
         try:
-            await asyncio.wait_for(writer.wait_closed(), CLOSE_TIMEOUT_S)
+            async with asyncio.timeout(CLOSE_TIMEOUT_S):
+                await writer.wait_closed()
             return
         except Exception:  # noqa: BLE001 - timed out or failed: reset it
             pass

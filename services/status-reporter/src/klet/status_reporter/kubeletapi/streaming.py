@@ -81,9 +81,8 @@ async def _open(url: str, timeout_s: float) -> tuple[asyncio.StreamReader, async
         context.check_hostname = False
         context.verify_mode = ssl.CERT_NONE
     try:
-        return await asyncio.wait_for(
-            asyncio.open_connection(parts.hostname, port, ssl=context), timeout_s
-        )
+        async with asyncio.timeout(timeout_s):
+            return await asyncio.open_connection(parts.hostname, port, ssl=context)
     except (OSError, TimeoutError) as err:
         raise ProxyError(f"cannot reach the streaming server at {parts.netloc}: {err}") from err
 
@@ -166,7 +165,8 @@ async def proxy_upgrade(
     finally:
         writer.close()
         with contextlib.suppress(Exception):
-            await asyncio.wait_for(writer.wait_closed(), 5)
+            async with asyncio.timeout(5):
+                await writer.wait_closed()
 
 
 async def _relay_body(
@@ -179,7 +179,8 @@ async def _relay_body(
     while remaining is None or remaining > 0:
         size = BUFFER if remaining is None else min(BUFFER, remaining)
         try:
-            data = await asyncio.wait_for(reader.read(size), RELAY_IDLE_S)
+            async with asyncio.timeout(RELAY_IDLE_S):
+                data = await reader.read(size)
         except TimeoutError:
             break
         if not data:

@@ -71,7 +71,8 @@ async def run_exec(
     call = cri.exec_sync(container_id, list(command), timeout_s=seconds)
     try:
         if seconds > 0:
-            code, stdout, stderr = await asyncio.wait_for(call, seconds + EXEC_GUARD_S)
+            async with asyncio.timeout(seconds + EXEC_GUARD_S):
+                code, stdout, stderr = await call
         else:
             code, stdout, stderr = await call
     except TimeoutError:
@@ -241,7 +242,8 @@ async def run_http_get(
     shown = url if urlsplit(url).path else url + "/"
     try:
         async with client:
-            status, body = await asyncio.wait_for(_get(client, url, headers), timeout_s)
+            async with asyncio.timeout(timeout_s):
+                status, body = await _get(client, url, headers)
     except TimeoutError:
         return HandlerResult(
             False,
@@ -273,7 +275,8 @@ async def run_tcp(action: JSON, *, pod_ip: str, container: JSON, timeout_s: floa
         return HandlerResult(False, str(err), error=True)
     addr = _host_port(host, port)
     try:
-        _reader, writer = await asyncio.wait_for(asyncio.open_connection(host, port), timeout_s)
+        async with asyncio.timeout(timeout_s):
+            _reader, writer = await asyncio.open_connection(host, port)
     except TimeoutError:
         return HandlerResult(False, f"dial tcp {addr}: i/o timeout")
     except OSError as err:

@@ -240,17 +240,15 @@ class LifecycleHooks:
             return None
         name = container["name"]
         try:
-            ok, message = await asyncio.wait_for(
-                self._run(
+            async with asyncio.timeout(self.post_start_timeout_s):
+                ok, message = await self._run(
                     pod,
                     container,
                     container_id,
                     handler,
                     pod_ip=pod_ip,
                     timeout_s=self.post_start_timeout_s,
-                ),
-                self.post_start_timeout_s,
-            )
+                )
         except TimeoutError:
             ok, message = (
                 False,
@@ -289,12 +287,10 @@ class LifecycleHooks:
         start = self.clock()
         context = pod if pod is not None else {}
         try:
-            ok, message = await asyncio.wait_for(
-                self._run(
+            async with asyncio.timeout(budget_s):
+                ok, message = await self._run(
                     context, container, container_id, handler, pod_ip=pod_ip, timeout_s=budget_s
-                ),
-                budget_s,
-            )
+                )
         except TimeoutError:
             log.info(
                 "preStop hook not completed in grace period",

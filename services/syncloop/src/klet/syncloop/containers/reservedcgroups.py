@@ -324,7 +324,8 @@ async def run_enforcement(
         return
     log.error(failure)
     try:
-        await asyncio.wait_for(events.published(), publish_timeout_s)
+        async with asyncio.timeout(publish_timeout_s):
+            await events.published()
     except TimeoutError:
         log.warning("the failure's Event is not on the bus yet; stopping all the same")
     raise ReservedCgroupFailed(failure)

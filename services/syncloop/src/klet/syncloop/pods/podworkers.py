@@ -74,7 +74,8 @@ class PodWorkers:
                 if worker.wake_at is not None:
                     timeout = max(0.0, worker.wake_at - self._clock())
                 try:
-                    await asyncio.wait_for(worker.wake.wait(), timeout)
+                    async with asyncio.timeout(timeout):
+                        await worker.wake.wait()
                 except TimeoutError:
                     pass
                 worker.wake.clear()

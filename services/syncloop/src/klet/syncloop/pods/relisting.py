@@ -183,6 +183,7 @@ class Relister:
                     self._kick.set()
                     continue
             try:
-                await asyncio.wait_for(self._kick.wait(), timeout=self.current_period())
+                async with asyncio.timeout(self.current_period()):
+                    await self._kick.wait()
             except TimeoutError:
                 pass

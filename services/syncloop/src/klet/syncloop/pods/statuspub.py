@@ -122,7 +122,8 @@ class StatusPublisher:
     async def run(self) -> None:
         while True:
             try:
-                await asyncio.wait_for(self._wake.wait(), timeout=1.0)
+                async with asyncio.timeout(1.0):
+                    await self._wake.wait()
             except TimeoutError:
                 pass
             self._wake.clear()
