@@ -249,3 +249,32 @@ def bus_events(node: KletNode, pod: str | None = None) -> list[EventRecord]:
         return found
     full = f"{pod}-{node.node_name}"
     return [e for e in found if e.involved.get("name") == full]
+
+
+def klet_why(node: KletNode, pod: str, *args: str) -> subprocess.CompletedProcess[str]:
+    """`klet why <pod>` as an operator runs it, with status-reporter's bus user."""
+    return subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "klet.cli.main",
+            "why",
+            pod,
+            *node.redis_flags("status-reporter"),
+            *args,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+    )
+
+
+def why_story(node: KletNode, pod: str) -> dict[str, Any] | None:
+    """`klet why <pod> -o json`, None while no history of it is kept."""
+    done = klet_why(node, pod, "-o", "json")
+    if done.returncode == 1 and "no history of pod" in done.stderr:
+        return None
+    assert done.returncode == 0, done.stderr
+    story: dict[str, Any] = json.loads(done.stdout)
+    return story

@@ -69,7 +69,7 @@ from klet.eviction.ranking import format_count
 from klet.model.records import DesiredPod, PodChange, SourceState
 from klet.model.types import JSON, PodUID
 
-from tests.harness.node import EVICTION_PASSES, KletNode, bus_events
+from tests.harness.node import EVICTION_PASSES, KletNode, bus_events, why_story
 from tests.harness.waiting import wait_for
 from tests.integration.conftest import remove_node_pods
 
@@ -366,6 +366,24 @@ def test_memory_pressure_evicts_the_pod_over_its_request(
 
     assert running(node, "calm"), node.pods()["calm"]["status"]
     assert node_conditions(node)["MemoryPressure"] == "True"
+    # klet why names the signal, its threshold and why this pod was the one.
+    hog_ref = f"{hog['metadata']['namespace']}/hog"
+    story = wait_for(
+        lambda: (s := why_story(node, hog_ref)) is not None and "evicted" in s["answer"] and s,
+        timeout_s=30,
+        what="klet why hog: evicted",
+    )
+    answer = story["answer"]
+    assert answer.startswith(
+        "evicted under memory pressure: signal allocatableMemory.available "
+        f"(allocatableMemory.available<{PRESSURE_MI}Mi (hard) met, "
+    ), answer
+    assert "chosen because " in answer and answer.endswith(message.strip()), answer
+    reasons = [e["reason"] for e in story["timeline"]]
+    assert reasons.index("EvictionChosen") < reasons.index("Evicted"), reasons
+    assert story["timeline"][reasons.index("EvictionChosen")]["source"] == "eviction"
+    # The note is for the history only: no Event of it on the way to the apiserver.
+    assert not [e for e in bus_events(node) if e.reason == "EvictionChosen" and not e.extra]
     evictions = 'kubelet_evictions{eviction_signal="allocatableMemory.available"}'
     assert metric(node, "eviction", evictions) == 1.0
     assert metric(node, "eviction", 'kubelet_evictions{eviction_signal="memory.available"}') is None

@@ -31,7 +31,7 @@ from klet.devstack import free_port
 from klet.model.records import EventRecord
 from klet.model.types import ContainerID
 
-from tests.harness.node import KletNode, bus_events, container_status
+from tests.harness.node import KletNode, bus_events, container_status, klet_why, why_story
 from tests.harness.waiting import wait_for
 
 BUSYBOX = "registry.klet.test/busybox:1.36"
@@ -216,7 +216,53 @@ def test_exec_liveness_failure_restarts_the_container(node: KletNode, manifests:
     assert killing is not None and killing.type == "Normal"
     assert killing.involved["fieldPath"] == "spec.containers{main}"
     assert epoch(terminated["finishedAt"]) - killing.at < 15
+
+    # klet why tells the story, the answer first: the liveness probe, with its output.
+    pod_name = f"default/live-{node.node_name}"
+    story = wait_for(
+        lambda: (s := why_story(node, pod_name)) is not None and s["restarts"] >= 1 and s,
+        timeout_s=30,
+        what="klet why live: a restart",
+    )
+    answer = story["answer"]
+    assert answer.startswith("restarted 1 time: liveness probe failed (Liveness probe failed: ")
+    assert "/tmp/alive" in answer and "exited with code 137 (SIGKILL)" in answer, answer
+    seen = [(e["what"], e["reason"], e.get("container", "")) for e in story["timeline"]]
+    for step in [
+        ("event", "Pulled", "main"),
+        ("event", "Started", "main"),
+        ("started", "Running", "main"),
+        ("event", "Unhealthy", "main"),
+        ("event", "Killing", "main"),
+        ("exited", "Error", "main"),
+    ]:
+        assert step in seen, (step, seen)
+    killed = next(e for e in story["timeline"] if e["reason"] == "Killing")
+    exited = next(e for e in story["timeline"] if e["what"] == "exited")
+    assert killed["at"] <= exited["at"] and exited["detail"]["exitCode"] == 137
+    assert exited["detail"]["signal"] == "SIGKILL" and exited["source"] == "status"
+    assert killed["source"] == "syncloop"
+    text = klet_why(node, pod_name).stdout.splitlines()
+    assert text[0] == f"{pod_name} (uid {story['uid']}): {answer}"
+    assert text[2].split()[:4] == ["TIME", "SOURCE", "CONTAINER", "TYPE"]
+
+    # The history outlives its writer: a status-reporter killed and started again (a
+    # new leader) keeps it, records what comes next, and repeats nothing.
+    before = story["timeline"]
+    node.kill("status-reporter")
+    node.start("status-reporter")
     (manifests / "live.yaml").unlink()
+    stopping = ("Killing", "Stopping container main")
+    after = wait_for(
+        lambda: (s := why_story(node, pod_name)) is not None
+        and stopping in [(e["reason"], e["message"]) for e in s["timeline"]]
+        and s["timeline"],
+        timeout_s=60,
+        what="klet why live: the removal recorded by the new leader",
+    )
+    for e in before:
+        assert after.count(e) == 1, e
+    assert len(after) > len(before)
 
 
 STARTUP = f"""

@@ -84,17 +84,18 @@ def services_named(cell: str) -> set[str]:
 def granted() -> dict[str, tuple[set[str], set[str]]]:
     """Every key of the ACL grants as the doc names it -> (writers, readers). A key
     that every service has one of, with the service's name as one `:` segment, is
-    folded into one pattern with `<service>` in that segment."""
+    folded into one pattern with `<service>` in that segment; a glob `:*` is `:<uid>`."""
     access: dict[str, tuple[set[str], set[str]]] = {}
     for service, a in ACCESS.items():
         lease_keys = [k for name in a.leases for k in (f"lease:{name}", f"lease:{name}:fence")]
-        for key in (*a.writes, *a.publishes, *lease_keys):
+        for key in (*a.writes, *a.publishes, *a.journals, *lease_keys):
             access.setdefault(key, (set(), set()))[0].add(service)
         for key in (*a.reads, *a.consumes, *a.tails):
             access.setdefault(key, (set(), set()))[1].add(service)
     folded: dict[str, tuple[set[str], set[str]]] = {}
     for key, (writers, readers) in access.items():
-        name = key
+        # The one glob grant is a stream per pod, which the doc names by its UID.
+        name = key.replace(":*", ":<uid>")
         segments = key.split(":")
         for i, segment in enumerate(segments):
             if segment in SERVICES:

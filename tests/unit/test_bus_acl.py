@@ -69,7 +69,20 @@ def test_every_grant_is_on_the_own_node_and_own_lease(service: str) -> None:
     leases = {k for k in keys if ":lease:" in k}
     # No glob: a service may not create lease keys without end.
     assert leases == {f"~klet:n1:lease:{service}", f"~klet:n1:lease:{service}:fence"}
-    assert "*" not in rules
+    # The one glob: status-reporter's per-pod histories, each given an expiry as it is
+    # written (JOURNAL), so the keys it creates go away by themselves.
+    globs = {k for k in keys if "*" in k}
+    assert globs == ({"~klet:n1:history:*"} if service == "status-reporter" else set())
+    assert "*" not in rules.replace("~klet:n1:history:*", "")
+
+
+def test_the_history_glob_may_only_append_expire_and_be_read() -> None:
+    rules = service_rules("n1", "status-reporter")
+    with_glob = [r for r in rules if "~klet:n1:history:*" in r]
+    allowed = {"+xadd", "+pexpire", "+xread", "+xrevrange", "+xlen", "+type"}
+    for rule in with_glob:
+        commands = {w for w in rule.strip("()").split() if w.startswith("+")}
+        assert commands <= allowed | {c for c in commands if c.startswith("+fcall|")}, rule
 
 
 def test_only_pod_source_writes_desired_and_pods() -> None:

@@ -62,6 +62,10 @@ STREAM_CONSUME = (
 )
 # Reading a stream without a group (each reader its own cursor) changes nothing in it.
 STREAM_TAIL = ("xread", "xrevrange", "xlen")
+# A stream per pod (its history), each bounded in length and given an expiry by the
+# same fenced write that appends to it: the only keys a glob grants, and every one of
+# them goes away by itself.
+JOURNAL = ("xadd", "pexpire")
 # redis-py sends INCR as INCRBY.
 LEASE = ("get", "set", "pexpire", "pttl", "del", "incr", "incrby", "exists")
 # The library's functions, each by name (FCALL's first argument); TYPE: the fenced
@@ -90,6 +94,7 @@ class ServiceAccess:
     consumes: tuple[str, ...] = ()  # streams it reads through a consumer group
     tails: tuple[str, ...] = ()  # streams it reads without a group (XREAD)
     leases: tuple[str, ...] = field(default=())  # its own leases (key and fence counter)
+    journals: tuple[str, ...] = ()  # streams it appends to and gives an expiry (globs)
 
     def grants(self) -> tuple[Grant, ...]:
         # The lease and its fence counter, nothing else: a glob would let a service
@@ -104,6 +109,7 @@ class ServiceAccess:
             Grant(self.consumes, STREAM_CONSUME),
             Grant(self.tails, STREAM_TAIL),
             Grant(lease_keys, LEASE),
+            Grant(self.journals, JOURNAL),
         ]
         every_key = tuple(dict.fromkeys(k for g in grants for k in g.keys))
         grants.append(Grant(every_key, FUNCTION_CALLS))
@@ -136,12 +142,15 @@ ACCESS: Mapping[str, ServiceAccess] = {
     ),
     "status-reporter": ServiceAccess(
         reads=("desired", "status", "sources", "csidrivers", "volumes", *_CONDITIONS),
+        writes=("history",),
         publishes=("events:status-reporter",),
         consumes=_EVENTS,
         # Tailing the Events streams too: `klet events` in its container reads them
-        # without the group (XREAD), so it takes no entry from the leader's consumer.
-        tails=("podstatus", *_EVENTS),
+        # without the group (XREAD), so it takes no entry from the leader's consumer;
+        # `klet why` reads the pods' histories the same way.
+        tails=("podstatus", *_EVENTS, "history:*"),
         leases=("status-reporter",),
+        journals=("history:*",),
     ),
     "eviction": ServiceAccess(
         reads=("desired", "status"),
@@ -225,6 +234,7 @@ def describe(services: Iterable[str] = SERVICES) -> str:
             ("consumes", a.consumes),
             ("tails", a.tails),
             ("holds lease", a.leases),
+            ("keeps expiring streams", a.journals),
         ]
         out.append(f"{service}: " + "; ".join(f"{w} {', '.join(k)}" for w, k in parts if k))
     return "\n".join(out)

@@ -37,6 +37,21 @@ def node_reference(node_name: str) -> JSON:
     return {"kind": "Node", "name": node_name, "uid": node_name, "apiVersion": "v1"}
 
 
+def pod_reference(pod: JSON, *, field_path: str = "") -> JSON:
+    """The involved object of an Event about `pod` (or one of its containers)."""
+    meta = pod.get("metadata") or {}
+    involved: JSON = {
+        "kind": "Pod",
+        "namespace": meta.get("namespace", "default"),
+        "name": meta.get("name", ""),
+        "uid": meta.get("uid", ""),
+        "apiVersion": "v1",
+    }
+    if field_path:
+        involved["fieldPath"] = field_path
+    return involved
+
+
 class EventQueue:
     """Events waiting for the service's `events:<service>` stream, at most `cap` of them."""
 
@@ -57,8 +72,11 @@ class EventQueue:
         self._empty = asyncio.Event()  # set while nothing waits to be published
         self._empty.set()
 
-    def emit(self, involved: JSON, type_: str, reason: str, message: str) -> None:
-        """Queue an Event (`type_` Normal or Warning) about `involved`."""
+    def emit(
+        self, involved: JSON, type_: str, reason: str, message: str, *, extra: JSON | None = None
+    ) -> None:
+        """Queue an Event (`type_` Normal or Warning) about `involved`; `extra` as
+        `EventRecord.extra` (klet.model.podhistory.HISTORY_ONLY and its detail)."""
         if len(self.queue) == self.queue.maxlen:
             self.dropped += 1
         self.queue.append(
@@ -69,6 +87,7 @@ class EventQueue:
                 involved=involved,
                 component="kubelet",
                 at=self.clock(),
+                extra=extra or {},
             )
         )
         self._empty.clear()

@@ -51,10 +51,13 @@ local function fenced_write(keys, argv)
     end
     return redis.error_reply('FENCED lease ' .. keys[1] .. ' is not held by ' .. argv[1])
   end
-  local kinds = {hset = 'hash', hdel = 'hash', xadd = 'stream'}
+  -- pexpire takes any type: it bounds the life of a key the same call wrote.
+  local kinds = {hset = 'hash', hdel = 'hash', xadd = 'stream', pexpire = '*'}
   local sample = {
-    hset = {'HSET', 'f', 'v'}, hdel = {'HDEL', 'f'}, xadd = {'XADD', '*', 'r', 'v'}
+    hset = {'HSET', 'f', 'v'}, hdel = {'HDEL', 'f'}, xadd = {'XADD', '*', 'r', 'v'},
+    pexpire = {'PEXPIRE', '1'}
   }
+  local width = {hset = 4, hdel = 3, xadd = 4, pexpire = 3}
   local i = 2
   while i <= #argv do
     local verb, key = argv[i], keys[tonumber(argv[i + 1])]
@@ -62,14 +65,14 @@ local function fenced_write(keys, argv)
       return redis.error_reply('ERR unknown bus write ' .. tostring(verb))
     end
     local t = redis.call('TYPE', key)['ok']
-    if t ~= 'none' and t ~= kinds[verb] then
+    if t ~= 'none' and kinds[verb] ~= '*' and t ~= kinds[verb] then
       return redis.error_reply('WRONGTYPE ' .. key .. ' holds a ' .. t .. ', not a ' .. kinds[verb])
     end
     local s = sample[verb]
     if not redis.acl_check_cmd(s[1], key, unpack(s, 2)) then
       return redis.error_reply('NOPERM this user may not ' .. s[1] .. ' ' .. key)
     end
-    i = i + (verb == 'hdel' and 3 or 4)
+    i = i + width[verb]
   end
   local out = {}
   i = 2
@@ -81,6 +84,10 @@ local function fenced_write(keys, argv)
       i = i + 4
     elseif verb == 'hdel' then
       redis.call('HDEL', key, argv[i + 2])
+      out[#out + 1] = ''
+      i = i + 3
+    elseif verb == 'pexpire' then
+      redis.call('PEXPIRE', key, argv[i + 2])
       out[#out + 1] = ''
       i = i + 3
     else

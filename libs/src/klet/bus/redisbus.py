@@ -339,6 +339,8 @@ class Bus:
                 pipe.hset(op.key, op.args[0], op.args[1])
             elif op.verb == "hdel":
                 pipe.hdel(op.key, op.args[0])
+            elif op.verb == "pexpire":
+                pipe.pexpire(op.key, int(op.args[0]))
             else:
                 pipe.xadd(op.key, {"r": op.args[1]}, maxlen=int(op.args[0]), approximate=True)
         try:
@@ -354,7 +356,8 @@ class Bus:
 
 @dataclass(frozen=True)
 class _Op:
-    """One write: `hset key field value`, `hdel key field` or `xadd key maxlen record`."""
+    """One write: `hset key field value`, `hdel key field`, `xadd key maxlen record` or
+    `pexpire key ms`."""
 
     verb: str
     key: str
@@ -371,6 +374,10 @@ class _Op:
     @staticmethod
     def xadd(key: str, maxlen: int, record: str) -> _Op:
         return _Op("xadd", key, (str(maxlen), record))
+
+    @staticmethod
+    def pexpire(key: str, ms: int) -> _Op:
+        return _Op("pexpire", key, (str(ms),))
 
 
 class Transaction:
@@ -391,6 +398,11 @@ class Transaction:
 
     def publish(self, stream: Stream[R], record: R) -> None:
         self.ops.append(_Op.xadd(stream.key, stream.maxlen, record.encode()))
+
+    def expire(self, stream: Stream[R], ms: int) -> None:
+        """Let `stream` (its whole key) go `ms` milliseconds from now unless written
+        and given a new expiry meanwhile (a pod's history: klet.bus.schema)."""
+        self.ops.append(_Op.pexpire(stream.key, max(1, ms)))
 
 
 class Table(Generic[R]):
@@ -561,6 +573,15 @@ class Stream(Generic[R]):
             return int(await self.bus.client.xlen(self.key))
         except (RedisError, OSError) as err:
             raise _wrap(err) from err
+
+    async def latest(self, count: int) -> list[Entry[R]]:
+        """The newest `count` entries, oldest first (XREVRANGE: a reader of a whole
+        bounded stream, such as a pod's history, without a group)."""
+        try:
+            reply = await self.bus.client.xrevrange(self.key, "+", "-", count=count)
+        except (RedisError, OSError) as err:
+            raise _wrap(err) from err
+        return self._entries([(self.key, list(reversed(reply or [])))])
 
     def _entries(self, reply: Any) -> list[Entry[R]]:
         out: list[Entry[R]] = []

@@ -19,6 +19,8 @@ from klet.model.records import (
     CSIDriverRecord,
     DesiredPod,
     EventRecord,
+    HistoryEntry,
+    HistoryIndexRecord,
     ImageUseRecord,
     NodeConditionRecord,
     PodChange,
@@ -69,6 +71,13 @@ class NodeBus:
     """The CSI drivers registered on this node, keyed by driver name (syncloop)."""
     volumes: Table[VolumeRecord]
     """The CSI volumes published for pods, keyed `<pod uid>/<volume>` (syncloop)."""
+    history: Table[HistoryIndexRecord]
+    """Which pods have a history, keyed by pod UID (status-reporter, `klet why`)."""
+
+    def history_of(self, uid: str, *, maxlen: int = 1000) -> Stream[HistoryEntry]:
+        """The history of one pod (`history:<uid>`), capped at about `maxlen` entries;
+        its writer also gives it an expiry (klet.model.podhistory)."""
+        return self.bus.stream(f"history:{uid}", HistoryEntry, maxlen=maxlen)
 
     @classmethod
     def of(cls, bus: Bus, *, service: str) -> NodeBus:
@@ -93,4 +102,5 @@ class NodeBus:
             images=bus.table("images", ImageUseRecord),
             csidrivers=bus.table("csidrivers", CSIDriverRecord),
             volumes=bus.table("volumes", VolumeRecord),
+            history=bus.table("history", HistoryIndexRecord),
         )

@@ -70,7 +70,7 @@ class FakeBus(Bus):
         self.hashes: dict[str, dict[str, str]] = {}
         self.streams: dict[str, _StreamState] = {}
         self.strings: dict[str, str] = {}  # lease keys and fence counters
-        self.expiry: dict[str, float] = {}  # lease key → when Redis drops it (bus clock)
+        self.expiry: dict[str, float] = {}  # key → when Redis drops it (bus clock)
         self.error: BusError | None = None
         """Raised by every call while set (Redis unreachable)."""
         self.failures: list[BusError] = []
@@ -151,6 +151,9 @@ class FakeBus(Bus):
         if op.verb == "hdel":
             removed = self.hashes.get(op.key, {}).pop(op.args[0], None)
             return "1" if removed is not None else "0"
+        if op.verb == "pexpire":
+            self.expiry[op.key] = self.clock() + int(op.args[0]) / 1000
+            return ""
         maxlen, record = op.args
         self._ids += 1
         entry_id = f"{self._ids}-0"
@@ -318,6 +321,10 @@ class FakeStream(Stream[R]):
     async def length(self) -> int:
         self.fake.check("length")
         return len(self.state.entries)
+
+    async def latest(self, count: int) -> list[Entry[R]]:
+        self.fake.check("latest")
+        return [self._entry(mid, {"r": raw}) for mid, raw in self.state.entries[-count:]]
 
     def pending(self, group: str) -> list[str]:
         """IDs read in `group` but not acknowledged yet."""

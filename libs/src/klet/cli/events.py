@@ -13,7 +13,8 @@ object per line), as `kubectl get events -w` does. Every namespace is shown unle
 kubectl's habit).
 
 A stream entry that does not decode is skipped with a warning on stderr naming the key
-and entry ID; the rest are shown.
+and entry ID; the rest are shown, except the records kept for pods' histories only
+(`klet.model.podhistory.HISTORY_ONLY`: `klet why` shows them), which are no Events.
 
 Which bus, as whom:
 
@@ -57,6 +58,7 @@ from klet.cli.eventview import (
     widths,
 )
 from klet.config.settings import DEFAULT_REDIS_URL, loopback
+from klet.model.podhistory import history_only
 from klet.model.records import EventRecord
 
 if TYPE_CHECKING:
@@ -99,6 +101,12 @@ def _parser() -> argparse.ArgumentParser:
     ns.add_argument("-n", "--namespace", help="only this namespace (default: all)")
     ns.add_argument("-A", "--all-namespaces", action="store_true", help="all (the default)")
     p.add_argument("-o", "--output", choices=["wide", "json"], default="")
+    add_bus_arguments(p)
+    return p
+
+
+def add_bus_arguments(p: argparse.ArgumentParser) -> None:
+    """The flags `bus_access` reads: which node, which bus, as whom."""
     p.add_argument("--node", "--hostname-override", dest="node", default="")
     p.add_argument("--run-dir", type=Path, default=None)
     p.add_argument("--redis-url", default="")
@@ -108,7 +116,6 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--redis-cert-file", type=Path, default=None)
     p.add_argument("--redis-key-file", type=Path, default=None)
     p.add_argument("--allow-insecure-redis", action="store_true")
-    return p
 
 
 def node_of_user(username: str) -> str:
@@ -276,7 +283,8 @@ class EventReader:
                 )
                 self.warn.flush()
                 continue
-            out.append(entry.record)
+            if not history_only(entry.record):
+                out.append(entry.record)
         return out
 
     async def backlog(self) -> list[EventRecord]:

@@ -1,4 +1,4 @@
-"""`klet` entry point: dispatches to `up`, `run`, `crictl`, `events`, `gc`, `evict`,
+"""`klet` entry point: dispatches to `up`, `run`, `crictl`, `events`, `why`, `gc`, `evict`,
 `bus-acl`, `healthcheck` and `check-node`; `klet --version` prints the version (klet.cli.version).
 
 `klet run <service>` finds the service through the `klet.services` entry points, so this
@@ -21,6 +21,9 @@ commands:
   events [-f] [-n NS | -A] [-o wide|json] [--run-dir DIR | --redis-url URL ...]
                               the node's Events (every service's events stream), as
                               kubectl get events shows them; -f: keep printing new ones
+  why <namespace>/<pod> [-o json] [--run-dir DIR | --redis-url URL ...]
+                              a pod's history on this node, the answer first: why it
+                              restarted, was killed or evicted, or does not start
   gc --dry-run [--threshold PERCENT] [-o json] [--run-dir DIR]
                               what the running image-gc would remove now (dead containers,
                               sandboxes, pod log directories, images) and the bytes each
@@ -103,6 +106,10 @@ def main(argv: list[str] | None = None) -> int:
         from klet.cli.events import events
 
         return events(rest)
+    if command == "why":
+        from klet.cli.why import why
+
+        return why(rest)
     if command == "gc":
         from klet.cli.dryrun import gc
 

@@ -657,6 +657,33 @@ _SETTING_FLAGS: tuple[FlagSpec, ...] = (
         metavar="DURATION",
     ),
     FlagSpec(
+        "--pod-history-max-entries",
+        "klet-only: entries kept of each pod's history (klet why); the oldest go first "
+        "(default 256)",
+        _I32,
+        setting="pod_history_max_entries",
+        env="KLET_POD_HISTORY_MAX_ENTRIES",
+        metavar="N",
+    ),
+    FlagSpec(
+        "--pod-history-max-age",
+        "klet-only: a pod's history is kept this long after its last entry, and after "
+        "the pod is gone (default 24h)",
+        _DUR,
+        setting="pod_history_max_age",
+        env="KLET_POD_HISTORY_MAX_AGE",
+        metavar="DURATION",
+    ),
+    FlagSpec(
+        "--pod-history-max-pods",
+        "klet-only: pods whose history is kept; past it the pods whose last entry is "
+        "oldest lose theirs first (default 1000)",
+        _I32,
+        setting="pod_history_max_pods",
+        env="KLET_POD_HISTORY_MAX_PODS",
+        metavar="N",
+    ),
+    FlagSpec(
         "--evented-pleg-relist-period",
         "klet-only: syncloop's safety-net relist period while runtime events drive PLEG "
         "(featureGates.EventedPLEG, on by default); without events it relists every 1s "

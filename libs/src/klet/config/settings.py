@@ -114,6 +114,11 @@ class KletSettings:
     # relist period while runtime events drive PLEG (see klet.syncloop.pods.relisting)
     evented_pleg_relist_period: float = 20.0
     tls_bootstrap_timeout: float = 900.0  # --tls-bootstrap-timeout, seconds
+    # Each pod's history for `klet why` (status-reporter keeps it on the bus): entries
+    # per pod, seconds kept after the last entry, pods kept at most.
+    pod_history_max_entries: int = 256  # --pod-history-max-entries
+    pod_history_max_age: float = 86400.0  # --pod-history-max-age, seconds
+    pod_history_max_pods: int = 1000  # --pod-history-max-pods
     # The deprecated flags or variables given, each as "<name> is deprecated: <what
     # instead>", for the service to log as warnings once its logging is set up.
     deprecations: tuple[str, ...] = ()
@@ -245,6 +250,11 @@ def _check_klet(values: Mapping[str, Any], source: Mapping[str, str]) -> list[Pr
         bad("evented_pleg_relist_period", "must be a positive duration")
     if values.get("tls_bootstrap_timeout", 900.0) <= 0:
         bad("tls_bootstrap_timeout", "must be a positive duration")
+    if values.get("pod_history_max_age", 86400.0) <= 0:
+        bad("pod_history_max_age", "must be a positive duration")
+    for name in ("pod_history_max_entries", "pod_history_max_pods"):
+        if values.get(name, 1) < 1:
+            bad(name, f"must be at least 1, got {values[name]}")
     if values.get("bootstrap_kubeconfig") and not values.get("kubeconfig"):
         bad(
             "bootstrap_kubeconfig",
@@ -527,6 +537,15 @@ def load_settings(
         ),
         tls_bootstrap_timeout=klet_values.get(
             "tls_bootstrap_timeout", KletSettings.tls_bootstrap_timeout
+        ),
+        pod_history_max_entries=klet_values.get(
+            "pod_history_max_entries", KletSettings.pod_history_max_entries
+        ),
+        pod_history_max_age=klet_values.get(
+            "pod_history_max_age", KletSettings.pod_history_max_age
+        ),
+        pod_history_max_pods=klet_values.get(
+            "pod_history_max_pods", KletSettings.pod_history_max_pods
         ),
         evented_pleg_relist_period=klet_values.get(
             "evented_pleg_relist_period", KletSettings.evented_pleg_relist_period

@@ -259,3 +259,36 @@ class CSIDriverRecord(Record):
     topology: JSON  # segment key -> value
     versions: str  # the CSI versions it supports, comma-separated
     registered_at: float
+
+
+@dataclass(frozen=True)
+class HistoryEntry(Record):
+    """`history:<pod uid>` stream entry: one thing decided about or seen of a pod, kept
+    for `klet why` (status-reporter's leader writes it, klet.model.podhistory says
+    what each kind holds). `at` is when it happened (Unix seconds): the Event's time, or
+    the container's own start or finish time for what its status shows."""
+
+    kind: ClassVar[str] = "history"
+    at: float
+    source: str  # the service that decided it (the Event's), or "status" for status changes
+    what: str  # event | started | exited | waiting | ready | phase
+    type: str  # Normal | Warning
+    reason: str
+    message: str
+    container: str = ""
+    detail: JSON = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class HistoryIndexRecord(Record):
+    """`history` table value, keyed by pod UID: which pod a history is of, and what of
+    its status was last recorded (`containers`: name -> the facts the next status is
+    compared with), so a restarted or new leader records only what changed since."""
+
+    kind: ClassVar[str] = "historyindex"
+    namespace: str
+    name: str
+    first_at: float
+    last_at: float
+    phase: str = ""
+    containers: JSON = field(default_factory=dict)

@@ -555,3 +555,29 @@ def test_build_deps_from_settings(world: World) -> None:
     )  # fmt: skip
     assert s.configz["kubeletconfig"]["kind"] == "KubeletConfiguration"
     assert s.fine_grained_authz and s.streaming_idle_timeout_s == 4 * 3600
+
+
+async def test_why_serves_a_pods_history_from_the_lookup(world: World) -> None:
+    asked: list[tuple[str, str]] = []
+
+    async def lookup(namespace: str, name: str) -> dict[str, Any] | None:
+        asked.append((namespace, name))
+        if name == "down":
+            from klet.bus import BusUnavailable
+
+            raise BusUnavailable("connection refused")
+        return {"answer": "Running, never restarted"} if name == "web" else None
+
+    world.deps = dataclasses.replace(world.deps, history=lookup)
+    async for client in client_for(world):
+        found = await client.get("/why/ns/web")
+        assert found.status_code == 200 and found.json() == {"answer": "Running, never restarted"}
+        missing = await client.get("/why/ns/other")
+        assert missing.status_code == 404 and "no history of pod ns/other" in missing.text
+        down = await client.get("/why/ns/down")
+        assert down.status_code == 503 and "connection refused" in down.text
+    assert asked == [("ns", "web"), ("ns", "other"), ("ns", "down")]
+    world.deps = dataclasses.replace(world.deps, history=None)
+    async for client in client_for(world):
+        off = await client.get("/why/ns/web")
+        assert off.status_code == 404 and "not kept by this server" in off.text

@@ -80,6 +80,7 @@ def test_other_paths_keep_the_methods_verb(path: str) -> None:
         ("/healthz", ("healthz", "proxy"), ("proxy",)),
         ("/healthz/ping", ("healthz", "proxy"), ("proxy",)),
         ("/configz", ("configz", "proxy"), ("proxy",)),
+        ("/why/ns/pod", ("proxy",), ("proxy",)),  # klet's own: nodes/proxy
         ("/exec/ns/pod/c", ("proxy",), ("proxy",)),
         ("/attach/ns/pod/c", ("proxy",), ("proxy",)),
         ("/portForward/ns/pod", ("proxy",), ("proxy",)),

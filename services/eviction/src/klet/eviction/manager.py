@@ -56,6 +56,7 @@ from klet.eviction.thresholds import (
     with_containerfs_thresholds,
 )
 from klet.model.pod import is_critical
+from klet.model.podhistory import EVICTION_NOTE
 from klet.model.records import DesiredPod, NodeConditionRecord, PodStatusRecord
 from klet.model.types import JSON, PodUID
 from klet.obs import OnceLogger
@@ -89,6 +90,12 @@ the bytes freed. Raises when image-gc cannot be reached."""
 
 NodeEvent = Callable[[str, str, str], None]
 """Record an Event (type, reason, message) on this Node; queues, never blocks."""
+
+PodNote = Callable[[JSON, str, JSON], None]
+"""Record in a pod's history only (pod, message, detail) why it is being evicted: the
+signal, its threshold, what was available and the ranking (`klet why`; no Event)."""
+
+NOTE_REASON = EVICTION_NOTE
 
 
 class ConditionTable(Protocol):
@@ -168,6 +175,8 @@ class Deps:
     volumes_exist: Callable[[str], bool]
     """Whether a pod still has volumes on the node (its `volumes` directory): an evicted
     pod's emptyDir holds its disk until syncloop tears it down."""
+    pod_note: PodNote | None = None
+    """Where the choice of each evicted pod is noted for its history; None: nowhere."""
 
 
 @dataclass
@@ -272,6 +281,17 @@ class EvictionManager:
                 resource, c, threshold_quantity=quantity, available=available
             )
             grace = self._grace(threshold, c.pod)
+            seen = observations.get(signal)
+            self._note(
+                c,
+                signal=signal.value,
+                threshold=threshold.describe(),
+                available=(
+                    ranking.format_amount(resource, seen.available) if seen is not None else None
+                ),
+                why=ranking.rank_reason(signal, c, layout=self.layout),
+                grace=grace,
+            )
             if await self._evict(c, grace=grace, message=message):
                 self.deps.metrics.evictions.labels(signal.value).inc()
                 return [Eviction(c.uid, c.full_name, signal.value, message, grace)]
@@ -511,6 +531,14 @@ class EvictionManager:
             if is_critical(c.pod):
                 log.error("cannot evict a critical pod", extra={"pod": c.full_name})
                 continue
+            self._note(
+                c,
+                signal=violation.signal,
+                threshold="its local storage limit",
+                available=None,
+                why=violation.message,
+                grace=IMMEDIATE_GRACE_S,
+            )
             if await self._evict(c, grace=IMMEDIATE_GRACE_S, message=violation.message):
                 self.deps.metrics.evictions.labels(violation.signal).inc()
                 out.append(
@@ -598,6 +626,25 @@ class EvictionManager:
         own = ranking.pod_grace_period(pod)
         cap = self.config.max_pod_grace_period_s
         return min(cap, own) if cap > 0 else own
+
+    def _note(
+        self,
+        c: Candidate,
+        *,
+        signal: str,
+        threshold: str,
+        available: str | None,
+        why: str,
+        grace: int,
+    ) -> None:
+        if self.deps.pod_note is None:
+            return
+        left = f", {available} available" if available is not None else ""
+        message = f"{signal}: {threshold} met{left}; chosen: {why}; grace {grace}s"
+        detail: JSON = {"signal": signal, "threshold": threshold, "rank": why, "grace": grace}
+        if available is not None:
+            detail["available"] = available
+        self.deps.pod_note(c.pod, message, detail)
 
     async def _evict(self, c: Candidate, *, grace: int, message: str) -> bool:
         log.info(

@@ -17,16 +17,17 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from klet.bus import Bus, Lease, NodeBus, service_lease
-from klet.bus.events import EventQueue, node_reference
+from klet.bus.events import EventQueue, node_reference, pod_reference
 from klet.config import Settings
 from klet.cri import RuntimeClient, cri_settings
 from klet.eviction.dryrun import DryRunBackend
 from klet.eviction.hostsignals import FsLayout, HostSignalSource, pod_volumes_exist
-from klet.eviction.manager import BusPods, EvictionManager, ManagerSettings
+from klet.eviction.manager import NOTE_REASON, BusPods, EvictionManager, ManagerSettings
 from klet.eviction.manager import Deps as ManagerDeps
 from klet.eviction.metrics import Metrics, create_metrics
 from klet.eviction.thresholds import parse_eviction_config
 from klet.model.layout import EVICTION, IMAGE_GC, SYNCLOOP, grpc_socket
+from klet.model.podhistory import HISTORY_ONLY
 from klet.obs import ServicePort
 from klet.obs.runtimeops import RuntimeOperationMetrics
 from klet.rpc.gc import GarbageCollectorClient
@@ -116,6 +117,13 @@ def build_deps(settings: Settings, overrides: Overrides | None = None) -> Deps:
             conditions=node_bus.conditions,
             layout=layout,
             node_event=functools.partial(events.emit, node_reference(settings.klet.node_name)),
+            pod_note=lambda pod, message, detail: events.emit(
+                pod_reference(pod),
+                "Warning",
+                NOTE_REASON,
+                message,
+                extra={HISTORY_ONLY: True, "detail": detail},
+            ),
             metrics=metrics,
             volumes_exist=pod_volumes_exist(Path(settings.klet.root_dir)),
         ),

@@ -8,6 +8,8 @@ Root tasks, each named so a crash says which one died:
 - `healthz-http`: upstream's healthz listener (127.0.0.1:10248 by default; off at 0);
 - `read-only-http`: the read-only kubelet API, only when readOnlyPort is set;
 - `kubelet-api`: the kubelet API on --port (10250), unless it is off;
+- `pod-history`: the leader's record of each pod's history for `klet why`
+  (`history.py`), in both modes;
 - cluster mode only (a kubeconfig is set, see `cluster.py`): `node-status`,
   `node-lease`, `pod-status` and `events`.
 
@@ -91,6 +93,8 @@ def root_tasks(deps: Deps) -> dict[str, Coroutine[Any, Any, None]]:
     }
     if deps.volumes is not None:
         tasks["volume-view"] = deps.volumes.run()
+    if deps.history is not None:
+        tasks["pod-history"] = when_elected(deps.elected, deps.history.run)
     if deps.healthz is not None:
         tasks["healthz-http"] = serve_http(
             create_healthz_app(),

@@ -12,6 +12,8 @@ removed from the group each time. An entry is acknowledged once its Event exists
 once it is given up on:
 
 - a malformed entry is logged and acknowledged (reading it again would never help);
+- a record for a pod's history only (`klet.model.podhistory.HISTORY_ONLY`) is acknowledged
+  unposted;
 - an Event the apiserver refuses (Invalid, Forbidden, ...) is logged and dropped;
 - an unavailable apiserver is retried with back-off up to `max_tries` times (upstream's
   recorder gives up after 12), the outage logged once, so a short outage loses nothing
@@ -39,6 +41,7 @@ from dataclasses import dataclass, field
 from klet.bus import BusError, Entry, GroupStream
 from klet.kube import Conflict, KubeError, NotFound, Unavailable
 from klet.model.flowcontrol import BackoffPolicy, RetryDelay, TokenBucket
+from klet.model.podhistory import history_only
 from klet.model.records import EventRecord
 from klet.model.types import PodUID
 from klet.obs import OnceLogger
@@ -154,6 +157,8 @@ class EventSink:
                 extra={"entry": entry.id, "error": entry.error},
             )
             return
+        if history_only(record):
+            return  # for `klet why` only: upstream posts no such Event
         backoff = RetryDelay(self._policy.retry)
         for attempt in range(1, max(1, self._policy.max_tries) + 1):
             try:

@@ -23,6 +23,7 @@ fakes even without a kubeconfig (tests).
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
 from collections.abc import Awaitable, Callable
@@ -31,6 +32,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
 from klet.bus import Bus, BusAuth, Lease, NodeBus, service_lease
+from klet.bus.history import story_json
 from klet.config import Settings
 from klet.kube import kube_settings
 from klet.model.layout import DEFAULT_SERVICE_PORTS
@@ -46,7 +48,9 @@ from klet.status_reporter.cluster import (
     build_cluster,
 )
 from klet.status_reporter.containermetrics import ContainerMetrics
+from klet.status_reporter.history import HistoryKeeper, HistoryPolicy
 from klet.status_reporter.kubeletapi import (
+    HistoryLookup,
     KubeletApiDeps,
     KubeletApiSettings,
     build_kubelet_api_deps,
@@ -194,6 +198,8 @@ class Deps:
     container_metrics: ContainerMetrics | None = None
     """/metrics/cadvisor on the read-only port, through the kubelet API's CRI client;
     None when that API is off."""
+    history: HistoryKeeper | None = None
+    """Each pod's history for `klet why` (history.py): the leader's root task."""
     elected: asyncio.Event = field(default_factory=asyncio.Event)
     """Set once this replica holds the lease (by `klet.bus.leader.hold`); never cleared:
     losing the lease ends the process."""
@@ -260,12 +266,24 @@ def build_deps(settings: ServiceSettings, *, overrides: Overrides | None = None)
             certificates=CertificateMetrics(registry),
         )
 
+    history = HistoryKeeper(
+        bus=node_bus(),
+        # Its own consumer in the history group, as in the events group.
+        consumer=lease.holder,
+        policy=HistoryPolicy(
+            # getattr: settings trees built by hand (older tests) have no such fields.
+            max_entries=getattr(klet, "pod_history_max_entries", HistoryPolicy.max_entries),
+            max_age_s=getattr(klet, "pod_history_max_age", HistoryPolicy.max_age_s),
+            max_pods=getattr(klet, "pod_history_max_pods", HistoryPolicy.max_pods),
+        ),
+    )
     elected = asyncio.Event()
     node_metrics = NodeMetrics(
         registry, leading=elected.is_set, replicas=port_file_replicas(Path(klet.run_dir))
     )
     kubelet_api, api_closers = _kubelet_api(
         settings,
+        history=functools.partial(story_json, node_bus()),
         pods=pods,
         registry=registry,
         volumes=volumes,
@@ -286,6 +304,7 @@ def build_deps(settings: ServiceSettings, *, overrides: Overrides | None = None)
         pods=pods,
         lease=lease,
         elected=elected,
+        history=history,
         registry=registry,
         metrics=metrics,
         healthz=(
@@ -326,6 +345,7 @@ def _kubelet_api(
     volumes: VolumeView,
     node_metrics: NodeMetrics,
     requests: RestClientMetrics,
+    history: HistoryLookup,
 ) -> tuple[KubeletApiDeps | None, list[Callable[[], Awaitable[None]]]]:
     """The 10250 API's dependencies, with their own apiserver and CRI clients (the
     apiserver client with threads of its own: whoever reaches the port can cause
@@ -365,5 +385,6 @@ def _kubelet_api(
         apiserver=api_kube,
         volumes=volumes,
         node_metrics=node_metrics,
+        history=history,
     )
     return deps, closers

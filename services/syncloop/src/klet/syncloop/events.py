@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Protocol
 
 from klet.bus import NodeBus
-from klet.bus.events import EventQueue
+from klet.bus.events import EventQueue, pod_reference
 from klet.model.types import JSON
 
 
@@ -19,21 +19,6 @@ class EventSink(Protocol):
     def emit(
         self, pod: JSON, type_: str, reason: str, message: str, *, field_path: str = ""
     ) -> None: ...
-
-
-def pod_reference(pod: JSON, *, field_path: str = "") -> JSON:
-    """The involved object of an Event about `pod` (or one of its containers)."""
-    meta = pod.get("metadata") or {}
-    involved: JSON = {
-        "kind": "Pod",
-        "namespace": meta.get("namespace", "default"),
-        "name": meta.get("name", ""),
-        "uid": meta.get("uid", ""),
-        "apiVersion": "v1",
-    }
-    if field_path:
-        involved["fieldPath"] = field_path
-    return involved
 
 
 class BusEventSink:

@@ -10,12 +10,14 @@ cryptography (about 30 MB resident), which a status-reporter without the API on 
 """
 
 from klet.status_reporter.kubeletapi.deps import (
+    HistoryLookup,
     KubeletApiDeps,
     KubeletApiSettings,
     build_kubelet_api_deps,
 )
 
 __all__ = [
+    "HistoryLookup",
     "KubeletApiDeps",
     "KubeletApiSettings",
     "build_kubelet_api_deps",

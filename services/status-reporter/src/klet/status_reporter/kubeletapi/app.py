@@ -30,6 +30,7 @@ from urllib.parse import parse_qs
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
+from klet.bus import BusError
 from klet.cri.errors import CRIError
 from klet.cri.errors import NotFound as CRINotFound
 from klet.model.types import JSON
@@ -188,6 +189,20 @@ def create_app(deps: KubeletApiDeps) -> FastAPI:
         except CRIError as err:
             raise HttpProblem(500, f"Internal Error: failed to get summary stats: {err}") from err
         return JSONResponse(data)
+
+    @app.get("/why/{namespace}/{pod_name}")
+    async def why(namespace: str, pod_name: str) -> JSONResponse:
+        """klet's own: the pod's history with the answer first (`klet why`), as JSON;
+        authorized as nodes/proxy, as every path without a subresource of its own."""
+        if deps.history is None:
+            raise HttpProblem(404, "pod histories are not kept by this server")
+        try:
+            story = await deps.history(namespace, pod_name)
+        except BusError as err:
+            raise HttpProblem(503, f"cannot read the pod's history: {err}") from err
+        if story is None:
+            raise HttpProblem(404, f"no history of pod {namespace}/{pod_name} on this node")
+        return JSONResponse(story)
 
     @app.get("/containerLogs/{namespace}/{pod_name}/{container}")
     async def container_logs(

@@ -38,6 +38,13 @@ class PodView(Protocol):
     def pod_list(self) -> JSON: ...
 
 
+class HistoryLookup(Protocol):
+    """A pod's history by namespace and name (or UID): its story as JSON, None when none
+    is kept. Raises klet.bus.BusError."""
+
+    async def __call__(self, namespace: str, name: str) -> JSON | None: ...
+
+
 class MetricsPages(Protocol):
     """`/metrics` and `/metrics/probes` as served (klet.status_reporter.nodemetrics)."""
 
@@ -240,6 +247,8 @@ class KubeletApiDeps:
     """The pods' measured CSI volumes, for /stats/summary; None: none reported."""
     node_metrics: MetricsPages | None = None
     """Every service's metrics (nodemetrics.NodeMetrics); None: `registry` alone."""
+    history: HistoryLookup | None = None
+    """A pod's history (`klet.bus.history.pod_story` on the node's bus), for /why."""
 
 
 def kubelet_api_metrics(registry: CollectorRegistry) -> KubeletApiMetrics:
@@ -257,6 +266,7 @@ def build_kubelet_api_deps(
     cgroups: CgroupReader | None = None,
     volumes: VolumeSource | None = None,
     node_metrics: MetricsPages | None = None,
+    history: HistoryLookup | None = None,
 ) -> KubeletApiDeps:
     """The kubelet API's dependencies. Raises ValueError when authorization.mode is
     Webhook and there is no apiserver to ask (upstream refuses to start the same way)."""
@@ -276,4 +286,5 @@ def build_kubelet_api_deps(
         apiserver=apiserver,
         volumes=volumes,
         node_metrics=node_metrics,
+        history=history,
     )

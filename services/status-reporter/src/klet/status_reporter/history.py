@@ -1,0 +1,265 @@
+"""Keeps each pod's history on the bus for `klet why` (the manager around
+klet.model.podhistory).
+
+The leader only (a root task started at election, in both modes), from two feeds:
+
+- every service's Events streams, in a consumer group of its own ("pod-history", beside
+  the "status-reporter" group that posts them), so each Event about a pod becomes one
+  history entry whether or not, and however slowly, it is posted; its first read at
+  election takes over whatever a previous leader left unacknowledged;
+- the `podstatus` stream (plain XREAD, as the pod view), plus a full pass over the
+  `status` table at election and every `full_pass_s`: each status is compared with what
+  the `history` index last recorded of that pod, so only changes are written, and a
+  restarted or new leader neither repeats nor misses one.
+
+Each pod's entries go to `history:<uid>`, capped at `max_entries` and given an expiry of
+`max_age_s` by the same fenced write (so a deleted pod's history goes by itself), and
+its index row (`history`, keyed by UID) names the pod for `klet why <ns>/<name>`. The
+full pass also drops index rows older than `max_age_s` and, past `max_pods`, those
+whose last entry is oldest (their streams are given a 1 ms expiry), and renews the
+expiry of the pods still on the node once a quarter of `max_age_s` has passed, so a
+quiet running pod keeps its history.
+
+A Redis outage stops nothing: the loops log it once and retry; Events stay pending in
+the group and statuses are compared again by the next full pass.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable, Iterable
+from dataclasses import dataclass, field
+
+from klet.bus import BusError, Entry, NodeBus
+from klet.model import podhistory
+from klet.model.flowcontrol import BackoffPolicy, RetryDelay
+from klet.model.records import EventRecord, HistoryEntry, HistoryIndexRecord, PodStatusRecord
+from klet.obs import OnceLogger
+
+log = logging.getLogger(__name__)
+
+GROUP = "pod-history"
+
+
+@dataclass(frozen=True)
+class HistoryPolicy:
+    max_entries: int = 256
+    """--pod-history-max-entries: entries per pod (the oldest go first)."""
+    max_age_s: float = 86400.0
+    """--pod-history-max-age: a history is kept this long after its last entry."""
+    max_pods: int = 1000
+    """--pod-history-max-pods: pods with a history."""
+    full_pass_s: float = 60.0
+    """Seconds between full passes over the status table (and trims)."""
+    read_count: int = 200
+    read_block_ms: int = 1000
+    claim_idle_ms: int = 30_000
+    bus_backoff: BackoffPolicy = field(default_factory=lambda: BackoffPolicy(0.2, 5.0))
+
+
+class HistoryKeeper:
+    """Writes pods' histories; `events_once`, `statuses_once` and `full_pass` are steps."""
+
+    def __init__(
+        self,
+        *,
+        bus: NodeBus,
+        consumer: str,
+        policy: HistoryPolicy = HistoryPolicy(),
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self._bus = bus
+        self._consumer = consumer
+        self._policy = policy
+        self._clock = clock
+        self._index: dict[str, HistoryIndexRecord] | None = None
+        self._refreshed: dict[str, float] = {}  # uid -> when its expiry was last renewed
+        self._lock = asyncio.Lock()  # one read-modify-write of the index at a time
+        self._group_ready = False
+        self._cursor: str | None = None
+        self._once = OnceLogger(log, level=logging.WARNING)
+        self.written = 0
+        """Entries written (tests)."""
+
+    # -- steps ----------------------------------------------------------------------------
+
+    async def events_once(self) -> int:
+        """Read one batch of Events (blocking up to read_block_ms), record and ack it."""
+        feed = self._bus.event_feed
+        if not self._group_ready:
+            await feed.ensure_group(GROUP)
+            stale = await feed.claim_stale(GROUP, self._consumer, min_idle_ms=0)
+            self._group_ready = True
+            await self._record_events(stale)
+        entries = await feed.read(
+            GROUP,
+            self._consumer,
+            count=self._policy.read_count,
+            block_ms=self._policy.read_block_ms,
+        )
+        await self._record_events(entries)
+        return len(entries)
+
+    async def statuses_once(self) -> int:
+        """Compare the statuses announced on `podstatus` since the last call."""
+        stream = self._bus.podstatus
+        if self._cursor is None:
+            self._cursor = await stream.last_id()
+            await self.full_pass()
+        entries = await stream.tail(
+            self._cursor, count=self._policy.read_count, block_ms=self._policy.read_block_ms
+        )
+        if not entries:
+            return 0
+        self._cursor = entries[-1].id
+        uids = [e.record.uid for e in entries if e.record is not None]
+        records = await self._bus.status.get_many(uids)
+        await self._record_statuses(r for r in records.values() if r is not None)
+        return len(entries)
+
+    async def full_pass(self) -> None:
+        """Every status compared, expiries of pods on the node renewed, old rows dropped."""
+        statuses = await self._bus.status.all()
+        await self._record_statuses(statuses.values())
+        await self._trim(present=set(statuses))
+
+    # -- loops ----------------------------------------------------------------------------
+
+    async def run(self) -> None:
+        """Both feeds and the periodic full pass, until cancelled."""
+        async with asyncio.TaskGroup() as group:
+            group.create_task(self._loop("events", self.events_once))
+            group.create_task(self._loop("statuses", self.statuses_once))
+            group.create_task(self._periodic())
+
+    async def _loop(self, name: str, step: Callable[[], Awaitable[int]]) -> None:
+        backoff = RetryDelay(self._policy.bus_backoff)
+        while True:
+            try:
+                await step()
+            except BusError as err:
+                if name == "events":
+                    self._group_ready = False
+                else:
+                    self._cursor = None
+                self._once.error(name, f"cannot keep pods' histories ({name})", error=str(err))
+                await asyncio.sleep(backoff.next())
+                continue
+            backoff.reset()
+            self._once.clear(name, f"keeping pods' histories again ({name})")
+
+    async def _periodic(self) -> None:
+        while True:
+            await asyncio.sleep(self._policy.full_pass_s)
+            try:
+                await self.full_pass()
+            except BusError as err:
+                self._once.error("pass", "cannot keep pods' histories (pass)", error=str(err))
+
+    # -- internals ------------------------------------------------------------------------
+
+    async def _loaded(self) -> dict[str, HistoryIndexRecord]:
+        if self._index is None:
+            self._index = await self._bus.history.all()
+        return self._index
+
+    async def _record_events(self, entries: Iterable[Entry[EventRecord]]) -> None:
+        batch: dict[str, list[HistoryEntry]] = {}
+        names: dict[str, tuple[str, str]] = {}
+        ids: list[str] = []
+        for entry in entries:
+            ids.append(entry.id)
+            if entry.record is None:
+                log.error(
+                    "bad events entry, left out of the pods' histories",
+                    extra={"entry": entry.id, "error": entry.error},
+                )
+                continue
+            source = entry.id.partition(" ")[0].rpartition(":")[2] or "kubelet"
+            found = podhistory.from_event(entry.record, source=source)
+            if found is None:
+                continue
+            uid, item = found
+            batch.setdefault(uid, []).append(item)
+            involved = entry.record.involved
+            names[uid] = (str(involved.get("namespace") or ""), str(involved.get("name") or ""))
+        if batch:
+            async with self._lock:
+                index = await self._loaded()
+                now = self._clock()
+                rows = {}
+                for uid in batch:
+                    old = index.get(uid)
+                    ns, name = names[uid]
+                    rows[uid] = HistoryIndexRecord(
+                        namespace=old.namespace if old is not None else ns,
+                        name=old.name if old is not None else name,
+                        first_at=old.first_at if old is not None else now,
+                        last_at=now,
+                        phase=old.phase if old is not None else "",
+                        containers=old.containers if old is not None else {},
+                    )
+                await self._write(batch, rows)
+        if ids:
+            await self._bus.event_feed.ack(GROUP, *ids)
+
+    async def _record_statuses(self, records: Iterable[PodStatusRecord]) -> None:
+        async with self._lock:
+            index = await self._loaded()
+            now = self._clock()
+            batch: dict[str, list[HistoryEntry]] = {}
+            rows: dict[str, HistoryIndexRecord] = {}
+            for record in records:
+                old = index.get(record.uid)
+                items, row = podhistory.observe(old, record, now=now)
+                renew = now - self._refreshed.get(record.uid, 0.0) >= self._policy.max_age_s / 4
+                if items or old is None or renew or row.containers != old.containers:
+                    batch[record.uid] = items
+                    rows[record.uid] = row
+            await self._write(batch, rows)
+
+    async def _write(
+        self, batch: dict[str, list[HistoryEntry]], rows: dict[str, HistoryIndexRecord]
+    ) -> None:
+        if not rows:
+            return
+        ttl_ms = int(self._policy.max_age_s * 1000)
+        async with self._bus.bus.transaction() as tx:
+            for uid, row in rows.items():
+                stream = self._bus.history_of(uid, maxlen=self._policy.max_entries)
+                for item in batch.get(uid, []):
+                    tx.publish(stream, item)
+                tx.expire(stream, ttl_ms)
+                tx.put(self._bus.history, uid, row)
+        index = await self._loaded()
+        now = self._clock()
+        for uid, row in rows.items():
+            index[uid] = row
+            self._refreshed[uid] = now
+            self.written += len(batch.get(uid, []))
+
+    async def _trim(self, *, present: set[str]) -> None:
+        async with self._lock:
+            index = await self._loaded()
+            now = self._clock()
+            old = [
+                u
+                for u, r in index.items()
+                if u not in present and now - r.last_at > self._policy.max_age_s
+            ]
+            keep = sorted(
+                (u for u in index if u not in old), key=lambda u: index[u].last_at, reverse=True
+            )
+            old += keep[self._policy.max_pods :]
+            if not old:
+                return
+            async with self._bus.bus.transaction() as tx:
+                for uid in old:
+                    tx.expire(self._bus.history_of(uid), 1)
+                    tx.delete(self._bus.history, uid)
+            for uid in old:
+                index.pop(uid, None)
+                self._refreshed.pop(uid, None)
+            log.info("pods' histories dropped", extra={"pods": len(old)})

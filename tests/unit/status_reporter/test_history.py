@@ -1,0 +1,187 @@
+"""status-reporter's HistoryKeeper on the fake bus: Events and statuses become entries
+of the right pod's stream with an expiry, a restarted keeper adds nothing twice, bad
+entries are acknowledged and left out, and the index is kept within its bounds."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from klet.bus import NodeBus
+from klet.bus.history import pod_story
+from klet.bus.testing import FakeBus
+from klet.model.podhistory import EVICTION_NOTE, HISTORY_ONLY
+from klet.model.records import EventRecord, HistoryEntry, PodStatusChange, PodStatusRecord
+from klet.model.timestamps import rfc3339
+from klet.status_reporter.history import GROUP, HistoryKeeper, HistoryPolicy
+
+T0 = 1_800_000_000.0
+POLICY = HistoryPolicy(max_entries=50, max_age_s=3600.0, max_pods=3, read_block_ms=1)
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.t = T0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def record(
+    uid: str, *, restarts: int = 0, started: float = T0, name: str = "web"
+) -> PodStatusRecord:
+    return PodStatusRecord(
+        uid=uid,
+        namespace="ns",
+        name=name,
+        version=restarts + 1,
+        epoch=0.0,
+        status={
+            "phase": "Running",
+            "containerStatuses": [
+                {
+                    "name": "app",
+                    "ready": True,
+                    "restartCount": restarts,
+                    "state": {"running": {"startedAt": rfc3339(started)}},
+                }
+            ],
+        },
+        updated_at=T0,
+    )
+
+
+def event(uid: str, reason: str, *, at: float = T0, **extra: Any) -> EventRecord:
+    return EventRecord(
+        type="Normal",
+        reason=reason,
+        message=f"{reason} happened",
+        involved={"kind": "Pod", "namespace": "ns", "name": "web", "uid": uid},
+        component="kubelet",
+        at=at,
+        extra=extra,
+    )
+
+
+def keeper(bus: FakeBus, clock: Clock, consumer: str = "leader-1") -> HistoryKeeper:
+    return HistoryKeeper(
+        bus=NodeBus.of(bus, service="status-reporter"),
+        consumer=consumer,
+        policy=POLICY,
+        clock=clock,
+    )
+
+
+def entries(bus: FakeBus, uid: str) -> list[HistoryEntry]:
+    node = NodeBus.of(bus, service="status-reporter")
+    return bus.entries(node.history_of(uid))
+
+
+async def test_events_of_every_service_go_to_their_pods_history() -> None:
+    clock = Clock()
+    bus = FakeBus(clock=clock)
+    node = NodeBus.of(bus, service="status-reporter")
+    syncloop = NodeBus.of(bus, service="syncloop")
+    eviction = NodeBus.of(bus, service="eviction")
+    bus.append(syncloop.events, event("u1", "Pulled"))
+    bus.append(
+        eviction.events,
+        event("u1", EVICTION_NOTE, **{HISTORY_ONLY: True, "detail": {"signal": "x"}}),
+    )
+    bus.append(syncloop.events, event("u2", "Started"))
+    node_wide = EventRecord(
+        type="Normal",
+        reason="NodeReady",
+        message="",
+        involved={"kind": "Node", "name": "n"},
+        component="kubelet",
+        at=T0,
+    )
+    bus.append(syncloop.events, node_wide)
+    bus.plant(syncloop.events, '{"v": 1, "reason": 3}')
+    k = keeper(bus, clock)
+    assert await k.events_once() + await k.events_once() >= 0
+    got = entries(bus, "u1")
+    assert [(e.reason, e.source) for e in got] == [
+        ("Pulled", "syncloop"),
+        (EVICTION_NOTE, "eviction"),
+    ]
+    assert got[1].detail == {"signal": "x"}
+    assert [e.reason for e in entries(bus, "u2")] == ["Started"]
+    # Every entry was acknowledged, the bad one and the Node's too.
+    for stream in node.event_feed.streams.values():
+        assert stream.pending(GROUP) == []  # type: ignore[attr-defined]
+    index = bus.rows(node.history)
+    assert set(index) == {"u1", "u2"} and (index["u1"].namespace, index["u1"].name) == ("ns", "web")
+    # Each pod's stream expires max_age after its last write.
+    assert bus.expiry[node.history_of("u1").key] == clock.t + POLICY.max_age_s
+
+
+async def test_statuses_are_recorded_once_even_by_a_restarted_keeper() -> None:
+    clock = Clock()
+    bus = FakeBus(clock=clock)
+    node = NodeBus.of(bus, service="status-reporter")
+    bus.seed(node.status, "u1", record("u1"))
+    first = keeper(bus, clock)
+    await first.statuses_once()  # the full pass at election
+    assert [e.what for e in entries(bus, "u1")] == ["started", "ready", "phase"]
+
+    # A restart (a new leader): the same status adds nothing.
+    clock.t += 10
+    second = keeper(bus, clock, consumer="leader-2")
+    await second.statuses_once()
+    assert len(entries(bus, "u1")) == 3
+
+    # A change announced on podstatus is compared with what was recorded.
+    restarted = record("u1", restarts=1, started=T0 + 20)
+    restarted.status["containerStatuses"][0]["lastState"] = {
+        "terminated": {"exitCode": 1, "reason": "Error", "finishedAt": rfc3339(T0 + 19)}
+    }
+    bus.seed(node.status, "u1", restarted)
+    bus.append(node.podstatus, PodStatusChange(uid="u1", version=2))
+    await second.statuses_once()
+    assert [e.what for e in entries(bus, "u1")][3:] == ["exited", "started"]
+    found = await pod_story(node, "ns", "web")
+    assert found is not None and found.story.answer.startswith(
+        "restarted 1 time: container app exited"
+    )
+
+
+async def test_old_and_surplus_histories_are_dropped() -> None:
+    clock = Clock()
+    bus = FakeBus(clock=clock)
+    node = NodeBus.of(bus, service="status-reporter")
+    k = keeper(bus, clock)
+    for i in range(5):
+        bus.append(NodeBus.of(bus, service="syncloop").events, event(f"gone-{i}", "Started"))
+        await k.events_once()
+        clock.t += 1
+    bus.seed(node.status, "here", record("here", name="here"))
+    await k.full_pass()
+    index = bus.rows(node.history)
+    # max_pods 3: the newest are kept, the pod still on the node among them.
+    assert set(index) == {"here", "gone-4", "gone-3"}
+    assert bus.expiry[node.history_of("gone-0").key] <= clock.t + 0.001
+    # Past max_age a pod that is gone loses its history; one on the node keeps it.
+    clock.t += POLICY.max_age_s + 1
+    await k.full_pass()
+    assert set(bus.rows(node.history)) == {"here"}
+    assert bus.expiry[node.history_of("here").key] == clock.t + POLICY.max_age_s
+
+
+async def test_a_story_is_found_by_name_or_uid_and_names_earlier_pods() -> None:
+    clock = Clock()
+    bus = FakeBus(clock=clock)
+    node = NodeBus.of(bus, service="status-reporter")
+    k = keeper(bus, clock)
+    syncloop = NodeBus.of(bus, service="syncloop")
+    bus.append(syncloop.events, event("old", "Started"))
+    await k.events_once()
+    clock.t += 5
+    bus.append(syncloop.events, event("new", "Started", at=T0 + 5))
+    await k.events_once()
+    found = await pod_story(node, "ns", "web")
+    assert found is not None and found.story.uid == "new"
+    assert [uid for uid, _ in found.earlier] == ["old"]
+    by_uid = await pod_story(node, "ns", "old")
+    assert by_uid is not None and by_uid.story.uid == "old"
+    assert await pod_story(node, "ns", "nobody") is None
