@@ -228,8 +228,14 @@ def test_restarts_and_outages_stop_no_pod(
     wait_for(lambda: pod_running(cp, "talker"), timeout_s=30, what="talker Running")
     before = runtime_containers(devstack, "talker")
 
+    wait_for(
+        lambda: "pod status sent" in node.log("status-reporter"),
+        timeout_s=30,
+        what="talker's status sent",
+    )
     node.kill("status-reporter")
     killed = time.time()  # a renewal after this is the new reporter's
+    earlier = len(node.log("status-reporter"))
     node.start("status-reporter")
 
     def renewed_by_the_new_reporter() -> bool:
@@ -238,6 +244,23 @@ def test_restarts_and_outages_stop_no_pod(
 
     wait_for(renewed_by_the_new_reporter, timeout_s=30, what="the restarted reporter's renewal")
     assert runtime_containers(devstack, "talker") == before
+    # The new reporter patches what changed, not every pod again: a pod started after
+    # the restart has its status sent, talker (unchanged) none.
+    cp.apply(
+        [
+            pod_manifest(
+                "later", image="registry.klet.test/busybox:1.36", command=["sleep", "100000"]
+            )
+        ]
+    )
+    wait_for(lambda: pod_running(cp, "later"), timeout_s=30, what="later Running")
+    sent = [
+        line
+        for line in node.log("status-reporter")[earlier:].splitlines()
+        if "pod status sent" in line
+    ]
+    assert any("default/later" in line for line in sent), sent
+    assert not any("default/talker" in line for line in sent), sent
 
     # The apiserver stays away until pod-source's api source has failed four lists or
     # watches (its back-off grows from 0.8 s) and syncloop has relisted three times since:

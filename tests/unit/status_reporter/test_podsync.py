@@ -106,6 +106,47 @@ async def test_status_sent_once_per_change() -> None:
     assert w.kube.count("PATCH") == 2
 
 
+async def test_a_restarted_reporter_patches_only_what_changed() -> None:
+    # The apiserver holds what an earlier process sent; this one has sent nothing yet.
+    w = World()
+    same = {
+        "phase": "Running",
+        "podIP": "10.1.0.2",
+        "conditions": [
+            {"type": "Ready", "status": "True"},
+            {"type": "Initialized", "status": "True"},
+        ],
+    }
+    other = make_api_pod("other")
+    for pod in (WEB, other):
+        w.admin_creates(pod)
+        await w.want(pod)
+    w.kube.objects[f"{PODS}/web"]["status"] = {
+        **same,
+        # the same conditions in another order, and one the kubelet does not own
+        "conditions": [
+            {"type": "example.com/gate", "status": "True"},
+            {"type": "Initialized", "status": "True"},
+            {"type": "Ready", "status": "True"},
+        ],
+    }
+    w.kube.objects[f"{PODS}/other"]["status"] = {**same, "podIP": "10.1.0.3"}
+    await w.report(WEB, version=1, status=same)
+    await w.report(other, version=1, status={**same, "podIP": "10.1.0.9"})
+    await w.sync.resync()
+    assert w.kube.count("GET", f"{PODS}/") == 1 and w.kube.count("PATCH") == 1  # other only
+    api = w.api("other")
+    assert api is not None and api["status"]["podIP"] == "10.1.0.9"
+    await w.sync.resync()
+    assert w.kube.count("PATCH") == 1
+    # What changes later is sent as before.
+    await w.report(WEB, version=2, status={**same, "podIP": "10.1.0.4"})
+    await w.sync.sync_statuses()
+    api = w.api("web")
+    assert w.kube.count("PATCH") == 2 and api is not None and api["status"]["podIP"] == "10.1.0.4"
+    assert [c["type"] for c in api["status"]["conditions"]][0] == "example.com/gate"
+
+
 async def test_ephemeral_container_statuses_reach_the_apiserver() -> None:
     w = World()
     w.admin_creates(WEB)

@@ -147,6 +147,39 @@ def merge_status(api_status: JSON, new: JSON) -> JSON:
     return merged
 
 
+def on_server(api_status: JSON, new: JSON) -> bool:
+    """Whether sending `new` would change nothing on the apiserver: the merge patch of
+    the merged status is a no-op on `api_status` (the conditions compared whatever their
+    order). A status-reporter that has sent nothing yet (just started, or a new leader)
+    checks this against the node's pods it listed before sending, so a restart patches
+    only the pods whose status changed meanwhile."""
+    merged = merge_status(api_status, new)
+    if "conditions" in merged:
+        merged = {**merged, "conditions": _by_type(merged["conditions"])}
+        api_status = {**api_status, "conditions": _by_type(api_status.get("conditions") or [])}
+    return _noop_patch(api_status, merged)
+
+
+def _by_type(conditions: object) -> list[JSON]:
+    items = [c for c in conditions if isinstance(c, dict)] if isinstance(conditions, list) else []
+    return sorted(items, key=lambda c: str(c.get("type")))
+
+
+def _noop_patch(target: JSON, patch: JSON) -> bool:
+    """Whether JSON merge patch `patch` leaves `target` as it is (RFC 7386: objects
+    merge key by key, null removes, anything else replaces)."""
+    for key, value in patch.items():
+        if value is None:
+            if key in target:
+                return False
+        elif isinstance(value, dict) and isinstance(target.get(key), dict):
+            if not _noop_patch(target[key], value):
+                return False
+        elif key not in target or target[key] != value:
+            return False
+    return True
+
+
 def status_patch(uid: str, status: JSON) -> JSON:
     """The merge patch of pods/<name>/status: full status, UID as precondition."""
     return {"metadata": {"uid": uid}, "status": status}

@@ -7,7 +7,10 @@ through `kubeapi.KubeApi`:
 - **Statuses.** Whenever the view changes (a `podstatus` entry arrived, a reload ran)
   every pod's latest record is checked against what was last sent; a newer one is
   sent: GET the pod (UID check, conditions others own), PATCH `pods/<name>/status`
-  (merge patch, full status, UID precondition). Apiserver pods are addressed by their
+  (merge patch, full status, UID precondition). Before this process sent a pod
+  anything (it just started or was elected), the pod as last listed stands for what was
+  sent: a status the apiserver already holds costs no request, so a restart patches
+  only what changed meanwhile. Apiserver pods are addressed by their
   own UID; a static pod's status goes to its mirror pod, and waits until one exists.
   NotFound means the pod was deleted: it is forgotten (a static pod's mirror is
   recreated instead). Conflict/Invalid (a UID precondition failed, a racing writer)
@@ -233,6 +236,9 @@ class PodSyncManager:
             target = uid_of(mirror)
         else:
             target = str(uid)
+        if uid not in self._sent and self._already_there(full, target, record):
+            # Nothing sent by this process yet, and the listed pod has it already.
+            self._sent[uid] = Sent(record.epoch, record.version, record.status, target)
         if self._refused.get(uid) != (record.epoch, record.version):
             decision = podstatus.decide(
                 record, self._sent.get(uid), pod.get("spec") or {}, target_uid=target
@@ -252,6 +258,14 @@ class PodSyncManager:
                 if podstatus.should_delete(record, self._sent.get(uid), candidate):
                     await self._delete(uid, full)
                     break
+
+    def _already_there(self, full: FullName, target: str, record: PodStatusRecord) -> bool:
+        listed = self._api_pods.get(full)
+        return (
+            listed is not None
+            and uid_of(listed) == target
+            and podstatus.on_server(listed.get("status") or {}, record.status)
+        )
 
     async def _send(
         self, uid: PodUID, record: PodStatusRecord, full: FullName, target: str, *, static: bool
