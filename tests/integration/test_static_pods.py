@@ -6,11 +6,13 @@ or a restarted Redis restarts no container."""
 
 from __future__ import annotations
 
+import asyncio
 import time
 from pathlib import Path
 from typing import Any
 
 import pytest
+from klet.bus import NodeBus
 from klet.devstack import DevStack
 
 from tests.harness.node import RELISTS, KletNode, container_status, fetch
@@ -208,23 +210,77 @@ def test_malformed_manifests_do_not_hurt_good_ones(node_factory: Any, manifests:
         assert node.procs[svc].alive
 
 
+# Ready through an exec probe every 8 s: a new prober's first probe comes at a random
+# moment of its first period, so a syncloop that forgot the readiness on restart would
+# report the pod unready for up to 8 s.
+STEADY = """
+apiVersion: v1
+kind: Pod
+metadata:
+  name: steady
+spec:
+  terminationGracePeriodSeconds: 1
+  containers:
+    - name: main
+      image: registry.klet.test/busybox:1.36
+      command: ["sleep", "100000"]
+      readinessProbe:
+        exec:
+          command: ["true"]
+        periodSeconds: 8
+"""
+
+
+def published(node: KletNode, uid: str) -> Any:
+    async def go() -> Any:
+        bus = node.bus()
+        try:
+            return await NodeBus.of(bus, service="status-reporter").status.get(uid)
+        finally:
+            await bus.close()
+
+    return asyncio.run(go())
+
+
 def test_syncloop_sigkill_and_redis_restart_restart_nothing(
     node_factory: Any, manifests: Path, devstack: DevStack, redis_server: Any
 ) -> None:
     node: KletNode = node_factory(manifest_dir=manifests, redis=redis_server)
     node.start()
     (manifests / "web.yaml").write_text(WEB)
+    (manifests / "steady.yaml").write_text(STEADY)
     wait_for(lambda: running(node, "web"), timeout_s=15, what="web Running")
     full = f"web-{node.node_name}"
     before = runtime_containers(devstack, full)
     assert len(before) == 2
+    steady = wait_for(
+        lambda: (
+            (p := node.pods().get(f"steady-{node.node_name}"))
+            and container_status(p, "main").get("ready")
+            and p
+        ),
+        timeout_s=30,
+        what="steady ready",
+    )
+    uid = steady["metadata"]["uid"]
+    epoch = published(node, uid).epoch
 
     node.kill("syncloop")
     node.start("syncloop")
-    # The new syncloop adopts the pod: several of its relists pass and nothing restarts.
+    # The new syncloop's first status of steady keeps its readiness (no flap to
+    # unready until its first probe, which comes at a random moment of 8 s).
+    record = wait_for(
+        lambda: (r := published(node, uid)) is not None and r.epoch != epoch and r,
+        timeout_s=20,
+        interval_s=0.02,
+        what="steady's status from the new syncloop",
+    )
+    assert container_status({"status": record.status}, "main")["ready"] is True, record.status
+    # The new syncloop adopts the pods: several of its relists pass and nothing restarts.
     node.wait_passes("syncloop", RELISTS, 4, timeout_s=20)
     assert runtime_containers(devstack, full) == before
     assert running(node, "web")
+    (manifests / "steady.yaml").unlink()
 
     redis_server.stop()
     node.wait_passes("syncloop", RELISTS, 3, timeout_s=15)  # relisting goes on without Redis

@@ -36,6 +36,7 @@ from klet.model.types import ContainerID, SandboxID
 from klet.syncloop.metrics import Metrics, create_metrics
 from klet.syncloop.pods.runtime import PodRuntime
 from klet.syncloop.pods.runtimepod import RuntimePod
+from klet.syncloop.probing import probes
 from klet.syncloop.probing.prober import ProbeManager, ProbeSettings
 from klet.syncloop.probing.proberesults import ProbeKind
 from prometheus_client import CollectorRegistry
@@ -159,6 +160,37 @@ def pod(**probes: Any) -> dict[str, Any]:
 
 def exec_probe(command: str, **timing: Any) -> dict[str, Any]:
     return {"exec": {"command": command.split()}, **timing}
+
+
+async def test_after_a_restart_probes_start_from_what_was_published(env: Env) -> None:
+    # A syncloop that restarts finds the container running, with the readiness and
+    # `started` its last published status gave it: no flap to unready until a probe.
+    p = pod(
+        startupProbe=exec_probe("check started", periodSeconds=10),
+        readinessProbe=exec_probe("check ready", periodSeconds=5, failureThreshold=1),
+    )
+    cid = await env.start("app")
+    other = await env.start("other")
+    published = {
+        "containerStatuses": [
+            {"name": "app", "containerID": f"containerd://{cid}", "ready": True,
+             "started": True, "state": {"running": {}}},
+            {"name": "gone", "containerID": "containerd://old", "ready": True,
+             "started": True, "state": {"terminated": {}}},
+        ]
+    }  # fmt: skip
+    carried = probes.carried_from_status(published)
+    assert carried == {cid: probes.CarriedProbes(ready=True, started=True)}
+    assert other not in carried
+    env.prober.update(p, await env.runtime(), pod_ip="10.88.0.2", deleting=False, carried=carried)
+    assert env.prober.result(READY, cid) is True and env.prober.result(START, cid) is True
+    assert env.woken == []
+    await env.clock.advance(0)
+    assert env.execs("check started") == 0  # started already: not probed again
+    # The next probe still decides: a readiness lost meanwhile is reported.
+    env.exits["check ready"] = 1
+    await env.clock.advance(5)
+    assert env.prober.result(READY, cid) is False and env.woken == [UID]
 
 
 async def test_readiness_follows_outcomes_with_threshold(env: Env) -> None:

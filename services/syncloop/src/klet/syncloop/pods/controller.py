@@ -54,6 +54,7 @@ from klet.syncloop.pods.runtimepod import RuntimePod
 from klet.syncloop.pods.status import compute_pod_status
 from klet.syncloop.pods.statuspub import StatusPublisher
 from klet.syncloop.pods.syncpod import PodSyncer
+from klet.syncloop.probing import probes
 from klet.syncloop.probing.prober import ProbeManager
 from klet.syncloop.probing.proberesults import NO_PROBES, ProbeResults
 
@@ -551,7 +552,8 @@ class PodController:
     async def _restore_terminal(self, uid: str, state: PodSyncState) -> None:
         """After a restart, a pod this node made Failed (evicted, rejected, past its
         deadline, killed) stays so: its last published status on the bus says why. As
-        upstream, a terminal pod is never started again."""
+        upstream, a terminal pod is never started again. The same status gives the
+        probe results its running containers start from (`state.carried`)."""
         if self.last_status is None:
             state.restored = True
             return
@@ -560,6 +562,7 @@ class PodController:
         except BusError:
             return  # try again on the next sync
         state.restored = True
+        state.carried = probes.carried_from_status(status)
         reason = str(status.get("reason") or "")
         if status.get("phase") != "Failed" or not reason or state.terminal is not None:
             return
@@ -659,7 +662,9 @@ class PodController:
         pod_ip = sandbox.ip if sandbox is not None else ""
         if not pod_ip and pod.get("spec", {}).get("hostNetwork"):
             pod_ip = self.host_ip  # a host-network pod is reached on the node's address
-        self.prober.update(pod, current, pod_ip=pod_ip, deleting=deleting)
+        state = self.pods.get(current.uid)
+        carried = state.carried if state is not None else None
+        self.prober.update(pod, current, pod_ip=pod_ip, deleting=deleting, carried=carried)
 
     def _forget(self, uid: str) -> None:
         """The pod is gone from the runtime and no source wants it: drop what is kept of it."""

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 
 from klet.model.records import DesiredPod
 from klet.model.types import JSON
+from klet.syncloop.probing.probes import CarriedProbes
 
 
 @dataclass
@@ -42,6 +43,9 @@ class PodSyncState:
     terminal: tuple[str, str] | None = None  # (reason, message): the pod is Failed for good
     evicted: str | None = None  # the eviction message (a DisruptionTarget condition)
     restored: bool = False  # the terminal state published before a restart was read back
+    # Readiness and `started` of each running container as published before a restart,
+    # by container ID: the prober starts from them (klet.syncloop.probing.prober).
+    carried: dict[str, CarriedProbes] = field(default_factory=dict)
     released: bool = False  # terminated: its volumes were torn down
     waiting: dict[str, tuple[str, str]] = field(default_factory=dict)
     """Why each container the last sync could not start waits (upstream's reasonCache):

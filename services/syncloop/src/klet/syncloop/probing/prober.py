@@ -34,7 +34,7 @@ import asyncio
 import logging
 import random
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -147,8 +147,18 @@ class ProbeManager:
 
     # -- what the pod workers call ---------------------------------------------------
 
-    def update(self, pod: JSON, runtime: RuntimePod, *, pod_ip: str, deleting: bool) -> None:
-        """Align the probe tasks of one pod with what runs now."""
+    def update(
+        self,
+        pod: JSON,
+        runtime: RuntimePod,
+        *,
+        pod_ip: str,
+        deleting: bool,
+        carried: Mapping[str, probes.CarriedProbes] | None = None,
+    ) -> None:
+        """Align the probe tasks of one pod with what runs now. `carried`: what the
+        status published before a restart said of the running containers' probes, by
+        container ID; their workers start from it (`probes.starting_result`)."""
         uid = runtime.uid
         entry = self._pods.get(uid)
         if entry is None:
@@ -171,8 +181,9 @@ class ProbeManager:
                 continue
             started_at = status.started_at / 1e9 if status.started_at else self.clock()
             entry.instances[cid] = _Instance(container, started_at)
+            before = (carried or {}).get(cid)
             for spec in declared:
-                initial = probes.initial_result(spec.kind)
+                initial = probes.starting_result(spec.kind, before)
                 if initial is not None:
                     # No wake-up: the status already treats a probe that has not
                     # succeeded yet this way.

@@ -107,6 +107,43 @@ def initial_result(kind: ProbeKind) -> bool | None:
     return None
 
 
+@dataclass(frozen=True)
+class CarriedProbes:
+    """What a container's status said of its probes when syncloop last published it."""
+
+    ready: bool
+    started: bool
+
+
+def carried_from_status(status: JSON) -> dict[str, CarriedProbes]:
+    """The running containers of a published status by container ID (without the
+    runtime's `containerd://`), with their readiness and `started`."""
+    out: dict[str, CarriedProbes] = {}
+    for key in ("initContainerStatuses", "containerStatuses"):
+        for cs in status.get(key) or []:
+            if not isinstance(cs, dict) or "running" not in (cs.get("state") or {}):
+                continue
+            cid = str(cs.get("containerID") or "").partition("://")[2]
+            if cid:
+                out[cid] = CarriedProbes(bool(cs.get("ready")), bool(cs.get("started")))
+    return out
+
+
+def starting_result(kind: ProbeKind, carried: CarriedProbes | None) -> bool | None:
+    """What a new worker publishes before its first result: upstream's initial value,
+    or, for a container that ran before syncloop restarted, what was published of it
+    then (its readiness and whether it had started). Upstream's restarted kubelet makes
+    every container unready until its first probe, which takes it out of its Services'
+    endpoints for up to a period; a restarted syncloop is not a restarted node, and the
+    next probe corrects a result that changed while it was away."""
+    if carried is not None:
+        if kind == ProbeKind.READINESS:
+            return carried.ready
+        if kind == ProbeKind.STARTUP and carried.started:
+            return True
+    return initial_result(kind)
+
+
 def first_probe_at(
     spec: ProbeSpec,
     *,
