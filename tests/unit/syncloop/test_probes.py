@@ -131,6 +131,28 @@ def test_first_probe_at(
 
 
 @pytest.mark.parametrize(
+    ("handler", "carried", "expected"),
+    [
+        ("httpGet", True, 500.5),  # a carried result is checked within a second
+        ("tcpSocket", True, 500.5),
+        ("grpc", True, 500.5),
+        ("exec", True, 505.0),  # a process per probe: the period's spread stays
+        ("httpGet", False, 505.0),  # nothing carried: upstream's spread
+    ],
+)
+def test_a_carried_result_is_checked_soon(handler: str, carried: bool, expected: float) -> None:
+    at = probes.first_probe_at(
+        ProbeSpec(R, handler, {}, period_s=10),
+        container_started_at=100.0,
+        now=500.0,
+        prober_started_at=499.0,
+        jitter=0.5,
+        carried=carried,
+    )
+    assert at == expected
+
+
+@pytest.mark.parametrize(
     ("last", "now", "expected"),
     [(100.0, 101.0, 110.0), (100.0, 115.0, 115.0), (100.0, 110.0, 110.0)],
 )

@@ -44,6 +44,10 @@ from klet.syncloop.volumes.manager import VolumeManager
 
 log = logging.getLogger(__name__)
 
+QOS_RECHECK_S = 60.0
+"""Seconds after which the burstable QoS cgroup's size is applied again even unchanged
+(its files may have been changed behind klet's back)."""
+
 VOLUME_RETRY_S = 5.0
 """How soon a pod whose volumes could not be set up is synced again, seconds."""
 
@@ -119,6 +123,7 @@ class PodSyncer:
         self.puller = puller
         self.events = events
         self.cgroups = cgroups
+        self._qos_applied: tuple[int, float] | None = None  # (burstable shares, when)
         self.settings = settings
         self.backoff = backoff
         # The crash-loop back-off keys of every container started, by pod UID, so the
@@ -155,12 +160,23 @@ class PodSyncer:
 
     async def update_qos(self, active_pods: list[JSON]) -> None:
         """Size the burstable QoS cgroup for the active pods (upstream's UpdateQOSCgroups,
-        which its SyncPod runs before a pod's cgroup)."""
+        which its SyncPod runs before a pod's cgroup). The same size applied less than
+        QOS_RECHECK_S ago is not applied again: 110 pods re-adopted after a restart are
+        110 syncs with one size, and each application reads the node's cgroup files."""
         if self.cgroups is None or not self.settings.cgroups_per_qos:
             return
-        problems = await self.cgroups.update_qos(resources.burstable_cpu_shares(active_pods))
+        shares = resources.burstable_cpu_shares(active_pods)
+        now = self.clock()
+        if self._qos_applied is not None:
+            applied, at = self._qos_applied
+            if applied == shares and 0 <= now - at < QOS_RECHECK_S:
+                return
+        problems = await self.cgroups.update_qos(shares)
         if problems:
+            self._qos_applied = None
             log.warning("QoS cgroup not updated", extra={"problems": problems})
+        else:
+            self._qos_applied = (shares, now)
 
     async def sync(
         self, pod: JSON, current: RuntimePod, *, probes: ProbeResults = NO_PROBES

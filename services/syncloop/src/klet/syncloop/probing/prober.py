@@ -94,6 +94,8 @@ class _Instance:
     container: JSON
     started_at: float  # seconds since the epoch
     tasks: dict[ProbeKind, asyncio.Task[None]] = field(default_factory=dict)
+    carried: bool = False
+    """Its results start from a status published before a syncloop restart."""
     readiness_due: asyncio.Event = field(default_factory=asyncio.Event)
     """Set when the startup probe succeeds: the readiness worker runs without waiting."""
 
@@ -180,8 +182,8 @@ class ProbeManager:
             if not declared:
                 continue
             started_at = status.started_at / 1e9 if status.started_at else self.clock()
-            entry.instances[cid] = _Instance(container, started_at)
             before = (carried or {}).get(cid)
+            entry.instances[cid] = _Instance(container, started_at, carried=before is not None)
             for spec in declared:
                 initial = probes.starting_result(spec.kind, before)
                 if initial is not None:
@@ -295,6 +297,7 @@ class ProbeManager:
             now=self.clock(),
             prober_started_at=self.started_at,
             jitter=self.jitter(),
+            carried=inst.carried,
         )
         counter = probes.Counter()
         earliest = inst.started_at + spec.initial_delay_s

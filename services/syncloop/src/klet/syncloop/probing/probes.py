@@ -144,6 +144,10 @@ def starting_result(kind: ProbeKind, carried: CarriedProbes | None) -> bool | No
     return initial_result(kind)
 
 
+CARRIED_CHECK_S = 1.0
+"""A restarted prober checks a carried result within this (a cheap handler's)."""
+
+
 def first_probe_at(
     spec: ProbeSpec,
     *,
@@ -151,15 +155,24 @@ def first_probe_at(
     now: float,
     prober_started_at: float,
     jitter: float,
+    carried: bool = False,
 ) -> float:
     """When a new worker runs its first probe.
 
     `jitter` in [0, 1) spreads the first probes over one period when the prober itself
     started less than a period ago; the initial delay counts from the container's start.
+    A result `carried` over a syncloop restart is a guess to check soon: an httpGet,
+    tcpSocket or gRPC probe (cheap, syncloop's own request) is spread over at most
+    CARRIED_CHECK_S instead, so a readiness that changed while syncloop was away is seen
+    within about a second; exec probes (a process in the container each) keep the
+    period's spread.
     """
     at = now
     if now - prober_started_at < spec.period_s:
-        at += jitter * spec.period_s
+        window = float(spec.period_s)
+        if carried and spec.handler != "exec":
+            window = min(window, CARRIED_CHECK_S)
+        at += jitter * window
     return max(at, container_started_at + spec.initial_delay_s)
 
 
