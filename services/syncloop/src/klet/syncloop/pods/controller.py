@@ -465,6 +465,16 @@ class PodController:
             wake.append(self.clock())
         return Outcome(wake_at=min(wake) if wake else None)
 
+    def _previous(self, uid: str) -> JSON | None:
+        """The status the next one is computed against: the last published by this
+        process, else the one published before it started (so a restart changes no
+        startTime or lastTransitionTime, and the statuses it republishes are the same)."""
+        published = self.publisher.get(uid)
+        if published is not None:
+            return published
+        state = self.pods.get(uid)
+        return state.published_before if state is not None else None
+
     def _pod_status(
         self, uid: str, pod: JSON, current: RuntimePod, waiting: dict[str, tuple[str, str]]
     ) -> JSON:
@@ -473,7 +483,7 @@ class PodController:
             current,
             probes=self.probes,
             waiting=waiting,
-            previous=self.publisher.get(uid),
+            previous=self._previous(uid),
             now=self.clock(),
             runtime_type=self.runtime_type,
             host_ip=self.host_ip,
@@ -524,7 +534,7 @@ class PodController:
             current,
             probes=self.probes,
             waiting={},
-            previous=self.publisher.get(uid),
+            previous=self._previous(uid),
             now=now,
             runtime_type=self.runtime_type,
             host_ip=self.host_ip,
@@ -563,6 +573,7 @@ class PodController:
             return  # try again on the next sync
         state.restored = True
         state.carried = probes.carried_from_status(status)
+        state.published_before = status or None
         reason = str(status.get("reason") or "")
         if status.get("phase") != "Failed" or not reason or state.terminal is not None:
             return

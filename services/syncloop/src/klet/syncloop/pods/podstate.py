@@ -46,6 +46,9 @@ class PodSyncState:
     # Readiness and `started` of each running container as published before a restart,
     # by container ID: the prober starts from them (klet.syncloop.probing.prober).
     carried: dict[str, CarriedProbes] = field(default_factory=dict)
+    # The status published before a restart: the previous status of the first one
+    # computed after it (startTime, the conditions' lastTransitionTime carry over).
+    published_before: JSON | None = None
     released: bool = False  # terminated: its volumes were torn down
     waiting: dict[str, tuple[str, str]] = field(default_factory=dict)
     """Why each container the last sync could not start waits (upstream's reasonCache):
