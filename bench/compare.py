@@ -23,12 +23,19 @@ kubelet (klet, upstream, klet, upstream, ...), so machine noise hits both:
    per-pod and all Running+ready, and the CPU seconds the agent's processes used until
    then; all removed at once -> no running container.
 
-Then, once per side: ``COMPARE_IDLE_PODS`` (110) pods started and left idle for
+Then, once per side and per size of ``COMPARE_IDLE_PODS`` (110,250): that many pods
+started at once (all Running+ready, the agents' CPU seconds meanwhile) and left idle for
 ``COMPARE_IDLE_S`` (300) seconds while /proc is sampled every second (CPU in cores of
 all the agent's processes: klet up, its five services and Redis; the kubelet process;
-RSS summed, PSS summed); then the agent restarted (SIGTERM, start again) -> all pods
-Running+ready in ``/pods`` again, and the containers restarted by it (container ID or
-restartCount changed: must be 0).
+RSS summed, PSS summed); after the first size, the agent restarted (SIGTERM, start
+again) -> all pods Running+ready in ``/pods`` again, and the containers restarted by it
+(container ID or restartCount changed: must be 0). Both agents get ``maxPods`` as large
+as the largest size.
+
+Before the agents start, the **raw CRI floor** of each burst size (``Floor`` of
+bench/run.py: RunPodSandbox, status, CreateContainer, StartContainer, all at once) is
+measured ``COMPARE_ROUNDS`` times on klet's containerd, so the table can say how far each
+agent's burst is from what the runtime itself needs, in the same run.
 
 Prints one table (medians, p99 when there are 100 samples or more, else the max, and
 the ratio klet/upstream of the medians; the idle CPU also as the mean and the p95 of the
@@ -76,7 +83,7 @@ from klet.devstack.containerd import Containerd, unmount_under  # noqa: E402
 from klet.devstack.images import build, standard_images, write_oci_archive  # noqa: E402
 
 from bench import common  # noqa: E402
-from bench.run import MANIFEST, machine, make_client, pod_ready  # noqa: E402
+from bench.run import MANIFEST, Floor, machine, make_client, pod_ready  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results" / "compare-latest.json"
 README = ROOT / "bench" / "README.md"
@@ -130,7 +137,7 @@ class Row:
     """One line of the table: a measurement's samples on both sides, in its unit."""
 
     label: str
-    unit: str  # "s", "cores", "MB", "cpu-s" (CPU seconds), "count"
+    unit: str  # "s", "cores", "MB", "cpu-s" (CPU seconds), "count", "x" (a ratio)
     klet: Sequence[float]
     upstream: Sequence[float]
     # For a value that is a distribution of its own (CPU p95 over the idle window), the
@@ -147,6 +154,8 @@ def _fmt(value: float, unit: str) -> str:
         return f"{value:.0f} MB"
     if unit == "cpu-s":
         return f"{value:.1f} CPU-s"
+    if unit == "x":
+        return f"{value:.2f}x"
     return f"{value:.0f}"
 
 
@@ -353,6 +362,10 @@ class Agent(abc.ABC):
 class KletAgent(Agent):
     name = "klet"
 
+    def __init__(self, dir: Path, node_name: str, endpoint: str, *, max_pods: int) -> None:
+        super().__init__(dir, node_name, endpoint)
+        self.max_pods = max_pods
+
     def argv(self) -> list[str]:
         return [
             str(ROOT / ".venv" / "bin" / "klet"), "up",
@@ -362,15 +375,19 @@ class KletAgent(Agent):
             "--read-only-port", str(self.ro_port),
             "--container-runtime-endpoint", self.endpoint,
             "--service-port", "0",
+            "--max-pods", str(self.max_pods),
         ]
 
 
 class UpstreamAgent(Agent):
     name = "kubelet"
 
-    def __init__(self, dir: Path, node_name: str, endpoint: str, binary: Path) -> None:
+    def __init__(
+        self, dir: Path, node_name: str, endpoint: str, binary: Path, *, max_pods: int
+    ) -> None:
         super().__init__(dir, node_name, endpoint)
         self.binary = binary
+        self.max_pods = max_pods
 
     def config(self) -> dict[str, Any]:
         return {
@@ -378,6 +395,7 @@ class UpstreamAgent(Agent):
             "kind": "KubeletConfiguration",
             "staticPodPath": str(self.manifests),
             "containerRuntimeEndpoint": self.endpoint,
+            "maxPods": self.max_pods,
             "cgroupDriver": "cgroupfs",
             "cgroupRoot": UPSTREAM_CGROUP_ROOT,
             "failSwapOn": False,
@@ -621,7 +639,7 @@ class Config:
     rounds: int
     singles: int
     bursts: list[int]
-    idle_pods: int
+    idle_pods: list[int]
     idle_s: int
 
     @classmethod
@@ -630,9 +648,14 @@ class Config:
             rounds=env_int("COMPARE_ROUNDS", 3),
             singles=env_int("COMPARE_SINGLES", 3),
             bursts=env_ints("COMPARE_BURSTS", (10, 30, 110)),
-            idle_pods=env_int("COMPARE_IDLE_PODS", 110),
+            idle_pods=[n for n in env_ints("COMPARE_IDLE_PODS", (110, 250)) if n > 0],
             idle_s=env_int("COMPARE_IDLE_S", 300),
         )
+
+    @property
+    def max_pods(self) -> int:
+        """maxPods of both agents: the largest workload, and at least the default 110."""
+        return max([110, *self.bursts, *self.idle_pods])
 
 
 Samples = dict[str, dict[str, list[float]]]  # measurement -> side -> samples
@@ -699,27 +722,46 @@ def burst(w: Workloads, agent: Agent, names: Sequence[str], samples: Samples) ->
           f"all stopped {stopped:.2f}s", flush=True)
 
 
-def idle_and_restart(w: Workloads, agent: Agent, cfg: Config, samples: Samples) -> None:
-    side = agent.name
-    names = [f"idle{j}" for j in range(cfg.idle_pods)]
-    _, total, _ = w.start(agent, names)
-    record(samples, "idle_start_all", side, total)
-    print(f"  {side:<8} {cfg.idle_pods} pods running after {total:.1f}s; idle "
-          f"{cfg.idle_s}s ...", flush=True)
+def idle_and_restart(
+    w: Workloads, agent: Agent, cfg: Config, n: int, samples: Samples, *, restart: bool
+) -> None:
+    """`n` pods started at once, idle for idle_s, the agent restarted (`restart`), all
+    removed; every key carries `n` (``idle110_cores``)."""
+    side, k = agent.name, f"idle{n}"
+    names = [f"idle{n}p{j}" for j in range(n)]
+    _, total, cpu_s = w.start(agent, names)
+    record(samples, f"{k}_start_all", side, total)
+    record(samples, f"{k}_start_cpu", side, cpu_s)
+    print(f"  {side:<8} {n} pods running after {total:.1f}s (agent CPU {cpu_s:.1f} s); "
+          f"idle {cfg.idle_s}s ...", flush=True)
     idle = w.idle(agent, cfg.idle_s)
-    record(samples, "idle_cores", side, *idle["cores"])
-    record(samples, "idle_rss", side, *idle["rss_mb"])
-    record(samples, "idle_pss", side, *idle["pss_mb"])
-    record(samples, "idle_processes", side, *idle["processes"])
-    took, restarted = w.restart(agent, names)
-    record(samples, "restart_all_ready", side, took)
-    record(samples, "restart_restarts", side, float(restarted))
+    record(samples, f"{k}_cores", side, *idle["cores"])
+    record(samples, f"{k}_rss", side, *idle["rss_mb"])
+    record(samples, f"{k}_pss", side, *idle["pss_mb"])
+    record(samples, f"{k}_processes", side, *idle["processes"])
     print(f"  {side:<8} idle: cores mean {statistics.fmean(idle['cores']):.3f} p50 "
           f"{percentile(idle['cores'], 50):.3f} p95 {percentile(idle['cores'], 95):.3f}, "
-          f"RSS {percentile(idle['rss_mb'], 50):.0f} MB; "
-          f"restart -> all ready {took:.1f}s, {restarted} containers restarted", flush=True)
+          f"RSS {percentile(idle['rss_mb'], 50):.0f} MB", flush=True)
+    if restart:
+        took, restarted = w.restart(agent, names)
+        record(samples, f"{k}_restart_all_ready", side, took)
+        record(samples, f"{k}_restart_restarts", side, float(restarted))
+        print(f"  {side:<8} restart -> all ready {took:.1f}s, {restarted} containers "
+              "restarted", flush=True)
     stopped, _ = w.stop(agent, names, gone=False)
-    record(samples, "idle_stopped_all", side, stopped)
+    record(samples, f"{k}_stopped_all", side, stopped)
+
+
+def cri_floor(w: Workloads, agent: Agent, cfg: Config, run_dir: Path, samples: Samples) -> None:
+    """The raw CRI floor of every burst size on `agent`'s containerd (before it starts):
+    all pods started at once straight through CRI, then removed."""
+    floor = Floor(w.cri(agent), f"floor{uuid.uuid4().hex[:6]}", run_dir / "floor-logs")
+    for r in range(cfg.rounds):
+        for m in cfg.bursts:
+            got = w.runner.run(floor.burst(m))
+            record(samples, f"burst{m}_floor", "cri", got["all_running"])
+            print(f"  raw CRI  burst {m} (round {r + 1}): all started "
+                  f"{got['all_running']:.2f}s, removed {got['all_removed']:.2f}s", flush=True)
 
 
 def table_rows(samples: Samples, cfg: Config) -> list[Row]:
@@ -727,12 +769,28 @@ def table_rows(samples: Samples, cfg: Config) -> list[Row]:
         s = samples.get(key, {})
         return Row(label, unit, s.get("klet", []), s.get("kubelet", []))
 
-    def window(what: str, key: str, of: Callable[[Sequence[float]], float]) -> Row:
+    def window(n: int, what: str, key: str, of: Callable[[Sequence[float]], float]) -> Row:
         """One number per side over the whole window (the 1 s samples' p95, their mean)."""
         s = samples.get(key, {})
-        return Row(f"idle CPU {what} over the window (cores)", "cores",
+        return Row(f"idle, {n} pods: CPU {what} over the window (cores)", "cores",
                    [of(s["klet"])] if s.get("klet") else [],
                    [of(s["kubelet"])] if s.get("kubelet") else [])
+
+    def over_floor(m: int) -> list[Row]:
+        """The floor itself, then each agent's burst median over the floor's median."""
+        floor = samples.get(f"burst{m}_floor", {}).get("cri", [])
+        if not floor:
+            return []
+        base = percentile(floor, 50)
+        ratios = [
+            [percentile(xs, 50) / base] if (xs := samples.get(f"burst{m}_all", {}).get(side))
+            else []
+            for side in ("klet", "kubelet")
+        ]
+        return [
+            Row(f"burst {m}: raw CRI floor, all started (klet's containerd)", "s", floor, []),
+            Row(f"burst {m}: all Running+ready / raw CRI floor", "x", ratios[0], ratios[1]),
+        ]
 
     rows = [
         row("1 pod: manifest written -> Running+ready", "single_start"),
@@ -747,21 +805,27 @@ def table_rows(samples: Samples, cfg: Config) -> list[Row]:
             row(f"burst {m}: all Running+ready", f"burst{m}_all"),
             row(f"burst {m}: agent CPU until all Running+ready", f"burst{m}_cpu", "cpu-s"),
             row(f"burst {m}: removed -> none running", f"burst{m}_stopped"),
+            *over_floor(m),
         ]
-    if cfg.idle_pods:
-        n = cfg.idle_pods
+    for i, n in enumerate(cfg.idle_pods):
+        k = f"idle{n}"
         rows += [
-            row(f"{n} pods: all Running+ready", "idle_start_all"),
-            row(f"idle, {n} pods: CPU per 1 s sample (cores)", "idle_cores", "cores"),
-            window("mean", "idle_cores", statistics.fmean),
-            window("p95", "idle_cores", lambda xs: percentile(xs, 95)),
-            row(f"idle, {n} pods: RSS of all processes", "idle_rss", "MB"),
-            row(f"idle, {n} pods: PSS of all processes", "idle_pss", "MB"),
-            row("agent processes", "idle_processes", "count"),
-            row(f"agent restarted, {n} pods -> all Running+ready", "restart_all_ready"),
-            row("containers restarted by the agent restart", "restart_restarts", "count"),
-            row(f"{n} pods: removed -> none running", "idle_stopped_all"),
+            row(f"{n} pods: all Running+ready", f"{k}_start_all"),
+            row(f"{n} pods: agent CPU until all Running+ready", f"{k}_start_cpu", "cpu-s"),
+            row(f"idle, {n} pods: CPU per 1 s sample (cores)", f"{k}_cores", "cores"),
+            window(n, "mean", f"{k}_cores", statistics.fmean),
+            window(n, "p95", f"{k}_cores", lambda xs: percentile(xs, 95)),
+            row(f"idle, {n} pods: RSS of all processes", f"{k}_rss", "MB"),
+            row(f"idle, {n} pods: PSS of all processes", f"{k}_pss", "MB"),
         ]
+        if i == 0:
+            rows += [
+                row("agent processes", f"{k}_processes", "count"),
+                row(f"agent restarted, {n} pods -> all Running+ready", f"{k}_restart_all_ready"),
+                row("containers restarted by the agent restart", f"{k}_restart_restarts",
+                    "count"),
+            ]
+        rows.append(row(f"{n} pods: removed -> none running", f"{k}_stopped_all"))
     if samples.get("failures"):
         rows.append(row("workloads that failed (timed out, see the log)", "failures", "count"))
     return rows
@@ -820,7 +884,8 @@ def readme_section(res: dict[str, Any], rows: Sequence[Row]) -> str:
         "",
         f"Configuration: `COMPARE_ROUNDS={cfg['rounds']} COMPARE_SINGLES={cfg['singles']} "
         f"COMPARE_BURSTS={','.join(map(str, cfg['bursts']))} "
-        f"COMPARE_IDLE_PODS={cfg['idle_pods']} COMPARE_IDLE_S={cfg['idle_s']}`. "
+        f"COMPARE_IDLE_PODS={','.join(map(str, cfg['idle_pods']))} "
+        f"COMPARE_IDLE_S={cfg['idle_s']}`. "
         "Reproduce with `make bench-compare` (same variables).",
         "",
         markdown_table(rows),
@@ -859,10 +924,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"bench: devstack and a second containerd in {run_dir} ...", flush=True)
         stack.start()
         upstream_cd = second_containerd(stack, run_dir / "c2")
-        klet = KletAgent(run_dir / "klet", f"cmpk{run_id}", stack.runtime_endpoint)
-        kube = UpstreamAgent(run_dir / "kube", f"cmpu{run_id}", upstream_cd.endpoint, binary)
+        klet = KletAgent(
+            run_dir / "klet", f"cmpk{run_id}", stack.runtime_endpoint, max_pods=cfg.max_pods
+        )
+        kube = UpstreamAgent(
+            run_dir / "kube", f"cmpu{run_id}", upstream_cd.endpoint, binary,
+            max_pods=cfg.max_pods,
+        )
         for a in (klet, kube):  # "image present" for both
             runner.run(w.cri(a).pull_image(BUSYBOX_IMAGE))
+        print("bench: the raw CRI floor on klet's containerd ...", flush=True)
+        cri_floor(w, klet, cfg, run_dir, samples)
         cgroups = make_cgroup_root(UPSTREAM_CGROUP_ROOT)
         for a in (klet, kube):
             print(f"bench: starting {a.name} (node {a.node_name}, read-only port {a.ro_port})",
@@ -875,12 +947,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"bench: round {r + 1}/{cfg.rounds}", flush=True)
             for a in (klet, kube):
                 run_round(w, a, cfg, r, samples)
-        if cfg.idle_pods:
+        for i, n in enumerate(cfg.idle_pods):
             for a in (klet, kube):
                 try:
-                    idle_and_restart(w, a, cfg, samples)
+                    idle_and_restart(w, a, cfg, n, samples, restart=i == 0)
                 except FAILURES as err:
-                    give_up(w, a, f"{cfg.idle_pods} idle pods", err, samples)
+                    give_up(w, a, f"{n} idle pods", err, samples)
     except Exception as err:  # noqa: BLE001 - the table of what was measured still counts
         failed = err
         print(f"bench: FAILED: {err!r}", file=sys.stderr)

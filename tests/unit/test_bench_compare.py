@@ -104,16 +104,43 @@ def test_the_idle_cpu_is_reported_as_its_mean_and_p95_beside_the_median() -> Non
     relist); the mean and the p95 of the window show them, one number per side."""
     from bench.compare import Config, table_rows
 
-    cfg = Config(rounds=1, singles=1, bursts=[], idle_pods=110, idle_s=10)
+    cfg = Config(rounds=1, singles=1, bursts=[], idle_pods=[110, 250], idle_s=10)
     quiet_then_busy = [0.01] * 9 + [0.5]
-    samples = {"idle_cores": {"klet": quiet_then_busy, "kubelet": [0.05] * 10}}
+    samples = {
+        "idle110_cores": {"klet": quiet_then_busy, "kubelet": [0.05] * 10},
+        "idle250_cores": {"klet": [0.02] * 10, "kubelet": [0.04] * 10},
+    }
     rows = {r.label: r for r in table_rows(samples, cfg)}
     assert percentile(quiet_then_busy, 50) == 0.01
-    mean = rows["idle CPU mean over the window (cores)"]
+    mean = rows["idle, 110 pods: CPU mean over the window (cores)"]
     assert mean.klet == [pytest.approx(0.059)] and mean.upstream == [pytest.approx(0.05)]
-    p95 = rows["idle CPU p95 over the window (cores)"]
+    p95 = rows["idle, 110 pods: CPU p95 over the window (cores)"]
     assert p95.klet == [pytest.approx(0.2795)] and p95.upstream == [pytest.approx(0.05)]
     labels = list(rows)
-    assert labels.index("idle CPU mean over the window (cores)") == labels.index(
+    assert labels.index("idle, 110 pods: CPU mean over the window (cores)") == labels.index(
         "idle, 110 pods: CPU per 1 s sample (cores)"
     ) + 1
+    # 250 pods get the same rows but no restart of their own; maxPods covers them.
+    assert rows["idle, 250 pods: CPU mean over the window (cores)"].upstream == [
+        pytest.approx(0.04)
+    ]
+    assert "agent restarted, 110 pods -> all Running+ready" in rows
+    assert not [label for label in rows if "restarted, 250" in label]
+    assert cfg.max_pods == 250
+
+
+def test_each_burst_is_set_against_the_raw_cri_floor_of_the_same_run() -> None:
+    from bench.compare import Config, row_cells, table_rows
+
+    cfg = Config(rounds=2, singles=1, bursts=[110], idle_pods=[], idle_s=10)
+    samples = {
+        "burst110_floor": {"cri": [10.0, 12.0]},
+        "burst110_all": {"klet": [12.1, 13.1], "kubelet": [22.0, 24.0]},
+    }
+    rows = {r.label: r for r in table_rows(samples, cfg)}
+    floor = rows["burst 110: raw CRI floor, all started (klet's containerd)"]
+    assert floor.klet == [10.0, 12.0] and floor.upstream == []
+    ratio = rows["burst 110: all Running+ready / raw CRI floor"]
+    assert ratio.klet == [pytest.approx(12.6 / 11.0)] and ratio.upstream == [pytest.approx(23 / 11)]
+    assert row_cells(ratio)[2:] == ["1.15x", "", "2.09x", "", "0.55x"]
+    assert cfg.max_pods == 110
