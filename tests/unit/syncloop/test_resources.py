@@ -395,6 +395,57 @@ def test_update_qos_writes_the_burstable_shares(tmp_path: Path) -> None:
     assert (tmp_path / "cpu/n1/kubepods/burstable/cpu.shares").read_text() == "512"
 
 
+def test_a_pod_cgroup_is_written_once_per_change_of_its_limits(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each sync of a pod ensures its cgroup: the files are written again only when
+    the limits change, the cgroup is gone, ENSURE_RECHECK_S passed, or the last time
+    met problems (a pod synced several times in a burst used to rewrite them all)."""
+    import asyncio
+
+    from klet.cgroups import CgroupFS
+
+    writes: list[str] = []
+    problems: list[str] = []
+
+    def counting(parent: str, res: PodResources, root: Path) -> list[str]:
+        writes.append(parent)
+        for ctrl in ("cpu", "memory"):
+            (root / ctrl / parent.strip("/")).mkdir(parents=True, exist_ok=True)
+        return list(problems)
+
+    monkeypatch.setattr(podcgroups, "ensure_pod_cgroup", counting)
+    monkeypatch.setattr(podcgroups, "_mounted", lambda base: True)
+    for ctrl in ("cpu", "memory"):
+        (tmp_path / ctrl).mkdir()
+    now = [100.0]
+    driver = podcgroups.CgroupfsPodCgroups(CgroupFS(tmp_path), clock=lambda: now[0])
+    res = PodResources(256, None, None, None)
+    name = "/kubepods/burstable/podu1"
+
+    def ensure(r: PodResources) -> tuple[bool, list[str]]:
+        return asyncio.run(driver.ensure(name, r))
+
+    assert ensure(res) == (False, []) and len(writes) == 1
+    assert ensure(res) == (True, []) and len(writes) == 1  # nothing changed
+    ensure(PodResources(512, None, None, None))  # new limits
+    assert len(writes) == 2
+    now[0] += podcgroups.ENSURE_RECHECK_S
+    ensure(PodResources(512, None, None, None))  # due again
+    assert len(writes) == 3
+    for ctrl in ("cpu", "memory"):
+        (tmp_path / ctrl / name.strip("/")).rmdir()
+    problems.append("EROFS")
+    ensure(PodResources(512, None, None, None))  # gone: made again, with a problem
+    assert len(writes) == 4
+    ensure(PodResources(512, None, None, None))  # a failed one is tried again at once
+    assert len(writes) == 5
+    problems.clear()
+    ensure(PodResources(512, None, None, None))
+    ensure(PodResources(512, None, None, None))
+    assert len(writes) == 6
+
+
 # --- huge pages and swap (NoSwap) -------------------------------------------------
 
 MI2 = 2 << 20

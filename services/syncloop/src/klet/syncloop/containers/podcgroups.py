@@ -26,7 +26,8 @@ from __future__ import annotations
 import functools
 import logging
 import os
-from collections.abc import Iterable
+import time
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
@@ -354,22 +355,53 @@ class PodCgroups(Protocol):
         ...
 
 
+ENSURE_RECHECK_S = 60.0
+"""A pod cgroup ensured with these limits less than this ago is not written again (nor
+the node's cgroups before it): each pass reads and rewrites a dozen cgroup files (the
+memory limit of an unlimited pod reads back as the kernel's maximum, cpuset files are
+copied level by level), which made up a quarter of syncloop's CPU in a 250-pod burst,
+where every pod is synced several times. Upstream's kubelet only creates a pod cgroup
+that is missing on each sync."""
+
+
 class CgroupfsPodCgroups:
     """`cgroupDriver: cgroupfs`: the directories under /sys/fs/cgroup, written directly."""
 
-    def __init__(self, cgroups: CgroupFS, node: NodeCgroupLimits | None = None) -> None:
+    def __init__(
+        self,
+        cgroups: CgroupFS,
+        node: NodeCgroupLimits | None = None,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.cgroups = cgroups
         self.node = node
+        self.clock = clock
+        self._ensured: dict[str, tuple[PodResources, float]] = {}
 
     def cri_parent(self, name: str) -> str:
         return name
 
     async def ensure(self, name: str, res: PodResources) -> tuple[bool, list[str]]:
-        # The node's cgroups first, every time: the files are compared before they are
-        # written, and a limit the kernel refused earlier is tried again.
+        now = self.clock()
+        seen = self._ensured.get(name)
+        if (
+            seen is not None
+            and seen[0] == res
+            and 0 <= now - seen[1] < ENSURE_RECHECK_S
+            and pod_cgroup_exists(name, root=self.cgroups.root)
+        ):
+            return True, []
+        # The node's cgroups first: the files are compared before they are written, and
+        # a limit the kernel refused earlier is tried again.
         problems = [] if self.node is None else ensure_node_cgroups(self.node, self.cgroups.root)
         existed = pod_cgroup_exists(name, root=self.cgroups.root)
-        return existed, problems + ensure_pod_cgroup(name, res, root=self.cgroups.root)
+        problems += ensure_pod_cgroup(name, res, root=self.cgroups.root)
+        if problems:
+            self._ensured.pop(name, None)
+        else:
+            self._ensured[name] = (res, now)
+        return existed, problems
 
     async def update_qos(self, burstable_shares: int) -> list[str]:
         _, burstable, _ = node_cgroups(self.node.cgroup_root if self.node is not None else "/")
@@ -378,4 +410,5 @@ class CgroupfsPodCgroups:
         return ensure_cgroup(burstable, v1, v2, root=self.cgroups.root)
 
     async def remove(self, name: str) -> list[str]:
+        self._ensured.pop(name, None)
         return self.cgroups.remove(name)
