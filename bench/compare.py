@@ -362,7 +362,7 @@ class Agent(abc.ABC):
 class KletAgent(Agent):
     name = "klet"
 
-    def __init__(self, dir: Path, node_name: str, endpoint: str, *, max_pods: int) -> None:
+    def __init__(self, dir: Path, node_name: str, endpoint: str, *, max_pods: int = 110) -> None:
         super().__init__(dir, node_name, endpoint)
         self.max_pods = max_pods
 
@@ -383,7 +383,7 @@ class UpstreamAgent(Agent):
     name = "kubelet"
 
     def __init__(
-        self, dir: Path, node_name: str, endpoint: str, binary: Path, *, max_pods: int
+        self, dir: Path, node_name: str, endpoint: str, binary: Path, *, max_pods: int = 110
     ) -> None:
         super().__init__(dir, node_name, endpoint)
         self.binary = binary
