@@ -201,7 +201,7 @@ class HistoryKeeper:
                         phase=old.phase if old is not None else "",
                         containers=old.containers if old is not None else {},
                     )
-                await self._write(batch, rows)
+                await self._write(batch, rows, index=index, now=now)
         if ids:
             await self._bus.event_feed.ack(GROUP, *ids)
 
@@ -218,11 +218,18 @@ class HistoryKeeper:
                 if items or old is None or renew or row.containers != old.containers:
                     batch[record.uid] = items
                     rows[record.uid] = row
-            await self._write(batch, rows)
+            await self._write(batch, rows, index=index, now=now)
 
     async def _write(
-        self, batch: dict[str, list[HistoryEntry]], rows: dict[str, HistoryIndexRecord]
+        self,
+        batch: dict[str, list[HistoryEntry]],
+        rows: dict[str, HistoryIndexRecord],
+        *,
+        index: dict[str, HistoryIndexRecord],
+        now: float,
     ) -> None:
+        """Append `batch`, renew the streams' expiry and put `rows`, then record them in
+        the caller's loaded `index` (under the lock) as of `now`."""
         if not rows:
             return
         ttl_ms = int(self._policy.max_age_s * 1000)
@@ -233,8 +240,6 @@ class HistoryKeeper:
                     tx.publish(stream, item)
                 tx.expire(stream, ttl_ms)
                 tx.put(self._bus.history, uid, row)
-        index = await self._loaded()
-        now = self._clock()
         for uid, row in rows.items():
             index[uid] = row
             self._refreshed[uid] = now
