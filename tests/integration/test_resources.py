@@ -159,3 +159,99 @@ def test_pod_pids_limit_caps_a_forking_pod(node_factory: Any, manifests: Path) -
     uid = next(iter(node.logs_dir.glob("*_forker-*"))).name.rsplit("_", 1)[1]
     pids_max = CG / "pids" / "kubepods" / "besteffort" / f"pod{uid}" / "pids.max"
     assert read(pids_max) == str(PIDS_LIMIT)
+
+
+# Kubernetes 1.34's pod totals (issue 37): a native sidecar counts in the pod cgroup, and
+# pod-level resources (spec.resources) make the QoS class and the pod cgroup.
+SIDECAR = """
+apiVersion: v1
+kind: Pod
+metadata:
+  name: mesh
+spec:
+  terminationGracePeriodSeconds: 1
+  initContainers:
+    - name: proxy
+      image: registry.klet.test/busybox:1.36
+      command: ["sleep", "100000"]
+      restartPolicy: Always
+      resources:
+        limits: {cpu: 500m, memory: 100Mi}
+  containers:
+    - name: main
+      image: registry.klet.test/busybox:1.36
+      command: ["sleep", "100000"]
+      resources:
+        limits: {cpu: "1", memory: 200Mi}
+"""
+
+POD_LEVEL = """
+apiVersion: v1
+kind: Pod
+metadata:
+  name: podlevel
+spec:
+  terminationGracePeriodSeconds: 1
+  resources:
+    requests: {cpu: 750m, memory: 96Mi}
+    limits: {cpu: 750m, memory: 96Mi}
+  containers:
+    - name: main
+      image: registry.klet.test/busybox:1.36
+      command: ["sleep", "100000"]
+    - name: helper
+      image: registry.klet.test/busybox:1.36
+      command: ["sleep", "100000"]
+      resources:
+        limits: {cpu: 250m, memory: 32Mi}
+"""
+
+
+def _cgroup_limits(d: Path) -> tuple[str, str, str]:
+    return (
+        read(CG / "cpu" / d / "cpu.shares"),
+        read(CG / "cpu" / d / "cpu.cfs_quota_us"),
+        read(CG / "memory" / d / "memory.limit_in_bytes"),
+    )
+
+
+def _container_dir(pod: dict[str, Any], parent: str, name: str) -> Path:
+    return Path(parent) / container_status(pod, name)["containerID"].split("://", 1)[1]
+
+
+def test_a_native_sidecar_counts_in_the_pod_cgroup(node_factory: Any, manifests: Path) -> None:
+    """An app of 1 CPU / 200Mi beside a sidecar of 500m / 100Mi: the pod cgroup holds
+    1.5 CPU / 300Mi (it held the app's alone, so the sidecar ate into the app's limit)."""
+    node: KletNode = node_factory(manifest_dir=manifests)
+    node.start()
+    (manifests / "mesh.yaml").write_text(SIDECAR)
+    pod: dict[str, Any] = wait_for(lambda: running(node, "mesh"), timeout_s=30, what="mesh Running")
+    assert pod["status"]["qosClass"] == "Guaranteed"
+    parent = f"kubepods/pod{pod['metadata']['uid']}"
+    assert _cgroup_limits(Path(parent)) == ("1536", "150000", str(300 * 1024**2))
+    assert _cgroup_limits(_container_dir(pod, parent, "main")) == (
+        "1024",
+        "100000",
+        str(200 * 1024**2),
+    )
+
+
+def test_pod_level_resources_make_the_qos_class_and_the_pod_cgroup(
+    node_factory: Any, manifests: Path
+) -> None:
+    """spec.resources 750m / 96Mi: Guaranteed (it was Burstable and unlimited), a
+    pod cgroup of 750m / 96Mi, the container without limits held to the pod's in its own
+    cgroup, the one with its own limits to those."""
+    node: KletNode = node_factory(manifest_dir=manifests)
+    node.start()
+    (manifests / "podlevel.yaml").write_text(POD_LEVEL)
+    pod: dict[str, Any] = wait_for(
+        lambda: running(node, "podlevel"), timeout_s=30, what="podlevel Running"
+    )
+    assert pod["status"]["qosClass"] == "Guaranteed"
+    parent = f"kubepods/pod{pod['metadata']['uid']}"
+    assert _cgroup_limits(Path(parent)) == ("768", "75000", str(96 * 1024**2))
+    main = _cgroup_limits(_container_dir(pod, parent, "main"))
+    assert main[1:] == ("75000", str(96 * 1024**2))
+    helper = _cgroup_limits(_container_dir(pod, parent, "helper"))
+    assert helper[1:] == ("25000", str(32 * 1024**2))

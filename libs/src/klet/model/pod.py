@@ -20,12 +20,22 @@ alongside the sidecars started before it), pod-level requests replacing that for
 cpu/memory/huge pages when set, plus the pod overhead; a request missing on a container
 defaults to its limit, as the apiserver's defaulting does. Amounts are in the
 scheduler's fit-check unit: millicores for `cpu`, bytes or counts for the rest.
+
+A pod's limits follow upstream's `PodLimits` the same way (sidecars summed with the
+regular containers, each init container's step counted with the sidecars started
+before it), pod-level limits replacing the aggregate where set, the overhead added to
+each non-zero limit; `limits_declared` says for cpu and memory whether every container
+(every init step) declares one, or the pod does. The QoS class is upstream's
+`GetPodQOS`: the API's `status.qosClass` when the pod carries one (the apiserver sets it
+at creation and it never changes), else computed from the pod-level requests and limits
+when `spec.resources` is set (PodLevelResources), from every container's otherwise.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Mapping
+from dataclasses import dataclass
 from decimal import Decimal
 
 from klet.config.units import parse_quantity
@@ -109,8 +119,13 @@ def _pod_level_resource(name: str) -> bool:
     return name in _POD_LEVEL or name.startswith("hugepages-")
 
 
-def pod_requests(pod: JSON) -> dict[str, int]:
-    """upstream's PodRequests, as amounts (see the module docstring)."""
+def _is_sidecar(container: JSON) -> bool:
+    return container.get("restartPolicy") == "Always"
+
+
+def aggregate_container_requests(pod: JSON) -> dict[str, Decimal]:
+    """upstream's AggregateContainerRequests: regular containers and sidecars summed, at
+    least each init container's step (it runs beside the sidecars started before it)."""
     spec: JSON = pod.get("spec") or {}
     total: dict[str, Decimal] = {}
     for c in spec.get("containers") or []:
@@ -119,7 +134,7 @@ def pod_requests(pod: JSON) -> dict[str, int]:
     init_peak: dict[str, Decimal] = {}
     for c in spec.get("initContainers") or []:
         reqs = container_requests(c)
-        if c.get("restartPolicy") == "Always":
+        if _is_sidecar(c):
             _add(total, reqs)
             _add(sidecars, reqs)
             running = dict(sidecars)
@@ -128,16 +143,144 @@ def pod_requests(pod: JSON) -> dict[str, int]:
             _add(running, sidecars)
         _max(init_peak, running)
     _max(total, init_peak)
-    # Pod-level resources: an explicit pod-level request wins; a pod-level limit alone
-    # becomes the request (upstream's defaulting) only when no container requests it.
-    level = spec.get("resources") or {}
-    if isinstance(level, Mapping):
-        level_requests = _resource_map(level.get("requests"))
-        for name, q in _resource_map(level.get("limits")).items():
-            if _pod_level_resource(name) and name not in level_requests and name not in total:
-                total[name] = q
-        for name, q in level_requests.items():
-            if _pod_level_resource(name):
-                total[name] = q
+    return total
+
+
+def pod_level(pod: JSON) -> tuple[dict[str, Decimal], dict[str, Decimal]]:
+    """The pod-level (`spec.resources`) requests and limits of the resources pod-level
+    resources cover (cpu, memory, hugepages-*), requests defaulted as the apiserver
+    does: from the containers' aggregate for cpu and memory, else from the limit."""
+    level = (pod.get("spec") or {}).get("resources")
+    if not isinstance(level, Mapping):
+        return {}, {}
+    limits = {k: v for k, v in _resource_map(level.get("limits")).items() if _pod_level_resource(k)}
+    requests = {
+        k: v for k, v in _resource_map(level.get("requests")).items() if _pod_level_resource(k)
+    }
+    if limits:
+        aggregate = aggregate_container_requests(pod)
+        for name in _POD_LEVEL:
+            if name not in requests and name in aggregate:
+                requests[name] = aggregate[name]
+        for name, q in limits.items():
+            requests.setdefault(name, q)
+    return requests, limits
+
+
+def is_pod_level_set(pod: JSON) -> bool:
+    """upstream's IsPodLevelResourcesSet: `spec.resources` names cpu, memory or huge pages."""
+    requests, limits = pod_level(pod)
+    return bool(requests or limits)
+
+
+def pod_requests(pod: JSON) -> dict[str, int]:
+    """upstream's PodRequests, as amounts (see the module docstring)."""
+    spec: JSON = pod.get("spec") or {}
+    total = aggregate_container_requests(pod)
+    total.update(pod_level(pod)[0])
     _add(total, _resource_map(spec.get("overhead")))
     return {k: _amount(k, v) for k, v in total.items()}
+
+
+@dataclass(frozen=True)
+class PodLimits:
+    """upstream's PodLimits (quantities) and ResourceConfigForPod's "declared" flags."""
+
+    limits: dict[str, Decimal]
+    cpu_declared: bool
+    memory_declared: bool
+
+
+def _container_limits(container: JSON) -> dict[str, Decimal]:
+    res = container.get("resources") or {}
+    return _resource_map(res.get("limits")) if isinstance(res, Mapping) else {}
+
+
+def pod_limits(pod: JSON) -> PodLimits:
+    """upstream's PodLimits with pod-level resources: sidecars summed with the regular
+    containers, each init step with the sidecars before it, pod-level limits replacing
+    the aggregate, the overhead added to each non-zero limit."""
+    spec: JSON = pod.get("spec") or {}
+    total: dict[str, Decimal] = {}
+    cpu_declared = memory_declared = True
+
+    def seen(limits: Mapping[str, Decimal]) -> None:
+        nonlocal cpu_declared, memory_declared
+        if not limits.get("cpu"):
+            cpu_declared = False
+        if not limits.get("memory"):
+            memory_declared = False
+
+    for c in spec.get("containers") or []:
+        limits = _container_limits(c)
+        seen(limits)
+        _add(total, limits)
+    sidecars: dict[str, Decimal] = {}
+    init_peak: dict[str, Decimal] = {}
+    for c in spec.get("initContainers") or []:
+        limits = _container_limits(c)
+        if _is_sidecar(c):
+            _add(total, limits)
+            _add(sidecars, limits)
+            step = dict(sidecars)
+        else:
+            step = dict(limits)
+            _add(step, sidecars)
+        seen(step)
+        _max(init_peak, step)
+    _max(total, init_peak)
+    level = pod_level(pod)[1]
+    total.update(level)
+    if level.get("cpu"):
+        cpu_declared = True
+    if level.get("memory"):
+        memory_declared = True
+    for name, q in _resource_map(spec.get("overhead")).items():
+        if total.get(name):
+            total[name] += q
+    return PodLimits(total, cpu_declared, memory_declared)
+
+
+# -- QoS class ------------------------------------------------------------------------
+
+GUARANTEED, BURSTABLE, BEST_EFFORT = "Guaranteed", "Burstable", "BestEffort"
+_QOS_CLASSES = (GUARANTEED, BURSTABLE, BEST_EFFORT)
+
+
+def _positive(values: Mapping[str, Decimal]) -> dict[str, Decimal]:
+    return {k: v for k, v in values.items() if k in _POD_LEVEL and v > 0}
+
+
+def compute_qos_class(pod: JSON) -> str:
+    """upstream's ComputePodQOS (cpu and memory only, quantities compared by value)."""
+    requests: dict[str, Decimal] = {}
+    limits: dict[str, Decimal] = {}
+    guaranteed = True
+    spec: JSON = pod.get("spec") or {}
+    if is_pod_level_set(pod):
+        level_requests, level_limits = pod_level(pod)
+        requests = _positive(level_requests)
+        limits = _positive(level_limits)
+        if level_limits and set(limits) != set(_POD_LEVEL):
+            guaranteed = False
+    else:
+        for c in list(spec.get("containers") or []) + list(spec.get("initContainers") or []):
+            c_limits = _positive(_container_limits(c))
+            _add(requests, _positive(container_requests(c)))
+            _add(limits, c_limits)
+            if set(c_limits) != set(_POD_LEVEL):
+                guaranteed = False
+    if not requests and not limits:
+        return BEST_EFFORT
+    if guaranteed and all(limits.get(k) == v for k, v in requests.items()):
+        if len(requests) == len(limits):
+            return GUARANTEED
+    return BURSTABLE
+
+
+def qos_class(pod: JSON) -> str:
+    """upstream's GetPodQOS: the apiserver's `status.qosClass` when present (it is fixed
+    at creation, so a resize never moves a pod), else `compute_qos_class`."""
+    status = pod.get("status")
+    given = status.get("qosClass") if isinstance(status, Mapping) else None
+    return given if given in _QOS_CLASSES else compute_qos_class(pod)

@@ -315,6 +315,7 @@ def build_deps(settings: Settings, overrides: Overrides | None = None) -> Deps:
         cpu_cfs_quota=k.cpu_cfs_quota,
         cpu_cfs_quota_period=k.cpu_cfs_quota_period,
         pod_pids_limit=k.pod_pids_limit,
+        single_process_oom_kill=k.single_process_oom_kill,
         node=node_facts,
         root_dir=Path(settings.klet.root_dir),
         hook_timeout_s=k.runtime_request_timeout,

@@ -90,15 +90,15 @@ def hugepage_sizes(root: Path = HUGEPAGES) -> tuple[int, ...]:
 
 
 @functools.cache
-def _detected() -> tuple[int, int, tuple[int, ...], str]:
+def _detected() -> tuple[int, int, tuple[int, ...], str, int]:
     sizes = hugepage_sizes() if hugetlb_available() else ()
-    return mem_total_bytes(), oom_score_adj_floor(), sizes, swap_control()
+    return mem_total_bytes(), oom_score_adj_floor(), sizes, swap_control(), detect()
 
 
 def node_limits(settings: object) -> NodeLimits:
     """NodeLimits for this host; `cpu_cfs_quota(_period)` and `pod_pids_limit` are read
     from settings if present."""
-    capacity, floor, sizes, swap = _detected()
+    capacity, floor, sizes, swap, version = _detected()
     return NodeLimits(
         memory_capacity_bytes=capacity,
         cpu_cfs_quota=bool(getattr(settings, "cpu_cfs_quota", True)),
@@ -107,6 +107,7 @@ def node_limits(settings: object) -> NodeLimits:
         pod_pids_limit=int(getattr(settings, "pod_pids_limit", -1)),
         hugepage_sizes=sizes,
         swap_control=swap,
+        oom_group=version == 2 and getattr(settings, "single_process_oom_kill", None) is not True,
     )
 
 

@@ -2,11 +2,27 @@
 
 Pure functions over the pod spec: CPU shares from requests, CFS quota from limits, the
 memory limit, the container's oom_score_adj by QoS class (clamped to the host's floor,
-for hosts that refuse negative values), and the pod cgroup's values as sums over its
-containers (upstream's ResourceConfigForPod) plus the node-wide podPidsLimit, which caps
-every pod whatever its QoS class (a fork bomb in one pod cannot take the node's PIDs).
-Missing requests default to the limits, as the API server's defaulting does; the pod's
-`overhead` counts in the pod cgroup (not in any container's).
+for hosts that refuse negative values), and the pod cgroup's values (upstream's
+ResourceConfigForPod) from the pod's totals in `klet.model.pod` (PodRequests and
+PodLimits: sidecars, the restartable init containers, count with the regular
+containers, an init container at its step with the sidecars started before it), plus
+the node-wide podPidsLimit, which caps every pod whatever its QoS class (a fork bomb in
+one pod cannot take the node's PIDs). Missing requests default to the limits, as the API
+server's defaulting does; the pod's `overhead` counts in the pod cgroup (not in any
+container's).
+
+Pod-level resources (`spec.resources`, PodLevelResources): the QoS class, the pod
+cgroup's shares, quota and memory limit come from the pod-level values where set; a
+container without its own CPU or memory limit gets the pod's in its own cgroup (and its
+huge page limits, where it names none), as upstream's getCPULimit/getMemoryLimit; the
+pod-level memory request not given to any container is shared out among them for the
+oom_score_adj (upstream's remainingPodMemReqPerContainer).
+
+oom_score_adj follows upstream's GetContainerOOMScoreAdjust whole: node-critical pods
+(system-node-critical) and Guaranteed ones -997, BestEffort 1000, a Burstable container
+by its memory request, and a sidecar never above the regular container with the least
+memory request. On cgroup v2, unless `singleProcessOOMKill` is true, a container's
+`memory.oom.group` is 1 (the kernel kills the whole container on OOM), as upstream.
 
 Huge pages: every container and pod cgroup gets a hugetlb limit for each page size the
 kernel offers, 0 unless the containers' limits ask for `hugepages-<size>` (the pod's is
@@ -27,6 +43,7 @@ from typing import Any
 
 from klet.config.units import parse_quantity
 from klet.cri.types import LinuxResources
+from klet.model import pod as podmodel
 from klet.model.types import JSON
 from klet.syncloop.pods import podspec
 
@@ -53,6 +70,9 @@ class NodeLimits:
     swap_control: str = ""
     """How containers are kept out of swap: "memsw" (cgroup v1 memory+swap limit),
     "swap.max" (v2), "" when the host has no swap controller (nothing to set)."""
+    oom_group: bool = False
+    """Whether containers get memory.oom.group 1: cgroup v2 and singleProcessOOMKill not
+    true (upstream's default there); never on v1, which has no such file."""
 
     @property
     def period_us(self) -> int:
@@ -123,21 +143,61 @@ def milli_cpu_to_quota(milli_cpu: int, period_us: int) -> int:
     return max(milli_cpu * period_us // 1000, MIN_QUOTA_PERIOD_US)
 
 
+SYSTEM_NODE_CRITICAL = "system-node-critical"
+
+
+def _memory_request(container: JSON) -> int:
+    return value(_request(container, "memory"))
+
+
+def _remaining_pod_memory_per_container(pod: JSON) -> int:
+    """upstream's remainingPodMemReqPerContainer: the pod-level memory request no
+    container asked for, shared among all (regular and init) containers."""
+    level_requests = podmodel.pod_level(pod)[0]
+    pod_memory = value(level_requests.get("memory"))
+    if pod_memory == 0:
+        return 0
+    spec = pod.get("spec") or {}
+    count = len(spec.get("containers") or []) + len(spec.get("initContainers") or [])
+    aggregate = value(podmodel.aggregate_container_requests(pod).get("memory"))
+    if not count:
+        return 0
+    # Go's integer division, which truncates toward zero.
+    share = abs(pod_memory - aggregate) // count
+    return share if pod_memory >= aggregate else -share
+
+
+def _adj_for(request: int, memory_capacity_bytes: int) -> int:
+    if memory_capacity_bytes <= 0:
+        return 1000
+    return 1000 - (1000 * request) // memory_capacity_bytes
+
+
 def oom_score_adj(pod: JSON, container: JSON, memory_capacity_bytes: int) -> int:
-    """Upstream's GetContainerOOMScoreAdjust (without the critical-pod rule)."""
+    """Upstream's GetContainerOOMScoreAdjust (see the module docstring)."""
+    spec = pod.get("spec") or {}
+    if podmodel.is_critical(pod) and spec.get("priorityClassName") == SYSTEM_NODE_CRITICAL:
+        return GUARANTEED_OOM_SCORE_ADJ
     qos = podspec.qos_class(pod)
     if qos == "Guaranteed":
         return GUARANTEED_OOM_SCORE_ADJ
     if qos == "BestEffort":
         return BESTEFFORT_OOM_SCORE_ADJ
-    request = value(_request(container, "memory"))
-    adj = 1000
-    if memory_capacity_bytes > 0:
-        adj = 1000 - (1000 * request) // memory_capacity_bytes
+    remaining = 0
+    if podmodel.pod_level(pod)[0]:
+        remaining = _remaining_pod_memory_per_container(pod)
+    adj = _adj_for(_memory_request(container) + remaining, memory_capacity_bytes)
+    sidecar = podspec.is_sidecar(container) and any(
+        c.get("name") == container.get("name") for c in podspec.init_containers(pod)
+    )
+    regular = podspec.containers(pod)
+    if sidecar and regular:
+        least = min(_memory_request(c) for c in regular) + remaining
+        adj = min(adj, _adj_for(least, memory_capacity_bytes))
     # Keep burstable containers strictly between guaranteed and best-effort ones.
     if adj < 1000 + GUARANTEED_OOM_SCORE_ADJ:
         return 1000 + GUARANTEED_OOM_SCORE_ADJ
-    if adj >= BESTEFFORT_OOM_SCORE_ADJ:
+    if adj == BESTEFFORT_OOM_SCORE_ADJ:
         return BESTEFFORT_OOM_SCORE_ADJ - 1
     return adj
 
@@ -175,15 +235,36 @@ def hugepage_limits(sizes: Iterable[int], wanted: dict[int, int]) -> tuple[tuple
     return tuple((hugepage_size_name(size), wanted.get(size, 0)) for size in sorted(sizes))
 
 
+def _pod_level_limit(pod: JSON, name: str) -> Decimal | None:
+    """The pod-level limit of cpu or memory, when pod-level resources are set."""
+    return podmodel.pod_level(pod)[1].get(name)
+
+
 def container_resources(pod: JSON, container: JSON, node: NodeLimits) -> LinuxResources:
     """The CRI LinuxResources for one container (0 means unset / unlimited)."""
     cpu_request = milli_value(_request(container, "cpu"))
-    cpu_limit = milli_value(_limit(container, "cpu"))
+    cpu_limit_q = _limit(container, "cpu")
+    memory_q = _limit(container, "memory")
+    pages = container_hugepages(container)
+    if podmodel.is_pod_level_set(pod):
+        # Without a limit of its own, the container is held to the pod's (upstream's
+        # getCPULimit, getMemoryLimit); its own huge page limits win over the pod's.
+        if not cpu_limit_q:
+            cpu_limit_q = _pod_level_limit(pod, "cpu")
+        if not memory_q:
+            memory_q = _pod_level_limit(pod, "memory")
+        pages = {**pod_level_hugepages(pod), **pages}
+    cpu_limit = milli_value(cpu_limit_q)
     quota = period = 0
     if node.cpu_cfs_quota:
         period = node.period_us
         quota = milli_cpu_to_quota(cpu_limit, period)
-    memory = value(_limit(container, "memory"))
+    memory = value(memory_q)
+    unified: dict[str, str] = {}
+    if node.swap_control == "swap.max":
+        unified["memory.swap.max"] = "0"
+    if node.oom_group:
+        unified["memory.oom.group"] = "1"
     return LinuxResources(
         cpu_shares=milli_cpu_to_shares(cpu_request),
         cpu_quota=quota,
@@ -194,37 +275,28 @@ def container_resources(pod: JSON, container: JSON, node: NodeLimits) -> LinuxRe
         ),
         # Without a memory limit there is no memory+swap limit either (0 = unset).
         memory_swap_limit_bytes=memory if node.swap_control == "memsw" else 0,
-        hugepage_limits=hugepage_limits(node.hugepage_sizes, container_hugepages(container)),
-        unified={"memory.swap.max": "0"} if node.swap_control == "swap.max" else {},
+        hugepage_limits=hugepage_limits(node.hugepage_sizes, pages),
+        unified=unified,
     )
 
 
-def _pod_total(pod: JSON, pick: Any) -> tuple[int, bool]:
-    """Sum over app containers, max with each init container; and whether all declare it."""
-    spec = pod.get("spec") or {}
-    inits = list(spec.get("initContainers") or [])
-    apps = podspec.containers(pod)
-    values = [pick(c) for c in apps]
-    total = sum(v for v in values if v is not None)
-    for c in inits:
-        v = pick(c)
-        if v is not None:
-            total = max(total, v)
-    declared = all(pick(c) is not None for c in apps + inits)
-    return total, declared
+def _page_size(resource: str) -> int:
+    return value(parse_quantity(resource.removeprefix("hugepages-")))
 
 
-def _cpu_request(c: JSON) -> int | None:
-    q = _request(c, "cpu")
-    return None if q is None else milli_value(q)
+def pod_level_hugepages(pod: JSON) -> dict[int, int]:
+    """The pod-level `hugepages-<size>` limits, bytes by page size."""
+    return {
+        _page_size(name): value(q)
+        for name, q in podmodel.pod_level(pod)[1].items()
+        if name.startswith("hugepages-")
+    }
 
 
 def pod_cpu_request_millis(pod: JSON) -> int:
-    """The pod's CPU request in millicores as upstream's PodRequests counts it: app
-    containers summed, the largest init container if more, plus the pod's overhead."""
-    requests, _ = _pod_total(pod, _cpu_request)
-    overhead = {"resources": {"overhead": (pod.get("spec") or {}).get("overhead")}}
-    return requests + milli_value(_get(overhead, "overhead", "cpu"))
+    """The pod's CPU request in millicores as upstream's PodRequests counts it (sidecars,
+    init steps, pod-level requests and overhead: `klet.model.pod.pod_requests`)."""
+    return podmodel.pod_requests(pod).get("cpu", 0)
 
 
 def burstable_cpu_shares(pods: Iterable[JSON]) -> int:
@@ -236,49 +308,35 @@ def burstable_cpu_shares(pods: Iterable[JSON]) -> int:
 
 def pod_resources(pod: JSON, node: NodeLimits) -> PodResources:
     """Upstream's ResourceConfigForPod: the pod cgroup's shares, quota and memory limit."""
-
-    def cpu_lim(c: JSON) -> int | None:
-        q = _limit(c, "cpu")
-        return None if q is None or q == 0 else milli_value(q)
-
-    def mem_lim(c: JSON) -> int | None:
-        q = _limit(c, "memory")
-        return None if q is None or q == 0 else value(q)
-
     qos = podspec.qos_class(pod)
-    pages = _pod_hugepages(pod, node)
+    requests = podmodel.pod_requests(pod)
+    pages = _pod_hugepages(requests, node)
     if qos == "BestEffort":
         return PodResources(MIN_SHARES, None, None, None, pids_limit(node), pages)
-    requests = pod_cpu_request_millis(pod)
-    cpu_limits, cpu_declared = _pod_total(pod, cpu_lim)
-    memory, memory_declared = _pod_total(pod, mem_lim)
-    # The pod's overhead (its RuntimeClass's, copied in by the apiserver) is in the
-    # requests (pod_cpu_request_millis), and added to each limit the containers declare,
-    # as upstream's PodRequests and PodLimits count it.
-    overhead = {"resources": {"overhead": (pod.get("spec") or {}).get("overhead")}}
-    if cpu_declared:
-        cpu_limits += milli_value(_get(overhead, "overhead", "cpu"))
-    if memory_declared:
-        memory += value(_get(overhead, "overhead", "memory"))
-    shares = milli_cpu_to_shares(requests)
+    totals = podmodel.pod_limits(pod)
+    cpu_limits = milli_value(totals.limits.get("cpu"))
+    memory = value(totals.limits.get("memory"))
+    shares = milli_cpu_to_shares(requests.get("cpu", 0))
     period = node.period_us
     quota = milli_cpu_to_quota(cpu_limits, period) if node.cpu_cfs_quota else -1
     if qos == "Guaranteed":
         return PodResources(shares, quota, period, memory, pids_limit(node), pages)
     return PodResources(
         shares,
-        quota if cpu_declared else None,
-        period if cpu_declared else None,
-        memory if memory_declared else None,
+        quota if totals.cpu_declared else None,
+        period if totals.cpu_declared else None,
+        memory if totals.memory_declared else None,
         pids_limit(node),
         pages,
     )
 
 
-def _pod_hugepages(pod: JSON, node: NodeLimits) -> tuple[tuple[str, int], ...]:
-    """The pod cgroup's hugetlb limits: per size, the app containers' limits summed, the
-    largest init container's if more."""
+def _pod_hugepages(requests: dict[str, int], node: NodeLimits) -> tuple[tuple[str, int], ...]:
+    """The pod cgroup's hugetlb limits: per size, the pod's huge page requests (which
+    equal its limits), as upstream's HugePageLimits(PodRequests)."""
     wanted: dict[int, int] = {}
-    for size in node.hugepage_sizes:
-        wanted[size], _ = _pod_total(pod, lambda c, s=size: container_hugepages(c).get(s))
+    for name, amount in requests.items():
+        if name.startswith("hugepages-"):
+            size = _page_size(name)
+            wanted[size] = wanted.get(size, 0) + amount
     return hugepage_limits(node.hugepage_sizes, wanted)

@@ -36,6 +36,7 @@ from dataclasses import dataclass, field
 from decimal import Decimal
 
 from klet.config.units import parse_quantity
+from klet.model import pod as podmodel
 from klet.model.types import JSON
 
 
@@ -139,7 +140,12 @@ def field_ref(pod: JSON, path: str, *, pod_ips: tuple[str, ...], node: NodeFacts
     return simple.get(path)
 
 
-def resource_field_ref(container: JSON, ref: JSON, node: NodeFacts) -> str | None:
+def resource_field_ref(
+    container: JSON, ref: JSON, node: NodeFacts, *, pod: JSON | None = None
+) -> str | None:
+    """A downward API `resourceFieldRef`: the container's own value; for a limit it does
+    not set, the pod-level limit (PodLevelResources, upstream's
+    defaultPodLimitsForDownwardAPI), else the node's."""
     resource = str(ref.get("resource", ""))
     kind, _, name = resource.partition(".")
     if kind not in ("limits", "requests") or name not in ("cpu", "memory", "ephemeral-storage"):
@@ -148,6 +154,8 @@ def resource_field_ref(container: JSON, ref: JSON, node: NodeFacts) -> str | Non
     raw = (res.get(kind) or {}).get(name)
     if raw is None and kind == "requests":
         raw = (res.get("limits") or {}).get(name)  # the API defaults requests to limits
+    if raw is None and kind == "limits" and pod is not None:
+        raw = podmodel.pod_level(pod)[1].get(name) or None
     if raw is not None:
         value = parse_quantity(str(raw))
     elif name == "cpu":
@@ -310,7 +318,7 @@ def container_env(
                 pod, str(source["fieldRef"].get("fieldPath", "")), pod_ips=pod_ips, node=node
             )
         elif "resourceFieldRef" in source:
-            value = resource_field_ref(container, source["resourceFieldRef"], node)
+            value = resource_field_ref(container, source["resourceFieldRef"], node, pod=pod)
         elif "configMapKeyRef" in source:
             value = objects.key("configmap", source["configMapKeyRef"])
         elif "secretKeyRef" in source:

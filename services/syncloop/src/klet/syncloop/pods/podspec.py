@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import hashlib
 import json
-from typing import Any
 
 from klet.model import layout
+from klet.model import pod as podmodel
 from klet.model.podvalidation import checked_component
 from klet.model.types import JSON
 
@@ -154,31 +154,10 @@ def image_pull_policy(container: JSON) -> str:
     return "Always" if tag == "latest" else "IfNotPresent"
 
 
-def _quantity(resources: Any, kind: str, name: str) -> str | None:
-    if not isinstance(resources, dict):
-        return None
-    values = resources.get(kind) or {}
-    value = values.get(name)
-    return None if value in (None, "") else str(value)
-
-
 def qos_class(pod: JSON) -> str:
-    """Guaranteed, Burstable or BestEffort, as upstream's GetPodQOS (cpu and memory only)."""
-    all_containers = list(pod.get("spec", {}).get("initContainers") or []) + containers(pod)
-    any_set = False
-    guaranteed = True
-    for c in all_containers:
-        res = c.get("resources") or {}
-        for name in ("cpu", "memory"):
-            req = _quantity(res, "requests", name)
-            lim = _quantity(res, "limits", name)
-            if req is not None or lim is not None:
-                any_set = True
-            if lim is None or (req is not None and req != lim):
-                guaranteed = False
-    if not any_set:
-        return "BestEffort"
-    return "Guaranteed" if guaranteed else "Burstable"
+    """Guaranteed, Burstable or BestEffort, as upstream's GetPodQOS (`klet.model.pod`:
+    cpu and memory, pod-level resources where set, the API's own class when given)."""
+    return podmodel.qos_class(pod)
 
 
 def pod_cgroup_parent(pod: JSON, cgroup_root: str) -> str:

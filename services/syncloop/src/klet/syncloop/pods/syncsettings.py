@@ -28,6 +28,8 @@ class SyncSettings:
     """cpuCFSQuotaPeriod, seconds."""
     pod_pids_limit: int = -1
     """podPidsLimit: pids.max of every pod cgroup; -1 = no per-pod limit."""
+    single_process_oom_kill: bool | None = None
+    """singleProcessOOMKill: unless true, containers get memory.oom.group 1 on cgroup v2."""
     node: NodeFacts = field(default_factory=NodeFacts)
     root_dir: Path | None = None
     """--root-dir; pods' termination-message files go under <root>/pods/<uid>. None: no files."""

@@ -180,7 +180,7 @@ def downward_payload(
             if container is None:
                 errors.append(f"container {container_name} not found")
                 continue
-            value = envvars.resource_field_ref(container, ref, node)
+            value = envvars.resource_field_ref(container, ref, node, pod=pod)
             if value is None:
                 errors.append(f"unsupported container resource : {ref.get('resource', '')}")
                 continue
