@@ -1,7 +1,8 @@
 """Pod status rules: upstream's container state transition check (restart policy,
 OnFailure exit codes, sidecar init containers), the send decision (stale and repeated
 versions, a new target object), the merge that keeps conditions the kubelet does not
-own, the UID-preconditioned patch, and when a finished pod is deleted."""
+own, the UID-preconditioned patch (observedGeneration kept, and a status that differs
+only in it is not on the server yet), and when a finished pod is deleted."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from klet.status_reporter.podstatus import (
     full_name,
     illegal_transition,
     merge_status,
+    on_server,
     should_delete,
     status_patch,
 )
@@ -159,6 +161,28 @@ def test_status_patch_carries_uid() -> None:
         "metadata": {"uid": "u1"},
         "status": {"phase": "Running"},
     }
+
+
+def test_observed_generation_reaches_the_patch() -> None:
+    """A generation bump changes only observedGeneration: the status is not on the
+    server yet, and the patch carries the status's and each condition's."""
+    api = {
+        "phase": "Running",
+        "observedGeneration": 1,
+        "conditions": [{"type": "Ready", "status": "True", "observedGeneration": 1}],
+    }
+    new = {
+        "phase": "Running",
+        "observedGeneration": 2,
+        "conditions": [{"type": "Ready", "status": "True", "observedGeneration": 2}],
+    }
+    assert not on_server(api, new)
+    assert on_server(api, {**api})
+    patch = status_patch("u1", merge_status(api, new))
+    assert patch["status"]["observedGeneration"] == 2
+    assert patch["status"]["conditions"] == [
+        {"type": "Ready", "status": "True", "observedGeneration": 2}
+    ]
 
 
 def deleting(pod: JSON) -> JSON:

@@ -1,7 +1,8 @@
 """compute_pod_status: phase per restart policy, container states and lastState,
 CrashLoopBackOff waiting, conditions with kept transition times, terminal override, and
 a host-network pod reporting the node IP, readiness gates holding Ready (upstream's
-ReadinessGatesNotReady reason and messages) while ContainersReady is True."""
+ReadinessGatesNotReady reason and messages) while ContainersReady is True, and
+observedGeneration on the status and each condition (PodObservedGenerationTracking)."""
 
 from __future__ import annotations
 
@@ -201,3 +202,71 @@ def test_unready_containers_come_before_readiness_gates() -> None:
     ready = next(c for c in st["conditions"] if c["type"] == "Ready")
     assert ready["reason"] == "ContainersNotReady"
     assert ready["message"] == "containers with unready status: [a]"
+
+
+def _with_generation(generation: int | None) -> dict:  # type: ignore[type-arg]
+    p = pod("a")
+    if generation is not None:
+        p["metadata"]["generation"] = generation
+    return p
+
+
+def test_observed_generation_follows_the_pod_generation() -> None:
+    p = _with_generation(3)
+    rt = runtime([sandbox()], [ctr(p, "a", CS.RUNNING)])
+    first = compute_pod_status(p, rt, waiting={}, previous=None, now=1000)
+    assert first["observedGeneration"] == 3
+    assert {c["type"]: c["observedGeneration"] for c in first["conditions"]} == {
+        "PodReadyToStartContainers": 3,
+        "Initialized": 3,
+        "Ready": 3,
+        "ContainersReady": 3,
+        "PodScheduled": 3,
+    }
+    # A spec change bumps the generation: every condition says so, and their
+    # transition times stay (their status did not change).
+    p["metadata"]["generation"] = 4
+    second = compute_pod_status(p, rt, waiting={}, previous=first, now=2000)
+    assert second["observedGeneration"] == 4
+    assert all(c["observedGeneration"] == 4 for c in second["conditions"])
+    assert [c["lastTransitionTime"] for c in second["conditions"]] == [
+        c["lastTransitionTime"] for c in first["conditions"]
+    ]
+
+
+def test_observed_generation_never_goes_back() -> None:
+    p = _with_generation(5)
+    rt = runtime([sandbox()], [ctr(p, "a", CS.RUNNING)])
+    first = compute_pod_status(p, rt, waiting={}, previous=None, now=1000)
+    older = _with_generation(4)
+    again = compute_pod_status(older, rt, waiting={}, previous=first, now=2000)
+    assert again["observedGeneration"] == 5
+
+
+def test_a_pod_without_generation_reports_none() -> None:
+    """A static pod never went through the apiserver: no generation, and upstream's
+    omitempty leaves both fields out (its mirror pod gets none from the node)."""
+    p = _with_generation(None)
+    st = compute_pod_status(
+        p, runtime([sandbox()], [ctr(p, "a", CS.RUNNING)]), waiting={}, previous=None, now=1000
+    )
+    assert "observedGeneration" not in st
+    assert not any("observedGeneration" in c for c in st["conditions"])
+
+
+def test_disruption_target_keeps_the_generation_it_was_made_at() -> None:
+    p = _with_generation(2)
+    rt = runtime([sandbox()], [ctr(p, "a", CS.EXITED, exit_code=137)])
+    evicted = compute_pod_status(
+        p, rt, waiting={}, previous=None, now=1000, stopping=True, disruption="low on memory"
+    )
+    target = next(c for c in evicted["conditions"] if c["type"] == "DisruptionTarget")
+    assert target["observedGeneration"] == 2
+    p["metadata"]["generation"] = 3
+    later = compute_pod_status(
+        p, rt, waiting={}, previous=evicted, now=2000, stopping=True, disruption="low on memory"
+    )
+    by_type = {c["type"]: c for c in later["conditions"]}
+    assert by_type["DisruptionTarget"]["observedGeneration"] == 2
+    assert by_type["Ready"]["observedGeneration"] == 3
+    assert later["observedGeneration"] == 3

@@ -4,6 +4,13 @@ Phase, conditions and container statuses are derived from the desired pod, what 
 runtime has, and why containers wait (back-off, image pulls); the previous status is
 passed in so transition times and startTime are kept when nothing changed, as
 upstream's status manager does. Times come in as arguments.
+
+`observedGeneration` (PodObservedGenerationTracking, on by default in v1.34, the only
+value klet accepts): the status, and each condition the kubelet owns, carry the pod's
+`metadata.generation` this status was computed from, as upstream's generateAPIPodStatus
+and status manager set them. The status's never goes back (upstream keeps the old one
+when it is higher). A pod without a generation (a static pod: the apiserver never saw
+it) gets none, so a mirror pod's status carries none either, as upstream's.
 """
 
 from __future__ import annotations
@@ -217,6 +224,20 @@ def initialized_condition(
     return False, f"containers with incomplete status: [{' '.join(incomplete)}]"
 
 
+def generation(pod: JSON) -> int:
+    """The pod's `metadata.generation`, 0 when it has none (static pods)."""
+    value = podspec.meta(pod).get("generation")
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 0
+
+
+def observed_generation(pod: JSON, previous: JSON) -> int:
+    """status.observedGeneration: the pod's generation, never lower than the one
+    already published (upstream's status manager keeps the old one when higher)."""
+    before = previous.get("observedGeneration")
+    old = before if isinstance(before, int) and not isinstance(before, bool) else 0
+    return max(generation(pod), old)
+
+
 def _condition(
     type_: str, ok: bool, previous: dict[str, JSON], now: float, reason: str = ""
 ) -> JSON:
@@ -367,6 +388,16 @@ def compute_pod_status(
         target["reason"] = TERMINATION_BY_KUBELET
         target["message"] = disruption
         conditions.append(target)
+    gen = generation(pod)
+    for cond in conditions:
+        # upstream sets each generated condition's observedGeneration to the pod's
+        # generation; DisruptionTarget is made once (at the eviction) and copied from
+        # the old status after, so it keeps the generation it was made at.
+        before = prev_conditions.get(cond["type"]) or {}
+        if cond["type"] == DISRUPTION_TARGET and before.get("observedGeneration"):
+            cond["observedGeneration"] = before["observedGeneration"]
+        elif gen:
+            cond["observedGeneration"] = gen
     for cond in conditions:
         if (
             cond["type"] in ("Ready", "ContainersReady")
@@ -381,6 +412,9 @@ def compute_pod_status(
         "hostIP": host_ip,
         "startTime": prev.get("startTime") or rfc3339(now),
     }
+    observed = observed_generation(pod, prev)
+    if observed:
+        status["observedGeneration"] = observed
     if inits:
         status["initContainerStatuses"] = init_statuses
     status["containerStatuses"] = statuses
