@@ -141,6 +141,18 @@ def _map_error(err: grpc.aio.AioRpcError, what: str) -> CRIError:
     return CRIError(text, code=code.name)
 
 
+# grpc-go's names of the status codes where they are not the Python enum's in CamelCase.
+_GO_CODE_NAMES = {"OK": "OK", "CANCELLED": "Canceled"}
+
+
+def go_status_text(err: grpc.aio.AioRpcError) -> str:
+    """A gRPC error as grpc-go's status error prints it: `rpc error: code = NotFound desc =
+    ...` (upstream's kubelet passes such text on to its API's clients)."""
+    name = err.code().name
+    code = _GO_CODE_NAMES.get(name) or "".join(p.capitalize() for p in name.split("_"))
+    return f"rpc error: code = {code} desc = {err.details() or ''}"
+
+
 class CallObserver(Protocol):
     """Told of every unary CRI call: its method name, how long it took, whether it failed
     (klet.obs.runtimeops turns this into upstream's kubelet_runtime_operations_*)."""
@@ -515,6 +527,37 @@ class RuntimeClient:
             deadline_s=timeout_s + self.settings.timeout_s,
         )
         return int(r.exit_code), bytes(r.stdout), bytes(r.stderr)
+
+    async def checkpoint_container(
+        self, container_id: ContainerID, location: str, *, timeout_s: int = 0
+    ) -> None:
+        """Checkpoint a running container into the archive at `location`, a path on the
+        node (CRI CheckpointContainer). As upstream's CRI client, a `timeout_s` above
+        runtimeRequestTimeout is the call's deadline and is sent to the runtime; any
+        smaller one is raised to runtimeRequestTimeout. A failure's message is gRPC's
+        own form as Go prints it (`rpc error: code = Unimplemented desc = ...`), which
+        the kubelet API passes on and its clients match on. ValueError when
+        `timeout_s` is negative."""
+        if timeout_s < 0:
+            raise ValueError("CheckpointContainer requires the timeout value to be >= 0")
+        default = int(self.settings.timeout_s)
+        longer = timeout_s > default
+        try:
+            await self._call(
+                "CheckpointContainer",
+                self._rt.CheckpointContainer,
+                pb.CheckpointContainerRequest(
+                    container_id=container_id,
+                    location=location,
+                    timeout=timeout_s if longer else default,
+                ),
+                deadline_s=float(timeout_s) if longer else None,
+            )
+        except CRIError as err:
+            cause = err.__cause__
+            if isinstance(cause, grpc.aio.AioRpcError):
+                raise type(err)(go_status_text(cause), code=err.code) from cause
+            raise
 
     # -- streaming (the runtime's stream server URLs) and stats ---------------------------
 

@@ -58,7 +58,8 @@ _LIVE = (ContainerState.RUNNING, ContainerState.UNKNOWN)  # what stop and remove
 METHODS = frozenset(
     "Version Status RunPodSandbox StopPodSandbox RemovePodSandbox PodSandboxStatus ListPodSandbox"
     " CreateContainer StartContainer StopContainer RemoveContainer ListContainers ContainerStatus"
-    " ExecSync ReopenContainerLog PullImage ImageStatus ListImages RemoveImage".split()
+    " ExecSync ReopenContainerLog CheckpointContainer PullImage ImageStatus ListImages"
+    " RemoveImage".split()
 )  # the CRI RPC names used in `calls`, `hooks` and error injection
 
 
@@ -128,6 +129,9 @@ class FakeRuntimeService:
         # Host PIDs container_pid answers, by container ID (a test sets them).
         self.pids: dict[ContainerID, int] = {}
         self.cgroup_driver_name = "cgroupfs"
+        # CheckpointContainer's archives: location -> (container ID, timeout sent). The
+        # fake writes no file; a test reads what a runtime would have written where.
+        self.checkpoints: dict[str, tuple[ContainerID, int]] = {}
         self.closed = False  # close() was called (the client's channel would be gone)
 
     # -- test controls ---------------------------------------------------------------
@@ -470,6 +474,16 @@ class FakeRuntimeService:
         if self.exec_responder is not None:
             return self.exec_responder(container_id, list(cmd))
         return 0, b"", b""
+
+    async def checkpoint_container(
+        self, container_id: ContainerID, location: str, *, timeout_s: int = 0
+    ) -> None:
+        await self._enter("CheckpointContainer", container_id, location)
+        if timeout_s < 0:
+            raise ValueError("CheckpointContainer requires the timeout value to be >= 0")
+        if self._container(container_id).state != ContainerState.RUNNING:
+            raise CRIError(f"container {container_id} is not running")
+        self.checkpoints[location] = (container_id, timeout_s)
 
     # -- ImageService ----------------------------------------------------------------
 

@@ -12,7 +12,8 @@ by `nodemetrics.py`), `/metrics/probes` (the prober's, as upstream serves them a
 `/metrics/resource` (metrics-server's
 CPU and memory series, from the summary), `/metrics/cadvisor` (cAdvisor's `container_*`
 and `machine_*` series, containermetrics.py), `/configz`, `/stats/summary`,
-`/containerLogs/{ns}/{pod}/{container}`, `/run/{ns}/{pod}[/{uid}]/{container}` (the
+`/containerLogs/{ns}/{pod}/{container}`, `/checkpoint/{ns}/{pod}/{container}` (POST,
+with the ContainerCheckpoint gate: checkpoint.py), `/run/{ns}/{pod}[/{uid}]/{container}` (the
 command bounded by runtimeRequestTimeout, as upstream's CRI deadline bounds it); exec,
 attach and portForward need an upgrade and are proxied by `server.py` after
 `resolve_stream_url`: without one they answer 400. Error bodies are upstream's plain
@@ -38,6 +39,7 @@ from klet.obs import CONTENT_TYPE
 from klet.stats import HostReader, StatsProvider
 from klet.status_reporter.containermetrics import ContainerMetrics
 from klet.status_reporter.kubeletapi import lookup
+from klet.status_reporter.kubeletapi.checkpoint import CheckpointError, checkpoint
 from klet.status_reporter.kubeletapi.containerlogs import container_logs_response
 from klet.status_reporter.kubeletapi.deps import KubeletApiDeps
 from klet.status_reporter.kubeletapi.resourcemetrics import resource_metrics
@@ -242,6 +244,25 @@ def create_app(deps: KubeletApiDeps) -> FastAPI:
         except (lookup.TargetError, CRIError) as e:
             raise HttpProblem(500, str(e)) from e
         return Response(out + err, media_type="application/json")
+
+    # Upstream serves it only with the debugging handlers (not as their 405): else a 404.
+    if s.container_checkpoint and s.enable_debugging_handlers:
+
+        @app.post("/checkpoint/{namespace}/{pod_name}/{container}")
+        async def checkpoint_container(
+            namespace: str, pod_name: str, container: str, request: Request
+        ) -> Response:
+            try:
+                body = await checkpoint(
+                    deps.runtime,
+                    deps.pods.pod_list(),
+                    s.root_dir,
+                    (namespace, pod_name, container),
+                    request.query_params.getlist("timeout"),
+                )
+            except CheckpointError as err:
+                raise HttpProblem(err.status, err.body) from err
+            return Response(body, media_type="application/json")
 
     for kind in ("exec", "attach"):
         for suffix in (

@@ -19,6 +19,7 @@ from klet.model.types import JSON, ContainerID, SandboxID
 from klet.stats import CgroupReader, StatsRuntime
 from klet.status_reporter.kubeletapi.authn import ApiServer, AuthnSettings
 from klet.status_reporter.kubeletapi.authz import AuthzSettings
+from klet.status_reporter.kubeletapi.checkpoint import CheckpointRuntime
 from klet.status_reporter.kubeletapi.connlimits import REFUSALS
 from klet.status_reporter.kubeletapi.logstream import FollowPolicy
 from klet.status_reporter.kubeletapi.lookup import RuntimeLister
@@ -27,6 +28,7 @@ from klet.status_reporter.metrics import KubeletApiMetrics
 from prometheus_client import CollectorRegistry
 
 FINE_GRAINED_GATE = "KubeletFineGrainedAuthz"
+CHECKPOINT_GATE = "ContainerCheckpoint"
 # With serverTLSBootstrap: klet.kube.rotation's serving certificate file in the cert dir
 # (named here so that a standalone process does not load `cryptography` for it).
 SERVING_FILE = "kubelet-server-current.pem"
@@ -88,7 +90,9 @@ class LogRuntime(Protocol):
     async def container_status(self, container_id: ContainerID) -> ContainerStatusInfo: ...
 
 
-class KubeletRuntime(RuntimeLister, StreamingRuntime, LogRuntime, StatsRuntime, Protocol):
+class KubeletRuntime(
+    CheckpointRuntime, RuntimeLister, StreamingRuntime, LogRuntime, StatsRuntime, Protocol
+):
     """Everything the kubelet API asks the runtime (klet.cri.RuntimeClient conforms)."""
 
 
@@ -125,6 +129,9 @@ class KubeletApiSettings:
     authz: AuthzSettings = field(default_factory=AuthzSettings)
     fine_grained_authz: bool = True
     """[featureGates.KubeletFineGrainedAuthz], on by default as upstream since 1.33."""
+    container_checkpoint: bool = True
+    """[featureGates.ContainerCheckpoint], on by default as upstream since 1.30: serves
+    POST /checkpoint/{namespace}/{pod}/{container}."""
     enable_debugging_handlers: bool = True
     """[enableDebuggingHandlers]: off → 405 on logs, exec, attach, portForward, run,
     runningpods and configz."""
@@ -219,6 +226,7 @@ class KubeletApiSettings:
                 cache_unauthorized_ttl_s=k.authorization.webhook.cache_unauthorized_ttl,
             ),
             fine_grained_authz=k.feature_gates.get(FINE_GRAINED_GATE, True),
+            container_checkpoint=k.feature_gates.get(CHECKPOINT_GATE, True),
             enable_debugging_handlers=k.enable_debugging_handlers,
             pod_logs_dir=Path(k.pod_logs_dir),
             root_dir=klet.root_dir,

@@ -59,6 +59,8 @@ class FakeRuntime:
         self.exec_output = (0, b"", b"")
         self.calls: list[tuple[str, Any]] = []
         self.failing: dict[str, CRIError] = {}
+        # checkpoint_container's archives: location -> (container ID, timeout sent)
+        self.checkpoints: dict[str, tuple[ContainerID, int]] = {}
 
     def _enter(self, method: str, args: Any = None) -> None:
         self.calls.append((method, args))
@@ -121,6 +123,12 @@ class FakeRuntime:
     ) -> tuple[int, bytes, bytes]:
         self._enter("exec_sync", (container_id, cmd))
         return self.exec_output
+
+    async def checkpoint_container(
+        self, container_id: ContainerID, location: str, *, timeout_s: int = 0
+    ) -> None:
+        self._enter("checkpoint_container", (container_id, location, timeout_s))
+        self.checkpoints[location] = (container_id, timeout_s)
 
     async def list_container_stats(self) -> list[ContainerStatsInfo]:
         self._enter("list_container_stats")
