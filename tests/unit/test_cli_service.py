@@ -171,3 +171,13 @@ def test_upstream_version_values_klet_lacks_are_refused(
 ) -> None:
     assert service.run_service("image-gc", [f"--version={value}"], never) == 1
     assert capsys.readouterr().err.startswith(f"image-gc: --version={value}: klet implements")
+
+
+def test_single_process_oom_kill_false_is_refused_on_cgroup_v1_only() -> None:
+    """upstream's validation: false asks for memory.oom.group, which cgroup v1 lacks."""
+    from klet.cli.service import oom_kill_problem
+
+    assert "needs cgroup v2" in (oom_kill_problem(False, cgroup_version=1) or "")
+    assert oom_kill_problem(False, cgroup_version=2) is None
+    assert oom_kill_problem(None, cgroup_version=1) is None
+    assert oom_kill_problem(True, cgroup_version=1) is None

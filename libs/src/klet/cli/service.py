@@ -28,6 +28,7 @@ from collections.abc import Callable, Coroutine
 from pathlib import Path
 from typing import Any
 
+from klet.cgroups.fs import detect
 from klet.cli.oomscore import apply_oom_score_adj
 from klet.cli.rlimits import apply_open_files_limit
 from klet.cli.swap import swap_problem
@@ -40,6 +41,21 @@ from klet.portfiles import remove_port_file
 log = logging.getLogger(__name__)
 
 Start = Callable[[Settings], Coroutine[Any, Any, int | None]]
+
+
+def oom_kill_problem(
+    single_process_oom_kill: bool | None, *, cgroup_version: int = 0
+) -> str | None:
+    """upstream's refusal of `singleProcessOOMKill: false` on cgroup v1, which has no
+    memory.oom.group (its OOM killer always takes one process)."""
+    if single_process_oom_kill is not False:
+        return None
+    if (cgroup_version or detect()) == 1:
+        return (
+            "singleProcessOOMKill: false needs cgroup v2 (memory.oom.group); this host "
+            "uses cgroup v1, where an OOM kill always takes a single process"
+        )
+    return None
 
 
 def run_service(service: str, argv: list[str] | None, start: Start) -> int:
@@ -56,7 +72,9 @@ def run_service(service: str, argv: list[str] | None, start: Start) -> int:
     except ConfigError as err:
         print(f"{service}: {err}", file=sys.stderr)
         return 1
-    refusal = swap_problem(settings.kubelet.fail_swap_on)
+    refusal = swap_problem(settings.kubelet.fail_swap_on) or oom_kill_problem(
+        settings.kubelet.single_process_oom_kill
+    )
     if refusal is not None:
         print(f"{service}: {refusal}", file=sys.stderr)
         return 1

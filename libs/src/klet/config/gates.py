@@ -13,6 +13,14 @@ make optional, would otherwise load and do nothing. That includes `AllAlpha: tru
 is accepted (upstream accepts it too, with a log line for GA and deprecated gates); klet's
 behaviour at that default is described with each feature (README), not here.
 
+Every gate on by default at that version is accounted for in `DEFAULT_ON` (a unit test
+walks the generated list and fails on one left out): a feature klet has (`Implemented`,
+naming the module and the test that proves it), one klet does not have (`Absent`: klet
+holds the gate OFF, a documented difference from upstream, and refuses `true` at start
+naming the gate, so it never loads as on while its feature is missing), a gate whose
+feature only a refused configuration field could reach (`Inert`), and gates of other
+components that no kubelet reads (`OtherComponent`).
+
 Trade-off: the gate list is a generated copy of one release's, so klet refuses a name a
 later kubelet knows; that is the kubelet's own behaviour at that version.
 """
@@ -20,10 +28,22 @@ later kubelet knows; that is the kubelet's own behaviour at that version.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
 
 from klet.config.gatelist import GATES, KUBERNETES_VERSION
 
-__all__ = ["GATES", "HONOURED", "KUBERNETES_VERSION", "gate_problems"]
+__all__ = [
+    "DEFAULT_ON",
+    "GATES",
+    "HONOURED",
+    "KUBERNETES_VERSION",
+    "Absent",
+    "Implemented",
+    "Inert",
+    "OtherComponent",
+    "enabled",
+    "gate_problems",
+]
 
 # Gates klet reads, with what each changes. Any value of these loads.
 HONOURED: Mapping[str, str] = {
@@ -36,6 +56,178 @@ HONOURED: Mapping[str, str] = {
         "own subresources before falling back to nodes/proxy (default true, as upstream)"
     ),
 }
+
+
+@dataclass(frozen=True)
+class Implemented:
+    """klet has the feature: `module` does it, `test` (a path under tests/) proves it."""
+
+    module: str
+    test: str
+
+
+@dataclass(frozen=True)
+class Absent:
+    """klet lacks the feature: the gate is off in klet (true is refused at start)."""
+
+    why: str
+
+
+@dataclass(frozen=True)
+class Inert:
+    """The feature is reached only through a configuration field klet refuses, so the
+    gate changes nothing in any configuration klet loads."""
+
+    field: str
+
+
+@dataclass(frozen=True)
+class OtherComponent:
+    """A gate of another component (apiserver, scheduler, controllers, Go client
+    libraries): no kubelet reads it."""
+
+    component: str
+
+
+Account = Implemented | Absent | Inert | OtherComponent
+
+_API = OtherComponent("kube-apiserver")
+_SCHED = OtherComponent("kube-scheduler")
+_CTRL = OtherComponent("kube-controller-manager")
+_CLIENT = OtherComponent("client-go (Go informers and watch lists; klet's client is Python)")
+
+DEFAULT_ON: Mapping[str, Account] = {
+    "APIResponseCompression": _API,
+    "APIServerIdentity": _API,
+    "AggregatedDiscoveryRemoveBetaType": _API,
+    "AllowParsingUserUIDFromCertAuth": _API,
+    "CPUManagerPolicyBetaOptions": Inert("cpuManagerPolicyOptions"),
+    "ContainerCheckpoint": Absent(
+        "the kubelet API's /checkpoint/{namespace}/{pod}/{container} (CRI CheckpointContainer)"
+    ),
+    "ContextualLogging": OtherComponent("Go's klog contextual loggers (klet.obs.logs logs)"),
+    "DRAAdminAccess": _API,
+    "DRAPrioritizedList": _SCHED,
+    "DRAResourceClaimDeviceStatus": _API,
+    "DRASchedulerFilterTimeout": _SCHED,
+    "DeclarativeValidation": _API,
+    "DetectCacheInconsistency": _API,
+    "DisableAllocatorDualWrite": _API,
+    "DisableCPUQuotaWithExclusiveCPUs": Inert("cpuManagerPolicy"),
+    "DisableNodeKubeProxyVersion": Implemented(
+        "klet.status_reporter.nodestatus",
+        "unit/status_reporter/test_nodestatus.py::test_status_fields",
+    ),
+    "DynamicResourceAllocation": Absent(
+        "DRA: pods with resourceClaims are rejected at admission (no DRA drivers, no "
+        "claim preparation)"
+    ),
+    "ExecProbeTimeout": Implemented(
+        "klet.syncloop.probing.probes",
+        "unit/syncloop/test_handlers.py::test_exec_timeout_and_errors",
+    ),
+    "ExternalServiceAccountTokenSigner": _API,
+    "GracefulNodeShutdown": Implemented(
+        "klet.eviction.shutdown",
+        "unit/eviction/test_shutdown.py::test_pods_go_to_the_highest_period_at_or_below_their_priority",
+    ),
+    "GracefulNodeShutdownBasedOnPodPriority": Implemented(
+        "klet.eviction.shutdown",
+        "unit/eviction/test_shutdown.py::test_pods_go_to_the_highest_period_at_or_below_their_priority",
+    ),
+    "ImageMaximumGCAge": Implemented(
+        "klet.image_gc.imageselect", "unit/image_gc/test_imageselect.py::test_age_victims"
+    ),
+    "InOrderInformers": _CLIENT,
+    "InPlacePodVerticalScaling": Absent(
+        "in-place resize (pods/resize): a resize would be accepted by the apiserver and not applied"
+    ),
+    "JobManagedBy": _CTRL,
+    "KubeletFineGrainedAuthz": Implemented(
+        "klet.status_reporter.kubeletapi.attributes",
+        "unit/status_reporter/kubeletapi/test_authz.py::test_fine_grained_falls_back_to_proxy",
+    ),
+    "KubeletPSI": Absent("pressure stall information in /stats/summary and /metrics/cadvisor"),
+    "KubeletPodResourcesDynamicResources": Absent("the PodResources API"),
+    "KubeletPodResourcesGet": Absent("the PodResources API"),
+    "KubeletPodResourcesListUseActivePods": Absent("the PodResources API"),
+    "KubeletSeparateDiskGC": Implemented(
+        "klet.eviction.signals", "unit/eviction/test_signals.py::test_fs_observations"
+    ),
+    "KubeletServiceAccountTokenForCredentialProviders": Absent(
+        "credential provider plugins (--image-credential-provider-config)"
+    ),
+    "ListFromCacheSnapshot": _API,
+    "LoggingBetaOptions": Inert("logging.options"),
+    "MatchLabelKeysInPodTopologySpread": _SCHED,
+    "MatchLabelKeysInPodTopologySpreadSelectorMerge": _SCHED,
+    "OpenAPIEnums": _API,
+    "PodDeletionCost": _CTRL,
+    "PodLevelResources": Implemented(
+        "klet.model.pod",
+        "unit/syncloop/test_pod_level_resources.py::test_pod_level_limits_make_the_pod_cgroup",
+    ),
+    "PodObservedGenerationTracking": Absent(
+        "status.observedGeneration and the conditions' observedGeneration"
+    ),
+    "PodReadyToStartContainersCondition": Implemented(
+        "klet.syncloop.pods.status",
+        "unit/syncloop/test_status.py::test_running_pod",
+    ),
+    "PortForwardWebsockets": _API,
+    "PreferSameTrafficDistribution": OtherComponent("kube-proxy and the EndpointSlice controller"),
+    "PreventStaticPodAPIReferences": Absent("rejecting static pods that reference API objects"),
+    "ProcMountType": Implemented(
+        "klet.syncloop.containers.security",
+        "unit/syncloop/test_security.py::test_privileged_readonly_rootfs_and_proc_mount",
+    ),
+    "ReloadKubeletServerCertificateFile": Implemented(
+        "klet.status_reporter.kubeletapi.tlsconfig",
+        "unit/status_reporter/kubeletapi/test_tlsconfig.py::test_reload_only_on_change_and_at_most_every_interval",
+    ),
+    "RemoteRequestHeaderUID": _API,
+    "RotateKubeletServerCertificate": Implemented(
+        "klet.kube.rotation",
+        "cluster/test_tls_bootstrap.py::test_a_node_joins_with_a_bootstrap_token_and_rotates_its_certificate",
+    ),
+    "SELinuxChangePolicy": Absent("SELinux relabelling of volumes (seLinuxChangePolicy)"),
+    "SELinuxMountReadWriteOncePod": Absent("SELinux mount options for volumes"),
+    "SchedulerAsyncPreemption": _SCHED,
+    "SchedulerPopFromBackoffQ": _SCHED,
+    "ServiceAccountNodeAudienceRestriction": _API,
+    "SizeBasedListCostEstimate": _API,
+    "StatefulSetSemanticRevisionComparison": _CTRL,
+    "StorageNamespaceIndex": _API,
+    "StorageVersionHash": _API,
+    "StructuredAuthenticationConfigurationEgressSelector": _API,
+    "SupplementalGroupsPolicy": Implemented(
+        "klet.syncloop.containers.security",
+        "unit/syncloop/test_security.py::test_fs_group_comes_first_among_supplemental_groups",
+    ),
+    "SystemdWatchdog": Absent("the systemd watchdog (sd_notify WATCHDOG=1)"),
+    "TokenRequestServiceAccountUIDValidation": _API,
+    "TopologyManagerPolicyBetaOptions": Inert("topologyManagerPolicyOptions"),
+    "TopologyManagerPolicyOptions": Inert("topologyManagerPolicyOptions"),
+    "TranslateStreamCloseWebsocketRequests": _API,
+    "UnauthenticatedHTTP2DOSMitigation": _API,
+    "UserNamespacesSupport": Absent("pod user namespaces (hostUsers: false)"),
+    "VolumeAttributesClass": OtherComponent("kube-apiserver and the external CSI resizer"),
+    "WatchList": _CLIENT,
+    "WindowsGracefulNodeShutdown": OtherComponent("the kubelet on Windows only"),
+}
+
+
+def _klet_default(name: str) -> bool:
+    spec = GATES.get(name)
+    if spec is None:
+        return False
+    return spec[0] and not isinstance(DEFAULT_ON.get(name), Absent)
+
+
+def enabled(gates: Mapping[str, bool], name: str) -> bool:
+    """Whether gate `name` is on for klet: as set, else klet's default (upstream's,
+    except for `Absent` gates, which klet holds off)."""
+    return gates.get(name, _klet_default(name))
 
 
 def _go(value: bool) -> str:
@@ -68,6 +260,16 @@ def gate_problems(gates: Mapping[str, bool]) -> list[tuple[str, str]]:
             )
         elif stage == "PRE-ALPHA":
             out.append((path, f"not available in Kubernetes {KUBERNETES_VERSION}"))
+        elif isinstance(account := DEFAULT_ON.get(name), Absent):
+            if value:
+                out.append(
+                    (
+                        path,
+                        f"on by default in Kubernetes {KUBERNETES_VERSION}, but klet does not "
+                        f"have this feature ({account.why}): klet holds the gate off; set it "
+                        f"false or leave it out",
+                    )
+                )
         elif value != default and name not in HONOURED:
             out.append(
                 (

@@ -125,10 +125,6 @@ UNIMPLEMENTED: Mapping[str, Unimplemented] = {
     "topologyManagerPolicyOptions": Unimplemented("topology manager options", check=_empty),
     "qosReserved": Unimplemented("QoS-level memory reservation", check=_empty),
     "memorySwap.swapBehavior": Unimplemented("LimitedSwap", allowed=(DEFAULT, "NoSwap")),
-    "singleProcessOOMKill": Unimplemented(
-        "memory.oom.group: an OOM kill takes one process, never the whole container",
-        allowed=(None, True),
-    ),
     "failCgroupV1": Unimplemented("refusing to start on cgroup v1"),
     "kernelMemcgNotification": Unimplemented("memcg threshold notifications (eviction polls)"),
     "volumePluginDir": Unimplemented("FlexVolume plugins"),
