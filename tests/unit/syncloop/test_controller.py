@@ -7,7 +7,10 @@ flight wins over the stale empty view (no kill); PodControl's kill_pod stops a d
 pod with the given grace, marks it Failed with its reason and message and keeps it
 dead on later syncs; kill_pod of an unknown pod answers False; a removed pod's
 crash-loop back-off entries go with it; a batch of stream changes is read in one
-round trip (and the sources once, for its removals), in stream order. Workers are replaced by
+round trip (and the sources once, for its removals), in stream order; only a change of
+the pod itself (not its status or resourceVersion, unless a readiness gate's condition)
+wakes its worker, PLEG only nudges it, and a container that cannot be created fails the
+sync (the worker's back-off then paces it). Workers are replaced by
 a recorder so each test drives sync_once itself, one step at a time.
 """
 
@@ -19,11 +22,13 @@ from typing import Any
 
 import pytest
 from klet.bus.testing import FakeBus
+from klet.cri import CRIError
 from klet.cri.testing import FakeRuntimeService
 from klet.cri.types import ContainerState, SandboxState
 from klet.model.records import DesiredPod, PodChange, SourceState
 from klet.model.types import JSON, PodUID
 from klet.syncloop.pods import podspec
+from klet.syncloop.pods.controller import needs_sync
 from klet.syncloop.pods.runtimepod import RuntimePod
 
 from .helpers import RecordedEvents, pod, wire
@@ -47,9 +52,13 @@ class Clock:
 class RecordingWorkers:
     def __init__(self) -> None:
         self.woken: list[str] = []
+        self.nudged: list[str] = []
 
     def wake(self, uid: str) -> None:
         self.woken.append(uid)
+
+    def nudge(self, uid: str) -> None:
+        self.nudged.append(uid)
 
     def uids(self) -> list[str]:
         return sorted(set(self.woken))
@@ -390,3 +399,75 @@ async def test_a_batch_of_changes_reads_the_desired_table_once(w: World) -> None
     assert w.workers.woken == ["u1", "u3", "u2"]
     assert set(w.controller.desired) == {"u1", "u2"}
     assert w.controller.generation == 4
+
+
+def _changed(**changes: Any) -> tuple[JSON, JSON]:
+    old = pod("app", uid="u1")
+    old["metadata"]["resourceVersion"] = "1"
+    old["status"] = {"phase": "Pending", "conditions": [{"type": "Ready", "status": "False"}]}
+    new = {**old, "metadata": {**old["metadata"]}, "status": {**old["status"]}}
+    for path, value in changes.items():
+        where, key = path.split("__")
+        new[where] = {**(new.get(where) or {}), key: value}
+    return old, new
+
+
+@pytest.mark.parametrize(
+    ("changes", "expected"),
+    [
+        ({}, False),
+        ({"metadata__resourceVersion": "2"}, False),  # our own status patch came back
+        ({"status__phase": "Running"}, False),
+        ({"status__message": "x", "metadata__resourceVersion": "3"}, False),
+        (
+            {"metadata__annotations": {"kubernetes.io/config.seen": "2026-01-01T00:00:00Z"}},
+            False,
+        ),
+        ({"spec__activeDeadlineSeconds": 30}, True),
+        ({"metadata__labels": {"app": "new"}}, True),
+        ({"metadata__annotations": {"example.com/x": "1"}}, True),
+        ({"metadata__deletionTimestamp": "2026-01-01T00:00:00Z"}, True),
+        ({"metadata__deletionGracePeriodSeconds": 0}, True),
+    ],
+)
+def test_only_a_change_of_the_pod_itself_calls_for_a_sync(
+    changes: dict[str, Any], expected: bool
+) -> None:
+    old, new = _changed(**changes)
+    assert needs_sync(old, new) is expected
+
+
+def test_a_readiness_gate_condition_change_calls_for_a_sync() -> None:
+    old, new = _changed()
+    for p in (old, new):
+        p["spec"] = {**p["spec"], "readinessGates": [{"conditionType": "example.com/gate"}]}
+    assert not needs_sync(old, new)
+    gate = {"type": "example.com/gate", "status": "True"}
+    new["status"] = {**new["status"], "conditions": [*new["status"]["conditions"], gate]}
+    assert needs_sync(old, new)
+
+
+async def test_a_status_only_record_does_not_wake_and_pleg_only_nudges(w: World) -> None:
+    rec = desired()
+    w.controller.set_desired("u1", rec)
+    assert w.workers.woken == ["u1"]
+    echoed = {**rec.pod, "status": {"phase": "Pending", "message": "our own status"}}
+    w.controller.set_desired("u1", DesiredPod(**{**rec.__dict__, "pod": echoed}))
+    assert w.workers.woken == ["u1"]  # the RECONCILE of our own status: no sync
+    assert w.controller.desired["u1"].pod is echoed  # but the record is kept
+    w.controller.on_runtime_change("u1")
+    assert w.workers.nudged == ["u1"] and w.workers.woken == ["u1"]
+
+
+async def test_a_container_that_cannot_be_created_fails_the_sync(w: World) -> None:
+    w.controller.apply_desired({"u1": desired()}, READY, read_from=w.controller.generation)
+    w.cri.fail_always("CreateContainer", CRIError("path is not a shared mount"))
+    outcome = await w.controller.sync_once("u1")
+    assert outcome.failed and outcome.wake_at is None  # the pod worker's back-off decides
+    status = w.controller.publisher.get("u1")
+    assert status is not None
+    [cs] = status["containerStatuses"]
+    assert cs["state"]["waiting"]["reason"] == "CreateContainerError"
+    w.cri.fail_always("CreateContainer", None)
+    outcome = await w.controller.sync_once("u1")
+    assert not outcome.failed

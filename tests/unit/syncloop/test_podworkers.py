@@ -6,7 +6,10 @@ parallel; a sync that reports the pod done ends its worker unless it was woken
 meanwhile, and a later wake-up starts a new one; the time a sync asks to be called
 again is kept (a time already past syncs at once, a later one waits for it or for a
 wake-up); a failing sync is retried after its back-off, or at once when woken, logged
-once per distinct error and once when it recovers; stop() ends every worker. The sync
+once per distinct error and once when it recovers; a sync that reports a failure
+(`Outcome.failed`) is retried after upstream's 10 s back-off with up to half of it
+again as jitter, and within any back-off a nudge (PLEG, the resync) waits for its end
+while a wake-up (a change of the pod) syncs at once; stop() ends every worker. The sync
 function is a scripted fake and the clock a fake one, so every step is explicit.
 """
 
@@ -169,3 +172,91 @@ async def test_stop_ends_every_worker(w: World) -> None:
     await until(lambda: w.sync.count("a") == 1 and w.sync.count("b") == 1)
     await w.workers.stop()
     assert w.workers.uids() == []
+
+
+def failed_world(jitter: float) -> World:
+    world = World()
+    world.workers = PodWorkers(
+        world.sync,
+        clock=world.clock,
+        error_backoff_initial_s=60,
+        error_backoff_max_s=600,
+        rand=lambda: jitter,
+    )
+    return world
+
+
+@pytest.mark.parametrize(("jitter", "retry_after_s"), [(0.0, 10.0), (0.5, 12.5), (1.0, 15.0)])
+async def test_a_failed_sync_holds_nudges_until_its_jittered_back_off_ends(
+    jitter: float, retry_after_s: float
+) -> None:
+    w = failed_world(jitter)
+    w.sync.outcomes["a"] = lambda: Outcome(failed=True)
+    failed_at = w.clock.t
+    try:
+        w.workers.wake("a")
+        await settle()
+        assert w.sync.count("a") == 1
+        for elapsed in (0.0, 9.9, retry_after_s - 0.1):
+            w.clock.t = failed_at + elapsed
+            w.workers.nudge("a")  # a PLEG event of its own failed attempt, a resync
+            w.workers.wake_all()
+            await settle()
+            assert w.sync.count("a") == 1, elapsed
+        w.clock.t = failed_at + retry_after_s
+        w.workers.nudge("a")
+        await settle()
+        assert w.sync.count("a") == 2  # the back-off is over: the nudge syncs
+    finally:
+        await w.workers.stop()
+
+
+async def test_a_change_of_the_pod_is_not_held_by_the_back_off(w: World) -> None:
+    outcomes = iter([Outcome(failed=True), Outcome()])
+    w.sync.outcomes["a"] = lambda: next(outcomes)
+    w.workers.wake("a")
+    await settle()
+    w.workers.nudge("a")
+    await settle()
+    assert w.sync.count("a") == 1
+    w.workers.wake("a")  # an update or a kill: at once
+    await settle()
+    assert w.sync.count("a") == 2
+    w.workers.nudge("a")  # the sync succeeded: no back-off any more
+    await settle()
+    assert w.sync.count("a") == 3
+
+
+async def test_a_raising_sync_holds_nudges_for_its_back_off_too(w: World) -> None:
+    attempts = iter([RuntimeError("runtime gone"), None])
+
+    def fail_once() -> Outcome:
+        err = next(attempts)
+        if err is not None:
+            raise err
+        return Outcome()
+
+    w.sync.outcomes["a"] = fail_once
+    w.workers.wake("a")
+    await settle()
+    w.workers.nudge("a")  # within the 60 s back-off of this world
+    await settle()
+    assert w.sync.count("a") == 1
+    w.clock.t += 60
+    w.workers.nudge("a")
+    await settle()
+    assert w.sync.count("a") == 2
+
+
+async def test_a_failed_sync_keeps_an_earlier_time_it_asked_for() -> None:
+    """An earlier time (the active deadline, another container's back-off ending) still
+    comes first; the back-off only delays nudges."""
+    w = World()
+    w.workers = PodWorkers(w.sync, clock=w.clock, backoff_period_s=3600, rand=lambda: 0.0)
+    outcomes = iter([Outcome(failed=True, wake_at=w.clock.t - 1), Outcome()])
+    w.sync.outcomes["a"] = lambda: next(outcomes)
+    try:
+        w.workers.wake("a")
+        await until(lambda: w.sync.count("a") == 2)
+    finally:
+        await w.workers.stop()

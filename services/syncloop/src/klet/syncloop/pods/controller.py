@@ -40,6 +40,7 @@ from klet.bus import BusError, NodeBus
 from klet.cri.types import SandboxState
 from klet.model.node import NODE_SHUTDOWN, NODE_SHUTTING_DOWN
 from klet.model.node import SHUTDOWN_POD_REASON as SHUTDOWN_KILL_REASON
+from klet.model.pod import CONFIG_MIRROR, CONFIG_SEEN, CONFIG_SOURCE
 from klet.model.podvalidation import pod_problems
 from klet.model.records import DesiredPod, PodChange, SourceState, sources_ready
 from klet.model.types import JSON, PodUID
@@ -103,6 +104,49 @@ def check_desired(uid: str, rec: DesiredPod, *, node_name: str) -> Refusal | Non
         fields=tuple(p.field for p in problems),
         eventable=not mismatch and not any(p.field in identity for p in problems),
     )
+
+
+_LOCAL_ANNOTATIONS = frozenset({CONFIG_SOURCE, CONFIG_MIRROR, CONFIG_SEEN})
+
+
+def _meaning(pod: JSON) -> tuple[Any, ...]:
+    """What of a pod its worker acts on (pod-source's semantic fields, restated here):
+    not its status, resourceVersion or the node-local bookkeeping annotations."""
+    meta = podspec.meta(pod)
+    annotations = {
+        k: v for k, v in (meta.get("annotations") or {}).items() if k not in _LOCAL_ANNOTATIONS
+    }
+    return (
+        pod.get("spec") or {},
+        meta.get("labels") or {},
+        meta.get("deletionTimestamp"),
+        meta.get("deletionGracePeriodSeconds"),
+        annotations,
+    )
+
+
+def needs_sync(old: JSON, new: JSON) -> bool:
+    """Whether a new desired record of a pod calls for a sync at once: its spec, labels,
+    annotations or deletion changed, or the conditions its readiness gates name
+    (upstream's HandlePodReconcile syncs a status-only change only for
+    NeedToReconcilePodReadiness). A status-only change is mostly this node's own status
+    coming back from the apiserver (a RECONCILE); waking on it let every status patch
+    start another attempt of a failing pod, past its back-off."""
+    if _meaning(old) != _meaning(new):
+        return True
+    gates = {
+        str(g.get("conditionType"))
+        for g in (new.get("spec") or {}).get("readinessGates") or []
+        if isinstance(g, Mapping)
+    }
+    if not gates:
+        return False
+
+    def gated(pod: JSON) -> list[Any]:
+        conditions = (pod.get("status") or {}).get("conditions") or []
+        return [c for c in conditions if isinstance(c, Mapping) and c.get("type") in gates]
+
+    return gated(old) != gated(new)
 
 
 class PressureSource(Protocol):
@@ -314,9 +358,11 @@ class PodController:
         if self._refused.pop(uid, None) is not None:
             log.info("desired pod accepted again", extra={"uid": uid})
         state = self.pods.setdefault(uid, PodSyncState())
+        old = state.desired
         state.desired = rec
         state.last_pod = rec.pod
-        self.workers.wake(uid)
+        if old is None or needs_sync(old.pod, rec.pod):
+            self.workers.wake(uid)
 
     def _refuse(self, uid: str, rec: DesiredPod, refusal: Refusal) -> None:
         """Log (and, for an invalid pod, record an Event) once per record content."""
@@ -365,7 +411,9 @@ class PodController:
         self.workers.wake(uid)
 
     def on_runtime_change(self, uid: str) -> None:
-        self.workers.wake(uid)
+        """PLEG saw the pod change in the runtime: a nudge, which waits for the back-off
+        of a failed sync (the failed attempt's own traces must not repeat it at once)."""
+        self.workers.nudge(uid)
 
     def known(self, uid: str) -> bool:
         return self._desired(uid) is not None or uid in self.runtime_uids
@@ -463,7 +511,7 @@ class PodController:
             # Upstream's pod worker syncs again on PLEG's ContainerStarted event; klet
             # drops its own start events (runtimeevents.py), so the worker goes on now.
             wake.append(self.clock())
-        return Outcome(wake_at=min(wake) if wake else None)
+        return Outcome(wake_at=min(wake) if wake else None, failed=result.failed)
 
     def _previous(self, uid: str) -> JSON | None:
         """The status the next one is computed against: the last published by this

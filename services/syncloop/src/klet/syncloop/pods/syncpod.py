@@ -60,6 +60,16 @@ class SyncResult:
     started: bool = False
     """A container started: what waits for it (a sidecar's main container) needs
     another sync."""
+    failed: bool = False
+    """A sandbox or container could not be made or started (upstream's SyncPod returns
+    an error): the pod worker retries after its back-off."""
+
+
+FAILED_START = frozenset(
+    {"CreateContainerConfigError", "CreateContainerError", "RunContainerError"}
+)
+"""The waiting reasons of a container whose start failed, not one in a back-off
+(CrashLoopBackOff, ImagePullBackOff), which upstream's SyncPod does not count as an error."""
 
 
 class StartObserver(Protocol):
@@ -362,7 +372,9 @@ class PodSyncer:
         )
         if waiting is not None:
             result.waiting[start.name] = waiting[0]
-            if waiting[1] is not None:
+            if waiting[0][0] in FAILED_START:
+                result.failed = True  # retried after the pod worker's back-off
+            elif waiting[1] is not None:
                 result.wake_at = (
                     waiting[1] if result.wake_at is None else min(result.wake_at, waiting[1])
                 )
@@ -381,6 +393,7 @@ class PodSyncer:
         for c in podspec.containers(pod):
             result.waiting.setdefault(c["name"], ("ContainerCreating", ""))
         result.wake_at = now + 5
+        result.failed = True
         return result
 
     def _cluster_domain(self) -> str:
