@@ -213,6 +213,7 @@ def test_unimplemented_value_refused_naming_file_and_field(tmp_path: Path, path:
         ({"cpuManagerPolicy": "static"}, "cpuManagerPolicy"),
         ({"cpuManagerPolicy": "static", "shutdownGracePeriod": "30s"}, "cpuManagerPolicy"),
         ({"runOnce": True}, "runOnce"),
+        ({"enableControllerAttachDetach": False}, "enableControllerAttachDetach"),
     ],
 )
 def test_message(tmp_path: Path, body: dict[str, Any], path: str | None) -> None:
@@ -308,3 +309,18 @@ def test_shutdown_periods_by_priority_are_checked(
     with pytest.raises(ConfigError) as info:
         load_config_file(file)
     assert f"{file}: shutdownGracePeriodByPodPriority[0].{field}: {message}" in info.value.problems
+
+
+def test_node_side_attach_is_refused_saying_why(tmp_path: Path) -> None:
+    """enableControllerAttachDetach: false asks the node to attach volumes itself, which
+    klet does not do: refused at start, naming the field and the consequence."""
+    file = tmp_path / "kubelet.json"
+    file.write_text(json.dumps({**HEADER, "enableControllerAttachDetach": False}))
+    with pytest.raises(ConfigError) as info:
+        load_config_file(file)
+    (problem,) = [p for p in info.value.problems if "enableControllerAttachDetach" in p]
+    assert problem.startswith(f"{file}: enableControllerAttachDetach: not implemented by klet: ")
+    assert "attach-detach controller" in problem
+    assert "VolumeAttachment" in problem
+    file.write_text(json.dumps({**HEADER, "enableControllerAttachDetach": True}))
+    assert load_config_file(file).enable_controller_attach_detach is True

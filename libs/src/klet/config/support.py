@@ -128,6 +128,14 @@ UNIMPLEMENTED: Mapping[str, Unimplemented] = {
     "failCgroupV1": Unimplemented("refusing to start on cgroup v1"),
     "kernelMemcgNotification": Unimplemented("memcg threshold notifications (eviction polls)"),
     "volumePluginDir": Unimplemented("FlexVolume plugins"),
+    # --- volumes
+    "enableControllerAttachDetach": Unimplemented(
+        "attaching and detaching volumes from the node itself: klet leaves both to the "
+        "attach-detach controller (the Node's volumes.kubernetes.io/controller-managed-"
+        "attach-detach annotation), so with false nothing would create the "
+        "VolumeAttachment of an attachable CSI volume and its pod would wait forever",
+        partial=True,
+    ),
 }
 
 
