@@ -1,15 +1,15 @@
 """Environment variables seen from inside a real container: values, $(VAR) expansion in
 env, command and args (with $$ escaping and undefined references kept), fieldRef and
 resourceFieldRef; a host-network pod reads the node's address as its pod IP (status and
-downward API agree); and a container whose env uses a ConfigMap reference does not start
-without an apiserver and says why, in upstream's words (CreateContainerConfigError)."""
+downward API agree). (A static pod whose env references a ConfigMap is refused by
+pod-source: test_static_pod_api_references.py.)"""
 
 from __future__ import annotations
 
 from pathlib import Path
 from typing import Any
 
-from tests.harness.node import KletNode, container_status
+from tests.harness.node import KletNode
 from tests.harness.waiting import wait_for
 
 POD = """
@@ -66,20 +66,6 @@ spec:
           valueFrom: {fieldRef: {fieldPath: status.hostIP}}
 """
 
-CONFIGMAP_POD = """
-apiVersion: v1
-kind: Pod
-metadata: {name: needscm}
-spec:
-  containers:
-    - name: main
-      image: registry.klet.test/busybox:1.36
-      command: ["sleep", "1000"]
-      env:
-        - name: FROM_CM
-          valueFrom: {configMapKeyRef: {name: settings, key: level}}
-"""
-
 
 def test_env_and_expansion_inside_the_container(node_factory: Any, manifests: Path) -> None:
     node: KletNode = node_factory(manifest_dir=manifests)
@@ -124,25 +110,3 @@ def test_host_network_pod_ip_is_the_nodes(node_factory: Any, manifests: Path) ->
     assert host_ip and status["podIP"] == host_ip
     assert status["podIPs"] == [{"ip": host_ip}]
     assert lines == [f"POD_IP={host_ip}", f"POD_IPS={host_ip}", f"HOST_IP={host_ip}"]
-
-
-def test_configmap_reference_is_refused_with_a_reason(node_factory: Any, manifests: Path) -> None:
-    node: KletNode = node_factory(manifest_dir=manifests)
-    node.start()
-    (manifests / "cm.yaml").write_text(CONFIGMAP_POD)
-    full = f"needscm-{node.node_name}"
-
-    def waiting() -> dict[str, Any] | None:
-        cs = container_status(node.pods()[full], "main")
-        return (
-            cs
-            if cs["state"].get("waiting", {}).get("reason") == "CreateContainerConfigError"
-            else None
-        )
-
-    cs = wait_for(waiting, timeout_s=20, what="CreateContainerConfigError")
-    # upstream's message for a pod whose kubelet has no API client (a static pod here)
-    assert cs["state"]["waiting"]["message"] == (
-        "couldn't get configMap default/settings, no kubeClient defined"
-    )
-    assert node.pods()[full]["status"]["phase"] == "Pending"

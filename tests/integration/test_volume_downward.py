@@ -3,9 +3,8 @@
 A downwardAPI volume shows the pod's name, its labels and annotations as sorted
 `key="value"` lines (values quoted as Go's %q), one label by key and a container's
 memory limit with a divisor, read by the container itself; on the node the volume is
-a tmpfs with the atomic writer's `..data` layout and the item's mode. A configMap
-volume cannot be set up without an apiserver: the pod waits in ContainerCreating and a
-FailedMount event names the cause, as upstream's kubelet without a kube client."""
+a tmpfs with the atomic writer's `..data` layout and the item's mode. (A static pod
+with a configMap volume is refused by pod-source: test_static_pod_api_references.py.)"""
 
 from __future__ import annotations
 
@@ -15,7 +14,7 @@ from typing import Any
 
 from klet.syncloop.volumes import fs
 
-from tests.harness.node import KletNode, bus_events, container_status
+from tests.harness.node import KletNode
 from tests.harness.waiting import wait_for
 
 DOWNWARD_POD = """
@@ -49,22 +48,6 @@ spec:
           - {path: annotations, fieldRef: {fieldPath: metadata.annotations}}
           - path: mem
             resourceFieldRef: {containerName: main, resource: limits.memory, divisor: 1Mi}
-"""
-
-CONFIGMAP_POD = """
-apiVersion: v1
-kind: Pod
-metadata: {name: cmvol}
-spec:
-  containers:
-    - name: main
-      image: registry.klet.test/busybox:1.36
-      command: ["sleep", "100000"]
-      volumeMounts:
-        - {name: cfg, mountPath: /etc/cfg}
-  volumes:
-    - name: cfg
-      configMap: {name: settings}
 """
 
 
@@ -122,22 +105,3 @@ def test_downward_api_volume_inside_the_container(node_factory: Any, manifests: 
 
 def _log_lines(path: Path) -> list[str]:
     return [line.split(" ", 3)[3] for line in path.read_text().splitlines()]
-
-
-def test_configmap_volume_needs_an_apiserver(node_factory: Any, manifests: Path) -> None:
-    node: KletNode = node_factory(manifest_dir=manifests)
-    node.start()
-    (manifests / "cm.yaml").write_text(CONFIGMAP_POD)
-    full = f"cmvol-{node.node_name}"
-
-    def failed_mount() -> list[str]:
-        return [e.message for e in bus_events(node, "cmvol") if e.reason == "FailedMount"]
-
-    messages = wait_for(failed_mount, timeout_s=30, what="a FailedMount event")
-    assert messages[0] == (
-        'MountVolume.SetUp failed for volume "cfg" : '
-        "cannot setup configMap volume cfg because kube client is not configured"
-    )
-    cs = container_status(node.pods()[full], "main")
-    assert cs["state"]["waiting"]["reason"] == "ContainerCreating"
-    assert node.pods()[full]["status"]["phase"] == "Pending"

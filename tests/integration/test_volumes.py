@@ -6,8 +6,9 @@ container's /proc/mounts and in the host's mount table under the pod's directory
 subPath and subPathExpr mount directories created inside the volume; a hostPath
 DirectoryOrCreate is created on the node. A hostPath whose `type: File` check fails
 keeps its pod ContainerCreating with upstream's FailedMount event while another pod
-runs, and the pod starts once the file exists; a PVC is refused as unsupported, and
-Bidirectional propagation in an unprivileged container is a CreateContainerConfigError.
+runs, and the pod starts once the file exists; Bidirectional propagation in an
+unprivileged container is a CreateContainerConfigError. (A static pod with a PVC is
+refused by pod-source: test_static_pod_api_references.py.)
 Removing the manifest unmounts and removes the pod's volume directories (a hostPath
 stays). A pod directory left by a crash, with a filesystem still mounted in it, is
 removed at start by unmounting first: the mounted filesystem's files survive.
@@ -88,21 +89,6 @@ spec:
       image: {IMAGE}
       command: ["sleep", "100000"]
       volumeMounts: [{{name: scratch, mountPath: /scratch}}]
-"""
-
-CLAIM = f"""
-apiVersion: v1
-kind: Pod
-metadata: {{name: claim}}
-spec:
-  volumes:
-    - name: data
-      persistentVolumeClaim: {{claimName: data}}
-  containers:
-    - name: main
-      image: {IMAGE}
-      command: ["sleep", "100000"]
-      volumeMounts: [{{name: data, mountPath: /data}}]
 """
 
 BIDIRECTIONAL = f"""
@@ -215,7 +201,6 @@ def test_failed_mounts_wait_and_retry_without_blocking_other_pods(
     node.start()
     conf = tmp_path / "later.conf"
     (manifests / "needsfile.yaml").write_text(NEEDS_FILE.replace("{path}", str(conf)))
-    (manifests / "claim.yaml").write_text(CLAIM)
     (manifests / "bidi.yaml").write_text(BIDIRECTIONAL)
     (manifests / "other.yaml").write_text(PLAIN.replace("{name}", "other"))
 
@@ -235,16 +220,6 @@ def test_failed_mounts_wait_and_retry_without_blocking_other_pods(
         timeout_s=30,
         what="needsfile's FailedMount event",
     )
-    claim_failed = (
-        'MountVolume.SetUp failed for volume "data" : persistentVolumeClaim volumes need the '
-        "apiserver (claims, PVs and CSIDriver objects): this node runs standalone"
-    )
-    wait_for(
-        lambda: any(e.message == claim_failed for e in bus_events(node, "claim")),
-        timeout_s=30,
-        what="claim's FailedMount event",
-    )
-    assert waiting(node, "claim") == {"reason": "ContainerCreating"}
     bidi = wait_for(
         lambda: (
             (w := waiting(node, "bidi")) and w.get("reason") == "CreateContainerConfigError" and w
