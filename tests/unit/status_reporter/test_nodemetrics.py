@@ -2,7 +2,8 @@
 replica's exposition is the one used, a hung, failing or leaderless service is left
 out within the time bound and counted by reason, a standby status-reporter serves its
 leader's metrics with its own process families, the prober families go to
-/metrics/probes only; and the port-file replicas are found and fetched over HTTP."""
+/metrics/probes only; and the port-file replicas are found and fetched over HTTP, on the
+loopback only: a port file naming any other host is refused before a request is sent."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from klet.portfiles import PortFiles, PortRecord
 from klet.status_reporter import metricsmerge
 from klet.status_reporter.nodemetrics import (
     NodeMetrics,
+    NotLoopback,
     port_file_replicas,
     scrape_url,
 )
@@ -187,11 +189,39 @@ async def test_probe_metrics_are_served_apart() -> None:
         ("127.0.0.1", "http://127.0.0.1:9/metrics"),
         ("0.0.0.0", "http://127.0.0.1:9/metrics"),
         ("::", "http://[::1]:9/metrics"),
-        ("10.0.0.5", "http://10.0.0.5:9/metrics"),
+        ("", "http://127.0.0.1:9/metrics"),
+        ("127.0.0.2", "http://127.0.0.2:9/metrics"),
+        ("::1", "http://[::1]:9/metrics"),
     ],
 )
 def test_scrape_url(host: str, url: str) -> None:
     assert scrape_url(PortRecord("syncloop", host, 9, 1, "h")) == url
+
+
+@pytest.mark.parametrize(
+    "host", ["10.0.0.5", "169.254.169.254", "example.com", "localhost.evil", "::ffff:10.0.0.5"]
+)
+def test_a_port_file_naming_another_host_is_not_scraped(host: str) -> None:
+    with pytest.raises(NotLoopback, match=f"names host '{host}'"):
+        scrape_url(PortRecord("syncloop", host, 9, 1, "h"))
+
+
+async def test_a_replica_on_another_host_is_never_fetched_and_counts_as_an_error() -> None:
+    fetched: list[PortRecord] = []
+
+    async def fetch(record: PortRecord) -> str:
+        fetched.append(record)
+        return exposition(record.service, leading=True)
+
+    nm = NodeMetrics(
+        own_registry(leading=True),
+        leading=lambda: True,
+        replicas=lambda service: [PortRecord(service, "169.254.169.254", 80, 1, "h")],
+        fetch=fetch,
+    )
+    await nm.metrics()
+    assert fetched == []
+    assert failures(nm, "syncloop", "error") == 1
 
 
 async def test_replicas_are_found_by_their_port_files_and_fetched(tmp_path: Path) -> None:

@@ -29,6 +29,13 @@ is left out of that scrape (its series are simply absent) and counted in
 `klet_metrics_scrape_failures_total{service, reason}`, reason `timeout`, `error` or
 `absent`. A hung service never holds the scrape longer than `timeout_s`.
 
+Loopback only: a port file is a file in the run dir, and whoever can write one could
+name any host in it, turning every scrape of 10250 into a request from the node to a
+host of their choosing. The services are on the node's loopback in every deployment
+shape, so a record naming any other host is refused before anything is sent (counted as
+`error`): a literal loopback address (127.0.0.0/8, ::1) or a wildcard bind (reached on
+the loopback) is fetched, a name or any other address is not.
+
 status-reporter itself: when this replica leads, its own registry is used directly;
 when it stands by (several replicas share 10250 by SO_REUSEPORT), the leading
 replica's exposition is fetched like the others', and this replica's own registry is
@@ -39,6 +46,7 @@ serving process's own.
 from __future__ import annotations
 
 import asyncio
+import ipaddress
 import logging
 from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
@@ -68,10 +76,23 @@ Fetch = Callable[[PortRecord], Awaitable[str]]
 _LOOPBACK = {"0.0.0.0": "127.0.0.1", "::": "::1", "": "127.0.0.1"}
 
 
+class NotLoopback(ValueError):
+    """A port file names a host that is not this node's loopback (see the module)."""
+
+
 def scrape_url(record: PortRecord) -> str:
     """Where a replica's private /metrics answers (a wildcard bind is reached on the
-    loopback)."""
+    loopback); NotLoopback for a record naming any host but a loopback address."""
     host = _LOOPBACK.get(record.host, record.host)
+    try:
+        loopback = ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        loopback = False
+    if not loopback:
+        raise NotLoopback(
+            f"port file of {record.service} (pid {record.pid}) names host {record.host!r}: "
+            "only a loopback address or a wildcard bind is scraped"
+        )
     if ":" in host:
         host = f"[{host}]"
     return f"http://{host}:{record.port}/metrics"
@@ -128,6 +149,7 @@ class NodeMetrics:
             return None
 
         async def one(record: PortRecord) -> list[Metric]:
+            scrape_url(record)  # refuses a record naming another host, whatever fetches
             return metricsmerge.parse(await fetch(record))
 
         try:
