@@ -1,8 +1,12 @@
 """Event bodies, naming and namespace, aggregation within the 10-minute window (count
-raised, then a new Event after the window or when forgotten) and LRU bound."""
+raised, then a new Event after the window or when forgotten) and LRU bound; the
+correlator, table-driven: similar records (one object, type and reason, messages that
+differ) combined from the 10th distinct message in the window, identical ones counted,
+and the spam filter's burst of 25 per object refilled one every 5 minutes."""
 
 from __future__ import annotations
 
+import pytest
 from klet.model.records import EventRecord
 from klet.status_reporter import events
 
@@ -83,3 +87,100 @@ def test_aggregator_is_bounded() -> None:
         agg.posted(key, agg.decide(key, rec, ref), at=rec.at)
     assert agg.decide(keys[0], record(message="m0"), ref).kind == "create"
     assert agg.decide(keys[2], record(message="m2"), ref).kind == "patch"
+
+
+def step(
+    corr: events.Correlator, *, at: float, message: str, field: str = "spec.containers{app}"
+) -> tuple[str, int, str]:
+    """Correlate one record as the sink does (posting what is not skipped):
+    (create/patch/skip, count, message)."""
+    rec = EventRecord(
+        type="Warning",
+        reason="Failed",
+        message=message,
+        involved={
+            "kind": "Pod",
+            "namespace": "ns1",
+            "name": "web",
+            "uid": "u1",
+            "fieldPath": field,
+        },
+        component="kubelet",
+        at=at,
+    )
+    found = corr.correlate(rec, events.involved_object(rec.involved))
+    if found.skip:
+        return "skip", found.post.count, found.message
+    corr.posted(found, found.post, at=at)
+    return found.post.kind, found.post.count, found.message
+
+
+C = events.COMBINED_PREFIX
+
+
+@pytest.mark.parametrize(
+    ("records", "expected"),
+    [
+        # identical records: one Event, its count rising
+        (
+            [(0, "a"), (10, "a"), (20, "a")],
+            [("create", 1, "a"), ("patch", 2, "a"), ("patch", 3, "a")],
+        ),
+        # nine distinct messages are nine Events; the tenth starts the combined one,
+        # which later distinct messages join (its message the latest)
+        (
+            [(i, f"m{i}") for i in range(12)],
+            [("create", 1, f"m{i}") for i in range(9)]
+            + [("create", 1, C + "m9"), ("patch", 2, C + "m10"), ("patch", 3, C + "m11")],
+        ),
+        # a container's fieldPath does not make records less similar
+        (
+            [(i, f"m{i}", f"spec.containers{{c{i % 2}}}") for i in range(10)],
+            [("create", 1, f"m{i}") for i in range(9)] + [("create", 1, C + "m9")],
+        ),
+        # the window: similar records 10 minutes after the last start counting anew
+        (
+            [(i, f"m{i}") for i in range(10)] + [(609, "m10")],
+            [("create", 1, f"m{i}") for i in range(9)]
+            + [("create", 1, C + "m9"), ("create", 1, "m10")],
+        ),
+    ],
+)
+def test_correlator(
+    records: list[tuple[float, str] | tuple[float, str, str]],
+    expected: list[tuple[str, int, str]],
+) -> None:
+    corr = events.Correlator(spam_burst=1000)
+    got = []
+    for r in records:
+        field = r[2] if len(r) == 3 else "spec.containers{app}"
+        got.append(step(corr, at=float(r[0]), message=r[1], field=field))
+    assert got == expected
+
+
+@pytest.mark.parametrize(
+    ("times", "posted"),
+    [
+        ([0.0] * 25, 25),  # the burst
+        ([0.0] * 30, 25),  # then nothing at once
+        ([0.0] * 30 + [299.0], 25),  # nor before the 5 minutes are up
+        ([0.0] * 30 + [300.0, 301.0], 26),  # one token every 5 minutes
+        ([0.0] * 30 + [30000.0] * 30, 50),  # refilled up to the burst, not beyond
+    ],
+)
+def test_spam_filter(times: list[float], posted: int) -> None:
+    corr = events.Correlator()
+    kinds = [step(corr, at=t, message="same")[0] for t in times]
+    assert len([k for k in kinds if k != "skip"]) == posted
+
+
+def test_held_back_records_are_counted_into_the_next_post() -> None:
+    corr = events.Correlator(spam_burst=2, spam_qps=1.0 / 300)
+    got = [step(corr, at=t, message="same") for t in (0.0, 1.0, 2.0, 3.0, 301.0)]
+    assert got == [
+        ("create", 1, "same"),
+        ("patch", 2, "same"),
+        ("skip", 3, "same"),
+        ("skip", 4, "same"),
+        ("patch", 5, "same"),
+    ]

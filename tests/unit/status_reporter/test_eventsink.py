@@ -2,7 +2,9 @@
 window raises the count instead; a forgotten Event is created again; a static pod's
 event names its mirror pod; malformed entries and refused Events are acknowledged and
 dropped; an unavailable apiserver is retried (bounded) and logged once; a redelivered
-record does not create a second Event."""
+record does not create a second Event; a container failing to be created over and over,
+with a message that differs each time, is one combined Event whose count rises (PATCHed),
+and past the spam filter's burst its occurrences are counted, not posted."""
 
 from __future__ import annotations
 
@@ -70,10 +72,11 @@ async def test_record_becomes_an_event_and_repeats_are_counted() -> None:
 async def test_forgotten_event_is_created_again() -> None:
     w = World()
     await w.sink.post(record(at=1000.0))
+    [first] = w.events()
     w.kube.objects.clear()  # the apiserver's event TTL removed it
     await w.sink.post(record(at=1001.0))
-    [event] = w.events()
-    assert event["count"] == 1
+    [event] = w.events()  # created again, as upstream's recorder does: name and count kept
+    assert event["metadata"]["name"] == first["metadata"]["name"] and event["count"] == 2
 
 
 async def test_static_pod_event_names_the_mirror() -> None:
@@ -193,3 +196,54 @@ async def test_a_new_leader_takes_over_the_old_leaders_pending_entries_at_once()
     new.now[0] += EventPolicy().reclaim_interval_s
     await new.sink.consume_once()
     assert len(w.feed.pending(GROUP)) == 1
+
+
+def failed(at: float, attempt: int) -> EventRecord:
+    return EventRecord(
+        type="Warning",
+        reason="Failed",
+        message=f"Error: failed to create containerd container {attempt:064x}: not shared",
+        involved={
+            "kind": "Pod",
+            "namespace": "ns1",
+            "name": "web",
+            "uid": "u1",
+            "fieldPath": "spec.containers{main}",
+        },
+        component="kubelet",
+        at=at,
+    )
+
+
+async def test_a_container_failing_again_and_again_is_one_event_with_a_rising_count() -> None:
+    w = World()
+    counts: list[int] = []
+    for attempt in range(60):  # one failed create every 14 s for 14 minutes
+        await w.sink.post(failed(1000.0 + 14 * attempt, attempt))
+        combined = [e for e in w.events() if e["message"].startswith("(combined")]
+        if combined:
+            counts.append(combined[0]["count"])
+    separate = [e for e in w.events() if not e["message"].startswith("(combined")]
+    assert len(separate) == 9  # the first nine messages, each once
+    [combined] = [e for e in w.events() if e["message"].startswith("(combined")]
+    assert combined["type"] == "Warning" and combined["reason"] == "Failed"
+    assert counts == sorted(counts) and counts[0] == 1 and counts[-1] > counts[0]
+    # The spam filter: 25 tokens at once and one per 300 s (14/300 per record): records
+    # 0-24 take the 25, record 25 (1350 s) the 1.17 refilled meanwhile, record 43
+    # (1602 s, 1.007 tokens) the next; records 44-59 (up to 1826 s) find none. The
+    # combined Event then holds every occurrence from the 10th record to the 44th.
+    assert w.sink.posted == 27 and w.sink.filtered == 60 - 27
+    assert combined["count"] == 44 - 9
+    assert combined["message"] == "(combined from similar events): " + failed(0, 43).message
+    assert combined["lastTimestamp"] == "1970-01-01T00:26:42Z"  # 1000 + 14 * 43 s
+    assert w.kube.count("PATCH") == 27 - 10
+
+
+async def test_the_spam_filter_holds_back_one_objects_events_only() -> None:
+    w = World()
+    for i in range(30):
+        await w.sink.post(record(at=1000.0 + i, message=f"m{i % 5}"))
+    await w.sink.post(record(at=1031.0, uid="u2"))  # another pod: its own bucket
+    assert w.sink.filtered == 5
+    assert sum(e["count"] for e in w.events() if e["involvedObject"]["uid"] == "u1") == 25
+    assert [e["count"] for e in w.events() if e["involvedObject"]["uid"] == "u2"] == [1]

@@ -12,9 +12,24 @@ show. Rules restated from client-go's event correlator and recorder:
   that folds into one posted less than the window (10 min) ago is not posted again; the
   existing Event's `count` is raised and its `lastTimestamp` moved (a PATCH). After the
   window, or when the PATCH finds the Event gone, a new Event is created.
+- **Similar events** (client-go's EventAggregator): records about one object (kind,
+  namespace, name, uid; not the fieldPath) with the same type, reason and component
+  but different messages are counted by distinct message over the window; from the
+  10th distinct message on, a record is posted as one Event with the message
+  "(combined from similar events): <its message>" whose count rises (the PATCH moves
+  the message to the latest), instead of one Event per message. The count of distinct
+  messages never grows past 10 (one is let go each time), as upstream's.
+- **Spam filter** (client-go's EventSourceObjectSpamFilter): a token bucket per
+  involved object (kind, namespace, name, uid) of burst 25 refilled one token every
+  5 minutes, measured on the records' own times; a record finding it empty is not
+  posted, but still counted into its Event, so the next one posted carries the count
+  of all (upstream observes before it filters).
 - **Rate limit** (in `eventsink.py`, with `klet.model.flowcontrol.TokenBucket`): a
   token bucket of eventRecordQPS with eventBurst tokens; a post waits for its token
   (0 QPS = unlimited), so a burst is smoothed, never dropped.
+
+The correlation memory is per process, as upstream's: a new status-reporter leader
+starts with fresh buckets and creates new Events for what repeats.
 
 Static pods' events are posted against their mirror pod (the only object of theirs the
 apiserver knows); the caller does that translation.
@@ -23,16 +38,25 @@ apiserver knows); the caller does that translation.
 from __future__ import annotations
 
 from collections import OrderedDict
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from klet.model import eventfold
 from klet.model.eventfold import DEFAULT_COMPONENT, DEFAULT_TYPE, EventKey
+from klet.model.flowcontrol import TokenBucket
 from klet.model.records import EventRecord
 from klet.model.timestamps import rfc3339
 from klet.model.types import JSON
 
 AGGREGATION_WINDOW_S = eventfold.WINDOW_S
 CACHE_SIZE = 4096
+SIMILAR_MAX = 10
+"""Distinct messages of similar records in the window before they are combined
+(client-go's defaultAggregateMaxEvents)."""
+COMBINED_PREFIX = "(combined from similar events): "
+SPAM_BURST = 25
+"""Events one object may have posted at once (client-go's defaultSpamBurst)..."""
+SPAM_QPS = 1.0 / 300.0
+"""...and the refill: one more every 5 minutes (defaultSpamQPS)."""
 
 
 def involved_object(involved: JSON) -> JSON:
@@ -61,8 +85,17 @@ def event_name(ref: JSON, at: float) -> str:
     return eventfold.event_name(ref.get("name"), at)
 
 
-def new_event(record: EventRecord, ref: JSON, *, node_name: str, name: str) -> JSON:
-    """The core/v1 Event to create for `record` about `ref`."""
+def new_event(
+    record: EventRecord,
+    ref: JSON,
+    *,
+    node_name: str,
+    name: str,
+    message: str | None = None,
+    count: int | None = None,
+) -> JSON:
+    """The core/v1 Event to create for `record` about `ref` (with the correlator's
+    message and count when given)."""
     component = record.component or DEFAULT_COMPONENT
     stamp = rfc3339(record.at)
     return {
@@ -71,20 +104,42 @@ def new_event(record: EventRecord, ref: JSON, *, node_name: str, name: str) -> J
         "metadata": {"name": name, "namespace": event_namespace(ref)},
         "involvedObject": ref,
         "reason": record.reason,
-        "message": record.message,
+        "message": record.message if message is None else message,
         "type": record.type or DEFAULT_TYPE,
         "source": {"component": component, "host": node_name},
         "firstTimestamp": stamp,
         "lastTimestamp": stamp,
-        "count": max(1, record.count),
+        "count": max(1, record.count) if count is None else count,
         "reportingComponent": component,
         "reportingInstance": node_name,
     }
 
 
-def count_patch(count: int, at: float) -> JSON:
-    """The patch that records `count` occurrences, the latest at `at`."""
-    return {"count": count, "lastTimestamp": rfc3339(at)}
+def count_patch(count: int, at: float, message: str | None = None) -> JSON:
+    """The patch that records `count` occurrences, the latest at `at` (and, for a
+    combined Event, the latest message)."""
+    patch: JSON = {"count": count, "lastTimestamp": rfc3339(at)}
+    if message is not None:
+        patch["message"] = message
+    return patch
+
+
+def similar_key(record: EventRecord, ref: JSON) -> EventKey:
+    """What makes records "similar" (client-go's EventAggregatorByReasonFunc): the
+    object without its fieldPath, type, reason and component; not the message."""
+    subject = tuple(str(ref.get(f) or "") for f in ("kind", "namespace", "name", "uid"))
+    return (
+        "similar",
+        *subject,
+        record.type or DEFAULT_TYPE,
+        record.reason,
+        record.component or DEFAULT_COMPONENT,
+    )
+
+
+def spam_key(ref: JSON) -> EventKey:
+    """The spam filter's key: the involved object (the source is always this node's)."""
+    return tuple(str(ref.get(f) or "") for f in ("kind", "namespace", "name", "uid"))
 
 
 @dataclass
@@ -126,3 +181,109 @@ class Aggregator:
 
     def forget(self, key: EventKey) -> None:
         self._seen.pop(key, None)
+
+
+@dataclass
+class _Similar:
+    messages: OrderedDict[str, None]
+    last: float
+
+
+class SimilarEvents:
+    """client-go's EventAggregator: which key and message a record is posted under."""
+
+    def __init__(
+        self,
+        *,
+        window_s: float = AGGREGATION_WINDOW_S,
+        max_messages: int = SIMILAR_MAX,
+        size: int = CACHE_SIZE,
+    ) -> None:
+        self.window_s = window_s
+        self.max_messages = max_messages
+        self.size = size
+        self._seen: OrderedDict[EventKey, _Similar] = OrderedDict()
+
+    def classify(self, record: EventRecord, ref: JSON) -> tuple[EventKey, str]:
+        """The key the record's Event is counted under and the message it carries."""
+        key = similar_key(record, ref)
+        entry = self._seen.get(key)
+        if entry is None or not eventfold.folds(entry.last, record.at, self.window_s):
+            entry = _Similar(OrderedDict(), record.at)
+        entry.messages[record.message] = None
+        entry.last = max(entry.last, record.at)
+        self._seen[key] = entry
+        self._seen.move_to_end(key)
+        while len(self._seen) > self.size:
+            self._seen.popitem(last=False)
+        if len(entry.messages) < self.max_messages:
+            return event_key(record, ref), record.message
+        entry.messages.popitem(last=False)  # never more than the maximum
+        return key, COMBINED_PREFIX + record.message
+
+
+@dataclass
+class SpamFilter:
+    """client-go's EventSourceObjectSpamFilter: a token bucket per involved object."""
+
+    burst: int = SPAM_BURST
+    qps: float = SPAM_QPS
+    size: int = CACHE_SIZE
+    _buckets: OrderedDict[EventKey, TokenBucket] = field(default_factory=OrderedDict)
+
+    def allows(self, ref: JSON, at: float) -> bool:
+        key = spam_key(ref)
+        bucket = self._buckets.get(key)
+        if bucket is None:
+            bucket = TokenBucket(self.qps, self.burst, now=at)
+        self._buckets[key] = bucket
+        self._buckets.move_to_end(key)
+        while len(self._buckets) > self.size:
+            self._buckets.popitem(last=False)
+        return bucket.try_take(at)
+
+
+@dataclass(frozen=True)
+class Correlation:
+    """What to do with one record (client-go's EventCorrelateResult)."""
+
+    key: EventKey
+    post: Post
+    message: str
+    combined: bool
+    skip: bool
+    """The spam filter holds it back: counted into its Event, not posted."""
+
+
+class Correlator:
+    """client-go's EventCorrelator over the bus's records: similar events combined,
+    identical ones counted into one Event, each object's Events rate-limited."""
+
+    def __init__(
+        self,
+        *,
+        window_s: float = AGGREGATION_WINDOW_S,
+        similar_max: int = SIMILAR_MAX,
+        spam_burst: int = SPAM_BURST,
+        spam_qps: float = SPAM_QPS,
+        size: int = CACHE_SIZE,
+    ) -> None:
+        self.similar = SimilarEvents(window_s=window_s, max_messages=similar_max, size=size)
+        self.events = Aggregator(window_s=window_s, size=size)
+        self.spam = SpamFilter(burst=spam_burst, qps=spam_qps, size=size)
+
+    def correlate(self, record: EventRecord, ref: JSON) -> Correlation:
+        key, message = self.similar.classify(record, ref)
+        post = self.events.decide(key, record, ref)
+        skip = not self.spam.allows(ref, record.at)
+        if skip:
+            # Observed before filtered (upstream): the Event to come carries this one.
+            self.events.posted(key, post, at=record.at)
+        return Correlation(key, post, message, message != record.message, skip)
+
+    def posted(self, correlation: Correlation, post: Post, *, at: float) -> None:
+        """The Event now exists with `post.count`, last seen `at`."""
+        self.events.posted(correlation.key, post, at=at)
+
+    def forget(self, key: EventKey) -> None:
+        self.events.forget(key)

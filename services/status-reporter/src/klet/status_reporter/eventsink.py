@@ -19,11 +19,18 @@ once it is given up on:
   recorder gives up after 12), the outage logged once, so a short outage loses nothing
   and a long one does not hold the stream forever.
 
+Each record goes through `events.Correlator` (client-go's EventCorrelator: similar
+events combined, identical ones counted into one Event by PATCH, a spam filter per
+involved object) before the node-wide eventRecordQPS limit. A record the spam filter
+holds back is acknowledged unposted; its occurrence is in the count of the next Event
+posted for it.
+
 Redelivery after a crash or a handover is harmless for a new Event: its name derives
 from the record's time, so creating it again answers AlreadyExists, which counts as
-done. The aggregation memory is per process, as upstream's correlator: an entry the
-old leader had already counted into an existing Event (a PATCH) and not yet
-acknowledged when it died becomes an Event of its own when redelivered.
+done. The correlation memory is per process, as upstream's: an entry the old leader
+had already counted into an existing Event (a PATCH) and not yet acknowledged when it
+died becomes an Event of its own when redelivered, and a new leader starts with full
+spam buckets.
 
 A static pod's events are posted against its mirror pod (`mirror_uid`), as the
 apiserver knows no object with the static pod's UID; before a mirror exists they keep
@@ -66,6 +73,10 @@ class EventPolicy:
     burst: int = 100
     """eventBurst."""
     window_s: float = events.AGGREGATION_WINDOW_S
+    spam_burst: int = events.SPAM_BURST
+    """Events one object may have posted at once (client-go's spam filter)..."""
+    spam_qps: float = events.SPAM_QPS
+    """...refilled at this rate (one every 5 minutes)."""
     max_tries: int = 12
     """Tries of one Event while the apiserver is unavailable, then it is dropped."""
     retry: BackoffPolicy = field(default_factory=lambda: BackoffPolicy(0.5, 5.0))
@@ -101,7 +112,11 @@ class EventSink:
         self._consumer = consumer
         self._policy = policy
         self._monotonic = monotonic
-        self._aggregator = events.Aggregator(window_s=policy.window_s)
+        self._correlator = events.Correlator(
+            window_s=policy.window_s,
+            spam_burst=policy.spam_burst,
+            spam_qps=policy.spam_qps,
+        )
         self._bucket = TokenBucket(policy.qps, policy.burst, now=monotonic())
         self._group_ready = False
         self._taken_over = False  # the takeover at election is done
@@ -109,38 +124,53 @@ class EventSink:
         self._once = OnceLogger(log, level=logging.WARNING)
         self.posted = 0
         """Events created or counted (tests and metrics)."""
+        self.filtered = 0
+        """Records the spam filter held back (counted into their Events, not posted)."""
 
     async def post(self, record: EventRecord) -> None:
-        """Create the Event, or raise the count of a recent identical one. Raises KubeError."""
+        """Correlate the record (events.Correlator), then create its Event, raise the
+        count of the one it joins, or, held back by the spam filter, only count it.
+        Raises KubeError."""
         ref = events.involved_object(record.involved)
         if ref.get("kind") == "Pod" and ref.get("uid"):
             mirror = self._mirror_uid(PodUID(ref["uid"]))
             if mirror:
                 ref["uid"] = mirror
-        key = events.event_key(record, ref)
         namespace = events.event_namespace(ref)
-        decision = self._aggregator.decide(key, record, ref)
+        found = self._correlator.correlate(record, ref)
+        if found.skip:
+            self.filtered += 1
+            return
+        decision = found.post
         await self._throttle()
         if decision.kind == "patch":
             try:
                 await self._api.patch_event(
-                    namespace, decision.name, events.count_patch(decision.count, record.at)
+                    namespace,
+                    decision.name,
+                    events.count_patch(
+                        decision.count, record.at, found.message if found.combined else None
+                    ),
                 )
             except NotFound:
-                self._aggregator.forget(key)
-                decision = events.Post(
-                    "create", events.event_name(ref, record.at), max(1, record.count)
-                )
+                pass  # gone (the apiserver's TTL): created again, as upstream, with its count
             else:
-                self._aggregator.posted(key, decision, at=record.at)
+                self._correlator.posted(found, decision, at=record.at)
                 self.posted += 1
                 return
-        body = events.new_event(record, ref, node_name=self._node, name=decision.name)
+        body = events.new_event(
+            record,
+            ref,
+            node_name=self._node,
+            name=decision.name,
+            message=found.message,
+            count=decision.count,
+        )
         try:
             await self._api.create_event(body)
         except Conflict:
             pass  # created by an earlier delivery of the same record
-        self._aggregator.posted(key, decision, at=record.at)
+        self._correlator.posted(found, decision, at=record.at)
         self.posted += 1
 
     async def _throttle(self) -> None:
