@@ -2,8 +2,10 @@
 in v1.34): a pod klet runs reports the generation it was created with on its status and
 on every condition the kubelet owns; a spec update (activeDeadlineSeconds) bumps the
 generation, and klet reports the new one on the status and the conditions while their
-transition times stay. A static pod's mirror carries none (the static pod has no
-generation), as upstream's."""
+transition times stay. A pod the node rejects at admission (more CPU than it has) is
+Failed with observedGeneration 1, as upstream's e2e "pod rejected by kubelet" spec
+wants. A static pod's mirror carries none (the static pod has no generation), as
+upstream's."""
 
 from __future__ import annotations
 
@@ -129,3 +131,36 @@ def test_mirror_pod_has_no_observed_generation(node: KletNode, control_plane: Co
     mirror = wait_for(running_mirror, timeout_s=60, what="the mirror pod Running and Ready")
     assert "observedGeneration" not in mirror["status"]
     assert not any("observedGeneration" in c for c in mirror["status"]["conditions"])
+
+
+def test_rejected_pod_reports_its_generation(node: KletNode, control_plane: ControlPlane) -> None:
+    cp = control_plane
+    wait_node_ready(cp, NODE)
+    manifest = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": "gen-out-of-cpu", "namespace": "default"},
+        "spec": {
+            "nodeName": NODE,
+            "containers": [
+                {
+                    "name": "main",
+                    "image": IMAGE,
+                    "command": ["sleep", "100000"],
+                    "resources": {"requests": {"cpu": "1000000"}},
+                }
+            ],
+        },
+    }
+    r = cp.kubectl("create", "-f", "-", input=json.dumps(manifest))
+    assert r.returncode == 0, r.stderr
+
+    def rejected() -> dict[str, Any] | None:
+        pod = get_pod(cp, "gen-out-of-cpu")
+        status = (pod or {}).get("status") or {}
+        return pod if status.get("phase") == "Failed" else None
+
+    pod = wait_for(rejected, timeout_s=30, what="the pod rejected (Failed)")
+    assert pod["status"]["reason"] == "OutOfcpu"
+    assert pod["metadata"]["generation"] == 1
+    assert pod["status"]["observedGeneration"] == 1
