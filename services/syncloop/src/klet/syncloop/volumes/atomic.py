@@ -26,12 +26,13 @@ from __future__ import annotations
 
 import os
 import shutil
-import stat
 import tempfile
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
+
+from klet.syncloop.volumes import ownership
 
 DATA_DIR = "..data"
 NEW_DATA_DIR = "..data_tmp"
@@ -200,21 +201,6 @@ def _remove_stale_payloads(target: Path, *, keep: str) -> None:
 
 def set_group_ownership(root: Path, gid: int) -> None:
     """Give everything under `root` to group `gid`, readable by it, as upstream's
-    SetVolumeOwnership does for a read-only volume: files get `ug+r` on top of their
-    mode, directories `ug+rx` and the set-group-ID bit; symbolic links are re-owned but
-    keep their mode (a chmod would reach the file they point to)."""
-    _own(str(root), gid)
-    for dirpath, dirs, files in os.walk(root):
-        for name in dirs + files:
-            _own(os.path.join(dirpath, name), gid)
-
-
-def _own(path: str, gid: int) -> None:
-    info = os.lstat(path)
-    os.lchown(path, -1, gid)
-    if stat.S_ISLNK(info.st_mode):
-        return
-    mask = 0o440
-    if stat.S_ISDIR(info.st_mode):
-        mask |= stat.S_ISGID | 0o110
-    os.chmod(path, stat.S_IMODE(info.st_mode) | mask)
+    SetVolumeOwnership does for a read-only volume (`ownership.set_volume_ownership`:
+    through descriptors, never following a link)."""
+    ownership.set_volume_ownership(root, gid, read_only=True)

@@ -63,7 +63,7 @@ from klet.hostfs import on_host
 from klet.model.records import CSIDriverRecord
 from klet.model.types import JSON
 from klet.syncloop.environment.kubeobjects import ObjectUnavailable, secret_data
-from klet.syncloop.volumes import claims, fs, hostpath, localdevice
+from klet.syncloop.volumes import claims, fs, hostpath, localdevice, ownership
 from klet.syncloop.volumes.base import (
     Block,
     TokenIssuer,
@@ -287,29 +287,14 @@ def resized_status(claim: JSON, capacity: str) -> JSON:
 
 def set_ownership(path: Path, gid: int, *, read_only: bool, on_root_mismatch: bool) -> None:
     """Give every file below `path` the group `gid` with group access, and each directory
-    the setgid bit, as upstream's volume ownership change does (symlinks: group only)."""
+    the setgid bit, as upstream's volume ownership change does
+    (`ownership.set_volume_ownership`: through descriptors, never following a link)."""
     if on_root_mismatch:
         st = os.stat(path)
         want = 0o2070 if not read_only else 0o2050
         if st.st_gid == gid and st.st_mode & want == want:
             return
-    mask = 0o440 if read_only else 0o660
-
-    def change(entry: str) -> None:
-        st = os.lstat(entry)
-        os.lchown(entry, -1, gid)
-        if not stat.S_ISLNK(st.st_mode):
-            extra = mask | (0o2110 if stat.S_ISDIR(st.st_mode) else 0)
-            os.chmod(entry, stat.S_IMODE(st.st_mode) | extra)
-
-    for top, dirs, files in os.walk(path):
-        change(top)  # each real directory once, as the top of its own step
-        for name in files:
-            change(os.path.join(top, name))
-        for name in dirs:  # a symlink to a directory is listed here but not walked
-            entry = os.path.join(top, name)
-            if os.path.islink(entry):
-                change(entry)
+    ownership.set_volume_ownership(path, gid, read_only=read_only)
 
 
 def _write_json(path: Path, data: JSON) -> None:
