@@ -122,6 +122,7 @@ async def main(deps: Deps) -> int:
                 "periodic-resync": gated("periodic-resync", periodic_resync),
                 "node-health": gated("node-health", report_health),
                 "node-allocatable": gated("node-allocatable", lambda: _node_allocatable(deps)),
+                "node-taints": _node_taints(deps),
                 "status-publisher": gated("status-publisher", controller.publisher.run),
                 "event-publisher": gated("event-publisher", deps.events.run),
                 "prober": gated("prober", deps.prober.run),
@@ -154,6 +155,15 @@ async def _node_allocatable(deps: Deps) -> None:
         events=deps.events.queue,
         write=deps.reserved_writer,
     )
+
+
+async def _node_taints(deps: Deps) -> None:
+    """Follow the Node's taints for admission (cluster mode; every replica, so one that
+    takes over admits with them at once); standalone, nothing to follow."""
+    if deps.node_taints is None:
+        await asyncio.Event().wait()
+        return
+    await deps.node_taints.run()
 
 
 async def _volume_cleanup(deps: Deps) -> None:

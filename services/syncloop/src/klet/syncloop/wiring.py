@@ -41,6 +41,7 @@ from klet.obs import ServicePort
 from klet.obs.restclient import RestClientMetrics
 from klet.obs.runtimeops import RuntimeOperationMetrics
 from klet.syncloop.admission.admit import AdmissionLedger, NodeInfo
+from klet.syncloop.admission.nodetaints import KubeNodeApi, NodeTaints
 from klet.syncloop.admission.sysctls import SysctlAllowlist
 from klet.syncloop.containers.hooks import LifecycleHooks
 from klet.syncloop.containers.images import (
@@ -142,6 +143,7 @@ class Deps:
     relister: Relister
     watcher: EventWatcher | None  # None: featureGates.EventedPLEG=false, relisting only
     kube: KubeClient | None = None  # cluster mode's apiserver client, closed at exit
+    node_taints: NodeTaints | None = None  # cluster mode: follows the Node for admission
     volumes: VolumeManager | None = None  # pod volumes; its orphan clean-up is a root task
     plugins: PluginWatcher | None = None  # <root-dir>/plugins_registry; None: not watched
     volume_stats: VolumeStatsCollector | None = None  # the bus `volumes` table; None: off
@@ -190,6 +192,7 @@ def admission_node(settings: Settings) -> NodeInfo:
         ),
         sysctls=SysctlAllowlist.of(k.allowed_unsafe_sysctls),
         runtime_classes=kube_settings(settings) is not None,
+        taints=tuple(dict(t) for t in k.register_with_taints),  # upstream's initial node
     )
 
 
@@ -369,6 +372,11 @@ def build_deps(settings: Settings, overrides: Overrides | None = None) -> Deps:
         sleep=sleep,
         observer=metrics.prober,
     )
+    node_taints = (
+        NodeTaints(KubeNodeApi(kube, settings.klet.node_name), initial=k.register_with_taints)
+        if kube is not None
+        else None
+    )
     controller = PodController(
         bus=node_bus,
         runtime=runtime,
@@ -378,7 +386,7 @@ def build_deps(settings: Settings, overrides: Overrides | None = None) -> Deps:
         host_ip=host_ip(settings),
         clock=clock,
         prober=prober,
-        admission=AdmissionLedger(o.node or admission_node(settings)),
+        admission=AdmissionLedger(o.node or admission_node(settings), taints=node_taints),
         pressure=NodePressure(node_bus),
         last_status=functools.partial(published_status, node_bus),
         on_rejected=metrics.record_admission_rejection,
@@ -434,6 +442,7 @@ def build_deps(settings: Settings, overrides: Overrides | None = None) -> Deps:
             else service_lease(bus, "syncloop", run_dir, ttl_ms=15_000)
         ),
         kube=kube,
+        node_taints=node_taints,
         volumes=volumes,
         plugins=PluginWatcher(
             Path(settings.klet.root_dir) / PLUGINS_REGISTRY,

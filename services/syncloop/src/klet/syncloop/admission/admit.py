@@ -20,7 +20,14 @@ upstream's order, the first failure being the one reported:
    node's labels (and `metadata.name` for matchFields);
 4. `NodeName`: spec.nodeName, when set, must be this node;
 5. `NodePorts`: no (hostIP, protocol, hostPort) of the pod may be in use by another
-   admitted pod, `0.0.0.0` (or no hostIP) conflicting with every address.
+   admitted pod, `0.0.0.0` (or no hostIP) conflicting with every address;
+6. `TaintToleration`: a pod that is not static must tolerate every `NoExecute` taint of
+   the Node (upstream's kubelet looks at no other effect: NoSchedule is the
+   scheduler's), message "Predicate TaintToleration failed: node(s) had taints that the
+   pod didn't tolerate". Critical pods are not exempt (upstream's critical-pod handler
+   only preempts for resources). The taints are the Node's as syncloop last saw it
+   (`nodetaints.py` follows the Node in cluster mode); standalone, or before the Node is
+   first read, they are `registerWithTaints`, as upstream's initial node.
 
 A pod's requests are upstream's `PodRequests` (`klet.model.pod.pod_requests`).
 
@@ -41,8 +48,7 @@ as the node is shutting down.". Pods re-admitted after a syncloop restart
 skip this check: they already run, and a restart must not stop them.
 
 The rejected pod's status message is "Pod was rejected: <message>"; the Event carries
-the bare message (upstream's `rejectPod`). Taint checks (NoExecute taints a non-static
-pod does not tolerate) are left out: syncloop does not see the Node's taints.
+the bare message (upstream's `rejectPod`).
 
 `AdmissionLedger` holds which pods were admitted and rejected; it does no I/O, the
 controller feeds it the pods that count (admitted, not terminal) and the restart order.
@@ -51,11 +57,12 @@ controller feeds it the pods that count (admitted, not terminal) and the restart
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime
+from typing import Protocol
 
 from klet.model.node import NODE_SHUTDOWN
-from klet.model.pod import is_critical, pod_requests
+from klet.model.pod import is_critical, is_static, pod_requests
 from klet.model.types import JSON
 from klet.syncloop.admission.sysctls import FORBIDDEN_REASON, SysctlAllowlist
 from klet.syncloop.containers import fields
@@ -85,6 +92,8 @@ class NodeInfo:
     """The pod sysctls allowed here: the safe ones plus allowedUnsafeSysctls."""
     runtime_classes: bool = False
     """RuntimeClasses can be looked up (cluster mode: the apiserver holds them)."""
+    taints: tuple[JSON, ...] = ()
+    """The Node's spec.taints (every effect; admission reads the NoExecute ones)."""
 
 
 @dataclass(frozen=True)
@@ -109,6 +118,8 @@ def _predicate(name: str, description: str) -> Verdict:
 NODE_AFFINITY = _predicate("NodeAffinity", "node(s) didn't match Pod's node affinity/selector")
 NODE_NAME = _predicate("NodeName", "node(s) didn't match the requested node name")
 NODE_PORTS = _predicate("NodePorts", "node(s) didn't have free ports for the requested pod ports")
+TAINT_TOLERATION = _predicate("TaintToleration", "node(s) had taints that the pod didn't tolerate")
+NO_EXECUTE = "NoExecute"
 OS_LABEL_MISMATCH = Verdict(
     False,
     "PodOSSelectorNodeLabelDoesNotMatch",
@@ -330,7 +341,38 @@ def admit_pod(pod: JSON, *, others: Sequence[JSON], node: NodeInfo) -> Verdict:
         return NODE_NAME
     if not fits_host_ports(pod, others=others):
         return NODE_PORTS
+    if not is_static(pod) and untolerated_no_execute(node.taints, spec.get("tolerations") or []):
+        return TAINT_TOLERATION
     return ADMIT
+
+
+def tolerates_taint(toleration: JSON, taint: JSON) -> bool:
+    """Toleration.ToleratesTaint: the effect and key match when the toleration sets
+    them; operator Exists matches any value, Equal (or none) only the taint's value."""
+    effect = toleration.get("effect") or ""
+    if effect and effect != (taint.get("effect") or ""):
+        return False
+    key = toleration.get("key") or ""
+    if key and key != (taint.get("key") or ""):
+        return False
+    operator = toleration.get("operator") or "Equal"
+    if operator == "Exists":
+        return True
+    if operator == "Equal":
+        return (toleration.get("value") or "") == (taint.get("value") or "")
+    return False
+
+
+def untolerated_no_execute(taints: Iterable[JSON], tolerations: Iterable[JSON]) -> JSON | None:
+    """FindMatchingUntoleratedTaint over the NoExecute taints: the first one no
+    toleration tolerates, or None."""
+    usable = [t for t in tolerations if isinstance(t, Mapping)]
+    for taint in taints:
+        if not isinstance(taint, Mapping) or taint.get("effect") != NO_EXECUTE:
+            continue
+        if not any(tolerates_taint(t, taint) for t in usable):
+            return taint
+    return None
 
 
 # -- node pressure (upstream's eviction admit handler) -------------------------------
@@ -399,6 +441,12 @@ def is_terminal_phase(status: JSON | None) -> bool:
     return status is not None and status.get("phase") in _TERMINAL_PHASES
 
 
+class TaintSource(Protocol):
+    """The Node's taints as last seen (`nodetaints.NodeTaints`)."""
+
+    def taints(self) -> tuple[JSON, ...]: ...
+
+
 @dataclass
 class AdmissionLedger:
     """The admission decisions of one syncloop process.
@@ -413,6 +461,8 @@ class AdmissionLedger:
     """
 
     node: NodeInfo
+    taints: TaintSource | None = None
+    """Where the Node's current taints are read at each decision; None: `node.taints`."""
     admitted: set[str] = field(default_factory=set)
     rejected: dict[str, Verdict] = field(default_factory=dict)
     idle: set[str] = field(default_factory=set)
@@ -432,7 +482,10 @@ class AdmissionLedger:
             if forbidden is not None:
                 verdict = Verdict(False, FORBIDDEN_REASON, forbidden)
         if verdict.admit:
-            verdict = admit_pod(pod, others=others, node=self.node)
+            node = self.node
+            if self.taints is not None:
+                node = replace(node, taints=self.taints.taints())
+            verdict = admit_pod(pod, others=others, node=node)
         if verdict.admit:
             self.admitted.add(uid)
         else:
