@@ -10,8 +10,9 @@ server (WebSocket, channel protocol v4) runs a command with stdout and stderr ke
 and feeds stdin; portForward over WebSocket reaches the pod's httpd; /metrics/cadvisor
 shows a busy container's CPU counter growing between two scrapes, its memory and limits
 and the pod's network with cAdvisor's labels; /checkpoint answers containerd 1.6's
-Unimplemented as upstream's 500. SPDY (kubectl) is covered by the cluster
-test.
+Unimplemented as upstream's 500; PSI (KubeletPSI) as this host has it: the node's from
+/proc/pressure, none for a cgroup v1 host's pods and containers. SPDY (kubectl) is
+covered by the cluster test.
 """
 
 from __future__ import annotations
@@ -497,3 +498,36 @@ def test_metrics_cadvisor_of_a_busy_container(node_factory: Any, manifests: Path
     assert root["pod"] == root["namespace"] == root["container"] == ""
     assert second["machine_cpu_cores"][0][1] >= 1
     assert second["container_scrape_error"] == [({}, 0.0)]
+
+
+def test_psi_as_this_host_has_it(talker: KletNode, pki: Any) -> None:
+    """KubeletPSI on the real host: the node's PSI in /stats/summary and on the root's
+    cAdvisor series where the kernel has /proc/pressure; the pods' and containers' only
+    on a cgroup v2 host (this machine's cgroup v1 hierarchies have no pressure files, so
+    theirs are absent, not zeros)."""
+    node_psi = all(
+        (Path("/proc/pressure") / r).is_file() for r in ("cpu", "memory", "io")
+    ) and bool(Path("/proc/pressure/cpu").read_text().strip())
+    unified = Path("/sys/fs/cgroup/cgroup.controllers").is_file()
+    with serving_api(talker, pki) as (admin, _, pod):
+        summary = json.loads(admin.get("/stats/summary")[1])
+        samples = cadvisor_samples(admin)
+    node = summary["node"]
+    if node_psi:
+        for part in (node["cpu"], node["memory"], node["io"]):
+            assert set(part["psi"]) == {"full", "some"}
+            assert set(part["psi"]["some"]) == {"total", "avg10", "avg60", "avg300"}
+        assert node["cpu"]["psi"]["some"]["total"] > 0  # this machine is never idle
+    else:
+        assert "psi" not in node["cpu"] and "io" not in node
+    [stats] = [p for p in summary["pods"] if p["podRef"]["name"] == pod]
+    containers = stats["containers"]
+    waiting = {
+        lb["id"] for lb, _ in samples.get("container_pressure_cpu_waiting_seconds_total", [])
+    }
+    if unified:
+        assert "psi" in stats["cpu"] and all("psi" in c["cpu"] for c in containers)
+    else:
+        assert "psi" not in stats["cpu"] and "io" not in stats
+        assert all("psi" not in c["cpu"] and "io" not in c for c in containers)
+        assert waiting == ({"/"} if node_psi else set())

@@ -3,6 +3,7 @@
 `StatsProvider` (provider.py) reads the runtime and the host (`HostReader`, host.py)
 into a `Snapshot` (model.py, pure); status-reporter's `/stats/summary` and eviction's
 signals are both derived from it. `klet.stats.testing` holds a fake cgroup reader.
+Pressure stall information (KubeletPSI) is parsed in psi.py.
 """
 
 from klet.stats.host import CgroupReader, HostReader, dir_usage
@@ -18,6 +19,7 @@ from klet.stats.model import (
     running_containers,
 )
 from klet.stats.provider import StatsProvider, StatsRuntime
+from klet.stats.psi import Pressure, PSIData, PSIStats, parse_psi
 
 __all__ = [
     "CgroupReader",
@@ -26,12 +28,16 @@ __all__ = [
     "FsUsage",
     "HostReader",
     "NodeStats",
+    "PSIData",
+    "PSIStats",
     "PodStats",
+    "Pressure",
     "RuntimeFs",
     "Snapshot",
     "StatsProvider",
     "StatsRuntime",
     "dir_usage",
     "latest_attempts",
+    "parse_psi",
     "running_containers",
 ]

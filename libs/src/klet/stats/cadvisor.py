@@ -18,6 +18,11 @@ they do not apply, as Prometheus needs one label set per family; the per-device,
 per-interface and per-CPU families add `device`, `interface` or `cpu` (always "total":
 per-CPU usage is off by default in cAdvisor too).
 
+With the KubeletPSI gate, `container_pressure_{cpu,memory,io}_{waiting,stalled}_seconds_total`
+(PSI's `some` and `full` totals) on the series whose cgroup has PSI: the root from
+/proc/pressure, every other cgroup only on cgroup v2 (a v1 cgroup has no pressure
+files, so those series are absent there, not 0).
+
 Where klet differs: the pod's network counters sit on the pod cgroup's series (cAdvisor
 puts them on the pause container's, which klet does not list: the dashboards sum by pod
 either way); the writable layer's `container_fs_usage_bytes` is the runtime's count
@@ -36,6 +41,7 @@ from dataclasses import dataclass, field
 from typing import NamedTuple
 
 from klet.cgroups.detail import CgroupDetail
+from klet.stats.psi import Pressure, PSIStats
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.exposition import generate_latest
 
@@ -100,6 +106,9 @@ class CgroupSeries:
     fs: WritableLayer | None = None
     blkio_devices: Mapping[str, str] = field(default_factory=dict)
     """"major:minor" → device name (/dev/sda); a device without one keeps its numbers."""
+    pressure: Pressure | None = None
+    """PSI (KubeletPSI): the root's from /proc/pressure, others' from their cgroup v2
+    `*.pressure` files; None where there is none (cgroup v1)."""
 
     def labels(self) -> list[str]:
         return [self.container, self.id, self.image, self.name, self.namespace, self.pod]
@@ -365,6 +374,23 @@ _BLKIO: tuple[tuple[str, str, int], ...] = (
 )
 
 
+# cAdvisor's pressure families: (name part, PSI line, help) per resource.
+_PRESSURE = (
+    (
+        "stalled",
+        "full",
+        "Total time duration no tasks in the container could make progress due to "
+        "{resource} congestion.",
+    ),
+    (
+        "waiting",
+        "some",
+        "Total time duration tasks in the container have waited due to {resource} congestion.",
+    ),
+)
+_PRESSURE_NAMES = {"cpu": "CPU", "memory": "memory", "io": "IO"}
+
+
 def _family(name: str, doc: str, labels: Sequence[str]) -> Metric:
     if name.endswith("_total"):
         return CounterMetricFamily(name, doc, labels=list(labels))
@@ -464,6 +490,21 @@ def cadvisor_families(snapshot: CgroupSnapshot) -> list[Metric]:
             _add(start, c.labels(), c.start_s)
         _add(seen, c.labels(), now_s)
     out += [processes, start, seen]
+
+    for resource in ("cpu", "memory", "io"):
+        for kind, line, doc in _PRESSURE:
+            family = _family(
+                f"container_pressure_{resource}_{kind}_seconds_total",
+                doc.format(resource=_PRESSURE_NAMES[resource]),
+                LABELS,
+            )
+            for c in cgroups:
+                stats: PSIStats | None = (
+                    None if c.pressure is None else getattr(c.pressure, resource)
+                )
+                if stats is not None:
+                    _add(family, c.labels(), getattr(stats, line).total_us / 1e6)
+            out.append(family)
 
     error = GaugeMetricFamily(
         "container_scrape_error",

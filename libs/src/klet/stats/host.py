@@ -31,6 +31,7 @@ from klet.hostfs import HOST_ROOT
 from klet.model import layout
 from klet.stats.cadvisor import MachineFacts, NetDev, parse_cpuinfo, parse_net_dev
 from klet.stats.model import DirUsage, FsUsage, parse_btime, parse_loadavg_tasks
+from klet.stats.psi import RESOURCES, Pressure, parse_psi
 
 __all__ = ["HOST_ROOT", "CgroupReader", "HostReader", "dir_usage", "host_view", "statfs"]
 
@@ -137,10 +138,21 @@ def _read(path: Path) -> str | None:
         return None
 
 
+def _pressure(directory: Path, name: str) -> Pressure | None:
+    """The PSI files `name.format(resource)` in `directory`; None when none parses."""
+    found = {r: parse_psi(_read(directory / name.format(r)) or "") for r in RESOURCES}
+    pressure = Pressure(**found)
+    return None if pressure.empty else pressure
+
+
 class HostReader:
     """Reads this host: `cgroups` for cgroup files, `proc` for /proc, `sys` for /sys,
     `root_dir` the kubelet root (pod directories, nodefs), `pod_logs_dir` the pod log
-    root, `cgroup_root` the node's cgroupRoot (pods under `<cgroupRoot>/kubepods`)."""
+    root, `cgroup_root` the node's cgroupRoot (pods under `<cgroupRoot>/kubepods`).
+
+    With `psi` (the KubeletPSI gate) it reads pressure stall information: the node's
+    from `<proc>/pressure/`, a cgroup's from its `*.pressure` files under `unified`, the
+    cgroup v2 hierarchy's mount (None on a cgroup v1 host, whose cgroups have none)."""
 
     def __init__(
         self,
@@ -151,8 +163,12 @@ class HostReader:
         cgroup_root: str,
         proc: Path = Path("/proc"),
         sys: Path = Path("/sys"),
+        psi: bool = False,
+        unified: Path | None = None,
     ) -> None:
         self.cgroups = cgroups
+        self.psi = psi
+        self.unified = unified
         self.sys = sys
         self.root_dir = root_dir
         self.pod_logs_dir = pod_logs_dir
@@ -216,6 +232,20 @@ class HostReader:
 
     def tasks(self) -> int | None:
         return parse_loadavg_tasks(_read(self.proc / "loadavg") or "")
+
+    def node_pressure(self) -> Pressure | None:
+        """The node's PSI (/proc/pressure); None when off or the kernel has none (built
+        without PSI, or booted with psi=0: the files then fail to read)."""
+        if not self.psi:
+            return None
+        return _pressure(self.proc / "pressure", "{}")
+
+    def cgroup_pressure(self, rel: str) -> Pressure | None:
+        """A cgroup's PSI (v2 `<resource>.pressure`); None when off, on cgroup v1, or
+        when the cgroup has none of the files."""
+        if not self.psi or self.unified is None:
+            return None
+        return _pressure(self.unified / rel.strip("/"), "{}.pressure")
 
     def net_dev(self, pid: int) -> dict[str, NetDev]:
         """The interfaces of `pid`'s network namespace and their counters."""

@@ -29,6 +29,7 @@ from typing import NamedTuple
 from klet.cgroups import CgroupStats
 from klet.cri import labels as L
 from klet.cri.types import Container, ContainerState, ContainerStatsInfo, Sandbox, SandboxState
+from klet.stats.psi import Pressure
 
 __all__ = [
     "ContainerStats",
@@ -113,6 +114,7 @@ class ContainerStats:
       read as upstream's kubelet reads them through cAdvisor; the summary takes them when
       the runtime's reading lacks them (containerd 1.6's shim reports no metrics at all on
       a cgroup v1 host where a controller listed in /proc/<pid>/cgroup is not mounted).
+    pressure: its cgroup's PSI (KubeletPSI, cgroup v2 only); None where there is none.
     """
 
     id: str
@@ -124,6 +126,7 @@ class ContainerStats:
     logs: DirUsage | None = None
     image: str = ""
     cgroup: CgroupStats | None = None
+    pressure: Pressure | None = None
 
 
 @dataclass(frozen=True)
@@ -137,6 +140,7 @@ class PodStats:
       running); None when it does not exist or filesystems were skipped.
     volumes: disk-backed emptyDir name → its usage (a mounted one is a `medium: Memory`
       tmpfs, which is memory, not disk, and is left out).
+    pressure: the pod cgroup's PSI (KubeletPSI, cgroup v2 only); None where there is none.
     """
 
     uid: str
@@ -148,13 +152,15 @@ class PodStats:
     containers: Sequence[ContainerStats] = ()
     logs: DirUsage | None = None
     volumes: Mapping[str, DirUsage] = field(default_factory=dict)
+    pressure: Pressure | None = None
 
 
 @dataclass(frozen=True)
 class NodeStats:
     """The node. `kubepods` is None when that cgroup does not exist; the filesystem
     fields are None when statfs failed or filesystems were skipped; `container_fs` is
-    the image filesystem unless the runtime reports a separate one."""
+    the image filesystem unless the runtime reports a separate one; `pressure` is
+    /proc/pressure's PSI (KubeletPSI), None where the kernel has none."""
 
     root: CgroupStats
     kubepods: CgroupStats | None
@@ -166,6 +172,7 @@ class NodeStats:
     logs_fs: FsUsage | None = None
     image_fs: RuntimeFs | None = None
     container_fs: RuntimeFs | None = None
+    pressure: Pressure | None = None
 
 
 @dataclass(frozen=True)

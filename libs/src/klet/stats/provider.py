@@ -116,10 +116,13 @@ class StatsProvider:
                 detail=cg.detail("/"),
                 start_s=None if boot_ns is None else boot_ns / 1e9,
                 network=host.net_dev(1),
+                pressure=host.node_pressure(),
             )
         ]
         for rel in host.node_cgroups():
-            series.append(CgroupSeries(id=rel, detail=cg.detail(rel)))
+            series.append(
+                CgroupSeries(id=rel, detail=cg.detail(rel), pressure=host.cgroup_pressure(rel))
+            )
         layer_fs = self._layer_fs(cri)
         for sandbox, containers in plan_pods(cri.sandboxes, cri.containers, cri.stats):
             series += self._pod_cgroups(sandbox, containers, layer_fs)
@@ -141,6 +144,7 @@ class StatsProvider:
             boot_ns=host.boot_ns(),
             pid_max=host.pid_max(),
             tasks=host.tasks(),
+            pressure=host.node_pressure(),
         )
         if filesystems:
             image_fs = self._runtime_fs(cri.image_fs[0], host.root_dir) if cri.image_fs else None
@@ -194,6 +198,7 @@ class StatsProvider:
                 processes=len(pids),
                 # Every process of a pod shares the sandbox's network namespace.
                 network=self.host.net_dev(pids[0]) if pids else {},
+                pressure=self.host.cgroup_pressure(rel),
             )
         ]
         children = cg.children(rel)
@@ -216,6 +221,7 @@ class StatsProvider:
                     start_s=None if c.start_ns is None else c.start_ns / 1e9,
                     processes=len(cg.procs(crel)),
                     fs=None if used is None else WritableLayer(layer_fs[0], used, layer_fs[1]),
+                    pressure=self.host.cgroup_pressure(crel),
                 )
             )
         return out
@@ -235,15 +241,20 @@ class StatsProvider:
     ) -> PodStats:
         host = self.host
         rel = host.pod_cgroup(sandbox.uid)
-        cgroup, processes = None, None
+        cgroup, processes, pressure = None, None, None
         if rel is not None:
             cgroup = host.cgroups.stats(rel)
             processes = host.processes(rel, cgroup)
+            pressure = host.cgroup_pressure(rel)
             children = host.cgroups.children(rel)
             containers = [
                 c
                 if (child := _container_cgroup(children, c)) is None
-                else dataclasses.replace(c, cgroup=host.cgroups.stats(f"{rel}/{child}"))
+                else dataclasses.replace(
+                    c,
+                    cgroup=host.cgroups.stats(f"{rel}/{child}"),
+                    pressure=host.cgroup_pressure(f"{rel}/{child}"),
+                )
                 for c in containers
             ]
         pod = PodStats(
@@ -254,6 +265,7 @@ class StatsProvider:
             cgroup=cgroup,
             processes=processes,
             containers=containers,
+            pressure=pressure,
         )
         if not filesystems:
             return pod

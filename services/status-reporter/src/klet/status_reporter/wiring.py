@@ -39,7 +39,7 @@ from klet.model.layout import DEFAULT_SERVICE_PORTS
 from klet.obs import ServicePort, leader_metric, new_registry
 from klet.obs.restclient import RestClientMetrics
 from klet.obs.runtimeops import RuntimeOperationMetrics
-from klet.stats import HostReader, StatsProvider
+from klet.stats import StatsProvider
 from klet.status_reporter.cluster import (
     ClusterDeps,
     ClusterKlet,
@@ -55,6 +55,7 @@ from klet.status_reporter.kubeletapi import (
     KubeletApiSettings,
     build_kubelet_api_deps,
 )
+from klet.status_reporter.kubeletapi.deps import host_reader
 from klet.status_reporter.metrics import CertificateMetrics, Metrics
 from klet.status_reporter.nodemetrics import NodeMetrics, port_file_replicas
 from klet.status_reporter.podcache import (
@@ -328,13 +329,7 @@ def build_deps(settings: ServiceSettings, *, overrides: Overrides | None = None)
 def _container_metrics(api: KubeletApiDeps | None) -> ContainerMetrics | None:
     if api is None:
         return None
-    host = HostReader(
-        cgroups=api.cgroups,
-        root_dir=api.settings.root_dir,
-        pod_logs_dir=api.settings.pod_logs_dir,
-        cgroup_root=api.settings.cgroup_root,
-    )
-    return ContainerMetrics(StatsProvider(api.runtime, host), api.pods)
+    return ContainerMetrics(StatsProvider(api.runtime, host_reader(api)), api.pods)
 
 
 def _kubelet_api(

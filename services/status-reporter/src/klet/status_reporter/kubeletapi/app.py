@@ -36,12 +36,12 @@ from klet.cri.errors import CRIError
 from klet.cri.errors import NotFound as CRINotFound
 from klet.model.types import JSON
 from klet.obs import CONTENT_TYPE
-from klet.stats import HostReader, StatsProvider
+from klet.stats import StatsProvider
 from klet.status_reporter.containermetrics import ContainerMetrics
 from klet.status_reporter.kubeletapi import lookup
 from klet.status_reporter.kubeletapi.checkpoint import CheckpointError, checkpoint
 from klet.status_reporter.kubeletapi.containerlogs import container_logs_response
-from klet.status_reporter.kubeletapi.deps import KubeletApiDeps
+from klet.status_reporter.kubeletapi.deps import KubeletApiDeps, host_reader
 from klet.status_reporter.kubeletapi.resourcemetrics import resource_metrics
 from klet.status_reporter.kubeletapi.routes import (
     BadRequest,
@@ -117,13 +117,7 @@ def create_app(deps: KubeletApiDeps) -> FastAPI:
     """The kubelet API app (no authentication: see `server.py`)."""
     app = FastAPI(title="klet kubelet API", docs_url=None, redoc_url=None, openapi_url=None)
     s = deps.settings
-    host = HostReader(
-        cgroups=deps.cgroups,
-        root_dir=s.root_dir,
-        pod_logs_dir=s.pod_logs_dir,
-        cgroup_root=s.cgroup_root,
-    )
-    stats = StatsProvider(deps.runtime, host)
+    stats = StatsProvider(deps.runtime, host_reader(deps))
     summary = SummaryProvider(node_name=s.node_name, stats=stats, volumes=deps.volumes)
     containers = ContainerMetrics(stats, deps.pods)
 

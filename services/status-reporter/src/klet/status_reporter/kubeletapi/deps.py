@@ -16,7 +16,7 @@ from klet.cgroups import CgroupFS
 from klet.config import Settings
 from klet.cri.types import ContainerStatusInfo
 from klet.model.types import JSON, ContainerID, SandboxID
-from klet.stats import CgroupReader, StatsRuntime
+from klet.stats import CgroupReader, HostReader, StatsRuntime
 from klet.status_reporter.kubeletapi.authn import ApiServer, AuthnSettings
 from klet.status_reporter.kubeletapi.authz import AuthzSettings
 from klet.status_reporter.kubeletapi.checkpoint import CheckpointRuntime
@@ -29,6 +29,7 @@ from prometheus_client import CollectorRegistry
 
 FINE_GRAINED_GATE = "KubeletFineGrainedAuthz"
 CHECKPOINT_GATE = "ContainerCheckpoint"
+PSI_GATE = "KubeletPSI"
 # With serverTLSBootstrap: klet.kube.rotation's serving certificate file in the cert dir
 # (named here so that a standalone process does not load `cryptography` for it).
 SERVING_FILE = "kubelet-server-current.pem"
@@ -132,6 +133,9 @@ class KubeletApiSettings:
     container_checkpoint: bool = True
     """[featureGates.ContainerCheckpoint], on by default as upstream since 1.30: serves
     POST /checkpoint/{namespace}/{pod}/{container}."""
+    psi: bool = True
+    """[featureGates.KubeletPSI], on by default as upstream since 1.34: pressure stall
+    information in /stats/summary and /metrics/cadvisor where the kernel has it."""
     enable_debugging_handlers: bool = True
     """[enableDebuggingHandlers]: off → 405 on logs, exec, attach, portForward, run,
     runningpods and configz."""
@@ -227,6 +231,7 @@ class KubeletApiSettings:
             ),
             fine_grained_authz=k.feature_gates.get(FINE_GRAINED_GATE, True),
             container_checkpoint=k.feature_gates.get(CHECKPOINT_GATE, True),
+            psi=k.feature_gates.get(PSI_GATE, True),
             enable_debugging_handlers=k.enable_debugging_handlers,
             pod_logs_dir=Path(k.pod_logs_dir),
             root_dir=klet.root_dir,
@@ -257,6 +262,23 @@ class KubeletApiDeps:
     """Every service's metrics (nodemetrics.NodeMetrics); None: `registry` alone."""
     history: HistoryLookup | None = None
     """A pod's history (`klet.bus.history.pod_story` on the node's bus), for /why."""
+
+
+def host_reader(deps: KubeletApiDeps) -> HostReader:
+    """The host reads behind /stats/summary and /metrics/cadvisor. Per-cgroup PSI is
+    read from the cgroup v2 hierarchy when that is what `deps.cgroups` reads; a v1 host's
+    cgroups have none (the node's /proc/pressure is read either way)."""
+    cgroups = deps.cgroups
+    unified = cgroups.root if isinstance(cgroups, CgroupFS) and cgroups.version == 2 else None
+    s = deps.settings
+    return HostReader(
+        cgroups=cgroups,
+        root_dir=s.root_dir,
+        pod_logs_dir=s.pod_logs_dir,
+        cgroup_root=s.cgroup_root,
+        psi=s.psi,
+        unified=unified,
+    )
 
 
 def kubelet_api_metrics(registry: CollectorRegistry) -> KubeletApiMetrics:

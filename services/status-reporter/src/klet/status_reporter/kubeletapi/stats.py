@@ -21,9 +21,16 @@ eviction-style consumers:
   its CSI volumes with the usage their driver last gave (syncloop measures every
   volumeStatsAggPeriod), with `pvcRef` for a claim's volume.
 
+PSI (the KubeletPSI gate): `psi: {full: {total, avg10, avg60, avg300}, some: {...}}` in
+`cpu`, `memory` and `io: {time, psi}` of the node (/proc/pressure), the pods and the
+containers (their cgroup v2 `*.pressure` files). Where the kernel gives none (a cgroup
+v1 host's pods and containers, a kernel without PSI) the `psi` fields and `io` are absent,
+not zeros. `total` is the kernel's microseconds, as upstream passes it on. `io` is left
+out with `only_cpu_and_memory`, as upstream's.
+
 The numbers are the ones eviction decides on: both come from `klet.stats.StatsProvider`.
 Left out: network, the usage of `medium: Memory` emptyDirs, configMap, secret, projected,
-downward-API, local and hostPath volumes, ephemeral-storage, accelerators, swap, PSI.
+downward-API, local and hostPath volumes, ephemeral-storage, accelerators, swap.
 usageNanoCores comes from CRI when the runtime computes it, otherwise from the previous
 sample of the same cgroup or container (so the first scrape has none, as upstream's first).
 `only_cpu_and_memory=true` drops the filesystem parts, as upstream.
@@ -44,6 +51,9 @@ from klet.stats import (
     DirUsage,
     FsUsage,
     PodStats,
+    Pressure,
+    PSIData,
+    PSIStats,
     RuntimeFs,
     Snapshot,
     StatsProvider,
@@ -116,6 +126,35 @@ def _empty_dir_stats(name: str, usage: DirUsage, fs: FsUsage | None, now_ns: int
     return {"name": name, **entry}
 
 
+def _psi_data(d: PSIData) -> JSON:
+    return {"total": d.total_us, "avg10": d.avg10, "avg60": d.avg60, "avg300": d.avg300}
+
+
+def psi_stats(s: PSIStats) -> JSON:
+    """One resource's PSI as the Summary API's PSIStats."""
+    return {"full": _psi_data(s.full), "some": _psi_data(s.some)}
+
+
+def with_psi(
+    cpu: JSON | None, memory: JSON | None, pressure: Pressure | None
+) -> tuple[JSON | None, JSON | None]:
+    """`cpu` and `memory` with their `psi` where `pressure` has it."""
+    if pressure is None:
+        return cpu, memory
+    if cpu is not None and pressure.cpu is not None:
+        cpu = {**cpu, "psi": psi_stats(pressure.cpu)}
+    if memory is not None and pressure.memory is not None:
+        memory = {**memory, "psi": psi_stats(pressure.memory)}
+    return cpu, memory
+
+
+def io_stats(pressure: Pressure | None, now_ns: int) -> JSON | None:
+    """IOStats: the time and the io PSI; None without one."""
+    if pressure is None or pressure.io is None:
+        return None
+    return {"time": rfc3339(now_ns), "psi": psi_stats(pressure.io)}
+
+
 def _runtime_fs(f: RuntimeFs, now_ns: int) -> JSON:
     return fs_stats(f.fs, now_ns, used_bytes=f.used_bytes, inodes_used=f.inodes_used)
 
@@ -175,11 +214,16 @@ class SummaryProvider:
         now = snap.time_ns
         n = snap.node
         seen: dict[str, CpuSample] = {}
+        cpu, memory = with_psi(
+            self._cpu("node", now, n.root.cpu_usage_ns, seen),
+            self._memory(now, n.root, capacity=n.memory_total),
+            n.pressure,
+        )
         node: JSON = {
             "nodeName": self.node_name,
             "startTime": rfc3339(n.boot_ns or now),
-            "cpu": self._cpu("node", now, n.root.cpu_usage_ns, seen),
-            "memory": self._memory(now, n.root, capacity=n.memory_total),
+            "cpu": cpu,
+            "memory": memory,
         }
         if n.kubepods is not None:
             node["systemContainers"] = [
@@ -193,6 +237,7 @@ class SummaryProvider:
                 )
             ]
         if not only_cpu_and_memory:
+            node["io"] = io_stats(n.pressure, now)
             node["fs"] = fs_stats(n.rootfs, now)
             runtime: JSON = {}
             if n.image_fs is not None:
@@ -221,8 +266,13 @@ class SummaryProvider:
             "containers": [],
         }
         if p.cgroup is not None:
-            pod["cpu"] = self._cpu(f"pod:{p.uid}", now, p.cgroup.cpu_usage_ns, seen)
-            pod["memory"] = self._memory(now, p.cgroup)
+            pod["cpu"], pod["memory"] = with_psi(
+                self._cpu(f"pod:{p.uid}", now, p.cgroup.cpu_usage_ns, seen),
+                self._memory(now, p.cgroup),
+                p.pressure,
+            )
+            if not only_cpu_and_memory:
+                pod["io"] = io_stats(p.pressure, now)
         if p.processes is not None:
             pod["process_stats"] = {"process_count": p.processes}
         for c in running_containers(p):
@@ -251,6 +301,11 @@ class SummaryProvider:
                 # The runtime gave no CPU or memory: the container's cgroup, as cAdvisor.
                 entry["cpu"] = self._cpu(c.id, now, c.cgroup.cpu_usage_ns, seen)
                 entry["memory"] = self._memory(now, c.cgroup)
+            entry["cpu"], entry["memory"] = with_psi(
+                entry.get("cpu"), entry.get("memory"), c.pressure
+            )
+            if not only_cpu_and_memory:
+                entry["io"] = io_stats(c.pressure, now)
             if st is not None and not only_cpu_and_memory and st.writable_layer is not None:
                 entry["rootfs"] = fs_stats(
                     image_fs,
