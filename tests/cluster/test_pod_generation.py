@@ -4,8 +4,9 @@ on every condition the kubelet owns; a spec update (activeDeadlineSeconds) bumps
 generation, and klet reports the new one on the status and the conditions while their
 transition times stay. A pod the node rejects at admission (more CPU than it has) is
 Failed with observedGeneration 1, as upstream's e2e "pod rejected by kubelet" spec
-wants. A static pod's mirror carries none (the static pod has no generation), as
-upstream's."""
+wants. 499 spec updates in a row (upstream e2e's "issue 500 podspec updates") converge
+on observedGeneration 500 within its 30 s. A static pod's mirror carries none (the
+static pod has no generation), as upstream's."""
 
 from __future__ import annotations
 
@@ -16,6 +17,8 @@ from typing import Any
 import pytest
 from klet.devstack import DevStack
 from klet.testbed.cluster import ControlPlane
+from kubernetes import client as kclient
+from kubernetes import config as kconfig
 
 from tests.harness.clusternode import cluster_node, wait_node_ready
 from tests.harness.node import KletNode
@@ -164,3 +167,36 @@ def test_rejected_pod_reports_its_generation(node: KletNode, control_plane: Cont
     assert pod["status"]["reason"] == "OutOfcpu"
     assert pod["metadata"]["generation"] == 1
     assert pod["status"]["observedGeneration"] == 1
+
+
+def test_many_updates_converge(node: KletNode, control_plane: ControlPlane) -> None:
+    cp = control_plane
+    wait_node_ready(cp, NODE)
+    manifest = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": "gen-many", "namespace": "default"},
+        "spec": {
+            "nodeName": NODE,
+            "terminationGracePeriodSeconds": 2,
+            "activeDeadlineSeconds": 5000,
+            "containers": [{"name": "main", "image": IMAGE, "command": ["sleep", "100000"]}],
+        },
+    }
+    r = cp.kubectl("create", "-f", "-", input=json.dumps(manifest))
+    assert r.returncode == 0, r.stderr
+    wait_for(lambda: reported(cp, "gen-many", 1), timeout_s=60, what="the pod Running")
+    api = kclient.CoreV1Api(kconfig.new_client_from_config(str(cp.admin_kubeconfig)))
+    try:
+        for i in range(499):
+            api.patch_namespaced_pod(
+                "gen-many", "default", {"spec": {"activeDeadlineSeconds": 4999 - i}}
+            )
+    finally:
+        api.api_client.close()
+    pod = wait_for(
+        lambda: reported(cp, "gen-many", 500),
+        timeout_s=30,
+        what="observedGeneration 500 after 499 updates",
+    )
+    assert pod["spec"]["activeDeadlineSeconds"] == 4501
