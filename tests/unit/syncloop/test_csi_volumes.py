@@ -293,6 +293,69 @@ async def test_the_sweep_unstages_a_staging_no_pod_uses(tmp_path: Path) -> None:
     assert list((tmp_path / "plugins/kubernetes.io/csi" / DRIVER).iterdir()) == []
 
 
+async def test_tear_down_unstages_the_path_of_driver_and_handle_not_the_one_on_disk(
+    tmp_path: Path,
+) -> None:
+    driver, objects = FakeDriver(), Objects()
+    objects.bind("data", "pv1")
+    p = plugin(tmp_path, driver, objects)
+    path = await p.set_up(CLAIM, ctx(tmp_path, a_pod("u1", CLAIM)))
+    assert isinstance(path, Path)
+    # vol_data.json rewritten to name another directory as the staging path
+    victim = tmp_path / "victim"
+    (victim / "globalmount").mkdir(parents=True)
+    (victim / "keep").write_text("precious")
+    data_file = path.parent / "vol_data.json"
+    data = json.loads(data_file.read_text())
+    data["stagingTargetPath"] = str(victim / "globalmount")
+    data_file.write_text(json.dumps(data))
+    await p.tear_down(path.parent)
+    staging = staging_path(tmp_path, DRIVER, "vol-1")
+    assert driver.calls[-1] == ("unstage", ("vol-1", str(staging)))
+    assert (victim / "keep").read_text() == "precious"
+    assert not staging.parent.exists()
+
+
+@pytest.mark.parametrize("name", ["../../..", "a/b", "..", "-drv", "x" * 64, "drv_1", ""])
+def test_a_driver_name_that_is_no_valid_name_never_makes_a_path(tmp_path: Path, name: str) -> None:
+    with pytest.raises(VolumeError, match="is not usable in a path"):
+        staging_path(tmp_path, name, "vol-1")
+
+
+async def test_a_vol_data_json_naming_a_bad_driver_unstages_nothing(tmp_path: Path) -> None:
+    driver, objects = FakeDriver(), Objects()
+    objects.bind("data", "pv1")
+    p = plugin(tmp_path, driver, objects)
+    path = await p.set_up(CLAIM, ctx(tmp_path, a_pod("u1", CLAIM)))
+    assert isinstance(path, Path)
+    data_file = path.parent / "vol_data.json"
+    data = json.loads(data_file.read_text())
+    data["driverName"] = "../../../../victim"
+    data_file.write_text(json.dumps(data))
+    with pytest.raises(VolumeError, match="is not usable in a path"):
+        await p.tear_down(path.parent)
+    assert driver.names() == ["stage", "publish"]  # nothing unpublished or unstaged
+    assert data_file.exists()
+
+
+async def test_the_sweep_leaves_a_staging_whose_data_names_another_volume(tmp_path: Path) -> None:
+    driver, objects = FakeDriver(), Objects()
+    objects.bind("data", "pv1")
+    p = plugin(tmp_path, driver, objects)
+    path = await p.set_up(CLAIM, ctx(tmp_path, a_pod("u1", CLAIM)))
+    assert isinstance(path, Path)
+    await p.tear_down(path.parent)
+    staging = staging_path(tmp_path, DRIVER, "vol-2")
+    staging.mkdir(parents=True)
+    (staging.parent / "vol_data.json").write_text(
+        json.dumps({"driverName": DRIVER, "volumeHandle": "vol-1"})  # not vol-2's directory
+    )
+    calls = len(driver.calls)
+    await p.sweep()
+    assert len(driver.calls) == calls
+    assert staging.is_dir()
+
+
 async def test_a_driver_without_stage_unstage_is_only_published(tmp_path: Path) -> None:
     driver, objects = FakeDriver(caps=frozenset()), Objects()
     objects.bind("data", "pv1")

@@ -8,7 +8,10 @@ asked NodeGetInfo, recorded by driver name and told it was registered; any other
 no name, no 1.x version, a NodeGetInfo refusal or no node ID is told why and not
 recorded; a bus outage is retried; a vanished socket's driver leaves the table at the
 reconcile that follows, a restart's first reconcile drops drivers whose socket is gone
-and keeps those registered again.
+and keeps those registered again. Names and endpoints: a driver name the apiserver would
+refuse (a path, too long) and an endpoint that is not a normalised absolute unix socket
+path are refused; a second registration of a registered name is refused unless its
+highest version is higher (upstream's ValidatePlugin), a higher one supersedes it.
 """
 
 from __future__ import annotations
@@ -116,10 +119,23 @@ def info(**kw: object) -> PluginInfo:
         (info(name=""), "no driver name"),
         (info(supported_versions=("0.3.0",)), "(0.3.0) is 1.x"),
         (info(supported_versions=()), "(none) is 1.x"),
+        (info(name="Hostpath.CSI.k8s.io"), None),  # checked lowercased, as the apiserver does
+        (info(name="../../../../etc"), "is not a DNS-1123 subdomain"),
+        (info(name="a/b"), "is not a DNS-1123 subdomain"),
+        (info(name="drv_1"), "is not a DNS-1123 subdomain"),
+        (info(name="x" * 64), "longer than 63 characters"),
+        (info(endpoint="unix:///var/lib/kubelet/plugins/hp/csi.sock"), None),
+        (info(endpoint=""), None),  # the registration socket's path is used
+        (info(endpoint="csi.sock"), "is not an absolute unix socket path"),
+        (info(endpoint="tcp://10.0.0.1:9000"), "is not an absolute unix socket path"),
+        (info(endpoint="/var/lib/kubelet/plugins/../../../run/x.sock"), "not a normalised"),
+        (info(endpoint="/var/lib//x.sock"), "not a normalised"),
+        (info(endpoint="/x\n.sock"), "control character"),
+        (info(endpoint="/" + "d" * 107), "longer than a unix socket path"),
     ],
 )
 def test_refusal(plugin: PluginInfo, why: str | None) -> None:
-    got = refusal(plugin)
+    got = refusal(plugin, socket="/var/lib/kubelet/plugins_registry/hp-reg.sock")
     assert got is None if why is None else (got is not None and why in got)
 
 
@@ -275,3 +291,54 @@ async def test_after_a_restart_only_what_registered_again_stays() -> None:
     await fresh.register(SOCK)
     await fresh.reconcile(frozenset({SOCK}))
     assert list(w.rows()) == ["hostpath.csi.k8s.io"]
+
+
+SOCK2 = Path("/reg/hostpath-reg-2.sock")
+ENDPOINT2 = "/var/lib/kubelet/plugins/impostor/csi.sock"
+
+
+async def test_a_registered_name_is_taken_again_only_by_a_higher_version() -> None:
+    w = World()
+    w.plugins[SOCK] = Plugin(info(supported_versions=("1.1.0",)))
+    w.drivers[ENDPOINT] = Driver(NODE)
+    assert await w.registrar.register(SOCK)
+    for versions in (("1.1.0",), ("1.0.0", "0.3.0"), ("v1.1",)):
+        w.plugins[SOCK2] = Plugin(info(endpoint=ENDPOINT2, supported_versions=versions))
+        w.drivers[ENDPOINT2] = Driver(NODE)
+        assert await w.registrar.register(SOCK2)  # done: refused and told
+        [(registered, error)] = w.plugins[SOCK2].told
+        assert not registered and "already registered" in error and "1.1.0" in error
+        assert w.rows()["hostpath.csi.k8s.io"].endpoint == ENDPOINT  # the first one holds
+    await w.registrar.reconcile(frozenset({SOCK, SOCK2}))
+    assert w.rows()["hostpath.csi.k8s.io"].endpoint == ENDPOINT
+    # a higher version supersedes it, and the first one's socket going takes nothing
+    w.plugins[SOCK2] = Plugin(info(endpoint=ENDPOINT2, supported_versions=("1.2.0",)))
+    assert await w.registrar.register(SOCK2)
+    assert w.plugins[SOCK2].told == [(True, "")]
+    assert w.rows()["hostpath.csi.k8s.io"].endpoint == ENDPOINT2
+    await w.registrar.deregister(SOCK)
+    await w.registrar.reconcile(frozenset({SOCK2}))
+    assert w.rows()["hostpath.csi.k8s.io"].endpoint == ENDPOINT2
+
+
+async def test_a_driver_whose_socket_went_registers_again_with_the_same_version() -> None:
+    w = World()
+    w.plugins[SOCK] = Plugin(info())
+    w.drivers[ENDPOINT] = Driver(NODE)
+    assert await w.registrar.register(SOCK)
+    await w.registrar.deregister(SOCK)  # node-driver-registrar restarted: a new socket
+    w.plugins[SOCK] = Plugin(info())
+    assert await w.registrar.register(SOCK)
+    assert w.plugins[SOCK].told == [(True, "")]
+
+
+async def test_a_bad_name_or_endpoint_is_told_and_not_recorded() -> None:
+    w = World()
+    w.plugins[SOCK] = Plugin(info(name="../../../../etc"))
+    w.drivers[ENDPOINT] = Driver(NODE)
+    assert await w.registrar.register(SOCK)
+    w.plugins[SOCK2] = Plugin(info(endpoint="relative/csi.sock"))
+    assert await w.registrar.register(SOCK2)
+    assert w.rows() == {}
+    assert not w.plugins[SOCK].told[0][0] and not w.plugins[SOCK2].told[0][0]
+    assert not w.drivers[ENDPOINT].closed  # the driver was never asked

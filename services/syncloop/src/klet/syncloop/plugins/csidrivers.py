@@ -2,13 +2,25 @@
 
 For each registration socket the watcher finds, as upstream's CSI plugin handler does:
 ask it what it is (`GetInfo`); refuse anything but a `CSIPlugin` naming a driver and a
-CSI version 1.x; ask the driver's own endpoint what it calls this node (`NodeGetInfo`:
-node ID, volume limit, topology); record the driver in the bus table, keyed by its
-name; then tell the plugin (`NotifyRegistrationStatus`). A refusal is told to the
-plugin with the reason and logged; node-driver-registrar exits on it and its restart
-makes a new socket, which is a new registration. A socket that vanishes takes its
-driver out of the table, unless the driver registered again through another socket
-since.
+CSI version 1.x; refuse a driver name already registered by this process unless the
+newcomer's highest supported version is higher (upstream's ValidatePlugin: a second
+registrar cannot take over a driver's name, and with it the volumes and secrets meant
+for that driver, by registering after it); ask the driver's own endpoint what it calls
+this node (`NodeGetInfo`: node ID, volume limit, topology); record the driver in the
+bus table, keyed by its name; then tell the plugin (`NotifyRegistrationStatus`). A
+refusal is told to the plugin with the reason and logged; node-driver-registrar exits
+on it and its restart makes a new socket, which is a new registration. A socket that
+vanishes takes its driver out of the table, unless the driver registered again
+through another socket since.
+
+Stricter than upstream, which takes both as given: the driver name must be one the
+apiserver accepts in a CSIDriver or a PV (at most 63 characters, a DNS-1123 subdomain
+once lowercased), since it becomes a directory of the staging path
+(`<root-dir>/plugins/kubernetes.io/csi/<driver>/...`) and a name like `../..` would
+move that; the endpoint must be a unix socket's absolute, normalised path (optionally
+`unix://`), short enough for a socket address. Its directory is not restricted:
+drivers' manifests name host paths such as `/var/lib/kubelet/plugins/<driver>/csi.sock`
+whatever the node's root dir.
 
 The table is what the rest of the node reads: syncloop's volume code finds a driver's
 endpoint there, status-reporter publishes the node IDs and topology in the CSINode
@@ -33,6 +45,13 @@ log = logging.getLogger(__name__)
 
 CSI_PLUGIN = "CSIPlugin"
 _VERSION = re.compile(r"v?(\d+)(?:\.(\d+))?(?:\.(\d+))?$")
+DRIVER_NAME_MAX = 63
+_DNS1123_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
+SOCKET_PATH_MAX = 107
+"""Bytes of a unix socket's path (`sun_path` holds 108 with the terminating NUL)."""
+UNIX_SCHEME = "unix://"
+
+Version = tuple[int, int, int]
 
 
 class DriverTable(Protocol):
@@ -57,21 +76,66 @@ class Driver(Protocol):
     async def close(self) -> None: ...
 
 
-def refusal(info: PluginInfo) -> str | None:
-    """Why klet does not take this plugin, or None."""
+def driver_name_problem(name: str) -> str | None:
+    """Why `name` is not a CSI driver name as the apiserver validates one in a CSIDriver
+    or a PV (`ValidateCSIDriverName`), or None."""
+    if not name:
+        return "the driver name is empty"
+    if len(name) > DRIVER_NAME_MAX:
+        return f"driver name {name[:80]!r}... is longer than {DRIVER_NAME_MAX} characters"
+    if not _DNS1123_SUBDOMAIN.fullmatch(name.lower()):
+        return (
+            f"driver name {name!r} is not a DNS-1123 subdomain (lower case alphanumeric "
+            "characters, '-' or '.', starting and ending with an alphanumeric character)"
+        )
+    return None
+
+
+def endpoint_problem(endpoint: str) -> str | None:
+    """Why `endpoint` is not a CSI driver's unix socket path, or None."""
+    path = endpoint.removeprefix(UNIX_SCHEME)
+    if any(ord(c) < 0x20 or ord(c) == 0x7F for c in path):
+        return f"endpoint {endpoint!r} holds a control character"
+    if not path.startswith("/"):
+        return f"endpoint {endpoint!r} is not an absolute unix socket path (or {UNIX_SCHEME}<path>)"
+    if any(part in ("", ".", "..") for part in path.split("/")[1:]):
+        return f"endpoint {endpoint!r} is not a normalised path (an empty, '.' or '..' element)"
+    if len(path.encode()) > SOCKET_PATH_MAX:
+        return (
+            f"endpoint {endpoint!r} is longer than a unix socket path may be "
+            f"({SOCKET_PATH_MAX} bytes)"
+        )
+    return None
+
+
+def highest_version(versions: tuple[str, ...] | list[str]) -> Version | None:
+    """The highest 1.x CSI version among `versions`, or None."""
+    found: list[Version] = []
+    for version in versions:
+        m = _VERSION.match(version.strip())
+        if m and int(m.group(1)) == 1:
+            found.append((1, int(m.group(2) or 0), int(m.group(3) or 0)))
+    return max(found, default=None)
+
+
+def _show(version: Version) -> str:
+    return ".".join(str(n) for n in version)
+
+
+def refusal(info: PluginInfo, *, socket: str = "") -> str | None:
+    """Why klet does not take this plugin, or None. `socket` is the registration
+    socket's path, the endpoint of a plugin that names none."""
     if info.type != CSI_PLUGIN:
         return f"plugin type {info.type!r} is not supported by klet (only {CSI_PLUGIN})"
     if not info.name:
         return "the plugin gave no driver name"
-    majors = set()
-    for version in info.supported_versions:
-        m = _VERSION.match(version.strip())
-        if m:
-            majors.add(int(m.group(1)))
-    if 1 not in majors:
+    why = driver_name_problem(info.name)
+    if why is not None:
+        return why
+    if highest_version(info.supported_versions) is None:
         versions = ", ".join(info.supported_versions) or "none"
         return f"none of the CSI versions the plugin supports ({versions}) is 1.x"
-    return None
+    return endpoint_problem(info.endpoint or socket)
 
 
 class CSIRegistrar:
@@ -91,6 +155,8 @@ class CSIRegistrar:
         self.clock = clock
         self.by_socket: dict[Path, str] = {}
         """Registration socket → driver name, for the drivers registered by this process."""
+        self.versions: dict[str, Version] = {}
+        """Driver name → the highest CSI version of its registration in force."""
         self._reconciled = False
 
     async def register(self, socket: Path) -> bool:
@@ -108,7 +174,14 @@ class CSIRegistrar:
                 "plugin did not answer GetInfo", extra={"socket": str(socket), "error": str(err)}
             )
             return not isinstance(err, DriverUnavailable)
-        why = refusal(info)
+        why = refusal(info, socket=str(socket))
+        version = highest_version(info.supported_versions)
+        held = self.versions.get(info.name)
+        if why is None and version is not None and held is not None and version <= held:
+            why = (
+                f"another driver named {info.name!r} is already registered with a higher "
+                f"or equal supported version ({_show(held)}; this one supports {_show(version)})"
+            )
         if why is not None:
             log.warning(
                 "plugin refused", extra={"socket": str(socket), "plugin": info.name, "why": why}
@@ -148,7 +221,11 @@ class CSIRegistrar:
                 extra={"driver": info.name, "error": str(err)},
             )
             return False
+        for other in [p for p, name in self.by_socket.items() if name == info.name]:
+            del self.by_socket[other]  # superseded: its vanishing must not take this one
         self.by_socket[socket] = info.name
+        assert version is not None  # refusal() checked there is one
+        self.versions[info.name] = version
         log.info(
             "CSI driver registered",
             extra={"driver": info.name, "endpoint": endpoint, "node_id": node.node_id},
@@ -171,6 +248,7 @@ class CSIRegistrar:
         name = self.by_socket.pop(socket, None)
         if name is None:
             return
+        self.versions.pop(name, None)
         log.info("CSI driver deregistered", extra={"driver": name, "socket": str(socket)})
         self._reconciled = False  # the table's record goes at the reconcile that follows
 

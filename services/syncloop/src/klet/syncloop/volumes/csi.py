@@ -36,7 +36,11 @@ Everything a tear-down needs is on disk, as upstream keeps it: `vol_data.json` b
 each pod's `mount` (upstream's keys, and klet's `kletPod*`/`kletClaimName` naming the
 pod, its volume and claim for the volume stats) and beside each `globalmount`, so a
 syncloop restarted (or a new leader) tears down what its predecessor set up, and a
-staging left behind by a crash is found and unstaged (`sweep`). Set-up runs at every
+staging left behind by a crash is found and unstaged (`sweep`). What is unstaged and
+removed is never a path read from a file: a tear-down takes from `vol_data.json` only
+whether the volume was staged, and makes the staging path again from the driver (a
+valid driver name, `csidrivers.driver_name_problem`) and the handle; the sweep skips a
+staging whose data names another driver or handle than its directory. Set-up runs at every
 sync of the pod; a volume published by this process is not published again (unless the
 driver asks for `requiresRepublish`), and one published by a predecessor is published
 again, which CSI requires drivers to accept (the call is idempotent), as upstream's
@@ -63,6 +67,7 @@ from klet.hostfs import on_host
 from klet.model.records import CSIDriverRecord
 from klet.model.types import JSON
 from klet.syncloop.environment.kubeobjects import ObjectUnavailable, secret_data
+from klet.syncloop.plugins.csidrivers import driver_name_problem
 from klet.syncloop.volumes import claims, fs, hostpath, localdevice, ownership
 from klet.syncloop.volumes.base import (
     Block,
@@ -208,6 +213,13 @@ def inline_handle(pod_uid: str, volume_name: str) -> str:
 
 
 def staging_path(root_dir: Path, driver: str, volume_handle: str) -> Path:
+    """Where the volume is staged on this node. The driver name becomes a directory, so
+    it must be a valid one (`VolumeError` naming it otherwise): the apiserver checks
+    the name of a PV's or a pod's CSI driver, but this path is also made from what a
+    `vol_data.json` on disk says."""
+    why = driver_name_problem(driver)
+    if why is not None:
+        raise VolumeError(f"CSI driver {driver!r} is not usable in a path: {why}")
     digest = hashlib.sha256(volume_handle.encode()).hexdigest()
     return root_dir / GLOBAL_DIR / driver / digest / GLOBAL_MOUNT
 
@@ -341,6 +353,9 @@ class CSIVolumePlugin:
         self._staged: set[Path] = set()
         # Stage, publish, unpublish and unstage of one volume never overlap.
         self._locks: dict[str, asyncio.Lock] = {}
+        # Staging data files naming another driver or handle than their directory's
+        # (left alone by the sweep, logged once each).
+        self._mismatched: set[Path] = set()
 
     def handles(self, volume: JSON) -> bool:
         return any(
@@ -833,6 +848,18 @@ class CSIVolumePlugin:
         driver = str(data.get("driverName") or "")
         handle = str(data.get("volumeHandle") or "")
         target = path / MOUNT_DIR
+        staging: Path | None = None
+        if data.get("stagingTargetPath"):  # else the driver does not stage: no unstage
+            # Only whether the volume was staged is taken from the file: the path is made
+            # again from the driver and the handle, so a vol_data.json naming another
+            # directory cannot have that unstaged and its parent removed.
+            staging = staging_path(self.root_dir, driver, handle)
+            if str(data["stagingTargetPath"]) != str(staging):
+                log.warning(
+                    "vol_data.json names another staging path; the one of its driver and "
+                    "handle is used",
+                    extra={"path": str(path), "recorded": str(data["stagingTargetPath"])},
+                )
         async with self._lock(driver, handle):
             client = await self._client_for_teardown(driver, path)
             try:
@@ -843,12 +870,10 @@ class CSIVolumePlugin:
             problems = await fs.remove_tree(path)
             if problems:
                 raise OSError(f"{path} not removed: {'; '.join(problems)}")
-            staging = str(data.get("stagingTargetPath") or "")
-            unstage = bool(staging) and await asyncio.to_thread(
+            if staging is not None and await asyncio.to_thread(
                 self._unstage_wanted, driver, handle, staging
-            )
-            if unstage:
-                await self._unstage(client, driver, handle, Path(staging))
+            ):
+                await self._unstage(client, driver, handle, staging)
 
     async def sweep(self) -> None:
         """Unstage every staged volume no pod on the node uses (left by a crash between
@@ -859,6 +884,18 @@ class CSIVolumePlugin:
                 continue
             driver = str(data.get("driverName") or "")
             handle = str(data.get("volumeHandle") or "")
+            try:
+                belongs = staging_path(self.root_dir, driver, handle).parent == data_file.parent
+            except VolumeError:
+                belongs = False
+            if not belongs:  # what it names would be unstaged elsewhere: leave it
+                if data_file not in self._mismatched:
+                    self._mismatched.add(data_file)
+                    log.warning(
+                        "staging data does not match its directory; left alone",
+                        extra={"path": str(data_file), "driver": driver},
+                    )
+                continue
             async with self._lock(driver, handle):
                 if await asyncio.to_thread(self._in_use, driver, handle):
                     continue
@@ -890,10 +927,10 @@ class CSIVolumePlugin:
             )
         return await self._clients.get(record)
 
-    def _unstage_wanted(self, driver: str, handle: str, staging: str) -> bool:
+    def _unstage_wanted(self, driver: str, handle: str, staging: Path) -> bool:
         """Staged (its global vol_data.json, written before the stage, is there: a pod
         that went while waiting for its attachment staged nothing) and no pod uses it."""
-        staged = (Path(staging).parent / DATA_FILE).exists()
+        staged = (staging.parent / DATA_FILE).exists()
         return staged and not self._in_use(driver, handle)
 
     def _in_use(self, driver: str, handle: str) -> bool:
