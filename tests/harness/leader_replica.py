@@ -33,7 +33,8 @@ async def replica(
     url: str, node: str, name: str, ttl_ms: int, auth: Credentials, run_dir: Path | None
 ) -> None:
     bus = Bus.from_url(url, node, auth=auth, timeout_s=1.0)
-    writes = bus.stream("fencing-writes", NodeConditionRecord, maxlen=1_000_000)
+    # The longest a stream may be (klet.bus.functions.MAX_STREAM_LEN).
+    writes = bus.stream("fencing-writes", NodeConditionRecord, maxlen=100_000)
     table = bus.table("fencing-leader", NodeConditionRecord)
     if run_dir is None:
         lease = bus.lease(LEASE, f"{name}:{ttl_ms}", ttl_ms=ttl_ms)

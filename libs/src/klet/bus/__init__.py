@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from klet.bus.holder import service_lease
     from klet.bus.redisbus import (
+        BadWrite,
         Bus,
         BusAuth,
         BusError,
@@ -26,6 +27,7 @@ if TYPE_CHECKING:
         Stream,
         Table,
         Transaction,
+        WriteTooLarge,
     )
     from klet.bus.schema import NodeBus
 
@@ -35,6 +37,7 @@ _HOME = {
     **{
         name: "klet.bus.redisbus"
         for name in (
+            "BadWrite",
             "Bus",
             "BusAuth",
             "BusError",
@@ -47,11 +50,13 @@ _HOME = {
             "Stream",
             "Table",
             "Transaction",
+            "WriteTooLarge",
         )
     },
 }
 
 __all__ = [
+    "BadWrite",
     "Bus",
     "BusAuth",
     "BusError",
@@ -65,6 +70,7 @@ __all__ = [
     "Stream",
     "Table",
     "Transaction",
+    "WriteTooLarge",
     "service_lease",
 ]
 

@@ -18,17 +18,65 @@ stale library never answers for a newer one. A Redis that restarted empty has no
 functions until they are loaded again; the services meanwhile get `BusUnavailable`
 (klet.bus.redisbus) and retry.
 
+Bounded calls. Redis runs a function to its end while every other client of that Redis
+waits (`BUSY` after the busy threshold, 5 s), and a function that has written cannot be
+killed. So the fenced write refuses, before its first write and before even reading
+the lease, a call larger than the caps below (`KLETCAP <cap> ...`, which
+klet.bus.redisbus raises as `WriteTooLarge` naming the cap): at most `MAX_WRITE_OPS`
+writes and `MAX_WRITE_BYTES` of keys and arguments per call, no table value above
+`MAX_VALUE_BYTES`, no stream entry above `MAX_ENTRY_BYTES`, no stream longer than
+`MAX_STREAM_LEN` (every XADD trims to its MAXLEN), no expiry beyond `MAX_EXPIRE_MS`.
+Every argument is checked the same way first (a MAXLEN that is not a positive integer,
+an op without its arguments, a key index outside KEYS or naming the lease itself:
+`KLETARG ...`, raised as `BadWrite`), so a malformed call writes nothing. One
+service's largest legitimate write is pod-source's reconcile of every pod of the node
+(two ops a pod, a few KiB each), far below the caps.
+
+What a function cannot do: act beyond the caller's ACL. Redis checks every `redis.call`
+inside a function against the calling user's grants, so a user without XADD cannot
+XADD through a function either (tests/integration/test_bus_caps.py shows it), and the
+grants that let the functions write also let the same user send those commands
+directly. The caps bound the function path, where one call could stall every node; a
+single direct command is bounded only by the server's own limits.
+
 This module is pure text (no `redis` import): the ACL grants and the loaders share it.
 """
 
 from __future__ import annotations
 
 import hashlib
+from string import Template
+
+MAX_WRITE_OPS = 5000
+"""Writes (HSET, HDEL, XADD, PEXPIRE) in one fenced-write call."""
+MAX_WRITE_BYTES = 32 * 1024 * 1024
+"""Bytes of keys and arguments in one fenced-write call."""
+MAX_VALUE_BYTES = 4 * 1024 * 1024
+"""Bytes of one table value (a desired pod's record is the largest)."""
+MAX_ENTRY_BYTES = 64 * 1024
+"""Bytes of one stream entry (Events, change notices, history entries)."""
+MAX_STREAM_LEN = 100_000
+"""The largest MAXLEN an XADD may ask for (klet's streams keep 10,000 at most)."""
+MAX_EXPIRE_MS = 90 * 24 * 3600 * 1000
+"""The longest expiry a write may set (a pod's history keeps days, not months)."""
+
+CAPS = {
+    "MAX_WRITE_OPS": MAX_WRITE_OPS,
+    "MAX_WRITE_BYTES": MAX_WRITE_BYTES,
+    "MAX_VALUE_BYTES": MAX_VALUE_BYTES,
+    "MAX_ENTRY_BYTES": MAX_ENTRY_BYTES,
+    "MAX_STREAM_LEN": MAX_STREAM_LEN,
+    "MAX_EXPIRE_MS": MAX_EXPIRE_MS,
+}
+CAP_PREFIX = "KLETCAP"
+"""The error code of a call refused by a cap (`KLETCAP <cap name> <why>`)."""
+BAD_ARGUMENT_PREFIX = "KLETARG"
+"""The error code of a malformed call (`KLETARG <why>`)."""
 
 # Every function takes the lease (or stream) keys in KEYS and its values in ARGV, the
 # calling convention of FCALL. Replies starting FENCED or LAPSED are fencing verdicts
 # (klet.bus.redisbus turns them into Fenced and LeaseLapsed).
-_BODY = """
+_BODY = Template("""
 -- KEYS[1] is the lease, KEYS[2..] the keys written; ARGV[1] is the writer's lease
 -- value, then the ops: verb, index of its key in KEYS, arguments. The comparison and
 -- the writes are one step, so nothing can take the lease in between. A lease held by
@@ -36,16 +84,114 @@ _BODY = """
 -- lease back after Redis lost it) is "lapsed", to be retried, not "fenced": holder IDs
 -- are unique per process, so no other process can have written in between.
 -- Redis has no rollback: a write refused half-way leaves the earlier ones applied. So
--- every write is checked first against what can refuse it: the caller's ACL
--- (redis.acl_check_cmd) and the key's type. Memory cannot refuse one half-way: Redis
--- checks maxmemory before a function that may write starts.
+-- every write is checked first against what can refuse it: its arguments and the caps
+-- (check_write), the caller's ACL (redis.acl_check_cmd) and the key's type. Memory
+-- cannot refuse one half-way: Redis checks maxmemory before a function that may write
+-- starts.
+local width = {hset = 4, hdel = 3, xadd = 4, pexpire = 3}
+
+local function cap(name, why)
+  return redis.error_reply('KLETCAP ' .. name .. ' ' .. why)
+end
+
+local function bad(why)
+  return redis.error_reply('KLETARG ' .. why)
+end
+
+-- A quoted, shortened argument for an error message.
+local function shown(s)
+  if #s > 40 then
+    return string.format('%q...', string.sub(s, 1, 40))
+  end
+  return string.format('%q', s)
+end
+
+-- A positive decimal integer, or nil (Lua's tonumber takes "1e3", "0x10", " 7").
+local function positive(s)
+  if #s > 15 or not string.match(s, '^[1-9][0-9]*$$') then
+    return nil
+  end
+  return tonumber(s)
+end
+
+-- Every argument and every cap, before anything is read or written; an error reply or
+-- nil. The work done here is itself bounded: the argument count is checked first.
+local function check_write(keys, argv)
+  if #argv - 1 > 4 * $MAX_WRITE_OPS or #keys - 1 > $MAX_WRITE_OPS then
+    return cap('MAX_WRITE_OPS', #argv .. ' arguments are more than $MAX_WRITE_OPS writes')
+  end
+  local bytes = 0
+  for _, k in ipairs(keys) do
+    bytes = bytes + #k
+  end
+  for _, a in ipairs(argv) do
+    bytes = bytes + #a
+  end
+  if bytes > $MAX_WRITE_BYTES then
+    return cap('MAX_WRITE_BYTES', bytes .. ' bytes in one call, at most $MAX_WRITE_BYTES')
+  end
+  if #argv < 1 or #keys < 1 then
+    return bad('a fenced write needs the lease key and value')
+  end
+  local ops, i = 0, 2
+  while i <= #argv do
+    local verb = argv[i]
+    local w = width[verb]
+    if not w then
+      return bad('unknown bus write ' .. shown(verb) .. ' at argument ' .. i)
+    end
+    if i + w - 1 > #argv then
+      return bad(verb .. ' at argument ' .. i .. ' lacks its arguments')
+    end
+    local k = positive(argv[i + 1])
+    if not k or k < 2 or k > #keys then
+      return bad(verb .. ' at argument ' .. i .. ' names key ' .. shown(argv[i + 1])
+        .. ', not one of KEYS[2..' .. #keys .. ']')
+    end
+    if verb == 'xadd' then
+      local maxlen = positive(argv[i + 2])
+      if not maxlen then
+        return bad('xadd MAXLEN ' .. shown(argv[i + 2]) .. ' is not a positive integer')
+      end
+      if maxlen > $MAX_STREAM_LEN then
+        return cap('MAX_STREAM_LEN', 'xadd MAXLEN ' .. maxlen .. ', at most $MAX_STREAM_LEN')
+      end
+      if #argv[i + 3] > $MAX_ENTRY_BYTES then
+        return cap('MAX_ENTRY_BYTES', 'a stream entry of ' .. #argv[i + 3]
+          .. ' bytes, at most $MAX_ENTRY_BYTES')
+      end
+    elseif verb == 'pexpire' then
+      local ms = positive(argv[i + 2])
+      if not ms then
+        return bad('pexpire ' .. shown(argv[i + 2]) .. ' is not a positive integer')
+      end
+      if ms > $MAX_EXPIRE_MS then
+        return cap('MAX_EXPIRE_MS', 'an expiry of ' .. ms .. ' ms, at most $MAX_EXPIRE_MS')
+      end
+    elseif verb == 'hset' and #argv[i + 3] > $MAX_VALUE_BYTES then
+      return cap('MAX_VALUE_BYTES', 'a table value of ' .. #argv[i + 3]
+        .. ' bytes, at most $MAX_VALUE_BYTES')
+    end
+    ops = ops + 1
+    i = i + w
+  end
+  if ops > $MAX_WRITE_OPS then
+    return cap('MAX_WRITE_OPS', ops .. ' writes in one call, at most $MAX_WRITE_OPS')
+  end
+  return nil
+end
+
 local function fenced_write(keys, argv)
+  local refused = check_write(keys, argv)
+  if refused then
+    return refused
+  end
   local holder = redis.call('GET', keys[1])
   if holder ~= argv[1] then
     if not holder then
       return redis.error_reply('LAPSED lease ' .. keys[1] .. ' is held by nobody')
     end
-    local me = string.match(argv[1], '^(.*:)[^:]*$')
+    local me = string.match(argv[1], '^(.*:)[^:]*$$')
     if me and string.sub(holder, 1, string.len(me)) == me then
       return redis.error_reply('LAPSED lease ' .. keys[1] .. ' was granted to this holder again')
     end
@@ -57,13 +203,9 @@ local function fenced_write(keys, argv)
     hset = {'HSET', 'f', 'v'}, hdel = {'HDEL', 'f'}, xadd = {'XADD', '*', 'r', 'v'},
     pexpire = {'PEXPIRE', '1'}
   }
-  local width = {hset = 4, hdel = 3, xadd = 4, pexpire = 3}
   local i = 2
   while i <= #argv do
     local verb, key = argv[i], keys[tonumber(argv[i + 1])]
-    if not kinds[verb] or not key then
-      return redis.error_reply('ERR unknown bus write ' .. tostring(verb))
-    end
     local t = redis.call('TYPE', key)['ok']
     if t ~= 'none' and kinds[verb] ~= '*' and t ~= kinds[verb] then
       return redis.error_reply('WRONGTYPE ' .. key .. ' holds a ' .. t .. ', not a ' .. kinds[verb])
@@ -154,7 +296,7 @@ local function forget_consumers(keys, argv)
   end
   return removed
 end
-"""
+""").substitute({name: str(value) for name, value in CAPS.items()})
 
 _ROLES = ("fenced_write", "lease_renew", "lease_acquire", "lease_release", "forget_consumers")
 

@@ -89,6 +89,32 @@ class LeaseLapsed(BusUnavailable):
     instead of letting it end a root task (a Redis flush stopped syncloop that way)."""
 
 
+class WriteTooLarge(BusError):
+    """A write larger than one of the function library's caps (klet.bus.functions:
+    `MAX_WRITE_OPS`, `MAX_WRITE_BYTES`, ...): refused by Redis before anything was
+    written. `cap` names the cap; retrying the same write cannot succeed."""
+
+    def __init__(self, cap: str, message: str) -> None:
+        super().__init__(message)
+        self.cap = cap
+
+
+class BadWrite(BusError):
+    """A write whose arguments the fenced write refused (a MAXLEN that is not a positive
+    integer, an op without its arguments): nothing was written."""
+
+
+def _refusal(err: ResponseError) -> BusError | None:
+    """Our exception for the fenced write's own refusals, None for any other error."""
+    text = str(err)
+    if text.startswith(functions.CAP_PREFIX + " "):
+        cap = text.split(" ", 2)[1]
+        return WriteTooLarge(cap, f"bus write refused by the cap {cap}: {text}")
+    if text.startswith(functions.BAD_ARGUMENT_PREFIX + " "):
+        return BadWrite(f"bus write refused: {text}")
+    return None
+
+
 class Fenced(BusError):
     """A leader write was refused: this replica does not hold its lease (any more).
 
@@ -327,7 +353,7 @@ class Bus:
                 raise self._fence.fenced("another replica holds the lease") from err
             if str(err).startswith(_LAPSED_PREFIX):
                 raise self._fence.lapsed() from err
-            raise _wrap(err) from err
+            raise (_refusal(err) or _wrap(err)) from err
         except (RedisError, OSError) as err:
             raise _wrap(err) from err
         return [str(r) for r in reply]

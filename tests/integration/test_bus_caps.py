@@ -1,0 +1,165 @@
+"""Bounded bus calls, against the real Redis the harness runs with klet's ACL file and
+function library, each service with its own real credential (issue 39, items 2 and 10).
+
+One FCALL of the fenced write used to run as long as its caller liked (450k ops passed
+the 5 s busy threshold and stalled every client of every node) and to apply its first
+writes before a malformed argument (a MAXLEN that is not an integer) failed it. Now:
+a call over a cap (ops, bytes, a value, a stream entry, a MAXLEN, an expiry) is refused
+before anything is read or written, as `WriteTooLarge` naming the cap; a malformed
+argument anywhere in the call is refused as `BadWrite` with nothing written; a call at
+the caps goes through. Also: a function acts only within its caller's ACL, so it is no
+way around a grant the user lacks (what keeps the direct commands granted, see
+klet.bus.functions).
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+import pytest
+from klet.bus import BadWrite, Bus, BusError, NodeBus, WriteTooLarge, functions
+from klet.bus.acl import ACCESS, SERVICES
+from klet.bus.redisbus import _Op
+from klet.devstack import RedisServer
+from klet.model.records import EventRecord
+from redis.exceptions import RedisError
+
+NODE = "capped"
+
+
+def own_table(service: str) -> str:
+    """A table `service` may write (every service but pod-source's first is its own)."""
+    return ACCESS[service].writes[0]
+
+
+@asynccontextmanager
+async def leader(server: RedisServer, service: str) -> AsyncIterator[NodeBus]:
+    """`service`'s bus with its real credential, holding its lease (fenced writes)."""
+    bus = Bus.from_url(server.url, NODE, auth=server.credentials(NODE, service), timeout_s=10)
+    try:
+        assert await bus.lease(service, f"host:1:{service[:4]}aaaaaaaa").try_acquire()
+        yield NodeBus.of(bus, service=service)
+    finally:
+        await bus.close()
+
+
+@asynccontextmanager
+async def admin(server: RedisServer) -> AsyncIterator[Bus]:
+    bus = Bus.from_url(server.url, NODE, auth=server.admin, timeout_s=10)
+    try:
+        yield bus
+    finally:
+        await bus.close()
+
+
+def event(message: str) -> EventRecord:
+    return EventRecord(
+        type="Normal",
+        reason="Test",
+        message=message,
+        involved={"kind": "Node", "name": NODE},
+        component="kubelet",
+        at=1.0,
+    )
+
+
+async def left(server: RedisServer, service: str) -> tuple[dict[str, str], int]:
+    """What the attempts left: the service's table, and its Events stream's length."""
+    async with admin(server) as bus:
+        return (
+            await bus.client.hgetall(bus.key(own_table(service))),
+            await bus.client.xlen(bus.key(f"events:{service}")),
+        )
+
+
+@pytest.mark.parametrize("service", SERVICES)
+async def test_a_call_over_each_cap_is_refused_naming_it_and_writes_nothing(
+    redis_server: RedisServer, service: str
+) -> None:
+    async with leader(redis_server, service) as nb:
+        bus, table = nb.bus, nb.bus.key(own_table(service))
+        events = nb.events.key
+        first = _Op.hset(table, "first", "applied?")
+        calls = {
+            "MAX_WRITE_OPS": [_Op.hset(table, f"k{i}", "v") for i in range(5001)],
+            "MAX_WRITE_BYTES": [
+                first,
+                *(_Op.hset(table, f"big{i}", "x" * (4 * 1024 * 1024)) for i in range(8)),
+            ],
+            "MAX_VALUE_BYTES": [first, _Op.hset(table, "k", "x" * (4 * 1024 * 1024 + 1))],
+            "MAX_ENTRY_BYTES": [first, _Op.xadd(events, 100, "x" * (64 * 1024 + 1))],
+            "MAX_STREAM_LEN": [first, _Op.xadd(events, 100_001, event("long").encode())],
+            "MAX_EXPIRE_MS": [first, _Op.pexpire(events, 90 * 24 * 3600 * 1000 + 1)],
+        }
+        assert set(calls) == set(functions.CAPS)
+        for cap, ops in calls.items():
+            with pytest.raises(WriteTooLarge, match=cap) as refused:
+                await bus.write(ops)
+            assert refused.value.cap == cap
+        assert not bus._fence.lost.is_set()  # type: ignore[union-attr]
+    assert await left(redis_server, service) == ({}, 0)
+
+
+@pytest.mark.parametrize("service", SERVICES)
+async def test_a_call_at_the_caps_goes_through(redis_server: RedisServer, service: str) -> None:
+    async with leader(redis_server, service) as nb:
+        bus, table = nb.bus, nb.bus.key(own_table(service))
+        ops = [_Op.hset(table, f"k{i}", "v") for i in range(4999)]
+        ops.append(_Op.xadd(nb.events.key, 100_000, event("x" * 60_000).encode()))
+        assert len(await bus.write(ops)) == 5000
+    rows, length = await left(redis_server, service)
+    assert (len(rows), length) == (4999, 1)
+
+
+MALFORMED = {
+    "a MAXLEN that is not an integer": ("xadd", "{events}", "ten", "r"),
+    "a MAXLEN in Lua's other number forms": ("xadd", "{events}", "1e3", "r"),
+    "a negative expiry": ("pexpire", "{events}", "-5"),
+    "a zero MAXLEN": ("xadd", "{events}", "0", "r"),
+    "an op naming the lease": ("pexpire", "1", "99999999"),
+    "an op naming no key": ("hset", "7", "f", "v"),
+    "an unknown verb": ("del", "{table}"),
+    "an op without its arguments": ("hset", "{table}", "f"),
+}
+
+
+@pytest.mark.parametrize("service", SERVICES)
+@pytest.mark.parametrize("malformed", MALFORMED, ids=list(MALFORMED))
+async def test_a_malformed_argument_anywhere_writes_nothing(
+    redis_server: RedisServer, service: str, malformed: str
+) -> None:
+    async with leader(redis_server, service) as nb:
+        bus, table = nb.bus, nb.bus.key(own_table(service))
+        assert bus._fence is not None
+        value = bus._fence.current_value()
+        assert value is not None
+        # KEYS: the lease, the table, the Events stream. Good writes before the bad one.
+        keys = [bus._fence.key, table, nb.events.key]
+        where = {"{table}": "2", "{events}": "3"}
+        bad = [where.get(a, a) for a in MALFORMED[malformed]]
+        argv = [value, "hset", "2", "first", "v", "xadd", "3", "10", event("e").encode(), *bad]
+        with pytest.raises(RedisError) as refused:
+            await bus.client.fcall(functions.FENCED_WRITE, len(keys), *keys, *argv)
+        assert str(refused.value).startswith("KLETARG")
+        # The same through Bus.write: our exception, naming the argument.
+        if malformed == "a MAXLEN that is not an integer":
+            ops = [_Op.hset(table, "first", "v"), _Op("xadd", nb.events.key, ("ten", "r"))]
+            with pytest.raises(BadWrite, match='xadd MAXLEN "ten" is not a positive integer'):
+                await bus.write(ops)
+    assert await left(redis_server, service) == ({}, 0)
+
+
+async def test_a_function_cannot_write_what_its_caller_may_not(
+    redis_server: RedisServer,
+) -> None:
+    # eviction reads `desired` but may not write it: not directly, and not through the
+    # fenced write either, which runs under eviction's own ACL.
+    async with leader(redis_server, "eviction") as nb:
+        other = nb.bus.key("desired")
+        with pytest.raises(BusError, match="may not HSET"):
+            await nb.bus.write([_Op.hset(other, "Ready", "forged")])
+        with pytest.raises(RedisError, match="no permissions"):
+            await nb.bus.client.hset(other, "Ready", "forged")
+    async with admin(redis_server) as bus:
+        assert await bus.client.hgetall(bus.key("desired")) == {}
