@@ -147,7 +147,9 @@ DEFAULT_ON: Mapping[str, Account] = {
         "klet.status_reporter.kubeletapi.attributes",
         "unit/status_reporter/kubeletapi/test_authz.py::test_fine_grained_falls_back_to_proxy",
     ),
-    "KubeletPSI": Absent("pressure stall information in /stats/summary and /metrics/cadvisor"),
+    "KubeletPSI": Implemented(
+        "klet.stats.psi", "unit/stats/test_psi.py::test_summary_on_cgroup_v2"
+    ),
     "KubeletPodResourcesDynamicResources": Absent("the PodResources API"),
     "KubeletPodResourcesGet": Absent("the PodResources API"),
     "KubeletPodResourcesListUseActivePods": Absent("the PodResources API"),
@@ -167,8 +169,9 @@ DEFAULT_ON: Mapping[str, Account] = {
         "klet.model.pod",
         "unit/syncloop/test_pod_level_resources.py::test_pod_level_limits_make_the_pod_cgroup",
     ),
-    "PodObservedGenerationTracking": Absent(
-        "status.observedGeneration and the conditions' observedGeneration"
+    "PodObservedGenerationTracking": Implemented(
+        "klet.syncloop.pods.status",
+        "unit/syncloop/test_status.py::test_observed_generation_follows_the_pod_generation",
     ),
     "PodReadyToStartContainersCondition": Implemented(
         "klet.syncloop.pods.status",
@@ -176,7 +179,10 @@ DEFAULT_ON: Mapping[str, Account] = {
     ),
     "PortForwardWebsockets": _API,
     "PreferSameTrafficDistribution": OtherComponent("kube-proxy and the EndpointSlice controller"),
-    "PreventStaticPodAPIReferences": Absent("rejecting static pods that reference API objects"),
+    "PreventStaticPodAPIReferences": Implemented(
+        "klet.pod_source.validation",
+        "unit/pod_source/test_static_api_references.py::test_each_reference_is_refused_naming_its_field",
+    ),
     "ProcMountType": Implemented(
         "klet.syncloop.containers.security",
         "unit/syncloop/test_security.py::test_privileged_readonly_rootfs_and_proc_mount",
