@@ -92,7 +92,7 @@ def write_node_credentials(node: KletNode, registry: Registry) -> None:
     )
 
 
-def manifest(name: str, *images: tuple[str, str], extra: str = "") -> str:
+def manifest(name: str, *images: tuple[str, str]) -> str:
     containers = "".join(
         f"""
     - name: c{i}
@@ -106,7 +106,7 @@ apiVersion: v1
 kind: Pod
 metadata: {{name: {name}}}
 spec:
-  terminationGracePeriodSeconds: 2{extra}
+  terminationGracePeriodSeconds: 2
   containers:{containers}
 """
 
