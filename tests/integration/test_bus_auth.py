@@ -8,7 +8,9 @@ eviction forged syncloop's Ready, and an XADD with the largest ID broke the shar
 stream for all), neither directly nor through klet's functions (the fenced-write path),
 while every service reads the tables it is granted (one record, many in one HMGET, all).
 Each refusal is paired with the owner doing the same write, so the
-test cannot pass by everything failing. No service may SELECT another database, run Lua
+test cannot pass by everything failing. A service's own condition key carries only the
+condition types it owns as far as any reader is concerned (eviction's forged Ready and
+syncloop's pressure never reach status-reporter). No service may SELECT another database, run Lua
 of its own (EVAL, FUNCTION LOAD, a function not klet's): a looping script of a service
 blocked every client of the Redis. A Redis without klet's functions (restarted, not
 loaded yet) is unavailable, not an error; `klet bus-acl --apply` sets a node's users
@@ -343,3 +345,35 @@ async def test_rediss_with_a_verified_server_and_a_client_certificate(tmp_path: 
             await bus.close()
     finally:
         server.stop()
+
+
+async def test_a_condition_type_its_writer_does_not_own_never_reaches_a_reader(
+    redis_server: RedisServer,
+) -> None:
+    # Each writes its own key (Redis lets it: one grant per key, not per field), and
+    # status-reporter, reading with its own credential, gets only what each owns.
+    shutdown = NodeConditionRecord(
+        type="Ready", status="False", message="node is shutting down", at=time.time()
+    )
+    buses = {
+        s: Bus.from_url(redis_server.url, NODE, auth=redis_server.credentials(NODE, s))
+        for s in ("eviction", "syncloop", "status-reporter")
+    }
+    try:
+        writers = {s: NodeBus.of(buses[s], service=s) for s in ("eviction", "syncloop")}
+        for service, nb in writers.items():
+            assert await nb.bus.lease(service, f"host:1:{service[:4]}bbbbbbbb").try_acquire()
+            await nb.conditions.put("MemoryPressure", pressure())
+            await nb.conditions.put("Ready", not_ready())
+        node = NodeBus.of(buses["status-reporter"], service="status-reporter").node
+        # eviction's Ready is the shutdown's only; syncloop has no pressure to report.
+        assert set(await node.all()) == {"eviction:MemoryPressure", "syncloop:Ready"}
+        await writers["eviction"].conditions.put("Ready", shutdown)
+        assert set(await node.all()) == {
+            "eviction:MemoryPressure",
+            "eviction:Ready",
+            "syncloop:Ready",
+        }
+    finally:
+        for bus in buses.values():
+            await bus.close()

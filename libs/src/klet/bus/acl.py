@@ -116,8 +116,26 @@ class ServiceAccess:
         return tuple(g for g in grants if g.keys)
 
 
-CONDITION_WRITERS = ("syncloop", "eviction")
+CONDITION_TYPES: Mapping[str, frozenset[str]] = {
+    "syncloop": frozenset({"Ready"}),
+    "eviction": frozenset({"MemoryPressure", "DiskPressure", "PIDPressure", "Ready"}),
+}
+"""The node condition types each service may contribute, in its own `node:<service>`:
+syncloop's Ready (False while PLEG is unhealthy); eviction's pressures, and Ready
+(False while the node shuts down, and nothing else: klet.bus.schema checks its
+message). Redis cannot tell one hash field from another in a grant, so the readers
+enforce it (klet.bus.schema.NodeConditions): a row of any other type, or whose record
+names another type than its key, is left out."""
+
+CONDITION_WRITERS = tuple(CONDITION_TYPES)
 """The services that contribute node conditions, each to its own `node:<service>`."""
+
+
+def owns_condition(service: str, key: str, type_: str) -> bool:
+    """Whether a row keyed `key` holding a condition of `type_` in `node:<service>` is
+    one `service` may contribute."""
+    return key == type_ and type_ in CONDITION_TYPES.get(service, frozenset())
+
 
 _EVENTS = tuple(f"events:{s}" for s in SERVICES)
 _CONDITIONS = tuple(f"node:{s}" for s in CONDITION_WRITERS)

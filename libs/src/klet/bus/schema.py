@@ -5,16 +5,23 @@ so a service's credential can neither forge another's records nor break another'
 Each service appends its Events to its own `events:<service>` stream (status-reporter
 reads them all as one, `event_feed`) and writes its node conditions to its own
 `node:<service>` table, keyed by condition type (readers see them all through `node`,
-keyed `<service>:<type>` as before).
+keyed `<service>:<type>` as before). A service's own key is not yet a limit on what it
+says there: `node` gives its readers only the condition types each service owns
+(klet.bus.acl.CONDITION_TYPES), and eviction's Ready only as the graceful shutdown's
+("False", "node is shutting down"), so eviction cannot mark the node not Ready for a
+reason of its choosing through a row its grants let it write, nor syncloop report a
+pressure.
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from klet.bus.acl import CONDITION_WRITERS, SERVICES
+from klet.bus.acl import CONDITION_WRITERS, SERVICES, owns_condition
 from klet.bus.redisbus import Bus, MergedStream, Stream, Table
+from klet.model.node import NODE_SHUTTING_DOWN
 from klet.model.records import (
     CSIDriverRecord,
     DesiredPod,
@@ -30,18 +37,43 @@ from klet.model.records import (
     VolumeRecord,
 )
 
+log = logging.getLogger(__name__)
+
+
+def admissible(service: str, key: str, record: NodeConditionRecord) -> bool:
+    """Whether `record`, keyed `key` in `node:<service>`, is a condition `service` may
+    contribute (klet.bus.acl.CONDITION_TYPES; eviction's Ready only while shutting down)."""
+    if not owns_condition(service, key, record.type):
+        return False
+    if service == "eviction" and record.type == "Ready":
+        return (record.status, record.message) == ("False", NODE_SHUTTING_DOWN)
+    return True
+
 
 class NodeConditions:
-    """Every service's node conditions, read as one table keyed `<service>:<type>`."""
+    """Every service's node conditions, read as one table keyed `<service>:<type>`:
+    only the types each service owns; any other row is left out and logged, once per
+    row as long as it stays."""
 
     def __init__(self, tables: Mapping[str, Table[NodeConditionRecord]]) -> None:
         self.tables = dict(tables)
+        self._refused: set[tuple[str, str, str]] = set()
 
     async def all(self) -> dict[str, NodeConditionRecord]:
         out: dict[str, NodeConditionRecord] = {}
+        refused: set[tuple[str, str, str]] = set()
         for service, table in self.tables.items():
-            for type_, record in (await table.all()).items():
-                out[f"{service}:{type_}"] = record
+            for key, record in (await table.all()).items():
+                if admissible(service, key, record):
+                    out[f"{service}:{key}"] = record
+                else:
+                    refused.add((service, key, record.type))
+        for service, key, type_ in sorted(refused - self._refused):
+            log.error(
+                "node condition left out: not one its service may contribute",
+                extra={"table": f"node:{service}", "key": key, "type": type_},
+            )
+        self._refused = refused
         return out
 
 
