@@ -5,10 +5,11 @@ The bundled Redis's `bus-acl` step writes the ACL file, the admin password and t
 function library, gives Redis its files (group 6379, 0640) and its socket directory
 (6379, 0750), and copies each service's password to services/<service>/password; a
 redis-server started on that ACL file lets each service in with the copied password,
-and a second run keeps every password. The external Redis's `bus-users` step, run with
+and a second run keeps every password. For an external Redis the chart runs no set-up
+step (no pod gets its admin password): the operator's `klet bus-acl --apply`, run with
 an admin credential against a Redis that knows only the admin, creates each service
-user of the node with the password it copies for that service and loads the function
-library.
+user of the node with the password it writes for that service and loads the function
+library; copied where the rendered services read them, each lets its service in.
 """
 
 from __future__ import annotations
@@ -134,8 +135,15 @@ def test_bundled_redis_set_up(tmp_path: Path, redis_servers: list[Redis]) -> Non
         assert (bus / "services" / service / "password").read_text().strip() == password
 
 
-def test_external_redis_bus_users(tmp_path: Path, redis_servers: list[Redis]) -> None:
-    bus = tmp_path / "bus"
+def test_external_redis_users_from_the_operators_command(
+    tmp_path: Path, redis_servers: list[Redis]
+) -> None:
+    """externalRedis.perNodeUsers: the chart runs nothing with the admin password; the
+    operator's command from helm/klet/README.md, run against a Redis that knows only the
+    admin, creates each service user of the node with the password it writes for it and
+    loads the function library, and a rendered service reads its password where the
+    operator copies it."""
+    bus, secrets = tmp_path / "bus", tmp_path / "operator"
     admin = tmp_path / "admin"
     admin.write_text("admin-secret\n")
     acl = tmp_path / "users.acl"
@@ -143,21 +151,31 @@ def test_external_redis_bus_users(tmp_path: Path, redis_servers: list[Redis]) ->
     redis = Redis(tmp_path / "redis.sock", "--aclfile", str(acl))
     redis_servers.append(redis)
     url = f"unix://{redis.socket}"
-    sets = [
-        "redis.enabled=false",
-        f"externalRedis.url={url}",
-        "externalRedis.admin.username=root",
-        "externalRedis.admin.passwordSecret.name=redis-admin",
-        "externalRedis.admin.passwordSecret.key=pw",
-        f"paths.busDir={bus}",
-    ]
-    init = init_container("bus-users", sets)
-    env = script_env(init)
-    out = run_script(init, env, {"/etc/klet/redis-admin/pw": str(admin)})
-    assert f"loaded {LIBRARY}" in out
-
+    res = subprocess.run(
+        [
+            str(ROOT / ".venv" / "bin" / "klet"),
+            "bus-acl",
+            f"--apply={url}",
+            f"--node={NODE}",
+            f"--secrets-dir={secrets}",
+            "--admin-username=root",
+            f"--admin-password-file={admin}",
+        ],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert res.returncode == 0, res.stderr
     assert LIBRARY in redis.cli("root", "admin-secret", "FUNCTION", "LIST").splitlines()
-    for service in SERVICES:
+    sets = ["redis.enabled=false", f"externalRedis.url={url}", "externalRedis.perNodeUsers=true"]
+    for doc in render(sets=[*sets, f"paths.busDir={bus}"]):
+        component = doc["metadata"].get("labels", {}).get("app.kubernetes.io/component")
+        if component not in SERVICES:
+            continue
+        volumes = {v["name"]: v for v in doc["spec"]["template"]["spec"]["volumes"]}
+        assert volumes["bus-password"]["hostPath"]["path"] == f"{bus}/services/{component}"
+    for service in SERVICES:  # the copy README.md asks for
+        (bus / "services" / service).mkdir(parents=True)
+        (bus / "services" / service / "password").write_text((secrets / NODE / service).read_text())
         password = (bus / "services" / service / "password").read_text().strip()
-        assert password == (bus / "secrets" / NODE / service).read_text().strip()
         assert redis.cli(user_name(NODE, service), password, "PING") == "PONG", service

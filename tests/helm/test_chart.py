@@ -14,9 +14,12 @@ workload carries the checksum of the rendered configuration (which changes when
 kubeletConfig does), system-node-critical and tolerations of every taint by default, and
 is of the kind its values choose; status-reporter has a memory limit. The bundled Redis
 has the compose file's flags, no TCP port, its user, no capability, a read-only root
-filesystem and its three bus files only; its init container may only chown. An external
-Redis gets per-node, per-service users from a bus-users pod that alone mounts the admin
-Secret; one shared user is refused for a DaemonSet. A bootstrap-token join
+filesystem and its three bus files only; its init container may only chown. No pod
+template of any rendering mounts a Secret but the node credentials, so no node-scheduled
+pod gets an external Redis's admin password: `externalRedis.admin` is refused naming
+what to do instead, and with `externalRedis.perNodeUsers` (users an operator provisioned
+with `klet bus-acl --apply`) each service reads its own password from its own
+directory; one shared user is refused for a DaemonSet. A bootstrap-token join
 (credentials.bootstrap) gives the bootstrap Secret, the TLS bootstrap flags and a
 writable certificate directory of its own to the three services that call the
 apiserver alone, and a ready kubeconfig with it, rotation without it or a certificate
@@ -669,30 +672,13 @@ def test_contradictory_credentials_are_refused(sets: list[str], why: str) -> Non
 
 
 def test_external_redis_with_per_node_per_service_users() -> None:
-    """externalRedis.admin: a bus-users pod on each node (the services' kind and
-    placement) runs `klet bus-acl --apply` as the admin, the only container that mounts
-    the admin Secret, then copies each password to its service's directory; each
-    service is klet-<service>@<node> with its own password alone, as with the bundled
-    Redis, and no supplemental group (no Redis socket of ours)."""
+    """externalRedis.perNodeUsers: no set-up workload at all (an operator provisioned the
+    users); each service is klet-<service>@<node> with its own password alone, from the
+    directory the operator copies it to, as with the bundled Redis, and no supplemental
+    group (no Redis socket of ours)."""
     docs = render([CI["external-redis-values"]])
     found = workloads(docs)
-    assert "redis" not in found and "image-gc" not in found
-    users = found["bus-users"]
-    assert users["kind"] == "DaemonSet"
-    pod = users["spec"]["template"]["spec"]
-    (init,) = pod["initContainers"]
-    script = init["command"][2]
-    assert 'klet bus-acl --apply="$REDIS_URL" --node="$NODE_NAME"' in script
-    assert "--admin-password-file=/etc/klet/redis-admin/password" in script
-    assert 'cp "$BUS_DIR/secrets/$NODE_NAME/$s" "$BUS_DIR/services/$s/' in script
-    env = env_of(init)
-    assert (env["REDIS_URL"], env["ADMIN_USER"]) == ("rediss://redis.example:6380", "klet-admin")
-    admin = mounts_of(users, init)["/etc/klet/redis-admin"]
-    assert admin[1]["secret"] == {"secretName": "klet-redis-admin", "defaultMode": 0o400}
-    assert init["securityContext"]["capabilities"] == {"drop": ["ALL"]}
-    idle = container(users)
-    assert "volumeMounts" not in idle
-    assert idle["securityContext"]["runAsNonRoot"] is True
+    assert set(found) == set(SERVICES) - {"image-gc"}  # no redis, no bus-users
     for service in set(SERVICES) - {"image-gc"}:
         w = found[service]
         env = env_of(container(w))
@@ -704,6 +690,72 @@ def test_external_redis_with_per_node_per_service_users() -> None:
         spec = w["spec"]["template"]["spec"]
         assert not [v for v in spec["volumes"] if "secret" in v], service
         assert "securityContext" not in spec, service
+        (wait,) = spec["initContainers"]
+        assert wait["name"] == "wait-bus"
+
+
+NODE_SECRETS = {
+    "node-a-kubeconfig",
+    "klet-bootstrap",
+    "klet-node-1-kubeconfig",
+    "klet-node-2-kubeconfig",
+}
+"""The only Secrets a rendered pod may mount: the node's own credentials (these tests'
+and the ci/*.yaml values')."""
+
+
+@pytest.mark.parametrize(
+    "sets",
+    [
+        [],
+        ["credentials.existingSecret=node-a-kubeconfig"],
+        ["credentials.bootstrap.existingSecret=klet-bootstrap"],
+        [
+            "redis.enabled=false",
+            "externalRedis.url=rediss://r:6380",
+            "externalRedis.perNodeUsers=true",
+        ],
+        [
+            "redis.enabled=false",
+            "externalRedis.url=unix:///run/r.sock",
+            "externalRedis.perNodeUsers=true",
+        ],
+    ],
+)
+def test_no_pod_template_mounts_a_secret_but_the_nodes_credentials(sets: list[str]) -> None:
+    """Whatever the values (and every ci/*.yaml below), no pod template of a DaemonSet,
+    Deployment, Job or Pod has a Secret volume (or a projected Secret, or an env from a
+    Secret) other than the node's own credentials: an external Redis's admin password is
+    never on a node."""
+    renderings = [render(sets=sets)] + [render([path]) for path in CI_VALUES]
+    for docs in renderings:
+        for d in docs:
+            if d["kind"] in WORKLOAD_KINDS | {"Job", "CronJob", "StatefulSet", "ReplicaSet"}:
+                pod = d["spec"]["template"]["spec"]
+            elif d["kind"] == "Pod":
+                pod = d["spec"]
+            else:
+                continue
+            text = json.dumps(pod)
+            for volume in pod.get("volumes", []):
+                secret = (volume.get("secret") or {}).get("secretName")
+                assert secret is None or secret in NODE_SECRETS, (d, secret)
+                assert "projected" not in volume or "secret" not in json.dumps(volume), d
+            assert "secretKeyRef" not in text and "secretRef" not in text, d["metadata"]["name"]
+            assert "redis-admin" not in text, d["metadata"]["name"]
+
+
+@pytest.mark.parametrize(
+    "sets",
+    [
+        ["externalRedis.admin.passwordSecret.name=klet-redis-admin"],
+        ["externalRedis.admin.username=root", "externalRedis.perNodeUsers=true"],
+    ],
+)
+def test_an_admin_password_for_the_cluster_is_refused_naming_what_to_do(sets: list[str]) -> None:
+    err = render_error(sets=["redis.enabled=false", "externalRedis.url=rediss://r:6380", *sets])
+    assert "externalRedis.admin: not supported" in err
+    assert "klet bus-acl --apply" in err and "externalRedis.perNodeUsers: true" in err
 
 
 def test_external_redis_shared_user_is_refused_for_a_daemonset() -> None:
@@ -715,11 +767,11 @@ def test_external_redis_shared_user_is_refused_for_a_daemonset() -> None:
     ]
     err = render_error(sets=shared)
     assert "externalRedis: services.pod-source is a DaemonSet" in err
-    assert "externalRedis.admin.passwordSecret" in err
+    assert "klet bus-acl --apply" in err and "externalRedis.perNodeUsers" in err
     err = render_error(sets=["redis.enabled=false", "externalRedis.url=unix:///run/r.sock"])
     assert "is a DaemonSet, and one Redis user for every service" in err
-    err = render_error(sets=[*shared, "externalRedis.admin.passwordSecret.name=a"])
-    assert "externalRedis: give admin" in err and "not both" in err
+    err = render_error(sets=[*shared, "externalRedis.perNodeUsers=true"])
+    assert "externalRedis: give perNodeUsers" in err and "not both" in err
     # One node (every service a pinned Deployment): one user may serve it.
     pinned = ["serviceDefaults.kind=Deployment", PINNED]
     docs = render(sets=[*shared, *pinned])
@@ -737,13 +789,12 @@ def test_external_redis_on_a_unix_socket_of_the_host() -> None:
         sets=[
             "redis.enabled=false",
             "externalRedis.url=unix:///run/bus/redis.sock",
-            "externalRedis.admin.passwordSecret.name=a",
+            "externalRedis.perNodeUsers=true",
         ]
     )
-    for component in ("syncloop", "bus-users"):
+    for component in ("syncloop",):
         w = workloads(docs)[component]
-        pod = w["spec"]["template"]["spec"]
-        c = container(w) if component == "syncloop" else pod["initContainers"][0]
+        c = container(w)
         mount, volume = mounts_of(w, c)["/run/bus"]
         assert mount["readOnly"] is True
         assert volume["hostPath"] == {"path": "/run/bus", "type": "DirectoryOrCreate"}
@@ -889,11 +940,13 @@ def test_schema_names_the_bad_field(major: str, sets: list[str], field: str, why
     assert field in err and why in err, err
 
 
-def test_a_tcp_redis_needs_a_password_or_an_admin() -> None:
+def test_a_tcp_redis_needs_a_password_or_per_node_users() -> None:
     pinned = ["serviceDefaults.kind=Deployment", PINNED]
     tcp = ["redis.enabled=false", "externalRedis.url=redis://r:6379"]
     render(sets=[*tcp, "externalRedis.passwordSecret.name=s", *pinned])
-    render(sets=[*tcp, "externalRedis.admin.passwordSecret.name=a"])
+    render(sets=[*tcp, "externalRedis.perNodeUsers=true"])
+    err = render_error(sets=[*tcp, *pinned])
+    assert "values don't meet the specifications of the schema" in err
 
 
 def test_status_reporter_has_a_memory_limit() -> None:

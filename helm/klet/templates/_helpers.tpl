@@ -248,18 +248,18 @@ image-gc:
 {{- end -}}
 
 {{/*
-Whether the services get per-node, per-service bus users: the bundled Redis, or an
-external one with externalRedis.admin (a set-up step creates them).
+Whether the services get per-node, per-service bus users: the bundled Redis (its init
+container makes them), or an external one with externalRedis.perNodeUsers (an operator
+provisioned them: external-redis.yaml).
 */}}
 {{- define "klet.perServiceUsers" -}}
-{{- if or .Values.redis.enabled .Values.externalRedis.admin.passwordSecret.name -}}
+{{- if or .Values.redis.enabled .Values.externalRedis.perNodeUsers -}}
 true
 {{- end -}}
 {{- end -}}
 
 {{/*
-The end of a bus set-up step (the bundled Redis's init container, or the external
-Redis's bus-users): each service's password, from `klet bus-acl`'s
+The end of the bundled Redis's bus set-up (its init container): each service's password, from `klet bus-acl`'s
 <busDir>/secrets/<node>/<service>, copied to <busDir>/services/<service>/password, the
 directory that service alone mounts (a DaemonSet cannot name the node in a hostPath,
 and a subPath that does not exist yet would be made a directory by the kubelet). The
