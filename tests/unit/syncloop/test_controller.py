@@ -10,7 +10,9 @@ crash-loop back-off entries go with it; a batch of stream changes is read in one
 round trip (and the sources once, for its removals), in stream order; only a change of
 the pod itself (not its status or resourceVersion, unless a readiness gate's condition)
 wakes its worker, PLEG only nudges it, and a container that cannot be created fails the
-sync (the worker's back-off then paces it). Workers are replaced by
+sync (the worker's back-off then paces it); the new pod of an edited static manifest
+gets no sandbox until the old one of the same name is stopped and removed, which wakes
+it. Workers are replaced by
 a recorder so each test drives sync_once itself, one step at a time.
 """
 
@@ -471,3 +473,39 @@ async def test_a_container_that_cannot_be_created_fails_the_sync(w: World) -> No
     w.cri.fail_always("CreateContainer", None)
     outcome = await w.controller.sync_once("u1")
     assert not outcome.failed
+
+
+def static(uid: str) -> DesiredPod:
+    p = pod("app", uid=uid)
+    p["metadata"]["annotations"] = {"kubernetes.io/config.source": "file"}
+    return DesiredPod(uid=PodUID(uid), pod=p, source="file", hash=uid, seen_at=0.0)
+
+
+async def test_an_edited_static_pod_starts_only_once_the_old_one_is_gone(w: World) -> None:
+    w.controller.apply_desired({"old": static("old")}, READY, read_from=w.controller.generation)
+    await w.controller.sync_once("old")
+    assert w.running() == ["old"]
+    # The manifest is edited: the old UID is removed, the new one added, in one batch.
+    w.controller.apply_desired({"new": static("new")}, READY, read_from=w.controller.generation)
+    w.workers.woken.clear()
+    outcome = await w.controller.sync_once("new")  # the new worker happens to go first
+    assert w.running() == ["old"] and len(w.cri.sandboxes) == 1
+    assert outcome.wake_at is not None  # a safety net: the old pod's end wakes it
+    status = w.controller.publisher.get("new")
+    assert status is not None and status["phase"] == "Pending"
+    outcome = await w.controller.sync_once("old")  # stopped and removed
+    assert outcome.done and w.cri.sandboxes == {}
+    assert w.workers.woken == ["new"]
+    await w.controller.sync_once("new")
+    assert w.running() == ["new"]
+
+
+async def test_static_pods_of_other_names_do_not_wait(w: World) -> None:
+    other = static("other")
+    other.pod["metadata"]["name"] = "other-node1"
+    w.controller.apply_desired(
+        {"a": static("a"), "other": other}, READY, read_from=w.controller.generation
+    )
+    await w.controller.sync_once("a")
+    await w.controller.sync_once("other")
+    assert sorted(w.running()) == ["a", "other"]

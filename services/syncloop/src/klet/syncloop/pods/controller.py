@@ -10,6 +10,10 @@ back: a deleted pod is reported terminated, which lets status-reporter delete it
 object, only once they are gone, as upstream's status manager waits for them) and
 removing a pod nobody wants any more.
 
+Static pods start one at a time per full name (staticpods.py, upstream's
+allowStaticPodStart): the new pod of an edited manifest waits, Pending, until the old
+one's containers are stopped and removed; the old one's end wakes it.
+
 Removal is destructive and so gated (STYLE rule 12): a runtime pod without a desired
 entry is only killed once every configured pod source has delivered a full snapshot
 to the bus. After a Redis restart or flush the sources table is empty, so nothing is
@@ -40,10 +44,10 @@ from klet.bus import BusError, NodeBus
 from klet.cri.types import SandboxState
 from klet.model.node import NODE_SHUTDOWN, NODE_SHUTTING_DOWN
 from klet.model.node import SHUTDOWN_POD_REASON as SHUTDOWN_KILL_REASON
-from klet.model.pod import CONFIG_MIRROR, CONFIG_SEEN, CONFIG_SOURCE
+from klet.model.pod import CONFIG_MIRROR, CONFIG_SEEN, CONFIG_SOURCE, is_static
 from klet.model.podvalidation import pod_problems
 from klet.model.records import DesiredPod, PodChange, SourceState, sources_ready
-from klet.model.types import JSON, PodUID
+from klet.model.types import JSON, PodUID, pod_full_name
 from klet.rpc.podcontrol import PodSummary
 from klet.syncloop.admission.admit import EVICTED, PRESSURE_ORDER, AdmissionLedger, Verdict
 from klet.syncloop.events import EventSink
@@ -52,6 +56,7 @@ from klet.syncloop.pods.podstate import KillRequest, PodSyncState, pod_worker_op
 from klet.syncloop.pods.podworkers import Outcome, PodWorkers
 from klet.syncloop.pods.runtime import PodRuntime
 from klet.syncloop.pods.runtimepod import RuntimePod
+from klet.syncloop.pods.staticpods import StaticPodGate
 from klet.syncloop.pods.status import compute_pod_status
 from klet.syncloop.pods.statuspub import StatusPublisher
 from klet.syncloop.pods.syncpod import PodSyncer
@@ -64,6 +69,9 @@ log = logging.getLogger(__name__)
 
 FAILED_VALIDATION = "FailedValidation"  # upstream's event reason for a refused pod
 MAX_PROBLEMS_SHOWN = 10
+STATIC_RECHECK_S = 5.0
+"""How soon a static pod waiting for its name syncs again without being woken (the
+stop of the pod it waits for wakes it at once)."""
 
 
 @dataclass(frozen=True)
@@ -285,6 +293,9 @@ class PodController:
         self.on_rejected = on_rejected
         self._desired_read = False  # the restart re-admission needs one full table read
         self._readmit_lock = asyncio.Lock()
+        # Static pods start one at a time per full name (staticpods.py).
+        self.static = StaticPodGate()
+        self._static_blocked: set[str] = set()  # logged as waiting for their turn
 
     @property
     def desired(self) -> dict[str, DesiredPod]:
@@ -361,6 +372,8 @@ class PodController:
         old = state.desired
         state.desired = rec
         state.last_pod = rec.pod
+        if is_static(rec.pod):
+            self.static.seen(pod_full_name(rec.pod), uid)
         if old is None or needs_sync(old.pod, rec.pod):
             self.workers.wake(uid)
 
@@ -470,10 +483,17 @@ class PodController:
                 state.terminal = (verdict.reason, verdict.status_message)
                 self.events.emit(pod, "Warning", verdict.reason, verdict.message)
         if not (deleting or state.terminating):
+            if is_static(pod) and not self._static_may_start(uid, pod):
+                # upstream's allowStaticPodStart: the pod of the same name it replaces
+                # is still stopping. Its stop wakes this worker; the status says Pending.
+                self._publish(uid, pod, self._pod_status(uid, pod, current, state.waiting))
+                return Outcome(wake_at=now + STATIC_RECHECK_S)
             return await self.sync_pod(uid, state, pod, current, deadline)
         stopped = await self.sync_terminating_pod(
             uid, state, pod, current, deleting=deleting, now=now
         )
+        if stopped and is_static(pod):
+            self._static_stopped(uid, pod)
         if stopped and (state.terminal is not None or deleting) and not state.released:
             await self.sync_terminated_pod(uid, state)
             if deleting and state.released:
@@ -512,6 +532,31 @@ class PodController:
             # drops its own start events (runtimeevents.py), so the worker goes on now.
             wake.append(self.clock())
         return Outcome(wake_at=min(wake) if wake else None, failed=result.failed)
+
+    def _static_may_start(self, uid: str, pod: JSON) -> bool:
+        full_name = pod_full_name(pod)
+        allowed = self.static.allow(full_name, uid, wanted=self._static_wanted)
+        if allowed:
+            self._static_blocked.discard(uid)
+        elif uid not in self._static_blocked:
+            self._static_blocked.add(uid)
+            log.info(
+                "static pod waits for the pod of the same name to stop",
+                extra={"uid": uid, "pod": full_name, "running": self.static.started.get(full_name)},
+            )
+        return allowed
+
+    def _static_wanted(self, uid: str) -> bool:
+        """A waiting static pod still counts: desired, not being stopped or deleted."""
+        state = self.pods.get(uid)
+        if state is None or state.desired is None or state.terminating:
+            return False
+        return not podspec.meta(state.desired.pod).get("deletionTimestamp")
+
+    def _static_stopped(self, uid: str, pod: JSON) -> None:
+        """Static pod `uid` has stopped or is gone: the next of its name may start."""
+        for waiting in self.static.stopped(pod_full_name(pod), uid):
+            self.workers.wake(waiting)
 
     def _previous(self, uid: str) -> JSON | None:
         """The status the next one is computed against: the last published by this
@@ -737,6 +782,9 @@ class PodController:
         state = self.pods.pop(uid, None)
         if state is None:
             return
+        if state.last_pod is not None and is_static(state.last_pod):
+            self._static_blocked.discard(uid)
+            self._static_stopped(uid, state.last_pod)
         if state.kill is not None:
             state.kill.finish()
         if state.desired is not None:  # desired again while it was being removed: anew
