@@ -1,8 +1,11 @@
 """klet.model.podhistory: what a status and an Event add to a pod's history, and the
-answer `klet why` draws from it (pure, table-driven)."""
+answer `klet why` draws from it (pure, table-driven); its text shows terminal escapes,
+C1 controls and bidi overrides from a pod's messages escaped, never raw."""
 
 from __future__ import annotations
 
+import json
+import unicodedata
 from typing import Any
 
 import pytest
@@ -385,3 +388,38 @@ def test_text_and_json_show_every_entry_in_time_order_on_one_line_each() -> None
         "web",
         "u1",
     )
+
+
+def test_control_characters_from_a_pod_reach_the_text_escaped_never_raw() -> None:
+    hostile = "\x1b]0;owned\x07\x1b[2J"
+    index, entries = history(
+        event("Killing", f"Stopping container{hostile}", at=T0 + 1, container="app\x9b31m"),
+        event("Unhealthy", "Liveness probe failed: \u202egnp.exe", at=T0 + 2),
+        restarts=1,
+    )
+    index = HistoryIndexRecord(
+        namespace="ns\x1b[8m", name="web", first_at=T0, last_at=T0, phase="Running",
+        containers={"app": {"restarts": 1}},
+    )  # fmt: skip
+    text = podhistory.render_text(explain(index, "u1", entries))
+    assert [c for c in text if c != "\n" and unicodedata.category(c) in ("Cc", "Cf")] == []
+    assert "Stopping container\\x1b]0;owned\\x07\\x1b[2J" in text
+    assert "app\\x9b31m" in text and "\\u202egnp.exe" in text
+    assert text.startswith("ns\\x1b[8m/web (uid u1): ")
+    # JSON keeps the text as it is: its own escaping makes it safe to print.
+    body = podhistory.to_json(explain(index, "u1", entries))
+    assert body["timeline"][0]["message"] == f"Stopping container{hostile}"
+    assert "\x1b" not in json.dumps(body)
+
+
+@pytest.mark.parametrize(
+    ("raw", "shown"),
+    [
+        ("plain text, ünïcode, 日本", "plain text, ünïcode, 日本"),
+        ("\x1b[31mred", "\\x1b[31mred"),
+        ("bell\x07 del\x7f", "bell\\x07 del\\x7f"),
+        ("zero\u200bwidth", "zero\\u200bwidth"),
+    ],
+)
+def test_printable(raw: str, shown: str) -> None:
+    assert podhistory.printable(raw) == shown

@@ -1,6 +1,10 @@
 """status-reporter's HistoryKeeper on the fake bus: Events and statuses become entries
 of the right pod's stream with an expiry, a restarted keeper adds nothing twice, bad
-entries are acknowledged and left out, and the index is kept within its bounds."""
+entries are acknowledged and left out, and the index is kept within its bounds. An
+Event joins only the history of a pod the node has (desired or with a status), named as
+the owners of those tables name it: a forged Event with a fresh UID and a real pod's
+name makes no row and no stream, so `klet why` still tells the real pod's story. A pass
+over many pods is written in calls within the bus's cap."""
 
 from __future__ import annotations
 
@@ -10,9 +14,15 @@ from klet.bus import NodeBus
 from klet.bus.history import pod_story
 from klet.bus.testing import FakeBus
 from klet.model.podhistory import EVICTION_NOTE, HISTORY_ONLY
-from klet.model.records import EventRecord, HistoryEntry, PodStatusChange, PodStatusRecord
+from klet.model.records import (
+    DesiredPod,
+    EventRecord,
+    HistoryEntry,
+    PodStatusChange,
+    PodStatusRecord,
+)
 from klet.model.timestamps import rfc3339
-from klet.status_reporter.history import GROUP, HistoryKeeper, HistoryPolicy
+from klet.status_reporter.history import GROUP, WRITE_OPS, HistoryKeeper, HistoryPolicy
 
 T0 = 1_800_000_000.0
 POLICY = HistoryPolicy(max_entries=50, max_age_s=3600.0, max_pods=3, read_block_ms=1)
@@ -62,6 +72,16 @@ def event(uid: str, reason: str, *, at: float = T0, **extra: Any) -> EventRecord
     )
 
 
+def on_node(bus: FakeBus, *uids: str, name: str = "web") -> None:
+    """Plant `uids` in pod-source's `desired` table, as pods of this node named ns/`name`."""
+    node = NodeBus.of(bus, service="pod-source")
+    for uid in uids:
+        pod = {"metadata": {"namespace": "ns", "name": name, "uid": uid}}
+        bus.seed(
+            node.desired, uid, DesiredPod(uid=uid, pod=pod, source="api", hash="h", seen_at=T0)
+        )
+
+
 def keeper(bus: FakeBus, clock: Clock, consumer: str = "leader-1") -> HistoryKeeper:
     return HistoryKeeper(
         bus=NodeBus.of(bus, service="status-reporter"),
@@ -82,6 +102,7 @@ async def test_events_of_every_service_go_to_their_pods_history() -> None:
     node = NodeBus.of(bus, service="status-reporter")
     syncloop = NodeBus.of(bus, service="syncloop")
     eviction = NodeBus.of(bus, service="eviction")
+    on_node(bus, "u1", "u2")
     bus.append(syncloop.events, event("u1", "Pulled"))
     bus.append(
         eviction.events,
@@ -151,6 +172,7 @@ async def test_old_and_surplus_histories_are_dropped() -> None:
     bus = FakeBus(clock=clock)
     node = NodeBus.of(bus, service="status-reporter")
     k = keeper(bus, clock)
+    on_node(bus, *(f"gone-{i}" for i in range(5)))
     for i in range(5):
         bus.append(NodeBus.of(bus, service="syncloop").events, event(f"gone-{i}", "Started"))
         await k.events_once()
@@ -174,6 +196,7 @@ async def test_a_story_is_found_by_name_or_uid_and_names_earlier_pods() -> None:
     node = NodeBus.of(bus, service="status-reporter")
     k = keeper(bus, clock)
     syncloop = NodeBus.of(bus, service="syncloop")
+    on_node(bus, "old", "new")
     bus.append(syncloop.events, event("old", "Started"))
     await k.events_once()
     clock.t += 5
@@ -185,3 +208,61 @@ async def test_a_story_is_found_by_name_or_uid_and_names_earlier_pods() -> None:
     by_uid = await pod_story(node, "ns", "old")
     assert by_uid is not None and by_uid.story.uid == "old"
     assert await pod_story(node, "ns", "nobody") is None
+
+
+async def test_a_forged_event_with_a_fresh_uid_makes_no_row_and_no_stream() -> None:
+    clock = Clock()
+    bus = FakeBus(clock=clock)
+    node = NodeBus.of(bus, service="status-reporter")
+    bus.seed(node.status, "real", record("real"))
+    k = keeper(bus, clock)
+    await k.statuses_once()
+    # Later, from any service's own Events stream: a fresh UID with the real pod's name,
+    # and the real UID under another name.
+    clock.t += 60
+    eviction = NodeBus.of(bus, service="eviction")
+    forged = event("forged", "Evicted", at=clock.t)
+    renamed = EventRecord(
+        type="Warning",
+        reason="Killing",
+        message="renamed",
+        involved={"kind": "Pod", "namespace": "kube-system", "name": "other", "uid": "real"},
+        component="kubelet",
+        at=clock.t,
+    )
+    bus.append(eviction.events, forged)
+    bus.append(eviction.events, renamed)
+    await k.events_once()
+    index = bus.rows(node.history)
+    assert set(index) == {"real"}
+    assert (index["real"].namespace, index["real"].name) == ("ns", "web")
+    assert node.history_of("forged").key not in bus.streams
+    found = await pod_story(node, "ns", "web")
+    assert found is not None and found.story.uid == "real" and found.earlier == ()
+    # Every Event was acknowledged, the one left out too.
+    for stream in node.event_feed.streams.values():
+        assert stream.pending(GROUP) == []  # type: ignore[attr-defined]
+
+
+async def test_a_pod_known_only_by_its_status_is_named_as_its_status_names_it() -> None:
+    clock = Clock()
+    bus = FakeBus(clock=clock)
+    node = NodeBus.of(bus, service="status-reporter")
+    bus.seed(node.status, "u9", record("u9", name="from-status"))
+    bus.append(NodeBus.of(bus, service="syncloop").events, event("u9", "Pulled"))
+    await keeper(bus, clock).events_once()
+    row = bus.rows(node.history)["u9"]
+    assert (row.namespace, row.name) == ("ns", "from-status")
+
+
+async def test_a_pass_over_many_pods_is_written_within_the_bus_cap() -> None:
+    clock = Clock()
+    bus = FakeBus(clock=clock)
+    node = NodeBus.of(bus, service="status-reporter")
+    for i in range(1200):  # 3 entries and 2 writes of its own each: 6000 writes in all
+        bus.seed(node.status, f"u{i}", record(f"u{i}", name=f"p{i}"))
+    policy = HistoryPolicy(max_entries=50, max_age_s=3600.0, max_pods=2000, read_block_ms=1)
+    k = HistoryKeeper(bus=node, consumer="l", policy=policy, clock=clock)
+    await k.full_pass()
+    assert len(bus.rows(node.history)) == 1200
+    assert sum(bus.writes) == 6000 and max(bus.writes) <= WRITE_OPS

@@ -7,7 +7,10 @@ State is kept as Redis keeps it, encoded: hashes of record JSON, streams of entr
 consumer groups (last delivered entry, pending entries per consumer), lease keys with
 fencing tokens. Writes go through the real `Table.put`/`Stream.publish`/`Transaction`
 code into `FakeBus.write`, which applies them atomically and, on a leader bus, fences
-them by its lease as the fenced-write function does (`Fenced`, `LeaseLapsed`).
+them by its lease as the fenced-write function does (`Fenced`, `LeaseLapsed`), and
+refuses a call of more writes than the function takes (`WriteTooLarge`,
+klet.bus.functions.MAX_WRITE_OPS), so a writer that would exceed it fails its unit
+tests as it would fail on Redis. `writes` lists the number of writes of each call.
 
 `FakeSlotFile` is one leader slot file shared by replicas (`klet.bus.leaderslot`); each
 replica's `FakeLeaderSlot` claims, probes and releases it as the real lock file behaves,
@@ -31,6 +34,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import redis.asyncio as aioredis
+from klet.bus.functions import MAX_WRITE_OPS
 from klet.bus.leaderslot import SlotView
 from klet.bus.redisbus import (
     Bus,
@@ -41,6 +45,7 @@ from klet.bus.redisbus import (
     R,
     Stream,
     Table,
+    WriteTooLarge,
     _Op,
 )
 from klet.model.records import BadRecord
@@ -77,6 +82,8 @@ class FakeBus(Bus):
         """Raised by the next calls, one each (see `fail`)."""
         self.calls: list[str] = []
         """Every call made, by name ("get", "read", "claim_stale", ...), failed ones too."""
+        self.writes: list[int] = []
+        """The number of writes of each `write` call applied, in order."""
         self.closed = False
         self._ids = 0
 
@@ -132,6 +139,10 @@ class FakeBus(Bus):
 
     async def write(self, ops: Sequence[_Op]) -> list[str]:
         self.check("write")
+        if len(ops) > MAX_WRITE_OPS:
+            raise WriteTooLarge(
+                "MAX_WRITE_OPS", f"{len(ops)} writes in one call, at most {MAX_WRITE_OPS}"
+            )
         if self._fence is not None:
             value = self._fence.current_value()
             if value is None:
@@ -141,6 +152,7 @@ class FakeBus(Bus):
                 raise self._fence.lapsed()
             if held_by != value:
                 raise self._fence.fenced("another replica holds the lease")
+        self.writes.append(len(ops))
         return [self._apply(op) for op in ops]
 
     def _apply(self, op: _Op) -> str:

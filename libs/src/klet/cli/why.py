@@ -8,6 +8,11 @@ bus and the credential are found as `klet events` finds them (klet.cli.events), 
 status-reporter's user inside its container. `<pod>` may also be the pod's UID; `-n`
 gives the namespace the way kubectl does (default "default").
 
+What a history holds comes largely from pods (termination messages, probe output), so
+the text output shows control characters escaped, never raw (klet.model.podhistory
+`printable`: a terminal escape in a termination message cannot reach the terminal);
+`-o json` escapes them as JSON does.
+
 Exit status: 0 with the story, 1 when no history is kept of that pod (or the bus
 cannot be read), 2 for a usage error.
 """
@@ -23,7 +28,7 @@ from collections.abc import Mapping, Sequence
 from typing import TextIO
 
 from klet.cli.events import BusAccess, UsageError, add_bus_arguments, bus_access
-from klet.model.podhistory import render_text
+from klet.model.podhistory import printable, render_text
 from klet.model.timestamps import rfc3339
 
 
@@ -58,7 +63,8 @@ async def run(access: BusAccess, namespace: str, name: str, *, output: str, out:
         return True
     out.write(render_text(found.story))
     for uid, row in found.earlier:
-        out.write(f"(an earlier pod of that name: uid {uid}, last entry {rfc3339(row.last_at)})\n")
+        last = rfc3339(row.last_at)
+        out.write(printable(f"(an earlier pod of that name: uid {uid}, last entry {last})") + "\n")
     if found.skipped:
         out.write(f"({found.skipped} entries of the history did not decode and are left out)\n")
     return True

@@ -14,7 +14,12 @@ status-reporter's leader keeps, per pod, a bounded stream of `HistoryEntry` on t
   recording the same status twice, or after a restart, adds nothing.
 
 `explain` reads a history and answers first ("restarted 3 times: liveness probe failed
-(...)"), then `render_text` or `to_json` show the timeline. Everything here takes its
+(...)"), then `render_text` or `to_json` show the timeline. Most of what a history says
+comes from pods (termination messages, probe output, image names) and so from whoever
+wrote the pod: `render_text` shows every control and format character (a terminal
+escape such as `\x1b]0;title\x07`, a bidi override) as its escape sequence, never raw,
+so a history cannot drive or rewrite the operator's terminal; `to_json` leaves the text
+as it is and JSON's own escaping carries it. Everything here takes its
 inputs as arguments: the manager (status-reporter) and the readers (`klet why`, the
 kubelet API) do the I/O.
 """
@@ -23,6 +28,7 @@ from __future__ import annotations
 
 import re
 import signal
+import unicodedata
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
@@ -357,14 +363,36 @@ def _one_line(text: str) -> str:
     return " ".join(text.split())
 
 
+def printable(text: str) -> str:
+    """`text` with every control and format character (Unicode categories Cc and Cf:
+    C0/C1 controls, ESC, DEL, bidi overrides, zero-width characters) written as its
+    escape sequence (`\x1b`, `\u202e`): safe to print on a terminal."""
+    return "".join(
+        ch.encode("unicode_escape").decode("ascii")
+        if unicodedata.category(ch) in ("Cc", "Cf")
+        else ch
+        for ch in text
+    )
+
+
 def render_text(story: Story) -> str:
-    """The answer, then one line per entry: time, who, container, type, reason: message."""
+    """The answer, then one line per entry: time, who, container, type, reason: message;
+    every field `printable`."""
     lines = [
-        f"{story.namespace}/{story.name} (uid {story.uid}): {story.answer}",
+        printable(f"{story.namespace}/{story.name} (uid {story.uid}): {story.answer}"),
         "",
     ]
     rows = [
-        (rfc3339(e.at), e.source, e.container or "-", e.type, _one_line(f"{e.reason}: {e.message}"))
+        tuple(
+            printable(_one_line(cell))
+            for cell in (
+                rfc3339(e.at),
+                e.source,
+                e.container or "-",
+                e.type,
+                f"{e.reason}: {e.message}",
+            )
+        )
         for e in story.timeline
     ]
     head = ("TIME", "SOURCE", "CONTAINER", "TYPE", "WHAT")

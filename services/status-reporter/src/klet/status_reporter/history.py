@@ -12,6 +12,14 @@ The leader only (a root task started at election, in both modes), from two feeds
   the `history` index last recorded of that pod, so only changes are written, and a
   restarted or new leader neither repeats nor misses one.
 
+Whose history an Event joins is decided by what the writers own, not by the Event: any
+service can name any UID, namespace and name in an Event it records, so an Event only
+adds to the history of a pod this node has (an index row already, else a row of the
+`desired` table, pod-source's, or of `status`, syncloop's), and the index row's
+namespace and name come from those tables, never from the Event. An Event about any
+other UID is acknowledged and left out: it can neither create a row that a `klet why`
+of a real pod's name finds first, nor a `history:<uid>` key of its choosing.
+
 Each pod's entries go to `history:<uid>`, capped at `max_entries` and given an expiry of
 `max_age_s` by the same fenced write (so a deleted pod's history goes by itself), and
 its index row (`history`, keyed by UID) names the pod for `klet why <ns>/<name>`. The
@@ -167,7 +175,6 @@ class HistoryKeeper:
 
     async def _record_events(self, entries: Iterable[Entry[EventRecord]]) -> None:
         batch: dict[str, list[HistoryEntry]] = {}
-        names: dict[str, tuple[str, str]] = {}
         ids: list[str] = []
         for entry in entries:
             ids.append(entry.id)
@@ -183,16 +190,20 @@ class HistoryKeeper:
                 continue
             uid, item = found
             batch.setdefault(uid, []).append(item)
-            involved = entry.record.involved
-            names[uid] = (str(involved.get("namespace") or ""), str(involved.get("name") or ""))
         if batch:
             async with self._lock:
                 index = await self._loaded()
+                names = await self._names([uid for uid in batch if uid not in index])
+                for uid in [u for u in batch if u not in index and u not in names]:
+                    log.debug(
+                        "Events about a pod this node does not have, left out of the histories",
+                        extra={"uid": uid, "events": len(batch.pop(uid))},
+                    )
                 now = self._clock()
                 rows = {}
                 for uid in batch:
                     old = index.get(uid)
-                    ns, name = names[uid]
+                    ns, name = names.get(uid, ("", ""))
                     rows[uid] = HistoryIndexRecord(
                         namespace=old.namespace if old is not None else ns,
                         name=old.name if old is not None else name,
@@ -204,6 +215,23 @@ class HistoryKeeper:
                 await self._write(batch, rows, index=index, now=now)
         if ids:
             await self._bus.event_feed.ack(GROUP, *ids)
+
+    async def _names(self, uids: list[str]) -> dict[str, tuple[str, str]]:
+        """(namespace, name) of each of `uids` the node has, as pod-source's `desired`
+        or else syncloop's `status` names it; a UID in neither is left out."""
+        if not uids:
+            return {}
+        out: dict[str, tuple[str, str]] = {}
+        for uid, desired in (await self._bus.desired.get_many(uids)).items():
+            if desired is not None:
+                meta = desired.pod.get("metadata") or {}
+                out[uid] = (str(meta.get("namespace") or ""), str(meta.get("name") or ""))
+        rest = [uid for uid in uids if uid not in out]
+        if rest:
+            for uid, status in (await self._bus.status.get_many(rest)).items():
+                if status is not None:
+                    out[uid] = (status.namespace, status.name)
+        return out
 
     async def _record_statuses(self, records: Iterable[PodStatusRecord]) -> None:
         async with self._lock:
@@ -230,20 +258,19 @@ class HistoryKeeper:
     ) -> None:
         """Append `batch`, renew the streams' expiry and put `rows`, then record them in
         the caller's loaded `index` (under the lock) as of `now`."""
-        if not rows:
-            return
         ttl_ms = int(self._policy.max_age_s * 1000)
-        async with self._bus.bus.transaction() as tx:
-            for uid, row in rows.items():
-                stream = self._bus.history_of(uid, maxlen=self._policy.max_entries)
-                for item in batch.get(uid, []):
-                    tx.publish(stream, item)
-                tx.expire(stream, ttl_ms)
-                tx.put(self._bus.history, uid, row)
-        for uid, row in rows.items():
-            index[uid] = row
-            self._refreshed[uid] = now
-            self.written += len(batch.get(uid, []))
+        for chunk in _chunks(rows, lambda uid: len(batch.get(uid, [])) + 2):
+            async with self._bus.bus.transaction() as tx:
+                for uid in chunk:
+                    stream = self._bus.history_of(uid, maxlen=self._policy.max_entries)
+                    for item in batch.get(uid, []):
+                        tx.publish(stream, item)
+                    tx.expire(stream, ttl_ms)
+                    tx.put(self._bus.history, uid, rows[uid])
+            for uid in chunk:
+                index[uid] = rows[uid]
+                self._refreshed[uid] = now
+                self.written += len(batch.get(uid, []))
 
     async def _trim(self, *, present: set[str]) -> None:
         async with self._lock:
@@ -260,11 +287,32 @@ class HistoryKeeper:
             old += keep[self._policy.max_pods :]
             if not old:
                 return
-            async with self._bus.bus.transaction() as tx:
-                for uid in old:
-                    tx.expire(self._bus.history_of(uid), 1)
-                    tx.delete(self._bus.history, uid)
-            for uid in old:
-                index.pop(uid, None)
-                self._refreshed.pop(uid, None)
+            for chunk in _chunks(old, lambda _uid: 2):
+                async with self._bus.bus.transaction() as tx:
+                    for uid in chunk:
+                        tx.expire(self._bus.history_of(uid), 1)
+                        tx.delete(self._bus.history, uid)
+                for uid in chunk:
+                    index.pop(uid, None)
+                    self._refreshed.pop(uid, None)
             log.info("pods' histories dropped", extra={"pods": len(old)})
+
+
+WRITE_OPS = 1000
+"""Writes per bus call at most: a pass over many pods goes as several calls, each well
+under the bus's cap (klet.bus.functions.MAX_WRITE_OPS); a pod's writes stay in one."""
+
+
+def _chunks(uids: Iterable[str], ops: Callable[[str], int]) -> list[list[str]]:
+    """`uids` in runs of at most WRITE_OPS writes (`ops(uid)` each; a pod with more
+    goes alone)."""
+    out: list[list[str]] = []
+    size = 0
+    for uid in uids:
+        n = ops(uid)
+        if not out or size + n > WRITE_OPS:
+            out.append([])
+            size = 0
+        out[-1].append(uid)
+        size += n
+    return out
