@@ -493,6 +493,7 @@ def deployment(
             "KLET_KUBERNETES_DIR": str(kubernetes),
             "KLET_KUBECONFIG": str(kubeconfig),
             "KLET_ROOT_DIR": str(root),
+            "KLET_CERT_DIR": str(tmp / "pki"),
             "KLET_POD_LOGS_DIR": str(tmp / "logs"),
             "KLET_CONTAINER_RUNTIME_ENDPOINT": devstack.runtime_endpoint,
             "KLET_RUNTIME_SOCKET_DIR": str(devstack.containerd.socket.parent),
@@ -660,9 +661,15 @@ def test_each_container_has_only_what_it_uses(deployment: Deployment) -> None:
     root = d.env["KLET_ROOT_DIR"]
     denied = exec_in(d, "status-reporter", "touch", f"{root}/probe")
     assert denied.returncode != 0 and "Read-only file system" in denied.stderr
-    allowed = exec_in(d, "status-reporter", "touch", f"{root}/pki/probe")
+    cert_dir = d.env["KLET_CERT_DIR"]
+    allowed = exec_in(d, "status-reporter", "touch", f"{cert_dir}/probe")
     assert allowed.returncode == 0, allowed.stderr
-    Path(root, "pki", "probe").unlink()
+    Path(cert_dir, "probe").unlink()
+    # The serving key is status-reporter's alone: eviction, which reads the root dir
+    # with DAC_READ_SEARCH, finds no certificate directory there or anywhere.
+    for service in ("pod-source", "syncloop", "eviction", "image-gc"):
+        seen = exec_in(d, service, "ls", cert_dir)
+        assert seen.returncode != 0, f"{service} sees the certificate directory"
     for service in ("pod-source", "eviction", "image-gc"):
         denied = exec_in(d, service, "touch", "/etc/probe")
         assert "Read-only file system" in denied.stderr, service

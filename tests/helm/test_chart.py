@@ -591,6 +591,40 @@ def test_bootstrap_token_join() -> None:
                 assert not Path(CERT_DIR).is_relative_to(host), (service, host)
 
 
+@pytest.mark.parametrize(
+    ("sets", "owners", "cert_dir"),
+    [
+        ([], {"status-reporter"}, CERT_DIR),
+        (["paths.certDir=/srv/pki"], {"status-reporter"}, "/srv/pki"),
+        (
+            ["credentials.bootstrap.existingSecret=klet-bootstrap"],
+            {"pod-source", "syncloop", "status-reporter"},
+            CERT_DIR,
+        ),
+    ],
+)
+def test_the_certificate_directory_is_reached_by_its_owners_alone(
+    sets: list[str], owners: set[str], cert_dir: str
+) -> None:
+    """--cert-dir holds private keys (the serving certificate's; with a bootstrap token
+    the node's client key): only its owners mount it, and no host path any other
+    container of any workload mounts (eviction's root dir, read with DAC_READ_SEARCH,
+    included) lies around it, as upstream's <root-dir>/pki would."""
+    for component, w in workloads(render(sets=sets)).items():
+        pod = w["spec"]["template"]["spec"]
+        for c in [*pod.get("initContainers", []), *pod["containers"]]:
+            args = {a.split("=", 1)[0]: a.split("=", 1)[1] for a in c.get("args", []) if "=" in a}
+            if component in SERVICES and c["name"] == component:
+                assert args["--cert-dir"] == cert_dir
+            for _, volume in mounts_of(w, c).values():
+                if "hostPath" not in volume:
+                    continue
+                host = volume["hostPath"]["path"]
+                if component in owners and c["name"] == component and host == cert_dir:
+                    continue
+                assert not Path(cert_dir).is_relative_to(host), (component, c["name"], host)
+
+
 def test_bootstrap_cert_dir_and_secret_key_from_the_values(tmp_path: Path) -> None:
     """Another certificate directory and key; the rendered flags load as pod-source
     would load them (the files stood in for), rotation on."""
@@ -649,6 +683,12 @@ def test_bootstrap_cert_dir_and_secret_key_from_the_values(tmp_path: Path) -> No
             ],
             "certDir /var/lib/kubelet/pki: give it a directory of its own, neither inside nor "
             "around paths.rootDir (/var/lib/kubelet)",
+        ),
+        (
+            # Without a bootstrap token too: status-reporter's serving key.
+            ["paths.certDir=/var/lib/kubelet/pki"],
+            "paths.certDir /var/lib/kubelet/pki: give it a directory of its own, neither "
+            "inside nor around paths.rootDir (/var/lib/kubelet)",
         ),
         (
             ["credentials.bootstrap.existingSecret=j", "credentials.bootstrap.certDir=/run"],

@@ -130,7 +130,11 @@ def confinement(service: str, env: dict[str, str]) -> Confinement:
             },
         ),
         "status-reporter": Confinement(
-            False, none, False, True, {**common, **kubernetes, **readers, f"{root}/pki": True}
+            False,
+            none,
+            False,
+            True,
+            {**common, **kubernetes, **readers, env["KLET_CERT_DIR"]: True},
         ),
         "eviction": Confinement(
             False, frozenset({"DAC_READ_SEARCH"}), False, False, {**common, **readers}
@@ -297,3 +301,22 @@ def test_replicas_take_any_free_port_and_check_their_own(service: str) -> None:
         )
     assert "container_name" not in spec  # a fixed name would refuse a second replica
     assert "ports" not in spec  # host network: nothing to publish, nothing to collide
+
+
+def test_the_certificate_directory_is_status_reporters_alone() -> None:
+    """--cert-dir (the serving certificate's private key) is mounted by status-reporter
+    only, and lies under no path another service mounts: eviction reads the root dir
+    with DAC_READ_SEARCH, so a cert dir inside it (upstream's <root>/pki) is readable
+    there."""
+    env = variables()
+    cert_dir = Path(env["KLET_CERT_DIR"])
+    for service in SERVICES:
+        spec = compose()["services"][service]
+        flags = [f for f in spec["command"] if f.startswith("--cert-dir=")]
+        assert flags == [f"--cert-dir={cert_dir}"], service
+        targets = volume_targets(spec)
+        if service == "status-reporter":
+            assert targets[str(cert_dir)] is True
+            continue
+        for target in targets:
+            assert not cert_dir.is_relative_to(target), (service, target)

@@ -67,14 +67,14 @@ three services that call the apiserver already write, and nothing else mounts.
 
 {{/*
 --cert-dir: credentials.bootstrap.certDir with a bootstrap token (the node's client key
-lives there, so not under the root dir, which eviction and status-reporter read), else
-<rootDir>/pki (status-reporter's self-signed serving certificate).
+lives there), else paths.certDir (status-reporter's serving certificate and key). Never
+under the root dir, which eviction and syncloop mount: klet.checkCredentials refuses it.
 */}}
 {{- define "klet.certDir" -}}
 {{- if .Values.credentials.bootstrap.existingSecret -}}
 {{- clean .Values.credentials.bootstrap.certDir -}}
 {{- else -}}
-{{- printf "%s/pki" .Values.paths.rootDir -}}
+{{- clean .Values.paths.certDir -}}
 {{- end -}}
 {{- end -}}
 
@@ -90,8 +90,9 @@ the certificate directory, and a Secret is read-only); serverTLSBootstrap standa
 {{- if and .Values.credentials.existingSecret $b.existingSecret -}}
 {{- fail "credentials.existingSecret and credentials.bootstrap.existingSecret are both set: give one (a Secret with the node's ready kubeconfig, or one with a bootstrap kubeconfig that gets it by TLS bootstrap)" -}}
 {{- end -}}
-{{- if $b.existingSecret -}}
 {{- $certDir := include "klet.certDir" . | trimSuffix "/" -}}
+{{- $certValue := ternary "credentials.bootstrap.certDir" "paths.certDir" (not (empty $b.existingSecret)) -}}
+{{- $certGiven := ternary $b.certDir .Values.paths.certDir (not (empty $b.existingSecret)) -}}
 {{- $mounted := dict -}}
 {{- range $name := list "rootDir" "podLogsDir" "runtimeSocketDir" "imageFsDir" "cgroupRoot" "kubernetesDir" "runDir" "redisSocketDir" "busDir" -}}
 {{- $_ := set $mounted (printf "paths.%s" $name) (index $.Values.paths $name) -}}
@@ -102,10 +103,10 @@ the certificate directory, and a Secret is read-only); serverTLSBootstrap standa
 {{- range $name := keys $mounted | sortAlpha -}}
 {{- $other := index $mounted $name | clean | trimSuffix "/" -}}
 {{- if or (eq $certDir $other) (hasPrefix (printf "%s/" $other) $certDir) (hasPrefix (printf "%s/" $certDir) $other) -}}
-{{- fail (printf "credentials.bootstrap.certDir %s: give it a directory of its own, neither inside nor around %s (%s): it holds the node's client key and kubeconfig, which only pod-source, syncloop and status-reporter may mount" $b.certDir $name (index $mounted $name)) -}}
+{{- fail (printf "%s %s: give it a directory of its own, neither inside nor around %s (%s): it holds private keys (the serving certificate's; with a bootstrap token the node's client key and kubeconfig), which only the services that use them may mount" $certValue $certGiven $name (index $mounted $name)) -}}
 {{- end -}}
 {{- end -}}
-{{- else if dig "rotateCertificates" false .Values.kubeletConfig -}}
+{{- if and (not $b.existingSecret) (dig "rotateCertificates" false .Values.kubeletConfig) -}}
 {{- fail "kubeletConfig.rotateCertificates: needs credentials.bootstrap.existingSecret (TLS bootstrap): klet renews only the client certificate bootstrap keeps in the certificate directory, which the kubeconfig it writes names; a kubeconfig from credentials.existingSecret is a read-only Secret" -}}
 {{- end -}}
 {{- if and (dig "serverTLSBootstrap" false .Values.kubeletConfig) (not (or .Values.credentials.existingSecret $b.existingSecret)) -}}
