@@ -5,8 +5,11 @@ text out (the reading is in klet.cli.events).
 Folding is klet.model.eventfold's rule, the one status-reporter applies before it
 posts: a record joins an Event while it comes within the window of the Event's last
 one; its count grows and its last-seen time moves. Later, the same record starts a new
-Event, as the apiserver would then hold. So a standalone node reads as a cluster node's
-`kubectl get events` would.
+Event, as the apiserver would then hold. Similar records (one object and reason,
+messages that differ) fold into one "(combined from similar events)" Event from the 10th
+distinct message on, as status-reporter posts them (eventfold's `SimilarEvents`). So a
+standalone node reads as a cluster node's `kubectl get events` would (status-reporter's
+spam filter aside: here every occurrence is counted at once).
 
 Columns, as kubectl's: NAMESPACE (unless one namespace is asked for), LAST SEEN, TYPE,
 REASON, OBJECT, MESSAGE; LAST SEEN reads `2m (x5 over 9m)` when an Event happened more
@@ -29,7 +32,7 @@ from klet.model.eventfold import (
     DEFAULT_TYPE,
     WINDOW_S,
     EventKey,
-    fold_key,
+    SimilarEvents,
     folds,
 )
 from klet.model.eventfold import event_name as fold_name
@@ -93,11 +96,12 @@ class Correlator:
         self.window_s = window_s
         self._rows: list[EventRow] = []
         self._open: dict[EventKey, int] = {}  # key -> index in _rows of its latest Event
+        self._similar = SimilarEvents(window_s=window_s)
 
     def add(self, record: EventRecord) -> EventRow:
         """Fold `record` in; returns the Event it made or changed."""
-        new = row_of(record)
-        key = fold_key(record.involved, record)
+        key, message = self._similar.classify(record.involved, record)
+        new = replace(row_of(record), message=message)
         index = self._open.get(key)
         if index is not None:
             seen = self._rows[index]
@@ -105,6 +109,7 @@ class Correlator:
             if folds(seen.last_seen, new.first_seen, self.window_s):
                 merged = replace(
                     seen,
+                    message=new.message if new.last_seen >= seen.last_seen else seen.message,
                     count=seen.count + new.count,
                     first_seen=min(seen.first_seen, new.first_seen),
                     last_seen=max(seen.last_seen, new.last_seen),

@@ -12,7 +12,8 @@ show. Rules restated from client-go's event correlator and recorder:
   that folds into one posted less than the window (10 min) ago is not posted again; the
   existing Event's `count` is raised and its `lastTimestamp` moved (a PATCH). After the
   window, or when the PATCH finds the Event gone, a new Event is created.
-- **Similar events** (client-go's EventAggregator): records about one object (kind,
+- **Similar events** (client-go's EventAggregator, eventfold's `SimilarEvents`, which
+  `klet events` applies too): records about one object (kind,
   namespace, name, uid; not the fieldPath) with the same type, reason and component
   but different messages are counted by distinct message over the window; from the
   10th distinct message on, a record is posted as one Event with the message
@@ -41,7 +42,7 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 
 from klet.model import eventfold
-from klet.model.eventfold import DEFAULT_COMPONENT, DEFAULT_TYPE, EventKey
+from klet.model.eventfold import DEFAULT_COMPONENT, DEFAULT_TYPE, EventKey, SimilarEvents
 from klet.model.flowcontrol import TokenBucket
 from klet.model.records import EventRecord
 from klet.model.timestamps import rfc3339
@@ -49,10 +50,8 @@ from klet.model.types import JSON
 
 AGGREGATION_WINDOW_S = eventfold.WINDOW_S
 CACHE_SIZE = 4096
-SIMILAR_MAX = 10
-"""Distinct messages of similar records in the window before they are combined
-(client-go's defaultAggregateMaxEvents)."""
-COMBINED_PREFIX = "(combined from similar events): "
+SIMILAR_MAX = eventfold.SIMILAR_MAX
+COMBINED_PREFIX = eventfold.COMBINED_PREFIX
 SPAM_BURST = 25
 """Events one object may have posted at once (client-go's defaultSpamBurst)..."""
 SPAM_QPS = 1.0 / 300.0
@@ -124,19 +123,6 @@ def count_patch(count: int, at: float, message: str | None = None) -> JSON:
     return patch
 
 
-def similar_key(record: EventRecord, ref: JSON) -> EventKey:
-    """What makes records "similar" (client-go's EventAggregatorByReasonFunc): the
-    object without its fieldPath, type, reason and component; not the message."""
-    subject = tuple(str(ref.get(f) or "") for f in ("kind", "namespace", "name", "uid"))
-    return (
-        "similar",
-        *subject,
-        record.type or DEFAULT_TYPE,
-        record.reason,
-        record.component or DEFAULT_COMPONENT,
-    )
-
-
 def spam_key(ref: JSON) -> EventKey:
     """The spam filter's key: the involved object (the source is always this node's)."""
     return tuple(str(ref.get(f) or "") for f in ("kind", "namespace", "name", "uid"))
@@ -181,45 +167,6 @@ class Aggregator:
 
     def forget(self, key: EventKey) -> None:
         self._seen.pop(key, None)
-
-
-@dataclass
-class _Similar:
-    messages: OrderedDict[str, None]
-    last: float
-
-
-class SimilarEvents:
-    """client-go's EventAggregator: which key and message a record is posted under."""
-
-    def __init__(
-        self,
-        *,
-        window_s: float = AGGREGATION_WINDOW_S,
-        max_messages: int = SIMILAR_MAX,
-        size: int = CACHE_SIZE,
-    ) -> None:
-        self.window_s = window_s
-        self.max_messages = max_messages
-        self.size = size
-        self._seen: OrderedDict[EventKey, _Similar] = OrderedDict()
-
-    def classify(self, record: EventRecord, ref: JSON) -> tuple[EventKey, str]:
-        """The key the record's Event is counted under and the message it carries."""
-        key = similar_key(record, ref)
-        entry = self._seen.get(key)
-        if entry is None or not eventfold.folds(entry.last, record.at, self.window_s):
-            entry = _Similar(OrderedDict(), record.at)
-        entry.messages[record.message] = None
-        entry.last = max(entry.last, record.at)
-        self._seen[key] = entry
-        self._seen.move_to_end(key)
-        while len(self._seen) > self.size:
-            self._seen.popitem(last=False)
-        if len(entry.messages) < self.max_messages:
-            return event_key(record, ref), record.message
-        entry.messages.popitem(last=False)  # never more than the maximum
-        return key, COMBINED_PREFIX + record.message
 
 
 @dataclass
@@ -273,7 +220,7 @@ class Correlator:
         self.spam = SpamFilter(burst=spam_burst, qps=spam_qps, size=size)
 
     def correlate(self, record: EventRecord, ref: JSON) -> Correlation:
-        key, message = self.similar.classify(record, ref)
+        key, message = self.similar.classify(ref, record)
         post = self.events.decide(key, record, ref)
         skip = not self.spam.allows(ref, record.at)
         if skip:
