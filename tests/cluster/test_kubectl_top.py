@@ -25,8 +25,9 @@ from klet.devstack import DevStack
 from klet.testbed.cluster import ControlPlane
 
 from tests.harness.clusternode import cluster_node, wait_node_ready
-from tests.harness.metrics_server import MetricsServer, host_address
+from tests.harness.metrics_server import MetricsServer
 from tests.harness.node import KletNode
+from tests.harness.nodeaddress import host_address
 from tests.harness.waiting import wait_for
 
 NODE = "klettop1"

@@ -12,19 +12,15 @@ There is no kube-proxy and no endpoint controller here: the apiserver routes to 
 Service's endpoints itself (`--enable-aggregator-routing`, set by ControlPlane), and it
 reads them from EndpointSlices, so the test writes one by hand with this host's
 non-loopback address (EndpointSlices refuse loopback addresses, as the apiserver's node
-proxy refuses loopback node addresses). `host_address` finds that address, or makes one.
+proxy refuses loopback node addresses): tests/harness/nodeaddress.host_address.
 """
 
 from __future__ import annotations
 
 import base64
-import contextlib
 import json
-import socket
 import ssl
-import subprocess
 import urllib.request
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -38,39 +34,6 @@ NAMESPACE = "kube-system"
 NAME = "metrics-server"
 USER = "system:metrics-server"  # the client certificate's CN
 APISERVICE = "v1beta1.metrics.k8s.io"
-# The address put on `lo` only when the host has no default route: RFC 2544's benchmarking
-# range, neither loopback nor link-local, so the apiserver proxies to it (the address is
-# what it checks, not the interface). No dummy interface: this kernel has no dummy driver.
-FALLBACK_ADDRESS = "198.18.0.1"
-
-
-def _default_route_address() -> str | None:
-    """The source address of this host's default route, None without one. A UDP
-    connect only picks a route; nothing is sent."""
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-        try:
-            s.connect(("203.0.113.1", 9))  # TEST-NET-3: any routed address would do
-        except OSError:
-            return None
-        address: str = s.getsockname()[0]
-    return None if address.startswith("127.") else address
-
-
-@contextlib.contextmanager
-def host_address() -> Iterator[str]:
-    """A non-loopback IPv4 address of this host that the apiserver may proxy to and an
-    EndpointSlice may hold: the default route's source address, or (no default route)
-    FALLBACK_ADDRESS added to `lo` for the duration and removed after."""
-    address = _default_route_address()
-    if address is not None:
-        yield address
-        return
-    subprocess.run(["ip", "link", "set", "lo", "up"], check=True)
-    subprocess.run(["ip", "addr", "add", f"{FALLBACK_ADDRESS}/32", "dev", "lo"], check=True)
-    try:
-        yield FALLBACK_ADDRESS
-    finally:
-        subprocess.run(["ip", "addr", "del", f"{FALLBACK_ADDRESS}/32", "dev", "lo"], check=False)
 
 
 def _rbac() -> list[dict[str, Any]]:

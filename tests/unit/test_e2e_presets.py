@@ -1,22 +1,26 @@
 """tools/e2e/conformance.py's presets: which specs each selects, where it writes, and
 what it asks of the run.
 
-Covers: the node preset is `make conformance`'s selection; the storage preset's focus
+Covers: the node preset is `make conformance`'s selection, run in a PID and mount
+namespace of its own (RESULTS.md says so); the storage preset's focus
 takes the PersistentVolumes and PersistentVolumes-local specs and not the other
 Describes that begin with the same word, and its skip drops the Serial, Slow,
 Disruptive, Flaky, Feature and FeatureGate ones (the patterns are applied as ginkgo
 applies them to the full spec text, with `re.search`); the storage run asks for the NFS
-server image and a PID namespace of its own and writes to conformance/storage; an
-image the harness cannot build is refused before anything is built.
+server image and a PID namespace of its own and writes to conformance/storage; that
+namespace's mounts are shared (`unshare --propagation shared`); an image the harness
+cannot build is refused before anything is built.
 """
 
 from __future__ import annotations
 
 import re
+import sys
 from pathlib import Path
 
 import pytest
 
+from tools.e2e import conformance
 from tools.e2e.conformance import FOCUS, PRESETS, SKIP
 from tools.e2e.images import EXTRA_IMAGES, Sources, build_images
 from tools.e2e.report import TITLE
@@ -56,7 +60,32 @@ def selected(preset: str, text: str) -> bool:
 def test_node_preset_is_make_conformance() -> None:
     node = PRESETS["node"]
     assert (node.focus, node.skip, node.out, node.title) == (FOCUS, SKIP, "conformance", TITLE)
-    assert not node.images and not node.own_pid_namespace
+    assert not node.images and node.own_pid_namespace
+    assert node.notes and "shared mount" in node.notes[0] and "10250" in node.notes[0]
+
+
+def test_own_namespace_has_shared_mounts(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The command own_pid_namespace execs: unshare with a PID and mount namespace whose
+    mounts are shared, tini as PID 1, this module again with the same arguments."""
+    execs: list[tuple[str, list[str]]] = []
+
+    def execv(path: str, argv: list[str]) -> None:
+        execs.append((path, argv))
+
+    monkeypatch.setattr(conformance.os, "execv", execv)
+    monkeypatch.setattr(conformance.os, "chdir", lambda _: None)
+    monkeypatch.setattr(conformance.shutil, "which", lambda name: f"/sbin/{name}")
+    monkeypatch.setenv(conformance.IN_OWN_NAMESPACE, "0")  # restored after the test
+    conformance.own_pid_namespace(["--focus", "Mount propagation"])
+    [(path, argv)] = execs
+    assert argv[0] == path and path.endswith("unshare")
+    options = argv[1 : argv.index("--")]
+    assert {"--pid", "--fork", "--mount-proc", "--kill-child"} <= set(options)
+    assert options[options.index("--propagation") + 1] == "shared"
+    after = argv[argv.index("--") + 1 :]
+    assert after[:4] == ["/sbin/tini", "-s", "-g", "--"]
+    assert argv[-3:] == ["tools.e2e.conformance", "--focus", "Mount propagation"]
+    assert conformance.os.environ[conformance.IN_OWN_NAMESPACE] == "1"
 
 
 @pytest.mark.parametrize("text", SELECTED)
@@ -82,3 +111,17 @@ def test_unknown_extra_image_is_refused(tmp_path: Path) -> None:
     src = Sources(bin_dir=tmp_path, module_dir=tmp_path / "k8s.io/kubernetes@v1.34.4")
     with pytest.raises(E2EImageError, match="no builder for Nope"):
         build_images(src, cache=tmp_path, extra=("Nope",))
+
+
+def test_klet_runs_as_kubelet(tmp_path: Path) -> None:
+    """The node's interpreter: this one under the name `kubelet`, beside this virtual
+    environment's pyvenv.cfg and packages (so `pidof kubelet` finds klet's processes)."""
+    interpreter = conformance.kubelet_named_python(tmp_path / "py")
+    assert interpreter.name == "kubelet"
+    assert interpreter.resolve() == Path(sys.executable).resolve()
+    if sys.prefix != sys.base_prefix:
+        cfg = (tmp_path / "py" / "pyvenv.cfg").read_text()
+        assert cfg == (Path(sys.prefix) / "pyvenv.cfg").read_text()
+        assert (tmp_path / "py" / "lib").resolve() == (Path(sys.prefix) / "lib").resolve()
+    # a second node directory's call leaves the first as it is
+    assert conformance.kubelet_named_python(tmp_path / "py") == interpreter

@@ -15,9 +15,15 @@ Everything runs on this machine, privately, and is torn down afterwards:
    (`ControlPlane(controllers=True)`);
 4. klet in cluster mode as node `klet-conformance`: `klet up` on the dev stack's
    containerd with the node's client certificate (Node authorizer, NodeRestriction), a
-   serving certificate for its 10250 API from the cluster CA (the apiserver verifies it
-   for exec, logs and port-forward) and node IP 127.0.0.1; then a wait until the Node
-   is Ready, has lost the not-ready taint and is labelled kubernetes.io/os=linux;
+   serving certificate for its API from the cluster CA (the apiserver verifies it for
+   exec, logs and port-forward), and the node address the suite assumes: a non-loopback
+   address of this machine (tests/harness/nodeaddress: the default route's source
+   address) as node IP, with the kubelet API on it at port 10250. With 127.0.0.1 the
+   apiserver refuses its node proxy ("address not allowed") and a pod that calls
+   `$NODE_IP:10250` (status.hostIP) reaches its own loopback; the KubeletFineGrainedAuthz
+   specs call port 10250 itself. klet's processes are named `kubelet`
+   (kubelet_named_python). Then a wait until the Node is Ready, has lost the not-ready
+   taint and is labelled kubernetes.io/os=linux;
 5. `e2e.test --provider=local` with the focus and skip of the issue (or the ones given),
    through the ginkgo CLI when `--procs` is above one, with ginkgo's JSON report;
 6. the summary: `<out>/RESULTS.md` (tools/e2e/report.py), next to the suite's JUnit
@@ -41,6 +47,7 @@ import json
 import os
 import shlex
 import shutil
+import socket
 import subprocess
 import sys
 import tempfile
@@ -55,6 +62,7 @@ from klet.devstack import TEST_REGISTRY_HOST, DevStack, ManagedProcess, free_por
 from klet.devstack.procs import StartError, tail
 from klet.testbed.cluster import ControlPlane
 
+from tests.harness.nodeaddress import host_address
 from tools.e2e.images import build_binaries, build_images, push_images
 from tools.e2e.report import TITLE, Results, RunInfo, parse_report, render_markdown
 from tools.e2e.suite import repo_list_yaml
@@ -86,8 +94,27 @@ class Preset:
     notes: tuple[str, ...] = ()  # lines RESULTS.md gives about how the run was made
 
 
+# How every run is made (RESULTS.md says it): the node's "host" as the suite assumes it.
+NODE_NOTES = (
+    "The run is made in a PID and mount namespace of its own (tini as PID 1), whose root "
+    "is a shared mount: the specs' hostexec pods run `nsenter --mount=/rootfs/proc/1/ns/mnt`, "
+    "which the test machine's PID 1 (the VM's agent) refuses even to root on the host, and "
+    "Bidirectional mount propagation needs the host path on a shared mount (this machine's "
+    "own root is private). containerd and klet run in that namespace; the network is the "
+    "machine's. The node's address is the machine's default-route address, its kubelet API "
+    "on port 10250. klet's processes run under the name `kubelet` (the interpreter linked "
+    "under that name), so specs that find the node agent with `pidof kubelet` find klet.",
+)
+
 PRESETS: dict[str, Preset] = {
-    "node": Preset(focus=FOCUS, skip=SKIP, out="conformance", title=TITLE),
+    "node": Preset(
+        focus=FOCUS,
+        skip=SKIP,
+        out="conformance",
+        title=TITLE,
+        own_pid_namespace=True,
+        notes=NODE_NOTES,
+    ),
     "storage": Preset(
         focus=STORAGE_FOCUS,
         skip=STORAGE_SKIP,
@@ -96,18 +123,15 @@ PRESETS: dict[str, Preset] = {
         "(PersistentVolumes, PersistentVolumes-local)",
         images=("VolumeNFSServer",),
         own_pid_namespace=True,
-        notes=(
-            "The run is made in a PID and mount namespace of its own (tini as PID 1): the "
-            "specs' hostexec pods run `nsenter --mount=/rootfs/proc/1/ns/mnt`, and the test "
-            "machine's PID 1 (the VM's agent) refuses that even to root on the host. The "
-            "node's containerd and klet run in that mount namespace; the network is the "
-            "machine's.",
-        ),
+        notes=NODE_NOTES,
     ),
 }
 # Set in the environment of the run that own_pid_namespace started, so it does not again.
 IN_OWN_NAMESPACE = "KLET_CONFORMANCE_IN_PID_NS"
 NOT_READY_TAINT = "node.kubernetes.io/not-ready"
+# The kubelet API's port: the suite's specs that call the node from a pod use it as a
+# constant (ports.KubeletPort), so the node must listen there.
+KUBELET_PORT = 10250
 OS_LABEL = "kubernetes.io/os"
 
 
@@ -176,13 +200,39 @@ def version_of(argv: Sequence[str]) -> str:
     return (res.stdout or res.stderr).strip().splitlines()[0] if res.returncode == 0 else "?"
 
 
-class KletProcess:
-    """`klet up` as the cluster's node on the dev stack's containerd (its own Redis)."""
+def kubelet_named_python(dir: Path) -> Path:
+    """This interpreter under the name `kubelet`, with this environment's packages: a
+    symlink `<dir>/bin/kubelet` to the real interpreter beside the virtual environment's
+    pyvenv.cfg and a link to its lib directory (a venv is found from the path the
+    interpreter was started as, which a bare `exec -a` would lose).
 
-    def __init__(self, stack: DevStack, plane: ControlPlane, dir: Path, *, node: str) -> None:
-        self.kubelet_port = free_port()
+    `klet up` and the services it starts (with sys.executable) then run as processes
+    named `kubelet`, as a node agent installed as the kubelet is: specs that find the
+    node agent by name (Mount propagation: `pidof kubelet`, then `nsenter -t <pid> -m`
+    into its mount namespace) find klet's processes. Nothing else about them changes."""
+    (dir / "bin").mkdir(parents=True, exist_ok=True)
+    prefix = Path(sys.prefix)
+    if prefix != Path(sys.base_prefix):  # a virtual environment
+        shutil.copy(prefix / "pyvenv.cfg", dir / "pyvenv.cfg")
+        for name in ("lib", "lib64"):
+            if (prefix / name).exists() and not (dir / name).exists():
+                (dir / name).symlink_to(prefix / name)
+    interpreter = dir / "bin" / "kubelet"
+    if not interpreter.exists():
+        interpreter.symlink_to(Path(sys.executable).resolve())
+    return interpreter
+
+
+class KletProcess:
+    """`klet up` as the cluster's node on the dev stack's containerd (its own Redis),
+    its processes named `kubelet` (kubelet_named_python)."""
+
+    def __init__(
+        self, stack: DevStack, plane: ControlPlane, dir: Path, *, node: str, ip: str
+    ) -> None:
+        self.kubelet_port = KUBELET_PORT
         argv = [
-            sys.executable,
+            str(kubelet_named_python(dir / "python")),
             "-m",
             "klet.cli.main",
             "up",
@@ -198,7 +248,9 @@ class KletProcess:
             stack.runtime_endpoint,
             "--hostname-override",
             node,
-            *plane.node_flags(node),
+            *plane.node_flags(node, ip),
+            "--address",
+            ip,
             "--port",
             str(self.kubelet_port),
             "--healthz-port",
@@ -324,15 +376,30 @@ def cluster(
         repo_list = work / "repo-list.yaml"
         repo_list.write_text(repo_list_yaml(src.manifest(), TEST_REGISTRY_HOST))
         log(f"dev stack and images: {time.monotonic() - began:.0f} s")
+        ip = stack.enter_context(host_address())
+        check_port_free(ip, KUBELET_PORT)
         plane = ControlPlane(work / "cp", bins.control_plane, controllers=True)
         stack.callback(plane.stop)
         plane.start()
-        klet = KletProcess(dev, plane, work / "klet", node=NODE_NAME)
+        klet = KletProcess(dev, plane, work / "klet", node=NODE_NAME, ip=ip)
         stack.callback(klet.stop)
         klet.start()
         wait_for_node(plane, klet, NODE_NAME, timeout_s=180)
-        log(f"node {NODE_NAME} ready: {time.monotonic() - began:.0f} s after start")
+        log(f"node {NODE_NAME} at {ip} ready: {time.monotonic() - began:.0f} s after start")
         yield plane, repo_list
+
+
+def check_port_free(ip: str, port: int) -> None:
+    """SetupError when `ip`:`port` cannot be listened on (another kubelet, another run)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((ip, port))
+        except OSError as err:
+            raise SetupError(
+                f"the node's kubelet API needs {ip}:{port}, which the suite's specs call "
+                f"by that port: {err}"
+            ) from err
 
 
 def collect_logs(work: Path, out: Path) -> None:
@@ -485,17 +552,23 @@ def main(argv: list[str] | None = None) -> int:
 
 def own_pid_namespace(argv: Sequence[str]) -> None:
     """Run this command again as PID 2 of a new PID and mount namespace (tini as its PID 1,
-    reaping the shims that daemonize to it); does not return.
+    reaping the shims that daemonize to it), whose mounts are shared; does not return.
 
-    The storage specs reach the node through a "hostexec" pod: privileged, the host's
-    `/` at /rootfs, and `nsenter --mount=/rootfs/proc/1/ns/mnt` for every command. On the
-    test machines PID 1 is the VM's own agent, whose namespace files even root on the host
-    cannot open (EACCES), so every such spec would fail before it begins. In a namespace
-    of our own, /proc is remounted and /proc/1 is tini, in the mount namespace where
-    containerd and klet run and mount: the node's "host" as the suite means it. The
-    network and everything else stay the machine's. When the run ends (or `unshare` is
-    killed: --kill-child), the kernel kills whatever is left in the namespace and drops
-    its mounts.
+    Specs (the storage ones, Mount propagation) reach the node through a "hostexec" pod:
+    privileged, the host's `/` at /rootfs, and `nsenter --mount=/rootfs/proc/1/ns/mnt`
+    for every command. On the test machines PID 1 is the VM's own agent, whose namespace
+    files even root on the host cannot open (EACCES), so every such spec would fail
+    before it begins. In a namespace of our own, /proc is remounted and /proc/1 is tini,
+    in the mount namespace where containerd and klet run and mount: the node's "host" as
+    the suite means it. The network and everything else stay the machine's.
+
+    Its mounts are made shared (`--propagation shared`, the default being private), as
+    on a systemd host: a `mountPropagation: Bidirectional` or `HostToContainer` volume
+    needs its host path on a shared mount (runc refuses "is mounted on / but it is not a
+    shared mount" otherwise; the Mount propagation spec's). The peer groups are new ones
+    of the namespace: nothing mounted in it propagates to the machine's own mounts. When
+    the run ends (or `unshare` is killed: --kill-child), the kernel kills whatever is
+    left in the namespace and drops its mounts.
     """
     tini = shutil.which("tini") or shutil.which("tini-static")
     unshare = shutil.which("unshare")
@@ -506,6 +579,8 @@ def own_pid_namespace(argv: Sequence[str]) -> None:
         "--pid",
         "--fork",
         "--mount-proc",
+        "--propagation",
+        "shared",
         "--kill-child",
         "--",
         tini,
