@@ -547,13 +547,16 @@ def host_paths(w: Doc) -> dict[str, tuple[str, bool]]:
     }
 
 
-def test_bootstrap_token_join() -> None:
-    """credentials.bootstrap: pod-source, syncloop and status-reporter get the bootstrap
-    Secret read-only, the certificate directory writable at the same host path (where
-    the first to start writes the kubeconfig they all read) and the three flags of TLS
-    bootstrap; eviction and image-gc get neither, and no host path they mount holds the
-    certificate directory. Every container keeps its securityContext and its other
-    mounts; kubeletConfig.rotateCertificates reaches the KubeletConfiguration."""
+def test_bootstrap_token_join(tmp_path: Path) -> None:
+    """credentials.bootstrap: pod-source, syncloop and status-reporter get the certificate
+    directory writable at the same host path (where the first to start writes the
+    kubeconfig they all read) and --kubeconfig naming it; the bootstrap Secret is mounted
+    into a `tls-bootstrap` init container alone (`klet bootstrap <service>` with the
+    service's flags and --bootstrap-kubeconfig, confined, loadable as the service would
+    load them), never into the service's own container, so the token is not on the node
+    for the pod's life. Eviction and image-gc get neither, and no host path they mount
+    holds the certificate directory. Every container keeps its securityContext and its
+    other mounts; kubeletConfig.rotateCertificates reaches the KubeletConfiguration."""
     docs = render([CI["bootstrap-values"]])
     plain = workloads(render())
     callers = {"pod-source", "syncloop", "status-reporter"}
@@ -574,10 +577,38 @@ def test_bootstrap_token_join() -> None:
         }
         if service in callers:
             assert by_flag["--kubeconfig"] == kubeconfig
-            assert by_flag["--bootstrap-kubeconfig"] == f"{BOOTSTRAP_DIR}/bootstrap-kubelet.conf"
-            m, volume = mounts[BOOTSTRAP_DIR]
+            assert "--bootstrap-kubeconfig" not in by_flag, service
+            assert BOOTSTRAP_DIR not in mounts, service  # the service's container: no token
+            pod = w["spec"]["template"]["spec"]
+            init = next(i for i in pod["initContainers"] if i["name"] == "tls-bootstrap")
+            assert pod["initContainers"][0] is init
+            assert init["command"] == ["klet", "bootstrap", service]
+            assert init["securityContext"] == container(plain["eviction"])["securityContext"] | {
+                "capabilities": {"drop": ["ALL"]}
+            }
+            init_flags = {a.split("=", 1)[0]: a.split("=", 1)[1] for a in init["args"]}
+            assert init_flags["--bootstrap-kubeconfig"] == (
+                f"{BOOTSTRAP_DIR}/bootstrap-kubelet.conf"
+            )
+            assert init_flags["--kubeconfig"] == kubeconfig
+            assert init_flags["--cert-dir"] == CERT_DIR
+            init_mounts = mounts_of(w, init)
+            assert set(init_mounts) == {"/etc/klet/config", BOOTSTRAP_DIR, CERT_DIR}
+            m, volume = init_mounts[BOOTSTRAP_DIR]
             assert m["readOnly"] is True
             assert volume["secret"] == {"secretName": "klet-bootstrap", "optional": True}
+            config = tmp_path / "kubelet-config.yaml"
+            config.write_text(yaml.safe_dump(kubelet_config(docs)))
+            argv = [
+                a.replace("/etc/klet/config/kubelet-config.yaml", str(config))
+                .replace("$(NODE_NAME)", "node-b")
+                .replace("$(NODE_IP)", "10.0.0.9")
+                for a in init["args"]
+            ]
+            settings = load_settings(argv, env={}, service=service)
+            assert settings.klet.bootstrap_kubeconfig == Path(
+                f"{BOOTSTRAP_DIR}/bootstrap-kubelet.conf"
+            )
             m, volume = mounts[CERT_DIR]
             assert not m.get("readOnly", False) and "mountPropagation" not in m, service
             assert volume["hostPath"] == {"path": CERT_DIR, "type": "DirectoryOrCreate"}
@@ -636,8 +667,13 @@ def test_bootstrap_cert_dir_and_secret_key_from_the_values(tmp_path: Path) -> No
     ]
     docs = render(sets=sets)
     w = workloads(docs)["pod-source"]
-    args = container(w)["args"]
+    (args,) = [
+        i["args"]
+        for i in w["spec"]["template"]["spec"]["initContainers"]
+        if i["name"] == "tls-bootstrap"
+    ]
     assert "--kubeconfig=/srv/klet/pki/kubelet.conf" in args
+    assert "--kubeconfig=/srv/klet/pki/kubelet.conf" in container(w)["args"]
     assert "--bootstrap-kubeconfig=/etc/klet/bootstrap/token.conf" in args
     assert "--cert-dir=/srv/klet/pki" in args
     assert host_paths(w)["/srv/klet/pki"] == ("/srv/klet/pki", True)

@@ -6,7 +6,8 @@ it, and only of that one. The service logs klog's text lines unless --logging-fo
 the file's logging.format says json; -v (or logging.verbosity) 4 and up adds DEBUG; a
 deprecated flag is a WARNING naming it. `--version` prints the version before any
 configuration is read (a bad one does not stop it), and upstream's values klet lacks are
-refused by name."""
+refused by name. `klet bootstrap <service>` runs the TLS bootstrap with the service's
+settings and exits without starting anything; without its two flags it fails."""
 
 from __future__ import annotations
 
@@ -181,3 +182,25 @@ def test_single_process_oom_kill_false_is_refused_on_cgroup_v1_only() -> None:
     assert oom_kill_problem(False, cgroup_version=2) is None
     assert oom_kill_problem(None, cgroup_version=1) is None
     assert oom_kill_problem(True, cgroup_version=1) is None
+
+
+def test_bootstrap_alone(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    from klet.kube import bootstrap
+
+    calls: list[tuple[Path, Path, Path]] = []
+
+    async def ensure(s: bootstrap.BootstrapSettings, connect: object) -> None:
+        calls.append((s.kubeconfig, s.bootstrap_kubeconfig, s.cert_dir))
+
+    monkeypatch.setattr(bootstrap, "ensure_client_certificate", ensure)
+    argv = [
+        "--kubeconfig", str(tmp_path / "pki" / "kubelet.conf"),
+        "--bootstrap-kubeconfig", str(tmp_path / "bootstrap.conf"),
+        "--cert-dir", str(tmp_path / "pki"),
+    ]  # fmt: skip
+    assert service.bootstrap_service("status-reporter", argv) == 0
+    assert calls == [
+        (tmp_path / "pki" / "kubelet.conf", tmp_path / "bootstrap.conf", tmp_path / "pki")
+    ]
+    assert service.bootstrap_service("status-reporter", argv[:2]) == 1  # no bootstrap flag
+    assert len(calls) == 1

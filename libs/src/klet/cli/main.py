@@ -1,5 +1,6 @@
-"""`klet` entry point: dispatches to `up`, `run`, `crictl`, `events`, `why`, `gc`, `evict`,
-`bus-acl`, `healthcheck` and `check-node`; `klet --version` prints the version (klet.cli.version).
+"""`klet` entry point: dispatches to `up`, `run`, `bootstrap`, `crictl`, `events`, `why`,
+`gc`, `evict`, `bus-acl`, `healthcheck` and `check-node`; `klet --version` prints the
+version (klet.cli.version).
 
 `klet run <service>` finds the service through the `klet.services` entry points, so this
 library never imports a service package (the layering contract in pyproject.toml).
@@ -16,6 +17,8 @@ commands:
                               private containerd + registry unless
                               --container-runtime-endpoint is given), supervising the services
   run <service> [flags]       run one service: {services}
+  bootstrap <service> [flags] only the TLS bootstrap the service would do at start
+                              (--bootstrap-kubeconfig, --kubeconfig), then exit
   crictl [--run-dir DIR | --runtime-endpoint EP] pods|ps [-a]|images
                               list what the runtime has, as crictl would
   events [-f] [-n NS | -A] [-o wide|json] [--run-dir DIR | --redis-url URL ...]
@@ -86,6 +89,17 @@ def main(argv: list[str] | None = None) -> int:
             return 2
         service_main = found[rest[0]].load()  # type: ignore[attr-defined]
         return int(service_main(rest[1:]) or 0)
+    if command == "bootstrap":
+        if not rest or rest[0] not in services():
+            print(
+                f"klet bootstrap: unknown service {rest[0] if rest else '(none)'!r}; "
+                f"one of: {', '.join(sorted(services()))}",
+                file=sys.stderr,
+            )
+            return 2
+        from klet.cli.service import bootstrap_service
+
+        return bootstrap_service(rest[0], rest[1:])
     if command == "bus-acl":
         from klet.cli.busacl import bus_acl
 

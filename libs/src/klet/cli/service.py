@@ -94,6 +94,23 @@ def run_service(service: str, argv: list[str] | None, start: Start) -> int:
         return 1
 
 
+def bootstrap_service(service: str, argv: list[str]) -> int:
+    """`klet bootstrap <service> [flags]`: the TLS bootstrap `service` would do at start
+    (the same flags, settings and checks), and nothing else: exit 0 once --kubeconfig
+    works. The chart runs it in an init container, so the bootstrap kubeconfig (a token
+    worth a client certificate for any node name) is mounted there and not in the
+    service's own container for its whole life."""
+
+    async def done(settings: Settings) -> int:
+        if settings.klet.bootstrap_kubeconfig is None or settings.klet.kubeconfig is None:
+            log.error("klet bootstrap needs --bootstrap-kubeconfig and --kubeconfig")
+            return 1
+        log.info("TLS bootstrap done", extra={"kubeconfig": str(settings.klet.kubeconfig)})
+        return 0
+
+    return run_service(service, argv, done)
+
+
 async def _bootstrapped(service: str, settings: Settings, start: Start) -> int | None:
     """`start`, after TLS bootstrap when --bootstrap-kubeconfig is given (klet.kube.
     bootstrap: a no-op when --kubeconfig already works); a failed bootstrap ends the
