@@ -5,11 +5,17 @@ table), measures usage through the driver every period and only with
 GET_VOLUME_STATS, keeps the last usage when the driver fails; the view turns the table
 into volumesInUse (None before its first read, kept while the bus is down), the
 kubelet_volume_stats_* gauges of claims and the Summary's `volume` entries; the node
-status lists volumesInUse and deletes the field when nothing is in use."""
+status lists volumesInUse and deletes the field when nothing is in use. The volumes
+measured on the node (configMap, secret, projected, downwardAPI here; memory-backed
+emptyDirs need a tmpfs: tests/integration/test_csi_volume_stats.py) get du-and-statfs
+usage once, stay out of volumesInUse and the gauges, and show in the Summary's list;
+disk-backed emptyDirs (status-reporter's) and hostPath (upstream measures none) are not
+recorded."""
 
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 from klet.bus import BusUnavailable
@@ -202,3 +208,80 @@ def test_node_status_lists_volumes_in_use() -> None:
     assert ns.status_changed(first, cleared)
     assert not ns.status_changed({**first, "volumesInUse": None}, cleared)
     assert ns.status_patch(cleared)["status"]["volumesInUse"] is None
+
+
+def du(path: Path) -> tuple[int, int]:
+    """Bytes allocated and inodes under `path`, itself included, counted here."""
+    entries = [path, *path.rglob("*")]
+    return sum(os.lstat(p).st_blocks * 512 for p in entries), len(entries)
+
+
+async def test_volumes_of_the_node_measured_once_with_du_and_statfs(tmp_path: Path) -> None:
+    from klet.status_reporter.volumes import VolumeView
+
+    bus, driver, clock = FakeBus(), Driver(), Clock()
+    table = NodeBus.of(bus, service="status-reporter").volumes
+    volumes = tmp_path / "pods" / "u1" / "volumes"
+    dirs = {
+        "config": volumes / "kubernetes.io~configmap" / "config",
+        "creds": volumes / "kubernetes.io~secret" / "creds",
+        "all-in-one": volumes / "kubernetes.io~projected" / "all-in-one",
+        "podinfo": volumes / "kubernetes.io~downward-api" / "podinfo",
+    }
+    for i, d in enumerate(dirs.values()):
+        d.mkdir(parents=True)
+        (d / "..data").mkdir()
+        (d / "..data" / "key").write_bytes(b"x" * 5000 * (i + 1))
+    (volumes / "kubernetes.io~empty-dir" / "scratch").mkdir(parents=True)  # on disk
+    (volumes / "kubernetes.io~host-path" / "host").mkdir(parents=True)
+    c = collector(tmp_path, bus, driver, clock)
+    await c.sync_once()
+    records = await table.all()
+    assert set(records) == {f"u1/{name}" for name in dirs}
+    fs = os.statvfs(tmp_path)
+    for name, d in dirs.items():
+        r = records[f"u1/{name}"]
+        assert (r.pod_uid, r.volume, r.claim, r.unique_name) == ("u1", name, "", "")
+        used, inodes = du(d)
+        assert r.usage["usedBytes"] == used and r.usage["inodesUsed"] == inodes == 3
+        assert r.usage["capacityBytes"] == fs.f_blocks * fs.f_frsize
+        assert r.usage["inodes"] == fs.f_files
+        assert set(r.usage) == {
+            "capacityBytes",
+            "availableBytes",
+            "usedBytes",
+            "inodes",
+            "inodesFree",
+            "inodesUsed",
+        }
+        assert r.measured_at == 1000.0
+    assert driver.asked == []
+
+    # Measured once (upstream's NewCachedMetrics): a later period keeps the first usage,
+    # and so does a restarted collector.
+    (dirs["config"] / "..data" / "more").write_bytes(b"y" * 9000)
+    clock.now += 120
+    await c.sync_once()
+    await collector(tmp_path, bus, driver, clock).sync_once()
+    assert (await table.all())["u1/config"] == records["u1/config"]
+
+    registry = CollectorRegistry()
+    view = VolumeView(table, registry)
+    await view.refresh()
+    assert view.in_use() == ()  # nothing attaches them
+    assert [r.volume for r in view.measured("u1")] == sorted(dirs)
+    assert (
+        registry.get_sample_value(
+            "kubelet_volume_stats_used_bytes", {"namespace": "", "persistentvolumeclaim": ""}
+        )
+        is None
+    )
+
+    # Gone with its directory.
+    for d in dirs["podinfo"].rglob("*"):
+        if d.is_file():
+            d.unlink()
+    (dirs["podinfo"] / "..data").rmdir()
+    dirs["podinfo"].rmdir()
+    await c.sync_once()
+    assert "u1/podinfo" not in await table.all()

@@ -228,9 +228,10 @@ class ImageUseRecord(Record):
 @dataclass(frozen=True)
 class VolumeRecord(Record):
     """`volumes` table value, keyed `<pod uid>/<volume name>`: a CSI volume published
-    for a pod on this node (syncloop writes it from what is on disk; status-reporter
-    reports `volumesInUse` in the Node status and the usage in /stats/summary and the
-    `kubelet_volume_stats_*` metrics)."""
+    for a pod on this node, or a volume the node measures itself (memory-backed
+    emptyDir, configMap, secret, projected, downwardAPI: no unique name). syncloop writes
+    it from what is on disk; status-reporter reports `volumesInUse` in the Node status
+    and the usage in /stats/summary and the `kubelet_volume_stats_*` metrics."""
 
     kind: ClassVar[str] = "volume"
     pod_uid: str
@@ -238,7 +239,7 @@ class VolumeRecord(Record):
     pod: str
     volume: str  # the pod spec's volume name
     claim: str  # the PersistentVolumeClaim's name; "" for an inline volume
-    unique_name: str  # kubernetes.io/csi/<driver>^<volume handle>, as upstream names it
+    unique_name: str  # kubernetes.io/csi/<driver>^<volume handle>, as upstream names it; "": none
     usage: JSON  # capacityBytes, availableBytes, usedBytes, inodes, inodesFree, inodesUsed
     measured_at: float  # when `usage` was measured; 0: never (the driver gives none)
 

@@ -1,6 +1,8 @@
-"""The pods' CSI volumes as syncloop recorded them (the bus `volumes` table), for the
-Node's `volumesInUse`, the `volume` entries of /stats/summary and the
-`kubelet_volume_stats_*` metrics.
+"""The pods' volumes as syncloop recorded them (the bus `volumes` table), for the
+Node's `volumesInUse` (the CSI ones: the records with a unique name), the `volume`
+entries of /stats/summary (every measured one: CSI, memory-backed emptyDir, configMap,
+secret, projected, downwardAPI) and the `kubelet_volume_stats_*` metrics (those of a
+claim).
 
 A root task reads the table every `period_s` into memory; the three readers use that
 copy, so a scrape or a node status update never waits on the bus. While the bus is
@@ -88,10 +90,11 @@ class VolumeView:
                     self._gauges[suffix].labels(r.namespace, r.claim).set(value)
 
     def in_use(self) -> tuple[str, ...] | None:
-        """The unique names of the volumes in use, sorted; None before the first read."""
+        """The unique names of the volumes in use (those something attaches: a record
+        without one is a volume of the node's own), sorted; None before the first read."""
         if self._records is None:
             return None
-        return tuple(sorted({r.unique_name for r in self._records.values()}))
+        return tuple(sorted({r.unique_name for r in self._records.values() if r.unique_name}))
 
     def measured(self, pod_uid: str) -> list[VolumeRecord]:
         """The pod's volumes with a usage, by name (the Summary API's `volume` list)."""

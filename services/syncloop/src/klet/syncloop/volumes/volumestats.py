@@ -1,4 +1,4 @@
-"""The CSI volumes published for pods, and their usage, in the bus `volumes` table.
+"""The pods' volumes in use, and their usage, in the bus `volumes` table.
 
 A root task of the leader. Every `scan_period_s` it reads what is on disk (each pod's
 `volumes/kubernetes.io~csi/<name>/vol_data.json`, which the CSI plugin writes before a
@@ -14,8 +14,20 @@ GET_VOLUME_STATS capability (a driver without it gives no usage, as upstream rep
 none); status-reporter serves it in /stats/summary (with `pvcRef`) and as the
 `kubelet_volume_stats_*` metrics. A driver that fails the call keeps the last usage and
 is asked again at the next period; the failure is logged once until it recovers.
-Left out: usage of emptyDir, configMap, secret and projected volumes and of local and
-hostPath PVs (upstream measures those with du and statfs).
+The volumes upstream measures on the node itself are here too, found the same way
+(their directories under `pods/<uid>/volumes/`) and measured as upstream's MetricsDu
+does: used bytes and inodes by walking the directory as `du` (klet.stats.host.dir_usage),
+capacity, available bytes and inode totals by statfs of its filesystem. These are
+memory-backed emptyDirs (the tmpfs mounted at `kubernetes.io~empty-dir/<name>`; a
+disk-backed one is measured by status-reporter with the pod's other disk usage, as part
+of its ephemeral storage), measured every period, and configMap, secret, projected and
+downwardAPI volumes, measured once while they exist (upstream wraps theirs in
+NewCachedMetrics). Their records have no unique name: nothing attaches them, so they are
+not in the Node's `volumesInUse`, and no claim, so they have no
+`kubelet_volume_stats_*` series. A walk that cannot read everything gives no usage
+rather than a lower bound. Not measured, as upstream: hostPath (MetricsNil in
+upstream's plugin); left out for now: `local` PVs (upstream's MetricsStatFS of the
+path), whose path and claim are not on disk under the pod.
 """
 
 from __future__ import annotations
@@ -23,6 +35,8 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import math
+import os
 import time
 from collections.abc import Callable
 from dataclasses import replace
@@ -34,6 +48,7 @@ from klet.csi import CSIError, VolumeStats
 from klet.model.records import VolumeRecord
 from klet.model.types import JSON
 from klet.obs import OnceLogger
+from klet.stats.host import dir_usage
 from klet.syncloop.volumes.csi import (
     DATA_FILE,
     DIR_NAME,
@@ -47,6 +62,17 @@ from klet.syncloop.volumes.csi import (
 log = logging.getLogger(__name__)
 
 SCAN_PERIOD_S = 5.0
+
+EMPTY_DIR = "kubernetes.io~empty-dir"
+# The plugin directories of the volumes measured on the node → measured once (True:
+# upstream's NewCachedMetrics) or every period. emptyDirs: only memory-backed ones.
+MEASURED_HERE = {
+    EMPTY_DIR: False,
+    "kubernetes.io~configmap": True,
+    "kubernetes.io~secret": True,
+    "kubernetes.io~projected": True,
+    "kubernetes.io~downward-api": True,
+}
 
 
 class VolumeTable(Protocol):
@@ -94,6 +120,51 @@ def on_disk(root_dir: Path) -> dict[str, tuple[VolumeRecord, JSON]]:
     return out
 
 
+def measured_here(root_dir: Path) -> dict[str, tuple[VolumeRecord, JSON]]:
+    """key → (a record without usage, what to measure) for every volume of a
+    MEASURED_HERE type: its directory (`_path`) and whether it is measured once."""
+    out: dict[str, tuple[VolumeRecord, JSON]] = {}
+    for dir_name, once in MEASURED_HERE.items():
+        for path in sorted((root_dir / "pods").glob(f"*/volumes/{dir_name}/*")):
+            if not path.is_dir() or path.is_symlink():
+                continue
+            if dir_name == EMPTY_DIR and not os.path.ismount(path):
+                continue  # disk-backed: status-reporter measures it (klet.stats)
+            uid = path.parents[2].name
+            record = VolumeRecord(
+                pod_uid=uid,
+                namespace="",
+                pod="",
+                volume=path.name,
+                claim="",
+                unique_name="",
+                usage={},
+                measured_at=0.0,
+            )
+            out[f"{uid}/{path.name}"] = (record, {"_path": str(path), "_once": once})
+    return out
+
+
+def du_and_statfs(path: Path) -> JSON | None:
+    """Upstream's MetricsDu of `path` in the Summary API's keys; None when the walk
+    could not read everything (or the directory went away meanwhile)."""
+    usage = dir_usage(path)
+    try:
+        fs = os.statvfs(path)
+    except OSError:
+        return None
+    if not usage.complete or not path.is_dir():
+        return None
+    return {
+        "capacityBytes": fs.f_blocks * fs.f_frsize,
+        "availableBytes": fs.f_bavail * fs.f_frsize,
+        "usedBytes": usage.bytes,
+        "inodes": fs.f_files,
+        "inodesFree": fs.f_ffree,
+        "inodesUsed": usage.inodes,
+    }
+
+
 class VolumeStatsCollector:
     """Keeps the `volumes` table true to the disk and measures usage."""
 
@@ -135,6 +206,7 @@ class VolumeStatsCollector:
             self._known = await self.table.all()
         known = self._known
         found = await asyncio.to_thread(on_disk, self.root_dir)
+        found.update(await asyncio.to_thread(measured_here, self.root_dir))
         for key in sorted(set(known) - set(found)):
             await self.table.delete(key)
             del known[key]
@@ -153,6 +225,8 @@ class VolumeStatsCollector:
                 known[key] = record
 
     async def _measure(self, record: VolumeRecord, data: JSON, now: float) -> VolumeRecord:
+        if "_path" in data:
+            return await self._measure_here(record, data, now)
         driver = str(data["driverName"])
         if not await asyncio.to_thread(Path(str(data["_target"])).exists):
             return record  # not published yet (waiting for its attachment)
@@ -178,3 +252,15 @@ class VolumeStatsCollector:
             return record
         self._once.clear(f"stats:{driver}", "volume stats read again", driver=driver)
         return replace(record, usage=dict(stats.usage), measured_at=now)
+
+    async def _measure_here(self, record: VolumeRecord, data: JSON, now: float) -> VolumeRecord:
+        key = f"{record.pod_uid}/{record.volume}"
+        if data["_once"] and record.measured_at:
+            self._next[key] = math.inf  # measured once, kept while the volume exists
+            return record
+        usage = await asyncio.to_thread(du_and_statfs, Path(str(data["_path"])))
+        if usage is None:
+            return record  # asked again at the next period
+        if data["_once"]:
+            self._next[key] = math.inf
+        return replace(record, usage=usage, measured_at=now)
