@@ -4,12 +4,15 @@ entries are acknowledged and left out, and the index is kept within its bounds. 
 Event joins only the history of a pod the node has (desired or with a status), named as
 the owners of those tables name it: a forged Event with a fresh UID and a real pod's
 name makes no row and no stream, so `klet why` still tells the real pod's story. A pass
-over many pods is written in calls within the bus's cap."""
+over many pods is written in calls within the bus's cap, and a policy the bus would
+refuse (a longer stream or expiry than it takes) is refused up front, naming the flag."""
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
+import pytest
 from klet.bus import NodeBus
 from klet.bus.history import pod_story
 from klet.bus.testing import FakeBus
@@ -266,3 +269,19 @@ async def test_a_pass_over_many_pods_is_written_within_the_bus_cap() -> None:
     await k.full_pass()
     assert len(bus.rows(node.history)) == 1200
     assert sum(bus.writes) == 6000 and max(bus.writes) <= WRITE_OPS
+
+
+@pytest.mark.parametrize(
+    ("fields", "flag"),
+    [
+        ({"max_entries": 100_001}, "--pod-history-max-entries 100001: must be 1 to 100000"),
+        ({"max_entries": 0}, "--pod-history-max-entries 0"),
+        ({"max_age_s": 91 * 86400.0}, "--pod-history-max-age 7862400.0s: must be positive"),
+        ({"max_age_s": 0.0}, "--pod-history-max-age 0.0s"),
+    ],
+)
+def test_a_policy_the_bus_would_refuse_is_refused_naming_the_flag(
+    fields: dict[str, Any], flag: str
+) -> None:
+    with pytest.raises(ValueError, match=re.escape(flag)):
+        HistoryPolicy(**fields)

@@ -41,6 +41,7 @@ from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 
 from klet.bus import BusError, Entry, NodeBus
+from klet.bus.functions import MAX_EXPIRE_MS, MAX_STREAM_LEN
 from klet.model import podhistory
 from klet.model.flowcontrol import BackoffPolicy, RetryDelay
 from klet.model.records import EventRecord, HistoryEntry, HistoryIndexRecord, PodStatusRecord
@@ -65,6 +66,19 @@ class HistoryPolicy:
     read_block_ms: int = 1000
     claim_idle_ms: int = 30_000
     bus_backoff: BackoffPolicy = field(default_factory=lambda: BackoffPolicy(0.2, 5.0))
+
+    def __post_init__(self) -> None:
+        # The bus refuses a longer stream or expiry (klet.bus.functions): refused here,
+        # naming the flag, instead of every history write failing later.
+        if not 1 <= self.max_entries <= MAX_STREAM_LEN:
+            raise ValueError(
+                f"--pod-history-max-entries {self.max_entries}: must be 1 to {MAX_STREAM_LEN}"
+            )
+        if not 0 < self.max_age_s * 1000 <= MAX_EXPIRE_MS:
+            raise ValueError(
+                f"--pod-history-max-age {self.max_age_s}s: must be positive and at most "
+                f"{MAX_EXPIRE_MS // 1000}s ({MAX_EXPIRE_MS // 86_400_000} days)"
+            )
 
 
 class HistoryKeeper:
