@@ -40,6 +40,7 @@ from klet.cri.types import (
     FilesystemUsageInfo,
     ImageInfo,
     LinuxContainerSecurity,
+    LinuxResources,
     LinuxSandboxSecurity,
     Mount,
     MountPropagation,
@@ -407,6 +408,19 @@ class RuntimeClient:
             )
         except NotFound:
             pass
+
+    async def update_container_resources(
+        self, container_id: ContainerID, resources: LinuxResources
+    ) -> None:
+        """UpdateContainerResources: a running container's cgroup limits, in place (an
+        in-place resize). Not retried: the caller re-plans from what it last applied."""
+        await self._call(
+            "UpdateContainerResources",
+            self._rt.UpdateContainerResources,
+            pb.UpdateContainerResourcesRequest(
+                container_id=container_id, linux=_resources_pb(resources)
+            ),
+        )
 
     async def remove_container(self, container_id: ContainerID) -> None:
         try:
@@ -842,25 +856,25 @@ def _container_pb(c: ContainerConfig) -> Any:
     if c.stop_signal:
         cfg.stop_signal = _signal(c.stop_signal)
     if c.resources is not None:
-        r = c.resources
-        cfg.linux.resources.CopyFrom(
-            pb.LinuxContainerResources(
-                cpu_shares=r.cpu_shares,
-                cpu_quota=r.cpu_quota,
-                cpu_period=r.cpu_period,
-                memory_limit_in_bytes=r.memory_limit_bytes,
-                oom_score_adj=r.oom_score_adj,
-                memory_swap_limit_in_bytes=r.memory_swap_limit_bytes,
-                hugepage_limits=[
-                    pb.HugepageLimit(page_size=size, limit=limit)
-                    for size, limit in r.hugepage_limits
-                ],
-                unified=r.unified,
-            )
-        )
+        cfg.linux.resources.CopyFrom(_resources_pb(c.resources))
     if c.security is not None:
         cfg.linux.security_context.CopyFrom(_container_security_pb(c.security))
     return cfg
+
+
+def _resources_pb(r: LinuxResources) -> Any:
+    return pb.LinuxContainerResources(
+        cpu_shares=r.cpu_shares,
+        cpu_quota=r.cpu_quota,
+        cpu_period=r.cpu_period,
+        memory_limit_in_bytes=r.memory_limit_bytes,
+        oom_score_adj=r.oom_score_adj,
+        memory_swap_limit_in_bytes=r.memory_swap_limit_bytes,
+        hugepage_limits=[
+            pb.HugepageLimit(page_size=size, limit=limit) for size, limit in r.hugepage_limits
+        ],
+        unified=r.unified,
+    )
 
 
 def _signal(name: str) -> Any:

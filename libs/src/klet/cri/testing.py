@@ -28,7 +28,7 @@ import os
 import time
 from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from klet.cri.errors import CRIError, EventsUnsupported, NotFound, RuntimeUnavailable
 from klet.cri.types import (
@@ -36,9 +36,11 @@ from klet.cri.types import (
     Container,
     ContainerConfig,
     ContainerState,
+    ContainerStatsInfo,
     ContainerStatusInfo,
     EventKind,
     ImageInfo,
+    LinuxResources,
     RuntimeCondition,
     RuntimeEvent,
     RuntimeVersion,
@@ -87,6 +89,10 @@ class FakeContainer:
     reason: str = ""
     message: str = ""
     log_reopens: int = 0
+    updates: list[LinuxResources] = field(default_factory=list)
+    """Every UpdateContainerResources it was given, in order."""
+    memory_usage_bytes: int | None = None
+    """What ContainerStats reports as its memory usage (None: absent)."""
 
 
 def _selector_args(selector: dict[str, str] | None) -> list[str]:
@@ -388,6 +394,36 @@ class FakeRuntimeService:
         c = self.containers.get(container_id)
         if c is not None and c.state in _LIVE:
             self._exit(c, KILLED_EXIT_CODE, "Error")
+
+    async def update_container_resources(
+        self, container_id: ContainerID, resources: LinuxResources
+    ) -> None:
+        await self._enter("UpdateContainerResources", container_id)
+        c = self._container(container_id)
+        if c.state not in _LIVE:
+            raise CRIError(f"container {container_id} is not running or created")
+        c.updates.append(resources)
+
+    async def container_stats(self, container_id: ContainerID) -> ContainerStatsInfo:
+        await self._enter("ContainerStats", container_id)
+        c = self._container(container_id)
+        now = self.clock()
+        return ContainerStatsInfo(
+            container_id,
+            c.config.name,
+            c.config.attempt,
+            dict(c.config.labels),
+            dict(c.config.annotations),
+            now,
+            None,
+            None,
+            now,
+            None,
+            c.memory_usage_bytes,
+            None,
+            None,
+            None,
+        )
 
     async def remove_container(self, container_id: ContainerID) -> None:
         await self._enter("RemoveContainer", container_id)
