@@ -7,9 +7,10 @@ writes before a malformed argument (a MAXLEN that is not an integer) failed it. 
 a call over a cap (ops, bytes, a value, a stream entry, a MAXLEN, an expiry) is refused
 before anything is read or written, as `WriteTooLarge` naming the cap; a malformed
 argument anywhere in the call is refused as `BadWrite` with nothing written; a call at
-the caps goes through. Also: a function acts only within its caller's ACL, so it is no
-way around a grant the user lacks (what keeps the direct commands granted, see
-klet.bus.functions).
+the caps goes through. Taking or renewing a lease with a TTL that is not a positive
+integer (or above the longest expiry) draws no token and changes nothing. Also: a
+function acts only within its caller's ACL, so it is no way around a grant the user
+lacks (what keeps the direct commands granted, see klet.bus.functions).
 """
 
 from __future__ import annotations
@@ -163,3 +164,23 @@ async def test_a_function_cannot_write_what_its_caller_may_not(
             await nb.bus.client.hset(other, "Ready", "forged")
     async with admin(redis_server) as bus:
         assert await bus.client.hgetall(bus.key("desired")) == {}
+
+
+@pytest.mark.parametrize("service", SERVICES)
+@pytest.mark.parametrize("ttl", ["ten", "1e3", "-1", "", str(90 * 24 * 3600 * 1000 + 1)])
+async def test_a_lease_with_a_bad_ttl_draws_no_token(
+    redis_server: RedisServer, service: str, ttl: str
+) -> None:
+    bus = Bus.from_url(
+        redis_server.url, NODE, auth=redis_server.credentials(NODE, service), timeout_s=10
+    )
+    lease, fence = bus.key(f"lease:{service}"), bus.key(f"lease:{service}:fence")
+    try:
+        with pytest.raises(RedisError, match="^(KLETARG|KLETCAP)"):
+            await bus.client.fcall(functions.LEASE_ACQUIRE, 2, lease, fence, "h:", "", ttl)
+        with pytest.raises(RedisError, match="^(KLETARG|KLETCAP)"):
+            await bus.client.fcall(functions.LEASE_RENEW, 1, lease, "h:1", ttl)
+    finally:
+        await bus.close()
+    async with admin(redis_server) as reader:
+        assert await reader.client.exists(lease, fence) == 0

@@ -28,7 +28,8 @@ writes and `MAX_WRITE_BYTES` of keys and arguments per call, no table value abov
 `MAX_STREAM_LEN` (every XADD trims to its MAXLEN), no expiry beyond `MAX_EXPIRE_MS`.
 Every argument is checked the same way first (a MAXLEN that is not a positive integer,
 an op without its arguments, a key index outside KEYS or naming the lease itself:
-`KLETARG ...`, raised as `BadWrite`), so a malformed call writes nothing. One
+`KLETARG ...`, raised as `BadWrite`), so a malformed call writes nothing; taking and
+renewing a lease check their TTL the same way before drawing a token. One
 service's largest legitimate write is pod-source's reconcile of every pod of the node
 (two ops a pod, a few KiB each), far below the caps.
 
@@ -242,6 +243,13 @@ end
 
 -- KEYS[1] the lease; ARGV: the holder's value, the TTL (ms).
 local function lease_renew(keys, argv)
+  local ttl = positive(argv[2] or '')
+  if not ttl then
+    return bad('lease_renew takes a TTL in ms')
+  end
+  if ttl > $MAX_EXPIRE_MS then
+    return cap('MAX_EXPIRE_MS', 'a lease TTL of ' .. ttl .. ' ms, at most $MAX_EXPIRE_MS')
+  end
   if redis.call('GET', keys[1]) == argv[1] then
     return redis.call('PEXPIRE', keys[1], argv[2])
   end
@@ -256,6 +264,14 @@ end
 -- granted: the fence counter is the last token granted. The reply says whether the
 -- counter existed: if not, Redis lost it (restart, flush) and this is the first grant.
 local function lease_acquire(keys, argv)
+  -- The TTL first: a bad one failed the SET after the INCR had drawn a token.
+  local ttl = positive(argv[3] or '')
+  if #keys ~= 2 or not ttl then
+    return bad('lease_acquire takes the lease and its fence counter, and a TTL in ms')
+  end
+  if ttl > $MAX_EXPIRE_MS then
+    return cap('MAX_EXPIRE_MS', 'a lease TTL of ' .. ttl .. ' ms, at most $MAX_EXPIRE_MS')
+  end
   local cur = redis.call('GET', keys[1])
   if cur then
     local mine = string.sub(cur, 1, string.len(argv[1])) == argv[1]
