@@ -55,6 +55,14 @@ HONOURED: Mapping[str, str] = {
         "the kubelet API authorizes /pods, /runningpods, /healthz and /configz by their "
         "own subresources before falling back to nodes/proxy (default true, as upstream)"
     ),
+    "ContainerCheckpoint": (
+        "the kubelet API serves POST /checkpoint/{namespace}/{pod}/{container} through CRI "
+        "CheckpointContainer (default true, as upstream)"
+    ),
+    "KubeletPSI": (
+        "pressure stall information in /stats/summary and /metrics/cadvisor where the "
+        "kernel has it (default true, as upstream)"
+    ),
 }
 
 
@@ -102,8 +110,9 @@ DEFAULT_ON: Mapping[str, Account] = {
     "AggregatedDiscoveryRemoveBetaType": _API,
     "AllowParsingUserUIDFromCertAuth": _API,
     "CPUManagerPolicyBetaOptions": Inert("cpuManagerPolicyOptions"),
-    "ContainerCheckpoint": Absent(
-        "the kubelet API's /checkpoint/{namespace}/{pod}/{container} (CRI CheckpointContainer)"
+    "ContainerCheckpoint": Implemented(
+        "klet.status_reporter.kubeletapi.checkpoint",
+        "unit/status_reporter/kubeletapi/test_checkpoint.py::test_checkpoint_asks_the_runtime_for_an_archive_under_root_dir",
     ),
     "ContextualLogging": OtherComponent("Go's klog contextual loggers (klet.obs.logs logs)"),
     "DRAAdminAccess": _API,
