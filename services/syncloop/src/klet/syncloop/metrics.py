@@ -40,7 +40,7 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from klet.model.pod import CONFIG_SEEN
 from klet.model.types import JSON
@@ -604,3 +604,83 @@ def create_metrics(registry: CollectorRegistry) -> Metrics:
             ),
         ),
     )
+
+
+class ResizeMetrics:
+    """upstream's in-place resize metrics (pkg/kubelet/metrics), for pods/resizing.py:
+    kubelet_container_requested_resizes_total{resource,requirement,operation},
+    kubelet_pod_resize_duration_milliseconds{success},
+    kubelet_pod_pending_resizes{reason}, kubelet_pod_infeasible_resizes_total
+    {reason_detail}, kubelet_pod_in_progress_resizes and
+    kubelet_pod_deferred_accepted_resizes_total{retry_trigger}."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self._requested = Counter(
+            "kubelet_container_requested_resizes_total",
+            "Number of requested resizes, counted at the container level",
+            ["resource", "requirement", "operation"],
+            registry=registry,
+        )
+        self._duration = Histogram(
+            "kubelet_pod_resize_duration_milliseconds",
+            "Duration in milliseconds to actuate a pod resize",
+            ["success"],
+            registry=registry,
+            buckets=(
+                10,
+                50,
+                100,
+                500,
+                1000,
+                2000,
+                5000,
+                10000,
+                20000,
+                30000,
+                60000,
+                120000,
+                300000,
+                600000,
+            ),
+        )
+        self._pending = Gauge(
+            "kubelet_pod_pending_resizes",
+            "Number of pending resizes for pods",
+            ["reason"],
+            registry=registry,
+        )
+        self._infeasible = Counter(
+            "kubelet_pod_infeasible_resizes_total",
+            "Number of infeasible resizes for pods",
+            ["reason_detail"],
+            registry=registry,
+        )
+        self._in_progress = Gauge(
+            "kubelet_pod_in_progress_resizes",
+            "Number of in-progress resizes for pods",
+            registry=registry,
+        )
+        self._deferred_accepted = Counter(
+            "kubelet_pod_deferred_accepted_resizes_total",
+            "Cumulative number of resizes that were accepted after being deferred",
+            ["retry_trigger"],
+            registry=registry,
+        )
+
+    def requested(self, change: Any) -> None:
+        self._requested.labels(change.resource, change.requirement, change.operation).inc()
+
+    def infeasible(self, reason_detail: str) -> None:
+        self._infeasible.labels(reason_detail).inc()
+
+    def deferred_accepted(self, trigger: str) -> None:
+        self._deferred_accepted.labels(trigger).inc()
+
+    def duration(self, seconds: float, *, success: bool) -> None:
+        self._duration.labels(str(success).lower()).observe(max(0.0, seconds) * 1000)
+
+    def counts(self, pending: Mapping[str, int], in_progress: int) -> None:
+        self._pending.clear()
+        for reason, count in pending.items():
+            self._pending.labels(reason).set(count)
+        self._in_progress.set(in_progress)

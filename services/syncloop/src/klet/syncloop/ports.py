@@ -15,8 +15,10 @@ from klet.cri.types import (
     AuthConfig,
     Container,
     ContainerConfig,
+    ContainerStatsInfo,
     ContainerStatusInfo,
     ImageInfo,
+    LinuxResources,
     RuntimeVersion,
     Sandbox,
     SandboxConfig,
@@ -98,6 +100,12 @@ class NodeRuntime(RuntimeService, Protocol):
     async def reopen_container_log(self, container_id: ContainerID) -> None: ...
 
     async def settle(self) -> bool: ...  # creations and starts still running, at exit
+
+    async def update_container_resources(
+        self, container_id: ContainerID, resources: LinuxResources
+    ) -> None: ...  # in-place resize (pods/resizing.py)
+
+    async def container_stats(self, container_id: ContainerID) -> ContainerStatsInfo: ...
 
     async def close(self) -> None: ...
 

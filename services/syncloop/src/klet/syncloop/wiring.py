@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import logging
 import os
 import socket
 import time
@@ -24,7 +25,7 @@ from klet.bus import Bus, Lease, NodeBus, service_lease
 from klet.cgroups import CgroupFS
 from klet.cgroups.machine import mem_total_bytes, read_machine
 from klet.cgroups.systemd import Systemd
-from klet.config import Settings
+from klet.config import Settings, gates
 from klet.cri import RuntimeClient, cri_settings
 from klet.cri.events import RuntimeEvents
 from klet.csi import CSIClient, RegistrationClient
@@ -37,12 +38,14 @@ from klet.model.node import (
     pods_cgroup_amounts,
     storage_aware_eviction_hard,
 )
+from klet.model.types import JSON, ContainerID
 from klet.obs import ServicePort
 from klet.obs.restclient import RestClientMetrics
 from klet.obs.runtimeops import RuntimeOperationMetrics
-from klet.syncloop.admission.admit import AdmissionLedger, NodeInfo
+from klet.syncloop.admission.admit import AdmissionLedger, NodeInfo, admit_pod
 from klet.syncloop.admission.nodetaints import KubeNodeApi, NodeTaints
 from klet.syncloop.admission.sysctls import SysctlAllowlist
+from klet.syncloop.containers import podcgroups
 from klet.syncloop.containers.hooks import LifecycleHooks
 from klet.syncloop.containers.images import (
     ImagePuller,
@@ -67,11 +70,20 @@ from klet.syncloop.environment.dns import DNSSettings
 from klet.syncloop.environment.envvars import NodeFacts
 from klet.syncloop.environment.kubeobjects import ApiObjects
 from klet.syncloop.events import BusEventSink, EventSink
-from klet.syncloop.metrics import Metrics, create_metrics, storage_operations, volume_counts
+from klet.syncloop.metrics import (
+    Metrics,
+    ResizeMetrics,
+    create_metrics,
+    storage_operations,
+    volume_counts,
+)
 from klet.syncloop.plugins.csidrivers import CSIRegistrar
 from klet.syncloop.plugins.watcher import PLUGINS_REGISTRY, PluginWatcher
+from klet.syncloop.pods import podspec
+from klet.syncloop.pods.allocation import ACTUATED_FILE, ALLOCATED_FILE, Checkpoint
 from klet.syncloop.pods.controller import NodePressure, PodController, published_status
 from klet.syncloop.pods.relisting import Relister
+from klet.syncloop.pods.resizing import PodResizer
 from klet.syncloop.pods.runtime import ExitNotices, PodRuntime
 from klet.syncloop.pods.runtimeevents import EventSource, EventWatcher
 from klet.syncloop.pods.statuspub import StatusPublisher
@@ -377,6 +389,22 @@ def build_deps(settings: Settings, overrides: Overrides | None = None) -> Deps:
         if kube is not None
         else None
     )
+    admission = AdmissionLedger(o.node or admission_node(settings), taints=node_taints)
+    resizer = (
+        _pod_resizer(
+            settings,
+            sync,
+            cri,
+            syncer,
+            hooks,
+            events,
+            admission,
+            registry,
+            lambda u: controller.on_runtime_change(u),
+        )
+        if gates.enabled(k.feature_gates, INPLACE_RESIZE_GATE) and sync.root_dir is not None
+        else None
+    )
     controller = PodController(
         bus=node_bus,
         runtime=runtime,
@@ -386,12 +414,13 @@ def build_deps(settings: Settings, overrides: Overrides | None = None) -> Deps:
         host_ip=host_ip(settings),
         clock=clock,
         prober=prober,
-        admission=AdmissionLedger(o.node or admission_node(settings), taints=node_taints),
+        admission=admission,
         pressure=NodePressure(node_bus),
         last_status=functools.partial(published_status, node_bus),
         on_rejected=metrics.record_admission_rejection,
         node_name=settings.klet.node_name,
         observer=metrics,
+        resizer=resizer,
     )
     relister = Relister(
         cri,
@@ -462,4 +491,55 @@ def build_deps(settings: Settings, overrides: Overrides | None = None) -> Deps:
         reserved_writer=None
         if systemd is None
         else SliceWriter(systemd, cgroup_version=CgroupFS().version),
+    )
+
+
+INPLACE_RESIZE_GATE = "InPlacePodVerticalScaling"
+log = logging.getLogger(__name__)
+
+
+def _pod_resizer(
+    settings: Settings,
+    sync: SyncSettings,
+    cri: NodeRuntime,
+    syncer: PodSyncer,
+    hooks: LifecycleHooks,
+    events: EventSink,
+    admission: AdmissionLedger,
+    registry: CollectorRegistry,
+    wake: Callable[[str], None],
+) -> PodResizer:
+    """In-place resize: the allocation checkpoints under the root directory, applied
+    through CRI and the pod cgroups (pods/resizing.py)."""
+    root = sync.root_dir
+    assert root is not None
+    allocated, problem = Checkpoint.load(root / ALLOCATED_FILE)
+    actuated, problem2 = Checkpoint.load(root / ACTUATED_FILE)
+    for p in (problem, problem2):
+        if p is not None:
+            log.error("resize checkpoint ignored", extra={"problem": str(p)})
+    node_limits = podcgroups.node_limits(sync)
+
+    def admit(pod: JSON, others: list[JSON]) -> tuple[bool, str]:
+        verdict = admit_pod(pod, others=others, node=admission.node)
+        return verdict.admit, verdict.message
+
+    async def kill(pod: JSON, container: JSON, cid: ContainerID) -> None:
+        await hooks.kill_container(
+            pod, container, cid, grace_s=podspec.grace_period_s(pod, None), pod_ip=""
+        )
+
+    return PodResizer(
+        allocated=allocated,
+        actuated=actuated,
+        cri=cri,
+        cgroups=syncer.cgroups,
+        cgroup_root=sync.cgroup_root,
+        node_limits=lambda: node_limits,
+        allocatable=lambda: admission.node.allocatable,
+        admit=admit,
+        events=events,
+        observer=ResizeMetrics(registry),
+        kill=kill,
+        wake=wake,
     )

@@ -54,6 +54,7 @@ from klet.syncloop.events import EventSink
 from klet.syncloop.pods import podspec
 from klet.syncloop.pods.podstate import KillRequest, PodSyncState, pod_worker_operation
 from klet.syncloop.pods.podworkers import Outcome, PodWorkers
+from klet.syncloop.pods.resizing import PodResizer
 from klet.syncloop.pods.runtime import PodRuntime
 from klet.syncloop.pods.runtimepod import RuntimePod
 from klet.syncloop.pods.staticpods import StaticPodGate
@@ -262,8 +263,11 @@ class PodController:
         on_rejected: Callable[[str], None] | None = None,
         node_name: str = "",
         observer: WorkerObserver | None = None,
+        resizer: PodResizer | None = None,
     ) -> None:
         self.bus = bus
+        # In-place resize (InPlacePodVerticalScaling); None: pods run as their spec says.
+        self.resizer = resizer
         self.observer: WorkerObserver = observer or _NoObserver()
         # Desired records naming another node are ignored; "" checks no node name.
         self.node_name = node_name
@@ -515,6 +519,8 @@ class PodController:
         As upstream, the status goes out before the sync acts: a dead container shows
         terminated (and the pod not ready) at once, not only after its restart. The
         waiting reasons the last sync found stand in for the ones this sync finds."""
+        if self.resizer is not None:  # from here on the pod is as allocated
+            pod = self.resizer.before_sync(uid, pod, self._allocated_others)
         self._update_probes(pod, current, deleting=False)
         self._publish(uid, pod, self._pod_status(uid, pod, current, state.waiting))
         await self.syncer.update_qos(self._active_pods())
@@ -523,6 +529,8 @@ class PodController:
         if result.acted:
             current = await self.runtime.get(uid)
             self._update_probes(pod, current, deleting=False)
+        if self.resizer is not None and await self.resizer.actuate(uid, pod, current):
+            current = await self.runtime.get(uid)
         self._publish(uid, pod, self._pod_status(uid, pod, current, result.waiting))
         if deadline is None:  # the sandbox may have been created by this very sync
             deadline = active_deadline(pod, current)
@@ -580,7 +588,22 @@ class PodController:
             now=self.clock(),
             runtime_type=self.runtime_type,
             host_ip=self.host_ip,
+            resize=self.resizer.status(uid, pod) if self.resizer is not None else None,
         )
+
+    def _allocated_others(self, uid: str) -> list[JSON]:
+        """The active pods but `uid`, at their allocated resources (resize admission)."""
+        resizer, ledger = self.resizer, self.admission
+        return [
+            resizer.allocated_pod(u, state.desired.pod)
+            if resizer is not None
+            else state.desired.pod
+            for u, state in self.pods.items()
+            if u != uid
+            and state.desired is not None
+            and state.terminal is None
+            and (ledger is None or ledger.counts(u, status=self.publisher.get(u), terminal=False))
+        ]
 
     async def sync_terminating_pod(
         self,
@@ -622,6 +645,9 @@ class PodController:
             state.kill = None
             request.finish()
         self._update_probes(pod, current, deleting=True)
+        if self.resizer is not None:
+            self.resizer.terminal(uid)
+            pod = self.resizer.allocated_pod(uid, pod)
         status = compute_pod_status(
             pod,
             current,
@@ -634,6 +660,7 @@ class PodController:
             terminal=state.terminal,
             stopping=True,
             disruption=state.evicted,
+            resize=self.resizer.status(uid, pod) if self.resizer is not None else None,
         )
         stopped = not anything_running(current)
         # A pod being deleted is done for the apiserver once its volumes are gone too.
@@ -695,9 +722,11 @@ class PodController:
     def _active_pods(self) -> list[JSON]:
         """The pods that hold their resources (upstream's active pods): desired, not
         made terminal, and (with admission) admitted and not in a terminal phase."""
-        ledger = self.admission
+        ledger, resizer = self.admission, self.resizer
         return [
-            state.desired.pod
+            resizer.allocated_pod(u, state.desired.pod)
+            if resizer is not None
+            else state.desired.pod
             for u, state in self.pods.items()
             if state.desired is not None
             and state.terminal is None
@@ -720,8 +749,11 @@ class PodController:
             verdict = ledger.verdict(uid)
             if verdict is not None:
                 return verdict
+        resizer = self.resizer
         others = [
-            state.desired.pod
+            resizer.allocated_pod(u, state.desired.pod)
+            if resizer is not None
+            else state.desired.pod
             for u in ledger.admitted
             if u != uid
             and (state := self.pods.get(u)) is not None
@@ -779,6 +811,8 @@ class PodController:
         self.syncer.forget_pod(uid)
         if self.admission is not None:
             self.admission.forget(uid)
+        if self.resizer is not None:
+            self.resizer.forget(uid, self._allocated_others)
         state = self.pods.pop(uid, None)
         if state is None:
             return

@@ -15,6 +15,8 @@ it) gets none, so a mirror pod's status carries none either, as upstream's.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from klet.cri.types import ContainerState, ContainerStatusInfo, SandboxState
@@ -25,8 +27,34 @@ from klet.syncloop.pods import podspec
 from klet.syncloop.pods.runtimepod import RuntimePod, restart_count_of
 from klet.syncloop.probing.proberesults import NO_PROBES, ProbeKind, ProbeResults
 
+
+@dataclass(frozen=True)
+class ResizeView:
+    """In-place resize as the status shows it (pods/resizing.py gives it): the
+    PodResizePending/PodResizeInProgress conditions, and per resizable container its
+    allocated resources and those last applied to its running instance."""
+
+    conditions: tuple[JSON, ...] = ()
+    actuated: Mapping[str, JSON] | None = None
+
+
+def _resize_fields(status: JSON, spec: JSON, resize: ResizeView) -> None:
+    """upstream's allocatedResources (the allocated requests: `spec` is the container
+    as allocated) and resources (the allocated ones; for a running container, what was
+    applied to it, as containerd 1.6 reports no resources in ContainerStatus)."""
+    allocated: JSON = spec.get("resources") or {}
+    requests = allocated.get("requests")
+    if requests:
+        status["allocatedResources"] = dict(requests)
+    shown = allocated
+    if "running" in status["state"]:
+        shown = (resize.actuated or {}).get(status["name"]) or allocated
+    status["resources"] = {k: dict(v) for k, v in shown.items() if v}
+
+
 DISRUPTION_TARGET = "DisruptionTarget"
 TERMINATION_BY_KUBELET = "TerminationByKubelet"
+RESIZE_CONDITIONS = frozenset({"PodResizePending", "PodResizeInProgress"})
 
 
 def _ns(ns: int) -> str | None:
@@ -294,6 +322,7 @@ def compute_pod_status(
     stopping: bool = False,
     probes: ProbeResults = NO_PROBES,
     disruption: str | None = None,
+    resize: ResizeView | None = None,
 ) -> JSON:
     """The PodStatus JSON.
 
@@ -308,7 +337,7 @@ def compute_pod_status(
     default_reason = "PodInitializing" if inits else "ContainerCreating"
 
     def one(c: JSON, *, init: bool) -> JSON:
-        return container_status(
+        out = container_status(
             c,
             runtime.instances(c["name"]),
             waiting.get(c["name"]),
@@ -317,6 +346,9 @@ def compute_pod_status(
             init=init,
             probes=probes,
         )
+        if resize is not None:
+            _resize_fields(out, c, resize)
+        return out
 
     init_statuses = [one(c, init=True) for c in inits]
     statuses = [one(c, init=False) for c in podspec.containers(pod)]
@@ -374,7 +406,10 @@ def compute_pod_status(
     )
     if gates is not None:
         ready_cond["message"] = gates
+    # upstream appends the resize conditions before its own (none once terminal).
+    resizing = list(resize.conditions) if resize is not None and not terminal_phase else []
     conditions = [
+        *resizing,
         _condition("PodReadyToStartContainers", sandbox_ready, prev_conditions, now),
         init_cond,
         ready_cond,
@@ -394,6 +429,8 @@ def compute_pod_status(
         # generation; DisruptionTarget is made once (at the eviction) and copied from
         # the old status after, so it keeps the generation it was made at.
         before = prev_conditions.get(cond["type"]) or {}
+        if cond["type"] in RESIZE_CONDITIONS:
+            continue  # they carry the generation of the resize they describe
         if cond["type"] == DISRUPTION_TARGET and before.get("observedGeneration"):
             cond["observedGeneration"] = before["observedGeneration"]
         elif gen:
