@@ -218,18 +218,21 @@ e2e-binaries:
 
 # The CSI components of the storage e2e suite's manifests (csi-provisioner, csi-resizer,
 # csi-snapshotter, snapshot-controller), csi-sanity and csi-mock (the suite's mock CSI
-# driver as a binary), each from tools/csi/<dir>'s Go module into
-# $KLET_CACHE/csi/<name>/<version>; no-op once cached. Not in `make test`: a cold build
-# takes minutes (tools/csi/README.md). The components whose modules the Go module proxy
-# does not serve (hostpathplugin, node-driver-registrar, attacher, livenessprobe, health
-# monitor) are tried, and fail naming the module, only by `bash tools/csi/build.sh --all`.
+# driver as a binary), each from tools/csi/<dir>'s Go module, and the ones the Go module
+# proxy does not serve (hostpathplugin, csi-node-driver-registrar, csi-attacher,
+# livenessprobe, csi-external-health-monitor-controller) from their release sources in
+# ../shared/third_party/kubernetes-csi (or $KLET_CSI_SRC; checked against its SHA256SUMS,
+# built with -mod=vendor), into $KLET_CACHE/csi/<name>/<version>; no-op once cached.
+# Fails naming what is missing when those sources are not there. Not in `make test`: a
+# cold build takes many minutes (tools/csi/README.md).
 # The images: `python -m tools.csi.images --registry HOST:PORT`.
 .PHONY: csi-binaries test-csi
 csi-binaries:
 	bash tools/csi/build.sh
 
 # The tests of those components (their images through CRI, the provisioner and resizer
-# against the real apiserver), which `make test` does not collect (tests/conftest.py).
+# against the real apiserver, node-driver-registrar registering a driver with a klet
+# node), which `make test` does not collect (tests/conftest.py).
 test-csi: setup cluster-binaries csi-binaries
 	KLET_CSI_TESTS=1 $(PY) -m pytest tests/integration/test_csi_images.py tests/cluster/test_csi_sidecars.py $(PYTEST_ARGS)
 

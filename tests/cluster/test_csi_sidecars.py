@@ -12,6 +12,13 @@ status set here, as the binder would), a larger request leads to ControllerExpan
 on the driver, the PV's capacity and, as the mock asks for no node expansion, the
 PVC's status capacity grow to the new size.
 
+Also: upstream's csi-node-driver-registrar v2.13.0 (built from its release sources)
+registers csi-mock, started without its own registration stand-in, with a klet node:
+the registrar's socket in the node's `plugins_registry/` leads to the driver in the
+node's CSINode with the node ID the driver gave, and the registrar logs that the node
+told it it was registered; the registrar stopped (SIGTERM: it removes its socket)
+withdraws the driver from the CSINode.
+
 No kube-controller-manager: the persistentvolume-binder's part (the annotation, the
 binding) is done by the test through the API, so only the sidecars and the driver are
 under test. Only `make test-csi` collects it (it builds the sidecars first).
@@ -29,9 +36,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from klet.devstack import DevStack
 from klet.testbed.cluster import ControlPlane
 
-from tests.harness.csi import MockDriver, csi_binaries
+from tests.harness.clusternode import cluster_node
+from tests.harness.csi import MockDriver, Registrar, csi_binaries
 from tests.harness.waiting import wait_for
 
 SIDECARS = ("csi-provisioner", "csi-resizer")
@@ -209,3 +218,48 @@ def test_provision_and_expand(
             "-p", json.dumps({"metadata": {"finalizers": None}}),
         )  # fmt: skip
         cp.kubectl("delete", "storageclass", sc, "--ignore-not-found")
+
+
+def test_node_driver_registrar_registers_a_driver_with_klet(
+    control_plane: ControlPlane,
+    devstack: DevStack,
+    driver: MockDriver,
+    workdir: Path,
+    tmp_path_factory: pytest.TempPathFactory,
+) -> None:
+    node_name = "kletcsiregistrar1"
+    registrar_bin = csi_binaries(["csi-node-driver-registrar"])["csi-node-driver-registrar"]
+    base = tmp_path_factory.mktemp("registrarnode")
+
+    def drivers() -> list[dict[str, Any]] | None:
+        res = control_plane.kubectl("get", "csinode", node_name, "-o", "json")
+        if res.returncode != 0:
+            return None
+        return list(json.loads(res.stdout).get("spec", {}).get("drivers") or [])
+
+    with cluster_node(control_plane, devstack, base, name=node_name) as node:
+        registry = node.root_dir / "plugins_registry"
+        registrar = Registrar.start(
+            registrar_bin,
+            csi_socket=driver.socket,
+            registry=registry,
+            log=workdir / "registrar.log",
+        )
+        try:
+            [entry] = wait_for(
+                lambda: [d for d in drivers() or [] if d["name"] == driver.name],
+                timeout_s=60,
+                what="the driver in the CSINode",
+            )
+            assert entry["nodeID"] == driver.name  # the mock's node ID is its driver name
+            assert (registry / f"{driver.name}-reg.sock").is_socket()
+            wait_for(
+                lambda: "PluginRegistered:true" in registrar.log.read_text(),
+                timeout_s=30,
+                what="the registrar told it is registered",
+            )
+            assert "/csi.v1.Identity/GetPluginInfo" in driver.grpc_methods()
+        finally:
+            registrar.stop()
+        assert not (registry / f"{driver.name}-reg.sock").exists()
+        wait_for(lambda: drivers() == [], timeout_s=60, what="the driver withdrawn")

@@ -4,6 +4,7 @@ run as a host process on a socket of its own.
 `csi_binaries(names)` builds what is missing (csi-mock and csi-sanity take seconds once
 tools/e2e's k8s.io packages are compiled) and returns name -> path (the sidecars'
 cold build takes minutes: `make csi-binaries`, before `make test-csi`).
+`Registrar.start` runs upstream's node-driver-registrar for a driver.
 `MockDriver.start` runs csi-mock with `-v=3`, so its log holds one JSON `gRPCCall:` line
 per CSI call it served, which `grpc_methods()` reads.
 """
@@ -79,3 +80,40 @@ class MockDriver:
             if sep:
                 out.append(rest.partition('"')[0])
         return out
+
+
+@dataclass
+class Registrar:
+    """A running csi-node-driver-registrar (upstream's, built from its release sources by
+    tools/csi/build.sh): it asks the driver on `csi_socket` for its name and serves the
+    kubelet plugin registration API at `<registry>/<driver name>-reg.sock`."""
+
+    proc: subprocess.Popen[bytes]
+    log: Path
+
+    @classmethod
+    def start(cls, binary: Path, *, csi_socket: Path, registry: Path, log: Path) -> Registrar:
+        registry.mkdir(parents=True, exist_ok=True)
+        with log.open("wb") as out:
+            proc = subprocess.Popen(
+                [
+                    str(binary),
+                    f"--csi-address={csi_socket}",
+                    f"--kubelet-registration-path={csi_socket}",
+                    f"--plugin-registration-path={registry}",
+                    "--v=5",
+                ],
+                stdout=out,
+                stderr=subprocess.STDOUT,
+            )
+        return cls(proc=proc, log=log)
+
+    def stop(self) -> None:
+        """SIGTERM, as the kubelet's pod stop: the registrar removes its socket."""
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()

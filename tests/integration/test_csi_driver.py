@@ -14,9 +14,9 @@ tree, each call in the driver's gRPC log); a driver stopped by SIGTERM removes i
 and the client then says DriverUnavailable.
 
 Why not the hostpath plugin and node-driver-registrar, the pair upstream's suite
-deploys: the Go module proxy these machines reach does not serve their modules (see
-tools/csi/build.sh), so the registration socket that the plugin watcher sees cannot be
-made by upstream's registrar here yet.
+deploys: they are built from their release sources (tools/csi/build.sh), minutes cold,
+outside what `make test` spends on builds; `make test-csi` runs the registrar against a
+klet node (tests/cluster/test_csi_sidecars.py).
 
 csi-sanity's ModifyVolume specs and its "invalid volume attribute class" spec are left
 out: the e2e mock accepts any mutable parameters (the suite's VolumeAttributesClass tests

@@ -1,12 +1,17 @@
 """The CSI sidecar images of the storage e2e suite (tools/csi/images.py) serve and run.
 
-Covers: csi-provisioner v5.1.0, csi-resizer v1.13.1, csi-snapshotter v8.3.0 and
-snapshot-controller v8.3.0 are in the dev stack's registry as sig-storage/<name>:<tag>,
+Covers: csi-provisioner v5.1.0, csi-resizer v1.13.1, csi-snapshotter v8.3.0,
+snapshot-controller v8.3.0 and, built from the release sources in ../shared/third_party,
+csi-attacher v4.8.0, csi-node-driver-registrar v2.13.0,
+csi-external-health-monitor-controller v0.12.1, livenessprobe v2.15.0 and hostpathplugin
+v1.16.1 are in the dev stack's registry as sig-storage/<name>:<tag>,
 which is where the suite's `sigStorageRegistry`, mapped by tools/e2e's repo list to
 registry.klet.test/sig-storage, sends the storage-csi manifests' registry.k8s.io/sig-storage
 images; their configs have upstream's entrypoint `/<name>`; each, pulled and run through
-klet's CRI client on the dev stack's containerd, reports its version and exits 0; the
-images the manifests name that nothing here builds are reported as not provided.
+klet's CRI client on the dev stack's containerd, reports its version and exits 0
+(livenessprobe, which has no --version, prints its flags for --help and exits 0);
+hostpathplugin's image has the mount, umount and losetup it runs; no image the manifests
+name is left unprovided.
 
 Needs the sidecar binaries built (`make csi-binaries`): a cold build is several minutes
 (see tools/csi/README.md), more than `make test` spends on them yet, so only `make
@@ -49,8 +54,6 @@ EXPECTED = {
     "csi-resizer": "v1.13.1",
     "csi-snapshotter": "v8.3.0",
     "snapshot-controller": "v8.3.0",
-}
-NOT_PROVIDED = {
     "csi-attacher": "v4.8.0",
     "csi-external-health-monitor-controller": "v0.12.1",
     "csi-node-driver-registrar": "v2.13.0",
@@ -70,7 +73,7 @@ pytestmark = [
 def images(devstack: DevStack) -> Iterator[dict[str, CSIImage]]:
     built, module_dir = build_binaries(cache=CACHE)
     p = plan(read_manifests(module_dir), built)
-    assert p.missing == NOT_PROVIDED
+    assert p.missing == {}
     out = build_images(p, cache=CACHE)
     push_images(out, devstack.registry_address)
     yield {img.name: img for img in out}
@@ -115,10 +118,22 @@ def test_each_runs_on_containerd(devstack: DevStack, images: dict[str, CSIImage]
         log_directory=str(devstack.dir / "pod-logs" / uid),
     )
     sandbox_id = cri_call(devstack, lambda c: c.run_pod_sandbox(sandbox_config))
+    # Each image with its own entrypoint, and hostpathplugin's with the tools it runs.
+    hostpath_tools = "mount --version; umount --version; losetup --version; tar --version"
+    runs: list[tuple[str, CSIImage, tuple[str, ...], tuple[str, ...]]] = [
+        (name, img, (), ("--help",) if name == "livenessprobe" else ("--version",))
+        for name, img in sorted(images.items())
+    ]
+    runs.append(("hostpath-tools", images["hostpathplugin"], ("/bin/sh", "-ec"), (hostpath_tools,)))
     try:
-        for name, img in sorted(images.items()):
+        for name, img, command, args in runs:
             config = ContainerConfig(
-                name=name, attempt=0, image=img.reference, args=("--version",), log_path=name
+                name=name,
+                attempt=0,
+                image=img.reference,
+                command=command,
+                args=args,
+                log_path=name,
             )
 
             async def run(c: RuntimeClient, config: ContainerConfig = config) -> ContainerID:
@@ -133,11 +148,18 @@ def test_each_runs_on_containerd(devstack: DevStack, images: dict[str, CSIImage]
                 status = cri_call(devstack, lambda c: c.container_status(cid))
                 return status if status.state is ContainerState.EXITED else None
 
-            status = wait_for(exited, timeout_s=60, what=f"{name} --version to exit")
+            status = wait_for(exited, timeout_s=60, what=f"{name} {args} to exit")
             log = Path(sandbox_config.log_directory, name).read_text()
             assert status.exit_code == 0, log
-            # `/<name> <version>`, as upstream's binaries print it.
-            assert f"/{name} {img.tag}" in log, log
+            if name == "livenessprobe":
+                assert "-csi-address" in log, log
+            elif name == "hostpath-tools":
+                for tool in ("mount", "umount", "losetup"):
+                    assert f"{tool} from util-linux" in log, log
+                assert "GNU tar" in log, log
+            else:
+                # `<argv[0]> <version>`, as upstream's binaries print it.
+                assert f"{name} {img.tag}" in log, log
     finally:
 
         async def remove(c: RuntimeClient) -> None:

@@ -16,10 +16,17 @@ carries no CA bundle or time zones: the sidecars reach only the apiserver, whose
 service-account volume brings, and a bundle copied from the build host would make the
 image depend on that host.
 
-Provided: csi-provisioner, csi-resizer, csi-snapshotter (and snapshot-controller, which
-the suite expects the cluster to run). The hostpath plugin, node-driver-registrar,
-external-attacher, livenessprobe and external-health-monitor images are listed by
-`--missing` (their modules are not served here; see build.sh).
+hostpathplugin is the exception: upstream puts it on Alpine with util-linux, coreutils,
+socat and tar, because the driver runs mount, umount and losetup (block volumes) and tar
+(snapshots). Its base here is a Debian bookworm minbase made by tools/image with `mount`
+(mount, umount, losetup) and socat; util-linux, coreutils and tar are in minbase.
+
+Provided: every sig-storage image the csi-hostpath and CSI Mock manifests name
+(csi-provisioner, csi-resizer, csi-snapshotter, csi-attacher, csi-node-driver-registrar,
+csi-external-health-monitor-controller, livenessprobe, hostpathplugin; the last five
+from the release sources in ../shared/third_party, see build.sh) and snapshot-controller,
+which the suite expects the cluster to run. `--missing` lists any the manifests name
+that nothing here provides.
 
     python -m tools.csi.images [--registry 127.0.0.1:PORT] [--host H] [--out-dir D]
 """
@@ -42,7 +49,7 @@ from klet.devstack.images import TEST_REGISTRY_HOST, BuiltImage, ImageError, pus
 
 from tools.e2e.images import packed
 from tools.e2e.layers import Entry, LayerError, cached_layer, dirs, file_digest
-from tools.image.layers import LayerCache
+from tools.image.layers import LayerCache, Rootfs, rootfs_layer
 from tools.image.oci import ImageConfig, Layer, write_archive
 
 HERE = Path(__file__).resolve().parent
@@ -51,7 +58,20 @@ UPSTREAM_REGISTRY = "registry.k8s.io/sig-storage"
 # The manifests of the drivers the storage suites deploy: csi-hostpath and CSI Mock.
 MANIFEST_DIRS = ("hostpath", "mock")
 # Components built by build.sh that go into an image, in build.sh's names (= image names).
-IMAGED = ("csi-provisioner", "csi-resizer", "csi-snapshotter", "snapshot-controller")
+IMAGED = (
+    "csi-provisioner",
+    "csi-resizer",
+    "csi-snapshotter",
+    "snapshot-controller",
+    "csi-attacher",
+    "csi-node-driver-registrar",
+    "csi-external-health-monitor-controller",
+    "livenessprobe",
+    "hostpathplugin",
+)
+# Components that need more than a static base (see the module docstring): their rootfs.
+ROOTFS = {"hostpathplugin": Rootfs(name="csi-hostpathplugin", packages=("mount", "socat"))}
+DEBIAN_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 # Images the cluster needs although no storage-csi manifest names them: the snapshot
 # controller, run by the cluster (as by upstream's CI), at its sidecar's version.
 CLUSTER_IMAGES = {"snapshot-controller": "csi-snapshotter"}
@@ -198,19 +218,22 @@ def build_images(p: Plan, *, cache: Path, host: str = TEST_REGISTRY_HOST) -> lis
             entries=partial(binary_entries, name, binary),
         )
         reference = f"{host}/sig-storage/{name}:{tag}"
+        if name in ROOTFS:
+            rootfs = ROOTFS[name]
+            below = rootfs_layer(rootfs, LayerCache(cache / "image")).layer
+            what = f"mmdebstrap --variant=minbase --include={','.join(rootfs.packages)} bookworm"
+            path = DEBIAN_PATH
+        else:
+            below, what = base, "static base: passwd, group, /tmp (tools/csi/images.py)"
+            path = "/usr/local/bin:/usr/bin:/bin"
         config = ImageConfig(
             entrypoint=[f"/{name}"],
             cmd=[],
-            env={"PATH": "/usr/local/bin:/usr/bin:/bin"},
+            env={"PATH": path},
             labels={"org.opencontainers.image.version": tag},
         )
-        image = packed(
-            reference,
-            [base, layer],
-            config,
-            ["static base: passwd, group, /tmp (tools/csi/images.py)", f"{name} {tag}"],
-        )
-        out.append(CSIImage(name, tag, reference, image, (base, layer)))
+        image = packed(reference, [below, layer], config, [what, f"{name} {tag}"])
+        out.append(CSIImage(name, tag, reference, image, (below, layer)))
     return out
 
 
