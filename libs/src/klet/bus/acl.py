@@ -153,13 +153,13 @@ ACCESS: Mapping[str, ServiceAccess] = {
     ),
     "syncloop": ServiceAccess(
         reads=("desired", "sources", "node:eviction"),
-        writes=("status", "node:syncloop", "csidrivers", "volumes"),
+        writes=("status", "node:syncloop", "csidrivers", "volumes", "devices"),
         publishes=("podstatus", "events:syncloop"),
         consumes=("pods",),
         leases=("syncloop",),
     ),
     "status-reporter": ServiceAccess(
-        reads=("desired", "status", "sources", "csidrivers", "volumes", *_CONDITIONS),
+        reads=("desired", "status", "sources", "csidrivers", "volumes", "devices", *_CONDITIONS),
         writes=("history",),
         publishes=("events:status-reporter",),
         consumes=_EVENTS,

@@ -25,6 +25,7 @@ from klet.model.node import NODE_SHUTTING_DOWN
 from klet.model.records import (
     CSIDriverRecord,
     DesiredPod,
+    DeviceResourceRecord,
     EventRecord,
     HistoryEntry,
     HistoryIndexRecord,
@@ -103,6 +104,8 @@ class NodeBus:
     """The CSI drivers registered on this node, keyed by driver name (syncloop)."""
     volumes: Table[VolumeRecord]
     """The CSI volumes published for pods, keyed `<pod uid>/<volume>` (syncloop)."""
+    devices: Table[DeviceResourceRecord]
+    """Device plugin resources and their device counts, keyed by resource (syncloop)."""
     history: Table[HistoryIndexRecord]
     """Which pods have a history, keyed by pod UID (status-reporter, `klet why`)."""
 
@@ -134,5 +137,6 @@ class NodeBus:
             images=bus.table("images", ImageUseRecord),
             csidrivers=bus.table("csidrivers", CSIDriverRecord),
             volumes=bus.table("volumes", VolumeRecord),
+            devices=bus.table("devices", DeviceResourceRecord),
             history=bus.table("history", HistoryIndexRecord),
         )

@@ -852,6 +852,7 @@ def _container_pb(c: ContainerConfig) -> Any:
         stdin=c.stdin,
         stdin_once=c.stdin_once,
         tty=c.tty,
+        CDI_devices=[pb.CDIDevice(name=n) for n in c.cdi_devices],
     )
     if c.stop_signal:
         cfg.stop_signal = _signal(c.stop_signal)

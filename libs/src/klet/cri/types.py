@@ -293,6 +293,8 @@ class ContainerConfig:
     security: LinuxContainerSecurity | None = None
     stop_signal: str = ""
     """lifecycle.stopSignal (`SIGUSR1`, `SIGRTMIN+1`, ...); empty leaves the image's."""
+    cdi_devices: tuple[str, ...] = ()
+    """Fully qualified CDI device names (`vendor.com/class=name`), from device plugins."""
 
 
 @dataclass(frozen=True)

@@ -263,6 +263,24 @@ class CSIDriverRecord(Record):
 
 
 @dataclass(frozen=True)
+class DeviceResourceRecord(Record):
+    """`devices` table value, keyed by extended resource name: the devices a device
+    plugin (deviceplugin v1beta1) lists on this node. syncloop's device manager writes
+    it from the plugin's ListAndWatch; status-reporter puts `healthy + unhealthy` in the
+    Node's capacity and `healthy` in its allocatable. A plugin that went away leaves
+    its devices unhealthy (`connected` False) until upstream's grace period ends, then
+    the record stays with both counts 0 so the Node reports the resource at 0, as
+    upstream's kubelet does for a removed resource."""
+
+    kind: ClassVar[str] = "deviceresource"
+    resource: str
+    healthy: int
+    unhealthy: int
+    connected: bool  # the plugin's ListAndWatch stream is open
+    at: float  # when the counts last changed (Unix seconds)
+
+
+@dataclass(frozen=True)
 class HistoryEntry(Record):
     """`history:<pod uid>` stream entry: one thing decided about or seen of a pod, kept
     for `klet why` (status-reporter's leader writes it, klet.model.podhistory says

@@ -93,6 +93,8 @@ def root_tasks(deps: Deps) -> dict[str, Coroutine[Any, Any, None]]:
     }
     if deps.volumes is not None:
         tasks["volume-view"] = deps.volumes.run()
+    if deps.devices is not None:
+        tasks["device-view"] = deps.devices.run()
     if deps.history is not None:
         tasks["pod-history"] = when_elected(deps.elected, deps.history.run)
     if deps.healthz is not None:

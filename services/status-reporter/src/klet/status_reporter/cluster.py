@@ -305,6 +305,7 @@ def build_cluster(
     consumer: str,
     overrides: ClusterOverrides | None = None,
     volumes_in_use: Callable[[], tuple[str, ...] | None] = lambda: None,
+    devices: Callable[[], Mapping[str, tuple[int, int]] | None] = lambda: None,
     requests: Callable[[str, str, str, float], None] | None = None,
     certificates: CertificateObserver | None = None,
 ) -> ClusterDeps:
@@ -356,6 +357,7 @@ def build_cluster(
         read_machine=o.read_machine or (lambda: read_machine(root_dir)),
         node_ips=node_ips,
         volumes_in_use=volumes_in_use,
+        devices=devices,
     )
     node_policy = o.node_policy or NodeStatusPolicy(
         update_frequency_s=kubelet.node_status_update_frequency,

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Protocol
 
 from klet.bus import BusError
@@ -61,8 +61,10 @@ class NodeObserver:
         node_ips: tuple[str, ...],
         timeout_s: float = 5.0,
         volumes_in_use: Callable[[], tuple[str, ...] | None] = lambda: None,
+        devices: Callable[[], Mapping[str, tuple[int, int]] | None] = lambda: None,
     ) -> None:
         self._volumes_in_use = volumes_in_use
+        self._devices = devices
         self._runtime = runtime
         self._conditions = conditions
         self._read_machine = read_machine
@@ -79,6 +81,7 @@ class NodeObserver:
             runtime=await self.runtime_state(),
             contributions=await self.contributions(),
             volumes_in_use=self._volumes_in_use(),
+            devices=self._devices(),
         )
 
     async def runtime_state(self) -> RuntimeState:

@@ -153,6 +153,9 @@ class Observations:
     contributions: Mapping[str, NodeConditionRecord] = field(default_factory=dict)
     volumes_in_use: tuple[str, ...] | None = None
     """Unique names of the volumes pods use (the bus `volumes` table); None: unknown."""
+    devices: Mapping[str, tuple[int, int]] | None = None
+    """Device plugin resource -> (capacity, allocatable) (the bus `devices` table);
+    None: unknown, none added (the Node keeps its own)."""
 
 
 @dataclass(frozen=True)
@@ -323,15 +326,22 @@ def node_status(cfg: NodeConfig, obs: Observations, *, existing: JSON | None, no
     else:
         # A runtime that did not answer lists no images; that is not "the node has none".
         images = list((existing or {}).get("images") or [])
+    devices = dict(obs.devices or {})
     return {
-        "capacity": capacity(machine, max_pods=cfg.max_pods),
-        "allocatable": allocatable(
-            machine,
-            max_pods=cfg.max_pods,
-            kube_reserved=cfg.kube_reserved,
-            system_reserved=cfg.system_reserved,
-            eviction_hard=cfg.eviction_hard,
-        ),
+        "capacity": {
+            **capacity(machine, max_pods=cfg.max_pods),
+            **{r: str(total) for r, (total, _) in devices.items()},
+        },
+        "allocatable": {
+            **allocatable(
+                machine,
+                max_pods=cfg.max_pods,
+                kube_reserved=cfg.kube_reserved,
+                system_reserved=cfg.system_reserved,
+                eviction_hard=cfg.eviction_hard,
+            ),
+            **{r: str(healthy) for r, (_, healthy) in devices.items()},
+        },
         "conditions": node_conditions(
             (existing or {}).get("conditions") or [], condition_states(obs), now
         ),

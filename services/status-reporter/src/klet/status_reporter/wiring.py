@@ -48,6 +48,7 @@ from klet.status_reporter.cluster import (
     build_cluster,
 )
 from klet.status_reporter.containermetrics import ContainerMetrics
+from klet.status_reporter.devices import DeviceView
 from klet.status_reporter.history import HistoryKeeper, HistoryPolicy
 from klet.status_reporter.kubeletapi import (
     HistoryLookup,
@@ -193,6 +194,8 @@ class Deps:
     """The kubelet API on --port; None when enableServer is off or it cannot authorize."""
     volumes: VolumeView | None = None
     """The bus `volumes` table's last read (volumesInUse, volume stats); a root task."""
+    devices: DeviceView | None = None
+    """The bus `devices` table's last read (the Node's device resources); a root task."""
     node_metrics: NodeMetrics | None = None
     """Every service's metrics for /metrics and /metrics/probes (nodemetrics.py); None:
     `registry` alone."""
@@ -249,6 +252,7 @@ def build_deps(settings: ServiceSettings, *, overrides: Overrides | None = None)
         clock=clock,
     )
     volumes = VolumeView(node_bus().volumes, registry)
+    devices = DeviceView(node_bus().devices)
     requests = RestClientMetrics(registry)
     cluster: ClusterDeps | None = None
     # getattr: standalone settings trees built by hand (older tests) have no kubeconfig.
@@ -263,6 +267,7 @@ def build_deps(settings: ServiceSettings, *, overrides: Overrides | None = None)
             consumer=lease.holder,
             overrides=o.cluster,
             volumes_in_use=volumes.in_use,
+            devices=devices.amounts,
             requests=requests,
             certificates=CertificateMetrics(registry),
         )
@@ -321,6 +326,7 @@ def build_deps(settings: ServiceSettings, *, overrides: Overrides | None = None)
         cluster=cluster,
         kubelet_api=kubelet_api,
         volumes=volumes,
+        devices=devices,
         node_metrics=node_metrics,
         container_metrics=_container_metrics(kubelet_api),
     )

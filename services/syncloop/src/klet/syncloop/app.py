@@ -18,9 +18,11 @@ from klet.bus.events import node_reference
 from klet.bus.leader import hold, release_quietly
 from klet.model.records import NodeConditionRecord
 from klet.obs import create_health_app, leader_metric, run_supervised, serve_service_port
+from klet.rpc.deviceplugin import GrpcPlugin, serve_registration
 from klet.rpc.podcontrol import serve_pod_control
 from klet.syncloop.containers.logmanager import ContainerLogManager, LogManagerSettings
 from klet.syncloop.containers.reservedcgroups import run_enforcement
+from klet.syncloop.devices import plugins as devices
 from klet.syncloop.pods.intake import BusIntake
 from klet.syncloop.ports import NodeRuntime
 from klet.syncloop.wiring import Deps
@@ -129,6 +131,7 @@ async def main(deps: Deps) -> int:
                 "volume-cleanup": gated("volume-cleanup", lambda: _volume_cleanup(deps)),
                 "plugin-watcher": gated("plugin-watcher", lambda: _watch_plugins(deps)),
                 "volume-stats": gated("volume-stats", lambda: _volume_stats(deps)),
+                "device-plugins": gated("device-plugins", lambda: _device_plugins(deps)),
                 "log-rotation": gated("log-rotation", log_manager.run),
                 "pod-control": gated(
                     "pod-control", lambda: serve_pod_control(controller, deps.socket_path)
@@ -193,6 +196,20 @@ async def _volume_stats(deps: Deps) -> None:
         await asyncio.Event().wait()
         return
     await deps.volume_stats.run()
+
+
+async def _device_plugins(deps: Deps) -> None:
+    """The device plugin registration socket and the bus `devices` table, on the leader
+    only (it writes the bus and the checkpoint); idle without a device manager."""
+    if deps.devices is None:
+        await asyncio.Event().wait()
+        return
+    controller = deps.controller
+
+    def active() -> set[str] | None:
+        return set(controller.desired) if controller.sources_ready else None
+
+    await devices.run(deps.devices, serve=serve_registration, connect=GrpcPlugin, active=active)
 
 
 async def _runtime_version(deps: Deps) -> str:

@@ -42,6 +42,7 @@ from klet.model.types import JSON, ContainerID
 from klet.obs import ServicePort
 from klet.obs.restclient import RestClientMetrics
 from klet.obs.runtimeops import RuntimeOperationMetrics
+from klet.rpc.deviceplugin import decode_response
 from klet.syncloop.admission.admit import AdmissionLedger, NodeInfo, admit_pod
 from klet.syncloop.admission.nodetaints import KubeNodeApi, NodeTaints
 from klet.syncloop.admission.sysctls import SysctlAllowlist
@@ -66,6 +67,7 @@ from klet.syncloop.containers.reservedcgroups import (
 )
 from klet.syncloop.containers.security import SecuritySettings
 from klet.syncloop.containers.systemdcgroups import SystemdPodCgroups
+from klet.syncloop.devices.manager import DEVICE_PLUGINS_DIR, DeviceManager
 from klet.syncloop.environment.dns import DNSSettings
 from klet.syncloop.environment.envvars import NodeFacts
 from klet.syncloop.environment.kubeobjects import ApiObjects
@@ -159,6 +161,7 @@ class Deps:
     volumes: VolumeManager | None = None  # pod volumes; its orphan clean-up is a root task
     plugins: PluginWatcher | None = None  # <root-dir>/plugins_registry; None: not watched
     volume_stats: VolumeStatsCollector | None = None  # the bus `volumes` table; None: off
+    devices: DeviceManager | None = None  # device plugins (root task `device-plugins`)
     runtime_events: RuntimeEvents | None = None  # the production event channel, closed at exit
     reserved: tuple[ReservedCgroup, ...] = ()
     """The reserved cgroups enforceNodeAllocatable names (root task `node-allocatable`)."""
@@ -389,7 +392,18 @@ def build_deps(settings: Settings, overrides: Overrides | None = None) -> Deps:
         if kube is not None
         else None
     )
-    admission = AdmissionLedger(o.node or admission_node(settings), taints=node_taints)
+    # Device plugins (<root-dir>/device-plugins): admission counts and container
+    # creation allocates through the one manager the leader's root task feeds.
+    devices = DeviceManager(
+        Path(settings.klet.root_dir) / DEVICE_PLUGINS_DIR,
+        table=node_bus.devices,
+        decode=decode_response,
+        clock=clock,
+    )
+    syncer.starter.devices = devices
+    admission = AdmissionLedger(
+        o.node or admission_node(settings), taints=node_taints, devices=devices
+    )
     resizer = (
         _pod_resizer(
             settings,
@@ -486,6 +500,7 @@ def build_deps(settings: Settings, overrides: Overrides | None = None) -> Deps:
         ),
         relister=relister,
         watcher=watcher,
+        devices=devices,
         runtime_events=runtime_events,
         reserved=reserved_cgroups(k),
         reserved_writer=None

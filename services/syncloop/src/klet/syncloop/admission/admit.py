@@ -441,6 +441,13 @@ def is_terminal_phase(status: JSON | None) -> bool:
     return status is not None and status.get("phase") in _TERMINAL_PHASES
 
 
+class DeviceAdmission(Protocol):
+    """The device manager's say on a pod's device plugin resources (devices/manager.py):
+    (reason, message) rejecting it, or None."""
+
+    def admit(self, uid: str, pod: JSON, others: Sequence[JSON]) -> tuple[str, str] | None: ...
+
+
 class TaintSource(Protocol):
     """The Node's taints as last seen (`nodetaints.NodeTaints`)."""
 
@@ -463,6 +470,8 @@ class AdmissionLedger:
     node: NodeInfo
     taints: TaintSource | None = None
     """Where the Node's current taints are read at each decision; None: `node.taints`."""
+    devices: DeviceAdmission | None = None
+    """Device plugin resources (the leader's device manager); None: not checked."""
     admitted: set[str] = field(default_factory=set)
     rejected: dict[str, Verdict] = field(default_factory=dict)
     idle: set[str] = field(default_factory=set)
@@ -486,6 +495,11 @@ class AdmissionLedger:
             if self.taints is not None:
                 node = replace(node, taints=self.taints.taints())
             verdict = admit_pod(pod, others=others, node=node)
+        if verdict.admit and self.devices is not None:
+            # upstream's device manager admit handler (reason UnexpectedAdmissionError)
+            refused = self.devices.admit(uid, pod, others)
+            if refused is not None:
+                verdict = Verdict(False, *refused)
         if verdict.admit:
             self.admitted.add(uid)
         else:

@@ -23,6 +23,7 @@ from klet.cri.types import (
 )
 from klet.model.types import JSON
 from klet.syncloop.containers import resources, security
+from klet.syncloop.devices.allocation import DeviceRunOptions
 from klet.syncloop.environment import dns, envvars
 from klet.syncloop.environment.envvars import NodeFacts
 from klet.syncloop.pods import podspec
@@ -112,6 +113,10 @@ class Instance:
     pid_target: str = ""
     """An ephemeral container's target: the runtime ID of the container whose PID
     namespace it joins (its `targetContainerName`); empty for none."""
+    allocated: DeviceRunOptions | None = None
+    """What the device plugins' Allocate answered for the container's devices: envs
+    (before the container's own, which win), mounts and device nodes (after the
+    volumes'), annotations and CDI devices; None without device plugin resources."""
 
 
 def container_config(
@@ -123,10 +128,13 @@ def container_config(
     env = envvars.container_env(
         pod, container, pod_ips=instance.pod_ips, node=node.facts, sources=instance.env_sources
     )
+    allocated = instance.allocated or DeviceRunOptions()
+    env = [*allocated.envs, *env]  # upstream: the devices' first, the container's after
     values = dict(env)
     meta = podspec.meta(pod)
     name = container["name"]
     annotations = {
+        **dict(allocated.annotations),
         L.CONTAINER_HASH: podspec.container_hash(container),
         L.CONTAINER_RESTART_COUNT: str(restart_count),
         L.TERMINATION_MESSAGE_PATH: container.get("terminationMessagePath", "/dev/termination-log"),
@@ -163,8 +171,19 @@ def container_config(
         stdin_once=bool(container.get("stdinOnce")),
         tty=bool(container.get("tty")),
         resources=resources.container_resources(pod, container, limits) if limits else None,
-        mounts=instance.mounts,
-        devices=instance.devices,
+        mounts=instance.mounts
+        + tuple(
+            Mount(container_path=m.container_path, host_path=m.host_path, readonly=m.read_only)
+            for m in allocated.mounts
+        ),
+        devices=instance.devices
+        + tuple(
+            Device(
+                container_path=d.container_path, host_path=d.host_path, permissions=d.permissions
+            )
+            for d in allocated.devices
+        ),
+        cdi_devices=allocated.cdi_devices,
         stop_signal=str(lifecycle.get("stopSignal") or ""),
         security=_with_pid_target(
             security.container_security(

@@ -14,6 +14,7 @@ import os
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
+from typing import Protocol
 
 from klet.cri import CRIError
 from klet.cri.types import Mount, SandboxConfig
@@ -24,6 +25,7 @@ from klet.model.types import JSON, SandboxID
 from klet.syncloop.containers import criconfig, podcgroups, security, termination
 from klet.syncloop.containers.hooks import LifecycleHooks
 from klet.syncloop.containers.images import ImagePuller
+from klet.syncloop.devices.allocation import AllocationError, DeviceRunOptions
 from klet.syncloop.environment import envvars, etchosts, kubeobjects
 from klet.syncloop.environment.kubeobjects import KubeObjects
 from klet.syncloop.events import EventSink
@@ -33,6 +35,12 @@ from klet.syncloop.pods.syncsettings import SyncSettings
 from klet.syncloop.ports import RuntimeService
 from klet.syncloop.volumes import mounts as volmounts
 from klet.syncloop.volumes.subpath import Binder, KernelBinder, SubPathMounter
+
+
+class DeviceAllocator(Protocol):
+    """The device manager as container start needs it (devices/manager.py)."""
+
+    async def container_options(self, pod: JSON, container: JSON) -> DeviceRunOptions | None: ...
 
 
 class ContainerStarter:
@@ -58,6 +66,8 @@ class ContainerStarter:
         self.clock = clock
         self.objects = objects  # the apiserver's ConfigMaps and Secrets; None standalone
         self.binder: Binder = binder or KernelBinder()  # subPath bind mounts
+        self.devices: DeviceAllocator | None = None
+        """The device manager (set by wiring; None: no device plugins)."""
 
     def _subpaths(self, pod: JSON) -> SubPathMounter | None:
         """The pod's subPath mounter (None without a root dir: no pod directory)."""
@@ -127,6 +137,17 @@ class ContainerStarter:
         pod_ips = etchosts.reported_pod_ips(
             pod, pod_ip=pod_ip, node_ips=self.settings.node.host_ips
         )
+        allocated = None
+        if self.devices is not None:
+            try:
+                allocated = await self.devices.container_options(pod, container)
+            except AllocationError as err:
+                # upstream: GetResources fails generateContainerConfig
+                message = f"Error: {err}"
+                self.events.emit(
+                    pod, "Warning", "Failed", message, field_path=podspec.field_path(pod, name)
+                )
+                return ("CreateContainerConfigError", message), self.clock() + 10
         try:
             # volumeMounts first (subPathExpr expands with the container's environment)
             volume_mounts = volmounts.container_mounts(
@@ -157,6 +178,7 @@ class ContainerStarter:
                 devices=volume_devices,
                 env_sources=env_sources,
                 pid_target=target_last.id if target_last is not None else "",
+                allocated=allocated,
             )
             cfg = criconfig.container_config(
                 pod, container, instance=instance, node=self._node_context()

@@ -1,0 +1,1 @@
+"""Device plugins (deviceplugin v1beta1): registration, devices, allocation, checkpoint."""

@@ -1,0 +1,166 @@
+"""Device plugins on real containerd: the project's own test plugin
+(tests/harness/deviceplugin.py, two devices backed by a /dev/null copy and a file each)
+registers on `<root-dir>/device-plugins/kubelet.sock` of a running node.
+
+Covers, in one node's life: the bus `devices` record shows the two healthy devices; a
+static pod asking `example.com/foo: 1` runs, and from inside its container the env,
+the read-only mount and the character device that the plugin's Allocate answered are
+there (PreStartContainer was called with the same device); a pod asking 2 is rejected
+with upstream's UnexpectedAdmissionError and message, and never reaches the runtime;
+the allocation is in `kubelet_internal_checkpoint`, which verifies with upstream's
+checksum; syncloop SIGKILLed and restarted keeps the container (same ID, no restart),
+the plugin registers again and no new Allocate happens, and the pod asking 2 stays
+out; a device turned unhealthy leaves 1 healthy of 2; the plugin stopping leaves the
+resource disconnected with nothing healthy.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Any
+
+import pytest
+from klet.bus.schema import NodeBus
+from klet.cri import CRISettings, RuntimeClient
+from klet.model.records import DeviceResourceRecord
+from klet.model.types import ContainerID
+from klet.syncloop.devices.checkpoint import decode
+
+from tests.harness.deviceplugin import FakeDevicePlugin
+from tests.harness.node import KletNode, bus_events, container_status
+from tests.harness.pods import running, runtime_containers, runtime_sandboxes
+from tests.harness.waiting import wait_for
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
+
+POD = """
+apiVersion: v1
+kind: Pod
+metadata: {{name: {name}}}
+spec:
+  terminationGracePeriodSeconds: 1
+  containers:
+    - name: main
+      image: registry.klet.test/busybox:1.36
+      command: ["sleep", "100000"]
+      resources:
+        limits: {{example.com/foo: "{count}"}}
+"""
+
+RESOURCE = "example.com/foo"
+
+
+def devices(node: KletNode) -> dict[str, DeviceResourceRecord]:
+    """The bus `devices` table, as status-reporter reads it."""
+
+    async def read() -> dict[str, DeviceResourceRecord]:
+        bus = node.bus(service="status-reporter")
+        try:
+            return dict(await NodeBus.of(bus, service="status-reporter").devices.all())
+        finally:
+            await bus.close()
+
+    return asyncio.run(read())
+
+
+def counts(node: KletNode) -> tuple[int, int, bool] | None:
+    rec = devices(node).get(RESOURCE)
+    return None if rec is None else (rec.healthy, rec.unhealthy, rec.connected)
+
+
+def exec_in(node: KletNode, pod: dict[str, Any], container: str, *cmd: str) -> str:
+    cid = container_status(pod, container)["containerID"].split("://", 1)[1]
+
+    async def go() -> tuple[int, bytes, bytes]:
+        cri = RuntimeClient(CRISettings(runtime_endpoint=node.stack.runtime_endpoint, timeout_s=30))
+        try:
+            return await cri.exec_sync(ContainerID(cid), list(cmd), timeout_s=20)
+        finally:
+            await cri.close()
+
+    code, out, err = asyncio.run(go())
+    assert code == 0, f"{cmd} in {container}: exit {code}: {err.decode()}"
+    return out.decode()
+
+
+def rejected(node: KletNode, name: str) -> dict[str, Any] | None:
+    pod = node.pods().get(f"{name}-{node.node_name}")
+    return pod if pod and pod["status"].get("phase") == "Failed" else None
+
+
+def test_device_plugin_allocation_admission_and_restart(
+    node_factory: Any, manifests: Path, tmp_path: Path
+) -> None:
+    node: KletNode = node_factory(manifest_dir=manifests)
+    node.start()
+    plugin_dir = node.root_dir / "device-plugins"
+    wait_for(lambda: (plugin_dir / "kubelet.sock").exists(), timeout_s=30, what="kubelet.sock")
+    plugin = FakeDevicePlugin(plugin_dir, tmp_path / "backing")
+    plugin.start()
+    try:
+        plugin.wait_registered(1)
+        wait_for(lambda: counts(node) == (2, 0, True), timeout_s=30, what="2 healthy devices")
+
+        (manifests / "one.yaml").write_text(POD.format(name="one", count=1))
+        pod = wait_for(lambda: running(node, "one"), timeout_s=60, what="one Running")
+        assert len(plugin.allocations) == 1
+        (device,) = plugin.allocations[0]
+        assert plugin.pre_starts == [[device]]
+        env = exec_in(node, pod, "main", "sh", "-c", "echo $FOO_DEVICES")
+        assert env.strip() == device
+        assert exec_in(node, pod, "main", "cat", f"/var/foo/{device}") == f"device {device}\n"
+        index = device.rsplit("-", 1)[1]
+        exec_in(node, pod, "main", "test", "-c", f"/dev/foo{index}")  # a character device
+        # The mount is read-only, as Allocate said.
+        assert "Read-only" in exec_in(
+            node, pod, "main", "sh", "-c", f"(echo x > /var/foo/{device}) 2>&1 || true"
+        )
+
+        (manifests / "two.yaml").write_text(POD.format(name="two", count=2))
+        failed = wait_for(lambda: rejected(node, "two"), timeout_s=30, what="two Failed")
+        message = (
+            "Allocate failed due to requested number of devices unavailable for "
+            "example.com/foo. Requested: 2, Available: 1, which is unexpected"
+        )
+        assert (failed["status"]["reason"], failed["status"]["message"]) == (
+            "UnexpectedAdmissionError",
+            f"Pod was rejected: {message}",
+        )
+        assert [
+            e.message for e in bus_events(node, "two") if e.reason == "UnexpectedAdmissionError"
+        ]
+        full_two = f"two-{node.node_name}"
+        assert runtime_sandboxes(node.stack, full_two) == []
+        assert runtime_containers(node.stack, full_two) == {}
+
+        uid = pod["metadata"]["uid"]
+        cp = decode((plugin_dir / "kubelet_internal_checkpoint").read_bytes())
+        held = [
+            (e.pod_uid, e.container_name, e.resource_name, e.devices()) for e in cp.entries or ()
+        ]
+        assert held == [(uid, "main", RESOURCE, {device})]
+
+        # syncloop SIGKILLed: the container runs on, the allocation is read back.
+        before = container_status(pod, "main")
+        node.kill("syncloop")
+        node.start("syncloop")
+        plugin.wait_registered(2)
+        wait_for(lambda: counts(node) == (2, 0, True), timeout_s=30, what="plugin back")
+        node.wait_passes("syncloop", "kubelet_pleg_relist_duration_seconds_count", 3, timeout_s=60)
+        after = container_status(node.pods()[f"one-{node.node_name}"], "main")
+        assert after["containerID"] == before["containerID"]
+        assert after["restartCount"] == 0
+        assert len(plugin.allocations) == 1  # no new Allocate after the restart
+        cp = decode((plugin_dir / "kubelet_internal_checkpoint").read_bytes())
+        assert [(e.pod_uid, e.devices()) for e in cp.entries or ()] == [(uid, {device})]
+        assert rejected(node, "two") is not None
+
+        # An unhealthy device leaves 1 allocatable of 2; the plugin going leaves none.
+        other = next(d for d in plugin.health if d != device)
+        plugin.set_health(other, "Unhealthy")
+        wait_for(lambda: counts(node) == (1, 1, True), timeout_s=30, what="1 healthy, 1 not")
+        plugin.stop()
+        wait_for(lambda: counts(node) == (0, 2, False), timeout_s=30, what="plugin gone")
+    finally:
+        plugin.stop()
