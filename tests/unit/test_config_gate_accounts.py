@@ -72,9 +72,9 @@ def test_an_inert_gate_is_reached_only_through_a_refused_field(name: str) -> Non
     assert account.field in UNIMPLEMENTED, account.field
 
 
-def test_in_place_resize_is_refused_while_klet_lacks_it() -> None:
-    """The gate klet loaded as on while a resize was accepted by the apiserver and never
-    applied: now off in klet, and turning it on names it."""
-    ((path, message),) = gate_problems({"InPlacePodVerticalScaling": True})
-    assert path == "featureGates.InPlacePodVerticalScaling"
-    assert "in-place resize" in message
+def test_in_place_resize_is_on_by_default_and_may_be_turned_off() -> None:
+    """The gate klet once loaded as on while a resize was never applied: implemented
+    now, on by default as upstream, and honoured off."""
+    assert enabled({}, "InPlacePodVerticalScaling")
+    assert gate_problems({"InPlacePodVerticalScaling": False}) == []
+    assert gate_problems({"InPlacePodVerticalScaling": True}) == []

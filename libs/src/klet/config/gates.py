@@ -55,6 +55,10 @@ HONOURED: Mapping[str, str] = {
         "the kubelet API authorizes /pods, /runningpods, /healthz and /configz by their "
         "own subresources before falling back to nodes/proxy (default true, as upstream)"
     ),
+    "InPlacePodVerticalScaling": (
+        "syncloop applies resizes (pods/resize) in place, or marks them PodResizePending; "
+        "false leaves every pod at the resources it started with (default true, as upstream)"
+    ),
     "ContainerCheckpoint": (
         "the kubelet API serves POST /checkpoint/{namespace}/{pod}/{container} through CRI "
         "CheckpointContainer (default true, as upstream)"
@@ -148,8 +152,9 @@ DEFAULT_ON: Mapping[str, Account] = {
         "klet.image_gc.imageselect", "unit/image_gc/test_imageselect.py::test_age_victims"
     ),
     "InOrderInformers": _CLIENT,
-    "InPlacePodVerticalScaling": Absent(
-        "in-place resize (pods/resize): a resize would be accepted by the apiserver and not applied"
+    "InPlacePodVerticalScaling": Implemented(
+        "klet.syncloop.pods.resizing",
+        "cluster/test_pod_resize.py::test_resize_in_place_up_and_down",
     ),
     "JobManagedBy": _CTRL,
     "KubeletFineGrainedAuthz": Implemented(

@@ -25,7 +25,7 @@ from klet.bus import Bus, Lease, NodeBus, service_lease
 from klet.cgroups import CgroupFS
 from klet.cgroups.machine import mem_total_bytes, read_machine
 from klet.cgroups.systemd import Systemd
-from klet.config import Settings, gates
+from klet.config import Settings
 from klet.cri import RuntimeClient, cri_settings
 from klet.cri.events import RuntimeEvents
 from klet.csi import CSIClient, RegistrationClient
@@ -416,7 +416,7 @@ def build_deps(settings: Settings, overrides: Overrides | None = None) -> Deps:
             registry,
             lambda u: controller.on_runtime_change(u),
         )
-        if gates.enabled(k.feature_gates, INPLACE_RESIZE_GATE) and sync.root_dir is not None
+        if k.feature_gates.get(INPLACE_RESIZE_GATE, True) and sync.root_dir is not None
         else None
     )
     controller = PodController(

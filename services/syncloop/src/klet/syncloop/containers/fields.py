@@ -39,6 +39,7 @@ SUPPORTED = frozenset(
         "ports",
         "resources.limits",
         "resources.requests",
+        "resizePolicy",
         "restartPolicy",
         "stdin",
         "stdinOnce",
@@ -59,7 +60,6 @@ SUPPORTED = frozenset(
 _NOT_IN_TARGET_API = "not part of the v1.34 API klet implements"
 
 IGNORED: dict[str, str] = {
-    "resizePolicy": "in-place resize is not supported: a resources change is not applied",
     "restartPolicyRules": "container restart rules (alpha) are not supported",
     "livenessProbe.httpGet.protocol": _NOT_IN_TARGET_API,
     "readinessProbe.httpGet.protocol": _NOT_IN_TARGET_API,
@@ -108,6 +108,7 @@ POD_SUPPORTED = frozenset(
         "shareProcessNamespace",
         "subdomain",
         "terminationGracePeriodSeconds",
+        "tolerations",
     }
 )
 
@@ -122,7 +123,6 @@ POD_NOT_FOR_THE_NODE: dict[str, str] = {
     "schedulerName": _SCHEDULING,
     "schedulingGates": _SCHEDULING,
     "schedulingGroup": _SCHEDULING,
-    "tolerations": _SCHEDULING,
     "topologySpreadConstraints": _SCHEDULING,
 }
 
