@@ -30,7 +30,6 @@ module timeout). Cached, the module takes about 2 s.
 
 from __future__ import annotations
 
-import os
 import shutil
 import signal
 import subprocess
@@ -175,23 +174,3 @@ async def test_stopped_driver_is_unavailable(mock_driver: MockDriver) -> None:
             await client.plugin_info()
     finally:
         await client.close()
-
-
-def test_missing_component_names_its_module() -> None:
-    """A component whose module the proxy does not serve fails naming module and version
-    (or, if the proxy serves it one day, says what to add)."""
-    env = {**os.environ, "KLET_CACHE": tempfile.mkdtemp(prefix="klet-csi-cache-")}
-    try:
-        res = subprocess.run(
-            ["bash", str(BUILD_SH), "hostpathplugin"],
-            capture_output=True,
-            text=True,
-            env=env,
-            timeout=120,
-            check=False,
-        )
-    finally:
-        shutil.rmtree(env["KLET_CACHE"], ignore_errors=True)
-    assert res.returncode == 1
-    assert "github.com/kubernetes-csi/csi-driver-host-path@v1.16.1" in res.stderr
-    assert res.stdout == ""
