@@ -103,6 +103,9 @@ def values(inner: InnerHost, plane: ControlPlane, *, max_pods: int) -> dict[str,
         },
         "paths": {
             "rootDir": str(inner.root_dir),
+            # status-reporter's serving key: a directory of the test's, not the host's
+            # /var/lib/klet/pki (the chart's default).
+            "certDir": str(inner.dir / "pki"),
             "podLogsDir": str(inner.logs_dir),
             "containerRuntimeEndpoint": inner.runtime_endpoint,
             "runtimeSocketDir": str(inner.socket_dir),
@@ -325,7 +328,6 @@ def pids_of_pod(uid: str) -> list[int]:
         if uid in cgroups or uid.replace("-", "_") in cgroups:
             found.append(int(proc.name))
     return found
-
 
 
 def main_pid(pod: dict[str, Any], marker: str) -> int:
