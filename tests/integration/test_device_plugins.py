@@ -7,7 +7,8 @@ static pod asking `example.com/foo: 1` runs, and from inside its container the e
 the read-only mount and the character device that the plugin's Allocate answered are
 there (PreStartContainer was called with the same device); a pod asking 2 is rejected
 with upstream's UnexpectedAdmissionError and message, and never reaches the runtime;
-the allocation is in `kubelet_internal_checkpoint`, which verifies with upstream's
+upstream's registration and Allocate metrics count them; the allocation is in
+`kubelet_internal_checkpoint`, which verifies with upstream's
 checksum; syncloop SIGKILLed and restarted keeps the container (same ID, no restart),
 the plugin registers again and no new Allocate happens, and the pod asking 2 stays
 out; a device turned unhealthy leaves 1 healthy of 2; the plugin stopping leaves the
@@ -107,6 +108,8 @@ def test_device_plugin_allocation_admission_and_restart(
         assert len(plugin.allocations) == 1
         (device,) = plugin.allocations[0]
         assert plugin.pre_starts == [[device]]
+        assert node.metric("syncloop", "kubelet_device_plugin_registration_total") == 1
+        assert node.metric("syncloop", "kubelet_device_plugin_alloc_duration_seconds_count") == 1
         env = exec_in(node, pod, "main", "sh", "-c", "echo $FOO_DEVICES")
         assert env.strip() == device
         assert exec_in(node, pod, "main", "cat", f"/var/foo/{device}") == f"device {device}\n"

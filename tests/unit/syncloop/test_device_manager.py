@@ -258,3 +258,25 @@ async def test_admission_ledger_asks_the_device_manager(tmp_path: Path) -> None:
         "Pod was rejected: Allocate failed due to requested number of devices unavailable for "
         "example.com/foo. Requested: 1, Available: 0, which is unexpected"
     )
+
+
+async def test_upstreams_device_plugin_metrics(tmp_path: Path) -> None:
+    from klet.syncloop.devices.plugins import Registrations
+    from klet.syncloop.metrics import DeviceMetrics
+    from prometheus_client import CollectorRegistry
+
+    registry = CollectorRegistry()
+    m = DeviceManager(
+        tmp_path, table=FakeTable(), decode=decode, observer=DeviceMetrics.create(registry)
+    )
+    registrations = Registrations(m, connect=lambda _p: None, on_change=lambda: None)  # type: ignore[arg-type,return-value]
+    assert await registrations.register(Registration("v0", "x.sock", FOO, PluginOptions()))
+    labels = {"resource_name": FOO}
+    assert registry.get_sample_value("kubelet_device_plugin_registration_total", labels) == 1
+    plugin = FakePlugin()
+    m.connected(FOO, plugin, PluginOptions())
+    m.listed(FOO, plugin, devices("Healthy"))
+    p = pod("u", 1)
+    await m.container_options(p, p["spec"]["containers"][0])
+    count = "kubelet_device_plugin_alloc_duration_seconds_count"
+    assert registry.get_sample_value(count, labels) == 1

@@ -32,6 +32,10 @@ buckets (the HELP texts are ours); where each is observed follows upstream's cal
   each successful relist's duration, and the time from the previous successful relist's
   start to this one's (upstream observes it as a relist begins, klet as it ends, from
   its start).
+- `kubelet_device_plugin_registration_total{resource_name}`: each Register on the device
+  plugin socket, refused ones too (counted before the checks, as upstream);
+  `kubelet_device_plugin_alloc_duration_seconds{resource_name}`: each Allocate call to a
+  plugin (`DeviceMetrics`).
 """
 
 from __future__ import annotations
@@ -684,3 +688,35 @@ class ResizeMetrics:
         for reason, count in pending.items():
             self._pending.labels(reason).set(count)
         self._in_progress.set(in_progress)
+
+
+@dataclass(frozen=True)
+class DeviceMetrics:
+    """The device manager's two upstream series (devices/manager.py's DeviceObserver)."""
+
+    registrations: Counter
+    allocations: Histogram
+
+    @classmethod
+    def create(cls, registry: CollectorRegistry) -> DeviceMetrics:
+        return cls(
+            registrations=Counter(
+                "kubelet_device_plugin_registration",
+                "Device plugin registrations, by resource name",
+                ["resource_name"],
+                registry=registry,
+            ),
+            allocations=Histogram(
+                "kubelet_device_plugin_alloc_duration_seconds",
+                "Seconds a device plugin took to answer Allocate, by resource name",
+                ["resource_name"],
+                registry=registry,
+                buckets=DEF_BUCKETS,
+            ),
+        )
+
+    def registered(self, resource: str) -> None:
+        self.registrations.labels(resource).inc()
+
+    def allocated(self, resource: str, seconds: float) -> None:
+        self.allocations.labels(resource).observe(seconds)

@@ -73,6 +73,7 @@ from klet.syncloop.environment.envvars import NodeFacts
 from klet.syncloop.environment.kubeobjects import ApiObjects
 from klet.syncloop.events import BusEventSink, EventSink
 from klet.syncloop.metrics import (
+    DeviceMetrics,
     Metrics,
     ResizeMetrics,
     create_metrics,
@@ -399,6 +400,7 @@ def build_deps(settings: Settings, overrides: Overrides | None = None) -> Deps:
         table=node_bus.devices,
         decode=decode_response,
         clock=clock,
+        observer=DeviceMetrics.create(registry),
     )
     syncer.starter.devices = devices
     admission = AdmissionLedger(

@@ -65,6 +65,22 @@ Decode = Callable[[bytes], DeviceRunOptions]
 """Parses a serialized ContainerAllocateResponse (plugins.decode_response)."""
 
 
+class DeviceObserver(Protocol):
+    """Where registrations and Allocate times are counted (metrics.DeviceMetrics)."""
+
+    def registered(self, resource: str) -> None: ...
+
+    def allocated(self, resource: str, seconds: float) -> None: ...
+
+
+class _NoObserver:
+    def registered(self, resource: str) -> None:
+        pass
+
+    def allocated(self, resource: str, seconds: float) -> None:
+        pass
+
+
 class DeviceTable(Protocol):
     async def put(self, key: str, value: DeviceResourceRecord) -> None: ...
 
@@ -94,6 +110,7 @@ class DeviceManager:
     table: DeviceTable
     decode: Decode
     clock: Callable[[], float] = time.time
+    observer: DeviceObserver = field(default_factory=_NoObserver)
     resources: dict[str, _Resource] = field(default_factory=dict)
     held: dict[Key, checkpoint.PodDevicesEntry] = field(default_factory=dict)
     _published: dict[str, DeviceResourceRecord] = field(default_factory=dict)
@@ -320,10 +337,13 @@ class DeviceManager:
         ids = allocation.pick_devices(
             resource, needed, healthy=healthy, in_use=in_use, reusable=reusable, preferred=preferred
         )
+        started = time.monotonic()
         try:
             response = await plugin.allocate(ids)
         except Exception as err:  # noqa: BLE001 - the plugin's failure, in its words
             raise AllocationError(str(err)) from err
+        finally:
+            self.observer.allocated(resource, time.monotonic() - started)
         numa: dict[int, list[str]] = {}
         for d in ids:
             nodes = state.devices[d].numa_nodes or (checkpoint.NO_NUMA,)

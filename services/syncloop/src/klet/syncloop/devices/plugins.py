@@ -71,6 +71,7 @@ class Registrations:
         self.followers: dict[str, asyncio.Task[None]] = {}
 
     async def register(self, r: Registration) -> str:
+        self.manager.observer.registered(r.resource_name)  # refused ones too, as upstream
         why = validate(r, self.manager.directory)
         if why:
             log.warning(
