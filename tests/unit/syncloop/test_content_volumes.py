@@ -33,7 +33,7 @@ from klet.syncloop.volumes.content import (
 )
 from klet.syncloop.volumes.tokens import Token, TokenError, TokenManager, requires_refresh
 
-NODE = NodeFacts(host_ips=("192.168.1.5",), cpu_count=4, memory_bytes=8 * 1024**3)
+NODE = NodeFacts(host_ips=("192.168.1.5",), cpu_millis=4000, memory_bytes=8 * 1024**3)
 
 
 def b64(data: bytes | str) -> str:

@@ -47,7 +47,7 @@ def test_expand(text: str, out: str) -> None:
     assert expand(text, ENV.get) == out
 
 
-NODE = NodeFacts(host_ips=("192.168.1.5",), cpu_count=4, memory_bytes=8 * 1024**3)
+NODE = NodeFacts(host_ips=("192.168.1.5",), cpu_millis=4000, memory_bytes=8 * 1024**3)
 POD = {
     "metadata": {
         "name": "web",

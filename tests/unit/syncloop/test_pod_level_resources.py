@@ -216,7 +216,7 @@ def test_node_limits_ask_for_oom_group_only_on_v2_without_single_process_kill(
 def test_the_downward_api_gives_a_container_without_limits_the_pods() -> None:
     p = pod(c(), level={"limits": {"cpu": "2", "memory": "1Gi"}})
     container = p["spec"]["containers"][0]
-    node = NodeFacts(cpu_count=8, memory_bytes=16 * GI)
+    node = NodeFacts(cpu_millis=8000, memory_bytes=16 * GI)
 
     def ref(resource: str) -> str | None:
         return envvars.resource_field_ref(container, {"resource": resource}, node, pod=p)

@@ -86,8 +86,8 @@ async def test_kill_pod_stops_main_containers_then_sidecars_in_reverse(w: World)
 
 async def test_ignored_fields_get_a_warning_event(w: World) -> None:
     p: dict[str, Any] = pod("main")
-    p["spec"]["containers"][0]["resizePolicy"] = [
-        {"resourceName": "cpu", "restartPolicy": "NotRequired"}
+    p["spec"]["containers"][0]["restartPolicyRules"] = [
+        {"action": "Restart", "exitCodes": {"operator": "In", "values": [42]}}
     ]
     await w.sync(p)
     warnings = [r for r in w.events.records if r[1] == "FieldsIgnored"]

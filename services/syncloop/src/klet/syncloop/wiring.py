@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING
 
 from klet.bus import Bus, Lease, NodeBus, service_lease
 from klet.cgroups import CgroupFS
-from klet.cgroups.machine import mem_total_bytes, read_machine
+from klet.cgroups.machine import read_machine
 from klet.cgroups.systemd import Systemd
 from klet.config import Settings
 from klet.cri import RuntimeClient, cri_settings
@@ -293,10 +293,13 @@ def build_deps(settings: Settings, overrides: Overrides | None = None) -> Deps:
     )
     exits = ExitNotices()  # exits announced before CRI records them (runtimeevents.py)
     runtime = PodRuntime(cri, exits)
+    # The downward API's default limits and a memory emptyDir's size are the node's
+    # allocatable, as upstream's (what the Node reports, from the same shared code).
+    allocatable = (o.node or admission_node(settings)).allocatable
     node_facts = NodeFacts(
         host_ips=(host_ip(settings),),
-        cpu_count=os.cpu_count() or 1,
-        memory_bytes=mem_total_bytes(),
+        cpu_millis=allocatable.get("cpu", 1000),
+        memory_bytes=allocatable.get("memory", 0),
     )
     # Service-account tokens for projected volumes (TokenRequest), cluster mode only.
     tokens = TokenManager(kube) if kube is not None else None

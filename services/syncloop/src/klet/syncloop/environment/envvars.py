@@ -73,8 +73,12 @@ class NodeFacts:
     """What the environment may need to know about the node."""
 
     host_ips: tuple[str, ...] = ()
-    cpu_count: int = 1
+    cpu_millis: int = 1000
+    """The node's allocatable CPU, millicores: a container's `limits.cpu` where neither it
+    nor the pod sets one (upstream's MergeContainerResourceLimits)."""
     memory_bytes: int = 0
+    """The node's allocatable memory: likewise for `limits.memory`, and the size of a
+    memory-backed emptyDir without a limit."""
 
 
 _KEYED = re.compile(r"^metadata\.(labels|annotations)\['(.+)'\]$")
@@ -159,7 +163,7 @@ def resource_field_ref(
     if raw is not None:
         value = parse_quantity(str(raw))
     elif name == "cpu":
-        value = Decimal(node.cpu_count)
+        value = Decimal(node.cpu_millis) / 1000
     elif name == "memory":
         value = Decimal(node.memory_bytes)
     else:
