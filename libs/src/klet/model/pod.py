@@ -34,7 +34,7 @@ when `spec.resources` is set (PodLevelResources), from every container's otherwi
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from decimal import Decimal
 
@@ -123,27 +123,42 @@ def _is_sidecar(container: JSON) -> bool:
     return container.get("restartPolicy") == "Always"
 
 
-def aggregate_container_requests(pod: JSON) -> dict[str, Decimal]:
-    """upstream's AggregateContainerRequests: regular containers and sidecars summed, at
-    least each init container's step (it runs beside the sidecars started before it)."""
+def _aggregate(
+    pod: JSON,
+    amounts: Callable[[JSON], dict[str, Decimal]],
+    each: Callable[[Mapping[str, Decimal]], None] | None = None,
+) -> dict[str, Decimal]:
+    """upstream's sidecar-aware aggregate of the containers' `amounts`: regular containers
+    and sidecars summed, at least each init container's step (it runs beside the
+    sidecars started before it). `each` sees every container's and every init step's."""
     spec: JSON = pod.get("spec") or {}
     total: dict[str, Decimal] = {}
     for c in spec.get("containers") or []:
-        _add(total, container_requests(c))
+        mine = amounts(c)
+        if each is not None:
+            each(mine)
+        _add(total, mine)
     sidecars: dict[str, Decimal] = {}
     init_peak: dict[str, Decimal] = {}
     for c in spec.get("initContainers") or []:
-        reqs = container_requests(c)
+        mine = amounts(c)
         if _is_sidecar(c):
-            _add(total, reqs)
-            _add(sidecars, reqs)
-            running = dict(sidecars)
+            _add(total, mine)
+            _add(sidecars, mine)
+            step = dict(sidecars)
         else:
-            running = dict(reqs)
-            _add(running, sidecars)
-        _max(init_peak, running)
+            step = dict(mine)
+            _add(step, sidecars)
+        if each is not None:
+            each(step)
+        _max(init_peak, step)
     _max(total, init_peak)
     return total
+
+
+def aggregate_container_requests(pod: JSON) -> dict[str, Decimal]:
+    """upstream's AggregateContainerRequests (`_aggregate` of the requests)."""
+    return _aggregate(pod, container_requests)
 
 
 def pod_level(pod: JSON) -> tuple[dict[str, Decimal], dict[str, Decimal]]:
@@ -201,7 +216,6 @@ def pod_limits(pod: JSON) -> PodLimits:
     containers, each init step with the sidecars before it, pod-level limits replacing
     the aggregate, the overhead added to each non-zero limit."""
     spec: JSON = pod.get("spec") or {}
-    total: dict[str, Decimal] = {}
     cpu_declared = memory_declared = True
 
     def seen(limits: Mapping[str, Decimal]) -> None:
@@ -211,24 +225,7 @@ def pod_limits(pod: JSON) -> PodLimits:
         if not limits.get("memory"):
             memory_declared = False
 
-    for c in spec.get("containers") or []:
-        limits = _container_limits(c)
-        seen(limits)
-        _add(total, limits)
-    sidecars: dict[str, Decimal] = {}
-    init_peak: dict[str, Decimal] = {}
-    for c in spec.get("initContainers") or []:
-        limits = _container_limits(c)
-        if _is_sidecar(c):
-            _add(total, limits)
-            _add(sidecars, limits)
-            step = dict(sidecars)
-        else:
-            step = dict(limits)
-            _add(step, sidecars)
-        seen(step)
-        _max(init_peak, step)
-    _max(total, init_peak)
+    total = _aggregate(pod, _container_limits, seen)
     level = pod_level(pod)[1]
     total.update(level)
     if level.get("cpu"):
