@@ -211,6 +211,8 @@ def test_external_redis_password_in_the_environment_stays_off_command_lines(
         assert stat.S_IMODE(password_file.stat().st_mode) == 0o600
         for pid in pids:
             argv = cmdline(pid)
+            # A service that exited (and was restarted) leaves no argv: say why it went.
+            assert argv, f"service pid {pid} is gone; klet up's log:\n{log.read_text()}"
             assert not any(cred.password in arg for arg in argv), f"password on {pid}'s argv"
             assert argv[argv.index("--redis-password-file") + 1] == str(password_file)
             assert argv[argv.index("--redis-url") + 1] == f"unix://{sock}"
