@@ -219,6 +219,8 @@ def _kube_client(
     kubelet: ClusterKubelet,
     node: str,
     observer: Callable[[str, str, str, float], None] | None,
+    *,
+    threads: int | None = None,
 ) -> Any:
     from klet.kube import KubeSettings
     from klet.kube.client import KubeClient
@@ -231,6 +233,7 @@ def _kube_client(
             user_agent=f"klet/{KUBELET_VERSION} ({node})",
         ),
         observer=observer,
+        threads=threads,
     )
 
 
@@ -326,7 +329,11 @@ def build_cluster(
             kube = _kube_client(klet.kubeconfig, kubelet, klet.node_name, requests)
             closers.append(kube.close)
         if lease_kube is None:
-            lease_kube = _kube_client(klet.kubeconfig, kubelet, klet.node_name, requests)
+            # The Lease's own thread, as upstream's kubelet has a heartbeat client of its
+            # own: its renewal never queues behind the default executor's other work
+            # (log streams, stats, pod status patches), which a flood of 10250 requests
+            # can keep busy (a renewal once waited 10 s there: a 20 s gap).
+            lease_kube = _kube_client(klet.kubeconfig, kubelet, klet.node_name, requests, threads=1)
             closers.append(lease_kube.close)
 
     runtime = o.runtime
