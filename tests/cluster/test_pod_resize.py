@@ -6,11 +6,7 @@ allocatedResources and observedGeneration following; a resize beyond the node is
 PodResizePending/Infeasible and changes nothing; a RestartContainer policy restarts the
 container with the new limit; a syncloop SIGKILLed after a resize neither reverts nor
 applies it again, and one made while syncloop is down is applied once it is back; a
-memory limit below the container's usage is refused (PodResizeInProgress/Error).
-
-These run while klet accounts InPlacePodVerticalScaling implemented (klet.config.gates):
-until then klet holds the gate off and refuses it on, so no node of theirs could
-resize."""
+memory limit below the container's usage is refused (PodResizeInProgress/Error)."""
 
 from __future__ import annotations
 
@@ -21,7 +17,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from klet.config import gates
 from klet.cri import CRISettings, RuntimeClient
 from klet.devstack import DevStack
 from klet.model.types import ContainerID
@@ -32,11 +27,6 @@ from kubernetes import config as kconfig
 from tests.harness.clusternode import cluster_node, wait_node_ready
 from tests.harness.node import RELISTS, KletNode
 from tests.harness.waiting import wait_for
-
-pytestmark = pytest.mark.skipif(
-    not gates.enabled({}, "InPlacePodVerticalScaling"),
-    reason="klet holds InPlacePodVerticalScaling off (klet.config.gates.DEFAULT_ON: Absent)",
-)
 
 NODE = "kletresize1"
 IMAGE = "registry.klet.test/busybox:1.36"
