@@ -10,15 +10,10 @@ table with its counts at 0, so the Node shows it at 0, as upstream's kubelet doe
 
 from __future__ import annotations
 
-import asyncio
-import logging
 from typing import Protocol
 
-from klet.bus import BusError
 from klet.model.records import DeviceResourceRecord
-from klet.obs import OnceLogger
-
-log = logging.getLogger(__name__)
+from klet.status_reporter.tableview import TableView
 
 PERIOD_S = 2.0
 
@@ -27,35 +22,19 @@ class DeviceTable(Protocol):
     async def all(self) -> dict[str, DeviceResourceRecord]: ...
 
 
-class DeviceView:
+class DeviceView(TableView[DeviceResourceRecord]):
     """The last read of the `devices` table."""
 
-    def __init__(self, table: DeviceTable) -> None:
-        self.table = table
-        self._records: dict[str, DeviceResourceRecord] | None = None
-        self._once = OnceLogger(log, level=logging.WARNING)
-
-    async def run(self, period_s: float = PERIOD_S) -> None:
-        while True:
-            await self.refresh()
-            await asyncio.sleep(period_s)
-
-    async def refresh(self) -> None:
-        try:
-            records = await self.table.all()
-        except BusError as err:
-            self._once.error("bus", "devices table not read", cause=str(err), error=str(err))
-            return
-        self._once.clear("bus", "devices table read again")
-        self._records = records
+    def __init__(self, table: DeviceTable, period_s: float = PERIOD_S) -> None:
+        super().__init__(table, what="devices", period_s=period_s)
 
     def amounts(self) -> dict[str, tuple[int, int]] | None:
         """Resource -> (capacity, allocatable): all devices, the healthy ones; None
         before the first read."""
-        if self._records is None:
+        if self.records is None:
             return None
         return {
             r.resource: (r.healthy + r.unhealthy, r.healthy)
-            for key, r in sorted(self._records.items())
+            for key, r in sorted(self.records.items())
             if key == r.resource
         }

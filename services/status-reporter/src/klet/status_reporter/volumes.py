@@ -17,17 +17,12 @@ driver gave.
 
 from __future__ import annotations
 
-import asyncio
-import logging
 from collections.abc import Mapping
 from typing import Protocol
 
-from klet.bus import BusError
 from klet.model.records import VolumeRecord
-from klet.obs import OnceLogger
+from klet.status_reporter.tableview import TableView
 from prometheus_client import CollectorRegistry, Gauge
-
-log = logging.getLogger(__name__)
 
 PERIOD_S = 5.0
 
@@ -46,13 +41,13 @@ class VolumeTable(Protocol):
     async def all(self) -> dict[str, VolumeRecord]: ...
 
 
-class VolumeView:
+class VolumeView(TableView[VolumeRecord]):
     """The last read of the `volumes` table."""
 
-    def __init__(self, table: VolumeTable, registry: CollectorRegistry) -> None:
-        self.table = table
-        self._records: dict[str, VolumeRecord] | None = None
-        self._once = OnceLogger(log, level=logging.WARNING)
+    def __init__(
+        self, table: VolumeTable, registry: CollectorRegistry, period_s: float = PERIOD_S
+    ) -> None:
+        super().__init__(table, what="volumes", period_s=period_s)
         self._gauges = {
             suffix: Gauge(
                 f"kubelet_volume_stats_{suffix}",
@@ -63,19 +58,7 @@ class VolumeView:
             for suffix, (_, help_text) in STATS_METRICS.items()
         }
 
-    async def run(self, period_s: float = PERIOD_S) -> None:
-        while True:
-            await self.refresh()
-            await asyncio.sleep(period_s)
-
-    async def refresh(self) -> None:
-        try:
-            records = await self.table.all()
-        except BusError as err:
-            self._once.error("bus", "volumes table not read", cause=str(err), error=str(err))
-            return
-        self._once.clear("bus", "volumes table read again")
-        self._records = records
+    def loaded(self, records: dict[str, VolumeRecord]) -> None:
         self._set_gauges(records)
 
     def _set_gauges(self, records: Mapping[str, VolumeRecord]) -> None:
@@ -92,13 +75,11 @@ class VolumeView:
     def in_use(self) -> tuple[str, ...] | None:
         """The unique names of the volumes in use (those something attaches: a record
         without one is a volume of the node's own), sorted; None before the first read."""
-        if self._records is None:
+        if self.records is None:
             return None
-        return tuple(sorted({r.unique_name for r in self._records.values() if r.unique_name}))
+        return tuple(sorted({r.unique_name for r in self.records.values() if r.unique_name}))
 
     def measured(self, pod_uid: str) -> list[VolumeRecord]:
         """The pod's volumes with a usage, by name (the Summary API's `volume` list)."""
-        found = [
-            r for r in (self._records or {}).values() if r.pod_uid == pod_uid and r.measured_at
-        ]
+        found = [r for r in (self.records or {}).values() if r.pod_uid == pod_uid and r.measured_at]
         return sorted(found, key=lambda r: r.volume)
