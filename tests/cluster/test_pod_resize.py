@@ -13,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -26,6 +25,7 @@ from kubernetes import config as kconfig
 
 from tests.harness.clusternode import cluster_node, wait_node_ready
 from tests.harness.node import RELISTS, KletNode
+from tests.harness.procfs import cgroup_v1_value
 from tests.harness.waiting import wait_for
 
 NODE = "kletresize1"
@@ -68,17 +68,6 @@ def container_pid(devstack: DevStack, container_id: str) -> int:
             await cri.close()
 
     return asyncio.run(go())
-
-
-def cgroup_value(pid: int, controller: str, name: str) -> int:
-    for line in Path(f"/proc/{pid}/cgroup").read_text().splitlines():
-        _, controllers, path = line.split(":", 2)
-        if controller in controllers.split(","):
-            for mount in ("cpu,cpuacct", controller) if controller == "cpu" else (controller,):
-                f = Path("/sys/fs/cgroup") / mount / path.lstrip("/") / name
-                if f.exists():
-                    return int(f.read_text())
-    raise AssertionError(f"no {controller} {name} for {pid}")
 
 
 def pod_manifest(name: str, **container: Any) -> dict[str, Any]:
@@ -142,8 +131,8 @@ def test_resize_in_place_up_and_down(
     first = wait_for(lambda: running(cp, "rs"), timeout_s=60, what="the pod Running")
     cid = first["status"]["containerStatuses"][0]["containerID"]
     pid = container_pid(devstack, cid)
-    assert cgroup_value(pid, "cpu", "cpu.cfs_quota_us") == 20000
-    assert cgroup_value(pid, "memory", "memory.limit_in_bytes") == 64 * MI
+    assert cgroup_v1_value(pid, "cpu", "cpu.cfs_quota_us") == 20000
+    assert cgroup_v1_value(pid, "memory", "memory.limit_in_bytes") == 64 * MI
 
     for cpu, memory, quota, limit, generation in (
         ("400m", "128Mi", 40000, 128 * MI, 2),
@@ -160,9 +149,9 @@ def test_resize_in_place_up_and_down(
             conds = conditions(pod)
             if "PodResizeInProgress" in conds or "PodResizePending" in conds:
                 return None
-            if cgroup_value(pid, "cpu", "cpu.cfs_quota_us") != quota:
+            if cgroup_v1_value(pid, "cpu", "cpu.cfs_quota_us") != quota:
                 return None
-            if cgroup_value(pid, "memory", "memory.limit_in_bytes") != limit:
+            if cgroup_v1_value(pid, "memory", "memory.limit_in_bytes") != limit:
                 return None
             return pod
 
@@ -230,7 +219,7 @@ def test_restart_container_policy(
     status = pod["status"]["containerStatuses"][0]
     assert status["restartCount"] == 1
     pid = container_pid(devstack, status["containerID"])
-    assert cgroup_value(pid, "memory", "memory.limit_in_bytes") == 96 * MI
+    assert cgroup_v1_value(pid, "memory", "memory.limit_in_bytes") == 96 * MI
 
 
 def test_resize_survives_a_syncloop_sigkill(
@@ -254,9 +243,9 @@ def test_resize_survives_a_syncloop_sigkill(
             return None
         if "PodResizeInProgress" in conditions(pod):
             return None
-        if cgroup_value(pid, "cpu", "cpu.cfs_quota_us") != quota:
+        if cgroup_v1_value(pid, "cpu", "cpu.cfs_quota_us") != quota:
             return None
-        return pod if cgroup_value(pid, "memory", "memory.limit_in_bytes") == limit else None
+        return pod if cgroup_v1_value(pid, "memory", "memory.limit_in_bytes") == limit else None
 
     wait_for(lambda: at(30000, 96 * MI, 2), timeout_s=30, what="the first resize applied")
 
@@ -305,7 +294,7 @@ def test_memory_limit_below_usage_is_refused(
     cid = first["status"]["containerStatuses"][0]["containerID"]
     pid = container_pid(devstack, cid)
     wait_for(
-        lambda: cgroup_value(pid, "memory", "memory.usage_in_bytes") > 60 * MI,
+        lambda: cgroup_v1_value(pid, "memory", "memory.usage_in_bytes") > 60 * MI,
         timeout_s=30,
         what="the container using over 60 MiB",
     )
@@ -319,7 +308,7 @@ def test_memory_limit_below_usage_is_refused(
     cond = wait_for(refused, timeout_s=30, what="PodResizeInProgress/Error")
     assert cond["message"].startswith("cannot decrease memory limits: ")
     assert "below current usage" in cond["message"]
-    assert cgroup_value(pid, "memory", "memory.limit_in_bytes") == 128 * MI
+    assert cgroup_v1_value(pid, "memory", "memory.limit_in_bytes") == 128 * MI
 
     api.patch_namespaced_pod_resize("rs-mem", "default", resources("200m", "100Mi"))
 
@@ -327,7 +316,7 @@ def test_memory_limit_below_usage_is_refused(
         pod = get_pod(cp, "rs-mem")
         if pod is None or "PodResizeInProgress" in conditions(pod):
             return None
-        return pod if cgroup_value(pid, "memory", "memory.limit_in_bytes") == 100 * MI else None
+        return pod if cgroup_v1_value(pid, "memory", "memory.limit_in_bytes") == 100 * MI else None
 
     pod = wait_for(applied, timeout_s=30, what="the 100Mi resize applied")
     status = pod["status"]["containerStatuses"][0]

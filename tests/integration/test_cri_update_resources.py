@@ -7,7 +7,6 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
-from pathlib import Path
 
 import pytest
 from klet.cri import CRISettings, RuntimeClient
@@ -20,6 +19,8 @@ from klet.cri.types import (
 )
 from klet.devstack import DevStack
 from klet.model.types import ContainerID, SandboxID
+
+from tests.harness.procfs import cgroup_v1_value
 
 IMAGE = "registry.klet.test/busybox:1.36"
 MI = 1024 * 1024
@@ -46,19 +47,6 @@ async def pod(devstack: DevStack) -> AsyncIterator[Pod]:
         await cri.close()
 
 
-def cgroup_file(pid: int, controller: str, name: str) -> int:
-    """An integer from the process's own cgroup of `controller` (v1)."""
-    for line in Path(f"/proc/{pid}/cgroup").read_text().splitlines():
-        _, controllers, path = line.split(":", 2)
-        if controller in controllers.split(","):
-            mount = "cpu,cpuacct" if controller == "cpu" else controller
-            base = Path("/sys/fs/cgroup") / mount
-            if not base.exists():
-                base = Path("/sys/fs/cgroup") / controller
-            return int((base / path.lstrip("/") / name).read_text())
-    raise AssertionError(f"no {controller} cgroup for {pid}")
-
-
 def resources(quota: int, shares: int, memory: int) -> LinuxResources:
     return LinuxResources(
         cpu_shares=shares, cpu_quota=quota, cpu_period=100000, memory_limit_bytes=memory
@@ -79,18 +67,18 @@ async def test_update_in_place_up_and_down(pod: Pod) -> None:
     cid: ContainerID = await cri.create_container(pod.sandbox, config, pod.config)
     await cri.start_container(cid)
     pid = await cri.container_pid(cid)
-    assert cgroup_file(pid, "cpu", "cpu.cfs_quota_us") == 50000
-    assert cgroup_file(pid, "memory", "memory.limit_in_bytes") == 64 * MI
+    assert cgroup_v1_value(pid, "cpu", "cpu.cfs_quota_us") == 50000
+    assert cgroup_v1_value(pid, "memory", "memory.limit_in_bytes") == 64 * MI
 
     await cri.update_container_resources(cid, resources(100000, 1024, 128 * MI))
-    assert cgroup_file(pid, "cpu", "cpu.cfs_quota_us") == 100000
-    assert cgroup_file(pid, "cpu", "cpu.shares") == 1024
-    assert cgroup_file(pid, "memory", "memory.limit_in_bytes") == 128 * MI
+    assert cgroup_v1_value(pid, "cpu", "cpu.cfs_quota_us") == 100000
+    assert cgroup_v1_value(pid, "cpu", "cpu.shares") == 1024
+    assert cgroup_v1_value(pid, "memory", "memory.limit_in_bytes") == 128 * MI
 
     await cri.update_container_resources(cid, resources(20000, 256, 32 * MI))
-    assert cgroup_file(pid, "cpu", "cpu.cfs_quota_us") == 20000
-    assert cgroup_file(pid, "cpu", "cpu.shares") == 256
-    assert cgroup_file(pid, "memory", "memory.limit_in_bytes") == 32 * MI
+    assert cgroup_v1_value(pid, "cpu", "cpu.cfs_quota_us") == 20000
+    assert cgroup_v1_value(pid, "cpu", "cpu.shares") == 256
+    assert cgroup_v1_value(pid, "memory", "memory.limit_in_bytes") == 32 * MI
 
     status = await cri.container_status(cid)
     assert status.state == ContainerState.RUNNING
