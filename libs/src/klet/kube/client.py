@@ -7,8 +7,20 @@ its REST client (adding the Authorization header of a token kubeconfig itself, s
 klet.kube.tokens), in a worker thread (`asyncio.to_thread`, STYLE rule 9: the one adapter
 around a blocking library), so callers deal in plain dicts — the same JSON the
 manifests, the bus and the HTTP API speak — and in our own exceptions. A client-side
-token bucket enforces kubeAPIQPS/kubeAPIBurst. Watches run in a thread each and hand
-their events to the loop through a queue.
+token bucket enforces kubeAPIQPS/kubeAPIBurst.
+
+A watch is the client's own `kubernetes.watch.Watch`: it splits the chunked answer into
+lines, turns ERROR events into ApiException (mapped here to our Gone/Unavailable/...), and
+its stop() unblocks a read in progress. Three things stay ours, each for a reason: the
+request (the "API function" Watch.stream calls is a plain GET of the path, because the
+typed list_* functions would turn every object into a model class and back, losing
+fields the model lacks, while callers want the raw dicts and bookmarks as they came);
+Watch.stream's own resume is off (timeoutSeconds is set, so it makes exactly one request:
+the caller decides between rewatch and relist, as upstream's reflector does); and each
+watch runs on a thread of its own that hands events to the loop through a queue — Watch
+is a blocking iterator that sits in one read for up to timeoutSeconds, so iterating it
+through `asyncio.to_thread` would hold one of the loop's few executor threads (six on
+this two-core host) per open watch, taking them from ordinary requests.
 
 Requests run in the event loop's default executor unless the client is given
 `threads` of its own: a client whose callers can be made to call at will (the kubelet
@@ -19,7 +31,6 @@ threads the node Lease's renewal needs.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import contextvars
 import functools
 import json
@@ -39,6 +50,7 @@ from klet.model.flowcontrol import TokenBucket
 from klet.model.types import JSON
 from kubernetes import client as k8s_client
 from kubernetes import config as k8s_config
+from kubernetes import watch as k8s_watch
 from kubernetes.client.exceptions import ApiException
 
 T = TypeVar("T")
@@ -79,6 +91,28 @@ class CertificateFile:
             return False
         self._seen = now
         return True
+
+
+class RawWatch(k8s_watch.Watch):
+    """The client's Watch, keeping each event's object the JSON dict it came as: no
+    model classes (a pod read into V1Pod and back loses the fields the model does not
+    know), no second parse. A blank line is skipped; a line that is not JSON fails the
+    watch (ValueError) rather than vanishing; an ERROR event's Status gets the fields
+    Watch.stream reads (code, reason, message) when the server left any out."""
+
+    def unmarshal_event(self, data: str, return_type: object) -> dict[str, Any] | None:
+        if not data.strip():
+            return None
+        event: dict[str, Any] = json.loads(data)
+        if event.get("type") == "ERROR":
+            status = event.get("object")
+            status = dict(status) if isinstance(status, dict) else {}
+            status["code"] = int(status.get("code") or 0)
+            status.setdefault("reason", "")
+            status.setdefault("message", "")
+            event["object"] = status
+        event["raw_object"] = event.get("object")
+        return event
 
 
 class KubeClient:
@@ -238,7 +272,8 @@ class KubeClient:
         loop = asyncio.get_running_loop()
         queue: asyncio.Queue[WatchEvent | BaseException | None] = asyncio.Queue()
         stop = threading.Event()
-        held: list[Any] = []  # the open response, so the consumer can close it
+        watcher = RawWatch()
+        opened: list[Any] = []  # whether the server answered (an answer is counted by its status)
         query = {
             "watch": "true",
             "resourceVersion": resource_version,
@@ -257,7 +292,9 @@ class KubeClient:
             except RuntimeError:
                 stop.set()
 
-        def run() -> None:
+        def open_stream(**_: Any) -> Any:
+            # Watch.stream's "API function": our own GET, answered unread, so that the
+            # objects stay the raw dicts our callers deal in.
             started = time.monotonic()
             try:
                 r = self._api.rest_client.pool_manager.request(
@@ -268,36 +305,35 @@ class KubeClient:
                     retries=False,
                     timeout=urllib3.Timeout(connect=10, read=timeout_s + 30),
                 )
-                held.append(r)
-                self._observe(r.status, "GET", started)
-                if r.status >= 300:
-                    raise for_status(r.status, f"watch {path}: {r.status} {r.data[:300]!r}")
-                buffer = b""
-                for chunk in r.stream(4096, decode_content=True):
+            except BaseException:
+                self._observe(NO_ANSWER, "GET", started)
+                raise
+            opened.append(r)
+            self._observe(r.status, "GET", started)
+            if r.status >= 300:
+                raise for_status(r.status, f"watch {path}: {r.status} {r.data[:300]!r}")
+            return r
+
+        def run() -> None:
+            try:
+                # timeout_seconds given: Watch.stream makes this one request and does
+                # not resume it itself (the caller rewatches or relists).
+                for event in watcher.stream(open_stream, timeout_seconds=timeout_s):
                     if stop.is_set():
                         break
-                    buffer += chunk
-                    while b"\n" in buffer:
-                        line, buffer = buffer.split(b"\n", 1)
-                        if line.strip():
-                            event = json.loads(line)
-                            if event.get("type") == "ERROR":
-                                obj = event.get("object", {})
-                                code = int(obj.get("code", 0))
-                                raise for_status(
-                                    code,
-                                    f"watch {path}: {obj.get('message', '')}",
-                                    obj.get("reason", ""),
-                                )
-                            post(WatchEvent(event["type"], event["object"]))
-                r.release_conn()
+                    if event is not None:
+                        post(WatchEvent(event["type"], event["object"]))
                 post(None)
+            except ApiException as err:
+                # An ERROR event, which Watch.stream raises as "<reason>: <message>".
+                reason, _, message = str(err.reason or "").partition(": ")
+                post(for_status(err.status or 0, f"watch {path}: {message}", reason))
             except (urllib3.exceptions.HTTPError, OSError) as err:
-                if not held:  # no answer at all (an answer is counted by its status)
-                    self._observe(NO_ANSWER, "GET", started)
                 post(Unavailable(f"watch {path}: {err}"))
             except (KubeError, ValueError) as err:
                 post(err)
+            except (KeyError, TypeError) as err:
+                post(ValueError(f"watch {path}: an event without {err}"))
 
         thread = threading.Thread(target=run, name=f"watch {path}", daemon=True)
         thread.start()
@@ -311,7 +347,5 @@ class KubeClient:
                 yield item
         finally:
             stop.set()
-            for r in held:
-                # Unblocks the thread's read so it ends now rather than at the timeout.
-                with contextlib.suppress(Exception):
-                    r.shutdown() if hasattr(r, "shutdown") else r.close()
+            # Unblocks the thread's read so it ends now rather than at the timeout.
+            watcher.stop()
