@@ -39,7 +39,11 @@ if not os.environ.get("KLET_IMAGE_TESTS"):
 # The CSI sidecars' tests need `make csi-binaries` (minutes cold, outside CI's budget):
 # only `make test-csi` (KLET_CSI_TESTS=1) collects them, and then they must pass.
 if not os.environ.get("KLET_CSI_TESTS"):
-    collect_ignore += ["integration/test_csi_images.py", "cluster/test_csi_sidecars.py"]
+    collect_ignore += [
+        "integration/test_csi_images.py",
+        "cluster/test_csi_sidecars.py",
+        "cluster/test_csi_block.py",
+    ]
 # `kubectl top` needs metrics-server built (about 4 CPU-minutes cold, outside CI's budget):
 # only `make test-top` (KLET_TOP_TESTS=1) collects it, and then it must pass.
 if not os.environ.get("KLET_TOP_TESTS"):

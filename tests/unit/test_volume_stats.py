@@ -1,16 +1,16 @@
-"""Volumes in use and their usage, from syncloop's disk scan to what status-reporter
-shows: the collector keeps the bus `volumes` table true to the pods' vol_data.json
-files (a new one added, a removed one deleted, a restarted collector rereads the
-table), measures usage through the driver every period and only with
-GET_VOLUME_STATS, keeps the last usage when the driver fails; the view turns the table
-into volumesInUse (None before its first read, kept while the bus is down), the
-kubelet_volume_stats_* gauges of claims and the Summary's `volume` entries; the node
-status lists volumesInUse and deletes the field when nothing is in use. The volumes
-measured on the node (configMap, secret, projected, downwardAPI here; memory-backed
-emptyDirs need a tmpfs: tests/integration/test_csi_volume_stats.py) get du-and-statfs
-usage once, stay out of volumesInUse and the gauges, and show in the Summary's list;
-disk-backed emptyDirs (status-reporter's) and hostPath (upstream measures none) are not
-recorded."""
+"""Volumes in use and their usage, from syncloop's disk scan to what status-reporter shows:
+the collector keeps the bus `volumes` table true to the pods' vol_data.json files (a new
+one added, a removed one deleted, a restarted collector rereads the table; a raw block
+volume's usage asked for at its publish file), measures usage through the driver every
+period and only with GET_VOLUME_STATS, keeps the last usage when the driver fails; the
+view turns the table into volumesInUse (None before its first read, kept while the bus
+is down), the kubelet_volume_stats_* gauges of claims and the Summary's `volume`
+entries; the node status lists volumesInUse and deletes the field when nothing is in
+use. The volumes measured on the node (configMap, secret, projected, downwardAPI here;
+memory-backed emptyDirs need a tmpfs: tests/integration/test_csi_volume_stats.py) get
+du-and-statfs usage once, stay out of volumesInUse and the gauges, and show in the
+Summary's list; disk-backed emptyDirs (status-reporter's) and hostPath (upstream
+measures none) are not recorded."""
 
 from __future__ import annotations
 
@@ -153,6 +153,23 @@ async def test_a_volume_waiting_for_its_attachment_is_in_use_but_not_measured(
     [record] = (await table.all()).values()
     assert record.unique_name == f"kubernetes.io/csi/{DRIVER}^h1"  # in volumesInUse
     assert record.usage == {} and driver.asked == []
+
+
+async def test_a_raw_block_volume_is_in_use_and_measured_at_its_publish_file(
+    tmp_path: Path,
+) -> None:
+    bus, driver, clock = FakeBus(), Driver(), Clock()
+    volume_dir = publish(tmp_path, "u1", "pv1", claim="data")
+    (volume_dir / "mount").rmdir()  # a block volume's record holds only its data
+    data = json.loads((volume_dir / "vol_data.json").read_text())
+    (volume_dir / "vol_data.json").write_text(json.dumps({**data, "volumeMode": "Block"}))
+    target = tmp_path / "plugins/kubernetes.io/csi/volumeDevices/publish/pv1/u1"
+    target.parent.mkdir(parents=True)
+    target.touch()  # the driver's publish file
+    await collector(tmp_path, bus, driver, clock).sync_once()
+    [record] = (await NodeBus.of(bus, service="status-reporter").volumes.all()).values()
+    assert record.unique_name == f"kubernetes.io/csi/{DRIVER}^h1"
+    assert driver.asked == [("h1", str(target))] and record.usage["capacityBytes"] == 100
 
 
 async def test_a_driver_without_volume_stats_gives_none(tmp_path: Path) -> None:

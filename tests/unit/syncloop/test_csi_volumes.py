@@ -3,9 +3,11 @@ service, the API reads, the driver table): a claim resolved to its PV or refused
 the cause; stage once per volume then publish per pod, with upstream's paths and
 vol_data.json; the attach wait; unpublish per pod and unstage with the last user; a
 new plugin (a restarted syncloop) tearing down what the old one set up; the sweep of a
-staging no pod uses; inline volumes and the CSIDriver's lifecycle modes; the helpers
-(access modes, fsGroup policy, ownership, names). The real driver: tests/cluster/
-test_csi_volumes.py."""
+staging no pod uses; inline volumes and the CSIDriver's lifecycle modes; raw block
+(volumeMode Block) CSI volumes in upstream's csi_block.go layout (staged, published to a
+file per pod, linked from the pod's volumeDevices, unpublished and unstaged, swept;
+read-only ones refused); the helpers (access modes, fsGroup policy, ownership, names).
+The real drivers: tests/cluster/test_csi_volumes.py and test_csi_block.py."""
 
 from __future__ import annotations
 
@@ -63,12 +65,18 @@ class FakeDriver:
         if self.fail:
             raise self.fail
         self.calls.append(("publish", (volume, target_path, staging_path, read_only)))
-        os.makedirs(target_path, exist_ok=True)
+        if volume.capability.block:  # a driver makes the device at a file (hostpath: a bind)
+            os.close(os.open(target_path, os.O_CREAT | os.O_WRONLY, 0o600))
+        else:
+            os.makedirs(target_path, exist_ok=True)
 
     async def unpublish(self, volume_id: str, *, target_path: str) -> None:
         self.calls.append(("unpublish", (volume_id, target_path)))
         with contextlib.suppress(FileNotFoundError):  # idempotent, as CSI asks of a driver
-            os.rmdir(target_path)
+            try:
+                os.rmdir(target_path)
+            except NotADirectoryError:
+                os.unlink(target_path)
 
     async def expand(
         self, volume: Volume, *, volume_path: str, staging_path: str = "", required_bytes: int
@@ -573,7 +581,120 @@ async def test_local_and_host_path_pvs_are_the_nodes_paths(tmp_path: Path) -> No
         await p.set_up(CLAIM, ctx(tmp_path, a_pod("u1", CLAIM)))
 
 
-async def test_a_block_local_pv_is_a_device_and_other_block_pvs_are_refused(
+async def test_a_block_csi_volume_is_staged_published_to_a_file_and_linked(
+    tmp_path: Path,
+) -> None:
+    """Upstream's csi_block.go layout: staging/<pv>, publish/<pv>/<uid>, the pod's link."""
+    driver, objects = FakeDriver(), Objects()
+    objects.bind("data", "pv1", volumeAttributes={"k": "v"})
+    objects.pvs["pv1"]["spec"]["volumeMode"] = "Block"
+    p = plugin(tmp_path, driver, objects)
+    one, two = a_pod("u1", CLAIM), a_pod("u2", CLAIM)
+    got1 = await p.set_up(CLAIM, ctx(tmp_path, one))
+    got2 = await p.set_up(CLAIM, ctx(tmp_path, two))
+    assert await p.set_up(CLAIM, ctx(tmp_path, one)) == got1  # a later sync: nothing to do
+    devices = tmp_path / "plugins/kubernetes.io/csi/volumeDevices"
+    link1 = tmp_path / "pods/u1/volumeDevices/kubernetes.io~csi/pv1"
+    assert got1 == Block(link1)
+    assert got2 == Block(tmp_path / "pods/u2/volumeDevices/kubernetes.io~csi/pv1")
+    assert os.readlink(link1) == str(devices / "publish/pv1/u1")
+    assert link1.resolve().is_file()  # what the driver published
+    assert driver.names() == ["stage", "publish", "publish"]
+    stage_volume, staged_at = driver.calls[0][1]
+    assert staged_at == str(devices / "staging/pv1")
+    assert stage_volume.capability.block and not stage_volume.capability.fs_type
+    volume, target, staging, read_only = driver.calls[1][1]
+    assert (target, staging, read_only) == (str(devices / "publish/pv1/u1"), staged_at, False)
+    assert volume.capability.block and volume.volume_context == {"k": "v"}
+    assert volume.capability.access_mode == "SINGLE_NODE_WRITER"
+    # The pod's record, where the volume stats and volumesInUse find every CSI volume.
+    record = tmp_path / "pods/u1/volumes/kubernetes.io~csi/pv1"
+    data = json.loads((record / "vol_data.json").read_text())
+    assert data["volumeMode"] == "Block" and data["stagingTargetPath"] == staged_at
+    assert data["kletClaimName"] == "data" and data["volumeHandle"] == "vol-1"
+    assert json.loads((devices / "pv1/data/vol_data.json").read_text())["driverName"] == DRIVER
+
+    await p.tear_down(record)
+    assert driver.calls[-1] == ("unpublish", ("vol-1", str(devices / "publish/pv1/u1")))
+    assert not link1.is_symlink() and not record.exists()
+    assert (devices / "staging/pv1").is_dir()  # the other pod still uses it
+    # A restarted syncloop (a new plugin) tears the other pod's down and unstages.
+    fresh = plugin(tmp_path, driver, objects)
+    await fresh.tear_down(tmp_path / "pods/u2/volumes/kubernetes.io~csi/pv1")
+    assert driver.names()[-2:] == ["unpublish", "unstage"]
+    assert driver.calls[-1][1] == ("vol-1", staged_at)
+    assert sorted(p.name for p in devices.iterdir()) == ["publish", "staging"]
+    assert list((devices / "publish").iterdir()) == list((devices / "staging").iterdir()) == []
+
+
+async def test_a_block_csi_volume_left_staged_by_a_crash_is_swept(tmp_path: Path) -> None:
+    driver, objects = FakeDriver(), Objects()
+    objects.bind("data", "pv1")
+    objects.pvs["pv1"]["spec"]["volumeMode"] = "Block"
+    p = plugin(tmp_path, driver, objects)
+    await p.set_up(CLAIM, ctx(tmp_path, a_pod("u1", CLAIM)))
+    await p.sweep()
+    assert "unstage" not in driver.names()  # in use
+    # A crash after the pod's volume went and before the unstage:
+    record = tmp_path / "pods/u1/volumes/kubernetes.io~csi/pv1"
+    (record / "vol_data.json").unlink()
+    record.rmdir()
+    devices = tmp_path / "plugins/kubernetes.io/csi/volumeDevices"
+    (devices / "publish/pv1/u1").unlink()
+    await p.sweep()
+    assert driver.calls[-1] == ("unstage", ("vol-1", str(devices / "staging/pv1")))
+    assert not (devices / "pv1").exists() and not (devices / "staging/pv1").exists()
+
+
+async def test_a_block_csi_volume_without_stage_unstage_is_only_published(
+    tmp_path: Path,
+) -> None:
+    driver, objects = FakeDriver(caps=frozenset()), Objects()
+    objects.bind("data", "pv1")
+    objects.pvs["pv1"]["spec"]["volumeMode"] = "Block"
+    p = plugin(tmp_path, driver, objects)
+    await p.set_up(CLAIM, ctx(tmp_path, a_pod("u1", CLAIM)))
+    assert driver.names() == ["publish"] and driver.calls[0][1][2] == ""
+    await p.tear_down(tmp_path / "pods/u1/volumes/kubernetes.io~csi/pv1")
+    assert driver.names() == ["publish", "unpublish"]
+    assert list((tmp_path / "plugins/kubernetes.io/csi/volumeDevices").rglob("*")) == [
+        tmp_path / "plugins/kubernetes.io/csi/volumeDevices/publish"
+    ]
+
+
+async def test_a_read_only_block_csi_volume_is_refused_naming_why(tmp_path: Path) -> None:
+    driver, objects = FakeDriver(), Objects()
+    objects.bind("data", "pv1", readOnly=True)
+    objects.pvs["pv1"]["spec"]["volumeMode"] = "Block"
+    p = plugin(tmp_path, driver, objects)
+    with pytest.raises(VolumeError, match="PV pv1: a read-only raw block CSI volume"):
+        await p.set_up(CLAIM, ctx(tmp_path, a_pod("u1", CLAIM)))
+    assert driver.calls == [] and not (tmp_path / "pods").exists()
+
+
+async def test_a_block_attachable_csi_volume_waits_for_its_attachment(tmp_path: Path) -> None:
+    driver, objects = FakeDriver(), Objects()
+    objects.csidrivers[DRIVER] = {"spec": {"attachRequired": True}}
+    objects.bind("data", "pv1")
+    objects.pvs["pv1"]["spec"]["volumeMode"] = "Block"
+    p = plugin(tmp_path, driver, objects)
+    with pytest.raises(VolumeError, match="VolumesInUse"):
+        await p.set_up(CLAIM, ctx(tmp_path, a_pod("u1", CLAIM)))
+    # the record that puts it in volumesInUse is there before anything is staged
+    assert (tmp_path / "pods/u1/volumes/kubernetes.io~csi/pv1/vol_data.json").is_file()
+    assert driver.calls == []
+    unique = f"kubernetes.io/csi/{DRIVER}^vol-1"
+    objects.in_use = [unique]
+    objects.attached = [{"name": unique, "devicePath": ""}]
+    name = attachment_name("vol-1", DRIVER, NODE)
+    objects.attachments[name] = {
+        "status": {"attached": True, "attachmentMetadata": {"dev": "/dev/x"}}
+    }
+    await p.set_up(CLAIM, ctx(tmp_path, a_pod("u1", CLAIM)))
+    assert [c[1][0].publish_context for c in driver.calls] == [{"dev": "/dev/x"}] * 2
+
+
+async def test_a_block_local_pv_is_a_device_and_hostpath_block_pvs_are_refused(
     tmp_path: Path,
 ) -> None:
     objects = Objects()
@@ -581,9 +702,11 @@ async def test_a_block_local_pv_is_a_device_and_other_block_pvs_are_refused(
     spec = objects.pvs["pv1"]["spec"]
     spec["volumeMode"] = "Block"
     p = plugin(tmp_path, FakeDriver(), objects)
-    with pytest.raises(VolumeError, match="supported for local PVs only"):
-        await p.set_up(CLAIM, ctx(tmp_path, a_pod("u1", CLAIM)))
     spec.pop("csi")
+    spec["hostPath"] = {"path": "/dev/null"}
+    with pytest.raises(VolumeError, match="supported for CSI and local PVs only"):
+        await p.set_up(CLAIM, ctx(tmp_path, a_pod("u1", CLAIM)))
+    spec.pop("hostPath")
     spec["local"] = {"path": "/dev/null"}
     with pytest.raises(VolumeError, match="/dev/null is not a block device, it's a CharDevice"):
         await p.set_up(CLAIM, ctx(tmp_path, a_pod("u1", CLAIM)))

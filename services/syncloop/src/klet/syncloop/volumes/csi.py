@@ -32,6 +32,11 @@ table, which syncloop's plugin watcher fills), as upstream's CSI volume plugin d
 - **unpublish** when the pod's volumes are torn down, and **unstage** when no pod on the
   node uses the volume any more.
 
+A claim whose CSI PV has `volumeMode: Block` goes the same way with a block capability
+and upstream's csi_block.go paths (`csiblock`): staged at `volumeDevices/staging/<pv>`,
+published to a file per pod that the pod's `volumeDevices` link points at, which is the
+device the runtime gets; its pod record is the same `vol_data.json` (`volumeMode: Block`).
+
 Everything a tear-down needs is on disk, as upstream keeps it: `vol_data.json` beside
 each pod's `mount` (upstream's keys, and klet's `kletPod*`/`kletClaimName` naming the
 pod, its volume and claim for the volume stats) and beside each `globalmount`, so a
@@ -68,7 +73,7 @@ from klet.model.records import CSIDriverRecord
 from klet.model.types import JSON
 from klet.syncloop.environment.kubeobjects import ObjectUnavailable, secret_data
 from klet.syncloop.plugins.csidrivers import driver_name_problem
-from klet.syncloop.volumes import claims, fs, hostpath, localdevice, ownership
+from klet.syncloop.volumes import claims, csiblock, fs, hostpath, localdevice, ownership
 from klet.syncloop.volumes.base import (
     Block,
     TokenIssuer,
@@ -390,9 +395,11 @@ class CSIVolumePlugin:
         if claimed.block:
             if isinstance(spec.get("local"), dict):
                 return await self._local_device(claimed, str(spec["local"].get("path") or ""))
+            if isinstance(spec.get("csi"), dict):
+                return await self._set_up_block(claimed, ctx, str(volume.get("name") or ""))
             raise VolumeError(
                 f"PV {claimed.pv_name}: raw block (volumeMode Block) volumes are supported for "
-                "local PVs only (not yet for CSI or hostPath PVs)"
+                "CSI and local PVs only (not for hostPath PVs)"
             )
         if isinstance(spec.get("csi"), dict):
             return await self._set_up_pv(claimed, ctx, str(volume.get("name") or ""))
@@ -535,6 +542,107 @@ class CSIVolumePlugin:
             if EXPAND_VOLUME in caps:
                 await self._expand(client, record, claimed, volume, target, staging)
         return target
+
+    async def _set_up_block(
+        self, claimed: claims.Claimed, ctx: VolumeContext, volume_name: str
+    ) -> Block:
+        """A Block-mode CSI PV, as upstream's csi_block.go: NodeStageVolume at
+        `volumeDevices/staging/<pv>` (a driver with STAGE_UNSTAGE_VOLUME), then
+        NodePublishVolume of a block capability to the file `volumeDevices/publish/<pv>/
+        <pod uid>`, linked from the pod's `volumeDevices/kubernetes.io~csi/<pv>`, which
+        is the device handed to the runtime (`csiblock`)."""
+        source: JSON = claimed.pv["spec"]["csi"]
+        driver = str(source.get("driver") or "")
+        handle = str(source.get("volumeHandle") or "")
+        if not driver or not handle:
+            raise VolumeError(f"PV {claimed.pv_name}: csi needs a driver and a volumeHandle")
+        if claimed.read_only or source.get("readOnly"):
+            # Upstream hands such a device to the container with cgroup permission "r";
+            # klet's runtime call gives a volume device "mrw", so it is refused instead.
+            raise VolumeError(
+                f"PV {claimed.pv_name}: a read-only raw block CSI volume (readOnly in the "
+                "pod's claim or the PV) is not supported by klet"
+            )
+        record, client, caps = await self._driver(driver)
+        csidriver = await self._csidriver(driver)
+        dspec = (csidriver or {}).get("spec") or {}
+        attach_id = ""
+        if csidriver is None or dspec.get("attachRequired", True):
+            attach_id = attachment_name(handle, driver, self.node_name)
+        pv = claimed.pv_name
+        uid = str(ctx.pod["metadata"]["uid"])
+        staging_dir = csiblock.staging_path(self.root_dir, pv)
+        target = csiblock.publish_path(self.root_dir, pv, uid)
+        data = {
+            "specVolID": pv,
+            "volumeHandle": handle,
+            "driverName": driver,
+            "nodeName": self.node_name,
+            "attachmentID": attach_id,
+            "volumeLifecycleMode": "Persistent",
+            "volumeMode": csiblock.BLOCK_MODE,
+            "stagingTargetPath": str(staging_dir) if STAGE_UNSTAGE in caps else "",
+            **_pod_keys(ctx.pod, volume_name, str(claimed.claim["metadata"]["name"])),
+        }
+        # The pod's record first: it puts the volume in the Node's volumesInUse (which
+        # must list it before an attachable volume is used) and is what tear-down reads.
+        await asyncio.to_thread(_prepare_volume_dir, ctx.volume_dir(self, pv), data)
+        publish_context: dict[str, str] = {}
+        if attach_id:
+            publish_context = await self._attached(attach_id, driver, handle)
+        capability = Capability(
+            access_mode=csi_access_mode(list(claimed.pv["spec"].get("accessModes") or []), caps),
+            block=True,
+        )
+        attributes = {str(k): str(v) for k, v in (source.get("volumeAttributes") or {}).items()}
+        async with self._lock(driver, handle):
+            if data["stagingTargetPath"] and staging_dir not in self._staged:
+                stage_volume = Volume(
+                    volume_id=handle,
+                    capability=capability,
+                    volume_context=attributes,
+                    publish_context=publish_context,
+                    secrets=await self._secret(source.get("nodeStageSecretRef"), "NodeStage"),
+                )
+                await asyncio.to_thread(
+                    _prepare_block_staging,
+                    self.root_dir,
+                    pv,
+                    {"driverName": driver, "volumeHandle": handle, "specVolID": pv},
+                )
+                try:
+                    await client.stage(stage_volume, staging_path=str(staging_dir))
+                except CSIError as err:
+                    raise VolumeError(
+                        f"MapVolume.SetUpDevice failed: rpc error: driver {driver}: {err}"
+                    ) from err
+                self._staged.add(staging_dir)
+            if target not in self._published or dspec.get("requiresRepublish"):
+                context = {**attributes, **await self._pod_context(ctx, dspec, ephemeral=False)}
+                volume = Volume(
+                    volume_id=handle,
+                    capability=capability,
+                    volume_context=context,
+                    publish_context=publish_context,
+                    secrets=await self._secret(source.get("nodePublishSecretRef"), "NodePublish"),
+                )
+                await asyncio.to_thread(
+                    target.parent.mkdir, mode=csiblock.DIR_MODE, parents=True, exist_ok=True
+                )
+                try:
+                    await client.publish(
+                        volume,
+                        target_path=str(target),
+                        staging_path=str(data["stagingTargetPath"]),
+                    )
+                except CSIError as err:
+                    raise VolumeError(
+                        f"MapVolume.MapPodDevice failed: rpc error: driver {driver}: {err}"
+                    ) from err
+                self._published.add(target)
+            link = csiblock.pod_map_path(ctx.pod_dir, DIR_NAME, pv)
+            await asyncio.to_thread(csiblock.ensure_link, link, target)
+        return Block(link)
 
     async def _set_up_inline(self, volume: JSON, ctx: VolumeContext) -> Path:
         source: JSON = volume["csi"]
@@ -847,6 +955,11 @@ class CSIVolumePlugin:
             return
         driver = str(data.get("driverName") or "")
         handle = str(data.get("volumeHandle") or "")
+        if data.get("volumeMode") == csiblock.BLOCK_MODE:
+            await self._tear_down_block(
+                path, driver, handle, staged=bool(data.get("stagingTargetPath"))
+            )
+            return
         target = path / MOUNT_DIR
         staging: Path | None = None
         if data.get("stagingTargetPath"):  # else the driver does not stage: no unstage
@@ -875,9 +988,87 @@ class CSIVolumePlugin:
             ):
                 await self._unstage(client, driver, handle, staging)
 
+    async def _tear_down_block(self, path: Path, driver: str, handle: str, *, staged: bool) -> None:
+        """A pod's raw block volume (`path`: its record, `<pod dir>/volumes/kubernetes.io~csi/
+        <pv>`): its link removed, NodeUnpublishVolume of its publish file, the record
+        removed; NodeUnstageVolume when no pod on the node uses the volume any more. The
+        paths are made again from the PV name and pod UID of `path`."""
+        pv, uid = path.name, path.parents[2].name
+        target = csiblock.publish_path(self.root_dir, pv, uid)
+        link = csiblock.pod_map_path(path.parents[2], DIR_NAME, pv)
+        async with self._lock(driver, handle):
+            client = await self._client_for_teardown(driver, path)
+            await asyncio.to_thread(csiblock.remove_link, link)
+            try:
+                await client.unpublish(handle, target_path=str(target))
+            except CSIError as err:
+                raise VolumeError(
+                    f"UnmapVolume.UnmapPodDevice failed: driver {driver}: {err}"
+                ) from err
+            self._published.discard(target)
+            for gone in (target, path):  # a publish file the driver left, then the record
+                problems = await fs.remove_tree(gone)
+                if problems:
+                    raise OSError(f"{gone} not removed: {'; '.join(problems)}")
+            await asyncio.to_thread(csiblock.remove_empty, target.parent)
+            if staged and not await asyncio.to_thread(self._in_use, driver, handle):
+                await self._unstage_block(client, driver, handle, pv)
+
+    async def _unstage_block(self, client: NodeDriver, driver: str, handle: str, pv: str) -> None:
+        staging = csiblock.staging_path(self.root_dir, pv)
+        if await asyncio.to_thread(os.path.lexists, staging):
+            try:
+                await client.unstage(handle, staging_path=str(staging))
+            except CSIError as err:
+                raise VolumeError(
+                    f"UnmapDevice.TearDownDevice failed: driver {driver}: {err}"
+                ) from err
+        self._staged.discard(staging)
+        for gone in (staging, csiblock.data_dir(self.root_dir, pv).parent):
+            problems = await fs.remove_tree(gone)
+            if problems:
+                raise OSError(f"{gone} not removed: {'; '.join(problems)}")
+        await asyncio.to_thread(csiblock.remove_empty, csiblock.publish_dir(self.root_dir, pv))
+
+    async def _sweep_block(self) -> None:
+        """Unstage every staged block volume no pod uses (left by a crash between a pod's
+        unpublish and the unstage): its data names its driver and handle, its directory
+        the PV."""
+        for data_file in await asyncio.to_thread(self._block_data_files):
+            data = await asyncio.to_thread(_read_json, data_file)
+            if data is None:
+                continue
+            driver = str(data.get("driverName") or "")
+            handle = str(data.get("volumeHandle") or "")
+            pv = data_file.parents[1].name
+            if data.get("specVolID") != pv or driver_name_problem(driver) is not None:
+                if data_file not in self._mismatched:
+                    self._mismatched.add(data_file)
+                    log.warning(
+                        "staging data does not match its directory; left alone",
+                        extra={"path": str(data_file), "driver": driver},
+                    )
+                continue
+            async with self._lock(driver, handle):
+                in_use = await asyncio.to_thread(self._in_use, driver, handle)
+                if in_use or await asyncio.to_thread(csiblock.publishes_left, self.root_dir, pv):
+                    continue
+                try:
+                    client = await self._client_for_teardown(driver, data_file.parent)
+                    await self._unstage_block(client, driver, handle, pv)
+                except (VolumeError, OSError) as err:
+                    log.warning(
+                        "staged block volume not unstaged",
+                        extra={"path": str(data_file.parent), "error": str(err)},
+                    )
+
+    def _block_data_files(self) -> list[Path]:
+        return sorted((self.root_dir / csiblock.DEVICES_DIR).glob(f"*/data/{DATA_FILE}"))
+
     async def sweep(self) -> None:
         """Unstage every staged volume no pod on the node uses (left by a crash between
         a pod's unpublish and the unstage)."""
+        await self._sweep_block()
         for data_file in await asyncio.to_thread(self._global_data_files):
             data = await asyncio.to_thread(_read_json, data_file)
             if data is None:
@@ -966,6 +1157,14 @@ def _is_block_device(path: str) -> bool:
         return stat.S_ISBLK(os.stat(on_host(Path(path))).st_mode)
     except OSError:
         return False  # the directory check says what is wrong
+
+
+def _prepare_block_staging(root_dir: Path, pv: str, data: JSON) -> None:
+    """A block volume's staging directory and its data (for the sweep), before the stage."""
+    data_dir = csiblock.data_dir(root_dir, pv)
+    data_dir.mkdir(mode=csiblock.DIR_MODE, parents=True, exist_ok=True)
+    _write_json(data_dir / DATA_FILE, data)
+    csiblock.staging_path(root_dir, pv).mkdir(mode=csiblock.DIR_MODE, parents=True, exist_ok=True)
 
 
 def _prepare_staging(staging_dir: Path, data: JSON) -> None:

@@ -2,7 +2,8 @@
 
 A root task of the leader. Every `scan_period_s` it reads what is on disk (each pod's
 `volumes/kubernetes.io~csi/<name>/vol_data.json`, which the CSI plugin writes before a
-publish and removes after the unpublish) and brings the table in line: a record per
+publish and removes after the unpublish; a raw block volume's too, its usage asked of
+the driver for its publish file) and brings the table in line: a record per
 volume, keyed `<pod uid>/<volume name>`, with upstream's unique volume name
 (`kubernetes.io/csi/<driver>^<handle>`), which status-reporter reports as the Node's
 `volumesInUse` so the attach-detach controller does not detach a volume still mounted.
@@ -49,6 +50,7 @@ from klet.model.records import VolumeRecord
 from klet.model.types import JSON
 from klet.obs import OnceLogger
 from klet.stats.host import dir_usage
+from klet.syncloop.volumes import csiblock
 from klet.syncloop.volumes.csi import (
     DATA_FILE,
     DIR_NAME,
@@ -116,6 +118,8 @@ def on_disk(root_dir: Path) -> dict[str, tuple[VolumeRecord, JSON]]:
             measured_at=0.0,
         )
         data["_target"] = str(data_file.parent / MOUNT_DIR)
+        if data.get("volumeMode") == csiblock.BLOCK_MODE:  # the device file the pod uses
+            data["_target"] = str(csiblock.publish_path(root_dir, data_file.parent.name, uid))
         out[f"{uid}/{volume}"] = (record, data)
     return out
 
