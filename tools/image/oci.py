@@ -1,5 +1,10 @@
 """Layer blobs, image config and manifest, and the archive that carries them.
 
+The documents (canonical JSON, config, manifest, index) and the archive layout are
+klet.devstack.oci's, the one writer the dev stack's test images use too; what is here is
+what only the product images need: gzip layers streamed from disk, reproducible tars of
+a directory, and the docker `manifest.json` beside the OCI index.
+
 An image here is a list of gzip-compressed layer blobs on disk plus a config; the
 archive is an OCI image layout as one tar (`oci-layout`, `index.json`, `blobs/sha256/*`)
 that also holds the docker-archive `manifest.json` beside it, pointing at the same
@@ -19,24 +24,56 @@ from __future__ import annotations
 import gzip
 import hashlib
 import io
-import json
 import tarfile
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO
 
-MEDIA_INDEX = "application/vnd.oci.image.index.v1+json"
-MEDIA_MANIFEST = "application/vnd.oci.image.manifest.v1+json"
-MEDIA_CONFIG = "application/vnd.oci.image.config.v1+json"
-MEDIA_LAYER_GZIP = "application/vnd.oci.image.layer.v1.tar+gzip"
+from klet.devstack.oci import (
+    ANNOTATION_CONTAINERD_NAME,
+    ANNOTATION_REF_NAME,
+    FIXED_CREATED,
+    FIXED_MTIME,
+    LAYOUT_MARKER,
+    MEDIA_CONFIG,
+    MEDIA_INDEX,
+    MEDIA_LAYER_GZIP,
+    MEDIA_MANIFEST,
+    Descriptor,
+    Member,
+    Named,
+    blob_name,
+    canonical_json,
+    config_document,
+    containerd_name,
+    index_document,
+    manifest_document,
+    write_layout,
+)
+from klet.devstack.oci import digest_of as sha256_digest
 
-ANNOTATION_REF_NAME = "org.opencontainers.image.ref.name"
-ANNOTATION_CONTAINERD_NAME = "io.containerd.image.name"
-
-# 2000-01-01T00:00:00Z, for every header and timestamp the builder writes itself.
-FIXED_MTIME = 946684800
-FIXED_CREATED = "2000-01-01T00:00:00Z"
+__all__ = [
+    "ANNOTATION_CONTAINERD_NAME",
+    "ANNOTATION_REF_NAME",
+    "FIXED_CREATED",
+    "FIXED_MTIME",
+    "MEDIA_CONFIG",
+    "MEDIA_INDEX",
+    "MEDIA_LAYER_GZIP",
+    "MEDIA_MANIFEST",
+    "ImageConfig",
+    "Layer",
+    "canonical_json",
+    "compress_layer",
+    "containerd_name",
+    "file_chunks",
+    "image_config",
+    "manifest",
+    "sha256_digest",
+    "tar_dir_chunks",
+    "write_archive",
+]
 
 _CHUNK = 1 << 20
 
@@ -81,14 +118,6 @@ class ImageConfig:
     working_dir: str = "/"
     stop_signal: str = "SIGTERM"
     user: str = ""  # "uid:gid"; empty: root
-
-
-def canonical_json(obj: Any) -> bytes:
-    return json.dumps(obj, sort_keys=True, separators=(",", ":")).encode()
-
-
-def sha256_digest(data: bytes) -> str:
-    return "sha256:" + hashlib.sha256(data).hexdigest()
 
 
 class _HashingWriter:
@@ -198,105 +227,51 @@ def image_config(layers: list[Layer], config: ImageConfig, *, history: list[str]
         body["Cmd"] = config.cmd
     if config.user:
         body["User"] = config.user
-    return canonical_json(
-        {
-            "architecture": "amd64",
-            "os": "linux",
-            "created": FIXED_CREATED,
-            "config": body,
-            "rootfs": {"type": "layers", "diff_ids": [layer.diff_id for layer in layers]},
-            "history": [{"created": FIXED_CREATED, "created_by": step} for step in history],
-        }
-    )
+    return config_document(body, diff_ids=[layer.diff_id for layer in layers], history=history)
 
 
 def manifest(layers: list[Layer], config: bytes) -> bytes:
-    return canonical_json(
-        {
-            "schemaVersion": 2,
-            "mediaType": MEDIA_MANIFEST,
-            "config": {
-                "mediaType": MEDIA_CONFIG,
-                "digest": sha256_digest(config),
-                "size": len(config),
-            },
-            "layers": [
-                {"mediaType": MEDIA_LAYER_GZIP, "digest": layer.digest, "size": layer.size}
-                for layer in layers
-            ],
-        }
+    return manifest_document(
+        config, [Descriptor(MEDIA_LAYER_GZIP, layer.digest, layer.size) for layer in layers]
     )
-
-
-def containerd_name(reference: str) -> str:
-    """The fully qualified name CRI looks up for `reference` (`klet:1` is Docker Hub's)."""
-    first, _, rest = reference.partition("/")
-    if rest and ("." in first or ":" in first or first == "localhost"):
-        return reference
-    return f"docker.io/{reference}" if rest else f"docker.io/library/{reference}"
 
 
 def write_archive(dest: Path, *, reference: str, layers: list[Layer], config: bytes) -> str:
     """Write the OCI layout + docker-archive tar for one image; return the manifest digest."""
     body = manifest(layers, config)
     tag = reference.rpartition(":")[2]
-    blob = "blobs/sha256/"
-    index = canonical_json(
-        {
-            "schemaVersion": 2,
-            "mediaType": MEDIA_INDEX,
-            "manifests": [
-                {
-                    "mediaType": MEDIA_MANIFEST,
-                    "digest": sha256_digest(body),
-                    "size": len(body),
-                    "annotations": {
-                        ANNOTATION_CONTAINERD_NAME: containerd_name(reference),
-                        ANNOTATION_REF_NAME: tag,
-                    },
-                    "platform": {"architecture": "amd64", "os": "linux"},
-                }
-            ],
-        }
-    )
+    index = index_document([Named(body, containerd_name(reference), tag)])
     docker_manifest = canonical_json(
         [
             {
-                "Config": blob + sha256_digest(config).removeprefix("sha256:"),
+                "Config": blob_name(sha256_digest(config)),
                 "RepoTags": [reference],
-                "Layers": [blob + layer.digest.removeprefix("sha256:") for layer in layers],
+                "Layers": [blob_name(layer.digest) for layer in layers],
             }
         ]
     )
     small = {
-        "oci-layout": canonical_json({"imageLayoutVersion": "1.0.0"}),
+        "oci-layout": LAYOUT_MARKER,
         "index.json": index,
         "manifest.json": docker_manifest,
-        blob + sha256_digest(body).removeprefix("sha256:"): body,
-        blob + sha256_digest(config).removeprefix("sha256:"): config,
+        blob_name(sha256_digest(body)): body,
+        blob_name(sha256_digest(config)): config,
     }
     tmp = dest.with_name(dest.name + ".tmp")
     with tarfile.open(tmp, mode="w", format=tarfile.PAX_FORMAT) as tar:
-        for d in ("blobs", "blobs/sha256"):
-            tar.addfile(_entry(d, tarfile.DIRTYPE, 0o755, 0))
-        for name, data in small.items():
-            tar.addfile(_entry(name, tarfile.REGTYPE, 0o644, len(data)), io.BytesIO(data))
-        seen: set[str] = set()
-        for layer in layers:
-            if layer.digest in seen:
-                continue
-            seen.add(layer.digest)
-            name = blob + layer.digest.removeprefix("sha256:")
-            with layer.path.open("rb") as f:
-                tar.addfile(_entry(name, tarfile.REGTYPE, 0o644, layer.size), f)
+        write_layout(tar, _members(small, layers))
     tmp.replace(dest)
     return sha256_digest(body)
 
 
-def _entry(name: str, kind: bytes, mode: int, size: int) -> tarfile.TarInfo:
-    info = tarfile.TarInfo(name)
-    info.type = kind
-    info.mode = mode
-    info.size = size
-    info.mtime = FIXED_MTIME
-    return info
+def _members(small: dict[str, bytes], layers: list[Layer]) -> Iterator[Member]:
+    """The documents, then each distinct layer blob read from its file on disk."""
+    for name, data in small.items():
+        yield name, len(data), io.BytesIO(data)
+    seen: set[str] = set()
+    for layer in layers:
+        if layer.digest in seen:
+            continue
+        seen.add(layer.digest)
+        with layer.path.open("rb") as f:
+            yield blob_name(layer.digest), layer.size, f

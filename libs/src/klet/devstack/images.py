@@ -1,4 +1,5 @@
 """OCI test images built from busybox-static, in memory, byte-for-byte reproducibly.
+The documents and the archive are klet.devstack.oci's, shared with `make image`.
 
 The tests need images they control: a pause image for sandboxes, a shell, a web server,
 images of a known size for garbage-collection tests. Pulling them from the internet is
@@ -18,9 +19,7 @@ Trade-offs:
 from __future__ import annotations
 
 import functools
-import hashlib
 import io
-import json
 import random
 import subprocess
 import tarfile
@@ -30,6 +29,49 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+from klet.devstack.oci import (
+    ANNOTATION_CONTAINERD_NAME,
+    ANNOTATION_REF_NAME,
+    LAYOUT_MARKER,
+    MEDIA_CONFIG,
+    MEDIA_LAYER,
+    MEDIA_MANIFEST,
+    Descriptor,
+    Named,
+    blob_name,
+    config_document,
+    digest_of,
+    index_document,
+    manifest_document,
+    tar_entry,
+    write_layout,
+)
+
+__all__ = [
+    "ANNOTATION_CONTAINERD_NAME",
+    "ANNOTATION_REF_NAME",
+    "BUSYBOX",
+    "BUSYBOX_IMAGE",
+    "HTTPD_IMAGE",
+    "MEDIA_CONFIG",
+    "MEDIA_LAYER",
+    "MEDIA_MANIFEST",
+    "PADDING_PATH",
+    "PAUSE_IMAGE",
+    "TEST_REGISTRY_HOST",
+    "USR1_STOP_IMAGE",
+    "BuiltImage",
+    "Busybox",
+    "ImageError",
+    "ImageSpec",
+    "build",
+    "build_layer",
+    "digest_of",
+    "oci_archive_bytes",
+    "push",
+    "standard_images",
+    "write_oci_archive",
+]
 
 BUSYBOX = Path("/bin/busybox")
 
@@ -39,19 +81,6 @@ BUSYBOX_IMAGE = f"{TEST_REGISTRY_HOST}/busybox:1.36"
 HTTPD_IMAGE = f"{TEST_REGISTRY_HOST}/httpd:1.36"
 # busybox whose image config names SIGUSR1 as its stop signal (Dockerfile STOPSIGNAL).
 USR1_STOP_IMAGE = f"{TEST_REGISTRY_HOST}/busybox-usr1:1.36"
-
-MEDIA_MANIFEST = "application/vnd.oci.image.manifest.v1+json"
-MEDIA_INDEX = "application/vnd.oci.image.index.v1+json"
-MEDIA_CONFIG = "application/vnd.oci.image.config.v1+json"
-MEDIA_LAYER = "application/vnd.oci.image.layer.v1.tar"
-
-ANNOTATION_REF_NAME = "org.opencontainers.image.ref.name"
-ANNOTATION_CONTAINERD_NAME = "io.containerd.image.name"
-
-# A fixed timestamp (2000-01-01T00:00:00Z) for tar headers and the config: reproducible,
-# and not 0 because some tools treat a zero mtime as "unset".
-FIXED_MTIME = 946684800
-FIXED_CREATED = "2000-01-01T00:00:00Z"
 
 _DIRS = ("bin", "dev", "etc", "proc", "root", "sys", "tmp", "usr", "var", "www")
 _SYMLINKS = {"sbin": "bin", "usr/bin": "../bin", "usr/sbin": "../bin"}
@@ -127,14 +156,6 @@ class BuiltImage:
         return len(self.manifest) + sum(len(b) for b in self.blobs.values())
 
 
-def digest_of(data: bytes) -> str:
-    return "sha256:" + hashlib.sha256(data).hexdigest()
-
-
-def _canonical_json(obj: Any) -> bytes:
-    return json.dumps(obj, sort_keys=True, separators=(",", ":")).encode()
-
-
 @dataclass(frozen=True)
 class Busybox:
     """The busybox binary and its applet names, the content of every image's layer.
@@ -167,20 +188,6 @@ def _padding(spec: ImageSpec) -> bytes:
     return random.Random(f"{spec.reference}:{spec.padding_bytes}").randbytes(spec.padding_bytes)
 
 
-def _tar_entry(
-    name: str, kind: bytes, *, mode: int, size: int = 0, linkname: str = ""
-) -> tarfile.TarInfo:
-    info = tarfile.TarInfo(name)
-    info.type = kind
-    info.mode = mode
-    info.size = size
-    info.linkname = linkname
-    info.mtime = FIXED_MTIME
-    info.uid = info.gid = 0
-    info.uname = info.gname = ""
-    return info
-
-
 def build_layer(spec: ImageSpec, busybox: Busybox | None = None) -> bytes:
     """The uncompressed layer tar for ``spec``: busybox, applet links, /etc, extra files."""
     bb = busybox if busybox is not None else Busybox.from_host()
@@ -210,13 +217,13 @@ def build_layer(spec: ImageSpec, busybox: Busybox | None = None) -> bytes:
     entries: list[tuple[str, tarfile.TarInfo, bytes | None]] = []
     for d in dirs:
         entries.append(
-            (d, _tar_entry(d, tarfile.DIRTYPE, mode=0o1777 if d == "tmp" else 0o755), None)
+            (d, tar_entry(d, tarfile.DIRTYPE, mode=0o1777 if d == "tmp" else 0o755), None)
         )
     for path, target in links.items():
-        entries.append((path, _tar_entry(path, tarfile.SYMTYPE, mode=0o777, linkname=target), None))
+        entries.append((path, tar_entry(path, tarfile.SYMTYPE, mode=0o777, linkname=target), None))
     for path, (content, mode) in files.items():
         entries.append(
-            (path, _tar_entry(path, tarfile.REGTYPE, mode=mode, size=len(content)), content)
+            (path, tar_entry(path, tarfile.REGTYPE, mode=mode, size=len(content)), content)
         )
     # Parents sort before their children because "a" < "a/b".
     entries.sort(key=lambda e: e[0])
@@ -228,7 +235,7 @@ def build_layer(spec: ImageSpec, busybox: Busybox | None = None) -> bytes:
     return buf.getvalue()
 
 
-def _image_config(spec: ImageSpec, diff_ids: Sequence[str]) -> dict[str, Any]:
+def _image_config(spec: ImageSpec, diff_ids: Sequence[str]) -> bytes:
     env = {"PATH": "/bin", **spec.env}
     config: dict[str, Any] = {
         "Env": [f"{k}={v}" for k, v in env.items()],
@@ -242,14 +249,7 @@ def _image_config(spec: ImageSpec, diff_ids: Sequence[str]) -> dict[str, Any]:
         config["Labels"] = dict(spec.labels)
     if spec.stop_signal:
         config["StopSignal"] = spec.stop_signal
-    return {
-        "architecture": "amd64",
-        "os": "linux",
-        "created": FIXED_CREATED,
-        "config": config,
-        "rootfs": {"type": "layers", "diff_ids": list(diff_ids)},
-        "history": [{"created": FIXED_CREATED, "created_by": "klet.devstack.images"}],
-    }
+    return config_document(config, diff_ids=diff_ids, history=["klet.devstack.images"])
 
 
 def build(spec: ImageSpec, *, busybox: Busybox | None = None) -> BuiltImage:
@@ -260,16 +260,9 @@ def build(spec: ImageSpec, *, busybox: Busybox | None = None) -> BuiltImage:
     layer_digest = digest_of(layer)
     # Uncompressed: the blob is the tar, so diff_id and blob digest coincide.
     diff_ids = (layer_digest,)
-    config = _canonical_json(_image_config(spec, diff_ids))
+    config = _image_config(spec, diff_ids)
     config_digest = digest_of(config)
-    manifest = _canonical_json(
-        {
-            "schemaVersion": 2,
-            "mediaType": MEDIA_MANIFEST,
-            "config": {"mediaType": MEDIA_CONFIG, "digest": config_digest, "size": len(config)},
-            "layers": [{"mediaType": MEDIA_LAYER, "digest": layer_digest, "size": len(layer)}],
-        }
-    )
+    manifest = manifest_document(config, [Descriptor(MEDIA_LAYER, layer_digest, len(layer))])
     return BuiltImage(
         spec=spec,
         manifest=manifest,
@@ -285,40 +278,21 @@ def oci_archive_bytes(images: BuiltImage | Iterable[BuiltImage]) -> bytes:
     """An OCI image layout as a tar, naming each image for ``ctr images import``."""
     imgs = [images] if isinstance(images, BuiltImage) else list(images)
     blobs: dict[str, bytes] = {}
-    manifests = []
     for img in imgs:
         blobs.update(img.blobs)
         blobs[img.manifest_digest] = img.manifest
-        manifests.append(
-            {
-                "mediaType": MEDIA_MANIFEST,
-                "digest": img.manifest_digest,
-                "size": len(img.manifest),
-                "annotations": {
-                    ANNOTATION_CONTAINERD_NAME: img.reference,
-                    ANNOTATION_REF_NAME: img.spec.tag,
-                },
-                "platform": {"architecture": "amd64", "os": "linux"},
-            }
-        )
     members: dict[str, bytes] = {
-        "oci-layout": _canonical_json({"imageLayoutVersion": "1.0.0"}),
-        "index.json": _canonical_json(
-            {"schemaVersion": 2, "mediaType": MEDIA_INDEX, "manifests": manifests}
-        ),
+        "oci-layout": LAYOUT_MARKER,
+        "index.json": index_document(Named(i.manifest, i.reference, i.spec.tag) for i in imgs),
     }
     for digest, data in blobs.items():
-        members["blobs/sha256/" + digest.removeprefix("sha256:")] = data
+        members[blob_name(digest)] = data
 
     buf = io.BytesIO()
     with tarfile.open(fileobj=buf, mode="w", format=tarfile.PAX_FORMAT) as tar:
-        for d in ("blobs", "blobs/sha256"):
-            tar.addfile(_tar_entry(d, tarfile.DIRTYPE, mode=0o755))
-        for name in sorted(members):
-            data = members[name]
-            tar.addfile(
-                _tar_entry(name, tarfile.REGTYPE, mode=0o644, size=len(data)), io.BytesIO(data)
-            )
+        write_layout(
+            tar, ((name, len(members[name]), io.BytesIO(members[name])) for name in sorted(members))
+        )
     return buf.getvalue()
 
 
