@@ -8,6 +8,7 @@ KLET_REDIS_URL."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import re
@@ -21,6 +22,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
+import grpc
 from klet.devstack import DevStack, Pidfile, RedisServer, free_port
 from klet.devstack.redis_server import redis_command
 
@@ -67,6 +69,38 @@ def assert_no_secret_on_command_lines(pids: list[int], endpoints: dict[str, Any]
             users.add(argv[len(argv) - 1 - argv[::-1].index("--redis-username") + 1])
             assert "--redis-password-file" in argv
     assert len(users) >= 3, f"services do not have users of their own: {users}"
+
+
+def assert_readers_reach_the_runtime_through_the_proxy(
+    run_dir: Path, pids: dict[str, int], log: str
+) -> None:
+    """status-reporter, eviction and image-gc run with their CRI proxy socket as runtime
+    and image endpoint (the last of each flag wins); each socket is 0600, RunPodSandbox
+    on status-reporter's is refused by name, and while the pod ran no service was
+    refused a call (what they do needs nothing beyond their lists)."""
+    for service in ("status-reporter", "eviction", "image-gc"):
+        argv = cmdline(pids[service])
+        sock = run_dir / "cri" / f"{service}.sock"
+        for flag in ("--container-runtime-endpoint", "--image-service-endpoint"):
+            last = len(argv) - 1 - argv[::-1].index(flag)
+            assert argv[last + 1] == f"unix://{sock}", (service, flag, argv)
+        assert stat.S_IMODE(sock.stat().st_mode) == 0o600
+    # syncloop, which runs the pods, talks to the runtime itself.
+    assert not any("/cri/" in arg for arg in cmdline(pids["syncloop"]))
+
+    async def run_pod_sandbox() -> grpc.StatusCode:
+        target = f"unix://{run_dir / 'cri' / 'status-reporter.sock'}"
+        async with grpc.aio.insecure_channel(target) as channel:
+            call = channel.unary_unary("/runtime.v1.RuntimeService/RunPodSandbox", None, None)
+            try:
+                await call(b"", timeout=10)
+            except grpc.aio.AioRpcError as err:
+                assert "RunPodSandbox" in (err.details() or "")
+                return err.code()
+        return grpc.StatusCode.OK
+
+    assert asyncio.run(run_pod_sandbox()) == grpc.StatusCode.PERMISSION_DENIED
+    assert "refused CRI call" not in log, "a service was refused a CRI call it makes"
 
 
 def test_klet_up_runs_examples_supervises_and_stops_cleanly() -> None:
@@ -121,6 +155,8 @@ def test_klet_up_runs_examples_supervises_and_stops_cleanly() -> None:
         environ = Path(f"/proc/{pids['syncloop']}/environ").read_bytes().split(b"\0")
         assert b"MALLOC_ARENA_MAX=2" in environ
         web_ids = [c["containerID"] for c in pods()["web-upnode"]["status"]["containerStatuses"]]
+
+        assert_readers_reach_the_runtime_through_the_proxy(run_dir, pids, log.read_text())
 
         os.kill(pids["syncloop"], signal.SIGKILL)
         wait_for(
@@ -204,7 +240,8 @@ def test_external_redis_password_in_the_environment_stays_off_command_lines(
         wait_for(
             lambda: "started image-gc" in log.read_text(), timeout_s=30, what="image-gc started"
         )
-        pids = [int(m) for m in re.findall(r"started \S+ \(pid (\d+)\)", log.read_text())]
+        started = re.findall(r"started (\S+) \(pid (\d+)\)", log.read_text())
+        pids = [int(pid) for name, pid in started if name != "cri-proxy"]
         assert pids, "klet up named no service pid"
         password_file = run_dir / "secrets" / "redis-password"
         assert password_file.read_text().strip() == cred.password

@@ -1,4 +1,6 @@
-"""`klet up` refuses to start a node without all five services, naming the missing ones."""
+"""`klet up` refuses to start a node without all five services, naming the missing ones,
+and gives the three services that read the runtime their CRI proxy socket as runtime and
+image endpoint (syncloop and pod-source keep theirs)."""
 
 from __future__ import annotations
 
@@ -26,3 +28,16 @@ def test_a_service_that_is_not_installed_is_named(
     )
     assert "image-gc (no module klet.image_gc" in err
     assert not (tmp_path / "run").exists()  # nothing started
+
+
+def test_readers_get_their_cri_proxy_socket(tmp_path: Path) -> None:
+    for service in ("status-reporter", "eviction", "image-gc"):
+        sock = f"unix://{tmp_path}/cri/{service}.sock"
+        assert up_module._filtered_runtime_flags(service, tmp_path) == [
+            "--container-runtime-endpoint",
+            sock,
+            "--image-service-endpoint",
+            sock,
+        ]
+    for service in ("pod-source", "syncloop"):
+        assert up_module._filtered_runtime_flags(service, tmp_path) == []

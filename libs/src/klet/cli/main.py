@@ -1,5 +1,5 @@
 """`klet` entry point: dispatches to `up`, `run`, `bootstrap`, `crictl`, `events`, `why`,
-`gc`, `evict`, `bus-acl`, `healthcheck` and `check-node`; `klet --version` prints the
+`gc`, `evict`, `bus-acl`, `cri-proxy`, `healthcheck` and `check-node`; `klet --version` prints the
 version (klet.cli.version).
 
 `klet run <service>` finds the service through the `klet.services` entry points, so this
@@ -39,6 +39,10 @@ commands:
                               password files and Redis ACL lines of node N's services,
                               and klet's Redis functions, for a bus Redis that klet up
                               does not start (--apply sets them on it as the admin)
+  cri-proxy [--container-runtime-endpoint EP] [--run-dir DIR] [--socket-owner S=UID:GID ...]
+                              serve <run-dir>/cri/<service>.sock for status-reporter,
+                              eviction and image-gc: the runtime's CRI with only the calls
+                              each may make (klet.cri.allowlist), others PERMISSION_DENIED
   healthcheck <service>       exit 0 when the service's /healthz on this host passes
                               (container health checks; the port from the replica's
                               KLET_SERVICE_PORT_FILE, else KLET_SERVICE_PORT or its default)
@@ -104,6 +108,10 @@ def main(argv: list[str] | None = None) -> int:
         from klet.cli.busacl import bus_acl
 
         return bus_acl(rest)
+    if command == "cri-proxy":
+        from klet.cli.criproxy import cri_proxy
+
+        return cri_proxy(rest)
     if command == "healthcheck":
         from klet.cli.healthcheck import healthcheck
 

@@ -11,6 +11,11 @@ the private components, leaving no process behind. Private state lives under
 Each service's private port is its default (10260-10264, a free one when taken), or
 with `--service-port=0` one the kernel picks, published under `<run-dir>/ports/`.
 
+status-reporter, eviction and image-gc never get the runtime's socket: their runtime
+endpoint is `<run-dir>/cri/<service>.sock`, served by a `klet cri-proxy` child started
+before them (supervised and restarted like a service), which passes each only the CRI
+calls klet.cri.allowlist grants it.
+
 The private Redis is safe by default (klet.devstack.redis_server): a unix socket in a
 0700 directory, no unauthenticated user, and one ACL user per service (klet.bus.acl).
 Each child gets its own user and the path of its own password file, never a password:
@@ -40,9 +45,10 @@ from klet.config import (
     load_settings,
 )
 from klet.config.kubelet import KubeletConfiguration
+from klet.cri.allowlist import FILTERED_SERVICES
 from klet.devstack.procs import free_port
 from klet.devstack.redis_server import RedisServer, write_secret
-from klet.model.layout import DEFAULT_SERVICE_PORTS, REDIS_DIR, port_files_dir
+from klet.model.layout import DEFAULT_SERVICE_PORTS, REDIS_DIR, cri_proxy_socket, port_files_dir
 
 if TYPE_CHECKING:
     from klet.devstack.stack import DevStack
@@ -179,6 +185,15 @@ def _external_redis_flags(auth: RedisAuth, url: str, run_dir: Path) -> list[str]
     return flags
 
 
+def _filtered_runtime_flags(service: str, run_dir: Path) -> list[str]:
+    """A reading service's runtime and image endpoints: its socket of the CRI proxy
+    (after the user's flags, so they win over any endpoint given there)."""
+    if service not in FILTERED_SERVICES:
+        return []
+    endpoint = f"unix://{cri_proxy_socket(run_dir, service)}"
+    return ["--container-runtime-endpoint", endpoint, "--image-service-endpoint", endpoint]
+
+
 def up(argv: list[str]) -> int:
     logging.basicConfig(
         level=logging.INFO, format="klet            | %(message)s", stream=sys.stdout
@@ -281,7 +296,19 @@ def up(argv: list[str]) -> int:
         # in fewer, fuller heaps, about 3 MB less resident over the five (issue 15). The
         # image sets the same. One set by the operator stands.
         child_env.setdefault("MALLOC_ARENA_MAX", "2")
-        children = []
+        # The CRI allow-list proxy first, in front of the runtime the services use.
+        proxy_argv = [
+            sys.executable,
+            "-m",
+            "klet.cli.criproxy",
+            "--container-runtime-endpoint",
+            runtime_endpoint,
+            "--run-dir",
+            str(run_dir),
+        ]
+        if settings.kubelet.image_service_endpoint:
+            proxy_argv += ["--image-service-endpoint", settings.kubelet.image_service_endpoint]
+        children = [Child("cri-proxy", proxy_argv, env=child_env)]
         # --service-port=0: every service on a port the kernel picks (published under
         # <run-dir>/ports/); otherwise each on its own default, or a free one if taken.
         any_port = settings.klet.service_port == 0
@@ -299,6 +326,7 @@ def up(argv: list[str]) -> int:
                         *argv,
                         *extra,
                         *redis_flags.get(name, []),
+                        *_filtered_runtime_flags(name, run_dir),
                         "--service-port",
                         str(port),
                     ],

@@ -58,6 +58,9 @@ IMAGE_GC = "image-gc"
 EVICTION = "eviction"
 """Serves Eviction (DryRun)."""
 
+CRI_PROXY_DIR = "cri"
+"""The CRI allow-list proxy's sockets, one per reading service (klet.cri.proxy)."""
+
 PODS_DIR = "pods"
 
 REDIS_DIR = "redis"
@@ -71,6 +74,11 @@ _QOS_PARENTS = ("burstable", "besteffort")
 def grpc_socket(run_dir: Path, service: str) -> Path:
     """The unix socket `service` serves its gRPC API on: `<run-dir>/grpc/<service>.sock`."""
     return run_dir / GRPC_SOCKET_DIR / f"{service}.sock"
+
+
+def cri_proxy_socket(run_dir: Path, service: str) -> Path:
+    """Where the CRI proxy serves `service`: `<run-dir>/cri/<service>.sock`."""
+    return run_dir / CRI_PROXY_DIR / f"{service}.sock"
 
 
 def port_files_dir(run_dir: Path, service: str) -> Path:
