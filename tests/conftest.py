@@ -29,6 +29,7 @@ from pathlib import Path
 
 import pytest
 from klet.obs.logs import fields_text
+from klet.obs.supervise import awaiting
 
 # The soak (tests/soak) runs for tens of minutes: only `make soak` (KLET_SOAK=1) collects it.
 # The image tests (tests/image) build the deployment images: only `make test-image`
@@ -69,9 +70,10 @@ async def no_leaked_tasks() -> AsyncIterator[None]:
     leaked = [
         t for t in asyncio.all_tasks() - before if t is not asyncio.current_task() and not t.done()
     ]
+    where = {t.get_name(): awaiting(t) for t in leaked}
     for t in leaked:
         t.cancel()
-    assert not leaked, f"test left tasks running: {[t.get_name() for t in leaked]}"
+    assert not leaked, f"test left tasks running: {where}"
 
 
 class _WithFields(logging.Formatter):

@@ -510,3 +510,36 @@ async def test_sigterm_stops_everything_normally() -> None:
 async def test_run_supervised_needs_tasks() -> None:
     with pytest.raises(ValueError, match="at least one task"):
         await run_supervised({})
+
+
+async def test_a_task_that_ignores_cancellation_is_abandoned_with_where_it_waits(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    release = asyncio.Event()
+
+    async def stubborn_wait() -> None:
+        while not release.is_set():
+            with contextlib.suppress(asyncio.CancelledError):
+                await release.wait()
+
+    async def stubborn() -> None:
+        await stubborn_wait()
+
+    async def fails() -> None:
+        await asyncio.sleep(0)
+        raise RuntimeError("boom")
+
+    with caplog.at_level(logging.ERROR, logger="klet.obs.supervise"):
+        with pytest.raises(RootTaskFailed):
+            await run_supervised(
+                {"stubborn": stubborn(), "fails": fails()},
+                handle_signals=False,
+                shutdown_timeout=0.05,
+            )
+    release.set()
+    [record] = [r for r in caplog.records if r.getMessage().startswith("root task did not stop")]
+    assert record.task == "stubborn"  # type: ignore[attr-defined]
+    chain = record.awaiting  # type: ignore[attr-defined]
+    assert [line.rsplit(" ", 1)[-1] for line in chain[:2]] == ["stubborn", "stubborn_wait"]
+    assert any(line.endswith(" wait") for line in chain), chain
+    assert "Future" in chain[-1], chain

@@ -25,7 +25,7 @@ import threading
 from collections.abc import Coroutine, Iterator, Mapping
 from typing import Any
 
-__all__ = ["RootTaskFailed", "run_supervised"]
+__all__ = ["RootTaskFailed", "awaiting", "run_supervised"]
 
 log = logging.getLogger(__name__)
 
@@ -67,6 +67,28 @@ def _stop_on_signals(stop: asyncio.Event, enabled: bool) -> Iterator[None]:
                 signal.signal(sig, previous)
 
 
+def awaiting(task: asyncio.Task[Any]) -> list[str]:
+    """Where a suspended task waits: the file:line of each coroutine down its await chain,
+    then what the innermost awaits (a Future, a generator), outermost first. What
+    `Task.get_stack` cannot say: it gives only the task's own coroutine frame."""
+    out: list[str] = []
+    step: Any = task.get_coro()
+    for _ in range(64):  # an await chain is never this deep; a cycle would be
+        frame = getattr(step, "cr_frame", None) or getattr(step, "gi_frame", None)
+        if frame is not None:
+            out.append(f"{frame.f_code.co_filename}:{frame.f_lineno} {frame.f_code.co_name}")
+        inner = getattr(step, "cr_await", None)
+        if inner is None:
+            inner = getattr(step, "gi_yieldfrom", None)
+        if inner is None:
+            break
+        if not (hasattr(inner, "cr_frame") or hasattr(inner, "gi_frame")):
+            out.append(repr(inner)[:200])
+            break
+        step = inner
+    return out
+
+
 async def _cancel_all(tasks: Mapping[str, asyncio.Task[Any]], grace: float) -> None:
     for task in tasks.values():
         task.cancel()
@@ -74,7 +96,10 @@ async def _cancel_all(tasks: Mapping[str, asyncio.Task[Any]], grace: float) -> N
     if pending:
         _, still = await asyncio.wait(pending, timeout=grace)
         for task in still:
-            log.error("root task did not stop after cancellation", extra={"task": task.get_name()})
+            log.error(
+                "root task did not stop after cancellation",
+                extra={"task": task.get_name(), "awaiting": awaiting(task)},
+            )
     for name, task in tasks.items():
         if task.done() and not task.cancelled() and task.exception() is not None:
             log.error(
