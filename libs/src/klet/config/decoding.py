@@ -30,6 +30,7 @@ from klet.config.kubelet import (
     KubeletConfiguration,
     nested_class,
 )
+from klet.config.shape import shape_problem, show
 from klet.config.units import parse_duration
 from klet.config.validation import validate_problems
 
@@ -38,19 +39,6 @@ __all__ = ["ConfigError", "Problem", "decode_config", "load_config_file", "read_
 
 _INVALID = object()  # a decoder's "value rejected, problem recorded"
 _INT_RANGES = {"int32": (-(2**31), 2**31 - 1), "int64": (-(2**63), 2**63 - 1)}
-
-
-def _show(raw: object) -> str:
-    """A value as it appeared in the file, for messages."""
-    if isinstance(raw, str):
-        return json.dumps(raw, ensure_ascii=False)
-    if isinstance(raw, Mapping):
-        return "an object"
-    if isinstance(raw, list | tuple):
-        return "a list"
-    if isinstance(raw, bool):
-        return "true" if raw else "false"
-    return repr(raw)
 
 
 def _join(path: str, key: str) -> str:
@@ -73,24 +61,24 @@ class _Decoder:
             return (
                 raw
                 if isinstance(raw, str)
-                else self.bad(path, f"must be a string, got {_show(raw)}")
+                else self.bad(path, f"must be a string, got {show(raw)}")
             )
         if kind == "bool":
             if isinstance(raw, bool):
                 return raw
-            return self.bad(path, f"must be a boolean, got {_show(raw)}")
+            return self.bad(path, f"must be a boolean, got {show(raw)}")
         if kind in _INT_RANGES:
             if isinstance(raw, bool) or not isinstance(raw, int):
-                return self.bad(path, f"must be an integer, got {_show(raw)}")
+                return self.bad(path, f"must be an integer, got {show(raw)}")
             low, high = _INT_RANGES[kind]
             if not low <= raw <= high:
                 return self.bad(path, f"{raw} is out of range for {kind}")
             return raw
         if kind == "float":
             if isinstance(raw, bool) or not isinstance(raw, int | float):
-                return self.bad(path, f"must be a number, got {_show(raw)}")
+                return self.bad(path, f"must be a number, got {show(raw)}")
             if not math.isfinite(raw):
-                return self.bad(path, f"must be a finite number, got {_show(raw)}")
+                return self.bad(path, f"must be a finite number, got {show(raw)}")
             return float(raw)
         if kind == "duration":
             return self.duration(raw, path)
@@ -102,7 +90,7 @@ class _Decoder:
 
     def duration(self, raw: object, path: str) -> object:
         if not isinstance(raw, str):
-            return self.bad(path, f'invalid duration {_show(raw)}: must be a string like "1m30s"')
+            return self.bad(path, f'invalid duration {show(raw)}: must be a string like "1m30s"')
         try:
             return parse_duration(raw)
         except ValueError as exc:
@@ -111,11 +99,11 @@ class _Decoder:
     # --- containers ------------------------------------------------------------------------
     def mapping(self, raw: object, path: str, value: Callable[[object, str], object]) -> object:
         if not isinstance(raw, Mapping):
-            return self.bad(path, f"must be an object, got {_show(raw)}")
+            return self.bad(path, f"must be an object, got {show(raw)}")
         out: dict[str, object] = {}
         for key, item in raw.items():
             if not isinstance(key, str):
-                self.bad(path, f"key {_show(key)} must be a string")
+                self.bad(path, f"key {show(key)} must be a string")
                 continue
             decoded = value(item, _join(path, key))
             if decoded is not _INVALID:
@@ -124,7 +112,7 @@ class _Decoder:
 
     def sequence(self, raw: object, path: str, item: Callable[[object, str], object]) -> object:
         if not isinstance(raw, list):
-            return self.bad(path, f"must be a list, got {_show(raw)}")
+            return self.bad(path, f"must be a list, got {show(raw)}")
         out = [item(v, f"{path}[{i}]") for i, v in enumerate(raw)]
         return _INVALID if any(v is _INVALID for v in out) else tuple(out)
 
@@ -168,7 +156,7 @@ class _Decoder:
     def struct(self, cls: type[Any], raw: object, path: str) -> tuple[Any, dict[str, Any]]:
         """Decode an object into `cls`; also returns the fields the file actually set."""
         if not isinstance(raw, Mapping):
-            self.bad(path, f"must be an object, got {_show(raw)}")
+            self.bad(path, f"must be an object, got {show(raw)}")
             return cls(), {}
         by_json = {f.metadata["json"]: f for f in dataclasses.fields(cls)}
         given: dict[str, Any] = {}
@@ -202,16 +190,16 @@ def decode_config(
     """
     decoder = _Decoder(base_dir)
     if not isinstance(data, Mapping):
-        decoder.bad("", f"the file must hold a {KIND} object, got {_show(data)}")
+        decoder.bad("", f"the file must hold a {KIND} object, got {show(data)}")
         return KubeletConfiguration(), decoder.problems
     body = dict(data)
     api_version = body.pop("apiVersion", None)
     kind = body.pop("kind", None)
     if api_version != API_VERSION:
-        got = "missing" if api_version is None else f"got {_show(api_version)}"
+        got = "missing" if api_version is None else f"got {show(api_version)}"
         decoder.bad("apiVersion", f'must be "{API_VERSION}" ({got})')
     if kind != KIND:
-        got = "missing" if kind is None else f"got {_show(kind)}"
+        got = "missing" if kind is None else f"got {show(kind)}"
         decoder.bad("kind", f'must be "{KIND}" ({got})')
     cfg, fields = decoder.struct(KubeletConfiguration, body, "")
     if given is not None:
@@ -242,7 +230,7 @@ def _parse_text(text: str, *, json_file: bool) -> tuple[object, list[str]]:
             out: dict[str, Any] = {}
             for key, value in items:
                 if key in out:
-                    duplicates.append(f"duplicate field {_show(key)}")
+                    duplicates.append(f"duplicate field {show(key)}")
                 out[key] = value
             return out
 
@@ -252,55 +240,6 @@ def _parse_text(text: str, *, json_file: bool) -> tuple[object, list[str]]:
     from klet.config.yamltext import parse_yaml
 
     return parse_yaml(text)
-
-
-# Bounds on the parsed document. A KubeletConfiguration is a few levels deep with a few
-# hundred values; a file past these is hostile or broken (a YAML alias bomb expands
-# exponentially while its text stays small), and walking it could exhaust the stack or
-# the CPU before any field check ran.
-MAX_DEPTH = 64
-MAX_VALUES = 100_000
-
-
-def _shape_problem(data: object) -> str | None:
-    """Why `data` is too deep or too large once its aliases are expanded, else None.
-
-    Iterative, and each distinct container is visited once (aliases share objects), so
-    the check itself costs the size of the text, not of the expansion.
-    """
-    sizes: dict[int, int] = {}
-    depths: dict[int, int] = {}
-    open_nodes: set[int] = set()  # the path from the root: meeting one again is a cycle
-    stack: list[tuple[object, bool]] = [(data, False)]
-    while stack:
-        node, done = stack.pop()
-        if isinstance(node, Mapping):
-            children: list[object] = [*node.keys(), *node.values()]
-        elif isinstance(node, list | tuple):
-            children = list(node)
-        else:
-            continue
-        key = id(node)
-        if done:
-            open_nodes.discard(key)
-            inner = [c for c in children if isinstance(c, Mapping | list | tuple)]
-            sizes[key] = 1 + len(children) - len(inner) + sum(sizes[id(c)] for c in inner)
-            depths[key] = 1 + max((depths[id(c)] for c in inner), default=0)
-            if depths[key] > MAX_DEPTH:
-                return f"nested more than {MAX_DEPTH} levels deep"
-            if sizes[key] > MAX_VALUES:
-                return f"holds more than {MAX_VALUES} values once YAML aliases are expanded"
-            continue
-        if key in sizes:
-            continue
-        if key in open_nodes:
-            return "refers to itself (a recursive YAML alias)"
-        if len(stack) > 4 * MAX_VALUES:
-            return f"holds more than {MAX_VALUES} values"
-        open_nodes.add(key)
-        stack.append((node, True))
-        stack.extend((c, False) for c in children if id(c) not in sizes)
-    return None
 
 
 def read_config_file(
@@ -327,7 +266,7 @@ def read_config_file(
         return KubeletConfiguration(), [Problem("", f"cannot parse: {detail}")]
     except RecursionError:
         return KubeletConfiguration(), [Problem("", "cannot parse: nested too deeply")]
-    shape = _shape_problem(data)
+    shape = shape_problem(data)
     if shape is not None:
         return KubeletConfiguration(), [Problem("", f"cannot parse: {shape}")]
     cfg, problems = decode_config(data, base_dir=file.parent.absolute(), given=given)

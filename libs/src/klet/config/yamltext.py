@@ -12,7 +12,7 @@ import re
 from typing import Any
 
 import yaml
-from klet.config.decoding import MAX_DEPTH, _show
+from klet.config.shape import MAX_DEPTH, show
 
 __all__ = ["parse_yaml"]
 
@@ -53,7 +53,7 @@ class _StrictYamlLoader(yaml.SafeLoader):
                 continue  # unhashable key; construct_mapping reports it
             if duplicate:
                 line = key_node.start_mark.line + 1
-                self.duplicates.append(f"line {line}: duplicate field {_show(key)}")
+                self.duplicates.append(f"line {line}: duplicate field {show(key)}")
         return super().construct_mapping(node, deep=deep)
 
 
