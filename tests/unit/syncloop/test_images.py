@@ -3,7 +3,8 @@
 Covers credentials (pod pull secrets tried before node credentials, each in turn until
 one works, no anonymous retry once credentials matched, anonymous when none match, the
 FailedToRetrieveImagePullSecret warning for a secret that cannot be read, with or
-without an apiserver), pull policies and names (IfNotPresent/Never/Always, the `:latest`
+without an apiserver, credential provider plugins' credentials after all the others),
+pull policies and names (IfNotPresent/Never/Always, the `:latest`
 default, InvalidImageName), the back-off message carrying the last error, pacing
 (registryPullQPS token bucket failing with "pull QPS exceeded", serialized and bounded
 parallel pulls), upstream's event texts, node docker config files re-read when they
@@ -105,6 +106,18 @@ def pod(image: str = IMAGE, *, secrets: list[str] = (), policy: str | None = Non
     }
 
 
+class Plugins:
+    """A `PluginCredentials` giving fixed credentials and recording what it was asked."""
+
+    def __init__(self, *creds: AuthConfig) -> None:
+        self.creds = list(creds)
+        self.asked: list[str] = []
+
+    async def lookup(self, repository: str) -> list[AuthConfig]:
+        self.asked.append(repository)
+        return list(self.creds)
+
+
 class World:
     def __init__(
         self,
@@ -113,6 +126,7 @@ class World:
         node: dict[str, AuthConfig] | None = None,
         parallel: int | None = 1,
         rate: TokenBucket | None = None,
+        plugins: Plugins | None = None,
     ) -> None:
         self.clock = Clock()
         self.cri = FakeRuntimeService()
@@ -125,7 +139,9 @@ class World:
             backoff=Backoff(),
             clock=self.clock,
             rate=rate,
-            credentials=PullCredentials(node=lambda: dict(node or {}), objects=objects),
+            credentials=PullCredentials(
+                node=lambda: dict(node or {}), objects=objects, plugins=plugins
+            ),
         )
 
     async def ensure(self, p: JSON) -> Any:
@@ -151,6 +167,22 @@ async def test_pod_secrets_are_tried_in_turn_before_the_node_credentials() -> No
     assert outcome.image_ref is not None and outcome.waiting is None
     assert w.pulls() == [(IMAGE, "mallory"), (IMAGE, "alice")]
     assert w.events.reasons() == ["Pulling", "Pulled"]
+
+
+async def test_plugin_credentials_come_after_the_secrets_and_the_node() -> None:
+    objects = Objects({("ns", "wrong"): pull_secret("mallory", "x")})
+    plugins = Plugins(GOOD)
+    w = World(objects=objects, node={REGISTRY: BAD}, plugins=plugins)
+    outcome = await w.ensure(pod(secrets=["wrong"]))
+    assert outcome.image_ref is not None
+    assert w.pulls() == [(IMAGE, "mallory"), (IMAGE, "mallory"), (IMAGE, "alice")]
+    assert plugins.asked == [f"{REGISTRY}/app"]  # the repository: no tag
+
+
+async def test_plugin_credentials_alone() -> None:
+    w = World(plugins=Plugins(GOOD))
+    assert (await w.ensure(pod())).image_ref is not None
+    assert w.pulls() == [(IMAGE, "alice")]
 
 
 async def test_node_credentials_when_the_pod_has_no_secrets() -> None:

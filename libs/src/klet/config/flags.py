@@ -26,8 +26,8 @@ from typing import Any
 
 from klet.config.errors import Problem
 from klet.config.kubelet import KubeletConfiguration, upstream_name
-from klet.config.units import parse_duration
 from klet.model.layout import DEFAULT_SERVICE_PORTS
+from klet.model.units import parse_duration
 
 __all__ = [
     "FLAGS",
@@ -714,6 +714,20 @@ _SETTING_FLAGS: tuple[FlagSpec, ...] = (
         _I32,
         setting="maximum_dead_containers",
         metavar="N",
+    ),
+    # Credential provider plugins (KubeletFlags; klet.config.credentialproviders).
+    FlagSpec(
+        "--image-credential-provider-config",
+        "credential provider plugin config file (JSON/YAML/YML) or a directory of such "
+        "files (merged in lexical order); needs --image-credential-provider-bin-dir",
+        setting="image_credential_provider_config",
+        metavar="PATH",
+    ),
+    FlagSpec(
+        "--image-credential-provider-bin-dir",
+        "the directory holding the credential provider plugins' executables",
+        setting="image_credential_provider_bin_dir",
+        metavar="PATH",
     ),
 )
 

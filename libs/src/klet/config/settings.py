@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any, NoReturn
 from urllib.parse import SplitResult, urlsplit
 
+from klet.config.credentialproviders import CredentialProviderConfig, load_credential_providers
 from klet.config.decoding import read_config_file
 from klet.config.errors import ConfigError, Problem
 from klet.config.flags import (
@@ -119,6 +120,9 @@ class KletSettings:
     pod_history_max_entries: int = 256  # --pod-history-max-entries
     pod_history_max_age: float = 86400.0  # --pod-history-max-age, seconds
     pod_history_max_pods: int = 1000  # --pod-history-max-pods
+    # --image-credential-provider-config and --image-credential-provider-bin-dir, read
+    # and validated at load time (klet.config.credentialproviders); None = no plugins.
+    credential_providers: CredentialProviderConfig | None = None
     # The deprecated flags or variables given, each as "<name> is deprecated: <what
     # instead>", for the service to log as warnings once its logging is set up.
     deprecations: tuple[str, ...] = ()
@@ -428,6 +432,32 @@ def _optional_path(value: str | None) -> Path | None:
     return Path(value) if value else None
 
 
+def _credential_providers(
+    values: Mapping[str, Any],
+) -> tuple[CredentialProviderConfig | None, list[Problem]]:
+    """The plugins of --image-credential-provider-config, as upstream: either flag given
+    means both are needed, the file is read and checked now, and any problem stops."""
+    config = _optional_path(values.get("image_credential_provider_config"))
+    bin_dir = _optional_path(values.get("image_credential_provider_bin_dir"))
+    if config is None and bin_dir is None:
+        return None, []
+    if config is None:
+        return None, [
+            Problem(
+                "--image-credential-provider-bin-dir",
+                "needs --image-credential-provider-config (the plugins to run)",
+            )
+        ]
+    if bin_dir is None:
+        return None, [
+            Problem(
+                "--image-credential-provider-config",
+                "needs --image-credential-provider-bin-dir (where the plugins are)",
+            )
+        ]
+    return load_credential_providers(config, bin_dir)
+
+
 def load_settings(
     argv: Sequence[str],
     *,
@@ -493,6 +523,8 @@ def load_settings(
                     "other",
                 )
             )
+    credential_providers, provider_problems = _credential_providers(klet_values)
+    problems += provider_problems
     redis_url, redis_auth, redis_problems = _redis(klet_values, source)
     problems += redis_problems
     node_name, name_problem = _node_name(klet_values, hostname)
@@ -550,6 +582,7 @@ def load_settings(
         evented_pleg_relist_period=klet_values.get(
             "evented_pleg_relist_period", KletSettings.evented_pleg_relist_period
         ),
+        credential_providers=credential_providers,
         deprecations=tuple(
             f"{source[spec.setting]} is deprecated: {spec.deprecated}"
             for spec in FLAGS

@@ -720,3 +720,36 @@ class DeviceMetrics:
 
     def allocated(self, resource: str, seconds: float) -> None:
         self.allocations.labels(resource).observe(seconds)
+
+
+@dataclass(frozen=True)
+class CredentialProviderMetrics:
+    """Upstream's two series of credential provider plugin runs
+    (containers/credentialplugins.py's PluginObserver): every run's duration, and the
+    runs that failed to execute, exited non-zero or timed out."""
+
+    duration: Histogram
+    errors: Counter
+
+    @classmethod
+    def create(cls, registry: CollectorRegistry) -> CredentialProviderMetrics:
+        return cls(
+            duration=Histogram(
+                "kubelet_credential_provider_plugin_duration",
+                "Duration of execution in seconds for credential provider plugin",
+                ["plugin_name"],
+                registry=registry,
+                buckets=DEF_BUCKETS,
+            ),
+            errors=Counter(
+                "kubelet_credential_provider_plugin_errors",
+                "Number of errors from credential provider plugin",
+                ["plugin_name"],
+                registry=registry,
+            ),
+        )
+
+    def plugin_ran(self, name: str, *, seconds: float, failed: bool) -> None:
+        self.duration.labels(name).observe(seconds)
+        if failed:
+            self.errors.labels(name).inc()

@@ -47,6 +47,7 @@ from klet.syncloop.admission.admit import AdmissionLedger, NodeInfo, admit_pod
 from klet.syncloop.admission.nodetaints import KubeNodeApi, NodeTaints
 from klet.syncloop.admission.sysctls import SysctlAllowlist
 from klet.syncloop.containers import podcgroups
+from klet.syncloop.containers.credentialplugins import PluginKeyring
 from klet.syncloop.containers.hooks import LifecycleHooks
 from klet.syncloop.containers.images import (
     ImagePuller,
@@ -67,12 +68,14 @@ from klet.syncloop.containers.reservedcgroups import (
 )
 from klet.syncloop.containers.security import SecuritySettings
 from klet.syncloop.containers.systemdcgroups import SystemdPodCgroups
+from klet.syncloop.cpumanager.manager import CPUManager, create_manager
 from klet.syncloop.devices.manager import DEVICE_PLUGINS_DIR, DeviceManager
 from klet.syncloop.environment.dns import DNSSettings
 from klet.syncloop.environment.envvars import NodeFacts
 from klet.syncloop.environment.kubeobjects import ApiObjects
 from klet.syncloop.events import BusEventSink, EventSink
 from klet.syncloop.metrics import (
+    CredentialProviderMetrics,
     DeviceMetrics,
     Metrics,
     ResizeMetrics,
@@ -163,6 +166,7 @@ class Deps:
     plugins: PluginWatcher | None = None  # <root-dir>/plugins_registry; None: not watched
     volume_stats: VolumeStatsCollector | None = None  # the bus `volumes` table; None: off
     devices: DeviceManager | None = None  # device plugins (root task `device-plugins`)
+    cpus: CPUManager | None = None  # the CPU manager (root task `cpu-manager`)
     runtime_events: RuntimeEvents | None = None  # the production event channel, closed at exit
     reserved: tuple[ReservedCgroup, ...] = ()
     """The reserved cgroups enforceNodeAllocatable names (root task `node-allocatable`)."""
@@ -288,7 +292,16 @@ def build_deps(settings: Settings, overrides: Overrides | None = None) -> Deps:
             else None
         ),
         credentials=PullCredentials(
-            node=NodeCredentials(Path(settings.klet.root_dir)), objects=objects
+            node=NodeCredentials(Path(settings.klet.root_dir)),
+            objects=objects,
+            plugins=(
+                PluginKeyring.from_config(
+                    settings.klet.credential_providers,
+                    observer=CredentialProviderMetrics.create(registry),
+                )
+                if settings.klet.credential_providers is not None
+                else None
+            ),
         ),
     )
     exits = ExitNotices()  # exits announced before CRI records them (runtimeevents.py)
@@ -406,8 +419,13 @@ def build_deps(settings: Settings, overrides: Overrides | None = None) -> Deps:
         observer=DeviceMetrics.create(registry),
     )
     syncer.starter.devices = devices
+    # The CPU manager (cpuManagerPolicy): admission takes exclusive CPUs, container
+    # creation sets the cpuset; raises CPUManagerError when it cannot start.
+    cpus = create_manager(k, Path(settings.klet.root_dir), table=node_bus.cpus, clock=clock)
+    cpus.check()
+    syncer.starter.cpus = cpus
     admission = AdmissionLedger(
-        o.node or admission_node(settings), taints=node_taints, devices=devices
+        o.node or admission_node(settings), taints=node_taints, cpus=cpus, devices=devices
     )
     resizer = (
         _pod_resizer(
@@ -506,6 +524,7 @@ def build_deps(settings: Settings, overrides: Overrides | None = None) -> Deps:
         relister=relister,
         watcher=watcher,
         devices=devices,
+        cpus=cpus,
         runtime_events=runtime_events,
         reserved=reserved_cgroups(k),
         reserved_writer=None

@@ -8,7 +8,9 @@ which the container shows ImagePullBackOff, with the last pull error in its mess
 
 Credentials (keyring.py): the pod's imagePullSecrets, read from the apiserver in cluster
 mode, then the node's docker configuration files; each matching credential is tried in
-turn, and an image no credential matches is pulled anonymously. A pull secret that
+turn, and an image no credential matches is pulled anonymously. The credential
+provider plugins of --image-credential-provider-config (credentialplugins.py) come last,
+as upstream's union keyring puts them after the node's files. A pull secret that
 cannot be read gives upstream's FailedToRetrieveImagePullSecret warning and the pull
 goes on with what there is. Upstream reads the pull secrets at every pod sync; here
 they are read only when a pull is about to happen, which is the only time they matter.
@@ -108,13 +110,20 @@ def _read(path: Path) -> bytes | None:
         return None
 
 
+class PluginCredentials(Protocol):
+    """The credential provider plugins (credentialplugins.PluginKeyring)."""
+
+    async def lookup(self, repository: str) -> list[AuthConfig]: ...
+
+
 @dataclass(frozen=True)
 class PullCredentials:
-    """Where credentials come from: the node's docker configuration and, in cluster
-    mode, the pods' pull secrets through the apiserver (`objects`)."""
+    """Where credentials come from: the node's docker configuration, in cluster mode the
+    pods' pull secrets through the apiserver (`objects`), and the plugins."""
 
     node: Callable[[], Mapping[str, AuthConfig]] = dict
     objects: KubeObjects | None = None
+    plugins: PluginCredentials | None = None
 
 
 @dataclass
@@ -280,7 +289,11 @@ class ImagePuller:
 
     async def _credentials(self, pod: JSON, image: str) -> list[AuthConfig]:
         secrets = await self._pull_secrets(pod)
-        return keyring.pull_credentials(image, secrets=secrets, node=self.credentials.node())
+        found = keyring.pull_credentials(image, secrets=secrets, node=self.credentials.node())
+        if self.credentials.plugins is not None:
+            repository = keyring.parse_image(image).repository
+            found += await self.credentials.plugins.lookup(repository)
+        return found
 
     async def _pull_secrets(self, pod: JSON) -> list[keyring.DockerConfig]:
         names = [

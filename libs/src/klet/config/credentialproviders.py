@@ -1,0 +1,310 @@
+"""The CredentialProviderConfig of `--image-credential-provider-config`, read and checked.
+
+Upstream's kubelet reads this file (or every `*.json`, `*.yaml`, `*.yml` file of a
+directory, in lexical order, merged) at start-up, decodes it strictly, validates it and
+finds each provider's executable in `--image-credential-provider-bin-dir`; any problem
+stops the kubelet. klet does the same at settings time, so `klet up` and every service
+refuse a bad file before anything runs, and lists every problem at once, each naming the
+file and the field (`creds.yaml: providers[0].defaultCacheDuration: required`).
+
+Versions are upstream 1.34's: the file may be `kubelet.config.k8s.io/v1`, `v1beta1` or
+`v1alpha1` (the three decode to the same fields), and each provider's `apiVersion` (the
+version of the CredentialProviderRequest/Response it speaks) one of
+`credentialprovider.kubelet.k8s.io/v1`, `v1beta1`, `v1alpha1`.
+
+Not implemented: `tokenAttributes` (a service account token for the pod passed to the
+plugin, gate KubeletServiceAccountTokenForCredentialProviders). A provider that sets it
+is refused by name rather than run without the token it was configured to get.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from urllib.parse import urlsplit
+
+from klet.config.errors import Problem
+from klet.model.units import parse_duration
+
+__all__ = [
+    "CONFIG_API_VERSIONS",
+    "KIND",
+    "PLUGIN_API_VERSIONS",
+    "CredentialProvider",
+    "CredentialProviderConfig",
+    "decode_credential_provider_config",
+    "load_credential_providers",
+    "match_image_problem",
+]
+
+KIND = "CredentialProviderConfig"
+CONFIG_API_VERSIONS = (
+    "kubelet.config.k8s.io/v1",
+    "kubelet.config.k8s.io/v1beta1",
+    "kubelet.config.k8s.io/v1alpha1",
+)
+PLUGIN_API_VERSIONS = (
+    "credentialprovider.kubelet.k8s.io/v1",
+    "credentialprovider.kubelet.k8s.io/v1alpha1",
+    "credentialprovider.kubelet.k8s.io/v1beta1",
+)
+_CONFIG_SUFFIXES = (".json", ".yaml", ".yml")
+_PROVIDER_FIELDS = {
+    "name",
+    "matchImages",
+    "defaultCacheDuration",
+    "apiVersion",
+    "args",
+    "env",
+    "tokenAttributes",
+}
+_CONTROL = re.compile(r"[\x00-\x20\x7f]")
+
+
+@dataclass(frozen=True)
+class CredentialProvider:
+    """One exec plugin: `name` is its executable in the bin dir."""
+
+    name: str
+    match_images: tuple[str, ...]  # globs in the host, never in port or path
+    default_cache_duration: float  # seconds; used when a response has no cacheDuration
+    api_version: str  # of the request/response it speaks
+    args: tuple[str, ...] = ()
+    env: tuple[tuple[str, str], ...] = ()  # added to the kubelet's environment
+
+
+@dataclass(frozen=True)
+class CredentialProviderConfig:
+    """The providers, in the order upstream registers them, and where they live."""
+
+    providers: tuple[CredentialProvider, ...]
+    bin_dir: Path
+    files: tuple[Path, ...] = field(default=())
+
+
+def match_image_problem(pattern: str) -> str | None:
+    """Why a matchImages entry does not parse as a schemeless URL, or None."""
+    if _CONTROL.search(pattern):
+        return "match image is invalid: it may not contain spaces or control characters"
+    try:
+        parts = urlsplit(f"https://{pattern}")
+        parts.port  # noqa: B018 -- a non-numeric port raises here
+    except ValueError as err:
+        return f"match image is invalid: {err}"
+    if not parts.hostname and not parts.netloc:
+        return "match image is invalid: no host"
+    return None
+
+
+def _valid_name(name: str) -> bool:
+    """A provider name that is a file name in the bin dir (upstream's rules)."""
+    return bool(name) and "/" not in name and " " not in name and name not in (".", "..")
+
+
+def _strings(raw: object, where: str, problems: list[Problem]) -> tuple[str, ...]:
+    if raw is None:
+        return ()
+    if not isinstance(raw, list) or not all(isinstance(v, str) for v in raw):
+        problems.append(Problem(where, "must be a list of strings"))
+        return ()
+    return tuple(raw)
+
+
+def _provider(raw: object, where: str, problems: list[Problem]) -> CredentialProvider | None:
+    if not isinstance(raw, Mapping):
+        problems.append(Problem(where, "must be an object"))
+        return None
+    for key in sorted(set(raw) - _PROVIDER_FIELDS, key=str):
+        problems.append(Problem(f"{where}.{key}", "unknown field"))
+    name = raw.get("name")
+    if not isinstance(name, str) or not name:
+        problems.append(Problem(f"{where}.name", "required"))
+        name = ""
+    elif not _valid_name(name):
+        problems.append(
+            Problem(f"{where}.name", f'"{name}": may not contain "/" or spaces, nor be . or ..')
+        )
+    api_version = raw.get("apiVersion")
+    if not api_version:
+        problems.append(Problem(f"{where}.apiVersion", "required"))
+    elif api_version not in PLUGIN_API_VERSIONS:
+        supported = ", ".join(f'"{v}"' for v in sorted(PLUGIN_API_VERSIONS))
+        problems.append(
+            Problem(
+                f"{where}.apiVersion", f"Unsupported value: {api_version!r}: supported {supported}"
+            )
+        )
+    images = _strings(raw.get("matchImages"), f"{where}.matchImages", problems)
+    if not images:
+        problems.append(
+            Problem(f"{where}.matchImages", "at least 1 item in matchImages is required")
+        )
+    for i, pattern in enumerate(images):
+        why = match_image_problem(pattern)
+        if why:
+            problems.append(Problem(f"{where}.matchImages[{i}]", f'"{pattern}": {why}'))
+    duration = 0.0
+    raw_duration = raw.get("defaultCacheDuration")
+    if raw_duration is None:
+        problems.append(Problem(f"{where}.defaultCacheDuration", "required"))
+    else:
+        try:
+            duration = parse_duration(raw_duration)
+        except ValueError as err:
+            problems.append(Problem(f"{where}.defaultCacheDuration", str(err)))
+        if duration < 0:
+            problems.append(
+                Problem(f"{where}.defaultCacheDuration", "must be greater than or equal to 0")
+            )
+    args = _strings(raw.get("args"), f"{where}.args", problems)
+    env: list[tuple[str, str]] = []
+    for j, var in enumerate(raw.get("env") or []):
+        at = f"{where}.env[{j}]"
+        if not isinstance(var, Mapping):
+            problems.append(Problem(at, "must be an object with name and value"))
+            continue
+        for key in sorted(set(var) - {"name", "value"}, key=str):
+            problems.append(Problem(f"{at}.{key}", "unknown field"))
+        if not isinstance(var.get("name"), str) or not var.get("name"):
+            problems.append(Problem(f"{at}.name", "required"))
+            continue
+        env.append((var["name"], str(var.get("value") or "")))
+    if raw.get("tokenAttributes") is not None:
+        problems.append(
+            Problem(
+                f"{where}.tokenAttributes",
+                "not supported by klet: service account tokens for credential providers "
+                "(feature KubeletServiceAccountTokenForCredentialProviders) are not "
+                "implemented; remove tokenAttributes or use a plugin that needs no token",
+            )
+        )
+    if not isinstance(api_version, str) or not isinstance(name, str):
+        return None
+    return CredentialProvider(
+        name=name,
+        match_images=images,
+        default_cache_duration=max(duration, 0.0),
+        api_version=api_version,
+        args=args,
+        env=tuple(env),
+    )
+
+
+def decode_credential_provider_config(
+    data: object,
+) -> tuple[list[CredentialProvider], list[Problem]]:
+    """The providers of one decoded file and its problems (field paths, unprefixed)."""
+    if not isinstance(data, Mapping):
+        return [], [Problem("", "must be a CredentialProviderConfig object")]
+    problems: list[Problem] = []
+    if data.get("kind") != KIND:
+        problems.append(Problem("kind", f'must be "{KIND}", got {json.dumps(data.get("kind"))}'))
+    if data.get("apiVersion") not in CONFIG_API_VERSIONS:
+        supported = ", ".join(CONFIG_API_VERSIONS)
+        problems.append(
+            Problem("apiVersion", f"{json.dumps(data.get('apiVersion'))}: supported {supported}")
+        )
+    for key in sorted(set(data) - {"kind", "apiVersion", "providers"}, key=str):
+        problems.append(Problem(key, "unknown field"))
+    raw_providers = data.get("providers")
+    if raw_providers is not None and not isinstance(raw_providers, list):
+        return [], [*problems, Problem("providers", "must be a list")]
+    providers: list[CredentialProvider] = []
+    for i, raw in enumerate(raw_providers or []):
+        provider = _provider(raw, f"providers[{i}]", problems)
+        if provider is not None:
+            providers.append(provider)
+    return providers, problems
+
+
+def _parse(path: Path, text: str) -> object:
+    if path.suffix.lower() == ".json":
+        return json.loads(text)
+    from klet.config.yamltext import parse_yaml  # PyYAML only when a YAML file is read
+
+    data, duplicates = parse_yaml(text)
+    if duplicates:
+        raise ValueError("; ".join(duplicates))
+    return data
+
+
+def _config_files(path: Path) -> tuple[list[Path], Problem | None]:
+    if not path.exists():
+        return [], Problem(str(path), "unable to access path: no such file or directory")
+    if not path.is_dir():
+        return [path], None
+    files = sorted(p for p in path.iterdir() if p.suffix in _CONFIG_SUFFIXES and not p.is_dir())
+    if not files:
+        return [], Problem(str(path), "no configuration files (*.json, *.yaml, *.yml) found")
+    return files, None
+
+
+def load_credential_providers(
+    config: Path,
+    bin_dir: Path,
+    *,
+    executable: Callable[[Path], bool] = lambda p: p.is_file() and os.access(p, os.X_OK),
+) -> tuple[CredentialProviderConfig | None, list[Problem]]:
+    """Read `config` (a file or a directory of them), validate it and find each
+    provider's executable in `bin_dir`. Problems name the file (or directory) and field."""
+    problems: list[Problem] = []
+    if not bin_dir.is_dir():
+        problems.append(
+            Problem(
+                "--image-credential-provider-bin-dir",
+                f"plugin binary directory {bin_dir} did not exist",
+            )
+        )
+    files, missing = _config_files(config)
+    if missing is not None:
+        return None, [*problems, missing]
+    providers: list[CredentialProvider] = []
+    seen: dict[str, Path] = {}
+    for file in files:
+        try:
+            data = _parse(file, file.read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, ValueError, RecursionError) as err:
+            problems.append(Problem(str(file), f"cannot read: {err}"))
+            continue
+        found, file_problems = decode_credential_provider_config(data)
+        problems += [
+            Problem(f"{file}: {p.path}" if p.path else str(file), p.message) for p in file_problems
+        ]
+        for i, provider in enumerate(found):
+            if provider.name in seen:
+                problems.append(
+                    Problem(
+                        f"{file}: providers[{i}].name",
+                        f'duplicate provider name "{provider.name}" '
+                        f"(also in {seen[provider.name]})",
+                    )
+                )
+                continue
+            seen[provider.name] = file
+            providers.append(provider)
+            if (
+                bin_dir.is_dir()
+                and _valid_name(provider.name)
+                and not executable(bin_dir / provider.name)
+            ):
+                problems.append(
+                    Problem(
+                        f"{file}: providers[{i}].name",
+                        f"plugin binary executable {bin_dir / provider.name} did not exist "
+                        "(or is not executable)",
+                    )
+                )
+    if not providers and not problems:
+        problems.append(Problem(str(config), "providers: at least 1 item in plugins is required"))
+    if problems:
+        return None, problems
+    return CredentialProviderConfig(tuple(providers), bin_dir, tuple(files)), []
+
+
+def describe(providers: Sequence[CredentialProvider]) -> str:
+    """The providers' names and patterns, for the start-up log line."""
+    return "; ".join(f"{p.name} ({', '.join(p.match_images)})" for p in providers)

@@ -1,0 +1,226 @@
+"""--image-credential-provider-config and -bin-dir (klet.config.credentialproviders).
+
+Covers: a valid file (YAML or JSON) gives its providers with durations, args and env; a
+directory's *.json/*.yaml/*.yml files merge in lexical order and a name used twice is
+refused; every upstream validation (kind, apiVersion of the file and of each provider,
+name characters, matchImages present and parseable, defaultCacheDuration present and
+not negative, unknown fields) is reported at once, naming the file and the field;
+tokenAttributes is refused by name (service account tokens are not implemented); the
+bin dir and each provider's executable must exist; through load_settings either flag
+without the other is refused, and a good pair lands in KletSettings.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+from klet.config import ConfigError, load_settings
+from klet.config.credentialproviders import load_credential_providers
+
+V1 = "credentialprovider.kubelet.k8s.io/v1"
+
+GOOD_YAML = """\
+apiVersion: kubelet.config.k8s.io/v1
+kind: CredentialProviderConfig
+providers:
+  - name: ecr-credential-provider
+    matchImages: ["*.dkr.ecr.*.amazonaws.com", "registry.io:5000/team"]
+    defaultCacheDuration: 12h
+    apiVersion: credentialprovider.kubelet.k8s.io/v1
+    args: [get-credentials]
+    env:
+      - name: AWS_PROFILE
+        value: node
+"""
+
+
+def _bin(tmp_path: Path, *names: str) -> Path:
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir(exist_ok=True)
+    for name in names:
+        exe = bin_dir / name
+        exe.write_text("#!/bin/sh\n")
+        exe.chmod(0o755)
+    return bin_dir
+
+
+def test_a_valid_file(tmp_path: Path) -> None:
+    config = tmp_path / "creds.yaml"
+    config.write_text(GOOD_YAML)
+    loaded, problems = load_credential_providers(config, _bin(tmp_path, "ecr-credential-provider"))
+    assert problems == []
+    assert loaded is not None
+    (p,) = loaded.providers
+    assert p.name == "ecr-credential-provider"
+    assert p.match_images == ("*.dkr.ecr.*.amazonaws.com", "registry.io:5000/team")
+    assert p.default_cache_duration == 12 * 3600
+    assert p.api_version == V1
+    assert p.args == ("get-credentials",)
+    assert p.env == (("AWS_PROFILE", "node"),)
+
+
+def test_a_directory_merges_in_lexical_order(tmp_path: Path) -> None:
+    conf = tmp_path / "conf.d"
+    conf.mkdir()
+
+    def doc(name: str) -> str:
+        return json.dumps(
+            {
+                "apiVersion": "kubelet.config.k8s.io/v1beta1",
+                "kind": "CredentialProviderConfig",
+                "providers": [
+                    {
+                        "name": name,
+                        "matchImages": ["r.io"],
+                        "defaultCacheDuration": "1m",
+                        "apiVersion": "credentialprovider.kubelet.k8s.io/v1alpha1",
+                    }
+                ],
+            }
+        )
+
+    (conf / "20-b.json").write_text(doc("b"))
+    (conf / "10-a.json").write_text(doc("a"))
+    (conf / "README").write_text("not a config")
+    bin_dir = _bin(tmp_path, "a", "b")
+    loaded, problems = load_credential_providers(conf, bin_dir)
+    assert problems == [] and loaded is not None
+    assert [p.name for p in loaded.providers] == ["a", "b"]
+    (conf / "30-c.json").write_text(doc("a"))
+    _, problems = load_credential_providers(conf, bin_dir)
+    assert [str(p) for p in problems] == [
+        f'{conf / "30-c.json"}: providers[0].name: duplicate provider name "a" '
+        f"(also in {conf / '10-a.json'})"
+    ]
+
+
+def test_every_problem_at_once_naming_file_and_field(tmp_path: Path) -> None:
+    config = tmp_path / "bad.yaml"
+    config.write_text(
+        """\
+apiVersion: kubelet.config.k8s.io/v2
+kind: CredentialProviderConfig
+extra: 1
+providers:
+  - name: "a/b"
+    apiVersion: credentialprovider.kubelet.k8s.io/v9
+    defaultCacheDuration: -1s
+    matchImages: ["bad host:port"]
+    tokenAttributes:
+      serviceAccountTokenAudience: aud
+  - name: c
+    apiVersion: credentialprovider.kubelet.k8s.io/v1
+    unknownField: x
+"""
+    )
+    _, problems = load_credential_providers(config, _bin(tmp_path, "c"))
+    text = [str(p) for p in problems]
+    f = str(config)
+    assert f"{f}: apiVersion: " in text[0] and "kubelet.config.k8s.io/v2" in text[0]
+    expected = [
+        f"{f}: extra: unknown field",
+        f'{f}: providers[0].name: "a/b": may not contain "/" or spaces, nor be . or ..',
+        f"{f}: providers[0].matchImages[0]: "
+        '"bad host:port": match image is invalid: it may not contain spaces or control '
+        "characters",
+        f"{f}: providers[0].defaultCacheDuration: must be greater than or equal to 0",
+        f"{f}: providers[1].unknownField: unknown field",
+        f"{f}: providers[1].matchImages: at least 1 item in matchImages is required",
+        f"{f}: providers[1].defaultCacheDuration: required",
+    ]
+    for line in expected:
+        assert line in text, line
+    assert any(t.startswith(f"{f}: providers[0].apiVersion: Unsupported value") for t in text)
+    assert any(
+        t.startswith(f"{f}: providers[0].tokenAttributes: not supported by klet")
+        and "KubeletServiceAccountTokenForCredentialProviders" in t
+        for t in text
+    )
+    # a/b has no executable to look for (bad name); nothing else is reported about it
+    assert len(text) == len(expected) + 3
+
+
+def test_bin_dir_and_executables_must_exist(tmp_path: Path) -> None:
+    config = tmp_path / "creds.yaml"
+    config.write_text(GOOD_YAML)
+    _, problems = load_credential_providers(config, tmp_path / "absent")
+    assert [str(p) for p in problems] == [
+        f"--image-credential-provider-bin-dir: plugin binary directory {tmp_path / 'absent'} "
+        "did not exist"
+    ]
+    bin_dir = _bin(tmp_path)
+    (bin_dir / "ecr-credential-provider").write_text("not executable")
+    _, problems = load_credential_providers(config, bin_dir)
+    assert [str(p) for p in problems] == [
+        f"{config}: providers[0].name: plugin binary executable "
+        f"{bin_dir / 'ecr-credential-provider'} did not exist (or is not executable)"
+    ]
+    _, problems = load_credential_providers(tmp_path / "nope.yaml", bin_dir)
+    assert [str(p) for p in problems] == [
+        f"{tmp_path / 'nope.yaml'}: unable to access path: no such file or directory"
+    ]
+
+
+def test_unparseable_and_empty_files(tmp_path: Path) -> None:
+    bin_dir = _bin(tmp_path)
+    broken = tmp_path / "broken.json"
+    broken.write_text("{")
+    _, problems = load_credential_providers(broken, bin_dir)
+    assert str(problems[0]).startswith(f"{broken}: cannot read: ")
+    empty = tmp_path / "empty.yaml"
+    empty.write_text(
+        "apiVersion: kubelet.config.k8s.io/v1\nkind: CredentialProviderConfig\nproviders: []\n"
+    )
+    _, problems = load_credential_providers(empty, bin_dir)
+    assert [str(p) for p in problems] == [
+        f"{empty}: providers: at least 1 item in plugins is required"
+    ]
+
+
+def test_flags_through_load_settings(tmp_path: Path) -> None:
+    config = tmp_path / "creds.yaml"
+    config.write_text(GOOD_YAML)
+    bin_dir = _bin(tmp_path, "ecr-credential-provider")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("KLET_")}
+    settings = load_settings(
+        [
+            f"--image-credential-provider-config={config}",
+            "--image-credential-provider-bin-dir",
+            str(bin_dir),
+        ],
+        env=env,
+        service="syncloop",
+        hostname="node-a",
+    )
+    loaded = settings.klet.credential_providers
+    assert loaded is not None and loaded.bin_dir == bin_dir
+    assert [p.name for p in loaded.providers] == ["ecr-credential-provider"]
+    assert (
+        load_settings([], env=env, service="syncloop", hostname="n").klet.credential_providers
+        is None
+    )
+    with pytest.raises(ConfigError) as info:
+        load_settings(
+            [f"--image-credential-provider-config={config}"],
+            env=env,
+            service="syncloop",
+            hostname="n",
+        )
+    assert info.value.problems == [
+        "--image-credential-provider-config: needs --image-credential-provider-bin-dir "
+        "(where the plugins are)"
+    ]
+    with pytest.raises(ConfigError) as info:
+        load_settings(
+            [f"--image-credential-provider-bin-dir={bin_dir}"],
+            env=env,
+            service="syncloop",
+            hostname="n",
+        )
+    assert info.value.problems == [
+        "--image-credential-provider-bin-dir: needs --image-credential-provider-config "
+        "(the plugins to run)"
+    ]
