@@ -20,8 +20,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from klet.config.units import parse_quantity
 from klet.devstack import DevStack
+from klet.model.units import parse_quantity
 from klet.testbed.cluster import ControlPlane
 
 from tests.harness.clusternode import cluster_node, wait_node_ready

@@ -1,4 +1,4 @@
-"""Go duration and Kubernetes quantity parsing (klet.config.units).
+"""Go duration and Kubernetes quantity parsing (klet.model.units).
 
 Covers: Go duration syntax (compound units, fractions, signs, "0", the micro sign), the
 errors for malformed durations, Go's canonical Duration.String() spelling, Kubernetes
@@ -11,7 +11,7 @@ from __future__ import annotations
 from decimal import Decimal
 
 import pytest
-from klet.config.units import (
+from klet.model.units import (
     format_duration,
     parse_duration,
     parse_percentage,

@@ -34,14 +34,14 @@ from klet.config.kubelet import (
     upstream_name,
 )
 from klet.config.settings import KletSettings, RedisAuth, Settings, build_parser, load_settings
-from klet.config.units import (
+from klet.config.validation import EVICTION_SIGNALS, validate, validate_problems
+from klet.model.units import (
     format_duration,
     parse_duration,
     parse_percentage,
     parse_quantity,
     parse_quantity_int,
 )
-from klet.config.validation import EVICTION_SIGNALS, validate, validate_problems
 
 __all__ = [
     "API_VERSION",

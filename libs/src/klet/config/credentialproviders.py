@@ -28,7 +28,7 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 from klet.config.errors import Problem
-from klet.config.units import parse_duration
+from klet.model.units import parse_duration
 
 __all__ = [
     "CONFIG_API_VERSIONS",

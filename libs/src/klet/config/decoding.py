@@ -31,8 +31,8 @@ from klet.config.kubelet import (
     nested_class,
 )
 from klet.config.shape import shape_problem, show
-from klet.config.units import parse_duration
 from klet.config.validation import validate_problems
+from klet.model.units import parse_duration
 
 __all__ = ["ConfigError", "Problem", "decode_config", "load_config_file", "read_config_file"]
 

@@ -26,8 +26,8 @@ from typing import Any
 
 from klet.config.errors import Problem
 from klet.config.kubelet import KubeletConfiguration, upstream_name
-from klet.config.units import parse_duration
 from klet.model.layout import DEFAULT_SERVICE_PORTS
+from klet.model.units import parse_duration
 
 __all__ = [
     "FLAGS",

@@ -21,7 +21,7 @@ import dataclasses
 from collections.abc import Callable, Mapping
 from typing import Any, Literal
 
-from klet.config.units import format_duration
+from klet.model.units import format_duration
 
 __all__ = [
     "API_VERSION",

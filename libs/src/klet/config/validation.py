@@ -25,7 +25,7 @@ from klet.config.errors import Problem
 from klet.config.gates import gate_problems
 from klet.config.kubelet import KubeletConfiguration
 from klet.config.support import unimplemented_problems
-from klet.config.units import parse_percentage, parse_quantity
+from klet.model.units import parse_percentage, parse_quantity
 
 __all__ = ["EVICTION_SIGNALS", "validate", "validate_problems"]
 

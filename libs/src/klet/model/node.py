@@ -30,7 +30,7 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from klet.config.units import parse_percentage, parse_quantity
+from klet.model.units import parse_percentage, parse_quantity
 
 
 @dataclass(frozen=True)

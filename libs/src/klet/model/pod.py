@@ -38,8 +38,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from decimal import Decimal
 
-from klet.config.units import parse_quantity
 from klet.model.types import JSON
+from klet.model.units import parse_quantity
 
 CONFIG_SOURCE = "kubernetes.io/config.source"
 CONFIG_HASH = "kubernetes.io/config.hash"

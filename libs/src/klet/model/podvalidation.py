@@ -38,7 +38,7 @@ from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any, Final
 
-from klet.config.units import parse_quantity
+from klet.model.units import parse_quantity
 
 DNS1123_LABEL_MAX: Final = 63
 DNS1123_SUBDOMAIN_MAX: Final = 253

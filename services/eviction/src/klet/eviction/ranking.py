@@ -38,11 +38,11 @@ from dataclasses import dataclass
 from decimal import Decimal
 from typing import Protocol
 
-from klet.config.units import parse_quantity
 from klet.eviction.signals import PodUsage, Signal
 from klet.model.node import format_bytes
 from klet.model.pod import container_requests, pod_priority, pod_requests
 from klet.model.types import JSON, PodUID
+from klet.model.units import parse_quantity
 
 REASON = "Evicted"
 """The pod status reason and Event reason of every eviction."""

@@ -36,9 +36,9 @@ from decimal import Decimal
 from klet.config.errors import ConfigError, Problem
 from klet.config.flags import parse_signal_thresholds
 from klet.config.kubelet import KubeletConfiguration
-from klet.config.units import parse_percentage, parse_quantity
 from klet.eviction.signals import SIGNAL_CONDITION, Observations, Signal
 from klet.model.node import format_bytes
+from klet.model.units import parse_percentage, parse_quantity
 
 __all__ = [
     "Amount",

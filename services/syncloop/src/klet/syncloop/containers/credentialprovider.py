@@ -26,7 +26,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from klet.cri.types import AuthConfig
-from klet.config.units import parse_duration
+from klet.model.units import parse_duration
 from klet.syncloop.containers.keyring import DockerConfig, urls_match
 
 GLOBAL_CACHE_KEY = "<global>"  # angle brackets: never an image or registry name

@@ -34,11 +34,11 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Protocol
 
-from klet.config.units import parse_quantity_int
 from klet.cri.errors import CRIError
 from klet.cri.types import Container, ContainerState, ContainerStatusInfo
 from klet.model.logfiles import COMPRESSED_SUFFIX, TEMPORARY_SUFFIX
 from klet.model.types import ContainerID
+from klet.model.units import parse_quantity_int
 from klet.obs import OnceLogger
 from klet.syncloop.containers.logrotation import RotationPlan, RotationPolicy, plan_rotation
 

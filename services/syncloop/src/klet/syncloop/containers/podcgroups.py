@@ -35,8 +35,8 @@ from typing import Protocol
 from klet.cgroups import CgroupFS
 from klet.cgroups.fs import V1_CONTROLLERS, detect, hugetlb_available, swap_control
 from klet.cgroups.machine import mem_total_bytes, parse_hugepage_dir
-from klet.config.units import parse_quantity
 from klet.model.layout import node_cgroups
+from klet.model.units import parse_quantity
 from klet.syncloop.containers.resources import (
     MIN_SHARES,
     NodeLimits,

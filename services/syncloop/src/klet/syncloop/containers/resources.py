@@ -41,10 +41,10 @@ from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any
 
-from klet.config.units import parse_quantity
 from klet.cri.types import LinuxResources
 from klet.model import pod as podmodel
 from klet.model.types import JSON
+from klet.model.units import parse_quantity
 from klet.syncloop.pods import podspec
 
 MIN_SHARES = 2

@@ -35,9 +35,9 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from decimal import Decimal
 
-from klet.config.units import parse_quantity
 from klet.model import pod as podmodel
 from klet.model.types import JSON
+from klet.model.units import parse_quantity
 
 
 def expand(text: str, lookup: Callable[[str], str | None]) -> str:

@@ -36,8 +36,8 @@ from dataclasses import dataclass, field, replace
 from decimal import Decimal
 from typing import Literal
 
-from klet.config.units import parse_quantity
 from klet.model.types import JSON
+from klet.model.units import parse_quantity
 
 Resource = Literal["cpu", "memory"]
 RESOURCES: tuple[Resource, ...] = ("memory", "cpu")  # upstream's actuation order

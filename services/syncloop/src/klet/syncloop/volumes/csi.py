@@ -66,11 +66,11 @@ from pathlib import Path
 from typing import Any, Generic, Protocol, TypeVar
 
 from klet.bus import BusError
-from klet.config.units import parse_quantity_int
 from klet.csi import Capability, CSIError, Volume
 from klet.hostfs import on_host
 from klet.model.records import CSIDriverRecord
 from klet.model.types import JSON
+from klet.model.units import parse_quantity_int
 from klet.syncloop.environment.kubeobjects import ObjectUnavailable, secret_data
 from klet.syncloop.plugins.csidrivers import driver_name_problem
 from klet.syncloop.volumes import claims, csiblock, fs, hostpath, localdevice, ownership

@@ -18,8 +18,8 @@ import asyncio
 import os
 from pathlib import Path
 
-from klet.config.units import parse_quantity_int
 from klet.model.types import JSON
+from klet.model.units import parse_quantity_int
 from klet.syncloop.containers import resources
 from klet.syncloop.volumes import fs
 from klet.syncloop.volumes.base import VolumeContext, VolumeError

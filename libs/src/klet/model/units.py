@@ -1,5 +1,9 @@
 """Go durations and Kubernetes quantities, the two value syntaxes of kubelet configuration.
 
+Pure, and read by the settings tree (klet.config) and the pod and node models alike, so
+it lives in klet.model, the floor config stands on: from config it made model import
+config while config imports model.
+
 The upstream file format writes durations as Go `time.Duration` strings ("1m30s",
 "100ms") and resource amounts as `resource.Quantity` strings ("100Mi", "500m", "1e3").
 klet keeps durations as float seconds (what asyncio and time.monotonic speak) and
