@@ -171,7 +171,9 @@ DEFAULT_ON: Mapping[str, Account] = {
         "klet.eviction.signals", "unit/eviction/test_signals.py::test_fs_observations"
     ),
     "KubeletServiceAccountTokenForCredentialProviders": Absent(
-        "credential provider plugins (--image-credential-provider-config)"
+        "service account tokens for credential provider plugins: a provider's "
+        "tokenAttributes in --image-credential-provider-config is refused by name "
+        "(klet.config.credentialproviders); the plugins themselves run"
     ),
     "ListFromCacheSnapshot": _API,
     "LoggingBetaOptions": Inert("logging.options"),
