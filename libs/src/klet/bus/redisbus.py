@@ -53,6 +53,7 @@ from urllib.parse import urlsplit
 import redis.asyncio as aioredis
 from klet.bus import functions
 from klet.bus.leaderslot import LeaderSlot
+from klet.cancellation import being_cancelled
 from klet.model.records import BadRecord, Record
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
@@ -127,11 +128,7 @@ def _wrap(err: Exception) -> BusError | asyncio.CancelledError:
     """Our exception for a Redis client error. A task being cancelled gets its
     cancellation back instead: the client can turn a cancellation that lands in a read
     into a connection error, and a loop that retries on BusError would then never stop."""
-    try:
-        task = asyncio.current_task()
-    except RuntimeError:  # no running loop
-        task = None
-    if task is not None and task.cancelling():
+    if being_cancelled():
         return asyncio.CancelledError()
     if isinstance(err, _UNAVAILABLE):
         return BusUnavailable(str(err) or type(err).__name__)

@@ -29,6 +29,7 @@ from typing import Any, Protocol, TypeVar
 import grpc
 from cri_api.v1 import api_pb2 as pb
 from cri_api.v1 import api_pb2_grpc as pb_grpc
+from klet.cancellation import raise_if_cancelled
 from klet.cri.errors import CRIError, NotFound, RuntimeUnavailable
 from klet.cri.types import (
     AuthConfig,
@@ -129,20 +130,6 @@ def _target(endpoint: str) -> str:
     return endpoint
 
 
-def _being_cancelled() -> bool:
-    """Whether the calling task has a cancellation pending. grpc.aio can answer a
-    cancellation that lands as the call completes with an AioRpcError instead of
-    CancelledError (its invocation task swallows the cancel and the call's own status
-    is then raised); mapped to a CRIError, a loop that handles CRIError would carry on
-    and its task would never stop (seen: status-reporter's node-status task outliving
-    its cancellation by 30 s). The caller gets its cancellation back instead."""
-    try:
-        task = asyncio.current_task()
-    except RuntimeError:  # no running loop
-        return False
-    return task is not None and task.cancelling() > 0
-
-
 def _map_error(err: grpc.aio.AioRpcError, what: str) -> CRIError:
     code = err.code()
     text = f"{what}: {code.name}: {err.details()}"
@@ -230,8 +217,7 @@ class RuntimeClient:
             return await method(request, timeout=deadline_s or self.settings.timeout_s)
         except grpc.aio.AioRpcError as err:
             failed = True
-            if _being_cancelled():
-                raise asyncio.CancelledError() from err
+            raise_if_cancelled(err)
             raise _map_error(err, what) from err
         finally:
             if self.observer is not None:

@@ -33,6 +33,7 @@ from typing import Any
 import grpc
 from cri_api.v1 import api_pb2 as cri_pb
 from cri_api.v1 import api_pb2_grpc as cri_grpc
+from klet.cancellation import raise_if_cancelled
 from klet.cri.client import CRISettings, _target
 from klet.cri.errors import CRIError, EventsUnsupported, RuntimeUnavailable
 from klet.cri.labels import POD_UID
@@ -184,6 +185,7 @@ class RuntimeEvents:
                 cri_pb.VersionRequest(version="v1"), timeout=self.ping_timeout_s
             )
         except grpc.aio.AioRpcError as err:
+            raise_if_cancelled(err)
             raise _stream_error(err, "Version") from err
 
     async def _subscribe_cri(self) -> AsyncIterator[RuntimeEvent | Subscribed]:
@@ -206,6 +208,7 @@ class RuntimeEvents:
                 r = await call.read()
             raise RuntimeUnavailable("GetContainerEvents: the stream ended", code="UNAVAILABLE")
         except grpc.aio.AioRpcError as err:
+            raise_if_cancelled(err)
             raise _stream_error(err, "GetContainerEvents") from err
         finally:
             call.cancel()
@@ -222,6 +225,7 @@ class RuntimeEvents:
                     yield event
             raise RuntimeUnavailable("Events/Subscribe: the stream ended", code="UNAVAILABLE")
         except grpc.aio.AioRpcError as err:
+            raise_if_cancelled(err)
             raise _stream_error(err, "Events/Subscribe") from err
         finally:
             call.cancel()

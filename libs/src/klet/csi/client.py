@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import grpc
+from klet.cancellation import raise_if_cancelled
 from klet.rpc.gen.klet.csi.v1 import csi_pb2 as csi
 from klet.rpc.gen.klet.csi.v1 import csi_pb2_grpc as csi_grpc
 from klet.rpc.gen.klet.pluginregistration.v1 import registration_pb2 as reg
@@ -118,6 +119,7 @@ async def _call(method: Any, request: Any, timeout_s: float, what: str) -> Any:
     try:
         return await method(request, timeout=timeout_s)
     except grpc.aio.AioRpcError as err:
+        raise_if_cancelled(err)
         kind = DriverUnavailable if err.code() in _UNAVAILABLE else CSIError
         raise kind(f"{what}: {err.code().name}: {err.details()}", code=err.code().name) from err
 

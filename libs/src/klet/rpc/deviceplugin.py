@@ -15,6 +15,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from pathlib import Path
 
 import grpc
+from klet.cancellation import raise_if_cancelled
 from klet.model.devices import (
     Device,
     DeviceMount,
@@ -71,6 +72,7 @@ class GrpcPlugin:
             async for response in self.stub.ListAndWatch(pb.Empty()):
                 yield [_device(d) for d in response.devices]
         except grpc.aio.AioRpcError as err:
+            raise_if_cancelled(err)
             raise DevicePluginError(f"ListAndWatch ended: {err.details()}") from err
 
     async def preferred(
@@ -88,6 +90,7 @@ class GrpcPlugin:
         try:
             response = await self.stub.GetPreferredAllocation(request, timeout=CALL_TIMEOUT_S)
         except grpc.aio.AioRpcError as err:
+            raise_if_cancelled(err)
             raise DevicePluginError(
                 f"device plugin GetPreferredAllocation rpc failed with err: {err.details()}"
             ) from err
@@ -102,6 +105,7 @@ class GrpcPlugin:
         try:
             response = await self.stub.Allocate(request, timeout=CALL_TIMEOUT_S)
         except grpc.aio.AioRpcError as err:
+            raise_if_cancelled(err)
             raise DevicePluginError(
                 f"device plugin Allocate rpc failed with err: {err.details()}"
             ) from err
@@ -119,6 +123,7 @@ class GrpcPlugin:
                 timeout=PRE_START_TIMEOUT_S,
             )
         except grpc.aio.AioRpcError as err:
+            raise_if_cancelled(err)
             raise DevicePluginError(
                 f"device plugin PreStartContainer rpc failed with err: {err.details()}"
             ) from err

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 import grpc
+from klet.cancellation import raise_if_cancelled
 from klet.rpc.gc import InvalidRequest
 from klet.rpc.gen.klet.eviction.v1 import eviction_pb2 as pb
 from klet.rpc.gen.klet.eviction.v1 import eviction_pb2_grpc as pb_grpc
@@ -155,6 +156,7 @@ class EvictionClient:
                 pb.DryRunRequest(thresholds=list(thresholds)), timeout=self._timeout
             )
         except grpc.aio.AioRpcError as err:
+            raise_if_cancelled(err)
             if err.code() == grpc.StatusCode.INVALID_ARGUMENT:
                 raise InvalidRequest(err.details()) from err
             raise RpcUnavailable(f"{err.code().name}: {err.details()}") from err

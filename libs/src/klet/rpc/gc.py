@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 import grpc
+from klet.cancellation import raise_if_cancelled
 from klet.rpc.gen.klet.gc.v1 import gc_pb2 as pb
 from klet.rpc.gen.klet.gc.v1 import gc_pb2_grpc as pb_grpc
 from klet.rpc.podcontrol import RpcUnavailable
@@ -204,6 +205,7 @@ class GarbageCollectorClient:
         try:
             return await method(request, timeout=timeout_s or self._timeout)
         except grpc.aio.AioRpcError as err:
+            raise_if_cancelled(err)
             if err.code() == grpc.StatusCode.INVALID_ARGUMENT:
                 raise InvalidRequest(err.details()) from err
             raise RpcUnavailable(f"{err.code().name}: {err.details()}") from err

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
+from klet.cancellation import raise_if_cancelled
 
 
 @dataclass(frozen=True)
@@ -71,6 +72,7 @@ async def check_health(
                 health_pb2.HealthCheckRequest(service=service), timeout=remaining
             )
         except grpc.aio.AioRpcError as err:
+            raise_if_cancelled(err)
             code = err.code()
             if code == grpc.StatusCode.UNIMPLEMENTED:
                 return HealthCheck(

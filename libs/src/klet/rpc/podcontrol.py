@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 import grpc
+from klet.cancellation import raise_if_cancelled
 from klet.model.types import JSON, PodUID
 from klet.rpc.gen.klet.podcontrol.v1 import podcontrol_pb2 as pb
 from klet.rpc.gen.klet.podcontrol.v1 import podcontrol_pb2_grpc as pb_grpc
@@ -131,6 +132,7 @@ class PodControlClient:
         try:
             return await method(request, timeout=timeout_s or self._timeout)
         except grpc.aio.AioRpcError as err:
+            raise_if_cancelled(err)
             raise RpcUnavailable(f"{err.code().name}: {err.details()}") from err
 
     async def close(self) -> None:
