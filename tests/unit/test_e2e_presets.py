@@ -8,8 +8,10 @@ Describes that begin with the same word, and its skip drops the Serial, Slow,
 Disruptive, Flaky, Feature and FeatureGate ones (the patterns are applied as ginkgo
 applies them to the full spec text, with `re.search`); the storage run asks for the NFS
 server image and a PID namespace of its own and writes to conformance/storage; that
-namespace's mounts are shared (`unshare --propagation shared`); an image the harness
-cannot build is refused before anything is built.
+namespace's mounts are shared (`unshare --propagation shared`); the storage-csi preset
+takes the [Driver: csi-hostpath] and CSI Mock specs, pushes the CSI images and tells
+the suite the node's root directory; an image the harness cannot build is refused
+before anything is built.
 """
 
 from __future__ import annotations
@@ -105,6 +107,47 @@ def test_storage_run() -> None:
     assert set(storage.images) <= EXTRA_IMAGES.keys()
     assert "VolumeNFSServer" in storage.images
     assert storage.notes and "PID" in storage.notes[0]
+
+
+CSI_SELECTED = [
+    "[sig-storage] CSI Volumes [Driver: csi-hostpath] [Testpattern: Dynamic PV (block "
+    "volmode)] volumes should store data",
+    "[sig-storage] CSI Mock volume attach CSI attach test using mock driver should not "
+    "require VolumeAttach for drivers without attachment",
+]
+CSI_NOT_SELECTED = [
+    "[sig-storage] CSI Volumes [Driver: csi-hostpath] [Testpattern: Dynamic PV (default "
+    "fs)] provisioning should provision storage with snapshot data source "
+    "[Feature:VolumeSnapshotDataSource]",
+    "[sig-storage] CSI Volumes [Driver: csi-hostpath] [Testpattern: Dynamic PV (default "
+    "fs)] volumes should store data [Serial]",
+    "[sig-storage] CSI Volumes [Driver: pd.csi.storage.gke.io] x",
+    "[sig-storage] PersistentVolumes-local [Volume type: dir] x",
+]
+
+
+@pytest.mark.parametrize("text", CSI_SELECTED)
+def test_storage_csi_selects(text: str) -> None:
+    assert selected("storage-csi", text)
+
+
+@pytest.mark.parametrize("text", CSI_NOT_SELECTED)
+def test_storage_csi_leaves_out(text: str) -> None:
+    assert not selected("storage-csi", text)
+
+
+def test_storage_csi_run_pushes_the_csi_images_and_names_the_root_dir(tmp_path: Path) -> None:
+    csi = PRESETS["storage-csi"]
+    assert csi.csi_images and csi.own_pid_namespace and csi.out == "conformance/storage/csi"
+    assert not PRESETS["storage"].csi_images and not PRESETS["node"].csi_images
+    bins = conformance.Binaries(control_plane=tmp_path, e2e=tmp_path)
+    run = conformance.SuiteRun(focus="x", skip="y", procs=1, timeout="1h")
+    argv = conformance.suite_argv(
+        bins, run, kubeconfig=tmp_path / "kc", out=tmp_path, root_dir=Path("/w/klet/root")
+    )
+    assert "--kubelet-root-dir=/w/klet/root" in argv
+    plain = conformance.suite_argv(bins, run, kubeconfig=tmp_path / "kc", out=tmp_path)
+    assert not any(a.startswith("--kubelet-root-dir") for a in plain)
 
 
 def test_unknown_extra_image_is_refused(tmp_path: Path) -> None:

@@ -60,9 +60,11 @@ from typing import Any
 
 from klet.devstack import TEST_REGISTRY_HOST, DevStack, ManagedProcess, free_port
 from klet.devstack.procs import StartError, tail
-from klet.testbed.cluster import ControlPlane
+from klet.testbed.cluster import KUBERNETES_SERVICE_IP, ControlPlane
 
 from tests.harness.nodeaddress import host_address
+from tools.csi import images as csi_images
+from tools.e2e.apiroute import RouteError, kubernetes_service
 from tools.e2e.images import build_binaries, build_images, push_images
 from tools.e2e.report import TITLE, Results, RunInfo, parse_report, render_markdown
 from tools.e2e.suite import repo_list_yaml
@@ -78,6 +80,10 @@ SKIP = r"\[Slow\]|\[Serial\]|\[Disruptive\]|\[Flaky\]|\[Feature:.+\]"
 # besides the node skip. 46 specs in v1.34.4 (34 local, 12 PersistentVolumes).
 STORAGE_FOCUS = r"\[sig-storage\] PersistentVolumes(-local)? "
 STORAGE_SKIP = SKIP + r"|\[FeatureGate:.+\]"
+# The CSI selection: the suite's csi-hostpath driver (test/e2e/storage/csi_volumes.go, 100
+# runnable specs in v1.34.4) and CSI Mock (test/e2e/storage/csimock, 57), which deploy
+# their drivers as pods from the manifests of the release (tools/csi images them).
+STORAGE_CSI_FOCUS = r"\[sig-storage\] CSI Volumes \[Driver: csi-hostpath\]|\[sig-storage\] CSI Mock"
 
 
 @dataclass(frozen=True)
@@ -92,6 +98,8 @@ class Preset:
     # Run everything in a PID and mount namespace of its own (see own_pid_namespace).
     own_pid_namespace: bool = False
     notes: tuple[str, ...] = ()  # lines RESULTS.md gives about how the run was made
+    # Push the CSI components' images (tools/csi) for specs that deploy CSI drivers.
+    csi_images: bool = False
 
 
 # How every run is made (RESULTS.md says it): the node's "host" as the suite assumes it.
@@ -125,6 +133,21 @@ PRESETS: dict[str, Preset] = {
         own_pid_namespace=True,
         notes=NODE_NOTES,
     ),
+    "storage-csi": Preset(
+        focus=STORAGE_CSI_FOCUS,
+        skip=STORAGE_SKIP,
+        out="conformance/storage/csi",
+        title="Kubernetes storage e2e results for klet ([Driver: csi-hostpath], CSI Mock)",
+        own_pid_namespace=True,
+        notes=(
+            *NODE_NOTES,
+            "The CSI drivers run as the suite deploys them (StatefulSets of the release's "
+            "manifests, images built by tools/csi from the versions they name); the suite is "
+            "told the node's root directory (`--kubelet-root-dir`), which it substitutes for "
+            "/var/lib/kubelet in their host paths.",
+        ),
+        csi_images=True,
+    ),
 }
 # Set in the environment of the run that own_pid_namespace started, so it does not again.
 IN_OWN_NAMESPACE = "KLET_CONFORMANCE_IN_PID_NS"
@@ -133,6 +156,7 @@ NOT_READY_TAINT = "node.kubernetes.io/not-ready"
 # constant (ports.KubeletPort), so the node must listen there.
 KUBELET_PORT = 10250
 OS_LABEL = "kubernetes.io/os"
+KLET_DIR = "klet"  # the node's directory in the run's work directory (root dir: root/)
 
 
 class SetupError(RuntimeError):
@@ -316,15 +340,21 @@ class SuiteRun:
     timeout: str  # ginkgo duration, e.g. 3h
     verbose: bool = True
     images: tuple[str, ...] = ()  # extra images of the suite to provide (Preset.images)
+    csi_images: bool = False  # the CSI components' images too (Preset.csi_images)
 
 
-def suite_argv(bins: Binaries, run: SuiteRun, *, kubeconfig: Path, out: Path) -> list[str]:
+def suite_argv(
+    bins: Binaries, run: SuiteRun, *, kubeconfig: Path, out: Path, root_dir: Path | None = None
+) -> list[str]:
     """The e2e.test command line: directly when serial, under the ginkgo CLI otherwise
-    (only the CLI starts parallel processes and merges their reports)."""
+    (only the CLI starts parallel processes and merges their reports). `root_dir`, the
+    node's --root-dir, is what the storage specs put for /var/lib/kubelet in the host paths
+    of the drivers they deploy (the suite's default when None)."""
     suite_flags = [
         "--provider=local",
         f"--kubeconfig={kubeconfig}",
         f"--report-dir={out}",
+        *([f"--kubelet-root-dir={root_dir}"] if root_dir is not None else []),
         # The suite's own defaults, said out loud: no image pre-pulling (node e2e only),
         # no node count to wait for beyond ours.
         "--prepull-images=false",
@@ -360,7 +390,7 @@ def suite_argv(bins: Binaries, run: SuiteRun, *, kubeconfig: Path, out: Path) ->
 
 @contextmanager
 def cluster(
-    bins: Binaries, work: Path, *, images: Sequence[str] = ()
+    bins: Binaries, work: Path, *, images: Sequence[str] = (), csi: bool = False
 ) -> Iterator[tuple[ControlPlane, Path]]:
     """The dev stack with the suite's images (and the `images` ImageIDs besides), the
     control plane and klet's Node, ready; yields the plane and the KUBE_TEST_REPO_LIST
@@ -373,6 +403,13 @@ def cluster(
         dev.start()
         src = build_binaries(cache=cache)
         push_images(build_images(src, cache=cache, extra=images), dev.registry_address)
+        if csi:
+            built, module_dir = csi_images.build_binaries(cache=cache)
+            plan = csi_images.plan(csi_images.read_manifests(module_dir), built)
+            if plan.missing:
+                raise SetupError(f"CSI images nothing here provides: {plan.missing}")
+            made = csi_images.build_images(plan, cache=cache)
+            csi_images.push_images(made, dev.registry_address)
         repo_list = work / "repo-list.yaml"
         repo_list.write_text(repo_list_yaml(src.manifest(), TEST_REGISTRY_HOST))
         log(f"dev stack and images: {time.monotonic() - began:.0f} s")
@@ -381,7 +418,25 @@ def cluster(
         plane = ControlPlane(work / "cp", bins.control_plane, controllers=True)
         stack.callback(plane.stop)
         plane.start()
-        klet = KletProcess(dev, plane, work / "klet", node=NODE_NAME, ip=ip)
+        if csi:  # the CSI sidecars reach the apiserver through the kubernetes Service
+            assert dev.containerd is not None
+            network = dev.containerd.network
+            try:
+                relay = stack.enter_context(
+                    kubernetes_service(
+                        subnet=network.subnet,
+                        gateway=str(network.gateway),
+                        service_ip=KUBERNETES_SERVICE_IP,
+                        apiserver_port=plane.port,
+                    )
+                )
+            except (RouteError, OSError) as err:
+                raise SetupError(f"the kubernetes Service for the pods: {err}") from err
+            log(
+                f"pods of {network.subnet} reach the apiserver at {KUBERNETES_SERVICE_IP}:443 "
+                f"(relay {relay[0]}:{relay[1]})"
+            )
+        klet = KletProcess(dev, plane, work / KLET_DIR, node=NODE_NAME, ip=ip)
         stack.callback(klet.stop)
         klet.start()
         wait_for_node(plane, klet, NODE_NAME, timeout_s=180)
@@ -434,8 +489,14 @@ def conform(run: SuiteRun, artifacts: Path) -> Outcome:
     work = Path(tempfile.mkdtemp(prefix="klet-conf-", dir="/tmp"))
     try:
         bins = build_all()
-        with cluster(bins, work, images=run.images) as (plane, repo_list):
-            command = suite_argv(bins, run, kubeconfig=plane.admin_kubeconfig, out=artifacts)
+        with cluster(bins, work, images=run.images, csi=run.csi_images) as (plane, repo_list):
+            command = suite_argv(
+                bins,
+                run,
+                kubeconfig=plane.admin_kubeconfig,
+                out=artifacts,
+                root_dir=work / KLET_DIR / "root",
+            )
             log(f"running: {shlex.join(command)}")
             env = {**os.environ, "KUBE_TEST_REPO_LIST": str(repo_list)}
             with (artifacts / "e2e.log").open("wb") as sink:
@@ -492,8 +553,9 @@ def main(argv: list[str] | None = None) -> int:
         "--preset",
         choices=sorted(PRESETS),
         default="node",
-        help="the selection: node ([NodeConformance], conformance/) or storage "
-        "(PersistentVolumes and PersistentVolumes-local, conformance/storage/); default node",
+        help="the selection: node ([NodeConformance], conformance/), storage "
+        "(PersistentVolumes and PersistentVolumes-local, conformance/storage/) or storage-csi "
+        "([Driver: csi-hostpath] and CSI Mock, conformance/storage/csi/); default node",
     )
     parser.add_argument("--focus", help=f"ginkgo focus (default the preset's; node: {FOCUS})")
     parser.add_argument("--skip", help=f"ginkgo skip (default the preset's; node: {SKIP})")
@@ -530,6 +592,7 @@ def main(argv: list[str] | None = None) -> int:
         timeout=args.timeout,
         verbose=not args.quiet,
         images=preset.images,
+        csi_images=preset.csi_images,
     )
     try:
         outcome = conform(run, out / "run")
