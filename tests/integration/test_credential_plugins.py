@@ -9,12 +9,14 @@ that one asks GCE's metadata server for a token and answers only for gcr.io patt
 it cannot give credentials for a local registry. It records every request it gets, so
 the test sees the exec protocol (the repository as the image, the configured args and
 env, the kubelet's environment kept) and the cache (cacheKeyType Registry: two images of
-the registry, one run). The exec's failure paths (non-zero exit with its stderr, the
-timeout, a bad answer) run against real processes too.
+the registry, one run), and syncloop serves upstream's plugin metrics. The exec's
+failure paths (non-zero exit with its stderr, the timeout, a bad answer) run against
+real processes too.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import sys
 from collections.abc import Iterator
@@ -140,6 +142,15 @@ providers:
             "syncloop",
             "kubelet_credential_provider_plugin_duration_count",
             plugin_name="test-credential-provider",
+        )
+        == 1.0
+    )
+    digest = hashlib.sha256(len(config.read_bytes()).to_bytes(8, "big") + config.read_bytes())
+    assert (
+        node.metric(
+            "syncloop",
+            "kubelet_credential_provider_config_info",
+            hash=f"sha256:{digest.hexdigest()}",
         )
         == 1.0
     )

@@ -6,12 +6,14 @@ refused; every upstream validation (kind, apiVersion of the file and of each pro
 name characters, matchImages present and parseable, defaultCacheDuration present and
 not negative, unknown fields) is reported at once, naming the file and the field;
 tokenAttributes is refused by name (service account tokens are not implemented); the
-bin dir and each provider's executable must exist; through load_settings either flag
-without the other is refused, and a good pair lands in KletSettings.
+bin dir and each provider's executable must exist; the configuration's hash is
+upstream's (sha256 over each file's length and bytes); through load_settings either
+flag without the other is refused, and a good pair lands in KletSettings.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 from pathlib import Path
@@ -89,6 +91,9 @@ def test_a_directory_merges_in_lexical_order(tmp_path: Path) -> None:
     loaded, problems = load_credential_providers(conf, bin_dir)
     assert problems == [] and loaded is not None
     assert [p.name for p in loaded.providers] == ["a", "b"]
+    contents = [(conf / f).read_bytes() for f in ("10-a.json", "20-b.json")]
+    expected = hashlib.sha256(b"".join(len(c).to_bytes(8, "big") + c for c in contents))
+    assert loaded.hash == f"sha256:{expected.hexdigest()}"
     (conf / "30-c.json").write_text(doc("a"))
     _, problems = load_credential_providers(conf, bin_dir)
     assert [str(p) for p in problems] == [
@@ -114,6 +119,7 @@ providers:
   - name: c
     apiVersion: credentialprovider.kubelet.k8s.io/v1
     unknownField: x
+    env: NAME=value
 """
     )
     _, problems = load_credential_providers(config, _bin(tmp_path, "c"))
@@ -130,6 +136,7 @@ providers:
         f"{f}: providers[1].unknownField: unknown field",
         f"{f}: providers[1].matchImages: at least 1 item in matchImages is required",
         f"{f}: providers[1].defaultCacheDuration: required",
+        f"{f}: providers[1].env: must be a list of name and value objects",
     ]
     for line in expected:
         assert line in text, line

@@ -19,6 +19,7 @@ is refused by name rather than run without the token it was configured to get.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
@@ -37,6 +38,7 @@ __all__ = [
     "CredentialProvider",
     "CredentialProviderConfig",
     "decode_credential_provider_config",
+    "describe",
     "load_credential_providers",
     "match_image_problem",
 ]
@@ -84,6 +86,9 @@ class CredentialProviderConfig:
     providers: tuple[CredentialProvider, ...]
     bin_dir: Path
     files: tuple[Path, ...] = field(default=())
+    # sha256 of the files' contents, each prefixed by its length (uint64, big-endian),
+    # as upstream computes it for kubelet_credential_provider_config_info{hash}
+    hash: str = ""
 
 
 def match_image_problem(pattern: str) -> str | None:
@@ -162,7 +167,11 @@ def _provider(raw: object, where: str, problems: list[Problem]) -> CredentialPro
             )
     args = _strings(raw.get("args"), f"{where}.args", problems)
     env: list[tuple[str, str]] = []
-    for j, var in enumerate(raw.get("env") or []):
+    raw_env = raw.get("env") or []
+    if not isinstance(raw_env, list):
+        problems.append(Problem(f"{where}.env", "must be a list of name and value objects"))
+        raw_env = []
+    for j, var in enumerate(raw_env):
         at = f"{where}.env[{j}]"
         if not isinstance(var, Mapping):
             problems.append(Problem(at, "must be an object with name and value"))
@@ -264,9 +273,12 @@ def load_credential_providers(
         return None, [*problems, missing]
     providers: list[CredentialProvider] = []
     seen: dict[str, Path] = {}
+    digest = hashlib.sha256()
     for file in files:
         try:
-            data = _parse(file, file.read_text(encoding="utf-8"))
+            raw = file.read_bytes()
+            digest.update(len(raw).to_bytes(8, "big") + raw)
+            data = _parse(file, raw.decode("utf-8"))
         except (OSError, UnicodeDecodeError, ValueError, RecursionError) as err:
             problems.append(Problem(str(file), f"cannot read: {err}"))
             continue
@@ -302,7 +314,8 @@ def load_credential_providers(
         problems.append(Problem(str(config), "providers: at least 1 item in plugins is required"))
     if problems:
         return None, problems
-    return CredentialProviderConfig(tuple(providers), bin_dir, tuple(files)), []
+    config_hash = f"sha256:{digest.hexdigest()}"
+    return CredentialProviderConfig(tuple(providers), bin_dir, tuple(files), config_hash), []
 
 
 def describe(providers: Sequence[CredentialProvider]) -> str:

@@ -730,10 +730,20 @@ class CredentialProviderMetrics:
 
     duration: Histogram
     errors: Counter
+    config_info: Gauge
 
     @classmethod
-    def create(cls, registry: CollectorRegistry) -> CredentialProviderMetrics:
+    def create(cls, registry: CollectorRegistry, *, config_hash: str) -> CredentialProviderMetrics:
+        info = Gauge(
+            "kubelet_credential_provider_config_info",
+            "Information about the last applied credential provider configuration with "
+            "hash as label",
+            ["hash"],
+            registry=registry,
+        )
+        info.labels(config_hash).set(1)
         return cls(
+            config_info=info,
             duration=Histogram(
                 "kubelet_credential_provider_plugin_duration",
                 "Duration of execution in seconds for credential provider plugin",

@@ -295,7 +295,9 @@ def build_deps(settings: Settings, overrides: Overrides | None = None) -> Deps:
             plugins=(
                 PluginKeyring.from_config(
                     settings.klet.credential_providers,
-                    observer=CredentialProviderMetrics.create(registry),
+                    observer=CredentialProviderMetrics.create(
+                        registry, config_hash=settings.klet.credential_providers.hash
+                    ),
                 )
                 if settings.klet.credential_providers is not None
                 else None

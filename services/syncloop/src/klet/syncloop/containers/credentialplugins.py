@@ -27,7 +27,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
-from klet.config.credentialproviders import CredentialProvider, CredentialProviderConfig
+from klet.config.credentialproviders import (
+    CredentialProvider,
+    CredentialProviderConfig,
+    describe,
+)
 from klet.cri.types import AuthConfig
 from klet.syncloop.containers import credentialprovider as protocol
 from klet.syncloop.containers.keyring import DockerConfig, Keyring
@@ -182,6 +186,10 @@ class PluginKeyring:
     def from_config(
         cls, config: CredentialProviderConfig, *, observer: PluginObserver | None = None
     ) -> PluginKeyring:
+        log.info(
+            "credential provider plugins registered",
+            extra={"providers": describe(config.providers), "bin_dir": str(config.bin_dir)},
+        )
         return cls(
             [
                 PluginProvider(p, ExecPlugin(p, config.bin_dir, observer=observer or _NoObserver()))
