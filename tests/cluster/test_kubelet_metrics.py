@@ -17,6 +17,7 @@ carries the pod's `prober_probe_total`, and the read-only port serves the same p
 from __future__ import annotations
 
 import ssl
+import urllib.error
 import urllib.request
 from collections.abc import Iterator
 
@@ -28,6 +29,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from tests.harness.clusternode import cluster_node
 from tests.harness.node import KletNode, sample_value
 from tests.harness.waiting import wait_for
+from tools.upstream_metrics_accounts import ENDPOINTS, account, upstream_metrics
 
 NODE = "kletmetrics1"
 SERVICES = ("pod-source", "syncloop", "status-reporter", "eviction", "image-gc")
@@ -156,3 +158,52 @@ def test_one_scrape_has_every_services_metrics(node: KletNode, control_plane: Co
     plain = f"http://127.0.0.1:{node.read_only_port}"
     assert every_service_shows(scrape(f"{plain}/metrics")) == []
     assert sample_value(scrape(f"{plain}/metrics/probes"), "prober_probe_total") is not None
+
+
+def page(url: str, ctx: ssl.SSLContext) -> str:
+    """The page, or "" where klet serves none (404): its metrics must be accounted."""
+    try:
+        return scrape(url, ctx)
+    except urllib.error.HTTPError as err:
+        if err.code == 404:
+            return ""
+        raise
+
+
+def served_families(text: str) -> set[str]:
+    """Every family name a page declares, with a counter's `_total` as it is scraped."""
+    names = set()
+    for line in text.splitlines():
+        if line.startswith("# TYPE "):
+            _, _, name, kind = line.split()[:4]
+            names.add(name)
+            if kind == "counter" and not name.endswith("_total"):
+                names.add(f"{name}_total")
+    return names
+
+
+def test_upstream_metric_names_served_or_accounted(
+    node: KletNode, control_plane: ControlPlane
+) -> None:
+    """Every metric upstream's kubelet serves (tools/upstream_metrics.json) is on the same
+    page here once a pod ran, unless tools/upstream_metrics_accounts.py says why not."""
+    url = f"https://127.0.0.1:{node.kubelet_port}"
+    ctx = client_context(control_plane)
+    wait_for(
+        lambda: sample_value(scrape(f"{url}/metrics", ctx), "kubelet_started_pods_total"),
+        timeout_s=90,
+        what="the pod started",
+    )
+    pages = {endpoint: served_families(page(f"{url}{endpoint}", ctx)) for endpoint in ENDPOINTS}
+    missing = [
+        f"{m.endpoint} {m.name}"
+        for m in upstream_metrics()
+        if m.name not in pages[m.endpoint] and account(m) is None
+    ]
+    assert missing == []
+    stale = [
+        f"{m.endpoint} {m.name}"
+        for m in upstream_metrics()
+        if m.name in pages[m.endpoint] and account(m) is not None
+    ]
+    assert stale == [], "served, yet accounted as not served"
