@@ -11,11 +11,12 @@ the test sees the exec protocol (the repository as the image, the configured arg
 env, the kubelet's environment kept) and the cache (cacheKeyType Registry: two images of
 the registry, one run), and syncloop serves upstream's plugin metrics. The exec's
 failure paths (non-zero exit with its stderr, the timeout, a bad answer) run against
-real processes too.
+real processes too, and a cancelled run (syncloop stopping) kills its plugin.
 """
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import json
 import sys
@@ -48,7 +49,7 @@ import json, os, sys
 request = json.load(sys.stdin)
 log = sys.argv[1]
 with open(log, "a") as f:
-    f.write(json.dumps({{"request": request, "args": sys.argv[2:],
+    f.write(json.dumps({{"request": request, "args": sys.argv[2:], "pid": os.getpid(),
                          "path_kept": bool(os.environ.get("PATH"))}}) + "\\n")
 mode = os.environ.get("PLUGIN_MODE", "")
 if mode == "fail":
@@ -187,3 +188,26 @@ async def test_exec_failures_name_the_plugin_and_why(tmp_path: Path) -> None:
     with pytest.raises(PluginFailed, match="error execing credential provider plugin"):
         await _exec(tmp_path / "nowhere", log, "")("r.io/app")
     assert len(requests(log)) == 4
+
+
+def _gone_or_zombie(pid: int) -> bool:
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except FileNotFoundError:
+        return True
+    return "\nState:\tZ" in status
+
+
+async def test_a_cancelled_run_leaves_no_plugin_running(tmp_path: Path) -> None:
+    bin_dir, log = tmp_path / "bin", tmp_path / "log"
+    install_plugin(bin_dir)
+    run = asyncio.create_task(_exec(bin_dir, log, "sleep")("r.io/app"))
+    (seen,) = await asyncio.to_thread(
+        wait_for, lambda: requests(log), timeout_s=10, what="the plugin started"
+    )
+    run.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await run
+    await asyncio.to_thread(
+        wait_for, lambda: _gone_or_zombie(seen["pid"]), timeout_s=5, what="the plugin killed"
+    )

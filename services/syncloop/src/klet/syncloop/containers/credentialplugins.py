@@ -104,12 +104,13 @@ class ExecPlugin:
             async with asyncio.timeout(self.timeout):
                 stdout, stderr = await proc.communicate(request)
         except TimeoutError:
-            proc.kill()
-            await proc.wait()
             raise PluginFailed(
                 f"error execing credential provider plugin {name} for image {repository}: "
                 f"timed out after {self.timeout:g}s"
             ) from None
+        finally:
+            if proc.returncode is None:  # timed out, or syncloop is stopping: no orphan
+                proc.kill()
         if proc.returncode != 0:
             raise PluginFailed(
                 f"error execing credential provider plugin {name} for image {repository}: "
@@ -158,7 +159,7 @@ class PluginProvider:
             task.add_done_callback(lambda t: self._finished(repository, t))
         try:
             response = await asyncio.shield(task)
-        except PluginFailed as err:
+        except (PluginFailed, OSError) as err:
             log.warning(
                 "Failed getting credential from external registry credential provider",
                 extra={"provider": self.provider.name, "image": repository, "error": str(err)},
