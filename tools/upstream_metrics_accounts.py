@@ -337,8 +337,6 @@ MISSING: Mapping[str, tuple[str, ...]] = {
         "/metrics kubelet_credential_provider_plugin_duration",
         "/metrics kubelet_credential_provider_plugin_errors_total",
     ),
-    "klet's build is not published as upstream's build info": ("/metrics kubernetes_build_info",),
-    "the feature gates in force are not published": ("/metrics kubernetes_feature_enabled",),
     "the plugin watcher's registered plugins are not published": (
         "/metrics plugin_manager_total_plugins",
     ),

@@ -1,10 +1,18 @@
-"""Counting running pods and containers from API statuses, and the metric names and
-labels exposed on a fresh registry."""
+"""Counting running pods and containers from API statuses, the build and feature gate
+series, and the metric names and labels exposed on a fresh registry."""
 
 from __future__ import annotations
 
+from klet.config.gatelist import GATES
 from klet.model.types import JSON
-from klet.status_reporter.metrics import Metrics, container_state, count_running
+from klet.status_reporter.metrics import (
+    Metrics,
+    build_info_labels,
+    container_state,
+    count_running,
+    feature_series,
+    register_build_and_features,
+)
 from prometheus_client import CollectorRegistry, generate_latest
 
 RUNNING: JSON = {"state": {"running": {"startedAt": "t"}}}
@@ -57,3 +65,43 @@ def test_exposition_names() -> None:
     assert "klet_status_reporter_view_age_seconds 7.5" in text
     metrics.reloaded()
     assert "klet_status_reporter_view_age_seconds 0.0" in generate_latest(registry).decode()
+
+
+def test_build_info_labels_name_the_kubelet_version_and_platform() -> None:
+    labels = build_info_labels(
+        version="v1.34.4-klet", system="Linux", machine="x86_64", compiler="cpython"
+    )
+    assert labels == {
+        "major": "1",
+        "minor": "34",
+        "git_version": "v1.34.4-klet",
+        "git_commit": "",
+        "git_tree_state": "",
+        "build_date": "",
+        "go_version": "",
+        "compiler": "cpython",
+        "platform": "linux/amd64",
+    }
+    assert build_info_labels(
+        version="v1.34.4-klet", system="Linux", machine="aarch64", compiler="cpython"
+    )["platform"] == ("linux/arm64")
+
+
+def test_feature_series_has_every_gate_with_upstreams_stage_and_klets_state() -> None:
+    series = {name: (stage, value) for name, stage, value in feature_series({"KubeletPSI": False})}
+    assert set(series) == set(GATES)
+    assert series["KubeletPSI"] == ("BETA", 0.0)  # turned off
+    assert series["AnyVolumeDataSource"] == ("", 1.0)  # GA: upstream's stage label is empty
+    assert series["AllAlpha"] == ("ALPHA", 0.0)
+    # an Absent gate klet holds off although upstream's default is on
+    assert series["DynamicResourceAllocation"][1] == 0.0
+
+
+def test_build_and_features_on_the_registry() -> None:
+    registry = CollectorRegistry()
+    register_build_and_features(registry, version="v1.34.4-klet", gates={"KubeletPSI": True})
+    text = generate_latest(registry).decode()
+    assert 'kubernetes_build_info{build_date="",compiler=' in text
+    assert 'git_version="v1.34.4-klet"' in text
+    assert 'kubernetes_feature_enabled{name="KubeletPSI",stage="BETA"} 1.0' in text
+    assert "# TYPE kubernetes_feature_enabled gauge" in text

@@ -1,8 +1,16 @@
 """The status-reporter's Prometheus metrics, on a registry the caller provides.
 
 Upstream names where upstream has the metric (`kubelet_node_name{node}`,
-`kubelet_running_pods`, `kubelet_running_containers{container_state}`),
+`kubelet_running_pods`, `kubelet_running_containers{container_state}`,
+`kubernetes_build_info`, `kubernetes_feature_enabled{name,stage}`),
 `klet_status_reporter_*` for our own.
+
+`kubernetes_build_info` and `kubernetes_feature_enabled` describe the node's kubelet, so
+one service serves them: this one, which also reports the node's kubeletVersion. The
+build's git_version is that kubeletVersion (`v1.34.4-klet`); klet is Python, so go_version
+is empty and compiler names the Python implementation (upstream's Go build says `gc`).
+Every gate of upstream's table has its series, 1 when on for klet (klet.config.gates:
+as set, else klet's default), with upstream's stage label (empty for GA).
 
 Trade-off: upstream counts running pods and containers from the container runtime; we
 count them from the API statuses syncloop computed (the view this service already
@@ -24,10 +32,13 @@ bus is down, which is the point of it.
 
 from __future__ import annotations
 
+import os
+import platform
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 
+from klet.config import gates as gate_table
 from klet.model.types import JSON
 from prometheus_client import CollectorRegistry, Counter, Gauge
 from prometheus_client.core import Metric
@@ -193,6 +204,76 @@ class Metrics:
         self.running_pods.set(counts.pods)
         for state, n in counts.containers.items():
             self.running_containers.labels(container_state=state).set(n)
+
+
+BUILD_LABELS = (
+    "major",
+    "minor",
+    "git_version",
+    "git_commit",
+    "git_tree_state",
+    "build_date",
+    "go_version",
+    "compiler",
+    "platform",
+)
+_ARCH = {"x86_64": "amd64", "aarch64": "arm64", "armv7l": "arm", "ppc64le": "ppc64le"}
+
+
+def build_info_labels(*, version: str, system: str, machine: str, compiler: str) -> dict[str, str]:
+    """upstream's kubernetes_build_info labels for a kubelet reporting `version`
+    (`v1.34.4-klet`) on `system`/`machine` (os.uname's), built by `compiler`."""
+    major, minor = version.removeprefix("v").split(".")[:2]
+    return {
+        "major": major,
+        "minor": minor,
+        "git_version": version,
+        "git_commit": "",
+        "git_tree_state": "",
+        "build_date": "",
+        "go_version": "",
+        "compiler": compiler,
+        "platform": f"{system.lower()}/{_ARCH.get(machine, machine)}",
+    }
+
+
+def feature_series(gates: Mapping[str, bool]) -> list[tuple[str, str, float]]:
+    """(name, stage, value) of kubernetes_feature_enabled for every gate upstream's kubelet
+    knows: stage as upstream's label (GA is ""), value 1 when the gate is on for klet."""
+    return [
+        (name, "" if stage == "GA" else stage, 1.0 if gate_table.enabled(gates, name) else 0.0)
+        for name, (_, stage, _) in sorted(gate_table.GATES.items())
+    ]
+
+
+def register_build_and_features(
+    registry: CollectorRegistry, *, version: str, gates: Mapping[str, bool]
+) -> None:
+    """Register kubernetes_build_info (1, labelled) and kubernetes_feature_enabled."""
+    uname = os.uname()
+    build = Gauge(
+        "kubernetes_build_info",
+        "A metric with a constant '1' value labeled by major, minor, git version, git commit, "
+        "git tree state, build date, Go version, and compiler from which Kubernetes was "
+        "built, and platform on which it is running.",
+        BUILD_LABELS,
+        registry=registry,
+    )
+    labels = build_info_labels(
+        version=version,
+        system=uname.sysname,
+        machine=uname.machine,
+        compiler=platform.python_implementation().lower(),
+    )
+    build.labels(**labels).set(1)
+    enabled = Gauge(
+        "kubernetes_feature_enabled",
+        "This metric records the data about the stage and enablement of a k8s feature.",
+        ["name", "stage"],
+        registry=registry,
+    )
+    for name, stage, value in feature_series(gates):
+        enabled.labels(name=name, stage=stage).set(value)
 
 
 REVIEWS = ("TokenReview", "SubjectAccessReview")

@@ -57,8 +57,13 @@ from klet.status_reporter.kubeletapi import (
     build_kubelet_api_deps,
 )
 from klet.status_reporter.kubeletapi.deps import host_reader
-from klet.status_reporter.metrics import CertificateMetrics, Metrics
+from klet.status_reporter.metrics import (
+    CertificateMetrics,
+    Metrics,
+    register_build_and_features,
+)
 from klet.status_reporter.nodemetrics import NodeMetrics, port_file_replicas
+from klet.status_reporter.nodestatus import KUBELET_VERSION
 from klet.status_reporter.podcache import (
     CachePolicy,
     DesiredTable,
@@ -243,6 +248,9 @@ def build_deps(settings: ServiceSettings, *, overrides: Overrides | None = None)
     registry = o.registry if o.registry is not None else new_registry(process_metrics=True)
     clock = o.clock if o.clock is not None else time.monotonic
     metrics = Metrics(registry, clock=clock, node_name=klet.node_name)
+    # getattr: settings trees built by hand (older tests) have no featureGates.
+    gates = getattr(kubelet, "feature_gates", {})
+    register_build_and_features(registry, version=KUBELET_VERSION, gates=gates)
     pods = PodCache(
         desired=desired,
         status=status,
