@@ -677,6 +677,62 @@ def test_each_container_has_only_what_it_uses(deployment: Deployment) -> None:
     assert hidden.returncode != 0, "pod-source sees the root dir"
 
 
+# Run inside status-reporter's container: two raw calls on its CRI proxy socket (an empty
+# request is a valid empty message of either), printing each one's status code.
+CRI_PROBE = """
+import sys, grpc
+target = sys.argv[1]
+with grpc.insecure_channel(target) as channel:
+    for method in ("ListContainers", "CreateContainer"):
+        call = channel.unary_unary(f"/runtime.v1.RuntimeService/{method}")
+        try:
+            call(b"", timeout=20)
+            print(method, "OK")
+        except grpc.RpcError as err:
+            print(method, err.code().name, err.details())
+"""
+
+
+def test_readers_reach_the_runtime_only_through_the_cri_allow_list(
+    deployment: Deployment,
+) -> None:
+    """The runtime's socket is syncloop's and cri-proxy's alone: status-reporter,
+    eviction, image-gc and pod-source do not see it. Each reader sees one proxy socket,
+    its own (/run/klet-cri holds cri.sock alone: no reader can reach another's, with its
+    other rights). status-reporter's connection lists the node's containers (`klet
+    crictl ps` inside its container shows the watched pods) and is refused
+    CreateContainer with PERMISSION_DENIED naming it; the proxy's own container runs with
+    no capability, no new privileges, no network namespace of the host and a read-only
+    root filesystem."""
+    d = deployment
+    runtime_socket = d.env["KLET_CONTAINER_RUNTIME_ENDPOINT"].removeprefix("unix://")
+    for service in ("pod-source", "status-reporter", "eviction", "image-gc"):
+        seen = exec_in(d, service, "test", "-e", runtime_socket)
+        assert seen.returncode != 0, f"{service} sees the runtime socket {runtime_socket}"
+    assert exec_in(d, "syncloop", "test", "-S", runtime_socket).returncode == 0
+    for service in ("status-reporter", "eviction", "image-gc"):
+        seen = exec_in(d, service, "ls", "-A", "/run/klet-cri")
+        assert seen.stdout.split() == ["cri.sock"], (service, seen.stdout, seen.stderr)
+    endpoint = "unix:///run/klet-cri/cri.sock"
+    listed = exec_in(d, "status-reporter", "klet", "crictl", "--runtime-endpoint", endpoint, "ps")
+    assert listed.returncode == 0, listed.stderr
+    for name in WATCHED:
+        assert name in listed.stdout, listed.stdout
+    probe = exec_in(d, "status-reporter", "python3", "-c", CRI_PROBE, endpoint)
+    assert probe.returncode == 0, probe.stderr
+    lines = probe.stdout.splitlines()
+    assert lines[0] == "ListContainers OK", probe.stdout
+    assert lines[1].startswith("CreateContainer PERMISSION_DENIED "), probe.stdout
+    assert "/runtime.v1.RuntimeService/CreateContainer" in lines[1], probe.stdout
+
+    proxy = d.container("cri-proxy")
+    pid = proxy["State"]["Pid"]
+    assert int(status_field(pid, "CapEff"), 16) == 0
+    assert status_field(pid, "NoNewPrivs") == "1"
+    assert proxy["HostConfig"]["ReadonlyRootfs"] is True
+    assert os.readlink(f"/proc/{pid}/ns/net") != os.readlink("/proc/self/ns/net")
+
+
 def test_pods_survive_every_disruption(deployment: Deployment) -> None:
     d = deployment
     before = d.runtime()

@@ -7,7 +7,10 @@ private port file, `klet healthcheck <service>` probes) and gets what the compos
 gives it (tests/unit/test_compose_file.confinement): only syncloop privileged, in the
 host's PID namespace and with the root dir Bidirectional; the others with every
 capability dropped but eviction's DAC_READ_SEARCH, no privilege escalation, a read-only
-root filesystem, the same mounts read-only or writable; the node credentials only for
+root filesystem, the same mounts read-only or writable; the runtime's socket for
+syncloop alone, and beside status-reporter, eviction and image-gc a confined
+`cri-proxy` container serving that service its CRI allow-list on a memory emptyDir of
+their pod; the node credentials only for
 pod-source, syncloop and status-reporter; each service's bus password alone, from the
 directory the bus set-up copies it to, after an init container waits for it. Each
 workload carries the checksum of the rendered configuration (which changes when
@@ -66,9 +69,17 @@ def of_kind(docs: list[Doc], kind: str) -> list[Doc]:
     return [d for d in docs if d["kind"] == kind]
 
 
+READERS = ("status-reporter", "eviction", "image-gc")
+"""The services that reach the runtime through a cri-proxy container in their pod."""
+
+
 def container(workload: Doc) -> Doc:
+    """The workload's main container: its only one, or beside it the reader's
+    cri-proxy."""
     containers: list[Doc] = workload["spec"]["template"]["spec"]["containers"]
-    assert len(containers) == 1
+    component = workload["metadata"]["labels"]["app.kubernetes.io/component"]
+    names = [c["name"] for c in containers]
+    assert names == ([component, "cri-proxy"] if component in READERS else names[:1]), names
     return containers[0]
 
 
@@ -1033,3 +1044,54 @@ def test_status_reporter_has_a_memory_limit() -> None:
     assert limits["memory"] == "256Mi"
     assert container(found["status-reporter"])["resources"]["requests"]["memory"] == "128Mi"
     assert "limits" not in container(found["syncloop"])["resources"]
+
+
+@pytest.mark.parametrize("service", SERVICES)
+def test_the_runtime_socket_is_syncloops_and_each_readers_cri_proxy_its_own(
+    service: str,
+) -> None:
+    """Only syncloop's container mounts the runtime's socket directory. Each reader's
+    pod has a `cri-proxy` container (klet cri-proxy for that service alone), confined as
+    the services are (no capability, no privilege escalation, read-only root, the
+    runtime's seccomp profile), which mounts the runtime's socket directory read-only
+    and a memory emptyDir where it serves the socket; the reader mounts that emptyDir
+    read-only and takes the socket as its runtime and image endpoint. No other pod has
+    the emptyDir, so no service reaches another's socket."""
+    w = workloads(render())[service]
+    pod = w["spec"]["template"]["spec"]
+    main = container(w)
+    runtime_dir = "/run/containerd"
+    main_mounts = {m["mountPath"] for m in main["volumeMounts"]}
+    assert (runtime_dir in main_mounts) is (service == "syncloop")
+    args = dict(a.split("=", 1) for a in main["args"] if "=" in a)
+    if service not in READERS:
+        assert len(pod["containers"]) == 1
+        assert args["--container-runtime-endpoint"] == "unix:///run/containerd/containerd.sock"
+        assert "--image-service-endpoint" not in args
+        return
+    assert args["--container-runtime-endpoint"] == "unix:///run/klet-cri/cri.sock"
+    assert args["--image-service-endpoint"] == "unix:///run/klet-cri/cri.sock"
+    (proxy,) = [c for c in pod["containers"] if c["name"] == "cri-proxy"]
+    assert proxy["command"] == ["klet", "cri-proxy"]
+    assert proxy["args"] == [
+        "--container-runtime-endpoint=unix:///run/containerd/containerd.sock",
+        f"--service={service}",
+        f"--socket={service}=/run/klet-cri/cri.sock",
+    ]
+    assert proxy["securityContext"] == {
+        "allowPrivilegeEscalation": False,
+        "readOnlyRootFilesystem": True,
+        "capabilities": {"drop": ["ALL"]},
+        "seccompProfile": {"type": "RuntimeDefault"},
+    }
+    assert proxy["resources"]["limits"]["memory"]
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    assert {m["mountPath"]: m.get("readOnly", False) for m in proxy["volumeMounts"]} == {
+        "/run/klet-cri": False,
+        runtime_dir: True,
+    }
+    (shared,) = [m for m in main["volumeMounts"] if m["mountPath"] == "/run/klet-cri"]
+    assert shared["readOnly"] is True
+    assert volumes[shared["name"]]["emptyDir"]["medium"] == "Memory"
+    (sock_dir,) = [m for m in proxy["volumeMounts"] if m["mountPath"] == runtime_dir]
+    assert volumes[sock_dir["name"]]["hostPath"]["path"] == runtime_dir

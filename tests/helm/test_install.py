@@ -14,7 +14,10 @@ a second private containerd B, its own root dir, run dir and ports
 Then: each running container (read from /proc on the host: effective capabilities, no
 new privileges, user, PID namespace, mount points and whether they are read-only) has
 what the release's manifest gives it and nothing more, each service sees its own bus
-password and no other, and Redis no service's; the inner Node is Ready and renews its
+password and no other, and Redis no service's (a reader's cri-proxy container none);
+status-reporter, eviction and image-gc see no runtime socket, only their own CRI proxy
+socket, and status-reporter's lists containerd B's containers and is refused
+CreateContainer (PERMISSION_DENIED naming it); the inner Node is Ready and renews its
 Lease; `helm test` passes with its pod on
 the inner node; a Deployment (no nodeName, a nodeSelector for `inner`) is scheduled and
 runs there, writing into a hostPath that only the host has (not mounted into klet's
@@ -517,36 +520,87 @@ def test_each_container_has_only_what_it_uses(install: Install) -> None:
         *SERVICES,
         "redis",
     }
+    for w, component, c, pod in running_containers(d, manifest):
+        spec = w["spec"]["template"]["spec"]
+        context = c["securityContext"]
+        marker = {"redis": "redis-server", "cri-proxy": "cri-proxy"}.get(c["name"], component)
+        pid = main_pid(pod, marker)
+        what = f"{component}/{c['name']} ({pod['metadata']['name']}, pid {pid})"
+        effective = int(status_field(pid, "CapEff"), 16)
+        if context.get("privileged"):
+            assert effective == host_caps, what
+        else:
+            added = context["capabilities"].get("add", [])
+            assert effective == sum(1 << CAPABILITIES[a] for a in added), what
+            assert status_field(pid, "NoNewPrivs") == "1", what
+        uid = context.get("runAsUser", 0)
+        assert status_field(pid, "Uid").split()[1] == str(uid), what
+        shared = os.readlink(f"/proc/{pid}/ns/pid") == host_pid_ns
+        assert shared is bool(spec.get("hostPID")), what
+        seen = mount_points(pid)
+        assert seen["/"] is not context.get("readOnlyRootFilesystem", False), what
+        for m in c["volumeMounts"]:
+            assert m["mountPath"] in seen, f"{what}: {m['mountPath']} not mounted"
+            assert seen[m["mountPath"]] is not m.get("readOnly", False), (what, m)
+        root = Path(f"/proc/{pid}/root")
+        assert not (root / str(bus / "secrets").lstrip("/")).exists(), what
+        if c["name"] == "cri-proxy":
+            assert not (root / "etc/klet/bus/password").exists(), what
+        elif component != "redis":
+            own = (root / "etc/klet/bus/password").read_text()
+            assert own == (bus / "secrets" / INNER / component).read_text(), what
+            assert not [p for p in seen if p.startswith(str(bus))], what
+
+
+def running_containers(
+    d: Install, manifest: list[dict[str, Any]]
+) -> Iterator[tuple[dict[str, Any], str, dict[str, Any], dict[str, Any]]]:
+    """(workload, component, container spec, pod) of every running container of the
+    release's workloads: a reader's cri-proxy beside the service."""
     for w in manifest:
         component = w["metadata"]["labels"]["app.kubernetes.io/component"]
-        spec = w["spec"]["template"]["spec"]
-        (c,) = spec["containers"]
-        context = c["securityContext"]
-        for pod in d.pods(NAMESPACE, f"app.kubernetes.io/component={component}"):
-            pid = main_pid(pod, "redis-server" if component == "redis" else component)
-            what = f"{component} ({pod['metadata']['name']}, pid {pid})"
-            effective = int(status_field(pid, "CapEff"), 16)
-            if context.get("privileged"):
-                assert effective == host_caps, what
-            else:
-                added = context["capabilities"].get("add", [])
-                assert effective == sum(1 << CAPABILITIES[a] for a in added), what
-                assert status_field(pid, "NoNewPrivs") == "1", what
-            uid = context.get("runAsUser", 0)
-            assert status_field(pid, "Uid").split()[1] == str(uid), what
-            shared = os.readlink(f"/proc/{pid}/ns/pid") == host_pid_ns
-            assert shared is bool(spec.get("hostPID")), what
-            seen = mount_points(pid)
-            assert seen["/"] is not context.get("readOnlyRootFilesystem", False), what
-            for m in c["volumeMounts"]:
-                assert m["mountPath"] in seen, f"{what}: {m['mountPath']} not mounted"
-                assert seen[m["mountPath"]] is not m.get("readOnly", False), (what, m)
-            root = Path(f"/proc/{pid}/root")
-            assert not (root / str(bus / "secrets").lstrip("/")).exists(), what
-            if component != "redis":
-                own = (root / "etc/klet/bus/password").read_text()
-                assert own == (bus / "secrets" / INNER / component).read_text(), what
-                assert not [p for p in seen if p.startswith(str(bus))], what
+        for c in w["spec"]["template"]["spec"]["containers"]:
+            for pod in d.pods(NAMESPACE, f"app.kubernetes.io/component={component}"):
+                yield w, component, c, pod
+
+
+# Run on the host against a socket seen through a container's /proc/<pid>/root: two raw
+# calls (an empty request is a valid empty message of either), each one's status code.
+CRI_PROBE = """
+import sys, grpc
+with grpc.insecure_channel("unix://" + sys.argv[1]) as channel:
+    for method in ("ListContainers", "CreateContainer"):
+        call = channel.unary_unary(f"/runtime.v1.RuntimeService/{method}")
+        try:
+            call(b"", timeout=20)
+            print(method, "OK")
+        except grpc.RpcError as err:
+            print(method, err.code().name, err.details())
+"""
+
+
+def test_readers_reach_the_runtime_only_through_their_cri_proxy(install: Install) -> None:
+    """In the running pods: status-reporter, eviction and image-gc see no runtime socket
+    (the inner node's containerd B), only their own proxy socket in /run/klet-cri;
+    status-reporter's, reached through its container's root, lists containerd B's
+    containers and is refused CreateContainer with PERMISSION_DENIED naming it."""
+    d = install
+    runtime_socket = d.inner.runtime_endpoint.removeprefix("unix://").lstrip("/")
+    for service in ("status-reporter", "eviction", "image-gc"):
+        for pod in d.pods(NAMESPACE, f"app.kubernetes.io/component={service}"):
+            root = Path(f"/proc/{main_pid(pod, service)}/root")
+            assert not (root / runtime_socket).exists(), f"{service} sees the runtime socket"
+            assert [p.name for p in (root / "run/klet-cri").iterdir()] == ["cri.sock"], service
+    (pod,) = d.pods(NAMESPACE, "app.kubernetes.io/component=status-reporter")
+    sock = Path(f"/proc/{main_pid(pod, 'status-reporter')}/root/run/klet-cri/cri.sock")
+    probe = subprocess.run(
+        [sys.executable, "-c", CRI_PROBE, str(sock)], capture_output=True, text=True, timeout=60
+    )
+    assert probe.returncode == 0, probe.stderr
+    lines = probe.stdout.splitlines()
+    assert lines[0] == "ListContainers OK", probe.stdout
+    assert lines[1].startswith("CreateContainer PERMISSION_DENIED "), probe.stdout
+    assert "/runtime.v1.RuntimeService/CreateContainer" in lines[1], probe.stdout
 
 
 def test_inner_node_ready_with_lease_renewed(install: Install) -> None:

@@ -15,7 +15,7 @@ from pathlib import Path
 import grpc
 import pytest
 from klet.cri import CRIError, CRISettings, RuntimeClient
-from klet.cri.proxy import CRIProxy, socket_path
+from klet.cri.proxy import CRIProxy
 from klet.cri.types import ContainerConfig, LinuxContainerSecurity, SandboxConfig
 from klet.devstack import DevStack
 from klet.model.types import ContainerID, SandboxID
@@ -26,8 +26,7 @@ IMAGE = "registry.klet.test/busybox:1.36"
 async def started(devstack: DevStack, socket_dir: Path) -> CRIProxy:
     proxy = CRIProxy(
         runtime_endpoint=devstack.runtime_endpoint,
-        socket_dir=socket_dir,
-        services=("status-reporter", "eviction", "image-gc"),
+        sockets={s: socket_dir / f"{s}.sock" for s in ("status-reporter", "eviction", "image-gc")},
     )
     await proxy.start()
     return proxy
@@ -43,7 +42,7 @@ async def proxy(devstack: DevStack, tmp_path: Path) -> AsyncIterator[CRIProxy]:
 
 
 def client(proxy: CRIProxy, service: str) -> RuntimeClient:
-    endpoint = f"unix://{socket_path(proxy.socket_dir, service)}"
+    endpoint = f"unix://{proxy.sockets[service]}"
     return RuntimeClient(CRISettings(runtime_endpoint=endpoint, timeout_s=30))
 
 
@@ -87,7 +86,7 @@ async def test_status_reporter_lists_and_is_refused_creating(
         assert "/runtime.v1.RuntimeService/StartContainer" in str(refused.value)
 
         # A method the client has no wrapper for, sent raw: refused by name too.
-        path = socket_path(proxy.socket_dir, "status-reporter")
+        path = proxy.sockets["status-reporter"]
         async with grpc.aio.insecure_channel(f"unix://{path}") as channel:
             raw = channel.unary_unary("/runtime.v1.RuntimeService/UpdateRuntimeConfig", None, None)
             with pytest.raises(grpc.aio.AioRpcError) as err:
@@ -130,7 +129,7 @@ async def test_a_restarted_proxy_is_reached_again(devstack: DevStack, tmp_path: 
         await cri.list_containers()
         await first.stop()
         # A dead proxy's socket file left behind is replaced by the next one.
-        socket_path(socket_dir, "eviction").touch()
+        (socket_dir / "eviction.sock").touch()
         second = await started(devstack, socket_dir)
         try:
             for _ in range(100):

@@ -6,7 +6,9 @@ namespace, kubeconfig and mounts of `confinement` (the table the compose tier ch
 running containers against): only syncloop privileged and in the host's PID namespace,
 the others with every capability dropped but eviction's DAC_READ_SEARCH, no new
 privileges and a read-only root filesystem, the kubeconfig for pod-source, syncloop and
-status-reporter only. The bus-acl step may only chown; the Redis has no network, no
+status-reporter only; the runtime socket for syncloop and the `cri-proxy` container
+alone, which serves status-reporter, eviction and image-gc each in a volume of its own
+(their runtime and image endpoint). The bus-acl step may only chown; the Redis has no network, no
 persistence, no capability, a user of its own, a read-only root filesystem, its three
 bus files and no password of a service, and is healthy once the function library is
 loaded. Every variable the compose file reads is documented in .env.example with the
@@ -104,10 +106,12 @@ def confinement(service: str, env: dict[str, str]) -> Confinement:
         "/etc/klet/bus/password": False,
     }
     kubernetes = {env["KLET_KUBERNETES_DIR"]: False}
+    # No runtime socket: they reach the runtime through the CRI proxy, whose socket for
+    # each is in a volume of that reader's alone, at /run/klet-cri.
     readers = {
+        "/run/klet-cri": False,
         root: False,
         env["KLET_POD_LOGS_DIR"]: False,
-        env["KLET_RUNTIME_SOCKET_DIR"]: False,
         env["KLET_IMAGE_FS_DIR"]: False,
         env["KLET_CGROUP_ROOT"]: False,
     }
@@ -147,8 +151,8 @@ def confinement(service: str, env: dict[str, str]) -> Confinement:
             {
                 **common,
                 env["KLET_POD_LOGS_DIR"]: True,
-                env["KLET_RUNTIME_SOCKET_DIR"]: False,
                 env["KLET_IMAGE_FS_DIR"]: False,
+                "/run/klet-cri": False,
             },
         ),
     }[service]
@@ -200,8 +204,63 @@ def test_each_service_gets_only_what_it_uses(service: str) -> None:
     assert volume_targets(spec) == want.mounts
     kubeconfig = [a for a in spec["command"] if a.startswith("--kubeconfig")]
     assert bool(kubeconfig) is want.kubeconfig
-    flags = [a for a in spec["command"] if not a.startswith("--kubeconfig")]
-    assert flags == [a for a in compose()["services"]["eviction"]["command"]]
+
+    def common(argv: list[str]) -> list[str]:
+        endpoints = ("--kubeconfig", "--container-runtime-endpoint", "--image-service-endpoint")
+        return [a for a in argv if not a.startswith(endpoints)]
+
+    assert common(spec["command"]) == common(compose()["services"]["eviction"]["command"])
+    endpoints = [a for a in spec["command"] if a.startswith(("--container-runtime", "--image-s"))]
+    if service in ("status-reporter", "eviction", "image-gc"):
+        proxied = "unix:///run/klet-cri/cri.sock"
+        assert f"cri-{service}:/run/klet-cri:ro" in spec["volumes"]
+        assert endpoints == [
+            f"--container-runtime-endpoint={proxied}",
+            f"--image-service-endpoint={proxied}",
+        ]
+        assert spec["depends_on"]["cri-proxy"]["condition"] == "service_healthy"
+    else:
+        assert endpoints == [
+            f"--container-runtime-endpoint={env['KLET_CONTAINER_RUNTIME_ENDPOINT']}"
+        ]
+
+
+def test_only_syncloop_and_the_cri_proxy_mount_the_runtime_socket() -> None:
+    """Whoever can call CRI can start a privileged container: the readers reach it
+    through `cri-proxy` (klet.cri.proxy), which has no network, no capability, no new
+    privileges, a read-only root filesystem, and mounts the runtime's socket directory
+    read-only and one volume per reader, where it serves that reader, nothing else; no
+    service mounts another's volume."""
+    env = variables()
+    runtime = env["KLET_RUNTIME_SOCKET_DIR"]
+    for service in SERVICES:
+        assert (runtime in volume_targets(compose()["services"][service])) is (
+            service == "syncloop"
+        ), service
+    proxy = compose()["services"]["cri-proxy"]
+    assert proxy["entrypoint"] == ["klet", "cri-proxy"]
+    readers = ("status-reporter", "eviction", "image-gc")
+    assert proxy["command"] == [
+        f"--container-runtime-endpoint={env['KLET_CONTAINER_RUNTIME_ENDPOINT']}",
+        *(f"--socket={s}=/run/klet-cri/{s}/cri.sock" for s in readers),
+    ]
+    assert proxy["network_mode"] == "none"
+    assert proxy["cap_drop"] == ["ALL"] and "cap_add" not in proxy
+    assert proxy["security_opt"] == ["no-new-privileges:true"]
+    assert proxy["read_only"] is True
+    assert volume_targets(proxy) == {
+        runtime: False,
+        **{f"/run/klet-cri/{s}": True for s in readers},
+    }
+    assert proxy["healthcheck"]["test"] == ["CMD", "test", "-S", "/run/klet-cri/image-gc/cri.sock"]
+    assert set(compose()["volumes"]) == {f"cri-{s}" for s in readers}
+    for service in SERVICES:
+        named = {
+            v.split(":")[0]
+            for v in compose()["services"][service]["volumes"]
+            if isinstance(v, str) and v.startswith("cri-")
+        }
+        assert named == ({f"cri-{service}"} if service in readers else set()), service
 
 
 @pytest.mark.parametrize("service", SERVICES)
@@ -223,6 +282,8 @@ def test_same_path_binds() -> None:
         for volume in compose()["services"][service]["volumes"]:
             if isinstance(volume, dict):
                 assert volume["source"] == volume["target"], service
+            elif volume.startswith("cri-"):
+                continue  # a CRI proxy socket's volume: nothing the runtime is handed
             elif not volume.split(":")[1] == "/etc/klet/bus/password":
                 source, target = volume.split(":")[:2]
                 assert source == target, f"{service}: {volume} is not a same-path bind"

@@ -109,3 +109,14 @@ def test_the_cli_refuses_an_owner_it_does_not_serve_or_cannot_read(
     with pytest.raises(SystemExit):
         cri_proxy([*argv, "--socket-owner", "eviction=alice"])
     assert "want SERVICE=UID:GID" in capsys.readouterr().err
+
+
+def test_the_cli_refuses_a_socket_path_it_cannot_use(capsys: pytest.CaptureFixture[str]) -> None:
+    from klet.cli.criproxy import cri_proxy
+
+    for bad in ("eviction=relative/cri.sock", "syncloop=/run/x.sock", "eviction"):
+        with pytest.raises(SystemExit):
+            cri_proxy(["--socket", bad])
+        assert "want SERVICE=/ABSOLUTE/PATH" in capsys.readouterr().err
+    assert cri_proxy(["--service", "eviction", "--socket", "image-gc=/run/x.sock"]) == 2
+    assert "--socket names image-gc, which it does not serve" in capsys.readouterr().err

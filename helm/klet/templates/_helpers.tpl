@@ -208,17 +208,18 @@ syncloop:
     cgroup-root: rw
     resolv-conf: ro
 # The one on the network (the kubelet API): reads what it reports (pod directories,
-# logs, cgroups, the image filesystem's statfs, CRI), writes its serving certificate.
+# logs, cgroups, the image filesystem's statfs, CRI through its cri-proxy container),
+# writes its serving certificate.
 status-reporter:
   privileged: false
   hostPID: false
   capabilities: []
   apiserver: true
+  criProxy: true
   mounts:
     root-dir: ro
     cert-dir: rw
     pod-logs-dir: ro
-    runtime-socket-dir: ro
     image-fs-dir: ro
     cgroup-root: ro
 # Measures the node and the pods; kills through syncloop and frees disk through
@@ -230,10 +231,10 @@ eviction:
   hostPID: false
   capabilities: [DAC_READ_SEARCH]
   apiserver: false
+  criProxy: true
   mounts:
     root-dir: ro
     pod-logs-dir: ro
-    runtime-socket-dir: ro
     image-fs-dir: ro
     cgroup-root: ro
 # Removes images, dead containers and their log directories through CRI.
@@ -242,9 +243,9 @@ image-gc:
   hostPID: false
   capabilities: []
   apiserver: false
+  criProxy: true
   mounts:
     pod-logs-dir: rw
-    runtime-socket-dir: ro
     image-fs-dir: ro
 {{- end -}}
 

@@ -17,9 +17,19 @@ from pathlib import Path
 
 from klet.cri.allowlist import FILTERED_SERVICES
 from klet.cri.proxy import CRIProxy, Owner
-from klet.model.layout import CRI_PROXY_DIR
+from klet.model.layout import CRI_PROXY_DIR, cri_proxy_socket
 
 DEFAULT_RUNTIME = "unix:///run/containerd/containerd.sock"
+
+
+def _socket(text: str) -> tuple[str, Path]:
+    service, sep, path = text.partition("=")
+    if not sep or service not in FILTERED_SERVICES or not path.startswith("/"):
+        raise argparse.ArgumentTypeError(
+            f"--socket {text!r}: want SERVICE=/ABSOLUTE/PATH, SERVICE one of "
+            + ", ".join(FILTERED_SERVICES)
+        )
+    return service, Path(path)
 
 
 def _owner(text: str) -> tuple[str, Owner]:
@@ -57,6 +67,15 @@ def parser() -> argparse.ArgumentParser:
         help="a service to serve (repeat; default: all of " + ", ".join(FILTERED_SERVICES) + ")",
     )
     p.add_argument(
+        "--socket",
+        action="append",
+        type=_socket,
+        default=[],
+        metavar="SERVICE=PATH",
+        help="serve that service on PATH instead of <run-dir>/cri/<service>.sock "
+        "(a volume shared with that service's container alone)",
+    )
+    p.add_argument(
         "--socket-owner",
         action="append",
         type=_owner,
@@ -72,18 +91,20 @@ def cri_proxy(argv: list[str]) -> int:
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s %(message)s")
     services = tuple(args.service or FILTERED_SERVICES)
     owners = dict(args.socket_owner)
-    unknown = sorted(set(owners) - set(services))
-    if unknown:
-        print(
-            f"klet cri-proxy: --socket-owner names {', '.join(unknown)}, which it does not serve",
-            file=sys.stderr,
-        )
-        return 2
+    paths = dict(args.socket)
+    for flag, named in (("--socket-owner", owners), ("--socket", paths)):
+        unknown = sorted(set(named) - set(services))
+        if unknown:
+            print(
+                f"klet cri-proxy: {flag} names {', '.join(unknown)}, which it does not serve",
+                file=sys.stderr,
+            )
+            return 2
+    run_dir = Path(args.run_dir)
     proxy = CRIProxy(
         runtime_endpoint=args.container_runtime_endpoint,
         image_endpoint=args.image_service_endpoint,
-        socket_dir=Path(args.run_dir) / CRI_PROXY_DIR,
-        services=services,
+        sockets={s: paths.get(s) or cri_proxy_socket(run_dir, s) for s in services},
         owners=owners,
     )
     return asyncio.run(_main(proxy))

@@ -26,7 +26,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -63,12 +63,6 @@ def channel_target(endpoint: str) -> str:
     if endpoint.startswith("tcp://"):
         return endpoint[len("tcp://") :]
     return endpoint
-
-
-def socket_path(socket_dir: Path, service: str) -> Path:
-    """Where the proxy serves `service` in `socket_dir` (`<run-dir>/cri` on a node:
-    klet.model.layout.cri_proxy_socket)."""
-    return socket_dir / f"{service}.sock"
 
 
 @dataclass(frozen=True)
@@ -133,21 +127,22 @@ class _Filter(grpc.GenericRpcHandler):  # type: ignore[type-arg]  # generic in t
 
 
 class CRIProxy:
-    """The filtering sockets of `services`, in `socket_dir`, in front of one runtime."""
+    """The filtering sockets in front of one runtime: `sockets` maps each service served
+    to its socket's path (a directory of its own may hold it: a volume only that
+    service's container shares with the proxy, as compose and the chart do)."""
 
     def __init__(
         self,
         *,
         runtime_endpoint: str,
         image_endpoint: str = "",
-        socket_dir: Path,
-        services: Iterable[str],
+        sockets: Mapping[str, Path],
         owners: Mapping[str, Owner] | None = None,
     ) -> None:
         self.runtime_endpoint = runtime_endpoint
         self.image_endpoint = image_endpoint or runtime_endpoint
-        self.socket_dir = socket_dir
-        self.services = tuple(services)
+        self.sockets = dict(sockets)
+        self.services = tuple(self.sockets)
         self.owners = dict(owners or {})
         unknown = [s for s in self.services if s not in ALLOWED]
         if unknown:
@@ -169,11 +164,11 @@ class CRIProxy:
 
     async def start(self) -> None:
         """Bind every service's socket (a stale file from a dead proxy is replaced)."""
-        self.socket_dir.mkdir(parents=True, exist_ok=True)
-        # Others need to reach the sockets inside; each socket's own mode says who may.
-        os.chmod(self.socket_dir, 0o755)
-        for service in self.services:
-            path = socket_path(self.socket_dir, service)
+        for service, path in self.sockets.items():
+            if not path.parent.is_dir():
+                path.parent.mkdir(parents=True)
+                # Others need to reach the socket inside; its own mode says who may.
+                os.chmod(path.parent, 0o755)
             path.unlink(missing_ok=True)
             server = grpc.aio.server(options=_SERVER_OPTIONS)
             server.add_generic_rpc_handlers((_Filter(service, self._channel, self._count_refusal),))
@@ -193,8 +188,8 @@ class CRIProxy:
         """Stop serving (calls in flight get `grace_s`), remove the sockets, close."""
         await asyncio.gather(*(s.stop(grace_s) for s in self._servers))
         self._servers.clear()
-        for service in self.services:
-            socket_path(self.socket_dir, service).unlink(missing_ok=True)
+        for path in self.sockets.values():
+            path.unlink(missing_ok=True)
         await asyncio.gather(*(c.close(None) for c in self._channels.values()))
         self._channels.clear()
 
