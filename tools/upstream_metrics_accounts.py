@@ -106,15 +106,6 @@ NOT_APPLICABLE: Mapping[str, tuple[str, ...]] = {
         "/metrics dra_operations_duration_seconds",
         "/metrics dra_resource_claims_in_use",
     ),
-    "the static CPU manager (cpuManagerPolicy other than none is refused)": (
-        "/metrics kubelet_container_aligned_compute_resources_count",
-        "/metrics kubelet_container_aligned_compute_resources_failure_count",
-        "/metrics kubelet_cpu_manager_allocation_per_numa",
-        "/metrics kubelet_cpu_manager_exclusive_cpu_allocation_count",
-        "/metrics kubelet_cpu_manager_pinning_errors_total",
-        "/metrics kubelet_cpu_manager_pinning_requests_total",
-        "/metrics kubelet_cpu_manager_shared_pool_size_millicores",
-    ),
     "the Static memory manager (memoryManagerPolicy is refused)": (
         "/metrics kubelet_memory_manager_pinning_errors_total",
         "/metrics kubelet_memory_manager_pinning_requests_total",
@@ -205,6 +196,15 @@ NOT_APPLICABLE: Mapping[str, tuple[str, ...]] = {
 }
 
 MISSING: Mapping[str, tuple[str, ...]] = {
+    "the static CPU manager (syncloop/cpumanager) does not count its pinning yet": (
+        "/metrics kubelet_container_aligned_compute_resources_count",
+        "/metrics kubelet_container_aligned_compute_resources_failure_count",
+        "/metrics kubelet_cpu_manager_allocation_per_numa",
+        "/metrics kubelet_cpu_manager_exclusive_cpu_allocation_count",
+        "/metrics kubelet_cpu_manager_pinning_errors_total",
+        "/metrics kubelet_cpu_manager_pinning_requests_total",
+        "/metrics kubelet_cpu_manager_shared_pool_size_millicores",
+    ),
     (
         "client certificates presented to 10250 are verified by Python's ssl; their expiry is not "
         "observed"

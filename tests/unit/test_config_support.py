@@ -210,8 +210,12 @@ def test_unimplemented_value_refused_naming_file_and_field(tmp_path: Path, path:
     ("body", "path"),
     [
         ({"imagePullCredentialsVerificationPolicy": "AlwaysVerify"}, None),
-        ({"cpuManagerPolicy": "static"}, "cpuManagerPolicy"),
-        ({"cpuManagerPolicy": "static", "shutdownGracePeriod": "30s"}, "cpuManagerPolicy"),
+        ({"memoryManagerPolicy": "Static"}, "memoryManagerPolicy"),
+        ({"memoryManagerPolicy": "Static", "shutdownGracePeriod": "30s"}, "memoryManagerPolicy"),
+        (
+            {"cpuManagerPolicy": "static", "cpuManagerPolicyOptions": {"align-by-socket": "true"}},
+            "cpuManagerPolicyOptions",
+        ),
         ({"runOnce": True}, "runOnce"),
         ({"enableControllerAttachDetach": False}, "enableControllerAttachDetach"),
     ],

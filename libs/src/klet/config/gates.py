@@ -47,6 +47,19 @@ __all__ = [
 
 # Gates klet reads, with what each changes. Any value of these loads.
 HONOURED: Mapping[str, str] = {
+    "CPUManagerPolicyAlphaOptions": (
+        "the static CPU manager accepts the alpha option distribute-cpus-across-cores "
+        "(align-by-socket stays refused: klet has no topology manager); default false, "
+        "as upstream"
+    ),
+    "CPUManagerPolicyBetaOptions": (
+        "the static CPU manager accepts the beta option strict-cpu-reservation; false "
+        "refuses it with upstream's message (default true, as upstream)"
+    ),
+    "DisableCPUQuotaWithExclusiveCPUs": (
+        "a container holding exclusive CPUs, and its pod's cgroup, run without a CFS "
+        "quota; false keeps the quota (default true, as upstream)"
+    ),
     "EventedPLEG": (
         "syncloop follows the runtime's container events and relists every 20s; false "
         "relists every second (klet's default is true, upstream's false)"
@@ -113,7 +126,10 @@ DEFAULT_ON: Mapping[str, Account] = {
     "APIServerIdentity": _API,
     "AggregatedDiscoveryRemoveBetaType": _API,
     "AllowParsingUserUIDFromCertAuth": _API,
-    "CPUManagerPolicyBetaOptions": Inert("cpuManagerPolicyOptions"),
+    "CPUManagerPolicyBetaOptions": Implemented(
+        "klet.syncloop.cpumanager.policy",
+        "unit/syncloop/test_cpumanager_policy.py::test_options_as_upstream_reads_them",
+    ),
     "ContainerCheckpoint": Implemented(
         "klet.status_reporter.kubeletapi.checkpoint",
         "unit/status_reporter/kubeletapi/test_checkpoint.py::test_checkpoint_asks_the_runtime_for_an_archive_under_root_dir",
@@ -126,7 +142,10 @@ DEFAULT_ON: Mapping[str, Account] = {
     "DeclarativeValidation": _API,
     "DetectCacheInconsistency": _API,
     "DisableAllocatorDualWrite": _API,
-    "DisableCPUQuotaWithExclusiveCPUs": Inert("cpuManagerPolicy"),
+    "DisableCPUQuotaWithExclusiveCPUs": Implemented(
+        "klet.syncloop.cpumanager.manager",
+        "unit/syncloop/test_cpumanager_criconfig.py::test_exclusive_and_shared_cpusets_reach_the_wire",
+    ),
     "DisableNodeKubeProxyVersion": Implemented(
         "klet.status_reporter.nodestatus",
         "unit/status_reporter/test_nodestatus.py::test_status_fields",

@@ -37,7 +37,7 @@ from klet.config.flags import (
     normalize_argv,
 )
 from klet.config.kubelet import KubeletConfiguration
-from klet.config.validation import validate_problems
+from klet.config.validation import validate_problems, with_reserved_system_cpus
 from klet.model.layout import DEFAULT_SERVICE_PORTS, redis_socket
 
 __all__ = [
@@ -532,6 +532,7 @@ def load_settings(
         problems.append(name_problem)
     if problems:
         raise ConfigError([str(p) for p in problems])
+    cfg = with_reserved_system_cpus(cfg)
 
     # An absent flag and variable leave no value: the service's default port. 0 is a
     # value (any free port). `klet up` validates the flags its services get; it has no

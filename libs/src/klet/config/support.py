@@ -2,16 +2,16 @@
 
 klet loads every upstream field so a file written for the upstream kubelet decodes, but a
 setting that is accepted and silently ignored is worse than an error: the operator
-believes the node is protected (rotated certificates, a CPU manager, graceful shutdown)
+believes the node is protected (rotated certificates, a memory manager, graceful shutdown)
 when it is not. So every field no klet code reads is in one of three tables:
 
 - `UNIMPLEMENTED`: the values klet implements (the default, sometimes one more);
   validation refuses any other value, naming the field (or the flag that set it).
 - `NO_EFFECT`: the field does nothing in upstream's kubelet either, in every
   configuration klet accepts. Each names the refused field or feature gate that would
-  give it an effect (`cpuManagerReconcilePeriod` means nothing unless cpuManagerPolicy
-  is static, which klet refuses), or says why it has none upstream at all (upstream
-  v1.34 reads `hairpinMode` nowhere).
+  give it an effect (`topologyManagerScope` means nothing unless topologyManagerPolicy
+  is other than none, which klet refuses), or says why it has none upstream at all
+  (upstream v1.34 reads `hairpinMode` nowhere).
 - `NOT_HONOURED`: upstream's default asks for something klet does not do, and the other
   value says what klet does (`enableProfilingHandler` defaults to true; klet serves no
   /debug/pprof/). Refusing the default would refuse every upstream file, so it loads,
@@ -77,6 +77,23 @@ def _zero_options(value: Any) -> bool:
     return value in (None, False, 0, "", "0", [], {})
 
 
+_CPU_OPTIONS_NOT_IMPLEMENTED = (
+    "distribute-cpus-across-numa",
+    "prefer-align-cpus-by-uncorecache",
+    "align-by-socket",
+)
+
+
+def _cpu_options_implemented(value: Any) -> bool:
+    """No option klet lacks (klet.syncloop.cpumanager.policy) is turned on."""
+    if not isinstance(value, Mapping):
+        return False
+    return not any(
+        name in _CPU_OPTIONS_NOT_IMPLEMENTED and str(v).lower() in ("1", "t", "true")
+        for name, v in value.items()
+    )
+
+
 # Upstream dotted path -> what klet does not do. A value the field accepts loads; any
 # other is refused at start with "<field>: not implemented by klet: <reason>".
 UNIMPLEMENTED: Mapping[str, Unimplemented] = {
@@ -116,10 +133,15 @@ UNIMPLEMENTED: Mapping[str, Unimplemented] = {
     # --- cgroups and node resources
     "kubeletCgroups": Unimplemented("moving its own processes into a cgroup"),
     "systemCgroups": Unimplemented("moving system processes into a cgroup"),
-    "reservedSystemCPUs": Unimplemented("reserving CPUs for the system"),
     "reservedMemory": Unimplemented("the memory manager's NUMA reservations", check=_empty),
-    "cpuManagerPolicy": Unimplemented("the static CPU manager policy"),
-    "cpuManagerPolicyOptions": Unimplemented("CPU manager policy options", check=_empty),
+    "cpuManagerPolicyOptions": Unimplemented(
+        "the CPU manager options distribute-cpus-across-numa, "
+        "prefer-align-cpus-by-uncorecache and align-by-socket",
+        check=_cpu_options_implemented,
+        partial=True,
+        shown="full-pcpus-only, strict-cpu-reservation, distribute-cpus-across-cores "
+        "(the others only false)",
+    ),
     "memoryManagerPolicy": Unimplemented("the Static memory manager policy"),
     "topologyManagerPolicy": Unimplemented("topology manager policies"),
     "topologyManagerPolicyOptions": Unimplemented("topology manager options", check=_empty),
@@ -152,9 +174,6 @@ NO_EFFECT: Mapping[str, NoEffect] = {
     "logging.flushFrequency": NoEffect(
         "upstream ignores it for a log backend that does not buffer, and klet's writes "
         "every record at once"
-    ),
-    "cpuManagerReconcilePeriod": NoEffect(
-        "reconciles the static CPU manager's assignments", unless="cpuManagerPolicy"
     ),
     "topologyManagerScope": NoEffect(
         "scopes a topology manager policy's hints", unless="topologyManagerPolicy"

@@ -15,6 +15,7 @@ feature gates klet does not know or does not act on (gates.py).
 
 from __future__ import annotations
 
+import dataclasses
 import ipaddress
 import posixpath
 from collections.abc import Iterable, Mapping
@@ -25,6 +26,7 @@ from klet.config.errors import Problem
 from klet.config.gates import gate_problems
 from klet.config.kubelet import KubeletConfiguration
 from klet.config.support import unimplemented_problems
+from klet.model.cpuset import CPUSetError, parse_cpus
 from klet.model.units import parse_percentage, parse_quantity
 
 __all__ = ["EVICTION_SIGNALS", "validate", "validate_problems"]
@@ -307,12 +309,74 @@ def _check_cgroups(c: _Checks, cfg: KubeletConfiguration) -> None:
         c.add(
             "reservedSystemCPUs", "cannot be used with systemReservedCgroup or kubeReservedCgroup"
         )
+    _check_cpu_manager(c, cfg)
     for field, reserved in (
         ("kubeReserved", cfg.kube_reserved),
         ("systemReserved", cfg.system_reserved),
     ):
         for resource, amount in reserved.items():
             c.quantity(f"{field}.{resource}", amount)
+
+
+_CPU_OPTIONS = (
+    "full-pcpus-only",
+    "distribute-cpus-across-numa",
+    "align-by-socket",
+    "distribute-cpus-across-cores",
+    "strict-cpu-reservation",
+    "prefer-align-cpus-by-uncorecache",
+)
+_GO_BOOLS = ("1", "t", "T", "TRUE", "true", "True", "0", "f", "F", "FALSE", "false", "False")
+
+
+def _check_cpu_manager(c: _Checks, cfg: KubeletConfiguration) -> None:
+    """reservedSystemCPUs parses; the static policy has CPUs to reserve (upstream's
+    container manager refuses to start without); its options are upstream's names with
+    Go booleans. Which options klet implements is klet.config.support's; whether the
+    gates allow one, and whether reservedSystemCPUs are online, syncloop checks at start
+    (klet.syncloop.cpumanager), where the topology is read."""
+    try:
+        reserved = parse_cpus(cfg.reserved_system_cpus)
+    except CPUSetError as err:
+        c.add("reservedSystemCPUs", str(err))
+        reserved = frozenset()
+    if cfg.cpu_manager_policy == "static" and not reserved:
+        cpu = [r.get("cpu") for r in (cfg.kube_reserved, cfg.system_reserved) if r.get("cpu")]
+        try:
+            total = sum(parse_quantity(str(q)) for q in cpu)
+        except ValueError:
+            total = None  # the quantity's own check names it
+        if total is not None and total <= 0:
+            c.add(
+                "cpuManagerPolicy",
+                "static needs reserved CPUs: the static policy requires systemreserved.cpu + "
+                "kubereserved.cpu to be greater than zero (or reservedSystemCPUs)",
+            )
+    for name, value in sorted(cfg.cpu_manager_policy_options.items()):
+        if name not in _CPU_OPTIONS:
+            c.add(
+                f"cpuManagerPolicyOptions.{name}",
+                f"unknown CPU Manager Policy option (one of {', '.join(_CPU_OPTIONS)})",
+            )
+        elif value not in _GO_BOOLS:
+            c.add(f"cpuManagerPolicyOptions.{name}", f"must be true or false, not {value!r}")
+    if cfg.cpu_manager_policy_options and cfg.cpu_manager_policy != "static":
+        c.add(
+            "cpuManagerPolicyOptions",
+            "None policy: received unsupported options (only the static policy takes options)",
+        )
+
+
+def with_reserved_system_cpus(cfg: KubeletConfiguration) -> KubeletConfiguration:
+    """reservedSystemCPUs as upstream's kubelet applies it at start: system-reserved cpu
+    becomes their count and kube-reserved cpu goes, so the Node's allocatable and
+    admission leave exactly those CPUs to the system. Unchanged without the field."""
+    reserved = parse_cpus(cfg.reserved_system_cpus)
+    if not reserved:
+        return cfg
+    kube = {k: v for k, v in cfg.kube_reserved.items() if k != "cpu"}
+    system = {**cfg.system_reserved, "cpu": str(len(reserved))}
+    return dataclasses.replace(cfg, kube_reserved=kube, system_reserved=system)
 
 
 def _check_reserved_enforcement(c: _Checks, cfg: KubeletConfiguration) -> None:

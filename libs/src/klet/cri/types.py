@@ -270,6 +270,8 @@ class LinuxResources:
     """(page size as the runtime names it, "2MB" or "1GB"; limit in bytes)."""
     unified: dict[str, str] = field(default_factory=dict)
     """cgroup v2 files by name (memory.swap.max)."""
+    cpuset_cpus: str = ""
+    """The CPUs the container may run on (`0-1,3`); "" leaves the runtime's (all)."""
 
 
 @dataclass(frozen=True)

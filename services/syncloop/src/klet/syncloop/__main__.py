@@ -4,8 +4,8 @@ Only the shared entry sequence (klet.cli.service) with this service's start-up: 
 protectKernelDefaults check (kerneltunables), the reserved cgroups enforceNodeAllocatable
 names (they must exist: reservedcgroups; with `cgroupDriver: systemd` as active units),
 with `cgroupDriver: systemd` the check that systemd is PID 1 and answers on the system
-bus, building the dependencies inside the event
-loop, and running the root tasks.
+bus, building the dependencies inside the event loop (the CPU manager's state file is
+checked there: one that does not fit stops the start), and running the root tasks.
 """
 
 from __future__ import annotations
@@ -30,6 +30,7 @@ async def start(
         missing_reserved_cgroups,
         reserved_cgroups,
     )
+    from klet.syncloop.cpumanager.manager import CPUManagerError
     from klet.syncloop.kerneltunables import PROC_SYS, check_kernel_defaults
     from klet.syncloop.wiring import build_deps
 
@@ -50,7 +51,14 @@ async def start(
     if problems:
         print(f"syncloop: {ConfigError(problems)}", file=sys.stderr)
         return 1
-    return await main(build_deps(settings))
+    try:
+        deps = build_deps(settings)
+    except CPUManagerError as err:
+        # A state file that does not fit, or a static policy without reserved CPUs:
+        # upstream's container manager does not start either.
+        print(f"syncloop: {err}", file=sys.stderr)
+        return 1
+    return await main(deps)
 
 
 async def systemd_problems(reserved: Sequence[ReservedCgroup]) -> tuple[str, list[str]]:

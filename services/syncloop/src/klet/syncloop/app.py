@@ -17,11 +17,13 @@ from klet.bus import BusError
 from klet.bus.events import node_reference
 from klet.bus.leader import hold, release_quietly
 from klet.model.records import NodeConditionRecord
+from klet.model.types import JSON, ContainerID
 from klet.obs import create_health_app, leader_metric, run_supervised, serve_service_port
 from klet.rpc.deviceplugin import GrpcPlugin, serve_registration
 from klet.rpc.podcontrol import serve_pod_control
 from klet.syncloop.containers.logmanager import ContainerLogManager, LogManagerSettings
 from klet.syncloop.containers.reservedcgroups import run_enforcement
+from klet.syncloop.cpumanager import manager as cpumanager
 from klet.syncloop.devices import plugins as devices
 from klet.syncloop.pods.intake import BusIntake
 from klet.syncloop.ports import NodeRuntime
@@ -132,6 +134,7 @@ async def main(deps: Deps) -> int:
                 "plugin-watcher": gated("plugin-watcher", lambda: _watch_plugins(deps)),
                 "volume-stats": gated("volume-stats", lambda: _volume_stats(deps)),
                 "device-plugins": gated("device-plugins", lambda: _device_plugins(deps)),
+                "cpu-manager": gated("cpu-manager", lambda: _cpu_manager(deps)),
                 "log-rotation": gated("log-rotation", log_manager.run),
                 "pod-control": gated(
                     "pod-control", lambda: serve_pod_control(controller, deps.socket_path)
@@ -210,6 +213,35 @@ async def _device_plugins(deps: Deps) -> None:
         return set(controller.desired) if controller.sources_ready else None
 
     await devices.run(deps.devices, serve=serve_registration, connect=GrpcPlugin, active=active)
+
+
+async def _cpu_manager(deps: Deps) -> None:
+    """The CPU manager's reconcile every cpuManagerReconcilePeriod, on the leader only (it
+    writes the state file and the bus `cpus` table); idle without one."""
+    if deps.cpus is None:
+        await asyncio.Event().wait()
+        return
+    controller = deps.controller
+
+    def active() -> dict[str, JSON] | None:
+        if not controller.sources_ready:
+            return None
+        return {
+            uid: s.desired.pod
+            for uid, s in controller.pods.items()
+            if s.desired is not None and s.terminal is None
+        }
+
+    async def running(uid: str) -> list[tuple[str, ContainerID]]:
+        return [(c.name, c.id) for c in (await controller.runtime.get(uid)).running()]
+
+    await cpumanager.run(
+        deps.cpus,
+        active=active,
+        running=running,
+        cri=deps.cri,
+        period_s=deps.settings.kubelet.cpu_manager_reconcile_period,
+    )
 
 
 async def _runtime_version(deps: Deps) -> str:

@@ -68,6 +68,7 @@ from klet.syncloop.containers.reservedcgroups import (
 )
 from klet.syncloop.containers.security import SecuritySettings
 from klet.syncloop.containers.systemdcgroups import SystemdPodCgroups
+from klet.syncloop.cpumanager.manager import CPUManager, create_manager
 from klet.syncloop.devices.manager import DEVICE_PLUGINS_DIR, DeviceManager
 from klet.syncloop.environment.dns import DNSSettings
 from klet.syncloop.environment.envvars import NodeFacts
@@ -165,6 +166,7 @@ class Deps:
     plugins: PluginWatcher | None = None  # <root-dir>/plugins_registry; None: not watched
     volume_stats: VolumeStatsCollector | None = None  # the bus `volumes` table; None: off
     devices: DeviceManager | None = None  # device plugins (root task `device-plugins`)
+    cpus: CPUManager | None = None  # the CPU manager (root task `cpu-manager`)
     runtime_events: RuntimeEvents | None = None  # the production event channel, closed at exit
     reserved: tuple[ReservedCgroup, ...] = ()
     """The reserved cgroups enforceNodeAllocatable names (root task `node-allocatable`)."""
@@ -419,8 +421,13 @@ def build_deps(settings: Settings, overrides: Overrides | None = None) -> Deps:
         observer=DeviceMetrics.create(registry),
     )
     syncer.starter.devices = devices
+    # The CPU manager (cpuManagerPolicy): admission takes exclusive CPUs, container
+    # creation sets the cpuset; raises CPUManagerError when it cannot start.
+    cpus = create_manager(k, Path(settings.klet.root_dir), table=node_bus.cpus, clock=clock)
+    cpus.check()
+    syncer.starter.cpus = cpus
     admission = AdmissionLedger(
-        o.node or admission_node(settings), taints=node_taints, devices=devices
+        o.node or admission_node(settings), taints=node_taints, cpus=cpus, devices=devices
     )
     resizer = (
         _pod_resizer(
@@ -519,6 +526,7 @@ def build_deps(settings: Settings, overrides: Overrides | None = None) -> Deps:
         relister=relister,
         watcher=watcher,
         devices=devices,
+        cpus=cpus,
         runtime_events=runtime_events,
         reserved=reserved_cgroups(k),
         reserved_writer=None

@@ -470,6 +470,8 @@ class AdmissionLedger:
     node: NodeInfo
     taints: TaintSource | None = None
     """Where the Node's current taints are read at each decision; None: `node.taints`."""
+    cpus: DeviceAdmission | None = None
+    """Exclusive CPUs (the CPU manager, cpumanager/manager.py); None: not checked."""
     devices: DeviceAdmission | None = None
     """Device plugin resources (the leader's device manager); None: not checked."""
     admitted: set[str] = field(default_factory=set)
@@ -495,6 +497,12 @@ class AdmissionLedger:
             if self.taints is not None:
                 node = replace(node, taints=self.taints.taints())
             verdict = admit_pod(pod, others=others, node=node)
+        if verdict.admit and self.cpus is not None:
+            # upstream's topology manager admit handler (policy none): the CPU manager's
+            # Allocate before the device manager's
+            refused = self.cpus.admit(uid, pod, others)
+            if refused is not None:
+                verdict = Verdict(False, *refused)
         if verdict.admit and self.devices is not None:
             # upstream's device manager admit handler (reason UnexpectedAdmissionError)
             refused = self.devices.admit(uid, pod, others)

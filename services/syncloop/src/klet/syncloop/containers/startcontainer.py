@@ -13,11 +13,12 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Callable, Mapping
+from dataclasses import replace
 from pathlib import Path
 from typing import Protocol
 
 from klet.cri import CRIError
-from klet.cri.types import Mount, SandboxConfig
+from klet.cri.types import ContainerConfig, LinuxResources, Mount, SandboxConfig
 from klet.model.flowcontrol import Backoff
 from klet.model.layout import pod_dir
 from klet.model.podvalidation import checked_component
@@ -41,6 +42,14 @@ class DeviceAllocator(Protocol):
     """The device manager as container start needs it (devices/manager.py)."""
 
     async def container_options(self, pod: JSON, container: JSON) -> DeviceRunOptions | None: ...
+
+
+class CPUSets(Protocol):
+    """The CPU manager as container start needs it (cpumanager/manager.py)."""
+
+    def cpuset_of(self, pod: JSON, container: JSON) -> str: ...
+
+    def unlimited_quota(self, uid: str, name: str | None = None) -> bool: ...
 
 
 class ContainerStarter:
@@ -68,6 +77,8 @@ class ContainerStarter:
         self.binder: Binder = binder or KernelBinder()  # subPath bind mounts
         self.devices: DeviceAllocator | None = None
         """The device manager (set by wiring; None: no device plugins)."""
+        self.cpus: CPUSets | None = None
+        """The CPU manager (set by wiring; None: no cpuset is set)."""
 
     def _subpaths(self, pod: JSON) -> SubPathMounter | None:
         """The pod's subPath mounter (None without a root dir: no pod directory)."""
@@ -183,6 +194,8 @@ class ContainerStarter:
             cfg = criconfig.container_config(
                 pod, container, instance=instance, node=self._node_context()
             )
+            if self.cpus is not None:
+                cfg = _with_cpuset(cfg, pod, container, self.cpus)
         except (envvars.EnvError, etchosts.HostsFileError, volmounts.MountConfigError) as err:
             # upstream's pod worker retries a failed sync after about 10 s
             self.events.emit(
@@ -225,3 +238,18 @@ class ContainerStarter:
                 self.backoff.next(podspec.backoff_key(pod, container), self.clock())
             return hook_failed, None
         return None
+
+
+def _with_cpuset(
+    cfg: ContainerConfig, pod: JSON, container: JSON, cpus: CPUSets
+) -> ContainerConfig:
+    """The CPU manager's cpuset in the CRI config (upstream's PreCreateContainer), and no
+    CFS quota for a container with exclusive CPUs (DisableCPUQuotaWithExclusiveCPUs)."""
+    cpuset = cpus.cpuset_of(pod, container)
+    if not cpuset:
+        return cfg
+    resources = replace(cfg.resources or LinuxResources(), cpuset_cpus=cpuset)
+    uid = str((pod.get("metadata") or {}).get("uid") or "")
+    if cpus.unlimited_quota(uid, str(container.get("name") or "")):
+        resources = replace(resources, cpu_quota=-1)
+    return replace(cfg, resources=resources)

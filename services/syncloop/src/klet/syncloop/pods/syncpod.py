@@ -15,7 +15,7 @@ import os
 import time
 from collections.abc import Callable
 from contextlib import AbstractAsyncContextManager, nullcontext
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Protocol
 
@@ -239,6 +239,10 @@ class PodSyncer:
             os.makedirs(sandbox_cfg.log_directory, mode=0o755, exist_ok=True)
             if self.cgroups is not None and self.settings.cgroups_per_qos:
                 pod_res = resources.pod_resources(pod, podcgroups.node_limits(self.settings))
+                cpus = self.starter.cpus
+                if cpus is not None and cpus.unlimited_quota(str(podspec.meta(pod).get("uid", ""))):
+                    # DisableCPUQuotaWithExclusiveCPUs: no CFS quota on the pod's cgroup
+                    pod_res = replace(pod_res, cpu_quota=-1)
                 began = time.monotonic()
                 existed, problems = await self.cgroups.ensure(
                     podspec.pod_cgroup_parent(pod, self.settings.cgroup_root), pod_res

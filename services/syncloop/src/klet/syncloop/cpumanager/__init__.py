@@ -1,0 +1,1 @@
+"""The CPU manager (upstream pkg/kubelet/cm/cpumanager): none and static policies."""

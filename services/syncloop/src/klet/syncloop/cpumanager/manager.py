@@ -1,0 +1,360 @@
+"""The CPU manager: the policy's state, its file, admission, the containers' cpusets.
+
+syncloop owns it because syncloop creates the containers: admission takes a pod's
+exclusive CPUs (`admit`, upstream's admit handler with topology policy none) and the
+state is written to `<root-dir>/cpu_manager_state` before the answer is given, so a
+container is never created on CPUs the file does not record. Container creation reads
+the container's cpuset (`cpuset_of`: its own CPUs, else the shared pool) into the CRI
+config. The leader's root task (`run`, every cpuManagerReconcilePeriod) releases the
+CPUs of pods that are no longer active, once every source is ready (a restarted
+syncloop does not yet know every pod), and sends UpdateContainerResources with the
+new cpuset to each running container whose cpuset changed since it was last applied:
+shared-pool containers follow the pool as it shrinks and grows, as upstream's
+reconcileState does.
+
+After a restart the state file is read back and checked against the node (upstream's
+validateState): the re-admitted pods find their CPUs held and keep them, and the first
+reconcile sends each running container its cpuset once more, which changes nothing
+and restarts nothing. A state file that does not verify, or was written for another
+policy, stops syncloop at start with upstream's message: as upstream, the node must
+be drained and the file deleted.
+
+The current assignments are also published in the bus `cpus` table (one record per
+container with exclusive CPUs), for whoever reports them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import math
+import os
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Protocol
+
+from klet.config.kubelet import KubeletConfiguration
+from klet.cri.types import LinuxResources
+from klet.model.cpuset import CPUSet, format_cpus, parse_cpus
+from klet.model.records import ContainerCPUsRecord
+from klet.model.types import JSON, ContainerID
+from klet.model.units import parse_quantity
+from klet.syncloop.cpumanager import state as statefile
+from klet.syncloop.cpumanager.policy import (
+    NONE,
+    AdmissionError,
+    NonePolicy,
+    PolicyError,
+    StaticPolicy,
+    parse_options,
+    reserved_count,
+)
+from klet.syncloop.cpumanager.state import CPUState, StateError
+from klet.syncloop.cpumanager.topology import SYS_CPU, TopologyError, discover
+
+log = logging.getLogger(__name__)
+
+
+class CPUManagerError(RuntimeError):
+    """The CPU manager cannot start; syncloop refuses to start with this message."""
+
+
+class CPUSetUpdater(Protocol):
+    async def update_container_resources(
+        self, container_id: ContainerID, resources: LinuxResources
+    ) -> None: ...
+
+
+class CPUTable(Protocol):
+    async def put(self, key: str, value: ContainerCPUsRecord) -> None: ...
+
+    async def delete(self, key: str) -> None: ...
+
+    async def all(self) -> dict[str, ContainerCPUsRecord]: ...
+
+
+Running = Callable[[str], Awaitable[Sequence[tuple[str, ContainerID]]]]
+"""The running containers of a pod: (name, container ID) each."""
+
+
+class CPUManager:
+    def __init__(
+        self,
+        policy: StaticPolicy | NonePolicy,
+        root_dir: Path,
+        *,
+        table: CPUTable | None = None,
+        clock: Callable[[], float],
+        disable_quota: bool = False,
+    ) -> None:
+        self.policy = policy
+        self.disable_quota = disable_quota
+        """DisableCPUQuotaWithExclusiveCPUs: no CFS quota where a container has CPUs of its own."""
+        self.path = root_dir / statefile.STATE_FILE
+        self.table = table
+        self.clock = clock
+        self.state = CPUState(policy=policy.name)
+        self._applied: dict[tuple[str, str], CPUSet] = {}
+        self._published: dict[str, str] | None = None
+        self.loaded = False
+
+    def check(self) -> None:
+        """What `load` checks, keeping and writing nothing (syncloop's start, before it
+        leads: a standby must read the file again when it takes over)."""
+        CPUManager(self.policy, self.path.parent, clock=self.clock)._read()
+
+    def _ensure(self) -> None:
+        if not self.loaded:
+            self.load()
+
+    # -- start and the file
+    def load(self) -> None:
+        """Read the state file back (a missing one starts empty), check it against this
+        node and write it; raises CPUManagerError with upstream's message."""
+        self._read()
+        self.save()
+        self.loaded = True
+        self._applied = {}
+        log.info(
+            "cpu manager started",
+            extra={
+                "policy": self.policy.name,
+                "shared": format_cpus(self.state.default),
+                "reserved": format_cpus(getattr(self.policy, "reserved", frozenset())),
+            },
+        )
+
+    def _read(self) -> None:
+        try:
+            blob = self.path.read_bytes()
+        except FileNotFoundError:
+            blob = None
+        except OSError as err:
+            raise CPUManagerError(f"reading {self.path}: {err.strerror}") from err
+        try:
+            if blob is not None:
+                self.state = statefile.decode(blob, policy=self.policy.name)
+        except StateError as err:
+            raise CPUManagerError(
+                f"could not restore state from checkpoint: {err}, please drain this node and "
+                f"delete the CPU manager checkpoint file {json.dumps(str(self.path))} before "
+                "restarting "
+                "Kubelet"
+            ) from err
+        try:
+            self.state = self.policy.start(self.state)
+        except PolicyError as err:
+            raise CPUManagerError(
+                f"start cpu manager error: {err} (static policy invalid state, please drain "
+                f"node and remove policy state file {self.path})"
+            ) from err
+
+    def save(self) -> None:
+        tmp = self.path.with_name(self.path.name + ".tmp")
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        with open(tmp, "wb") as f:
+            f.write(statefile.encode(self.state))
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, self.path)
+
+    # -- admission and containers
+    def admit(self, uid: str, pod: JSON, others: Sequence[JSON]) -> tuple[str, str] | None:
+        """Take the pod's exclusive CPUs: None, or (reason, message) refusing the pod."""
+        self._ensure()
+        try:
+            new = self.policy.allocate_pod(self.state, pod)
+        except AdmissionError as err:
+            log.info(
+                "pod refused: its exclusive CPUs cannot be had",
+                extra={"pod": uid, "reason": err.reason, "error": err.message},
+            )
+            return err.reason, err.message
+        if new != self.state:
+            self.state = new
+            self.save()
+        return None
+
+    def exclusive(self, uid: str, name: str) -> CPUSet:
+        """The container's exclusive CPUs (empty: it runs in the shared pool)."""
+        return self.state.assignments.get(uid, {}).get(name, frozenset())
+
+    def unlimited_quota(self, uid: str, name: str | None = None) -> bool:
+        """Whether the container (the pod, without `name`) runs without a CFS quota:
+        DisableCPUQuotaWithExclusiveCPUs on, and it holds exclusive CPUs."""
+        if not self.disable_quota:
+            return False
+        held = self.state.assignments.get(uid, {})
+        return bool(held.get(name)) if name is not None else any(held.values())
+
+    def allocatable(self) -> CPUSet:
+        """The CPUs exclusive assignments come from (empty under the none policy)."""
+        return self.policy.allocatable()
+
+    def cpuset_of(self, pod: JSON, container: JSON) -> str:
+        """The cpuset.cpus for the container's CRI config; "" sets none (none policy)."""
+        self._ensure()
+        uid = str((pod.get("metadata") or {}).get("uid") or "")
+        name = str(container.get("name") or "")
+        return format_cpus(self.state.assignments.get(uid, {}).get(name, self.state.default))
+
+    def release(self, active: Mapping[str, JSON]) -> None:
+        """Give back the CPUs of pods that are not active and of containers no longer in
+        their pod's spec (upstream's removeStaleState)."""
+        self._ensure()
+        new = self.state
+        for uid, containers in self.state.assignments.items():
+            pod = active.get(uid)
+            names = _container_names(pod) if pod is not None else set()
+            for name in containers:
+                if name not in names:
+                    new = self.policy.remove(new, uid, name)
+                    log.info("exclusive CPUs released", extra={"pod": uid, "container": name})
+        if new != self.state:
+            self.state = new
+            self.save()
+        self._applied = {k: v for k, v in self._applied.items() if k[0] in active}
+
+    async def reconcile(
+        self, active: Mapping[str, JSON], running: Running, cri: CPUSetUpdater
+    ) -> int:
+        """Send each running container of the active pods the cpuset it should have, when
+        it differs from the one last sent; returns how many were updated."""
+        if isinstance(self.policy, NonePolicy):
+            return 0
+        updated = 0
+        for uid in sorted(active):
+            try:
+                containers = await running(uid)
+            except Exception as err:  # noqa: BLE001 - the runtime may be away; next round
+                log.debug(
+                    "cpu reconcile: runtime not listed", extra={"pod": uid, "error": str(err)}
+                )
+                continue
+            for name, cid in containers:
+                cpus = self.state.assignments.get(uid, {}).get(name, self.state.default)
+                if not cpus or self._applied.get((uid, cid)) == cpus:
+                    continue
+                try:
+                    await cri.update_container_resources(
+                        cid, LinuxResources(cpuset_cpus=format_cpus(cpus))
+                    )
+                except Exception as err:  # noqa: BLE001 - retried at the next period
+                    log.warning(
+                        "cpu reconcile: cpuset not updated",
+                        extra={"pod": uid, "container": name, "error": str(err)},
+                    )
+                    continue
+                self._applied[(uid, cid)] = cpus
+                updated += 1
+        return updated
+
+    async def publish(self) -> None:
+        """The bus `cpus` table: one record per container with exclusive CPUs, keyed
+        `<pod uid>/<container>`; written when the assignments change."""
+        if self.table is None:
+            return
+        wanted = {
+            f"{uid}/{name}": format_cpus(cpus)
+            for uid, containers in self.state.assignments.items()
+            for name, cpus in containers.items()
+        }
+        if self._published is None:
+            self._published = {k: r.cpus for k, r in (await self.table.all()).items()}
+        for key, cpus in wanted.items():
+            if self._published.get(key) != cpus:
+                uid, _, name = key.partition("/")
+                await self.table.put(
+                    key,
+                    ContainerCPUsRecord(pod_uid=uid, container=name, cpus=cpus, at=self.clock()),
+                )
+                self._published[key] = cpus
+        for key in [k for k in self._published if k not in wanted]:
+            await self.table.delete(key)
+            del self._published[key]
+
+    def republish(self) -> None:
+        """Forget what was published: the next `publish` reads the table again."""
+        self._published = None
+
+
+def _container_names(pod: JSON) -> set[str]:
+    spec: JSON = pod.get("spec") or {}
+    return {
+        str(c.get("name"))
+        for c in list(spec.get("initContainers") or []) + list(spec.get("containers") or [])
+    }
+
+
+async def run(
+    manager: CPUManager,
+    *,
+    active: Callable[[], Mapping[str, JSON] | None],
+    running: Running,
+    cri: CPUSetUpdater,
+    period_s: float,
+) -> None:
+    """The leader's root task: release, reconcile and publish every `period_s`.
+    `active` gives the active pods by UID, or None while not every source is ready.
+    It reads the state file first: this replica may be taking over from another."""
+    manager.load()
+    while True:
+        pods = active()
+        if pods is not None:
+            manager.release(pods)
+            await manager.reconcile(pods, running, cri)
+        try:
+            await manager.publish()
+        except Exception as err:  # noqa: BLE001 - the bus may be away; published next round
+            manager.republish()
+            log.debug("cpu assignments not published", extra={"error": str(err)})
+        await asyncio.sleep(period_s)
+
+
+def create_manager(
+    cfg: KubeletConfiguration,
+    root_dir: Path,
+    *,
+    table: CPUTable | None,
+    clock: Callable[[], float],
+    sys_cpu: Path = SYS_CPU,
+) -> CPUManager:
+    """The manager cpuManagerPolicy asks for, over this node's topology; raises
+    CPUManagerError naming the field (upstream's kubelet does not start either)."""
+    if cfg.cpu_manager_policy in ("", NONE):
+        return CPUManager(NonePolicy(), root_dir, table=table, clock=clock)
+    try:
+        options = parse_options(
+            cfg.cpu_manager_policy_options,
+            alpha=cfg.feature_gates.get("CPUManagerPolicyAlphaOptions", False),
+            beta=cfg.feature_gates.get("CPUManagerPolicyBetaOptions", True),
+        )
+    except PolicyError as err:
+        raise CPUManagerError(f"cpuManagerPolicyOptions: {err}") from err
+    try:
+        topology = discover(sys_cpu)
+    except TopologyError as err:
+        raise CPUManagerError(f"cpuManagerPolicy: static: {err}") from err
+    explicit = parse_cpus(cfg.reserved_system_cpus)
+    try:
+        if explicit:
+            count = len(explicit)
+        else:
+            count = reserved_count(
+                _milli(cfg.kube_reserved.get("cpu")), _milli(cfg.system_reserved.get("cpu"))
+            )
+        policy = StaticPolicy.create(topology, count=count, explicit=explicit, options=options)
+    except PolicyError as err:
+        raise CPUManagerError(f"cpuManagerPolicy: static: new static policy error: {err}") from err
+    return CPUManager(
+        policy,
+        root_dir,
+        table=table,
+        clock=clock,
+        disable_quota=cfg.feature_gates.get("DisableCPUQuotaWithExclusiveCPUs", True),
+    )
+
+
+def _milli(quantity: str | None) -> int:
+    return math.ceil(parse_quantity(quantity) * 1000) if quantity else 0

@@ -1,0 +1,147 @@
+"""The CPU manager (klet.syncloop.cpumanager.manager) over a fake CRI and bus: admission
+writes the state file before it answers and refuses with upstream's reason; the CRI
+cpuset of each container; a new manager over the same root dir (a restarted syncloop)
+reads the same assignments back and keeps the pod; a file of another policy or a
+corrupt one stops the start with upstream's message; the reconcile sends shared-pool
+containers the pool as it shrinks and grows and each running container its cpuset
+once; finished pods' CPUs are released; the bus `cpus` table follows."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import pytest
+from klet.bus.testing import FakeBus
+from klet.cri.types import LinuxResources
+from klet.model.records import ContainerCPUsRecord
+from klet.model.types import ContainerID
+from klet.syncloop.cpumanager.manager import CPUManager, CPUManagerError
+from klet.syncloop.cpumanager.policy import NonePolicy, Options, StaticPolicy
+from klet.syncloop.cpumanager.topology import CPUInfo, CPUTopology
+
+TWO = CPUTopology({0: CPUInfo(0, 0, 0), 1: CPUInfo(1, 0, 0)})
+
+
+def _pod(uid: str, cpu: str | None) -> dict[str, Any]:
+    res = {"cpu": cpu, "memory": "64Mi"} if cpu else {}
+    return {
+        "metadata": {"uid": uid, "name": uid, "namespace": "default"},
+        "spec": {"containers": [{"name": "app", "resources": {"requests": res, "limits": res}}]},
+    }
+
+
+class FakeCRI:
+    def __init__(self) -> None:
+        self.updates: list[tuple[str, str]] = []
+
+    async def update_container_resources(
+        self, container_id: ContainerID, resources: LinuxResources
+    ) -> None:
+        self.updates.append((container_id, resources.cpuset_cpus))
+
+
+def _manager(root: Path, bus: FakeBus | None = None) -> CPUManager:
+    policy = StaticPolicy.create(TWO, count=1, explicit=frozenset(), options=Options())
+    table = bus.table("cpus", ContainerCPUsRecord) if bus is not None else None
+    m = CPUManager(policy, root, table=table, clock=lambda: 100.0)
+    m.load()
+    return m
+
+
+def test_admission_writes_the_state_file_and_sets_the_cpuset(tmp_path: Path) -> None:
+    m = _manager(tmp_path)
+    assert json.loads((tmp_path / "cpu_manager_state").read_bytes())["defaultCpuSet"] == "0-1"
+    g, be = _pod("g", "1"), _pod("be", None)
+    assert m.admit("g", g, []) is None
+    doc = json.loads((tmp_path / "cpu_manager_state").read_bytes())
+    assert doc["policyName"] == "static"
+    assert doc["defaultCpuSet"] == "0"
+    assert doc["entries"] == {"g": {"app": "1"}}
+    assert m.cpuset_of(g, g["spec"]["containers"][0]) == "1"
+    assert m.admit("be", be, [g]) is None
+    assert m.cpuset_of(be, be["spec"]["containers"][0]) == "0"
+    assert m.exclusive("g", "app") == {1}
+    assert m.allocatable() == {1}
+    refused = m.admit("h", _pod("h", "1"), [g, be])
+    assert refused is not None
+    assert refused[0] == "UnexpectedAdmissionError"
+
+
+def test_a_restarted_manager_keeps_the_assignments(tmp_path: Path) -> None:
+    m = _manager(tmp_path)
+    g = _pod("g", "1")
+    m.admit("g", g, [])
+    again = _manager(tmp_path)
+    assert again.state == m.state
+    assert again.admit("g", g, []) is None  # re-admitted as it is
+    assert again.cpuset_of(g, g["spec"]["containers"][0]) == "1"
+
+
+def test_a_policy_change_or_a_corrupt_file_stops_the_start(tmp_path: Path) -> None:
+    _manager(tmp_path)
+    with pytest.raises(CPUManagerError) as err:
+        CPUManager(NonePolicy(), tmp_path, clock=lambda: 0.0).load()
+    assert 'configured policy "none" differs from state checkpoint policy "static"' in str(
+        err.value
+    )
+    assert "please drain this node and delete the CPU manager checkpoint file" in str(err.value)
+    (tmp_path / "cpu_manager_state").write_text('{"policyName":"static","checksum":7}')
+    with pytest.raises(CPUManagerError, match="checkpoint is corrupted"):
+        _manager(tmp_path)
+
+
+async def test_reconcile_follows_the_pool_and_release_gives_cpus_back(tmp_path: Path) -> None:
+    m = _manager(tmp_path)
+    cri = FakeCRI()
+    be, g = _pod("be", None), _pod("g", "1")
+    containers: dict[str, Sequence[tuple[str, ContainerID]]] = {
+        "be": [("app", ContainerID("c-be"))],
+        "g": [("app", ContainerID("c-g"))],
+    }
+
+    async def running(uid: str) -> Sequence[tuple[str, ContainerID]]:
+        return containers.get(uid, [])
+
+    m.admit("be", be, [])
+    assert await m.reconcile({"be": be}, running, cri) == 1
+    assert cri.updates == [("c-be", "0-1")]
+    m.admit("g", g, [be])
+    await m.reconcile({"be": be, "g": g}, running, cri)
+    assert cri.updates[1:] == [("c-be", "0"), ("c-g", "1")]  # the pool shrank
+    assert await m.reconcile({"be": be, "g": g}, running, cri) == 0  # nothing changed
+    m.release({"be": be})  # g finished
+    assert m.state.assignments == {}
+    await m.reconcile({"be": be}, running, cri)
+    assert cri.updates[-1] == ("c-be", "0-1")  # and grew
+
+
+async def test_the_bus_table_follows_the_assignments(tmp_path: Path) -> None:
+    bus = FakeBus("node")
+    m = _manager(tmp_path, bus)
+    table = bus.table("cpus", ContainerCPUsRecord)
+    m.admit("g", _pod("g", "1"), [])
+    await m.publish()
+    assert await table.all() == {
+        "g/app": ContainerCPUsRecord(pod_uid="g", container="app", cpus="1", at=100.0)
+    }
+    m.release({})
+    await m.publish()
+    assert await table.all() == {}
+
+
+async def test_the_none_policy_sets_no_cpuset_and_updates_nothing(tmp_path: Path) -> None:
+    m = CPUManager(NonePolicy(), tmp_path, clock=lambda: 0.0)
+    m.load()
+    g = _pod("g", "1")
+    assert m.admit("g", g, []) is None
+    assert m.cpuset_of(g, g["spec"]["containers"][0]) == ""
+    cri = FakeCRI()
+
+    async def running(uid: str) -> Sequence[tuple[str, ContainerID]]:
+        return [("app", ContainerID("c"))]
+
+    assert await m.reconcile({"g": g}, running, cri) == 0
+    assert json.loads((tmp_path / "cpu_manager_state").read_bytes())["policyName"] == "none"
