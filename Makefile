@@ -102,6 +102,12 @@ test-helm: setup cluster-binaries helm-binaries
 # class in their slices, a removed pod's slice gone, the pod-lifecycle specs of the
 # conformance smoke subset; a graceful node shutdown through logind, read from the
 # apiserver (tests/systemd, harness tests/harness/systemd_node.py).
+# The klet-kubelet .deb (tools/package/build.sh): /usr/bin/kubelet, the kubelet unit and
+# kubeadm's drop-in, under .cache/package/ (proof: tests/unit/test_packaging_kubelet.py).
+.PHONY: kubelet-package
+kubelet-package:
+	bash tools/package/build.sh
+
 test-systemd: setup
 	$(PY) -m pytest tests/systemd -s $(PYTEST_ARGS)
 

@@ -336,3 +336,63 @@ def test_status_patch_replaces_addresses() -> None:
     assert patch["status"]["addresses"][1:] == status["addresses"]
     assert patch["status"]["conditions"] == status["conditions"]
     assert "$patch" not in str(status)  # the status itself is untouched
+
+
+def test_external_cloud_provider_registers_tainted_uninitialized() -> None:
+    """--cloud-provider=external, as upstream's initialNode: the uninitialized taint after
+    registerWithTaints, and --node-ip handed to the cloud controller as an annotation."""
+    cfg = NodeConfig(
+        node_name="node1",
+        register_with_taints=({"key": "dedicated", "value": "x", "effect": "NoSchedule"},),
+        provider_id="aws:///eu-west-1a/i-1",
+        external_cloud_provider=True,
+        given_node_ips=("10.0.0.5", "fd00::5"),
+    )
+    node = ns.initial_node(cfg, obs(), now=0.0)
+    assert node["spec"]["taints"] == [
+        {"key": "dedicated", "value": "x", "effect": "NoSchedule"},
+        {
+            "key": "node.cloudprovider.kubernetes.io/uninitialized",
+            "value": "true",
+            "effect": "NoSchedule",
+        },
+    ]
+    assert node["spec"]["providerID"] == "aws:///eu-west-1a/i-1"
+    assert node["metadata"]["annotations"] == {
+        ns.CMAD_ANNOTATION: "true",
+        "alpha.kubernetes.io/provided-node-ip": "10.0.0.5,fd00::5",
+    }
+    # without --node-ip: no annotation, and the Hostname alone until the CCM sets addresses
+    bare = NodeConfig(node_name="node1", external_cloud_provider=True)
+    node = ns.initial_node(bare, obs(), now=0.0)
+    assert node["metadata"]["annotations"] == {ns.CMAD_ANNOTATION: "true"}
+    assert node["status"]["addresses"] == [{"type": "Hostname", "address": "node1"}]
+    # no cloud provider: no taint of its own
+    assert "taints" not in ns.initial_node(NodeConfig(node_name="n"), obs(), now=0)["spec"]
+
+
+def test_external_cloud_provider_leaves_addresses_to_the_cloud_controller() -> None:
+    cfg = NodeConfig(node_name="node1", external_cloud_provider=True)
+    ccm = [
+        {"type": "InternalIP", "address": "172.31.0.9"},
+        {"type": "ExternalIP", "address": "54.1.2.3"},
+        {"type": "Hostname", "address": "ip-172-31-0-9"},
+    ]
+    status = ns.node_status(cfg, obs(), existing={"addresses": ccm}, now=0.0)
+    assert status["addresses"] == ccm
+    assert ns.status_patch(status)["status"]["addresses"] == [{"$patch": "replace"}, *ccm]
+    # before the CCM has set any: with --node-ip given, the node's own (upstream: the
+    # administrator's addresses, which the CCM may replace)
+    given = NodeConfig(
+        node_name="node1", external_cloud_provider=True, given_node_ips=("10.0.0.5",)
+    )
+    assert ns.node_status(given, obs(), existing={}, now=0.0)["addresses"] == [
+        {"type": "InternalIP", "address": "10.0.0.5"},
+        {"type": "Hostname", "address": "node1"},
+    ]
+    # without a cloud provider klet's addresses replace whatever the Node had
+    plain = ns.node_status(NodeConfig(node_name="node1"), obs(), existing={"addresses": ccm}, now=0)
+    assert plain["addresses"] == [
+        {"type": "InternalIP", "address": "10.0.0.5"},
+        {"type": "Hostname", "address": "node1"},
+    ]

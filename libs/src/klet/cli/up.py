@@ -33,17 +33,20 @@ import os
 import signal
 import sys
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from importlib.util import find_spec
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from klet.cli import sdnotify
 from klet.config import (
     ConfigError,
     RedisAuth,
     build_parser,
     load_settings,
 )
+from klet.config.gates import enabled
 from klet.config.kubelet import KubeletConfiguration
 from klet.cri.allowlist import FILTERED_SERVICES
 from klet.devstack.procs import free_port
@@ -130,10 +133,14 @@ async def _stop(child: Child, timeout_s: float = 20.0) -> None:
         await asyncio.gather(child.pump, return_exceptions=True)
 
 
-async def _supervise(children: list[Child], stop: asyncio.Event) -> None:
+async def _supervise(
+    children: list[Child], stop: asyncio.Event, started: asyncio.Event | None = None
+) -> None:
     for child in children:
         await _start(child)
         _emit("klet", f"started {child.name} (pid {child.proc.pid if child.proc else '?'})")
+    if started is not None:
+        started.set()
     while not stop.is_set():
         waits = {asyncio.ensure_future(c.proc.wait()): c for c in children if c.proc is not None}
         stopper = asyncio.ensure_future(stop.wait())
@@ -194,7 +201,11 @@ def _filtered_runtime_flags(service: str, run_dir: Path) -> list[str]:
     return ["--container-runtime-endpoint", endpoint, "--image-service-endpoint", endpoint]
 
 
-def up(argv: list[str]) -> int:
+def up(argv: list[str], *, system: bool = False) -> int:
+    """Run the node. `system`: as the machine's kubelet (the `kubelet` entry point,
+    klet.cli.kubelet): the configured runtime endpoint and upstream's directories, never
+    the private containerd or klet up's run-dir defaults, and systemd's notify protocol
+    (klet.cli.sdnotify)."""
     logging.basicConfig(
         level=logging.INFO, format="klet            | %(message)s", stream=sys.stdout
     )
@@ -210,6 +221,11 @@ def up(argv: list[str]) -> int:
             "the services of klet up publish their ports under <run-dir>/ports/",
             file=sys.stderr,
         )
+        return 2
+    try:
+        systemd = _systemd(settings.kubelet.feature_gates) if system else None
+    except ValueError as err:
+        print(f"kubelet: {err}", file=sys.stderr)
         return 2
     # A service is installed when `python -m klet.<service>` can find it (without
     # reading every distribution's metadata for the klet.services entry points); the
@@ -230,7 +246,8 @@ def up(argv: list[str]) -> int:
     extra: list[str] = []
     default_endpoint = KubeletConfiguration().container_runtime_endpoint
     own_runtime = (
-        not _given(argv, "--container-runtime-endpoint")
+        not system
+        and not _given(argv, "--container-runtime-endpoint")
         and settings.kubelet.container_runtime_endpoint == default_endpoint
     )
     own_redis = not _given(argv, "--redis-url") and "KLET_REDIS_URL" not in os.environ
@@ -269,9 +286,9 @@ def up(argv: list[str]) -> int:
             redis_flags = {name: redis.service_flags(node, name) for name in START_ORDER}
         else:
             extra += _external_redis_flags(settings.klet.redis_auth, redis_url, run_dir)
-        if not _given(argv, "--root-dir"):
+        if not system and not _given(argv, "--root-dir"):
             extra += ["--root-dir", str(run_dir / "root")]
-        if "--pod-logs-dir" in accepted and not _given(argv, "--pod-logs-dir"):
+        if not system and "--pod-logs-dir" in accepted and not _given(argv, "--pod-logs-dir"):
             extra += ["--pod-logs-dir", str(run_dir / "logs" / "pods")]
         if not _given(argv, "--run-dir"):
             extra += ["--run-dir", str(run_dir)]
@@ -337,7 +354,7 @@ def up(argv: list[str]) -> int:
                 f"127.0.0.1:{port}" if port else f"a free port, see {port_files_dir(run_dir, name)}"
             )
             _emit("klet", f"{name}: private /healthz /metrics on {where}")
-        return asyncio.run(_main(children))
+        return asyncio.run(_main(children, systemd))
     finally:
         if stack is not None:
             _emit("klet", "stopping private containerd, registry and Redis")
@@ -346,10 +363,44 @@ def up(argv: list[str]) -> int:
             redis.stop()
 
 
-async def _main(children: list[Child]) -> int:
+def _systemd(gates: Mapping[str, bool]) -> tuple[str, float | None] | None:
+    """The notify socket and, with the SystemdWatchdog gate, the watchdog period (raises
+    ValueError naming a bad WATCHDOG_USEC)."""
+    address = sdnotify.notify_address(os.environ)
+    if address is None:
+        return None
+    period = (
+        sdnotify.watchdog_period(os.environ, os.getpid())
+        if enabled(gates, "SystemdWatchdog")
+        else None
+    )
+    return address, period
+
+
+async def _main(children: list[Child], systemd: tuple[str, float | None] | None = None) -> int:
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
-    await _supervise(children, stop)
+    notifier = None
+    started = asyncio.Event()
+    if systemd is not None:
+        address, period = systemd
+
+        def running() -> bool:
+            return all(c.proc is not None and c.proc.returncode is None for c in children)
+
+        async def notify() -> None:
+            await started.wait()  # every service is started before READY=1, as upstream
+            sdnotify.send(address, "READY=1")
+            if period is not None:
+                await sdnotify.run_watchdog(address=address, period=period, healthy=running)
+
+        notifier = asyncio.create_task(notify(), name="sd-notify")
+    try:
+        await _supervise(children, stop, started)
+    finally:
+        if notifier is not None:
+            notifier.cancel()
+            await asyncio.gather(notifier, return_exceptions=True)
     return 0

@@ -130,6 +130,31 @@ def _string(values: list[str]) -> str:
     return values[-1]
 
 
+_TAINT_EFFECTS = ("NoSchedule", "PreferNoSchedule", "NoExecute")
+
+
+def _taints(values: list[str]) -> tuple[dict[str, str], ...]:
+    """`--register-with-taints`: "<key>=<value>:<effect>" or "<key>:<effect>", comma-separated,
+    as upstream's taint flag; each value of a repeated flag adds to the list."""
+    out: list[dict[str, str]] = []
+    for value in values:
+        for item in value.split(","):
+            if not item.strip():
+                continue
+            spec, found, effect = item.strip().rpartition(":")
+            if not found or not spec or effect not in _TAINT_EFFECTS:
+                raise ValueError(
+                    f'invalid taint "{item}", expected <key>=<value>:<effect> with effect one '
+                    f"of {', '.join(_TAINT_EFFECTS)}"
+                )
+            key, _, val = spec.partition("=")
+            taint = {"key": key, "effect": effect}
+            if val:
+                taint["value"] = val
+            out.append(taint)
+    return tuple(out)
+
+
 @dataclasses.dataclass(frozen=True)
 class FlagSpec:
     """One flag: its name, its value syntax and where its value goes."""
@@ -490,6 +515,301 @@ _CONFIG_FLAGS: tuple[FlagSpec, ...] = (
         "FORMAT",
         "service log lines: text (klog's form) or json (default text)",
     ),
+    # Upstream's other flags over configuration fields (issue 41): each sets its field, and
+    # a value klet does not implement is refused by validation naming the flag.
+    *(
+        _cfg(flag, field, parse, metavar, help)
+        for flag, field, parse, metavar, help in (
+            (
+                "--allowed-unsafe-sysctls",
+                "allowed_unsafe_sysctls",
+                _string_list,
+                "LIST",
+                "unsafe sysctls (or patterns ending in *) pods may set",
+            ),
+            (
+                "--anonymous-auth",
+                "authentication.anonymous.enabled",
+                _BOOL,
+                "BOOL",
+                "anonymous requests to the kubelet API (default false)",
+            ),
+            (
+                "--authentication-token-webhook",
+                "authentication.webhook.enabled",
+                _BOOL,
+                "BOOL",
+                "bearer tokens checked with TokenReview (default true)",
+            ),
+            (
+                "--authentication-token-webhook-cache-ttl",
+                "authentication.webhook.cache_ttl",
+                _DUR,
+                "DURATION",
+                "TokenReview answer cache (default 2m0s)",
+            ),
+            (
+                "--authorization-mode",
+                "authorization.mode",
+                _string,
+                "MODE",
+                "AlwaysAllow or Webhook (default Webhook)",
+            ),
+            (
+                "--authorization-webhook-cache-authorized-ttl",
+                "authorization.webhook.cache_authorized_ttl",
+                _DUR,
+                "DURATION",
+                "allowed SubjectAccessReview cache (default 5m0s)",
+            ),
+            (
+                "--authorization-webhook-cache-unauthorized-ttl",
+                "authorization.webhook.cache_unauthorized_ttl",
+                _DUR,
+                "DURATION",
+                "denied SubjectAccessReview cache (default 30s)",
+            ),
+            (
+                "--contention-profiling",
+                "enable_contention_profiling",
+                _BOOL,
+                "BOOL",
+                "lock contention profiling (default false)",
+            ),
+            (
+                "--cpu-cfs-quota",
+                "cpu_cfs_quota",
+                _BOOL,
+                "BOOL",
+                "CFS quota for CPU limits (default true)",
+            ),
+            (
+                "--cpu-cfs-quota-period",
+                "cpu_cfs_quota_period",
+                _DUR,
+                "DURATION",
+                "CFS quota period (default 100ms)",
+            ),
+            (
+                "--cpu-manager-policy",
+                "cpu_manager_policy",
+                _string,
+                "POLICY",
+                "CPU manager policy (default none)",
+            ),
+            (
+                "--cpu-manager-policy-options",
+                "cpu_manager_policy_options",
+                _string_map,
+                "KEY=VALUE,...",
+                "CPU manager policy options",
+            ),
+            (
+                "--cpu-manager-reconcile-period",
+                "cpu_manager_reconcile_period",
+                _DUR,
+                "DURATION",
+                "CPU manager reconcile period (default 10s)",
+            ),
+            (
+                "--enable-controller-attach-detach",
+                "enable_controller_attach_detach",
+                _BOOL,
+                "BOOL",
+                "the attach/detach controller attaches this node's volumes (default true)",
+            ),
+            (
+                "--enable-debugging-handlers",
+                "enable_debugging_handlers",
+                _BOOL,
+                "BOOL",
+                "logs, exec, attach and port-forward on the kubelet API (default true)",
+            ),
+            (
+                "--enable-server",
+                "enable_server",
+                _BOOL,
+                "BOOL",
+                "the kubelet API server (default true)",
+            ),
+            (
+                "--fail-cgroupv1",
+                "fail_cgroup_v1",
+                _BOOL,
+                "BOOL",
+                "refuse to start on a cgroup v1 host (default false)",
+            ),
+            (
+                "--hairpin-mode",
+                "hairpin_mode",
+                _string,
+                "MODE",
+                "hairpin mode (default promiscuous-bridge)",
+            ),
+            (
+                "--kernel-memcg-notification",
+                "kernel_memcg_notification",
+                _BOOL,
+                "BOOL",
+                "memcg threshold notifications for eviction (default false)",
+            ),
+            (
+                "--kube-api-content-type",
+                "content_type",
+                _string,
+                "TYPE",
+                "content type of apiserver requests (default application/vnd.kubernetes.protobuf)",
+            ),
+            (
+                "--kubelet-cgroups",
+                "kubelet_cgroups",
+                _string,
+                "PATH",
+                "cgroup of the kubelet's processes",
+            ),
+            (
+                "--local-storage-capacity-isolation",
+                "local_storage_capacity_isolation",
+                _BOOL,
+                "BOOL",
+                "ephemeral-storage limits and evictions (default true)",
+            ),
+            (
+                "--log-flush-frequency",
+                "logging.flush_frequency",
+                _DUR,
+                "DURATION",
+                "log flush period (default 5s)",
+            ),
+            (
+                "--make-iptables-util-chains",
+                "make_iptables_util_chains",
+                _BOOL,
+                "BOOL",
+                "iptables utility chains (default true)",
+            ),
+            (
+                "--memory-manager-policy",
+                "memory_manager_policy",
+                _string,
+                "POLICY",
+                "memory manager policy (default None)",
+            ),
+            ("--pod-cidr", "pod_cidr", _string, "CIDR", "pod CIDR of a standalone node"),
+            (
+                "--pods-per-core",
+                "pods_per_core",
+                _I32,
+                "N",
+                "pods per core, 0 = no per-core limit (default 0)",
+            ),
+            (
+                "--protect-kernel-defaults",
+                "protect_kernel_defaults",
+                _BOOL,
+                "BOOL",
+                "fail when kernel tunables differ from the kubelet's defaults (default false)",
+            ),
+            (
+                "--qos-reserved",
+                "qos_reserved",
+                _string_map,
+                "RESOURCE=PERCENT,...",
+                "resources reserved per QoS class",
+            ),
+            (
+                "--register-with-taints",
+                "register_with_taints",
+                _taints,
+                "KEY=VALUE:EFFECT,...",
+                "taints the Node is registered with; repeatable",
+            ),
+            (
+                "--reserved-cpus",
+                "reserved_system_cpus",
+                _string,
+                "CPUS",
+                "CPUs reserved for the system and Kubernetes daemons",
+            ),
+            (
+                "--rotate-server-certificates",
+                "server_tls_bootstrap",
+                _BOOL,
+                "BOOL",
+                "10250's serving certificate from the certificates API (default false)",
+            ),
+            (
+                "--runonce",
+                "run_once",
+                _BOOL,
+                "BOOL",
+                "run the static pods once and exit (default false)",
+            ),
+            (
+                "--seccomp-default",
+                "seccomp_default",
+                _BOOL,
+                "BOOL",
+                "RuntimeDefault seccomp for every container (default false)",
+            ),
+            (
+                "--streaming-connection-idle-timeout",
+                "streaming_connection_idle_timeout",
+                _DUR,
+                "DURATION",
+                "idle exec/attach/port-forward timeout (default 4h0m0s)",
+            ),
+            (
+                "--system-cgroups",
+                "system_cgroups",
+                _string,
+                "PATH",
+                "cgroup for non-kernel processes not in a container",
+            ),
+            (
+                "--tls-cipher-suites",
+                "tls_cipher_suites",
+                _string_list,
+                "LIST",
+                "TLS cipher suites of the kubelet API (default: Python's)",
+            ),
+            (
+                "--tls-min-version",
+                "tls_min_version",
+                _string,
+                "VERSION",
+                "minimum TLS version of the kubelet API",
+            ),
+            (
+                "--topology-manager-policy",
+                "topology_manager_policy",
+                _string,
+                "POLICY",
+                "topology manager policy (default none)",
+            ),
+            (
+                "--topology-manager-policy-options",
+                "topology_manager_policy_options",
+                _string_map,
+                "KEY=VALUE,...",
+                "topology manager policy options",
+            ),
+            (
+                "--topology-manager-scope",
+                "topology_manager_scope",
+                _string,
+                "SCOPE",
+                "topology manager scope (default container)",
+            ),
+            (
+                "--volume-plugin-dir",
+                "volume_plugin_dir",
+                _string,
+                "PATH",
+                "FlexVolume plugin directory",
+            ),
+        )
+    ),
 )
 
 # Upstream flags that are not part of the file (KubeletFlags), and klet-only flags.
@@ -527,6 +847,14 @@ _SETTING_FLAGS: tuple[FlagSpec, ...] = (
         _string_map,
         setting="node_labels",
         metavar="KEY=VALUE,...",
+    ),
+    FlagSpec(
+        "--cloud-provider",
+        '"" (no cloud provider) or "external": the Node registers with the '
+        "node.cloudprovider.kubernetes.io/uninitialized taint and leaves its addresses to "
+        'the cloud controller manager (default "")',
+        setting="cloud_provider",
+        metavar="PROVIDER",
     ),
     FlagSpec(
         "--root-dir",

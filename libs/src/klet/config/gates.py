@@ -60,6 +60,11 @@ HONOURED: Mapping[str, str] = {
         "a container holding exclusive CPUs, and its pod's cgroup, run without a CFS "
         "quota; false keeps the quota (default true, as upstream)"
     ),
+    "SystemdWatchdog": (
+        "the kubelet entry point (klet.cli.kubelet) pings systemd's watchdog (WATCHDOG=1) "
+        "while its services run, when WATCHDOG_USEC is set; false: READY=1 only (default "
+        "true, as upstream)"
+    ),
     "EventedPLEG": (
         "syncloop follows the runtime's container events and relists every 20s; false "
         "relists every second (klet's default is true, upstream's false)"
@@ -245,7 +250,10 @@ DEFAULT_ON: Mapping[str, Account] = {
         "klet.syncloop.containers.security",
         "unit/syncloop/test_security.py::test_fs_group_comes_first_among_supplemental_groups",
     ),
-    "SystemdWatchdog": Absent("the systemd watchdog (sd_notify WATCHDOG=1)"),
+    "SystemdWatchdog": Implemented(
+        "klet.cli.sdnotify",
+        "unit/test_cli_sdnotify.py::test_the_supervisor_in_system_mode_sends_ready_then_pings",
+    ),
     "TokenRequestServiceAccountUIDValidation": _API,
     "TopologyManagerPolicyBetaOptions": Inert("topologyManagerPolicyOptions"),
     "TopologyManagerPolicyOptions": Inert("topologyManagerPolicyOptions"),

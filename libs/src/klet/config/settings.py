@@ -92,6 +92,9 @@ class KletSettings:
     cert_dir: Path = Path("/var/lib/kubelet/pki")  # --cert-dir
     node_ip: str = ""  # --node-ip: "", one IP, or "IPv4,IPv6"; "" = detect
     node_labels: Mapping[str, str] = dataclasses.field(default_factory=dict)  # --node-labels
+    # --cloud-provider: "" or "external" (the Node registers tainted uninitialized and its
+    # addresses are left to the cloud controller manager); upstream 1.34 refuses any other
+    cloud_provider: str = ""
     kubeconfig: Path | None = None  # --kubeconfig; None = standalone
     # --bootstrap-kubeconfig: when --kubeconfig is missing or its certificate expired, a
     # client certificate is requested with this one's credentials and --kubeconfig written
@@ -269,6 +272,14 @@ def _check_klet(values: Mapping[str, Any], source: Mapping[str, str]) -> list[Pr
             ipaddress.ip_address(values["service_bind_address"])
         except ValueError:
             bad("service_bind_address", f"invalid IP address {values['service_bind_address']!r}")
+    if values.get("cloud_provider", "") not in ("", "external"):
+        # upstream's cloudprovider.ErrorForDisabledProvider, word for word in meaning
+        bad(
+            "cloud_provider",
+            f"cloud provider {values['cloud_provider']!r} was specified, but built-in cloud "
+            "providers are disabled (as in upstream v1.34): set --cloud-provider=external and "
+            "run the provider's cloud controller manager",
+        )
     if values.get("node_ip"):
         try:
             ips = [ipaddress.ip_address(ip) for ip in values["node_ip"].split(",")]
@@ -549,6 +560,7 @@ def load_settings(
         cert_dir=Path(klet_values.get("cert_dir", KletSettings.cert_dir)),
         node_ip=klet_values.get("node_ip", ""),
         node_labels=dict(klet_values.get("node_labels", {})),
+        cloud_provider=klet_values.get("cloud_provider", ""),
         kubeconfig=_optional_path(klet_values.get("kubeconfig")),
         bootstrap_kubeconfig=_optional_path(klet_values.get("bootstrap_kubeconfig")),
         config_file=config_file,

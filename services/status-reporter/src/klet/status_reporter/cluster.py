@@ -125,6 +125,9 @@ class ClusterKlet(Protocol):
     def node_ips(self) -> tuple[str, ...]: ...  # --node-ip, split; () = detect
 
     @property
+    def cloud_provider(self) -> str: ...  # --cloud-provider: "" or "external"
+
+    @property
     def node_labels(self) -> Mapping[str, str]: ...  # --node-labels
 
     @property
@@ -204,6 +207,8 @@ def node_config(kubelet: ClusterKubelet, klet: ClusterKlet) -> NodeConfig:
         node_labels=dict(klet.node_labels),
         register_with_taints=tuple(kubelet.register_with_taints),
         provider_id=kubelet.provider_id,
+        external_cloud_provider=klet.cloud_provider == "external",
+        given_node_ips=tuple(klet.node_ips),
         kubelet_port=kubelet.port,
         max_pods=kubelet.max_pods,
         max_images=kubelet.node_status_max_images,

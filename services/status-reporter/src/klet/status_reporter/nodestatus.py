@@ -18,6 +18,13 @@ registration rules (`kubelet_node_status.go`):
 - `status_changed` / `needs_report`: PATCH only when something other than heartbeat
   times changed, or nodeStatusReportFrequency passed since the last report.
 
+With `--cloud-provider=external` (`NodeConfig.external_cloud_provider`), as upstream:
+registration adds the `node.cloudprovider.kubernetes.io/uninitialized=true:NoSchedule`
+taint (the cloud controller manager removes it once it has initialized the Node) and,
+when --node-ip is given, the `alpha.kubernetes.io/provided-node-ip` annotation; the
+addresses are the cloud controller's: once the Node has any, klet reports them as they
+are, and before that only the Hostname unless --node-ip names the addresses.
+
 Ready is False (reason `KubeletNotReady`, upstream's messages, several joined as
 "[a, b]") when the runtime is unreachable, the runtime's RuntimeReady or NetworkReady
 condition is false, or a service contributed a `Ready` condition that is not "True"
@@ -47,6 +54,13 @@ from klet.status_reporter.capacity import allocatable, capacity
 
 KUBELET_VERSION = f"{KUBERNETES_VERSION}-klet"
 CMAD_ANNOTATION = "volumes.kubernetes.io/controller-managed-attach-detach"
+# k8s.io/cloud-provider/api: TaintExternalCloudProvider, AnnotationAlphaProvidedIPAddr
+UNINITIALIZED_TAINT: Mapping[str, str] = {
+    "key": "node.cloudprovider.kubernetes.io/uninitialized",
+    "value": "true",
+    "effect": "NoSchedule",
+}
+PROVIDED_NODE_IP_ANNOTATION = "alpha.kubernetes.io/provided-node-ip"
 MAX_NAMES_PER_IMAGE = 5
 
 READY = "Ready"
@@ -110,6 +124,10 @@ class NodeConfig:
     node_labels: Mapping[str, str] = field(default_factory=dict)
     register_with_taints: tuple[Mapping[str, Any], ...] = ()
     provider_id: str = ""
+    # --cloud-provider=external: the uninitialized taint, addresses left to the CCM
+    external_cloud_provider: bool = False
+    given_node_ips: tuple[str, ...] = ()
+    """--node-ip as given (() = not given, the node's IPs were detected)."""
     kubelet_port: int = 10250
     max_pods: int = 110
     max_images: int = 50
@@ -345,7 +363,7 @@ def node_status(cfg: NodeConfig, obs: Observations, *, existing: JSON | None, no
         "conditions": node_conditions(
             (existing or {}).get("conditions") or [], condition_states(obs), now
         ),
-        "addresses": node_addresses(obs.node_ips, cfg.node_name),
+        "addresses": _addresses(cfg, obs, existing),
         "daemonEndpoints": {"kubeletEndpoint": {"Port": cfg.kubelet_port}},
         "nodeInfo": node_info,
         "images": images,
@@ -359,14 +377,35 @@ def node_status(cfg: NodeConfig, obs: Observations, *, existing: JSON | None, no
     }
 
 
+def _addresses(cfg: NodeConfig, obs: Observations, existing: JSON | None) -> list[JSON]:
+    """Upstream's NodeAddress setter: with an external cloud provider the Node's own
+    addresses stand once it has any; before that, the Hostname alone unless --node-ip
+    was given."""
+    if cfg.external_cloud_provider:
+        have = (existing or {}).get("addresses") or []
+        if have:
+            return [dict(a) for a in have]
+        if not cfg.given_node_ips:
+            return [{"type": "Hostname", "address": cfg.node_name}]
+    return node_addresses(obs.node_ips, cfg.node_name)
+
+
 def initial_node(cfg: NodeConfig, obs: Observations, *, now: float) -> JSON:
     """The Node registration creates."""
     metadata: JSON = {"name": cfg.node_name, "labels": node_labels(cfg, obs.machine)}
+    annotations: dict[str, str] = {}
     if cfg.controller_attach_detach:
-        metadata["annotations"] = {CMAD_ANNOTATION: "true"}
+        annotations[CMAD_ANNOTATION] = "true"
+    if cfg.external_cloud_provider and cfg.given_node_ips:
+        annotations[PROVIDED_NODE_IP_ANNOTATION] = ",".join(cfg.given_node_ips)
+    if annotations:
+        metadata["annotations"] = annotations
     spec: JSON = {}
-    if cfg.register_with_taints:
-        spec["taints"] = [dict(t) for t in cfg.register_with_taints]
+    taints = [dict(t) for t in cfg.register_with_taints]
+    if cfg.external_cloud_provider:
+        taints.append(dict(UNINITIALIZED_TAINT))
+    if taints:
+        spec["taints"] = taints
     if cfg.provider_id:
         spec["providerID"] = cfg.provider_id
     return {
