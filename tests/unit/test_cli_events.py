@@ -1,6 +1,7 @@
 """`klet events` (klet.cli.events) without Redis: which bus and user it reads as — the
 flags, else the KLET_* variables, else `klet up`'s endpoints.json and admin — and which
-node (--node, the service user's node, the hostname); what it refuses (a password in
+node (--node, the service user's node, the hostname, else the bus's only node: pick_node);
+what it refuses (a password in
 --redis-url, one in clear to a remote host, a bad node name, nothing to go on); and
 what it prints: the table, "No events found", follow lines aligned with the listing,
 the namespace filter, and JSON (a List, or one Event per line when following)."""
@@ -13,7 +14,15 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from klet.cli.events import Printer, UsageError, _parser, bus_access, events, node_of_user
+from klet.cli.events import (
+    Printer,
+    UsageError,
+    _parser,
+    bus_access,
+    events,
+    node_of_user,
+    pick_node,
+)
 from klet.cli.eventview import aggregate
 from klet.model.records import EventRecord
 
@@ -199,3 +208,28 @@ def test_json_list_and_json_lines() -> None:
     p.event(aggregate([rec(T0, "Pulled")])[0])
     lines = [json.loads(line) for line in out.getvalue().splitlines()]
     assert [(e["kind"], e["reason"]) for e in lines] == [("Event", "Failed"), ("Event", "Pulled")]
+
+
+def test_only_the_hostname_is_a_node_not_given(secret: Path) -> None:
+    url = ["--redis-url", "redis://127.0.0.1:6379", "--redis-password-file", str(secret)]
+    assert not access(url).node_given
+    assert access([*url, "--node", "n1"]).node_given
+    assert access([*url[:2], "--redis-username", "klet-syncloop@n2"]).node_given
+
+
+@pytest.mark.parametrize(
+    ("present", "picked"),
+    [
+        ([], "my-host"),  # nothing on the bus yet: the hostname, as the services choose
+        (["my-host"], "my-host"),
+        (["my-host", "other"], "my-host"),
+        (["overridden"], "overridden"),  # klet up --hostname-override
+    ],
+)
+def test_pick_node(present: list[str], picked: str) -> None:
+    assert pick_node("my-host", present) == picked
+
+
+def test_pick_node_refuses_several_others_naming_them() -> None:
+    with pytest.raises(UsageError, match="several nodes, none named my-host .*: a, b; give --node"):
+        pick_node("my-host", ["a", "b"])

@@ -314,6 +314,21 @@ class Bus:
         except (RedisError, OSError) as err:
             raise _wrap(err) from err
 
+    async def nodes(self) -> list[str]:
+        """Every node with a key on this Redis (`klet:<node>:...`), sorted: what a command
+        run without a node name may pick from or name (SCAN, so it needs a user allowed
+        to see other nodes' keys: the admin)."""
+        found: set[str] = set()
+        try:
+            async for key in self._r.scan_iter(match="klet:*:*", count=1000):
+                text = key.decode() if isinstance(key, bytes) else str(key)
+                _, node, rest = text.split(":", 2)
+                if node and rest:
+                    found.add(node)
+        except (RedisError, OSError) as err:
+            raise _wrap(err) from err
+        return sorted(found)
+
     async def close(self) -> None:
         await self._r.aclose()
 

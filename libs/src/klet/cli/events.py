@@ -27,13 +27,20 @@ Which bus, as whom:
   (`--run-dir`, `KLET_RUN_DIR`, default `.run` as `make run`), as its admin.
 
 The node is `--node` (or `--hostname-override`), else the one a service user is of
-(`klet-status-reporter@<node>`), else the hostname, as the services choose it.
+(`klet-status-reporter@<node>`), else the hostname, as the services choose it, unless
+the bus (listed by SCAN, as the admin of `klet up`'s Redis may) holds no data of the
+hostname: then its only node, which is how a node started with `--hostname-override`
+is found without repeating the name; several nodes and none the hostname is refused
+naming them. `klet why` answering "no history" names the nodes on the bus when its
+node is not among them. (`klet gc` and `klet evict` need no node: they ask the
+services' sockets in the run directory.)
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import json
 import os
 import socket
@@ -84,6 +91,10 @@ class BusAccess:
     url: str
     node: str
     username: str = ""
+    node_given: bool = True
+    """False when `node` is only the machine's hostname (no --node, no service user)."""
+    nodes_present: tuple[str, ...] = ()
+    """The nodes with data on the bus, when they were looked up (`settle_node`)."""
     password: str | None = field(default=None, repr=False)
     ca_file: Path | None = None
     cert_file: Path | None = None
@@ -124,6 +135,58 @@ def node_of_user(username: str) -> str:
     if at and prefix in {f"klet-{s}" for s in SERVICES}:
         return node
     return ""
+
+
+def pick_node(hostname: str, present: Sequence[str]) -> str:
+    """The node to read when no --node is given: the hostname when the bus has it (or
+    has no node at all), else the bus's only node (a node started with
+    --hostname-override); several others and not the hostname is a UsageError naming
+    them."""
+    if hostname in present or not present:
+        return hostname
+    if len(present) == 1:
+        return present[0]
+    raise UsageError(
+        f"no --node, and this bus holds several nodes, none named {hostname} (the "
+        f"hostname): {', '.join(present)}; give --node"
+    )
+
+
+async def settle_node(access: BusAccess) -> BusAccess:
+    """`access` with its node settled: as given, else `pick_node` over the nodes on the
+    bus. Raises BusError (the bus unreachable, or the user may not list keys) and
+    UsageError."""
+    if access.node_given:
+        return access
+    from klet.bus.redisbus import Bus
+
+    bus = Bus.from_url(access.url, access.node, auth=access, timeout_s=5.0)
+    try:
+        present = await bus.nodes()
+    finally:
+        await bus.close()
+    node = pick_node(access.node, present)
+    return dataclasses.replace(access, node=node, nodes_present=tuple(present))
+
+
+async def nodes_hint(access: BusAccess) -> str:
+    """What to add to "nothing found on node X": the nodes the bus holds when X is not
+    among them, so a mistyped or overridden name shows; "" when X is there or the nodes
+    cannot be listed (the user may not, or the bus is gone: the answer stands without)."""
+    present = list(access.nodes_present)
+    if not present:
+        from klet.bus.redisbus import Bus, BusError
+
+        bus = Bus.from_url(access.url, access.node, auth=access, timeout_s=5.0)
+        try:
+            present = await bus.nodes()
+        except BusError:
+            return ""
+        finally:
+            await bus.close()
+    if access.node in present:
+        return ""
+    return f"; nodes on this bus: {', '.join(present) or 'none'}"
 
 
 def bus_access(
@@ -186,7 +249,8 @@ def bus_access(
             f"--redis-url: {parts.hostname} is not loopback and redis:// sends the password "
             "in clear: use rediss://, or pass --allow-insecure-redis"
         )
-    raw_node = args.node or node_of_user(username) or hostname()
+    given = args.node or node_of_user(username)
+    raw_node = given or hostname()
     try:
         node = check_node(raw_node.strip().lower())
     except ValueError as err:
@@ -195,6 +259,7 @@ def bus_access(
         url=url,
         node=node,
         username=username,
+        node_given=bool(given),
         password=password,
         ca_file=path(args.redis_ca_file, "KLET_REDIS_CA_FILE"),
         cert_file=path(args.redis_cert_file, "KLET_REDIS_CERT_FILE"),
@@ -319,11 +384,21 @@ def events(argv: Sequence[str], *, env: Mapping[str, str] | None = None) -> int:
     except UsageError as err:
         print(f"klet events: {err}", file=sys.stderr)
         return 2
+    from klet.bus.redisbus import BusError
+
+    try:
+        access = asyncio.run(settle_node(access))
+    except UsageError as err:
+        print(f"klet events: {err}", file=sys.stderr)
+        return 2
+    except BusError as err:
+        print(
+            f"klet events: {access.url} as {access.username or 'default'}: {err}", file=sys.stderr
+        )
+        return 1
     printer = Printer(
         node=access.node, namespace=args.namespace, output=args.output, out=sys.stdout
     )
-    from klet.bus.redisbus import BusError
-
     try:
         asyncio.run(run(access, printer, follow=args.follow, warn=sys.stderr))
     except BusError as err:

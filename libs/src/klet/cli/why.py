@@ -27,7 +27,14 @@ import sys
 from collections.abc import Mapping, Sequence
 from typing import TextIO
 
-from klet.cli.events import BusAccess, UsageError, add_bus_arguments, bus_access
+from klet.cli.events import (
+    BusAccess,
+    UsageError,
+    add_bus_arguments,
+    bus_access,
+    nodes_hint,
+    settle_node,
+)
 from klet.model.podhistory import printable, render_text
 from klet.model.timestamps import rfc3339
 
@@ -86,14 +93,19 @@ def why(argv: Sequence[str], *, env: Mapping[str, str] | None = None) -> int:
     from klet.bus.redisbus import BusError
 
     try:
+        access = asyncio.run(settle_node(access))
         told = asyncio.run(run(access, namespace, name, output=args.output, out=sys.stdout))
+        hint = "" if told else asyncio.run(nodes_hint(access))
+    except UsageError as err:
+        print(f"klet why: {err}", file=sys.stderr)
+        return 2
     except BusError as err:
         print(f"klet why: {access.url} as {access.username or 'default'}: {err}", file=sys.stderr)
         return 1
     if not told:
         print(
             f"klet why: no history of pod {namespace}/{name} on node {access.node} "
-            "(never seen here, or dropped after --pod-history-max-age)",
+            f"(never seen here, or dropped after --pod-history-max-age){hint}",
             file=sys.stderr,
         )
         return 1
