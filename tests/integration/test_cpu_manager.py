@@ -7,7 +7,8 @@ container's cgroup cpuset.cpus is 0-1); a Guaranteed pod asking 1 whole CPU gets
 CFS quota (DisableCPUQuotaWithExclusiveCPUs), and the best-effort container is moved
 off it by UpdateContainerResources (cpuset.cpus 0, same container); the state file
 `<root-dir>/cpu_manager_state` is upstream's JSON with a checksum that verifies, and
-the bus `cpus` table holds the assignment; a second Guaranteed pod is rejected
+the bus `cpus` table holds the assignment and upstream's kubelet_cpu_manager_* series
+count it; a second Guaranteed pod is rejected
 OutOfcpu (reservedSystemCPUs leave 1 CPU allocatable) and never reaches the runtime;
 syncloop SIGKILLed and restarted keeps every container (same IDs, no restart) and
 the same assignment; the Guaranteed pod removed, its CPU goes back to the pool and
@@ -139,6 +140,11 @@ def test_static_policy_pins_a_guaranteed_pod_and_survives_a_restart(
         {uid: {"main": "1"}},
     )
     assert decode(blob, policy="static").assignments == {uid: {"main": {1}}}  # verifies
+    # upstream's series, on syncloop's /metrics (status-reporter serves them on 10250)
+    assert node.metric("syncloop", "kubelet_cpu_manager_pinning_requests_total") == 1
+    assert node.metric("syncloop", "kubelet_cpu_manager_pinning_errors_total") == 0
+    assert node.metric("syncloop", "kubelet_cpu_manager_shared_pool_size_millicores") == 0
+    assert node.metric("syncloop", "kubelet_cpu_manager_exclusive_cpu_allocation_count") == 1
     wait_for(lambda: f"{uid}/main" in cpus_table(node), timeout_s=30, what="bus cpus record")
     assert cpus_table(node)[f"{uid}/main"].cpus == "1"
 

@@ -13,6 +13,15 @@ checksum; syncloop SIGKILLed and restarted keeps the container (same ID, no rest
 the plugin registers again and no new Allocate happens, and the pod asking 2 stays
 out; a device turned unhealthy leaves 1 healthy of 2; the plugin stopping leaves the
 resource disconnected with nothing healthy.
+
+The PodResources API v1 on `<root-dir>/pod-resources/kubelet.sock` is read along the
+way by a client of the generated upstream-wire stubs: List and Get give the pod, its
+container and the device it holds (and no CPU IDs: no CPU manager), Get of an unknown
+pod fails with upstream's message, GetAllocatableResources the plugin's healthy
+devices; a burst of concurrent calls beyond upstream's 10 tokens is refused
+RESOURCE_EXHAUSTED; after syncloop's SIGKILL the restarted leader serves the same
+answer on a new socket; an unhealthy device, then the plugin gone, leave 1, then 0
+allocatable while the pod keeps its device in List.
 """
 
 from __future__ import annotations
@@ -21,11 +30,14 @@ import asyncio
 from pathlib import Path
 from typing import Any
 
+import grpc
 import pytest
 from klet.bus.schema import NodeBus
 from klet.cri import CRISettings, RuntimeClient
 from klet.model.records import DeviceResourceRecord
 from klet.model.types import ContainerID
+from klet.rpc.gen.klet.podresources.v1 import api_pb2 as prpb
+from klet.rpc.gen.klet.podresources.v1 import api_pb2_grpc as prpb_grpc
 from klet.syncloop.devices.checkpoint import decode
 
 from tests.harness.deviceplugin import FakeDevicePlugin
@@ -85,6 +97,77 @@ def exec_in(node: KletNode, pod: dict[str, Any], container: str, *cmd: str) -> s
     return out.decode()
 
 
+Held = list[tuple[str, str, list[tuple[str, str]]]]
+"""(namespace, pod, [(container, resource/device)]) as the PodResources API lists them."""
+
+
+class PodResources:
+    """A client of the PodResources API on the node's socket (upstream's wire); each
+    call opens its own channel in its own event loop, as the other helpers here do."""
+
+    def __init__(self, node: KletNode) -> None:
+        self.socket = node.root_dir / "pod-resources" / "kubelet.sock"
+
+    def _call(self, method: str, request: Any, copies: int = 1) -> list[Any]:
+        """`copies` concurrent calls; each answer or its AioRpcError."""
+
+        async def go() -> list[Any]:
+            async with grpc.aio.insecure_channel(f"unix://{self.socket}") as channel:
+                stub = prpb_grpc.PodResourcesListerStub(channel)  # type: ignore[no-untyped-call]
+                calls = [getattr(stub, method)(request, timeout=10) for _ in range(copies)]
+                return list(await asyncio.gather(*calls, return_exceptions=True))
+
+        return asyncio.run(go())
+
+    def _one(self, method: str, request: Any) -> Any:
+        (answer,) = self._call(method, request)
+        if isinstance(answer, BaseException):
+            raise answer
+        return answer
+
+    @staticmethod
+    def held(pods: Any) -> Held:
+        out = []
+        for p in pods:
+            for c in p.containers:
+                assert list(c.cpu_ids) == [] and list(c.memory) == []
+            devices = [
+                (c.name, f"{d.resource_name}/{i}")
+                for c in p.containers
+                for d in c.devices
+                for i in d.device_ids
+            ]
+            out.append((p.namespace, p.name, devices))
+        return out
+
+    def list(self) -> Held:
+        return self.held(self._one("List", prpb.ListPodResourcesRequest()).pod_resources)
+
+    def get(self, namespace: str, name: str) -> Held:
+        request = prpb.GetPodResourcesRequest(pod_namespace=namespace, pod_name=name)
+        return self.held([self._one("Get", request).pod_resources])
+
+    def allocatable(self) -> list[str]:
+        answer = self._one("GetAllocatableResources", prpb.AllocatableResourcesRequest())
+        assert list(answer.cpu_ids) == []  # upstream's none policy: no exclusive CPUs
+        return sorted(f"{d.resource_name}/{i}" for d in answer.devices for i in d.device_ids)
+
+    def burst(self) -> tuple[int, list[grpc.aio.AioRpcError]]:
+        """Up to 20 rounds of 50 concurrent List calls, until one is refused: how many
+        passed, and the refusals."""
+        passed, refused = 0, []
+        for _ in range(20):
+            for answer in self._call("List", prpb.ListPodResourcesRequest(), copies=50):
+                if isinstance(answer, grpc.aio.AioRpcError):
+                    refused.append(answer)
+                else:
+                    assert not isinstance(answer, BaseException), answer
+                    passed += 1
+            if refused:
+                break
+        return passed, refused
+
+
 def rejected(node: KletNode, name: str) -> dict[str, Any] | None:
     pod = node.pods().get(f"{name}-{node.node_name}")
     return pod if pod and pod["status"].get("phase") == "Failed" else None
@@ -120,8 +203,29 @@ def test_device_plugin_allocation_admission_and_restart(
             node, pod, "main", "sh", "-c", f"(echo x > /var/foo/{device}) 2>&1 || true"
         )
 
+        # The PodResources API: the pod, its container and its device.
+        ns, name = pod["metadata"]["namespace"], pod["metadata"]["name"]
+        one = (ns, name, [("main", f"{RESOURCE}/{device}")])
+        api = PodResources(node)
+        assert api.list() == [one]
+        assert api.get(ns, name) == [one]
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            api.get(ns, "absent")
+        assert err.value.details() == f"pod absent in namespace {ns} not found"
+        assert api.allocatable() == sorted(f"{RESOURCE}/{d}" for d in plugin.health)
+
         (manifests / "two.yaml").write_text(POD.format(name="two", count=2))
         failed = wait_for(lambda: rejected(node, "two"), timeout_s=30, what="two Failed")
+        # A rejected pod is not active: List leaves it out, Get still finds it.
+        assert api.list() == [one]
+        assert api.get(ns, failed["metadata"]["name"]) == [(ns, failed["metadata"]["name"], [])]
+        passed, refused = api.burst()
+        assert passed >= 1 and refused, (passed, refused)
+        assert {(e.code(), e.details()) for e in refused} == {
+            (grpc.StatusCode.RESOURCE_EXHAUSTED, "rejected by rate limit")
+        }
+        made = api.socket.stat()
+        socket_before = (made.st_ino, made.st_ctime_ns)  # inode numbers are reused
         message = (
             "Allocate failed due to requested number of devices unavailable for "
             "example.com/foo. Requested: 2, Available: 1, which is unexpected"
@@ -158,12 +262,22 @@ def test_device_plugin_allocation_admission_and_restart(
         cp = decode((plugin_dir / "kubelet_internal_checkpoint").read_bytes())
         assert [(e.pod_uid, e.devices()) for e in cp.entries or ()] == [(uid, {device})]
         assert rejected(node, "two") is not None
+        # The restarted leader serves the PodResources API again, on a new socket, from
+        # the checkpoint it read back.
+        api = PodResources(node)
+        wait_for(lambda: api.socket.exists(), timeout_s=30, what="pod-resources socket")
+        remade = api.socket.stat()
+        assert (remade.st_ino, remade.st_ctime_ns) != socket_before
+        assert api.list() == [one]
 
         # An unhealthy device leaves 1 allocatable of 2; the plugin going leaves none.
         other = next(d for d in plugin.health if d != device)
         plugin.set_health(other, "Unhealthy")
         wait_for(lambda: counts(node) == (1, 1, True), timeout_s=30, what="1 healthy, 1 not")
+        assert api.allocatable() == [f"{RESOURCE}/{device}"]
         plugin.stop()
         wait_for(lambda: counts(node) == (0, 2, False), timeout_s=30, what="plugin gone")
+        assert api.allocatable() == []
+        assert api.list() == [one]  # the running container keeps its device
     finally:
         plugin.stop()

@@ -4,7 +4,8 @@ cpuset of each container; a new manager over the same root dir (a restarted sync
 reads the same assignments back and keeps the pod; a file of another policy or a
 corrupt one stops the start with upstream's message; the reconcile sends shared-pool
 containers the pool as it shrinks and grows and each running container its cpuset
-once; finished pods' CPUs are released; the bus `cpus` table follows."""
+once; finished pods' CPUs are released; the bus `cpus` table follows; upstream's
+kubelet_cpu_manager_* series count the pinning and follow the pool."""
 
 from __future__ import annotations
 
@@ -21,6 +22,8 @@ from klet.model.types import ContainerID
 from klet.syncloop.cpumanager.manager import CPUManager, CPUManagerError
 from klet.syncloop.cpumanager.policy import NonePolicy, Options, StaticPolicy
 from klet.syncloop.cpumanager.topology import CPUInfo, CPUTopology
+from klet.syncloop.metrics import CPUManagerMetrics
+from prometheus_client import CollectorRegistry
 
 TWO = CPUTopology({0: CPUInfo(0, 0, 0), 1: CPUInfo(1, 0, 0)})
 
@@ -145,3 +148,29 @@ async def test_the_none_policy_sets_no_cpuset_and_updates_nothing(tmp_path: Path
 
     assert await m.reconcile({"g": g}, running, cri) == 0
     assert json.loads((tmp_path / "cpu_manager_state").read_bytes())["policyName"] == "none"
+
+
+def test_upstreams_cpu_manager_series(tmp_path: Path) -> None:
+    registry = CollectorRegistry()
+    policy = StaticPolicy.create(TWO, count=1, explicit=frozenset(), options=Options())
+    m = CPUManager(policy, tmp_path, clock=lambda: 0.0, observer=CPUManagerMetrics.create(registry))
+    m.load()
+
+    def value(name: str, **labels: str) -> float | None:
+        return registry.get_sample_value(name, labels)
+
+    assert value("kubelet_cpu_manager_shared_pool_size_millicores") == 1000  # 0-1 less 0
+    assert value("kubelet_cpu_manager_exclusive_cpu_allocation_count") == 0
+    m.admit("be", _pod("be", None), [])
+    assert value("kubelet_cpu_manager_pinning_requests_total") == 0
+    m.admit("g", _pod("g", "1"), [])
+    assert value("kubelet_cpu_manager_pinning_requests_total") == 1
+    assert value("kubelet_cpu_manager_shared_pool_size_millicores") == 0
+    assert value("kubelet_cpu_manager_exclusive_cpu_allocation_count") == 1
+    assert value("kubelet_cpu_manager_allocation_per_numa", numa_node="0") == 1
+    m.admit("h", _pod("h", "1"), [])
+    assert value("kubelet_cpu_manager_pinning_requests_total") == 2
+    assert value("kubelet_cpu_manager_pinning_errors_total") == 1
+    m.release({})
+    assert value("kubelet_cpu_manager_shared_pool_size_millicores") == 1000
+    assert value("kubelet_cpu_manager_allocation_per_numa", numa_node="0") == 0

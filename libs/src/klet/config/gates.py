@@ -81,6 +81,14 @@ HONOURED: Mapping[str, str] = {
         "the kubelet API serves POST /checkpoint/{namespace}/{pod}/{container} through CRI "
         "CheckpointContainer (default true, as upstream)"
     ),
+    "KubeletPodResourcesGet": (
+        "the PodResources API's Get answers one pod; false answers upstream's \"PodResources "
+        'API Get method disabled" (default true, as upstream)'
+    ),
+    "KubeletPodResourcesListUseActivePods": (
+        "the PodResources API's List names the active pods; false every pod the sources "
+        "gave, terminated ones too (default true, as upstream)"
+    ),
     "KubeletPSI": (
         "pressure stall information in /stats/summary and /metrics/cadvisor where the "
         "kernel has it (default true, as upstream)"
@@ -188,9 +196,19 @@ DEFAULT_ON: Mapping[str, Account] = {
     "KubeletPSI": Implemented(
         "klet.stats.psi", "unit/stats/test_psi.py::test_summary_on_cgroup_v2"
     ),
-    "KubeletPodResourcesDynamicResources": Absent("the PodResources API"),
-    "KubeletPodResourcesGet": Absent("the PodResources API"),
-    "KubeletPodResourcesListUseActivePods": Absent("the PodResources API"),
+    "KubeletPodResourcesDynamicResources": Absent(
+        "DRA claims in the PodResources API (klet.syncloop.podresources): klet has no DRA "
+        "(DynamicResourceAllocation is off and resourceClaims pods are rejected), so no "
+        "container holds a claim to list"
+    ),
+    "KubeletPodResourcesGet": Implemented(
+        "klet.syncloop.podresources",
+        "unit/test_rpc_podresources.py::test_get_errors_are_upstreams",
+    ),
+    "KubeletPodResourcesListUseActivePods": Implemented(
+        "klet.syncloop.podresources",
+        "unit/syncloop/test_podresources.py::test_list_names_active_pods_and_their_devices",
+    ),
     "KubeletSeparateDiskGC": Implemented(
         "klet.eviction.signals", "unit/eviction/test_signals.py::test_fs_observations"
     ),

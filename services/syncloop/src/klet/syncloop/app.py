@@ -11,20 +11,25 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable, Coroutine
+from pathlib import Path
 from typing import Any
 
 from klet.bus import BusError
 from klet.bus.events import node_reference
 from klet.bus.leader import hold, release_quietly
+from klet.config.gates import enabled
+from klet.model.podresources import SOCKET_DIR, SOCKET_NAME
 from klet.model.records import NodeConditionRecord
 from klet.model.types import JSON, ContainerID
 from klet.obs import create_health_app, leader_metric, run_supervised, serve_service_port
 from klet.rpc.deviceplugin import GrpcPlugin, serve_registration
 from klet.rpc.podcontrol import serve_pod_control
+from klet.rpc.podresources import serve_pod_resources
 from klet.syncloop.containers.logmanager import ContainerLogManager, LogManagerSettings
 from klet.syncloop.containers.reservedcgroups import run_enforcement
 from klet.syncloop.cpumanager import manager as cpumanager
 from klet.syncloop.devices import plugins as devices
+from klet.syncloop.podresources import PodResourcesView
 from klet.syncloop.pods.intake import BusIntake
 from klet.syncloop.ports import NodeRuntime
 from klet.syncloop.wiring import Deps
@@ -135,6 +140,7 @@ async def main(deps: Deps) -> int:
                 "volume-stats": gated("volume-stats", lambda: _volume_stats(deps)),
                 "device-plugins": gated("device-plugins", lambda: _device_plugins(deps)),
                 "cpu-manager": gated("cpu-manager", lambda: _cpu_manager(deps)),
+                "pod-resources": gated("pod-resources", lambda: _pod_resources(deps)),
                 "log-rotation": gated("log-rotation", log_manager.run),
                 "pod-control": gated(
                     "pod-control", lambda: serve_pod_control(controller, deps.socket_path)
@@ -213,6 +219,21 @@ async def _device_plugins(deps: Deps) -> None:
         return set(controller.desired) if controller.sources_ready else None
 
     await devices.run(deps.devices, serve=serve_registration, connect=GrpcPlugin, active=active)
+
+
+async def _pod_resources(deps: Deps) -> None:
+    """The PodResources API on <root-dir>/pod-resources/kubelet.sock, on the leader only
+    (podresources.py says why syncloop's)."""
+    gates = deps.settings.kubelet.feature_gates
+    view = PodResourcesView(
+        pods=deps.controller,
+        devices=deps.devices,
+        cpus=deps.cpus,
+        use_active_pods=enabled(gates, "KubeletPodResourcesListUseActivePods"),
+        get_gate=enabled(gates, "KubeletPodResourcesGet"),
+    )
+    socket = Path(deps.settings.klet.root_dir) / SOCKET_DIR / SOCKET_NAME
+    await serve_pod_resources(view, socket)
 
 
 async def _cpu_manager(deps: Deps) -> None:

@@ -75,6 +75,7 @@ from klet.syncloop.environment.envvars import NodeFacts
 from klet.syncloop.environment.kubeobjects import ApiObjects
 from klet.syncloop.events import BusEventSink, EventSink
 from klet.syncloop.metrics import (
+    CPUManagerMetrics,
     CredentialProviderMetrics,
     DeviceMetrics,
     Metrics,
@@ -423,7 +424,13 @@ def build_deps(settings: Settings, overrides: Overrides | None = None) -> Deps:
     syncer.starter.devices = devices
     # The CPU manager (cpuManagerPolicy): admission takes exclusive CPUs, container
     # creation sets the cpuset; raises CPUManagerError when it cannot start.
-    cpus = create_manager(k, Path(settings.klet.root_dir), table=node_bus.cpus, clock=clock)
+    cpus = create_manager(
+        k,
+        Path(settings.klet.root_dir),
+        table=node_bus.cpus,
+        clock=clock,
+        observer=CPUManagerMetrics.create(registry),
+    )
     cpus.check()
     syncer.starter.cpus = cpus
     admission = AdmissionLedger(

@@ -74,6 +74,24 @@ class CPUTable(Protocol):
     async def all(self) -> dict[str, ContainerCPUsRecord]: ...
 
 
+class CPUObserver(Protocol):
+    """Where upstream's CPU manager series are kept (metrics.CPUManagerMetrics)."""
+
+    def pinning(self, *, requested: int, failed: int) -> None: ...
+
+    def pool(
+        self, *, shared_millicores: int, exclusive: int, per_numa: Mapping[int, int]
+    ) -> None: ...
+
+
+class _NoObserver:
+    def pinning(self, *, requested: int, failed: int) -> None:
+        pass
+
+    def pool(self, *, shared_millicores: int, exclusive: int, per_numa: Mapping[int, int]) -> None:
+        pass
+
+
 Running = Callable[[str], Awaitable[Sequence[tuple[str, ContainerID]]]]
 """The running containers of a pod: (name, container ID) each."""
 
@@ -87,8 +105,10 @@ class CPUManager:
         table: CPUTable | None = None,
         clock: Callable[[], float],
         disable_quota: bool = False,
+        observer: CPUObserver | None = None,
     ) -> None:
         self.policy = policy
+        self.observer: CPUObserver = observer or _NoObserver()
         self.disable_quota = disable_quota
         """DisableCPUQuotaWithExclusiveCPUs: no CFS quota where a container has CPUs of its own."""
         self.path = root_dir / statefile.STATE_FILE
@@ -115,6 +135,7 @@ class CPUManager:
         self._read()
         self.save()
         self.loaded = True
+        self._observe_pool()
         self._applied = {}
         log.info(
             "cpu manager started",
@@ -163,18 +184,40 @@ class CPUManager:
     def admit(self, uid: str, pod: JSON, others: Sequence[JSON]) -> tuple[str, str] | None:
         """Take the pod's exclusive CPUs: None, or (reason, message) refusing the pod."""
         self._ensure()
+        requests: list[str] = []
         try:
-            new = self.policy.allocate_pod(self.state, pod)
+            new = self.policy.allocate_pod(self.state, pod, requests=requests)
         except AdmissionError as err:
+            self.observer.pinning(requested=len(requests), failed=1)
             log.info(
                 "pod refused: its exclusive CPUs cannot be had",
                 extra={"pod": uid, "reason": err.reason, "error": err.message},
             )
             return err.reason, err.message
+        self.observer.pinning(requested=len(requests), failed=0)
         if new != self.state:
             self.state = new
             self.save()
+            self._observe_pool()
         return None
+
+    def _observe_pool(self) -> None:
+        """The shared pool and exclusive CPU gauges (upstream's static policy sets them;
+        the none policy leaves them at 0)."""
+        if not isinstance(self.policy, StaticPolicy):
+            return
+        exclusive = {
+            c for cs in self.state.assignments.values() for cpus in cs.values() for c in cpus
+        }
+        topo = self.policy.topology
+        per_numa = {i.numa: 0 for i in topo.details.values()}
+        for cpu in exclusive:
+            per_numa[topo.details[cpu].numa] += 1
+        self.observer.pool(
+            shared_millicores=len(self.policy.available(self.state)) * 1000,
+            exclusive=len(exclusive),
+            per_numa=per_numa,
+        )
 
     def exclusive(self, uid: str, name: str) -> CPUSet:
         """The container's exclusive CPUs (empty: it runs in the shared pool)."""
@@ -214,6 +257,7 @@ class CPUManager:
         if new != self.state:
             self.state = new
             self.save()
+            self._observe_pool()
         self._applied = {k: v for k, v in self._applied.items() if k[0] in active}
 
     async def reconcile(
@@ -318,12 +362,13 @@ def create_manager(
     *,
     table: CPUTable | None,
     clock: Callable[[], float],
+    observer: CPUObserver | None = None,
     sys_cpu: Path = SYS_CPU,
 ) -> CPUManager:
     """The manager cpuManagerPolicy asks for, over this node's topology; raises
     CPUManagerError naming the field (upstream's kubelet does not start either)."""
     if cfg.cpu_manager_policy in ("", NONE):
-        return CPUManager(NonePolicy(), root_dir, table=table, clock=clock)
+        return CPUManager(NonePolicy(), root_dir, table=table, clock=clock, observer=observer)
     try:
         options = parse_options(
             cfg.cpu_manager_policy_options,
@@ -353,6 +398,7 @@ def create_manager(
         table=table,
         clock=clock,
         disable_quota=cfg.feature_gates.get("DisableCPUQuotaWithExclusiveCPUs", True),
+        observer=observer,
     )
 
 

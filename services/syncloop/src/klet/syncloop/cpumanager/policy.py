@@ -275,13 +275,23 @@ class StaticPolicy:
             del assignments[uid]
         return replace(state, default=state.default | back, assignments=assignments)
 
-    def allocate_pod(self, state: CPUState, pod: JSON) -> CPUState:
+    def allocate_pod(
+        self, state: CPUState, pod: JSON, *, requests: list[str] | None = None
+    ) -> CPUState:
         """Every container of the pod, init containers first, as upstream's admit handler
-        with topology policy none; raises AdmissionError at the first that fails."""
+        with topology policy none; raises AdmissionError at the first that fails. The
+        containers that asked for exclusive CPUs are appended to `requests` as they are
+        tried (upstream's pinning requests: the last one failed when this raises)."""
         spec: JSON = pod.get("spec") or {}
         inits = list(spec.get("initContainers") or [])
         reusable: CPUSet = frozenset()
         for container in inits + list(spec.get("containers") or []):
+            if (
+                requests is not None
+                and guaranteed_cpus(pod, container)
+                and not is_pod_level_set(pod)
+            ):
+                requests.append(str(container.get("name") or ""))
             state, cpus = self.allocate(state, pod, container, reusable=reusable)
             if container in inits and container.get("restartPolicy") != "Always":
                 reusable = reusable | cpus
@@ -302,7 +312,9 @@ class NonePolicy:
     def allocatable(self) -> CPUSet:
         return frozenset()
 
-    def allocate_pod(self, state: CPUState, pod: JSON) -> CPUState:
+    def allocate_pod(
+        self, state: CPUState, pod: JSON, *, requests: list[str] | None = None
+    ) -> CPUState:
         return state
 
     def remove(self, state: CPUState, uid: str, name: str) -> CPUState:

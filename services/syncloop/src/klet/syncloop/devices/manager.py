@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Protocol
 
 from klet.model.devices import HEALTHY, Device, PluginOptions
+from klet.model.podresources import NumaDevices
 from klet.model.records import DeviceResourceRecord
 from klet.model.types import JSON
 from klet.syncloop.devices import allocation, checkpoint
@@ -241,6 +242,20 @@ class DeviceManager:
                 continue
             await self.table.put(r, rec)
             self._published[r] = rec
+
+    # -- the PodResources API -------------------------------------------------------------
+
+    def container_devices(self, uid: str, container: str) -> dict[str, NumaDevices]:
+        """The devices one container holds, by resource (upstream's GetDevices)."""
+        return {
+            k[2]: dict(e.device_ids or {})
+            for k, e in self.held.items()
+            if k[0] == uid and k[1] == container and e.devices()
+        }
+
+    def listed_devices(self) -> dict[str, list[Device]]:
+        """Every resource's devices as last listed (a gone plugin's all unhealthy)."""
+        return {r: list(s.devices.values()) for r, s in self.resources.items()}
 
     # -- admission ------------------------------------------------------------------------
 

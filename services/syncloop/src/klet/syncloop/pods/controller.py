@@ -719,6 +719,14 @@ class PodController:
         self._forget(uid)
         return Outcome(done=True)
 
+    def active_pods(self) -> list[JSON]:
+        """The active pods (upstream's GetActivePods), for the PodResources API."""
+        return self._active_pods()
+
+    def all_pods(self) -> list[JSON]:
+        """Every pod the sources gave, active or not (upstream's pod manager's pods)."""
+        return [rec.pod for rec in self.desired.values()]
+
     def _active_pods(self) -> list[JSON]:
         """The pods that hold their resources (upstream's active pods): desired, not
         made terminal, and (with admission) admitted and not in a terminal phase."""

@@ -1,0 +1,148 @@
+"""syncloop's PodResources source (klet.syncloop.podresources) over a real device
+manager: List names the active pods (every pod the sources gave with
+KubeletPodResourcesListUseActivePods off) and each listed container's devices as the
+manager holds them; a manager restarted from its checkpoint answers the same at once;
+Get finds a pod that is no longer active; allocatable devices are the connected
+plugins' healthy ones; no device manager, no devices; CPU IDs are the CPU manager's
+exclusive assignment, allocatable CPUs its policy's (none without a CPU manager)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from klet.model.devices import Device, PluginOptions
+from klet.model.podresources import ContainerDevices, ContainerResources, PodResources
+from klet.model.types import JSON
+from klet.syncloop.devices import checkpoint
+from klet.syncloop.devices.manager import DeviceManager
+from klet.syncloop.podresources import PodResourcesView
+
+FOO = "example.com/foo"
+
+
+class Table:
+    async def put(self, key: str, value: Any) -> None:
+        pass
+
+
+class Plugin:
+    async def preferred(self, available: Any, must_include: Any, size: int) -> list[str]:
+        return []
+
+    async def allocate(self, device_ids: Any) -> bytes:
+        return b""
+
+    async def pre_start(self, device_ids: Any) -> None:
+        pass
+
+
+def pod(name: str, uid: str) -> JSON:
+    return {
+        "metadata": {"name": name, "namespace": "default", "uid": uid},
+        "spec": {"containers": [{"name": "main"}]},
+    }
+
+
+class Pods:
+    def __init__(self, active: list[JSON], finished: list[JSON]) -> None:
+        self.active, self.finished = active, finished
+
+    def active_pods(self) -> list[JSON]:
+        return self.active
+
+    def all_pods(self) -> list[JSON]:
+        return self.active + self.finished
+
+
+def manager(directory: Path) -> DeviceManager:
+    return DeviceManager(directory, table=Table(), decode=lambda b: None)  # type: ignore[arg-type,return-value]
+
+
+def holding(directory: Path) -> DeviceManager:
+    m = manager(directory)
+    m.load()
+    plugin = Plugin()
+    m.connected(FOO, plugin, PluginOptions())
+    m.listed(
+        FOO,
+        plugin,
+        [
+            Device("foo-0", "Healthy", (0,)),
+            Device("foo-1", "Healthy"),
+            Device("foo-2", "Unhealthy"),
+        ],
+    )
+    m.held[("u1", "main", FOO)] = checkpoint.PodDevicesEntry(
+        pod_uid="u1", container_name="main", resource_name=FOO, device_ids={0: ["foo-0"]}
+    )
+    m.held[("u2", "main", FOO)] = checkpoint.PodDevicesEntry(
+        pod_uid="u2", container_name="main", resource_name=FOO, device_ids={-1: ["foo-1"]}
+    )
+    m.save()
+    return m
+
+
+def answer(name: str, *devices: ContainerDevices) -> PodResources:
+    return PodResources(name, "default", (ContainerResources("main", devices=devices),))
+
+
+def test_list_names_active_pods_and_their_devices(tmp_path: Path) -> None:
+    pods = Pods([pod("a", "u1")], [pod("b", "u2")])
+    view = PodResourcesView(pods=pods, devices=holding(tmp_path))
+    assert view.list_pods() == [answer("a", ContainerDevices(FOO, "foo-0", 0))]
+    every = PodResourcesView(pods=pods, devices=holding(tmp_path), use_active_pods=False)
+    assert every.list_pods() == [
+        answer("a", ContainerDevices(FOO, "foo-0", 0)),
+        answer("b", ContainerDevices(FOO, "foo-1")),
+    ]
+    # Get finds a pod that is not active any more, as upstream's pod manager does.
+    assert view.get_pod("default", "b") == answer("b", ContainerDevices(FOO, "foo-1"))
+    assert view.get_pod("default", "c") is None
+    assert view.get_enabled()
+    assert not PodResourcesView(pods=pods, devices=None, get_gate=False).get_enabled()
+
+
+def test_a_restarted_manager_answers_from_its_checkpoint(tmp_path: Path) -> None:
+    holding(tmp_path)
+    view = PodResourcesView(pods=Pods([pod("a", "u1")], []), devices=manager(tmp_path))
+    assert view.list_pods() == [answer("a", ContainerDevices(FOO, "foo-0", 0))]
+
+
+def test_allocatable_is_the_healthy_devices_of_connected_plugins(tmp_path: Path) -> None:
+    m = holding(tmp_path)
+    view = PodResourcesView(pods=Pods([], []), devices=m)
+    assert view.allocatable().devices == (
+        ContainerDevices(FOO, "foo-0", 0),
+        ContainerDevices(FOO, "foo-1"),
+    )
+    assert view.allocatable().cpu_ids == ()
+    m.disconnected(FOO, m.resources[FOO].plugin)  # type: ignore[arg-type]
+    assert view.allocatable().devices == ()
+
+
+def test_without_a_device_manager_nothing_is_held(tmp_path: Path) -> None:
+    view = PodResourcesView(pods=Pods([pod("a", "u1")], []), devices=None)
+    assert view.list_pods() == [answer("a")]
+    assert view.allocatable().devices == ()
+
+
+class CPUs:
+    """The CPU manager's static policy on 4 CPUs with CPU 0 reserved."""
+
+    def exclusive(self, uid: str, name: str) -> frozenset[int]:
+        return frozenset({3, 2}) if (uid, name) == ("u1", "main") else frozenset()
+
+    def allocatable(self) -> frozenset[int]:
+        return frozenset({3, 1, 2})
+
+
+def test_exclusive_cpus_and_allocatable_cpus_come_from_the_cpu_manager(tmp_path: Path) -> None:
+    view = PodResourcesView(
+        pods=Pods([pod("a", "u1"), pod("b", "u2")], []), devices=None, cpus=CPUs()
+    )
+    assert view.list_pods() == [
+        PodResources("a", "default", (ContainerResources("main", cpu_ids=(2, 3)),)),
+        answer("b"),
+    ]
+    assert view.allocatable().cpu_ids == (1, 2, 3)

@@ -1,0 +1,176 @@
+"""The PodResources v1 gRPC adapter (klet.rpc.podresources) in-process on a unix socket,
+read by a client of the generated upstream-wire stubs: List, Get and
+GetAllocatableResources carry pods, containers, devices with and without NUMA
+topology and CPU IDs; Get of an unknown pod and Get with the KubeletPodResourcesGet gate
+off fail with upstream's messages; upstream's rate limit (a fake clock: no waiting)
+refuses the 11th call of a burst with RESOURCE_EXHAUSTED "rejected by rate limit"; a
+stale socket file is replaced at start, the directory is 0750, and the server removes
+its socket when it stops."""
+
+from __future__ import annotations
+
+import asyncio
+import stat
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import grpc
+import pytest
+from klet.model.podresources import (
+    AllocatableResources,
+    ContainerDevices,
+    ContainerResources,
+    PodResources,
+    TokenBucket,
+)
+from klet.rpc.gen.klet.podresources.v1 import api_pb2 as pb
+from klet.rpc.gen.klet.podresources.v1 import api_pb2_grpc as pb_grpc
+from klet.rpc.podresources import serve_pod_resources
+
+FOO = "example.com/foo"
+WEB = PodResources(
+    name="web",
+    namespace="ns1",
+    containers=(
+        ContainerResources(
+            "main",
+            devices=(ContainerDevices(FOO, "foo-0", 1), ContainerDevices(FOO, "foo-1")),
+            cpu_ids=(1,),
+        ),
+        ContainerResources("side"),
+    ),
+)
+
+
+@dataclass
+class Source:
+    pods: list[PodResources] = field(default_factory=lambda: [WEB])
+    get_gate: bool = True
+
+    def list_pods(self) -> list[PodResources]:
+        return self.pods
+
+    def get_pod(self, namespace: str, name: str) -> PodResources | None:
+        return next((p for p in self.pods if (p.namespace, p.name) == (namespace, name)), None)
+
+    def allocatable(self) -> AllocatableResources:
+        return AllocatableResources(
+            devices=(ContainerDevices(FOO, "foo-0", 1), ContainerDevices(FOO, "foo-1"))
+        )
+
+    def get_enabled(self) -> bool:
+        return self.get_gate
+
+
+@dataclass
+class Served:
+    source: Source
+    client: pb_grpc.PodResourcesListerStub
+    socket: Path
+    now: list[float]
+
+
+@pytest.fixture
+async def served(tmp_path: Path) -> AsyncIterator[Served]:
+    source = Source()
+    socket = tmp_path / "root" / "pod-resources" / "kubelet.sock"
+    socket.parent.mkdir(parents=True, mode=0o755)
+    socket.write_text("stale")  # left by a process that died
+    now = [100.0]
+    ready = asyncio.Event()
+    server = asyncio.create_task(
+        serve_pod_resources(
+            source, socket, ready=ready, limiter=TokenBucket(), clock=lambda: now[0]
+        )
+    )
+    await asyncio.wait_for(ready.wait(), 10)
+    channel = grpc.aio.insecure_channel(f"unix://{socket}")
+    try:
+        yield Served(source, pb_grpc.PodResourcesListerStub(channel), socket, now)  # type: ignore[no-untyped-call]
+    finally:
+        await channel.close(None)
+        server.cancel()
+        await asyncio.gather(server, return_exceptions=True)
+
+
+def _devices(
+    c: pb.ContainerResources | pb.AllocatableResourcesResponse,
+) -> list[tuple[str, list[str], list[int]]]:
+    return [
+        (d.resource_name, list(d.device_ids), [n.ID for n in d.topology.nodes]) for d in c.devices
+    ]
+
+
+async def test_list_get_and_allocatable_on_the_wire(served: Served) -> None:
+    assert stat.S_ISSOCK(served.socket.stat().st_mode)  # the stale file was replaced
+    assert stat.S_IMODE(served.socket.parent.stat().st_mode) == 0o750
+    listed = await served.client.List(pb.ListPodResourcesRequest(), timeout=10)
+    (pod,) = listed.pod_resources
+    assert (pod.name, pod.namespace, [c.name for c in pod.containers]) == (
+        "web",
+        "ns1",
+        ["main", "side"],
+    )
+    main = pod.containers[0]
+    assert _devices(main) == [(FOO, ["foo-0"], [1]), (FOO, ["foo-1"], [])]
+    assert not main.devices[1].HasField("topology")
+    assert list(main.cpu_ids) == [1]
+    assert list(main.memory) == [] and list(main.dynamic_resources) == []
+
+    got = await served.client.Get(
+        pb.GetPodResourcesRequest(pod_name="web", pod_namespace="ns1"), timeout=10
+    )
+    assert got.pod_resources == pod
+
+    alloc = await served.client.GetAllocatableResources(
+        pb.AllocatableResourcesRequest(), timeout=10
+    )
+    assert _devices(alloc) == [(FOO, ["foo-0"], [1]), (FOO, ["foo-1"], [])]
+    assert list(alloc.cpu_ids) == [] and list(alloc.memory) == []
+
+
+async def test_get_errors_are_upstreams(served: Served) -> None:
+    with pytest.raises(grpc.aio.AioRpcError) as err:
+        await served.client.Get(
+            pb.GetPodResourcesRequest(pod_name="gone", pod_namespace="ns1"), timeout=10
+        )
+    assert (err.value.code(), err.value.details()) == (
+        grpc.StatusCode.UNKNOWN,
+        "pod gone in namespace ns1 not found",
+    )
+    served.source.get_gate = False
+    with pytest.raises(grpc.aio.AioRpcError) as err:
+        await served.client.Get(
+            pb.GetPodResourcesRequest(pod_name="web", pod_namespace="ns1"), timeout=10
+        )
+    assert (err.value.code(), err.value.details()) == (
+        grpc.StatusCode.UNKNOWN,
+        "PodResources API Get method disabled",
+    )
+
+
+async def test_rate_limit_refuses_beyond_the_burst(served: Served) -> None:
+    for _ in range(10):  # the full bucket of a fresh server, the clock standing still
+        await served.client.List(pb.ListPodResourcesRequest(), timeout=10)
+    with pytest.raises(grpc.aio.AioRpcError) as err:
+        await served.client.GetAllocatableResources(pb.AllocatableResourcesRequest(), timeout=10)
+    assert (err.value.code(), err.value.details()) == (
+        grpc.StatusCode.RESOURCE_EXHAUSTED,
+        "rejected by rate limit",
+    )
+    served.now[0] += 0.015  # one token back (1.5) after 15 ms at 100 per second
+    await served.client.Get(
+        pb.GetPodResourcesRequest(pod_name="web", pod_namespace="ns1"), timeout=10
+    )
+
+
+async def test_the_socket_goes_with_the_server(tmp_path: Path) -> None:
+    socket = tmp_path / "pod-resources" / "kubelet.sock"
+    ready = asyncio.Event()
+    server = asyncio.create_task(serve_pod_resources(Source(), socket, ready=ready))
+    await asyncio.wait_for(ready.wait(), 10)
+    assert socket.exists()
+    server.cancel()
+    await asyncio.gather(server, return_exceptions=True)
+    assert not socket.exists()
