@@ -103,7 +103,8 @@ test-helm: setup cluster-binaries helm-binaries
 # conformance smoke subset; a graceful node shutdown through logind, read from the
 # apiserver (tests/systemd, harness tests/harness/systemd_node.py).
 # The klet-kubelet .deb (tools/package/build.sh): /usr/bin/kubelet, the kubelet unit and
-# kubeadm's drop-in, under .cache/package/ (proof: tests/unit/test_packaging_kubelet.py).
+# kubeadm's drop-in, under .cache/package/ (proof: tests/unit/test_packaging_kubelet.py and
+# tests/integration/test_kubelet_entrypoint.py, in make test).
 .PHONY: kubelet-package
 kubelet-package:
 	bash tools/package/build.sh
