@@ -12,8 +12,9 @@ count it; a second Guaranteed pod is rejected
 OutOfcpu (reservedSystemCPUs leave 1 CPU allocatable) and never reaches the runtime;
 syncloop SIGKILLed and restarted keeps every container (same IDs, no restart) and
 the same assignment; the Guaranteed pod removed, its CPU goes back to the pool and
-the best-effort container is given 0-1 again. Apart: a state file written for another
-policy stops syncloop at start with upstream's message."""
+the best-effort container is given 0-1 again; a Guaranteed pod that runs to completion
+(restartPolicy Never) gives its CPU back while its manifest stays. Apart: a state file
+written for another policy stops syncloop at start with upstream's message."""
 
 from __future__ import annotations
 
@@ -186,6 +187,33 @@ def test_static_policy_pins_a_guaranteed_pod_and_survives_a_restart(
     assert "entries" not in json.loads(state_file.read_bytes())
     wait_for(lambda: cpuset(node, shared) == "0-1", timeout_s=30, what="shared back on 0-1")
     wait_for(lambda: cpus_table(node) == {}, timeout_s=30, what="bus cpus record gone")
+
+    # A Guaranteed pod that finishes (restartPolicy Never) gives its CPU back while its
+    # manifest stays, as upstream releases the CPUs of pods no longer active.
+    (manifests / "oneshot.yaml").write_text(
+        POD.format(name="oneshot", resources=GUARANTEED)
+        .replace('["sleep", "100000"]', '["sleep", "3"]')
+        .replace("spec:\n", "spec:\n  restartPolicy: Never\n")
+    )
+
+    def oneshot() -> dict[str, Any] | None:
+        return node.pods().get(f"oneshot-{node.node_name}")
+
+    wait_for(
+        lambda: json.loads(state_file.read_bytes()).get("entries"), timeout_s=60, what="pinned"
+    )
+    (one_uid,) = json.loads(state_file.read_bytes())["entries"]
+    wait_for(
+        lambda: (oneshot() or {}).get("status", {}).get("phase") == "Succeeded",
+        timeout_s=60,
+        what="oneshot Succeeded",
+    )
+    wait_for(
+        lambda: json.loads(state_file.read_bytes())["defaultCpuSet"] == "0-1",
+        timeout_s=30,
+        what="oneshot's CPU released",
+    )
+    assert one_uid == oneshot()["metadata"]["uid"]  # type: ignore[index]
 
 
 def test_a_state_file_of_another_policy_stops_syncloop(tmp_path: Path) -> None:

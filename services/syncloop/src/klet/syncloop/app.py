@@ -245,12 +245,20 @@ async def _cpu_manager(deps: Deps) -> None:
     controller = deps.controller
 
     def active() -> dict[str, JSON] | None:
+        # upstream's active pods: not finished (a terminal phase, or idle since a
+        # restart), as admission counts them; a finished pod's CPUs go back to the pool
         if not controller.sources_ready:
             return None
+        ledger = controller.admission
         return {
             uid: s.desired.pod
             for uid, s in controller.pods.items()
-            if s.desired is not None and s.terminal is None
+            if s.desired is not None
+            and s.terminal is None
+            and (
+                ledger is None
+                or ledger.counts(uid, status=controller.publisher.get(uid), terminal=False)
+            )
         }
 
     async def running(uid: str) -> list[tuple[str, ContainerID]]:
