@@ -167,6 +167,9 @@ def test_the_new_config_flags_reach_the_configuration(tmp_path: Path) -> None:
         (["--cloud-provider=aws"], "--cloud-provider", "built-in cloud providers are disabled"),
         (["--register-with-taints=a=b:Sometimes"], "--register-with-taints", "invalid taint"),
         (["--memory-manager-policy=Static"], "--memory-manager-policy", ""),
+        # a hostile CPU list is refused, never expanded (klet.model.cpuset.MAX_CPU)
+        (["--reserved-cpus=0-99999999999"], "--reserved-cpus", "above the largest CPU number"),
+        (["--reserved-cpus=" + "9" * 5000], "--reserved-cpus", "above the largest CPU number"),
     ],
 )
 def test_a_value_klet_refuses_names_the_flag(argv: list[str], flag: str, message: str) -> None:

@@ -21,9 +21,20 @@ class CPUSetError(ValueError):
     """A CPU list that does not parse; the message names the bad part."""
 
 
+# The largest CPU number Linux has (NR_CPUS is at most 8192, x86_64's MAXSMP): a larger
+# one names no CPU, and a range up to it (a hostile reservedSystemCPUs) would be
+# expanded without bound.
+MAX_CPU = 8191
+
+
 def _cpu(text: str, whole: str) -> int:
-    if not text.isdigit():
+    if not (text.isascii() and text.isdigit()):
         raise CPUSetError(f"invalid CPU list {whole!r}: {text!r} is not a CPU number")
+    if len(text) > len(str(MAX_CPU)) or int(text) > MAX_CPU:
+        raise CPUSetError(
+            f"invalid CPU list {whole!r}: {text!r} is above the largest CPU number Linux "
+            f"has ({MAX_CPU})"
+        )
     return int(text)
 
 
