@@ -16,17 +16,20 @@ resource disconnected with nothing healthy.
 
 The PodResources API v1 on `<root-dir>/pod-resources/kubelet.sock` is read along the
 way by a client of the generated upstream-wire stubs: List and Get give the pod, its
-container and the device it holds (and no CPU IDs: no CPU manager), Get of an unknown
-pod fails with upstream's message, GetAllocatableResources the plugin's healthy
-devices; a burst of concurrent calls beyond upstream's 10 tokens is refused
-RESOURCE_EXHAUSTED; after syncloop's SIGKILL the restarted leader serves the same
-answer on a new socket; an unhealthy device, then the plugin gone, leave 1, then 0
-allocatable while the pod keeps its device in List.
+container and the device it holds, Get of an unknown pod fails with upstream's
+message, GetAllocatableResources the plugin's healthy devices and the static CPU
+manager's CPUs (CPU 0 reserved); the rejected pod is not in List but Get finds it; a
+Guaranteed pod of 1 whole CPU is listed with its exclusive CPU; a burst of concurrent
+calls beyond upstream's 10 tokens is refused RESOURCE_EXHAUSTED; after syncloop's
+SIGKILL the restarted leader serves the same answer on a new socket; an unhealthy
+device, then the plugin gone, leave 1, then 0 allocatable devices while the pod keeps
+its device in List.
 """
 
 from __future__ import annotations
 
 import asyncio
+import os
 from pathlib import Path
 from typing import Any
 
@@ -45,7 +48,11 @@ from tests.harness.node import KletNode, bus_events, container_status
 from tests.harness.pods import running, runtime_containers, runtime_sandboxes
 from tests.harness.waiting import wait_for
 
-pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
+pytestmark = [
+    pytest.mark.integration,
+    pytest.mark.timeout(240),
+    pytest.mark.skipif((os.cpu_count() or 1) < 2, reason="CPU 0 is reserved: 2 CPUs needed"),
+]
 
 POD = """
 apiVersion: v1
@@ -62,6 +69,21 @@ spec:
 """
 
 RESOURCE = "example.com/foo"
+PINNED = """
+apiVersion: v1
+kind: Pod
+metadata: {name: pinned}
+spec:
+  terminationGracePeriodSeconds: 1
+  containers:
+    - name: main
+      image: registry.klet.test/busybox:1.36
+      command: ["sleep", "100000"]
+      resources:
+        limits: {cpu: "1", memory: 32Mi}
+"""
+CPUS = [f"cpu/{i}" for i in range(1, os.cpu_count() or 1)]
+"""The static policy's allocatable CPUs: every CPU but the reserved CPU 0."""
 
 
 def devices(node: KletNode) -> dict[str, DeviceResourceRecord]:
@@ -130,15 +152,16 @@ class PodResources:
         out = []
         for p in pods:
             for c in p.containers:
-                assert list(c.cpu_ids) == [] and list(c.memory) == []
+                assert list(c.memory) == []  # no memory manager: upstream's None policy
             devices = [
                 (c.name, f"{d.resource_name}/{i}")
                 for c in p.containers
                 for d in c.devices
                 for i in d.device_ids
             ]
-            out.append((p.namespace, p.name, devices))
-        return out
+            cpus = [(c.name, f"cpu/{i}") for c in p.containers for i in c.cpu_ids]
+            out.append((p.namespace, p.name, devices + cpus))
+        return sorted(out)
 
     def list(self) -> Held:
         return self.held(self._one("List", prpb.ListPodResourcesRequest()).pod_resources)
@@ -149,8 +172,8 @@ class PodResources:
 
     def allocatable(self) -> list[str]:
         answer = self._one("GetAllocatableResources", prpb.AllocatableResourcesRequest())
-        assert list(answer.cpu_ids) == []  # upstream's none policy: no exclusive CPUs
-        return sorted(f"{d.resource_name}/{i}" for d in answer.devices for i in d.device_ids)
+        devices = [f"{d.resource_name}/{i}" for d in answer.devices for i in d.device_ids]
+        return sorted(devices) + [f"cpu/{i}" for i in sorted(answer.cpu_ids)]
 
     def burst(self) -> tuple[int, list[grpc.aio.AioRpcError]]:
         """Up to 20 rounds of 50 concurrent List calls, until one is refused: how many
@@ -176,7 +199,12 @@ def rejected(node: KletNode, name: str) -> dict[str, Any] | None:
 def test_device_plugin_allocation_admission_and_restart(
     node_factory: Any, manifests: Path, tmp_path: Path
 ) -> None:
-    node: KletNode = node_factory(manifest_dir=manifests)
+    # The static CPU manager with CPU 0 reserved, so a Guaranteed pod gets exclusive CPUs
+    # the PodResources API lists.
+    node: KletNode = node_factory(
+        manifest_dir=manifests,
+        extra_flags=["--cpu-manager-policy", "static", "--reserved-cpus", "0"],
+    )
     node.start()
     plugin_dir = node.root_dir / "device-plugins"
     wait_for(lambda: (plugin_dir / "kubelet.sock").exists(), timeout_s=30, what="kubelet.sock")
@@ -212,12 +240,23 @@ def test_device_plugin_allocation_admission_and_restart(
         with pytest.raises(grpc.aio.AioRpcError) as err:
             api.get(ns, "absent")
         assert err.value.details() == f"pod absent in namespace {ns} not found"
-        assert api.allocatable() == sorted(f"{RESOURCE}/{d}" for d in plugin.health)
+        assert api.allocatable() == sorted(f"{RESOURCE}/{d}" for d in plugin.health) + CPUS
 
         (manifests / "two.yaml").write_text(POD.format(name="two", count=2))
         failed = wait_for(lambda: rejected(node, "two"), timeout_s=30, what="two Failed")
         # A rejected pod is not active: List leaves it out, Get still finds it.
         assert api.list() == [one]
+        # A Guaranteed pod of whole CPUs: its exclusive CPU is listed.
+        (manifests / "pinned.yaml").write_text(PINNED)
+        pinned_pod = wait_for(lambda: running(node, "pinned"), timeout_s=60, what="pinned Running")
+        pinned_name = pinned_pod["metadata"]["name"]
+        listed = {p[1]: p for p in api.list()}
+        assert sorted(listed) == sorted([name, pinned_name]) and listed[name] == one
+        pinned = listed[pinned_name]
+        ((container, cpu),) = pinned[2]  # one exclusive CPU, no device
+        assert container == "main" and cpu in CPUS, pinned
+        assert api.get(ns, pinned_name) == [pinned]
+        both = sorted([one, pinned])
         assert api.get(ns, failed["metadata"]["name"]) == [(ns, failed["metadata"]["name"], [])]
         passed, refused = api.burst()
         assert passed >= 1 and refused, (passed, refused)
@@ -268,16 +307,16 @@ def test_device_plugin_allocation_admission_and_restart(
         wait_for(lambda: api.socket.exists(), timeout_s=30, what="pod-resources socket")
         remade = api.socket.stat()
         assert (remade.st_ino, remade.st_ctime_ns) != socket_before
-        assert api.list() == [one]
+        assert api.list() == both
 
         # An unhealthy device leaves 1 allocatable of 2; the plugin going leaves none.
         other = next(d for d in plugin.health if d != device)
         plugin.set_health(other, "Unhealthy")
         wait_for(lambda: counts(node) == (1, 1, True), timeout_s=30, what="1 healthy, 1 not")
-        assert api.allocatable() == [f"{RESOURCE}/{device}"]
+        assert api.allocatable() == [f"{RESOURCE}/{device}"] + CPUS
         plugin.stop()
         wait_for(lambda: counts(node) == (0, 2, False), timeout_s=30, what="plugin gone")
-        assert api.allocatable() == []
-        assert api.list() == [one]  # the running container keeps its device
+        assert api.allocatable() == CPUS
+        assert api.list() == both  # the running container keeps its device
     finally:
         plugin.stop()
