@@ -210,8 +210,8 @@ def test_unimplemented_value_refused_naming_file_and_field(tmp_path: Path, path:
     ("body", "path"),
     [
         ({"imagePullCredentialsVerificationPolicy": "AlwaysVerify"}, None),
-        ({"memoryManagerPolicy": "Static"}, "memoryManagerPolicy"),
-        ({"memoryManagerPolicy": "Static", "shutdownGracePeriod": "30s"}, "memoryManagerPolicy"),
+        ({"podsPerCore": 10}, "podsPerCore"),
+        ({"podsPerCore": 10, "shutdownGracePeriod": "30s"}, "podsPerCore"),
         (
             {"cpuManagerPolicy": "static", "cpuManagerPolicyOptions": {"align-by-socket": "true"}},
             "cpuManagerPolicyOptions",
