@@ -1,6 +1,7 @@
 """In-place resize decisions (pods/resize.py): amounts from quantities, allocation and
 the allocated pod, the requested-resize metric labels, admission of a resize (accepted,
-Infeasible for a static pod or beyond allocatable, Deferred when admission refuses),
+Infeasible for a static pod, beyond allocatable, or a Guaranteed pod's CPU under the
+static CPU manager; Deferred when admission refuses),
 the pending order, the actuation plan's order (pod cgroup grown before and shrunk after
 the containers, decreases before increases, memory before CPU, RestartContainer), the
 memory-limit-below-usage refusal, and the in-progress check."""
@@ -314,3 +315,28 @@ def test_in_progress_while_a_running_container_differs() -> None:
     behind = {**done, "b": Amounts(cpu_request=50)}
     assert in_progress(allocated, actuated=behind, running=["a", "b"])
     assert not in_progress(allocated, actuated=behind, running=["a"])  # b is not running
+
+
+def test_decide_cpu_resize_of_a_guaranteed_pod_is_infeasible_under_the_static_cpu_manager() -> None:
+    guaranteed = pod(ctr("a", res("2", "64Mi", lcpu="2", lmem="64Mi")))
+    allocated = {"a": res("1", "64Mi", lcpu="1", lmem="64Mi")}
+    verdict = decide(
+        guaranteed,
+        allocated,
+        static=False,
+        allocatable=ALLOCATABLE,
+        admit=admit_all,
+        cpu_manager_static=True,
+    )
+    assert (verdict.reason, verdict.message, verdict.metric_reason) == (
+        INFEASIBLE,
+        'Resize is infeasible for Guaranteed Pods alongside CPU Manager policy "static"',
+        "guaranteed_pod_cpu_manager_static_policy",
+    )
+    # without the static policy, or a memory-only resize, or a Burstable pod: as before
+    kw: dict[str, Any] = {"static": False, "allocatable": ALLOCATABLE, "admit": admit_all}
+    assert decide(guaranteed, allocated, **kw).accept
+    memory_only = pod(ctr("a", res("1", "128Mi", lcpu="1", lmem="128Mi")))
+    assert decide(memory_only, allocated, cpu_manager_static=True, **kw).accept
+    burstable = pod(ctr("a", res("2", "64Mi")))
+    assert decide(burstable, {"a": res("1", "64Mi")}, cpu_manager_static=True, **kw).accept

@@ -590,4 +590,5 @@ def _pod_resizer(
         observer=ResizeMetrics(registry),
         kill=kill,
         wake=wake,
+        cpu_manager_static=settings.kubelet.cpu_manager_policy == "static",
     )

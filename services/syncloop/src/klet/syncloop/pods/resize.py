@@ -36,6 +36,7 @@ from dataclasses import dataclass, field, replace
 from decimal import Decimal
 from typing import Literal
 
+from klet.model.pod import GUARANTEED, qos_class
 from klet.model.types import JSON
 from klet.model.units import parse_quantity
 
@@ -48,6 +49,9 @@ ERROR = "Error"
 RESIZE_PENDING = "PodResizePending"
 RESIZE_IN_PROGRESS = "PodResizeInProgress"
 STATIC_POD_MESSAGE = "In-place resize of static-pods is not supported"
+CPU_MANAGER_STATIC_MESSAGE = (
+    'Resize is infeasible for Guaranteed Pods alongside CPU Manager policy "static"'
+)
 RESTART_CONTAINER = "RestartContainer"
 
 Allocation = Mapping[str, JSON]
@@ -231,6 +235,23 @@ class ResizeVerdict:
 NO_RESIZE = ResizeVerdict()
 
 
+def _cpu_request_resized(pod: JSON, allocation: Allocation | None) -> bool:
+    """upstream guaranteedPodResourceResizeRequired for cpu, in a Guaranteed pod: a
+    resizable container's CPU request differs from the one allocated."""
+    if qos_class(pod) != GUARANTEED:
+        return False
+    for c in resizable_containers(pod):
+        allocated = (allocation or {}).get(str(c.get("name"))) or {}
+        if _request(c.get("resources") or {}) != _request(allocated):
+            return True
+    return False
+
+
+def _request(resources: JSON) -> Decimal:
+    """The CPU request, defaulting to the limit as the apiserver does."""
+    return _quantity(resources.get("requests"), "cpu") or _quantity(resources.get("limits"), "cpu")
+
+
 def pod_request(pod: JSON, resource: Resource) -> int:
     """upstream resource.GetResourceRequest: the sum of the regular containers' and
     sidecars' requests, or the largest plain init container's plus the sidecars
@@ -263,6 +284,7 @@ def decide(
     static: bool,
     allocatable: Mapping[str, int],
     admit: AdmitCheck,
+    cpu_manager_static: bool = False,
 ) -> ResizeVerdict:
     """upstream handlePodResourcesResize and canResizePod for a pod whose spec may ask
     for a resize. `allocatable` is the node's (millicores, bytes); `admit(pod)` is the
@@ -273,6 +295,14 @@ def decide(
     if static:
         return ResizeVerdict(
             reason=INFEASIBLE, message=STATIC_POD_MESSAGE, metric_reason="static_pod"
+        )
+    if cpu_manager_static and _cpu_request_resized(pod, allocation):
+        # upstream with InPlacePodVerticalScalingExclusiveCPUs off (its default, and the
+        # only value klet accepts): the CPU manager never moves exclusive CPUs
+        return ResizeVerdict(
+            reason=INFEASIBLE,
+            message=CPU_MANAGER_STATIC_MESSAGE,
+            metric_reason="guaranteed_pod_cpu_manager_static_policy",
         )
     cpu, memory = pod_request(pod, "cpu"), pod_request(pod, "memory")
     cpu_cap, memory_cap = allocatable.get("cpu", 0), allocatable.get("memory", 0)

@@ -113,8 +113,11 @@ class PodResizer:
         wake: Callable[[str], None],
         cgroup_fs_root: Path | None = Path("/sys/fs/cgroup"),
         clock: Callable[[], float] = time.time,
+        cpu_manager_static: bool = False,
     ) -> None:
         self.allocated = allocated
+        self.cpu_manager_static = cpu_manager_static
+        """cpuManagerPolicy static: a Guaranteed pod's CPU resize is infeasible."""
         self.actuated = actuated
         self.cri = cri
         self.cgroups = cgroups
@@ -200,6 +203,7 @@ class PodResizer:
                 static=False,
                 allocatable=node,
                 admit=admit_for(uid),
+                cpu_manager_static=self.cpu_manager_static,
             )
             if verdict.accept:
                 self.allocated.put(uid, resize.allocation_of(pod))
