@@ -1,0 +1,1 @@
+"""The memory manager: Guaranteed containers' memory pinned to NUMA nodes."""

@@ -1,0 +1,1 @@
+"""The topology manager: NUMA alignment of the resource managers' allocations."""
