@@ -175,6 +175,9 @@ def test_static_policy_pins_a_guaranteed_pod_and_survives_a_restart(
     assert cpuset(node, node.pods()[f"shared-{node.node_name}"]) == "0"
     assert decode(state_file.read_bytes(), policy="static").assignments == {uid: {"main": {1}}}
     assert rejected(node, "second") is not None
+    # nothing was released and taken again meanwhile (before the restarted syncloop
+    # re-admitted the running pods, none of them counted as active)
+    assert "exclusive CPUs released" not in node.log("syncloop")
 
     # The Guaranteed pod gone: CPU 1 is back in the pool, and the shared container on it.
     (manifests / "second.yaml").unlink()
@@ -185,6 +188,7 @@ def test_static_policy_pins_a_guaranteed_pod_and_survives_a_restart(
         what="CPU 1 released",
     )
     assert "entries" not in json.loads(state_file.read_bytes())
+    assert "exclusive CPUs released" in node.log("syncloop")
     wait_for(lambda: cpuset(node, shared) == "0-1", timeout_s=30, what="shared back on 0-1")
     wait_for(lambda: cpus_table(node) == {}, timeout_s=30, what="bus cpus record gone")
 

@@ -246,10 +246,12 @@ async def _cpu_manager(deps: Deps) -> None:
 
     def active() -> dict[str, JSON] | None:
         # upstream's active pods: not finished (a terminal phase, or idle since a
-        # restart), as admission counts them; a finished pod's CPUs go back to the pool
-        if not controller.sources_ready:
-            return None
+        # restart), as admission counts them; a finished pod's CPUs go back to the pool.
+        # None until the pods running before a restart are re-admitted: until then the
+        # ledger counts none of them, and their CPUs must stay theirs.
         ledger = controller.admission
+        if not controller.sources_ready or (ledger is not None and not ledger.restarted):
+            return None
         return {
             uid: s.desired.pod
             for uid, s in controller.pods.items()
