@@ -5,8 +5,11 @@ directory's *.json/*.yaml/*.yml files merge in lexical order and a name used twi
 refused; every upstream validation (kind, apiVersion of the file and of each provider,
 name characters, matchImages present and parseable, defaultCacheDuration present and
 not negative, unknown fields) is reported at once, naming the file and the field;
-tokenAttributes is refused by name (service account tokens are not implemented); the
-bin dir and each provider's executable must exist; the configuration's hash is
+tokenAttributes (a field of the v1 file only) is read into TokenAttributes and checked
+as upstream (audience, requireServiceAccount and cacheType required, the provider
+speaking credentialprovider v1, annotation keys qualified, unique, not both required
+and optional, required keys only with requireServiceAccount true); the bin dir and
+each provider's executable must exist; the configuration's hash is
 upstream's (sha256 over each file's length and bytes); through load_settings either
 flag without the other is refused, and a good pair lands in KletSettings.
 """
@@ -20,7 +23,12 @@ from pathlib import Path
 
 import pytest
 from klet.config import ConfigError, load_settings
-from klet.config.credentialproviders import load_credential_providers
+from klet.config.credentialproviders import (
+    CredentialProviderConfig,
+    TokenAttributes,
+    describe,
+    load_credential_providers,
+)
 
 V1 = "credentialprovider.kubelet.k8s.io/v1"
 
@@ -141,13 +149,105 @@ providers:
     for line in expected:
         assert line in text, line
     assert any(t.startswith(f"{f}: providers[0].apiVersion: Unsupported value") for t in text)
-    assert any(
-        t.startswith(f"{f}: providers[0].tokenAttributes: not supported by klet")
-        and "KubeletServiceAccountTokenForCredentialProviders" in t
-        for t in text
-    )
+    # kubelet.config.k8s.io/v2 is no version that has tokenAttributes
+    assert f"{f}: providers[0].tokenAttributes: unknown field" in text
     # a/b has no executable to look for (bad name); nothing else is reported about it
     assert len(text) == len(expected) + 3
+
+
+TOKEN_YAML = """\
+apiVersion: {version}
+kind: CredentialProviderConfig
+providers:
+  - name: p
+    matchImages: ["r.io"]
+    defaultCacheDuration: 1m
+    apiVersion: {plugin}
+    tokenAttributes: {attrs}
+"""
+
+
+def _token_problems(
+    tmp_path: Path,
+    attrs: str,
+    *,
+    version: str = "kubelet.config.k8s.io/v1",
+    plugin: str = V1,
+) -> tuple[object, list[str]]:
+    config = tmp_path / "tokens.yaml"
+    config.write_text(TOKEN_YAML.format(version=version, plugin=plugin, attrs=attrs))
+    loaded, problems = load_credential_providers(config, _bin(tmp_path, "p"))
+    return loaded, [str(p).removeprefix(f"{config}: providers[0].") for p in problems]
+
+
+def test_token_attributes_read(tmp_path: Path) -> None:
+    loaded, problems = _token_problems(
+        tmp_path,
+        "{serviceAccountTokenAudience: registry.example, cacheType: ServiceAccount, "
+        "requireServiceAccount: true, requiredServiceAccountAnnotationKeys: [example.com/role], "
+        "optionalServiceAccountAnnotationKeys: [tier]}",
+    )
+    assert problems == []
+    assert isinstance(loaded, CredentialProviderConfig)
+    assert loaded.providers[0].token_attributes == TokenAttributes(
+        audience="registry.example",
+        cache_type="ServiceAccount",
+        require_service_account=True,
+        required_annotation_keys=("example.com/role",),
+        optional_annotation_keys=("tier",),
+    )
+    assert "with service account tokens for registry.example" in describe(loaded.providers)
+
+
+def test_token_attributes_only_in_v1(tmp_path: Path) -> None:
+    attrs = "{serviceAccountTokenAudience: a, cacheType: Token, requireServiceAccount: false}"
+    for version in ("kubelet.config.k8s.io/v1beta1", "kubelet.config.k8s.io/v1alpha1"):
+        _, problems = _token_problems(tmp_path, attrs, version=version)
+        assert problems == ["tokenAttributes: unknown field"], version
+    _, problems = _token_problems(
+        tmp_path, attrs, plugin="credentialprovider.kubelet.k8s.io/v1beta1"
+    )
+    assert problems == [
+        "tokenAttributes: tokenAttributes is only supported for "
+        "credentialprovider.kubelet.k8s.io/v1 API version"
+    ]
+
+
+def test_token_attributes_checked_as_upstream(tmp_path: Path) -> None:
+    _, problems = _token_problems(tmp_path, "{odd: 1}")
+    assert problems == [
+        "tokenAttributes.odd: unknown field",
+        "tokenAttributes.serviceAccountTokenAudience: required",
+        "tokenAttributes.requireServiceAccount: required",
+        "tokenAttributes.cacheType: cacheType is required to be set when tokenAttributes is "
+        "specified. Supported values are: ServiceAccount, Token",
+    ]
+    _, problems = _token_problems(
+        tmp_path,
+        "{serviceAccountTokenAudience: a, cacheType: Pod, requireServiceAccount: false, "
+        "requiredServiceAccountAnnotationKeys: [a/b/c, ok, ok], "
+        "optionalServiceAccountAnnotationKeys: [ok, -bad]}",
+    )
+    assert problems == [
+        "tokenAttributes.requiredServiceAccountAnnotationKeys: requireServiceAccount cannot be "
+        "false when requiredServiceAccountAnnotationKeys is set",
+        'tokenAttributes.requiredServiceAccountAnnotationKeys: "a/b/c": prefix part must be a '
+        "lowercase RFC 1123 subdomain",
+        'tokenAttributes.requiredServiceAccountAnnotationKeys: "ok": duplicate value',
+        'tokenAttributes.optionalServiceAccountAnnotationKeys: "-bad": name part must be at '
+        "most 63 characters of alphanumerics, '-', '_' or '.', starting and ending with an "
+        "alphanumeric character",
+        "tokenAttributes: ['ok']: annotation keys cannot be both required and optional",
+        "tokenAttributes.cacheType: Unsupported value: 'Pod': supported \"ServiceAccount\", "
+        '"Token"',
+    ]
+    # upstream lowercases a key before checking it: an upper-case key is accepted
+    _, problems = _token_problems(
+        tmp_path,
+        "{serviceAccountTokenAudience: a, cacheType: Token, requireServiceAccount: true, "
+        "optionalServiceAccountAnnotationKeys: [Example.COM/Role]}",
+    )
+    assert problems == []
 
 
 def test_bin_dir_and_executables_must_exist(tmp_path: Path) -> None:

@@ -555,6 +555,25 @@ async def test_token_request_is_bound_to_the_pod() -> None:
     assert kube.requests[1][1]["spec"]["audiences"] == ["vault"]
 
 
+async def test_token_with_the_service_account_uid_precondition() -> None:
+    """Credential providers name the account's UID (upstream's precondition): it goes in
+    the request's metadata, and a token for another UID is not served from the cache."""
+    clock = [1_700_000_000.0]
+    kube = FakeKube(clock)
+    tokens = manager(clock, kube)
+    first, _ = await tokens.token(
+        POD, service_account="sa", audience="a", expiration_s=3600, service_account_uid="one"
+    )
+    assert kube.requests[0][1]["metadata"] == {"uid": "one"}
+    again, _ = await tokens.token(
+        POD, service_account="sa", audience="a", expiration_s=3600, service_account_uid="one"
+    )
+    other, _ = await tokens.token(
+        POD, service_account="sa", audience="a", expiration_s=3600, service_account_uid="two"
+    )
+    assert again == first and other != first and len(kube.requests) == 2
+
+
 async def test_token_cached_until_80_percent_of_its_lifetime() -> None:
     clock = [1_700_000_000.0]
     kube = FakeKube(clock)

@@ -5,7 +5,12 @@ the request a plugin gets (the repository, never a tag), strict decoding of resp
 (apiVersion must be the provider's, kind, cacheKeyType, unknown fields, credentials
 never quoted in errors), where an answer is cached by cacheKeyType, its expiry from
 cacheDuration or the provider's default (0 = not cached), and the cache's lookup order
-(image, registry, global) with expired entries dropped.
+(image, registry, global) with expired entries dropped. Service account tokens
+(tokenAttributes): the request carries the token and annotations only when there are
+some; the annotations passed are the required ones (one missing refuses) and the
+optional ones present; the service account's cache key has its namespace, name, UID and
+annotations, and the token's hash only for cacheType Token; an answer echoing the token
+as a password is recognised; cached answers are kept apart per service account.
 """
 
 from __future__ import annotations
@@ -129,3 +134,68 @@ def test_cache_lookup_order_and_expiry() -> None:
     assert len(cache) == 1
     assert cache.get("registry.io/app", 2001.0) is None
     assert len(cache) == 0
+
+
+def test_request_with_a_service_account_token() -> None:
+    data = cp.encode_request(
+        V1, "r.io/app", token="eyJ.a.b", annotations={"example.com/role": "puller"}
+    )
+    assert json.loads(data) == {
+        "apiVersion": V1,
+        "kind": "CredentialProviderRequest",
+        "image": "r.io/app",
+        "serviceAccountToken": "eyJ.a.b",
+        "serviceAccountAnnotations": {"example.com/role": "puller"},
+    }
+    assert set(json.loads(cp.encode_request(V1, "r.io/app", token="", annotations={}))) == {
+        "apiVersion",
+        "kind",
+        "image",
+    }
+
+
+def test_service_account_annotations_required_and_optional() -> None:
+    on_sa = {"example.com/role": "puller", "tier": "gold", "other": "x"}
+    chosen = cp.service_account_annotations(
+        on_sa, required=["example.com/role"], optional=["tier", "absent"]
+    )
+    assert chosen == {"example.com/role": "puller", "tier": "gold"}
+    with pytest.raises(cp.RequiredAnnotationMissing, match="required annotation gone not found"):
+        cp.service_account_annotations(on_sa, required=["gone"], optional=[])
+
+
+def test_service_account_cache_key() -> None:
+    def key(cache_type: str, token: str, uid: str = "u1", role: str = "a") -> str:
+        return cp.service_account_cache_key(
+            namespace="ns",
+            name="sa",
+            uid=uid,
+            annotations={"role": role},
+            cache_type=cache_type,
+            token=token,
+        )
+
+    # ServiceAccount: one key for every token of the account
+    assert key("ServiceAccount", "t1") == key("ServiceAccount", "t2")
+    # Token: a new token is a new key
+    assert key("Token", "t1") != key("Token", "t2")
+    assert "t1" not in key("Token", "t1")  # the hash, never the token
+    # a re-created account (new UID) or changed annotations are new keys
+    assert key("ServiceAccount", "t1", uid="u2") != key("ServiceAccount", "t1")
+    assert key("ServiceAccount", "t1", role="b") != key("ServiceAccount", "t1")
+
+
+def test_echoed_token() -> None:
+    answer = cp.PluginResponse("Image", None, {"r.io": AuthConfig(username="x", password="tok")})
+    assert cp.echoes_token(answer, "tok")
+    assert not cp.echoes_token(answer, "other")
+    assert not cp.echoes_token(answer, "")
+
+
+def test_cache_is_kept_per_service_account() -> None:
+    cache = cp.CredentialCache()
+    creds = {"r.io": AuthConfig(username="a", password="b")}
+    cache.put("r.io", creds, 200.0, "sa-one")
+    assert cache.get("r.io/app", 100.0, "sa-one") == creds
+    assert cache.get("r.io/app", 100.0, "sa-two") is None
+    assert cache.get("r.io/app", 100.0) is None

@@ -112,9 +112,11 @@ class Plugins:
     def __init__(self, *creds: AuthConfig) -> None:
         self.creds = list(creds)
         self.asked: list[str] = []
+        self.pods: list[JSON | None] = []
 
-    async def lookup(self, repository: str) -> list[AuthConfig]:
+    async def lookup(self, repository: str, pod: JSON | None = None) -> list[AuthConfig]:
         self.asked.append(repository)
+        self.pods.append(pod)
         return list(self.creds)
 
 
@@ -177,6 +179,8 @@ async def test_plugin_credentials_come_after_the_secrets_and_the_node() -> None:
     assert outcome.image_ref is not None
     assert w.pulls() == [(IMAGE, "mallory"), (IMAGE, "mallory"), (IMAGE, "alice")]
     assert plugins.asked == [f"{REGISTRY}/app"]  # the repository: no tag
+    # the pulling pod, whose service account a provider with tokenAttributes uses
+    assert [(p or {}).get("metadata", {}).get("namespace") for p in plugins.pods] == ["ns"]
 
 
 async def test_plugin_credentials_alone() -> None:

@@ -12,9 +12,14 @@ Versions are upstream 1.34's: the file may be `kubelet.config.k8s.io/v1`, `v1bet
 version of the CredentialProviderRequest/Response it speaks) one of
 `credentialprovider.kubelet.k8s.io/v1`, `v1beta1`, `v1alpha1`.
 
-Not implemented: `tokenAttributes` (a service account token for the pod passed to the
-plugin, gate KubeletServiceAccountTokenForCredentialProviders). A provider that sets it
-is refused by name rather than run without the token it was configured to get.
+A provider's `tokenAttributes` (KEP-4412, gate KubeletServiceAccountTokenForCredentialProviders,
+on by default in 1.34) asks for a token of the pulling pod's service account, bound to
+the pod with the provider's audience, to be passed to the plugin. As upstream it exists
+only in the `kubelet.config.k8s.io/v1` file (an unknown field in the older two) and only
+for providers speaking `credentialprovider.kubelet.k8s.io/v1`; the audience,
+`requireServiceAccount` and `cacheType` (`Token` or `ServiceAccount`) are required,
+annotation keys must be qualified names, listed once, never both required and optional,
+and required keys need `requireServiceAccount: true`.
 """
 
 from __future__ import annotations
@@ -29,6 +34,7 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 from klet.config.errors import Problem
+from klet.model.podvalidation import is_dns1123_subdomain
 from klet.model.units import parse_duration
 
 __all__ = [
@@ -37,6 +43,7 @@ __all__ = [
     "PLUGIN_API_VERSIONS",
     "CredentialProvider",
     "CredentialProviderConfig",
+    "TokenAttributes",
     "decode_credential_provider_config",
     "describe",
     "load_credential_providers",
@@ -55,16 +62,31 @@ PLUGIN_API_VERSIONS = (
     "credentialprovider.kubelet.k8s.io/v1beta1",
 )
 _CONFIG_SUFFIXES = (".json", ".yaml", ".yml")
-_PROVIDER_FIELDS = {
-    "name",
-    "matchImages",
-    "defaultCacheDuration",
-    "apiVersion",
-    "args",
-    "env",
-    "tokenAttributes",
+_PROVIDER_FIELDS = {"name", "matchImages", "defaultCacheDuration", "apiVersion", "args", "env"}
+# tokenAttributes is a field of the v1 file only (upstream's older two have no such field)
+_TOKEN_CONFIG_VERSION = "kubelet.config.k8s.io/v1"
+_TOKEN_PLUGIN_VERSION = "credentialprovider.kubelet.k8s.io/v1"
+_TOKEN_FIELDS = {
+    "serviceAccountTokenAudience",
+    "cacheType",
+    "requireServiceAccount",
+    "requiredServiceAccountAnnotationKeys",
+    "optionalServiceAccountAnnotationKeys",
 }
+CACHE_TYPES = ("ServiceAccount", "Token")
 _CONTROL = re.compile(r"[\x00-\x20\x7f]")
+_QUALIFIED_NAME = re.compile(r"^[a-z0-9]([-a-z0-9_.]*[a-z0-9])?$")
+
+
+@dataclass(frozen=True)
+class TokenAttributes:
+    """A provider's tokenAttributes: the pod's service account token it is given."""
+
+    audience: str
+    cache_type: str  # "Token": cached per token; "ServiceAccount": per service account
+    require_service_account: bool
+    required_annotation_keys: tuple[str, ...] = ()
+    optional_annotation_keys: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -77,6 +99,7 @@ class CredentialProvider:
     api_version: str  # of the request/response it speaks
     args: tuple[str, ...] = ()
     env: tuple[tuple[str, str], ...] = ()  # added to the kubelet's environment
+    token_attributes: TokenAttributes | None = None
 
 
 @dataclass(frozen=True)
@@ -119,11 +142,116 @@ def _strings(raw: object, where: str, problems: list[Problem]) -> tuple[str, ...
     return tuple(raw)
 
 
-def _provider(raw: object, where: str, problems: list[Problem]) -> CredentialProvider | None:
+def _qualified_name_problem(key: str) -> str | None:
+    """Why an annotation key is not a qualified name (case ignored, as upstream), or None."""
+    prefix, slash, name = key.lower().rpartition("/")
+    if slash and (not prefix or not is_dns1123_subdomain(prefix)):
+        return "prefix part must be a lowercase RFC 1123 subdomain"
+    if not name or len(name) > 63 or not _QUALIFIED_NAME.match(name):
+        return (
+            "name part must be at most 63 characters of alphanumerics, '-', '_' or '.', "
+            "starting and ending with an alphanumeric character"
+        )
+    return None
+
+
+def _token_attributes(
+    raw: object, api_version: object, where: str, problems: list[Problem]
+) -> TokenAttributes | None:
+    """A provider's tokenAttributes checked as upstream's validateCredentialProviderConfig."""
     if not isinstance(raw, Mapping):
         problems.append(Problem(where, "must be an object"))
         return None
-    for key in sorted(set(raw) - _PROVIDER_FIELDS, key=str):
+    for key in sorted(set(raw) - _TOKEN_FIELDS, key=str):
+        problems.append(Problem(f"{where}.{key}", "unknown field"))
+    audience = raw.get("serviceAccountTokenAudience")
+    if not isinstance(audience, str) or not audience:
+        problems.append(Problem(f"{where}.serviceAccountTokenAudience", "required"))
+        audience = ""
+    require = raw.get("requireServiceAccount")
+    if require is None:
+        problems.append(Problem(f"{where}.requireServiceAccount", "required"))
+    elif not isinstance(require, bool):
+        problems.append(Problem(f"{where}.requireServiceAccount", "must be true or false"))
+        require = None
+    if api_version != _TOKEN_PLUGIN_VERSION:
+        problems.append(
+            Problem(
+                where, f"tokenAttributes is only supported for {_TOKEN_PLUGIN_VERSION} API version"
+            )
+        )
+    required = _strings(
+        raw.get("requiredServiceAccountAnnotationKeys"),
+        f"{where}.requiredServiceAccountAnnotationKeys",
+        problems,
+    )
+    optional = _strings(
+        raw.get("optionalServiceAccountAnnotationKeys"),
+        f"{where}.optionalServiceAccountAnnotationKeys",
+        problems,
+    )
+    if require is False and required:
+        problems.append(
+            Problem(
+                f"{where}.requiredServiceAccountAnnotationKeys",
+                "requireServiceAccount cannot be false when requiredServiceAccountAnnotationKeys "
+                "is set",
+            )
+        )
+    for name, keys in (
+        ("requiredServiceAccountAnnotationKeys", required),
+        ("optionalServiceAccountAnnotationKeys", optional),
+    ):
+        seen: set[str] = set()
+        for key in keys:
+            why = _qualified_name_problem(key)
+            if why:
+                problems.append(Problem(f"{where}.{name}", f'"{key}": {why}'))
+            if key in seen:
+                problems.append(Problem(f"{where}.{name}", f'"{key}": duplicate value'))
+            seen.add(key)
+    both = sorted(set(required) & set(optional))
+    if both:
+        problems.append(
+            Problem(where, f"{both}: annotation keys cannot be both required and optional")
+        )
+    cache_type = raw.get("cacheType")
+    if not cache_type:
+        problems.append(
+            Problem(
+                f"{where}.cacheType",
+                "cacheType is required to be set when tokenAttributes is specified. "
+                f"Supported values are: {', '.join(CACHE_TYPES)}",
+            )
+        )
+    elif cache_type not in CACHE_TYPES:
+        supported = ", ".join(f'"{v}"' for v in CACHE_TYPES)
+        problems.append(
+            Problem(
+                f"{where}.cacheType", f"Unsupported value: {cache_type!r}: supported {supported}"
+            )
+        )
+    if not isinstance(cache_type, str) or require is None:
+        return None
+    return TokenAttributes(
+        audience=audience,
+        cache_type=cache_type,
+        require_service_account=require,
+        required_annotation_keys=required,
+        optional_annotation_keys=optional,
+    )
+
+
+def _provider(
+    raw: object, where: str, problems: list[Problem], *, config_version: object = None
+) -> CredentialProvider | None:
+    if not isinstance(raw, Mapping):
+        problems.append(Problem(where, "must be an object"))
+        return None
+    fields = _PROVIDER_FIELDS | (
+        {"tokenAttributes"} if config_version == _TOKEN_CONFIG_VERSION else set()
+    )
+    for key in sorted(set(raw) - fields, key=str):
         problems.append(Problem(f"{where}.{key}", "unknown field"))
     name = raw.get("name")
     if not isinstance(name, str) or not name:
@@ -182,14 +310,10 @@ def _provider(raw: object, where: str, problems: list[Problem]) -> CredentialPro
             problems.append(Problem(f"{at}.name", "required"))
             continue
         env.append((var["name"], str(var.get("value") or "")))
-    if raw.get("tokenAttributes") is not None:
-        problems.append(
-            Problem(
-                f"{where}.tokenAttributes",
-                "not supported by klet: service account tokens for credential providers "
-                "(feature KubeletServiceAccountTokenForCredentialProviders) are not "
-                "implemented; remove tokenAttributes or use a plugin that needs no token",
-            )
+    token: TokenAttributes | None = None
+    if "tokenAttributes" in fields and raw.get("tokenAttributes") is not None:
+        token = _token_attributes(
+            raw["tokenAttributes"], api_version, f"{where}.tokenAttributes", problems
         )
     if not isinstance(api_version, str) or not isinstance(name, str):
         return None
@@ -200,6 +324,7 @@ def _provider(raw: object, where: str, problems: list[Problem]) -> CredentialPro
         api_version=api_version,
         args=args,
         env=tuple(env),
+        token_attributes=token,
     )
 
 
@@ -224,7 +349,9 @@ def decode_credential_provider_config(
         return [], [*problems, Problem("providers", "must be a list")]
     providers: list[CredentialProvider] = []
     for i, raw in enumerate(raw_providers or []):
-        provider = _provider(raw, f"providers[{i}]", problems)
+        provider = _provider(
+            raw, f"providers[{i}]", problems, config_version=data.get("apiVersion")
+        )
         if provider is not None:
             providers.append(provider)
     return providers, problems
@@ -320,4 +447,12 @@ def load_credential_providers(
 
 def describe(providers: Sequence[CredentialProvider]) -> str:
     """The providers' names and patterns, for the start-up log line."""
-    return "; ".join(f"{p.name} ({', '.join(p.match_images)})" for p in providers)
+    return "; ".join(
+        f"{p.name} ({', '.join(p.match_images)})"
+        + (
+            f" with service account tokens for {p.token_attributes.audience}"
+            if p.token_attributes
+            else ""
+        )
+        for p in providers
+    )

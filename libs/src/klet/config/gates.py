@@ -212,10 +212,10 @@ DEFAULT_ON: Mapping[str, Account] = {
     "KubeletSeparateDiskGC": Implemented(
         "klet.eviction.signals", "unit/eviction/test_signals.py::test_fs_observations"
     ),
-    "KubeletServiceAccountTokenForCredentialProviders": Absent(
-        "service account tokens for credential provider plugins: a provider's "
-        "tokenAttributes in --image-credential-provider-config is refused by name "
-        "(klet.config.credentialproviders); the plugins themselves run"
+    "KubeletServiceAccountTokenForCredentialProviders": Implemented(
+        "klet.syncloop.containers.credentialplugins",
+        "cluster/test_credential_provider_tokens.py::"
+        "test_plugin_gets_the_pods_service_account_token",
     ),
     "ListFromCacheSnapshot": _API,
     "LoggingBetaOptions": Inert("logging.options"),

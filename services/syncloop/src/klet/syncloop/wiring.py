@@ -47,7 +47,7 @@ from klet.syncloop.admission.admit import AdmissionLedger, NodeInfo, admit_pod
 from klet.syncloop.admission.nodetaints import KubeNodeApi, NodeTaints
 from klet.syncloop.admission.sysctls import SysctlAllowlist
 from klet.syncloop.containers import podcgroups
-from klet.syncloop.containers.credentialplugins import PluginKeyring
+from klet.syncloop.containers.credentialplugins import AccountSource, PluginKeyring
 from klet.syncloop.containers.hooks import LifecycleHooks
 from klet.syncloop.containers.images import (
     ImagePuller,
@@ -279,6 +279,9 @@ def build_deps(settings: Settings, overrides: Overrides | None = None) -> Deps:
         kube = KubeClient(api, observer=RestClientMetrics(registry))
     objects = ApiObjects(kube) if kube is not None else None
     metrics = create_metrics(registry)
+    # Service-account tokens (TokenRequest), cluster mode only: for projected volumes and
+    # CSI drivers, and for credential provider plugins with tokenAttributes.
+    tokens = TokenManager(kube) if kube is not None else None
     puller = ImagePuller(
         cri,
         events,
@@ -301,6 +304,7 @@ def build_deps(settings: Settings, overrides: Overrides | None = None) -> Deps:
                     observer=CredentialProviderMetrics.create(
                         registry, config_hash=settings.klet.credential_providers.hash
                     ),
+                    source=AccountSource(accounts=objects, tokens=tokens),
                 )
                 if settings.klet.credential_providers is not None
                 else None
@@ -317,8 +321,6 @@ def build_deps(settings: Settings, overrides: Overrides | None = None) -> Deps:
         cpu_millis=allocatable.get("cpu", 1000),
         memory_bytes=allocatable.get("memory", 0),
     )
-    # Service-account tokens for projected volumes (TokenRequest), cluster mode only.
-    tokens = TokenManager(kube) if kube is not None else None
     volumes = VolumeManager(
         [
             EmptyDirPlugin(),

@@ -15,12 +15,22 @@ configuration keyed by match patterns; `cacheKeyType` says what the answer is go
 `defaultCacheDuration` when the response has none; a duration of 0 is not cached. A
 lookup tries the image's key, then its registry's, then the global one.
 
+A provider with `tokenAttributes` is given the pulling pod's service account token
+(`serviceAccountToken`) and the service account's annotations the provider names
+(`serviceAccountAnnotations`: every required key must be there, or the plugin is not
+run; optional ones when present). Its answers are cached per service account, as
+upstream's: the cache key adds the namespace, name, UID and those annotations, and for
+`cacheType: Token` the token's hash too (so a new token asks again). With any other
+cache type an answer whose password is the token itself is refused: a registry that
+takes the token as the password must be cached per token.
+
 Time is an argument everywhere; the exec, its timeout and concurrency live in
 credentialplugins.py.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -57,10 +67,70 @@ def registry(repository: str) -> str:
     return repository.split("/", 1)[0]
 
 
-def encode_request(api_version: str, repository: str) -> bytes:
-    return json.dumps(
-        {"apiVersion": api_version, "kind": REQUEST_KIND, "image": repository}
-    ).encode()
+def encode_request(
+    api_version: str,
+    repository: str,
+    *,
+    token: str = "",
+    annotations: Mapping[str, str] | None = None,
+) -> bytes:
+    """The CredentialProviderRequest; the token and annotations are left out when empty."""
+    request: dict[str, object] = {
+        "apiVersion": api_version,
+        "kind": REQUEST_KIND,
+        "image": repository,
+    }
+    if token:
+        request["serviceAccountToken"] = token
+    if annotations:
+        request["serviceAccountAnnotations"] = dict(annotations)
+    return json.dumps(request).encode()
+
+
+class RequiredAnnotationMissing(LookupError):
+    """The service account lacks an annotation the provider requires: the plugin is not run."""
+
+
+def service_account_annotations(
+    annotations: Mapping[str, str], *, required: Sequence[str], optional: Sequence[str]
+) -> dict[str, str]:
+    """The annotations passed to the plugin: every required key (else
+    RequiredAnnotationMissing naming it) and the optional keys that are present."""
+    chosen: dict[str, str] = {}
+    for key in required:
+        if key not in annotations:
+            raise RequiredAnnotationMissing(f"required annotation {key} not found")
+        chosen[key] = annotations[key]
+    for key in optional:
+        if key in annotations:
+            chosen[key] = annotations[key]
+    return chosen
+
+
+def token_hash(token: str) -> str:
+    return f"sha256:{hashlib.sha256(token.encode()).hexdigest()}" if token else ""
+
+
+def service_account_cache_key(
+    *,
+    namespace: str,
+    name: str,
+    uid: str,
+    annotations: Mapping[str, str],
+    cache_type: str,
+    token: str,
+) -> str:
+    """The part of a cache key that names the service account (upstream's fields: the
+    token's hash only for cacheType Token). Unambiguous: a JSON array."""
+    parts: list[object] = [namespace, name, uid, sorted(annotations.items())]
+    if cache_type == "Token":
+        parts += ["token", token_hash(token)]
+    return json.dumps(parts)
+
+
+def echoes_token(response: PluginResponse, token: str) -> bool:
+    """Whether an answer uses the service account token itself as a password."""
+    return bool(token) and any(a.password == token for a in response.auth.values())
 
 
 def decode_response(data: bytes, api_version: str) -> PluginResponse:
@@ -126,14 +196,16 @@ def expires_at(response: PluginResponse, default: float, now: float) -> float | 
 
 
 class CredentialCache:
-    """Answers by cache key until they expire; expired ones are dropped when looked at
-    and by `purge` (upstream purges every 15 minutes)."""
+    """Answers by cache key (and service account key, "" for none) until they expire;
+    expired ones are dropped when looked at and by `purge` (upstream purges every 15
+    minutes)."""
 
     def __init__(self) -> None:
-        self._entries: dict[str, tuple[DockerConfig, float]] = {}
+        self._entries: dict[tuple[str, str], tuple[DockerConfig, float]] = {}
 
-    def get(self, repository: str, now: float) -> DockerConfig | None:
-        for key in (repository, registry(repository), GLOBAL_CACHE_KEY):
+    def get(self, repository: str, now: float, account: str = "") -> DockerConfig | None:
+        for base in (repository, registry(repository), GLOBAL_CACHE_KEY):
+            key = (base, account)
             entry = self._entries.get(key)
             if entry is None:
                 continue
@@ -143,8 +215,10 @@ class CredentialCache:
             return entry[0]
         return None
 
-    def put(self, key: str, config: Mapping[str, AuthConfig], expiry: float) -> None:
-        self._entries[key] = (dict(config), expiry)
+    def put(
+        self, key: str, config: Mapping[str, AuthConfig], expiry: float, account: str = ""
+    ) -> None:
+        self._entries[(key, account)] = (dict(config), expiry)
 
     def purge(self, now: float) -> None:
         for key in [k for k, (_, expiry) in self._entries.items() if now > expiry]:

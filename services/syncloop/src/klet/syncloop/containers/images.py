@@ -111,9 +111,10 @@ def _read(path: Path) -> bytes | None:
 
 
 class PluginCredentials(Protocol):
-    """The credential provider plugins (credentialplugins.PluginKeyring)."""
+    """The credential provider plugins (credentialplugins.PluginKeyring); `pod` is the
+    pod pulling, whose service account token a provider may be given."""
 
-    async def lookup(self, repository: str) -> list[AuthConfig]: ...
+    async def lookup(self, repository: str, pod: JSON | None = None) -> list[AuthConfig]: ...
 
 
 @dataclass(frozen=True)
@@ -292,7 +293,7 @@ class ImagePuller:
         found = keyring.pull_credentials(image, secrets=secrets, node=self.credentials.node())
         if self.credentials.plugins is not None:
             repository = keyring.parse_image(image).repository
-            found += await self.credentials.plugins.lookup(repository)
+            found += await self.credentials.plugins.lookup(repository, pod)
         return found
 
     async def _pull_secrets(self, pod: JSON) -> list[keyring.DockerConfig]:

@@ -1,5 +1,6 @@
 """ConfigMaps, Secrets and Services from the apiserver, for environment references, pull
-secrets and service links; RuntimeClasses, for the sandbox's runtime handler;
+secrets and service links; ServiceAccounts, for credential provider plugins given the
+pod's service account token; RuntimeClasses, for the sandbox's runtime handler;
 PersistentVolumeClaims, PersistentVolumes, CSIDrivers and VolumeAttachments, for the
 volumes of claims and CSI drivers.
 
@@ -95,6 +96,10 @@ class ApiObjects:
     async def list_services(self, namespace: str) -> list[JSON]:
         found = await self._get("services", namespace, "")
         return list((found or {}).get("items") or [])
+
+    async def get_service_account(self, namespace: str, name: str) -> JSON | None:
+        """For credential provider plugins with tokenAttributes (its UID and annotations)."""
+        return await self._get("serviceaccounts", namespace, name)
 
     async def get_runtime_class(self, name: str) -> JSON | None:
         """The RuntimeClass `name` (cluster-scoped, node.k8s.io/v1), or None."""

@@ -72,7 +72,9 @@ def parse_time(value: str) -> float:
     return datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
 
 
-def token_request(pod: JSON, *, audience: str, expiration_s: int) -> JSON:
+def token_request(
+    pod: JSON, *, audience: str, expiration_s: int, service_account_uid: str = ""
+) -> JSON:
     meta = pod.get("metadata") or {}
     spec: JSON = {
         "expirationSeconds": expiration_s,
@@ -85,10 +87,13 @@ def token_request(pod: JSON, *, audience: str, expiration_s: int) -> JSON:
     }
     if audience:  # none: the apiserver's own audiences
         spec["audiences"] = [audience]
-    return {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest", "spec": spec}
+    request: JSON = {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest", "spec": spec}
+    if service_account_uid:  # a precondition: not for a re-created account of that name
+        request["metadata"] = {"uid": service_account_uid}
+    return request
 
 
-Key = tuple[str, str, str, int, str]
+Key = tuple[str, str, str, int, str, str]
 
 
 class TokenManager:
@@ -107,11 +112,27 @@ class TokenManager:
         self._cache: dict[Key, Token] = {}
 
     async def token(
-        self, pod: JSON, *, service_account: str, audience: str, expiration_s: int
+        self,
+        pod: JSON,
+        *,
+        service_account: str,
+        audience: str,
+        expiration_s: int,
+        service_account_uid: str = "",
     ) -> tuple[str, float]:
+        """A token bound to `pod`; with `service_account_uid` (credential providers, as
+        upstream) the apiserver refuses it for another account of the same name, and it
+        is cached apart."""
         meta = pod.get("metadata") or {}
         namespace = str(meta.get("namespace") or "default")
-        key: Key = (namespace, service_account, audience, expiration_s, str(meta.get("uid", "")))
+        key: Key = (
+            namespace,
+            service_account,
+            audience,
+            expiration_s,
+            str(meta.get("uid", "")),
+            service_account_uid,
+        )
         cached = self._cache.get(key)
         now = self.clock()
         if cached is not None and not requires_refresh(cached, now=now, jitter_s=self.jitter()):
@@ -120,7 +141,12 @@ class TokenManager:
             f"/api/v1/namespaces/{quote(namespace, safe='')}"
             f"/serviceaccounts/{quote(service_account, safe='')}/token"
         )
-        body = token_request(pod, audience=audience, expiration_s=expiration_s)
+        body = token_request(
+            pod,
+            audience=audience,
+            expiration_s=expiration_s,
+            service_account_uid=service_account_uid,
+        )
         try:
             answer = await self.kube.create(path, body)
             status = (answer or {}).get("status") or {}
