@@ -106,6 +106,11 @@ class Relay:
         async def close() -> None:
             if self._server is not None:
                 self._server.close()
+            # The connections still open (watches): ended here, not left to the loop's end.
+            others = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+            for task in others:
+                task.cancel()
+            await asyncio.gather(*others, return_exceptions=True)
 
         asyncio.run_coroutine_threadsafe(close(), self.loop).result(timeout=10)
         self.loop.call_soon_threadsafe(self.loop.stop)

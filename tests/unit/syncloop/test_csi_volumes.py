@@ -627,6 +627,23 @@ async def test_a_block_csi_volume_is_staged_published_to_a_file_and_linked(
     assert list((devices / "publish").iterdir()) == list((devices / "staging").iterdir()) == []
 
 
+async def test_a_grown_block_csi_volume_is_expanded_at_its_publish_file(tmp_path: Path) -> None:
+    driver = FakeDriver(caps=frozenset({"STAGE_UNSTAGE_VOLUME", "EXPAND_VOLUME"}))
+    objects = Objects()
+    objects.bind("data", "pv1")
+    objects.pvs["pv1"]["spec"]["volumeMode"] = "Block"
+    objects.pvs["pv1"]["spec"]["capacity"] = {"storage": "2Gi"}
+    objects.pvcs[("ns", "data")]["status"].update(
+        capacity={"storage": "1Gi"}, allocatedResourceStatuses={"storage": "NodeResizePending"}
+    )
+    p = plugin(tmp_path, driver, objects)
+    await p.set_up(CLAIM, ctx(tmp_path, a_pod("u1", CLAIM)))
+    target = str(tmp_path / "plugins/kubernetes.io/csi/volumeDevices/publish/pv1/u1")
+    assert driver.calls[-1] == ("expand", ("vol-1", target, 2 << 30))
+    [(claim, patch)] = objects.patches
+    assert claim == ("ns", "data") and patch["status"]["capacity"] == {"storage": "2Gi"}
+
+
 async def test_a_block_csi_volume_left_staged_by_a_crash_is_swept(tmp_path: Path) -> None:
     driver, objects = FakeDriver(), Objects()
     objects.bind("data", "pv1")

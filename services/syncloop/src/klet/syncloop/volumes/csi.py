@@ -642,6 +642,16 @@ class CSIVolumePlugin:
                 self._published.add(target)
             link = csiblock.pod_map_path(ctx.pod_dir, DIR_NAME, pv)
             await asyncio.to_thread(csiblock.ensure_link, link, target)
+            if EXPAND_VOLUME in caps:  # a grown block volume: NodeExpandVolume on the file
+                grown = Volume(
+                    volume_id=handle,
+                    capability=capability,
+                    volume_context=attributes,
+                    publish_context=publish_context,
+                )
+                await self._expand(
+                    client, record, claimed, grown, target, str(data["stagingTargetPath"])
+                )
         return Block(link)
 
     async def _set_up_inline(self, volume: JSON, ctx: VolumeContext) -> Path:
