@@ -115,15 +115,6 @@ NOT_APPLICABLE: Mapping[str, tuple[str, ...]] = {
         "/metrics kubelet_topology_manager_admission_errors_total",
         "/metrics kubelet_topology_manager_admission_requests_total",
     ),
-    "the PodResources gRPC API (KubeletPodResources*), not in klet yet": (
-        "/metrics kubelet_pod_resources_endpoint_errors_get",
-        "/metrics kubelet_pod_resources_endpoint_errors_get_allocatable",
-        "/metrics kubelet_pod_resources_endpoint_errors_list",
-        "/metrics kubelet_pod_resources_endpoint_requests_get",
-        "/metrics kubelet_pod_resources_endpoint_requests_get_allocatable",
-        "/metrics kubelet_pod_resources_endpoint_requests_list",
-        "/metrics kubelet_pod_resources_endpoint_requests_total",
-    ),
     "Windows HostProcess containers; klet runs on Linux only": (
         "/metrics kubelet_started_host_process_containers_errors_total",
         "/metrics kubelet_started_host_process_containers_total",
@@ -196,6 +187,18 @@ NOT_APPLICABLE: Mapping[str, tuple[str, ...]] = {
 }
 
 MISSING: Mapping[str, tuple[str, ...]] = {
+    (
+        "the PodResources API's per-method counters: upstream names them without `_total`, "
+        "and prometheus_client gives every counter that suffix "
+        "(klet.syncloop.metrics.PodResourcesMetrics serves requests_total)"
+    ): (
+        "/metrics kubelet_pod_resources_endpoint_errors_get",
+        "/metrics kubelet_pod_resources_endpoint_errors_get_allocatable",
+        "/metrics kubelet_pod_resources_endpoint_errors_list",
+        "/metrics kubelet_pod_resources_endpoint_requests_get",
+        "/metrics kubelet_pod_resources_endpoint_requests_get_allocatable",
+        "/metrics kubelet_pod_resources_endpoint_requests_list",
+    ),
     (
         "the CPU manager's aligned-allocation counters: upstream names them without "
         "`_total`, and prometheus_client gives every counter that suffix "

@@ -20,7 +20,8 @@ container and the device it holds, Get of an unknown pod fails with upstream's
 message, GetAllocatableResources the plugin's healthy devices and the static CPU
 manager's CPUs (CPU 0 reserved); the rejected pod is not in List but Get finds it; a
 Guaranteed pod of 1 whole CPU is listed with its exclusive CPU; a burst of concurrent
-calls beyond upstream's 10 tokens is refused RESOURCE_EXHAUSTED; after syncloop's
+calls beyond upstream's 10 tokens is refused RESOURCE_EXHAUSTED, and
+kubelet_pod_resources_endpoint_requests_total counts the calls let through; after syncloop's
 SIGKILL the restarted leader serves the same answer on a new socket; an unhealthy
 device, then the plugin gone, leave 1, then 0 allocatable devices while the pod keeps
 its device in List.
@@ -263,6 +264,9 @@ def test_device_plugin_allocation_admission_and_restart(
         assert {(e.code(), e.details()) for e in refused} == {
             (grpc.StatusCode.RESOURCE_EXHAUSTED, "rejected by rate limit")
         }
+        # upstream's requests counter: the 8 calls above and those of the burst let through
+        requests = "kubelet_pod_resources_endpoint_requests_total"
+        assert node.metric("syncloop", requests, server_api_version="v1") == 8 + passed
         made = api.socket.stat()
         socket_before = (made.st_ino, made.st_ctime_ns)  # inode numbers are reused
         message = (

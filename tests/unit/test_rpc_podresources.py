@@ -3,7 +3,8 @@ read by a client of the generated upstream-wire stubs: List, Get and
 GetAllocatableResources carry pods, containers, devices with and without NUMA
 topology and CPU IDs; Get of an unknown pod and Get with the KubeletPodResourcesGet gate
 off fail with upstream's messages; upstream's rate limit (a fake clock: no waiting)
-refuses the 11th call of a burst with RESOURCE_EXHAUSTED "rejected by rate limit"; a
+refuses the 11th call of a burst with RESOURCE_EXHAUSTED "rejected by rate limit" and
+only the calls let through are counted for the requests metric; a
 stale socket file is replaced at start, the directory is 0750, and the server removes
 its socket when it stops."""
 
@@ -69,6 +70,7 @@ class Served:
     client: pb_grpc.PodResourcesListerStub
     socket: Path
     now: list[float]
+    counted: list[str]
 
 
 @pytest.fixture
@@ -78,16 +80,23 @@ async def served(tmp_path: Path) -> AsyncIterator[Served]:
     socket.parent.mkdir(parents=True, mode=0o755)
     socket.write_text("stale")  # left by a process that died
     now = [100.0]
+    counted: list[str] = []
     ready = asyncio.Event()
     server = asyncio.create_task(
         serve_pod_resources(
-            source, socket, ready=ready, limiter=TokenBucket(), clock=lambda: now[0]
+            source,
+            socket,
+            ready=ready,
+            limiter=TokenBucket(),
+            clock=lambda: now[0],
+            on_request=counted.append,
         )
     )
     await asyncio.wait_for(ready.wait(), 10)
     channel = grpc.aio.insecure_channel(f"unix://{socket}")
     try:
-        yield Served(source, pb_grpc.PodResourcesListerStub(channel), socket, now)  # type: ignore[no-untyped-call]
+        stub = pb_grpc.PodResourcesListerStub(channel)  # type: ignore[no-untyped-call]
+        yield Served(source, stub, socket, now, counted)
     finally:
         await channel.close(None)
         server.cancel()
@@ -163,6 +172,8 @@ async def test_rate_limit_refuses_beyond_the_burst(served: Served) -> None:
     await served.client.Get(
         pb.GetPodResourcesRequest(pod_name="web", pod_namespace="ns1"), timeout=10
     )
+    # The requests metric counts what the limit let through, the refused call not.
+    assert served.counted == ["List"] * 10 + ["Get"]
 
 
 async def test_the_socket_goes_with_the_server(tmp_path: Path) -> None:

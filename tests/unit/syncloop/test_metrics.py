@@ -5,13 +5,14 @@ allowlist (known reasons as they are, other `OutOf<resource>` as
 OutOfExtendedResources, the rest as Other); ProberMetrics deletes a removed pod's
 prober_probe_total series, and its prober_probe_duration_seconds series only once no
 other pod with the same name still has it; the PLEG relist interval runs from one
-relist's start to the next one's.
+relist's start to the next one's; the PodResources API's requests counter is served at
+0 for v1 before any call and counts every method.
 """
 
 from __future__ import annotations
 
 import pytest
-from klet.syncloop.metrics import admission_rejection_reason, create_metrics
+from klet.syncloop.metrics import PodResourcesMetrics, admission_rejection_reason, create_metrics
 from klet.syncloop.probing.prober import ProbeRun
 from klet.syncloop.probing.proberesults import ProbeKind
 from prometheus_client import CollectorRegistry
@@ -109,3 +110,14 @@ def test_relist_interval_runs_from_start_to_start_of_successive_relists() -> Non
     assert value("kubelet_pleg_relist_interval_seconds_bucket", "1.0") == 1
     assert value("kubelet_pleg_relist_interval_seconds_bucket", "2.5") == 1
     assert value("kubelet_pleg_relist_interval_seconds_bucket", "5.0") == 2
+
+
+def test_pod_resources_requests_count_every_method_of_v1() -> None:
+    registry = CollectorRegistry()
+    metrics = PodResourcesMetrics.create(registry)
+    name = "kubelet_pod_resources_endpoint_requests_total"
+    v1 = {"server_api_version": "v1"}
+    assert registry.get_sample_value(name, v1) == 0
+    for method in ("List", "Get", "GetAllocatableResources"):
+        metrics.request(method)
+    assert registry.get_sample_value(name, v1) == 3

@@ -101,20 +101,34 @@ def allocatable_to_pb(a: AllocatableResources) -> pb.AllocatableResourcesRespons
 Context = grpc.aio.ServicerContext[object, object]
 
 
+OnRequest = Callable[[str], None]
+"""Told the method of every call the rate limit lets through (the requests metric)."""
+
+
+def _uncounted(method: str) -> None:
+    pass
+
+
 class _Lister(pb_grpc.PodResourcesListerServicer):
     def __init__(
-        self, source: PodResourcesSource, limiter: TokenBucket, clock: Callable[[], float]
+        self,
+        source: PodResourcesSource,
+        limiter: TokenBucket,
+        clock: Callable[[], float],
+        on_request: OnRequest,
     ) -> None:
         self.source, self.limiter, self.clock = source, limiter, clock
+        self.on_request = on_request
 
-    async def _limit(self, context: Context) -> None:
+    async def _limit(self, context: Context, method: str) -> None:
         if not self.limiter.allow(self.clock()):
             await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, RATE_LIMITED)
+        self.on_request(method)
 
     async def List(  # noqa: N802 - the gRPC method's name
         self, request: pb.ListPodResourcesRequest, context: Context
     ) -> pb.ListPodResourcesResponse:
-        await self._limit(context)
+        await self._limit(context, "List")
         return pb.ListPodResourcesResponse(
             pod_resources=[pod_to_pb(p) for p in self.source.list_pods()]
         )
@@ -122,13 +136,13 @@ class _Lister(pb_grpc.PodResourcesListerServicer):
     async def GetAllocatableResources(  # noqa: N802 - the gRPC method's name
         self, request: pb.AllocatableResourcesRequest, context: Context
     ) -> pb.AllocatableResourcesResponse:
-        await self._limit(context)
+        await self._limit(context, "GetAllocatableResources")
         return allocatable_to_pb(self.source.allocatable())
 
     async def Get(  # noqa: N802 - the gRPC method's name
         self, request: pb.GetPodResourcesRequest, context: Context
     ) -> pb.GetPodResourcesResponse:
-        await self._limit(context)
+        await self._limit(context, "Get")
         if not self.source.get_enabled():
             await context.abort(grpc.StatusCode.UNKNOWN, GET_DISABLED)
         pod = self.source.get_pod(request.pod_namespace, request.pod_name)
@@ -160,12 +174,13 @@ async def serve_pod_resources(
     ready: asyncio.Event | None = None,
     limiter: TokenBucket | None = None,
     clock: Callable[[], float] = time.monotonic,
+    on_request: OnRequest = _uncounted,
 ) -> None:
     """Serve `v1.PodResourcesLister` on `socket` until cancelled."""
     await asyncio.to_thread(_prepare, socket)
     server = grpc.aio.server()
     pb_grpc.add_PodResourcesListerServicer_to_server(  # type: ignore[no-untyped-call]
-        _Lister(source, limiter or TokenBucket(), clock), server
+        _Lister(source, limiter or TokenBucket(), clock, on_request), server
     )
     server.add_insecure_port(f"unix://{socket}")
     await server.start()
@@ -176,5 +191,7 @@ async def serve_pod_resources(
     try:
         await server.wait_for_termination()
     finally:
-        await server.stop(grace=None)
-        _remove_if_ours(socket, inode)
+        try:
+            await server.stop(grace=None)
+        finally:  # stop() of a cancelled task raises CancelledError before it is done
+            _remove_if_ours(socket, inode)

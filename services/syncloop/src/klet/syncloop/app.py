@@ -29,6 +29,7 @@ from klet.syncloop.containers.logmanager import ContainerLogManager, LogManagerS
 from klet.syncloop.containers.reservedcgroups import run_enforcement
 from klet.syncloop.cpumanager import manager as cpumanager
 from klet.syncloop.devices import plugins as devices
+from klet.syncloop.metrics import PodResourcesMetrics
 from klet.syncloop.podresources import PodResourcesView
 from klet.syncloop.pods.intake import BusIntake
 from klet.syncloop.ports import NodeRuntime
@@ -233,7 +234,8 @@ async def _pod_resources(deps: Deps) -> None:
         get_gate=enabled(gates, "KubeletPodResourcesGet"),
     )
     socket = Path(deps.settings.klet.root_dir) / SOCKET_DIR / SOCKET_NAME
-    await serve_pod_resources(view, socket)
+    metrics = PodResourcesMetrics.create(deps.registry)
+    await serve_pod_resources(view, socket, on_request=metrics.request)
 
 
 async def _cpu_manager(deps: Deps) -> None:

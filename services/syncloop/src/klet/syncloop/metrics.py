@@ -723,6 +723,32 @@ class DeviceMetrics:
 
 
 @dataclass(frozen=True)
+class PodResourcesMetrics:
+    """The PodResources API's upstream series: the calls its rate limit let through, by
+    API version ("v1", the one klet serves), at 0 from when the leader serves. Upstream's
+    per-method series (kubelet_pod_resources_endpoint_requests_{list,get,get_allocatable}
+    and _errors_*) are counters without a `_total`, which prometheus_client cannot name:
+    not served."""
+
+    requests: Counter
+
+    @classmethod
+    def create(cls, registry: CollectorRegistry) -> PodResourcesMetrics:
+        requests = Counter(
+            "kubelet_pod_resources_endpoint_requests",
+            "Calls to the PodResources API the rate limit let through, by API version",
+            ["server_api_version"],
+            registry=registry,
+        )
+        requests.labels("v1")
+        return cls(requests=requests)
+
+    def request(self, method: str) -> None:
+        """One call of `method` (List, Get, GetAllocatableResources) of the v1 API."""
+        self.requests.labels("v1").inc()
+
+
+@dataclass(frozen=True)
 class CPUManagerMetrics:
     """Upstream's CPU manager series (cpumanager/manager.py's CPUObserver): the
     containers that asked for exclusive CPUs and those refused, the shared pool's size,
