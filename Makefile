@@ -213,6 +213,12 @@ conformance-storage-csi: setup cluster-binaries e2e-binaries csi-binaries
 cluster-binaries:
 	bash tools/cluster/build.sh
 
+# kubeadm v1.34.4 from tools/cluster's module into the control plane's bin directory in
+# $KLET_CACHE (tools/cluster/build.sh --with-kubeadm); a no-op once cached.
+.PHONY: kubeadm-binary
+kubeadm-binary:
+	bash tools/cluster/build.sh --with-kubeadm
+
 # metrics-server, the aggregated metrics API behind `kubectl top` (tests/cluster/
 # test_kubectl_top.py runs it against a klet node), from tools/metrics-server's Go module
 # into $KLET_CACHE/metrics-server/<version>; no-op once cached.

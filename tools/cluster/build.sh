@@ -3,7 +3,8 @@
 # kube-controller-manager and kube-scheduler from the Go module k8s.io/kubernetes (see
 # go.mod here) and etcd from go.etcd.io/etcd/server/v3 (see etcd/go.mod), through the Go
 # module proxy. With --with-kubelet also the upstream kubelet (for benchmarks against it;
-# no test needs it, so it is built only on request).
+# no test needs it, so it is built only on request); with --with-kubeadm kubeadm (the
+# kubeadm tier, tests/kubeadm: `make kubeadm-binary`), also on request.
 #
 # Binaries go to a cache keyed by version, outside the repository:
 #   ${KLET_CACHE:-/var/cache/klet}/control-plane/<k8s>-etcd<etcd>/bin/{kube-apiserver,...}
@@ -19,18 +20,25 @@
 # 1.5-2.5 min to a cold build; kubelet (100 packages more) 26 s here. Relinking one
 # binary with a warm GOCACHE takes about 10-15 s; the cached check 0.3 s.
 #
-# Usage: build.sh [--check] [--with-kubelet]
+# kubeadm (cmd/kubeadm) adds k8s.io/kube-proxy, k8s.io/system-validators and coredns's
+# corefile-migration to the module graph (they are in go.mod/go.sum through its `tool`
+# line); with a GOCACHE warm from the control plane it links in about a minute.
+#
+# Usage: build.sh [--check] [--with-kubelet] [--with-kubeadm]
 #   --check         only report; exit 1 if a build would be needed
 #   --with-kubelet  also build (or check) kubelet
+#   --with-kubeadm  also build (or check) kubeadm
 set -euo pipefail
 
 only_check=false
 with_kubelet=false
+with_kubeadm=false
 for arg in "$@"; do
     case "$arg" in
         --check) only_check=true ;;
         --with-kubelet) with_kubelet=true ;;
-        *) echo "usage: $0 [--check] [--with-kubelet]" >&2; exit 2 ;;
+        --with-kubeadm) with_kubeadm=true ;;
+        *) echo "usage: $0 [--check] [--with-kubelet] [--with-kubeadm]" >&2; exit 2 ;;
     esac
 done
 
@@ -55,6 +63,7 @@ bin="$cache/control-plane/${k8s_version}-etcd${etcd_version#v}/bin"
 # The binaries from k8s.io/kubernetes (cmd/<name>); etcd is built from its own module.
 k8s_cmds=(kube-apiserver kubectl kube-controller-manager kube-scheduler)
 if $with_kubelet; then k8s_cmds+=(kubelet); fi
+if $with_kubeadm; then k8s_cmds+=(kubeadm); fi
 wanted=("${k8s_cmds[@]}" etcd)
 
 # Each version is read into a variable first: with pipefail, `cmd | grep -q` fails at
@@ -66,6 +75,9 @@ version_ok() {  # version_ok NAME: the binary exists and reports the wanted vers
         kubectl)
             out=$("$bin/kubectl" version --client -o json 2>/dev/null) || return 1
             grep -q "\"gitVersion\": \"${k8s_version}\"" <<<"$out" ;;
+        kubeadm)
+            out=$("$bin/kubeadm" version -o short 2>/dev/null) || return 1
+            grep -qx "${k8s_version}" <<<"$out" ;;
         etcd)
             out=$("$bin/etcd" --version 2>/dev/null) || return 1
             grep -qx "etcd Version: ${etcd_version#v}" <<<"$out" ;;
