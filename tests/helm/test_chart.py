@@ -172,9 +172,14 @@ CHART_PATH = {
 }
 
 
+STATIC_POD_PATH = "/etc/kubernetes/manifests"
+"""The chart's kubeletConfig.staticPodPath: pod-source mounts it alone, where compose's
+pod-source mounts the kubernetes dir (for the kubeconfig it also holds there)."""
+
+
 def chart_path(service: str, compose_target: str) -> str:
-    if compose_target == documented()["KLET_KUBERNETES_DIR"] and service != "pod-source":
-        return "/etc/klet/credentials"
+    if compose_target == documented()["KLET_KUBERNETES_DIR"]:
+        return STATIC_POD_PATH if service == "pod-source" else "/etc/klet/credentials"
     return CHART_PATH.get(compose_target, compose_target)
 
 
@@ -211,7 +216,7 @@ def test_service_runs_as_compose_runs_it(service: str) -> None:
     for target in want.mounts:
         m, volume = mounts[chart_path(service, target)]
         if "hostPath" in volume and target not in CHART_PATH:
-            assert volume["hostPath"]["path"] == target, target
+            assert volume["hostPath"]["path"] == chart_path(service, target), target
     assert mounts["/etc/klet/host/resolv.conf" if service == "syncloop" else "/etc/klet/config"]
     if service == "syncloop":
         assert mounts["/etc/klet/host/resolv.conf"][1]["hostPath"]["path"] == "/etc/resolv.conf"
@@ -1095,3 +1100,26 @@ def test_the_runtime_socket_is_syncloops_and_each_readers_cri_proxy_its_own(
     assert volumes[shared["name"]]["emptyDir"]["medium"] == "Memory"
     (sock_dir,) = [m for m in proxy["volumeMounts"] if m["mountPath"] == runtime_dir]
     assert volumes[sock_dir["name"]]["hostPath"]["path"] == runtime_dir
+
+
+def test_pod_source_mounts_the_static_pod_directory_alone() -> None:
+    """pod-source mounts kubeletConfig.staticPodPath and nothing else of the host's
+    /etc/kubernetes (a control-plane node keeps admin.conf and the CA keys beside the
+    manifests); with no staticPodPath it mounts none; no other service mounts it; and
+    paths.kubernetesDir, which named the whole directory, is refused by the schema."""
+    for path in (STATIC_POD_PATH, "/srv/klet/pods"):
+        ws = workloads(render(sets=[f"kubeletConfig.staticPodPath={path}"]))
+        hosts = {
+            s: {v["hostPath"]["path"] for _, v in mounts_of(w).values() if "hostPath" in v}
+            for s, w in ws.items()
+            if s in SERVICES
+        }
+        assert path in hosts["pod-source"]
+        assert not any(h == "/etc/kubernetes" for h in hosts["pod-source"])
+        for service in SERVICES:
+            assert (path in hosts[service]) is (service == "pod-source"), service
+    ws = workloads(render(sets=["kubeletConfig.staticPodPath="]))
+    volumes = ws["pod-source"]["spec"]["template"]["spec"]["volumes"]
+    assert "static-pod-path" not in {v["name"] for v in volumes}
+    assert not [p for p in mounts_of(ws["pod-source"]) if p.startswith("/etc/kubernetes")]
+    assert "kubernetesDir" in render_error(sets=["paths.kubernetesDir=/etc/kubernetes"])

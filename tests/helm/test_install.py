@@ -15,6 +15,7 @@ Then: each running container (read from /proc on the host: effective capabilitie
 new privileges, user, PID namespace, mount points and whether they are read-only) has
 what the release's manifest gives it and nothing more, each service sees its own bus
 password and no other, and Redis no service's (a reader's cri-proxy container none);
+pod-source sees the static pod directory and nothing else of its parent directory;
 status-reporter, eviction and image-gc see no runtime socket, only their own CRI proxy
 socket, and status-reporter's lists containerd B's containers and is refused
 CreateContainer (PERMISSION_DENIED naming it); the inner Node is Ready and renews its
@@ -113,7 +114,6 @@ def values(inner: InnerHost, plane: ControlPlane, *, max_pods: int) -> dict[str,
             "containerRuntimeEndpoint": inner.runtime_endpoint,
             "runtimeSocketDir": str(inner.socket_dir),
             "imageFsDir": str(inner.containerd.root),
-            "kubernetesDir": str(inner.dir / "kubernetes"),
             "runDir": str(inner.run_dir),
             "redisSocketDir": str(inner.redis_socket_dir),
             "busDir": str(inner.bus_dir),
@@ -430,6 +430,8 @@ def install(
     ):
         separate(inner, host, devstack)
         (inner.dir / "kubernetes" / "manifests").mkdir(parents=True)
+        # What a control-plane node keeps beside the manifests: pod-source must not see it.
+        (inner.dir / "kubernetes" / "admin.conf").write_text("a stand-in for admin.conf\n")
         d = Install(
             plane,
             host,
@@ -544,6 +546,10 @@ def test_each_container_has_only_what_it_uses(install: Install) -> None:
             assert seen[m["mountPath"]] is not m.get("readOnly", False), (what, m)
         root = Path(f"/proc/{pid}/root")
         assert not (root / str(bus / "secrets").lstrip("/")).exists(), what
+        if component == "pod-source":
+            # The manifests directory alone, none of its parent's other files.
+            kubernetes = root / str(d.inner.dir / "kubernetes").lstrip("/")
+            assert [p.name for p in kubernetes.iterdir()] == ["manifests"], what
         if c["name"] == "cri-proxy":
             assert not (root / "etc/klet/bus/password").exists(), what
         elif component != "redis":

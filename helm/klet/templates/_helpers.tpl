@@ -94,8 +94,11 @@ the certificate directory, and a Secret is read-only); serverTLSBootstrap standa
 {{- $certValue := ternary "credentials.bootstrap.certDir" "paths.certDir" (not (empty $b.existingSecret)) -}}
 {{- $certGiven := ternary $b.certDir .Values.paths.certDir (not (empty $b.existingSecret)) -}}
 {{- $mounted := dict -}}
-{{- range $name := list "rootDir" "podLogsDir" "runtimeSocketDir" "imageFsDir" "cgroupRoot" "kubernetesDir" "runDir" "redisSocketDir" "busDir" -}}
+{{- range $name := list "rootDir" "podLogsDir" "runtimeSocketDir" "imageFsDir" "cgroupRoot" "runDir" "redisSocketDir" "busDir" -}}
 {{- $_ := set $mounted (printf "paths.%s" $name) (index $.Values.paths $name) -}}
+{{- end -}}
+{{- with .Values.kubeletConfig.staticPodPath -}}
+{{- $_ := set $mounted "kubeletConfig.staticPodPath" . -}}
 {{- end -}}
 {{- if and (not .Values.redis.enabled) (hasPrefix "unix://" .Values.externalRedis.url) -}}
 {{- $_ := set $mounted "externalRedis.url's directory" (dir (trimPrefix "unix://" .Values.externalRedis.url)) -}}
@@ -185,14 +188,15 @@ gRPC sockets), the bus (its own password file, Redis's socket directory) and an
 emptyDir at /tmp for its port file; `apiserver` ones get the node credentials.
 */}}
 {{- define "klet.confinement" -}}
-# Reads static pod manifests (and a manifest URL) and watches the apiserver.
+# Reads static pod manifests (and a manifest URL) and watches the apiserver: the
+# manifests directory alone (kubeletConfig.staticPodPath), not the rest of its parent.
 pod-source:
   privileged: false
   hostPID: false
   capabilities: []
   apiserver: true
   mounts:
-    kubernetes-dir: ro
+    static-pod-path: ro
 # Runs the pods: mounts their volumes under the root dir (propagated to the host), sets
 # cgroups, sysctls and oom_score_adj, and checks hostPath volumes in the host's mount
 # namespace through /proc/1/root, which needs the host's PID namespace.
