@@ -106,15 +106,6 @@ NOT_APPLICABLE: Mapping[str, tuple[str, ...]] = {
         "/metrics dra_operations_duration_seconds",
         "/metrics dra_resource_claims_in_use",
     ),
-    "the Static memory manager (memoryManagerPolicy is refused)": (
-        "/metrics kubelet_memory_manager_pinning_errors_total",
-        "/metrics kubelet_memory_manager_pinning_requests_total",
-    ),
-    "topology manager policies (topologyManagerPolicy is refused)": (
-        "/metrics kubelet_topology_manager_admission_duration_ms",
-        "/metrics kubelet_topology_manager_admission_errors_total",
-        "/metrics kubelet_topology_manager_admission_requests_total",
-    ),
     "Windows HostProcess containers; klet runs on Linux only": (
         "/metrics kubelet_started_host_process_containers_errors_total",
         "/metrics kubelet_started_host_process_containers_total",
@@ -187,6 +178,16 @@ NOT_APPLICABLE: Mapping[str, tuple[str, ...]] = {
 }
 
 MISSING: Mapping[str, tuple[str, ...]] = {
+    (
+        "the memory and topology managers' admission counters: klet.syncloop.memorymanager "
+        "and klet.syncloop.topologymanager admit and pin without counting yet"
+    ): (
+        "/metrics kubelet_memory_manager_pinning_errors_total",
+        "/metrics kubelet_memory_manager_pinning_requests_total",
+        "/metrics kubelet_topology_manager_admission_duration_ms",
+        "/metrics kubelet_topology_manager_admission_errors_total",
+        "/metrics kubelet_topology_manager_admission_requests_total",
+    ),
     (
         "the PodResources API's per-method counters: upstream names them without `_total`, "
         "and prometheus_client gives every counter that suffix "

@@ -56,6 +56,14 @@ HONOURED: Mapping[str, str] = {
         "the static CPU manager accepts the beta option strict-cpu-reservation; false "
         "refuses it with upstream's message (default true, as upstream)"
     ),
+    "TopologyManagerPolicyBetaOptions": (
+        "topologyManagerPolicyOptions accepts the beta option max-allowable-numa-nodes; "
+        "false refuses it with upstream's message (default true, as upstream)"
+    ),
+    "TopologyManagerPolicyOptions": (
+        "topologyManagerPolicyOptions is read (prefer-closest-numa-nodes, "
+        "max-allowable-numa-nodes); false refuses any option (default true, as upstream)"
+    ),
     "DisableCPUQuotaWithExclusiveCPUs": (
         "a container holding exclusive CPUs, and its pod's cgroup, run without a CFS "
         "quota; false keeps the quota (default true, as upstream)"
@@ -273,8 +281,13 @@ DEFAULT_ON: Mapping[str, Account] = {
         "unit/test_cli_sdnotify.py::test_the_supervisor_in_system_mode_sends_ready_then_pings",
     ),
     "TokenRequestServiceAccountUIDValidation": _API,
-    "TopologyManagerPolicyBetaOptions": Inert("topologyManagerPolicyOptions"),
-    "TopologyManagerPolicyOptions": Inert("topologyManagerPolicyOptions"),
+    "TopologyManagerPolicyBetaOptions": Implemented(
+        "klet.config.validation", "unit/test_config_memorymanager.py::test_topology_options"
+    ),
+    "TopologyManagerPolicyOptions": Implemented(
+        "klet.syncloop.topologymanager.hints",
+        "unit/syncloop/test_topologymanager_hints.py::test_policy_options",
+    ),
     "TranslateStreamCloseWebsocketRequests": _API,
     "UnauthenticatedHTTP2DOSMitigation": _API,
     "UserNamespacesSupport": Absent("pod user namespaces (hostUsers: false)"),

@@ -9,8 +9,8 @@ when it is not. So every field no klet code reads is in one of three tables:
   validation refuses any other value, naming the field (or the flag that set it).
 - `NO_EFFECT`: the field does nothing in upstream's kubelet either, in every
   configuration klet accepts. Each names the refused field or feature gate that would
-  give it an effect (`topologyManagerScope` means nothing unless topologyManagerPolicy
-  is other than none, which klet refuses), or says why it has none upstream at all
+  give it an effect (`memoryThrottlingFactor` means nothing unless the MemoryQoS gate
+  is on, which klet refuses), or says why it has none upstream at all
   (upstream v1.34 reads `hairpinMode` nowhere).
 - `NOT_HONOURED`: upstream's default asks for something klet does not do, and the other
   value says what klet does (`enableProfilingHandler` defaults to true; klet serves no
@@ -133,7 +133,6 @@ UNIMPLEMENTED: Mapping[str, Unimplemented] = {
     # --- cgroups and node resources
     "kubeletCgroups": Unimplemented("moving its own processes into a cgroup"),
     "systemCgroups": Unimplemented("moving system processes into a cgroup"),
-    "reservedMemory": Unimplemented("the memory manager's NUMA reservations", check=_empty),
     "cpuManagerPolicyOptions": Unimplemented(
         "the CPU manager options distribute-cpus-across-numa, "
         "prefer-align-cpus-by-uncorecache and align-by-socket",
@@ -142,9 +141,6 @@ UNIMPLEMENTED: Mapping[str, Unimplemented] = {
         shown="full-pcpus-only, strict-cpu-reservation, distribute-cpus-across-cores "
         "(the others only false)",
     ),
-    "memoryManagerPolicy": Unimplemented("the Static memory manager policy"),
-    "topologyManagerPolicy": Unimplemented("topology manager policies"),
-    "topologyManagerPolicyOptions": Unimplemented("topology manager options", check=_empty),
     "qosReserved": Unimplemented("QoS-level memory reservation", check=_empty),
     "memorySwap.swapBehavior": Unimplemented("LimitedSwap", allowed=(DEFAULT, "NoSwap")),
     "failCgroupV1": Unimplemented("refusing to start on cgroup v1"),
@@ -174,9 +170,6 @@ NO_EFFECT: Mapping[str, NoEffect] = {
     "logging.flushFrequency": NoEffect(
         "upstream ignores it for a log backend that does not buffer, and klet's writes "
         "every record at once"
-    ),
-    "topologyManagerScope": NoEffect(
-        "scopes a topology manager policy's hints", unless="topologyManagerPolicy"
     ),
     "memoryThrottlingFactor": NoEffect(
         "sets memory.high under MemoryQoS", unless="featureGates.MemoryQoS"

@@ -310,6 +310,7 @@ def _check_cgroups(c: _Checks, cfg: KubeletConfiguration) -> None:
             "reservedSystemCPUs", "cannot be used with systemReservedCgroup or kubeReservedCgroup"
         )
     _check_cpu_manager(c, cfg)
+    _check_memory_and_topology(c, cfg)
     for field, reserved in (
         ("kubeReserved", cfg.kube_reserved),
         ("systemReserved", cfg.system_reserved),
@@ -365,6 +366,87 @@ def _check_cpu_manager(c: _Checks, cfg: KubeletConfiguration) -> None:
             "cpuManagerPolicyOptions",
             "None policy: received unsupported options (only the static policy takes options)",
         )
+
+
+_TOPOLOGY_OPTIONS = ("prefer-closest-numa-nodes", "max-allowable-numa-nodes")
+
+
+def _memory_limit(name: str) -> bool:
+    return name == "memory" or name.startswith("hugepages-")
+
+
+def _check_memory_and_topology(c: _Checks, cfg: KubeletConfiguration) -> None:
+    """reservedMemory as upstream's validateReservedMemoryConfiguration (memory and
+    hugepages-<size> only, not zero, no duplicate per NUMA node), required by the Static
+    memory manager policy (upstream's policy refuses to start without); the topology
+    manager's options are upstream's two, under their gates. That reservedMemory adds up
+    to Node Allocatable's reservation and names NUMA nodes the machine has, syncloop
+    checks at start (klet.syncloop.memorymanager), where the machine is read."""
+    seen: set[tuple[object, str]] = set()
+    for i, entry in enumerate(cfg.reserved_memory):
+        path = f"reservedMemory[{i}]"
+        for key in sorted(set(entry) - {"numaNode", "limits"}):
+            c.add(f"{path}.{key}", "unknown field")
+        node = entry.get("numaNode", 0)
+        if not isinstance(node, int) or isinstance(node, bool) or node < 0:
+            c.add(f"{path}.numaNode", f"must be a NUMA node number, not {node!r}")
+        limits = entry.get("limits") or {}
+        if not isinstance(limits, Mapping):
+            c.add(f"{path}.limits", "must be a map of resource name to quantity")
+            continue
+        for name, quantity in sorted(limits.items()):
+            if not _memory_limit(str(name)):
+                c.add(
+                    f"{path}.limits.{name}",
+                    f"the limit type {name!r} for NUMA node {node} is not supported, only "
+                    "memory and hugepages-<HugePageSize> are accepted",
+                )
+                continue
+            try:
+                amount = parse_quantity(str(quantity))
+            except ValueError as err:
+                c.add(f"{path}.limits.{name}", str(err))
+                continue
+            if amount == 0:
+                c.add(
+                    f"{path}.limits.{name}",
+                    f"reserved memory may not be zero for NUMA node {node} and resource {name!r}",
+                )
+            if (node, str(name)) in seen:
+                c.add(
+                    f"{path}.limits.{name}",
+                    "the reserved memory has a duplicate value for NUMA node "
+                    f"{node} and resource {name!r}",
+                )
+            seen.add((node, str(name)))
+    if cfg.memory_manager_policy == "Static" and not cfg.reserved_memory:
+        c.add(
+            "memoryManagerPolicy",
+            "Static needs reservedMemory: the static policy requires the system reserved "
+            "memory per NUMA node (reservedMemory)",
+        )
+    options = cfg.topology_manager_policy_options
+    if options and not cfg.feature_gates.get("TopologyManagerPolicyOptions", True):
+        c.add(
+            "topologyManagerPolicyOptions",
+            "requires feature gate TopologyManagerPolicyOptions",
+        )
+    for name, value in sorted(options.items()):
+        where = f"topologyManagerPolicyOptions.{name}"
+        if name not in _TOPOLOGY_OPTIONS:
+            c.add(
+                where,
+                f"unknown Topology Manager Policy option (one of {', '.join(_TOPOLOGY_OPTIONS)})",
+            )
+        elif name == "prefer-closest-numa-nodes" and value not in _GO_BOOLS:
+            c.add(where, f"must be true or false, not {value!r}")
+        elif name == "max-allowable-numa-nodes":
+            if not cfg.feature_gates.get("TopologyManagerPolicyBetaOptions", True):
+                c.add(
+                    where, "a beta option: requires feature gate TopologyManagerPolicyBetaOptions"
+                )
+            if not value.isdigit() or int(value) < 8:
+                c.add(where, f"must be an integer of at least 8, not {value!r}")
 
 
 def with_reserved_system_cpus(cfg: KubeletConfiguration) -> KubeletConfiguration:

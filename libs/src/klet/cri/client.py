@@ -878,6 +878,7 @@ def _resources_pb(r: LinuxResources) -> Any:
         ],
         unified=r.unified,
         cpuset_cpus=r.cpuset_cpus,
+        cpuset_mems=r.cpuset_mems,
     )
 
 

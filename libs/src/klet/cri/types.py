@@ -272,6 +272,8 @@ class LinuxResources:
     """cgroup v2 files by name (memory.swap.max)."""
     cpuset_cpus: str = ""
     """The CPUs the container may run on (`0-1,3`); "" leaves the runtime's (all)."""
+    cpuset_mems: str = ""
+    """The NUMA nodes of its memory (`0` or `0-1`); "" leaves the runtime's (all)."""
 
 
 @dataclass(frozen=True)

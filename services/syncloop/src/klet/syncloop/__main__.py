@@ -32,6 +32,7 @@ async def start(
     )
     from klet.syncloop.cpumanager.manager import CPUManagerError
     from klet.syncloop.kerneltunables import PROC_SYS, check_kernel_defaults
+    from klet.syncloop.memorymanager.policy import MemoryManagerError
     from klet.syncloop.wiring import build_deps
 
     # Before any pod runs, as upstream's container manager checks at start.
@@ -53,9 +54,9 @@ async def start(
         return 1
     try:
         deps = build_deps(settings)
-    except CPUManagerError as err:
-        # A state file that does not fit, or a static policy without reserved CPUs:
-        # upstream's container manager does not start either.
+    except (CPUManagerError, MemoryManagerError) as err:
+        # A state file that does not fit, a static policy without reserved CPUs or
+        # memory: upstream's container manager does not start either.
         print(f"syncloop: {err}", file=sys.stderr)
         return 1
     return await main(deps)

@@ -43,6 +43,7 @@ from klet.obs import ServicePort
 from klet.obs.restclient import RestClientMetrics
 from klet.obs.runtimeops import RuntimeOperationMetrics
 from klet.rpc.deviceplugin import decode_response
+from klet.syncloop import numaalignment
 from klet.syncloop.admission.admit import AdmissionLedger, NodeInfo, admit_pod
 from klet.syncloop.admission.nodetaints import KubeNodeApi, NodeTaints
 from klet.syncloop.admission.sysctls import SysctlAllowlist
@@ -74,6 +75,7 @@ from klet.syncloop.environment.dns import DNSSettings
 from klet.syncloop.environment.envvars import NodeFacts
 from klet.syncloop.environment.kubeobjects import ApiObjects
 from klet.syncloop.events import BusEventSink, EventSink
+from klet.syncloop.memorymanager.manager import MemoryManager
 from klet.syncloop.metrics import (
     CPUManagerMetrics,
     CredentialProviderMetrics,
@@ -98,6 +100,7 @@ from klet.syncloop.pods.syncpod import PodSyncer
 from klet.syncloop.pods.syncsettings import SyncSettings
 from klet.syncloop.ports import NodeRuntime
 from klet.syncloop.probing.prober import ProbeManager
+from klet.syncloop.topologymanager.manager import TopologyManager
 from klet.syncloop.volumes.content import (
     ConfigMapPlugin,
     DownwardAPIPlugin,
@@ -168,6 +171,8 @@ class Deps:
     volume_stats: VolumeStatsCollector | None = None  # the bus `volumes` table; None: off
     devices: DeviceManager | None = None  # device plugins (root task `device-plugins`)
     cpus: CPUManager | None = None  # the CPU manager (root task `cpu-manager`)
+    memory: MemoryManager | None = None  # the memory manager (root task `memory-manager`)
+    topology: TopologyManager | None = None  # NUMA alignment at admission; None: off
     runtime_events: RuntimeEvents | None = None  # the production event channel, closed at exit
     reserved: tuple[ReservedCgroup, ...] = ()
     """The reserved cgroups enforceNodeAllocatable names (root task `node-allocatable`)."""
@@ -435,8 +440,17 @@ def build_deps(settings: Settings, overrides: Overrides | None = None) -> Deps:
     )
     cpus.check()
     syncer.starter.cpus = cpus
+    # The memory and topology managers (memoryManagerPolicy, topologyManagerPolicy):
+    # admission aligns hints and places memory, container creation sets cpuset.mems;
+    # raises MemoryManagerError when they cannot start.
+    memory, topology = numaalignment.build(k, Path(settings.klet.root_dir), devices=devices)
+    syncer.starter.memory = memory if memory.policy is not None else None
     admission = AdmissionLedger(
-        o.node or admission_node(settings), taints=node_taints, cpus=cpus, devices=devices
+        o.node or admission_node(settings),
+        taints=node_taints,
+        topology=topology,
+        cpus=cpus,
+        devices=devices,
     )
     resizer = (
         _pod_resizer(
@@ -536,6 +550,8 @@ def build_deps(settings: Settings, overrides: Overrides | None = None) -> Deps:
         watcher=watcher,
         devices=devices,
         cpus=cpus,
+        memory=memory,
+        topology=topology,
         runtime_events=runtime_events,
         reserved=reserved_cgroups(k),
         reserved_writer=None

@@ -470,6 +470,9 @@ class AdmissionLedger:
     node: NodeInfo
     taints: TaintSource | None = None
     """Where the Node's current taints are read at each decision; None: `node.taints`."""
+    topology: DeviceAdmission | None = None
+    """NUMA alignment and the memory manager's placement (topologymanager/manager.py);
+    None: neither is configured."""
     cpus: DeviceAdmission | None = None
     """Exclusive CPUs (the CPU manager, cpumanager/manager.py); None: not checked."""
     devices: DeviceAdmission | None = None
@@ -497,6 +500,12 @@ class AdmissionLedger:
             if self.taints is not None:
                 node = replace(node, taints=self.taints.taints())
             verdict = admit_pod(pod, others=others, node=node)
+        if verdict.admit and self.topology is not None:
+            # upstream's topology manager admit handler: merged hints (TopologyAffinityError)
+            # and the memory manager's Allocate
+            refused = self.topology.admit(uid, pod, others)
+            if refused is not None:
+                verdict = Verdict(False, *refused)
         if verdict.admit and self.cpus is not None:
             # upstream's topology manager admit handler (policy none): the CPU manager's
             # Allocate before the device manager's

@@ -44,6 +44,12 @@ class DeviceAllocator(Protocol):
     async def container_options(self, pod: JSON, container: JSON) -> DeviceRunOptions | None: ...
 
 
+class MemoryNodes(Protocol):
+    """The memory manager as container start needs it (memorymanager/manager.py)."""
+
+    def cpuset_mems(self, uid: str, name: str) -> str: ...
+
+
 class CPUSets(Protocol):
     """The CPU manager as container start needs it (cpumanager/manager.py)."""
 
@@ -79,6 +85,8 @@ class ContainerStarter:
         """The device manager (set by wiring; None: no device plugins)."""
         self.cpus: CPUSets | None = None
         """The CPU manager (set by wiring; None: no cpuset is set)."""
+        self.memory: MemoryNodes | None = None
+        """The memory manager (set by wiring; None: no cpuset.mems is set)."""
 
     def _subpaths(self, pod: JSON) -> SubPathMounter | None:
         """The pod's subPath mounter (None without a root dir: no pod directory)."""
@@ -196,6 +204,8 @@ class ContainerStarter:
             )
             if self.cpus is not None:
                 cfg = _with_cpuset(cfg, pod, container, self.cpus)
+            if self.memory is not None:
+                cfg = _with_mems(cfg, pod, container, self.memory)
         except (envvars.EnvError, etchosts.HostsFileError, volmounts.MountConfigError) as err:
             # upstream's pod worker retries a failed sync after about 10 s
             self.events.emit(
@@ -253,3 +263,15 @@ def _with_cpuset(
     if cpus.unlimited_quota(uid, str(container.get("name") or "")):
         resources = replace(resources, cpu_quota=-1)
     return replace(cfg, resources=resources)
+
+
+def _with_mems(
+    cfg: ContainerConfig, pod: JSON, container: JSON, memory: MemoryNodes
+) -> ContainerConfig:
+    """The memory manager's NUMA nodes as the CRI cpuset_mems (upstream's
+    PreCreateContainer); unchanged for a container without memory blocks."""
+    uid = str((pod.get("metadata") or {}).get("uid") or "")
+    mems = memory.cpuset_mems(uid, str(container.get("name") or ""))
+    if not mems:
+        return cfg
+    return replace(cfg, resources=replace(cfg.resources or LinuxResources(), cpuset_mems=mems))

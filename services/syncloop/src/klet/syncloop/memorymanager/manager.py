@@ -24,7 +24,7 @@ import asyncio
 import json
 import logging
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 
 from klet.config.kubelet import KubeletConfiguration
@@ -170,18 +170,28 @@ class MemoryManager:
             log.info("memory blocks released", extra={"pods": gone})
 
 
+RELEASE_PERIOD_S = 10.0
+"""How often the blocks of finished pods are freed (upstream frees them at the next
+admission; a period also frees them when no pod comes)."""
+
+
 async def run(
     manager: MemoryManager,
     *,
     active: Callable[[], Mapping[str, JSON] | None],
-    period_s: float,
+    forget: Callable[[Iterable[str]], None] | None = None,
+    period_s: float = RELEASE_PERIOD_S,
 ) -> None:
-    """The leader's root task: read the file, then release stale blocks every period."""
+    """The leader's root task: read the file, then every period release the blocks of
+    pods that are not active (and `forget` their topology hints), once every source is
+    ready (`active` gives None until then)."""
     manager.load()
     while True:
         pods = active()
         if pods is not None:
             manager.release(pods)
+            if forget is not None:
+                forget(pods)
         await asyncio.sleep(period_s)
 
 

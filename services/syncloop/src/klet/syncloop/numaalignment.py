@@ -1,0 +1,77 @@
+"""Building the memory manager and the topology manager from the configuration.
+
+Upstream's container manager creates the topology manager first and registers the
+resource managers as its hint providers; here the two packages stay apart (the memory
+manager uses the topology manager's hints, never the reverse) and this module joins
+them: the memory manager (memoryManagerPolicy), the device manager's hints and the
+memory manager's as providers, the memory manager as the allocator. With
+topologyManagerPolicy none and memoryManagerPolicy None there is nothing to admit and
+no topology manager is built (admission is as before).
+
+The CPU manager (cpumanager/) is not a provider yet: it has no hints to give.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from klet.config.kubelet import KubeletConfiguration
+from klet.syncloop.memorymanager.manager import MemoryManager, create_manager
+from klet.syncloop.memorymanager.numa import SYS_NODE, NUMAError, discover
+from klet.syncloop.memorymanager.policy import MemoryManagerError
+from klet.syncloop.topologymanager.devicehints import DeviceHints, DeviceView
+from klet.syncloop.topologymanager.hints import NUMAInfo, policy_options
+from klet.syncloop.topologymanager.manager import HintProvider, TopologyManager
+
+
+def build(
+    cfg: KubeletConfiguration,
+    root_dir: Path,
+    *,
+    devices: DeviceView | None,
+    sys_node: Path = SYS_NODE,
+) -> tuple[MemoryManager, TopologyManager | None]:
+    """Both managers; raises MemoryManagerError naming the field when the machine or the
+    configuration does not allow them (upstream's kubelet does not start either)."""
+    policy = cfg.topology_manager_policy or "none"
+    if policy == "none" and cfg.memory_manager_policy in ("", "None"):
+        memory = create_manager(cfg, root_dir)
+        memory.check()
+        return memory, None
+    try:
+        machine = discover(sys_node)
+    except NUMAError as err:
+        raise MemoryManagerError(f"reading the NUMA topology: {err}") from err
+    memory = create_manager(cfg, root_dir, machine=machine)
+    memory.check()
+    if cfg.topology_manager_policy_options and not cfg.feature_gates.get(
+        "TopologyManagerPolicyOptions", True
+    ):
+        raise MemoryManagerError(
+            "topologyManagerPolicyOptions: requires feature gate TopologyManagerPolicyOptions"
+        )
+    try:
+        options = policy_options(
+            cfg.topology_manager_policy_options,
+            beta=cfg.feature_gates.get("TopologyManagerPolicyBetaOptions", True),
+        )
+    except ValueError as err:
+        raise MemoryManagerError(f"topologyManagerPolicyOptions: {err}") from err
+    nodes = tuple(n.id for n in machine.nodes)
+    if policy != "none" and len(nodes) > options.max_numa_nodes:
+        raise MemoryManagerError(
+            f"topologyManagerPolicy: {policy}: unsupported on machines with more than "
+            f"{options.max_numa_nodes} NUMA Nodes"
+        )
+    providers: list[HintProvider] = [memory]
+    if devices is not None:
+        providers.append(DeviceHints(devices, nodes))
+    topology = TopologyManager(
+        policy=policy,
+        scope=cfg.topology_manager_scope or "container",
+        numa=NUMAInfo(nodes, machine.distances),
+        options=options,
+        providers=providers,
+        allocators=[memory],
+    )
+    return memory, topology

@@ -1,0 +1,107 @@
+"""The memory and topology managers as syncloop builds them (klet.syncloop.numaalignment)
+over a fake one-node sysfs, and what they add to the CRI config (containers/
+startcontainer.py): with memoryManagerPolicy None and topologyManagerPolicy none
+nothing is built and no sysfs is read; Static with single-numa-node admits a
+Guaranteed pod on node 0, records it in memory_manager_state and puts cpuset_mems "0"
+on the wire (LinuxContainerResources.cpuset_mems), a best-effort pod gets none; a
+Guaranteed pod larger than the node is refused with upstream's reason; the options
+and the NUMA node limit are checked at start."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+import pytest
+from klet.config import KubeletConfiguration
+from klet.cri.client import _container_pb
+from klet.cri.types import ContainerConfig
+from klet.model.types import JSON
+from klet.syncloop.containers.startcontainer import _with_mems
+from klet.syncloop.memorymanager.policy import MemoryManagerError
+from klet.syncloop.numaalignment import build
+
+CFG = ContainerConfig(name="app", attempt=0, image="sha256:img")
+
+
+def sysfs(root: Path, nodes: int = 1) -> Path:
+    for n in range(nodes):
+        d = root / "sys" / f"node{n}"
+        d.mkdir(parents=True)
+        (d / "meminfo").write_text(f"Node {n} MemTotal: {4 << 20} kB\n")  # 4Gi
+        (d / "distance").write_text("10\n")
+    return root / "sys"
+
+
+def cfg(**fields: object) -> KubeletConfiguration:
+    base = {
+        "memory_manager_policy": "Static",
+        "topology_manager_policy": "single-numa-node",
+        "reserved_memory": ({"numaNode": 0, "limits": {"memory": "100Mi"}},),
+    }
+    return dataclasses.replace(KubeletConfiguration(), **{**base, **fields})  # type: ignore[arg-type]
+
+
+def pod(uid: str, memory: str | None) -> JSON:
+    res = {"cpu": "1", "memory": memory} if memory else {}
+    return {
+        "metadata": {"uid": uid, "name": uid, "namespace": "default"},
+        "spec": {"containers": [{"name": "app", "resources": {"requests": res, "limits": res}}]},
+    }
+
+
+def test_nothing_is_built_by_default(tmp_path: Path) -> None:
+    memory, topology = build(
+        KubeletConfiguration(), tmp_path, devices=None, sys_node=tmp_path / "absent"
+    )
+    assert topology is None and memory.policy is None
+
+
+def test_a_guaranteed_pod_is_placed_on_node_0(tmp_path: Path) -> None:
+    memory, topology = build(cfg(), tmp_path, devices=None, sys_node=sysfs(tmp_path))
+    assert topology is not None
+    p = pod("a", "256Mi")
+    assert topology.admit("a", p, []) is None
+    doc = json.loads((tmp_path / "memory_manager_state").read_bytes())
+    assert doc["entries"]["a"]["app"] == [
+        {"numaAffinity": [0], "type": "memory", "size": 256 << 20}
+    ]
+    wire = _container_pb(_with_mems(CFG, p, p["spec"]["containers"][0], memory))
+    assert wire.linux.resources.cpuset_mems == "0"
+    best = pod("b", None)
+    assert topology.admit("b", best, []) is None
+    assert _with_mems(CFG, best, best["spec"]["containers"][0], memory) == CFG
+
+
+def test_a_pod_larger_than_the_node_is_refused(tmp_path: Path) -> None:
+    _, topology = build(cfg(), tmp_path, devices=None, sys_node=sysfs(tmp_path))
+    assert topology is not None
+    assert topology.admit("a", pod("a", "8Gi"), []) == (
+        "TopologyAffinityError",
+        "Resources cannot be allocated with Topology locality",
+    )
+    _, plain = build(
+        cfg(topology_manager_policy="none"), tmp_path, devices=None, sys_node=sysfs(tmp_path / "x")
+    )
+    assert plain is not None
+    reason, message = plain.admit("a", pod("a", "8Gi"), []) or ("", "")
+    assert reason == "UnexpectedAdmissionError"
+    assert message.startswith("Allocate failed due to [memorymanager] failed to get the default")
+
+
+def test_start_checks(tmp_path: Path) -> None:
+    with pytest.raises(MemoryManagerError, match="more than 8 NUMA Nodes"):
+        build(
+            cfg(memory_manager_policy="None"), tmp_path, devices=None, sys_node=sysfs(tmp_path, 9)
+        )
+    with pytest.raises(MemoryManagerError, match="requires feature gate"):
+        build(
+            cfg(
+                topology_manager_policy_options={"prefer-closest-numa-nodes": "true"},
+                feature_gates={"TopologyManagerPolicyOptions": False},
+            ),
+            tmp_path,
+            devices=None,
+            sys_node=sysfs(tmp_path / "y"),
+        )
