@@ -28,6 +28,7 @@ from klet.syncloop.containers.logmanager import ContainerLogManager, LogManagerS
 from klet.syncloop.containers.reservedcgroups import run_enforcement
 from klet.syncloop.cpumanager import manager as cpumanager
 from klet.syncloop.devices import plugins as devices
+from klet.syncloop.memorymanager import manager as memorymanager
 from klet.syncloop.metrics import PodResourcesMetrics
 from klet.syncloop.podresources import PodResourcesView
 from klet.syncloop.pods.intake import BusIntake
@@ -140,6 +141,7 @@ async def main(deps: Deps) -> int:
                 "volume-stats": gated("volume-stats", lambda: _volume_stats(deps)),
                 "device-plugins": gated("device-plugins", lambda: _device_plugins(deps)),
                 "cpu-manager": gated("cpu-manager", lambda: _cpu_manager(deps)),
+                "memory-manager": gated("memory-manager", lambda: _memory_manager(deps)),
                 "pod-resources": gated("pod-resources", lambda: _pod_resources(deps)),
                 "log-rotation": gated("log-rotation", log_manager.run),
                 "pod-control": gated(
@@ -235,6 +237,27 @@ async def _pod_resources(deps: Deps) -> None:
     socket = Path(deps.settings.klet.root_dir) / SOCKET_DIR / SOCKET_NAME
     metrics = PodResourcesMetrics.create(deps.registry)
     await serve_pod_resources(view, socket, on_request=metrics.request)
+
+
+async def _memory_manager(deps: Deps) -> None:
+    """The memory manager's state file and the release of inactive pods' memory blocks
+    and topology hints, on the leader only (it writes the file)."""
+    if deps.memory is None:
+        await asyncio.Event().wait()
+        return
+    controller = deps.controller
+
+    def active() -> dict[str, JSON] | None:
+        if not controller.sources_ready:
+            return None
+        return {
+            uid: s.desired.pod
+            for uid, s in controller.pods.items()
+            if s.desired is not None and s.terminal is None
+        }
+
+    forget = deps.topology.release if deps.topology is not None else None
+    await memorymanager.run(deps.memory, active=active, forget=forget)
 
 
 async def _cpu_manager(deps: Deps) -> None:
