@@ -108,17 +108,12 @@ def test_a_listed_field_that_code_reads_fails_the_check(monkeypatch: pytest.Monk
         (
             "status-reporter",
             False,
-            [
-                "enableSystemLogHandler",
-                "enableProfilingHandler",
-                "enableDebugFlagsHandler",
-                "contentType",
-            ],
+            ["enableProfilingHandler", "enableDebugFlagsHandler", "contentType"],
         ),
         (
             "status-reporter",
             True,
-            ["enableSystemLogHandler", "enableProfilingHandler", "enableDebugFlagsHandler"],
+            ["enableProfilingHandler", "enableDebugFlagsHandler"],
         ),
         ("syncloop", True, ["makeIPTablesUtilChains"]),
         ("eviction", False, []),

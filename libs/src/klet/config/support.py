@@ -195,9 +195,6 @@ NOT_HONOURED: Mapping[str, NotHonoured] = {
     "makeIPTablesUtilChains": NotHonoured(
         "the KUBE-IPTABLES-HINT and KUBE-FIREWALL iptables chains", False, "syncloop"
     ),
-    "enableSystemLogHandler": NotHonoured(
-        "the /logs/ handler", False, "status-reporter", debugging_handler=True
-    ),
     "enableProfilingHandler": NotHonoured(
         "the /debug/pprof/ handlers", False, "status-reporter", debugging_handler=True
     ),

@@ -12,7 +12,8 @@ by `nodemetrics.py`), `/metrics/probes` (the prober's, as upstream serves them a
 `/metrics/resource` (metrics-server's
 CPU and memory series, from the summary), `/metrics/cadvisor` (cAdvisor's `container_*`
 and `machine_*` series, containermetrics.py), `/configz`, `/stats/summary`,
-`/containerLogs/{ns}/{pod}/{container}`, `/checkpoint/{ns}/{pod}/{container}` (POST,
+`/containerLogs/{ns}/{pod}/{container}`, `/logs/<path>` (the node's /var/log:
+nodelogs.py), `/checkpoint/{ns}/{pod}/{container}` (POST,
 with the ContainerCheckpoint gate: checkpoint.py), `/run/{ns}/{pod}[/{uid}]/{container}` (the
 command bounded by runtimeRequestTimeout, as upstream's CRI deadline bounds it); exec,
 attach and portForward need an upgrade and are proxied by `server.py` after
@@ -30,7 +31,13 @@ import time
 from urllib.parse import parse_qs
 
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse, PlainTextResponse, Response
+from fastapi.responses import (
+    FileResponse,
+    HTMLResponse,
+    JSONResponse,
+    PlainTextResponse,
+    Response,
+)
 from klet.bus import BusError
 from klet.cri.errors import CRIError
 from klet.cri.errors import NotFound as CRINotFound
@@ -38,7 +45,7 @@ from klet.model.types import JSON
 from klet.obs import CONTENT_TYPE
 from klet.stats import StatsProvider
 from klet.status_reporter.containermetrics import ContainerMetrics
-from klet.status_reporter.kubeletapi import lookup
+from klet.status_reporter.kubeletapi import lookup, nodelogs
 from klet.status_reporter.kubeletapi.checkpoint import CheckpointError, checkpoint
 from klet.status_reporter.kubeletapi.containerlogs import container_logs_response
 from klet.status_reporter.kubeletapi.deps import KubeletApiDeps, host_reader
@@ -208,6 +215,21 @@ def create_app(deps: KubeletApiDeps) -> FastAPI:
         return await container_logs_response(
             deps, namespace, pod_name, container, request.url.query
         )
+
+    @app.get("/logs/")
+    @app.get("/logs/{logpath:path}")
+    async def node_logs(logpath: str = "") -> Response:
+        debugging()
+        if not s.enable_system_log_handler:
+            raise HttpProblem(405, nodelogs.DISABLED)
+        answer = await asyncio.to_thread(nodelogs.resolve, s.node_log_dir, logpath)
+        if answer.status == 301:
+            return Response(status_code=301, headers={"Location": answer.location})
+        if answer.file is not None:
+            return FileResponse(answer.file)
+        if answer.listing is not None:
+            return HTMLResponse(answer.listing)
+        raise HttpProblem(answer.status, answer.body)
 
     @app.post("/run/{namespace}/{pod_name}/{container}")
     @app.post("/run/{namespace}/{pod_name}/{uid}/{container}")

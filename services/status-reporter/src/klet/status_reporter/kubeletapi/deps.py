@@ -141,6 +141,11 @@ class KubeletApiSettings:
     runningpods and configz."""
     pod_logs_dir: Path = Path("/var/log/pods")
     """[podLogsDir]."""
+    enable_system_log_handler: bool = True
+    """[enableSystemLogHandler]: off → 405 on /logs/."""
+    node_log_dir: Path = Path("/var/log")
+    """The directory /logs/ serves: upstream's nodeLogDir, fixed (tests point it
+    elsewhere)."""
     root_dir: Path = Path("/var/lib/kubelet")
     """[--root-dir]: the node filesystem of /stats/summary."""
     cgroup_root: str = "/"
@@ -234,6 +239,7 @@ class KubeletApiSettings:
             psi=k.feature_gates.get(PSI_GATE, True),
             enable_debugging_handlers=k.enable_debugging_handlers,
             pod_logs_dir=Path(k.pod_logs_dir),
+            enable_system_log_handler=k.enable_system_log_handler,
             root_dir=klet.root_dir,
             cgroup_root=k.cgroup_root or "/",
             streaming_idle_timeout_s=k.streaming_connection_idle_timeout,
