@@ -120,7 +120,8 @@ def _forget_making(making: set[asyncio.Task[Any]]) -> Callable[[asyncio.Task[Any
     return done
 
 
-def _target(endpoint: str) -> str:
+def channel_target(endpoint: str) -> str:
+    """A gRPC target for a CRI endpoint as the kubelet's flags spell it."""
     if endpoint.startswith("unix://"):
         return endpoint
     if endpoint.startswith("/"):
@@ -178,13 +179,13 @@ class RuntimeClient:
             ("grpc.max_reconnect_backoff_ms", 1000),
         ]
         self._channel = grpc.aio.insecure_channel(
-            _target(settings.runtime_endpoint), options=options
+            channel_target(settings.runtime_endpoint), options=options
         )
         image_endpoint = settings.image_endpoint or settings.runtime_endpoint
         self._image_channel = (
             self._channel
             if image_endpoint == settings.runtime_endpoint
-            else grpc.aio.insecure_channel(_target(image_endpoint), options=options)
+            else grpc.aio.insecure_channel(channel_target(image_endpoint), options=options)
         )
         self._rt = pb_grpc.RuntimeServiceStub(self._channel)
         self._img = pb_grpc.ImageServiceStub(self._image_channel)

@@ -34,7 +34,7 @@ import grpc
 from cri_api.v1 import api_pb2 as cri_pb
 from cri_api.v1 import api_pb2_grpc as cri_grpc
 from klet.cancellation import raise_if_cancelled
-from klet.cri.client import CRISettings, _target
+from klet.cri.client import CRISettings, channel_target
 from klet.cri.errors import CRIError, EventsUnsupported, RuntimeUnavailable
 from klet.cri.labels import POD_UID
 from klet.cri.types import EventKind, RuntimeEvent, Subscribed
@@ -150,7 +150,7 @@ class RuntimeEvents:
         self.probe_s = probe_s
         ms = max(100, int(reconnect_max_s * 1000))
         self._channel = grpc.aio.insecure_channel(
-            _target(settings.runtime_endpoint),
+            channel_target(settings.runtime_endpoint),
             options=[
                 ("grpc.initial_reconnect_backoff_ms", min(100, ms)),
                 ("grpc.min_reconnect_backoff_ms", min(100, ms)),

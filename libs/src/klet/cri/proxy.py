@@ -33,6 +33,7 @@ from typing import Any
 
 import grpc
 from klet.cri.allowlist import ALLOWED, IMAGE, refusal
+from klet.cri.client import channel_target
 
 log = logging.getLogger(__name__)
 
@@ -52,17 +53,6 @@ _SERVER_OPTIONS = [
 
 def _identity(b: bytes) -> bytes:
     return b
-
-
-def channel_target(endpoint: str) -> str:
-    """A gRPC target for a CRI endpoint as the kubelet's flags spell it."""
-    if endpoint.startswith("unix://"):
-        return endpoint
-    if endpoint.startswith("/"):
-        return f"unix://{endpoint}"
-    if endpoint.startswith("tcp://"):
-        return endpoint[len("tcp://") :]
-    return endpoint
 
 
 @dataclass(frozen=True)
