@@ -785,6 +785,8 @@ async def test_online_expansion_when_the_claim_waits_for_the_node(tmp_path: Path
     claim["status"]["allocatedResourceStatuses"] = {"storage": "NodeResizePending"}
     claim["status"]["conditions"] = [
         {"type": "FileSystemResizePending", "status": "True"},
+        {"type": "Resizing", "status": "True"},  # read before the resizer finished
+        {"type": "NodeResizeError", "status": "True"},
         {"type": "Other", "status": "True"},
     ]
     await p.set_up(CLAIM, ctx(tmp_path, a_pod("u1", CLAIM)))

@@ -286,12 +286,21 @@ def resize_wanted(claim: JSON, pv: JSON) -> tuple[str, int] | None:
     return (written, want_bytes) if pending and want_bytes > have_bytes else None
 
 
+RESIZE_CONDITIONS = frozenset(
+    {FS_RESIZE_PENDING, "Resizing", "ControllerResizeError", "NodeResizeError"}
+)
+"""The claim conditions of a resize, which upstream's kubelet drops once the node has
+expanded the volume (its MarkFSResizeFinished); any other condition stays."""
+
+
 def resized_status(claim: JSON, capacity: str) -> JSON:
-    """The merge patch of a claim's status once the node has expanded its volume."""
+    """The merge patch of a claim's status once the node has expanded its volume: the new
+    capacity, no resize conditions (a `Resizing` in a claim read before the resizer had
+    finished is not written back) and no allocated resource status."""
     conditions = [
         c
         for c in (claim.get("status") or {}).get("conditions") or []
-        if c.get("type") != FS_RESIZE_PENDING
+        if c.get("type") not in RESIZE_CONDITIONS
     ]
     return {
         "status": {
