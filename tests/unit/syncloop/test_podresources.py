@@ -4,7 +4,9 @@ KubeletPodResourcesListUseActivePods off) and each listed container's devices as
 manager holds them; a manager restarted from its checkpoint answers the same at once;
 Get finds a pod that is no longer active; allocatable devices are the connected
 plugins' healthy ones; no device manager, no devices; CPU IDs are the CPU manager's
-exclusive assignment, allocatable CPUs its policy's (none without a CPU manager)."""
+exclusive assignment, allocatable CPUs its policy's (none without a CPU manager); memory
+is the Static memory manager's blocks per container and its allocatable bytes per NUMA
+node and type (none without a memory manager)."""
 
 from __future__ import annotations
 
@@ -12,10 +14,16 @@ from pathlib import Path
 from typing import Any
 
 from klet.model.devices import Device, PluginOptions
-from klet.model.podresources import ContainerDevices, ContainerResources, PodResources
+from klet.model.podresources import (
+    ContainerDevices,
+    ContainerMemory,
+    ContainerResources,
+    PodResources,
+)
 from klet.model.types import JSON
 from klet.syncloop.devices import checkpoint
 from klet.syncloop.devices.manager import DeviceManager
+from klet.syncloop.memorymanager.state import Block, MemoryState, MemoryTable, NodeState
 from klet.syncloop.podresources import PodResourcesView
 
 FOO = "example.com/foo"
@@ -146,3 +154,50 @@ def test_exclusive_cpus_and_allocatable_cpus_come_from_the_cpu_manager(tmp_path:
         answer("b"),
     ]
     assert view.allocatable().cpu_ids == (1, 2, 3)
+
+
+class Memory:
+    """The Static memory manager's state: a container's memory on NUMA node 0 and its
+    2Mi huge pages across nodes 1 and 0; node 1 has no huge pages allocatable."""
+
+    def __init__(self) -> None:
+        def table(allocatable: int) -> MemoryTable:
+            return MemoryTable(
+                total=allocatable, system_reserved=0, allocatable=allocatable, reserved=0, free=0
+            )
+
+        self.state = MemoryState(
+            policy="Static",
+            machine={
+                1: NodeState(memory_map={"memory": table(4 << 30), "hugepages-2Mi": table(0)}),
+                0: NodeState(
+                    memory_map={"memory": table(3 << 30), "hugepages-2Mi": table(8 << 20)}
+                ),
+            },
+            entries={
+                "u1": {
+                    "main": [
+                        Block(numa_affinity=[0], type="memory", size=1 << 30),
+                        Block(numa_affinity=[1, 0], type="hugepages-2Mi", size=4 << 20),
+                    ]
+                }
+            },
+        )
+
+
+def test_memory_blocks_and_allocatable_memory_come_from_the_memory_manager() -> None:
+    view = PodResourcesView(
+        pods=Pods([pod("a", "u1"), pod("b", "u2")], []), devices=None, memory=Memory()
+    )
+    (a, b) = view.list_pods()
+    assert a.containers[0].memory == (
+        ContainerMemory("memory", 1 << 30, (0,)),
+        ContainerMemory("hugepages-2Mi", 4 << 20, (0, 1)),
+    )
+    assert b == answer("b")
+    assert view.allocatable().memory == (
+        ContainerMemory("hugepages-2Mi", 8 << 20, (0,)),
+        ContainerMemory("memory", 3 << 30, (0,)),
+        ContainerMemory("memory", 4 << 30, (1,)),
+    )
+    assert PodResourcesView(pods=Pods([], []), devices=None).allocatable().memory == ()

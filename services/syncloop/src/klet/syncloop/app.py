@@ -231,6 +231,7 @@ async def _pod_resources(deps: Deps) -> None:
         pods=deps.controller,
         devices=deps.devices,
         cpus=deps.cpus,
+        memory=deps.memory,
         use_active_pods=k.feature_gates.get("KubeletPodResourcesListUseActivePods", True),
         get_gate=k.feature_gates.get("KubeletPodResourcesGet", True),
     )

@@ -1,15 +1,15 @@
-"""The PodResources API's source: syncloop's pods and the device manager's allocations.
+"""The PodResources API's source: syncloop's pods and its resource managers' allocations.
 
-Why syncloop: the API answers which container holds which device (and, upstream,
-which exclusive CPUs and memory), and only syncloop has those. The device manager's
-allocations live in syncloop's memory and its checkpoint, never on the bus (the
-`devices` table carries counts only); the pods the API lists are upstream's active
-pods, which are syncloop's admission decision (`PodController.active_pods`); the CPU
-manager's assignments are syncloop's too (`cpumanager/`, in memory and its state file;
-the bus `cpus` table is a copy). So the leader serves it
-(root task `pod-resources`, like the device plugin registration socket beside it) and a
+Why syncloop: the API answers which container holds which devices, exclusive CPUs and
+memory, and only syncloop has those. The device manager's allocations live in
+syncloop's memory and its checkpoint, never on the bus (the `devices` table carries
+counts only); the pods the API lists are upstream's active pods, which are syncloop's
+admission decision (`PodController.active_pods`); the CPU manager's assignments and the
+memory manager's blocks are syncloop's too (`cpumanager/`, `memorymanager/`, in memory
+and their state files; the bus `cpus` table is a copy). So the leader serves it (root
+task `pod-resources`, like the device plugin registration socket beside it) and a
 restarted or newly elected leader serves it again as soon as it leads, answering from
-the checkpoint it reads back and the pods it re-admits.
+the checkpoint and state files it reads back and the pods it re-admits.
 
 Upstream's gates: KubeletPodResourcesListUseActivePods (on) makes List read the active
 pods, off every pod the sources gave; KubeletPodResourcesGet (on) allows Get, off Get
@@ -22,19 +22,22 @@ CPU IDs: a container's exclusive CPUs as the CPU manager assigned them (none for
 container in the shared pool); allocatable, the CPUs the policy hands out exclusively:
 under `static` every online CPU but the reserved ones, under `none` none at all
 (upstream's none policy answers an empty set, and its e2e test expects that). Memory:
-klet has no memory manager, which answers as upstream's `None` policy: nothing. DRA:
-refused at start, so no dynamic resources.
+under the `Static` memory manager a container's blocks (type, bytes, NUMA nodes) from
+its state, and allocatable one entry per NUMA node and memory type with allocatable
+bytes (upstream's GetAllocatableMemory); under `None` nothing. DRA: refused at start,
+so no dynamic resources.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence, Set
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Protocol
 
 from klet.model.devices import Device
 from klet.model.podresources import (
     AllocatableResources,
+    ContainerMemory,
     NumaDevices,
     PodResources,
     allocatable_devices,
@@ -42,6 +45,7 @@ from klet.model.podresources import (
     pod_resources,
 )
 from klet.model.types import JSON
+from klet.syncloop.memorymanager.state import MemoryState
 
 
 class DeviceHolder(Protocol):
@@ -64,6 +68,33 @@ class CPUHolder(Protocol):
     def allocatable(self) -> Set[int]: ...
 
 
+class MemoryHolder(Protocol):
+    """The memory manager (`memorymanager.manager.MemoryManager`): its state as the
+    Static policy keeps it (a `None` policy's holds nothing)."""
+
+    @property
+    def state(self) -> MemoryState: ...
+
+
+def container_memory(state: MemoryState, uid: str, name: str) -> tuple[ContainerMemory, ...]:
+    """A container's memory blocks (upstream's GetMemory)."""
+    blocks = ((state.entries or {}).get(uid) or {}).get(name) or []
+    return tuple(
+        ContainerMemory(b.type, b.size, tuple(sorted(b.numa_affinity or ()))) for b in blocks
+    )
+
+
+def allocatable_memory(state: MemoryState) -> tuple[ContainerMemory, ...]:
+    """Per NUMA node and memory type, the allocatable bytes (upstream's static policy's
+    GetAllocatableMemory; types with none left out)."""
+    return tuple(
+        ContainerMemory(kind, table.allocatable, (node,))
+        for node, node_state in sorted((state.machine or {}).items())
+        for kind, table in sorted((node_state.memory_map or {}).items())
+        if table.allocatable
+    )
+
+
 class NodePods(Protocol):
     """The pods syncloop knows (`pods.controller.PodController`)."""
 
@@ -81,6 +112,8 @@ class PodResourcesView:
     """None: no device manager (nothing holds devices)."""
     cpus: CPUHolder | None = None
     """None: no CPU manager (no exclusive CPUs)."""
+    memory: MemoryHolder | None = None
+    """None: no memory manager (no memory listed)."""
     use_active_pods: bool = True
     get_gate: bool = True
 
@@ -94,7 +127,17 @@ class PodResourcesView:
         return () if self.cpus is None else sorted(self.cpus.exclusive(uid, container))
 
     def _answer(self, pod: JSON) -> PodResources:
-        return pod_resources(pod, devices_of=self._devices_of, cpus_of=self._cpus_of)
+        answer = pod_resources(pod, devices_of=self._devices_of, cpus_of=self._cpus_of)
+        if self.memory is None:
+            return answer
+        uid = str((pod.get("metadata") or {}).get("uid") or "")
+        state = self.memory.state
+        return replace(
+            answer,
+            containers=tuple(
+                replace(c, memory=container_memory(state, uid, c.name)) for c in answer.containers
+            ),
+        )
 
     def list_pods(self) -> list[PodResources]:
         pods = self.pods.active_pods() if self.use_active_pods else self.pods.all_pods()
@@ -107,7 +150,10 @@ class PodResourcesView:
     def allocatable(self) -> AllocatableResources:
         listed = {} if self.devices is None else self.devices.listed_devices()
         cpus = () if self.cpus is None else tuple(sorted(self.cpus.allocatable()))
-        return AllocatableResources(devices=allocatable_devices(listed), cpu_ids=cpus)
+        memory = () if self.memory is None else allocatable_memory(self.memory.state)
+        return AllocatableResources(
+            devices=allocatable_devices(listed), cpu_ids=cpus, memory=memory
+        )
 
     def get_enabled(self) -> bool:
         return self.get_gate
