@@ -28,7 +28,7 @@ from typing import Any, TypeVar
 import httpx
 import klet.status_reporter
 from klet.bus import Bus, NodeBus
-from klet.devstack import ManagedProcess, RedisServer, free_port
+from klet.devstack import DevStack, ManagedProcess, RedisServer, free_port
 from klet.model.records import PodStatusChange, PodStatusRecord
 from klet.model.types import JSON
 from klet.status_reporter.testing import desired_record, make_pod, status_record
@@ -51,8 +51,11 @@ def _service_env() -> dict[str, str]:
 
 
 @contextmanager
-def service(dir: Path, redis: RedisServer, **ports: int) -> Iterator[ManagedProcess]:
-    """Run `python -m klet.status_reporter`; ports by flag name without dashes."""
+def service(
+    dir: Path, redis: RedisServer, *, extra: tuple[str, ...] = (), **ports: int
+) -> Iterator[ManagedProcess]:
+    """Run `python -m klet.status_reporter`; ports by flag name without dashes, then
+    `extra` flags."""
     argv = [
         sys.executable, "-m", "klet.status_reporter",
         *redis.service_flags(NODE, "status-reporter"),
@@ -60,6 +63,7 @@ def service(dir: Path, redis: RedisServer, **ports: int) -> Iterator[ManagedProc
         "--run-dir", str(dir / "run"),
         "--root-dir", str(dir / "root"),
         "--v", "4",
+        *extra,
     ]  # fmt: skip
     for flag, port in ports.items():
         argv += [f"--{flag.replace('_', '-')}", str(port)]
@@ -280,6 +284,32 @@ async def test_read_only_port_is_off_by_default(tmp_path: Path, redis_server: Re
         assert listening_ports(proc.pid) == {hz, svc}
         if was_free:
             assert refused(upstream_default)
+
+
+async def test_read_only_port_serves_cadvisor_metrics_without_the_kubelet_api(
+    tmp_path: Path, redis_server: RedisServer, devstack: DevStack
+) -> None:
+    """A standalone node's usual set-up: 10250 off (Webhook authorization without a
+    kubeconfig), the read-only port on; /metrics/cadvisor is served there, as upstream
+    serves it on its read-only port, through a CRI client of its own."""
+    ro, hz, svc = free_port(), free_port(), free_port()
+    runtime = ("--container-runtime-endpoint", devstack.runtime_endpoint)
+    with service(
+        tmp_path / "sr", redis_server, read_only_port=ro, healthz_port=hz, service_port=svc,
+        extra=runtime,
+    ) as proc:  # fmt: skip
+        async with httpx.AsyncClient(timeout=20) as http:
+            resp = await eventually(
+                lambda: http.get(f"http://127.0.0.1:{ro}/metrics/cadvisor"),
+                lambda r: r.status_code == 200,
+                what="/metrics/cadvisor on the read-only port",
+            )
+        assert proc.pid is not None
+        assert listening_ports(proc.pid) == {ro, hz, svc}  # no kubelet API
+    page = resp.text
+    assert sample_value(page, "container_scrape_error") == 0.0, page[:2000]
+    assert (sample_value(page, "machine_cpu_cores") or 0) >= 1
+    assert sample_value(page, "container_cpu_usage_seconds_total", id="/", cpu="total")
 
 
 async def test_two_replicas_share_the_ports_and_survive_one_being_killed(

@@ -4,8 +4,9 @@
   `GET /pods` (the node's pods as a v1 PodList, each with its latest computed status),
   `GET /healthz`, `GET /metrics` (every service's kubelet metrics: nodemetrics.py),
   `GET /metrics/probes` (the prober's, apart as upstream serves them) and
-  `GET /metrics/cadvisor` (containermetrics.py; only when the kubelet API is on, whose
-  CRI client it reads through).
+  `GET /metrics/cadvisor` (containermetrics.py: through the kubelet API's CRI client,
+  or, with that API off, a client of its own; wiring decides, this app serves the page
+  it is given).
 - `create_healthz_app`: the `healthzBindAddress:healthzPort` listener, `/healthz` only.
 
 Both answer from the in-memory pod view and never touch Redis on a request, so they keep

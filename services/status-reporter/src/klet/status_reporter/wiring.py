@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING, Protocol
 
 from klet.bus import Bus, BusAuth, Lease, NodeBus, service_lease
 from klet.bus.history import story_json
+from klet.cgroups import CgroupFS
 from klet.config import Settings
 from klet.kube import kube_settings
 from klet.model.layout import DEFAULT_SERVICE_PORTS
@@ -56,7 +57,7 @@ from klet.status_reporter.kubeletapi import (
     KubeletApiSettings,
     build_kubelet_api_deps,
 )
-from klet.status_reporter.kubeletapi.deps import host_reader
+from klet.status_reporter.kubeletapi.deps import host_reader, host_reader_of
 from klet.status_reporter.metrics import (
     CertificateMetrics,
     Metrics,
@@ -305,10 +306,14 @@ def build_deps(settings: ServiceSettings, *, overrides: Overrides | None = None)
         requests=requests,
     )
 
+    container_metrics, metrics_closers = _container_metrics(
+        kubelet_api, settings, pods=pods, registry=registry
+    )
+
     async def close() -> None:
         if cluster is not None:
             await cluster.close()
-        for closer in api_closers:
+        for closer in [*api_closers, *metrics_closers]:
             await closer()
         for bus in buses:
             await bus.close()
@@ -336,14 +341,33 @@ def build_deps(settings: ServiceSettings, *, overrides: Overrides | None = None)
         volumes=volumes,
         devices=devices,
         node_metrics=node_metrics,
-        container_metrics=_container_metrics(kubelet_api),
+        container_metrics=container_metrics,
     )
 
 
-def _container_metrics(api: KubeletApiDeps | None) -> ContainerMetrics | None:
-    if api is None:
-        return None
-    return ContainerMetrics(StatsProvider(api.runtime, host_reader(api)), api.pods)
+def _container_metrics(
+    api: KubeletApiDeps | None,
+    settings: ServiceSettings,
+    *,
+    pods: PodCache,
+    registry: CollectorRegistry,
+) -> tuple[ContainerMetrics | None, list[Callable[[], Awaitable[None]]]]:
+    """/metrics/cadvisor of the read-only port: through the kubelet API's CRI client, or,
+    with that API off (a standalone node's usual read-only set-up), a client of its own,
+    as upstream serves the page there whether or not 10250 is on."""
+    if api is not None:
+        return ContainerMetrics(StatsProvider(api.runtime, host_reader(api)), api.pods), []
+    if not isinstance(settings, Settings) or not settings.kubelet.read_only_port:
+        return None, []
+    from klet.cri import RuntimeClient, cri_settings  # only when served: loads gRPC
+
+    kubelet = settings.kubelet
+    runtime = RuntimeClient(
+        cri_settings(kubelet, image_endpoint=kubelet.effective_image_service_endpoint),
+        observer=RuntimeOperationMetrics(registry),
+    )
+    host = host_reader_of(KubeletApiSettings.from_settings(settings), CgroupFS())
+    return ContainerMetrics(StatsProvider(runtime, host), pods), [runtime.close]
 
 
 def _kubelet_api(

@@ -271,12 +271,15 @@ class KubeletApiDeps:
 
 
 def host_reader(deps: KubeletApiDeps) -> HostReader:
-    """The host reads behind /stats/summary and /metrics/cadvisor. Per-cgroup PSI is
-    read from the cgroup v2 hierarchy when that is what `deps.cgroups` reads; a v1 host's
-    cgroups have none (the node's /proc/pressure is read either way)."""
-    cgroups = deps.cgroups
+    """The host reads behind /stats/summary and /metrics/cadvisor."""
+    return host_reader_of(deps.settings, deps.cgroups)
+
+
+def host_reader_of(s: KubeletApiSettings, cgroups: CgroupReader) -> HostReader:
+    """The host reads of `s`'s node over `cgroups`. Per-cgroup PSI is read from the
+    cgroup v2 hierarchy when that is what `cgroups` reads; a v1 host's cgroups have none
+    (the node's /proc/pressure is read either way)."""
     unified = cgroups.root if isinstance(cgroups, CgroupFS) and cgroups.version == 2 else None
-    s = deps.settings
     return HostReader(
         cgroups=cgroups,
         root_dir=s.root_dir,
