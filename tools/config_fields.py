@@ -26,7 +26,8 @@ Then `cfg.authentication.webhook.cache_ttl` reads that leaf, `getattr(cfg, "x")`
 literal reads `x`, and a property of the configuration class
 (`effective_image_service_endpoint`) reads what its body reads from `self`. A feature
 gate is read where code indexes or calls `.get` on `featureGates` with a literal or a
-module-level string constant (`k.feature_gates.get(EVENTED_PLEG_GATE, True)`).
+module-level string constant (`k.feature_gates.get(EVENTED_PLEG_GATE, True)`), or
+passes it to `klet.config.gates.enabled` (`enabled(k.feature_gates, "SystemdWatchdog")`).
 
 Names alone never count: `run_once()` methods do not read `runOnce`. The walk can still
 over-count where a configuration-typed attribute name (`kubelet`) or a function whose
@@ -404,6 +405,16 @@ class _Module:
             and node.args
         ):
             name = self.gate_name(node.args[0])
+            if name is not None:
+                self.reads.gates.add(name)
+        elif (
+            isinstance(func, ast.Name | ast.Attribute)
+            and (func.id if isinstance(func, ast.Name) else func.attr) == "enabled"
+            and len(node.args) == 2
+            and self.is_gates(node.args[0], env)
+        ):
+            # klet.config.gates.enabled(k.feature_gates, NAME): klet's default applied
+            name = self.gate_name(node.args[1])
             if name is not None:
                 self.reads.gates.add(name)
 

@@ -198,7 +198,13 @@ def test_feature_gates_by_literal_or_constant(tmp_path: Path) -> None:
         def f(settings, other) -> bool:
             k = settings.kubelet
             other.feature_gates.get("NotRead", True)
-            return k.feature_gates.get(GATE, True) and k.feature_gates["MemoryQoS"]
+            enabled(other.feature_gates, "NotReadEither")
+            return (
+                k.feature_gates.get(GATE, True)
+                and k.feature_gates["MemoryQoS"]
+                and enabled(settings.kubelet.feature_gates, "SystemdWatchdog")
+                and gates.enabled(k.feature_gates, "KubeletPSI")
+            )
         """,
     )
-    assert gates == {"EventedPLEG", "MemoryQoS"}
+    assert gates == {"EventedPLEG", "MemoryQoS", "SystemdWatchdog", "KubeletPSI"}

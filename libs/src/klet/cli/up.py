@@ -33,7 +33,6 @@ import os
 import signal
 import sys
 import time
-from collections.abc import Mapping
 from dataclasses import dataclass, field
 from importlib.util import find_spec
 from pathlib import Path
@@ -223,7 +222,8 @@ def up(argv: list[str], *, system: bool = False) -> int:
         )
         return 2
     try:
-        systemd = _systemd(settings.kubelet.feature_gates) if system else None
+        watchdog = enabled(settings.kubelet.feature_gates, "SystemdWatchdog")
+        systemd = _systemd(watchdog=watchdog) if system else None
     except ValueError as err:
         print(f"kubelet: {err}", file=sys.stderr)
         return 2
@@ -363,17 +363,13 @@ def up(argv: list[str], *, system: bool = False) -> int:
             redis.stop()
 
 
-def _systemd(gates: Mapping[str, bool]) -> tuple[str, float | None] | None:
-    """The notify socket and, with the SystemdWatchdog gate, the watchdog period (raises
-    ValueError naming a bad WATCHDOG_USEC)."""
+def _systemd(*, watchdog: bool) -> tuple[str, float | None] | None:
+    """The notify socket and, with `watchdog` (the SystemdWatchdog gate), the watchdog
+    period (raises ValueError naming a bad WATCHDOG_USEC)."""
     address = sdnotify.notify_address(os.environ)
     if address is None:
         return None
-    period = (
-        sdnotify.watchdog_period(os.environ, os.getpid())
-        if enabled(gates, "SystemdWatchdog")
-        else None
-    )
+    period = sdnotify.watchdog_period(os.environ, os.getpid()) if watchdog else None
     return address, period
 
 
