@@ -336,6 +336,15 @@ def test_pods_logs_stats_and_auth(talker: KletNode, pki: Any) -> None:
         [www] = stats["volume"]  # the emptyDir, with index.html in it, as du counts it
         assert www["name"] == "www" and www["inodesUsed"] == 2 and www["usedBytes"] >= 4096
         assert www["capacityBytes"] == summary["node"]["fs"]["capacityBytes"]
+        # upstream's ephemeral-storage sum: the writable layers, their logs, the emptyDir
+        layers = sum(
+            c["rootfs"]["usedBytes"] + c["logs"]["usedBytes"]
+            for c in stats["containers"]
+            if "rootfs" in c
+        )
+        ephemeral = stats["ephemeral-storage"]
+        assert ephemeral["usedBytes"] == layers + www["usedBytes"] >= www["usedBytes"]
+        assert ephemeral["capacityBytes"] == summary["node"]["fs"]["capacityBytes"]
 
         logs = f"/containerLogs/default/{pod}/talk"
 

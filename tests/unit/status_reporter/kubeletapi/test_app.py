@@ -43,6 +43,7 @@ from klet.status_reporter.kubeletapi import (
 from klet.status_reporter.kubeletapi.app import HttpProblem, create_app, resolve_stream_url
 from klet.status_reporter.kubeletapi.deps import kubelet_api_metrics
 from klet.status_reporter.kubeletapi.routes import StreamTarget
+from klet.status_reporter.kubeletapi.stats import ephemeral_storage
 from klet.status_reporter.kubeletapi.testing import FakePodView, FakeRuntime
 from prometheus_client import CollectorRegistry, Counter
 from prometheus_client.parser import text_string_to_metric_families
@@ -410,6 +411,15 @@ async def test_stats_summary(client: httpx.AsyncClient, world: World) -> None:
     assert empty_dir["usedBytes"] >= 8192 and empty_dir["inodesUsed"] == 2  # as du counts
     assert empty_dir["capacityBytes"] == node["fs"]["capacityBytes"]  # the root dir's fs
     assert empty_dir["inodes"] == node["fs"]["inodes"] and "pvcRef" not in empty_dir
+    # upstream's calcEphemeralStorage: writable layer + its logs + disk emptyDirs, not
+    # the claimed volume; the root filesystem's size and free space
+    ephemeral = pod["ephemeral-storage"]
+    assert ephemeral["usedBytes"] == 4096 + c["logs"]["usedBytes"] + empty_dir["usedBytes"]
+    assert ephemeral["inodesUsed"] == (
+        c["rootfs"]["inodesUsed"] + c["logs"]["inodesUsed"] + empty_dir["inodesUsed"]
+    )
+    assert ephemeral["capacityBytes"] == node["fs"]["capacityBytes"]
+    assert ephemeral["availableBytes"] == node["fs"]["availableBytes"]
     assert [claimed] == [
         {
             "time": "1970-01-01T00:00:01Z",
@@ -425,6 +435,7 @@ async def test_stats_summary(client: httpx.AsyncClient, world: World) -> None:
     light = (await client.get("/stats/summary?only_cpu_and_memory=true")).json()
     assert "fs" not in light["node"] and "logs" not in light["pods"][0]["containers"][0]
     assert "volume" not in light["pods"][0]
+    assert "ephemeral-storage" not in light["pods"][0]
 
 
 async def test_resource_metrics(client: httpx.AsyncClient, world: World) -> None:
@@ -581,3 +592,14 @@ async def test_why_serves_a_pods_history_from_the_lookup(world: World) -> None:
     async for client in client_for(world):
         off = await client.get("/why/ns/web")
         assert off.status_code == 404 and "not kept by this server" in off.text
+
+
+def test_ephemeral_storage_adds_logs_only_with_a_writable_layer() -> None:
+    containers = [
+        {"rootfs": {"usedBytes": 10, "inodesUsed": 1}, "logs": {"usedBytes": 5, "inodesUsed": 2}},
+        {"logs": {"usedBytes": 1000, "inodesUsed": 100}},  # no writable layer: as upstream
+    ]
+    empty_dirs = [{"name": "cache", "usedBytes": 7, "inodesUsed": 3}, {"name": "unread"}]
+    got = ephemeral_storage(containers, empty_dirs, None, 0)
+    assert (got["usedBytes"], got["inodesUsed"]) == (22, 6)
+    assert "capacityBytes" not in got  # no statfs reading of the root filesystem

@@ -126,6 +126,30 @@ def _empty_dir_stats(name: str, usage: DirUsage, fs: FsUsage | None, now_ns: int
     return {"name": name, **entry}
 
 
+def ephemeral_storage(
+    containers: list[JSON], empty_dirs: list[JSON], rootfs: FsUsage | None, now_ns: int
+) -> JSON:
+    """The pod's `ephemeral-storage` as upstream's calcEphemeralStorage sums it: the root
+    filesystem's size and free space, and as used each container's writable layer with
+    its logs (a container without a writable layer reading adds neither, as upstream)
+    and the pod's disk-backed emptyDirs. Not added, as klet does not measure them: the
+    pod's configMap, secret, downwardAPI and projected volumes, its etc-hosts file, and
+    files directly in its log directory (upstream's pod log stats; the kubelet writes
+    none there, only the containers' directories)."""
+    used, inodes = 0, 0
+    for c in containers:
+        rootfs_entry = c.get("rootfs")
+        if rootfs_entry is None:
+            continue
+        for part in (rootfs_entry, c.get("logs") or {}):
+            used += part.get("usedBytes") or 0
+            inodes += part.get("inodesUsed") or 0
+    for volume in empty_dirs:
+        used += volume.get("usedBytes") or 0
+        inodes += volume.get("inodesUsed") or 0
+    return fs_stats(rootfs, now_ns, used_bytes=used, inodes_used=inodes)
+
+
 def _psi_data(d: PSIData) -> JSON:
     return {"total": d.total_us, "avg10": d.avg10, "avg60": d.avg60, "avg300": d.avg300}
 
@@ -323,6 +347,9 @@ class SummaryProvider:
                 _empty_dir_stats(name, usage, snap.node.rootfs, now)
                 for name, usage in sorted(p.volumes.items())
             ]
+            pod["ephemeral-storage"] = ephemeral_storage(
+                pod["containers"], volumes, snap.node.rootfs, now
+            )
             volumes += [
                 {
                     "time": rfc3339(int(r.measured_at * 1e9)),
