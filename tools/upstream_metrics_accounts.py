@@ -179,16 +179,6 @@ NOT_APPLICABLE: Mapping[str, tuple[str, ...]] = {
 
 MISSING: Mapping[str, tuple[str, ...]] = {
     (
-        "the memory and topology managers' admission counters: klet.syncloop.memorymanager "
-        "and klet.syncloop.topologymanager admit and pin without counting yet"
-    ): (
-        "/metrics kubelet_memory_manager_pinning_errors_total",
-        "/metrics kubelet_memory_manager_pinning_requests_total",
-        "/metrics kubelet_topology_manager_admission_duration_ms",
-        "/metrics kubelet_topology_manager_admission_errors_total",
-        "/metrics kubelet_topology_manager_admission_requests_total",
-    ),
-    (
         "the PodResources API's per-method counters: upstream names them without `_total`, "
         "and prometheus_client gives every counter that suffix "
         "(klet.syncloop.metrics.PodResourcesMetrics serves requests_total)"

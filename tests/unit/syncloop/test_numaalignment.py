@@ -1,11 +1,13 @@
 """The memory and topology managers as syncloop builds them (klet.syncloop.numaalignment)
 over a fake one-node sysfs, and what they add to the CRI config (containers/
 startcontainer.py): with memoryManagerPolicy None and topologyManagerPolicy none
-nothing is built and no sysfs is read; Static with single-numa-node admits a
-Guaranteed pod on node 0, records it in memory_manager_state and puts cpuset_mems "0"
-on the wire (LinuxContainerResources.cpuset_mems), a best-effort pod gets none; a
-Guaranteed pod larger than the node is refused with upstream's reason; the options
-and the NUMA node limit are checked at start."""
+nothing is placed and no sysfs is read, yet admissions are counted; Static with
+single-numa-node admits a Guaranteed pod on node 0, records it in memory_manager_state
+and puts cpuset_mems "0" on the wire (LinuxContainerResources.cpuset_mems), a
+best-effort pod gets none; a Guaranteed pod larger than the node is refused with
+upstream's reason; the options and the NUMA node limit are checked at start;
+upstream's memory and topology manager series count pinnings, admissions and
+refusals."""
 
 from __future__ import annotations
 
@@ -20,7 +22,9 @@ from klet.cri.types import ContainerConfig
 from klet.model.types import JSON
 from klet.syncloop.containers.startcontainer import _with_mems
 from klet.syncloop.memorymanager.policy import MemoryManagerError
+from klet.syncloop.metrics import NUMAMetrics
 from klet.syncloop.numaalignment import build
+from prometheus_client import CollectorRegistry
 
 CFG = ContainerConfig(name="app", attempt=0, image="sha256:img")
 
@@ -51,16 +55,54 @@ def pod(uid: str, memory: str | None) -> JSON:
     }
 
 
-def test_nothing_is_built_by_default(tmp_path: Path) -> None:
+def test_by_default_nothing_is_placed_and_admissions_are_counted(tmp_path: Path) -> None:
+    registry = CollectorRegistry()
     memory, topology = build(
-        KubeletConfiguration(), tmp_path, devices=None, sys_node=tmp_path / "absent"
+        KubeletConfiguration(),
+        tmp_path,
+        devices=None,
+        sys_node=tmp_path / "absent",
+        observer=NUMAMetrics.create(registry),
     )
-    assert topology is None and memory.policy is None
+    assert topology.policy == "none" and memory.policy is None
+    assert topology.admit("a", pod("a", "8Gi"), []) is None
+    assert registry.get_sample_value("kubelet_topology_manager_admission_requests_total") == 1
+    assert registry.get_sample_value("kubelet_memory_manager_pinning_requests_total") == 0
+
+
+def test_upstreams_series_count_pinnings_and_refusals(tmp_path: Path) -> None:
+    registry = CollectorRegistry()
+    _, topology = build(
+        cfg(),
+        tmp_path,
+        devices=None,
+        sys_node=sysfs(tmp_path),
+        observer=NUMAMetrics.create(registry),
+    )
+    assert topology.admit("a", pod("a", "256Mi"), []) is None
+    assert topology.admit("b", pod("b", None), []) is None  # best-effort: no pinning
+    assert topology.admit("c", pod("c", "8Gi"), []) is not None
+    value = registry.get_sample_value
+    assert value("kubelet_memory_manager_pinning_requests_total") == 1
+    assert value("kubelet_memory_manager_pinning_errors_total") == 0
+    assert value("kubelet_topology_manager_admission_requests_total") == 3
+    assert value("kubelet_topology_manager_admission_errors_total") == 1
+    assert value("kubelet_topology_manager_admission_duration_ms_count") == 3
+    _, plain = build(
+        cfg(topology_manager_policy="none"),
+        tmp_path / "p",
+        devices=None,
+        sys_node=sysfs(tmp_path / "q"),
+        observer=NUMAMetrics.create(registry := CollectorRegistry()),
+    )
+    assert plain.admit("c", pod("c", "8Gi"), []) is not None
+    assert registry.get_sample_value("kubelet_memory_manager_pinning_errors_total") == 1
+    # under policy none an allocation failure is not a topology admission error
+    assert registry.get_sample_value("kubelet_topology_manager_admission_errors_total") == 0
 
 
 def test_a_guaranteed_pod_is_placed_on_node_0(tmp_path: Path) -> None:
     memory, topology = build(cfg(), tmp_path, devices=None, sys_node=sysfs(tmp_path))
-    assert topology is not None
     p = pod("a", "256Mi")
     assert topology.admit("a", p, []) is None
     doc = json.loads((tmp_path / "memory_manager_state").read_bytes())
@@ -76,7 +118,6 @@ def test_a_guaranteed_pod_is_placed_on_node_0(tmp_path: Path) -> None:
 
 def test_a_pod_larger_than_the_node_is_refused(tmp_path: Path) -> None:
     _, topology = build(cfg(), tmp_path, devices=None, sys_node=sysfs(tmp_path))
-    assert topology is not None
     assert topology.admit("a", pod("a", "8Gi"), []) == (
         "TopologyAffinityError",
         "Resources cannot be allocated with Topology locality",
@@ -84,7 +125,6 @@ def test_a_pod_larger_than_the_node_is_refused(tmp_path: Path) -> None:
     _, plain = build(
         cfg(topology_manager_policy="none"), tmp_path, devices=None, sys_node=sysfs(tmp_path / "x")
     )
-    assert plain is not None
     reason, message = plain.admit("a", pod("a", "8Gi"), []) or ("", "")
     assert reason == "UnexpectedAdmissionError"
     assert message.startswith("Allocate failed due to [memorymanager] failed to get the default")

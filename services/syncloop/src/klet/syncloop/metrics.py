@@ -805,6 +805,62 @@ class CPUManagerMetrics:
 
 
 @dataclass(frozen=True)
+class NUMAMetrics:
+    """Upstream's memory manager and topology manager series (numaalignment.Observer):
+    Guaranteed containers' memory pinnings and those refused; every admission the
+    topology manager decided, how long it took (milliseconds, upstream's buckets), and
+    those it refused."""
+
+    pin_requests: Counter
+    pin_errors: Counter
+    admissions: Counter
+    admission_errors: Counter
+    admission_ms: Histogram
+
+    @classmethod
+    def create(cls, registry: CollectorRegistry) -> NUMAMetrics:
+        return cls(
+            pin_requests=Counter(
+                "kubelet_memory_manager_pinning_requests",
+                "The number of memory pages allocations which required pinning.",
+                registry=registry,
+            ),
+            pin_errors=Counter(
+                "kubelet_memory_manager_pinning_errors",
+                "The number of memory pages allocations which required pinning that failed.",
+                registry=registry,
+            ),
+            admissions=Counter(
+                "kubelet_topology_manager_admission_requests",
+                "The number of admission requests where resources have to be aligned.",
+                registry=registry,
+            ),
+            admission_errors=Counter(
+                "kubelet_topology_manager_admission_errors",
+                "The number of admission request failures where resources could not be aligned.",
+                registry=registry,
+            ),
+            admission_ms=Histogram(
+                "kubelet_topology_manager_admission_duration_ms",
+                "Duration in milliseconds to serve a pod admission request.",
+                buckets=[0.05 * 2**i for i in range(15)],
+                registry=registry,
+            ),
+        )
+
+    def pinning(self, *, failed: bool) -> None:
+        self.pin_requests.inc()
+        if failed:
+            self.pin_errors.inc()
+
+    def admission(self, *, seconds: float, error: bool) -> None:
+        self.admissions.inc()
+        self.admission_ms.observe(seconds * 1000)
+        if error:
+            self.admission_errors.inc()
+
+
+@dataclass(frozen=True)
 class CredentialProviderMetrics:
     """Upstream's two series of credential provider plugin runs
     (containers/credentialplugins.py's PluginObserver): every run's duration, and the

@@ -5,8 +5,9 @@ resource managers as its hint providers; here the two packages stay apart (the m
 manager uses the topology manager's hints, never the reverse) and this module joins
 them: the memory manager (memoryManagerPolicy), the device manager's hints and the
 memory manager's as providers, the memory manager as the allocator. With
-topologyManagerPolicy none and memoryManagerPolicy None there is nothing to admit and
-no topology manager is built (admission is as before).
+topologyManagerPolicy none and memoryManagerPolicy None the topology manager has
+nothing to merge or place and the machine is not read; it still counts its admissions,
+as upstream's admit handler does under every policy.
 
 The CPU manager (cpumanager/) is not a provider yet: it has no hints to give.
 """
@@ -14,14 +15,23 @@ The CPU manager (cpumanager/) is not a provider yet: it has no hints to give.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Protocol
 
 from klet.config.kubelet import KubeletConfiguration
-from klet.syncloop.memorymanager.manager import MemoryManager, create_manager
+from klet.syncloop.memorymanager.manager import MemoryManager, MemoryObserver, create_manager
 from klet.syncloop.memorymanager.numa import SYS_NODE, NUMAError, discover
 from klet.syncloop.memorymanager.policy import MemoryManagerError
 from klet.syncloop.topologymanager.devicehints import DeviceHints, DeviceView
 from klet.syncloop.topologymanager.hints import NUMAInfo, policy_options
-from klet.syncloop.topologymanager.manager import HintProvider, TopologyManager
+from klet.syncloop.topologymanager.manager import (
+    HintProvider,
+    TopologyManager,
+    TopologyObserver,
+)
+
+
+class Observer(MemoryObserver, TopologyObserver, Protocol):
+    """Both managers' metrics (klet.syncloop.metrics.NUMAMetrics)."""
 
 
 def build(
@@ -30,19 +40,24 @@ def build(
     *,
     devices: DeviceView | None,
     sys_node: Path = SYS_NODE,
-) -> tuple[MemoryManager, TopologyManager | None]:
+    observer: Observer | None = None,
+) -> tuple[MemoryManager, TopologyManager]:
     """Both managers; raises MemoryManagerError naming the field when the machine or the
     configuration does not allow them (upstream's kubelet does not start either)."""
     policy = cfg.topology_manager_policy or "none"
     if policy == "none" and cfg.memory_manager_policy in ("", "None"):
-        memory = create_manager(cfg, root_dir)
+        # nothing to align or place: no machine to read; the admit handler still counts
+        memory = create_manager(cfg, root_dir, observer=observer)
         memory.check()
-        return memory, None
+        none = TopologyManager(
+            policy="none", scope="container", numa=NUMAInfo((0,)), observer=observer
+        )
+        return memory, none
     try:
         machine = discover(sys_node)
     except NUMAError as err:
         raise MemoryManagerError(f"reading the NUMA topology: {err}") from err
-    memory = create_manager(cfg, root_dir, machine=machine)
+    memory = create_manager(cfg, root_dir, machine=machine, observer=observer)
     memory.check()
     if cfg.topology_manager_policy_options and not cfg.feature_gates.get(
         "TopologyManagerPolicyOptions", True
@@ -73,5 +88,6 @@ def build(
         options=options,
         providers=providers,
         allocators=[memory],
+        observer=observer,
     )
     return memory, topology

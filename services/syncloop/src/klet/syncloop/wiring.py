@@ -81,6 +81,7 @@ from klet.syncloop.metrics import (
     CredentialProviderMetrics,
     DeviceMetrics,
     Metrics,
+    NUMAMetrics,
     ResizeMetrics,
     create_metrics,
     storage_operations,
@@ -172,7 +173,7 @@ class Deps:
     devices: DeviceManager | None = None  # device plugins (root task `device-plugins`)
     cpus: CPUManager | None = None  # the CPU manager (root task `cpu-manager`)
     memory: MemoryManager | None = None  # the memory manager (root task `memory-manager`)
-    topology: TopologyManager | None = None  # NUMA alignment at admission; None: off
+    topology: TopologyManager | None = None  # NUMA alignment and memory placement at admission
     runtime_events: RuntimeEvents | None = None  # the production event channel, closed at exit
     reserved: tuple[ReservedCgroup, ...] = ()
     """The reserved cgroups enforceNodeAllocatable names (root task `node-allocatable`)."""
@@ -443,7 +444,9 @@ def build_deps(settings: Settings, overrides: Overrides | None = None) -> Deps:
     # The memory and topology managers (memoryManagerPolicy, topologyManagerPolicy):
     # admission aligns hints and places memory, container creation sets cpuset.mems;
     # raises MemoryManagerError when they cannot start.
-    memory, topology = numaalignment.build(k, Path(settings.klet.root_dir), devices=devices)
+    memory, topology = numaalignment.build(
+        k, Path(settings.klet.root_dir), devices=devices, observer=NUMAMetrics.create(registry)
+    )
     syncer.starter.memory = memory if memory.policy is not None else None
     admission = AdmissionLedger(
         o.node or admission_node(settings),

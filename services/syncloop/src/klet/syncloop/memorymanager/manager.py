@@ -26,6 +26,7 @@ import logging
 import os
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
+from typing import Protocol
 
 from klet.config.kubelet import KubeletConfiguration
 from klet.model.node import reservation
@@ -37,6 +38,7 @@ from klet.syncloop.memorymanager.policy import (
     MemoryManagerError,
     StaticPolicy,
     container_numa_nodes,
+    pinned,
     reserved_per_node,
 )
 from klet.syncloop.memorymanager.state import MemoryState, StateError
@@ -47,9 +49,27 @@ log = logging.getLogger(__name__)
 NONE, STATIC = "None", "Static"
 
 
+class MemoryObserver(Protocol):
+    """Upstream's kubelet_memory_manager_pinning_* series (klet.syncloop.metrics)."""
+
+    def pinning(self, *, failed: bool) -> None: ...
+
+
+class _NoObserver:
+    def pinning(self, *, failed: bool) -> None:
+        pass
+
+
 class MemoryManager:
-    def __init__(self, policy: StaticPolicy | None, root_dir: Path) -> None:
+    def __init__(
+        self,
+        policy: StaticPolicy | None,
+        root_dir: Path,
+        *,
+        observer: MemoryObserver | None = None,
+    ) -> None:
         self.policy = policy
+        self.observer: MemoryObserver = observer or _NoObserver()
         self.path = root_dir / statefile.STATE_FILE
         self.state = MemoryState(policy=self.policy_name)
         self.loaded = False
@@ -128,7 +148,10 @@ class MemoryManager:
         try:
             state = self.policy.allocate(self.state, pod, container, hint)
         except AllocationError as err:
+            self.observer.pinning(failed=True)
             return str(err)
+        if pinned(pod):  # upstream counts every Guaranteed container's Allocate
+            self.observer.pinning(failed=False)
         if state is not self.state:
             self.state = state
             self.save()
@@ -213,11 +236,12 @@ def create_manager(
     *,
     sys_node: Path = SYS_NODE,
     machine: Machine | None = None,
+    observer: MemoryObserver | None = None,
 ) -> MemoryManager:
     """The manager memoryManagerPolicy asks for; raises MemoryManagerError naming the
     field (upstream's kubelet does not start either)."""
     if cfg.memory_manager_policy in ("", NONE):
-        return MemoryManager(None, root_dir)
+        return MemoryManager(None, root_dir, observer=observer)
     try:
         machine = machine or discover(sys_node)
     except NUMAError as err:
@@ -234,4 +258,4 @@ def create_manager(
         )
     except ValueError as err:
         raise MemoryManagerError(str(err)) from err
-    return MemoryManager(StaticPolicy(machine.nodes, reserved), root_dir)
+    return MemoryManager(StaticPolicy(machine.nodes, reserved), root_dir, observer=observer)

@@ -45,6 +45,7 @@ __all__ = [
     "NUMANode",
     "StaticPolicy",
     "container_numa_nodes",
+    "pinned",
     "pod_requests",
     "requests",
     "reserved_per_node",
@@ -160,7 +161,7 @@ def pod_requests(pod: JSON) -> dict[str, int]:
     }
 
 
-def _pinned(pod: JSON) -> bool:
+def pinned(pod: JSON) -> bool:
     """Only Guaranteed pods without pod-level resources get NUMA memory."""
     return qos_class(pod) == GUARANTEED and not is_pod_level_set(pod)
 
@@ -293,7 +294,7 @@ class StaticPolicy:
 
     def hints(self, state: MemoryState, pod: JSON, container: JSON) -> ProviderHints | None:
         """The container's hints by memory type (None: no preference)."""
-        if not _pinned(pod):
+        if not pinned(pod):
             return None
         want = requests(container)
         blocks = state.blocks(_uid(pod), str(container.get("name") or ""))
@@ -303,7 +304,7 @@ class StaticPolicy:
 
     def pod_hints(self, state: MemoryState, pod: JSON) -> ProviderHints | None:
         """The pod's hints (pod scope): its requests as one."""
-        if not _pinned(pod):
+        if not pinned(pod):
             return None
         want = pod_requests(pod)
         spec = pod.get("spec") or {}
@@ -330,7 +331,7 @@ class StaticPolicy:
     ) -> MemoryState:
         """The state with the container's blocks; unchanged for a pod that is not
         Guaranteed or a container already placed. Raises AllocationError."""
-        if not _pinned(pod):
+        if not pinned(pod):
             return state
         uid, name = _uid(pod), str(container.get("name") or "")
         if state.blocks(uid, name) is not None:

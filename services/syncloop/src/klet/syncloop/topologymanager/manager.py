@@ -19,7 +19,8 @@ provide hints; the CPU manager plugs in by giving the same two methods.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Sequence
+import time
+from collections.abc import Callable, Iterable, Sequence
 from typing import Protocol
 
 from klet.model.types import JSON
@@ -40,6 +41,17 @@ SCOPES = ("container", "pod")
 
 NO_PREFERENCE = TopologyHint(None, False)
 """What an allocator gets for a container without a hint (upstream's zero hint)."""
+
+
+class TopologyObserver(Protocol):
+    """Upstream's kubelet_topology_manager_admission_* series (klet.syncloop.metrics)."""
+
+    def admission(self, *, seconds: float, error: bool) -> None: ...
+
+
+class _NoObserver:
+    def admission(self, *, seconds: float, error: bool) -> None:
+        pass
 
 
 class HintProvider(Protocol):
@@ -77,6 +89,8 @@ class TopologyManager:
         options: PolicyOptions | None = None,
         providers: Sequence[HintProvider] = (),
         allocators: Sequence[Allocator] = (),
+        observer: TopologyObserver | None = None,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         if scope not in SCOPES:
             raise ValueError(f"unknown topology manager scope {scope!r}")
@@ -87,6 +101,8 @@ class TopologyManager:
         self.providers = list(providers)
         self.allocators = list(allocators)
         self.hints: dict[tuple[str, str], TopologyHint] = {}
+        self.observer: TopologyObserver = observer or _NoObserver()
+        self.clock = clock
 
     def affinity(self, uid: str, name: str) -> TopologyHint:
         """The hint a container was admitted with (no preference when none)."""
@@ -115,7 +131,17 @@ class TopologyManager:
         return TOPOLOGY_AFFINITY_ERROR, TOPOLOGY_AFFINITY_MESSAGE
 
     def admit(self, uid: str, pod: JSON, others: Sequence[JSON]) -> tuple[str, str] | None:
-        """(reason, message) refusing the pod, or None (the ledger's admit handler)."""
+        """(reason, message) refusing the pod, or None (the ledger's admit handler).
+        Every call is counted and timed; a refusal under a policy other than none is an
+        admission error, as upstream's scopes count them."""
+        start = self.clock()
+        refused = self._admit(uid, pod)
+        self.observer.admission(
+            seconds=self.clock() - start, error=refused is not None and self.policy != "none"
+        )
+        return refused
+
+    def _admit(self, uid: str, pod: JSON) -> tuple[str, str] | None:
         containers = _containers(pod)
         if self.policy == "none":
             for c in containers:
