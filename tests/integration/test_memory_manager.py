@@ -9,7 +9,8 @@ file `<root-dir>/memory_manager_state` is upstream's JSON with a checksum that
 verifies, recording the container's memory block on node 0; a best-effort pod runs
 without a block; a Guaranteed pod asking more memory than node 0 has is refused with
 upstream's TopologyAffinityError and never reaches the runtime; syncloop SIGKILLed and
-restarted keeps the container (same ID, no restart) and the block; the pod removed,
+restarted keeps the container (same ID, no restart) and the block; upstream's
+kubelet_memory_manager_* and kubelet_topology_manager_* series count them; the pod removed,
 its block is freed. Apart: a state file written for another policy stops syncloop at
 start with upstream's message."""
 
@@ -143,6 +144,14 @@ def test_a_guaranteed_pod_gets_node_0_and_keeps_it_across_a_restart(
     else:
         assert failed["status"]["reason"] == "OutOfmemory"
     assert runtime_sandboxes(node.stack, f"huge-{node.node_name}") == []
+    # upstream's series on syncloop's /metrics: the pinned container's pinning, and the
+    # three admissions (pinned, plain, huge) of which the topology manager refused one
+    assert node.metric("syncloop", "kubelet_memory_manager_pinning_requests_total") == 1
+    assert node.metric("syncloop", "kubelet_memory_manager_pinning_errors_total") == 0
+    assert node.metric("syncloop", "kubelet_topology_manager_admission_requests_total") == 3
+    assert node.metric("syncloop", "kubelet_topology_manager_admission_errors_total") == (
+        1 if failed["status"]["reason"] == "TopologyAffinityError" else 0
+    )
 
     before = container_status(node.pods()[f"pinned-{node.node_name}"], "main")
     node.kill("syncloop")
