@@ -32,7 +32,7 @@ def _pod(uid: str, cpu: str | None) -> dict[str, Any]:
 
 def _static(root: Path, *, disable_quota: bool) -> CPUManager:
     policy = StaticPolicy.create(TWO, count=1, explicit=frozenset(), options=Options())
-    m = CPUManager(policy, root, clock=lambda: 0.0, disable_quota=disable_quota)
+    m = CPUManager(policy, root, disable_quota=disable_quota)
     m.load()
     return m
 
@@ -61,7 +61,7 @@ def test_the_quota_stays_with_the_gate_off(tmp_path: Path) -> None:
 
 
 def test_the_none_policy_leaves_the_config_alone(tmp_path: Path) -> None:
-    m = CPUManager(NonePolicy(), tmp_path, clock=lambda: 0.0, disable_quota=True)
+    m = CPUManager(NonePolicy(), tmp_path, disable_quota=True)
     g = _pod("g", "1")
     m.admit("g", g, [])
     assert _with_cpuset(CFG, g, g["spec"]["containers"][0], m) == CFG

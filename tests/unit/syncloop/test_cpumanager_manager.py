@@ -1,11 +1,11 @@
-"""The CPU manager (klet.syncloop.cpumanager.manager) over a fake CRI and bus: admission
+"""The CPU manager (klet.syncloop.cpumanager.manager) over a fake CRI: admission
 writes the state file before it answers and refuses with upstream's reason; the CRI
 cpuset of each container; a new manager over the same root dir (a restarted syncloop)
 reads the same assignments back and keeps the pod; a file of another policy or a
 corrupt one stops the start with upstream's message; the reconcile sends shared-pool
 containers the pool as it shrinks and grows and each running container its cpuset
-once; finished pods' CPUs are released; the bus `cpus` table follows; upstream's
-kubelet_cpu_manager_* series count the pinning and follow the pool."""
+once; finished pods' CPUs are released; upstream's kubelet_cpu_manager_* series count
+the pinning and follow the pool."""
 
 from __future__ import annotations
 
@@ -15,9 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from klet.bus.testing import FakeBus
 from klet.cri.types import LinuxResources
-from klet.model.records import ContainerCPUsRecord
 from klet.model.types import ContainerID
 from klet.syncloop.cpumanager.manager import CPUManager, CPUManagerError
 from klet.syncloop.cpumanager.policy import NonePolicy, Options, StaticPolicy
@@ -46,10 +44,9 @@ class FakeCRI:
         self.updates.append((container_id, resources.cpuset_cpus))
 
 
-def _manager(root: Path, bus: FakeBus | None = None) -> CPUManager:
+def _manager(root: Path) -> CPUManager:
     policy = StaticPolicy.create(TWO, count=1, explicit=frozenset(), options=Options())
-    table = bus.table("cpus", ContainerCPUsRecord) if bus is not None else None
-    m = CPUManager(policy, root, table=table, clock=lambda: 100.0)
+    m = CPUManager(policy, root)
     m.load()
     return m
 
@@ -86,7 +83,7 @@ def test_a_restarted_manager_keeps_the_assignments(tmp_path: Path) -> None:
 def test_a_policy_change_or_a_corrupt_file_stops_the_start(tmp_path: Path) -> None:
     _manager(tmp_path)
     with pytest.raises(CPUManagerError) as err:
-        CPUManager(NonePolicy(), tmp_path, clock=lambda: 0.0).load()
+        CPUManager(NonePolicy(), tmp_path).load()
     assert 'configured policy "none" differs from state checkpoint policy "static"' in str(
         err.value
     )
@@ -121,22 +118,8 @@ async def test_reconcile_follows_the_pool_and_release_gives_cpus_back(tmp_path: 
     assert cri.updates[-1] == ("c-be", "0-1")  # and grew
 
 
-async def test_the_bus_table_follows_the_assignments(tmp_path: Path) -> None:
-    bus = FakeBus("node")
-    m = _manager(tmp_path, bus)
-    table = bus.table("cpus", ContainerCPUsRecord)
-    m.admit("g", _pod("g", "1"), [])
-    await m.publish()
-    assert await table.all() == {
-        "g/app": ContainerCPUsRecord(pod_uid="g", container="app", cpus="1", at=100.0)
-    }
-    m.release({})
-    await m.publish()
-    assert await table.all() == {}
-
-
 async def test_the_none_policy_sets_no_cpuset_and_updates_nothing(tmp_path: Path) -> None:
-    m = CPUManager(NonePolicy(), tmp_path, clock=lambda: 0.0)
+    m = CPUManager(NonePolicy(), tmp_path)
     m.load()
     g = _pod("g", "1")
     assert m.admit("g", g, []) is None
@@ -153,7 +136,7 @@ async def test_the_none_policy_sets_no_cpuset_and_updates_nothing(tmp_path: Path
 def test_upstreams_cpu_manager_series(tmp_path: Path) -> None:
     registry = CollectorRegistry()
     policy = StaticPolicy.create(TWO, count=1, explicit=frozenset(), options=Options())
-    m = CPUManager(policy, tmp_path, clock=lambda: 0.0, observer=CPUManagerMetrics.create(registry))
+    m = CPUManager(policy, tmp_path, observer=CPUManagerMetrics.create(registry))
     m.load()
 
     def value(name: str, **labels: str) -> float | None:

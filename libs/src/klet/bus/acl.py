@@ -153,7 +153,7 @@ ACCESS: Mapping[str, ServiceAccess] = {
     ),
     "syncloop": ServiceAccess(
         reads=("desired", "sources", "node:eviction"),
-        writes=("status", "node:syncloop", "csidrivers", "volumes", "devices", "cpus"),
+        writes=("status", "node:syncloop", "csidrivers", "volumes", "devices"),
         publishes=("podstatus", "events:syncloop"),
         consumes=("pods",),
         leases=("syncloop",),
@@ -166,7 +166,6 @@ ACCESS: Mapping[str, ServiceAccess] = {
             "csidrivers",
             "volumes",
             "devices",
-            "cpus",
             *_CONDITIONS,
         ),
         writes=("history",),

@@ -23,7 +23,6 @@ from klet.bus.acl import CONDITION_WRITERS, SERVICES, owns_condition
 from klet.bus.redisbus import Bus, MergedStream, Stream, Table
 from klet.model.node import NODE_SHUTTING_DOWN
 from klet.model.records import (
-    ContainerCPUsRecord,
     CSIDriverRecord,
     DesiredPod,
     DeviceResourceRecord,
@@ -107,8 +106,6 @@ class NodeBus:
     """The CSI volumes published for pods, keyed `<pod uid>/<volume>` (syncloop)."""
     devices: Table[DeviceResourceRecord]
     """Device plugin resources and their device counts, keyed by resource (syncloop)."""
-    cpus: Table[ContainerCPUsRecord]
-    """Exclusive CPUs of containers, keyed `<pod uid>/<container>` (syncloop's CPU manager)."""
     history: Table[HistoryIndexRecord]
     """Which pods have a history, keyed by pod UID (status-reporter, `klet why`)."""
 
@@ -141,6 +138,5 @@ class NodeBus:
             csidrivers=bus.table("csidrivers", CSIDriverRecord),
             volumes=bus.table("volumes", VolumeRecord),
             devices=bus.table("devices", DeviceResourceRecord),
-            cpus=bus.table("cpus", ContainerCPUsRecord),
             history=bus.table("history", HistoryIndexRecord),
         )

@@ -281,20 +281,6 @@ class DeviceResourceRecord(Record):
 
 
 @dataclass(frozen=True)
-class ContainerCPUsRecord(Record):
-    """`cpus` table value, keyed `<pod uid>/<container>`: the exclusive CPUs syncloop's
-    CPU manager (static policy) gave the container, in the Linux list format. Only
-    containers with CPUs of their own have a record; shared-pool containers have none.
-    For the PodResources API's cpu_ids."""
-
-    kind: ClassVar[str] = "containercpus"
-    pod_uid: str
-    container: str
-    cpus: str  # e.g. "1" or "2-3,6"
-    at: float  # when the assignment was made (Unix seconds)
-
-
-@dataclass(frozen=True)
 class HistoryEntry(Record):
     """`history:<pod uid>` stream entry: one thing decided about or seen of a pod, kept
     for `klet why` (status-reporter's leader writes it, klet.model.podhistory says

@@ -435,8 +435,6 @@ def build_deps(settings: Settings, overrides: Overrides | None = None) -> Deps:
     cpus = create_manager(
         k,
         Path(settings.klet.root_dir),
-        table=node_bus.cpus,
-        clock=clock,
         observer=CPUManagerMetrics.create(registry),
     )
     cpus.check()

@@ -19,8 +19,8 @@ and restarts nothing. A state file that does not verify, or was written for anot
 policy, stops syncloop at start with upstream's message: as upstream, the node must
 be drained and the file deleted.
 
-The current assignments are also published in the bus `cpus` table (one record per
-container with exclusive CPUs), for whoever reports them.
+The assignments stay in this process: the PodResources API, served by syncloop too
+(klet.syncloop.podresources), reads them from the manager.
 """
 
 from __future__ import annotations
@@ -37,7 +37,6 @@ from typing import Protocol
 from klet.config.kubelet import KubeletConfiguration
 from klet.cri.types import LinuxResources
 from klet.model.cpuset import CPUSet, format_cpus, parse_cpus
-from klet.model.records import ContainerCPUsRecord
 from klet.model.types import JSON, ContainerID
 from klet.model.units import parse_quantity
 from klet.syncloop.cpumanager import state as statefile
@@ -64,14 +63,6 @@ class CPUSetUpdater(Protocol):
     async def update_container_resources(
         self, container_id: ContainerID, resources: LinuxResources
     ) -> None: ...
-
-
-class CPUTable(Protocol):
-    async def put(self, key: str, value: ContainerCPUsRecord) -> None: ...
-
-    async def delete(self, key: str) -> None: ...
-
-    async def all(self) -> dict[str, ContainerCPUsRecord]: ...
 
 
 class CPUObserver(Protocol):
@@ -102,8 +93,6 @@ class CPUManager:
         policy: StaticPolicy | NonePolicy,
         root_dir: Path,
         *,
-        table: CPUTable | None = None,
-        clock: Callable[[], float],
         disable_quota: bool = False,
         observer: CPUObserver | None = None,
     ) -> None:
@@ -112,17 +101,14 @@ class CPUManager:
         self.disable_quota = disable_quota
         """DisableCPUQuotaWithExclusiveCPUs: no CFS quota where a container has CPUs of its own."""
         self.path = root_dir / statefile.STATE_FILE
-        self.table = table
-        self.clock = clock
         self.state = CPUState(policy=policy.name)
         self._applied: dict[tuple[str, str], CPUSet] = {}
-        self._published: dict[str, str] | None = None
         self.loaded = False
 
     def check(self) -> None:
         """What `load` checks, keeping and writing nothing (syncloop's start, before it
         leads: a standby must read the file again when it takes over)."""
-        CPUManager(self.policy, self.path.parent, clock=self.clock)._read()
+        CPUManager(self.policy, self.path.parent)._read()
 
     def _ensure(self) -> None:
         if not self.loaded:
@@ -294,34 +280,6 @@ class CPUManager:
                 updated += 1
         return updated
 
-    async def publish(self) -> None:
-        """The bus `cpus` table: one record per container with exclusive CPUs, keyed
-        `<pod uid>/<container>`; written when the assignments change."""
-        if self.table is None:
-            return
-        wanted = {
-            f"{uid}/{name}": format_cpus(cpus)
-            for uid, containers in self.state.assignments.items()
-            for name, cpus in containers.items()
-        }
-        if self._published is None:
-            self._published = {k: r.cpus for k, r in (await self.table.all()).items()}
-        for key, cpus in wanted.items():
-            if self._published.get(key) != cpus:
-                uid, _, name = key.partition("/")
-                await self.table.put(
-                    key,
-                    ContainerCPUsRecord(pod_uid=uid, container=name, cpus=cpus, at=self.clock()),
-                )
-                self._published[key] = cpus
-        for key in [k for k in self._published if k not in wanted]:
-            await self.table.delete(key)
-            del self._published[key]
-
-    def republish(self) -> None:
-        """Forget what was published: the next `publish` reads the table again."""
-        self._published = None
-
 
 def _container_names(pod: JSON) -> set[str]:
     spec: JSON = pod.get("spec") or {}
@@ -339,7 +297,7 @@ async def run(
     cri: CPUSetUpdater,
     period_s: float,
 ) -> None:
-    """The leader's root task: release, reconcile and publish every `period_s`.
+    """The leader's root task: release and reconcile every `period_s`.
     `active` gives the active pods by UID, or None while not every source is ready.
     It reads the state file first: this replica may be taking over from another."""
     manager.load()
@@ -348,11 +306,6 @@ async def run(
         if pods is not None:
             manager.release(pods)
             await manager.reconcile(pods, running, cri)
-        try:
-            await manager.publish()
-        except Exception as err:  # noqa: BLE001 - the bus may be away; published next round
-            manager.republish()
-            log.debug("cpu assignments not published", extra={"error": str(err)})
         await asyncio.sleep(period_s)
 
 
@@ -360,15 +313,13 @@ def create_manager(
     cfg: KubeletConfiguration,
     root_dir: Path,
     *,
-    table: CPUTable | None,
-    clock: Callable[[], float],
     observer: CPUObserver | None = None,
     sys_cpu: Path = SYS_CPU,
 ) -> CPUManager:
     """The manager cpuManagerPolicy asks for, over this node's topology; raises
     CPUManagerError naming the field (upstream's kubelet does not start either)."""
     if cfg.cpu_manager_policy in ("", NONE):
-        return CPUManager(NonePolicy(), root_dir, table=table, clock=clock, observer=observer)
+        return CPUManager(NonePolicy(), root_dir, observer=observer)
     try:
         options = parse_options(
             cfg.cpu_manager_policy_options,
@@ -395,8 +346,6 @@ def create_manager(
     return CPUManager(
         policy,
         root_dir,
-        table=table,
-        clock=clock,
         disable_quota=cfg.feature_gates.get("DisableCPUQuotaWithExclusiveCPUs", True),
         observer=observer,
     )
