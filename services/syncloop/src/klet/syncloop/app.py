@@ -263,7 +263,7 @@ async def _memory_manager(deps: Deps) -> None:
 
 async def _cpu_manager(deps: Deps) -> None:
     """The CPU manager's reconcile every cpuManagerReconcilePeriod, on the leader only (it
-    writes the state file and the bus `cpus` table); idle without one."""
+    writes the state file); idle without one."""
     if deps.cpus is None:
         await asyncio.Event().wait()
         return

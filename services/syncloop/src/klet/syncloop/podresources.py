@@ -6,7 +6,7 @@ syncloop's memory and its checkpoint, never on the bus (the `devices` table carr
 counts only); the pods the API lists are upstream's active pods, which are syncloop's
 admission decision (`PodController.active_pods`); the CPU manager's assignments and the
 memory manager's blocks are syncloop's too (`cpumanager/`, `memorymanager/`, in memory
-and their state files; the bus `cpus` table is a copy). So the leader serves it (root
+and their state files, never on the bus). So the leader serves it (root
 task `pod-resources`, like the device plugin registration socket beside it) and a
 restarted or newly elected leader serves it again as soon as it leads, answering from
 the checkpoint and state files it reads back and the pods it re-admits.
