@@ -227,8 +227,6 @@ MISSING: Mapping[str, tuple[str, ...]] = {
         "/metrics force_cleaned_failed_volume_operation_errors_total",
         "/metrics force_cleaned_failed_volume_operations_total",
     ),
-    "syncloop's active pods are not published as a gauge yet": ("/metrics kubelet_active_pods",),
-    "syncloop's desired pods are not published as a gauge yet": ("/metrics kubelet_desired_pods",),
     "status-reporter's mirror pods are not published as a gauge yet": (
         "/metrics kubelet_mirror_pods",
     ),

@@ -1,5 +1,6 @@
-"""Counting running pods and containers from API statuses, the build and feature gate
-series, and the metric names and labels exposed on a fresh registry."""
+"""Counting running pods and containers from API statuses, desired and active pods by
+whether they are static, the build and feature gate series, and the metric names and
+labels exposed on a fresh registry."""
 
 from __future__ import annotations
 
@@ -7,8 +8,10 @@ from klet.config.gatelist import GATES
 from klet.model.types import JSON
 from klet.status_reporter.metrics import (
     Metrics,
+    PodCounts,
     build_info_labels,
     container_state,
+    count_pods,
     count_running,
     feature_series,
     register_build_and_features,
@@ -105,3 +108,35 @@ def test_build_and_features_on_the_registry() -> None:
     assert 'git_version="v1.34.4-klet"' in text
     assert 'kubernetes_feature_enabled{name="KubeletPSI",stage="BETA"} 1.0' in text
     assert "# TYPE kubernetes_feature_enabled gauge" in text
+
+
+def _pod(name: str, source: str | None = None) -> JSON:
+    annotations = {"kubernetes.io/config.source": source} if source else {}
+    return {"metadata": {"name": name, "annotations": annotations}}
+
+
+def test_count_pods_desired_and_active_by_static() -> None:
+    pods = [
+        (_pod("api-running"), "Running"),
+        (_pod("api-new"), None),  # no status yet: active
+        (_pod("api-done", "api"), "Succeeded"),
+        (_pod("static-running", "file"), "Running"),
+        (_pod("static-failed", "file"), "Failed"),
+        (_pod("from-http", "http"), "Pending"),
+    ]
+    assert count_pods(pods) == PodCounts(desired={"": 3, "true": 3}, active={"": 2, "true": 2})
+    assert count_pods([]) == PodCounts(desired={"": 0, "true": 0}, active={"": 0, "true": 0})
+
+
+def test_desired_and_active_pods_on_the_registry() -> None:
+    registry = CollectorRegistry()
+    metrics = Metrics(registry)
+    text = generate_latest(registry).decode()
+    # both series from the start, as upstream sets both at every housekeeping
+    assert 'kubelet_desired_pods{static=""} 0.0' in text
+    assert 'kubelet_active_pods{static="true"} 0.0' in text
+    metrics.observe_pods([(_pod("a"), "Running"), (_pod("s", "file"), "Succeeded")])
+    text = generate_latest(registry).decode()
+    assert 'kubelet_desired_pods{static="true"} 1.0' in text
+    assert 'kubelet_active_pods{static=""} 1.0' in text
+    assert 'kubelet_active_pods{static="true"} 0.0' in text

@@ -2,7 +2,8 @@
 
 Upstream names where upstream has the metric (`kubelet_node_name{node}`,
 `kubelet_running_pods`, `kubelet_running_containers{container_state}`,
-`kubernetes_build_info`, `kubernetes_feature_enabled{name,stage}`),
+`kubelet_desired_pods{static}`, `kubelet_active_pods{static}`, `kubernetes_build_info`,
+`kubernetes_feature_enabled{name,stage}`),
 `klet_status_reporter_*` for our own.
 
 `kubernetes_build_info` and `kubernetes_feature_enabled` describe the node's kubelet, so
@@ -39,6 +40,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 
 from klet.config import gates as gate_table
+from klet.model.pod import API_SOURCE, config_source
 from klet.model.types import JSON
 from prometheus_client import CollectorRegistry, Counter, Gauge
 from prometheus_client.core import Metric
@@ -67,6 +69,32 @@ def container_state(cs: JSON) -> str | None:
         if not (state.get("waiting") or {}).get("reason"):
             return "created"
     return None
+
+
+@dataclass(frozen=True)
+class PodCounts:
+    """kubelet_desired_pods and kubelet_active_pods by their `static` label ("" or "true")."""
+
+    desired: dict[str, int]
+    active: dict[str, int]
+
+
+TERMINAL_PHASES = ("Succeeded", "Failed")
+
+
+def count_pods(pods: Iterable[tuple[JSON, str | None]]) -> PodCounts:
+    """Desired pods and the active ones among them, by whether they are static: each
+    pod with its latest status phase (None before syncloop reported one). As upstream, a
+    pod is active until it is terminal (Succeeded or Failed, a rejected one included);
+    a static pod is one a source other than the apiserver delivered."""
+    desired = {"": 0, "true": 0}
+    active = {"": 0, "true": 0}
+    for pod, phase in pods:
+        static = "" if config_source(pod) == API_SOURCE else "true"
+        desired[static] += 1
+        if phase not in TERMINAL_PHASES:
+            active[static] += 1
+    return PodCounts(desired=desired, active=active)
 
 
 def _all_container_statuses(status: JSON) -> Iterable[JSON]:
@@ -189,15 +217,40 @@ class Metrics:
             registry=registry,
         )
         self.view_age.set_function(lambda: self._clock() - self._last_reload)
+        # upstream's pod manager gauges (pkg/kubelet/metrics), from the desired pods
+        self.desired_pods = Gauge(
+            "kubelet_desired_pods",
+            "The number of pods the kubelet is being instructed to run. static is true if "
+            "the pod is not from the apiserver.",
+            ["static"],
+            registry=registry,
+        )
+        self.active_pods = Gauge(
+            "kubelet_active_pods",
+            "The number of pods the kubelet considers active and which are being "
+            "considered when admitting new pods. static is true if the pod is not from "
+            "the apiserver.",
+            ["static"],
+            registry=registry,
+        )
         # Every state series exists from the start, so a dashboard sees 0, not "no data".
         for state in CONTAINER_STATES:
             self.running_containers.labels(container_state=state).set(0)
+        self.observe_pods(())
 
     def reloaded(self) -> None:
         self._last_reload = self._clock()
 
     def bus_error(self) -> None:
         self.bus_errors.inc()
+
+    def observe_pods(self, pods: Iterable[tuple[JSON, str | None]]) -> None:
+        """The desired pods, each with its latest status phase (None: none yet)."""
+        counts = count_pods(pods)
+        for static, n in counts.desired.items():
+            self.desired_pods.labels(static=static).set(n)
+        for static, n in counts.active.items():
+            self.active_pods.labels(static=static).set(n)
 
     def observe(self, statuses: Iterable[JSON]) -> None:
         counts = count_running(statuses)

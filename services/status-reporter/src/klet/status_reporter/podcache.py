@@ -345,6 +345,9 @@ class PodCache:
         listed = listing.listed_uids(self._desired, self._statuses)
         self._departed = {u: p for u, p in self._departed.items() if u in listed}
         self._metrics.observe(rec.status for uid, rec in self._statuses.items() if uid in listed)
+        self._metrics.observe_pods(
+            (pod, _phase(self._statuses.get(uid))) for uid, pod in self._desired.items()
+        )
         for callback in self._listeners:
             callback()
 
@@ -361,3 +364,8 @@ class PodCache:
             self._once.clear("bus", "bus available again, reloading the pod view")
             self._outage = None
             self._wake.set()
+
+
+def _phase(record: PodStatusRecord | None) -> str | None:
+    phase = record.status.get("phase") if record is not None else None
+    return phase if isinstance(phase, str) else None
