@@ -277,9 +277,6 @@ MISSING: Mapping[str, tuple[str, ...]] = {
         "/metrics kubelet_node_startup_pre_registration_duration_seconds",
         "/metrics kubelet_node_startup_registration_duration_seconds",
     ),
-    "the cgroup version klet detects is not published as a gauge": (
-        "/metrics kubelet_cgroup_version",
-    ),
     "10250's requests are not counted per path and method": (
         "/metrics kubelet_http_inflight_requests",
         "/metrics kubelet_http_requests_total",

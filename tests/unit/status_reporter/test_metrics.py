@@ -15,6 +15,7 @@ from klet.status_reporter.metrics import (
     count_running,
     feature_series,
     register_build_and_features,
+    register_cgroup_version,
 )
 from prometheus_client import CollectorRegistry, generate_latest
 
@@ -140,3 +141,9 @@ def test_desired_and_active_pods_on_the_registry() -> None:
     assert 'kubelet_desired_pods{static="true"} 1.0' in text
     assert 'kubelet_active_pods{static=""} 1.0' in text
     assert 'kubelet_active_pods{static="true"} 0.0' in text
+
+
+def test_cgroup_version() -> None:
+    registry = CollectorRegistry()
+    register_cgroup_version(registry, 2)
+    assert "kubelet_cgroup_version 2.0" in generate_latest(registry).decode()

@@ -2,7 +2,8 @@
 
 Upstream names where upstream has the metric (`kubelet_node_name{node}`,
 `kubelet_running_pods`, `kubelet_running_containers{container_state}`,
-`kubelet_desired_pods{static}`, `kubelet_active_pods{static}`, `kubernetes_build_info`,
+`kubelet_desired_pods{static}`, `kubelet_active_pods{static}`, `kubelet_cgroup_version`,
+`kubernetes_build_info`,
 `kubernetes_feature_enabled{name,stage}`),
 `klet_status_reporter_*` for our own.
 
@@ -327,6 +328,12 @@ def register_build_and_features(
     )
     for name, stage, value in feature_series(gates):
         enabled.labels(name=name, stage=stage).set(value)
+
+
+def register_cgroup_version(registry: CollectorRegistry, version: int) -> None:
+    """upstream's kubelet_cgroup_version: the host's cgroup version (1 or 2), as the
+    kubelet sets it once at start."""
+    Gauge("kubelet_cgroup_version", "cgroup version on the hosts.", registry=registry).set(version)
 
 
 REVIEWS = ("TokenReview", "SubjectAccessReview")

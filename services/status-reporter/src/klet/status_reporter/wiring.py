@@ -62,6 +62,7 @@ from klet.status_reporter.metrics import (
     CertificateMetrics,
     Metrics,
     register_build_and_features,
+    register_cgroup_version,
 )
 from klet.status_reporter.nodemetrics import NodeMetrics, port_file_replicas
 from klet.status_reporter.nodestatus import KUBELET_VERSION
@@ -252,6 +253,7 @@ def build_deps(settings: ServiceSettings, *, overrides: Overrides | None = None)
     # getattr: settings trees built by hand (older tests) have no featureGates.
     gates = getattr(kubelet, "feature_gates", {})
     register_build_and_features(registry, version=KUBELET_VERSION, gates=gates)
+    register_cgroup_version(registry, CgroupFS().version)
     pods = PodCache(
         desired=desired,
         status=status,
