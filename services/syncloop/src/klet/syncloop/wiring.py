@@ -446,6 +446,7 @@ def build_deps(settings: Settings, overrides: Overrides | None = None) -> Deps:
         k, Path(settings.klet.root_dir), devices=devices, observer=NUMAMetrics.create(registry)
     )
     syncer.starter.memory = memory if memory.policy is not None else None
+    devices.affinity = lambda uid, name: topology.affinity(uid, name).affinity
     admission = AdmissionLedger(
         o.node or admission_node(settings),
         taints=node_taints,

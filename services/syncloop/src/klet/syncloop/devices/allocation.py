@@ -149,6 +149,24 @@ def _shortage(resource: str, needed: int, count: ResourceCount, used: int) -> st
     return ""
 
 
+def by_affinity(
+    healthy: Sequence[str], numa: Mapping[str, Sequence[int]], mask: int | None
+) -> list[str]:
+    """The healthy devices in the order a container aligned on the NUMA node `mask` (the
+    topology manager's hint; None: no hint) takes them: those on the mask's nodes first,
+    then those without topology, then the rest (upstream's filterByAffinity)."""
+    if mask is None:
+        return list(healthy)
+
+    def rank(device: str) -> int:
+        nodes = numa.get(device) or ()
+        if not nodes:
+            return 1
+        return 0 if any(mask >> n & 1 for n in nodes) else 2
+
+    return sorted(healthy, key=rank)
+
+
 def pick_devices(
     resource: str,
     needed: int,

@@ -114,6 +114,9 @@ class DeviceManager:
     observer: DeviceObserver = field(default_factory=_NoObserver)
     resources: dict[str, _Resource] = field(default_factory=dict)
     held: dict[Key, checkpoint.PodDevicesEntry] = field(default_factory=dict)
+    affinity: Callable[[str, str], int | None] | None = None
+    """The NUMA node mask the topology manager admitted a container with (pod UID,
+    container; set by wiring); its devices are picked there first. None: no hint."""
     _published: dict[str, DeviceResourceRecord] = field(default_factory=dict)
     _loaded: bool = False
 
@@ -337,6 +340,10 @@ class DeviceManager:
             raise AllocationError(
                 f"no healthy devices present; cannot allocate unhealthy devices {resource}"
             )
+        mask = self.affinity(uid, name) if self.affinity is not None else None
+        healthy = allocation.by_affinity(
+            healthy, {d: state.devices[d].numa_nodes for d in healthy}, mask
+        )
         # Devices an init container of this pod held and no longer runs with are reused.
         reusable = _reusable(pod, name, resource, self.held)
         in_use = self._in_use(resource) - set(reusable)
