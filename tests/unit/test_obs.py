@@ -543,3 +543,35 @@ async def test_a_task_that_ignores_cancellation_is_abandoned_with_where_it_waits
     assert [line.rsplit(" ", 1)[-1] for line in chain[:2]] == ["stubborn", "stubborn_wait"]
     assert any(line.endswith(" wait") for line in chain), chain
     assert "Future" in chain[-1], chain
+
+
+async def test_a_task_that_swallows_one_cancellation_is_cancelled_again(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    from klet.obs import supervise
+
+    monkeypatch.setattr(supervise, "RECANCEL_S", 0.01)
+    swallowed: list[str] = []
+
+    async def reader() -> None:
+        # What a client library's race does: the first cancellation becomes a normal
+        # return of the read and the loop reads again.
+        while True:
+            try:
+                await asyncio.sleep(3600)
+            except asyncio.CancelledError:
+                if swallowed:
+                    raise
+                swallowed.append("once")
+
+    async def fails() -> None:
+        await asyncio.sleep(0)
+        raise RuntimeError("boom")
+
+    with caplog.at_level(logging.ERROR, logger="klet.obs.supervise"):
+        with pytest.raises(RootTaskFailed):
+            await run_supervised(
+                {"reader": reader(), "fails": fails()}, handle_signals=False, shutdown_timeout=5
+            )
+    assert swallowed == ["once"]
+    assert not [r for r in caplog.records if r.getMessage().startswith("root task did not stop")]
