@@ -64,7 +64,8 @@ def node(devstack: DevStack, tmp_path: Path) -> Iterator[KletNode]:
     name = f"kapi-{uuid.uuid4().hex[:6]}"
     manifests = tmp_path / "manifests"
     manifests.mkdir()
-    n = KletNode(devstack, tmp_path / name, node_name=name, manifest_dir=manifests)
+    # "n", not the node name: the unix sockets under its root dir must fit 107 bytes
+    n = KletNode(devstack, tmp_path / "n", node_name=name, manifest_dir=manifests)
     try:
         n.start()
         (manifests / "talker.yaml").write_text(TALKER)

@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import ipaddress
+import os
 import re
 import socket
 from collections.abc import Mapping, Sequence
@@ -38,7 +39,7 @@ from klet.config.flags import (
 )
 from klet.config.kubelet import KubeletConfiguration
 from klet.config.validation import validate_problems, with_reserved_system_cpus
-from klet.model.layout import DEFAULT_SERVICE_PORTS, redis_socket
+from klet.model.layout import DEFAULT_SERVICE_PORTS, UNIX_PATH_MAX, redis_socket, served_sockets
 
 __all__ = [
     "DEFAULT_REDIS_URL",
@@ -288,6 +289,18 @@ def _check_klet(values: Mapping[str, Any], source: Mapping[str, str]) -> list[Pr
         else:
             if len(ips) > 2 or (len(ips) == 2 and ips[0].version == ips[1].version):
                 bad("node_ip", "must be one IP or an IPv4,IPv6 pair")
+    run_dir = Path(values.get("run_dir", KletSettings.run_dir))
+    root_dir = Path(values.get("root_dir", KletSettings.root_dir))
+    too_long: dict[str, Path] = {}
+    for path in served_sockets(run_dir, root_dir):
+        if len(os.fsencode(path)) > UNIX_PATH_MAX:
+            too_long.setdefault("root_dir" if path.is_relative_to(root_dir) else "run_dir", path)
+    for setting, path in too_long.items():
+        bad(
+            setting,
+            f"too long for the unix sockets under it: {path} is {len(os.fsencode(path))} "
+            f"bytes, a socket path holds at most {UNIX_PATH_MAX}",
+        )
     for key, value in values.get("node_labels", {}).items():
         prefix, _, name = key.rpartition("/")
         if (prefix and not _DNS1123_SUBDOMAIN.fullmatch(prefix)) or not (

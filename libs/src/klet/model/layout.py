@@ -31,6 +31,9 @@ from collections.abc import Mapping
 from pathlib import Path
 from types import MappingProxyType
 
+from klet.model.podresources import SOCKET_DIR as POD_RESOURCES_DIR
+from klet.model.podresources import SOCKET_NAME as POD_RESOURCES_SOCKET
+
 DEFAULT_SERVICE_PORTS: Mapping[str, int] = MappingProxyType(
     {
         "pod-source": 10260,
@@ -69,6 +72,30 @@ REDIS_SOCKET = "redis.sock"
 KUBEPODS = "/kubepods"
 QOS_GUARANTEED = "Guaranteed"
 _QOS_PARENTS = ("burstable", "besteffort")
+
+
+DEVICE_PLUGINS_DIR = "device-plugins"
+"""Under the root dir, as upstream's DevicePluginPath: the registration socket
+`kubelet.sock` and the plugins' own sockets."""
+DEVICE_PLUGINS_SOCKET = "kubelet.sock"
+
+UNIX_PATH_MAX = 107
+"""The longest path a unix socket can be bound at: sun_path holds 108 bytes, the last
+one the terminating NUL."""
+
+
+def served_sockets(run_dir: Path, root_dir: Path) -> list[Path]:
+    """Every unix socket klet's services and `klet up` listen on, under the run and root
+    directories (settings refuse directories whose sockets would not fit UNIX_PATH_MAX:
+    a bind would fail only when the service got there, and end it)."""
+    services = sorted(DEFAULT_SERVICE_PORTS)
+    return [
+        *(grpc_socket(run_dir, s) for s in services),
+        *(cri_proxy_socket(run_dir, s) for s in services),
+        redis_socket(run_dir),
+        root_dir / DEVICE_PLUGINS_DIR / DEVICE_PLUGINS_SOCKET,
+        root_dir / POD_RESOURCES_DIR / POD_RESOURCES_SOCKET,
+    ]
 
 
 def grpc_socket(run_dir: Path, service: str) -> Path:

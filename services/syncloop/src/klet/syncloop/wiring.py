@@ -31,7 +31,7 @@ from klet.cri.events import RuntimeEvents
 from klet.csi import CSIClient, RegistrationClient
 from klet.kube import kube_settings
 from klet.model.flowcontrol import Backoff, TokenBucket
-from klet.model.layout import SYNCLOOP, grpc_socket
+from klet.model.layout import DEVICE_PLUGINS_DIR, SYNCLOOP, grpc_socket
 from klet.model.node import (
     allocatable_amounts,
     node_labels,
@@ -70,7 +70,7 @@ from klet.syncloop.containers.reservedcgroups import (
 from klet.syncloop.containers.security import SecuritySettings
 from klet.syncloop.containers.systemdcgroups import SystemdPodCgroups
 from klet.syncloop.cpumanager.manager import CPUManager, create_manager
-from klet.syncloop.devices.manager import DEVICE_PLUGINS_DIR, DeviceManager
+from klet.syncloop.devices.manager import DeviceManager
 from klet.syncloop.environment.dns import DNSSettings
 from klet.syncloop.environment.envvars import NodeFacts
 from klet.syncloop.environment.kubeobjects import ApiObjects

@@ -41,9 +41,6 @@ from klet.syncloop.devices.allocation import AllocationError, DeviceRunOptions, 
 
 log = logging.getLogger(__name__)
 
-DEVICE_PLUGINS_DIR = "device-plugins"
-"""Under the root dir, as upstream's DevicePluginPath."""
-KUBELET_SOCKET = "kubelet.sock"
 STOP_GRACE_S = 300.0
 """upstream's endpointStopGracePeriod: how long a gone plugin's devices stay in capacity."""
 

@@ -27,8 +27,9 @@ from pathlib import Path
 from typing import Protocol
 
 from klet.model.devices import Device, Registration
+from klet.model.layout import DEVICE_PLUGINS_SOCKET as KUBELET_SOCKET
 from klet.syncloop.devices import allocation, checkpoint
-from klet.syncloop.devices.manager import KUBELET_SOCKET, DeviceManager, PluginAPI
+from klet.syncloop.devices.manager import DeviceManager, PluginAPI
 
 log = logging.getLogger(__name__)
 
