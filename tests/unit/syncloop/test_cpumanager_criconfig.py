@@ -15,6 +15,8 @@ from klet.syncloop.containers.startcontainer import _with_cpuset
 from klet.syncloop.cpumanager.manager import CPUManager
 from klet.syncloop.cpumanager.policy import NonePolicy, Options, StaticPolicy
 from klet.syncloop.cpumanager.topology import CPUInfo, CPUTopology
+from klet.syncloop.topologymanager.hints import NUMAInfo
+from klet.syncloop.topologymanager.manager import TopologyManager
 
 TWO = CPUTopology({0: CPUInfo(0, 0, 0), 1: CPUInfo(1, 0, 0)})
 CFG = ContainerConfig(
@@ -30,6 +32,15 @@ def _pod(uid: str, cpu: str | None) -> dict[str, Any]:
     }
 
 
+def admit(m: CPUManager, uid: str, pod: dict[str, Any]) -> tuple[str, str] | None:
+    """The pod through the topology manager's admit handler as syncloop runs it under
+    topologyManagerPolicy none: the CPU manager allocates each container."""
+    topology = TopologyManager(
+        policy="none", scope="container", numa=NUMAInfo((0,)), allocators=[m]
+    )
+    return topology.admit(uid, pod, [])
+
+
 def _static(root: Path, *, disable_quota: bool) -> CPUManager:
     policy = StaticPolicy.create(TWO, count=1, explicit=frozenset(), options=Options())
     m = CPUManager(policy, root, disable_quota=disable_quota)
@@ -40,8 +51,8 @@ def _static(root: Path, *, disable_quota: bool) -> CPUManager:
 def test_exclusive_and_shared_cpusets_reach_the_wire(tmp_path: Path) -> None:
     m = _static(tmp_path, disable_quota=True)
     g, be = _pod("g", "1"), _pod("be", None)
-    m.admit("g", g, [])
-    m.admit("be", be, [g])
+    admit(m, "g", g)
+    admit(m, "be", be)
     exclusive = _with_cpuset(CFG, g, g["spec"]["containers"][0], m)
     assert exclusive.resources == LinuxResources(cpu_quota=-1, cpuset_cpus="1")
     assert _container_pb(exclusive).linux.resources.cpuset_cpus == "1"
@@ -54,7 +65,7 @@ def test_exclusive_and_shared_cpusets_reach_the_wire(tmp_path: Path) -> None:
 def test_the_quota_stays_with_the_gate_off(tmp_path: Path) -> None:
     m = _static(tmp_path, disable_quota=False)
     g = _pod("g", "1")
-    m.admit("g", g, [])
+    admit(m, "g", g)
     cfg = _with_cpuset(CFG, g, g["spec"]["containers"][0], m)
     assert cfg.resources == LinuxResources(cpu_quota=100_000, cpuset_cpus="1")
     assert not m.unlimited_quota("g")
@@ -63,5 +74,5 @@ def test_the_quota_stays_with_the_gate_off(tmp_path: Path) -> None:
 def test_the_none_policy_leaves_the_config_alone(tmp_path: Path) -> None:
     m = CPUManager(NonePolicy(), tmp_path, disable_quota=True)
     g = _pod("g", "1")
-    m.admit("g", g, [])
+    admit(m, "g", g)
     assert _with_cpuset(CFG, g, g["spec"]["containers"][0], m) == CFG

@@ -21,6 +21,8 @@ from klet.syncloop.cpumanager.manager import CPUManager, CPUManagerError
 from klet.syncloop.cpumanager.policy import NonePolicy, Options, StaticPolicy
 from klet.syncloop.cpumanager.topology import CPUInfo, CPUTopology
 from klet.syncloop.metrics import CPUManagerMetrics
+from klet.syncloop.topologymanager.hints import NUMAInfo
+from klet.syncloop.topologymanager.manager import TopologyManager
 from prometheus_client import CollectorRegistry
 
 TWO = CPUTopology({0: CPUInfo(0, 0, 0), 1: CPUInfo(1, 0, 0)})
@@ -32,6 +34,15 @@ def _pod(uid: str, cpu: str | None) -> dict[str, Any]:
         "metadata": {"uid": uid, "name": uid, "namespace": "default"},
         "spec": {"containers": [{"name": "app", "resources": {"requests": res, "limits": res}}]},
     }
+
+
+def admit(m: CPUManager, uid: str, pod: dict[str, Any]) -> tuple[str, str] | None:
+    """The pod through the topology manager's admit handler as syncloop runs it under
+    topologyManagerPolicy none: the CPU manager allocates each container."""
+    topology = TopologyManager(
+        policy="none", scope="container", numa=NUMAInfo((0,)), allocators=[m]
+    )
+    return topology.admit(uid, pod, [])
 
 
 class FakeCRI:
@@ -55,17 +66,17 @@ def test_admission_writes_the_state_file_and_sets_the_cpuset(tmp_path: Path) -> 
     m = _manager(tmp_path)
     assert json.loads((tmp_path / "cpu_manager_state").read_bytes())["defaultCpuSet"] == "0-1"
     g, be = _pod("g", "1"), _pod("be", None)
-    assert m.admit("g", g, []) is None
+    assert admit(m, "g", g) is None
     doc = json.loads((tmp_path / "cpu_manager_state").read_bytes())
     assert doc["policyName"] == "static"
     assert doc["defaultCpuSet"] == "0"
     assert doc["entries"] == {"g": {"app": "1"}}
     assert m.cpuset_of(g, g["spec"]["containers"][0]) == "1"
-    assert m.admit("be", be, [g]) is None
+    assert admit(m, "be", be) is None
     assert m.cpuset_of(be, be["spec"]["containers"][0]) == "0"
     assert m.exclusive("g", "app") == {1}
     assert m.allocatable() == {1}
-    refused = m.admit("h", _pod("h", "1"), [g, be])
+    refused = admit(m, "h", _pod("h", "1"))
     assert refused is not None
     assert refused[0] == "UnexpectedAdmissionError"
 
@@ -73,10 +84,10 @@ def test_admission_writes_the_state_file_and_sets_the_cpuset(tmp_path: Path) -> 
 def test_a_restarted_manager_keeps_the_assignments(tmp_path: Path) -> None:
     m = _manager(tmp_path)
     g = _pod("g", "1")
-    m.admit("g", g, [])
+    admit(m, "g", g)
     again = _manager(tmp_path)
     assert again.state == m.state
-    assert again.admit("g", g, []) is None  # re-admitted as it is
+    assert admit(again, "g", g) is None  # re-admitted as it is
     assert again.cpuset_of(g, g["spec"]["containers"][0]) == "1"
 
 
@@ -105,10 +116,10 @@ async def test_reconcile_follows_the_pool_and_release_gives_cpus_back(tmp_path: 
     async def running(uid: str) -> Sequence[tuple[str, ContainerID]]:
         return containers.get(uid, [])
 
-    m.admit("be", be, [])
+    admit(m, "be", be)
     assert await m.reconcile({"be": be}, running, cri) == 1
     assert cri.updates == [("c-be", "0-1")]
-    m.admit("g", g, [be])
+    admit(m, "g", g)
     await m.reconcile({"be": be, "g": g}, running, cri)
     assert cri.updates[1:] == [("c-be", "0"), ("c-g", "1")]  # the pool shrank
     assert await m.reconcile({"be": be, "g": g}, running, cri) == 0  # nothing changed
@@ -122,7 +133,7 @@ async def test_the_none_policy_sets_no_cpuset_and_updates_nothing(tmp_path: Path
     m = CPUManager(NonePolicy(), tmp_path)
     m.load()
     g = _pod("g", "1")
-    assert m.admit("g", g, []) is None
+    assert admit(m, "g", g) is None
     assert m.cpuset_of(g, g["spec"]["containers"][0]) == ""
     cri = FakeCRI()
 
@@ -144,14 +155,14 @@ def test_upstreams_cpu_manager_series(tmp_path: Path) -> None:
 
     assert value("kubelet_cpu_manager_shared_pool_size_millicores") == 1000  # 0-1 less 0
     assert value("kubelet_cpu_manager_exclusive_cpu_allocation_count") == 0
-    m.admit("be", _pod("be", None), [])
+    admit(m, "be", _pod("be", None))
     assert value("kubelet_cpu_manager_pinning_requests_total") == 0
-    m.admit("g", _pod("g", "1"), [])
+    admit(m, "g", _pod("g", "1"))
     assert value("kubelet_cpu_manager_pinning_requests_total") == 1
     assert value("kubelet_cpu_manager_shared_pool_size_millicores") == 0
     assert value("kubelet_cpu_manager_exclusive_cpu_allocation_count") == 1
     assert value("kubelet_cpu_manager_allocation_per_numa", numa_node="0") == 1
-    m.admit("h", _pod("h", "1"), [])
+    admit(m, "h", _pod("h", "1"))
     assert value("kubelet_cpu_manager_pinning_requests_total") == 2
     assert value("kubelet_cpu_manager_pinning_errors_total") == 1
     m.release({})

@@ -20,6 +20,7 @@ from klet.syncloop.cpumanager.policy import (
     guaranteed_cpus,
     parse_options,
     reserved_count,
+    reuse,
 )
 from klet.syncloop.cpumanager.state import CPUState
 from klet.syncloop.cpumanager.topology import CPUInfo, CPUTopology
@@ -42,6 +43,19 @@ def _pod(uid: str, *containers: dict[str, Any], inits: tuple[Any, ...] = ()) -> 
         "metadata": {"uid": uid, "name": uid, "namespace": "default"},
         "spec": {"containers": list(containers), "initContainers": list(inits)},
     }
+
+
+def _allocate_pod(
+    policy: StaticPolicy | NonePolicy, state: CPUState, pod: dict[str, Any]
+) -> CPUState:
+    """Each container in turn, init containers first, the init containers' CPUs handed
+    on (`reuse`), as the topology manager has the CPU manager allocate them."""
+    reusable: frozenset[int] = frozenset()
+    spec = pod["spec"]
+    for c in [*spec.get("initContainers", ()), *spec["containers"]]:
+        state, cpus = policy.allocate(state, pod, c, reusable=reusable)
+        reusable = reuse(reusable, pod, c, cpus)
+    return state
 
 
 def _static(topo: CPUTopology = TWO, count: int = 1, **opts: bool) -> StaticPolicy:
@@ -90,16 +104,16 @@ def test_a_guaranteed_pod_gets_the_unreserved_cpu_and_the_pool_shrinks() -> None
     policy = _static()
     state = policy.start(CPUState(policy="static"))
     assert state.default == {0, 1}
-    state = policy.allocate_pod(state, _pod("g", _c("app", "1")))
+    state = _allocate_pod(policy, state, _pod("g", _c("app", "1")))
     assert state.assignments == {"g": {"app": {1}}}
     assert state.default == {0}
     assert container_cpuset(state, "g", "app") == {1}
     assert container_cpuset(state, "be", "x") == {0}  # the shared pool
     # the same pod again (a restart's re-admission) keeps its CPUs
-    assert policy.allocate_pod(state, _pod("g", _c("app", "1"))) == state
+    assert _allocate_pod(policy, state, _pod("g", _c("app", "1"))) == state
     # nothing left for a second one: upstream's reason and message
     with pytest.raises(AdmissionError) as err:
-        policy.allocate_pod(state, _pod("h", _c("app", "1")))
+        _allocate_pod(policy, state, _pod("h", _c("app", "1")))
     assert err.value.reason == "UnexpectedAdmissionError"
     assert err.value.message == (
         "Allocate failed due to not enough cpus available to satisfy request: requested=1, "
@@ -115,14 +129,14 @@ def test_an_init_containers_cpus_are_handed_on() -> None:
     policy = _static(FOUR_HT, 1)
     state = policy.start(CPUState(policy="static"))
     pod = _pod("p", _c("app", "1"), inits=(_c("init", "1"),))
-    state = policy.allocate_pod(state, pod)
+    state = _allocate_pod(policy, state, pod)
     assert state.assignments["p"]["init"] == state.assignments["p"]["app"]
     # removing the init container keeps the CPUs its sibling holds out of the pool
     after = policy.remove(state, "p", "init")
     assert after.default == state.default
     # a sidecar (restartPolicy Always) runs beside the app: not handed on
     pod = _pod("q", _c("app", "1"), inits=(_c("side", "1", restartPolicy="Always"),))
-    fresh = policy.allocate_pod(policy.start(CPUState(policy="static")), pod)
+    fresh = _allocate_pod(policy, policy.start(CPUState(policy="static")), pod)
     assert not fresh.assignments["q"]["side"] & fresh.assignments["q"]["app"]
 
 
@@ -131,19 +145,19 @@ def test_pod_level_resources_run_in_the_shared_pool() -> None:
     pod = _pod("p", _c("app", "1"))
     pod["spec"]["resources"] = {"requests": {"cpu": "1"}, "limits": {"cpu": "1"}}
     state = policy.start(CPUState(policy="static"))
-    assert policy.allocate_pod(state, pod) == state
+    assert _allocate_pod(policy, state, pod) == state
 
 
 def test_full_pcpus_only_refuses_a_part_core_with_smt_alignment_error() -> None:
     policy = _static(FOUR_HT, 2, full_pcpus_only=True)
     state = policy.start(CPUState(policy="static"))
     with pytest.raises(AdmissionError) as err:
-        policy.allocate_pod(state, _pod("p", _c("app", "1")))
+        _allocate_pod(policy, state, _pod("p", _c("app", "1")))
     assert err.value.reason == "SMTAlignmentError"
     assert err.value.message == (
         "SMT Alignment Error: requested 1 cpus not multiple cpus per core = 2"
     )
-    state = policy.allocate_pod(state, _pod("p", _c("app", "2")))
+    state = _allocate_pod(policy, state, _pod("p", _c("app", "2")))
     assert state.assignments["p"]["app"] == {1, 3}
 
 
@@ -243,5 +257,5 @@ def test_start_keeps_a_consistent_state() -> None:
 def test_none_policy_gives_no_cpuset() -> None:
     policy = NonePolicy()
     state = policy.start(CPUState(policy="none"))
-    assert policy.allocate_pod(state, _pod("g", _c("app", "1"))) == state
+    assert _allocate_pod(policy, state, _pod("g", _c("app", "1"))) == state
     assert container_cpuset(state, "g", "app") == frozenset()

@@ -7,7 +7,8 @@ and puts cpuset_mems "0" on the wire (LinuxContainerResources.cpuset_mems), a
 best-effort pod gets none; a Guaranteed pod larger than the node is refused with
 upstream's reason; the options and the NUMA node limit are checked at start;
 upstream's memory and topology manager series count pinnings, admissions and
-refusals."""
+refusals; the CPU manager's hints join the merge (a pod goes to the node with CPUs
+enough, memory with it; one whose CPUs fit no node is refused) and it allocates."""
 
 from __future__ import annotations
 
@@ -21,6 +22,9 @@ from klet.cri.client import _container_pb
 from klet.cri.types import ContainerConfig
 from klet.model.types import JSON
 from klet.syncloop.containers.startcontainer import _with_mems
+from klet.syncloop.cpumanager.manager import CPUManager
+from klet.syncloop.cpumanager.policy import NonePolicy, Options, StaticPolicy
+from klet.syncloop.cpumanager.topology import CPUInfo, CPUTopology
 from klet.syncloop.memorymanager.policy import MemoryManagerError
 from klet.syncloop.metrics import NUMAMetrics
 from klet.syncloop.numaalignment import build
@@ -60,6 +64,7 @@ def test_by_default_nothing_is_placed_and_admissions_are_counted(tmp_path: Path)
     memory, topology = build(
         KubeletConfiguration(),
         tmp_path,
+        cpus=CPUManager(NonePolicy(), tmp_path),
         devices=None,
         sys_node=tmp_path / "absent",
         observer=NUMAMetrics.create(registry),
@@ -75,6 +80,7 @@ def test_upstreams_series_count_pinnings_and_refusals(tmp_path: Path) -> None:
     _, topology = build(
         cfg(),
         tmp_path,
+        cpus=CPUManager(NonePolicy(), tmp_path),
         devices=None,
         sys_node=sysfs(tmp_path),
         observer=NUMAMetrics.create(registry),
@@ -91,6 +97,7 @@ def test_upstreams_series_count_pinnings_and_refusals(tmp_path: Path) -> None:
     _, plain = build(
         cfg(topology_manager_policy="none"),
         tmp_path / "p",
+        cpus=CPUManager(NonePolicy(), tmp_path),
         devices=None,
         sys_node=sysfs(tmp_path / "q"),
         observer=NUMAMetrics.create(registry := CollectorRegistry()),
@@ -102,7 +109,13 @@ def test_upstreams_series_count_pinnings_and_refusals(tmp_path: Path) -> None:
 
 
 def test_a_guaranteed_pod_is_placed_on_node_0(tmp_path: Path) -> None:
-    memory, topology = build(cfg(), tmp_path, devices=None, sys_node=sysfs(tmp_path))
+    memory, topology = build(
+        cfg(),
+        tmp_path,
+        cpus=CPUManager(NonePolicy(), tmp_path),
+        devices=None,
+        sys_node=sysfs(tmp_path),
+    )
     p = pod("a", "256Mi")
     assert topology.admit("a", p, []) is None
     doc = json.loads((tmp_path / "memory_manager_state").read_bytes())
@@ -117,13 +130,23 @@ def test_a_guaranteed_pod_is_placed_on_node_0(tmp_path: Path) -> None:
 
 
 def test_a_pod_larger_than_the_node_is_refused(tmp_path: Path) -> None:
-    _, topology = build(cfg(), tmp_path, devices=None, sys_node=sysfs(tmp_path))
+    _, topology = build(
+        cfg(),
+        tmp_path,
+        cpus=CPUManager(NonePolicy(), tmp_path),
+        devices=None,
+        sys_node=sysfs(tmp_path),
+    )
     assert topology.admit("a", pod("a", "8Gi"), []) == (
         "TopologyAffinityError",
         "Resources cannot be allocated with Topology locality",
     )
     _, plain = build(
-        cfg(topology_manager_policy="none"), tmp_path, devices=None, sys_node=sysfs(tmp_path / "x")
+        cfg(topology_manager_policy="none"),
+        tmp_path,
+        cpus=CPUManager(NonePolicy(), tmp_path),
+        devices=None,
+        sys_node=sysfs(tmp_path / "x"),
     )
     reason, message = plain.admit("a", pod("a", "8Gi"), []) or ("", "")
     assert reason == "UnexpectedAdmissionError"
@@ -133,7 +156,11 @@ def test_a_pod_larger_than_the_node_is_refused(tmp_path: Path) -> None:
 def test_start_checks(tmp_path: Path) -> None:
     with pytest.raises(MemoryManagerError, match="more than 8 NUMA Nodes"):
         build(
-            cfg(memory_manager_policy="None"), tmp_path, devices=None, sys_node=sysfs(tmp_path, 9)
+            cfg(memory_manager_policy="None"),
+            tmp_path,
+            cpus=CPUManager(NonePolicy(), tmp_path),
+            devices=None,
+            sys_node=sysfs(tmp_path, 9),
         )
     with pytest.raises(MemoryManagerError, match="requires feature gate"):
         build(
@@ -142,6 +169,42 @@ def test_start_checks(tmp_path: Path) -> None:
                 feature_gates={"TopologyManagerPolicyOptions": False},
             ),
             tmp_path,
+            cpus=CPUManager(NonePolicy(), tmp_path),
             devices=None,
             sys_node=sysfs(tmp_path / "y"),
         )
+
+
+def test_the_cpu_manager_gives_hints_and_allocates_first(tmp_path: Path) -> None:
+    # two NUMA nodes of six CPUs each (CPUs 0-5 on node 0); CPU 0 reserved
+    topo = CPUTopology({c: CPUInfo(core=c, socket=c // 6, numa=c // 6) for c in range(12)})
+    policy = StaticPolicy.create(topo, count=1, explicit=frozenset(), options=Options())
+    cpus = CPUManager(policy, tmp_path)
+    memory, topology = build(cfg(), tmp_path, cpus=cpus, devices=None, sys_node=sysfs(tmp_path, 2))
+    # node 0 has five CPUs to give: six go to node 1 with their memory
+    p = {
+        "metadata": {"uid": "a", "name": "a", "namespace": "default"},
+        "spec": {
+            "containers": [
+                {
+                    "name": "app",
+                    "resources": {
+                        "requests": {"cpu": "6", "memory": "256Mi"},
+                        "limits": {"cpu": "6", "memory": "256Mi"},
+                    },
+                }
+            ]
+        },
+    }
+    assert topology.admit("a", p, []) is None
+    assert cpus.exclusive("a", "app") == set(range(6, 12))
+    assert memory.cpuset_mems("a", "app") == "1"
+    # seven CPUs fit on no node: refused, though the memory would fit
+    p["metadata"]["uid"] = "b"
+    p["spec"]["containers"][0]["resources"]["requests"]["cpu"] = "7"
+    p["spec"]["containers"][0]["resources"]["limits"]["cpu"] = "7"
+    assert topology.admit("b", p, []) == (
+        "TopologyAffinityError",
+        "Resources cannot be allocated with Topology locality",
+    )
+    assert cpus.exclusive("b", "app") == frozenset()

@@ -49,8 +49,8 @@ __all__ = [
 HONOURED: Mapping[str, str] = {
     "CPUManagerPolicyAlphaOptions": (
         "the static CPU manager accepts the alpha option distribute-cpus-across-cores "
-        "(align-by-socket stays refused: klet has no topology manager); default false, "
-        "as upstream"
+        "(align-by-socket stays refused by name: the CPU manager's topology hints do not "
+        "prefer socket-aligned NUMA node sets); default false, as upstream"
     ),
     "CPUManagerPolicyBetaOptions": (
         "the static CPU manager accepts the beta option strict-cpu-reservation; false "

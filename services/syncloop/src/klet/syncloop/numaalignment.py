@@ -3,13 +3,13 @@
 Upstream's container manager creates the topology manager first and registers the
 resource managers as its hint providers; here the two packages stay apart (the memory
 manager uses the topology manager's hints, never the reverse) and this module joins
-them: the memory manager (memoryManagerPolicy), the device manager's hints and the
-memory manager's as providers, the memory manager as the allocator. With
-topologyManagerPolicy none and memoryManagerPolicy None the topology manager has
-nothing to merge or place and the machine is not read; it still counts its admissions,
-as upstream's admit handler does under every policy.
-
-The CPU manager (cpumanager/) is not a provider yet: it has no hints to give.
+them: the memory manager (memoryManagerPolicy); the CPU manager's hints, the memory
+manager's and the device manager's as providers; the CPU manager and then the memory
+manager as allocators (upstream's order). With topologyManagerPolicy none and
+memoryManagerPolicy None the topology manager has nothing to merge and the machine's
+NUMA nodes are not read: it only has the CPU manager take each container's CPUs with
+no preference, and counts its admissions, as upstream's admit handler does under
+every policy.
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ from klet.syncloop.memorymanager.policy import MemoryManagerError
 from klet.syncloop.topologymanager.devicehints import DeviceHints, DeviceView
 from klet.syncloop.topologymanager.hints import NUMAInfo, policy_options
 from klet.syncloop.topologymanager.manager import (
+    Allocator,
     HintProvider,
     TopologyManager,
     TopologyObserver,
@@ -34,10 +35,15 @@ class Observer(MemoryObserver, TopologyObserver, Protocol):
     """Both managers' metrics (klet.syncloop.metrics.NUMAMetrics)."""
 
 
+class CPUs(HintProvider, Allocator, Protocol):
+    """The CPU manager (cpumanager/manager.py): hints and exclusive CPUs."""
+
+
 def build(
     cfg: KubeletConfiguration,
     root_dir: Path,
     *,
+    cpus: CPUs,
     devices: DeviceView | None,
     sys_node: Path = SYS_NODE,
     observer: Observer | None = None,
@@ -50,7 +56,11 @@ def build(
         memory = create_manager(cfg, root_dir, observer=observer)
         memory.check()
         none = TopologyManager(
-            policy="none", scope="container", numa=NUMAInfo((0,)), observer=observer
+            policy="none",
+            scope="container",
+            numa=NUMAInfo((0,)),
+            allocators=[cpus],
+            observer=observer,
         )
         return memory, none
     try:
@@ -78,7 +88,7 @@ def build(
             f"topologyManagerPolicy: {policy}: unsupported on machines with more than "
             f"{options.max_numa_nodes} NUMA Nodes"
         )
-    providers: list[HintProvider] = [memory]
+    providers: list[HintProvider] = [cpus, memory]
     if devices is not None:
         providers.append(DeviceHints(devices, nodes))
     topology = TopologyManager(
@@ -87,7 +97,7 @@ def build(
         numa=NUMAInfo(nodes, machine.distances),
         options=options,
         providers=providers,
-        allocators=[memory],
+        allocators=[cpus, memory],
         observer=observer,
     )
     return memory, topology

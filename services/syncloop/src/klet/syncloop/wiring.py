@@ -430,8 +430,9 @@ def build_deps(settings: Settings, overrides: Overrides | None = None) -> Deps:
         observer=DeviceMetrics.create(registry),
     )
     syncer.starter.devices = devices
-    # The CPU manager (cpuManagerPolicy): admission takes exclusive CPUs, container
-    # creation sets the cpuset; raises CPUManagerError when it cannot start.
+    # The CPU manager (cpuManagerPolicy): the topology manager's first hint provider and
+    # allocator (admission takes exclusive CPUs on the merged hint), container creation
+    # sets the cpuset; raises CPUManagerError when it cannot start.
     cpus = create_manager(
         k,
         Path(settings.klet.root_dir),
@@ -443,7 +444,11 @@ def build_deps(settings: Settings, overrides: Overrides | None = None) -> Deps:
     # admission aligns hints and places memory, container creation sets cpuset.mems;
     # raises MemoryManagerError when they cannot start.
     memory, topology = numaalignment.build(
-        k, Path(settings.klet.root_dir), devices=devices, observer=NUMAMetrics.create(registry)
+        k,
+        Path(settings.klet.root_dir),
+        cpus=cpus,
+        devices=devices,
+        observer=NUMAMetrics.create(registry),
     )
     syncer.starter.memory = memory if memory.policy is not None else None
     devices.affinity = lambda uid, name: topology.affinity(uid, name).affinity
@@ -451,7 +456,6 @@ def build_deps(settings: Settings, overrides: Overrides | None = None) -> Deps:
         o.node or admission_node(settings),
         taints=node_taints,
         topology=topology,
-        cpus=cpus,
         devices=devices,
     )
     resizer = (

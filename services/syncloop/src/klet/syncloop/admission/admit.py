@@ -471,10 +471,8 @@ class AdmissionLedger:
     taints: TaintSource | None = None
     """Where the Node's current taints are read at each decision; None: `node.taints`."""
     topology: DeviceAdmission | None = None
-    """NUMA alignment and the memory manager's placement (topologymanager/manager.py);
-    None: neither is configured."""
-    cpus: DeviceAdmission | None = None
-    """Exclusive CPUs (the CPU manager, cpumanager/manager.py); None: not checked."""
+    """NUMA alignment and the CPU and memory managers' placement
+    (topologymanager/manager.py); None: none of them is checked."""
     devices: DeviceAdmission | None = None
     """Device plugin resources (the leader's device manager); None: not checked."""
     admitted: set[str] = field(default_factory=set)
@@ -502,14 +500,8 @@ class AdmissionLedger:
             verdict = admit_pod(pod, others=others, node=node)
         if verdict.admit and self.topology is not None:
             # upstream's topology manager admit handler: merged hints (TopologyAffinityError)
-            # and the memory manager's Allocate
+            # and the CPU and memory managers' Allocate, before the device manager's
             refused = self.topology.admit(uid, pod, others)
-            if refused is not None:
-                verdict = Verdict(False, *refused)
-        if verdict.admit and self.cpus is not None:
-            # upstream's topology manager admit handler (policy none): the CPU manager's
-            # Allocate before the device manager's
-            refused = self.cpus.admit(uid, pod, others)
             if refused is not None:
                 verdict = Verdict(False, *refused)
         if verdict.admit and self.devices is not None:

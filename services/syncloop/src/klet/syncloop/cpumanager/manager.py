@@ -1,9 +1,14 @@
 """The CPU manager: the policy's state, its file, admission, the containers' cpusets.
 
-syncloop owns it because syncloop creates the containers: admission takes a pod's
-exclusive CPUs (`admit`, upstream's admit handler with topology policy none) and the
-state is written to `<root-dir>/cpu_manager_state` before the answer is given, so a
-container is never created on CPUs the file does not record. Container creation reads
+syncloop owns it because syncloop creates the containers. It is the topology manager's
+first hint provider and allocator, as upstream's: at admission the topology manager
+asks each container's (or, scope pod, the pod's) NUMA hints (`topology_hints`,
+`pod_topology_hints`), merges them with the other managers', and then has the CPU
+manager take the container's exclusive CPUs on the merged hint (`allocate`, under
+every topology policy; policy none gives no hint). The state is written to
+`<root-dir>/cpu_manager_state` before the answer is given, so a container is never
+created on CPUs the file does not record. A pod refused after some of its containers
+got CPUs keeps them until the next release, as upstream's. Container creation reads
 the container's cpuset (`cpuset_of`: its own CPUs, else the shared pool) into the CRI
 config. The leader's root task (`run`, every cpuManagerReconcilePeriod) releases the
 CPUs of pods that are no longer active, once every source is ready (a restarted
@@ -37,6 +42,7 @@ from typing import Protocol
 from klet.config.kubelet import KubeletConfiguration
 from klet.cri.types import LinuxResources
 from klet.model.cpuset import CPUSet, format_cpus, parse_cpus
+from klet.model.pod import is_pod_level_set
 from klet.model.types import JSON, ContainerID
 from klet.model.units import parse_quantity
 from klet.syncloop.cpumanager import state as statefile
@@ -46,11 +52,14 @@ from klet.syncloop.cpumanager.policy import (
     NonePolicy,
     PolicyError,
     StaticPolicy,
+    guaranteed_cpus,
     parse_options,
     reserved_count,
+    reuse,
 )
 from klet.syncloop.cpumanager.state import CPUState, StateError
 from klet.syncloop.cpumanager.topology import SYS_CPU, TopologyError, discover
+from klet.syncloop.topologymanager.hints import ProviderHints, TopologyHint
 
 log = logging.getLogger(__name__)
 
@@ -103,6 +112,9 @@ class CPUManager:
         self.path = root_dir / statefile.STATE_FILE
         self.state = CPUState(policy=policy.name)
         self._applied: dict[tuple[str, str], CPUSet] = {}
+        self._reuse: dict[str, CPUSet] = {}
+        """The CPUs the admitted pod's next containers may take again (its init
+        containers'), by pod UID: upstream's cpusToReuse."""
         self.loaded = False
 
     def check(self) -> None:
@@ -166,21 +178,55 @@ class CPUManager:
             os.fsync(f.fileno())
         os.replace(tmp, self.path)
 
-    # -- admission and containers
-    def admit(self, uid: str, pod: JSON, others: Sequence[JSON]) -> tuple[str, str] | None:
-        """Take the pod's exclusive CPUs: None, or (reason, message) refusing the pod."""
+    # -- admission: hints and allocation (the topology manager's provider and allocator)
+    def topology_hints(self, pod: JSON, container: JSON) -> ProviderHints | None:
+        """The container's CPU hints (upstream's GetTopologyHints); None: no preference."""
         self._ensure()
-        requests: list[str] = []
+        hints = self.policy.container_hints(
+            self.state, pod, container, reusable=self._reusable(pod)
+        )
+        return None if hints is None else {"cpu": hints}
+
+    def pod_topology_hints(self, pod: JSON) -> ProviderHints | None:
+        """The pod's CPU hints (upstream's GetPodTopologyHints); None: no preference."""
+        self._ensure()
+        hints = self.policy.pod_hints(self.state, pod, reusable=self._reusable(pod))
+        return None if hints is None else {"cpu": hints}
+
+    def _reusable(self, pod: JSON) -> CPUSet:
+        return self._reuse.get(str((pod.get("metadata") or {}).get("uid") or ""), frozenset())
+
+    def allocate(self, pod: JSON, container: JSON, hint: TopologyHint) -> tuple[str, str] | None:
+        """Take the container's exclusive CPUs, those of the hint's NUMA nodes first, and
+        write the state file before answering: None, or (reason, message) refusing the
+        pod (upstream's Allocate, which the topology manager's admit handler calls)."""
+        self._ensure()
+        uid = str((pod.get("metadata") or {}).get("uid") or "")
+        pinning = (
+            isinstance(self.policy, StaticPolicy)
+            and guaranteed_cpus(pod, container) > 0
+            and not is_pod_level_set(pod)
+        )
         try:
-            new = self.policy.allocate_pod(self.state, pod, requests=requests)
+            new, cpus = self.policy.allocate(
+                self.state, pod, container, reusable=self._reusable(pod), numa=hint.affinity
+            )
         except AdmissionError as err:
-            self.observer.pinning(requested=len(requests), failed=1)
+            self.observer.pinning(requested=1, failed=1)
             log.info(
                 "pod refused: its exclusive CPUs cannot be had",
-                extra={"pod": uid, "reason": err.reason, "error": err.message},
+                extra={
+                    "pod": uid,
+                    "container": container.get("name"),
+                    "reason": err.reason,
+                    "error": err.message,
+                },
             )
             return err.reason, err.message
-        self.observer.pinning(requested=len(requests), failed=0)
+        if pinning:
+            self.observer.pinning(requested=1, failed=0)
+        # as upstream's cpusToReuse: only the pod being admitted keeps an entry
+        self._reuse = {uid: reuse(self._reusable(pod), pod, container, cpus)}
         if new != self.state:
             self.state = new
             self.save()

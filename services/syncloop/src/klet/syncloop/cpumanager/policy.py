@@ -8,7 +8,13 @@ given back when the container is removed. The reserved CPUs (`reservedSystemCPUs
 or kube-reserved + system-reserved cpu rounded up, taken lowest cores first) stay in
 the pool and are never given out; with `strict-cpu-reservation` they are not in the
 pool either, so shared containers are kept off them too. An init container's CPUs are
-handed on to the pod's next containers (`reusable`), as upstream's cpusToReuse.
+handed on to the pod's next containers (`reusable`, kept by the manager), as
+upstream's cpusToReuse.
+
+The static policy is a topology manager hint provider: `container_hints` and
+`pod_hints` give the NUMA node sets a request fits in (preferred: as few nodes as the
+machine can hold it in), and `allocate` takes the CPUs of the merged hint's nodes
+first, as upstream's allocateCPUs.
 
 Pod-level resources skip the allocation (upstream: not supported by the static
 policy): such a pod's containers run in the shared pool.
@@ -29,6 +35,7 @@ from klet.model.types import JSON
 from klet.syncloop.cpumanager.assignment import NotEnoughCPUs, take_by_topology
 from klet.syncloop.cpumanager.state import CPUState
 from klet.syncloop.cpumanager.topology import CPUTopology
+from klet.syncloop.topologymanager.hints import TopologyHint, iterate_masks
 
 NONE = "none"
 STATIC = "static"
@@ -49,7 +56,7 @@ IMPLEMENTED_OPTIONS = frozenset({FULL_PCPUS_ONLY, STRICT_RESERVATION, DISTRIBUTE
 _NOT_IMPLEMENTED = {
     DISTRIBUTE_ACROSS_NUMA: "spreading a request evenly over NUMA nodes",
     PREFER_UNCORE_CACHE: "aligning CPUs by uncore (L3) cache",
-    ALIGN_BY_SOCKET: "socket-aligned topology hints (klet has no topology manager)",
+    ALIGN_BY_SOCKET: "topology hints preferring socket-aligned NUMA node sets",
 }
 
 SMT_ALIGNMENT_ERROR = "SMTAlignmentError"
@@ -217,10 +224,18 @@ class StaticPolicy:
         return state.default - self.reserved
 
     def allocate(
-        self, state: CPUState, pod: JSON, container: JSON, *, reusable: CPUSet = frozenset()
+        self,
+        state: CPUState,
+        pod: JSON,
+        container: JSON,
+        *,
+        reusable: CPUSet = frozenset(),
+        numa: int | None = None,
     ) -> tuple[CPUState, CPUSet]:
         """The state with `container`'s exclusive CPUs taken (none for a shared-pool
-        container), and its CPUs; raises AdmissionError."""
+        container), and its CPUs; raises AdmissionError. `numa` is the topology
+        manager's merged hint (bit n: NUMA node n; None: no preference): the CPUs of
+        those nodes are taken first, the rest from anywhere (upstream's allocateCPUs)."""
         count = guaranteed_cpus(pod, container)
         if count == 0 or is_pod_level_set(pod):
             return state, frozenset()
@@ -243,13 +258,13 @@ class StaticPolicy:
         held = state.assignments.get(uid, {}).get(name)
         if held is not None:
             return state, held
+        allocatable = self.available(state) | reusable
         try:
-            cpus = take_by_topology(
-                self.topology,
-                self.available(state) | reusable,
-                count,
-                spread=self.options.spread_cores,
-            )
+            cpus: CPUSet = frozenset()
+            if numa is not None:
+                aligned = self._in_mask(allocatable, numa)
+                cpus = self._take(aligned, min(count, len(aligned)))
+            cpus |= self._take(allocatable - cpus, count - len(cpus))
         except NotEnoughCPUs as err:
             raise AdmissionError(
                 UNEXPECTED_ADMISSION_ERROR, f"Allocate failed due to {err}, which is unexpected"
@@ -275,29 +290,68 @@ class StaticPolicy:
             del assignments[uid]
         return replace(state, default=state.default | back, assignments=assignments)
 
-    def allocate_pod(
-        self, state: CPUState, pod: JSON, *, requests: list[str] | None = None
-    ) -> CPUState:
-        """Every container of the pod, init containers first, as upstream's admit handler
-        with topology policy none; raises AdmissionError at the first that fails. The
-        containers that asked for exclusive CPUs are appended to `requests` as they are
-        tried (upstream's pinning requests: the last one failed when this raises)."""
-        spec: JSON = pod.get("spec") or {}
-        inits = list(spec.get("initContainers") or [])
-        reusable: CPUSet = frozenset()
-        for container in inits + list(spec.get("containers") or []):
-            if (
-                requests is not None
-                and guaranteed_cpus(pod, container)
-                and not is_pod_level_set(pod)
-            ):
-                requests.append(str(container.get("name") or ""))
-            state, cpus = self.allocate(state, pod, container, reusable=reusable)
-            if container in inits and container.get("restartPolicy") != "Always":
-                reusable = reusable | cpus
-            else:
-                reusable = reusable - cpus
-        return state
+    def _take(self, available: CPUSet, count: int) -> CPUSet:
+        return take_by_topology(self.topology, available, count, spread=self.options.spread_cores)
+
+    def _in_mask(self, cpus: CPUSet, mask: int) -> CPUSet:
+        details = self.topology.details
+        return frozenset(c for c in cpus if mask >> details[c].numa & 1)
+
+    def generate_hints(
+        self, available: CPUSet, reusable: CPUSet, request: int
+    ) -> list[TopologyHint]:
+        """Every set of NUMA nodes whose CPUs (`available`, plus `reusable`, which must
+        all lie in the set) can hold `request` CPUs; preferred are those as narrow as
+        the fewest nodes of this machine that hold `request` CPUs at all, free or not
+        (upstream's generateCPUTopologyHints)."""
+        details = self.topology.details
+        nodes = sorted({i.numa for i in details.values()})
+        narrowest = len(nodes)
+        fits: list[int] = []
+        for mask in iterate_masks(nodes):
+            if len(self._in_mask(self.topology.cpus(), mask)) >= request:
+                narrowest = min(narrowest, mask.bit_count())
+            if len(self._in_mask(reusable, mask)) != len(reusable):
+                continue
+            if len(reusable) + len(self._in_mask(available, mask)) >= request:
+                fits.append(mask)
+        return [TopologyHint(m, m.bit_count() == narrowest) for m in fits]
+
+    def container_hints(
+        self, state: CPUState, pod: JSON, container: JSON, *, reusable: CPUSet = frozenset()
+    ) -> list[TopologyHint] | None:
+        """The container's CPU hints (upstream's GetTopologyHints): None when it takes no
+        exclusive CPUs; for one that holds its CPUs already (a restart), the hints of
+        those CPUs, or none at all (unsatisfiable) when it holds another count."""
+        requested = guaranteed_cpus(pod, container)
+        if requested == 0 or is_pod_level_set(pod):
+            return None
+        held = state.assignments.get(_uid(pod), {}).get(str(container.get("name") or ""))
+        if held is not None:
+            if len(held) != requested:
+                return []
+            return self.generate_hints(held, frozenset(), requested)
+        return self.generate_hints(self.available(state), reusable, requested)
+
+    def pod_hints(
+        self, state: CPUState, pod: JSON, *, reusable: CPUSet = frozenset()
+    ) -> list[TopologyHint] | None:
+        """The pod's CPU hints (upstream's GetPodTopologyHints): for the CPUs the whole
+        pod takes (pod_guaranteed_cpus), counting those its containers already hold."""
+        requested = pod_guaranteed_cpus(pod)
+        if requested == 0 or is_pod_level_set(pod):
+            return None
+        held_by_pod: CPUSet = frozenset()
+        held = state.assignments.get(_uid(pod), {})
+        for c in _containers(pod):
+            cpus = held.get(str(c.get("name") or ""))
+            if cpus is not None:
+                if len(cpus) != guaranteed_cpus(pod, c):
+                    return []
+                held_by_pod |= cpus
+        if len(held_by_pod) == requested:
+            return self.generate_hints(held_by_pod, frozenset(), requested)
+        return self.generate_hints(self.available(state), reusable | held_by_pod, requested)
 
 
 @dataclass(frozen=True)
@@ -312,10 +366,26 @@ class NonePolicy:
     def allocatable(self) -> CPUSet:
         return frozenset()
 
-    def allocate_pod(
-        self, state: CPUState, pod: JSON, *, requests: list[str] | None = None
-    ) -> CPUState:
-        return state
+    def allocate(
+        self,
+        state: CPUState,
+        pod: JSON,
+        container: JSON,
+        *,
+        reusable: CPUSet = frozenset(),
+        numa: int | None = None,
+    ) -> tuple[CPUState, CPUSet]:
+        return state, frozenset()
+
+    def container_hints(
+        self, state: CPUState, pod: JSON, container: JSON, *, reusable: CPUSet = frozenset()
+    ) -> list[TopologyHint] | None:
+        return None
+
+    def pod_hints(
+        self, state: CPUState, pod: JSON, *, reusable: CPUSet = frozenset()
+    ) -> list[TopologyHint] | None:
+        return None
 
     def remove(self, state: CPUState, uid: str, name: str) -> CPUState:
         return state
@@ -323,6 +393,44 @@ class NonePolicy:
 
 def _uid(pod: JSON) -> str:
     return str((pod.get("metadata") or {}).get("uid") or "")
+
+
+def _containers(pod: JSON) -> list[JSON]:
+    spec: JSON = pod.get("spec") or {}
+    return [*(spec.get("initContainers") or ()), *(spec.get("containers") or ())]
+
+
+def _restartable(container: JSON) -> bool:
+    return container.get("restartPolicy") == "Always"
+
+
+def reuse(reusable: CPUSet, pod: JSON, container: JSON, cpus: CPUSet) -> CPUSet:
+    """The pod's CPUs its next containers may take again after `container` got `cpus`
+    (upstream's updateCPUsToReuse): an init container's are added, those of an app
+    container or a sidecar (restartable init container, running beside the app) taken
+    out."""
+    name = container.get("name")
+    spec: JSON = pod.get("spec") or {}
+    for init in spec.get("initContainers") or ():
+        if init.get("name") == name and not _restartable(init):
+            return reusable | cpus
+    return reusable - cpus
+
+
+def pod_guaranteed_cpus(pod: JSON) -> int:
+    """The exclusive CPUs the whole pod needs at once (upstream's podGuaranteedCPUs): the
+    largest of each init container's with the sidecars started before it, or the app
+    containers' with every sidecar, whichever is more."""
+    spec: JSON = pod.get("spec") or {}
+    by_inits = by_sidecars = 0
+    for c in spec.get("initContainers") or ():
+        n = guaranteed_cpus(pod, c)
+        if _restartable(c):
+            by_sidecars += n
+        else:
+            by_inits = max(by_inits, by_sidecars + n)
+    by_apps = sum(guaranteed_cpus(pod, c) for c in spec.get("containers") or ())
+    return max(by_inits, by_apps + by_sidecars)
 
 
 def guaranteed_cpus(pod: JSON, container: JSON) -> int:

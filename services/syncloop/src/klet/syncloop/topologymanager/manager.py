@@ -6,14 +6,14 @@ pod's hints are merged once and the result holds for all its containers. A polic
 refuses the merged hint (`restricted`, `single-numa-node` without a preferred one)
 refuses the pod with reason `TopologyAffinityError` and upstream's message. An admitted
 container's hint is kept (`affinity`, upstream's Store.GetAffinity) and each allocator
-(the memory manager; the CPU manager when it reads `affinity`) places the container on
-it; an allocator's failure refuses the pod as upstream's unexpected admission error.
-With policy `none` no hint is computed and allocators get "no preference", as
-upstream's none scope.
+(the CPU manager, then the memory manager) places the container on it; an allocator's
+failure refuses the pod with the reason it gives, else as upstream's unexpected
+admission error. With policy `none` no hint is computed and allocators get "no
+preference", as upstream's none scope.
 
-HintProvider is the consumer's Protocol: the memory manager
-(memorymanager/manager.py) and the device manager (through devicehints.DeviceHints)
-provide hints; the CPU manager plugs in by giving the same two methods.
+HintProvider is the consumer's Protocol: the CPU manager (cpumanager/manager.py), the
+memory manager (memorymanager/manager.py) and the device manager (through
+devicehints.DeviceHints) provide hints.
 """
 
 from __future__ import annotations
@@ -65,8 +65,12 @@ class HintProvider(Protocol):
 class Allocator(Protocol):
     """A resource manager that places a container on its hint at admission."""
 
-    def allocate(self, pod: JSON, container: JSON, hint: TopologyHint) -> str | None:
-        """None, or why the container cannot be placed."""
+    def allocate(
+        self, pod: JSON, container: JSON, hint: TopologyHint
+    ) -> str | tuple[str, str] | None:
+        """None; or why the container cannot be placed, as the cause of an unexpected
+        admission error, or as its own (reason, message) (upstream's admission.Error,
+        such as the CPU manager's SMTAlignmentError)."""
         ...
 
 
@@ -111,6 +115,8 @@ class TopologyManager:
     def _allocate(self, pod: JSON, container: JSON, hint: TopologyHint) -> tuple[str, str] | None:
         for allocator in self.allocators:
             err = allocator.allocate(pod, container, hint)
+            if isinstance(err, tuple):
+                return err
             if err is not None:
                 return (
                     UNEXPECTED_ADMISSION_ERROR,
