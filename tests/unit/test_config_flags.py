@@ -475,3 +475,33 @@ def test_the_evented_pleg_relist_period() -> None:
     assert problems(["--evented-pleg-relist-period", "0s"]) == [
         "--evented-pleg-relist-period: must be a positive duration"
     ]
+
+
+def test_reserved_memory_flag_takes_upstreams_syntax() -> None:
+    settings = load_settings(
+        [
+            "--reserved-memory",
+            "0:memory=1Gi,hugepages-2Mi=2Mi;1:memory=512Mi",
+            "--reserved-memory",
+            "2:memory=1Gi",
+        ],
+        env={},
+        service="syncloop",
+        hostname="n",
+    )
+    assert settings.kubelet.reserved_memory == (
+        {"numaNode": 0, "limits": {"memory": "1Gi", "hugepages-2Mi": "2Mi"}},
+        {"numaNode": 1, "limits": {"memory": "512Mi"}},
+        {"numaNode": 2, "limits": {"memory": "1Gi"}},
+    )
+    for value, cause in [
+        ("memory=1Gi", "incorrect format"),
+        ("x:memory=1Gi", "must be an integer"),
+        ("0:cpu=1", "unknown type: 'cpu'"),
+        ("0:memory", "type=quantity"),
+        ("0:memory=lots", "'lots' is not a quantity"),
+    ]:
+        with pytest.raises(ConfigError) as info:
+            load_settings(["--reserved-memory", value], env={}, service="syncloop", hostname="n")
+        [problem] = info.value.problems
+        assert problem.startswith("--reserved-memory: ") and cause in problem, problem

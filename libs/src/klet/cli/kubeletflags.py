@@ -174,6 +174,7 @@ STATES: Mapping[str, State] = {
             "registry-burst",
             "registry-qps",
             "reserved-cpus",
+            "reserved-memory",
             "resolv-conf",
             "root-dir",
             "rotate-certificates",
@@ -251,9 +252,6 @@ STATES: Mapping[str, State] = {
     ),
     "log-text-split-stream": Refused(
         "klet writes every log line to one stream (logging.options.text is not implemented)"
-    ),
-    "reserved-memory": Refused(
-        "only the memory manager reads it, and klet has none (memoryManagerPolicy None)"
     ),
     "runtime-cgroups": Refused("klet does not move the container runtime into a cgroup"),
     "vmodule": Refused("klet's services have no per-file log verbosity (logging.vmodule); use -v"),

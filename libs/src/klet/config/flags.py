@@ -27,7 +27,7 @@ from typing import Any
 from klet.config.errors import Problem
 from klet.config.kubelet import KubeletConfiguration, upstream_name
 from klet.model.layout import DEFAULT_SERVICE_PORTS
-from klet.model.units import parse_duration
+from klet.model.units import parse_duration, parse_quantity
 
 __all__ = [
     "FLAGS",
@@ -152,6 +152,42 @@ def _taints(values: list[str]) -> tuple[dict[str, str], ...]:
             if val:
                 taint["value"] = val
             out.append(taint)
+    return tuple(out)
+
+
+def _reserved_memory(values: list[str]) -> tuple[dict[str, Any], ...]:
+    """`--reserved-memory`: "<numa node>:<type>=<quantity>[,<type>=<quantity>...]", several
+    nodes separated by ";", as upstream's ReservedMemoryVar; each value of a repeated flag
+    adds to the list. The entries are reservedMemory's ({numaNode, limits}); validation
+    checks them as it checks the file's."""
+    usage = "expected numaNodeID:type=quantity[,type=quantity...]"
+    out: list[dict[str, Any]] = []
+    for value in values:
+        if not value:
+            continue
+        for reservation in value.split(";"):
+            node_text, found, limits_text = reservation.partition(":")
+            if not found or ":" in limits_text:
+                raise ValueError(
+                    f"the reserved memory has incorrect format, {usage}, got {reservation}"
+                )
+            try:
+                node = int(node_text)
+            except ValueError:
+                raise ValueError(f"the NUMA node ID must be an integer, got {node_text}") from None
+            limits: dict[str, str] = {}
+            for item in limits_text.split(","):
+                name, found, quantity = item.partition("=")
+                if not found or "=" in quantity:
+                    raise ValueError(f"the reserved limit must be type=quantity, got {item}")
+                if name != "memory" and not name.startswith("hugepages-"):
+                    raise ValueError(f"memory type conversion error, unknown type: {name!r}")
+                try:
+                    parse_quantity(quantity)
+                except ValueError:
+                    raise ValueError(f"{quantity!r} is not a quantity") from None
+                limits[name] = quantity
+            out.append({"numaNode": node, "limits": limits})
     return tuple(out)
 
 
@@ -723,6 +759,13 @@ _CONFIG_FLAGS: tuple[FlagSpec, ...] = (
                 _taints,
                 "KEY=VALUE:EFFECT,...",
                 "taints the Node is registered with; repeatable",
+            ),
+            (
+                "--reserved-memory",
+                "reserved_memory",
+                _reserved_memory,
+                "NODE:TYPE=QUANTITY,...;...",
+                "memory reserved per NUMA node for the Static memory manager; repeatable",
             ),
             (
                 "--reserved-cpus",
