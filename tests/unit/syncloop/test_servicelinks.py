@@ -163,3 +163,20 @@ async def test_env_sources_report_a_failed_list() -> None:
     sources = await env_sources(ApiObjects(kube), POD, {"name": "c"})
     assert sources is not None
     assert sources.services_failure == 'failed to list services: secrets "x" is forbidden: nope'
+
+
+async def test_a_static_pod_starts_without_services_when_the_list_fails() -> None:
+    kube = Kube({}, forbidden=frozenset({NS_SERVICES, DEFAULT_SERVICES}))
+    static = {
+        **POD,
+        "metadata": {**POD["metadata"], "annotations": {"kubernetes.io/config.source": "file"}},
+    }
+    sources = await env_sources(ApiObjects(kube), static, {"name": "c"})
+    assert sources is not None
+    assert sources.services_failure is None
+    assert sources.service_env == ()
+    env = container_env(static, {"name": "c"}, pod_ips=(), node=NodeFacts(), sources=sources)
+    assert not any(name.endswith("_SERVICE_HOST") for name, _ in env)
+    # the same pod from the apiserver still waits for the Services
+    sources = await env_sources(ApiObjects(kube), POD, {"name": "c"})
+    assert sources is not None and sources.services_failure is not None

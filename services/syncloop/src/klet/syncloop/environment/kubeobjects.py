@@ -8,7 +8,9 @@ Cluster mode only: a standalone syncloop has no `KubeObjects` at all, and its ca
 treat that as upstream treats a kubelet without an API client. The Node authorizer lets
 the node GET a Secret or ConfigMap only while a pod bound to it refers to the object,
 which is exactly when syncloop asks. Services are listed by namespace (the pod's, and
-`default` for the master Service), which the node's RBAC role allows.
+`default` for the master Service), which the node's RBAC role allows; a static pod whose
+list fails starts without service variables (the control plane's own pods on a kubeadm
+node start before there is an apiserver to list from).
 
 `ApiObjects` keeps what it read for a few seconds (absent objects too), so one sync of
 a pod whose containers share a ConfigMap reads it once, while an object created or
@@ -32,6 +34,7 @@ from urllib.parse import quote
 
 from klet.kube import KubeError
 from klet.kube import NotFound as KubeNotFound
+from klet.model.pod import is_static
 from klet.model.types import JSON
 from klet.syncloop.environment import envvars, servicelinks
 
@@ -225,7 +228,11 @@ async def env_sources(
             )
         )
     except ObjectUnavailable as err:
-        services_failure = f"failed to list services: {err}"
+        # A static pod starts without the Services, as upstream's kubelet starts one
+        # before its service lister has synced (a control-plane node's apiserver is one
+        # of them); a pod from the apiserver waits for them.
+        if not is_static(pod):
+            services_failure = f"failed to list services: {err}"
     return envvars.EnvSources(
         config_maps=config_maps,
         secrets=secrets,
