@@ -49,7 +49,7 @@ lint: setup
 	.venv/bin/lint-imports
 
 typecheck: setup
-	.venv/bin/mypy libs/src testbed/src services/pod-source/src services/syncloop/src services/status-reporter/src services/eviction/src services/image-gc/src tools/container_fields.py tools/config_fields.py tools/upstream_metrics.py tools/upstream_metrics_accounts.py tools/image tools/e2e tools/csi \
+	.venv/bin/mypy libs/src testbed/src services/pod-source/src services/syncloop/src services/status-reporter/src services/eviction/src services/image-gc/src tools/container_fields.py tools/config_fields.py tools/upstream_metrics.py tools/upstream_metrics_accounts.py tools/image tools/e2e tools/csi tools/kubeadm \
 		bench/common.py bench/run.py bench/gc.py bench/failover.py bench/events.py bench/compare.py bench/memory.py bench/volumes.py bench/cadvisor.py
 
 proto:
