@@ -1,0 +1,286 @@
+"""`kubeadm init` (v1.34.4, built by `make kubeadm-binary`) on a node whose kubelet is
+klet, started as systemd starts it from the klet-kubelet package (packaging/kubelet: the
+unit and kubeadm's drop-in, expanded with the files kubeadm writes).
+
+kubeadm writes where a real node keeps its files (/etc/kubernetes, /var/lib/kubelet,
+/var/lib/etcd, /run/klet, /usr/bin/kubelet...) and binds the control plane's fixed ports
+(6443, 2379, 2380, 10250, 10257, 10259). So `make test-kubeadm` runs this module in a
+private mount and network namespace (`unshare --mount --net`), and the module puts an
+overlay over /etc, /var/lib, /var/log, /run and /usr/bin whose upper directories are the
+test's own: nothing kubeadm or klet writes reaches the host, and the namespace's end
+takes it all away. The network is the namespace's own: loopback and a veth pair, one end
+holding the advertise address.
+
+Inside, the dev stack (containerd with its bridge CNI, the registry) serves the control
+plane's images that tools/kubeadm/images.py builds from the project's binaries, under
+`imageRepository: registry.klet.test/kubeadm`. kubeadm's `systemctl restart kubelet`
+has no systemd here (it warns, as upstream does without systemd); the test starts the
+kubelet once kubeadm's kubelet-start phase has written its files, which is when systemd
+(Restart=always) would have it running. The addon phase is skipped: the coredns and
+kube-proxy images are not built here.
+
+Proven: kubeadm init reports success, having seen etcd, kube-apiserver,
+kube-controller-manager and kube-scheduler run as static pods by klet (its
+wait-control-plane phase); the node registers and is marked control-plane; a pod the
+scheduler binds to it (tolerating the control-plane taint) runs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from klet.devstack import DevStack
+from klet.syncloop.volumes.fs import mounts_under
+
+from tests.harness.systemd_unit import exec_start_argv
+from tests.harness.waiting import wait_for
+from tests.integration.conftest import remove_node_pods
+from tools.kubeadm.images import SKIPPED_PHASES, prepare, push_images
+
+REPO = Path(__file__).resolve().parents[2]
+PKG = REPO / "packaging" / "kubelet"
+NODE = "kadm1"
+ADDRESS = "10.254.0.10"
+OVERLAID = ("/etc", "/var/lib", "/var/log", "/run", "/usr/bin")
+
+pytestmark = pytest.mark.skipif(
+    not os.environ.get("KLET_KUBEADM_TESTS"),
+    reason="kubeadm tier: make test-kubeadm (private mount and network namespace)",
+)
+
+
+def _isolated() -> bool:
+    """This process's mount and network namespaces are not its parent's (unshare execs
+    pytest, so the parent is the shell that ran it)."""
+    own = [os.readlink(f"/proc/self/ns/{n}") for n in ("mnt", "net")]
+    outer = [os.readlink(f"/proc/{os.getppid()}/ns/{n}") for n in ("mnt", "net")]
+    return all(a != b for a, b in zip(own, outer, strict=True))
+
+
+def _run(*argv: str) -> None:
+    subprocess.run(argv, check=True, capture_output=True, text=True)
+
+
+@pytest.fixture(scope="module")
+def node_host() -> Iterator[Path]:
+    """The namespace's network (lo, a veth end with ADDRESS, a default route) and
+    the overlays over OVERLAID, their upper directories under a directory of the test."""
+    assert _isolated(), "run through `make test-kubeadm` (unshare --mount --net)"
+    top = Path(tempfile.mkdtemp(prefix="klet-kubeadm-", dir="/tmp"))
+    try:
+        yield from _node_host(top)
+    finally:
+        shutil.rmtree(top, ignore_errors=True)
+
+
+def _node_host(top: Path) -> Iterator[Path]:
+    _run("ip", "link", "set", "lo", "up")
+    # a veth pair, both ends here (this kernel has no dummy driver): kadm0 holds ADDRESS
+    _run("ip", "link", "add", "kadm0", "type", "veth", "peer", "name", "kadm1")
+    _run("ip", "addr", "add", f"{ADDRESS}/24", "dev", "kadm0")
+    _run("ip", "link", "set", "kadm1", "up")
+    _run("ip", "link", "set", "kadm0", "up")
+    _run("ip", "route", "add", "default", "dev", "kadm0")
+    mounted: list[str] = []
+    try:
+        for i, point in enumerate(OVERLAID):
+            upper, work = top / f"o{i}" / "upper", top / f"o{i}" / "work"
+            upper.mkdir(parents=True)
+            work.mkdir()
+            options = f"lowerdir={point},upperdir={upper},workdir={work}"
+            _run("mount", "-t", "overlay", "overlay", "-o", options, point)
+            mounted.append(point)
+        # the package's files where it puts them; the node's name resolves, as kubeadm's
+        # preflight asks (a 10 s DNS timeout otherwise)
+        shutil.copy2(PKG / "kubelet", "/usr/bin/kubelet")
+        with open("/etc/hosts", "a") as hosts:
+            hosts.write(f"{ADDRESS} {NODE}\n")
+        yield top
+    finally:
+        for point in reversed(mounted):
+            subprocess.run(["umount", "-l", point], capture_output=True, check=False)
+
+
+@pytest.fixture(scope="module")
+def stack(node_host: Path) -> Iterator[DevStack]:
+    s = DevStack(node_host / "stack")
+    s.start()
+    try:
+        yield s
+    finally:
+        s.stop()
+
+
+def _kubelet_argv() -> list[str]:
+    """The ExecStart systemd would run now: the unit and kubeadm's drop-in with the env
+    files as kubeadm wrote them."""
+
+    def read(path: str) -> str | None:
+        p = Path(path)
+        return p.read_text() if p.exists() else None
+
+    units = [(PKG / "kubelet.service").read_text(), (PKG / "10-kubeadm.conf").read_text()]
+    return exec_start_argv(units, read)
+
+
+def _kubectl(kubectl: Path, *args: str, stdin: str | None = None) -> str:
+    res = subprocess.run(
+        [str(kubectl), "--kubeconfig", "/etc/kubernetes/admin.conf", *args],
+        input=stdin,
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=60,
+    )
+    if res.returncode != 0:
+        raise AssertionError(f"kubectl {' '.join(args)}: {res.stderr.strip()}")
+    return res.stdout
+
+
+POD = {
+    "apiVersion": "v1",
+    "kind": "Pod",
+    "metadata": {"name": "web", "namespace": "default"},
+    "spec": {
+        "tolerations": [{"key": "node-role.kubernetes.io/control-plane", "effect": "NoSchedule"}],
+        "containers": [
+            {
+                "name": "main",
+                "image": "registry.klet.test/busybox:1.36",
+                "command": ["sh", "-c", "sleep 3600"],
+            }
+        ],
+    },
+}
+
+
+@pytest.mark.timeout(900)
+def test_kubeadm_init_with_klet_as_the_kubelet(node_host: Path, stack: DevStack) -> None:
+    cache = Path(os.environ.get("KLET_CACHE", "/var/cache/klet"))
+    work = node_host / "work"
+    work.mkdir()
+    # klet refuses rotateCertificates with a kubeconfig holding embedded certificate data,
+    # which is the kubelet.conf kubeadm init writes (upstream seeds its certificate manager
+    # from that data), and kubeadm forces rotateCertificates: true; its patches (the
+    # operator's way to change what kubeadm writes for the kubelet) turn it off. README's
+    # Limits says so.
+    patches = work / "patches"
+    patches.mkdir()
+    (patches / "kubeletconfiguration.yaml").write_text("rotateCertificates: false\n")
+    kubeadm, config, plan, images = prepare(
+        cache=cache,
+        work=work,
+        advertise_address=ADDRESS,
+        node_name=NODE,
+        cri_socket=stack.runtime_endpoint,
+        cgroup_driver="cgroupfs",
+        patches_dir=str(patches),
+    )
+    push_images(images, stack.registry_address)
+    kubectl = kubeadm.parent / "kubectl"
+    init_log = work / "kubeadm-init.log"
+    kubelet_log = work / "kubelet.log"
+    init_argv = [
+        str(kubeadm),
+        "init",
+        "--config",
+        str(config),
+        "--v=1",
+        "--skip-phases",
+        ",".join(SKIPPED_PHASES),
+    ]
+    # klet's Python environment is this one (the package's /opt/klet), for kubeadm's
+    # `kubelet --version` and for the unit
+    env = {
+        **{k: v for k, v in os.environ.items() if not k.startswith("KLET_")},
+        "KLET_HOME": sys.prefix,
+    }
+    with init_log.open("w") as out:
+        init = subprocess.Popen(
+            init_argv, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env
+        )
+    kubelet: subprocess.Popen[bytes] | None = None
+    try:
+        written = ("/var/lib/kubelet/config.yaml", "/var/lib/kubelet/kubeadm-flags.env")
+        wait_for(
+            lambda: all(Path(p).exists() for p in written) or init.poll() is not None,
+            timeout_s=180,
+            what="kubeadm's kubelet-start phase",
+        )
+        assert init.poll() is None, init_log.read_text()[-4000:]
+        argv = _kubelet_argv()
+        assert argv[0] == "/usr/bin/kubelet"
+        with kubelet_log.open("w") as out:
+            kubelet = subprocess.Popen(
+                argv,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                env=env,
+                start_new_session=True,
+            )
+        try:
+            code = init.wait(timeout=600)
+        except subprocess.TimeoutExpired:
+            init.kill()
+            code = init.wait()
+        text = init_log.read_text()
+        assert code == 0, (
+            f"kubeadm init exited {code}:\n{text[-5000:]}\n--- kubelet:\n"
+            f"{kubelet_log.read_text()[-5000:]}"
+        )
+        assert "Your Kubernetes control-plane has initialized successfully!" in text
+
+        node = json.loads(_kubectl(kubectl, "get", "node", NODE, "-o", "json"))
+        assert "node-role.kubernetes.io/control-plane" in node["metadata"]["labels"]
+        wanted = {
+            f"{c}-{NODE}"
+            for c in ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler")
+        }
+
+        def mirrors_running() -> set[str] | None:
+            pods = json.loads(_kubectl(kubectl, "get", "pods", "-n", "kube-system", "-o", "json"))
+            running = {
+                p["metadata"]["name"]
+                for p in pods["items"]
+                if p.get("status", {}).get("phase") == "Running"
+            }
+            return running if wanted <= running else None
+
+        wait_for(mirrors_running, timeout_s=120, what=f"the mirror pods {sorted(wanted)} Running")
+
+        _kubectl(kubectl, "apply", "-f", "-", stdin=json.dumps(POD))
+
+        def running() -> dict[str, Any] | None:
+            pod: dict[str, Any] = json.loads(_kubectl(kubectl, "get", "pod", "web", "-o", "json"))
+            return pod if pod.get("status", {}).get("phase") == "Running" else None
+
+        pod = wait_for(running, timeout_s=180, what="the scheduled pod running")
+        assert pod["spec"]["nodeName"] == NODE
+    finally:
+        if init.poll() is None:
+            init.kill()
+            init.wait()
+        if kubelet is not None and kubelet.poll() is None:
+            kubelet.send_signal(signal.SIGTERM)
+            try:
+                kubelet.wait(timeout=90)
+            except subprocess.TimeoutExpired:
+                os.killpg(kubelet.pid, signal.SIGKILL)
+                kubelet.wait()
+        asyncio.run(remove_node_pods(stack.runtime_endpoint, NODE))
+        for point in mounts_under(Path("/var/lib/kubelet")):
+            subprocess.run(["umount", point], capture_output=True, check=False)
+        time.sleep(0)
