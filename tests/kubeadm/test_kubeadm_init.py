@@ -35,7 +35,6 @@ import signal
 import subprocess
 import sys
 import tempfile
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -212,6 +211,7 @@ def test_kubeadm_init_with_klet_as_the_kubelet(node_host: Path, stack: DevStack)
             init_argv, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env
         )
     kubelet: subprocess.Popen[bytes] | None = None
+    uids: list[str] = []  # the apiserver's pods run here, for the clean-up
     try:
         written = ("/var/lib/kubelet/config.yaml", "/var/lib/kubelet/kubeadm-flags.env")
         wait_for(
@@ -268,6 +268,7 @@ def test_kubeadm_init_with_klet_as_the_kubelet(node_host: Path, stack: DevStack)
             return pod if pod.get("status", {}).get("phase") == "Running" else None
 
         pod = wait_for(running, timeout_s=180, what="the scheduled pod running")
+        uids.append(pod["metadata"]["uid"])
         assert pod["spec"]["nodeName"] == NODE
     finally:
         if init.poll() is None:
@@ -280,7 +281,6 @@ def test_kubeadm_init_with_klet_as_the_kubelet(node_host: Path, stack: DevStack)
             except subprocess.TimeoutExpired:
                 os.killpg(kubelet.pid, signal.SIGKILL)
                 kubelet.wait()
-        asyncio.run(remove_node_pods(stack.runtime_endpoint, NODE))
+        asyncio.run(remove_node_pods(stack.runtime_endpoint, NODE, uids=uids))
         for point in mounts_under(Path("/var/lib/kubelet")):
             subprocess.run(["umount", point], capture_output=True, check=False)
-        time.sleep(0)
