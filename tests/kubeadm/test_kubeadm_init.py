@@ -22,7 +22,12 @@ kube-proxy images are not built here.
 Proven: kubeadm init reports success, having seen etcd, kube-apiserver,
 kube-controller-manager and kube-scheduler run as static pods by klet (its
 wait-control-plane phase); the node registers and is marked control-plane; a pod the
-scheduler binds to it (tolerating the control-plane taint) runs.
+scheduler binds to it (tolerating the control-plane taint) runs. Then `kubeadm reset`
+(the kubelet stopped first, as systemd would stop it) removes every container through
+CRI and leaves no file in /etc/kubernetes, /var/lib/kubelet or /var/lib/etcd and no
+mount under /var/lib/kubelet. What it does not clean, as with upstream's kubelet: the
+pod logs in /var/log/pods; and klet's own run dir /run/klet (the bus's Redis, its
+password files, leases), which kubeadm does not know (README's Limits).
 """
 
 from __future__ import annotations
@@ -148,6 +153,18 @@ def _kubectl(kubectl: Path, *args: str, stdin: str | None = None) -> str:
     return res.stdout
 
 
+def _stop(kubelet: subprocess.Popen[bytes]) -> None:
+    """SIGTERM, as `systemctl stop kubelet` sends it; SIGKILL to the group after 90 s."""
+    if kubelet.poll() is not None:
+        return
+    kubelet.send_signal(signal.SIGTERM)
+    try:
+        kubelet.wait(timeout=90)
+    except subprocess.TimeoutExpired:
+        os.killpg(kubelet.pid, signal.SIGKILL)
+        kubelet.wait()
+
+
 POD = {
     "apiVersion": "v1",
     "kind": "Pod",
@@ -270,17 +287,37 @@ def test_kubeadm_init_with_klet_as_the_kubelet(node_host: Path, stack: DevStack)
         pod = wait_for(running, timeout_s=180, what="the scheduled pod running")
         uids.append(pod["metadata"]["uid"])
         assert pod["spec"]["nodeName"] == NODE
+
+        # kubeadm reset asks systemd to stop the kubelet (here it warns and goes on, as
+        # upstream tells the operator to stop it by hand): stopped first, as systemd would
+        _stop(kubelet)
+        reset = subprocess.run(
+            [str(kubeadm), "reset", "--force", "--cri-socket", stack.runtime_endpoint],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=300,
+            check=False,
+        )
+        assert reset.returncode == 0, reset.stdout + reset.stderr
+        left = {
+            d: sorted(str(p) for p in Path(d).rglob("*") if not p.is_dir())
+            for d in ("/etc/kubernetes", "/var/lib/kubelet", "/var/lib/etcd")
+        }
+        assert left == {d: [] for d in left}
+        assert mounts_under(Path("/var/lib/kubelet")) == []
+        ctr = ["ctr", "-a", stack.runtime_endpoint.removeprefix("unix://"), "-n", "k8s.io"]
+        for what in ("containers", "tasks"):
+            listed = subprocess.run(
+                [*ctr, what, "ls", "-q"], capture_output=True, text=True, check=True
+            ).stdout
+            assert listed.strip() == "", f"{what} left after kubeadm reset: {listed}"
     finally:
         if init.poll() is None:
             init.kill()
             init.wait()
-        if kubelet is not None and kubelet.poll() is None:
-            kubelet.send_signal(signal.SIGTERM)
-            try:
-                kubelet.wait(timeout=90)
-            except subprocess.TimeoutExpired:
-                os.killpg(kubelet.pid, signal.SIGKILL)
-                kubelet.wait()
+        if kubelet is not None:
+            _stop(kubelet)
         asyncio.run(remove_node_pods(stack.runtime_endpoint, NODE, uids=uids))
         for point in mounts_under(Path("/var/lib/kubelet")):
             subprocess.run(["umount", point], capture_output=True, check=False)
