@@ -221,9 +221,9 @@ kubeadm-binary:
 
 # kubeadm init with klet as the node's kubelet (tests/kubeadm/test_kubeadm_init.py): the
 # control plane's images built from cluster-binaries, kubeadm's files and fixed ports kept
-# in a private mount and network namespace (unshare; nothing reaches the host). About 35 s
-# with the binaries cached; its own target, not in `make test` (with kubeadm's build it
-# is not well under CI's one-minute allowance for additions).
+# in a private mount and network namespace (unshare; nothing reaches the host); a second
+# node joins, then kubeadm reset. About 80 s with the binaries cached; its own target,
+# not in `make test` (past CI's one-minute allowance for additions).
 .PHONY: test-kubeadm
 test-kubeadm: setup cluster-binaries kubeadm-binary
 	KLET_KUBEADM_TESTS=1 unshare --mount --net --propagation private \

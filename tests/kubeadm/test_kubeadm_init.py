@@ -22,7 +22,11 @@ kube-proxy images are not built here.
 Proven: kubeadm init reports success, having seen etcd, kube-apiserver,
 kube-controller-manager and kube-scheduler run as static pods by klet (its
 wait-control-plane phase); the node registers and is marked control-plane; a pod the
-scheduler binds to it (tolerating the control-plane taint) runs. Then `kubeadm reset`
+scheduler binds to it (tolerating the control-plane taint) runs. A second node
+(tests/kubeadm/joinnode.py: its own namespaces, dev stack and klet) runs `kubeadm join`
+with the command `kubeadm token create --print-join-command` prints; it TLS-bootstraps,
+turns Ready, and a Deployment of two replicas spread by hostname runs one pod on each
+node. Then `kubeadm reset`
 (the kubelet stopped first, as systemd would stop it) removes every container through
 CRI and leaves no file in /etc/kubernetes, /var/lib/kubelet or /var/lib/etcd and no
 mount under /var/lib/kubelet. What it does not clean, as with upstream's kubelet: the
@@ -46,17 +50,19 @@ from typing import Any
 
 import pytest
 from klet.devstack import DevStack
+from klet.devstack.images import TEST_REGISTRY_HOST
 from klet.syncloop.volumes.fs import mounts_under
 
 from tests.harness.systemd_unit import exec_start_argv
 from tests.harness.waiting import wait_for
 from tests.integration.conftest import remove_node_pods
-from tools.kubeadm.images import SKIPPED_PHASES, prepare, push_images
+from tools.kubeadm.images import REPOSITORY, SKIPPED_PHASES, prepare, push_images
 
 REPO = Path(__file__).resolve().parents[2]
 PKG = REPO / "packaging" / "kubelet"
 NODE = "kadm1"
 ADDRESS = "10.254.0.10"
+NODE2, ADDRESS2 = "kadm2", "10.254.0.11"  # tests/kubeadm/joinnode.py, joined
 OVERLAID = ("/etc", "/var/lib", "/var/log", "/run", "/usr/bin")
 
 pytestmark = pytest.mark.skipif(
@@ -151,6 +157,40 @@ def _kubectl(kubectl: Path, *args: str, stdin: str | None = None) -> str:
     if res.returncode != 0:
         raise AssertionError(f"kubectl {' '.join(args)}: {res.stderr.strip()}")
     return res.stdout
+
+
+DEPLOYMENT = {
+    "apiVersion": "apps/v1",
+    "kind": "Deployment",
+    "metadata": {"name": "spread", "namespace": "default"},
+    "spec": {
+        "replicas": 2,
+        "selector": {"matchLabels": {"app": "spread"}},
+        "template": {
+            "metadata": {"labels": {"app": "spread"}},
+            "spec": {
+                "tolerations": [
+                    {"key": "node-role.kubernetes.io/control-plane", "effect": "NoSchedule"}
+                ],
+                "topologySpreadConstraints": [
+                    {
+                        "maxSkew": 1,
+                        "topologyKey": "kubernetes.io/hostname",
+                        "whenUnsatisfiable": "DoNotSchedule",
+                        "labelSelector": {"matchLabels": {"app": "spread"}},
+                    }
+                ],
+                "containers": [
+                    {
+                        "name": "main",
+                        "image": "registry.klet.test/busybox:1.36",
+                        "command": ["sh", "-c", "sleep 3600"],
+                    }
+                ],
+            },
+        },
+    },
+}
 
 
 def _stop(kubelet: subprocess.Popen[bytes]) -> None:
@@ -287,6 +327,53 @@ def test_kubeadm_init_with_klet_as_the_kubelet(node_host: Path, stack: DevStack)
         pod = wait_for(running, timeout_s=180, what="the scheduled pod running")
         uids.append(pod["metadata"]["uid"])
         assert pod["spec"]["nodeName"] == NODE
+
+        # a second node joins with the printed command and a Deployment spreads over both
+        join_cmd = subprocess.run(
+            [str(kubeadm), "token", "create", "--print-join-command",
+             "--kubeconfig", "/etc/kubernetes/admin.conf"],
+            capture_output=True, text=True, check=True, env=env,
+        ).stdout  # fmt: skip
+        (work / "join.txt").write_text(join_cmd)
+        node2 = subprocess.Popen(
+            ["unshare", "--mount", "--net", "--propagation", "private", sys.executable,
+             "-m", "tests.kubeadm.joinnode", str(kubeadm), str(work / "join.txt"),
+             f"{TEST_REGISTRY_HOST}/{REPOSITORY}/pause:{plan.pause_tag}", NODE2, ADDRESS2],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd=REPO,
+        )  # fmt: skip
+        try:
+            _run("ip", "link", "set", "kadm1", "netns", str(node2.pid))
+            assert node2.stdout is not None
+            first = node2.stdout.readline()
+            assert first.startswith("JOINED 0"), first + node2.stdout.read(8000)
+
+            def ready(name: str) -> bool:
+                node = json.loads(_kubectl(kubectl, "get", "node", name, "-o", "json"))
+                conditions = node.get("status", {}).get("conditions") or []
+                return any(c["type"] == "Ready" and c["status"] == "True" for c in conditions)
+
+            wait_for(lambda: ready(NODE2), timeout_s=180, what=f"{NODE2} Ready")
+            _kubectl(kubectl, "apply", "-f", "-", stdin=json.dumps(DEPLOYMENT))
+
+            def spread() -> dict[str, str] | None:
+                pods = json.loads(
+                    _kubectl(kubectl, "get", "pods", "-l", "app=spread", "-o", "json")
+                )
+                running = {
+                    p["metadata"]["uid"]: p["spec"].get("nodeName", "")
+                    for p in pods["items"]
+                    if p.get("status", {}).get("phase") == "Running"
+                }
+                return running if sorted(running.values()) == [NODE, NODE2] else None
+
+            on = wait_for(spread, timeout_s=180, what="the Deployment's pods on both nodes")
+            uids.extend(u for u, n in on.items() if n == NODE)
+        finally:
+            if node2.stdin is not None:
+                node2.stdin.close()
+            node2.wait(timeout=200)
+            if node2.stdout is not None:
+                node2.stdout.close()
 
         # kubeadm reset asks systemd to stop the kubelet (here it warns and goes on, as
         # upstream tells the operator to stop it by hand): stopped first, as systemd would
