@@ -65,11 +65,6 @@ ADDRESS = "10.254.0.10"
 NODE2, ADDRESS2 = "kadm2", "10.254.0.11"  # tests/kubeadm/joinnode.py, joined
 OVERLAID = ("/etc", "/var/lib", "/var/log", "/run", "/usr/bin")
 
-pytestmark = pytest.mark.skipif(
-    not os.environ.get("KLET_KUBEADM_TESTS"),
-    reason="kubeadm tier: make test-kubeadm (private mount and network namespace)",
-)
-
 
 def _isolated() -> bool:
     """This process's mount and network namespaces are not its parent's (unshare execs
