@@ -30,6 +30,7 @@ node is touched.
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import socket
@@ -43,6 +44,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 from cryptography import x509
 from klet.devstack import DevStack
 from klet.testbed.cluster import ControlPlane
@@ -376,3 +378,56 @@ def test_a_denied_request_and_a_signer_that_never_answers_are_named(
     assert denied.returncode == 1, denied.stderr[-2000:]
     assert f"certificate signing request {pending['metadata']['name']} was denied" in denied.stderr
     assert not (tmp_path / "kubelet.conf").exists()
+
+
+EMBEDDED = "kletembedded1"
+
+
+def test_a_kubeconfig_embedding_its_certificate_seeds_the_store(
+    cp: ControlPlane, devstack: DevStack, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    """kubeadm's kubelet.conf: the node's pair embedded (client-certificate-data), with
+    rotateCertificates on. The node joins and its empty store is seeded with the
+    embedded pair as kubelet-client-current.pem; the kubeconfig is left as it was. (The
+    renewal of that store is the one the test above sees; the clients presenting the
+    store's file: test_certificate_seeding. Kept short for make test's budget.)"""
+    base = tmp_path_factory.mktemp("embedded-node")
+    pair = cp.ca.issue(
+        f"system:node:{EMBEDDED}", ["system:nodes"], client=True, name=f"client-{EMBEDDED}-e"
+    )
+    config = yaml.safe_load(cp.node_kubeconfig(EMBEDDED).read_text())
+    config["users"][0]["user"] = {
+        "client-certificate-data": base64.b64encode(pair.cert.read_bytes()).decode(),
+        "client-key-data": base64.b64encode(pair.key.read_bytes()).decode(),
+    }
+    kubeconfig = base / "kubelet.conf"
+    kubeconfig.write_text(yaml.safe_dump(config))
+    before = kubeconfig.read_text()
+    embedded = x509.load_pem_x509_certificate(pair.cert.read_bytes())
+    settings = base / "kubelet.yaml"
+    settings.write_text(
+        json.dumps(
+            {
+                "apiVersion": "kubelet.config.k8s.io/v1beta1",
+                "kind": "KubeletConfiguration",
+                "rotateCertificates": True,
+            }
+        )
+    )
+    flags = cp.node_flags(EMBEDDED)
+    flags[flags.index("--kubeconfig") + 1] = str(kubeconfig)
+    assert not (base / "pki" / "kubelet-client-current.pem").exists()
+    with cluster_node(
+        cp,
+        devstack,
+        base,
+        name=EMBEDDED,
+        node_flags=flags,
+        extra_flags=["--config", str(settings)],
+    ) as n:
+        wait_node_ready(cp, EMBEDDED, timeout_s=90)
+        current = n.dir / "pki" / "kubelet-client-current.pem"
+        assert current.is_symlink()
+        assert current_cert(n.dir / "pki").serial_number == embedded.serial_number
+        assert pair.key.read_bytes().strip() in current.read_bytes()
+        assert kubeconfig.read_text() == before  # klet does not rewrite it (kubeadm does)

@@ -217,19 +217,21 @@ POD = {
 }
 
 
+def _sa_exists(kubectl: Path) -> bool:
+    try:
+        _kubectl(kubectl, "get", "serviceaccount", "default", "-o", "name")
+    except AssertionError:
+        return False
+    return True
+
+
 @pytest.mark.timeout(900)
 def test_kubeadm_init_with_klet_as_the_kubelet(node_host: Path, stack: DevStack) -> None:
     cache = Path(os.environ.get("KLET_CACHE", "/var/cache/klet"))
     work = node_host / "work"
     work.mkdir()
-    # klet refuses rotateCertificates with a kubeconfig holding embedded certificate data,
-    # which is the kubelet.conf kubeadm init writes (upstream seeds its certificate manager
-    # from that data), and kubeadm forces rotateCertificates: true; its patches (the
-    # operator's way to change what kubeadm writes for the kubelet) turn it off. README's
-    # Limits says so.
-    patches = work / "patches"
-    patches.mkdir()
-    (patches / "kubeletconfiguration.yaml").write_text("rotateCertificates: false\n")
+    # kubeadm forces rotateCertificates: true with the kubelet.conf init writes (the node's
+    # pair embedded): klet seeds --cert-dir's store from it, as upstream does
     kubeadm, config, plan, images = prepare(
         cache=cache,
         work=work,
@@ -237,7 +239,6 @@ def test_kubeadm_init_with_klet_as_the_kubelet(node_host: Path, stack: DevStack)
         node_name=NODE,
         cri_socket=stack.runtime_endpoint,
         cgroup_driver="cgroupfs",
-        patches_dir=str(patches),
     )
     push_images(images, stack.registry_address)
     kubectl = kubeadm.parent / "kubectl"
@@ -294,6 +295,11 @@ def test_kubeadm_init_with_klet_as_the_kubelet(node_host: Path, stack: DevStack)
             f"{kubelet_log.read_text()[-5000:]}"
         )
         assert "Your Kubernetes control-plane has initialized successfully!" in text
+        # the store seeded from init's kubelet.conf, which kubelet-finalize then points
+        # at it (it rewrites kubelet.conf only when the file is there)
+        store = Path("/var/lib/kubelet/pki/kubelet-client-current.pem")
+        assert store.exists(), kubelet_log.read_text()[-3000:]
+        assert str(store) in Path("/etc/kubernetes/kubelet.conf").read_text()
 
         node = json.loads(_kubectl(kubectl, "get", "node", NODE, "-o", "json"))
         assert "node-role.kubernetes.io/control-plane" in node["metadata"]["labels"]
@@ -313,6 +319,13 @@ def test_kubeadm_init_with_klet_as_the_kubelet(node_host: Path, stack: DevStack)
 
         wait_for(mirrors_running, timeout_s=120, what=f"the mirror pods {sorted(wanted)} Running")
 
+        # the controller-manager makes the namespace's ServiceAccount shortly after it
+        # starts; the apiserver's admission refuses a pod before that
+        wait_for(
+            lambda: _sa_exists(kubectl),
+            timeout_s=60,
+            what="the default ServiceAccount",
+        )
         _kubectl(kubectl, "apply", "-f", "-", stdin=json.dumps(POD))
 
         def running() -> dict[str, Any] | None:

@@ -334,15 +334,24 @@ def test_rotation_is_refused_for_a_kubeconfig_it_could_not_update(tmp_path: Path
                 "users": [
                     {
                         "name": "u",
-                        "user": {"client-certificate-data": "eA==", "client-key-data": "eA=="},
-                    }
+                        "user": {"client-certificate": "/elsewhere/c.pem", "client-key": "k"},
+                    },
+                    {"name": "t", "user": {"token": "abc"}},
                 ],
-                "contexts": [{"name": "x", "context": {"cluster": "c", "user": "u"}}],
+                "contexts": [
+                    {"name": "x", "context": {"cluster": "c", "user": "u"}},
+                    {"name": "y", "context": {"cluster": "c", "user": "t"}},
+                ],
                 "current-context": "x",
             }
         )
     )
-    with pytest.raises(RotationRefused, match="must name .*kubelet-client-current.pem"):
+    with pytest.raises(RotationRefused, match="must name .*kubelet-client-current.pem.*c.pem"):
+        check_rotatable(s.kubeconfig, s.cert_dir)
+    config = yaml.safe_load(s.kubeconfig.read_text())
+    config["current-context"] = "y"
+    s.kubeconfig.write_text(yaml.safe_dump(config))
+    with pytest.raises(RotationRefused, match="not a token or no client certificate"):
         check_rotatable(s.kubeconfig, s.cert_dir)
 
 

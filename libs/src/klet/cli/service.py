@@ -113,8 +113,10 @@ def bootstrap_service(service: str, argv: list[str]) -> int:
 
 async def _bootstrapped(service: str, settings: Settings, start: Start) -> int | None:
     """`start`, after TLS bootstrap when --bootstrap-kubeconfig is given (klet.kube.
-    bootstrap: a no-op when --kubeconfig already works); a failed bootstrap ends the
-    service with its cause logged."""
+    bootstrap: a no-op when --kubeconfig already works) and, with rotateCertificates,
+    after seeding the client certificate store from a certificate the kubeconfig embeds
+    (klet.kube.rotation.seed_store); a failed bootstrap or seeding ends the service with
+    its cause logged."""
     bootstrap = settings.klet.bootstrap_kubeconfig
     if bootstrap is not None and settings.klet.kubeconfig is not None:
         from klet.kube.bootstrap import BootstrapError, BootstrapSettings, ensure_client_certificate
@@ -137,5 +139,16 @@ async def _bootstrapped(service: str, settings: Settings, start: Start) -> int |
             )
         except BootstrapError as err:
             log.error("TLS bootstrap failed", extra={"error": str(err)})
+            return 1
+    if settings.kubelet.rotate_certificates and settings.klet.kubeconfig is not None:
+        # A kubeconfig embedding its client certificate (kubeadm's kubelet.conf) seeds
+        # the store the clients present and rotation renews (klet.kube.rotation).
+        from klet.kube.bootstrap import BootstrapError
+        from klet.kube.rotation import RotationRefused, seed_store
+
+        try:
+            await seed_store(settings.klet.kubeconfig, settings.klet.cert_dir)
+        except (BootstrapError, RotationRefused) as err:
+            log.error("client certificate store not seeded", extra={"error": str(err)})
             return 1
     return await start(settings)

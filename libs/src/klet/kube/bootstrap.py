@@ -67,6 +67,7 @@ __all__ = [
     "ensure_client_certificate",
     "kubeconfig_certificate_expiry",
     "kubeconfig_client_certificate",
+    "kubeconfig_embedded_pair",
     "request_certificate",
 ]
 
@@ -171,6 +172,24 @@ def kubeconfig_client_certificate(path: Path) -> Path | None:
     if user.get("client-certificate-data") or not user.get("client-certificate"):
         return None
     return Path(_absolute(str(user["client-certificate"]), path.parent))
+
+
+def kubeconfig_embedded_pair(path: Path) -> bytes | None:
+    """The key and certificate PEM the kubeconfig's current user embeds
+    (client-key-data, client-certificate-data: kubeadm's kubelet.conf), as one file's
+    bytes; None when it embeds no certificate. BootstrapError naming the field when only
+    one of the two is there or one is not base64."""
+    _, user = _current(_read_kubeconfig(path), path)
+    cert_b64, key_b64 = user.get("client-certificate-data"), user.get("client-key-data")
+    if not cert_b64:
+        return None
+    if not key_b64:
+        raise BootstrapError(f"{path}: client-certificate-data without client-key-data")
+    try:
+        cert, key = base64.b64decode(str(cert_b64)), base64.b64decode(str(key_b64))
+    except ValueError as err:
+        raise BootstrapError(f"{path}: client-certificate-data or client-key-data: {err}") from err
+    return key.rstrip(b"\n") + b"\n" + cert
 
 
 def kubeconfig_certificate_expiry(path: Path) -> datetime.datetime | None:

@@ -33,7 +33,7 @@ from pathlib import Path
 
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.hazmat.primitives.asymmetric import ec, rsa
 from cryptography.x509.oid import NameOID
 
 __all__ = [
@@ -104,6 +104,18 @@ def _load_key(pem: bytes, where: str) -> ec.EllipticCurvePrivateKey:
         raise NodeCertificateError(f"{where}: not a PEM private key: {err}") from err
     if not isinstance(key, ec.EllipticCurvePrivateKey):
         raise NodeCertificateError(f"{where}: not an ECDSA private key")
+    return key
+
+
+def _load_any_key(pem: bytes, where: str) -> ec.EllipticCurvePrivateKey | rsa.RSAPrivateKey:
+    """An ECDSA key (klet's own requests) or an RSA key (a pair kubeadm issued and
+    embedded in kubelet.conf, seeding the store); any other kind is refused by name."""
+    try:
+        key = serialization.load_pem_private_key(pem, password=None)
+    except ValueError as err:
+        raise NodeCertificateError(f"{where}: not a PEM private key: {err}") from err
+    if not isinstance(key, ec.EllipticCurvePrivateKey | rsa.RSAPrivateKey):
+        raise NodeCertificateError(f"{where}: not an ECDSA or RSA private key")
     return key
 
 
@@ -219,7 +231,7 @@ def load_issued(path: Path) -> Issued:
         data = path.read_bytes()
     except OSError as err:
         raise NodeCertificateError(f"{path}: {err.strerror or err}") from err
-    key = _load_key(data, str(path))
+    key = _load_any_key(data, str(path))
     try:
         certs = x509.load_pem_x509_certificates(data)
     except ValueError as err:

@@ -43,6 +43,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
 import urllib3
+from klet.kube.bootstrap import kubeconfig_embedded_pair
 from klet.kube.errors import KubeError, Unavailable, for_status
 from klet.kube.settings import KubeSettings, WatchEvent
 from klet.kube.tokens import TokenFile, token_file
@@ -136,6 +137,13 @@ class KubeClient:
         k8s_config.load_kube_config(
             config_file=str(settings.kubeconfig), client_configuration=configuration
         )
+        if settings.rotated_certificate is not None and kubeconfig_embedded_pair(
+            settings.kubeconfig
+        ):
+            # rotateCertificates seeded the store from the embedded pair and renews it
+            # there: present the store's file (its changes are watched below).
+            configuration.cert_file = str(settings.rotated_certificate)
+            configuration.key_file = str(settings.rotated_certificate)
         # Our callers retry with their own back-off and log once per outage; urllib3's
         # own retries would add a warning per attempt.
         configuration.retries = False

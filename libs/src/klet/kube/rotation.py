@@ -41,12 +41,14 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from cryptography import x509
 from klet.kube.bootstrap import (
     BootstrapError,
     CertificateApi,
     CertificateDenied,
     cert_dir_lock,
     kubeconfig_client_certificate,
+    kubeconfig_embedded_pair,
     request_certificate,
 )
 from klet.kube.certificates import (
@@ -70,6 +72,8 @@ __all__ = [
     "CertificateRotation",
     "RotationRefused",
     "check_rotatable",
+    "seed_decision",
+    "seed_store",
     "serving_kind",
 ]
 
@@ -80,29 +84,104 @@ log = logging.getLogger(__name__)
 MAX_SLEEP_S = 60.0
 
 
+def _utcnow() -> datetime.datetime:
+    return datetime.datetime.now(datetime.UTC)
+
+
 class RotationRefused(ValueError):
     """rotateCertificates cannot work with this kubeconfig; the message says why."""
 
 
 def check_rotatable(kubeconfig: Path, cert_dir: Path) -> None:
     """Refuse rotateCertificates unless the kubeconfig's client certificate is the
-    certificate directory's current file (as --bootstrap-kubeconfig writes it): a
-    certificate embedded in the kubeconfig, or kept elsewhere, would never be replaced."""
+    certificate directory's current file (as --bootstrap-kubeconfig writes it) or is
+    embedded in it (kubeadm's kubelet.conf: the store is seeded from it at start,
+    seed_store, and every client presents the store's pair, klet.kube.settings). A
+    certificate kept in a file elsewhere, or a token, is refused: the client would go on
+    presenting that file or token, never the renewed certificate."""
     current = CertStore(cert_dir).current_path
     try:
         named = kubeconfig_client_certificate(kubeconfig)
+        embedded = kubeconfig_embedded_pair(kubeconfig)
     except BootstrapError as err:
         raise RotationRefused(f"rotateCertificates: {err}") from err
-    if named is None or named != current:
+    if embedded is None and named != current:
         raise RotationRefused(
             f"rotateCertificates: the kubeconfig {kubeconfig} must name {current} as its "
-            f"client certificate and key (as --bootstrap-kubeconfig writes it), not "
-            f"{named or 'embedded data or a token'}"
+            f"client certificate and key (as --bootstrap-kubeconfig writes it) or embed "
+            f"them (client-certificate-data, client-key-data), not "
+            f"{named or 'a token or no client certificate'}"
         )
 
 
-def _utcnow() -> datetime.datetime:
-    return datetime.datetime.now(datetime.UTC)
+def seed_decision(
+    current: Issued | None,
+    current_error: str | None,
+    embedded_not_after: datetime.datetime,
+    now: datetime.datetime,
+) -> bool:
+    """Whether the store takes the kubeconfig's embedded pair (True) or keeps its
+    current one (False), as upstream's certificate manager starts: the store's pair
+    while it has not expired, else the embedded (bootstrap) pair. RotationRefused when
+    neither is usable, naming both causes."""
+    if current is not None and current.valid_at(now):
+        return False
+    if embedded_not_after > now:
+        return True
+    store = current_error or (
+        f"expired {current.not_after.isoformat()}" if current is not None else "none"
+    )
+    raise RotationRefused(
+        f"rotateCertificates: no usable client certificate: the kubeconfig's embedded one "
+        f"expired {embedded_not_after.isoformat()}, the store's current one: {store}"
+    )
+
+
+def _seed_store(kubeconfig: Path, cert_dir: Path, now: datetime.datetime) -> Issued | None:
+    pair = kubeconfig_embedded_pair(kubeconfig)
+    if pair is None:
+        return None
+    try:
+        not_after = x509.load_pem_x509_certificates(pair)[0].not_valid_after_utc
+    except ValueError as err:
+        raise RotationRefused(f"{kubeconfig}: client-certificate-data is not PEM: {err}") from err
+    store = CertStore(cert_dir)
+    try:
+        current, error = store.current(), None
+    except NodeCertificateError as err:
+        current, error = None, str(err)
+    if not seed_decision(current, error, not_after, now):
+        return None
+    cert_start = pair.index(b"-----BEGIN CERTIFICATE-----")
+    try:
+        return store.install(pair[:cert_start], pair[cert_start:], now=now)
+    except NodeCertificateError as err:
+        raise RotationRefused(f"{kubeconfig}: the embedded pair: {err}") from err
+
+
+async def seed_store(
+    kubeconfig: Path, cert_dir: Path, *, now: Callable[[], datetime.datetime] = _utcnow
+) -> Issued | None:
+    """With rotateCertificates and a kubeconfig embedding its client certificate: make
+    the embedded pair the store's `kubelet-client-current.pem` when the store has no
+    valid current pair (seed_decision), under the certificate directory's lock, as
+    upstream's certificate manager fills its store from the bootstrap pair. The pair
+    installed, or None (nothing embedded, or the store's pair kept). RotationRefused
+    when nothing usable is there; BootstrapError when the kubeconfig is unreadable."""
+    if await asyncio.to_thread(kubeconfig_embedded_pair, kubeconfig) is None:
+        return None  # nothing to seed: the certificate directory is not touched
+    async with cert_dir_lock(cert_dir):
+        issued = await asyncio.to_thread(_seed_store, kubeconfig, cert_dir, now())
+    if issued is not None:
+        log.info(
+            "client certificate store seeded from the kubeconfig's embedded certificate",
+            extra={
+                "kubeconfig": str(kubeconfig),
+                "subject": issued.subject,
+                "expires": issued.not_after.isoformat(),
+            },
+        )
+    return issued
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,7 @@ from typing import Protocol
 
 from klet.model.types import JSON
 
-__all__ = ["ApiSettings", "KubeSettings", "WatchEvent", "kube_settings"]
+__all__ = ["ApiSettings", "KubeSettings", "WatchEvent", "kube_settings", "rotated_certificate"]
 
 
 @dataclass(frozen=True)
@@ -26,6 +26,11 @@ class KubeSettings:
     burst: int = 100
     timeout_s: float = 30.0
     user_agent: str = "klet"
+    # rotateCertificates: the store's current pair (--cert-dir's kubelet-client-
+    # current.pem), which the client presents instead of a client certificate the
+    # kubeconfig embeds (kubeadm's kubelet.conf); the store is seeded from it
+    # (klet.kube.rotation.seed_store) and renewed. None: the kubeconfig's own.
+    rotated_certificate: Path | None = None
 
 
 class _ApiLimits(Protocol):
@@ -35,10 +40,16 @@ class _ApiLimits(Protocol):
     @property
     def kube_api_burst(self) -> int: ...
 
+    @property
+    def rotate_certificates(self) -> bool: ...
+
 
 class _ApiTarget(Protocol):
     @property
     def kubeconfig(self) -> Path | None: ...
+
+    @property
+    def cert_dir(self) -> Path: ...
 
 
 class ApiSettings(Protocol):
@@ -54,7 +65,8 @@ class ApiSettings(Protocol):
 
 def kube_settings(settings: ApiSettings, *, user_agent: str = "klet") -> KubeSettings | None:
     """The apiserver connection every service uses (--kubeconfig, kubeAPIQPS,
-    kubeAPIBurst); None in standalone mode."""
+    kubeAPIBurst, and with rotateCertificates the --cert-dir store's current pair);
+    None in standalone mode."""
     if settings.klet.kubeconfig is None:
         return None
     return KubeSettings(
@@ -62,7 +74,16 @@ def kube_settings(settings: ApiSettings, *, user_agent: str = "klet") -> KubeSet
         qps=float(settings.kubelet.kube_api_qps),
         burst=settings.kubelet.kube_api_burst,
         user_agent=user_agent,
+        rotated_certificate=rotated_certificate(settings),
     )
+
+
+def rotated_certificate(settings: ApiSettings) -> Path | None:
+    """KubeSettings.rotated_certificate: with rotateCertificates, the store's current
+    file (klet.kube.certificates.CertStore's name for it)."""
+    if not settings.kubelet.rotate_certificates:
+        return None
+    return Path(settings.klet.cert_dir) / "kubelet-client-current.pem"
 
 
 @dataclass(frozen=True)

@@ -68,6 +68,9 @@ class SourceSettings(Protocol):
     @property
     def kube_api_burst(self) -> int: ...  # [kubeAPIBurst] requests
 
+    @property
+    def rotate_certificates(self) -> bool: ...  # [rotateCertificates] the client presents the store
+
 
 class KletSettings(Protocol):
     """The klet-only settings this service reads."""
@@ -85,6 +88,9 @@ class KletSettings(Protocol):
 
     @property
     def kubeconfig(self) -> Path | None: ...  # --kubeconfig; None = standalone (no api source)
+
+    @property
+    def cert_dir(self) -> Path: ...  # --cert-dir: the client certificate store
 
     @property
     def service_port(self) -> int | None: ...  # 0 = any free port, None = 10260

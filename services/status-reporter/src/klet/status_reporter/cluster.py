@@ -225,10 +225,15 @@ def _kube_client(
     node: str,
     observer: Callable[[str, str, str, float], None] | None,
     *,
+    cert_dir: Path,
     threads: int | None = None,
 ) -> Any:
     from klet.kube import KubeSettings
+    from klet.kube.certificates import CertStore
     from klet.kube.client import KubeClient
+
+    # rotateCertificates: a certificate the kubeconfig embeds gives way to the store's.
+    rotated = CertStore(cert_dir).current_path if kubelet.rotate_certificates else None
 
     return KubeClient(
         KubeSettings(
@@ -236,6 +241,7 @@ def _kube_client(
             qps=float(kubelet.kube_api_qps),
             burst=kubelet.kube_api_burst,
             user_agent=f"klet/{KUBELET_VERSION} ({node})",
+            rotated_certificate=rotated,
         ),
         observer=observer,
         threads=threads,
@@ -331,14 +337,23 @@ def build_cluster(
         if klet.kubeconfig is None:
             raise ValueError("cluster mode needs a kubeconfig (or a Kube override)")
         if kube is None:
-            kube = _kube_client(klet.kubeconfig, kubelet, klet.node_name, requests)
+            kube = _kube_client(
+                klet.kubeconfig, kubelet, klet.node_name, requests, cert_dir=klet.cert_dir
+            )
             closers.append(kube.close)
         if lease_kube is None:
             # The Lease's own thread, as upstream's kubelet has a heartbeat client of its
             # own: its renewal never queues behind the default executor's other work
             # (log streams, stats, pod status patches), which a flood of 10250 requests
             # can keep busy (a renewal once waited 10 s there: a 20 s gap).
-            lease_kube = _kube_client(klet.kubeconfig, kubelet, klet.node_name, requests, threads=1)
+            lease_kube = _kube_client(
+                klet.kubeconfig,
+                kubelet,
+                klet.node_name,
+                requests,
+                cert_dir=klet.cert_dir,
+                threads=1,
+            )
             closers.append(lease_kube.close)
 
     runtime = o.runtime
