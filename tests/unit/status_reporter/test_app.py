@@ -120,3 +120,55 @@ def test_a_standby_creates_no_writer_coroutine() -> None:
     coro = when_elected(elected, run)
     coro.close()
     assert calls == []
+
+
+async def test_the_read_only_port_opens_once_the_pod_view_settles() -> None:
+    # A replica started beside a running one must not take readers before its view
+    # holds the pods: with SO_REUSEPORT the kernel would hand it a share at once.
+    import socket
+
+    from klet.devstack.procs import free_port
+
+    port = free_port()
+    bus = FakeBus()
+    node = NodeBus.of(bus, service="status-reporter")
+    deps = build_deps(
+        Settings(KubeletCfg(read_only_port=port, healthz_port=0, address="127.0.0.1")),
+        overrides=Overrides(
+            bus=bus,
+            lease_holder="test",
+            desired=node.desired,
+            status=node.status,
+            feed=node.podstatus,
+            registry=CollectorRegistry(),
+        ),
+    )
+    tasks = root_tasks(deps)
+    serving = tasks.pop("read-only-http")
+    for coro in tasks.values():
+        coro.close()
+
+    def listening() -> bool:
+        # Binding without SO_REUSEPORT fails while the server holds the port (no
+        # connection is made, so the server has nothing to close when cancelled).
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                return True
+            return False
+
+    task = asyncio.create_task(serving)
+    try:
+        await asyncio.sleep(0.2)
+        assert not listening()
+        deps.pods.settled.set()
+        for _ in range(250):  # up to 5 s: turns a hang into a failure
+            if listening():
+                break
+            await asyncio.sleep(0.02)
+        else:
+            raise AssertionError("the read-only port never opened after the view settled")
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)

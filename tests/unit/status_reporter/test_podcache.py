@@ -313,3 +313,23 @@ async def test_a_batch_of_entries_is_fetched_in_one_read_per_table() -> None:
     assert w.bus.calls == ["tail", "get_many", "get_many"]
     assert w.phases() == {"web": "Running", "db": "Running"}
     assert told == [1]
+
+
+async def test_the_view_settles_when_loaded_or_when_the_bus_fails_first() -> None:
+    # The reading ports open once the view settles (app.py): a loaded view, or a bus
+    # that is down before the first load, so no replica waits on one for ever.
+    w = World()
+    w.want(WEB)
+    assert not w.cache.settled.is_set()
+    await w.cache.reload()
+    assert w.cache.settled.is_set() and w.cache.loaded.is_set()
+
+    down = w.replica()
+    w.bus.error = BusUnavailable("fake bus down")
+    task = asyncio.create_task(down.run_reloader())
+    try:
+        await asyncio.wait_for(down.settled.wait(), 1)
+        assert not down.loaded.is_set()
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)

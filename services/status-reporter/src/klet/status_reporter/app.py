@@ -19,7 +19,11 @@ read-only and each replica keeps its own (it tails the `podstatus` stream with p
 XREAD, no consumer group, so no replica takes entries from another). The kubelet API,
 the read-only port and the healthz port are bound with SO_REUSEPORT: the kernel spreads
 new connections over the replicas, and a replica that dies drops only its own
-connections. The private service port is per replica.
+connections. A replica joins the two ports that answer from the pod view (kubelet API,
+read-only port) only once its view has settled (loaded, or the bus failed first:
+`podcache.PodCache.settled`): a replica restarted beside a running one would otherwise
+take a share of the readers at once and answer them with an empty pod list. The private
+service port is per replica.
 
 Only the holder of the lease writes: the four cluster-mode tasks (node status, the
 node Lease, pod statuses and mirror pods, Events from the `events` consumer group) start
@@ -59,6 +63,12 @@ from klet.obs import create_health_app, run_supervised, serve_http, serve_servic
 from klet.status_reporter.api import create_app, create_healthz_app
 from klet.status_reporter.cluster import cluster_tasks
 from klet.status_reporter.wiring import Deps
+
+
+async def when_set(event: asyncio.Event, run: Callable[[], Awaitable[None]]) -> None:
+    """Start `run()` once `event` is set."""
+    await event.wait()
+    await run()
 
 
 async def when_elected(
@@ -106,12 +116,16 @@ def root_tasks(deps: Deps) -> dict[str, Coroutine[Any, Any, None]]:
             reuse_port=True,
         )
     if deps.read_only is not None:
-        tasks["read-only-http"] = serve_http(
-            create_app(deps),
-            host=deps.read_only.host,
-            port=deps.read_only.port,
-            name="read-only",
-            reuse_port=True,
+        read_only = deps.read_only
+        tasks["read-only-http"] = when_set(
+            deps.pods.settled,
+            lambda: serve_http(
+                create_app(deps),
+                host=read_only.host,
+                port=read_only.port,
+                name="read-only",
+                reuse_port=True,
+            ),
         )
     if deps.cluster is not None:
         for name, run in cluster_tasks(deps.cluster).items():
@@ -125,7 +139,10 @@ def root_tasks(deps: Deps) -> dict[str, Coroutine[Any, Any, None]]:
         # Only with the API on --port: the server loads FastAPI and cryptography.
         from klet.status_reporter.kubeletapi.server import serve_kubelet_api
 
-        tasks["kubelet-api"] = serve_kubelet_api(deps.kubelet_api, reuse_port=True)
+        kubelet_api = deps.kubelet_api
+        tasks["kubelet-api"] = when_set(
+            deps.pods.settled, lambda: serve_kubelet_api(kubelet_api, reuse_port=True)
+        )
     return tasks
 
 

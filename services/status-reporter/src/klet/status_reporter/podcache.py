@@ -156,6 +156,11 @@ class PodCache:
         self._listeners: list[Callable[[], None]] = []
         self.loaded = asyncio.Event()
         """Set after the first successful full reload (readiness)."""
+        self.settled = asyncio.Event()
+        """Set once the view has loaded, or the bus failed before it could: from then on
+        this replica has no better view to wait for. The ports that answer from the view
+        open only then (app.py), so a replica that has just started never answers a
+        reader with an empty pod list while another replica holds the full one."""
 
     # -- reading the view ---------------------------------------------------------------
 
@@ -221,6 +226,7 @@ class PodCache:
                 extra={"desired": len(self._desired), "statuses": len(self._statuses)},
             )
             self.loaded.set()
+            self.settled.set()
 
     async def consume_once(self) -> int:
         """Read one batch from the stream (blocking up to read_block_ms) and apply it.
@@ -358,6 +364,7 @@ class PodCache:
         if not self._once.error("bus", "bus unavailable, serving the last pod view", op=where):
             log.debug("bus still unavailable", extra={"op": where, "error": reason})
         self._outage = reason
+        self.settled.set()
 
     def _bus_ok(self) -> None:
         if self._outage is not None:
