@@ -12,8 +12,9 @@ later renewal.
 The renewal runs on its own schedule, independent of the node status loop: the node
 lifecycle controller reads the Lease as "the kubelet is alive" and must not see a gap
 because a status update was slow. An apiserver outage is retried with back-off
-(at most `backoff.max_s` apart, so the heartbeat resumes within seconds of the
-apiserver's return) and logged once when it starts and once when it ends.
+through klet's one retry policy (`klet.retry`: at most `backoff.max_s` apart, so the
+heartbeat resumes within seconds of the apiserver's return) and logged once when it
+starts and once when it ends.
 """
 
 from __future__ import annotations
@@ -26,10 +27,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from klet.kube import Conflict, KubeError, NotFound
-from klet.model.flowcontrol import BackoffPolicy, RetryDelay
+from klet.model.flowcontrol import BackoffPolicy
 from klet.model.timestamps import micro_time
 from klet.model.types import JSON
 from klet.obs import OnceLogger
+from klet.retry import call_retrying
 from klet.status_reporter.kubeapi import LEASE_NAMESPACE, KubeApi
 from klet.status_reporter.nodeid import NodeIdentity
 
@@ -132,17 +134,14 @@ class LeaseManager:
 
     async def run(self) -> None:
         """Renew every renew_interval_s until cancelled; back off while failing."""
-        backoff = RetryDelay(self._policy.backoff)
         while True:
-            try:
-                await self.renew_once()
-            except KubeError as err:
-                delay = backoff.next()
-                self._once.error(
-                    "lease", f"failed to renew the node lease: {type(err).__name__}", error=str(err)
-                )
-            else:
-                backoff.reset()
-                self._once.clear("lease", "node lease renewed again")
-                delay = self._policy.renew_interval_s
-            await asyncio.sleep(delay)
+            await call_retrying(
+                self.renew_once, self._policy.backoff, on=KubeError, on_failure=self._failed
+            )
+            self._once.clear("lease", "node lease renewed again")
+            await asyncio.sleep(self._policy.renew_interval_s)
+
+    def _failed(self, err: BaseException | None) -> None:
+        self._once.error(
+            "lease", f"failed to renew the node lease: {type(err).__name__}", error=str(err)
+        )
