@@ -1,7 +1,9 @@
 """Pod directories keep other host users out (issue 11, file permissions).
 
 `<root-dir>`, `pods/` and `pods/<uid>` are made 0750 and root's whatever the umask;
-wider ones left by an older klet are narrowed, a symlink in their place is refused.
+wider ones left by an older klet are narrowed, a symlink in their place is refused,
+also one swapped in right after klet made the directory (nothing outside is changed
+through it).
 Through the real volume manager and plugins (Secret and projected service-account
 token on their own tmpfs, as in production), an unprivileged host user (`nobody`,
 through setpriv) is refused the pod directory, a Secret file and a token file, while
@@ -98,6 +100,38 @@ def test_a_symlink_in_place_of_a_pod_dir_is_refused(tmp_path: Path) -> None:
     with pytest.raises(poddirs.PodDirError, match=r"pods/u1: exists and is not a directory"):
         poddirs.ensure_pod_dir(root_dir, "u1")
     assert mode(tmp_path / "elsewhere") == 0o755  # not chmodded through the link
+
+
+@pytest.mark.parametrize("victim", ["pods", "u1"])
+def test_a_symlink_swapped_in_after_mkdir_is_refused_not_followed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, victim: str
+) -> None:
+    """Whoever can write beside the directory replaces it with a link to a host directory
+    between klet's mkdir and its mode change: the host directory keeps its owner and
+    mode, and the pod directory is refused naming the path."""
+    root_dir = tmp_path / "kubelet"
+    root_dir.mkdir()
+    outside = tmp_path / "host-dir"
+    outside.mkdir()
+    os.chmod(outside, 0o700)
+    os.chown(outside, 1000, 1000)
+    real_mkdir = os.mkdir
+    swapped: list[str] = []
+
+    def mkdir_then_swap(path: str, mode: int = 0o777, *, dir_fd: int | None = None) -> None:
+        real_mkdir(path, mode, dir_fd=dir_fd)
+        if os.path.basename(path) == victim:
+            os.rmdir(path, dir_fd=dir_fd)
+            os.symlink(outside, path, dir_fd=dir_fd)
+            swapped.append(path)
+
+    monkeypatch.setattr(os, "mkdir", mkdir_then_swap)
+    with pytest.raises(poddirs.PodDirError, match=f"{victim}: exists and is not a directory"):
+        poddirs.ensure_pod_dir(root_dir, "u1")
+    monkeypatch.undo()
+    assert swapped, "the swap did not happen"
+    info = os.stat(outside)
+    assert (stat.S_IMODE(info.st_mode), info.st_uid, info.st_gid) == (0o700, 1000, 1000)
 
 
 @pytest.mark.parametrize("uid", ["", ".", "..", "a/b"])
