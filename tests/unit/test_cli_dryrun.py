@@ -4,13 +4,16 @@ unknown included, and a refusal arrives as InvalidRequest; the tables and JSON p
 what the plans hold; the socket is found under --run-dir, KLET_RUN_DIR or the defaults,
 and a service that is not running is named with every path looked at (exit 1), as is
 one whose socket nobody answers on; a malformed --signal is refused before any call
-(exit 2); --dry-run is required."""
+(exit 2); --dry-run is required; names and messages from pods show control characters
+escaped."""
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import socket
+import unicodedata
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -258,3 +261,23 @@ def test_malformed_signal_and_missing_dry_run(
         dryrun.gc([])
     assert exit_.value.code == 2
     assert "--dry-run" in capsys.readouterr().err
+
+
+HOSTILE = "\x1b]0;owned\x07\x1b[2J"
+"""The reproduced attack: retitle the terminal, then clear it."""
+
+
+def test_names_and_messages_from_pods_show_control_characters_escaped() -> None:
+    removal = PlannedRemoval("image", "sha256:" + "a" * 64, f"r/a{HOSTILE}:1", "", "space", 1)
+    gc = gc_text(dataclasses.replace(PLAN, removals=(removal,), problem=f"x{HOSTILE}"))
+    hog = dataclasses.replace(RESULT.pods[1], pod=f"ns/hog{HOSTILE}", message=f"m{HOSTILE}")
+    evict = evict_text(dataclasses.replace(RESULT, pods=(hog,), summary=f"s{HOSTILE}"))
+    for text in (gc, evict):
+        assert [ch for ch in text if ch != "\n" and unicodedata.category(ch) in ("Cc", "Cf")] == []
+    assert "r/a\\x1b]0;owned\\x07\\x1b[2J" in gc
+    assert "image GC: x\\x1b]0;owned" in gc
+    assert "message: m\\x1b]0;owned\\x07\\x1b[2J" in evict.splitlines()
+    assert "ns/hog\\x1b]0;owned" in evict and "s\\x1b]0;owned" in evict
+    # the escaped cell sets its column's width: the next column still lines up
+    header, row = gc.splitlines()[2:4]
+    assert header.index("REASON") == row.index("space")

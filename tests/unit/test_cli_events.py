@@ -4,17 +4,22 @@ node (--node, the service user's node, the hostname, else the bus's only node: p
 what it refuses (a password in
 --redis-url, one in clear to a remote host, a bad node name, nothing to go on); and
 what it prints: the table, "No events found", follow lines aligned with the listing,
-the namespace filter, and JSON (a List, or one Event per line when following)."""
+the namespace filter, and JSON (a List, or one Event per line when following); text
+from the bus (cells, a skipped entry's error, node names) shows control characters
+escaped, never raw on the terminal."""
 
 from __future__ import annotations
 
 import io
 import json
+import unicodedata
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
+from klet.bus.redisbus import Entry
 from klet.cli.events import (
+    EventReader,
     Printer,
     UsageError,
     _parser,
@@ -24,7 +29,7 @@ from klet.cli.events import (
     pick_node,
 )
 from klet.cli.eventview import aggregate
-from klet.model.records import EventRecord
+from klet.model.records import BadRecord, EventRecord
 
 T0 = 1_700_000_000.0
 
@@ -233,3 +238,75 @@ def test_pick_node(present: list[str], picked: str) -> None:
 def test_pick_node_refuses_several_others_naming_them() -> None:
     with pytest.raises(UsageError, match="several nodes, none named my-host .*: a, b; give --node"):
         pick_node("my-host", ["a", "b"])
+
+
+HOSTILE = "\x1b]0;owned\x07\x1b[2J"
+"""The reproduced attack: retitle the terminal, then clear it."""
+
+
+def raw_controls(text: str) -> list[str]:
+    return [ch for ch in text if ch != "\n" and unicodedata.category(ch) in ("Cc", "Cf")]
+
+
+def test_listing_and_follow_lines_show_control_characters_escaped() -> None:
+    p, out = printer()
+    hostile = EventRecord(
+        type="Warning",
+        reason=f"Failed{HOSTILE}",
+        message=f"terminated: {HOSTILE}",
+        involved={"kind": "Pod", "namespace": "default", "name": f"w{HOSTILE}", "uid": "u"},
+        component="kubelet",
+        at=T0,
+    )
+    p.listing(aggregate([hostile]), follow=True)
+    p.event(aggregate([rec(T0 + 1, f"Started{HOSTILE}")])[0])
+    text = out.getvalue()
+    assert raw_controls(text) == []
+    assert "terminated: \\x1b]0;owned\\x07\\x1b[2J" in text
+    assert "Started\\x1b]0;owned\\x07\\x1b[2J" in text
+
+
+class OneBatch:
+    """The bus as EventReader reads it: one batch of entries on events:syncloop, then
+    nothing (FakeBus's merged stream has no group-less tail)."""
+
+    def __init__(self, entries: list[Entry[EventRecord]]) -> None:
+        self.entries = entries
+
+    def stream(self, name: str, record_type: type[EventRecord]) -> str:
+        return name
+
+    def merged_stream(self, streams: list[str]) -> OneBatch:
+        return self
+
+    def key(self, name: str) -> str:
+        return f"klet:n1:{name}"
+
+    async def tail(
+        self, after: dict[str, str], *, count: int, block_ms: int | None
+    ) -> list[Entry[EventRecord]]:
+        batch, self.entries = self.entries, []
+        return batch
+
+
+async def test_a_skipped_entrys_error_is_escaped() -> None:
+    fields = json.loads(rec(T0, "Failed").encode())
+    raw = json.dumps({**fields, f"x{HOSTILE}": 1}, ensure_ascii=False)
+    with pytest.raises(BadRecord) as bad:
+        EventRecord.decode(raw)
+    entries = [
+        Entry("events:syncloop 1-0", None, str(bad.value)),
+        Entry("events:syncloop 2-0", rec(T0, "Failed")),
+    ]
+    reader = EventReader(cast(Any, OneBatch(entries)), warn := io.StringIO())
+    assert [r.reason for r in await reader.backlog()] == ["Failed"]
+    assert "skipping entry 1-0 of klet:n1:events:syncloop" in warn.getvalue()
+    assert "x\\x1b]0;owned" in warn.getvalue()
+    assert raw_controls(warn.getvalue()) == []
+
+
+def test_node_names_from_the_bus_are_escaped() -> None:
+    with pytest.raises(UsageError) as err:
+        pick_node("my-host", ["a", f"b{HOSTILE}"])
+    assert raw_controls(str(err.value)) == []
+    assert "b\\x1b]0;owned" in str(err.value)

@@ -2,10 +2,14 @@
 object, type, reason, message and component within the 10-minute window (count, first
 and last seen; a node Event in "default"), kubectl's human ages, the LAST SEEN cell with
 "(xN over AGE)", the default and wide columns with and without NAMESPACE, one-line
-messages, aligned rendering, the namespace filter and the Event JSON."""
+messages, aligned rendering, the namespace filter and the Event JSON; every cell shows
+control and format characters escaped (a terminal escape in a message never reaches
+the terminal raw)."""
 
 from __future__ import annotations
 
+import unicodedata
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -285,3 +289,22 @@ def test_event_json_is_a_core_v1_event() -> None:
     assert node_event["metadata"]["namespace"] == "default"
     listed = event_list(rows, node="n1")
     assert (listed["kind"], len(listed["items"])) == ("List", 2)
+
+
+HOSTILE = "\x1b]0;owned\x07\x1b[2J"
+"""The reproduced attack: retitle the terminal, then clear it."""
+
+
+@pytest.mark.parametrize("wide", [False, True])
+def test_every_cell_shows_control_characters_escaped(wide: bool) -> None:
+    involved = pod(f"web{HOSTILE}", f"ns\u202e{HOSTILE}", fieldPath=f"spec{HOSTILE}")
+    record = rec(T0, f"Bad{HOSTILE}", f"exit: {HOSTILE}\x9b31m", involved=involved)
+    (row,) = aggregate([replace(record, type=f"Warning{HOSTILE}", component=f"k{HOSTILE}")])
+    line = cells(row, now=T0 + 5, namespaced=False, wide=wide, node="n1")
+    text = render_table([header(namespaced=False, wide=wide), line])
+    assert not [ch for ch in text if ch != "\n" and unicodedata.category(ch) in ("Cc", "Cf")]
+    assert "\\x1b]0;owned\\x07\\x1b[2J" in line[-1 if not wide else 6]
+    assert line[0] == "ns\\u202e\\x1b]0;owned\\x07\\x1b[2J"
+    assert "\\x9b31m" in text  # a C1 control (CSI) too
+    # JSON escapes them itself, and keeps the text as it was.
+    assert to_event(row, node="n1")["message"] == f"exit: {HOSTILE}\x9b31m"

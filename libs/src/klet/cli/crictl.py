@@ -3,6 +3,10 @@
 Reads the runtime endpoint from `--runtime-endpoint`, or from the `endpoints.json` that
 `klet up` writes into its run directory, so after `make run` a plain
 `.venv/bin/klet crictl --run-dir .run pods` works.
+
+Names, labels and image tags are whatever whoever created the sandbox or container
+wrote (any CRI client of the runtime), so the table shows control characters escaped
+(klet.model.podhistory `printable`), never raw on the terminal.
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ from pathlib import Path
 
 from klet.cri import CRISettings, RuntimeClient
 from klet.cri import labels as L
+from klet.model.podhistory import printable
 
 
 def _age(ns: int) -> str:
@@ -25,7 +30,9 @@ def _age(ns: int) -> str:
     return f"{seconds}s ago"
 
 
-def _table(rows: list[list[str]]) -> str:
+def table(rows: list[list[str]]) -> str:
+    """`rows` as crictl's aligned table, every cell `printable`."""
+    rows = [[printable(c) for c in r] for r in rows]
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     return "\n".join(
         "   ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows
@@ -74,7 +81,7 @@ async def _run(endpoint: str, what: str, all_: bool) -> str:
                     rows.append(
                         [repo, t, i.id.removeprefix("sha256:")[:13], f"{i.size / 1e6:.3g}MB"]
                     )
-        return _table(rows)
+        return table(rows)
     finally:
         await cri.close()
 

@@ -4,6 +4,10 @@ functions from the services' plans (`klet.rpc.gc.CollectionPlan`,
 
 Sizes in tables are binary units with one decimal ("11.8Mi"); JSON keeps exact
 integers. Signals counted in inodes or PIDs print as plain numbers.
+
+Image names, pod names and eviction messages come from pods and registries, so the
+text shows control characters escaped (klet.model.podhistory `printable`; table cells
+before their widths are measured); JSON escapes them itself.
 """
 
 from __future__ import annotations
@@ -12,6 +16,7 @@ import dataclasses
 import json
 from collections.abc import Sequence
 
+from klet.model.podhistory import printable
 from klet.rpc.eviction import DryRunResult
 from klet.rpc.gc import CollectionPlan
 
@@ -37,11 +42,19 @@ def signal_amount(signal: str, n: int) -> str:
 
 
 def table(rows: Sequence[Sequence[str]]) -> str:
-    """Left-aligned columns, three spaces apart, trailing spaces dropped."""
+    """Left-aligned columns, three spaces apart, trailing spaces dropped; every cell
+    `printable`."""
+    rows = [[printable(c) for c in r] for r in rows]
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     return "\n".join(
         "   ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows
     )
+
+
+def _printed(lines: Sequence[str]) -> str:
+    """`lines` joined, each `printable` (escaping is idempotent: a table's escaped
+    cells stay as they are)."""
+    return "\n".join(printable(line) for text in lines for line in text.split("\n"))
 
 
 def _short(ident: str) -> str:
@@ -73,7 +86,7 @@ def gc_text(plan: CollectionPlan) -> str:
         lines.append(f"image GC: {plan.problem}")
     if not plan.removals:
         lines.append("nothing would be removed")
-        return "\n".join(lines)
+        return _printed(lines)
     rows = [["KIND", "ID", "NAME", "POD", "BYTES", "REASON"]]
     for r in plan.removals:
         rows.append(
@@ -93,7 +106,7 @@ def gc_text(plan: CollectionPlan) -> str:
         f"{len(plan.removals)} removals, {human_bytes(total)} freed"
         + (f" ({unknown} of unknown size)" if unknown else "")
     )
-    return "\n".join(lines)
+    return _printed(lines)
 
 
 def evict_text(result: DryRunResult) -> str:
@@ -124,7 +137,7 @@ def evict_text(result: DryRunResult) -> str:
             ranked.append([str(i), p.pod, evict, grace, p.reason])
         lines += ["", table(ranked)]
         lines += [f"message: {p.message.strip()}" for p in result.pods if p.evict and p.message]
-    return "\n".join(lines)
+    return _printed(lines)
 
 
 def as_json(value: CollectionPlan | DryRunResult, **extra: object) -> str:

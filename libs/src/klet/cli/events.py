@@ -32,7 +32,12 @@ the bus (listed by SCAN, as the admin of `klet up`'s Redis may) holds no data of
 hostname: then its only node, which is how a node started with `--hostname-override`
 is found without repeating the name; several nodes and none the hostname is refused
 naming them. `klet why` answering "no history" names the nodes on the bus when its
-node is not among them. (`klet gc` and `klet evict` need no node: they ask the
+node is not among them.
+
+What is printed came from the bus, written by services about pods: the table's cells
+(klet.cli.eventview), a skipped entry's error and the node names read by SCAN show
+control characters escaped, so nothing on the bus reaches the terminal as an escape
+sequence. (`klet gc` and `klet evict` need no node: they ask the
 services' sockets in the run directory.)
 """
 
@@ -65,7 +70,7 @@ from klet.cli.eventview import (
     widths,
 )
 from klet.config.settings import DEFAULT_REDIS_URL, loopback
-from klet.model.podhistory import history_only
+from klet.model.podhistory import history_only, printable
 from klet.model.records import EventRecord
 
 if TYPE_CHECKING:
@@ -148,7 +153,7 @@ def pick_node(hostname: str, present: Sequence[str]) -> str:
         return present[0]
     raise UsageError(
         f"no --node, and this bus holds several nodes, none named {hostname} (the "
-        f"hostname): {', '.join(present)}; give --node"
+        f"hostname): {printable(', '.join(present))}; give --node"
     )
 
 
@@ -186,7 +191,7 @@ async def nodes_hint(access: BusAccess) -> str:
             await bus.close()
     if access.node in present:
         return ""
-    return f"; nodes on this bus: {', '.join(present) or 'none'}"
+    return f"; nodes on this bus: {printable(', '.join(present)) or 'none'}"
 
 
 def bus_access(
@@ -342,9 +347,10 @@ class EventReader:
             name, _, entry_id = entry.id.partition(" ")
             self.cursors[name] = entry_id
             if entry.record is None:
+                # The error quotes what the entry holds: escaped, as the table is.
                 self.warn.write(
                     f"klet events: skipping entry {entry_id} of {self.bus.key(name)}: "
-                    f"{entry.error}\n"
+                    f"{printable(str(entry.error))}\n"
                 )
                 self.warn.flush()
                 continue

@@ -20,6 +20,12 @@ FIRST SEEN, COUNT and NAME. Ages use kubectl's human durations (`45s`, `3m12s`,
 
 An Event's name is eventfold's, the shape status-reporter creates; a node Event's
 namespace is "default", where upstream posts it.
+
+Every cell is text some service or pod wrote (a termination message, a probe's output,
+a name), so the table shows control and format characters escaped (`\x1b`, `\u202e`;
+klet.model.podhistory `printable`, as `klet why` shows them): an escape sequence in an
+Event's message cannot retitle, clear or rewrite the reader's terminal. The JSON output
+needs nothing more, since JSON escapes control characters itself.
 """
 
 from __future__ import annotations
@@ -36,6 +42,7 @@ from klet.model.eventfold import (
     folds,
 )
 from klet.model.eventfold import event_name as fold_name
+from klet.model.podhistory import printable
 from klet.model.records import EventRecord
 from klet.model.timestamps import rfc3339
 from klet.model.types import JSON
@@ -183,7 +190,8 @@ def header(*, namespaced: bool, wide: bool) -> list[str]:
 
 
 def cells(row: EventRow, *, now: float, namespaced: bool, wide: bool, node: str) -> list[str]:
-    """One table line's cells. `namespaced`: one namespace was asked for (no NAMESPACE)."""
+    """One table line's cells, each `printable`. `namespaced`: one namespace was asked
+    for (no NAMESPACE)."""
     out = [last_seen_cell(row, now=now), row.type, row.reason, object_cell(row)]
     if wide:
         source = f"{row.component}, {node}" if node else row.component
@@ -197,7 +205,7 @@ def cells(row: EventRow, *, now: float, namespaced: bool, wide: bool, node: str)
         ]
     else:
         out.append(one_line(row.message))
-    return out if namespaced else [row.namespace, *out]
+    return [printable(cell) for cell in (out if namespaced else [row.namespace, *out])]
 
 
 def one_line(message: str) -> str:
