@@ -85,7 +85,8 @@ def retrying(
     Without `attempts` it retries until the call succeeds; with it, it makes at most
     that many attempts (at least one) and then raises the last exception as it was (or
     returns the last result). Any other exception, and a cancellation, goes to the
-    caller at once. `call_retrying` runs one call through it, typed.
+    caller at once. `call_retrying` runs one call through it, typed (use that: the
+    `AsyncRetrying` awaits only what a coroutine function returns).
     """
     retry: retry_base = retry_if_exception_type(on)
     if retry_result is not None:
@@ -125,7 +126,13 @@ async def call_retrying(
         on_failure=on_failure,
         sleep=sleep,
     )
-    result: T = await policy_run(call)
+
+    async def attempt() -> T:
+        # A coroutine function: tenacity would call a plain callable (a lambda returning
+        # an awaitable) without awaiting what it returns.
+        return await call()
+
+    result: T = await policy_run(attempt)
     return result
 
 

@@ -15,9 +15,9 @@ once it is given up on:
 - a record for a pod's history only (`klet.model.podhistory.HISTORY_ONLY`) is acknowledged
   unposted;
 - an Event the apiserver refuses (Invalid, Forbidden, ...) is logged and dropped;
-- an unavailable apiserver is retried with back-off up to `max_tries` times (upstream's
-  recorder gives up after 12), the outage logged once, so a short outage loses nothing
-  and a long one does not hold the stream forever.
+- an unavailable apiserver is retried with back-off (`klet.retry`) up to `max_tries`
+  times (upstream's recorder gives up after 12), the outage logged once, so a short
+  outage loses nothing and a long one does not hold the stream forever.
 
 Each record goes through `events.Correlator` (client-go's EventCorrelator: similar
 events combined, identical ones counted into one Event by PATCH, a spam filter per
@@ -47,11 +47,12 @@ from dataclasses import dataclass, field
 
 from klet.bus import BusError, Entry, GroupStream
 from klet.kube import Conflict, KubeError, NotFound, Unavailable
-from klet.model.flowcontrol import BackoffPolicy, RetryDelay, TokenBucket
+from klet.model.flowcontrol import BackoffPolicy, TokenBucket
 from klet.model.podhistory import history_only
 from klet.model.records import EventRecord
 from klet.model.types import PodUID
 from klet.obs import OnceLogger
+from klet.retry import call_retrying
 from klet.status_reporter import events
 from klet.status_reporter.kubeapi import KubeApi
 
@@ -189,27 +190,30 @@ class EventSink:
             return
         if history_only(record):
             return  # for `klet why` only: upstream posts no such Event
-        backoff = RetryDelay(self._policy.retry)
-        for attempt in range(1, max(1, self._policy.max_tries) + 1):
-            try:
-                await self.post(record)
-            except Unavailable as err:
-                self._once.error("api", "cannot post events, apiserver unavailable", error=str(err))
-                if attempt < self._policy.max_tries:
-                    await asyncio.sleep(backoff.next())
-                continue
-            except KubeError as err:
-                log.error(
-                    "event refused by the apiserver, dropping it",
-                    extra={"reason": record.reason, "error": str(err)},
-                )
-                return
-            self._once.clear("api", "posting events again")
+        try:
+            await call_retrying(
+                lambda: self.post(record),
+                self._policy.retry,
+                on=Unavailable,
+                attempts=self._policy.max_tries,
+                on_failure=self._post_failed,
+            )
+        except Unavailable:
+            log.error(
+                "event dropped after retries",
+                extra={"reason": record.reason, "tries": self._policy.max_tries},
+            )
             return
-        log.error(
-            "event dropped after retries",
-            extra={"reason": record.reason, "tries": self._policy.max_tries},
-        )
+        except KubeError as err:
+            log.error(
+                "event refused by the apiserver, dropping it",
+                extra={"reason": record.reason, "error": str(err)},
+            )
+            return
+        self._once.clear("api", "posting events again")
+
+    def _post_failed(self, err: BaseException | None) -> None:
+        self._once.error("api", "cannot post events, apiserver unavailable", error=str(err))
 
     async def consume_once(self) -> int:
         """Read one batch (blocking up to read_block_ms), post and acknowledge it.
@@ -245,14 +249,15 @@ class EventSink:
 
     async def run(self) -> None:
         """Consume the stream until cancelled, surviving bus outages."""
-        backoff = RetryDelay(self._policy.bus_backoff)
         while True:
-            try:
-                await self.consume_once()
-            except BusError as err:
-                self._group_ready = False
-                self._once.error("bus", "cannot read the events stream", error=str(err))
-                await asyncio.sleep(backoff.next())
-                continue
-            backoff.reset()
+            await call_retrying(
+                self.consume_once,
+                self._policy.bus_backoff,
+                on=BusError,
+                on_failure=self._consume_failed,
+            )
             self._once.clear("bus", "reading the events stream again")
+
+    def _consume_failed(self, err: BaseException | None) -> None:
+        self._group_ready = False
+        self._once.error("bus", "cannot read the events stream", error=str(err))
