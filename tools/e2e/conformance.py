@@ -65,7 +65,12 @@ from klet.testbed.cluster import KUBERNETES_SERVICE_IP, ControlPlane
 from tests.harness.nodeaddress import host_address
 from tools.csi import images as csi_images
 from tools.e2e.apiroute import RouteError, kubernetes_service
-from tools.e2e.images import build_binaries, build_images, push_images
+from tools.e2e.images import (
+    build_binaries,
+    build_csi_manifest_images,
+    build_images,
+    push_images,
+)
 from tools.e2e.report import TITLE, Results, RunInfo, parse_report, render_markdown
 from tools.e2e.suite import repo_list_yaml
 
@@ -410,6 +415,7 @@ def cluster(
                 raise SetupError(f"CSI images nothing here provides: {plan.missing}")
             made = csi_images.build_images(plan, cache=cache)
             csi_images.push_images(made, dev.registry_address)
+            push_images(build_csi_manifest_images(src), dev.registry_address)
         repo_list = work / "repo-list.yaml"
         repo_list.write_text(repo_list_yaml(src.manifest(), TEST_REGISTRY_HOST))
         log(f"dev stack and images: {time.monotonic() - began:.0f} s")

@@ -49,6 +49,7 @@ import argparse
 import hashlib
 import json
 import os
+import re
 import subprocess
 import sys
 import tarfile
@@ -275,6 +276,66 @@ def nfs_image(src: Sources, *, cache: Path, host: str) -> E2EImage:
 
 # The images a run may ask for beyond the four: ImageID -> builder.
 EXTRA_IMAGES = {"VolumeNFSServer": nfs_image}
+
+# The CSI drivers' manifests (test/e2e/testing-manifests/storage-csi/<dir>) name, besides
+# tools/csi's sig-storage images, images of the suite's registries at tags of their own:
+# CSI Mock's csi-mock-proxy.yaml runs `e2e-test-images/busybox:1.36.1-1` (the suite's
+# BusyBox is 1.37.0-1), the container the embedded mock driver execs into for every
+# NodeStage/NodePublish (proxy.PodDirIO). Without it the driver pod's busybox stays in
+# ImagePullBackOff and each exec is "container not found", as upstream's kubelet answers
+# for a container that is not running. The dev stack builds these names (devstack name).
+CSI_MANIFEST_DIRS = ("hostpath", "mock")
+CSI_MANIFEST_BUILDS = {"busybox": "busybox"}
+# The registry whose images tools/csi builds (klet's tools.csi.images).
+CSI_TOOLS_REGISTRY_KEY = "sigStorageRegistry"
+_MANIFEST_IMAGE = re.compile(r"^\s*-?\s*image:\s*[\"']?([\w.-]+(?:/[\w.-]+)+):([\w.-]+)", re.M)
+
+
+def csi_manifest_images(texts: Iterable[str], suite: SuiteManifest) -> list[SuiteImage]:
+    """The images of the suite's own registries that the CSI manifest `texts` name
+    but sig-storage's, which tools/csi builds (each once, sorted), as SuiteImages keyed
+    by their registry. An image that nothing here builds is refused naming it."""
+    by_default = {default: key for key, default in suite.registries.items()}
+    found: dict[tuple[str, str], SuiteImage] = {}
+    for text in texts:
+        for repository, tag in _MANIFEST_IMAGE.findall(text):
+            registry, _, name = repository.rpartition("/")
+            key = by_default.get(registry)
+            if (
+                key is None
+                or key == CSI_TOOLS_REGISTRY_KEY
+                or (registry, name) in found
+                and found[registry, name].tag == tag
+            ):
+                continue
+            if name not in CSI_MANIFEST_BUILDS:
+                raise E2EImageError(
+                    f"the CSI manifests name {repository}:{tag}, which tools/e2e does not "
+                    f"build (it builds {sorted(CSI_MANIFEST_BUILDS)})"
+                )
+            if (registry, name) in found:
+                raise E2EImageError(
+                    f"the CSI manifests name {repository} with tags "
+                    f"{found[registry, name].tag} and {tag}"
+                )
+            found[registry, name] = SuiteImage(f"csi-manifest:{name}", key, name, tag)
+    return [found[k] for k in sorted(found)]
+
+
+def build_csi_manifest_images(src: Sources, *, host: str = TEST_REGISTRY_HOST) -> list[E2EImage]:
+    """csi_manifest_images() of the module's storage-csi manifests, built (the dev
+    stack's images) and named for the mirror `host`."""
+    suite = src.manifest()
+    root = src.module_dir / "test/e2e/testing-manifests/storage-csi"
+    paths = sorted(p for d in CSI_MANIFEST_DIRS for p in (root / d).rglob("*.yaml"))
+    if not paths:
+        raise E2EImageError(f"no manifests under {root}")
+    out = []
+    for image in csi_manifest_images((p.read_text() for p in paths), suite):
+        ref = f"{suite.mirror(host)[image.registry_key]}/{image.name}:{image.tag}"
+        built = build(standard_images()[CSI_MANIFEST_BUILDS[image.name]])
+        out.append(E2EImage(image, ref, built, ()))
+    return out
 
 
 def build_images(
