@@ -43,9 +43,10 @@ from dataclasses import dataclass, field
 from klet.bus import BusError, Entry, NodeBus
 from klet.bus.functions import MAX_EXPIRE_MS, MAX_STREAM_LEN
 from klet.model import podhistory
-from klet.model.flowcontrol import BackoffPolicy, RetryDelay
+from klet.model.flowcontrol import BackoffPolicy
 from klet.model.records import EventRecord, HistoryEntry, HistoryIndexRecord, PodStatusRecord
 from klet.obs import OnceLogger
+from klet.retry import call_retrying
 
 log = logging.getLogger(__name__)
 
@@ -157,19 +158,15 @@ class HistoryKeeper:
             group.create_task(self._periodic())
 
     async def _loop(self, name: str, step: Callable[[], Awaitable[int]]) -> None:
-        backoff = RetryDelay(self._policy.bus_backoff)
+        def failed(err: BaseException | None) -> None:
+            if name == "events":
+                self._group_ready = False
+            else:
+                self._cursor = None
+            self._once.error(name, f"cannot keep pods' histories ({name})", error=str(err))
+
         while True:
-            try:
-                await step()
-            except BusError as err:
-                if name == "events":
-                    self._group_ready = False
-                else:
-                    self._cursor = None
-                self._once.error(name, f"cannot keep pods' histories ({name})", error=str(err))
-                await asyncio.sleep(backoff.next())
-                continue
-            backoff.reset()
+            await call_retrying(step, self._policy.bus_backoff, on=BusError, on_failure=failed)
             self._once.clear(name, f"keeping pods' histories again ({name})")
 
     async def _periodic(self) -> None:

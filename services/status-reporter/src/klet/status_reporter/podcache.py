@@ -23,12 +23,17 @@ snapshot is merged, so an older snapshot never undoes a newer refresh; statuses 
 addition protected by the version rule.
 
 Redis down: the last view keeps being served (it is "stale", see `stale`), both loops
-retry with exponential back-off, the outage is logged once when it starts and once
+retry with exponential back-off (`klet.retry`), the outage is logged once when it starts and once
 when it ends, and the end triggers an immediate full reload.
 
 Cluster mode reads the same view (`desired_pods`, `known_pod`, `statuses`) and
 subscribes to its changes, so a new status reaches the apiserver as soon as the stream
 delivers it; subscribers must copy what they iterate across an await.
+
+The PodList (`pod_list`) and its JSON body (`pod_list_json`) are built on the first read
+after a change and kept until the next: the bench's `/pods` polls of a 250-pod burst
+were most of this service's CPU when every request built and encoded the list afresh
+(issue 42). Every change goes through `_changed`, which drops them.
 
 Every replica of the service keeps its own complete view (see app.py): reading is not
 gated on the lease.
@@ -46,10 +51,11 @@ from types import MappingProxyType
 from typing import Protocol
 
 from klet.bus import BusError, Entry
-from klet.model.flowcontrol import BackoffPolicy, RetryDelay
+from klet.model.flowcontrol import BackoffPolicy
 from klet.model.records import DesiredPod, PodStatusChange, PodStatusRecord
 from klet.model.types import JSON, PodUID
 from klet.obs import OnceLogger
+from klet.retry import call_retrying
 from klet.status_reporter import listing
 from klet.status_reporter.metrics import Metrics
 
@@ -135,6 +141,7 @@ class PodCache:
         metrics: Metrics,
         policy: CachePolicy = CachePolicy(),
         clock: Callable[[], float] = time.monotonic,
+        encode: Callable[[JSON], bytes] = listing.encode_pod_list,
     ) -> None:
         self._desired_table = desired
         self._status_table = status
@@ -145,6 +152,11 @@ class PodCache:
         self._desired: dict[PodUID, JSON] = {}
         self._departed: dict[PodUID, JSON] = {}
         self._statuses: dict[PodUID, PodStatusRecord] = {}
+        # The PodList and its encoding, built on the first read after a change and
+        # dropped by `_changed`: every reader between two changes shares them.
+        self._encode = encode
+        self._list: JSON | None = None
+        self._list_json: bytes | None = None
         # Sequence numbers of stream refreshes, so a reload knows what changed under it.
         self._seq = 0
         self._refreshed_at: dict[PodUID, int] = {}
@@ -181,10 +193,24 @@ class PodCache:
         self._listeners.append(callback)
 
     def pod_list(self) -> JSON:
-        """The v1 PodList of the node's pods as of the latest refresh."""
-        return listing.pod_list(
-            desired=self._desired, departed=self._departed, statuses=self._statuses
-        )
+        """The v1 PodList of the node's pods as of the latest refresh.
+
+        Built once per change of the view and shared by every caller until the next
+        one: read it, never mutate it.
+        """
+        if self._list is None:
+            self._list = listing.pod_list(
+                desired=self._desired, departed=self._departed, statuses=self._statuses
+            )
+        return self._list
+
+    def pod_list_json(self) -> bytes:
+        """`pod_list()` encoded as a `/pods` body, encoded once per change of the view:
+        the read-only port and the kubelet API serve these bytes to every reader, so a
+        poll of `/pods` costs no serialization while nothing changed (issue 42)."""
+        if self._list_json is None:
+            self._list_json = self._encode(self.pod_list())
+        return self._list_json
 
     @property
     def bus_available(self) -> bool:
@@ -300,40 +326,43 @@ class PodCache:
 
     async def run_consumer(self) -> None:
         """Consume the podstatus stream until cancelled, surviving bus outages."""
-        backoff = RetryDelay(self._policy.backoff)
         while True:
-            try:
-                await self.consume_once()
-            except BusError as err:
-                # The stream may be gone with the data (restart, flush): start afresh.
-                self._cursor = None
-                self._bus_failed("stream", err)
-                await asyncio.sleep(backoff.next())
-                continue
-            backoff.reset()
+            await call_retrying(
+                self.consume_once, self._policy.backoff, on=BusError, on_failure=self._stream_failed
+            )
             self._bus_ok()
+
+    def _stream_failed(self, err: BaseException | None) -> None:
+        # The stream may be gone with the data (restart, flush): start afresh.
+        self._cursor = None
+        self._bus_failed("stream", err)
 
     async def run_reloader(self) -> None:
         """Reload both tables every reload_interval_s until cancelled."""
-        backoff = RetryDelay(self._policy.backoff)
         while True:
-            # Cleared before the reload: a wake-up asked for while it runs (a new
-            # stream cursor, the bus back) may need a newer snapshot, so it is kept.
-            self._wake.clear()
-            try:
-                await self.reload()
-            except BusError as err:
-                self._bus_failed("reload", err)
-                delay = backoff.next()
-            else:
-                backoff.reset()
-                self._bus_ok()
-                delay = self._policy.reload_interval_s
-            # asyncio.timeout, not wait_for: on 3.11 wait_for can swallow a cancellation
-            # that races with the event being set, and the task would never stop.
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(delay):
-                    await self._wake.wait()
+            await call_retrying(
+                self._reload_after_wake,
+                self._policy.backoff,
+                on=BusError,
+                on_failure=lambda err: self._bus_failed("reload", err),
+                sleep=self._until_woken,
+            )
+            self._bus_ok()
+            await self._until_woken(self._policy.reload_interval_s)
+
+    async def _reload_after_wake(self) -> None:
+        # Cleared before the reload: a wake-up asked for while it runs (a new stream
+        # cursor, the bus back) may need a newer snapshot, so it is kept.
+        self._wake.clear()
+        await self.reload()
+
+    async def _until_woken(self, delay: float) -> None:
+        """Wait `delay`, or less when a reload is asked for."""
+        # asyncio.timeout, not wait_for: on 3.11 wait_for can swallow a cancellation
+        # that races with the event being set, and the task would never stop.
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(delay):
+                await self._wake.wait()
 
     # -- internals ------------------------------------------------------------------------
 
@@ -347,6 +376,8 @@ class PodCache:
         self._desired = desired
 
     def _changed(self) -> None:
+        self._list = None
+        self._list_json = None
         # A departed spec is only useful while the union rule still lists its pod.
         listed = listing.listed_uids(self._desired, self._statuses)
         self._departed = {u: p for u, p in self._departed.items() if u in listed}
@@ -357,7 +388,7 @@ class PodCache:
         for callback in self._listeners:
             callback()
 
-    def _bus_failed(self, where: str, err: BusError) -> None:
+    def _bus_failed(self, where: str, err: BaseException | None) -> None:
         self._metrics.bus_error()
         reason = f"{type(err).__name__}: {err}"
         # One line per outage, whatever each retry's error says; details at DEBUG.
