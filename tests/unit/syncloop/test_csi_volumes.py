@@ -22,11 +22,12 @@ from typing import Any
 
 import pytest
 from klet.bus import BusUnavailable
+from klet.cri.types import Device
 from klet.csi import CSIError, DriverUnavailable, Volume
 from klet.model.records import CSIDriverRecord
 from klet.model.types import JSON
 from klet.syncloop.environment.envvars import NodeFacts
-from klet.syncloop.volumes import claims, localdevice
+from klet.syncloop.volumes import claims, hostpath, localdevice, mounts
 from klet.syncloop.volumes.base import Block, VolumeContext, VolumeError
 from klet.syncloop.volumes.csi import (
     CSIVolumePlugin,
@@ -679,14 +680,50 @@ async def test_a_block_csi_volume_without_stage_unstage_is_only_published(
     ]
 
 
-async def test_a_read_only_block_csi_volume_is_refused_naming_why(tmp_path: Path) -> None:
+@pytest.mark.parametrize("where", ["claim", "pv"])
+async def test_a_read_only_block_csi_volume_is_published_read_only_and_mapped_r(
+    tmp_path: Path, where: str
+) -> None:
+    """Upstream's makeBlockVolumes gives a read-only volume's device cgroup permission
+    "r" (not "mrw"), and csi_block.go publishes it with readonly set."""
     driver, objects = FakeDriver(), Objects()
-    objects.bind("data", "pv1", readOnly=True)
+    objects.bind("data", "pv1", readOnly=where == "pv")
     objects.pvs["pv1"]["spec"]["volumeMode"] = "Block"
+    claim = {"name": "data", "persistentVolumeClaim": {"claimName": "data"}}
+    if where == "claim":
+        claim["persistentVolumeClaim"]["readOnly"] = True
     p = plugin(tmp_path, driver, objects)
-    with pytest.raises(VolumeError, match="PV pv1: a read-only raw block CSI volume"):
-        await p.set_up(CLAIM, ctx(tmp_path, a_pod("u1", CLAIM)))
-    assert driver.calls == [] and not (tmp_path / "pods").exists()
+    got = await p.set_up(claim, ctx(tmp_path, a_pod("u1", claim)))
+    link = tmp_path / "pods/u1/volumeDevices/kubernetes.io~csi/pv1"
+    assert got == Block(link, read_only=True)
+    assert driver.names() == ["stage", "publish"]
+    _, target, _, read_only = driver.calls[1][1]
+    assert read_only is True and target.endswith("publish/pv1/u1")
+    container = {"name": "db", "volumeDevices": [{"name": "data", "devicePath": "/dev/xvda"}]}
+    assert mounts.container_devices(container, devices={"data": got}, volumes={}) == (
+        Device(container_path="/dev/xvda", host_path=str(link), permissions="r"),
+    )
+
+
+async def test_a_read_only_claim_of_a_local_block_pv_is_read_only(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    checked: list[tuple[str, str]] = []
+    monkeypatch.setattr(
+        hostpath, "check_type", lambda path, *, path_type: checked.append((path, path_type))
+    )
+    objects = Objects()
+    objects.bind("data", "pv1")
+    objects.pvs["pv1"]["spec"].pop("csi")
+    objects.pvs["pv1"]["spec"]["volumeMode"] = "Block"
+    objects.pvs["pv1"]["spec"]["local"] = {"path": "/dev/xvdb"}
+    claim = {"name": "data", "persistentVolumeClaim": {"claimName": "data", "readOnly": True}}
+    p = plugin(tmp_path, FakeDriver(), objects)
+    assert await p.set_up(claim, ctx(tmp_path, a_pod("u1", claim))) == Block(
+        Path("/dev/xvdb"), read_only=True
+    )
+    assert await p.set_up(CLAIM, ctx(tmp_path, a_pod("u2", CLAIM))) == Block(Path("/dev/xvdb"))
+    assert checked == [("/dev/xvdb", "BlockDevice")] * 2
 
 
 async def test_a_block_attachable_csi_volume_waits_for_its_attachment(tmp_path: Path) -> None:

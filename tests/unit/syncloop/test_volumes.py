@@ -509,7 +509,7 @@ async def test_a_block_volume_is_a_device_for_volume_devices_only(tmp_path: Path
     m, _ = manager(tmp_path)
     p = with_volumes({"name": "raw", "fake": {"device": "/dev/loop7"}}, {"name": "fs", "fake": {}})
     got = await m.set_up(p, pod_ip="10.0.0.1")
-    assert got.devices == {"raw": Path("/dev/loop7")} and set(got.paths) == {"fs"}
+    assert got.devices == {"raw": Block(Path("/dev/loop7"))} and set(got.paths) == {"fs"}
     container = {"name": "db", "volumeDevices": [{"name": "raw", "devicePath": "/dev/xvda"}]}
     assert mounts.container_devices(container, devices=got.devices, volumes=got.paths) == (
         Device(container_path="/dev/xvda", host_path="/dev/loop7", permissions="mrw"),

@@ -35,6 +35,7 @@ from klet.syncloop.pods.runtimepod import RuntimePod, restart_count_of
 from klet.syncloop.pods.syncsettings import SyncSettings
 from klet.syncloop.ports import RuntimeService
 from klet.syncloop.volumes import mounts as volmounts
+from klet.syncloop.volumes.base import Block
 from klet.syncloop.volumes.subpath import Binder, KernelBinder, SubPathMounter
 
 
@@ -128,7 +129,7 @@ class ContainerStarter:
         pod_ip: str,
         *,
         volumes: dict[str, Path],
-        devices: Mapping[str, Path] | None = None,
+        devices: Mapping[str, Block] | None = None,
     ) -> tuple[tuple[str, str], float | None] | None:
         """Pull, build the config, create, start, run postStart.
 

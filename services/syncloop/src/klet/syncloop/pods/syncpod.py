@@ -40,6 +40,7 @@ from klet.syncloop.pods.runtimepod import RuntimePod
 from klet.syncloop.pods.syncsettings import SyncSettings
 from klet.syncloop.ports import RuntimeService
 from klet.syncloop.probing.proberesults import NO_PROBES, ProbeResults
+from klet.syncloop.volumes.base import Block
 from klet.syncloop.volumes.manager import VolumeManager
 
 log = logging.getLogger(__name__)
@@ -318,7 +319,7 @@ class PodSyncer:
         *,
         pod_ip: str,
         result: SyncResult,
-    ) -> tuple[dict[str, Path], dict[str, Path]] | None:
+    ) -> tuple[dict[str, Path], dict[str, Block]] | None:
         """The pod's volumes by name (filesystems, raw block devices), set up (or
         refreshed) while it has containers to start or running; None when one failed: a
         FailedMount event per volume says why, the containers to start wait in
@@ -358,7 +359,7 @@ class PodSyncer:
         result: SyncResult,
         *,
         volumes: dict[str, Path],
-        devices: dict[str, Path],
+        devices: dict[str, Block],
     ) -> bool:
         """Start one container, recording why it waits if it cannot; True if started."""
         result.acted = True

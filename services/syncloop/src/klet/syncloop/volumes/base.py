@@ -29,9 +29,12 @@ ObjectReader = KubeObjects
 @dataclass(frozen=True)
 class Block:
     """What `set_up` returns for a raw block volume (`volumeMode: Block`): the device
-    node the runtime hands to containers that list the volume in `volumeDevices`."""
+    node the runtime hands to containers that list the volume in `volumeDevices`, and
+    whether it is read-only (the containers then get cgroup permission "r" on it, as
+    upstream's makeBlockVolumes gives a read-only volume, instead of "mrw")."""
 
     device: Path
+    read_only: bool = False
 
 
 class VolumeError(Exception):

@@ -36,6 +36,9 @@ A claim whose CSI PV has `volumeMode: Block` goes the same way with a block capa
 and upstream's csi_block.go paths (`csiblock`): staged at `volumeDevices/staging/<pv>`,
 published to a file per pod that the pod's `volumeDevices` link points at, which is the
 device the runtime gets; its pod record is the same `vol_data.json` (`volumeMode: Block`).
+A read-only one (the pod's claim, or the PV as for filesystem volumes here) is published
+read-only and handed to containers with cgroup device permission "r" instead of "mrw"
+(upstream's makeBlockVolumes; a read-only claim of a `local` Block PV gets "r" too).
 
 Everything a tear-down needs is on disk, as upstream keeps it: `vol_data.json` beside
 each pod's `mount` (upstream's keys, and klet's `kletPod*`/`kletClaimName` naming the
@@ -433,7 +436,7 @@ class CSIVolumePlugin:
             await asyncio.to_thread(hostpath.check_type, path, path_type="BlockDevice")
         except VolumeError as err:
             raise VolumeError(f"PV {claimed.pv_name}: {err}") from err
-        return Block(Path(path))
+        return Block(Path(path), read_only=claimed.read_only)
 
     async def _local(self, claimed: claims.Claimed, ctx: VolumeContext, spec: JSON) -> Path:
         """A Filesystem-mode `local` PV: a directory of the node as it is, or a block
@@ -565,13 +568,9 @@ class CSIVolumePlugin:
         handle = str(source.get("volumeHandle") or "")
         if not driver or not handle:
             raise VolumeError(f"PV {claimed.pv_name}: csi needs a driver and a volumeHandle")
-        if claimed.read_only or source.get("readOnly"):
-            # Upstream hands such a device to the container with cgroup permission "r";
-            # klet's runtime call gives a volume device "mrw", so it is refused instead.
-            raise VolumeError(
-                f"PV {claimed.pv_name}: a read-only raw block CSI volume (readOnly in the "
-                "pod's claim or the PV) is not supported by klet"
-            )
+        # Read-only (the pod's claim or, as for filesystem CSI volumes here, the PV): the
+        # driver publishes it read-only and containers get it with cgroup permission "r".
+        read_only = claimed.read_only or bool(source.get("readOnly"))
         record, client, caps = await self._driver(driver)
         csidriver = await self._csidriver(driver)
         dspec = (csidriver or {}).get("spec") or {}
@@ -643,6 +642,7 @@ class CSIVolumePlugin:
                         volume,
                         target_path=str(target),
                         staging_path=str(data["stagingTargetPath"]),
+                        read_only=read_only,
                     )
                 except CSIError as err:
                     raise VolumeError(
@@ -661,7 +661,7 @@ class CSIVolumePlugin:
                 await self._expand(
                     client, record, claimed, grown, target, str(data["stagingTargetPath"])
                 )
-        return Block(link)
+        return Block(link, read_only=read_only)
 
     async def _set_up_inline(self, volume: JSON, ctx: VolumeContext) -> Path:
         source: JSON = volume["csi"]

@@ -75,7 +75,7 @@ class PodVolumes:
     """Volume name → host path, for the volumes that are ready."""
     failures: dict[str, str] = field(default_factory=dict)
     """Volume name → why it could not be set up (the FailedMount cause)."""
-    devices: dict[str, Path] = field(default_factory=dict)
+    devices: dict[str, Block] = field(default_factory=dict)
     """Volume name → device node, for the raw block volumes that are ready."""
 
 
@@ -202,7 +202,7 @@ class VolumeManager:
             result.failures[name] = _os_message(err)
         else:
             if isinstance(ready, Block):
-                result.devices[name] = ready.device
+                result.devices[name] = ready
             else:
                 result.paths[name] = ready
 

@@ -29,7 +29,7 @@ from pathlib import Path
 from klet.cri.types import Device, Mount, MountPropagation
 from klet.model.types import JSON
 from klet.syncloop.environment import envvars
-from klet.syncloop.volumes.base import volume_type
+from klet.syncloop.volumes.base import Block, volume_type
 from klet.syncloop.volumes.subpath import SubPathError, SubPathMounter
 
 READ_ONLY_TYPES = frozenset({"configMap", "secret", "downwardAPI", "projected"})
@@ -127,10 +127,11 @@ def prepare_subpath(
 
 
 def container_devices(
-    container: JSON, *, devices: Mapping[str, Path], volumes: Mapping[str, Path]
+    container: JSON, *, devices: Mapping[str, Block], volumes: Mapping[str, Path]
 ) -> tuple[Device, ...]:
-    """A container's volumeDevices → the CRI devices (upstream's makeDevices): each names
-    a raw block volume that is ready; a filesystem volume there is refused."""
+    """A container's volumeDevices → the CRI devices (upstream's makeBlockVolumes): each
+    names a raw block volume that is ready; a filesystem volume there is refused. A
+    read-only volume's device gets cgroup permission "r", any other "mrw"."""
     name = str(container.get("name", ""))
     out: list[Device] = []
     for vd in container.get("volumeDevices") or []:
@@ -145,7 +146,13 @@ def container_devices(
             raise MountConfigError(
                 f'cannot find volume "{vol_name}" to use as a device in container "{name}"'
             )
-        out.append(Device(container_path=str(vd.get("devicePath") or ""), host_path=str(device)))
+        out.append(
+            Device(
+                container_path=str(vd.get("devicePath") or ""),
+                host_path=str(device.device),
+                permissions="r" if device.read_only else "mrw",
+            )
+        )
     return tuple(out)
 
 
@@ -174,7 +181,7 @@ def container_mounts(
     volumes: Mapping[str, Path],
     env: Iterable[tuple[str, str]],
     subpaths: SubPathMounter | None,
-    devices: Mapping[str, Path] | None = None,
+    devices: Mapping[str, Block] | None = None,
 ) -> tuple[Mount, ...]:
     """The CRI mounts for the container's volumeMounts; raises `MountConfigError`.
 
