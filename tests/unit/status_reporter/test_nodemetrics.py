@@ -3,11 +3,13 @@ replica's exposition is the one used, a hung, failing or leaderless service is l
 out within the time bound and counted by reason, a standby status-reporter serves its
 leader's metrics with its own process families, the prober families go to
 /metrics/probes only; and the port-file replicas are found and fetched over HTTP, on the
-loopback only: a port file naming any other host is refused before a request is sent."""
+loopback only: a port file naming any other host is refused before a request is sent,
+logged once naming the file and counted at every scrape."""
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -19,6 +21,7 @@ from klet.status_reporter import metricsmerge
 from klet.status_reporter.nodemetrics import (
     NodeMetrics,
     NotLoopback,
+    Replica,
     port_file_replicas,
     scrape_url,
 )
@@ -51,8 +54,11 @@ class Fleet:
         self.replicas.setdefault(service, []).append(record(service, port))
         self.answers[port] = answer
 
-    def list(self, service: str) -> Sequence[PortRecord]:
-        return self.replicas.get(service, [])
+    def list(self, service: str) -> Sequence[Replica]:
+        return [
+            Replica(r, Path(f"/run/klet/ports/{service}/h-{r.port}.json"))
+            for r in self.replicas.get(service, [])
+        ]
 
     async def fetch(self, rec: PortRecord) -> str:
         self.fetched.append(rec.port)
@@ -206,22 +212,59 @@ def test_a_port_file_naming_another_host_is_not_scraped(host: str) -> None:
         scrape_url(PortRecord("syncloop", host, 9, 1, "h"))
 
 
-async def test_a_replica_on_another_host_is_never_fetched_and_counts_as_an_error() -> None:
+def refused(nm: NodeMetrics, service: str) -> float:
+    return float(nm.refused.labels(service=service)._value.get())
+
+
+async def test_a_replica_on_another_host_is_never_fetched_logged_once_and_counted(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
     fetched: list[PortRecord] = []
 
     async def fetch(record: PortRecord) -> str:
         fetched.append(record)
         return exposition(record.service, leading=True)
 
+    planted = Path("/run/klet/ports/syncloop/h-1-abcd.json")
+    files = {"syncloop": [Replica(PortRecord("syncloop", "169.254.169.254", 80, 1, "h"), planted)]}
     nm = NodeMetrics(
         own_registry(leading=True),
         leading=lambda: True,
-        replicas=lambda service: [PortRecord(service, "169.254.169.254", 80, 1, "h")],
+        replicas=lambda service: files.get(service, []),
         fetch=fetch,
     )
+    caplog.set_level(logging.WARNING, "klet.status_reporter.nodemetrics")
+    await nm.metrics()
     await nm.metrics()
     assert fetched == []
-    assert failures(nm, "syncloop", "error") == 1
+    assert failures(nm, "syncloop", "error") == 2
+    assert refused(nm, "syncloop") == 2  # at every scrape
+    logged = [r for r in caplog.records if "not loopback" in r.getMessage()]
+    assert len(logged) == 1  # once per file
+    assert logged[0].__dict__["port_file"] == str(planted)
+    assert logged[0].__dict__["host"] == "169.254.169.254"
+    # the file gone and planted again: logged again
+    files["syncloop"] = []
+    await nm.metrics()
+    files["syncloop"] = [Replica(PortRecord("syncloop", "10.0.0.5", 80, 1, "h"), planted)]
+    await nm.metrics()
+    assert len([r for r in caplog.records if "not loopback" in r.getMessage()]) == 2
+
+
+async def test_a_refused_file_beside_a_loopback_leader_leaves_the_service_in() -> None:
+    fleet = Fleet()
+    fleet.add("syncloop", exposition("syncloop", leading=True, extra="pleg_x"))
+    evil = Replica(PortRecord("syncloop", "10.0.0.5", 80, 1, "h"), Path("/p/evil.json"))
+    nm = NodeMetrics(
+        own_registry(leading=True),
+        leading=lambda: True,
+        replicas=lambda service: [*fleet.list(service), evil] if service == "syncloop" else [],
+        fetch=fleet.fetch,
+    )
+    got = values(await nm.metrics())
+    assert got[("pleg_x", ())] == 2
+    assert refused(nm, "syncloop") == 1
+    assert failures(nm, "syncloop", "error") == 0
 
 
 async def test_replicas_are_found_by_their_port_files_and_fetched(tmp_path: Path) -> None:
@@ -255,3 +298,24 @@ async def test_replicas_are_found_by_their_port_files_and_fetched(tmp_path: Path
         server.cancel()
         await asyncio.gather(server, return_exceptions=True)
         files.withdraw()
+
+
+async def test_a_planted_port_file_is_named_by_its_path(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    planted = PortFiles("eviction", run_dir=tmp_path, hostname="h", pid=7, token="beef")
+    planted.publish("169.254.169.254", 80)  # a live writer's file naming another host
+    assert planted.published is not None
+    try:
+        replicas = port_file_replicas(tmp_path)
+        assert replicas("eviction") == [
+            Replica(PortRecord("eviction", "169.254.169.254", 80, 7, "h"), planted.published)
+        ]
+        nm = NodeMetrics(own_registry(leading=True), leading=lambda: True, replicas=replicas)
+        caplog.set_level(logging.WARNING, "klet.status_reporter.nodemetrics")
+        await nm.metrics()
+        (logged,) = [r for r in caplog.records if "not loopback" in r.getMessage()]
+        assert logged.__dict__["port_file"] == str(planted.published)
+        assert refused(nm, "eviction") == 1
+    finally:
+        planted.withdraw()

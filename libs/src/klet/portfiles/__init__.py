@@ -44,7 +44,14 @@ from pathlib import Path
 
 from klet.model.layout import PORTS_DIR, port_file, port_files_dir, replica_name
 
-__all__ = ["PortFiles", "PortRecord", "live_replicas", "read_port_file", "remove_port_file"]
+__all__ = [
+    "PortFiles",
+    "PortRecord",
+    "live_replica_files",
+    "live_replicas",
+    "read_port_file",
+    "remove_port_file",
+]
 
 log = logging.getLogger(__name__)
 
@@ -165,19 +172,27 @@ def live_replicas(run_dir: Path, service: str, *, remove_dead: bool = True) -> l
     """The published records of `service`'s live replicas, sorted by file name; files of
     dead replicas are skipped and (`remove_dead`, when the directory is writable)
     removed."""
+    return [record for _, record in live_replica_files(run_dir, service, remove_dead=remove_dead)]
+
+
+def live_replica_files(
+    run_dir: Path, service: str, *, remove_dead: bool = True
+) -> list[tuple[Path, PortRecord]]:
+    """`live_replicas` with the file each record was read from (for a reader that must
+    name the file it refuses)."""
     directory = port_files_dir(run_dir, service)
     try:
         names = sorted(os.listdir(directory))
     except (FileNotFoundError, NotADirectoryError):
         return []
-    records = []
+    found = []
     for name in names:
         if name.startswith(".") or not name.endswith(".json"):
             continue  # a writer's temporary file
         record = _read_if_live(directory / name, remove_dead=remove_dead)
         if record is not None:
-            records.append(record)
-    return records
+            found.append((directory / name, record))
+    return found
 
 
 class PortFiles:

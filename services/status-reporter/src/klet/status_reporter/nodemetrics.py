@@ -32,9 +32,12 @@ is left out of that scrape (its series are simply absent) and counted in
 Loopback only: a port file is a file in the run dir, and whoever can write one could
 name any host in it, turning every scrape of 10250 into a request from the node to a
 host of their choosing. The services are on the node's loopback in every deployment
-shape, so a record naming any other host is refused before anything is sent (counted as
-`error`): a literal loopback address (127.0.0.0/8, ::1) or a wildcard bind (reached on
-the loopback) is fetched, a name or any other address is not.
+shape, so a record naming any other host is refused before anything is sent: a literal
+loopback address (127.0.0.0/8, ::1) or a wildcard bind (reached on the loopback) is
+fetched, a name or any other address is not. A refused file is logged once (a warning
+naming the file and the host; again only if it comes to name another host), counted at
+every scrape in `klet_metrics_port_files_refused_total{service}`, and its service, if
+no other replica answers as leader, is left out as `error`.
 
 status-reporter itself: when this replica leads, its own registry is used directly;
 when it stands by (several replicas share 10250 by SO_REUSEPORT), the leading
@@ -49,10 +52,11 @@ import asyncio
 import ipaddress
 import logging
 from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 from klet.obs.logs import OnceLogger
-from klet.portfiles import PortRecord, live_replicas
+from klet.portfiles import PortRecord, live_replica_files
 from klet.status_reporter import metricsmerge
 from prometheus_client import CollectorRegistry, Counter
 from prometheus_client.core import Metric
@@ -68,7 +72,16 @@ PROBER = "syncloop"
 FAILURE_REASONS = ("timeout", "error", "absent")
 DEFAULT_TIMEOUT_S = 3.0
 
-Replicas = Callable[[str], Sequence[PortRecord]]
+
+@dataclass(frozen=True)
+class Replica:
+    """A live replica of a service: what its port file says, and which file says it."""
+
+    record: PortRecord
+    port_file: Path
+
+
+Replicas = Callable[[str], Sequence[Replica]]
 """The live replicas of a service, from its port files."""
 Fetch = Callable[[PortRecord], Awaitable[str]]
 """The text of one replica's private /metrics; raises on failure."""
@@ -101,9 +114,10 @@ def scrape_url(record: PortRecord) -> str:
 def port_file_replicas(run_dir: Path) -> Replicas:
     """The live replicas of a service as its port files under `run_dir` list them."""
 
-    def replicas(service: str) -> Sequence[PortRecord]:
+    def replicas(service: str) -> Sequence[Replica]:
         # A few small files on a local filesystem: read in the loop, not a thread.
-        return live_replicas(run_dir, service, remove_dead=False)
+        found = live_replica_files(run_dir, service, remove_dead=False)
+        return [Replica(record, path) for path, record in found]
 
     return replicas
 
@@ -133,23 +147,56 @@ class NodeMetrics:
             ["service", "reason"],
             registry=registry,
         )
+        self.refused = Counter(
+            "klet_metrics_port_files_refused",
+            "Port files whose replica was not scraped because they name a host that is "
+            "not this node's loopback, by service, counted at every scrape that read them.",
+            ["service"],
+            registry=registry,
+        )
         for service in ORDER:
+            self.refused.labels(service=service)
             for reason in FAILURE_REASONS:
                 self.failures.labels(service=service, reason=reason)
         self._conflicts = OnceLogger(log, level=logging.WARNING)
+        self._refusals: dict[str, OnceLogger] = {}
+
+    def _loopback_only(self, service: str, replicas: Sequence[Replica]) -> list[PortRecord]:
+        """The records of `replicas` that name a loopback host; each other one is counted
+        and logged once per file (see the module)."""
+        once = self._refusals.setdefault(service, OnceLogger(log, level=logging.WARNING))
+        once.retain(r.port_file for r in replicas)  # files gone are forgotten
+        allowed = []
+        for replica in replicas:
+            try:
+                scrape_url(replica.record)
+            except NotLoopback:
+                self.refused.labels(service=service).inc()
+                once.error(
+                    replica.port_file,
+                    "a port file names a host that is not loopback: its replica is not scraped",
+                    cause=replica.record.host,
+                    service=service,
+                    port_file=str(replica.port_file),
+                    host=replica.record.host,
+                    pid=replica.record.pid,
+                )
+            else:
+                allowed.append(replica.record)
+        return allowed
 
     def _own(self) -> list[Metric]:
         return list(self.registry.collect())
 
     async def _leader_of(self, service: str, fetch: Fetch) -> list[Metric] | None:
         """The exposition of `service`'s leading replica; None (and counted) without one."""
-        records = list(self._replicas(service))
-        if not records:
+        replicas = list(self._replicas(service))
+        if not replicas:
             self.failures.labels(service=service, reason="absent").inc()
             return None
+        records = self._loopback_only(service, replicas)
 
         async def one(record: PortRecord) -> list[Metric]:
-            scrape_url(record)  # refuses a record naming another host, whatever fetches
             return metricsmerge.parse(await fetch(record))
 
         try:
@@ -159,7 +206,7 @@ class NodeMetrics:
             self.failures.labels(service=service, reason="timeout").inc()
             log.debug("a service's metrics timed out", extra={"service": service})
             return None
-        failed = False
+        failed = len(records) < len(replicas)  # some refused
         for answer in answers:
             if isinstance(answer, BaseException):
                 failed = True
@@ -247,4 +294,4 @@ class LocalMetrics:
         return metricsmerge.render_families(probes)
 
 
-__all__ = ["LocalMetrics", "NodeMetrics", "port_file_replicas", "scrape_url"]
+__all__ = ["LocalMetrics", "NodeMetrics", "Replica", "port_file_replicas", "scrape_url"]
