@@ -224,6 +224,10 @@ def test_a_corrupt_checkpoint_starts_empty(tmp_path: Path) -> None:
             "invalid resource name",
         ),
         (
+            Registration("v1beta1", "foo.sock", "example.com/a/b", PluginOptions()),
+            "invalid resource name 'example.com/a/b': the ResourceName",
+        ),
+        (
             Registration("v1beta1", "../x.sock", FOO, PluginOptions()),
             "invalid endpoint '../x.sock'",
         ),

@@ -65,6 +65,21 @@ class GrpcPlugin:
         self.channel = grpc.aio.insecure_channel(f"unix://{socket}")
         self.stub = pb_grpc.DevicePluginStub(self.channel)  # type: ignore[no-untyped-call]
 
+    async def options(self) -> PluginOptions:
+        """GetDevicePluginOptions: what a plugin registered through the plugin watcher
+        asks for (a Register on kubelet.sock carries them in the request)."""
+        try:
+            r = await self.stub.GetDevicePluginOptions(pb.Empty(), timeout=CALL_TIMEOUT_S)
+        except grpc.aio.AioRpcError as err:
+            raise_if_cancelled(err)
+            raise DevicePluginError(
+                f"failed to get device plugin options: {err.details()}"
+            ) from err
+        return PluginOptions(
+            pre_start_required=r.pre_start_required,
+            get_preferred_allocation_available=r.get_preferred_allocation_available,
+        )
+
     async def list_and_watch(self) -> AsyncIterator[list[Device]]:
         """Each device list the plugin sends, until its stream ends (returns) or fails
         (DevicePluginError)."""

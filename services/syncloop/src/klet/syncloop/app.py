@@ -28,8 +28,10 @@ from klet.syncloop.containers.logmanager import ContainerLogManager, LogManagerS
 from klet.syncloop.containers.reservedcgroups import run_enforcement
 from klet.syncloop.cpumanager import manager as cpumanager
 from klet.syncloop.devices import plugins as devices
+from klet.syncloop.devices.watched import DEVICE_PLUGIN, WatchedDevicePlugins
 from klet.syncloop.memorymanager import manager as memorymanager
 from klet.syncloop.metrics import PodResourcesMetrics
+from klet.syncloop.plugins.csidrivers import CSIRegistrar
 from klet.syncloop.podresources import PodResourcesView
 from klet.syncloop.pods.intake import BusIntake
 from klet.syncloop.ports import NodeRuntime
@@ -49,6 +51,7 @@ async def main(deps: Deps) -> int:
         on_error=m.bus_errors.inc,
     )
     relister = deps.relister
+    device_registrations = _device_registrations(deps)
     log_manager = ContainerLogManager(
         deps.cri, LogManagerSettings.from_config(deps.settings.kubelet)
     )
@@ -139,7 +142,9 @@ async def main(deps: Deps) -> int:
                 "volume-cleanup": gated("volume-cleanup", lambda: _volume_cleanup(deps)),
                 "plugin-watcher": gated("plugin-watcher", lambda: _watch_plugins(deps)),
                 "volume-stats": gated("volume-stats", lambda: _volume_stats(deps)),
-                "device-plugins": gated("device-plugins", lambda: _device_plugins(deps)),
+                "device-plugins": gated(
+                    "device-plugins", lambda: _device_plugins(deps, device_registrations)
+                ),
                 "cpu-manager": gated("cpu-manager", lambda: _cpu_manager(deps)),
                 "memory-manager": gated("memory-manager", lambda: _memory_manager(deps)),
                 "pod-resources": gated("pod-resources", lambda: _pod_resources(deps)),
@@ -209,7 +214,21 @@ async def _volume_stats(deps: Deps) -> None:
     await deps.volume_stats.run()
 
 
-async def _device_plugins(deps: Deps) -> None:
+def _device_registrations(deps: Deps) -> devices.Registrations | None:
+    """The device plugins' registrations, shared by the kubelet.sock server (root task
+    `device-plugins`) and the plugin watcher, whose registrar hands `DevicePlugin`
+    sockets to them (devices/watched.py); None without a device manager."""
+    if deps.devices is None:
+        return None
+    registrations = devices.Registrations(deps.devices, connect=GrpcPlugin)
+    if deps.plugins is not None and isinstance(deps.plugins.registrar, CSIRegistrar):
+        deps.plugins.registrar.handlers[DEVICE_PLUGIN] = WatchedDevicePlugins(
+            registrations, root_dir=Path(deps.settings.klet.root_dir)
+        )
+    return registrations
+
+
+async def _device_plugins(deps: Deps, registrations: devices.Registrations | None) -> None:
     """The device plugin registration socket and the bus `devices` table, on the leader
     only (it writes the bus and the checkpoint); idle without a device manager."""
     if deps.devices is None:
@@ -220,7 +239,13 @@ async def _device_plugins(deps: Deps) -> None:
     def active() -> set[str] | None:
         return set(controller.desired) if controller.sources_ready else None
 
-    await devices.run(deps.devices, serve=serve_registration, connect=GrpcPlugin, active=active)
+    await devices.run(
+        deps.devices,
+        serve=serve_registration,
+        connect=GrpcPlugin,
+        active=active,
+        registrations=registrations,
+    )
 
 
 async def _pod_resources(deps: Deps) -> None:

@@ -13,6 +13,7 @@ for an extended resource requests and limits are equal when both are set).
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Mapping, Sequence, Set
 from dataclasses import dataclass
 
@@ -41,6 +42,27 @@ def is_device_resource(name: str) -> bool:
         return False
     domain = name.split("/", 1)[0]
     return not (domain == "kubernetes.io" or domain.endswith(".kubernetes.io"))
+
+
+_QUALIFIED_NAME = re.compile(r"[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?")
+_DNS1123_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
+
+
+def resource_name_problem(name: str) -> str | None:
+    """Why `name` is not an extended resource name a device plugin may register, or None:
+    upstream's IsExtendedResourceName (`requests.<name>` a qualified name: a DNS-1123
+    subdomain prefix of at most 253 characters, a name part of at most 63)."""
+    if not is_device_resource(name):
+        return f"the ResourceName {name!r} is invalid: not an extended resource name"
+    prefix, _, short = name.partition("/")
+    if len("requests." + prefix) > 253 or not _DNS1123_SUBDOMAIN.fullmatch(prefix):
+        return f"the ResourceName {name!r} is invalid: its prefix is not a DNS-1123 subdomain"
+    if len(short) > 63 or not _QUALIFIED_NAME.fullmatch(short):
+        return (
+            f"the ResourceName {name!r} is invalid: its name part is not 1-63 alphanumeric "
+            "characters, '-', '_' or '.', starting and ending with an alphanumeric character"
+        )
+    return None
 
 
 def _count(value: object) -> int:

@@ -9,7 +9,9 @@ answered at once and the plugin followed in a task of its own: the options came 
 the request (upstream uses those too), ListAndWatch is opened and every list it sends
 replaces the resource's devices. When the stream ends (the plugin exited, its socket
 went) the resource's devices turn unhealthy (`DeviceManager.disconnected`); a plugin
-registering again for the same resource replaces the one before.
+registering again for the same resource replaces the one before. Plugins that register
+through the plugin watcher instead (`watched.py`) are followed by the same
+`Registrations`, so either way replaces the other.
 
 At start the directory is cleared of everything but the checkpoint, as upstream's
 CleanupPluginDirectory: plugins watch for kubelet.sock being re-created and register
@@ -26,7 +28,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Protocol
 
-from klet.model.devices import Device, Registration
+from klet.model.devices import Device, PluginOptions, Registration
 from klet.model.layout import DEVICE_PLUGINS_SOCKET as KUBELET_SOCKET
 from klet.syncloop.devices import allocation, checkpoint
 from klet.syncloop.devices.manager import DeviceManager, PluginAPI
@@ -39,6 +41,10 @@ VERSION = "v1beta1"
 class Plugin(PluginAPI, Protocol):
     def list_and_watch(self) -> AsyncIterator[list[Device]]: ...
 
+    async def options(self) -> PluginOptions:
+        """GetDevicePluginOptions (asked of a plugin registered through the watcher)."""
+        ...
+
     async def close(self) -> None: ...
 
 
@@ -49,27 +55,35 @@ def validate(r: Registration, directory: Path) -> str:
             f"Unsupported version {r.version!r}: this node supports device plugin API "
             f"version {VERSION}"
         )
-    if not allocation.is_device_resource(r.resource_name):
-        return f"invalid resource name {r.resource_name!r}: not an extended resource name"
+    why = allocation.resource_name_problem(r.resource_name)
+    if why is not None:
+        return f"invalid resource name {r.resource_name!r}: {why}"
     if not r.endpoint or "/" in r.endpoint or r.endpoint in (".", "..", KUBELET_SOCKET):
         return f"invalid endpoint {r.endpoint!r}: the name of a socket in {directory}"
     return ""
 
 
 class Registrations:
-    """Takes registrations and follows each plugin's ListAndWatch."""
+    """Takes registrations, from kubelet.sock and from the plugin watcher
+    (`devices/watched.py`), and follows each plugin's ListAndWatch. One plugin per
+    resource: a newer registration replaces the one before, whichever way each came."""
 
     def __init__(
         self,
         manager: DeviceManager,
         *,
         connect: Callable[[Path], Plugin],
-        on_change: Callable[[], None],
+        on_change: Callable[[], None] | None = None,
     ) -> None:
         self.manager = manager
         self.connect = connect
-        self.on_change = on_change
+        self.changed = asyncio.Event()
+        """Set on every change the bus `devices` table should see (`run` waits on it)."""
+        self.on_change = on_change or self.changed.set
         self.followers: dict[str, asyncio.Task[None]] = {}
+        self.sources: dict[str, Path] = {}
+        """Resource → the socket its plugin in force registered through: the plugin's own
+        (kubelet.sock) or its registration socket (the plugin watcher)."""
 
     async def register(self, r: Registration) -> str:
         self.manager.observer.registered(r.resource_name)  # refused ones too, as upstream
@@ -80,16 +94,33 @@ class Registrations:
                 extra={"resource": r.resource_name, "error": why},
             )
             return why
-        plugin = self.connect(self.manager.directory / r.endpoint)
-        old = self.followers.pop(r.resource_name, None)
+        endpoint = self.manager.directory / r.endpoint
+        self.take(r.resource_name, self.connect(endpoint), r.options, source=endpoint)
+        return ""
+
+    def take(self, resource: str, plugin: Plugin, options: PluginOptions, *, source: Path) -> None:
+        """Follow `plugin` for `resource` from now on, in place of any before."""
+        self.manager.load()  # the checkpoint's holders first (idempotent)
+        old = self.followers.pop(resource, None)
         if old is not None:
             old.cancel()
-        self.manager.connected(r.resource_name, plugin, r.options)
-        self.followers[r.resource_name] = asyncio.create_task(
-            self._follow(r.resource_name, plugin), name=f"device-plugin {r.resource_name}"
+        self.manager.connected(resource, plugin, options)
+        self.sources[resource] = source
+        self.followers[resource] = asyncio.create_task(
+            self._follow(resource, plugin), name=f"device-plugin {resource}"
         )
         self.on_change()
-        return ""
+
+    def drop(self, resource: str, *, source: Path) -> bool:
+        """Stop following `resource`'s plugin if it is the one that came through `source`
+        (its devices turn unhealthy as when its stream ends); False if another is in force."""
+        if self.sources.get(resource) != source:
+            return False
+        del self.sources[resource]
+        task = self.followers.pop(resource, None)
+        if task is not None:
+            task.cancel()
+        return True
 
     async def _follow(self, resource: str, plugin: Plugin) -> None:
         try:
@@ -142,15 +173,18 @@ async def run(
     active: Callable[[], set[str] | None],
     period_s: float = 1.0,
     ready: asyncio.Event | None = None,
+    registrations: Registrations | None = None,
 ) -> None:
     """The root task: the registration socket, the bus `devices` table, the grace
     period and the release of finished pods' devices. `active` gives the UIDs of the
-    active pods, or None while not every source is ready."""
+    active pods, or None while not every source is ready. `registrations`: the ones the
+    plugin watcher also hands device plugins to (a private one without)."""
     directory = manager.directory
     clean_directory(directory)
     manager.load()
-    wake = asyncio.Event()
-    registrations = Registrations(manager, connect=connect, on_change=wake.set)
+    if registrations is None:
+        registrations = Registrations(manager, connect=connect)
+    wake = registrations.changed
     server = asyncio.create_task(
         serve(directory / KUBELET_SOCKET, registrations.register, ready=ready),
         name="device-plugin registration",

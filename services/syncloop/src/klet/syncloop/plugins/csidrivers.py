@@ -22,6 +22,11 @@ move that; the endpoint must be a unix socket's absolute, normalised path (optio
 drivers' manifests name host paths such as `/var/lib/kubelet/plugins/<driver>/csi.sock`
 whatever the node's root dir.
 
+The registrar is the watcher's only one, so it also hands the plugin types it has a
+handler for (`DevicePlugin`: syncloop/devices/watched.py) to that handler after GetInfo,
+tells the plugin the handler's verdict, and passes each vanished socket on; any other
+type is refused naming it and the types taken.
+
 The table is what the rest of the node reads: syncloop's volume code finds a driver's
 endpoint there, status-reporter publishes the node IDs and topology in the CSINode
 object and on the Node. The table outlives a syncloop restart; the first scan after
@@ -33,7 +38,7 @@ from __future__ import annotations
 import logging
 import re
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Protocol
 
@@ -68,6 +73,17 @@ class Registration(Protocol):
     async def notify(self, *, registered: bool, error: str = "") -> None: ...
 
     async def close(self) -> None: ...
+
+
+class PluginHandler(Protocol):
+    """Registrations of a plugin type other than CSI, handed over after GetInfo
+    (`DevicePlugin`: syncloop/devices/watched.py, added by the app)."""
+
+    async def register(self, info: PluginInfo, socket: Path) -> str | None:
+        """Take the plugin; why not (told to the plugin), or None when taken."""
+        ...
+
+    async def deregister(self, socket: Path) -> None: ...
 
 
 class Driver(Protocol):
@@ -122,11 +138,13 @@ def _show(version: Version) -> str:
     return ".".join(str(n) for n in version)
 
 
-def refusal(info: PluginInfo, *, socket: str = "") -> str | None:
-    """Why klet does not take this plugin, or None. `socket` is the registration
-    socket's path, the endpoint of a plugin that names none."""
+def refusal(info: PluginInfo, *, socket: str = "", others: Iterable[str] = ()) -> str | None:
+    """Why klet does not take this plugin as a CSI driver, or None. `socket` is the
+    registration socket's path, the endpoint of a plugin that names none; `others` the
+    other plugin types taken (by handlers), named in the refusal of an unknown type."""
     if info.type != CSI_PLUGIN:
-        return f"plugin type {info.type!r} is not supported by klet (only {CSI_PLUGIN})"
+        known = ", ".join(sorted({CSI_PLUGIN, *others}))
+        return f"plugin type {info.type!r} is not supported by klet (only {known})"
     if not info.name:
         return "the plugin gave no driver name"
     why = driver_name_problem(info.name)
@@ -139,7 +157,8 @@ def refusal(info: PluginInfo, *, socket: str = "") -> str | None:
 
 
 class CSIRegistrar:
-    """The watcher's `Registrar` for CSI drivers."""
+    """The watcher's `Registrar`: CSI drivers itself, the other types its `handlers`
+    take (after GetInfo, each told the outcome here)."""
 
     def __init__(
         self,
@@ -148,8 +167,11 @@ class CSIRegistrar:
         registration: Callable[[Path], Registration],
         driver: Callable[[str], Driver],
         clock: Callable[[], float] = time.time,
+        handlers: Mapping[str, PluginHandler] | None = None,
     ) -> None:
         self.table = table
+        self.handlers: dict[str, PluginHandler] = dict(handlers or {})
+        """Plugin type → its handler, for the types other than CSIPlugin."""
         self.registration = registration
         self.driver = driver
         self.clock = clock
@@ -174,7 +196,12 @@ class CSIRegistrar:
                 "plugin did not answer GetInfo", extra={"socket": str(socket), "error": str(err)}
             )
             return not isinstance(err, DriverUnavailable)
-        why = refusal(info, socket=str(socket))
+        handler = self.handlers.get(info.type) if info.type != CSI_PLUGIN else None
+        if handler is not None:
+            why = await handler.register(info, socket)
+            await self._notify(client, socket, registered=why is None, error=why or "")
+            return True
+        why = refusal(info, socket=str(socket), others=self.handlers)
         version = highest_version(info.supported_versions)
         held = self.versions.get(info.name)
         if why is None and version is not None and held is not None and version <= held:
@@ -245,6 +272,8 @@ class CSIRegistrar:
             )
 
     async def deregister(self, socket: Path) -> None:
+        for handler in self.handlers.values():
+            await handler.deregister(socket)
         name = self.by_socket.pop(socket, None)
         if name is None:
             return
