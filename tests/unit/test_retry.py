@@ -196,7 +196,6 @@ PERMITTED = {
     "not a sleep a retry library owns (not yet decided, issue 43 item 3)",
     "services/syncloop/src/klet/syncloop/pods/runtimeevents.py": "not yet converted "
     "(issue 43 item 3): the delay resets mid-attempt, when the stream says Subscribed",
-    "services/status-reporter/src/klet/status_reporter/nodemanager.py": "not yet converted",
 }
 
 

@@ -4,7 +4,7 @@ Upstream's `registerWithAPIServer` and `syncNodeStatus`, restated:
 
 - **Registration** (when registerNode): POST the initial Node; on AlreadyExists GET it,
   apply `reconcile_existing` (default labels, attach/detach annotation) with a PATCH if
-  needed, and adopt it. Failures are retried with back-off from 100 ms doubling to 7 s.
+  needed, and adopt it. Failures are retried (`klet.retry`) from 100 ms doubling to 7 s.
   With registerNode false the Node must exist already; the loop only updates it.
 - **Status**: every nodeStatusUpdateFrequency (10 s, plus up to 4 % jitter) observe the
   node, GET the Node (first try from the apiserver's cache, as upstream), compute the
@@ -36,10 +36,11 @@ from typing import Protocol
 
 from klet.bus import BusError
 from klet.kube import Conflict, KubeError, NotFound
-from klet.model.flowcontrol import BackoffPolicy, RetryDelay, jittered
+from klet.model.flowcontrol import BackoffPolicy, jittered
 from klet.model.records import EventRecord, NodeConditionRecord
 from klet.model.types import JSON
 from klet.obs import OnceLogger
+from klet.retry import call_retrying
 from klet.status_reporter import nodestatus
 from klet.status_reporter.kubeapi import KubeApi
 from klet.status_reporter.nodeid import NodeIdentity
@@ -220,13 +221,13 @@ class NodeStatusManager:
 
     async def run(self) -> None:
         """Register (if configured), then update the status until cancelled."""
-        backoff = RetryDelay(self._policy.register_backoff)
         while True:
             if self._policy.register and not self._identity.registered.is_set():
-                if not await self.register_once():
-                    await asyncio.sleep(backoff.next())
-                    continue
-                backoff.reset()
+                await call_retrying(
+                    self._registered,
+                    self._policy.register_backoff,
+                    retry_result=lambda registered: not registered,
+                )
             synced = await self._observer.contributions()
             await self.sync_once()
             if self._policy.register and not self._identity.registered.is_set():
@@ -235,6 +236,10 @@ class NodeStatusManager:
                 jittered(self._policy.update_frequency_s, self._policy.jitter, rand=self._rand),
                 synced,
             )
+
+    async def _registered(self) -> bool:
+        """Whether the Node is registered, registering it when it is not yet."""
+        return self._identity.registered.is_set() or await self.register_once()
 
     async def _until_next_update(
         self, period_s: float, synced: dict[str, NodeConditionRecord]
