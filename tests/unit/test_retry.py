@@ -91,6 +91,15 @@ async def test_a_callable_returning_an_awaitable_is_awaited() -> None:
     assert call.calls == 2
 
 
+async def test_a_run_can_continue_a_backoff_already_under_way() -> None:
+    sleeps = Sleeps()
+    policy = BackoffPolicy(0.1, 0.4)
+    await call_retrying(
+        Flaky(3, ConnectionError()), policy, on=ConnectionError, sleep=sleeps, after_failures=1
+    )
+    assert sleeps.delays == [0.2, 0.4, 0.4]
+
+
 async def test_other_exceptions_are_not_retried() -> None:
     sleeps = Sleeps()
     call = Flaky(1, KeyError("answer"))
@@ -194,8 +203,6 @@ PERMITTED = {
     "services/syncloop/src/klet/syncloop/pods/podworkers.py": "a pod worker's wait after a "
     "failed sync is cut short by an urgent update (a kill): a scheduling rule of the worker, "
     "not a sleep a retry library owns (not yet decided, issue 43 item 3)",
-    "services/syncloop/src/klet/syncloop/pods/runtimeevents.py": "not yet converted "
-    "(issue 43 item 3): the delay resets mid-attempt, when the stream says Subscribed",
 }
 
 

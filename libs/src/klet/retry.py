@@ -61,13 +61,15 @@ def delay_after(policy: BackoffPolicy, failures: int) -> float:
 
 
 class wait_policy(wait_base):  # noqa: N801 - named like tenacity's own wait_* strategies
-    """tenacity's wait strategy for a `BackoffPolicy` (see `delay_after`)."""
+    """tenacity's wait strategy for a `BackoffPolicy` (see `delay_after`), continuing a
+    back-off already `after_failures` failures deep."""
 
-    def __init__(self, policy: BackoffPolicy) -> None:
+    def __init__(self, policy: BackoffPolicy, *, after_failures: int = 0) -> None:
         self.policy = policy
+        self.after_failures = after_failures
 
     def __call__(self, retry_state: RetryCallState) -> float:
-        return delay_after(self.policy, retry_state.attempt_number)
+        return delay_after(self.policy, self.after_failures + retry_state.attempt_number)
 
 
 def retrying(
@@ -78,6 +80,7 @@ def retrying(
     attempts: int | None = None,
     on_failure: OnFailure | None = None,
     sleep: Callable[[float], Awaitable[None]] | None = None,
+    after_failures: int = 0,
 ) -> AsyncRetrying:
     """A tenacity `AsyncRetrying` that retries a call raising one of `on` (or returning
     a result for which `retry_result` is true), waiting `policy`'s delays.
@@ -85,8 +88,10 @@ def retrying(
     Without `attempts` it retries until the call succeeds; with it, it makes at most
     that many attempts (at least one) and then raises the last exception as it was (or
     returns the last result). Any other exception, and a cancellation, goes to the
-    caller at once. `call_retrying` runs one call through it, typed (use that: the
-    `AsyncRetrying` awaits only what a coroutine function returns).
+    caller at once. `after_failures` continues a back-off that many failures deep (the
+    first wait is the policy's `after_failures + 1`-th). `call_retrying` runs one call
+    through it, typed (use that: `AsyncRetrying` awaits only what a coroutine function
+    returns).
     """
     retry: retry_base = retry_if_exception_type(on)
     if retry_result is not None:
@@ -98,7 +103,7 @@ def retrying(
 
     return AsyncRetrying(
         retry=retry,
-        wait=wait_policy(policy),
+        wait=wait_policy(policy, after_failures=after_failures),
         stop=stop_never if attempts is None else stop_after_attempt(max(1, attempts)),
         after=after,
         sleep=sleep if sleep is not None else asyncio.sleep,
@@ -116,6 +121,7 @@ async def call_retrying(
     attempts: int | None = None,
     on_failure: OnFailure | None = None,
     sleep: Callable[[float], Awaitable[None]] | None = None,
+    after_failures: int = 0,
 ) -> T:
     """`call()` through `retrying(policy, ...)`: its result once it succeeds."""
     policy_run = retrying(
@@ -125,6 +131,7 @@ async def call_retrying(
         attempts=attempts,
         on_failure=on_failure,
         sleep=sleep,
+        after_failures=after_failures,
     )
 
     async def attempt() -> T:

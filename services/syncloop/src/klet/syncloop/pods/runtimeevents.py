@@ -54,9 +54,10 @@ from klet.cri.types import (
     SandboxState,
     Subscribed,
 )
-from klet.model.flowcontrol import BackoffPolicy, RetryDelay
+from klet.model.flowcontrol import BackoffPolicy
 from klet.model.types import ContainerID, SandboxID
 from klet.obs import OnceLogger
+from klet.retry import call_retrying, delay_after
 from klet.syncloop.pods.relisting import Relister
 from klet.syncloop.pods.runtime import ExitNotices, bound
 from klet.syncloop.ports import RuntimeReader
@@ -141,6 +142,10 @@ def action_for(kind: EventKind, *, exit_seen: bool) -> Action:
     return Action.IGNORE
 
 
+class _NeverSubscribed(Exception):
+    """A stream ended without error before it subscribed: retried like a failure."""
+
+
 class EventWatcher:
     def __init__(
         self,
@@ -172,32 +177,52 @@ class EventWatcher:
         self._once = OnceLogger(log, level=logging.WARNING)
 
     async def run(self) -> None:
-        delay = RetryDelay(self.backoff)
+        """Follow the runtime's event streams until cancelled, re-subscribing through
+        klet's retry policy: streams that end before they subscribe back off; one that
+        subscribed starts the back-off over (its end waits the initial delay)."""
         try:
+            after_failures = 0
             while True:
-                try:
-                    async for item in self.source.subscribe():
-                        if isinstance(item, Subscribed):
-                            self._on_subscribed(item.source)
-                            delay.reset()
-                        else:
-                            self.dispatch(item)
-                except EventsUnsupported as err:
-                    self._on_dropped(error=False)
-                    log.info(
-                        "the runtime serves no events: PLEG relists every %.0fs",
-                        self.relister.period_s,
-                        extra={"error": str(err)},
-                    )
-                    await asyncio.Event().wait()  # a root task must not return
-                except CRIError as err:
-                    self._once.error(
-                        "stream", "runtime event stream failed", cause=err.code, error=str(err)
-                    )
-                    self._on_dropped(error=True)
-                await self.sleep(delay.next())
+                await call_retrying(
+                    self._follow,
+                    self.backoff,
+                    on=(CRIError, _NeverSubscribed),
+                    sleep=self.sleep,
+                    after_failures=after_failures,
+                )
+                await self.sleep(delay_after(self.backoff, 1))
+                after_failures = 1
         finally:
             await self.stop()
+
+    async def _follow(self) -> None:
+        """One stream, to its end. Returns when it had subscribed; raises when it ended
+        (or failed) before it did."""
+        subscribed = False
+        try:
+            async for item in self.source.subscribe():
+                if isinstance(item, Subscribed):
+                    self._on_subscribed(item.source)
+                    subscribed = True
+                else:
+                    self.dispatch(item)
+        except EventsUnsupported as err:
+            self._on_dropped(error=False)
+            log.info(
+                "the runtime serves no events: PLEG relists every %.0fs",
+                self.relister.period_s,
+                extra={"error": str(err)},
+            )
+            await asyncio.Event().wait()  # a root task must not return
+        except CRIError as err:
+            self._once.error(
+                "stream", "runtime event stream failed", cause=err.code, error=str(err)
+            )
+            self._on_dropped(error=True)
+            if not subscribed:
+                raise
+        if not subscribed:
+            raise _NeverSubscribed
 
     async def stop(self) -> None:
         for task in list(self._tasks):
