@@ -1,12 +1,13 @@
 """Retry and rate arithmetic of `klet.model.flowcontrol`: the per-key back-off (immediate
 first retry, doubling from 10 s to the 300 s cap, waiting measured from the last exit,
-forgetting after twice the cap), a loop's retry delay (doubling to its cap, reset by a
-success), the jittered period, and the token bucket (a burst, then `qps` a second)."""
+forgetting after twice the cap), the retry policy's value checks (its delays are
+`klet.retry`'s, tests/unit/test_retry.py), the jittered period, and the token bucket (a
+burst, then `qps` a second)."""
 
 from __future__ import annotations
 
 import pytest
-from klet.model.flowcontrol import Backoff, BackoffPolicy, RetryDelay, TokenBucket, jittered
+from klet.model.flowcontrol import Backoff, BackoffPolicy, TokenBucket, jittered
 
 
 def test_doubles_to_cap() -> None:
@@ -30,20 +31,6 @@ def test_entry_expires_after_twice_the_cap() -> None:
     assert b.next("k", now=602) == 10
     b.gc(now=5000)
     assert b.delay("k", now=5000) == 0
-
-
-def test_retry_delay_doubles_to_cap_and_resets() -> None:
-    delay = RetryDelay(BackoffPolicy(0.5, 3.0))
-    assert [delay.next() for _ in range(5)] == [0.5, 1.0, 2.0, 3.0, 3.0]
-    delay.reset()
-    assert delay.next() == 0.5
-
-
-def test_retry_delay_from_zero_still_grows() -> None:
-    delay = RetryDelay(BackoffPolicy(0.0, 1.0))
-    assert delay.next() == 0.0
-    assert delay.next() > 0.0
-    assert RetryDelay(BackoffPolicy(0.0, 0.0)).next() == 0.0
 
 
 def test_backoff_policy_refuses_negative_delays() -> None:

@@ -6,10 +6,9 @@
   as long as the previous (10 s → 300 s by default), measured from the moment the last
   instance finished. An entry not touched for twice the maximum is forgotten, so a
   container that ran fine for ten minutes starts over at the initial delay.
-- `RetryDelay` is the delay of one loop that retries "until the dependency answers
-  again" (apiserver, Redis), which tenacity's bounded policies (used inside single
-  calls) do not express: the loop asks for the next delay after a failure and resets it
-  after a success, so it resumes within `max_s` of the dependency's return.
+- `BackoffPolicy` is the shape of a loop's retry delays (initial, doubled, capped); the
+  loops retry through `klet.retry`, tenacity waiting these delays. It is a value here so
+  settings and policies can hold one without importing tenacity.
 - `jittered` is `wait.JitterUntil`'s period.
 - `TokenBucket` is `flowcontrol.NewTokenBucketRateLimiter` (kubeAPIQPS/kubeAPIBurst,
   eventRecordQPS/eventBurst, registryPullQPS/registryBurst): it starts full and refills
@@ -82,26 +81,6 @@ class BackoffPolicy:
     def __post_init__(self) -> None:
         if self.initial_s < 0 or self.max_s < 0:
             raise ValueError(f"BackoffPolicy: delays must be >= 0, got {self!r}")
-
-
-_MIN_GROWTH_S = 0.001
-"""The second delay when the first is 0, so a zero initial delay still backs off."""
-
-
-class RetryDelay:
-    """The retry delay of one loop: `next()` after a failure, `reset()` after a success."""
-
-    def __init__(self, policy: BackoffPolicy) -> None:
-        self._policy = policy
-        self._next = policy.initial_s
-
-    def reset(self) -> None:
-        self._next = self._policy.initial_s
-
-    def next(self) -> float:
-        delay = self._next
-        self._next = min(max(delay * 2, _MIN_GROWTH_S), self._policy.max_s)
-        return delay
 
 
 def jittered(period_s: float, factor: float, *, rand: Callable[[], float] = random.random) -> float:
