@@ -350,7 +350,8 @@ async def test_rediss_with_a_verified_server_and_a_client_certificate(tmp_path: 
 async def test_a_condition_type_its_writer_does_not_own_never_reaches_a_reader(
     redis_server: RedisServer,
 ) -> None:
-    # Each writes its own key (Redis lets it: one grant per key, not per field), and
+    # Each writes its own key with the direct HSET its grant allows (one grant per key,
+    # not per field; the fenced write refuses these rows, test_bus_caps), and
     # status-reporter, reading with its own credential, gets only what each owns.
     shutdown = NodeConditionRecord(
         type="Ready", status="False", message="node is shutting down", at=time.time()
@@ -361,10 +362,11 @@ async def test_a_condition_type_its_writer_does_not_own_never_reaches_a_reader(
     }
     try:
         writers = {s: NodeBus.of(buses[s], service=s) for s in ("eviction", "syncloop")}
+        for nb in writers.values():
+            for type_, record in (("MemoryPressure", pressure()), ("Ready", not_ready())):
+                await nb.bus.client.hset(nb.conditions.key, type_, record.encode())
         for service, nb in writers.items():
             assert await nb.bus.lease(service, f"host:1:{service[:4]}bbbbbbbb").try_acquire()
-            await nb.conditions.put("MemoryPressure", pressure())
-            await nb.conditions.put("Ready", not_ready())
         node = NodeBus.of(buses["status-reporter"], service="status-reporter").node
         # eviction's Ready is the shutdown's only; syncloop has no pressure to report.
         assert set(await node.all()) == {"eviction:MemoryPressure", "syncloop:Ready"}

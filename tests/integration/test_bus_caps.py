@@ -11,6 +11,14 @@ the caps goes through. Taking or renewing a lease with a TTL that is not a posit
 integer (or above the longest expiry) draws no token and changes nothing. Also: a
 function acts only within its caller's ACL, so it is no way around a grant the user
 lacks (what keeps the direct commands granted, see klet.bus.functions).
+
+What a writer owns (items 2 and 9): eviction's and syncloop's fenced writes of a node
+condition type they do not own (syncloop's pressure, eviction's Ready other than the
+shutdown's, a record keyed by another type than its own) are refused as `NotOwned`
+with nothing of the call written, where they used to be stored and left to the
+readers; status-reporter's append to a pod's `history:<uid>` without that stream's
+expiry in the same call is refused, so no history key it writes through the bus lives
+without end.
 """
 
 from __future__ import annotations
@@ -19,11 +27,11 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 import pytest
-from klet.bus import BadWrite, Bus, BusError, NodeBus, WriteTooLarge, functions
+from klet.bus import BadWrite, Bus, BusError, NodeBus, NotOwned, WriteTooLarge, functions
 from klet.bus.acl import ACCESS, SERVICES
 from klet.bus.redisbus import _Op
 from klet.devstack import RedisServer
-from klet.model.records import EventRecord
+from klet.model.records import EventRecord, HistoryEntry, NodeConditionRecord
 from redis.exceptions import RedisError
 
 NODE = "capped"
@@ -106,11 +114,16 @@ async def test_a_call_over_each_cap_is_refused_naming_it_and_writes_nothing(
 async def test_a_call_at_the_caps_goes_through(redis_server: RedisServer, service: str) -> None:
     async with leader(redis_server, service) as nb:
         bus, table = nb.bus, nb.bus.key(own_table(service))
-        ops = [_Op.hset(table, f"k{i}", "v") for i in range(4999)]
+        if own_table(service).startswith("node:"):
+            # A condition table holds only its writer's types: one row, written 4999 times.
+            row = condition("MemoryPressure").encode()
+            ops = [_Op.hset(table, "MemoryPressure", row) for _ in range(4999)]
+        else:
+            ops = [_Op.hset(table, f"k{i}", "v") for i in range(4999)]
         ops.append(_Op.xadd(nb.events.key, 100_000, event("x" * 60_000).encode()))
         assert len(await bus.write(ops)) == 5000
     rows, length = await left(redis_server, service)
-    assert (len(rows), length) == (4999, 1)
+    assert (len(rows), length) == (len({op.args[0] for op in ops[:-1]}), 1)
 
 
 MALFORMED = {
@@ -184,3 +197,108 @@ async def test_a_lease_with_a_bad_ttl_draws_no_token(
         await bus.close()
     async with admin(redis_server) as reader:
         assert await reader.client.exists(lease, fence) == 0
+
+
+def condition(type_: str, status: str = "True", message: str = "") -> NodeConditionRecord:
+    return NodeConditionRecord(type=type_, status=status, message=message, at=1.0)
+
+
+# (service, key, record): rows of a service's own `node:<service>` it does not own.
+FORGED = {
+    "syncloop reports a pressure": ("syncloop", "MemoryPressure", condition("MemoryPressure")),
+    "eviction reports another type": (
+        "eviction",
+        "NetworkUnavailable",
+        condition("NetworkUnavailable"),
+    ),
+    "eviction's Ready for a reason of its choosing": (
+        "eviction",
+        "Ready",
+        condition("Ready", "False", "forged"),
+    ),
+    "eviction's Ready True": ("eviction", "Ready", condition("Ready", "True")),
+    "a record keyed by another type": ("eviction", "DiskPressure", condition("Ready")),
+}
+
+
+@pytest.mark.parametrize("forged", FORGED, ids=list(FORGED))
+async def test_a_condition_its_writer_does_not_own_is_refused_and_nothing_written(
+    redis_server: RedisServer, forged: str
+) -> None:
+    service, key, record = FORGED[forged]
+    async with leader(redis_server, service) as nb:
+        table = nb.conditions
+        # An owned row first in the same call: the refusal comes before any write.
+        ops = [
+            _Op.hset(
+                table.key, "Ready", condition("Ready", "False", "node is shutting down").encode()
+            ),
+            _Op.xadd(nb.events.key, 100, event("before").encode()),
+            _Op.hset(table.key, key, record.encode()),
+        ]
+        with pytest.raises(NotOwned, match=f"node:{service}"):
+            await nb.bus.write(ops)
+        with pytest.raises(NotOwned):
+            await table.put(key, record)
+        assert not nb.bus._fence.lost.is_set()  # type: ignore[union-attr]
+    async with admin(redis_server) as bus:
+        assert await bus.client.hgetall(bus.key(f"node:{service}")) == {}
+        assert await bus.client.xlen(bus.key(f"events:{service}")) == 0
+
+
+@pytest.mark.parametrize(
+    ("service", "owned"),
+    [
+        ("syncloop", [condition("Ready", "False", "PLEG is not healthy")]),
+        (
+            "eviction",
+            [
+                condition("MemoryPressure"),
+                condition("DiskPressure", "False"),
+                condition("PIDPressure", "False"),
+                condition("Ready", "False", "node is shutting down"),
+            ],
+        ),
+    ],
+)
+async def test_the_conditions_a_writer_owns_are_written(
+    redis_server: RedisServer, service: str, owned: list[NodeConditionRecord]
+) -> None:
+    async with leader(redis_server, service) as nb:
+        for record in owned:
+            await nb.conditions.put(record.type, record)
+        await nb.conditions.delete("Ready")
+    async with admin(redis_server) as bus:
+        rows = await bus.client.hgetall(bus.key(f"node:{service}"))
+    assert set(rows) == {r.type for r in owned} - {"Ready"}
+
+
+def history_entry() -> HistoryEntry:
+    return HistoryEntry(
+        at=1.0, source="kubelet", what="event", type="Normal", reason="Test", message="m"
+    )
+
+
+async def test_a_history_append_without_its_expiry_is_refused(
+    redis_server: RedisServer,
+) -> None:
+    async with leader(redis_server, "status-reporter") as nb:
+        stream = nb.history_of("some-uid", maxlen=10)
+        other = nb.history_of("other-uid", maxlen=10)
+        entry = history_entry().encode()
+        for ops in (
+            [_Op.xadd(stream.key, 10, entry)],
+            # Another history's expiry does not stand for this one's.
+            [_Op.xadd(stream.key, 10, entry), _Op.pexpire(other.key, 60_000)],
+        ):
+            with pytest.raises(BadWrite, match="without its expiry"):
+                await nb.bus.write(ops)
+        async with admin(redis_server) as bus:
+            assert await bus.client.exists(stream.key, other.key) == 0
+        # With its expiry, as the history keeper writes it.
+        async with nb.bus.transaction() as tx:
+            tx.publish(stream, history_entry())
+            tx.expire(stream, 60_000)
+    async with admin(redis_server) as bus:
+        assert await bus.client.xlen(stream.key) == 1
+        assert 0 < await bus.client.pttl(stream.key) <= 60_000

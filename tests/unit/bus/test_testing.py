@@ -9,7 +9,9 @@ a second replica takes the lease only once it expired; `NodeBus.of` a fake bus i
 NodeBus of fakes; entries and rows planted synchronously (a corrupt entry too) are read as
 published ones, and every call is logged by name and every acknowledgement by id; errors
 injected for the next calls are raised one each, by a blocked read first; several
-services' Events streams read as one wake on whichever grows and ack into their own.
+services' Events streams read as one wake on whichever grows and ack into their own;
+a node condition its writer does not own, and an append to a pod's history without its
+expiry, are refused with nothing written, as the fenced-write function refuses them.
 """
 
 from __future__ import annotations
@@ -17,9 +19,15 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-from klet.bus import BusUnavailable, Fenced, LeaseLapsed, NodeBus
+from klet.bus import BadWrite, BusUnavailable, Fenced, LeaseLapsed, NodeBus, NotOwned
 from klet.bus.testing import FakeBus, FakeStream
-from klet.model.records import EventRecord, NodeConditionRecord, PodChange, SourceState
+from klet.model.records import (
+    EventRecord,
+    HistoryEntry,
+    NodeConditionRecord,
+    PodChange,
+    SourceState,
+)
 from klet.model.types import PodUID
 
 
@@ -214,3 +222,38 @@ async def test_merged_streams_wake_on_any_and_ack_into_their_own() -> None:
     await feed.ack("g", entry.id)
     assert eviction.pending("g") == []
     assert await feed.read("g", "c", block_ms=1) == []
+
+
+async def test_what_its_writer_does_not_own_is_refused_as_the_function_refuses_it() -> None:
+    bus = FakeBus("n1")
+    eviction = NodeBus.of(bus, service="eviction").conditions
+    syncloop = NodeBus.of(bus, service="syncloop").conditions
+    shutdown = NodeConditionRecord(
+        type="Ready", status="False", at=1.0, message="node is shutting down"
+    )
+    await eviction.put("MemoryPressure", NodeConditionRecord("MemoryPressure", "True", 1.0))
+    await eviction.put("Ready", shutdown)
+    await syncloop.put("Ready", NodeConditionRecord("Ready", "False", 1.0, message="PLEG"))
+    for table, key, record in (
+        (syncloop, "MemoryPressure", NodeConditionRecord("MemoryPressure", "True", 2.0)),
+        (eviction, "Ready", NodeConditionRecord("Ready", "False", 2.0, message="forged")),
+        (eviction, "NetworkUnavailable", NodeConditionRecord("NetworkUnavailable", "True", 2.0)),
+        (eviction, "DiskPressure", NodeConditionRecord("MemoryPressure", "True", 2.0)),
+    ):
+        with pytest.raises(NotOwned):
+            await table.put(key, record)
+    assert set(bus.rows(eviction)) == {"MemoryPressure", "Ready"}
+    assert set(bus.rows(syncloop)) == {"Ready"}
+
+    history = NodeBus.of(bus, service="status-reporter").history_of("uid-1")
+    entry = HistoryEntry(
+        at=1.0, source="kubelet", what="event", type="Normal", reason="R", message="m"
+    )
+    with pytest.raises(BadWrite, match="without its expiry"):
+        async with bus.transaction() as tx:
+            tx.publish(history, entry)
+    assert bus.entries(history) == []
+    async with bus.transaction() as tx:
+        tx.publish(history, entry)
+        tx.expire(history, 60_000)
+    assert bus.entries(history) == [entry]

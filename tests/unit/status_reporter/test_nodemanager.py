@@ -241,7 +241,10 @@ async def test_a_changed_contribution_brings_the_update_forward() -> None:
     w = World()
     w.manager._policy = NodeStatusPolicy(update_frequency_s=3600.0, contribution_poll_s=0.01)
     eviction = NodeBus.of(w.bus, service="eviction").conditions
-    await eviction.put("Ready", NodeConditionRecord(type="Ready", status="True", at=1.0))
+    # eviction owns its pressures, and Ready only as the shutdown's False (the bus
+    # refuses any other Ready of eviction's).
+    pressure = "MemoryPressure"
+    await eviction.put(pressure, NodeConditionRecord(type=pressure, status="False", at=1.0))
     task = asyncio.create_task(w.manager.run())
     try:
         for _ in range(500):
@@ -250,7 +253,7 @@ async def test_a_changed_contribution_brings_the_update_forward() -> None:
             await asyncio.sleep(0.01)
         assert w.ready()["status"] == "True"
         patches = w.kube.count("PATCH")
-        await eviction.put("Ready", NodeConditionRecord(type="Ready", status="True", at=2.0))
+        await eviction.put(pressure, NodeConditionRecord(type=pressure, status="False", at=2.0))
         await asyncio.sleep(0.1)
         assert w.kube.count("PATCH") == patches  # only `at` moved: no update
         await eviction.put(

@@ -32,7 +32,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from klet.bus.functions import FUNCTIONS
+from klet.bus.functions import CONDITION_TYPES, FUNCTIONS
 
 SERVICES = ("pod-source", "syncloop", "status-reporter", "eviction", "image-gc")
 
@@ -116,16 +116,11 @@ class ServiceAccess:
         return tuple(g for g in grants if g.keys)
 
 
-CONDITION_TYPES: Mapping[str, frozenset[str]] = {
-    "syncloop": frozenset({"Ready"}),
-    "eviction": frozenset({"MemoryPressure", "DiskPressure", "PIDPressure", "Ready"}),
-}
-"""The node condition types each service may contribute, in its own `node:<service>`:
-syncloop's Ready (False while PLEG is unhealthy); eviction's pressures, and Ready
-(False while the node shuts down, and nothing else: klet.bus.schema checks its
-message). Redis cannot tell one hash field from another in a grant, so the readers
-enforce it (klet.bus.schema.NodeConditions): a row of any other type, or whose record
-names another type than its key, is left out."""
+# CONDITION_TYPES (klet.bus.functions, which the library's text is built from): the
+# node condition types each service may contribute in its own `node:<service>`. Redis
+# cannot tell one hash field from another in a grant, so the fenced write refuses any
+# other row before writing, and the readers (klet.bus.schema.NodeConditions) leave one
+# out, for a row written with the direct HSET the grant also allows.
 
 CONDITION_WRITERS = tuple(CONDITION_TYPES)
 """The services that contribute node conditions, each to its own `node:<service>`."""

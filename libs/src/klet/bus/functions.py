@@ -33,6 +33,17 @@ renewing a lease check their TTL the same way before drawing a token. One
 service's largest legitimate write is pod-source's reconcile of every pod of the node
 (two ops a pod, a few KiB each), far below the caps.
 
+What each writer owns, beyond its keys. Redis grants a key, not a hash field, so a
+service's grant on its own `node:<service>` table would let it write any condition
+type there (eviction `Ready=False` for a reason of its choosing). The fenced write
+therefore refuses, before its first write, a row of `node:<service>` that is not one of
+`CONDITION_TYPES[service]`, whose record does not name the type it is keyed by, or
+(eviction's Ready) that is not the graceful shutdown's `False` (`KLETOWN ...`, raised as
+`NotOwned`). And an append to a pod's history (`history:<uid>`, the only keys a glob
+grants) must carry that stream's expiry in the same call, so no history key the
+function writes lives without end. The readers check the conditions again
+(klet.bus.schema.NodeConditions), since the direct commands stay granted (below).
+
 What a function cannot do: act beyond the caller's ACL. Redis checks every `redis.call`
 inside a function against the calling user's grants, so a user without XADD cannot
 XADD through a function either (tests/integration/test_bus_caps.py shows it), and the
@@ -46,7 +57,11 @@ This module is pure text (no `redis` import): the ACL grants and the loaders sha
 from __future__ import annotations
 
 import hashlib
+import json
+from collections.abc import Mapping
 from string import Template
+
+from klet.model.node import NODE_SHUTTING_DOWN
 
 MAX_WRITE_OPS = 5000
 """Writes (HSET, HDEL, XADD, PEXPIRE) in one fenced-write call."""
@@ -73,6 +88,54 @@ CAP_PREFIX = "KLETCAP"
 """The error code of a call refused by a cap (`KLETCAP <cap name> <why>`)."""
 BAD_ARGUMENT_PREFIX = "KLETARG"
 """The error code of a malformed call (`KLETARG <why>`)."""
+NOT_OWNED_PREFIX = "KLETOWN"
+"""The error code of a write of something its writer does not own (`KLETOWN <why>`)."""
+
+CONDITION_TYPES: Mapping[str, frozenset[str]] = {
+    "syncloop": frozenset({"Ready"}),
+    "eviction": frozenset({"MemoryPressure", "DiskPressure", "PIDPressure", "Ready"}),
+}
+"""The node condition types each service may contribute, in its own `node:<service>`:
+syncloop's Ready (False while PLEG is unhealthy); eviction's pressures, and Ready
+(False while the node shuts down, and nothing else: `CONDITION_FIXED`). The fenced
+write refuses any other row, and the readers leave one out (klet.bus.schema)."""
+
+CONDITION_FIXED: Mapping[tuple[str, str], tuple[str, str]] = {
+    ("eviction", "Ready"): ("False", NODE_SHUTTING_DOWN),
+}
+"""(service, type) -> the only (status, message) that service may give that type."""
+
+JOURNAL_PREFIX = "history:"
+"""Streams (one per pod, under a key glob) whose every append must carry their expiry."""
+
+
+def _lua(value: str) -> str:
+    """A Lua string literal of `value` (JSON's escapes are Lua's for these strings)."""
+    return json.dumps(value, ensure_ascii=True)
+
+
+def _lua_conditions() -> str:
+    """CONDITION_TYPES and CONDITION_FIXED as a Lua table: service -> type -> true, or
+    {status, message} where the type is fixed."""
+    services = []
+    for service, types in sorted(CONDITION_TYPES.items()):
+        rows = []
+        for type_ in sorted(types):
+            fixed = CONDITION_FIXED.get((service, type_))
+            rule = "true" if fixed is None else f"{{{_lua(fixed[0])}, {_lua(fixed[1])}}}"
+            rows.append(f"[{_lua(type_)}] = {rule}")
+        services.append(f"[{_lua(service)}] = {{{', '.join(rows)}}}")
+    return "{" + ", ".join(services) + "}"
+
+
+def _lua_condition_names() -> str:
+    """Each service's condition types, listed for an error message."""
+    rows = (
+        f"[{_lua(service)}] = {_lua(', '.join(sorted(types)))}"
+        for service, types in sorted(CONDITION_TYPES.items())
+    )
+    return "{" + ", ".join(rows) + "}"
+
 
 # Every function takes the lease (or stream) keys in KEYS and its values in ARGV, the
 # calling convention of FCALL. Replies starting FENCED or LAPSED are fencing verdicts
@@ -99,6 +162,14 @@ local function bad(why)
   return redis.error_reply('KLETARG ' .. why)
 end
 
+local function not_owned(why)
+  return redis.error_reply('KLETOWN ' .. why)
+end
+
+-- Each condition writer's types in its own node:<service> (klet.bus.functions).
+local conditions = $CONDITIONS
+local condition_names = $CONDITION_NAMES
+
 -- A quoted, shortened argument for an error message.
 local function shown(s)
   if #s > 40 then
@@ -117,6 +188,40 @@ end
 
 -- Every argument and every cap, before anything is read or written; an error reply or
 -- nil. The work done here is itself bounded: the argument count is checked first.
+-- A pod's history (klet:<node>:history:<uid>): each append carries its expiry.
+local function journal(key)
+  return string.match(key, '^klet:[^:]+:$JOURNAL_PREFIX') ~= nil
+end
+
+-- A row of klet:<node>:node:<service> is a condition that service owns, keyed by its
+-- type, and (where the type is fixed) the one status and message it may give it; an
+-- error reply or nil. Any other key is not a condition table.
+local function check_condition(key, field, value)
+  local service = string.match(key, '^klet:[^:]+:node:(.+)$$')
+  if not service then
+    return nil
+  end
+  local owned = conditions[service]
+  if not owned then
+    return not_owned('node:' .. service .. ' holds no conditions')
+  end
+  if not owned[field] then
+    return not_owned('node:' .. service .. ' holds only ' .. condition_names[service]
+      .. ' conditions, not ' .. shown(field))
+  end
+  local rule = owned[field]
+  local ok, record = pcall(cjson.decode, value)
+  if not ok or type(record) ~= 'table' or record['type'] ~= field then
+    return not_owned('node:' .. service .. ' row ' .. shown(field)
+      .. ' is not a condition record of that type')
+  end
+  if rule ~= true and (record['status'] ~= rule[1] or record['message'] ~= rule[2]) then
+    return not_owned('node:' .. service .. ' may set ' .. field .. ' only to ' .. rule[1]
+      .. ' ' .. shown(rule[2]))
+  end
+  return nil
+end
+
 local function check_write(keys, argv)
   if #argv - 1 > 4 * $MAX_WRITE_OPS or #keys - 1 > $MAX_WRITE_OPS then
     return cap('MAX_WRITE_OPS', #argv .. ' arguments are more than $MAX_WRITE_OPS writes')
@@ -135,6 +240,7 @@ local function check_write(keys, argv)
     return bad('a fenced write needs the lease key and value')
   end
   local ops, i = 0, 2
+  local appended, expired = {}, {}
   while i <= #argv do
     local verb = argv[i]
     local w = width[verb]
@@ -173,11 +279,33 @@ local function check_write(keys, argv)
       return cap('MAX_VALUE_BYTES', 'a table value of ' .. #argv[i + 3]
         .. ' bytes, at most $MAX_VALUE_BYTES')
     end
+    if verb == 'xadd' and journal(keys[k]) then
+      appended[k] = i
+    elseif verb == 'pexpire' then
+      expired[k] = true
+    end
     ops = ops + 1
     i = i + w
   end
   if ops > $MAX_WRITE_OPS then
     return cap('MAX_WRITE_OPS', ops .. ' writes in one call, at most $MAX_WRITE_OPS')
+  end
+  for k, at in pairs(appended) do
+    if not expired[k] then
+      return bad('xadd at argument ' .. at .. ' appends to ' .. keys[k]
+        .. ' without its expiry (a pexpire of it in the same call)')
+    end
+  end
+  -- What the writer owns, once the whole call is known to be well formed.
+  i = 2
+  while i <= #argv do
+    if argv[i] == 'hset' then
+      local refused = check_condition(keys[tonumber(argv[i + 1])], argv[i + 2], argv[i + 3])
+      if refused then
+        return refused
+      end
+    end
+    i = i + width[argv[i]]
   end
   return nil
 end
@@ -312,7 +440,12 @@ local function forget_consumers(keys, argv)
   end
   return removed
 end
-""").substitute({name: str(value) for name, value in CAPS.items()})
+""").substitute(
+    {name: str(value) for name, value in CAPS.items()},
+    CONDITIONS=_lua_conditions(),
+    CONDITION_NAMES=_lua_condition_names(),
+    JOURNAL_PREFIX=JOURNAL_PREFIX,
+)
 
 _ROLES = ("fenced_write", "lease_renew", "lease_acquire", "lease_release", "forget_consumers")
 

@@ -105,6 +105,11 @@ class BadWrite(BusError):
     integer, an op without its arguments): nothing was written."""
 
 
+class NotOwned(BadWrite):
+    """A write of something its writer does not own (a node condition type another
+    service reports, a condition record keyed by another type): nothing was written."""
+
+
 def _refusal(err: ResponseError) -> BusError | None:
     """Our exception for the fenced write's own refusals, None for any other error."""
     text = str(err)
@@ -113,6 +118,8 @@ def _refusal(err: ResponseError) -> BusError | None:
         return WriteTooLarge(cap, f"bus write refused by the cap {cap}: {text}")
     if text.startswith(functions.BAD_ARGUMENT_PREFIX + " "):
         return BadWrite(f"bus write refused: {text}")
+    if text.startswith(functions.NOT_OWNED_PREFIX + " "):
+        return NotOwned(f"bus write refused, not the writer's to write: {text}")
     return None
 
 

@@ -6,11 +6,12 @@ Each service appends its Events to its own `events:<service>` stream (status-rep
 reads them all as one, `event_feed`) and writes its node conditions to its own
 `node:<service>` table, keyed by condition type (readers see them all through `node`,
 keyed `<service>:<type>` as before). A service's own key is not yet a limit on what it
-says there: `node` gives its readers only the condition types each service owns
-(klet.bus.acl.CONDITION_TYPES), and eviction's Ready only as the graceful shutdown's
-("False", "node is shutting down"), so eviction cannot mark the node not Ready for a
-reason of its choosing through a row its grants let it write, nor syncloop report a
-pressure.
+says there: the fenced write refuses a row of a type its service does not own
+(klet.bus.functions.CONDITION_TYPES), but the direct HSET the same grant allows does
+not, so `node` also gives its readers only the condition types each service owns, and
+eviction's Ready only as the graceful shutdown's ("False", "node is shutting down"):
+eviction cannot mark the node not Ready for a reason of its choosing through a row its
+grants let it write, nor syncloop report a pressure.
 """
 
 from __future__ import annotations

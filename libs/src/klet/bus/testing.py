@@ -9,8 +9,11 @@ fencing tokens. Writes go through the real `Table.put`/`Stream.publish`/`Transac
 code into `FakeBus.write`, which applies them atomically and, on a leader bus, fences
 them by its lease as the fenced-write function does (`Fenced`, `LeaseLapsed`), and
 refuses a call of more writes than the function takes (`WriteTooLarge`,
-klet.bus.functions.MAX_WRITE_OPS), so a writer that would exceed it fails its unit
-tests as it would fail on Redis. `writes` lists the number of writes of each call.
+klet.bus.functions.MAX_WRITE_OPS), a node condition row its writer does not own
+(`NotOwned`, klet.bus.functions.CONDITION_TYPES) and an append to a pod's history
+without its expiry (`BadWrite`), so a writer that would break one of these rules fails
+its unit tests as it would fail on Redis. `writes` lists the number of writes of each
+call.
 
 `FakeSlotFile` is one leader slot file shared by replicas (`klet.bus.leaderslot`); each
 replica's `FakeLeaderSlot` claims, probes and releases it as the real lock file behaves,
@@ -29,19 +32,27 @@ BLOCK do.
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import redis.asyncio as aioredis
-from klet.bus.functions import MAX_WRITE_OPS
+from klet.bus.functions import (
+    CONDITION_FIXED,
+    CONDITION_TYPES,
+    JOURNAL_PREFIX,
+    MAX_WRITE_OPS,
+)
 from klet.bus.leaderslot import SlotView
 from klet.bus.redisbus import (
+    BadWrite,
     Bus,
     BusError,
     Entry,
     Lease,
     MergedStream,
+    NotOwned,
     R,
     Stream,
     Table,
@@ -143,6 +154,7 @@ class FakeBus(Bus):
             raise WriteTooLarge(
                 "MAX_WRITE_OPS", f"{len(ops)} writes in one call, at most {MAX_WRITE_OPS}"
             )
+        self._check_owned(ops)
         if self._fence is not None:
             value = self._fence.current_value()
             if value is None:
@@ -154,6 +166,30 @@ class FakeBus(Bus):
                 raise self._fence.fenced("another replica holds the lease")
         self.writes.append(len(ops))
         return [self._apply(op) for op in ops]
+
+    def _check_owned(self, ops: Sequence[_Op]) -> None:
+        """The fenced write's rules of what a writer owns, as its Lua applies them."""
+        expired = {op.key for op in ops if op.verb == "pexpire"}
+        for op in ops:
+            if op.verb == "xadd" and op.key.startswith(self.key(JOURNAL_PREFIX)):
+                if op.key not in expired:
+                    raise BadWrite(f"bus write refused: xadd to {op.key} without its expiry")
+        for op in ops:
+            service = op.key.removeprefix(self.key("node:"))
+            if op.verb != "hset" or service == op.key:
+                continue
+            type_, raw = op.args
+            if type_ not in CONDITION_TYPES.get(service, frozenset()):
+                raise NotOwned(f"bus write refused: node:{service} does not hold {type_!r}")
+            try:
+                record = json.loads(raw)
+            except ValueError:
+                record = None
+            if not isinstance(record, dict) or record.get("type") != type_:
+                raise NotOwned(f"bus write refused: node:{service} row {type_!r} is not one")
+            fixed = CONDITION_FIXED.get((service, type_))
+            if fixed is not None and (record.get("status"), record.get("message")) != fixed:
+                raise NotOwned(f"bus write refused: node:{service} may set {type_} only {fixed}")
 
     def _apply(self, op: _Op) -> str:
         if op.verb == "hset":
