@@ -13,13 +13,19 @@ separated) and an annotation, so a test reads every kind back from inside the
 container. Like upstream's plugins it watches kubelet.sock and registers again when the
 socket is re-created (a restarted node agent clears the directory, its own socket
 included, so it serves again first). Every Allocate and PreStartContainer is recorded.
+
+`SampleDevicePlugin` runs upstream's sample device plugin (tools/deviceplugin/build.sh)
+in its plugin-watcher mode: its socket in the node's `plugins_registry/`, and with
+REGISTER_CONTROL_FILE set it never calls kubelet.sock.
 """
 
 from __future__ import annotations
 
 import asyncio
 import os
+import signal
 import stat
+import subprocess
 import threading
 from collections.abc import AsyncIterator
 from concurrent.futures import Future
@@ -230,3 +236,62 @@ def _identity(path: Path) -> tuple[int, int] | None:
     except FileNotFoundError:
         return None
     return (st.st_ino, st.st_ctime_ns)
+
+
+REPO = Path(__file__).resolve().parents[2]
+SAMPLE_BUILD_SH = REPO / "tools" / "deviceplugin" / "build.sh"
+SAMPLE_RESOURCE = "example.com/resource"
+"""The resource upstream's sample device plugin serves (devices Dev-1 and Dev-2)."""
+
+
+def sample_device_plugin_binary() -> Path:
+    """Build (when not cached) and return upstream's sample device plugin; AssertionError
+    with build.sh's stderr when it fails."""
+    res = subprocess.run(
+        ["bash", str(SAMPLE_BUILD_SH)], capture_output=True, text=True, check=False
+    )
+    assert res.returncode == 0, f"{SAMPLE_BUILD_SH} exited {res.returncode}:\n{res.stderr[-3000:]}"
+    return Path(res.stdout.splitlines()[-1])
+
+
+class SampleDevicePlugin:
+    """Upstream's sample device plugin registering through `registry` (a node's
+    `<root-dir>/plugins_registry`), its log in `work/sample-device-plugin.log`."""
+
+    def __init__(self, binary: Path, registry: Path, work: Path) -> None:
+        self.binary = binary
+        self.registry = registry
+        self.control = work / "control" / "registration"  # never removed: no kubelet.sock
+        self.log = work / "sample-device-plugin.log"
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        self.registry.mkdir(mode=0o750, parents=True, exist_ok=True)
+        self.control.parent.mkdir(parents=True, exist_ok=True)
+        env = {
+            "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+            "PLUGIN_SOCK_DIR": str(self.registry),
+            "REGISTER_CONTROL_FILE": str(self.control),
+        }
+        with self.log.open("ab") as out:
+            self.proc = subprocess.Popen(
+                [str(self.binary)], env=env, stdout=out, stderr=subprocess.STDOUT
+            )
+
+    def sockets(self) -> list[Path]:
+        """Its registration sockets in the registry (`dp.<unix time>`)."""
+        return sorted(self.registry.glob("dp.*"))
+
+    def logged(self) -> str:
+        return self.log.read_text(errors="replace")
+
+    def stop(self) -> None:
+        """SIGTERM, as a DaemonSet's pod gets: the plugin removes its socket and exits."""
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            self.proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait(timeout=10)

@@ -25,6 +25,15 @@ kubelet_pod_resources_endpoint_requests_total counts the calls let through; afte
 SIGKILL the restarted leader serves the same answer on a new socket; an unhealthy
 device, then the plugin gone, leave 1, then 0 allocatable devices while the pod keeps
 its device in List.
+
+Upstream's sample device plugin (k8s.io/kubernetes v1.34.4 test/images/sample-device-plugin,
+built by tools/deviceplugin/build.sh) in its plugin-watcher mode: its socket in
+`<root-dir>/plugins_registry/`, no Register on kubelet.sock. The watcher's GetInfo finds a
+`DevicePlugin` for `example.com/resource`, the bus shows its two healthy devices, the
+plugin logs no refusal and never registered on kubelet.sock; a pod asking one runs with
+the device file its Allocate mounted; syncloop SIGKILLed and restarted takes the plugin
+back from the socket that stayed (same container, no restart); SIGTERM to the plugin
+(its socket removed) leaves the resource disconnected with nothing healthy.
 """
 
 from __future__ import annotations
@@ -44,7 +53,12 @@ from klet.rpc.gen.klet.podresources.v1 import api_pb2 as prpb
 from klet.rpc.gen.klet.podresources.v1 import api_pb2_grpc as prpb_grpc
 from klet.syncloop.devices.checkpoint import decode
 
-from tests.harness.deviceplugin import FakeDevicePlugin
+from tests.harness.deviceplugin import (
+    SAMPLE_RESOURCE,
+    FakeDevicePlugin,
+    SampleDevicePlugin,
+    sample_device_plugin_binary,
+)
 from tests.harness.node import KletNode, bus_events, container_status
 from tests.harness.pods import running, runtime_containers, runtime_sandboxes
 from tests.harness.waiting import wait_for
@@ -100,8 +114,8 @@ def devices(node: KletNode) -> dict[str, DeviceResourceRecord]:
     return asyncio.run(read())
 
 
-def counts(node: KletNode) -> tuple[int, int, bool] | None:
-    rec = devices(node).get(RESOURCE)
+def counts(node: KletNode, resource: str = RESOURCE) -> tuple[int, int, bool] | None:
+    rec = devices(node).get(resource)
     return None if rec is None else (rec.healthy, rec.unhealthy, rec.connected)
 
 
@@ -322,5 +336,69 @@ def test_device_plugin_allocation_admission_and_restart(
         wait_for(lambda: counts(node) == (0, 2, False), timeout_s=30, what="plugin gone")
         assert api.allocatable() == CPUS
         assert api.list() == both  # the running container keeps its device
+    finally:
+        plugin.stop()
+
+
+SAMPLE_POD = """
+apiVersion: v1
+kind: Pod
+metadata: {name: sample}
+spec:
+  terminationGracePeriodSeconds: 1
+  containers:
+    - name: main
+      image: registry.klet.test/busybox:1.36
+      command: ["sleep", "100000"]
+      resources:
+        limits: {example.com/resource: "1"}
+"""
+
+
+def test_upstreams_sample_device_plugin_registers_through_the_plugin_watcher(
+    node_factory: Any, manifests: Path, tmp_path: Path
+) -> None:
+    binary = sample_device_plugin_binary()
+    node: KletNode = node_factory(manifest_dir=manifests)
+    node.start()
+    plugin = SampleDevicePlugin(binary, node.root_dir / "plugins_registry", tmp_path)
+    plugin.start()
+    try:
+        wait_for(
+            lambda: counts(node, SAMPLE_RESOURCE) == (2, 0, True),
+            timeout_s=60,
+            what="the sample plugin's 2 healthy devices",
+        )
+        (sock,) = plugin.sockets()
+        log = plugin.logged()
+        assert "GetInfo" in log and "Registration failed" not in log, log
+        assert "Device Plugin registered with the Kubelet" not in log  # not via kubelet.sock
+
+        (manifests / "sample.yaml").write_text(SAMPLE_POD)
+        pod = wait_for(lambda: running(node, "sample"), timeout_s=60, what="sample Running")
+        # The sample plugin's Allocate mounts a file /tmp/<device ID> of the host.
+        mounted = exec_in(node, pod, "main", "ls", "/tmp").split()
+        assert len([f for f in mounted if f in ("Dev-1", "Dev-2")]) == 1, mounted
+
+        # syncloop SIGKILLed: its first scan of plugins_registry takes the plugin back.
+        before = container_status(pod, "main")
+        node.kill("syncloop")
+        node.start("syncloop")
+        node.wait_passes("syncloop", "kubelet_pleg_relist_duration_seconds_count", 3, timeout_s=60)
+        wait_for(
+            lambda: counts(node, SAMPLE_RESOURCE) == (2, 0, True),
+            timeout_s=30,
+            what="the sample plugin back after the restart",
+        )
+        after = container_status(node.pods()[f"sample-{node.node_name}"], "main")
+        assert (after["containerID"], after["restartCount"]) == (before["containerID"], 0)
+        assert plugin.sockets() == [sock]
+
+        plugin.stop()  # SIGTERM: the plugin removes its socket
+        wait_for(
+            lambda: counts(node, SAMPLE_RESOURCE) == (0, 2, False),
+            timeout_s=30,
+            what="the sample plugin withdrawn",
+        )
     finally:
         plugin.stop()
