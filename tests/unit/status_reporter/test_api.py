@@ -1,5 +1,6 @@
 """The read-only and healthz HTTP apps, in-process through httpx.ASGITransport: the
-PodList served from the view (also while the bus is down), /healthz, /metrics (with
+PodList served from the view (also while the bus is down; one encoding per change of
+the view, shared with the kubelet API's /pods), /healthz, /metrics (with
 the node's own series and the services' scrape failures), /metrics/probes,
 /metrics/cadvisor (served only with the kubelet API's CRI client), and the listeners
 build_deps derives from the settings."""
@@ -17,9 +18,18 @@ import pytest
 from fastapi import FastAPI
 from klet.bus import BusUnavailable, NodeBus
 from klet.bus.testing import FakeBus
-from klet.config import RedisAuth
+from klet.config import KletSettings, RedisAuth
+from klet.config import Settings as KletSettingsRoot
+from klet.config.kubelet import KubeletAuthorization, KubeletConfiguration
+from klet.model.types import JSON
 from klet.obs import ServicePort
+from klet.status_reporter import listing
 from klet.status_reporter.api import create_app, create_healthz_app
+from klet.status_reporter.kubeletapi import build_kubelet_api_deps
+from klet.status_reporter.kubeletapi.app import create_app as create_kubelet_api
+from klet.status_reporter.kubeletapi.testing import FakeRuntime
+from klet.status_reporter.metrics import Metrics
+from klet.status_reporter.podcache import PodCache
 from klet.status_reporter.testing import desired_record, make_pod, status_record
 from klet.status_reporter.wiring import DEFAULT_SERVICE_PORT, Deps, Listener, Overrides, build_deps
 from prometheus_client import CollectorRegistry
@@ -193,3 +203,50 @@ async def test_metrics_cadvisor_only_with_the_kubelet_api(fakes: Fakes) -> None:
         assert (resp.status_code, resp.text) == (200, "container_scrape_error 0.0\n")
         assert resp.headers["content-type"].startswith("text/plain; version=")
         assert page.scrapes == 1
+
+
+async def test_pods_on_both_ports_serves_one_encoding_per_change(fakes: Fakes) -> None:
+    # The read-only port and the kubelet API answer /pods from the same pod cache; the
+    # PodList is encoded once per change of the view, not once per request (issue 42).
+    encodes: list[int] = []
+
+    def encode(pod_list: JSON) -> bytes:
+        encodes.append(len(pod_list["items"]))
+        return listing.encode_pod_list(pod_list)
+
+    web = make_pod("web")
+    fakes.bus.seed(fakes.desired, "uid-web", desired_record(web))
+    cache = PodCache(
+        desired=fakes.desired,
+        status=fakes.status,
+        feed=fakes.feed,
+        metrics=Metrics(CollectorRegistry()),
+        encode=encode,
+    )
+    await cache.reload()
+    read_only = create_app(dataclasses.replace(fakes.deps(), pods=cache))
+    settings = KletSettingsRoot(
+        kubelet=KubeletConfiguration(authorization=KubeletAuthorization(mode="AlwaysAllow")),
+        klet=KletSettings(service="status-reporter", node_name="node1"),
+    )
+    api_deps = build_kubelet_api_deps(
+        settings, pods=cache, runtime=FakeRuntime(), registry=CollectorRegistry(), apiserver=None
+    )
+    async with (
+        client_for(read_only) as ro,
+        client_for(create_kubelet_api(api_deps)) as secure,
+    ):
+        answers = [await c.get("/pods") for _ in range(5) for c in (ro, secure)]
+        assert encodes == [1]
+        assert {(a.status_code, a.headers["content-type"], a.content) for a in answers} == {
+            (200, "application/json", cache.pod_list_json())
+        }
+        assert [i["metadata"]["name"] for i in answers[0].json()["items"]] == ["web"]
+
+        db = make_pod("db", namespace="prod")
+        fakes.bus.seed(fakes.desired, "uid-db", desired_record(db))
+        await cache.reload()  # the view changed: the next request encodes it, once
+        after = [await c.get("/pods") for _ in range(5) for c in (secure, ro)]
+        assert encodes == [1, 2]
+        assert {a.content for a in after} == {cache.pod_list_json()}
+        assert [i["metadata"]["name"] for i in after[0].json()["items"]] == ["web", "db"]

@@ -3,11 +3,13 @@ with statuses, stream entries refresh one pod (malformed ones are skipped; a bat
 at once is fetched in one read per table and the listeners are told once), the stream
 is tailed from its newest entry with no consumer group so every replica sees every
 entry, stale versions never replace newer ones, removed pods stay until their status is
-terminal, and a bus outage keeps the last view, is logged once and heals."""
+terminal, a bus outage keeps the last view, is logged once and heals, and the PodList
+is built and encoded once per change of the view, whatever the number of readers."""
 
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -17,10 +19,12 @@ from klet.bus import BusUnavailable
 from klet.bus.testing import FakeBus, FakeStream, FakeTable
 from klet.model.records import DesiredPod, PodStatusChange, PodStatusRecord
 from klet.model.types import JSON
+from klet.status_reporter import listing
 from klet.status_reporter.metrics import Metrics
 from klet.status_reporter.podcache import CachePolicy, PodCache
 from klet.status_reporter.testing import desired_record, make_pod, status_record
 from prometheus_client import CollectorRegistry
+from starlette.responses import JSONResponse
 
 FAST = CachePolicy(
     reload_interval_s=0.05,
@@ -333,3 +337,52 @@ async def test_the_view_settles_when_loaded_or_when_the_bus_fails_first() -> Non
     finally:
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
+
+
+class CountingEncoder:
+    """listing.encode_pod_list, counting its calls."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def __call__(self, pod_list: JSON) -> bytes:
+        self.calls += 1
+        return listing.encode_pod_list(pod_list)
+
+
+async def test_the_pod_list_is_encoded_once_per_change_not_per_reader() -> None:
+    w = World()
+    encode = CountingEncoder()
+    cache = PodCache(
+        desired=w.desired,
+        status=w.status,
+        feed=w.feed,
+        metrics=Metrics(CollectorRegistry()),
+        policy=FAST,
+        encode=encode,
+    )
+    w.want(WEB)
+    w.want(DB)
+    w.report(WEB, version=1)
+    await cache.reload()
+    assert encode.calls == 0  # nobody read it yet: nothing encoded
+    bodies = {cache.pod_list_json() for _ in range(10)}
+    assert encode.calls == 1
+    (body,) = bodies
+    assert body == JSONResponse(cache.pod_list()).body  # what /pods served before
+    assert cache.pod_list() is cache.pod_list()  # built once, shared too
+
+    assert await cache.consume_once() == 0  # takes the cursor
+    w.report(WEB, version=2, phase="Failed")
+    assert await cache.consume_once() == 1  # a change: the next reader encodes, once
+    assert encode.calls == 1
+    after = [cache.pod_list_json() for _ in range(10)]
+    assert encode.calls == 2
+    assert after == [after[0]] * 10 and after[0] != body
+    phases = {i["metadata"]["name"]: i["status"]["phase"] for i in json.loads(after[0])["items"]}
+    assert phases == {"db": "Pending", "web": "Failed"}
+
+    await cache.reload()  # a reload is a change as well (it may have brought anything)
+    cache.pod_list_json()
+    cache.pod_list_json()
+    assert encode.calls == 3

@@ -1,7 +1,8 @@
 """The kubelet's unauthenticated HTTP endpoints, as ASGI app factories (`klet.obs.get_app`).
 
 - `create_app`: the read-only API (upstream `readOnlyPort`, off by default):
-  `GET /pods` (the node's pods as a v1 PodList, each with its latest computed status),
+  `GET /pods` (the node's pods as a v1 PodList, each with its latest computed status,
+  served as the view encoded it once per change: podcache.py),
   `GET /healthz`, `GET /metrics` (every service's kubelet metrics: nodemetrics.py),
   `GET /metrics/probes` (the prober's, apart as upstream serves them) and
   `GET /metrics/cadvisor` (containermetrics.py: through the kubelet API's CRI client,
@@ -22,21 +23,40 @@ process about 20 MB resident, which only the kubelet API on --port (kubeletapi) 
 
 from __future__ import annotations
 
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 from klet.model.types import JSON
 from klet.obs import CONTENT_TYPE, get_app
+from klet.status_reporter import listing
 from klet.status_reporter.nodemetrics import LocalMetrics
 from prometheus_client import CollectorRegistry
 from starlette.applications import Starlette
 from starlette.requests import Request
-from starlette.responses import JSONResponse, PlainTextResponse, Response
+from starlette.responses import PlainTextResponse, Response
+
+JSON_MEDIA_TYPE = "application/json"
 
 
+@runtime_checkable
 class PodView(Protocol):
-    """What the HTTP API reads: the current PodList."""
+    """What the HTTP API reads: the current PodList, already encoded."""
+
+    def pod_list_json(self) -> bytes: ...
+
+
+class ListingView(Protocol):
+    """A view that gives the PodList, encoded or not (the kubelet API's `pods`)."""
 
     def pod_list(self) -> JSON: ...
+
+
+def pod_list_body(view: ListingView) -> bytes:
+    """The `/pods` body from `view`: the encoding it keeps when it keeps one (the pod
+    cache: once per change, shared by this port and the kubelet API), else its PodList
+    encoded now, the same bytes (listing.encode_pod_list)."""
+    if isinstance(view, PodView):
+        return view.pod_list_json()
+    return listing.encode_pod_list(view.pod_list())
 
 
 class ApiDeps(Protocol):
@@ -77,7 +97,8 @@ def create_app(deps: ApiDeps) -> Starlette:
     """The kubelet read-only API app over `deps.pods` and `deps.registry`."""
 
     async def pods(_request: Request) -> Response:
-        return JSONResponse(deps.pods.pod_list())
+        # The view's kept encoding (once per change), not a JSONResponse per request.
+        return Response(deps.pods.pod_list_json(), media_type=JSON_MEDIA_TYPE)
 
     pages = deps.node_metrics if deps.node_metrics is not None else LocalMetrics(deps.registry)
 

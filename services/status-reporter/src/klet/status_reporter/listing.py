@@ -20,10 +20,14 @@ Rules, and why:
 - A listed pod whose spec we never saw (status only, e.g. after a restart of this
   service while the pod was being removed) is shown as a skeleton built from the status
   record's namespace, name and UID rather than being left out.
+- The PodList is encoded (`encode_pod_list`) the way Starlette's JSONResponse encodes
+  it, so the bytes the view keeps (podcache.py: once per change, not once per reader)
+  are the bytes either HTTP endpoint used to produce on every request.
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 
 from klet.model.records import PodStatusRecord
@@ -135,3 +139,14 @@ def pod_list(
             items.append(pod_item(pod, record))
     items.sort(key=_sort_key)
     return {"kind": "PodList", "apiVersion": "v1", "metadata": {}, "items": items}
+
+
+def encode_pod_list(pod_list: JSON) -> bytes:
+    """`pod_list` as the JSON body of a `/pods` answer: compact, UTF-8, no NaN.
+
+    The same bytes as `starlette.responses.JSONResponse(pod_list).body`, so serving the
+    kept encoding instead of a fresh JSONResponse changes nothing a reader sees.
+    """
+    return json.dumps(
+        pod_list, ensure_ascii=False, allow_nan=False, indent=None, separators=(",", ":")
+    ).encode("utf-8")

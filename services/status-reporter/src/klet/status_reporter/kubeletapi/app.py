@@ -44,6 +44,7 @@ from klet.cri.errors import NotFound as CRINotFound
 from klet.model.types import JSON
 from klet.obs import CONTENT_TYPE
 from klet.stats import StatsProvider
+from klet.status_reporter.api import JSON_MEDIA_TYPE, pod_list_body
 from klet.status_reporter.containermetrics import ContainerMetrics
 from klet.status_reporter.kubeletapi import lookup, nodelogs
 from klet.status_reporter.kubeletapi.checkpoint import CheckpointError, checkpoint
@@ -141,8 +142,9 @@ def create_app(deps: KubeletApiDeps) -> FastAPI:
         return "ok"
 
     @app.get("/pods")
-    async def pods() -> JSONResponse:
-        return JSONResponse(deps.pods.pod_list())
+    async def pods() -> Response:
+        # The pod cache's kept encoding, the read-only port's bytes (api.pod_list_body).
+        return Response(pod_list_body(deps.pods), media_type=JSON_MEDIA_TYPE)
 
     @app.get("/runningpods/")
     async def running_pods() -> JSONResponse:
