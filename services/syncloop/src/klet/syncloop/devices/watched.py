@@ -1,7 +1,7 @@
 """Device plugins that register through the plugin watcher, not on kubelet.sock.
 
 Upstream's kubelet takes device plugins two ways: a Register call on
-`<root-dir>/device-plugins/kubelet.sock` (`plugins.py`), and, since 1.x, a socket in
+`<root-dir>/device-plugins/kubelet.sock` (`plugins.py`), and a socket in
 `<root-dir>/plugins_registry/` whose pluginregistration `GetInfo` answers type
 `DevicePlugin`, the resource name as the plugin's name, `v1beta1` among its versions and
 the plugin's own socket as the endpoint (none: the registration socket itself serves the
