@@ -74,6 +74,19 @@ async def test_retries_until_success_with_the_policy_delays() -> None:
     assert [str(e) for e in seen] == ["down"] * 4
 
 
+async def test_each_wait_is_told_before_it_starts() -> None:
+    sleeps, told = Sleeps(), list[tuple[str, float]]()
+    await call_retrying(
+        Flaky(2, ConnectionError("down")),
+        BackoffPolicy(0.5, 3.0),
+        on=ConnectionError,
+        before_wait=lambda err, wait: told.append((str(err), wait)),
+        sleep=sleeps,
+    )
+    assert told == [("down", 0.5), ("down", 1.0)]
+    assert sleeps.delays == [0.5, 1.0]
+
+
 async def test_a_new_call_starts_over_at_the_initial_delay() -> None:
     sleeps = Sleeps()
     policy = BackoffPolicy(0.5, 3.0)
@@ -195,7 +208,6 @@ PERMITTED = {
     "services/syncloop/src/klet/syncloop/metrics.py": "histogram buckets, not a delay",
     "libs/src/klet/cli/up.py": "the supervisor's restart delay of a child process: "
     "a process restart, not a call (not yet moved, issue 43 item 3)",
-    "services/eviction/src/klet/eviction/shutdown.py": "not yet converted (issue 43 item 3)",
     "services/pod-source/src/klet/pod_source/publisher.py": "not yet converted "
     "(issue 43 item 3): RetryPolicy.delay(failures), also used by sources/api.py",
     "services/syncloop/src/klet/syncloop/admission/nodetaints.py": "not yet converted "

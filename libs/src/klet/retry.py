@@ -46,6 +46,9 @@ OnFailure = Callable[[BaseException | None], None]
 """Told of each failed attempt that will be retried (or ends the attempts): its
 exception, or None when the call returned a result that asks for a retry."""
 
+BeforeWait = Callable[[BaseException | None, float], None]
+"""Told, before each wait, of the failure (as `OnFailure`) and how long the wait is."""
+
 
 def delay_after(policy: BackoffPolicy, failures: int) -> float:
     """The wait after the `failures`-th consecutive failure (1 = the first)."""
@@ -79,6 +82,7 @@ def retrying(
     retry_result: Callable[[Any], bool] | None = None,
     attempts: int | None = None,
     on_failure: OnFailure | None = None,
+    before_wait: BeforeWait | None = None,
     sleep: Callable[[float], Awaitable[None]] | None = None,
     after_failures: int = 0,
 ) -> AsyncRetrying:
@@ -99,13 +103,18 @@ def retrying(
 
     def after(state: RetryCallState) -> None:
         if on_failure is not None and state.outcome is not None:
-            on_failure(state.outcome.exception() if state.outcome.failed else None)
+            on_failure(_failure(state))
+
+    def before_sleep(state: RetryCallState) -> None:
+        if before_wait is not None:
+            before_wait(_failure(state), state.upcoming_sleep)
 
     return AsyncRetrying(
         retry=retry,
         wait=wait_policy(policy, after_failures=after_failures),
         stop=stop_never if attempts is None else stop_after_attempt(max(1, attempts)),
         after=after,
+        before_sleep=before_sleep,
         sleep=sleep if sleep is not None else asyncio.sleep,
         retry_error_callback=_last_outcome,
         reraise=True,
@@ -120,6 +129,7 @@ async def call_retrying(
     retry_result: Callable[[T], bool] | None = None,
     attempts: int | None = None,
     on_failure: OnFailure | None = None,
+    before_wait: BeforeWait | None = None,
     sleep: Callable[[float], Awaitable[None]] | None = None,
     after_failures: int = 0,
 ) -> T:
@@ -130,6 +140,7 @@ async def call_retrying(
         retry_result=retry_result,
         attempts=attempts,
         on_failure=on_failure,
+        before_wait=before_wait,
         sleep=sleep,
         after_failures=after_failures,
     )
@@ -141,6 +152,11 @@ async def call_retrying(
 
     result: T = await policy_run(attempt)
     return result
+
+
+def _failure(state: RetryCallState) -> BaseException | None:
+    outcome = state.outcome
+    return outcome.exception() if outcome is not None and outcome.failed else None
 
 
 def _last_outcome(state: RetryCallState) -> Any:

@@ -8,15 +8,19 @@ it stays short; the lock taken at start and released after the shutdown; groups 
 lowest priority first with upstream's reason and message, the next group after the
 previous one is down or its period is over; the Ready contribution written by the leader
 only; a cancellation clears it and takes the lock again; a shutdown already under way at
-start is handled at once; the state file keeps the times across a restart.
+start is handled at once; the state file keeps the times across a restart; the root task
+retries a manager that cannot watch 1 s doubling to 30 s, starting over after a run that
+watched, and logs each changed reason once.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import cast
 
 import pytest
 from klet.eviction.manager import ActivePod
@@ -31,7 +35,9 @@ from klet.eviction.shutdown import (
     periods,
     pod_grace_s,
     requested_s,
+    supervise,
 )
+from klet.logind import LogindUnavailable
 from klet.model.node import NODE_SHUTTING_DOWN
 from klet.model.pod import SYSTEM_CRITICAL_PRIORITY
 from klet.model.records import NodeConditionRecord
@@ -277,3 +283,55 @@ async def test_the_times_survive_a_restart(tmp_path: Path) -> None:
     await manager.on_signal(True)
     again, _, _, _, times = _manager(tmp_path, FakeLogind(60), [], [Period(0, 5)])
     assert len(times) == 1 and times[0][1] >= times[0][0] > 0
+
+
+class ScriptedManager:
+    """A manager whose runs end as scripted: (got as far as watching, why it ended)."""
+
+    def __init__(self, script: list[tuple[bool, str]]) -> None:
+        self.script = script
+        self.watched = False
+        self.runs = 0
+
+    async def run(self) -> None:
+        self.runs += 1
+        self.watched, error = self.script.pop(0) if self.script else (False, "no bus")
+        raise LogindUnavailable(error)
+
+    async def trigger(self) -> None:
+        raise AssertionError("no SIGUSR1 in this test")
+
+    def drop_lock(self) -> None:
+        pass
+
+
+async def test_supervise_backs_off_and_starts_over_after_a_run_that_watched(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    script = [(False, "no bus")] * 4 + [(True, "bus lost"), (False, "no bus")]
+    manager = ScriptedManager(list(script))
+    slept: list[float] = []
+    enough = asyncio.Event()
+
+    async def sleep(delay: float) -> None:
+        slept.append(delay)
+        if len(slept) == len(script):
+            enough.set()
+            await asyncio.Event().wait()
+
+    with caplog.at_level(logging.ERROR, logger="klet.eviction.shutdown"):
+        task = asyncio.create_task(
+            supervise(cast(ShutdownManager, manager), retry_s=8.0, sleep=sleep)
+        )
+        await asyncio.wait_for(enough.wait(), 5)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+    assert slept == [8.0, 16.0, 30.0, 30.0, 8.0, 16.0]
+    assert manager.runs == len(script)
+    logged = [
+        (r.__dict__["error"], r.__dict__["retry_s"])
+        for r in caplog.records
+        if r.getMessage().startswith("node shutdown manager cannot watch")
+    ]
+    assert logged == [("no bus", 8.0), ("bus lost", 8.0), ("no bus", 16.0)]

@@ -48,7 +48,7 @@ import logging
 import os
 import signal
 import time
-from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -56,10 +56,12 @@ from typing import Any, Protocol
 from klet.config.kubelet import KubeletConfiguration
 from klet.eviction.manager import ActivePod, NodeEvent, PodKiller, PodLister
 from klet.logind import LogindClient, LogindError, LogindUnavailable
+from klet.model.flowcontrol import BackoffPolicy
 from klet.model.node import NODE_SHUTTING_DOWN, SHUTDOWN_POD_MESSAGE, SHUTDOWN_POD_REASON
 from klet.model.pod import SYSTEM_CRITICAL_PRIORITY, pod_priority
 from klet.model.records import NodeConditionRecord
 from klet.model.types import JSON, PodUID
+from klet.retry import call_retrying, delay_after
 from prometheus_client import CollectorRegistry, Gauge
 
 log = logging.getLogger(__name__)
@@ -401,11 +403,21 @@ RETRY_S = 1.0
 MAX_RETRY_S = 30.0
 
 
-async def supervise(manager: ShutdownManager, *, retry_s: float = RETRY_S) -> None:
+class _NotWatching(Exception):
+    """A run of the manager ended before it watched logind's signals (why: its text)."""
+
+
+async def supervise(
+    manager: ShutdownManager,
+    *,
+    retry_s: float = RETRY_S,
+    sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+) -> None:
     """The root task: run the manager, and after logind or the bus is lost (or could
     not be reached at all) log why once and try again, 1 s then doubling to 30 s, as
-    upstream reconnects. The node's pods are never touched for that. SIGUSR1 handles a
-    shutdown at once (upstream's manual trigger)."""
+    upstream reconnects (through klet's retry policy, `klet.retry`; a run that got as
+    far as watching starts the back-off over). The node's pods are never touched for
+    that. SIGUSR1 handles a shutdown at once (upstream's manual trigger)."""
     loop = asyncio.get_running_loop()
     usr1 = asyncio.Event()
     try:
@@ -420,28 +432,46 @@ async def supervise(manager: ShutdownManager, *, retry_s: float = RETRY_S) -> No
             log.info("received SIGUSR1: handling a node shutdown")
             await manager.trigger()
 
-    trigger = asyncio.create_task(manual())
-    delay = retry_s
+    policy = BackoffPolicy(retry_s, MAX_RETRY_S)
     last_error = ""
+
+    def report(error: str, wait_s: float) -> None:
+        nonlocal last_error
+        if error != last_error:
+            log.error(
+                "node shutdown manager cannot watch for shutdowns, retrying",
+                extra={"error": error, "retry_s": wait_s},
+            )
+            last_error = error
+
+    async def watch() -> str:
+        """One run of the manager; why it ended once it had watched."""
+        try:
+            await manager.run()
+            error = "the shutdown signals ended"
+        except (LogindUnavailable, LogindError, RuntimeError) as err:
+            error = str(err)
+        if not manager.watched:
+            raise _NotWatching(error)
+        return error
+
+    trigger = asyncio.create_task(manual())
     try:
+        after_failures = 0
         while True:
-            try:
-                await manager.run()
-                error = "the shutdown signals ended"
-            except (LogindUnavailable, LogindError, RuntimeError) as err:
-                error = str(err)
-            if manager.watched:
-                delay = retry_s  # it ran: lost later, not refused at start
-                last_error = ""
-            if error != last_error:
-                log.error(
-                    "node shutdown manager cannot watch for shutdowns, retrying",
-                    extra={"error": error, "retry_s": delay},
-                )
-                last_error = error
-            # The lock (if any) stays held: the next start takes a new one first.
-            await asyncio.sleep(delay)
-            delay = min(delay * 2, MAX_RETRY_S)
+            # The lock (if any) stays held while waiting: the next start takes a new one.
+            error = await call_retrying(
+                watch,
+                policy,
+                on=_NotWatching,
+                before_wait=lambda err, wait_s: report(str(err), wait_s),
+                sleep=sleep,
+                after_failures=after_failures,
+            )
+            last_error = ""  # it ran: lost later, not refused at start
+            report(error, delay_after(policy, 1))
+            await sleep(delay_after(policy, 1))
+            after_failures = 1
     finally:
         trigger.cancel()
         manager.drop_lock()
