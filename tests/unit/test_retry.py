@@ -210,8 +210,6 @@ PERMITTED = {
     "a process restart, not a call (not yet moved, issue 43 item 3)",
     "services/pod-source/src/klet/pod_source/publisher.py": "not yet converted "
     "(issue 43 item 3): RetryPolicy.delay(failures), also used by sources/api.py",
-    "services/syncloop/src/klet/syncloop/admission/nodetaints.py": "not yet converted "
-    "(issue 43 item 3)",
     "services/syncloop/src/klet/syncloop/pods/podworkers.py": "a pod worker's wait after a "
     "failed sync is cut short by an urgent update (a kill): a scheduling rule of the worker, "
     "not a sleep a retry library owns (not yet decided, issue 43 item 3)",

@@ -30,8 +30,10 @@ from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, 
 from typing import TYPE_CHECKING, Any, Protocol
 
 from klet.kube import Gone, KubeError, NotFound, WatchEvent
+from klet.model.flowcontrol import BackoffPolicy
 from klet.model.types import JSON
 from klet.obs import OnceLogger
+from klet.retry import call_retrying
 
 if TYPE_CHECKING:
     from klet.kube.client import KubeClient
@@ -41,6 +43,8 @@ log = logging.getLogger(__name__)
 NODES_PATH = "/api/v1/nodes"
 INITIAL_BACKOFF_S = 0.8
 MAX_BACKOFF_S = 30.0
+REFLECTOR_BACKOFF = BackoffPolicy(INITIAL_BACKOFF_S, MAX_BACKOFF_S)
+"""Retries of a read or watch the apiserver did not answer (through `klet.retry`)."""
 WATCH_TIMEOUT_S = 300  # upstream's reflector: 5 to 10 minutes, at random
 SHORT_WATCH_S = 1.0  # a watch ended this soon without events is not restarted at once
 
@@ -103,24 +107,25 @@ class NodeTaints:
 
     async def run(self) -> None:
         """Read, then watch, the Node until cancelled."""
-        backoff = INITIAL_BACKOFF_S
         while True:
-            try:
-                pause = await self.step()
-            except (KubeError, ValueError) as err:
-                self._errors.error(
-                    "node",
-                    "cannot read the Node for admission's taints; keeping the last seen",
-                    cause=str(err),
-                    error=str(err),
-                    retry_s=backoff,
-                )
-                pause = backoff
-                backoff = min(backoff * 2, MAX_BACKOFF_S)
-            else:
-                backoff = INITIAL_BACKOFF_S
+            pause = await call_retrying(
+                self.step,
+                REFLECTOR_BACKOFF,
+                on=(KubeError, ValueError),
+                before_wait=self._failed,
+                sleep=self._sleep,
+            )
             if pause > 0:
                 await self._sleep(pause)
+
+    def _failed(self, err: BaseException | None, wait_s: float) -> None:
+        self._errors.error(
+            "node",
+            "cannot read the Node for admission's taints; keeping the last seen",
+            cause=str(err),
+            error=str(err),
+            retry_s=wait_s,
+        )
 
     async def step(self) -> float:
         """One read (without a resourceVersion) or one watch; the pause before the next.
