@@ -6,7 +6,8 @@ The manager acts through adapters of the libs: the host signal source (cgroups, 
 node Events out), syncloop's PodControl socket and image-gc's GarbageCollector socket,
 both under the run directory; the leader serves the Eviction API (dry-runs) on its own
 socket there. The eviction configuration is parsed here, so invalid
-thresholds refuse the start naming their field. `Deps.close()` closes the service's
+thresholds refuse the start naming their field. The bus, lease, registry and private
+port are every service's (`klet.wiring.service_base`). `Deps.close()` closes the service's
 clients at exit (the two gRPC channels, CRI, the bus).
 """
 
@@ -16,10 +17,9 @@ import functools
 from dataclasses import dataclass
 from pathlib import Path
 
-from klet.bus import Bus, Lease, NodeBus, service_lease
 from klet.bus.events import EventQueue, node_reference, pod_reference
 from klet.config import Settings
-from klet.cri import RuntimeClient, cri_settings
+from klet.cri import RuntimeClient
 from klet.eviction.dryrun import DryRunBackend
 from klet.eviction.hostsignals import FsLayout, HostSignalSource, pod_volumes_exist
 from klet.eviction.manager import NOTE_REASON, BusPods, EvictionManager, ManagerSettings
@@ -28,36 +28,29 @@ from klet.eviction.metrics import Metrics, create_metrics
 from klet.eviction.thresholds import parse_eviction_config
 from klet.model.layout import EVICTION, IMAGE_GC, SYNCLOOP, grpc_socket
 from klet.model.podhistory import HISTORY_ONLY
-from klet.obs import ServicePort
-from klet.obs.runtimeops import RuntimeOperationMetrics
 from klet.rpc.gc import GarbageCollectorClient
 from klet.rpc.podcontrol import PodControlClient
-from prometheus_client import CollectorRegistry
+from klet.wiring import BaseOverrides, OnServiceBase, runtime_client, service_base
 
 
 @dataclass(frozen=True)
-class Overrides:
-    """Replacements for production clients (tests); None keeps the default."""
+class Overrides(BaseOverrides):
+    """Replacements for production clients (tests), beside the shared ones (bus,
+    registry, lease holder); None keeps the default."""
 
-    bus: Bus | None = None  # e.g. klet.bus.testing.FakeBus
     cri: RuntimeClient | None = None  # the host signal source's container stats
     pod_control: PodControlClient | None = None  # syncloop's, to kill pods
     gc: GarbageCollectorClient | None = None  # image-gc's, to free disk space
-    registry: CollectorRegistry | None = None
-    lease_holder: str | None = None  # default: this process's replica slot (klet.bus.holder)
 
 
 @dataclass(frozen=True)
-class Deps:
+class Deps(OnServiceBase):
+    """The shared parts (bus, node bus, registry, lease, service port) come from `base`."""
+
     settings: Settings
-    bus: Bus
-    node_bus: NodeBus
     cri: RuntimeClient
     manager: EvictionManager
-    registry: CollectorRegistry
     metrics: Metrics
-    service_port: ServicePort
-    lease: Lease
     events: EventQueue
     pod_control: PodControlClient
     gc: GarbageCollectorClient
@@ -77,20 +70,9 @@ def build_deps(settings: Settings, overrides: Overrides | None = None) -> Deps:
     o = overrides or Overrides()
     k = settings.kubelet
     config = parse_eviction_config(k)
-    bus = (
-        o.bus
-        if o.bus is not None
-        else Bus.from_url(
-            settings.klet.redis_url, settings.klet.node_name, auth=settings.klet.redis_auth
-        )
-    )
-    node_bus = NodeBus.of(bus, service="eviction")
-    registry = o.registry if o.registry is not None else CollectorRegistry()
-    cri = (
-        o.cri
-        if o.cri is not None
-        else RuntimeClient(cri_settings(k), observer=RuntimeOperationMetrics(registry))
-    )
+    base = service_base(EVICTION, settings.klet, o)
+    node_bus, registry = base.node_bus, base.registry
+    cri = o.cri if o.cri is not None else runtime_client(k, registry)
     run_dir = Path(settings.klet.run_dir)
     pod_control = (
         o.pod_control
@@ -133,21 +115,11 @@ def build_deps(settings: Settings, overrides: Overrides | None = None) -> Deps:
         ),
     )
     return Deps(
+        base=base,
         settings=settings,
-        bus=bus,
-        node_bus=node_bus,
         cri=cri,
         manager=manager,
-        registry=registry,
         metrics=metrics,
-        service_port=ServicePort.of("eviction", settings.klet),
-        # A holder ID of its own; a restart takes over its dead predecessor's lease
-        # at once (klet.bus.holder).
-        lease=(
-            bus.lease("eviction", o.lease_holder, ttl_ms=15_000)
-            if o.lease_holder
-            else service_lease(bus, "eviction", run_dir, ttl_ms=15_000)
-        ),
         events=events,
         pod_control=pod_control,
         gc=gc,

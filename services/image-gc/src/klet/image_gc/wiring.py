@@ -2,7 +2,8 @@
 
 `build_deps(settings, overrides=Overrides(...))`: one CRI client serves image GC, image
 detection, container GC and the image filesystem's usage; the bus carries the pod
-tables, image use times and node Events. Tests replace the clients and the loop
+tables, image use times and node Events; the bus, lease, registry and private port are
+every service's (`klet.wiring.service_base`). Tests replace the clients and the loop
 periods through `Overrides`; `Deps.close()` closes its clients at exit.
 """
 
@@ -12,10 +13,9 @@ import functools
 from dataclasses import dataclass
 from pathlib import Path
 
-from klet.bus import Bus, Lease, NodeBus, service_lease
 from klet.bus.events import EventQueue, node_reference
 from klet.config import Settings
-from klet.cri import RuntimeClient, cri_settings
+from klet.cri import RuntimeClient
 from klet.image_gc.collector import Collector, CollectorSettings
 from klet.image_gc.containergc import ContainerGC
 from klet.image_gc.containerselect import ContainerGCSettings
@@ -26,9 +26,7 @@ from klet.image_gc.imagestore import BusImageUseStore
 from klet.image_gc.metrics import Metrics, create_metrics
 from klet.image_gc.podsources import BusPods
 from klet.model.layout import IMAGE_GC, grpc_socket
-from klet.obs import ServicePort
-from klet.obs.runtimeops import RuntimeOperationMetrics
-from prometheus_client import CollectorRegistry
+from klet.wiring import BaseOverrides, OnServiceBase, runtime_client, service_base
 
 
 @dataclass(frozen=True)
@@ -55,31 +53,26 @@ def image_gc_policy(settings: Settings) -> ImageGCPolicy:
 
 
 @dataclass(frozen=True)
-class Overrides:
-    """Replacements for production choices (tests); None keeps the default."""
+class Overrides(BaseOverrides):
+    """Replacements for production choices (tests), beside the shared ones (bus,
+    registry, lease holder); None keeps the default."""
 
-    bus: Bus | None = None  # e.g. klet.bus.testing.FakeBus
     cri: RuntimeClient | None = None
-    registry: CollectorRegistry | None = None
     periods: Periods | None = None
-    lease_holder: str | None = None  # default: this process's replica slot (klet.bus.holder)
 
 
 @dataclass(frozen=True)
-class Deps:
+class Deps(OnServiceBase):
+    """The shared parts (bus, node bus, registry, lease, service port) come from `base`."""
+
     settings: Settings
-    bus: Bus
-    node_bus: NodeBus
     cri: RuntimeClient
     images: ImageGCManager
     containers: ContainerGC
     collector: Collector
     events: EventQueue
-    registry: CollectorRegistry
     metrics: Metrics
     socket_path: Path
-    service_port: ServicePort
-    lease: Lease
     periods: Periods = Periods()
 
     async def close(self) -> None:
@@ -92,20 +85,9 @@ def build_deps(settings: Settings, overrides: Overrides | None = None) -> Deps:
     o = overrides or Overrides()
     k = settings.kubelet
     policy = image_gc_policy(settings)  # refuses an invalid policy before any I/O
-    bus = (
-        o.bus
-        if o.bus is not None
-        else Bus.from_url(
-            settings.klet.redis_url, settings.klet.node_name, auth=settings.klet.redis_auth
-        )
-    )
-    node_bus = NodeBus.of(bus, service="image-gc")
-    registry = o.registry if o.registry is not None else CollectorRegistry()
-    cri = (
-        o.cri
-        if o.cri is not None
-        else RuntimeClient(cri_settings(k), observer=RuntimeOperationMetrics(registry))
-    )
+    base = service_base(IMAGE_GC, settings.klet, o)
+    node_bus, registry = base.node_bus, base.registry
+    cri = o.cri if o.cri is not None else runtime_client(k, registry)
     metrics = create_metrics(registry)
     events = EventQueue(node_bus.events, cap=100)
     node_event = functools.partial(events.emit, node_reference(settings.klet.node_name))
@@ -138,24 +120,14 @@ def build_deps(settings: Settings, overrides: Overrides | None = None) -> Deps:
     )
     run_dir = Path(settings.klet.run_dir)
     return Deps(
+        base=base,
         settings=settings,
-        bus=bus,
-        node_bus=node_bus,
         cri=cri,
         images=images,
         containers=containers,
         collector=collector,
         events=events,
-        registry=registry,
         metrics=metrics,
         socket_path=grpc_socket(run_dir, IMAGE_GC),
-        service_port=ServicePort.of(IMAGE_GC, settings.klet),
-        # A holder ID of its own; a restart takes over its dead predecessor's lease
-        # at once (klet.bus.holder).
-        lease=(
-            bus.lease("image-gc", o.lease_holder, ttl_ms=15_000)
-            if o.lease_holder
-            else service_lease(bus, "image-gc", run_dir, ttl_ms=15_000)
-        ),
         periods=o.periods or Periods(),
     )

@@ -2,8 +2,9 @@
 
 `build_deps(settings, overrides=...)` decides what talks to what: which sources are
 configured (the file source when staticPodPath is set, the URL source when staticPodURL
-is set, the apiserver source when --kubeconfig is given), the Redis bus and the lease,
-the inbox that joins sources to the publisher, and the metrics registry. Tests pass
+is set, the apiserver source when --kubeconfig is given), the inbox that joins sources
+to the publisher; the Redis bus, the lease, the metrics registry and the private port
+are every service's (`klet.wiring.service_base`). Tests pass
 `Overrides` to shorten timeouts and back-offs, to name the lease holder, or to give a
 fake apiserver (`pod_api`, unit tests); the objects built are the production ones.
 
@@ -19,10 +20,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
-from klet.bus import Bus, BusAuth, Lease, NodeBus, service_lease
+from klet.bus import Bus, Lease
 from klet.kube import kube_settings
 from klet.model.records import SourceName
-from klet.obs import ServicePort, new_registry
+from klet.obs import ServicePort
 from klet.obs.restclient import RestClientMetrics
 from klet.pod_source.inbox import Inbox
 from klet.pod_source.metrics import Metrics, create_metrics
@@ -36,12 +37,10 @@ from klet.pod_source.sources.api import (
     PodApi,
 )
 from klet.pod_source.sources.files import FileSource
+from klet.wiring import BaseOverrides, BaseSettings, service_base
 from prometheus_client import CollectorRegistry
 
-SERVICE = "pod-source"
-
-# A standby replica takes over within this time after the leader dies.
-DEFAULT_LEASE_TTL_S = 15.0
+SERVICE = LEASE_NAME
 
 
 class SourceSettings(Protocol):
@@ -72,34 +71,15 @@ class SourceSettings(Protocol):
     def rotate_certificates(self) -> bool: ...  # [rotateCertificates] the client presents the store
 
 
-class KletSettings(Protocol):
-    """The klet-only settings this service reads."""
-
-    @property
-    def node_name(self) -> str: ...
-
-    @property
-    def redis_url(self) -> str: ...
-
-    @property
-    def run_dir(self) -> Path: ...  # holds the lease's replica slot (klet.bus.holder)
-    @property
-    def redis_auth(self) -> BusAuth: ...  # credentials and TLS files of the bus
+class KletSettings(BaseSettings, Protocol):
+    """The klet-only settings this service reads (the bus's, the lease's and the private
+    port's from BaseSettings)."""
 
     @property
     def kubeconfig(self) -> Path | None: ...  # --kubeconfig; None = standalone (no api source)
 
     @property
     def cert_dir(self) -> Path: ...  # --cert-dir: the client certificate store
-
-    @property
-    def service_port(self) -> int | None: ...  # 0 = any free port, None = 10260
-
-    @property
-    def service_port_file(self) -> Path | None: ...  # for `klet healthcheck`; None = none
-
-    @property
-    def service_bind_address(self) -> str: ...
 
 
 class ServiceSettings(Protocol):
@@ -113,15 +93,13 @@ class ServiceSettings(Protocol):
 
 
 @dataclass(frozen=True)
-class Overrides:
-    """Replacements for production choices (tests); None keeps the default."""
+class Overrides(BaseOverrides):
+    """Replacements for production choices (tests), beside the shared ones (bus,
+    registry, lease holder); None keeps the default."""
 
-    bus: Bus | None = None
-    registry: CollectorRegistry | None = None
     clock: Callable[[], float] | None = None
     retry: RetryPolicy | None = None
     lease_ttl_s: float | None = None
-    lease_holder: str | None = None
     http_timeout_s: float | None = None
     use_inotify: bool | None = None
     pod_api: PodApi | None = None  # the apiserver source's client (with a kubeconfig only)
@@ -151,16 +129,15 @@ def build_deps(settings: ServiceSettings, overrides: Overrides | None = None) ->
     o = overrides or Overrides()
     kubelet, klet = settings.kubelet, settings.klet
     node = klet.node_name
-    registry = o.registry if o.registry is not None else new_registry(process_metrics=True)
-    metrics = create_metrics(registry)
-    bus = o.bus if o.bus is not None else Bus.from_url(klet.redis_url, node, auth=klet.redis_auth)
-    ttl_s = o.lease_ttl_s if o.lease_ttl_s is not None else DEFAULT_LEASE_TTL_S
-    ttl_ms = int(ttl_s * 1000)
-    lease = (
-        bus.lease(LEASE_NAME, o.lease_holder, ttl_ms=ttl_ms)
-        if o.lease_holder
-        else service_lease(bus, LEASE_NAME, klet.run_dir, ttl_ms=ttl_ms)
+    base = service_base(
+        SERVICE,
+        klet,
+        o,
+        process_metrics=True,
+        lease_ttl_ms=None if o.lease_ttl_s is None else int(o.lease_ttl_s * 1000),
     )
+    registry, lease = base.registry, base.lease
+    metrics = create_metrics(registry)
     inbox = Inbox()
 
     sources: list[PodSource] = []
@@ -214,23 +191,23 @@ def build_deps(settings: ServiceSettings, overrides: Overrides | None = None) ->
         )
     configured = frozenset(s.name for s in sources)
     publisher = Publisher(
-        bus=NodeBus.of(bus, service="pod-source"),
+        bus=base.node_bus,
         inbox=inbox,
         configured=configured,
         metrics=metrics,
         # Wakes as often as the leader loop renews (a third of the TTL) when idle.
-        idle_s=ttl_s / 3,
+        idle_s=lease.ttl_ms / 1000 / 3,
         retry=o.retry if o.retry is not None else RetryPolicy(),
         clock=o.clock if o.clock is not None else time.time,
     )
     return Deps(
         node_name=node,
         configured=configured,
-        bus=bus,
+        bus=base.bus,
         lease=lease,
         publisher=publisher,
         sources=tuple(sources),
         registry=registry,
         metrics=metrics,
-        service=ServicePort.of(SERVICE, klet),
+        service=base.port,
     )

@@ -1,9 +1,10 @@
 """The status-reporter's dependencies, built once from settings (production and tests alike).
 
 `build_deps(settings, overrides=...)` is the only place that decides what talks to
-what: by default the pod view reads the node's Redis bus; a test passes `Overrides` with
-fakes (see `testing.py`) and gets the same `Deps` with no Redis behind it, plus a fresh
-metrics registry so tests never share metric state.
+what: by default the pod view reads the node's Redis bus (built, with the lease, the
+registry and the private port, as every service's: `klet.wiring.service_base`); a test
+passes `Overrides` with fakes (see `testing.py`) and gets the same `Deps` with no Redis
+behind it, plus a fresh metrics registry so tests never share metric state.
 
 Settings are read through `ServiceSettings`, a protocol of just the fields this service
 uses, so the wiring does not depend on the rest of the settings tree.
@@ -31,15 +32,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
-from klet.bus import Bus, BusAuth, Lease, NodeBus, service_lease
+from klet.bus import Lease
 from klet.bus.history import story_json
 from klet.cgroups import CgroupFS
 from klet.config import Settings
 from klet.kube import kube_settings
 from klet.model.layout import DEFAULT_SERVICE_PORTS
-from klet.obs import ServicePort, leader_metric, new_registry
+from klet.obs import ServicePort, leader_metric
 from klet.obs.restclient import RestClientMetrics
-from klet.obs.runtimeops import RuntimeOperationMetrics
 from klet.stats import StatsProvider
 from klet.status_reporter.cluster import (
     ClusterDeps,
@@ -74,16 +74,13 @@ from klet.status_reporter.podcache import (
     StatusTable,
 )
 from klet.status_reporter.volumes import VolumeView
+from klet.wiring import BaseOverrides, BaseSettings, runtime_client, service_base
 from prometheus_client import CollectorRegistry
 
 if TYPE_CHECKING:
     from klet.kube.client import KubeClient
 
 SERVICE = "status-reporter"
-
-LEASE_TTL_MS = 15_000
-"""The bus lease's TTL: a dead leader's writers are taken over within it (at once when
-the dead leader's slot is reused, see klet.bus.holder), as for the other services."""
 
 DEFAULT_SERVICE_PORT = DEFAULT_SERVICE_PORTS[SERVICE]
 """The private /healthz /readyz /metrics port when `service_port` is None (not given).
@@ -108,29 +105,11 @@ class KubeletServing(ClusterKubelet, Protocol):
     def healthz_bind_address(self) -> str: ...  # [healthzBindAddress]
 
 
-class KletSettings(ClusterKlet, Protocol):
-    """The klet-only settings this service reads (cluster mode's from ClusterKlet)."""
-
-    @property
-    def redis_url(self) -> str: ...
-
-    @property
-    def redis_auth(self) -> BusAuth: ...  # credentials and TLS files of the bus
-
-    @property
-    def node_name(self) -> str: ...
-
-    @property
-    def service_port(self) -> int | None: ...  # 0 = any free port, None = DEFAULT_SERVICE_PORT
-
-    @property
-    def service_port_file(self) -> Path | None: ...  # for `klet healthcheck`; None = none
-
-    @property
-    def run_dir(self) -> Path: ...  # <run-dir>/ports/ (port file), <run-dir>/leases/ (slot)
-
-    @property
-    def service_bind_address(self) -> str: ...
+class KletSettings(ClusterKlet, BaseSettings, Protocol):
+    """The klet-only settings this service reads (cluster mode's from ClusterKlet; the
+    bus's, the lease's and the private port's from BaseSettings: its port is
+    DEFAULT_SERVICE_PORT when `service_port` is None; `run_dir` also holds the port
+    files of every service's replicas, which /metrics merges)."""
 
 
 class ServiceSettings(Protocol):
@@ -155,21 +134,18 @@ class Listener:
 
 
 @dataclass(frozen=True)
-class Overrides:
-    """Replacements for production dependencies (tests); None keeps the default."""
+class Overrides(BaseOverrides):
+    """Replacements for production dependencies (tests), beside the shared ones (bus,
+    registry, lease holder); None keeps the default."""
 
-    bus: Bus | None = None
-    """The node's bus (e.g. `klet.bus.testing.FakeBus`): tables, streams and the lease."""
     desired: DesiredTable | None = None
     status: StatusTable | None = None
     feed: StatusFeed | None = None
-    registry: CollectorRegistry | None = None
     policy: CachePolicy | None = None
     clock: Callable[[], float] | None = None
-    lease_holder: str | None = None
-    """The lease holder ID; default: a fresh one from this process's replica slot."""
     lease_ttl_ms: int | None = None
-    """The lease TTL; default LEASE_TTL_MS (tests shorten it to watch a handover)."""
+    """The lease TTL; default klet.wiring.LEASE_TTL_MS (tests shorten it to watch a
+    handover)."""
     cluster: ClusterOverrides | None = None
     """Build cluster mode over these (even without a kubeconfig)."""
 
@@ -221,33 +197,23 @@ def build_deps(settings: ServiceSettings, *, overrides: Overrides | None = None)
     o = overrides or Overrides()
     kubelet, klet = settings.kubelet, settings.klet
 
-    buses: list[Bus] = []
-
-    def node_bus() -> NodeBus:
-        # One connection pool for every table, stream and the lease, made on first need.
-        if o.bus is not None:
-            return NodeBus.of(o.bus, service="status-reporter")
-        if not buses:
-            buses.append(Bus.from_url(klet.redis_url, klet.node_name, auth=klet.redis_auth))
-        return NodeBus.of(buses[0], service="status-reporter")
-
-    bus = node_bus().bus
-    ttl_ms = o.lease_ttl_ms or LEASE_TTL_MS
-    lease = (
-        bus.lease(SERVICE, o.lease_holder, ttl_ms=ttl_ms)
-        if o.lease_holder
-        else service_lease(bus, SERVICE, Path(klet.run_dir), ttl_ms=ttl_ms)
+    # One connection pool for every table, stream and the lease; the bus a test gives
+    # stays open at close (the test may hand it to another replica).
+    base = service_base(
+        SERVICE,
+        klet,
+        o,
+        # Production scrapes carry process_* series, as any Prometheus target (upstream too).
+        process_metrics=True,
+        lease_ttl_ms=o.lease_ttl_ms or None,
     )
+    lease, node, registry = base.lease, base.node_bus, base.registry
+    owned_bus = base.bus if o.bus is None else None
 
-    desired, status, feed = o.desired, o.status, o.feed
-    if desired is None or status is None or feed is None:
-        node = node_bus()
-        desired = node.desired if desired is None else desired
-        status = node.status if status is None else status
-        feed = node.podstatus if feed is None else feed
+    desired = node.desired if o.desired is None else o.desired
+    status = node.status if o.status is None else o.status
+    feed = node.podstatus if o.feed is None else o.feed
 
-    # Production scrapes carry process_* series, as any Prometheus target (upstream too).
-    registry = o.registry if o.registry is not None else new_registry(process_metrics=True)
     clock = o.clock if o.clock is not None else time.monotonic
     metrics = Metrics(registry, clock=clock, node_name=klet.node_name)
     # getattr: settings trees built by hand (older tests) have no featureGates.
@@ -262,8 +228,8 @@ def build_deps(settings: ServiceSettings, *, overrides: Overrides | None = None)
         policy=o.policy or CachePolicy(),
         clock=clock,
     )
-    volumes = VolumeView(node_bus().volumes, registry)
-    devices = DeviceView(node_bus().devices)
+    volumes = VolumeView(node.volumes, registry)
+    devices = DeviceView(node.devices)
     requests = RestClientMetrics(registry)
     cluster: ClusterDeps | None = None
     # getattr: standalone settings trees built by hand (older tests) have no kubeconfig.
@@ -272,7 +238,7 @@ def build_deps(settings: ServiceSettings, *, overrides: Overrides | None = None)
             kubelet,
             klet,
             view=pods,
-            bus=node_bus,
+            bus=lambda: node,
             # Its own consumer in the events group: a dead leader's pending entries are
             # then another consumer's, which the new leader claims at election.
             consumer=lease.holder,
@@ -284,7 +250,7 @@ def build_deps(settings: ServiceSettings, *, overrides: Overrides | None = None)
         )
 
     history = HistoryKeeper(
-        bus=node_bus(),
+        bus=node,
         # Its own consumer in the history group, as in the events group.
         consumer=lease.holder,
         policy=HistoryPolicy(
@@ -300,7 +266,7 @@ def build_deps(settings: ServiceSettings, *, overrides: Overrides | None = None)
     )
     kubelet_api, api_closers = _kubelet_api(
         settings,
-        history=functools.partial(story_json, node_bus()),
+        history=functools.partial(story_json, node),
         pods=pods,
         registry=registry,
         volumes=volumes,
@@ -317,8 +283,8 @@ def build_deps(settings: ServiceSettings, *, overrides: Overrides | None = None)
             await cluster.close()
         for closer in [*api_closers, *metrics_closers]:
             await closer()
-        for bus in buses:
-            await bus.close()
+        if owned_bus is not None:
+            await owned_bus.close()
 
     leader_metric(registry, service=SERVICE, leading=elected.is_set)
     return Deps(
@@ -336,7 +302,7 @@ def build_deps(settings: ServiceSettings, *, overrides: Overrides | None = None)
         read_only=(
             Listener(kubelet.address, kubelet.read_only_port) if kubelet.read_only_port else None
         ),
-        service=ServicePort.of(SERVICE, klet),
+        service=base.port,
         close=close,
         cluster=cluster,
         kubelet_api=kubelet_api,
@@ -361,12 +327,10 @@ def _container_metrics(
         return ContainerMetrics(StatsProvider(api.runtime, host_reader(api)), api.pods), []
     if not isinstance(settings, Settings) or not settings.kubelet.read_only_port:
         return None, []
-    from klet.cri import RuntimeClient, cri_settings  # only when served: loads gRPC
-
     kubelet = settings.kubelet
-    runtime = RuntimeClient(
-        cri_settings(kubelet, image_endpoint=kubelet.effective_image_service_endpoint),
-        observer=RuntimeOperationMetrics(registry),
+    # Only when served: a CRI client loads gRPC.
+    runtime = runtime_client(
+        kubelet, registry, image_endpoint=kubelet.effective_image_service_endpoint
     )
     host = host_reader_of(KubeletApiSettings.from_settings(settings), CgroupFS())
     return ContainerMetrics(StatsProvider(runtime, host), pods), [runtime.close]
@@ -405,11 +369,9 @@ def _kubelet_api(
     if api_kube is None and kubelet.authorization.mode == "Webhook":
         log.warning("kubelet API on --port is off: authorization mode Webhook needs --kubeconfig")
         return None, closers
-    from klet.cri import RuntimeClient, cri_settings  # only with the API: loads gRPC
-
-    api_cri = RuntimeClient(
-        cri_settings(kubelet, image_endpoint=kubelet.effective_image_service_endpoint),
-        observer=RuntimeOperationMetrics(registry),
+    # Only with the API: a CRI client loads gRPC.
+    api_cri = runtime_client(
+        kubelet, registry, image_endpoint=kubelet.effective_image_service_endpoint
     )
     closers.append(api_cri.close)
     deps = build_kubelet_api_deps(

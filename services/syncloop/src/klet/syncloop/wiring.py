@@ -3,7 +3,8 @@
 `build_deps(settings, overrides=...)` decides what talks to what: the CRI client that
 the pod syncer, the runtime reader, the image puller, the prober and (in app.py) PLEG
 and log rotation all share; the Redis bus the controller, the intake, the status and
-event publishers read and write; the apiserver client of cluster mode. Tests pass
+event publishers read and write (with the lease, the registry and the private port: every
+service's set-up, `klet.wiring.service_base`); the apiserver client of cluster mode. Tests pass
 `Overrides` (a `FakeRuntimeService`, a `FakeBus`, a fixed clock, the node as admission
 sees it) and get the production objects wired over them. `Deps.close()` closes the clients at exit.
 """
@@ -21,12 +22,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from klet.bus import Bus, Lease, NodeBus, service_lease
 from klet.cgroups import CgroupFS
 from klet.cgroups.machine import read_machine
 from klet.cgroups.systemd import Systemd
 from klet.config import Settings
-from klet.cri import RuntimeClient, cri_settings
+from klet.cri import cri_settings
 from klet.cri.events import RuntimeEvents
 from klet.csi import CSIClient, RegistrationClient
 from klet.kube import kube_settings
@@ -39,9 +39,7 @@ from klet.model.node import (
     storage_aware_eviction_hard,
 )
 from klet.model.types import JSON, ContainerID
-from klet.obs import ServicePort
 from klet.obs.restclient import RestClientMetrics
-from klet.obs.runtimeops import RuntimeOperationMetrics
 from klet.rpc.deviceplugin import decode_response
 from klet.syncloop import numaalignment
 from klet.syncloop.admission.admit import AdmissionLedger, NodeInfo, admit_pod
@@ -114,6 +112,7 @@ from klet.syncloop.volumes.hostpath import HostPathPlugin
 from klet.syncloop.volumes.manager import VolumeManager
 from klet.syncloop.volumes.tokens import TokenManager
 from klet.syncloop.volumes.volumestats import VolumeStatsCollector
+from klet.wiring import BaseOverrides, OnServiceBase, runtime_client, service_base
 from prometheus_client import CollectorRegistry
 
 if TYPE_CHECKING:
@@ -125,15 +124,14 @@ CSI_VOLUME_TIMEOUT_S = 120.0
 
 
 @dataclass(frozen=True)
-class Overrides:
-    """Replacements for production choices (tests); None keeps the default."""
+class Overrides(BaseOverrides):
+    """Replacements for production choices (tests), beside the shared ones (bus,
+    registry, lease holder); None keeps the default."""
 
-    bus: Bus | None = None  # e.g. klet.bus.testing.FakeBus
     cri: NodeRuntime | None = None  # e.g. klet.cri.testing.FakeRuntimeService
     events: EventSink | None = None
     """Where the syncer, image puller and prober record Events (default: `Deps.events`,
     which queues them for the `events` stream)."""
-    registry: CollectorRegistry | None = None
     clock: Callable[[], float] | None = None
     """The clock of the controller, syncer, image puller, prober, status publisher and
     lifecycle hooks (in production the wall clock, and monotonic time for the hooks)."""
@@ -141,7 +139,6 @@ class Overrides:
     node: NodeInfo | None = None  # the node as admission sees it (default: read from the host)
     sync: SyncSettings | None = None  # SyncPod's settings (default: from the settings tree)
     consumer: str | None = None  # the `pods` stream consumer name
-    lease_holder: str | None = None  # default: this process's replica slot (klet.bus.holder)
     runtime_events: EventSource | None = None
     """The runtime event source of the evented PLEG (e.g. klet.cri.testing.FakeRuntimeEvents);
     default: `RuntimeEvents` on the CRI endpoint unless featureGates.EventedPLEG is false
@@ -149,20 +146,17 @@ class Overrides:
 
 
 @dataclass(frozen=True)
-class Deps:
+class Deps(OnServiceBase):
+    """The shared parts (bus, node bus, registry, lease, service port) come from `base`."""
+
     settings: Settings
-    bus: Bus
-    node_bus: NodeBus
     cri: NodeRuntime
     controller: PodController
     prober: ProbeManager
     events: BusEventSink
-    registry: CollectorRegistry
     metrics: Metrics
     socket_path: Path
-    service_port: ServicePort
     consumer: str
-    lease: Lease
     relister: Relister
     watcher: EventWatcher | None  # None: featureGates.EventedPLEG=false, relisting only
     kube: KubeClient | None = None  # cluster mode's apiserver client, closed at exit
@@ -260,20 +254,9 @@ def build_deps(settings: Settings, overrides: Overrides | None = None) -> Deps:
     o = overrides or Overrides()
     k = settings.kubelet
     clock = o.clock if o.clock is not None else time.time
-    bus = (
-        o.bus
-        if o.bus is not None
-        else Bus.from_url(
-            settings.klet.redis_url, settings.klet.node_name, auth=settings.klet.redis_auth
-        )
-    )
-    node_bus = NodeBus.of(bus, service="syncloop")
-    registry = o.registry if o.registry is not None else CollectorRegistry()
-    cri = (
-        o.cri
-        if o.cri is not None
-        else RuntimeClient(cri_settings(k), observer=RuntimeOperationMetrics(registry))
-    )
+    base = service_base(SYNCLOOP, settings.klet, o)
+    node_bus, registry = base.node_bus, base.registry
+    cri = o.cri if o.cri is not None else runtime_client(k, registry)
     bus_events = BusEventSink(node_bus)
     events = o.events if o.events is not None else bus_events
     # Cluster mode: ConfigMaps and Secrets (env references, pull secrets) from the apiserver.
@@ -519,25 +502,15 @@ def build_deps(settings: Settings, overrides: Overrides | None = None) -> Deps:
     )
     run_dir = Path(settings.klet.run_dir)
     return Deps(
+        base=base,
         settings=settings,
-        bus=bus,
-        node_bus=node_bus,
         cri=cri,
         controller=controller,
         prober=prober,
         events=bus_events,
-        registry=registry,
         metrics=metrics,
         socket_path=grpc_socket(run_dir, SYNCLOOP),
-        service_port=ServicePort.of(SYNCLOOP, settings.klet),
         consumer=o.consumer or f"{socket.gethostname()}-{os.getpid()}",
-        # A holder ID of its own; a restart takes over its dead predecessor's lease
-        # at once (klet.bus.holder).
-        lease=(
-            bus.lease("syncloop", o.lease_holder, ttl_ms=15_000)
-            if o.lease_holder
-            else service_lease(bus, "syncloop", run_dir, ttl_ms=15_000)
-        ),
         kube=kube,
         node_taints=node_taints,
         volumes=volumes,
