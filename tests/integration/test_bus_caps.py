@@ -18,7 +18,8 @@ shutdown's, a record keyed by another type than its own) are refused as `NotOwne
 with nothing of the call written, where they used to be stored and left to the
 readers; status-reporter's append to a pod's `history:<uid>` without that stream's
 expiry in the same call is refused, so no history key it writes through the bus lives
-without end.
+without end. A write larger than one call may take (pod-source's 3,000 pods) goes
+through as a split transaction, with pod-source's credential.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from contextlib import asynccontextmanager
 import pytest
 from klet.bus import BadWrite, Bus, BusError, NodeBus, NotOwned, WriteTooLarge, functions
 from klet.bus.acl import ACCESS, SERVICES
-from klet.bus.redisbus import _Op
+from klet.bus.redisbus import Transaction, _Op
 from klet.devstack import RedisServer
 from klet.model.records import EventRecord, HistoryEntry, NodeConditionRecord
 from redis.exceptions import RedisError
@@ -302,3 +303,32 @@ async def test_a_history_append_without_its_expiry_is_refused(
     async with admin(redis_server) as bus:
         assert await bus.client.xlen(stream.key) == 1
         assert 0 < await bus.client.pttl(stream.key) <= 60_000
+
+
+async def test_a_split_transaction_writes_what_one_call_may_not(
+    redis_server: RedisServer,
+) -> None:
+    # pod-source's snapshot of a node's every pod, as its publisher writes it: a row
+    # and a change notice each, 3,000 pods, the source's ready mark last.
+    async with leader(redis_server, "pod-source") as nb:
+        rows = [(f"uid-{i}", "x" * 1024) for i in range(3000)]
+
+        def queue(tx: Transaction) -> None:
+            for uid, row in rows:
+                tx.ops.append(_Op.hset(nb.desired.key, uid, row))
+                tx.ops.append(_Op.xadd(nb.pods.key, 10_000, uid))
+                tx.mark()
+            tx.ops.append(_Op.hset(nb.sources.key, "api", "ready"))
+
+        with pytest.raises(WriteTooLarge, match="MAX_WRITE_OPS"):
+            async with nb.bus.transaction() as tx:
+                queue(tx)
+        async with admin(redis_server) as bus:
+            assert await bus.client.exists(nb.desired.key, nb.pods.key, nb.sources.key) == 0
+        async with nb.bus.transaction(split=True) as tx:
+            queue(tx)
+        assert len(tx.calls()) == 7
+    async with admin(redis_server) as bus:
+        assert await bus.client.hlen(nb.desired.key) == 3000
+        assert await bus.client.xlen(nb.pods.key) == 3000
+        assert await bus.client.hget(nb.sources.key, "api") == "ready"

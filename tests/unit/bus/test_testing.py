@@ -11,7 +11,8 @@ published ones, and every call is logged by name and every acknowledgement by id
 injected for the next calls are raised one each, by a blocked read first; several
 services' Events streams read as one wake on whichever grows and ack into their own;
 a node condition its writer does not own, and an append to a pod's history without its
-expiry, are refused with nothing written, as the fenced-write function refuses them.
+expiry, are refused with nothing written, as the fenced-write function refuses them,
+and so is a call over the byte cap, which a split transaction writes in several calls.
 """
 
 from __future__ import annotations
@@ -19,7 +20,15 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-from klet.bus import BadWrite, BusUnavailable, Fenced, LeaseLapsed, NodeBus, NotOwned
+from klet.bus import (
+    BadWrite,
+    BusUnavailable,
+    Fenced,
+    LeaseLapsed,
+    NodeBus,
+    NotOwned,
+    WriteTooLarge,
+)
 from klet.bus.testing import FakeBus, FakeStream
 from klet.model.records import (
     EventRecord,
@@ -257,3 +266,23 @@ async def test_what_its_writer_does_not_own_is_refused_as_the_function_refuses_i
         tx.publish(history, entry)
         tx.expire(history, 60_000)
     assert bus.entries(history) == [entry]
+
+
+async def test_a_call_over_the_byte_cap_is_refused_and_a_split_transaction_is_not() -> None:
+    bus = FakeBus("n1")
+    nb = NodeBus.of(bus, service="pod-source")
+    big = "x" * (5 * 1024 * 1024)
+    rows = [SourceState(source=f"s{i}{big}", ready=True, at=0.0) for i in range(7)]
+    with pytest.raises(WriteTooLarge) as refused:
+        async with bus.transaction() as tx:
+            for row in rows:
+                tx.put(nb.sources, row.source, row)
+    assert refused.value.cap == "MAX_WRITE_BYTES"
+    assert nb.sources.key not in bus.hashes
+    async with bus.transaction(split=True) as tx:
+        for row in rows:
+            tx.put(nb.sources, row.source, row)
+            tx.mark()
+    assert len(bus.hashes[nb.sources.key]) == 7
+    # A unit over SPLIT_BYTES but within the caps goes in one call of its own.
+    assert bus.writes == [1, 1, 1, 1, 1, 1, 1]

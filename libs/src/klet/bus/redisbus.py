@@ -340,13 +340,25 @@ class Bus:
         await self._r.aclose()
 
     @asynccontextmanager
-    async def transaction(self) -> AsyncIterator[Transaction]:
+    async def transaction(self, *, split: bool = False) -> AsyncIterator[Transaction]:
         """Collect writes and apply them atomically on exit (one fenced function call on a
-        leader bus, MULTI/EXEC otherwise)."""
+        leader bus, MULTI/EXEC otherwise).
+
+        With `split`, the writes go in order as several calls when they are too many for
+        one (`Transaction.calls`: at most SPLIT_OPS writes and SPLIT_BYTES each, cut only
+        at the points the writer marked): each call is atomic and fenced, the whole is
+        not, so a failure part-way leaves the earlier calls applied. For a writer whose
+        one write can be larger than the function takes (pod-source's snapshot of every
+        pod of the node) and that repairs a partial write by itself."""
         tx = Transaction()
         yield tx
-        if tx.ops:
+        if not tx.ops:
+            return
+        if not split:
             await self.write(tx.ops)
+            return
+        for call in tx.calls():
+            await self.write(call)
 
     async def write(self, ops: Sequence[_Op]) -> list[str]:
         """Apply `ops` atomically; returns one result per op (the id of each XADD).
@@ -425,15 +437,55 @@ class _Op:
         return _Op("pexpire", key, (str(ms),))
 
 
+SPLIT_OPS = 1000
+"""Writes in one call of a split transaction at most, well under the function's cap
+(klet.bus.functions.MAX_WRITE_OPS)."""
+SPLIT_BYTES = 8 * 1024 * 1024
+"""Bytes of keys and values in one call of a split transaction at most, a quarter of
+the function's cap (klet.bus.functions.MAX_WRITE_BYTES)."""
+
+
 class Transaction:
     """Writes queued to be applied together; see `Bus.transaction`."""
 
     def __init__(self) -> None:
         self.ops: list[_Op] = []
+        self._cuts: list[int] = []  # op counts after which a split transaction may cut
 
     @property
     def empty(self) -> bool:
         return not self.ops
+
+    def mark(self) -> None:
+        """The writes so far may go in an earlier call than the ones that follow (a
+        split transaction cuts only here): a writer marks after each unit that must be
+        applied whole, a pod's table row and its change notice say."""
+        if self.ops and (not self._cuts or self._cuts[-1] != len(self.ops)):
+            self._cuts.append(len(self.ops))
+
+    def calls(self) -> list[list[_Op]]:
+        """The writes in order as calls of at most SPLIT_OPS writes and SPLIT_BYTES
+        each, cut only at marks; a unit larger than that goes alone (and the function
+        refuses it if it is over the function's own caps)."""
+        calls: list[list[_Op]] = []
+        size = 0
+        start = 0
+        for end in [*self._cuts, len(self.ops)]:
+            unit = self.ops[start:end]
+            start = end
+            if not unit:
+                continue
+            unit_size = sum(_size(op) for op in unit)
+            if (
+                not calls
+                or len(calls[-1]) + len(unit) > SPLIT_OPS
+                or size + unit_size > SPLIT_BYTES
+            ):
+                calls.append([])
+                size = 0
+            calls[-1].extend(unit)
+            size += unit_size
+        return calls
 
     def put(self, table: Table[R], key: str, record: R) -> None:
         self.ops.append(_Op.hset(table.key, key, record.encode()))
@@ -448,6 +500,11 @@ class Transaction:
         """Let `stream` (its whole key) go `ms` milliseconds from now unless written
         and given a new expiry meanwhile (a pod's history: klet.bus.schema)."""
         self.ops.append(_Op.pexpire(stream.key, max(1, ms)))
+
+
+def _size(op: _Op) -> int:
+    """Bytes an op adds to a call (its key, verb and arguments), as the function counts."""
+    return len(op.key.encode()) + len(op.verb) + sum(len(a.encode()) for a in op.args)
 
 
 class Table(Generic[R]):

@@ -8,8 +8,8 @@ consumer groups (last delivered entry, pending entries per consumer), lease keys
 fencing tokens. Writes go through the real `Table.put`/`Stream.publish`/`Transaction`
 code into `FakeBus.write`, which applies them atomically and, on a leader bus, fences
 them by its lease as the fenced-write function does (`Fenced`, `LeaseLapsed`), and
-refuses a call of more writes than the function takes (`WriteTooLarge`,
-klet.bus.functions.MAX_WRITE_OPS), a node condition row its writer does not own
+refuses a call of more writes or bytes than the function takes (`WriteTooLarge`,
+klet.bus.functions.MAX_WRITE_OPS and MAX_WRITE_BYTES), a node condition row its writer does not own
 (`NotOwned`, klet.bus.functions.CONDITION_TYPES) and an append to a pod's history
 without its expiry (`BadWrite`), so a writer that would break one of these rules fails
 its unit tests as it would fail on Redis. `writes` lists the number of writes of each
@@ -42,6 +42,7 @@ from klet.bus.functions import (
     CONDITION_FIXED,
     CONDITION_TYPES,
     JOURNAL_PREFIX,
+    MAX_WRITE_BYTES,
     MAX_WRITE_OPS,
 )
 from klet.bus.leaderslot import SlotView
@@ -58,6 +59,7 @@ from klet.bus.redisbus import (
     Table,
     WriteTooLarge,
     _Op,
+    _size,
 )
 from klet.model.records import BadRecord
 
@@ -153,6 +155,11 @@ class FakeBus(Bus):
         if len(ops) > MAX_WRITE_OPS:
             raise WriteTooLarge(
                 "MAX_WRITE_OPS", f"{len(ops)} writes in one call, at most {MAX_WRITE_OPS}"
+            )
+        size = sum(_size(op) for op in ops)
+        if size > MAX_WRITE_BYTES:
+            raise WriteTooLarge(
+                "MAX_WRITE_BYTES", f"{size} bytes in one call, at most {MAX_WRITE_BYTES}"
             )
         self._check_owned(ops)
         if self._fence is not None:

@@ -2,10 +2,14 @@
 
 The stateful shell around the pure merge (`podconfig`) and repair (`reconcile`):
 
-- Each snapshot's changes go out in ONE transaction: desired puts/deletes with their
+- Each snapshot's changes go out in one transaction: desired puts/deletes with their
   `pods` stream records in upstream's order, FailedValidation events for newly dropped
   duplicates, then the source's `sources` entry (ready). syncloop therefore never sees
-  a source marked ready before its pods are in the table.
+  a source marked ready before its pods are in the table. The bus takes a bounded call
+  (klet.bus.functions caps its writes and bytes), and a node's whole set of pods can be
+  larger, so the transaction is split (`Bus.transaction(split=True)`): in order, each
+  pod's row and change notice in the same call, the `sources` entry in the last; a
+  failure part-way is repaired by the reconcile every bus error leads to.
 - Only the holder of the "pod-source" lease writes. The lease is held by the shared
   leader loop (`klet.bus.leader.hold`, an app root task), which sets `elected`; a
   standby replica runs the same sources and merge, so on takeover it needs only a
@@ -205,18 +209,20 @@ class Publisher:
         """Queue the pending events on `tx`; returns how many to forget once it commits."""
         for event in self._events:
             tx.publish(self._bus.events, event)
+            tx.mark()
         return len(self._events)
 
     async def _write_changes(self, changes: Changes) -> None:
         now = self._clock()
         nb = self._bus
-        async with nb.bus.transaction() as tx:
+        async with nb.bus.transaction(split=True) as tx:
             for op, pod in changes.ops():
                 if op == "REMOVE":
                     tx.delete(nb.desired, pod.uid)
                 else:
                     tx.put(nb.desired, pod.uid, to_record(pod))
                 tx.publish(nb.pods, PodChange(op=op, uid=pod.uid, source=pod.source))
+                tx.mark()
             sent = self._add_events(tx)
             tx.put(
                 nb.sources, changes.source, SourceState(source=changes.source, ready=True, at=now)
@@ -248,15 +254,17 @@ class Publisher:
 
     async def _write_plan(self, plan: Plan) -> None:
         nb = self._bus
-        async with nb.bus.transaction() as tx:
+        async with nb.bus.transaction(split=True) as tx:
             sent = self._add_events(tx)
             for key, rec in plan.removes:
                 tx.delete(nb.desired, key)
                 tx.publish(nb.pods, PodChange(op="REMOVE", uid=rec.uid, source=rec.source))
+                tx.mark()
             for op, rec in plan.puts:
                 tx.put(nb.desired, rec.uid, rec)
                 if op is not None:
                     tx.publish(nb.pods, PodChange(op=op, uid=rec.uid, source=rec.source))
+                tx.mark()
             for state in plan.source_puts:
                 tx.put(nb.sources, state.source, state)
             for key in plan.source_deletes:

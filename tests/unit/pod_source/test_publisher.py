@@ -1,0 +1,97 @@
+"""The publisher writes a node's whole set of pods however large it is (issue 39 item 2).
+
+The bus refuses a call of more than MAX_WRITE_OPS writes or MAX_WRITE_BYTES
+(klet.bus.functions, mirrored by FakeBus), and pod-source's reconcile and snapshot
+writes put every pod of a snapshot in one transaction: 3,000 pods (6,000 writes), or
+fewer large ones (over 32 MiB), were refused on every attempt, so the node's pods were
+never published. Now those writes go as several calls, each within the caps, each
+pod's row with its change notice, the source's ready mark last.
+"""
+
+from __future__ import annotations
+
+from klet.bus import NodeBus
+from klet.bus.functions import MAX_WRITE_BYTES, MAX_WRITE_OPS
+from klet.bus.redisbus import SPLIT_OPS
+from klet.bus.testing import FakeBus
+from klet.model.types import JSON
+from klet.pod_source.inbox import Inbox
+from klet.pod_source.metrics import create_metrics
+from klet.pod_source.publisher import Publisher
+from prometheus_client import CollectorRegistry
+
+NODE = "node1"
+
+
+def api_pod(i: int, *, note: str) -> JSON:
+    return {
+        "metadata": {
+            "name": f"p{i}",
+            "namespace": "team-a",
+            "uid": f"uid-{i}",
+            "annotations": {"note": note},
+        },
+        "spec": {"nodeName": NODE, "containers": [{"name": "app", "image": "nginx:1.25"}]},
+        "status": {"phase": "Pending"},
+    }
+
+
+async def elected_publisher() -> tuple[Publisher, FakeBus, Inbox, NodeBus]:
+    bus = FakeBus(NODE)
+    nb = NodeBus.of(bus, service="pod-source")
+    assert await bus.lease("pod-source", "host:1:aaaaaaaaaaaa").try_acquire()
+    inbox = Inbox()
+    publisher = Publisher(
+        bus=nb,
+        inbox=inbox,
+        configured=frozenset({"api"}),
+        metrics=create_metrics(CollectorRegistry()),
+        idle_s=1.0,
+    )
+    publisher.decided.set()
+    publisher.elected.set()
+    return publisher, bus, inbox, nb
+
+
+async def test_a_snapshot_over_the_bus_caps_is_written_in_several_calls() -> None:
+    publisher, bus, inbox, nb = await elected_publisher()
+    # 3,000 pods of 12 KiB each: 6,000 writes and about 36 MiB, over both caps.
+    count, note = 3000, "x" * 12 * 1024
+    assert 2 * count > MAX_WRITE_OPS and count * len(note) > MAX_WRITE_BYTES
+    inbox.offer("api", [api_pod(i, note=note) for i in range(count)])
+    await publisher.run_once()  # the reconcile at election writes them
+    assert publisher.ready
+    assert len(bus.rows(nb.desired)) == count
+    assert bus.rows(nb.sources)["api"].ready
+    assert len(bus.entries(nb.pods)) == count
+    assert len(bus.writes) > 1 and max(bus.writes) <= SPLIT_OPS
+    # Every pod changed: the snapshot's own write (not a reconcile) splits the same way.
+    calls = len(bus.writes)
+    inbox.offer("api", [api_pod(i, note="y" * 12 * 1024) for i in range(count)])
+    await publisher.run_once()
+    assert publisher.ready
+    assert {r.pod["metadata"]["annotations"]["note"][0] for r in bus.rows(nb.desired).values()} == {
+        "y"
+    }
+    assert len(bus.entries(nb.pods)) == 2 * count
+    assert len(bus.writes) - calls > 1 and max(bus.writes) <= SPLIT_OPS
+
+
+async def test_each_pods_row_and_notice_share_a_call_and_the_ready_mark_comes_last() -> None:
+    publisher, bus, inbox, nb = await elected_publisher()
+    seen: list[list[str]] = []
+    write = bus.write
+
+    async def spy(ops):  # type: ignore[no-untyped-def]
+        seen.append([f"{op.verb} {op.key.rsplit(':', 1)[1]} {op.args[0]}" for op in ops])
+        return await write(ops)
+
+    bus.write = spy  # type: ignore[method-assign]
+    inbox.offer("api", [api_pod(i, note="z" * 1024) for i in range(1501)])
+    await publisher.run_once()
+    assert len(seen) == 4
+    for call in seen:
+        # An odd number of writes in a call would have cut a pod's pair.
+        assert len([op for op in call if not op.startswith("hset sources")]) % 2 == 0
+    assert seen[-1][-1] == "hset sources api"
+    assert not any(op.startswith("hset sources") for call in seen[:-1] for op in call)
