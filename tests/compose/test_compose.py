@@ -492,6 +492,7 @@ def deployment(
             "KLET_CONFIG_DIR": str(config_dir),
             "KLET_CONFIG_NAME": "kubelet-config.yaml",
             "KLET_KUBERNETES_DIR": str(kubernetes),
+            "KLET_STATIC_POD_PATH": str(manifests),
             "KLET_KUBECONFIG": str(kubeconfig),
             "KLET_ROOT_DIR": str(root),
             "KLET_CERT_DIR": str(tmp / "pki"),
@@ -622,7 +623,8 @@ def test_each_container_has_only_what_it_uses(deployment: Deployment) -> None:
     and Redis), no new privileges, the PID namespace, the user, a read-only root
     filesystem, every mount and whether it is writable, the kubeconfig flag; each
     service sees its own bus password and no other, Redis sees no service's; writes
-    outside a container's writable mounts fail."""
+    outside a container's writable mounts fail; pod-source sees of the kubernetes dir
+    only the static pod directory and the kubeconfig file."""
     d = deployment
     host_pid_ns = os.readlink("/proc/self/ns/pid")
     bus = Path(d.env["KLET_BUS_DIR"])
@@ -676,6 +678,21 @@ def test_each_container_has_only_what_it_uses(deployment: Deployment) -> None:
         assert "Read-only file system" in denied.stderr, service
     hidden = exec_in(d, "pod-source", "ls", root)
     assert hidden.returncode != 0, "pod-source sees the root dir"
+    # Of the kubernetes dir pod-source sees the static pod directory and the kubeconfig
+    # file alone: a file beside them (a control-plane node's CA key, admin.conf) is
+    # syncloop's to see, not pod-source's.
+    kubernetes = Path(d.env["KLET_KUBERNETES_DIR"])
+    beside = kubernetes / "admin.conf"
+    beside.write_text("not pod-source's\n")
+    try:
+        assert exec_in(d, "syncloop", "test", "-f", str(beside)).returncode == 0
+        assert exec_in(d, "pod-source", "test", "-e", str(beside)).returncode != 0
+        listed = exec_in(d, "pod-source", "ls", "-A", str(kubernetes))
+        assert sorted(listed.stdout.split()) == ["kubelet.conf", "manifests"], listed
+        for path in (d.env["KLET_KUBECONFIG"], d.env["KLET_STATIC_POD_PATH"] + "/plain.yaml"):
+            assert exec_in(d, "pod-source", "test", "-f", path).returncode == 0, path
+    finally:
+        beside.unlink()
 
 
 # Run inside status-reporter's container: two raw calls on its CRI proxy socket (an empty

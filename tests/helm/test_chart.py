@@ -46,7 +46,13 @@ from klet.bus.acl import SERVICES
 from klet.config import load_settings
 
 from tests.harness.helmbin import CHART, CI_VALUES, helm, render, render_error
-from tests.unit.test_compose_file import compose, confinement, documented, volume_targets
+from tests.unit.test_compose_file import (
+    STANDALONE_KUBECONFIG,
+    compose,
+    confinement,
+    documented,
+    volume_targets,
+)
 from tools.image.__main__ import version
 
 CI = {p.stem: p for p in CI_VALUES}
@@ -173,13 +179,17 @@ CHART_PATH = {
 
 
 STATIC_POD_PATH = "/etc/kubernetes/manifests"
-"""The chart's kubeletConfig.staticPodPath: pod-source mounts it alone, where compose's
-pod-source mounts the kubernetes dir (for the kubeconfig it also holds there)."""
+"""The chart's kubeletConfig.staticPodPath: pod-source mounts it, as compose's
+pod-source mounts KLET_STATIC_POD_PATH (the same default)."""
 
 
 def chart_path(service: str, compose_target: str) -> str:
     if compose_target == documented()["KLET_KUBERNETES_DIR"]:
         return STATIC_POD_PATH if service == "pod-source" else "/etc/klet/credentials"
+    if service == "pod-source" and compose_target == STANDALONE_KUBECONFIG:
+        # compose's pod-source mounts the kubeconfig file alone (/dev/null standalone,
+        # as .env.example's default is); the chart's, the credentials Secret.
+        return "/etc/klet/credentials"
     return CHART_PATH.get(compose_target, compose_target)
 
 

@@ -6,16 +6,17 @@ namespace, kubeconfig and mounts of `confinement` (the table the compose tier ch
 running containers against): only syncloop privileged and in the host's PID namespace,
 the others with every capability dropped but eviction's DAC_READ_SEARCH, no new
 privileges and a read-only root filesystem, the kubeconfig for pod-source, syncloop and
-status-reporter only; the runtime socket for syncloop and the `cri-proxy` container
-alone, which serves status-reporter, eviction and image-gc each in a volume of its own
-(their runtime and image endpoint). The bus-acl step may only chown; the Redis has no network, no
-persistence, no capability, a user of its own, a read-only root filesystem, its three
-bus files and no password of a service, and is healthy once the function library is
-loaded. Every variable the compose file reads is documented in .env.example with the
-same default; the default image tags are this version's; replicas of a service take any
-free port (0, overridable per service) and each keeps its port file for its health check
-outside the shared bind mounts. The file uses only keys both Compose v2 and Debian's 1.29
-take without a warning."""
+status-reporter only, and of the kubernetes dir pod-source gets only the static pod
+directory and the kubeconfig file (/dev/null standalone); the runtime socket for
+syncloop and the `cri-proxy` container alone, which serves status-reporter, eviction and
+image-gc each in a volume of its own (their runtime and image endpoint). The bus-acl
+step may only chown; the Redis has no network, no persistence, no capability, a user of
+its own, a read-only root filesystem, its three bus files and no password of a service,
+and is healthy once the function library is loaded. Every variable the compose file
+reads is documented in .env.example with the same default; the default image tags are
+this version's; replicas of a service take any free port (0, overridable per service)
+and each keeps its port file for its health check outside the shared bind mounts. The
+file uses only keys both Compose v2 and Debian's 1.29 take without a warning."""
 
 from __future__ import annotations
 
@@ -37,10 +38,17 @@ ENV_EXAMPLE = ROOT / ".env.example"
 VARIABLE = re.compile(r"\$\{([A-Z0-9_]+)(?:(:-|:\?)([^}]*))?\}")
 
 
-def compose() -> dict[str, Any]:
-    """The compose file as docker-compose reads it with .env.example and a node name."""
-    env = {**documented(), "KLET_NODE_NAME": "node-a"}
-    text = VARIABLE.sub(lambda m: env[m.group(1)], COMPOSE.read_text())
+def compose(overrides: dict[str, str] | None = None) -> dict[str, Any]:
+    """The compose file as docker-compose reads it with .env.example, a node name and
+    `overrides` (`${X:-default}` is the default when X is empty, as in Compose)."""
+    env = {**documented(), "KLET_NODE_NAME": "node-a", **(overrides or {})}
+
+    def value(m: re.Match[str]) -> str:
+        if m.group(2) == ":-" and not env[m.group(1)]:
+            return m.group(3)
+        return env[m.group(1)]
+
+    text = VARIABLE.sub(value, COMPOSE.read_text())
     loaded = yaml.safe_load(text)
     assert isinstance(loaded, dict)
     return loaded
@@ -55,11 +63,22 @@ def documented() -> dict[str, str]:
     return out
 
 
+STANDALONE_KUBECONFIG = "/dev/null"
+"""What pod-source mounts in place of the kubeconfig when KLET_KUBECONFIG is empty."""
+
+
 def test_every_variable_is_documented_with_its_default() -> None:
+    """Each `${X:-default}` has .env.example's default, but pod-source's kubeconfig
+    mount, whose default stands in for the empty (standalone) kubeconfig: .env.example
+    says so."""
     env = documented()
     used = VARIABLE.findall(COMPOSE.read_text())
     assert {name for name, _, _ in used} == set(env)
+    assert ("KLET_KUBECONFIG", ":-", STANDALONE_KUBECONFIG) in used
+    assert STANDALONE_KUBECONFIG in ENV_EXAMPLE.read_text()
     for name, kind, default in used:
+        if (name, default) == ("KLET_KUBECONFIG", STANDALONE_KUBECONFIG):
+            continue
         if kind == ":-":
             assert env[name] == default, f"{name}: .env.example {env[name]!r}, compose {default!r}"
     required = {name for name, kind, _ in used if kind == ":?"}
@@ -106,6 +125,11 @@ def confinement(service: str, env: dict[str, str]) -> Confinement:
         "/etc/klet/bus/password": False,
     }
     kubernetes = {env["KLET_KUBERNETES_DIR"]: False}
+    # pod-source: of the kubernetes dir, what it reads alone.
+    manifests = {
+        env["KLET_STATIC_POD_PATH"]: False,
+        (env["KLET_KUBECONFIG"] or STANDALONE_KUBECONFIG): False,
+    }
     # No runtime socket: they reach the runtime through the CRI proxy, whose socket for
     # each is in a volume of that reader's alone, at /run/klet-cri.
     readers = {
@@ -117,7 +141,7 @@ def confinement(service: str, env: dict[str, str]) -> Confinement:
     }
     none: frozenset[str] = frozenset()
     return {
-        "pod-source": Confinement(False, none, False, True, {**common, **kubernetes}),
+        "pod-source": Confinement(False, none, False, True, {**common, **manifests}),
         "syncloop": Confinement(
             True,
             none,
@@ -223,6 +247,35 @@ def test_each_service_gets_only_what_it_uses(service: str) -> None:
         assert endpoints == [
             f"--container-runtime-endpoint={env['KLET_CONTAINER_RUNTIME_ENDPOINT']}"
         ]
+
+
+@pytest.mark.parametrize("kubeconfig", ["", "/etc/kubernetes/kubelet.conf"])
+def test_pod_source_mounts_the_static_pod_directory_and_the_kubeconfig_alone(
+    kubeconfig: str,
+) -> None:
+    """Not the whole kubernetes dir (a control-plane node keeps the cluster CA's key and
+    the admin kubeconfigs there): the static pod directory and the kubeconfig file, each
+    read-only, at their own paths; standalone, /dev/null in the kubeconfig's place and
+    an empty --kubeconfig. syncloop and status-reporter still mount the directory."""
+    file = compose({"KLET_KUBECONFIG": kubeconfig})
+    spec = file["services"]["pod-source"]
+    env = {**variables(), "KLET_KUBECONFIG": kubeconfig}
+    manifests = env["KLET_STATIC_POD_PATH"]
+    assert manifests == "/etc/kubernetes/manifests"  # upstream's kubeadm default
+    assert volume_targets(spec) == {
+        env["KLET_CONFIG_DIR"]: False,
+        env["KLET_RUN_DIR"]: True,
+        env["KLET_REDIS_SOCKET_DIR"]: False,
+        "/etc/klet/bus/password": False,
+        manifests: False,
+        (kubeconfig or STANDALONE_KUBECONFIG): False,
+    }
+    mounted = kubeconfig or STANDALONE_KUBECONFIG
+    assert f"{mounted}:{mounted}:ro" in spec["volumes"]
+    assert f"--kubeconfig={kubeconfig}" in spec["command"]
+    for service in ("syncloop", "status-reporter"):
+        volumes = volume_targets(file["services"][service])
+        assert volumes[env["KLET_KUBERNETES_DIR"]] is False, service
 
 
 def test_only_syncloop_and_the_cri_proxy_mount_the_runtime_socket() -> None:
