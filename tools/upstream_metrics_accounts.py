@@ -405,10 +405,6 @@ MISSING: Mapping[str, tuple[str, ...]] = {
         "/metrics/resource node_swap_usage_bytes",
         "/metrics/resource pod_swap_usage_bytes",
     ),
-    "/metrics/slis is not served yet": (
-        "/metrics/slis kubernetes_healthcheck",
-        "/metrics/slis kubernetes_healthchecks_total",
-    ),
 }
 
 

@@ -2,8 +2,11 @@
 API is served in this process (a thread of its own) over the status-reporter's real pod
 view (Redis) and a real CRI client, with certificates from a test CA.
 
-Covers: /pods is 401 without credentials and 200 with a client certificate; /healthz,
-/runningpods/ and /stats/summary report the running pod (and its emptyDir's usage);
+Covers: /pods is 401 without credentials and 200 with a client certificate; /healthz
+(with upstream's named checks, syncloop's asked of the node's real syncloop, and their
+record on /metrics/slis), /runningpods/ and /stats/summary report the running pod (its
+emptyDir's usage, its network namespace's counters after a request to it, the node's
+network with the default route's interface first);
 containerLogs returns what the container printed, honours tailLines and follows new
 lines as they are written; exec through the streaming proxy to containerd's stream
 server (WebSocket, channel protocol v4) runs a command with stdout and stderr kept apart
@@ -45,6 +48,7 @@ from klet.config.kubelet import (
 from klet.cri import CRISettings, RuntimeClient
 from klet.devstack import free_port
 from klet.kube.client import KubeClient
+from klet.stats.model import parse_default_route
 from klet.status_reporter.kubeletapi import build_kubelet_api_deps
 from klet.status_reporter.kubeletapi.server import serve_kubelet_api
 from klet.status_reporter.podcache import CachePolicy
@@ -325,6 +329,18 @@ def test_pods_logs_stats_and_auth(talker: KletNode, pki: Any) -> None:
         assert status == 200
         assert pod in {p["metadata"]["name"] for p in json.loads(body)["items"]}
         assert admin.get("/healthz") == (200, b"ok")
+        # upstream's named checks: syncloop is the node's real one, asked on its port
+        assert admin.get("/healthz?verbose") == (
+            200,
+            b"[+]ping ok\n[+]log ok\n[+]syncloop ok\nhealthz check passed\n",
+        )
+        assert admin.get("/healthz/syncloop") == (200, b"ok")
+        slis = admin.get("/metrics/slis")[1].decode()
+        assert 'kubernetes_healthcheck{name="syncloop",type="healthz"} 1.0' in slis
+        assert (
+            'kubernetes_healthchecks_total{name="syncloop",status="success",type="healthz"} 2.0'
+            in slis
+        )
         running = json.loads(admin.get("/runningpods/")[1])
         [entry] = [p for p in running["items"] if p["metadata"]["name"] == pod]
         assert {c["name"] for c in entry["spec"]["containers"]} == {"talk", "web"}
@@ -345,6 +361,24 @@ def test_pods_logs_stats_and_auth(talker: KletNode, pki: Any) -> None:
         ephemeral = stats["ephemeral-storage"]
         assert ephemeral["usedBytes"] == layers + www["usedBytes"] >= www["usedBytes"]
         assert ephemeral["capacityBytes"] == summary["node"]["fs"]["capacityBytes"]
+
+        # network: the pod's own namespace (its eth0 carried a request from this host to
+        # its httpd) and the node's, whose default is the default route's interface
+        [listed] = [p for p in json.loads(body)["items"] if p["metadata"]["name"] == pod]
+        direct = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+        with direct.open(f"http://{listed['status']['podIP']}:8080/", timeout=10) as r:
+            assert r.read() == b"served-through-port-forward\n"
+        summary = json.loads(admin.get("/stats/summary")[1])
+        [stats] = [p for p in summary["pods"] if p["podRef"]["name"] == pod]
+        network = stats["network"]
+        assert network["name"] == "eth0" and network["interfaces"][0]["name"] == "eth0"
+        assert network["rxBytes"] > 0 and network["txBytes"] > 0
+        assert "lo" not in {i["name"] for i in network["interfaces"]}
+        node_net = summary["node"]["network"]
+        route = Path("/proc/net/route").read_text()
+        assert node_net["name"] == parse_default_route(route)
+        assert node_net["interfaces"][0]["name"] == node_net["name"]
+        assert node_net["rxBytes"] > 0
 
         logs = f"/containerLogs/default/{pod}/talk"
 

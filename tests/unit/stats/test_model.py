@@ -1,8 +1,11 @@
-"""The pure half of the stats provider: /proc parsers, statfs arithmetic, and how ready
+"""The pure half of the stats provider: /proc parsers (the default route's interface from
+fixture files of /proc/net/route and ipv6_route among them), statfs arithmetic, and how ready
 sandboxes, running containers and container stats are joined into pods and picked
 from (running containers for the Summary, latest attempts for eviction)."""
 
 from __future__ import annotations
+
+from pathlib import Path
 
 import pytest
 from klet.cri import labels as L
@@ -19,6 +22,7 @@ from klet.stats.model import (
     PodStats,
     latest_attempts,
     parse_btime,
+    parse_default_route,
     parse_loadavg_tasks,
     plan_pods,
     running_containers,
@@ -139,3 +143,22 @@ def test_summary_takes_running_and_eviction_takes_latest_attempts() -> None:
 def test_latest_attempt_does_not_depend_on_runtime_order(attempts: list[int]) -> None:
     pod = pod_of("u1", sandbox("u1"), [], [stats(f"c{a}", "u1", "app", a, a) for a in attempts])
     assert latest_attempts(pod)["app"].id == "c2"
+
+
+NET = Path(__file__).parent / "fixtures" / "net"
+
+
+@pytest.mark.parametrize(
+    ("ipv4", "ipv6", "interface"),
+    [
+        ("route-host", None, "eth0"),  # this test machine's own table
+        ("route-two-defaults", None, "ens3"),  # lowest metric; a reject route never
+        ("route-no-default", None, None),
+        ("route-no-default", "ipv6_route-v6-only", "ens5"),  # not lo's unreachable one
+        ("route-host", "ipv6_route-v6-only", "eth0"),  # IPv4's first
+    ],
+)
+def test_parse_default_route(ipv4: str, ipv6: str | None, interface: str | None) -> None:
+    v6 = (NET / ipv6).read_text() if ipv6 else ""
+    assert parse_default_route((NET / ipv4).read_text(), v6) == interface
+    assert parse_default_route("", "") is None

@@ -1,7 +1,9 @@
 """The stats provider on a fake runtime and fake cgroups over tmp_path directories: one
 snapshot holds the node's cgroups, /proc readings and filesystems, and each ready pod
-with its cgroup, process count, containers, logs and emptyDirs; `filesystems=False`
-skips ImageFsInfo and every walk; a runtime error leaves the node readings and no pods."""
+with its cgroup, process count, containers, logs and emptyDirs, the node's network (the
+host namespace's interfaces, the default route's interface) and a pod's (its own
+namespace's, none on the host's network); `filesystems=False` skips ImageFsInfo, every
+walk and the network; a runtime error leaves the node readings and no pods."""
 
 from __future__ import annotations
 
@@ -22,9 +24,11 @@ from klet.cri.types import (
 )
 from klet.model.types import ContainerID, SandboxID
 from klet.stats import DirUsage, HostReader, StatsProvider
+from klet.stats.cadvisor import NetDev
 from klet.stats.testing import FakeCgroups, FakeStatsRuntime
 
 UID = "1111-2222"
+NET = Path(__file__).parent / "fixtures" / "net"
 
 
 def write(path: Path, text: str) -> None:
@@ -151,3 +155,44 @@ async def test_runtime_down_keeps_node_readings(world: World) -> None:
     assert snap.runtime_error == "connection refused"
     assert snap.pods == [] and snap.node.image_fs is None
     assert snap.node.root.memory_working_set_bytes == 3000 and snap.node.rootfs is not None
+
+
+def net_fixtures(proc: Path) -> None:
+    write(proc / "net/dev", (NET / "dev-host").read_text())
+    write(proc / "net/route", (NET / "route-two-defaults").read_text())
+    write(proc / "42/net/dev", (NET / "dev-pod").read_text())
+    for pid, ns in (("self", "net:[4026531840]"), ("42", "net:[4026532211]")):
+        (proc / pid / "ns").mkdir(parents=True)
+        (proc / pid / "ns/net").symlink_to(ns)
+
+
+async def test_network_of_the_node_and_of_a_pod(world: World) -> None:
+    proc = world.tmp / "proc"
+    net_fixtures(proc)
+    world.cgroups.pids[f"/kubepods/burstable/pod{UID}"] = [42]
+    snap = await world.provider.collect()
+    assert snap.node.default_interface == "ens3"
+    assert snap.node.network is not None
+    assert snap.node.network["eth0"] == NetDev(1383529459, 65220, 0, 0, 5540222, 45004, 0, 0)
+    assert "lo" not in snap.node.network and "vethe922dbc4" not in snap.node.network
+    [pod] = snap.pods
+    assert pod.network == {
+        "eth0": NetDev(9048, 64, 1, 0, 3186, 33, 2, 0),
+        "net1": NetDev(500, 5, 0, 0, 700, 7, 0, 0),
+    }
+    # the CPU-and-memory pass reads no network, as upstream's
+    lean = await world.provider.collect(filesystems=False)
+    assert lean.node.network is None and lean.pods[0].network is None
+
+
+async def test_a_pod_on_the_hosts_network_has_none_of_its_own(world: World) -> None:
+    proc = world.tmp / "proc"
+    net_fixtures(proc)
+    (proc / "42/ns/net").unlink()
+    (proc / "42/ns/net").symlink_to("net:[4026531840]")  # the host's: this process's own
+    world.cgroups.pids[f"/kubepods/burstable/pod{UID}"] = [42]
+    [pod] = (await world.provider.collect()).pods
+    assert pod.network is None
+    world.cgroups.pids[f"/kubepods/burstable/pod{UID}"] = [43]  # gone: nothing to read
+    [pod] = (await world.provider.collect()).pods
+    assert pod.network is None

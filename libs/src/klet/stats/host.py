@@ -30,7 +30,13 @@ from klet.cgroups.machine import mem_total_bytes, read_machine
 from klet.hostfs import HOST_ROOT
 from klet.model import layout
 from klet.stats.cadvisor import MachineFacts, NetDev, parse_cpuinfo, parse_net_dev
-from klet.stats.model import DirUsage, FsUsage, parse_btime, parse_loadavg_tasks
+from klet.stats.model import (
+    DirUsage,
+    FsUsage,
+    parse_btime,
+    parse_default_route,
+    parse_loadavg_tasks,
+)
 from klet.stats.psi import RESOURCES, Pressure, parse_psi
 
 __all__ = ["HOST_ROOT", "CgroupReader", "HostReader", "dir_usage", "host_view", "statfs"]
@@ -250,6 +256,34 @@ class HostReader:
     def net_dev(self, pid: int) -> dict[str, NetDev]:
         """The interfaces of `pid`'s network namespace and their counters."""
         return parse_net_dev(_read(self.proc / str(pid) / "net/dev") or "")
+
+    # The host's network is this process's own: every service runs on it, in every
+    # deployment shape (`klet up`, compose's network_mode: host, the chart's
+    # hostNetwork). PID 1's would do on a plain host, but its namespace link is not
+    # readable where PID 1 is not dumpable (the test machines' own init).
+
+    def host_net_dev(self) -> dict[str, NetDev]:
+        """The interfaces of the host's network namespace and their counters."""
+        return parse_net_dev(_read(self.proc / "net" / "dev") or "")
+
+    def default_interface(self) -> str | None:
+        """The interface of the host's default route."""
+        net = self.proc / "net"
+        return parse_default_route(_read(net / "route") or "", _read(net / "ipv6_route") or "")
+
+    def own_network(self, pid: int) -> dict[str, NetDev] | None:
+        """The interfaces of `pid`'s network namespace when it is not the host's; None
+        when it is the host's, or either namespace cannot be read (the process is gone,
+        or lives in a PID namespace this one does not see)."""
+        try:
+            ns = os.readlink(self.proc / str(pid) / "ns" / "net")
+            host = os.readlink(self.proc / "self" / "ns" / "net")
+        except OSError:
+            return None
+        if ns == host:
+            return None
+        text = _read(self.proc / str(pid) / "net/dev")
+        return None if text is None else parse_net_dev(text)
 
     def machine(self) -> MachineFacts:
         """The machine_* facts (read_machine, plus /proc/cpuinfo's cores and sockets)."""

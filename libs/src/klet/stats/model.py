@@ -11,8 +11,13 @@ signals and per-pod usage from it. Which readings go where:
   dir (nodefs), of the pod log dir, and of the runtime's image and container
   filesystems (CRI ImageFsInfo's mountpoints; the container filesystem is the image
   filesystem unless the runtime names one of its own);
+- node network: the interfaces of the host's network namespace (/proc/net/dev: the
+  services run on the host network) and the one the default route leaves by
+  (/proc/net/route, else /proc/net/ipv6_route);
 - pods: one per ready sandbox, its pod cgroup (cpu, memory, process count), its
-  containers (below), its log directory and its disk-backed emptyDirs;
+  containers (below), its log directory and its disk-backed emptyDirs, and the
+  interfaces of its network namespace (/proc/<pid>/net/dev of a process of its cgroup;
+  none for a pod on the host's network);
 - containers: every container of the pod that CRI reports stats for or lists as
   running, with its CRI stats, whether it runs, and its log directory's usage.
 
@@ -29,6 +34,7 @@ from typing import NamedTuple
 from klet.cgroups import CgroupStats
 from klet.cri import labels as L
 from klet.cri.types import Container, ContainerState, ContainerStatsInfo, Sandbox, SandboxState
+from klet.stats.cadvisor import NetDev
 from klet.stats.psi import Pressure
 
 __all__ = [
@@ -153,6 +159,10 @@ class PodStats:
     logs: DirUsage | None = None
     volumes: Mapping[str, DirUsage] = field(default_factory=dict)
     pressure: Pressure | None = None
+    network: Mapping[str, NetDev] | None = None
+    """Interface → counters of the pod's own network namespace; None when it has none of
+    its own (host network), it has no process to read it through, or filesystems were
+    skipped (the CPU-and-memory pass reads no network, as upstream's)."""
 
 
 @dataclass(frozen=True)
@@ -173,6 +183,11 @@ class NodeStats:
     image_fs: RuntimeFs | None = None
     container_fs: RuntimeFs | None = None
     pressure: Pressure | None = None
+    network: Mapping[str, NetDev] | None = None
+    """Interface → counters of the host's network namespace; None when filesystems were
+    skipped."""
+    default_interface: str | None = None
+    """The interface of the default route (None: the host has none)."""
 
 
 @dataclass(frozen=True)
@@ -266,3 +281,42 @@ def latest_attempts(pod: PodStats) -> dict[str, ContainerStats]:
         if c.name not in out or c.attempt > out[c.name].attempt:
             out[c.name] = c
     return out
+
+
+# Route flags (linux/route.h): a usable route is up and not a reject (unreachable) one.
+_RTF_UP = 0x0001
+_RTF_REJECT = 0x0200
+
+
+def parse_default_route(ipv4: str, ipv6: str = "") -> str | None:
+    """The interface of the default route, from /proc/net/route (`ipv4`) or, on a host
+    without an IPv4 one, /proc/net/ipv6_route; the lowest metric wins; None when neither
+    has a usable default route."""
+    best: tuple[int, str] | None = None
+    for line in ipv4.splitlines()[1:]:
+        f = line.split()
+        if len(f) < 8:
+            continue
+        try:
+            flags, metric = int(f[3], 16), int(f[6])
+        except ValueError:
+            continue
+        usable = flags & _RTF_UP and not flags & _RTF_REJECT
+        if f[1] == "00000000" and f[7] == "00000000" and usable:
+            if best is None or metric < best[0]:
+                best = (metric, f[0])
+    if best is not None:
+        return best[1]
+    for line in ipv6.splitlines():
+        f = line.split()
+        if len(f) < 10:
+            continue
+        try:
+            prefix, metric, flags = int(f[1], 16), int(f[5], 16), int(f[8], 16)
+        except ValueError:
+            continue
+        usable = flags & _RTF_UP and not flags & _RTF_REJECT
+        if f[0] == "0" * 32 and prefix == 0 and usable and f[9] != "lo":
+            if best is None or metric < best[0]:
+                best = (metric, f[9])
+    return None if best is None else best[1]

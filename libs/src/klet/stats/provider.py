@@ -157,6 +157,8 @@ class StatsProvider:
                 logs_fs=statfs(host.pod_logs_dir),
                 image_fs=image_fs,
                 container_fs=container_fs,
+                network=host.host_net_dev(),
+                default_interface=host.default_interface(),
             )
         pods = [
             self._pod(sandbox, containers, filesystems)
@@ -270,8 +272,11 @@ class StatsProvider:
         if not filesystems:
             return pod
         log_dir = host.pod_log_dir(sandbox.namespace, sandbox.name, sandbox.uid)
+        # Every process of a pod shares the sandbox's network namespace.
+        pids = host.cgroups.procs(rel) if rel is not None else []
         return dataclasses.replace(
             pod,
+            network=host.own_network(pids[0]) if pids else None,
             containers=[
                 dataclasses.replace(c, logs=dir_usage(log_dir / c.name)) for c in containers
             ],

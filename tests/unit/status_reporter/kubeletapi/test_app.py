@@ -44,7 +44,7 @@ from klet.status_reporter.kubeletapi.app import HttpProblem, create_app, resolve
 from klet.status_reporter.kubeletapi.deps import kubelet_api_metrics
 from klet.status_reporter.kubeletapi.routes import StreamTarget
 from klet.status_reporter.kubeletapi.stats import ephemeral_storage
-from klet.status_reporter.kubeletapi.testing import FakePodView, FakeRuntime
+from klet.status_reporter.kubeletapi.testing import FakeCheck, FakePodView, FakeRuntime
 from prometheus_client import CollectorRegistry, Counter
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -118,6 +118,7 @@ class World:
         Counter("klet_test_total", "a test counter", registry=self.registry).inc()
         self.cgroups = FakeCgroups()
         self.volumes = FakeVolumes()
+        self.syncloop = FakeCheck()
         self.deps = KubeletApiDeps(
             settings=KubeletApiSettings(
                 node_name="n1",
@@ -131,6 +132,7 @@ class World:
             registry=self.registry,
             cgroups=self.cgroups,
             metrics=kubelet_api_metrics(self.registry),
+            syncloop=self.syncloop,
             volumes=self.volumes,
         )
 
@@ -188,6 +190,34 @@ async def test_simple_endpoints(client: httpx.AsyncClient, world: World) -> None
     assert running["items"][0]["spec"]["containers"] == [
         {"name": "app", "image": "busybox", "resources": {}}
     ]
+
+
+async def test_healthz_checks_and_their_sli_metrics(
+    client: httpx.AsyncClient, world: World
+) -> None:
+    verbose = await client.get("/healthz", params={"verbose": ""})
+    assert verbose.status_code == 200 and verbose.headers["x-content-type-options"] == "nosniff"
+    assert verbose.text == "[+]ping ok\n[+]log ok\n[+]syncloop ok\nhealthz check passed\n"
+    world.syncloop.result = "no live syncloop replica has a port file in /run/klet/ports/syncloop"
+    failed = await client.get("/healthz")
+    assert failed.status_code == 500
+    assert failed.text.endswith("[-]syncloop failed: reason withheld\nhealthz check failed\n")
+    assert (await client.get("/healthz", params={"exclude": "syncloop"})).text == "ok"
+    one = await client.get("/healthz/syncloop")
+    assert (one.status_code, one.text) == (500, f"internal server error: {world.syncloop.result}\n")
+    assert (await client.get("/healthz/ping")).text == "ok"
+    assert (await client.get("/healthz/nope")).status_code == 404
+    slis = await client.get("/metrics/slis")
+    assert slis.status_code == 200
+    assert 'kubernetes_healthcheck{name="syncloop",type="healthz"} 0.0' in slis.text
+    assert (
+        'kubernetes_healthchecks_total{name="ping",status="success",type="healthz"} 3.0'
+        in slis.text
+    )
+    assert "klet_test_total" not in slis.text  # the SLI page has its own registry
+    reset = await client.delete("/metrics/slis")
+    assert (reset.status_code, reset.text) == (200, "metrics reset\n")
+    assert "kubernetes_healthcheck{" not in (await client.get("/metrics/slis")).text
 
 
 async def test_container_logs(client: httpx.AsyncClient, world: World) -> None:

@@ -70,6 +70,7 @@ def test_other_paths_keep_the_methods_verb(path: str) -> None:
         ("/metrics/cadvisor", ("metrics",), ("metrics",)),
         ("/metrics/probes", ("metrics",), ("metrics",)),
         ("/metrics/resource", ("metrics",), ("metrics",)),
+        ("/metrics/slis", ("metrics",), ("metrics",)),
         ("/metricsx", ("proxy",), ("proxy",)),
         ("/logs/", ("log",), ("log",)),
         ("/logs/syslog", ("log",), ("log",)),
@@ -79,6 +80,7 @@ def test_other_paths_keep_the_methods_verb(path: str) -> None:
         ("/runningpods/", ("pods", "proxy"), ("proxy",)),
         ("/healthz", ("healthz", "proxy"), ("proxy",)),
         ("/healthz/ping", ("healthz", "proxy"), ("proxy",)),
+        ("/healthz/syncloop", ("healthz", "proxy"), ("proxy",)),
         ("/configz", ("configz", "proxy"), ("proxy",)),
         ("/why/ns/pod", ("proxy",), ("proxy",)),  # klet's own: nodes/proxy
         ("/exec/ns/pod/c", ("proxy",), ("proxy",)),

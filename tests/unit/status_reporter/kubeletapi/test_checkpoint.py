@@ -31,7 +31,7 @@ from klet.status_reporter.kubeletapi.checkpoint import (
     parse_timeout,
 )
 from klet.status_reporter.kubeletapi.deps import kubelet_api_metrics
-from klet.status_reporter.kubeletapi.testing import FakePodView, FakeRuntime
+from klet.status_reporter.kubeletapi.testing import FakeCheck, FakePodView, FakeRuntime
 from prometheus_client import CollectorRegistry
 
 UID = "0b7e0c52-0000-4000-8000-0000000000c1"
@@ -169,6 +169,7 @@ def deps_for(tmp_path: Path, runtime: FakeRuntime, **settings: Any) -> KubeletAp
         registry=registry,
         cgroups=FakeCgroups(),
         metrics=kubelet_api_metrics(registry),
+        syncloop=FakeCheck(),
     )
 
 

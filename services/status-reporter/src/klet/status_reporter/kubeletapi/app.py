@@ -5,7 +5,9 @@ Authentication and authorization are not here: `server.py` decides them for ever
 request before it reaches this app or the streaming proxy, so this app can be tested
 in-process through `httpx.ASGITransport` like any other (STYLE rule 22).
 
-Endpoints, as upstream's kubelet serves them on its secure port: `/healthz`, `/pods`
+Endpoints, as upstream's kubelet serves them on its secure port: `/healthz` and
+`/healthz/{ping,log,syncloop}` (upstream's named checks, healthchecks.py), `/metrics/slis`
+(the SLI metrics recording them; DELETE resets them), `/pods`
 (the pod view's PodList, the same one the read-only port serves), `/runningpods/`
 (pods as the runtime sees them), `/metrics` (every service's kubelet metrics, gathered
 by `nodemetrics.py`), `/metrics/probes` (the prober's, as upstream serves them apart),
@@ -50,6 +52,7 @@ from klet.status_reporter.kubeletapi import lookup, nodelogs
 from klet.status_reporter.kubeletapi.checkpoint import CheckpointError, checkpoint
 from klet.status_reporter.kubeletapi.containerlogs import container_logs_response
 from klet.status_reporter.kubeletapi.deps import KubeletApiDeps, host_reader
+from klet.status_reporter.kubeletapi.healthchecks import Report, kubelet_health_checks
 from klet.status_reporter.kubeletapi.resourcemetrics import resource_metrics
 from klet.status_reporter.kubeletapi.routes import (
     BadRequest,
@@ -62,6 +65,7 @@ from klet.status_reporter.nodemetrics import LocalMetrics
 log = logging.getLogger(__name__)
 
 DEBUG_DISABLED = "Debug endpoints are disabled.\n"
+_NOSNIFF = {"X-Content-Type-Options": "nosniff"}
 
 
 class HttpProblem(Exception):
@@ -137,9 +141,32 @@ def create_app(deps: KubeletApiDeps) -> FastAPI:
         if not s.enable_debugging_handlers:
             raise HttpProblem(405, DEBUG_DISABLED)
 
-    @app.get("/healthz", response_class=PlainTextResponse)
-    async def healthz() -> str:
-        return "ok"
+    checks = kubelet_health_checks(syncloop=deps.syncloop, slis=deps.slis)
+
+    def _report(report: Report) -> Response:
+        return PlainTextResponse(report.body, status_code=report.status, headers=_NOSNIFF)
+
+    @app.get("/healthz")
+    async def healthz(request: Request) -> Response:
+        excluded = set(request.query_params.getlist("exclude"))
+        verbose = "verbose" in request.query_params
+        return _report(await checks.report(excluded=excluded, verbose=verbose))
+
+    @app.get("/healthz/{name}")
+    async def healthz_one(name: str) -> Response:
+        report = await checks.one(name)
+        if report is None:
+            raise HttpProblem(404, "404 page not found\n")
+        return _report(report)
+
+    @app.get("/metrics/slis")
+    async def metrics_slis() -> Response:
+        return Response(deps.slis.page(), media_type=CONTENT_TYPE)
+
+    @app.delete("/metrics/slis")
+    async def metrics_slis_reset() -> Response:
+        deps.slis.reset()
+        return _text(200, "metrics reset\n")
 
     @app.get("/pods")
     async def pods() -> Response:

@@ -21,6 +21,7 @@ from klet.status_reporter.kubeletapi.authn import ApiServer, AuthnSettings
 from klet.status_reporter.kubeletapi.authz import AuthzSettings
 from klet.status_reporter.kubeletapi.checkpoint import CheckpointRuntime
 from klet.status_reporter.kubeletapi.connlimits import REFUSALS
+from klet.status_reporter.kubeletapi.healthchecks import Check, SliMetrics, SyncloopCheck
 from klet.status_reporter.kubeletapi.logstream import FollowPolicy
 from klet.status_reporter.kubeletapi.lookup import RuntimeLister
 from klet.status_reporter.kubeletapi.stats import VolumeSource
@@ -259,6 +260,9 @@ class KubeletApiDeps:
     cgroups: CgroupReader
     metrics: KubeletApiMetrics
     """The listener's refusals, on `registry` (`kubelet_api_metrics(registry)`)."""
+    syncloop: Check
+    """The `syncloop` check of /healthz (healthchecks.SyncloopCheck over the run dir's
+    port files)."""
     apiserver: ApiServer | None = None
     """For TokenReview and SubjectAccessReview; None in standalone mode."""
     follow: FollowPolicy = field(default_factory=FollowPolicy)
@@ -268,6 +272,8 @@ class KubeletApiDeps:
     """Every service's metrics (nodemetrics.NodeMetrics); None: `registry` alone."""
     history: HistoryLookup | None = None
     """A pod's history (`klet.bus.history.pod_story` on the node's bus), for /why."""
+    slis: SliMetrics = field(default_factory=SliMetrics)
+    """The registry of /metrics/slis, where /healthz records its checks."""
 
 
 def host_reader(deps: KubeletApiDeps) -> HostReader:
@@ -322,6 +328,7 @@ def build_kubelet_api_deps(
         registry=registry,
         cgroups=cgroups if cgroups is not None else CgroupFS(),
         metrics=kubelet_api_metrics(registry),
+        syncloop=SyncloopCheck(run_dir=Path(settings.klet.run_dir)),
         apiserver=apiserver,
         volumes=volumes,
         node_metrics=node_metrics,

@@ -28,8 +28,25 @@ v1 host's pods and containers, a kernel without PSI) the `psi` fields and `io` a
 not zeros. `total` is the kernel's microseconds, as upstream passes it on. `io` is left
 out with `only_cpu_and_memory`, as upstream's.
 
+Network (`network` of the node and of each pod, not with `only_cpu_and_memory`, as
+upstream): rxBytes, rxErrors, txBytes, txErrors of the default interface inline, and
+every interface in `interfaces` with the default first, without the loopback and the
+host ends of links (lo, veth*, docker*: the interfaces cAdvisor ignores). The node's
+are the host network namespace's (/proc/net/dev: status-reporter runs on the host
+network in every deployment shape) and its default interface the one the default route
+leaves by (/proc/net/route, else ipv6_route; upstream names `eth0` whatever the host's
+is, and klet falls back to that on a host without a default route). A pod's are its
+sandbox's network namespace's, read from /proc/<pid>/net/dev of a process in the pod's
+cgroup (every process of the pod shares the sandbox's namespace), the reading
+/metrics/cadvisor serves; its default is `eth0`, as upstream's. CRI's PodSandboxStats
+network is not used: one reading for both pages, and no extra CRI call per pass. A pod
+on the host's network (its namespace is this process's) has no `network`, as cAdvisor
+gives such a sandbox none; nor has a pod without a pod cgroup (cgroupsPerQOS off), with
+no process left, or whose processes this process cannot see (status-reporter outside
+the host's PID namespace, as compose runs it).
+
 The numbers are the ones eviction decides on: both come from `klet.stats.StatsProvider`.
-Left out: network, the usage of `medium: Memory` emptyDirs, configMap, secret, projected,
+Left out: the usage of `medium: Memory` emptyDirs, configMap, secret, projected,
 downward-API, local and hostPath volumes, ephemeral-storage, accelerators, swap.
 usageNanoCores comes from CRI when the runtime computes it, otherwise from the previous
 sample of the same cgroup or container (so the first scrape has none, as upstream's first).
@@ -39,6 +56,7 @@ sample of the same cgroup or container (so the first scrape has none, as upstrea
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -59,6 +77,7 @@ from klet.stats import (
     StatsProvider,
     running_containers,
 )
+from klet.stats.cadvisor import NetDev
 
 
 class VolumeSource(Protocol):
@@ -148,6 +167,35 @@ def ephemeral_storage(
         used += volume.get("usedBytes") or 0
         inodes += volume.get("inodesUsed") or 0
     return fs_stats(rootfs, now_ns, used_bytes=used, inodes_used=inodes)
+
+
+POD_INTERFACE = "eth0"
+"""A pod's default interface: upstream's defaultNetworkInterfaceName, the name CNI
+plugins give the pod's end of its link."""
+
+
+def _interface(name: str, dev: NetDev) -> JSON:
+    return {
+        "name": name,
+        "rxBytes": dev.rx_bytes,
+        "rxErrors": dev.rx_errors,
+        "txBytes": dev.tx_bytes,
+        "txErrors": dev.tx_errors,
+    }
+
+
+def network_stats(devs: Mapping[str, NetDev], default: str | None, now_ns: int) -> JSON:
+    """NetworkStats: the default interface's counters inline (only its `name`, empty,
+    when there is no such interface, as upstream's zero InterfaceStats) and every
+    interface in `interfaces`, the default first, then by name."""
+    names = sorted(devs, key=lambda n: (n != default, n))
+    inline: JSON = {"name": ""}
+    if default is not None and default in devs:
+        inline = _interface(default, devs[default])
+    out: JSON = {"time": rfc3339(now_ns), **inline}
+    if names:
+        out["interfaces"] = [_interface(n, devs[n]) for n in names]
+    return out
 
 
 def _psi_data(d: PSIData) -> JSON:
@@ -269,6 +317,11 @@ class SummaryProvider:
             if n.container_fs is not None:
                 runtime["containerFs"] = _runtime_fs(n.container_fs, now)
             node["runtime"] = runtime
+            if n.network is not None:
+                # The default route's interface; upstream's eth0 on a host without one.
+                node["network"] = network_stats(
+                    n.network, n.default_interface or POD_INTERFACE, now
+                )
             node["rlimit"] = _drop_none(
                 {"time": rfc3339(now), "maxpid": n.pid_max, "curproc": n.tasks}
             )
@@ -342,6 +395,8 @@ class SummaryProvider:
                     snap.node.logs_fs, now, used_bytes=c.logs.bytes, inodes_used=c.logs.inodes
                 )
             pod["containers"].append(_drop_none(entry))
+        if not only_cpu_and_memory and p.network is not None:
+            pod["network"] = network_stats(p.network, POD_INTERFACE, now)
         if not only_cpu_and_memory:
             volumes = [
                 _empty_dir_stats(name, usage, snap.node.rootfs, now)

@@ -7,6 +7,8 @@
 - `FakeApiServer`: answers TokenReview from a token table and SubjectAccessReview from
   a set of allowed (user, verb, subresource) triples, recording every review; `fail`
   makes calls raise Unavailable.
+- `FakeCheck`: a health check whose answer a test sets (`result`: None passes, a
+  string fails with that reason), counting its runs.
 - `FollowerClock`: the clock of a followed log (`FollowPolicy(sleep=clock.sleep)`): its
   polls happen when the test moves the time on, not when the wall clock does.
 
@@ -34,6 +36,7 @@ from klet.model.types import JSON, ContainerID, SandboxID
 from klet.status_reporter.kubeletapi.authn import TOKENREVIEWS, ApiServer
 from klet.status_reporter.kubeletapi.authz import SUBJECTACCESSREVIEWS
 from klet.status_reporter.kubeletapi.deps import KubeletRuntime, PodView
+from klet.status_reporter.kubeletapi.healthchecks import Check
 
 
 class FakePodView:
@@ -252,7 +255,17 @@ class FollowerClock:
                         await waiter
 
 
+class FakeCheck:
+    def __init__(self, result: str | None = None) -> None:
+        self.result = result
+        self.runs = 0
+
+    async def __call__(self) -> str | None:
+        self.runs += 1
+        return self.result
+
+
 def _conforms(
-    p: FakePodView, r: FakeRuntime, a: FakeApiServer
-) -> tuple[PodView, KubeletRuntime, ApiServer]:
-    return p, r, a
+    p: FakePodView, r: FakeRuntime, a: FakeApiServer, c: FakeCheck
+) -> tuple[PodView, KubeletRuntime, ApiServer, Check]:
+    return p, r, a, c
