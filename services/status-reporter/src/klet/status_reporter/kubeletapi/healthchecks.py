@@ -20,8 +20,8 @@ them). klet gives each check the meaning it can observe:
   asks it: every live syncloop replica named by the port files in the run dir
   (`klet.portfiles`, the same files `/metrics` is gathered from, loopback only) must
   answer its own private `/healthz` with 200 within `SYNCLOOP_TIMEOUT_S`: its process
-  answers, and on the leading replica the PLEG relisted within its threshold (3 min, as
-  upstream's PLEG health), the nearest thing klet has to the loop iterating. No live
+  answers, and on the leading replica the PLEG relisted within its threshold (upstream's 3 min,
+  or twice the evented PLEG's period), the nearest thing klet has to the loop iterating. No live
   replica at all fails too (nothing runs the pods).
 
 The report follows upstream's healthz handler (k8s.io/apiserver's): `ok`, or with
