@@ -382,7 +382,16 @@ async def test_the_pod_list_is_encoded_once_per_change_not_per_reader() -> None:
     phases = {i["metadata"]["name"]: i["status"]["phase"] for i in json.loads(after[0])["items"]}
     assert phases == {"db": "Pending", "web": "Failed"}
 
-    await cache.reload()  # a reload is a change as well (it may have brought anything)
+    await cache.reload()  # the periodic reload finds what the stream brought: kept
+    assert cache.pod_list_json() == after[0]
+    assert encode.calls == 2
+    w.want(make_pod("new"))  # a desired pod only a reload tells the view about
+    await cache.reload()
     cache.pod_list_json()
     cache.pod_list_json()
     assert encode.calls == 3
+    assert "new" in {i["metadata"]["name"] for i in json.loads(cache.pod_list_json())["items"]}
+    w.bus.seed(w.status, WEB["metadata"]["uid"], status_record(WEB, version=3, phase="Running"))
+    await cache.reload()  # a newer status only the table has (another replica's entry)
+    assert json.loads(cache.pod_list_json())["items"][-1]["status"]["phase"] == "Running"
+    assert encode.calls == 4

@@ -33,7 +33,8 @@ delivers it; subscribers must copy what they iterate across an await.
 The PodList (`pod_list`) and its JSON body (`pod_list_json`) are built on the first read
 after a change and kept until the next: the bench's `/pods` polls of a 250-pod burst
 were most of this service's CPU when every request built and encoded the list afresh
-(issue 42). Every change goes through `_changed`, which drops them.
+(issue 42). Every change goes through `_changed`, which drops them; a periodic reload
+that found the same pods and statuses keeps them.
 
 Every replica of the service keeps its own complete view (see app.py): reading is not
 gated on the lease.
@@ -236,6 +237,7 @@ class PodCache:
         for uid in refreshed:
             if uid in self._desired:
                 desired[uid] = self._desired[uid]
+        old_desired, old_statuses = self._desired, self._statuses
         self._set_desired(desired)
         self._statuses = listing.merge_statuses(
             self._statuses,
@@ -243,7 +245,11 @@ class PodCache:
             keep=refreshed,
         )
         self._refreshed_at = {u: s for u, s in self._refreshed_at.items() if s > start_seq}
-        self._changed()
+        # Most reloads find what the stream already brought: the PodList built from the
+        # same pods and statuses is the same, so its encoding is kept.
+        self._changed(
+            listing_changed=self._desired != old_desired or self._statuses != old_statuses
+        )
         self._last_reload = self._clock()
         self._metrics.reloaded()
         if not self.loaded.is_set():
@@ -375,9 +381,10 @@ class PodCache:
             self._departed.pop(uid, None)
         self._desired = desired
 
-    def _changed(self) -> None:
-        self._list = None
-        self._list_json = None
+    def _changed(self, *, listing_changed: bool = True) -> None:
+        if listing_changed:
+            self._list = None
+            self._list_json = None
         # A departed spec is only useful while the union rule still lists its pod.
         listed = listing.listed_uids(self._desired, self._statuses)
         self._departed = {u: p for u, p in self._departed.items() if u in listed}
