@@ -172,8 +172,8 @@ DEFAULT_ON: Mapping[str, Account] = {
         "unit/status_reporter/test_nodestatus.py::test_status_fields",
     ),
     "DynamicResourceAllocation": Absent(
-        "DRA: pods with resourceClaims are rejected at admission (no DRA drivers, no "
-        "claim preparation)"
+        "DRA: pods with resourceClaims are rejected at admission (DRA drivers register "
+        "through the plugin watcher, klet.syncloop.dra, but no claim is prepared)"
     ),
     "ExecProbeTimeout": Implemented(
         "klet.syncloop.probing.probes",

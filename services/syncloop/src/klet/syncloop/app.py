@@ -17,11 +17,13 @@ from typing import Any
 from klet.bus import BusError
 from klet.bus.events import node_reference
 from klet.bus.leader import hold, release_quietly
+from klet.model.dra import DRA_PLUGIN
 from klet.model.podresources import SOCKET_DIR, SOCKET_NAME
 from klet.model.records import NodeConditionRecord
 from klet.model.types import JSON, ContainerID
 from klet.obs import create_health_app, leader_metric, run_supervised, serve_service_port
 from klet.rpc.deviceplugin import GrpcPlugin, serve_registration
+from klet.rpc.dra import GrpcDRAPlugin
 from klet.rpc.podcontrol import serve_pod_control
 from klet.rpc.podresources import serve_pod_resources
 from klet.syncloop.containers.logmanager import ContainerLogManager, LogManagerSettings
@@ -29,6 +31,7 @@ from klet.syncloop.containers.reservedcgroups import run_enforcement
 from klet.syncloop.cpumanager import manager as cpumanager
 from klet.syncloop.devices import plugins as devices
 from klet.syncloop.devices.watched import DEVICE_PLUGIN, WatchedDevicePlugins
+from klet.syncloop.dra.registration import DRADrivers, DriverInstance
 from klet.syncloop.memorymanager import manager as memorymanager
 from klet.syncloop.metrics import PodResourcesMetrics
 from klet.syncloop.plugins.csidrivers import CSIRegistrar
@@ -52,6 +55,7 @@ async def main(deps: Deps) -> int:
     )
     relister = deps.relister
     device_registrations = _device_registrations(deps)
+    _dra_drivers(deps)
     log_manager = ContainerLogManager(
         deps.cri, LogManagerSettings.from_config(deps.settings.kubelet)
     )
@@ -226,6 +230,21 @@ def _device_registrations(deps: Deps) -> devices.Registrations | None:
             registrations, root_dir=Path(deps.settings.klet.root_dir)
         )
     return registrations
+
+
+def _connect_dra(instance: DriverInstance) -> GrpcDRAPlugin:
+    return GrpcDRAPlugin(instance.endpoint, driver=instance.driver, service=instance.service)
+
+
+def _dra_drivers(deps: Deps) -> DRADrivers[GrpcDRAPlugin] | None:
+    """The DRA drivers registered through the plugin watcher (dra/registration.py), whose
+    registrar hands `DRAPlugin` sockets to them; None without a plugin watcher. Nothing
+    calls them yet: pods with resourceClaims are still refused at admission."""
+    if deps.plugins is None or not isinstance(deps.plugins.registrar, CSIRegistrar):
+        return None
+    drivers = DRADrivers(root_dir=Path(deps.settings.klet.root_dir), connect=_connect_dra)
+    deps.plugins.registrar.handlers[DRA_PLUGIN] = drivers
+    return drivers
 
 
 async def _device_plugins(deps: Deps, registrations: devices.Registrations | None) -> None:

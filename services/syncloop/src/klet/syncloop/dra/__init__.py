@@ -1,0 +1,5 @@
+"""Dynamic Resource Allocation on the node (upstream's pkg/kubelet/cm/dra): DRA drivers
+registering through the plugin watcher (`registration.py`) and what klet keeps of the
+claims they prepared (`claiminfo.py`, checkpointed in `<root-dir>/dra_manager_state`).
+Pods with resourceClaims are still refused at admission: nothing prepares their claims
+yet."""
