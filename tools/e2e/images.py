@@ -17,7 +17,9 @@ module makes them from what is here:
   bind-tools (dig drags in 35 MB of ICU for DNS tests that are not node tests) nor
   coredns. nonewprivs needs nothing but nnp: its base is the dev stack's busybox layer.
 - **busybox** and **pause** are the dev stack's own (klet.devstack.images) pushed again
-  under the names the suite asks for.
+  under the names the suite asks for; busybox also under each tag the CSI drivers'
+  manifests name (`build_csi_manifest_images`: CSI Mock's driver pod runs
+  `e2e-test-images/busybox:1.36.1-1`).
 - **volume/nfs** (the NFS server of the storage specs, built only when a run asks for
   it: `extra=("VolumeNFSServer",)`) is upstream's Fedora + nfs-utils image redone on a
   Debian minbase with nfs-kernel-server, upstream's own `run_nfs.sh` and `index.html`
