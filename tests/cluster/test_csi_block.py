@@ -13,7 +13,10 @@ kubernetes.io~csi/<pv>` (the device handed to the runtime); what the container w
 its device is in the driver's backing file on the host; the Node lists the volume in
 `volumesInUse`; the pod deleted → NodeUnpublishVolume then NodeUnstageVolume (the
 driver's log), the link, publish file and staging gone before the pod object is; a second
-pod on the same claim reads what the first wrote.
+pod on the same claim reads what the first wrote. A pod whose claim is readOnly gets
+NodePublishVolume with readonly set and the device with cgroup permission "r": it reads
+what a writer left and its write is refused (hostpathplugin itself ignores readonly for
+a block volume, so the refusal is the permission klet gave the runtime).
 
 Needs hostpathplugin, csi-node-driver-registrar and csi-provisioner (minutes to build
 cold): only `make test-csi` (KLET_CSI_TESTS=1) collects it.
@@ -298,3 +301,71 @@ def test_a_block_claim_is_a_device_in_the_container_and_torn_down(
         timeout_s=120,
         what="the reader's line in its log",
     )
+
+
+def publish_requests(log: Path) -> list[str]:
+    """The requests of the NodePublishVolume calls hostpathplugin logged (the
+    `GRPC request: {...}` line after each `GRPC call: /csi.v1.Node/NodePublishVolume`)."""
+    out, after_call = [], False
+    for line in log.read_text(errors="replace").splitlines():
+        if "GRPC call: /csi.v1.Node/" in line:
+            after_call = "NodePublishVolume" in line
+        elif after_call and "GRPC request:" in line:
+            out.append(line)
+            after_call = False
+    return out
+
+
+def test_a_read_only_block_claim_is_published_read_only_and_cannot_be_written(
+    cp: ControlPlane, node: KletNode, driver: Path, ns: str
+) -> None:
+    """A claim the pod mounts readOnly: NodePublishVolume with readonly set and the device
+    given to the container with cgroup permission "r" (upstream's makeBlockVolumes): the
+    container reads what a writer left, its write is refused, the volume is unchanged."""
+    claim = {
+        "apiVersion": "v1",
+        "kind": "PersistentVolumeClaim",
+        "metadata": {"name": "raw"},
+        "spec": {
+            "accessModes": ["ReadWriteOnce"],
+            "volumeMode": "Block",
+            "storageClassName": CLASS,
+            "resources": {"requests": {"storage": "1Mi"}},
+        },
+    }
+    apply(cp, claim, ns)
+    wait_for(
+        lambda: kget(cp, "pvc", "raw", "-n", ns)["status"].get("phase") == "Bound",
+        timeout_s=90,
+        what="the claim bound",
+    )
+    pv = kget(cp, "pvc", "raw", "-n", ns)["spec"]["volumeName"]
+    handle = kget(cp, "pv", pv)["spec"]["csi"]["volumeHandle"]
+    apply(cp, block_pod("writer", f"echo klet-ro-{ns} > {DEVICE}; echo written"), ns)
+    wait_for(lambda: "written" in logs(cp, ns, "writer"), timeout_s=120, what="the write")
+    cp.kubectl("delete", "pod", "writer", "-n", ns, "--wait=false", check=True)
+    wait_for(
+        lambda: cp.kubectl("get", "pod", "writer", "-n", ns).returncode != 0,
+        timeout_s=90,
+        what="the writer gone",
+    )
+    seen = len(publish_requests(driver))
+    script = (
+        f"read line < {DEVICE}; echo read: $line; "
+        f"if (echo overwritten > {DEVICE}) 2>/dev/null; then echo write: done; "
+        "else echo write: refused; fi"
+    )
+    reader = block_pod("reader", script)
+    reader["spec"]["volumes"][0]["persistentVolumeClaim"]["readOnly"] = True
+    apply(cp, reader, ns)
+    wait_for(
+        lambda: "write: " in logs(cp, ns, "reader"),
+        timeout_s=120,
+        what="the reader's lines in its log",
+    )
+    out = logs(cp, ns, "reader")
+    assert f"read: klet-ro-{ns}" in out and "write: refused" in out, out
+    backing = driver.parent / "state" / handle
+    assert backing.read_bytes().startswith(f"klet-ro-{ns}\n".encode())
+    [request] = publish_requests(driver)[seen:]
+    assert '"readonly":true' in request, request
