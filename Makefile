@@ -266,9 +266,11 @@ csi-binaries:
 
 # The tests of those components (their images through CRI, the provisioner and resizer
 # against the real apiserver, node-driver-registrar registering a driver with a klet
-# node), which `make test` does not collect (tests/conftest.py).
+# node, raw block volumes, a claim restored from a VolumeSnapshot with the snapshot CRDs
+# and snapshot-controller in the cluster), which `make test` does not collect
+# (tests/conftest.py).
 test-csi: setup cluster-binaries csi-binaries
-	KLET_CSI_TESTS=1 $(PY) -m pytest tests/integration/test_csi_images.py tests/cluster/test_csi_sidecars.py tests/cluster/test_csi_block.py $(PYTEST_ARGS)
+	KLET_CSI_TESTS=1 $(PY) -m pytest tests/integration/test_csi_images.py tests/cluster/test_csi_sidecars.py tests/cluster/test_csi_block.py tests/cluster/test_csi_snapshots.py $(PYTEST_ARGS)
 
 # The pinned helm binaries of the helm tier, built from tools/helm's Go module into
 # $KLET_CACHE/helm/<version>/helm (default /var/cache/klet); no-op once cached. v4 renders

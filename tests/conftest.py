@@ -44,6 +44,7 @@ if not os.environ.get("KLET_CSI_TESTS"):
         "integration/test_csi_images.py",
         "cluster/test_csi_sidecars.py",
         "cluster/test_csi_block.py",
+        "cluster/test_csi_snapshots.py",
     ]
 # kubeadm init/join/reset with klet as the kubelet runs in a mount and network namespace
 # of its own and takes about 80 s: only `make test-kubeadm` (KLET_KUBEADM_TESTS=1, under
