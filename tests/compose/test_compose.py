@@ -624,7 +624,9 @@ def test_each_container_has_only_what_it_uses(deployment: Deployment) -> None:
     filesystem, every mount and whether it is writable, the kubeconfig flag; each
     service sees its own bus password and no other, Redis sees no service's; writes
     outside a container's writable mounts fail; pod-source sees of the kubernetes dir
-    only the static pod directory and the kubeconfig file."""
+    only the static pod directory and the kubeconfig file; of the run dir, the gRPC
+    sockets are only where they are served or called (eviction, image-gc; syncloop's
+    all of it), and each service writes only its own port files' directory."""
     d = deployment
     host_pid_ns = os.readlink("/proc/self/ns/pid")
     bus = Path(d.env["KLET_BUS_DIR"])
@@ -693,6 +695,32 @@ def test_each_container_has_only_what_it_uses(deployment: Deployment) -> None:
             assert exec_in(d, "pod-source", "test", "-f", path).returncode == 0, path
     finally:
         beside.unlink()
+
+    # Of the run dir: syncloop's PodControl and image-gc's GarbageCollector sockets are
+    # in eviction's and image-gc's containers, not in pod-source's or status-reporter's
+    # (on the network); each service writes only its own port files' directory
+    # (status-reporter reads the others').
+    run = d.env["KLET_RUN_DIR"]
+    for sock in ("syncloop", "image-gc", "eviction"):
+        path = f"{run}/grpc/{sock}.sock"
+        for service in ("eviction", "image-gc"):
+            assert exec_in(d, service, "test", "-S", path).returncode == 0, (service, path)
+        for service in ("pod-source", "status-reporter"):
+            seen = exec_in(d, service, "ls", f"{run}/grpc")
+            assert seen.returncode != 0 and "No such file" in seen.stderr, (service, seen)
+    for service in ("pod-source", "status-reporter", "eviction", "image-gc"):
+        own = exec_in(d, service, "touch", f"{run}/ports/{service}/probe.tmp")
+        assert own.returncode == 0, (service, own.stderr)
+        Path(run, "ports", service, "probe.tmp").unlink()
+        planted = exec_in(d, service, "touch", f"{run}/ports/syncloop/planted.json")
+        assert planted.returncode != 0, f"{service} plants a port file of syncloop's"
+        slot = exec_in(d, service, "test", "-f", f"{run}/leases/{service}.holder")
+        assert slot.returncode == 0, (service, slot.stderr)
+    listed = exec_in(d, "status-reporter", "ls", f"{run}/ports/syncloop")
+    assert listed.returncode == 0 and listed.stdout.strip(), listed
+    for service in ("pod-source", "eviction", "image-gc"):
+        seen = exec_in(d, service, "ls", f"{run}/ports/syncloop")
+        assert seen.returncode != 0, f"{service} sees syncloop's port files"
 
 
 # Run inside status-reporter's container: two raw calls on its CRI proxy socket (an empty

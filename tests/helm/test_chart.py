@@ -193,6 +193,32 @@ def chart_path(service: str, compose_target: str) -> str:
     return CHART_PATH.get(compose_target, compose_target)
 
 
+def test_each_service_mounts_only_its_part_of_the_run_dir() -> None:
+    """As in docker-compose.yml: each service's pod mounts, of paths.runDir (set to
+    another path here, so nothing is the default by chance), the lease slots'
+    directory and its own port files' directory, each a hostPath of that path; the gRPC
+    sockets' directory only where a socket is served or called (eviction, image-gc);
+    every port file read-only in status-reporter's alone; all of it in syncloop's."""
+    run = "/run/klet-x"
+    sets = ["node.name=node-a", PINNED, f"paths.runDir={run}"]
+    found = {}
+    for service, w in workloads(render(sets=sets)).items():
+        if service == "redis":
+            continue
+        found[service] = {}
+        for path, (m, volume) in mounts_of(w).items():
+            if path == run or path.startswith(f"{run}/"):
+                assert volume["hostPath"] == {"path": path, "type": "DirectoryOrCreate"}, path
+                found[service][path.removeprefix(run)] = not m.get("readOnly", False)
+    assert found == {
+        "pod-source": {"/leases": True, "/ports/pod-source": True},
+        "syncloop": {"": True},
+        "status-reporter": {"/leases": True, "/ports": False, "/ports/status-reporter": True},
+        "eviction": {"/leases": True, "/grpc": True, "/ports/eviction": True},
+        "image-gc": {"/leases": True, "/grpc": True, "/ports/image-gc": True},
+    }
+
+
 @pytest.mark.parametrize("service", SERVICES)
 def test_service_runs_as_compose_runs_it(service: str) -> None:
     """Same flags, environment, privileges and mounts as docker-compose.yml with its

@@ -118,12 +118,17 @@ class Confinement:
 def confinement(service: str, env: dict[str, str]) -> Confinement:
     """The expected confinement of `service` with the compose variables `env`."""
     root = env["KLET_ROOT_DIR"]
+    run = env["KLET_RUN_DIR"]
     common = {
         env["KLET_CONFIG_DIR"]: False,
-        env["KLET_RUN_DIR"]: True,
         env["KLET_REDIS_SOCKET_DIR"]: False,
         "/etc/klet/bus/password": False,
+        # Of the run dir: the lease and leader slots, and its own port files' directory.
+        f"{run}/leases": True,
+        (own_ports := f"{run}/ports/{service}"): True,
     }
+    # The gRPC sockets: for those that serve one or call one.
+    grpc = {f"{run}/grpc": True}
     kubernetes = {env["KLET_KUBERNETES_DIR"]: False}
     # pod-source: of the kubernetes dir, what it reads alone.
     manifests = {
@@ -148,7 +153,8 @@ def confinement(service: str, env: dict[str, str]) -> Confinement:
             True,
             True,
             {
-                **common,
+                **{k: v for k, v in common.items() if k not in (f"{run}/leases", own_ports)},
+                run: True,  # all of it: privileged, a mount would not confine it
                 **kubernetes,
                 root: True,
                 env["KLET_POD_LOGS_DIR"]: True,
@@ -162,10 +168,16 @@ def confinement(service: str, env: dict[str, str]) -> Confinement:
             none,
             False,
             True,
-            {**common, **kubernetes, **readers, env["KLET_CERT_DIR"]: True},
+            {
+                **common,
+                **kubernetes,
+                **readers,
+                env["KLET_CERT_DIR"]: True,
+                f"{run}/ports": False,  # every service's port files, read
+            },
         ),
         "eviction": Confinement(
-            False, frozenset({"DAC_READ_SEARCH"}), False, False, {**common, **readers}
+            False, frozenset({"DAC_READ_SEARCH"}), False, False, {**common, **readers, **grpc}
         ),
         "image-gc": Confinement(
             False,
@@ -174,6 +186,7 @@ def confinement(service: str, env: dict[str, str]) -> Confinement:
             False,
             {
                 **common,
+                **grpc,
                 env["KLET_POD_LOGS_DIR"]: True,
                 env["KLET_IMAGE_FS_DIR"]: False,
                 "/run/klet-cri": False,
@@ -262,20 +275,47 @@ def test_pod_source_mounts_the_static_pod_directory_and_the_kubeconfig_alone(
     env = {**variables(), "KLET_KUBECONFIG": kubeconfig}
     manifests = env["KLET_STATIC_POD_PATH"]
     assert manifests == "/etc/kubernetes/manifests"  # upstream's kubeadm default
-    assert volume_targets(spec) == {
-        env["KLET_CONFIG_DIR"]: False,
-        env["KLET_RUN_DIR"]: True,
-        env["KLET_REDIS_SOCKET_DIR"]: False,
-        "/etc/klet/bus/password": False,
-        manifests: False,
-        (kubeconfig or STANDALONE_KUBECONFIG): False,
-    }
+    mounts = volume_targets(spec)
+    assert mounts == confinement("pod-source", env).mounts
+    assert mounts[manifests] is False
+    assert mounts[kubeconfig or STANDALONE_KUBECONFIG] is False
+    assert env["KLET_KUBERNETES_DIR"] not in mounts
     mounted = kubeconfig or STANDALONE_KUBECONFIG
     assert f"{mounted}:{mounted}:ro" in spec["volumes"]
     assert f"--kubeconfig={kubeconfig}" in spec["command"]
     for service in ("syncloop", "status-reporter"):
         volumes = volume_targets(file["services"][service])
         assert volumes[env["KLET_KUBERNETES_DIR"]] is False, service
+
+
+def test_each_service_mounts_only_its_part_of_the_run_dir() -> None:
+    """The run dir is not shared whole: every service gets the lease slots' directory
+    and writes its own port files' directory alone; the gRPC sockets' directory is in
+    the containers that serve or call one (eviction, image-gc), not in pod-source's or
+    status-reporter's, so neither can call KillPod, FreeSpace or DryRun; status-reporter
+    reads every service's port files read-only; syncloop, privileged, mounts it all."""
+    run = variables()["KLET_RUN_DIR"]
+    parts = {
+        service: {
+            target.removeprefix(run): rw
+            for target, rw in volume_targets(compose()["services"][service]).items()
+            if target == run or target.startswith(f"{run}/")
+        }
+        for service in SERVICES
+    }
+    redis = variables()["KLET_REDIS_SOCKET_DIR"].removeprefix(run)
+    assert parts == {
+        "pod-source": {"/leases": True, "/ports/pod-source": True, redis: False},
+        "syncloop": {"": True, redis: False},
+        "status-reporter": {
+            "/leases": True,
+            "/ports": False,
+            "/ports/status-reporter": True,
+            redis: False,
+        },
+        "eviction": {"/leases": True, "/grpc": True, "/ports/eviction": True, redis: False},
+        "image-gc": {"/leases": True, "/grpc": True, "/ports/image-gc": True, redis: False},
+    }
 
 
 def test_only_syncloop_and_the_cri_proxy_mount_the_runtime_socket() -> None:
