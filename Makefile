@@ -272,6 +272,15 @@ csi-binaries:
 test-csi: setup cluster-binaries csi-binaries
 	KLET_CSI_TESTS=1 $(PY) -m pytest tests/integration/test_csi_images.py tests/cluster/test_csi_sidecars.py tests/cluster/test_csi_block.py tests/cluster/test_csi_snapshots.py $(PYTEST_ARGS)
 
+# Upstream's DRA test driver (tools/dra/build.sh builds k8s.io/kubernetes v1.34.4's
+# test/e2e/dra/test-driver: about 15 s the first time, cached after) registering through
+# klet's plugin watcher and preparing and unpreparing a claim against the cluster
+# harness's apiserver (tests/cluster/test_dra_driver.py, about 25 s with the control
+# plane's start). `make test` runs the DRA unit tests, not this (tests/conftest.py).
+.PHONY: test-dra
+test-dra: setup cluster-binaries
+	KLET_DRA_TESTS=1 $(PY) -m pytest tests/cluster/test_dra_driver.py $(PYTEST_ARGS)
+
 # The pinned helm binaries of the helm tier, built from tools/helm's Go module into
 # $KLET_CACHE/helm/<version>/helm (default /var/cache/klet); no-op once cached. v4 renders
 # and installs the chart; v3 only proves it still lints on Helm 3. `make run` needs no helm.
