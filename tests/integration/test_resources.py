@@ -12,7 +12,8 @@ from typing import Any
 
 from klet.cgroups.fs import swap_control
 from klet.cgroups.machine import mem_total_bytes
-from klet.syncloop.containers import podcgroups, resources
+from klet.syncloop.containers import podcgroups
+from klet.syncloop.model import resources
 
 from tests.harness.node import KletNode, container_status
 from tests.harness.pods import running

@@ -6,13 +6,16 @@ does not know; keys that every service has one of (`events:<service>`,
 `lease:<service>`) are listed once as a pattern. Every service package under services/
 is named with its distribution directory, every gRPC service in proto/ by its full name,
 every function of the bus's Redis library, the ACL user names, the default service
-ports, and the run-dir and root-dir paths of klet.model.layout. The README points at
-ARCHITECTURE.md, not at a file outside the repository.
+ports, and the run-dir and root-dir paths of klet.model.layout. The floors of syncloop's
+packages the map draws are the ones the import-linter layers contract in pyproject.toml
+enforces, in the same order. The README points at ARCHITECTURE.md, not at a file
+outside the repository.
 """
 
 from __future__ import annotations
 
 import re
+import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -196,3 +199,37 @@ def test_the_readme_links_to_the_map_in_the_repository() -> None:
     readme = (ROOT / "README.md").read_text()
     assert "../shared/DESIGN.md" not in readme, "README.md links to ../shared/DESIGN.md"
     assert "(ARCHITECTURE.md)" in readme, "README.md does not link to ARCHITECTURE.md"
+
+
+def syncloop_layers_contract() -> list[set[str]]:
+    """The floors of pyproject.toml's layers contract over klet.syncloop, top first."""
+    config = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    contracts = [
+        c
+        for c in config["tool"]["importlinter"]["contracts"]
+        if c["type"] == "layers" and c.get("containers") == ["klet.syncloop"]
+    ]
+    assert len(contracts) == 1, "pyproject.toml: no one layers contract over klet.syncloop"
+    return [{name.strip() for name in re.split(r"[|:]", layer)} for layer in contracts[0]["layers"]]
+
+
+def syncloop_floors(text: str) -> list[set[str]]:
+    """The packages cell of each row of the "Inside syncloop" floor table, top first."""
+    section = text.split("### Inside syncloop", 1)
+    assert len(section) == 2, f"{DOC.name}: no 'Inside syncloop' section"
+    floors: list[set[str]] = []
+    for line in section[1].splitlines():
+        row = [c.strip() for c in line.strip().strip("|").split(" | ")]
+        if line.startswith("|") and row[0].isdigit():
+            floors.append({name.strip("`/ ") for name in row[1].split("\\|")})
+        elif floors and not line.startswith("|"):
+            break
+    return floors
+
+
+def test_the_syncloop_floors_are_the_layers_contract() -> None:
+    drawn, enforced = syncloop_floors(doc()), syncloop_layers_contract()
+    assert drawn == enforced, (
+        f"{DOC.name} draws syncloop's floors {drawn}, pyproject.toml's layers contract "
+        f"enforces {enforced}"
+    )

@@ -19,10 +19,10 @@ from klet.cri.testing import FakeRuntimeService
 from klet.cri.types import ContainerState, ContainerStatusInfo, SandboxState
 from klet.model.types import ContainerID, SandboxID
 from klet.syncloop.admission.admit import NodeInfo
+from klet.syncloop.containers.syncsettings import SyncSettings
 from klet.syncloop.events import EventSink
-from klet.syncloop.pods import podspec
-from klet.syncloop.pods.runtimepod import RuntimePod, SandboxView, sort_newest_first
-from klet.syncloop.pods.syncsettings import SyncSettings
+from klet.syncloop.model import podspec
+from klet.syncloop.model.runtimepod import RuntimePod, SandboxView, sort_newest_first
 from klet.syncloop.wiring import Deps, Overrides, build_deps
 from prometheus_client import CollectorRegistry
 

@@ -99,7 +99,7 @@ def test_unknown_state_container_is_killed_then_started() -> None:
 def test_crash_loop_backoff_waits_and_reports() -> None:
     p = pod("a")
     b = Backoff()
-    from klet.syncloop.pods import podspec
+    from klet.syncloop.model import podspec
 
     key = podspec.backoff_key(p, p["spec"]["containers"][0])
     b.next(key, now=990)  # one restart already happened: the delay is now 10 s

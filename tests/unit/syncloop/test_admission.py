@@ -37,8 +37,8 @@ from klet.syncloop.admission.admit import (
     matches_node_affinity,
     port_conflict,
 )
+from klet.syncloop.model.runtimepod import RuntimePod
 from klet.syncloop.pods.controller import PodController
-from klet.syncloop.pods.runtimepod import RuntimePod
 from klet.syncloop.wiring import Deps
 
 from .helpers import wire

@@ -29,9 +29,9 @@ from klet.cri.testing import FakeRuntimeService
 from klet.cri.types import ContainerState, SandboxState
 from klet.model.records import DesiredPod, PodChange, SourceState
 from klet.model.types import JSON, PodUID
-from klet.syncloop.pods import podspec
+from klet.syncloop.model import podspec
+from klet.syncloop.model.runtimepod import RuntimePod
 from klet.syncloop.pods.controller import needs_sync
-from klet.syncloop.pods.runtimepod import RuntimePod
 
 from .helpers import RecordedEvents, pod, wire
 

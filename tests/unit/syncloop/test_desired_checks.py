@@ -19,7 +19,7 @@ from klet.model.records import DesiredPod, PodChange
 from klet.model.types import PodUID
 from klet.syncloop.containers import termination
 from klet.syncloop.environment import etchosts
-from klet.syncloop.pods import podspec
+from klet.syncloop.model import podspec
 from klet.syncloop.pods.controller import FAILED_VALIDATION, check_desired
 from klet.syncloop.volumes.base import volume_path
 from klet.syncloop.volumes.manager import VolumeManager

@@ -15,11 +15,11 @@ import pytest
 from klet.cri.testing import FakeRuntimeService
 from klet.cri.types import DNSConfig
 from klet.syncloop.containers import criconfig
+from klet.syncloop.containers.syncsettings import SyncSettings
 from klet.syncloop.environment import dns
 from klet.syncloop.environment.dns import DNSSettings, PodDNSError, ResolvConf
 from klet.syncloop.environment.envvars import NodeFacts
 from klet.syncloop.pods.syncpod import PodSyncer
-from klet.syncloop.pods.syncsettings import SyncSettings
 
 from .helpers import RecordedEvents, pod, wire
 

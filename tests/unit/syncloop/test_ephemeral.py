@@ -15,7 +15,7 @@ from klet.cri.client import _container_pb
 from klet.cri.types import ContainerState as CS
 from klet.cri.types import NamespaceMode, SandboxState
 from klet.model.flowcontrol import Backoff
-from klet.syncloop.pods import podspec
+from klet.syncloop.model import podspec
 from klet.syncloop.pods.actions import compute_pod_actions
 from klet.syncloop.pods.status import compute_pod_status
 

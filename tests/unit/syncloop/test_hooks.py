@@ -27,9 +27,9 @@ from klet.cri.testing import FakeRuntimeService
 from klet.cri.types import ContainerState
 from klet.model.types import ContainerID
 from klet.syncloop.containers import hooks
-from klet.syncloop.pods import podspec
+from klet.syncloop.containers.syncsettings import SyncSettings
+from klet.syncloop.model import podspec
 from klet.syncloop.pods.syncpod import SyncResult
-from klet.syncloop.pods.syncsettings import SyncSettings
 
 from .helpers import RecordedEvents, pod, wire
 

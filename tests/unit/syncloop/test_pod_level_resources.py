@@ -11,12 +11,12 @@ from typing import Any
 
 import pytest
 from klet.model import pod as podmodel
-from klet.syncloop.containers import podcgroups, resources
-from klet.syncloop.containers.resources import NodeLimits, PodResources
+from klet.syncloop.containers import podcgroups
+from klet.syncloop.containers.syncsettings import SyncSettings
 from klet.syncloop.environment import envvars
 from klet.syncloop.environment.envvars import NodeFacts
-from klet.syncloop.pods import podspec
-from klet.syncloop.pods.syncsettings import SyncSettings
+from klet.syncloop.model import podspec, resources
+from klet.syncloop.model.resources import NodeLimits, PodResources
 
 GI = 1024**3
 MI = 1024**2

@@ -255,7 +255,7 @@ def test_the_start_tracker() -> None:
 async def test_the_pod_cgroup_creation_is_timed(tmp_path: Path) -> None:
     from klet.cgroups import CgroupFS
     from klet.syncloop.containers.podcgroups import CgroupfsPodCgroups, pod_cgroup_exists
-    from klet.syncloop.pods.syncsettings import SyncSettings
+    from klet.syncloop.containers.syncsettings import SyncSettings
 
     root = tmp_path / "cgroup"
     root.mkdir()

@@ -4,7 +4,7 @@ image pull policy defaults, QoS class and the pod cgroup parent."""
 from __future__ import annotations
 
 import pytest
-from klet.syncloop.pods import podspec
+from klet.syncloop.model import podspec
 
 
 def test_hash_stable_and_sensitive() -> None:

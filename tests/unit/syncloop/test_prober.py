@@ -34,8 +34,8 @@ from klet.cri.testing import FakeRuntimeService
 from klet.cri.types import ContainerConfig, SandboxConfig
 from klet.model.types import ContainerID, SandboxID
 from klet.syncloop.metrics import Metrics, create_metrics
+from klet.syncloop.model.runtimepod import RuntimePod
 from klet.syncloop.pods.runtime import PodRuntime
-from klet.syncloop.pods.runtimepod import RuntimePod
 from klet.syncloop.probing import probes
 from klet.syncloop.probing.prober import ProbeManager, ProbeSettings
 from klet.syncloop.probing.proberesults import ProbeKind

@@ -16,7 +16,7 @@ from klet.cri.errors import CRIError
 from klet.cri.types import ContainerState as CS
 from klet.cri.types import ContainerStatsInfo, LinuxResources
 from klet.model.types import ContainerID
-from klet.syncloop.containers.resources import NodeLimits, PodResources
+from klet.syncloop.model.resources import NodeLimits, PodResources
 from klet.syncloop.pods import resize
 from klet.syncloop.pods.allocation import ACTUATED_FILE, ALLOCATED_FILE, Checkpoint
 from klet.syncloop.pods.resizing import PodResizer

@@ -7,8 +7,9 @@ from typing import Any
 
 import pytest
 from klet.cri.types import LinuxResources
-from klet.syncloop.containers import podcgroups, resources
-from klet.syncloop.containers.resources import NodeLimits, PodResources
+from klet.syncloop.containers import podcgroups
+from klet.syncloop.model import resources
+from klet.syncloop.model.resources import NodeLimits, PodResources
 
 GI = 1024**3
 NODE = NodeLimits(memory_capacity_bytes=4 * GI)
@@ -238,7 +239,7 @@ def test_ensure_pod_cgroup_pids_limit(tmp_path: Path) -> None:
 
 
 def test_node_limits_reads_pod_pids_limit() -> None:
-    from klet.syncloop.pods.syncsettings import SyncSettings
+    from klet.syncloop.containers.syncsettings import SyncSettings
 
     assert podcgroups.node_limits(SyncSettings(Path("/l"), pod_pids_limit=7)).pod_pids_limit == 7
     assert podcgroups.node_limits(SyncSettings(Path("/l"))).pod_pids_limit == -1

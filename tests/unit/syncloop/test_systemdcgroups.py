@@ -16,8 +16,8 @@ from klet.cgroups.testing import FakeSystemd
 from klet.cri.testing import FakeRuntimeService
 from klet.syncloop.app import cgroup_driver_mismatch
 from klet.syncloop.containers.podcgroups import CgroupfsPodCgroups, NodeCgroupLimits
-from klet.syncloop.containers.resources import PodResources
 from klet.syncloop.containers.systemdcgroups import SystemdPodCgroups
+from klet.syncloop.model.resources import PodResources
 from klet.syncloop.wiring import pod_cgroups
 
 UID = "11111111-2222-3333-4444-555555555555"

@@ -25,7 +25,7 @@ from klet.cri import RuntimeClient
 from klet.cri.events import RuntimeEvents
 from klet.cri.testing import FakeRuntimeEvents, FakeRuntimeService
 from klet.syncloop.admission.admit import NodeInfo
-from klet.syncloop.pods.syncsettings import SyncSettings
+from klet.syncloop.containers.syncsettings import SyncSettings
 from klet.syncloop.wiring import Overrides, build_deps
 from prometheus_client import CollectorRegistry
 

@@ -9,7 +9,7 @@ event loop starts, so a node with swap runs none of them.
 With failSwapOn false upstream starts and keeps containers out of swap instead
 (`memorySwap.swapBehavior` NoSwap: a memory+swap limit equal to the memory limit on
 cgroup v1, memory.swap.max 0 on v2), where the host has a swap controller; syncloop sets
-the same limits (klet.syncloop.containers.resources). As upstream, a container without
+the same limits (klet.syncloop.model.resources). As upstream, a container without
 a memory limit gets no memory+swap limit on v1 either. A host with swap on and no swap
 controller (a v1 kernel without swap accounting) could not keep any container out of
 swap: klet refuses to start there, naming why, where upstream would start regardless.

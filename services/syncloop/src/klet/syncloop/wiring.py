@@ -66,6 +66,7 @@ from klet.syncloop.containers.reservedcgroups import (
     reserved_cgroups,
 )
 from klet.syncloop.containers.security import SecuritySettings
+from klet.syncloop.containers.syncsettings import SyncSettings
 from klet.syncloop.containers.systemdcgroups import SystemdPodCgroups
 from klet.syncloop.cpumanager.manager import CPUManager, create_manager
 from klet.syncloop.devices.manager import DeviceManager
@@ -85,9 +86,9 @@ from klet.syncloop.metrics import (
     storage_operations,
     volume_counts,
 )
+from klet.syncloop.model import podspec
 from klet.syncloop.plugins.csidrivers import CSIRegistrar
 from klet.syncloop.plugins.watcher import PLUGINS_REGISTRY, PluginWatcher
-from klet.syncloop.pods import podspec
 from klet.syncloop.pods.allocation import ACTUATED_FILE, ALLOCATED_FILE, Checkpoint
 from klet.syncloop.pods.controller import NodePressure, PodController, published_status
 from klet.syncloop.pods.relisting import Relister
@@ -96,7 +97,6 @@ from klet.syncloop.pods.runtime import ExitNotices, PodRuntime
 from klet.syncloop.pods.runtimeevents import EventSource, EventWatcher
 from klet.syncloop.pods.statuspub import StatusPublisher
 from klet.syncloop.pods.syncpod import PodSyncer
-from klet.syncloop.pods.syncsettings import SyncSettings
 from klet.syncloop.ports import NodeRuntime
 from klet.syncloop.probing.prober import ProbeManager
 from klet.syncloop.topologymanager.manager import TopologyManager

@@ -66,7 +66,7 @@ from klet.model.pod import is_critical, is_static, pod_requests
 from klet.model.types import JSON
 from klet.syncloop.admission.sysctls import FORBIDDEN_REASON, SysctlAllowlist
 from klet.syncloop.containers import fields
-from klet.syncloop.pods import podspec
+from klet.syncloop.model import podspec
 
 NODE_OS = "linux"
 LABEL_OS = "kubernetes.io/os"

@@ -22,11 +22,11 @@ from klet.cri.types import (
     SandboxConfig,
 )
 from klet.model.types import JSON
-from klet.syncloop.containers import resources, security
+from klet.syncloop.containers import security
 from klet.syncloop.devices.allocation import DeviceRunOptions
 from klet.syncloop.environment import dns, envvars
 from klet.syncloop.environment.envvars import NodeFacts
-from klet.syncloop.pods import podspec
+from klet.syncloop.model import podspec, resources
 
 
 def sandbox_config(

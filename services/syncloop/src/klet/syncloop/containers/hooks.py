@@ -43,8 +43,8 @@ from klet.model.types import JSON, ContainerID
 from klet.syncloop.containers import execwait, handlers
 from klet.syncloop.containers.handlers import HandlerResult
 from klet.syncloop.events import EventSink
-from klet.syncloop.pods import podspec
-from klet.syncloop.pods.runtimepod import RuntimePod
+from klet.syncloop.model import podspec
+from klet.syncloop.model.runtimepod import RuntimePod
 
 log = logging.getLogger(__name__)
 

@@ -41,7 +41,7 @@ from klet.model.types import JSON
 from klet.syncloop.containers import keyring
 from klet.syncloop.environment.kubeobjects import KubeObjects, ObjectUnavailable
 from klet.syncloop.events import EventSink
-from klet.syncloop.pods import podspec
+from klet.syncloop.model import podspec
 from klet.syncloop.ports import ImageService
 
 log = logging.getLogger(__name__)

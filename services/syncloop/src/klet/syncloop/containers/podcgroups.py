@@ -37,7 +37,7 @@ from klet.cgroups.fs import V1_CONTROLLERS, detect, hugetlb_available, swap_cont
 from klet.cgroups.machine import mem_total_bytes, parse_hugepage_dir
 from klet.model.layout import node_cgroups
 from klet.model.units import parse_quantity
-from klet.syncloop.containers.resources import (
+from klet.syncloop.model.resources import (
     MIN_SHARES,
     NodeLimits,
     PodResources,

@@ -46,7 +46,7 @@ from klet.cgroups.systemd import SystemdError, SystemdUnavailable
 from klet.config.kubelet import KubeletConfiguration
 from klet.model.node import reservation
 from klet.syncloop.containers.podcgroups import shares_to_weight
-from klet.syncloop.containers.resources import milli_cpu_to_shares
+from klet.syncloop.model.resources import milli_cpu_to_shares
 
 log = logging.getLogger(__name__)
 

@@ -26,13 +26,13 @@ from klet.model.types import JSON, SandboxID
 from klet.syncloop.containers import criconfig, podcgroups, security, termination
 from klet.syncloop.containers.hooks import LifecycleHooks
 from klet.syncloop.containers.images import ImagePuller
+from klet.syncloop.containers.syncsettings import SyncSettings
 from klet.syncloop.devices.allocation import AllocationError, DeviceRunOptions
 from klet.syncloop.environment import envvars, etchosts, kubeobjects
 from klet.syncloop.environment.kubeobjects import KubeObjects
 from klet.syncloop.events import EventSink
-from klet.syncloop.pods import podspec
-from klet.syncloop.pods.runtimepod import RuntimePod, restart_count_of
-from klet.syncloop.pods.syncsettings import SyncSettings
+from klet.syncloop.model import podspec
+from klet.syncloop.model.runtimepod import RuntimePod, restart_count_of
 from klet.syncloop.ports import RuntimeService
 from klet.syncloop.volumes import mounts as volmounts
 from klet.syncloop.volumes.base import Block

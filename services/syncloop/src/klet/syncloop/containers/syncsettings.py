@@ -3,7 +3,10 @@ cgroup and CPU-quota policy, node facts, hook timeout, seccomp, DNS and how many
 sandboxes are created at once).
 
 Its own module so the executor (pods/syncpod.py) and the container starter
-(containers/startcontainer.py) both read it without importing each other.
+(containers/startcontainer.py) both read it. It lives in containers/, not pods/: it is
+made of the container floor's settings (security, DNS and node facts from environment/),
+and pods/ stands above containers/, never the other way (ARCHITECTURE.md, "Inside
+syncloop").
 """
 
 from __future__ import annotations

@@ -42,7 +42,7 @@ from klet.cgroups.slices import cgroup_path as slice_path
 from klet.cgroups.systemd import SystemdError, SystemdUnavailable
 from klet.model.layout import kubepods, node_cgroups
 from klet.syncloop.containers.podcgroups import NodeCgroupLimits, ensure_cgroup, hugetlb_v1
-from klet.syncloop.containers.resources import MIN_SHARES, PodResources
+from klet.syncloop.model.resources import MIN_SHARES, PodResources
 
 log = logging.getLogger(__name__)
 

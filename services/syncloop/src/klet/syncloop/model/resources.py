@@ -45,7 +45,7 @@ from klet.cri.types import LinuxResources
 from klet.model import pod as podmodel
 from klet.model.types import JSON
 from klet.model.units import parse_quantity
-from klet.syncloop.pods import podspec
+from klet.syncloop.model import podspec
 
 MIN_SHARES = 2
 MAX_SHARES = 262144

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from klet.cri import labels as L
 from klet.cri.types import ContainerState, ContainerStatusInfo, SandboxState
 from klet.model.types import SandboxID
-from klet.syncloop.pods import podspec
+from klet.syncloop.model import podspec
 
 
 @dataclass(frozen=True)

@@ -35,8 +35,8 @@ from dataclasses import dataclass, field
 from klet.cri.types import ContainerState, ContainerStatusInfo, SandboxState
 from klet.model.flowcontrol import Backoff
 from klet.model.types import JSON, ContainerID
-from klet.syncloop.pods import podspec
-from klet.syncloop.pods.runtimepod import RuntimePod, hash_of
+from klet.syncloop.model import podspec
+from klet.syncloop.model.runtimepod import RuntimePod, hash_of
 from klet.syncloop.probing.proberesults import NO_PROBES, ProbeKind, ProbeResults
 
 # upstream's containerKillReason values, carried to the Killing event and metrics

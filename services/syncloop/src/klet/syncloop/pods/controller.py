@@ -51,12 +51,12 @@ from klet.model.types import JSON, PodUID, pod_full_name
 from klet.rpc.podcontrol import PodSummary
 from klet.syncloop.admission.admit import EVICTED, PRESSURE_ORDER, AdmissionLedger, Verdict
 from klet.syncloop.events import EventSink
-from klet.syncloop.pods import podspec
+from klet.syncloop.model import podspec
+from klet.syncloop.model.runtimepod import RuntimePod
 from klet.syncloop.pods.podstate import KillRequest, PodSyncState, pod_worker_operation
 from klet.syncloop.pods.podworkers import Outcome, PodWorkers
 from klet.syncloop.pods.resizing import PodResizer
 from klet.syncloop.pods.runtime import PodRuntime
-from klet.syncloop.pods.runtimepod import RuntimePod
 from klet.syncloop.pods.staticpods import StaticPodGate
 from klet.syncloop.pods.status import compute_pod_status
 from klet.syncloop.pods.statuspub import StatusPublisher

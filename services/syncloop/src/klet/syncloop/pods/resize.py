@@ -367,7 +367,7 @@ def pending_order(pending: Sequence[PendingResize]) -> list[str]:
 
 @dataclass(frozen=True)
 class PodCgroup:
-    """The pod cgroup's CPU and memory values (from containers/resources.pod_resources
+    """The pod cgroup's CPU and memory values (from model/resources.pod_resources
     of the allocated pod, or read back): quota -1 and memory 0 mean no limit."""
 
     cpu_shares: int

@@ -36,12 +36,13 @@ from klet.cri.types import ContainerState, ContainerStatsInfo, LinuxResources
 from klet.model.pod import is_mirror, is_static
 from klet.model.timestamps import rfc3339
 from klet.model.types import JSON, ContainerID
-from klet.syncloop.containers import resources as resmodel
 from klet.syncloop.containers.podcgroups import PodCgroups
 from klet.syncloop.events import EventSink
-from klet.syncloop.pods import podspec, resize
+from klet.syncloop.model import podspec
+from klet.syncloop.model import resources as resmodel
+from klet.syncloop.model.runtimepod import RuntimePod
+from klet.syncloop.pods import resize
 from klet.syncloop.pods.allocation import Checkpoint
-from klet.syncloop.pods.runtimepod import RuntimePod
 from klet.syncloop.pods.status import ResizeView
 
 log = logging.getLogger(__name__)

@@ -23,8 +23,8 @@ from klet.cri.types import ContainerState, ContainerStatusInfo, SandboxState
 from klet.model.timestamps import rfc3339
 from klet.model.types import JSON
 from klet.syncloop.containers import termination
-from klet.syncloop.pods import podspec
-from klet.syncloop.pods.runtimepod import RuntimePod, restart_count_of
+from klet.syncloop.model import podspec
+from klet.syncloop.model.runtimepod import RuntimePod, restart_count_of
 from klet.syncloop.probing.proberesults import NO_PROBES, ProbeKind, ProbeResults
 
 

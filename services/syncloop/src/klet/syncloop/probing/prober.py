@@ -50,8 +50,8 @@ from klet.syncloop.containers.handlers import (
 )
 from klet.syncloop.environment import envvars
 from klet.syncloop.events import EventSink
-from klet.syncloop.pods import podspec
-from klet.syncloop.pods.runtimepod import RuntimePod
+from klet.syncloop.model import podspec
+from klet.syncloop.model.runtimepod import RuntimePod
 from klet.syncloop.probing import probes
 from klet.syncloop.probing.proberesults import ProbeKind
 

@@ -20,7 +20,7 @@ from pathlib import Path
 
 from klet.model.types import JSON
 from klet.model.units import parse_quantity_int
-from klet.syncloop.containers import resources
+from klet.syncloop.model import resources
 from klet.syncloop.volumes import fs
 from klet.syncloop.volumes.base import VolumeContext, VolumeError
 
