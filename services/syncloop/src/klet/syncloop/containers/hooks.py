@@ -44,7 +44,6 @@ from klet.syncloop.containers import execwait, handlers
 from klet.syncloop.containers.handlers import HandlerResult
 from klet.syncloop.events import EventSink
 from klet.syncloop.model import podspec
-from klet.syncloop.model.runtimepod import RuntimePod
 
 log = logging.getLogger(__name__)
 
@@ -91,12 +90,6 @@ def container_spec(pod: JSON | None, name: str) -> JSON:
         if c.get("name") == name:
             return c
     return {"name": name}
-
-
-def pod_ip_of(current: RuntimePod) -> str:
-    """The IP of the pod's newest sandbox ("" when it has none, or uses the host network)."""
-    latest = current.latest_sandbox()
-    return latest.ip if latest is not None else ""
 
 
 def restored_container(status: ContainerStatusInfo) -> JSON:

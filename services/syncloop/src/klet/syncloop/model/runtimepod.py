@@ -50,6 +50,12 @@ class RuntimePod:
         return [c for c in self.containers if c.state == ContainerState.RUNNING]
 
 
+def pod_ip_of(current: RuntimePod) -> str:
+    """The IP of the pod's newest sandbox ("" when it has none, or uses the host network)."""
+    latest = current.latest_sandbox()
+    return latest.ip if latest is not None else ""
+
+
 def hash_of(c: ContainerStatusInfo) -> str:
     return c.annotations.get(L.CONTAINER_HASH, "")
 

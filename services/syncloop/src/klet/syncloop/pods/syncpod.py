@@ -24,7 +24,7 @@ from klet.cri.types import ContainerState, DNSConfig, SandboxConfig
 from klet.model.flowcontrol import Backoff
 from klet.model.types import JSON, SandboxID
 from klet.syncloop.containers import criconfig, fields, podcgroups, termination
-from klet.syncloop.containers.hooks import LifecycleHooks, container_spec, pod_ip_of
+from klet.syncloop.containers.hooks import LifecycleHooks, container_spec
 from klet.syncloop.containers.images import ImagePuller
 from klet.syncloop.containers.podcgroups import PodCgroups
 from klet.syncloop.containers.startcontainer import ContainerStarter
@@ -33,7 +33,7 @@ from klet.syncloop.environment import dns, etchosts
 from klet.syncloop.environment.kubeobjects import KubeObjects
 from klet.syncloop.events import EventSink
 from klet.syncloop.model import podspec, resources, runtimepod
-from klet.syncloop.model.runtimepod import RuntimePod
+from klet.syncloop.model.runtimepod import RuntimePod, pod_ip_of
 from klet.syncloop.pods import actions as actions_mod
 from klet.syncloop.pods import runtimeclass
 from klet.syncloop.pods.actions import PodActions, StartAction, compute_pod_actions
