@@ -15,8 +15,12 @@ shows one run.
 
 Asserted are only the counts that are design rules, never a time: syncloop starts each
 pod with one RunPodSandbox, one CreateContainer and one StartContainer; no service but
-syncloop makes a lifecycle call (run, create, start, stop, remove, update). No
-apiserver: in standalone mode there is no apiserver write to count.
+syncloop makes a lifecycle call (run, create, start, stop, remove, update); and it stops
+a pod without polling the runtime (StopContainer and StopPodSandbox are synchronous):
+at most `STOP_CONTAINER_STATUS` ContainerStatus and `STOP_SANDBOX_STATUS`
+PodSandboxStatus calls per removed one-container pod (13-21 and 3-9 before the
+evented PLEG stopped confirming the exits a worker caused itself). No apiserver: in
+standalone mode there is no apiserver write to count.
 """
 
 from __future__ import annotations
@@ -53,6 +57,12 @@ LIFECYCLE = (
 )
 CRI_SERVICES = tuple(s for s in SERVICES if s != "pod-source")  # pod-source has no CRI
 PODS = 2
+# The worker's read of the pod before the kill (one of each) and the PID lookup before a
+# graceful StopContainer (execwait.py), plus one read of each for the sync a start owes
+# itself (it wakes at once after starting), which a loaded machine may let fall after
+# the manifest's removal.
+STOP_CONTAINER_STATUS = 3
+STOP_SANDBOX_STATUS = 2
 
 POD = """
 apiVersion: v1
@@ -100,6 +110,8 @@ class Monitor:
         self._proc = subprocess.Popen(
             [*self._cli(), "MONITOR"], stdout=self._out, stderr=subprocess.STDOUT, env=self._env
         )
+        # MONITOR answers OK once it watches: a mark sent before that would be missed.
+        wait_for(lambda: self.log.read_text().startswith("OK"), timeout_s=10, what="MONITOR")
         self.mark("monitor-started")
 
     def _cli(self) -> list[str]:
@@ -223,6 +235,9 @@ def test_operations_per_pod_lifecycle(
     for counts in cri["start"]:
         for op in ("run_podsandbox", "create_container", "start_container"):
             assert counts[f"syncloop/{op}"] == 1, (op, counts)
+    for counts in cri["stop"]:
+        assert counts["syncloop/container_status"] <= STOP_CONTAINER_STATUS, counts
+        assert counts["syncloop/podsandbox_status"] <= STOP_SANDBOX_STATUS, counts
     for phase in cri.values():
         for counts in phase:
             others = {

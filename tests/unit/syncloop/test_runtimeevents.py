@@ -9,11 +9,13 @@ exit wakes nobody; an OOM kill wakes at once, and an exit CRI recorded as `Error
 it handled the OOM event reads `OOMKilled` from then on; creations and starts wake
 nobody and cost no CRI call; an event about an object the last relist did not know is
 resolved through lists filtered by its ID, and one that is not ours is dropped and
-looked up once; the woken worker's read (PodRuntime) refreshes PLEG's fingerprint; a
-dropped stream puts the relister back on its short period, owes a relist, re-subscribes
-after the back-off delays and owes one more full relist once open; a runtime without
-events leaves the relister short-period for good; the observer sees each subscription,
-drop and event.
+looked up once; the exit and delete of an object a worker stopped itself
+(`ExitNotices.expect_stop`: its CRI stop call is synchronous) cost no CRI call and wake
+nobody, unless that stop failed; the woken worker's read (PodRuntime) refreshes PLEG's
+fingerprint; a dropped stream puts the relister back on its short period, owes a
+relist, re-subscribes after the back-off delays and owes one more full relist once
+open; a runtime without events leaves the relister short-period for good; the observer
+sees each subscription, drop and event.
 """
 
 from __future__ import annotations
@@ -156,6 +158,63 @@ def test_settle_delays_grow_up_to_the_step_within_the_bound() -> None:
 )
 def test_what_each_event_calls_for(kind: EventKind, exit_seen: bool, action: Action) -> None:
     assert action_for(kind, exit_seen=exit_seen) is action
+
+
+@pytest.mark.parametrize(
+    ("kind", "exit_seen", "action"),
+    [
+        (EventKind.EXITED, False, Action.IGNORE),  # the worker's StopContainer saw it
+        (EventKind.DELETED, False, Action.IGNORE),  # its own removal
+        (EventKind.DELETED, True, Action.IGNORE),
+        (EventKind.OOM, False, Action.WAKE),  # not its doing: the reason may change
+    ],
+)
+def test_what_the_events_of_a_workers_own_stop_call_for(
+    kind: EventKind, exit_seen: bool, action: Action
+) -> None:
+    assert action_for(kind, exit_seen=exit_seen, own_stop=True) is action
+
+
+async def test_the_exit_and_delete_of_a_workers_own_stop_cost_no_cri_call(w: World) -> None:
+    """issue 42: a removed pod's teardown polled ContainerStatus 13-21 and
+    PodSandboxStatus 3-9 times confirming exits its own synchronous stops had caused."""
+    sid, cid = await w.pod("a")
+    await w.relister.relist_once()
+    w.cri.calls.clear()
+    w.woken.clear()
+    async with running(w.watcher.run()):
+        await w.subscribed()
+        w.cri.calls.clear()  # the subscription's catch-up relist is not the events'
+        for oid in (cid, sid):
+            w.watcher.notices.expect_stop(oid)
+        await w.cri.stop_container(cid, timeout_s=0)
+        await w.cri.stop_pod_sandbox(sid)
+        for oid in (cid, sid):
+            w.events.push(EventKind.EXITED, oid, exit_status=137)
+        for oid in (cid, sid):
+            w.events.push(EventKind.DELETED, oid)
+        await until(lambda: len(w.observer.log) == 5 and not w.watcher._tasks)
+    assert w.woken == []
+    assert [c[0] for c in w.cri.calls] == ["StopContainer", "StopPodSandbox"]
+    assert w.slept == []  # no confirmation polls
+    assert cid not in w.watcher.notices  # no announced exit left to read
+    # deleted: the IDs are no longer expected (a reused ID would be the runtime's news)
+    assert not w.watcher.notices.stopped_by_worker(cid)
+    assert not w.watcher.notices.stopped_by_worker(sid)
+
+
+async def test_the_exit_of_a_failed_own_stop_is_confirmed_as_any_other(w: World) -> None:
+    _sid, cid = await w.pod("a")
+    await w.relister.relist_once()
+    w.woken.clear()
+    w.watcher.notices.expect_stop(cid)
+    w.watcher.notices.stop_failed(cid)  # StopContainer raised: the exit is news
+    async with running(w.watcher.run()):
+        await w.subscribed()
+        w.cri.exit_container(cid, 137)
+        w.events.push(EventKind.EXITED, cid)
+        await until(lambda: w.woken == ["a"] and not w.watcher._tasks)
+    assert ("ContainerStatus", cid) in w.cri.calls
 
 
 async def test_subscribing_switches_to_the_long_period_and_owes_a_relist(w: World) -> None:

@@ -5,7 +5,8 @@ annotations and `<name>/<restart>.log` log paths), crash-loop restarts (immediat
 first restart with restartCount + 1, then CrashLoopBackOff until the back-off ends),
 image pulls (ErrImagePull → ImagePullBackOff with a wake time, ErrImageNeverPull), and
 KillPod (grace period passed to StopContainer, 2 s minimum, sandbox stopped after
-the containers, everything removed with remove=True), and the bound on sandbox
+the containers, everything removed with remove=True, and every object it stops noted
+for the evented PLEG beforehand, but for a stop that failed), and the bound on sandbox
 creations in flight across pods (a burst queues, a failed creation frees its slot,
 containers of an existing sandbox never wait for it, 0 = no bound).
 """
@@ -205,6 +206,41 @@ async def test_kill_pod_with_remove_removes_the_sandboxes(w: World) -> None:
     assert w.live() == ["db"]
     assert len(w.cri.calls_of("RemovePodSandbox")) == 1
     assert (await w.runtime.get("u1")).empty
+
+
+async def test_kill_pod_notes_what_it_stops_so_their_events_need_no_confirmation(
+    w: World,
+) -> None:
+    """issue 42: the evented PLEG confirms an exit through CRI unless a worker caused it
+    (runtimeevents.py); the kill notes its containers and sandboxes before stopping
+    them, through the notices the PLEG reads (one object, as wiring.py builds it)."""
+    assert w.syncer.hooks.stops is w.runtime.exits
+    p = pod("app", "sidecar")
+    await w.sync(p)
+    current = await w.runtime.get("u1")
+    seen: list[tuple[str, int]] = []
+    w.runtime.observe = lambda uid, sandboxes, containers: seen.append(
+        (uid, len(sandboxes) + len(containers))
+    )
+    await w.syncer.kill_pod(p, current, grace_override=0, remove=True)
+    stopped = [c[1] for c in w.cri.calls if c[0] in ("StopContainer", "StopPodSandbox")]
+    assert len(stopped) == 3
+    assert all(w.runtime.exits.stopped_by_worker(oid) for oid in stopped)
+    # PLEG is told the removed pod has nothing left, as a read would: its next relist
+    # wakes no worker to find that out
+    assert seen == [("u1", 0)]
+
+
+async def test_a_failed_stop_is_not_noted_as_the_workers_own(w: World) -> None:
+    p = pod("app")
+    await w.sync(p)
+    [cid] = list(w.cri.containers)
+    w.cri.fail_next("StopContainer", CRIError("runtime busy", code="DEADLINE_EXCEEDED"))
+    with pytest.raises(CRIError):
+        await w.syncer.kill_pod(p, await w.runtime.get("u1"), grace_override=0, remove=False)
+    assert not w.runtime.exits.stopped_by_worker(cid)  # its exit, if it comes, is news
+    [sid] = list(w.cri.sandboxes)
+    assert w.runtime.exits.stopped_by_worker(sid)
 
 
 class HeldSandboxes:

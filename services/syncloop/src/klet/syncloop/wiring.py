@@ -367,6 +367,7 @@ def build_deps(settings: Settings, overrides: Overrides | None = None) -> Deps:
         post_start_timeout_s=sync.hook_timeout_s,
         clock=o.clock if o.clock is not None else time.monotonic,
         sleep=sleep,
+        stops=exits,  # its own stops' events need no confirmation (runtime.py)
     )
     syncer = PodSyncer(
         cri=cri,

@@ -65,6 +65,15 @@ class HookRuntime(Protocol):
     async def container_pid(self, container_id: ContainerID) -> int: ...
 
 
+class StopNotes(Protocol):
+    """Where a stop klet makes itself is noted before StopContainer, so the evented
+    PLEG does not poll CRI to confirm the exit it causes (pods/runtime.ExitNotices)."""
+
+    def expect_stop(self, object_id: str) -> None: ...
+
+    def stop_failed(self, object_id: str) -> None: ...
+
+
 def handler_kind(handler: JSON) -> str:
     """Which action a LifecycleHandler carries ("" when none upstream can run)."""
     for kind in ("exec", "httpGet", "sleep"):
@@ -167,10 +176,13 @@ class LifecycleHooks:
         post_start_timeout_s: float = 120.0,
         clock: Callable[[], float] = time.monotonic,
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+        stops: StopNotes | None = None,
     ) -> None:
         """`host_ip` stands in for the pod IP of host-network pods (httpGet without host);
         `post_start_timeout_s` bounds a postStart hook (runtimeRequestTimeout: upstream
-        sets none, and a hook that never returns would hold the pod worker forever)."""
+        sets none, and a hook that never returns would hold the pod worker forever);
+        `stops` is told of every StopContainer (None where no PLEG watches events)."""
+        self.stops = stops
         self.cri = cri
         self.events = events
         self.host_ip = host_ip
@@ -331,7 +343,14 @@ class LifecycleHooks:
             await execwait.wait_for_exec(
                 self.cri, container_id, started_at_ns=started_at_ns, sleep=self.sleep
             )
-        await self.cri.stop_container(container_id, timeout_s=timeout_s)
+        if self.stops is not None:
+            self.stops.expect_stop(container_id)
+        try:
+            await self.cri.stop_container(container_id, timeout_s=timeout_s)
+        except BaseException:
+            if self.stops is not None:
+                self.stops.stop_failed(container_id)
+            raise
 
     def start_pre_stops(
         self,

@@ -3,7 +3,9 @@ sandboxes or containers exited or was OOM-killed (`action_for` says which event 
 for what). Creations and starts are counted, not acted on: only syncloop's pod workers
 create and start our pods' sandboxes and containers, and a worker reads its pod again
 after acting, so those events only echo what it has seen. So are the deletions that
-follow exits.
+follow exits, and the exits and deletions of objects a worker stopped or removed itself
+(`ExitNotices.expect_stop`): CRI's stop calls are synchronous and the worker reads its
+pod after them, so there is nothing to confirm and nobody to wake.
 
 The subscription (`klet.cri.events.RuntimeEvents`) is CRI GetContainerEvents where the
 runtime has it, else containerd's own task events. While it is open the relister runs
@@ -126,13 +128,17 @@ class Action(Enum):
     IGNORE = "ignore"
 
 
-def action_for(kind: EventKind, *, exit_seen: bool) -> Action:
+def action_for(kind: EventKind, *, exit_seen: bool, own_stop: bool = False) -> Action:
     """What an event calls for. An exit waits for CRI (see the module doc). A delete
     follows the exit it belongs to and is ignored when that exit was seen, else it
-    stands in for it. An OOM kill wakes at once: it is not an exit (the killed process
-    may be a child and the container live on), but it changes the reason of an exit
-    that may already have been published. Creations and starts echo a worker's own
+    stands in for it. The exit or delete of an object a worker is stopping itself
+    (`own_stop`) is ignored: the worker's synchronous stop call and its read after it
+    see what the event says. An OOM kill wakes at once: it is not an exit (the killed
+    process may be a child and the container live on), but it changes the reason of an
+    exit that may already have been published. Creations and starts echo a worker's own
     actions (see the module doc)."""
+    if own_stop and kind in (EventKind.EXITED, EventKind.DELETED):
+        return Action.IGNORE
     if kind is EventKind.EXITED:
         return Action.CONFIRM
     if kind is EventKind.DELETED:
@@ -252,13 +258,18 @@ class EventWatcher:
         """Handle one event in a task of its own (unless it calls for nothing)."""
         if self.observer is not None:
             self.observer.event(event)
-        action = action_for(event.kind, exit_seen=event.object_id in self._exits)
+        action = action_for(
+            event.kind,
+            exit_seen=event.object_id in self._exits,
+            own_stop=self.notices.stopped_by_worker(event.object_id),
+        )
         if event.kind is EventKind.EXITED:
             _remember(self._exits, event.object_id)
         elif event.kind is EventKind.OOM:
             self.notices.oom_killed(event.object_id)
         elif event.kind is EventKind.DELETED:
             self._exits.pop(event.object_id, None)
+            self.notices.deleted(event.object_id)
         if action is Action.IGNORE:
             return
         task = asyncio.create_task(

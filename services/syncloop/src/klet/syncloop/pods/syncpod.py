@@ -507,11 +507,21 @@ class PodSyncer:
                 return_exceptions=True,
             )
             errors += [r for r in results if isinstance(r, BaseException)]
+        # StopPodSandbox and the removals are synchronous and the caller reads the pod
+        # after them (or forgets it): their events need no confirmation (runtime.py).
+        notes = self.runtime.exits
         for s in current.sandboxes:
-            await self.cri.stop_pod_sandbox(s.id)
+            notes.expect_stop(s.id)
+            try:
+                await self.cri.stop_pod_sandbox(s.id)
+            except BaseException:
+                notes.stop_failed(s.id)
+                raise
         if errors:
             raise errors[0]
         if remove:
+            for c in current.containers:
+                notes.expect_stop(c.id)
             for s in current.sandboxes:
                 await self.cri.remove_pod_sandbox(s.id)
             for c in current.containers:
