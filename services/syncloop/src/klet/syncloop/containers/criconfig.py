@@ -117,6 +117,11 @@ class Instance:
     """What the device plugins' Allocate answered for the container's devices: envs
     (before the container's own, which win), mounts and device nodes (after the
     volumes'), annotations and CDI devices; None without device plugin resources."""
+    dra_cdi_devices: tuple[str, ...] = ()
+    """The fully qualified CDI device IDs (`vendor/class=name`) of the container's
+    prepared ResourceClaim requests (`klet.syncloop.dra.cdi.container_cdi_devices`, as
+    upstream's DRA manager GetResources): CRI `CDI_devices`, before the device plugins'.
+    Upstream sends them in that field alone (no CDI annotations since 1.31)."""
 
 
 def container_config(
@@ -183,7 +188,7 @@ def container_config(
             )
             for d in allocated.devices
         ),
-        cdi_devices=allocated.cdi_devices,
+        cdi_devices=instance.dra_cdi_devices + allocated.cdi_devices,
         stop_signal=str(lifecycle.get("stopSignal") or ""),
         security=_with_pid_target(
             security.container_security(
