@@ -22,6 +22,9 @@ from klet.devstack import RedisServer
 from klet.model.records import EventRecord, PodStatusRecord
 from klet.model.timestamps import rfc3339
 from klet.status_reporter.history import HistoryKeeper, HistoryPolicy
+from klet.status_reporter.metrics import Metrics
+from klet.status_reporter.podcache import PodCache
+from prometheus_client import CollectorRegistry
 
 NODE = "indexed"
 
@@ -81,7 +84,13 @@ async def test_an_event_with_a_fresh_uid_cannot_take_a_real_pods_name(
         leader(redis_server, "status-reporter") as reporter,
     ):
         await syncloop.status.put("real-uid", status("real-uid"))
-        keeper = HistoryKeeper(bus=reporter, consumer="leader-1", policy=policy)
+        view = PodCache(  # the keeper's status changes are the view's (as wiring.py)
+            desired=reporter.desired,
+            status=reporter.status,
+            feed=reporter.podstatus,
+            metrics=Metrics(CollectorRegistry()),
+        )
+        keeper = HistoryKeeper(bus=reporter, consumer="leader-1", changes=view, policy=policy)
         await keeper.statuses_once()  # the full pass at election: the real pod's row
         # Later, a forged story under the real pod's name, and one the real pod's own.
         await eviction.events.publish(event("forged-uid", "ns", "web", "Evicted"))

@@ -19,8 +19,11 @@ syncloop makes a lifecycle call (run, create, start, stop, remove, update); and 
 a pod without polling the runtime (StopContainer and StopPodSandbox are synchronous):
 at most `STOP_CONTAINER_STATUS` ContainerStatus and `STOP_SANDBOX_STATUS`
 PodSandboxStatus calls per removed one-container pod (13-21 and 3-9 before the
-evented PLEG stopped confirming the exits a worker caused itself). No apiserver: in
-standalone mode there is no apiserver write to count.
+evented PLEG stopped confirming the exits a worker caused itself); and status-reporter
+fetches each announced status change once (no more HMGETs of `status` than XADDs to
+`podstatus`, over all phases: its pod view and its history recorder each fetched it
+before the history took the view's changes). No apiserver: in standalone mode there is
+no apiserver write to count.
 """
 
 from __future__ import annotations
@@ -238,6 +241,9 @@ def test_operations_per_pod_lifecycle(
     for counts in cri["stop"]:
         assert counts["syncloop/container_status"] <= STOP_CONTAINER_STATUS, counts
         assert counts["syncloop/podsandbox_status"] <= STOP_SANDBOX_STATUS, counts
+    everything = sum((c for phase in bus.values() for c in phase), Counter())
+    fetched, announced = everything["client hmget status"], everything["in-function xadd podstatus"]
+    assert 0 < fetched <= announced, (fetched, announced)
     for phase in cri.values():
         for counts in phase:
             others = {

@@ -5,11 +5,15 @@ Event joins only the history of a pod the node has (desired or with a status), n
 the owners of those tables name it: a forged Event with a fresh UID and a real pod's
 name makes no row and no stream, so `klet why` still tells the real pod's story. A pass
 over many pods is written in calls within the bus's cap, and a policy the bus would
-refuse (a longer stream or expiry than it takes) is refused up front, naming the flag."""
+refuse (a longer stream or expiry than it takes) is refused up front, naming the flag.
+Status changes come from the pod view (PodCache.subscribe_statuses): the view's one
+stream read and one status fetch serve the history too (issue 42), and a record of the
+view older than what a full pass recorded is left out."""
 
 from __future__ import annotations
 
 import re
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import pytest
@@ -26,6 +30,9 @@ from klet.model.records import (
 )
 from klet.model.timestamps import rfc3339
 from klet.status_reporter.history import GROUP, WRITE_OPS, HistoryKeeper, HistoryPolicy
+from klet.status_reporter.metrics import Metrics
+from klet.status_reporter.podcache import CachePolicy, PodCache
+from prometheus_client import CollectorRegistry
 
 T0 = 1_800_000_000.0
 POLICY = HistoryPolicy(max_entries=50, max_age_s=3600.0, max_pods=3, read_block_ms=1)
@@ -85,10 +92,27 @@ def on_node(bus: FakeBus, *uids: str, name: str = "web") -> None:
         )
 
 
-def keeper(bus: FakeBus, clock: Clock, consumer: str = "leader-1") -> HistoryKeeper:
+class View:
+    """The pod view's status changes as the keeper takes them; `offer` hands some over."""
+
+    def __init__(self) -> None:
+        self.callbacks: list[Callable[[Sequence[PodStatusRecord]], None]] = []
+
+    def subscribe_statuses(self, callback: Callable[[Sequence[PodStatusRecord]], None]) -> None:
+        self.callbacks.append(callback)
+
+    def offer(self, *records: PodStatusRecord) -> None:
+        for callback in self.callbacks:
+            callback(list(records))
+
+
+def keeper(
+    bus: FakeBus, clock: Clock, consumer: str = "leader-1", view: View | None = None
+) -> HistoryKeeper:
     return HistoryKeeper(
         bus=NodeBus.of(bus, service="status-reporter"),
         consumer=consumer,
+        changes=view if view is not None else View(),
         policy=POLICY,
         clock=clock,
     )
@@ -151,23 +175,68 @@ async def test_statuses_are_recorded_once_even_by_a_restarted_keeper() -> None:
 
     # A restart (a new leader): the same status adds nothing.
     clock.t += 10
-    second = keeper(bus, clock, consumer="leader-2")
+    view = View()
+    second = keeper(bus, clock, consumer="leader-2", view=view)
     await second.statuses_once()
     assert len(entries(bus, "u1")) == 3
 
-    # A change announced on podstatus is compared with what was recorded.
+    # A change the pod view fetched is compared with what was recorded.
     restarted = record("u1", restarts=1, started=T0 + 20)
     restarted.status["containerStatuses"][0]["lastState"] = {
         "terminated": {"exitCode": 1, "reason": "Error", "finishedAt": rfc3339(T0 + 19)}
     }
     bus.seed(node.status, "u1", restarted)
-    bus.append(node.podstatus, PodStatusChange(uid="u1", version=2))
-    await second.statuses_once()
+    view.offer(restarted)
+    assert await second.statuses_once() == 1
     assert [e.what for e in entries(bus, "u1")][3:] == ["exited", "started"]
     found = await pod_story(node, "ns", "web")
     assert found is not None and found.story.answer.startswith(
         "restarted 1 time: container app exited"
     )
+
+
+async def test_the_views_one_read_of_a_change_serves_the_history() -> None:
+    """issue 42: the pod view and the history each XREAD `podstatus` and HMGET `status`
+    in the same process; the keeper now takes what the view fetched."""
+    clock = Clock()
+    bus = FakeBus(clock=clock)
+    node = NodeBus.of(bus, service="status-reporter")
+    view = PodCache(
+        desired=node.desired,
+        status=node.status,
+        feed=node.podstatus,
+        metrics=Metrics(CollectorRegistry(), clock=clock),
+        policy=CachePolicy(read_block_ms=1),
+    )
+    k = keeper(bus, clock, view=view)  # type: ignore[arg-type]
+    await k.statuses_once()  # the full pass at election: nothing yet
+    await view.consume_once()  # takes its cursor
+    bus.seed(node.status, "u1", record("u1"))
+    bus.append(node.podstatus, PodStatusChange(uid="u1", version=1))
+    bus.calls.clear()
+    assert await view.consume_once() == 1
+    assert bus.calls == ["tail", "get_many", "get_many"]  # the stream, `status`, `desired`
+    bus.calls.clear()
+    assert await k.statuses_once() == 1
+    assert "tail" not in bus.calls and "get_many" not in bus.calls  # nothing read again
+    assert [e.what for e in entries(bus, "u1")] == ["started", "ready", "phase"]
+
+
+async def test_a_view_record_older_than_the_passes_is_left_out() -> None:
+    clock = Clock()
+    bus = FakeBus(clock=clock)
+    node = NodeBus.of(bus, service="status-reporter")
+    newer = record("u1", restarts=1, started=T0 + 20)
+    bus.seed(node.status, "u1", newer)
+    view = View()
+    view.offer(record("u1"))  # fetched before the election: the pass reads the table
+    k = keeper(bus, clock, view=view)
+    await k.statuses_once()
+    recorded, row = len(entries(bus, "u1")), bus.rows(node.history)["u1"]
+    view.offer(record("u1"))  # the view's fetch came before the pass's, landed after
+    assert await k.statuses_once() == 1
+    assert len(entries(bus, "u1")) == recorded
+    assert bus.rows(node.history)["u1"] == row  # the index keeps the newer containers
 
 
 async def test_old_and_surplus_histories_are_dropped() -> None:
@@ -265,7 +334,7 @@ async def test_a_pass_over_many_pods_is_written_within_the_bus_cap() -> None:
     for i in range(1200):  # 3 entries and 2 writes of its own each: 6000 writes in all
         bus.seed(node.status, f"u{i}", record(f"u{i}", name=f"p{i}"))
     policy = HistoryPolicy(max_entries=50, max_age_s=3600.0, max_pods=2000, read_block_ms=1)
-    k = HistoryKeeper(bus=node, consumer="l", policy=policy, clock=clock)
+    k = HistoryKeeper(bus=node, consumer="l", changes=View(), policy=policy, clock=clock)
     await k.full_pass()
     assert len(bus.rows(node.history)) == 1200
     assert sum(bus.writes) == 6000 and max(bus.writes) <= WRITE_OPS

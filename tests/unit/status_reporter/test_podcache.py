@@ -4,7 +4,9 @@ at once is fetched in one read per table and the listeners are told once), the s
 is tailed from its newest entry with no consumer group so every replica sees every
 entry, stale versions never replace newer ones, removed pods stay until their status is
 terminal, a bus outage keeps the last view, is logged once and heals, and the PodList
-is built and encoded once per change of the view, whatever the number of readers."""
+is built and encoded once per change of the view, whatever the number of readers. The
+status records a stream batch fetched are handed to `subscribe_statuses` (the pods'
+history takes them instead of fetching them again); a full reload's are not."""
 
 from __future__ import annotations
 
@@ -317,6 +319,25 @@ async def test_a_batch_of_entries_is_fetched_in_one_read_per_table() -> None:
     assert w.bus.calls == ["tail", "get_many", "get_many"]
     assert w.phases() == {"web": "Running", "db": "Running"}
     assert told == [1]
+
+
+async def test_the_statuses_a_batch_fetched_are_handed_over_once() -> None:
+    w = World()
+    handed: list[list[tuple[str, int]]] = []
+    w.cache.subscribe_statuses(
+        lambda records: handed.append([(r.name, r.version) for r in records])
+    )
+    assert await w.cache.consume_once() == 0  # takes the cursor
+    w.want(WEB)
+    w.report(WEB, version=1)
+    w.report(DB, version=1)  # not desired (any more): its status is handed over all the same
+    w.report(WEB, version=2)
+    w.bus.calls.clear()
+    assert await w.cache.consume_once() == 3
+    assert w.bus.calls == ["tail", "get_many", "get_many"]  # one fetch serves every taker
+    assert handed == [[("web", 2), ("db", 1)]]
+    await w.cache.reload()  # the tables in full: not changes, not handed over
+    assert len(handed) == 1
 
 
 async def test_the_view_settles_when_loaded_or_when_the_bus_fails_first() -> None:

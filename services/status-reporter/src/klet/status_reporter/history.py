@@ -7,10 +7,15 @@ The leader only (a root task started at election, in both modes), from two feeds
   the "status-reporter" group that posts them), so each Event about a pod becomes one
   history entry whether or not, and however slowly, it is posted; its first read at
   election takes over whatever a previous leader left unacknowledged;
-- the `podstatus` stream (plain XREAD, as the pod view), plus a full pass over the
-  `status` table at election and every `full_pass_s`: each status is compared with what
-  the `history` index last recorded of that pod, so only changes are written, and a
-  restarted or new leader neither repeats nor misses one.
+- the status changes the pod view (podcache.py) fetches as the `podstatus` stream names
+  them, handed over by the view (`StatusChanges`) rather than read again: one XREAD and
+  one HMGET of `status` per change serve both (issue 42: each change was read twice in
+  this process), plus a full pass over the `status` table at election and every
+  `full_pass_s`, which is what a keeper that was not leading, or whose write failed,
+  relies on. Each status is compared with what the `history` index last recorded of
+  that pod, so only changes are written, and a restarted or new leader neither repeats
+  nor misses one; a record older than the one last recorded of its pod (the view's,
+  fetched before the pass read a newer one) is left out.
 
 Whose history an Event joins is decided by what the writers own, not by the Event: any
 service can name any UID, namespace and name in an Event it records, so an Event only
@@ -37,8 +42,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from klet.bus import BusError, Entry, NodeBus
 from klet.bus.functions import MAX_EXPIRE_MS, MAX_STREAM_LEN
@@ -82,6 +88,14 @@ class HistoryPolicy:
             )
 
 
+class StatusChanges(Protocol):
+    """Where the status changes come from (podcache.PodCache): `callback` is called,
+    synchronously, with the status records fetched for the pods the `podstatus` stream
+    named, each time a batch of them is applied."""
+
+    def subscribe_statuses(self, callback: Callable[[Sequence[PodStatusRecord]], None]) -> None: ...
+
+
 class HistoryKeeper:
     """Writes pods' histories; `events_once`, `statuses_once` and `full_pass` are steps."""
 
@@ -90,6 +104,7 @@ class HistoryKeeper:
         *,
         bus: NodeBus,
         consumer: str,
+        changes: StatusChanges,
         policy: HistoryPolicy = HistoryPolicy(),
         clock: Callable[[], float] = time.time,
     ) -> None:
@@ -99,9 +114,14 @@ class HistoryKeeper:
         self._clock = clock
         self._index: dict[str, HistoryIndexRecord] | None = None
         self._refreshed: dict[str, float] = {}  # uid -> when its expiry was last renewed
+        self._recorded: dict[str, tuple[float, int]] = {}  # uid -> newest (epoch, version)
         self._lock = asyncio.Lock()  # one read-modify-write of the index at a time
         self._group_ready = False
-        self._cursor: str | None = None
+        self._need_pass = True  # at election and after a failed write: a full pass first
+        # The view's changes since the last step, newest per pod: bounded by the pods.
+        self._pending: dict[str, PodStatusRecord] = {}
+        self._offered = asyncio.Event()
+        changes.subscribe_statuses(self._offer)
         self._once = OnceLogger(log, level=logging.WARNING)
         self.written = 0
         """Entries written (tests)."""
@@ -126,21 +146,26 @@ class HistoryKeeper:
         return len(entries)
 
     async def statuses_once(self) -> int:
-        """Compare the statuses announced on `podstatus` since the last call."""
-        stream = self._bus.podstatus
-        if self._cursor is None:
-            self._cursor = await stream.last_id()
+        """The full pass when one is owed (the first step, and after a failure), else
+        wait for the view's next changes and compare them; the statuses compared from
+        the view (0 for a pass)."""
+        if self._need_pass:
+            self._pending.clear()  # the pass reads them as new or newer
             await self.full_pass()
-        entries = await stream.tail(
-            self._cursor, count=self._policy.read_count, block_ms=self._policy.read_block_ms
-        )
-        if not entries:
+            self._need_pass = False
             return 0
-        self._cursor = entries[-1].id
-        uids = [e.record.uid for e in entries if e.record is not None]
-        records = await self._bus.status.get_many(uids)
-        await self._record_statuses(r for r in records.values() if r is not None)
-        return len(entries)
+        await self._offered.wait()
+        self._offered.clear()
+        records, self._pending = list(self._pending.values()), {}
+        await self._record_statuses(records)
+        return len(records)
+
+    def _offer(self, records: Sequence[PodStatusRecord]) -> None:
+        """The view applied these statuses (called by it: cheap, never raises)."""
+        for record in records:
+            self._pending[record.uid] = record
+        if records:
+            self._offered.set()
 
     async def full_pass(self) -> None:
         """Every status compared, expiries of pods on the node renewed, old rows dropped."""
@@ -162,7 +187,7 @@ class HistoryKeeper:
             if name == "events":
                 self._group_ready = False
             else:
-                self._cursor = None
+                self._need_pass = True  # what the failed write held is compared again
             self._once.error(name, f"cannot keep pods' histories ({name})", error=str(err))
 
         while True:
@@ -251,6 +276,10 @@ class HistoryKeeper:
             batch: dict[str, list[HistoryEntry]] = {}
             rows: dict[str, HistoryIndexRecord] = {}
             for record in records:
+                seen = self._recorded.get(record.uid)
+                if seen is not None and (record.epoch, record.version) < seen:
+                    continue  # older than what was compared already
+                self._recorded[record.uid] = (record.epoch, record.version)
                 old = index.get(record.uid)
                 items, row = podhistory.observe(old, record, now=now)
                 renew = now - self._refreshed.get(record.uid, 0.0) >= self._policy.max_age_s / 4
@@ -306,6 +335,7 @@ class HistoryKeeper:
                 for uid in chunk:
                     index.pop(uid, None)
                     self._refreshed.pop(uid, None)
+                    self._recorded.pop(uid, None)
             log.info("pods' histories dropped", extra={"pods": len(old)})
 
 

@@ -28,7 +28,9 @@ when it ends, and the end triggers an immediate full reload.
 
 Cluster mode reads the same view (`desired_pods`, `known_pod`, `statuses`) and
 subscribes to its changes, so a new status reaches the apiserver as soon as the stream
-delivers it; subscribers must copy what they iterate across an await.
+delivers it; subscribers must copy what they iterate across an await. The pods'
+history (history.py) takes the status records each stream batch fetched
+(`subscribe_statuses`) instead of reading the stream and the table a second time.
 
 The PodList (`pod_list`) and its JSON body (`pod_list_json`) are built on the first read
 after a change and kept until the next: the bench's `/pods` polls of a 250-pod burst
@@ -167,6 +169,7 @@ class PodCache:
         self._cursor: str | None = None  # id of the last stream entry seen; None: take one
         self._wake = asyncio.Event()
         self._listeners: list[Callable[[], None]] = []
+        self._status_listeners: list[Callable[[Sequence[PodStatusRecord]], None]] = []
         self.loaded = asyncio.Event()
         """Set after the first successful full reload (readiness)."""
         self.settled = asyncio.Event()
@@ -192,6 +195,12 @@ class PodCache:
     def subscribe(self, callback: Callable[[], None]) -> None:
         """Call `callback` (synchronously, so keep it cheap) whenever the view changes."""
         self._listeners.append(callback)
+
+    def subscribe_statuses(self, callback: Callable[[Sequence[PodStatusRecord]], None]) -> None:
+        """Call `callback` (synchronously, so keep it cheap) with the status records
+        fetched for the pods each stream batch named, as fetched (an older one the view
+        drops included), once the batch is applied. Full reloads are not passed on."""
+        self._status_listeners.append(callback)
 
     def pod_list(self) -> JSON:
         """The v1 PodList of the node's pods as of the latest refresh.
@@ -304,6 +313,10 @@ class PodCache:
         for uid in unique:
             self._apply_pod(uid, records.get(uid), desireds.get(uid))
         self._changed()
+        if self._status_listeners:
+            fetched = [r for r in records.values() if r is not None]
+            for listener in self._status_listeners:
+                listener(fetched)
 
     def _apply_pod(
         self, uid: PodUID, record: PodStatusRecord | None, desired: DesiredPod | None

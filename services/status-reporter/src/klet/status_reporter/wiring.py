@@ -253,6 +253,7 @@ def build_deps(settings: ServiceSettings, *, overrides: Overrides | None = None)
         bus=node,
         # Its own consumer in the history group, as in the events group.
         consumer=lease.holder,
+        changes=pods,  # the view's status changes: one stream read serves both
         policy=HistoryPolicy(
             # getattr: settings trees built by hand (older tests) have no such fields.
             max_entries=getattr(klet, "pod_history_max_entries", HistoryPolicy.max_entries),
