@@ -47,6 +47,7 @@ class FakeDriver:
     def __init__(self, caps: frozenset[str] = frozenset({"STAGE_UNSTAGE_VOLUME"})) -> None:
         self.caps = caps
         self.calls: list[tuple[str, Any]] = []
+        self.expanded: list[Volume] = []  # what each NodeExpandVolume was given
         self.fail: CSIError | None = None
 
     async def node_capabilities(self) -> frozenset[str]:
@@ -83,6 +84,7 @@ class FakeDriver:
         self, volume: Volume, *, volume_path: str, staging_path: str = "", required_bytes: int
     ) -> int:
         self.calls.append(("expand", (volume.volume_id, volume_path, required_bytes)))
+        self.expanded.append(volume)
         return required_bytes
 
     async def close(self) -> None:
@@ -840,6 +842,32 @@ async def test_online_expansion_when_the_claim_waits_for_the_node(tmp_path: Path
             },
         )
     ]
+
+
+async def test_node_expansion_carries_the_node_expand_secret_only(tmp_path: Path) -> None:
+    """Upstream's csi_expander sends NodeExpandVolume the PV's nodeExpandSecretRef secret
+    (CSI Mock's 'CSI online volume expansion with secret' spec checks it); a secret not
+    there yet leaves the volume as it is and the pod running, and the next sync expands."""
+    driver, objects = FakeDriver(caps=frozenset({"EXPAND_VOLUME"})), Objects()
+    objects.bind(
+        "data",
+        "pv1",
+        nodePublishSecretRef={"namespace": "sec", "name": "publish"},
+        nodeExpandSecretRef={"namespace": "sec", "name": "expand"},
+    )
+    objects.secrets[("sec", "publish")] = {"data": {"user": "cHVi"}}
+    claim = objects.pvcs[("ns", "data")]
+    claim["status"]["capacity"] = {"storage": "1Mi"}
+    claim["status"]["allocatedResourceStatuses"] = {"storage": "NodeResizePending"}
+    objects.pvs["pv1"]["spec"]["capacity"] = {"storage": "2Mi"}
+    p = plugin(tmp_path, driver, objects)
+    path = await p.set_up(CLAIM, ctx(tmp_path, a_pod("u1", CLAIM)))
+    assert driver.names() == ["publish"] and objects.patches == []  # no secret: not grown
+    objects.secrets[("sec", "expand")] = {"data": {"password": "dDBwLVNlY3JldA=="}}
+    assert await p.set_up(CLAIM, ctx(tmp_path, a_pod("u1", CLAIM))) == path
+    assert driver.calls[-1] == ("expand", ("vol-1", str(path), 2 << 20))
+    assert driver.expanded[-1].secrets == {"password": "t0p-Secret"}
+    assert objects.patches[0][1]["status"]["capacity"] == {"storage": "2Mi"}
 
 
 # -- helpers ------------------------------------------------------------------------------

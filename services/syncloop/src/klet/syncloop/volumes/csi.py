@@ -58,6 +58,7 @@ reconstruction does.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import hashlib
 import json
 import logging
@@ -780,15 +781,18 @@ class CSIVolumePlugin:
     ) -> None:
         """Online expansion: when the controller side grew the PV past what the claim's
         status says and left the node's part pending, NodeExpandVolume, then the claim's
-        status records the new size (upstream's kubelet does both)."""
+        status records the new size (upstream's kubelet does both). The call carries the
+        PV's `nodeExpandSecretRef` secret (only that one, as upstream's csi_expander)."""
         assert self.objects is not None
         wanted = resize_wanted(claimed.claim, claimed.pv)
         if wanted is None:
             return
         meta = claimed.claim["metadata"]
+        source = (claimed.pv.get("spec") or {}).get("csi") or {}
         try:
+            secrets = await self._secret(source.get("nodeExpandSecretRef"), "NodeExpand")
             await client.expand(
-                volume,
+                dataclasses.replace(volume, secrets=secrets),
                 volume_path=str(target),
                 staging_path=staging,
                 required_bytes=wanted[1],
@@ -796,7 +800,7 @@ class CSIVolumePlugin:
             await self.objects.patch_pvc_status(
                 str(meta["namespace"]), str(meta["name"]), resized_status(claimed.claim, wanted[0])
             )
-        except (CSIError, ObjectUnavailable) as err:
+        except (CSIError, ObjectUnavailable, VolumeError) as err:
             # The pod keeps running on the old size; the next sync tries again.
             log.warning(
                 "volume not expanded",
