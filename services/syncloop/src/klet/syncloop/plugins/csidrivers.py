@@ -23,7 +23,8 @@ drivers' manifests name host paths such as `/var/lib/kubelet/plugins/<driver>/cs
 whatever the node's root dir.
 
 The registrar is the watcher's only one, so it also hands the plugin types it has a
-handler for (`DevicePlugin`: syncloop/devices/watched.py) to that handler after GetInfo,
+handler for (`DevicePlugin`: syncloop/devices/watched.py; `DRAPlugin`:
+syncloop/dra/registration.py) to that handler after GetInfo,
 tells the plugin the handler's verdict, and passes each vanished socket on; any other
 type is refused naming it and the types taken.
 
@@ -77,7 +78,8 @@ class Registration(Protocol):
 
 class PluginHandler(Protocol):
     """Registrations of a plugin type other than CSI, handed over after GetInfo
-    (`DevicePlugin`: syncloop/devices/watched.py, added by the app)."""
+    (`DevicePlugin`: syncloop/devices/watched.py; `DRAPlugin`: syncloop/dra/registration.py;
+    both added by the app)."""
 
     async def register(self, info: PluginInfo, socket: Path) -> str | None:
         """Take the plugin; why not (told to the plugin), or None when taken."""
