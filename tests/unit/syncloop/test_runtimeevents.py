@@ -10,12 +10,14 @@ it handled the OOM event reads `OOMKilled` from then on; creations and starts wa
 nobody and cost no CRI call; an event about an object the last relist did not know is
 resolved through lists filtered by its ID, and one that is not ours is dropped and
 looked up once; the exit and delete of an object a worker stopped itself
-(`ExitNotices.expect_stop`: its CRI stop call is synchronous) cost no CRI call and wake
-nobody, unless that stop failed; the woken worker's read (PodRuntime) refreshes PLEG's
-fingerprint; a dropped stream puts the relister back on its short period, owes a
-relist, re-subscribes after the back-off delays and owes one more full relist once
-open; a runtime without events leaves the relister short-period for good; the observer
-sees each subscription, drop and event.
+(`ExitNotices.expect_stop`: its CRI stop call is synchronous) cost no CRI call, the exit
+waking the worker once (a kill inside a sync is followed by the sync that restarts the
+container) and the delete nobody, unless that stop failed; the exits of a pod a worker
+removes for good (`expect_removal`) wake nobody; the woken worker's read (PodRuntime)
+refreshes PLEG's fingerprint; a dropped stream puts the relister back on its short
+period, owes a relist, re-subscribes after the back-off delays and owes one more full
+relist once open; a runtime without events leaves the relister short-period for good;
+the observer sees each subscription, drop and event.
 """
 
 from __future__ import annotations
@@ -163,7 +165,7 @@ def test_what_each_event_calls_for(kind: EventKind, exit_seen: bool, action: Act
 @pytest.mark.parametrize(
     ("kind", "exit_seen", "action"),
     [
-        (EventKind.EXITED, False, Action.IGNORE),  # the worker's StopContainer saw it
+        (EventKind.EXITED, False, Action.WAKE),  # recorded: the worker's stop returned
         (EventKind.DELETED, False, Action.IGNORE),  # its own removal
         (EventKind.DELETED, True, Action.IGNORE),
         (EventKind.OOM, False, Action.WAKE),  # not its doing: the reason may change
@@ -173,6 +175,40 @@ def test_what_the_events_of_a_workers_own_stop_call_for(
     kind: EventKind, exit_seen: bool, action: Action
 ) -> None:
     assert action_for(kind, exit_seen=exit_seen, own_stop=True) is action
+
+
+@pytest.mark.parametrize(
+    ("kind", "action"),
+    [
+        (EventKind.EXITED, Action.IGNORE),  # the worker forgets the pod: nobody to wake
+        (EventKind.DELETED, Action.IGNORE),
+        (EventKind.OOM, Action.WAKE),
+    ],
+)
+def test_what_the_events_of_a_pod_removed_for_good_call_for(
+    kind: EventKind, action: Action
+) -> None:
+    for own_stop in (False, True):
+        assert action_for(kind, exit_seen=False, own_stop=own_stop, removing=True) is action
+
+
+async def test_the_exits_of_a_pod_removed_for_good_wake_nobody(w: World) -> None:
+    sid, cid = await w.pod("a")
+    await w.relister.relist_once()
+    w.woken.clear()
+    async with running(w.watcher.run()):
+        await w.subscribed()
+        w.cri.calls.clear()
+        for oid in (cid, sid):
+            w.watcher.notices.expect_removal(oid)
+        w.watcher.notices.expect_stop(cid)  # as LifecycleHooks.stop notes it too
+        w.cri.exit_container(cid, 137)
+        for oid in (cid, sid):
+            w.events.push(EventKind.EXITED, oid, exit_status=137)
+            w.events.push(EventKind.DELETED, oid)
+        await until(lambda: len(w.observer.log) == 5 and not w.watcher._tasks)
+    assert w.woken == [] and w.cri.calls == [] and w.slept == []
+    assert not w.watcher.notices.removed_by_worker(cid)  # deleted: nothing more expected
 
 
 async def test_the_exit_and_delete_of_a_workers_own_stop_cost_no_cri_call(w: World) -> None:
@@ -194,7 +230,7 @@ async def test_the_exit_and_delete_of_a_workers_own_stop_cost_no_cri_call(w: Wor
         for oid in (cid, sid):
             w.events.push(EventKind.DELETED, oid)
         await until(lambda: len(w.observer.log) == 5 and not w.watcher._tasks)
-    assert w.woken == []
+    assert w.woken == ["a", "a"]  # each exit once, at once; the deletes nobody
     assert [c[0] for c in w.cri.calls] == ["StopContainer", "StopPodSandbox"]
     assert w.slept == []  # no confirmation polls
     assert cid not in w.watcher.notices  # no announced exit left to read

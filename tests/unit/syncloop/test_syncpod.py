@@ -226,6 +226,8 @@ async def test_kill_pod_notes_what_it_stops_so_their_events_need_no_confirmation
     stopped = [c[1] for c in w.cri.calls if c[0] in ("StopContainer", "StopPodSandbox")]
     assert len(stopped) == 3
     assert all(w.runtime.exits.stopped_by_worker(oid) for oid in stopped)
+    # removed for good: the exits wake nobody (the pod is forgotten after this)
+    assert all(w.runtime.exits.removed_by_worker(oid) for oid in stopped)
     # PLEG is told the removed pod has nothing left, as a read would: its next relist
     # wakes no worker to find that out
     assert seen == [("u1", 0)]
@@ -241,6 +243,13 @@ async def test_a_failed_stop_is_not_noted_as_the_workers_own(w: World) -> None:
     assert not w.runtime.exits.stopped_by_worker(cid)  # its exit, if it comes, is news
     [sid] = list(w.cri.sandboxes)
     assert w.runtime.exits.stopped_by_worker(sid)
+    assert not w.runtime.exits.removed_by_worker(sid)  # a pod kept: its exits wake
+    # a removal that fails takes its marks back: the worker will retry and read again
+    w.cri.fail_next("StopPodSandbox", CRIError("runtime busy", code="DEADLINE_EXCEEDED"))
+    with pytest.raises(CRIError):
+        await w.syncer.kill_pod(p, await w.runtime.get("u1"), grace_override=0, remove=True)
+    assert not w.runtime.exits.removed_by_worker(sid)
+    assert not w.runtime.exits.removed_by_worker(cid)
 
 
 class HeldSandboxes:

@@ -26,8 +26,8 @@ A stop a worker makes itself needs none of that: StopContainer and StopPodSandbo
 synchronous in CRI (they return once the runtime recorded the stop, or fail), and the
 worker reads its pod after them (upstream's SyncTerminatingPod reads the pod status once
 after KillPod). The objects it stops are noted here (`expect_stop`) so the evented PLEG
-lets their exit and deletion events go without polling CRI to confirm them (issue 42:
-the confirmation polls were 13-21 ContainerStatus calls per removed pod).
+follows their exit events without polling CRI to confirm them (issue 42: the
+confirmation polls were 13-21 ContainerStatus calls per removed pod).
 """
 
 from __future__ import annotations
@@ -74,6 +74,7 @@ class ExitNotices:
         self._by_id: dict[str, ExitNotice] = {}
         self._oom: dict[str, None] = {}
         self._own: dict[str, None] = {}  # objects a worker stops itself
+        self._removing: dict[str, None] = {}  # objects of pods a worker removes for good
 
     def add(self, object_id: str, exit_code: int, at: float) -> None:
         """`at` is the runtime's Unix time of the exit in seconds, 0 when unknown."""
@@ -88,21 +89,33 @@ class ExitNotices:
 
     def expect_stop(self, object_id: str) -> None:
         """A worker is about to stop (and maybe remove) this container or sandbox itself
-        and reads its pod after the synchronous CRI call: its exit and deletion events
-        need no confirmation and wake nobody."""
+        with a synchronous CRI call: its exit event needs no confirmation, its deletion
+        event nothing at all."""
         self._own[object_id] = None
         bound(self._own, self.limit)
 
+    def expect_removal(self, object_id: str) -> None:
+        """A worker is about to stop and remove this object's pod for good, and forget
+        it: the object's exit and deletion events concern nobody."""
+        self._removing[object_id] = None
+        bound(self._removing, self.limit)
+
     def stop_failed(self, object_id: str) -> None:
-        """The worker's stop failed: the object's exit, if it comes, is the runtime's news."""
+        """The worker's stop (or removal) failed: the object's exit, if it comes, is the
+        runtime's news."""
         self._own.pop(object_id, None)
+        self._removing.pop(object_id, None)
 
     def stopped_by_worker(self, object_id: str) -> bool:
         return object_id in self._own
 
+    def removed_by_worker(self, object_id: str) -> bool:
+        return object_id in self._removing
+
     def deleted(self, object_id: str) -> None:
         """The object is gone from the runtime: nothing more to expect of it."""
         self._own.pop(object_id, None)
+        self._removing.pop(object_id, None)
 
     def discard(self, object_id: str) -> None:
         """CRI recorded the exit: its record stands from now on."""

@@ -3,9 +3,14 @@ sandboxes or containers exited or was OOM-killed (`action_for` says which event 
 for what). Creations and starts are counted, not acted on: only syncloop's pod workers
 create and start our pods' sandboxes and containers, and a worker reads its pod again
 after acting, so those events only echo what it has seen. So are the deletions that
-follow exits, and the exits and deletions of objects a worker stopped or removed itself
-(`ExitNotices.expect_stop`): CRI's stop calls are synchronous and the worker reads its
-pod after them, so there is nothing to confirm and nobody to wake.
+follow exits, and those of objects a worker stopped or removed itself. The exit of an
+object a worker stopped itself (`ExitNotices.expect_stop`) is not confirmed through
+CRI: CRI's stop calls are synchronous, so CRI has recorded it when the worker goes on.
+It still wakes the worker, once the event comes: a kill in the middle of a sync (a
+failed postStart hook, a resize that restarts the container) is followed by the sync
+that starts the container again, as upstream's PLEG event is. The exits of a pod a
+worker removes for good (`ExitNotices.expect_removal`) wake nobody: the worker forgets
+the pod once it is removed, and a wake would only make a new worker find it gone.
 
 The subscription (`klet.cri.events.RuntimeEvents`) is CRI GetContainerEvents where the
 runtime has it, else containerd's own task events. While it is open the relister runs
@@ -128,16 +133,23 @@ class Action(Enum):
     IGNORE = "ignore"
 
 
-def action_for(kind: EventKind, *, exit_seen: bool, own_stop: bool = False) -> Action:
+def action_for(
+    kind: EventKind, *, exit_seen: bool, own_stop: bool = False, removing: bool = False
+) -> Action:
     """What an event calls for. An exit waits for CRI (see the module doc). A delete
     follows the exit it belongs to and is ignored when that exit was seen, else it
-    stands in for it. The exit or delete of an object a worker is stopping itself
-    (`own_stop`) is ignored: the worker's synchronous stop call and its read after it
-    see what the event says. An OOM kill wakes at once: it is not an exit (the killed
-    process may be a child and the container live on), but it changes the reason of an
-    exit that may already have been published. Creations and starts echo a worker's own
-    actions (see the module doc)."""
-    if own_stop and kind in (EventKind.EXITED, EventKind.DELETED):
+    stands in for it. The exit of an object a worker is stopping itself (`own_stop`)
+    wakes without a confirmation (its stop call is synchronous), and its delete is
+    ignored (the worker removed it); both are ignored for an object of a pod the worker
+    removes for good (`removing`). An OOM kill wakes at once: it is not an exit (the
+    killed process may be a child and the container live on), but it changes the reason
+    of an exit that may already have been published. Creations and starts echo a
+    worker's own actions (see the module doc)."""
+    if removing and kind in (EventKind.EXITED, EventKind.DELETED):
+        return Action.IGNORE
+    if own_stop and kind is EventKind.EXITED:
+        return Action.WAKE
+    if own_stop and kind is EventKind.DELETED:
         return Action.IGNORE
     if kind is EventKind.EXITED:
         return Action.CONFIRM
@@ -262,6 +274,7 @@ class EventWatcher:
             event.kind,
             exit_seen=event.object_id in self._exits,
             own_stop=self.notices.stopped_by_worker(event.object_id),
+            removing=self.notices.removed_by_worker(event.object_id),
         )
         if event.kind is EventKind.EXITED:
             _remember(self._exits, event.object_id)

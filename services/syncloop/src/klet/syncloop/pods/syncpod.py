@@ -480,6 +480,23 @@ class PodSyncer:
                 grace_override if grace_override is not None else runtimepod.recorded_grace(current)
             )
             grace = podspec.grace_period_s({}, override)
+        # A pod removed for good: its objects' exit and delete events concern nobody (the
+        # worker forgets the pod after this); taken back if the kill fails (runtime.py).
+        notes = self.runtime.exits
+        objects = [*(c.id for c in current.containers), *(s.id for s in current.sandboxes)]
+        removing = objects if remove else []
+        for oid in removing:
+            notes.expect_removal(oid)
+        try:
+            await self._kill(pod, current, grace=grace, remove=remove)
+        except BaseException:
+            for oid in removing:
+                notes.stop_failed(oid)
+            raise
+
+    async def _kill(
+        self, pod: JSON | None, current: RuntimePod, *, grace: int, remove: bool
+    ) -> None:
         live = [c for c in current.containers if c.state != ContainerState.EXITED]
         for c in live:
             if pod is not None:
@@ -520,8 +537,6 @@ class PodSyncer:
         if errors:
             raise errors[0]
         if remove:
-            for c in current.containers:
-                notes.expect_stop(c.id)
             for s in current.sandboxes:
                 await self.cri.remove_pod_sandbox(s.id)
             for c in current.containers:
