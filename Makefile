@@ -276,10 +276,13 @@ test-csi: setup cluster-binaries csi-binaries
 # test/e2e/dra/test-driver: about 15 s the first time, cached after) registering through
 # klet's plugin watcher and preparing and unpreparing a claim against the cluster
 # harness's apiserver (tests/cluster/test_dra_driver.py, about 25 s with the control
-# plane's start). `make test` runs the DRA unit tests, not this (tests/conftest.py).
+# plane's start), and a container created through klet's CRI config with the claim's CDI
+# device on containerd v2 (tools/dra/build-containerd.sh: about 7 min the first time,
+# cached after; tests/cluster/test_dra_cdi.py, about 15 s). `make test` runs the DRA unit
+# tests, not this (tests/conftest.py).
 .PHONY: test-dra
 test-dra: setup cluster-binaries
-	KLET_DRA_TESTS=1 $(PY) -m pytest tests/cluster/test_dra_driver.py $(PYTEST_ARGS)
+	KLET_DRA_TESTS=1 $(PY) -m pytest tests/cluster/test_dra_driver.py tests/cluster/test_dra_cdi.py $(PYTEST_ARGS)
 
 # The pinned helm binaries of the helm tier, built from tools/helm's Go module into
 # $KLET_CACHE/helm/<version>/helm (default /var/cache/klet); no-op once cached. v4 renders

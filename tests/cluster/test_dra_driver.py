@@ -29,7 +29,6 @@ from typing import Any
 
 import pytest
 from klet.bus import NodeBus
-from klet.bus.testing import FakeBus
 from klet.csi import CSIClient, RegistrationClient
 from klet.model.dra import DRA_PLUGIN, SERVICE_V1, ClaimRef, PreparedDevice, PrepareResult
 from klet.rpc.dra import GrpcDRAPlugin
@@ -37,8 +36,14 @@ from klet.syncloop.dra.registration import DRADrivers, DriverInstance
 from klet.syncloop.plugins.csidrivers import CSIRegistrar
 from klet.syncloop.plugins.watcher import PluginWatcher
 from klet.testbed.cluster import ControlPlane
+from klet.testbed.fakes.bus import FakeBus
 
-from tests.harness.dra import DRATestDriver, dra_test_driver_binary
+from tests.harness.dra import (
+    DRATestDriver,
+    allocated_claim,
+    dra_test_driver_binary,
+    slice_devices,
+)
 
 NODE = "kletdra1"
 DRIVER = "dra.klet.test"
@@ -95,56 +100,6 @@ async def _until(check: Any, *, what: str, timeout_s: float = 60.0) -> Any:
         await asyncio.sleep(0.2)
 
 
-def _allocated_claim(cp: ControlPlane, name: str, device: str) -> str:
-    """A ResourceClaim for one device, its status allocating `device` of the driver's pool
-    (what the scheduler's DRA plugin would write); its UID."""
-    claim = {
-        "apiVersion": "resource.k8s.io/v1",
-        "kind": "ResourceClaim",
-        "metadata": {"name": name, "namespace": NAMESPACE},
-        "spec": {
-            "devices": {"requests": [{"name": "req-0", "exactly": {"deviceClassName": DRIVER}}]}
-        },
-    }
-    cp.kubectl("create", "-f", "-", input=json.dumps(claim), check=True)
-    status = {
-        "status": {
-            "allocation": {
-                "devices": {
-                    "results": [
-                        {"request": "req-0", "driver": DRIVER, "pool": NODE, "device": device}
-                    ]
-                }
-            }
-        }
-    }
-    cp.kubectl(
-        "patch",
-        "resourceclaim",
-        name,
-        "-n",
-        NAMESPACE,
-        "--subresource=status",
-        "--type=merge",
-        "-p",
-        json.dumps(status),
-        check=True,
-    )
-    got = cp.kubectl("get", "resourceclaim", name, "-n", NAMESPACE, "-o", "json", check=True)
-    return str(json.loads(got.stdout)["metadata"]["uid"])
-
-
-def _slice_devices(cp: ControlPlane) -> list[str] | None:
-    res = cp.kubectl("get", "resourceslices", "-o", "json")
-    if res.returncode != 0:
-        return None
-    for item in json.loads(res.stdout).get("items", []):
-        spec = item.get("spec", {})
-        if spec.get("driver") == DRIVER and spec.get("nodeName") == NODE:
-            return [d["name"] for d in spec.get("devices", [])]
-    return None
-
-
 def _cdi_specs(cdi_dir: Path) -> dict[str, Any]:
     return {p.name: json.loads(p.read_text()) for p in sorted(cdi_dir.glob("*.json"))}
 
@@ -177,9 +132,9 @@ async def test_the_test_driver_registers_prepares_and_unprepares(
             what="NotifyRegistrationStatus (registered) in the driver's log",
         )
         devices = await _until(
-            lambda: _slice_devices(control_plane), what="the driver's ResourceSlice"
+            lambda: slice_devices(control_plane, DRIVER, NODE), what="the driver's ResourceSlice"
         )
-        uid = _allocated_claim(control_plane, name, devices[0])
+        uid = allocated_claim(control_plane, name, NAMESPACE, DRIVER, NODE, devices[0])
         ref = ClaimRef(namespace=NAMESPACE, name=name, uid=uid)
         cdi_id = f"{DRIVER}/test=claim-{uid}-req-0"
 

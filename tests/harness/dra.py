@@ -6,14 +6,31 @@ harness's apiserver: it publishes a ResourceSlice of fake devices for the node,
 registers through the node's `<root-dir>/plugins_registry/` (its DRAPlugin socket in
 `<root-dir>/plugins/<driver>/`) and writes a CDI spec per prepared claim request into
 `cdi_dir`. `stop()` sends SIGTERM: the driver removes its sockets.
+
+`CDIContainerd` is the DRA tier's container runtime: containerd v2 (tools/dra/
+build-containerd.sh), whose CRI plugin applies CRI `CDI_devices` from the CDI specs in
+`cdi_spec_dirs`; Debian's containerd 1.6, which every other tier runs, has no CDI. It is
+the devstack `Containerd` (private root, state, sockets, CNI, registry hosts; the same
+clean-up) with containerd v2's configuration format (version 3: the CRI plugin split
+into `io.containerd.cri.v1.runtime` and `io.containerd.cri.v1.images`, the server's
+streaming settings left in `io.containerd.grpc.v1.cri`) and NRI disabled (its default
+socket is the host's /var/run/nri).
 """
 
 from __future__ import annotations
 
+import json
 import signal
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
+
+from klet.cgroups.fs import hugetlb_available
+from klet.devstack.cni import CNI_BIN_DIR
+from klet.devstack.containerd import TEST_HANDLER, Containerd
+from klet.devstack.images import TEST_REGISTRY_HOST
+from klet.testbed.cluster import ControlPlane
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -28,6 +45,43 @@ def dra_test_driver_binary() -> Path:
         timeout=900,
     )
     return Path(out.stdout.strip().splitlines()[-1])
+
+
+def allocated_claim(
+    cp: ControlPlane, name: str, namespace: str, driver: str, node: str, device: str
+) -> str:
+    """Create a ResourceClaim for one device of class `driver` and write its status
+    allocating `device` of the driver's pool `node` (what the scheduler's DRA plugin
+    would write); its UID."""
+    claim = {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaim",
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": {
+            "devices": {"requests": [{"name": "req-0", "exactly": {"deviceClassName": driver}}]}
+        },
+    }
+    cp.kubectl("create", "-f", "-", input=json.dumps(claim), check=True)
+    result = {"request": "req-0", "driver": driver, "pool": node, "device": device}
+    status = {"status": {"allocation": {"devices": {"results": [result]}}}}
+    cp.kubectl(
+        "patch", "resourceclaim", name, "-n", namespace, "--subresource=status",
+        "--type=merge", "-p", json.dumps(status), check=True,
+    )  # fmt: skip
+    got = cp.kubectl("get", "resourceclaim", name, "-n", namespace, "-o", "json", check=True)
+    return str(json.loads(got.stdout)["metadata"]["uid"])
+
+
+def slice_devices(cp: ControlPlane, driver: str, node: str) -> list[str] | None:
+    """The device names of `driver`'s ResourceSlice for `node`; None before it exists."""
+    res = cp.kubectl("get", "resourceslices", "-o", "json")
+    if res.returncode != 0:
+        return None
+    for item in json.loads(res.stdout).get("items", []):
+        spec = item.get("spec", {})
+        if spec.get("driver") == driver and spec.get("nodeName") == node:
+            return [d["name"] for d in spec.get("devices", [])]
+    return None
 
 
 @dataclass
@@ -80,3 +134,131 @@ class DRATestDriver:
 
     def text(self) -> str:
         return self.log.read_text(errors="replace")
+
+
+def cdi_containerd_bin_dir() -> Path:
+    """containerd v2 and its runc shim, built by tools/dra/build-containerd.sh (about
+    7 min the first time on 2 cores, cached by version after)."""
+    out = subprocess.run(
+        ["bash", str(ROOT / "tools" / "dra" / "build-containerd.sh")],
+        check=True,
+        capture_output=True,
+        text=True,
+        timeout=3600,
+    )
+    return Path(out.stdout.strip().splitlines()[-1])
+
+
+_DISABLED_PLUGINS = (
+    "io.containerd.snapshotter.v1.aufs",
+    "io.containerd.snapshotter.v1.btrfs",
+    "io.containerd.snapshotter.v1.devmapper",
+    "io.containerd.snapshotter.v1.zfs",
+    "io.containerd.snapshotter.v1.erofs",
+    "io.containerd.nri.v1.nri",
+)
+
+
+def _q(value: str) -> str:
+    return json.dumps(value)  # JSON string escapes are valid TOML basic-string escapes
+
+
+class CDIContainerd(Containerd):
+    """containerd v2 with CDI on, reading CDI specs from `cdi_spec_dirs` only."""
+
+    def __init__(
+        self, dir: Path, bin_dir: Path, *, cdi_spec_dirs: tuple[Path, ...], **kwargs: Any
+    ) -> None:
+        super().__init__(dir, **kwargs)
+        self.binary = str(bin_dir / "containerd")
+        self.cdi_spec_dirs = tuple(d.resolve() for d in cdi_spec_dirs)
+
+    @classmethod
+    def for_registry_with_cdi(
+        cls,
+        dir: Path,
+        registry_address: str,
+        bin_dir: Path,
+        *,
+        cdi_spec_dirs: tuple[Path, ...],
+    ) -> CDIContainerd:
+        """Pulls `registry.klet.test/...` from the registry at `registry_address`, as
+        `Containerd.for_registry`."""
+        hosts = {TEST_REGISTRY_HOST: registry_address, registry_address: registry_address}
+        return cls(dir, bin_dir, cdi_spec_dirs=cdi_spec_dirs, registry_host_map=hosts)
+
+    def config_toml(self) -> str:
+        disabled = ", ".join(_q(p) for p in _DISABLED_PLUGINS)
+        cdi_dirs = ", ".join(_q(str(d)) for d in self.cdi_spec_dirs)
+        runtime = '[plugins."io.containerd.cri.v1.runtime"'
+        images = '[plugins."io.containerd.cri.v1.images"'
+        hugetlb = "false" if hugetlb_available() else "true"
+        return f"""\
+version = 3
+root = {_q(str(self.root))}
+state = {_q(str(self.state))}
+oom_score = 0
+disabled_plugins = [{disabled}]
+
+[grpc]
+  address = {_q(str(self.socket))}
+
+[ttrpc]
+  address = {_q(str(self.ttrpc_socket))}
+
+[debug]
+  address = ""
+  level = {_q(self.log_level)}
+
+[metrics]
+  address = ""
+
+[plugins]
+  [plugins."io.containerd.internal.v1.opt"]
+    path = {_q(str(self.dir / "opt"))}
+
+  [plugins."io.containerd.grpc.v1.cri"]
+    stream_server_address = "127.0.0.1"
+    stream_server_port = "0"
+    enable_tls_streaming = false
+    disable_tcp_service = true
+
+  {images}]
+    snapshotter = "overlayfs"
+
+  {images}.pinned_images]
+    sandbox = {_q(self.sandbox_image)}
+
+  {images}.registry]
+    config_path = {_q(str(self.certs_dir))}
+
+  {runtime}]
+    # This host refuses negative oom_score_adj (HOST_NOTES); without it every sandbox fails.
+    restrict_oom_score_adj = true
+    netns_mounts_under_state_dir = true
+    disable_hugetlb_controller = {hugetlb}
+    enable_cdi = true
+    cdi_spec_dirs = [{cdi_dirs}]
+
+  {runtime}.containerd]
+    default_runtime_name = "runc"
+
+  {runtime}.containerd.runtimes.runc]
+    runtime_type = "io.containerd.runc.v2"
+
+  {runtime}.containerd.runtimes.runc.options]
+    SystemdCgroup = false
+    Root = {_q(str(self.runc_root))}
+
+  {runtime}.containerd.runtimes.{TEST_HANDLER}]
+    runtime_type = "io.containerd.runc.v2"
+
+  {runtime}.containerd.runtimes.{TEST_HANDLER}.options]
+    SystemdCgroup = false
+    Root = {_q(str(self.test_handler_root))}
+
+  {runtime}.cni]
+    bin_dirs = [{_q(CNI_BIN_DIR)}]
+    conf_dir = {_q(str(self.network.conf_dir))}
+    max_conf_num = 1
+"""

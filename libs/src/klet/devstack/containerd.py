@@ -70,6 +70,10 @@ class Containerd:
     """One containerd under ``dir``; ``registry_host_map`` maps image registry host
     names to the ``host:port`` of a plain-HTTP registry serving them."""
 
+    binary: str = CONTAINERD_BINARY
+    """The daemon to run: Debian's 1.6; a subclass with another configuration format may
+    run another build (the DRA tier's containerd v2, tests/harness/dra.py)."""
+
     def __init__(
         self,
         dir: Path,
@@ -275,7 +279,7 @@ disabled_plugins = [{disabled}]
         env["PATH"] = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
         proc = ManagedProcess(
             "containerd",
-            [CONTAINERD_BINARY, "--config", str(self.config_path)],
+            [self.binary, "--config", str(self.config_path)],
             dir=self.dir,
             env=env,
         )

@@ -1,0 +1,220 @@
+"""A container created through klet's CRI config path with a DRA claim's CDI device
+runs with what the driver's CDI spec gives it (issue 40 item 5, the second layer).
+
+The runtime is the DRA tier's containerd v2 (tools/dra/build-containerd.sh; started by
+tests/harness/dra.py's CDIContainerd with CDI on and `cdi_spec_dirs` the run's CDI
+directory alone), Debian's runc beneath it. The driver is upstream's dra-test-driver
+(as in test_dra_driver.py: registered through syncloop's plugin watcher, the claim
+allocated to a device of its ResourceSlice, NodePrepareResources over klet.rpc.dra); its
+CDI spec for the claim sets `claim_<claim>_<request>=true`. From the prepare answer the
+claim info is made, `klet.syncloop.dra.cdi.container_cdi_devices` picks the container's
+CDI ID and `criconfig.container_config` puts it in CRI CDI_devices; the container's
+environment, read back with ExecSync, holds the driver's variable, and a second
+container of the same pod that does not name the claim has none. Only `make test-dra`
+(KLET_DRA_TESTS=1) collects it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+import shutil
+import tempfile
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from klet.bus import NodeBus
+from klet.cri.client import CRISettings, RuntimeClient
+from klet.csi import CSIClient, RegistrationClient
+from klet.devstack.images import BUSYBOX_IMAGE, build, standard_images, write_oci_archive
+from klet.model.dra import DRA_PLUGIN, ClaimRef
+from klet.rpc.dra import GrpcDRAPlugin
+from klet.syncloop.containers import criconfig
+from klet.syncloop.dra.cdi import container_cdi_devices
+from klet.syncloop.dra.claiminfo import ClaimInfo
+from klet.syncloop.dra.registration import DRADrivers, DriverInstance
+from klet.syncloop.plugins.csidrivers import CSIRegistrar
+from klet.syncloop.plugins.watcher import PluginWatcher
+from klet.testbed.cluster import ControlPlane
+from klet.testbed.fakes.bus import FakeBus
+
+from tests.harness.dra import (
+    CDIContainerd,
+    DRATestDriver,
+    allocated_claim,
+    cdi_containerd_bin_dir,
+    dra_test_driver_binary,
+    slice_devices,
+)
+
+NODE = "kletcdi1"
+DRIVER = "cdi.klet.test"
+NAMESPACE = "default"
+
+
+@pytest.fixture(scope="module")
+def binary() -> Path:
+    return dra_test_driver_binary()
+
+
+@pytest.fixture(scope="module")
+def node_object(control_plane: ControlPlane) -> Iterator[str]:
+    manifest = {"apiVersion": "v1", "kind": "Node", "metadata": {"name": NODE}}
+    control_plane.kubectl("apply", "-f", "-", input=json.dumps(manifest), check=True)
+    yield NODE
+    control_plane.kubectl("delete", "node", NODE, "--wait=false")
+
+
+@pytest.fixture
+def run_dir() -> Iterator[Path]:
+    # containerd's socket path must stay under 108 bytes: pytest's tmp_path may not.
+    dir = Path(tempfile.mkdtemp(prefix="kcdi-", dir="/tmp"))
+    yield dir
+    shutil.rmtree(dir, ignore_errors=True)
+
+
+@pytest.fixture
+def containerd(run_dir: Path) -> Iterator[CDIContainerd]:
+    """containerd v2 with CDI on, its specs read from `<run_dir>/cdi` alone, and the
+    pause and busybox images imported (no registry)."""
+    cdi_dir = run_dir / "cdi"
+    cdi_dir.mkdir()
+    ctrd = CDIContainerd(run_dir / "ctrd", cdi_containerd_bin_dir(), cdi_spec_dirs=(cdi_dir,))
+    ctrd.start()
+    try:
+        specs = {s.reference: s for s in standard_images().values()}
+        archive = run_dir / "images.oci.tar"
+        write_oci_archive([build(specs[ctrd.sandbox_image]), build(specs[BUSYBOX_IMAGE])], archive)
+        ctrd.import_image(archive)
+        yield ctrd
+    finally:
+        ctrd.stop()
+
+
+def _connect(instance: DriverInstance) -> GrpcDRAPlugin:
+    return GrpcDRAPlugin(instance.endpoint, driver=instance.driver, service=instance.service)
+
+
+@pytest.fixture
+async def watched(run_dir: Path) -> AsyncIterator[tuple[Path, DRADrivers[GrpcDRAPlugin]]]:
+    root = run_dir / "root"
+    drivers = DRADrivers(root_dir=root, connect=_connect)
+    registrar = CSIRegistrar(
+        NodeBus.of(FakeBus(), service="syncloop").csidrivers,  # the CSI table: unused here
+        registration=RegistrationClient,
+        driver=CSIClient,
+        handlers={DRA_PLUGIN: drivers},
+    )
+    watcher = PluginWatcher(root / "plugins_registry", registrar, interval_s=0.1)
+    task = asyncio.create_task(watcher.run(), name="plugin-watcher")
+    try:
+        yield root, drivers
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+
+
+async def _until(check: Any, *, what: str, timeout_s: float = 60.0) -> Any:
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout_s
+    while not (got := check()):
+        if loop.time() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        await asyncio.sleep(0.2)
+    return got
+
+
+async def test_a_container_with_the_claims_cdi_device_gets_the_drivers_env(
+    control_plane: ControlPlane,
+    node_object: str,
+    binary: Path,
+    containerd: CDIContainerd,
+    watched: tuple[Path, DRADrivers[GrpcDRAPlugin]],
+    run_dir: Path,
+) -> None:
+    root, drivers = watched
+    driver = DRATestDriver.start(
+        binary,
+        kubeconfig=control_plane.admin_kubeconfig,
+        driver=DRIVER,
+        node=node_object,
+        root_dir=root,
+        cdi_dir=containerd.cdi_spec_dirs[0],
+        log=run_dir / "dra-test-driver.log",
+    )
+    claim = f"claim-{uuid.uuid4().hex[:8]}"
+    runtime = RuntimeClient(CRISettings(runtime_endpoint=containerd.endpoint))
+    try:
+        await _until(lambda: drivers.current(DRIVER), what="the driver registered")
+        devices = await _until(
+            lambda: slice_devices(control_plane, DRIVER, NODE), what="the ResourceSlice"
+        )
+        uid = allocated_claim(control_plane, claim, NAMESPACE, DRIVER, NODE, devices[0])
+        ref = ClaimRef(namespace=NAMESPACE, name=claim, uid=uid)
+        plugin = drivers.client(DRIVER)
+        try:
+            prepared = (await plugin.prepare([ref]))[uid]
+            info = ClaimInfo(
+                claim_uid=uid,
+                claim_name=claim,
+                namespace=NAMESPACE,
+                driver_state={DRIVER: prepared.devices},
+            )
+            pod: dict[str, Any] = {
+                "metadata": {"name": "cdi", "namespace": NAMESPACE, "uid": str(uuid.uuid4())},
+                "spec": {
+                    "hostNetwork": True,
+                    "resourceClaims": [{"name": "dev", "resourceClaimName": claim}],
+                    "containers": [
+                        {
+                            "name": "user",
+                            "image": BUSYBOX_IMAGE,
+                            "command": ["sleep", "3600"],
+                            "resources": {"claims": [{"name": "dev"}]},
+                        },
+                        {"name": "other", "image": BUSYBOX_IMAGE, "command": ["sleep", "3600"]},
+                    ],
+                },
+            }
+            sandbox = criconfig.sandbox_config(
+                pod, attempt=0, pod_logs_dir=str(run_dir / "logs"), cgroup_parent=""
+            )
+            sandbox_id = await runtime.run_pod_sandbox(sandbox)
+            try:
+                envs = {}
+                for container in pod["spec"]["containers"]:
+                    cdi = container_cdi_devices(pod, container, {info.key: info})
+                    config = criconfig.container_config(
+                        pod,
+                        container,
+                        instance=criconfig.Instance(
+                            restart_count=0, image=BUSYBOX_IMAGE, dra_cdi_devices=cdi
+                        ),
+                        node=criconfig.NodeContext(),
+                    )
+                    cid = await runtime.create_container(sandbox_id, config, sandbox)
+                    await runtime.start_container(cid)
+                    code, out, err = await runtime.exec_sync(cid, ["env"], timeout_s=30)
+                    assert code == 0, err
+                    envs[container["name"]] = (cdi, out.decode().splitlines())
+            finally:
+                await runtime.stop_pod_sandbox(sandbox_id)
+                await runtime.remove_pod_sandbox(sandbox_id)
+            variable = re.sub(r"[^a-zA-Z0-9]", "_", f"claim_{claim}_req-0") + "=true"
+            user_cdi, user_env = envs["user"]
+            assert user_cdi == (f"{DRIVER}/test=claim-{uid}-req-0",)
+            assert variable in user_env, (user_env, driver.text()[-2000:])
+            other_cdi, other_env = envs["other"]
+            assert other_cdi == ()
+            assert not [e for e in other_env if e.startswith("claim_")], other_env
+            assert await plugin.unprepare([ref]) == {uid: ""}
+        finally:
+            await plugin.close()
+    finally:
+        await runtime.close()
+        driver.stop()
+        control_plane.kubectl("delete", "resourceclaim", claim, "-n", NAMESPACE, "--wait=false")
