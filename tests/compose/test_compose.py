@@ -53,6 +53,7 @@ import pytest
 from klet.cri import CRISettings, RuntimeClient
 from klet.cri import labels as L
 from klet.devstack import DevStack, free_port
+from klet.model.layout import holder_slot, leader_slot
 from klet.testbed import Dockerd
 from klet.testbed.cluster import ControlPlane
 from klet.testbed.dockerd import DOCKER_BINARY
@@ -411,7 +412,7 @@ class Deployment:
         container's own, which is not the host's for status-reporter); None when no
         live process holds it."""
         try:
-            st = (self.run_dir / "leases" / f"{service}.leader").stat()
+            st = leader_slot(self.run_dir, service).stat()
         except FileNotFoundError:
             return None
         inode = f"{os.major(st.st_dev):02x}:{os.minor(st.st_dev):02x}:{st.st_ino}"
@@ -699,7 +700,7 @@ def test_each_container_has_only_what_it_uses(deployment: Deployment) -> None:
     # Of the run dir: syncloop's PodControl and image-gc's GarbageCollector sockets are
     # in eviction's and image-gc's containers, not in pod-source's or status-reporter's
     # (on the network); each service writes only its own port files' directory
-    # (status-reporter reads the others').
+    # (status-reporter reads the others') and sees only its own lease slots.
     run = d.env["KLET_RUN_DIR"]
     for sock in ("syncloop", "image-gc", "eviction"):
         path = f"{run}/grpc/{sock}.sock"
@@ -714,8 +715,13 @@ def test_each_container_has_only_what_it_uses(deployment: Deployment) -> None:
         Path(run, "ports", service, "probe.tmp").unlink()
         planted = exec_in(d, service, "touch", f"{run}/ports/syncloop/planted.json")
         assert planted.returncode != 0, f"{service} plants a port file of syncloop's"
-        slot = exec_in(d, service, "test", "-f", f"{run}/leases/{service}.holder")
+        slot = exec_in(d, service, "test", "-f", str(holder_slot(Path(run), service)))
         assert slot.returncode == 0, (service, slot.stderr)
+        # Its own lease slots alone: no other service's directory is in its container.
+        for other in ("pod-source", "syncloop", "status-reporter", "eviction", "image-gc"):
+            if other != service:
+                seen = exec_in(d, service, "ls", f"{run}/leases/{other}")
+                assert seen.returncode != 0 and "No such file" in seen.stderr, (service, other)
     listed = exec_in(d, "status-reporter", "ls", f"{run}/ports/syncloop")
     assert listed.returncode == 0 and listed.stdout.strip(), listed
     for service in ("pod-source", "eviction", "image-gc"):

@@ -195,7 +195,7 @@ def chart_path(service: str, compose_target: str) -> str:
 
 def test_each_service_mounts_only_its_part_of_the_run_dir() -> None:
     """As in docker-compose.yml: each service's pod mounts, of paths.runDir (set to
-    another path here, so nothing is the default by chance), the lease slots'
+    another path here, so nothing is the default by chance), its own lease slots'
     directory and its own port files' directory, each a hostPath of that path; the gRPC
     sockets' directory only where a socket is served or called (eviction, image-gc);
     every port file read-only in status-reporter's alone; all of it in syncloop's."""
@@ -211,11 +211,15 @@ def test_each_service_mounts_only_its_part_of_the_run_dir() -> None:
                 assert volume["hostPath"] == {"path": path, "type": "DirectoryOrCreate"}, path
                 found[service][path.removeprefix(run)] = not m.get("readOnly", False)
     assert found == {
-        "pod-source": {"/leases": True, "/ports/pod-source": True},
+        "pod-source": {"/leases/pod-source": True, "/ports/pod-source": True},
         "syncloop": {"": True},
-        "status-reporter": {"/leases": True, "/ports": False, "/ports/status-reporter": True},
-        "eviction": {"/leases": True, "/grpc": True, "/ports/eviction": True},
-        "image-gc": {"/leases": True, "/grpc": True, "/ports/image-gc": True},
+        "status-reporter": {
+            "/leases/status-reporter": True,
+            "/ports": False,
+            "/ports/status-reporter": True,
+        },
+        "eviction": {"/leases/eviction": True, "/grpc": True, "/ports/eviction": True},
+        "image-gc": {"/leases/image-gc": True, "/grpc": True, "/ports/image-gc": True},
     }
 
 

@@ -20,7 +20,9 @@ from pathlib import Path
 import pytest
 from klet.bus import Bus
 from klet.devstack import ManagedProcess, RedisServer
+from klet.model.layout import leader_slot
 
+from tests.harness.leader_replica import LEASE
 from tests.integration.test_fencing import buses, replica, wait_for, writes
 
 __all__ = ["buses"]  # the fixture, shared with test_fencing
@@ -38,7 +40,7 @@ class Pair:
         self.bus = bus
         self.a = replica(tmp, redis, "a", TTL_MS, run_dir=run_dir)
         self.b = replica(tmp, redis, "b", TTL_MS, run_dir=run_dir)
-        self.slot = run_dir / "leases" / "fencing-test.leader"
+        self.slot = leader_slot(run_dir, LEASE)
 
     async def start(self) -> None:
         self.a.start()

@@ -28,6 +28,7 @@ from typing import Any
 import pytest
 import yaml
 from klet.bus.acl import SERVICES
+from klet.model.layout import lease_slots_dir
 
 from tools.image.__main__ import version
 
@@ -123,8 +124,8 @@ def confinement(service: str, env: dict[str, str]) -> Confinement:
         env["KLET_CONFIG_DIR"]: False,
         env["KLET_REDIS_SOCKET_DIR"]: False,
         "/etc/klet/bus/password": False,
-        # Of the run dir: the lease and leader slots, and its own port files' directory.
-        f"{run}/leases": True,
+        # Of the run dir: its own lease and leader slots, and its own port files.
+        (own_leases := f"{run}/leases/{service}"): True,
         (own_ports := f"{run}/ports/{service}"): True,
     }
     # The gRPC sockets: for those that serve one or call one.
@@ -153,7 +154,7 @@ def confinement(service: str, env: dict[str, str]) -> Confinement:
             True,
             True,
             {
-                **{k: v for k, v in common.items() if k not in (f"{run}/leases", own_ports)},
+                **{k: v for k, v in common.items() if k not in (own_leases, own_ports)},
                 run: True,  # all of it: privileged, a mount would not confine it
                 **kubernetes,
                 root: True,
@@ -289,8 +290,9 @@ def test_pod_source_mounts_the_static_pod_directory_and_the_kubeconfig_alone(
 
 
 def test_each_service_mounts_only_its_part_of_the_run_dir() -> None:
-    """The run dir is not shared whole: every service gets the lease slots' directory
-    and writes its own port files' directory alone; the gRPC sockets' directory is in
+    """The run dir is not shared whole: every service writes its own lease slots'
+    directory and its own port files' directory alone (none can lock another's leader
+    slot or plant another's port file); the gRPC sockets' directory is in
     the containers that serve or call one (eviction, image-gc), not in pod-source's or
     status-reporter's, so neither can call KillPod, FreeSpace or DryRun; status-reporter
     reads every service's port files read-only; syncloop, privileged, mounts it all."""
@@ -305,17 +307,31 @@ def test_each_service_mounts_only_its_part_of_the_run_dir() -> None:
     }
     redis = variables()["KLET_REDIS_SOCKET_DIR"].removeprefix(run)
     assert parts == {
-        "pod-source": {"/leases": True, "/ports/pod-source": True, redis: False},
+        "pod-source": {"/leases/pod-source": True, "/ports/pod-source": True, redis: False},
         "syncloop": {"": True, redis: False},
         "status-reporter": {
-            "/leases": True,
+            "/leases/status-reporter": True,
             "/ports": False,
             "/ports/status-reporter": True,
             redis: False,
         },
-        "eviction": {"/leases": True, "/grpc": True, "/ports/eviction": True, redis: False},
-        "image-gc": {"/leases": True, "/grpc": True, "/ports/image-gc": True, redis: False},
+        "eviction": {
+            "/leases/eviction": True,
+            "/grpc": True,
+            "/ports/eviction": True,
+            redis: False,
+        },
+        "image-gc": {
+            "/leases/image-gc": True,
+            "/grpc": True,
+            "/ports/image-gc": True,
+            redis: False,
+        },
     }
+    # Each service's slots where it looks for them (klet.model.layout), in its mount.
+    for service in SERVICES:
+        slots = lease_slots_dir(Path(run), service).as_posix().removeprefix(run)
+        assert any(slots == p or slots.startswith(f"{p}/") for p in parts[service]), service
 
 
 def test_only_syncloop_and_the_cri_proxy_mount_the_runtime_socket() -> None:

@@ -1,8 +1,8 @@
 """The node layout (klet.model.layout): gRPC and Redis sockets under the run directory,
 the per-service ports (unset = the default, 0 = any free port) and the replicas' port
-files, pod directories under the root directory, pod cgroups by QoS
-class (and every candidate for a reader that does not know the class), and pod log
-directory names read both ways."""
+files, each service's lease slots in a directory of its own, pod directories under the
+root directory, pod cgroups by QoS class (and every candidate for a reader that does not
+know the class), and pod log directory names read both ways."""
 
 from __future__ import annotations
 
@@ -14,7 +14,10 @@ from klet.model.layout import (
     IMAGE_GC,
     SYNCLOOP,
     grpc_socket,
+    holder_slot,
     kubepods,
+    leader_slot,
+    lease_slots_dir,
     node_cgroups,
     pod_cgroup,
     pod_cgroup_candidates,
@@ -72,6 +75,20 @@ def test_port_files_per_service_and_replica() -> None:
     assert port_file(run, "syncloop", "node-a-812") == Path(
         "/run/klet/ports/syncloop/node-a-812.json"
     )
+
+
+def test_each_service_has_its_own_lease_slots_directory() -> None:
+    """A deployment mounts `leases/<service>` for that service alone, so both of its
+    slots are in it and no two services share one."""
+    run = Path("/run/klet")
+    dirs = {lease_slots_dir(run, s) for s in DEFAULT_SERVICE_PORTS}
+    assert len(dirs) == len(DEFAULT_SERVICE_PORTS)
+    assert holder_slot(run, "eviction") == Path("/run/klet/leases/eviction/holder")
+    assert leader_slot(run, "eviction") == Path("/run/klet/leases/eviction/leader")
+    for service in DEFAULT_SERVICE_PORTS:
+        own = lease_slots_dir(run, service)
+        assert own == run / "leases" / service
+        assert holder_slot(run, service).parent == leader_slot(run, service).parent == own
 
 
 def test_pod_dirs_under_the_root_dir() -> None:

@@ -109,7 +109,7 @@ async def test_process_series_when_asked(tmp_path: Path) -> None:
 async def test_without_a_holder_the_lease_takes_the_replica_slot(tmp_path: Path) -> None:
     base = service_base("eviction", Klet(tmp_path))
     try:
-        slot = tmp_path / "leases" / "eviction.holder"
+        slot = tmp_path / "leases" / "eviction" / "holder"
         assert slot.read_text().strip() == base.lease.holder
         assert base.lease.leader_slot is not None
         assert base.lease.ttl_ms == LEASE_TTL_MS

@@ -7,18 +7,20 @@ a container) apart from its predecessor.
 
 A unique ID alone would make a crash-restarted leader wait out its old lease (15 s by
 default). To avoid that safely, a replica slot is a lock file in the run directory,
-`<run_dir>/leases/<service>.holder`: the process holds an exclusive `flock` on it for
-its whole life and writes its ID into it. The kernel drops the lock only when the
-process is gone, so whoever gets the lock knows that the ID left in the file belongs to
-a dead process, and may take over that process's lease at once (`predecessor`). A
-stopped (SIGSTOP) or hung process still holds the lock, so it is never mistaken for
-dead. A second replica sharing the run directory finds the slot locked and runs without
-a predecessor: after a crash of that one, its successor waits for the old lease to
-expire. So does every replica whose run directory cannot be written.
+`<run_dir>/leases/<service>/holder` (each service's slots in a directory of its own,
+which a deployment mounts for that service alone, so no service can lock another's):
+the process holds an exclusive `flock` on it for its whole life and writes its ID into
+it. The kernel drops the lock only when the process is gone, so whoever gets the lock
+knows that the ID left in the file belongs to a dead process, and may take over that
+process's lease at once (`predecessor`). A stopped (SIGSTOP) or hung process still holds
+the lock, so it is never mistaken for dead. A second replica sharing the run directory
+finds the slot locked and runs without a predecessor: after a crash of that one, its
+successor waits for the old lease to expire. So does every replica whose run directory
+cannot be written.
 
 The replica slot helps a process that its supervisor restarts; it does nothing for a hot
 standby running beside the leader (the leader's slot stays locked while it lives). For
-that, the lease also gets a leader slot, `<run_dir>/leases/<service>.leader`, held by
+that, the lease also gets a leader slot, `<run_dir>/leases/<service>/leader`, held by
 whichever replica leads: a standby on this host that finds it free takes over the named
 leader's lease at once (`klet.bus.leaderslot` says why that is safe).
 """
@@ -36,6 +38,7 @@ from pathlib import Path
 
 from klet.bus.leaderslot import FileLeaderSlot, read_holder
 from klet.bus.redisbus import Bus, Lease
+from klet.model.layout import holder_slot, leader_slot
 
 log = logging.getLogger(__name__)
 
@@ -59,7 +62,7 @@ def new_holder_id() -> str:
 def claim_slot(run_dir: Path, service: str) -> HolderIdentity:
     """A fresh holder ID, and the predecessor's when this process got the slot's lock."""
     holder = new_holder_id()
-    path = run_dir / "leases" / f"{service}.holder"
+    path = holder_slot(run_dir, service)
     try:
         path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
@@ -97,5 +100,5 @@ def service_lease(bus: Bus, service: str, run_dir: Path, *, ttl_ms: int) -> Leas
         extra={"lease": service, "holder": me.holder, "predecessor": me.predecessor},
     )
     lease = bus.lease(service, me.holder, ttl_ms=ttl_ms, predecessor=me.predecessor)
-    lease.leader_slot = FileLeaderSlot(run_dir / "leases" / f"{service}.leader", me.holder)
+    lease.leader_slot = FileLeaderSlot(leader_slot(run_dir, service), me.holder)
     return lease

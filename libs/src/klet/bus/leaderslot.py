@@ -2,7 +2,7 @@
 
 A standby learns from Redis alone that the leader is gone only when the lease expires
 (15 s by default). Replicas of a service on one host share the run directory, so the
-leader also holds an exclusive `flock` on `<run_dir>/leases/<service>.leader` while it
+leader also holds an exclusive `flock` on `<run_dir>/leases/<service>/leader` while it
 leads, with its holder ID written in the file; standbys probe the file a few times a
 second (`probe`: a non-blocking shared lock taken and dropped at once).
 
@@ -75,7 +75,8 @@ class LeaderSlot(Protocol):
 
 
 class FileLeaderSlot:
-    """`<run_dir>/leases/<service>.leader`, claimed under `holder`'s ID."""
+    """`<run_dir>/leases/<service>/leader` (klet.model.layout.leader_slot), claimed under
+    `holder`'s ID."""
 
     def __init__(self, path: Path, holder: str) -> None:
         self.path = path

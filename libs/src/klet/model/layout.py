@@ -10,6 +10,9 @@ Pure names and paths, no I/O; the directories they sit in come from settings
 - Port files: every replica says where its service port listens in
   `<run-dir>/ports/<service>/<hostname>-<pid>-<token>.json` (klet.portfiles writes and reads
   them), so operators and scrapers find replicas on ephemeral ports.
+- Lease slots: each service's replica and leader slot files (klet.bus.holder,
+  klet.bus.leaderslot) in a directory of its own, `<run-dir>/leases/<service>/`, so a
+  deployment can mount each service its own and no service can lock another's slot.
 - Sockets under the run directory: the project's gRPC APIs in `<run-dir>/grpc/<service>.sock`
   (a directory of their own, mode 0700, see `klet.rpc.unixserver`), the private Redis of
   `klet up` in `<run-dir>/redis/redis.sock`.
@@ -52,6 +55,8 @@ def resolve_service_port(service: str, port: int | None) -> int:
 
 
 PORTS_DIR = "ports"
+
+LEASES_DIR = "leases"
 
 GRPC_SOCKET_DIR = "grpc"
 SYNCLOOP = "syncloop"
@@ -111,6 +116,21 @@ def cri_proxy_socket(run_dir: Path, service: str) -> Path:
 def port_files_dir(run_dir: Path, service: str) -> Path:
     """Where the replicas of `service` publish their port files: `<run-dir>/ports/<service>`."""
     return run_dir / PORTS_DIR / service
+
+
+def lease_slots_dir(run_dir: Path, service: str) -> Path:
+    """The directory of `service`'s lease slots: `<run-dir>/leases/<service>`."""
+    return run_dir / LEASES_DIR / service
+
+
+def holder_slot(run_dir: Path, service: str) -> Path:
+    """`service`'s replica slot (klet.bus.holder): `<run-dir>/leases/<service>/holder`."""
+    return lease_slots_dir(run_dir, service) / "holder"
+
+
+def leader_slot(run_dir: Path, service: str) -> Path:
+    """`service`'s leader slot (klet.bus.leaderslot): `<run-dir>/leases/<service>/leader`."""
+    return lease_slots_dir(run_dir, service) / "leader"
 
 
 def replica_name(hostname: str, pid: int, token: str) -> str:
