@@ -5,7 +5,7 @@ no root, no runtime. The node is laid out under a temporary directory: a cgroup 
 (cpu, cpuacct, memory, blkio, pids) holding `/kubepods/burstable/pod<uid>` with a
 sandbox cgroup and `--containers` container cgroups each, every file a scrape reads
 filled with realistic values, and /proc/<pid>/net/dev for each pod's first process.
-The runtime is `klet.stats.testing.FakeStatsRuntime` listing those pods and containers
+The runtime is `klet.testbed.fakes.stats.FakeStatsRuntime` listing those pods and containers
 (with writable-layer stats). One scrape is what the endpoint does:
 `StatsProvider.collect_cgroups()` (CRI reads, every cgroup file, /proc, /sys), the image
 names from a PodList (`with_images`) and the text rendering (`render`).
@@ -46,7 +46,7 @@ from klet.cri.types import (  # noqa: E402
 from klet.model.types import ContainerID, SandboxID  # noqa: E402
 from klet.stats import HostReader, StatsProvider  # noqa: E402
 from klet.stats.cadvisor import pod_images, render, with_images  # noqa: E402
-from klet.stats.testing import FakeStatsRuntime  # noqa: E402
+from klet.testbed.fakes.stats import FakeStatsRuntime  # noqa: E402
 
 NET_DEV = (
     "Inter-|   Receive |  Transmit\n face |bytes packets errs drop|bytes packets errs drop\n"

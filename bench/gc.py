@@ -6,7 +6,7 @@ needs root. Three measurements, each the median of several runs (see bench/READM
 1. decision: ``containerselect.plan`` alone over the listings of a node holding
    500 dead containers (100 pods, 5 dead instances each) and 200 images;
 2. pass on the fake runtime: ``ContainerGC.collect()`` on that node held by
-   ``klet.cri.testing.FakeRuntimeService`` (in memory: listing, decision, the removal
+   ``klet.testbed.fakes.cri.FakeRuntimeService`` (in memory: listing, decision, the removal
    calls, the pod log directories on disk), i.e. klet's own cost of a pass;
 3. pass on real containerd: a private DevStack, pods made straight through CRI whose
    containers really ran and exited (default 50 pods x 10 dead instances = 500 dead
@@ -42,7 +42,6 @@ if str(ROOT) not in sys.path:
 from klet.cri import CRISettings, RuntimeClient  # noqa: E402
 from klet.cri import labels as L  # noqa: E402
 from klet.cri.errors import CRIError  # noqa: E402
-from klet.cri.testing import FakeRuntimeService  # noqa: E402
 from klet.cri.types import ContainerConfig, ContainerState, SandboxConfig  # noqa: E402
 from klet.devstack import BUSYBOX_IMAGE, DevStack  # noqa: E402
 from klet.image_gc.containergc import ContainerGC, ContainerGCResult, ContainerRuntime  # noqa: E402
@@ -50,6 +49,7 @@ from klet.image_gc.containerselect import ContainerGCSettings, plan  # noqa: E40
 from klet.image_gc.imagegc import ImageGCManager  # noqa: E402
 from klet.image_gc.imageselect import FsUsage, ImageGCPolicy  # noqa: E402
 from klet.model.records import ImageUseRecord  # noqa: E402
+from klet.testbed.fakes.cri import FakeRuntimeService  # noqa: E402
 
 from bench import common  # noqa: E402
 from bench.run import machine, summary  # noqa: E402

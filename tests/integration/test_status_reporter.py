@@ -31,7 +31,7 @@ from klet.bus import Bus, NodeBus
 from klet.devstack import DevStack, ManagedProcess, RedisServer, free_port
 from klet.model.records import PodStatusChange, PodStatusRecord
 from klet.model.types import JSON
-from klet.status_reporter.testing import desired_record, make_pod, status_record
+from klet.testbed.fakes.status_reporter import desired_record, make_pod, status_record
 
 from tests.harness.node import sample_value
 

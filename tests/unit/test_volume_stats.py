@@ -20,11 +20,11 @@ from pathlib import Path
 
 from klet.bus import BusUnavailable
 from klet.bus.schema import NodeBus
-from klet.bus.testing import FakeBus
 from klet.csi import CSIError, VolumeStats
 from klet.model.records import CSIDriverRecord
 from klet.status_reporter import nodestatus as ns
 from klet.syncloop.volumes.volumestats import VolumeStatsCollector
+from klet.testbed.fakes.bus import FakeBus
 from prometheus_client import CollectorRegistry
 
 from tests.unit.status_reporter.test_nodestatus import CFG, obs

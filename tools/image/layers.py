@@ -290,7 +290,24 @@ def dependencies_layer(*, uv: Path, python_version: str, cache: LayerCache) -> L
 
 
 NOT_SHIPPED = ("klet_testbed-",)
-"""Workspace wheels the images leave out: the tests' control plane, PKI and dockerd."""
+"""Workspace wheels the images leave out: the tests' control plane, PKI, dockerd and the
+unit tests' fakes."""
+
+TEST_CODE_NAME = re.compile(r"(testing|fake\w*)(\.py)?")
+
+
+def shipped_test_code(root: Path) -> list[str]:
+    """The modules and packages under `root` (a source tree's or the image's `klet/`)
+    named as test code (`testing`, `fake*`), relative to `root`. The unit tests' fakes
+    live in `klet.testbed.fakes` (the test bed's wheel, `NOT_SHIPPED`); one beside its
+    interface in libs or a service would be installed in the image."""
+    return sorted(
+        str(path.relative_to(root))
+        for path in root.rglob("*")
+        if "__pycache__" not in path.parts
+        and (path.is_dir() or path.suffix == ".py")
+        and TEST_CODE_NAME.fullmatch(path.name)
+    )
 
 
 def workspace_layer(*, uv: Path, python_version: str, dest: Path) -> Layer:
@@ -314,6 +331,8 @@ def workspace_layer(*, uv: Path, python_version: str, dest: Path) -> Layer:
             raise BuildError("the klet-libs wheel does not carry klet/rpc/gen")
         if (target / "klet/testbed").exists():
             raise BuildError("the test bed (klet.testbed) ended up in the image")
+        if found := shipped_test_code(target / "klet"):
+            raise BuildError(f"test code would be in the image: {', '.join(found)}")
         bin_dir = stage / "usr/local/bin"
         bin_dir.mkdir(parents=True)
         for name, entry in console_scripts().items():

@@ -56,7 +56,7 @@ class BaseOverrides:
     Each service's `Overrides` adds its own fields to these."""
 
     bus: Bus | None = None
-    """The node's bus (e.g. `klet.bus.testing.FakeBus`): tables, streams and the lease."""
+    """The node's bus (e.g. `klet.testbed.fakes.bus.FakeBus`): tables, streams and the lease."""
     registry: CollectorRegistry | None = None
     """The metrics registry (a test's own, to read what it counts)."""
     lease_holder: str | None = None

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from klet.bus.holder import claim_slot, new_holder_id, service_lease
 from klet.bus.leaderslot import FileLeaderSlot
-from klet.bus.testing import FakeBus
+from klet.testbed.fakes.bus import FakeBus
 
 
 def test_ids_are_unique_and_name_the_process() -> None:

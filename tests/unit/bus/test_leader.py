@@ -22,7 +22,7 @@ import pytest
 from klet.bus import BusUnavailable, Lease
 from klet.bus.leader import Attempt, Observation, Role, decide, hold, release_quietly, vacated
 from klet.bus.leaderslot import SlotView
-from klet.bus.testing import FakeBus, FakeLeaderSlot, FakeSlotFile
+from klet.testbed.fakes.bus import FakeBus, FakeLeaderSlot, FakeSlotFile
 
 
 def seen(

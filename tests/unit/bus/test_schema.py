@@ -11,9 +11,9 @@ import logging
 
 import pytest
 from klet.bus import NodeBus
-from klet.bus.testing import FakeBus
 from klet.model.node import NODE_SHUTTING_DOWN
 from klet.model.records import NodeConditionRecord
+from klet.testbed.fakes.bus import FakeBus
 
 
 def cond(type_: str, status: str = "True", message: str = "") -> NodeConditionRecord:

@@ -23,13 +23,13 @@ from typing import Any
 
 import pytest
 from klet.bus import NodeBus
-from klet.bus.testing import FakeBus
 from klet.eviction.manager import ActivePod, BusPods, Deps, EvictionManager, ManagerSettings
 from klet.eviction.metrics import create_metrics
 from klet.eviction.signals import Observation, Observations, PodUsage, Signal
 from klet.eviction.thresholds import Amount, EvictionConfig, Threshold
 from klet.model.records import DesiredPod, PodStatusRecord
 from klet.model.types import JSON, PodUID
+from klet.testbed.fakes.bus import FakeBus
 from prometheus_client import CollectorRegistry
 
 MI = 1024**2

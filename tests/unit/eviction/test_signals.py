@@ -37,7 +37,7 @@ from klet.eviction.signals import (
 )
 from klet.model.types import ContainerID, SandboxID
 from klet.stats import HostReader, StatsProvider
-from klet.stats.testing import FakeStatsRuntime
+from klet.testbed.fakes.stats import FakeStatsRuntime
 
 Mi = 2**20
 

@@ -14,7 +14,6 @@ from __future__ import annotations
 from pathlib import Path
 
 from klet.bus import Bus
-from klet.bus.testing import FakeBus
 from klet.config import KletSettings, KubeletConfiguration, Settings
 from klet.cri import RuntimeClient, cri_settings
 from klet.eviction.wiring import Overrides, build_deps
@@ -22,6 +21,7 @@ from klet.model.records import DesiredPod
 from klet.model.types import PodUID
 from klet.rpc.gc import FreeSpaceResult, GarbageCollectorClient
 from klet.rpc.podcontrol import PodControlClient
+from klet.testbed.fakes.bus import FakeBus
 from prometheus_client import CollectorRegistry
 
 

@@ -11,7 +11,6 @@ from pathlib import Path
 import pytest
 from klet.cri import labels as L
 from klet.cri.errors import CRIError
-from klet.cri.testing import FakeRuntimeService
 from klet.cri.types import (
     ContainerConfig,
     ContainerState,
@@ -23,6 +22,7 @@ from klet.image_gc.containergc import ContainerGC, ContainerGCResult, terminated
 from klet.image_gc.containerselect import ContainerGCSettings
 from klet.model.records import PodStatusRecord
 from klet.model.types import ContainerID, PodUID, SandboxID
+from klet.testbed.fakes.cri import FakeRuntimeService
 
 IMAGE = "registry.klet.test/busybox:1.36"
 

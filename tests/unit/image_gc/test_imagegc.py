@@ -14,12 +14,12 @@ import dataclasses
 from collections.abc import Sequence
 
 from klet.cri.errors import CRIError
-from klet.cri.testing import FakeRuntimeService
 from klet.cri.types import ContainerConfig, SandboxConfig
 from klet.image_gc.imagegc import ImageGCManager
 from klet.image_gc.imageselect import FsUsage, ImageGCPolicy
 from klet.model.records import ImageUseRecord
 from klet.model.types import ImageRef
+from klet.testbed.fakes.cri import FakeRuntimeService
 
 MIB = 1 << 20
 PAUSE = "r/pause:3.10"

@@ -16,12 +16,12 @@ from pathlib import Path
 
 import pytest
 from klet.bus import Bus
-from klet.bus.testing import FakeBus
 from klet.config import KletSettings, KubeletConfiguration, Settings
 from klet.cri import RuntimeClient, cri_settings
 from klet.image_gc.imageselect import PolicyError
 from klet.image_gc.wiring import Overrides, Periods, build_deps
 from klet.model.records import SourceState
+from klet.testbed.fakes.bus import FakeBus
 from prometheus_client import CollectorRegistry
 
 

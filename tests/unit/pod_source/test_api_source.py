@@ -24,8 +24,8 @@ from klet.pod_source.metrics import Metrics, create_metrics
 from klet.pod_source.podconfig import PodConfigState, merge_snapshot
 from klet.pod_source.publisher import RetryPolicy
 from klet.pod_source.sources.api import ApiSource
-from klet.pod_source.sources.fakeapi import DELETION_TIMESTAMP, FakePodApi
 from klet.pod_source.wiring import Overrides, build_deps
+from klet.testbed.fakes.podapi import DELETION_TIMESTAMP, FakePodApi
 from prometheus_client import CollectorRegistry
 
 NODE = "node1"

@@ -13,11 +13,11 @@ from __future__ import annotations
 from klet.bus import NodeBus
 from klet.bus.functions import MAX_WRITE_BYTES, MAX_WRITE_OPS
 from klet.bus.redisbus import SPLIT_OPS
-from klet.bus.testing import FakeBus
 from klet.model.types import JSON
 from klet.pod_source.inbox import Inbox
 from klet.pod_source.metrics import create_metrics
 from klet.pod_source.publisher import Publisher
+from klet.testbed.fakes.bus import FakeBus
 from prometheus_client import CollectorRegistry
 
 NODE = "node1"

@@ -14,7 +14,7 @@ import pytest
 from klet.cgroups import CgroupFS, CgroupStats
 from klet.stats.host import HostReader, dir_usage, host_view, statfs
 from klet.stats.model import DirUsage
-from klet.stats.testing import FakeCgroups
+from klet.testbed.fakes.stats import FakeCgroups
 
 
 def write(path: Path, text: str) -> None:

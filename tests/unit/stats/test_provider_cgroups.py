@@ -25,7 +25,7 @@ from klet.cri.types import (
 from klet.model.types import ContainerID, SandboxID
 from klet.stats import HostReader, StatsProvider
 from klet.stats.cadvisor import CgroupSeries, NetDev
-from klet.stats.testing import FakeCgroups, FakeStatsRuntime
+from klet.testbed.fakes.stats import FakeCgroups, FakeStatsRuntime
 
 UID = "1111-2222"
 POD = f"/kubepods/burstable/pod{UID}"

@@ -23,8 +23,8 @@ from klet.model.types import ContainerID, SandboxID
 from klet.stats import HostReader, StatsProvider
 from klet.stats.cadvisor import cadvisor_families
 from klet.stats.psi import Pressure, PSIData, PSIStats, parse_psi
-from klet.stats.testing import FakeCgroups, FakeStatsRuntime
 from klet.status_reporter.kubeletapi.stats import SummaryProvider
+from klet.testbed.fakes.stats import FakeCgroups, FakeStatsRuntime
 
 FIXTURES = Path(__file__).parent / "fixtures" / "psi"
 UID = "5a5a-psi"

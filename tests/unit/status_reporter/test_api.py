@@ -17,7 +17,6 @@ import httpx
 import pytest
 from fastapi import FastAPI
 from klet.bus import BusUnavailable, NodeBus
-from klet.bus.testing import FakeBus
 from klet.config import KletSettings, RedisAuth
 from klet.config import Settings as KletSettingsRoot
 from klet.config.kubelet import KubeletAuthorization, KubeletConfiguration
@@ -27,11 +26,12 @@ from klet.status_reporter import listing
 from klet.status_reporter.api import create_app, create_healthz_app
 from klet.status_reporter.kubeletapi import build_kubelet_api_deps
 from klet.status_reporter.kubeletapi.app import create_app as create_kubelet_api
-from klet.status_reporter.kubeletapi.testing import FakeRuntime
 from klet.status_reporter.metrics import Metrics
 from klet.status_reporter.podcache import PodCache
-from klet.status_reporter.testing import desired_record, make_pod, status_record
 from klet.status_reporter.wiring import DEFAULT_SERVICE_PORT, Deps, Listener, Overrides, build_deps
+from klet.testbed.fakes.bus import FakeBus
+from klet.testbed.fakes.kubeletapi import FakeRuntime
+from klet.testbed.fakes.status_reporter import desired_record, make_pod, status_record
 from prometheus_client import CollectorRegistry
 
 

@@ -9,10 +9,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from klet.bus import NodeBus
-from klet.bus.testing import FakeBus
 from klet.config import RedisAuth
 from klet.status_reporter.app import root_tasks, when_elected
 from klet.status_reporter.wiring import Overrides, build_deps
+from klet.testbed.fakes.bus import FakeBus
 from prometheus_client import CollectorRegistry
 
 

@@ -11,7 +11,6 @@ from pathlib import Path
 
 from klet.bus import NodeBus
 from klet.bus.leader import hold
-from klet.bus.testing import FakeBus
 from klet.config import KletSettings, KubeletConfiguration, Settings
 from klet.model.flowcontrol import BackoffPolicy
 from klet.model.records import DesiredPod
@@ -28,13 +27,14 @@ from klet.status_reporter.nodelease import LeasePolicy
 from klet.status_reporter.nodemanager import NodeStatusPolicy
 from klet.status_reporter.podcache import CachePolicy
 from klet.status_reporter.podsync import PodSyncPolicy
-from klet.status_reporter.testing import (
+from klet.status_reporter.wiring import Overrides, build_deps
+from klet.testbed.fakes.bus import FakeBus
+from klet.testbed.fakes.status_reporter import (
     FakeApiServer,
     FakeRuntime,
     desired_record,
     make_static_pod,
 )
-from klet.status_reporter.wiring import Overrides, build_deps
 from prometheus_client import CollectorRegistry
 
 

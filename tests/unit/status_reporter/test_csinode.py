@@ -11,7 +11,6 @@ import json
 
 import pytest
 from klet.bus import BusUnavailable, NodeBus
-from klet.bus.testing import FakeBus
 from klet.model.records import CSIDriverRecord
 from klet.status_reporter.csinode import (
     NODE_ID_ANNOTATION,
@@ -20,7 +19,8 @@ from klet.status_reporter.csinode import (
     desired_node_change,
 )
 from klet.status_reporter.nodeid import NodeIdentity
-from klet.status_reporter.testing import FakeApiServer
+from klet.testbed.fakes.bus import FakeBus
+from klet.testbed.fakes.status_reporter import FakeApiServer
 
 NODE = "n1"
 CSINODE = f"/apis/storage.k8s.io/v1/csinodes/{NODE}"

@@ -11,14 +11,14 @@ from __future__ import annotations
 import logging
 
 import pytest
-from klet.bus.testing import FakeBus, FakeStream
 from klet.kube import Invalid, Unavailable
 from klet.model.flowcontrol import BackoffPolicy
 from klet.model.records import EventRecord
 from klet.model.types import JSON
 from klet.status_reporter.eventsink import GROUP, EventPolicy, EventSink
 from klet.status_reporter.kubeapi import NO_RETRY, KubeApi
-from klet.status_reporter.testing import FakeApiServer
+from klet.testbed.fakes.bus import FakeBus, FakeStream
+from klet.testbed.fakes.status_reporter import FakeApiServer
 
 EVENTS = "/api/v1/namespaces/ns1/events"
 

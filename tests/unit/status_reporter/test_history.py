@@ -19,7 +19,6 @@ from typing import Any
 import pytest
 from klet.bus import NodeBus
 from klet.bus.history import pod_story
-from klet.bus.testing import FakeBus
 from klet.model.podhistory import EVICTION_NOTE, HISTORY_ONLY
 from klet.model.records import (
     DesiredPod,
@@ -32,6 +31,7 @@ from klet.model.timestamps import rfc3339
 from klet.status_reporter.history import GROUP, WRITE_OPS, HistoryKeeper, HistoryPolicy
 from klet.status_reporter.metrics import Metrics
 from klet.status_reporter.podcache import CachePolicy, PodCache
+from klet.testbed.fakes.bus import FakeBus
 from prometheus_client import CollectorRegistry
 
 T0 = 1_800_000_000.0

@@ -7,7 +7,7 @@ import pytest
 from klet.model.records import PodStatusRecord
 from klet.model.types import PodUID
 from klet.status_reporter import listing
-from klet.status_reporter.testing import make_pod, status_record
+from klet.testbed.fakes.status_reporter import make_pod, status_record
 
 POD = make_pod("web")
 UID = PodUID("uid-web")

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from klet.model.types import JSON
 from klet.status_reporter.mirrors import mirror_actions, mirror_pod
-from klet.status_reporter.testing import make_static_pod
+from klet.testbed.fakes.status_reporter import make_static_pod
 
 STATIC = make_static_pod("etcd", uid="hash-1")
 FULL = ("default", "etcd-node1")

@@ -20,7 +20,7 @@ from klet.status_reporter.nodelease import (
     new_lease,
     renewed,
 )
-from klet.status_reporter.testing import FakeApiServer
+from klet.testbed.fakes.status_reporter import FakeApiServer
 
 LEASE = "/apis/coordination.k8s.io/v1/namespaces/kube-node-lease/leases/node1"
 

@@ -10,7 +10,6 @@ import logging
 
 import pytest
 from klet.bus import BusUnavailable, NodeBus
-from klet.bus.testing import FakeBus
 from klet.kube import Unavailable
 from klet.model.records import EventRecord, NodeConditionRecord
 from klet.model.types import JSON
@@ -20,7 +19,8 @@ from klet.status_reporter.nodeid import NodeIdentity
 from klet.status_reporter.nodemanager import NodeStatusManager, NodeStatusPolicy
 from klet.status_reporter.nodeobserver import NodeObserver
 from klet.status_reporter.nodestatus import CMAD_ANNOTATION, NodeConfig
-from klet.status_reporter.testing import FakeApiServer, FakeRuntime
+from klet.testbed.fakes.bus import FakeBus
+from klet.testbed.fakes.status_reporter import FakeApiServer, FakeRuntime
 
 NODE = "/api/v1/nodes/node1"
 GI = 1024**3

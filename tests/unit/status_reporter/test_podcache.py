@@ -18,13 +18,13 @@ from dataclasses import dataclass, field
 
 import pytest
 from klet.bus import BusUnavailable
-from klet.bus.testing import FakeBus, FakeStream, FakeTable
 from klet.model.records import DesiredPod, PodStatusChange, PodStatusRecord
 from klet.model.types import JSON
 from klet.status_reporter import listing
 from klet.status_reporter.metrics import Metrics
 from klet.status_reporter.podcache import CachePolicy, PodCache
-from klet.status_reporter.testing import desired_record, make_pod, status_record
+from klet.testbed.fakes.bus import FakeBus, FakeStream, FakeTable
+from klet.testbed.fakes.status_reporter import desired_record, make_pod, status_record
 from prometheus_client import CollectorRegistry
 from starlette.responses import JSONResponse
 

@@ -21,7 +21,7 @@ from klet.status_reporter.podstatus import (
     should_delete,
     status_patch,
 )
-from klet.status_reporter.testing import make_api_pod, make_static_pod, status_record
+from klet.testbed.fakes.status_reporter import make_api_pod, make_static_pod, status_record
 
 
 def running(name: str) -> JSON:

@@ -14,7 +14,6 @@ from typing import Any
 
 import pytest
 from klet.bus import NodeBus
-from klet.bus.testing import FakeBus
 from klet.model.records import DesiredPod, SourceState
 from klet.model.types import JSON, PodUID
 from klet.status_reporter.kubeapi import NO_RETRY, KubeApi
@@ -22,7 +21,8 @@ from klet.status_reporter.metrics import Metrics
 from klet.status_reporter.nodeid import NodeIdentity
 from klet.status_reporter.podcache import CachePolicy, PodCache
 from klet.status_reporter.podsync import PodSyncManager, PodSyncPolicy
-from klet.status_reporter.testing import (
+from klet.testbed.fakes.bus import FakeBus
+from klet.testbed.fakes.status_reporter import (
     FakeApiServer,
     desired_record,
     make_api_pod,

@@ -13,7 +13,6 @@ from collections.abc import Callable, Coroutine
 from typing import Any
 
 from klet.bus import NodeBus
-from klet.bus.testing import FakeBus
 from klet.config import KletSettings, KubeletConfiguration, Settings
 from klet.model.flowcontrol import BackoffPolicy
 from klet.model.records import EventRecord, PodStatusChange
@@ -27,14 +26,15 @@ from klet.status_reporter.nodelease import LeasePolicy
 from klet.status_reporter.nodemanager import NodeStatusPolicy
 from klet.status_reporter.podcache import CachePolicy
 from klet.status_reporter.podsync import PodSyncPolicy
-from klet.status_reporter.testing import (
+from klet.status_reporter.wiring import Deps, Overrides, build_deps
+from klet.testbed.fakes.bus import FakeBus
+from klet.testbed.fakes.status_reporter import (
     FakeApiServer,
     FakeRuntime,
     desired_record,
     make_pod,
     status_record,
 )
-from klet.status_reporter.wiring import Deps, Overrides, build_deps
 from prometheus_client import CollectorRegistry
 
 TTL_MS = 300

@@ -12,10 +12,8 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 import pytest
-from klet.bus.testing import FakeBus
 from klet.config import KletSettings, KubeletConfiguration, Settings
 from klet.cri import labels as L
-from klet.cri.testing import FakeRuntimeService
 from klet.cri.types import ContainerState, ContainerStatusInfo, SandboxState
 from klet.model.types import ContainerID, SandboxID
 from klet.syncloop.admission.admit import NodeInfo
@@ -24,6 +22,8 @@ from klet.syncloop.events import EventSink
 from klet.syncloop.model import podspec
 from klet.syncloop.model.runtimepod import RuntimePod, SandboxView, sort_newest_first
 from klet.syncloop.wiring import Deps, Overrides, build_deps
+from klet.testbed.fakes.bus import FakeBus
+from klet.testbed.fakes.cri import FakeRuntimeService
 from prometheus_client import CollectorRegistry
 
 S = 1_000_000_000  # ns per second

@@ -22,7 +22,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from klet.cri.testing import FakeRuntimeService
 from klet.model.pod import pod_requests
 from klet.model.records import DesiredPod, SourceState
 from klet.model.types import JSON, PodUID
@@ -40,6 +39,7 @@ from klet.syncloop.admission.admit import (
 from klet.syncloop.model.runtimepod import RuntimePod
 from klet.syncloop.pods.controller import PodController
 from klet.syncloop.wiring import Deps
+from klet.testbed.fakes.cri import FakeRuntimeService
 
 from .helpers import wire
 

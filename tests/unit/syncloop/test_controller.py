@@ -23,15 +23,15 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from klet.bus.testing import FakeBus
 from klet.cri import CRIError
-from klet.cri.testing import FakeRuntimeService
 from klet.cri.types import ContainerState, SandboxState
 from klet.model.records import DesiredPod, PodChange, SourceState
 from klet.model.types import JSON, PodUID
 from klet.syncloop.model import podspec
 from klet.syncloop.model.runtimepod import RuntimePod
 from klet.syncloop.pods.controller import needs_sync
+from klet.testbed.fakes.bus import FakeBus
+from klet.testbed.fakes.cri import FakeRuntimeService
 
 from .helpers import RecordedEvents, pod, wire
 

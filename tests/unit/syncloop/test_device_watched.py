@@ -25,13 +25,13 @@ from pathlib import Path
 
 import pytest
 from klet.bus import NodeBus
-from klet.bus.testing import FakeBus
 from klet.csi import NodeInfo, PluginInfo
 from klet.model.devices import Device, PluginOptions, Registration
 from klet.syncloop.devices.manager import DeviceManager
 from klet.syncloop.devices.plugins import Registrations
 from klet.syncloop.devices.watched import DEVICE_PLUGIN, WatchedDevicePlugins, refusal
 from klet.syncloop.plugins.csidrivers import CSIRegistrar
+from klet.testbed.fakes.bus import FakeBus
 
 from tests.unit.syncloop.test_device_manager import FakeTable, decode
 

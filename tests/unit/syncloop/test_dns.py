@@ -12,7 +12,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from klet.cri.testing import FakeRuntimeService
 from klet.cri.types import DNSConfig
 from klet.syncloop.containers import criconfig
 from klet.syncloop.containers.syncsettings import SyncSettings
@@ -20,6 +19,7 @@ from klet.syncloop.environment import dns
 from klet.syncloop.environment.dns import DNSSettings, PodDNSError, ResolvConf
 from klet.syncloop.environment.envvars import NodeFacts
 from klet.syncloop.pods.syncpod import PodSyncer
+from klet.testbed.fakes.cri import FakeRuntimeService
 
 from .helpers import RecordedEvents, pod, wire
 

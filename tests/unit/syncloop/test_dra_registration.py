@@ -18,11 +18,11 @@ from pathlib import Path
 
 import pytest
 from klet.bus import NodeBus
-from klet.bus.testing import FakeBus
 from klet.csi import NodeInfo, PluginInfo
 from klet.model.dra import DRA_PLUGIN, SERVICE_V1, SERVICE_V1BETA1
 from klet.syncloop.dra.registration import DRADrivers, DriverInstance, chosen_service, refusal
 from klet.syncloop.plugins.csidrivers import CSIRegistrar
+from klet.testbed.fakes.bus import FakeBus
 
 ROOT = Path("/var/lib/klet")
 DRIVER = "gpu.example.com"

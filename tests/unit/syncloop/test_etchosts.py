@@ -14,13 +14,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from klet.cri.testing import FakeRuntimeService
 from klet.cri.types import Mount
 from klet.syncloop.containers.syncsettings import SyncSettings
 from klet.syncloop.environment import etchosts
 from klet.syncloop.environment.envvars import NodeFacts
 from klet.syncloop.environment.etchosts import HostsFileError
 from klet.syncloop.pods.syncpod import PodSyncer
+from klet.testbed.fakes.cri import FakeRuntimeService
 
 from .helpers import RecordedEvents, pod, wire
 

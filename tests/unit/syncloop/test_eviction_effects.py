@@ -23,12 +23,12 @@ from typing import Any
 
 import pytest
 from klet.bus import BusUnavailable
-from klet.bus.testing import FakeBus
-from klet.cri.testing import FakeRuntimeService
 from klet.cri.types import ContainerState
 from klet.model.records import DesiredPod, NodeConditionRecord, SourceState
 from klet.model.types import JSON, PodUID
 from klet.syncloop.admission.admit import ADMIT, pressure_verdict, tolerates
+from klet.testbed.fakes.bus import FakeBus
+from klet.testbed.fakes.cri import FakeRuntimeService
 
 from .helpers import pod, wire
 

@@ -10,11 +10,11 @@ from __future__ import annotations
 from pathlib import Path
 
 from klet.cri import CRIError
-from klet.cri.testing import FakeRuntimeService
 from klet.cri.types import ContainerConfig, SandboxConfig
 from klet.model.types import ContainerID
 from klet.syncloop.containers import execwait
 from klet.syncloop.containers.hooks import LifecycleHooks
+from klet.testbed.fakes.cri import FakeRuntimeService
 
 from .helpers import RecordedEvents
 

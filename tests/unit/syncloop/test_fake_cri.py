@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import pytest
 from klet.cri import CRIError, NotFound
-from klet.cri.testing import KILLED_EXIT_CODE, FakeRuntimeService
 from klet.cri.types import ContainerConfig, ContainerState, SandboxConfig, SandboxState
 from klet.model.types import ContainerID, SandboxID
+from klet.testbed.fakes.cri import KILLED_EXIT_CODE, FakeRuntimeService
 
 IMAGE = "registry.klet.test/busybox:1.36"
 

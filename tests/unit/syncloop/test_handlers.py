@@ -32,11 +32,11 @@ from cryptography.x509.oid import NameOID
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1.health import aio as health_aio  # type: ignore[attr-defined]
 from klet.cri import CRIError, RuntimeUnavailable
-from klet.cri.testing import FakeRuntimeService
 from klet.cri.types import ContainerConfig, SandboxConfig
 from klet.model.types import ContainerID
 from klet.syncloop.containers import handlers
 from klet.syncloop.containers.handlers import HandlerResult
+from klet.testbed.fakes.cri import FakeRuntimeService
 
 # -- exec ------------------------------------------------------------------------------
 

@@ -23,13 +23,13 @@ import pytest
 from cri_api.v1 import api_pb2 as pb
 from klet.cri import labels as L
 from klet.cri.client import _container_pb
-from klet.cri.testing import FakeRuntimeService
 from klet.cri.types import ContainerState
 from klet.model.types import ContainerID
 from klet.syncloop.containers import hooks
 from klet.syncloop.containers.syncsettings import SyncSettings
 from klet.syncloop.model import podspec
 from klet.syncloop.pods.syncpod import SyncResult
+from klet.testbed.fakes.cri import FakeRuntimeService
 
 from .helpers import RecordedEvents, pod, wire
 

@@ -21,7 +21,6 @@ from typing import Any
 
 import pytest
 from klet.cri import NotFound
-from klet.cri.testing import FakeRuntimeService
 from klet.cri.types import AuthConfig, SandboxConfig
 from klet.kube import Forbidden
 from klet.kube import NotFound as KubeNotFound
@@ -36,6 +35,7 @@ from klet.syncloop.containers.images import (
     pull_parallelism,
 )
 from klet.syncloop.environment.kubeobjects import ApiObjects, ObjectUnavailable, env_sources
+from klet.testbed.fakes.cri import FakeRuntimeService
 
 from .helpers import RecordedEvents
 

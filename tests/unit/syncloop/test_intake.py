@@ -9,7 +9,7 @@ good entry to the controller and acknowledges it afterwards, while a bad entry i
 counted and acknowledged without reaching the controller; a batch read at once reaches
 the controller in one call and is acknowledged in one XACK; stale entries are taken
 over again once `reclaim_s` has passed (a fake clock); after an outage the consumer
-ensures the group again. The in-memory bus (klet.bus.testing), a fake controller; no sleeps.
+ensures the group again. The in-memory bus (klet.testbed.fakes.bus), a fake controller; no sleeps.
 """
 
 from __future__ import annotations
@@ -19,10 +19,10 @@ from collections.abc import Sequence
 
 import pytest
 from klet.bus import BusError, BusUnavailable, NodeBus
-from klet.bus.testing import FakeBus, FakeStream
 from klet.model.records import DesiredPod, PodChange, SourceState
 from klet.model.types import PodUID
 from klet.syncloop.pods.intake import GROUP, BusIntake
+from klet.testbed.fakes.bus import FakeBus, FakeStream
 
 from .helpers import Clock, pod, running, until
 

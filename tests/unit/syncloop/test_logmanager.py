@@ -16,11 +16,11 @@ from pathlib import Path
 import pytest
 from klet.config.kubelet import KubeletConfiguration
 from klet.cri.errors import CRIError
-from klet.cri.testing import FakeRuntimeService
 from klet.cri.types import ContainerConfig, SandboxConfig
 from klet.model.types import ContainerID
 from klet.syncloop.containers.logmanager import ContainerLogManager, LogManagerSettings
 from klet.syncloop.containers.logrotation import RotationPolicy
+from klet.testbed.fakes.cri import FakeRuntimeService
 
 UID = "0b7e0c52-0000-4000-8000-000000000001"
 

@@ -21,11 +21,11 @@ from pathlib import Path
 
 import pytest
 from klet.bus import BusUnavailable, NodeBus
-from klet.bus.testing import FakeBus
 from klet.csi import CSIError, DriverUnavailable, NodeInfo, PluginInfo
 from klet.model.records import CSIDriverRecord
 from klet.syncloop.plugins.csidrivers import CSIRegistrar, refusal
 from klet.syncloop.plugins.watcher import PluginWatcher
+from klet.testbed.fakes.bus import FakeBus
 
 
 class Registrar:

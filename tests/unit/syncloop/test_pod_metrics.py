@@ -13,13 +13,13 @@ from typing import Any
 
 import pytest
 from klet.cri import CRIError
-from klet.cri.testing import FakeRuntimeService
 from klet.model.pod import CONFIG_SEEN
 from klet.model.records import DesiredPod, SourceState
 from klet.model.timestamps import rfc3339
 from klet.model.types import PodUID
 from klet.syncloop.metrics import image_size_bucket
 from klet.syncloop.pods.podstate import PodSyncState, pod_worker_operation
+from klet.testbed.fakes.cri import FakeRuntimeService
 from prometheus_client import CollectorRegistry, Histogram
 
 from .helpers import RecordedEvents, pod, wire

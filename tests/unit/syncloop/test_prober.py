@@ -30,7 +30,6 @@ from typing import Any
 import pytest
 from klet.cri import CRIError
 from klet.cri import labels as L
-from klet.cri.testing import FakeRuntimeService
 from klet.cri.types import ContainerConfig, SandboxConfig
 from klet.model.types import ContainerID, SandboxID
 from klet.syncloop.metrics import Metrics, create_metrics
@@ -39,6 +38,7 @@ from klet.syncloop.pods.runtime import PodRuntime
 from klet.syncloop.probing import probes
 from klet.syncloop.probing.prober import ProbeManager, ProbeSettings
 from klet.syncloop.probing.proberesults import ProbeKind
+from klet.testbed.fakes.cri import FakeRuntimeService
 from prometheus_client import CollectorRegistry
 
 from .helpers import RecordedEvents

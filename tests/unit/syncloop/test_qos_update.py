@@ -9,8 +9,8 @@ import dataclasses
 from pathlib import Path
 from typing import Any
 
-from klet.cri.testing import FakeRuntimeService
 from klet.syncloop.pods.syncpod import QOS_RECHECK_S
+from klet.testbed.fakes.cri import FakeRuntimeService
 
 from .helpers import wire
 

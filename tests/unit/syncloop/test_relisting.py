@@ -21,11 +21,11 @@ import logging
 import pytest
 from klet.cri import CRIError
 from klet.cri import labels as L
-from klet.cri.testing import FakeRuntimeService
 from klet.cri.types import ContainerConfig, SandboxConfig
 from klet.model.types import ContainerID, SandboxID
 from klet.syncloop.pods.relisting import RELIST_THRESHOLD_S, Relister
 from klet.syncloop.pods.runtime import PodRuntime
+from klet.testbed.fakes.cri import FakeRuntimeService
 
 from .helpers import Clock, running, until
 

@@ -27,7 +27,6 @@ import asyncio
 import pytest
 from klet.cri import CRIError, RuntimeUnavailable
 from klet.cri import labels as L
-from klet.cri.testing import FakeRuntimeEvents, FakeRuntimeService
 from klet.cri.types import ContainerConfig, ContainerState, EventKind, RuntimeEvent, SandboxConfig
 from klet.model.flowcontrol import BackoffPolicy
 from klet.model.types import ContainerID, SandboxID
@@ -40,6 +39,7 @@ from klet.syncloop.pods.runtimeevents import (
     action_for,
     settle_delays,
 )
+from klet.testbed.fakes.cri import FakeRuntimeEvents, FakeRuntimeService
 
 from .helpers import running, until
 

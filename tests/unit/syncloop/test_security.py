@@ -18,7 +18,6 @@ from typing import Any
 import pytest
 from cri_api.v1 import api_pb2 as pb
 from klet.cri.client import _container_pb, _image, _sandbox_pb
-from klet.cri.testing import FakeRuntimeService
 from klet.cri.types import (
     ImageInfo,
     NamespaceMode,
@@ -31,6 +30,7 @@ from klet.model.types import ImageRef
 from klet.syncloop.containers import criconfig, security
 from klet.syncloop.containers.security import ImageUser, SecurityConfigError, SecuritySettings
 from klet.syncloop.pods.syncpod import PodSyncer
+from klet.testbed.fakes.cri import FakeRuntimeService
 
 from .helpers import RecordedEvents, wire
 

@@ -20,11 +20,11 @@ from typing import Any
 import pytest
 from klet.cri import CRIError, NotFound
 from klet.cri import labels as L
-from klet.cri.testing import FakeRuntimeService
 from klet.cri.types import ContainerState, SandboxState
 from klet.syncloop.containers.syncsettings import SyncSettings
 from klet.syncloop.model import podspec
 from klet.syncloop.pods.syncpod import SyncResult
+from klet.testbed.fakes.cri import FakeRuntimeService
 
 from .helpers import RecordedEvents, pod, until, wire
 

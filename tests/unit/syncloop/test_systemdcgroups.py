@@ -12,13 +12,13 @@ import dataclasses
 from pathlib import Path
 
 from klet.cgroups.systemd import SystemdUnavailable
-from klet.cgroups.testing import FakeSystemd
-from klet.cri.testing import FakeRuntimeService
 from klet.syncloop.app import cgroup_driver_mismatch
 from klet.syncloop.containers.podcgroups import CgroupfsPodCgroups, NodeCgroupLimits
 from klet.syncloop.containers.systemdcgroups import SystemdPodCgroups
 from klet.syncloop.model.resources import PodResources
 from klet.syncloop.wiring import pod_cgroups
+from klet.testbed.fakes.cgroups import FakeSystemd
+from klet.testbed.fakes.cri import FakeRuntimeService
 
 UID = "11111111-2222-3333-4444-555555555555"
 UID_ = UID.replace("-", "_")

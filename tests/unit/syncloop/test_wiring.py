@@ -19,14 +19,14 @@ import dataclasses
 from pathlib import Path
 
 from klet.bus import Bus
-from klet.bus.testing import FakeBus
 from klet.config import KletSettings, KubeletConfiguration, Settings
 from klet.cri import RuntimeClient
 from klet.cri.events import RuntimeEvents
-from klet.cri.testing import FakeRuntimeEvents, FakeRuntimeService
 from klet.syncloop.admission.admit import NodeInfo
 from klet.syncloop.containers.syncsettings import SyncSettings
 from klet.syncloop.wiring import Overrides, build_deps
+from klet.testbed.fakes.bus import FakeBus
+from klet.testbed.fakes.cri import FakeRuntimeEvents, FakeRuntimeService
 from prometheus_client import CollectorRegistry
 
 from .helpers import RecordedEvents, wire

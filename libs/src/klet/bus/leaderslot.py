@@ -55,7 +55,7 @@ class SlotView:
 
 class LeaderSlot(Protocol):
     """What the leader loop needs of a leader slot (`FileLeaderSlot`; a fake in
-    `klet.bus.testing`). Every call returns at once; OSError means the slot is unusable."""
+    `klet.testbed.fakes.bus`). Every call returns at once; OSError means the slot is unusable."""
 
     @property
     def held(self) -> bool: ...

@@ -917,7 +917,7 @@ class Lease:
         finally:
             self.held = False
 
-    # The three Redis operations (klet.bus.testing's fake lease replaces just these).
+    # The three Redis operations (klet.testbed.fakes.bus's fake lease replaces just these).
 
     async def _renew(self) -> bool:
         """Extend the key's TTL if it still holds this replica's value."""

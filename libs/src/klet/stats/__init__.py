@@ -2,7 +2,7 @@
 
 `StatsProvider` (provider.py) reads the runtime and the host (`HostReader`, host.py)
 into a `Snapshot` (model.py, pure); status-reporter's `/stats/summary` and eviction's
-signals are both derived from it. `klet.stats.testing` holds a fake cgroup reader.
+signals are both derived from it. `klet.testbed.fakes.stats` holds a fake cgroup reader.
 Pressure stall information (KubeletPSI) is parsed in psi.py.
 """
 

@@ -34,7 +34,6 @@ from klet.cri.types import (
 )
 from klet.model.records import VolumeRecord
 from klet.model.types import ContainerID, SandboxID
-from klet.stats.testing import FakeCgroups
 from klet.status_reporter.kubeletapi import (
     KubeletApiDeps,
     KubeletApiSettings,
@@ -44,7 +43,8 @@ from klet.status_reporter.kubeletapi.app import HttpProblem, create_app, resolve
 from klet.status_reporter.kubeletapi.deps import kubelet_api_metrics
 from klet.status_reporter.kubeletapi.routes import StreamTarget
 from klet.status_reporter.kubeletapi.stats import ephemeral_storage
-from klet.status_reporter.kubeletapi.testing import FakeCheck, FakePodView, FakeRuntime
+from klet.testbed.fakes.kubeletapi import FakeCheck, FakePodView, FakeRuntime
+from klet.testbed.fakes.stats import FakeCgroups
 from prometheus_client import CollectorRegistry, Counter
 from prometheus_client.parser import text_string_to_metric_families
 

@@ -20,7 +20,7 @@ from klet.status_reporter.kubeletapi.authn import (
     user_from_peercert,
 )
 from klet.status_reporter.kubeletapi.reviewslots import ReviewSlots, ReviewsOverloaded
-from klet.status_reporter.kubeletapi.testing import FakeApiServer
+from klet.testbed.fakes.kubeletapi import FakeApiServer
 
 CERT = {
     "subject": (

@@ -18,7 +18,7 @@ from klet.status_reporter.kubeletapi.authz import (
     review_body,
 )
 from klet.status_reporter.kubeletapi.reviewslots import ReviewSlots, ReviewsOverloaded
-from klet.status_reporter.kubeletapi.testing import FakeApiServer
+from klet.testbed.fakes.kubeletapi import FakeApiServer
 
 
 class Clock:

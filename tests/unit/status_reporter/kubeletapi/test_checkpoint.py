@@ -1,5 +1,5 @@
 """POST /checkpoint/{namespace}/{pod}/{container}: the checkpoint of a running container
-on the project's fake CRI runtime (klet.cri.testing: the archive's location and timeout
+on the project's fake CRI runtime (klet.testbed.fakes.cri: the archive's location and timeout
 it was asked for), upstream's 404s (pod, container, unparsable timeout) and 500s (the
 container not running, a negative timeout, the runtime's error passed on in gRPC's Go
 form as for a runtime without CheckpointContainer), the JSON body naming the archive,
@@ -18,10 +18,8 @@ import httpx
 import pytest
 from klet.cri import labels as L
 from klet.cri.errors import CRIError
-from klet.cri.testing import FakeRuntimeService
 from klet.cri.types import Container, ContainerConfig, ContainerState, SandboxConfig
 from klet.model.types import ContainerID, SandboxID
-from klet.stats.testing import FakeCgroups
 from klet.status_reporter.kubeletapi import KubeletApiDeps, KubeletApiSettings
 from klet.status_reporter.kubeletapi.app import create_app
 from klet.status_reporter.kubeletapi.checkpoint import (
@@ -31,7 +29,9 @@ from klet.status_reporter.kubeletapi.checkpoint import (
     parse_timeout,
 )
 from klet.status_reporter.kubeletapi.deps import kubelet_api_metrics
-from klet.status_reporter.kubeletapi.testing import FakeCheck, FakePodView, FakeRuntime
+from klet.testbed.fakes.cri import FakeRuntimeService
+from klet.testbed.fakes.kubeletapi import FakeCheck, FakePodView, FakeRuntime
+from klet.testbed.fakes.stats import FakeCgroups
 from prometheus_client import CollectorRegistry
 
 UID = "0b7e0c52-0000-4000-8000-0000000000c1"

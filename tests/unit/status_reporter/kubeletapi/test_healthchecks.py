@@ -23,7 +23,7 @@ from klet.status_reporter.kubeletapi.healthchecks import (
     render_report,
     syncloop_verdict,
 )
-from klet.status_reporter.kubeletapi.testing import FakeCheck
+from klet.testbed.fakes.kubeletapi import FakeCheck
 from prometheus_client.parser import text_string_to_metric_families
 
 ORDER = ["ping", "log", "syncloop"]

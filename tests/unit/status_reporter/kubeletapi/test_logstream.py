@@ -26,7 +26,7 @@ from klet.status_reporter.kubeletapi.logstream import (
     scan_back,
     stream_log,
 )
-from klet.status_reporter.kubeletapi.testing import FollowerClock
+from klet.testbed.fakes.kubeletapi import FollowerClock
 
 FAST = FollowPolicy(poll_s=0.01, check_s=0.03)
 

@@ -12,7 +12,7 @@ from klet.cri import labels as L
 from klet.cri.types import Container, ContainerState, Sandbox, SandboxState
 from klet.model.types import ContainerID, SandboxID
 from klet.status_reporter.kubeletapi import lookup
-from klet.status_reporter.kubeletapi.testing import FakeRuntime
+from klet.testbed.fakes.kubeletapi import FakeRuntime
 
 
 def pod_with(status: dict[str, Any] | None = None) -> dict[str, Any]:

@@ -22,7 +22,7 @@ from klet.status_reporter.kubeletapi import KubeletApiDeps
 from klet.status_reporter.kubeletapi.authn import AuthnSettings
 from klet.status_reporter.kubeletapi.logstream import FollowPolicy
 from klet.status_reporter.kubeletapi.server import serve_kubelet_api
-from klet.status_reporter.kubeletapi.testing import FakeApiServer, FollowerClock
+from klet.testbed.fakes.kubeletapi import FakeApiServer, FollowerClock
 from klet.testbed.pki import CertificateAuthority
 
 from tests.unit.status_reporter.kubeletapi.test_app import World, log_line

@@ -29,8 +29,8 @@ from cryptography import x509
 from klet.status_reporter.kubeletapi import KubeletApiDeps
 from klet.status_reporter.kubeletapi.authn import AuthnSettings
 from klet.status_reporter.kubeletapi.server import serve_kubelet_api, tls_settings
-from klet.status_reporter.kubeletapi.testing import FakeApiServer
 from klet.status_reporter.kubeletapi.tlsconfig import ServingTLS
+from klet.testbed.fakes.kubeletapi import FakeApiServer
 from klet.testbed.pki import CertificateAuthority
 
 from tests.unit.status_reporter.kubeletapi import test_server

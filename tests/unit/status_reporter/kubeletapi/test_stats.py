@@ -13,8 +13,8 @@ from klet.cri.types import Sandbox, SandboxState
 from klet.model.types import SandboxID
 from klet.stats import HostReader, StatsProvider
 from klet.stats.cadvisor import NetDev
-from klet.stats.testing import FakeCgroups, FakeStatsRuntime
 from klet.status_reporter.kubeletapi.stats import SummaryProvider, network_stats, rfc3339
+from klet.testbed.fakes.stats import FakeCgroups, FakeStatsRuntime
 
 NET = Path(__file__).parents[2] / "stats" / "fixtures" / "net"
 UID = "1111-2222"

@@ -3,8 +3,9 @@
 `build_deps(settings, overrides=...)` is the only place that decides what talks to
 what: by default the pod view reads the node's Redis bus (built, with the lease, the
 registry and the private port, as every service's: `klet.wiring.service_base`); a test
-passes `Overrides` with fakes (see `testing.py`) and gets the same `Deps` with no Redis
-behind it, plus a fresh metrics registry so tests never share metric state.
+passes `Overrides` with fakes (see `klet.testbed.fakes.status_reporter`) and gets the
+same `Deps` with no Redis behind it, plus a fresh metrics registry so tests never share
+metric state.
 
 Settings are read through `ServiceSettings`, a protocol of just the fields this service
 uses, so the wiring does not depend on the rest of the settings tree.
@@ -13,7 +14,7 @@ Every replica gets the "status-reporter" bus lease (`Deps.lease`, held under a h
 of its own, `klet.bus.holder`); the app runs the writers only while it holds it. The
 bus is fenced by that lease, so a write from a replica that does not hold it is refused
 by Redis, whatever the code above it does. `Overrides.bus` puts the whole service on a
-`klet.bus.testing.FakeBus`.
+`klet.testbed.fakes.bus.FakeBus`.
 
 With a kubeconfig (`klet.kubeconfig` set) `Deps.cluster` holds the cluster-mode managers
 (`cluster.py`); without one it is None and nothing of cluster mode is built, so

@@ -1,10 +1,11 @@
 """The CRI operations syncloop needs, as consumer-side Protocols (STYLE rule 5).
 
-`klet.cri.RuntimeClient` (production) and `klet.cri.testing.FakeRuntimeService` (unit
-tests) both satisfy them structurally; the `TYPE_CHECKING` block at the end makes mypy
-prove it, so the fake cannot drift from the client unnoticed. Each consumer should ask
-for the narrowest one: the runtime reader and PLEG only read, the image puller only
-touches images, and the pod syncer needs the whole `RuntimeService`.
+`klet.cri.RuntimeClient` (production) and `klet.testbed.fakes.cri.FakeRuntimeService`
+(unit tests, in the test bed the image does not ship) both satisfy them structurally;
+mypy proves it for the client in the `TYPE_CHECKING` block at the end and for the fake
+at the end of its own module, so the fake cannot drift from the client unnoticed. Each
+consumer should ask for the narrowest one: the runtime reader and PLEG only read, the
+image puller only touches images, and the pod syncer needs the whole `RuntimeService`.
 """
 
 from __future__ import annotations
@@ -112,7 +113,6 @@ class NodeRuntime(RuntimeService, Protocol):
 
 if TYPE_CHECKING:
     from klet.cri import RuntimeClient
-    from klet.cri.testing import FakeRuntimeService
 
-    def _conforms(real: RuntimeClient, fake: FakeRuntimeService) -> list[NodeRuntime]:
-        return [real, fake]
+    def _conforms(real: RuntimeClient) -> NodeRuntime:
+        return real  # the fake's conformance is proven beside it: klet.testbed.fakes.cri

@@ -128,7 +128,7 @@ class Overrides(BaseOverrides):
     """Replacements for production choices (tests), beside the shared ones (bus,
     registry, lease holder); None keeps the default."""
 
-    cri: NodeRuntime | None = None  # e.g. klet.cri.testing.FakeRuntimeService
+    cri: NodeRuntime | None = None  # e.g. klet.testbed.fakes.cri.FakeRuntimeService
     events: EventSink | None = None
     """Where the syncer, image puller and prober record Events (default: `Deps.events`,
     which queues them for the `events` stream)."""
@@ -140,7 +140,7 @@ class Overrides(BaseOverrides):
     sync: SyncSettings | None = None  # SyncPod's settings (default: from the settings tree)
     consumer: str | None = None  # the `pods` stream consumer name
     runtime_events: EventSource | None = None
-    """The runtime event source of the evented PLEG (e.g. klet.cri.testing.FakeRuntimeEvents);
+    """The runtime event source of the evented PLEG (e.g. klet.testbed.fakes.cri.FakeRuntimeEvents);
     default: `RuntimeEvents` on the CRI endpoint unless featureGates.EventedPLEG is false
     or `cri` is overridden (then no events unless given here)."""
 

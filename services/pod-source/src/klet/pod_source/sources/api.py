@@ -20,7 +20,7 @@ full SET on every change):
 Which objects count and how they are shaped is decided in `apipods` (pure); this
 module is the I/O shell. `PodApi` is the interface it consumes (list, watch) and
 `KubePodApi` its implementation over `klet.kube`; the unit tests use
-`sources/fakeapi.FakePodApi`.
+`klet.testbed.fakes.podapi.FakePodApi`.
 
 Trade-off: the apiserver's watch cache answers the relist after an outage with a full
 list; upstream's newer streaming lists and consistent reads from cache are not used,

@@ -59,7 +59,7 @@ def pod_slice_limits(res: PodResources) -> SliceLimits:
 
 class Slices(Protocol):
     """What this driver needs of systemd (klet.cgroups.systemd.Systemd;
-    klet.cgroups.testing.FakeSystemd in unit tests)."""
+    klet.testbed.fakes.cgroups.FakeSystemd in unit tests)."""
 
     async def ensure_slice(
         self, unit: str, properties: list[Property], limits: list[Property]

@@ -29,6 +29,7 @@ import time
 from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from klet.cri.errors import CRIError, EventsUnsupported, NotFound, RuntimeUnavailable
 from klet.cri.types import (
@@ -614,3 +615,12 @@ class FakeRuntimeEvents:
             if isinstance(item, CRIError):
                 raise item
             yield item
+
+
+if TYPE_CHECKING:
+    # mypy's proof that the fake is what syncloop consumes (the real client's proof is
+    # beside the Protocol, in klet.syncloop.ports).
+    from klet.syncloop.ports import NodeRuntime
+
+    def _conforms(fake: FakeRuntimeService) -> NodeRuntime:
+        return fake

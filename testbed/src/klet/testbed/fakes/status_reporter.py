@@ -1,5 +1,5 @@
 """Stateful fakes of the interfaces this service consumes, for unit tests; the bus's
-are shared by all services, in `klet.bus.testing`.
+are shared by all services, in `klet.testbed.fakes.bus`.
 
 Cluster mode's fakes: `FakeApiServer` is a small in-memory apiserver behind the `Kube`
 protocol (objects by path, UIDs and resourceVersions, AlreadyExists/Conflict, UID

@@ -1,4 +1,5 @@
-"""klet.bus.testing: the in-memory bus behaves as the Redis one where consumers can tell.
+"""klet.testbed.fakes.bus: the in-memory bus behaves as the Redis one where consumers can
+tell.
 
 Covers: table rows written through `put`, a transaction or `seed` read back decoded, and a
 bad record is left out; stream entries reach a consumer group once, stay pending until
@@ -29,7 +30,6 @@ from klet.bus import (
     NotOwned,
     WriteTooLarge,
 )
-from klet.bus.testing import FakeBus, FakeStream
 from klet.model.records import (
     EventRecord,
     HistoryEntry,
@@ -38,6 +38,7 @@ from klet.model.records import (
     SourceState,
 )
 from klet.model.types import PodUID
+from klet.testbed.fakes.bus import FakeBus, FakeStream
 
 
 class Clock:

@@ -1,4 +1,4 @@
-"""A stateful fake of `sources.api.PodApi` for unit tests (STYLE.md rule 7).
+"""A stateful fake of `klet.pod_source.sources.api.PodApi` for unit tests (STYLE.md rule 7).
 
 It keeps what an apiserver keeps for the pods of one list/watch: the objects, a
 resourceVersion counter and the event history, so a watch from resourceVersion N
