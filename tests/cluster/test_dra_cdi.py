@@ -4,13 +4,17 @@ runs with what the driver's CDI spec gives it (issue 40 item 5, the second layer
 The runtime is the DRA tier's containerd v2 (tools/dra/build-containerd.sh; started by
 tests/harness/dra.py's CDIContainerd with CDI on and `cdi_spec_dirs` the run's CDI
 directory alone), Debian's runc beneath it. The driver is upstream's dra-test-driver
-(as in test_dra_driver.py: registered through syncloop's plugin watcher, the claim
-allocated to a device of its ResourceSlice, NodePrepareResources over klet.rpc.dra); its
-CDI spec for the claim sets `claim_<claim>_<request>=true`. From the prepare answer the
-claim info is made, `klet.syncloop.dra.cdi.container_cdi_devices` picks the container's
-CDI ID and `criconfig.container_config` puts it in CRI CDI_devices; the container's
+(registered through syncloop's plugin watcher as in test_dra_driver.py), the claim
+allocated to a device of its ResourceSlice and reserved for the pod. syncloop's
+`ClaimManager` prepares the pod's claims: it reads the claim from the apiserver (through
+kubectl here: syncloop has no claim reader yet), checks it and calls
+NodePrepareResources over klet.rpc.dra; `dra_manager_state` in the scratch root dir then
+lists the claim with the pod and the device. The driver's CDI spec for the claim sets
+`claim_<claim>_<request>=true`; the manager's `cdi_devices` gives the container its CDI
+ID and `criconfig.container_config` puts it in CRI CDI_devices. The container's
 environment, read back with ExecSync, holds the driver's variable, and a second
-container of the same pod that does not name the claim has none. Only `make test-dra`
+container of the same pod that does not name the claim has none. Unpreparing the pod
+empties the checkpoint and the driver removes its CDI spec. Only `make test-dra`
 (KLET_DRA_TESTS=1) collects it.
 """
 
@@ -31,12 +35,12 @@ from klet.bus import NodeBus
 from klet.cri.client import CRISettings, RuntimeClient
 from klet.csi import CSIClient, RegistrationClient
 from klet.devstack.images import BUSYBOX_IMAGE, build, standard_images, write_oci_archive
-from klet.model.dra import DRA_PLUGIN, ClaimRef
+from klet.model.dra import DRA_PLUGIN
 from klet.rpc.dra import GrpcDRAPlugin
 from klet.syncloop.containers import criconfig
-from klet.syncloop.dra.cdi import container_cdi_devices
-from klet.syncloop.dra.claiminfo import ClaimInfo
+from klet.syncloop.dra.manager import ClaimManager, ManagerDeps
 from klet.syncloop.dra.registration import DRADrivers, DriverInstance
+from klet.syncloop.dra.state import ClaimCheckpoint
 from klet.syncloop.plugins.csidrivers import CSIRegistrar
 from klet.syncloop.plugins.watcher import PluginWatcher
 from klet.testbed.cluster import ControlPlane
@@ -45,6 +49,7 @@ from klet.testbed.fakes.bus import FakeBus
 from tests.harness.dra import (
     CDIContainerd,
     DRATestDriver,
+    KubectlClaims,
     allocated_claim,
     cdi_containerd_bin_dir,
     dra_test_driver_binary,
@@ -147,73 +152,74 @@ async def test_a_container_with_the_claims_cdi_device_gets_the_drivers_env(
         log=run_dir / "dra-test-driver.log",
     )
     claim = f"claim-{uuid.uuid4().hex[:8]}"
+    pod_uid = str(uuid.uuid4())
     runtime = RuntimeClient(CRISettings(runtime_endpoint=containerd.endpoint))
+    checkpoint = ClaimCheckpoint(root)
+    manager = ClaimManager(
+        ManagerDeps(claims=KubectlClaims(control_plane), drivers=drivers, checkpoint=checkpoint)
+    )
     try:
         await _until(lambda: drivers.current(DRIVER), what="the driver registered")
         devices = await _until(
             lambda: slice_devices(control_plane, DRIVER, NODE), what="the ResourceSlice"
         )
-        uid = allocated_claim(control_plane, claim, NAMESPACE, DRIVER, NODE, devices[0])
-        ref = ClaimRef(namespace=NAMESPACE, name=claim, uid=uid)
-        plugin = drivers.client(DRIVER)
+        uid = allocated_claim(
+            control_plane, claim, NAMESPACE, DRIVER, NODE, devices[0], reserved_for=("cdi", pod_uid)
+        )
+        pod: dict[str, Any] = {
+            "metadata": {"name": "cdi", "namespace": NAMESPACE, "uid": pod_uid},
+            "spec": {
+                "hostNetwork": True,
+                "resourceClaims": [{"name": "dev", "resourceClaimName": claim}],
+                "containers": [
+                    {
+                        "name": "user",
+                        "image": BUSYBOX_IMAGE,
+                        "command": ["sleep", "3600"],
+                        "resources": {"claims": [{"name": "dev"}]},
+                    },
+                    {"name": "other", "image": BUSYBOX_IMAGE, "command": ["sleep", "3600"]},
+                ],
+            },
+        }
+        await manager.prepare(pod)
+        [saved] = checkpoint.load()
+        assert (saved.claim_uid, saved.pod_uids) == (uid, frozenset({pod_uid}))
+        assert [d.device_name for d in saved.driver_state[DRIVER]] == [devices[0]]
+        sandbox = criconfig.sandbox_config(
+            pod, attempt=0, pod_logs_dir=str(run_dir / "logs"), cgroup_parent=""
+        )
+        sandbox_id = await runtime.run_pod_sandbox(sandbox)
         try:
-            prepared = (await plugin.prepare([ref]))[uid]
-            info = ClaimInfo(
-                claim_uid=uid,
-                claim_name=claim,
-                namespace=NAMESPACE,
-                driver_state={DRIVER: prepared.devices},
-            )
-            pod: dict[str, Any] = {
-                "metadata": {"name": "cdi", "namespace": NAMESPACE, "uid": str(uuid.uuid4())},
-                "spec": {
-                    "hostNetwork": True,
-                    "resourceClaims": [{"name": "dev", "resourceClaimName": claim}],
-                    "containers": [
-                        {
-                            "name": "user",
-                            "image": BUSYBOX_IMAGE,
-                            "command": ["sleep", "3600"],
-                            "resources": {"claims": [{"name": "dev"}]},
-                        },
-                        {"name": "other", "image": BUSYBOX_IMAGE, "command": ["sleep", "3600"]},
-                    ],
-                },
-            }
-            sandbox = criconfig.sandbox_config(
-                pod, attempt=0, pod_logs_dir=str(run_dir / "logs"), cgroup_parent=""
-            )
-            sandbox_id = await runtime.run_pod_sandbox(sandbox)
-            try:
-                envs = {}
-                for container in pod["spec"]["containers"]:
-                    cdi = container_cdi_devices(pod, container, {info.key: info})
-                    config = criconfig.container_config(
-                        pod,
-                        container,
-                        instance=criconfig.Instance(
-                            restart_count=0, image=BUSYBOX_IMAGE, dra_cdi_devices=cdi
-                        ),
-                        node=criconfig.NodeContext(),
-                    )
-                    cid = await runtime.create_container(sandbox_id, config, sandbox)
-                    await runtime.start_container(cid)
-                    code, out, err = await runtime.exec_sync(cid, ["env"], timeout_s=30)
-                    assert code == 0, err
-                    envs[container["name"]] = (cdi, out.decode().splitlines())
-            finally:
-                await runtime.stop_pod_sandbox(sandbox_id)
-                await runtime.remove_pod_sandbox(sandbox_id)
-            variable = re.sub(r"[^a-zA-Z0-9]", "_", f"claim_{claim}_req-0") + "=true"
-            user_cdi, user_env = envs["user"]
-            assert user_cdi == (f"{DRIVER}/test=claim-{uid}-req-0",)
-            assert variable in user_env, (user_env, driver.text()[-2000:])
-            other_cdi, other_env = envs["other"]
-            assert other_cdi == ()
-            assert not [e for e in other_env if e.startswith("claim_")], other_env
-            assert await plugin.unprepare([ref]) == {uid: ""}
+            envs = {}
+            for container in pod["spec"]["containers"]:
+                cdi = manager.cdi_devices(pod, container)
+                config = criconfig.container_config(
+                    pod,
+                    container,
+                    instance=criconfig.Instance(
+                        restart_count=0, image=BUSYBOX_IMAGE, dra_cdi_devices=cdi
+                    ),
+                    node=criconfig.NodeContext(),
+                )
+                cid = await runtime.create_container(sandbox_id, config, sandbox)
+                await runtime.start_container(cid)
+                code, out, err = await runtime.exec_sync(cid, ["env"], timeout_s=30)
+                assert code == 0, err
+                envs[container["name"]] = (cdi, out.decode().splitlines())
         finally:
-            await plugin.close()
+            await runtime.stop_pod_sandbox(sandbox_id)
+            await runtime.remove_pod_sandbox(sandbox_id)
+        variable = re.sub(r"[^a-zA-Z0-9]", "_", f"claim_{claim}_req-0") + "=true"
+        user_cdi, user_env = envs["user"]
+        assert user_cdi == (f"{DRIVER}/test=claim-{uid}-req-0",)
+        assert variable in user_env, (user_env, driver.text()[-2000:])
+        other_cdi, other_env = envs["other"]
+        assert other_cdi == ()
+        assert not [e for e in other_env if e.startswith("claim_")], other_env
+        await manager.unprepare(pod_uid)
+        assert checkpoint.load() == []
+        assert list(containerd.cdi_spec_dirs[0].glob("*.json")) == []
     finally:
         await runtime.close()
         driver.stop()

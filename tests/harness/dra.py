@@ -19,6 +19,7 @@ socket is the host's /var/run/nri).
 
 from __future__ import annotations
 
+import asyncio
 import json
 import signal
 import subprocess
@@ -48,11 +49,19 @@ def dra_test_driver_binary() -> Path:
 
 
 def allocated_claim(
-    cp: ControlPlane, name: str, namespace: str, driver: str, node: str, device: str
+    cp: ControlPlane,
+    name: str,
+    namespace: str,
+    driver: str,
+    node: str,
+    device: str,
+    *,
+    reserved_for: tuple[str, str] | None = None,
 ) -> str:
     """Create a ResourceClaim for one device of class `driver` and write its status
-    allocating `device` of the driver's pool `node` (what the scheduler's DRA plugin
-    would write); its UID."""
+    allocating `device` of the driver's pool `node`, and reserved for the pod
+    `reserved_for` (name, UID) when given (what the scheduler's DRA plugin would write);
+    its UID."""
     claim = {
         "apiVersion": "resource.k8s.io/v1",
         "kind": "ResourceClaim",
@@ -63,7 +72,10 @@ def allocated_claim(
     }
     cp.kubectl("create", "-f", "-", input=json.dumps(claim), check=True)
     result = {"request": "req-0", "driver": driver, "pool": node, "device": device}
-    status = {"status": {"allocation": {"devices": {"results": [result]}}}}
+    status: dict[str, Any] = {"status": {"allocation": {"devices": {"results": [result]}}}}
+    if reserved_for is not None:
+        pod, uid = reserved_for
+        status["status"]["reservedFor"] = [{"resource": "pods", "name": pod, "uid": uid}]
     cp.kubectl(
         "patch", "resourceclaim", name, "-n", namespace, "--subresource=status",
         "--type=merge", "-p", json.dumps(status), check=True,
@@ -262,3 +274,21 @@ disabled_plugins = [{disabled}]
     conf_dir = {_q(str(self.network.conf_dir))}
     max_conf_num = 1
 """
+
+
+class KubectlClaims:
+    """ResourceClaims read from the harness's apiserver with kubectl: the DRA claim
+    manager's ClaimSource in the DRA tier (syncloop has no apiserver reader of claims
+    yet)."""
+
+    def __init__(self, cp: ControlPlane) -> None:
+        self.cp = cp
+
+    async def resource_claim(self, namespace: str, name: str) -> dict[str, Any]:
+        res = await asyncio.to_thread(
+            self.cp.kubectl, "get", "resourceclaim", name, "-n", namespace, "-o", "json"
+        )
+        if res.returncode != 0:
+            raise LookupError(res.stderr.strip())
+        claim: dict[str, Any] = json.loads(res.stdout)
+        return claim

@@ -2,7 +2,7 @@
 registering through the plugin watcher (`registration.py`) and what klet keeps of the
 claims they prepared (`claiminfo.py`, checkpointed in `<root-dir>/dra_manager_state`),
 the checks a claim read from the apiserver passes before it is prepared for a pod
-(`claims.py`), and the CDI devices a container gets from them (`cdi.py`, into CRI
-`CDI_devices`).
-Pods with resourceClaims are still refused at admission: nothing prepares their claims
-yet."""
+(`claims.py`), the CDI devices a container gets from them (`cdi.py`, into CRI
+`CDI_devices`), and the manager preparing and unpreparing a pod's claims through the
+drivers with the checkpoint kept (`manager.py`). Pods with resourceClaims are still
+refused at admission: nothing calls the manager outside the DRA tier's test yet."""

@@ -1,0 +1,186 @@
+"""Preparing and unpreparing a pod's ResourceClaims (upstream's DRA manager,
+pkg/kubelet/cm/dra/manager.go v1.34: PrepareResources, UnprepareResources,
+GetResources).
+
+`prepare(pod)` reads each claim the pod names from the apiserver, checks it
+(`claims.claim_to_prepare`: the pod's own, reserved for it, allocated) and that each of
+its drivers is registered, all before touching the cache, as upstream does; then adds
+the pod to each claim's info (a claim of the same name with another UID is an error:
+the old one's pod was force-deleted while it was prepared) and checkpoints, so a crash
+before the drivers answer still knows the pod references the claim; then calls
+NodePrepareResources once per driver with its claims not yet prepared, records the
+devices answered and checkpoints again. A driver's error for a claim is an error naming
+the claim and the driver. `unprepare(pod_uid)` drops the pod from its claims; a claim
+no pod uses any more is unprepared (NodeUnprepareResources per driver) and forgotten,
+checkpointed after each step; one whose driver failed stays cached without pods and is
+unprepared again by the next `unprepare`. `cdi_devices(pod, container)` is what the container gets
+(`cdi.container_cdi_devices` over the cache).
+
+As upstream, claims read back from the checkpoint at start are not marked prepared: the
+first pod using one prepares it again (drivers treat a repeated prepare as a no-op).
+Nothing calls this yet: pods with resourceClaims are refused at admission until the
+whole pod path runs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from klet.model.dra import ClaimRef, PrepareResult
+from klet.syncloop.dra.cdi import claim_name, container_cdi_devices
+from klet.syncloop.dra.claiminfo import ClaimInfo
+from klet.syncloop.dra.claims import claim_to_prepare
+
+
+class DRAPrepareError(Exception):
+    """A pod's claims could not be prepared or unprepared; says which and why."""
+
+
+class ClaimSource(Protocol):
+    async def resource_claim(self, namespace: str, name: str) -> Mapping[str, Any]: ...
+
+
+class DriverClient(Protocol):
+    async def prepare(self, claims: Sequence[ClaimRef]) -> dict[str, PrepareResult]: ...
+    async def unprepare(self, claims: Sequence[ClaimRef]) -> dict[str, str]: ...
+    async def close(self) -> None: ...
+
+
+class DriverRegistry(Protocol):
+    def client(self, driver: str) -> DriverClient: ...
+    def current(self, driver: str) -> object | None: ...
+
+
+class CheckpointStore(Protocol):
+    def store(self, claims: Iterable[ClaimInfo]) -> None: ...
+
+
+@dataclass(frozen=True)
+class ManagerDeps:
+    claims: ClaimSource
+    drivers: DriverRegistry
+    checkpoint: CheckpointStore
+
+
+def _ref(info: ClaimInfo) -> ClaimRef:
+    return ClaimRef(namespace=info.namespace, name=info.claim_name, uid=info.claim_uid)
+
+
+class ClaimManager:
+    def __init__(self, deps: ManagerDeps, *, checkpointed: Iterable[ClaimInfo] = ()) -> None:
+        self.deps = deps
+        self.cache: dict[str, ClaimInfo] = {info.key: info for info in checkpointed}
+        self.prepared: set[str] = set()
+        """Keys of the claims whose drivers all answered NodePrepareResources."""
+
+    def _client(self, driver: str) -> DriverClient:
+        try:
+            return self.deps.drivers.client(driver)
+        except LookupError as err:  # deregistered since the check
+            raise DRAPrepareError(str(err)) from err
+
+    def _store(self) -> None:
+        self.deps.checkpoint.store(self.cache.values())
+
+    async def prepare(self, pod: Mapping[str, Any]) -> None:
+        meta = pod.get("metadata") or {}
+        namespace, pod_uid = str(meta.get("namespace", "")), str(meta.get("uid", ""))
+        wanted: list[ClaimInfo] = []
+        for pod_claim in (pod.get("spec") or {}).get("resourceClaims") or ():
+            name = claim_name(pod, pod_claim)
+            if name is None:
+                continue
+            try:
+                claim = await self.deps.claims.resource_claim(namespace, name)
+            except LookupError as err:
+                raise DRAPrepareError(f"fetch ResourceClaim {name}: {err}") from err
+            try:
+                info = claim_to_prepare(
+                    pod, from_template=bool(pod_claim.get("resourceClaimTemplateName")), claim=claim
+                )
+            except ValueError as err:
+                raise DRAPrepareError(str(err)) from err
+            for driver in info.driver_state:
+                if self.deps.drivers.current(driver) is None:
+                    raise DRAPrepareError(f"DRA driver {driver} is not registered")
+            wanted.append(info)
+
+        batches: dict[str, list[ClaimInfo]] = {}
+        for info in wanted:
+            held = self.cache.get(info.key)
+            if held is not None and held.claim_uid != info.claim_uid:
+                raise DRAPrepareError(
+                    f"old ResourceClaim with same name {info.claim_name} and different UID "
+                    f"{held.claim_uid} still exists (previous pod force-deleted?!)"
+                )
+            self.cache[info.key] = (held or info).with_pod(pod_uid)
+            self._store()
+            if info.key in self.prepared:
+                continue
+            for driver in info.driver_state:
+                batches.setdefault(driver, []).append(info)
+
+        answered: dict[str, set[str]] = {}
+        for driver, infos in batches.items():
+            client = self._client(driver)
+            try:
+                results = await client.prepare([_ref(i) for i in infos])
+            finally:
+                await client.close()
+            for info in infos:
+                result = results[info.claim_uid]
+                if result.error:
+                    raise DRAPrepareError(
+                        f"NodePrepareResources of ResourceClaim {info.key} by DRA driver "
+                        f"{driver} failed: {result.error}"
+                    )
+                held = self.cache[info.key]
+                state = {**held.driver_state, driver: result.devices}
+                self.cache[info.key] = ClaimInfo(
+                    claim_uid=held.claim_uid,
+                    claim_name=held.claim_name,
+                    namespace=held.namespace,
+                    pod_uids=held.pod_uids,
+                    driver_state=state,
+                )
+                answered.setdefault(info.key, set()).add(driver)
+        for key, drivers in answered.items():
+            if drivers == set(self.cache[key].driver_state):
+                self.prepared.add(key)
+        if batches:
+            self._store()
+
+    async def unprepare(self, pod_uid: str) -> None:
+        for key, info in list(self.cache.items()):
+            if pod_uid in info.pod_uids:
+                self.cache[key] = info.without_pod(pod_uid)
+        self._store()
+        # Every claim no pod uses: this pod's, and any an earlier failure left.
+        unused = [info for info in self.cache.values() if not info.pod_uids]
+        batches: dict[str, list[ClaimInfo]] = {}
+        for info in unused:
+            for driver in info.driver_state:
+                batches.setdefault(driver, []).append(info)
+        failed: list[str] = []
+        for driver, infos in batches.items():
+            client = self._client(driver)
+            try:
+                errors = await client.unprepare([_ref(i) for i in infos])
+            finally:
+                await client.close()
+            failed += [
+                f"ResourceClaim {i.key} by DRA driver {driver}: {errors[i.claim_uid]}"
+                for i in infos
+                if errors.get(i.claim_uid)
+            ]
+        if failed:
+            raise DRAPrepareError("NodeUnprepareResources failed: " + "; ".join(failed))
+        for info in unused:
+            self.cache.pop(info.key, None)
+            self.prepared.discard(info.key)
+        self._store()
+
+    def cdi_devices(self, pod: Mapping[str, Any], container: Mapping[str, Any]) -> tuple[str, ...]:
+        return container_cdi_devices(pod, container, self.cache)
