@@ -4,13 +4,14 @@ Covers, in standalone mode: pods written to the bus the way pod-source and syncl
 write them show up on the read-only `/pods` with their computed status; a newer status
 version replaces an older one and an older one does not; malformed `podstatus` entries
 are skipped and do not stop the good entry after them (the stream is read without a
-consumer group); `/healthz` answers on the
-healthz port and the private port serves /readyz and /metrics; the read-only port is off
-unless configured; with Redis stopped `/pods` keeps serving the last view, and after
-Redis comes back empty and the tables are written again the view follows them; SIGTERM
-stops the process cleanly. Two replicas share the read-only and healthz ports
-(SO_REUSEPORT), both serve every pod, exactly one holds the lease (`klet_leader`), and
-after one is SIGKILLed every new connection is answered by the other.
+consumer group); `/healthz` answers on the healthz port (`ping`) and on the read-only
+port with the kubelet API's checks, both recorded on its /metrics/slis, and the private
+port serves /readyz and /metrics; the read-only port is off unless configured; with
+Redis stopped `/pods` keeps serving the last view, and after Redis comes back empty and
+the tables are written again the view follows them; SIGTERM stops the process cleanly.
+Two replicas share the read-only and healthz ports (SO_REUSEPORT), both serve every
+pod, exactly one holds the lease (`klet_leader`), and after one is SIGKILLed every new
+connection is answered by the other.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from klet.devstack import DevStack, ManagedProcess, RedisServer, free_port
 from klet.model.records import PodStatusChange, PodStatusRecord
 from klet.model.types import JSON
 from klet.testbed.fakes.status_reporter import desired_record, make_pod, status_record
+from prometheus_client.parser import text_string_to_metric_families
 
 from tests.harness.node import sample_value
 
@@ -132,6 +134,18 @@ def phases(body: Any) -> dict[str, Any]:
     return {i["metadata"]["name"]: i["status"] for i in body["items"]}
 
 
+def healthchecks(page: str, check: str, status: str) -> float:
+    """kubernetes_healthchecks_total of `check` with `status` on a /metrics/slis page."""
+    return sum(
+        sample.value
+        for family in text_string_to_metric_families(page)
+        for sample in family.samples
+        if sample.name == "kubernetes_healthchecks_total"
+        and sample.labels.get("name") == check
+        and sample.labels.get("status") == status
+    )
+
+
 async def test_serves_the_pod_view_and_survives_redis_outages(
     tmp_path: Path, redis_server: RedisServer
 ) -> None:
@@ -159,6 +173,28 @@ async def test_serves_the_pod_view_and_survives_redis_outages(
                 lambda r: r.status_code == 200,
                 what="/readyz on the service port",
             )
+
+            # The read-only port runs the kubelet API's checks: no syncloop runs here, so
+            # its /healthz fails on `syncloop` alone; 10248 runs `ping` alone. Both
+            # listeners record in the read-only port's /metrics/slis.
+            ping = await eventually(
+                lambda: http.get(f"http://127.0.0.1:{ro}/healthz/ping"),
+                lambda r: r.status_code == 200,
+                what="/healthz/ping on the read-only port",
+            )
+            assert ping.text == "ok"
+            ro_health = await http.get(f"http://127.0.0.1:{ro}/healthz", params={"verbose": ""})
+            assert ro_health.status_code == 500, ro_health.text
+            assert ro_health.text == (
+                "[+]ping ok\n[+]log ok\n[-]syncloop failed: reason withheld\nhealthz check failed\n"
+            )
+            slis = (await http.get(f"http://127.0.0.1:{ro}/metrics/slis")).text
+            assert healthchecks(slis, "syncloop", "error") == 1.0, slis
+            pings = healthchecks(slis, "ping", "success")
+            assert pings >= 2.0, slis  # 10248's and the read-only port's
+            assert (await http.get(f"http://127.0.0.1:{hz}/healthz")).text == "ok"
+            slis = (await http.get(f"http://127.0.0.1:{ro}/metrics/slis")).text
+            assert healthchecks(slis, "ping", "success") == pings + 1
 
             # A desired pod before syncloop reported on it, then with its status.
             await write_pod(node, web)

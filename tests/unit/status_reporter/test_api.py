@@ -1,6 +1,8 @@
 """The read-only and healthz HTTP apps, in-process through httpx.ASGITransport: the
 PodList served from the view (also while the bus is down; one encoding per change of
-the view, shared with the kubelet API's /pods), /healthz, /metrics (with
+the view, shared with the kubelet API's /pods), /healthz and /healthz/<name> with the
+kubelet API's checks and answers (10248: ping alone), /metrics/slis shared by the three
+listeners, /metrics (with
 the node's own series and the services' scrape failures), /metrics/probes,
 /metrics/cadvisor (served only with the kubelet API's CRI client), and the listeners
 build_deps derives from the settings."""
@@ -26,6 +28,11 @@ from klet.status_reporter import listing
 from klet.status_reporter.api import create_app, create_healthz_app
 from klet.status_reporter.kubeletapi import build_kubelet_api_deps
 from klet.status_reporter.kubeletapi.app import create_app as create_kubelet_api
+from klet.status_reporter.kubeletapi.healthchecks import (
+    CheckResult,
+    SliMetrics,
+    kubelet_health_checks,
+)
 from klet.status_reporter.metrics import Metrics
 from klet.status_reporter.podcache import PodCache
 from klet.status_reporter.wiring import DEFAULT_SERVICE_PORT, Deps, Listener, Overrides, build_deps
@@ -127,8 +134,28 @@ async def test_pods_serves_the_view_as_a_podlist(fakes: Fakes) -> None:
         assert len(fakes.bus.calls) == calls  # a request never reads the bus
 
 
+class FakeSyncloop:
+    """The `syncloop` check, answering what the test sets (None: passes)."""
+
+    def __init__(self) -> None:
+        self.result: CheckResult = None
+        self.calls = 0
+
+    async def __call__(self) -> CheckResult:
+        self.calls += 1
+        return self.result
+
+
+def with_syncloop(deps: Deps, syncloop: FakeSyncloop) -> Deps:
+    """`deps` whose read-only /healthz asks `syncloop` (on its own SLI registry)."""
+    return dataclasses.replace(
+        deps, health=kubelet_health_checks(syncloop=syncloop, slis=deps.slis)
+    )
+
+
 async def test_healthz_and_metrics(fakes: Fakes, tmp_path: Path) -> None:
     deps = fakes.deps(Settings(klet=KletCfg(run_dir=tmp_path)))  # no other service's port
+    deps = with_syncloop(deps, FakeSyncloop())
     async with client_for(create_app(deps)) as client:
         resp = await client.get("/healthz")
         assert (resp.status_code, resp.text) == (200, "ok")
@@ -151,10 +178,107 @@ async def test_healthz_and_metrics(fakes: Fakes, tmp_path: Path) -> None:
 
 
 async def test_healthz_app_serves_only_healthz() -> None:
-    async with client_for(create_healthz_app()) as client:
+    async with client_for(create_healthz_app(SliMetrics())) as client:
         assert (await client.get("/healthz")).text == "ok"
         assert (await client.get("/pods")).status_code == 404
         assert (await client.get("/metrics")).status_code == 404
+        assert (await client.get("/metrics/slis")).status_code == 404
+
+
+async def test_healthz_port_runs_ping_alone() -> None:
+    """10248 is upstream's healthz handler without checks: `ping` alone."""
+    async with client_for(create_healthz_app(SliMetrics())) as client:
+        verbose = await client.get("/healthz", params={"verbose": ""})
+        assert (verbose.status_code, verbose.text) == (200, "[+]ping ok\nhealthz check passed\n")
+        assert (await client.get("/healthz/ping")).text == "ok"
+        for other in ("log", "syncloop"):
+            assert (await client.get(f"/healthz/{other}")).status_code == 404
+
+
+async def test_read_only_healthz_answers_as_the_kubelet_api(fakes: Fakes) -> None:
+    """The read-only port runs the kubelet API's checks (ping, log, syncloop) on the
+    same syncloop check: /healthz, ?verbose, ?exclude and /healthz/<name> get the same
+    status and body on both ports, passing and with syncloop failing."""
+    syncloop = FakeSyncloop()
+    deps = with_syncloop(fakes.deps(), syncloop)
+    settings = KletSettingsRoot(
+        kubelet=KubeletConfiguration(authorization=KubeletAuthorization(mode="AlwaysAllow")),
+        klet=KletSettings(service="status-reporter", node_name="node1"),
+    )
+    api_deps = build_kubelet_api_deps(
+        settings,
+        pods=deps.pods,
+        runtime=FakeRuntime(),
+        registry=CollectorRegistry(),
+        apiserver=None,
+        slis=deps.slis,
+        syncloop=syncloop,
+    )
+    requests = [
+        ("/healthz", {}),
+        ("/healthz", {"verbose": ""}),
+        ("/healthz", {"verbose": "", "exclude": "syncloop"}),
+        ("/healthz", {"exclude": "nope"}),
+        ("/healthz/ping", {}),
+        ("/healthz/log", {}),
+        ("/healthz/syncloop", {}),
+        ("/healthz/nope", {}),
+    ]
+    async with (
+        client_for(create_app(deps)) as ro,
+        client_for(create_kubelet_api(api_deps)) as secure,
+    ):
+
+        async def answers(client: httpx.AsyncClient) -> list[tuple[int, str, str]]:
+            out = []
+            for path, params in requests:
+                r = await client.get(path, params=params)
+                out.append((r.status_code, r.text, r.headers.get("x-content-type-options")))
+            return out
+
+        passing = await answers(ro)
+        assert passing == await answers(secure)
+        assert passing[1] == (
+            200,
+            "[+]ping ok\n[+]log ok\n[+]syncloop ok\nhealthz check passed\n",
+            "nosniff",
+        )
+        assert passing[-1][0] == 404
+        syncloop.result = "syncloop unhealthy: replica pid 7 (127.0.0.1:1): /healthz answered 500"
+        failing = await answers(ro)
+        assert failing == await answers(secure)
+        assert failing[0][0] == 500
+        assert "[-]syncloop failed: reason withheld\nhealthz check failed\n" in failing[0][1]
+        assert failing[2][0] == 200  # syncloop excluded
+        assert failing[6] == (500, f"internal server error: {syncloop.result}\n", "nosniff")
+    assert syncloop.calls > 0
+
+
+async def test_the_three_listeners_record_in_one_sli_registry(fakes: Fakes) -> None:
+    """/metrics/slis on the read-only port shows the checks of its own /healthz and of
+    10248's (one registry, as upstream's); DELETE resets it."""
+    deps = with_syncloop(fakes.deps(), FakeSyncloop())
+    assert deps.kubelet_api is None or deps.kubelet_api.slis is deps.slis
+    async with (
+        client_for(create_app(deps)) as ro,
+        client_for(create_healthz_app(deps.slis)) as healthz,
+    ):
+        assert (await ro.get("/healthz")).status_code == 200
+        assert (await healthz.get("/healthz")).status_code == 200
+        assert (await ro.get("/healthz/log")).status_code == 200  # per-check: not recorded
+        page = await ro.get("/metrics/slis")
+        assert page.headers["content-type"].startswith("text/plain; version=")
+        text = page.text
+        ping = 'kubernetes_healthchecks_total{name="ping",status="success",type="healthz"}'
+        assert f"{ping} 2.0" in text  # the read-only port's and 10248's
+        for name in ("log", "syncloop"):
+            labels = f'name="{name}",status="success",type="healthz"'
+            assert f"kubernetes_healthchecks_total{{{labels}}} 1.0" in text
+        assert 'kubernetes_healthcheck{name="syncloop",type="healthz"} 1.0' in text
+        reset = await ro.delete("/metrics/slis")
+        assert (reset.status_code, reset.text) == (200, "metrics reset\n")
+        assert "kubernetes_healthchecks_total{" not in (await ro.get("/metrics/slis")).text
+        assert (await ro.post("/metrics/slis")).status_code == 405
 
 
 def test_listeners_follow_upstream_defaults(fakes: Fakes) -> None:

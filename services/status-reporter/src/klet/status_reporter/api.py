@@ -3,20 +3,25 @@
 - `create_app`: the read-only API (upstream `readOnlyPort`, off by default):
   `GET /pods` (the node's pods as a v1 PodList, each with its latest computed status,
   served as the view encoded it once per change: podcache.py),
-  `GET /healthz`, `GET /metrics` (every service's kubelet metrics: nodemetrics.py),
+  `GET /healthz` and `/healthz/<name>` (upstream's checks ping, log and syncloop, as
+  the kubelet API runs them: kubeletapi/healthchecks.py), `GET` and `DELETE`
+  `/metrics/slis` (the registry those checks are recorded in, shared with the kubelet
+  API and the healthz port), `GET /metrics` (every service's kubelet metrics: nodemetrics.py),
   `GET /metrics/probes` (the prober's, apart as upstream serves them) and
   `GET /metrics/cadvisor` (containermetrics.py: through the kubelet API's CRI client,
   or, with that API off, a client of its own; wiring decides, this app serves the page
   it is given).
-- `create_healthz_app`: the `healthzBindAddress:healthzPort` listener, `/healthz` only.
+- `create_healthz_app`: the `healthzBindAddress:healthzPort` listener, `/healthz` (and
+  `/healthz/ping`) with upstream's one check there, `ping`, recorded on /metrics/slis.
 
 Both answer from the in-memory pod view and never touch Redis on a request, so they keep
-answering (with the last view) while the bus is down. `/healthz` says "ok" whenever the
-process is serving: a Redis outage must not make a liveness probe restart this service,
-and a dead refresh loop already ends the process (supervised root tasks). The private
+answering (with the last view) while the bus is down. No check reads the bus: a Redis
+outage must not make a liveness probe restart this service, and a dead refresh loop
+already ends the process (supervised root tasks). The read-only port's `syncloop` check
+asks syncloop's private port, as the kubelet API's does. The private
 service port's /healthz /readyz /metrics come from `klet.obs`, not from here.
 
-Neither app holds a client, so neither needs a lifespan. Both are a few GET paths on
+Neither app holds a client, so neither needs a lifespan. Both are a few paths on
 Starlette (`klet.obs.get_app`) rather than FastAPI: importing FastAPI (pydantic) costs the
 process about 20 MB resident, which only the kubelet API on --port (kubeletapi) needs.
 """
@@ -27,12 +32,20 @@ from typing import Protocol, runtime_checkable
 
 from klet.model.types import JSON
 from klet.obs import CONTENT_TYPE, get_app
+from klet.obs.health import Endpoint
 from klet.status_reporter import listing
+from klet.status_reporter.kubeletapi.healthchecks import (
+    HealthChecks,
+    Report,
+    SliMetrics,
+    healthz_port_checks,
+)
 from klet.status_reporter.nodemetrics import LocalMetrics
 from prometheus_client import CollectorRegistry
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import PlainTextResponse, Response
+from starlette.routing import Route
 
 JSON_MEDIA_TYPE = "application/json"
 
@@ -74,6 +87,14 @@ class ApiDeps(Protocol):
     @property
     def container_metrics(self) -> ContainerMetricsPage | None: ...
 
+    @property
+    def health(self) -> HealthChecks:
+        """The kubelet API's checks (ping, log, syncloop), recording in `slis`."""
+        ...
+
+    @property
+    def slis(self) -> SliMetrics: ...
+
 
 class MetricsPages(Protocol):
     """`/metrics` and `/metrics/probes` as served (klet.status_reporter.nodemetrics)."""
@@ -89,8 +110,40 @@ class ContainerMetricsPage(Protocol):
     async def page(self) -> bytes: ...
 
 
-async def _healthz(_request: Request) -> Response:
-    return PlainTextResponse("ok")
+NOSNIFF = {"X-Content-Type-Options": "nosniff"}
+
+
+def _report(report: Report) -> Response:
+    return PlainTextResponse(report.body, status_code=report.status, headers=NOSNIFF)
+
+
+def health_routes(checks: HealthChecks) -> dict[str, Endpoint]:
+    """`/healthz` (`?verbose`, `?exclude=<name>`) and `/healthz/<name>` over `checks`, as
+    the kubelet API answers them."""
+
+    async def healthz(request: Request) -> Response:
+        excluded = set(request.query_params.getlist("exclude"))
+        verbose = "verbose" in request.query_params
+        return _report(await checks.report(excluded=excluded, verbose=verbose))
+
+    async def healthz_one(request: Request) -> Response:
+        report = await checks.one(request.path_params["name"])
+        if report is None:
+            return PlainTextResponse("404 page not found\n", status_code=404)
+        return _report(report)
+
+    return {"/healthz": healthz, "/healthz/{name}": healthz_one}
+
+
+def _with_sli_reset(app: Starlette, slis: SliMetrics) -> Starlette:
+    """`DELETE /metrics/slis` on `app` (upstream's SLIMetricsWithReset)."""
+
+    async def reset(_request: Request) -> Response:
+        slis.reset()
+        return PlainTextResponse("metrics reset\n")
+
+    app.router.routes.append(Route("/metrics/slis", reset, methods=["DELETE"]))
+    return app
 
 
 def create_app(deps: ApiDeps) -> Starlette:
@@ -108,7 +161,16 @@ def create_app(deps: ApiDeps) -> Starlette:
     async def probes(_request: Request) -> Response:
         return Response(await pages.probes(), media_type=CONTENT_TYPE)
 
-    routes = {"/healthz": _healthz, "/pods": pods, "/metrics": metrics, "/metrics/probes": probes}
+    async def slis(_request: Request) -> Response:
+        return Response(deps.slis.page(), media_type=CONTENT_TYPE)
+
+    routes = {
+        **health_routes(deps.health),
+        "/pods": pods,
+        "/metrics": metrics,
+        "/metrics/probes": probes,
+        "/metrics/slis": slis,
+    }
     containers = deps.container_metrics
     if containers is not None:
 
@@ -116,9 +178,10 @@ def create_app(deps: ApiDeps) -> Starlette:
             return Response(await containers.page(), media_type=CONTENT_TYPE)
 
         routes["/metrics/cadvisor"] = cadvisor
-    return get_app(routes)
+    return _with_sli_reset(get_app(routes), deps.slis)
 
 
-def create_healthz_app() -> Starlette:
-    """The healthz-only app of `healthzBindAddress:healthzPort`."""
-    return get_app({"/healthz": _healthz})
+def create_healthz_app(slis: SliMetrics) -> Starlette:
+    """The healthz-only app of `healthzBindAddress:healthzPort`: `ping`, recorded in
+    `slis`."""
+    return get_app(health_routes(healthz_port_checks(slis)))

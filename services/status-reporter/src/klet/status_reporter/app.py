@@ -109,7 +109,7 @@ def root_tasks(deps: Deps) -> dict[str, Coroutine[Any, Any, None]]:
         tasks["pod-history"] = when_elected(deps.elected, deps.history.run)
     if deps.healthz is not None:
         tasks["healthz-http"] = serve_http(
-            create_healthz_app(),
+            create_healthz_app(deps.slis),
             host=deps.healthz.host,
             port=deps.healthz.port,
             name="healthz",

@@ -59,6 +59,12 @@ from klet.status_reporter.kubeletapi import (
     build_kubelet_api_deps,
 )
 from klet.status_reporter.kubeletapi.deps import host_reader, host_reader_of
+from klet.status_reporter.kubeletapi.healthchecks import (
+    HealthChecks,
+    SliMetrics,
+    SyncloopCheck,
+    kubelet_health_checks,
+)
 from klet.status_reporter.metrics import (
     CertificateMetrics,
     Metrics,
@@ -170,6 +176,11 @@ class Deps:
     """The read-only API listener; None when readOnlyPort is 0 (the default)."""
     service: ServicePort
     """The private /healthz /readyz /metrics listener and its port files."""
+    health: HealthChecks
+    """The read-only port's /healthz checks: the kubelet API's (ping, log, syncloop)."""
+    slis: SliMetrics
+    """/metrics/slis: where every listener's /healthz records its checks (10250, the
+    read-only port, 10248), one registry as upstream's."""
     close: Callable[[], Awaitable[None]] = _nothing_to_close
     """Releases clients (the Redis connection pool, apiserver and CRI clients) at shutdown."""
     cluster: ClusterDeps | None = None
@@ -263,6 +274,9 @@ def build_deps(settings: ServiceSettings, *, overrides: Overrides | None = None)
         ),
     )
     elected = asyncio.Event()
+    # One SLI registry and one syncloop check behind every listener's /healthz.
+    slis = SliMetrics()
+    syncloop = SyncloopCheck(run_dir=Path(klet.run_dir))
     node_metrics = NodeMetrics(
         registry, leading=elected.is_set, replicas=port_file_replicas(Path(klet.run_dir))
     )
@@ -274,6 +288,8 @@ def build_deps(settings: ServiceSettings, *, overrides: Overrides | None = None)
         volumes=volumes,
         node_metrics=node_metrics,
         requests=requests,
+        slis=slis,
+        syncloop=syncloop,
     )
 
     container_metrics, metrics_closers = _container_metrics(
@@ -305,6 +321,8 @@ def build_deps(settings: ServiceSettings, *, overrides: Overrides | None = None)
             Listener(kubelet.address, kubelet.read_only_port) if kubelet.read_only_port else None
         ),
         service=base.port,
+        health=kubelet_health_checks(syncloop=syncloop, slis=slis),
+        slis=slis,
         close=close,
         cluster=cluster,
         kubelet_api=kubelet_api,
@@ -347,6 +365,8 @@ def _kubelet_api(
     node_metrics: NodeMetrics,
     requests: RestClientMetrics,
     history: HistoryLookup,
+    slis: SliMetrics,
+    syncloop: SyncloopCheck,
 ) -> tuple[KubeletApiDeps | None, list[Callable[[], Awaitable[None]]]]:
     """The 10250 API's dependencies, with their own apiserver and CRI clients (the
     apiserver client with threads of its own: whoever reaches the port can cause
@@ -385,5 +405,7 @@ def _kubelet_api(
         volumes=volumes,
         node_metrics=node_metrics,
         history=history,
+        slis=slis,
+        syncloop=syncloop,
     )
     return deps, closers

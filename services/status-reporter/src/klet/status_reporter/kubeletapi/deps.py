@@ -312,9 +312,13 @@ def build_kubelet_api_deps(
     volumes: VolumeSource | None = None,
     node_metrics: MetricsPages | None = None,
     history: HistoryLookup | None = None,
+    slis: SliMetrics | None = None,
+    syncloop: Check | None = None,
 ) -> KubeletApiDeps:
     """The kubelet API's dependencies. Raises ValueError when authorization.mode is
-    Webhook and there is no apiserver to ask (upstream refuses to start the same way)."""
+    Webhook and there is no apiserver to ask (upstream refuses to start the same way).
+    `slis` and `syncloop`: those the read-only port and 10248 share (new ones if not
+    given)."""
     api_settings = KubeletApiSettings.from_settings(settings)
     if api_settings.authorization_mode == "Webhook" and apiserver is None:
         raise ValueError(
@@ -328,9 +332,10 @@ def build_kubelet_api_deps(
         registry=registry,
         cgroups=cgroups if cgroups is not None else CgroupFS(),
         metrics=kubelet_api_metrics(registry),
-        syncloop=SyncloopCheck(run_dir=Path(settings.klet.run_dir)),
+        syncloop=syncloop or SyncloopCheck(run_dir=Path(settings.klet.run_dir)),
         apiserver=apiserver,
         volumes=volumes,
         node_metrics=node_metrics,
         history=history,
+        slis=slis or SliMetrics(),
     )

@@ -31,6 +31,12 @@ The report follows upstream's healthz handler (k8s.io/apiserver's): `ok`, or wit
 about names it does not know. `/healthz/<name>` answers `ok` or a 500 with the reason,
 and records nothing, as upstream's per-check handlers.
 
+Upstream installs the same three checks and `/metrics/slis` on the read-only port
+(`readOnlyPort`: its server is the kubelet API's without authentication), and
+`healthz.InstallHandler(mux)` with no checks on the healthz port (10248), which is
+`ping` alone, recorded in the same SLI registry: status-reporter builds one
+`SliMetrics` and gives it to all three listeners (`healthz_port_checks` for 10248).
+
 The verdicts (`log_verdict`, `syncloop_verdict`) and the report (`render_report`) are
 pure; `HealthChecks` is the thin shell that runs the checks and records them.
 """
@@ -326,3 +332,8 @@ def kubelet_health_checks(
 ) -> HealthChecks:
     """The kubelet API's checks, upstream's three in its order."""
     return HealthChecks({"ping": _ping, "log": log_check or LogCheck(), "syncloop": syncloop}, slis)
+
+
+def healthz_port_checks(slis: SliMetrics) -> HealthChecks:
+    """The healthz port's checks: `ping` alone, as upstream's handler without checks."""
+    return HealthChecks({"ping": _ping}, slis)
