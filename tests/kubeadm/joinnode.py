@@ -5,17 +5,19 @@ one end of its veth pair in here).
 The namespace is cloned from the first node's, so the node's directories (/etc/kubernetes,
 /var/lib/kubelet, /var/lib/etcd, /run/klet, /var/log/pods, /var/log/containers) get a
 tmpfs each: the first node's files are not seen and nothing is left. The node has its own
-dev stack (containerd, registry with the test images and kubeadm's pause image) and starts
-the kubelet as systemd would once kubeadm join has written its files, like the first
-node. It prints `JOINED <exit code>` (then kubeadm's output) and keeps the node running
-until its stdin closes; then it stops the kubelet and the stack.
+dev stack (containerd, registry with the test images, kubeadm's pause image and its
+kube-proxy image, built by tools/kubeadm/images.py from the binary the first node's test
+built, so the kube-proxy DaemonSet's pod runs here too) and starts the kubelet as systemd
+would once kubeadm join has written its files, like the first node. It prints `JOINED
+<exit code>` (then kubeadm's output) and keeps the node running until its stdin closes;
+then it stops the kubelet and the stack.
 
-    python -m tests.kubeadm.joinnode KUBEADM JOIN_COMMAND_FILE PAUSE_IMAGE NODE ADDRESS
+    python -m tests.kubeadm.joinnode KUBEADM JOIN_COMMAND_FILE PAUSE_IMAGE NODE ADDRESS \
+        KUBE_PROXY_BINARY KUBE_PROXY_TAG CACHE
 """
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import shutil
 import signal
@@ -26,9 +28,9 @@ import time
 from pathlib import Path
 
 from klet.devstack import DevStack
-from klet.devstack.images import build, push, standard_images
 
 from tests.harness.systemd_unit import exec_start_argv
+from tools.kubeadm.images import Plan, build_images, push_images
 
 PKG = Path(__file__).resolve().parents[2] / "packaging" / "kubelet"
 VETH = "kadm1"
@@ -52,7 +54,7 @@ def _read(path: str) -> str | None:
 
 
 def main(argv: list[str]) -> int:
-    kubeadm, join_file, pause_ref, node, address = argv
+    kubeadm, join_file, pause_ref, node, address, proxy_binary, proxy_tag, cache = argv
     deadline = time.monotonic() + 30
     while subprocess.run(["ip", "link", "show", VETH], capture_output=True).returncode:
         if time.monotonic() > deadline:
@@ -73,9 +75,14 @@ def main(argv: list[str]) -> int:
     kubelet: subprocess.Popen[bytes] | None = None
     try:
         stack.start()
-        name, _, tag = pause_ref.rpartition(":")
-        spec = dataclasses.replace(standard_images()["pause"], name=name, tag=tag)
-        push(build(spec), stack.registry_address, repository=spec.repository, tag=tag)
+        images = build_images(
+            Plan(
+                binaries={"kube-proxy": (Path(proxy_binary), proxy_tag)},
+                pause_tag=pause_ref.rpartition(":")[2],
+            ),
+            cache=Path(cache),
+        )
+        push_images(images, stack.registry_address)
         env = {
             **{k: v for k, v in os.environ.items() if not k.startswith("KLET_")},
             "KLET_HOME": sys.prefix,

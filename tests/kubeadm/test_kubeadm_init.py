@@ -16,22 +16,30 @@ plane's images that tools/kubeadm/images.py builds from the project's binaries, 
 `imageRepository: registry.klet.test/kubeadm`. kubeadm's `systemctl restart kubelet`
 has no systemd here (it warns, as upstream does without systemd); the test starts the
 kubelet once kubeadm's kubelet-start phase has written its files, which is when systemd
-(Restart=always) would have it running. The addon phase is skipped: the coredns and
-kube-proxy images are not built here.
+(Restart=always) would have it running. kubeadm runs every phase, the addon phase
+included: its kube-proxy and coredns images are built from source too (tools/kubeadm/
+addons.py).
 
 Proven: kubeadm init reports success, having seen etcd, kube-apiserver,
 kube-controller-manager and kube-scheduler run as static pods by klet (its
 wait-control-plane phase); the node registers and is marked control-plane; a pod the
-scheduler binds to it (tolerating the control-plane taint) runs. A second node
+scheduler binds to it (tolerating the control-plane taint) runs. kubeadm's addons run on
+klet: the kube-proxy DaemonSet's pod (hostNetwork, privileged, iptables mode on the
+namespace's nf_tables) programs the kubernetes Service, so the pod reaches 10.96.0.1:443
+(the apiserver's own answer to plain HTTP comes back), and CoreDNS's two replicas turn
+Ready and answer `kubernetes.default.svc.cluster.local` = 10.96.0.1 to the pod, whose
+resolv.conf names kubeadm's clusterDNS 10.96.0.10. A second node
 (tests/kubeadm/joinnode.py: its own namespaces, dev stack and klet) runs `kubeadm join`
 with the command `kubeadm token create --print-join-command` prints; it TLS-bootstraps,
 turns Ready, and a Deployment of two replicas spread by hostname runs one pod on each
 node. Then `kubeadm reset`
 (the kubelet stopped first, as systemd would stop it) removes every container through
 CRI and leaves no file in /etc/kubernetes, /var/lib/kubelet or /var/lib/etcd and no
-mount under /var/lib/kubelet. What it does not clean, as with upstream's kubelet: the
-pod logs in /var/log/pods; and klet's own run dir /run/klet (the bus's Redis, its
-password files, leases), which kubeadm does not know (README's Limits).
+mount under /var/lib/kubelet; kube-proxy's iptables rules, which reset leaves (as
+upstream's tells), go with `kube-proxy --cleanup` but for its KUBE-FIREWALL chain, which
+upstream's cleanup keeps too (the test removes it). What it does not clean, as with
+upstream's kubelet: the pod logs in /var/log/pods; and klet's own run dir /run/klet (the
+bus's Redis, its password files, leases), which kubeadm does not know (README's Limits).
 """
 
 from __future__ import annotations
@@ -63,7 +71,9 @@ PKG = REPO / "packaging" / "kubelet"
 NODE = "kadm1"
 ADDRESS = "10.254.0.10"
 NODE2, ADDRESS2 = "kadm2", "10.254.0.11"  # tests/kubeadm/joinnode.py, joined
-OVERLAID = ("/etc", "/var/lib", "/var/log", "/run", "/usr/bin")
+# /usr/lib: kube-proxy's DaemonSet mounts /lib/modules (-> /usr/lib/modules), which this
+# host lacks and containerd creates
+OVERLAID = ("/etc", "/var/lib", "/var/log", "/run", "/usr/bin", "/usr/lib")
 
 
 def _isolated() -> bool:
@@ -225,6 +235,73 @@ def _sa_exists(kubectl: Path) -> bool:
     return True
 
 
+def _iptables_save() -> str:
+    """The namespace's IPv4 rules, every table (the host's iptables: nf_tables, as
+    kube-proxy's image runs it)."""
+    return subprocess.run(
+        ["iptables-save"], capture_output=True, text=True, check=True, timeout=30
+    ).stdout
+
+
+def _pods(kubectl: Path, *selector: str) -> list[dict[str, Any]]:
+    listed = json.loads(_kubectl(kubectl, "get", "pods", *selector, "-o", "json"))
+    return list(listed["items"])
+
+
+def _addons_serve(kubectl: Path) -> list[str]:
+    """kube-proxy's pod runs on the node and its rules carry the kubernetes Service; the
+    pod `web` reaches 10.96.0.1:443 (the apiserver answers plain HTTP on its TLS port
+    with its 400) and resolves kubernetes.default.svc.cluster.local to it through
+    CoreDNS, both of whose replicas are ready here. The addon pods' UIDs."""
+    system = ("-n", "kube-system")
+
+    def proxy_running() -> list[dict[str, Any]] | None:
+        pods = _pods(kubectl, *system, "-l", "k8s-app=kube-proxy")
+        ok = [p for p in pods if p.get("status", {}).get("phase") == "Running"]
+        return ok or None
+
+    proxies = wait_for(proxy_running, timeout_s=180, what="the kube-proxy pod Running")
+    assert [p["spec"]["nodeName"] for p in proxies] == [NODE]
+    assert proxies[0]["spec"]["hostNetwork"] is True
+    try:
+        wait_for(
+            lambda: "default/kubernetes:https" in _iptables_save(),
+            timeout_s=60,
+            what="kube-proxy's rules for the kubernetes Service",
+        )
+    except AssertionError as err:
+        name = proxies[0]["metadata"]["name"]
+        logs = _kubectl(kubectl, *system, "logs", name)
+        raise AssertionError(f"{err}\n--- {name}:\n{logs[-4000:]}\n{_iptables_save()}") from err
+
+    def dns_ready() -> list[dict[str, Any]] | None:
+        pods = _pods(kubectl, *system, "-l", "k8s-app=kube-dns")
+        ready = [
+            p
+            for p in pods
+            if any(
+                c["type"] == "Ready" and c["status"] == "True"
+                for c in p.get("status", {}).get("conditions") or []
+            )
+        ]
+        return ready if len(ready) == 2 else None
+
+    dns = wait_for(dns_ready, timeout_s=240, what="CoreDNS's two replicas Ready")
+    apiserver = _kubectl(
+        kubectl, "exec", "web", "--", "sh", "-c",
+        "printf 'GET / HTTP/1.0\\r\\n\\r\\n' | nc -w 5 10.96.0.1 443",
+    )  # fmt: skip
+    assert "Client sent an HTTP request to an HTTPS server" in apiserver, apiserver
+    resolv = _kubectl(kubectl, "exec", "web", "--", "cat", "/etc/resolv.conf")
+    assert "nameserver 10.96.0.10" in resolv, resolv
+    answer = _kubectl(
+        kubectl, "exec", "web", "--", "nslookup", "kubernetes.default.svc.cluster.local"
+    )
+    answered = answer.split("kubernetes.default.svc.cluster.local", 1)[-1]
+    assert "Address: 10.96.0.1" in answered, answer
+    return [p["metadata"]["uid"] for p in [*proxies, *dns]]
+
+
 @pytest.mark.timeout(900)
 def test_kubeadm_init_with_klet_as_the_kubelet(node_host: Path, stack: DevStack) -> None:
     cache = Path(os.environ.get("KLET_CACHE", "/var/cache/klet"))
@@ -244,15 +321,9 @@ def test_kubeadm_init_with_klet_as_the_kubelet(node_host: Path, stack: DevStack)
     kubectl = kubeadm.parent / "kubectl"
     init_log = work / "kubeadm-init.log"
     kubelet_log = work / "kubelet.log"
-    init_argv = [
-        str(kubeadm),
-        "init",
-        "--config",
-        str(config),
-        "--v=1",
-        "--skip-phases",
-        ",".join(SKIPPED_PHASES),
-    ]
+    init_argv = [str(kubeadm), "init", "--config", str(config), "--v=1"]
+    if SKIPPED_PHASES:
+        init_argv += ["--skip-phases", ",".join(SKIPPED_PHASES)]
     # klet's Python environment is this one (the package's /opt/klet), for kubeadm's
     # `kubelet --version` and for the unit
     env = {
@@ -336,6 +407,10 @@ def test_kubeadm_init_with_klet_as_the_kubelet(node_host: Path, stack: DevStack)
         uids.append(pod["metadata"]["uid"])
         assert pod["spec"]["nodeName"] == NODE
 
+        # kubeadm's addons: kube-proxy programs the kubernetes Service, CoreDNS answers
+        # for it, from the pod (klet's clusterDNS is kubeadm's 10.96.0.10)
+        uids.extend(_addons_serve(kubectl))
+
         # a second node joins with the printed command and a Deployment spreads over both
         join_cmd = subprocess.run(
             [str(kubeadm), "token", "create", "--print-join-command",
@@ -346,7 +421,8 @@ def test_kubeadm_init_with_klet_as_the_kubelet(node_host: Path, stack: DevStack)
         node2 = subprocess.Popen(
             ["unshare", "--mount", "--net", "--propagation", "private", sys.executable,
              "-m", "tests.kubeadm.joinnode", str(kubeadm), str(work / "join.txt"),
-             f"{TEST_REGISTRY_HOST}/{REPOSITORY}/pause:{plan.pause_tag}", NODE2, ADDRESS2],
+             f"{TEST_REGISTRY_HOST}/{REPOSITORY}/pause:{plan.pause_tag}", NODE2, ADDRESS2,
+             str(plan.binaries["kube-proxy"][0]), plan.binaries["kube-proxy"][1], str(cache)],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd=REPO,
         )  # fmt: skip
         try:
@@ -356,7 +432,11 @@ def test_kubeadm_init_with_klet_as_the_kubelet(node_host: Path, stack: DevStack)
             assert first.startswith("JOINED 0"), first + node2.stdout.read(8000)
 
             def ready(name: str) -> bool:
-                node = json.loads(_kubectl(kubectl, "get", "node", name, "-o", "json"))
+                # join returns once the kubelet bootstrapped: the Node may not be there yet
+                try:
+                    node = json.loads(_kubectl(kubectl, "get", "node", name, "-o", "json"))
+                except AssertionError:
+                    return False
                 conditions = node.get("status", {}).get("conditions") or []
                 return any(c["type"] == "Ready" and c["status"] == "True" for c in conditions)
 
@@ -376,6 +456,17 @@ def test_kubeadm_init_with_klet_as_the_kubelet(node_host: Path, stack: DevStack)
 
             on = wait_for(spread, timeout_s=180, what="the Deployment's pods on both nodes")
             uids.extend(u for u, n in on.items() if n == NODE)
+
+            def proxies_on_both() -> list[str] | None:
+                pods = _pods(kubectl, "-n", "kube-system", "-l", "k8s-app=kube-proxy")
+                nodes = sorted(
+                    p["spec"].get("nodeName", "")
+                    for p in pods
+                    if p.get("status", {}).get("phase") == "Running"
+                )
+                return nodes if nodes == [NODE, NODE2] else None
+
+            wait_for(proxies_on_both, timeout_s=120, what="kube-proxy's pods on both nodes")
         finally:
             if node2.stdin is not None:
                 node2.stdin.close()
@@ -401,6 +492,22 @@ def test_kubeadm_init_with_klet_as_the_kubelet(node_host: Path, stack: DevStack)
         }
         assert left == {d: [] for d in left}
         assert mounts_under(Path("/var/lib/kubelet")) == []
+        # kubeadm reset leaves kube-proxy's rules, as upstream says: its --cleanup removes them
+        assert "KUBE-SERVICES" in _iptables_save()
+        cleanup = subprocess.run(
+            [str(plan.binaries["kube-proxy"][0]), "--cleanup"],
+            capture_output=True, text=True, timeout=60, check=False,
+        )  # fmt: skip
+        assert cleanup.returncode == 0, cleanup.stderr
+        # what --cleanup keeps, as upstream's: KUBE-FIREWALL (filter), the chain kube-proxy
+        # duplicates from the kubelet's (klet makes none), and its INPUT/OUTPUT jumps
+        left_rules = [r for r in _iptables_save().splitlines() if "KUBE-" in r]
+        assert all("KUBE-FIREWALL" in r for r in left_rules), left_rules
+        for chain in ("INPUT", "OUTPUT"):
+            _run("iptables", "-t", "filter", "-D", chain, "-j", "KUBE-FIREWALL")
+        _run("iptables", "-t", "filter", "-F", "KUBE-FIREWALL")
+        _run("iptables", "-t", "filter", "-X", "KUBE-FIREWALL")
+        assert "KUBE-" not in _iptables_save()
         ctr = ["ctr", "-a", stack.runtime_endpoint.removeprefix("unix://"), "-n", "k8s.io"]
         for what in ("containers", "tasks"):
             listed = subprocess.run(

@@ -1,7 +1,9 @@
 """tools/kubeadm/images.py's decisions: what `kubeadm config images list` asks for is read
 back under the configured repository, matched with the binaries the project builds (a
-differing tag fails naming both, the addons are left out by name, anything else fails),
-and the config names the etcd tag and kubeadm's patches directory."""
+differing tag fails naming both, an image not built fails naming it, the addons
+included), the config names the etcd tag, kubeadm's patches directory and kube-proxy's
+conntrack left alone, and each image's shape (coredns's entrypoint, kube-proxy's
+iptables)."""
 
 from __future__ import annotations
 
@@ -11,8 +13,11 @@ from pathlib import Path
 import pytest
 
 from tools.kubeadm.images import (
+    SKIPPED_PHASES,
     KubeadmImageError,
+    binary_entries,
     etcd_tag,
+    image_config,
     kubeadm_config,
     parse_images_list,
     plan,
@@ -33,14 +38,37 @@ BUILT = {
     "kube-controller-manager": (Path("/b/kube-controller-manager"), "v1.34.4"),
     "kube-scheduler": (Path("/b/kube-scheduler"), "v1.34.4"),
     "etcd": (Path("/b/etcd"), "3.6.16-0"),
+    "kube-proxy": (Path("/a/kube-proxy"), "v1.34.4"),
+    "coredns": (Path("/a/coredns"), "v1.12.1"),
 }
 
 
-def test_the_list_matches_the_built_binaries_and_leaves_the_addons_out() -> None:
+def test_the_list_matches_the_built_binaries_addons_included() -> None:
     p = plan(parse_images_list(LISTED, REPO), BUILT)
     assert p.binaries == BUILT
     assert p.pause_tag == "3.10.1"
-    assert p.left_out == ("coredns", "kube-proxy")
+    assert SKIPPED_PHASES == ()
+
+
+def test_an_addon_not_built_or_at_another_version_fails_naming_it() -> None:
+    wanted = parse_images_list(LISTED, REPO)
+    with pytest.raises(KubeadmImageError, match="coredns, which was not built"):
+        plan(wanted, {k: v for k, v in BUILT.items() if k != "coredns"})
+    wanted["coredns"] = "v1.11.3"
+    with pytest.raises(
+        KubeadmImageError, match="coredns:v1.11.3, tools/kubeadm/addons.py builds coredns v1.12.1"
+    ):
+        plan(wanted, BUILT)
+
+
+def test_coredns_runs_its_binary_as_entrypoint_the_others_by_command() -> None:
+    assert [e.path for e in binary_entries("coredns", Path("/a/coredns"))] == ["coredns"]
+    assert image_config("coredns", "v1.12.1").entrypoint == ["/coredns"]
+    assert image_config("kube-scheduler", "v1.34.4").entrypoint == []
+    # kubeadm's commands by name from /usr/local/bin; kube-proxy's iptables in /usr/sbin
+    assert {"/usr/local/bin", "/usr/sbin"} <= set(
+        image_config("kube-proxy", "v1.34.4").env["PATH"].split(":")
+    )
 
 
 def test_a_tag_kubeadm_asks_for_that_is_not_built_fails_naming_both() -> None:
@@ -71,10 +99,12 @@ def test_etcd_tag_and_config() -> None:
         cgroup_driver="cgroupfs",
         patches_dir="/p",
     )
-    init, cluster, kubelet = (json.loads(d) for d in text.split("---\n"))
+    init, cluster, kubelet, proxy = (json.loads(d) for d in text.split("---\n"))
     assert init["patches"] == {"directory": "/p"}
     assert init["nodeRegistration"] == {"name": "n1", "criSocket": "unix:///c.sock"}
     assert cluster["imageRepository"] == REPO
     assert cluster["etcd"] == {"local": {"imageTag": "3.6.16-0"}}
     assert kubelet["kind"] == "KubeletConfiguration"
     assert kubelet["cgroupDriver"] == "cgroupfs"
+    assert proxy["kind"] == "KubeProxyConfiguration"
+    assert proxy["conntrack"] == {"maxPerCore": 0}

@@ -12,13 +12,15 @@ Provided: kube-apiserver, kube-controller-manager and kube-scheduler (tools/clus
 binaries, tag = their version), etcd (tools/cluster's etcd; kubeadm v1.34.4 defaults to
 etcd 3.6.5-0 and the project builds 3.6.16, so the image is tagged `3.6.16-0` and the
 ClusterConfiguration names it with `etcd.local.imageTag`, see kubeadm_config()), and
-pause (the dev stack's pause image under kubeadm's name and tag). Not provided:
-coredns and kube-proxy (their sources are not built here), so `kubeadm init` runs with
-the addon phase skipped (SKIPPED_PHASES).
+pause (the dev stack's pause image under kubeadm's name and tag), and the addons kubeadm's
+addon phase deploys, kube-proxy and coredns (tools/kubeadm/addons.py builds them from
+source), so `kubeadm init` runs every phase.
 
 Shape: the static binary at `/usr/local/bin/<name>` on the static base of tools/csi
 (passwd, group, /tmp), PATH set, no entrypoint: kubeadm's manifests give `command:
 [kube-apiserver, ...]`, resolved through the image's PATH as with upstream's images.
+kube-proxy's also carries iptables (addons.iptables_entries); coredns's binary is
+`/coredns`, the entrypoint, as upstream's image has it (kubeadm gives only its args).
 
     python -m tools.kubeadm.images [--registry 127.0.0.1:PORT] [--host H]
 """
@@ -52,14 +54,19 @@ from tools.e2e.images import packed
 from tools.e2e.layers import Entry, LayerError, cached_layer, file_digest
 from tools.image.layers import LayerCache
 from tools.image.oci import ImageConfig, Layer
+from tools.kubeadm.addons import (
+    ADDON_IMAGES,
+    AddonBuildError,
+    build_addon_binaries,
+    iptables_entries,
+)
 
 BUILD_SH = Path(__file__).resolve().parents[1] / "cluster" / "build.sh"
 REPOSITORY = "kubeadm"  # under the registry host: <host>/kubeadm/<name>
 BINARY_IMAGES = ("kube-apiserver", "kube-controller-manager", "kube-scheduler", "etcd")
-# kubeadm's addons: their images are not built here, so init skips this phase.
-NOT_PROVIDED = ("coredns", "kube-proxy")
-SKIPPED_PHASES = ("addon/coredns", "addon/kube-proxy")
-PATH = "/usr/local/bin:/usr/bin:/bin"
+# kubeadm phases init skips: none, every image kubeadm lists is built here
+SKIPPED_PHASES: tuple[str, ...] = ()
+PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"  # iptables: usr/sbin
 
 
 class KubeadmImageError(RuntimeError):
@@ -92,34 +99,35 @@ def etcd_tag(version_output: str) -> str:
 
 @dataclass(frozen=True)
 class Plan:
-    """What to build: name -> (binary, tag); pause's tag; the names left out."""
+    """What to build: name -> (binary, tag); pause's tag."""
 
     binaries: dict[str, tuple[Path, str]]
     pause_tag: str
-    left_out: tuple[str, ...]
 
 
 def plan(wanted: Mapping[str, str], built: Mapping[str, tuple[Path, str]]) -> Plan:
     """Match kubeadm's images (`wanted`, name -> tag) with the built binaries (name ->
-    (path, the tag it deserves)). A differing tag fails naming both; a name neither built
-    nor among the addons' fails too."""
+    (path, the tag it deserves)). A differing tag fails naming both; a name not built
+    fails too."""
     binaries: dict[str, tuple[Path, str]] = {}
-    for name in BINARY_IMAGES:
+    for name in (*BINARY_IMAGES, *ADDON_IMAGES):
         if name not in wanted:
             raise KubeadmImageError(f"kubeadm does not list {name}")
+        if name not in built:
+            raise KubeadmImageError(f"kubeadm asks for {name}, which was not built")
         path, tag = built[name]
         if wanted[name] != tag:
+            where = "tools/kubeadm/addons.py" if name in ADDON_IMAGES else "tools/cluster"
             raise KubeadmImageError(
-                f"kubeadm asks for {name}:{wanted[name]}, tools/cluster builds {name} {tag}"
+                f"kubeadm asks for {name}:{wanted[name]}, {where} builds {name} {tag}"
             )
         binaries[name] = (path, tag)
     if "pause" not in wanted:
         raise KubeadmImageError("kubeadm does not list pause")
-    unknown = sorted(set(wanted) - set(BINARY_IMAGES) - {"pause"} - set(NOT_PROVIDED))
+    unknown = sorted(set(wanted) - set(BINARY_IMAGES) - set(ADDON_IMAGES) - {"pause"})
     if unknown:
         raise KubeadmImageError(f"kubeadm asks for images nothing here provides: {unknown}")
-    left_out = tuple(n for n in NOT_PROVIDED if n in wanted)
-    return Plan(binaries=binaries, pause_tag=wanted["pause"], left_out=left_out)
+    return Plan(binaries=binaries, pause_tag=wanted["pause"])
 
 
 def kubeadm_config(
@@ -134,8 +142,13 @@ def kubeadm_config(
     patches_dir: str | None = None,
 ) -> str:
     """The kubeadm v1beta4 InitConfiguration (with kubeadm's `patches` directory when
-    given) + ClusterConfiguration + KubeletConfiguration for a node whose images come from
-    `image_repository` (JSON documents are YAML)."""
+    given) + ClusterConfiguration + KubeletConfiguration + KubeProxyConfiguration for a
+    node whose images come from `image_repository` (JSON documents are YAML).
+
+    kube-proxy's `conntrack.maxPerCore: 0` leaves `nf_conntrack_max` as it is (upstream's
+    documented meaning of 0): a node in a network namespace other than the host's (the
+    kubeadm test's) has that sysctl read-only, and kube-proxy exits when writing it fails.
+    """
     init: dict[str, object] = {
         "apiVersion": "kubeadm.k8s.io/v1beta4",
         "kind": "InitConfiguration",
@@ -157,6 +170,11 @@ def kubeadm_config(
             "apiVersion": "kubelet.config.k8s.io/v1beta1",
             "kind": "KubeletConfiguration",
             "cgroupDriver": cgroup_driver,
+        },
+        {
+            "apiVersion": "kubeproxy.config.k8s.io/v1alpha1",
+            "kind": "KubeProxyConfiguration",
+            "conntrack": {"maxPerCore": 0},
         },
     ]
     return "---\n".join(json.dumps(d, indent=1) + "\n" for d in docs)
@@ -186,6 +204,10 @@ def build_binaries(*, cache: Path) -> tuple[dict[str, tuple[Path, str]], Path]:
     ).stdout
     built = {n: (bin_dir / n, k8s_version) for n in BINARY_IMAGES if n != "etcd"}
     built["etcd"] = (bin_dir / "etcd", etcd_tag(etcd_out))
+    try:
+        built.update(build_addon_binaries(cache=cache))
+    except (AddonBuildError, OSError) as err:
+        raise KubeadmImageError(f"kubeadm's addons: {err}") from err
     return built, bin_dir / "kubeadm"
 
 
@@ -203,7 +225,26 @@ def kubeadm_images(kubeadm: Path, config: Path, repository: str) -> dict[str, st
 
 
 def binary_entries(name: str, binary: Path) -> list[Entry]:
-    return [Entry(f"usr/local/bin/{name}", mode=0o755, source=binary)]
+    """The image's own layer: the binary where kubeadm's manifest runs it from (coredns
+    at `/coredns`, its entrypoint), with kube-proxy the iptables it runs."""
+    if name == "coredns":
+        return [Entry("coredns", mode=0o755, source=binary)]
+    entries = [Entry(f"usr/local/bin/{name}", mode=0o755, source=binary)]
+    if name == "kube-proxy":
+        entries += iptables_entries()
+    return entries
+
+
+def image_config(name: str, tag: str) -> ImageConfig:
+    """coredns's entrypoint is its binary (kubeadm passes only `-conf ...`); the others
+    have none (kubeadm's manifests give the command)."""
+    entrypoint = ["/coredns"] if name == "coredns" else []
+    return ImageConfig(
+        entrypoint=entrypoint,
+        cmd=[],
+        env={"PATH": PATH},
+        labels={"org.opencontainers.image.version": tag},
+    )
 
 
 @dataclass(frozen=True)
@@ -231,19 +272,20 @@ def build_images(p: Plan, *, cache: Path, host: str = TEST_REGISTRY_HOST) -> lis
     )
     out = []
     for name, (binary, tag) in sorted(p.binaries.items()):
+        inputs: dict[str, object] = {"name": name, "binary": file_digest(binary)}
+        if name == "kube-proxy":  # the iptables copied in: a host upgrade rebuilds it
+            inputs["iptables"] = [
+                (e.path, e.linkname or (file_digest(e.source) if e.source else ""))
+                for e in iptables_entries()
+            ]
         layer = cached_layer(
             layers,
             f"kubeadm-{name}",
-            inputs={"name": name, "binary": file_digest(binary)},
+            inputs=inputs,
             entries=partial(binary_entries, name, binary),
         )
         reference = f"{host}/{REPOSITORY}/{name}:{tag}"
-        config = ImageConfig(
-            entrypoint=[],
-            cmd=[],
-            env={"PATH": PATH},
-            labels={"org.opencontainers.image.version": tag},
-        )
+        config = image_config(name, tag)
         what = "static base: passwd, group, /tmp (tools/csi/images.py)"
         image = packed(reference, [base, layer], config, [what, f"{name} {tag}"])
         out.append(KubeadmImage(name, tag, reference, image))
@@ -318,8 +360,6 @@ def main(argv: list[str] | None = None) -> int:
         if img.reference in digests:
             record["pushed"] = args.registry
         print(json.dumps(record))
-    for name in p.left_out:
-        print(f"kubeadm images: not provided: {name} (addon phase skipped)", file=sys.stderr)
     print(f"kubeadm images: config {config}", file=sys.stderr)
     return 0
 
