@@ -219,13 +219,21 @@ cluster-binaries:
 kubeadm-binary:
 	bash tools/cluster/build.sh --with-kubeadm
 
+# kubeadm's addons, kube-proxy v1.34.4 and CoreDNS v1.12.1, from tools/kubeadm's Go modules
+# into $KLET_CACHE/kubeadm-addons (tools/kubeadm/addons.py); a no-op once cached. Cold on
+# 2 cores: kube-proxy ~80 s, CoreDNS 4 min of CPU (14 min wall on a busy machine).
+.PHONY: kubeadm-addons
+kubeadm-addons: setup
+	$(PY) -m tools.kubeadm.addons
+
 # kubeadm init with klet as the node's kubelet (tests/kubeadm/test_kubeadm_init.py): the
-# control plane's images built from cluster-binaries, kubeadm's files and fixed ports kept
-# in a private mount and network namespace (unshare; nothing reaches the host); a second
-# node joins, then kubeadm reset. About 80 s with the binaries cached; its own target,
-# not in `make test` (past CI's one-minute allowance for additions).
+# control plane's and the addons' images built from cluster-binaries and kubeadm-addons,
+# kubeadm's files and fixed ports kept in a private mount and network namespace (unshare;
+# nothing reaches the host); every phase runs (kube-proxy and CoreDNS serve a pod), a
+# second node joins, then kubeadm reset and kube-proxy --cleanup. About 120 s with the
+# binaries cached; its own target, not in `make test` (past CI's one-minute allowance).
 .PHONY: test-kubeadm
-test-kubeadm: setup cluster-binaries kubeadm-binary
+test-kubeadm: setup cluster-binaries kubeadm-binary kubeadm-addons
 	KLET_KUBEADM_TESTS=1 unshare --mount --net --propagation private \
 		$(PY) -m pytest tests/kubeadm $(PYTEST_ARGS)
 
