@@ -11,7 +11,7 @@ from pathlib import Path
 from klet.bus import NodeBus
 from klet.config import RedisAuth
 from klet.status_reporter.app import root_tasks, when_elected
-from klet.status_reporter.wiring import Overrides, build_deps
+from klet.status_reporter.wiring import Deps, Overrides, build_deps
 from klet.testbed.fakes.bus import FakeBus
 from prometheus_client import CollectorRegistry
 
@@ -41,11 +41,12 @@ class Settings:
     klet: KletCfg = KletCfg()
 
 
-def task_names(*, read_only_port: int, healthz_port: int) -> list[str]:
+def deps_for(kubelet: KubeletCfg) -> Deps:
+    """The service's dependencies over an in-memory bus, for `kubelet`'s ports."""
     bus = FakeBus()
     node = NodeBus.of(bus, service="status-reporter")
-    deps = build_deps(
-        Settings(KubeletCfg(read_only_port=read_only_port, healthz_port=healthz_port)),
+    return build_deps(
+        Settings(kubelet),
         overrides=Overrides(
             bus=bus,
             lease_holder="test",
@@ -55,7 +56,12 @@ def task_names(*, read_only_port: int, healthz_port: int) -> list[str]:
             registry=CollectorRegistry(),
         ),
     )
-    tasks = root_tasks(deps)
+
+
+def task_names(*, read_only_port: int, healthz_port: int) -> list[str]:
+    tasks = root_tasks(
+        deps_for(KubeletCfg(read_only_port=read_only_port, healthz_port=healthz_port))
+    )
     for coro in tasks.values():
         coro.close()  # built, never started
     return sorted(tasks)
@@ -130,19 +136,7 @@ async def test_the_read_only_port_opens_once_the_pod_view_settles() -> None:
     from klet.devstack.procs import free_port
 
     port = free_port()
-    bus = FakeBus()
-    node = NodeBus.of(bus, service="status-reporter")
-    deps = build_deps(
-        Settings(KubeletCfg(read_only_port=port, healthz_port=0, address="127.0.0.1")),
-        overrides=Overrides(
-            bus=bus,
-            lease_holder="test",
-            desired=node.desired,
-            status=node.status,
-            feed=node.podstatus,
-            registry=CollectorRegistry(),
-        ),
-    )
+    deps = deps_for(KubeletCfg(read_only_port=port, healthz_port=0, address="127.0.0.1"))
     tasks = root_tasks(deps)
     serving = tasks.pop("read-only-http")
     for coro in tasks.values():
