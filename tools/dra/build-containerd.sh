@@ -30,21 +30,14 @@
 set -euo pipefail
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
-cache="${KLET_CACHE:-/var/cache/klet}"
-jobs="${KLET_BUILD_JOBS:-2}"
-log() { printf 'dra/build-containerd.sh: %s\n' "$*" >&2; }
+gobuild_name=dra/build-containerd.sh
+# shellcheck source=../gobuild.sh
+source "$here/../gobuild.sh"
 
-only_check=false
-for arg in "$@"; do
-    case "$arg" in
-        --check) only_check=true ;;
-        *) log "usage: $0 [--check]"; exit 2 ;;
-    esac
-done
+gobuild_args "$@"
 
 module=github.com/containerd/containerd/v2
-version="$(awk -v m="$module" '!/=>/ { if ($1 == "require") { $1 = "" ; $0 = $0 } } !/=>/ && $1 == m { print $2; exit }' "$here/containerd/go.mod")"
-[[ "$version" =~ ^v2\.[0-9]+\.[0-9]+$ ]] || { log "cannot read the $module version from containerd/go.mod"; exit 1; }
+version="$(gobuild_version "$here/containerd/go.mod" "$module" '^v2\.[0-9]+\.[0-9]+$')"
 digest="$(sha256sum "$here/containerd/go.sum" | cut -c1-12)"
 bin="$cache/dra/containerd-${version}-${digest}"
 
@@ -52,12 +45,9 @@ built() { [[ -x "$bin/containerd" && -x "$bin/containerd-shim-runc-v2" ]]; }
 if built; then echo "$bin"; exit 0; fi
 if $only_check; then log "not built yet: $bin"; exit 1; fi
 
-go="$(command -v go || true)"
-[[ -n "$go" ]] || go=/usr/local/go/bin/go
-[[ -x "$go" ]] || { log "no Go toolchain (looked on PATH and at /usr/local/go/bin/go)"; exit 1; }
+gobuild_env
 
-mkdir -p "$bin" "$cache/go/mod" "$cache/go/build"
-export GOMODCACHE="$cache/go/mod" GOCACHE="$cache/go/build" GOWORK=off
+mkdir -p "$bin"
 export GOPROXY="${GOPROXY:-https://proxy.golang.org,direct}"
 export GOTOOLCHAIN=local GOFLAGS="-mod=readonly -buildvcs=false" CGO_ENABLED=0
 

@@ -26,33 +26,23 @@
 set -euo pipefail
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
-cache="${KLET_CACHE:-/var/cache/klet}"
-jobs="${KLET_BUILD_JOBS:-2}"
-log() { printf 'dra/build.sh: %s\n' "$*" >&2; }
+gobuild_name=dra/build.sh
+# shellcheck source=../gobuild.sh
+source "$here/../gobuild.sh"
 
-only_check=false
-for arg in "$@"; do
-    case "$arg" in
-        --check) only_check=true ;;
-        *) log "usage: $0 [--check]"; exit 2 ;;
-    esac
-done
+gobuild_args "$@"
 
-version="$(awk '!/=>/ { if ($1 == "require") { $1 = "" ; $0 = $0 } } !/=>/ && $1 == "k8s.io/kubernetes" { print $2; exit }' "$here/go.mod")"
-[[ "$version" =~ ^v1\.[0-9]+\.[0-9]+$ ]] || { log "cannot read the k8s.io/kubernetes version from go.mod"; exit 1; }
+version="$(gobuild_version "$here/go.mod" k8s.io/kubernetes '^v1\.[0-9]+\.[0-9]+$')"
 digest="$(sha256sum "$here/go.sum" | cut -c1-12)"
 dest="$cache/dra/${version}-${digest}/dra-test-driver"
 
 if [[ -x "$dest" ]]; then echo "$dest"; exit 0; fi
 if $only_check; then log "not built yet: $dest"; exit 1; fi
 
-go="$(command -v go || true)"
-[[ -n "$go" ]] || go=/usr/local/go/bin/go
-[[ -x "$go" ]] || { log "no Go toolchain (looked on PATH and at /usr/local/go/bin/go)"; exit 1; }
+gobuild_env
 
-mkdir -p "$(dirname "$dest")" "$cache/go/mod" "$cache/go/build"
-export GOMODCACHE="$cache/go/mod" GOCACHE="$cache/go/build" GOWORK=off GOPROXY="${GOPROXY:-off}"
-export GOTOOLCHAIN=local GOFLAGS="-mod=readonly -buildvcs=false" CGO_ENABLED=0
+mkdir -p "$(dirname "$dest")"
+export GOPROXY="${GOPROXY:-off}"
 
 # One build at a time per cache (parallel test sessions may all call this script).
 exec 9>"$cache/dra/.build.lock"
