@@ -44,6 +44,7 @@ from typing import Protocol
 from klet.model.layout import DEVICE_PLUGINS_DIR, DEVICE_PLUGINS_SOCKET
 from klet.syncloop.devices import allocation
 from klet.syncloop.devices.plugins import VERSION, Registrations
+from klet.syncloop.plugins.endpoints import endpoint_problem, socket_path
 
 log = logging.getLogger(__name__)
 
@@ -51,9 +52,6 @@ DEVICE_PLUGIN = "DevicePlugin"
 """pluginregistration v1's type for device plugins."""
 PLUGIN_DIRS = ("plugins_registry", "plugins", DEVICE_PLUGINS_DIR)
 """The root dir's directories a watched device plugin's endpoint may be under."""
-UNIX_SCHEME = "unix://"
-SOCKET_PATH_MAX = 107
-"""Bytes of a unix socket's path (`sun_path` holds 108 with the terminating NUL)."""
 
 
 class Info(Protocol):
@@ -71,23 +69,15 @@ class Info(Protocol):
 
 def endpoint_path(info: Info, socket: Path) -> str:
     """The plugin's DevicePlugin socket: its endpoint, or the registration socket."""
-    return (info.endpoint or str(socket)).removeprefix(UNIX_SCHEME)
+    return socket_path(info.endpoint or str(socket))
 
 
-def endpoint_problem(endpoint: str, root_dir: Path) -> str | None:
+def device_endpoint_problem(endpoint: str, root_dir: Path) -> str | None:
     """Why `endpoint` is not a socket klet connects to as a device plugin, or None."""
-    if any(ord(c) < 0x20 or ord(c) == 0x7F for c in endpoint):
-        return f"endpoint {endpoint!r} holds a control character"
-    if not endpoint.startswith("/"):
-        return f"endpoint {endpoint!r} is not an absolute unix socket path"
-    if any(part in ("", ".", "..") for part in endpoint.split("/")[1:]):
-        return f"endpoint {endpoint!r} is not a normalised path (an empty, '.' or '..' element)"
-    if len(endpoint.encode()) > SOCKET_PATH_MAX:
-        return f"endpoint {endpoint!r} is longer than a unix socket path may be"
+    why = endpoint_problem(endpoint, [root_dir / d for d in PLUGIN_DIRS])
+    if why is not None:
+        return why
     path = Path(endpoint)
-    dirs = [root_dir / d for d in PLUGIN_DIRS]
-    if not any(path.is_relative_to(d) and path != d for d in dirs):
-        return f"endpoint {endpoint!r} is not under {', '.join(str(d) for d in dirs)}"
     if path == root_dir / DEVICE_PLUGINS_DIR / DEVICE_PLUGINS_SOCKET:
         return f"endpoint {endpoint!r} is the kubelet's own registration socket"
     return None
@@ -103,7 +93,7 @@ def refusal(info: Info, *, socket: Path, root_dir: Path) -> str | None:
     why = allocation.resource_name_problem(info.name)
     if why is not None:
         return f"invalid name of device plugin socket: {why}"
-    return endpoint_problem(endpoint_path(info, socket), root_dir)
+    return device_endpoint_problem(endpoint_path(info, socket), root_dir)
 
 
 class WatchedDevicePlugins:

@@ -39,14 +39,12 @@ from pathlib import Path
 from typing import Generic, Protocol, TypeVar
 
 from klet.model.dra import SERVICES
+from klet.syncloop.plugins.endpoints import endpoint_problem, socket_path
 
 log = logging.getLogger(__name__)
 
 PLUGIN_DIRS = ("plugins", "plugins_registry")
 """The root dir's directories a DRA driver's endpoint may be under."""
-UNIX_SCHEME = "unix://"
-SOCKET_PATH_MAX = 107
-"""Bytes of a unix socket's path (`sun_path` holds 108 with the terminating NUL)."""
 DRIVER_NAME_MAX = 63
 C = TypeVar("C")
 _DNS1123_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
@@ -97,26 +95,11 @@ def driver_name_problem(name: str) -> str | None:
     return None
 
 
-def endpoint_problem(endpoint: str, root_dir: Path) -> str | None:
+def driver_endpoint_problem(endpoint: str, root_dir: Path) -> str | None:
     """Why `endpoint` is not a socket klet calls as a DRA driver, or None."""
-    path = endpoint.removeprefix(UNIX_SCHEME)
-    if not path:
+    if not socket_path(endpoint):
         return "the plugin gave no endpoint for its DRAPlugin service"
-    if any(ord(c) < 0x20 or ord(c) == 0x7F for c in path):
-        return f"endpoint {endpoint!r} holds a control character"
-    if not path.startswith("/"):
-        return f"endpoint {endpoint!r} is not an absolute unix socket path (or {UNIX_SCHEME}<path>)"
-    if any(part in ("", ".", "..") for part in path.split("/")[1:]):
-        return f"endpoint {endpoint!r} is not a normalised path (an empty, '.' or '..' element)"
-    if len(path.encode()) > SOCKET_PATH_MAX:
-        return (
-            f"endpoint {endpoint!r} is longer than a unix socket path may be "
-            f"({SOCKET_PATH_MAX} bytes)"
-        )
-    dirs = [root_dir / d for d in PLUGIN_DIRS]
-    if not any(Path(path).is_relative_to(d) and Path(path) != d for d in dirs):
-        return f"endpoint {endpoint!r} is not under {' or '.join(str(d) for d in dirs)}"
-    return None
+    return endpoint_problem(endpoint, [root_dir / d for d in PLUGIN_DIRS])
 
 
 def refusal(info: Info, *, root_dir: Path) -> str | None:
@@ -135,7 +118,7 @@ def refusal(info: Info, *, root_dir: Path) -> str | None:
             f"{info.endpoint}: none of services supported by the plugin "
             f"({list(info.supported_versions)}) are supported by the kubelet ({list(SERVICES)})"
         )
-    return endpoint_problem(info.endpoint, root_dir)
+    return driver_endpoint_problem(info.endpoint, root_dir)
 
 
 class DRADrivers(Generic[C]):
@@ -152,7 +135,7 @@ class DRADrivers(Generic[C]):
     async def register(self, info: Info, socket: Path) -> str | None:
         """Take the plugin; why not (the caller tells the plugin), or None when taken."""
         why = refusal(info, root_dir=self.root_dir)
-        endpoint = Path(info.endpoint.removeprefix(UNIX_SCHEME))
+        endpoint = Path(socket_path(info.endpoint))
         held = self.instances.get(info.name, [])
         if why is None and any(i.endpoint == endpoint for i in held):
             why = f"endpoint {endpoint} already registered for DRA driver plugin {info.name}"

@@ -46,6 +46,7 @@ from typing import Protocol
 from klet.bus import BusError
 from klet.csi import CSIError, DriverUnavailable, NodeInfo, PluginInfo
 from klet.model.records import CSIDriverRecord
+from klet.syncloop.plugins.endpoints import endpoint_problem
 
 log = logging.getLogger(__name__)
 
@@ -53,9 +54,6 @@ CSI_PLUGIN = "CSIPlugin"
 _VERSION = re.compile(r"v?(\d+)(?:\.(\d+))?(?:\.(\d+))?$")
 DRIVER_NAME_MAX = 63
 _DNS1123_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
-SOCKET_PATH_MAX = 107
-"""Bytes of a unix socket's path (`sun_path` holds 108 with the terminating NUL)."""
-UNIX_SCHEME = "unix://"
 
 Version = tuple[int, int, int]
 
@@ -105,23 +103,6 @@ def driver_name_problem(name: str) -> str | None:
         return (
             f"driver name {name!r} is not a DNS-1123 subdomain (lower case alphanumeric "
             "characters, '-' or '.', starting and ending with an alphanumeric character)"
-        )
-    return None
-
-
-def endpoint_problem(endpoint: str) -> str | None:
-    """Why `endpoint` is not a CSI driver's unix socket path, or None."""
-    path = endpoint.removeprefix(UNIX_SCHEME)
-    if any(ord(c) < 0x20 or ord(c) == 0x7F for c in path):
-        return f"endpoint {endpoint!r} holds a control character"
-    if not path.startswith("/"):
-        return f"endpoint {endpoint!r} is not an absolute unix socket path (or {UNIX_SCHEME}<path>)"
-    if any(part in ("", ".", "..") for part in path.split("/")[1:]):
-        return f"endpoint {endpoint!r} is not a normalised path (an empty, '.' or '..' element)"
-    if len(path.encode()) > SOCKET_PATH_MAX:
-        return (
-            f"endpoint {endpoint!r} is longer than a unix socket path may be "
-            f"({SOCKET_PATH_MAX} bytes)"
         )
     return None
 
