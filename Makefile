@@ -205,6 +205,13 @@ CONFORMANCE_STORAGE_CSI_ARGS ?= --procs 2
 conformance-storage-csi: setup cluster-binaries e2e-binaries csi-binaries
 	$(PY) -m tools.e2e.conformance --preset storage-csi $(CONFORMANCE_STORAGE_CSI_ARGS)
 
+# The csi-hostpath specs of volume snapshots (snapshottable, provisioning from a snapshot:
+# 18, all [Feature:VolumeSnapshotDataSource]) with the snapshot CRDs and snapshot-controller
+# in the cluster (tests/harness/snapshots.py). Writes conformance/storage/csi/snapshots/.
+.PHONY: conformance-storage-csi-snapshots
+conformance-storage-csi-snapshots: setup cluster-binaries e2e-binaries csi-binaries
+	$(PY) -m tools.e2e.conformance --preset storage-csi-snapshots $(CONFORMANCE_STORAGE_CSI_ARGS)
+
 # The real control plane of the cluster tests (kube-apiserver, kubectl, etcd,
 # kube-controller-manager, kube-scheduler), built from tools/cluster's Go modules into
 # $KLET_CACHE (default /var/cache/klet); builds only what is missing, a no-op once cached.

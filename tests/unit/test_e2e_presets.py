@@ -10,8 +10,10 @@ applies them to the full spec text, with `re.search`); the storage run asks for 
 server image and a PID namespace of its own and writes to conformance/storage; that
 namespace's mounts are shared (`unshare --propagation shared`); the storage-csi preset
 takes the [Driver: csi-hostpath] and CSI Mock specs, pushes the CSI images and tells
-the suite the node's root directory; an image the harness cannot build is refused
-before anything is built.
+the suite the node's root directory; the storage-csi-snapshots preset takes the
+csi-hostpath specs tagged [Feature:VolumeSnapshotDataSource] (not the Windows, Serial
+or CSI Mock ones) and is the one that asks for the snapshot CRDs and controller; an
+image the harness cannot build is refused before anything is built.
 """
 
 from __future__ import annotations
@@ -148,6 +150,46 @@ def test_storage_csi_run_pushes_the_csi_images_and_names_the_root_dir(tmp_path: 
     assert "--kubelet-root-dir=/w/klet/root" in argv
     plain = conformance.suite_argv(bins, run, kubeconfig=tmp_path / "kc", out=tmp_path)
     assert not any(a.startswith("--kubelet-root-dir") for a in plain)
+
+
+SNAPSHOT_SELECTED = [
+    "[sig-storage] CSI Volumes [Driver: csi-hostpath] [Testpattern: Dynamic Snapshot (delete "
+    "policy)] snapshottable [Feature:VolumeSnapshotDataSource] volume snapshot controller  "
+    "should check snapshot fields, check restore correctly works after modifying source data, "
+    "check deletion (persistent)",
+    "[sig-storage] CSI Volumes [Driver: csi-hostpath] [Testpattern: Dynamic PV (default "
+    "fs)] provisioning should provision storage with snapshot data source "
+    "[Feature:VolumeSnapshotDataSource]",
+]
+SNAPSHOT_NOT_SELECTED = [
+    "[sig-storage] CSI Volumes [Driver: csi-hostpath] [Testpattern: Dynamic PV (ntfs)] "
+    "[Feature:Windows] provisioning should provision storage with snapshot data source "
+    "[Feature:VolumeSnapshotDataSource]",
+    "[sig-storage] CSI Volumes [Driver: csi-hostpath] [Testpattern: Dynamic PV (default "
+    "fs)] volumes should store data",
+    "[sig-storage] CSI Mock volume snapshot CSI Volume Snapshots "
+    "[Feature:VolumeSnapshotDataSource] volumesnapshotcontent and pvc in Bound state",
+    "[sig-storage] CSI Volumes [Driver: csi-hostpath] [Testpattern: Dynamic Snapshot (delete "
+    "policy)] snapshottable-stress [Feature:VolumeSnapshotDataSource] [Serial] x",
+]
+
+
+@pytest.mark.parametrize("text", SNAPSHOT_SELECTED)
+def test_storage_csi_snapshots_selects(text: str) -> None:
+    assert selected("storage-csi-snapshots", text)
+
+
+@pytest.mark.parametrize("text", SNAPSHOT_NOT_SELECTED)
+def test_storage_csi_snapshots_leaves_out(text: str) -> None:
+    assert not selected("storage-csi-snapshots", text)
+
+
+def test_only_the_snapshot_preset_installs_the_snapshot_crds_and_controller() -> None:
+    snap = PRESETS["storage-csi-snapshots"]
+    assert snap.snapshots and snap.csi_images and snap.own_pid_namespace
+    assert snap.out == "conformance/storage/csi/snapshots"
+    assert any("snapshot-controller" in note for note in snap.notes)
+    assert [name for name, p in PRESETS.items() if p.snapshots] == ["storage-csi-snapshots"]
 
 
 def test_unknown_extra_image_is_refused(tmp_path: Path) -> None:

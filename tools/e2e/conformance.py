@@ -63,6 +63,7 @@ from klet.devstack.procs import StartError, tail
 from klet.testbed.cluster import KUBERNETES_SERVICE_IP, ControlPlane
 
 from tests.harness.nodeaddress import host_address
+from tests.harness.snapshots import SnapshotController, install_snapshot_crds
 from tools.csi import images as csi_images
 from tools.e2e.apiroute import RouteError, kubernetes_service
 from tools.e2e.images import (
@@ -89,6 +90,13 @@ STORAGE_SKIP = SKIP + r"|\[FeatureGate:.+\]"
 # runnable specs in v1.34.4) and CSI Mock (test/e2e/storage/csimock, 57), which deploy
 # their drivers as pods from the manifests of the release (tools/csi images them).
 STORAGE_CSI_FOCUS = r"\[sig-storage\] CSI Volumes \[Driver: csi-hostpath\]|\[sig-storage\] CSI Mock"
+# The csi-hostpath specs of volume snapshots (snapshottable and provisioning from a
+# snapshot: 21 in v1.34.4, 18 without the Windows ones), all tagged
+# [Feature:VolumeSnapshotDataSource]: the storage skip but for that one Feature tag.
+SNAPSHOT_FOCUS = r"\[Driver: csi-hostpath\].*\[Feature:VolumeSnapshotDataSource\]"
+SNAPSHOT_SKIP = (
+    r"\[Slow\]|\[Serial\]|\[Disruptive\]|\[Flaky\]|\[FeatureGate:.+\]|\[Feature:Windows\]"
+)
 
 
 @dataclass(frozen=True)
@@ -105,6 +113,8 @@ class Preset:
     notes: tuple[str, ...] = ()  # lines RESULTS.md gives about how the run was made
     # Push the CSI components' images (tools/csi) for specs that deploy CSI drivers.
     csi_images: bool = False
+    # The snapshot CRDs and snapshot-controller in the cluster (tests/harness/snapshots).
+    snapshots: bool = False
 
 
 # How every run is made (RESULTS.md says it): the node's "host" as the suite assumes it.
@@ -152,6 +162,23 @@ PRESETS: dict[str, Preset] = {
             "/var/lib/kubelet in their host paths.",
         ),
         csi_images=True,
+    ),
+    "storage-csi-snapshots": Preset(
+        focus=SNAPSHOT_FOCUS,
+        skip=SNAPSHOT_SKIP,
+        out="conformance/storage/csi/snapshots",
+        title="Kubernetes storage e2e results for klet ([Driver: csi-hostpath] snapshots)",
+        own_pid_namespace=True,
+        notes=(
+            *NODE_NOTES,
+            "The CSI driver runs as the suite deploys it (the release's csi-hostpath "
+            "StatefulSet with csi-snapshotter, images built by tools/csi). The cluster has "
+            "the snapshot.storage.k8s.io v1 CRDs of the release's "
+            "cluster/addons/volumesnapshots and snapshot-controller v8.3.0 run beside "
+            "kube-controller-manager, as kube-up's addon provides them.",
+        ),
+        csi_images=True,
+        snapshots=True,
     ),
 }
 # Set in the environment of the run that own_pid_namespace started, so it does not again.
@@ -346,6 +373,7 @@ class SuiteRun:
     verbose: bool = True
     images: tuple[str, ...] = ()  # extra images of the suite to provide (Preset.images)
     csi_images: bool = False  # the CSI components' images too (Preset.csi_images)
+    snapshots: bool = False  # the snapshot CRDs and controller (Preset.snapshots)
 
 
 def suite_argv(
@@ -395,7 +423,12 @@ def suite_argv(
 
 @contextmanager
 def cluster(
-    bins: Binaries, work: Path, *, images: Sequence[str] = (), csi: bool = False
+    bins: Binaries,
+    work: Path,
+    *,
+    images: Sequence[str] = (),
+    csi: bool = False,
+    snapshots: bool = False,
 ) -> Iterator[tuple[ControlPlane, Path]]:
     """The dev stack with the suite's images (and the `images` ImageIDs besides), the
     control plane and klet's Node, ready; yields the plane and the KUBE_TEST_REPO_LIST
@@ -408,6 +441,7 @@ def cluster(
         dev.start()
         src = build_binaries(cache=cache)
         push_images(build_images(src, cache=cache, extra=images), dev.registry_address)
+        built: dict[str, tuple[Path, str]] = {}
         if csi:
             built, module_dir = csi_images.build_binaries(cache=cache)
             plan = csi_images.plan(csi_images.read_manifests(module_dir), built)
@@ -442,6 +476,17 @@ def cluster(
                 f"pods of {network.subnet} reach the apiserver at {KUBERNETES_SERVICE_IP}:443 "
                 f"(relay {relay[0]}:{relay[1]})"
             )
+        if snapshots:
+            if "snapshot-controller" not in built:
+                raise SetupError("snapshots need the CSI components (Preset.csi_images)")
+            try:
+                install_snapshot_crds(plane)
+            except (AssertionError, subprocess.CalledProcessError) as err:
+                raise SetupError(f"the volume snapshot CRDs: {err}") from err
+            controller = SnapshotController.start(
+                built["snapshot-controller"][0], plane, work / "snapshot-controller.log"
+            )
+            stack.callback(controller.stop)
         klet = KletProcess(dev, plane, work / KLET_DIR, node=NODE_NAME, ip=ip)
         stack.callback(klet.stop)
         klet.start()
@@ -495,7 +540,9 @@ def conform(run: SuiteRun, artifacts: Path) -> Outcome:
     work = Path(tempfile.mkdtemp(prefix="klet-conf-", dir="/tmp"))
     try:
         bins = build_all()
-        with cluster(bins, work, images=run.images, csi=run.csi_images) as (plane, repo_list):
+        with cluster(
+            bins, work, images=run.images, csi=run.csi_images, snapshots=run.snapshots
+        ) as (plane, repo_list):
             command = suite_argv(
                 bins,
                 run,
@@ -561,7 +608,9 @@ def main(argv: list[str] | None = None) -> int:
         default="node",
         help="the selection: node ([NodeConformance], conformance/), storage "
         "(PersistentVolumes and PersistentVolumes-local, conformance/storage/) or storage-csi "
-        "([Driver: csi-hostpath] and CSI Mock, conformance/storage/csi/); default node",
+        "([Driver: csi-hostpath] and CSI Mock, conformance/storage/csi/) or "
+        "storage-csi-snapshots (csi-hostpath's snapshot specs with the snapshot CRDs and "
+        "controller, conformance/storage/csi/snapshots/); default node",
     )
     parser.add_argument("--focus", help=f"ginkgo focus (default the preset's; node: {FOCUS})")
     parser.add_argument("--skip", help=f"ginkgo skip (default the preset's; node: {SKIP})")
@@ -599,6 +648,7 @@ def main(argv: list[str] | None = None) -> int:
         verbose=not args.quiet,
         images=preset.images,
         csi_images=preset.csi_images,
+        snapshots=preset.snapshots,
     )
     try:
         outcome = conform(run, out / "run")
