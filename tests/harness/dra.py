@@ -27,9 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from klet.cgroups.fs import hugetlb_available
-from klet.devstack.cni import CNI_BIN_DIR
-from klet.devstack.containerd import TEST_HANDLER, Containerd
+from klet.devstack.containerd import Containerd
 from klet.devstack.images import TEST_REGISTRY_HOST
 from klet.testbed.cluster import ControlPlane
 
@@ -161,29 +159,15 @@ def cdi_containerd_bin_dir() -> Path:
     return Path(out.stdout.strip().splitlines()[-1])
 
 
-_DISABLED_PLUGINS = (
-    "io.containerd.snapshotter.v1.aufs",
-    "io.containerd.snapshotter.v1.btrfs",
-    "io.containerd.snapshotter.v1.devmapper",
-    "io.containerd.snapshotter.v1.zfs",
-    "io.containerd.snapshotter.v1.erofs",
-    "io.containerd.nri.v1.nri",
-)
-
-
-def _q(value: str) -> str:
-    return json.dumps(value)  # JSON string escapes are valid TOML basic-string escapes
-
-
 class CDIContainerd(Containerd):
-    """containerd v2 with CDI on, reading CDI specs from `cdi_spec_dirs` only."""
+    """containerd v2 with CDI on, reading CDI specs from `cdi_spec_dirs` only (the
+    devstack Containerd writes its version 3 configuration; this runs its binary)."""
 
     def __init__(
         self, dir: Path, bin_dir: Path, *, cdi_spec_dirs: tuple[Path, ...], **kwargs: Any
     ) -> None:
-        super().__init__(dir, **kwargs)
+        super().__init__(dir, cdi_spec_dirs=cdi_spec_dirs, **kwargs)
         self.binary = str(bin_dir / "containerd")
-        self.cdi_spec_dirs = tuple(d.resolve() for d in cdi_spec_dirs)
 
     @classmethod
     def for_registry_with_cdi(
@@ -198,82 +182,6 @@ class CDIContainerd(Containerd):
         `Containerd.for_registry`."""
         hosts = {TEST_REGISTRY_HOST: registry_address, registry_address: registry_address}
         return cls(dir, bin_dir, cdi_spec_dirs=cdi_spec_dirs, registry_host_map=hosts)
-
-    def config_toml(self) -> str:
-        disabled = ", ".join(_q(p) for p in _DISABLED_PLUGINS)
-        cdi_dirs = ", ".join(_q(str(d)) for d in self.cdi_spec_dirs)
-        runtime = '[plugins."io.containerd.cri.v1.runtime"'
-        images = '[plugins."io.containerd.cri.v1.images"'
-        hugetlb = "false" if hugetlb_available() else "true"
-        return f"""\
-version = 3
-root = {_q(str(self.root))}
-state = {_q(str(self.state))}
-oom_score = 0
-disabled_plugins = [{disabled}]
-
-[grpc]
-  address = {_q(str(self.socket))}
-
-[ttrpc]
-  address = {_q(str(self.ttrpc_socket))}
-
-[debug]
-  address = ""
-  level = {_q(self.log_level)}
-
-[metrics]
-  address = ""
-
-[plugins]
-  [plugins."io.containerd.internal.v1.opt"]
-    path = {_q(str(self.dir / "opt"))}
-
-  [plugins."io.containerd.grpc.v1.cri"]
-    stream_server_address = "127.0.0.1"
-    stream_server_port = "0"
-    enable_tls_streaming = false
-    disable_tcp_service = true
-
-  {images}]
-    snapshotter = "overlayfs"
-
-  {images}.pinned_images]
-    sandbox = {_q(self.sandbox_image)}
-
-  {images}.registry]
-    config_path = {_q(str(self.certs_dir))}
-
-  {runtime}]
-    # This host refuses negative oom_score_adj (HOST_NOTES); without it every sandbox fails.
-    restrict_oom_score_adj = true
-    netns_mounts_under_state_dir = true
-    disable_hugetlb_controller = {hugetlb}
-    enable_cdi = true
-    cdi_spec_dirs = [{cdi_dirs}]
-
-  {runtime}.containerd]
-    default_runtime_name = "runc"
-
-  {runtime}.containerd.runtimes.runc]
-    runtime_type = "io.containerd.runc.v2"
-
-  {runtime}.containerd.runtimes.runc.options]
-    SystemdCgroup = false
-    Root = {_q(str(self.runc_root))}
-
-  {runtime}.containerd.runtimes.{TEST_HANDLER}]
-    runtime_type = "io.containerd.runc.v2"
-
-  {runtime}.containerd.runtimes.{TEST_HANDLER}.options]
-    SystemdCgroup = false
-    Root = {_q(str(self.test_handler_root))}
-
-  {runtime}.cni]
-    bin_dirs = [{_q(CNI_BIN_DIR)}]
-    conf_dir = {_q(str(self.network.conf_dir))}
-    max_conf_num = 1
-"""
 
 
 class KubectlClaims:

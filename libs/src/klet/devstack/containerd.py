@@ -1,5 +1,10 @@
 """A private containerd (1.6, Debian's) serving CRI v1 on a socket of its own.
 
+Its configuration is containerd 1.6's (version 2); given CDI spec directories it is
+containerd v2's instead (version 3, CDI on), which the DRA tier's containerd v2 build
+runs (tests/harness/dra.py): one writer, so the two stacks differ only where the
+versions do.
+
 Everything containerd and its shims write goes under the stack's directory: root,
 state (with the pods' network namespaces, via ``netns_mounts_under_state_dir``), the
 runc state root, the CNI configuration and IPAM store, and the registry host
@@ -54,6 +59,12 @@ _DISABLED_PLUGINS = (
     "io.containerd.snapshotter.v1.devmapper",
     "io.containerd.snapshotter.v1.zfs",
 )
+_DISABLED_PLUGINS_V2 = (
+    *_DISABLED_PLUGINS,
+    "io.containerd.snapshotter.v1.erofs",
+    # NRI off, so nothing touches the host's /var/run/nri.
+    "io.containerd.nri.v1.nri",
+)
 _MNT_DETACH = 2
 
 
@@ -84,8 +95,13 @@ class Containerd:
         root_size_bytes: int | None = None,
         socket_dir: Path | None = None,
         systemd_cgroup: bool = False,
+        cdi_spec_dirs: tuple[Path, ...] | None = None,
     ) -> None:
-        """``systemd_cgroup``: runc's ``SystemdCgroup`` option (containers in systemd
+        """``cdi_spec_dirs``: None writes containerd 1.6's configuration (version 2, no
+        CDI); directories write containerd v2's (version 3: the CRI plugin split into
+        runtime and images, CDI on reading those directories alone, NRI and erofs off),
+        for a subclass whose ``binary`` is a containerd v2 (the DRA tier's).
+        ``systemd_cgroup``: runc's ``SystemdCgroup`` option (containers in systemd
         scopes, for a node with ``cgroupDriver: systemd``; needs systemd as PID 1).
         ``root_size_bytes``: put containerd's root (images, snapshots) on a tmpfs of
         that size, mounted at start and unmounted at stop, so that tests fill the image
@@ -101,6 +117,9 @@ class Containerd:
         self.log_level = log_level
         self.root_size_bytes = root_size_bytes
         self.systemd_cgroup = systemd_cgroup
+        self.cdi_spec_dirs = (
+            tuple(d.resolve() for d in cdi_spec_dirs) if cdi_spec_dirs is not None else None
+        )
         self.socket_dir = socket_dir.resolve() if socket_dir is not None else self.dir
         self.socket = self.socket_dir / "containerd.sock"
         self.ttrpc_socket = self.socket_dir / "containerd.sock.ttrpc"
@@ -153,11 +172,16 @@ class Containerd:
     # -- configuration -----------------------------------------------------------
 
     def config_toml(self) -> str:
-        cri = '[plugins."io.containerd.grpc.v1.cri"'
-        disabled = ", ".join(_q(p) for p in _DISABLED_PLUGINS)
-        systemd = "true" if self.systemd_cgroup else "false"
+        if self.cdi_spec_dirs is not None:
+            return self._config_head(3, _DISABLED_PLUGINS_V2) + self._cri_v3(self.cdi_spec_dirs)
+        return self._config_head(2, _DISABLED_PLUGINS) + self._cri_v2()
+
+    def _config_head(self, version: int, disabled_plugins: tuple[str, ...]) -> str:
+        """What both configuration versions say alike: the private root, state and
+        sockets, no debug or metrics listener, and the opt plugin's directory."""
+        disabled = ", ".join(_q(p) for p in disabled_plugins)
         return f"""\
-version = 2
+version = {version}
 root = {_q(str(self.root))}
 state = {_q(str(self.state))}
 oom_score = 0
@@ -179,7 +203,12 @@ disabled_plugins = [{disabled}]
 [plugins]
   [plugins."io.containerd.internal.v1.opt"]
     path = {_q(str(self.dir / "opt"))}
+"""
 
+    def _cri_v2(self) -> str:
+        cri = '[plugins."io.containerd.grpc.v1.cri"'
+        systemd = "true" if self.systemd_cgroup else "false"
+        return f"""
   {cri}]
     sandbox_image = {_q(self.sandbox_image)}
     # This host refuses negative oom_score_adj; without this every sandbox fails.
@@ -225,6 +254,58 @@ disabled_plugins = [{disabled}]
 
   {cri}.registry]
     config_path = {_q(str(self.certs_dir))}
+"""
+
+    def _cri_v3(self, cdi_spec_dirs: tuple[Path, ...]) -> str:
+        runtime = '[plugins."io.containerd.cri.v1.runtime"'
+        images = '[plugins."io.containerd.cri.v1.images"'
+        cdi_dirs = ", ".join(_q(str(d)) for d in cdi_spec_dirs)
+        systemd = "true" if self.systemd_cgroup else "false"
+        return f"""
+  [plugins."io.containerd.grpc.v1.cri"]
+    stream_server_address = "127.0.0.1"
+    stream_server_port = "0"
+    enable_tls_streaming = false
+    disable_tcp_service = true
+
+  {images}]
+    snapshotter = "overlayfs"
+
+  {images}.pinned_images]
+    sandbox = {_q(self.sandbox_image)}
+
+  {images}.registry]
+    config_path = {_q(str(self.certs_dir))}
+
+  {runtime}]
+    # This host refuses negative oom_score_adj (HOST_NOTES); without it every sandbox fails.
+    restrict_oom_score_adj = true
+    netns_mounts_under_state_dir = true
+    disable_hugetlb_controller = {"false" if hugetlb_available() else "true"}
+    enable_cdi = true
+    cdi_spec_dirs = [{cdi_dirs}]
+
+  {runtime}.containerd]
+    default_runtime_name = "runc"
+
+  {runtime}.containerd.runtimes.runc]
+    runtime_type = "io.containerd.runc.v2"
+
+  {runtime}.containerd.runtimes.runc.options]
+    SystemdCgroup = {systemd}
+    Root = {_q(str(self.runc_root))}
+
+  {runtime}.containerd.runtimes.{TEST_HANDLER}]
+    runtime_type = "io.containerd.runc.v2"
+
+  {runtime}.containerd.runtimes.{TEST_HANDLER}.options]
+    SystemdCgroup = {systemd}
+    Root = {_q(str(self.test_handler_root))}
+
+  {runtime}.cni]
+    bin_dirs = [{_q(CNI_BIN_DIR)}]
+    conf_dir = {_q(str(self.network.conf_dir))}
+    max_conf_num = 1
 """
 
     def write_config(self) -> None:
