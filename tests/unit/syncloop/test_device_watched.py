@@ -24,15 +24,15 @@ from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 
 import pytest
-from klet.bus import NodeBus
-from klet.csi import NodeInfo, PluginInfo
+from klet.csi import PluginInfo
 from klet.model.devices import Device, PluginOptions, Registration
 from klet.syncloop.devices.manager import DeviceManager
 from klet.syncloop.devices.plugins import Registrations
 from klet.syncloop.devices.watched import DEVICE_PLUGIN, WatchedDevicePlugins, refusal
 from klet.syncloop.plugins.csidrivers import CSIRegistrar
-from klet.testbed.fakes.bus import FakeBus
 
+from tests.unit.syncloop.registrations import RegistrationSocket
+from tests.unit.syncloop.registrations import registrar as handing_registrar
 from tests.unit.syncloop.test_device_manager import FakeTable, decode
 
 ROOT = Path("/var/lib/klet")
@@ -213,36 +213,8 @@ async def test_a_kubelet_sock_registration_replaces_a_watched_one(tmp_path: Path
     await node.registrations.stop()
 
 
-class RegistrationSocket:
-    def __init__(self, answer: PluginInfo) -> None:
-        self.answer = answer
-        self.told: list[tuple[bool, str]] = []
-
-    async def get_info(self) -> PluginInfo:
-        return self.answer
-
-    async def notify(self, *, registered: bool, error: str = "") -> None:
-        self.told.append((registered, error))
-
-    async def close(self) -> None:
-        return None
-
-
-class NoDriver:
-    async def node_info(self) -> NodeInfo:
-        raise AssertionError("a device plugin is not a CSI driver")
-
-    async def close(self) -> None:
-        return None
-
-
 def registrar(node: Node, sockets: dict[Path, RegistrationSocket]) -> CSIRegistrar:
-    return CSIRegistrar(
-        NodeBus.of(FakeBus(), service="syncloop").csidrivers,
-        registration=lambda p: sockets[p],
-        driver=lambda _e: NoDriver(),
-        handlers={DEVICE_PLUGIN: node.handler},
-    )
+    return handing_registrar(sockets, {DEVICE_PLUGIN: node.handler})
 
 
 async def test_the_registrar_hands_device_plugins_over_and_tells_them(tmp_path: Path) -> None:

@@ -17,12 +17,12 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from klet.bus import NodeBus
-from klet.csi import NodeInfo, PluginInfo
+from klet.csi import PluginInfo
 from klet.model.dra import DRA_PLUGIN, SERVICE_V1, SERVICE_V1BETA1
 from klet.syncloop.dra.registration import DRADrivers, DriverInstance, chosen_service, refusal
-from klet.syncloop.plugins.csidrivers import CSIRegistrar
-from klet.testbed.fakes.bus import FakeBus
+
+from tests.unit.syncloop.registrations import RegistrationSocket
+from tests.unit.syncloop.registrations import registrar as handing_registrar
 
 ROOT = Path("/var/lib/klet")
 DRIVER = "gpu.example.com"
@@ -129,39 +129,11 @@ async def test_a_refused_plugin_is_not_kept() -> None:
     assert d.instances == {}
 
 
-class RegistrationSocket:
-    def __init__(self, answer: PluginInfo) -> None:
-        self.answer = answer
-        self.told: list[tuple[bool, str]] = []
-
-    async def get_info(self) -> PluginInfo:
-        return self.answer
-
-    async def notify(self, *, registered: bool, error: str = "") -> None:
-        self.told.append((registered, error))
-
-    async def close(self) -> None:
-        return None
-
-
-class NoDriver:
-    async def node_info(self) -> NodeInfo:
-        raise AssertionError("a DRA driver is not a CSI driver")
-
-    async def close(self) -> None:
-        return None
-
-
 async def test_the_registrar_hands_dra_drivers_over_and_tells_them() -> None:
     d = drivers()
     good, bad = ROOT / "plugins_registry" / "good.sock", ROOT / "plugins_registry" / "bad.sock"
     sockets = {good: RegistrationSocket(info()), bad: RegistrationSocket(info(name="Bad"))}
-    registrar = CSIRegistrar(
-        NodeBus.of(FakeBus(), service="syncloop").csidrivers,
-        registration=lambda p: sockets[p],
-        driver=lambda _e: NoDriver(),
-        handlers={DRA_PLUGIN: d},
-    )
+    registrar = handing_registrar(sockets, {DRA_PLUGIN: d})
     assert await registrar.register(good)
     assert await registrar.register(bad)
     assert sockets[good].told == [(True, "")]
