@@ -20,8 +20,6 @@ empties the checkpoint and the driver removes its CDI spec. Only `make test-dra`
 
 from __future__ import annotations
 
-import asyncio
-import json
 import re
 import shutil
 import tempfile
@@ -31,20 +29,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from klet.bus import NodeBus
 from klet.cri.client import CRISettings, RuntimeClient
-from klet.csi import CSIClient, RegistrationClient
 from klet.devstack.images import BUSYBOX_IMAGE, build, standard_images, write_oci_archive
-from klet.model.dra import DRA_PLUGIN
 from klet.rpc.dra import GrpcDRAPlugin
 from klet.syncloop.containers import criconfig
 from klet.syncloop.dra.manager import ClaimManager, ManagerDeps
-from klet.syncloop.dra.registration import DRADrivers, DriverInstance
+from klet.syncloop.dra.registration import DRADrivers
 from klet.syncloop.dra.state import ClaimCheckpoint
-from klet.syncloop.plugins.csidrivers import CSIRegistrar
-from klet.syncloop.plugins.watcher import PluginWatcher
 from klet.testbed.cluster import ControlPlane
-from klet.testbed.fakes.bus import FakeBus
 
 from tests.harness.dra import (
     CDIContainerd,
@@ -53,7 +45,10 @@ from tests.harness.dra import (
     allocated_claim,
     cdi_containerd_bin_dir,
     dra_test_driver_binary,
+    node_object,
     slice_devices,
+    until,
+    watched_drivers,
 )
 
 NODE = "kletcdi1"
@@ -67,11 +62,9 @@ def binary() -> Path:
 
 
 @pytest.fixture(scope="module")
-def node_object(control_plane: ControlPlane) -> Iterator[str]:
-    manifest = {"apiVersion": "v1", "kind": "Node", "metadata": {"name": NODE}}
-    control_plane.kubectl("apply", "-f", "-", input=json.dumps(manifest), check=True)
-    yield NODE
-    control_plane.kubectl("delete", "node", NODE, "--wait=false")
+def node(control_plane: ControlPlane) -> Iterator[str]:
+    with node_object(control_plane, NODE) as name:
+        yield name
 
 
 @pytest.fixture
@@ -100,42 +93,16 @@ def containerd(run_dir: Path) -> Iterator[CDIContainerd]:
         ctrd.stop()
 
 
-def _connect(instance: DriverInstance) -> GrpcDRAPlugin:
-    return GrpcDRAPlugin(instance.endpoint, driver=instance.driver, service=instance.service)
-
-
 @pytest.fixture
 async def watched(run_dir: Path) -> AsyncIterator[tuple[Path, DRADrivers[GrpcDRAPlugin]]]:
     root = run_dir / "root"
-    drivers = DRADrivers(root_dir=root, connect=_connect)
-    registrar = CSIRegistrar(
-        NodeBus.of(FakeBus(), service="syncloop").csidrivers,  # the CSI table: unused here
-        registration=RegistrationClient,
-        driver=CSIClient,
-        handlers={DRA_PLUGIN: drivers},
-    )
-    watcher = PluginWatcher(root / "plugins_registry", registrar, interval_s=0.1)
-    task = asyncio.create_task(watcher.run(), name="plugin-watcher")
-    try:
+    async with watched_drivers(root) as drivers:
         yield root, drivers
-    finally:
-        task.cancel()
-        await asyncio.gather(task, return_exceptions=True)
-
-
-async def _until(check: Any, *, what: str, timeout_s: float = 60.0) -> Any:
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout_s
-    while not (got := check()):
-        if loop.time() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        await asyncio.sleep(0.2)
-    return got
 
 
 async def test_a_container_with_the_claims_cdi_device_gets_the_drivers_env(
     control_plane: ControlPlane,
-    node_object: str,
+    node: str,
     binary: Path,
     containerd: CDIContainerd,
     watched: tuple[Path, DRADrivers[GrpcDRAPlugin]],
@@ -146,7 +113,7 @@ async def test_a_container_with_the_claims_cdi_device_gets_the_drivers_env(
         binary,
         kubeconfig=control_plane.admin_kubeconfig,
         driver=DRIVER,
-        node=node_object,
+        node=node,
         root_dir=root,
         cdi_dir=containerd.cdi_spec_dirs[0],
         log=run_dir / "dra-test-driver.log",
@@ -159,8 +126,8 @@ async def test_a_container_with_the_claims_cdi_device_gets_the_drivers_env(
         ManagerDeps(claims=KubectlClaims(control_plane), drivers=drivers, checkpoint=checkpoint)
     )
     try:
-        await _until(lambda: drivers.current(DRIVER), what="the driver registered")
-        devices = await _until(
+        await until(lambda: drivers.current(DRIVER), what="the driver registered")
+        devices = await until(
             lambda: slice_devices(control_plane, DRIVER, NODE), what="the ResourceSlice"
         )
         uid = allocated_claim(

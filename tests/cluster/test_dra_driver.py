@@ -19,7 +19,6 @@ Only `make test-dra` (KLET_DRA_TESTS=1) collects it.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import re
 import uuid
@@ -28,21 +27,19 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from klet.bus import NodeBus
-from klet.csi import CSIClient, RegistrationClient
-from klet.model.dra import DRA_PLUGIN, SERVICE_V1, ClaimRef, PreparedDevice, PrepareResult
+from klet.model.dra import SERVICE_V1, ClaimRef, PreparedDevice, PrepareResult
 from klet.rpc.dra import GrpcDRAPlugin
-from klet.syncloop.dra.registration import DRADrivers, DriverInstance
-from klet.syncloop.plugins.csidrivers import CSIRegistrar
-from klet.syncloop.plugins.watcher import PluginWatcher
+from klet.syncloop.dra.registration import DRADrivers
 from klet.testbed.cluster import ControlPlane
-from klet.testbed.fakes.bus import FakeBus
 
 from tests.harness.dra import (
     DRATestDriver,
     allocated_claim,
     dra_test_driver_binary,
+    node_object,
     slice_devices,
+    until,
+    watched_drivers,
 )
 
 NODE = "kletdra1"
@@ -56,48 +53,16 @@ def binary() -> Path:
 
 
 @pytest.fixture(scope="module")
-def node_object(control_plane: ControlPlane) -> Iterator[str]:
-    """The Node the driver publishes its ResourceSlice for (its owner)."""
-    manifest = {"apiVersion": "v1", "kind": "Node", "metadata": {"name": NODE}}
-    control_plane.kubectl("apply", "-f", "-", input=json.dumps(manifest), check=True)
-    yield NODE
-    control_plane.kubectl("delete", "node", NODE, "--wait=false")
-
-
-def _connect(instance: DriverInstance) -> GrpcDRAPlugin:
-    return GrpcDRAPlugin(instance.endpoint, driver=instance.driver, service=instance.service)
+def node(control_plane: ControlPlane) -> Iterator[str]:
+    with node_object(control_plane, NODE) as name:
+        yield name
 
 
 @pytest.fixture
 async def watched(tmp_path: Path) -> AsyncIterator[tuple[Path, DRADrivers[GrpcDRAPlugin]]]:
-    """syncloop's registration path on a scratch root dir, polled every 0.1 s."""
     root = tmp_path / "root"
-    drivers = DRADrivers(root_dir=root, connect=_connect)
-    registrar = CSIRegistrar(
-        NodeBus.of(FakeBus(), service="syncloop").csidrivers,  # the CSI table: unused here
-        registration=RegistrationClient,
-        driver=CSIClient,
-        handlers={DRA_PLUGIN: drivers},
-    )
-    watcher = PluginWatcher(root / "plugins_registry", registrar, interval_s=0.1)
-    task = asyncio.create_task(watcher.run(), name="plugin-watcher")
-    try:
+    async with watched_drivers(root) as drivers:
         yield root, drivers
-    finally:
-        task.cancel()
-        await asyncio.gather(task, return_exceptions=True)
-
-
-async def _until(check: Any, *, what: str, timeout_s: float = 60.0) -> Any:
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout_s
-    while True:
-        got = check()
-        if got:
-            return got
-        if loop.time() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        await asyncio.sleep(0.2)
 
 
 def _cdi_specs(cdi_dir: Path) -> dict[str, Any]:
@@ -106,7 +71,7 @@ def _cdi_specs(cdi_dir: Path) -> dict[str, Any]:
 
 async def test_the_test_driver_registers_prepares_and_unprepares(
     control_plane: ControlPlane,
-    node_object: str,
+    node: str,
     binary: Path,
     watched: tuple[Path, DRADrivers[GrpcDRAPlugin]],
     tmp_path: Path,
@@ -117,21 +82,21 @@ async def test_the_test_driver_registers_prepares_and_unprepares(
         binary,
         kubeconfig=control_plane.admin_kubeconfig,
         driver=DRIVER,
-        node=node_object,
+        node=node,
         root_dir=root,
         cdi_dir=cdi_dir,
         log=tmp_path / "dra-test-driver.log",
     )
     name = f"claim-{uuid.uuid4().hex[:8]}"
     try:
-        instance = await _until(lambda: drivers.current(DRIVER), what="the driver registered")
+        instance = await until(lambda: drivers.current(DRIVER), what="the driver registered")
         assert instance.service == SERVICE_V1
         assert instance.endpoint.parent == root / "plugins" / DRIVER
-        await _until(
+        await until(
             lambda: re.search(r"(?i)plugin_?registered:\s*true", driver.text()),
             what="NotifyRegistrationStatus (registered) in the driver's log",
         )
-        devices = await _until(
+        devices = await until(
             lambda: slice_devices(control_plane, DRIVER, NODE), what="the driver's ResourceSlice"
         )
         uid = allocated_claim(control_plane, name, NAMESPACE, DRIVER, NODE, devices[0])
@@ -166,4 +131,4 @@ async def test_the_test_driver_registers_prepares_and_unprepares(
     finally:
         driver.stop()
         control_plane.kubectl("delete", "resourceclaim", name, "-n", NAMESPACE, "--wait=false")
-    await _until(lambda: drivers.current(DRIVER) is None, what="the driver withdrawn")
+    await until(lambda: drivers.current(DRIVER) is None, what="the driver withdrawn")

@@ -20,16 +20,28 @@ socket is the host's /var/run/nri).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import signal
 import subprocess
+from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
+from klet.bus import NodeBus
+from klet.csi import CSIClient, RegistrationClient
 from klet.devstack.containerd import Containerd
 from klet.devstack.images import TEST_REGISTRY_HOST
+from klet.model.dra import DRA_PLUGIN
+from klet.rpc.dra import GrpcDRAPlugin
+from klet.syncloop.dra.registration import DRADrivers, DriverInstance
+from klet.syncloop.plugins.csidrivers import CSIRegistrar
+from klet.syncloop.plugins.watcher import PluginWatcher
 from klet.testbed.cluster import ControlPlane
+from klet.testbed.fakes.bus import FakeBus
+
+T = TypeVar("T")
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -163,6 +175,8 @@ class CDIContainerd(Containerd):
     """containerd v2 with CDI on, reading CDI specs from `cdi_spec_dirs` only (the
     devstack Containerd writes its version 3 configuration; this runs its binary)."""
 
+    cdi_spec_dirs: tuple[Path, ...]  # always given here: never containerd 1.6's config
+
     def __init__(
         self, dir: Path, bin_dir: Path, *, cdi_spec_dirs: tuple[Path, ...], **kwargs: Any
     ) -> None:
@@ -200,3 +214,52 @@ class KubectlClaims:
             raise LookupError(res.stderr.strip())
         claim: dict[str, Any] = json.loads(res.stdout)
         return claim
+
+
+@contextlib.contextmanager
+def node_object(cp: ControlPlane, name: str) -> Iterator[str]:
+    """A Node named `name` in the apiserver (the owner of a driver's ResourceSlice)
+    while the block runs."""
+    manifest = {"apiVersion": "v1", "kind": "Node", "metadata": {"name": name}}
+    cp.kubectl("apply", "-f", "-", input=json.dumps(manifest), check=True)
+    try:
+        yield name
+    finally:
+        cp.kubectl("delete", "node", name, "--wait=false")
+
+
+def _connect(instance: DriverInstance) -> GrpcDRAPlugin:
+    return GrpcDRAPlugin(instance.endpoint, driver=instance.driver, service=instance.service)
+
+
+@contextlib.asynccontextmanager
+async def watched_drivers(root: Path) -> AsyncIterator[DRADrivers[GrpcDRAPlugin]]:
+    """syncloop's registration path for DRA drivers on the root dir `root`: the plugin
+    watcher polling `<root>/plugins_registry` every 0.1 s, its registrar handing
+    `DRAPlugin` sockets to the DRADrivers yielded (the CSI table a fake, unused)."""
+    drivers = DRADrivers(root_dir=root, connect=_connect)
+    registrar = CSIRegistrar(
+        NodeBus.of(FakeBus(), service="syncloop").csidrivers,
+        registration=RegistrationClient,
+        driver=CSIClient,
+        handlers={DRA_PLUGIN: drivers},
+    )
+    watcher = PluginWatcher(root / "plugins_registry", registrar, interval_s=0.1)
+    task = asyncio.create_task(watcher.run(), name="plugin-watcher")
+    try:
+        yield drivers
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+
+
+async def until(check: Callable[[], T | None], *, what: str, timeout_s: float = 60.0) -> T:
+    """`check()` once it is truthy, polled every 0.2 s; AssertionError naming `what`
+    after `timeout_s`."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout_s
+    while not (got := check()):
+        if loop.time() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        await asyncio.sleep(0.2)
+    return got
