@@ -22,6 +22,18 @@ REPO = Path(__file__).resolve().parents[2]
 BUILD_SH = REPO / "tools" / "csi" / "build.sh"
 
 
+def stop_process(proc: subprocess.Popen[bytes], *, grace_s: float = 10.0) -> None:
+    """SIGTERM `proc` (a sidecar or controller the harness started), SIGKILL it after
+    `grace_s` if it has not exited, and reap it; nothing when it has exited already."""
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(grace_s)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
 def csi_binaries(names: Sequence[str]) -> dict[str, Path]:
     """Build (when not cached) and return the components `names`; AssertionError with
     build.sh's stderr when it fails."""
@@ -110,10 +122,4 @@ class Registrar:
 
     def stop(self) -> None:
         """SIGTERM, as the kubelet's pod stop: the registrar removes its socket."""
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        stop_process(self.proc)

@@ -28,6 +28,7 @@ from pathlib import Path
 from klet.testbed.cluster import ControlPlane
 
 from tests.harness.cluster_fixtures import kubernetes_version
+from tests.harness.csi import stop_process
 
 CRD_NAMES = (
     "volumesnapshotclasses.snapshot.storage.k8s.io",
@@ -97,10 +98,4 @@ class SnapshotController:
         return cls(proc=proc, log=log)
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        stop_process(self.proc)
