@@ -24,12 +24,10 @@ collects it.
 
 from __future__ import annotations
 
-import json
 import shutil
 import subprocess
 import tarfile
 import tempfile
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -39,7 +37,15 @@ from klet.devstack import DevStack
 from klet.testbed.cluster import ControlPlane
 
 from tests.harness.clusternode import cluster_node
-from tests.harness.csi import Registrar, csi_binaries
+from tests.harness.csi import (
+    Registrar,
+    apply,
+    csi_binaries,
+    csinode_has_driver,
+    kget,
+    namespace,
+    stop_process,
+)
 from tests.harness.node import KletNode
 from tests.harness.snapshots import (
     CRD_NAMES,
@@ -84,24 +90,6 @@ def workdir() -> Iterator[Path]:
     path = Path(tempfile.mkdtemp(prefix="klet-csisn-"))  # short: the socket path
     yield path
     shutil.rmtree(path, ignore_errors=True)
-
-
-def apply(cp: ControlPlane, obj: dict[str, Any], ns: str = "") -> None:
-    args = ["-n", ns] if ns else []
-    cp.kubectl("apply", *args, "-f", "-", input=json.dumps(obj), check=True)
-
-
-def kget(cp: ControlPlane, *args: str) -> Any:
-    return json.loads(cp.kubectl("get", *args, "-o", "json", check=True).stdout)
-
-
-def stop(proc: subprocess.Popen[bytes]) -> None:
-    proc.terminate()
-    try:
-        proc.wait(15)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
 
 
 @pytest.fixture(scope="module")
@@ -184,7 +172,9 @@ def driver(cp: ControlPlane, node: KletNode, workdir: Path) -> Iterator[Path]:
                     stderr=subprocess.STDOUT,
                 )
             )
-    wait_for(lambda: csinode_has_driver(cp), timeout_s=60, what="the driver in the CSINode")
+    wait_for(
+        lambda: csinode_has_driver(cp, NODE, DRIVER), timeout_s=60, what="the driver in the CSINode"
+    )
     try:
         yield state
     finally:
@@ -193,32 +183,17 @@ def driver(cp: ControlPlane, node: KletNode, workdir: Path) -> Iterator[Path]:
             print(f"--- {log.name}\n" + "\n".join(lines[-25:]))
         registrar.stop()
         for proc in procs:
-            stop(proc)
+            stop_process(proc, grace_s=15)
         controller.stop()
         cp.kubectl("delete", "volumesnapshotclass", SNAPSHOT_CLASS, "--ignore-not-found")
         cp.kubectl("delete", "storageclass", CLASS, "--ignore-not-found")
         cp.kubectl("delete", "csidriver", DRIVER, "--ignore-not-found")
 
 
-def csinode_has_driver(cp: ControlPlane) -> bool:
-    res = cp.kubectl("get", "csinode", NODE, "-o", "json")
-    if res.returncode != 0:
-        return False
-    drivers = json.loads(res.stdout).get("spec", {}).get("drivers") or []
-    return any(d["name"] == DRIVER for d in drivers)
-
-
 @pytest.fixture
 def ns(cp: ControlPlane, node: KletNode) -> Iterator[str]:
-    name = f"csisnap-{uuid.uuid4().hex[:6]}"
-    cp.kubectl("create", "namespace", name, check=True)
-    wait_for(
-        lambda: cp.kubectl("get", "serviceaccount", "default", "-n", name).returncode == 0,
-        timeout_s=60,
-        what="the default ServiceAccount",
-    )
-    yield name
-    cp.kubectl("delete", "namespace", name, "--wait=false")
+    with namespace(cp, "csisnap") as name:
+        yield name
 
 
 def claim(name: str, data_source: dict[str, str] | None = None) -> dict[str, Any]:

@@ -11,10 +11,16 @@ per CSI call it served, which `grpc_methods()` reads.
 
 from __future__ import annotations
 
+import contextlib
+import json
 import subprocess
-from collections.abc import Sequence
+import uuid
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
+
+from klet.testbed.cluster import ControlPlane
 
 from tests.harness.waiting import wait_for
 
@@ -32,6 +38,43 @@ def stop_process(proc: subprocess.Popen[bytes], *, grace_s: float = 10.0) -> Non
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
+
+
+def apply(cp: ControlPlane, obj: dict[str, Any], ns: str = "") -> None:
+    """kubectl apply `obj` (in namespace `ns` when given)."""
+    args = ["-n", ns] if ns else []
+    cp.kubectl("apply", *args, "-f", "-", input=json.dumps(obj), check=True)
+
+
+def kget(cp: ControlPlane, *args: str) -> Any:
+    """kubectl get `args` as JSON."""
+    return json.loads(cp.kubectl("get", *args, "-o", "json", check=True).stdout)
+
+
+def csinode_has_driver(cp: ControlPlane, node: str, driver: str) -> bool:
+    """Whether the CSINode of `node` lists `driver` (its registration reached the node)."""
+    res = cp.kubectl("get", "csinode", node, "-o", "json")
+    if res.returncode != 0:
+        return False
+    drivers = json.loads(res.stdout).get("spec", {}).get("drivers") or []
+    return any(d["name"] == driver for d in drivers)
+
+
+@contextlib.contextmanager
+def namespace(cp: ControlPlane, prefix: str) -> Iterator[str]:
+    """A fresh namespace `<prefix>-<6 hex>` whose default ServiceAccount exists (pods
+    are refused before it), deleted without waiting afterwards."""
+    name = f"{prefix}-{uuid.uuid4().hex[:6]}"
+    cp.kubectl("create", "namespace", name, check=True)
+    wait_for(
+        lambda: cp.kubectl("get", "serviceaccount", "default", "-n", name).returncode == 0,
+        timeout_s=60,
+        what="the default ServiceAccount",
+    )
+    try:
+        yield name
+    finally:
+        cp.kubectl("delete", "namespace", name, "--wait=false")
 
 
 def csi_binaries(names: Sequence[str]) -> dict[str, Path]:
