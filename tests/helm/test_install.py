@@ -55,6 +55,7 @@ import yaml
 from klet.cri import CRISettings, RuntimeClient
 from klet.cri import labels as L
 from klet.devstack import BUSYBOX_IMAGE, TEST_REGISTRY_HOST, DevStack
+from klet.model.layout import leader_slot
 from klet.testbed.cluster import ControlPlane
 
 from tests.harness.clusternode import cluster_node
@@ -293,7 +294,7 @@ class Install:
     def leader_pid(self, service: str) -> int | None:
         """The host PID of the service's lease holder, from its leader slot file in the
         run dir (the services run with hostPID); None when there is no live one."""
-        slot = self.inner.run_dir / "leases" / f"{service}.leader"
+        slot = leader_slot(self.inner.run_dir, service)
         try:
             parts = slot.read_text().strip().split(":")
         except FileNotFoundError:
