@@ -6,8 +6,9 @@ again); now each calls `service_base` with what is its own (its name, the overri
 tests give, whether its scrape carries the process series) and builds only its own
 managers over the `ServiceBase` it gets back. Each service's `Overrides` extends
 `BaseOverrides`, its settings protocol `BaseSettings`, and a `Deps` that holds the base
-extends `OnServiceBase`. The lease TTL is `LEASE_TTL_MS`, here and nowhere else
-(tests/unit/test_wiring.py keeps it so).
+extends `OnServiceBase`. The lease TTL is `LEASE_TTL_MS` (defined by klet.bus.redisbus as
+`Bus.lease`'s default), used here and in no service's wiring (tests/unit/test_wiring.py
+keeps it so).
 
 The module sits one floor above klet.bus, klet.obs and klet.cri and nothing in libs
 imports it, so the packages keep importing each other one way. klet.cri is imported
@@ -22,6 +23,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 from klet.bus import Bus, BusAuth, Lease, NodeBus, service_lease
+from klet.bus.redisbus import LEASE_TTL_MS
 from klet.obs import ServicePort, new_registry
 from klet.obs.runtimeops import RuntimeOperationMetrics
 from klet.obs.serviceport import ServicePortSettings
@@ -30,10 +32,6 @@ from prometheus_client import CollectorRegistry
 if TYPE_CHECKING:
     from klet.cri import RuntimeClient
     from klet.cri.client import RuntimeConfig
-
-LEASE_TTL_MS = 15_000
-"""Every service's bus lease TTL: a standby takes a dead leader's role within it (at
-once when the dead process's replica or leader slot shows it gone, klet.bus.holder)."""
 
 
 class BaseSettings(ServicePortSettings, Protocol):

@@ -228,6 +228,11 @@ class BusAuth(Protocol):
     def key_file(self) -> Path | None: ...
 
 
+LEASE_TTL_MS = 15_000
+"""Every service's bus lease TTL: a standby takes a dead leader's role within it (at
+once when the dead process's replica or leader slot shows it gone, klet.bus.holder).
+klet.wiring hands it to every service; `Bus.lease` defaults to it."""
+
 HEALTH_CHECK_S = 10
 """A pooled connection idle this long is PINGed before it is used again."""
 
@@ -298,7 +303,12 @@ class Bus:
         return MergedStream(streams)
 
     def lease(
-        self, name: str, holder: str, *, ttl_ms: int = 15_000, predecessor: str | None = None
+        self,
+        name: str,
+        holder: str,
+        *,
+        ttl_ms: int = LEASE_TTL_MS,
+        predecessor: str | None = None,
     ) -> Lease:
         """The service's lease; from now on every write through this bus is fenced by it.
 
