@@ -179,18 +179,6 @@ NOT_APPLICABLE: Mapping[str, tuple[str, ...]] = {
 
 MISSING: Mapping[str, tuple[str, ...]] = {
     (
-        "the PodResources API's per-method counters: upstream names them without `_total`, "
-        "and prometheus_client gives every counter that suffix "
-        "(klet.syncloop.metrics.PodResourcesMetrics serves requests_total)"
-    ): (
-        "/metrics kubelet_pod_resources_endpoint_errors_get",
-        "/metrics kubelet_pod_resources_endpoint_errors_get_allocatable",
-        "/metrics kubelet_pod_resources_endpoint_errors_list",
-        "/metrics kubelet_pod_resources_endpoint_requests_get",
-        "/metrics kubelet_pod_resources_endpoint_requests_get_allocatable",
-        "/metrics kubelet_pod_resources_endpoint_requests_list",
-    ),
-    (
         "the CPU manager's aligned-allocation counters: upstream names them without "
         "`_total`, and prometheus_client gives every counter that suffix "
         "(klet.syncloop.metrics.CPUManagerMetrics serves the other five)"

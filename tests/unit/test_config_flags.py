@@ -477,6 +477,18 @@ def test_the_evented_pleg_relist_period() -> None:
     ]
 
 
+def test_the_pod_worker_backoff_period() -> None:
+    """klet's own flag: upstream's fixed 10 s unless given (the create-failure cluster
+    test shortens it to count ten paced attempts quickly)."""
+    assert load([]).klet.pod_worker_backoff_period == 10.0
+    assert load(["--pod-worker-backoff-period", "2s"]).klet.pod_worker_backoff_period == 2.0
+    env = {"KLET_POD_WORKER_BACKOFF_PERIOD": "500ms"}
+    assert load([], env=env).klet.pod_worker_backoff_period == 0.5
+    assert problems(["--pod-worker-backoff-period", "0s"]) == [
+        "--pod-worker-backoff-period: must be a positive duration"
+    ]
+
+
 def test_reserved_memory_flag_takes_upstreams_syntax() -> None:
     settings = load_settings(
         [

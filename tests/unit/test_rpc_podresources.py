@@ -4,7 +4,8 @@ GetAllocatableResources carry pods, containers, devices with and without NUMA
 topology and CPU IDs; Get of an unknown pod and Get with the KubeletPodResourcesGet gate
 off fail with upstream's messages; upstream's rate limit (a fake clock: no waiting)
 refuses the 11th call of a burst with RESOURCE_EXHAUSTED "rejected by rate limit" and
-only the calls let through are counted for the requests metric; a
+only the calls let through are counted for the requests metric, and Get's two errors
+for the errors metric (the rate limit's refusal not); a
 stale socket file is replaced at start, the directory is 0750, and the server removes
 its socket when it stops."""
 
@@ -71,6 +72,7 @@ class Served:
     socket: Path
     now: list[float]
     counted: list[str]
+    failed: list[str]
 
 
 @pytest.fixture
@@ -81,6 +83,7 @@ async def served(tmp_path: Path) -> AsyncIterator[Served]:
     socket.write_text("stale")  # left by a process that died
     now = [100.0]
     counted: list[str] = []
+    failed: list[str] = []
     ready = asyncio.Event()
     server = asyncio.create_task(
         serve_pod_resources(
@@ -90,13 +93,14 @@ async def served(tmp_path: Path) -> AsyncIterator[Served]:
             limiter=TokenBucket(),
             clock=lambda: now[0],
             on_request=counted.append,
+            on_error=failed.append,
         )
     )
     await asyncio.wait_for(ready.wait(), 10)
     channel = grpc.aio.insecure_channel(f"unix://{socket}")
     try:
         stub = pb_grpc.PodResourcesListerStub(channel)  # type: ignore[no-untyped-call]
-        yield Served(source, stub, socket, now, counted)
+        yield Served(source, stub, socket, now, counted, failed)
     finally:
         await channel.close(None)
         server.cancel()
@@ -157,6 +161,7 @@ async def test_get_errors_are_upstreams(served: Served) -> None:
         grpc.StatusCode.UNKNOWN,
         "PodResources API Get method disabled",
     )
+    assert (served.counted, served.failed) == (["Get", "Get"], ["Get", "Get"])
 
 
 async def test_rate_limit_refuses_beyond_the_burst(served: Served) -> None:
@@ -174,6 +179,7 @@ async def test_rate_limit_refuses_beyond_the_burst(served: Served) -> None:
     )
     # The requests metric counts what the limit let through, the refused call not.
     assert served.counted == ["List"] * 10 + ["Get"]
+    assert served.failed == []
 
 
 async def test_the_socket_goes_with_the_server(tmp_path: Path) -> None:

@@ -6,16 +6,25 @@ OutOfExtendedResources, the rest as Other); ProberMetrics deletes a removed pod'
 prober_probe_total series, and its prober_probe_duration_seconds series only once no
 other pod with the same name still has it; the PLEG relist interval runs from one
 relist's start to the next one's; the PodResources API's requests counter is served at
-0 for v1 before any call and counts every method.
+0 for v1 before any call and counts every method, and its per-method requests and errors
+come out under upstream's exact names (no `_total`), which prometheus_client's parser
+reads back with their values; an UnsuffixedCounter refuses a wrong label count and a
+decrease.
 """
 
 from __future__ import annotations
 
 import pytest
-from klet.syncloop.metrics import PodResourcesMetrics, admission_rejection_reason, create_metrics
+from klet.syncloop.metrics import (
+    PodResourcesMetrics,
+    UnsuffixedCounter,
+    admission_rejection_reason,
+    create_metrics,
+)
 from klet.syncloop.probing.prober import ProbeRun
 from klet.syncloop.probing.proberesults import ProbeKind
-from prometheus_client import CollectorRegistry
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.parser import text_string_to_metric_families
 
 
 @pytest.mark.parametrize(
@@ -121,3 +130,54 @@ def test_pod_resources_requests_count_every_method_of_v1() -> None:
     for method in ("List", "Get", "GetAllocatableResources"):
         metrics.request(method)
     assert registry.get_sample_value(name, v1) == 3
+
+
+def _served(registry: CollectorRegistry) -> dict[str, float]:
+    """Every sample of the text exposition as prometheus_client's parser reads it, by
+    `name{labels}` (what status-reporter's merge reads from syncloop's /metrics)."""
+    text = generate_latest(registry).decode()
+    return {
+        f"{s.name}{{{','.join(f'{k}={v}' for k, v in sorted(s.labels.items()))}}}": s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+    }
+
+
+def test_pod_resources_per_method_series_keep_upstreams_names() -> None:
+    registry = CollectorRegistry()
+    metrics = PodResourcesMetrics.create(registry)
+    before = _served(registry)
+    for kind in ("requests", "errors"):
+        for method in ("list", "get", "get_allocatable"):
+            key = f"kubelet_pod_resources_endpoint_{kind}_{method}{{server_api_version=v1}}"
+            assert before[key] == 0, key
+    for method in ("List", "List", "Get", "GetAllocatableResources", "Get"):
+        metrics.request(method)
+    metrics.error("Get")
+    after = _served(registry)
+    assert after["kubelet_pod_resources_endpoint_requests_list{server_api_version=v1}"] == 2
+    assert after["kubelet_pod_resources_endpoint_requests_get{server_api_version=v1}"] == 2
+    assert (
+        after["kubelet_pod_resources_endpoint_requests_get_allocatable{server_api_version=v1}"] == 1
+    )
+    assert after["kubelet_pod_resources_endpoint_errors_get{server_api_version=v1}"] == 1
+    assert after["kubelet_pod_resources_endpoint_errors_list{server_api_version=v1}"] == 0
+    assert after["kubelet_pod_resources_endpoint_requests_total{server_api_version=v1}"] == 5
+    text = generate_latest(registry).decode()
+    assert "# TYPE kubelet_pod_resources_endpoint_requests_list untyped\n" in text
+    assert 'kubelet_pod_resources_endpoint_requests_list{server_api_version="v1"} 2.0\n' in text
+    assert "kubelet_pod_resources_endpoint_requests_list_total" not in text
+
+
+def test_unsuffixed_counter_only_goes_up_on_its_labels() -> None:
+    registry = CollectorRegistry()
+    counter = UnsuffixedCounter("x_count", "help", ["a"], registry=registry)
+    with pytest.raises(ValueError, match="labels"):
+        counter.inc()
+    with pytest.raises(ValueError, match="cannot go down"):
+        counter.inc("1", amount=-1)
+    counter.inc("1", amount=2.5)
+    assert counter.value("1") == 2.5 and counter.value("2") is None
+    assert _served(registry) == {"x_count{a=1}": 2.5}
+    with pytest.raises(ValueError, match="Duplicated"):  # the registry checks its name
+        UnsuffixedCounter("x_count", "again", registry=registry)

@@ -10,7 +10,8 @@ directory's replica slot) and nothing connects while building; close() closes th
 client and the bus (and the apiserver client in cluster mode); the evented PLEG watches
 the runtime's events by default, not with featureGates.EventedPLEG=false, and through
 a given source (none when only the CRI client is a fake); the relister's long period
-comes from --evented-pleg-relist-period.
+comes from --evented-pleg-relist-period, the pod workers' retry after a failed sync from
+--pod-worker-backoff-period (upstream's 10 s by default).
 """
 
 from __future__ import annotations
@@ -106,6 +107,7 @@ async def test_the_defaults_come_from_the_settings(tmp_path: Path) -> None:
     assert isinstance(deps.runtime_events, RuntimeEvents) and deps.watcher is not None
     assert deps.watcher.source is deps.runtime_events and deps.watcher.relister is deps.relister
     assert deps.relister.evented_period_s == 20.0 and deps.relister.current_period() == 1.0
+    assert deps.controller.workers.backoff_period_s == 10.0  # upstream's backOffPeriod
     await deps.close()
 
 
@@ -122,6 +124,12 @@ async def test_the_evented_pleg_gate_and_source(tmp_path: Path) -> None:
     deps = build_deps(off)
     assert deps.watcher is None and deps.runtime_events is None
     assert deps.relister.evented_period_s == 120.0
+    await deps.close()
+    shorter = dataclasses.replace(
+        base, klet=dataclasses.replace(base.klet, pod_worker_backoff_period=2.0)
+    )
+    deps = build_deps(shorter)
+    assert deps.controller.workers.backoff_period_s == 2.0  # --pod-worker-backoff-period
     await deps.close()
     cri, events = FakeRuntimeService(), FakeRuntimeEvents()
     deps = build_deps(base, Overrides(cri=cri, bus=FakeBus(), runtime_events=events))

@@ -1064,6 +1064,16 @@ _SETTING_FLAGS: tuple[FlagSpec, ...] = (
         env="KLET_EVENTED_PLEG_RELIST_PERIOD",
         metavar="DURATION",
     ),
+    FlagSpec(
+        "--pod-worker-backoff-period",
+        "klet-only: a pod worker retries a sync that failed in the pod's status (a "
+        "container that could not be created or started) this long after it, plus up to "
+        "half again; upstream's fixed backOffPeriod (default 10s)",
+        _DUR,
+        setting="pod_worker_backoff_period",
+        env="KLET_POD_WORKER_BACKOFF_PERIOD",
+        metavar="DURATION",
+    ),
     # Container GC policy: upstream's deprecated KubeletFlags (no config file fields).
     FlagSpec(
         "--minimum-container-ttl-duration",

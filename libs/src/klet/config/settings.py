@@ -118,6 +118,10 @@ class KletSettings:
     # --evented-pleg-relist-period / KLET_EVENTED_PLEG_RELIST_PERIOD, seconds: syncloop's
     # relist period while runtime events drive PLEG (see klet.syncloop.pods.relisting)
     evented_pleg_relist_period: float = 20.0
+    # --pod-worker-backoff-period / KLET_POD_WORKER_BACKOFF_PERIOD, seconds: how long a pod
+    # worker waits after a sync that failed in the pod's status (a container that could not
+    # be created) before it retries, plus up to half again; upstream's fixed backOffPeriod
+    pod_worker_backoff_period: float = 10.0
     tls_bootstrap_timeout: float = 900.0  # --tls-bootstrap-timeout, seconds
     # Each pod's history for `klet why` (status-reporter keeps it on the bus): entries
     # per pod, seconds kept after the last entry, pods kept at most.
@@ -256,6 +260,8 @@ def _check_klet(values: Mapping[str, Any], source: Mapping[str, str]) -> list[Pr
         )
     if values.get("evented_pleg_relist_period", 20.0) <= 0:
         bad("evented_pleg_relist_period", "must be a positive duration")
+    if values.get("pod_worker_backoff_period", 10.0) <= 0:
+        bad("pod_worker_backoff_period", "must be a positive duration")
     if values.get("tls_bootstrap_timeout", 900.0) <= 0:
         bad("tls_bootstrap_timeout", "must be a positive duration")
     if values.get("pod_history_max_age", 86400.0) <= 0:
@@ -607,6 +613,9 @@ def load_settings(
         ),
         evented_pleg_relist_period=klet_values.get(
             "evented_pleg_relist_period", KletSettings.evented_pleg_relist_period
+        ),
+        pod_worker_backoff_period=klet_values.get(
+            "pod_worker_backoff_period", KletSettings.pod_worker_backoff_period
         ),
         credential_providers=credential_providers,
         deprecations=tuple(

@@ -102,7 +102,9 @@ Context = grpc.aio.ServicerContext[object, object]
 
 
 OnRequest = Callable[[str], None]
-"""Told the method of every call the rate limit lets through (the requests metric)."""
+"""Told the method of every call the rate limit lets through (the requests metric); as
+`on_error`, of every call answered with an error after that (Get's disabled gate or
+unknown pod, as upstream counts them; the rate limit's refusals are not)."""
 
 
 def _uncounted(method: str) -> None:
@@ -116,9 +118,10 @@ class _Lister(pb_grpc.PodResourcesListerServicer):
         limiter: TokenBucket,
         clock: Callable[[], float],
         on_request: OnRequest,
+        on_error: OnRequest,
     ) -> None:
         self.source, self.limiter, self.clock = source, limiter, clock
-        self.on_request = on_request
+        self.on_request, self.on_error = on_request, on_error
 
     async def _limit(self, context: Context, method: str) -> None:
         if not self.limiter.allow(self.clock()):
@@ -144,9 +147,11 @@ class _Lister(pb_grpc.PodResourcesListerServicer):
     ) -> pb.GetPodResourcesResponse:
         await self._limit(context, "Get")
         if not self.source.get_enabled():
+            self.on_error("Get")
             await context.abort(grpc.StatusCode.UNKNOWN, GET_DISABLED)
         pod = self.source.get_pod(request.pod_namespace, request.pod_name)
         if pod is None:
+            self.on_error("Get")
             await context.abort(
                 grpc.StatusCode.UNKNOWN, pod_not_found(request.pod_namespace, request.pod_name)
             )
@@ -175,12 +180,13 @@ async def serve_pod_resources(
     limiter: TokenBucket | None = None,
     clock: Callable[[], float] = time.monotonic,
     on_request: OnRequest = _uncounted,
+    on_error: OnRequest = _uncounted,
 ) -> None:
     """Serve `v1.PodResourcesLister` on `socket` until cancelled."""
     await asyncio.to_thread(_prepare, socket)
     server = grpc.aio.server()
     pb_grpc.add_PodResourcesListerServicer_to_server(  # type: ignore[no-untyped-call]
-        _Lister(source, limiter or TokenBucket(), clock, on_request), server
+        _Lister(source, limiter or TokenBucket(), clock, on_request, on_error), server
     )
     server.add_insecure_port(f"unix://{socket}")
     await server.start()

@@ -281,7 +281,7 @@ async def _pod_resources(deps: Deps) -> None:
     )
     socket = Path(deps.settings.klet.root_dir) / SOCKET_DIR / SOCKET_NAME
     metrics = PodResourcesMetrics.create(deps.registry)
-    await serve_pod_resources(view, socket, on_request=metrics.request)
+    await serve_pod_resources(view, socket, on_request=metrics.request, on_error=metrics.error)
 
 
 async def _memory_manager(deps: Deps) -> None:

@@ -40,8 +40,9 @@ buckets (the HELP texts are ours); where each is observed follows upstream's cal
 
 from __future__ import annotations
 
+import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
@@ -50,6 +51,8 @@ from klet.model.pod import CONFIG_SEEN
 from klet.model.types import JSON
 from klet.obs.metrics import DEF_BUCKETS
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.core import Metric
+from prometheus_client.registry import Collector
 
 if TYPE_CHECKING:
     from klet.cri.types import RuntimeEvent
@@ -722,15 +725,78 @@ class DeviceMetrics:
         self.allocations.labels(resource).observe(seconds)
 
 
+class UnsuffixedCounter(Collector):
+    """A counter upstream names without `_total` (client_golang leaves a counter's name
+    as given), served under that exact name.
+
+    prometheus_client renames every counter family to `<name>_total` in the text
+    exposition, and its parser reads a `# TYPE x counter` family only through
+    `x_total` samples; so the one way to give operators upstream's series
+    (`kubelet_pod_resources_endpoint_requests_list{server_api_version="v1"} 3`) is to
+    serve the family untyped: the samples are upstream's names and values, only the
+    TYPE line says `untyped` where upstream's says `counter` (PromQL's rate() and
+    increase() take either). It only goes up, as a counter."""
+
+    def __init__(
+        self,
+        name: str,
+        documentation: str,
+        labelnames: Sequence[str] = (),
+        *,
+        registry: CollectorRegistry,
+    ) -> None:
+        self.name, self.documentation = name, documentation
+        self.labelnames = tuple(labelnames)
+        self._values: dict[tuple[str, ...], float] = {}
+        self._lock = threading.Lock()  # a scrape may run in another thread
+        registry.register(self)
+
+    def inc(self, *labelvalues: str, amount: float = 1.0) -> None:
+        """Add `amount` (0 makes the series exist) to the series of `labelvalues`."""
+        if len(labelvalues) != len(self.labelnames):
+            raise ValueError(f"{self.name}: labels {self.labelnames}, given {labelvalues}")
+        if amount < 0:
+            raise ValueError(f"{self.name}: a counter cannot go down ({amount})")
+        with self._lock:
+            self._values[labelvalues] = self._values.get(labelvalues, 0.0) + amount
+
+    def value(self, *labelvalues: str) -> float | None:
+        with self._lock:
+            return self._values.get(labelvalues)
+
+    def describe(self) -> Iterator[Metric]:
+        yield Metric(self.name, self.documentation, "unknown")
+
+    def collect(self) -> Iterator[Metric]:
+        family = Metric(self.name, self.documentation, "unknown")
+        with self._lock:
+            for values, value in self._values.items():
+                family.add_sample(self.name, dict(zip(self.labelnames, values, strict=True)), value)
+        yield family
+
+
+PODRESOURCES_METHODS = {
+    "List": "list",
+    "Get": "get",
+    "GetAllocatableResources": "get_allocatable",
+}
+"""The v1 API's methods and upstream's suffix of their per-method series."""
+
+
 @dataclass(frozen=True)
 class PodResourcesMetrics:
-    """The PodResources API's upstream series: the calls its rate limit let through, by
-    API version ("v1", the one klet serves), at 0 from when the leader serves. Upstream's
-    per-method series (kubelet_pod_resources_endpoint_requests_{list,get,get_allocatable}
-    and _errors_*) are counters without a `_total`, which prometheus_client cannot name:
-    not served."""
+    """The PodResources API's upstream series, by API version ("v1", the one klet
+    serves), each at 0 from when the leader serves: every call its rate limit let
+    through (kubelet_pod_resources_endpoint_requests_total), the same per method
+    (kubelet_pod_resources_endpoint_requests_{list,get,get_allocatable}), and the calls
+    answered with an error per method (kubelet_pod_resources_endpoint_errors_*: only
+    Get's disabled gate and unknown pod, as upstream, whose List and
+    GetAllocatableResources never fail). The per-method ones are counters upstream
+    names without `_total` (UnsuffixedCounter)."""
 
     requests: Counter
+    per_method: Mapping[str, UnsuffixedCounter]
+    errors: Mapping[str, UnsuffixedCounter]
 
     @classmethod
     def create(cls, registry: CollectorRegistry) -> PodResourcesMetrics:
@@ -741,11 +807,33 @@ class PodResourcesMetrics:
             registry=registry,
         )
         requests.labels("v1")
-        return cls(requests=requests)
+
+        def counter(kind: str, method: str, suffix: str) -> UnsuffixedCounter:
+            made = UnsuffixedCounter(
+                f"kubelet_pod_resources_endpoint_{kind}_{suffix}",
+                f"Calls to the PodResources {method} endpoint"
+                + (" answered with an error" if kind == "errors" else "")
+                + ", by API version",
+                ["server_api_version"],
+                registry=registry,
+            )
+            made.inc("v1", amount=0)
+            return made
+
+        return cls(
+            requests=requests,
+            per_method={m: counter("requests", m, s) for m, s in PODRESOURCES_METHODS.items()},
+            errors={m: counter("errors", m, s) for m, s in PODRESOURCES_METHODS.items()},
+        )
 
     def request(self, method: str) -> None:
         """One call of `method` (List, Get, GetAllocatableResources) of the v1 API."""
         self.requests.labels("v1").inc()
+        self.per_method[method].inc("v1")
+
+    def error(self, method: str) -> None:
+        """One call of `method` of the v1 API answered with an error."""
+        self.errors[method].inc("v1")
 
 
 @dataclass(frozen=True)

@@ -473,6 +473,7 @@ def build_deps(settings: Settings, overrides: Overrides | None = None) -> Deps:
         node_name=settings.klet.node_name,
         observer=metrics,
         resizer=resizer,
+        backoff_period_s=settings.klet.pod_worker_backoff_period,
     )
     relister = Relister(
         cri,

@@ -54,7 +54,7 @@ from klet.syncloop.events import EventSink
 from klet.syncloop.model import podspec
 from klet.syncloop.model.runtimepod import RuntimePod
 from klet.syncloop.pods.podstate import KillRequest, PodSyncState, pod_worker_operation
-from klet.syncloop.pods.podworkers import Outcome, PodWorkers
+from klet.syncloop.pods.podworkers import BACKOFF_PERIOD_S, Outcome, PodWorkers
 from klet.syncloop.pods.resizing import PodResizer
 from klet.syncloop.pods.runtime import PodRuntime
 from klet.syncloop.pods.staticpods import StaticPodGate
@@ -264,6 +264,7 @@ class PodController:
         node_name: str = "",
         observer: WorkerObserver | None = None,
         resizer: PodResizer | None = None,
+        backoff_period_s: float = BACKOFF_PERIOD_S,
     ) -> None:
         self.bus = bus
         # In-place resize (InPlacePodVerticalScaling); None: pods run as their spec says.
@@ -285,7 +286,8 @@ class PodController:
         self.pods: dict[str, PodSyncState] = {}
         self.sources_ready = False
         self.runtime_uids: set[str] = set()
-        self.workers = PodWorkers(self.sync_once, clock=clock)
+        # a sync that failed in the status is retried after backoff_period_s (podworkers)
+        self.workers = PodWorkers(self.sync_once, clock=clock, backoff_period_s=backoff_period_s)
         # Every stream change gets a generation number, so a table read that began
         # before it (and so does not contain it) cannot undo it.
         self.generation = 0

@@ -77,7 +77,7 @@ class PodWorkers:
         self._workers: dict[str, _Worker] = {}
         self._initial = error_backoff_initial_s
         self._max = error_backoff_max_s
-        self._period = backoff_period_s
+        self.backoff_period_s = backoff_period_s  # the retry after a failed sync (jittered)
         self._rand = rand
         self.idle = asyncio.Event()
 
@@ -153,7 +153,9 @@ class PodWorkers:
                     continue
                 worker.wake_at = outcome.wake_at
                 if outcome.failed:
-                    retry = self._clock() + jittered(self._period, BACKOFF_JITTER, rand=self._rand)
+                    retry = self._clock() + jittered(
+                        self.backoff_period_s, BACKOFF_JITTER, rand=self._rand
+                    )
                     worker.backoff_until = retry
                     worker.wake_at = (
                         retry if outcome.wake_at is None else min(outcome.wake_at, retry)
