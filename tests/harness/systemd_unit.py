@@ -61,12 +61,12 @@ def exec_start_argv(units: Sequence[str], read_file: Callable[[str], str | None]
             elif key == "ExecStart":
                 exec_start = [value] if value else []
     for path, optional in env_files:
-        text = read_file(path)
-        if text is None:
+        contents = read_file(path)
+        if contents is None:
             if not optional:
                 raise FileNotFoundError(f"EnvironmentFile={path} is missing")
             continue
-        env.update(read_env_file(text))
+        env.update(read_env_file(contents))
     if len(exec_start) != 1:
         raise ValueError(f"a simple service has exactly one ExecStart=, found {exec_start}")
     argv: list[str] = []
