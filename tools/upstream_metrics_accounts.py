@@ -231,12 +231,6 @@ MISSING: Mapping[str, tuple[str, ...]] = {
     "the relist's dropped events (a full channel) are not counted": (
         "/metrics kubelet_pleg_discard_events",
     ),
-    "RunPodSandbox is timed in kubelet_runtime_operations_* only": (
-        "/metrics kubelet_run_podsandbox_duration_seconds",
-    ),
-    "RunPodSandbox failures are counted in kubelet_runtime_operations_errors_total only": (
-        "/metrics kubelet_run_podsandbox_errors_total",
-    ),
     "status-reporter's PATCH of a pod status is not timed from its change": (
         "/metrics kubelet_pod_status_sync_duration_seconds",
     ),

@@ -157,10 +157,13 @@ def go_status_text(err: grpc.aio.AioRpcError) -> str:
 
 
 class CallObserver(Protocol):
-    """Told of every unary CRI call: its method name, how long it took, whether it failed
-    (klet.obs.runtimeops turns this into upstream's kubelet_runtime_operations_*)."""
+    """Told of every unary CRI call: its method name, how long it took, whether it failed,
+    and for RunPodSandbox the runtime handler it asked for (klet.obs.runtimeops turns this
+    into upstream's kubelet_runtime_operations_* and kubelet_run_podsandbox_*)."""
 
-    def observe(self, method: str, seconds: float, *, failed: bool) -> None: ...
+    def observe(
+        self, method: str, seconds: float, *, failed: bool, runtime_handler: str | None = None
+    ) -> None: ...
 
 
 class RuntimeClient:
@@ -211,7 +214,13 @@ class RuntimeClient:
             await self._image_channel.close(None)
 
     async def _call(
-        self, what: str, method: Any, request: Any, *, deadline_s: float | None = None
+        self,
+        what: str,
+        method: Any,
+        request: Any,
+        *,
+        deadline_s: float | None = None,
+        runtime_handler: str | None = None,
     ) -> Any:
         started, failed = time.perf_counter(), False
         try:
@@ -222,12 +231,21 @@ class RuntimeClient:
             raise _map_error(err, what) from err
         finally:
             if self.observer is not None:
-                self.observer.observe(what, time.perf_counter() - started, failed=failed)
+                self.observer.observe(
+                    what,
+                    time.perf_counter() - started,
+                    failed=failed,
+                    runtime_handler=runtime_handler,
+                )
 
-    async def _make(self, what: str, method: Any, request: Any) -> Any:
+    async def _make(
+        self, what: str, method: Any, request: Any, *, runtime_handler: str | None = None
+    ) -> Any:
         """`_call` for a creation or start: it runs on when the caller is cancelled, and
         `close()` waits for it (see the module docstring)."""
-        task = asyncio.ensure_future(self._call(what, method, request))
+        task = asyncio.ensure_future(
+            self._call(what, method, request, runtime_handler=runtime_handler)
+        )
         task.set_name(what)
         self._making.add(task)
         task.add_done_callback(_forget_making(self._making))
@@ -313,6 +331,7 @@ class RuntimeClient:
             "RunPodSandbox",
             self._rt.RunPodSandbox,
             pb.RunPodSandboxRequest(config=_sandbox_pb(config), runtime_handler=runtime_handler),
+            runtime_handler=runtime_handler,
         )
         return SandboxID(r.pod_sandbox_id)
 

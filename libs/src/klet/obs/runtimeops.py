@@ -5,7 +5,10 @@
 (`run_podsandbox`, `list_containers`, `container_status`, ...) and duration buckets, so
 an operator's dashboards and alerts for the upstream kubelet read klet's too. Each
 service that calls the runtime exports the calls it makes itself (syncloop most of them,
-eviction and status-reporter the stats, image-gc the image calls).
+eviction and status-reporter the stats, image-gc the image calls). As upstream's
+instrumented runtime service, RunPodSandbox is also timed and its failures counted by
+the runtime handler it asked for (`kubelet_run_podsandbox_duration_seconds` and
+`kubelet_run_podsandbox_errors_total{runtime_handler}`, "" for the runtime's default).
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ from __future__ import annotations
 import functools
 import re
 
+from klet.obs.metrics import DEF_BUCKETS
 from prometheus_client import CollectorRegistry, Counter, Histogram
 
 OPERATIONS = "kubelet_runtime_operations_total"
@@ -59,10 +63,31 @@ class RuntimeOperationMetrics:
             labels,
             registry=registry,
         )
+        self.sandbox_duration = Histogram(
+            "kubelet_run_podsandbox_duration_seconds",
+            "Duration in seconds of the run_podsandbox operations. Broken down by "
+            "RuntimeClass.Handler.",
+            ["runtime_handler"],
+            buckets=DEF_BUCKETS,
+            registry=registry,
+        )
+        self.sandbox_errors = Counter(
+            "kubelet_run_podsandbox_errors",
+            "Cumulative number of the run_podsandbox operation errors by RuntimeClass.Handler.",
+            ["runtime_handler"],
+            registry=registry,
+        )
 
-    def observe(self, method: str, seconds: float, *, failed: bool) -> None:
+    def observe(
+        self, method: str, seconds: float, *, failed: bool, runtime_handler: str | None = None
+    ) -> None:
         op = operation_type(method)
         self.operations.labels(op).inc()
         self.duration.labels(op).observe(seconds)
         if failed:
             self.errors.labels(op).inc()
+        if method == "RunPodSandbox":
+            handler = runtime_handler or ""
+            self.sandbox_duration.labels(handler).observe(seconds)
+            if failed:
+                self.sandbox_errors.labels(handler).inc()
