@@ -49,6 +49,7 @@ class FakeDriver:
         self.calls: list[tuple[str, Any]] = []
         self.expanded: list[Volume] = []  # what each NodeExpandVolume was given
         self.fail: CSIError | None = None
+        self.expand_fail: CSIError | None = None  # what NodeExpandVolume answers
 
     async def node_capabilities(self) -> frozenset[str]:
         if self.fail:
@@ -85,6 +86,8 @@ class FakeDriver:
     ) -> int:
         self.calls.append(("expand", (volume.volume_id, volume_path, required_bytes)))
         self.expanded.append(volume)
+        if self.expand_fail:
+            raise self.expand_fail
         return required_bytes
 
     async def close(self) -> None:
@@ -144,8 +147,9 @@ class Objects:
     async def get_secret(self, namespace: str, name: str) -> JSON | None:
         return self.secrets.get((namespace, name))
 
-    async def patch_pvc_status(self, namespace: str, name: str, patch: JSON) -> None:
+    async def patch_pvc_status(self, namespace: str, name: str, patch: JSON) -> JSON | None:
         self.patches.append(((namespace, name), patch))
+        return None
 
     def bind(self, claim: str, pv: str, *, handle: str = "vol-1", **csi: Any) -> None:
         self.pvcs[("ns", claim)] = {
@@ -643,7 +647,8 @@ async def test_a_grown_block_csi_volume_is_expanded_at_its_publish_file(tmp_path
     await p.set_up(CLAIM, ctx(tmp_path, a_pod("u1", CLAIM)))
     target = str(tmp_path / "plugins/kubernetes.io/csi/volumeDevices/publish/pv1/u1")
     assert driver.calls[-1] == ("expand", ("vol-1", target, 2 << 30))
-    [(claim, patch)] = objects.patches
+    [(_, marked), (claim, patch)] = objects.patches
+    assert marked["status"] == {"allocatedResourceStatuses": {"storage": "NodeResizeInProgress"}}
     assert claim == ("ns", "data") and patch["status"]["capacity"] == {"storage": "2Gi"}
 
 
@@ -810,17 +815,22 @@ async def test_fs_group_is_applied_as_the_policy_says(tmp_path: Path) -> None:
 
 
 async def test_online_expansion_when_the_claim_waits_for_the_node(tmp_path: Path) -> None:
+    """Upstream's NodeExpander: NodeResizeInProgress before the call, then the capacity
+    with the resize conditions and status gone; an older resizer's claim (no status, no
+    allocatedResources) is expanded to the PV's size with nothing marked before."""
     driver, objects = FakeDriver(caps=frozenset({"EXPAND_VOLUME"})), Objects()
     objects.bind("data", "pv1")
     claim = objects.pvcs[("ns", "data")]
+    claim["metadata"]["resourceVersion"] = "7"
     claim["status"]["capacity"] = {"storage": "1Mi"}
     objects.pvs["pv1"]["spec"]["capacity"] = {"storage": "1Mi"}
     p = plugin(tmp_path, driver, objects)
     path = await p.set_up(CLAIM, ctx(tmp_path, a_pod("u1", CLAIM)))
     assert driver.names() == ["publish"]  # nothing to grow
     objects.pvs["pv1"]["spec"]["capacity"] = {"storage": "2Mi"}
+    claim["status"]["allocatedResources"] = {"storage": "2Mi"}
     await p.set_up(CLAIM, ctx(tmp_path, a_pod("u1", CLAIM)))
-    assert driver.names() == ["publish"]  # the claim does not wait for the node
+    assert driver.names() == ["publish"]  # allocated, but the resizer did not hand it over
     claim["status"]["allocatedResourceStatuses"] = {"storage": "NodeResizePending"}
     claim["status"]["conditions"] = [
         {"type": "FileSystemResizePending", "status": "True"},
@@ -830,7 +840,15 @@ async def test_online_expansion_when_the_claim_waits_for_the_node(tmp_path: Path
     ]
     await p.set_up(CLAIM, ctx(tmp_path, a_pod("u1", CLAIM)))
     assert driver.calls[-1] == ("expand", ("vol-1", str(path), 2 << 20))
+    version = {"resourceVersion": "7"}
     assert objects.patches == [
+        (
+            ("ns", "data"),
+            {
+                "status": {"allocatedResourceStatuses": {"storage": "NodeResizeInProgress"}},
+                "metadata": version,
+            },
+        ),
         (
             ("ns", "data"),
             {
@@ -838,9 +856,90 @@ async def test_online_expansion_when_the_claim_waits_for_the_node(tmp_path: Path
                     "capacity": {"storage": "2Mi"},
                     "conditions": [{"type": "Other", "status": "True"}],
                     "allocatedResourceStatuses": {"storage": None},
-                }
+                },
+                "metadata": version,
             },
-        )
+        ),
+    ]
+    objects.patches.clear()
+    del claim["status"]["allocatedResourceStatuses"], claim["status"]["allocatedResources"]
+    objects.pvs["pv1"]["spec"]["capacity"] = {"storage": "3Mi"}
+    await p.set_up(CLAIM, ctx(tmp_path, a_pod("u1", CLAIM)))
+    assert driver.calls[-1] == ("expand", ("vol-1", str(path), 3 << 20))
+    [(_, finished)] = objects.patches
+    assert finished["status"]["capacity"] == {"storage": "3Mi"}
+
+
+async def test_a_failed_node_expansion_is_written_to_the_claim_and_recovered(
+    tmp_path: Path,
+) -> None:
+    """CSI Mock's 'Expansion with recovery' specs: a final error leaves the claim
+    NodeResizeInProgress with a NodeResizeError condition, an InvalidArgument one makes
+    it NodeResizeInfeasible; once the user asks for less, the node expands to the
+    allocated (smaller) size and the claim is clean again. A driver that does not answer
+    marks nothing."""
+    driver, objects = FakeDriver(caps=frozenset({"EXPAND_VOLUME"})), Objects()
+    objects.bind("data", "pv1")
+    claim = objects.pvcs[("ns", "data")]
+    claim["spec"]["resources"] = {"requests": {"storage": "9Gi"}}
+    claim["status"].update(
+        capacity={"storage": "1Gi"},
+        allocatedResources={"storage": "9Gi"},
+        allocatedResourceStatuses={"storage": "NodeResizePending"},
+    )
+    objects.pvs["pv1"]["spec"]["capacity"] = {"storage": "9Gi"}
+    p = plugin(tmp_path, driver, objects)
+    pod = a_pod("u1", CLAIM)
+    driver.expand_fail = CSIError(
+        "NodeExpandVolume: PERMISSION_DENIED: no", code="PERMISSION_DENIED"
+    )
+    path = await p.set_up(CLAIM, ctx(tmp_path, pod))  # the pod's volume is still there
+    assert driver.calls[-1] == ("expand", ("vol-1", str(path), 9 << 30))
+    [(_, marked), (_, failed)] = objects.patches
+    assert marked["status"]["allocatedResourceStatuses"] == {"storage": "NodeResizeInProgress"}
+    assert "allocatedResourceStatuses" not in failed["status"]  # stays in progress
+    [error] = failed["status"]["conditions"]
+    assert error["type"] == "NodeResizeError" and error["status"] == "True"
+    assert error["message"] == "failed to expand pvc with NodeExpandVolume: PERMISSION_DENIED: no"
+
+    objects.patches.clear()
+    driver.expand_fail = CSIError("NodeExpandVolume: INVALID_ARGUMENT: no", code="INVALID_ARGUMENT")
+    claim["status"]["allocatedResourceStatuses"] = {"storage": "NodeResizeInProgress"}
+    await p.set_up(CLAIM, ctx(tmp_path, pod))
+    [(_, failed)] = objects.patches  # already in progress: not marked again
+    assert failed["status"]["allocatedResourceStatuses"] == {"storage": "NodeResizeInfeasible"}
+
+    objects.patches.clear()
+    claim["status"]["allocatedResourceStatuses"] = {"storage": "NodeResizeInfeasible"}
+    calls = len(driver.calls)
+    await p.set_up(CLAIM, ctx(tmp_path, pod))
+    assert len(driver.calls) == calls and objects.patches == []  # infeasible: left alone
+
+    # the user asks for 5Gi; the resizer allocates it and hands it to the node again
+    driver.expand_fail = None
+    claim["spec"]["resources"] = {"requests": {"storage": "5Gi"}}
+    claim["status"]["allocatedResources"] = {"storage": "5Gi"}
+    claim["status"]["allocatedResourceStatuses"] = {"storage": "NodeResizePending"}
+    claim["status"]["conditions"] = [dict(error)]
+    await p.set_up(CLAIM, ctx(tmp_path, pod))
+    assert driver.calls[-1] == ("expand", ("vol-1", str(path), 5 << 30))
+    finished = objects.patches[-1][1]["status"]
+    assert finished == {
+        "capacity": {"storage": "5Gi"},
+        "conditions": None,
+        "allocatedResourceStatuses": {"storage": None},
+    }
+
+    objects.patches.clear()
+    claim["status"]["capacity"] = {"storage": "5Gi"}
+    claim["status"]["allocatedResourceStatuses"] = {"storage": "NodeResizePending"}
+    claim["status"]["allocatedResources"] = {"storage": "6Gi"}
+    driver.expand_fail = DriverUnavailable(
+        "NodeExpandVolume: UNAVAILABLE: gone", code="UNAVAILABLE"
+    )
+    await p.set_up(CLAIM, ctx(tmp_path, pod))
+    assert [patch["status"] for _, patch in objects.patches] == [
+        {"allocatedResourceStatuses": {"storage": "NodeResizeInProgress"}}
     ]
 
 
@@ -867,7 +966,7 @@ async def test_node_expansion_carries_the_node_expand_secret_only(tmp_path: Path
     assert await p.set_up(CLAIM, ctx(tmp_path, a_pod("u1", CLAIM))) == path
     assert driver.calls[-1] == ("expand", ("vol-1", str(path), 2 << 20))
     assert driver.expanded[-1].secrets == {"password": "t0p-Secret"}
-    assert objects.patches[0][1]["status"]["capacity"] == {"storage": "2Mi"}
+    assert objects.patches[-1][1]["status"]["capacity"] == {"storage": "2Mi"}
 
 
 # -- helpers ------------------------------------------------------------------------------

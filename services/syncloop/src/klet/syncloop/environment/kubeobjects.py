@@ -129,18 +129,20 @@ class ApiObjects:
         path = f"/api/v1/nodes/{quote(name, safe='')}"
         return await self._fetch(("nodes", "", name), path)
 
-    async def patch_pvc_status(self, namespace: str, name: str, patch: JSON) -> None:
+    async def patch_pvc_status(self, namespace: str, name: str, patch: JSON) -> JSON | None:
         """A merge patch of the claim's status (the node may write its resize fields);
-        raises `ObjectUnavailable`."""
+        the claim as patched (None when the answer is not an object); raises
+        `ObjectUnavailable` (a stale `metadata.resourceVersion` in the patch too)."""
         path = (
             f"/api/v1/namespaces/{quote(namespace, safe='')}/persistentvolumeclaims/"
             f"{quote(name, safe='')}/status"
         )
         try:
-            await self.kube.patch(path, patch, kind="merge")
+            patched = await self.kube.patch(path, patch, kind="merge")
         except KubeError as err:
             raise ObjectUnavailable(str(err)) from err
         self._cache.pop(("persistentvolumeclaims", namespace, name), None)
+        return patched if isinstance(patched, dict) else None
 
     def forget_cached(self) -> None:
         self._cache.clear()

@@ -26,9 +26,11 @@ table, which syncloop's plugin watcher fills), as upstream's CSI volume plugin d
   (`File`; `ReadWriteOnceWithFSType`, the default, when the PV has an fsType and is
   ReadWriteOnce; `None`), skipped with `fsGroupChangePolicy: OnRootMismatch` when the
   root already has it;
-- **expand** (`NodeExpandVolume`, for a driver with EXPAND_VOLUME) when the controller
-  side grew the PV and the claim waits for the node; the claim's status then gets the
-  new capacity (a failure is logged and tried again at the next sync);
+- **expand** (`NodeExpandVolume`, for a driver with EXPAND_VOLUME) when the PV grew past
+  the claim's capacity and the claim waits for the node, to the claim's allocated size,
+  with the claim's resize status and conditions written as upstream's kubelet writes
+  them (`expansion`: NodeResizeInProgress, then the new capacity, or NodeResizeError /
+  NodeResizeInfeasible on a driver's refusal);
 - **unpublish** when the pod's volumes are torn down, and **unstage** when no pod on the
   node uses the volume any more.
 
@@ -70,14 +72,21 @@ from pathlib import Path
 from typing import Any, Generic, Protocol, TypeVar
 
 from klet.bus import BusError
-from klet.csi import Capability, CSIError, Volume
+from klet.csi import Capability, CSIError, DriverUnavailable, Volume
 from klet.hostfs import on_host
 from klet.model.records import CSIDriverRecord
 from klet.model.types import JSON
-from klet.model.units import parse_quantity_int
 from klet.syncloop.environment.kubeobjects import ObjectUnavailable, secret_data
 from klet.syncloop.plugins.csidrivers import driver_name_problem
-from klet.syncloop.volumes import claims, csiblock, fs, hostpath, localdevice, ownership
+from klet.syncloop.volumes import (
+    claims,
+    csiblock,
+    expansion,
+    fs,
+    hostpath,
+    localdevice,
+    ownership,
+)
 from klet.syncloop.volumes.base import (
     Block,
     TokenIssuer,
@@ -99,8 +108,6 @@ GLOBAL_DIR = Path("plugins") / "kubernetes.io" / "csi"
 STAGE_UNSTAGE = "STAGE_UNSTAGE_VOLUME"
 GET_VOLUME_STATS = "GET_VOLUME_STATS"
 EXPAND_VOLUME = "EXPAND_VOLUME"
-FS_RESIZE_PENDING = "FileSystemResizePending"
-NODE_RESIZE_STATES = frozenset({"NodeResizePending", "NodeResizeInProgress", "NodeResizeFailed"})
 VOLUME_MOUNT_GROUP = "VOLUME_MOUNT_GROUP"
 SINGLE_NODE_MULTI_WRITER = "SINGLE_NODE_MULTI_WRITER"
 
@@ -148,7 +155,9 @@ class CSIObjects(claims.ClaimObjects, Protocol):
 
     async def get_secret(self, namespace: str, name: str) -> JSON | None: ...
 
-    async def patch_pvc_status(self, namespace: str, name: str, patch: JSON) -> None: ...
+    async def patch_pvc_status(self, namespace: str, name: str, patch: JSON) -> JSON | None:
+        """The claim as the apiserver holds it after the patch (None: not said)."""
+        ...
 
 
 class PooledDriver(Protocol):
@@ -269,52 +278,6 @@ def applies_fs_group(policy: str, *, fs_type: str, access_modes: list[Any] | Non
     return "ReadWriteOnce" in access_modes or "ReadWriteOncePod" in access_modes
 
 
-def resize_wanted(claim: JSON, pv: JSON) -> tuple[str, int] | None:
-    """(the PV's capacity as written, in bytes) when the node must expand the volume:
-    the PV is larger than the claim's status capacity and the claim waits for the node
-    (`allocatedResourceStatuses.storage` NodeResize*, or the FileSystemResizePending
-    condition of older resizers)."""
-    status = claim.get("status") or {}
-    written = str(((pv.get("spec") or {}).get("capacity") or {}).get("storage") or "")
-    have = str((status.get("capacity") or {}).get("storage") or "")
-    if not written or not have:
-        return None
-    try:
-        want_bytes, have_bytes = parse_quantity_int(written), parse_quantity_int(have)
-    except ValueError:
-        return None
-    pending = (status.get("allocatedResourceStatuses") or {}).get("storage") in NODE_RESIZE_STATES
-    pending = pending or any(
-        c.get("type") == FS_RESIZE_PENDING for c in status.get("conditions") or []
-    )
-    return (written, want_bytes) if pending and want_bytes > have_bytes else None
-
-
-RESIZE_CONDITIONS = frozenset(
-    {FS_RESIZE_PENDING, "Resizing", "ControllerResizeError", "NodeResizeError"}
-)
-"""The claim conditions of a resize, which upstream's kubelet drops once the node has
-expanded the volume (its MarkFSResizeFinished); any other condition stays."""
-
-
-def resized_status(claim: JSON, capacity: str) -> JSON:
-    """The merge patch of a claim's status once the node has expanded its volume: the new
-    capacity, no resize conditions (a `Resizing` in a claim read before the resizer had
-    finished is not written back) and no allocated resource status."""
-    conditions = [
-        c
-        for c in (claim.get("status") or {}).get("conditions") or []
-        if c.get("type") not in RESIZE_CONDITIONS
-    ]
-    return {
-        "status": {
-            "capacity": {"storage": capacity},
-            "conditions": conditions or None,
-            "allocatedResourceStatuses": {"storage": None},
-        }
-    }
-
-
 def set_ownership(path: Path, gid: int, *, read_only: bool, on_root_mismatch: bool) -> None:
     """Give every file below `path` the group `gid` with group access, and each directory
     the setgid bit, as upstream's volume ownership change does
@@ -374,6 +337,9 @@ class CSIVolumePlugin:
         # Staging data files naming another driver or handle than their directory's
         # (left alone by the sweep, logged once each).
         self._mismatched: set[Path] = set()
+        # PVs whose NodeExpandVolume failed with a final error here (upstream's
+        # volumesWithFinalExpansionErrors), forgotten once one succeeds.
+        self._expansion_failed: set[str] = set()
 
     def handles(self, volume: JSON) -> bool:
         return any(
@@ -779,35 +745,61 @@ class CSIVolumePlugin:
         target: Path,
         staging: str,
     ) -> None:
-        """Online expansion: when the controller side grew the PV past what the claim's
-        status says and left the node's part pending, NodeExpandVolume, then the claim's
-        status records the new size (upstream's kubelet does both). The call carries the
-        PV's `nodeExpandSecretRef` secret (only that one, as upstream's csi_expander)."""
+        """Online expansion as upstream's kubelet does it (`expansion.plan`): the claim
+        marked NodeResizeInProgress, NodeExpandVolume to the allocated size, then the
+        claim's new capacity; a driver's refusal written as the NodeResizeError
+        condition (and NodeResizeInfeasible when it is one). The call carries the PV's
+        `nodeExpandSecretRef` secret (only that one, as upstream's csi_expander). The
+        pod keeps running on the old size whatever fails; the next sync decides again."""
         assert self.objects is not None
-        wanted = resize_wanted(claimed.claim, claimed.pv)
-        if wanted is None:
+        pv_name = claimed.pv_name
+        todo = expansion.plan(
+            claimed.claim,
+            claimed.pv,
+            read_only=claimed.read_only,
+            failed_before=pv_name in self._expansion_failed,
+        )
+        if todo is None:
             return
         meta = claimed.claim["metadata"]
+        namespace, name = str(meta["namespace"]), str(meta["name"])
+        claim = claimed.claim
         source = (claimed.pv.get("spec") or {}).get("csi") or {}
         try:
             secrets = await self._secret(source.get("nodeExpandSecretRef"), "NodeExpand")
-            await client.expand(
-                dataclasses.replace(volume, secrets=secrets),
-                volume_path=str(target),
-                staging_path=staging,
-                required_bytes=wanted[1],
-            )
+            marked = expansion.in_progress_patch(claim) if todo.recovery else None
+            if marked is not None:
+                claim = await self.objects.patch_pvc_status(namespace, name, marked) or claim
+            try:
+                await client.expand(
+                    dataclasses.replace(volume, secrets=secrets),
+                    volume_path=str(target),
+                    staging_path=staging,
+                    required_bytes=todo.size_bytes,
+                )
+            except CSIError as err:
+                if isinstance(err, DriverUnavailable) or not todo.recovery:
+                    raise  # transient, or an older resizer's claim: nothing to mark
+                self._expansion_failed.add(pv_name)
+                infeasible = expansion.is_infeasible(err.code, todo)
+                now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(self.clock()))
+                await self.objects.patch_pvc_status(
+                    namespace,
+                    name,
+                    expansion.failed_patch(claim, str(err), infeasible=infeasible, now=now),
+                )
+                raise
+            self._expansion_failed.discard(pv_name)
             await self.objects.patch_pvc_status(
-                str(meta["namespace"]), str(meta["name"]), resized_status(claimed.claim, wanted[0])
+                namespace, name, expansion.finished_patch(claim, todo.size)
             )
         except (CSIError, ObjectUnavailable, VolumeError) as err:
-            # The pod keeps running on the old size; the next sync tries again.
             log.warning(
                 "volume not expanded",
-                extra={"pv": claimed.pv_name, "driver": record.name, "error": str(err)},
+                extra={"pv": pv_name, "driver": record.name, "error": str(err)},
             )
             return
-        log.info("volume expanded", extra={"pv": claimed.pv_name, "capacity": wanted[0]})
+        log.info("volume expanded", extra={"pv": pv_name, "capacity": todo.size})
 
     async def _ownership(
         self,
