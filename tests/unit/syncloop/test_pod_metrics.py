@@ -2,8 +2,9 @@
 fake runtime: kubelet_pod_worker_duration_seconds by operation_type (create, sync,
 update, kill, terminated), kubelet_started_pods_total / _errors_total,
 kubelet_started_containers_total / _errors_total by container_type and code,
-kubelet_image_pull_duration_seconds by image size, kubelet_pod_start_duration_seconds
-and kubelet_pod_start_sli_duration_seconds once per pod that starts; and the pure parts:
+kubelet_image_pull_duration_seconds by image size, kubelet_pod_start_duration_seconds,
+kubelet_pod_start_sli_duration_seconds and kubelet_pod_start_total_duration_seconds once
+per pod that starts; and the pure parts:
 the operation type, the image size buckets, the start tracker's arithmetic."""
 
 from __future__ import annotations
@@ -94,6 +95,9 @@ async def test_a_pod_start_is_observed_at_each_point(w: World) -> None:
     assert w.value("kubelet_pod_start_duration_seconds_sum") == pytest.approx(4)
     assert w.value("kubelet_pod_start_sli_duration_seconds_count") == 1
     assert w.value("kubelet_pod_start_sli_duration_seconds_sum") == pytest.approx(10)
+    # the fake pulls in no time: the total is the SLI here
+    assert w.value("kubelet_pod_start_total_duration_seconds_count") == 1
+    assert w.value("kubelet_pod_start_total_duration_seconds_sum") == pytest.approx(10)
 
     await w.controller.sync_once("u1")  # nothing changed: a sync, and no second start
     assert w.value(WORKER, operation_type="sync") == 1
@@ -214,6 +218,7 @@ def test_the_start_tracker() -> None:
     tracker = PodStartTracker(
         start=Histogram("start", "s", registry=registry),
         sli=Histogram("sli", "s", registry=registry),
+        total=Histogram("total", "s", registry=registry),
     )
     p = desired(creationTimestamp=rfc3339(NOW)).pod
     p["spec"]["containers"].append({"name": "second", "image": "x"})
@@ -237,6 +242,9 @@ def test_the_start_tracker() -> None:
     assert registry.get_sample_value("sli_count") == 1
     # 30 s since creation, less 4 s of pulls (2-6) and 1 s (9-10), less 2 s of init
     assert registry.get_sample_value("sli_sum") == pytest.approx(30 - 5 - 2)
+    # the total leaves nothing out, observed at the same moment
+    assert registry.get_sample_value("total_count") == 1
+    assert registry.get_sample_value("total_sum") == pytest.approx(30)
 
     # a pod that ends before it runs is not a start
     tracker.status("u2", p, status("Pending"), NOW)
@@ -250,6 +258,8 @@ def test_the_start_tracker() -> None:
     tracker.status("u1", p, status("Running", True, True), NOW + 51)
     assert registry.get_sample_value("start_count") == 2
     assert registry.get_sample_value("sli_count") == 2
+    assert registry.get_sample_value("total_count") == 2
+    assert registry.get_sample_value("total_sum") == pytest.approx(30 + 51)
 
 
 async def test_the_pod_cgroup_creation_is_timed(tmp_path: Path) -> None:

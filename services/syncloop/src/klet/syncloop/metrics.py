@@ -15,11 +15,12 @@ buckets (the HELP texts are ours); where each is observed follows upstream's cal
   it; `kubelet_pod_start_sli_duration_seconds`: from its creationTimestamp to the first
   status in which every container runs, less the time its image pulls took (their
   union) and the run time of its init containers, as upstream's startup latency
-  tracker. A pod already running when this process first syncs it (a restart) is
-  observed by neither, nor is a pod that ends before it runs; a pod without a
-  creationTimestamp (a static pod) has no SLI. Upstream takes the SLI moment from the
-  apiserver's watch; syncloop has no watch of its own pods, so it is the status's
-  computation (earlier by one status write);
+  tracker; `kubelet_pod_start_total_duration_seconds`: the same moment, nothing left
+  out (pulls and init containers included). A pod already running when this process
+  first syncs it (a restart) is observed by none, nor is a pod that ends before it
+  runs; a pod without a creationTimestamp (a static pod) has no SLI nor total.
+  Upstream takes the SLI moment from the apiserver's watch; syncloop has no watch of
+  its own pods, so it is the status's computation (earlier by one status write);
 - `kubelet_started_pods_total` / `_errors_total`: sandbox creations tried / failed;
   `kubelet_started_containers_total{container_type}` / `_errors_total{container_type,
   code}`: container starts tried / failed (`code` is the waiting reason, as upstream's
@@ -187,11 +188,13 @@ def _containers_running(pod: JSON, status: JSON) -> bool:
 
 @dataclass
 class PodStartTracker:
-    """kubelet_pod_start_duration_seconds and kubelet_pod_start_sli_duration_seconds
-    (see the module docstring for when each is observed). Times are Unix seconds."""
+    """kubelet_pod_start_duration_seconds, kubelet_pod_start_sli_duration_seconds and
+    kubelet_pod_start_total_duration_seconds (see the module docstring for when each is
+    observed). Times are Unix seconds."""
 
     start: Histogram
     sli: Histogram
+    total: Histogram
     _starting: dict[str, _Starting] = field(default_factory=dict)
     _done: set[str] = field(default_factory=set)
 
@@ -235,6 +238,7 @@ class PodStartTracker:
             if created is not None:
                 excluded = _union_s(starting.pulls) + _init_runtime_s(status)
                 self.sli.observe(max(0.0, now - created - excluded))
+                self.total.observe(max(0.0, now - created))
         if starting.started and starting.sli:
             del self._starting[uid]
             self._done.add(uid)
@@ -475,6 +479,13 @@ def create_metrics(registry: CollectorRegistry) -> Metrics:
             "kubelet_pod_start_sli_duration_seconds",
             "Seconds from a pod's creation to its first Running status, less the time its "
             "images took to pull",
+            registry=registry,
+            buckets=POD_START_BUCKETS,
+        ),
+        total=Histogram(
+            "kubelet_pod_start_total_duration_seconds",
+            "Seconds from a pod's creation to the first status in which all its containers "
+            "run, image pulls and init containers included",
             registry=registry,
             buckets=POD_START_BUCKETS,
         ),
