@@ -10,7 +10,8 @@ use. The volumes measured on the node (configMap, secret, projected, downwardAPI
 memory-backed emptyDirs need a tmpfs: tests/integration/test_csi_volume_stats.py) get
 du-and-statfs usage once, stay out of volumesInUse and the gauges, and show in the
 Summary's list; disk-backed emptyDirs (status-reporter's) and hostPath (upstream
-measures none) are not recorded."""
+measures none) are not recorded. Filesystem-mode `local` PVs get statfs usage every
+period with their claim's gauges, from the record the CSI plugin writes at set-up."""
 
 from __future__ import annotations
 
@@ -18,16 +19,17 @@ import json
 import os
 from pathlib import Path
 
+import pytest
 from klet.bus import BusUnavailable
 from klet.bus.schema import NodeBus
 from klet.csi import CSIError, VolumeStats
 from klet.model.records import CSIDriverRecord
-from klet.status_reporter import nodestatus as ns
+from klet.status_reporter.cluster import nodestatus as ns
 from klet.syncloop.volumes.volumestats import VolumeStatsCollector
 from klet.testbed.fakes.bus import FakeBus
 from prometheus_client import CollectorRegistry
 
-from tests.unit.status_reporter.test_nodestatus import CFG, obs
+from tests.unit.status_reporter.cluster.test_nodestatus import CFG, obs
 
 DRIVER = "drv.klet.test"
 
@@ -182,7 +184,7 @@ async def test_a_driver_without_volume_stats_gives_none(tmp_path: Path) -> None:
 
 
 async def test_the_view_the_metrics_and_the_summary(tmp_path: Path) -> None:
-    from klet.status_reporter.volumes import VolumeView
+    from klet.status_reporter.tables.volumes import VolumeView
 
     bus, driver, clock = FakeBus(), Driver(), Clock()
     publish(tmp_path, "u1", "pv1", claim="data")
@@ -234,7 +236,7 @@ def du(path: Path) -> tuple[int, int]:
 
 
 async def test_volumes_of_the_node_measured_once_with_du_and_statfs(tmp_path: Path) -> None:
-    from klet.status_reporter.volumes import VolumeView
+    from klet.status_reporter.tables.volumes import VolumeView
 
     bus, driver, clock = FakeBus(), Driver(), Clock()
     table = NodeBus.of(bus, service="status-reporter").volumes
@@ -302,3 +304,90 @@ async def test_volumes_of_the_node_measured_once_with_du_and_statfs(tmp_path: Pa
     dirs["podinfo"].rmdir()
     await c.sync_once()
     assert "u1/podinfo" not in await table.all()
+
+
+class StatVfs:
+    """os.statvfs's answer for a made-up filesystem (the math checked exactly)."""
+
+    f_blocks, f_bfree, f_bavail, f_frsize = 1000, 400, 300, 4096
+    f_files, f_ffree = 500, 120
+
+
+async def test_local_pvs_are_measured_with_statfs_and_carry_their_claim(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A Filesystem-mode `local` PV set up by the CSI plugin (a directory handed to the
+    runtime as it is) is recorded under the pod, measured every period as upstream's
+    MetricsStatFS (used = blocks - bfree, inodesUsed = files - ffree), and gets the
+    claim's kubelet_volume_stats_* series and the Summary entry; a hostPath PV is not
+    measured (upstream's MetricsNil); the record goes when the pod's volumes do."""
+    from klet.status_reporter.tables.volumes import VolumeView
+    from klet.syncloop.volumes import localrecords
+
+    from tests.unit.syncloop.test_csi_volumes import CLAIM, FakeDriver, Objects, a_pod, ctx, plugin
+
+    disk, host = tmp_path / "mnt" / "disk1", tmp_path / "srv"
+    disk.mkdir(parents=True)
+    host.mkdir()
+    objects = Objects()
+    objects.bind("data", "pv1")
+    objects.bind("logs", "pv2")
+    del objects.pvs["pv1"]["spec"]["csi"], objects.pvs["pv2"]["spec"]["csi"]
+    objects.pvs["pv1"]["spec"]["local"] = {"path": str(disk)}
+    objects.pvs["pv2"]["spec"]["hostPath"] = {"path": str(host)}
+    p = plugin(tmp_path, FakeDriver(), objects)
+    logs = {"name": "logs", "persistentVolumeClaim": {"claimName": "logs"}}
+    pod = a_pod("u1", CLAIM, logs)
+    assert await p.set_up(CLAIM, ctx(tmp_path, pod)) == disk
+    assert await p.set_up(logs, ctx(tmp_path, pod)) == host
+    record_file = localrecords.record_path(tmp_path / "pods" / "u1", "data")
+    assert json.loads(record_file.read_text())["path"] == str(disk)
+
+    measured: list[str] = []
+
+    def statvfs(path: str | os.PathLike[str]) -> StatVfs:
+        measured.append(str(path))
+        return StatVfs()
+
+    monkeypatch.setattr(os, "statvfs", statvfs)
+    bus, driver, clock = FakeBus(), Driver(), Clock()
+    table = NodeBus.of(bus, service="status-reporter").volumes
+    c = collector(tmp_path, bus, driver, clock)
+    await c.sync_once()
+    records = await table.all()
+    assert set(records) == {"u1/data"}  # no hostPath record
+    r = records["u1/data"]
+    assert (r.namespace, r.pod, r.volume, r.claim, r.unique_name) == (
+        "ns",
+        "pod-u1",
+        "data",
+        "data",
+        "",
+    )
+    assert r.usage == {
+        "capacityBytes": 1000 * 4096,
+        "availableBytes": 300 * 4096,
+        "usedBytes": 600 * 4096,
+        "inodes": 500,
+        "inodesFree": 120,
+        "inodesUsed": 380,
+    }
+    assert measured == [str(disk)]
+    clock.now += 60  # every period, not once
+    await c.sync_once()
+    assert measured == [str(disk)] * 2
+
+    registry = CollectorRegistry()
+    view = VolumeView(table, registry)
+    await view.refresh()
+    labels = {"namespace": "ns", "persistentvolumeclaim": "data"}
+    assert registry.get_sample_value("kubelet_volume_stats_used_bytes", labels) == 600 * 4096
+    assert registry.get_sample_value("kubelet_volume_stats_inodes_free", labels) == 120
+    assert view.in_use() == ()  # nothing attaches a local PV
+    [entry] = view.measured("u1")
+    assert entry.claim == "data"
+
+    p.forget_pod("u1")  # the pod's volumes are torn down
+    assert not record_file.exists()
+    await c.sync_once()
+    assert await table.all() == {}

@@ -85,6 +85,7 @@ from klet.syncloop.volumes import (
     fs,
     hostpath,
     localdevice,
+    localrecords,
     ownership,
 )
 from klet.syncloop.volumes.base import (
@@ -354,7 +355,10 @@ class CSIVolumePlugin:
         return self._names.get((pod_uid, str(volume.get("name") or "")))
 
     def forget_pod(self, pod_uid: str) -> None:
+        """The pod's volumes are torn down: its names and `local` PV records go."""
         self._names = {k: v for k, v in self._names.items() if k[0] != pod_uid}
+        if pod_uid and "/" not in pod_uid and pod_uid not in (".", ".."):
+            localrecords.forget(self.root_dir / "pods" / pod_uid)
 
     # -- set-up ---------------------------------------------------------------------
 
@@ -383,7 +387,7 @@ class CSIVolumePlugin:
         if isinstance(spec.get("csi"), dict):
             return await self._set_up_pv(claimed, ctx, str(volume.get("name") or ""))
         if isinstance(spec.get("local"), dict):
-            return await self._local(claimed, ctx, spec)
+            return await self._local(claimed, ctx, spec, str(volume.get("name") or ""))
         if isinstance(spec.get("hostPath"), dict):
             source = spec["hostPath"]
             return await self._local_path(
@@ -405,13 +409,17 @@ class CSIVolumePlugin:
             raise VolumeError(f"PV {claimed.pv_name}: {err}") from err
         return Block(Path(path), read_only=claimed.read_only)
 
-    async def _local(self, claimed: claims.Claimed, ctx: VolumeContext, spec: JSON) -> Path:
+    async def _local(
+        self, claimed: claims.Claimed, ctx: VolumeContext, spec: JSON, volume_name: str
+    ) -> Path:
         """A Filesystem-mode `local` PV: a directory of the node as it is, or a block
-        device mounted for the node and bound into the pod (`localdevice`)."""
+        device mounted for the node and bound into the pod (`localdevice`); either way
+        recorded for the volume stats (`localrecords`: statfs of the directory, or of
+        the device's node mount)."""
         path = str(spec["local"].get("path") or "")
         device: bool = await asyncio.to_thread(_is_block_device, path) if path else False
         if device:
-            return await self._local_devices.set_up(
+            target = await self._local_devices.set_up(
                 claimed.pv_name,
                 path,
                 fs_type=str(spec["local"].get("fsType") or ""),
@@ -420,7 +428,18 @@ class CSIVolumePlugin:
                     ctx.pod_dir, dir_name=localdevice.DIR_NAME, name=claimed.pv_name
                 ),
             )
-        return await self._local_path(claimed, path, "")
+            measured, host = self._local_devices.global_path(claimed.pv_name), False
+        else:
+            target = await self._local_path(claimed, path, "")
+            measured, host = target, True
+        record = {
+            "path": str(measured),
+            "host": host,
+            "pv": claimed.pv_name,
+            **_pod_keys(ctx.pod, volume_name, str(claimed.claim["metadata"].get("name") or "")),
+        }
+        await asyncio.to_thread(localrecords.write, ctx.pod_dir, volume_name, record)
+        return target
 
     def more_dirs(self) -> Mapping[str, Callable[[Path], Awaitable[None]]]:
         """Block-device `local` PVs live under `kubernetes.io~local-volume`."""

@@ -26,9 +26,13 @@ downwardAPI volumes, measured once while they exist (upstream wraps theirs in
 NewCachedMetrics). Their records have no unique name: nothing attaches them, so they are
 not in the Node's `volumesInUse`, and no claim, so they have no
 `kubelet_volume_stats_*` series. A walk that cannot read everything gives no usage
-rather than a lower bound. Not measured, as upstream: hostPath (MetricsNil in
-upstream's plugin); left out for now: `local` PVs (upstream's MetricsStatFS of the
-path), whose path and claim are not on disk under the pod.
+rather than a lower bound. Filesystem-mode `local` PVs are measured every period as
+upstream's MetricsStatFS does (capacity, available and used bytes and inodes all from
+statfs of the directory, or of a block device's node mount), found through the records
+the CSI plugin writes under the pod (`localrecords`), and carry their claim, so they get
+`pvcRef` and `kubelet_volume_stats_*` series. Not measured, as upstream: hostPath
+(MetricsNil in upstream's plugin); left out for now: Block-mode `local` PVs (upstream's
+MetricsBlock, the device's size).
 """
 
 from __future__ import annotations
@@ -46,11 +50,12 @@ from typing import Protocol
 
 from klet.bus import BusError
 from klet.csi import CSIError, VolumeStats
+from klet.hostfs import on_host
 from klet.model.records import VolumeRecord
 from klet.model.types import JSON
 from klet.obs import OnceLogger
 from klet.stats.host import dir_usage
-from klet.syncloop.volumes import csiblock
+from klet.syncloop.volumes import csiblock, localrecords
 from klet.syncloop.volumes.csi import (
     DATA_FILE,
     DIR_NAME,
@@ -149,6 +154,46 @@ def measured_here(root_dir: Path) -> dict[str, tuple[VolumeRecord, JSON]]:
     return out
 
 
+def local_volumes(root_dir: Path) -> dict[str, tuple[VolumeRecord, JSON]]:
+    """key → (a record without usage, what to statfs: `_statfs`) for every `local` PV
+    record of a pod whose volumes are not torn down yet."""
+    out: dict[str, tuple[VolumeRecord, JSON]] = {}
+    for (uid, volume), data in localrecords.read_all(root_dir).items():
+        record = VolumeRecord(
+            pod_uid=uid,
+            namespace=str(data.get("kletPodNamespace") or ""),
+            pod=str(data.get("kletPodName") or ""),
+            volume=volume,
+            claim=str(data.get("kletClaimName") or ""),
+            unique_name="",
+            usage={},
+            measured_at=0.0,
+        )
+        path = Path(str(data["path"]))
+        out[f"{uid}/{volume}"] = (
+            record,
+            {"_statfs": str(on_host(path) if data.get("host") else path)},
+        )
+    return out
+
+
+def statfs_usage(path: Path) -> JSON | None:
+    """Upstream's MetricsStatFS of `path` (fs.Info) in the Summary API's keys: used is
+    the filesystem's used blocks, not a walk; None when it cannot be read."""
+    try:
+        fs = os.statvfs(path)
+    except OSError:
+        return None
+    return {
+        "capacityBytes": fs.f_blocks * fs.f_frsize,
+        "availableBytes": fs.f_bavail * fs.f_frsize,
+        "usedBytes": (fs.f_blocks - fs.f_bfree) * fs.f_frsize,
+        "inodes": fs.f_files,
+        "inodesFree": fs.f_ffree,
+        "inodesUsed": fs.f_files - fs.f_ffree,
+    }
+
+
 def du_and_statfs(path: Path) -> JSON | None:
     """Upstream's MetricsDu of `path` in the Summary API's keys; None when the walk
     could not read everything (or the directory went away meanwhile)."""
@@ -211,6 +256,7 @@ class VolumeStatsCollector:
         known = self._known
         found = await asyncio.to_thread(on_disk, self.root_dir)
         found.update(await asyncio.to_thread(measured_here, self.root_dir))
+        found.update(await asyncio.to_thread(local_volumes, self.root_dir))
         for key in sorted(set(known) - set(found)):
             await self.table.delete(key)
             del known[key]
@@ -229,6 +275,9 @@ class VolumeStatsCollector:
                 known[key] = record
 
     async def _measure(self, record: VolumeRecord, data: JSON, now: float) -> VolumeRecord:
+        if "_statfs" in data:
+            usage = await asyncio.to_thread(statfs_usage, Path(str(data["_statfs"])))
+            return record if usage is None else replace(record, usage=usage, measured_at=now)
         if "_path" in data:
             return await self._measure_here(record, data, now)
         driver = str(data["driverName"])
