@@ -2,17 +2,18 @@
 
 Covers every rejection reason with upstream's reason and message (OutOfpods, OutOfcpu,
 OutOfmemory, OutOfephemeral-storage, OutOf<scalar>, NodeAffinity, NodeName, NodePorts,
-the two OS checks, PodFeatureUnsupported for a user namespace, a RuntimeClass or resource
-claims, naming each field) and the order in which the checks run; the request rules (limits as
-default requests, sum of regular containers and sidecars, peak of init containers with
-the sidecars started before them, pod-level requests, overhead); host ports with the
-0.0.0.0 wildcard, protocols, host-network defaults and sidecars; every node affinity
-operator and term rule; counting only admitted pods that still run; the re-admission
-order after a restart. Through PodController on FakeRuntimeService: a rejected pod is
-Failed with "Pod was rejected: ..." and a Warning Event and never gets a sandbox; a pod
-is admitted once; after a restart the pods with running containers are re-admitted
-first, so a new pod is the one rejected at the limit; every rejection (also one at the
-re-admission) counts once in kubelet_admission_rejections_total by reason.
+the two OS checks, PodFeatureUnsupported for a user namespace, and for a RuntimeClass or
+resource claims on a standalone node, naming each field) and the order in which the
+checks run; the request rules (limits as default requests, sum of regular containers and
+sidecars, peak of init containers with the sidecars started before them, pod-level
+requests, overhead); host ports with the 0.0.0.0 wildcard, protocols, host-network
+defaults and sidecars; every node affinity operator and term rule; counting only
+admitted pods that still run; the re-admission order after a restart. Through
+PodController on FakeRuntimeService: a rejected pod is Failed with "Pod was rejected:
+..." and a Warning Event and never gets a sandbox; a pod is admitted once; after a
+restart the pods with running containers are re-admitted first, so a new pod is the one
+rejected at the limit; every rejection (also one at the re-admission) counts once in
+kubelet_admission_rejections_total by reason.
 """
 
 from __future__ import annotations
@@ -361,13 +362,8 @@ def test_admit_pod(pod: JSON, others: list[JSON], want: Verdict) -> None:
         pytest.param({"runtimeClassName": "gvisor"}, "spec.runtimeClassName: ", id="runtime"),
         pytest.param(
             {"resourceClaims": [{"name": "gpu", "resourceClaimName": "g"}]},
-            "spec.resourceClaims: dynamic resource allocation",
-            id="pod claims",
-        ),
-        pytest.param(
-            {"containers": [c(resources={"claims": [{"name": "gpu"}]})]},
-            "spec.containers[main].resources.claims: ",
-            id="container claims",
+            "spec.resourceClaims: ResourceClaims are read from the API server",
+            id="pod claims standalone",
         ),
     ],
 )
@@ -392,6 +388,18 @@ def test_a_runtime_class_is_admitted_where_it_can_be_looked_up() -> None:
     pod = mk(c(), runtimeClassName="crun")
     standalone = admit_pod(pod, others=[], node=NODE)
     assert not standalone.admit and "standalone" in standalone.message
+    cluster = dataclasses.replace(NODE, runtime_classes=True)
+    assert admit_pod(pod, others=[], node=cluster) == ADMIT
+
+
+def test_resource_claims_are_admitted_where_they_can_be_read() -> None:
+    pod = mk(
+        c(resources={"claims": [{"name": "gpu"}]}),
+        resourceClaims=[{"name": "gpu", "resourceClaimTemplateName": "t"}],
+    )
+    standalone = admit_pod(pod, others=[], node=NODE)
+    assert not standalone.admit and standalone.reason == "PodFeatureUnsupported"
+    assert "spec.resourceClaims" in standalone.message and "standalone" in standalone.message
     cluster = dataclasses.replace(NODE, runtime_classes=True)
     assert admit_pod(pod, others=[], node=cluster) == ADMIT
 

@@ -9,7 +9,9 @@ devices after; a claim already prepared for another pod not prepared again but
 referenced; a refused claim (not reserved) or an unregistered driver fails before
 anything is cached or called; a driver's per-claim error named; a claim of the same
 name with another UID refused; unprepare only when the last pod goes, the claim then
-forgotten; a failed unprepare keeps the claim and the next unprepare retries it."""
+forgotten; a failed unprepare keeps the claim and the next unprepare retries it; the
+checkpoint read at the first use, not at construction, its claims giving CDI devices
+with no driver called, and an unprepare of a pod holding no claim writing nothing."""
 
 from __future__ import annotations
 
@@ -101,8 +103,14 @@ class Drivers:
 
 
 class Checkpoint:
-    def __init__(self) -> None:
+    def __init__(self, *held: ClaimInfo) -> None:
         self.stored: list[list[ClaimInfo]] = []
+        self.held = list(held)
+        self.loads = 0
+
+    def load(self) -> list[ClaimInfo]:
+        self.loads += 1
+        return list(self.held)
 
     def store(self, claims: Iterable[ClaimInfo]) -> None:
         self.stored.append(list(claims))
@@ -197,3 +205,25 @@ async def test_a_failed_unprepare_keeps_the_claim_and_is_retried() -> None:
     drivers.drivers[DRIVER].unprepare_errors.clear()
     await manager.unprepare("p-other")
     assert drivers.log[-1] == (DRIVER, "unprepare", ("a",)) and manager.cache == {}
+
+
+async def test_the_checkpoint_is_read_at_first_use_and_a_stranger_writes_nothing() -> None:
+    held = ClaimInfo(
+        claim_uid="ua",
+        claim_name="a",
+        namespace="ns",
+        pod_uids=frozenset({"p1"}),
+        driver_state={DRIVER: (PreparedDevice("pool", "dev-a", (), (f"{DRIVER}/x=a",)),)},
+    )
+    checkpoint = Checkpoint(held)
+    drivers = Drivers(DRIVER)
+    manager = ClaimManager(ManagerDeps(claims=Claims(), drivers=drivers, checkpoint=checkpoint))
+    assert checkpoint.loads == 0  # a standby's manager reads nothing until it leads
+    pod = _pod("p1", "a")
+    assert manager.cdi_devices(pod, pod["spec"]["containers"][0]) == (f"{DRIVER}/x=a",)
+    assert checkpoint.loads == 1 and drivers.log == []
+    await manager.unprepare("p2")  # a pod without claims: nothing to do, nothing written
+    assert checkpoint.stored == [] and drivers.log == []
+    await manager.unprepare("p1")
+    assert drivers.log == [(DRIVER, "unprepare", ("a",))]
+    assert checkpoint.stored[-1] == [] and checkpoint.loads == 1

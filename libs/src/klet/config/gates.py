@@ -171,9 +171,9 @@ DEFAULT_ON: Mapping[str, Account] = {
         "klet.status_reporter.nodestatus",
         "unit/status_reporter/test_nodestatus.py::test_status_fields",
     ),
-    "DynamicResourceAllocation": Absent(
-        "DRA: pods with resourceClaims are rejected at admission (DRA drivers register "
-        "through the plugin watcher, klet.syncloop.dra, but no claim is prepared)"
+    "DynamicResourceAllocation": Implemented(
+        "klet.syncloop.dra.manager",
+        "unit/syncloop/test_dra_podpath.py::test_a_claim_is_prepared_before_the_sandbox_and_its_cdi_device_reaches_cri",
     ),
     "ExecProbeTimeout": Implemented(
         "klet.syncloop.probing.probes",
@@ -205,9 +205,8 @@ DEFAULT_ON: Mapping[str, Account] = {
         "klet.stats.psi", "unit/stats/test_psi.py::test_summary_on_cgroup_v2"
     ),
     "KubeletPodResourcesDynamicResources": Absent(
-        "DRA claims in the PodResources API (klet.syncloop.podresources): klet has no DRA "
-        "(DynamicResourceAllocation is off and resourceClaims pods are rejected), so no "
-        "container holds a claim to list"
+        "DRA claims in the PodResources API (klet.syncloop.podresources): the claims a "
+        "container holds are prepared (klet.syncloop.dra) but not listed"
     ),
     "KubeletPodResourcesGet": Implemented(
         "klet.syncloop.podresources",

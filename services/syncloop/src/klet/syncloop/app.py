@@ -23,7 +23,6 @@ from klet.model.records import NodeConditionRecord
 from klet.model.types import JSON, ContainerID
 from klet.obs import create_health_app, leader_metric, run_supervised, serve_service_port
 from klet.rpc.deviceplugin import GrpcPlugin, serve_registration
-from klet.rpc.dra import GrpcDRAPlugin
 from klet.rpc.podcontrol import serve_pod_control
 from klet.rpc.podresources import serve_pod_resources
 from klet.syncloop.containers.logmanager import ContainerLogManager, LogManagerSettings
@@ -31,7 +30,7 @@ from klet.syncloop.containers.reservedcgroups import run_enforcement
 from klet.syncloop.cpumanager import manager as cpumanager
 from klet.syncloop.devices import plugins as devices
 from klet.syncloop.devices.watched import DEVICE_PLUGIN, WatchedDevicePlugins
-from klet.syncloop.dra.registration import DRADrivers, DriverInstance
+from klet.syncloop.dra.registration import DRADrivers
 from klet.syncloop.memorymanager import manager as memorymanager
 from klet.syncloop.metrics import PodResourcesMetrics
 from klet.syncloop.plugins.csidrivers import CSIRegistrar
@@ -232,17 +231,15 @@ def _device_registrations(deps: Deps) -> devices.Registrations | None:
     return registrations
 
 
-def _connect_dra(instance: DriverInstance) -> GrpcDRAPlugin:
-    return GrpcDRAPlugin(instance.endpoint, driver=instance.driver, service=instance.service)
-
-
-def _dra_drivers(deps: Deps) -> DRADrivers[GrpcDRAPlugin] | None:
-    """The DRA drivers registered through the plugin watcher (dra/registration.py), whose
-    registrar hands `DRAPlugin` sockets to them; None without a plugin watcher. Nothing
-    calls them yet: pods with resourceClaims are still refused at admission."""
-    if deps.plugins is None or not isinstance(deps.plugins.registrar, CSIRegistrar):
+def _dra_drivers(deps: Deps) -> DRADrivers[Any] | None:
+    """The DRA drivers (dra/registration.py, wiring's: the claim manager calls them) as
+    the plugin watcher's registrar's handler of `DRAPlugin` sockets; None without a
+    plugin watcher."""
+    drivers = deps.dra_drivers
+    if drivers is None or deps.plugins is None:
         return None
-    drivers = DRADrivers(root_dir=Path(deps.settings.klet.root_dir), connect=_connect_dra)
+    if not isinstance(deps.plugins.registrar, CSIRegistrar):
+        return None
     deps.plugins.registrar.handlers[DRA_PLUGIN] = drivers
     return drivers
 

@@ -24,8 +24,9 @@ under `static` every online CPU but the reserved ones, under `none` none at all
 (upstream's none policy answers an empty set, and its e2e test expects that). Memory:
 under the `Static` memory manager a container's blocks (type, bytes, NUMA nodes) from
 its state, and allocatable one entry per NUMA node and memory type with allocatable
-bytes (upstream's GetAllocatableMemory); under `None` nothing. DRA: refused at start,
-so no dynamic resources.
+bytes (upstream's GetAllocatableMemory); under `None` nothing. DRA: the claims are
+prepared (dra/) but not listed: the KubeletPodResourcesDynamicResources gate is
+refused at start, so no dynamic resources.
 """
 
 from __future__ import annotations

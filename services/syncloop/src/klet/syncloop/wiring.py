@@ -41,6 +41,7 @@ from klet.model.node import (
 from klet.model.types import JSON, ContainerID
 from klet.obs.restclient import RestClientMetrics
 from klet.rpc.deviceplugin import decode_response
+from klet.rpc.dra import GrpcDRAPlugin
 from klet.syncloop import numaalignment
 from klet.syncloop.admission.admit import AdmissionLedger, NodeInfo, admit_pod
 from klet.syncloop.admission.nodetaints import KubeNodeApi, NodeTaints
@@ -70,6 +71,10 @@ from klet.syncloop.containers.syncsettings import SyncSettings
 from klet.syncloop.containers.systemdcgroups import SystemdPodCgroups
 from klet.syncloop.cpumanager.manager import CPUManager, create_manager
 from klet.syncloop.devices.manager import DeviceManager
+from klet.syncloop.dra.apiclaims import ApiClaims
+from klet.syncloop.dra.manager import ClaimManager, ManagerDeps
+from klet.syncloop.dra.registration import DRADrivers, DriverInstance
+from klet.syncloop.dra.state import ClaimCheckpoint
 from klet.syncloop.environment.dns import DNSSettings
 from klet.syncloop.environment.envvars import NodeFacts
 from klet.syncloop.environment.kubeobjects import ApiObjects
@@ -163,6 +168,8 @@ class Deps(OnServiceBase):
     node_taints: NodeTaints | None = None  # cluster mode: follows the Node for admission
     volumes: VolumeManager | None = None  # pod volumes; its orphan clean-up is a root task
     plugins: PluginWatcher | None = None  # <root-dir>/plugins_registry; None: not watched
+    dra_drivers: DRADrivers[GrpcDRAPlugin] | None = None
+    """The DRA drivers the plugin watcher's registrar hands `DRAPlugin` sockets to."""
     volume_stats: VolumeStatsCollector | None = None  # the bus `volumes` table; None: off
     devices: DeviceManager | None = None  # device plugins (root task `device-plugins`)
     cpus: CPUManager | None = None  # the CPU manager (root task `cpu-manager`)
@@ -435,6 +442,20 @@ def build_deps(settings: Settings, overrides: Overrides | None = None) -> Deps:
         observer=NUMAMetrics.create(registry),
     )
     syncer.starter.memory = memory if memory.policy is not None else None
+    # DRA (dra/): the drivers registering through the plugin watcher, and (cluster mode:
+    # the claims are the apiserver's) the claim manager SyncPod prepares through before
+    # a sandbox, container creation takes CDI devices from, termination unprepares.
+    dra_drivers = DRADrivers(root_dir=Path(settings.klet.root_dir), connect=_connect_dra)
+    if kube is not None and k.feature_gates.get(DRA_GATE, True):
+        claims = ClaimManager(
+            ManagerDeps(
+                claims=ApiClaims(kube),
+                drivers=dra_drivers,
+                checkpoint=ClaimCheckpoint(Path(settings.klet.root_dir)),
+            )
+        )
+        syncer.claims = claims
+        syncer.starter.claims = claims
     devices.affinity = lambda uid, name: topology.affinity(uid, name).affinity
     admission = AdmissionLedger(
         o.node or admission_node(settings),
@@ -520,6 +541,7 @@ def build_deps(settings: Settings, overrides: Overrides | None = None) -> Deps:
             Path(settings.klet.root_dir) / PLUGINS_REGISTRY,
             CSIRegistrar(node_bus.csidrivers, registration=RegistrationClient, driver=CSIClient),
         ),
+        dra_drivers=dra_drivers,
         volume_stats=VolumeStatsCollector(
             root_dir=Path(settings.klet.root_dir),
             table=node_bus.volumes,
@@ -542,6 +564,13 @@ def build_deps(settings: Settings, overrides: Overrides | None = None) -> Deps:
 
 
 INPLACE_RESIZE_GATE = "InPlacePodVerticalScaling"
+DRA_GATE = "DynamicResourceAllocation"
+
+
+def _connect_dra(instance: DriverInstance) -> GrpcDRAPlugin:
+    return GrpcDRAPlugin(instance.endpoint, driver=instance.driver, service=instance.service)
+
+
 log = logging.getLogger(__name__)
 
 

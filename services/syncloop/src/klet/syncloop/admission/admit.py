@@ -8,7 +8,8 @@ upstream's order, the first failure being the one reported:
 1. the pod's `kubernetes.io/os` *label*, when set, must name this node's OS
    (`PodOSSelectorNodeLabelDoesNotMatch`), and `spec.os.name`, when set, must too
    (`PodOSNotSupported`); then the pod must not set a field klet refuses rather than
-   ignores (`containers/fields.py`: a user namespace, a RuntimeClass, resource claims),
+   ignores (`containers/fields.py`: a user namespace; a RuntimeClass or resource claims
+   on a standalone node),
    `PodFeatureUnsupported` naming the field, as upstream's feature admit handler;
 2. resources (`noderesources.Fits`): one more pod must fit under maxPods
    (`OutOfpods`), and each resource the pod requests must fit into allocatable minus
@@ -91,7 +92,8 @@ class NodeInfo:
     sysctls: SysctlAllowlist = field(default_factory=SysctlAllowlist.of)
     """The pod sysctls allowed here: the safe ones plus allowedUnsafeSysctls."""
     runtime_classes: bool = False
-    """RuntimeClasses can be looked up (cluster mode: the apiserver holds them)."""
+    """RuntimeClasses and ResourceClaims can be looked up (cluster mode: the apiserver
+    holds them)."""
     taints: tuple[JSON, ...] = ()
     """The Node's spec.taints (every effect; admission reads the NoExecute ones)."""
 
@@ -134,13 +136,21 @@ FEATURE_UNSUPPORTED = "PodFeatureUnsupported"
 def unsupported_features(pod: JSON, *, runtime_classes: bool = True) -> Verdict:
     """PodFeatureUnsupported naming every refused field the pod sets, or ADMIT; a
     `runtimeClassName` is refused where RuntimeClasses cannot be looked up (upstream's
-    standalone kubelet runs such a pod on the default handler, silently)."""
+    standalone kubelet runs such a pod on the default handler, silently), and so are
+    resource claims (the claims to prepare are the API server's)."""
     refused = fields.refused_in(pod)
     if (pod.get("spec") or {}).get("runtimeClassName") and not runtime_classes:
         refused.append(
             (
                 "spec.runtimeClassName",
                 "a RuntimeClass is looked up in the API server and this node has none (standalone)",
+            )
+        )
+    if (pod.get("spec") or {}).get("resourceClaims") and not runtime_classes:
+        refused.append(
+            (
+                "spec.resourceClaims",
+                "ResourceClaims are read from the API server and this node has none (standalone)",
             )
         )
     if not refused:

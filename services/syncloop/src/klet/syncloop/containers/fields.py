@@ -13,9 +13,11 @@ A field that asks for more isolation or for a resource klet cannot give is not
 ignored but refused (`REFUSED`, `POD_REFUSED`): a pod that sets it is rejected at
 admission (`PodFeatureUnsupported`, as upstream rejects a pod that needs a feature its
 node lacks), since running it with less than it asked for would be worse than not
-running it. `hostUsers: false` (a user namespace) and resource claims are such fields.
+running it. `hostUsers: false` (a user namespace) is such a field.
 A `runtimeClassName` is honoured in cluster mode (the RuntimeClass's handler goes to
-RunPodSandbox) and refused at admission without an apiserver to look it up in.
+RunPodSandbox) and refused at admission without an apiserver to look it up in; so are
+resource claims (`resourceClaims`, a container's `resources.claims`: DRA, prepared
+through the claim manager, syncloop/dra/, whose claims are the apiserver's).
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ SUPPORTED = frozenset(
         "envFrom",
         "ports",
         "resources.limits",
+        "resources.claims",
         "resources.requests",
         "resizePolicy",
         "restartPolicy",
@@ -98,6 +101,7 @@ POD_SUPPORTED = frozenset(
         "os",
         "overhead",
         "priority",
+        "resourceClaims",
         "runtimeClassName",
         "resources",
         "restartPolicy",
@@ -133,13 +137,10 @@ POD_IGNORED: dict[str, str] = {
     "securityContext.seLinuxChangePolicy": "SELinux relabelling policy is not supported",
 }
 
-REFUSED: dict[str, str] = {
-    "resources.claims": "dynamic resource allocation (resource claims) is not supported",
-}
+REFUSED: dict[str, str] = {}
 
 POD_REFUSED: dict[str, str] = {
     "hostUsers": "user namespaces (hostUsers: false) are not supported on this node",
-    "resourceClaims": "dynamic resource allocation (resource claims) is not supported",
 }
 
 VOLUME_TYPES = frozenset(
@@ -206,7 +207,7 @@ def _refused_value(path: str, value: Any) -> bool:
 
 def refused_in(pod: JSON) -> list[tuple[str, str]]:
     """(field path, why) of every refused field the pod or one of its containers sets;
-    container fields are named as `spec.containers[name].resources.claims`."""
+    container fields are named as `spec.containers[<name>].<field>`."""
     spec = pod.get("spec") or {}
     found = [
         (f"spec.{rule}", why)

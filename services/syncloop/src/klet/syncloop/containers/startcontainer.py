@@ -28,6 +28,8 @@ from klet.syncloop.containers.hooks import LifecycleHooks
 from klet.syncloop.containers.images import ImagePuller
 from klet.syncloop.containers.syncsettings import SyncSettings
 from klet.syncloop.devices.allocation import AllocationError, DeviceRunOptions
+from klet.syncloop.dra.cdi import ClaimResolutionError
+from klet.syncloop.dra.manager import DRAPrepareError
 from klet.syncloop.environment import envvars, etchosts, kubeobjects
 from klet.syncloop.environment.kubeobjects import KubeObjects
 from klet.syncloop.events import EventSink
@@ -43,6 +45,13 @@ class DeviceAllocator(Protocol):
     """The device manager as container start needs it (devices/manager.py)."""
 
     async def container_options(self, pod: JSON, container: JSON) -> DeviceRunOptions | None: ...
+
+
+class ClaimDevices(Protocol):
+    """The DRA claim manager as container start needs it (dra/manager.py): the CDI
+    devices of the prepared claims the container uses."""
+
+    def cdi_devices(self, pod: JSON, container: JSON) -> tuple[str, ...]: ...
 
 
 class MemoryNodes(Protocol):
@@ -88,6 +97,8 @@ class ContainerStarter:
         """The CPU manager (set by wiring; None: no cpuset is set)."""
         self.memory: MemoryNodes | None = None
         """The memory manager (set by wiring; None: no cpuset.mems is set)."""
+        self.claims: ClaimDevices | None = None
+        """The DRA claim manager (set by wiring; None: no container uses a claim)."""
 
     def _subpaths(self, pod: JSON) -> SubPathMounter | None:
         """The pod's subPath mounter (None without a root dir: no pod directory)."""
@@ -168,6 +179,17 @@ class ContainerStarter:
                     pod, "Warning", "Failed", message, field_path=podspec.field_path(pod, name)
                 )
                 return ("CreateContainerConfigError", message), self.clock() + 10
+        cdi_devices: tuple[str, ...] = ()
+        if self.claims is not None:
+            try:
+                cdi_devices = self.claims.cdi_devices(pod, container)
+            except (ClaimResolutionError, DRAPrepareError) as err:
+                # upstream: GetResources fails generateContainerConfig
+                message = f"Error: {err}"
+                self.events.emit(
+                    pod, "Warning", "Failed", message, field_path=podspec.field_path(pod, name)
+                )
+                return ("CreateContainerConfigError", message), self.clock() + 10
         try:
             # volumeMounts first (subPathExpr expands with the container's environment)
             volume_mounts = volmounts.container_mounts(
@@ -199,6 +221,7 @@ class ContainerStarter:
                 env_sources=env_sources,
                 pid_target=target_last.id if target_last is not None else "",
                 allocated=allocated,
+                dra_cdi_devices=cdi_devices,
             )
             cfg = criconfig.container_config(
                 pod, container, instance=instance, node=self._node_context()

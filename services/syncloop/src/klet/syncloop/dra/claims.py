@@ -9,7 +9,7 @@ be allocated; the drivers to call are those of its allocation results
 (newClaimInfoFromClaim). `claim_to_prepare` is those checks as a pure function over the
 claim's JSON, giving the claim info to cache (no devices yet: the drivers' answers add
 them) or an error worded as upstream's. The apiserver read and the driver calls are the
-caller's; nothing calls this yet (pods with resourceClaims are refused at admission).
+caller's (manager.py).
 """
 
 from __future__ import annotations

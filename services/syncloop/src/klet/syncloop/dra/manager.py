@@ -16,10 +16,18 @@ checkpointed after each step; one whose driver failed stays cached without pods 
 unprepared again by the next `unprepare`. `cdi_devices(pod, container)` is what the container gets
 (`cdi.container_cdi_devices` over the cache).
 
-As upstream, claims read back from the checkpoint at start are not marked prepared: the
-first pod using one prepares it again (drivers treat a repeated prepare as a no-op).
-Nothing calls this yet: pods with resourceClaims are refused at admission until the
-whole pod path runs.
+The checkpoint is read at the first call, not at construction: only syncloop's leader
+runs pod workers, and a standby that takes over must start from what the old leader
+wrote, not from what the file held when the standby started. As upstream, claims read
+back from it are not marked prepared: a pod that was running keeps its containers and
+their CDI devices come from the checkpoint (`cdi_devices`), with no driver called
+(prepare runs only before a new sandbox); a new pod using one prepares it again
+(drivers treat a repeated prepare as a no-op).
+
+Every failure is a `DRAPrepareError` naming the claim, the driver or the file: a claim
+the template controller has not created yet, a driver's gRPC error, a checkpoint that
+cannot be written. The pod path (pods/syncpod.py) turns it into upstream's
+FailedPrepareDynamicResources Event and a retried sync.
 """
 
 from __future__ import annotations
@@ -29,9 +37,10 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from klet.model.dra import ClaimRef, PrepareResult
-from klet.syncloop.dra.cdi import claim_name, container_cdi_devices
+from klet.syncloop.dra.cdi import ClaimResolutionError, claim_name, container_cdi_devices
 from klet.syncloop.dra.claiminfo import ClaimInfo
 from klet.syncloop.dra.claims import claim_to_prepare
+from klet.syncloop.dra.state import DRACheckpointError
 
 
 class DRAPrepareError(Exception):
@@ -54,6 +63,7 @@ class DriverRegistry(Protocol):
 
 
 class CheckpointStore(Protocol):
+    def load(self) -> list[ClaimInfo]: ...
     def store(self, claims: Iterable[ClaimInfo]) -> None: ...
 
 
@@ -69,11 +79,24 @@ def _ref(info: ClaimInfo) -> ClaimRef:
 
 
 class ClaimManager:
-    def __init__(self, deps: ManagerDeps, *, checkpointed: Iterable[ClaimInfo] = ()) -> None:
+    def __init__(self, deps: ManagerDeps) -> None:
         self.deps = deps
-        self.cache: dict[str, ClaimInfo] = {info.key: info for info in checkpointed}
+        self.cache: dict[str, ClaimInfo] = {}
         self.prepared: set[str] = set()
         """Keys of the claims whose drivers all answered NodePrepareResources."""
+        self._loaded = False
+
+    def _load(self) -> None:
+        """The checkpointed claims into the cache, once (the module docstring says why
+        not at construction)."""
+        if self._loaded:
+            return
+        try:
+            checkpointed = self.deps.checkpoint.load()
+        except DRACheckpointError as err:
+            raise DRAPrepareError(str(err)) from err
+        self.cache = {info.key: info for info in checkpointed} | self.cache
+        self._loaded = True
 
     def _client(self, driver: str) -> DriverClient:
         try:
@@ -82,14 +105,21 @@ class ClaimManager:
             raise DRAPrepareError(str(err)) from err
 
     def _store(self) -> None:
-        self.deps.checkpoint.store(self.cache.values())
+        try:
+            self.deps.checkpoint.store(self.cache.values())
+        except DRACheckpointError as err:
+            raise DRAPrepareError(str(err)) from err
 
     async def prepare(self, pod: Mapping[str, Any]) -> None:
+        self._load()
         meta = pod.get("metadata") or {}
         namespace, pod_uid = str(meta.get("namespace", "")), str(meta.get("uid", ""))
         wanted: list[ClaimInfo] = []
         for pod_claim in (pod.get("spec") or {}).get("resourceClaims") or ():
-            name = claim_name(pod, pod_claim)
+            try:
+                name = claim_name(pod, pod_claim)
+            except ClaimResolutionError as err:
+                raise DRAPrepareError(str(err)) from err
             if name is None:
                 continue
             try:
@@ -127,6 +157,10 @@ class ClaimManager:
             client = self._client(driver)
             try:
                 results = await client.prepare([_ref(i) for i in infos])
+            except Exception as err:
+                raise DRAPrepareError(
+                    f"NodePrepareResources of DRA driver {driver} failed: {err}"
+                ) from err
             finally:
                 await client.close()
             for info in infos:
@@ -152,7 +186,15 @@ class ClaimManager:
         if batches:
             self._store()
 
+    def holds(self, pod_uid: str) -> bool:
+        """Whether a claim the manager keeps references the pod."""
+        self._load()
+        return any(pod_uid in info.pod_uids for info in self.cache.values())
+
     async def unprepare(self, pod_uid: str) -> None:
+        self._load()
+        if not self.holds(pod_uid) and all(info.pod_uids for info in self.cache.values()):
+            return  # nothing of this pod's, nothing left over: no checkpoint write either
         for key, info in list(self.cache.items()):
             if pod_uid in info.pod_uids:
                 self.cache[key] = info.without_pod(pod_uid)
@@ -168,6 +210,10 @@ class ClaimManager:
             client = self._client(driver)
             try:
                 errors = await client.unprepare([_ref(i) for i in infos])
+            except Exception as err:
+                raise DRAPrepareError(
+                    f"NodeUnprepareResources of DRA driver {driver} failed: {err}"
+                ) from err
             finally:
                 await client.close()
             failed += [
@@ -183,4 +229,7 @@ class ClaimManager:
         self._store()
 
     def cdi_devices(self, pod: Mapping[str, Any], container: Mapping[str, Any]) -> tuple[str, ...]:
+        """The container's CDI device IDs; ClaimResolutionError (a ValueError) naming a
+        claim it uses that is not prepared, DRAPrepareError for an unreadable checkpoint."""
+        self._load()
         return container_cdi_devices(pod, container, self.cache)

@@ -665,6 +665,10 @@ class PodController:
             resize=self.resizer.status(uid, pod) if self.resizer is not None else None,
         )
         stopped = not anything_running(current)
+        if stopped:
+            # upstream: the claims go after the containers stopped and before the status
+            # says so; a driver's failure fails this sync, which is retried.
+            await self.syncer.unprepare_claims(uid)
         # A pod being deleted is done for the apiserver once its volumes are gone too.
         self._publish(uid, pod, status, terminated=stopped and (state.released or not deleting))
         return stopped
@@ -709,6 +713,8 @@ class PodController:
     async def _remove(self, uid: str, state: PodSyncState | None, current: RuntimePod) -> Outcome:
         """A pod no source wants: killed and removed once the sources are ready."""
         if current.empty:
+            if self.sources_ready:  # its claims too (a sync that failed retries them)
+                await self.syncer.unprepare_claims(uid)
             self._forget(uid)
             return Outcome(done=True)
         if not self.sources_ready:
@@ -718,6 +724,7 @@ class PodController:
             "killing pod that is not desired", extra={"uid": uid, "known_spec": pod is not None}
         )
         await self.syncer.kill_pod(pod, current, grace_override=None, remove=True)
+        await self.syncer.unprepare_claims(uid)
         self._forget(uid)
         return Outcome(done=True)
 

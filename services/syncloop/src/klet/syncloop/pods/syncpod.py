@@ -1,8 +1,9 @@
 """SyncPod and KillPod: perform the computed actions through CRI.
 
 The decisions are in actions.py; this module only carries them out, in upstream's
-order (kill the old sandbox, kill unwanted containers, create the sandbox, pull, create
-and start containers), records the events, and reports why containers still wait.
+order (kill the old sandbox, kill unwanted containers, prepare the pod's DRA claims,
+create the sandbox, pull, create and start containers), records the events, and
+reports why containers still wait.
 CRI errors for one container do not stop the others; the worker re-syncs later.
 """
 
@@ -29,6 +30,7 @@ from klet.syncloop.containers.images import ImagePuller
 from klet.syncloop.containers.podcgroups import PodCgroups
 from klet.syncloop.containers.startcontainer import ContainerStarter
 from klet.syncloop.containers.syncsettings import SyncSettings
+from klet.syncloop.dra.manager import DRAPrepareError
 from klet.syncloop.environment import dns, etchosts
 from klet.syncloop.environment.kubeobjects import KubeObjects
 from klet.syncloop.events import EventSink
@@ -52,6 +54,15 @@ QOS_RECHECK_S = 60.0
 
 VOLUME_RETRY_S = 5.0
 """How soon a pod whose volumes could not be set up is synced again, seconds."""
+
+
+class PodClaims(Protocol):
+    """The DRA claim manager as the pod path needs it (dra/manager.py); raises
+    DRAPrepareError saying why."""
+
+    async def prepare(self, pod: JSON) -> None: ...
+
+    async def unprepare(self, pod_uid: str) -> None: ...
 
 
 @dataclass
@@ -163,6 +174,9 @@ class PodSyncer:
             clock=clock,
             objects=objects,
         )
+        self.claims: PodClaims | None = None
+        """The DRA claim manager (set by wiring; None: standalone or the gate off, and a
+        pod with claims fails to prepare, naming why)."""
 
     def _cgroup_parent(self, pod: JSON) -> str:
         """What CRI gets as the cgroup parent: the pod cgroup in the driver's form."""
@@ -256,6 +270,11 @@ class PodSyncer:
                     log.warning(
                         "pod cgroup limits", extra={"pod": _name(pod), "problems": problems}
                     )
+            if (pod.get("spec") or {}).get("resourceClaims"):
+                try:
+                    await self.prepare_claims(pod)
+                except DRAPrepareError as err:
+                    return self._claims_failed(pod, result, err, now=now)
             self.observer.pod_starting()
             try:
                 handler = await runtimeclass.runtime_handler(pod, self.runtime_classes)
@@ -389,6 +408,36 @@ class PodSyncer:
             self.backoff.next(start.backoff_key, self.clock())
         result.started = True
         return True
+
+    async def prepare_claims(self, pod: JSON) -> None:
+        """upstream's PrepareDynamicResources, run before each new sandbox: a running
+        pod's claims are not prepared again (a restarted syncloop finds them in the
+        checkpoint); DRAPrepareError when they cannot be."""
+        if self.claims is None:
+            raise DRAPrepareError(
+                "DRA is off on this node (featureGates.DynamicResourceAllocation=false, or "
+                "standalone: no API server to read the pod's ResourceClaims from)"
+            )
+        await self.claims.prepare(pod)
+
+    async def unprepare_claims(self, uid: str) -> None:
+        """upstream's UnprepareDynamicResources once the pod's containers have stopped;
+        DRAPrepareError when a driver could not (the caller's sync is retried)."""
+        if self.claims is not None:
+            await self.claims.unprepare(uid)
+
+    def _claims_failed(
+        self, pod: JSON, result: SyncResult, err: DRAPrepareError, *, now: float
+    ) -> SyncResult:
+        """upstream's FailedPrepareDynamicResources: the Event, no sandbox, a retried sync."""
+        message = f"Failed to prepare dynamic resources: {err}"
+        self.events.emit(pod, "Warning", "FailedPrepareDynamicResources", message)
+        log.warning("pod's claims not prepared", extra={"pod": _name(pod), "error": str(err)})
+        for c in podspec.containers(pod):
+            result.waiting.setdefault(c["name"], ("ContainerCreating", ""))
+        result.wake_at = now + 5
+        result.failed = True
+        return result
 
     def _sandbox_failed(
         self, pod: JSON, result: SyncResult, err: Exception, *, now: float
