@@ -182,14 +182,6 @@ MISSING: Mapping[str, tuple[str, ...]] = {
         "/metrics dra_resource_claims_in_use",
     ),
     (
-        "the CPU manager's aligned-allocation counters: upstream names them without "
-        "`_total`, and prometheus_client gives every counter that suffix "
-        "(klet.syncloop.metrics.CPUManagerMetrics serves the other five)"
-    ): (
-        "/metrics kubelet_container_aligned_compute_resources_count",
-        "/metrics kubelet_container_aligned_compute_resources_failure_count",
-    ),
-    (
         "client certificates presented to 10250 are verified by Python's ssl; their expiry is not "
         "observed"
     ): ("/metrics apiserver_client_certificate_expiration_seconds",),

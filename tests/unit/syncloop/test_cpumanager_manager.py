@@ -5,7 +5,9 @@ reads the same assignments back and keeps the pod; a file of another policy or a
 corrupt one stops the start with upstream's message; the reconcile sends shared-pool
 containers the pool as it shrinks and grows and each running container its cpuset
 once; finished pods' CPUs are released; upstream's kubelet_cpu_manager_* series count
-the pinning and follow the pool."""
+the pinning and follow the pool, and under full-pcpus-only the aligned allocations
+(kubelet_container_aligned_compute_resources_{count,failure_count}, boundary
+physical_cpu; made at 0 by the static policy, not by none)."""
 
 from __future__ import annotations
 
@@ -168,3 +170,34 @@ def test_upstreams_cpu_manager_series(tmp_path: Path) -> None:
     m.release({})
     assert value("kubelet_cpu_manager_shared_pool_size_millicores") == 1000
     assert value("kubelet_cpu_manager_allocation_per_numa", numa_node="0") == 0
+
+
+def test_full_pcpus_only_counts_aligned_allocations(tmp_path: Path) -> None:
+    four = CPUTopology({c: CPUInfo(c // 2, 0, 0) for c in range(4)})  # 2 cores x 2 threads
+    registry = CollectorRegistry()
+    policy = StaticPolicy.create(
+        four, count=2, explicit=frozenset(), options=Options(full_pcpus_only=True)
+    )
+    m = CPUManager(policy, tmp_path, observer=CPUManagerMetrics.create(registry))
+
+    def value(name: str, boundary: str) -> float | None:
+        labels = {"scope": "container", "boundary": boundary}
+        return registry.get_sample_value(
+            f"kubelet_container_aligned_compute_resources_{name}", labels
+        )
+
+    m.load()
+    assert (value("count", "physical_cpu"), value("failure_count", "physical_cpu")) == (0, 0)
+    assert value("count", "uncore_cache") == 0  # upstream's static policy makes it too
+    assert value("failure_count", "uncore_cache") is None
+    assert admit(m, "half", _pod("half", "1")) is not None  # half a core: SMTAlignmentError
+    assert admit(m, "be", _pod("be", None)) is None  # shared pool: not an allocation
+    assert admit(m, "whole", _pod("whole", "2")) is None
+    assert (value("count", "physical_cpu"), value("failure_count", "physical_cpu")) == (1, 1)
+
+    plain = CollectorRegistry()
+    none = CPUManager(NonePolicy(), tmp_path / "none", observer=CPUManagerMetrics.create(plain))
+    none.load()
+    assert admit(none, "g", _pod("g", "1")) is None
+    name = "kubelet_container_aligned_compute_resources_count"
+    assert plain.get_sample_value(name, {"scope": "container", "boundary": "physical_cpu"}) is None

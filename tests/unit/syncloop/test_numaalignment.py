@@ -7,7 +7,9 @@ and puts cpuset_mems "0" on the wire (LinuxContainerResources.cpuset_mems), a
 best-effort pod gets none; a Guaranteed pod larger than the node is refused with
 upstream's reason; the options and the NUMA node limit are checked at start;
 upstream's memory and topology manager series count pinnings, admissions and
-refusals; the CPU manager's hints join the merge (a pod goes to the node with CPUs
+refusals, and under single-numa-node the aligned and unaligned placements by scope
+(container, pod; kubelet_container_aligned_compute_resources_{count,failure_count}, made
+at 0 under every policy); the CPU manager's hints join the merge (a pod goes to the node with CPUs
 enough, memory with it; one whose CPUs fit no node is refused) and it allocates."""
 
 from __future__ import annotations
@@ -94,6 +96,16 @@ def test_upstreams_series_count_pinnings_and_refusals(tmp_path: Path) -> None:
     assert value("kubelet_topology_manager_admission_requests_total") == 3
     assert value("kubelet_topology_manager_admission_errors_total") == 1
     assert value("kubelet_topology_manager_admission_duration_ms_count") == 3
+    aligned = "kubelet_container_aligned_compute_resources_count"
+    failed = "kubelet_container_aligned_compute_resources_failure_count"
+
+    def numa(name: str, scope: str, reg: CollectorRegistry = registry) -> float | None:
+        return reg.get_sample_value(name, {"scope": scope, "boundary": "numa_node"})
+
+    # single-numa-node guarantees alignment: each admitted container counts (the
+    # best-effort one too, as upstream), the pod refused by the merge is a failure
+    assert (numa(aligned, "container"), numa(failed, "container")) == (2, 1)
+    assert (numa(aligned, "pod"), numa(failed, "pod")) == (0, 0)  # made at start
     _, plain = build(
         cfg(topology_manager_policy="none"),
         tmp_path / "p",
@@ -106,6 +118,21 @@ def test_upstreams_series_count_pinnings_and_refusals(tmp_path: Path) -> None:
     assert registry.get_sample_value("kubelet_memory_manager_pinning_errors_total") == 1
     # under policy none an allocation failure is not a topology admission error
     assert registry.get_sample_value("kubelet_topology_manager_admission_errors_total") == 0
+    # nor is anything aligned, yet the four series are there from the start
+    for scope in ("container", "pod"):
+        assert (numa(aligned, scope, registry), numa(failed, scope, registry)) == (0, 0)
+    _, by_pod = build(
+        cfg(topology_manager_scope="pod"),
+        tmp_path / "s",
+        cpus=CPUManager(NonePolicy(), tmp_path),
+        devices=None,
+        sys_node=sysfs(tmp_path / "t"),
+        observer=NUMAMetrics.create(registry := CollectorRegistry()),
+    )
+    assert by_pod.admit("a", pod("a", "256Mi"), []) is None
+    assert by_pod.admit("c", pod("c", "8Gi"), []) is not None
+    assert (numa(aligned, "pod", registry), numa(failed, "pod", registry)) == (1, 1)
+    assert (numa(aligned, "container", registry), numa(failed, "container", registry)) == (0, 0)
 
 
 def test_a_guaranteed_pod_is_placed_on_node_0(tmp_path: Path) -> None:

@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import threading
 import time
+import weakref
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -848,22 +849,69 @@ class PodResourcesMetrics:
 
 
 @dataclass(frozen=True)
+class AlignedComputeMetrics:
+    """Upstream's kubelet_container_aligned_compute_resources_count and _failure_count
+    {scope, boundary}: allocations the CPU manager (`container` scope, boundary
+    `physical_cpu` under full-pcpus-only) and the topology manager (`container` or `pod`
+    scope, boundary `numa_node` under single-numa-node) made aligned, and those that
+    could not be. Counters upstream names without `_total` (UnsuffixedCounter). Both
+    managers count into the one pair of families of a registry (`aligned_compute`)."""
+
+    aligned: UnsuffixedCounter
+    failed: UnsuffixedCounter
+
+    def count(self, scope: str, boundary: str, *, failed: bool, amount: int = 1) -> None:
+        """`amount` more (0 makes the series exist, as upstream's Add(0) at start)."""
+        (self.failed if failed else self.aligned).inc(scope, boundary, amount=amount)
+
+
+_ALIGNED: weakref.WeakKeyDictionary[CollectorRegistry, AlignedComputeMetrics] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+def aligned_compute(registry: CollectorRegistry) -> AlignedComputeMetrics:
+    """The registry's one AlignedComputeMetrics (made at the first call)."""
+    made = _ALIGNED.get(registry)
+    if made is None:
+        labels = ["scope", "boundary"]
+        made = _ALIGNED[registry] = AlignedComputeMetrics(
+            aligned=UnsuffixedCounter(
+                "kubelet_container_aligned_compute_resources_count",
+                "Cumulative number of aligned compute resources allocated to containers by "
+                "alignment type.",
+                labels,
+                registry=registry,
+            ),
+            failed=UnsuffixedCounter(
+                "kubelet_container_aligned_compute_resources_failure_count",
+                "Cumulative number of failures to allocate aligned compute resources to "
+                "containers by alignment type.",
+                labels,
+                registry=registry,
+            ),
+        )
+    return made
+
+
+@dataclass(frozen=True)
 class CPUManagerMetrics:
     """Upstream's CPU manager series (cpumanager/manager.py's CPUObserver): the
     containers that asked for exclusive CPUs and those refused, the shared pool's size,
-    the exclusive CPUs given out, and those per NUMA node. Upstream's
-    kubelet_container_aligned_compute_resources_{count,failure_count} are counters
-    without a `_total`, which prometheus_client cannot name: not served."""
+    the exclusive CPUs given out, and those per NUMA node; and its aligned allocations
+    (AlignedComputeMetrics, `container` scope)."""
 
     requests: Counter
     errors: Counter
     shared: Gauge
     exclusive: Gauge
     per_numa: Gauge
+    alignment: AlignedComputeMetrics
 
     @classmethod
     def create(cls, registry: CollectorRegistry) -> CPUManagerMetrics:
         return cls(
+            alignment=aligned_compute(registry),
             requests=Counter(
                 "kubelet_cpu_manager_pinning_requests",
                 "The number of cpu core allocations which required pinning.",
@@ -902,23 +950,29 @@ class CPUManagerMetrics:
         for node, count in per_numa.items():
             self.per_numa.labels(str(node)).set(count)
 
+    def aligned(self, boundary: str, *, failed: bool, amount: int = 1) -> None:
+        self.alignment.count("container", boundary, failed=failed, amount=amount)
+
 
 @dataclass(frozen=True)
 class NUMAMetrics:
     """Upstream's memory manager and topology manager series (numaalignment.Observer):
     Guaranteed containers' memory pinnings and those refused; every admission the
     topology manager decided, how long it took (milliseconds, upstream's buckets), and
-    those it refused."""
+    those it refused; and its aligned allocations (AlignedComputeMetrics, `numa_node`).
+    """
 
     pin_requests: Counter
     pin_errors: Counter
     admissions: Counter
     admission_errors: Counter
     admission_ms: Histogram
+    alignment: AlignedComputeMetrics
 
     @classmethod
     def create(cls, registry: CollectorRegistry) -> NUMAMetrics:
         return cls(
+            alignment=aligned_compute(registry),
             pin_requests=Counter(
                 "kubelet_memory_manager_pinning_requests",
                 "The number of memory pages allocations which required pinning.",
@@ -957,6 +1011,9 @@ class NUMAMetrics:
         self.admission_ms.observe(seconds * 1000)
         if error:
             self.admission_errors.inc()
+
+    def aligned(self, scope: str, *, failed: bool, amount: int = 1) -> None:
+        self.alignment.count(scope, "numa_node", failed=failed, amount=amount)
 
 
 @dataclass(frozen=True)

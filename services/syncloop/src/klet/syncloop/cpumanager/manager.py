@@ -83,6 +83,10 @@ class CPUObserver(Protocol):
         self, *, shared_millicores: int, exclusive: int, per_numa: Mapping[int, int]
     ) -> None: ...
 
+    def aligned(self, boundary: str, *, failed: bool, amount: int = 1) -> None:
+        """An allocation aligned on `boundary` (or not: `failed`); amount 0 makes the
+        series exist."""
+
 
 class _NoObserver:
     def pinning(self, *, requested: int, failed: int) -> None:
@@ -90,6 +94,14 @@ class _NoObserver:
 
     def pool(self, *, shared_millicores: int, exclusive: int, per_numa: Mapping[int, int]) -> None:
         pass
+
+    def aligned(self, boundary: str, *, failed: bool, amount: int = 1) -> None:
+        pass
+
+
+ALIGNED_PHYSICAL_CPU = "physical_cpu"
+ALIGNED_UNCORE_CACHE = "uncore_cache"
+"""upstream's `boundary` values of the aligned-allocation counters the CPU manager keeps."""
 
 
 Running = Callable[[str], Awaitable[Sequence[tuple[str, ContainerID]]]]
@@ -134,6 +146,10 @@ class CPUManager:
         self.save()
         self.loaded = True
         self._observe_pool()
+        if isinstance(self.policy, StaticPolicy):  # the series upstream's static policy makes
+            self.observer.aligned(ALIGNED_PHYSICAL_CPU, failed=True, amount=0)
+            self.observer.aligned(ALIGNED_PHYSICAL_CPU, failed=False, amount=0)
+            self.observer.aligned(ALIGNED_UNCORE_CACHE, failed=False, amount=0)
         self._applied = {}
         log.info(
             "cpu manager started",
@@ -213,6 +229,8 @@ class CPUManager:
             )
         except AdmissionError as err:
             self.observer.pinning(requested=1, failed=1)
+            if self._full_pcpus_only():
+                self.observer.aligned(ALIGNED_PHYSICAL_CPU, failed=True)
             log.info(
                 "pod refused: its exclusive CPUs cannot be had",
                 extra={
@@ -225,6 +243,8 @@ class CPUManager:
             return err.reason, err.message
         if pinning:
             self.observer.pinning(requested=1, failed=0)
+            if self._full_pcpus_only():
+                self.observer.aligned(ALIGNED_PHYSICAL_CPU, failed=False)
         # as upstream's cpusToReuse: only the pod being admitted keeps an entry
         self._reuse = {uid: reuse(self._reusable(pod), pod, container, cpus)}
         if new != self.state:
@@ -232,6 +252,9 @@ class CPUManager:
             self.save()
             self._observe_pool()
         return None
+
+    def _full_pcpus_only(self) -> bool:
+        return isinstance(self.policy, StaticPolicy) and self.policy.options.full_pcpus_only
 
     def _observe_pool(self) -> None:
         """The shared pool and exclusive CPU gauges (upstream's static policy sets them;

@@ -38,6 +38,7 @@ TOPOLOGY_AFFINITY_ERROR = "TopologyAffinityError"
 TOPOLOGY_AFFINITY_MESSAGE = "Resources cannot be allocated with Topology locality"
 UNEXPECTED_ADMISSION_ERROR = "UnexpectedAdmissionError"
 SCOPES = ("container", "pod")
+SINGLE_NUMA_NODE = "single-numa-node"
 
 NO_PREFERENCE = TopologyHint(None, False)
 """What an allocator gets for a container without a hint (upstream's zero hint)."""
@@ -48,9 +49,16 @@ class TopologyObserver(Protocol):
 
     def admission(self, *, seconds: float, error: bool) -> None: ...
 
+    def aligned(self, scope: str, *, failed: bool, amount: int = 1) -> None:
+        """An admission (`scope` pod) or a container (`container`) placed on one NUMA
+        node, or refused (`failed`); amount 0 makes the series exist."""
+
 
 class _NoObserver:
     def admission(self, *, seconds: float, error: bool) -> None:
+        pass
+
+    def aligned(self, scope: str, *, failed: bool, amount: int = 1) -> None:
         pass
 
 
@@ -107,6 +115,9 @@ class TopologyManager:
         self.hints: dict[tuple[str, str], TopologyHint] = {}
         self.observer: TopologyObserver = observer or _NoObserver()
         self.clock = clock
+        for each in SCOPES:  # upstream's manager makes the four series at start, any policy
+            self.observer.aligned(each, failed=False, amount=0)
+            self.observer.aligned(each, failed=True, amount=0)
 
     def affinity(self, uid: str, name: str) -> TopologyHint:
         """The hint a container was admitted with (no preference when none)."""
@@ -155,26 +166,36 @@ class TopologyManager:
                 if refused is not None:
                     return refused
             return None
+        # upstream counts alignment under the one policy that guarantees it
+        guaranteed = self.policy == SINGLE_NUMA_NODE
         if self.scope == "pod":
             hints = [p.pod_topology_hints(pod) or {} for p in self.providers]
             best, admit = merge(self.policy, hints, self.numa, self.options)
             if not admit:
+                if guaranteed:
+                    self.observer.aligned("pod", failed=True)
                 return self._refuse(pod, best)
             for c in containers:
                 self.hints[(uid, str(c.get("name")))] = best
                 refused = self._allocate(pod, c, best)
                 if refused is not None:
                     return refused
+            if guaranteed:
+                self.observer.aligned("pod", failed=False)
             return None
         for c in containers:
             hints = [p.topology_hints(pod, c) or {} for p in self.providers]
             best, admit = merge(self.policy, hints, self.numa, self.options)
             if not admit:
+                if guaranteed:
+                    self.observer.aligned("container", failed=True)
                 return self._refuse(pod, best)
             self.hints[(uid, str(c.get("name")))] = best
             refused = self._allocate(pod, c, best)
             if refused is not None:
                 return refused
+            if guaranteed:
+                self.observer.aligned("container", failed=False)
         return None
 
     def release(self, active: Iterable[str]) -> None:
