@@ -53,7 +53,16 @@ import pytest
 from klet.cri import CRISettings, RuntimeClient
 from klet.cri import labels as L
 from klet.devstack import DevStack, free_port
-from klet.model.layout import holder_slot, leader_slot
+from klet.model.layout import (
+    EVICTION,
+    GRPC_SERVERS,
+    IMAGE_GC,
+    SYNCLOOP,
+    grpc_socket,
+    grpc_socket_dir,
+    holder_slot,
+    leader_slot,
+)
 from klet.testbed import Dockerd
 from klet.testbed.cluster import ControlPlane
 from klet.testbed.dockerd import DOCKER_BINARY
@@ -625,9 +634,10 @@ def test_each_container_has_only_what_it_uses(deployment: Deployment) -> None:
     filesystem, every mount and whether it is writable, the kubeconfig flag; each
     service sees its own bus password and no other, Redis sees no service's; writes
     outside a container's writable mounts fail; pod-source sees of the kubernetes dir
-    only the static pod directory and the kubeconfig file; of the run dir, the gRPC
-    sockets are only where they are served or called (eviction, image-gc; syncloop's
-    all of it), and each service writes only its own port files' directory."""
+    only the static pod directory and the kubeconfig file; of the run dir, each gRPC
+    socket is only where it is served or called (eviction: all three, read-only but
+    its own; image-gc: its own, not syncloop's PodControl; syncloop's all of it), and
+    each service writes only its own port files' directory."""
     d = deployment
     host_pid_ns = os.readlink("/proc/self/ns/pid")
     bus = Path(d.env["KLET_BUS_DIR"])
@@ -697,18 +707,32 @@ def test_each_container_has_only_what_it_uses(deployment: Deployment) -> None:
     finally:
         beside.unlink()
 
-    # Of the run dir: syncloop's PodControl and image-gc's GarbageCollector sockets are
-    # in eviction's and image-gc's containers, not in pod-source's or status-reporter's
-    # (on the network); each service writes only its own port files' directory
-    # (status-reporter reads the others') and sees only its own lease slots.
+    # Of the run dir: each gRPC socket is in its server's container and in its callers'
+    # alone: eviction sees syncloop's PodControl and image-gc's GarbageCollector (and
+    # cannot plant a socket in their directories), image-gc sees its own and not
+    # syncloop's, pod-source and status-reporter (on the network) see none; each service
+    # writes only its own port files' directory (status-reporter reads the others') and
+    # sees only its own lease slots.
     run = d.env["KLET_RUN_DIR"]
-    for sock in ("syncloop", "image-gc", "eviction"):
-        path = f"{run}/grpc/{sock}.sock"
-        for service in ("eviction", "image-gc"):
-            assert exec_in(d, service, "test", "-S", path).returncode == 0, (service, path)
-        for service in ("pod-source", "status-reporter"):
-            seen = exec_in(d, service, "ls", f"{run}/grpc")
-            assert seen.returncode != 0 and "No such file" in seen.stderr, (service, seen)
+    reaches = {
+        "eviction": {SYNCLOOP, IMAGE_GC, EVICTION},
+        "image-gc": {IMAGE_GC},
+        "pod-source": set(),
+        "status-reporter": set(),
+    }
+    for service, servers in reaches.items():
+        for server in GRPC_SERVERS:
+            sock = grpc_socket(Path(run), server)
+            probe = exec_in(d, service, "test", "-S", str(sock))
+            assert (probe.returncode == 0) is (server in servers), (service, str(sock))
+        if not servers:
+            probe = exec_in(d, service, "ls", f"{run}/grpc")
+            assert probe.returncode != 0 and "No such file" in probe.stderr, (service, probe)
+    for server in (SYNCLOOP, IMAGE_GC):
+        planted = exec_in(d, "eviction", "touch", f"{grpc_socket_dir(Path(run), server)}/x")
+        assert "Read-only file system" in planted.stderr, (server, planted)
+    listed = exec_in(d, "image-gc", "ls", "-A", f"{run}/grpc")
+    assert listed.stdout.split() == [IMAGE_GC], listed
     for service in ("pod-source", "status-reporter", "eviction", "image-gc"):
         own = exec_in(d, service, "touch", f"{run}/ports/{service}/probe.tmp")
         assert own.returncode == 0, (service, own.stderr)

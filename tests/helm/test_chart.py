@@ -196,8 +196,9 @@ def chart_path(service: str, compose_target: str) -> str:
 def test_each_service_mounts_only_its_part_of_the_run_dir() -> None:
     """As in docker-compose.yml: each service's pod mounts, of paths.runDir (set to
     another path here, so nothing is the default by chance), its own lease slots'
-    directory and its own port files' directory, each a hostPath of that path; the gRPC
-    sockets' directory only where a socket is served or called (eviction, image-gc);
+    directory and its own port files' directory, each a hostPath of that path; each gRPC
+    server's socket directory in its own pod (writable) and, read-only, in its callers'
+    (eviction: syncloop's and image-gc's; image-gc sees no other's);
     every port file read-only in status-reporter's alone; all of it in syncloop's."""
     run = "/run/klet-x"
     sets = ["node.name=node-a", PINNED, f"paths.runDir={run}"]
@@ -218,8 +219,14 @@ def test_each_service_mounts_only_its_part_of_the_run_dir() -> None:
             "/ports": False,
             "/ports/status-reporter": True,
         },
-        "eviction": {"/leases/eviction": True, "/grpc": True, "/ports/eviction": True},
-        "image-gc": {"/leases/image-gc": True, "/grpc": True, "/ports/image-gc": True},
+        "eviction": {
+            "/leases/eviction": True,
+            "/grpc/eviction": True,
+            "/grpc/syncloop": False,
+            "/grpc/image-gc": False,
+            "/ports/eviction": True,
+        },
+        "image-gc": {"/leases/image-gc": True, "/grpc/image-gc": True, "/ports/image-gc": True},
     }
 
 

@@ -55,7 +55,14 @@ import yaml
 from klet.cri import CRISettings, RuntimeClient
 from klet.cri import labels as L
 from klet.devstack import BUSYBOX_IMAGE, TEST_REGISTRY_HOST, DevStack
-from klet.model.layout import leader_slot
+from klet.model.layout import (
+    EVICTION,
+    GRPC_SERVERS,
+    IMAGE_GC,
+    SYNCLOOP,
+    grpc_socket,
+    leader_slot,
+)
 from klet.testbed.cluster import ControlPlane
 
 from tests.harness.clusternode import cluster_node
@@ -509,7 +516,8 @@ def test_each_container_has_only_what_it_uses(install: Install) -> None:
     for the others, root (Redis: its own user), the host's PID namespace for syncloop
     alone, and each mount the manifest names, read-only where it says so. Each service
     reads its own bus password and sees no other; Redis sees its three bus files and no
-    service's password."""
+    service's password. Each gRPC socket is seen only where it is served or called:
+    image-gc's container cannot see syncloop's PodControl socket, eviction's can."""
     d = install
     manifest = [
         doc
@@ -557,6 +565,26 @@ def test_each_container_has_only_what_it_uses(install: Install) -> None:
             own = (root / "etc/klet/bus/password").read_text()
             assert own == (bus / "secrets" / INNER / component).read_text(), what
             assert not [p for p in seen if p.startswith(str(bus))], what
+
+    # Each gRPC socket in its server's pod and its callers' alone: eviction's container
+    # sees syncloop's PodControl socket and image-gc's, image-gc's its own and not
+    # syncloop's, pod-source's and status-reporter's none (the leaders serve them).
+    run = d.inner.run_dir
+    for service, servers in {
+        "eviction": (SYNCLOOP, IMAGE_GC, EVICTION),
+        "image-gc": (IMAGE_GC,),
+        "pod-source": (),
+        "status-reporter": (),
+    }.items():
+        for pod in d.pods(NAMESPACE, f"app.kubernetes.io/component={service}"):
+            root = Path(f"/proc/{main_pid(pod, service)}/root")
+            for server in GRPC_SERVERS:
+                sock = root / str(grpc_socket(run, server)).lstrip("/")
+                if server in servers:
+                    wait_for(sock.is_socket, timeout_s=60, what=f"{service} sees {sock}")
+                else:
+                    assert not sock.exists(), f"{service} sees {server}'s gRPC socket"
+                    assert not sock.parent.exists(), f"{service} sees {sock.parent}"
 
 
 def running_containers(

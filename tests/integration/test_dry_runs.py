@@ -371,7 +371,8 @@ def test_a_service_not_running_is_named(tmp_path: Path) -> None:
     done = klet("gc", "--dry-run", "--run-dir", str(tmp_path))
     assert done.returncode == 1
     assert done.stderr.strip() == (
-        f"klet gc: image-gc is not running here: no socket at {tmp_path}/grpc/image-gc.sock"
+        "klet gc: image-gc is not running here: no socket at "
+        f"{tmp_path}/grpc/image-gc/image-gc.sock"
     )
     done = klet("evict", "--dry-run", "--run-dir", str(tmp_path))
     assert done.returncode == 1 and "eviction is not running here" in done.stderr

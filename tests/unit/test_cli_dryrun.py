@@ -21,6 +21,7 @@ import pytest
 from klet.cli import dryrun
 from klet.cli.dryrunview import as_json, evict_text, gc_text, human_bytes, signal_amount
 from klet.cli.main import main
+from klet.model.layout import EVICTION, IMAGE_GC, grpc_socket
 from klet.rpc.eviction import (
     DryRunResult,
     EvictionClient,
@@ -109,7 +110,7 @@ class Backend:
 
 async def test_plans_cross_the_sockets_intact(tmp_path: Path) -> None:
     backend = Backend()
-    gc_sock, ev_sock = tmp_path / "grpc" / "image-gc.sock", tmp_path / "grpc" / "eviction.sock"
+    gc_sock, ev_sock = grpc_socket(tmp_path, IMAGE_GC), grpc_socket(tmp_path, EVICTION)
     ready_gc, ready_ev = asyncio.Event(), asyncio.Event()
     servers = [
         asyncio.create_task(serve_garbage_collector(backend, gc_sock, ready=ready_gc)),
@@ -211,22 +212,23 @@ def test_not_running_names_the_service_and_every_path(
     assert main(["gc", "--dry-run"]) == 1
     assert capsys.readouterr().err.strip() == (
         f"klet gc: image-gc is not running here: no socket at "
-        f"{node}/grpc/image-gc.sock, .run/grpc/image-gc.sock"
+        f"{node}/grpc/image-gc/image-gc.sock, .run/grpc/image-gc/image-gc.sock"
     )
     monkeypatch.setenv("KLET_RUN_DIR", str(tmp_path / "env"))
     assert main(["evict", "--dry-run"]) == 1
-    assert f"eviction is not running here: no socket at {tmp_path}/env/grpc/eviction.sock" in (
-        capsys.readouterr().err
+    assert (
+        f"eviction is not running here: no socket at {tmp_path}/env/grpc/eviction/eviction.sock"
+        in capsys.readouterr().err
     )
     assert main(["evict", "--dry-run", "--run-dir", str(tmp_path / "flag")]) == 1
-    assert f"{tmp_path}/flag/grpc/eviction.sock" in capsys.readouterr().err
+    assert f"{tmp_path}/flag/grpc/eviction/eviction.sock" in capsys.readouterr().err
 
 
 def test_a_socket_nobody_answers_on_is_not_running(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    path = tmp_path / "grpc" / "image-gc.sock"
-    path.parent.mkdir()
+    path = grpc_socket(tmp_path, IMAGE_GC)
+    path.parent.mkdir(parents=True)
     stale = socket.socket(socket.AF_UNIX)
     stale.bind(str(path))
     stale.close()  # the file stays, nothing listens
@@ -238,8 +240,8 @@ def test_a_socket_nobody_answers_on_is_not_running(
 def test_a_failing_service_is_named_with_its_error(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    path = tmp_path / "grpc" / "eviction.sock"
-    path.parent.mkdir()
+    path = grpc_socket(tmp_path, EVICTION)
+    path.parent.mkdir(parents=True)
     path.touch()
 
     async def fails(self: object, thresholds: Sequence[str] = ()) -> DryRunResult:

@@ -28,7 +28,14 @@ from typing import Any
 import pytest
 import yaml
 from klet.bus.acl import SERVICES
-from klet.model.layout import lease_slots_dir
+from klet.model.layout import (
+    EVICTION,
+    GRPC_SERVERS,
+    IMAGE_GC,
+    SYNCLOOP,
+    grpc_socket_dir,
+    lease_slots_dir,
+)
 
 from tools.image.__main__ import version
 
@@ -128,8 +135,13 @@ def confinement(service: str, env: dict[str, str]) -> Confinement:
         (own_leases := f"{run}/leases/{service}"): True,
         (own_ports := f"{run}/ports/{service}"): True,
     }
-    # The gRPC sockets: for those that serve one or call one.
-    grpc = {f"{run}/grpc": True}
+    # The gRPC sockets, a directory per server: its own writable, those it calls
+    # read-only (eviction: syncloop's and image-gc's); image-gc's holds no other's.
+    grpc = {
+        f"{run}/grpc/eviction": True,
+        f"{run}/grpc/syncloop": False,
+        f"{run}/grpc/image-gc": False,
+    }
     kubernetes = {env["KLET_KUBERNETES_DIR"]: False}
     # pod-source: of the kubernetes dir, what it reads alone.
     manifests = {
@@ -187,7 +199,7 @@ def confinement(service: str, env: dict[str, str]) -> Confinement:
             False,
             {
                 **common,
-                **grpc,
+                f"{run}/grpc/image-gc": True,
                 env["KLET_POD_LOGS_DIR"]: True,
                 env["KLET_IMAGE_FS_DIR"]: False,
                 "/run/klet-cri": False,
@@ -292,9 +304,10 @@ def test_pod_source_mounts_the_static_pod_directory_and_the_kubeconfig_alone(
 def test_each_service_mounts_only_its_part_of_the_run_dir() -> None:
     """The run dir is not shared whole: every service writes its own lease slots'
     directory and its own port files' directory alone (none can lock another's leader
-    slot or plant another's port file); the gRPC sockets' directory is in
-    the containers that serve or call one (eviction, image-gc), not in pod-source's or
-    status-reporter's, so neither can call KillPod, FreeSpace or DryRun; status-reporter
+    slot or plant another's port file); each gRPC server's socket directory is in its
+    own container (writable) and, read-only, in its callers' (eviction calls syncloop's
+    and image-gc's): image-gc sees only its own, so it cannot call KillPod; pod-source and
+    status-reporter see none, so neither can call KillPod, FreeSpace or DryRun; status-reporter
     reads every service's port files read-only; syncloop, privileged, mounts it all."""
     run = variables()["KLET_RUN_DIR"]
     parts = {
@@ -317,17 +330,26 @@ def test_each_service_mounts_only_its_part_of_the_run_dir() -> None:
         },
         "eviction": {
             "/leases/eviction": True,
-            "/grpc": True,
+            "/grpc/eviction": True,
+            "/grpc/syncloop": False,
+            "/grpc/image-gc": False,
             "/ports/eviction": True,
             redis: False,
         },
         "image-gc": {
             "/leases/image-gc": True,
-            "/grpc": True,
+            "/grpc/image-gc": True,
             "/ports/image-gc": True,
             redis: False,
         },
     }
+    # Each server's socket where it serves it (klet.model.layout), in a writable mount
+    # of its own (syncloop's: the run dir); each one eviction calls in a mount of its.
+    for server in GRPC_SERVERS:
+        own = grpc_socket_dir(Path(run), server).as_posix().removeprefix(run)
+        assert parts[server].get(own, parts[server].get("")) is True, server
+    for called in (SYNCLOOP, IMAGE_GC):
+        assert grpc_socket_dir(Path(run), called).as_posix().removeprefix(run) in parts[EVICTION]
     # Each service's slots where it looks for them (klet.model.layout), in its mount.
     for service in SERVICES:
         slots = lease_slots_dir(Path(run), service).as_posix().removeprefix(run)

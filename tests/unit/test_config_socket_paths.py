@@ -16,7 +16,7 @@ def test_every_socket_klet_serves_is_listed() -> None:
     names = {str(p) for p in served_sockets(Path("/run/klet"), Path("/var/lib/kubelet"))}
     assert "/var/lib/kubelet/device-plugins/kubelet.sock" in names
     assert "/var/lib/kubelet/pod-resources/kubelet.sock" in names
-    assert "/run/klet/grpc/syncloop.sock" in names
+    assert "/run/klet/grpc/syncloop/syncloop.sock" in names
     assert "/run/klet/cri/status-reporter.sock" in names
     assert "/run/klet/redis/redis.sock" in names
     assert max(len(n) for n in names) <= UNIX_PATH_MAX  # upstream's default paths fit
@@ -36,6 +36,6 @@ def test_a_run_dir_too_long_is_refused_and_one_that_fits_is_not() -> None:
     with pytest.raises(ConfigError) as info:
         load_settings(["--run-dir", "/run/" + "r" * 90], env={}, service="syncloop", hostname="n")
     assert any(p.startswith("--run-dir") and "grpc" in p for p in info.value.problems)
-    fits = "/r" + "x" * (UNIX_PATH_MAX - len("/r/grpc/status-reporter.sock"))
+    fits = "/r" + "x" * (UNIX_PATH_MAX - len("/r/grpc/syncloop/syncloop.sock"))
     settings = load_settings(["--run-dir", fits], env={}, service="syncloop", hostname="n")
     assert str(settings.klet.run_dir) == fits

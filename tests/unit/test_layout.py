@@ -1,4 +1,5 @@
-"""The node layout (klet.model.layout): gRPC and Redis sockets under the run directory,
+"""The node layout (klet.model.layout): gRPC sockets under the run directory (each
+server's in a directory of its own) and the Redis socket,
 the per-service ports (unset = the default, 0 = any free port) and the replicas' port
 files, each service's lease slots in a directory of its own, pod directories under the
 root directory, pod cgroups by QoS class (and every candidate for a reader that does not
@@ -11,9 +12,12 @@ from pathlib import Path
 import pytest
 from klet.model.layout import (
     DEFAULT_SERVICE_PORTS,
+    EVICTION,
+    GRPC_SERVERS,
     IMAGE_GC,
     SYNCLOOP,
     grpc_socket,
+    grpc_socket_dir,
     holder_slot,
     kubepods,
     leader_slot,
@@ -36,12 +40,24 @@ from klet.model.layout import (
 @pytest.mark.parametrize(
     ("service", "want"),
     [
-        (SYNCLOOP, "/run/klet/grpc/syncloop.sock"),
-        (IMAGE_GC, "/run/klet/grpc/image-gc.sock"),
+        (SYNCLOOP, "/run/klet/grpc/syncloop/syncloop.sock"),
+        (IMAGE_GC, "/run/klet/grpc/image-gc/image-gc.sock"),
+        (EVICTION, "/run/klet/grpc/eviction/eviction.sock"),
     ],
 )
-def test_grpc_sockets_live_in_the_grpc_directory(service: str, want: str) -> None:
+def test_each_grpc_socket_lives_in_a_directory_of_its_servers_own(service: str, want: str) -> None:
     assert grpc_socket(Path("/run/klet"), service) == Path(want)
+    assert grpc_socket(Path("/run/klet"), service).parent == grpc_socket_dir(
+        Path("/run/klet"), service
+    )
+
+
+def test_no_two_servers_share_a_socket_directory() -> None:
+    """A deployment mounts a client the directories of the sockets it calls: no
+    directory may hold another server's socket (image-gc would reach PodControl)."""
+    dirs = {grpc_socket_dir(Path("/run/klet"), s) for s in GRPC_SERVERS}
+    assert len(dirs) == len(GRPC_SERVERS) == 3
+    assert all(d.parent == Path("/run/klet/grpc") for d in dirs)
 
 
 def test_redis_socket() -> None:

@@ -1,5 +1,5 @@
 """The gRPC unix sockets (issue 11, file permissions): each service socket lives in
-`<run-dir>/grpc`, a 0700 directory of the serving user, and is itself 0600, whatever
+`<run-dir>/grpc/<service>`, a 0700 directory of the serving user, and is itself 0600, whatever
 the umask and whatever mode an older directory had; the process umask is never
 touched (it is process-wide, so changing it around an await leaks into whatever else
 runs meanwhile); another user cannot connect; a directory that is a symlink or
@@ -90,7 +90,9 @@ async def test_another_user_cannot_connect(
     run_dir = tmp_path / "run"
     sock = grpc_socket(run_dir, SYNCLOOP)
     await serve(sock)
-    os.chmod(run_dir, 0o755)  # so that only the socket's own directory stands in the way
+    # so that only the socket's own directory stands in the way
+    os.chmod(run_dir, 0o755)
+    os.chmod(sock.parent.parent, 0o755)
     connect = (
         "import socket, sys\n"
         "s = socket.socket(socket.AF_UNIX)\n"
@@ -99,7 +101,7 @@ async def test_another_user_cannot_connect(
         "except PermissionError:\n"
         "    sys.exit(13)\n"
     )
-    argv = [sys.executable, "-c", connect, "grpc/syncloop.sock"]
+    argv = [sys.executable, "-c", connect, "grpc/syncloop/syncloop.sock"]
 
     def run(*prefix: str) -> int:
         # starts in the run directory: no directory above it is on the path

@@ -3,9 +3,9 @@ leaders what they would do now, over their gRPC sockets, and print the answer.
 
 Each service answers with its own decision functions (`GarbageCollector.PlanCollection`,
 `Eviction.DryRun`), so the answer is what its next pass would do; nothing is removed,
-evicted, written or recorded. The socket is `<run-dir>/grpc/<service>.sock`; the run
-directory is `--run-dir`, else `KLET_RUN_DIR`, else the first of `/run/klet` (a node)
-and `.run` (`make run`) that holds the socket. A service that is not running (no
+evicted, written or recorded. The socket is `<run-dir>/grpc/<service>/<service>.sock`;
+the run directory is `--run-dir`, else `KLET_RUN_DIR`, else the first of `/run/klet` (a
+node) and `.run` (`make run`) that holds the socket. A service that is not running (no
 socket, or nothing answering on it) is named with the paths looked at, exit 1, as is
 a service that fails to answer (its error printed); a threshold the service refuses is
 printed with its reason, exit 2.

@@ -13,9 +13,11 @@ Pure names and paths, no I/O; the directories they sit in come from settings
 - Lease slots: each service's replica and leader slot files (klet.bus.holder,
   klet.bus.leaderslot) in a directory of its own, `<run-dir>/leases/<service>/`, so a
   deployment can mount each service its own and no service can lock another's slot.
-- Sockets under the run directory: the project's gRPC APIs in `<run-dir>/grpc/<service>.sock`
-  (a directory of their own, mode 0700, see `klet.rpc.unixserver`), the private Redis of
-  `klet up` in `<run-dir>/redis/redis.sock`.
+- Sockets under the run directory: each of the project's gRPC APIs in a directory of
+  its server's own, `<run-dir>/grpc/<service>/<service>.sock` (mode 0700, see
+  `klet.rpc.unixserver`), so a deployment can mount each client the directories of the
+  sockets it calls and no others (image-gc, which serves GarbageCollector, never sees
+  syncloop's PodControl); the private Redis of `klet up` in `<run-dir>/redis/redis.sock`.
 - Pod cgroups (cgroupfs names, as upstream's QoS container manager makes them):
   Guaranteed pods directly under `<cgroupRoot>/kubepods` (`/kubepods` for the
   default root), the others under `.../kubepods/{burstable,besteffort}`, each in
@@ -65,6 +67,8 @@ IMAGE_GC = "image-gc"
 """Serves GarbageCollector."""
 EVICTION = "eviction"
 """Serves Eviction (DryRun)."""
+GRPC_SERVERS = (SYNCLOOP, EVICTION, IMAGE_GC)
+"""The services that serve a gRPC API (pod-source and status-reporter serve none)."""
 
 CRI_PROXY_DIR = "cri"
 """The CRI allow-list proxy's sockets, one per reading service (klet.cri.proxy)."""
@@ -95,7 +99,7 @@ def served_sockets(run_dir: Path, root_dir: Path) -> list[Path]:
     a bind would fail only when the service got there, and end it)."""
     services = sorted(DEFAULT_SERVICE_PORTS)
     return [
-        *(grpc_socket(run_dir, s) for s in services),
+        *(grpc_socket(run_dir, s) for s in GRPC_SERVERS),
         *(cri_proxy_socket(run_dir, s) for s in services),
         redis_socket(run_dir),
         root_dir / DEVICE_PLUGINS_DIR / DEVICE_PLUGINS_SOCKET,
@@ -103,9 +107,15 @@ def served_sockets(run_dir: Path, root_dir: Path) -> list[Path]:
     ]
 
 
+def grpc_socket_dir(run_dir: Path, service: str) -> Path:
+    """The directory of `service`'s gRPC socket, its alone: `<run-dir>/grpc/<service>`."""
+    return run_dir / GRPC_SOCKET_DIR / service
+
+
 def grpc_socket(run_dir: Path, service: str) -> Path:
-    """The unix socket `service` serves its gRPC API on: `<run-dir>/grpc/<service>.sock`."""
-    return run_dir / GRPC_SOCKET_DIR / f"{service}.sock"
+    """The unix socket `service` serves its gRPC API on:
+    `<run-dir>/grpc/<service>/<service>.sock`."""
+    return grpc_socket_dir(run_dir, service) / f"{service}.sock"
 
 
 def cri_proxy_socket(run_dir: Path, service: str) -> Path:

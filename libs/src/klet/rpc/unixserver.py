@@ -1,9 +1,11 @@
 """Serving one of the project's gRPC APIs on a unix socket under the run directory.
 
 DESIGN.md: internal gRPC listens on unix sockets, mode 0600. Whoever can connect to
-syncloop's socket can kill pods, and to image-gc's can delete images, so the sockets
-live in a directory of their own, `<run-dir>/grpc` (`klet.model.layout.grpc_socket`),
-mode 0700 and owned by the serving user: no other user can reach a socket there, not
+syncloop's socket can kill pods, and to image-gc's can delete images, so each socket
+lives in a directory of its server's own, `<run-dir>/grpc/<service>`
+(`klet.model.layout.grpc_socket`; one per server, so a deployment mounts each client
+only the directories of the sockets it calls), mode 0700 and owned by the serving
+user: no other user can reach a socket there, not
 even in the moment between bind(2) (which creates it with the umask's mode) and the
 chmod to 0600 that follows. The directory is chmodded explicitly after it is made, so
 the umask does not matter, and the process umask is never changed (it is process-wide:

@@ -56,7 +56,7 @@ class Deps(OnServiceBase):
     gc: GarbageCollectorClient
     dry_run: DryRunBackend
     socket_path: Path
-    """Where the leader serves the Eviction API (`<run-dir>/grpc/eviction.sock`)."""
+    """Where the leader serves the Eviction API (`<run-dir>/grpc/eviction/eviction.sock`)."""
 
     async def close(self) -> None:
         """Close the clients the service holds (gRPC channels, CRI, bus), given ones too."""
