@@ -42,7 +42,7 @@ from klet.model.records import (
 )
 from klet.model.types import JSON, PodUID
 from klet.status_reporter import app
-from klet.status_reporter.nodestatus import KUBELET_VERSION
+from klet.status_reporter.cluster.nodestatus import KUBELET_VERSION
 from klet.status_reporter.wiring import Deps, Overrides, build_deps
 from klet.testbed.cluster import ControlPlane
 from prometheus_client import CollectorRegistry

@@ -24,7 +24,7 @@ from typing import Any
 import pytest
 from klet.bus.schema import NodeBus
 from klet.model.records import VolumeRecord
-from klet.status_reporter.volumes import VolumeView
+from klet.status_reporter.tables.volumes import VolumeView
 from prometheus_client import CollectorRegistry
 
 from tests.harness.node import KletNode

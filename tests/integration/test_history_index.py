@@ -21,9 +21,9 @@ from klet.bus.history import pod_story
 from klet.devstack import RedisServer
 from klet.model.records import EventRecord, PodStatusRecord
 from klet.model.timestamps import rfc3339
-from klet.status_reporter.history import HistoryKeeper, HistoryPolicy
-from klet.status_reporter.metrics import Metrics
-from klet.status_reporter.podcache import PodCache
+from klet.status_reporter.metrics.instruments import Metrics
+from klet.status_reporter.pods.history import HistoryKeeper, HistoryPolicy
+from klet.status_reporter.pods.podcache import PodCache
 from prometheus_client import CollectorRegistry
 
 NODE = "indexed"

@@ -51,7 +51,7 @@ from klet.kube.client import KubeClient
 from klet.stats.model import parse_default_route
 from klet.status_reporter.kubeletapi import build_kubelet_api_deps
 from klet.status_reporter.kubeletapi.server import serve_kubelet_api
-from klet.status_reporter.podcache import CachePolicy
+from klet.status_reporter.pods.podcache import CachePolicy
 from klet.status_reporter.wiring import Overrides, build_deps
 from klet.testbed.pki import CertificateAuthority, CertPair
 from prometheus_client import CollectorRegistry

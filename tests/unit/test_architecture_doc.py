@@ -7,8 +7,8 @@ does not know; keys that every service has one of (`events:<service>`,
 is named with its distribution directory, every gRPC service in proto/ by its full name,
 every function of the bus's Redis library, the ACL user names, the default service
 ports, and the run-dir and root-dir paths of klet.model.layout. The floors of syncloop's
-packages the map draws are the ones the import-linter layers contract in pyproject.toml
-enforces, in the same order. The README points at ARCHITECTURE.md, not at a file
+packages and of status-reporter's rooms the map draws are the ones the import-linter
+layers contracts in pyproject.toml enforce, in the same order. The README points at ARCHITECTURE.md, not at a file
 outside the repository.
 """
 
@@ -201,22 +201,22 @@ def test_the_readme_links_to_the_map_in_the_repository() -> None:
     assert "(ARCHITECTURE.md)" in readme, "README.md does not link to ARCHITECTURE.md"
 
 
-def syncloop_layers_contract() -> list[set[str]]:
-    """The floors of pyproject.toml's layers contract over klet.syncloop, top first."""
+def layers_contract(container: str) -> list[set[str]]:
+    """The floors of pyproject.toml's layers contract over `container`, top first."""
     config = tomllib.loads((ROOT / "pyproject.toml").read_text())
     contracts = [
         c
         for c in config["tool"]["importlinter"]["contracts"]
-        if c["type"] == "layers" and c.get("containers") == ["klet.syncloop"]
+        if c["type"] == "layers" and c.get("containers") == [container]
     ]
-    assert len(contracts) == 1, "pyproject.toml: no one layers contract over klet.syncloop"
+    assert len(contracts) == 1, f"pyproject.toml: no one layers contract over {container}"
     return [{name.strip() for name in re.split(r"[|:]", layer)} for layer in contracts[0]["layers"]]
 
 
-def syncloop_floors(text: str) -> list[set[str]]:
-    """The packages cell of each row of the "Inside syncloop" floor table, top first."""
-    section = text.split("### Inside syncloop", 1)
-    assert len(section) == 2, f"{DOC.name}: no 'Inside syncloop' section"
+def drawn_floors(text: str, heading: str) -> list[set[str]]:
+    """The second cell of each row of the floor table under `heading`, top first."""
+    section = text.split(heading, 1)
+    assert len(section) == 2, f"{DOC.name}: no {heading!r} section"
     floors: list[set[str]] = []
     for line in section[1].splitlines():
         row = [c.strip() for c in line.strip().strip("|").split(" | ")]
@@ -228,8 +228,18 @@ def syncloop_floors(text: str) -> list[set[str]]:
 
 
 def test_the_syncloop_floors_are_the_layers_contract() -> None:
-    drawn, enforced = syncloop_floors(doc()), syncloop_layers_contract()
+    drawn = drawn_floors(doc(), "### Inside syncloop")
+    enforced = layers_contract("klet.syncloop")
     assert drawn == enforced, (
         f"{DOC.name} draws syncloop's floors {drawn}, pyproject.toml's layers contract "
         f"enforces {enforced}"
+    )
+
+
+def test_the_status_reporter_rooms_are_the_layers_contract() -> None:
+    drawn = drawn_floors(doc(), "### Inside status-reporter")
+    enforced = layers_contract("klet.status_reporter")
+    assert drawn == enforced, (
+        f"{DOC.name} draws status-reporter's rooms {drawn}, pyproject.toml's layers "
+        f"contract enforces {enforced}"
     )

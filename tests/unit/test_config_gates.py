@@ -98,7 +98,7 @@ def test_honoured_gates_are_real_gates() -> None:
 
 
 def test_the_gate_list_is_of_the_version_klet_reports() -> None:
-    from klet.status_reporter.nodestatus import KUBELET_VERSION
+    from klet.status_reporter.cluster.nodestatus import KUBELET_VERSION
 
     assert KUBELET_VERSION == f"{KUBERNETES_VERSION}-klet"
 

@@ -8,7 +8,12 @@ from __future__ import annotations
 from klet.cli.eventview import aggregate
 from klet.model.eventfold import WINDOW_S, event_name, fold_key, folds
 from klet.model.records import EventRecord
-from klet.status_reporter.events import Aggregator, Correlator, event_key, involved_object
+from klet.status_reporter.cluster.eventbodies import (
+    Aggregator,
+    Correlator,
+    event_key,
+    involved_object,
+)
 
 POD = {"kind": "Pod", "namespace": "ns", "name": "web", "uid": "u1"}
 

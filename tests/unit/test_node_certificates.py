@@ -414,7 +414,7 @@ def test_certificate_settings_that_cannot_work_are_refused(
 
 
 def test_certificate_ttl_gauges_and_renewal_error_counters_are_upstreams() -> None:
-    from klet.status_reporter.metrics import CertificateMetrics
+    from klet.status_reporter.metrics.instruments import CertificateMetrics
     from prometheus_client import CollectorRegistry, generate_latest
 
     registry, now = CollectorRegistry(), [1000.0]

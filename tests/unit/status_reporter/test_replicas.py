@@ -18,14 +18,14 @@ from klet.model.flowcontrol import BackoffPolicy
 from klet.model.records import EventRecord, PodStatusChange
 from klet.model.types import JSON
 from klet.status_reporter.app import root_tasks
-from klet.status_reporter.capacity import MachineInfo
-from klet.status_reporter.cluster import ClusterOverrides
-from klet.status_reporter.eventsink import EventPolicy
-from klet.status_reporter.kubeapi import NO_RETRY
-from klet.status_reporter.nodelease import LeasePolicy
-from klet.status_reporter.nodemanager import NodeStatusPolicy
-from klet.status_reporter.podcache import CachePolicy
-from klet.status_reporter.podsync import PodSyncPolicy
+from klet.status_reporter.cluster.capacity import MachineInfo
+from klet.status_reporter.cluster.eventsink import EventPolicy
+from klet.status_reporter.cluster.kubeapi import NO_RETRY
+from klet.status_reporter.cluster.managers import ClusterOverrides
+from klet.status_reporter.cluster.nodelease import LeasePolicy
+from klet.status_reporter.cluster.nodemanager import NodeStatusPolicy
+from klet.status_reporter.cluster.podsync import PodSyncPolicy
+from klet.status_reporter.pods.podcache import CachePolicy
 from klet.status_reporter.wiring import Deps, Overrides, build_deps
 from klet.testbed.fakes.bus import FakeBus
 from klet.testbed.fakes.status_reporter import (

@@ -168,8 +168,8 @@ DEFAULT_ON: Mapping[str, Account] = {
         "unit/syncloop/test_cpumanager_criconfig.py::test_exclusive_and_shared_cpusets_reach_the_wire",
     ),
     "DisableNodeKubeProxyVersion": Implemented(
-        "klet.status_reporter.nodestatus",
-        "unit/status_reporter/test_nodestatus.py::test_status_fields",
+        "klet.status_reporter.cluster.nodestatus",
+        "unit/status_reporter/cluster/test_nodestatus.py::test_status_fields",
     ),
     "DynamicResourceAllocation": Implemented(
         "klet.syncloop.dra.manager",

@@ -10,7 +10,7 @@ Root tasks, each named so a crash says which one died:
 - `kubelet-api`: the kubelet API on --port (10250), unless it is off;
 - `pod-history`: the leader's record of each pod's history for `klet why`
   (`history.py`), in both modes;
-- cluster mode only (a kubeconfig is set, see `cluster.py`): `node-status`,
+- cluster mode only (a kubeconfig is set, see `cluster/managers.py`): `node-status`,
   `node-lease`, `pod-status` and `events`.
 
 **Replicas.** Several replicas may run on one node (`docker compose up --scale
@@ -60,8 +60,8 @@ from typing import Any
 
 from klet.bus.leader import hold, release_quietly
 from klet.obs import create_health_app, run_supervised, serve_http, serve_service_port
-from klet.status_reporter.api import create_app, create_healthz_app
-from klet.status_reporter.cluster import cluster_tasks
+from klet.status_reporter.cluster.managers import cluster_tasks
+from klet.status_reporter.kubeletapi.readonly import create_app, create_healthz_app
 from klet.status_reporter.wiring import Deps
 
 

@@ -17,7 +17,7 @@ by Redis, whatever the code above it does. `Overrides.bus` puts the whole servic
 `klet.testbed.fakes.bus.FakeBus`.
 
 With a kubeconfig (`klet.kubeconfig` set) `Deps.cluster` holds the cluster-mode managers
-(`cluster.py`); without one it is None and nothing of cluster mode is built, so
+(`cluster/managers.py`); without one it is None and nothing of cluster mode is built, so
 standalone behaviour does not change. `Overrides.cluster` builds cluster mode over
 fakes even without a kubeconfig (tests).
 """
@@ -42,16 +42,14 @@ from klet.model.layout import DEFAULT_SERVICE_PORTS
 from klet.obs import ServicePort, leader_metric
 from klet.obs.restclient import RestClientMetrics
 from klet.stats import StatsProvider
-from klet.status_reporter.cluster import (
+from klet.status_reporter.cluster.managers import (
     ClusterDeps,
     ClusterKlet,
     ClusterKubelet,
     ClusterOverrides,
     build_cluster,
 )
-from klet.status_reporter.containermetrics import ContainerMetrics
-from klet.status_reporter.devices import DeviceView
-from klet.status_reporter.history import HistoryKeeper, HistoryPolicy
+from klet.status_reporter.cluster.nodestatus import KUBELET_VERSION
 from klet.status_reporter.kubeletapi import (
     HistoryLookup,
     KubeletApiDeps,
@@ -65,22 +63,24 @@ from klet.status_reporter.kubeletapi.healthchecks import (
     SyncloopCheck,
     kubelet_health_checks,
 )
-from klet.status_reporter.metrics import (
+from klet.status_reporter.metrics.containermetrics import ContainerMetrics
+from klet.status_reporter.metrics.instruments import (
     CertificateMetrics,
     Metrics,
     register_build_and_features,
     register_cgroup_version,
 )
-from klet.status_reporter.nodemetrics import NodeMetrics, port_file_replicas
-from klet.status_reporter.nodestatus import KUBELET_VERSION
-from klet.status_reporter.podcache import (
+from klet.status_reporter.metrics.nodemetrics import NodeMetrics, port_file_replicas
+from klet.status_reporter.pods.history import HistoryKeeper, HistoryPolicy
+from klet.status_reporter.pods.podcache import (
     CachePolicy,
     DesiredTable,
     PodCache,
     StatusFeed,
     StatusTable,
 )
-from klet.status_reporter.volumes import VolumeView
+from klet.status_reporter.tables.devices import DeviceView
+from klet.status_reporter.tables.volumes import VolumeView
 from klet.wiring import BaseOverrides, BaseSettings, runtime_client, service_base
 from prometheus_client import CollectorRegistry
 

@@ -26,8 +26,8 @@ from klet.model.records import (
     PodStatusRecord,
 )
 from klet.model.types import JSON, ImageRef, pod_uid
-from klet.status_reporter.kubeapi import Kube
-from klet.status_reporter.nodeobserver import RuntimeService
+from klet.status_reporter.cluster.kubeapi import Kube
+from klet.status_reporter.cluster.nodeobserver import RuntimeService
 
 # -- the apiserver ------------------------------------------------------------------------
 

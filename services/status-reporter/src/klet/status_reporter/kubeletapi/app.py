@@ -46,13 +46,12 @@ from klet.cri.errors import NotFound as CRINotFound
 from klet.model.types import JSON
 from klet.obs import CONTENT_TYPE
 from klet.stats import StatsProvider
-from klet.status_reporter.api import JSON_MEDIA_TYPE, pod_list_body
-from klet.status_reporter.containermetrics import ContainerMetrics
 from klet.status_reporter.kubeletapi import lookup, nodelogs
 from klet.status_reporter.kubeletapi.checkpoint import CheckpointError, checkpoint
 from klet.status_reporter.kubeletapi.containerlogs import container_logs_response
 from klet.status_reporter.kubeletapi.deps import KubeletApiDeps, host_reader
 from klet.status_reporter.kubeletapi.healthchecks import Report, kubelet_health_checks
+from klet.status_reporter.kubeletapi.readonly import JSON_MEDIA_TYPE, pod_list_body
 from klet.status_reporter.kubeletapi.resourcemetrics import resource_metrics
 from klet.status_reporter.kubeletapi.routes import (
     BadRequest,
@@ -60,7 +59,8 @@ from klet.status_reporter.kubeletapi.routes import (
     stream_options,
 )
 from klet.status_reporter.kubeletapi.stats import SummaryProvider
-from klet.status_reporter.nodemetrics import LocalMetrics
+from klet.status_reporter.metrics.containermetrics import ContainerMetrics
+from klet.status_reporter.metrics.nodemetrics import LocalMetrics
 
 log = logging.getLogger(__name__)
 

@@ -25,7 +25,7 @@ from klet.status_reporter.kubeletapi.healthchecks import Check, SliMetrics, Sync
 from klet.status_reporter.kubeletapi.logstream import FollowPolicy
 from klet.status_reporter.kubeletapi.lookup import RuntimeLister
 from klet.status_reporter.kubeletapi.stats import VolumeSource
-from klet.status_reporter.metrics import KubeletApiMetrics
+from klet.status_reporter.metrics.instruments import KubeletApiMetrics
 from prometheus_client import CollectorRegistry
 
 FINE_GRAINED_GATE = "KubeletFineGrainedAuthz"
@@ -50,7 +50,7 @@ class HistoryLookup(Protocol):
 
 
 class MetricsPages(Protocol):
-    """`/metrics` and `/metrics/probes` as served (klet.status_reporter.nodemetrics)."""
+    """`/metrics` and `/metrics/probes` as served (klet.status_reporter.metrics.nodemetrics)."""
 
     async def metrics(self) -> bytes: ...
 

@@ -257,7 +257,7 @@ class SyncloopCheck:
         if self._fetch is not None:
             return syncloop_verdict(str(self.run_dir), await self._ask(records, self._fetch))
         import httpx  # as nodemetrics: loaded at the first check, not at start
-        from klet.status_reporter.nodemetrics import scrape_url
+        from klet.status_reporter.metrics.nodemetrics import scrape_url
 
         async with httpx.AsyncClient(timeout=self.timeout_s, trust_env=False) as client:
 
