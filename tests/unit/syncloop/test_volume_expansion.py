@@ -179,7 +179,11 @@ def test_an_infeasible_error_marks_the_status_and_an_existing_error_stays_as_it_
     old = {"type": "NodeResizeError", "status": "True", "message": "first"}
     c = claim(status="NodeResizeInProgress", conditions=[old])
     patch = expansion.failed_patch(c, "again", infeasible=True, now="2026-11-29T04:00:00Z")
-    assert patch["status"] == {
+    assert patch is not None and patch["status"] == {
         "conditions": [old],
         "allocatedResourceStatuses": {"storage": "NodeResizeInfeasible"},
     }
+    # a retry failing the same way writes nothing
+    assert expansion.failed_patch(c, "again", infeasible=False, now="later") is None
+    c["status"]["allocatedResourceStatuses"] = {"storage": "NodeResizeInfeasible"}
+    assert expansion.failed_patch(c, "again", infeasible=True, now="later") is None

@@ -802,11 +802,9 @@ class CSIVolumePlugin:
                 self._expansion_failed.add(pv_name)
                 infeasible = expansion.is_infeasible(err.code, todo)
                 now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(self.clock()))
-                await self.objects.patch_pvc_status(
-                    namespace,
-                    name,
-                    expansion.failed_patch(claim, str(err), infeasible=infeasible, now=now),
-                )
+                failed = expansion.failed_patch(claim, str(err), infeasible=infeasible, now=now)
+                if failed is not None:
+                    await self.objects.patch_pvc_status(namespace, name, failed)
                 raise
             self._expansion_failed.discard(pv_name)
             await self.objects.patch_pvc_status(

@@ -155,12 +155,14 @@ def is_infeasible(code: str, expansion: Expansion) -> bool:
     return code in INFEASIBLE_CODES or expansion.infeasible_on_failure
 
 
-def failed_patch(claim: JSON, message: str, *, infeasible: bool, now: str) -> JSON:
+def failed_patch(claim: JSON, message: str, *, infeasible: bool, now: str) -> JSON | None:
     """The claim after a NodeExpandVolume failed with a final error (recovery path):
     a NodeResizeError condition (an existing True one is kept as it is, as upstream's
     MergeResizeConditionOnPVC does), other conditions kept; `NodeResizeInfeasible` when
-    `infeasible`. `now`: the transition time, RFC 3339."""
-    conditions = list((claim.get("status") or {}).get("conditions") or [])
+    `infeasible`. `now`: the transition time, RFC 3339. None when the claim already
+    says all that (a retry failing the same way writes nothing)."""
+    current = (claim.get("status") or {}).get("conditions") or []
+    conditions = list(current)
     if not any(
         c.get("type") == NODE_RESIZE_ERROR and c.get("status") == "True" for c in conditions
     ):
@@ -176,4 +178,7 @@ def failed_patch(claim: JSON, message: str, *, infeasible: bool, now: str) -> JS
     status: JSON = {"conditions": conditions}
     if infeasible:
         status["allocatedResourceStatuses"] = {"storage": INFEASIBLE}
+    marked = _storage((claim.get("status") or {}).get("allocatedResourceStatuses"))
+    if conditions == current and (not infeasible or marked == INFEASIBLE):
+        return None
     return _versioned(claim, status)
