@@ -229,9 +229,6 @@ MISSING: Mapping[str, tuple[str, ...]] = {
     "status-reporter's PATCH of a pod status is not timed from its change": (
         "/metrics kubelet_pod_status_sync_duration_seconds",
     ),
-    "the delay before a pod worker starts is not timed": (
-        "/metrics kubelet_pod_worker_start_duration_seconds",
-    ),
     "containers per pod at admission are not observed": (
         "/metrics kubelet_containers_per_pod_count",
     ),

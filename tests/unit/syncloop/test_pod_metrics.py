@@ -4,7 +4,8 @@ update, kill, terminated), kubelet_started_pods_total / _errors_total,
 kubelet_started_containers_total / _errors_total by container_type and code,
 kubelet_image_pull_duration_seconds by image size, kubelet_pod_start_duration_seconds,
 kubelet_pod_start_sli_duration_seconds and kubelet_pod_start_total_duration_seconds once
-per pod that starts; and the pure parts:
+per pod that starts, kubelet_pod_worker_start_duration_seconds at its first sync (from
+when it was seen, or from the process's start); and the pure parts:
 the operation type, the image size buckets, the start tracker's arithmetic."""
 
 from __future__ import annotations
@@ -95,6 +96,9 @@ async def test_a_pod_start_is_observed_at_each_point(w: World) -> None:
     assert w.value("kubelet_pod_start_duration_seconds_sum") == pytest.approx(4)
     assert w.value("kubelet_pod_start_sli_duration_seconds_count") == 1
     assert w.value("kubelet_pod_start_sli_duration_seconds_sum") == pytest.approx(10)
+    # the worker started 4 s after the pod was seen (all before this process began: 0)
+    assert w.value("kubelet_pod_worker_start_duration_seconds_count") == 1
+    assert w.value("kubelet_pod_worker_start_duration_seconds_sum") == pytest.approx(0)
     # the fake pulls in no time: the total is the SLI here
     assert w.value("kubelet_pod_start_total_duration_seconds_count") == 1
     assert w.value("kubelet_pod_start_total_duration_seconds_sum") == pytest.approx(10)
@@ -290,3 +294,23 @@ async def test_the_pod_cgroup_creation_is_timed(tmp_path: Path) -> None:
     parent = deps.controller.syncer._cgroup_parent(rec.pod)
     assert pod_cgroup_exists(parent, root=root)
     assert not pod_cgroup_exists(parent + "-other", root=root)
+
+
+async def test_the_worker_start_counts_from_the_sighting_or_the_process_start(
+    w: World,
+) -> None:
+    w.clock.t = NOW + 10  # the process began at NOW (the wiring's clock)
+    records = [
+        desired(uid="u1", annotations={CONFIG_SEEN: rfc3339(NOW + 7)}),
+        desired(uid="u2", annotations={CONFIG_SEEN: rfc3339(NOW - 3600)}),
+        desired(uid="u3"),  # not stamped by its source: not observed
+    ]
+    w.controller.apply_desired(
+        {str(r.uid): r for r in records}, READY, read_from=w.controller.generation
+    )
+    for uid in ("u1", "u2", "u3"):
+        await w.controller.sync_once(uid)
+    await w.controller.sync_once("u1")  # not its create: not observed again
+    assert w.value("kubelet_pod_worker_start_duration_seconds_count") == 2
+    # 3 s for u1; u2 was seen an hour before this process began: 10 s from its start
+    assert w.value("kubelet_pod_worker_start_duration_seconds_sum") == pytest.approx(13)

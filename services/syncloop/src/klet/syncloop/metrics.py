@@ -21,6 +21,10 @@ buckets (the HELP texts are ours); where each is observed follows upstream's cal
   runs; a pod without a creationTimestamp (a static pod) has no SLI nor total.
   Upstream takes the SLI moment from the apiserver's watch; syncloop has no watch of
   its own pods, so it is the status's computation (earlier by one status write);
+- `kubelet_pod_worker_start_duration_seconds`: at a pod's first sync in this process
+  (its `create`), the time since the pod was first seen (`kubernetes.io/config.seen`), or
+  since this process started when it was seen before (upstream's restarted kubelet
+  stamps its pods seen anew); a pod without the annotation is not observed, as upstream;
 - `kubelet_started_pods_total` / `_errors_total`: sandbox creations tried / failed;
   `kubelet_started_containers_total{container_type}` / `_errors_total{container_type,
   code}`: container starts tried / failed (`code` is the waiting reason, as upstream's
@@ -381,6 +385,7 @@ class Metrics:
     pleg_relists: RelistMetrics
     pleg_last_seen: Gauge
     pod_worker_duration: Histogram
+    pod_worker_start: Histogram
     bad_bus_entries: Counter
     bus_errors: Counter
     admission_rejections: Counter
@@ -390,6 +395,8 @@ class Metrics:
     image_pulls: ImagePullMetrics
     starts: StartMetrics
     cgroup_manager_duration: Histogram
+    started_at: float
+    """When this process began (Unix seconds): pods seen before it count from it."""
 
     def record_admission_rejection(self, reason: str) -> None:
         self.admission_rejections.labels(admission_rejection_reason(reason)).inc()
@@ -397,6 +404,12 @@ class Metrics:
     # pods.controller.WorkerObserver
     def pod_worker(self, operation: str, seconds: float) -> None:
         self.pod_worker_duration.labels(operation).observe(max(0.0, seconds))
+
+    def pod_worker_creating(self, pod: JSON, now: float) -> None:
+        annotations = (pod.get("metadata") or {}).get("annotations") or {}
+        seen = _timestamp(annotations.get(CONFIG_SEEN))
+        if seen is not None:
+            self.pod_worker_start.observe(max(0.0, now - max(seen, self.started_at)))
 
     def pod_status(self, uid: str, pod: JSON, status: JSON, now: float) -> None:
         self.pod_starts.status(uid, pod, status, now)
@@ -468,7 +481,9 @@ def storage_operations(registry: CollectorRegistry) -> Callable[[str, str, bool,
     return record
 
 
-def create_metrics(registry: CollectorRegistry) -> Metrics:
+def create_metrics(registry: CollectorRegistry, *, started_at: float | None = None) -> Metrics:
+    """syncloop's recorders; `started_at` is when the process began (Unix seconds, now
+    when not given)."""
     pod_starts = PodStartTracker(
         start=Histogram(
             "kubelet_pod_start_duration_seconds",
@@ -492,6 +507,7 @@ def create_metrics(registry: CollectorRegistry) -> Metrics:
         ),
     )
     return Metrics(
+        started_at=time.time() if started_at is None else started_at,
         pod_starts=pod_starts,
         image_pulls=ImagePullMetrics(
             duration=Histogram(
@@ -561,6 +577,12 @@ def create_metrics(registry: CollectorRegistry) -> Metrics:
             "Seconds one pod worker sync took, by operation type (create, update, sync, kill, "
             "terminated)",
             ["operation_type"],
+            registry=registry,
+            buckets=DEF_BUCKETS,
+        ),
+        pod_worker_start=Histogram(
+            "kubelet_pod_worker_start_duration_seconds",
+            "Seconds from this node first seeing a pod to its pod worker's first sync",
             registry=registry,
             buckets=DEF_BUCKETS,
         ),

@@ -274,7 +274,7 @@ def build_deps(settings: Settings, overrides: Overrides | None = None) -> Deps:
 
         kube = KubeClient(api, observer=RestClientMetrics(registry))
     objects = ApiObjects(kube) if kube is not None else None
-    metrics = create_metrics(registry)
+    metrics = create_metrics(registry, started_at=clock())
     # Service-account tokens (TokenRequest), cluster mode only: for projected volumes and
     # CSI drivers, and for credential provider plugins with tokenAttributes.
     tokens = TokenManager(kube) if kube is not None else None

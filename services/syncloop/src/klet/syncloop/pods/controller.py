@@ -53,7 +53,12 @@ from klet.syncloop.admission.admit import EVICTED, PRESSURE_ORDER, AdmissionLedg
 from klet.syncloop.events import EventSink
 from klet.syncloop.model import podspec
 from klet.syncloop.model.runtimepod import RuntimePod
-from klet.syncloop.pods.podstate import KillRequest, PodSyncState, pod_worker_operation
+from klet.syncloop.pods.podstate import (
+    WORKER_CREATE,
+    KillRequest,
+    PodSyncState,
+    pod_worker_operation,
+)
 from klet.syncloop.pods.podworkers import BACKOFF_PERIOD_S, Outcome, PodWorkers
 from klet.syncloop.pods.resizing import PodResizer
 from klet.syncloop.pods.runtime import PodRuntime
@@ -223,6 +228,8 @@ class WorkerObserver(Protocol):
 
     def pod_worker(self, operation: str, seconds: float) -> None: ...
 
+    def pod_worker_creating(self, pod: JSON, now: float) -> None: ...
+
     def pod_status(self, uid: str, pod: JSON, status: JSON, now: float) -> None: ...
 
     def forget(self, uid: str) -> None: ...
@@ -230,6 +237,9 @@ class WorkerObserver(Protocol):
 
 class _NoObserver:
     def pod_worker(self, operation: str, seconds: float) -> None:
+        return None
+
+    def pod_worker_creating(self, pod: JSON, now: float) -> None:
         return None
 
     def pod_status(self, uid: str, pod: JSON, status: JSON, now: float) -> None:
@@ -450,6 +460,8 @@ class PodController:
         state = self.pods.get(uid)
         desired = state.desired if state is not None else None
         operation = pod_worker_operation(state)
+        if operation == WORKER_CREATE and desired is not None:
+            self.observer.pod_worker_creating(desired.pod, self.clock())
         began = time.monotonic()
         cancelled = False
         try:
