@@ -28,6 +28,7 @@ from klet.rpc.podresources import serve_pod_resources
 from klet.syncloop.containers.logmanager import ContainerLogManager, LogManagerSettings
 from klet.syncloop.containers.reservedcgroups import run_enforcement
 from klet.syncloop.cpumanager import manager as cpumanager
+from klet.syncloop.criprotocols import NodeRuntime
 from klet.syncloop.devices import plugins as devices
 from klet.syncloop.devices.watched import DEVICE_PLUGIN, WatchedDevicePlugins
 from klet.syncloop.dra.registration import DRADrivers
@@ -36,7 +37,6 @@ from klet.syncloop.metrics import PodResourcesMetrics
 from klet.syncloop.plugins.csidrivers import CSIRegistrar
 from klet.syncloop.podresources import PodResourcesView
 from klet.syncloop.pods.intake import BusIntake
-from klet.syncloop.ports import NodeRuntime
 from klet.syncloop.wiring import Deps
 
 log = logging.getLogger(__name__)

@@ -70,6 +70,7 @@ from klet.syncloop.containers.security import SecuritySettings
 from klet.syncloop.containers.syncsettings import SyncSettings
 from klet.syncloop.containers.systemdcgroups import SystemdPodCgroups
 from klet.syncloop.cpumanager.manager import CPUManager, create_manager
+from klet.syncloop.criprotocols import NodeRuntime
 from klet.syncloop.devices.manager import DeviceManager
 from klet.syncloop.dra.apiclaims import ApiClaims
 from klet.syncloop.dra.manager import ClaimManager, ManagerDeps
@@ -102,7 +103,6 @@ from klet.syncloop.pods.runtime import ExitNotices, PodRuntime
 from klet.syncloop.pods.runtimeevents import EventSource, EventWatcher
 from klet.syncloop.pods.statuspub import StatusPublisher
 from klet.syncloop.pods.syncpod import PodSyncer
-from klet.syncloop.ports import NodeRuntime
 from klet.syncloop.probing.prober import ProbeManager
 from klet.syncloop.topologymanager.manager import TopologyManager
 from klet.syncloop.volumes.content import (

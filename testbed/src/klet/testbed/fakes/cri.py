@@ -619,8 +619,8 @@ class FakeRuntimeEvents:
 
 if TYPE_CHECKING:
     # mypy's proof that the fake is what syncloop consumes (the real client's proof is
-    # beside the Protocol, in klet.syncloop.ports).
-    from klet.syncloop.ports import NodeRuntime
+    # beside the Protocol, in klet.syncloop.criprotocols).
+    from klet.syncloop.criprotocols import NodeRuntime
 
     def _conforms(fake: FakeRuntimeService) -> NodeRuntime:
         return fake

@@ -39,10 +39,10 @@ from klet.cri.types import AuthConfig, SandboxConfig
 from klet.model.flowcontrol import Backoff, TokenBucket
 from klet.model.types import JSON
 from klet.syncloop.containers import keyring
+from klet.syncloop.criprotocols import ImageService
 from klet.syncloop.environment.kubeobjects import KubeObjects, ObjectUnavailable
 from klet.syncloop.events import EventSink
 from klet.syncloop.model import podspec
-from klet.syncloop.ports import ImageService
 
 log = logging.getLogger(__name__)
 

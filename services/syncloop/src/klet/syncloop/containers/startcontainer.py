@@ -27,6 +27,7 @@ from klet.syncloop.containers import criconfig, podcgroups, security, terminatio
 from klet.syncloop.containers.hooks import LifecycleHooks
 from klet.syncloop.containers.images import ImagePuller
 from klet.syncloop.containers.syncsettings import SyncSettings
+from klet.syncloop.criprotocols import RuntimeService
 from klet.syncloop.devices.allocation import AllocationError, DeviceRunOptions
 from klet.syncloop.dra.cdi import ClaimResolutionError
 from klet.syncloop.dra.manager import DRAPrepareError
@@ -35,7 +36,6 @@ from klet.syncloop.environment.kubeobjects import KubeObjects
 from klet.syncloop.events import EventSink
 from klet.syncloop.model import podspec
 from klet.syncloop.model.runtimepod import RuntimePod, restart_count_of
-from klet.syncloop.ports import RuntimeService
 from klet.syncloop.volumes import mounts as volmounts
 from klet.syncloop.volumes.base import Block
 from klet.syncloop.volumes.subpath import Binder, KernelBinder, SubPathMounter

@@ -32,7 +32,7 @@ from klet.cri import CRIError
 from klet.cri import labels as L
 from klet.cri.types import Container, ContainerState, Sandbox, SandboxState
 from klet.obs import OnceLogger
-from klet.syncloop.ports import RuntimeReader
+from klet.syncloop.criprotocols import RuntimeReader
 
 log = logging.getLogger(__name__)
 

@@ -43,8 +43,8 @@ from klet.cri import labels as L
 from klet.cri.types import Container, ContainerState, ContainerStatusInfo, Sandbox, SandboxState
 from klet.model.types import ContainerID
 from klet.syncloop.containers import termination
+from klet.syncloop.criprotocols import RuntimeReader
 from klet.syncloop.model.runtimepod import RuntimePod, SandboxView, sort_newest_first
-from klet.syncloop.ports import RuntimeReader
 
 
 @dataclass(frozen=True)

@@ -65,9 +65,9 @@ from klet.model.flowcontrol import BackoffPolicy
 from klet.model.types import ContainerID, SandboxID
 from klet.obs import OnceLogger
 from klet.retry import call_retrying, delay_after
+from klet.syncloop.criprotocols import RuntimeReader
 from klet.syncloop.pods.relisting import Relister
 from klet.syncloop.pods.runtime import ExitNotices, bound
-from klet.syncloop.ports import RuntimeReader
 
 log = logging.getLogger(__name__)
 

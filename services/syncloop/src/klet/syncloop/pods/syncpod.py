@@ -30,6 +30,7 @@ from klet.syncloop.containers.images import ImagePuller
 from klet.syncloop.containers.podcgroups import PodCgroups
 from klet.syncloop.containers.startcontainer import ContainerStarter
 from klet.syncloop.containers.syncsettings import SyncSettings
+from klet.syncloop.criprotocols import RuntimeService
 from klet.syncloop.dra.manager import DRAPrepareError
 from klet.syncloop.environment import dns, etchosts
 from klet.syncloop.environment.kubeobjects import KubeObjects
@@ -41,7 +42,6 @@ from klet.syncloop.pods import runtimeclass
 from klet.syncloop.pods.actions import PodActions, StartAction, compute_pod_actions
 from klet.syncloop.pods.runtime import PodRuntime
 from klet.syncloop.pods.runtimeclass import RuntimeClasses
-from klet.syncloop.ports import RuntimeService
 from klet.syncloop.probing.proberesults import NO_PROBES, ProbeResults
 from klet.syncloop.volumes.base import Block
 from klet.syncloop.volumes.manager import VolumeManager

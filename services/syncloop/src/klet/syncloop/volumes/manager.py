@@ -36,8 +36,8 @@ from klet.cri import labels as L
 from klet.model import layout
 from klet.model.podvalidation import checked_component
 from klet.model.types import JSON
+from klet.syncloop.criprotocols import RuntimeReader
 from klet.syncloop.environment.envvars import NodeFacts
-from klet.syncloop.ports import RuntimeReader
 from klet.syncloop.volumes import fs, poddirs
 from klet.syncloop.volumes.base import (
     Block,
