@@ -216,12 +216,6 @@ MISSING: Mapping[str, tuple[str, ...]] = {
     "syncloop's pod workers by lifecycle phase are not published yet": (
         "/metrics kubelet_working_pods",
     ),
-    "static pods restarted under the same name are not counted": (
-        "/metrics kubelet_restarted_pods_total",
-    ),
-    "sandboxes of unknown pods found by housekeeping are not counted": (
-        "/metrics kubelet_orphaned_runtime_pods_total",
-    ),
     "admission's critical-pod preemption is not counted": ("/metrics kubelet_preemptions",),
     "the relist's dropped events (a full channel) are not counted": (
         "/metrics kubelet_pleg_discard_events",

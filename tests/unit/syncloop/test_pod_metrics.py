@@ -5,7 +5,9 @@ kubelet_started_containers_total / _errors_total by container_type and code,
 kubelet_image_pull_duration_seconds by image size, kubelet_pod_start_duration_seconds,
 kubelet_pod_start_sli_duration_seconds and kubelet_pod_start_total_duration_seconds once
 per pod that starts, kubelet_pod_worker_start_duration_seconds at its first sync (from
-when it was seen, or from the process's start); and the pure parts:
+when it was seen, or from the process's start), kubelet_restarted_pods_total{static} when
+a pod is desired again while its worker removes it, kubelet_orphaned_runtime_pods_total
+when a restarted syncloop kills a pod no source wants; and the pure parts:
 the operation type, the image size buckets, the start tracker's arithmetic."""
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from typing import Any
 
 import pytest
 from klet.cri import CRIError
-from klet.model.pod import CONFIG_SEEN
+from klet.model.pod import CONFIG_SEEN, CONFIG_SOURCE
 from klet.model.records import DesiredPod, SourceState
 from klet.model.timestamps import rfc3339
 from klet.model.types import PodUID
@@ -314,3 +316,44 @@ async def test_the_worker_start_counts_from_the_sighting_or_the_process_start(
     assert w.value("kubelet_pod_worker_start_duration_seconds_count") == 2
     # 3 s for u1; u2 was seen an hour before this process began: 10 s from its start
     assert w.value("kubelet_pod_worker_start_duration_seconds_sum") == pytest.approx(13)
+
+
+async def test_a_pod_desired_again_while_it_is_removed_is_a_restart(w: World) -> None:
+    static = desired(uid="s1", annotations={CONFIG_SOURCE: "file"})
+    api = desired(uid="a1")
+    both = {"s1": static, "a1": api}
+    w.controller.apply_desired(both, READY, read_from=w.controller.generation)
+    for uid in both:
+        await w.controller.sync_once(uid)
+    w.controller.apply_desired({}, READY, read_from=w.controller.generation)
+
+    async def wanted_again() -> None:  # while the worker stops the sandbox
+        w.controller.apply_desired(both, READY, read_from=w.controller.generation)
+
+    w.cri.hooks["StopPodSandbox"] = wanted_again
+    await w.controller.sync_once("s1")
+    del w.cri.hooks["StopPodSandbox"]
+    assert w.value("kubelet_restarted_pods_total", static="true") == 1
+    assert w.value("kubelet_restarted_pods_total", static="") == 0
+    assert w.controller.pods["s1"].desired is static  # a new life, synced anew
+    w.controller.apply_desired({"s1": static}, READY, read_from=w.controller.generation)
+    await w.controller.sync_once("a1")  # removed for good: not a restart
+    assert "a1" not in w.controller.pods
+    assert w.value("kubelet_restarted_pods_total", static="") == 0
+    assert w.value("kubelet_orphaned_runtime_pods_total") == 0  # its spec was known
+
+
+async def test_a_restarted_syncloop_counts_the_pods_no_source_wants(
+    w: World, tmp_path: Path
+) -> None:
+    w.want(desired(uid="u1"))
+    await w.controller.sync_once("u1")
+    # syncloop restarts over the same runtime; the pod was deleted meanwhile
+    again = wire(tmp_path / "again", w.cri, events=RecordedEvents(), clock=w.clock)
+    again.controller.workers = NoWorkers()  # type: ignore[assignment]
+    again.controller.apply_desired({}, READY, read_from=again.controller.generation)
+    w.cri.calls.clear()
+    await again.controller.sync_once("u1")
+    assert [c[0] for c in w.cri.calls if c[0] == "StopPodSandbox"] == ["StopPodSandbox"]
+    assert again.registry.get_sample_value("kubelet_orphaned_runtime_pods_total") == 1
+    assert w.value("kubelet_orphaned_runtime_pods_total") == 0

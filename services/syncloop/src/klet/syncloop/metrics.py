@@ -25,6 +25,11 @@ buckets (the HELP texts are ours); where each is observed follows upstream's cal
   (its `create`), the time since the pod was first seen (`kubernetes.io/config.seen`), or
   since this process started when it was seen before (upstream's restarted kubelet
   stamps its pods seen anew); a pod without the annotation is not observed, as upstream;
+- `kubelet_restarted_pods_total{static}`: a pod desired again under the same UID while
+  its worker was removing it (its new life starts from scratch; "true" for a static
+  pod, "" otherwise, as upstream); `kubelet_orphaned_runtime_pods_total`: a pod found in
+  the runtime that no source wanted in this process (after a restart, one deleted
+  meanwhile), counted once it is killed;
 - `kubelet_started_pods_total` / `_errors_total`: sandbox creations tried / failed;
   `kubelet_started_containers_total{container_type}` / `_errors_total{container_type,
   code}`: container starts tried / failed (`code` is the waiting reason, as upstream's
@@ -386,6 +391,8 @@ class Metrics:
     pleg_last_seen: Gauge
     pod_worker_duration: Histogram
     pod_worker_start: Histogram
+    restarted_pods: Counter
+    orphaned_runtime_pods: Counter
     bad_bus_entries: Counter
     bus_errors: Counter
     admission_rejections: Counter
@@ -410,6 +417,12 @@ class Metrics:
         seen = _timestamp(annotations.get(CONFIG_SEEN))
         if seen is not None:
             self.pod_worker_start.observe(max(0.0, now - max(seen, self.started_at)))
+
+    def pod_restarted(self, *, static: bool) -> None:
+        self.restarted_pods.labels("true" if static else "").inc()
+
+    def orphaned_runtime_pod(self) -> None:
+        self.orphaned_runtime_pods.inc()
 
     def pod_status(self, uid: str, pod: JSON, status: JSON, now: float) -> None:
         self.pod_starts.status(uid, pod, status, now)
@@ -585,6 +598,18 @@ def create_metrics(registry: CollectorRegistry, *, started_at: float | None = No
             "Seconds from this node first seeing a pod to its pod worker's first sync",
             registry=registry,
             buckets=DEF_BUCKETS,
+        ),
+        restarted_pods=Counter(
+            "kubelet_restarted_pods",
+            "Pods desired again under the same UID while their worker was removing them, "
+            "by whether they are static",
+            ["static"],
+            registry=registry,
+        ),
+        orphaned_runtime_pods=Counter(
+            "kubelet_orphaned_runtime_pods",
+            "Pods found in the container runtime that no source wanted in this process",
+            registry=registry,
         ),
         bad_bus_entries=Counter(
             "klet_syncloop_bad_bus_entries_total",

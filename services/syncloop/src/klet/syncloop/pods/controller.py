@@ -230,6 +230,10 @@ class WorkerObserver(Protocol):
 
     def pod_worker_creating(self, pod: JSON, now: float) -> None: ...
 
+    def pod_restarted(self, *, static: bool) -> None: ...
+
+    def orphaned_runtime_pod(self) -> None: ...
+
     def pod_status(self, uid: str, pod: JSON, status: JSON, now: float) -> None: ...
 
     def forget(self, uid: str) -> None: ...
@@ -240,6 +244,12 @@ class _NoObserver:
         return None
 
     def pod_worker_creating(self, pod: JSON, now: float) -> None:
+        return None
+
+    def pod_restarted(self, *, static: bool) -> None:
+        return None
+
+    def orphaned_runtime_pod(self) -> None:
         return None
 
     def pod_status(self, uid: str, pod: JSON, status: JSON, now: float) -> None:
@@ -736,6 +746,8 @@ class PodController:
             "killing pod that is not desired", extra={"uid": uid, "known_spec": pod is not None}
         )
         await self.syncer.kill_pod(pod, current, grace_override=None, remove=True)
+        if pod is None:  # in the runtime, never desired in this process: an orphan
+            self.observer.orphaned_runtime_pod()
         await self.syncer.unprepare_claims(uid)
         self._forget(uid)
         return Outcome(done=True)
@@ -852,6 +864,7 @@ class PodController:
             state.kill.finish()
         if state.desired is not None:  # desired again while it was being removed: anew
             self.pods[uid] = PodSyncState(desired=state.desired, last_pod=state.last_pod)
+            self.observer.pod_restarted(static=is_static(state.desired.pod))
 
     # -- PodControl backend ------------------------------------------------------------
 
