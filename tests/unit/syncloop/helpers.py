@@ -18,7 +18,7 @@ from klet.cri.types import ContainerState, ContainerStatusInfo, SandboxState
 from klet.model.types import ContainerID, SandboxID
 from klet.syncloop.admission.admit import NodeInfo
 from klet.syncloop.containers.syncsettings import SyncSettings
-from klet.syncloop.events import EventSink
+from klet.syncloop.eventrecorder import EventSink
 from klet.syncloop.model import podspec
 from klet.syncloop.model.runtimepod import RuntimePod, SandboxView, sort_newest_first
 from klet.syncloop.wiring import Deps, Overrides, build_deps

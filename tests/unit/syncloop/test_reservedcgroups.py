@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from klet.bus.events import EventQueue, node_reference
+from klet.bus.eventqueue import EventQueue, node_reference
 from klet.config.kubelet import KubeletConfiguration
 from klet.model.records import EventRecord
 from klet.syncloop.containers.reservedcgroups import (

@@ -22,7 +22,7 @@ from pathlib import Path
 from klet.bus import Bus
 from klet.config import KletSettings, KubeletConfiguration, Settings
 from klet.cri import RuntimeClient
-from klet.cri.events import RuntimeEvents
+from klet.cri.containerevents import RuntimeEvents
 from klet.syncloop.admission.admit import NodeInfo
 from klet.syncloop.containers.syncsettings import SyncSettings
 from klet.syncloop.wiring import Overrides, build_deps

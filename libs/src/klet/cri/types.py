@@ -346,7 +346,7 @@ class ContainerStatsInfo:
     writable_layer: FilesystemUsageInfo | None
 
 
-# -- runtime events (klet.cri.events) ------------------------------------------------
+# -- runtime events (klet.cri.containerevents) ------------------------------------------------
 
 
 class EventKind(Enum):

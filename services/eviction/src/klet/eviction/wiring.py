@@ -17,7 +17,7 @@ import functools
 from dataclasses import dataclass
 from pathlib import Path
 
-from klet.bus.events import EventQueue, node_reference, pod_reference
+from klet.bus.eventqueue import EventQueue, node_reference, pod_reference
 from klet.config import Settings
 from klet.cri import RuntimeClient
 from klet.eviction.dryrun import DryRunBackend

@@ -13,7 +13,7 @@ import functools
 from dataclasses import dataclass
 from pathlib import Path
 
-from klet.bus.events import EventQueue, node_reference
+from klet.bus.eventqueue import EventQueue, node_reference
 from klet.config import Settings
 from klet.cri import RuntimeClient
 from klet.image_gc.collector import Collector, CollectorSettings

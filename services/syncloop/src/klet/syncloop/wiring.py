@@ -27,7 +27,7 @@ from klet.cgroups.machine import read_machine
 from klet.cgroups.systemd import Systemd
 from klet.config import Settings
 from klet.cri import cri_settings
-from klet.cri.events import RuntimeEvents
+from klet.cri.containerevents import RuntimeEvents
 from klet.csi import CSIClient, RegistrationClient
 from klet.kube import kube_settings
 from klet.model.flowcontrol import Backoff, TokenBucket
@@ -79,7 +79,7 @@ from klet.syncloop.dra.state import ClaimCheckpoint
 from klet.syncloop.environment.dns import DNSSettings
 from klet.syncloop.environment.envvars import NodeFacts
 from klet.syncloop.environment.kubeobjects import ApiObjects
-from klet.syncloop.events import BusEventSink, EventSink
+from klet.syncloop.eventrecorder import BusEventSink, EventSink
 from klet.syncloop.memorymanager.manager import MemoryManager
 from klet.syncloop.metrics import (
     CPUManagerMetrics,

@@ -576,7 +576,7 @@ def _user_of(auth: AuthConfig | None) -> str:
 
 
 class FakeRuntimeEvents:
-    """`klet.cri.events.RuntimeEvents` for unit tests: events are pushed by the test.
+    """`klet.cri.containerevents.RuntimeEvents` for unit tests: events are pushed by the test.
 
     `push` delivers an event to the open subscription (queued until one is open);
     `drop` ends the open subscription with `RuntimeUnavailable`, as a runtime restart

@@ -42,7 +42,7 @@ from klet.cri.types import ContainerState, ContainerStatusInfo
 from klet.model.types import JSON, ContainerID
 from klet.syncloop.containers import execwait, handlers
 from klet.syncloop.containers.handlers import HandlerResult
-from klet.syncloop.events import EventSink
+from klet.syncloop.eventrecorder import EventSink
 from klet.syncloop.model import podspec
 
 log = logging.getLogger(__name__)

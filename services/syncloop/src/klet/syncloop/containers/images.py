@@ -41,7 +41,7 @@ from klet.model.types import JSON
 from klet.syncloop.containers import keyring
 from klet.syncloop.criprotocols import ImageService
 from klet.syncloop.environment.kubeobjects import KubeObjects, ObjectUnavailable
-from klet.syncloop.events import EventSink
+from klet.syncloop.eventrecorder import EventSink
 from klet.syncloop.model import podspec
 
 log = logging.getLogger(__name__)

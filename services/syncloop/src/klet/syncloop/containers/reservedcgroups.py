@@ -39,7 +39,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
-from klet.bus.events import EventQueue
+from klet.bus.eventqueue import EventQueue
 from klet.cgroups.fs import detect
 from klet.cgroups.slices import Property
 from klet.cgroups.systemd import SystemdError, SystemdUnavailable

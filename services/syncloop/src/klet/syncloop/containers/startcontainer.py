@@ -33,7 +33,7 @@ from klet.syncloop.dra.cdi import ClaimResolutionError
 from klet.syncloop.dra.manager import DRAPrepareError
 from klet.syncloop.environment import envvars, etchosts, kubeobjects
 from klet.syncloop.environment.kubeobjects import KubeObjects
-from klet.syncloop.events import EventSink
+from klet.syncloop.eventrecorder import EventSink
 from klet.syncloop.model import podspec
 from klet.syncloop.model.runtimepod import RuntimePod, restart_count_of
 from klet.syncloop.volumes import mounts as volmounts

@@ -37,7 +37,7 @@ from klet.model.pod import is_mirror, is_static
 from klet.model.timestamps import rfc3339
 from klet.model.types import JSON, ContainerID
 from klet.syncloop.containers.podcgroups import PodCgroups
-from klet.syncloop.events import EventSink
+from klet.syncloop.eventrecorder import EventSink
 from klet.syncloop.model import podspec
 from klet.syncloop.model import resources as resmodel
 from klet.syncloop.model.runtimepod import RuntimePod

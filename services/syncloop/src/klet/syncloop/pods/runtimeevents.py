@@ -12,7 +12,7 @@ that starts the container again, as upstream's PLEG event is. The exits of a pod
 worker removes for good (`ExitNotices.expect_removal`) wake nobody: the worker forgets
 the pod once it is removed, and a wake would only make a new worker find it gone.
 
-The subscription (`klet.cri.events.RuntimeEvents`) is CRI GetContainerEvents where the
+The subscription (`klet.cri.containerevents.RuntimeEvents`) is CRI GetContainerEvents where the
 runtime has it, else containerd's own task events. While it is open the relister runs
 as a safety net at its long period (relisting.py); when it drops (the runtime
 restarted) the relister goes back to relisting every second, the watcher re-subscribes
@@ -76,7 +76,7 @@ FOREIGN_CACHE = 1024
 
 
 class EventSource(Protocol):
-    """What the watcher subscribes through (`klet.cri.events.RuntimeEvents`)."""
+    """What the watcher subscribes through (`klet.cri.containerevents.RuntimeEvents`)."""
 
     def subscribe(self) -> AsyncIterator[RuntimeEvent | Subscribed]: ...
 

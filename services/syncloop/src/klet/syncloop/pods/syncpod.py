@@ -34,7 +34,7 @@ from klet.syncloop.criprotocols import RuntimeService
 from klet.syncloop.dra.manager import DRAPrepareError
 from klet.syncloop.environment import dns, etchosts
 from klet.syncloop.environment.kubeobjects import KubeObjects
-from klet.syncloop.events import EventSink
+from klet.syncloop.eventrecorder import EventSink
 from klet.syncloop.model import podspec, resources, runtimepod
 from klet.syncloop.model.runtimepod import RuntimePod, pod_ip_of
 from klet.syncloop.pods import actions as actions_mod

@@ -49,7 +49,7 @@ from klet.syncloop.containers.handlers import (
     run_tcp,
 )
 from klet.syncloop.environment import envvars
-from klet.syncloop.events import EventSink
+from klet.syncloop.eventrecorder import EventSink
 from klet.syncloop.model import podspec
 from klet.syncloop.model.runtimepod import RuntimePod
 from klet.syncloop.probing import probes

@@ -1,4 +1,4 @@
-"""The shared Event queue (`klet.bus.events.EventQueue`): records built as upstream's
+"""The shared Event queue (`klet.bus.eventqueue.EventQueue`): records built as upstream's
 recorder does, published in order by the root task, retried while the bus fails (the
 outage logged once), and the oldest dropped and counted when the queue is full."""
 
@@ -9,7 +9,7 @@ import logging
 
 import pytest
 from klet.bus import BusUnavailable, Fenced
-from klet.bus.events import EventQueue, node_reference
+from klet.bus.eventqueue import EventQueue, node_reference
 from klet.model.records import EventRecord
 
 
@@ -69,7 +69,7 @@ async def test_retries_while_the_bus_fails_and_logs_once(caplog: pytest.LogCaptu
     stream = Stream([BusUnavailable("down"), BusUnavailable("down"), Fenced("refused")])
     queue = EventQueue(stream, cap=10, retry_s=0.0)
     queue.emit(node_reference("n1"), "Warning", "A", "m")
-    with caplog.at_level(logging.WARNING, logger="klet.bus.events"):
+    with caplog.at_level(logging.WARNING, logger="klet.bus.eventqueue"):
         await drain(queue, stream, 1)
     assert [r.reason for r in stream.published] == ["A"]
     assert [r.message for r in caplog.records] == ["cannot publish events, will retry"]

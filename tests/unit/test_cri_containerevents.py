@@ -1,4 +1,4 @@
-"""klet.cri.events' decoding: containerd task envelopes and CRI container events.
+"""klet.cri.containerevents' decoding: containerd task envelopes and CRI container events.
 
 Covers: the subscription filters ask for the four task topics of the CRI namespace;
 a TaskExit of a container's init process becomes an EXITED event with its exit status
@@ -14,7 +14,7 @@ import pytest
 from cri_api.v1 import api_pb2 as cri_pb
 from google.protobuf import any_pb2, timestamp_pb2
 from klet.cri import labels as L
-from klet.cri.events import decode_cri_event, decode_envelope, subscribe_filters
+from klet.cri.containerevents import decode_cri_event, decode_envelope, subscribe_filters
 from klet.cri.types import EventKind
 from klet.rpc.gen.klet.containerd.v1 import events_pb2, task_pb2
 

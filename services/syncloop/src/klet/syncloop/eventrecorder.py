@@ -1,7 +1,7 @@
 """Events syncloop records (Pulling, Created, Started, Killing, BackOff, ...).
 
 `EventSink` is the interface the managers use; `BusEventSink` puts a pod's events on
-the shared `klet.bus.events.EventQueue`, whose root task appends them to the `events`
+the shared `klet.bus.eventqueue.EventQueue`, whose root task appends them to the `events`
 stream, so recording an event never blocks a pod worker and a Redis outage only delays
 (or, past the queue cap, drops) events.
 """
@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Protocol
 
 from klet.bus import NodeBus
-from klet.bus.events import EventQueue, pod_reference
+from klet.bus.eventqueue import EventQueue, pod_reference
 from klet.model.types import JSON
 
 
