@@ -101,6 +101,11 @@ HONOURED: Mapping[str, str] = {
         "pressure stall information in /stats/summary and /metrics/cadvisor where the "
         "kernel has it (default true, as upstream)"
     ),
+    "DynamicResourceAllocation": (
+        "syncloop prepares pods' ResourceClaims through the DRA drivers (klet.syncloop.dra); "
+        "false builds no claim manager, so a pod with resourceClaims waits with "
+        "FailedPrepareDynamicResources naming the gate (default true, as upstream)"
+    ),
 }
 
 
