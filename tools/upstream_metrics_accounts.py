@@ -213,9 +213,6 @@ MISSING: Mapping[str, tuple[str, ...]] = {
     "status-reporter's mirror pods are not published as a gauge yet": (
         "/metrics kubelet_mirror_pods",
     ),
-    "syncloop's pod workers by lifecycle phase are not published yet": (
-        "/metrics kubelet_working_pods",
-    ),
     "admission's critical-pod preemption is not counted": ("/metrics kubelet_preemptions",),
     "the relist's dropped events (a full channel) are not counted": (
         "/metrics kubelet_pleg_discard_events",

@@ -7,8 +7,10 @@ kubelet_pod_start_sli_duration_seconds and kubelet_pod_start_total_duration_seco
 per pod that starts, kubelet_pod_worker_start_duration_seconds at its first sync (from
 when it was seen, or from the process's start), kubelet_restarted_pods_total{static} when
 a pod is desired again while its worker removes it, kubelet_orphaned_runtime_pods_total
-when a restarted syncloop kills a pod no source wants; and the pure parts:
-the operation type, the image size buckets, the start tracker's arithmetic."""
+when a restarted syncloop kills a pod no source wants, kubelet_working_pods by lifecycle,
+config and static as the controller reports its pods; and the pure parts:
+the operation type, a worker's (lifecycle, config, static), the image size buckets, the
+start tracker's arithmetic."""
 
 from __future__ import annotations
 
@@ -22,7 +24,13 @@ from klet.model.records import DesiredPod, SourceState
 from klet.model.timestamps import rfc3339
 from klet.model.types import PodUID
 from klet.syncloop.metrics import image_size_bucket
-from klet.syncloop.pods.podstate import PodSyncState, pod_worker_operation
+from klet.syncloop.pods.podstate import (
+    KillRequest,
+    PodSyncState,
+    pod_worker_operation,
+    working_pod,
+    working_pod_counts,
+)
 from klet.testbed.fakes.cri import FakeRuntimeService
 from prometheus_client import CollectorRegistry, Histogram
 
@@ -357,3 +365,50 @@ async def test_a_restarted_syncloop_counts_the_pods_no_source_wants(
     assert [c[0] for c in w.cri.calls if c[0] == "StopPodSandbox"] == ["StopPodSandbox"]
     assert again.registry.get_sample_value("kubelet_orphaned_runtime_pods_total") == 1
     assert w.value("kubelet_orphaned_runtime_pods_total") == 0
+
+
+def test_a_workers_lifecycle_config_and_static() -> None:
+    api = desired(uid="a")
+    static = desired(uid="s", annotations={CONFIG_SOURCE: "file"})
+    deleting = desired(uid="d", deletionTimestamp="2026-01-01T00:00:00Z")
+    cases: list[tuple[PodSyncState | None, str | None, tuple[str, str, str]]] = [
+        (None, None, ("terminating", "runtime_only", "unknown")),
+        (PodSyncState(), None, ("terminating", "runtime_only", "unknown")),
+        (PodSyncState(desired=api), "Running", ("sync", "desired", "")),
+        (PodSyncState(desired=static), "Pending", ("sync", "desired", "true")),
+        (PodSyncState(desired=api), "Succeeded", ("terminated", "desired", "")),
+        (
+            PodSyncState(desired=api, terminal=("Evicted", "x")),
+            "Failed",
+            ("terminating", "desired", ""),
+        ),
+        (PodSyncState(desired=deleting), "Running", ("terminating", "desired", "")),
+        (PodSyncState(desired=deleting, released=True), "Running", ("terminated", "desired", "")),
+        (PodSyncState(last_pod=static.pod), "Running", ("terminating", "orphan", "true")),
+        (PodSyncState(last_pod=api.pod, released=True), None, ("terminated", "orphan", "")),
+    ]
+    for state, phase, want in cases:
+        assert working_pod(state, phase) == want, (state, phase)
+    counts = working_pod_counts({"a": (PodSyncState(desired=api), "Running"), "x": (None, None)})
+    assert len(counts) == 15 and sum(counts.values()) == 2  # every valid series, zeros too
+    assert counts[("sync", "desired", "")] == 1
+    assert counts[("terminating", "runtime_only", "unknown")] == 1
+
+
+async def test_working_pods_as_the_controller_reports_them(w: World) -> None:
+    records = {"u1": desired(uid="u1"), "u2": desired(uid="u2")}
+    w.controller.apply_desired(records, READY, read_from=w.controller.generation)
+    await w.controller.sync_once("u1")
+    w.controller.pods["u2"].kill = KillRequest(None, "Evicted", "x")
+    w.deps.metrics.set_working_pods(w.controller.working_pods())
+
+    def working(lifecycle: str, config: str, static: str) -> float:
+        return w.value("kubelet_working_pods", lifecycle=lifecycle, config=config, static=static)
+
+    assert working("sync", "desired", "") == 1
+    assert working("terminating", "desired", "") == 1
+    assert working("terminated", "orphan", "true") == 0  # a valid series, at 0
+    w.controller.pods["u2"].kill = None
+    w.deps.metrics.set_working_pods(w.controller.working_pods())
+    assert working("sync", "desired", "") == 2
+    assert working("terminating", "desired", "") == 0

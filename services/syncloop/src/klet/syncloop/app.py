@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from klet.bus import BusError
-from klet.bus.eventqueue import node_reference
+from klet.bus.events import node_reference
 from klet.bus.leader import hold, release_quietly
 from klet.model.dra import DRA_PLUGIN
 from klet.model.podresources import SOCKET_DIR, SOCKET_NAME
@@ -64,6 +64,7 @@ async def main(deps: Deps) -> int:
         m.pleg_relists.relisted(relister.last_duration_s, now=time.monotonic())
         m.pleg_last_seen.set(time.time())
         m.pod_workers.set(len(controller.workers.uids()))
+        m.set_working_pods(controller.working_pods())
         m.running_pods.set(relister.ready_sandboxes())
 
     async def pleg() -> None:

@@ -30,6 +30,9 @@ buckets (the HELP texts are ours); where each is observed follows upstream's cal
   pod, "" otherwise, as upstream); `kubelet_orphaned_runtime_pods_total`: a pod found in
   the runtime that no source wanted in this process (after a restart, one deleted
   meanwhile), counted once it is killed;
+- `kubelet_working_pods{lifecycle, config, static}`: the pods with a worker after each
+  relist, every valid combination set (zeros too) as upstream's housekeeping does
+  (`pods.podstate.working_pod`);
 - `kubelet_started_pods_total` / `_errors_total`: sandbox creations tried / failed;
   `kubelet_started_containers_total{container_type}` / `_errors_total{container_type,
   code}`: container starts tried / failed (`code` is the waiting reason, as upstream's
@@ -387,6 +390,7 @@ class RelistMetrics:
 class Metrics:
     running_pods: Gauge
     pod_workers: Gauge
+    working_pods: Gauge
     pleg_relists: RelistMetrics
     pleg_last_seen: Gauge
     pod_worker_duration: Histogram
@@ -404,6 +408,10 @@ class Metrics:
     cgroup_manager_duration: Histogram
     started_at: float
     """When this process began (Unix seconds): pods seen before it count from it."""
+
+    def set_working_pods(self, counts: Mapping[tuple[str, str, str], int]) -> None:
+        for (lifecycle, config, static), count in counts.items():
+            self.working_pods.labels(lifecycle, config, static).set(count)
 
     def record_admission_rejection(self, reason: str) -> None:
         self.admission_rejections.labels(admission_rejection_reason(reason)).inc()
@@ -566,6 +574,13 @@ def create_metrics(registry: CollectorRegistry, *, started_at: float | None = No
             registry=registry,
         ),
         pod_workers=Gauge("klet_syncloop_pod_workers", "Pod workers alive", registry=registry),
+        working_pods=Gauge(
+            "kubelet_working_pods",
+            "Pods with a pod worker, by lifecycle phase, whether a source still wants them "
+            "(desired, orphan, runtime_only) and whether they are static",
+            ["lifecycle", "config", "static"],
+            registry=registry,
+        ),
         pleg_relists=RelistMetrics(
             duration=Histogram(
                 "kubelet_pleg_relist_duration_seconds",

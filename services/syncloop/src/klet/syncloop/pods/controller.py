@@ -50,7 +50,7 @@ from klet.model.records import DesiredPod, PodChange, SourceState, sources_ready
 from klet.model.types import JSON, PodUID, pod_full_name
 from klet.rpc.podcontrol import PodSummary
 from klet.syncloop.admission.admit import EVICTED, PRESSURE_ORDER, AdmissionLedger, Verdict
-from klet.syncloop.eventrecorder import EventSink
+from klet.syncloop.events import EventSink
 from klet.syncloop.model import podspec
 from klet.syncloop.model.runtimepod import RuntimePod
 from klet.syncloop.pods.podstate import (
@@ -58,6 +58,7 @@ from klet.syncloop.pods.podstate import (
     KillRequest,
     PodSyncState,
     pod_worker_operation,
+    working_pod_counts,
 )
 from klet.syncloop.pods.podworkers import BACKOFF_PERIOD_S, Outcome, PodWorkers
 from klet.syncloop.pods.resizing import PodResizer
@@ -751,6 +752,14 @@ class PodController:
         await self.syncer.unprepare_claims(uid)
         self._forget(uid)
         return Outcome(done=True)
+
+    def working_pods(self) -> dict[tuple[str, str, str], int]:
+        """The pods with a worker by (lifecycle, config, static), for upstream's
+        kubelet_working_pods (podstate.working_pod_counts)."""
+        uids = {*self.pods, *self.workers.uids()}
+        return working_pod_counts(
+            {u: (self.pods.get(u), (self.publisher.get(u) or {}).get("phase")) for u in uids}
+        )
 
     def active_pods(self) -> list[JSON]:
         """The active pods (upstream's GetActivePods), for the PodResources API."""

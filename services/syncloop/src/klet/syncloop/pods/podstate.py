@@ -11,8 +11,10 @@ drops it when the pod is gone from the runtime and nobody wants it.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from klet.model.pod import is_static
 from klet.model.records import DesiredPod
 from klet.model.types import JSON
 from klet.syncloop.probing.probes import CarriedProbes
@@ -69,6 +71,55 @@ class PodSyncState:
 # names, and "terminated" for a pod's last work
 WORKER_CREATE, WORKER_UPDATE, WORKER_SYNC = "create", "update", "sync"
 WORKER_KILL, WORKER_TERMINATED = "kill", "terminated"
+
+
+# kubelet_working_pods: upstream's lifecycle values and its valid (config, static)
+# combinations ("" is upstream's label of a pod that is not static)
+LIFECYCLES = ("sync", "terminating", "terminated")
+WORKING_CONFIGS = (
+    ("desired", "true"),
+    ("desired", ""),
+    ("orphan", "true"),
+    ("orphan", ""),
+    ("runtime_only", "unknown"),
+)
+TERMINAL_PHASES = frozenset({"Succeeded", "Failed"})
+
+
+def working_pod(state: PodSyncState | None, phase: str | None) -> tuple[str, str, str]:
+    """(lifecycle, config, static) of a pod with a worker, as upstream's
+    kubelet_working_pods labels it; `phase` is the pod's last published phase.
+
+    Config: `desired` while a source wants it, `orphan` once none does (its spec known),
+    `runtime_only` for a pod known only from the runtime (static `unknown`). Lifecycle:
+    `terminated` once stopped for good (its volumes released, or a terminal phase
+    without a stop asked for), `terminating` while being stopped (killed, made terminal,
+    deleted, or no longer wanted), `sync` otherwise."""
+    pod = None if state is None else (state.desired.pod if state.desired else state.last_pod)
+    if state is None or pod is None:
+        return "terminating", "runtime_only", "unknown"
+    static = "true" if is_static(pod) else ""
+    if state.desired is None:
+        return ("terminated" if state.released else "terminating"), "orphan", static
+    deleting = bool((pod.get("metadata") or {}).get("deletionTimestamp"))
+    if state.released:
+        return "terminated", "desired", static
+    if state.terminating or deleting:
+        return "terminating", "desired", static
+    if phase in TERMINAL_PHASES:
+        return "terminated", "desired", static
+    return "sync", "desired", static
+
+
+def working_pod_counts(
+    pods: Mapping[str, tuple[PodSyncState | None, str | None]],
+) -> dict[tuple[str, str, str], int]:
+    """Every valid (lifecycle, config, static) with its count of `pods` (state, phase by
+    UID), zeros included, as upstream sets them all."""
+    counts = {(life, *config): 0 for config in WORKING_CONFIGS for life in LIFECYCLES}
+    for state, phase in pods.values():
+        counts[working_pod(state, phase)] += 1
+    return counts
 
 
 def pod_worker_operation(state: PodSyncState | None) -> str:
