@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from klet.bus import BusError
-from klet.bus.events import node_reference
+from klet.bus.eventqueue import node_reference
 from klet.bus.leader import hold, release_quietly
 from klet.model.dra import DRA_PLUGIN
 from klet.model.podresources import SOCKET_DIR, SOCKET_NAME

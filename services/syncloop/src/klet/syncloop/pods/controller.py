@@ -50,7 +50,7 @@ from klet.model.records import DesiredPod, PodChange, SourceState, sources_ready
 from klet.model.types import JSON, PodUID, pod_full_name
 from klet.rpc.podcontrol import PodSummary
 from klet.syncloop.admission.admit import EVICTED, PRESSURE_ORDER, AdmissionLedger, Verdict
-from klet.syncloop.events import EventSink
+from klet.syncloop.eventrecorder import EventSink
 from klet.syncloop.model import podspec
 from klet.syncloop.model.runtimepod import RuntimePod
 from klet.syncloop.pods.podstate import (
