@@ -210,9 +210,6 @@ MISSING: Mapping[str, tuple[str, ...]] = {
         "/metrics force_cleaned_failed_volume_operation_errors_total",
         "/metrics force_cleaned_failed_volume_operations_total",
     ),
-    "status-reporter's mirror pods are not published as a gauge yet": (
-        "/metrics kubelet_mirror_pods",
-    ),
     "admission's critical-pod preemption is not counted": ("/metrics kubelet_preemptions",),
     "the relist's dropped events (a full channel) are not counted": (
         "/metrics kubelet_pleg_discard_events",

@@ -3,8 +3,8 @@ sent once per change with the UID precondition and foreign conditions kept; refu
 transitions never sent; deleted or recreated pods forgotten; finished pods deleted with
 grace 0 after their final status; static pods mirrored (created, recreated when deleted
 or stale, removed when the static pod goes, only once the sources are ready) with their
-status on the mirror; an apiserver outage logged once per pass and healed; the loop
-reacting to a view change."""
+status on the mirror, and counted in kubelet_mirror_pods; an apiserver outage logged
+once per pass and healed; the loop reacting to a view change."""
 
 from __future__ import annotations
 
@@ -38,6 +38,8 @@ class World:
     def __init__(self) -> None:
         self.kube = FakeApiServer()
         self.bus = FakeBus()
+        self.registry = CollectorRegistry()
+        self.metrics = Metrics(self.registry)
         node = NodeBus.of(self.bus, service="status-reporter")
         self.desired = node.desired
         self.status = node.status
@@ -46,7 +48,7 @@ class World:
             desired=self.desired,
             status=self.status,
             feed=node.podstatus,
-            metrics=Metrics(CollectorRegistry()),
+            metrics=self.metrics,
             policy=CachePolicy(read_block_ms=1),
         )
         self.identity = NodeIdentity("node1")
@@ -57,6 +59,7 @@ class World:
             identity=self.identity,
             sources=self.sources,
             policy=PodSyncPolicy(resync_s=0.05, min_resync_gap_s=0.01),
+            on_mirrors=self.metrics.mirror_pods.set,
         )
 
     def admin_creates(self, pod: JSON) -> JSON:
@@ -290,8 +293,10 @@ async def test_static_pod_gets_a_mirror_with_its_status() -> None:
     assert mirror["metadata"]["ownerReferences"][0]["uid"] == "node-uid"
     assert mirror["status"]["podIP"] == "10.0.0.5"
     assert w.sync.mirror_uid(PodUID("hash-1")) == mirror["metadata"]["uid"]
+    assert w.registry.get_sample_value("kubelet_mirror_pods") == 1
     await w.sync.resync()
     assert w.kube.count("POST") == 1
+    assert w.registry.get_sample_value("kubelet_mirror_pods") == 1
 
 
 async def test_mirror_recreated_when_deleted() -> None:
@@ -346,9 +351,11 @@ async def test_orphan_mirror_deleted_only_when_sources_ready() -> None:
     await w.cache.reload()
     await w.sync.resync()
     assert w.kube.get_object(MIRROR) is not None  # sources not ready: "gone" may be "not read"
+    assert w.registry.get_sample_value("kubelet_mirror_pods") == 1  # the orphan still counts
     w.sources_ready()
     await w.sync.resync()
     assert w.kube.get_object(MIRROR) is None
+    assert w.registry.get_sample_value("kubelet_mirror_pods") == 0
 
 
 async def test_no_mirror_before_the_node_is_known() -> None:

@@ -259,6 +259,7 @@ def build_deps(settings: ServiceSettings, *, overrides: Overrides | None = None)
             devices=devices.amounts,
             requests=requests,
             certificates=CertificateMetrics(registry),
+            mirror_pods=metrics.mirror_pods.set,
         )
 
     history = HistoryKeeper(

@@ -331,12 +331,14 @@ def build_cluster(
     devices: Callable[[], Mapping[str, tuple[int, int]] | None] = lambda: None,
     requests: Callable[[str, str, str, float], None] | None = None,
     certificates: CertificateObserver | None = None,
+    mirror_pods: Callable[[int], None] | None = None,
 ) -> ClusterDeps:
     """Build cluster mode's managers; `bus()` gives the node's tables when not overridden.
     `consumer` names this process in the `events` consumer group (unique per process);
     `requests` is told of every apiserver request (rest_client_requests_total,
     rest_client_request_duration_seconds);
-    `certificates` of each rotated certificate's expiry and failed renewals."""
+    `certificates` of each rotated certificate's expiry and failed renewals; `mirror_pods`
+    of the node's mirror pods after each reconcile (kubelet_mirror_pods)."""
     o = overrides or ClusterOverrides()
     closers: list[Callable[[], Awaitable[None]]] = []
 
@@ -420,6 +422,7 @@ def build_cluster(
         identity=identity,
         sources=o.sources or bus().sources,
         policy=o.pod_policy or PodSyncPolicy(),
+        on_mirrors=mirror_pods,
     )
     event_sink = EventSink(
         feed=o.events or bus().event_feed,

@@ -95,8 +95,12 @@ class PodSyncManager:
         sources: SourcesTable,
         policy: PodSyncPolicy = PodSyncPolicy(),
         monotonic: Callable[[], float] = time.monotonic,
+        on_mirrors: Callable[[int], None] | None = None,
     ) -> None:
         self._view = view
+        self._on_mirrors = on_mirrors
+        """Told how many mirror pods the apiserver holds for the node after each
+        reconcile (upstream's kubelet_mirror_pods)."""
         self._api = api
         self._identity = identity
         self._sources = sources
@@ -173,6 +177,8 @@ class PodSyncManager:
         )
         for action in actions:
             await self._mirror(action)
+        if self._on_mirrors is not None:
+            self._on_mirrors(sum(1 for p in self._api_pods.values() if is_mirror(p)))
 
     async def _mirror(self, action: mirrors.MirrorAction) -> None:
         full = (action.namespace, action.name)

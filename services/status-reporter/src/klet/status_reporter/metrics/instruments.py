@@ -2,7 +2,8 @@
 
 Upstream names where upstream has the metric (`kubelet_node_name{node}`,
 `kubelet_running_pods`, `kubelet_running_containers{container_state}`,
-`kubelet_desired_pods{static}`, `kubelet_active_pods{static}`, `kubelet_cgroup_version`,
+`kubelet_desired_pods{static}`, `kubelet_active_pods{static}`, `kubelet_mirror_pods`,
+`kubelet_cgroup_version`,
 `kubernetes_build_info`,
 `kubernetes_feature_enabled{name,stage}`),
 `klet_status_reporter_*` for our own.
@@ -232,6 +233,15 @@ class Metrics:
             "considered when admitting new pods. static is true if the pod is not from "
             "the apiserver.",
             ["static"],
+            registry=registry,
+        )
+        # upstream's count of the pod manager's mirror pods: those the apiserver holds for
+        # this node's static pods, as the pod sync manager last listed and reconciled
+        # them (cluster mode; 0 standalone, as upstream's)
+        self.mirror_pods = Gauge(
+            "kubelet_mirror_pods",
+            "The number of mirror pods the kubelet will try to create (one per admitted "
+            "static pod)",
             registry=registry,
         )
         # Every state series exists from the start, so a dashboard sees 0, not "no data".
