@@ -208,9 +208,6 @@ MISSING: Mapping[str, tuple[str, ...]] = {
         "/metrics authentication_token_cache_request_duration_seconds",
         "/metrics authentication_token_cache_request_total",
     ),
-    "syncloop's CSI client calls are not timed per method yet": (
-        "/metrics csi_operations_seconds",
-    ),
     "the volume manager's forced cleanup is not counted": (
         "/metrics force_cleaned_failed_volume_operation_errors_total",
         "/metrics force_cleaned_failed_volume_operations_total",

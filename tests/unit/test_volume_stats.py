@@ -102,7 +102,7 @@ def collector(root: Path, bus: FakeBus, driver: Driver, clock: Clock) -> VolumeS
         root_dir=root,
         table=NodeBus.of(bus, service="syncloop").volumes,
         drivers=Drivers(),
-        connect=lambda endpoint: driver,
+        connect=lambda endpoint, name: driver,
         stats_period_s=60.0,
         clock=clock,
     )

@@ -190,7 +190,7 @@ def plugin(root: Path, driver: FakeDriver, objects: Objects) -> CSIVolumePlugin:
         root_dir=root,
         node_name=NODE,
         drivers=Drivers(),
-        connect=lambda endpoint: driver,
+        connect=lambda endpoint, name: driver,
         objects=objects,
     )
 
@@ -455,7 +455,7 @@ async def test_a_bus_outage_fails_the_volume_not_the_worker(tmp_path: Path) -> N
         root_dir=tmp_path,
         node_name=NODE,
         drivers=DownDrivers(),
-        connect=lambda endpoint: FakeDriver(),
+        connect=lambda endpoint, name: FakeDriver(),
         objects=objects,
     )
     with pytest.raises(VolumeError, match="registered CSI drivers could not be read: redis down"):
@@ -514,7 +514,7 @@ async def test_token_requests_hand_the_driver_service_account_tokens(tmp_path: P
         root_dir=tmp_path,
         node_name=NODE,
         drivers=Drivers(),
-        connect=lambda endpoint: driver,
+        connect=lambda endpoint, name: driver,
         objects=objects,
         tokens=tokens,
     )
@@ -557,7 +557,7 @@ async def test_standalone_refuses_claims_and_csi(tmp_path: Path) -> None:
         root_dir=tmp_path,
         node_name=NODE,
         drivers=Drivers(),
-        connect=lambda endpoint: FakeDriver(),
+        connect=lambda endpoint, name: FakeDriver(),
         objects=None,
     )
     with pytest.raises(VolumeError, match="persistentVolumeClaim volumes need the apiserver"):

@@ -6,11 +6,17 @@ what it is, then told whether it was taken), and the driver's own endpoint, wher
 CSI Identity and Node services answer. Every call has a deadline (a driver that hangs
 must not hang a pod's sync); a failed call is `CSIError` with the gRPC status code name,
 and an endpoint that does not answer at all is `DriverUnavailable` (a kind of it), so
-callers can tell "retry later" from "the driver said no".
+callers can tell "retry later" from "the driver said no". A node client given an
+`observer` tells it of every call it makes (the driver, upstream's full gRPC method
+name, grpc-go's name of the status code, seconds), which syncloop turns into upstream's
+`csi_operations_seconds`.
 """
 
 from __future__ import annotations
 
+import asyncio
+import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -124,6 +130,19 @@ async def _call(method: Any, request: Any, timeout_s: float, what: str) -> Any:
         raise kind(f"{what}: {err.code().name}: {err.details()}", code=err.code().name) from err
 
 
+CallObserver = Callable[[str, str, str, float], None]
+"""Told (driver name, gRPC method such as `/csi.v1.Node/NodeStageVolume`, status code as
+grpc-go names it: `OK`, `DeadlineExceeded`, ..., seconds) after every node client call."""
+
+_GO_CODES = {"OK": "OK", "CANCELLED": "Canceled"}
+
+
+def go_code(name: str) -> str:
+    """grpc-go's name of a status code given by its Python name (`DEADLINE_EXCEEDED` ->
+    `DeadlineExceeded`; grpc-go spells CANCELLED `Canceled`)."""
+    return _GO_CODES.get(name) or "".join(p.capitalize() for p in name.split("_"))
+
+
 class RegistrationClient:
     """The pluginregistration v1 service on one registration socket."""
 
@@ -155,22 +174,46 @@ class RegistrationClient:
 class CSIClient:
     """The Identity and Node services of one CSI driver endpoint."""
 
-    def __init__(self, endpoint: Path | str, *, timeout_s: float = DEFAULT_TIMEOUT_S) -> None:
+    def __init__(
+        self,
+        endpoint: Path | str,
+        *,
+        timeout_s: float = DEFAULT_TIMEOUT_S,
+        driver: str = "",
+        observer: CallObserver | None = None,
+    ) -> None:
         self.endpoint = str(endpoint)
+        self.driver = driver
         self._timeout = timeout_s
+        self._observer = observer
         self._channel = grpc.aio.insecure_channel(_target(endpoint), options=CHANNEL_OPTIONS)
         self._identity = csi_grpc.IdentityStub(self._channel)
         self._node = csi_grpc.NodeStub(self._channel)
 
+    async def _call(self, service: str, method: Any, request: Any, what: str) -> Any:
+        started, code = time.perf_counter(), "OK"
+        try:
+            return await _call(method, request, self._timeout, what)
+        except CSIError as err:
+            code = go_code(err.code)
+            raise
+        except asyncio.CancelledError:
+            code = "Canceled"
+            raise
+        finally:
+            if self._observer is not None:
+                seconds = time.perf_counter() - started
+                self._observer(self.driver, f"/csi.v1.{service}/{what}", code, seconds)
+
     async def plugin_info(self) -> DriverInfo:
-        reply = await _call(
-            self._identity.GetPluginInfo, csi.GetPluginInfoRequest(), self._timeout, "GetPluginInfo"
+        reply = await self._call(
+            "Identity", self._identity.GetPluginInfo, csi.GetPluginInfoRequest(), "GetPluginInfo"
         )
         return DriverInfo(name=reply.name, vendor_version=reply.vendor_version)
 
     async def node_info(self) -> NodeInfo:
-        reply = await _call(
-            self._node.NodeGetInfo, csi.NodeGetInfoRequest(), self._timeout, "NodeGetInfo"
+        reply = await self._call(
+            "Node", self._node.NodeGetInfo, csi.NodeGetInfoRequest(), "NodeGetInfo"
         )
         return NodeInfo(
             node_id=reply.node_id,
@@ -180,10 +223,10 @@ class CSIClient:
 
     async def node_capabilities(self) -> frozenset[str]:
         """The Node service's RPC capabilities by name (`STAGE_UNSTAGE_VOLUME`, ...)."""
-        reply = await _call(
+        reply = await self._call(
+            "Node",
             self._node.NodeGetCapabilities,
             csi.NodeGetCapabilitiesRequest(),
-            self._timeout,
             "NodeGetCapabilities",
         )
         names = csi.NodeServiceCapability.RPC.Type
@@ -201,13 +244,13 @@ class CSIClient:
             secrets=volume.secrets,
             volume_context=volume.volume_context,
         )
-        await _call(self._node.NodeStageVolume, request, self._timeout, "NodeStageVolume")
+        await self._call("Node", self._node.NodeStageVolume, request, "NodeStageVolume")
 
     async def unstage(self, volume_id: str, *, staging_path: str) -> None:
         request = csi.NodeUnstageVolumeRequest(
             volume_id=volume_id, staging_target_path=staging_path
         )
-        await _call(self._node.NodeUnstageVolume, request, self._timeout, "NodeUnstageVolume")
+        await self._call("Node", self._node.NodeUnstageVolume, request, "NodeUnstageVolume")
 
     async def publish(
         self, volume: Volume, *, target_path: str, staging_path: str = "", read_only: bool = False
@@ -223,11 +266,11 @@ class CSIClient:
             secrets=volume.secrets,
             volume_context=volume.volume_context,
         )
-        await _call(self._node.NodePublishVolume, request, self._timeout, "NodePublishVolume")
+        await self._call("Node", self._node.NodePublishVolume, request, "NodePublishVolume")
 
     async def unpublish(self, volume_id: str, *, target_path: str) -> None:
         request = csi.NodeUnpublishVolumeRequest(volume_id=volume_id, target_path=target_path)
-        await _call(self._node.NodeUnpublishVolume, request, self._timeout, "NodeUnpublishVolume")
+        await self._call("Node", self._node.NodeUnpublishVolume, request, "NodeUnpublishVolume")
 
     async def expand(
         self,
@@ -247,7 +290,7 @@ class CSIClient:
             volume_capability=_capability(volume.capability),
             secrets=volume.secrets,
         )
-        reply = await _call(self._node.NodeExpandVolume, request, self._timeout, "NodeExpandVolume")
+        reply = await self._call("Node", self._node.NodeExpandVolume, request, "NodeExpandVolume")
         return int(reply.capacity_bytes)
 
     async def volume_stats(
@@ -256,8 +299,8 @@ class CSIClient:
         request = csi.NodeGetVolumeStatsRequest(
             volume_id=volume_id, volume_path=volume_path, staging_target_path=staging_path
         )
-        reply = await _call(
-            self._node.NodeGetVolumeStats, request, self._timeout, "NodeGetVolumeStats"
+        reply = await self._call(
+            "Node", self._node.NodeGetVolumeStats, request, "NodeGetVolumeStats"
         )
         usage: dict[str, int] = {}
         for u in reply.usage:

@@ -502,6 +502,26 @@ def storage_operations(registry: CollectorRegistry) -> Callable[[str, str, bool,
     return record
 
 
+def csi_operations(registry: CollectorRegistry) -> Callable[[str, str, str, float], None]:
+    """upstream's csi_operations_seconds{driver_name, method_name, grpc_status_code,
+    migrated}: every call syncloop's CSI node clients make (klet.csi.client.CSIClient's
+    observer), by driver, full gRPC method (`/csi.v1.Node/NodeStageVolume`) and grpc-go's
+    status code name (`OK`, `DeadlineExceeded`, ...), with upstream's buckets;
+    `migrated` always "false" (klet has no in-tree plugins to migrate to CSI)."""
+    histogram = Histogram(
+        "csi_operations_seconds",
+        "Container Storage Interface operation duration with gRPC error code status total",
+        ["driver_name", "method_name", "grpc_status_code", "migrated"],
+        registry=registry,
+        buckets=STORAGE_OPERATION_BUCKETS,
+    )
+
+    def record(driver: str, method: str, code: str, seconds: float) -> None:
+        histogram.labels(driver, method, code, "false").observe(max(0.0, seconds))
+
+    return record
+
+
 def create_metrics(registry: CollectorRegistry, *, started_at: float | None = None) -> Metrics:
     """syncloop's recorders; `started_at` is when the process began (Unix seconds, now
     when not given)."""

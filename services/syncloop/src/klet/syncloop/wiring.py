@@ -89,6 +89,7 @@ from klet.syncloop.metrics import (
     NUMAMetrics,
     ResizeMetrics,
     create_metrics,
+    csi_operations,
     storage_operations,
     volume_counts,
 )
@@ -275,6 +276,7 @@ def build_deps(settings: Settings, overrides: Overrides | None = None) -> Deps:
         kube = KubeClient(api, observer=RestClientMetrics(registry))
     objects = ApiObjects(kube) if kube is not None else None
     metrics = create_metrics(registry, started_at=clock())
+    csi_calls = csi_operations(registry)
     # Service-account tokens (TokenRequest), cluster mode only: for projected volumes and
     # CSI drivers, and for credential provider plugins with tokenAttributes.
     tokens = TokenManager(kube) if kube is not None else None
@@ -329,7 +331,9 @@ def build_deps(settings: Settings, overrides: Overrides | None = None) -> Deps:
                 root_dir=Path(settings.klet.root_dir),
                 node_name=settings.klet.node_name,
                 drivers=node_bus.csidrivers,
-                connect=lambda endpoint: CSIClient(endpoint, timeout_s=CSI_VOLUME_TIMEOUT_S),
+                connect=lambda endpoint, driver: CSIClient(
+                    endpoint, timeout_s=CSI_VOLUME_TIMEOUT_S, driver=driver, observer=csi_calls
+                ),
                 objects=objects,
                 tokens=tokens,
             ),
@@ -546,7 +550,7 @@ def build_deps(settings: Settings, overrides: Overrides | None = None) -> Deps:
             root_dir=Path(settings.klet.root_dir),
             table=node_bus.volumes,
             drivers=node_bus.csidrivers,
-            connect=lambda endpoint: CSIClient(endpoint),
+            connect=lambda endpoint, driver: CSIClient(endpoint, driver=driver, observer=csi_calls),
             stats_period_s=k.volume_stats_agg_period,
         ),
         relister=relister,

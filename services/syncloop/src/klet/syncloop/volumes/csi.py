@@ -173,9 +173,10 @@ C = TypeVar("C", bound=PooledDriver)
 class ClientPool(Generic[C]):
     """One client per registered driver, and its node capabilities asked once, both
     made again when the driver registers anew: a restarted driver gets a fresh channel
-    rather than one deep in its reconnect back-off from the outage."""
+    rather than one deep in its reconnect back-off from the outage. `connect` makes a
+    client of (endpoint, driver name)."""
 
-    def __init__(self, connect: Callable[[str], C]) -> None:
+    def __init__(self, connect: Callable[[str, str], C]) -> None:
         self.connect = connect
         self._clients: dict[str, tuple[float, C]] = {}
         self._capabilities: dict[tuple[str, float], frozenset[str]] = {}
@@ -187,7 +188,7 @@ class ClientPool(Generic[C]):
         if held is not None:
             await held[1].close()
             self._capabilities.pop((record.endpoint, held[0]), None)
-        client = self.connect(record.endpoint)
+        client = self.connect(record.endpoint, record.name)
         self._clients[record.endpoint] = (record.registered_at, client)
         return client
 
@@ -316,7 +317,7 @@ class CSIVolumePlugin:
         root_dir: Path,
         node_name: str,
         drivers: DriverDirectory,
-        connect: Callable[[str], NodeDriver],
+        connect: Callable[[str, str], NodeDriver],
         objects: CSIObjects | None,
         tokens: TokenIssuer | None = None,
         clock: Callable[[], float] = time.time,

@@ -223,7 +223,7 @@ class VolumeStatsCollector:
         root_dir: Path,
         table: VolumeTable,
         drivers: DriverDirectory,
-        connect: Callable[[str], StatsDriver],
+        connect: Callable[[str, str], StatsDriver],
         stats_period_s: float,
         scan_period_s: float = SCAN_PERIOD_S,
         clock: Callable[[], float] = time.time,
