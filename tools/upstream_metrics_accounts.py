@@ -217,9 +217,6 @@ MISSING: Mapping[str, tuple[str, ...]] = {
         "(upstream's CriticalPodAdmissionHandler): it refuses it like any other, so there "
         "is nothing to count yet"
     ): ("/metrics kubelet_preemptions",),
-    "status-reporter's PATCH of a pod status is not timed from its change": (
-        "/metrics kubelet_pod_status_sync_duration_seconds",
-    ),
     "containers per pod at admission are not observed": (
         "/metrics kubelet_containers_per_pod_count",
     ),

@@ -4,7 +4,8 @@ transitions never sent; deleted or recreated pods forgotten; finished pods delet
 grace 0 after their final status; static pods mirrored (created, recreated when deleted
 or stale, removed when the static pod goes, only once the sources are ready) with their
 status on the mirror, and counted in kubelet_mirror_pods; an apiserver outage logged
-once per pass and healed; the loop reacting to a view change."""
+once per pass and healed; the loop reacting to a view change; each status the apiserver
+took timed from the first change it carries (kubelet_pod_status_sync_duration_seconds)."""
 
 from __future__ import annotations
 
@@ -40,6 +41,7 @@ class World:
         self.bus = FakeBus()
         self.registry = CollectorRegistry()
         self.metrics = Metrics(self.registry)
+        self.now = 0.0  # wall-clock seconds (a record's updated_at is its version)
         node = NodeBus.of(self.bus, service="status-reporter")
         self.desired = node.desired
         self.status = node.status
@@ -60,6 +62,8 @@ class World:
             sources=self.sources,
             policy=PodSyncPolicy(resync_s=0.05, min_resync_gap_s=0.01),
             on_mirrors=self.metrics.mirror_pods.set,
+            on_synced=self.metrics.pod_status_sync.observe,
+            wall=lambda: self.now,
         )
 
     def admin_creates(self, pod: JSON) -> JSON:
@@ -407,3 +411,35 @@ async def test_loop_follows_the_view() -> None:
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task
+
+
+async def test_a_sent_status_is_timed_from_its_first_unsent_change() -> None:
+    w = World()
+    w.admin_creates(WEB)
+    await w.want(WEB)
+
+    def synced() -> tuple[float | None, float | None]:
+        get = w.registry.get_sample_value
+        return (
+            get("kubelet_pod_status_sync_duration_seconds_count"),
+            get("kubelet_pod_status_sync_duration_seconds_sum"),
+        )
+
+    assert synced() == (0, 0)
+    await w.report(WEB, version=1)  # computed at 1
+    w.now = 1.25
+    await w.sync.sync_statuses()
+    assert synced() == (1, 0.25)
+    await w.report(WEB, version=2)  # the same status: nothing to send, nothing timed
+    w.now = 9.0
+    await w.sync.sync_statuses()
+    assert synced() == (1, 0.25)
+    await w.report(WEB, version=3, phase="Succeeded")  # computed at 3
+    w.kube.down = True
+    w.now = 4.0
+    await w.sync.sync_statuses()  # not taken: still pending from 3
+    w.kube.down = False
+    await w.report(WEB, version=4, phase="Failed")
+    w.now = 5.5
+    await w.sync.sync_statuses()
+    assert synced() == (2, 0.25 + 2.5)  # from the first change not yet sent (3)

@@ -260,6 +260,7 @@ def build_deps(settings: ServiceSettings, *, overrides: Overrides | None = None)
             requests=requests,
             certificates=CertificateMetrics(registry),
             mirror_pods=metrics.mirror_pods.set,
+            status_synced=metrics.pod_status_sync.observe,
         )
 
     history = HistoryKeeper(

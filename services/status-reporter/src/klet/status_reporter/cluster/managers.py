@@ -332,13 +332,15 @@ def build_cluster(
     requests: Callable[[str, str, str, float], None] | None = None,
     certificates: CertificateObserver | None = None,
     mirror_pods: Callable[[int], None] | None = None,
+    status_synced: Callable[[float], None] | None = None,
 ) -> ClusterDeps:
     """Build cluster mode's managers; `bus()` gives the node's tables when not overridden.
     `consumer` names this process in the `events` consumer group (unique per process);
     `requests` is told of every apiserver request (rest_client_requests_total,
     rest_client_request_duration_seconds);
     `certificates` of each rotated certificate's expiry and failed renewals; `mirror_pods`
-    of the node's mirror pods after each reconcile (kubelet_mirror_pods)."""
+    of the node's mirror pods after each reconcile (kubelet_mirror_pods); `status_synced`
+    of each status the apiserver took (kubelet_pod_status_sync_duration_seconds)."""
     o = overrides or ClusterOverrides()
     closers: list[Callable[[], Awaitable[None]]] = []
 
@@ -423,6 +425,7 @@ def build_cluster(
         sources=o.sources or bus().sources,
         policy=o.pod_policy or PodSyncPolicy(),
         on_mirrors=mirror_pods,
+        on_synced=status_synced,
     )
     event_sink = EventSink(
         feed=o.events or bus().event_feed,

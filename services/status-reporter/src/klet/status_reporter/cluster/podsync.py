@@ -96,11 +96,19 @@ class PodSyncManager:
         policy: PodSyncPolicy = PodSyncPolicy(),
         monotonic: Callable[[], float] = time.monotonic,
         on_mirrors: Callable[[int], None] | None = None,
+        on_synced: Callable[[float], None] | None = None,
+        wall: Callable[[], float] = time.time,
     ) -> None:
         self._view = view
         self._on_mirrors = on_mirrors
         """Told how many mirror pods the apiserver holds for the node after each
         reconcile (upstream's kubelet_mirror_pods)."""
+        self._on_synced = on_synced
+        """Told, at each status the apiserver took, the seconds since the first change
+        it carries was computed (upstream's kubelet_pod_status_sync_duration_seconds)."""
+        self._wall = wall
+        self._pending_since: dict[PodUID, float] = {}
+        """When syncloop computed the oldest status change of a pod not yet sent."""
         self._api = api
         self._identity = identity
         self._sources = sources
@@ -219,7 +227,7 @@ class PodSyncManager:
                 self._once.clear(("pod", uid))
         self._once.clear("api", "apiserver available again")
         live = {uid for uid, _ in statuses}
-        for state in (self._sent, self._refused):
+        for state in (self._sent, self._refused, self._pending_since):
             for uid in [u for u in state if u not in live]:
                 del state[uid]
         self._gone &= live
@@ -258,6 +266,7 @@ class PodSyncManager:
                     extra={"pod": "/".join(full), "uid": uid, "reason": decision.reason},
                 )
             elif decision.verdict == "send":
+                self._pending_since.setdefault(uid, record.updated_at)
                 await self._send(uid, record, full, target, static=static)
         if not static:
             for candidate in (self._api_pods.get(full), pod):
@@ -306,6 +315,9 @@ class PodSyncManager:
             return
         self._api_pods[full] = updated
         self._sent[uid] = Sent(record.epoch, record.version, record.status, target)
+        since = self._pending_since.pop(uid, None)
+        if since is not None and self._on_synced is not None:
+            self._on_synced(max(0.0, self._wall() - since))
         log.debug(
             "pod status sent", extra={"pod": "/".join(full), "uid": uid, "version": record.version}
         )

@@ -3,7 +3,7 @@
 Upstream names where upstream has the metric (`kubelet_node_name{node}`,
 `kubelet_running_pods`, `kubelet_running_containers{container_state}`,
 `kubelet_desired_pods{static}`, `kubelet_active_pods{static}`, `kubelet_mirror_pods`,
-`kubelet_cgroup_version`,
+`kubelet_pod_status_sync_duration_seconds`, `kubelet_cgroup_version`,
 `kubernetes_build_info`,
 `kubernetes_feature_enabled{name,stage}`),
 `klet_status_reporter_*` for our own.
@@ -44,7 +44,7 @@ from dataclasses import dataclass
 from klet.config import gates as gate_table
 from klet.model.pod import API_SOURCE, config_source
 from klet.model.types import JSON
-from prometheus_client import CollectorRegistry, Counter, Gauge
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import Metric
 
 CONTAINER_STATES = ("created", "running", "exited")
@@ -243,6 +243,15 @@ class Metrics:
             "The number of mirror pods the kubelet will try to create (one per admitted "
             "static pod)",
             registry=registry,
+        )
+        # upstream's status manager latency: from the first status change not yet on the
+        # apiserver (syncloop's computation of it) to the PATCH that carried it
+        self.pod_status_sync = Histogram(
+            "kubelet_pod_status_sync_duration_seconds",
+            "Duration in seconds to sync a pod status update, from the first change not yet "
+            "sent until the apiserver took it",
+            registry=registry,
+            buckets=(0.010, 0.050, 0.100, 0.500, 1, 5, 10, 20, 30, 45, 60),
         )
         # Every state series exists from the start, so a dashboard sees 0, not "no data".
         for state in CONTAINER_STATES:
