@@ -190,18 +190,6 @@ MISSING: Mapping[str, tuple[str, ...]] = {
         "client certificates presented to 10250 are verified by Python's ssl; their expiry is not "
         "observed"
     ): ("/metrics apiserver_client_certificate_expiration_seconds",),
-    "TokenReview calls of 10250's authenticator are not timed": (
-        "/metrics apiserver_delegated_authn_request_duration_seconds",
-    ),
-    "TokenReview calls of 10250's authenticator are not counted": (
-        "/metrics apiserver_delegated_authn_request_total",
-    ),
-    "SubjectAccessReview calls of 10250's authorizer are not timed": (
-        "/metrics apiserver_delegated_authz_request_duration_seconds",
-    ),
-    "SubjectAccessReview calls of 10250's authorizer are not counted": (
-        "/metrics apiserver_delegated_authz_request_total",
-    ),
     "10250's token review cache is not instrumented": (
         "/metrics authentication_token_cache_active_fetch_count",
         "/metrics authentication_token_cache_fetch_total",

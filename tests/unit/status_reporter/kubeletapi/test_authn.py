@@ -3,24 +3,32 @@ through TokenReview with the cacheTTL cache (positive and negative, errors never
 cached, rejected tokens never evicting accepted ones), reviews in bounded slots (a
 review over them refused, a cached answer needing none, a waiter finding the answer
 another review cached), anonymous only when enabled and never for a rejected token, and
-401 otherwise."""
+401 otherwise; each TokenReview sent is counted and timed by its answer's status code
+(apiserver_delegated_authn_request_total / _duration_seconds: "201", "<error>" without an
+answer, the code of a refusal), a cached answer sending none."""
 
 from __future__ import annotations
 
 import asyncio
 
 import pytest
+from klet.kube import Forbidden
+from klet.model.types import JSON
 from klet.status_reporter.kubeletapi.attributes import ANONYMOUS, User
 from klet.status_reporter.kubeletapi.authn import (
+    TOKENREVIEWS,
     AuthenticationError,
     Authenticator,
     AuthnSettings,
     TTLCache,
     bearer_token,
+    timed_review,
     user_from_peercert,
 )
 from klet.status_reporter.kubeletapi.reviewslots import ReviewSlots, ReviewsOverloaded
+from klet.status_reporter.metrics.instruments import KubeletApiMetrics
 from klet.testbed.fakes.kubeletapi import FakeApiServer
+from prometheus_client import CollectorRegistry
 
 CERT = {
     "subject": (
@@ -170,3 +178,36 @@ async def test_token_reviews_run_in_bounded_slots() -> None:
     assert await authn.authenticate({"authorization": "Bearer good"}, None) == User("sa")
     api.hold.set()
     await asyncio.gather(*busy)
+
+
+async def test_each_token_review_is_counted_by_its_status_code() -> None:
+    registry = CollectorRegistry()
+    metrics = KubeletApiMetrics(registry, refusals=())
+    api = FakeApiServer()
+    api.tokens["good"] = {"username": "sa"}
+    authn = Authenticator(AuthnSettings(), api, observer=metrics)
+    await authn.authenticate({"authorization": "Bearer good"}, None)
+    await authn.authenticate({"authorization": "Bearer good"}, None)  # cached: none sent
+    await authn.authenticate({"authorization": "Bearer bad"}, None)  # answered: 201 too
+    api.fail = True
+    with pytest.raises(AuthenticationError):
+        await authn.authenticate({"authorization": "Bearer other"}, None)
+
+    class Refusing:
+        async def create(self, path: str, body: JSON) -> JSON:
+            raise Forbidden("tokenreviews is forbidden", status=403)
+
+    with pytest.raises(Forbidden):
+        await timed_review(Refusing(), TOKENREVIEWS, {}, kind="authn", observer=metrics)
+
+    def value(name: str, code: str) -> float | None:
+        return registry.get_sample_value(f"apiserver_delegated_authn_{name}", {"code": code})
+
+    assert value("request_total", "201") == 2
+    assert value("request_total", "<error>") == 1
+    assert value("request_total", "403") == 1
+    assert value("request_duration_seconds_count", "201") == 2
+    assert (
+        registry.get_sample_value("apiserver_delegated_authz_request_total", {"code": "201"})
+        is None
+    )

@@ -2,7 +2,9 @@
 uid, extra, nodes/<subresource> of this node), allowed answers cached 5 min and denied
 ones 30 s, the proxy fallback of fine-grained attributes, failures surfacing as
 AuthorizationError without being cached, and reviews in bounded slots (one over them
-refused with ReviewsOverloaded, a waiter finding the answer another review cached)."""
+refused with ReviewsOverloaded, a waiter finding the answer another review cached); each
+review sent counted and timed by its answer's status code
+(apiserver_delegated_authz_request_total / _duration_seconds)."""
 
 from __future__ import annotations
 
@@ -18,7 +20,9 @@ from klet.status_reporter.kubeletapi.authz import (
     review_body,
 )
 from klet.status_reporter.kubeletapi.reviewslots import ReviewSlots, ReviewsOverloaded
+from klet.status_reporter.metrics.instruments import KubeletApiMetrics
 from klet.testbed.fakes.kubeletapi import FakeApiServer
+from prometheus_client import CollectorRegistry
 
 
 class Clock:
@@ -123,3 +127,25 @@ async def test_reviews_run_in_bounded_slots() -> None:
     api.hold.set()
     assert await first and await second
     assert len(api.reviews) == 1  # the waiter found the answer cached
+
+
+async def test_each_review_sent_is_counted_by_its_status_code() -> None:
+    registry = CollectorRegistry()
+    api = FakeApiServer()
+    authz = WebhookAuthorizer(
+        AuthzSettings(), api, observer=KubeletApiMetrics(registry, refusals=())
+    )
+    api.allowed.add(("x", "get", "metrics"))
+    attrs = request_attributes(User("x"), "GET", "/metrics", node_name="n1")
+    assert await authz.allowed(attrs)
+    assert await authz.allowed(attrs)  # cached: none sent
+    api.fail = True
+    with pytest.raises(AuthorizationError):
+        await authz.allowed(request_attributes(User("y"), "GET", "/pods", node_name="n1"))
+
+    def value(name: str, code: str) -> float | None:
+        return registry.get_sample_value(f"apiserver_delegated_authz_{name}", {"code": code})
+
+    assert value("request_total", "201") == 1
+    assert value("request_total", "<error>") == 1
+    assert value("request_duration_seconds_count", "201") == 1

@@ -21,6 +21,10 @@ In upstream's order, first match wins:
    system:unauthenticated.
 
 Otherwise the request is unauthenticated: 401 "Unauthorized".
+
+Each TokenReview sent is told to a `ReviewObserver` (upstream's
+apiserver_delegated_authn_request_total and _duration_seconds): its HTTP status code
+("201", "403", ...) or "<error>" when no answer came, and how long it took.
 """
 
 from __future__ import annotations
@@ -49,6 +53,29 @@ class ApiServer(Protocol):
     """The one apiserver call the reviews need."""
 
     async def create(self, path: str, body: JSON) -> Any: ...
+
+
+class ReviewObserver(Protocol):
+    """Told of every review sent to the apiserver (status-reporter's metrics)."""
+
+    def delegated_review(self, kind: str, code: str, seconds: float) -> None:
+        """`kind` "authn" (TokenReview) or "authz" (SubjectAccessReview)."""
+
+
+async def timed_review(
+    apiserver: ApiServer, path: str, body: JSON, *, kind: str, observer: ReviewObserver | None
+) -> Any:
+    """POST the review, telling `observer` its status code and duration, as upstream's
+    webhook clients record them (201 for a review the apiserver answered)."""
+    started, code = time.perf_counter(), "201"
+    try:
+        return await apiserver.create(path, body)
+    except KubeError as err:
+        code = str(err.status) if err.status else "<error>"
+        raise
+    finally:
+        if observer is not None:
+            observer.delegated_review(kind, code, time.perf_counter() - started)
 
 
 class AuthenticationError(Exception):
@@ -152,10 +179,12 @@ class Authenticator:
         *,
         clock: Callable[[], float] = time.monotonic,
         slots: ReviewSlots | None = None,
+        observer: ReviewObserver | None = None,
     ) -> None:
         self.settings = settings
         self._apiserver = apiserver if settings.webhook else None
         self._slots = slots
+        self._observer = observer
         self._cache: TTLCache[str, User] = TTLCache(clock=clock)
         self._failures: TTLCache[str, None] = TTLCache(clock=clock)
 
@@ -207,7 +236,9 @@ class Authenticator:
             "spec": {"token": token},
         }
         try:
-            review = await self._apiserver.create(TOKENREVIEWS, body)
+            review = await timed_review(
+                self._apiserver, TOKENREVIEWS, body, kind="authn", observer=self._observer
+            )
         except KubeError as err:
             log.error("TokenReview failed", extra={"error": str(err)})
             raise AuthenticationError(str(err)) from err

@@ -7,7 +7,9 @@
   denied for `cacheUnauthorizedTTL` (30 s); a failed call is not cached and becomes a
   500 "Authorization error". A request is allowed when any of its attribute sets is
   (the fine-grained subresource first, then its `proxy` fallback). Reviews run in
-  bounded slots of their own (`reviewslots.py`), apart from the TokenReviews.
+  bounded slots of their own (`reviewslots.py`), apart from the TokenReviews. Each
+  SubjectAccessReview sent is told to the observer (upstream's
+  apiserver_delegated_authz_request_total and _duration_seconds; authn.timed_review).
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from typing import Protocol
 from klet.kube import KubeError
 from klet.model.types import JSON
 from klet.status_reporter.kubeletapi.attributes import Attributes
-from klet.status_reporter.kubeletapi.authn import ApiServer, TTLCache
+from klet.status_reporter.kubeletapi.authn import ApiServer, ReviewObserver, TTLCache, timed_review
 from klet.status_reporter.kubeletapi.reviewslots import ReviewSlots
 
 log = logging.getLogger(__name__)
@@ -91,10 +93,12 @@ class WebhookAuthorizer:
         *,
         clock: Callable[[], float] = time.monotonic,
         slots: ReviewSlots | None = None,
+        observer: ReviewObserver | None = None,
     ) -> None:
         self.settings = settings
         self._apiserver = apiserver
         self._slots = slots
+        self._observer = observer
         self._cache: TTLCache[str, bool] = TTLCache(clock=clock)
 
     async def allowed(self, attrs: list[Attributes]) -> bool:
@@ -119,7 +123,9 @@ class WebhookAuthorizer:
 
     async def _ask(self, key: str, body: JSON, attrs: Attributes) -> bool:
         try:
-            review = await self._apiserver.create(SUBJECTACCESSREVIEWS, body)
+            review = await timed_review(
+                self._apiserver, SUBJECTACCESSREVIEWS, body, kind="authz", observer=self._observer
+            )
         except KubeError as err:
             log.error(
                 "SubjectAccessReview failed",

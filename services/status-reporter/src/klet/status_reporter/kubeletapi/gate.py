@@ -52,6 +52,7 @@ class Gate:
             slots=ReviewSlots(
                 "TokenReview", concurrency=s.review_concurrency, queue=s.review_queue
             ),
+            observer=deps.metrics,
         )
         self._authz: Authorizer
         if s.authorization_mode == "AlwaysAllow":
@@ -65,6 +66,7 @@ class Gate:
                 slots=ReviewSlots(
                     "SubjectAccessReview", concurrency=s.review_concurrency, queue=s.review_queue
                 ),
+                observer=deps.metrics,
             )
 
     async def check(

@@ -364,6 +364,11 @@ class KubeletApiMetrics:
 
     Refusal reasons are klet.status_reporter.kubeletapi.connlimits.REFUSALS; every
     series exists from the start, so an alert on a rate sees 0, not "no data".
+
+    And upstream's delegated authentication and authorization series: every TokenReview
+    (`apiserver_delegated_authn_request_total{code}`, `..._duration_seconds{code}`) and
+    SubjectAccessReview (`apiserver_delegated_authz_...`) the listener's gate sends, by
+    the HTTP status code of the answer or "<error>" (kubeletapi.authn.ReviewObserver).
     """
 
     def __init__(self, registry: CollectorRegistry, *, refusals: Iterable[str]) -> None:
@@ -398,3 +403,26 @@ class KubeletApiMetrics:
             self.open.labels(state=state)
         for review in REVIEWS:
             self.reviews_rejected.labels(review=review)
+        self._delegated = {
+            kind: (
+                Counter(
+                    f"apiserver_delegated_{kind}_request",
+                    "Number of HTTP requests partitioned by status code.",
+                    ["code"],
+                    registry=registry,
+                ),
+                Histogram(
+                    f"apiserver_delegated_{kind}_request_duration_seconds",
+                    "Request latency in seconds. Broken down by status code.",
+                    ["code"],
+                    registry=registry,
+                    buckets=(0.25, 0.5, 0.7, 1, 1.5, 3, 5, 10),
+                ),
+            )
+            for kind in ("authn", "authz")
+        }
+
+    def delegated_review(self, kind: str, code: str, seconds: float) -> None:
+        total, latency = self._delegated[kind]
+        total.labels(code=code).inc()
+        latency.labels(code=code).observe(max(0.0, seconds))
