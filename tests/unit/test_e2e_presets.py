@@ -13,7 +13,8 @@ takes the [Driver: csi-hostpath] and CSI Mock specs, pushes the CSI images and t
 the suite the node's root directory; the storage-csi-snapshots preset takes the
 csi-hostpath specs tagged [Feature:VolumeSnapshotDataSource] (not the Windows, Serial
 or CSI Mock ones) and is the one that asks for the snapshot CRDs and controller; an
-image the harness cannot build is refused before anything is built.
+image the harness cannot build is refused before anything is built; --node-address puts
+the node's address on `lo` for the run alone.
 """
 
 from __future__ import annotations
@@ -210,3 +211,31 @@ def test_klet_runs_as_kubelet(tmp_path: Path) -> None:
         assert (tmp_path / "py" / "lib").resolve() == (Path(sys.prefix) / "lib").resolve()
     # a second node directory's call leaves the first as it is
     assert conformance.kubelet_named_python(tmp_path / "py") == interpreter
+
+
+def test_node_address_is_on_lo_for_the_run_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    """--node-address: the address is added to `lo` before the node starts and removed
+    after, also when the run fails; `ip` refusing the add is a SetupError naming the
+    address and ip's answer, with nothing to remove."""
+    calls: list[list[str]] = []
+    answers = {"add": (0, "")}
+
+    def run(argv: list[str], **_: object) -> conformance.subprocess.CompletedProcess[str]:
+        calls.append(argv)
+        code, err = answers.get(argv[2], (0, ""))
+        return conformance.subprocess.CompletedProcess(argv, code, "", err)
+
+    monkeypatch.setattr(conformance.subprocess, "run", run)
+    with pytest.raises(RuntimeError, match="suite"):
+        with conformance.loopback_address("198.18.0.9") as ip:
+            assert ip == "198.18.0.9"
+            assert calls == [["ip", "addr", "add", "198.18.0.9/32", "dev", "lo"]]
+            raise RuntimeError("suite")
+    assert calls[1] == ["ip", "addr", "del", "198.18.0.9/32", "dev", "lo"]
+
+    calls.clear()
+    answers["add"] = (2, "RTNETLINK answers: File exists\n")
+    with pytest.raises(conformance.SetupError, match=r"--node-address 198.18.0.9: .*File exists"):
+        with conformance.loopback_address("198.18.0.9"):
+            pass
+    assert len(calls) == 1

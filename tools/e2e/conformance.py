@@ -30,11 +30,13 @@ Everything runs on this machine, privately, and is torn down afterwards:
    file and the logs of every component.
 
     python -m tools.e2e.conformance [--preset node|storage] [--focus RE] [--skip RE]
-                                    [--procs N] [--out DIR]
+                                    [--procs N] [--out DIR] [--node-address IP]
     python -m tools.e2e.conformance [--preset P] --render   # RESULTS.md again from the last run
 
 A preset names the focus, the skip, the output directory and the extra images of one
-selection; --focus, --skip and --out override its choices.
+selection; --focus, --skip and --out override its choices. --node-address runs the node
+on an address put on `lo` for the run: the specs call the kubelet API at port 10250 of
+the node's address, so two runs at once need two addresses.
 
 The exit code is 0 when every selected spec passed, 1 when some failed, 2 when the
 cluster could not be set up. KLET_KEEP_DEVSTACK=1 keeps the working directory.
@@ -374,6 +376,9 @@ class SuiteRun:
     images: tuple[str, ...] = ()  # extra images of the suite to provide (Preset.images)
     csi_images: bool = False  # the CSI components' images too (Preset.csi_images)
     snapshots: bool = False  # the snapshot CRDs and controller (Preset.snapshots)
+    # The node's address when not the default route's (--node-address): put on `lo` for
+    # the run, so a second run can have 10250 on an address of its own.
+    node_address: str | None = None
 
 
 def suite_argv(
@@ -429,6 +434,7 @@ def cluster(
     images: Sequence[str] = (),
     csi: bool = False,
     snapshots: bool = False,
+    node_address: str | None = None,
 ) -> Iterator[tuple[ControlPlane, Path]]:
     """The dev stack with the suite's images (and the `images` ImageIDs besides), the
     control plane and klet's Node, ready; yields the plane and the KUBE_TEST_REPO_LIST
@@ -453,7 +459,9 @@ def cluster(
         repo_list = work / "repo-list.yaml"
         repo_list.write_text(repo_list_yaml(src.manifest(), TEST_REGISTRY_HOST))
         log(f"dev stack and images: {time.monotonic() - began:.0f} s")
-        ip = stack.enter_context(host_address())
+        ip = stack.enter_context(
+            host_address() if node_address is None else loopback_address(node_address)
+        )
         check_port_free(ip, KUBELET_PORT)
         plane = ControlPlane(work / "cp", bins.control_plane, controllers=True)
         stack.callback(plane.stop)
@@ -493,6 +501,27 @@ def cluster(
         wait_for_node(plane, klet, NODE_NAME, timeout_s=180)
         log(f"node {NODE_NAME} at {ip} ready: {time.monotonic() - began:.0f} s after start")
         yield plane, repo_list
+
+
+def loopback_address_argv(verb: str, address: str) -> list[str]:
+    """`ip addr add|del` of `address` (a /32) on `lo`."""
+    return ["ip", "addr", verb, f"{address}/32", "dev", "lo"]
+
+
+@contextmanager
+def loopback_address(address: str) -> Iterator[str]:
+    """`address` put on `lo` for the duration (removed after): the node address of a run
+    made while another run holds the default route's address at port 10250. The host
+    delivers to it whatever interface a packet comes in on, so the pods reach it as
+    status.hostIP and the apiserver proxies to it. SetupError when `ip` refuses (the
+    address already in use, not an IPv4 address)."""
+    res = subprocess.run(loopback_address_argv("add", address), capture_output=True, text=True)
+    if res.returncode != 0:
+        raise SetupError(f"--node-address {address}: ip addr add: {res.stderr.strip()}")
+    try:
+        yield address
+    finally:
+        subprocess.run(loopback_address_argv("del", address), capture_output=True, check=False)
 
 
 def check_port_free(ip: str, port: int) -> None:
@@ -541,7 +570,12 @@ def conform(run: SuiteRun, artifacts: Path) -> Outcome:
     try:
         bins = build_all()
         with cluster(
-            bins, work, images=run.images, csi=run.csi_images, snapshots=run.snapshots
+            bins,
+            work,
+            images=run.images,
+            csi=run.csi_images,
+            snapshots=run.snapshots,
+            node_address=run.node_address,
         ) as (plane, repo_list):
             command = suite_argv(
                 bins,
@@ -622,6 +656,11 @@ def main(argv: list[str] | None = None) -> int:
         help="where RESULTS.md goes (default the preset's: conformance/ or "
         "conformance/storage/); the JUnit, JSON report and logs go to its run/ subdirectory",
     )
+    parser.add_argument(
+        "--node-address",
+        help="the node's IPv4 address, put on lo for the run (default the default route's "
+        "source address): for a run beside another that holds that address's port 10250",
+    )
     parser.add_argument("--quiet", action="store_true", help="without ginkgo -v")
     parser.add_argument(
         "--render",
@@ -649,6 +688,7 @@ def main(argv: list[str] | None = None) -> int:
         images=preset.images,
         csi_images=preset.csi_images,
         snapshots=preset.snapshots,
+        node_address=args.node_address,
     )
     try:
         outcome = conform(run, out / "run")
