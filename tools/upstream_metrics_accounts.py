@@ -186,10 +186,6 @@ MISSING: Mapping[str, tuple[str, ...]] = {
         "/metrics dra_operations_duration_seconds",
         "/metrics dra_resource_claims_in_use",
     ),
-    (
-        "client certificates presented to 10250 are verified by Python's ssl; their expiry is not "
-        "observed"
-    ): ("/metrics apiserver_client_certificate_expiration_seconds",),
     "10250's token review cache is not instrumented": (
         "/metrics authentication_token_cache_active_fetch_count",
         "/metrics authentication_token_cache_fetch_total",

@@ -5,7 +5,8 @@ review over them refused, a cached answer needing none, a waiter finding the ans
 another review cached), anonymous only when enabled and never for a rejected token, and
 401 otherwise; each TokenReview sent is counted and timed by its answer's status code
 (apiserver_delegated_authn_request_total / _duration_seconds: "201", "<error>" without an
-answer, the code of a refusal), a cached answer sending none."""
+answer, the code of a refusal), a cached answer sending none; each request's client
+certificate's time left observed (apiserver_client_certificate_expiration_seconds)."""
 
 from __future__ import annotations
 
@@ -211,3 +212,23 @@ async def test_each_token_review_is_counted_by_its_status_code() -> None:
         registry.get_sample_value("apiserver_delegated_authz_request_total", {"code": "201"})
         is None
     )
+
+
+async def test_a_client_certificates_time_left_is_observed_per_request() -> None:
+    registry = CollectorRegistry()
+    metrics = KubeletApiMetrics(registry, refusals=())
+    now = 1_800_000_000.0  # 2027-01-15T08:00:00Z
+    authn = Authenticator(AuthnSettings(x509=True), None, observer=metrics, wall=lambda: now)
+    cert = {**CERT, "notAfter": "Jan 16 08:00:00 2027 GMT"}  # a day left
+    assert await authn.authenticate({}, cert) == User("alice", ("system:masters", "devs"))
+    await authn.authenticate({}, cert)
+    await authn.authenticate({}, None)  # no certificate: nothing observed
+    get = registry.get_sample_value
+    assert get("apiserver_client_certificate_expiration_seconds_count") == 2
+    assert get("apiserver_client_certificate_expiration_seconds_sum") == 2 * 86400
+    bucket = "apiserver_client_certificate_expiration_seconds_bucket"
+    assert get(bucket, {"le": "43200.0"}) == 0
+    assert get(bucket, {"le": "86400.0"}) == 2
+    off = Authenticator(AuthnSettings(), None, observer=metrics, wall=lambda: now)
+    await off.authenticate({}, cert)  # x509 off: the certificate is not read
+    assert get("apiserver_client_certificate_expiration_seconds_count") == 2

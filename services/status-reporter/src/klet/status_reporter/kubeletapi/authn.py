@@ -24,13 +24,17 @@ Otherwise the request is unauthenticated: 401 "Unauthorized".
 
 Each TokenReview sent is told to a `ReviewObserver` (upstream's
 apiserver_delegated_authn_request_total and _duration_seconds): its HTTP status code
-("201", "403", ...) or "<error>" when no answer came, and how long it took.
+("201", "403", ...) or "<error>" when no answer came, and how long it took; and, with
+x509 authentication on, each request's client certificate's time left before it
+expires (apiserver_client_certificate_expiration_seconds, as upstream's x509
+authenticator observes it per request).
 """
 
 from __future__ import annotations
 
 import hashlib
 import logging
+import ssl
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -60,6 +64,20 @@ class ReviewObserver(Protocol):
 
     def delegated_review(self, kind: str, code: str, seconds: float) -> None:
         """`kind` "authn" (TokenReview) or "authz" (SubjectAccessReview)."""
+
+    def client_certificate(self, seconds_left: float) -> None:
+        """A request presented a client certificate expiring in `seconds_left`."""
+
+
+def seconds_left(cert: Mapping[str, Any], now: float) -> float | None:
+    """Seconds until the certificate's notAfter (negative once past); None without one."""
+    not_after = cert.get("notAfter")
+    if not isinstance(not_after, str):
+        return None
+    try:
+        return ssl.cert_time_to_seconds(not_after) - now
+    except ValueError:
+        return None
 
 
 async def timed_review(
@@ -180,11 +198,13 @@ class Authenticator:
         clock: Callable[[], float] = time.monotonic,
         slots: ReviewSlots | None = None,
         observer: ReviewObserver | None = None,
+        wall: Callable[[], float] = time.time,
     ) -> None:
         self.settings = settings
         self._apiserver = apiserver if settings.webhook else None
         self._slots = slots
         self._observer = observer
+        self._wall = wall
         self._cache: TTLCache[str, User] = TTLCache(clock=clock)
         self._failures: TTLCache[str, None] = TTLCache(clock=clock)
 
@@ -194,6 +214,9 @@ class Authenticator:
         """The user, or None (401). Raises AuthenticationError when the apiserver failed,
         ReviewsOverloaded when a TokenReview is needed and no slot is free."""
         if self.settings.x509:
+            left = seconds_left(peercert, self._wall()) if peercert else None
+            if left is not None and self._observer is not None:
+                self._observer.client_certificate(left)
             user = user_from_peercert(peercert)
             if user is not None:
                 return user

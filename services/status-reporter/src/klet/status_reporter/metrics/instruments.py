@@ -368,7 +368,8 @@ class KubeletApiMetrics:
     And upstream's delegated authentication and authorization series: every TokenReview
     (`apiserver_delegated_authn_request_total{code}`, `..._duration_seconds{code}`) and
     SubjectAccessReview (`apiserver_delegated_authz_...`) the listener's gate sends, by
-    the HTTP status code of the answer or "<error>" (kubeletapi.authn.ReviewObserver).
+    the HTTP status code of the answer or "<error>", and the client certificates' time
+    left (`apiserver_client_certificate_expiration_seconds`; kubeletapi.authn.ReviewObserver).
     """
 
     def __init__(self, registry: CollectorRegistry, *, refusals: Iterable[str]) -> None:
@@ -421,6 +422,31 @@ class KubeletApiMetrics:
             )
             for kind in ("authn", "authz")
         }
+        self._client_certificates = Histogram(
+            "apiserver_client_certificate_expiration_seconds",
+            "Distribution of the remaining lifetime on the certificate used to authenticate "
+            "a request.",
+            registry=registry,
+            buckets=(
+                0,
+                1800,
+                3600,
+                7200,
+                21600,
+                43200,
+                86400,
+                172800,
+                345600,
+                604800,
+                2592000,
+                7776000,
+                15552000,
+                31104000,
+            ),
+        )
+
+    def client_certificate(self, seconds_left: float) -> None:
+        self._client_certificates.observe(seconds_left)
 
     def delegated_review(self, kind: str, code: str, seconds: float) -> None:
         total, latency = self._delegated[kind]
