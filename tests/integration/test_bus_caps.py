@@ -20,6 +20,11 @@ readers; status-reporter's append to a pod's `history:<uid>` without that stream
 expiry in the same call is refused, so no history key it writes through the bus lives
 without end. A write larger than one call may take (pod-source's 3,000 pods) goes
 through as a split transaction, with pod-source's credential.
+
+What a call costs inside Redis (issue 42: 15 TYPE of `history:<uid>` per pod start):
+the key types are looked up once a key per call and never for the call's first write,
+so a history append with its expiry looks up no type of its stream, and one TYPE per
+other key is what a call pays (counted by the server's command statistics).
 """
 
 from __future__ import annotations
@@ -332,3 +337,41 @@ async def test_a_split_transaction_writes_what_one_call_may_not(
         assert await bus.client.hlen(nb.desired.key) == 3000
         assert await bus.client.xlen(nb.pods.key) == 3000
         assert await bus.client.hget(nb.sources.key, "api") == "ready"
+
+
+async def type_lookups(server: RedisServer, ops: list[_Op], service: str) -> int:
+    """How many TYPE commands one fenced write of `ops` ran inside Redis (the server's
+    command statistics, reset just before the call)."""
+    async with leader(server, service) as nb, admin(server) as bus:
+        await bus.client.config_resetstat()
+        await nb.bus.write(ops)
+        stats = await bus.client.info("commandstats")
+    return int(stats.get("cmdstat_type", {}).get("calls", 0))
+
+
+async def test_a_history_append_looks_up_no_type_of_its_stream(
+    redis_server: RedisServer,
+) -> None:
+    # issue 42: the fenced write ran TYPE once per op, 15 of history:<uid> per pod start.
+    async with leader(redis_server, "status-reporter") as nb:
+        stream, index = nb.history_of("typed-uid", maxlen=10).key, nb.history.key
+    entry = history_entry().encode()
+    # As the history keeper writes a pod's entries: appends, their expiry, the index
+    # row. The appends' key is the call's first write (nothing to undo if it fails)
+    # and stays a stream; only the index table is looked at.
+    appends = [_Op.xadd(stream, 10, entry)] * 3 + [_Op.pexpire(stream, 60_000)]
+    ops = [*appends, _Op.hset(index, "typed-uid", "{}")]
+    assert await type_lookups(redis_server, ops, "status-reporter") == 1
+    # Once the stream exists, again: its type is still never looked up.
+    assert await type_lookups(redis_server, appends, "status-reporter") == 0
+    async with admin(redis_server) as bus:
+        assert await bus.client.xlen(stream) == 6
+
+
+async def test_each_key_is_looked_up_once_a_call(redis_server: RedisServer) -> None:
+    async with leader(redis_server, "syncloop") as nb:
+        status, changes = nb.bus.key("status"), nb.bus.key("podstatus")
+    ops = [_Op.xadd(changes, 10, "a")]
+    ops += [_Op.hset(status, f"uid-{i}", "{}") for i in range(5)]
+    ops += [_Op.hdel(status, "uid-0"), _Op.xadd(changes, 10, "b")]
+    assert await type_lookups(redis_server, ops, "syncloop") == 1

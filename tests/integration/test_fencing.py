@@ -6,7 +6,9 @@ held the lease meanwhile, a Redis restarted empty does not end leadership, and â
 two real replica processes â€” a leader stalled by SIGSTOP past its TTL writes nothing
 after the standby took over and steps down when it is continued. A fenced write that
 one of its writes would be refused (a key of the wrong type, a grant the service lacks,
-with pod-source's real credential) writes nothing at all."""
+with pod-source's real credential) writes nothing at all: a key the same call already
+made a stream is not then written as a table, and the call's first write, whose key
+type is not looked up beforehand (issue 42), fails alone with nothing written."""
 
 from __future__ import annotations
 
@@ -381,6 +383,43 @@ async def test_a_write_refused_half_way_writes_nothing(
     assert await reader.table("t", NodeConditionRecord).all() == {}
     assert await reader.client.hgetall(reader.key("s")) == {"not": "a stream"}
     assert not lease.lost.is_set()  # a refused write is no reason to step down
+
+
+async def test_a_key_the_call_made_a_stream_is_not_then_written_as_a_table(
+    buses: Callable[[], Bus],
+) -> None:
+    # The key's type is looked up once a call and what each write makes of it kept:
+    # looking at the key alone found it absent before both writes and let the call
+    # write the stream, then fail on the table.
+    bus, reader = buses(), buses()
+    lease = bus.lease("svc", "host:1:aaaaaaaaaaaa", ttl_ms=10_000)
+    assert await lease.try_acquire()
+    table, stream = bus.table("t", NodeConditionRecord), bus.stream("s", NodeConditionRecord)
+    for first in (True, False):
+        with pytest.raises(BusError, match=f"WRONGTYPE {stream.key} holds a stream, not a hash"):
+            async with bus.transaction() as tx:
+                if first:
+                    tx.put(table, "k", rec("first"))
+                tx.publish(stream, rec("second"))
+                tx.put(bus.table("s", NodeConditionRecord), "k", rec("third"))
+    assert await reader.client.exists(table.key, stream.key) == 0
+
+
+async def test_a_first_write_to_a_key_of_another_type_writes_nothing(
+    buses: Callable[[], Bus],
+) -> None:
+    # The call's first write is not looked up beforehand: it fails with nothing written.
+    bus, reader = buses(), buses()
+    lease = bus.lease("svc", "host:1:aaaaaaaaaaaa", ttl_ms=10_000)
+    assert await lease.try_acquire()
+    await reader.client.hset(reader.key("s"), "not", "a stream")
+    with pytest.raises(BusError, match=f"WRONGTYPE {reader.key('s')} holds a hash, not a stream"):
+        async with bus.transaction() as tx:
+            tx.publish(bus.stream("s", NodeConditionRecord), rec("first"))
+            tx.put(bus.table("t", NodeConditionRecord), "k", rec("second"))
+    assert await reader.table("t", NodeConditionRecord).all() == {}
+    assert await reader.client.hgetall(reader.key("s")) == {"not": "a stream"}
+    assert not lease.lost.is_set()
 
 
 async def test_a_write_the_service_may_not_make_writes_nothing(redis_server: RedisServer) -> None:

@@ -149,7 +149,8 @@ _BODY = Template("""
 -- are unique per process, so no other process can have written in between.
 -- Redis has no rollback: a write refused half-way leaves the earlier ones applied. So
 -- every write is checked first against what can refuse it: its arguments and the caps
--- (check_write), the caller's ACL (redis.acl_check_cmd) and the key's type. Memory
+-- (check_write), the caller's ACL (redis.acl_check_cmd) and the key's type (all but the
+-- first write's, which fails with nothing written). Memory
 -- cannot refuse one half-way: Redis checks maxmemory before a function that may write
 -- starts.
 local width = {hset = 4, hdel = 3, xadd = 4, pexpire = 3}
@@ -310,6 +311,10 @@ local function check_write(keys, argv)
   return nil
 end
 
+local function wrong_type(key, t, kind)
+  return redis.error_reply('WRONGTYPE ' .. key .. ' holds a ' .. t .. ', not a ' .. kind)
+end
+
 local function fenced_write(keys, argv)
   local refused = check_write(keys, argv)
   if refused then
@@ -326,18 +331,37 @@ local function fenced_write(keys, argv)
     end
     return redis.error_reply('FENCED lease ' .. keys[1] .. ' is not held by ' .. argv[1])
   end
-  -- pexpire takes any type: it bounds the life of a key the same call wrote.
-  local kinds = {hset = 'hash', hdel = 'hash', xadd = 'stream', pexpire = '*'}
+  -- The key types, before the first write, so that no write fails half-way on a key
+  -- of another type. A key is looked at (TYPE) once a call, and what each write makes
+  -- of it is remembered: a later write of another type to a key the call has already
+  -- made a table or a stream is refused too, which looking at the key alone would let
+  -- through. The call's first write is not looked at: should it fail, nothing has been
+  -- written (the common write, an append to a pod's history with its expiry, then needs
+  -- no TYPE at all). pexpire takes any type: it bounds the life of a key the call wrote.
+  local kinds = {hset = 'hash', hdel = 'hash', xadd = 'stream'}
   local sample = {
     hset = {'HSET', 'f', 'v'}, hdel = {'HDEL', 'f'}, xadd = {'XADD', '*', 'r', 'v'},
     pexpire = {'PEXPIRE', '1'}
   }
+  local known = {}
   local i = 2
   while i <= #argv do
     local verb, key = argv[i], keys[tonumber(argv[i + 1])]
-    local t = redis.call('TYPE', key)['ok']
-    if t ~= 'none' and kinds[verb] ~= '*' and t ~= kinds[verb] then
-      return redis.error_reply('WRONGTYPE ' .. key .. ' holds a ' .. t .. ', not a ' .. kinds[verb])
+    local kind = kinds[verb]
+    if kind then
+      local t = known[key]
+      if t == nil and i > 2 then
+        t = redis.call('TYPE', key)['ok']
+      end
+      if t ~= nil and t ~= 'none' and t ~= kind then
+        return wrong_type(key, t, kind)
+      end
+      -- hset and xadd leave the key a table or a stream; hdel leaves it as it was.
+      if verb ~= 'hdel' then
+        known[key] = kind
+      else
+        known[key] = t
+      end
     end
     local s = sample[verb]
     if not redis.acl_check_cmd(s[1], key, unpack(s, 2)) then
@@ -349,22 +373,29 @@ local function fenced_write(keys, argv)
   i = 2
   while i <= #argv do
     local verb, key = argv[i], keys[tonumber(argv[i + 1])]
+    local reply
     if verb == 'hset' then
-      redis.call('HSET', key, argv[i + 2], argv[i + 3])
-      out[#out + 1] = ''
-      i = i + 4
+      reply = redis.pcall('HSET', key, argv[i + 2], argv[i + 3])
     elseif verb == 'hdel' then
-      redis.call('HDEL', key, argv[i + 2])
-      out[#out + 1] = ''
-      i = i + 3
+      reply = redis.pcall('HDEL', key, argv[i + 2])
     elseif verb == 'pexpire' then
-      redis.call('PEXPIRE', key, argv[i + 2])
-      out[#out + 1] = ''
-      i = i + 3
+      reply = redis.pcall('PEXPIRE', key, argv[i + 2])
     else
-      out[#out + 1] = redis.call('XADD', key, 'MAXLEN', '~', argv[i + 2], '*', 'r', argv[i + 3])
-      i = i + 4
+      reply = redis.pcall('XADD', key, 'MAXLEN', '~', argv[i + 2], '*', 'r', argv[i + 3])
     end
+    if type(reply) == 'table' and reply['err'] then
+      -- Only the first write gets here on a key of another type, with nothing written.
+      if string.sub(reply['err'], 1, 9) == 'WRONGTYPE' then
+        return wrong_type(key, redis.call('TYPE', key)['ok'], kinds[verb])
+      end
+      return reply
+    end
+    if verb == 'xadd' then
+      out[#out + 1] = reply
+    else
+      out[#out + 1] = ''
+    end
+    i = i + width[verb]
   end
   return out
 end
