@@ -3,7 +3,9 @@ running container is renamed and reopened, older rotated files are gzipped and t
 oldest removed; stopped containers, small logs and logs outside podLogsDir are left
 alone; a failed reopen renames the log back; a missing log is reopened; errors are
 logged once per distinct error; the number of concurrent rotations is
-containerLogMaxWorkers."""
+containerLogMaxWorkers. What a round costs the runtime (issue 42): no list call (the
+running containers are PLEG's), one ContainerStatus per container in its life, so an
+idle round makes no CRI call."""
 
 from __future__ import annotations
 
@@ -16,7 +18,7 @@ from pathlib import Path
 import pytest
 from klet.config.kubelet import KubeletConfiguration
 from klet.cri.errors import CRIError
-from klet.cri.types import ContainerConfig, SandboxConfig
+from klet.cri.types import ContainerConfig, ContainerState, SandboxConfig
 from klet.model.types import ContainerID
 from klet.syncloop.containers.logmanager import ContainerLogManager, LogManagerSettings
 from klet.syncloop.containers.logrotation import RotationPolicy
@@ -33,6 +35,7 @@ class World:
         self.now = datetime(2026, 11, 25, 7, 0, 0, tzinfo=UTC)
         self.manager = ContainerLogManager(
             self.cri,
+            self.running,
             LogManagerSettings(
                 policy=RotationPolicy(max_size=1000, max_files=max_files),
                 logs_dir=self.logs_dir,
@@ -40,6 +43,11 @@ class World:
             ),
             clock=lambda: self.now,
         )
+
+    def running(self) -> list[ContainerID]:
+        """What PLEG's view holds: the fake runtime's running containers, read without
+        a CRI call."""
+        return [c.id for c in self.cri.containers.values() if c.state is ContainerState.RUNNING]
 
     async def container(
         self, name: str, *, log_dir: Path | None = None
@@ -182,6 +190,42 @@ async def test_workers_bound_the_concurrent_rotations(tmp_path: Path) -> None:
     w.cri.hooks["ContainerStatus"] = slow_status
     assert await w.manager.run_once() == 5
     assert most == 2
+
+
+async def test_an_idle_round_makes_no_cri_call(tmp_path: Path) -> None:
+    w = World(tmp_path)
+    logs = [(await w.container(f"c{i}"))[1] for i in range(3)]
+    w.cri.calls.clear()
+    assert await w.manager.run_once() == 0
+    # The first round asks each container for its log path, once.
+    assert sorted(m for m, *_ in w.cri.calls) == ["ContainerStatus"] * 3
+    w.cri.calls.clear()
+    for _ in range(3):
+        assert await w.manager.run_once() == 0
+    assert w.cri.calls == []
+    # A big log is still found and rotated without asking again.
+    write(logs[0], "big")
+    w.reopen_creates(logs[0])
+    assert await w.manager.run_once() == 1
+    assert [m for m, *_ in w.cri.calls] == ["ReopenContainerLog"]
+
+
+async def test_a_new_container_is_asked_for_its_log_path_once(tmp_path: Path) -> None:
+    w = World(tmp_path)
+    first, _ = await w.container("a")
+    assert await w.manager.run_once() == 0
+    second, log = await w.container("b")
+    w.cri.calls.clear()
+    write(log, "big")
+    w.reopen_creates(log)
+    assert await w.manager.run_once() == 1
+    assert [c for c in w.cri.calls if c[0] == "ContainerStatus"] == [("ContainerStatus", second)]
+    # A container that stopped is not looked at.
+    await w.cri.stop_container(first, timeout_s=0)
+    write(w.logs_dir / f"default_web_{UID}" / "a" / "0.log", "big")
+    w.cri.calls.clear()
+    assert await w.manager.run_once() == 0
+    assert w.cri.calls == []
 
 
 def test_settings_from_the_configuration() -> None:

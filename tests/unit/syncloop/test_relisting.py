@@ -10,7 +10,8 @@ a pod worker's own read (PodRuntime) refreshes its pod's fingerprint and owners 
 waking it;
 the period is the long one only while runtime events flow, and a long one stretches
 the health threshold; `kick` starts a relist at
-once, and a kicked relist that fails is retried within a second until one succeeds.
+once, and a kicked relist that fails is retried within a second until one succeeds;
+the containers it last saw running (log rotation's) are read without a CRI call.
 """
 
 from __future__ import annotations
@@ -108,6 +109,21 @@ async def test_ready_sandboxes_follow_the_last_relist(w: World) -> None:
     assert w.relister.ready_sandboxes() == 2  # until the next relist
     await w.relist()
     assert w.relister.ready_sandboxes() == 1
+
+
+async def test_running_containers_are_plegs_view_without_a_cri_call(w: World) -> None:
+    # What log rotation takes instead of listing every container itself (issue 42).
+    a = await w.sandbox("a")
+    first = await w.container(a, "a")
+    await w.relist()
+    assert w.relister.running_containers() == [first]
+    runtime = PodRuntime(w.cri, observe=w.relister.observe)
+    second = await w.container(a, "a", "sidecar")
+    w.cri.exit_container(first, 0)
+    await runtime.get("a")  # a worker's read: its view, before the next relist
+    w.cri.calls.clear()
+    assert w.relister.running_containers() == [second]
+    assert w.cri.calls == []
 
 
 async def test_health_follows_the_age_of_the_last_successful_relist(w: World) -> None:

@@ -56,7 +56,9 @@ async def main(deps: Deps) -> int:
     device_registrations = _device_registrations(deps)
     _dra_drivers(deps)
     log_manager = ContainerLogManager(
-        deps.cri, LogManagerSettings.from_config(deps.settings.kubelet)
+        deps.cri,
+        relister.running_containers,
+        LogManagerSettings.from_config(deps.settings.kubelet),
     )
 
     def on_uids(uids: set[str]) -> None:

@@ -3,10 +3,19 @@
 Why syncloop: it creates every container and its log directory, and it is the service
 whose leader alone acts on the runtime; the loop runs as a lease-gated root task, so two
 replicas never rotate the same file. Every `containerLogMonitorInterval` (upstream: 10 s)
-the running containers are listed and each is looked at by one of
-`containerLogMaxWorkers` workers: its log path from ContainerStatus, its size, the
-names around it; then the plan is carried out in order (remove, gzip, rename the
-current log) and CRI ReopenContainerLog makes the runtime write a new file. When the
+each running container is looked at by one of `containerLogMaxWorkers` workers: its log
+path, its size, the names around it; then the plan is carried out in order (remove,
+gzip, rename the current log) and CRI ReopenContainerLog makes the runtime write a new
+file.
+
+Upstream lists every container (ListContainers) and asks each running one for its log
+path (ContainerStatus) every round: at 110 pods, 111 CRI calls each 10 s on an idle node
+(issue 42). Here the running containers are the ones PLEG last saw running (relisting:
+its relists, the workers' reads and the runtime's events keep that view), and a
+container's log path, which CRI fixes when the container is created, is asked once per
+container: an idle round makes no CRI call. A container PLEG has not seen yet waits for
+the next round; one that exited since is found by ReopenContainerLog failing, as a
+container exiting after upstream's list would be. When the
 reopen fails the rename is undone so the next round tries again, as upstream does.
 A log that is missing is reopened first (upstream's rule), so a file deleted by hand
 comes back.
@@ -28,14 +37,14 @@ import logging
 import os
 import shutil
 import stat
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Protocol
 
 from klet.cri.errors import CRIError
-from klet.cri.types import Container, ContainerState, ContainerStatusInfo
+from klet.cri.types import ContainerStatusInfo
 from klet.model.logfiles import COMPRESSED_SUFFIX, TEMPORARY_SUFFIX
 from klet.model.types import ContainerID
 from klet.model.units import parse_quantity_int
@@ -49,8 +58,6 @@ _COPY_CHUNK = 1 << 20
 
 class LogRuntime(Protocol):
     """What log rotation asks the runtime (klet.cri.RuntimeClient conforms)."""
-
-    async def list_containers(self) -> list[Container]: ...
 
     async def container_status(self, container_id: ContainerID) -> ContainerStatusInfo: ...
 
@@ -103,18 +110,26 @@ class RotationError(Exception):
     """One container's log could not be rotated (the message says which step)."""
 
 
+RunningContainers = Callable[[], Iterable[ContainerID]]
+"""The node's running containers (PLEG's view: Relister.running_containers)."""
+
+
 class ContainerLogManager:
     def __init__(
         self,
         runtime: LogRuntime,
+        running: RunningContainers,
         settings: LogManagerSettings,
         *,
         clock: Callable[[], datetime] = lambda: datetime.now(UTC),
     ) -> None:
         self.runtime = runtime
+        self.running = running
         self.settings = settings
         self.clock = clock
         self._once = OnceLogger(log, level=logging.WARNING)
+        # Container -> its log file under logs_dir, or None (no log, or not this node's).
+        self._paths: dict[ContainerID, Path | None] = {}
 
     async def run(self) -> None:
         if not self.settings.policy.enabled:
@@ -130,19 +145,16 @@ class ContainerLogManager:
             },
         )
         while True:
-            try:
-                await self.run_once()
-            except CRIError as err:
-                log.warning("cannot list containers for log rotation", extra={"error": str(err)})
+            await self.run_once()
             await asyncio.sleep(self.settings.interval_s)
 
     async def run_once(self) -> int:
-        """One round over the running containers; returns how many logs were rotated.
-        Raises CRIError when the containers cannot be listed."""
-        running = [
-            c.id for c in await self.runtime.list_containers() if c.state == ContainerState.RUNNING
-        ]
+        """One round over the running containers; returns how many logs were rotated."""
+        running = list(dict.fromkeys(self.running()))
         self._once.retain(running)
+        keep = set(running)
+        for gone in [cid for cid in self._paths if cid not in keep]:
+            del self._paths[gone]
         workers = asyncio.Semaphore(self.settings.workers)
 
         async def one(cid: ContainerID) -> bool:
@@ -163,13 +175,19 @@ class ContainerLogManager:
             cid, "container log not rotated", cause=str(err), container=cid, error=str(err)
         )
 
-    async def rotate_if_needed(self, cid: ContainerID) -> bool:
+    async def _log_path(self, cid: ContainerID) -> Path | None:
+        """The container's log under logs_dir, asked of CRI once per container."""
+        if cid in self._paths:
+            return self._paths[cid]
         status = await self.runtime.container_status(cid)
-        if not status.log_path:
-            return False
-        path = _own_log(status.log_path, self.settings.logs_dir)
+        path = _own_log(status.log_path, self.settings.logs_dir) if status.log_path else None
+        self._paths[cid] = path
+        return path
+
+    async def rotate_if_needed(self, cid: ContainerID) -> bool:
+        path = await self._log_path(cid)
         if path is None:
-            return False  # not a log of this node's pods
+            return False  # no log, or not a log of this node's pods
         size = await asyncio.to_thread(_size, path)
         if size is None:
             # Upstream: a log that disappeared is reopened, so the container logs again.

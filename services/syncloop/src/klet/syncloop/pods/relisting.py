@@ -31,6 +31,7 @@ from collections.abc import Callable, Sequence
 from klet.cri import CRIError
 from klet.cri import labels as L
 from klet.cri.types import Container, ContainerState, Sandbox, SandboxState
+from klet.model.types import ContainerID
 from klet.obs import OnceLogger
 from klet.syncloop.criprotocols import RuntimeReader
 
@@ -112,6 +113,17 @@ class Relister:
         return sum(
             1 for fp in self.previous.values() for _id, state in fp if state is SandboxState.READY
         )
+
+    def running_containers(self) -> list[ContainerID]:
+        """The containers of our pods running as PLEG last saw them (the last relist,
+        and since then the workers' reads): what log rotation looks at, without a list
+        call of its own."""
+        return [
+            ContainerID(oid)
+            for fp in self.previous.values()
+            for oid, state in fp
+            if state is ContainerState.RUNNING
+        ]
 
     def current_period(self) -> float:
         return self.evented_period_s if self.evented else self.period_s
