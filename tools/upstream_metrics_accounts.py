@@ -186,12 +186,6 @@ MISSING: Mapping[str, tuple[str, ...]] = {
         "/metrics dra_operations_duration_seconds",
         "/metrics dra_resource_claims_in_use",
     ),
-    "10250's token review cache is not instrumented": (
-        "/metrics authentication_token_cache_active_fetch_count",
-        "/metrics authentication_token_cache_fetch_total",
-        "/metrics authentication_token_cache_request_duration_seconds",
-        "/metrics authentication_token_cache_request_total",
-    ),
     "the volume manager's forced cleanup is not counted": (
         "/metrics force_cleaned_failed_volume_operation_errors_total",
         "/metrics force_cleaned_failed_volume_operations_total",

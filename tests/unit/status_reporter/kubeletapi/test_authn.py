@@ -6,7 +6,9 @@ another review cached), anonymous only when enabled and never for a rejected tok
 401 otherwise; each TokenReview sent is counted and timed by its answer's status code
 (apiserver_delegated_authn_request_total / _duration_seconds: "201", "<error>" without an
 answer, the code of a refusal), a cached answer sending none; each request's client
-certificate's time left observed (apiserver_client_certificate_expiration_seconds)."""
+certificate's time left observed (apiserver_client_certificate_expiration_seconds); the
+token cache's lookups (hit, miss), blocked lookups and reviews in flight, and reviews' outcomes
+(authentication_token_cache_*)."""
 
 from __future__ import annotations
 
@@ -232,3 +234,46 @@ async def test_a_client_certificates_time_left_is_observed_per_request() -> None
     off = Authenticator(AuthnSettings(), None, observer=metrics, wall=lambda: now)
     await off.authenticate({}, cert)  # x509 off: the certificate is not read
     assert get("apiserver_client_certificate_expiration_seconds_count") == 2
+
+
+async def test_the_token_cache_counts_lookups_and_fetches() -> None:
+    registry = CollectorRegistry()
+    metrics = KubeletApiMetrics(registry, refusals=())
+    api = FakeApiServer()
+    api.tokens["good"] = {"username": "sa"}
+    api.hold = asyncio.Event()
+    authn = Authenticator(
+        AuthnSettings(),
+        api,
+        slots=ReviewSlots("TokenReview", concurrency=1, queue=2),
+        cache_observer=metrics,
+    )
+
+    def value(name: str, status: str) -> float | None:
+        return registry.get_sample_value(f"authentication_token_cache_{name}", {"status": status})
+
+    def ask() -> asyncio.Task[User | None]:
+        return asyncio.create_task(authn.authenticate({"authorization": "Bearer good"}, None))
+
+    assert (value("active_fetch_count", "blocked"), value("active_fetch_count", "in_flight")) == (
+        0,
+        0,
+    )
+    waiting = [ask(), ask()]  # one reviews, the other waits for its slot
+    for _ in range(5):
+        await asyncio.sleep(0)
+    assert value("active_fetch_count", "blocked") == 2
+    assert value("active_fetch_count", "in_flight") == 1
+    api.hold.set()
+    assert await asyncio.gather(*waiting) == [User("sa"), User("sa")]
+    await authn.authenticate({"authorization": "Bearer good"}, None)  # cached
+    api.fail = True
+    with pytest.raises(AuthenticationError):
+        await authn.authenticate({"authorization": "Bearer other"}, None)
+    assert (value("request_total", "miss"), value("request_total", "hit")) == (3, 1)
+    assert value("request_duration_seconds_count", "miss") == 3
+    assert (value("fetch_total", "ok"), value("fetch_total", "error")) == (1, 1)
+    assert (value("active_fetch_count", "blocked"), value("active_fetch_count", "in_flight")) == (
+        0,
+        0,
+    )

@@ -27,7 +27,13 @@ apiserver_delegated_authn_request_total and _duration_seconds): its HTTP status 
 ("201", "403", ...) or "<error>" when no answer came, and how long it took; and, with
 x509 authentication on, each request's client certificate's time left before it
 expires (apiserver_client_certificate_expiration_seconds, as upstream's x509
-authenticator observes it per request).
+authenticator observes it per request). The token cache tells a `TokenCacheObserver`
+what upstream's cached token authenticator records: each lookup, a hit or a miss, and
+how long it took to answer (authentication_token_cache_request_total and
+_request_duration_seconds, milliseconds as upstream), the lookups waiting on a miss and
+the TokenReviews in flight (authentication_token_cache_active_fetch_count{blocked,
+in_flight}), and each review's outcome (authentication_token_cache_fetch_total{ok,
+error}).
 """
 
 from __future__ import annotations
@@ -69,6 +75,28 @@ class ReviewObserver(Protocol):
         """A request presented a client certificate expiring in `seconds_left`."""
 
 
+class TokenCacheObserver(Protocol):
+    """Told of the token cache's lookups and fetches (status-reporter's metrics)."""
+
+    def token_lookup(self, *, hit: bool, seconds: float) -> None: ...
+
+    def token_fetches(self, status: str, delta: int) -> None:
+        """`status` "blocked" (lookups waiting on a miss) or "in_flight" (reviews)."""
+
+    def token_fetched(self, *, ok: bool) -> None: ...
+
+
+class _NoTokenCacheObserver:
+    def token_lookup(self, *, hit: bool, seconds: float) -> None:
+        pass
+
+    def token_fetches(self, status: str, delta: int) -> None:
+        pass
+
+    def token_fetched(self, *, ok: bool) -> None:
+        pass
+
+
 def seconds_left(cert: Mapping[str, Any], now: float) -> float | None:
     """Seconds until the certificate's notAfter (negative once past); None without one."""
     not_after = cert.get("notAfter")
@@ -94,6 +122,11 @@ async def timed_review(
     finally:
         if observer is not None:
             observer.delegated_review(kind, code, time.perf_counter() - started)
+
+
+def _ms(seconds: float) -> float:
+    """`seconds` cut to whole milliseconds (upstream's token cache latency)."""
+    return int(seconds * 1000) / 1000
 
 
 class AuthenticationError(Exception):
@@ -199,8 +232,10 @@ class Authenticator:
         slots: ReviewSlots | None = None,
         observer: ReviewObserver | None = None,
         wall: Callable[[], float] = time.time,
+        cache_observer: TokenCacheObserver | None = None,
     ) -> None:
         self.settings = settings
+        self._stats: TokenCacheObserver = cache_observer or _NoTokenCacheObserver()
         self._apiserver = apiserver if settings.webhook else None
         self._slots = slots
         self._observer = observer
@@ -238,18 +273,25 @@ class Authenticator:
     async def _review(self, token: str) -> User | None:
         """The token's user from the cache or a TokenReview. Raises ReviewsOverloaded
         when no review slot is free."""
+        started = time.perf_counter()
         key = hashlib.sha256(token.encode()).hexdigest()
         hit, cached = self._cached(key)
         if hit:
+            self._stats.token_lookup(hit=True, seconds=_ms(time.perf_counter() - started))
             return cached
-        if self._slots is None:
-            return await self._ask(key, token)
-        async with self._slots.hold():
-            # Another request with the same token may have had the answer meanwhile.
-            hit, cached = self._cached(key)
-            if hit:
-                return cached
-            return await self._ask(key, token)
+        self._stats.token_fetches("blocked", 1)
+        try:
+            if self._slots is None:
+                return await self._ask(key, token)
+            async with self._slots.hold():
+                # Another request with the same token may have had the answer meanwhile.
+                hit, cached = self._cached(key)
+                if hit:
+                    return cached
+                return await self._ask(key, token)
+        finally:
+            self._stats.token_fetches("blocked", -1)
+            self._stats.token_lookup(hit=False, seconds=_ms(time.perf_counter() - started))
 
     async def _ask(self, key: str, token: str) -> User | None:
         assert self._apiserver is not None
@@ -258,13 +300,19 @@ class Authenticator:
             "kind": "TokenReview",
             "spec": {"token": token},
         }
+        self._stats.token_fetches("in_flight", 1)
+        ok = False
         try:
             review = await timed_review(
                 self._apiserver, TOKENREVIEWS, body, kind="authn", observer=self._observer
             )
+            ok = True
         except KubeError as err:
             log.error("TokenReview failed", extra={"error": str(err)})
             raise AuthenticationError(str(err)) from err
+        finally:
+            self._stats.token_fetches("in_flight", -1)
+            self._stats.token_fetched(ok=ok)
         user = user_from_token_review(review or {})
         if user is None:
             self._failures.put(key, None, self.settings.webhook_cache_ttl_s)

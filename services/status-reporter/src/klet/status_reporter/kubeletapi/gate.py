@@ -53,6 +53,7 @@ class Gate:
                 "TokenReview", concurrency=s.review_concurrency, queue=s.review_queue
             ),
             observer=deps.metrics,
+            cache_observer=deps.metrics,
         )
         self._authz: Authorizer
         if s.authorization_mode == "AlwaysAllow":

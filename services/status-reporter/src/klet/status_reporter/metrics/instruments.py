@@ -44,6 +44,7 @@ from dataclasses import dataclass
 from klet.config import gates as gate_table
 from klet.model.pod import API_SOURCE, config_source
 from klet.model.types import JSON
+from klet.obs.metrics import DEF_BUCKETS
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import Metric
 
@@ -369,7 +370,8 @@ class KubeletApiMetrics:
     (`apiserver_delegated_authn_request_total{code}`, `..._duration_seconds{code}`) and
     SubjectAccessReview (`apiserver_delegated_authz_...`) the listener's gate sends, by
     the HTTP status code of the answer or "<error>", and the client certificates' time
-    left (`apiserver_client_certificate_expiration_seconds`; kubeletapi.authn.ReviewObserver).
+    left (`apiserver_client_certificate_expiration_seconds`; kubeletapi.authn.ReviewObserver);
+    and the token cache's `authentication_token_cache_*` (kubeletapi.authn.TokenCacheObserver).
     """
 
     def __init__(self, registry: CollectorRegistry, *, refusals: Iterable[str]) -> None:
@@ -422,6 +424,34 @@ class KubeletApiMetrics:
             )
             for kind in ("authn", "authz")
         }
+        # upstream's cached token authenticator (kubeletapi.authn.TokenCacheObserver)
+        self._token_latency = Histogram(
+            "authentication_token_cache_request_duration_seconds",
+            "Seconds a bearer token's lookup in the token cache took, by hit or miss",
+            ["status"],
+            registry=registry,
+            buckets=DEF_BUCKETS,
+        )
+        self._token_requests = Counter(
+            "authentication_token_cache_request",
+            "Bearer token lookups in the token cache, by hit or miss",
+            ["status"],
+            registry=registry,
+        )
+        self._token_fetches = Counter(
+            "authentication_token_cache_fetch",
+            "TokenReviews the token cache made, by outcome (ok, error)",
+            ["status"],
+            registry=registry,
+        )
+        self._token_active = Gauge(
+            "authentication_token_cache_active_fetch_count",
+            "TokenReviews in flight and lookups blocked on one",
+            ["status"],
+            registry=registry,
+        )
+        for status in ("in_flight", "blocked"):
+            self._token_active.labels(status=status)
         self._client_certificates = Histogram(
             "apiserver_client_certificate_expiration_seconds",
             "Distribution of the remaining lifetime on the certificate used to authenticate "
@@ -444,6 +474,17 @@ class KubeletApiMetrics:
                 31104000,
             ),
         )
+
+    def token_lookup(self, *, hit: bool, seconds: float) -> None:
+        status = "hit" if hit else "miss"
+        self._token_requests.labels(status=status).inc()
+        self._token_latency.labels(status=status).observe(max(0.0, seconds))
+
+    def token_fetches(self, status: str, delta: int) -> None:
+        self._token_active.labels(status=status).inc(delta)
+
+    def token_fetched(self, *, ok: bool) -> None:
+        self._token_fetches.labels(status="ok" if ok else "error").inc()
 
     def client_certificate(self, seconds_left: float) -> None:
         self._client_certificates.observe(seconds_left)
