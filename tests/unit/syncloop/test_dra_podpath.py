@@ -12,7 +12,8 @@ the claims from the checkpoint and neither prepares again nor restarts a contain
 and a container that dies afterwards comes back with its CDI device; a pod nobody
 wants any more (removed while syncloop was away) has its claims unprepared after the
 kill; without a claim manager (standalone, or the gate off) the pod waits with the
-Event saying so.
+Event saying so; a container's `resources.claims` stays out of its status resources
+(the in-place resize's view: limits and requests only, as upstream).
 """
 
 from __future__ import annotations
@@ -30,6 +31,8 @@ from klet.syncloop.admission.admit import NodeInfo
 from klet.syncloop.dra.claiminfo import CHECKPOINT_NAME, decode
 from klet.syncloop.dra.manager import ClaimManager, ManagerDeps
 from klet.syncloop.dra.state import ClaimCheckpoint
+from klet.syncloop.model.runtimepod import RuntimePod
+from klet.syncloop.pods.status import ResizeView, compute_pod_status
 from klet.syncloop.wiring import Deps
 from klet.testbed.fakes.bus import FakeBus
 from klet.testbed.fakes.cri import FakeRuntimeService
@@ -258,3 +261,15 @@ async def test_without_a_claim_manager_the_pod_waits_and_the_event_says_why(w: W
     message = w.events.message("FailedPrepareDynamicResources")
     assert "featureGates.DynamicResourceAllocation=false" in message
     assert "standalone" in message
+
+
+def test_a_containers_claims_are_not_in_its_status_resources() -> None:
+    # In-place resize shows each container's allocated resources in its status: limits
+    # and requests, as upstream; `resources.claims` is a list, no resource amounts.
+    p = claim_pod("u1")
+    p["spec"]["containers"][0]["resources"]["requests"] = {"cpu": "100m"}
+    status = compute_pod_status(
+        p, RuntimePod(uid="u1"), waiting={}, previous=None, now=0.0, resize=ResizeView()
+    )
+    [cs] = status["containerStatuses"]
+    assert cs["resources"] == {"requests": {"cpu": "100m"}}

@@ -41,7 +41,8 @@ class ResizeView:
 def _resize_fields(status: JSON, spec: JSON, resize: ResizeView) -> None:
     """upstream's allocatedResources (the allocated requests: `spec` is the container
     as allocated) and resources (the allocated ones; for a running container, what was
-    applied to it, as containerd 1.6 reports no resources in ContainerStatus)."""
+    applied to it, as containerd 1.6 reports no resources in ContainerStatus): limits
+    and requests only, as upstream's status (a container's DRA `claims` are no status)."""
     allocated: JSON = spec.get("resources") or {}
     requests = allocated.get("requests")
     if requests:
@@ -49,7 +50,9 @@ def _resize_fields(status: JSON, spec: JSON, resize: ResizeView) -> None:
     shown = allocated
     if "running" in status["state"]:
         shown = (resize.actuated or {}).get(status["name"]) or allocated
-    status["resources"] = {k: dict(v) for k, v in shown.items() if v}
+    status["resources"] = {
+        k: dict(v) for k, v in shown.items() if v and k in ("limits", "requests")
+    }
 
 
 DISRUPTION_TARGET = "DisruptionTarget"
