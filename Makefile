@@ -293,11 +293,14 @@ test-csi: setup cluster-binaries csi-binaries
 # harness's apiserver (tests/cluster/test_dra_driver.py, about 25 s with the control
 # plane's start), and a container created through klet's CRI config with the claim's CDI
 # device on containerd v2 (tools/dra/build-containerd.sh: about 7 min the first time,
-# cached after; tests/cluster/test_dra_cdi.py, about 15 s). `make test` runs the DRA unit
-# tests, not this (tests/conftest.py).
+# cached after; tests/cluster/test_dra_cdi.py, about 15 s), and a pod with a
+# ResourceClaimTemplate scheduled onto a klet node on containerd v2, its claim prepared,
+# its container given the device, unprepared at deletion and the gone driver's
+# ResourceSlice deleted (tests/cluster/test_dra_pods.py, about 3 min with the full
+# control plane's start). `make test` runs the DRA unit tests, not this (tests/conftest.py).
 .PHONY: test-dra
 test-dra: setup cluster-binaries
-	KLET_DRA_TESTS=1 $(PY) -m pytest tests/cluster/test_dra_driver.py tests/cluster/test_dra_cdi.py $(PYTEST_ARGS)
+	KLET_DRA_TESTS=1 $(PY) -m pytest tests/cluster/test_dra_driver.py tests/cluster/test_dra_cdi.py tests/cluster/test_dra_pods.py $(PYTEST_ARGS)
 
 # The pinned helm binaries of the helm tier, built from tools/helm's Go module into
 # $KLET_CACHE/helm/<version>/helm (default /var/cache/klet); no-op once cached. v4 renders

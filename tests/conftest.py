@@ -56,12 +56,13 @@ if not os.environ.get("KLET_KUBEADM_TESTS"):
 if not os.environ.get("KLET_TOP_TESTS"):
     collect_ignore.append("cluster/test_kubectl_top.py")
 
-# The DRA tests build upstream's driver (tools/dra/build.sh) and test_dra_cdi also
-# containerd v2 (tools/dra/build-containerd.sh, minutes cold): only `make test-dra`
-# (KLET_DRA_TESTS=1) collects them, and then they must pass.
+# The DRA tests build upstream's driver (tools/dra/build.sh), test_dra_cdi and
+# test_dra_pods also containerd v2 (tools/dra/build-containerd.sh, minutes cold): only
+# `make test-dra` (KLET_DRA_TESTS=1) collects them, and then they must pass.
 if not os.environ.get("KLET_DRA_TESTS"):
     collect_ignore.append("cluster/test_dra_driver.py")
     collect_ignore.append("cluster/test_dra_cdi.py")
+    collect_ignore.append("cluster/test_dra_pods.py")
 
 TESTS = Path(__file__).parent
 TIERS = {

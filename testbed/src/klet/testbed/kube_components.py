@@ -82,6 +82,10 @@ CONTROLLERS = (
     # A ResourceQuota's status.used/hard (issue 37: upstream's pod-resize-resource-quota
     # e2e spec waits for it, and the apiserver's quota admission then counts resizes).
     "resourcequota-controller",
+    # DRA (issue 40): a pod's ResourceClaimTemplate becomes its ResourceClaim (named in
+    # the pod's status.resourceClaimStatuses, which the node reads) and a finished
+    # pod's reservation is released; the scheduler allocates and reserves.
+    "resourceclaim-controller",
 )
 
 # How long the signer's certificates live unless a test asks for less

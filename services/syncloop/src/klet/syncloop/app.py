@@ -147,6 +147,7 @@ async def main(deps: Deps) -> int:
                 "prober": gated("prober", deps.prober.run),
                 "volume-cleanup": gated("volume-cleanup", lambda: _volume_cleanup(deps)),
                 "plugin-watcher": gated("plugin-watcher", lambda: _watch_plugins(deps)),
+                "dra-slices": gated("dra-slices", lambda: _dra_slices(deps)),
                 "volume-stats": gated("volume-stats", lambda: _volume_stats(deps)),
                 "device-plugins": gated(
                     "device-plugins", lambda: _device_plugins(deps, device_registrations)
@@ -245,6 +246,15 @@ def _dra_drivers(deps: Deps) -> DRADrivers[Any] | None:
         return None
     deps.plugins.registrar.handlers[DRA_PLUGIN] = drivers
     return drivers
+
+
+async def _dra_slices(deps: Deps) -> None:
+    """The node's ResourceSlices of DRA drivers that are not registered (dra/slices.py),
+    on the leader only (it holds the registrations); idle standalone."""
+    if deps.dra_slices is None:
+        await asyncio.Event().wait()
+        return
+    await deps.dra_slices.run()
 
 
 async def _device_plugins(deps: Deps, registrations: devices.Registrations | None) -> None:

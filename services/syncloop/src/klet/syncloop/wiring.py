@@ -73,8 +73,10 @@ from klet.syncloop.cpumanager.manager import CPUManager, create_manager
 from klet.syncloop.criprotocols import NodeRuntime
 from klet.syncloop.devices.manager import DeviceManager
 from klet.syncloop.dra.apiclaims import ApiClaims
+from klet.syncloop.dra.apislices import ApiSlices
 from klet.syncloop.dra.manager import ClaimManager, ManagerDeps
 from klet.syncloop.dra.registration import DRADrivers, DriverInstance
+from klet.syncloop.dra.slices import SliceWiper
 from klet.syncloop.dra.state import ClaimCheckpoint
 from klet.syncloop.environment.dns import DNSSettings
 from klet.syncloop.environment.envvars import NodeFacts
@@ -171,6 +173,8 @@ class Deps(OnServiceBase):
     plugins: PluginWatcher | None = None  # <root-dir>/plugins_registry; None: not watched
     dra_drivers: DRADrivers[GrpcDRAPlugin] | None = None
     """The DRA drivers the plugin watcher's registrar hands `DRAPlugin` sockets to."""
+    dra_slices: SliceWiper | None = None
+    """The node's ResourceSlices of absent drivers (root task `dra-slices`); cluster mode."""
     volume_stats: VolumeStatsCollector | None = None  # the bus `volumes` table; None: off
     devices: DeviceManager | None = None  # device plugins (root task `device-plugins`)
     cpus: CPUManager | None = None  # the CPU manager (root task `cpu-manager`)
@@ -448,8 +452,20 @@ def build_deps(settings: Settings, overrides: Overrides | None = None) -> Deps:
     syncer.starter.memory = memory if memory.policy is not None else None
     # DRA (dra/): the drivers registering through the plugin watcher, and (cluster mode:
     # the claims are the apiserver's) the claim manager SyncPod prepares through before
-    # a sandbox, container creation takes CDI devices from, termination unprepares.
-    dra_drivers = DRADrivers(root_dir=Path(settings.klet.root_dir), connect=_connect_dra)
+    # a sandbox, container creation takes CDI devices from, termination unprepares; the
+    # slice wiper deletes the node's ResourceSlices of drivers that went away.
+    dra_slices = (
+        SliceWiper(ApiSlices(kube), node=settings.klet.node_name)
+        if kube is not None and k.feature_gates.get(DRA_GATE, True)
+        else None
+    )
+    dra_drivers = DRADrivers(
+        root_dir=Path(settings.klet.root_dir),
+        connect=_connect_dra,
+        on_change=None
+        if dra_slices is None
+        else lambda driver, registered: dra_slices.changed(driver, registered=registered),
+    )
     if kube is not None and k.feature_gates.get(DRA_GATE, True):
         claims = ClaimManager(
             ManagerDeps(
@@ -546,6 +562,7 @@ def build_deps(settings: Settings, overrides: Overrides | None = None) -> Deps:
             CSIRegistrar(node_bus.csidrivers, registration=RegistrationClient, driver=CSIClient),
         ),
         dra_drivers=dra_drivers,
+        dra_slices=dra_slices,
         volume_stats=VolumeStatsCollector(
             root_dir=Path(settings.klet.root_dir),
             table=node_bus.volumes,

@@ -24,7 +24,8 @@ its cause:
 Several instances of one driver may be registered at once (a driver's rolling update
 starts the new pod before the old one goes); the most recently registered is the one
 called, as upstream's heuristic. The registration socket vanishing withdraws its
-instance; the driver is gone when its last instance is. Nothing is dialled at
+instance; the driver is gone when its last instance is (`on_change` hears of a driver's
+first instance and of its last going: the slice wiper, slices.py). Nothing is dialled at
 registration: the connection is made at each use (`client`), as upstream connects on
 demand.
 """
@@ -126,9 +127,18 @@ class DRADrivers(Generic[C]):
     drivers: `client(driver)` connects to the one to call (`connect` makes the client,
     klet.rpc.dra.GrpcDRAPlugin in production)."""
 
-    def __init__(self, *, root_dir: Path, connect: Callable[[DriverInstance], C]) -> None:
+    def __init__(
+        self,
+        *,
+        root_dir: Path,
+        connect: Callable[[DriverInstance], C],
+        on_change: Callable[[str, bool], None] | None = None,
+    ) -> None:
         self.root_dir = root_dir
         self.connect = connect
+        self.on_change = on_change
+        """Told (driver, True) when a driver's first instance registers and (driver,
+        False) when its last one goes."""
         self.instances: dict[str, list[DriverInstance]] = {}
         """Driver name → its registered instances, oldest first."""
 
@@ -149,6 +159,8 @@ class DRADrivers(Generic[C]):
         assert service is not None  # refusal() checked there is one
         instance = DriverInstance(info.name, endpoint, service, socket)
         self.instances[info.name] = [*held, instance]
+        if not held and self.on_change is not None:
+            self.on_change(info.name, True)
         log.info(
             "DRA driver registered",
             extra={
@@ -169,6 +181,8 @@ class DRADrivers(Generic[C]):
                 self.instances[driver] = kept
             else:
                 del self.instances[driver]
+                if self.on_change is not None:
+                    self.on_change(driver, False)
             log.info(
                 "DRA driver instance deregistered",
                 extra={"driver": driver, "socket": str(socket), "instances": len(kept)},
