@@ -221,10 +221,6 @@ MISSING: Mapping[str, tuple[str, ...]] = {
     "10250's requests are not timed per path and method": (
         "/metrics kubelet_http_requests_duration_seconds",
     ),
-    "orphaned pod directories' volume cleanup is not counted": (
-        "/metrics kubelet_orphan_pod_cleaned_volumes",
-        "/metrics kubelet_orphan_pod_cleaned_volumes_errors",
-    ),
     "volume stats collection is not timed": (
         "/metrics kubelet_volume_metric_collection_duration_seconds",
     ),

@@ -9,20 +9,28 @@ relist's start to the next one's; the PodResources API's requests counter is ser
 0 for v1 before any call and counts every method, and its per-method requests and errors
 come out under upstream's exact names (no `_total`), which prometheus_client's parser
 reads back with their values; an UnsuffixedCounter refuses a wrong label count and a
-decrease.
+decrease; kubelet_orphan_pod_cleaned_volumes and _errors follow the volume manager's last
+orphan sweep.
 """
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
+from klet.model.types import JSON
+from klet.syncloop.environment.envvars import NodeFacts
 from klet.syncloop.metrics import (
     PodResourcesMetrics,
     UnsuffixedCounter,
     admission_rejection_reason,
     create_metrics,
+    orphan_sweeps,
 )
 from klet.syncloop.probing.prober import ProbeRun
 from klet.syncloop.probing.proberesults import ProbeKind
+from klet.syncloop.volumes.base import VolumeContext, VolumeError
+from klet.syncloop.volumes.manager import VolumeManager
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -181,3 +189,39 @@ def test_unsuffixed_counter_only_goes_up_on_its_labels() -> None:
     assert _served(registry) == {"x_count{a=1}": 2.5}
     with pytest.raises(ValueError, match="Duplicated"):  # the registry checks its name
         UnsuffixedCounter("x_count", "again", registry=registry)
+
+
+async def test_the_last_orphan_sweep_is_published(tmp_path: Path) -> None:
+    class Stuck:
+        """A plugin whose volumes cannot be torn down."""
+
+        dir_name = "klet.test~stuck"
+
+        def handles(self, volume: JSON) -> bool:
+            return False
+
+        async def set_up(self, volume: JSON, ctx: VolumeContext) -> Path:
+            raise VolumeError("not used")
+
+        async def tear_down(self, path: Path) -> None:
+            raise VolumeError("device busy")
+
+    registry = CollectorRegistry()
+    m = VolumeManager(
+        [Stuck()], root_dir=tmp_path, node=NodeFacts(), orphans=orphan_sweeps(registry)
+    )
+    for uid in ("keep", "gone", "other"):
+        (tmp_path / "pods" / uid / "etc-hosts").parent.mkdir(parents=True)
+    (tmp_path / "pods/stuck/volumes/klet.test~stuck/data").mkdir(parents=True)
+
+    def swept() -> tuple[float | None, float | None]:
+        get = registry.get_sample_value
+        return get("kubelet_orphan_pod_cleaned_volumes"), get(
+            "kubelet_orphan_pod_cleaned_volumes_errors"
+        )
+
+    assert swept() == (0, 0)
+    assert await m.clean_orphans(keep={"keep"}) == ["gone", "other"]
+    assert swept() == (3, 1)  # three orphans, the stuck one kept
+    assert await m.clean_orphans(keep={"keep"}) == []
+    assert swept() == (1, 1)  # the last sweep's, not a sum

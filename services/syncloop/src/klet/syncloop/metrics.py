@@ -478,6 +478,29 @@ def volume_counts(registry: CollectorRegistry) -> Callable[[Mapping[tuple[str, s
     return record
 
 
+def orphan_sweeps(registry: CollectorRegistry) -> Callable[[int, int], None]:
+    """upstream's kubelet_orphan_pod_cleaned_volumes and _errors: the orphaned pod
+    directories the last sweep found (volumes.manager.VolumeManager.clean_orphans), and
+    those it could not remove."""
+    found = Gauge(
+        "kubelet_orphan_pod_cleaned_volumes",
+        "The total number of orphaned Pods whose volumes were cleaned in the last periodic sweep.",
+        registry=registry,
+    )
+    failed = Gauge(
+        "kubelet_orphan_pod_cleaned_volumes_errors",
+        "The number of orphaned Pods whose volumes failed to be cleaned in the last periodic "
+        "sweep.",
+        registry=registry,
+    )
+
+    def record(total: int, errors: int) -> None:
+        found.set(total)
+        failed.set(errors)
+
+    return record
+
+
 STORAGE_OPERATION_BUCKETS = (0.1, 0.25, 0.5, 1, 2.5, 5, 10, 15, 25, 50, 120, 300, 600)
 """upstream's buckets of storage_operation_duration_seconds (seconds)."""
 

@@ -92,6 +92,7 @@ from klet.syncloop.metrics import (
     ResizeMetrics,
     create_metrics,
     csi_operations,
+    orphan_sweeps,
     storage_operations,
     volume_counts,
 )
@@ -348,6 +349,7 @@ def build_deps(settings: Settings, overrides: Overrides | None = None) -> Deps:
         tokens=tokens,
         counts=volume_counts(registry),
         operations=storage_operations(registry),
+        orphans=orphan_sweeps(registry),
     )
     # upstream: the initial back-off is 10 s, or the maximum when that is set lower
     max_backoff = k.crash_loop_back_off.max_container_restart_period

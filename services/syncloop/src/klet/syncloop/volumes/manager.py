@@ -99,10 +99,14 @@ class VolumeManager:
         tokens: TokenIssuer | None = None,
         counts: Callable[[Mapping[tuple[str, str], int]], None] | None = None,
         operations: StorageOperation | None = None,
+        orphans: Callable[[int, int], None] | None = None,
     ) -> None:
         self.plugins: list[VolumePlugin] = list(plugins)
         self.counts = counts
         self.operations = operations
+        self.orphans = orphans
+        """Told after each orphan sweep: (orphaned pod directories found, those that could
+        not be removed), upstream's kubelet_orphan_pod_cleaned_volumes and _errors."""
         # pod UID -> volume name -> (upstream plugin name, set up): the volume manager's
         # desired and actual states, for volume_manager_total_volumes.
         self._states: dict[str, dict[str, tuple[str, bool]]] = {}
@@ -280,10 +284,12 @@ class VolumeManager:
         its first full snapshot, with `keep` holding the desired pods and the pods the
         runtime still has a sandbox for. Returns the UIDs whose directory is gone."""
         removed: list[str] = []
+        found = 0
         for pod_dir in _subdirs(self.pods_dir()):
             uid = pod_dir.name
             if uid in keep:
                 continue
+            found += 1
             problems = await self.tear_down(uid)
             if not problems:
                 problems = await fs.remove_tree(pod_dir)
@@ -292,6 +298,8 @@ class VolumeManager:
                 continue
             log.info("removed orphaned pod directory", extra={"uid": uid})
             removed.append(uid)
+        if self.orphans is not None:
+            self.orphans(found, found - len(removed))
         return removed
 
     async def sweep(self) -> None:
