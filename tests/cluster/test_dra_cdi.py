@@ -7,7 +7,8 @@ directory alone), Debian's runc beneath it. The driver is upstream's dra-test-dr
 (registered through syncloop's plugin watcher as in test_dra_driver.py), the claim
 allocated to a device of its ResourceSlice and reserved for the pod. syncloop's
 `ClaimManager` prepares the pod's claims: it reads the claim from the apiserver (through
-kubectl here: syncloop has no claim reader yet), checks it and calls
+kubectl here, which needs no node credentials; syncloop's own is dra/apiclaims.py,
+proven with the whole pod path by test_dra_pods.py), checks it and calls
 NodePrepareResources over klet.rpc.dra; `dra_manager_state` in the scratch root dir then
 lists the claim with the pod and the device. The driver's CDI spec for the claim sets
 `claim_<claim>_<request>=true`; the manager's `cdi_devices` gives the container its CDI

@@ -200,8 +200,8 @@ class CDIContainerd(Containerd):
 
 class KubectlClaims:
     """ResourceClaims read from the harness's apiserver with kubectl: the DRA claim
-    manager's ClaimSource in the DRA tier (syncloop has no apiserver reader of claims
-    yet)."""
+    manager's ClaimSource in test_dra_cdi.py, which drives the manager without a node
+    (a klet node reads them with dra/apiclaims.py: test_dra_pods.py)."""
 
     def __init__(self, cp: ControlPlane) -> None:
         self.cp = cp
