@@ -1,12 +1,14 @@
 """The host half of the stats provider on tmp_path trees: `du`-style directory usage,
 statfs of missing paths, of host paths seen only under the host's root (a klet in a
-pod), /proc readings, pod cgroup lookup by QoS class, the task-count
-fallback without a pids controller, and disk-backed emptyDirs."""
+pod), /proc readings, pod cgroup lookup by QoS class (a pod's cgroup found in use is
+not probed for again while it stays in use: issue 42), the task-count fallback without
+a pids controller, and disk-backed emptyDirs."""
 
 from __future__ import annotations
 
 import os
 import uuid
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -279,3 +281,54 @@ def test_a_live_slice_wins_over_an_empty_cgroupfs_leftover(tmp_path: Path) -> No
     (cg / "memory" / live / "cri-containerd-abc.scope/tasks").unlink()
     (cg / "memory" / live / "cri-containerd-abc.scope").rmdir()
     assert reader.pod_cgroup("U") == "/kubepods/besteffort/podU"
+
+
+class CountingCgroups(CgroupFS):
+    """CgroupFS counting the probes a lookup makes."""
+
+    def __init__(self, root: Path) -> None:
+        super().__init__(root)
+        self.calls: Counter[str] = Counter()
+
+    def exists(self, rel: str) -> bool:
+        self.calls["exists"] += 1
+        return super().exists(rel)
+
+    def children(self, rel: str) -> list[str]:
+        self.calls["children"] += 1
+        return super().children(rel)
+
+    def task_count(self, rel: str) -> int:
+        self.calls["task_count"] += 1
+        return super().task_count(rel)
+
+
+def test_a_pod_cgroup_in_use_is_not_probed_for_again(tmp_path: Path) -> None:
+    cg = tmp_path / "cg"
+    for controller in ("memory", "cpu", "pids"):
+        (cg / controller / "kubepods/burstable/podU/cri-containerd-abc.scope").mkdir(parents=True)
+    (cg / "memory/kubepods/besteffort/podV").mkdir(parents=True)  # empty: not in use
+    proc = tmp_path / "proc"
+    write(proc / "1/cgroup", "1:name=systemd:/init.scope\n")
+    cgroups = CountingCgroups(cg)
+    reader = HostReader(
+        cgroups=cgroups, root_dir=tmp_path, cgroup_root="/", pod_logs_dir=tmp_path, proc=proc
+    )
+    assert reader.pod_cgroup("U") == "/kubepods/burstable/podU"
+    assert cgroups.calls["exists"] >= 6  # three QoS classes, each in both drivers' forms
+    for _ in range(3):
+        cgroups.calls.clear()
+        assert reader.pod_cgroup("U") == "/kubepods/burstable/podU"
+        assert cgroups.calls == {"children": 1}
+    # A cgroup found empty is looked for again each time: a live one may appear.
+    for _ in range(2):
+        cgroups.calls.clear()
+        assert reader.pod_cgroup("V") == "/kubepods/besteffort/podV"
+        assert cgroups.calls["exists"] >= 6
+    # Once the pod's cgroup is no longer in use, every candidate is probed again.
+    for controller in ("memory", "cpu", "pids"):
+        (cg / controller / "kubepods/burstable/podU/cri-containerd-abc.scope").rmdir()
+        (cg / controller / "kubepods/burstable/podU").rmdir()
+    cgroups.calls.clear()
+    assert reader.pod_cgroup("U") is None
+    assert cgroups.calls["exists"] >= 6

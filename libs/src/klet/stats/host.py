@@ -151,6 +151,10 @@ def _pressure(directory: Path, name: str) -> Pressure | None:
     return None if pressure.empty else pressure
 
 
+POD_CGROUPS_KEPT = 4096
+"""Pods whose cgroup a HostReader remembers at most (the oldest found go first)."""
+
+
 class HostReader:
     """Reads this host: `cgroups` for cgroup files, `proc` for /proc, `sys` for /sys,
     `root_dir` the kubelet root (pod directories, nodefs), `pod_logs_dir` the pod log
@@ -180,6 +184,7 @@ class HostReader:
         self.pod_logs_dir = pod_logs_dir
         self.cgroup_root = cgroup_root
         self.proc = proc
+        self._pod_cgroups: dict[str, str] = {}  # pod UID -> its cgroup, found in use
 
     @functools.cached_property
     def _slice_prefixes(self) -> tuple[str, ...]:
@@ -196,6 +201,10 @@ class HostReader:
         systemd) as its slice path; one in use (holding processes or cgroups) before an
         empty one, so an empty directory the other driver left behind (a pod's UID is
         the same on every run of its static manifest) does not hide the live one."""
+        return self._find(cgroupfs_names)[0]
+
+    def _find(self, cgroupfs_names: tuple[str, ...]) -> tuple[str | None, bool]:
+        """`_existing`'s choice, and whether it is in use."""
         found = [rel for rel in cgroupfs_names if self.cgroups.exists(rel)]
         for prefix in self._slice_prefixes:
             for rel in cgroupfs_names:
@@ -203,9 +212,13 @@ class HostReader:
                 if self.cgroups.exists(path):
                     found.append(path)
         for rel in found:
-            if self.cgroups.children(rel) or self.cgroups.task_count(rel):
-                return rel
-        return found[0] if found else None
+            if self._in_use(rel):
+                return rel, True
+        return (found[0] if found else None), False
+
+    def _in_use(self, rel: str) -> bool:
+        """Whether the cgroup holds cgroups or processes (False when it is gone)."""
+        return bool(self.cgroups.children(rel) or self.cgroups.task_count(rel))
 
     def kubepods(self) -> CgroupStats | None:
         rel = self._existing((layout.kubepods(self.cgroup_root),))
@@ -219,8 +232,23 @@ class HostReader:
 
     def pod_cgroup(self, uid: str) -> str | None:
         """The pod's cgroup path relative to the cgroup root, if it exists (either
-        driver's form)."""
-        return self._existing(layout.pod_cgroup_candidates(uid, self.cgroup_root))
+        driver's form).
+
+        One found in use is remembered, and while it still is (one directory read) it is
+        the answer without probing every candidate again: the candidates are three QoS
+        classes in two drivers' forms, each looked for in every hierarchy, which was over
+        a third of eviction's CPU on an idle node of 110 pods (issue 42)."""
+        known = self._pod_cgroups.get(uid)
+        if known is not None:
+            if self._in_use(known):
+                return known
+            self._pod_cgroups.pop(uid, None)
+        rel, in_use = self._find(layout.pod_cgroup_candidates(uid, self.cgroup_root))
+        if rel is not None and in_use:
+            if len(self._pod_cgroups) >= POD_CGROUPS_KEPT:
+                self._pod_cgroups.pop(next(iter(self._pod_cgroups), ""), None)
+            self._pod_cgroups[uid] = rel
+        return rel
 
     def processes(self, rel: str, stats: CgroupStats) -> int:
         """pids.current of the cgroup, else its tasks counted (no pids controller)."""
