@@ -10,13 +10,17 @@ previous one is down or its period is over; the Ready contribution written by th
 only; a cancellation clears it and takes the lock again; a shutdown already under way at
 start is handled at once; the state file keeps the times across a restart; the root task
 retries a manager that cannot watch 1 s doubling to 30 s, starting over after a run that
-watched, and logs each changed reason once.
+watched, and logs each changed reason once; a node without periods never loads logind's
+client (dbus-fast), checked in a fresh interpreter (issue 42).
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
+import subprocess
+import sys
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -335,3 +339,21 @@ async def test_supervise_backs_off_and_starts_over_after_a_run_that_watched(
         if r.getMessage().startswith("node shutdown manager cannot watch")
     ]
     assert logged == [("no bus", 8.0), ("bus lost", 8.0), ("no bus", 16.0)]
+
+
+def test_a_node_without_periods_does_not_load_logind_or_dbus() -> None:
+    """The default configuration (no shutdown periods) builds no manager, and the eviction
+    service's modules then hold neither klet.logind nor dbus-fast (and its XML parser)."""
+    code = (
+        "import json, sys; import klet.eviction.app, klet.eviction.wiring; "
+        "from klet.eviction import shutdown; "
+        "from klet.config.kubelet import KubeletConfiguration; "
+        "built = shutdown.build(KubeletConfiguration(), root_dir=None, pods=None, "
+        "killer=None, conditions=None, node_event=None, leading=None, registry=None); "
+        "print(json.dumps([built is None, "
+        "[m for m in ('klet.logind', 'dbus_fast', 'xml') if m in sys.modules]]))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60
+    )
+    assert json.loads(out.stdout) == [True, []]

@@ -11,7 +11,9 @@ How it behaves, restated from upstream's `pkg/kubelet/nodeshutdown`:
   migrates `shutdownGracePeriod`/`shutdownGracePeriodCriticalPods` into: priority 0
   gets the requested period minus the critical one, system-cluster-critical priority
   (2000000000) gets the critical one. No period (the default 0s): nothing happens, the
-  node shuts down at once, as upstream. Periods are sorted by priority, low first.
+  node shuts down at once, as upstream; nor is logind's client (klet.logind, and with
+  it dbus-fast) imported, so the default node does not carry it (issue 42). Periods are
+  sorted by priority, low first.
 - **Groups.** A pod goes to the period with the highest priority at or below its own;
   one below every period goes to the lowest, one above all to the highest.
 - **Lock.** At start it takes a logind *delay* inhibitor lock for shutdown, after making
@@ -55,7 +57,6 @@ from typing import Any, Protocol
 
 from klet.config.kubelet import KubeletConfiguration
 from klet.eviction.manager import ActivePod, NodeEvent, PodKiller, PodLister
-from klet.logind import LogindClient, LogindError, LogindUnavailable
 from klet.model.flowcontrol import BackoffPolicy
 from klet.model.node import NODE_SHUTTING_DOWN, SHUTDOWN_POD_MESSAGE, SHUTDOWN_POD_REASON
 from klet.model.pod import SYSTEM_CRITICAL_PRIORITY, pod_priority
@@ -418,6 +419,9 @@ async def supervise(
     upstream reconnects (through klet's retry policy, `klet.retry`; a run that got as
     far as watching starts the back-off over). The node's pods are never touched for
     that. SIGUSR1 handles a shutdown at once (upstream's manual trigger)."""
+    # klet.logind loads dbus-fast: only a node with shutdown periods (a manager) does.
+    from klet.logind import LogindError, LogindUnavailable
+
     loop = asyncio.get_running_loop()
     usr1 = asyncio.Event()
     try:
@@ -502,8 +506,12 @@ def build(
     )
     if not plan:
         return None
+    if logind is None:
+        from klet.logind import LogindClient  # dbus-fast, loaded only for a plan
+
+        logind = LogindClient()
     deps = ShutdownDeps(
-        logind=logind if logind is not None else LogindClient(),
+        logind=logind,
         pods=pods,
         killer=killer,
         conditions=conditions,
