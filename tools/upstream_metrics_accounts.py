@@ -195,12 +195,6 @@ MISSING: Mapping[str, tuple[str, ...]] = {
         "(upstream's CriticalPodAdmissionHandler): it refuses it like any other, so there "
         "is nothing to count yet"
     ): ("/metrics kubelet_preemptions",),
-    "containers per pod at admission are not observed": (
-        "/metrics kubelet_containers_per_pod_count",
-    ),
-    "ephemeral containers are not counted as a gauge": (
-        "/metrics kubelet_managed_ephemeral_containers",
-    ),
     "httpGet hooks' HTTPS-to-HTTP fallbacks are not counted": (
         "/metrics kubelet_lifecycle_handler_http_fallbacks_total",
     ),

@@ -1,9 +1,16 @@
 """`klet up` refuses to start a node without all five services, naming the missing ones,
 and gives the three services that read the runtime their CRI proxy socket as runtime and
-image endpoint (syncloop and pod-source keep theirs)."""
+image endpoint (syncloop and pod-source keep theirs); it serves that proxy itself, bound
+before the first service starts and closed after the last one stopped, and the proxy it
+serves loads neither the CRI stubs nor the CRI client (issue 42: no interpreter of its
+own, and little added to the supervisor's)."""
 
 from __future__ import annotations
 
+import asyncio
+import json
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -41,3 +48,73 @@ def test_readers_get_their_cri_proxy_socket(tmp_path: Path) -> None:
         ]
     for service in ("pod-source", "syncloop"):
         assert up_module._filtered_runtime_flags(service, tmp_path) == []
+
+
+class FakeProxy:
+    """The proxy `_main` serves: start makes its socket's file, stop records whether the
+    services were all stopped by then; `fail` makes start refuse as a bind would."""
+
+    services = ("status-reporter",)
+
+    def __init__(self, sock: Path, children: list[up_module.Child], fail: bool = False) -> None:
+        self.sock, self.children, self.fail = sock, children, fail
+        self.events: list[str] = []
+
+    async def start(self) -> None:
+        self.events.append("start")
+        if self.fail:
+            raise OSError(f"CRI proxy: cannot bind {self.sock}")
+        self.sock.write_text("")
+
+    async def stop(self, grace_s: float = 5.0) -> None:
+        running = [c.name for c in self.children if c.proc and c.proc.returncode is None]
+        self.events.append(f"stop with {running} running")
+        self.sock.unlink(missing_ok=True)
+
+
+def test_the_proxy_serves_before_the_first_service_and_stops_after_the_last(
+    tmp_path: Path,
+) -> None:
+    sock, seen = tmp_path / "status-reporter.sock", tmp_path / "seen"
+    # A service that looks for its socket at start, then stops klet up (this process)
+    # as an operator would, and runs until it is stopped itself.
+    probe = (
+        f"import os, signal, time; open({str(seen)!r}, 'w')"
+        f".write(str(os.path.exists({str(sock)!r}))); "
+        "os.kill(os.getppid(), signal.SIGTERM); time.sleep(60)"
+    )
+    children = [up_module.Child("status-reporter", [sys.executable, "-c", probe])]
+    proxy = FakeProxy(sock, children)
+
+    async def run() -> int:
+        return await up_module._main(children, None, proxy)
+
+    assert asyncio.run(run()) == 0
+    assert seen.read_text() == "True"  # the socket was there when the service started
+    assert proxy.events == ["start", "stop with [] running"]
+    assert not sock.exists()
+
+
+def test_a_proxy_that_cannot_bind_starts_no_service(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    children = [up_module.Child("status-reporter", [sys.executable, "-c", "pass"])]
+    proxy = FakeProxy(tmp_path / "status-reporter.sock", children, fail=True)
+    assert asyncio.run(up_module._main(children, None, proxy)) == 1
+    assert children[0].proc is None
+    assert proxy.events == ["start", "stop with [] running"]
+    assert "klet up: CRI proxy: cannot bind" in capsys.readouterr().err
+
+
+def test_the_proxy_loads_neither_the_cri_stubs_nor_the_client() -> None:
+    """What serving it adds to the supervisor: gRPC and the allow-list, not cri_api's
+    stubs, klet.cri.client or its retry library (a fresh interpreter tells)."""
+    code = (
+        "import json, sys; import klet.cli.up, klet.cri.proxy; "
+        "print(json.dumps([m for m in ('cri_api', 'klet.cri.client', 'tenacity', 'grpc') "
+        "if m in sys.modules]))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60
+    )
+    assert json.loads(out.stdout) == ["grpc"]

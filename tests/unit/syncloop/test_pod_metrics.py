@@ -5,12 +5,12 @@ kubelet_started_containers_total / _errors_total by container_type and code,
 kubelet_image_pull_duration_seconds by image size, kubelet_pod_start_duration_seconds,
 kubelet_pod_start_sli_duration_seconds and kubelet_pod_start_total_duration_seconds once
 per pod that starts, kubelet_pod_worker_start_duration_seconds at its first sync (from
-when it was seen, or from the process's start), kubelet_restarted_pods_total{static} when
-a pod is desired again while its worker removes it, kubelet_orphaned_runtime_pods_total
-when a restarted syncloop kills a pod no source wants, kubelet_working_pods by lifecycle,
-config and static as the controller reports its pods; and the pure parts:
-the operation type, a worker's (lifecycle, config, static), the image size buckets, the
-start tracker's arithmetic."""
+when it was seen, or from the process's start) with kubelet_containers_per_pod_count,
+kubelet_restarted_pods_total{static} when a pod is desired again while its worker
+removes it, kubelet_orphaned_runtime_pods_total when a restarted syncloop kills a pod no
+source wants, kubelet_working_pods by lifecycle, config and static as the controller
+reports its pods; and the pure parts: the operation type, a worker's (lifecycle,
+config, static), the image size buckets, the start tracker's arithmetic."""
 
 from __future__ import annotations
 
@@ -324,6 +324,10 @@ async def test_the_worker_start_counts_from_the_sighting_or_the_process_start(
     assert w.value("kubelet_pod_worker_start_duration_seconds_count") == 2
     # 3 s for u1; u2 was seen an hour before this process began: 10 s from its start
     assert w.value("kubelet_pod_worker_start_duration_seconds_sum") == pytest.approx(13)
+    # each pod's first sync observed its one container, and only that sync
+    assert w.value("kubelet_containers_per_pod_count_count") == 3
+    assert w.value("kubelet_containers_per_pod_count_sum") == 3
+    assert w.value("kubelet_containers_per_pod_count_bucket", le="1.0") == 3
 
 
 async def test_a_pod_desired_again_while_it_is_removed_is_a_restart(w: World) -> None:

@@ -1,9 +1,10 @@
 """`klet cri-proxy`: serve the CRI allow-list sockets (klet.cri.proxy) until SIGTERM.
 
 Run beside the services by compose and the chart (a container of its own, the only one
-besides syncloop that mounts the runtime's socket) and by `klet up` (a supervised
-child). Flags are few and its own, not the kubelet's: the runtime it fronts, where the
-sockets go, which services get one, and who owns each socket.
+besides syncloop that mounts the runtime's socket); `klet up` serves the same proxy in
+its own process instead (klet.cli.up says why). Flags are few and its own, not the
+kubelet's: the runtime it fronts, where the sockets go, which services get one, and who
+owns each socket.
 """
 
 from __future__ import annotations
@@ -119,5 +120,5 @@ async def _main(proxy: CRIProxy) -> int:
     return 0
 
 
-if __name__ == "__main__":  # `klet up` starts it as `python -m klet.cli.criproxy`
+if __name__ == "__main__":  # `python -m klet.cli.criproxy`, as `klet cri-proxy`
     sys.exit(cri_proxy(sys.argv[1:]))

@@ -12,9 +12,20 @@ Each service's private port is its default (10260-10264, a free one when taken),
 with `--service-port=0` one the kernel picks, published under `<run-dir>/ports/`.
 
 status-reporter, eviction and image-gc never get the runtime's socket: their runtime
-endpoint is `<run-dir>/cri/<service>.sock`, served by a `klet cri-proxy` child started
-before them (supervised and restarted like a service), which passes each only the CRI
-calls klet.cri.allowlist grants it.
+endpoint is `<run-dir>/cri/<service>.sock`, served by the CRI allow-list proxy
+(klet.cri.proxy), which passes each only the CRI calls klet.cri.allowlist grants it.
+The proxy runs inside this supervisor, on its event loop, bound before the first service
+starts and closed after the last one stopped, not as a child of its own: a whole
+interpreter for it cost about 20 MB PSS at idle (issue 42), while in here it adds gRPC
+alone (it forwards raw bytes: no CRI stubs, no client). What that trades: the proxy is
+no longer restarted on its own; it holds no state and a grpc.aio server does not exit
+while its process lives, so the failure that remains is this process dying, which ends
+the node anyway (systemd, or the operator, restarts `klet up` whole). The supervisor
+only waits on its children, so forwarding on its loop delays a restart by at most the
+handling of calls in flight. gRPC's threads are safe beside the children it starts:
+subprocess forks and execs in C, running no Python and no gRPC in the child. Compose
+and the chart keep the proxy a container of its own (`klet cri-proxy`): there the
+confinement is the point, and it costs the same interpreter as a process would.
 
 The private Redis is safe by default (klet.devstack.redis_server): a unix socket in a
 0700 directory, no unauthenticated user, and one ACL user per service (klet.bus.acl).
@@ -36,7 +47,7 @@ import time
 from dataclasses import dataclass, field
 from importlib.util import find_spec
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from klet.cli import sdnotify
 from klet.config import (
@@ -53,7 +64,20 @@ from klet.devstack.redis_server import RedisServer, write_secret
 from klet.model.layout import DEFAULT_SERVICE_PORTS, REDIS_DIR, cri_proxy_socket, port_files_dir
 
 if TYPE_CHECKING:
+    from klet.cri.proxy import CRIProxy
     from klet.devstack.stack import DevStack
+
+
+class Proxy(Protocol):
+    """What the supervisor needs of the CRI proxy it serves (klet.cri.proxy.CRIProxy)."""
+
+    @property
+    def services(self) -> tuple[str, ...]: ...
+
+    async def start(self) -> None: ...
+
+    async def stop(self, grace_s: float = ...) -> None: ...
+
 
 log = logging.getLogger("klet.up")
 
@@ -200,6 +224,18 @@ def _filtered_runtime_flags(service: str, run_dir: Path) -> list[str]:
     return ["--container-runtime-endpoint", endpoint, "--image-service-endpoint", endpoint]
 
 
+def _cri_proxy(runtime_endpoint: str, image_endpoint: str, run_dir: Path) -> CRIProxy:
+    """The CRI allow-list proxy this process serves in front of the runtime the services
+    use: one socket per reading service, `<run-dir>/cri/<service>.sock`."""
+    from klet.cri.proxy import CRIProxy  # gRPC: loaded when a node is started, not before
+
+    return CRIProxy(
+        runtime_endpoint=runtime_endpoint,
+        image_endpoint=image_endpoint,
+        sockets={s: cri_proxy_socket(run_dir, s) for s in FILTERED_SERVICES},
+    )
+
+
 def up(argv: list[str], *, system: bool = False) -> int:
     """Run the node. `system`: as the machine's kubelet (the `kubelet` entry point,
     klet.cli.kubelet): the configured runtime endpoint and upstream's directories, never
@@ -313,19 +349,8 @@ def up(argv: list[str], *, system: bool = False) -> int:
         # in fewer, fuller heaps, about 3 MB less resident over the five (issue 15). The
         # image sets the same. One set by the operator stands.
         child_env.setdefault("MALLOC_ARENA_MAX", "2")
-        # The CRI allow-list proxy first, in front of the runtime the services use.
-        proxy_argv = [
-            sys.executable,
-            "-m",
-            "klet.cli.criproxy",
-            "--container-runtime-endpoint",
-            runtime_endpoint,
-            "--run-dir",
-            str(run_dir),
-        ]
-        if settings.kubelet.image_service_endpoint:
-            proxy_argv += ["--image-service-endpoint", settings.kubelet.image_service_endpoint]
-        children = [Child("cri-proxy", proxy_argv, env=child_env)]
+        proxy = _cri_proxy(runtime_endpoint, settings.kubelet.image_service_endpoint, run_dir)
+        children: list[Child] = []
         # --service-port=0: every service on a port the kernel picks (published under
         # <run-dir>/ports/); otherwise each on its own default, or a free one if taken.
         any_port = settings.klet.service_port == 0
@@ -354,7 +379,7 @@ def up(argv: list[str], *, system: bool = False) -> int:
                 f"127.0.0.1:{port}" if port else f"a free port, see {port_files_dir(run_dir, name)}"
             )
             _emit("klet", f"{name}: private /healthz /metrics on {where}")
-        return asyncio.run(_main(children, systemd))
+        return asyncio.run(_main(children, systemd, proxy))
     finally:
         if stack is not None:
             _emit("klet", "stopping private containerd, registry and Redis")
@@ -373,7 +398,30 @@ def _systemd(*, watchdog: bool) -> tuple[str, float | None] | None:
     return address, period
 
 
-async def _main(children: list[Child], systemd: tuple[str, float | None] | None = None) -> int:
+async def _main(
+    children: list[Child],
+    systemd: tuple[str, float | None] | None = None,
+    proxy: Proxy | None = None,
+) -> int:
+    """Serve `proxy` (bound before any child starts, so a reading service finds its
+    socket), supervise `children` until SIGINT/SIGTERM, stop them, then the proxy."""
+    if proxy is not None:
+        try:
+            await proxy.start()
+        except OSError as err:
+            print(f"klet up: {err}", file=sys.stderr)
+            await proxy.stop(0)
+            return 1
+        _emit("klet", f"serving the CRI proxy's sockets for {', '.join(proxy.services)}")
+    try:
+        return await _run(children, systemd)
+    finally:
+        if proxy is not None:
+            await proxy.stop()
+            _emit("klet", "stopped the CRI proxy")
+
+
+async def _run(children: list[Child], systemd: tuple[str, float | None] | None) -> int:
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):

@@ -30,6 +30,7 @@ import grpc
 from cri_api.v1 import api_pb2 as pb
 from cri_api.v1 import api_pb2_grpc as pb_grpc
 from klet.cancellation import raise_if_cancelled
+from klet.cri.endpoint import channel_target
 from klet.cri.errors import CRIError, NotFound, RuntimeUnavailable
 from klet.cri.types import (
     AuthConfig,
@@ -118,17 +119,6 @@ def _forget_making(making: set[asyncio.Task[Any]]) -> Callable[[asyncio.Task[Any
             log.debug("runtime call failed", extra={"call": task.get_name()})
 
     return done
-
-
-def channel_target(endpoint: str) -> str:
-    """A gRPC target for a CRI endpoint as the kubelet's flags spell it."""
-    if endpoint.startswith("unix://"):
-        return endpoint
-    if endpoint.startswith("/"):
-        return f"unix://{endpoint}"
-    if endpoint.startswith("tcp://"):
-        return endpoint[len("tcp://") :]
-    return endpoint
 
 
 def _map_error(err: grpc.aio.AioRpcError, what: str) -> CRIError:

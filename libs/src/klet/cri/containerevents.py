@@ -34,7 +34,8 @@ import grpc
 from cri_api.v1 import api_pb2 as cri_pb
 from cri_api.v1 import api_pb2_grpc as cri_grpc
 from klet.cancellation import raise_if_cancelled
-from klet.cri.client import CRISettings, channel_target
+from klet.cri.client import CRISettings
+from klet.cri.endpoint import channel_target
 from klet.cri.errors import CRIError, EventsUnsupported, RuntimeUnavailable
 from klet.cri.labels import POD_UID
 from klet.cri.types import EventKind, RuntimeEvent, Subscribed

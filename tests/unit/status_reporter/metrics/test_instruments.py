@@ -1,6 +1,6 @@
 """Counting running pods and containers from API statuses, desired and active pods by
-whether they are static, the build and feature gate series, and the metric names and
-labels exposed on a fresh registry."""
+whether they are static and their ephemeral containers, the build and feature gate
+series, and the metric names and labels exposed on a fresh registry."""
 
 from __future__ import annotations
 
@@ -147,3 +147,15 @@ def test_cgroup_version() -> None:
     registry = CollectorRegistry()
     register_cgroup_version(registry, 2)
     assert "kubelet_cgroup_version 2.0" in generate_latest(registry).decode()
+
+
+def test_ephemeral_containers_of_the_desired_pods() -> None:
+    registry = CollectorRegistry()
+    metrics = Metrics(registry)
+    assert registry.get_sample_value("kubelet_managed_ephemeral_containers") == 0
+    debugged = {**_pod("a"), "spec": {"ephemeralContainers": [{"name": "d1"}, {"name": "d2"}]}}
+    done = {**_pod("b"), "spec": {"ephemeralContainers": [{"name": "d"}]}}
+    metrics.observe_pods([(debugged, "Running"), (done, "Succeeded"), (_pod("c"), None)])
+    assert registry.get_sample_value("kubelet_managed_ephemeral_containers") == 3
+    metrics.observe_pods([(_pod("c"), None)])
+    assert registry.get_sample_value("kubelet_managed_ephemeral_containers") == 0

@@ -25,6 +25,8 @@ buckets (the HELP texts are ours); where each is observed follows upstream's cal
   (its `create`), the time since the pod was first seen (`kubernetes.io/config.seen`), or
   since this process started when it was seen before (upstream's restarted kubelet
   stamps its pods seen anew); a pod without the annotation is not observed, as upstream;
+  `kubelet_containers_per_pod_count`: at the same first sync, the pod's regular
+  containers (upstream observes it when its pod worker first starts the pod);
 - `kubelet_restarted_pods_total{static}`: a pod desired again under the same UID while
   its worker was removing it (its new life starts from scratch; "true" for a static
   pod, "" otherwise, as upstream); `kubelet_orphaned_runtime_pods_total`: a pod found in
@@ -395,6 +397,7 @@ class Metrics:
     pleg_last_seen: Gauge
     pod_worker_duration: Histogram
     pod_worker_start: Histogram
+    containers_per_pod: Histogram
     restarted_pods: Counter
     orphaned_runtime_pods: Counter
     bad_bus_entries: Counter
@@ -421,6 +424,7 @@ class Metrics:
         self.pod_worker_duration.labels(operation).observe(max(0.0, seconds))
 
     def pod_worker_creating(self, pod: JSON, now: float) -> None:
+        self.containers_per_pod.observe(len((pod.get("spec") or {}).get("containers") or ()))
         annotations = (pod.get("metadata") or {}).get("annotations") or {}
         seen = _timestamp(annotations.get(CONFIG_SEEN))
         if seen is not None:
@@ -656,6 +660,12 @@ def create_metrics(registry: CollectorRegistry, *, started_at: float | None = No
             "Seconds from this node first seeing a pod to its pod worker's first sync",
             registry=registry,
             buckets=DEF_BUCKETS,
+        ),
+        containers_per_pod=Histogram(
+            "kubelet_containers_per_pod_count",
+            "The number of containers per pod.",
+            registry=registry,
+            buckets=(1, 2, 4, 8, 16),
         ),
         restarted_pods=Counter(
             "kubelet_restarted_pods",

@@ -3,7 +3,8 @@
 Upstream names where upstream has the metric (`kubelet_node_name{node}`,
 `kubelet_running_pods`, `kubelet_running_containers{container_state}`,
 `kubelet_desired_pods{static}`, `kubelet_active_pods{static}`, `kubelet_mirror_pods`,
-`kubelet_pod_status_sync_duration_seconds`, `kubelet_cgroup_version`,
+`kubelet_pod_status_sync_duration_seconds`, `kubelet_managed_ephemeral_containers`,
+`kubelet_cgroup_version`,
 `kubernetes_build_info`,
 `kubernetes_feature_enabled{name,stage}`),
 `klet_status_reporter_*` for our own.
@@ -76,10 +77,12 @@ def container_state(cs: JSON) -> str | None:
 
 @dataclass(frozen=True)
 class PodCounts:
-    """kubelet_desired_pods and kubelet_active_pods by their `static` label ("" or "true")."""
+    """kubelet_desired_pods and kubelet_active_pods by their `static` label ("" or "true"),
+    and kubelet_managed_ephemeral_containers: the desired pods' ephemeral containers."""
 
     desired: dict[str, int]
     active: dict[str, int]
+    ephemeral_containers: int = 0
 
 
 TERMINAL_PHASES = ("Succeeded", "Failed")
@@ -92,12 +95,14 @@ def count_pods(pods: Iterable[tuple[JSON, str | None]]) -> PodCounts:
     a static pod is one a source other than the apiserver delivered."""
     desired = {"": 0, "true": 0}
     active = {"": 0, "true": 0}
+    ephemeral = 0
     for pod, phase in pods:
         static = "" if config_source(pod) == API_SOURCE else "true"
         desired[static] += 1
         if phase not in TERMINAL_PHASES:
             active[static] += 1
-    return PodCounts(desired=desired, active=active)
+        ephemeral += len((pod.get("spec") or {}).get("ephemeralContainers") or ())
+    return PodCounts(desired=desired, active=active, ephemeral_containers=ephemeral)
 
 
 def _all_container_statuses(status: JSON) -> Iterable[JSON]:
@@ -236,6 +241,11 @@ class Metrics:
             ["static"],
             registry=registry,
         )
+        self.ephemeral_containers = Gauge(
+            "kubelet_managed_ephemeral_containers",
+            "Current number of ephemeral containers in pods managed by this kubelet.",
+            registry=registry,
+        )
         # upstream's count of the pod manager's mirror pods: those the apiserver holds for
         # this node's static pods, as the pod sync manager last listed and reconciled
         # them (cluster mode; 0 standalone, as upstream's)
@@ -272,6 +282,7 @@ class Metrics:
             self.desired_pods.labels(static=static).set(n)
         for static, n in counts.active.items():
             self.active_pods.labels(static=static).set(n)
+        self.ephemeral_containers.set(counts.ephemeral_containers)
 
     def observe(self, statuses: Iterable[JSON]) -> None:
         counts = count_running(statuses)
