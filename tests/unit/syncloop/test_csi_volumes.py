@@ -6,7 +6,8 @@ new plugin (a restarted syncloop) tearing down what the old one set up; the swee
 staging no pod uses; inline volumes and the CSIDriver's lifecycle modes; raw block
 (volumeMode Block) CSI volumes in upstream's csi_block.go layout (staged, published to a
 file per pod, linked from the pod's volumeDevices, unpublished and unstaged, swept;
-read-only ones refused); the helpers (access modes, fsGroup policy, ownership, names).
+read-only ones refused); a ReadWriteOncePod volume refused to a second pod while
+another holds it; the helpers (access modes, fsGroup policy, ownership, names).
 The real drivers: tests/cluster/test_csi_volumes.py and test_csi_block.py."""
 
 from __future__ import annotations
@@ -30,11 +31,13 @@ from klet.syncloop.environment.envvars import NodeFacts
 from klet.syncloop.volumes import claims, hostpath, localdevice, mounts
 from klet.syncloop.volumes.base import Block, VolumeContext, VolumeError
 from klet.syncloop.volumes.csi import (
+    RWOP_IN_USE,
     CSIVolumePlugin,
     applies_fs_group,
     attachment_name,
     csi_access_mode,
     inline_handle,
+    rwop_held_elsewhere,
     set_ownership,
     staging_path,
 )
@@ -1017,3 +1020,32 @@ def test_names() -> None:
     digest = hashlib.sha256(f"vol-1{DRIVER}{NODE}".encode()).hexdigest()
     assert attachment_name("vol-1", DRIVER, NODE) == f"csi-{digest}"
     assert inline_handle("u1", "v") == "csi-" + hashlib.sha256(b"u1v").hexdigest()
+
+
+async def test_a_read_write_once_pod_volume_held_by_another_pod_is_refused(
+    tmp_path: Path,
+) -> None:
+    """A PV whose one access mode is ReadWriteOncePod: a second pod on the node gets
+    upstream's refusal (nothing published for it) until the first pod's volume is torn
+    down; the holder's own later syncs go on, and a PV that also lists ReadWriteOnce is
+    shared as before."""
+    driver, objects = FakeDriver(), Objects()
+    objects.bind("data", "pv1")
+    objects.pvs["pv1"]["spec"]["accessModes"] = ["ReadWriteOncePod"]
+    p = plugin(tmp_path, driver, objects)
+    one, two = a_pod("u1", CLAIM), a_pod("u2", CLAIM)
+    path1 = await p.set_up(CLAIM, ctx(tmp_path, one))
+    with pytest.raises(VolumeError) as err:
+        await p.set_up(CLAIM, ctx(tmp_path, two))
+    assert str(err.value) == RWOP_IN_USE
+    assert not (tmp_path / "pods/u2/volumes").exists()
+    await p.set_up(CLAIM, ctx(tmp_path, one))
+    assert driver.names() == ["stage", "publish"]
+    await p.tear_down(path1.parent)
+    path2 = await p.set_up(CLAIM, ctx(tmp_path, two))
+    assert path2 == tmp_path / "pods/u2/volumes/kubernetes.io~csi/pv1/mount"
+
+    assert not rwop_held_elsewhere(["ReadWriteOncePod", "ReadWriteOnce"], ["u1"], "u2")
+    assert not rwop_held_elsewhere(["ReadWriteOnce"], ["u1"], "u2")
+    assert not rwop_held_elsewhere(["ReadWriteOncePod"], ["u2"], "u2")
+    assert rwop_held_elsewhere(["ReadWriteOncePod"], ["u2", "u1"], "u2")

@@ -8,6 +8,9 @@ type fails the pod's volume with its name.
 A CSI volume goes through the driver registered on this node (the bus `csidrivers`
 table, which syncloop's plugin watcher fills), as upstream's CSI volume plugin drives it:
 
+- **ReadWriteOncePod**: a PV whose one access mode is ReadWriteOncePod is refused to a
+  pod while another pod's directory on the node holds it (upstream's MountVolume check
+  and text; the scheduler enforces it too, but a pod given its nodeName bypasses that);
 - **attach**: when the driver's CSIDriver object says `attachRequired` (or there is no
   CSIDriver object), the pod's `vol_data.json` is written first (which puts the volume
   in the Node's `status.volumesInUse`), and nothing is mounted until the Node's status
@@ -67,7 +70,7 @@ import logging
 import os
 import stat
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any, Generic, Protocol, TypeVar
 
@@ -262,6 +265,20 @@ def csi_access_mode(access_modes: list[Any], capabilities: frozenset[str]) -> st
     if SINGLE_NODE_MULTI_WRITER in capabilities and first == "ReadWriteOncePod":
         return "SINGLE_NODE_SINGLE_WRITER"
     return _ACCESS_MODES[first]
+
+
+# Upstream's refusal, word for word (operation_generator.go): the ReadWriteOncePod specs
+# wait for a FailedMount event with this text.
+RWOP_IN_USE = "volume uses the ReadWriteOncePod access mode and is already in use by another pod"
+
+
+def rwop_held_elsewhere(access_modes: list[Any], holders: Iterable[str], pod_uid: str) -> bool:
+    """Whether a pod must not use a volume another pod on the node holds: as upstream's
+    MountVolume, only when ReadWriteOncePod is the PV's one access mode (with several,
+    which one the pod means is not known) and a pod other than this one has it."""
+    if list(access_modes) != ["ReadWriteOncePod"]:
+        return False
+    return any(uid != pod_uid for uid in holders)
 
 
 def applies_fs_group(policy: str, *, fs_type: str, access_modes: list[Any] | None) -> bool:
@@ -474,6 +491,10 @@ class CSIVolumePlugin:
         attach_id = ""
         if csidriver is None or dspec.get("attachRequired", True):
             attach_id = attachment_name(handle, driver, self.node_name)
+        pod_uid = str(ctx.pod["metadata"]["uid"])
+        holders = await asyncio.to_thread(self._holders, driver, handle)
+        if rwop_held_elsewhere(claimed.pv["spec"].get("accessModes") or [], holders, pod_uid):
+            raise VolumeError(RWOP_IN_USE)
         volume_dir = ctx.volume_dir(self, claimed.pv_name)
         staging_dir = staging_path(self.root_dir, driver, handle)
         data = {
@@ -1165,6 +1186,18 @@ class CSIVolumePlugin:
             if data and data.get("driverName") == driver and data.get("volumeHandle") == handle:
                 return True
         return False
+
+    def _holders(self, driver: str, handle: str) -> list[str]:
+        """The UIDs of the pods whose directories hold this volume (its vol_data.json,
+        written before the publish and removed by the tear-down)."""
+        pods = self.root_dir / "pods"
+        return [
+            data_file.relative_to(pods).parts[0]
+            for data_file in pods.glob(f"*/volumes/{DIR_NAME}/*/{DATA_FILE}")
+            if (data := _read_json(data_file))
+            and data.get("driverName") == driver
+            and data.get("volumeHandle") == handle
+        ]
 
     def _global_data_files(self) -> list[Path]:
         return sorted((self.root_dir / GLOBAL_DIR).glob(f"*/*/{DATA_FILE}"))
