@@ -7,7 +7,7 @@ refuses the 11th call of a burst with RESOURCE_EXHAUSTED "rejected by rate limit
 only the calls let through are counted for the requests metric, and Get's two errors
 for the errors metric (the rate limit's refusal not); a
 stale socket file is replaced at start, the directory is 0750, and the server removes
-its socket when it stops."""
+its socket when it stops; a container's DRA claims (dynamic_resources) on the wire."""
 
 from __future__ import annotations
 
@@ -21,14 +21,16 @@ import grpc
 import pytest
 from klet.model.podresources import (
     AllocatableResources,
+    ClaimResource,
     ContainerDevices,
     ContainerResources,
+    DynamicResource,
     PodResources,
     TokenBucket,
 )
 from klet.rpc.gen.klet.podresources.v1 import api_pb2 as pb
 from klet.rpc.gen.klet.podresources.v1 import api_pb2_grpc as pb_grpc
-from klet.rpc.podresources import serve_pod_resources
+from klet.rpc.podresources import pod_to_pb, serve_pod_resources
 
 FOO = "example.com/foo"
 WEB = PodResources(
@@ -191,3 +193,17 @@ async def test_the_socket_goes_with_the_server(tmp_path: Path) -> None:
     server.cancel()
     await asyncio.gather(server, return_exceptions=True)
     assert not socket.exists()
+
+
+def test_dynamic_resources_on_the_wire() -> None:
+    claim = DynamicResource(
+        "gpu", "ns1", (ClaimResource("gpu.example.com", "pool", "gpu-0", ("gpu.example.com/g=0",)),)
+    )
+    wire = pod_to_pb(
+        PodResources("web", "ns1", (ContainerResources("main", dynamic_resources=(claim,)),))
+    )
+    [dynamic] = wire.containers[0].dynamic_resources
+    assert (dynamic.claim_name, dynamic.claim_namespace) == ("gpu", "ns1")
+    [res] = dynamic.claim_resources
+    assert (res.driver_name, res.pool_name, res.device_name) == ("gpu.example.com", "pool", "gpu-0")
+    assert [d.name for d in res.cdi_devices] == ["gpu.example.com/g=0"]

@@ -11,7 +11,9 @@ anything is cached or called; a driver's per-claim error named; a claim of the s
 name with another UID refused; unprepare only when the last pod goes, the claim then
 forgotten; a failed unprepare keeps the claim and the next unprepare retries it; the
 checkpoint read at the first use, not at construction, its claims giving CDI devices
-with no driver called, and an unprepare of a pod holding no claim writing nothing."""
+with no driver called, and an unprepare of a pod holding no claim writing nothing; a
+container's claims (for the PodResources API) the prepared ones it names, an unprepared
+one an error naming it."""
 
 from __future__ import annotations
 
@@ -227,3 +229,17 @@ async def test_the_checkpoint_is_read_at_first_use_and_a_stranger_writes_nothing
     await manager.unprepare("p1")
     assert drivers.log == [(DRIVER, "unprepare", ("a",))]
     assert checkpoint.stored[-1] == [] and checkpoint.loads == 1
+
+
+async def test_a_containers_claims_are_the_prepared_ones_it_names() -> None:
+    claims = Claims(_claim("a", "ua", reserved=["p1"]), _claim("b", "ub", reserved=["p1"]))
+    manager, _ = _manager(claims, Drivers(DRIVER))
+    pod = _pod("p1", "a", "b")
+    pod["spec"]["containers"].append({"name": "only-b", "resources": {"claims": [{"name": "b"}]}})
+    await manager.prepare(pod)
+    main, only_b = pod["spec"]["containers"]
+    assert [i.claim_name for i in manager.container_claims(pod, main)] == ["a", "b"]
+    assert [i.claim_name for i in manager.container_claims(pod, only_b)] == ["b"]
+    other = _pod("p2", "c")
+    with pytest.raises(ValueError, match="unable to get information for ResourceClaim c"):
+        manager.container_claims(other, other["spec"]["containers"][0])

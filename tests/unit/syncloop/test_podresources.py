@@ -6,7 +6,10 @@ Get finds a pod that is no longer active; allocatable devices are the connected
 plugins' healthy ones; no device manager, no devices; CPU IDs are the CPU manager's
 exclusive assignment, allocatable CPUs its policy's (none without a CPU manager); memory
 is the Static memory manager's blocks per container and its allocatable bytes per NUMA
-node and type (none without a memory manager)."""
+node and type (none without a memory manager); dynamic resources are the prepared
+claims each container names, per driver and device with upstream's CDI lists, none for
+a container whose claim the manager does not hold or with the
+KubeletPodResourcesDynamicResources gate off."""
 
 from __future__ import annotations
 
@@ -14,15 +17,19 @@ from pathlib import Path
 from typing import Any
 
 from klet.model.devices import Device, PluginOptions
+from klet.model.dra import PreparedDevice
 from klet.model.podresources import (
+    ClaimResource,
     ContainerDevices,
     ContainerMemory,
     ContainerResources,
+    DynamicResource,
     PodResources,
 )
 from klet.model.types import JSON
 from klet.syncloop.devices import checkpoint
 from klet.syncloop.devices.manager import DeviceManager
+from klet.syncloop.dra.claiminfo import ClaimInfo
 from klet.syncloop.memorymanager.state import Block, MemoryState, MemoryTable, NodeState
 from klet.syncloop.podresources import PodResourcesView
 
@@ -201,3 +208,63 @@ def test_memory_blocks_and_allocatable_memory_come_from_the_memory_manager() -> 
         ContainerMemory("memory", 4 << 30, (1,)),
     )
     assert PodResourcesView(pods=Pods([], []), devices=None).allocatable().memory == ()
+
+
+class Claims:
+    """The claim manager's prepared claims (dra/manager.py ClaimManager.container_claims)."""
+
+    def __init__(self, *infos: ClaimInfo) -> None:
+        self.infos = {i.claim_name: i for i in infos}
+
+    def container_claims(self, pod: JSON, container: JSON) -> list[ClaimInfo]:
+        names = [u["name"] for u in (container.get("resources") or {}).get("claims") or []]
+        if any(n not in self.infos for n in names):
+            raise ValueError("unable to get information for ResourceClaim")
+        return [self.infos[n] for n in names]
+
+
+def test_dynamic_resources_list_a_containers_prepared_claims() -> None:
+    gpu = ClaimInfo(
+        claim_uid="c1",
+        claim_name="gpu",
+        namespace="default",
+        pod_uids=frozenset({"u1"}),
+        driver_state={
+            "nic.example.com": (PreparedDevice("pool-n", "nic-0", (), ("nic.example.com/n=0",)),),
+            "gpu.example.com": (
+                PreparedDevice("pool-g", "gpu-0", (), ("gpu.example.com/g=0",)),
+                PreparedDevice("pool-g", "gpu-1", (), ("gpu.example.com/g=1",)),
+            ),
+        },
+    )
+    p = pod("a", "u1")
+    p["spec"]["containers"] = [
+        {"name": "main", "resources": {"claims": [{"name": "gpu"}]}},
+        {"name": "side"},
+        {"name": "lost", "resources": {"claims": [{"name": "gone"}]}},
+    ]
+    view = PodResourcesView(pods=Pods([p], []), devices=None, claims=Claims(gpu))
+    [answer] = view.list_pods()
+    main, side, lost = answer.containers
+    assert main.dynamic_resources == (
+        DynamicResource(
+            "gpu",
+            "default",
+            (
+                # drivers in name order; a driver's CDI list grows device by device, as
+                # upstream's GetDynamicResources appends to one list per driver
+                ClaimResource("gpu.example.com", "pool-g", "gpu-0", ("gpu.example.com/g=0",)),
+                ClaimResource(
+                    "gpu.example.com",
+                    "pool-g",
+                    "gpu-1",
+                    ("gpu.example.com/g=0", "gpu.example.com/g=1"),
+                ),
+                ClaimResource("nic.example.com", "pool-n", "nic-0", ("nic.example.com/n=0",)),
+            ),
+        ),
+    )
+    assert side.dynamic_resources == () and lost.dynamic_resources == ()
+    assert view.get_pod("default", "a") == answer
+    off = PodResourcesView(pods=Pods([p], []), devices=None, claims=Claims(gpu), dynamic_gate=False)
+    assert all(c.dynamic_resources == () for c in off.list_pods()[0].containers)

@@ -101,6 +101,10 @@ HONOURED: Mapping[str, str] = {
         "pressure stall information in /stats/summary and /metrics/cadvisor where the "
         "kernel has it (default true, as upstream)"
     ),
+    "KubeletPodResourcesDynamicResources": (
+        "the PodResources API's List and Get list each container's prepared DRA claims; "
+        "false lists none (default true, as upstream)"
+    ),
     "DynamicResourceAllocation": (
         "syncloop prepares pods' ResourceClaims through the DRA drivers (klet.syncloop.dra); "
         "false builds no claim manager, so a pod with resourceClaims waits with "
@@ -209,9 +213,9 @@ DEFAULT_ON: Mapping[str, Account] = {
     "KubeletPSI": Implemented(
         "klet.stats.psi", "unit/stats/test_psi.py::test_summary_on_cgroup_v2"
     ),
-    "KubeletPodResourcesDynamicResources": Absent(
-        "DRA claims in the PodResources API (klet.syncloop.podresources): the claims a "
-        "container holds are prepared (klet.syncloop.dra) but not listed"
+    "KubeletPodResourcesDynamicResources": Implemented(
+        "klet.syncloop.podresources",
+        "unit/syncloop/test_podresources.py::test_dynamic_resources_list_a_containers_prepared_claims",
     ),
     "KubeletPodResourcesGet": Implemented(
         "klet.syncloop.podresources",

@@ -62,11 +62,32 @@ class ContainerMemory:
 
 
 @dataclass(frozen=True)
+class ClaimResource:
+    """One device a DRA driver prepared for a claim, with the CDI devices upstream's
+    answer lists beside it (see DynamicResource)."""
+
+    driver_name: str
+    pool_name: str
+    device_name: str
+    cdi_devices: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class DynamicResource:
+    """A prepared ResourceClaim a container uses (upstream's DynamicResource)."""
+
+    claim_name: str
+    claim_namespace: str
+    claim_resources: tuple[ClaimResource, ...] = ()
+
+
+@dataclass(frozen=True)
 class ContainerResources:
     name: str
     devices: tuple[ContainerDevices, ...] = ()
     cpu_ids: tuple[int, ...] = ()
     memory: tuple[ContainerMemory, ...] = ()
+    dynamic_resources: tuple[DynamicResource, ...] = ()
 
 
 @dataclass(frozen=True)

@@ -32,6 +32,7 @@ from klet.model.podresources import (
     ContainerDevices,
     ContainerMemory,
     ContainerResources,
+    DynamicResource,
     PodResources,
     TokenBucket,
     pod_not_found,
@@ -80,9 +81,32 @@ def _memory(memory: Sequence[ContainerMemory]) -> list[pb.ContainerMemory]:
     ]
 
 
+def _dynamic(resources: Sequence[DynamicResource]) -> list[pb.DynamicResource]:
+    return [
+        pb.DynamicResource(
+            claim_name=r.claim_name,
+            claim_namespace=r.claim_namespace,
+            claim_resources=[
+                pb.ClaimResource(
+                    cdi_devices=[pb.CDIDevice(name=n) for n in c.cdi_devices],
+                    driver_name=c.driver_name,
+                    pool_name=c.pool_name,
+                    device_name=c.device_name,
+                )
+                for c in r.claim_resources
+            ],
+        )
+        for r in resources
+    ]
+
+
 def _container(c: ContainerResources) -> pb.ContainerResources:
     return pb.ContainerResources(
-        name=c.name, devices=_devices(c.devices), cpu_ids=list(c.cpu_ids), memory=_memory(c.memory)
+        name=c.name,
+        devices=_devices(c.devices),
+        cpu_ids=list(c.cpu_ids),
+        memory=_memory(c.memory),
+        dynamic_resources=_dynamic(c.dynamic_resources),
     )
 
 

@@ -98,7 +98,7 @@ def test_feature_series_has_every_gate_with_upstreams_stage_and_klets_state() ->
     assert series["AnyVolumeDataSource"] == ("", 1.0)  # GA: upstream's stage label is empty
     assert series["AllAlpha"] == ("ALPHA", 0.0)
     # an Absent gate klet holds off although upstream's default is on
-    assert series["KubeletPodResourcesDynamicResources"][1] == 0.0
+    assert series["UserNamespacesSupport"][1] == 0.0
 
 
 def test_build_and_features_on_the_registry() -> None:

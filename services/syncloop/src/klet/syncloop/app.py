@@ -288,6 +288,8 @@ async def _pod_resources(deps: Deps) -> None:
         memory=deps.memory,
         use_active_pods=k.feature_gates.get("KubeletPodResourcesListUseActivePods", True),
         get_gate=k.feature_gates.get("KubeletPodResourcesGet", True),
+        claims=deps.dra_claims,
+        dynamic_gate=k.feature_gates.get("KubeletPodResourcesDynamicResources", True),
     )
     socket = Path(deps.settings.klet.root_dir) / SOCKET_DIR / SOCKET_NAME
     metrics = PodResourcesMetrics.create(deps.registry)

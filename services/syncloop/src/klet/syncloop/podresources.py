@@ -24,9 +24,13 @@ under `static` every online CPU but the reserved ones, under `none` none at all
 (upstream's none policy answers an empty set, and its e2e test expects that). Memory:
 under the `Static` memory manager a container's blocks (type, bytes, NUMA nodes) from
 its state, and allocatable one entry per NUMA node and memory type with allocatable
-bytes (upstream's GetAllocatableMemory); under `None` nothing. DRA: the claims are
-prepared (dra/) but not listed: the KubeletPodResourcesDynamicResources gate is
-refused at start, so no dynamic resources.
+bytes (upstream's GetAllocatableMemory); under `None` nothing. DRA (List and Get, the
+KubeletPodResourcesDynamicResources gate on as upstream's default): each prepared claim
+a container names in `resources.claims` (the claim manager's cache, dra/manager.py),
+with per driver (in name order) and device its pool, name and CDI devices; as
+upstream's GetDynamicResources, a device's CDI list also carries those of the same
+driver's devices before it (upstream appends to one list per driver), and a claim the
+manager does not hold gives the container no dynamic resources at all.
 """
 
 from __future__ import annotations
@@ -38,7 +42,9 @@ from typing import Protocol
 from klet.model.devices import Device
 from klet.model.podresources import (
     AllocatableResources,
+    ClaimResource,
     ContainerMemory,
+    DynamicResource,
     NumaDevices,
     PodResources,
     allocatable_devices,
@@ -46,6 +52,8 @@ from klet.model.podresources import (
     pod_resources,
 )
 from klet.model.types import JSON
+from klet.syncloop.dra.claiminfo import ClaimInfo
+from klet.syncloop.dra.manager import DRAPrepareError
 from klet.syncloop.memorymanager.state import MemoryState
 
 
@@ -96,6 +104,38 @@ def allocatable_memory(state: MemoryState) -> tuple[ContainerMemory, ...]:
     )
 
 
+class ClaimHolder(Protocol):
+    """The DRA claim manager (`dra.manager.ClaimManager`)."""
+
+    def container_claims(self, pod: JSON, container: JSON) -> list[ClaimInfo]: ...
+
+
+def dynamic_resources(claims: Sequence[ClaimInfo]) -> tuple[DynamicResource, ...]:
+    """The container's DRA entries (upstream's GetDynamicResources; the module says how
+    each device's CDI list is built)."""
+    out = []
+    for info in claims:
+        resources = []
+        for driver in sorted(info.driver_state):
+            cdi: list[str] = []
+            for device in info.driver_state[driver]:
+                cdi += device.cdi_device_ids
+                resources.append(
+                    ClaimResource(driver, device.pool_name, device.device_name, tuple(cdi))
+                )
+        out.append(DynamicResource(info.claim_name, info.namespace, tuple(resources)))
+    return tuple(out)
+
+
+def _container_specs(pod: JSON) -> dict[str, JSON]:
+    spec = pod.get("spec") or {}
+    return {
+        str(c.get("name")): c
+        for kind in ("initContainers", "containers")
+        for c in spec.get(kind) or []
+    }
+
+
 class NodePods(Protocol):
     """The pods syncloop knows (`pods.controller.PodController`)."""
 
@@ -117,6 +157,10 @@ class PodResourcesView:
     """None: no memory manager (no memory listed)."""
     use_active_pods: bool = True
     get_gate: bool = True
+    claims: ClaimHolder | None = None
+    """None: no claim manager (standalone, or DRA off): no dynamic resources."""
+    dynamic_gate: bool = True
+    """KubeletPodResourcesDynamicResources: false lists no dynamic resources."""
 
     def _devices_of(self, uid: str, container: str) -> Mapping[str, NumaDevices]:
         if self.devices is None:
@@ -127,8 +171,25 @@ class PodResourcesView:
     def _cpus_of(self, uid: str, container: str) -> Sequence[int]:
         return () if self.cpus is None else sorted(self.cpus.exclusive(uid, container))
 
+    def _dynamic(self, pod: JSON, name: str) -> tuple[DynamicResource, ...]:
+        container = _container_specs(pod).get(name)
+        if self.claims is None or not self.dynamic_gate or container is None:
+            return ()
+        try:
+            return dynamic_resources(self.claims.container_claims(pod, container))
+        except (ValueError, LookupError, DRAPrepareError):  # upstream: none for the container
+            return ()
+
     def _answer(self, pod: JSON) -> PodResources:
         answer = pod_resources(pod, devices_of=self._devices_of, cpus_of=self._cpus_of)
+        if self.claims is not None and self.dynamic_gate:
+            answer = replace(
+                answer,
+                containers=tuple(
+                    replace(c, dynamic_resources=self._dynamic(pod, c.name))
+                    for c in answer.containers
+                ),
+            )
         if self.memory is None:
             return answer
         uid = str((pod.get("metadata") or {}).get("uid") or "")

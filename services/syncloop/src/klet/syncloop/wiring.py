@@ -175,6 +175,8 @@ class Deps(OnServiceBase):
     dra_drivers: DRADrivers[GrpcDRAPlugin] | None = None
     """The DRA drivers the plugin watcher's registrar hands `DRAPlugin` sockets to."""
     dra_slices: SliceWiper | None = None
+    dra_claims: ClaimManager | None = None
+    """The DRA claim manager (cluster mode, the gate on); the PodResources API lists its claims."""
     """The node's ResourceSlices of absent drivers (root task `dra-slices`); cluster mode."""
     volume_stats: VolumeStatsCollector | None = None  # the bus `volumes` table; None: off
     devices: DeviceManager | None = None  # device plugins (root task `device-plugins`)
@@ -468,6 +470,7 @@ def build_deps(settings: Settings, overrides: Overrides | None = None) -> Deps:
         if dra_slices is None
         else lambda driver, registered: dra_slices.changed(driver, registered=registered),
     )
+    claims: ClaimManager | None = None
     if kube is not None and k.feature_gates.get(DRA_GATE, True):
         claims = ClaimManager(
             ManagerDeps(
@@ -565,6 +568,7 @@ def build_deps(settings: Settings, overrides: Overrides | None = None) -> Deps:
         ),
         dra_drivers=dra_drivers,
         dra_slices=dra_slices,
+        dra_claims=claims,
         volume_stats=VolumeStatsCollector(
             root_dir=Path(settings.klet.root_dir),
             table=node_bus.volumes,

@@ -228,6 +228,31 @@ class ClaimManager:
             self.prepared.discard(info.key)
         self._store()
 
+    def container_claims(
+        self, pod: Mapping[str, Any], container: Mapping[str, Any]
+    ) -> list[ClaimInfo]:
+        """The prepared claims the container names in `resources.claims`, in the pod's
+        claim order (upstream's GetContainerClaimInfos, which the PodResources API
+        lists); ClaimResolutionError naming one not prepared on this node."""
+        self._load()
+        namespace = str((pod.get("metadata") or {}).get("namespace", ""))
+        uses = (container.get("resources") or {}).get("claims") or ()
+        found: list[ClaimInfo] = []
+        for pod_claim in (pod.get("spec") or {}).get("resourceClaims") or ():
+            name = claim_name(pod, pod_claim)
+            if name is None:
+                continue
+            for use in uses:
+                if use.get("name") != pod_claim.get("name"):
+                    continue
+                info = self.cache.get(f"{namespace}/{name}")
+                if info is None:
+                    raise ClaimResolutionError(
+                        f"unable to get information for ResourceClaim {name}"
+                    )
+                found.append(info)
+        return found
+
     def cdi_devices(self, pod: Mapping[str, Any], container: Mapping[str, Any]) -> tuple[str, ...]:
         """The container's CDI device IDs; ClaimResolutionError (a ValueError) naming a
         claim it uses that is not prepared, DRAPrepareError for an unreadable checkpoint."""
