@@ -195,12 +195,10 @@ MISSING: Mapping[str, tuple[str, ...]] = {
         "(upstream's CriticalPodAdmissionHandler): it refuses it like any other, so there "
         "is nothing to count yet"
     ): ("/metrics kubelet_preemptions",),
-    "httpGet hooks' HTTPS-to-HTTP fallbacks are not counted": (
-        "/metrics kubelet_lifecycle_handler_http_fallbacks_total",
-    ),
-    "sleep hooks cut short by the grace period are not counted": (
-        "/metrics kubelet_sleep_action_terminated_early_total",
-    ),
+    (
+        "klet's httpGet hooks do not retry over HTTP when an HTTPS hook gets an HTTP answer "
+        "(upstream's fallback, with its LifecycleHTTPFallback event): nothing to count yet"
+    ): ("/metrics kubelet_lifecycle_handler_http_fallbacks_total",),
     "the node's start-up phases are not timed": (
         "/metrics kubelet_node_startup_duration_seconds",
         "/metrics kubelet_node_startup_post_registration_duration_seconds",

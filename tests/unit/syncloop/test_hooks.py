@@ -7,7 +7,8 @@ back-off), preStop (runs before StopContainer on pod kills, spec-change kills an
 orphan kills restored from the container annotation; its time comes off the grace
 period with a 2 s floor; a failure records FailedPreStopHook and the stop goes on; the
 hooks of several containers run in parallel; a hook is cut off at the grace period),
-the `sleep` action bounded by the grace period, httpGet delivery (any HTTP answer
+the `sleep` action bounded by the grace period (counted in
+kubelet_sleep_action_terminated_early_total when cut short), httpGet delivery (any HTTP answer
 counts; a refused connection fails), tcpSocket failing as upstream's invalid handler,
 and the grace period chosen from spec, deletion and override.
 """
@@ -60,14 +61,16 @@ class World:
         self.cri = FakeRuntimeService(clock=self.time.ns)
         self.cri.add_image(IMAGE, 1_000_000)
         self.events = RecordedEvents()
-        self.syncer = wire(
+        deps = wire(
             tmp_path,
             self.cri,
             events=self.events,
             clock=self.time,
             sleep=self.time.sleep,
             sync=SyncSettings(pod_logs_dir=tmp_path / "logs", root_dir=tmp_path / "root"),
-        ).controller.syncer
+        )
+        self.registry = deps.registry
+        self.syncer = deps.controller.syncer
         self.runtime = self.syncer.runtime
         self.hooks = self.syncer.hooks
         self.execs: list[tuple[str, list[str]]] = []
@@ -210,6 +213,9 @@ async def test_pre_stop_sleep_is_bounded_by_the_grace_period(
     await w.kill(p)
     assert w.time.slept == [slept]
     assert w.cri.calls_of("StopContainer") == [("StopContainer", w.latest("app").id, stop_timeout)]
+    # a sleep the grace period cut short is upstream's "terminated early"
+    cut = w.registry.get_sample_value("kubelet_sleep_action_terminated_early_total")
+    assert cut == (1 if seconds > grace else 0)
 
 
 async def test_failed_pre_stop_is_reported_and_the_stop_goes_on(w: World) -> None:

@@ -32,6 +32,8 @@ buckets (the HELP texts are ours); where each is observed follows upstream's cal
   pod, "" otherwise, as upstream); `kubelet_orphaned_runtime_pods_total`: a pod found in
   the runtime that no source wanted in this process (after a restart, one deleted
   meanwhile), counted once it is killed;
+- `kubelet_sleep_action_terminated_early_total`: a lifecycle hook's sleep action that
+  ended before its seconds were up (the grace period or the hook's timeout ran out);
 - `kubelet_working_pods{lifecycle, config, static}`: the pods with a worker after each
   relist, every valid combination set (zeros too) as upstream's housekeeping does
   (`pods.podstate.working_pod`);
@@ -400,6 +402,7 @@ class Metrics:
     containers_per_pod: Histogram
     restarted_pods: Counter
     orphaned_runtime_pods: Counter
+    sleeps_cut_short: Counter
     bad_bus_entries: Counter
     bus_errors: Counter
     admission_rejections: Counter
@@ -672,6 +675,11 @@ def create_metrics(registry: CollectorRegistry, *, started_at: float | None = No
             "Pods desired again under the same UID while their worker was removing them, "
             "by whether they are static",
             ["static"],
+            registry=registry,
+        ),
+        sleeps_cut_short=Counter(
+            "kubelet_sleep_action_terminated_early",
+            "The number of times lifecycle sleep handler got terminated before it finishes",
             registry=registry,
         ),
         orphaned_runtime_pods=Counter(

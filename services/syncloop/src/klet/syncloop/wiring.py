@@ -387,6 +387,7 @@ def build_deps(settings: Settings, overrides: Overrides | None = None) -> Deps:
         clock=o.clock if o.clock is not None else time.monotonic,
         sleep=sleep,
         stops=exits,  # its own stops' events need no confirmation (runtime.py)
+        on_sleep_cut_short=metrics.sleeps_cut_short.inc,
     )
     syncer = PodSyncer(
         cri=cri,

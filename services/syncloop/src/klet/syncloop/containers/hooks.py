@@ -177,12 +177,16 @@ class LifecycleHooks:
         clock: Callable[[], float] = time.monotonic,
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
         stops: StopNotes | None = None,
+        on_sleep_cut_short: Callable[[], None] | None = None,
     ) -> None:
         """`host_ip` stands in for the pod IP of host-network pods (httpGet without host);
         `post_start_timeout_s` bounds a postStart hook (runtimeRequestTimeout: upstream
         sets none, and a hook that never returns would hold the pod worker forever);
-        `stops` is told of every StopContainer (None where no PLEG watches events)."""
+        `stops` is told of every StopContainer (None where no PLEG watches events);
+        `on_sleep_cut_short` of every sleep action ended before its seconds were up (the
+        time it was given ran out: upstream's kubelet_sleep_action_terminated_early_total)."""
         self.stops = stops
+        self.on_sleep_cut_short = on_sleep_cut_short
         self.cri = cri
         self.events = events
         self.host_ip = host_ip
@@ -218,13 +222,23 @@ class LifecycleHooks:
                 result = HandlerResult(True, result.message)
         elif kind == "sleep":
             seconds = float((handler.get("sleep") or {}).get("seconds") or 0)
-            await self.sleep(min(seconds, timeout_s))
+            try:
+                await self.sleep(min(seconds, timeout_s))
+            except asyncio.CancelledError:
+                self._sleep_cut_short()
+                raise
+            if seconds > timeout_s:
+                self._sleep_cut_short()
             result = HandlerResult(True, "")
         else:
             result = HandlerResult(False, f"invalid handler: {json.dumps(handler, sort_keys=True)}")
         if result.ok:
             return True, ""
         return False, failure_message(pod, container, handler, result, kind=kind)
+
+    def _sleep_cut_short(self) -> None:
+        if self.on_sleep_cut_short is not None:
+            self.on_sleep_cut_short()
 
     async def post_start(
         self,
