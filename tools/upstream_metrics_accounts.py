@@ -131,6 +131,18 @@ NOT_APPLICABLE: Mapping[str, tuple[str, ...]] = {
         "klet's relist and runtime events wake pod workers directly (a flag per pod, "
         "klet.syncloop.pods.podworkers), so no event is ever discarded"
     ): ("/metrics kubelet_pleg_discard_events",),
+    (
+        "upstream's volume reconstruction at kubelet start and its forced cleanup of the "
+        "volumes it fails to reconstruct; klet has no reconstruction phase: a restarted "
+        "syncloop sets each wanted pod's volumes up again at its sync and tears down from "
+        "what is on disk (klet.syncloop.volumes.csi), and its orphan sweep removes the rest "
+        "(kubelet_orphan_pod_cleaned_volumes)"
+    ): (
+        "/metrics force_cleaned_failed_volume_operation_errors_total",
+        "/metrics force_cleaned_failed_volume_operations_total",
+        "/metrics reconstruct_volume_operations_errors_total",
+        "/metrics reconstruct_volume_operations_total",
+    ),
     "client-go leader election, which upstream's kubelet links but never runs": (
         "/metrics leader_election_master_status",
         "/metrics leader_election_slowpath_total",
@@ -185,10 +197,6 @@ MISSING: Mapping[str, tuple[str, ...]] = {
         "/metrics dra_grpc_operations_duration_seconds",
         "/metrics dra_operations_duration_seconds",
         "/metrics dra_resource_claims_in_use",
-    ),
-    "the volume manager's forced cleanup is not counted": (
-        "/metrics force_cleaned_failed_volume_operation_errors_total",
-        "/metrics force_cleaned_failed_volume_operations_total",
     ),
     (
         "klet's admission does not preempt running pods to make room for a critical pod "
@@ -252,10 +260,6 @@ MISSING: Mapping[str, tuple[str, ...]] = {
     ),
     "the plugin watcher's registered plugins are not published": (
         "/metrics plugin_manager_total_plugins",
-    ),
-    "volume reconstruction after a restart is not counted": (
-        "/metrics reconstruct_volume_operations_errors_total",
-        "/metrics reconstruct_volume_operations_total",
     ),
     "the apiserver client's DNS lookups are not timed": (
         "/metrics rest_client_dns_resolution_duration_seconds",
