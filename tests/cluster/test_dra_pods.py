@@ -14,7 +14,9 @@ and reserves it and binds the pod; klet reads the claim, prepares it through the
 before the sandbox (`dra_manager_state` lists the claim with the pod and the allocated
 device) and runs the container with the claim's CDI device, whose environment (read
 over CRI) holds the driver's `claim_<claim>_<request>=true`, which the other container
-has not. Deleting the pod: klet stops it, unprepares the claim (the checkpoint empty
+has not; the PodResources API (a client of the generated v1 stubs on the node's socket)
+lists the claim, its driver, pool, device and CDI device for that container alone.
+Deleting the pod: klet stops it, unprepares the claim (the checkpoint empty
 again, the driver's CDI spec removed) and only then reports it terminated, so the
 apiserver object goes. The driver stopped, syncloop deletes the node's ResourceSlice of
 it once it stayed away 30 s (dra/slices.py). Only `make test-dra` (KLET_DRA_TESTS=1)
@@ -32,10 +34,14 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import grpc
 import pytest
 from klet.cri.client import CRISettings, RuntimeClient
 from klet.devstack import DevStack
 from klet.devstack.images import BUSYBOX_IMAGE, build, standard_images, write_oci_archive
+from klet.model.podresources import SOCKET_DIR, SOCKET_NAME
+from klet.rpc.gen.klet.podresources.v1 import api_pb2 as pb
+from klet.rpc.gen.klet.podresources.v1 import api_pb2_grpc as pb_grpc
 from klet.syncloop.dra.state import ClaimCheckpoint
 from klet.testbed.cluster import ControlPlane
 
@@ -121,6 +127,30 @@ def diagnosis(cp: ControlPlane, node: KletNode, pod_name: str) -> str:
         f"{pod.get('spec', {}).get('nodeName')}\nevents:\n{events}\nclaims:\n{claims}\n"
         f"syncloop:\n" + "\n".join(lines[-30:])
     )
+
+
+async def listed_claims(root_dir: Path, pod_name: str) -> dict[str, list[Any]]:
+    """The PodResources API's List (klet's socket, the generated v1 client): each
+    container of the pod with its dynamic resources."""
+    socket = root_dir / SOCKET_DIR / SOCKET_NAME
+    async with grpc.aio.insecure_channel(f"unix://{socket}") as channel:
+        stub = pb_grpc.PodResourcesListerStub(channel)  # type: ignore[no-untyped-call]
+        listed = await stub.List(pb.ListPodResourcesRequest(), timeout=10)
+    [pod] = [p for p in listed.pod_resources if p.name == pod_name]
+    return {
+        c.name: [
+            (
+                d.claim_name,
+                d.claim_namespace,
+                [
+                    (r.driver_name, r.pool_name, r.device_name, [x.name for x in r.cdi_devices])
+                    for r in d.claim_resources
+                ],
+            )
+            for d in c.dynamic_resources
+        ]
+        for c in pod.containers
+    }
 
 
 async def container_env(endpoint: str, pod_uid: str) -> dict[str, list[str]]:
@@ -231,6 +261,17 @@ async def test_a_template_claims_pod_runs_with_the_drivers_device_and_gives_it_b
         assert variable in envs["user"], (envs["user"], driver.text()[-2000:])
         assert not [e for e in envs["other"] if e.startswith("claim_")], envs["other"]
         assert list(cdi_dir.glob("*.json")), "the driver wrote no CDI spec"
+        dynamic = await listed_claims(node.root_dir, pod_name)
+        assert dynamic["other"] == []
+        [(name, namespace, [(drv, pool, device, cdi)])] = dynamic["user"]
+        assert (name, namespace, drv, pool, device) == (
+            claim_name,
+            NAMESPACE,
+            DRIVER,
+            NODE,
+            result["device"],
+        )
+        assert cdi == [f"{DRIVER}/test=claim-{claim['metadata']['uid']}-req-0"]
 
         cp.kubectl("delete", "pod", pod_name, "-n", NAMESPACE, "--wait=false", check=True)
         await until(
