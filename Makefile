@@ -237,8 +237,11 @@ kubeadm-addons: setup
 # control plane's and the addons' images built from cluster-binaries and kubeadm-addons,
 # kubeadm's files and fixed ports kept in a private mount and network namespace (unshare;
 # nothing reaches the host); every phase runs (kube-proxy and CoreDNS serve a pod), a
-# second node joins, then kubeadm reset and kube-proxy --cleanup. About 120 s with the
-# binaries cached; its own target, not in `make test` (past CI's one-minute allowance).
+# second node joins, then kubeadm reset and kube-proxy --cleanup; and kubeadm's smoke
+# (tests/kubeadm/test_kubeadm_smoke.py: init without the addons, a `kubeadm upgrade`-style
+# manifest edit restarting kube-scheduler once, reset), which `make test` runs too
+# (tests/kubeadm/test_kubeadm_in_make_test.py, in a namespace of its own). About 120 s +
+# the smoke's with the binaries cached.
 .PHONY: test-kubeadm
 test-kubeadm: setup cluster-binaries kubeadm-binary kubeadm-addons
 	KLET_KUBEADM_TESTS=1 unshare --mount --net --propagation private \

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # `make test`'s pytest, in two sessions around the Go builds.
 #
-# On a new machine the Go builds (the control plane, helm, the e2e suite: about 18
-# minutes of CPU on 2 cores) are the longest step before any test runs, and the unit and
+# On a new machine the Go builds (the control plane, kubeadm, helm, the e2e suite: about
+# 18 minutes of CPU on 2 cores) are the longest step before any test runs, and the unit and
 # integration tiers need none of their output. So the builds run in the background at
 # the lowest CPU priority (nice 19: the tests' processes come first, the compiler takes
 # the CPU they leave while they wait on containers and timers) beside a first session of
@@ -21,7 +21,8 @@ PY=.venv/bin/python
 mkdir -p .cache
 builds_log=.cache/test-builds.log
 
-nice -n 19 make --no-print-directory cluster-binaries helm-binaries e2e-binaries \
+# kubeadm-binary: kubeadm's smoke (tests/kubeadm/test_kubeadm_in_make_test.py)
+nice -n 19 make --no-print-directory cluster-binaries kubeadm-binary helm-binaries e2e-binaries \
   >"$builds_log" 2>&1 &
 builds=$!
 # Whatever happens to this script, the builds do not outlive it.

@@ -46,13 +46,8 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
-import shutil
-import signal
 import subprocess
 import sys
-import tempfile
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -61,107 +56,22 @@ from klet.devstack import DevStack
 from klet.devstack.images import TEST_REGISTRY_HOST
 from klet.syncloop.volumes.fs import mounts_under
 
-from tests.harness.systemd_unit import exec_start_argv
 from tests.harness.waiting import wait_for
 from tests.integration.conftest import remove_node_pods
-from tools.kubeadm.images import REPOSITORY, SKIPPED_PHASES, prepare, push_images
+from tests.kubeadm.kubeadmnode import (
+    CACHE,
+    NODE,
+    REPO,
+    Initialized,
+    init,
+    kubeadm_env,
+    run,
+    stop,
+)
+from tests.kubeadm.kubeadmnode import kubectl as _kubectl
+from tools.kubeadm.images import REPOSITORY, SKIPPED_PHASES
 
-REPO = Path(__file__).resolve().parents[2]
-PKG = REPO / "packaging" / "kubelet"
-NODE = "kadm1"
-ADDRESS = "10.254.0.10"
 NODE2, ADDRESS2 = "kadm2", "10.254.0.11"  # tests/kubeadm/joinnode.py, joined
-# /usr/lib: kube-proxy's DaemonSet mounts /lib/modules (-> /usr/lib/modules), which this
-# host lacks and containerd creates
-OVERLAID = ("/etc", "/var/lib", "/var/log", "/run", "/usr/bin", "/usr/lib")
-
-
-def _isolated() -> bool:
-    """This process's mount and network namespaces are not its parent's (unshare execs
-    pytest, so the parent is the shell that ran it)."""
-    own = [os.readlink(f"/proc/self/ns/{n}") for n in ("mnt", "net")]
-    outer = [os.readlink(f"/proc/{os.getppid()}/ns/{n}") for n in ("mnt", "net")]
-    return all(a != b for a, b in zip(own, outer, strict=True))
-
-
-def _run(*argv: str) -> None:
-    subprocess.run(argv, check=True, capture_output=True, text=True)
-
-
-@pytest.fixture(scope="module")
-def node_host() -> Iterator[Path]:
-    """The namespace's network (lo, a veth end with ADDRESS, a default route) and
-    the overlays over OVERLAID, their upper directories under a directory of the test."""
-    assert _isolated(), "run through `make test-kubeadm` (unshare --mount --net)"
-    top = Path(tempfile.mkdtemp(prefix="klet-kubeadm-", dir="/tmp"))
-    try:
-        yield from _node_host(top)
-    finally:
-        shutil.rmtree(top, ignore_errors=True)
-
-
-def _node_host(top: Path) -> Iterator[Path]:
-    _run("ip", "link", "set", "lo", "up")
-    # a veth pair, both ends here (this kernel has no dummy driver): kadm0 holds ADDRESS
-    _run("ip", "link", "add", "kadm0", "type", "veth", "peer", "name", "kadm1")
-    _run("ip", "addr", "add", f"{ADDRESS}/24", "dev", "kadm0")
-    _run("ip", "link", "set", "kadm1", "up")
-    _run("ip", "link", "set", "kadm0", "up")
-    _run("ip", "route", "add", "default", "dev", "kadm0")
-    mounted: list[str] = []
-    try:
-        for i, point in enumerate(OVERLAID):
-            upper, work = top / f"o{i}" / "upper", top / f"o{i}" / "work"
-            upper.mkdir(parents=True)
-            work.mkdir()
-            options = f"lowerdir={point},upperdir={upper},workdir={work}"
-            _run("mount", "-t", "overlay", "overlay", "-o", options, point)
-            mounted.append(point)
-        # the package's files where it puts them; the node's name resolves, as kubeadm's
-        # preflight asks (a 10 s DNS timeout otherwise)
-        shutil.copy2(PKG / "kubelet", "/usr/bin/kubelet")
-        with open("/etc/hosts", "a") as hosts:
-            hosts.write(f"{ADDRESS} {NODE}\n")
-        yield top
-    finally:
-        for point in reversed(mounted):
-            subprocess.run(["umount", "-l", point], capture_output=True, check=False)
-
-
-@pytest.fixture(scope="module")
-def stack(node_host: Path) -> Iterator[DevStack]:
-    s = DevStack(node_host / "stack")
-    s.start()
-    try:
-        yield s
-    finally:
-        s.stop()
-
-
-def _kubelet_argv() -> list[str]:
-    """The ExecStart systemd would run now: the unit and kubeadm's drop-in with the env
-    files as kubeadm wrote them."""
-
-    def read(path: str) -> str | None:
-        p = Path(path)
-        return p.read_text() if p.exists() else None
-
-    units = [(PKG / "kubelet.service").read_text(), (PKG / "10-kubeadm.conf").read_text()]
-    return exec_start_argv(units, read)
-
-
-def _kubectl(kubectl: Path, *args: str, stdin: str | None = None) -> str:
-    res = subprocess.run(
-        [str(kubectl), "--kubeconfig", "/etc/kubernetes/admin.conf", *args],
-        input=stdin,
-        capture_output=True,
-        text=True,
-        check=False,
-        timeout=60,
-    )
-    if res.returncode != 0:
-        raise AssertionError(f"kubectl {' '.join(args)}: {res.stderr.strip()}")
-    return res.stdout
 
 
 DEPLOYMENT = {
@@ -196,18 +106,6 @@ DEPLOYMENT = {
         },
     },
 }
-
-
-def _stop(kubelet: subprocess.Popen[bytes]) -> None:
-    """SIGTERM, as `systemctl stop kubelet` sends it; SIGKILL to the group after 90 s."""
-    if kubelet.poll() is not None:
-        return
-    kubelet.send_signal(signal.SIGTERM)
-    try:
-        kubelet.wait(timeout=90)
-    except subprocess.TimeoutExpired:
-        os.killpg(kubelet.pid, signal.SIGKILL)
-        kubelet.wait()
 
 
 POD = {
@@ -304,72 +202,18 @@ def _addons_serve(kubectl: Path) -> list[str]:
 
 @pytest.mark.timeout(900)
 def test_kubeadm_init_with_klet_as_the_kubelet(node_host: Path, stack: DevStack) -> None:
-    cache = Path(os.environ.get("KLET_CACHE", "/var/cache/klet"))
     work = node_host / "work"
     work.mkdir()
-    # kubeadm forces rotateCertificates: true with the kubelet.conf init writes (the node's
-    # pair embedded): klet seeds --cert-dir's store from it, as upstream does
-    kubeadm, config, plan, images = prepare(
-        cache=cache,
-        work=work,
-        advertise_address=ADDRESS,
-        node_name=NODE,
-        cri_socket=stack.runtime_endpoint,
-        cgroup_driver="cgroupfs",
-    )
-    push_images(images, stack.registry_address)
-    kubectl = kubeadm.parent / "kubectl"
-    init_log = work / "kubeadm-init.log"
-    kubelet_log = work / "kubelet.log"
-    init_argv = [str(kubeadm), "init", "--config", str(config), "--v=1"]
-    if SKIPPED_PHASES:
-        init_argv += ["--skip-phases", ",".join(SKIPPED_PHASES)]
-    # klet's Python environment is this one (the package's /opt/klet), for kubeadm's
-    # `kubelet --version` and for the unit
-    env = {
-        **{k: v for k, v in os.environ.items() if not k.startswith("KLET_")},
-        "KLET_HOME": sys.prefix,
-    }
-    with init_log.open("w") as out:
-        init = subprocess.Popen(
-            init_argv, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env
-        )
-    kubelet: subprocess.Popen[bytes] | None = None
+    env = kubeadm_env()
     uids: list[str] = []  # the apiserver's pods run here, for the clean-up
+    up: Initialized | None = None
     try:
-        written = ("/var/lib/kubelet/config.yaml", "/var/lib/kubelet/kubeadm-flags.env")
-        wait_for(
-            lambda: all(Path(p).exists() for p in written) or init.poll() is not None,
-            timeout_s=180,
-            what="kubeadm's kubelet-start phase",
-        )
-        assert init.poll() is None, init_log.read_text()[-4000:]
-        argv = _kubelet_argv()
-        assert argv[0] == "/usr/bin/kubelet"
-        with kubelet_log.open("w") as out:
-            kubelet = subprocess.Popen(
-                argv,
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-                env=env,
-                start_new_session=True,
-            )
-        try:
-            code = init.wait(timeout=600)
-        except subprocess.TimeoutExpired:
-            init.kill()
-            code = init.wait()
-        text = init_log.read_text()
-        assert code == 0, (
-            f"kubeadm init exited {code}:\n{text[-5000:]}\n--- kubelet:\n"
-            f"{kubelet_log.read_text()[-5000:]}"
-        )
-        assert "Your Kubernetes control-plane has initialized successfully!" in text
+        up = init(stack, work, skip_phases=SKIPPED_PHASES, addons=True)
+        kubeadm, kubectl, plan, kubelet = up.kubeadm, up.kubectl, up.plan, up.kubelet
         # the store seeded from init's kubelet.conf, which kubelet-finalize then points
         # at it (it rewrites kubelet.conf only when the file is there)
         store = Path("/var/lib/kubelet/pki/kubelet-client-current.pem")
-        assert store.exists(), kubelet_log.read_text()[-3000:]
+        assert store.exists(), (work / "kubelet.log").read_text()[-3000:]
         assert str(store) in Path("/etc/kubernetes/kubelet.conf").read_text()
 
         node = json.loads(_kubectl(kubectl, "get", "node", NODE, "-o", "json"))
@@ -422,11 +266,11 @@ def test_kubeadm_init_with_klet_as_the_kubelet(node_host: Path, stack: DevStack)
             ["unshare", "--mount", "--net", "--propagation", "private", sys.executable,
              "-m", "tests.kubeadm.joinnode", str(kubeadm), str(work / "join.txt"),
              f"{TEST_REGISTRY_HOST}/{REPOSITORY}/pause:{plan.pause_tag}", NODE2, ADDRESS2,
-             str(plan.binaries["kube-proxy"][0]), plan.binaries["kube-proxy"][1], str(cache)],
+             str(plan.binaries["kube-proxy"][0]), plan.binaries["kube-proxy"][1], str(CACHE)],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd=REPO,
         )  # fmt: skip
         try:
-            _run("ip", "link", "set", "kadm1", "netns", str(node2.pid))
+            run("ip", "link", "set", "kadm1", "netns", str(node2.pid))
             assert node2.stdout is not None
             first = node2.stdout.readline()
             assert first.startswith("JOINED 0"), first + node2.stdout.read(8000)
@@ -476,7 +320,7 @@ def test_kubeadm_init_with_klet_as_the_kubelet(node_host: Path, stack: DevStack)
 
         # kubeadm reset asks systemd to stop the kubelet (here it warns and goes on, as
         # upstream tells the operator to stop it by hand): stopped first, as systemd would
-        _stop(kubelet)
+        stop(kubelet)
         reset = subprocess.run(
             [str(kubeadm), "reset", "--force", "--cri-socket", stack.runtime_endpoint],
             env=env,
@@ -504,9 +348,9 @@ def test_kubeadm_init_with_klet_as_the_kubelet(node_host: Path, stack: DevStack)
         left_rules = [r for r in _iptables_save().splitlines() if "KUBE-" in r]
         assert all("KUBE-FIREWALL" in r for r in left_rules), left_rules
         for chain in ("INPUT", "OUTPUT"):
-            _run("iptables", "-t", "filter", "-D", chain, "-j", "KUBE-FIREWALL")
-        _run("iptables", "-t", "filter", "-F", "KUBE-FIREWALL")
-        _run("iptables", "-t", "filter", "-X", "KUBE-FIREWALL")
+            run("iptables", "-t", "filter", "-D", chain, "-j", "KUBE-FIREWALL")
+        run("iptables", "-t", "filter", "-F", "KUBE-FIREWALL")
+        run("iptables", "-t", "filter", "-X", "KUBE-FIREWALL")
         assert "KUBE-" not in _iptables_save()
         ctr = ["ctr", "-a", stack.runtime_endpoint.removeprefix("unix://"), "-n", "k8s.io"]
         for what in ("containers", "tasks"):
@@ -515,11 +359,8 @@ def test_kubeadm_init_with_klet_as_the_kubelet(node_host: Path, stack: DevStack)
             ).stdout
             assert listed.strip() == "", f"{what} left after kubeadm reset: {listed}"
     finally:
-        if init.poll() is None:
-            init.kill()
-            init.wait()
-        if kubelet is not None:
-            _stop(kubelet)
+        if up is not None:
+            stop(up.kubelet)
         asyncio.run(remove_node_pods(stack.runtime_endpoint, NODE, uids=uids))
         for point in mounts_under(Path("/var/lib/kubelet")):
             subprocess.run(["umount", point], capture_output=True, check=False)

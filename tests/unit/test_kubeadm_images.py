@@ -2,7 +2,8 @@
 back under the configured repository, matched with the binaries the project builds (a
 differing tag fails naming both, an image not built fails naming it, the addons
 included), the config names the etcd tag, kubeadm's patches directory and kube-proxy's
-conntrack left alone, and each image's shape (coredns's entrypoint, kube-proxy's
+conntrack left alone, without the addons (the smoke's init) the plan leaves them
+out, and each image's shape (coredns's entrypoint, kube-proxy's
 iptables)."""
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from tools.kubeadm.images import (
+    ADDON_PHASES,
     SKIPPED_PHASES,
     KubeadmImageError,
     binary_entries,
@@ -48,6 +50,18 @@ def test_the_list_matches_the_built_binaries_addons_included() -> None:
     assert p.binaries == BUILT
     assert p.pause_tag == "3.10.1"
     assert SKIPPED_PHASES == ()
+
+
+def test_without_addons_the_plan_leaves_kube_proxy_and_coredns_out() -> None:
+    """The smoke's init skips ADDON_PHASES: the addons need not be built, and are not
+    imaged even when they were."""
+    wanted = parse_images_list(LISTED, REPO)
+    core = {k: v for k, v in BUILT.items() if k not in ("kube-proxy", "coredns")}
+    assert plan(wanted, core, addons=False).binaries == core
+    assert plan(wanted, BUILT, addons=False).binaries == core
+    assert ADDON_PHASES == ("addon/kube-proxy", "addon/coredns")
+    with pytest.raises(KubeadmImageError, match="etcd, which was not built"):
+        plan(wanted, {k: v for k, v in core.items() if k != "etcd"}, addons=False)
 
 
 def test_an_addon_not_built_or_at_another_version_fails_naming_it() -> None:

@@ -66,6 +66,9 @@ REPOSITORY = "kubeadm"  # under the registry host: <host>/kubeadm/<name>
 BINARY_IMAGES = ("kube-apiserver", "kube-controller-manager", "kube-scheduler", "etcd")
 # kubeadm phases init skips: none, every image kubeadm lists is built here
 SKIPPED_PHASES: tuple[str, ...] = ()
+# the phases a control plane without addons skips (tests/kubeadm's smoke, in make test:
+# it needs no addon built, CoreDNS's build being minutes cold)
+ADDON_PHASES = ("addon/kube-proxy", "addon/coredns")
 PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"  # iptables: usr/sbin
 
 
@@ -105,12 +108,15 @@ class Plan:
     pause_tag: str
 
 
-def plan(wanted: Mapping[str, str], built: Mapping[str, tuple[Path, str]]) -> Plan:
+def plan(
+    wanted: Mapping[str, str], built: Mapping[str, tuple[Path, str]], *, addons: bool = True
+) -> Plan:
     """Match kubeadm's images (`wanted`, name -> tag) with the built binaries (name ->
     (path, the tag it deserves)). A differing tag fails naming both; a name not built
-    fails too."""
+    fails too. Without `addons` (init skipping ADDON_PHASES) kube-proxy's and coredns's
+    images are left out of the plan, though kubeadm lists them."""
     binaries: dict[str, tuple[Path, str]] = {}
-    for name in (*BINARY_IMAGES, *ADDON_IMAGES):
+    for name in (*BINARY_IMAGES, *(ADDON_IMAGES if addons else ())):
         if name not in wanted:
             raise KubeadmImageError(f"kubeadm does not list {name}")
         if name not in built:
@@ -140,10 +146,13 @@ def kubeadm_config(
     kubernetes_version: str,
     cgroup_driver: str,
     patches_dir: str | None = None,
+    encryption_algorithm: str | None = None,
 ) -> str:
     """The kubeadm v1beta4 InitConfiguration (with kubeadm's `patches` directory when
-    given) + ClusterConfiguration + KubeletConfiguration + KubeProxyConfiguration for a
-    node whose images come from `image_repository` (JSON documents are YAML).
+    given) + ClusterConfiguration (with `encryptionAlgorithm` when given: ECDSA-P256 keys
+    cost a loaded machine far less than the default RSA-2048) + KubeletConfiguration +
+    KubeProxyConfiguration for a node whose images come from `image_repository` (JSON
+    documents are YAML).
 
     kube-proxy's `conntrack.maxPerCore: 0` leaves `nf_conntrack_max` as it is (upstream's
     documented meaning of 0): a node in a network namespace other than the host's (the
@@ -157,15 +166,18 @@ def kubeadm_config(
     }
     if patches_dir is not None:
         init["patches"] = {"directory": patches_dir}
+    cluster: dict[str, object] = {
+        "apiVersion": "kubeadm.k8s.io/v1beta4",
+        "kind": "ClusterConfiguration",
+        "kubernetesVersion": kubernetes_version,
+        "imageRepository": image_repository,
+        "etcd": {"local": {"imageTag": etcd_image_tag}},
+    }
+    if encryption_algorithm is not None:
+        cluster["encryptionAlgorithm"] = encryption_algorithm
     docs = [
         init,
-        {
-            "apiVersion": "kubeadm.k8s.io/v1beta4",
-            "kind": "ClusterConfiguration",
-            "kubernetesVersion": kubernetes_version,
-            "imageRepository": image_repository,
-            "etcd": {"local": {"imageTag": etcd_image_tag}},
-        },
+        cluster,
         {
             "apiVersion": "kubelet.config.k8s.io/v1beta1",
             "kind": "KubeletConfiguration",
@@ -180,8 +192,9 @@ def kubeadm_config(
     return "---\n".join(json.dumps(d, indent=1) + "\n" for d in docs)
 
 
-def build_binaries(*, cache: Path) -> tuple[dict[str, tuple[Path, str]], Path]:
-    """tools/cluster/build.sh --with-kubeadm: name -> (binary, image tag), and kubeadm."""
+def build_binaries(*, cache: Path, addons: bool = True) -> tuple[dict[str, tuple[Path, str]], Path]:
+    """tools/cluster/build.sh --with-kubeadm (and the addons unless not `addons`): name ->
+    (binary, image tag), and kubeadm."""
     env = {**os.environ, "KLET_CACHE": str(cache)}
     res = subprocess.run(
         ["bash", str(BUILD_SH), "--with-kubeadm"],
@@ -204,6 +217,8 @@ def build_binaries(*, cache: Path) -> tuple[dict[str, tuple[Path, str]], Path]:
     ).stdout
     built = {n: (bin_dir / n, k8s_version) for n in BINARY_IMAGES if n != "etcd"}
     built["etcd"] = (bin_dir / "etcd", etcd_tag(etcd_out))
+    if not addons:
+        return built, bin_dir / "kubeadm"
     try:
         built.update(build_addon_binaries(cache=cache))
     except (AddonBuildError, OSError) as err:
@@ -308,13 +323,19 @@ def push_images(images: Iterable[KubeadmImage], registry: str) -> dict[str, str]
 
 
 def prepare(
-    *, cache: Path, work: Path, host: str = TEST_REGISTRY_HOST, **config: Any
+    *,
+    cache: Path,
+    work: Path,
+    host: str = TEST_REGISTRY_HOST,
+    addons: bool = True,
+    **config: Any,
 ) -> tuple[Path, Path, Plan, list[KubeadmImage]]:
     """Build kubeadm and the binaries, write kubeadm's config (`config` are
     kubeadm_config()'s arguments but the tags and repository) to `work`/kubeadm.yaml, check
     it against `kubeadm config images list` and build the images: (kubeadm, config, plan,
-    images)."""
-    built, kubeadm = build_binaries(cache=cache)
+    images). Without `addons`, for an init that skips ADDON_PHASES, kube-proxy and
+    coredns are neither built nor imaged."""
+    built, kubeadm = build_binaries(cache=cache, addons=addons)
     repository = f"{host}/{REPOSITORY}"
     path = work / "kubeadm.yaml"
     path.write_text(
@@ -325,7 +346,7 @@ def prepare(
             **config,
         )
     )
-    p = plan(kubeadm_images(kubeadm, path, repository), built)
+    p = plan(kubeadm_images(kubeadm, path, repository), built, addons=addons)
     return kubeadm, path, p, build_images(p, cache=cache, host=host)
 
 
