@@ -6,8 +6,6 @@ the owners of those tables name it: a forged Event with a fresh UID and a real p
 name makes no row and no stream, so `klet why` still tells the real pod's story. A pass
 over many pods is written in calls within the bus's cap, and a policy the bus would
 refuse (a longer stream or expiry than it takes) is refused up front, naming the flag.
-A pod the pod view knows is named from the view's copy of `desired`, without reading
-the table again (issue 42).
 Status changes come from the pod view (PodCache.subscribe_statuses): the view's one
 stream read and one status fetch serve the history too (issue 42), and a record of the
 view older than what a full pass recorded is left out."""
@@ -30,7 +28,6 @@ from klet.model.records import (
     PodStatusRecord,
 )
 from klet.model.timestamps import rfc3339
-from klet.model.types import JSON, PodUID
 from klet.status_reporter.metrics.instruments import Metrics
 from klet.status_reporter.pods.history import GROUP, WRITE_OPS, HistoryKeeper, HistoryPolicy
 from klet.status_reporter.pods.podcache import CachePolicy, PodCache
@@ -96,18 +93,13 @@ def on_node(bus: FakeBus, *uids: str, name: str = "web") -> None:
 
 
 class View:
-    """The pod view's status changes as the keeper takes them; `offer` hands some over.
-    `pods`: the desired pods it has read (none unless a test puts some there)."""
+    """The pod view's status changes as the keeper takes them; `offer` hands some over."""
 
     def __init__(self) -> None:
         self.callbacks: list[Callable[[Sequence[PodStatusRecord]], None]] = []
-        self.pods: dict[str, JSON] = {}
 
     def subscribe_statuses(self, callback: Callable[[Sequence[PodStatusRecord]], None]) -> None:
         self.callbacks.append(callback)
-
-    def known_pod(self, uid: PodUID) -> JSON | None:
-        return self.pods.get(uid)
 
     def offer(self, *records: PodStatusRecord) -> None:
         for callback in self.callbacks:
@@ -333,29 +325,6 @@ async def test_a_pod_known_only_by_its_status_is_named_as_its_status_names_it() 
     await keeper(bus, clock).events_once()
     row = bus.rows(node.history)["u9"]
     assert (row.namespace, row.name) == ("ns", "from-status")
-
-
-async def test_a_pod_the_view_knows_is_named_without_reading_a_table() -> None:
-    """issue 42: a new pod's first Events read `desired` again, which the view had read."""
-    clock = Clock()
-    bus = FakeBus(clock=clock)
-    node = NodeBus.of(bus, service="status-reporter")
-    on_node(bus, "u2", name="from-table")
-    view = View()
-    view.pods["u1"] = {"metadata": {"namespace": "ns", "name": "from-view", "uid": "u1"}}
-    k = keeper(bus, clock, view=view)
-    syncloop = NodeBus.of(bus, service="syncloop")
-    bus.append(syncloop.events, event("u1", "Pulled"))
-    bus.calls.clear()
-    await k.events_once()
-    assert "get_many" not in bus.calls
-    assert bus.rows(node.history)["u1"].name == "from-view"
-    # A pod the view does not know yet is looked up in the table, as before.
-    bus.append(syncloop.events, event("u2", "Pulled"))
-    bus.calls.clear()
-    await k.events_once()
-    assert bus.calls.count("get_many") == 1
-    assert bus.rows(node.history)["u2"].name == "from-table"
 
 
 async def test_a_pass_over_many_pods_is_written_within_the_bus_cap() -> None:

@@ -21,13 +21,9 @@ Whose history an Event joins is decided by what the writers own, not by the Even
 service can name any UID, namespace and name in an Event it records, so an Event only
 adds to the history of a pod this node has (an index row already, else a row of the
 `desired` table, pod-source's, or of `status`, syncloop's), and the index row's
-namespace and name come from those tables, never from the Event. The pod view has read
-the `desired` table already (`known_pod`): a pod it knows is named from it, and only a
-pod it does not know yet is looked up in the tables (issue 42: the history's HMGET of
-`desired` for a new pod's first Events was half of that table's reads per pod start).
-An Event about any other UID is acknowledged and left out: it can neither create a row
-that a `klet why` of a real pod's name finds first, nor a `history:<uid>` key of its
-choosing.
+namespace and name come from those tables, never from the Event. An Event about any
+other UID is acknowledged and left out: it can neither create a row that a `klet why`
+of a real pod's name finds first, nor a `history:<uid>` key of its choosing.
 
 Each pod's entries go to `history:<uid>`, capped at `max_entries` and given an expiry of
 `max_age_s` by the same fenced write (so a deleted pod's history goes by itself), and
@@ -55,7 +51,6 @@ from klet.bus.functions import MAX_EXPIRE_MS, MAX_STREAM_LEN
 from klet.model import podhistory
 from klet.model.flowcontrol import BackoffPolicy
 from klet.model.records import EventRecord, HistoryEntry, HistoryIndexRecord, PodStatusRecord
-from klet.model.types import JSON, PodUID
 from klet.obs import OnceLogger
 from klet.retry import call_retrying
 
@@ -94,15 +89,11 @@ class HistoryPolicy:
 
 
 class StatusChanges(Protocol):
-    """The pod view (podcache.PodCache): where the status changes come from (`callback`
-    is called, synchronously, with the status records fetched for the pods the
-    `podstatus` stream named, each time a batch of them is applied), and the desired
-    pods it has read (`known_pod`: the `desired` table's pod, or the last one seen of a
-    pod that left it)."""
+    """Where the status changes come from (podcache.PodCache): `callback` is called,
+    synchronously, with the status records fetched for the pods the `podstatus` stream
+    named, each time a batch of them is applied."""
 
     def subscribe_statuses(self, callback: Callable[[Sequence[PodStatusRecord]], None]) -> None: ...
-
-    def known_pod(self, uid: PodUID) -> JSON | None: ...
 
 
 class HistoryKeeper:
@@ -130,7 +121,6 @@ class HistoryKeeper:
         # The view's changes since the last step, newest per pod: bounded by the pods.
         self._pending: dict[str, PodStatusRecord] = {}
         self._offered = asyncio.Event()
-        self._view = changes
         changes.subscribe_statuses(self._offer)
         self._once = OnceLogger(log, level=logging.WARNING)
         self.written = 0
@@ -264,22 +254,15 @@ class HistoryKeeper:
 
     async def _names(self, uids: list[str]) -> dict[str, tuple[str, str]]:
         """(namespace, name) of each of `uids` the node has, as pod-source's `desired`
-        (the pod view's copy, else the table) or else syncloop's `status` names it; a
-        UID in neither is left out."""
+        or else syncloop's `status` names it; a UID in neither is left out."""
+        if not uids:
+            return {}
         out: dict[str, tuple[str, str]] = {}
-        unknown: list[str] = []
-        for uid in uids:
-            pod = self._view.known_pod(PodUID(uid))
-            if pod is None:
-                unknown.append(uid)
-            else:
-                out[uid] = _name_of(pod)
-        if not unknown:
-            return out
-        for uid, desired in (await self._bus.desired.get_many(unknown)).items():
+        for uid, desired in (await self._bus.desired.get_many(uids)).items():
             if desired is not None:
-                out[uid] = _name_of(desired.pod)
-        rest = [uid for uid in unknown if uid not in out]
+                meta = desired.pod.get("metadata") or {}
+                out[uid] = (str(meta.get("namespace") or ""), str(meta.get("name") or ""))
+        rest = [uid for uid in uids if uid not in out]
         if rest:
             for uid, status in (await self._bus.status.get_many(rest)).items():
                 if status is not None:
@@ -374,9 +357,3 @@ def _chunks(uids: Iterable[str], ops: Callable[[str], int]) -> list[list[str]]:
         out[-1].append(uid)
         size += n
     return out
-
-
-def _name_of(pod: JSON) -> tuple[str, str]:
-    """A desired pod's (namespace, name)."""
-    meta = pod.get("metadata") or {}
-    return str(meta.get("namespace") or ""), str(meta.get("name") or "")
