@@ -1027,8 +1027,8 @@ async def test_a_read_write_once_pod_volume_held_by_another_pod_is_refused(
 ) -> None:
     """A PV whose one access mode is ReadWriteOncePod: a second pod on the node gets
     upstream's refusal (nothing published for it) until the first pod's volume is torn
-    down; the holder's own later syncs go on, and a PV that also lists ReadWriteOnce is
-    shared as before."""
+    down (for a Block-mode PV too); the holder's own later syncs go on, and a PV that
+    also lists ReadWriteOnce is shared as before."""
     driver, objects = FakeDriver(), Objects()
     objects.bind("data", "pv1")
     objects.pvs["pv1"]["spec"]["accessModes"] = ["ReadWriteOncePod"]
@@ -1044,6 +1044,12 @@ async def test_a_read_write_once_pod_volume_held_by_another_pod_is_refused(
     await p.tear_down(path1.parent)
     path2 = await p.set_up(CLAIM, ctx(tmp_path, two))
     assert path2 == tmp_path / "pods/u2/volumes/kubernetes.io~csi/pv1/mount"
+
+    # Block mode: the same refusal while u2 holds it (its record is in the same place).
+    objects.pvs["pv1"]["spec"]["volumeMode"] = "Block"
+    with pytest.raises(VolumeError, match=RWOP_IN_USE):
+        await p.set_up(CLAIM, ctx(tmp_path, one))
+    assert not (tmp_path / "pods/u1/volumeDevices").exists()
 
     assert not rwop_held_elsewhere(["ReadWriteOncePod", "ReadWriteOnce"], ["u1"], "u2")
     assert not rwop_held_elsewhere(["ReadWriteOnce"], ["u1"], "u2")

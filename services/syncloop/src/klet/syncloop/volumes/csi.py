@@ -8,9 +8,10 @@ type fails the pod's volume with its name.
 A CSI volume goes through the driver registered on this node (the bus `csidrivers`
 table, which syncloop's plugin watcher fills), as upstream's CSI volume plugin drives it:
 
-- **ReadWriteOncePod**: a PV whose one access mode is ReadWriteOncePod is refused to a
-  pod while another pod's directory on the node holds it (upstream's MountVolume check
-  and text; the scheduler enforces it too, but a pod given its nodeName bypasses that);
+- **ReadWriteOncePod**: a PV whose one access mode is ReadWriteOncePod (Filesystem or
+  Block) is refused to a pod while another pod's directory on the node holds it
+  (upstream's MountVolume and MapVolume check and text; the scheduler enforces it too,
+  but a pod given its nodeName bypasses that);
 - **attach**: when the driver's CSIDriver object says `attachRequired` (or there is no
   CSIDriver object), the pod's `vol_data.json` is written first (which puts the volume
   in the Node's `status.volumesInUse`), and nothing is mounted until the Node's status
@@ -587,6 +588,9 @@ class CSIVolumePlugin:
             attach_id = attachment_name(handle, driver, self.node_name)
         pv = claimed.pv_name
         uid = str(ctx.pod["metadata"]["uid"])
+        holders = await asyncio.to_thread(self._holders, driver, handle)
+        if rwop_held_elsewhere(claimed.pv["spec"].get("accessModes") or [], holders, uid):
+            raise VolumeError(RWOP_IN_USE)  # upstream's MapVolume check, the same text
         staging_dir = csiblock.staging_path(self.root_dir, pv)
         target = csiblock.publish_path(self.root_dir, pv, uid)
         data = {
