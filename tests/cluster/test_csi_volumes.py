@@ -17,7 +17,8 @@ grown with the claim waiting for the node → NodeExpandVolume and the claim's s
 capacity grown; the pod deleted → NodeUnpublishVolume and then NodeUnstageVolume, no
 directory left, before the API object is gone; syncloop SIGKILLed while such a pod runs
 → no container restarted, the volume still there, and torn down by the new syncloop
-when the pod goes; an inline CSI volume and a generic ephemeral volume; a local PV; a
+when the pod goes; an inline CSI volume and a generic ephemeral volume; a local PV (its
+claim's kubelet_volume_stats_capacity_bytes the statfs total of its directory); a
 Block-mode local PV on a loop device, written through `volumeDevices` (and refused in
 `volumeMounts`); a Filesystem-mode local PV on a blank loop device, formatted, mounted
 for the node and bound into the pod, unmounted with its last pod, its data there for
@@ -37,6 +38,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import shutil
 import signal
 import subprocess
@@ -463,6 +465,20 @@ def test_a_local_pv(cp: ControlPlane, node: KletNode, ns: str, tmp_path: Path) -
         wait_for(lambda: running(cp, ns, "local"), timeout_s=120, what="local Running")
         wait_for(lambda: (local / "file").exists(), timeout_s=30, what="the pod's file")
         assert (local / "file").read_text() == "written-by-local\n"
+        # Its usage as upstream's MetricsStatFS gives it: statfs of the directory's
+        # filesystem, under the claim (the total, which nothing here changes).
+        fs = os.statvfs(local)
+        capacity = wait_for(
+            lambda: node.metric(
+                "status-reporter",
+                "kubelet_volume_stats_capacity_bytes",
+                namespace=ns,
+                persistentvolumeclaim="local",
+            ),
+            timeout_s=60,
+            what="the local PV claim's volume stats metric",
+        )
+        assert capacity == fs.f_blocks * fs.f_frsize
         delete_pod(cp, ns, "local")
         assert (local / "hello").exists()  # the node's data is left alone
     finally:
