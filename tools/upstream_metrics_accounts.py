@@ -221,9 +221,6 @@ MISSING: Mapping[str, tuple[str, ...]] = {
     "10250's requests are not timed per path and method": (
         "/metrics kubelet_http_requests_duration_seconds",
     ),
-    "volume stats collection is not timed": (
-        "/metrics kubelet_volume_metric_collection_duration_seconds",
-    ),
     "CSI volume health (VolumeCondition) is not read": (
         "/metrics kubelet_volume_stats_health_status_abnormal",
     ),

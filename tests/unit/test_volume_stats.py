@@ -8,10 +8,12 @@ is down), the kubelet_volume_stats_* gauges of claims and the Summary's `volume`
 entries; the node status lists volumesInUse and deletes the field when nothing is in
 use. The volumes measured on the node (configMap, secret, projected, downwardAPI here;
 memory-backed emptyDirs need a tmpfs: tests/integration/test_csi_volume_stats.py) get
-du-and-statfs usage once, stay out of volumesInUse and the gauges, and show in the
-Summary's list; disk-backed emptyDirs (status-reporter's) and hostPath (upstream
-measures none) are not recorded. Filesystem-mode `local` PVs get statfs usage every
-period with their claim's gauges, from the record the CSI plugin writes at set-up."""
+du-and-statfs usage once (each walk and each driver call timed in
+kubelet_volume_metric_collection_duration_seconds by source), stay out of volumesInUse
+and the gauges, and show in the Summary's list; disk-backed emptyDirs
+(status-reporter's) and hostPath (upstream measures none) are not recorded.
+Filesystem-mode `local` PVs get statfs usage every period with their claim's gauges,
+from the record the CSI plugin writes at set-up."""
 
 from __future__ import annotations
 
@@ -25,6 +27,7 @@ from klet.bus.schema import NodeBus
 from klet.csi import CSIError, VolumeStats
 from klet.model.records import CSIDriverRecord
 from klet.status_reporter.cluster import nodestatus as ns
+from klet.syncloop.metrics import volume_stat_collection
 from klet.syncloop.volumes.volumestats import VolumeStatsCollector
 from klet.testbed.fakes.bus import FakeBus
 from prometheus_client import CollectorRegistry
@@ -97,7 +100,13 @@ class Clock:
         return self.now
 
 
-def collector(root: Path, bus: FakeBus, driver: Driver, clock: Clock) -> VolumeStatsCollector:
+def collector(
+    root: Path,
+    bus: FakeBus,
+    driver: Driver,
+    clock: Clock,
+    registry: CollectorRegistry | None = None,
+) -> VolumeStatsCollector:
     return VolumeStatsCollector(
         root_dir=root,
         table=NodeBus.of(bus, service="syncloop").volumes,
@@ -105,13 +114,20 @@ def collector(root: Path, bus: FakeBus, driver: Driver, clock: Clock) -> VolumeS
         connect=lambda endpoint, name: driver,
         stats_period_s=60.0,
         clock=clock,
+        timing=None if registry is None else volume_stat_collection(registry),
+    )
+
+
+def timed(registry: CollectorRegistry, source: str) -> float | None:
+    return registry.get_sample_value(
+        "kubelet_volume_metric_collection_duration_seconds_count", {"metric_source": source}
     )
 
 
 async def test_the_table_follows_the_disk_and_usage_the_period(tmp_path: Path) -> None:
-    bus, driver, clock = FakeBus(), Driver(), Clock()
+    bus, driver, clock, registry = FakeBus(), Driver(), Clock(), CollectorRegistry()
     table = NodeBus.of(bus, service="status-reporter").volumes
-    c = collector(tmp_path, bus, driver, clock)
+    c = collector(tmp_path, bus, driver, clock, registry)
     volume_dir = publish(tmp_path, "u1", "pv1", claim="data")
     await c.sync_once()
     [record] = (await table.all()).values()
@@ -136,6 +152,7 @@ async def test_the_table_follows_the_disk_and_usage_the_period(tmp_path: Path) -
     assert len(driver.asked) == 2
     [kept] = (await table.all()).values()
     assert kept.usage == record.usage and kept.measured_at == 1000.0  # the last usage stays
+    assert timed(registry, DRIVER) == 2  # each driver call timed, the failed one too
 
     # A restarted collector starts from the table; the volume goes with its files.
     fresh = collector(tmp_path, bus, driver, clock)
@@ -253,8 +270,10 @@ async def test_volumes_of_the_node_measured_once_with_du_and_statfs(tmp_path: Pa
         (d / "..data" / "key").write_bytes(b"x" * 5000 * (i + 1))
     (volumes / "kubernetes.io~empty-dir" / "scratch").mkdir(parents=True)  # on disk
     (volumes / "kubernetes.io~host-path" / "host").mkdir(parents=True)
-    c = collector(tmp_path, bus, driver, clock)
+    timings = CollectorRegistry()
+    c = collector(tmp_path, bus, driver, clock, timings)
     await c.sync_once()
+    assert timed(timings, "du") == 4  # one walk per volume
     records = await table.all()
     assert set(records) == {f"u1/{name}" for name in dirs}
     fs = os.statvfs(tmp_path)

@@ -485,6 +485,24 @@ def volume_counts(registry: CollectorRegistry) -> Callable[[Mapping[tuple[str, s
     return record
 
 
+def volume_stat_collection(registry: CollectorRegistry) -> Callable[[str, float], None]:
+    """upstream's kubelet_volume_metric_collection_duration_seconds{metric_source}: each
+    volume usage measurement of syncloop's stats collector (volumes.volumestats), by the
+    CSI driver's name, `du` or `statfs`, as upstream's metrics providers label theirs."""
+    histogram = Histogram(
+        "kubelet_volume_metric_collection_duration_seconds",
+        "Duration in seconds to calculate volume stats",
+        ["metric_source"],
+        registry=registry,
+        buckets=DEF_BUCKETS,
+    )
+
+    def record(source: str, seconds: float) -> None:
+        histogram.labels(source).observe(max(0.0, seconds))
+
+    return record
+
+
 def orphan_sweeps(registry: CollectorRegistry) -> Callable[[int, int], None]:
     """upstream's kubelet_orphan_pod_cleaned_volumes and _errors: the orphaned pod
     directories the last sweep found (volumes.manager.VolumeManager.clean_orphans), and

@@ -95,6 +95,7 @@ from klet.syncloop.metrics import (
     orphan_sweeps,
     storage_operations,
     volume_counts,
+    volume_stat_collection,
 )
 from klet.syncloop.model import podspec
 from klet.syncloop.plugins.csidrivers import CSIRegistrar
@@ -576,6 +577,7 @@ def build_deps(settings: Settings, overrides: Overrides | None = None) -> Deps:
             drivers=node_bus.csidrivers,
             connect=lambda endpoint, driver: CSIClient(endpoint, driver=driver, observer=csi_calls),
             stats_period_s=k.volume_stats_agg_period,
+            timing=volume_stat_collection(registry),
         ),
         relister=relister,
         watcher=watcher,

@@ -227,7 +227,12 @@ class VolumeStatsCollector:
         stats_period_s: float,
         scan_period_s: float = SCAN_PERIOD_S,
         clock: Callable[[], float] = time.time,
+        timing: Callable[[str, float], None] | None = None,
     ) -> None:
+        self.timing = timing
+        """Told (metric source, seconds) of every measurement: the driver's name for a
+        NodeGetVolumeStats, `du` for a walk, `statfs` for a local PV (upstream's
+        kubelet_volume_metric_collection_duration_seconds{metric_source})."""
         self.root_dir = root_dir
         self.table = table
         self.drivers = drivers
@@ -274,9 +279,15 @@ class VolumeStatsCollector:
                 await self.table.put(key, record)
                 known[key] = record
 
+    def _timed(self, source: str, started: float) -> None:
+        if self.timing is not None:
+            self.timing(source, time.perf_counter() - started)
+
     async def _measure(self, record: VolumeRecord, data: JSON, now: float) -> VolumeRecord:
         if "_statfs" in data:
+            started = time.perf_counter()
             usage = await asyncio.to_thread(statfs_usage, Path(str(data["_statfs"])))
+            self._timed("statfs", started)
             return record if usage is None else replace(record, usage=usage, measured_at=now)
         if "_path" in data:
             return await self._measure_here(record, data, now)
@@ -289,11 +300,16 @@ class VolumeStatsCollector:
         try:
             if GET_VOLUME_STATS not in await self._clients.capabilities(entry):
                 return record  # the driver gives none
-            stats = await (await self._clients.get(entry)).volume_stats(
-                str(data.get("volumeHandle") or ""),
-                volume_path=str(data["_target"]),
-                staging_path=str(data.get("stagingTargetPath") or ""),
-            )
+            client = await self._clients.get(entry)
+            started = time.perf_counter()
+            try:
+                stats = await client.volume_stats(
+                    str(data.get("volumeHandle") or ""),
+                    volume_path=str(data["_target"]),
+                    staging_path=str(data.get("stagingTargetPath") or ""),
+                )
+            finally:
+                self._timed(driver, started)
         except CSIError as err:
             self._once.error(
                 f"stats:{driver}",
@@ -311,7 +327,9 @@ class VolumeStatsCollector:
         if data["_once"] and record.measured_at:
             self._next[key] = math.inf  # measured once, kept while the volume exists
             return record
+        started = time.perf_counter()
         usage = await asyncio.to_thread(du_and_statfs, Path(str(data["_path"])))
+        self._timed("du", started)
         if usage is None:
             return record  # asked again at the next period
         if data["_once"]:
