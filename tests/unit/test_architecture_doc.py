@@ -8,8 +8,8 @@ is named with its distribution directory, every gRPC service in proto/ by its fu
 every function of the bus's Redis library, the ACL user names, the default service
 ports, and the run-dir and root-dir paths of klet.model.layout. The floors of syncloop's
 packages and of status-reporter's rooms the map draws are the ones the import-linter
-layers contracts in pyproject.toml enforce, in the same order. The README points at ARCHITECTURE.md, not at a file
-outside the repository.
+layers contracts in pyproject.toml enforce, in the same order. The README points at
+ARCHITECTURE.md, not at a file outside the repository.
 """
 
 from __future__ import annotations
