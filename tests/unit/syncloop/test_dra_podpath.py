@@ -12,7 +12,8 @@ the claims from the checkpoint and neither prepares again nor restarts a contain
 and a container that dies afterwards comes back with its CDI device; a pod nobody
 wants any more (removed while syncloop was away) has its claims unprepared after the
 kill; without a claim manager (standalone, or the gate off) the pod waits with the
-Event saying so; a container's `resources.claims` stays out of its status resources
+Event saying so; a pod that completed by itself (restartPolicy Never, exit 0) has its
+claims unprepared once its phase is Succeeded, not at its deletion; a container's `resources.claims` stays out of its status resources
 (the in-place resize's view: limits and requests only, as upstream).
 """
 
@@ -273,3 +274,20 @@ def test_a_containers_claims_are_not_in_its_status_resources() -> None:
     )
     [cs] = status["containerStatuses"]
     assert cs["resources"] == {"requests": {"cpu": "100m"}}
+
+
+async def test_a_pod_that_completed_by_itself_gives_its_claims_back(w: World) -> None:
+    w.claims.claims["u1-gpu"] = claim("u1")
+    p = claim_pod("u1")
+    p["spec"]["restartPolicy"] = "Never"
+    w.want(p)
+    await w.controller.sync_once("u1")
+    [app] = w.app_containers()
+    w.cri.exit_container(app.id, 0)
+    await w.controller.sync_once("u1")
+    status = w.controller.publisher.get("u1")
+    assert status is not None and status["phase"] == "Succeeded"
+    assert w.driver.log[-1] == ("unprepare", ("u1-gpu",), 0)
+    assert w.checkpointed() == {}
+    await w.controller.sync_once("u1")  # later syncs have nothing left to unprepare
+    assert [e[0] for e in w.driver.log] == ["prepare", "unprepare"]

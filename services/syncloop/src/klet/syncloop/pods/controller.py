@@ -556,7 +556,13 @@ class PodController:
             self._update_probes(pod, current, deleting=False)
         if self.resizer is not None and await self.resizer.actuate(uid, pod, current):
             current = await self.runtime.get(uid)
-        self._publish(uid, pod, self._pod_status(uid, pod, current, result.waiting))
+        status = self._pod_status(uid, pod, current, result.waiting)
+        self._publish(uid, pod, status)
+        if status.get("phase") in ("Succeeded", "Failed") and not anything_running(current):
+            # upstream's worker terminates a pod that completed by itself, and its
+            # SyncTerminatingPod unprepares the pod's DRA claims: they go now, not at
+            # the pod's deletion (a no-op for a pod holding none).
+            await self.syncer.unprepare_claims(uid)
         if deadline is None:  # the sandbox may have been created by this very sync
             deadline = active_deadline(pod, current)
         wake = [t for t in (result.wake_at, deadline) if t is not None]
