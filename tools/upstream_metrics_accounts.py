@@ -214,13 +214,6 @@ MISSING: Mapping[str, tuple[str, ...]] = {
         "/metrics kubelet_node_startup_pre_registration_duration_seconds",
         "/metrics kubelet_node_startup_registration_duration_seconds",
     ),
-    "10250's requests are not counted per path and method": (
-        "/metrics kubelet_http_inflight_requests",
-        "/metrics kubelet_http_requests_total",
-    ),
-    "10250's requests are not timed per path and method": (
-        "/metrics kubelet_http_requests_duration_seconds",
-    ),
     "CSI volume health (VolumeCondition) is not read": (
         "/metrics kubelet_volume_stats_health_status_abnormal",
     ),

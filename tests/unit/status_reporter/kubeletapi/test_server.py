@@ -308,3 +308,46 @@ async def test_connections_open_at_shutdown_end_without_a_callback_error(
     finally:
         loop.set_exception_handler(previous)
     assert errors == []
+
+
+async def test_requests_are_counted_timed_and_in_flight_by_upstreams_labels(
+    world: World, pki: Pki
+) -> None:
+    def value(name: str, method: str, path: str, long_running: str = "false") -> float | None:
+        labels = {
+            "method": method,
+            "path": path,
+            "server_type": "readwrite",
+            "long_running": long_running,
+        }
+        return world.registry.get_sample_value(name, labels)
+
+    backend = Backend()
+    async with backend as stream_url, serving(deps_for(world, pki)) as url:
+        world.runtime.stream_url = stream_url
+        async with httpx.AsyncClient(base_url=url, verify=pki.admin) as admin:
+            for _ in range(3):
+                assert (await admin.get("/pods")).status_code == 200
+            assert (await admin.get("/stats/summary")).status_code == 200
+            assert (await admin.get("/no/such/root")).status_code == 404
+        async with httpx.AsyncClient(base_url=url, verify=pki.plain) as anon:
+            assert (await anon.get("/metrics/cadvisor")).status_code == 401
+        reader, writer, head = await open_upgrade(url, pki.admin, "/exec/ns/web/app?output=1")
+        assert head.startswith(b"HTTP/1.1 101")
+        # the stream is in flight until it closes
+        assert value("kubelet_http_inflight_requests", "POST", "exec", "true") == 1
+        assert value("kubelet_http_requests_total", "POST", "exec", "true") == 1
+        writer.close()
+        for _ in range(100):
+            if value("kubelet_http_inflight_requests", "POST", "exec", "true") == 0:
+                break
+            await asyncio.sleep(0.02)
+    assert value("kubelet_http_inflight_requests", "POST", "exec", "true") == 0
+    assert value("kubelet_http_requests_duration_seconds_count", "POST", "exec", "true") == 1
+    assert value("kubelet_http_requests_total", "GET", "pods") == 3
+    assert value("kubelet_http_requests_duration_seconds_count", "GET", "pods") == 3
+    assert value("kubelet_http_inflight_requests", "GET", "pods") == 0
+    assert value("kubelet_http_requests_total", "GET", "stats") == 1
+    assert value("kubelet_http_requests_total", "GET", "other") == 1
+    # a refused request is counted too, as upstream's ServeHTTP wraps its auth filter
+    assert value("kubelet_http_requests_total", "GET", "metrics/cadvisor") == 1

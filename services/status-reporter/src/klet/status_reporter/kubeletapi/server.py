@@ -61,9 +61,10 @@ import contextlib
 import logging
 import socket
 import ssl
+import time
 from collections.abc import Callable, Mapping
 from typing import Any
-from urllib.parse import unquote, urlsplit
+from urllib.parse import SplitResult, unquote, urlsplit
 
 import h11
 from klet.status_reporter.kubeletapi.app import HttpProblem, create_app, resolve_stream_url
@@ -76,6 +77,7 @@ from klet.status_reporter.kubeletapi.connlimits import (
 )
 from klet.status_reporter.kubeletapi.deps import KubeletApiDeps, KubeletApiSettings
 from klet.status_reporter.kubeletapi.gate import Gate
+from klet.status_reporter.kubeletapi.requestmetrics import path_buckets, request_labels
 from klet.status_reporter.kubeletapi.routes import (
     StreamTarget,
     is_upgrade,
@@ -201,6 +203,10 @@ class _Connection:
         self.sock = writer.get_extra_info("sockname")
         self.authenticated = False
         """A request on this connection passed the gate: it may idle between requests."""
+        self.buckets = path_buckets(
+            debugging=self.settings.enable_debugging_handlers,
+            checkpoint=self.settings.container_checkpoint,
+        )
 
     # -- I/O -----------------------------------------------------------------------------
 
@@ -326,10 +332,22 @@ class _Connection:
             self.h11.start_next_cycle()
 
     async def _handle(self, request: h11.Request) -> bool:
-        """Answer one request; True when the connection is done (closed by the answer,
-        or handed to a stream)."""
+        """Answer one request, counted and timed as upstream's server does (every
+        request, refused ones too; a stream until it closes): True when the connection
+        is done (closed by the answer, or handed to a stream)."""
         method = request.method.decode("ascii", "replace")
         target = urlsplit(request.target.decode("latin-1"))
+        verb, root, long_running = request_labels(method, unquote(target.path), self.buckets)
+        labels = (verb, root, "readwrite", long_running)
+        metrics = self.deps.metrics
+        metrics.http_request_started(labels)
+        started = time.monotonic()
+        try:
+            return await self._answer(request, method, target)
+        finally:
+            metrics.http_request_done(labels, time.monotonic() - started)
+
+    async def _answer(self, request: h11.Request, method: str, target: SplitResult) -> bool:
         path = unquote(target.path)
         headers: dict[str, str] = {}
         for name, value in request.headers:

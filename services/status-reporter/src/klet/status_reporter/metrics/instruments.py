@@ -382,7 +382,10 @@ class KubeletApiMetrics:
     SubjectAccessReview (`apiserver_delegated_authz_...`) the listener's gate sends, by
     the HTTP status code of the answer or "<error>", and the client certificates' time
     left (`apiserver_client_certificate_expiration_seconds`; kubeletapi.authn.ReviewObserver);
-    and the token cache's `authentication_token_cache_*` (kubeletapi.authn.TokenCacheObserver).
+    and the token cache's `authentication_token_cache_*` (kubeletapi.authn.TokenCacheObserver);
+    and upstream's `kubelet_http_requests_total`, `kubelet_http_requests_duration_seconds`
+    and `kubelet_http_inflight_requests` of every request (server.py, labelled by
+    kubeletapi.requestmetrics).
     """
 
     def __init__(self, registry: CollectorRegistry, *, refusals: Iterable[str]) -> None:
@@ -463,6 +466,27 @@ class KubeletApiMetrics:
         )
         for status in ("in_flight", "blocked"):
             self._token_active.labels(status=status)
+        # upstream's kubelet server metrics (kubeletapi.requestmetrics labels them)
+        http_labels = ["method", "path", "server_type", "long_running"]
+        self._http_requests = Counter(
+            "kubelet_http_requests",
+            "Number of the http requests received since the server started",
+            http_labels,
+            registry=registry,
+        )
+        self._http_duration = Histogram(
+            "kubelet_http_requests_duration_seconds",
+            "Duration in seconds to serve http requests",
+            http_labels,
+            registry=registry,
+            buckets=DEF_BUCKETS,
+        )
+        self._http_inflight = Gauge(
+            "kubelet_http_inflight_requests",
+            "Number of the inflight http requests",
+            http_labels,
+            registry=registry,
+        )
         self._client_certificates = Histogram(
             "apiserver_client_certificate_expiration_seconds",
             "Distribution of the remaining lifetime on the certificate used to authenticate "
@@ -496,6 +520,16 @@ class KubeletApiMetrics:
 
     def token_fetched(self, *, ok: bool) -> None:
         self._token_fetches.labels(status="ok" if ok else "error").inc()
+
+    def http_request_started(self, labels: tuple[str, str, str, str]) -> None:
+        """A request labelled (method, path, server_type, long_running) is let in."""
+        self._http_requests.labels(*labels).inc()
+        self._http_inflight.labels(*labels).inc()
+
+    def http_request_done(self, labels: tuple[str, str, str, str], seconds: float) -> None:
+        """The request is answered (or its stream closed) after `seconds`."""
+        self._http_inflight.labels(*labels).dec()
+        self._http_duration.labels(*labels).observe(max(0.0, seconds))
 
     def client_certificate(self, seconds_left: float) -> None:
         self._client_certificates.observe(seconds_left)
