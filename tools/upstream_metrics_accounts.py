@@ -119,14 +119,6 @@ NOT_APPLICABLE: Mapping[str, tuple[str, ...]] = {
         "only and refuses a runtime without it at start"
     ): ("/metrics kubelet_cri_losing_support",),
     (
-        "EventedPLEG's stream errors; klet's is klet_syncloop_runtime_event_stream_errors_total, "
-        "and upstream's counters are without _total, which prometheus-client cannot type"
-    ): ("/metrics kubelet_evented_pleg_connection_error_count",),
-    (
-        "EventedPLEG's stream opens; klet's is klet_syncloop_runtime_event_streams_total, and "
-        "upstream's counters are without _total, which prometheus-client cannot type"
-    ): ("/metrics kubelet_evented_pleg_connection_success_count",),
-    (
         "events upstream's PLEG drops when its 1000-event channel to the sync loop is full; "
         "klet's relist and runtime events wake pod workers directly (a flag per pod, "
         "klet.syncloop.pods.podworkers), so no event is ever discarded"

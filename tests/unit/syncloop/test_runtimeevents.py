@@ -30,6 +30,7 @@ from klet.cri import labels as L
 from klet.cri.types import ContainerConfig, ContainerState, EventKind, RuntimeEvent, SandboxConfig
 from klet.model.flowcontrol import BackoffPolicy
 from klet.model.types import ContainerID, SandboxID
+from klet.syncloop.metrics import create_metrics
 from klet.syncloop.pods.relisting import Relister
 from klet.syncloop.pods.runtime import ExitNotices, PodRuntime
 from klet.syncloop.pods.runtimeevents import (
@@ -40,6 +41,7 @@ from klet.syncloop.pods.runtimeevents import (
     settle_delays,
 )
 from klet.testbed.fakes.cri import FakeRuntimeEvents, FakeRuntimeService
+from prometheus_client import CollectorRegistry, generate_latest
 
 from .helpers import running, until
 
@@ -572,3 +574,25 @@ async def test_a_generic_failure_is_logged_once(w: World, caplog: pytest.LogCapt
             await w.subscribed()
     messages = [r.getMessage() for r in caplog.records]
     assert messages == ["runtime event stream failed", "runtime event stream open again"]
+
+
+async def test_stream_opens_and_failures_are_counted_under_upstreams_names(w: World) -> None:
+    registry = CollectorRegistry()
+    w.watcher.observer = create_metrics(registry).pleg
+
+    def value(name: str) -> float | None:
+        return registry.get_sample_value(name)
+
+    assert value("kubelet_evented_pleg_connection_success_count") == 0
+    assert value("kubelet_evented_pleg_connection_error_count") == 0
+    async with running(w.watcher.run()):
+        await w.subscribed()
+        w.events.refuse(RuntimeUnavailable("connection refused"))
+        w.on_sleep = [None, None, lambda: w.events.refuse(None)]
+        w.events.drop()
+        await until(lambda: w.events.subscriptions == 2 and w.watcher.subscribed)
+    # two streams obtained; the drop and the two refused attempts are errors
+    assert value("kubelet_evented_pleg_connection_success_count") == 2
+    assert value("kubelet_evented_pleg_connection_error_count") == 3
+    page = generate_latest(registry).decode()
+    assert "kubelet_evented_pleg_connection_success_count 2.0" in page

@@ -344,11 +344,13 @@ class ProberMetrics:
 class PlegMetrics:
     """The evented PLEG's recorder (runtimeevents.EventObserver).
 
-    Upstream's evented PLEG counts connections in `kubelet_evented_pleg_connection_*_count`
-    counters; prometheus_client would expose those as `..._count_total`, so klet names its
-    own: stream opens by source, stream failures, whether a stream is open, and events
-    by kind. The latency histogram keeps upstream's name: seconds from the runtime's
-    timestamp of an event to its arrival here (same host, same clock).
+    Upstream's evented PLEG counts each event stream opened in
+    `kubelet_evented_pleg_connection_success_count` and each that ended in an error in
+    `kubelet_evented_pleg_connection_error_count`: served under those exact names
+    (UnsuffixedCounter), beside klet's own: stream opens by source, stream failures,
+    whether a stream is open, and events by kind. The latency histogram keeps upstream's
+    name: seconds from the runtime's timestamp of an event to its arrival here (same
+    host, same clock).
     """
 
     opens: Counter
@@ -356,16 +358,25 @@ class PlegMetrics:
     up: Gauge
     events: Counter
     latency: Histogram
+    connections: UnsuffixedCounter
+    connection_errors: UnsuffixedCounter
     clock: Callable[[], float] = time.time
+
+    def __post_init__(self) -> None:
+        # upstream's are plain counters: 0 from the start, not absent
+        self.connections.inc(amount=0)
+        self.connection_errors.inc(amount=0)
 
     def subscribed(self, source: str) -> None:
         self.opens.labels(source if source in ("cri", "containerd") else "other").inc()
+        self.connections.inc()
         self.up.set(1)
 
     def unsubscribed(self, *, error: bool) -> None:
         self.up.set(0)
         if error:
             self.errors.inc()
+            self.connection_errors.inc()
 
     def event(self, event: RuntimeEvent) -> None:
         self.events.labels(event.kind.value).inc()
@@ -747,6 +758,17 @@ def create_metrics(registry: CollectorRegistry, *, started_at: float | None = No
                 "Seconds from a runtime event's timestamp to its arrival in syncloop",
                 registry=registry,
                 buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5),
+            ),
+            connections=UnsuffixedCounter(
+                "kubelet_evented_pleg_connection_success_count",
+                "The number of times a streaming client was obtained to receive CRI Events.",
+                registry=registry,
+            ),
+            connection_errors=UnsuffixedCounter(
+                "kubelet_evented_pleg_connection_error_count",
+                "The number of errors encountered during the establishment of streaming "
+                "connection with the CRI runtime.",
+                registry=registry,
             ),
         ),
         prober=ProberMetrics(
