@@ -6,14 +6,14 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass
-from pathlib import Path
 
 from klet.bus import NodeBus
-from klet.config import RedisAuth
 from klet.status_reporter.app import root_tasks, when_elected
 from klet.status_reporter.wiring import Deps, Overrides, build_deps
 from klet.testbed.fakes.bus import FakeBus
 from prometheus_client import CollectorRegistry
+
+from tests.unit.status_reporter.helpers import KletCfg
 
 
 @dataclass(frozen=True)
@@ -22,17 +22,6 @@ class KubeletCfg:
     healthz_port: int
     address: str = "0.0.0.0"
     healthz_bind_address: str = "127.0.0.1"
-
-
-@dataclass(frozen=True)
-class KletCfg:
-    redis_url: str = "redis://127.0.0.1:1/0"
-    redis_auth: RedisAuth = RedisAuth()
-    node_name: str = "node1"
-    service_port: int | None = None  # the default port
-    service_bind_address: str = "127.0.0.1"
-    service_port_file: Path | None = None
-    run_dir: Path = Path("/run/klet")  # the lease slot is not used: the tests name the holder
 
 
 @dataclass(frozen=True)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Callable, Coroutine
+from collections.abc import Coroutine
 from typing import Any
 
 from klet.bus import NodeBus
@@ -36,6 +36,8 @@ from klet.testbed.fakes.status_reporter import (
     status_record,
 )
 from prometheus_client import CollectorRegistry
+
+from tests.unit.status_reporter.helpers import until
 
 TTL_MS = 300
 NODE_STATUS = "/api/v1/nodes/node1/status"
@@ -131,17 +133,6 @@ class Replica:
         return [c for c in self.bus.calls if c in ("ensure_group", "read", "claim_stale", "ack")]
 
 
-async def until(condition: Callable[[], bool], what: str) -> None:
-    try:
-        async with asyncio.timeout(5):
-            while True:
-                if condition():
-                    return
-                await asyncio.sleep(0.005)
-    except TimeoutError:
-        raise AssertionError(f"timed out waiting for {what}") from None
-
-
 def ready_reports(replica: Replica) -> list[str]:
     """The Ready condition statuses of every node status PATCH this replica sent."""
     out = []
@@ -161,10 +152,10 @@ async def test_only_the_lease_holder_writes_and_the_standby_takes_over() -> None
     node = NodeBus.of(redis, service="status-reporter")
     try:
         a.start()
-        await until(lambda: a.leading == 1, "a leading")
+        await until(lambda: a.leading == 1, what="a leading")
         b.start()
-        await until(lambda: kube.get_object(LEASE) is not None, "the node Lease")
-        await until(lambda: len(a.api.writes(NODE_STATUS)) >= 1, "a node status report")
+        await until(lambda: kube.get_object(LEASE) is not None, what="the node Lease")
+        await until(lambda: len(a.api.writes(NODE_STATUS)) >= 1, what="a node status report")
         redis.append(
             node.events,
             EventRecord(
@@ -178,15 +169,15 @@ async def test_only_the_lease_holder_writes_and_the_standby_takes_over() -> None
         )
         await until(
             lambda: any(o.get("reason") == "Pulled" for o in kube.objects.values()),
-            "the Event posted",
+            what="the Event posted",
         )
         # The standby's view follows the stream too (no consumer group shares it out).
         status = status_record(web, version=1)
         redis.seed(node.status, rec.uid, status)
         redis.append(node.podstatus, PodStatusChange(uid=rec.uid, version=1))
         for replica in (a, b):
-            await until(lambda r=replica: rec.uid in r.deps.pods.statuses(), "both views")
-        await until(lambda: b.bus.calls.count("acquire") >= 3, "b trying for the lease")
+            await until(lambda r=replica: rec.uid in r.deps.pods.statuses(), what="both views")
+        await until(lambda: b.bus.calls.count("acquire") >= 3, what="b trying for the lease")
 
         assert (a.leading, b.leading) == (1, 0)
         assert b.api.calls == []  # not even a GET: nothing of cluster mode runs
@@ -194,9 +185,9 @@ async def test_only_the_lease_holder_writes_and_the_standby_takes_over() -> None
         assert a.group_calls() and a.api.writes(LEASES)
 
         await a.kill()  # no release: b waits for the lease to expire
-        await until(lambda: b.leading == 1, "b leading")
-        await until(lambda: len(b.api.writes(NODE_STATUS)) >= 1, "b reporting node status")
-        await until(lambda: bool(b.api.writes(LEASE)), "b renewing the node Lease")
+        await until(lambda: b.leading == 1, what="b leading")
+        await until(lambda: len(b.api.writes(NODE_STATUS)) >= 1, what="b reporting node status")
+        await until(lambda: bool(b.api.writes(LEASE)), what="b renewing the node Lease")
         assert set(ready_reports(a) + ready_reports(b)) == {"True"}
         pulled = [o for o in kube.objects.values() if o.get("reason") == "Pulled"]
         assert len(pulled) == 1 and pulled[0]["count"] == 1
@@ -215,11 +206,11 @@ async def test_losing_the_lease_ends_the_replica() -> None:
     a = Replica("a", redis, kube)
     try:
         a.start()
-        await until(lambda: a.leading == 1, "a leading")
+        await until(lambda: a.leading == 1, what="a leading")
         lease_task = next(t for t in a.tasks if t.get_name() == "a/lease")
         key = a.deps.lease.key
         redis.strings[key] = "someone-else:1:000000000000:99"
-        await until(lease_task.done, "the lease task to end")
+        await until(lease_task.done, what="the lease task to end")
         assert type(lease_task.exception()).__name__ == "LeaseLost"
     finally:
         await a.kill()

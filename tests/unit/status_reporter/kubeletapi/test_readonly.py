@@ -19,7 +19,7 @@ import httpx
 import pytest
 from fastapi import FastAPI
 from klet.bus import BusUnavailable, NodeBus
-from klet.config import KletSettings, RedisAuth
+from klet.config import KletSettings
 from klet.config import Settings as KletSettingsRoot
 from klet.config.kubelet import KubeletAuthorization, KubeletConfiguration
 from klet.model.types import JSON
@@ -41,6 +41,8 @@ from klet.testbed.fakes.kubeletapi import FakeRuntime
 from klet.testbed.fakes.status_reporter import desired_record, make_pod, status_record
 from prometheus_client import CollectorRegistry
 
+from tests.unit.status_reporter.helpers import KletCfg
+
 
 @dataclass(frozen=True)
 class KubeletCfg:
@@ -48,17 +50,6 @@ class KubeletCfg:
     read_only_port: int = 0
     healthz_port: int = 10248
     healthz_bind_address: str = "127.0.0.1"
-
-
-@dataclass(frozen=True)
-class KletCfg:
-    redis_url: str = "redis://127.0.0.1:1/0"
-    redis_auth: RedisAuth = RedisAuth()
-    node_name: str = "node1"
-    service_port: int | None = None  # the default port
-    service_bind_address: str = "127.0.0.1"
-    service_port_file: Path | None = None
-    run_dir: Path = Path("/run/klet")  # the lease slot is not used: the tests name the holder
 
 
 @dataclass(frozen=True)

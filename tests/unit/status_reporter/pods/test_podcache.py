@@ -13,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import pytest
@@ -27,6 +26,8 @@ from klet.testbed.fakes.bus import FakeBus, FakeStream, FakeTable
 from klet.testbed.fakes.status_reporter import desired_record, make_pod, status_record
 from prometheus_client import CollectorRegistry
 from starlette.responses import JSONResponse
+
+from tests.unit.status_reporter.helpers import until
 
 FAST = CachePolicy(
     reload_interval_s=0.05,
@@ -81,19 +82,6 @@ class World:
 
 WEB = make_pod("web")
 DB = make_pod("db")
-
-
-async def until(condition: Callable[[], bool], *, what: str) -> None:
-    """Let the cache's loops run until `condition` holds (their back-offs are FAST's
-    milliseconds); the 5 s bound only turns a hang into a failure naming `what`."""
-    try:
-        async with asyncio.timeout(5):
-            while True:
-                if condition():
-                    return
-                await asyncio.sleep(0.005)
-    except TimeoutError:
-        raise AssertionError(f"timed out waiting for {what}") from None
 
 
 async def test_reload_joins_desired_pods_with_statuses() -> None:
