@@ -112,15 +112,9 @@ def on_disk(root_dir: Path) -> dict[str, tuple[VolumeRecord, JSON]]:
             continue
         uid = data_file.parents[3].name
         volume = str(data.get("kletPodVolume") or data_file.parent.name)
-        record = VolumeRecord(
-            pod_uid=uid,
-            namespace=str(data.get("kletPodNamespace") or ""),
-            pod=str(data.get("kletPodName") or ""),
-            volume=volume,
-            claim=str(data.get("kletClaimName") or ""),
-            unique_name=unique_name(str(data["driverName"]), str(data.get("volumeHandle") or "")),
-            usage={},
-            measured_at=0.0,
+        handle = str(data.get("volumeHandle") or "")
+        record = _unmeasured(
+            uid, volume, data, unique_name=unique_name(str(data["driverName"]), handle)
         )
         data["_target"] = str(data_file.parent / MOUNT_DIR)
         if data.get("volumeMode") == csiblock.BLOCK_MODE:  # the device file the pod uses
@@ -140,18 +134,24 @@ def measured_here(root_dir: Path) -> dict[str, tuple[VolumeRecord, JSON]]:
             if dir_name == EMPTY_DIR and not os.path.ismount(path):
                 continue  # disk-backed: status-reporter measures it (klet.stats)
             uid = path.parents[2].name
-            record = VolumeRecord(
-                pod_uid=uid,
-                namespace="",
-                pod="",
-                volume=path.name,
-                claim="",
-                unique_name="",
-                usage={},
-                measured_at=0.0,
-            )
+            record = _unmeasured(uid, path.name, {}, unique_name="")  # no record names its pod
             out[f"{uid}/{path.name}"] = (record, {"_path": str(path), "_once": once})
     return out
+
+
+def _unmeasured(uid: str, volume: str, data: JSON, *, unique_name: str) -> VolumeRecord:
+    """The record of `uid`'s `volume` before any measure, naming its pod and claim from
+    what klet wrote beside the volume (`data`)."""
+    return VolumeRecord(
+        pod_uid=uid,
+        namespace=str(data.get("kletPodNamespace") or ""),
+        pod=str(data.get("kletPodName") or ""),
+        volume=volume,
+        claim=str(data.get("kletClaimName") or ""),
+        unique_name=unique_name,
+        usage={},
+        measured_at=0.0,
+    )
 
 
 def local_volumes(root_dir: Path) -> dict[str, tuple[VolumeRecord, JSON]]:
@@ -159,16 +159,7 @@ def local_volumes(root_dir: Path) -> dict[str, tuple[VolumeRecord, JSON]]:
     record of a pod whose volumes are not torn down yet."""
     out: dict[str, tuple[VolumeRecord, JSON]] = {}
     for (uid, volume), data in localrecords.read_all(root_dir).items():
-        record = VolumeRecord(
-            pod_uid=uid,
-            namespace=str(data.get("kletPodNamespace") or ""),
-            pod=str(data.get("kletPodName") or ""),
-            volume=volume,
-            claim=str(data.get("kletClaimName") or ""),
-            unique_name="",
-            usage={},
-            measured_at=0.0,
-        )
+        record = _unmeasured(uid, volume, data, unique_name="")
         path = Path(str(data["path"]))
         out[f"{uid}/{volume}"] = (
             record,
