@@ -170,9 +170,6 @@ NOT_APPLICABLE: Mapping[str, tuple[str, ...]] = {
         "/metrics workqueue_unfinished_work_seconds",
         "/metrics workqueue_work_duration_seconds",
     ),
-    (
-        "a counter without _total, which prometheus-client cannot type as one (klet.stats.cadvisor)"
-    ): ("/metrics/cadvisor container_memory_failcnt",),
     "cAdvisor reads it from its own machine probes, which klet's stats do not make": (
         "/metrics/cadvisor machine_dimm_capacity_bytes",
         "/metrics/cadvisor machine_dimm_count",

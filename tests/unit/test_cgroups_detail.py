@@ -45,6 +45,7 @@ def v1_tree(root: Path) -> None:
         "total_swap 11\ntotal_inactive_file 2000\n",
     )
     write(mem / "memory.max_usage_in_bytes", "12000\n")
+    write(mem / "memory.failcnt", "3\n")
     write(mem / "memory.limit_in_bytes", "67108864\n")
     write(mem / "memory.soft_limit_in_bytes", "9223372036854771712\n")
     write(mem / "memory.memsw.limit_in_bytes", "134217728\n")
@@ -84,6 +85,7 @@ def test_v1_detail(tmp_path: Path) -> None:
         memory_limit=64 << 20,
         memory_reservation=None,  # 2^63 rounded to a page: none
         memory_swap_limit=64 << 20,  # memsw limit less the memory limit
+        memory_failcnt=3,
         oom_kills=2,
         blkio={"8:0": BlkioDevice(4096, 8192, 1, 2)},
         threads=7,

@@ -62,6 +62,7 @@ CTR = CgroupSeries(
         memory_rss=400,
         memory_cache=100,
         memory_limit=64 << 20,
+        memory_failcnt=5,
         blkio={"8:0": BlkioDevice(4096, 8192, 1, 2)},
     ),
     fs=WritableLayer("/dev/vda1", 4096, 10**9),
@@ -112,6 +113,7 @@ S = samples(SNAP)
         ("container_memory_working_set_bytes", CTR, {}, 600.0),
         ("container_memory_rss", CTR, {}, 400.0),
         ("container_memory_cache", CTR, {}, 100.0),
+        ("container_memory_failcnt", CTR, {}, 5.0),
         ("container_spec_memory_limit_bytes", CTR, {}, float(64 << 20)),
         ("container_spec_memory_limit_bytes", POD, {}, 0.0),  # unlimited
         ("container_fs_reads_bytes_total", CTR, {"device": "/dev/sda"}, 4096.0),
@@ -149,6 +151,7 @@ def test_series(metric: str, series: CgroupSeries, extra: dict[str, str], value:
         ("container_cpu_user_seconds_total", POD),
         ("container_processes", ROOT),
         ("container_start_time_seconds", POD),
+        ("container_memory_failcnt", POD),  # no memory.failcnt read (cgroup v2)
     ],
 )
 def test_absent(metric: str, series: CgroupSeries) -> None:
@@ -177,6 +180,9 @@ def test_render_parses_back_with_types() -> None:
     families = {f.name: f for f in text_string_to_metric_families(text)}
     assert families["container_cpu_usage_seconds"].type == "counter"
     assert families["container_memory_working_set_bytes"].type == "gauge"
+    # cAdvisor's counter without _total keeps its name, untyped
+    assert families["container_memory_failcnt"].type == "unknown"
+    assert "container_memory_failcnt{" in text and "container_memory_failcnt_total" not in text
     assert "container_cpu_usage_seconds_total{" in text
     assert "_created" not in text
     # no timestamps: every value is read at the scrape

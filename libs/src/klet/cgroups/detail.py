@@ -91,6 +91,8 @@ class CgroupDetail:
     memory_limit: int | None = None
     memory_reservation: int | None = None
     memory_swap_limit: int | None = None
+    memory_failcnt: int | None = None
+    """v1's memory.failcnt (usage hit the limit); v2 has no such counter."""
     oom_kills: int | None = None
     blkio: Mapping[str, BlkioDevice] = field(default_factory=dict)
     """"major:minor" → its I/O."""
@@ -245,6 +247,7 @@ def read_detail_v1(root: Path, rel: str) -> CgroupDetail:
         memory_limit=limit,
         memory_reservation=_limit(_int(f"{mem}/memory.soft_limit_in_bytes")),
         memory_swap_limit=None if memsw is None or limit is None else max(memsw - limit, 0),
+        memory_failcnt=_int(f"{mem}/memory.failcnt"),
         oom_kills=_kv(f"{mem}/memory.oom_control").get("oom_kill"),
         blkio=parse_blkio_v1(service_bytes or "", serviced or ""),
         threads=_int(f"{pids}/pids.current"),

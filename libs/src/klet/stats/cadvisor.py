@@ -27,8 +27,10 @@ Where klet differs: the pod's network counters sit on the pod cgroup's series (c
 puts them on the pause container's, which klet does not list: the dashboards sum by pod
 either way); the writable layer's `container_fs_usage_bytes` is the runtime's count
 (CRI ListContainerStats) and its limit the capacity of the filesystem the runtime keeps
-it on; `container_memory_failcnt` is left out (a counter without `_total` that
-prometheus-client cannot type as one). No sample carries a timestamp: every value is
+it on; `container_memory_failcnt` (cgroup v1's memory.failcnt) keeps cAdvisor's name,
+a counter without `_total` that prometheus-client cannot type as one, so its family is
+untyped, and it is absent on cgroup v2, which has no such counter (cAdvisor shows 0
+there). No sample carries a timestamp: every value is
 read during the scrape, so the scrape's own time is the sample time, and a timestamped
 series is not marked stale by Prometheus when its container goes away.
 """
@@ -42,7 +44,12 @@ from typing import NamedTuple
 
 from klet.cgroups.detail import CgroupDetail
 from klet.stats.psi import Pressure, PSIStats
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    Metric,
+    UnknownMetricFamily,
+)
 from prometheus_client.exposition import generate_latest
 
 __all__ = [
@@ -228,7 +235,8 @@ def _if_quota(d: CgroupDetail, value: int | None) -> int | None:
     return value if d.cpu_quota_us is not None else None
 
 
-# (name, help, getter, scale); counters end in _total, the rest are gauges.
+# (name, help, getter, scale); counters end in _total, the rest are gauges, but for
+# cAdvisor's counters named without _total (_UNSUFFIXED_COUNTERS: served untyped).
 _SCALARS: tuple[tuple[str, str, Getter, float], ...] = (
     (
         "container_cpu_user_seconds_total",
@@ -286,6 +294,12 @@ _SCALARS: tuple[tuple[str, str, Getter, float], ...] = (
         1.0,
     ),
     ("container_memory_swap", "Container swap usage in bytes.", lambda d: d.memory_swap, 1.0),
+    (
+        "container_memory_failcnt",
+        "Number of memory usage hits limits",
+        lambda d: d.memory_failcnt,
+        1.0,
+    ),
     (
         "container_memory_max_usage_bytes",
         "Maximum memory usage recorded in bytes",
@@ -391,7 +405,12 @@ _PRESSURE = (
 _PRESSURE_NAMES = {"cpu": "CPU", "memory": "memory", "io": "IO"}
 
 
+_UNSUFFIXED_COUNTERS = frozenset(("container_memory_failcnt",))
+
+
 def _family(name: str, doc: str, labels: Sequence[str]) -> Metric:
+    if name in _UNSUFFIXED_COUNTERS:
+        return UnknownMetricFamily(name, doc, labels=list(labels))
     if name.endswith("_total"):
         return CounterMetricFamily(name, doc, labels=list(labels))
     return GaugeMetricFamily(name, doc, labels=list(labels))
