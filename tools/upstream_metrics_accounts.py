@@ -237,9 +237,6 @@ MISSING: Mapping[str, tuple[str, ...]] = {
         "/metrics kubelet_credential_provider_plugin_duration",
         "/metrics kubelet_credential_provider_plugin_errors_total",
     ),
-    "the plugin watcher's registered plugins are not published": (
-        "/metrics plugin_manager_total_plugins",
-    ),
     "the apiserver client's DNS lookups are not timed": (
         "/metrics rest_client_dns_resolution_duration_seconds",
     ),

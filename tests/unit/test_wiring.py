@@ -3,7 +3,8 @@
 Covers: `service_base` builds the bus, the node's tables as the named service sees
 them, the lease (the one `LEASE_TTL_MS`, or a test's shorter one; under a test's holder
 ID, or this process's replica slot in the run directory), the registry (with the
-process series when asked) and the private port; a test's bus and registry are used as
+process series when asked), the private port and the path of the service's own gRPC
+socket; a test's bus and registry are used as
 given, and a service's Deps reads them from its base. `runtime_client` builds a CRI
 client on the configured endpoints whose calls are counted in the registry. And no
 service's wiring.py repeats any of it: none builds a bus, a node bus, a lease, a
@@ -72,6 +73,7 @@ async def test_the_base_is_the_named_services(tmp_path: Path) -> None:
         assert base.port.service == "syncloop"
         assert base.port.port == DEFAULT_SERVICE_PORTS["syncloop"]
         assert base.port.run_dir == tmp_path
+        assert base.grpc_socket == tmp_path / "grpc" / "syncloop" / "syncloop.sock"
         names = {m.name for m in base.registry.collect()}
         assert not any(n.startswith(("process_", "python_")) for n in names)
     finally:

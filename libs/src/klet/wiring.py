@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from klet.bus import Bus, BusAuth, Lease, NodeBus, service_lease
 from klet.bus.redisbus import LEASE_TTL_MS
+from klet.model.layout import grpc_socket
 from klet.obs import ServicePort, new_registry
 from klet.obs.runtimeops import RuntimeOperationMetrics
 from klet.obs.serviceport import ServicePortSettings
@@ -76,6 +77,16 @@ class ServiceBase:
     writes are fenced by it."""
     port: ServicePort
     """The private /healthz /readyz /metrics port and its port files."""
+    service: str
+    """The service's name ("syncloop", ...), as `service_base` was given it."""
+    run_dir: Path
+    """The node's run directory (--run-dir): sockets, port files, lease slots."""
+
+    @property
+    def grpc_socket(self) -> Path:
+        """The unix socket the service serves its gRPC API on (`klet.model.layout`);
+        only syncloop, eviction and image-gc serve one."""
+        return grpc_socket(self.run_dir, self.service)
 
 
 def service_base(
@@ -111,6 +122,8 @@ def service_base(
         registry=registry,
         lease=lease,
         port=ServicePort.of(service, klet),
+        service=service,
+        run_dir=Path(klet.run_dir),
     )
 
 

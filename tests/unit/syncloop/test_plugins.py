@@ -23,9 +23,11 @@ import pytest
 from klet.bus import BusUnavailable, NodeBus
 from klet.csi import CSIError, DriverUnavailable, NodeInfo, PluginInfo
 from klet.model.records import CSIDriverRecord
+from klet.syncloop.metrics import plugin_counts
 from klet.syncloop.plugins.csidrivers import CSIRegistrar, refusal
 from klet.syncloop.plugins.watcher import PluginWatcher
 from klet.testbed.fakes.bus import FakeBus
+from prometheus_client import CollectorRegistry
 
 
 class Registrar:
@@ -342,3 +344,38 @@ async def test_a_bad_name_or_endpoint_is_told_and_not_recorded() -> None:
     assert w.rows() == {}
     assert not w.plugins[SOCK].told[0][0] and not w.plugins[SOCK2].told[0][0]
     assert not w.drivers[ENDPOINT].closed  # the driver was never asked
+
+
+async def test_plugin_manager_total_plugins_counts_both_states(tmp_path: Path) -> None:
+    registry = CollectorRegistry()
+    reg = Registrar()
+    reg.reachable = False
+    w = PluginWatcher(tmp_path, reg, retry_s=5.0)
+    plugin_counts(registry, w)
+
+    def value(sock: str, state: str) -> float | None:
+        return registry.get_sample_value(
+            "plugin_manager_total_plugins",
+            {"socket_path": str(tmp_path / sock), "state": state},
+        )
+
+    assert value("a.sock", "desired_state_of_world") is None  # nothing scanned yet
+    a, b = listen(tmp_path / "a.sock"), listen(tmp_path / "b.sock")
+    try:
+        await w.run_once(0.0)  # both found, neither reachable: desired only
+        assert value("a.sock", "desired_state_of_world") == 1
+        assert value("b.sock", "desired_state_of_world") == 1
+        assert value("a.sock", "actual_state_of_world") is None
+        reg.reachable = True
+        await w.run_once(5.0)  # both registered
+        assert value("a.sock", "actual_state_of_world") == 1
+        assert value("b.sock", "actual_state_of_world") == 1
+        b.close()
+        (tmp_path / "b.sock").unlink()
+        await w.run_once(6.0)  # b gone from both
+        assert value("b.sock", "desired_state_of_world") is None
+        assert value("b.sock", "actual_state_of_world") is None
+        assert value("a.sock", "actual_state_of_world") == 1
+    finally:
+        a.close()
+        b.close()

@@ -124,5 +124,5 @@ def build_deps(settings: Settings, overrides: Overrides | None = None) -> Deps:
         pod_control=pod_control,
         gc=gc,
         dry_run=DryRunBackend(manager, k),
-        socket_path=grpc_socket(run_dir, EVICTION),
+        socket_path=base.grpc_socket,
     )

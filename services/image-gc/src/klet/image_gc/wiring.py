@@ -25,7 +25,7 @@ from klet.image_gc.imageselect import ImageGCPolicy
 from klet.image_gc.imagestore import BusImageUseStore
 from klet.image_gc.metrics import Metrics, create_metrics
 from klet.image_gc.podsources import BusPods
-from klet.model.layout import IMAGE_GC, grpc_socket
+from klet.model.layout import IMAGE_GC
 from klet.wiring import BaseOverrides, OnServiceBase, runtime_client, service_base
 
 
@@ -118,7 +118,6 @@ def build_deps(settings: Settings, overrides: Overrides | None = None) -> Deps:
         events=node_event,
         settings=CollectorSettings(),
     )
-    run_dir = Path(settings.klet.run_dir)
     return Deps(
         base=base,
         settings=settings,
@@ -128,6 +127,6 @@ def build_deps(settings: Settings, overrides: Overrides | None = None) -> Deps:
         collector=collector,
         events=events,
         metrics=metrics,
-        socket_path=grpc_socket(run_dir, IMAGE_GC),
+        socket_path=base.grpc_socket,
         periods=o.periods or Periods(),
     )

@@ -53,6 +53,10 @@ buckets (the HELP texts are ours); where each is observed follows upstream's cal
   plugin socket, refused ones too (counted before the checks, as upstream);
   `kubelet_device_plugin_alloc_duration_seconds{resource_name}`: each Allocate call to a
   plugin (`DeviceMetrics`).
+- `plugin_manager_total_plugins{socket_path, state}`: at each scrape, the plugin
+  watcher's sockets, 1 per socket in `desired_state_of_world` (found by its last scan)
+  and in `actual_state_of_world` (registered), as upstream's plugin manager collector
+  (`plugin_counts`).
 """
 
 from __future__ import annotations
@@ -63,13 +67,14 @@ import weakref
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import TYPE_CHECKING, Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol
 
 from klet.model.pod import CONFIG_SEEN
 from klet.model.types import JSON
 from klet.obs.metrics import DEF_BUCKETS
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
-from prometheus_client.core import Metric
+from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 if TYPE_CHECKING:
@@ -512,6 +517,40 @@ def volume_stat_collection(registry: CollectorRegistry) -> Callable[[str, float]
         histogram.labels(source).observe(max(0.0, seconds))
 
     return record
+
+
+class PluginStates(Protocol):
+    """The plugin watcher's two states (klet.syncloop.plugins.watcher.PluginWatcher)."""
+
+    @property
+    def present(self) -> frozenset[Path]: ...
+
+    @property
+    def known(self) -> Mapping[Path, tuple[int, int]]: ...
+
+
+class _PluginCounts(Collector):
+    def __init__(self, states: PluginStates) -> None:
+        self.states = states
+
+    def collect(self) -> Iterator[Metric]:
+        family = GaugeMetricFamily(
+            "plugin_manager_total_plugins",
+            "Number of plugins in Plugin Manager",
+            labels=["socket_path", "state"],
+        )
+        for state, sockets in (
+            ("actual_state_of_world", list(self.states.known)),
+            ("desired_state_of_world", self.states.present),
+        ):
+            for socket in sorted(sockets):
+                family.add_metric([str(socket), state], 1.0)
+        yield family
+
+
+def plugin_counts(registry: CollectorRegistry, states: PluginStates) -> None:
+    """Serve `plugin_manager_total_plugins` from `states` at each scrape."""
+    registry.register(_PluginCounts(states))
 
 
 def orphan_sweeps(registry: CollectorRegistry) -> Callable[[int, int], None]:

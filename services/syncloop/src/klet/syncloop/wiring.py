@@ -93,6 +93,7 @@ from klet.syncloop.metrics import (
     create_metrics,
     csi_operations,
     orphan_sweeps,
+    plugin_counts,
     storage_operations,
     volume_counts,
     volume_stat_collection,
@@ -551,6 +552,11 @@ def build_deps(settings: Settings, overrides: Overrides | None = None) -> Deps:
         else None
     )
     run_dir = Path(settings.klet.run_dir)
+    plugin_watcher = PluginWatcher(
+        Path(settings.klet.root_dir) / PLUGINS_REGISTRY,
+        CSIRegistrar(node_bus.csidrivers, registration=RegistrationClient, driver=CSIClient),
+    )
+    plugin_counts(registry, plugin_watcher)
     return Deps(
         base=base,
         settings=settings,
@@ -564,10 +570,7 @@ def build_deps(settings: Settings, overrides: Overrides | None = None) -> Deps:
         kube=kube,
         node_taints=node_taints,
         volumes=volumes,
-        plugins=PluginWatcher(
-            Path(settings.klet.root_dir) / PLUGINS_REGISTRY,
-            CSIRegistrar(node_bus.csidrivers, registration=RegistrationClient, driver=CSIClient),
-        ),
+        plugins=plugin_watcher,
         dra_drivers=dra_drivers,
         dra_slices=dra_slices,
         dra_claims=claims,

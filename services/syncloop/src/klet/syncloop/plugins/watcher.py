@@ -62,6 +62,9 @@ class PluginWatcher:
     known: dict[Path, tuple[int, int]] = field(default_factory=dict)
     """Socket path → (inode, change time) of the socket registered: a re-created
     socket is a new one, even where the filesystem gives it the same inode."""
+    present: frozenset[Path] = frozenset()
+    """The sockets the last scan found: upstream's desired state of the world (`known`
+    is its actual state), as plugin_manager_total_plugins counts them."""
     _retry_at: dict[Path, float] = field(default_factory=dict)
     _warned: set[str] = field(default_factory=set)
 
@@ -90,6 +93,7 @@ class PluginWatcher:
 
     async def run_once(self, now: float) -> None:
         present = self.sockets()
+        self.present = frozenset(present)
         for path, identity in list(self.known.items()):
             if present.get(path) != identity:
                 del self.known[path]
