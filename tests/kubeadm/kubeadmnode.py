@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from klet.devstack import DevStack
+from klet.syncloop.volumes.fs import mounts_under
 
 from tests.harness.systemd_unit import exec_start_argv
 from tests.harness.waiting import wait_for
@@ -130,6 +131,29 @@ def kubeadm_env() -> dict[str, str]:
         **{k: v for k, v in os.environ.items() if not k.startswith("KLET_")},
         "KLET_HOME": sys.prefix,
     }
+
+
+def reset_leaves_nothing(kubeadm: Path, cri_socket: str, *, cleanup_tmp_dir: bool) -> None:
+    """`kubeadm reset --force` over `cri_socket` (the kubelet stopped first, as systemd
+    would) must pass and leave no file under kubeadm's, the kubelet's and etcd's
+    directories and nothing mounted under /var/lib/kubelet. `cleanup_tmp_dir` also
+    removes /etc/kubernetes/tmp (an upgrade's backups), which reset leaves unless asked."""
+    extra = ["--cleanup-tmp-dir"] if cleanup_tmp_dir else []
+    reset = subprocess.run(
+        [str(kubeadm), "reset", "--force", *extra, "--cri-socket", cri_socket],
+        env=kubeadm_env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert reset.returncode == 0, reset.stdout + reset.stderr
+    left = {
+        d: sorted(str(p) for p in Path(d).rglob("*") if not p.is_dir())
+        for d in ("/etc/kubernetes", "/var/lib/kubelet", "/var/lib/etcd")
+    }
+    assert left == {d: [] for d in left}
+    assert mounts_under(Path("/var/lib/kubelet")) == []
 
 
 @dataclass

@@ -65,6 +65,7 @@ from tests.kubeadm.kubeadmnode import (
     Initialized,
     init,
     kubeadm_env,
+    reset_leaves_nothing,
     run,
     stop,
 )
@@ -321,21 +322,7 @@ def test_kubeadm_init_with_klet_as_the_kubelet(node_host: Path, stack: DevStack)
         # kubeadm reset asks systemd to stop the kubelet (here it warns and goes on, as
         # upstream tells the operator to stop it by hand): stopped first, as systemd would
         stop(kubelet)
-        reset = subprocess.run(
-            [str(kubeadm), "reset", "--force", "--cri-socket", stack.runtime_endpoint],
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=300,
-            check=False,
-        )
-        assert reset.returncode == 0, reset.stdout + reset.stderr
-        left = {
-            d: sorted(str(p) for p in Path(d).rglob("*") if not p.is_dir())
-            for d in ("/etc/kubernetes", "/var/lib/kubelet", "/var/lib/etcd")
-        }
-        assert left == {d: [] for d in left}
-        assert mounts_under(Path("/var/lib/kubelet")) == []
+        reset_leaves_nothing(kubeadm, stack.runtime_endpoint, cleanup_tmp_dir=False)
         # kubeadm reset leaves kube-proxy's rules, as upstream says: its --cleanup removes them
         assert "KUBE-SERVICES" in _iptables_save()
         cleanup = subprocess.run(

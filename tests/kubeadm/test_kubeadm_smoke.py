@@ -37,7 +37,14 @@ from klet.syncloop.volumes.fs import mounts_under
 
 from tests.harness.waiting import wait_for
 from tests.integration.conftest import remove_node_pods
-from tests.kubeadm.kubeadmnode import NODE, Initialized, init, kubeadm_env, kubectl, stop
+from tests.kubeadm.kubeadmnode import (
+    NODE,
+    Initialized,
+    init,
+    kubectl,
+    reset_leaves_nothing,
+    stop,
+)
 from tools.kubeadm.images import ADDON_PHASES
 
 MANIFESTS = Path("/etc/kubernetes/manifests")
@@ -215,30 +222,8 @@ def test_kubeadm_init_upgrade_edit_and_reset(node_host: Path, stack: DevStack) -
 
         # kubeadm reset asks systemd to stop the kubelet: stopped first, as systemd would
         stop(up.kubelet)
-        reset = subprocess.run(
-            # --cleanup-tmp-dir: the upgrade's backup and new-manifest directories are in
-            # /etc/kubernetes/tmp, which reset leaves unless asked (as upstream's)
-            [
-                str(up.kubeadm),
-                "reset",
-                "--force",
-                "--cleanup-tmp-dir",
-                "--cri-socket",
-                stack.runtime_endpoint,
-            ],  # fmt: skip
-            env=kubeadm_env(),
-            capture_output=True,
-            text=True,
-            timeout=300,
-            check=False,
-        )
-        assert reset.returncode == 0, reset.stdout + reset.stderr
-        left = {
-            d: sorted(str(p) for p in Path(d).rglob("*") if not p.is_dir())
-            for d in ("/etc/kubernetes", "/var/lib/kubelet", "/var/lib/etcd")
-        }
-        assert left == {d: [] for d in left}
-        assert mounts_under(Path("/var/lib/kubelet")) == []
+        # the upgrade's backup and new-manifest directories are in /etc/kubernetes/tmp
+        reset_leaves_nothing(up.kubeadm, stack.runtime_endpoint, cleanup_tmp_dir=True)
         assert runtime.containers() == set() and runtime.running() == set()
     finally:
         if up is not None:
