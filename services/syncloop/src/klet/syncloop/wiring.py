@@ -31,7 +31,7 @@ from klet.cri.containerevents import RuntimeEvents
 from klet.csi import CSIClient, RegistrationClient
 from klet.kube import kube_settings
 from klet.model.flowcontrol import Backoff, TokenBucket
-from klet.model.layout import DEVICE_PLUGINS_DIR, SYNCLOOP, grpc_socket
+from klet.model.layout import DEVICE_PLUGINS_DIR, SYNCLOOP
 from klet.model.node import (
     allocatable_amounts,
     node_labels,
@@ -551,7 +551,6 @@ def build_deps(settings: Settings, overrides: Overrides | None = None) -> Deps:
         if source is not None
         else None
     )
-    run_dir = Path(settings.klet.run_dir)
     plugin_watcher = PluginWatcher(
         Path(settings.klet.root_dir) / PLUGINS_REGISTRY,
         CSIRegistrar(node_bus.csidrivers, registration=RegistrationClient, driver=CSIClient),
@@ -565,7 +564,7 @@ def build_deps(settings: Settings, overrides: Overrides | None = None) -> Deps:
         prober=prober,
         events=bus_events,
         metrics=metrics,
-        socket_path=grpc_socket(run_dir, SYNCLOOP),
+        socket_path=base.grpc_socket,
         consumer=o.consumer or f"{socket.gethostname()}-{os.getpid()}",
         kube=kube,
         node_taints=node_taints,
