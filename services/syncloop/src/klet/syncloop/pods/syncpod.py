@@ -430,21 +430,23 @@ class PodSyncer:
         self, pod: JSON, result: SyncResult, err: DRAPrepareError, *, now: float
     ) -> SyncResult:
         """upstream's FailedPrepareDynamicResources: the Event, no sandbox, a retried sync."""
-        message = f"Failed to prepare dynamic resources: {err}"
-        self.events.emit(pod, "Warning", "FailedPrepareDynamicResources", message)
         log.warning("pod's claims not prepared", extra={"pod": _name(pod), "error": str(err)})
-        for c in podspec.containers(pod):
-            result.waiting.setdefault(c["name"], ("ContainerCreating", ""))
-        result.wake_at = now + 5
-        result.failed = True
-        return result
+        message = f"Failed to prepare dynamic resources: {err}"
+        return self._not_started(pod, result, "FailedPrepareDynamicResources", message, now=now)
 
     def _sandbox_failed(
         self, pod: JSON, result: SyncResult, err: Exception, *, now: float
     ) -> SyncResult:
-        message = f"Failed to create pod sandbox: {err}"
-        self.events.emit(pod, "Warning", "FailedCreatePodSandBox", message)
         log.warning("sandbox creation failed", extra={"pod": _name(pod), "error": str(err)})
+        message = f"Failed to create pod sandbox: {err}"
+        return self._not_started(pod, result, "FailedCreatePodSandBox", message, now=now)
+
+    def _not_started(
+        self, pod: JSON, result: SyncResult, reason: str, message: str, *, now: float
+    ) -> SyncResult:
+        """No sandbox this sync: a Warning Event `reason`, the containers waiting in
+        ContainerCreating, the sync retried in 5 s."""
+        self.events.emit(pod, "Warning", reason, message)
         for c in podspec.containers(pod):
             result.waiting.setdefault(c["name"], ("ContainerCreating", ""))
         result.wake_at = now + 5
