@@ -70,6 +70,7 @@ from klet.status_reporter.metrics.instruments import (
     register_build_and_features,
     register_cgroup_version,
 )
+from klet.status_reporter.metrics.lazyruntime import LazyRuntime
 from klet.status_reporter.metrics.nodemetrics import NodeMetrics, port_file_replicas
 from klet.status_reporter.pods.history import HistoryKeeper, HistoryPolicy
 from klet.status_reporter.pods.podcache import (
@@ -343,16 +344,23 @@ def _container_metrics(
     registry: CollectorRegistry,
 ) -> tuple[ContainerMetrics | None, list[Callable[[], Awaitable[None]]]]:
     """/metrics/cadvisor of the read-only port: through the kubelet API's CRI client, or,
-    with that API off (a standalone node's usual read-only set-up), a client of its own,
-    as upstream serves the page there whether or not 10250 is on."""
+    with that API off (a standalone node's usual read-only set-up), a client of its own
+    opened at the first scrape (`LazyRuntime`), as upstream serves the page there whether
+    or not 10250 is on."""
     if api is not None:
         return ContainerMetrics(StatsProvider(api.runtime, host_reader(api)), api.pods), []
     if not isinstance(settings, Settings) or not settings.kubelet.read_only_port:
         return None, []
     kubelet = settings.kubelet
-    # Only when served: a CRI client loads gRPC.
-    runtime = runtime_client(
-        kubelet, registry, image_endpoint=kubelet.effective_image_service_endpoint
+    # Opened at the first scrape, not here: a CRI client loads gRPC and the CRI stubs
+    # (about 13 MB resident), and most nodes never ask for this page (issue 42).
+    runtime = LazyRuntime(
+        functools.partial(
+            runtime_client,
+            kubelet,
+            registry,
+            image_endpoint=kubelet.effective_image_service_endpoint,
+        )
     )
     host = host_reader_of(KubeletApiSettings.from_settings(settings), CgroupFS())
     return ContainerMetrics(StatsProvider(runtime, host), pods), [runtime.close]
