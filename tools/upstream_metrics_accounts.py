@@ -179,13 +179,8 @@ NOT_APPLICABLE: Mapping[str, tuple[str, ...]] = {
 }
 
 MISSING: Mapping[str, tuple[str, ...]] = {
-    (
-        "DRA (klet.syncloop.dra): the claim manager's prepare/unprepare, its drivers' gRPC "
-        "calls and the claims in use are not timed or counted yet"
-    ): (
+    ("DRA (klet.syncloop.dra): the calls to drivers' gRPC services are not timed yet"): (
         "/metrics dra_grpc_operations_duration_seconds",
-        "/metrics dra_operations_duration_seconds",
-        "/metrics dra_resource_claims_in_use",
     ),
     (
         "klet's admission does not preempt running pods to make room for a critical pod "

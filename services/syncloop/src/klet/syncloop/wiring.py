@@ -87,11 +87,13 @@ from klet.syncloop.metrics import (
     CPUManagerMetrics,
     CredentialProviderMetrics,
     DeviceMetrics,
+    DRAClaimsInUse,
     Metrics,
     NUMAMetrics,
     ResizeMetrics,
     create_metrics,
     csi_operations,
+    dra_operations,
     orphan_sweeps,
     plugin_counts,
     storage_operations,
@@ -480,8 +482,10 @@ def build_deps(settings: Settings, overrides: Overrides | None = None) -> Deps:
                 claims=ApiClaims(kube),
                 drivers=dra_drivers,
                 checkpoint=ClaimCheckpoint(Path(settings.klet.root_dir)),
+                observe=dra_operations(registry),
             )
         )
+        DRAClaimsInUse(claims.claims_in_use, registry=registry)
         syncer.claims = claims
         syncer.starter.claims = claims
     devices.affinity = lambda uid, name: topology.affinity(uid, name).affinity

@@ -16,6 +16,15 @@ checkpointed after each step; one whose driver failed stays cached without pods 
 unprepared again by the next `unprepare`. `cdi_devices(pod, container)` is what the container gets
 (`cdi.container_cdi_devices` over the cache).
 
+Upstream's metrics come from here: each `prepare` and `unprepare` is timed and told to
+`ManagerDeps.observe` (PrepareResources / UnprepareResources, whether it succeeded,
+seconds), every call syncpod makes, as upstream's PrepareResources/UnprepareResources
+observe every call the kubelet makes, a pod without claims too; `claims_in_use()` is
+the count by driver of the claims whose drivers answered NodePrepareResources, plus
+upstream's `<any>` for all of them (a claim of two drivers counts once for each and
+once in `<any>`), which syncloop's /metrics reads at each scrape. Claims read back from
+the checkpoint are not in use until prepared again, as upstream's isPrepared.
+
 The checkpoint is read at the first call, not at construction: only syncloop's leader
 runs pod workers, and a standby that takes over must start from what the old leader
 wrote, not from what the file held when the standby started. As upstream, claims read
@@ -32,7 +41,8 @@ FailedPrepareDynamicResources Event and a retried sync.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+import time
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -72,6 +82,13 @@ class ManagerDeps:
     claims: ClaimSource
     drivers: DriverRegistry
     checkpoint: CheckpointStore
+    observe: Callable[[str, bool, float], None] | None = None
+    """Told (operation, succeeded, seconds) after each prepare and unprepare."""
+    clock: Callable[[], float] = time.monotonic
+
+
+ANY_DRIVER = "<any>"
+"""upstream's driver_name of the count of all claims in use (DRAResourceClaimsInUseAnyDriver)."""
 
 
 def _ref(info: ClaimInfo) -> ClaimRef:
@@ -110,7 +127,37 @@ class ClaimManager:
         except DRACheckpointError as err:
             raise DRAPrepareError(str(err)) from err
 
+    async def _timed(self, operation: str, work: Awaitable[None]) -> None:
+        start, succeeded = self.deps.clock(), False
+        try:
+            await work
+            succeeded = True
+        finally:
+            if self.deps.observe is not None:
+                self.deps.observe(operation, succeeded, self.deps.clock() - start)
+
     async def prepare(self, pod: Mapping[str, Any]) -> None:
+        await self._timed("PrepareResources", self._prepare(pod))
+
+    async def unprepare(self, pod_uid: str) -> None:
+        await self._timed("UnprepareResources", self._unprepare(pod_uid))
+
+    def claims_in_use(self) -> dict[str, int]:
+        """Claims in use (all their drivers answered NodePrepareResources), by driver,
+        and all of them under ANY_DRIVER (upstream's claimsInUse). Read from a scrape's
+        thread: it copies what it reads and never loads the checkpoint."""
+        counts: dict[str, int] = {ANY_DRIVER: 0}
+        cache = dict(self.cache)
+        for key in list(self.prepared):
+            info = cache.get(key)
+            if info is None:
+                continue
+            counts[ANY_DRIVER] += 1
+            for driver in info.driver_state:
+                counts[driver] = counts.get(driver, 0) + 1
+        return counts
+
+    async def _prepare(self, pod: Mapping[str, Any]) -> None:
         self._load()
         meta = pod.get("metadata") or {}
         namespace, pod_uid = str(meta.get("namespace", "")), str(meta.get("uid", ""))
@@ -191,7 +238,7 @@ class ClaimManager:
         self._load()
         return any(pod_uid in info.pod_uids for info in self.cache.values())
 
-    async def unprepare(self, pod_uid: str) -> None:
+    async def _unprepare(self, pod_uid: str) -> None:
         self._load()
         if not self.holds(pod_uid) and all(info.pod_uids for info in self.cache.values()):
             return  # nothing of this pod's, nothing left over: no checkpoint write either
