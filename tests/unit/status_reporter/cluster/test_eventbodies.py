@@ -11,18 +11,23 @@ from klet.model.records import EventRecord
 from klet.status_reporter.cluster import eventbodies
 
 
+def web_pod(field_path: str = "spec.containers{app}") -> dict[str, str]:
+    """The involved object of every record here: pod ns1/web's `field_path`."""
+    return {
+        "kind": "Pod",
+        "namespace": "ns1",
+        "name": "web",
+        "uid": "u1",
+        "fieldPath": field_path,
+    }
+
+
 def record(*, at: float = 1000.0, message: str = "pulling", count: int = 1) -> EventRecord:
     return EventRecord(
         type="Normal",
         reason="Pulling",
         message=message,
-        involved={
-            "kind": "Pod",
-            "namespace": "ns1",
-            "name": "web",
-            "uid": "u1",
-            "fieldPath": "spec.containers{app}",
-        },
+        involved=web_pod(),
         component="",
         at=at,
         count=count,
@@ -98,13 +103,7 @@ def step(
         type="Warning",
         reason="Failed",
         message=message,
-        involved={
-            "kind": "Pod",
-            "namespace": "ns1",
-            "name": "web",
-            "uid": "u1",
-            "fieldPath": field,
-        },
+        involved=web_pod(field),
         component="kubelet",
         at=at,
     )
