@@ -13,8 +13,9 @@ and a container that dies afterwards comes back with its CDI device; a pod nobod
 wants any more (removed while syncloop was away) has its claims unprepared after the
 kill; without a claim manager (standalone, or the gate off) the pod waits with the
 Event saying so; a pod that completed by itself (restartPolicy Never, exit 0) has its
-claims unprepared once its phase is Succeeded, not at its deletion; a container's `resources.claims` stays out of its status resources
-(the in-place resize's view: limits and requests only, as upstream).
+claims unprepared once its phase is Succeeded, not at its deletion; a container's
+`resources.claims` stays out of its status resources (the in-place resize's view:
+limits and requests only, as upstream).
 """
 
 from __future__ import annotations
