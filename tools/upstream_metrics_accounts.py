@@ -191,13 +191,6 @@ MISSING: Mapping[str, tuple[str, ...]] = {
         "klet's httpGet hooks do not retry over HTTP when an HTTPS hook gets an HTTP answer "
         "(upstream's fallback, with its LifecycleHTTPFallback event): nothing to count yet"
     ): ("/metrics kubelet_lifecycle_handler_http_fallbacks_total",),
-    "the node's start-up phases are not timed": (
-        "/metrics kubelet_node_startup_duration_seconds",
-        "/metrics kubelet_node_startup_post_registration_duration_seconds",
-        "/metrics kubelet_node_startup_pre_kubelet_duration_seconds",
-        "/metrics kubelet_node_startup_pre_registration_duration_seconds",
-        "/metrics kubelet_node_startup_registration_duration_seconds",
-    ),
     "CSI volume health (VolumeCondition) is not read": (
         "/metrics kubelet_volume_stats_health_status_abnormal",
     ),

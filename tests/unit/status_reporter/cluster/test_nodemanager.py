@@ -19,15 +19,17 @@ from klet.status_reporter.cluster.nodeid import NodeIdentity
 from klet.status_reporter.cluster.nodemanager import NodeStatusManager, NodeStatusPolicy
 from klet.status_reporter.cluster.nodeobserver import NodeObserver
 from klet.status_reporter.cluster.nodestatus import CMAD_ANNOTATION, NodeConfig
+from klet.status_reporter.metrics.nodestartup import NodeStartup, boot_time
 from klet.testbed.fakes.bus import FakeBus
 from klet.testbed.fakes.status_reporter import FakeApiServer, FakeRuntime
+from prometheus_client import CollectorRegistry
 
 NODE = "/api/v1/nodes/node1"
 GI = 1024**3
 
 
 class World:
-    def __init__(self, *, register: bool = True) -> None:
+    def __init__(self, *, register: bool = True, startup: NodeStartup | None = None) -> None:
         self.kube = FakeApiServer()
         self.runtime = FakeRuntime()
         self.runtime.add_image("busybox:1", 5)
@@ -55,6 +57,7 @@ class World:
             ),
             policy=NodeStatusPolicy(register=register),
             events=self.publisher,
+            startup=startup,
             clock=lambda: 1_700_000_000.0 + self.mono[0],
             monotonic=lambda: self.mono[0],
         )
@@ -270,3 +273,57 @@ async def test_a_changed_contribution_brings_the_update_forward() -> None:
         assert w.ready()["message"] == "node is shutting down"
     finally:
         task.cancel()
+
+
+async def test_the_node_startup_phases_of_a_node_this_process_created() -> None:
+    registry = CollectorRegistry()
+    startup = NodeStartup(registry, started_at=1_700_000_000.0 - 5, boot_at=1_700_000_000.0 - 65)
+    w = World(startup=startup)
+
+    def phases() -> dict[str, float | None]:
+        names = ("pre_kubelet_", "pre_registration_", "registration_", "post_registration_", "")
+        return {
+            n: registry.get_sample_value(f"kubelet_node_startup_{n}duration_seconds") for n in names
+        }
+
+    assert set(phases().values()) == {0.0}  # served from the start, 0 until registered
+    w.kube.fail_next("POST", "/nodes", Unavailable("apiserver starting"))
+    w.mono[0] = 1.0
+    assert not await w.manager.register_once()  # the first attempt, at +1
+    w.mono[0] = 3.0
+    assert await w.manager.register_once()  # created at +3
+    w.runtime.down = True
+    w.mono[0] = 4.0
+    assert await w.manager.sync_once()  # reported, not Ready: no post-registration yet
+    assert phases()["post_registration_"] == 0.0
+    w.runtime.down = False
+    w.mono[0] = 10.0
+    assert await w.manager.sync_once()  # first Ready at +10
+    assert phases() == {
+        "pre_kubelet_": 60.0,  # boot to the start
+        "pre_registration_": 6.0,  # the start (-5) to the first attempt (+1)
+        "registration_": 2.0,
+        "post_registration_": 7.0,
+        "": 75.0,  # boot to Ready
+    }
+    w.mono[0] = 20.0
+    w.runtime.down = True
+    await w.manager.sync_once()
+    w.runtime.down = False
+    await w.manager.sync_once()  # Ready again later: the first one stays
+    assert phases()["post_registration_"] == 7.0
+
+
+async def test_an_adopted_node_sets_no_startup_phase() -> None:
+    registry = CollectorRegistry()
+    w = World(startup=NodeStartup(registry, started_at=1_699_999_990.0, boot_at=None))
+    w.kube.put(NODE, {"metadata": {"name": "node1"}})
+    assert await w.manager.register_once()
+    assert await w.manager.sync_once()
+    assert registry.get_sample_value("kubelet_node_startup_registration_duration_seconds") == 0
+    assert registry.get_sample_value("kubelet_node_startup_post_registration_duration_seconds") == 0
+
+
+def test_boot_time_is_proc_stats_btime() -> None:
+    assert boot_time("cpu  1 2 3\nbtime 1699999000\nprocesses 5\n") == 1_699_999_000.0
+    assert boot_time("cpu 1\n") is None

@@ -72,6 +72,7 @@ from klet.status_reporter.metrics.instruments import (
 )
 from klet.status_reporter.metrics.lazyruntime import LazyRuntime
 from klet.status_reporter.metrics.nodemetrics import NodeMetrics, port_file_replicas
+from klet.status_reporter.metrics.nodestartup import node_startup, read_boot_time
 from klet.status_reporter.pods.history import HistoryKeeper, HistoryPolicy
 from klet.status_reporter.pods.podcache import (
     CachePolicy,
@@ -244,6 +245,7 @@ def build_deps(settings: ServiceSettings, *, overrides: Overrides | None = None)
     volumes = VolumeView(node.volumes, registry)
     devices = DeviceView(node.devices)
     requests = RestClientMetrics(registry)
+    startup = node_startup(registry, boot_at=read_boot_time())  # 0s unless registered
     cluster: ClusterDeps | None = None
     # getattr: standalone settings trees built by hand (older tests) have no kubeconfig.
     if getattr(klet, "kubeconfig", None) is not None or o.cluster is not None:
@@ -262,6 +264,7 @@ def build_deps(settings: ServiceSettings, *, overrides: Overrides | None = None)
             certificates=CertificateMetrics(registry),
             mirror_pods=metrics.mirror_pods.set,
             status_synced=metrics.pod_status_sync.observe,
+            startup=startup,
         )
 
     history = HistoryKeeper(

@@ -43,6 +43,7 @@ from klet.status_reporter.cluster.nodemanager import (
     EventPublisher,
     NodeStatusManager,
     NodeStatusPolicy,
+    StartupRecorder,
 )
 from klet.status_reporter.cluster.nodeobserver import ConditionTable, NodeObserver, RuntimeService
 from klet.status_reporter.cluster.nodestatus import KUBELET_VERSION, NodeConfig
@@ -333,6 +334,7 @@ def build_cluster(
     certificates: CertificateObserver | None = None,
     mirror_pods: Callable[[int], None] | None = None,
     status_synced: Callable[[float], None] | None = None,
+    startup: StartupRecorder | None = None,
 ) -> ClusterDeps:
     """Build cluster mode's managers; `bus()` gives the node's tables when not overridden.
     `consumer` names this process in the `events` consumer group (unique per process);
@@ -340,7 +342,8 @@ def build_cluster(
     rest_client_request_duration_seconds);
     `certificates` of each rotated certificate's expiry and failed renewals; `mirror_pods`
     of the node's mirror pods after each reconcile (kubelet_mirror_pods); `status_synced`
-    of each status the apiserver took (kubelet_pod_status_sync_duration_seconds)."""
+    of each status the apiserver took (kubelet_pod_status_sync_duration_seconds);
+    `startup` of the node's registration and first Ready (kubelet_node_startup_*)."""
     o = overrides or ClusterOverrides()
     closers: list[Callable[[], Awaitable[None]]] = []
 
@@ -412,6 +415,7 @@ def build_cluster(
         config=node_config(kubelet, klet),
         policy=node_policy,
         events=o.publisher or bus().events,
+        startup=startup,
     )
     lease = LeaseManager(
         api=KubeApi(lease_kube, retry=NO_RETRY),

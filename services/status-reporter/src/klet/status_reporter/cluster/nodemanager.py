@@ -57,6 +57,16 @@ class Observer(Protocol):
         ...
 
 
+class StartupRecorder(Protocol):
+    """The node start-up moments (status_reporter.metrics.nodestartup.NodeStartup)."""
+
+    def attempt(self, now: float) -> None: ...
+
+    def registered_new(self, now: float) -> None: ...
+
+    def ready(self, now: float) -> None: ...
+
+
 class EventPublisher(Protocol):
     """The bus's `events` stream."""
 
@@ -87,6 +97,13 @@ def _levels(records: dict[str, NodeConditionRecord]) -> dict[str, tuple[str, str
     return {key: (r.status, r.reason, r.message) for key, r in records.items()}
 
 
+def _ready(status: JSON) -> bool:
+    return any(
+        c.get("type") == "Ready" and c.get("status") == "True"
+        for c in status.get("conditions") or []
+    )
+
+
 def _uid(obj: JSON) -> str:
     return str((obj.get("metadata") or {}).get("uid") or "")
 
@@ -103,6 +120,7 @@ class NodeStatusManager:
         config: NodeConfig,
         policy: NodeStatusPolicy = NodeStatusPolicy(),
         events: EventPublisher | None = None,
+        startup: StartupRecorder | None = None,
         clock: Callable[[], float] = time.time,
         monotonic: Callable[[], float] = time.monotonic,
         rand: Callable[[], float] = random.random,
@@ -113,6 +131,7 @@ class NodeStatusManager:
         self._cfg = config
         self._policy = policy
         self._events = events
+        self._startup = startup
         self._clock = clock
         self._monotonic = monotonic
         self._rand = rand
@@ -130,6 +149,8 @@ class NodeStatusManager:
 
     async def register_once(self) -> bool:
         """Create or adopt the Node; returns whether it is registered now."""
+        if self._startup is not None:
+            self._startup.attempt(self._clock())
         obs = await self._observer.observe()
         node = nodestatus.initial_node(self._cfg, obs, now=self._clock())
         try:
@@ -140,6 +161,8 @@ class NodeStatusManager:
             self._once.error("register", "unable to register the node", error=str(err))
             return False
         self._once.clear("register")
+        if self._startup is not None:
+            self._startup.registered_new(self._clock())
         self._identity.set_uid(_uid(created))
         self._last_report = None
         log.info("node registered", extra={"node": self.name, "uid": self._identity.uid})
@@ -202,6 +225,8 @@ class NodeStatusManager:
                 continue
             self._last_report = self._monotonic()
             self.reports += 1
+            if self._startup is not None and _ready(status):
+                self._startup.ready(self._clock())
             self._once.clear("status", "node status updated again")
             await self._announce(existing.get("conditions") or [], status["conditions"])
             return True
