@@ -179,9 +179,6 @@ NOT_APPLICABLE: Mapping[str, tuple[str, ...]] = {
 }
 
 MISSING: Mapping[str, tuple[str, ...]] = {
-    ("DRA (klet.syncloop.dra): the calls to drivers' gRPC services are not timed yet"): (
-        "/metrics dra_grpc_operations_duration_seconds",
-    ),
     (
         "klet's admission does not preempt running pods to make room for a critical pod "
         "(upstream's CriticalPodAdmissionHandler): it refuses it like any other, so there "

@@ -6,7 +6,9 @@ devices with their pool, name, requests and CDI device IDs, or the driver's erro
 that claim; NodeUnprepareResources answers each claim's error; an answer leaving out a
 claim, a failed call (the server's status message) and a call past the deadline raise
 DRAPluginError naming the driver, the call and the cause; a call to the wrong service
-fails as UNIMPLEMENTED; a cancelled caller gets CancelledError, not DRAPluginError."""
+fails as UNIMPLEMENTED; a cancelled caller gets CancelledError, not DRAPluginError; each
+call observed by full method and grpc-go's status code, through syncloop's
+dra_grpc_operations_duration_seconds."""
 
 from __future__ import annotations
 
@@ -24,6 +26,8 @@ from klet.rpc.gen.klet.dra.v1 import api_pb2 as pb_v1
 from klet.rpc.gen.klet.dra.v1 import api_pb2_grpc as grpc_v1
 from klet.rpc.gen.klet.dra.v1beta1 import api_pb2 as pb_v1beta1
 from klet.rpc.gen.klet.dra.v1beta1 import api_pb2_grpc as grpc_v1beta1
+from klet.syncloop.metrics import dra_grpc_operations
+from prometheus_client import CollectorRegistry
 
 API = {SERVICE_V1: (pb_v1, grpc_v1), SERVICE_V1BETA1: (pb_v1beta1, grpc_v1beta1)}
 CLAIM = ClaimRef(namespace="default", name="gpu", uid="uid-1")
@@ -192,3 +196,41 @@ async def test_a_cancelled_caller_is_cancelled(served: Served) -> None:
 def test_an_unknown_service_is_refused() -> None:
     with pytest.raises(ValueError, match="'v2.DRAPlugin' is not one of"):
         GrpcDRAPlugin(Path("/x.sock"), driver="d", service="v2.DRAPlugin")
+
+
+async def test_each_call_is_observed_by_method_and_grpc_go_status_code(served: Served) -> None:
+    """What syncloop serves as dra_grpc_operations_duration_seconds (upstream's client
+    interceptor): every call, its full method, OK when the call returned (an answer
+    leaving out a claim too: the call succeeded), else grpc-go's name of the code."""
+    registry = CollectorRegistry()
+    plugin = client(served, timeout_s=0.5, observer=dra_grpc_operations(registry))
+    try:
+        await plugin.prepare([CLAIM])
+        await plugin.unprepare([CLAIM])
+        served.driver.leave_out = True
+        with pytest.raises(DRAPluginError):
+            await plugin.prepare([CLAIM, OTHER])
+        served.driver.leave_out, served.driver.abort = False, "no"
+        with pytest.raises(DRAPluginError):
+            await plugin.prepare([CLAIM])
+        served.driver.abort, served.driver.hang = "", True
+        with pytest.raises(DRAPluginError):
+            await plugin.prepare([CLAIM])
+    finally:
+        await plugin.close()
+    package = f"/k8s.io.kubelet.pkg.apis.dra.{served.service}"
+
+    def count(method: str, code: str) -> float | None:
+        return registry.get_sample_value(
+            "dra_grpc_operations_duration_seconds_count",
+            {
+                "driver_name": "gpu.example.com",
+                "method_name": f"{package}/{method}",
+                "grpc_status_code": code,
+            },
+        )
+
+    assert count("NodePrepareResources", "OK") == 2.0
+    assert count("NodeUnprepareResources", "OK") == 1.0
+    assert count("NodePrepareResources", "Internal") == 1.0
+    assert count("NodePrepareResources", "DeadlineExceeded") == 1.0

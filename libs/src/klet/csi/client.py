@@ -27,6 +27,7 @@ from klet.rpc.gen.klet.csi.v1 import csi_pb2 as csi
 from klet.rpc.gen.klet.csi.v1 import csi_pb2_grpc as csi_grpc
 from klet.rpc.gen.klet.pluginregistration.v1 import registration_pb2 as reg
 from klet.rpc.gen.klet.pluginregistration.v1 import registration_pb2_grpc as reg_grpc
+from klet.rpc.statuscodes import go_code
 
 DEFAULT_TIMEOUT_S = 10.0
 """A node call's deadline unless the caller gives one (upstream's CSI client uses
@@ -133,14 +134,6 @@ async def _call(method: Any, request: Any, timeout_s: float, what: str) -> Any:
 CallObserver = Callable[[str, str, str, float], None]
 """Told (driver name, gRPC method such as `/csi.v1.Node/NodeStageVolume`, status code as
 grpc-go names it: `OK`, `DeadlineExceeded`, ..., seconds) after every node client call."""
-
-_GO_CODES = {"OK": "OK", "CANCELLED": "Canceled"}
-
-
-def go_code(name: str) -> str:
-    """grpc-go's name of a status code given by its Python name (`DEADLINE_EXCEEDED` ->
-    `DeadlineExceeded`; grpc-go spells CANCELLED `Canceled`)."""
-    return _GO_CODES.get(name) or "".join(p.capitalize() for p in name.split("_"))
 
 
 class RegistrationClient:

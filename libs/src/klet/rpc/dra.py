@@ -9,11 +9,19 @@ driver cannot hold a pod worker for ever. A failed call, or an answer that leave
 claim asked for (upstream's "left out N claims"), raises `DRAPluginError` naming the
 driver, the call and the cause; a cancellation of the calling task that grpc.aio
 reports as an error of its own is raised as the cancellation.
+
+`observer` is told of every call made (the driver, upstream's full gRPC method
+`/k8s.io.kubelet.pkg.apis.dra.v1.DRAPlugin/NodePrepareResources`, grpc-go's name of the
+status code, seconds), where upstream's client interceptor observes
+dra_grpc_operations_duration_seconds: an answer leaving out a claim is `OK` there (the
+call itself succeeded), a cancelled call `Canceled`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import asyncio
+import time
+from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +38,7 @@ from klet.rpc.gen.klet.dra.v1 import api_pb2 as pb_v1
 from klet.rpc.gen.klet.dra.v1 import api_pb2_grpc as grpc_v1
 from klet.rpc.gen.klet.dra.v1beta1 import api_pb2 as pb_v1beta1
 from klet.rpc.gen.klet.dra.v1beta1 import api_pb2_grpc as grpc_v1beta1
+from klet.rpc.statuscodes import go_code
 
 CALL_TIMEOUT_S = 45.0
 """upstream's defaultClientCallTimeout of a DRA plugin's calls."""
@@ -38,6 +47,13 @@ _API: dict[str, tuple[Any, Any]] = {
     SERVICE_V1: (pb_v1, grpc_v1),
     SERVICE_V1BETA1: (pb_v1beta1, grpc_v1beta1),
 }
+
+
+CallObserver = Callable[[str, str, str, float], None]
+"""Told (driver, full gRPC method, grpc-go's status code name, seconds) after each call."""
+
+PROTO_PACKAGE = "k8s.io.kubelet.pkg.apis.dra"
+"""The proto package both services are declared in (`<package>.v1.DRAPlugin`)."""
 
 
 class DRAPluginError(Exception):
@@ -67,6 +83,7 @@ class GrpcDRAPlugin:
         driver: str,
         service: str = SERVICE_V1,
         timeout_s: float = CALL_TIMEOUT_S,
+        observer: CallObserver | None = None,
     ) -> None:
         if service not in _API:
             raise ValueError(f"DRA service {service!r} is not one of {', '.join(_API)}")
@@ -74,6 +91,7 @@ class GrpcDRAPlugin:
         self.driver = driver
         self.service = service
         self.timeout_s = timeout_s
+        self.observer = observer
         self._pb, stubs = _API[service]
         self.channel = grpc.aio.insecure_channel(f"unix://{endpoint}")
         self.stub = stubs.DRAPluginStub(self.channel)
@@ -86,14 +104,29 @@ class GrpcDRAPlugin:
             f"DRA driver {self.driver} at {self.endpoint}: {call} failed: {cause}"
         )
 
+    async def _call(self, call: str, method: Callable[..., Awaitable[Any]], request: Any) -> Any:
+        """One unary call with the deadline; DRAPluginError naming it when it fails."""
+        start, code = time.monotonic(), "Unknown"
+        try:
+            response = await method(request, timeout=self.timeout_s)
+            code = "OK"
+            return response
+        except grpc.aio.AioRpcError as err:
+            code = go_code(err.code().name)
+            raise_if_cancelled(err)
+            raise self._error(call, str(err.details())) from err
+        except asyncio.CancelledError:
+            code = "Canceled"
+            raise
+        finally:
+            if self.observer is not None:
+                method_name = f"/{PROTO_PACKAGE}.{self.service}/{call}"
+                self.observer(self.driver, method_name, code, time.monotonic() - start)
+
     async def prepare(self, claims: Sequence[ClaimRef]) -> dict[str, PrepareResult]:
         """NodePrepareResources: each claim's result, by claim UID."""
         request = self._pb.NodePrepareResourcesRequest(claims=self._claims(claims))
-        try:
-            response = await self.stub.NodePrepareResources(request, timeout=self.timeout_s)
-        except grpc.aio.AioRpcError as err:
-            raise_if_cancelled(err)
-            raise self._error("NodePrepareResources", str(err.details())) from err
+        response = await self._call("NodePrepareResources", self.stub.NodePrepareResources, request)
         missing = _left_out(claims, response.claims)
         if missing:
             raise self._error(
@@ -109,11 +142,9 @@ class GrpcDRAPlugin:
     async def unprepare(self, claims: Sequence[ClaimRef]) -> dict[str, str]:
         """NodeUnprepareResources: each claim's error ("" when unprepared), by claim UID."""
         request = self._pb.NodeUnprepareResourcesRequest(claims=self._claims(claims))
-        try:
-            response = await self.stub.NodeUnprepareResources(request, timeout=self.timeout_s)
-        except grpc.aio.AioRpcError as err:
-            raise_if_cancelled(err)
-            raise self._error("NodeUnprepareResources", str(err.details())) from err
+        response = await self._call(
+            "NodeUnprepareResources", self.stub.NodeUnprepareResources, request
+        )
         missing = _left_out(claims, response.claims)
         if missing:
             raise self._error(

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from klet.cancellation import raise_if_cancelled
+from klet.rpc.statuscodes import go_code
 
 
 @dataclass(frozen=True)
@@ -86,7 +87,7 @@ async def check_health(
                 )
             return HealthCheck(
                 False,
-                f"error: health rpc probe failed: rpc error: code = {_go_code(code)} "
+                f"error: health rpc probe failed: rpc error: code = {go_code(code.name)} "
                 f"desc = {err.details()}",
             )
         if response.status != health_pb2.HealthCheckResponse.SERVING:
@@ -95,8 +96,3 @@ async def check_health(
         return HealthCheck(True, "service healthy")
     finally:
         await channel.close(None)
-
-
-def _go_code(code: grpc.StatusCode) -> str:
-    """A status code as grpc-go names it (`NotFound`, `Unavailable`)."""
-    return "".join(part.capitalize() for part in code.name.split("_"))

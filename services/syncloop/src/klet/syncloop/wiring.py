@@ -93,6 +93,7 @@ from klet.syncloop.metrics import (
     ResizeMetrics,
     create_metrics,
     csi_operations,
+    dra_grpc_operations,
     dra_operations,
     orphan_sweeps,
     plugin_counts,
@@ -470,7 +471,7 @@ def build_deps(settings: Settings, overrides: Overrides | None = None) -> Deps:
     )
     dra_drivers = DRADrivers(
         root_dir=Path(settings.klet.root_dir),
-        connect=_connect_dra,
+        connect=functools.partial(_connect_dra, observer=dra_grpc_operations(registry)),
         on_change=None
         if dra_slices is None
         else lambda driver, registered: dra_slices.changed(driver, registered=registered),
@@ -603,8 +604,12 @@ INPLACE_RESIZE_GATE = "InPlacePodVerticalScaling"
 DRA_GATE = "DynamicResourceAllocation"
 
 
-def _connect_dra(instance: DriverInstance) -> GrpcDRAPlugin:
-    return GrpcDRAPlugin(instance.endpoint, driver=instance.driver, service=instance.service)
+def _connect_dra(
+    instance: DriverInstance, *, observer: Callable[[str, str, str, float], None]
+) -> GrpcDRAPlugin:
+    return GrpcDRAPlugin(
+        instance.endpoint, driver=instance.driver, service=instance.service, observer=observer
+    )
 
 
 log = logging.getLogger(__name__)
