@@ -275,16 +275,7 @@ MISSING: Mapping[str, tuple[str, ...]] = {
         "/metrics/cadvisor container_fs_write_seconds_total",
         "/metrics/cadvisor container_fs_writes_merged_total",
     ),
-    "memory.stat's page fault counters are not read": (
-        "/metrics/cadvisor container_memory_failures_total",
-    ),
     "memory.stat's kernel memory is not read": ("/metrics/cadvisor container_memory_kernel_usage",),
-    "memory.stat's active_file is not served": (
-        "/metrics/cadvisor container_memory_total_active_file_bytes",
-    ),
-    "memory.stat's inactive_file is not served": (
-        "/metrics/cadvisor container_memory_total_inactive_file_bytes",
-    ),
     "the machine collector's own error gauge; klet's machine figures are read once at start": (
         "/metrics/cadvisor machine_scrape_error",
     ),

@@ -42,7 +42,8 @@ def v1_tree(root: Path) -> None:
     write(
         mem / "memory.stat",
         "cache 1\nrss 2\ntotal_cache 3000\ntotal_rss 5000\ntotal_mapped_file 700\n"
-        "total_swap 11\ntotal_inactive_file 2000\n",
+        "total_swap 11\ntotal_inactive_file 2000\ntotal_active_file 900\n"
+        "pgfault 40\npgmajfault 4\ntotal_pgfault 90\n",
     )
     write(mem / "memory.max_usage_in_bytes", "12000\n")
     write(mem / "memory.failcnt", "3\n")
@@ -86,6 +87,10 @@ def test_v1_detail(tmp_path: Path) -> None:
         memory_reservation=None,  # 2^63 rounded to a page: none
         memory_swap_limit=64 << 20,  # memsw limit less the memory limit
         memory_failcnt=3,
+        memory_active_file=900,
+        memory_inactive_file=2000,
+        memory_pgfault=40,  # the cgroup's own, as cAdvisor (not total_pgfault)
+        memory_pgmajfault=4,
         oom_kills=2,
         blkio={"8:0": BlkioDevice(4096, 8192, 1, 2)},
         threads=7,
@@ -115,7 +120,11 @@ def v2_tree(root: Path) -> None:
     write(d / "cpu.max", "max 100000\n")
     write(d / "cpu.weight", "100\n")
     write(d / "memory.current", "10000\n")
-    write(d / "memory.stat", "anon 5000\nfile 3000\nfile_mapped 700\ninactive_file 2500\n")
+    write(
+        d / "memory.stat",
+        "anon 5000\nfile 3000\nfile_mapped 700\ninactive_file 2500\nactive_file 400\n"
+        "pgfault 70\npgmajfault 7\n",
+    )
     write(d / "memory.swap.current", "0\n")
     write(d / "memory.peak", "15000\n")
     write(d / "memory.max", "max\n")
@@ -151,6 +160,10 @@ def test_v2_detail(tmp_path: Path) -> None:
         memory_limit=None,
         memory_reservation=0,
         memory_swap_limit=None,
+        memory_active_file=400,
+        memory_inactive_file=2500,
+        memory_pgfault=70,
+        memory_pgmajfault=7,
         oom_kills=1,
         blkio={"8:0": BlkioDevice(4096, 8192, 1, 2)},
         threads=3,

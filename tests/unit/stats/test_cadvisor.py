@@ -63,6 +63,10 @@ CTR = CgroupSeries(
         memory_cache=100,
         memory_limit=64 << 20,
         memory_failcnt=5,
+        memory_active_file=30,
+        memory_inactive_file=20,
+        memory_pgfault=90,
+        memory_pgmajfault=9,
         blkio={"8:0": BlkioDevice(4096, 8192, 1, 2)},
     ),
     fs=WritableLayer("/dev/vda1", 4096, 10**9),
@@ -114,6 +118,32 @@ S = samples(SNAP)
         ("container_memory_rss", CTR, {}, 400.0),
         ("container_memory_cache", CTR, {}, 100.0),
         ("container_memory_failcnt", CTR, {}, 5.0),
+        ("container_memory_total_active_file_bytes", CTR, {}, 30.0),
+        ("container_memory_total_inactive_file_bytes", CTR, {}, 20.0),
+        (
+            "container_memory_failures_total",
+            CTR,
+            {"failure_type": "pgfault", "scope": "container"},
+            90.0,
+        ),
+        (
+            "container_memory_failures_total",
+            CTR,
+            {"failure_type": "pgfault", "scope": "hierarchy"},
+            90.0,
+        ),
+        (
+            "container_memory_failures_total",
+            CTR,
+            {"failure_type": "pgmajfault", "scope": "container"},
+            9.0,
+        ),
+        (
+            "container_memory_failures_total",
+            CTR,
+            {"failure_type": "pgmajfault", "scope": "hierarchy"},
+            9.0,
+        ),
         ("container_spec_memory_limit_bytes", CTR, {}, float(64 << 20)),
         ("container_spec_memory_limit_bytes", POD, {}, 0.0),  # unlimited
         ("container_fs_reads_bytes_total", CTR, {"device": "/dev/sda"}, 4096.0),
@@ -152,6 +182,7 @@ def test_series(metric: str, series: CgroupSeries, extra: dict[str, str], value:
         ("container_processes", ROOT),
         ("container_start_time_seconds", POD),
         ("container_memory_failcnt", POD),  # no memory.failcnt read (cgroup v2)
+        ("container_memory_total_active_file_bytes", POD),  # not read: absent, not 0
     ],
 )
 def test_absent(metric: str, series: CgroupSeries) -> None:

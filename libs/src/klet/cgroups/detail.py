@@ -93,6 +93,11 @@ class CgroupDetail:
     memory_swap_limit: int | None = None
     memory_failcnt: int | None = None
     """v1's memory.failcnt (usage hit the limit); v2 has no such counter."""
+    memory_active_file: int | None = None
+    memory_inactive_file: int | None = None
+    memory_pgfault: int | None = None
+    memory_pgmajfault: int | None = None
+    """memory.stat's page fault counts (v1: the cgroup's own, as cAdvisor reads them)."""
     oom_kills: int | None = None
     blkio: Mapping[str, BlkioDevice] = field(default_factory=dict)
     """"major:minor" → its I/O."""
@@ -248,6 +253,10 @@ def read_detail_v1(root: Path, rel: str) -> CgroupDetail:
         memory_reservation=_limit(_int(f"{mem}/memory.soft_limit_in_bytes")),
         memory_swap_limit=None if memsw is None or limit is None else max(memsw - limit, 0),
         memory_failcnt=_int(f"{mem}/memory.failcnt"),
+        memory_active_file=stat.get("total_active_file"),
+        memory_inactive_file=stat.get("total_inactive_file"),
+        memory_pgfault=stat.get("pgfault"),
+        memory_pgmajfault=stat.get("pgmajfault"),
         oom_kills=_kv(f"{mem}/memory.oom_control").get("oom_kill"),
         blkio=parse_blkio_v1(service_bytes or "", serviced or ""),
         threads=_int(f"{pids}/pids.current"),
@@ -294,6 +303,10 @@ def read_detail_v2(root: Path, rel: str, *, root_usage: int | None = None) -> Cg
         memory_limit=_limit(_int(f"{d}/memory.max")),
         memory_reservation=_limit(_int(f"{d}/memory.low")),
         memory_swap_limit=_limit(_int(f"{d}/memory.swap.max")),
+        memory_active_file=stat.get("active_file"),
+        memory_inactive_file=stat.get("inactive_file"),
+        memory_pgfault=stat.get("pgfault"),
+        memory_pgmajfault=stat.get("pgmajfault"),
         oom_kills=_kv(f"{d}/memory.events").get("oom_kill"),
         blkio=parse_io_stat(_text(f"{d}/io.stat") or ""),
         threads=_int(f"{d}/pids.current"),

@@ -301,6 +301,18 @@ _SCALARS: tuple[tuple[str, str, Getter, float], ...] = (
         1.0,
     ),
     (
+        "container_memory_total_active_file_bytes",
+        "Current total active file in bytes.",
+        lambda d: d.memory_active_file,
+        1.0,
+    ),
+    (
+        "container_memory_total_inactive_file_bytes",
+        "Current total inactive file in bytes.",
+        lambda d: d.memory_inactive_file,
+        1.0,
+    ),
+    (
         "container_memory_max_usage_bytes",
         "Maximum memory usage recorded in bytes",
         lambda d: d.memory_max_usage,
@@ -461,6 +473,22 @@ def cadvisor_families(snapshot: CgroupSnapshot) -> list[Metric]:
             if value is not None:
                 _add(family, c.labels(), value * scale)
         out.append(family)
+
+    # cAdvisor gives memory.stat's one count as both scopes (the cgroup's own in v1)
+    failures = _family(
+        "container_memory_failures_total",
+        "Cumulative count of memory allocation failures.",
+        (*LABELS, "failure_type", "scope"),
+    )
+    for c in cgroups:
+        for kind, count in (
+            ("pgfault", c.detail.memory_pgfault),
+            ("pgmajfault", c.detail.memory_pgmajfault),
+        ):
+            if count is not None:
+                for scope in ("container", "hierarchy"):
+                    _add(failures, [*c.labels(), kind, scope], float(count))
+    out.append(failures)
 
     for name, doc, index in _BLKIO:
         family = _family(name, doc, (*LABELS, "device"))
