@@ -288,7 +288,7 @@ csi-binaries:
 # and snapshot-controller in the cluster), which `make test` does not collect
 # (tests/conftest.py).
 test-csi: setup cluster-binaries csi-binaries
-	KLET_CSI_TESTS=1 $(PY) -m pytest tests/integration/test_csi_images.py tests/cluster/test_csi_sidecars.py tests/cluster/test_csi_block.py tests/cluster/test_csi_snapshots.py $(PYTEST_ARGS)
+	KLET_CSI_TESTS=1 $(PY) -m pytest tests/integration/test_csi_images.py tests/cluster/test_csi_sidecars.py tests/cluster/test_csi_block.py tests/cluster/test_csi_snapshots.py tests/cluster/test_csi_database.py $(PYTEST_ARGS)
 
 # Upstream's DRA test driver (tools/dra/build.sh builds k8s.io/kubernetes v1.34.4's
 # test/e2e/dra/test-driver: about 15 s the first time, cached after) registering through

@@ -7,12 +7,15 @@ cold build takes minutes: `make csi-binaries`, before `make test-csi`).
 `Registrar.start` runs upstream's node-driver-registrar for a driver.
 `MockDriver.start` runs csi-mock with `-v=3`, so its log holds one JSON `gRPCCall:` line
 per CSI call it served, which `grpc_methods()` reads.
+`start_hostpathplugin` runs upstream's csi-hostpath driver as a host process (restartable
+on its state directory); `grpc_calls` counts the calls its log shows.
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
+import socket as unix
 import subprocess
 import uuid
 from collections.abc import Iterator, Sequence
@@ -166,3 +169,55 @@ class Registrar:
     def stop(self) -> None:
         """SIGTERM, as the kubelet's pod stop: the registrar removes its socket."""
         stop_process(self.proc)
+
+
+def start_hostpathplugin(
+    binary: Path, *, socket: Path, driver: str, node: str, state: Path, log: Path
+) -> subprocess.Popen[bytes]:
+    """hostpathplugin (upstream's csi-hostpath driver) serving `driver` for `node` on
+    `socket` with its volumes and state.json in `state`, logging at `--v=5` (one
+    `GRPC call: <method>` line per call) appended to `log`; returns once the socket is
+    there. A restart on the same `state` finds the volumes it had (its state.json)."""
+    with log.open("ab") as out:
+        proc = subprocess.Popen(
+            [
+                str(binary),
+                f"--endpoint=unix://{socket}",
+                f"--drivername={driver}",
+                f"--nodeid={node}",
+                f"--statedir={state}",
+                "--enable-topology=false",
+                "--v=5",
+            ],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
+    wait_for(
+        lambda: proc.poll() is not None or (socket.is_socket() and _connects(socket)),
+        timeout_s=30,
+        what="hostpathplugin's socket",
+    )
+    if proc.poll() is not None:
+        raise AssertionError(f"hostpathplugin exited {proc.returncode}: {log.read_text()[-3000:]}")
+    return proc
+
+
+def _connects(socket: Path) -> bool:
+    """Whether a process listens on unix socket `socket` (a killed driver leaves its
+    socket file behind)."""
+    with unix.socket(unix.AF_UNIX, unix.SOCK_STREAM) as s:
+        try:
+            s.connect(str(socket))
+        except OSError:
+            return False
+    return True
+
+
+def grpc_calls(log: Path, method: str) -> int:
+    """How many `GRPC call:` lines for `method` (e.g. "NodePublishVolume") hostpathplugin
+    wrote to `log`."""
+    return sum(
+        1
+        for line in log.read_text(errors="replace").splitlines()
+        if "GRPC call" in line and f"/{method}" in line
+    )
