@@ -279,7 +279,6 @@ MISSING: Mapping[str, tuple[str, ...]] = {
     "the machine collector's own error gauge; klet's machine figures are read once at start": (
         "/metrics/cadvisor machine_scrape_error",
     ),
-    "the machine's swap size is not served": ("/metrics/cadvisor machine_swap_bytes",),
     "swap usage per node/pod/container on /metrics/resource, not read by klet's stats yet": (
         "/metrics/resource container_swap_limit_bytes",
         "/metrics/resource container_swap_usage_bytes",

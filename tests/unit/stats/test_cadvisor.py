@@ -20,6 +20,7 @@ from klet.stats.cadvisor import (
     cadvisor_families,
     parse_cpuinfo,
     parse_net_dev,
+    parse_swap_total,
     pod_images,
     render,
     with_images,
@@ -27,7 +28,13 @@ from klet.stats.cadvisor import (
 from prometheus_client.parser import text_string_to_metric_families
 
 MACHINE = MachineFacts(
-    cpu_cores=4, physical_cores=2, sockets=1, memory_bytes=8 << 30, boot_id="b", machine_id="m"
+    cpu_cores=4,
+    physical_cores=2,
+    sockets=1,
+    memory_bytes=8 << 30,
+    boot_id="b",
+    machine_id="m",
+    swap_bytes=0,
 )
 ROOT = CgroupSeries(
     id="/", detail=CgroupDetail(cpu_usage_ns=10**10, memory_usage=5000), start_s=100.0
@@ -199,11 +206,19 @@ def test_machine_and_scrape_error() -> None:
     assert S["machine_cpu_cores"] == {machine: 4.0}
     assert S["machine_cpu_physical_cores"] == {machine: 2.0}
     assert S["machine_memory_bytes"] == {machine: float(8 << 30)}
+    assert S["machine_swap_bytes"] == {machine: 0.0}  # no swap: 0, served
     assert S["container_scrape_error"] == {(): 0.0}
     failed = CgroupSnapshot(time_ns=0, machine=MachineFacts(2, None, None, None), runtime_error="x")
     got = samples(failed)
     assert got["container_scrape_error"] == {(): 1.0}
     assert "machine_cpu_physical_cores" not in got and "machine_cpu_cores" in got
+    assert "machine_swap_bytes" not in got  # SwapTotal not read
+
+
+def test_parse_swap_total() -> None:
+    assert parse_swap_total("MemTotal: 1 kB\nSwapTotal:     4096 kB\n") == 4096 * 1024
+    assert parse_swap_total("SwapTotal:        0 kB\n") == 0
+    assert parse_swap_total("MemTotal: 1 kB\n") is None
 
 
 def test_render_parses_back_with_types() -> None:

@@ -47,7 +47,7 @@ def container(cid: str, name: str, state: ContainerState = ContainerState.RUNNIN
 def world(tmp: Path) -> tuple[StatsProvider, FakeCgroups, FakeStatsRuntime]:
     proc, sys = tmp / "proc", tmp / "sys"
     write(proc / "stat", "btime 1700000000\n")
-    write(proc / "meminfo", "MemTotal: 1024 kB\n")
+    write(proc / "meminfo", "MemTotal: 1024 kB\nSwapTotal:  2048 kB\n")
     write(proc / "1/net/dev", "h1\nh2\n  ens3: 5 1 0 0 0 0 0 0 6 1 0 0 0 0 0 0\n")
     write(proc / "42/net/dev", NET)
     write(sys / "dev/block/8:0/uevent", "MAJOR=8\nMINOR=0\nDEVNAME=sda\n")
@@ -137,3 +137,4 @@ async def test_runtime_error_keeps_the_node(tmp_path: Path) -> None:
     assert snap.runtime_error is not None and "down" in snap.runtime_error
     assert [s.id for s in snap.cgroups] == ["/", "/kubepods", "/kubepods/burstable"]
     assert snap.machine.memory_bytes == 1024 * 1024
+    assert snap.machine.swap_bytes == 2048 * 1024  # /proc/meminfo's SwapTotal

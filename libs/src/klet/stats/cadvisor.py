@@ -61,6 +61,7 @@ __all__ = [
     "cadvisor_families",
     "parse_cpuinfo",
     "parse_net_dev",
+    "parse_swap_total",
     "pod_images",
     "render",
     "with_images",
@@ -130,6 +131,8 @@ class MachineFacts:
     sockets: int | None
     memory_bytes: int | None
     boot_id: str = ""
+    swap_bytes: int | None = None
+    """/proc/meminfo's SwapTotal (cAdvisor's SwapCapacity); None when unread."""
     machine_id: str = ""
     system_uuid: str = ""
 
@@ -164,6 +167,16 @@ def parse_net_dev(text: str) -> dict[str, NetDev]:
         # receive: bytes packets errs drop fifo frame compressed multicast; transmit: ...
         out[name] = NetDev(v[0], v[1], v[2], v[3], v[8], v[9], v[10], v[11])
     return out
+
+
+def parse_swap_total(meminfo: str) -> int | None:
+    """/proc/meminfo's SwapTotal in bytes (the file gives kB), or None."""
+    for line in meminfo.splitlines():
+        name, _, rest = line.partition(":")
+        if name == "SwapTotal":
+            value = rest.split()
+            return int(value[0]) * 1024 if value and value[0].isdigit() else None
+    return None
 
 
 def parse_cpuinfo(text: str) -> tuple[int | None, int | None]:
@@ -441,6 +454,7 @@ def _machine(m: MachineFacts) -> list[Metric]:
         ("machine_cpu_physical_cores", "Number of physical CPU cores.", m.physical_cores),
         ("machine_cpu_sockets", "Number of CPU sockets.", m.sockets),
         ("machine_memory_bytes", "Amount of memory installed on the machine.", m.memory_bytes),
+        ("machine_swap_bytes", "Amount of swap memory available on the machine.", m.swap_bytes),
     ):
         if value is not None:
             family = GaugeMetricFamily(name, doc, labels=list(names))

@@ -29,7 +29,13 @@ from klet.cgroups.fs import pid1_cgroup_prefix
 from klet.cgroups.machine import mem_total_bytes, read_machine
 from klet.hostfs import HOST_ROOT
 from klet.model import layout
-from klet.stats.cadvisor import MachineFacts, NetDev, parse_cpuinfo, parse_net_dev
+from klet.stats.cadvisor import (
+    MachineFacts,
+    NetDev,
+    parse_cpuinfo,
+    parse_net_dev,
+    parse_swap_total,
+)
 from klet.stats.model import (
     DirUsage,
     FsUsage,
@@ -322,6 +328,7 @@ class HostReader:
             physical_cores=cores,
             sockets=sockets,
             memory_bytes=self.memory_total(),
+            swap_bytes=parse_swap_total(_read(self.proc / "meminfo") or ""),
             boot_id=info.boot_id,
             machine_id=info.machine_id,
             system_uuid=info.system_uuid,
