@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -30,6 +29,7 @@ from pathlib import Path
 from klet.devstack import DevStack
 
 from tests.harness.systemd_unit import exec_start_argv
+from tests.kubeadm.kubeadmnode import stop
 from tools.kubeadm.images import Plan, build_images, push_images
 
 PKG = Path(__file__).resolve().parents[2] / "packaging" / "kubelet"
@@ -117,13 +117,8 @@ def main(argv: list[str]) -> int:
         sys.stdin.read()
         return 0
     finally:
-        if kubelet is not None and kubelet.poll() is None:
-            kubelet.send_signal(signal.SIGTERM)
-            try:
-                kubelet.wait(timeout=90)
-            except subprocess.TimeoutExpired:
-                os.killpg(kubelet.pid, signal.SIGKILL)
-                kubelet.wait()
+        if kubelet is not None:
+            stop(kubelet)
         stack.stop()
         shutil.rmtree(top, ignore_errors=True)
 
