@@ -275,7 +275,6 @@ MISSING: Mapping[str, tuple[str, ...]] = {
         "/metrics/cadvisor container_fs_write_seconds_total",
         "/metrics/cadvisor container_fs_writes_merged_total",
     ),
-    "memory.stat's kernel memory is not read": ("/metrics/cadvisor container_memory_kernel_usage",),
     "the machine collector's own error gauge; klet's machine figures are read once at start": (
         "/metrics/cadvisor machine_scrape_error",
     ),

@@ -47,6 +47,7 @@ def v1_tree(root: Path) -> None:
     )
     write(mem / "memory.max_usage_in_bytes", "12000\n")
     write(mem / "memory.failcnt", "3\n")
+    write(mem / "memory.kmem.usage_in_bytes", "8192\n")
     write(mem / "memory.limit_in_bytes", "67108864\n")
     write(mem / "memory.soft_limit_in_bytes", "9223372036854771712\n")
     write(mem / "memory.memsw.limit_in_bytes", "134217728\n")
@@ -87,6 +88,7 @@ def test_v1_detail(tmp_path: Path) -> None:
         memory_reservation=None,  # 2^63 rounded to a page: none
         memory_swap_limit=64 << 20,  # memsw limit less the memory limit
         memory_failcnt=3,
+        memory_kernel=8192,
         memory_active_file=900,
         memory_inactive_file=2000,
         memory_pgfault=40,  # the cgroup's own, as cAdvisor (not total_pgfault)

@@ -70,6 +70,7 @@ CTR = CgroupSeries(
         memory_cache=100,
         memory_limit=64 << 20,
         memory_failcnt=5,
+        memory_kernel=4096,
         memory_active_file=30,
         memory_inactive_file=20,
         memory_pgfault=90,
@@ -126,6 +127,7 @@ S = samples(SNAP)
         ("container_memory_cache", CTR, {}, 100.0),
         ("container_memory_failcnt", CTR, {}, 5.0),
         ("container_memory_total_active_file_bytes", CTR, {}, 30.0),
+        ("container_memory_kernel_usage", CTR, {}, 4096.0),
         ("container_memory_total_inactive_file_bytes", CTR, {}, 20.0),
         (
             "container_memory_failures_total",
@@ -190,6 +192,7 @@ def test_series(metric: str, series: CgroupSeries, extra: dict[str, str], value:
         ("container_start_time_seconds", POD),
         ("container_memory_failcnt", POD),  # no memory.failcnt read (cgroup v2)
         ("container_memory_total_active_file_bytes", POD),  # not read: absent, not 0
+        ("container_memory_kernel_usage", POD),  # no kmem file (cgroup v2)
     ],
 )
 def test_absent(metric: str, series: CgroupSeries) -> None:

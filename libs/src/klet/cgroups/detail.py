@@ -93,6 +93,8 @@ class CgroupDetail:
     memory_swap_limit: int | None = None
     memory_failcnt: int | None = None
     """v1's memory.failcnt (usage hit the limit); v2 has no such counter."""
+    memory_kernel: int | None = None
+    """v1's memory.kmem.usage_in_bytes; v2's runc-based readers give none either."""
     memory_active_file: int | None = None
     memory_inactive_file: int | None = None
     memory_pgfault: int | None = None
@@ -253,6 +255,7 @@ def read_detail_v1(root: Path, rel: str) -> CgroupDetail:
         memory_reservation=_limit(_int(f"{mem}/memory.soft_limit_in_bytes")),
         memory_swap_limit=None if memsw is None or limit is None else max(memsw - limit, 0),
         memory_failcnt=_int(f"{mem}/memory.failcnt"),
+        memory_kernel=_int(f"{mem}/memory.kmem.usage_in_bytes"),
         memory_active_file=stat.get("total_active_file"),
         memory_inactive_file=stat.get("total_inactive_file"),
         memory_pgfault=stat.get("pgfault"),

@@ -30,9 +30,10 @@ either way); the writable layer's `container_fs_usage_bytes` is the runtime's co
 it on; `container_memory_failcnt` (cgroup v1's memory.failcnt) keeps cAdvisor's name,
 a counter without `_total` that prometheus-client cannot type as one, so its family is
 untyped, and it is absent on cgroup v2, which has no such counter (cAdvisor shows 0
-there). No sample carries a timestamp: every value is
-read during the scrape, so the scrape's own time is the sample time, and a timestamped
-series is not marked stale by Prometheus when its container goes away.
+there), as is `container_memory_kernel_usage` (v1's memory.kmem.usage_in_bytes). No
+sample carries a timestamp: every value is read during the scrape, so the scrape's own
+time is the sample time, and a timestamped series is not marked stale by Prometheus when
+its container goes away.
 """
 
 from __future__ import annotations
@@ -311,6 +312,12 @@ _SCALARS: tuple[tuple[str, str, Getter, float], ...] = (
         "container_memory_failcnt",
         "Number of memory usage hits limits",
         lambda d: d.memory_failcnt,
+        1.0,
+    ),
+    (
+        "container_memory_kernel_usage",
+        "Size of kernel memory allocated in bytes.",
+        lambda d: d.memory_kernel,
         1.0,
     ),
     (
