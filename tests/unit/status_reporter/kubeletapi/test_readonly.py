@@ -31,7 +31,7 @@ from klet.status_reporter.kubeletapi.healthchecks import (
     SliMetrics,
     kubelet_health_checks,
 )
-from klet.status_reporter.kubeletapi.readonly import create_app, create_healthz_app
+from klet.status_reporter.kubeletapi.readonly import counted_app, create_app, create_healthz_app
 from klet.status_reporter.metrics.instruments import Metrics
 from klet.status_reporter.pods import listing
 from klet.status_reporter.pods.podcache import PodCache
@@ -365,3 +365,29 @@ async def test_pods_on_both_ports_serves_one_encoding_per_change(fakes: Fakes) -
         assert encodes == [1, 2]
         assert {a.content for a in after} == {cache.pod_list_json()}
         assert [i["metadata"]["name"] for i in after[0].json()["items"]] == ["web", "db"]
+
+
+async def test_read_only_requests_are_counted_as_upstreams_readonly_server(fakes: Fakes) -> None:
+    deps = fakes.deps()
+    await deps.pods.reload()
+    assert deps.http_requests is not None  # wiring's, shared with 10250's listener
+    registry = deps.registry
+
+    def value(name: str, method: str, path: str) -> float | None:
+        labels = {"method": method, "path": path, "server_type": "readonly"}
+        return registry.get_sample_value(name, {**labels, "long_running": "false"})
+
+    app = counted_app(create_app(deps), deps.http_requests)
+    async with client_for(app) as client:  # type: ignore[arg-type]
+        assert (await client.get("/pods")).status_code == 200
+        assert (await client.get("/pods")).status_code == 200
+        assert (await client.get("/metrics/probes")).status_code == 200
+        # configz is no read-only path: "other", as upstream's without debugging handlers
+        assert (await client.get("/configz")).status_code == 404
+        assert (await client.request("BREW", "/pods")).status_code == 405
+    assert value("kubelet_http_requests_total", "GET", "pods") == 2
+    assert value("kubelet_http_requests_duration_seconds_count", "GET", "pods") == 2
+    assert value("kubelet_http_inflight_requests", "GET", "pods") == 0
+    assert value("kubelet_http_requests_total", "GET", "metrics/probes") == 1
+    assert value("kubelet_http_requests_total", "GET", "other") == 1
+    assert value("kubelet_http_requests_total", "other", "pods") == 1

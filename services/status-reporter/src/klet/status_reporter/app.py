@@ -61,7 +61,11 @@ from typing import Any
 from klet.bus.leader import hold, release_quietly
 from klet.obs import create_health_app, run_supervised, serve_http, serve_service_port
 from klet.status_reporter.cluster.managers import cluster_tasks
-from klet.status_reporter.kubeletapi.readonly import create_app, create_healthz_app
+from klet.status_reporter.kubeletapi.readonly import (
+    counted_app,
+    create_app,
+    create_healthz_app,
+)
 from klet.status_reporter.wiring import Deps
 
 
@@ -120,7 +124,9 @@ def root_tasks(deps: Deps) -> dict[str, Coroutine[Any, Any, None]]:
         tasks["read-only-http"] = when_set(
             deps.pods.settled,
             lambda: serve_http(
-                create_app(deps),
+                create_app(deps)
+                if deps.http_requests is None
+                else counted_app(create_app(deps), deps.http_requests),
                 host=read_only.host,
                 port=read_only.port,
                 name="read-only",

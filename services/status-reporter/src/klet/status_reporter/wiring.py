@@ -66,6 +66,7 @@ from klet.status_reporter.kubeletapi.healthchecks import (
 from klet.status_reporter.metrics.containermetrics import ContainerMetrics
 from klet.status_reporter.metrics.instruments import (
     CertificateMetrics,
+    HttpRequestMetrics,
     Metrics,
     register_build_and_features,
     register_cgroup_version,
@@ -196,6 +197,9 @@ class Deps:
     node_metrics: NodeMetrics | None = None
     """Every service's metrics for /metrics and /metrics/probes (nodemetrics.py); None:
     `registry` alone."""
+    http_requests: HttpRequestMetrics | None = None
+    """upstream's kubelet_http_requests_* of both listeners; the read-only port's
+    requests are counted in it (None: not counted, hand-built test deps)."""
     container_metrics: ContainerMetrics | None = None
     """/metrics/cadvisor on the read-only port, through the kubelet API's CRI client;
     None when that API is off."""
@@ -245,6 +249,7 @@ def build_deps(settings: ServiceSettings, *, overrides: Overrides | None = None)
     volumes = VolumeView(node.volumes, registry)
     devices = DeviceView(node.devices)
     requests = RestClientMetrics(registry)
+    http_requests = HttpRequestMetrics(registry)  # 10250's and the read-only port's
     startup = node_startup(registry, boot_at=read_boot_time())  # 0s unless registered
     cluster: ClusterDeps | None = None
     # getattr: standalone settings trees built by hand (older tests) have no kubeconfig.
@@ -296,6 +301,7 @@ def build_deps(settings: ServiceSettings, *, overrides: Overrides | None = None)
         requests=requests,
         slis=slis,
         syncloop=syncloop,
+        http=http_requests,
     )
 
     container_metrics, metrics_closers = _container_metrics(
@@ -336,6 +342,7 @@ def build_deps(settings: ServiceSettings, *, overrides: Overrides | None = None)
         devices=devices,
         node_metrics=node_metrics,
         container_metrics=container_metrics,
+        http_requests=http_requests,
     )
 
 
@@ -380,6 +387,7 @@ def _kubelet_api(
     history: HistoryLookup,
     slis: SliMetrics,
     syncloop: SyncloopCheck,
+    http: HttpRequestMetrics,
 ) -> tuple[KubeletApiDeps | None, list[Callable[[], Awaitable[None]]]]:
     """The 10250 API's dependencies, with their own apiserver and CRI clients (the
     apiserver client with threads of its own: whoever reaches the port can cause
@@ -420,5 +428,6 @@ def _kubelet_api(
         history=history,
         slis=slis,
         syncloop=syncloop,
+        http=http,
     )
     return deps, closers

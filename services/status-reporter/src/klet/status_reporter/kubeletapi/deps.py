@@ -25,7 +25,7 @@ from klet.status_reporter.kubeletapi.healthchecks import Check, SliMetrics, Sync
 from klet.status_reporter.kubeletapi.logstream import FollowPolicy
 from klet.status_reporter.kubeletapi.lookup import RuntimeLister
 from klet.status_reporter.kubeletapi.stats import VolumeSource
-from klet.status_reporter.metrics.instruments import KubeletApiMetrics
+from klet.status_reporter.metrics.instruments import HttpRequestMetrics, KubeletApiMetrics
 from prometheus_client import CollectorRegistry
 
 FINE_GRAINED_GATE = "KubeletFineGrainedAuthz"
@@ -296,9 +296,12 @@ def host_reader_of(s: KubeletApiSettings, cgroups: CgroupReader) -> HostReader:
     )
 
 
-def kubelet_api_metrics(registry: CollectorRegistry) -> KubeletApiMetrics:
-    """The listener's metrics, registered on `registry`."""
-    return KubeletApiMetrics(registry, refusals=REFUSALS)
+def kubelet_api_metrics(
+    registry: CollectorRegistry, http: HttpRequestMetrics | None = None
+) -> KubeletApiMetrics:
+    """The listener's metrics, registered on `registry`; `http`: the request metrics
+    the read-only port shares (new ones on `registry` when not given)."""
+    return KubeletApiMetrics(registry, refusals=REFUSALS, http=http)
 
 
 def build_kubelet_api_deps(
@@ -314,6 +317,7 @@ def build_kubelet_api_deps(
     history: HistoryLookup | None = None,
     slis: SliMetrics | None = None,
     syncloop: Check | None = None,
+    http: HttpRequestMetrics | None = None,
 ) -> KubeletApiDeps:
     """The kubelet API's dependencies. Raises ValueError when authorization.mode is
     Webhook and there is no apiserver to ask (upstream refuses to start the same way).
@@ -331,7 +335,7 @@ def build_kubelet_api_deps(
         runtime=runtime,
         registry=registry,
         cgroups=cgroups if cgroups is not None else CgroupFS(),
-        metrics=kubelet_api_metrics(registry),
+        metrics=kubelet_api_metrics(registry, http),
         syncloop=syncloop or SyncloopCheck(run_dir=Path(settings.klet.run_dir)),
         apiserver=apiserver,
         volumes=volumes,

@@ -28,7 +28,9 @@ process about 20 MB resident, which only the kubelet API on --port (kubeletapi) 
 
 from __future__ import annotations
 
-from typing import Protocol, runtime_checkable
+import time
+from collections.abc import Awaitable, Callable, MutableMapping
+from typing import Any, Protocol, runtime_checkable
 
 from klet.model.types import JSON
 from klet.obs import CONTENT_TYPE, get_app
@@ -39,6 +41,7 @@ from klet.status_reporter.kubeletapi.healthchecks import (
     SliMetrics,
     healthz_port_checks,
 )
+from klet.status_reporter.kubeletapi.requestmetrics import path_buckets, request_labels
 from klet.status_reporter.metrics.nodemetrics import LocalMetrics
 from klet.status_reporter.pods import listing
 from prometheus_client import CollectorRegistry
@@ -179,6 +182,41 @@ def create_app(deps: ApiDeps) -> Starlette:
 
         routes["/metrics/cadvisor"] = cadvisor
     return _with_sli_reset(get_app(routes), deps.slis)
+
+
+class RequestRecorder(Protocol):
+    """upstream's kubelet server request metrics (metrics.instruments.HttpRequestMetrics)."""
+
+    def started(self, labels: tuple[str, str, str, str]) -> None: ...
+
+    def done(self, labels: tuple[str, str, str, str], seconds: float) -> None: ...
+
+
+ASGIApp = Callable[[MutableMapping[str, Any], Any, Any], Awaitable[None]]
+
+
+def counted_app(
+    app: ASGIApp, http: RequestRecorder, *, clock: Callable[[], float] = time.monotonic
+) -> ASGIApp:
+    """`app` (the read-only API) with every request counted, in flight and timed as
+    upstream's read-only server records them: server_type readonly, its paths those of a
+    server without debugging handlers (kubeletapi.requestmetrics)."""
+    buckets = path_buckets(debugging=False, checkpoint=False)
+
+    async def counted(scope: MutableMapping[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await app(scope, receive, send)
+            return
+        verb, root, long_running = request_labels(scope["method"], scope["path"], buckets)
+        labels = (verb, root, "readonly", long_running)
+        http.started(labels)
+        started = clock()
+        try:
+            await app(scope, receive, send)
+        finally:
+            http.done(labels, clock() - started)
+
+    return counted
 
 
 def create_healthz_app(slis: SliMetrics) -> Starlette:

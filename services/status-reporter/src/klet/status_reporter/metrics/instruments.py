@@ -370,6 +370,46 @@ def register_cgroup_version(registry: CollectorRegistry, version: int) -> None:
 REVIEWS = ("TokenReview", "SubjectAccessReview")
 
 
+class HttpRequestMetrics:
+    """upstream's kubelet server metrics, one set for both of its listeners (the kubelet
+    API, server_type readwrite, and the read-only port, readonly), as upstream's are
+    global: `kubelet_http_requests_total`, `kubelet_http_requests_duration_seconds`
+    (DefBuckets) and `kubelet_http_inflight_requests` by (method, path, server_type,
+    long_running), labelled by kubeletapi.requestmetrics."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        labels = ["method", "path", "server_type", "long_running"]
+        self._requests = Counter(
+            "kubelet_http_requests",
+            "Number of the http requests received since the server started",
+            labels,
+            registry=registry,
+        )
+        self._duration = Histogram(
+            "kubelet_http_requests_duration_seconds",
+            "Duration in seconds to serve http requests",
+            labels,
+            registry=registry,
+            buckets=DEF_BUCKETS,
+        )
+        self._inflight = Gauge(
+            "kubelet_http_inflight_requests",
+            "Number of the inflight http requests",
+            labels,
+            registry=registry,
+        )
+
+    def started(self, labels: tuple[str, str, str, str]) -> None:
+        """A request labelled (method, path, server_type, long_running) is let in."""
+        self._requests.labels(*labels).inc()
+        self._inflight.labels(*labels).inc()
+
+    def done(self, labels: tuple[str, str, str, str], seconds: float) -> None:
+        """The request is answered (or its stream closed) after `seconds`."""
+        self._inflight.labels(*labels).dec()
+        self._duration.labels(*labels).observe(max(0.0, seconds))
+
+
 class KubeletApiMetrics:
     """What the kubelet API's listener refused (port 10250), registered on `registry` at
     construction. klet's own: upstream's kubelet has no connection caps to count.
@@ -388,7 +428,13 @@ class KubeletApiMetrics:
     kubeletapi.requestmetrics).
     """
 
-    def __init__(self, registry: CollectorRegistry, *, refusals: Iterable[str]) -> None:
+    def __init__(
+        self,
+        registry: CollectorRegistry,
+        *,
+        refusals: Iterable[str],
+        http: HttpRequestMetrics | None = None,
+    ) -> None:
         self.refused = Counter(
             "klet_kubelet_api_connections_refused",
             "Connections to the kubelet API closed at accept, unanswered, by the cap reached.",
@@ -466,27 +512,7 @@ class KubeletApiMetrics:
         )
         for status in ("in_flight", "blocked"):
             self._token_active.labels(status=status)
-        # upstream's kubelet server metrics (kubeletapi.requestmetrics labels them)
-        http_labels = ["method", "path", "server_type", "long_running"]
-        self._http_requests = Counter(
-            "kubelet_http_requests",
-            "Number of the http requests received since the server started",
-            http_labels,
-            registry=registry,
-        )
-        self._http_duration = Histogram(
-            "kubelet_http_requests_duration_seconds",
-            "Duration in seconds to serve http requests",
-            http_labels,
-            registry=registry,
-            buckets=DEF_BUCKETS,
-        )
-        self._http_inflight = Gauge(
-            "kubelet_http_inflight_requests",
-            "Number of the inflight http requests",
-            http_labels,
-            registry=registry,
-        )
+        self.http = http if http is not None else HttpRequestMetrics(registry)
         self._client_certificates = Histogram(
             "apiserver_client_certificate_expiration_seconds",
             "Distribution of the remaining lifetime on the certificate used to authenticate "
@@ -522,14 +548,10 @@ class KubeletApiMetrics:
         self._token_fetches.labels(status="ok" if ok else "error").inc()
 
     def http_request_started(self, labels: tuple[str, str, str, str]) -> None:
-        """A request labelled (method, path, server_type, long_running) is let in."""
-        self._http_requests.labels(*labels).inc()
-        self._http_inflight.labels(*labels).inc()
+        self.http.started(labels)
 
     def http_request_done(self, labels: tuple[str, str, str, str], seconds: float) -> None:
-        """The request is answered (or its stream closed) after `seconds`."""
-        self._http_inflight.labels(*labels).dec()
-        self._http_duration.labels(*labels).observe(max(0.0, seconds))
+        self.http.done(labels, seconds)
 
     def client_certificate(self, seconds_left: float) -> None:
         self._client_certificates.observe(seconds_left)
