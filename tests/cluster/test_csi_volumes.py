@@ -43,7 +43,6 @@ import shutil
 import signal
 import subprocess
 import tempfile
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -53,7 +52,14 @@ from klet.devstack import DevStack
 from klet.testbed.cluster import ControlPlane
 
 from tests.harness.clusternode import cluster_node
-from tests.harness.csi import MockDriver, csi_binaries
+from tests.harness.csi import (
+    MockDriver,
+    apply,
+    csi_binaries,
+    csinode_has_driver,
+    kget,
+    namespace,
+)
 from tests.harness.node import KletNode
 from tests.harness.waiting import wait_for
 
@@ -138,7 +144,9 @@ def driver(cp: ControlPlane, node: KletNode, workdir: Path) -> Iterator[dict[str
             stdout=out,
             stderr=subprocess.STDOUT,
         )
-    wait_for(lambda: csinode_has_driver(cp), timeout_s=60, what="the driver in the CSINode")
+    wait_for(
+        lambda: csinode_has_driver(cp, NODE, DRIVER), timeout_s=60, what="the driver in the CSINode"
+    )
     try:
         yield state
     finally:
@@ -164,33 +172,10 @@ def csidriver(*, attach: bool) -> dict[str, Any]:
     }
 
 
-def apply(cp: ControlPlane, obj: dict[str, Any]) -> None:
-    cp.kubectl("apply", "-f", "-", input=json.dumps(obj), check=True)
-
-
-def kget(cp: ControlPlane, *args: str) -> Any:
-    return json.loads(cp.kubectl("get", *args, "-o", "json", check=True).stdout)
-
-
-def csinode_has_driver(cp: ControlPlane) -> bool:
-    res = cp.kubectl("get", "csinode", NODE, "-o", "json")
-    if res.returncode != 0:
-        return False
-    drivers = json.loads(res.stdout).get("spec", {}).get("drivers") or []
-    return any(d["name"] == DRIVER for d in drivers)
-
-
 @pytest.fixture
 def ns(cp: ControlPlane, node: KletNode) -> Iterator[str]:
-    name = f"csivol-{uuid.uuid4().hex[:6]}"
-    cp.kubectl("create", "namespace", name, check=True)
-    wait_for(
-        lambda: cp.kubectl("get", "serviceaccount", "default", "-n", name).returncode == 0,
-        timeout_s=60,
-        what="the default ServiceAccount",
-    )
-    yield name
-    cp.kubectl("delete", "namespace", name, "--wait=false")
+    with namespace(cp, "csivol") as name:
+        yield name
 
 
 def claim(name: str, *, storage_class: str = CLASS, size: str = "1Mi") -> dict[str, Any]:
