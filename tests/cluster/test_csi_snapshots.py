@@ -44,6 +44,8 @@ from tests.harness.csi import (
     csinode_has_driver,
     kget,
     namespace,
+    persistent_driver_and_class,
+    start_hostpathplugin,
     stop_process,
 )
 from tests.harness.node import KletNode
@@ -101,26 +103,8 @@ def driver(cp: ControlPlane, node: KletNode, workdir: Path) -> Iterator[Path]:
     state = workdir / "state"
     state.mkdir()
     socket = workdir / "csi.sock"
-    apply(
-        cp,
-        {
-            "apiVersion": "storage.k8s.io/v1",
-            "kind": "CSIDriver",
-            "metadata": {"name": DRIVER},
-            "spec": {"attachRequired": False, "volumeLifecycleModes": ["Persistent"]},
-        },
-    )
-    apply(
-        cp,
-        {
-            "apiVersion": "storage.k8s.io/v1",
-            "kind": "StorageClass",
-            "metadata": {"name": CLASS},
-            "provisioner": DRIVER,
-            "reclaimPolicy": "Delete",
-            "volumeBindingMode": "Immediate",
-        },
-    )
+    for obj in persistent_driver_and_class(DRIVER, CLASS):
+        apply(cp, obj)
     apply(
         cp,
         {
@@ -135,23 +119,16 @@ def driver(cp: ControlPlane, node: KletNode, workdir: Path) -> Iterator[Path]:
         bins["snapshot-controller"], cp, workdir / "snapshot-controller.log"
     )
     procs: list[subprocess.Popen[bytes]] = []
-    with (workdir / "hostpath.log").open("wb") as out:
-        procs.append(
-            subprocess.Popen(
-                [
-                    str(bins["hostpathplugin"]),
-                    f"--endpoint=unix://{socket}",
-                    f"--drivername={DRIVER}",
-                    f"--nodeid={NODE}",
-                    f"--statedir={state}",
-                    "--enable-topology=false",
-                    "--v=5",
-                ],
-                stdout=out,
-                stderr=subprocess.STDOUT,
-            )
+    procs.append(
+        start_hostpathplugin(
+            bins["hostpathplugin"],
+            socket=socket,
+            driver=DRIVER,
+            node=NODE,
+            state=state,
+            log=workdir / "hostpath.log",
         )
-    wait_for(socket.is_socket, timeout_s=30, what="hostpathplugin's socket")
+    )
     registrar = Registrar.start(
         bins["csi-node-driver-registrar"],
         csi_socket=socket,

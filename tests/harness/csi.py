@@ -63,6 +63,28 @@ def csinode_has_driver(cp: ControlPlane, node: str, driver: str) -> bool:
     return any(d["name"] == driver for d in drivers)
 
 
+def persistent_driver_and_class(driver: str, storage_class: str) -> list[dict[str, Any]]:
+    """The CSIDriver `driver` (no attach, persistent volumes only) and the StorageClass
+    `storage_class` provisioning from it (reclaim Delete, bound at once), as the
+    csi-hostpath tests apply them."""
+    return [
+        {
+            "apiVersion": "storage.k8s.io/v1",
+            "kind": "CSIDriver",
+            "metadata": {"name": driver},
+            "spec": {"attachRequired": False, "volumeLifecycleModes": ["Persistent"]},
+        },
+        {
+            "apiVersion": "storage.k8s.io/v1",
+            "kind": "StorageClass",
+            "metadata": {"name": storage_class},
+            "provisioner": driver,
+            "reclaimPolicy": "Delete",
+            "volumeBindingMode": "Immediate",
+        },
+    ]
+
+
 @contextlib.contextmanager
 def namespace(cp: ControlPlane, prefix: str) -> Iterator[str]:
     """A fresh namespace `<prefix>-<6 hex>` whose default ServiceAccount exists (pods
