@@ -586,8 +586,8 @@ async def test_local_and_host_path_pvs_are_the_nodes_paths(tmp_path: Path) -> No
     }
     assert await p.set_up(CLAIM, ctx(tmp_path, a_pod("u1", CLAIM))) == tmp_path / "new"
     objects.pvs["pv1"]["spec"].pop("hostPath")
-    objects.pvs["pv1"]["spec"]["nfs"] = {"server": "x", "path": "/"}
-    with pytest.raises(VolumeError, match='PV pv1: volume type "nfs" is not supported by klet'):
+    objects.pvs["pv1"]["spec"]["iscsi"] = {"targetPortal": "x", "iqn": "y", "lun": 0}
+    with pytest.raises(VolumeError, match='PV pv1: volume type "iscsi" is not supported by klet'):
         await p.set_up(CLAIM, ctx(tmp_path, a_pod("u1", CLAIM)))
 
 

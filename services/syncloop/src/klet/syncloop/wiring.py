@@ -124,6 +124,7 @@ from klet.syncloop.volumes.csi import CSIVolumePlugin
 from klet.syncloop.volumes.emptydir import EmptyDirPlugin
 from klet.syncloop.volumes.hostpath import HostPathPlugin
 from klet.syncloop.volumes.manager import VolumeManager
+from klet.syncloop.volumes.nfs import NfsPlugin
 from klet.syncloop.volumes.tokens import TokenManager
 from klet.syncloop.volumes.volumestats import VolumeStatsCollector
 from klet.wiring import BaseOverrides, OnServiceBase, runtime_client, service_base
@@ -331,10 +332,12 @@ def build_deps(settings: Settings, overrides: Overrides | None = None) -> Deps:
         cpu_millis=allocatable.get("cpu", 1000),
         memory_bytes=allocatable.get("memory", 0),
     )
+    nfs_volumes = NfsPlugin()  # inline nfs volumes and the claim plugin's NFS PVs
     volumes = VolumeManager(
         [
             EmptyDirPlugin(),
             HostPathPlugin(),
+            nfs_volumes,
             ConfigMapPlugin(),
             SecretPlugin(),
             DownwardAPIPlugin(),
@@ -348,6 +351,7 @@ def build_deps(settings: Settings, overrides: Overrides | None = None) -> Deps:
                 ),
                 objects=objects,
                 tokens=tokens,
+                nfs_volumes=nfs_volumes,
             ),
         ],
         root_dir=Path(settings.klet.root_dir),

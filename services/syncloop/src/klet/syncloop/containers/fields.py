@@ -154,6 +154,7 @@ VOLUME_TYPES = frozenset(
         "persistentVolumeClaim",
         "ephemeral",
         "csi",
+        "nfs",
     }
 )
 """The volume sources klet sets up; every other one fails with FailedMount (unsupported)."""

@@ -2,8 +2,9 @@
 
 Three pod volume types end here: `persistentVolumeClaim` and `ephemeral` (a claim,
 resolved to its bound PV by `claims`) and `csi` (an inline ephemeral volume of a CSI
-driver). A claim's PV is a CSI volume, a `local` PV or a `hostPath` PV; any other PV
-type fails the pod's volume with its name.
+driver). A claim's PV is a CSI volume, a `local` PV, a `hostPath` PV or an `nfs` PV
+(mounted by the NFS plugin, `nfs`, with the PV's mount options and the claim
+reference's readOnly); any other PV type fails the pod's volume with its name.
 
 A CSI volume goes through the driver registered on this node (the bus `csidrivers`
 table, which syncloop's plugin watcher fills), as upstream's CSI volume plugin drives it:
@@ -90,6 +91,7 @@ from klet.syncloop.volumes import (
     hostpath,
     localdevice,
     localrecords,
+    nfs,
     ownership,
 )
 from klet.syncloop.volumes.base import (
@@ -223,6 +225,8 @@ def pv_plugin_name(spec: JSON) -> str:
         return "kubernetes.io/local-volume"
     if isinstance(spec.get("hostPath"), dict):
         return "kubernetes.io/host-path"
+    if isinstance(spec.get("nfs"), dict):
+        return nfs.PLUGIN_NAME
     return ""
 
 
@@ -339,8 +343,12 @@ class CSIVolumePlugin:
         objects: CSIObjects | None,
         tokens: TokenIssuer | None = None,
         clock: Callable[[], float] = time.time,
+        nfs_volumes: nfs.NfsPlugin | None = None,
     ) -> None:
         self.root_dir = root_dir
+        # NFS PVs are mounted by the one NFS plugin that also serves inline nfs volumes
+        # (and tears both down: they share its directory).
+        self.nfs = nfs_volumes if nfs_volumes is not None else nfs.NfsPlugin()
         self.node_name = node_name
         self.drivers = drivers
         self.objects = objects
@@ -399,9 +407,10 @@ class CSIVolumePlugin:
                 return await self._local_device(claimed, str(spec["local"].get("path") or ""))
             if isinstance(spec.get("csi"), dict):
                 return await self._set_up_block(claimed, ctx, str(volume.get("name") or ""))
+            kind = "nfs" if isinstance(spec.get("nfs"), dict) else "hostPath"
             raise VolumeError(
                 f"PV {claimed.pv_name}: raw block (volumeMode Block) volumes are supported for "
-                "CSI and local PVs only (not for hostPath PVs)"
+                f"CSI and local PVs only (not for {kind} PVs)"
             )
         if isinstance(spec.get("csi"), dict):
             return await self._set_up_pv(claimed, ctx, str(volume.get("name") or ""))
@@ -412,10 +421,13 @@ class CSIVolumePlugin:
             return await self._local_path(
                 claimed, str(source.get("path") or ""), str(source.get("type") or "")
             )
+        if isinstance(spec.get("nfs"), dict):
+            wanted = nfs.pv_mount(claimed.pv, read_only=claimed.read_only)
+            return await self.nfs.mount_at(wanted, self.nfs.pv_dir(ctx.pod_dir, claimed.pv_name))
         kind = next((k for k, v in spec.items() if isinstance(v, dict) and k not in _PV_FIELDS), "")
         raise VolumeError(
             f'PV {claimed.pv_name}: volume type "{kind or "none"}" is not supported by klet '
-            "(CSI, local and hostPath PVs are)"
+            "(CSI, local, hostPath and nfs PVs are)"
         )
 
     async def _local_device(self, claimed: claims.Claimed, path: str) -> Block:

@@ -114,6 +114,56 @@ async def mount_device(
     await _run(*argv, device, str(path))
 
 
+def mount_args(
+    source: str, path: Path, *, fs_type: str, options: tuple[str, ...] = ()
+) -> tuple[str, ...]:
+    """The arguments of `mount -t <fs_type> [-o <options>] <source> <path>`, in the order
+    upstream's mount-utils builds them."""
+    args: tuple[str, ...] = ("-t", fs_type)
+    if options:
+        args += ("-o", ",".join(options))
+    return (*args, source, str(path))
+
+
+def mount_failed_text(args: tuple[str, ...], code: int, output: str) -> str:
+    """A failed mount in upstream mount-utils' words (the FailedMount cause operators
+    know: the exit status, the command, its arguments and the helper's output)."""
+    return (
+        f"mount failed: exit status {code}\nMounting command: mount\n"
+        f"Mounting arguments: {' '.join(args)}\nOutput: {output}"
+    )
+
+
+async def mount_source(
+    source: str, path: Path, *, fs_type: str, options: tuple[str, ...] = ()
+) -> None:
+    """Mount a filesystem named by `source` (an NFS `server:/export`) at `path`; the
+    host's mount helper (`mount.nfs`) does the work. `MountError` in upstream's text."""
+    args = mount_args(source, path, fs_type=fs_type, options=options)
+    proc = await asyncio.create_subprocess_exec(
+        "mount", *args, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT
+    )
+    out, _ = await proc.communicate()
+    if proc.returncode != 0:
+        text = out.decode(errors="replace")
+        raise MountError(mount_failed_text(args, int(proc.returncode or 0), text))
+
+
+class HostMounter:
+    """The host's mount table and mount commands, for a plugin that takes a mounter."""
+
+    def is_mount_point(self, path: Path) -> bool:
+        return fs_type(path) is not None
+
+    async def mount(
+        self, source: str, path: Path, *, fs_type: str, options: tuple[str, ...]
+    ) -> None:
+        await mount_source(source, path, fs_type=fs_type, options=options)
+
+    async def unmount(self, path: Path) -> None:
+        await unmount(path)
+
+
 async def bind(source: Path, path: Path) -> None:
     """Bind-mount `source` at `path`."""
     await _run("mount", "--bind", str(source), str(path))

@@ -3,7 +3,7 @@
 For every volume of the pod spec the first plugin that `handles` it makes it ready
 under `<root-dir>/pods/<uid>/volumes/<plugin dir>/<name>`; the result maps each volume
 name to the host path its volumeMounts bind into containers. A volume that fails (or
-that no plugin serves: iSCSI, NFS, ...) is reported by name with its cause and
+that no plugin serves: iSCSI, RBD, ...) is reported by name with its cause and
 the others still get set up, so the caller can report every problem at once and retry.
 Set-up first makes the pod directory (0750, root's: `poddirs`), before anything else
 of the pod is written below it.
@@ -348,6 +348,7 @@ _PLUGIN_NAMES = {
     "secret": "kubernetes.io/secret",
     "downwardAPI": "kubernetes.io/downward-api",
     "projected": "kubernetes.io/projected",
+    "nfs": "kubernetes.io/nfs",
 }
 
 

@@ -14,8 +14,9 @@ upstream's, and a failure is the container's CreateContainerConfigError:
 - mountPropagation None/HostToContainer/Bidirectional → CRI private/host-to-container/
   bidirectional; Bidirectional only in a privileged container (upstream's validation).
 - configMap, secret, downwardAPI and projected volumes are always mounted read-only,
-  as upstream's plugins declare, and so is a claim or inline CSI volume with
-  `readOnly: true` in the pod spec; every volume but hostPath asks for SELinux relabelling.
+  as upstream's plugins declare, and so is a claim, inline CSI or inline nfs volume with
+  `readOnly: true` in the pod spec; every volume but hostPath and inline nfs asks for
+  SELinux relabelling (upstream's NFS plugin declares no relabelling).
 - `recursiveReadOnly: Enabled` fails as upstream does on a runtime without support
   (containerd 1.6 has none); `IfPossible` falls back to a plain read-only mount.
 """
@@ -33,7 +34,7 @@ from klet.syncloop.volumes.base import Block, volume_type
 from klet.syncloop.volumes.subpath import SubPathError, SubPathMounter
 
 READ_ONLY_TYPES = frozenset({"configMap", "secret", "downwardAPI", "projected"})
-NOT_RELABELED = frozenset({"hostPath"})
+NOT_RELABELED = frozenset({"hostPath", "nfs"})
 
 _PROPAGATION = {
     None: MountPropagation.PRIVATE,
@@ -157,9 +158,10 @@ def container_devices(
 
 
 def source_read_only(volume: JSON) -> bool:
-    """A claim or inline CSI volume that the pod spec makes read-only for every mount."""
+    """A claim, inline CSI or inline nfs volume that the pod spec makes read-only for
+    every mount."""
     kind = volume_type(volume)
-    return kind in ("persistentVolumeClaim", "csi") and bool(
+    return kind in ("persistentVolumeClaim", "csi", "nfs") and bool(
         (volume.get(kind) or {}).get("readOnly")
     )
 
