@@ -36,6 +36,7 @@ import pytest
 from klet.cri import CRISettings, RuntimeClient
 from klet.cri import labels as L
 from klet.devstack import HTTPD_IMAGE, DevStack
+from klet.model.layout import IMAGE_GC, grpc_socket
 from klet.rpc.gc import GarbageCollectorClient
 
 from tests.harness.node import EVICTION_PASSES, KletNode, bus_events, fetch
@@ -253,7 +254,7 @@ def test_gc_dry_run_lists_what_a_pass_removes_and_removes_nothing(
     assert BUSYBOX not in images  # "stays" uses it
 
     async def collect() -> Any:
-        client = GarbageCollectorClient(node.dir / "run" / "grpc" / "image-gc.sock", timeout_s=60)
+        client = GarbageCollectorClient(grpc_socket(node.dir / "run", IMAGE_GC), timeout_s=60)
         try:
             return await client.collect_now()
         finally:

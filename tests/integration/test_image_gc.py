@@ -30,6 +30,7 @@ from klet.cri import CRISettings, RuntimeClient
 from klet.cri import labels as L
 from klet.devstack import DevStack
 from klet.devstack.images import PAUSE_IMAGE, TEST_REGISTRY_HOST, ImageSpec
+from klet.model.layout import IMAGE_GC, grpc_socket
 from klet.rpc.gc import CollectResult, GarbageCollectorClient
 
 from tests.harness.node import KletNode, fetch, sample_value
@@ -157,7 +158,7 @@ def fs(stack: DevStack) -> tuple[int, int]:
 
 
 def gc_client(node: KletNode) -> GarbageCollectorClient:
-    return GarbageCollectorClient(node.dir / "run" / "grpc" / "image-gc.sock", timeout_s=60)
+    return GarbageCollectorClient(grpc_socket(node.dir / "run", IMAGE_GC), timeout_s=60)
 
 
 def collect_now(node: KletNode) -> CollectResult:
@@ -199,7 +200,7 @@ def test_image_gc_on_a_small_image_filesystem(
     node, manifests = gc_node
     stack = small_stack
     node.start()
-    sock = node.dir / "run" / "grpc" / "image-gc.sock"
+    sock = grpc_socket(node.dir / "run", IMAGE_GC)
     wait_for(sock.exists, timeout_s=30, what="the GarbageCollector socket")
     assert stat.S_IMODE(sock.stat().st_mode) == 0o600
     # Ready means acting: the lease held, GarbageCollector served, images detected once.

@@ -20,6 +20,7 @@ from typing import Any
 
 from klet.devstack import DevStack
 from klet.devstack.images import USR1_STOP_IMAGE
+from klet.model.layout import SYNCLOOP, grpc_socket
 from klet.model.types import PodUID
 from klet.rpc.podcontrol import PodControlClient
 
@@ -34,7 +35,7 @@ SLEEPER = "trap 'exit 0' TERM; sleep 100000 & wait"
 
 def kill(node: KletNode, uid: str, *, grace_s: int) -> None:
     async def go() -> None:
-        client = PodControlClient(node.dir / "run" / "grpc" / "syncloop.sock", timeout_s=60)
+        client = PodControlClient(grpc_socket(node.dir / "run", SYNCLOOP), timeout_s=60)
         try:
             assert await client.kill_pod(
                 PodUID(uid), grace_period_s=grace_s, reason="Test", message="killed by the test"

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from klet.devstack import DevStack
+from klet.model.layout import SYNCLOOP, grpc_socket
 from klet.model.types import PodUID
 from klet.rpc.podcontrol import PodControlClient
 
@@ -25,7 +26,7 @@ def test_kill_pod_over_grpc(node_factory: Any, manifests: Path, devstack: DevSta
     (manifests / "web.yaml").write_text(WEB)
     pod = wait_for(lambda: running(node, "web"), timeout_s=15, what="web Running")
     uid = PodUID(pod["metadata"]["uid"])
-    socket_path = node.dir / "run" / "grpc" / "syncloop.sock"
+    socket_path = grpc_socket(node.dir / "run", SYNCLOOP)
     assert stat.S_IMODE(socket_path.stat().st_mode) == 0o600
 
     async def drive() -> None:
