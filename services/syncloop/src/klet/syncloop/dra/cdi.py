@@ -50,14 +50,17 @@ def claim_name(pod: Mapping[str, Any], pod_claim: Mapping[str, Any]) -> str | No
     )
 
 
-def container_cdi_devices(
+def container_claim_infos(
     pod: Mapping[str, Any], container: Mapping[str, Any], prepared: Mapping[str, ClaimInfo]
-) -> tuple[str, ...]:
-    """The CDI device IDs for `container`; `prepared` is keyed by ClaimInfo.key
-    (`<namespace>/<claim name>`)."""
-    namespace = (pod.get("metadata") or {}).get("namespace", "")
+) -> list[tuple[str, ClaimInfo]]:
+    """(request, prepared claim) for each claim `container` names in `resources.claims`,
+    in the pod's claim order and then the container's (upstream's GetContainerClaimInfos,
+    which both the CDI devices and the PodResources API read); `prepared` is keyed by
+    ClaimInfo.key (`<namespace>/<claim name>`). ClaimResolutionError naming a claim the
+    container uses that is not prepared."""
+    namespace = str((pod.get("metadata") or {}).get("namespace", ""))
     uses = (container.get("resources") or {}).get("claims") or ()
-    devices: list[str] = []
+    found: list[tuple[str, ClaimInfo]] = []
     for pod_claim in (pod.get("spec") or {}).get("resourceClaims") or ():
         name = claim_name(pod, pod_claim)
         if name is None:
@@ -68,9 +71,22 @@ def container_cdi_devices(
             info = prepared.get(f"{namespace}/{name}")
             if info is None:
                 raise ClaimResolutionError(
-                    f"container {container.get('name', '')!r}: ResourceClaim "
-                    f"{namespace}/{name} (spec.resourceClaims[{pod_claim.get('name')!r}]) "
-                    f"is not prepared on this node"
+                    f"unable to get information for ResourceClaim {name}: container "
+                    f"{container.get('name', '')!r} uses {namespace}/{name} "
+                    f"(spec.resourceClaims[{pod_claim.get('name')!r}]), which is not "
+                    f"prepared on this node"
                 )
-            devices.extend(info.cdi_devices(str(use.get("request") or "")))
-    return tuple(devices)
+            found.append((str(use.get("request") or ""), info))
+    return found
+
+
+def container_cdi_devices(
+    pod: Mapping[str, Any], container: Mapping[str, Any], prepared: Mapping[str, ClaimInfo]
+) -> tuple[str, ...]:
+    """The CDI device IDs for `container`; `prepared` is keyed by ClaimInfo.key
+    (`<namespace>/<claim name>`)."""
+    return tuple(
+        device
+        for request, info in container_claim_infos(pod, container, prepared)
+        for device in info.cdi_devices(request)
+    )

@@ -47,7 +47,12 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from klet.model.dra import ClaimRef, PrepareResult
-from klet.syncloop.dra.cdi import ClaimResolutionError, claim_name, container_cdi_devices
+from klet.syncloop.dra.cdi import (
+    ClaimResolutionError,
+    claim_name,
+    container_cdi_devices,
+    container_claim_infos,
+)
 from klet.syncloop.dra.claiminfo import ClaimInfo
 from klet.syncloop.dra.claims import claim_to_prepare
 from klet.syncloop.dra.state import DRACheckpointError
@@ -282,23 +287,7 @@ class ClaimManager:
         claim order (upstream's GetContainerClaimInfos, which the PodResources API
         lists); ClaimResolutionError naming one not prepared on this node."""
         self._load()
-        namespace = str((pod.get("metadata") or {}).get("namespace", ""))
-        uses = (container.get("resources") or {}).get("claims") or ()
-        found: list[ClaimInfo] = []
-        for pod_claim in (pod.get("spec") or {}).get("resourceClaims") or ():
-            name = claim_name(pod, pod_claim)
-            if name is None:
-                continue
-            for use in uses:
-                if use.get("name") != pod_claim.get("name"):
-                    continue
-                info = self.cache.get(f"{namespace}/{name}")
-                if info is None:
-                    raise ClaimResolutionError(
-                        f"unable to get information for ResourceClaim {name}"
-                    )
-                found.append(info)
-        return found
+        return [info for _, info in container_claim_infos(pod, container, self.cache)]
 
     def cdi_devices(self, pod: Mapping[str, Any], container: Mapping[str, Any]) -> tuple[str, ...]:
         """The container's CDI device IDs; ClaimResolutionError (a ValueError) naming a
