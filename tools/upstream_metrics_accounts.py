@@ -251,19 +251,6 @@ MISSING: Mapping[str, tuple[str, ...]] = {
         "/metrics/cadvisor container_cpu_load_d_average_10s",
     ),
     "cAdvisor's netlink task states are not read": ("/metrics/cadvisor container_tasks_state",),
-    "open file descriptors of a cgroup's processes are not counted": (
-        "/metrics/cadvisor container_file_descriptors",
-    ),
-    "open sockets of a cgroup's processes are not counted": (
-        "/metrics/cadvisor container_sockets",
-    ),
-    "the soft limits of a container's first process are not read": (
-        "/metrics/cadvisor container_ulimits_soft",
-    ),
-    "the filesystems' inodes are in /stats/summary only": (
-        "/metrics/cadvisor container_fs_inodes_free",
-        "/metrics/cadvisor container_fs_inodes_total",
-    ),
     "per-device disk statistics (/proc/diskstats) are not read": (
         "/metrics/cadvisor container_fs_io_current",
         "/metrics/cadvisor container_fs_io_time_seconds_total",
@@ -274,9 +261,6 @@ MISSING: Mapping[str, tuple[str, ...]] = {
         "/metrics/cadvisor container_fs_sector_writes_total",
         "/metrics/cadvisor container_fs_write_seconds_total",
         "/metrics/cadvisor container_fs_writes_merged_total",
-    ),
-    "the machine collector's own error gauge; klet's machine figures are read once at start": (
-        "/metrics/cadvisor machine_scrape_error",
     ),
     "swap usage per node/pod/container on /metrics/resource, not read by klet's stats yet": (
         "/metrics/resource container_swap_limit_bytes",

@@ -3,8 +3,10 @@
 do not apply) plus `cpu`, `device` or `interface`; values in cAdvisor's units (seconds,
 bytes); absent readings are left out rather than served as 0, unlimited limits are 0,
 the CFS series only appear with a quota; network per interface; machine_* facts;
-container_scrape_error follows the runtime; the text rendering parses back; the /proc
-parsers (net/dev without lo/veth, cpuinfo cores and sockets); and containers' image
+container_scrape_error follows the runtime, machine_scrape_error the machine facts; the
+process figures (fds, sockets, the first process's soft limits) and the root's
+filesystem inodes; the text rendering parses back; the /proc parsers (net/dev without
+lo/veth, cpuinfo cores and sockets, limits); and containers' image
 names taken from the pod view's PodList."""
 
 from __future__ import annotations
@@ -14,11 +16,14 @@ from klet.cgroups.detail import BlkioDevice, CgroupDetail
 from klet.stats.cadvisor import (
     CgroupSeries,
     CgroupSnapshot,
+    FsInodes,
     MachineFacts,
     NetDev,
+    OpenFiles,
     WritableLayer,
     cadvisor_families,
     parse_cpuinfo,
+    parse_limits,
     parse_net_dev,
     parse_swap_total,
     pod_images,
@@ -37,7 +42,10 @@ MACHINE = MachineFacts(
     swap_bytes=0,
 )
 ROOT = CgroupSeries(
-    id="/", detail=CgroupDetail(cpu_usage_ns=10**10, memory_usage=5000), start_s=100.0
+    id="/",
+    detail=CgroupDetail(cpu_usage_ns=10**10, memory_usage=5000),
+    start_s=100.0,
+    inodes={"/dev/vda1": FsInodes(6_000_000, 5_500_000), "/dev/vdb": FsInodes(100, 90)},
 )
 POD = CgroupSeries(
     id="/kubepods/burstable/podu1",
@@ -45,6 +53,7 @@ POD = CgroupSeries(
     namespace="ns",
     detail=CgroupDetail(cpu_usage_ns=3 * 10**9, memory_working_set=700),
     processes=3,
+    open_files=OpenFiles(12, 2),
     network={"eth0": NetDev(100, 2, 0, 1, 200, 4, 0, 0)},
 )
 CTR = CgroupSeries(
@@ -56,6 +65,8 @@ CTR = CgroupSeries(
     name="abc",
     start_s=123.5,
     processes=1,
+    open_files=OpenFiles(5, 1),
+    ulimits={"max_open_files": 1024},
     detail=CgroupDetail(
         cpu_usage_ns=2_500_000_000,
         cpu_user_ns=2_000_000_000,
@@ -168,6 +179,15 @@ S = samples(SNAP)
         ("container_network_transmit_bytes_total", POD, {"interface": "eth0"}, 200.0),
         ("container_network_transmit_packets_total", POD, {"interface": "eth0"}, 4.0),
         ("container_processes", POD, {}, 3.0),
+        ("container_file_descriptors", POD, {}, 12.0),
+        ("container_file_descriptors", CTR, {}, 5.0),
+        ("container_sockets", POD, {}, 2.0),
+        ("container_sockets", CTR, {}, 1.0),
+        ("container_ulimits_soft", CTR, {"ulimit": "max_open_files"}, 1024.0),
+        ("container_fs_inodes_total", ROOT, {"device": "/dev/vda1"}, 6e6),
+        ("container_fs_inodes_free", ROOT, {"device": "/dev/vda1"}, 5.5e6),
+        ("container_fs_inodes_total", ROOT, {"device": "/dev/vdb"}, 100.0),
+        ("container_fs_inodes_free", ROOT, {"device": "/dev/vdb"}, 90.0),
         ("container_start_time_seconds", CTR, {}, 123.5),
         ("container_start_time_seconds", ROOT, {}, 100.0),
         ("container_last_seen", CTR, {}, 1_700_000_000.0),
@@ -193,6 +213,8 @@ def test_series(metric: str, series: CgroupSeries, extra: dict[str, str], value:
         ("container_memory_failcnt", POD),  # no memory.failcnt read (cgroup v2)
         ("container_memory_total_active_file_bytes", POD),  # not read: absent, not 0
         ("container_memory_kernel_usage", POD),  # no kmem file (cgroup v2)
+        ("container_file_descriptors", ROOT),  # processes not read there
+        ("container_sockets", ROOT),
     ],
 )
 def test_absent(metric: str, series: CgroupSeries) -> None:
@@ -202,6 +224,9 @@ def test_absent(metric: str, series: CgroupSeries) -> None:
 def test_network_and_fs_only_where_read() -> None:
     assert {dict(k)["id"] for k in S["container_network_receive_bytes_total"]} == {POD.id}
     assert {dict(k)["id"] for k in S["container_fs_usage_bytes"]} == {CTR.id}
+    assert {dict(k)["id"] for k in S["container_fs_inodes_free"]} == {ROOT.id}
+    # the soft limits of a container's first process: none on pod or node cgroups
+    assert {dict(k)["id"] for k in S["container_ulimits_soft"]} == {CTR.id}
 
 
 def test_machine_and_scrape_error() -> None:
@@ -216,6 +241,35 @@ def test_machine_and_scrape_error() -> None:
     assert got["container_scrape_error"] == {(): 1.0}
     assert "machine_cpu_physical_cores" not in got and "machine_cpu_cores" in got
     assert "machine_swap_bytes" not in got  # SwapTotal not read
+    assert S["machine_scrape_error"] == {(): 0.0} == got["machine_scrape_error"]
+
+
+def test_machine_facts_unread_are_a_machine_scrape_error() -> None:
+    broken = MachineFacts(4, 2, 1, None, error="no MemTotal in /proc/meminfo")
+    got = samples(CgroupSnapshot(time_ns=0, machine=broken, cgroups=[ROOT]))
+    assert got["machine_scrape_error"] == {(): 1.0}
+    assert not [name for name in got if name.startswith("machine_") and "error" not in name]
+    assert got["container_scrape_error"] == {(): 0.0}  # the containers' pass is apart
+
+
+@pytest.mark.parametrize(
+    ("text", "want"),
+    [
+        (
+            "Limit                     Soft Limit           Hard Limit           Units\n"
+            "Max cpu time              unlimited            unlimited            seconds\n"
+            "Max open files            1048576              1048576              files\n",
+            {"max_open_files": 1048576},
+        ),
+        ("Max open files            unlimited            unlimited            files\n",
+         {"max_open_files": -1}),
+        ("Max open files            many                 4                    files\n", {}),
+        ("Max open files            4\n", {}),
+        ("", {}),
+    ],
+)  # fmt: skip
+def test_parse_limits(text: str, want: dict[str, int]) -> None:
+    assert parse_limits(text) == want
 
 
 def test_parse_swap_total() -> None:

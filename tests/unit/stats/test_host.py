@@ -2,7 +2,9 @@
 statfs of missing paths, of host paths seen only under the host's root (a klet in a
 pod), /proc readings, pod cgroup lookup by QoS class (a pod's cgroup found in use is
 not probed for again while it stays in use: issue 42), the task-count fallback without
-a pids controller, and disk-backed emptyDirs."""
+a pids controller, disk-backed emptyDirs, the open files and sockets of a cgroup's
+processes and a process's soft limits (cAdvisor's process stats), and the machine facts'
+error (machine_scrape_error)."""
 
 from __future__ import annotations
 
@@ -138,6 +140,43 @@ def test_missing_proc_files_read_as_unknown(tmp_path: Path) -> None:
     )
 
 
+def test_open_files_count_fds_and_sockets_of_readable_processes(reader: HostReader) -> None:
+    fd = reader.proc / "7" / "fd"
+    fd.mkdir(parents=True)
+    for name, target in (("0", "/dev/null"), ("1", "socket:[1234]"), ("2", "socket:[99]"),
+                         ("3", "pipe:[5]"), ("4", "anon_inode:[eventfd]")):  # fmt: skip
+        (fd / name).symlink_to(target)
+    fd8 = reader.proc / "8" / "fd"
+    fd8.mkdir(parents=True)
+    (fd8 / "0").symlink_to("socket:[7]")
+    # pid 9 has no fd directory (gone, or not readable): skipped, as cAdvisor does
+    assert reader.open_files([7, 8, 9]) == (6, 3)
+    assert reader.open_files([9]) is None  # nothing read: absent, not 0
+    assert reader.open_files([]) == (0, 0)  # no processes: none open
+
+
+def test_ulimits_of_a_process(reader: HostReader) -> None:
+    write(
+        reader.proc / "7/limits",
+        "Limit                     Soft Limit           Hard Limit           Units     \n"
+        "Max processes             63536                63536                processes \n"
+        "Max open files            1024                 524288               files     \n",
+    )
+    assert reader.ulimits(7) == {"max_open_files": 1024}
+    assert reader.ulimits(8) == {}
+
+
+def test_machine_facts_and_their_error(reader: HostReader) -> None:
+    write(reader.proc / "cpuinfo", "processor\t: 0\nphysical id\t: 0\ncore id\t: 0\n\n")
+    facts = reader.machine()
+    assert (facts.error, facts.memory_bytes, facts.physical_cores) == (None, 2 * 2**30, 1)
+    (reader.proc / "cpuinfo").unlink()
+    assert "cpuinfo" in (reader.machine().error or "")
+    write(reader.proc / "cpuinfo", "processor\t: 0\n")  # arm64: no cores named, no error
+    (reader.proc / "meminfo").write_text("MemFree: 1 kB\n")
+    assert "MemTotal" in (reader.machine().error or "")
+
+
 @pytest.mark.parametrize(
     "path", ["/kubepods/podU", "/kubepods/burstable/podU", "/kubepods/besteffort/podU"]
 )
@@ -217,9 +256,7 @@ def test_a_cgroup_root_moves_every_pod_cgroup_reading(tmp_path: Path) -> None:
     assert reader.node_cgroups() == ["/n1/kubepods", "/n1/kubepods/burstable"]
     assert reader.pod_cgroup("U") == "/n1/kubepods/burstable/podU"
     cgroups.groups.clear()
-    cgroups.groups["/n1.slice/n1-kubepods.slice/n1-kubepods-podV.slice"] = CgroupStats(
-        1, 1, 1, 1
-    )
+    cgroups.groups["/n1.slice/n1-kubepods.slice/n1-kubepods-podV.slice"] = CgroupStats(1, 1, 1, 1)
     assert reader.pod_cgroup("V") == "/n1.slice/n1-kubepods.slice/n1-kubepods-podV.slice"
 
 

@@ -3,11 +3,13 @@ fake cgroups, /proc and /sys under tmp_path: the root, /kubepods and QoS cgroups
 each ready pod's cgroup with its network (read from the first process of the pod's
 tree) and each running container whose cgroup exists (found by its ID among the pod
 cgroup's children, cgroupfs or systemd naming) with its labels, writable layer and
-process count; block devices named from /sys; a runtime error leaves the node's
+process count, open files and sockets and the first process's soft limits; the
+root's filesystem inodes; block devices named from /sys; a runtime error leaves the node's
 cgroups."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 from klet.cgroups import CgroupStats
@@ -24,7 +26,7 @@ from klet.cri.types import (
 )
 from klet.model.types import ContainerID, SandboxID
 from klet.stats import HostReader, StatsProvider
-from klet.stats.cadvisor import CgroupSeries, NetDev
+from klet.stats.cadvisor import CgroupSeries, NetDev, OpenFiles
 from klet.testbed.fakes.stats import FakeCgroups, FakeStatsRuntime
 
 UID = "1111-2222"
@@ -51,6 +53,12 @@ def world(tmp: Path) -> tuple[StatsProvider, FakeCgroups, FakeStatsRuntime]:
     write(proc / "1/net/dev", "h1\nh2\n  ens3: 5 1 0 0 0 0 0 0 6 1 0 0 0 0 0 0\n")
     write(proc / "42/net/dev", NET)
     write(sys / "dev/block/8:0/uevent", "MAJOR=8\nMINOR=0\nDEVNAME=sda\n")
+    for pid, targets in ((50, ("socket:[1]", "/dev/null")), (51, ("socket:[2]",)),
+                         (60, ("/dev/null",))):  # fmt: skip
+        (proc / str(pid) / "fd").mkdir(parents=True)
+        for fd, target in enumerate(targets):
+            (proc / str(pid) / "fd" / str(fd)).symlink_to(target)
+    write(proc / "50/limits", "Max open files            1024                 4096    files\n")
     cg = FakeCgroups()
     for rel in ("/", "/kubepods", "/kubepods/burstable", POD, f"{POD}/sb1"):
         cg.groups[rel] = CgroupStats(None, None, None, None)
@@ -112,6 +120,7 @@ async def test_series_of_a_node_with_one_pod(tmp_path: Path) -> None:
         namespace="ns",
         start_s=77.0,
         processes=4,
+        open_files=OpenFiles(4, 2),  # the pod's processes: 42 (no fd dir), 50, 51, 60
         network={"eth0": NetDev(1000, 10, 0, 0, 2000, 20, 0, 0)},
         blkio_devices=root.blkio_devices,
     )
@@ -126,8 +135,16 @@ async def test_series_of_a_node_with_one_pod(tmp_path: Path) -> None:
     assert (app.start_s, app.processes, app.detail.cpu_usage_ns) == (88.0, 2, 3)
     assert app.fs is not None and app.fs.usage_bytes == 4096 and app.fs.limit_bytes
     assert app.network == {}  # the pod's series carries it
+    # its processes' fds (50: 2, one a socket; 51: a socket) and its first one's limit
+    assert (app.open_files, app.ulimits) == ((3, 2), {"max_open_files": 1024})
     sidecar = by_id[f"{POD}/cri-containerd-c2.scope"]
     assert (sidecar.container, sidecar.fs, sidecar.processes) == ("sidecar", None, 1)
+    assert (sidecar.open_files, sidecar.ulimits) == ((1, 0), {})  # 60 has no limits file
+    # the kubelet root's filesystem (tmp_path, also the image fs here) once, by device
+    st = os.statvfs(tmp_path)
+    dev = os.stat(tmp_path).st_dev
+    assert list(root.inodes) == [f"{os.major(dev)}:{os.minor(dev)}"]
+    assert next(iter(root.inodes.values())).total == st.f_files
 
 
 async def test_runtime_error_keeps_the_node(tmp_path: Path) -> None:

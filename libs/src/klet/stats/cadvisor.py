@@ -30,7 +30,21 @@ either way); the writable layer's `container_fs_usage_bytes` is the runtime's co
 it on; `container_memory_failcnt` (cgroup v1's memory.failcnt) keeps cAdvisor's name,
 a counter without `_total` that prometheus-client cannot type as one, so its family is
 untyped, and it is absent on cgroup v2, which has no such counter (cAdvisor shows 0
-there), as is `container_memory_kernel_usage` (v1's memory.kmem.usage_in_bytes). No
+there), as is `container_memory_kernel_usage` (v1's memory.kmem.usage_in_bytes).
+
+Process figures, as cAdvisor's process stats: `container_file_descriptors` and
+`container_sockets` count the `/proc/<pid>/fd` entries (sockets: links to `socket:[...]`)
+of the processes klet lists for `container_processes` (pod and container cgroups; a
+process whose fd directory cannot be read is skipped, none readable leaves them absent);
+`container_ulimits_soft{ulimit="max_open_files"}` is the container's first process's soft
+limit from `/proc/<pid>/limits` (-1 unlimited), the one limit cAdvisor reads, on
+container series only (cAdvisor's raw cgroups have no root process).
+`container_fs_inodes_total`/`_free` sit on the root series, one per filesystem klet
+measures (the kubelet root's and the runtime's image and container filesystems, each
+device once), as cAdvisor's root cgroup carries its machine filesystems'; cAdvisor lists
+every mounted block device, klet the node's own. `machine_scrape_error` is 1 and no
+`machine_*` fact is served when the machine facts could not be read (/proc/meminfo or
+/proc/cpuinfo), as cAdvisor's machine collector when its machine info fails. No
 sample carries a timestamp: every value is read during the scrape, so the scrape's own
 time is the sample time, and a timestamped series is not marked stale by Prometheus when
 its container goes away.
@@ -56,11 +70,14 @@ from prometheus_client.exposition import generate_latest
 __all__ = [
     "CgroupSeries",
     "CgroupSnapshot",
+    "FsInodes",
     "MachineFacts",
     "NetDev",
+    "OpenFiles",
     "WritableLayer",
     "cadvisor_families",
     "parse_cpuinfo",
+    "parse_limits",
     "parse_net_dev",
     "parse_swap_total",
     "pod_images",
@@ -97,6 +114,20 @@ class WritableLayer:
     limit_bytes: int | None
 
 
+class FsInodes(NamedTuple):
+    """A filesystem's inodes (statfs f_files and f_ffree)."""
+
+    total: int
+    free: int
+
+
+class OpenFiles(NamedTuple):
+    """Open file descriptors of a cgroup's processes, and how many are sockets."""
+
+    fds: int
+    sockets: int
+
+
 @dataclass(frozen=True)
 class CgroupSeries:
     """One cgroup's readings and the labels its series carry (`id`: the cgroup path)."""
@@ -111,6 +142,12 @@ class CgroupSeries:
     start_s: float | None = None
     """When it started (container: created; pod: its sandbox created; root: boot)."""
     processes: int | None = None
+    open_files: OpenFiles | None = None
+    """fds and sockets of the processes counted in `processes`; None when unread."""
+    ulimits: Mapping[str, int] = field(default_factory=dict)
+    """ulimit name → soft limit (-1 unlimited) of the container's first process."""
+    inodes: Mapping[str, FsInodes] = field(default_factory=dict)
+    """device → inodes of the node's filesystems (the root series only)."""
     network: Mapping[str, NetDev] = field(default_factory=dict)
     fs: WritableLayer | None = None
     blkio_devices: Mapping[str, str] = field(default_factory=dict)
@@ -136,6 +173,9 @@ class MachineFacts:
     """/proc/meminfo's SwapTotal (cAdvisor's SwapCapacity); None when unread."""
     machine_id: str = ""
     system_uuid: str = ""
+    error: str | None = None
+    """Why the facts could not be read (cAdvisor's machine info failing): then no
+    machine_* fact is served and machine_scrape_error is 1."""
 
 
 @dataclass(frozen=True)
@@ -178,6 +218,25 @@ def parse_swap_total(meminfo: str) -> int | None:
             value = rest.split()
             return int(value[0]) * 1024 if value and value[0].isdigit() else None
     return None
+
+
+def parse_limits(text: str) -> dict[str, int]:
+    """/proc/<pid>/limits → {"max_open_files": soft limit}, the one line cAdvisor reads;
+    "unlimited" is -1; {} when the line is missing or does not parse."""
+    for line in text.splitlines():
+        if not line.startswith("Max open files"):
+            continue
+        fields = line[len("Max open files") :].split()
+        if len(fields) != 3:
+            return {}
+        soft = fields[0]
+        if soft == "unlimited":
+            return {"max_open_files": -1}
+        try:
+            return {"max_open_files": int(soft)}
+        except ValueError:
+            return {}
+    return {}
 
 
 def parse_cpuinfo(text: str) -> tuple[int | None, int | None]:
@@ -455,7 +514,14 @@ def _add(family: Metric, labels: list[str], value: float) -> None:
 def _machine(m: MachineFacts) -> list[Metric]:
     names = ("boot_id", "machine_id", "system_uuid")
     values = [m.boot_id, m.machine_id, m.system_uuid]
-    out: list[Metric] = []
+    error = GaugeMetricFamily(
+        "machine_scrape_error",
+        "1 if there was an error while getting machine metrics, 0 otherwise.",
+    )
+    error.add_metric([], 0.0 if m.error is None else 1.0)
+    if m.error is not None:
+        return [error]
+    out: list[Metric] = [error]
     for name, doc, value in (
         ("machine_cpu_cores", "Number of logical CPU cores.", m.cpu_cores),
         ("machine_cpu_physical_cores", "Number of physical CPU cores.", m.physical_cores),
@@ -535,6 +601,16 @@ def cadvisor_families(snapshot: CgroupSnapshot) -> list[Metric]:
                 _add(limit, [*c.labels(), c.fs.device], float(c.fs.limit_bytes))
     out += [usage, limit]
 
+    for name, doc, index in (
+        ("container_fs_inodes_free", "Number of available Inodes", 1),
+        ("container_fs_inodes_total", "Number of Inodes", 0),
+    ):
+        family = _family(name, doc, (*LABELS, "device"))
+        for c in cgroups:
+            for device, inodes in sorted(c.inodes.items()):
+                _add(family, [*c.labels(), device], float(inodes[index]))
+        out.append(family)
+
     for name, doc, index in _NETWORK:
         family = _family(name, doc, (*LABELS, "interface"))
         for c in cgroups:
@@ -558,6 +634,24 @@ def cadvisor_families(snapshot: CgroupSnapshot) -> list[Metric]:
             _add(start, c.labels(), c.start_s)
         _add(seen, c.labels(), now_s)
     out += [processes, start, seen]
+
+    fds = _family(
+        "container_file_descriptors", "Number of open file descriptors for the container.", LABELS
+    )
+    sockets = _family("container_sockets", "Number of open sockets for the container.", LABELS)
+    ulimits = _family(
+        "container_ulimits_soft",
+        "Soft ulimit values for the container root process. Unlimited if -1, except priority "
+        "and nice",
+        (*LABELS, "ulimit"),
+    )
+    for c in cgroups:
+        if c.open_files is not None:
+            _add(fds, c.labels(), float(c.open_files.fds))
+            _add(sockets, c.labels(), float(c.open_files.sockets))
+        for ulimit, soft in sorted(c.ulimits.items()):
+            _add(ulimits, [*c.labels(), ulimit], float(soft))
+    out += [fds, sockets, ulimits]
 
     for resource in ("cpu", "memory", "io"):
         for kind, line, doc in _PRESSURE:

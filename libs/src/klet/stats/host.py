@@ -32,7 +32,9 @@ from klet.model import layout
 from klet.stats.cadvisor import (
     MachineFacts,
     NetDev,
+    OpenFiles,
     parse_cpuinfo,
+    parse_limits,
     parse_net_dev,
     parse_swap_total,
 )
@@ -320,19 +322,70 @@ class HostReader:
         return None if text is None else parse_net_dev(text)
 
     def machine(self) -> MachineFacts:
-        """The machine_* facts (read_machine, plus /proc/cpuinfo's cores and sockets)."""
+        """The machine_* facts (read_machine, plus /proc/cpuinfo's cores and sockets);
+        `error` set when /proc/cpuinfo or /proc/meminfo's MemTotal cannot be read, the
+        facts cAdvisor's machine info fails without."""
         info = read_machine(self.root_dir)
-        cores, sockets = parse_cpuinfo(_read(self.proc / "cpuinfo") or "")
+        cpuinfo = _read(self.proc / "cpuinfo")
+        cores, sockets = parse_cpuinfo(cpuinfo or "")
+        memory = self.memory_total()
+        error = None
+        if cpuinfo is None:
+            error = f"cannot read {self.proc / 'cpuinfo'}"
+        elif memory is None:
+            error = f"no MemTotal in {self.proc / 'meminfo'}"
         return MachineFacts(
             cpu_cores=info.cpus,
             physical_cores=cores,
             sockets=sockets,
-            memory_bytes=self.memory_total(),
+            memory_bytes=memory,
             swap_bytes=parse_swap_total(_read(self.proc / "meminfo") or ""),
             boot_id=info.boot_id,
             machine_id=info.machine_id,
             system_uuid=info.system_uuid,
+            error=error,
         )
+
+    def open_files(
+        self, pids: list[int], *, seen: dict[int, OpenFiles | None] | None = None
+    ) -> OpenFiles | None:
+        """The fd entries of the processes' /proc/<pid>/fd, and those linking to a
+        socket, as cAdvisor counts them; a process whose directory cannot be read (gone,
+        or not ours to read) is skipped; None when there were processes and none could
+        be read. `seen` keeps each process's count for the rest of a pass (a pod's
+        processes are its containers')."""
+        counts = [self._process_files(pid, seen) for pid in pids]
+        read = [c for c in counts if c is not None]
+        if pids and not read:
+            return None
+        return OpenFiles(sum(c.fds for c in read), sum(c.sockets for c in read))
+
+    def _process_files(
+        self, pid: int, seen: dict[int, OpenFiles | None] | None
+    ) -> OpenFiles | None:
+        if seen is not None and pid in seen:
+            return seen[pid]
+        fd_dir = self.proc / str(pid) / "fd"
+        try:
+            names = os.listdir(fd_dir)
+        except OSError:
+            found = None
+        else:
+            sockets = 0
+            for name in names:
+                try:
+                    target = os.readlink(fd_dir / name)
+                except OSError:  # closed meanwhile
+                    continue
+                sockets += target.startswith("socket")
+            found = OpenFiles(len(names), sockets)
+        if seen is not None:
+            seen[pid] = found
+        return found
+
+    def ulimits(self, pid: int) -> dict[str, int]:
+        """The soft limits cAdvisor reads from /proc/<pid>/limits ({} when unread)."""
+        return parse_limits(_read(self.proc / str(pid) / "limits") or "")
 
     def block_device(self, dev: str) -> str:
         """ "major:minor" → /dev/<name> as /sys/dev/block names it; itself when unknown."""

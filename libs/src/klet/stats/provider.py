@@ -27,7 +27,13 @@ from typing import Protocol
 from klet.cri.errors import CRIError
 from klet.cri.types import Container, ContainerStatsInfo, FilesystemUsageInfo, Sandbox
 from klet.model.types import SandboxID
-from klet.stats.cadvisor import CgroupSeries, CgroupSnapshot, WritableLayer
+from klet.stats.cadvisor import (
+    CgroupSeries,
+    CgroupSnapshot,
+    FsInodes,
+    OpenFiles,
+    WritableLayer,
+)
 from klet.stats.host import HostReader, dir_usage, statfs
 from klet.stats.model import (
     ContainerStats,
@@ -117,6 +123,7 @@ class StatsProvider:
                 start_s=None if boot_ns is None else boot_ns / 1e9,
                 network=host.net_dev(1),
                 pressure=host.node_pressure(),
+                inodes=self._node_inodes(cri),
             )
         ]
         for rel in host.node_cgroups():
@@ -166,6 +173,23 @@ class StatsProvider:
         ]
         return Snapshot(time_ns=now_ns, node=node, pods=pods, runtime_error=cri.error)
 
+    def _node_inodes(self, cri: _RuntimeReadings) -> dict[str, FsInodes]:
+        """device → inodes of the kubelet root's filesystem and the runtime's image and
+        container filesystems, each device once (the root series')."""
+        paths = [self.host.root_dir] + [
+            Path(info.mountpoint) for info in (*cri.image_fs, *cri.container_fs) if info.mountpoint
+        ]
+        out: dict[str, FsInodes] = {}
+        seen: set[int] = set()
+        for path in paths:
+            fs = statfs(path)
+            if fs is None or fs.device in seen:
+                continue
+            seen.add(fs.device)
+            device = self.host.block_device(f"{os.major(fs.device)}:{os.minor(fs.device)}")
+            out[device] = FsInodes(fs.files, fs.ffree)
+        return out
+
     def _layer_fs(self, cri: _RuntimeReadings) -> tuple[str, int | None]:
         """(device, capacity) of the filesystem holding the writable layers: the
         runtime's container filesystem, else its image filesystem."""
@@ -190,6 +214,7 @@ class StatsProvider:
             return []
         pids = cg.procs(rel)
         pod, namespace = sandbox.name, sandbox.namespace
+        files: dict[int, OpenFiles | None] = {}  # per process, for the pod and its containers
         out = [
             CgroupSeries(
                 id=rel,
@@ -198,6 +223,7 @@ class StatsProvider:
                 namespace=namespace,
                 start_s=sandbox.created_at / 1e9,
                 processes=len(pids),
+                open_files=self.host.open_files(pids, seen=files),
                 # Every process of a pod shares the sandbox's network namespace.
                 network=self.host.net_dev(pids[0]) if pids else {},
                 pressure=self.host.cgroup_pressure(rel),
@@ -211,6 +237,7 @@ class StatsProvider:
             crel = f"{rel}/{child}"
             layer = c.usage.writable_layer if c.usage is not None else None
             used = layer.used_bytes if layer is not None else None
+            cpids = cg.procs(crel)
             out.append(
                 CgroupSeries(
                     id=crel,
@@ -221,7 +248,10 @@ class StatsProvider:
                     image=c.image,
                     name=c.id,
                     start_s=None if c.start_ns is None else c.start_ns / 1e9,
-                    processes=len(cg.procs(crel)),
+                    processes=len(cpids),
+                    open_files=self.host.open_files(cpids, seen=files),
+                    # the cgroup's own processes come first: its init, as a rule
+                    ulimits=self.host.ulimits(cpids[0]) if cpids else {},
                     fs=None if used is None else WritableLayer(layer_fs[0], used, layer_fs[1]),
                     pressure=self.host.cgroup_pressure(crel),
                 )
