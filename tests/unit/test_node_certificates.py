@@ -8,6 +8,7 @@ import asyncio
 import base64
 import dataclasses
 import datetime
+import math
 import os
 import stat
 from pathlib import Path
@@ -295,6 +296,7 @@ async def test_rotation_renews_when_due_and_keeps_the_old_one_on_failure(tmp_pat
     assert first is not None
     clock = [first.start]
     failures: list[None] = []
+    lived: list[float] = []
     rotation = CertificateRotation(
         store=store,
         api=signer,
@@ -304,6 +306,7 @@ async def test_rotation_renews_when_due_and_keeps_the_old_one_on_failure(tmp_pat
         now=lambda: clock[0],
         jitter=lambda: 0.5,
         on_renew_failed=lambda: failures.append(None),
+        on_rotated=lived.append,
     )
     wait = await rotation.run_once()
     assert 0 < wait <= 60  # not due: looks again within a minute
@@ -314,6 +317,7 @@ async def test_rotation_renews_when_due_and_keeps_the_old_one_on_failure(tmp_pat
     assert await rotation.run_once() == rotation.retry_s
     assert store.current() == first  # the old one stays in use
     assert len(failures) == 1  # told, for kubelet_*_expiration_renew_errors
+    assert lived == []  # nothing replaced yet
     signer.mode = "issue"
     signer.now = due
     await asyncio.sleep(0.01)  # a new file gets a later mtime
@@ -321,6 +325,8 @@ async def test_rotation_renews_when_due_and_keeps_the_old_one_on_failure(tmp_pat
     second = store.current()
     assert second is not None and second.not_after > first.not_after
     assert second.subject == first.subject
+    # told how long the replaced one lived, from its notBefore (the rotation histogram)
+    assert lived == [(due - first.not_before).total_seconds()]
     assert len(signer.created) == 3  # bootstrap, denied renewal, renewal (new key each)
 
 
@@ -419,14 +425,33 @@ def test_certificate_ttl_gauges_and_renewal_error_counters_are_upstreams() -> No
 
     registry, now = CollectorRegistry(), [1000.0]
     metrics = CertificateMetrics(registry, clock=lambda: now[0])
-    assert registry.get_sample_value("kubelet_certificate_manager_client_ttl_seconds") is None
-    metrics.issued("client", 1600.0)
+    client_ttl = "kubelet_certificate_manager_client_ttl_seconds"
+    server_ttl = "kubelet_certificate_manager_server_ttl_seconds"
+    rotation_count = "kubelet_certificate_manager_server_rotation_seconds_count"
+    assert registry.get_sample_value(client_ttl) is None  # not rotated: not served
+    assert registry.get_sample_value(rotation_count) is None
+    metrics.rotating("client")
+    metrics.rotating("server")
+    # rotated but none read yet (a serving certificate not issued): +Inf, as upstream's
+    assert registry.get_sample_value(client_ttl) == math.inf
+    assert registry.get_sample_value(server_ttl) == math.inf
+    assert registry.get_sample_value(rotation_count) == 0
+    metrics.issued("client", 1600.5)
     metrics.issued("server", 1030.0)
-    assert registry.get_sample_value("kubelet_certificate_manager_client_ttl_seconds") == 600
+    assert registry.get_sample_value(client_ttl) == 600  # whole seconds, as upstream's
     now[0] = 1060.0
-    assert registry.get_sample_value("kubelet_certificate_manager_server_ttl_seconds") == -30
+    assert registry.get_sample_value(server_ttl) == -30
     metrics.issued("server", 2060.0)  # renewed
-    assert registry.get_sample_value("kubelet_certificate_manager_server_ttl_seconds") == 1000
+    metrics.rotated("server", 5000.0)  # the old one had lived 5000 s
+    metrics.rotated("client", 5000.0)  # upstream times the serving certificate's only
+    assert registry.get_sample_value(server_ttl) == 1000
+    assert registry.get_sample_value(rotation_count) == 1
+    bucket = "kubelet_certificate_manager_server_rotation_seconds_bucket"
+    assert registry.get_sample_value(bucket, {"le": "3600.0"}) == 0
+    assert registry.get_sample_value(bucket, {"le": "14400.0"}) == 1
+    assert "kubelet_certificate_manager_client_rotation_seconds" not in str(
+        generate_latest(registry)
+    )
     # the renewal failure counters, under upstream's names (no `_total`), from 0
     client_errors = "kubelet_certificate_manager_client_expiration_renew_errors"
     assert registry.get_sample_value(client_errors) == 0
@@ -436,3 +461,36 @@ def test_certificate_ttl_gauges_and_renewal_error_counters_are_upstreams() -> No
     assert registry.get_sample_value("kubelet_server_expiration_renew_errors") == 0
     page = generate_latest(registry).decode()
     assert f"\n{client_errors} 2.0\n" in page and f"{client_errors}_total" not in page
+
+
+async def test_the_rotated_certificates_series_are_served_from_the_wiring_on(
+    tmp_path: Path,
+) -> None:
+    """status-reporter's cluster wiring makes each rotated certificate's series exist
+    (TTL +Inf, errors 0) before its first look, as upstream registers them at start,
+    and only for the certificates it rotates."""
+    from types import SimpleNamespace
+
+    from klet.status_reporter.cluster.managers import _certificates
+    from klet.status_reporter.metrics.instruments import CertificateMetrics
+    from prometheus_client import CollectorRegistry
+
+    s = settings(tmp_path)
+    await ensure_client_certificate(s, lambda path: FakeSigner())
+    klet = SimpleNamespace(kubeconfig=s.kubeconfig, cert_dir=s.cert_dir, node_name="n1")
+    registry = CollectorRegistry()
+    metrics = CertificateMetrics(registry)
+    kubelet = SimpleNamespace(rotate_certificates=True, server_tls_bootstrap=False)
+    tasks = _certificates(FakeSigner(), kubelet, klet, ("10.0.0.1",), metrics)  # type: ignore[arg-type]
+    assert list(tasks) == ["client-certificate"]
+    assert registry.get_sample_value("kubelet_certificate_manager_client_ttl_seconds") == math.inf
+    assert registry.get_sample_value("kubelet_certificate_manager_server_ttl_seconds") is None
+    kubelet = SimpleNamespace(rotate_certificates=True, server_tls_bootstrap=True)
+    tasks = _certificates(FakeSigner(), kubelet, klet, ("10.0.0.1",), metrics)  # type: ignore[arg-type]
+    assert list(tasks) == ["client-certificate", "serving-certificate"]
+    assert registry.get_sample_value("kubelet_certificate_manager_server_ttl_seconds") == math.inf
+    assert registry.get_sample_value("kubelet_server_expiration_renew_errors") == 0
+    # the serving rotation tells the metrics how long a replaced certificate lived
+    tasks["serving-certificate"]._on_rotated(120.0)
+    count = "kubelet_certificate_manager_server_rotation_seconds_count"
+    assert registry.get_sample_value(count) == 1

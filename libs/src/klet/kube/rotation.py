@@ -29,6 +29,10 @@ the file inside it, so two replicas (a leader handing over mid-renewal) renew on
 request that is denied, fails or is not issued in time is logged (once per cause) and
 asked again after `retry_s` (a denied one with a new key); the current certificate
 stays in use until it expires.
+
+Hooks tell an observer (status-reporter's certificate metrics) what each look read
+(`on_issued`: the current certificate), each failed renewal (`on_renew_failed`) and
+each certificate this process replaced (`on_rotated`: the seconds the old one lived).
 """
 
 from __future__ import annotations
@@ -246,6 +250,7 @@ class CertificateRotation:
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
         on_issued: Callable[[Issued], None] | None = None,
         on_renew_failed: Callable[[], None] | None = None,
+        on_rotated: Callable[[float], None] | None = None,
     ) -> None:
         self.store = store
         self.api = api
@@ -260,6 +265,7 @@ class CertificateRotation:
         self._sleep = sleep
         self._on_issued = on_issued
         self._on_renew_failed = on_renew_failed
+        self._on_rotated = on_rotated
         self._once = OnceLogger(log, level=logging.ERROR)
 
     async def run(self) -> None:
@@ -306,6 +312,10 @@ class CertificateRotation:
             self._fraction = self._jitter()
             if self._on_issued is not None:
                 self._on_issued(renewed)
+            if issued is not None and self._on_rotated is not None:
+                # how long the replaced one lived, from its notBefore, as upstream's
+                # certificate manager observes a rotation
+                self._on_rotated((self.now() - issued.not_before).total_seconds())
             log.info(
                 f"{what} rotated" if issued is not None else f"{what} issued",
                 extra={

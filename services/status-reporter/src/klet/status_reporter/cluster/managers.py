@@ -277,6 +277,8 @@ def _certificates(
     if kubelet.rotate_certificates:
         assert klet.kubeconfig is not None
         check_rotatable(klet.kubeconfig, klet.cert_dir)
+        if observer is not None:
+            observer.rotating("client")
         out["client-certificate"] = CertificateRotation(
             store=CertStore(klet.cert_dir, prefix=CLIENT.prefix),
             api=kube,
@@ -287,6 +289,8 @@ def _certificates(
         )
     if kubelet.server_tls_bootstrap:
         kind = serving_kind(klet.node_name, node_ips)
+        if observer is not None:
+            observer.rotating("server")
         out["serving-certificate"] = CertificateRotation(
             store=CertStore(klet.cert_dir, prefix=kind.prefix),
             api=kube,
@@ -294,6 +298,7 @@ def _certificates(
             kind=kind,
             on_issued=_told(observer, "server"),
             on_renew_failed=_failed(observer, "server"),
+            on_rotated=None if observer is None else _rotated(observer, "server"),
         )
     return out
 
@@ -301,9 +306,13 @@ def _certificates(
 class CertificateObserver(Protocol):
     """Told of the rotated certificates (status_reporter.metrics.CertificateMetrics)."""
 
+    def rotating(self, kind: str) -> None: ...
+
     def issued(self, kind: str, not_after: float) -> None: ...
 
     def renew_failed(self, kind: str) -> None: ...
+
+    def rotated(self, kind: str, lived_s: float) -> None: ...
 
 
 def _told(observer: CertificateObserver | None, kind: str) -> Any:
@@ -311,6 +320,11 @@ def _told(observer: CertificateObserver | None, kind: str) -> Any:
     if observer is None:
         return None
     return lambda issued: observer.issued(kind, issued.not_after.timestamp())
+
+
+def _rotated(observer: CertificateObserver, kind: str) -> Callable[[float], None]:
+    """The rotation's on_rotated hook: how long the replaced certificate lived."""
+    return lambda lived_s: observer.rotated(kind, lived_s)
 
 
 def _failed(observer: CertificateObserver | None, kind: str) -> Any:

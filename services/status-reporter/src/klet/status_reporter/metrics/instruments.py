@@ -36,6 +36,7 @@ bus is down, which is the point of it.
 
 from __future__ import annotations
 
+import math
 import os
 import platform
 import time
@@ -133,15 +134,35 @@ RENEW_ERRORS = {
 """upstream's counters of failed renewals, by certificate kind."""
 
 
+SERVER_ROTATION_BUCKETS = (
+    60.0,  # a minute
+    3600.0,  # an hour
+    14400.0,
+    86400.0,  # a day
+    604800.0,  # a week
+    2592000.0,  # 30 days
+    7776000.0,
+    15552000.0,
+    31104000.0,  # 360 days
+    124416000.0,
+)
+"""upstream's buckets of kubelet_certificate_manager_server_rotation_seconds."""
+
+
 class CertificateMetrics:
-    """upstream's kubelet_certificate_manager_{client,server}_ttl_seconds: seconds until
-    the current client or serving certificate expires (negative once it has), computed
-    at each scrape from what the rotation tasks last read (klet.kube.rotation); and its
-    renewal failure counters (RENEW_ERRORS). A kind's series exist only while its
-    certificate is rotated, from the rotation's first look or failure on. The counters
-    keep upstream's names, which lack `_total`: prometheus-client would add it to a
-    counter (and tie the TYPE line to that name), so they are served untyped, as
-    eviction's kubelet_evictions is."""
+    """upstream's certificate manager metrics, for the certificates klet rotates:
+    kubelet_certificate_manager_{client,server}_ttl_seconds, the seconds until the
+    current client or serving certificate expires (negative once it has, truncated to
+    whole seconds, +Inf while none has been read: upstream's "invalid or unused"),
+    computed at each scrape from what the rotation tasks last read
+    (klet.kube.rotation); its renewal failure counters (RENEW_ERRORS); and
+    kubelet_certificate_manager_server_rotation_seconds, how long each replaced serving
+    certificate had lived (from its notBefore). A kind's series exist from `rotating`
+    on, which the cluster wiring calls for each certificate it rotates
+    (rotateCertificates: client; serverTLSBootstrap: server), as upstream registers
+    them only then. The counters keep upstream's names, which lack `_total`:
+    prometheus-client would add it to a counter (and tie the TYPE line to that name),
+    so they are served untyped, as eviction's kubelet_evictions is."""
 
     def __init__(
         self, registry: CollectorRegistry, *, clock: Callable[[], float] = time.time
@@ -151,20 +172,45 @@ class CertificateMetrics:
         self._registry = registry
         self._gauges: dict[str, Gauge] = {}
         self._failures: dict[str, int] = {}
+        self._server_rotation: Histogram | None = None
         registry.register(self)
 
-    def issued(self, kind: str, not_after: float) -> None:
-        """`kind` ("client" or "server") now expires at `not_after` (Unix time)."""
-        self._expiry[kind] = not_after
+    def rotating(self, kind: str) -> None:
+        """`kind`'s certificate ("client" or "server") is rotated: serve its series."""
         self._failures.setdefault(kind, 0)
         if kind not in self._gauges:
             gauge = Gauge(
                 f"kubelet_certificate_manager_{kind}_ttl_seconds",
-                f"Seconds until the kubelet's {kind} certificate expires (negative once it has).",
+                f"Seconds until the kubelet's {kind} certificate expires (negative once it "
+                "has; +Inf while there is none).",
                 registry=self._registry,
             )
-            gauge.set_function(lambda: self._expiry[kind] - self._clock())
+            gauge.set_function(lambda: self._ttl(kind))
             self._gauges[kind] = gauge
+        if kind == "server" and self._server_rotation is None:
+            self._server_rotation = Histogram(
+                "kubelet_certificate_manager_server_rotation_seconds",
+                "Seconds the previous serving certificate lived before being rotated.",
+                buckets=SERVER_ROTATION_BUCKETS,
+                registry=self._registry,
+            )
+
+    def _ttl(self, kind: str) -> float:
+        expiry = self._expiry.get(kind)
+        return math.inf if expiry is None else float(math.trunc(expiry - self._clock()))
+
+    def issued(self, kind: str, not_after: float) -> None:
+        """`kind` ("client" or "server") now expires at `not_after` (Unix time)."""
+        self.rotating(kind)
+        self._expiry[kind] = not_after
+
+    def rotated(self, kind: str, lived_s: float) -> None:
+        """A new `kind` certificate replaced one that had lived `lived_s` seconds."""
+        if kind != "server":
+            return  # upstream times the serving certificate's rotations only
+        self.rotating(kind)
+        if self._server_rotation is not None:
+            self._server_rotation.observe(lived_s)
 
     def renew_failed(self, kind: str) -> None:
         """A renewal of `kind`'s certificate failed (refused, denied, not answered)."""
