@@ -194,9 +194,6 @@ MISSING: Mapping[str, tuple[str, ...]] = {
     "CSI volume health (VolumeCondition) is not read": (
         "/metrics kubelet_volume_stats_health_status_abnormal",
     ),
-    "per-container log usage is in /stats/summary only": (
-        "/metrics kubelet_container_log_filesystem_used_bytes",
-    ),
     (
         "served by klet only when the feature is configured; upstream registers it always "
         "(shutdownGracePeriod)"

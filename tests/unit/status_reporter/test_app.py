@@ -58,6 +58,7 @@ def task_names(*, read_only_port: int, healthz_port: int) -> list[str]:
 
 def test_defaults_serve_healthz_but_not_the_read_only_api() -> None:
     assert task_names(read_only_port=0, healthz_port=10248) == [
+        "container-log-usage",
         "device-view",
         "healthz-http",
         "lease",
@@ -71,6 +72,7 @@ def test_defaults_serve_healthz_but_not_the_read_only_api() -> None:
 
 def test_read_only_on_and_healthz_off() -> None:
     assert task_names(read_only_port=10255, healthz_port=0) == [
+        "container-log-usage",
         "device-view",
         "lease",
         "pod-history",

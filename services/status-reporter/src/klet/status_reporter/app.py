@@ -10,6 +10,8 @@ Root tasks, each named so a crash says which one died:
 - `kubelet-api`: the kubelet API on --port (10250), unless it is off;
 - `pod-history`: the leader's record of each pod's history for `klet why`
   (`history.py`), in both modes;
+- `container-log-usage`: every replica measures its pods' log directories for
+  `kubelet_container_log_filesystem_used_bytes` (`metrics/logusage.py`);
 - cluster mode only (a kubeconfig is set, see `cluster/managers.py`): `node-status`,
   `node-lease`, `pod-status` and `events`.
 
@@ -111,6 +113,8 @@ def root_tasks(deps: Deps) -> dict[str, Coroutine[Any, Any, None]]:
         tasks["device-view"] = deps.devices.run()
     if deps.history is not None:
         tasks["pod-history"] = when_elected(deps.elected, deps.history.run)
+    if deps.log_usage is not None:
+        tasks["container-log-usage"] = deps.log_usage.run()
     if deps.healthz is not None:
         tasks["healthz-http"] = serve_http(
             create_healthz_app(deps.slis),

@@ -72,6 +72,7 @@ from klet.status_reporter.metrics.instruments import (
     register_cgroup_version,
 )
 from klet.status_reporter.metrics.lazyruntime import LazyRuntime
+from klet.status_reporter.metrics.logusage import ContainerLogUsage
 from klet.status_reporter.metrics.nodemetrics import NodeMetrics, port_file_replicas
 from klet.status_reporter.metrics.nodestartup import node_startup, read_boot_time
 from klet.status_reporter.pods.history import HistoryKeeper, HistoryPolicy
@@ -205,6 +206,9 @@ class Deps:
     None when that API is off."""
     history: HistoryKeeper | None = None
     """Each pod's history for `klet why` (history.py): the leader's root task."""
+    log_usage: ContainerLogUsage | None = None
+    """kubelet_container_log_filesystem_used_bytes (metrics/logusage.py): a root task
+    measures the pods' log directories (None: not served, hand-built test deps)."""
     elected: asyncio.Event = field(default_factory=asyncio.Event)
     """Set once this replica holds the lease (by `klet.bus.leader.hold`); never cleared:
     losing the lease ends the process."""
@@ -251,6 +255,12 @@ def build_deps(settings: ServiceSettings, *, overrides: Overrides | None = None)
     requests = RestClientMetrics(registry)
     http_requests = HttpRequestMetrics(registry)  # 10250's and the read-only port's
     startup = node_startup(registry, boot_at=read_boot_time())  # 0s unless registered
+    log_usage = ContainerLogUsage(
+        registry,
+        pods=pods,
+        # getattr: settings trees built by hand (older tests) have no podLogsDir.
+        pod_logs_dir=Path(getattr(kubelet, "pod_logs_dir", "/var/log/pods")),
+    )
     cluster: ClusterDeps | None = None
     # getattr: standalone settings trees built by hand (older tests) have no kubeconfig.
     if getattr(klet, "kubeconfig", None) is not None or o.cluster is not None:
@@ -343,6 +353,7 @@ def build_deps(settings: ServiceSettings, *, overrides: Overrides | None = None)
         node_metrics=node_metrics,
         container_metrics=container_metrics,
         http_requests=http_requests,
+        log_usage=log_usage,
     )
 
 
