@@ -54,6 +54,7 @@ from tests.harness.csi import (
     grpc_calls,
     kget,
     namespace,
+    persistent_driver_and_class,
     start_hostpathplugin,
     stop_process,
 )
@@ -147,26 +148,8 @@ def driver(cp: ControlPlane, node: KletNode) -> Iterator[Hostpath]:
     state = workdir / "state"
     state.mkdir()
     socket = workdir / "csi.sock"
-    apply(
-        cp,
-        {
-            "apiVersion": "storage.k8s.io/v1",
-            "kind": "CSIDriver",
-            "metadata": {"name": DRIVER},
-            "spec": {"attachRequired": False, "volumeLifecycleModes": ["Persistent"]},
-        },
-    )
-    apply(
-        cp,
-        {
-            "apiVersion": "storage.k8s.io/v1",
-            "kind": "StorageClass",
-            "metadata": {"name": CLASS},
-            "provisioner": DRIVER,
-            "reclaimPolicy": "Delete",
-            "volumeBindingMode": "Immediate",
-        },
-    )
+    for obj in persistent_driver_and_class(DRIVER, CLASS):
+        apply(cp, obj)
     log = workdir / "hostpath.log"
     hostpath = Hostpath(
         binary=bins["hostpathplugin"],
