@@ -31,7 +31,7 @@ from typing import Any
 
 import pytest
 from klet.cri.client import CRISettings, RuntimeClient
-from klet.devstack.images import BUSYBOX_IMAGE, build, standard_images, write_oci_archive
+from klet.devstack.images import BUSYBOX_IMAGE
 from klet.rpc.dra import GrpcDRAPlugin
 from klet.syncloop.containers import criconfig
 from klet.syncloop.dra.manager import ClaimManager, ManagerDeps
@@ -44,10 +44,10 @@ from tests.harness.dra import (
     DRATestDriver,
     KubectlClaims,
     allocated_claim,
-    cdi_containerd_bin_dir,
     dra_test_driver_binary,
     node_object,
     slice_devices,
+    started_cdi_containerd,
     until,
     watched_drivers,
 )
@@ -80,18 +80,8 @@ def run_dir() -> Iterator[Path]:
 def containerd(run_dir: Path) -> Iterator[CDIContainerd]:
     """containerd v2 with CDI on, its specs read from `<run_dir>/cdi` alone, and the
     pause and busybox images imported (no registry)."""
-    cdi_dir = run_dir / "cdi"
-    cdi_dir.mkdir()
-    ctrd = CDIContainerd(run_dir / "ctrd", cdi_containerd_bin_dir(), cdi_spec_dirs=(cdi_dir,))
-    ctrd.start()
-    try:
-        specs = {s.reference: s for s in standard_images().values()}
-        archive = run_dir / "images.oci.tar"
-        write_oci_archive([build(specs[ctrd.sandbox_image]), build(specs[BUSYBOX_IMAGE])], archive)
-        ctrd.import_image(archive)
+    with started_cdi_containerd(run_dir) as ctrd:
         yield ctrd
-    finally:
-        ctrd.stop()
 
 
 @pytest.fixture

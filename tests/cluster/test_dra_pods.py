@@ -38,7 +38,7 @@ import grpc
 import pytest
 from klet.cri.client import CRISettings, RuntimeClient
 from klet.devstack import DevStack
-from klet.devstack.images import BUSYBOX_IMAGE, build, standard_images, write_oci_archive
+from klet.devstack.images import BUSYBOX_IMAGE
 from klet.model.podresources import SOCKET_DIR, SOCKET_NAME
 from klet.rpc.gen.klet.podresources.v1 import api_pb2 as pb
 from klet.rpc.gen.klet.podresources.v1 import api_pb2_grpc as pb_grpc
@@ -49,9 +49,9 @@ from tests.harness.clusternode import cluster_node, wait_node_ready
 from tests.harness.dra import (
     CDIContainerd,
     DRATestDriver,
-    cdi_containerd_bin_dir,
     dra_test_driver_binary,
     slice_devices,
+    started_cdi_containerd,
     until,
 )
 from tests.harness.node import KletNode
@@ -73,18 +73,8 @@ def run_dir() -> Iterator[Path]:
 def containerd(run_dir: Path) -> Iterator[CDIContainerd]:
     """containerd v2 with CDI on, its specs read from `<run_dir>/cdi` alone, and the
     pause and busybox images imported (the pod's image is never pulled)."""
-    cdi_dir = run_dir / "cdi"
-    cdi_dir.mkdir()
-    ctrd = CDIContainerd(run_dir / "ctrd", cdi_containerd_bin_dir(), cdi_spec_dirs=(cdi_dir,))
-    ctrd.start()
-    try:
-        specs = {s.reference: s for s in standard_images().values()}
-        archive = run_dir / "images.oci.tar"
-        write_oci_archive([build(specs[ctrd.sandbox_image]), build(specs[BUSYBOX_IMAGE])], archive)
-        ctrd.import_image(archive)
+    with started_cdi_containerd(run_dir) as ctrd:
         yield ctrd
-    finally:
-        ctrd.stop()
 
 
 @pytest.fixture(scope="module")

@@ -32,7 +32,13 @@ from typing import Any, TypeVar
 from klet.bus import NodeBus
 from klet.csi import CSIClient, RegistrationClient
 from klet.devstack.containerd import Containerd
-from klet.devstack.images import TEST_REGISTRY_HOST
+from klet.devstack.images import (
+    BUSYBOX_IMAGE,
+    TEST_REGISTRY_HOST,
+    build,
+    standard_images,
+    write_oci_archive,
+)
 from klet.model.dra import DRA_PLUGIN
 from klet.rpc.dra import GrpcDRAPlugin
 from klet.syncloop.dra.registration import DRADrivers, DriverInstance
@@ -196,6 +202,24 @@ class CDIContainerd(Containerd):
         `Containerd.for_registry`."""
         hosts = {TEST_REGISTRY_HOST: registry_address, registry_address: registry_address}
         return cls(dir, bin_dir, cdi_spec_dirs=cdi_spec_dirs, registry_host_map=hosts)
+
+
+@contextlib.contextmanager
+def started_cdi_containerd(run_dir: Path) -> Iterator[CDIContainerd]:
+    """containerd v2 with CDI on, its specs read from `<run_dir>/cdi` alone, and the
+    pause and busybox images imported (nothing is pulled); stopped afterwards."""
+    cdi_dir = run_dir / "cdi"
+    cdi_dir.mkdir()
+    ctrd = CDIContainerd(run_dir / "ctrd", cdi_containerd_bin_dir(), cdi_spec_dirs=(cdi_dir,))
+    ctrd.start()
+    try:
+        specs = {s.reference: s for s in standard_images().values()}
+        archive = run_dir / "images.oci.tar"
+        write_oci_archive([build(specs[ctrd.sandbox_image]), build(specs[BUSYBOX_IMAGE])], archive)
+        ctrd.import_image(archive)
+        yield ctrd
+    finally:
+        ctrd.stop()
 
 
 class KubectlClaims:
