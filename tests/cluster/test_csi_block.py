@@ -44,7 +44,9 @@ from tests.harness.csi import (
     kget,
     namespace,
     persistent_driver_and_class,
+    print_log_tails,
     start_hostpathplugin,
+    start_sidecar,
     stop_process,
 )
 from tests.harness.node import KletNode
@@ -103,29 +105,22 @@ def driver(cp: ControlPlane, node: KletNode, workdir: Path) -> Iterator[Path]:
         registry=node.root_dir / "plugins_registry",
         log=workdir / "registrar.log",
     )
-    with (workdir / "provisioner.log").open("wb") as out:
-        procs.append(
-            subprocess.Popen(
-                [
-                    str(bins["csi-provisioner"]),
-                    f"--csi-address={socket}",
-                    f"--kubeconfig={cp.admin_kubeconfig}",
-                    "--v=4",
-                    "--timeout=30s",
-                ],
-                stdout=out,
-                stderr=subprocess.STDOUT,
-            )
+    procs.append(
+        start_sidecar(
+            bins["csi-provisioner"],
+            socket=socket,
+            kubeconfig=cp.admin_kubeconfig,
+            log=workdir / "provisioner.log",
+            args=("--v=4", "--timeout=30s"),
         )
+    )
     wait_for(
         lambda: csinode_has_driver(cp, NODE, DRIVER), timeout_s=60, what="the driver in the CSINode"
     )
     try:
         yield log
     finally:
-        for name in ("hostpath.log", "registrar.log", "provisioner.log"):
-            lines = (workdir / name).read_text(errors="replace").splitlines()
-            print(f"--- {name}\n" + "\n".join(lines[-25:]))
+        print_log_tails([workdir / n for n in ("hostpath.log", "registrar.log", "provisioner.log")])
         registrar.stop()
         for proc in procs:
             stop_process(proc, grace_s=15)

@@ -55,7 +55,9 @@ from tests.harness.csi import (
     kget,
     namespace,
     persistent_driver_and_class,
+    print_log_tails,
     start_hostpathplugin,
+    start_sidecar,
     stop_process,
 )
 from tests.harness.node import KletNode
@@ -166,26 +168,19 @@ def driver(cp: ControlPlane, node: KletNode) -> Iterator[Hostpath]:
         registry=node.root_dir / "plugins_registry",
         log=workdir / "registrar.log",
     )
-    with (workdir / "csi-provisioner.log").open("wb") as out:
-        provisioner = subprocess.Popen(
-            [
-                str(bins["csi-provisioner"]),
-                "-v=5",
-                f"--csi-address={socket}",
-                f"--kubeconfig={cp.admin_kubeconfig}",
-            ],
-            stdout=out,
-            stderr=subprocess.STDOUT,
-        )
+    provisioner = start_sidecar(
+        bins["csi-provisioner"],
+        socket=socket,
+        kubeconfig=cp.admin_kubeconfig,
+        log=workdir / "csi-provisioner.log",
+    )
     wait_for(
         lambda: csinode_has_driver(cp, NODE, DRIVER), timeout_s=60, what="the driver in the CSINode"
     )
     try:
         yield hostpath
     finally:
-        for path in sorted(workdir.glob("*.log")):
-            lines = path.read_text(errors="replace").splitlines()
-            print(f"--- {path.name}\n" + "\n".join(lines[-25:]))
+        print_log_tails(sorted(workdir.glob("*.log")))
         registrar.stop()
         stop_process(provisioner, grace_s=15)
         stop_process(hostpath.proc, grace_s=15)

@@ -45,7 +45,9 @@ from tests.harness.csi import (
     kget,
     namespace,
     persistent_driver_and_class,
+    print_log_tails,
     start_hostpathplugin,
+    start_sidecar,
     stop_process,
 )
 from tests.harness.node import KletNode
@@ -136,28 +138,21 @@ def driver(cp: ControlPlane, node: KletNode, workdir: Path) -> Iterator[Path]:
         log=workdir / "registrar.log",
     )
     for sidecar in ("csi-provisioner", "csi-snapshotter"):
-        with (workdir / f"{sidecar}.log").open("wb") as out:
-            procs.append(
-                subprocess.Popen(
-                    [
-                        str(bins[sidecar]),
-                        "-v=5",
-                        f"--csi-address={socket}",
-                        f"--kubeconfig={cp.admin_kubeconfig}",
-                    ],
-                    stdout=out,
-                    stderr=subprocess.STDOUT,
-                )
+        procs.append(
+            start_sidecar(
+                bins[sidecar],
+                socket=socket,
+                kubeconfig=cp.admin_kubeconfig,
+                log=workdir / f"{sidecar}.log",
             )
+        )
     wait_for(
         lambda: csinode_has_driver(cp, NODE, DRIVER), timeout_s=60, what="the driver in the CSINode"
     )
     try:
         yield state
     finally:
-        for log in sorted(workdir.glob("*.log")):
-            lines = log.read_text(errors="replace").splitlines()
-            print(f"--- {log.name}\n" + "\n".join(lines[-25:]))
+        print_log_tails(sorted(workdir.glob("*.log")))
         registrar.stop()
         for proc in procs:
             stop_process(proc, grace_s=15)

@@ -9,6 +9,8 @@ cold build takes minutes: `make csi-binaries`, before `make test-csi`).
 per CSI call it served, which `grpc_methods()` reads.
 `start_hostpathplugin` runs upstream's csi-hostpath driver as a host process (restartable
 on its state directory); `grpc_calls` counts the calls its log shows.
+`start_sidecar` runs a controller sidecar (csi-provisioner, csi-snapshotter) beside a
+driver; `print_log_tails` shows the end of each process's log after a test.
 """
 
 from __future__ import annotations
@@ -222,6 +224,26 @@ def start_hostpathplugin(
     if proc.poll() is not None:
         raise AssertionError(f"hostpathplugin exited {proc.returncode}: {log.read_text()[-3000:]}")
     return proc
+
+
+def start_sidecar(
+    binary: Path, *, socket: Path, kubeconfig: Path, log: Path, args: Sequence[str] = ("-v=5",)
+) -> subprocess.Popen[bytes]:
+    """A CSI controller sidecar (csi-provisioner, csi-snapshotter, ...) for the driver on
+    `socket`, talking to the apiserver as `kubeconfig`, with `args`, its output in `log`."""
+    with log.open("wb") as out:
+        return subprocess.Popen(
+            [str(binary), f"--csi-address={socket}", f"--kubeconfig={kubeconfig}", *args],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
+
+
+def print_log_tails(logs: Sequence[Path], lines: int = 25) -> None:
+    """The last `lines` lines of each log, for pytest's captured output of a failure."""
+    for log in logs:
+        text = log.read_text(errors="replace").splitlines() if log.exists() else []
+        print(f"--- {log.name}\n" + "\n".join(text[-lines:]))
 
 
 def _connects(socket: Path) -> bool:
