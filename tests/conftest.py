@@ -45,7 +45,6 @@ if not os.environ.get("KLET_CSI_TESTS"):
         "cluster/test_csi_sidecars.py",
         "cluster/test_csi_block.py",
         "cluster/test_csi_snapshots.py",
-        "cluster/test_csi_database.py",
     ]
 # kubeadm init/join/reset with klet as the kubelet runs in a mount and network namespace
 # of its own and takes about two minutes: only `make test-kubeadm` (KLET_KUBEADM_TESTS=1,

@@ -21,8 +21,10 @@ PY=.venv/bin/python
 mkdir -p .cache
 builds_log=.cache/test-builds.log
 
-# kubeadm-binary: kubeadm's smoke (tests/kubeadm/test_kubeadm_in_make_test.py)
-nice -n 19 make --no-print-directory cluster-binaries kubeadm-binary helm-binaries e2e-binaries \
+# kubeadm-binary: kubeadm's smoke (tests/kubeadm/test_kubeadm_in_make_test.py);
+# csi-test-binaries: the CSI components of the CSI tests in make test (the database on
+# csi-hostpath among them), so none of them builds inside a test.
+nice -n 19 make --no-print-directory cluster-binaries kubeadm-binary helm-binaries e2e-binaries csi-test-binaries \
   >"$builds_log" 2>&1 &
 builds=$!
 # Whatever happens to this script, the builds do not outlive it.

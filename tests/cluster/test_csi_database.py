@@ -24,9 +24,13 @@ re-published" is the mount table, not the call count. Finally the pod is deleted
 the StatefulSet recreates it on the node on the same claim, and the new server reads
 the keys back from the append-only file.
 
-Needs hostpathplugin, csi-node-driver-registrar and csi-provisioner (`make
-csi-binaries`) and the klet-redis image: only `make test-csi` (KLET_CSI_TESTS=1)
-collects it.
+Needs hostpathplugin, csi-node-driver-registrar and csi-provisioner (tools/test.sh builds
+them in the background during `make test`'s first session: `make csi-test-binaries`) and
+the klet-redis image (its layers cached by the compose tier's build). It runs in `make
+test` and `make test-csi`. Without the release sources hostpathplugin and the registrar
+are built from (../shared/third_party/kubernetes-csi or $KLET_CSI_SRC), the module
+skips before starting anything, with the reason and how to supply them in pytest's
+summary (`-rs`).
 """
 
 from __future__ import annotations
@@ -56,6 +60,7 @@ from tests.harness.csi import (
     namespace,
     persistent_driver_and_class,
     print_log_tails,
+    release_sources_missing,
     start_hostpathplugin,
     start_sidecar,
     stop_process,
@@ -73,6 +78,10 @@ POD_SYNCS = "kubelet_pod_worker_duration_seconds_count"
 REPO = Path(__file__).resolve().parents[2]
 
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(900)]
+
+_missing = release_sources_missing()
+if _missing is not None:
+    pytest.skip(_missing, allow_module_level=True)
 
 
 @pytest.fixture(scope="module")

@@ -7,6 +7,8 @@ cold build takes minutes: `make csi-binaries`, before `make test-csi`).
 `Registrar.start` runs upstream's node-driver-registrar for a driver.
 `MockDriver.start` runs csi-mock with `-v=3`, so its log holds one JSON `gRPCCall:` line
 per CSI call it served, which `grpc_methods()` reads.
+`release_sources_missing` says why the components built from release sources cannot be
+built here (their directory is absent), for a test to skip with that reason.
 `start_hostpathplugin` runs upstream's csi-hostpath driver as a host process (restartable
 on its state directory); `grpc_calls` counts the calls its log shows.
 `start_sidecar` runs a controller sidecar (csi-provisioner, csi-snapshotter) beside a
@@ -17,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import socket as unix
 import subprocess
 import uuid
@@ -102,6 +105,24 @@ def namespace(cp: ControlPlane, prefix: str) -> Iterator[str]:
         yield name
     finally:
         cp.kubectl("delete", "namespace", name, "--wait=false")
+
+
+def release_sources_missing() -> str | None:
+    """Why the components built from release sources (hostpathplugin,
+    csi-node-driver-registrar, ...) cannot be built here, as tools/csi/build.sh says it,
+    or None when their directory exists ($KLET_CSI_SRC, else ../shared/third_party/
+    kubernetes-csi beside the repository). A wrong or missing archive inside it is not
+    this: build.sh fails on it, and so does the test."""
+    src = Path(
+        os.environ.get("KLET_CSI_SRC") or REPO.parent / "shared" / "third_party" / "kubernetes-csi"
+    )
+    if src.is_dir():
+        return None
+    return (
+        f"no CSI release sources: {src} does not exist; put the release archives there with "
+        "their SHA256SUMS (see ../shared/third_party/README.md: each upstream tree at its tag "
+        "with its committed vendor/), or point KLET_CSI_SRC at a directory that holds them"
+    )
 
 
 def csi_binaries(names: Sequence[str]) -> dict[str, Path]:
