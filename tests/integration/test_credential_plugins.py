@@ -11,7 +11,9 @@ the test sees the exec protocol (the repository as the image, the configured arg
 env, the kubelet's environment kept) and the cache (cacheKeyType Registry: two images of
 the registry, one run), and syncloop serves upstream's plugin metrics. The exec's
 failure paths (non-zero exit with its stderr, the timeout, a bad answer) run against
-real processes too, and a cancelled run (syncloop stopping) kills its plugin.
+real processes too, counted in upstream's kubelet_credential_provider_plugin_duration and
+_errors_total as upstream's runPlugin counts them, and a cancelled run (syncloop
+stopping) kills its plugin.
 """
 
 from __future__ import annotations
@@ -28,6 +30,8 @@ import pytest
 from klet.config.credentialproviders import CredentialProvider
 from klet.devstack import DevStack
 from klet.syncloop.containers.credentialplugins import ExecPlugin, PluginFailed
+from klet.syncloop.metrics import CredentialProviderMetrics
+from prometheus_client import CollectorRegistry
 
 from tests.harness.node import KletNode
 from tests.harness.waiting import wait_for
@@ -157,7 +161,14 @@ providers:
     )
 
 
-def _exec(bin_dir: Path, log: Path, mode: str, *, timeout: float = 60.0) -> ExecPlugin:
+def _exec(
+    bin_dir: Path,
+    log: Path,
+    mode: str,
+    *,
+    timeout: float = 60.0,
+    observer: CredentialProviderMetrics | None = None,
+) -> ExecPlugin:
     provider = CredentialProvider(
         name="test-credential-provider",
         match_images=("r.io",),
@@ -171,23 +182,38 @@ def _exec(bin_dir: Path, log: Path, mode: str, *, timeout: float = 60.0) -> Exec
             ("PLUGIN_PASSWORD", "p"),
         ),
     )
-    return ExecPlugin(provider, bin_dir, timeout=timeout)
+    if observer is None:
+        return ExecPlugin(provider, bin_dir, timeout=timeout)
+    return ExecPlugin(provider, bin_dir, timeout=timeout, observer=observer)
 
 
 async def test_exec_failures_name_the_plugin_and_why(tmp_path: Path) -> None:
     bin_dir, log = tmp_path / "bin", tmp_path / "log"
     install_plugin(bin_dir)
-    answer = await _exec(bin_dir, log, "")("r.io/app")
+    registry = CollectorRegistry()
+    seen = CredentialProviderMetrics.create(registry, config_hash="sha256:00")
+    answer = await _exec(bin_dir, log, "", observer=seen)("r.io/app")
     assert answer.cache_key_type == "Registry" and answer.auth["r.io"].username == "u"
     with pytest.raises(PluginFailed, match="exit status 3: no credentials today"):
-        await _exec(bin_dir, log, "fail")("r.io/app")
+        await _exec(bin_dir, log, "fail", observer=seen)("r.io/app")
     with pytest.raises(PluginFailed, match="error decoding credential provider plugin response"):
-        await _exec(bin_dir, log, "garbage")("r.io/app")
+        await _exec(bin_dir, log, "garbage", observer=seen)("r.io/app")
     with pytest.raises(PluginFailed, match="for image r.io/app: timed out after 0.5s"):
-        await _exec(bin_dir, log, "sleep", timeout=0.5)("r.io/app")
+        await _exec(bin_dir, log, "sleep", timeout=0.5, observer=seen)("r.io/app")
     with pytest.raises(PluginFailed, match="error execing credential provider plugin"):
-        await _exec(tmp_path / "nowhere", log, "")("r.io/app")
+        await _exec(tmp_path / "nowhere", log, "", observer=seen)("r.io/app")
     assert len(requests(log)) == 4
+    # upstream's plugin metrics: every run timed; the runs that did not exit 0 (the
+    # exit 3, the timeout, the exec that found no file) are errors, as upstream's
+    # runPlugin counts them; an answer that does not decode ran fine.
+    plugin = {"plugin_name": "test-credential-provider"}
+    prefix = "kubelet_credential_provider_plugin"
+    assert registry.get_sample_value(f"{prefix}_duration_count", plugin) == 5
+    assert registry.get_sample_value(f"{prefix}_errors_total", plugin) == 3
+    sleeping = registry.get_sample_value(f"{prefix}_duration_sum", plugin)
+    assert sleeping is not None and sleeping >= 0.5
+    info = {"hash": "sha256:00"}
+    assert registry.get_sample_value("kubelet_credential_provider_config_info", info) == 1
 
 
 def _gone_or_zombie(pid: int) -> bool:
