@@ -200,13 +200,6 @@ MISSING: Mapping[str, tuple[str, ...]] = {
         "klet's httpGet hooks do not retry over HTTP when an HTTPS hook gets an HTTP answer "
         "(upstream's fallback, with its LifecycleHTTPFallback event): nothing to count yet"
     ): ("/metrics kubelet_lifecycle_handler_http_fallbacks_total",),
-    (
-        "served by klet only when the feature is configured; upstream registers it always "
-        "(shutdownGracePeriod)"
-    ): (
-        "/metrics kubelet_graceful_shutdown_end_time_seconds",
-        "/metrics kubelet_graceful_shutdown_start_time_seconds",
-    ),
     "the apiserver client's rate limiter waits are not timed": (
         "/metrics rest_client_rate_limiter_duration_seconds",
     ),

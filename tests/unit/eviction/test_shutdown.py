@@ -8,7 +8,8 @@ it stays short; the lock taken at start and released after the shutdown; groups 
 lowest priority first with upstream's reason and message, the next group after the
 previous one is down or its period is over; the Ready contribution written by the leader
 only; a cancellation clears it and takes the lock again; a shutdown already under way at
-start is handled at once; the state file keeps the times across a restart; the root task
+start is handled at once; the state file keeps the times across a restart, and a node
+without periods serves both time gauges at 0, as upstream; the root task
 retries a manager that cannot watch 1 s doubling to 30 s, starting over after a run that
 watched, and logs each changed reason once; a node without periods never loads logind's
 client (dbus-fast), checked in a fresh interpreter (issue 42).
@@ -27,7 +28,9 @@ from pathlib import Path
 from typing import cast
 
 import pytest
-from klet.eviction.manager import ActivePod
+from klet.config.kubelet import KubeletConfiguration
+from klet.eviction import shutdown
+from klet.eviction.manager import ActivePod, NodeEvent, PodKiller, PodLister
 from klet.eviction.shutdown import (
     MESSAGE,
     REASON,
@@ -46,6 +49,7 @@ from klet.model.node import NODE_SHUTTING_DOWN
 from klet.model.pod import SYSTEM_CRITICAL_PRIORITY
 from klet.model.records import NodeConditionRecord
 from klet.model.types import JSON, PodUID
+from prometheus_client import CollectorRegistry
 
 
 def _pod(name: str, priority: int | None = None, grace: int | None = None) -> ActivePod:
@@ -339,6 +343,28 @@ async def test_supervise_backs_off_and_starts_over_after_a_run_that_watched(
         if r.getMessage().startswith("node shutdown manager cannot watch")
     ]
     assert logged == [("no bus", 8.0), ("bus lost", 8.0), ("no bus", 16.0)]
+
+
+def test_a_node_without_periods_serves_the_shutdown_times_at_zero() -> None:
+    """Upstream registers both gauges whenever its graceful shutdown gates are on, and its
+    stub manager (no periods) never sets them: they are served at 0."""
+    registry = CollectorRegistry()
+    built = shutdown.build(
+        KubeletConfiguration(),
+        root_dir=Path("/nonexistent"),
+        pods=cast(PodLister, None),
+        killer=cast(PodKiller, None),
+        conditions=cast(shutdown.ReadyTable, None),
+        node_event=cast(NodeEvent, None),
+        leading=lambda: True,
+        registry=registry,
+    )
+    assert built is None
+    for name in (
+        "kubelet_graceful_shutdown_start_time_seconds",
+        "kubelet_graceful_shutdown_end_time_seconds",
+    ):
+        assert registry.get_sample_value(name) == 0.0
 
 
 def test_a_node_without_periods_does_not_load_logind_or_dbus() -> None:

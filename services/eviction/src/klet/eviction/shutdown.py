@@ -38,7 +38,8 @@ How it behaves, restated from upstream's `pkg/kubelet/nodeshutdown`:
   finishes the job, and with two replicas a restart never leaves the node unlocked.
 - **Metrics.** `kubelet_graceful_shutdown_start_time_seconds` and
   `kubelet_graceful_shutdown_end_time_seconds`, kept across restarts in
-  `<root-dir>/graceful_node_shutdown_state` as upstream keeps them.
+  `<root-dir>/graceful_node_shutdown_state` as upstream keeps them; served at 0 by a
+  node without periods, as upstream registers them whatever the configuration.
 """
 
 from __future__ import annotations
@@ -498,7 +499,12 @@ def build(
     logind: Logind | None = None,
 ) -> ShutdownManager | None:
     """The manager for this configuration, or None when no grace period is set (then
-    the node shuts down at once, as upstream's)."""
+    the node shuts down at once, as upstream's).
+
+    The two time gauges are registered either way: upstream's metrics.Register adds them
+    whenever its GracefulNodeShutdown gates are on (always, in klet), so a node without
+    periods serves them at 0, as upstream's stub manager leaves them."""
+    set_times = time_gauges(registry)
     plan = periods(
         grace_s=kubelet.shutdown_grace_period,
         critical_s=kubelet.shutdown_grace_period_critical_pods,
@@ -518,6 +524,6 @@ def build(
         node_event=node_event,
         state=StateFile(root_dir / STATE_FILE),
         leading=leading,
-        set_times=time_gauges(registry),
+        set_times=set_times,
     )
     return ShutdownManager(deps, plan)
