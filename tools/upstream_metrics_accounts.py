@@ -196,10 +196,6 @@ MISSING: Mapping[str, tuple[str, ...]] = {
         "(upstream's CriticalPodAdmissionHandler): it refuses it like any other, so there "
         "is nothing to count yet"
     ): ("/metrics kubelet_preemptions",),
-    (
-        "klet's httpGet hooks do not retry over HTTP when an HTTPS hook gets an HTTP answer "
-        "(upstream's fallback, with its LifecycleHTTPFallback event): nothing to count yet"
-    ): ("/metrics kubelet_lifecycle_handler_http_fallbacks_total",),
     "the apiserver client's rate limiter waits are not timed": (
         "/metrics rest_client_rate_limiter_duration_seconds",
     ),

@@ -8,7 +8,10 @@ defaults, spec headers overriding them, an empty Accept removed, the Host header
 port by name and the errors for unknown names and bad numbers, same-host redirects
 followed, another host's redirect reported as success with a warning, a redirect loop
 stopped after 10, a timeout, a refused connection worded as Go's, HTTPS without
-certificate verification; tcpSocket connect and refusal; gRPC health SERVING,
+certificate verification; an HTTPS request a plain-HTTP server answers failing with Go's
+"server gave HTTP response to HTTPS client" (a non-HTTP answer does not), and the
+hooks' fallback: sent again over HTTP without Authorization, its host:port returned when
+answered, the HTTPS error kept when not; tcpSocket connect and refusal; gRPC health SERVING,
 NOT_SERVING, an unknown service, a server without the health service, and nobody
 listening within the timeout.
 """
@@ -170,7 +173,7 @@ async def http(web: Web, **action: Any) -> HandlerResult:
 
 
 async def test_http_success_sends_upstream_headers(web: Web) -> None:
-    assert await http(web, path="/ok") == HandlerResult(True, "all good")
+    assert await http(web, path="/ok") == HandlerResult(True, "all good", answered=True)
     seen = web.requests[-1]
     assert seen.path == "/ok"
     assert seen.headers["user-agent"] == "kube-probe/1.34"
@@ -196,7 +199,7 @@ async def test_http_spec_headers_override_defaults(web: Web) -> None:
 
 async def test_http_failure_status_hides_the_body(web: Web) -> None:
     assert await http(web, path="/fail") == HandlerResult(
-        False, "HTTP probe failed with statuscode: 503"
+        False, "HTTP probe failed with statuscode: 503", answered=True
     )
 
 
@@ -220,12 +223,12 @@ async def test_http_port_by_name_and_port_errors(web: Web) -> None:
 
 async def test_http_redirects(web: Web) -> None:
     same = await http(web, path="/same")
-    assert same == HandlerResult(True, "all good")
+    assert same == HandlerResult(True, "all good", answered=True)
     assert [r.path for r in web.requests] == ["/same", "/ok?via=redirect"]
 
     other = await http(web, path="/other")
     assert other == HandlerResult(
-        True, "Probe terminated redirects, Response body: moved", warning=True
+        True, "Probe terminated redirects, Response body: moved", warning=True, answered=True
     )
     assert web.requests[-1].path == "/other"  # not followed to localhost
 
@@ -294,10 +297,126 @@ async def test_https_without_certificate_verification(tmp_path: Path) -> None:
             container={},
             timeout_s=2,
         )
-        assert result == HandlerResult(True, "all good")
+        assert result == HandlerResult(True, "all good", answered=True)
     finally:
         server.close()
         await server.wait_closed()
+
+
+# -- HTTPS answered in plain HTTP --------------------------------------------------------
+
+
+@dataclass
+class PlainServer:
+    """A plain-HTTP server that answers a TLS ClientHello as Go's net/http does (400 Bad
+    Request: it cannot parse it as a request), or with `tls_answer` when set; an HTTP
+    request gets 200 unless `drop_http` (then the connection is closed unanswered)."""
+
+    port: int = 0
+    tls_answer: bytes = b"HTTP/1.1 400 Bad Request\r\nConnection: close\r\n\r\n400 Bad Request"
+    drop_http: bool = False
+    handshakes: int = 0
+    requests: list[str] = field(default_factory=list)
+
+    async def serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            first = await reader.read(1)
+            if first == b"\x16":  # a TLS handshake record
+                self.handshakes += 1
+                writer.write(self.tls_answer)
+            elif first:
+                head = first + await reader.readuntil(b"\r\n\r\n")
+                self.requests.append(head.decode())
+                if not self.drop_http:
+                    writer.write(_response(200, b"plain"))
+            await writer.drain()
+        finally:
+            writer.close()
+
+
+@pytest.fixture
+async def plain() -> AsyncIterator[PlainServer]:
+    state = PlainServer()
+    server = await asyncio.start_server(state.serve, "127.0.0.1", 0)
+    state.port = server.sockets[0].getsockname()[1]
+    yield state
+    server.close()
+    await server.wait_closed()
+
+
+def https_action(port: int) -> dict[str, Any]:
+    return {
+        "port": port,
+        "path": "/hook",
+        "scheme": "HTTPS",
+        "httpHeaders": [
+            {"name": "Authorization", "value": "Bearer secret"},
+            {"name": "X-Custom", "value": "kept"},
+        ],
+    }
+
+
+async def test_a_probe_over_https_answered_in_plain_http_fails_as_gos_scheme_mismatch(
+    plain: PlainServer,
+) -> None:
+    result = await handlers.run_http_get(
+        https_action(plain.port), pod_ip="127.0.0.1", container={}, timeout_s=2
+    )
+    assert result == HandlerResult(
+        False,
+        f'Get "https://127.0.0.1:{plain.port}/hook": '
+        "http: server gave HTTP response to HTTPS client",
+        scheme_mismatch=True,
+    )
+    assert (plain.handshakes, plain.requests) == (1, [])  # probes do not fall back
+
+
+async def test_http_fallback_sends_the_request_again_over_http_without_authorization(
+    plain: PlainServer,
+) -> None:
+    result = await handlers.run_http_get(
+        https_action(plain.port),
+        pod_ip="127.0.0.1",
+        container={},
+        timeout_s=2,
+        http_fallback=True,
+    )
+    assert result == HandlerResult(True, "plain", answered=True, fallback=f"127.0.0.1:{plain.port}")
+    [request] = plain.requests
+    assert request.startswith("GET /hook HTTP/1.1\r\n")
+    assert "X-Custom: kept" in request
+    assert "authorization" not in request.lower()
+    assert plain.handshakes == 1
+
+
+async def test_an_unanswered_http_fallback_keeps_the_https_error(plain: PlainServer) -> None:
+    plain.drop_http = True
+    result = await handlers.run_http_get(
+        https_action(plain.port),
+        pod_ip="127.0.0.1",
+        container={},
+        timeout_s=2,
+        http_fallback=True,
+    )
+    assert result.scheme_mismatch and not result.ok and result.fallback == ""
+    assert result.message.endswith("http: server gave HTTP response to HTTPS client")
+    assert len(plain.requests) == 1  # the retry was sent, and got no answer
+
+
+async def test_an_answer_that_is_neither_tls_nor_http_is_no_scheme_mismatch(
+    plain: PlainServer,
+) -> None:
+    plain.tls_answer = b"SSH-2.0-OpenSSH_9.2\r\n"
+    result = await handlers.run_http_get(
+        https_action(plain.port),
+        pod_ip="127.0.0.1",
+        container={},
+        timeout_s=2,
+        http_fallback=True,
+    )
+    assert not result.ok and not result.scheme_mismatch and result.fallback == ""
+    assert "server gave HTTP response" not in result.message
+    assert plain.requests == []  # Go falls back only on an `HTTP/` record; so does klet
 
 
 # -- tcpSocket -------------------------------------------------------------------------

@@ -9,7 +9,10 @@ period with a 2 s floor; a failure records FailedPreStopHook and the stop goes o
 hooks of several containers run in parallel; a hook is cut off at the grace period),
 the `sleep` action bounded by the grace period (counted in
 kubelet_sleep_action_terminated_early_total when cut short), httpGet delivery (any HTTP answer
-counts; a refused connection fails), tcpSocket failing as upstream's invalid handler,
+counts; a refused connection fails; an HTTPS hook a plain-HTTP server answers is
+delivered over HTTP with the LifecycleHTTPFallback Event and
+kubelet_lifecycle_handler_http_fallbacks_total, or fails with Go's scheme-mismatch error
+when the HTTP retry is not answered), tcpSocket failing as upstream's invalid handler,
 and the grace period chosen from spec, deletion and override.
 """
 
@@ -350,6 +353,77 @@ async def test_http_post_start_fails_when_nobody_listens(w: World) -> None:
     assert reason == "PostStartHookError"
     assert message.startswith('HTTP lifecycle hook (/x) for Container "app"')
     assert "connection refused" in message
+
+
+async def _serve_plain_http(requests: list[bytes], *, answer_http: bool = True) -> asyncio.Server:
+    """A plain-HTTP server: a TLS ClientHello gets Go's 400 Bad Request, an HTTP request
+    200 (or, without `answer_http`, the connection closed unanswered)."""
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        first = await reader.read(1)
+        if first == b"\x16":
+            writer.write(b"HTTP/1.1 400 Bad Request\r\nConnection: close\r\n\r\n")
+        elif first:
+            requests.append(first + await reader.readuntil(b"\r\n\r\n"))
+            if answer_http:
+                writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n")
+        await writer.drain()
+        writer.close()
+
+    return await asyncio.start_server(handle, "127.0.0.1", 0)
+
+
+def https_hook(port: int) -> dict[str, Any]:
+    return {"httpGet": {"host": "127.0.0.1", "port": port, "path": "/started", "scheme": "HTTPS"}}
+
+
+async def test_https_hook_answered_in_plain_http_falls_back_with_event_and_count(
+    w: World,
+) -> None:
+    requests: list[bytes] = []
+    server = await _serve_plain_http(requests)
+    port = server.sockets[0].getsockname()[1]
+    try:
+        result = await w.sync(with_hooks(pod("app"), "app", postStart=https_hook(port)))
+    finally:
+        server.close()
+        await server.wait_closed()
+    assert result.waiting == {}
+    assert w.latest("app").state == ContainerState.RUNNING
+    [request] = requests
+    assert request.startswith(b"GET /started HTTP/1.1")
+    assert w.events.of("LifecycleHTTPFallback") == [
+        (
+            "Warning",
+            "LifecycleHTTPFallback",
+            f"request to HTTPS lifecycle hook 127.0.0.1:{port} got HTTP response, "
+            "retry with HTTP succeeded",
+            "",
+        )
+    ]
+    assert w.registry.get_sample_value("kubelet_lifecycle_handler_http_fallbacks_total") == 1
+    assert w.events.of("FailedPostStartHook") == []
+
+
+async def test_https_hook_whose_http_retry_is_unanswered_fails_with_the_https_error(
+    w: World,
+) -> None:
+    requests: list[bytes] = []
+    server = await _serve_plain_http(requests, answer_http=False)
+    port = server.sockets[0].getsockname()[1]
+    try:
+        result = await w.sync(with_hooks(pod("app"), "app", postStart=https_hook(port)))
+    finally:
+        server.close()
+        await server.wait_closed()
+    reason, message = result.waiting["app"]
+    assert reason == "PostStartHookError"
+    assert message.endswith(
+        f'Get "https://127.0.0.1:{port}/started": http: server gave HTTP response to HTTPS client'
+    )
+    assert len(requests) == 1  # the retry went out
+    assert w.events.of("LifecycleHTTPFallback") == []
+    assert w.registry.get_sample_value("kubelet_lifecycle_handler_http_fallbacks_total") == 0
 
 
 # -- grace periods -----------------------------------------------------------------------

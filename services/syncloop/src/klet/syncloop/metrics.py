@@ -34,6 +34,8 @@ buckets (the HELP texts are ours); where each is observed follows upstream's cal
   meanwhile), counted once it is killed;
 - `kubelet_sleep_action_terminated_early_total`: a lifecycle hook's sleep action that
   ended before its seconds were up (the grace period or the hook's timeout ran out);
+  `kubelet_lifecycle_handler_http_fallbacks_total`: an HTTPS httpGet hook whose server
+  answered in plain HTTP, delivered by the retry over HTTP (`containers/hooks.py`);
 - `kubelet_working_pods{lifecycle, config, static}`: the pods with a worker after each
   relist, every valid combination set (zeros too) as upstream's housekeeping does
   (`pods.podstate.working_pod`);
@@ -419,6 +421,7 @@ class Metrics:
     restarted_pods: Counter
     orphaned_runtime_pods: Counter
     sleeps_cut_short: Counter
+    http_fallbacks: Counter
     bad_bus_entries: Counter
     bus_errors: Counter
     admission_rejections: Counter
@@ -841,6 +844,11 @@ def create_metrics(registry: CollectorRegistry, *, started_at: float | None = No
         sleeps_cut_short=Counter(
             "kubelet_sleep_action_terminated_early",
             "The number of times lifecycle sleep handler got terminated before it finishes",
+            registry=registry,
+        ),
+        http_fallbacks=Counter(
+            "kubelet_lifecycle_handler_http_fallbacks",
+            "HTTPS httpGet lifecycle hooks answered in plain HTTP and delivered over HTTP",
             registry=registry,
         ),
         orphaned_runtime_pods=Counter(

@@ -397,6 +397,7 @@ def build_deps(settings: Settings, overrides: Overrides | None = None) -> Deps:
         sleep=sleep,
         stops=exits,  # its own stops' events need no confirmation (runtime.py)
         on_sleep_cut_short=metrics.sleeps_cut_short.inc,
+        on_http_fallback=metrics.http_fallbacks.inc,
     )
     syncer = PodSyncer(
         cri=cri,

@@ -13,6 +13,16 @@ it (an empty Accept removes it), 200..399 is success, redirects to the same host
 followed (at most 10), a redirect to another host is not followed and counts as success
 with a warning, and at most 10 KiB of the body is read. The timeout covers the whole
 exchange, redirects included.
+
+An HTTPS request that a plain-HTTP server answers fails as Go's client fails it, `http:
+server gave HTTP response to HTTPS client` (`scheme_mismatch`): Go decides so when the
+first TLS record header it reads is `HTTP/`, and so does klet, reading that header
+through the TLS context's message callback (OpenSSL's own error, "wrong version
+number", says only that the answer was not TLS). Probes stop there, as upstream's do;
+lifecycle hooks ask for `http_fallback`, upstream's runHTTPHandler: the same request
+again over HTTP without its Authorization header, and when that one is answered (any
+status) the result says which host:port it fell back on (`fallback`), for the hook's
+Event and counter.
 """
 
 from __future__ import annotations
@@ -21,7 +31,7 @@ import asyncio
 import errno
 import math
 import ssl
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Protocol
 from urllib.parse import urljoin, urlsplit
 
@@ -45,6 +55,9 @@ class HandlerResult:
     message: str  # output / error text, as upstream reports it in events
     warning: bool = False  # ok, but upstream records a ProbeWarning event with `message`
     error: bool = False  # the handler could not run at all (upstream's probe error)
+    answered: bool = False  # httpGet: the server answered, whatever the status code
+    scheme_mismatch: bool = False  # httpGet: an HTTPS request got a plain-HTTP answer
+    fallback: str = ""  # httpGet: host:port the HTTPS request was retried on over HTTP
 
 
 class ExecRunner(Protocol):
@@ -155,6 +168,40 @@ def _insecure_tls() -> ssl.SSLContext:
     return _tls
 
 
+SCHEME_MISMATCH = "http: server gave HTTP response to HTTPS client"  # Go's ErrSchemeMismatch
+_RECORD_HEADER = 256  # ssl's _TLSContentType.HEADER: the 5 bytes before each record
+
+
+class _AnswerSniffer:
+    """A TLS context for one request that notes whether the server answered in plain
+    HTTP: a record header read as `HTTP/` (Go's RecordHeaderError check). OpenSSL hands
+    every record header to the context's message callback before it checks the record,
+    so the header of the answer that fails the handshake is seen. One context per
+    request (about 1 ms to make), so concurrent requests never share the note."""
+
+    def __init__(self) -> None:
+        self.http_answer = False
+        ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+        ctx.check_hostname = False
+        ctx.verify_mode = ssl.CERT_NONE  # upstream probes and hooks never verify
+        # CPython's SSLContext._msg_callback (OpenSSL's SSL_CTX_set_msg_callback): the
+        # only way the record bytes reach Python when the handshake fails.
+        setattr(ctx, "_msg_callback", self._record)  # noqa: B010 (absent from typeshed)
+        self.context = ctx
+
+    def _record(
+        self,
+        conn: object,
+        direction: str,
+        version: object,
+        content_type: int,
+        msg_type: object,
+        data: bytes,
+    ) -> None:
+        if direction == "read" and content_type == _RECORD_HEADER and data[:5] == b"HTTP/":
+            self.http_answer = True
+
+
 def _os_error(err: BaseException | None, depth: int = 0) -> OSError | None:
     """The first OSError with an errno behind `err` (causes, contexts, exception groups)."""
     if err is None or depth > 10:
@@ -216,24 +263,62 @@ class _TooManyRedirects(Exception):
         return f"stopped after {MAX_REDIRECTS} redirects"
 
 
+def _without_authorization(headers: list[tuple[str, str]]) -> list[tuple[str, str]]:
+    return [(n, v) for n, v in headers if n.lower() != "authorization"]
+
+
 async def run_http_get(
-    action: JSON, *, pod_ip: str, container: JSON, timeout_s: float
+    action: JSON,
+    *,
+    pod_ip: str,
+    container: JSON,
+    timeout_s: float,
+    http_fallback: bool = False,
 ) -> HandlerResult:
-    """One HTTP GET as upstream's prober sends it; see the module docstring."""
+    """One HTTP GET as upstream's prober sends it; see the module docstring.
+
+    `http_fallback` (lifecycle hooks): an HTTPS request answered in plain HTTP is sent
+    again over HTTP without its Authorization header; when that one gets an answer, its
+    result is returned with `fallback` set, else the HTTPS request's."""
     scheme = str(action.get("scheme") or "HTTP").lower()
     host = str(action.get("host") or pod_ip)
     try:
         port = resolve_port(action.get("port"), container)
     except ValueError as err:
         return HandlerResult(False, str(err), error=True)
-    url = probe_url(scheme, host, port, str(action.get("path") or ""))
+    path = str(action.get("path") or "")
     headers = request_headers(action)
+    result = await _http_get(scheme, host, port, path, headers, timeout_s=timeout_s)
+    if not (http_fallback and result.scheme_mismatch):
+        return result
+    retry = await _http_get(
+        "http", host, port, path, _without_authorization(headers), timeout_s=timeout_s
+    )
+    if not retry.answered:
+        return result  # upstream keeps the HTTPS request's error
+    return replace(retry, fallback=_host_port(host, port))
+
+
+async def _http_get(
+    scheme: str,
+    host: str,
+    port: int,
+    path: str,
+    headers: list[tuple[str, str]],
+    *,
+    timeout_s: float,
+) -> HandlerResult:
+    url = probe_url(scheme, host, port, path)
     # httpx (about 10 MB resident) loads with the first HTTP handler a pod has, not
     # with syncloop: most nodes probe by exec or TCP, or not at all.
     import httpx
 
+    sniffer = _AnswerSniffer() if scheme == "https" else None
     client = httpx.AsyncClient(
-        verify=_insecure_tls(), follow_redirects=False, timeout=None, trust_env=False
+        verify=sniffer.context if sniffer is not None else _insecure_tls(),
+        follow_redirects=False,
+        timeout=None,
+        trust_env=False,
     )
     # httpx adds its own defaults; a probe sends only what upstream's would.
     for name in ("User-Agent", "Accept", "Accept-Encoding"):
@@ -252,18 +337,21 @@ async def run_http_get(
         )
     except _TooManyRedirects as err:
         return HandlerResult(False, f'Get "{shown}": {err}')
-    except httpx.HTTPError as err:
-        return HandlerResult(False, f'Get "{shown}": {_dial_error(err, _host_port(host, port))}')
-    except OSError as err:
+    except (httpx.HTTPError, OSError) as err:
+        if sniffer is not None and sniffer.http_answer:
+            return HandlerResult(False, f'Get "{shown}": {SCHEME_MISMATCH}', scheme_mismatch=True)
         return HandlerResult(False, f'Get "{shown}": {_dial_error(err, _host_port(host, port))}')
     text = body.decode("utf-8", errors="replace")
     if 200 <= status < 400:
         if status >= 300:
             return HandlerResult(
-                True, f"Probe terminated redirects, Response body: {text}", warning=True
+                True,
+                f"Probe terminated redirects, Response body: {text}",
+                warning=True,
+                answered=True,
             )
-        return HandlerResult(True, text)
-    return HandlerResult(False, f"HTTP probe failed with statuscode: {status}")
+        return HandlerResult(True, text, answered=True)
+    return HandlerResult(False, f"HTTP probe failed with statuscode: {status}", answered=True)
 
 
 async def run_tcp(action: JSON, *, pod_ip: str, container: JSON, timeout_s: float) -> HandlerResult:

@@ -19,6 +19,12 @@ Upstream's rules, which the pod syncer relies on:
   (bounded by the grace period for preStop). `tcpSocket` is deprecated and accepted by
   validation, but upstream has no runner for it: a hook with only tcpSocket fails at run
   time with "Cannot run handler: invalid handler", and so does it here.
+- An HTTPS `httpGet` hook whose server answers in plain HTTP is sent again over HTTP
+  without its Authorization header (handlers.py); when that request is answered, the
+  hook is delivered, the pod gets `Warning LifecycleHTTPFallback "request to HTTPS
+  lifecycle hook <host:port> got HTTP response, retry with HTTP succeeded"` and
+  kubelet_lifecycle_handler_http_fallbacks_total counts it, as upstream's
+  runHTTPHandler (probes do not fall back there, nor here).
 
 A container whose pod spec is gone (removed while syncloop was down) still gets its
 preStop: the handler travels in the container's `io.kubernetes.container.preStopHandler`
@@ -49,7 +55,7 @@ log = logging.getLogger(__name__)
 
 LIFECYCLE_USER_AGENT = "kube-lifecycle/" + handlers.PROBE_USER_AGENT.partition("/")[2]
 POST_START_HOOK_ERROR = "PostStartHookError"
-_HTTP_STATUS_FAILURE = "HTTP probe failed with statuscode:"  # handlers.run_http_get's wording
+HTTP_FALLBACK = "LifecycleHTTPFallback"
 
 
 class HookRuntime(Protocol):
@@ -178,14 +184,18 @@ class LifecycleHooks:
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
         stops: StopNotes | None = None,
         on_sleep_cut_short: Callable[[], None] | None = None,
+        on_http_fallback: Callable[[], None] | None = None,
     ) -> None:
         """`host_ip` stands in for the pod IP of host-network pods (httpGet without host);
         `post_start_timeout_s` bounds a postStart hook (runtimeRequestTimeout: upstream
         sets none, and a hook that never returns would hold the pod worker forever);
         `stops` is told of every StopContainer (None where no PLEG watches events);
         `on_sleep_cut_short` of every sleep action ended before its seconds were up (the
-        time it was given ran out: upstream's kubelet_sleep_action_terminated_early_total)."""
+        time it was given ran out: upstream's kubelet_sleep_action_terminated_early_total);
+        `on_http_fallback` of every HTTPS httpGet hook delivered over HTTP instead
+        (upstream's kubelet_lifecycle_handler_http_fallbacks_total)."""
         self.stops = stops
+        self.on_http_fallback = on_http_fallback
         self.on_sleep_cut_short = on_sleep_cut_short
         self.cri = cri
         self.events = events
@@ -215,8 +225,11 @@ class LifecycleHooks:
                 pod_ip=pod_ip or self.host_ip,
                 container=container,
                 timeout_s=timeout_s,
+                http_fallback=True,
             )
-            if not result.ok and result.message.startswith(_HTTP_STATUS_FAILURE):
+            if result.fallback:
+                self._fell_back(pod, result.fallback)
+            if not result.ok and result.answered:
                 # Upstream's hook client only fails on transport errors: any answer,
                 # whatever its status code, means the hook was delivered.
                 result = HandlerResult(True, result.message)
@@ -235,6 +248,16 @@ class LifecycleHooks:
         if result.ok:
             return True, ""
         return False, failure_message(pod, container, handler, result, kind=kind)
+
+    def _fell_back(self, pod: JSON, host: str) -> None:
+        if self.on_http_fallback is not None:
+            self.on_http_fallback()
+        if pod:  # an orphan's preStop has no pod to record the Event on
+            message = (
+                f"request to HTTPS lifecycle hook {host} got HTTP response, "
+                "retry with HTTP succeeded"
+            )
+            self.events.emit(pod, "Warning", HTTP_FALLBACK, message)
 
     def _sleep_cut_short(self) -> None:
         if self.on_sleep_cut_short is not None:
