@@ -180,6 +180,17 @@ NOT_APPLICABLE: Mapping[str, tuple[str, ...]] = {
         "/metrics/cadvisor machine_nvm_capacity",
     ),
     (
+        "cAdvisor's CPU load reader, off in upstream's kubelet: cAdvisor's enable_load_reader "
+        "defaults to false (github.com/google/cadvisor v0.52.1 manager/container.go) and the "
+        "kubelet's deprecated --enable-load-reader, which alone turns it on, is refused by "
+        "klet; without the reader metrics/prometheus.go serves these at a constant 0 (the "
+        "reader itself asks netlink taskstats for a cgroup v1 cpu hierarchy's tasks)"
+    ): (
+        "/metrics/cadvisor container_cpu_load_average_10s",
+        "/metrics/cadvisor container_cpu_load_d_average_10s",
+        "/metrics/cadvisor container_tasks_state",
+    ),
+    (
         "declared by component-base's client-go adapter but never registered (its init() "
         "registers every other rest_client_* metric, not this one), so upstream's kubelet "
         "v1.34.4 never serves it either"
@@ -210,28 +221,6 @@ MISSING: Mapping[str, tuple[str, ...]] = {
     ),
     "volume operations are timed in storage_operation_duration_seconds only": (
         "/metrics volume_operation_total_seconds",
-    ),
-    "cAdvisor's own version; klet serves no cAdvisor build": (
-        "/metrics/cadvisor cadvisor_version_info",
-    ),
-    "per-device block I/O is summed, not served per device and operation": (
-        "/metrics/cadvisor container_blkio_device_usage_total",
-    ),
-    "cAdvisor's netlink task load is not read": (
-        "/metrics/cadvisor container_cpu_load_average_10s",
-        "/metrics/cadvisor container_cpu_load_d_average_10s",
-    ),
-    "cAdvisor's netlink task states are not read": ("/metrics/cadvisor container_tasks_state",),
-    "per-device disk statistics (/proc/diskstats) are not read": (
-        "/metrics/cadvisor container_fs_io_current",
-        "/metrics/cadvisor container_fs_io_time_seconds_total",
-        "/metrics/cadvisor container_fs_io_time_weighted_seconds_total",
-        "/metrics/cadvisor container_fs_read_seconds_total",
-        "/metrics/cadvisor container_fs_reads_merged_total",
-        "/metrics/cadvisor container_fs_sector_reads_total",
-        "/metrics/cadvisor container_fs_sector_writes_total",
-        "/metrics/cadvisor container_fs_write_seconds_total",
-        "/metrics/cadvisor container_fs_writes_merged_total",
     ),
     "swap usage per node/pod/container on /metrics/resource, not read by klet's stats yet": (
         "/metrics/resource container_swap_limit_bytes",

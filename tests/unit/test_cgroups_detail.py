@@ -1,8 +1,10 @@
 """The long cgroup readings behind /metrics/cadvisor (klet.cgroups.detail) on v1 and v2
 trees laid out under tmp_path: which file feeds which value and in which unit, "max",
 -1 and v1's page-rounded 2^63 read as no limit, a missing controller gives None and
-leaves the rest; the pure parsers (cpu.max, cpu.weight → shares, blkio, io.stat) over a
-table of inputs; the child cgroups and the processes of a cgroup tree."""
+leaves the rest; the bytes per block I/O operation (v1: every operation the file names;
+v2: io.stat's rbytes and wbytes as Read and Write); the pure parsers (cpu.max,
+cpu.weight → shares, blkio, io.stat) over a table of inputs; the child cgroups and the
+processes of a cgroup tree."""
 
 from __future__ import annotations
 
@@ -14,6 +16,7 @@ from klet.cgroups.detail import USER_HZ as HZ
 from klet.cgroups.detail import (
     BlkioDevice,
     CgroupDetail,
+    parse_blkio_ops,
     parse_blkio_v1,
     parse_cpu_max,
     parse_io_stat,
@@ -95,6 +98,7 @@ def test_v1_detail(tmp_path: Path) -> None:
         memory_pgmajfault=4,
         oom_kills=2,
         blkio={"8:0": BlkioDevice(4096, 8192, 1, 2)},
+        blkio_service_bytes={"8:0": {"Read": 4096, "Write": 8192, "Sync": 1, "Total": 12288}},
         threads=7,
         threads_max=None,
     )
@@ -168,6 +172,7 @@ def test_v2_detail(tmp_path: Path) -> None:
         memory_pgmajfault=7,
         oom_kills=1,
         blkio={"8:0": BlkioDevice(4096, 8192, 1, 2)},
+        blkio_service_bytes={"8:0": {"Read": 4096, "Write": 8192}},
         threads=3,
         threads_max=1024,
     )
@@ -230,6 +235,22 @@ def test_weight_to_shares(weight: int, shares: int) -> None:
 )
 def test_parse_blkio_v1(service_bytes: str, serviced: str, want: dict[str, BlkioDevice]) -> None:
     assert parse_blkio_v1(service_bytes, serviced) == want
+
+
+@pytest.mark.parametrize(
+    ("text", "want"),
+    [
+        ("", {}),
+        ("Total 0\n", {}),
+        (
+            "8:0 Read 10\n8:0 Write 20\n8:0 Discard 0\n8:16 Async 5\n8:16 Total 5\nTotal 35\n",
+            {"8:0": {"Read": 10, "Write": 20, "Discard": 0}, "8:16": {"Async": 5, "Total": 5}},
+        ),
+        ("garbage\n8:0 Read x\n8:0 Read\n", {}),
+    ],
+)
+def test_parse_blkio_ops(text: str, want: dict[str, dict[str, int]]) -> None:
+    assert parse_blkio_ops(text) == want
 
 
 @pytest.mark.parametrize(

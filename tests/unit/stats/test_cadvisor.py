@@ -5,7 +5,9 @@ bytes); absent readings are left out rather than served as 0, unlimited limits a
 the CFS series only appear with a quota; network per interface; machine_* facts;
 container_scrape_error follows the runtime, machine_scrape_error the machine facts; the
 process figures (fds, sockets, the first process's soft limits) and the root's
-filesystem inodes; the text rendering parses back; the /proc parsers (net/dev without
+filesystem inodes and per-device disk statistics (/proc/diskstats, times in seconds);
+block I/O bytes per device and operation; cadvisor_version_info; the text rendering
+parses back with each family's TYPE; the /proc parsers (net/dev without
 lo/veth, cpuinfo cores and sockets, limits); and containers' image
 names taken from the pod view's PodList."""
 
@@ -16,6 +18,7 @@ from klet.cgroups.detail import BlkioDevice, CgroupDetail
 from klet.stats.cadvisor import (
     CgroupSeries,
     CgroupSnapshot,
+    DiskStats,
     FsInodes,
     MachineFacts,
     NetDev,
@@ -23,6 +26,7 @@ from klet.stats.cadvisor import (
     WritableLayer,
     cadvisor_families,
     parse_cpuinfo,
+    parse_diskstats,
     parse_limits,
     parse_net_dev,
     parse_swap_total,
@@ -40,12 +44,24 @@ MACHINE = MachineFacts(
     boot_id="b",
     machine_id="m",
     swap_bytes=0,
+    kernel_version="6.1.0-18-amd64",
+    os_version="Debian GNU/Linux 12 (bookworm)",
 )
 ROOT = CgroupSeries(
     id="/",
-    detail=CgroupDetail(cpu_usage_ns=10**10, memory_usage=5000),
+    detail=CgroupDetail(
+        cpu_usage_ns=10**10,
+        memory_usage=5000,
+        # the root cgroup's own count of /dev/vdb wins over the disk's
+        blkio={"254:16": BlkioDevice(1, 2, 3, 4)},
+    ),
     start_s=100.0,
     inodes={"/dev/vda1": FsInodes(6_000_000, 5_500_000), "/dev/vdb": FsInodes(100, 90)},
+    disks={
+        "/dev/vda1": DiskStats(46, 2, 115, 305, 45, 43, 366, 63, 1, 17_250, 376),
+        "/dev/vdb": DiskStats(7, 0, 8, 9, 10, 0, 11, 12, 0, 13, 14),
+    },
+    blkio_devices={"254:16": "/dev/vdb"},
 )
 POD = CgroupSeries(
     id="/kubepods/burstable/podu1",
@@ -87,6 +103,7 @@ CTR = CgroupSeries(
         memory_pgfault=90,
         memory_pgmajfault=9,
         blkio={"8:0": BlkioDevice(4096, 8192, 1, 2)},
+        blkio_service_bytes={"8:0": {"Read": 4096, "Write": 8192, "Total": 12288}},
     ),
     fs=WritableLayer("/dev/vda1", 4096, 10**9),
     blkio_devices={"8:0": "/dev/sda"},
@@ -188,6 +205,32 @@ S = samples(SNAP)
         ("container_fs_inodes_free", ROOT, {"device": "/dev/vda1"}, 5.5e6),
         ("container_fs_inodes_total", ROOT, {"device": "/dev/vdb"}, 100.0),
         ("container_fs_inodes_free", ROOT, {"device": "/dev/vdb"}, 90.0),
+        # the root's filesystems' disks, from /proc/diskstats (times: ms → s)
+        ("container_fs_reads_total", ROOT, {"device": "/dev/vda1"}, 46.0),
+        ("container_fs_reads_total", ROOT, {"device": "/dev/vdb"}, 3.0),  # the cgroup's
+        ("container_fs_writes_total", ROOT, {"device": "/dev/vda1"}, 45.0),
+        ("container_fs_reads_merged_total", ROOT, {"device": "/dev/vda1"}, 2.0),
+        ("container_fs_sector_reads_total", ROOT, {"device": "/dev/vda1"}, 115.0),
+        ("container_fs_read_seconds_total", ROOT, {"device": "/dev/vda1"}, 0.305),
+        ("container_fs_writes_merged_total", ROOT, {"device": "/dev/vda1"}, 43.0),
+        ("container_fs_sector_writes_total", ROOT, {"device": "/dev/vda1"}, 366.0),
+        ("container_fs_write_seconds_total", ROOT, {"device": "/dev/vda1"}, 0.063),
+        ("container_fs_io_current", ROOT, {"device": "/dev/vda1"}, 1.0),
+        ("container_fs_io_time_seconds_total", ROOT, {"device": "/dev/vda1"}, 17.25),
+        ("container_fs_io_time_weighted_seconds_total", ROOT, {"device": "/dev/vda1"}, 0.376),
+        ("container_fs_io_current", ROOT, {"device": "/dev/vdb"}, 0.0),
+        (
+            "container_blkio_device_usage_total",
+            CTR,
+            {"device": "/dev/sda", "major": "8", "minor": "0", "operation": "Read"},
+            4096.0,
+        ),
+        (
+            "container_blkio_device_usage_total",
+            CTR,
+            {"device": "/dev/sda", "major": "8", "minor": "0", "operation": "Total"},
+            12288.0,
+        ),
         ("container_start_time_seconds", CTR, {}, 123.5),
         ("container_start_time_seconds", ROOT, {}, 100.0),
         ("container_last_seen", CTR, {}, 1_700_000_000.0),
@@ -222,11 +265,55 @@ def test_absent(metric: str, series: CgroupSeries) -> None:
 
 
 def test_network_and_fs_only_where_read() -> None:
+    # the disk statistics are the root's filesystems' alone; one series a device
+    for name in (
+        "container_fs_io_current",
+        "container_fs_io_time_seconds_total",
+        "container_fs_sector_writes_total",
+        "container_fs_read_seconds_total",
+    ):
+        assert sorted(dict(k)["device"] for k in S[name]) == ["/dev/vda1", "/dev/vdb"]
+        assert {dict(k)["id"] for k in S[name]} == {ROOT.id}
+    assert sorted((dict(k)["id"], dict(k)["device"]) for k in S["container_fs_reads_total"]) == [
+        ("/", "/dev/vda1"), ("/", "/dev/vdb"), (CTR.id, "/dev/sda"),
+    ]  # fmt: skip
+    # bytes by operation where the cgroup gave them: three operations of one device
+    assert [dict(k)["operation"] for k in S["container_blkio_device_usage_total"]] == [
+        "Read", "Total", "Write"
+    ]  # fmt: skip
     assert {dict(k)["id"] for k in S["container_network_receive_bytes_total"]} == {POD.id}
     assert {dict(k)["id"] for k in S["container_fs_usage_bytes"]} == {CTR.id}
     assert {dict(k)["id"] for k in S["container_fs_inodes_free"]} == {ROOT.id}
     # the soft limits of a container's first process: none on pod or node cgroups
     assert {dict(k)["id"] for k in S["container_ulimits_soft"]} == {CTR.id}
+
+
+def test_version_info_names_kernel_and_os() -> None:
+    want = {
+        "cadvisorRevision": "",  # upstream's kubelet build stamps none either
+        "cadvisorVersion": "",
+        "dockerVersion": "",
+        "kernelVersion": "6.1.0-18-amd64",
+        "osVersion": "Debian GNU/Linux 12 (bookworm)",
+    }
+    assert S["cadvisor_version_info"] == {tuple(sorted(want.items())): 1.0}
+    # served when the machine facts failed too: it is the container collector's
+    broken = MachineFacts(4, 2, 1, None, kernel_version="6.1", error="no MemTotal")
+    got = samples(CgroupSnapshot(time_ns=0, machine=broken))
+    assert [dict(k)["kernelVersion"] for k in got["cadvisor_version_info"]] == ["6.1"]
+
+
+def test_parse_diskstats() -> None:
+    text = (
+        " 254       0 vda 46 2 115 305 45 43 366 63 1 17 376 0 0 0 0 0 0\n"
+        " 254       1 vda1 1 2 3 4 5 6 7 8 9 10 11\n"  # a 4.18 kernel's eleven counters
+        "   7       0 loop0 0 0 0\n"  # too short
+        "   x       0 sdz 1 2 3 4 5 6 7 8 9 10 11\n"
+    )
+    assert parse_diskstats(text) == {
+        "254:0": DiskStats(46, 2, 115, 305, 45, 43, 366, 63, 1, 17, 376),
+        "254:1": DiskStats(1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11),
+    }
 
 
 def test_machine_and_scrape_error() -> None:
@@ -283,6 +370,15 @@ def test_render_parses_back_with_types() -> None:
     families = {f.name: f for f in text_string_to_metric_families(text)}
     assert families["container_cpu_usage_seconds"].type == "counter"
     assert families["container_memory_working_set_bytes"].type == "gauge"
+    for name in (
+        "container_fs_io_time_seconds",
+        "container_fs_sector_reads",
+        "container_blkio_device_usage",
+        "container_fs_write_seconds",
+    ):
+        assert families[name].type == "counter"
+    assert families["container_fs_io_current"].type == "gauge"
+    assert families["cadvisor_version_info"].type == "gauge"
     # cAdvisor's counter without _total keeps its name, untyped
     assert families["container_memory_failcnt"].type == "unknown"
     assert "container_memory_failcnt{" in text and "container_memory_failcnt_total" not in text

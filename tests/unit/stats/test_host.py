@@ -166,10 +166,22 @@ def test_ulimits_of_a_process(reader: HostReader) -> None:
     assert reader.ulimits(8) == {}
 
 
+def test_disk_stats_by_device_numbers(reader: HostReader) -> None:
+    assert reader.disk_stats() == {}  # no /proc/diskstats: none
+    write(
+        reader.proc / "diskstats",
+        " 254       0 vda 46 2 115 305 45 43 366 63 1 17 376 0 0 0 0 0 0\n"
+        "   7       0 loop0 0 0 0 0\n",
+    )
+    assert reader.disk_stats() == {"254:0": (46, 2, 115, 305, 45, 43, 366, 63, 1, 17, 376)}
+
+
 def test_machine_facts_and_their_error(reader: HostReader) -> None:
     write(reader.proc / "cpuinfo", "processor\t: 0\nphysical id\t: 0\ncore id\t: 0\n\n")
     facts = reader.machine()
     assert (facts.error, facts.memory_bytes, facts.physical_cores) == (None, 2 * 2**30, 1)
+    # cadvisor_version_info's kernel and OS: uname's release, os-release's PRETTY_NAME
+    assert facts.kernel_version == os.uname().release and facts.os_version
     (reader.proc / "cpuinfo").unlink()
     assert "cpuinfo" in (reader.machine().error or "")
     write(reader.proc / "cpuinfo", "processor\t: 0\n")  # arm64: no cores named, no error

@@ -4,8 +4,8 @@ each ready pod's cgroup with its network (read from the first process of the pod
 tree) and each running container whose cgroup exists (found by its ID among the pod
 cgroup's children, cgroupfs or systemd naming) with its labels, writable layer and
 process count, open files and sockets and the first process's soft limits; the
-root's filesystem inodes; block devices named from /sys; a runtime error leaves the node's
-cgroups."""
+root's filesystem inodes and the /proc/diskstats counters of its device; block devices
+named from /sys; a runtime error leaves the node's cgroups."""
 
 from __future__ import annotations
 
@@ -26,7 +26,7 @@ from klet.cri.types import (
 )
 from klet.model.types import ContainerID, SandboxID
 from klet.stats import HostReader, StatsProvider
-from klet.stats.cadvisor import CgroupSeries, NetDev, OpenFiles
+from klet.stats.cadvisor import CgroupSeries, DiskStats, NetDev, OpenFiles
 from klet.testbed.fakes.stats import FakeCgroups, FakeStatsRuntime
 
 UID = "1111-2222"
@@ -145,6 +145,23 @@ async def test_series_of_a_node_with_one_pod(tmp_path: Path) -> None:
     dev = os.stat(tmp_path).st_dev
     assert list(root.inodes) == [f"{os.major(dev)}:{os.minor(dev)}"]
     assert next(iter(root.inodes.values())).total == st.f_files
+    assert root.disks == {}  # no /proc/diskstats line for it
+
+
+async def test_the_root_carries_its_filesystems_disk_statistics(tmp_path: Path) -> None:
+    provider, _, _ = world(tmp_path)
+    dev = os.stat(tmp_path).st_dev
+    numbers = f"{os.major(dev)}:{os.minor(dev)}"
+    write(
+        tmp_path / "proc/diskstats",
+        f"{os.major(dev)} {os.minor(dev)} vdz 1 2 3 4 5 6 7 8 9 10 11 0 0 0 0\n"
+        f"{os.major(dev) + 1} 0 other 9 9 9 9 9 9 9 9 9 9 9\n",
+    )
+    snap = await provider.collect_cgroups()
+    root = snap.cgroups[0]
+    # the kubelet root's device (named by its numbers: no /sys entry here), once
+    assert root.disks == {numbers: DiskStats(1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11)}
+    assert all(not s.disks for s in snap.cgroups[1:])
 
 
 async def test_runtime_error_keeps_the_node(tmp_path: Path) -> None:

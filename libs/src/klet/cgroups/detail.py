@@ -27,7 +27,10 @@ Which file feeds which value, as cAdvisor reads them (v1 under
 - OOM kills: v1 memory.oom_control oom_kill; v2 memory.events oom_kill.
 - block I/O per device (bytes and operations read and written): v1
   blkio.throttle.io_service_bytes_recursive and io_serviced_recursive; v2 io.stat
-  rbytes, wbytes, rios, wios.
+  rbytes, wbytes, rios, wios. The bytes per operation as the file names them
+  (`blkio_service_bytes`, container_blkio_device_usage_total): v1 every line of
+  io_service_bytes (Read, Write, Sync, Async, Discard, Total), v2 rbytes and wbytes as
+  Read and Write, the two runc maps io.stat's bytes to.
 - threads and their limit: pids.current, pids.max.
 
 An unlimited limit is None ("max", -1, or v1's page-rounded 2^63).
@@ -44,6 +47,8 @@ from typing import NamedTuple
 __all__ = [
     "BlkioDevice",
     "CgroupDetail",
+    "io_stat_ops",
+    "parse_blkio_ops",
     "parse_blkio_v1",
     "parse_cpu_max",
     "parse_io_stat",
@@ -103,6 +108,8 @@ class CgroupDetail:
     oom_kills: int | None = None
     blkio: Mapping[str, BlkioDevice] = field(default_factory=dict)
     """"major:minor" → its I/O."""
+    blkio_service_bytes: Mapping[str, Mapping[str, int]] = field(default_factory=dict)
+    """"major:minor" → operation (Read, Write, ...) → bytes, as the cgroup counts them."""
     threads: int | None = None
     threads_max: int | None = None
 
@@ -161,6 +168,23 @@ def parse_blkio_v1(service_bytes: str, serviced: str) -> dict[str, BlkioDevice]:
         )
         for dev, v in acc.items()
     }
+
+
+def parse_blkio_ops(service_bytes: str) -> dict[str, dict[str, int]]:
+    """v1 blkio.throttle.io_service_bytes(_recursive) ("8:0 Read 4096", the final
+    "Total N" line skipped) → device → operation → bytes, operations named as the
+    file names them."""
+    out: dict[str, dict[str, int]] = {}
+    for line in service_bytes.splitlines():
+        parts = line.split()
+        if len(parts) == 3 and ":" in parts[0] and parts[2].isdigit():
+            out.setdefault(parts[0], {})[parts[1]] = int(parts[2])
+    return out
+
+
+def io_stat_ops(devices: Mapping[str, BlkioDevice]) -> dict[str, dict[str, int]]:
+    """v2's bytes per operation: io.stat's rbytes and wbytes as Read and Write."""
+    return {dev: {"Read": io.read_bytes, "Write": io.write_bytes} for dev, io in devices.items()}
 
 
 def parse_io_stat(text: str) -> dict[str, BlkioDevice]:
@@ -262,6 +286,7 @@ def read_detail_v1(root: Path, rel: str) -> CgroupDetail:
         memory_pgmajfault=stat.get("pgmajfault"),
         oom_kills=_kv(f"{mem}/memory.oom_control").get("oom_kill"),
         blkio=parse_blkio_v1(service_bytes or "", serviced or ""),
+        blkio_service_bytes=parse_blkio_ops(service_bytes or ""),
         threads=_int(f"{pids}/pids.current"),
         threads_max=_int(f"{pids}/pids.max"),
     )
@@ -286,6 +311,7 @@ def read_detail_v2(root: Path, rel: str, *, root_usage: int | None = None) -> Cg
         usage = root_usage
     quota, period = parse_cpu_max(_text(f"{d}/cpu.max") or "")
     weight = _int(f"{d}/cpu.weight")
+    io = parse_io_stat(_text(f"{d}/io.stat") or "")
     return CgroupDetail(
         cpu_usage_ns=_usec_ns(cpu_stat.get("usage_usec")),
         cpu_user_ns=_usec_ns(cpu_stat.get("user_usec")),
@@ -311,7 +337,8 @@ def read_detail_v2(root: Path, rel: str, *, root_usage: int | None = None) -> Cg
         memory_pgfault=stat.get("pgfault"),
         memory_pgmajfault=stat.get("pgmajfault"),
         oom_kills=_kv(f"{d}/memory.events").get("oom_kill"),
-        blkio=parse_io_stat(_text(f"{d}/io.stat") or ""),
+        blkio=io,
+        blkio_service_bytes=io_stat_ops(io),
         threads=_int(f"{d}/pids.current"),
         threads_max=_int(f"{d}/pids.max"),
     )

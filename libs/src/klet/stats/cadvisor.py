@@ -44,8 +44,29 @@ measures (the kubelet root's and the runtime's image and container filesystems, 
 device once), as cAdvisor's root cgroup carries its machine filesystems'; cAdvisor lists
 every mounted block device, klet the node's own. `machine_scrape_error` is 1 and no
 `machine_*` fact is served when the machine facts could not be read (/proc/meminfo or
-/proc/cpuinfo), as cAdvisor's machine collector when its machine info fails. No
-sample carries a timestamp: every value is read during the scrape, so the scrape's own
+/proc/cpuinfo), as cAdvisor's machine collector when its machine info fails.
+
+Disks, as cAdvisor's root cgroup carries its filesystems' (`fs.go`'s /proc/diskstats
+reading): on the root series, per device of those same filesystems, the
+`container_fs_{sector_reads,sector_writes,reads_merged,writes_merged}_total`,
+`container_fs_{read,write,io_time,io_time_weighted}_seconds_total` and
+`container_fs_io_current` of /proc/diskstats, and its completed reads and writes in
+`container_fs_{reads,writes}_total` (beside the cgroups' blkio counts; a device the
+root cgroup's blkio already gave keeps that one series). A filesystem without disk
+statistics (overlay, tmpfs) has none, where cAdvisor shows 0; cAdvisor matches only
+sd*, vd*, xvd* and dm-* names, klet any device the kernel counts. The kernel counts
+time in milliseconds: klet serves seconds, where cAdvisor divides the milliseconds by
+10^9. cAdvisor fills these families on pod and container series from CFQ's blkio
+files (gone since Linux 5.0) or BFQ's debug ones (CONFIG_BFQ_CGROUP_DEBUG), and cgroup
+v2's io.stat has none of them; klet reads neither, so they are on the root only.
+`container_blkio_device_usage_total{device,major,minor,operation}` is every cgroup's
+bytes per device and operation (v1's io_service_bytes lines: Read, Write, Sync, Async,
+Discard, Total; v2's io.stat: Read, Write). `cadvisor_version_info` is 1 with the
+kernel's release and os-release's PRETTY_NAME, and empty `dockerVersion`,
+`cadvisorVersion` and `cadvisorRevision`, as upstream's kubelet (whose build stamps no
+cAdvisor version) serves it.
+
+No sample carries a timestamp: every value is read during the scrape, so the scrape's own
 time is the sample time, and a timestamped series is not marked stale by Prometheus when
 its container goes away.
 """
@@ -70,6 +91,7 @@ from prometheus_client.exposition import generate_latest
 __all__ = [
     "CgroupSeries",
     "CgroupSnapshot",
+    "DiskStats",
     "FsInodes",
     "MachineFacts",
     "NetDev",
@@ -77,6 +99,7 @@ __all__ = [
     "WritableLayer",
     "cadvisor_families",
     "parse_cpuinfo",
+    "parse_diskstats",
     "parse_limits",
     "parse_net_dev",
     "parse_swap_total",
@@ -121,6 +144,22 @@ class FsInodes(NamedTuple):
     free: int
 
 
+class DiskStats(NamedTuple):
+    """One block device's counters from /proc/diskstats (times in milliseconds)."""
+
+    reads: int
+    reads_merged: int
+    sectors_read: int
+    read_ms: int
+    writes: int
+    writes_merged: int
+    sectors_written: int
+    write_ms: int
+    io_in_progress: int
+    io_ms: int
+    weighted_io_ms: int
+
+
 class OpenFiles(NamedTuple):
     """Open file descriptors of a cgroup's processes, and how many are sockets."""
 
@@ -148,6 +187,9 @@ class CgroupSeries:
     """ulimit name → soft limit (-1 unlimited) of the container's first process."""
     inodes: Mapping[str, FsInodes] = field(default_factory=dict)
     """device → inodes of the node's filesystems (the root series only)."""
+    disks: Mapping[str, DiskStats] = field(default_factory=dict)
+    """device → /proc/diskstats counters of the node's filesystems' devices (the root
+    series only)."""
     network: Mapping[str, NetDev] = field(default_factory=dict)
     fs: WritableLayer | None = None
     blkio_devices: Mapping[str, str] = field(default_factory=dict)
@@ -173,6 +215,10 @@ class MachineFacts:
     """/proc/meminfo's SwapTotal (cAdvisor's SwapCapacity); None when unread."""
     machine_id: str = ""
     system_uuid: str = ""
+    kernel_version: str = ""
+    """uname's release (cadvisor_version_info's kernelVersion)."""
+    os_version: str = ""
+    """os-release's PRETTY_NAME, "Linux" without one (its osVersion)."""
     error: str | None = None
     """Why the facts could not be read (cAdvisor's machine info failing): then no
     machine_* fact is served and machine_scrape_error is 1."""
@@ -207,6 +253,18 @@ def parse_net_dev(text: str) -> dict[str, NetDev]:
         v = [int(x) for x in values[:12]]
         # receive: bytes packets errs drop fifo frame compressed multicast; transmit: ...
         out[name] = NetDev(v[0], v[1], v[2], v[3], v[8], v[9], v[10], v[11])
+    return out
+
+
+def parse_diskstats(text: str) -> dict[str, DiskStats]:
+    """/proc/diskstats → "major:minor" → its first eleven counters; a line with fewer
+    (or not numbers) is skipped."""
+    out: dict[str, DiskStats] = {}
+    for line in text.splitlines():
+        words = line.split()
+        if len(words) < 14 or not all(w.isdigit() for w in (*words[:2], *words[3:14])):
+            continue
+        out[f"{words[0]}:{words[1]}"] = DiskStats(*(int(w) for w in words[3:14]))
     return out
 
 
@@ -478,6 +536,32 @@ _BLKIO: tuple[tuple[str, str, int], ...] = (
     ("container_fs_writes_total", "Cumulative count of writes completed", 3),
 )
 
+# container_fs_{reads,writes}_total also count the root's disks' completed I/Os.
+_DISK_COUNTS = {"container_fs_reads_total": "reads", "container_fs_writes_total": "writes"}
+
+# The root series' per-device disk statistics: (name, help, DiskStats field, scale). The
+# kernel counts time in milliseconds; served in seconds (cAdvisor divides the same
+# milliseconds by 10^9).
+_MS = 1e-3
+_DISKS: tuple[tuple[str, str, str, float], ...] = (
+    ("container_fs_sector_reads_total", "Cumulative count of sector reads completed",
+     "sectors_read", 1.0),
+    ("container_fs_reads_merged_total", "Cumulative count of reads merged", "reads_merged", 1.0),
+    ("container_fs_read_seconds_total", "Cumulative count of seconds spent reading",
+     "read_ms", _MS),
+    ("container_fs_sector_writes_total", "Cumulative count of sector writes completed",
+     "sectors_written", 1.0),
+    ("container_fs_writes_merged_total", "Cumulative count of writes merged",
+     "writes_merged", 1.0),
+    ("container_fs_write_seconds_total", "Cumulative count of seconds spent writing",
+     "write_ms", _MS),
+    ("container_fs_io_current", "Number of I/Os currently in progress", "io_in_progress", 1.0),
+    ("container_fs_io_time_seconds_total", "Cumulative count of seconds spent doing I/Os",
+     "io_ms", _MS),
+    ("container_fs_io_time_weighted_seconds_total", "Cumulative weighted I/O time in seconds",
+     "weighted_io_ms", _MS),
+)  # fmt: skip
+
 
 # cAdvisor's pressure families: (name part, PSI line, help) per resource.
 _PRESSURE = (
@@ -536,12 +620,32 @@ def _machine(m: MachineFacts) -> list[Metric]:
     return out
 
 
+def _version_info(m: MachineFacts) -> Metric:
+    """cadvisor_version_info as upstream's kubelet serves it: its embedded cAdvisor's
+    GetVersionInfo gives the kernel and OS, no docker version, and the kubelet's build
+    stamps no cAdvisor version or revision, so those three labels are empty there too."""
+    family = GaugeMetricFamily(
+        "cadvisor_version_info",
+        "A metric with a constant '1' value labeled by kernel version, OS version, docker "
+        "version, cadvisor version & cadvisor revision.",
+        labels=[
+            "kernelVersion",
+            "osVersion",
+            "dockerVersion",
+            "cadvisorVersion",
+            "cadvisorRevision",
+        ],
+    )
+    family.add_metric([m.kernel_version, m.os_version, "", "", ""], 1.0)
+    return family
+
+
 def cadvisor_families(snapshot: CgroupSnapshot) -> list[Metric]:
     """The metric families of one snapshot, families in a fixed order and series in the
     snapshot's order. A value the cgroup did not give is left out, not served as 0."""
     cgroups = snapshot.cgroups
     now_s = snapshot.time_ns / 1e9
-    out: list[Metric] = []
+    out: list[Metric] = [_version_info(snapshot.machine)]
 
     cpu = _family(
         "container_cpu_usage_seconds_total",
@@ -579,10 +683,40 @@ def cadvisor_families(snapshot: CgroupSnapshot) -> list[Metric]:
 
     for name, doc, index in _BLKIO:
         family = _family(name, doc, (*LABELS, "device"))
+        disk_field = _DISK_COUNTS.get(name)
         for c in cgroups:
+            devices = set()
             for dev, io in sorted(c.detail.blkio.items()):
-                _add(family, [*c.labels(), c.blkio_devices.get(dev, dev)], float(io[index]))
+                device = c.blkio_devices.get(dev, dev)
+                devices.add(device)
+                _add(family, [*c.labels(), device], float(io[index]))
+            # the root's filesystems' devices, as cAdvisor adds them; a device its cgroup
+            # already gave keeps that one series
+            if disk_field is not None:
+                for device, disk in sorted(c.disks.items()):
+                    if device not in devices:
+                        _add(family, [*c.labels(), device], float(getattr(disk, disk_field)))
         out.append(family)
+
+    for name, doc, disk_field, scale in _DISKS:
+        family = _family(name, doc, (*LABELS, "device"))
+        for c in cgroups:
+            for device, disk in sorted(c.disks.items()):
+                _add(family, [*c.labels(), device], getattr(disk, disk_field) * scale)
+        out.append(family)
+
+    usage_by_op = _family(
+        "container_blkio_device_usage_total",
+        "Blkio Device bytes usage",
+        (*LABELS, "device", "major", "minor", "operation"),
+    )
+    for c in cgroups:
+        for dev, ops in sorted(c.detail.blkio_service_bytes.items()):
+            major, _, minor = dev.partition(":")
+            for op, value in sorted(ops.items()):
+                labels = [*c.labels(), c.blkio_devices.get(dev, dev), major, minor, op]
+                _add(usage_by_op, labels, float(value))
+    out.append(usage_by_op)
 
     usage = _family(
         "container_fs_usage_bytes",

@@ -30,10 +30,12 @@ from klet.cgroups.machine import mem_total_bytes, read_machine
 from klet.hostfs import HOST_ROOT
 from klet.model import layout
 from klet.stats.cadvisor import (
+    DiskStats,
     MachineFacts,
     NetDev,
     OpenFiles,
     parse_cpuinfo,
+    parse_diskstats,
     parse_limits,
     parse_net_dev,
     parse_swap_total,
@@ -343,6 +345,8 @@ class HostReader:
             boot_id=info.boot_id,
             machine_id=info.machine_id,
             system_uuid=info.system_uuid,
+            kernel_version=info.kernel_version,
+            os_version=info.os_image,
             error=error,
         )
 
@@ -386,6 +390,10 @@ class HostReader:
     def ulimits(self, pid: int) -> dict[str, int]:
         """The soft limits cAdvisor reads from /proc/<pid>/limits ({} when unread)."""
         return parse_limits(_read(self.proc / str(pid) / "limits") or "")
+
+    def disk_stats(self) -> dict[str, DiskStats]:
+        """/proc/diskstats by "major:minor" ({} when unread)."""
+        return parse_diskstats(_read(self.proc / "diskstats") or "")
 
     def block_device(self, dev: str) -> str:
         """ "major:minor" → /dev/<name> as /sys/dev/block names it; itself when unknown."""

@@ -30,6 +30,7 @@ from klet.model.types import SandboxID
 from klet.stats.cadvisor import (
     CgroupSeries,
     CgroupSnapshot,
+    DiskStats,
     FsInodes,
     OpenFiles,
     WritableLayer,
@@ -37,6 +38,7 @@ from klet.stats.cadvisor import (
 from klet.stats.host import HostReader, dir_usage, statfs
 from klet.stats.model import (
     ContainerStats,
+    FsUsage,
     NodeStats,
     PodStats,
     RuntimeFs,
@@ -116,6 +118,7 @@ class StatsProvider:
         host = self.host
         cg = host.cgroups
         boot_ns = host.boot_ns()
+        inodes, disks = self._node_disks(self._node_filesystems(cri))
         series = [
             CgroupSeries(
                 id="/",
@@ -123,7 +126,8 @@ class StatsProvider:
                 start_s=None if boot_ns is None else boot_ns / 1e9,
                 network=host.net_dev(1),
                 pressure=host.node_pressure(),
-                inodes=self._node_inodes(cri),
+                inodes=inodes,
+                disks=disks,
             )
         ]
         for rel in host.node_cgroups():
@@ -173,22 +177,37 @@ class StatsProvider:
         ]
         return Snapshot(time_ns=now_ns, node=node, pods=pods, runtime_error=cri.error)
 
-    def _node_inodes(self, cri: _RuntimeReadings) -> dict[str, FsInodes]:
-        """device → inodes of the kubelet root's filesystem and the runtime's image and
-        container filesystems, each device once (the root series')."""
+    def _node_filesystems(self, cri: _RuntimeReadings) -> dict[str, tuple[str, FsUsage]]:
+        """device name → ("major:minor", statfs) of the kubelet root's filesystem and the
+        runtime's image and container filesystems, each device once (the root series')."""
         paths = [self.host.root_dir] + [
             Path(info.mountpoint) for info in (*cri.image_fs, *cri.container_fs) if info.mountpoint
         ]
-        out: dict[str, FsInodes] = {}
+        out: dict[str, tuple[str, FsUsage]] = {}
         seen: set[int] = set()
         for path in paths:
             fs = statfs(path)
             if fs is None or fs.device in seen:
                 continue
             seen.add(fs.device)
-            device = self.host.block_device(f"{os.major(fs.device)}:{os.minor(fs.device)}")
-            out[device] = FsInodes(fs.files, fs.ffree)
+            numbers = f"{os.major(fs.device)}:{os.minor(fs.device)}"
+            out[self.host.block_device(numbers)] = (numbers, fs)
         return out
+
+    def _node_disks(
+        self, filesystems: dict[str, tuple[str, FsUsage]]
+    ) -> tuple[dict[str, FsInodes], dict[str, DiskStats]]:
+        """The root series' inodes and /proc/diskstats counters of those filesystems, by
+        device (a device the kernel keeps no disk statistics for, as an overlay or a
+        tmpfs, has none)."""
+        counters = self.host.disk_stats() if filesystems else {}
+        inodes = {name: FsInodes(fs.files, fs.ffree) for name, (_, fs) in filesystems.items()}
+        disks = {
+            name: counters[numbers]
+            for name, (numbers, _) in filesystems.items()
+            if numbers in counters
+        }
+        return inodes, disks
 
     def _layer_fs(self, cri: _RuntimeReadings) -> tuple[str, int | None]:
         """(device, capacity) of the filesystem holding the writable layers: the
