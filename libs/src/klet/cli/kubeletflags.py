@@ -99,6 +99,7 @@ STATES: Mapping[str, State] = {
             "cluster-dns",
             "cluster-domain",
             "config",
+            "config-dir",
             "container-log-max-files",
             "container-log-max-size",
             "container-runtime-endpoint",
@@ -236,9 +237,6 @@ STATES: Mapping[str, State] = {
             "machine-id-file",
         )
     },
-    "config-dir": Refused(
-        "klet reads one --config file; drop-in configuration directories are not implemented"
-    ),
     "exit-on-lock-contention": Refused(
         "klet takes no lock file and does not exit when another process wants one"
     ),

@@ -34,7 +34,14 @@ from klet.config.shape import shape_problem, show
 from klet.config.validation import validate_problems
 from klet.model.units import parse_duration
 
-__all__ = ["ConfigError", "Problem", "decode_config", "load_config_file", "read_config_file"]
+__all__ = [
+    "ConfigError",
+    "Problem",
+    "decode_config",
+    "load_config_file",
+    "read_config_data",
+    "read_config_file",
+]
 
 
 _INVALID = object()  # a decoder's "value rejected, problem recorded"
@@ -251,26 +258,36 @@ def read_config_file(
     `decode_config`.
     """
     file = Path(path)
+    data, problems = read_config_data(file)
+    if data is None:
+        return KubeletConfiguration(), problems
+    cfg, decode_problems = decode_config(data, base_dir=file.parent.absolute(), given=given)
+    return cfg, problems + decode_problems
+
+
+def read_config_data(file: Path) -> tuple[object | None, list[Problem]]:
+    """Read and parse a file (YAML, or JSON by its suffix) without decoding it: the data
+    (None when it cannot be read or parsed) and its problems, unprefixed (duplicate
+    fields are problems beside the data)."""
     try:
         text = file.read_text(encoding="utf-8")
     except OSError as exc:
-        return KubeletConfiguration(), [Problem("", f"cannot read: {exc.strerror or exc}")]
+        return None, [Problem("", f"cannot read: {exc.strerror or exc}")]
     except UnicodeDecodeError:
-        return KubeletConfiguration(), [Problem("", "not UTF-8 text")]
+        return None, [Problem("", "not UTF-8 text")]
     if not text.strip():
-        return KubeletConfiguration(), [Problem("", "the file is empty")]
+        return None, [Problem("", "the file is empty")]
     try:
         data, duplicates = _parse_text(text, json_file=file.suffix.lower() == ".json")
     except ValueError as exc:  # klet.config.yamltext turns YAMLError into ValueError
         detail = " ".join(str(exc).split())
-        return KubeletConfiguration(), [Problem("", f"cannot parse: {detail}")]
+        return None, [Problem("", f"cannot parse: {detail}")]
     except RecursionError:
-        return KubeletConfiguration(), [Problem("", "cannot parse: nested too deeply")]
+        return None, [Problem("", "cannot parse: nested too deeply")]
     shape = shape_problem(data)
     if shape is not None:
-        return KubeletConfiguration(), [Problem("", f"cannot parse: {shape}")]
-    cfg, problems = decode_config(data, base_dir=file.parent.absolute(), given=given)
-    return cfg, [Problem("", d) for d in duplicates] + problems
+        return None, [Problem("", f"cannot parse: {shape}")]
+    return data, [Problem("", d) for d in duplicates]
 
 
 def load_config_file(path: Path | str) -> KubeletConfiguration:

@@ -864,6 +864,13 @@ _SETTING_FLAGS: tuple[FlagSpec, ...] = (
         metavar="PATH",
     ),
     FlagSpec(
+        "--config-dir",
+        "directory of KubeletConfiguration drop-ins (*.conf, subdirectories included), "
+        "merged over --config in lexical order as JSON merge patches; flags still win",
+        setting="config_dir",
+        metavar="DIR",
+    ),
+    FlagSpec(
         "--kubeconfig",
         "kubeconfig of the apiserver; absent = standalone (static pods only)",
         setting="kubeconfig",

@@ -29,6 +29,7 @@ from urllib.parse import SplitResult, urlsplit
 
 from klet.config.credentialproviders import CredentialProviderConfig, load_credential_providers
 from klet.config.decoding import read_config_file
+from klet.config.dropins import apply_drop_ins
 from klet.config.errors import ConfigError, Problem
 from klet.config.flags import (
     FLAGS,
@@ -101,6 +102,9 @@ class KletSettings:
     # client certificate is requested with this one's credentials and --kubeconfig written
     bootstrap_kubeconfig: Path | None = None
     config_file: Path | None = None  # --config
+    # --config-dir: KubeletConfiguration drop-ins (*.conf) merged over --config in lexical
+    # order, as upstream (klet.config.dropins); None = none
+    config_dir: Path | None = None
     # --service-port / KLET_SERVICE_PORT: 0 = any free port (the kernel picks one);
     # None = not given, the service's default (DEFAULT_SERVICE_PORTS). load_settings
     # resolves None for the five services; it stays None for `klet up`.
@@ -522,6 +526,12 @@ def load_settings(
         problems += [Problem(str(config_file), str(p)) for p in file_problems]
     else:
         cfg = KubeletConfiguration()
+    config_dir = _optional_path(klet_values.get("config_dir"))
+    drop_ins = None
+    if config_dir is not None:
+        drop_ins = apply_drop_ins(cfg, config_dir)
+        cfg = drop_ins.config
+        problems += drop_ins.problems
     cfg, overridden = apply_to_config(cfg, flags)
     if "log_format" in klet_values and "--logging-format" not in flags:
         # The deprecated --log-format / KLET_LOG_FORMAT: over the file, under the flag.
@@ -530,8 +540,11 @@ def load_settings(
         overridden["logging.format"] = source["log_format"]
     for problem in validate_problems(cfg):
         flag = _overriding_flag(problem, overridden)
+        drop_in = drop_ins.file_for(problem.path) if drop_ins is not None else None
         if flag is not None:
             problems.append(Problem(flag, str(problem)))
+        elif drop_in is not None:
+            problems.append(Problem(str(drop_in), str(problem)))
         elif config_file is not None:
             problems.append(Problem(str(config_file), str(problem)))
         else:
@@ -583,6 +596,7 @@ def load_settings(
         kubeconfig=_optional_path(klet_values.get("kubeconfig")),
         bootstrap_kubeconfig=_optional_path(klet_values.get("bootstrap_kubeconfig")),
         config_file=config_file,
+        config_dir=config_dir,
         service_port=port,
         service_port_file=_optional_path(klet_values.get("service_port_file")),
         service_bind_address=klet_values.get(
