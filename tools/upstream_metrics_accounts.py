@@ -222,12 +222,6 @@ MISSING: Mapping[str, tuple[str, ...]] = {
     "volume operations are timed in storage_operation_duration_seconds only": (
         "/metrics volume_operation_total_seconds",
     ),
-    "swap usage per node/pod/container on /metrics/resource, not read by klet's stats yet": (
-        "/metrics/resource container_swap_limit_bytes",
-        "/metrics/resource container_swap_usage_bytes",
-        "/metrics/resource node_swap_usage_bytes",
-        "/metrics/resource pod_swap_usage_bytes",
-    ),
 }
 
 

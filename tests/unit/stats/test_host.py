@@ -119,6 +119,11 @@ def reader(tmp_path: Path) -> HostReader:
 
 
 def test_proc_readings(reader: HostReader) -> None:
+    assert reader.swap() is None  # the meminfo names no swap
+    write(reader.proc / "meminfo", "MemTotal: 4 kB\nSwapTotal:  2048 kB\nSwapFree:  512 kB\n")
+    swap = reader.swap()
+    assert swap == (2048 * 1024, 512 * 1024) and swap is not None and swap.used == 1536 * 1024
+    write(reader.proc / "meminfo", "MemTotal:  2097152 kB\nMemFree:  1000 kB\n")
     assert reader.memory_total() == 2 * 2**30
     assert reader.boot_ns() == 1_700_000_000 * 10**9
     assert (reader.pid_max(), reader.tasks()) == (4096, 400)

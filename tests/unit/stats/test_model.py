@@ -24,6 +24,7 @@ from klet.stats.model import (
     parse_btime,
     parse_default_route,
     parse_loadavg_tasks,
+    parse_swap_space,
     plan_pods,
     running_containers,
 )
@@ -47,6 +48,19 @@ def test_btime() -> None:
     assert parse_btime("cpu  1 2 3\nbtime 1700000000\nprocesses 9\n") == 1_700_000_000 * 10**9
     assert parse_btime("cpu  1 2 3\n") is None
     assert parse_btime("btime soon\n") is None
+
+
+@pytest.mark.parametrize(
+    ("text", "want"),
+    [
+        ("SwapTotal:  2048 kB\nSwapFree:  512 kB\n", (2048 * 1024, 512 * 1024)),
+        ("SwapTotal:        0 kB\nSwapFree:         0 kB\n", (0, 0)),
+        ("SwapTotal:  2048 kB\n", None),  # no SwapFree: nothing to say
+        ("MemTotal: 1 kB\n", None),
+    ],
+)
+def test_swap_space(text: str, want: tuple[int, int] | None) -> None:
+    assert parse_swap_space(text) == want
 
 
 def test_fs_usage_arithmetic() -> None:

@@ -29,12 +29,25 @@ V1_CONTROLLERS = (
 )
 
 
+# At or above this a memory or swap limit is none (v1 writes 2^63 rounded to a page),
+# as upstream's stats helper reads them.
+_UNLIMITED = 1 << 62
+
+
 @dataclass(frozen=True)
 class CgroupStats:
+    """The readings /stats/summary and eviction take of a cgroup. Swap, as cAdvisor reads
+    it for upstream's Summary: usage v1 memory.stat total_swap (with swap accounting) /
+    v2 memory.swap.current; limit v1 memory.memsw.limit_in_bytes (memory and swap
+    together, as cAdvisor's spec takes it) / v2 memory.swap.max, None when unlimited.
+    None: not readable."""
+
     memory_usage_bytes: int | None
     memory_working_set_bytes: int | None
     cpu_usage_ns: int | None
     pids: int | None
+    swap_usage_bytes: int | None = None
+    swap_limit_bytes: int | None = None
 
 
 def detect(root: Path = Path("/sys/fs/cgroup")) -> int:
@@ -80,6 +93,10 @@ def _read_int(path: Path) -> int | None:
         return int(path.read_text().split()[0])
     except (OSError, ValueError, IndexError):
         return None
+
+
+def _limit(value: int | None) -> int | None:
+    return None if value is None or value < 0 or value >= _UNLIMITED else value
 
 
 def _read_kv(path: Path) -> dict[str, int]:
@@ -137,6 +154,8 @@ class CgroupFS:
                 None if usage is None else max(usage - inactive, 0),
                 None if cpu is None else cpu * 1000,
                 _read_int(d / "pids.current"),
+                swap_usage_bytes=_read_int(d / "memory.swap.current"),
+                swap_limit_bytes=_limit(_read_int(d / "memory.swap.max")),
             )
         mem = self.root / "memory" / rel
         usage = _read_int(mem / "memory.usage_in_bytes")
@@ -147,6 +166,8 @@ class CgroupFS:
             None if usage is None else max(usage - inactive, 0),
             _read_int(self.root / "cpuacct" / rel / "cpuacct.usage"),
             _read_int(self.root / "pids" / rel / "pids.current"),
+            swap_usage_bytes=stat.get("total_swap"),
+            swap_limit_bytes=_limit(_read_int(mem / "memory.memsw.limit_in_bytes")),
         )
 
     def detail(self, rel: str) -> CgroupDetail:

@@ -43,9 +43,11 @@ from klet.stats.cadvisor import (
 from klet.stats.model import (
     DirUsage,
     FsUsage,
+    SwapSpace,
     parse_btime,
     parse_default_route,
     parse_loadavg_tasks,
+    parse_swap_space,
 )
 from klet.stats.psi import RESOURCES, Pressure, parse_psi
 
@@ -266,6 +268,10 @@ class HostReader:
 
     def memory_total(self) -> int | None:
         return mem_total_bytes(self.proc / "meminfo") or None
+
+    def swap(self) -> SwapSpace | None:
+        """The node's swap space and how much of it is free (/proc/meminfo)."""
+        return parse_swap_space(_read(self.proc / "meminfo") or "")
 
     def boot_ns(self) -> int | None:
         return parse_btime(_read(self.proc / "stat") or "")

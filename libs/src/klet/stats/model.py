@@ -7,7 +7,8 @@ eviction manager: status-reporter renders it as `/stats/summary`, eviction deriv
 signals and per-pod usage from it. Which readings go where:
 
 - node: the root cgroup (cpu, memory, working set), the `/kubepods` cgroup, MemTotal,
-  boot time, pid_max and the task count of /proc/loadavg; statfs of the kubelet root
+  boot time, pid_max and the task count of /proc/loadavg, swap (/proc/meminfo's
+  SwapTotal and SwapFree); statfs of the kubelet root
   dir (nodefs), of the pod log dir, and of the runtime's image and container
   filesystems (CRI ImageFsInfo's mountpoints; the container filesystem is the image
   filesystem unless the runtime names one of its own);
@@ -45,9 +46,11 @@ __all__ = [
     "PodStats",
     "RuntimeFs",
     "Snapshot",
+    "SwapSpace",
     "latest_attempts",
     "parse_btime",
     "parse_loadavg_tasks",
+    "parse_swap_space",
     "plan_pods",
     "running_containers",
 ]
@@ -63,6 +66,17 @@ class DirUsage(NamedTuple):
     bytes: int
     inodes: int
     complete: bool = True
+
+
+class SwapSpace(NamedTuple):
+    """The node's swap (/proc/meminfo SwapTotal, SwapFree), in bytes."""
+
+    total: int
+    free: int
+
+    @property
+    def used(self) -> int:
+        return max(self.total - self.free, 0)
 
 
 @dataclass(frozen=True)
@@ -183,6 +197,8 @@ class NodeStats:
     image_fs: RuntimeFs | None = None
     container_fs: RuntimeFs | None = None
     pressure: Pressure | None = None
+    swap: SwapSpace | None = None
+    """/proc/meminfo's swap; None when it gives none."""
     network: Mapping[str, NetDev] | None = None
     """Interface → counters of the host's network namespace; None when filesystems were
     skipped."""
@@ -212,6 +228,19 @@ def parse_loadavg_tasks(text: str) -> int | None:
         return None
     _, sep, total = parts[3].partition("/")
     return int(total) if sep and total.isdigit() else None
+
+
+def parse_swap_space(meminfo: str) -> SwapSpace | None:
+    """/proc/meminfo's SwapTotal and SwapFree (kB) in bytes; None without both."""
+    found: dict[str, int] = {}
+    for line in meminfo.splitlines():
+        name, _, rest = line.partition(":")
+        value = rest.split()
+        if name in ("SwapTotal", "SwapFree") and value and value[0].isdigit():
+            found[name] = int(value[0]) * 1024
+    if "SwapTotal" not in found or "SwapFree" not in found:
+        return None
+    return SwapSpace(found["SwapTotal"], found["SwapFree"])
 
 
 def parse_btime(text: str) -> int | None:

@@ -156,6 +156,7 @@ class StatsProvider:
             pid_max=host.pid_max(),
             tasks=host.tasks(),
             pressure=host.node_pressure(),
+            swap=host.swap(),
         )
         if filesystems:
             image_fs = self._runtime_fs(cri.image_fs[0], host.root_dir) if cri.image_fs else None

@@ -470,7 +470,9 @@ async def test_stats_summary(client: httpx.AsyncClient, world: World) -> None:
 
 async def test_resource_metrics(client: httpx.AsyncClient, world: World) -> None:
     world.cgroups.groups["/"] = CgroupStats(4000, 3000, 2 * 10**9, 100)
-    world.cgroups.groups[f"/kubepods/pod{UID}"] = CgroupStats(1000, 800, 10**9, 3)
+    world.cgroups.groups[f"/kubepods/pod{UID}"] = CgroupStats(
+        1000, 800, 10**9, 3, swap_usage_bytes=64
+    )
     world.runtime.stats = [
         ContainerStatsInfo(
             ContainerID("c1"),
@@ -500,6 +502,7 @@ async def test_resource_metrics(client: httpx.AsyncClient, world: World) -> None
     assert samples[("node_cpu_usage_seconds_total", ())] == 2.0
     assert samples[("node_memory_working_set_bytes", ())] == 3000
     assert samples[("pod_cpu_usage_seconds_total", ref)] == 1.0
+    assert samples[("pod_swap_usage_bytes", ref)] == 64  # the pod cgroup's swap
     labels = tuple(sorted((*ref, ("container", "app"))))
     assert samples[("container_cpu_usage_seconds_total", labels)] == 0.5
     assert samples[("container_memory_working_set_bytes", labels)] == 700

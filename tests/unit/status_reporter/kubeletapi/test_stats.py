@@ -2,15 +2,18 @@
 stats/v1alpha1 shapes it (the default interface's counters inline, every interface in
 `interfaces` with the default first), the node's default from its default route and a
 pod's `eth0`, from fixture files of /proc; no `network` with only_cpu_and_memory, nor for
-a pod without a network namespace of its own."""
+a pod without a network namespace of its own. Swap: the node's from /proc/meminfo, a
+pod's and a container's from their cgroups (available = limit - usage, none without a
+limit), with only_cpu_and_memory too."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 from klet.cgroups import CgroupStats
-from klet.cri.types import Sandbox, SandboxState
-from klet.model.types import SandboxID
+from klet.cri import labels as L
+from klet.cri.types import Container, ContainerState, Sandbox, SandboxState
+from klet.model.types import ContainerID, SandboxID
 from klet.stats import HostReader, StatsProvider
 from klet.stats.cadvisor import NetDev
 from klet.status_reporter.kubeletapi.stats import SummaryProvider, network_stats, rfc3339
@@ -53,7 +56,13 @@ def write(path: Path, text: str) -> None:
     path.write_text(text)
 
 
-def provider(tmp: Path, *, pod_netns: str = "net:[4026532211]") -> SummaryProvider:
+def provider(
+    tmp: Path,
+    *,
+    pod_netns: str = "net:[4026532211]",
+    cgroups: FakeCgroups | None = None,
+    runtime: FakeStatsRuntime | None = None,
+) -> SummaryProvider:
     proc = tmp / "proc"
     write(proc / "net/dev", (NET / "dev-host").read_text())
     write(proc / "net/route", (NET / "route-host").read_text())
@@ -61,11 +70,11 @@ def provider(tmp: Path, *, pod_netns: str = "net:[4026532211]") -> SummaryProvid
     for pid, ns in (("self", "net:[4026531840]"), ("42", pod_netns)):
         (proc / pid / "ns").mkdir(parents=True)
         (proc / pid / "ns/net").symlink_to(ns)
-    cgroups = FakeCgroups()
+    cgroups = cgroups or FakeCgroups()
     cgroups.groups["/"] = CgroupStats(4000, 3000, 10**9, None)
     cgroups.groups[f"/kubepods/besteffort/pod{UID}"] = CgroupStats(10, 8, 10**6, None)
     cgroups.pids[f"/kubepods/besteffort/pod{UID}"] = [42]
-    runtime = FakeStatsRuntime()
+    runtime = runtime or FakeStatsRuntime()
     runtime.sandboxes = [Sandbox(SandboxID("sb1"), "web", "ns", UID, 0, SandboxState.READY, 77)]
     host = HostReader(
         cgroups=cgroups, root_dir=tmp, cgroup_root="/", pod_logs_dir=tmp / "logs", proc=proc
@@ -101,3 +110,41 @@ async def test_a_host_network_pod_has_no_network(tmp_path: Path) -> None:
     summary = await provider(tmp_path, pod_netns="net:[4026531840]").summary()
     assert "network" in summary["node"]
     assert "network" not in summary["pods"][0]
+
+
+async def test_swap_of_the_node_a_pod_and_a_container(tmp_path: Path) -> None:
+    cgroups, runtime = FakeCgroups(), FakeStatsRuntime()
+    summaries = provider(tmp_path, cgroups=cgroups, runtime=runtime)
+    meminfo = tmp_path / "proc" / "meminfo"
+    write(meminfo, "MemTotal: 8 kB\nSwapTotal:  2048 kB\nSwapFree:  512 kB\n")
+    pod = f"/kubepods/besteffort/pod{UID}"
+    cgroups.groups[pod] = CgroupStats(10, 8, 10**6, None, swap_usage_bytes=100)
+    cgroups.groups[f"{pod}/c1"] = CgroupStats(
+        5, 4, 10**5, None, swap_usage_bytes=40, swap_limit_bytes=1000
+    )
+    runtime.containers = [
+        Container(
+            ContainerID("c1"), SandboxID("sb1"), "app", 0, "busybox", "sha256:1",
+            ContainerState.RUNNING, 88, labels={L.POD_UID: UID, L.CONTAINER_NAME: "app"},
+        )
+    ]  # fmt: skip
+    for lean in (False, True):
+        summary = await summaries.summary(only_cpu_and_memory=lean)
+        assert summary["node"]["swap"] == {
+            "time": rfc3339(NOW),
+            "swapAvailableBytes": 512 * 1024,
+            "swapUsageBytes": 1536 * 1024,
+        }
+        [p] = summary["pods"]
+        assert p["swap"] == {"time": rfc3339(NOW), "swapUsageBytes": 100}  # no limit
+        [c] = p["containers"]
+        assert c["swap"] == {
+            "time": rfc3339(NOW),
+            "swapAvailableBytes": 960,
+            "swapUsageBytes": 40,
+        }
+    # a cgroup that gives no swap usage (v1 without swap accounting): no swap, not 0
+    cgroups.groups[pod] = CgroupStats(10, 8, 10**6, None)
+    write(meminfo, "MemTotal: 8 kB\n")
+    summary = await summaries.summary()
+    assert "swap" not in summary["pods"][0] and "swap" not in summary["node"]

@@ -45,9 +45,17 @@ gives such a sandbox none; nor has a pod without a pod cgroup (cgroupsPerQOS off
 no process left, or whose processes this process cannot see (status-reporter outside
 the host's PID namespace, as compose runs it).
 
+Swap (`swap: {time, swapUsageBytes, swapAvailableBytes}`, with `only_cpu_and_memory`
+too, as upstream): the node's from /proc/meminfo (used: SwapTotal - SwapFree; available:
+SwapFree), a pod's and a container's from their cgroups as cAdvisor reads them for
+upstream's Summary (klet.cgroups.CgroupStats: v1 total_swap against
+memory.memsw.limit_in_bytes, v2 memory.swap.current against memory.swap.max), available
+being the limit less the usage, left out under no limit; no `swap` where the cgroup
+gave no usage (v1 without swap accounting), where upstream shows 0.
+
 The numbers are the ones eviction decides on: both come from `klet.stats.StatsProvider`.
 Left out: the usage of `medium: Memory` emptyDirs, configMap, secret, projected,
-downward-API, local and hostPath volumes, ephemeral-storage, accelerators, swap.
+downward-API, local and hostPath volumes, ephemeral-storage, accelerators.
 usageNanoCores comes from CRI when the runtime computes it, otherwise from the previous
 sample of the same cgroup or container (so the first scrape has none, as upstream's first).
 `only_cpu_and_memory=true` drops the filesystem parts, as upstream.
@@ -78,6 +86,7 @@ from klet.stats import (
     running_containers,
 )
 from klet.stats.cadvisor import NetDev
+from klet.stats.model import SwapSpace
 
 
 class VolumeSource(Protocol):
@@ -198,6 +207,28 @@ def network_stats(devs: Mapping[str, NetDev], default: str | None, now_ns: int) 
     return out
 
 
+def swap_stats(usage: int | None, limit: int | None, now_ns: int) -> JSON | None:
+    """SwapStats of a cgroup's swap usage and limit (None: unlimited); None without a
+    usage."""
+    if usage is None:
+        return None
+    available = None if limit is None else max(limit - usage, 0)
+    return _drop_none(
+        {"time": rfc3339(now_ns), "swapAvailableBytes": available, "swapUsageBytes": usage}
+    )
+
+
+def node_swap_stats(swap: SwapSpace | None, now_ns: int) -> JSON | None:
+    """The node's SwapStats: the swap space used, and what is free of it."""
+    if swap is None:
+        return None
+    return {
+        "time": rfc3339(now_ns),
+        "swapAvailableBytes": swap.free,
+        "swapUsageBytes": swap.used,
+    }
+
+
 def _psi_data(d: PSIData) -> JSON:
     return {"total": d.total_us, "avg10": d.avg10, "avg60": d.avg60, "avg300": d.avg300}
 
@@ -296,6 +327,7 @@ class SummaryProvider:
             "startTime": rfc3339(n.boot_ns or now),
             "cpu": cpu,
             "memory": memory,
+            "swap": node_swap_stats(n.swap, now),
         }
         if n.kubepods is not None:
             node["systemContainers"] = [
@@ -348,6 +380,7 @@ class SummaryProvider:
                 self._memory(now, p.cgroup),
                 p.pressure,
             )
+            pod["swap"] = swap_stats(p.cgroup.swap_usage_bytes, p.cgroup.swap_limit_bytes, now)
             if not only_cpu_and_memory:
                 pod["io"] = io_stats(p.pressure, now)
         if p.processes is not None:
@@ -381,6 +414,10 @@ class SummaryProvider:
             entry["cpu"], entry["memory"] = with_psi(
                 entry.get("cpu"), entry.get("memory"), c.pressure
             )
+            if c.cgroup is not None:
+                entry["swap"] = swap_stats(
+                    c.cgroup.swap_usage_bytes, c.cgroup.swap_limit_bytes, now
+                )
             if not only_cpu_and_memory:
                 entry["io"] = io_stats(c.pressure, now)
             if st is not None and not only_cpu_and_memory and st.writable_layer is not None:
