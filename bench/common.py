@@ -30,8 +30,12 @@ def parser(doc: str | None) -> argparse.ArgumentParser:
     return argparse.ArgumentParser(description=doc.split("\n\n")[0] if doc else None)
 
 
-def add_keep_and_output(p: argparse.ArgumentParser, results: Path, *,
-                        keep_help: str = "keep the devstack dir (logs, configs)") -> None:
+def add_keep_and_output(
+    p: argparse.ArgumentParser,
+    results: Path,
+    *,
+    keep_help: str = "keep the devstack dir (logs, configs)",
+) -> None:
     p.add_argument("--keep", action="store_true", help=keep_help)
     p.add_argument("--output", type=Path, default=results, help=f"JSON results (default {results})")
 
@@ -88,6 +92,9 @@ def entry(main: Callable[[], int]) -> NoReturn:
     try:
         sys.exit(main())
     except KeyboardInterrupt as err:
-        print(f"bench: interrupted ({str(err) or 'Ctrl-C'}); clean-up ran (failed steps, if any, "
-              "are reported above)", file=sys.stderr)
+        print(
+            f"bench: interrupted ({str(err) or 'Ctrl-C'}); clean-up ran (failed steps, if any, "
+            "are reported above)",
+            file=sys.stderr,
+        )
         sys.exit(130)

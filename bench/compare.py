@@ -123,8 +123,9 @@ def percentile(samples: Sequence[float], q: float) -> float:
 P99_MIN_SAMPLES = 100
 
 
-def tail(samples: Sequence[float], *, q: int = 99,
-         min_samples: int = P99_MIN_SAMPLES) -> tuple[float, str]:
+def tail(
+    samples: Sequence[float], *, q: int = 99, min_samples: int = P99_MIN_SAMPLES
+) -> tuple[float, str]:
     """The q-th percentile when there are enough samples for it to mean something (at
     least `min_samples`), else the max."""
     if len(samples) >= min_samples:
@@ -186,15 +187,20 @@ def row_cells(row: Row, *, q: int = 99, min_samples: int = P99_MIN_SAMPLES) -> l
     return cells
 
 
-HEADER = ["measurement", "n klet/up", "klet median", "klet tail", "upstream median",
-          "upstream tail", "klet/upstream"]
+HEADER = [
+    "measurement",
+    "n klet/up",
+    "klet median",
+    "klet tail",
+    "upstream median",
+    "upstream tail",
+    "klet/upstream",
+]
 
 
-def markdown_table(rows: Iterable[Row], *, q: int = 99,
-                   min_samples: int = P99_MIN_SAMPLES) -> str:
+def markdown_table(rows: Iterable[Row], *, q: int = 99, min_samples: int = P99_MIN_SAMPLES) -> str:
     lines = ["| " + " | ".join(HEADER) + " |", "|" + "---|" * len(HEADER)]
-    lines += ["| " + " | ".join(row_cells(r, q=q, min_samples=min_samples)) + " |"
-              for r in rows]
+    lines += ["| " + " | ".join(row_cells(r, q=q, min_samples=min_samples)) + " |" for r in rows]
     return "\n".join(lines)
 
 
@@ -203,20 +209,25 @@ def text_table(rows: Iterable[Row], *, q: int = 99, min_samples: int = P99_MIN_S
     widths = [max(len(line[i]) for line in body) for i in range(len(HEADER))]
     out = []
     for line in body:
-        out.append("  ".join(c.ljust(w) if i == 0 else c.rjust(w)
-                             for i, (c, w) in enumerate(zip(line, widths, strict=True))))
+        out.append(
+            "  ".join(
+                c.ljust(w) if i == 0 else c.rjust(w)
+                for i, (c, w) in enumerate(zip(line, widths, strict=True))
+            )
+        )
     return "\n".join(out)
 
 
-def replace_section(text: str, section: str, *, begin: str = README_BEGIN,
-                    end_marker: str = README_END) -> str:
+def replace_section(
+    text: str, section: str, *, begin: str = README_BEGIN, end_marker: str = README_END
+) -> str:
     """``text`` with what lies between the markers (the compare table's by default)
     replaced by ``section`` (markers appended at the end when missing)."""
     block = f"{begin}\n{section.rstrip()}\n{end_marker}"
     start, end = text.find(begin), text.find(end_marker)
     if start < 0 or end < start:
         return text.rstrip() + "\n\n" + block + "\n"
-    return text[:start] + block + text[end + len(end_marker):]
+    return text[:start] + block + text[end + len(end_marker) :]
 
 
 def cpu_cores(ticks_before: int, ticks_after: int, seconds: float) -> float:
@@ -243,7 +254,7 @@ def _stat(pid: int) -> tuple[int, int] | None:
         raw = Path(f"/proc/{pid}/stat").read_text()
     except OSError:
         return None
-    fields = raw[raw.rfind(")") + 2:].split()
+    fields = raw[raw.rfind(")") + 2 :].split()
     return int(fields[1]), int(fields[11]) + int(fields[12])
 
 
@@ -368,14 +379,22 @@ class KletAgent(Agent):
 
     def argv(self) -> list[str]:
         return [
-            str(ROOT / ".venv" / "bin" / "klet"), "up",
-            "--run-dir", str(self.dir / "run"),
-            "--hostname-override", self.node_name,
-            "--pod-manifest-path", str(self.manifests),
-            "--read-only-port", str(self.ro_port),
-            "--container-runtime-endpoint", self.endpoint,
-            "--service-port", "0",
-            "--max-pods", str(self.max_pods),
+            str(ROOT / ".venv" / "bin" / "klet"),
+            "up",
+            "--run-dir",
+            str(self.dir / "run"),
+            "--hostname-override",
+            self.node_name,
+            "--pod-manifest-path",
+            str(self.manifests),
+            "--read-only-port",
+            str(self.ro_port),
+            "--container-runtime-endpoint",
+            self.endpoint,
+            "--service-port",
+            "0",
+            "--max-pods",
+            str(self.max_pods),
         ]
 
 
@@ -417,11 +436,16 @@ class UpstreamAgent(Agent):
             cfg.write_text(json.dumps(self.config(), indent=2) + "\n")
         return [
             str(self.binary),
-            "--config", str(cfg),
-            "--root-dir", str(self.dir / "root"),
-            "--cert-dir", str(self.dir / "pki"),
-            "--hostname-override", self.node_name,
-            "--v", "1",
+            "--config",
+            str(cfg),
+            "--root-dir",
+            str(self.dir / "root"),
+            "--cert-dir",
+            str(self.dir / "pki"),
+            "--hostname-override",
+            self.node_name,
+            "--v",
+            "1",
         ]
 
 
@@ -429,9 +453,11 @@ def make_cgroup_root(name: str) -> list[Path]:
     """``name`` in every mounted hierarchy (v1: one per controller; v2: the unified one)."""
     base = Path("/sys/fs/cgroup")
     made = []
-    dirs = [base] if (base / "cgroup.controllers").exists() else [
-        d for d in base.iterdir() if d.is_dir() and os.path.ismount(d)
-    ]
+    dirs = (
+        [base]
+        if (base / "cgroup.controllers").exists()
+        else [d for d in base.iterdir() if d.is_dir() and os.path.ismount(d)]
+    )
     for d in dirs:
         target = d / name.strip("/")
         target.mkdir(exist_ok=True)
@@ -453,8 +479,13 @@ def remove_cgroups(dirs: Iterable[Path]) -> None:
 # -- the workloads -------------------------------------------------------------------------
 
 
-def wait(check: Callable[[], bool], what: str, *, poll_s: float, timeout_s: float = TIMEOUT_S,
-         ) -> float:
+def wait(
+    check: Callable[[], bool],
+    what: str,
+    *,
+    poll_s: float,
+    timeout_s: float = TIMEOUT_S,
+) -> float:
     """Poll ``check`` until it holds; the seconds it took."""
     t0 = time.perf_counter()
     while True:
@@ -492,7 +523,8 @@ class Workloads:
         out: dict[str, list[tuple[str, bool]]] = {}
         for c in self.runner.run(self.cri(agent).list_containers()):
             out.setdefault(c.labels.get(L.POD_NAME, ""), []).append(
-                (c.id, c.state is ContainerState.RUNNING))
+                (c.id, c.state is ContainerState.RUNNING)
+            )
         return out
 
     def write(self, agent: Agent, names: Sequence[str]) -> None:
@@ -531,8 +563,7 @@ class Workloads:
         cpu_s = sum(after[p] - before[p] for p in common) / CLK_TCK
         return sorted(ready.values()), took, cpu_s
 
-    def stop(self, agent: Agent, names: Sequence[str], *, gone: bool
-             ) -> tuple[float, float | None]:
+    def stop(self, agent: Agent, names: Sequence[str], *, gone: bool) -> tuple[float, float | None]:
         """Remove the manifests; seconds until CRI lists no running container of them
         and (``gone``) until it lists none at all (None: not measured or timed out)."""
         fulls = {agent.full(n) for n in names}
@@ -548,8 +579,12 @@ class Workloads:
         if not gone:
             return stopped, None
         try:
-            wait(lambda: not fulls & self.containers(agent).keys(),
-                 f"{agent.name}: containers removed", poll_s=poll_s, timeout_s=GONE_TIMEOUT_S)
+            wait(
+                lambda: not fulls & self.containers(agent).keys(),
+                f"{agent.name}: containers removed",
+                poll_s=poll_s,
+                timeout_s=GONE_TIMEOUT_S,
+            )
         except TimeoutError:
             return stopped, None
         return stopped, time.perf_counter() - t0
@@ -596,35 +631,45 @@ class Workloads:
             t = time.perf_counter()
             # Processes that started or ended in between count only where both readings exist.
             common = cur.keys() & prev.keys()
-            cores.append(cpu_cores(sum(prev[p] for p in common), sum(cur[p] for p in common),
-                                   t - t_prev))
+            cores.append(
+                cpu_cores(sum(prev[p] for p in common), sum(cur[p] for p in common), t - t_prev)
+            )
             if n % 10 == 0:
                 r, p = memory_mb(cur)
                 rss.append(r)
                 pss.append(p)
             n += 1
             prev, t_prev = cur, t
-        return {"cores": cores, "rss_mb": rss, "pss_mb": pss,
-                "processes": [float(len(prev))]}
+        return {"cores": cores, "rss_mb": rss, "pss_mb": pss, "processes": [float(len(prev))]}
 
     def restart(self, agent: Agent, names: Sequence[str]) -> tuple[float, int]:
         """Restart the agent with ``names`` running; (seconds from the new start to all
         Running+ready in /pods, containers it restarted)."""
         fulls = {agent.full(n) for n in names}
-        before = {f: sorted(cid for cid, run in cs if run)
-                  for f, cs in self.containers(agent).items() if f in fulls}
+        before = {
+            f: sorted(cid for cid, run in cs if run)
+            for f, cs in self.containers(agent).items()
+            if f in fulls
+        }
         agent.stop()
         t0 = time.perf_counter()
         agent.start()
-        wait(lambda: all(pod_ready(agent.pods().get(f)) for f in fulls),
-             f"{agent.name}: all statuses after restart", poll_s=POLL_BURST_S)
+        wait(
+            lambda: all(pod_ready(agent.pods().get(f)) for f in fulls),
+            f"{agent.name}: all statuses after restart",
+            poll_s=POLL_BURST_S,
+        )
         took = time.perf_counter() - t0
         time.sleep(RESTART_SETTLE_S)  # a restart decided late still counts
-        after = {f: sorted(cid for cid, run in cs if run)
-                 for f, cs in self.containers(agent).items() if f in fulls}
+        after = {
+            f: sorted(cid for cid, run in cs if run)
+            for f, cs in self.containers(agent).items()
+            if f in fulls
+        }
         pods = agent.pods()
         restarted = sum(
-            1 for f in fulls
+            1
+            for f in fulls
             if before.get(f) != after.get(f)
             or int(main_status(pods.get(f)).get("restartCount", 0)) > 0
         )
@@ -704,9 +749,12 @@ def single(w: Workloads, agent: Agent, name: str, samples: Samples) -> None:
     record(samples, "single_stopped", side, stopped)
     if gone is not None:
         record(samples, "single_gone", side, gone)
-    print(f"  {side:<8} single {name}: running {per[0]:.3f}s, killed -> terminated "
-          f"{dead:.3f}s, restarted {again:.3f}s; removed -> stopped {stopped:.3f}s, "
-          f"gone {'-' if gone is None else f'{gone:.3f}s'}", flush=True)
+    print(
+        f"  {side:<8} single {name}: running {per[0]:.3f}s, killed -> terminated "
+        f"{dead:.3f}s, restarted {again:.3f}s; removed -> stopped {stopped:.3f}s, "
+        f"gone {'-' if gone is None else f'{gone:.3f}s'}",
+        flush=True,
+    )
 
 
 def burst(w: Workloads, agent: Agent, names: Sequence[str], samples: Samples) -> None:
@@ -717,9 +765,12 @@ def burst(w: Workloads, agent: Agent, names: Sequence[str], samples: Samples) ->
     record(samples, f"burst{m}_cpu", side, cpu_s)
     stopped, _ = w.stop(agent, names, gone=False)
     record(samples, f"burst{m}_stopped", side, stopped)
-    print(f"  {side:<8} burst {m}: all running {total:.2f}s (median pod "
-          f"{percentile(per, 50):.2f}s, agent CPU {cpu_s:.1f} s); removed -> "
-          f"all stopped {stopped:.2f}s", flush=True)
+    print(
+        f"  {side:<8} burst {m}: all running {total:.2f}s (median pod "
+        f"{percentile(per, 50):.2f}s, agent CPU {cpu_s:.1f} s); removed -> "
+        f"all stopped {stopped:.2f}s",
+        flush=True,
+    )
 
 
 def idle_and_restart(
@@ -732,22 +783,30 @@ def idle_and_restart(
     _, total, cpu_s = w.start(agent, names)
     record(samples, f"{k}_start_all", side, total)
     record(samples, f"{k}_start_cpu", side, cpu_s)
-    print(f"  {side:<8} {n} pods running after {total:.1f}s (agent CPU {cpu_s:.1f} s); "
-          f"idle {cfg.idle_s}s ...", flush=True)
+    print(
+        f"  {side:<8} {n} pods running after {total:.1f}s (agent CPU {cpu_s:.1f} s); "
+        f"idle {cfg.idle_s}s ...",
+        flush=True,
+    )
     idle = w.idle(agent, cfg.idle_s)
     record(samples, f"{k}_cores", side, *idle["cores"])
     record(samples, f"{k}_rss", side, *idle["rss_mb"])
     record(samples, f"{k}_pss", side, *idle["pss_mb"])
     record(samples, f"{k}_processes", side, *idle["processes"])
-    print(f"  {side:<8} idle: cores mean {statistics.fmean(idle['cores']):.3f} p50 "
-          f"{percentile(idle['cores'], 50):.3f} p95 {percentile(idle['cores'], 95):.3f}, "
-          f"RSS {percentile(idle['rss_mb'], 50):.0f} MB", flush=True)
+    print(
+        f"  {side:<8} idle: cores mean {statistics.fmean(idle['cores']):.3f} p50 "
+        f"{percentile(idle['cores'], 50):.3f} p95 {percentile(idle['cores'], 95):.3f}, "
+        f"RSS {percentile(idle['rss_mb'], 50):.0f} MB",
+        flush=True,
+    )
     if restart:
         took, restarted = w.restart(agent, names)
         record(samples, f"{k}_restart_all_ready", side, took)
         record(samples, f"{k}_restart_restarts", side, float(restarted))
-        print(f"  {side:<8} restart -> all ready {took:.1f}s, {restarted} containers "
-              "restarted", flush=True)
+        print(
+            f"  {side:<8} restart -> all ready {took:.1f}s, {restarted} containers restarted",
+            flush=True,
+        )
     stopped, _ = w.stop(agent, names, gone=False)
     record(samples, f"{k}_stopped_all", side, stopped)
 
@@ -760,8 +819,11 @@ def cri_floor(w: Workloads, agent: Agent, cfg: Config, run_dir: Path, samples: S
         for m in cfg.bursts:
             got = w.runner.run(floor.burst(m))
             record(samples, f"burst{m}_floor", "cri", got["all_running"])
-            print(f"  raw CRI  burst {m} (round {r + 1}): all started "
-                  f"{got['all_running']:.2f}s, removed {got['all_removed']:.2f}s", flush=True)
+            print(
+                f"  raw CRI  burst {m} (round {r + 1}): all started "
+                f"{got['all_running']:.2f}s, removed {got['all_removed']:.2f}s",
+                flush=True,
+            )
 
 
 def table_rows(samples: Samples, cfg: Config) -> list[Row]:
@@ -772,9 +834,12 @@ def table_rows(samples: Samples, cfg: Config) -> list[Row]:
     def window(n: int, what: str, key: str, of: Callable[[Sequence[float]], float]) -> Row:
         """One number per side over the whole window (the 1 s samples' p95, their mean)."""
         s = samples.get(key, {})
-        return Row(f"idle, {n} pods: CPU {what} over the window (cores)", "cores",
-                   [of(s["klet"])] if s.get("klet") else [],
-                   [of(s["kubelet"])] if s.get("kubelet") else [])
+        return Row(
+            f"idle, {n} pods: CPU {what} over the window (cores)",
+            "cores",
+            [of(s["klet"])] if s.get("klet") else [],
+            [of(s["kubelet"])] if s.get("kubelet") else [],
+        )
 
     def over_floor(m: int) -> list[Row]:
         """The floor itself, then each agent's burst median over the floor's median."""
@@ -783,7 +848,8 @@ def table_rows(samples: Samples, cfg: Config) -> list[Row]:
             return []
         base = percentile(floor, 50)
         ratios = [
-            [percentile(xs, 50) / base] if (xs := samples.get(f"burst{m}_all", {}).get(side))
+            [percentile(xs, 50) / base]
+            if (xs := samples.get(f"burst{m}_all", {}).get(side))
             else []
             for side in ("klet", "kubelet")
         ]
@@ -822,8 +888,7 @@ def table_rows(samples: Samples, cfg: Config) -> list[Row]:
             rows += [
                 row("agent processes", f"{k}_processes", "count"),
                 row(f"agent restarted, {n} pods -> all Running+ready", f"{k}_restart_all_ready"),
-                row("containers restarted by the agent restart", f"{k}_restart_restarts",
-                    "count"),
+                row("containers restarted by the agent restart", f"{k}_restart_restarts", "count"),
             ]
         rows.append(row(f"{n} pods: removed -> none running", f"{k}_stopped_all"))
     if samples.get("failures"):
@@ -833,11 +898,16 @@ def table_rows(samples: Samples, cfg: Config) -> list[Row]:
 
 def kubelet_binary() -> tuple[Path, str]:
     """Build (or find cached) the upstream kubelet; its path and version."""
-    out = subprocess.run(["bash", str(KUBELET_BUILD), "--with-kubelet"], check=True,
-                         stdout=subprocess.PIPE, text=True).stdout
+    out = subprocess.run(
+        ["bash", str(KUBELET_BUILD), "--with-kubelet"],
+        check=True,
+        stdout=subprocess.PIPE,
+        text=True,
+    ).stdout
     binary = Path(out.strip().splitlines()[-1]) / "kubelet"
-    version = subprocess.run([str(binary), "--version"], capture_output=True, text=True,
-                             check=True).stdout.strip()
+    version = subprocess.run(
+        [str(binary), "--version"], capture_output=True, text=True, check=True
+    ).stdout.strip()
     return binary, version
 
 
@@ -874,28 +944,35 @@ def restore_sysctls(saved: Mapping[str, str]) -> None:
 def readme_section(res: dict[str, Any], rows: Sequence[Row]) -> str:
     cfg = res["config"]
     mach = res["machine"]
-    return "\n".join([
-        f"Measured {res['date']} on `{mach['host']}`: {mach['nproc']} cores, kernel "
-        f"{mach['kernel']}, cgroup v{res['cgroup_version']}, {res['runtime_version']} (one "
-        f"instance per agent), klet commit `{mach['commit']}`"
-        f"{' (uncommitted changes)' if mach['worktree_dirty'] else ''}, {res['kubelet_version']}; "
-        f"load average {res['load_before']} before, {res['load_after']} after (shared machine); "
-        f"{res['run_seconds'] / 60:.0f} min in all.",
-        "",
-        f"Configuration: `COMPARE_ROUNDS={cfg['rounds']} COMPARE_SINGLES={cfg['singles']} "
-        f"COMPARE_BURSTS={','.join(map(str, cfg['bursts']))} "
-        f"COMPARE_IDLE_PODS={','.join(map(str, cfg['idle_pods']))} "
-        f"COMPARE_IDLE_S={cfg['idle_s']}`. "
-        "Reproduce with `make bench-compare` (same variables).",
-        "",
-        markdown_table(rows),
-    ])
+    return "\n".join(
+        [
+            f"Measured {res['date']} on `{mach['host']}`: {mach['nproc']} cores, kernel "
+            f"{mach['kernel']}, cgroup v{res['cgroup_version']}, {res['runtime_version']} (one "
+            f"instance per agent), klet commit `{mach['commit']}`"
+            f"{' (uncommitted changes)' if mach['worktree_dirty'] else ''}, "
+            f"{res['kubelet_version']}; "
+            f"load average {res['load_before']} before, {res['load_after']} after "
+            "(shared machine); "
+            f"{res['run_seconds'] / 60:.0f} min in all.",
+            "",
+            f"Configuration: `COMPARE_ROUNDS={cfg['rounds']} COMPARE_SINGLES={cfg['singles']} "
+            f"COMPARE_BURSTS={','.join(map(str, cfg['bursts']))} "
+            f"COMPARE_IDLE_PODS={','.join(map(str, cfg['idle_pods']))} "
+            f"COMPARE_IDLE_S={cfg['idle_s']}`. "
+            "Reproduce with `make bench-compare` (same variables).",
+            "",
+            markdown_table(rows),
+        ]
+    )
 
 
 def parse(argv: Sequence[str] | None) -> argparse.Namespace:
     p = common.parser(__doc__)
-    p.add_argument("--readme", action="store_true",
-                   help="write the table into bench/README.md between the compare markers")
+    p.add_argument(
+        "--readme",
+        action="store_true",
+        help="write the table into bench/README.md between the compare markers",
+    )
     common.add_keep_and_output(p, RESULTS, keep_help="keep the run dir (logs, configs)")
     return p.parse_args(argv)
 
@@ -928,7 +1005,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             run_dir / "klet", f"cmpk{run_id}", stack.runtime_endpoint, max_pods=cfg.max_pods
         )
         kube = UpstreamAgent(
-            run_dir / "kube", f"cmpu{run_id}", upstream_cd.endpoint, binary,
+            run_dir / "kube",
+            f"cmpu{run_id}",
+            upstream_cd.endpoint,
+            binary,
             max_pods=cfg.max_pods,
         )
         for a in (klet, kube):  # "image present" for both
@@ -937,8 +1017,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         cri_floor(w, klet, cfg, run_dir, samples)
         cgroups = make_cgroup_root(UPSTREAM_CGROUP_ROOT)
         for a in (klet, kube):
-            print(f"bench: starting {a.name} (node {a.node_name}, read-only port {a.ro_port})",
-                  flush=True)
+            print(
+                f"bench: starting {a.name} (node {a.node_name}, read-only port {a.ro_port})",
+                flush=True,
+            )
             a.start()
             agents.append(a)
         version = runner.run(w.cri(klet).version())
@@ -984,9 +1066,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     return 1 if failed is not None or samples.get("failures") else 0
 
 
-def cleanup(agents: Sequence[Agent], w: Workloads, stack: DevStack,
-            upstream_cd: Containerd | None, cgroups: Sequence[Path],
-            sysctls: Mapping[str, str], run_dir: Path, keep: bool) -> None:
+def cleanup(
+    agents: Sequence[Agent],
+    w: Workloads,
+    stack: DevStack,
+    upstream_cd: Containerd | None,
+    cgroups: Sequence[Path],
+    sysctls: Mapping[str, str],
+    run_dir: Path,
+    keep: bool,
+) -> None:
     """Every step is attempted even if an earlier one fails."""
     steps: list[common.Step] = []
     for a in agents:

@@ -126,19 +126,29 @@ def poll(node: KletNode, pod: str, done: Any, poll_s: float) -> float:
         time.sleep(poll_s)
 
 
-def run_mode(stack: DevStack, run_dir: Path, mode: str, rounds: int, poll_s: float,
-             run_id: str) -> tuple[dict[str, Any], KletNode]:
+def run_mode(
+    stack: DevStack, run_dir: Path, mode: str, rounds: int, poll_s: float, run_id: str
+) -> tuple[dict[str, Any], KletNode]:
     manifests = run_dir / f"manifests-{mode}"
     manifests.mkdir()
-    node = KletNode(stack, run_dir / f"node-{mode}", node_name=f"ev{mode[:3]}{run_id}",
-                    manifest_dir=manifests, extra_flags=MODES[mode])
+    node = KletNode(
+        stack,
+        run_dir / f"node-{mode}",
+        node_name=f"ev{mode[:3]}{run_id}",
+        manifest_dir=manifests,
+        extra_flags=MODES[mode],
+    )
     node.start()
     pods = [f"death{i}" for i in range(rounds)]
     for pod in pods:
         (manifests / f"{pod}.yaml").write_text(MANIFEST.format(name=pod, image=BUSYBOX_IMAGE))
     for pod in pods:
-        poll(node, pod, lambda c: c is not None and "running" in c.get("state", {})
-             and bool(c.get("ready")), 0.1)
+        poll(
+            node,
+            pod,
+            lambda c: c is not None and "running" in c.get("state", {}) and bool(c.get("ready")),
+            0.1,
+        )
     death: list[float] = []
     restart: list[float] = []
     for pod in pods:
@@ -149,19 +159,26 @@ def run_mode(stack: DevStack, run_dir: Path, mode: str, rounds: int, poll_s: flo
         os.kill(pid, signal.SIGKILL)
         death.append(poll(node, pod, died, poll_s) - t0)
         restart.append(poll(node, pod, restarted, poll_s) - t0)
-        print(f"bench: {mode} {pod}: death {death[-1] * 1000:.0f} ms, "
-              f"restarted {restart[-1] * 1000:.0f} ms", flush=True)
+        print(
+            f"bench: {mode} {pod}: death {death[-1] * 1000:.0f} ms, "
+            f"restarted {restart[-1] * 1000:.0f} ms",
+            flush=True,
+        )
     return {"death_reported": stats(death), "restarted": stats(restart)}, node
 
 
 def report(res: dict[str, Any]) -> str:
-    lines = [f"container death → /pods ({res['rounds']} rounds per mode, "
-             f"poll {res['poll_ms']} ms, {res['runtime']})",
-             f"{'mode':<9} {'measure':<15} {'median':>9} {'p99':>9} {'min':>9} {'max':>9}"]
+    lines = [
+        f"container death → /pods ({res['rounds']} rounds per mode, "
+        f"poll {res['poll_ms']} ms, {res['runtime']})",
+        f"{'mode':<9} {'measure':<15} {'median':>9} {'p99':>9} {'min':>9} {'max':>9}",
+    ]
     for mode, m in res["modes"].items():
         for what, s in m.items():
-            lines.append(f"{mode:<9} {what:<15} " + " ".join(
-                f"{s[k] * 1000:>6.0f} ms" for k in ("median", "p99", "min", "max")))
+            lines.append(
+                f"{mode:<9} {what:<15} "
+                + " ".join(f"{s[k] * 1000:>6.0f} ms" for k in ("median", "p99", "min", "max"))
+            )
     return "\n".join(lines)
 
 
@@ -200,8 +217,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             node: KletNode | None = None
             try:
                 print(f"bench: mode {mode}, {args.rounds} pods ...", flush=True)
-                results[mode], node = run_mode(stack, run_dir, mode, args.rounds,
-                                               args.poll_ms / 1000, run_id)
+                results[mode], node = run_mode(
+                    stack, run_dir, mode, args.rounds, args.poll_ms / 1000, run_id
+                )
             finally:
                 if node is not None:
                     cleanup_node(stack, runner, cri, node)
@@ -226,8 +244,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     return 0
 
 
-def cleanup_node(stack: DevStack, runner: asyncio.Runner, cri: RuntimeClient | None,
-                 node: KletNode) -> None:
+def cleanup_node(
+    stack: DevStack, runner: asyncio.Runner, cri: RuntimeClient | None, node: KletNode
+) -> None:
     """Stop one mode's node and remove its sandboxes, so the next mode starts clean."""
     node.stop()
     if cri is not None and stack.containerd is not None:

@@ -151,8 +151,9 @@ def watch(checks: dict[str, Callable[[], bool]], t0: float) -> dict[str, float]:
 
 
 class Failover:
-    def __init__(self, node: KletNode, manifests: Path, runner: asyncio.Runner,
-                 cri: RuntimeClient, bus: Bus) -> None:
+    def __init__(
+        self, node: KletNode, manifests: Path, runner: asyncio.Runner, cri: RuntimeClient, bus: Bus
+    ) -> None:
         self.node = node
         self.manifests = manifests
         self.runner = runner
@@ -202,8 +203,11 @@ class Failover:
             return sample_value(fetch(f"http://127.0.0.1:{port}/metrics"), RELISTS)
 
         start = wait_for(relists, timeout_s=30, what="a syncloop relist")
-        wait_for(lambda: (relists() or 0) >= start + count, timeout_s=30,
-                 what=f"{count} more syncloop relists")
+        wait_for(
+            lambda: (relists() or 0) >= start + count,
+            timeout_s=30,
+            what=f"{count} more syncloop relists",
+        )
 
     # -- one service -----------------------------------------------------------------
 
@@ -223,11 +227,14 @@ class Failover:
             for n in range(rounds):
                 r = self.round(service, pair, n, res)
                 res.rounds.append(r)
-                print(f"  round {n + 1}: lease {r.lease:.2f} s, acts "
-                      f"{'-' if r.acts is None else f'{r.acts:.2f} s'}"
-                      + ("" if r.death is None else f", death reported {r.death:.2f} s")
-                      + ("" if r.restarted is None else f", running again {r.restarted:.2f} s")
-                      + f", failover restarts {r.failover_restarts}", flush=True)
+                print(
+                    f"  round {n + 1}: lease {r.lease:.2f} s, acts "
+                    f"{'-' if r.acts is None else f'{r.acts:.2f} s'}"
+                    + ("" if r.death is None else f", death reported {r.death:.2f} s")
+                    + ("" if r.restarted is None else f", running again {r.restarted:.2f} s")
+                    + f", failover restarts {r.failover_restarts}",
+                    flush=True,
+                )
         except (TimeoutError, AssertionError, RuntimeError, LookupError, OSError) as err:
             res.error = f"{type(err).__name__}: {err}"
             print(f"  {service} FAILED: {res.error}", flush=True)
@@ -239,8 +246,11 @@ class Failover:
             for probe in self.manifests.glob("probe*.yaml"):
                 probe.unlink()
         if not res.no_lease:  # the next service's rounds start from one leading replica
-            wait_for(lambda: self.holder_pid(service) == first.proc.pid,
-                     timeout_s=ROUND_TIMEOUT_S, what=f"{service}'s first replica leading")
+            wait_for(
+                lambda: self.holder_pid(service) == first.proc.pid,
+                timeout_s=ROUND_TIMEOUT_S,
+                what=f"{service}'s first replica leading",
+            )
         return res
 
     def _leased(self, service: str, pair: tuple[Replica, Replica]) -> bool:
@@ -288,7 +298,8 @@ class Failover:
             )
             checks["restarted"] = lambda: (
                 (s := self.main_status("victim"))["restartCount"] > victim_rc
-                and "running" in s["state"] and bool(s["ready"])
+                and "running" in s["state"]
+                and bool(s["ready"])
             )
 
         time.sleep(random.uniform(0, RENEW_PERIOD_S))
@@ -298,14 +309,18 @@ class Failover:
             self.runner.run(self.cri.stop_container(before["victim"][0], timeout_s=0))
         if service == "pod-source":
             (self.manifests / f"{probe}.yaml").write_text(
-                MANIFEST.format(name=probe, image=BUSYBOX_IMAGE))
+                MANIFEST.format(name=probe, image=BUSYBOX_IMAGE)
+            )
         seen = watch(checks, t0)
 
         leader.start()  # back as the standby, as its supervisor would restart it
         if service == "pod-source":
             (self.manifests / f"{probe}.yaml").unlink()
-            wait_for(lambda: not self.published(probe) and not self._sandboxes(probe),
-                     timeout_s=ROUND_TIMEOUT_S, what=f"{probe} removed")
+            wait_for(
+                lambda: not self.published(probe) and not self._sandboxes(probe),
+                timeout_s=ROUND_TIMEOUT_S,
+                what=f"{probe} removed",
+            )
         syncloop = standby.port if service == "syncloop" else self.node.ports["syncloop"]
         self.relisted(syncloop, 2)
         if "death" in seen:  # running again implies reported: a poll may see both at once
@@ -315,17 +330,21 @@ class Failover:
             acts=seen.get("acts"),
             death=seen.get("death"),
             restarted=seen.get("restarted"),
-            failover_restarts=self.restarts_since(before, killed="victim" if service == "syncloop"
-                                                  else None),
+            failover_restarts=self.restarts_since(
+                before, killed="victim" if service == "syncloop" else None
+            ),
         )
 
     def _sandboxes(self, name: str) -> list[str]:
         full = f"{name}-{self.node.node_name}"
-        return [s.id for s in self.runner.run(
-            self.cri.list_pod_sandboxes(label_selector={L.POD_NAME: full}))]
+        return [
+            s.id
+            for s in self.runner.run(self.cri.list_pod_sandboxes(label_selector={L.POD_NAME: full}))
+        ]
 
-    def restarts_since(self, before: dict[str, tuple[ContainerID, int]], *,
-                       killed: str | None) -> int:
+    def restarts_since(
+        self, before: dict[str, tuple[ContainerID, int]], *, killed: str | None
+    ) -> int:
         """Container restarts beyond the one of the container this round stopped."""
         restarts = 0
         for pod, (cid, rc) in before.items():
@@ -352,8 +371,11 @@ def _try(check: Callable[[str], bool], arg: str) -> bool:
 
 
 def summarize(res: Result) -> dict[str, Any]:
-    out: dict[str, Any] = {"no_lease": res.no_lease, "acts_means": res.acts_means,
-                           "error": res.error}
+    out: dict[str, Any] = {
+        "no_lease": res.no_lease,
+        "acts_means": res.acts_means,
+        "error": res.error,
+    }
     for key in ("lease", "acts", "death", "restarted"):
         values = [v for r in res.rounds if (v := getattr(r, key)) is not None]
         if values:
@@ -386,8 +408,10 @@ def report(res: dict[str, Any]) -> str:
             lines.append(f"{service:<36}  no lease: its replicas do not contend (both act)")
             continue
         n = len(s["rounds"])
-        lines.append(f"{service + ': standby holds the lease':<36}{n:>3}{cell(s.get('lease'))}"
-                     f"  {s['failover_restarts']}")
+        lines.append(
+            f"{service + ': standby holds the lease':<36}{n:>3}{cell(s.get('lease'))}"
+            f"  {s['failover_restarts']}"
+        )
         lines.append(f"{'  ... and acts':<36}{n:>3}{cell(s.get('acts'))}  ({s['acts_means']})")
         if "death" in s:
             lines.append(f"{'  ... container death reported':<36}{n:>3}{cell(s['death'])}")
@@ -403,10 +427,19 @@ def report(res: dict[str, Any]) -> str:
 
 def parse(argv: Sequence[str] | None) -> argparse.Namespace:
     p = common.parser(__doc__)
-    p.add_argument("--rounds", type=int, default=int(os.environ.get("FAILOVER_ROUNDS", "5")),
-                   help="failovers per service (default $FAILOVER_ROUNDS or 5)")
-    p.add_argument("--services", nargs="+", choices=SERVICES, default=list(SERVICES),
-                   help="services to fail over (default all)")
+    p.add_argument(
+        "--rounds",
+        type=int,
+        default=int(os.environ.get("FAILOVER_ROUNDS", "5")),
+        help="failovers per service (default $FAILOVER_ROUNDS or 5)",
+    )
+    p.add_argument(
+        "--services",
+        nargs="+",
+        choices=SERVICES,
+        default=list(SERVICES),
+        help="services to fail over (default all)",
+    )
     common.add_keep_and_output(p, RESULTS, keep_help="keep the run dir (service logs)")
     return p.parse_args(argv)
 
@@ -442,8 +475,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"bench: klet node {node_name} starting ...", flush=True)
         node.start()
         for name in PODS:
-            wait_for(functools.partial(running, node, name), timeout_s=ROUND_TIMEOUT_S,
-                     what=f"{name} Running")
+            wait_for(
+                functools.partial(running, node, name),
+                timeout_s=ROUND_TIMEOUT_S,
+                what=f"{name} Running",
+            )
         bench = Failover(node, manifests, runner, cri, runner.run(admin_bus(node)))
         for service in args.services:
             print(f"bench: {service}, {args.rounds} failovers ...", flush=True)

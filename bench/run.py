@@ -115,12 +115,21 @@ class Floor:
         log_dir = self.logs_dir / uid
         (log_dir / "main").mkdir(parents=True, exist_ok=True)
         sandbox = SandboxConfig(
-            name=name, namespace="bench", uid=uid, attempt=0, hostname=name,
-            log_directory=str(log_dir), labels={BENCH_LABEL: self.run_id},
+            name=name,
+            namespace="bench",
+            uid=uid,
+            attempt=0,
+            hostname=name,
+            log_directory=str(log_dir),
+            labels={BENCH_LABEL: self.run_id},
         )
         container = ContainerConfig(
-            name="main", attempt=0, image=BUSYBOX_IMAGE, command=COMMAND,
-            log_path="main/0.log", labels={BENCH_LABEL: self.run_id},
+            name="main",
+            attempt=0,
+            image=BUSYBOX_IMAGE,
+            command=COMMAND,
+            log_path="main/0.log",
+            labels={BENCH_LABEL: self.run_id},
         )
         return sandbox, container
 
@@ -203,8 +212,9 @@ def poll(check: Callable[[], bool], what: str, timeout_s: float = POD_TIMEOUT_S)
 
 
 class KletBench:
-    def __init__(self, node: KletNode, manifests: Path, runner: asyncio.Runner,
-                 cri: RuntimeClient) -> None:
+    def __init__(
+        self, node: KletNode, manifests: Path, runner: asyncio.Runner, cri: RuntimeClient
+    ) -> None:
         self.node = node
         self.manifests = manifests
         self.runner = runner
@@ -244,8 +254,11 @@ class KletBench:
             if i >= warmup:
                 out["start"].append(up)
                 out["teardown"].append(down)
-            print(f"  klet pod {i + 1 - warmup if i >= warmup else 'warm-up'}: "
-                  f"running {up * 1000:.0f} ms, removed {down * 1000:.0f} ms", flush=True)
+            print(
+                f"  klet pod {i + 1 - warmup if i >= warmup else 'warm-up'}: "
+                f"running {up * 1000:.0f} ms, removed {down * 1000:.0f} ms",
+                flush=True,
+            )
         return out
 
     def burst(self, m: int) -> dict[str, Any]:
@@ -317,8 +330,9 @@ async def make_client(endpoint: str) -> RuntimeClient:
 def machine() -> dict[str, Any]:
     def git(*a: str) -> str:
         try:
-            return subprocess.run(["git", *a], cwd=ROOT, capture_output=True, text=True,
-                                  timeout=10).stdout.strip()
+            return subprocess.run(
+                ["git", *a], cwd=ROOT, capture_output=True, text=True, timeout=10
+            ).stdout.strip()
         except (OSError, subprocess.SubprocessError):
             return ""
 
@@ -370,8 +384,11 @@ def report(res: dict[str, Any]) -> str:
         ("klet: manifest removed -> sandbox gone", "klet_teardown", "cri_teardown"),
         (f"CRI floor burst x{res['burst']}: per-pod started", "cri_burst_per_pod", None),
         (f"klet burst x{res['burst']}: per-pod Running", "klet_burst_per_pod", "cri_burst_per_pod"),
-        (f"CRI floor burst x{res['burst']} ({par} sbx): per-pod", "cri_burst_bounded_per_pod",
-         None),
+        (
+            f"CRI floor burst x{res['burst']} ({par} sbx): per-pod",
+            "cri_burst_bounded_per_pod",
+            None,
+        ),
     ]
     for label, key, base in rows:
         if key in m:
@@ -380,12 +397,18 @@ def report(res: dict[str, Any]) -> str:
     for label, key, base in (
         (f"CRI floor burst x{res['burst']}: all started", "cri_burst_all", None),
         (f"klet burst x{res['burst']}: all Running", "klet_burst_all", "cri_burst_all"),
-        (f"CRI floor burst x{res['burst']} ({par} sbx): all started", "cri_burst_bounded_all",
-         None),
+        (
+            f"CRI floor burst x{res['burst']} ({par} sbx): all started",
+            "cri_burst_bounded_all",
+            None,
+        ),
         ("  klet all Running / this floor", "klet_burst_all", "cri_burst_bounded_all"),
         (f"CRI floor burst x{res['burst']}: all removed", "cri_burst_removed", None),
-        (f"klet burst x{res['burst']}: all sandboxes gone", "klet_burst_removed",
-         "cri_burst_removed"),
+        (
+            f"klet burst x{res['burst']}: all sandboxes gone",
+            "klet_burst_removed",
+            "cri_burst_removed",
+        ),
     ):
         if key in m:
             r = m[key] / m[base] if base and m.get(base) else None
@@ -409,11 +432,19 @@ def parse(argv: Sequence[str] | None) -> argparse.Namespace:
     p = common.parser(__doc__)
     p.add_argument("--pods", type=int, default=10, help="pods measured one at a time (default 10)")
     p.add_argument("--burst", type=int, default=10, help="pods written at once (default 10)")
-    p.add_argument("--floor-parallel", type=int, default=8,
-                   help="also run the CRI-floor burst with at most this many sandbox "
-                   "creations in flight, as syncloop does (default 8; 0 skips it)")
-    p.add_argument("--warmup", type=int, default=1,
-                   help="untimed pods before each sequential series (default 1)")
+    p.add_argument(
+        "--floor-parallel",
+        type=int,
+        default=8,
+        help="also run the CRI-floor burst with at most this many sandbox "
+        "creations in flight, as syncloop does (default 8; 0 skips it)",
+    )
+    p.add_argument(
+        "--warmup",
+        type=int,
+        default=1,
+        help="untimed pods before each sequential series (default 1)",
+    )
     common.add_keep_and_output(p, RESULTS)
     return p.parse_args(argv)
 
@@ -452,16 +483,24 @@ def main(argv: Sequence[str] | None = None) -> int:
             m["cri_burst_per_pod"] = summary(fb["per_pod"])
             m["cri_burst_all"], m["cri_burst_removed"] = fb["all_running"], fb["all_removed"]
             if args.floor_parallel > 0:
-                print(f"bench: CRI floor, burst of {args.burst}, {args.floor_parallel} sandboxes "
-                      "at a time ...", flush=True)
+                print(
+                    f"bench: CRI floor, burst of {args.burst}, {args.floor_parallel} sandboxes "
+                    "at a time ...",
+                    flush=True,
+                )
                 fp = runner.run(floor.burst(args.burst, args.floor_parallel))
                 m["cri_burst_bounded_per_pod"] = summary(fp["per_pod"])
                 m["cri_burst_bounded_all"] = fp["all_running"]
 
         manifests = run_dir / "manifests"
         manifests.mkdir()
-        node = KletNode(stack, run_dir / "node", node_name=node_name, manifest_dir=manifests,
-                        extra_flags=["--evented-pleg-relist-period", "20s"])  # the default
+        node = KletNode(
+            stack,
+            run_dir / "node",
+            node_name=node_name,
+            manifest_dir=manifests,
+            extra_flags=["--evented-pleg-relist-period", "20s"],
+        )  # the default
         print(f"bench: klet node {node_name} starting ...", flush=True)
         node.start()
         kb = KletBench(node, manifests, runner, cri)
@@ -491,8 +530,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             "ratios": {
                 "start": ratio(m["klet_start"], m["cri_start"]),
                 "teardown": ratio(m["klet_teardown"], m["cri_teardown"]),
-                "burst_all_running": (m["klet_burst_all"] / m["cri_burst_all"]
-                                      if args.burst > 0 else None),
+                "burst_all_running": (
+                    m["klet_burst_all"] / m["cri_burst_all"] if args.burst > 0 else None
+                ),
             },
             "units": "seconds",
         }
@@ -508,16 +548,24 @@ def main(argv: Sequence[str] | None = None) -> int:
     return 0
 
 
-def cleanup(stack: DevStack, runner: asyncio.Runner, cri: RuntimeClient | None,
-            node: KletNode | None, run_id: str, node_name: str, run_dir: Path,
-            keep: bool) -> None:
+def cleanup(
+    stack: DevStack,
+    runner: asyncio.Runner,
+    cri: RuntimeClient | None,
+    node: KletNode | None,
+    run_id: str,
+    node_name: str,
+    run_dir: Path,
+    keep: bool,
+) -> None:
     """Every step is attempted even if an earlier one fails."""
     steps: list[common.Step] = []
     if node is not None:
         steps.append(("stop klet node", node.stop))
     if cri is not None and stack.containerd is not None:
-        steps.append(("remove sandboxes",
-                      lambda: runner.run(remove_sandboxes(cri, run_id, node_name))))
+        steps.append(
+            ("remove sandboxes", lambda: runner.run(remove_sandboxes(cri, run_id, node_name)))
+        )
         steps.append(("close CRI client", lambda: runner.run(cri.close())))
     steps.append(("close event loop", runner.close))
     steps.append(("stop devstack", stack.stop))

@@ -121,10 +121,14 @@ P95_MIN_SAMPLES = 20
 KINDS = ("emptydir", "pvc", "inline")
 KIND_LABELS = {"emptydir": "emptyDir", "pvc": "PVC (bound)", "inline": "inline CSI"}
 # The CSI Node calls timed per kind, after the POST and after the DELETE.
-CSI_AFTER_CREATE = {"pvc": ("NodeStageVolume", "NodePublishVolume"),
-                    "inline": ("NodePublishVolume",)}
-CSI_AFTER_DELETE = {"pvc": ("NodeUnpublishVolume", "NodeUnstageVolume"),
-                    "inline": ("NodeUnpublishVolume",)}
+CSI_AFTER_CREATE = {
+    "pvc": ("NodeStageVolume", "NodePublishVolume"),
+    "inline": ("NodePublishVolume",),
+}
+CSI_AFTER_DELETE = {
+    "pvc": ("NodeUnpublishVolume", "NodeUnstageVolume"),
+    "inline": ("NodeUnpublishVolume",),
+}
 
 
 # -- the apiserver: requests and a pod watch -------------------------------------------------
@@ -141,8 +145,9 @@ class Api:
         self._conn: http.client.HTTPSConnection | None = None
 
     def connect(self, timeout_s: float | None = 30.0) -> http.client.HTTPSConnection:
-        return http.client.HTTPSConnection("127.0.0.1", self.port, context=self.ctx,
-                                           timeout=timeout_s)
+        return http.client.HTTPSConnection(
+            "127.0.0.1", self.port, context=self.ctx, timeout=timeout_s
+        )
 
     def call(self, method: str, path: str, body: Any = None) -> tuple[int, Any]:
         """(status, decoded JSON body); one retry on a fresh connection if the kept one
@@ -238,8 +243,11 @@ class PodWatch:
                     known = {n for n, evs in self.events.items() if evs[-1][1] != "DELETED"}
                 rv = self._relist(known)
                 self._conn = conn = self.api.connect(timeout_s=None)
-                conn.request("GET", f"{self.path}?watch=1&resourceVersion={rv}"
-                             "&timeoutSeconds=3600", headers={"Accept": "application/json"})
+                conn.request(
+                    "GET",
+                    f"{self.path}?watch=1&resourceVersion={rv}&timeoutSeconds=3600",
+                    headers={"Accept": "application/json"},
+                )
                 resp = conn.getresponse()
                 for line in resp:
                     t = time.perf_counter()
@@ -254,8 +262,14 @@ class PodWatch:
                     self.error = err
                     self.cond.notify_all()
 
-    def wait(self, name: str, pred: Callable[[str, dict[str, Any]], bool], *, since: float,
-             timeout_s: float = POD_TIMEOUT_S) -> float:
+    def wait(
+        self,
+        name: str,
+        pred: Callable[[str, dict[str, Any]], bool],
+        *,
+        since: float,
+        timeout_s: float = POD_TIMEOUT_S,
+    ) -> float:
         """The arrival time of the first event of ``name`` at or after ``since`` that
         satisfies ``pred``; TimeoutError when none came in time."""
         deadline = time.perf_counter() + timeout_s
@@ -278,8 +292,11 @@ class PodWatch:
         """The events of ``name`` since ``since``: [seconds after, type, phase, ready]."""
         with self.cond:
             evs = list(self.events.get(name, []))
-        return [[round(t - since, 4), kind, pod.get("status", {}).get("phase"), pod_ready(pod)]
-                for t, kind, pod in evs if t >= since]
+        return [
+            [round(t - since, 4), kind, pod.get("status", {}).get("phase"), pod_ready(pod)]
+            for t, kind, pod in evs
+            if t >= since
+        ]
 
 
 # -- csi-mock's log --------------------------------------------------------------------------
@@ -314,8 +331,9 @@ class KubeletNode(UpstreamAgent):
     """bench/compare's kubelet with the node flags, its pods under a cgroup root of this
     bench's own."""
 
-    def __init__(self, dir: Path, node_name: str, endpoint: str, binary: Path,
-                 extra: Sequence[str]) -> None:
+    def __init__(
+        self, dir: Path, node_name: str, endpoint: str, binary: Path, extra: Sequence[str]
+    ) -> None:
         super().__init__(dir, node_name, endpoint, binary)
         self.extra = list(extra)
 
@@ -354,11 +372,24 @@ def host_ip() -> str:
 
 def csi_objects(driver: str) -> list[dict[str, Any]]:
     return [
-        {"apiVersion": "storage.k8s.io/v1", "kind": "CSIDriver", "metadata": {"name": driver},
-         "spec": {"attachRequired": False, "podInfoOnMount": True,
-                  "volumeLifecycleModes": ["Persistent", "Ephemeral"]}},
-        {"apiVersion": "storage.k8s.io/v1", "kind": "StorageClass", "metadata": {"name": driver},
-         "provisioner": driver, "reclaimPolicy": "Delete", "volumeBindingMode": "Immediate"},
+        {
+            "apiVersion": "storage.k8s.io/v1",
+            "kind": "CSIDriver",
+            "metadata": {"name": driver},
+            "spec": {
+                "attachRequired": False,
+                "podInfoOnMount": True,
+                "volumeLifecycleModes": ["Persistent", "Ephemeral"],
+            },
+        },
+        {
+            "apiVersion": "storage.k8s.io/v1",
+            "kind": "StorageClass",
+            "metadata": {"name": driver},
+            "provisioner": driver,
+            "reclaimPolicy": "Delete",
+            "volumeBindingMode": "Immediate",
+        },
     ]
 
 
@@ -372,23 +403,41 @@ def start_csi(node: Node, cp: ControlPlane, binaries: Mapping[str, Path], dir: P
     # before it is spawned, so an interrupt while it starts leaves nothing running.
     node.mock = ManagedProcess(
         "csi-mock",
-        [str(binaries["csi-mock"]), f"--endpoint=unix://{sock}", f"--drivername={node.driver}",
-         "-v=3", f"--registration-socket={registration}", "--disable-attach",
-         "--node-expand-required"],
-        dir=dir)
+        [
+            str(binaries["csi-mock"]),
+            f"--endpoint=unix://{sock}",
+            f"--drivername={node.driver}",
+            "-v=3",
+            f"--registration-socket={registration}",
+            "--disable-attach",
+            "--node-expand-required",
+        ],
+        dir=dir,
+    )
     node.mock.start()
     node.mock.wait_ready(sock.is_socket, 30, f"{sock}")
     node.provisioner = ManagedProcess(
         "csi-provisioner",
-        [str(binaries["csi-provisioner"]), f"--csi-address={sock}",
-         f"--kubeconfig={cp.admin_kubeconfig}", "--v=2", "--timeout=30s",
-         "--worker-threads=2"],
-        dir=dir)
+        [
+            str(binaries["csi-provisioner"]),
+            f"--csi-address={sock}",
+            f"--kubeconfig={cp.admin_kubeconfig}",
+            "--v=2",
+            "--timeout=30s",
+            "--worker-threads=2",
+        ],
+        dir=dir,
+    )
     node.provisioner.start()
 
 
-def poll(check: Callable[[], bool], what: str, *, timeout_s: float = SETUP_TIMEOUT_S,
-         interval_s: float = 0.2) -> None:
+def poll(
+    check: Callable[[], bool],
+    what: str,
+    *,
+    timeout_s: float = SETUP_TIMEOUT_S,
+    interval_s: float = 0.2,
+) -> None:
     deadline = time.perf_counter() + timeout_s
     while True:
         try:
@@ -403,14 +452,15 @@ def poll(check: Callable[[], bool], what: str, *, timeout_s: float = SETUP_TIMEO
 
 def node_ready(api: Api, name: str) -> bool:
     status, node = api.call("GET", f"/api/v1/nodes/{name}")
-    return status == 200 and any(c["type"] == "Ready" and c["status"] == "True"
-                                 for c in node["status"].get("conditions") or [])
+    return status == 200 and any(
+        c["type"] == "Ready" and c["status"] == "True"
+        for c in node["status"].get("conditions") or []
+    )
 
 
 def csinode_has(api: Api, name: str, driver: str) -> bool:
     status, csinode = api.call("GET", f"/apis/storage.k8s.io/v1/csinodes/{name}")
-    return status == 200 and any(d["name"] == driver
-                                 for d in csinode["spec"].get("drivers") or [])
+    return status == 200 and any(d["name"] == driver for d in csinode["spec"].get("drivers") or [])
 
 
 # -- the workloads ------------------------------------------------------------------------------
@@ -425,10 +475,14 @@ def pod_object(name: str, node: str, volume: dict[str, Any]) -> dict[str, Any]:
             "nodeName": node,
             "terminationGracePeriodSeconds": GRACE_S,
             "volumes": [{"name": "data", **volume}],
-            "containers": [{
-                "name": "main", "image": BUSYBOX_IMAGE, "command": list(COMMAND),
-                "volumeMounts": [{"name": "data", "mountPath": "/data"}],
-            }],
+            "containers": [
+                {
+                    "name": "main",
+                    "image": BUSYBOX_IMAGE,
+                    "command": list(COMMAND),
+                    "volumeMounts": [{"name": "data", "mountPath": "/data"}],
+                }
+            ],
         },
     }
 
@@ -438,8 +492,11 @@ def claim_object(name: str, storage_class: str) -> dict[str, Any]:
         "apiVersion": "v1",
         "kind": "PersistentVolumeClaim",
         "metadata": {"name": name, "namespace": NAMESPACE},
-        "spec": {"accessModes": ["ReadWriteOnce"], "storageClassName": storage_class,
-                 "resources": {"requests": {"storage": "1Mi"}}},
+        "spec": {
+            "accessModes": ["ReadWriteOnce"],
+            "storageClassName": storage_class,
+            "resources": {"requests": {"storage": "1Mi"}},
+        },
     }
 
 
@@ -460,8 +517,9 @@ def cpu_seconds(before: Mapping[int, int], after: Mapping[int, int]) -> float:
     return sum(after[p] - before[p] for p in before.keys() & after.keys()) / CLK_TCK
 
 
-def by_process(agent: Agent, before: Mapping[int, int], after: Mapping[int, int]
-               ) -> dict[str, float]:
+def by_process(
+    agent: Agent, before: Mapping[int, int], after: Mapping[int, int]
+) -> dict[str, float]:
     """CPU-seconds between two readings per process of the agent, by what it runs."""
     root = agent.proc.pid if agent.proc is not None else None
     out: dict[str, float] = {}
@@ -477,8 +535,9 @@ def by_process(agent: Agent, before: Mapping[int, int], after: Mapping[int, int]
     return dict(sorted(out.items(), key=lambda kv: -kv[1]))
 
 
-def cycle(api: Api, watch: PodWatch, node: Node, kind: str, name: str, claim: str
-          ) -> dict[str, Any]:
+def cycle(
+    api: Api, watch: PodWatch, node: Node, kind: str, name: str, claim: str
+) -> dict[str, Any]:
     """One pod of ``kind`` on ``node``: created, Running+ready, deleted, gone."""
     pod = pod_object(name, node.agent.node_name, volume_of(kind, node, claim))
     cpu0 = node.agent.pids()
@@ -492,12 +551,14 @@ def cycle(api: Api, watch: PodWatch, node: Node, kind: str, name: str, claim: st
     t_gone = watch.wait(name, lambda k, p: k == "DELETED", since=t1)
     cpu1 = node.agent.pids()
     out: dict[str, Any] = {
-        "name": name, "start": t_ready - t0, "delete": t_gone - t1,
-        "cpu_s": cpu_seconds(cpu0, cpu1), "trace": watch.trace(name, t0),
+        "name": name,
+        "start": t_ready - t0,
+        "delete": t_gone - t1,
+        "cpu_s": cpu_seconds(cpu0, cpu1),
+        "trace": watch.trace(name, t0),
     }
     if node.mock is not None and kind in CSI_AFTER_CREATE:
-        calls = csi_calls(node.mock.log_path.read_text(errors="replace"),
-                          year=dt.date.today().year)
+        calls = csi_calls(node.mock.log_path.read_text(errors="replace"), year=dt.date.today().year)
         out["csi"] = {m: first_after(calls, m, wall0) for m in CSI_AFTER_CREATE[kind]}
         out["csi"].update({m: first_after(calls, m, wall1) for m in CSI_AFTER_DELETE[kind]})
     return out
@@ -550,8 +611,16 @@ def record(samples: Samples, key: str, side: str, value: float) -> None:
     samples.setdefault(key, {}).setdefault(side, []).append(value)
 
 
-def run_round(api: Api, watch: PodWatch, nodes: Sequence[Node], r: int, *, timed: bool,
-              samples: Samples, details: list[dict[str, Any]]) -> None:
+def run_round(
+    api: Api,
+    watch: PodWatch,
+    nodes: Sequence[Node],
+    r: int,
+    *,
+    timed: bool,
+    samples: Samples,
+    details: list[dict[str, Any]],
+) -> None:
     """One pod of each kind per node; the round's claims made first, dropped after (an
     interrupt skips the drop: the whole plane goes at clean-up)."""
     tag = f"r{r}" if timed else f"w{r}"
@@ -585,11 +654,15 @@ def run_round(api: Api, watch: PodWatch, nodes: Sequence[Node], r: int, *, timed
 
 def report(side: str, kind: str, res: Mapping[str, Any], *, timed: bool) -> None:
     csi = res.get("csi", {})
-    steps = " ".join(f"{m.removeprefix('Node')} {'-' if v is None else f'{v:.3f}s'}"
-                     for m, v in csi.items())
-    print(f"  {side:<8} {kind:<8} running {res['start']:.3f}s, gone {res['delete']:.3f}s, "
-          f"CPU {res['cpu_s']:.2f}s{'  (CSI: ' + steps + ')' if steps else ''}"
-          f"{'' if timed else '  [warm-up]'}", flush=True)
+    steps = " ".join(
+        f"{m.removeprefix('Node')} {'-' if v is None else f'{v:.3f}s'}" for m, v in csi.items()
+    )
+    print(
+        f"  {side:<8} {kind:<8} running {res['start']:.3f}s, gone {res['delete']:.3f}s, "
+        f"CPU {res['cpu_s']:.2f}s{'  (CSI: ' + steps + ')' if steps else ''}"
+        f"{'' if timed else '  [warm-up]'}",
+        flush=True,
+    )
 
 
 # -- the table -------------------------------------------------------------------------------
@@ -604,11 +677,15 @@ def table_rows(samples: Samples) -> list[Row]:
     for kind in KINDS:
         k = KIND_LABELS[kind]
         rows.append(row(f"{k}: created -> Running+ready", f"{kind}_start"))
-        rows += [row(f"{k}: created -> {m} returned", f"{kind}_{m}")
-                 for m in CSI_AFTER_CREATE.get(kind, ())]
+        rows += [
+            row(f"{k}: created -> {m} returned", f"{kind}_{m}")
+            for m in CSI_AFTER_CREATE.get(kind, ())
+        ]
         rows.append(row(f"{k}: deleted -> gone from the API", f"{kind}_delete"))
-        rows += [row(f"{k}: deleted -> {m} returned", f"{kind}_{m}")
-                 for m in CSI_AFTER_DELETE.get(kind, ())]
+        rows += [
+            row(f"{k}: deleted -> {m} returned", f"{kind}_{m}")
+            for m in CSI_AFTER_DELETE.get(kind, ())
+        ]
         rows.append(row(f"{k}: agent CPU, created -> gone", f"{kind}_cpu", "cpu-s"))
     rows.append(row("agent CPU over all timed rounds", "run_cpu", "cpu-s"))
     rows.append(row("the same, per second of the timed rounds", "run_cores", "cores"))
@@ -631,23 +708,29 @@ def replace_section(text: str, section: str) -> str:
 
 def readme_section(res: dict[str, Any], rows: Sequence[Row]) -> str:
     mach, cfg = res["machine"], res["config"]
-    return "\n".join([
-        f"Measured {res['date']} on `{mach['host']}`: {mach['nproc']} cores, kernel "
-        f"{mach['kernel']}, containerd {res['runtime_version']} (one instance per agent), klet "
-        f"commit `{mach['commit']}`{' (uncommitted changes)' if mach['worktree_dirty'] else ''}, "
-        f"{res['kubelet_version']}, csi-mock and csi-provisioner of tools/csi; load average "
-        f"{res['load_before']} before, {res['load_after']} after (shared machine); "
-        f"{res['run_seconds'] / 60:.0f} min in all.",
-        "",
-        f"Configuration: `VOLUMES_ROUNDS={cfg['rounds']} VOLUMES_WARMUP={cfg['warmup']}`. "
-        "Reproduce with `make bench-volumes` (same variables).",
-        "",
-        markdown_table(rows),
-        "",
-        "Agent CPU-seconds in the timed rounds by process: " + "; ".join(
-            f"{side}: " + ", ".join(f"{k} {v:.1f}" for k, v in procs.items())
-            for side, procs in res["cpu_by_process"].items()) + ".",
-    ])
+    return "\n".join(
+        [
+            f"Measured {res['date']} on `{mach['host']}`: {mach['nproc']} cores, kernel "
+            f"{mach['kernel']}, containerd {res['runtime_version']} (one instance per agent), klet "
+            f"commit `{mach['commit']}`"
+            f"{' (uncommitted changes)' if mach['worktree_dirty'] else ''}, "
+            f"{res['kubelet_version']}, csi-mock and csi-provisioner of tools/csi; load average "
+            f"{res['load_before']} before, {res['load_after']} after (shared machine); "
+            f"{res['run_seconds'] / 60:.0f} min in all.",
+            "",
+            f"Configuration: `VOLUMES_ROUNDS={cfg['rounds']} VOLUMES_WARMUP={cfg['warmup']}`. "
+            "Reproduce with `make bench-volumes` (same variables).",
+            "",
+            markdown_table(rows),
+            "",
+            "Agent CPU-seconds in the timed rounds by process: "
+            + "; ".join(
+                f"{side}: " + ", ".join(f"{k} {v:.1f}" for k, v in procs.items())
+                for side, procs in res["cpu_by_process"].items()
+            )
+            + ".",
+        ]
+    )
 
 
 # -- the run ----------------------------------------------------------------------------------
@@ -655,8 +738,11 @@ def readme_section(res: dict[str, Any], rows: Sequence[Row]) -> str:
 
 def parse(argv: Sequence[str] | None) -> argparse.Namespace:
     p = common.parser(__doc__)
-    p.add_argument("--readme", action="store_true",
-                   help="write the table into bench/README.md between the volumes markers")
+    p.add_argument(
+        "--readme",
+        action="store_true",
+        help="write the table into bench/README.md between the volumes markers",
+    )
     common.add_keep_and_output(p, RESULTS, keep_help="keep the run dir (logs, configs)")
     return p.parse_args(argv)
 
@@ -690,30 +776,42 @@ def main(argv: Sequence[str] | None = None) -> int:
     failed: Exception | None = None
     version_text = "?"
     try:
-        print(f"bench: control plane, devstack and a second containerd in {run_dir} ...",
-              flush=True)
+        print(
+            f"bench: control plane, devstack and a second containerd in {run_dir} ...", flush=True
+        )
         cp.start()
         stack.start()
         upstream_cd = second_containerd(stack, run_dir / "c2")
         ip = host_ip()
         kn, un = f"volk{run_id}", f"volu{run_id}"
         klet = KletNode(run_dir / "klet", kn, stack.runtime_endpoint, cp.node_flags(kn, ip))
-        kube = KubeletNode(run_dir / "kube", un, upstream_cd.endpoint, binary,
-                           cp.node_flags(un, ip))
+        kube = KubeletNode(
+            run_dir / "kube", un, upstream_cd.endpoint, binary, cp.node_flags(un, ip)
+        )
         for a in (klet, kube):  # "image present" for both
             runner.run(w.cri(a).pull_image(BUSYBOX_IMAGE))
         version = runner.run(w.cri(klet).version())
         version_text = version.runtime_version
         cgroups = make_cgroup_root(CGROUP_ROOT)
-        api = Api(cp, cp.ca.issue("klet-bench", ["system:masters"], client=True,
-                                  name="client-klet-bench"))
+        api = Api(
+            cp, cp.ca.issue("klet-bench", ["system:masters"], client=True, name="client-klet-bench")
+        )
         cp.prepare_namespace(NAMESPACE)
-        cp.apply([o for d in (f"bench-k{run_id}.csi.klet.test", f"bench-u{run_id}.csi.klet.test")
-                  for o in csi_objects(d)])
-        for agent, driver in ((klet, f"bench-k{run_id}.csi.klet.test"),
-                              (kube, f"bench-u{run_id}.csi.klet.test")):
-            print(f"bench: starting {agent.name} (node {agent.node_name}, {ip}, driver {driver})",
-                  flush=True)
+        cp.apply(
+            [
+                o
+                for d in (f"bench-k{run_id}.csi.klet.test", f"bench-u{run_id}.csi.klet.test")
+                for o in csi_objects(d)
+            ]
+        )
+        for agent, driver in (
+            (klet, f"bench-k{run_id}.csi.klet.test"),
+            (kube, f"bench-u{run_id}.csi.klet.test"),
+        ):
+            print(
+                f"bench: starting {agent.name} (node {agent.node_name}, {ip}, driver {driver})",
+                flush=True,
+            )
             node = Node(agent, driver)
             nodes.append(node)  # before it starts: the clean-up stops what was started
             agent.start()
@@ -721,8 +819,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         for node in nodes:
             name = node.agent.node_name
             poll(functools.partial(node_ready, api, name), f"node {name} Ready")
-            poll(functools.partial(csinode_has, api, name, node.driver),
-                 f"{node.driver} in the CSINode of {name}")
+            poll(
+                functools.partial(csinode_has, api, name, node.driver),
+                f"{node.driver} in the CSINode of {name}",
+            )
         watch = PodWatch(api, NAMESPACE)
         watch.start()
         for r in range(cfg.warmup):
@@ -740,9 +840,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             record(samples, "run_cpu", n.side, used)
             record(samples, "run_cores", n.side, used / rounds_s)
             per_process[n.side] = by_process(n.agent, before[n.side], after)
-            print(f"bench: {n.side} CPU-seconds in the {rounds_s:.0f} s of timed rounds: "
-                  + ", ".join(f"{k} {v:.2f}" for k, v in per_process[n.side].items()),
-                  flush=True)
+            print(
+                f"bench: {n.side} CPU-seconds in the {rounds_s:.0f} s of timed rounds: "
+                + ", ".join(f"{k} {v:.2f}" for k, v in per_process[n.side].items()),
+                flush=True,
+            )
     except Exception as err:  # noqa: BLE001 - the table of what was measured still counts
         failed = err
         traceback.print_exc()
@@ -750,8 +852,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     finally:
         with common.cleaning_up():
             csi_counts = {n.side: count_calls(n) for n in nodes}
-            cleanup(Started(nodes, w, stack, upstream_cd, cp, api, watch), cgroups, sysctls,
-                    run_dir, args.keep)
+            cleanup(
+                Started(nodes, w, stack, upstream_cd, cp, api, watch),
+                cgroups,
+                sysctls,
+                run_dir,
+                args.keep,
+            )
     res: dict[str, Any] = {
         "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
         "config": dataclasses.asdict(cfg),
@@ -785,8 +892,9 @@ def count_calls(node: Node) -> dict[str, int]:
     if node.mock is None or not node.mock.log_path.exists():
         return {}
     out: dict[str, int] = {}
-    for _, method in csi_calls(node.mock.log_path.read_text(errors="replace"),
-                               year=dt.date.today().year):
+    for _, method in csi_calls(
+        node.mock.log_path.read_text(errors="replace"), year=dt.date.today().year
+    ):
         out[method] = out.get(method, 0) + 1
     return out
 
@@ -804,8 +912,9 @@ class Started:
     watch: PodWatch | None
 
 
-def cleanup(s: Started, cgroups: Sequence[Path], sysctls: Mapping[str, str], run_dir: Path,
-            keep: bool) -> None:
+def cleanup(
+    s: Started, cgroups: Sequence[Path], sysctls: Mapping[str, str], run_dir: Path, keep: bool
+) -> None:
     """Every step is attempted even if an earlier one fails."""
     steps: list[common.Step] = []
     if s.watch is not None:

@@ -73,7 +73,6 @@ def runtime_time(stamp: str) -> float:
     return datetime.fromisoformat(whole + "+00:00").timestamp() + float(f"0.{fraction or 0}")
 
 
-
 @pytest.fixture
 def pki(tmp_path: Path) -> tuple[CertificateAuthority, CertPair, CertPair]:
     ca = CertificateAuthority.create(tmp_path / "pki", "container-logs-test-ca")

@@ -54,7 +54,13 @@ def test_tail_is_the_max_below_100_samples_and_p99_from_100() -> None:
 def test_row_cells_give_medians_tails_and_the_ratio_of_medians() -> None:
     row = Row("start", "s", [0.2, 0.3, 0.4], [0.1, 0.2])
     assert row_cells(row) == [
-        "start", "3/2", "300 ms", "400 ms (max)", "150 ms", "200 ms (max)", "2.00x",
+        "start",
+        "3/2",
+        "300 ms",
+        "400 ms (max)",
+        "150 ms",
+        "200 ms (max)",
+        "2.00x",
     ]
 
 
@@ -117,9 +123,10 @@ def test_the_idle_cpu_is_reported_as_its_mean_and_p95_beside_the_median() -> Non
     p95 = rows["idle, 110 pods: CPU p95 over the window (cores)"]
     assert p95.klet == [pytest.approx(0.2795)] and p95.upstream == [pytest.approx(0.05)]
     labels = list(rows)
-    assert labels.index("idle, 110 pods: CPU mean over the window (cores)") == labels.index(
-        "idle, 110 pods: CPU per 1 s sample (cores)"
-    ) + 1
+    assert (
+        labels.index("idle, 110 pods: CPU mean over the window (cores)")
+        == labels.index("idle, 110 pods: CPU per 1 s sample (cores)") + 1
+    )
     # 250 pods get the same rows but no restart of their own; maxPods covers them.
     assert rows["idle, 250 pods: CPU mean over the window (cores)"].upstream == [
         pytest.approx(0.04)
