@@ -207,18 +207,6 @@ MISSING: Mapping[str, tuple[str, ...]] = {
         "(upstream's CriticalPodAdmissionHandler): it refuses it like any other, so there "
         "is nothing to count yet"
     ): ("/metrics kubelet_preemptions",),
-    "the apiserver client's rate limiter waits are not timed": (
-        "/metrics rest_client_rate_limiter_duration_seconds",
-    ),
-    "the apiserver client's retries are not counted": (
-        "/metrics rest_client_request_retries_total",
-    ),
-    "the apiserver client's request sizes are not observed": (
-        "/metrics rest_client_request_size_bytes",
-    ),
-    "the apiserver client's response sizes are not observed": (
-        "/metrics rest_client_response_size_bytes",
-    ),
     "volume operations are timed in storage_operation_duration_seconds only": (
         "/metrics volume_operation_total_seconds",
     ),

@@ -1,11 +1,19 @@
 """KubeClient's worker threads: given `threads`, its requests run on a pool of its own
 (at most that many at once, threads named kube-client), so a default executor that is
 all taken (as the kubelet API's TokenReviews could take it) does not delay them, while
-a client without `threads` waits for that executor; close() ends the pool."""
+a client without `threads` waits for that executor; close() ends the pool.
+
+And what it tells RestClientMetrics, read back from a fresh registry: each request
+counted and timed by code, method and host; each body's size as the JSON sent (0
+without one) and each answer's size (a success's, an error's with a body; none without
+an answer); the rate limiter's wait for every request when kubeAPIQPS limits (the
+second of a one-token bucket waiting its refill), none without a limit; a request made
+as attempt 2 of a call counted as a retry by its own code, attempt 1 not."""
 
 from __future__ import annotations
 
 import asyncio
+import json
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -14,6 +22,7 @@ from typing import Any
 import pytest
 from klet.kube import KubeSettings
 from klet.kube.client import KubeClient
+from klet.kube.errors import KubeError
 
 from tests.unit.test_kube_tokens import kubeconfig
 
@@ -143,3 +152,104 @@ class NotFoundResponse:
 
     def read(self) -> bytes:
         return b'{"kind":"Status","reason":"NotFound","message":"pods \\"gone\\" not found"}'
+
+
+def _metrics_client(
+    tmp_path: Path, answers: list[Any], *, qps: float = 50.0, burst: int = 100
+) -> tuple[KubeClient, Any, str]:
+    from klet.obs.restclient import RestClientMetrics
+    from prometheus_client import CollectorRegistry
+
+    registry = CollectorRegistry()
+    client = KubeClient(
+        KubeSettings(kubeconfig=kubeconfig(tmp_path, {"token": "t"}), qps=qps, burst=burst),
+        observer=RestClientMetrics(registry),
+    )
+
+    def request(method: str, url: str, **_: Any) -> Any:
+        answer = answers.pop(0)
+        if isinstance(answer, BaseException):
+            raise answer
+        return answer
+
+    client._api.rest_client.request = request  # type: ignore[method-assign,assignment]
+    return client, registry, client.host.split("://", 1)[1]
+
+
+async def test_request_and_response_bodies_are_sized_as_sent_and_read(tmp_path: Path) -> None:
+    from klet.kube.errors import KubeError
+
+    answers: list[Any] = [Response(), NotFoundResponse(), OSError("connection refused")]
+    client, registry, host = _metrics_client(tmp_path, answers)
+    body = {"metadata": {"name": "ünïcode-event"}, "message": "m" * 80}  # 64 < size < 256
+    await client.get("/api")
+    with pytest.raises(KubeError):
+        await client.patch("/api/v1/nodes/n", body)
+    with pytest.raises(KubeError):
+        await client.create("/api/v1/namespaces/default/events", body)
+    await client.close()
+
+    def size(kind: str, verb: str, what: str) -> float | None:
+        labels = {"verb": verb, "host": host}
+        return registry.get_sample_value(f"rest_client_{kind}_size_bytes_{what}", labels)
+
+    sent = len(json.dumps(body).encode())  # what the kubernetes client sends, escaped
+    assert (size("request", "GET", "count"), size("request", "GET", "sum")) == (1, 0)
+    assert (size("request", "PATCH", "count"), size("request", "PATCH", "sum")) == (1, sent)
+    # a request that got no answer was still sent
+    assert (size("request", "POST", "count"), size("request", "POST", "sum")) == (1, sent)
+    assert size("response", "GET", "sum") == len(Response().read())
+    # an error answer with a body is sized, as client-go's Do does
+    assert size("response", "PATCH", "sum") == len(NotFoundResponse().read())
+    assert size("response", "POST", "count") is None
+    labels = {"verb": "PATCH", "host": host, "le": "64.0"}
+    assert registry.get_sample_value("rest_client_request_size_bytes_bucket", labels) == 0
+    labels["le"] = "256.0"
+    assert registry.get_sample_value("rest_client_request_size_bytes_bucket", labels) == 1
+
+
+async def test_rate_limiter_waits_are_observed_when_kube_api_qps_limits(tmp_path: Path) -> None:
+    # one token, refilled at 20 a second: of two requests asked for together (their
+    # tokens taken in one pass of the loop), the second waits 50 ms for the refill
+    client, registry, host = _metrics_client(tmp_path, [Response(), Response()], qps=20, burst=1)
+    await asyncio.gather(client.get("/api"), client.get("/api"))
+    await client.close()
+    labels = {"verb": "GET", "host": host}
+    name = "rest_client_rate_limiter_duration_seconds"
+    assert registry.get_sample_value(f"{name}_count", labels) == 2
+    waited = registry.get_sample_value(f"{name}_sum", labels)
+    assert waited is not None and waited >= 0.04  # at least the refill it slept for
+
+    unlimited, registry, host = _metrics_client(tmp_path, [Response()], qps=0)
+    await unlimited.get("/api")
+    await unlimited.close()
+    assert registry.get_sample_value(f"{name}_count", {"verb": "GET", "host": host}) is None
+
+
+async def test_a_request_made_as_a_later_attempt_counts_as_a_retry(tmp_path: Path) -> None:
+    from klet.kube.observing import attempt
+
+    answers: list[Any] = [Unavailable503(), Response(), Response()]
+    client, registry, host = _metrics_client(tmp_path, answers)
+    with attempt(1):
+        with pytest.raises(KubeError):
+            await client.get("/api")
+    with attempt(2):
+        await client.get("/api")
+    await client.get("/api")  # outside any numbered call: a first attempt
+    await client.close()
+
+    def retries(code: str) -> float | None:
+        labels = {"code": code, "verb": "GET", "host": host}
+        return registry.get_sample_value("rest_client_request_retries_total", labels)
+
+    assert retries("200") == 1 and retries("503") is None
+    labels = {"code": "200", "method": "GET", "host": host}
+    assert registry.get_sample_value("rest_client_requests_total", labels) == 2
+
+
+class Unavailable503:
+    status = 503
+
+    def read(self) -> bytes:
+        return b'{"kind":"Status","reason":"ServiceUnavailable","message":"shutting down"}'

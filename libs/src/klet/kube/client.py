@@ -9,6 +9,13 @@ around a blocking library), so callers deal in plain dicts — the same JSON the
 manifests, the bus and the HTTP API speak — and in our own exceptions. A client-side
 token bucket enforces kubeAPIQPS/kubeAPIBurst.
 
+The observer (klet.kube.observing.RequestObserver) is told what client-go tells its
+metrics adapter: each request's code and duration, its body's size (measured as the
+JSON the `kubernetes` client sends: the same `json.dumps`, serialized once more only
+when there is an observer) and its answer's, the rate limiter's wait, and whether it
+was a retry (the attempt number its caller set). Watches report their code and the time
+until their answer began, as client-go's do, not sizes.
+
 A watch is the client's own `kubernetes.watch.Watch`: it splits the chunked answer into
 lines, turns ERROR events into ApiException (mapped here to our Gone/Unavailable/...), and
 its stop() unblocks a read in progress. Three things stay ours, each for a reason: the
@@ -45,6 +52,7 @@ from typing import Any, TypeVar
 import urllib3
 from klet.kube.bootstrap import kubeconfig_embedded_pair
 from klet.kube.errors import KubeError, Unavailable, for_status
+from klet.kube.observing import NO_ANSWER, RequestObserver, attempt_number
 from klet.kube.settings import KubeSettings, WatchEvent
 from klet.kube.tokens import TokenFile, token_file
 from klet.model.flowcontrol import TokenBucket
@@ -56,11 +64,7 @@ from kubernetes.client.exceptions import ApiException
 
 T = TypeVar("T")
 
-RequestObserver = Callable[[str, str, str, float], None]
-"""Told of each request sent: (status code or "<error>", method, host:port, seconds
-until the answer was read, or until a watch's answer began, or until it failed); called
-from the request's thread (klet.obs.restclient.RestClientMetrics)."""
-NO_ANSWER = "<error>"
+__all__ = ["NO_ANSWER", "CertificateFile", "KubeClient", "RawWatch", "RequestObserver"]
 
 
 class CertificateFile:
@@ -180,9 +184,37 @@ class KubeClient:
         key = self._configuration.get_api_key_with_prefix("BearerToken")
         return {"Authorization": key} if key else {}
 
-    def _observe(self, code: int | str, method: str, started: float) -> None:
-        if self._observer is not None:
-            self._observer(str(code), method, self._host_label, time.monotonic() - started)
+    def _observe(
+        self,
+        code: int | str,
+        method: str,
+        started: float,
+        *,
+        sent: int | None = None,
+        received: int | None = None,
+    ) -> None:
+        """Tell the observer of one request: its outcome, whether it was a retry, and
+        the sizes known (None: not measured)."""
+        observer = self._observer
+        if observer is None:
+            return
+        host = self._host_label
+        observer(str(code), method, host, time.monotonic() - started)
+        if attempt_number() > 1:
+            observer.retried(str(code), method, host)
+        if sent is not None:
+            observer.request_size(method, host, sent)
+        if received is not None:
+            observer.response_size(method, host, received)
+
+    def _body_size(self, body: Any) -> int | None:
+        """The bytes the `kubernetes` client sends for `body` with a JSON content type
+        (its `json.dumps`; ASCII, so characters are bytes), when someone is told."""
+        if self._observer is None:
+            return None
+        if body is None:
+            return 0
+        return len(body) if isinstance(body, bytes) else len(json.dumps(body))
 
     def _url(self, path: str, params: Mapping[str, Any] | None) -> str:
         query = {k: v for k, v in (params or {}).items() if v is not None}
@@ -203,6 +235,7 @@ class KubeClient:
             # A rotated client certificate (klet.kube.rotation): new connections present
             # it; pooled ones would keep the old identity, so they go.
             self._api.rest_client.pool_manager.clear()
+        sent = self._body_size(body)
         started = time.monotonic()
         try:
             headers.update(self.auth_headers())
@@ -215,12 +248,14 @@ class KubeClient:
             )
             data = r.read()
         except ApiException as err:
-            self._observe(err.status or NO_ANSWER, method, started)
+            self._observe(err.status or NO_ANSWER, method, started, sent=sent)
             raise Unavailable(f"{method} {path}: {err.reason}", status=err.status or 0) from err
         except (urllib3.exceptions.HTTPError, OSError) as err:
-            self._observe(NO_ANSWER, method, started)
+            self._observe(NO_ANSWER, method, started, sent=sent)
             raise Unavailable(f"{method} {path}: {err}") from err
-        self._observe(r.status, method, started)
+        # client-go observes an answer's size when it succeeded or came with a body.
+        answered = len(data or b"") if r.status < 300 or data else None
+        self._observe(r.status, method, started, sent=sent, received=answered)
         text = data.decode() if isinstance(data, bytes) else str(data or "")
         if r.status >= 300:
             reason, message = "", text[:500]
@@ -242,9 +277,12 @@ class KubeClient:
         content_type: str = "application/json",
         timeout_s: float | None = None,
     ) -> Any:
-        wait = self._bucket.take(time.monotonic())
+        asked = time.monotonic()
+        wait = self._bucket.take(asked)
         if wait:
             await asyncio.sleep(wait)
+        if self._observer is not None and self._bucket.qps > 0:
+            self._observer.rate_limited(method, self._host_label, time.monotonic() - asked)
         result: Any = await self._in_thread(
             self._request_sync, method, path, params, body, content_type, timeout_s
         )

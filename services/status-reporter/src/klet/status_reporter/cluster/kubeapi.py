@@ -3,8 +3,11 @@
 `Kube` is the part of KubeClient this service uses: raw JSON by path. `KubeApi` names
 the calls (nodes, leases, pods, events) so managers never build a URL, and retries an
 `Unavailable` answer through one named tenacity policy (`RetryPolicy`, built from
-settings; tests set it to one attempt). Other errors (`NotFound`, `Conflict`,
-`Invalid`, `Forbidden`, `Gone`) are answers, not outages, and go to the caller at once.
+settings; tests set it to one attempt), each attempt numbered
+(`klet.kube.observing.attempt`) so the client counts attempts 2..n in
+rest_client_request_retries_total, as client-go counts its own retries. Other errors
+(`NotFound`, `Conflict`, `Invalid`, `Forbidden`, `Gone`) are answers, not outages, and
+go to the caller at once.
 
 Bodies and results are plain dicts: the same JSON the apiserver speaks.
 """
@@ -16,6 +19,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
 
 from klet.kube import Unavailable
+from klet.kube.observing import attempt as numbered
 from klet.model.types import JSON
 from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_attempt, wait_exponential
 
@@ -75,7 +79,7 @@ class KubeApi:
             reraise=True,
         )
         async for attempt in retrying:
-            with attempt:
+            with attempt, numbered(attempt.retry_state.attempt_number):
                 return await call()
         raise AssertionError("unreachable")  # pragma: no cover
 

@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from klet.bus import NodeBus
+from klet.kube.observing import RequestObserver
 from klet.model.node import storage_aware_eviction_hard
 from klet.status_reporter.cluster.capacity import MachineInfo
 from klet.status_reporter.cluster.csinode import CSINodeManager
@@ -233,7 +234,7 @@ def _kube_client(
     kubeconfig: Path,
     kubelet: ClusterKubelet,
     node: str,
-    observer: Callable[[str, str, str, float], None] | None,
+    observer: RequestObserver | None,
     *,
     cert_dir: Path,
     threads: int | None = None,
@@ -344,7 +345,7 @@ def build_cluster(
     overrides: ClusterOverrides | None = None,
     volumes_in_use: Callable[[], tuple[str, ...] | None] = lambda: None,
     devices: Callable[[], Mapping[str, tuple[int, int]] | None] = lambda: None,
-    requests: Callable[[str, str, str, float], None] | None = None,
+    requests: RequestObserver | None = None,
     certificates: CertificateObserver | None = None,
     mirror_pods: Callable[[int], None] | None = None,
     status_synced: Callable[[float], None] | None = None,
@@ -352,8 +353,7 @@ def build_cluster(
 ) -> ClusterDeps:
     """Build cluster mode's managers; `bus()` gives the node's tables when not overridden.
     `consumer` names this process in the `events` consumer group (unique per process);
-    `requests` is told of every apiserver request (rest_client_requests_total,
-    rest_client_request_duration_seconds);
+    `requests` is told of every apiserver request (the rest_client_* metrics);
     `certificates` of each rotated certificate's expiry and failed renewals; `mirror_pods`
     of the node's mirror pods after each reconcile (kubelet_mirror_pods); `status_synced`
     of each status the apiserver took (kubelet_pod_status_sync_duration_seconds);
