@@ -207,9 +207,6 @@ MISSING: Mapping[str, tuple[str, ...]] = {
         "(upstream's CriticalPodAdmissionHandler): it refuses it like any other, so there "
         "is nothing to count yet"
     ): ("/metrics kubelet_preemptions",),
-    "volume operations are timed in storage_operation_duration_seconds only": (
-        "/metrics volume_operation_total_seconds",
-    ),
 }
 
 

@@ -3,11 +3,13 @@ messages) on temporary files, emptyDir directory modes and tmpfs sizes, subPath 
 subPathExpr checks, volumeMounts → CRI mounts (read-only, propagation, SELinux
 relabelling, unknown volumes), the mount table parser, safe removal, the manager with
 fake plugins (unsupported types, failures, tear-down, orphaned pod directories), its
-volume_manager_total_volumes and storage_operation_duration_seconds, and
-PodSyncer's FailedMount handling on the fake runtime."""
+volume_manager_total_volumes, storage_operation_duration_seconds and
+volume_operation_total_seconds (a mount's end-to-end time from the first attempt, told
+only on success), and PodSyncer's FailedMount handling on the fake runtime."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 import socket
 import stat
@@ -18,7 +20,7 @@ import pytest
 from klet.cri.types import Device, Mount, MountPropagation
 from klet.model.types import JSON
 from klet.syncloop.environment.envvars import NodeFacts
-from klet.syncloop.metrics import storage_operations, volume_counts
+from klet.syncloop.metrics import storage_operations, volume_counts, volume_operation_totals
 from klet.syncloop.volumes import fs, mounts
 from klet.syncloop.volumes.base import Block, VolumeContext, VolumeError, volume_type
 from klet.syncloop.volumes.emptydir import EmptyDirPlugin, directory_mode, tmpfs_size
@@ -583,6 +585,45 @@ async def test_storage_operations_are_timed_as_upstream_names_them(tmp_path: Pat
     assert count("kubernetes.io/host-path", "volume_mount", "fail-unknown") == 2
     assert await m.tear_down("u1") == []
     assert count("kubernetes.io/empty-dir", "volume_unmount", "success") == 1
+
+
+async def test_a_mounts_end_to_end_time_runs_from_its_first_attempt(tmp_path: Path) -> None:
+    registry = CollectorRegistry()
+    m = VolumeManager(
+        [EmptyDirPlugin(), HostPathPlugin()],
+        root_dir=tmp_path,
+        node=NodeFacts(),
+        operations=storage_operations(registry),
+        totals=volume_operation_totals(registry),
+    )
+    late = tmp_path / "late"
+    p = with_volumes(
+        {"name": "a", "emptyDir": {}},
+        {"name": "late", "hostPath": {"path": str(late), "type": "Directory"}},
+    )
+
+    def total(plugin: str, what: str) -> float | None:
+        labels = {"plugin_name": plugin, "operation_name": "overall_volume_mount"}
+        return registry.get_sample_value(f"volume_operation_total_seconds_{what}", labels)
+
+    await m.set_up(p, pod_ip="10.0.0.1")
+    assert total("kubernetes.io/empty-dir", "count") == 1
+    assert total("kubernetes.io/host-path", "count") is None  # failed: not told
+    await asyncio.sleep(0.3)
+    late.mkdir()
+    await m.set_up(p, pod_ip="10.0.0.1")
+    assert total("kubernetes.io/empty-dir", "count") == 1  # ready: no second mount
+    assert total("kubernetes.io/host-path", "count") == 1
+    # from the first, failed attempt: at least the 0.3 s slept before the retry
+    waited = total("kubernetes.io/host-path", "sum")
+    assert waited is not None and waited >= 0.3
+    labels = {
+        "plugin_name": "kubernetes.io/host-path",
+        "operation_name": "overall_volume_mount",
+        "le": "0.25",
+    }
+    assert registry.get_sample_value("volume_operation_total_seconds_bucket", labels) == 0
+    assert await m.tear_down("u1") == []
 
 
 def test_volume_type() -> None:

@@ -603,6 +603,25 @@ def storage_operations(registry: CollectorRegistry) -> Callable[[str, str, bool,
     return record
 
 
+def volume_operation_totals(registry: CollectorRegistry) -> Callable[[str, str, float], None]:
+    """upstream's volume_operation_total_seconds{plugin_name, operation_name}: the
+    end-to-end time of each volume mount that succeeded, from the first time the pod's
+    volume was asked for (volumes.manager's `totals`, operation `overall_volume_mount`,
+    the one upstream's kubelet records), with upstream's buckets."""
+    histogram = Histogram(
+        "volume_operation_total_seconds",
+        "Seconds from a volume operation's first request to its success, by plugin",
+        ["plugin_name", "operation_name"],
+        registry=registry,
+        buckets=STORAGE_OPERATION_BUCKETS,
+    )
+
+    def record(operation: str, plugin: str, seconds: float) -> None:
+        histogram.labels(plugin, operation).observe(max(0.0, seconds))
+
+    return record
+
+
 def csi_operations(registry: CollectorRegistry) -> Callable[[str, str, str, float], None]:
     """upstream's csi_operations_seconds{driver_name, method_name, grpc_status_code,
     migrated}: every call syncloop's CSI node clients make (klet.csi.client.CSIClient's

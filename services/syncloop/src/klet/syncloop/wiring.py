@@ -99,6 +99,7 @@ from klet.syncloop.metrics import (
     plugin_counts,
     storage_operations,
     volume_counts,
+    volume_operation_totals,
     volume_stat_collection,
 )
 from klet.syncloop.model import podspec
@@ -360,6 +361,7 @@ def build_deps(settings: Settings, overrides: Overrides | None = None) -> Deps:
         tokens=tokens,
         counts=volume_counts(registry),
         operations=storage_operations(registry),
+        totals=volume_operation_totals(registry),
         orphans=orphan_sweeps(registry),
     )
     # upstream: the initial back-off is 10 s, or the maximum when that is set lower

@@ -18,6 +18,13 @@ Each set-up and tear-down of a volume by its plugin is told to `operations` (ups
 storage_operation_duration_seconds): a set-up as `volume_mount` when the volume was not
 ready yet or is of a type whose content is refreshed at each sync (configMap, secret,
 downwardAPI, projected: upstream remounts those), a tear-down as `volume_unmount`.
+
+Each set-up that succeeds there is also told to `totals` (upstream's
+volume_operation_total_seconds, operation `overall_volume_mount`) with the seconds since
+the pod's volume was first asked for: the end-to-end time, failed attempts and their
+retries included, as upstream measures from the mount request its desired state of the
+world keeps for the pod's volume. Like upstream's, that request time stays until the
+pod's volumes are torn down, so a remount of a refreshed type is timed from it too.
 """
 
 from __future__ import annotations
@@ -62,6 +69,12 @@ StorageOperation = Callable[[str, str, bool, float], None]
 """Told of each volume operation: (upstream's operation name, VOLUME_MOUNT or
 VOLUME_UNMOUNT; upstream's plugin name; whether it succeeded; seconds it took)."""
 
+OVERALL_VOLUME_MOUNT = "overall_volume_mount"
+
+OperationTotal = Callable[[str, str, float], None]
+"""Told of each volume operation's end-to-end time: (upstream's operation name,
+OVERALL_VOLUME_MOUNT; upstream's plugin name; seconds since it was first asked for)."""
+
 REMOUNTED = frozenset({"configMap", "secret", "downwardAPI", "projected"})
 """Volume types whose set-up at every sync writes their content again (upstream's
 plugins that require a remount), so each counts as an operation."""
@@ -99,17 +112,22 @@ class VolumeManager:
         tokens: TokenIssuer | None = None,
         counts: Callable[[Mapping[tuple[str, str], int]], None] | None = None,
         operations: StorageOperation | None = None,
+        totals: OperationTotal | None = None,
         orphans: Callable[[int, int], None] | None = None,
     ) -> None:
         self.plugins: list[VolumePlugin] = list(plugins)
         self.counts = counts
         self.operations = operations
+        self.totals = totals
         self.orphans = orphans
         """Told after each orphan sweep: (orphaned pod directories found, those that could
         not be removed), upstream's kubelet_orphan_pod_cleaned_volumes and _errors."""
         # pod UID -> volume name -> (upstream plugin name, set up): the volume manager's
         # desired and actual states, for volume_manager_total_volumes.
         self._states: dict[str, dict[str, tuple[str, bool]]] = {}
+        # pod UID -> volume name -> when its set-up was first asked for (monotonic), the
+        # start of volume_operation_total_seconds; kept until the pod's tear-down.
+        self._requested: dict[str, dict[str, float]] = {}
         self.root_dir = root_dir
         self.node = node
         self.objects = objects
@@ -160,6 +178,7 @@ class VolumeManager:
         uid = str(pod["metadata"]["uid"])
         states: dict[str, tuple[str, bool]] = {}
         before = self._states.get(uid, {})
+        requested = self._requested.setdefault(uid, {})
         for volume in _volumes(pod):
             name = str(volume.get("name") or "")
             plugin = self.plugin_for(volume)
@@ -167,20 +186,27 @@ class VolumeManager:
                 result.failures[name] = unsupported_message(volume)
                 continue
             started = time.monotonic()
+            asked = requested.setdefault(name, started)
             await self._set_up_one(volume, ctx, plugin, result)
             plugin_name = _plugin_name(plugin, volume, uid)
             if plugin_name:
                 ready = name in result.paths or name in result.devices
                 states[name] = (plugin_name, ready)
                 was_ready = before.get(name, ("", False))[1]
-                if self.operations is not None and (
-                    not was_ready or volume_type(volume) in REMOUNTED
-                ):
-                    self.operations(VOLUME_MOUNT, plugin_name, ready, time.monotonic() - started)
+                if not was_ready or volume_type(volume) in REMOUNTED:
+                    self._mounted(plugin_name, ready, started=started, asked=asked)
         if self._states.get(uid) != states:  # most syncs of a running pod change nothing
             self._states[uid] = states
             self._report_counts()
         return result
+
+    def _mounted(self, plugin_name: str, ready: bool, *, started: float, asked: float) -> None:
+        """Tell `operations` of a set-up, and `totals` of one that succeeded."""
+        now = time.monotonic()
+        if self.operations is not None:
+            self.operations(VOLUME_MOUNT, plugin_name, ready, now - started)
+        if ready and self.totals is not None:
+            self.totals(OVERALL_VOLUME_MOUNT, plugin_name, now - asked)
 
     def _report_counts(self) -> None:
         if self.counts is None:
@@ -221,6 +247,7 @@ class VolumeManager:
             problems = await self._tear_down(uid)
         if not problems:
             self._locks.pop(uid, None)
+            self._requested.pop(uid, None)
             for plugin in self.plugins:
                 if isinstance(plugin, NamesPlugins):
                     plugin.forget_pod(uid)
