@@ -202,11 +202,9 @@ NOT_APPLICABLE: Mapping[str, tuple[str, ...]] = {
 }
 
 MISSING: Mapping[str, tuple[str, ...]] = {
-    (
-        "klet's admission does not preempt running pods to make room for a critical pod "
-        "(upstream's CriticalPodAdmissionHandler): it refuses it like any other, so there "
-        "is nothing to count yet"
-    ): ("/metrics kubelet_preemptions",),
+    "volume operations are timed in storage_operation_duration_seconds only": (
+        "/metrics volume_operation_total_seconds",
+    ),
 }
 
 

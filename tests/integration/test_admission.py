@@ -1,7 +1,9 @@
 """Pod admission on real containerd, seen from outside: a node filled to --max-pods
-rejects the next static pod (Failed with OutOfpods and upstream's message in /pods, a
-Warning Event on the bus, no sandbox or container in CRI); a pod requesting more CPU
-than the node's allocatable is rejected with OutOfcpu; a second pod wanting a host port
+rejects the next static pod (Failed in /pods, a Warning Event on the bus, no sandbox or
+container in CRI): static pods are critical, so upstream's kubelet tries to preempt for
+it, finds only critical pods, and rejects it with UnexpectedAdmissionError and its
+preemption error (naming the pod slot short); a pod requesting more CPU than the node's
+allocatable is rejected the same way (naming the millicores short); a second pod wanting a host port
 already taken is rejected with NodePorts; a nodeSelector that the node's labels
 (--node-labels) do not satisfy gives NodeAffinity while a matching one runs; a pod
 asking for a user namespace and a RuntimeClass is rejected with PodFeatureUnsupported
@@ -38,6 +40,19 @@ spec:
       command: ["sleep", "100000"]
 {container_extra}
 """
+
+
+UNEXPECTED = "UnexpectedAdmissionError"
+
+
+def no_preemption_set(resource: str, short: int) -> str:
+    """upstream's rejection of a critical (here: static) pod short of `resource` when
+    every running pod is critical too, so none can be preempted."""
+    return (
+        "Unexpected error while attempting to recover from admission failure: preemption: "
+        "error finding a set of pods to preempt: no set of running pods found to reclaim "
+        f"resources: [(res: {resource}, q: {short}), ]"
+    )
 
 
 def rejected(node: KletNode, name: str) -> dict[str, Any] | None:
@@ -80,8 +95,7 @@ def test_full_node_rejects_the_next_pod_and_a_restart_keeps_the_running_ones(
     for name in names:
         wait_for(lambda n=name: running(node, n), timeout_s=40, what=f"{name} Running")
     (manifests / "extra.yaml").write_text(sleeper("extra"))
-    message = "Node didn't have enough resource: pods, requested: 1, used: 3, capacity: 3"
-    check_rejected(node, devstack, "extra", "OutOfpods", message)
+    check_rejected(node, devstack, "extra", UNEXPECTED, no_preemption_set("pods", 1))
     before = {n: runtime_containers(devstack, f"{n}-{node.node_name}") for n in names}
     assert all(len(c) == 1 and set(c.values()) == {"CONTAINER_RUNNING"} for c in before.values())
 
@@ -95,7 +109,7 @@ def test_full_node_rejects_the_next_pod_and_a_restart_keeps_the_running_ones(
         timeout_s=30,
         what="the restarted syncloop reading the extra pod's Failed status back",
     )
-    assert len([e for e in bus_events(node, "extra") if e.reason == "OutOfpods"]) == 1
+    assert len([e for e in bus_events(node, "extra") if e.reason == UNEXPECTED]) == 1
     for name in names:
         assert runtime_containers(devstack, f"{name}-{node.node_name}") == before[name]
         pod = running(node, name)
@@ -130,12 +144,7 @@ def test_resources_ports_and_affinity_rejections(
         sleeper("greedy", container_extra="      resources:\n        requests: {cpu: '1000'}")
     )
     check_rejected(
-        node,
-        devstack,
-        "greedy",
-        "OutOfcpu",
-        f"Node didn't have enough resource: cpu, requested: 1000000, used: 0, "
-        f"capacity: {cpus * 1000}",
+        node, devstack, "greedy", UNEXPECTED, no_preemption_set("cpu", 1_000_000 - cpus * 1000)
     )
 
     port = free_port()

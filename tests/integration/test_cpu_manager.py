@@ -8,12 +8,14 @@ CFS quota (DisableCPUQuotaWithExclusiveCPUs), and the best-effort container is m
 off it by UpdateContainerResources (cpuset.cpus 0, same container); the state file
 `<root-dir>/cpu_manager_state` is upstream's JSON with a checksum that verifies, and
 upstream's kubelet_cpu_manager_* series count the assignment; a second Guaranteed pod
-is rejected OutOfcpu (reservedSystemCPUs leave 1 CPU allocatable) and never reaches
-the runtime; syncloop SIGKILLed and restarted keeps every container (same IDs, no
-restart) and the same assignment; the Guaranteed pod removed, its CPU goes back to the pool and
-the best-effort container is given 0-1 again; a Guaranteed pod that runs to completion
-(restartPolicy Never) gives its CPU back while its manifest stays. Apart: a state file
-written for another policy stops syncloop at start with upstream's message."""
+finds no CPU left (reservedSystemCPUs leave 1 CPU allocatable) and, a critical static
+pod among critical static pods, is rejected UnexpectedAdmissionError with upstream's
+preemption error, never reaching the runtime; syncloop SIGKILLed and restarted keeps
+every container (same IDs, no restart) and the same assignment; the Guaranteed pod
+removed, its CPU goes back to the pool and the best-effort container is given 0-1
+again; a Guaranteed pod that runs to completion (restartPolicy Never) gives its CPU back
+while its manifest stays. Apart: a state file written for another policy stops syncloop
+at start with upstream's message."""
 
 from __future__ import annotations
 
@@ -137,9 +139,13 @@ def test_static_policy_pins_a_guaranteed_pod_and_survives_a_restart(
     failed = wait_for(lambda: rejected(node, "second"), timeout_s=30, what="second Failed")
     # reservedSystemCPUs leave 1 CPU allocatable, which the pinned pod holds: upstream's
     # resource fit refuses the second before the CPU manager is asked (on 2 CPUs with 1
-    # reserved the fit always refuses first; the CPU manager's own refusal is unit-tested)
-    assert failed["status"]["reason"] == "OutOfcpu"
-    assert failed["status"]["message"].endswith("used: 1000, capacity: 1000")
+    # reserved the fit always refuses first; the CPU manager's own refusal is unit-tested).
+    # A static pod is critical: the refusal goes to preemption, which finds only static
+    # (critical) pods to take the 1000 millicores from.
+    assert failed["status"]["reason"] == "UnexpectedAdmissionError"
+    assert failed["status"]["message"].endswith(
+        "no set of running pods found to reclaim resources: [(res: cpu, q: 1000), ]"
+    )
     assert runtime_sandboxes(node.stack, f"second-{node.node_name}") == []
     assert runtime_containers(node.stack, f"second-{node.node_name}") == {}
 

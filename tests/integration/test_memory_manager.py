@@ -141,8 +141,8 @@ def test_a_guaranteed_pod_gets_node_0_and_keeps_it_across_a_restart(
         assert failed["status"]["message"] == (
             "Pod was rejected: Resources cannot be allocated with Topology locality"
         )
-    else:
-        assert failed["status"]["reason"] == "OutOfmemory"
+    else:  # the fit's refusal of a static (critical) pod: no pod to preempt
+        assert failed["status"]["reason"] == "UnexpectedAdmissionError"
     assert runtime_sandboxes(node.stack, f"huge-{node.node_name}") == []
     # upstream's series on syncloop's /metrics: the pinned container's pinning, and the
     # three admissions (pinned, plain, huge) of which the topology manager refused one

@@ -140,9 +140,10 @@ async def test_an_evicted_pod_is_failed_with_disruption_target_and_one_event(w: 
 async def test_a_kill_for_another_reason_is_no_disruption(w: World) -> None:
     w.add("u1")
     await w.controller.sync_once("u1")
-    await kill(w, "u1", 1, "Preempting", "Preempted in order to admit critical pod")
+    # (a preemption is one: test_preemption.py)
+    await kill(w, "u1", 1, "Killed", "stopped through PodControl")
     status = w.controller.publisher.get("u1")
-    assert status is not None and status["reason"] == "Preempting"
+    assert status is not None and status["reason"] == "Killed"
     assert not [c for c in status["conditions"] if c["type"] == "DisruptionTarget"]
     assert not [e for e in w.events.emitted if e[2] == "Evicted"]
 

@@ -36,6 +36,9 @@ buckets (the HELP texts are ours); where each is observed follows upstream's cal
   ended before its seconds were up (the grace period or the hook's timeout ran out);
   `kubelet_lifecycle_handler_http_fallbacks_total`: an HTTPS httpGet hook whose server
   answered in plain HTTP, delivered by the retry over HTTP (`containers/hooks.py`);
+- `kubelet_preemptions{preemption_signal}`: a pod killed to admit a critical pod, by
+  the first resource the critical pod lacked (`admission/preemption.py`); a counter
+  upstream names without `_total` (`UnsuffixedCounter`);
 - `kubelet_working_pods{lifecycle, config, static}`: the pods with a worker after each
   relist, every valid combination set (zeros too) as upstream's housekeeping does
   (`pods.podstate.working_pod`);
@@ -422,6 +425,7 @@ class Metrics:
     orphaned_runtime_pods: Counter
     sleeps_cut_short: Counter
     http_fallbacks: Counter
+    preemptions: UnsuffixedCounter
     bad_bus_entries: Counter
     bus_errors: Counter
     admission_rejections: Counter
@@ -868,6 +872,12 @@ def create_metrics(registry: CollectorRegistry, *, started_at: float | None = No
         http_fallbacks=Counter(
             "kubelet_lifecycle_handler_http_fallbacks",
             "HTTPS httpGet lifecycle hooks answered in plain HTTP and delivered over HTTP",
+            registry=registry,
+        ),
+        preemptions=UnsuffixedCounter(
+            "kubelet_preemptions",
+            "Pods killed to admit a critical pod, by the resource they were preempted for",
+            ["preemption_signal"],
             registry=registry,
         ),
         orphaned_runtime_pods=Counter(

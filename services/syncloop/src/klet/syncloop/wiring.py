@@ -531,6 +531,7 @@ def build_deps(settings: Settings, overrides: Overrides | None = None) -> Deps:
         pressure=NodePressure(node_bus),
         last_status=functools.partial(published_status, node_bus),
         on_rejected=metrics.record_admission_rejection,
+        on_preempted=metrics.preemptions.inc,
         node_name=settings.klet.node_name,
         observer=metrics,
         resizer=resizer,
@@ -645,7 +646,8 @@ def _pod_resizer(
     node_limits = podcgroups.node_limits(sync)
 
     def admit(pod: JSON, others: list[JSON]) -> tuple[bool, str]:
-        verdict = admit_pod(pod, others=others, node=admission.node)
+        # upstream may preempt for a critical pod's resize too; klet does not (README)
+        verdict = admit_pod(pod, others=others, node=admission.node, preempt=False)
         return verdict.admit, verdict.message
 
     async def kill(pod: JSON, container: JSON, cid: ContainerID) -> None:

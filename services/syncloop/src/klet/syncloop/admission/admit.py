@@ -32,6 +32,13 @@ upstream's order, the first failure being the one reported:
 
 A pod's requests are upstream's `PodRequests` (`klet.model.pod.pod_requests`).
 
+A critical pod (static, mirror, priority >= 2000000000) that fails only the resource
+check is not rejected: the verdict admits it and names the running pods to preempt for
+it (`Verdict.preempt`, chosen by `preemption.py`, upstream's CriticalPodAdmissionHandler),
+which the controller kills before the pod starts. Failing another predicate as well,
+it is rejected with the first of those (upstream reports only the reasons preemption
+cannot help); when no set of running pods frees enough, with `UnexpectedAdmissionError`.
+
 After the node-pressure check below and before the predicates above (upstream registers
 its sysctl handler second), every sysctl of the pod must be allowed on this node
 (`sysctls.py`, reason `SysctlForbidden`).
@@ -65,6 +72,14 @@ from typing import Protocol
 from klet.model.node import NODE_SHUTDOWN
 from klet.model.pod import is_critical, is_static, pod_requests
 from klet.model.types import JSON
+from klet.syncloop.admission.preemption import (
+    UNEXPECTED_ADMISSION_ERROR,
+    InsufficientResource,
+    NoPreemptionSet,
+    pods_to_preempt,
+    preemption_signal,
+    requirements,
+)
 from klet.syncloop.admission.sysctls import FORBIDDEN_REASON, SysctlAllowlist
 from klet.syncloop.containers import fields
 from klet.syncloop.model import podspec
@@ -103,6 +118,10 @@ class Verdict:
     admit: bool
     reason: str = ""
     message: str = ""
+    preempt: tuple[str, ...] = ()
+    """Admitted once these running pods (UIDs) are preempted for it (a critical pod)."""
+    preemption_signal: str = ""
+    """The resource the preemption is for (kubelet_preemptions' label)."""
 
     @property
     def status_message(self) -> str:
@@ -159,13 +178,13 @@ def unsupported_features(pod: JSON, *, runtime_classes: bool = True) -> Verdict:
     return Verdict(False, FEATURE_UNSUPPORTED, f"Pod requires features this node lacks: {named}")
 
 
-def insufficient(resource: str, *, requested: int, used: int, capacity: int) -> Verdict:
+def insufficient(short: InsufficientResource) -> Verdict:
     """upstream's InsufficientResourceError as a rejection."""
     return Verdict(
         False,
-        INSUFFICIENT_PREFIX + resource,
-        f"Node didn't have enough resource: {resource}, requested: {requested}, "
-        f"used: {used}, capacity: {capacity}",
+        INSUFFICIENT_PREFIX + short.resource,
+        f"Node didn't have enough resource: {short.resource}, requested: {short.requested}, "
+        f"used: {short.used}, capacity: {short.capacity}",
     )
 
 
@@ -188,11 +207,15 @@ def _is_scalar(resource: str) -> bool:
 # -- the checks ----------------------------------------------------------------------
 
 
-def fits_resources(pod: JSON, *, others: Sequence[JSON], node: NodeInfo) -> Verdict:
-    """noderesources.Fits: the first resource the pod does not fit in, or ADMIT."""
+def resource_shortfalls(
+    pod: JSON, *, others: Sequence[JSON], node: NodeInfo
+) -> list[InsufficientResource]:
+    """noderesources.Fits: every resource the pod does not fit in, in upstream's order
+    (pods, cpu, memory, ephemeral-storage, then the scalar resources by name)."""
+    shortfalls: list[InsufficientResource] = []
     pods_cap = node.allocatable.get("pods", 0)
     if len(others) + 1 > pods_cap:
-        return insufficient("pods", requested=1, used=len(others), capacity=pods_cap)
+        shortfalls.append(InsufficientResource("pods", 1, len(others), pods_cap))
     want = {
         k: v
         for k, v in pod_requests(pod).items()
@@ -209,10 +232,16 @@ def fits_resources(pod: JSON, *, others: Sequence[JSON], node: NodeInfo) -> Verd
             continue
         capacity = node.allocatable.get(resource, 0)
         if requested > capacity - used.get(resource, 0):
-            return insufficient(
-                resource, requested=requested, used=used.get(resource, 0), capacity=capacity
+            shortfalls.append(
+                InsufficientResource(resource, requested, used.get(resource, 0), capacity)
             )
-    return ADMIT
+    return shortfalls
+
+
+def fits_resources(pod: JSON, *, others: Sequence[JSON], node: NodeInfo) -> Verdict:
+    """The first resource the pod does not fit in, or ADMIT."""
+    shortfalls = resource_shortfalls(pod, others=others, node=node)
+    return insufficient(shortfalls[0]) if shortfalls else ADMIT
 
 
 def _int64(text: str) -> int | None:
@@ -328,8 +357,12 @@ def fits_host_ports(pod: JSON, *, others: Sequence[JSON]) -> bool:
     return not any(port_conflict(want, used) for want in host_ports(pod))
 
 
-def admit_pod(pod: JSON, *, others: Sequence[JSON], node: NodeInfo) -> Verdict:
-    """Whether the node takes `pod` next to `others` (the admitted pods that still run)."""
+def admit_pod(
+    pod: JSON, *, others: Sequence[JSON], node: NodeInfo, preempt: bool = True
+) -> Verdict:
+    """Whether the node takes `pod` next to `others` (the admitted pods that still run);
+    a critical pod short of resources may be taken with pods of `others` to preempt,
+    unless `preempt` is False (an in-place resize: it is rejected as any pod)."""
     meta: JSON = pod.get("metadata") or {}
     spec: JSON = pod.get("spec") or {}
     os_label = (meta.get("labels") or {}).get(LABEL_OS)
@@ -341,19 +374,48 @@ def admit_pod(pod: JSON, *, others: Sequence[JSON], node: NodeInfo) -> Verdict:
     verdict = unsupported_features(pod, runtime_classes=node.runtime_classes)
     if not verdict.admit:
         return verdict
-    verdict = fits_resources(pod, others=others, node=node)
-    if not verdict.admit:
-        return verdict
+    shortfalls = resource_shortfalls(pod, others=others, node=node)
+    predicates = _failed_predicates(pod, others=others, node=node)
+    if not shortfalls:
+        return predicates[0] if predicates else ADMIT
+    if not (preempt and is_critical(pod)):
+        return insufficient(shortfalls[0])
+    if predicates:
+        return predicates[0]  # preemption cannot help: only these are reported
+    return preemption_verdict(pod, others=others, shortfalls=shortfalls)
+
+
+def _failed_predicates(pod: JSON, *, others: Sequence[JSON], node: NodeInfo) -> list[Verdict]:
+    """The general predicates after the resource fit that the pod fails, in order."""
+    spec: JSON = pod.get("spec") or {}
+    failed: list[Verdict] = []
     if not matches_node_affinity(pod, node):
-        return NODE_AFFINITY
+        failed.append(NODE_AFFINITY)
     node_name = spec.get("nodeName")
     if node_name and node_name != node.name:
-        return NODE_NAME
+        failed.append(NODE_NAME)
     if not fits_host_ports(pod, others=others):
-        return NODE_PORTS
+        failed.append(NODE_PORTS)
     if not is_static(pod) and untolerated_no_execute(node.taints, spec.get("tolerations") or []):
-        return TAINT_TOLERATION
-    return ADMIT
+        failed.append(TAINT_TOLERATION)
+    return failed
+
+
+def preemption_verdict(
+    pod: JSON, *, others: Sequence[JSON], shortfalls: Sequence[InsufficientResource]
+) -> Verdict:
+    """A critical pod short only of resources: admitted with the pods to preempt, or
+    rejected when no set of them frees enough (preemption.py)."""
+    required = requirements(shortfalls)
+    try:
+        victims = pods_to_preempt(pod, others, required)
+    except NoPreemptionSet as err:
+        return Verdict(False, UNEXPECTED_ADMISSION_ERROR, err.rejection_message)
+    return Verdict(
+        True,
+        preempt=tuple(str(podspec.meta(v).get("uid", "")) for v in victims),
+        preemption_signal=preemption_signal(required),
+    )
 
 
 def tolerates_taint(toleration: JSON, taint: JSON) -> bool:
@@ -508,6 +570,10 @@ class AdmissionLedger:
             if self.taints is not None:
                 node = replace(node, taints=self.taints.taints())
             verdict = admit_pod(pod, others=others, node=node)
+        if verdict.preempt:
+            # the handlers after it see the node as it will be once they are gone
+            gone = set(verdict.preempt)
+            others = [o for o in others if podspec.meta(o).get("uid") not in gone]
         if verdict.admit and self.topology is not None:
             # upstream's topology manager admit handler: merged hints (TopologyAffinityError)
             # and the CPU and memory managers' Allocate, before the device manager's
@@ -531,9 +597,11 @@ class AdmissionLedger:
         """Re-admit the pods running before a restart (pod, first-seen time), oldest first."""
         verdicts: dict[str, Verdict] = {}
         done: list[str] = []
+        preempted: set[str] = set()
         for uid in admission_order((uid, p, seen) for uid, (p, seen) in running.items()):
-            others = [running[u][0] for u in done if u in self.admitted]
+            others = [running[u][0] for u in done if u in self.admitted and u not in preempted]
             verdicts[uid] = self.decide(uid, running[uid][0], others=others)
+            preempted.update(verdicts[uid].preempt)
             done.append(uid)
         for uid in idle:
             if uid not in running:

@@ -10,6 +10,13 @@ back: a deleted pod is reported terminated, which lets status-reporter delete it
 object, only once they are gone, as upstream's status manager waits for them) and
 removing a pod nobody wants any more.
 
+A critical pod that admission takes with pods to preempt (admission/preemption.py)
+starts only once they are killed, one after the other, each as upstream's killPodNow:
+reason `Preempting` (its Warning Event recorded first, the DisruptionTarget condition
+set), waited for at most its grace period and a half (10 s at least; longer, an
+`ExceededGracePeriod` Warning and the next one); each one killed is counted
+(`on_preempted`, kubelet_preemptions by the resource it was preempted for).
+
 Static pods start one at a time per full name (staticpods.py, upstream's
 allowStaticPodStart): the new pod of an edited manifest waits, Pending, until the old
 one's containers are stopped and removed; the old one's end wakes it.
@@ -50,6 +57,11 @@ from klet.model.records import DesiredPod, PodChange, SourceState, sources_ready
 from klet.model.types import JSON, PodUID, pod_full_name
 from klet.rpc.podcontrol import PodSummary
 from klet.syncloop.admission.admit import EVICTED, PRESSURE_ORDER, AdmissionLedger, Verdict
+from klet.syncloop.admission.preemption import (
+    PREEMPTED_DISRUPTION,
+    PREEMPTED_MESSAGE,
+    PREEMPTING,
+)
 from klet.syncloop.eventrecorder import EventSink
 from klet.syncloop.model import podspec
 from klet.syncloop.model.runtimepod import RuntimePod
@@ -72,6 +84,9 @@ from klet.syncloop.probing.prober import ProbeManager
 from klet.syncloop.probing.proberesults import NO_PROBES, ProbeResults
 
 log = logging.getLogger(__name__)
+
+PREEMPT_MIN_WAIT_S = 10  # upstream's killPodNow waits grace * 1.5, at least 10 s
+EXCEEDED_GRACE = "Container runtime did not kill the pod within specified grace period."
 
 
 FAILED_VALIDATION = "FailedValidation"  # upstream's event reason for a refused pod
@@ -282,6 +297,7 @@ class PodController:
         pressure: PressureSource | None = None,
         last_status: LastStatus | None = None,
         on_rejected: Callable[[str], None] | None = None,
+        on_preempted: Callable[[str], None] | None = None,
         node_name: str = "",
         observer: WorkerObserver | None = None,
         resizer: PodResizer | None = None,
@@ -318,6 +334,8 @@ class PodController:
         self.pressure = pressure  # node pressure for admission; None: never under pressure
         # Told the reason of every admission rejection (kubelet_admission_rejections_total).
         self.on_rejected = on_rejected
+        # Told the resource of every pod killed to admit a critical one (kubelet_preemptions).
+        self.on_preempted = on_preempted
         self._desired_read = False  # the restart re-admission needs one full table read
         self._readmit_lock = asyncio.Lock()
         # Static pods start one at a time per full name (staticpods.py).
@@ -659,6 +677,10 @@ class PodController:
             elif request.reason == SHUTDOWN_KILL_REASON and state.terminal is None:
                 # upstream's node shutdown manager marks its kills as disruptions too.
                 state.evicted = request.message
+            elif request.reason == PREEMPTING and state.terminal is None:
+                # upstream's critical pod admission handler records the Warning first.
+                self.events.emit(pod, "Warning", PREEMPTING, request.message)
+                state.evicted = PREEMPTED_DISRUPTION
         if anything_running(current):
             if request is not None:
                 grace = request.grace_s
@@ -818,6 +840,8 @@ class PodController:
         ]
         pressure = await self.pressure.conditions() if self.pressure is not None else ()
         verdict = ledger.decide(uid, pod, others=others, pressure=pressure)
+        if verdict.preempt:
+            await self._preempt(uid, verdict)
         if not verdict.admit:
             log.info(
                 "pod rejected",
@@ -837,10 +861,37 @@ class PodController:
         rejected = {u: v.reason for u, v in verdicts.items() if not v.admit}
         for reason in rejected.values():
             self._rejected(reason)
+        for u, v in verdicts.items():
+            if v.preempt:
+                await self._preempt(u, v)
         log.info(
             "re-admitted the running pods",
             extra={"admitted": len(verdicts) - len(rejected), "rejected": rejected},
         )
+
+    async def _preempt(self, uid: str, verdict: Verdict) -> None:
+        """Kill the pods admission preempts for the critical pod `uid` (module docstring)."""
+        for victim in verdict.preempt:
+            state = self.pods.get(victim)
+            pod = state.desired.pod if state is not None and state.desired is not None else None
+            spec: JSON = (pod or {}).get("spec") or {}
+            grace = int(spec.get("terminationGracePeriodSeconds") or 0)
+            log.info(
+                "preempting pod to admit a critical pod",
+                extra={"uid": victim, "for": uid, "signal": verdict.preemption_signal},
+            )
+            try:
+                async with asyncio.timeout(max(grace + grace // 2, PREEMPT_MIN_WAIT_S)):
+                    killed = await self.kill_pod(
+                        PodUID(victim), None, PREEMPTING, PREEMPTED_MESSAGE
+                    )
+            except TimeoutError:
+                if pod is not None:
+                    self.events.emit(pod, "Warning", "ExceededGracePeriod", EXCEEDED_GRACE)
+                log.error("preempted pod not killed in time", extra={"uid": victim})
+                continue  # its kill goes on; upstream admits the critical pod anyway
+            if killed and self.on_preempted is not None:
+                self.on_preempted(verdict.preemption_signal)
 
     def _rejected(self, reason: str) -> None:
         if self.on_rejected is not None:
