@@ -239,3 +239,73 @@ def test_node_address_is_on_lo_for_the_run_only(monkeypatch: pytest.MonkeyPatch)
         with conformance.loopback_address("198.18.0.9"):
             pass
     assert len(calls) == 1
+
+
+DRA_SELECTED = [
+    "[sig-node] [DRA] control plane [ConformanceCandidate] supports simple pod referencing "
+    "inline resource claim",
+    "[sig-node] [DRA] control plane validate ResourceClaimTemplate and ResourceClaim for admin "
+    "access [FeatureGate:DRAAdminAccess] [Beta]",
+    "[sig-api-machinery] ResourceQuota should create a ResourceQuota and capture the life of a "
+    "ResourceClaim [FeatureGate:DynamicResourceAllocation] [DRA]",
+]
+DRA_NOT_SELECTED = [
+    "[sig-node] [DRA] kubelet [Feature:DynamicResourceAllocation] registers plugin",
+    "[sig-node] [DRA] control plane with node-local resources [FeatureGate:DRAPartitionable"
+    "Devices] [Alpha] [Feature:OffByDefault] x",
+    "[sig-node] [DRA] control plane [Serial] x",
+    "[sig-node] [DRA] [FeatureGate:DRADeviceTaints] [Alpha] x",
+    "[sig-node] Pods should be submitted and removed [NodeConformance] [Conformance]",
+]
+
+
+@pytest.mark.parametrize("text", DRA_SELECTED)
+def test_dra_selects(text: str) -> None:
+    assert selected("dra", text)
+
+
+@pytest.mark.parametrize("text", DRA_NOT_SELECTED)
+def test_dra_leaves_out(text: str) -> None:
+    assert not selected("dra", text)
+
+
+def test_only_the_dra_preset_runs_cdi_containerd_in_its_own_namespace() -> None:
+    dra = PRESETS["dra"]
+    assert dra.dra and dra.own_pid_namespace and dra.out == "conformance/dra"
+    assert any("containerd v2" in note and "hostpathplugin" in note for note in dra.notes)
+    assert [name for name, p in PRESETS.items() if p.dra] == ["dra"]
+
+
+def test_private_tmpfs_only_in_the_runs_own_namespace(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """The DRA run's CDI directory: a tmpfs mounted for the run and unmounted after (also
+    when the run fails), refused outside the run's own mount namespace, and a mount that
+    fails is a SetupError with mount's answer."""
+    calls: list[list[str]] = []
+    answers = {"mount": (0, "")}
+
+    def run(argv: list[str], **_: object) -> conformance.subprocess.CompletedProcess[str]:
+        calls.append(argv)
+        code, err = answers.get(argv[0], (0, ""))
+        return conformance.subprocess.CompletedProcess(argv, code, "", err)
+
+    monkeypatch.setattr(conformance.subprocess, "run", run)
+    monkeypatch.setenv(conformance.IN_OWN_NAMESPACE, "0")
+    with pytest.raises(conformance.SetupError, match="own mount namespace"):
+        with conformance.private_tmpfs(tmp_path / "cdi"):
+            pass
+    assert calls == []
+    monkeypatch.setenv(conformance.IN_OWN_NAMESPACE, "1")
+    with pytest.raises(RuntimeError, match="suite"):
+        with conformance.private_tmpfs(tmp_path / "cdi") as path:
+            assert path.is_dir()
+            assert calls == [["mount", "-t", "tmpfs", "-o", "mode=0755", "tmpfs", str(path)]]
+            raise RuntimeError("suite")
+    assert calls[-1] == ["umount", str(tmp_path / "cdi")]
+    calls.clear()
+    answers["mount"] = (32, "mount: permission denied\n")
+    with pytest.raises(conformance.SetupError, match="permission denied"):
+        with conformance.private_tmpfs(tmp_path / "cdi"):
+            pass
+    assert len(calls) == 1

@@ -1,6 +1,9 @@
 """`make conformance`: Kubernetes' [NodeConformance] e2e tests against a klet node;
 `make conformance-storage`: the storage specs of PersistentVolumes and
-PersistentVolumes-local against the same kind of node (`--preset storage`).
+PersistentVolumes-local against the same kind of node (`--preset storage`);
+`make conformance-dra`: the [DRA] specs (`--preset dra`) against a node whose runtime is
+containerd v2 with CDI on (tools/dra/build-containerd.sh; Debian's 1.6 has no CDI), the
+DRA proxy pod's image from tools/dra/images.py.
 
 Everything runs on this machine, privately, and is torn down afterwards:
 
@@ -29,7 +32,7 @@ Everything runs on this machine, privately, and is torn down afterwards:
 6. the summary: `<out>/RESULTS.md` (tools/e2e/report.py), next to the suite's JUnit
    file and the logs of every component.
 
-    python -m tools.e2e.conformance [--preset node|storage] [--focus RE] [--skip RE]
+    python -m tools.e2e.conformance [--preset node|storage|dra|...] [--focus RE] [--skip RE]
                                     [--procs N] [--out DIR] [--node-address IP]
     python -m tools.e2e.conformance [--preset P] --render   # RESULTS.md again from the last run
 
@@ -67,6 +70,8 @@ from klet.testbed.cluster import KUBERNETES_SERVICE_IP, ControlPlane
 from tests.harness.nodeaddress import host_address
 from tests.harness.snapshots import SnapshotController, install_snapshot_crds
 from tools.csi import images as csi_images
+from tools.csi.images import CSIImageError
+from tools.dra import images as dra_images
 from tools.e2e.apiroute import RouteError, kubernetes_service
 from tools.e2e.images import (
     build_binaries,
@@ -99,6 +104,17 @@ SNAPSHOT_FOCUS = r"\[Driver: csi-hostpath\].*\[Feature:VolumeSnapshotDataSource\
 SNAPSHOT_SKIP = (
     r"\[Slow\]|\[Serial\]|\[Disruptive\]|\[Flaky\]|\[FeatureGate:.+\]|\[Feature:Windows\]"
 )
+# The [DRA] specs a single default 1.34 node runs: the node skip and Alpha ones. Kept:
+# the FeatureGate-tagged ones whose gates 1.34 has on by default (DynamicResourceAllocation
+# GA; DRAAdminAccess and DRAResourceClaimDeviceStatus Beta). 22 specs in v1.34.4: 21
+# [sig-node] [DRA] ones and ResourceQuota's "capture the life of a ResourceClaim".
+DRA_FOCUS = r"\[DRA\]"
+DRA_SKIP = SKIP + r"|\[Alpha\]"
+# Where the [DRA] specs' proxy pod writes CDI specs (a hostPath of
+# dra-test-driver-proxy.yaml): the dra run's containerd reads them from there. A tmpfs of
+# the run's own mount namespace, so nothing is left on the machine.
+DRA_CDI_DIR = Path("/var/run/cdi")
+DRA_CONTAINERD_BUILD = REPO / "tools" / "dra" / "build-containerd.sh"
 
 
 @dataclass(frozen=True)
@@ -117,6 +133,9 @@ class Preset:
     csi_images: bool = False
     # The snapshot CRDs and snapshot-controller in the cluster (tests/harness/snapshots).
     snapshots: bool = False
+    # The node on containerd v2 with CDI (tools/dra/build-containerd.sh) reading DRA_CDI_DIR,
+    # and the [DRA] specs' proxy image (tools/dra/images.py).
+    dra: bool = False
 
 
 # How every run is made (RESULTS.md says it): the node's "host" as the suite assumes it.
@@ -181,6 +200,25 @@ PRESETS: dict[str, Preset] = {
         ),
         csi_images=True,
         snapshots=True,
+    ),
+    "dra": Preset(
+        focus=DRA_FOCUS,
+        skip=DRA_SKIP,
+        out="conformance/dra",
+        title="Kubernetes DRA e2e results for klet ([DRA])",
+        own_pid_namespace=True,
+        notes=(
+            *NODE_NOTES,
+            "The node's runtime is containerd v2 (tools/dra/build-containerd.sh) with CDI on, "
+            "reading CDI specs from /var/run/cdi (a tmpfs of the run's mount namespace); "
+            "Debian's containerd 1.6 has no CDI. The test driver's kubelet plugin runs "
+            "inside e2e.test, as upstream's specs run it, through the proxy pod of "
+            "dra-test-driver-proxy.yaml; that manifest names hostpathplugin v1.7.3, whose "
+            "sources cannot be had here: its image carries tools/csi's hostpathplugin "
+            "v1.16.1, whose proxy mode (-endpoint, -proxy-endpoint) is the one used "
+            "(tools/dra/images.py).",
+        ),
+        dra=True,
     ),
 }
 # Set in the environment of the run that own_pid_namespace started, so it does not again.
@@ -376,6 +414,7 @@ class SuiteRun:
     images: tuple[str, ...] = ()  # extra images of the suite to provide (Preset.images)
     csi_images: bool = False  # the CSI components' images too (Preset.csi_images)
     snapshots: bool = False  # the snapshot CRDs and controller (Preset.snapshots)
+    dra: bool = False  # containerd v2 with CDI and the DRA proxy image (Preset.dra)
     # The node's address when not the default route's (--node-address): put on `lo` for
     # the run, so a second run can have 10250 on an address of its own.
     node_address: str | None = None
@@ -435,14 +474,24 @@ def cluster(
     csi: bool = False,
     snapshots: bool = False,
     node_address: str | None = None,
+    cdi_containerd: Path | None = None,
 ) -> Iterator[tuple[ControlPlane, Path]]:
     """The dev stack with the suite's images (and the `images` ImageIDs besides), the
     control plane and klet's Node, ready; yields the plane and the KUBE_TEST_REPO_LIST
-    file."""
+    file. `cdi_containerd`: the node's runtime is that containerd v2 with CDI on, reading
+    DRA_CDI_DIR (a tmpfs mounted for the run), with the [DRA] specs' proxy image."""
     cache = Path(os.environ.get("KLET_CACHE", "/var/cache/klet"))
     with ExitStack() as stack:
         began = time.monotonic()
-        dev = DevStack(work / "stack")
+        if cdi_containerd is not None:
+            stack.enter_context(private_tmpfs(DRA_CDI_DIR))
+            dev = DevStack(
+                work / "stack",
+                containerd_binary=str(cdi_containerd),
+                cdi_spec_dirs=(DRA_CDI_DIR,),
+            )
+        else:
+            dev = DevStack(work / "stack")
         stack.callback(dev.stop)
         dev.start()
         src = build_binaries(cache=cache)
@@ -456,6 +505,11 @@ def cluster(
             made = csi_images.build_images(plan, cache=cache)
             csi_images.push_images(made, dev.registry_address)
             push_images(build_csi_manifest_images(src), dev.registry_address)
+        if cdi_containerd is not None:
+            wanted = dra_images.read_proxy_manifest(src.module_dir)
+            proxy = dra_images.proxy_plan(wanted, dra_images.build_proxy_binary(cache=cache))
+            made = csi_images.build_images(proxy, cache=cache)
+            csi_images.push_images(made, dev.registry_address)
         repo_list = work / "repo-list.yaml"
         repo_list.write_text(repo_list_yaml(src.manifest(), TEST_REGISTRY_HOST))
         log(f"dev stack and images: {time.monotonic() - began:.0f} s")
@@ -501,6 +555,28 @@ def cluster(
         wait_for_node(plane, klet, NODE_NAME, timeout_s=180)
         log(f"node {NODE_NAME} at {ip} ready: {time.monotonic() - began:.0f} s after start")
         yield plane, repo_list
+
+
+@contextmanager
+def private_tmpfs(path: Path) -> Iterator[Path]:
+    """A tmpfs on `path` (made if missing) for the duration, unmounted after. Only in the
+    run's own mount namespace (IN_OWN_NAMESPACE): there it is the run's alone, and gone
+    with the namespace even if the unmount is never reached. SetupError otherwise, or when
+    mount refuses."""
+    if os.environ.get(IN_OWN_NAMESPACE) != "1":
+        raise SetupError(f"a tmpfs on {path} needs the run's own mount namespace")
+    path.mkdir(parents=True, exist_ok=True)
+    res = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "mode=0755", "tmpfs", str(path)],
+        capture_output=True,
+        text=True,
+    )
+    if res.returncode != 0:
+        raise SetupError(f"mount tmpfs on {path}: {res.stderr.strip()}")
+    try:
+        yield path
+    finally:
+        subprocess.run(["umount", str(path)], capture_output=True, check=False)
 
 
 def loopback_address_argv(verb: str, address: str) -> list[str]:
@@ -569,6 +645,7 @@ def conform(run: SuiteRun, artifacts: Path) -> Outcome:
     work = Path(tempfile.mkdtemp(prefix="klet-conf-", dir="/tmp"))
     try:
         bins = build_all()
+        cdi_containerd = run_build(DRA_CONTAINERD_BUILD) / "containerd" if run.dra else None
         with cluster(
             bins,
             work,
@@ -576,6 +653,7 @@ def conform(run: SuiteRun, artifacts: Path) -> Outcome:
             csi=run.csi_images,
             snapshots=run.snapshots,
             node_address=run.node_address,
+            cdi_containerd=cdi_containerd,
         ) as (plane, repo_list):
             command = suite_argv(
                 bins,
@@ -588,7 +666,7 @@ def conform(run: SuiteRun, artifacts: Path) -> Outcome:
             env = {**os.environ, "KUBE_TEST_REPO_LIST": str(repo_list)}
             with (artifacts / "e2e.log").open("wb") as sink:
                 subprocess.run(command, env=env, stdout=sink, stderr=subprocess.STDOUT, cwd=work)
-    except (StartError, OSError) as err:
+    except (StartError, OSError, CSIImageError) as err:
         raise SetupError(str(err)) from err
     finally:
         collect_logs(work, artifacts)
@@ -600,7 +678,7 @@ def conform(run: SuiteRun, artifacts: Path) -> Outcome:
     versions = {
         "e2e.test": version_of([str(bins.e2e / "e2e.test"), "--version"]),
         "kube-apiserver": version_of([str(bins.control_plane / "kube-apiserver"), "--version"]),
-        "containerd": version_of(["containerd", "--version"]),
+        "containerd": version_of([str(cdi_containerd or "containerd"), "--version"]),
         "klet": "commit " + klet_commit,
     }
     return Outcome(
@@ -644,7 +722,8 @@ def main(argv: list[str] | None = None) -> int:
         "(PersistentVolumes and PersistentVolumes-local, conformance/storage/) or storage-csi "
         "([Driver: csi-hostpath] and CSI Mock, conformance/storage/csi/) or "
         "storage-csi-snapshots (csi-hostpath's snapshot specs with the snapshot CRDs and "
-        "controller, conformance/storage/csi/snapshots/); default node",
+        "controller, conformance/storage/csi/snapshots/) or dra ([DRA] on containerd v2 "
+        "with CDI, conformance/dra/); default node",
     )
     parser.add_argument("--focus", help=f"ginkgo focus (default the preset's; node: {FOCUS})")
     parser.add_argument("--skip", help=f"ginkgo skip (default the preset's; node: {SKIP})")
@@ -688,6 +767,7 @@ def main(argv: list[str] | None = None) -> int:
         images=preset.images,
         csi_images=preset.csi_images,
         snapshots=preset.snapshots,
+        dra=preset.dra,
         node_address=args.node_address,
     )
     try:

@@ -96,11 +96,14 @@ class Containerd:
         socket_dir: Path | None = None,
         systemd_cgroup: bool = False,
         cdi_spec_dirs: tuple[Path, ...] | None = None,
+        binary: str | None = None,
     ) -> None:
-        """``cdi_spec_dirs``: None writes containerd 1.6's configuration (version 2, no
-        CDI); directories write containerd v2's (version 3: the CRI plugin split into
-        runtime and images, CDI on reading those directories alone, NRI and erofs off),
-        for a subclass whose ``binary`` is a containerd v2 (the DRA tier's).
+        """``binary``: the daemon to run instead of the class's (a containerd v2 built by
+        tools/dra/build-containerd.sh, with ``cdi_spec_dirs``). ``cdi_spec_dirs``: None
+        writes containerd 1.6's configuration (version 2, no CDI); directories write
+        containerd v2's (version 3: the CRI plugin split into runtime and images, CDI on
+        reading those directories alone, NRI and erofs off), for a ``binary`` that is a
+        containerd v2 (the DRA tier's).
         ``systemd_cgroup``: runc's ``SystemdCgroup`` option (containers in systemd
         scopes, for a node with ``cgroupDriver: systemd``; needs systemd as PID 1).
         ``root_size_bytes``: put containerd's root (images, snapshots) on a tmpfs of
@@ -112,6 +115,8 @@ class Containerd:
         # Absolute, because the socket path goes into the config and the mount sweep
         # compares against /proc/self/mountinfo.
         self.dir = dir.resolve()
+        if binary is not None:
+            self.binary = binary
         self.registry_host_map = dict(registry_host_map or {})
         self.sandbox_image = sandbox_image
         self.log_level = log_level
@@ -143,9 +148,12 @@ class Containerd:
         root_size_bytes: int | None = None,
         socket_dir: Path | None = None,
         systemd_cgroup: bool = False,
+        cdi_spec_dirs: tuple[Path, ...] | None = None,
+        binary: str | None = None,
     ) -> Containerd:
         """A containerd that pulls ``registry.klet.test/...`` (and ``registry_address``
-        itself) over plain HTTP from the registry at ``registry_address``."""
+        itself) over plain HTTP from the registry at ``registry_address``; ``binary`` and
+        ``cdi_spec_dirs`` as for the constructor."""
         hosts = {TEST_REGISTRY_HOST: registry_address, registry_address: registry_address}
         return cls(
             dir,
@@ -155,6 +163,8 @@ class Containerd:
             root_size_bytes=root_size_bytes,
             socket_dir=socket_dir,
             systemd_cgroup=systemd_cgroup,
+            cdi_spec_dirs=cdi_spec_dirs,
+            binary=binary,
         )
 
     @property

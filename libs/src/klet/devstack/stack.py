@@ -46,8 +46,13 @@ class DevStack:
         images: Mapping[str, ImageSpec] | None = None,
         containerd_root_size: int | None = None,
         systemd_cgroup: bool = False,
+        containerd_binary: str | None = None,
+        cdi_spec_dirs: tuple[Path, ...] | None = None,
     ) -> None:
-        """``containerd_root_size``: bytes of a tmpfs for containerd's root (a small image
+        """``containerd_binary`` with ``cdi_spec_dirs``: run that containerd v2 (built by
+        tools/dra/build-containerd.sh) with CDI on, reading specs from those directories,
+        instead of Debian's 1.6, which has no CDI (the DRA conformance run's node).
+        ``containerd_root_size``: bytes of a tmpfs for containerd's root (a small image
         filesystem for image GC tests); None keeps it on the host's disk. ``systemd_cgroup``:
         containerd's runc puts containers in systemd scopes (``cgroupDriver: systemd``)."""
         self.dir = dir.resolve()
@@ -62,6 +67,8 @@ class DevStack:
                 sandbox_image=PAUSE_IMAGE,
                 root_size_bytes=containerd_root_size,
                 systemd_cgroup=systemd_cgroup,
+                cdi_spec_dirs=cdi_spec_dirs,
+                binary=containerd_binary,
             )
             if start_containerd
             else None
