@@ -21,11 +21,12 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 
 import pytest
-from klet.bus import Bus, BusError, Fenced, LeaseLapsed, NodeBus
+from klet.bus import Bus, BusError, Fenced, LeaseLapsed, NodeBus, functions
 from klet.bus.leader import LeaseLost, hold
 from klet.devstack import ManagedProcess, RedisServer
 from klet.model.records import NodeConditionRecord, PodStatusRecord, SourceState
 from klet.model.types import PodUID
+from redis.exceptions import RedisError
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -455,7 +456,21 @@ async def test_a_write_the_service_may_not_make_writes_nothing(redis_server: Red
         # created yet): refused by the script's own check before its first write (it used
         # to leave the first HSET applied).
         junk = bus.table("pods", SourceState)
-        with pytest.raises(BusError, match="may not HSET"):
+        lease = bus.key("lease:pod-source")
+        with pytest.raises(RedisError, match="may not HSET"):
+            await bus.client.fcall(
+                functions.FENCED_WRITE,
+                3,
+                lease,
+                nb.sources.key,
+                junk.key,
+                await bus.client.get(lease),
+                *("hset", "2", "api", ready.encode(), "hset", "3", "k", "v"),
+            )
+        # Through the bus the call also names the generation counter of each table it
+        # writes (`gen:pods`, which pod-source is granted nothing of): refused by Redis
+        # before the function runs, nothing written either.
+        with pytest.raises(BusError, match="may not HSET|no permissions to access"):
             async with bus.transaction() as tx:
                 tx.put(nb.sources, "api", SourceState(source="api", ready=True, at=2.0))
                 tx.put(junk, "k", ready)

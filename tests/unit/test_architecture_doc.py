@@ -3,7 +3,8 @@
 Covers: the bus table lists every key the ACL grants (klet.bus.acl.ACCESS, the
 authority), each with exactly its writers and at least its readers, and no key the ACL
 does not know; keys that every service has one of (`events:<service>`,
-`lease:<service>`) are listed once as a pattern. Every service package under services/
+`lease:<service>`) are listed once as a pattern, and every table's generation counter
+once, as `gen:<table>`. Every service package under services/
 is named with its distribution directory, every gRPC service in proto/ by its full name,
 every function of the bus's Redis library, the ACL user names, the default service
 ports, and the run-dir and root-dir paths of klet.model.layout. The floors of syncloop's
@@ -84,6 +85,9 @@ def services_named(cell: str) -> set[str]:
     return {s for s in SERVICES if re.search(rf"(?<![\w-]){re.escape(s)}(?![\w-])", cell)}
 
 
+GENERATIONS = "gen:<table>"
+
+
 def granted() -> dict[str, tuple[set[str], set[str]]]:
     """Every key of the ACL grants as the doc names it -> (writers, readers). A key
     that every service has one of, with the service's name as one `:` segment, is
@@ -95,6 +99,13 @@ def granted() -> dict[str, tuple[set[str], set[str]]]:
             access.setdefault(key, (set(), set()))[0].add(service)
         for key in (*a.reads, *a.consumes, *a.tails):
             access.setdefault(key, (set(), set()))[1].add(service)
+        # Every table's generation counter, one row: moved by the table's writer, read
+        # by its readers and its writer.
+        generations = access.setdefault(GENERATIONS, (set(), set()))
+        if a.writes:
+            generations[0].add(service)
+        if a.reads or a.writes:
+            generations[1].add(service)
     folded: dict[str, tuple[set[str], set[str]]] = {}
     for key, (writers, readers) in access.items():
         # The one glob grant is a stream per pod, which the doc names by its UID.

@@ -52,13 +52,24 @@ def test_pod_source_rules() -> None:
         "+multi",
         "+exec",
         "+discard",
+        "+time",
         f"(~{p}desired ~{p}sources +hget +hmget +hgetall +hset +hdel)",
+        # The tables' generation counters: read (several in one MGET) and moved.
+        f"(~{p}gen:desired ~{p}gen:sources +get +mget)",
+        f"(~{p}gen:desired ~{p}gen:sources +incr +incrby +set)",
         f"(~{p}pods ~{p}events:pod-source +xadd)",
         f"(~{p}lease:pod-source ~{p}lease:pod-source:fence "
         "+get +set +pexpire +pttl +del +incr +incrby +exists)",
-        f"(~{p}desired ~{p}sources ~{p}pods ~{p}events:pod-source ~{p}lease:pod-source "
-        f"~{p}lease:pod-source:fence {calls} +type)",
+        f"(~{p}desired ~{p}sources ~{p}gen:desired ~{p}gen:sources ~{p}pods "
+        f"~{p}events:pod-source ~{p}lease:pod-source ~{p}lease:pod-source:fence {calls} +type)",
     ]
+
+
+def test_a_reader_may_read_but_not_move_the_generations_of_tables_it_reads() -> None:
+    p = "klet:n1:"
+    rules = service_rules("n1", "eviction")
+    assert f"(~{p}gen:desired ~{p}gen:status ~{p}gen:node:eviction +get +mget)" in rules
+    assert f"(~{p}gen:node:eviction +incr +incrby +set)" in rules
 
 
 @pytest.mark.parametrize("service", SERVICES)

@@ -12,7 +12,10 @@ soft thresholds wait out their grace period and kill with min(evictionMaxPodGrac
 the pod's grace); a pod over an emptyDir sizeLimit is evicted without node pressure;
 pressure conditions clear after the transition period; a KillPod that fails is retried
 on the next pass; `wait_for_cleanup` returns once the pod is terminal; the record of
-an evicted pod is dropped once the pod is no longer active.
+an evicted pod is dropped once the pod is no longer active. The bus's active pods
+(issue 42): an idle pass reads the two tables' generations and decodes nothing, a
+status written since shows at the next pass with only its row decoded, and a Redis
+restart reads both tables in full.
 """
 
 from __future__ import annotations
@@ -555,3 +558,19 @@ async def test_bus_pods_are_the_desired_pods_not_reported_terminal() -> None:
     pods = BusPods(desired=node.desired, status=node.status)
     active = await pods.active()
     assert sorted(p.pod["metadata"]["uid"] for p in active) == ["new", "running"]
+
+    # issue 42: an idle pass reads the generations only; a change decodes its row only.
+    bus.calls.clear()
+    for _ in range(3):
+        assert len(await pods.active()) == 2
+    assert bus.calls == ["generations"] * 3
+    assert (pods.desired.decoded, pods.status.decoded) == (5, 5)
+    bus.seed(node.status, "running", status("running", "Succeeded"))
+    bus.calls.clear()
+    assert [p.pod["metadata"]["uid"] for p in await pods.active()] == ["new"]
+    assert bus.calls == ["generations", "all"]
+    assert (pods.desired.decoded, pods.status.decoded) == (5, 6)
+    bus.restart()  # the tables and their generations are gone: both read again
+    bus.calls.clear()
+    assert await pods.active() == []
+    assert bus.calls == ["generations", "all", "all"]

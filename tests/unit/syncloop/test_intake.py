@@ -9,13 +9,18 @@ good entry to the controller and acknowledges it afterwards, while a bad entry i
 counted and acknowledged without reaching the controller; a batch read at once reaches
 the controller in one call and is acknowledged in one XACK; stale entries are taken
 over again once `reclaim_s` has passed (a fake clock); after an outage the consumer
-ensures the group again. The in-memory bus (klet.testbed.fakes.bus), a fake controller; no sleeps.
+ensures the group again. Issue 42: an idle resync reads the tables' generations and
+nothing else (no HGETALL, no decode, nothing handed over, the statuses still
+reconciled); a write by pod-source is handed over at the next resync with only its row
+decoded; a Redis restart (the generations lost with the tables) makes a full read; a
+write that bypassed the fenced write is seen once `full_resync_s` has passed. The
+in-memory bus (klet.testbed.fakes.bus), a fake controller; no sleeps.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import pytest
 from klet.bus import BusError, BusUnavailable, NodeBus
@@ -43,7 +48,11 @@ class FakeController:
         self.reconciled = 0
 
     def apply_desired(
-        self, table: dict[str, DesiredPod], sources: dict[str, SourceState], *, read_from: int
+        self,
+        table: Mapping[str, DesiredPod],
+        sources: Mapping[str, SourceState],
+        *,
+        read_from: int,
     ) -> None:
         ready = all(s.ready for s in sources.values())
         self.applied.append((set(table), ready, read_from))
@@ -73,6 +82,7 @@ class World:
             self.controller,
             consumer="node1-1",
             resync_s=0,
+            full_resync_s=60,
             reclaim_s=300,
             retry_s=0,
             on_bad=self.bad.append,
@@ -105,18 +115,75 @@ async def test_a_resync_hands_the_tables_over_from_the_generation_it_began_at(w:
     def stream_change_lands() -> None:  # a stream change handled while the tables are read
         w.controller.generation = 8
 
-    read_desired = w.node.desired.all
+    read_desired = w.node.desired.raw_all
 
-    async def all_while_a_change_lands() -> dict[str, DesiredPod]:
+    async def all_while_a_change_lands() -> dict[str, str]:
         stream_change_lands()
         return await read_desired()
 
-    w.node.desired.all = all_while_a_change_lands  # type: ignore[method-assign]
+    w.node.desired.raw_all = all_while_a_change_lands  # type: ignore[method-assign]
     assert not w.intake.synced.is_set()
     await w.intake.resync_once()
     assert w.controller.applied == [({"u1"}, True, 7)]
     assert w.controller.reconciled == 1
     assert w.intake.synced.is_set()
+
+
+async def test_an_idle_resync_reads_the_generations_only(w: World) -> None:
+    await w.intake.resync_once()
+    assert w.bus.calls.count("all") == 2  # the first resync reads both tables
+    w.bus.calls.clear()
+    for _ in range(5):
+        w.clock.t += 5
+        await w.intake.resync_once()
+    assert w.bus.calls == ["generations"] * 5  # no HGETALL, nothing decoded
+    assert (w.intake.desired.decoded, w.intake.sources.decoded) == (1, 1)
+    assert len(w.controller.applied) == 1  # nothing handed over again
+    assert w.controller.reconciled == 6  # the statuses are reconciled every time
+
+
+async def test_a_write_is_handed_over_at_the_next_resync_decoding_only_its_row(
+    w: World,
+) -> None:
+    await w.intake.resync_once()
+    w.bus.calls.clear()
+    w.bus.seed(w.node.desired, "u2", desired("u2"))  # pod-source's fenced write
+    await w.intake.resync_once()
+    assert w.bus.calls == ["generations", "all"]  # desired read again, sources not
+    assert w.controller.applied[-1] == ({"u1", "u2"}, True, 0)
+    assert w.intake.desired.decoded == 2  # u1 once, u2 once
+    w.bus.drop(w.node.desired, "u1")
+    await w.intake.resync_once()
+    assert w.controller.applied[-1] == ({"u2"}, True, 0)
+    assert w.intake.desired.decoded == 2  # a removal decodes nothing
+
+
+async def test_a_redis_restart_makes_a_full_read(w: World) -> None:
+    await w.intake.resync_once()
+    w.bus.restart()  # the tables and their generations are gone
+    w.bus.calls.clear()
+    await w.intake.resync_once()
+    assert w.bus.calls == ["generations", "all", "all"]
+    assert w.controller.applied[-1] == (set(), True, 0)  # the tables as Redis has them: empty
+    # pod-source writes everything back: the new generations are read again.
+    w.bus.seed(w.node.desired, "u1", desired("u1"))
+    w.bus.seed(w.node.sources, "file", READY["file"])
+    await w.intake.resync_once()
+    assert w.controller.applied[-1] == ({"u1"}, True, 0)
+
+
+async def test_a_write_that_bypassed_the_fenced_write_is_seen_within_full_resync_s(
+    w: World,
+) -> None:
+    await w.intake.resync_once()
+    w.bus.hset_directly(w.node.desired, "u2", desired("u2").encode())  # no generation moved
+    w.clock.t += 59
+    await w.intake.resync_once()
+    assert len(w.controller.applied) == 1
+    w.clock.t += 1
+    await w.intake.resync_once()
+    assert w.controller.applied[-1] == ({"u1", "u2"}, True, 0)
+    assert w.intake.desired.decoded == 2  # the full read decodes only the new row
 
 
 async def test_a_bus_error_during_resync_keeps_the_last_view_and_is_logged_once(

@@ -32,7 +32,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from klet.bus.functions import CONDITION_TYPES, FUNCTIONS
+from klet.bus.functions import CONDITION_TYPES, FUNCTIONS, generation_name
 
 SERVICES = ("pod-source", "syncloop", "status-reporter", "eviction", "image-gc")
 
@@ -42,9 +42,11 @@ service is ever given it (`klet up` passes each service its own user only)."""
 
 # Commands every authenticated service needs, on no key: liveness checks (redis-py's
 # health check is a PING), MULTI/EXEC around unfenced writes (each queued command is
-# still checked against the grants). Not SELECT: klet's keys live in database 0 and a
-# service may write nowhere else (the settings refuse a URL naming another database).
-CONNECTION_COMMANDS = ("ping", "multi", "exec", "discard")
+# still checked against the grants), TIME (the fenced write starts a new table
+# generation counter from the server's clock, klet.bus.functions). Not SELECT: klet's
+# keys live in database 0 and a service may write nowhere else (the settings refuse a
+# URL naming another database).
+CONNECTION_COMMANDS = ("ping", "multi", "exec", "discard", "time")
 
 TABLE_READ = ("hget", "hmget", "hgetall")
 TABLE_WRITE = (*TABLE_READ, "hset", "hdel")
@@ -68,6 +70,12 @@ STREAM_TAIL = ("xread", "xrevrange", "xlen")
 JOURNAL = ("xadd", "pexpire")
 # redis-py sends INCR as INCRBY.
 LEASE = ("get", "set", "pexpire", "pttl", "del", "incr", "incrby", "exists")
+# Each table's generation counter (`gen:<table>`, klet.bus.functions): its readers read
+# it, the counters of several tables in one MGET (so one grant holds all of a service's
+# counters); its writer's fenced write moves it (INCR, or SET when new), and an unfenced
+# write (tests, tools) the same way (SET NX, INCRBY).
+GENERATION_READ = ("get", "mget")
+GENERATION_WRITE = ("incr", "incrby", "set")
 # The library's functions, each by name (FCALL's first argument); TYPE: the fenced
 # write checks each key's type before its first write.
 FUNCTION_CALLS = (*(f"fcall|{name}" for name in FUNCTIONS), "type")
@@ -102,9 +110,12 @@ class ServiceAccess:
         lease_keys = tuple(
             k for name in self.leases for k in (f"lease:{name}", f"lease:{name}:fence")
         )
+        tables = (*self.reads, *self.writes)
         grants = [
             Grant(self.reads, TABLE_READ),
             Grant(self.writes, TABLE_WRITE),
+            Grant(tuple(generation_name(t) for t in tables), GENERATION_READ),
+            Grant(tuple(generation_name(t) for t in self.writes), GENERATION_WRITE),
             Grant(self.publishes, STREAM_PUBLISH),
             Grant(self.consumes, STREAM_CONSUME),
             Grant(self.tails, STREAM_TAIL),

@@ -51,6 +51,17 @@ grants that let the functions write also let the same user send those commands
 directly. The caps bound the function path, where one call could stall every node; a
 single direct command is bounded only by the server's own limits.
 
+Table generations. Every call that writes a table (`klet:<node>:<table>`, a hash) also
+moves that table's generation counter, `klet:<node>:gen:<table>`, in the same atomic
+step, once per call: a reader that keeps a copy of a table reads the counter (one GET,
+or one MGET for several tables) and reads and decodes the table again only when it
+moved (klet.bus.tablecopy). A counter that does not exist yet, or that Redis lost with
+its data, starts from the Redis server's clock in microseconds (`TIME`), not from 1: a
+reader holding a value from before a Redis restart can then never find the new counter
+at the same value (it would need more writes than microseconds had passed), so a
+restart always reads as "moved". A counter that is not a number any more is set afresh
+the same way, so a broken counter costs its readers one full read, never a write.
+
 This module is pure text (no `redis` import): the ACL grants and the loaders share it.
 """
 
@@ -107,6 +118,15 @@ CONDITION_FIXED: Mapping[tuple[str, str], tuple[str, str]] = {
 
 JOURNAL_PREFIX = "history:"
 """Streams (one per pod, under a key glob) whose every append must carry their expiry."""
+
+GENERATION_PREFIX = "gen:"
+"""A table `<table>`'s generation counter is the key `gen:<table>` (after `klet:<node>:`),
+moved by every fenced write of the table (above)."""
+
+
+def generation_name(table: str) -> str:
+    """The generation counter's name (after `klet:<node>:`) of the table `table`."""
+    return GENERATION_PREFIX + table
 
 
 def _lua(value: str) -> str:
@@ -311,6 +331,27 @@ local function check_write(keys, argv)
   return nil
 end
 
+-- The generation counter of a table key (klet:<node>:gen:<table>), nil for a key
+-- outside klet's naming.
+local function generation_key(key)
+  local prefix, name = string.match(key, '^(klet:[^:]+:)(.+)$$')
+  if not prefix then
+    return nil
+  end
+  return prefix .. '$GENERATION_PREFIX' .. name
+end
+
+-- Move a table's generation: INCR, or, for a counter that is new (lost with Redis's
+-- data) or not a number, the server's clock in microseconds, above any value a reader
+-- can hold from before. Never fails once the ACL check passed: SET takes any key.
+local function bump(g)
+  local n = redis.pcall('INCR', g)
+  if type(n) ~= 'number' or n == 1 then
+    local t = redis.call('TIME')
+    redis.call('SET', g, t[1] .. string.format('%06d', tonumber(t[2])))
+  end
+end
+
 local function wrong_type(key, t, kind)
   return redis.error_reply('WRONGTYPE ' .. key .. ' holds a ' .. t .. ', not a ' .. kind)
 end
@@ -344,6 +385,9 @@ local function fenced_write(keys, argv)
     pexpire = {'PEXPIRE', '1'}
   }
   local known = {}
+  -- The generation counters of the tables this call writes, each moved once, after the
+  -- writes (checked against the ACL here, with the writes).
+  local generations, bumped = {}, {}
   local i = 2
   while i <= #argv do
     local verb, key = argv[i], keys[tonumber(argv[i + 1])]
@@ -366,6 +410,16 @@ local function fenced_write(keys, argv)
     local s = sample[verb]
     if not redis.acl_check_cmd(s[1], key, unpack(s, 2)) then
       return redis.error_reply('NOPERM this user may not ' .. s[1] .. ' ' .. key)
+    end
+    if kind == 'hash' then
+      local g = generation_key(key)
+      if g and not bumped[g] then
+        if not (redis.acl_check_cmd('INCR', g) and redis.acl_check_cmd('SET', g, '1')) then
+          return redis.error_reply('NOPERM this user may not move the generation ' .. g)
+        end
+        bumped[g] = true
+        generations[#generations + 1] = g
+      end
     end
     i = i + width[verb]
   end
@@ -396,6 +450,9 @@ local function fenced_write(keys, argv)
       out[#out + 1] = ''
     end
     i = i + width[verb]
+  end
+  for _, g in ipairs(generations) do
+    bump(g)
   end
   return out
 end
@@ -476,6 +533,7 @@ end
     CONDITIONS=_lua_conditions(),
     CONDITION_NAMES=_lua_condition_names(),
     JOURNAL_PREFIX=JOURNAL_PREFIX,
+    GENERATION_PREFIX=GENERATION_PREFIX,
 )
 
 _ROLES = ("fenced_write", "lease_renew", "lease_acquire", "lease_release", "forget_consumers")

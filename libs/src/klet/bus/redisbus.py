@@ -387,6 +387,8 @@ class Bus:
             if op.key not in keys:
                 keys.append(op.key)
             argv += [op.verb, str(keys.index(op.key) + 1), *op.args]
+        # The generation counters the function moves, declared as the keys they are.
+        keys += self._generation_keys(ops)
         try:
             reply = await self._r.fcall(functions.FENCED_WRITE, len(keys), *keys, *argv)
         except ResponseError as err:
@@ -399,8 +401,20 @@ class Bus:
             raise _wrap(err) from err
         return [str(r) for r in reply]
 
+    def _generation_keys(self, ops: Sequence[_Op]) -> list[str]:
+        """The generation counter of each table `ops` write, once each, in order."""
+        prefix = self.key("")
+        return list(
+            dict.fromkeys(
+                self.key(functions.generation_name(op.key.removeprefix(prefix)))
+                for op in ops
+                if op.verb in ("hset", "hdel") and op.key.startswith(prefix)
+            )
+        )
+
     async def _write_unfenced(self, ops: Sequence[_Op]) -> list[str]:
-        pipe = self._r.pipeline(transaction=len(ops) > 1)
+        generations = self._generation_keys(ops)
+        pipe = self._r.pipeline(transaction=len(ops) + len(generations) > 1)
         for op in ops:
             if op.verb == "hset":
                 pipe.hset(op.key, op.args[0], op.args[1])
@@ -410,11 +424,29 @@ class Bus:
                 pipe.pexpire(op.key, int(op.args[0]))
             else:
                 pipe.xadd(op.key, {"r": op.args[1]}, maxlen=int(op.args[0]), approximate=True)
+        # As the fenced write moves them: a new counter starts from the clock in
+        # microseconds (here the writer's), then every write adds one.
+        seed = str(time.time_ns() // 1000)
+        for key in generations:
+            pipe.set(key, seed, nx=True)
+            pipe.incr(key)
         try:
             reply = await pipe.execute()
         except (RedisError, OSError) as err:
             raise _wrap(err) from err
-        return [str(r) for r in reply]
+        return [str(r) for r in reply[: len(ops)]]
+
+    async def generations(self, keys: Sequence[str]) -> list[str | None]:
+        """The values of the generation counters `keys` (`Table.generation_key`), in one
+        round trip (MGET): None for a counter that does not exist (no write through the
+        fenced write yet, or Redis lost it)."""
+        if not keys:
+            return []
+        try:
+            values = await self._r.mget(list(keys))
+        except (RedisError, OSError) as err:
+            raise _wrap(err) from err
+        return [None if v is None else str(v) for v in values]
 
     @property
     def client(self) -> aioredis.Redis:
@@ -518,12 +550,18 @@ def _size(op: _Op) -> int:
 
 
 class Table(Generic[R]):
-    """A Redis hash of versioned records keyed by pod UID (or source name)."""
+    """A Redis hash of versioned records keyed by pod UID (or source name).
+
+    `generation_key` is its generation counter, which every fenced write of the table
+    moves (klet.bus.functions); `raw_all` and `decode_row` let a reader that keeps a
+    copy (klet.bus.tablecopy) decode only the rows whose text changed.
+    """
 
     def __init__(self, bus: Bus, name: str, record_type: type[R]) -> None:
         self.bus = bus
         self.name = name
         self.key = bus.key(name)
+        self.generation_key = bus.key(functions.generation_name(name))
         self.record_type = record_type
 
     async def get(self, key: str) -> R | None:
@@ -556,21 +594,27 @@ class Table(Generic[R]):
             )
             return None
 
-    async def all(self) -> dict[str, R]:
-        """Every decodable record; undecodable ones are logged and left out."""
+    def decode_row(self, key: str, raw: str) -> R | None:
+        """The record of the row `key` from its text; None (logged) when it does not
+        decode."""
+        return self._decode(key, raw)
+
+    async def raw_all(self) -> dict[str, str]:
+        """Every row's text, undecoded (one HGETALL)."""
         try:
             raw = await self.bus.client.hgetall(self.key)
         except (RedisError, OSError) as err:
             raise _wrap(err) from err
+        # decode_responses=True: keys and values are str at run time.
+        return {str(key): str(value) for key, value in raw.items()}
+
+    async def all(self) -> dict[str, R]:
+        """Every decodable record; undecodable ones are logged and left out."""
         out: dict[str, R] = {}
-        for key, value in raw.items():
-            key = str(key)  # decode_responses=True: keys are str at run time
-            try:
-                out[key] = self.record_type.decode(value)
-            except BadRecord as err:
-                log.error(
-                    "bad record in table", extra={"table": self.name, "key": key, "error": str(err)}
-                )
+        for key, value in (await self.raw_all()).items():
+            record = self._decode(key, value)
+            if record is not None:
+                out[key] = record
         return out
 
     async def put(self, key: str, record: R) -> None:

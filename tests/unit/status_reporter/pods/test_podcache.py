@@ -6,7 +6,11 @@ entry, stale versions never replace newer ones, removed pods stay until their st
 terminal, a bus outage keeps the last view, is logged once and heals, and the PodList
 is built and encoded once per change of the view, whatever the number of readers. The
 status records a stream batch fetched are handed to `subscribe_statuses` (the pods'
-history takes them instead of fetching them again); a full reload's are not."""
+history takes them instead of fetching them again); a full reload's are not. Issue 42:
+an idle reload reads both tables' generations and nothing else (no HGETALL, no decode,
+the PodList kept, the view still fresh), a write shows at the next reload with only its
+row decoded, a Redis restart reads both tables in full, and a write that bypassed the
+fenced write shows at the next full reload (`full_reload_interval_s`)."""
 
 from __future__ import annotations
 
@@ -163,19 +167,21 @@ async def test_reload_does_not_undo_a_refresh_that_happened_during_it() -> None:
     await w.cache.reload()
     await w.cache.consume_once()  # takes the cursor
 
-    # The reload reads the desired table, then a stream refresh for a new pod runs
-    # before the reload reads the status table; the reload must not drop that pod.
-    real_all = w.status.all
+    # The status table moved (web's next status, its stream entry not consumed yet),
+    # so the reload reads it; a stream refresh for a new pod runs after that read
+    # returned and before the reload merges: the reload must not drop that pod.
+    w.report(WEB, version=2)
+    real_all = w.status.raw_all
     new = make_pod("new")
 
-    async def slow_all() -> dict[str, PodStatusRecord]:
+    async def slow_all() -> dict[str, str]:
         snapshot = await real_all()
         w.want(new)
         w.report(new, version=1)
         await w.cache.consume_once()
         return snapshot
 
-    w.status.all = slow_all  # type: ignore[method-assign]
+    w.status.raw_all = slow_all  # type: ignore[method-assign]
     await w.cache.reload()
     assert w.phases() == {"new": "Running", "web": "Running"}
 
@@ -288,6 +294,49 @@ def test_policy_rejects_nonsense() -> None:
         CachePolicy(backoff_max_s=-1)
     with pytest.raises(ValueError, match="read_count"):
         CachePolicy(read_count=0)
+
+
+async def test_an_idle_reload_reads_the_generations_only() -> None:
+    w = World()
+    w.want(WEB)
+    w.want(DB)
+    w.report(WEB, version=1)
+    await w.cache.reload()
+    body = w.cache.pod_list_json()
+    w.bus.calls.clear()
+    for _ in range(5):
+        w.now[0] += 5
+        await w.cache.reload()
+    assert w.bus.calls == ["generations"] * 5  # no HGETALL, nothing decoded
+    assert w.cache.pod_list_json() is body and not w.cache.stale
+
+    # A write shows at the next reload, decoding its row only.
+    w.report(DB, version=1)
+    w.bus.calls.clear()
+    await w.cache.reload()
+    assert w.bus.calls == ["generations", "all"]  # the status table only
+    assert w.phases() == {"web": "Running", "db": "Running"}
+    assert w.cache._status_copy.decoded == 2
+
+    # A Redis restart: both tables read in full, the view emptied.
+    w.bus.restart()
+    w.bus.calls.clear()
+    await w.cache.reload()
+    assert w.bus.calls == ["generations", "all", "all"]
+    assert w.cache.pod_list()["items"] == []
+
+
+async def test_a_write_that_bypassed_the_fenced_write_shows_at_the_next_full_reload() -> None:
+    w = World()
+    w.want(WEB)
+    await w.cache.reload()
+    w.bus.hset_directly(w.desired, "uid-db", desired_record(DB).encode())
+    w.now[0] += 59
+    await w.cache.reload()
+    assert w.phases() == {"web": "Pending"}
+    w.now[0] += 1  # full_reload_interval_s (60 s) since the last full read
+    await w.cache.reload()
+    assert w.phases() == {"web": "Pending", "db": "Pending"}
 
 
 async def test_a_batch_of_entries_is_fetched_in_one_read_per_table() -> None:

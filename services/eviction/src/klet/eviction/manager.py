@@ -27,7 +27,12 @@ Restates upstream's `managerImpl.synchronize` around the pure pieces (`threshold
 Active pods are the desired pods whose last reported status is not terminal
 (Succeeded/Failed). That, and PodControl's idempotent kill, is what keeps a restarted
 eviction service from evicting a pod twice: an evicted pod is Failed and is never a
-candidate again.
+candidate again. They come from copies of the `desired` and `status` tables
+(klet.bus.tablecopy) that each pass brings up to date by reading the two tables'
+generation counters (one round trip) and reading a table again only when its counter
+moved, decoding only the rows that changed; both are read in full every `full_read_s`
+anyway. An idle node's pass decoded every desired pod and status before (issue 42);
+now it decodes none.
 """
 
 from __future__ import annotations
@@ -41,6 +46,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from klet.bus import BusError
+from klet.bus.tablecopy import CopiedTable, TableCopy, TableWatch
 from klet.eviction import ranking
 from klet.eviction.metrics import Metrics
 from klet.eviction.ranking import Candidate, FsLayout
@@ -104,30 +110,35 @@ class ConditionTable(Protocol):
     async def put(self, key: str, record: NodeConditionRecord) -> None: ...
 
 
-class DesiredTable(Protocol):
-    async def all(self) -> dict[str, DesiredPod]: ...
-
-
-class StatusTable(Protocol):
-    async def all(self) -> dict[str, PodStatusRecord]: ...
-
-
 @dataclass(frozen=True)
 class ActivePod:
     pod: JSON
     status: JSON | None
 
 
+FULL_READ_S = 60.0
+"""How often BusPods reads both tables in full whatever their generations say (upstream's
+syncFrequency): a write that bypassed the fenced write shows within it."""
+
+
 class BusPods:
     """Active pods from the bus: desired, and not reported terminal by syncloop."""
 
-    def __init__(self, *, desired: DesiredTable, status: StatusTable) -> None:
-        self._desired = desired
-        self._status = status
+    def __init__(
+        self,
+        *,
+        desired: CopiedTable[DesiredPod],
+        status: CopiedTable[PodStatusRecord],
+        full_read_s: float = FULL_READ_S,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.desired = TableCopy(desired)
+        self.status = TableCopy(status)
+        self._tables = TableWatch(self.desired, self.status, full_every_s=full_read_s, clock=clock)
 
     async def active(self) -> list[ActivePod]:
-        desired = await self._desired.all()
-        statuses = await self._status.all()
+        await self._tables.refresh()
+        desired, statuses = self.desired.records, self.status.records
         out: list[ActivePod] = []
         for uid, rec in desired.items():
             st = statuses.get(uid)

@@ -49,6 +49,9 @@ async def main(deps: Deps) -> int:
         deps.node_bus,
         controller,
         consumer=deps.consumer,
+        # upstream's syncFrequency: the tables are read in full at least this often
+        # even when their generations did not move (klet.bus.tablecopy).
+        full_resync_s=deps.settings.kubelet.sync_frequency,
         on_bad=lambda _e: m.bad_bus_entries.inc(),
         on_error=m.bus_errors.inc,
     )

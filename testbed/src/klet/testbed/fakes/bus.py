@@ -13,7 +13,12 @@ klet.bus.functions.MAX_WRITE_OPS and MAX_WRITE_BYTES), a node condition row its 
 (`NotOwned`, klet.bus.functions.CONDITION_TYPES) and an append to a pod's history
 without its expiry (`BadWrite`), so a writer that would break one of these rules fails
 its unit tests as it would fail on Redis. `writes` lists the number of writes of each
-call.
+call. Every call that writes a table moves the table's generation counter once, as the
+function does (`gen:<table>`, klet.bus.functions; a new counter starts at a value no
+counter of any fake bus had before, as the function's start from the clock does);
+`seed` and `drop` move it too (another service's write), `hset_directly` does not (a
+write that bypassed the fenced write), and `restart` loses every key, the counters
+with the tables (a Redis restarted empty).
 
 `FakeSlotFile` is one leader slot file shared by replicas (`klet.bus.leaderslot`); each
 replica's `FakeLeaderSlot` claims, probes and releases it as the real lock file behaves,
@@ -32,6 +37,7 @@ BLOCK do.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import time
 from collections.abc import Callable, Sequence
@@ -44,6 +50,7 @@ from klet.bus.functions import (
     JOURNAL_PREFIX,
     MAX_WRITE_BYTES,
     MAX_WRITE_OPS,
+    generation_name,
 )
 from klet.bus.leaderslot import SlotView
 from klet.bus.redisbus import (
@@ -62,6 +69,10 @@ from klet.bus.redisbus import (
     _size,
 )
 from klet.model.records import BadRecord
+
+_COUNTER_STARTS = itertools.count(1)
+"""Where each new generation counter of any fake bus starts (times 10**9): a counter
+lost and made again never comes back to a value a reader holds."""
 
 
 @dataclass
@@ -172,7 +183,37 @@ class FakeBus(Bus):
             if held_by != value:
                 raise self._fence.fenced("another replica holds the lease")
         self.writes.append(len(ops))
-        return [self._apply(op) for op in ops]
+        out = [self._apply(op) for op in ops]
+        for key in dict.fromkeys(op.key for op in ops if op.verb in ("hset", "hdel")):
+            self._move_generation(key)
+        return out
+
+    async def generations(self, keys: Sequence[str]) -> list[str | None]:
+        self.check("generations")
+        return [self.strings.get(key) for key in keys]
+
+    def _move_generation(self, table_key: str) -> None:
+        name = table_key.removeprefix(self.key(""))
+        if name == table_key:
+            return
+        key = self.key(generation_name(name))
+        value = self.strings.get(key)
+        if value is None or not value.isdigit():
+            self.strings[key] = str(next(_COUNTER_STARTS) * 10**9)
+        else:
+            self.strings[key] = str(int(value) + 1)
+
+    def generation(self, table: Table[R]) -> str | None:
+        """The table's generation counter now (None: never written, or lost)."""
+        return self.strings.get(table.generation_key)
+
+    def restart(self) -> None:
+        """Redis restarted empty (no persistence): every table, stream, generation
+        counter and lease is gone."""
+        self.hashes.clear()
+        self.streams.clear()
+        self.strings.clear()
+        self.expiry.clear()
 
     def _check_owned(self, ops: Sequence[_Op]) -> None:
         """The fenced write's rules of what a writer owns, as its Lua applies them."""
@@ -219,13 +260,20 @@ class FakeBus(Bus):
         return entry_id
 
     def seed(self, table: Table[R], key: str, record: R) -> None:
-        """Plant a row as if another service had written it (no fencing, no error)."""
+        """Plant a row as if another service had written it (no fencing, no error; the
+        table's generation moves, as the writer's fenced write moves it)."""
         self.hashes.setdefault(table.key, {})[key] = record.encode()
+        self._move_generation(table.key)
+
+    def hset_directly(self, table: Table[R], key: str, raw: str) -> None:
+        """Plant a row's text the way a direct HSET writes it: the generation stays."""
+        self.hashes.setdefault(table.key, {})[key] = raw
 
     def drop(self, table: Table[R], *keys: str) -> None:
-        """Remove rows as if another service had deleted them."""
+        """Remove rows as if another service had deleted them (the generation moves)."""
         for key in keys:
             self.hashes.get(table.key, {}).pop(key, None)
+        self._move_generation(table.key)
 
     def append(self, stream: Stream[R], record: R) -> str:
         """Add an entry as if another service had published it; returns its id."""
@@ -284,6 +332,10 @@ class FakeTable(Table[R]):
     async def all(self) -> dict[str, R]:
         self.fake.check("all")
         return self.fake.rows(self)
+
+    async def raw_all(self) -> dict[str, str]:
+        self.fake.check("all")  # the same HGETALL
+        return dict(self.fake.hashes.get(self.key, {}))
 
 
 class FakeStream(Stream[R]):

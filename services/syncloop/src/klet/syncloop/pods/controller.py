@@ -354,7 +354,11 @@ class PodController:
     # -- inputs ------------------------------------------------------------------------
 
     def apply_desired(
-        self, table: dict[str, DesiredPod], sources: dict[str, SourceState], *, read_from: int
+        self,
+        table: Mapping[str, DesiredPod],
+        sources: Mapping[str, SourceState],
+        *,
+        read_from: int,
     ) -> None:
         """A full read of the desired and sources tables, begun at generation `read_from`.
 

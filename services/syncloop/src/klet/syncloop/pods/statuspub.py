@@ -4,7 +4,12 @@ Writes are coalesced: `set` only marks a pod dirty when its status really change
 bumps its version), and a flush task writes all dirty pods in one transaction. A Redis
 outage keeps them dirty until it returns. `reconcile` compares the table with what this
 replica last published, which is how a restarted or flushed Redis gets the statuses
-back without waiting for any pod to change.
+back without waiting for any pod to change. It compares against a copy of the table
+(klet.bus.tablecopy) read again only when the table's generation counter moved (this
+replica's own flushes move it, and decoding then only the rows they wrote) or a
+`full_every_s` has passed: an idle node's reconcile, every resync, reads one counter
+where it read and decoded every status (issue 42). A Redis that restarted empty lost
+the counter with the table, so the copy is read again and every status re-marked.
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from klet.bus import BusUnavailable, NodeBus
+from klet.bus.tablecopy import TableCopy, TableWatch
 from klet.model.records import PodStatusChange, PodStatusRecord
 from klet.model.types import JSON, PodUID
 from klet.obs import OnceLogger
@@ -34,9 +40,18 @@ class _Entry:
 
 
 class StatusPublisher:
-    def __init__(self, bus: NodeBus, *, clock: Callable[[], float] = time.time) -> None:
+    def __init__(
+        self,
+        bus: NodeBus,
+        *,
+        clock: Callable[[], float] = time.time,
+        full_every_s: float = 60.0,
+        monotonic: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.bus = bus
         self.clock = clock
+        self.table = TableCopy(bus.status)
+        self._tables = TableWatch(self.table, full_every_s=full_every_s, clock=monotonic)
         self.epoch = clock()
         self._entries: dict[str, _Entry] = {}
         self._dirty: set[str] = set()
@@ -108,7 +123,8 @@ class StatusPublisher:
 
     async def reconcile(self, known: Callable[[str], bool]) -> None:
         """Re-mark what the table lacks; drop entries of pods nobody knows any more."""
-        table = await self.bus.status.all()
+        await self._tables.refresh()
+        table = self.table.records
         for uid, e in self._entries.items():
             rec = table.get(uid)
             if rec is None or rec.epoch != self.epoch or rec.version != e.version:
