@@ -212,9 +212,10 @@ conformance-storage-csi: setup cluster-binaries e2e-binaries csi-binaries
 conformance-storage-csi-snapshots: setup cluster-binaries e2e-binaries csi-binaries
 	$(PY) -m tools.e2e.conformance --preset storage-csi-snapshots $(CONFORMANCE_STORAGE_CSI_ARGS)
 
-# The [DRA] specs of upstream's e2e suite that one default 1.34 node runs (22 in v1.34.4:
-# --preset dra's focus and skip) against a klet node on containerd v2 with CDI on
-# (tools/dra/build-containerd.sh: about 7 min the first time, cached after), the test
+# The [DRA] specs of upstream's e2e suite that a default 1.34 cluster runs (65 in v1.34.4,
+# the kubelet's [Feature:DynamicResourceAllocation] ones included: --preset dra's focus
+# and skip; the two-node ones skip themselves) against a klet node on containerd v2 with
+# CDI on (tools/dra/build-containerd.sh: about 7 min the first time, cached after), the test
 # driver's kubelet plugin inside e2e.test behind its proxy pod (tools/dra/images.py).
 # Writes conformance/dra/RESULTS.md (artefacts under conformance/dra/run/).
 .PHONY: conformance-dra

@@ -248,13 +248,20 @@ DRA_SELECTED = [
     "access [FeatureGate:DRAAdminAccess] [Beta]",
     "[sig-api-machinery] ResourceQuota should create a ResourceQuota and capture the life of a "
     "ResourceClaim [FeatureGate:DynamicResourceAllocation] [DRA]",
+    "[sig-node] [DRA] kubelet [Feature:DynamicResourceAllocation] registers plugin",
+    "[sig-node] [DRA] kubelet [Feature:DynamicResourceAllocation] [FeatureGate:DRAPrioritized"
+    "List] [Beta] chooses the correct subrequest subject to constraints",
 ]
 DRA_NOT_SELECTED = [
-    "[sig-node] [DRA] kubelet [Feature:DynamicResourceAllocation] registers plugin",
+    "[sig-node] [DRA] kubelet [Feature:DynamicResourceAllocation] on single node supports "
+    "extended resources together with ResourceClaim [Serial] [Flaky]",
+    "[sig-node] [DRA] kubelet [Feature:DynamicResourceAllocation] sequential update with pods "
+    "replacing each other [KubeletMinVersion:1.33] [Slow]",
     "[sig-node] [DRA] control plane with node-local resources [FeatureGate:DRAPartitionable"
     "Devices] [Alpha] [Feature:OffByDefault] x",
     "[sig-node] [DRA] control plane [Serial] x",
     "[sig-node] [DRA] [FeatureGate:DRADeviceTaints] [Alpha] x",
+    "[sig-node] [DRA] kubelet [Feature:DynamicResourceAllocation] y [Feature:OffByDefault]",
     "[sig-node] Pods should be submitted and removed [NodeConformance] [Conformance]",
 ]
 

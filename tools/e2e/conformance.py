@@ -104,12 +104,15 @@ SNAPSHOT_FOCUS = r"\[Driver: csi-hostpath\].*\[Feature:VolumeSnapshotDataSource\
 SNAPSHOT_SKIP = (
     r"\[Slow\]|\[Serial\]|\[Disruptive\]|\[Flaky\]|\[FeatureGate:.+\]|\[Feature:Windows\]"
 )
-# The [DRA] specs a single default 1.34 node runs: the node skip and Alpha ones. Kept:
-# the FeatureGate-tagged ones whose gates 1.34 has on by default (DynamicResourceAllocation
-# GA; DRAAdminAccess and DRAResourceClaimDeviceStatus Beta). 22 specs in v1.34.4: 21
-# [sig-node] [DRA] ones and ResourceQuota's "capture the life of a ResourceClaim".
+# The [DRA] specs a default 1.34 cluster runs: all but the Serial, Slow, Disruptive and
+# Flaky ones and those of gates 1.34 has off (tagged [Alpha], [Feature:OffByDefault]).
+# [Feature:DynamicResourceAllocation] is kept: it names a job with DRA on, which 1.34 is
+# by default (GA), and tags the kubelet's own specs ("[DRA] kubelet ..."); it and
+# OffByDefault are the only Feature tags among v1.34.4's [DRA] specs. Kept too: the Beta
+# gates 1.34 has on (DRAAdminAccess, DRAResourceClaimDeviceStatus, DRAPrioritizedList).
+# 65 specs in v1.34.4 (of 78 [DRA]); the "on multiple nodes" ones skip themselves on one.
 DRA_FOCUS = r"\[DRA\]"
-DRA_SKIP = SKIP + r"|\[Alpha\]"
+DRA_SKIP = r"\[Slow\]|\[Serial\]|\[Disruptive\]|\[Flaky\]|\[Alpha\]|\[Feature:OffByDefault\]"
 # Where the [DRA] specs' proxy pod writes CDI specs (a hostPath of
 # dra-test-driver-proxy.yaml): the dra run's containerd reads them from there. A tmpfs of
 # the run's own mount namespace, so nothing is left on the machine.
