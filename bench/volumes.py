@@ -14,12 +14,14 @@ kubelet kills every pod its runtime has that it does not know):
 Both nodes get the host's address as ``--node-ip`` (the kubelet refuses a loopback one).
 
 CSI: one csi-mock per node (the storage e2e suite's mock driver, tools/csi), registered
-through that node's ``<root-dir>/plugins_registry`` as node-driver-registrar would, with
-its own driver name, CSIDriver object (no attach, pod info on mount, Persistent and
-Ephemeral), StorageClass (Immediate binding) and csi-provisioner. Two driver names, not
-one: csi-mock keeps its volumes in the memory of one process, so a claim must be
-provisioned by the provisioner of the very mock that the node publishes through, and two
-provisioners of one driver name would both act on every claim of its class.
+through that node's ``<root-dir>/plugins_registry`` by upstream's csi-node-driver-registrar
+v2.13.0 beside it (tools/csi builds it from its release sources; without them the bench
+stops before starting anything, naming the directory), with its own driver name,
+CSIDriver object (no attach, pod info on mount, Persistent and Ephemeral), StorageClass
+(Immediate binding) and csi-provisioner. Two driver names, not one: csi-mock keeps its
+volumes in the memory of one process, so a claim must be provisioned by the provisioner of
+the very mock that the node publishes through, and two provisioners of one driver name
+would both act on every claim of its class.
 
 Each round (``VOLUMES_ROUNDS``, default 30) runs every workload on one agent, then on the
 other, which one first alternating by round, so machine noise hits both; an untimed
@@ -105,7 +107,7 @@ from bench.compare import (  # noqa: E402
 )
 from bench.memory import MemoryAgent, control_plane_bin, process_name  # noqa: E402
 from bench.run import COMMAND, machine, pod_ready  # noqa: E402
-from tests.harness.csi import csi_binaries  # noqa: E402
+from tests.harness.csi import csi_binaries, release_sources_missing  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results" / "volumes-latest.json"
 README = ROOT / "bench" / "README.md"
@@ -351,6 +353,7 @@ class Node:
     agent: Agent
     driver: str
     mock: ManagedProcess | None = None
+    registrar: ManagedProcess | None = None
     provisioner: ManagedProcess | None = None
 
     @property
@@ -394,9 +397,10 @@ def csi_objects(driver: str) -> list[dict[str, Any]]:
 
 
 def start_csi(node: Node, cp: ControlPlane, binaries: Mapping[str, Path], dir: Path) -> None:
-    """csi-mock registered with the node's plugin watcher, and its provisioner."""
-    registration = node.root_dir / "plugins_registry" / f"{node.driver}-reg.sock"
-    registration.parent.mkdir(parents=True, exist_ok=True)
+    """csi-mock, csi-node-driver-registrar registering it with the node's plugin watcher,
+    and its provisioner."""
+    registry = node.root_dir / "plugins_registry"
+    registry.mkdir(parents=True, exist_ok=True)
     sock = dir / "csi.sock"  # keep ``dir`` short: a unix socket's path fits in 108 bytes
     # -v=3: one ``gRPCCall`` line per CSI call in its log, which csi_calls reads. Not
     # tests.harness.csi.MockDriver: a ManagedProcess is in the clean-up list (by PID) from
@@ -408,7 +412,6 @@ def start_csi(node: Node, cp: ControlPlane, binaries: Mapping[str, Path], dir: P
             f"--endpoint=unix://{sock}",
             f"--drivername={node.driver}",
             "-v=3",
-            f"--registration-socket={registration}",
             "--disable-attach",
             "--node-expand-required",
         ],
@@ -416,6 +419,18 @@ def start_csi(node: Node, cp: ControlPlane, binaries: Mapping[str, Path], dir: P
     )
     node.mock.start()
     node.mock.wait_ready(sock.is_socket, 30, f"{sock}")
+    node.registrar = ManagedProcess(
+        "csi-node-driver-registrar",
+        [
+            str(binaries["csi-node-driver-registrar"]),
+            f"--csi-address={sock}",
+            f"--kubelet-registration-path={sock}",
+            f"--plugin-registration-path={registry}",
+            "--v=2",
+        ],
+        dir=dir,
+    )
+    node.registrar.start()
     node.provisioner = ManagedProcess(
         "csi-provisioner",
         [
@@ -754,7 +769,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     cfg = Config.from_env()
     binary, kubelet_version = kubelet_binary()
     bin_dir = control_plane_bin()
-    binaries = csi_binaries(["csi-mock", "csi-provisioner"])
+    if (missing := release_sources_missing()) is not None:
+        print(f"bench: csi-node-driver-registrar: {missing}", file=sys.stderr)
+        return 2
+    binaries = csi_binaries(["csi-mock", "csi-provisioner", "csi-node-driver-registrar"])
     began = time.perf_counter()
     run_id = uuid.uuid4().hex[:6]
     run_dir = Path(tempfile.mkdtemp(prefix="kvol-", dir="/tmp"))  # short: socket paths
@@ -926,6 +944,8 @@ def cleanup(
     for n in s.nodes:
         if n.provisioner is not None:
             steps.append((f"stop {n.side}'s csi-provisioner", n.provisioner.stop))
+        if n.registrar is not None:  # SIGTERM: it removes its registration socket
+            steps.append((f"stop {n.side}'s csi-node-driver-registrar", n.registrar.stop))
         if n.mock is not None:
             steps.append((f"stop {n.side}'s csi-mock", n.mock.stop))
     for c in list(s.w.clients.values()):

@@ -1,16 +1,23 @@
 """CSI drivers register with a klet node as with the upstream kubelet, against the real
-apiserver and a real CSI server.
+apiserver, a real CSI server and upstream's registrar.
 
-The driver is csi-mock (the storage e2e suite's mock CSI driver, tools/csi), which with
---registration-socket also serves the kubelet plugin registration API on a socket in the
-node's `<root-dir>/plugins_registry/`, as node-driver-registrar does (the module proxy
-refuses that module here). Covers: the socket appearing registers the driver (GetInfo,
-NodeGetInfo, NotifyRegistrationStatus): the node's CSINode, owned by the Node, lists it
-with its node ID, topology keys and volume limit, and the Node carries the
-`csi.volume.kubernetes.io/nodeid` annotation and the topology label; syncloop restarted
-while the driver runs keeps it registered (the driver is asked again); the driver
-stopped (its sockets removed) while syncloop is down is dropped by the restarted
-syncloop; a driver stopped while syncloop runs leaves the CSINode.
+The driver is csi-mock (the storage e2e suite's mock CSI driver, tools/csi) with
+upstream's csi-node-driver-registrar v2.13.0 beside it (built by tools/csi from its
+release sources), as the suite's CSI Mock pods run them: the registrar asks the driver
+for its name and serves the kubelet plugin registration API at
+`<root-dir>/plugins_registry/<driver>-reg.sock`. Covers: that socket appearing registers
+the driver (GetInfo, NodeGetInfo on the driver, NotifyRegistrationStatus): the node's
+CSINode, owned by the Node, lists it with its node ID, topology keys and volume limit,
+and the Node carries the `csi.volume.kubernetes.io/nodeid` annotation and the topology
+label; syncloop restarted while the driver runs keeps it registered (the registrar is
+asked again and told again); the driver stopped while syncloop is down (both processes
+SIGTERMed, as the kubelet stops a driver's pod: the registrar removes its socket) is
+dropped by the restarted syncloop; a driver stopped so while syncloop runs leaves the
+CSINode and the Node's annotation.
+
+Without the release sources the registrar is built from (../shared/third_party/
+kubernetes-csi or $KLET_CSI_SRC), the module skips at collection, naming the directory
+and how to supply it, in pytest's summary (`-rs`).
 """
 
 from __future__ import annotations
@@ -19,6 +26,7 @@ import json
 import signal
 import tempfile
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -27,13 +35,18 @@ from klet.devstack import DevStack
 from klet.testbed.cluster import ControlPlane
 
 from tests.harness.clusternode import cluster_node
-from tests.harness.csi import MockDriver, csi_binaries
+from tests.harness.csi import MockDriver, Registrar, csi_binaries, release_sources_missing
 from tests.harness.node import KletNode
 from tests.harness.waiting import wait_for
 
 NODE = "kletcsireg1"
 DRIVER = "csi-mock.klet.test"
 MOCK_TOPOLOGY_KEY = "io.kubernetes.storage.mock/node"
+BINARIES = ("csi-mock", "csi-node-driver-registrar")
+
+_missing = release_sources_missing()
+if _missing is not None:
+    pytest.skip(_missing, allow_module_level=True)
 
 
 @pytest.fixture(scope="module")
@@ -46,25 +59,46 @@ def node(
 
 
 @pytest.fixture(scope="module")
-def mock_binary() -> Path:
-    return csi_binaries(["csi-mock"])["csi-mock"]
+def binaries() -> dict[str, Path]:
+    return csi_binaries(BINARIES)
 
 
-def start_driver(node: KletNode, binary: Path, workdir: Path) -> MockDriver:
-    registration = node.root_dir / "plugins_registry" / f"{DRIVER}-reg.sock"
-    registration.parent.mkdir(parents=True, exist_ok=True)
-    return MockDriver.start(
-        binary,
+@dataclass
+class Driver:
+    """csi-mock and the registrar beside it: the driver's node plugin, as a pod of two
+    containers."""
+
+    mock: MockDriver
+    registrar: Registrar
+    registration: Path  # the registrar's socket in the node's plugins_registry
+
+
+def start_driver(node: KletNode, binaries: dict[str, Path], workdir: Path) -> Driver:
+    mock = MockDriver.start(
+        binaries["csi-mock"],
         workdir,
         name=DRIVER,
-        args=[f"--registration-socket={registration}", "--attach-limit=5", "--enable-topology"],
+        args=["--attach-limit=5", "--enable-topology"],
     )
+    registry = node.root_dir / "plugins_registry"
+    registrar = Registrar.start(
+        binaries["csi-node-driver-registrar"],
+        csi_socket=mock.socket,
+        registry=registry,
+        log=workdir / "registrar.log",
+    )
+    return Driver(mock=mock, registrar=registrar, registration=registry / f"{DRIVER}-reg.sock")
 
 
-def stop_driver(driver: MockDriver) -> None:
-    """A clean stop: the driver removes both of its sockets."""
-    driver.proc.send_signal(signal.SIGTERM)
-    driver.proc.wait(10)
+def stop_driver(driver: Driver) -> None:
+    """A clean stop, as the kubelet stops a driver's pod: SIGTERM to both processes; the
+    registrar removes its registration socket and exits 0, the mock removes its CSI
+    socket."""
+    driver.registrar.stop()
+    driver.mock.proc.send_signal(signal.SIGTERM)
+    driver.mock.proc.wait(10)
+    assert driver.registrar.proc.returncode == 0, driver.registrar.log.read_text()[-3000:]
+    assert not driver.registration.exists()
 
 
 def csinode_drivers(cp: ControlPlane) -> list[dict[str, Any]] | None:
@@ -90,10 +124,10 @@ def withdrawn(cp: ControlPlane) -> bool:
 
 
 def test_a_driver_registers_and_withdraws(
-    node: KletNode, control_plane: ControlPlane, mock_binary: Path
+    node: KletNode, control_plane: ControlPlane, binaries: dict[str, Path]
 ) -> None:
     with tempfile.TemporaryDirectory(prefix="csi-", dir="/tmp") as work:
-        driver = start_driver(node, mock_binary, Path(work))
+        driver = start_driver(node, binaries, Path(work))
         try:
             [entry] = wait_for(
                 lambda: registered(control_plane), timeout_s=60, what="the driver in the CSINode"
@@ -115,17 +149,24 @@ def test_a_driver_registers_and_withdraws(
                 NODE,
                 n["metadata"]["uid"],
             )
-            assert "GetInfo" in driver.log.read_text()  # asked through the registration socket
-            assert "/csi.v1.Node/NodeGetInfo" in driver.grpc_methods()
+            assert driver.registration.is_socket()
+            assert driver.registrar.info_requests() >= 1  # asked through its socket
+            wait_for(
+                lambda: driver.registrar.registrations() >= 1,
+                timeout_s=30,
+                what="the registrar told the driver is registered",
+            )
+            assert "/csi.v1.Node/NodeGetInfo" in driver.mock.grpc_methods()
 
             # syncloop restarted while the driver runs: it is asked again and stays.
             node.stop("syncloop")
             node.start("syncloop")
             wait_for(
-                lambda: driver.log.read_text().count("registration: registered") >= 2,
+                lambda: driver.registrar.registrations() >= 2,
                 timeout_s=60,
                 what="the driver registered again by the new syncloop",
             )
+            assert driver.registrar.info_requests() >= 2
             assert registered(control_plane)
         finally:
             stop_driver(driver)
@@ -135,10 +176,10 @@ def test_a_driver_registers_and_withdraws(
 
 
 def test_a_driver_gone_while_syncloop_was_down_is_dropped(
-    node: KletNode, control_plane: ControlPlane, mock_binary: Path
+    node: KletNode, control_plane: ControlPlane, binaries: dict[str, Path]
 ) -> None:
     with tempfile.TemporaryDirectory(prefix="csi-", dir="/tmp") as work:
-        driver = start_driver(node, mock_binary, Path(work))
+        driver = start_driver(node, binaries, Path(work))
         try:
             wait_for(lambda: registered(control_plane), timeout_s=60, what="the driver registered")
             node.stop("syncloop")

@@ -13,7 +13,7 @@ on the driver, the PV's capacity and, as the mock asks for no node expansion, th
 PVC's status capacity grow to the new size.
 
 Also: upstream's csi-node-driver-registrar v2.13.0 (built from its release sources)
-registers csi-mock, started without its own registration stand-in, with a klet node:
+registers csi-mock with a klet node (as test_csi_registration and test_csi_volumes do):
 the registrar's socket in the node's `plugins_registry/` leads to the driver in the
 node's CSINode with the node ID the driver gave, and the registrar logs that the node
 told it it was registered; the registrar stopped (SIGTERM: it removes its socket)

@@ -3,8 +3,9 @@ apiserver, kube-controller-manager (the PV binder, attach-detach, the protection
 ephemeral-volume and StatefulSet controllers), csi-provisioner and a real CSI driver.
 
 The driver is csi-mock (the storage e2e suite's mock driver, tools/csi), registered
-through the node's plugins_registry as node-driver-registrar would, with a CSIDriver
-object that needs no attach (the module proxy here serves no external-attacher) and
+with the node by upstream's csi-node-driver-registrar v2.13.0 beside it (built by
+tools/csi from its release sources), as the suite's CSI Mock pods run them, with a
+CSIDriver object that needs no attach (the module proxy here serves no external-attacher) and
 asks for pod info on mount; csi-provisioner creates its volumes for the claims. csi-mock
 keeps volumes in memory and publishes one by making the target directory, so what these
 tests see of a "mount" is that directory and the driver's log of CSI calls.
@@ -32,6 +33,11 @@ ContainerCreating, and retried once the cause is gone; a CSIDriver that requires
 volumesAttached (FailedMount naming it) and stages with the VolumeAttachment's metadata
 once the test, playing external-attacher, marks it attached; detached only once the
 node has unmounted it.
+
+The tests that use the driver need the registrar: without the release sources it is
+built from (../shared/third_party/kubernetes-csi or $KLET_CSI_SRC) they skip at
+collection, naming the directory and how to supply it (pytest's `-rs` summary); the
+local PV tests run either way.
 """
 
 from __future__ import annotations
@@ -54,11 +60,14 @@ from klet.testbed.cluster import ControlPlane
 from tests.harness.clusternode import cluster_node
 from tests.harness.csi import (
     MockDriver,
+    Registrar,
     apply,
     csi_binaries,
     csinode_has_driver,
     kget,
     namespace,
+    print_log_tails,
+    release_sources_missing,
 )
 from tests.harness.node import KletNode
 from tests.harness.waiting import wait_for
@@ -69,6 +78,10 @@ CLASS = "csi-mock-vol"
 IMAGE = "registry.klet.test/busybox:1.36"
 
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(600)]
+
+_missing = release_sources_missing()
+# On each test that takes the `driver` fixture.
+needs_registrar = pytest.mark.skipif(_missing is not None, reason=_missing or "")
 
 
 @pytest.fixture(scope="module")
@@ -98,25 +111,20 @@ def workdir() -> Iterator[Path]:
     shutil.rmtree(path, ignore_errors=True)
 
 
-def start_mock(node: KletNode, workdir: Path) -> MockDriver:
-    registration = node.root_dir / "plugins_registry" / f"{DRIVER}-reg.sock"
-    registration.parent.mkdir(parents=True, exist_ok=True)
+def start_mock(workdir: Path) -> MockDriver:
     return MockDriver.start(
         csi_binaries(["csi-mock"])["csi-mock"],
         workdir,
         name=DRIVER,
-        args=[
-            f"--registration-socket={registration}",
-            "--disable-attach",
-            "--node-expand-required",
-        ],
+        args=["--disable-attach", "--node-expand-required"],
     )
 
 
 @pytest.fixture(scope="module")
 def driver(cp: ControlPlane, node: KletNode, workdir: Path) -> Iterator[dict[str, Any]]:
-    """The registered csi-mock, its CSIDriver and StorageClass, and csi-provisioner; a
-    dict so that a test may replace the driver process (key "mock")."""
+    """csi-mock registered by csi-node-driver-registrar (key "registrar"), its CSIDriver
+    and StorageClass, and csi-provisioner; a dict so that a test may replace the driver
+    process (key "mock")."""
     apply(cp, csidriver(attach=False))
     apply(
         cp,
@@ -129,7 +137,13 @@ def driver(cp: ControlPlane, node: KletNode, workdir: Path) -> Iterator[dict[str
             "volumeBindingMode": "Immediate",
         },
     )
-    state: dict[str, Any] = {"mock": start_mock(node, workdir)}
+    state: dict[str, Any] = {"mock": start_mock(workdir)}
+    state["registrar"] = Registrar.start(
+        csi_binaries(["csi-node-driver-registrar"])["csi-node-driver-registrar"],
+        csi_socket=state["mock"].socket,
+        registry=node.root_dir / "plugins_registry",
+        log=workdir / "registrar.log",
+    )
     provisioner_log = workdir / "provisioner.log"
     with provisioner_log.open("wb") as out:
         provisioner = subprocess.Popen(
@@ -150,9 +164,10 @@ def driver(cp: ControlPlane, node: KletNode, workdir: Path) -> Iterator[dict[str
     try:
         yield state
     finally:
-        print("--- csi-provisioner\n" + "\n".join(provisioner_log.read_text().splitlines()[-30:]))
+        print_log_tails([provisioner_log, state["registrar"].log], lines=30)
         provisioner.terminate()
         provisioner.wait(15)
+        state["registrar"].stop()
         state["mock"].stop()
         cp.kubectl("delete", "storageclass", CLASS, "--ignore-not-found")
         cp.kubectl("delete", "csidriver", DRIVER, "--ignore-not-found")
@@ -254,6 +269,7 @@ def delete_pod(cp: ControlPlane, ns: str, name: str) -> None:
     )
 
 
+@needs_registrar
 def test_a_claims_volume_is_staged_published_and_torn_down(
     cp: ControlPlane, node: KletNode, driver: dict[str, Any], ns: str
 ) -> None:
@@ -349,6 +365,7 @@ def test_a_claims_volume_is_staged_published_and_torn_down(
     wait_for(lambda: unique not in volumes_in_use(cp), timeout_s=60, what="out of volumesInUse")
 
 
+@needs_registrar
 def test_syncloop_killed_while_a_csi_volume_is_in_use(
     cp: ControlPlane, node: KletNode, driver: dict[str, Any], ns: str
 ) -> None:
@@ -382,6 +399,7 @@ def test_syncloop_killed_while_a_csi_volume_is_in_use(
     wait_for(lambda: staged(node) == [], timeout_s=30, what="the volume unstaged")
 
 
+@needs_registrar
 def test_inline_and_generic_ephemeral_volumes(
     cp: ControlPlane, node: KletNode, driver: dict[str, Any], ns: str
 ) -> None:
@@ -657,6 +675,7 @@ def test_a_statefulset_pod_reads_back_what_it_wrote(
         cp.kubectl("delete", "pv", pv, "--wait=false")
 
 
+@needs_registrar
 def test_a_driver_that_needs_attach_waits_for_its_volume_attachment(
     cp: ControlPlane, node: KletNode, driver: dict[str, Any], ns: str
 ) -> None:
@@ -751,6 +770,7 @@ def test_a_driver_that_needs_attach_waits_for_its_volume_attachment(
         apply(cp, csidriver(attach=False))
 
 
+@needs_registrar
 def test_bad_claims_and_drivers_are_failed_mounts(
     cp: ControlPlane, node: KletNode, driver: dict[str, Any], ns: str, workdir: Path
 ) -> None:
@@ -775,8 +795,9 @@ def test_bad_claims_and_drivers_are_failed_mounts(
         assert waiting_reason(cp, ns, name) == "ContainerCreating"
     wait_for(lambda: running(cp, ns, "healthy"), timeout_s=60, what="the other pod Running")
 
-    # The driver stops answering (killed: its sockets stay, so it stays registered): an
-    # inline volume fails naming it, and the pod starts once the driver is back.
+    # The driver stops answering (killed: the registrar beside it runs on, so it stays
+    # registered): an inline volume fails naming it, and the pod starts once the driver
+    # is back on its socket (as the driver's container restarted in its pod).
     mock: MockDriver = driver["mock"]
     mock.proc.send_signal(signal.SIGKILL)
     mock.proc.wait(10)
@@ -789,8 +810,7 @@ def test_bad_claims_and_drivers_are_failed_mounts(
         timeout_s=60,
         what="driverdown's FailedMount naming the driver",
     )
-    (workdir / "csi.sock").unlink(missing_ok=True)
-    (node.root_dir / "plugins_registry" / f"{DRIVER}-reg.sock").unlink(missing_ok=True)
-    driver["mock"] = start_mock(node, workdir)
+    (workdir / "csi.sock").unlink(missing_ok=True)  # start_mock waits for a new one
+    driver["mock"] = start_mock(workdir)
     wait_for(lambda: running(cp, ns, "driverdown"), timeout_s=120, what="driverdown Running")
     assert running(cp, ns, "healthy")

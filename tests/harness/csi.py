@@ -4,7 +4,8 @@ run as a host process on a socket of its own.
 `csi_binaries(names)` builds what is missing (csi-mock and csi-sanity take seconds once
 tools/e2e's k8s.io packages are compiled) and returns name -> path (the sidecars'
 cold build takes minutes: `make csi-binaries`, before `make test-csi`).
-`Registrar.start` runs upstream's node-driver-registrar for a driver.
+`Registrar.start` runs upstream's node-driver-registrar for a driver (csi-mock has no
+registration of its own: the registrar runs beside it, as in the suite's CSI Mock pods).
 `MockDriver.start` runs csi-mock with `-v=3`, so its log holds one JSON `gRPCCall:` line
 per CSI call it served, which `grpc_methods()` reads.
 `release_sources_missing` says why the components built from release sources cannot be
@@ -214,6 +215,17 @@ class Registrar:
     def stop(self) -> None:
         """SIGTERM, as the kubelet's pod stop: the registrar removes its socket."""
         stop_process(self.proc)
+
+    def info_requests(self) -> int:
+        """How many GetInfo calls the node's plugin watcher made on the socket (the
+        registrar logs each as "Received GetInfo call")."""
+        return self.log.read_text(errors="replace").count("Received GetInfo call")
+
+    def registrations(self) -> int:
+        """How many times the node told the registrar it registered the driver
+        (NotifyRegistrationStatus with PluginRegistered true; told false, the registrar
+        exits 1, as upstream's does so that its container's restart tries again)."""
+        return self.log.read_text(errors="replace").count("PluginRegistered:true")
 
 
 def start_hostpathplugin(

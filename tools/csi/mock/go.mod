@@ -7,9 +7,7 @@ module klet.dev/tools/csi/mock
 go 1.24.0
 
 require (
-	google.golang.org/grpc v1.72.1
 	k8s.io/klog/v2 v2.130.1
-	k8s.io/kubelet v0.0.0
 	k8s.io/kubernetes v1.34.4
 )
 
@@ -25,6 +23,7 @@ require (
 	golang.org/x/sys v0.31.0 // indirect
 	golang.org/x/text v0.23.0 // indirect
 	google.golang.org/genproto/googleapis/rpc v0.0.0-20250303144028-a0af3efb3deb // indirect
+	google.golang.org/grpc v1.72.1 // indirect
 	google.golang.org/protobuf v1.36.5 // indirect
 	gopkg.in/yaml.v3 v3.0.1 // indirect
 )

@@ -5,21 +5,17 @@
 // agent can be tested against a real CSI server without a cluster.
 //
 // Why it exists: csi-test v5 no longer ships a mock binary (the mock moved into the e2e
-// suite, which serves it over a port-forward through hostpathplugin's -proxy-endpoint),
-// and the hostpathplugin module is not reachable from the machines that build klet. The
+// suite, which serves it from inside e2e.test over a port-forward through hostpathplugin's
+// -proxy-endpoint), and a node agent's own tests want it as a process of their own. The
 // services and the gRPC server are upstream's; this file only parses flags, listens and
 // shuts down on SIGINT/SIGTERM.
 //
-// With --registration-socket it also does what node-driver-registrar does for a driver
-// (that module is not reachable either): it serves the kubelet's plugin registration API
-// (upstream's generated server, k8s.io/kubelet pluginregistration v1) on that socket,
-// answers GetInfo with the driver's name, its CSI endpoint and version 1.0.0, and exits 1
-// when the node agent answers that it did not register the driver, as the registrar does
-// so that its restart tries again. Removing that socket withdraws the driver.
+// It does not register itself with a node agent: upstream's csi-node-driver-registrar
+// (tools/csi builds it from its release sources) runs beside it for that, as in the
+// suite's CSI Mock pods.
 package main
 
 import (
-	"context"
 	"flag"
 	"fmt"
 	"net"
@@ -28,9 +24,7 @@ import (
 	"strings"
 	"syscall"
 
-	"google.golang.org/grpc"
 	"k8s.io/klog/v2"
-	registerapi "k8s.io/kubelet/pkg/apis/pluginregistration/v1"
 	mockdriver "k8s.io/kubernetes/test/e2e/storage/drivers/csi-test/driver"
 	mockservice "k8s.io/kubernetes/test/e2e/storage/drivers/csi-test/mock/service"
 )
@@ -52,9 +46,6 @@ func main() {
 	topology := flag.Bool("enable-topology", false, "advertise VOLUME_ACCESSIBILITY_CONSTRAINTS")
 	permissive := flag.Bool("permissive-target-path", false,
 		"accept publish target paths whose parent directory does not exist")
-	registration := flag.String("registration-socket", "",
-		"also serve the kubelet plugin registration API for this driver on this socket "+
-			"(in the node's <root-dir>/plugins_registry/), as node-driver-registrar does")
 	showVersion := flag.Bool("version", false, "print the version and exit")
 	flag.Parse()
 
@@ -93,64 +84,11 @@ func main() {
 		klog.Fatalf("starting the CSI server: %v", err)
 	}
 	klog.Infof("csi-mock %s: driver %s serving CSI on %s", version, *driverName, path)
-	var registrar *grpc.Server
-	if *registration != "" {
-		registrar = serveRegistration(*registration, *driverName, path)
-	}
 
 	signals := make(chan os.Signal, 1)
 	signal.Notify(signals, syscall.SIGINT, syscall.SIGTERM)
 	sig := <-signals
 	klog.Infof("%s: stopping", sig)
-	if registrar != nil {
-		registrar.Stop()
-		_ = os.Remove(*registration)
-	}
 	driver.Stop()
 	_ = os.Remove(path)
-}
-
-// registrationServer answers the node agent's plugin watcher for one CSI driver.
-type registrationServer struct {
-	registerapi.UnimplementedRegistrationServer
-	name     string
-	endpoint string
-}
-
-func (r registrationServer) GetInfo(ctx context.Context, req *registerapi.InfoRequest) (*registerapi.PluginInfo, error) {
-	klog.Infof("registration: GetInfo")
-	return &registerapi.PluginInfo{
-		Type:              registerapi.CSIPlugin,
-		Name:              r.name,
-		Endpoint:          r.endpoint,
-		SupportedVersions: []string{"1.0.0"},
-	}, nil
-}
-
-func (r registrationServer) NotifyRegistrationStatus(ctx context.Context, status *registerapi.RegistrationStatus) (*registerapi.RegistrationStatusResponse, error) {
-	if !status.PluginRegistered {
-		klog.Errorf("registration: not registered: %s", status.Error)
-		os.Exit(1)
-	}
-	klog.Infof("registration: registered")
-	return &registerapi.RegistrationStatusResponse{}, nil
-}
-
-func serveRegistration(socket, name, endpoint string) *grpc.Server {
-	if err := os.Remove(socket); err != nil && !os.IsNotExist(err) {
-		klog.Fatalf("removing stale registration socket %s: %v", socket, err)
-	}
-	listener, err := net.Listen("unix", socket)
-	if err != nil {
-		klog.Fatalf("listening on %s: %v", socket, err)
-	}
-	server := grpc.NewServer()
-	registerapi.RegisterRegistrationServer(server, registrationServer{name: name, endpoint: endpoint})
-	go func() {
-		if err := server.Serve(listener); err != nil {
-			klog.Errorf("registration server: %v", err)
-		}
-	}()
-	klog.Infof("registration socket %s", socket)
-	return server
 }
