@@ -22,6 +22,11 @@ The stateful shell around the pure merge (`podconfig`) and repair (`reconcile`):
   difference rewritten in one transaction (`reconcile.plan_reconcile`). This is also
   the recovery path: after a bus error, or on taking the lease, pending per-snapshot
   writes are dropped and a reconcile is done instead, which publishes their net effect.
+  The comparison is against copies of `desired` and `sources` (klet.bus.tablecopy),
+  read again only when a table's generation counter moved (this replica's own writes
+  move it; so does a write lost with Redis's data: the counters go with it) and in full
+  every `full_read_s`, for a write that bypassed the fenced write. An idle node's poll
+  reads two counters where it read and decoded both tables (issue 42).
 - Redis down (`BusUnavailable`) never stops the merge and never crashes the loop: the
   error is logged once per outage, counted, and retried with exponential back-off.
 
@@ -40,6 +45,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from klet.bus import BusError, Fenced, NodeBus, Transaction
+from klet.bus.tablecopy import TableCopy, TableWatch
 from klet.model.records import EventRecord, PodChange, SourceName, SourceState
 from klet.model.types import JSON
 from klet.pod_source.inbox import Inbox
@@ -82,8 +88,12 @@ class Publisher:
         idle_s: float,
         retry: RetryPolicy = RetryPolicy(),
         clock: Clock = time.time,
+        full_read_s: float = 60.0,
     ) -> None:
         self._bus = bus
+        self._desired = TableCopy(bus.desired)
+        self._sources = TableCopy(bus.sources)
+        self._tables = TableWatch(self._desired, self._sources, full_every_s=full_read_s)
         self._inbox = inbox
         self._configured = configured
         self._metrics = metrics
@@ -230,14 +240,12 @@ class Publisher:
         del self._events[:sent]
 
     async def _reconcile(self) -> None:
-        nb = self._bus
-        desired = await nb.desired.all()
-        sources = await nb.sources.all()
+        await self._tables.refresh()
         plan = plan_reconcile(
             self._state,
             configured=self._configured,
-            desired=desired,
-            sources=sources,
+            desired=self._desired.records,
+            sources=self._sources.records,
             now=self._clock(),
         )
         if plan.empty:
