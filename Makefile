@@ -322,10 +322,20 @@ test-csi: setup cluster-binaries csi-binaries
 # ResourceClaimTemplate scheduled onto a klet node on containerd v2, its claim prepared,
 # its container given the device, unprepared at deletion and the gone driver's
 # ResourceSlice deleted (tests/cluster/test_dra_pods.py, about 3 min with the full
-# control plane's start). `make test` runs the DRA unit tests, not this (tests/conftest.py).
+# control plane's start). `make test` runs the DRA unit tests and the DRA smoke
+# (tests/cluster/test_controllers.py::test_dra_smoke_...: the same pod path on Debian's
+# containerd 1.6, without CDI, about 11 s on that module's node), not this
+# (tests/conftest.py).
 .PHONY: test-dra
-test-dra: setup cluster-binaries
+test-dra: setup cluster-binaries dra-binary
 	KLET_DRA_TESTS=1 $(PY) -m pytest tests/cluster/test_dra_driver.py tests/cluster/test_dra_cdi.py tests/cluster/test_dra_pods.py $(PYTEST_ARGS)
+
+# Upstream's DRA test driver alone (tools/dra/build.sh; built offline from the Go module
+# and build caches the control plane and e2e.test leave, so after them in tools/test.sh's
+# background builds): a no-op once cached.
+.PHONY: dra-binary
+dra-binary:
+	bash tools/dra/build.sh
 
 # The pinned helm binaries of the helm tier, built from tools/helm's Go module into
 # $KLET_CACHE/helm/<version>/helm (default /var/cache/klet); no-op once cached. v4 renders

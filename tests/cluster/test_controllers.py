@@ -10,6 +10,11 @@ to the klet node and Running there; a DaemonSet's pod lands on the node and runs
 deleting the namespace empties it: the pods are gone from the apiserver and their
 containers from CRI, and the namespace itself is gone; after an apiserver restart the
 controllers are still at work (a new namespace gets its ServiceAccount and ConfigMap).
+
+And `make test`'s DRA smoke, on this node because it needs the same control plane and a
+node would cost as much again to start: a pod with a ResourceClaimTemplate is scheduled
+onto the node, its claim prepared by upstream's DRA test driver, the pod runs, and once
+deleted the claim is unprepared (see its docstring for what stays in `make test-dra`).
 """
 
 from __future__ import annotations
@@ -18,21 +23,35 @@ import asyncio
 import json
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 from klet.cri import CRISettings, RuntimeClient
 from klet.cri import labels as L
 from klet.devstack import DevStack
+from klet.syncloop.dra.state import ClaimCheckpoint
 from klet.testbed.cluster import ControlPlane
 
 from tests.harness.clusternode import cluster_node
+from tests.harness.dra import DRATestDriver, dra_test_driver_binary, slice_devices, until
+from tests.harness.dra_pods import (
+    REQUEST,
+    apply,
+    claim_pod_objects,
+    clean_up,
+    deleted,
+    listed_claims,
+    pod_claim,
+    running_pod,
+)
 from tests.harness.node import KletNode
 from tests.harness.waiting import wait_for
 
 NODE = "kletfull1"
 IMAGE = "registry.klet.test/busybox:1.36"
 NOT_READY_TAINT = "node.kubernetes.io/not-ready"
+DRA_DRIVER = "smoke.dra.klet.test"
 
 
 @pytest.fixture(scope="module")
@@ -221,3 +240,86 @@ def test_controllers_ride_out_an_apiserver_restart(
         assert cp.controllers_running
     finally:
         cp.kubectl("delete", "namespace", ns, "--wait=false", "--ignore-not-found")
+
+
+def claim_specs(cdi_dir: Path, claim_uid: str) -> list[Path]:
+    """The DRA test driver's CDI spec files naming the claim's request as a device."""
+    name = f"claim-{claim_uid}-{REQUEST}"
+    return [
+        p
+        for p in sorted(cdi_dir.glob("*.json"))
+        if name in [d["name"] for d in json.loads(p.read_text()).get("devices", [])]
+    ]
+
+
+async def test_dra_smoke_a_claims_pod_is_prepared_runs_and_is_unprepared(
+    node: KletNode, full_control_plane: ControlPlane, tmp_path: Path
+) -> None:
+    """`make test`'s DRA smoke (issue 40), on Debian's containerd 1.6 like every test here.
+
+    Upstream's dra-test-driver (k8s.io/kubernetes v1.34.4's test/e2e/dra/test-driver,
+    built by tools/dra/build.sh among tools/test.sh's background builds) registers
+    through the node's `<root-dir>/plugins_registry/` and publishes the node's
+    ResourceSlice. The pod's claim is made by the resourceclaim controller, allocated to
+    a device of that slice and reserved for the pod by kube-scheduler's DRA plugin; klet
+    reads it and calls NodePrepareResources before the sandbox (the driver writes its
+    CDI spec for the claim's request; `dra_manager_state` lists the claim with the pod
+    and the device); the pod is Running and the PodResources API lists the claim, with
+    its CDI device ID, for the container naming it alone. Deleted, the pod leaves the
+    apiserver only after NodeUnprepareResources (the CDI spec removed, the checkpoint
+    empty).
+
+    Only in `make test-dra` (tests/cluster/test_dra_pods.py on containerd v2 with CDI
+    on): the device in the container. klet sends a claim's CDI device IDs in CRI's
+    `CDI_devices` field alone, as upstream's kubelet does since 1.31 (no CDI
+    annotations), and containerd 1.6 has no CDI and ignores the field, so the driver's
+    environment never reaches the container here. Also there: the gone driver's
+    ResourceSlice deleted 30 s later.
+    """
+    cp = full_control_plane
+    cdi_dir = tmp_path / "cdi"
+    driver = DRATestDriver.start(
+        dra_test_driver_binary(),
+        kubeconfig=cp.admin_kubeconfig,
+        driver=DRA_DRIVER,
+        node=NODE,
+        root_dir=node.root_dir,
+        cdi_dir=cdi_dir,
+        log=tmp_path / "dra-test-driver.log",
+    )
+    suffix = uuid.uuid4().hex[:6]
+    template, pod_name, ns = f"smoke-{suffix}", f"drasmoke-{suffix}", "default"
+    try:
+        devices = await until(lambda: slice_devices(cp, DRA_DRIVER, NODE), what="the slice")
+        for obj in claim_pod_objects(
+            DRA_DRIVER, template=template, pod=pod_name, namespace=ns, node=NODE, image=IMAGE,
+            pull_policy="IfNotPresent",
+        ):  # fmt: skip
+            apply(cp, obj)
+        pod = await running_pod(cp, node, pod_name, ns)
+        pod_uid = pod["metadata"]["uid"]
+        claim, result = pod_claim(cp, pod)
+        claim_name, claim_uid = claim["metadata"]["name"], claim["metadata"]["uid"]
+        assert (result["driver"], result["pool"]) == (DRA_DRIVER, NODE)
+        assert result["device"] in devices
+        assert [r["uid"] for r in claim["status"]["reservedFor"]] == [pod_uid]
+
+        # NodePrepareResources answered: the driver wrote the request's CDI spec, and the
+        # checkpoint holds the device it prepared, for this pod.
+        assert claim_specs(cdi_dir, claim_uid), driver.text()[-2000:]
+        [saved] = ClaimCheckpoint(node.root_dir).load()
+        assert (saved.claim_name, saved.pod_uids) == (claim_name, frozenset({pod_uid}))
+        assert [d.device_name for d in saved.driver_state[DRA_DRIVER]] == [result["device"]]
+        cdi_id = f"{DRA_DRIVER}/test=claim-{claim_uid}-{REQUEST}"
+        assert await listed_claims(node.root_dir, pod_name) == {
+            "user": [(claim_name, ns, [(DRA_DRIVER, NODE, result["device"], [cdi_id])])],
+            "other": [],
+        }
+
+        await deleted(cp, pod_name, ns)
+        # klet reports the pod terminated only after NodeUnprepareResources.
+        assert ClaimCheckpoint(node.root_dir).load() == []
+        assert claim_specs(cdi_dir, claim_uid) == [], driver.text()[-2000:]
+    finally:
+        clean_up(cp, driver=DRA_DRIVER, template=template, pod=pod_name, namespace=ns)
+        driver.stop()

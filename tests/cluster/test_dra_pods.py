@@ -25,23 +25,17 @@ collects it.
 
 from __future__ import annotations
 
-import json
 import re
 import shutil
 import tempfile
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
-import grpc
 import pytest
 from klet.cri.client import CRISettings, RuntimeClient
 from klet.devstack import DevStack
 from klet.devstack.images import BUSYBOX_IMAGE
-from klet.model.podresources import SOCKET_DIR, SOCKET_NAME
-from klet.rpc.gen.klet.podresources.v1 import api_pb2 as pb
-from klet.rpc.gen.klet.podresources.v1 import api_pb2_grpc as pb_grpc
 from klet.syncloop.dra.state import ClaimCheckpoint
 from klet.testbed.cluster import ControlPlane
 
@@ -53,6 +47,15 @@ from tests.harness.dra import (
     slice_devices,
     started_cdi_containerd,
     until,
+)
+from tests.harness.dra_pods import (
+    apply,
+    claim_pod_objects,
+    clean_up,
+    deleted,
+    listed_claims,
+    pod_claim,
+    running_pod,
 )
 from tests.harness.node import KletNode
 
@@ -97,52 +100,6 @@ def node(
         yield kletnode
 
 
-def kget(cp: ControlPlane, *args: str) -> Any:
-    res = cp.kubectl("get", *args, "-o", "json")
-    return json.loads(res.stdout) if res.returncode == 0 else None
-
-
-def apply(cp: ControlPlane, obj: dict[str, Any]) -> None:
-    cp.kubectl("apply", "-f", "-", input=json.dumps(obj), check=True)
-
-
-def diagnosis(cp: ControlPlane, node: KletNode, pod_name: str) -> str:
-    """What the apiserver and syncloop say about the pod, for a failure's message."""
-    pod = kget(cp, "pod", pod_name, "-n", NAMESPACE) or {}
-    events = cp.kubectl("get", "events", "-n", NAMESPACE, "-o", "wide").stdout
-    claims = cp.kubectl("get", "resourceclaims", "-n", NAMESPACE, "-o", "yaml").stdout
-    lines = [line for line in node.log("syncloop").splitlines() if "WARN" in line or "rror" in line]
-    return (
-        f"pod status {json.dumps(pod.get('status'))}\nspec.nodeName "
-        f"{pod.get('spec', {}).get('nodeName')}\nevents:\n{events}\nclaims:\n{claims}\n"
-        f"syncloop:\n" + "\n".join(lines[-30:])
-    )
-
-
-async def listed_claims(root_dir: Path, pod_name: str) -> dict[str, list[Any]]:
-    """The PodResources API's List (klet's socket, the generated v1 client): each
-    container of the pod with its dynamic resources."""
-    socket = root_dir / SOCKET_DIR / SOCKET_NAME
-    async with grpc.aio.insecure_channel(f"unix://{socket}") as channel:
-        stub = pb_grpc.PodResourcesListerStub(channel)  # type: ignore[no-untyped-call]
-        listed = await stub.List(pb.ListPodResourcesRequest(), timeout=10)
-    [pod] = [p for p in listed.pod_resources if p.name == pod_name]
-    return {
-        c.name: [
-            (
-                d.claim_name,
-                d.claim_namespace,
-                [
-                    (r.driver_name, r.pool_name, r.device_name, [x.name for x in r.cdi_devices])
-                    for r in d.claim_resources
-                ],
-            )
-            for d in c.dynamic_resources
-        ]
-        for c in pod.containers
-    }
-
-
 async def container_env(endpoint: str, pod_uid: str) -> dict[str, list[str]]:
     """Each running container of the pod: its environment, read with ExecSync."""
     runtime = RuntimeClient(CRISettings(runtime_endpoint=endpoint))
@@ -178,68 +135,15 @@ async def test_a_template_claims_pod_runs_with_the_drivers_device_and_gives_it_b
     template, pod_name = f"dev-{suffix}", f"drapod-{suffix}"
     try:
         devices = await until(lambda: slice_devices(cp, DRIVER, NODE), what="the ResourceSlice")
-        apply(
-            cp,
-            {
-                "apiVersion": "resource.k8s.io/v1",
-                "kind": "DeviceClass",
-                "metadata": {"name": DRIVER},
-                "spec": {"selectors": [{"cel": {"expression": f'device.driver == "{DRIVER}"'}}]},
-            },
-        )
-        apply(
-            cp,
-            {
-                "apiVersion": "resource.k8s.io/v1",
-                "kind": "ResourceClaimTemplate",
-                "metadata": {"name": template, "namespace": NAMESPACE},
-                "spec": {
-                    "spec": {
-                        "devices": {
-                            "requests": [{"name": "req-0", "exactly": {"deviceClassName": DRIVER}}]
-                        }
-                    }
-                },
-            },
-        )
-        container = {
-            "image": BUSYBOX_IMAGE,
-            "imagePullPolicy": "Never",
-            "command": ["sleep", "3600"],
-        }
-        apply(
-            cp,
-            {
-                "apiVersion": "v1",
-                "kind": "Pod",
-                "metadata": {"name": pod_name, "namespace": NAMESPACE},
-                "spec": {
-                    "nodeSelector": {"kubernetes.io/hostname": NODE},
-                    "hostNetwork": True,
-                    "automountServiceAccountToken": False,
-                    "terminationGracePeriodSeconds": 1,
-                    "resourceClaims": [{"name": "dev", "resourceClaimTemplateName": template}],
-                    "containers": [
-                        {**container, "name": "user", "resources": {"claims": [{"name": "dev"}]}},
-                        {**container, "name": "other"},
-                    ],
-                },
-            },
-        )
-
-        def running() -> dict[str, Any] | None:
-            pod = kget(cp, "pod", pod_name, "-n", NAMESPACE)
-            return pod if pod and pod["status"].get("phase") == "Running" else None
-
-        try:
-            pod = await until(running, what=f"pod {pod_name} Running", timeout_s=120)
-        except AssertionError as err:
-            raise AssertionError(f"{err}: {diagnosis(cp, node, pod_name)}") from err
+        for obj in claim_pod_objects(
+            DRIVER, template=template, pod=pod_name, namespace=NAMESPACE, node=NODE,
+            image=BUSYBOX_IMAGE,
+        ):  # fmt: skip
+            apply(cp, obj)
+        pod = await running_pod(cp, node, pod_name, NAMESPACE)
         pod_uid = pod["metadata"]["uid"]
-        [claim_status] = pod["status"]["resourceClaimStatuses"]
-        claim_name = claim_status["resourceClaimName"]
-        claim = kget(cp, "resourceclaim", claim_name, "-n", NAMESPACE)
-        [result] = claim["status"]["allocation"]["devices"]["results"]
+        claim, result = pod_claim(cp, pod)
+        claim_name = claim["metadata"]["name"]
         assert result["device"] in devices and result["pool"] == NODE
         assert [r["uid"] for r in claim["status"]["reservedFor"]] == [pod_uid]
 
@@ -263,12 +167,7 @@ async def test_a_template_claims_pod_runs_with_the_drivers_device_and_gives_it_b
         )
         assert cdi == [f"{DRIVER}/test=claim-{claim['metadata']['uid']}-req-0"]
 
-        cp.kubectl("delete", "pod", pod_name, "-n", NAMESPACE, "--wait=false", check=True)
-        await until(
-            lambda: kget(cp, "pod", pod_name, "-n", NAMESPACE) is None or None,
-            what=f"pod {pod_name} gone from the apiserver",
-            timeout_s=90,
-        )
+        await deleted(cp, pod_name, NAMESPACE)
         # klet reports the pod terminated only after the unprepare: both are done now.
         assert ClaimCheckpoint(node.root_dir).load() == []
         assert list(cdi_dir.glob("*.json")) == [], driver.text()[-2000:]
@@ -286,8 +185,5 @@ async def test_a_template_claims_pod_runs_with_the_drivers_device_and_gives_it_b
         ]
         assert wiped, "syncloop did not delete the slices"
     finally:
-        cp.kubectl("delete", "pod", pod_name, "-n", NAMESPACE, "--ignore-not-found",
-                   "--grace-period=0", "--force")  # fmt: skip
-        cp.kubectl("delete", "resourceclaimtemplate", template, "-n", NAMESPACE,
-                   "--ignore-not-found")  # fmt: skip
+        clean_up(cp, driver=DRIVER, template=template, pod=pod_name, namespace=NAMESPACE)
         driver.stop()
