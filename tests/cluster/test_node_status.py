@@ -12,6 +12,11 @@ a mirror pod with its status, a deleted mirror comes back, a removed static pod 
 its mirror with it; an EventRecord on the bus becomes an Event (repeats counted); with
 the apiserver stopped until a Lease renewal and a status update have failed, the Lease
 and node status resume within 20 s of its return.
+
+The mirror pod test alone runs its status-reporter with the pod status manager resyncing
+every 2 s instead of 10 (`mirror_node`): a mirror pod is created, recreated and deleted
+at a resync (`cluster/podsync.py`; the period itself is unit-tested), so at the default
+the test waited three resyncs, about 30 s, for nothing else it proves.
 """
 
 from __future__ import annotations
@@ -42,7 +47,9 @@ from klet.model.records import (
 )
 from klet.model.types import JSON, PodUID
 from klet.status_reporter import app
+from klet.status_reporter.cluster.managers import ClusterOverrides
 from klet.status_reporter.cluster.nodestatus import KUBELET_VERSION
+from klet.status_reporter.cluster.podsync import PodSyncPolicy
 from klet.status_reporter.wiring import Deps, Overrides, build_deps
 from klet.testbed.cluster import ControlPlane
 from prometheus_client import CollectorRegistry
@@ -60,7 +67,13 @@ class Node:
 
 @asynccontextmanager
 async def status_reporter(
-    tmp: Path, *, node: str, redis: RedisServer, cp: ControlPlane, runtime_endpoint: str
+    tmp: Path,
+    *,
+    node: str,
+    redis: RedisServer,
+    cp: ControlPlane,
+    runtime_endpoint: str,
+    pod_policy: PodSyncPolicy | None = None,
 ) -> AsyncIterator[Deps]:
     (tmp / "manifests").mkdir(exist_ok=True)
     argv = [
@@ -77,7 +90,8 @@ async def status_reporter(
         "--node-labels", "klet.dev/test=yes",
     ]  # fmt: skip
     settings = load_settings(argv, env={}, service="status-reporter")
-    deps = build_deps(settings, overrides=Overrides(registry=CollectorRegistry()))
+    cluster = None if pod_policy is None else ClusterOverrides(pod_policy=pod_policy)
+    deps = build_deps(settings, overrides=Overrides(registry=CollectorRegistry(), cluster=cluster))
     task = asyncio.create_task(app.main(deps, handle_signals=False), name=f"sr-{node}")
     try:
         yield deps
@@ -86,10 +100,16 @@ async def status_reporter(
         await asyncio.gather(task, return_exceptions=True)
 
 
-@pytest.fixture
-async def node(
-    tmp_path: Path, redis_server: RedisServer, control_plane: ControlPlane, devstack: DevStack
+@asynccontextmanager
+async def reporter_node(
+    tmp_path: Path,
+    redis_server: RedisServer,
+    control_plane: ControlPlane,
+    devstack: DevStack,
+    pod_policy: PodSyncPolicy | None = None,
 ) -> AsyncIterator[Node]:
+    """A new node's status-reporter (production wiring, `pod_policy` when given) with
+    pod-source's sources ready; the Node deleted afterwards."""
     name = f"sr-{uuid.uuid4().hex[:8]}"
     bus = Bus.from_url(redis_server.url, name, auth=redis_server.admin, timeout_s=2.0)
     node_bus = NodeBus.of(bus, service="status-reporter")
@@ -103,11 +123,30 @@ async def node(
             redis=redis_server,
             cp=control_plane,
             runtime_endpoint=devstack.runtime_endpoint,
+            pod_policy=pod_policy,
         ) as deps:
             yield Node(name, node_bus, control_plane, deps)
     finally:
         await bus.close()
         await kubectl(control_plane, "delete", "node", name, "--wait=false", check=False)
+
+
+@pytest.fixture
+async def node(
+    tmp_path: Path, redis_server: RedisServer, control_plane: ControlPlane, devstack: DevStack
+) -> AsyncIterator[Node]:
+    async with reporter_node(tmp_path, redis_server, control_plane, devstack) as n:
+        yield n
+
+
+@pytest.fixture
+async def mirror_node(
+    tmp_path: Path, redis_server: RedisServer, control_plane: ControlPlane, devstack: DevStack
+) -> AsyncIterator[Node]:
+    """`node` with the pod status manager resyncing every 2 s (see the module docstring)."""
+    policy = PodSyncPolicy(resync_s=2.0)
+    async with reporter_node(tmp_path, redis_server, control_plane, devstack, policy) as n:
+        yield n
 
 
 async def kubectl(cp: ControlPlane, *args: str, check: bool = True) -> str:
@@ -346,7 +385,8 @@ async def test_api_pod_status_reaches_the_apiserver_and_finished_pod_is_deleted(
     await eventually(gone, what="the pod object deleted", timeout_s=20)
 
 
-async def test_static_pod_is_mirrored(node: Node) -> None:
+async def test_static_pod_is_mirrored(mirror_node: Node) -> None:
+    node = mirror_node
     await ready_node(node)
     pod = static_pod(node, "etcd")
     name = pod["metadata"]["name"]
