@@ -15,8 +15,9 @@ and node status resume within 20 s of its return.
 
 The mirror pod test alone runs its status-reporter with the pod status manager resyncing
 every 2 s instead of 10 (`mirror_node`): a mirror pod is created, recreated and deleted
-at a resync (`cluster/podsync.py`; the period itself is unit-tested), so at the default
-the test waited three resyncs, about 30 s, for nothing else it proves.
+at a resync (`cluster/podsync.py`; its resync loop is unit-tested with a short period in
+tests/unit/status_reporter/cluster/test_podsync.py), so at the default the test waited
+three resyncs, about 30 s, for nothing else it proves.
 """
 
 from __future__ import annotations
