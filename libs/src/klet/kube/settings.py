@@ -14,7 +14,15 @@ from typing import Protocol
 
 from klet.model.types import JSON
 
-__all__ = ["ApiSettings", "KubeSettings", "WatchEvent", "kube_settings", "rotated_certificate"]
+__all__ = [
+    "CLIENT_GO_DEFAULT_QPS",
+    "ApiSettings",
+    "KubeSettings",
+    "WatchEvent",
+    "client_qps",
+    "kube_settings",
+    "rotated_certificate",
+]
 
 
 @dataclass(frozen=True)
@@ -71,11 +79,24 @@ def kube_settings(settings: ApiSettings, *, user_agent: str = "klet") -> KubeSet
         return None
     return KubeSettings(
         kubeconfig=Path(settings.klet.kubeconfig),
-        qps=float(settings.kubelet.kube_api_qps),
+        qps=client_qps(settings.kubelet.kube_api_qps),
         burst=settings.kubelet.kube_api_burst,
         user_agent=user_agent,
         rotated_certificate=rotated_certificate(settings),
     )
+
+
+CLIENT_GO_DEFAULT_QPS = 5.0
+"""client-go's rest.DefaultQPS: what a client configured with QPS 0 gets."""
+
+
+def client_qps(kube_api_qps: int) -> float:
+    """The client's limit for kubeAPIQPS: the value itself, but 0 is client-go's default
+    of 5, as upstream's kubelet hands kubeAPIQPS to client-go unchanged (its config
+    defaults only an absent value to 50; an explicit 0 reaches rest.Config.QPS, which
+    client-go replaces with DefaultQPS). Never unlimited: validation refuses a
+    negative value."""
+    return float(kube_api_qps) if kube_api_qps > 0 else CLIENT_GO_DEFAULT_QPS
 
 
 def rotated_certificate(settings: ApiSettings) -> Path | None:
