@@ -294,10 +294,12 @@ csi-binaries:
 	bash tools/csi/build.sh
 
 # The CSI components `make test` runs (csi-mock and csi-sanity in the integration tier,
-# csi-provisioner for test_csi_volumes, hostpathplugin and csi-node-driver-registrar for
-# test_csi_database), built by tools/test.sh in the background beside the first session.
-# Without the release sources the last two are left out, saying why, and
-# test_csi_database skips with that reason (printed in pytest's summary). Two calls: a
+# csi-provisioner for test_csi_volumes, hostpathplugin for test_csi_database, and
+# csi-node-driver-registrar, which registers the drivers of test_csi_database,
+# test_csi_registration and test_csi_volumes), built by tools/test.sh in the background
+# beside the first session. Without the release sources the last two are left out,
+# saying why, and the tests that need them skip with that reason (printed in pytest's
+# summary; test_csi_volumes' local-PV tests still run). Two calls: a
 # call holds the build lock while it builds, and the integration tier's test_csi_driver
 # asks for csi-mock and csi-sanity alone (a call with nothing to build takes no lock).
 csi-test-binaries:
