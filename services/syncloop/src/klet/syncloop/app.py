@@ -348,7 +348,10 @@ async def _cpu_manager(deps: Deps) -> None:
         }
 
     async def running(uid: str) -> list[tuple[str, ContainerID]]:
-        return [(c.name, c.id) for c in (await controller.runtime.get(uid)).running()]
+        # the pod workers' kept read when it is fresh (upstream's reconcile reads the
+        # pod cache too): an idle node's reconcile asks CRI nothing (runtimecache.py)
+        current = await controller.runtime.get(uid, reuse=True)
+        return [(c.name, c.id) for c in current.running()]
 
     await cpumanager.run(
         deps.cpus,

@@ -541,6 +541,7 @@ def build_deps(settings: Settings, overrides: Overrides | None = None) -> Deps:
         cri,
         controller.on_runtime_change,
         evented_period_s=settings.klet.evented_pleg_relist_period,
+        cache=runtime.cache,  # each relist confirms or drops the workers' kept reads
     )
     runtime.observe = relister.observe  # the workers' reads keep PLEG's fingerprints
     # Evented PLEG: on unless featureGates.EventedPLEG is false (upstream's gate, whose

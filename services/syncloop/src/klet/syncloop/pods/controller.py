@@ -324,7 +324,14 @@ class PodController:
         self.sources_ready = False
         self.runtime_uids: set[str] = set()
         # a sync that failed in the status is retried after backoff_period_s (podworkers)
-        self.workers = PodWorkers(self.sync_once, clock=clock, backoff_period_s=backoff_period_s)
+        # A change of the pod (an update, a deletion, a kill) drops its kept runtime read:
+        # the sync it wakes reads CRI; the others may take the read (runtimecache.py).
+        self.workers = PodWorkers(
+            self.sync_once,
+            clock=clock,
+            backoff_period_s=backoff_period_s,
+            on_wake=runtime.invalidate,
+        )
         # Every stream change gets a generation number, so a table read that began
         # before it (and so does not contain it) cannot undo it.
         self.generation = 0
@@ -499,8 +506,10 @@ class PodController:
         cancelled = False
         try:
             return await self._sync_once(uid)
-        except asyncio.CancelledError:
-            cancelled = True
+        except BaseException as err:
+            cancelled = isinstance(err, asyncio.CancelledError)
+            # It may have acted before it failed, and read nothing since.
+            self.runtime.invalidate(uid)
             raise
         finally:
             if not cancelled:
@@ -509,7 +518,9 @@ class PodController:
                 state.synced, state.synced_once = desired, True
 
     async def _sync_once(self, uid: str) -> Outcome:
-        current = await self.runtime.get(uid)
+        # The kept read when nothing dropped it since a relist confirmed it: a resync, a
+        # back-off or a probe result of a pod where nothing changed asks CRI nothing.
+        current = await self.runtime.get(uid, reuse=True)
         # Read the desired state only after the await: a resync may have landed while
         # CRI answered, and a decision to remove must never rest on a stale read.
         now = self.clock()
@@ -915,6 +926,7 @@ class PodController:
 
     def _forget(self, uid: str) -> None:
         """The pod is gone from the runtime and no source wants it: drop what is kept of it."""
+        self.runtime.invalidate(uid)
         if self.prober is not None:
             self.prober.remove_pod(uid)
         self.observer.forget(uid)

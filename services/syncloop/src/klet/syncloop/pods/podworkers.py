@@ -71,8 +71,10 @@ class PodWorkers:
         error_backoff_max_s: float = 10.0,
         backoff_period_s: float = BACKOFF_PERIOD_S,
         rand: Callable[[], float] = random.random,
+        on_wake: Callable[[str], None] | None = None,
     ) -> None:
         self._sync = sync
+        self._on_wake = on_wake  # told of each change of a pod, before its worker wakes
         self._clock = clock
         self._workers: dict[str, _Worker] = {}
         self._initial = error_backoff_initial_s
@@ -86,6 +88,8 @@ class PodWorkers:
 
     def wake(self, uid: str) -> None:
         """A change of the pod (an update, a deletion, a kill): sync it at once."""
+        if self._on_wake is not None:
+            self._on_wake(uid)
         worker = self._worker(uid)
         worker.urgent = True
         worker.wake.set()

@@ -19,6 +19,12 @@ A pod worker's own read of its pod (PodRuntime.get: the pod's sandboxes and cont
 selected by label) refreshes that pod's fingerprint and owners through `observe`: what
 a worker has seen (its own actions included) does not wake it again at the next relist,
 and an event about a container it created is matched to its pod without a lookup.
+
+Each relist also tells the workers' kept reads (runtimecache.py) what it found: a read
+whose pod still has the fingerprint it was read with is confirmed, so the pod's next
+periodic resync takes it instead of asking CRI; one whose pod changed is dropped (the
+change wakes the worker too). So an idle node's resync costs no CRI call beyond the
+relists' two lists.
 """
 
 from __future__ import annotations
@@ -34,6 +40,7 @@ from klet.cri.types import Container, ContainerState, Sandbox, SandboxState
 from klet.model.types import ContainerID
 from klet.obs import OnceLogger
 from klet.syncloop.criprotocols import RuntimeReader
+from klet.syncloop.pods.runtimecache import Fingerprint, RuntimeCache, fingerprints
 
 log = logging.getLogger(__name__)
 
@@ -44,23 +51,6 @@ EVENTED_PERIOD_S = 20.0
 """Default relist period while runtime events drive PLEG (klet's choice; see above)."""
 RETRY_PERIOD_S = 1.0
 """At most this long between attempts while a full relist is owed and failing."""
-
-RuntimeState = SandboxState | ContainerState
-Fingerprint = frozenset[tuple[str, RuntimeState]]
-
-
-def fingerprints(
-    sandboxes: list[tuple[str, SandboxState, dict[str, str]]],
-    containers: list[tuple[str, ContainerState, dict[str, str]]],
-) -> dict[str, Fingerprint]:
-    """Group (id, state, labels) triples by pod UID label; unlabelled objects are not ours."""
-    triples: list[tuple[str, RuntimeState, dict[str, str]]] = [*sandboxes, *containers]
-    out: dict[str, set[tuple[str, RuntimeState]]] = {}
-    for oid, state, labels in triples:
-        uid = labels.get(L.POD_UID)
-        if uid:
-            out.setdefault(uid, set()).add((oid, state))
-    return {uid: frozenset(v) for uid, v in out.items()}
 
 
 def owners(
@@ -80,8 +70,11 @@ class Relister:
         evented_period_s: float = EVENTED_PERIOD_S,
         retry_period_s: float = RETRY_PERIOD_S,
         clock: Callable[[], float] = time.monotonic,
+        cache: RuntimeCache | None = None,
     ) -> None:
         self.cri = cri
+        # The pod workers' kept reads (runtimecache.py): each relist confirms or drops them.
+        self.cache = cache if cache is not None else RuntimeCache()
         self.on_change = on_change
         self.period_s = period_s
         self.evented_period_s = evented_period_s
@@ -156,6 +149,7 @@ class Relister:
 
     async def relist_once(self) -> set[str]:
         started = self.clock()
+        began = self.cache.tick()
         sandboxes = await self.cri.list_pod_sandboxes()
         containers = await self.cri.list_containers()
         sb: list[tuple[str, SandboxState, dict[str, str]]] = [
@@ -173,6 +167,7 @@ class Relister:
             if current.get(uid) != self.previous.get(uid)
         }
         self.previous = current
+        self.cache.relisted(began, current)
         self.last_ok = self.clock()
         self.last_duration_s = self.last_ok - started
         for uid in changed:

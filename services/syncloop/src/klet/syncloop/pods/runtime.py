@@ -28,6 +28,12 @@ worker reads its pod after them (upstream's SyncTerminatingPod reads the pod sta
 after KillPod). The objects it stops are noted here (`expect_stop`) so the evented PLEG
 follows their exit events without polling CRI to confirm them (issue 42: the
 confirmation polls were 13-21 ContainerStatus calls per removed pod).
+
+Every read is kept with its pod's fingerprint (runtimecache.py), and a sync that no
+change caused asks for it (`get(uid, reuse=True)`): it is handed back without a CRI call
+once a relist begun after it found the pod unchanged, until an event, a relist, the
+worker's own action (`invalidate`) or a change of the pod drops it. The periodic resync
+of an idle node so reads no pod from CRI, as upstream's workers read its PLEG cache.
 """
 
 from __future__ import annotations
@@ -45,6 +51,7 @@ from klet.model.types import ContainerID
 from klet.syncloop.containers import termination
 from klet.syncloop.criprotocols import RuntimeReader
 from klet.syncloop.model.runtimepod import RuntimePod, SandboxView, sort_newest_first
+from klet.syncloop.pods.runtimecache import Fingerprint, RuntimeCache, fingerprints
 
 
 @dataclass(frozen=True)
@@ -163,19 +170,50 @@ Observer = Callable[[str, Sequence[Sandbox], Sequence[Container]], None]
 
 class PodRuntime:
     def __init__(
-        self, cri: RuntimeReader, exits: ExitNotices | None = None, observe: Observer | None = None
+        self,
+        cri: RuntimeReader,
+        exits: ExitNotices | None = None,
+        observe: Observer | None = None,
+        cache: RuntimeCache | None = None,
     ) -> None:
         self.cri = cri
         self.exits = exits if exits is not None else ExitNotices()
         self.observe = observe
         self._exited: dict[ContainerID, ContainerStatusInfo] = {}
+        # Each read, kept until PLEG says it may be stale (runtimecache.py); the relister
+        # confirms them (wiring hands it this cache).
+        self.cache = cache if cache is not None else RuntimeCache()
 
-    async def get(self, uid: str) -> RuntimePod:
+    async def get(self, uid: str, *, reuse: bool = False) -> RuntimePod:
+        """Pod `uid` as CRI has it now; with `reuse`, the kept last read instead when a
+        relist has confirmed it since and nothing dropped it (runtimecache.py)."""
+        if reuse:
+            kept = self.cache.fresh(uid)
+            if kept is not None:
+                return kept
+        began = self.cache.read_began(uid)
+        pod: RuntimePod | None = None
+        fingerprint: Fingerprint | None = None
+        try:
+            pod, fingerprint = await self._read(uid)
+            return pod
+        finally:
+            self.cache.read_ended(uid, began, pod, fingerprint)
+
+    def invalidate(self, uid: str) -> None:
+        """The worker is about to act on pod `uid` (or forgets it): its kept read goes."""
+        self.cache.invalidate(uid)
+
+    async def _read(self, uid: str) -> tuple[RuntimePod, Fingerprint | None]:
         selector = {L.POD_UID: uid}
         listed_sandboxes = await self.cri.list_pod_sandboxes(label_selector=selector)
         listed_containers = await self.cri.list_containers(label_selector=selector)
         if self.observe is not None:
             self.observe(uid, listed_sandboxes, listed_containers)
+        fingerprint = fingerprints(
+            [(s.id, s.state, s.labels) for s in listed_sandboxes],
+            [(c.id, c.state, c.labels) for c in listed_containers],
+        ).get(uid)
         sandboxes = sorted(listed_sandboxes, key=lambda s: (s.created_at, s.attempt), reverse=True)
         views: list[SandboxView] = []
         for i, s in enumerate(sandboxes):
@@ -204,7 +242,8 @@ class PodRuntime:
             else:
                 st = self.exits.apply(st)
             statuses.append(st)
-        return RuntimePod(uid=uid, sandboxes=tuple(views), containers=sort_newest_first(statuses))
+        pod = RuntimePod(uid=uid, sandboxes=tuple(views), containers=sort_newest_first(statuses))
+        return pod, fingerprint
 
     async def pod_uids(self) -> RuntimeUIDs:
         """Every pod the runtime has, and those of them it runs (two list calls)."""
@@ -224,5 +263,6 @@ class PodRuntime:
         relist does not wake a worker to find that out."""
         for c in pod.containers:
             self._exited.pop(c.id, None)
+        self.cache.invalidate(pod.uid)
         if self.observe is not None:
             self.observe(pod.uid, (), ())

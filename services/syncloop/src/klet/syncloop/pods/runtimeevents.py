@@ -32,7 +32,8 @@ an unseen exit) only wakes the worker once confirmed. An OOM kill is noted too (
 exit reads `OOMKilled`, before or after the exit came) and wakes the worker at once: it
 may come after the exit was published as an `Error`. The woken worker's read of its pod
 refreshes PLEG's fingerprint of it (relisting.py), so the next full relist does not wake
-it again.
+it again. Every event about one of our pods, whatever it calls for, drops that pod's kept
+read (runtimecache.py), and so does each wake-up it causes: the next sync reads CRI.
 
 Each event is handled in its own task so one slow confirmation does not hold up the
 events behind it. An object is matched to its pod by the IDs the relist and the
@@ -270,6 +271,10 @@ class EventWatcher:
         """Handle one event in a task of its own (unless it calls for nothing)."""
         if self.observer is not None:
             self.observer.event(event)
+        owner = event.pod_uid or self.relister.owner.get(event.object_id)
+        if owner:
+            # Whatever it calls for, the pod's kept read may be stale (runtimecache.py).
+            self.relister.cache.invalidate(owner)
         action = action_for(
             event.kind,
             exit_seen=event.object_id in self._exits,
@@ -302,15 +307,22 @@ class EventWatcher:
             if confirm:
                 if event.kind is EventKind.EXITED and event.exit_status is not None:
                     self.notices.add(event.object_id, event.exit_status, event.at)
-                    self.wake(uid)
+                    self._changed(uid)
                 try:
                     await self._confirm_stopped(event.object_id)
                 finally:
                     self.notices.discard(event.object_id)
-            self.wake(uid)
+            self._changed(uid)
         except CRIError as err:
             # The periodic relist finds whatever this event was about.
             log.debug("runtime event not followed up", extra={"error": str(err)})
+
+    def _changed(self, uid: str) -> None:
+        """What a read of pod `uid` returns has changed (an exit noted or confirmed, an
+        OOM kill): its kept read goes (a read begun since the event is not covered by
+        the drop at its dispatch) and its worker is woken."""
+        self.relister.cache.invalidate(uid)
+        self.wake(uid)
 
     async def _lookup(self, object_id: str) -> str | None:
         """The pod UID of a container or sandbox the last relist did not know."""

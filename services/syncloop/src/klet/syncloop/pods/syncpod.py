@@ -210,6 +210,9 @@ class PodSyncer:
         now = self.clock()
         actions = compute_pod_actions(pod, current, self.backoff, now, probes)
         result = SyncResult(waiting=dict(actions.waiting), wake_at=actions.wake_at)
+        if acts(actions):
+            # The pod's kept read would not show what this sync does (runtimecache.py).
+            self.runtime.invalidate(current.uid)
         if actions.kill_pod:
             result.acted = True
             await self.kill_pod(pod, current, grace_override=None, remove=False)
@@ -521,6 +524,7 @@ class PodSyncer:
         cgroup: the pod is gone for good. Without it, the dead containers stay for
         their status and logs.
         """
+        self.runtime.invalidate(current.uid)  # its kept read will not show the kill
         if pod is not None:
             grace = podspec.grace_period_s(pod, grace_override)
         else:
@@ -604,6 +608,19 @@ class PodSyncer:
                 )
                 if left:
                     log.warning("pod cgroup not removed", extra={"pod": _name(pod), "left": left})
+
+
+def acts(actions: PodActions) -> bool:
+    """Whether carrying out `actions` changes anything in the runtime."""
+    return bool(
+        actions.kill_pod
+        or actions.create_sandbox
+        or actions.purge_init
+        or actions.init_to_start
+        or actions.to_start
+        or actions.ephemeral_to_start
+        or actions.to_kill
+    )
 
 
 def _name(pod: JSON) -> str:
