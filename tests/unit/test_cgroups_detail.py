@@ -2,7 +2,9 @@
 trees laid out under tmp_path: which file feeds which value and in which unit, "max",
 -1 and v1's page-rounded 2^63 read as no limit, a missing controller gives None and
 leaves the rest; the bytes per block I/O operation (v1: every operation the file names;
-v2: io.stat's rbytes and wbytes as Read and Write); the pure parsers (cpu.max,
+v2: io.stat's rbytes and wbytes as Read and Write); which v1 blkio files are read (runc's
+order: BFQ debug, BFQ, CFQ, throttle recursive, throttle; the first that lists a device),
+with merged, queued and service time only from BFQ debug or CFQ; the pure parsers (cpu.max,
 cpu.weight → shares, blkio, io.stat) over a table of inputs; the child cgroups and the
 processes of a cgroup tree."""
 
@@ -102,6 +104,78 @@ def test_v1_detail(tmp_path: Path) -> None:
         threads=7,
         threads_max=None,
     )
+
+
+def blkio_files(directory: Path, files: dict[str, str]) -> None:
+    for name, text in files.items():
+        write(directory / name, text)
+
+
+THROTTLE = {
+    "blkio.throttle.io_service_bytes_recursive": "8:0 Read 1\nTotal 1\n",
+    "blkio.throttle.io_serviced_recursive": "8:0 Read 1\nTotal 1\n",
+}
+BFQ = {  # a device BFQ schedules: its counts, where the throttle files have none
+    "blkio.bfq.io_service_bytes_recursive": "8:16 Read 4096\n8:16 Write 512\nTotal 4608\n",
+    "blkio.bfq.io_serviced_recursive": "8:16 Read 2\n8:16 Write 1\nTotal 3\n",
+    "blkio.throttle.io_service_bytes_recursive": "Total 0\n",
+    "blkio.throttle.io_serviced_recursive": "Total 0\n",
+}
+DEBUG = {  # BFQ with CONFIG_BFQ_CGROUP_DEBUG: CFQ's set of files under blkio.bfq.
+    **BFQ,
+    "blkio.bfq.sectors_recursive": "8:16 9\nTotal 9\n",
+    "blkio.bfq.io_merged_recursive": "8:16 Read 3\n8:16 Write 4\n8:16 Total 7\n",
+    "blkio.bfq.io_queued_recursive": "8:16 Read 0\n8:16 Write 2\n8:16 Total 2\n",
+    "blkio.bfq.io_service_time_recursive": "8:16 Read 1500\n8:16 Total 2500\n",
+}
+CFQ = {
+    "blkio.sectors_recursive": "8:32 9\n",
+    "blkio.io_service_bytes_recursive": "8:32 Read 10\n",
+    "blkio.io_serviced_recursive": "8:32 Read 1\n",
+    "blkio.io_merged_recursive": "8:32 Write 5\n",
+    "blkio.io_queued_recursive": "8:32 Total 1\n",
+    "blkio.io_service_time_recursive": "8:32 Write 70\n",
+}
+
+
+@pytest.mark.parametrize(
+    ("files", "blkio", "merged", "queued", "service_time"),
+    [
+        (THROTTLE, {"8:0": BlkioDevice(1, 0, 1, 0)}, {}, {}, {}),
+        (  # before 4.x kernels: the throttle files without _recursive
+            {"blkio.throttle.io_service_bytes": "8:0 Write 3\n",
+             "blkio.throttle.io_serviced": "8:0 Write 1\n"},
+            {"8:0": BlkioDevice(0, 3, 0, 1)}, {}, {}, {},
+        ),
+        (BFQ, {"8:16": BlkioDevice(4096, 512, 2, 1)}, {}, {}, {}),
+        (
+            DEBUG,
+            {"8:16": BlkioDevice(4096, 512, 2, 1)},
+            {"8:16": {"Read": 3, "Write": 4, "Total": 7}},
+            {"8:16": {"Read": 0, "Write": 2, "Total": 2}},
+            {"8:16": {"Read": 1500, "Total": 2500}},
+        ),
+        (
+            {**THROTTLE, **CFQ},
+            {"8:32": BlkioDevice(10, 0, 1, 0)},
+            {"8:32": {"Write": 5}}, {"8:32": {"Total": 1}}, {"8:32": {"Write": 70}},
+        ),
+        ({"blkio.bfq.io_serviced_recursive": "Total 0\n"}, {}, {}, {}, {}),  # none lists one
+    ],
+)  # fmt: skip
+def test_v1_blkio_groups_in_runcs_order(
+    tmp_path: Path,
+    files: dict[str, str],
+    blkio: dict[str, BlkioDevice],
+    merged: dict[str, dict[str, int]],
+    queued: dict[str, dict[str, int]],
+    service_time: dict[str, dict[str, int]],
+) -> None:
+    blkio_files(tmp_path / "blkio" / CTR, files)
+    d = CgroupFS(tmp_path).detail(CTR)
+    assert (d.blkio, d.blkio_merged, d.blkio_queued) == (blkio, merged, queued)
+    assert d.blkio_service_time == service_time
+    assert set(d.blkio_service_bytes) == set(blkio)
 
 
 def test_v1_without_quota_or_controllers(tmp_path: Path) -> None:

@@ -104,6 +104,10 @@ CTR = CgroupSeries(
         memory_pgmajfault=9,
         blkio={"8:0": BlkioDevice(4096, 8192, 1, 2)},
         blkio_service_bytes={"8:0": {"Read": 4096, "Write": 8192, "Total": 12288}},
+        # BFQ's debug files (or CFQ's) count these
+        blkio_merged={"8:0": {"Read": 3, "Write": 4}},
+        blkio_queued={"8:0": {"Total": 2}},
+        blkio_service_time={"8:0": {"Read": 1_500_000_000, "Total": 2_500_000_000}},
     ),
     fs=WritableLayer("/dev/vda1", 4096, 10**9),
     blkio_devices={"8:0": "/dev/sda"},
@@ -219,6 +223,12 @@ S = samples(SNAP)
         ("container_fs_io_time_seconds_total", ROOT, {"device": "/dev/vda1"}, 17.25),
         ("container_fs_io_time_weighted_seconds_total", ROOT, {"device": "/dev/vda1"}, 0.376),
         ("container_fs_io_current", ROOT, {"device": "/dev/vdb"}, 0.0),
+        # a cgroup's, from its BFQ-debug/CFQ blkio files (service time in ns)
+        ("container_fs_reads_merged_total", CTR, {"device": "/dev/sda"}, 3.0),
+        ("container_fs_writes_merged_total", CTR, {"device": "/dev/sda"}, 4.0),
+        ("container_fs_read_seconds_total", CTR, {"device": "/dev/sda"}, 1.5),
+        ("container_fs_io_time_seconds_total", CTR, {"device": "/dev/sda"}, 2.5),
+        ("container_fs_io_current", CTR, {"device": "/dev/sda"}, 2.0),
         (
             "container_blkio_device_usage_total",
             CTR,
@@ -265,15 +275,13 @@ def test_absent(metric: str, series: CgroupSeries) -> None:
 
 
 def test_network_and_fs_only_where_read() -> None:
-    # the disk statistics are the root's filesystems' alone; one series a device
-    for name in (
-        "container_fs_io_current",
-        "container_fs_io_time_seconds_total",
-        "container_fs_sector_writes_total",
-        "container_fs_read_seconds_total",
-    ):
+    # the sectors and weighted time are the root's filesystems' alone; one series a device
+    for name in ("container_fs_sector_writes_total", "container_fs_io_time_weighted_seconds_total"):
         assert sorted(dict(k)["device"] for k in S[name]) == ["/dev/vda1", "/dev/vdb"]
         assert {dict(k)["id"] for k in S[name]} == {ROOT.id}
+    # a cgroup's only for an operation its files name: no write time, nothing queued by op
+    assert {dict(k)["id"] for k in S["container_fs_write_seconds_total"]} == {ROOT.id}
+    assert {dict(k)["id"] for k in S["container_fs_io_current"]} == {ROOT.id, CTR.id}
     assert sorted((dict(k)["id"], dict(k)["device"]) for k in S["container_fs_reads_total"]) == [
         ("/", "/dev/vda1"), ("/", "/dev/vdb"), (CTR.id, "/dev/sda"),
     ]  # fmt: skip

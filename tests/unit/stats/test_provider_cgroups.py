@@ -65,7 +65,7 @@ def world(tmp: Path) -> tuple[StatsProvider, FakeCgroups, FakeStatsRuntime]:
     cg.groups[f"{POD}/c1"] = CgroupStats(None, None, None, None)
     cg.groups[f"{POD}/cri-containerd-c2.scope"] = CgroupStats(None, None, None, None)
     cg.details["/"] = CgroupDetail(cpu_usage_ns=1, blkio={"8:0": BlkioDevice(1, 2, 3, 4)})
-    cg.details[POD] = CgroupDetail(cpu_usage_ns=5)
+    cg.details[POD] = CgroupDetail(cpu_usage_ns=5, blkio_queued={"8:32": {"Total": 1}})
     cg.details[f"{POD}/c1"] = CgroupDetail(cpu_usage_ns=3, blkio={"8:16": BlkioDevice()})
     cg.pids[f"{POD}/sb1"] = [42]
     cg.pids[f"{POD}/c1"] = [50, 51]
@@ -111,11 +111,12 @@ async def test_series_of_a_node_with_one_pod(tmp_path: Path) -> None:
     root = by_id["/"]
     assert (root.pod, root.container, root.start_s) == ("", "", 1_700_000_000.0)
     assert root.network == {"ens3": NetDev(5, 1, 0, 0, 6, 1, 0, 0)}
-    assert root.blkio_devices == {"8:0": "/dev/sda", "8:16": "8:16"}
+    # every device a cgroup's blkio tables name, named once for all series
+    assert root.blkio_devices == {"8:0": "/dev/sda", "8:16": "8:16", "8:32": "8:32"}
     pod = by_id[POD]
     assert pod == CgroupSeries(
         id=POD,
-        detail=CgroupDetail(cpu_usage_ns=5),
+        detail=CgroupDetail(cpu_usage_ns=5, blkio_queued={"8:32": {"Total": 1}}),
         pod="web",
         namespace="ns",
         start_s=77.0,

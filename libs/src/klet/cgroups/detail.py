@@ -25,12 +25,18 @@ Which file feeds which value, as cAdvisor reads them (v1 under
 - limit, reservation, swap limit: v1 memory.limit_in_bytes, soft_limit_in_bytes,
   memsw.limit_in_bytes minus the limit; v2 memory.max, memory.low, memory.swap.max.
 - OOM kills: v1 memory.oom_control oom_kill; v2 memory.events oom_kill.
-- block I/O per device (bytes and operations read and written): v1
-  blkio.throttle.io_service_bytes_recursive and io_serviced_recursive; v2 io.stat
-  rbytes, wbytes, rios, wios. The bytes per operation as the file names them
-  (`blkio_service_bytes`, container_blkio_device_usage_total): v1 every line of
-  io_service_bytes (Read, Write, Sync, Async, Discard, Total), v2 rbytes and wbytes as
-  Read and Write, the two runc maps io.stat's bytes to.
+- block I/O per device (bytes and operations read and written): v1 io_service_bytes
+  and io_serviced of the first group of blkio files that lists a device, in runc's
+  order: BFQ's debug files (blkio.bfq.*_recursive with sectors_recursive), BFQ's
+  (blkio.bfq.io_service{d,_bytes}_recursive: a device BFQ schedules, where the throttle
+  files count nothing without a throttle limit), CFQ's (blkio.*_recursive, kernels
+  before 5.0), the throttle layer's (blkio.throttle.*_recursive, then without
+  _recursive); v2 io.stat rbytes, wbytes, rios, wios. The bytes per operation as the
+  file names them (`blkio_service_bytes`, container_blkio_device_usage_total): v1 every
+  line of io_service_bytes (Read, Write, Sync, Async, Discard, Total), v2 rbytes and
+  wbytes as Read and Write, the two runc maps io.stat's bytes to. The BFQ debug and CFQ
+  groups also give io_merged, io_queued and io_service_time (ns) per operation
+  (`blkio_merged`, `blkio_queued`, `blkio_service_time`); the others and v2 none.
 - threads and their limit: pids.current, pids.max.
 
 An unlimited limit is None ("max", -1, or v1's page-rounded 2^63).
@@ -48,6 +54,7 @@ __all__ = [
     "BlkioDevice",
     "CgroupDetail",
     "io_stat_ops",
+    "lists_devices",
     "parse_blkio_ops",
     "parse_blkio_v1",
     "parse_cpu_max",
@@ -110,6 +117,11 @@ class CgroupDetail:
     """"major:minor" → its I/O."""
     blkio_service_bytes: Mapping[str, Mapping[str, int]] = field(default_factory=dict)
     """"major:minor" → operation (Read, Write, ...) → bytes, as the cgroup counts them."""
+    blkio_merged: Mapping[str, Mapping[str, int]] = field(default_factory=dict)
+    blkio_queued: Mapping[str, Mapping[str, int]] = field(default_factory=dict)
+    blkio_service_time: Mapping[str, Mapping[str, int]] = field(default_factory=dict)
+    """"major:minor" → operation → merged requests, queued requests, service time (ns):
+    only from BFQ's debug or CFQ's blkio files."""
     threads: int | None = None
     threads_max: int | None = None
 
@@ -171,15 +183,20 @@ def parse_blkio_v1(service_bytes: str, serviced: str) -> dict[str, BlkioDevice]:
 
 
 def parse_blkio_ops(service_bytes: str) -> dict[str, dict[str, int]]:
-    """v1 blkio.throttle.io_service_bytes(_recursive) ("8:0 Read 4096", the final
-    "Total N" line skipped) → device → operation → bytes, operations named as the
-    file names them."""
+    """A v1 blkio file of per-operation lines, as io_service_bytes(_recursive) ("8:0
+    Read 4096", the final "Total N" line skipped) → device → operation → value,
+    operations named as the file names them."""
     out: dict[str, dict[str, int]] = {}
     for line in service_bytes.splitlines():
         parts = line.split()
         if len(parts) == 3 and ":" in parts[0] and parts[2].isdigit():
             out.setdefault(parts[0], {})[parts[1]] = int(parts[2])
     return out
+
+
+def lists_devices(text: str) -> bool:
+    """Whether a blkio file has a line for a device (not only "Total N")."""
+    return any(":" in line.split(maxsplit=1)[0] for line in text.splitlines() if line.strip())
 
 
 def io_stat_ops(devices: Mapping[str, BlkioDevice]) -> dict[str, dict[str, int]]:
@@ -242,6 +259,50 @@ def _minus(a: int | None, b: int | None) -> int | None:
     return None if a is None else max(a - (b or 0), 0)
 
 
+# runc's v1 blkio groups, in its order (opencontainers/cgroups fs/blkio.go): the first
+# whose first file lists a device is read whole.
+_BLKIO_GROUPS: tuple[dict[str, str], ...] = (
+    {  # BFQ with CONFIG_BFQ_CGROUP_DEBUG
+        "sectors": "blkio.bfq.sectors_recursive",
+        "service_time": "blkio.bfq.io_service_time_recursive",
+        "merged": "blkio.bfq.io_merged_recursive",
+        "queued": "blkio.bfq.io_queued_recursive",
+        "serviced": "blkio.bfq.io_serviced_recursive",
+        "service_bytes": "blkio.bfq.io_service_bytes_recursive",
+    },
+    {
+        "serviced": "blkio.bfq.io_serviced_recursive",
+        "service_bytes": "blkio.bfq.io_service_bytes_recursive",
+    },
+    {  # CFQ
+        "sectors": "blkio.sectors_recursive",
+        "service_time": "blkio.io_service_time_recursive",
+        "merged": "blkio.io_merged_recursive",
+        "queued": "blkio.io_queued_recursive",
+        "serviced": "blkio.io_serviced_recursive",
+        "service_bytes": "blkio.io_service_bytes_recursive",
+    },
+    {
+        "serviced": "blkio.throttle.io_serviced_recursive",
+        "service_bytes": "blkio.throttle.io_service_bytes_recursive",
+    },
+    {"serviced": "blkio.throttle.io_serviced", "service_bytes": "blkio.throttle.io_service_bytes"},
+)
+
+
+def _blkio_v1(directory: str) -> dict[str, str]:
+    """The texts of the first blkio group (runc's order) whose first file lists a
+    device, by kind; {} when none does."""
+    for group in _BLKIO_GROUPS:
+        names = iter(group.items())
+        first_kind, first_name = next(names)
+        first = _text(f"{directory}/{first_name}") or ""
+        if not lists_devices(first):
+            continue
+        return {first_kind: first, **{k: _text(f"{directory}/{n}") or "" for k, n in names}}
+    return {}
+
+
 def read_detail_v1(root: Path, rel: str) -> CgroupDetail:
     """A v1 cgroup `rel` (relative, no leading "/") under the hierarchies at `root`."""
     cpu, acct, mem, pids, blkio = (
@@ -253,11 +314,8 @@ def read_detail_v1(root: Path, rel: str) -> CgroupDetail:
     usage = _int(f"{mem}/memory.usage_in_bytes")
     limit = _limit(_int(f"{mem}/memory.limit_in_bytes"))
     memsw = _limit(_int(f"{mem}/memory.memsw.limit_in_bytes"))
-    service_bytes = _text(f"{blkio}/blkio.throttle.io_service_bytes_recursive")
-    serviced = _text(f"{blkio}/blkio.throttle.io_serviced_recursive")
-    if service_bytes is None:  # kernels before 4.x name only the non-recursive ones
-        service_bytes = _text(f"{blkio}/blkio.throttle.io_service_bytes")
-        serviced = _text(f"{blkio}/blkio.throttle.io_serviced")
+    io = _blkio_v1(blkio)
+    service_bytes = io.get("service_bytes", "")
     return CgroupDetail(
         cpu_usage_ns=_int(f"{acct}/cpuacct.usage"),
         cpu_user_ns=_ticks_ns(ticks.get("user")),
@@ -285,8 +343,11 @@ def read_detail_v1(root: Path, rel: str) -> CgroupDetail:
         memory_pgfault=stat.get("pgfault"),
         memory_pgmajfault=stat.get("pgmajfault"),
         oom_kills=_kv(f"{mem}/memory.oom_control").get("oom_kill"),
-        blkio=parse_blkio_v1(service_bytes or "", serviced or ""),
-        blkio_service_bytes=parse_blkio_ops(service_bytes or ""),
+        blkio=parse_blkio_v1(service_bytes, io.get("serviced", "")),
+        blkio_service_bytes=parse_blkio_ops(service_bytes),
+        blkio_merged=parse_blkio_ops(io.get("merged", "")),
+        blkio_queued=parse_blkio_ops(io.get("queued", "")),
+        blkio_service_time=parse_blkio_ops(io.get("service_time", "")),
         threads=_int(f"{pids}/pids.current"),
         threads_max=_int(f"{pids}/pids.max"),
     )

@@ -56,9 +56,12 @@ root cgroup's blkio already gave keeps that one series). A filesystem without di
 statistics (overlay, tmpfs) has none, where cAdvisor shows 0; cAdvisor matches only
 sd*, vd*, xvd* and dm-* names, klet any device the kernel counts. The kernel counts
 time in milliseconds: klet serves seconds, where cAdvisor divides the milliseconds by
-10^9. cAdvisor fills these families on pod and container series from CFQ's blkio
-files (gone since Linux 5.0) or BFQ's debug ones (CONFIG_BFQ_CGROUP_DEBUG), and cgroup
-v2's io.stat has none of them; klet reads neither, so they are on the root only.
+10^9. On any cgroup, as cAdvisor, merged reads and writes, read, write and total
+service time and the queued I/Os come from BFQ's debug blkio files
+(CONFIG_BFQ_CGROUP_DEBUG) or CFQ's (kernels before 5.0), where the cgroup has them
+(klet.cgroups.detail reads runc's order of blkio groups); cgroup v2's io.stat has none.
+The sector counts and the weighted time are the root's disks' alone: cAdvisor's cgroup
+sector series read an operation the sectors file does not name, so always 0.
 `container_blkio_device_usage_total{device,major,minor,operation}` is every cgroup's
 bytes per device and operation (v1's io_service_bytes lines: Read, Write, Sync, Async,
 Discard, Total; v2's io.stat: Read, Write). `cadvisor_version_info` is 1 with the
@@ -562,6 +565,17 @@ _DISKS: tuple[tuple[str, str, str, float], ...] = (
      "weighted_io_ms", _MS),
 )  # fmt: skip
 
+# The same families on any cgroup whose blkio files count them (BFQ's debug or CFQ's):
+# name → (CgroupDetail table, operation, scale), as cAdvisor's ioValues reads them.
+_CGROUP_IO: dict[str, tuple[str, str, float]] = {
+    "container_fs_reads_merged_total": ("blkio_merged", "Read", 1.0),
+    "container_fs_writes_merged_total": ("blkio_merged", "Write", 1.0),
+    "container_fs_read_seconds_total": ("blkio_service_time", "Read", _NS),
+    "container_fs_write_seconds_total": ("blkio_service_time", "Write", _NS),
+    "container_fs_io_current": ("blkio_queued", "Total", 1.0),
+    "container_fs_io_time_seconds_total": ("blkio_service_time", "Total", _NS),
+}
+
 
 # cAdvisor's pressure families: (name part, PSI line, help) per resource.
 _PRESSURE = (
@@ -700,9 +714,19 @@ def cadvisor_families(snapshot: CgroupSnapshot) -> list[Metric]:
 
     for name, doc, disk_field, scale in _DISKS:
         family = _family(name, doc, (*LABELS, "device"))
+        table = _CGROUP_IO.get(name)
         for c in cgroups:
+            devices = set()
+            if table is not None:
+                attr, op, op_scale = table
+                for dev, ops in sorted(getattr(c.detail, attr).items()):
+                    if op in ops:
+                        device = c.blkio_devices.get(dev, dev)
+                        devices.add(device)
+                        _add(family, [*c.labels(), device], ops[op] * op_scale)
             for device, disk in sorted(c.disks.items()):
-                _add(family, [*c.labels(), device], getattr(disk, disk_field) * scale)
+                if device not in devices:
+                    _add(family, [*c.labels(), device], getattr(disk, disk_field) * scale)
         out.append(family)
 
     usage_by_op = _family(

@@ -137,7 +137,13 @@ class StatsProvider:
         layer_fs = self._layer_fs(cri)
         for sandbox, containers in plan_pods(cri.sandboxes, cri.containers, cri.stats):
             series += self._pod_cgroups(sandbox, containers, layer_fs)
-        devices = {dev for s in series for dev in s.detail.blkio}
+        devices = {
+            dev
+            for s in series
+            for table in (s.detail.blkio, s.detail.blkio_service_bytes, s.detail.blkio_merged,
+                          s.detail.blkio_queued, s.detail.blkio_service_time)
+            for dev in table
+        }  # fmt: skip
         names = {dev: host.block_device(dev) for dev in devices}
         return CgroupSnapshot(
             time_ns=now_ns,
