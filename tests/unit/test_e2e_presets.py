@@ -14,7 +14,11 @@ the suite the node's root directory; the storage-csi-snapshots preset takes the
 csi-hostpath specs tagged [Feature:VolumeSnapshotDataSource] (not the Windows, Serial
 or CSI Mock ones) and is the one that asks for the snapshot CRDs and controller; an
 image the harness cannot build is refused before anything is built; --node-address puts
-the node's address on `lo` for the run alone.
+the node's address on `lo` for the run alone; the dra preset takes the [DRA] specs of gates
+1.34 has on (the kubelet's [Feature:DynamicResourceAllocation] ones and the Beta ones) and
+not the Alpha, OffByDefault, Serial, Slow or Flaky ones, and is the one run on containerd
+v2 with CDI; its CDI directory's tmpfs is mounted only in the run's own namespace and
+unmounted after; RESULTS.md's hand-written tail survives a new render.
 """
 
 from __future__ import annotations
@@ -316,3 +320,16 @@ def test_private_tmpfs_only_in_the_runs_own_namespace(
         with conformance.private_tmpfs(tmp_path / "cdi"):
             pass
     assert len(calls) == 1
+
+
+def test_a_hand_written_tail_survives_rendering_again() -> None:
+    """RESULTS.md's part from the kept-tail marker on (conformance/RESULTS.md's DRA
+    summary) is put after a new render; without the marker, or without an old file, the
+    render is written alone."""
+    marker = conformance.KEPT_TAIL_MARKER
+    old = f"# Old run\n\n1 passed\n\n{marker}\n\n## DRA\n\n20 passed\n"
+    new = conformance.with_kept_tail("# New run\n\n2 passed\n", old)
+    assert new == f"# New run\n\n2 passed\n\n{marker}\n\n## DRA\n\n20 passed\n"
+    assert "Old run" not in new
+    assert conformance.with_kept_tail("# New\n", "# Old\n") == "# New\n"
+    assert conformance.with_kept_tail("# New\n", None) == "# New\n"

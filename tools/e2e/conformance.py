@@ -691,6 +691,19 @@ def conform(run: SuiteRun, artifacts: Path) -> Outcome:
     )
 
 
+# A RESULTS.md's hand-written tail, kept when the run's part is written again: the
+# summaries of other selections in conformance/RESULTS.md (the DRA heading) that a new
+# `make conformance` or `--render` would otherwise drop.
+KEPT_TAIL_MARKER = "<!-- kept when rendered again: summaries of other selections -->"
+
+
+def with_kept_tail(rendered: str, old: str | None) -> str:
+    """`rendered` followed by the part of `old` from KEPT_TAIL_MARKER on, if it has one."""
+    if old is None or KEPT_TAIL_MARKER not in old:
+        return rendered
+    return rendered.rstrip("\n") + "\n\n" + old[old.index(KEPT_TAIL_MARKER) :]
+
+
 def write_results(out: Path, info: RunInfo) -> int:
     """RESULTS.md in `out` from `out`/run/report.json and `info` (also kept as
     run/meta.json, so `--render` can write it again with newer known differences)."""
@@ -707,7 +720,9 @@ def write_results(out: Path, info: RunInfo) -> int:
         "title": info.title,
     }
     (artifacts / "meta.json").write_text(json.dumps(meta, indent=2) + "\n")
-    (out / "RESULTS.md").write_text(render_markdown(results, info))
+    path = out / "RESULTS.md"
+    old = path.read_text() if path.exists() else None
+    path.write_text(with_kept_tail(render_markdown(results, info), old))
     log(
         f"{results.passed} passed, {results.failed} failed, {results.skipped} skipped; "
         f"{out / 'RESULTS.md'}"
