@@ -3,7 +3,8 @@
 Covers a new pod (one sandbox; containers created and started with upstream labels,
 annotations and `<name>/<restart>.log` log paths), crash-loop restarts (immediate
 first restart with restartCount + 1, then CrashLoopBackOff until the back-off ends),
-image pulls (ErrImagePull → ImagePullBackOff with a wake time, ErrImageNeverPull), and
+image pulls (ErrImagePull → ImagePullBackOff with a wake time, ErrImageNeverPull), one
+ImageStatus per container start (the image's user taken from the pull step's read), and
 KillPod (grace period passed to StopContainer, 2 s minimum, sandbox stopped after
 the containers, everything removed with remove=True, and every object it stops noted
 for the evented PLEG beforehand, but for a stop that failed), and the bound on sandbox
@@ -106,6 +107,27 @@ async def test_new_pod_gets_one_sandbox_and_started_containers(w: World, tmp_pat
     # A second sync with nothing changed does nothing.
     assert not (await w.sync(p)).acted
     assert len(w.cri.containers) == 2 and len(w.cri.sandboxes) == 1
+
+
+async def test_a_container_start_asks_image_status_once(w: World) -> None:
+    """The image's user comes from the ImageStatus the pull step read (issue 42: two
+    per start before, as upstream's EnsureImageExists and getImageUser each ask)."""
+    p = pod("app", "sidecar")
+    p["spec"]["containers"][0]["securityContext"] = {"runAsNonRoot": True}
+    w.cri.images.clear()
+    w.cri.add_image(IMAGE, 1_000_000, uid=1000)
+    await w.sync(p)
+    assert sorted(w.live()) == ["app", "sidecar"]
+    assert len(w.cri.calls_of("ImageStatus")) == 2  # one per container
+    assert w.latest("app").config.security.run_as_user == 1000  # the image's user
+    # An image pulled first: its status before the pull (absent) and after it (the
+    # size for the Pulled Event, and the user), nothing more.
+    q = pod("main", uid="u2")
+    q["spec"]["containers"][0]["image"] = "registry.klet.test/pulled:1.0"
+    w.cri.calls.clear()
+    await w.sync(q)
+    assert len(w.cri.calls_of("PullImage")) == 1
+    assert len(w.cri.calls_of("ImageStatus")) == 2
 
 
 async def test_exited_container_restarts_then_waits_out_the_back_off(w: World) -> None:

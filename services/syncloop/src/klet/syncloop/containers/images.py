@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Protocol
 
 from klet.cri import CRIError
-from klet.cri.types import AuthConfig, SandboxConfig
+from klet.cri.types import AuthConfig, ImageInfo, SandboxConfig
 from klet.model.flowcontrol import Backoff, TokenBucket
 from klet.model.types import JSON
 from klet.syncloop.containers import keyring
@@ -62,6 +62,11 @@ class PullOutcome:
     image_ref: str | None
     waiting: tuple[str, str] | None = None  # (reason, message) when not pulled
     wake_at: float | None = None
+    info: ImageInfo | None = None
+    """The image's ImageStatus as `ensure` read it (present, or after its pull), so the
+    container's start reads the image's user from it instead of asking CRI again
+    (issue 42: one ImageStatus per container start where there were two); None when
+    `ensure` has none to give."""
 
 
 def pull_parallelism(*, serialize: bool, max_parallel: int | None) -> int | None:
@@ -208,7 +213,7 @@ class ImagePuller:
                     f'Container image "{image}" already present on machine',
                     field_path=path,
                 )
-                return PullOutcome(str(present.id))
+                return PullOutcome(str(present.id), info=present)
             if policy == "Never":
                 message = f'Container image "{image}" is not present with pull policy of Never'
                 self.events.emit(pod, "Warning", "ErrImageNeverPull", message, field_path=path)
@@ -246,7 +251,8 @@ class ImagePuller:
         self.backoff.reset(key)
         self._forget_expired(now)
         waited = time.monotonic() - attempt.started
-        size = await self._size(ref)
+        info = await self._inspect(ref)
+        size = info.size if info is not None else 0
         self.observer.pulled(uid, self.clock(), seconds=waited, size=size)
         self.events.emit(
             pod,
@@ -256,7 +262,7 @@ class ImagePuller:
             f"({go_duration(waited)} including waiting). Image size: {size} bytes.",
             field_path=path,
         )
-        return PullOutcome(ref)
+        return PullOutcome(ref, info=info)
 
     def _forget_expired(self, now: float) -> None:
         """Drop back-off state nobody waits on any more (pods gone, or pulled since)."""
@@ -341,13 +347,13 @@ class ImagePuller:
             )
             return None
 
-    async def _size(self, ref: str) -> int:
-        """The pulled image's size, best effort as upstream (0 when unknown)."""
+    async def _inspect(self, ref: str) -> ImageInfo | None:
+        """The pulled image's status, for its size (best effort as upstream: None when
+        unknown) and the container's user."""
         try:
-            info = await self.cri.image_status(ref)
+            return await self.cri.image_status(ref)
         except CRIError:
-            return 0
-        return info.size if info is not None else 0
+            return None
 
 
 def _cri_message(err: CRIError) -> str:

@@ -159,8 +159,12 @@ class ContainerStarter:
         if target and target_last is None:
             message = f"target container {target!r} of ephemeral container {name!r} not found"
             return ("CreateContainerConfigError", message), self.clock() + 10
-        # The image's user: passed on as the user to run as, and checked by runAsNonRoot.
-        image_user = security.image_user(await self.cri.image_status(pulled.image_ref))
+        # The image's user: passed on as the user to run as, and checked by runAsNonRoot;
+        # from the ImageStatus the pull step read, else asked now.
+        info = pulled.info
+        if info is None:
+            info = await self.cri.image_status(pulled.image_ref)
+        image_user = security.image_user(info)
         # ConfigMaps and Secrets the environment refers to (None: no apiserver).
         env_sources = await kubeobjects.env_sources(self.objects, pod, container)
         # What status.podIP(s) say: the sandbox's address, or for a host-network pod the
