@@ -201,11 +201,7 @@ NOT_APPLICABLE: Mapping[str, tuple[str, ...]] = {
     ): ("/metrics kubelet_volume_stats_health_status_abnormal",),
 }
 
-MISSING: Mapping[str, tuple[str, ...]] = {
-    "volume operations are timed in storage_operation_duration_seconds only": (
-        "/metrics volume_operation_total_seconds",
-    ),
-}
+MISSING: Mapping[str, tuple[str, ...]] = {}
 
 
 CONFIGURED: Mapping[str, tuple[str, ...]] = {
