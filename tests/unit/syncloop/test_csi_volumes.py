@@ -7,7 +7,11 @@ staging no pod uses; inline volumes and the CSIDriver's lifecycle modes; raw blo
 (volumeMode Block) CSI volumes in upstream's csi_block.go layout (staged, published to a
 file per pod, linked from the pod's volumeDevices, unpublished and unstaged, swept;
 read-only ones refused); a ReadWriteOncePod volume refused to a second pod while
-another holds it; the helpers (access modes, fsGroup policy, ownership, names).
+another holds it; online expansion and the claim's resize statuses, decided per node
+(two plugins, two nodes, reading and patching one claim: a ReadWriteMany volume expanded
+on each node's mount, the claim written once), the FailedPrecondition stop, the resize
+Events on the pod and the claim; the helpers (access modes, fsGroup policy, ownership,
+names).
 The real drivers: tests/cluster/test_csi_volumes.py and test_csi_block.py."""
 
 from __future__ import annotations
@@ -970,6 +974,257 @@ async def test_node_expansion_carries_the_node_expand_secret_only(tmp_path: Path
     assert driver.calls[-1] == ("expand", ("vol-1", str(path), 2 << 20))
     assert driver.expanded[-1].secrets == {"password": "t0p-Secret"}
     assert objects.patches[-1][1]["status"]["capacity"] == {"storage": "2Mi"}
+
+
+class Recorded:
+    """The Events the plugin records: (kind, name, type, reason, message)."""
+
+    def __init__(self) -> None:
+        self.events: list[tuple[str, str, str, str, str]] = []
+
+    def emit(self, involved: JSON, type_: str, reason: str, message: str) -> None:
+        self.events.append((involved["kind"], involved["name"], type_, reason, message))
+
+
+def merge_patch(target: JSON, patch: JSON) -> None:
+    """A JSON merge patch applied in place, as the apiserver applies the plugin's."""
+    for key, value in patch.items():
+        if value is None:
+            target.pop(key, None)
+        elif isinstance(value, dict) and isinstance(target.get(key), dict):
+            merge_patch(target[key], value)
+        else:
+            target[key] = value
+
+
+class ClusterObjects(Objects):
+    """The API reads of `Objects` with claim status patches applied to the claim (every
+    node of a test reads the same claim, as every kubelet reads the apiserver's), and the
+    Events every node records."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.recorded = Recorded()
+
+    async def patch_pvc_status(self, namespace: str, name: str, patch: JSON) -> JSON | None:
+        await super().patch_pvc_status(namespace, name, patch)
+        claim = self.pvcs[(namespace, name)]
+        merge_patch(claim, {"status": patch["status"]})
+        return json.loads(json.dumps(claim))
+
+
+def node_plugin(
+    root: Path, node: str, driver: FakeDriver, objects: ClusterObjects
+) -> CSIVolumePlugin:
+    return CSIVolumePlugin(
+        root_dir=root,
+        node_name=node,
+        drivers=Drivers(),
+        connect=lambda endpoint, name: driver,
+        objects=objects,
+        events=objects.recorded,
+    )
+
+
+def shared_claim(objects: Objects, *, modes: list[str], annotations: JSON | None = None) -> JSON:
+    """A bound claim of 1Gi on a 1Gi PV, with the access modes given."""
+    objects.bind("data", "pv1")
+    claim = objects.pvcs[("ns", "data")]
+    claim["spec"].update(accessModes=modes, resources={"requests": {"storage": "1Gi"}})
+    claim["status"]["capacity"] = {"storage": "1Gi"}
+    if annotations:
+        claim["metadata"]["annotations"] = annotations
+    objects.pvs["pv1"]["spec"].update(accessModes=modes, capacity={"storage": "1Gi"})
+    return claim
+
+
+def resize(objects: Objects, claim: JSON, size: str) -> None:
+    """What the external-resizer does: the PV grown, the claim allocated and handed to
+    the nodes (and the request the user made)."""
+    objects.pvs["pv1"]["spec"]["capacity"] = {"storage": size}
+    claim["spec"]["resources"] = {"requests": {"storage": size}}
+    claim["status"]["allocatedResources"] = {"storage": size}
+    claim["status"]["allocatedResourceStatuses"] = {"storage": "NodeResizePending"}
+
+
+@pytest.mark.parametrize(
+    ("modes", "annotations", "second_node_expands"),
+    [
+        (["ReadWriteMany"], None, True),
+        (["ReadWriteOnce", "ReadWriteMany"], None, True),
+        (["ReadWriteMany"], {"volume.kubernetes.io/node-expansion-not-required": "true"}, False),
+        (["ReadWriteOnce"], None, False),
+    ],
+)
+async def test_a_read_write_many_volume_is_expanded_on_every_node_that_mounts_it(
+    tmp_path: Path, modes: list[str], annotations: JSON | None, second_node_expands: bool
+) -> None:
+    """Upstream's node expander per node: the first node marks the claim, expands its mount
+    and writes the new capacity; a second node mounting the same ReadWriteMany claim
+    (now updated, no resize status) expands its own mount too, writing nothing to the
+    claim, each with FileSystemResizeSuccessful on its pod and on the claim. Without
+    ReadWriteMany, or with the node-expansion-not-required annotation, the second node
+    counts its volume at the claim's size without a call. Neither node expands again."""
+    objects = ClusterObjects()
+    claim = shared_claim(objects, modes=modes, annotations=annotations)
+    driver_a, driver_b = (FakeDriver(caps=frozenset({"EXPAND_VOLUME"})) for _ in range(2))
+    node_a = node_plugin(tmp_path / "a", "node-a", driver_a, objects)
+    node_b = node_plugin(tmp_path / "b", "node-b", driver_b, objects)
+    pod_a, pod_b = a_pod("ua", CLAIM), a_pod("ub", CLAIM)
+    path_a = await node_a.set_up(CLAIM, ctx(tmp_path / "a", pod_a))
+    path_b = await node_b.set_up(CLAIM, ctx(tmp_path / "b", pod_b))
+    assert driver_a.names() == driver_b.names() == ["publish"]
+
+    resize(objects, claim, "2Gi")
+    await node_a.set_up(CLAIM, ctx(tmp_path / "a", pod_a))
+    assert driver_a.calls[-1] == ("expand", ("vol-1", str(path_a), 2 << 30))
+    assert [patch["status"] for _, patch in objects.patches] == [
+        {"allocatedResourceStatuses": {"storage": "NodeResizeInProgress"}},
+        {
+            "capacity": {"storage": "2Gi"},
+            "conditions": None,
+            "allocatedResourceStatuses": {"storage": None},
+        },
+    ]
+    assert claim["status"]["capacity"] == {"storage": "2Gi"}
+    assert not claim["status"].get("allocatedResourceStatuses")
+    success_a = 'MountVolume.NodeExpandVolume succeeded for volume "pv1" node-a'
+    events = objects.recorded.events
+    assert events == [
+        ("Pod", "pod-ua", "Normal", "FileSystemResizeSuccessful", success_a),
+        ("PersistentVolumeClaim", "data", "Normal", "FileSystemResizeSuccessful", success_a),
+    ]
+
+    objects.patches.clear()
+    events.clear()
+    await node_b.set_up(CLAIM, ctx(tmp_path / "b", pod_b))
+    assert objects.patches == []  # the claim is not written again
+    if second_node_expands:
+        assert driver_b.calls[-1] == ("expand", ("vol-1", str(path_b), 2 << 30))
+        success_b = 'MountVolume.NodeExpandVolume succeeded for volume "pv1" node-b'
+        assert events == [
+            ("Pod", "pod-ub", "Normal", "FileSystemResizeSuccessful", success_b),
+            ("PersistentVolumeClaim", "data", "Normal", "FileSystemResizeSuccessful", success_b),
+        ]
+    else:
+        assert driver_b.names() == ["publish"] and events == []
+
+    calls_a, calls_b = len(driver_a.calls), len(driver_b.calls)
+    await node_a.set_up(CLAIM, ctx(tmp_path / "a", pod_a))
+    await node_b.set_up(CLAIM, ctx(tmp_path / "b", pod_b))
+    assert (len(driver_a.calls), len(driver_b.calls)) == (calls_a, calls_b)
+    assert objects.patches == []
+
+
+async def test_a_node_that_saw_the_claim_updated_when_its_volume_came_does_not_expand(
+    tmp_path: Path,
+) -> None:
+    """As upstream's actual state of world, a node starts from the claim's capacity when
+    the volume comes to it: a ReadWriteMany volume first mounted on a node after another
+    node expanded it (the claim already at the PV's size) is not expanded there, the next
+    resize is; once it leaves the node (its last pod torn down) and comes back, the node
+    starts again from the claim."""
+    objects = ClusterObjects()
+    claim = shared_claim(objects, modes=["ReadWriteMany"])
+    driver = FakeDriver(caps=frozenset({"EXPAND_VOLUME"}))
+    node = node_plugin(tmp_path, NODE, driver, objects)
+    resize(objects, claim, "2Gi")
+    claim["status"]["capacity"] = {"storage": "2Gi"}  # another node finished
+    del claim["status"]["allocatedResourceStatuses"]
+    path = await node.set_up(CLAIM, ctx(tmp_path, a_pod("u1", CLAIM)))
+    await node.set_up(CLAIM, ctx(tmp_path, a_pod("u1", CLAIM)))
+    assert driver.names() == ["publish"]
+
+    resize(objects, claim, "3Gi")  # the next resize reaches this node's mount
+    await node.set_up(CLAIM, ctx(tmp_path, a_pod("u1", CLAIM)))
+    assert driver.calls[-1] == ("expand", ("vol-1", str(path), 3 << 30))
+
+    # The volume leaves the node; another node grows it to 4Gi; mounted here again, it
+    # comes at its new size (upstream starts from the claim): nothing to expand, where
+    # the 3Gi this node had expanded it to would have asked for a call.
+    assert isinstance(path, Path)
+    await node.tear_down(path.parent)
+    resize(objects, claim, "4Gi")
+    claim["status"]["capacity"] = {"storage": "4Gi"}
+    del claim["status"]["allocatedResourceStatuses"]
+    driver.calls.clear()
+    await node.set_up(CLAIM, ctx(tmp_path, a_pod("u2", CLAIM)))
+    assert driver.names() == ["publish"]
+
+
+async def test_resize_failures_are_events_and_failed_precondition_stops_the_node(
+    tmp_path: Path,
+) -> None:
+    """A driver's refusal is a VolumeResizeFailed Warning on the pod (upstream's online
+    expansion error) besides the claim's NodeResizeError; FailedPrecondition (the driver
+    cannot expand the volume in use) is written to the claim but is no Event, and this
+    node does not call again until the volume leaves it."""
+    objects = ClusterObjects()
+    claim = shared_claim(objects, modes=["ReadWriteOnce"])
+    driver = FakeDriver(caps=frozenset({"EXPAND_VOLUME"}))
+    node = node_plugin(tmp_path, NODE, driver, objects)
+    pod = a_pod("u1", CLAIM)
+    path = await node.set_up(CLAIM, ctx(tmp_path, pod))
+    resize(objects, claim, "2Gi")
+    events = objects.recorded.events
+
+    driver.expand_fail = CSIError("NodeExpandVolume: INTERNAL: disk busy", code="INTERNAL")
+    await node.set_up(CLAIM, ctx(tmp_path, pod))
+    assert events == [
+        (
+            "Pod",
+            "pod-u1",
+            "Warning",
+            "VolumeResizeFailed",
+            'NodeExpandVolume.NodeExpandVolume failed for volume "pv1" : '
+            "NodeExpandVolume: INTERNAL: disk busy",
+        )
+    ]
+    [condition] = claim["status"]["conditions"]
+    assert condition["type"] == "NodeResizeError"
+
+    events.clear()
+    driver.expand_fail = CSIError(
+        "NodeExpandVolume: FAILED_PRECONDITION: in use", code="FAILED_PRECONDITION"
+    )
+    await node.set_up(CLAIM, ctx(tmp_path, pod))
+    assert driver.calls[-1] == ("expand", ("vol-1", str(path), 2 << 30))
+    assert events == []
+    calls = len(driver.calls)
+    driver.expand_fail = None
+    await node.set_up(CLAIM, ctx(tmp_path, pod))
+    assert len(driver.calls) == calls  # not again on this node
+
+    assert isinstance(path, Path)
+    await node.tear_down(path.parent)
+    driver.calls.clear()
+    path = await node.set_up(CLAIM, ctx(tmp_path, a_pod("u2", CLAIM)))
+    assert driver.calls[-1] == ("expand", ("vol-1", str(path), 2 << 30))  # mounted anew
+    assert claim["status"]["capacity"] == {"storage": "2Gi"}
+
+
+async def test_a_read_only_claim_of_a_grown_volume_is_refused_with_an_event(
+    tmp_path: Path,
+) -> None:
+    """Upstream's read-only check: a pod's read-only claim is never expanded; while the PV
+    is above the claim, FileSystemResizeFailed (requested read-only file system) goes to
+    the pod and to the claim once per pod and PV size."""
+    objects = ClusterObjects()
+    claim = shared_claim(objects, modes=["ReadWriteOnce"])
+    driver = FakeDriver(caps=frozenset({"EXPAND_VOLUME"}))
+    node = node_plugin(tmp_path, NODE, driver, objects)
+    read_only = {"name": "data", "persistentVolumeClaim": {"claimName": "data", "readOnly": True}}
+    pod = a_pod("u1", read_only)
+    await node.set_up(read_only, ctx(tmp_path, pod))
+    resize(objects, claim, "2Gi")
+    await node.set_up(read_only, ctx(tmp_path, pod))
+    await node.set_up(read_only, ctx(tmp_path, pod))
+    refused = 'MountVolume.NodeExpandVolume failed for volume "pv1" requested read-only file system'
+    assert objects.recorded.events == [
+        ("Pod", "pod-u1", "Warning", "FileSystemResizeFailed", refused),
+        ("PersistentVolumeClaim", "data", "Warning", "FileSystemResizeFailed", refused),
+    ]
+    assert driver.names() == ["publish"] and objects.patches == []
 
 
 # -- helpers ------------------------------------------------------------------------------

@@ -353,6 +353,7 @@ def build_deps(settings: Settings, overrides: Overrides | None = None) -> Deps:
                 objects=objects,
                 tokens=tokens,
                 nfs_volumes=nfs_volumes,
+                events=bus_events.queue,  # the resize Events go to the pod and its claim
             ),
         ],
         root_dir=Path(settings.klet.root_dir),

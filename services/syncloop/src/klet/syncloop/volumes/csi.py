@@ -32,10 +32,13 @@ table, which syncloop's plugin watcher fills), as upstream's CSI volume plugin d
   ReadWriteOnce; `None`), skipped with `fsGroupChangePolicy: OnRootMismatch` when the
   root already has it;
 - **expand** (`NodeExpandVolume`, for a driver with EXPAND_VOLUME) when the PV grew past
-  the claim's capacity and the claim waits for the node, to the claim's allocated size,
-  with the claim's resize status and conditions written as upstream's kubelet writes
-  them (`expansion`: NodeResizeInProgress, then the new capacity, or NodeResizeError /
-  NodeResizeInfeasible on a driver's refusal);
+  the size this node last expanded the volume to (kept per volume while it is on the
+  node, first the claim's capacity) and the claim waits for the node, to the claim's
+  allocated size, with the claim's resize status and conditions written as upstream's
+  kubelet writes them (`expansion`: NodeResizeInProgress, then the new capacity, or
+  NodeResizeError / NodeResizeInfeasible on a driver's refusal); a ReadWriteMany volume
+  whose claim another node already updated is expanded on this node's mount too, the
+  claim left as it is; the resize Events on the pod and the claim;
 - **unpublish** when the pod's volumes are torn down, and **unstage** when no pod on the
   node uses the volume any more.
 
@@ -77,6 +80,7 @@ from pathlib import Path
 from typing import Any, Generic, Protocol, TypeVar
 
 from klet.bus import BusError
+from klet.bus.eventqueue import pod_reference
 from klet.csi import Capability, CSIError, DriverUnavailable, Volume
 from klet.hostfs import on_host
 from klet.model.records import CSIDriverRecord
@@ -149,6 +153,13 @@ class NodeDriver(Protocol):
     async def expand(
         self, volume: Volume, *, volume_path: str, staging_path: str = "", required_bytes: int
     ) -> int: ...
+
+
+class ObjectEvents(Protocol):
+    """Records an Event about any object (`klet.bus.eventqueue.EventQueue`): the resize
+    Events go to the pod and to its claim, as upstream's."""
+
+    def emit(self, involved: JSON, type_: str, reason: str, message: str) -> None: ...
 
 
 class CSIObjects(claims.ClaimObjects, Protocol):
@@ -344,8 +355,10 @@ class CSIVolumePlugin:
         tokens: TokenIssuer | None = None,
         clock: Callable[[], float] = time.time,
         nfs_volumes: nfs.NfsPlugin | None = None,
+        events: ObjectEvents | None = None,
     ) -> None:
         self.root_dir = root_dir
+        self.events = events
         # NFS PVs are mounted by the one NFS plugin that also serves inline nfs volumes
         # (and tears both down: they share its directory).
         self.nfs = nfs_volumes if nfs_volumes is not None else nfs.NfsPlugin()
@@ -368,6 +381,14 @@ class CSIVolumePlugin:
         # PVs whose NodeExpandVolume failed with a final error here (upstream's
         # volumesWithFinalExpansionErrors), forgotten once one succeeds.
         self._expansion_failed: set[str] = set()
+        # Per volume on this node (its unique name), upstream's actual state of world:
+        # the size this node last expanded it to (first the claim's capacity when it came
+        # to the node), and whether the driver refused to expand it in use; both
+        # forgotten when no pod on the node holds it any more.
+        self._node_sizes: dict[str, int] = {}
+        self._in_use_errors: set[str] = set()
+        # (pod UID, unique name, PV capacity) whose read-only refusal was recorded.
+        self._read_only_warned: set[tuple[str, str, str]] = set()
 
     def handles(self, volume: JSON) -> bool:
         return any(
@@ -573,7 +594,7 @@ class CSIVolumePlugin:
                 )
             self._published.add(target)
             if EXPAND_VOLUME in caps:
-                await self._expand(client, record, claimed, volume, target, staging)
+                await self._expand(client, record, claimed, volume, target, staging, ctx.pod)
         return target
 
     async def _set_up_block(
@@ -683,7 +704,7 @@ class CSIVolumePlugin:
                     publish_context=publish_context,
                 )
                 await self._expand(
-                    client, record, claimed, grown, target, str(data["stagingTargetPath"])
+                    client, record, claimed, grown, target, str(data["stagingTargetPath"]), ctx.pod
                 )
         return Block(link, read_only=read_only)
 
@@ -801,21 +822,37 @@ class CSIVolumePlugin:
         volume: Volume,
         target: Path,
         staging: str,
+        pod: JSON,
     ) -> None:
-        """Online expansion as upstream's kubelet does it (`expansion.plan`): the claim
-        marked NodeResizeInProgress, NodeExpandVolume to the allocated size, then the
-        claim's new capacity; a driver's refusal written as the NodeResizeError
-        condition (and NodeResizeInfeasible when it is one). The call carries the PV's
-        `nodeExpandSecretRef` secret (only that one, as upstream's csi_expander). The
-        pod keeps running on the old size whatever fails; the next sync decides again."""
+        """Online expansion as upstream's kubelet does it (`expansion.plan`, from the size
+        this node last expanded the volume to): the claim marked NodeResizeInProgress,
+        NodeExpandVolume to the allocated size, then the claim's new capacity; a driver's
+        refusal written as the NodeResizeError condition (and NodeResizeInfeasible when
+        it is one). The call carries the PV's `nodeExpandSecretRef` secret (only that
+        one, as upstream's csi_expander). The pod keeps running on the old size whatever
+        fails; the next sync decides again."""
         assert self.objects is not None
         pv_name = claimed.pv_name
+        key = unique_name(record.name, volume.volume_id)
+        node_bytes = self._node_sizes.get(key)
+        if node_bytes is None:
+            node_bytes = expansion.claim_bytes(claimed.claim)
+            if node_bytes is not None:
+                self._node_sizes[key] = node_bytes
+        if claimed.read_only:
+            self._refuse_read_only(claimed, pod, key)
+            return
         todo = expansion.plan(
             claimed.claim,
             claimed.pv,
+            node_bytes=node_bytes,
             read_only=claimed.read_only,
             failed_before=pv_name in self._expansion_failed,
+            in_use_error=key in self._in_use_errors,
         )
+        if isinstance(todo, expansion.Settled):
+            self._node_sizes[key] = todo.size_bytes
+            return
         if todo is None:
             return
         meta = claimed.claim["metadata"]
@@ -824,7 +861,9 @@ class CSIVolumePlugin:
         source = (claimed.pv.get("spec") or {}).get("csi") or {}
         try:
             secrets = await self._secret(source.get("nodeExpandSecretRef"), "NodeExpand")
-            marked = expansion.in_progress_patch(claim) if todo.recovery else None
+            marked = None
+            if todo.recovery and not todo.claim_updated:
+                marked = expansion.in_progress_patch(claim)
             if marked is not None:
                 claim = await self.objects.patch_pvc_status(namespace, name, marked) or claim
             try:
@@ -835,6 +874,8 @@ class CSIVolumePlugin:
                     required_bytes=todo.size_bytes,
                 )
             except CSIError as err:
+                if err.code == expansion.IN_USE_CODE:
+                    self._in_use_errors.add(key)  # not again on this node (upstream)
                 if isinstance(err, DriverUnavailable) or not todo.recovery:
                     raise  # transient, or an older resizer's claim: nothing to mark
                 self._expansion_failed.add(pv_name)
@@ -845,16 +886,57 @@ class CSIVolumePlugin:
                     await self.objects.patch_pvc_status(namespace, name, failed)
                 raise
             self._expansion_failed.discard(pv_name)
-            await self.objects.patch_pvc_status(
-                namespace, name, expansion.finished_patch(claim, todo.size)
+            message = expansion.success_message(pv_name, self.node_name)
+            self._record(pod_reference(pod), "Normal", expansion.RESIZE_SUCCESS, message)
+            self._record(
+                expansion.claim_reference(claim), "Normal", expansion.RESIZE_SUCCESS, message
             )
+            if not todo.claim_updated:
+                await self.objects.patch_pvc_status(
+                    namespace, name, expansion.finished_patch(claim, todo.size)
+                )
+            self._node_sizes[key] = todo.size_bytes
         except (CSIError, ObjectUnavailable, VolumeError) as err:
             log.warning(
                 "volume not expanded",
                 extra={"pv": pv_name, "driver": record.name, "error": str(err)},
             )
+            if not (isinstance(err, CSIError) and err.code == expansion.IN_USE_CODE):
+                self._record(
+                    pod_reference(pod),
+                    "Warning",
+                    expansion.VOLUME_RESIZE_FAILED,
+                    expansion.failure_message(pv_name, str(err)),
+                )
             return
         log.info("volume expanded", extra={"pv": pv_name, "capacity": todo.size})
+
+    def _refuse_read_only(self, claimed: claims.Claimed, pod: JSON, key: str) -> None:
+        """A pod's read-only claim of a grown volume: upstream's FileSystemResizeFailed
+        on the pod and the claim, once per pod and PV size."""
+        if not expansion.read_only_refused(claimed.claim, claimed.pv):
+            return
+        pv_size = str(((claimed.pv.get("spec") or {}).get("capacity") or {}).get("storage"))
+        seen = (str((pod.get("metadata") or {}).get("uid") or ""), key, pv_size)
+        if seen in self._read_only_warned:
+            return
+        self._read_only_warned.add(seen)
+        message = expansion.read_only_message(claimed.pv_name)
+        self._record(pod_reference(pod), "Warning", expansion.RESIZE_FAILED, message)
+        self._record(
+            expansion.claim_reference(claimed.claim), "Warning", expansion.RESIZE_FAILED, message
+        )
+
+    def _record(self, involved: JSON, type_: str, reason: str, message: str) -> None:
+        if self.events is not None:
+            self.events.emit(involved, type_, reason, message)
+
+    def _forget_expansion(self, driver: str, handle: str) -> None:
+        """The volume left the node: its next mount starts from the claim again."""
+        key = unique_name(driver, handle)
+        self._node_sizes.pop(key, None)
+        self._in_use_errors.discard(key)
+        self._read_only_warned = {s for s in self._read_only_warned if s[1] != key}
 
     async def _ownership(
         self,
@@ -1053,6 +1135,8 @@ class CSIVolumePlugin:
             problems = await fs.remove_tree(path)
             if problems:
                 raise OSError(f"{path} not removed: {'; '.join(problems)}")
+            if not await asyncio.to_thread(self._in_use, driver, handle):
+                self._forget_expansion(driver, handle)
             if staging is not None and await asyncio.to_thread(
                 self._unstage_wanted, driver, handle, staging
             ):
@@ -1081,7 +1165,10 @@ class CSIVolumePlugin:
                 if problems:
                     raise OSError(f"{gone} not removed: {'; '.join(problems)}")
             await asyncio.to_thread(csiblock.remove_empty, target.parent)
-            if staged and not await asyncio.to_thread(self._in_use, driver, handle):
+            in_use = await asyncio.to_thread(self._in_use, driver, handle)
+            if not in_use:
+                self._forget_expansion(driver, handle)
+            if staged and not in_use:
                 await self._unstage_block(client, driver, handle, pv)
 
     async def _unstage_block(self, client: NodeDriver, driver: str, handle: str, pv: str) -> None:
