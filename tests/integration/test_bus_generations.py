@@ -5,7 +5,8 @@ tables in full every 5 s while nothing changed).
 Covers: every service's fenced write of each table it writes moves that table's
 `gen:<table>` by one per call, however many rows the call writes, in the same atomic
 call (a call refused by a cap moves nothing); a counter that does not exist yet starts
-from the Redis server's clock in microseconds; an unfenced write (the admin's) moves it
+from the Redis server's clock in microseconds, and so does one that is not a number or
+not a string any more (the write still goes through); an unfenced write (the admin's) moves it
 the same way; each service may read the counters of the tables it reads or writes in
 one MGET and may not move a counter of a table it only reads. A `TableWatch` over the
 real bus: an idle refresh is one MGET and no HGETALL (the server's command statistics),
@@ -92,6 +93,23 @@ async def test_each_fenced_write_moves_its_tables_generation_once(
         with pytest.raises(WriteTooLarge):
             await nb.bus.write([_Op.hset(t, key, "x" * (4 * 1024 * 1024 + 1))])
         assert await counter(redis_server, table) == str(int(first) + 1)  # refused: no move
+
+
+async def test_a_broken_counter_is_started_again_and_the_write_goes_through(
+    redis_server: RedisServer,
+) -> None:
+    async with admin(redis_server) as bus:
+        await bus.client.set(bus.key("gen:desired"), "not a number")
+        await bus.client.hset(bus.key("gen:sources"), "a", "hash")  # another type
+    before_us = time.time_ns() // 1000
+    async with leader(redis_server, "pod-source") as nb:
+        async with nb.bus.transaction() as tx:
+            tx.put(nb.desired, "u1", desired("u1"))
+            tx.put(nb.sources, "file", SourceState(source="file", ready=True, at=0))
+        assert await nb.desired.get("u1") == desired("u1")
+    for table in ("desired", "sources"):
+        value = await counter(redis_server, table)
+        assert value is not None and int(value) >= before_us
 
 
 async def test_an_unfenced_write_moves_the_generation_too(redis_server: RedisServer) -> None:
