@@ -28,6 +28,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from klet.testbed.cluster import ControlPlane
 
 from tools.e2e import conformance
 from tools.e2e.conformance import FOCUS, PRESETS, SKIP
@@ -333,3 +334,20 @@ def test_a_hand_written_tail_survives_rendering_again() -> None:
     assert "Old run" not in new
     assert conformance.with_kept_tail("# New\n", "# Old\n") == "# New\n"
     assert conformance.with_kept_tail("# New\n", None) == "# New\n"
+
+
+def test_dra_runs_serve_the_beta_dra_apis(tmp_path: Path) -> None:
+    """The dra preset's apiserver serves resource.k8s.io v1beta1 and v1beta2 (what the
+    'with v1beta1/v1beta2 API' specs create claims through) with --runtime-config; other
+    presets' apiservers get no --runtime-config."""
+    dra = PRESETS["dra"]
+    assert dra.runtime_config == (
+        "resource.k8s.io/v1beta1=true",
+        "resource.k8s.io/v1beta2=true",
+    )
+    assert [name for name, p in PRESETS.items() if p.runtime_config] == ["dra"]
+    plane = ControlPlane(tmp_path / "a", tmp_path, runtime_config=dra.runtime_config)
+    flags = [a for a in plane._apiserver_argv() if a.startswith("--runtime-config")]
+    assert flags == ["--runtime-config=resource.k8s.io/v1beta1=true,resource.k8s.io/v1beta2=true"]
+    plain = ControlPlane(tmp_path / "b", tmp_path)
+    assert not any(a.startswith("--runtime-config") for a in plain._apiserver_argv())

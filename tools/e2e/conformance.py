@@ -118,6 +118,10 @@ DRA_SKIP = r"\[Slow\]|\[Serial\]|\[Disruptive\]|\[Flaky\]|\[Alpha\]|\[Feature:Of
 # the run's own mount namespace, so nothing is left on the machine.
 DRA_CDI_DIR = Path("/var/run/cdi")
 DRA_CONTAINERD_BUILD = REPO / "tools" / "dra" / "build-containerd.sh"
+# The DRA API versions 1.34's apiserver has but does not serve by default (v1 is GA):
+# upstream's DRA e2e cluster (test/e2e/dra/kind.yaml) turns them on, and the specs "with
+# v1beta1 API" and "with v1beta2 API" create their claims through them.
+DRA_RUNTIME_CONFIG = ("resource.k8s.io/v1beta1=true", "resource.k8s.io/v1beta2=true")
 
 
 @dataclass(frozen=True)
@@ -139,6 +143,8 @@ class Preset:
     # The node on containerd v2 with CDI (tools/dra/build-containerd.sh) reading DRA_CDI_DIR,
     # and the [DRA] specs' proxy image (tools/dra/images.py).
     dra: bool = False
+    # The apiserver's --runtime-config entries (API versions it does not serve by default).
+    runtime_config: tuple[str, ...] = ()
 
 
 # How every run is made (RESULTS.md says it): the node's "host" as the suite assumes it.
@@ -220,8 +226,12 @@ PRESETS: dict[str, Preset] = {
             "sources cannot be had here: its image carries tools/csi's hostpathplugin "
             "v1.16.1, whose proxy mode (-endpoint, -proxy-endpoint) is the one used "
             "(tools/dra/images.py).",
+            "The apiserver serves resource.k8s.io v1beta1 and v1beta2 besides v1 "
+            "(--runtime-config, as upstream's DRA e2e cluster, test/e2e/dra/kind.yaml): the "
+            "specs 'with v1beta1 API' and 'with v1beta2 API' create their claims through them.",
         ),
         dra=True,
+        runtime_config=DRA_RUNTIME_CONFIG,
     ),
 }
 # Set in the environment of the run that own_pid_namespace started, so it does not again.
@@ -418,6 +428,7 @@ class SuiteRun:
     csi_images: bool = False  # the CSI components' images too (Preset.csi_images)
     snapshots: bool = False  # the snapshot CRDs and controller (Preset.snapshots)
     dra: bool = False  # containerd v2 with CDI and the DRA proxy image (Preset.dra)
+    runtime_config: tuple[str, ...] = ()  # the apiserver's (Preset.runtime_config)
     # The node's address when not the default route's (--node-address): put on `lo` for
     # the run, so a second run can have 10250 on an address of its own.
     node_address: str | None = None
@@ -478,6 +489,7 @@ def cluster(
     snapshots: bool = False,
     node_address: str | None = None,
     cdi_containerd: Path | None = None,
+    runtime_config: tuple[str, ...] = (),
 ) -> Iterator[tuple[ControlPlane, Path]]:
     """The dev stack with the suite's images (and the `images` ImageIDs besides), the
     control plane and klet's Node, ready; yields the plane and the KUBE_TEST_REPO_LIST
@@ -520,7 +532,9 @@ def cluster(
             host_address() if node_address is None else loopback_address(node_address)
         )
         check_port_free(ip, KUBELET_PORT)
-        plane = ControlPlane(work / "cp", bins.control_plane, controllers=True)
+        plane = ControlPlane(
+            work / "cp", bins.control_plane, controllers=True, runtime_config=runtime_config
+        )
         stack.callback(plane.stop)
         plane.start()
         if csi:  # the CSI sidecars reach the apiserver through the kubernetes Service
@@ -657,6 +671,7 @@ def conform(run: SuiteRun, artifacts: Path) -> Outcome:
             snapshots=run.snapshots,
             node_address=run.node_address,
             cdi_containerd=cdi_containerd,
+            runtime_config=run.runtime_config,
         ) as (plane, repo_list):
             command = suite_argv(
                 bins,
@@ -786,6 +801,7 @@ def main(argv: list[str] | None = None) -> int:
         csi_images=preset.csi_images,
         snapshots=preset.snapshots,
         dra=preset.dra,
+        runtime_config=preset.runtime_config,
         node_address=args.node_address,
     )
     try:

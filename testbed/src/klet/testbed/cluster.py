@@ -135,8 +135,13 @@ class ControlPlane:
         etcd_port: int | None = None,
         controllers: bool = False,
         signing_duration: str = SIGNING_DURATION,
+        runtime_config: tuple[str, ...] = (),
     ) -> None:
+        """``runtime_config``: the apiserver's ``--runtime-config`` entries (e.g.
+        ``resource.k8s.io/v1beta2=true``, API versions a default apiserver does not serve);
+        none by default."""
         self.dir = dir.resolve()
+        self.runtime_config = runtime_config
         self.bin_dir = bin_dir.resolve()
         self.port = apiserver_port if apiserver_port is not None else free_port()
         self.etcd_port = etcd_port if etcd_port is not None else free_port()
@@ -674,6 +679,7 @@ class ControlPlane:
             "--profiling=false",
             "--v=1",
             *self._shutdown_flags(),
+            *([f"--runtime-config={','.join(self.runtime_config)}"] if self.runtime_config else []),
         ]
 
     def _aggregation_flags(self) -> list[str]:
