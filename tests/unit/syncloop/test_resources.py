@@ -1,4 +1,5 @@
-"""Container and pod resources, oom_score_adj and pod cgroup files, table-driven."""
+"""Container and pod resources, oom_score_adj and pod cgroup files, table-driven; how
+often the cgroupfs driver writes a pod's cgroup and the node's above it (counted)."""
 
 from __future__ import annotations
 
@@ -445,6 +446,57 @@ def test_a_pod_cgroup_is_written_once_per_change_of_its_limits(
     ensure(PodResources(512, None, None, None))
     ensure(PodResources(512, None, None, None))
     assert len(writes) == 6
+
+
+def test_the_node_cgroups_are_ensured_once_for_a_burst_of_new_pods(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every new pod's cgroup is made, but the node's cgroups above them are checked at
+    most once per ENSURE_RECHECK_S, whichever pod asks, and again at once after a
+    problem (issue 42: a burst of 10 checked them 10 times)."""
+    import asyncio
+
+    from klet.cgroups import CgroupFS
+
+    node_writes: list[str] = []
+    pod_writes: list[str] = []
+    problems: list[str] = []
+
+    def node_counting(limits: podcgroups.NodeCgroupLimits, root: Path) -> list[str]:
+        node_writes.append(limits.cgroup_root)
+        return list(problems)
+
+    def pod_counting(parent: str, res: PodResources, root: Path) -> list[str]:
+        pod_writes.append(parent)
+        return []
+
+    monkeypatch.setattr(podcgroups, "ensure_node_cgroups", node_counting)
+    monkeypatch.setattr(podcgroups, "ensure_pod_cgroup", pod_counting)
+    now = [100.0]
+    node = podcgroups.NodeCgroupLimits("/n1", cpu_shares=1280, memory_bytes=GIB, pids=None)
+    driver = podcgroups.CgroupfsPodCgroups(CgroupFS(tmp_path), node, clock=lambda: now[0])
+    res = PodResources(256, None, None, None)
+
+    def burst(first: int, n: int) -> None:
+        for i in range(first, first + n):
+            asyncio.run(driver.ensure(f"/n1/kubepods/burstable/podu{i}", res))
+
+    burst(0, 10)
+    assert len(pod_writes) == 10 and len(node_writes) == 1
+    now[0] += podcgroups.ENSURE_RECHECK_S - 1
+    burst(10, 5)
+    assert len(pod_writes) == 15 and len(node_writes) == 1
+    now[0] += 1  # due again
+    burst(15, 2)
+    assert len(node_writes) == 2
+    problems.append("memory.limit_in_bytes: Device or resource busy")
+    now[0] += podcgroups.ENSURE_RECHECK_S
+    burst(17, 2)  # refused: tried again by the next pod
+    assert len(node_writes) == 4
+    problems.clear()
+    burst(19, 1)
+    burst(20, 3)
+    assert len(node_writes) == 5 and len(pod_writes) == 23
 
 
 # --- huge pages and swap (NoSwap) -------------------------------------------------

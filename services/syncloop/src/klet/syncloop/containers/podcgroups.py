@@ -357,12 +357,15 @@ class PodCgroups(Protocol):
 
 
 ENSURE_RECHECK_S = 60.0
-"""A pod cgroup ensured with these limits less than this ago is not written again (nor
-the node's cgroups before it): each pass reads and rewrites a dozen cgroup files (the
-memory limit of an unlimited pod reads back as the kernel's maximum, cpuset files are
-copied level by level), which made up a quarter of syncloop's CPU in a 250-pod burst,
-where every pod is synced several times. Upstream's kubelet only creates a pod cgroup
-that is missing on each sync."""
+"""A pod cgroup ensured with these limits less than this ago is not written again, and
+the node's cgroups above the pods are ensured at most once in this time, whichever pod
+asks: each pass reads and rewrites a dozen cgroup files (the memory limit of an
+unlimited pod reads back as the kernel's maximum, cpuset files are copied level by
+level), which made up a quarter of syncloop's CPU in a 250-pod burst, where every pod
+is synced several times; the node's three cgroups were still checked before every new
+pod's, a third of the cgroup work of a burst of 10 (issue 42). Upstream's kubelet only
+creates a pod cgroup that is missing on each sync, and its QoS container manager
+updates the node's every minute."""
 
 
 class CgroupfsPodCgroups:
@@ -379,6 +382,7 @@ class CgroupfsPodCgroups:
         self.node = node
         self.clock = clock
         self._ensured: dict[str, tuple[PodResources, float]] = {}
+        self._node_ensured: float | None = None
 
     def cri_parent(self, name: str) -> str:
         return name
@@ -395,7 +399,7 @@ class CgroupfsPodCgroups:
             return True, []
         # The node's cgroups first: the files are compared before they are written, and
         # a limit the kernel refused earlier is tried again.
-        problems = [] if self.node is None else ensure_node_cgroups(self.node, self.cgroups.root)
+        problems = self._ensure_node(now)
         existed = pod_cgroup_exists(name, root=self.cgroups.root)
         problems += ensure_pod_cgroup(name, res, root=self.cgroups.root)
         if problems:
@@ -403,6 +407,16 @@ class CgroupfsPodCgroups:
         else:
             self._ensured[name] = (res, now)
         return existed, problems
+
+    def _ensure_node(self, now: float) -> list[str]:
+        """The node's cgroups, ensured unless they were less than ENSURE_RECHECK_S ago
+        without a problem."""
+        last = self._node_ensured
+        if self.node is None or (last is not None and 0 <= now - last < ENSURE_RECHECK_S):
+            return []
+        problems = ensure_node_cgroups(self.node, self.cgroups.root)
+        self._node_ensured = None if problems else now
+        return problems
 
     async def update_qos(self, burstable_shares: int) -> list[str]:
         _, burstable, _ = node_cgroups(self.node.cgroup_root if self.node is not None else "/")
