@@ -1,7 +1,8 @@
 """PodController.sync_once, the pod worker body, against FakeRuntimeService.
 
 Covers: a desired pod is synced and its status published (Running once its containers
-run); a runtime pod nobody wants is left alone until every pod source is ready, then
+run), in one sync reading the pod from CRI twice (only a sidecar's start asks for the
+next sync at once); a runtime pod nobody wants is left alone until every pod source is ready, then
 killed and removed; the desired table read landing while the worker's CRI call is in
 flight wins over the stale empty view (no kill); PodControl's kill_pod stops a desired
 pod with the given grace, marks it Failed with its reason and message and keeps it
@@ -115,6 +116,27 @@ async def test_desired_pod_is_synced_and_its_status_published(w: World) -> None:
     assert "running" in cs["state"] and cs["ready"] is True
     [(uid, ns, name, _)] = w.controller.publisher.items()
     assert (uid, ns, name) == ("u1", "default", "web-node1")
+
+
+async def test_a_pod_start_is_one_sync_that_reads_the_pod_twice(w: World) -> None:
+    """A pod of plain containers is Running and ready after one sync, which reads the
+    pod from CRI before it acts and once after: no sync follows at once to find nothing
+    left to do (issue 42: a third pair of lists and the status reads per start)."""
+    rec = DesiredPod(
+        uid=PodUID("u1"), pod=pod("app", "web", uid="u1"), source="file", hash="h1", seen_at=0.0
+    )
+    w.controller.apply_desired({"u1": rec}, READY, read_from=w.controller.generation)
+    outcome = await w.controller.sync_once("u1")
+    assert outcome.wake_at is None and not outcome.failed
+    status = w.controller.publisher.get("u1")
+    assert status is not None and status["phase"] == "Running"
+    assert [c["ready"] for c in status["containerStatuses"]] == [True, True]
+    pod_reads = ("io.kubernetes.pod.uid=u1",)  # (admission's first node-wide list aside)
+    assert [c[1:] for c in w.cri.calls_of("ListPodSandbox") if c[1:]] == [pod_reads] * 2
+    assert [c[1:] for c in w.cri.calls_of("ListContainers") if c[1:]] == [pod_reads] * 2
+    assert len(w.cri.calls_of("ContainerStatus")) == 2  # the read after the start
+    assert len(w.cri.calls_of("RunPodSandbox")) == 1
+    assert len(w.cri.calls_of("StartContainer")) == 2
 
 
 async def test_unwanted_pod_waits_for_sources_then_is_killed_and_removed(w: World) -> None:
@@ -310,8 +332,9 @@ async def test_deleted_pod_is_stopped_with_min_grace_and_reported_terminated(w: 
 
 
 async def test_a_started_sidecar_lets_the_next_sync_start_main_at_once(w: World) -> None:
-    """The worker itself goes on after a start (klet drops its own start events, which
-    upstream's pod worker waits for): the sidecar's sync asks for the next one now."""
+    """The worker itself goes on after a sidecar's start (klet drops its own start
+    events, which upstream's pod worker waits for): the sidecar's sync asks for the next
+    one now; the main container's start asks for none."""
     sidecar = {"name": "proxy", "restartPolicy": "Always"}
     rec = DesiredPod(
         uid=PodUID("u9"),
@@ -330,9 +353,8 @@ async def test_a_started_sidecar_lets_the_next_sync_start_main_at_once(w: World)
     outcome = await w.controller.sync_once("u9")
     assert names() == ["proxy"] and outcome.wake_at == w.clock.t
     outcome = await w.controller.sync_once("u9")
-    assert names() == ["main", "proxy"] and outcome.wake_at == w.clock.t
-    outcome = await w.controller.sync_once("u9")  # nothing left to start
-    assert outcome.wake_at is None
+    # main started: nothing waits for it, so no sync follows at once
+    assert names() == ["main", "proxy"] and outcome.wake_at is None
 
 
 async def test_active_deadline_fails_the_pod(w: World) -> None:
@@ -340,9 +362,7 @@ async def test_active_deadline_fails_the_pod(w: World) -> None:
     w.controller.apply_desired({"u8": rec}, READY, read_from=w.controller.generation)
     outcome = await w.controller.sync_once("u8")
     assert "u8" in w.running()
-    # a container started: the worker syncs again at once (what waits for it may go on)
-    assert outcome.wake_at == w.clock.t
-    outcome = await w.controller.sync_once("u8")  # nothing left to start: the deadline
+    # nothing waits for the started container: the next sync is at the deadline
     assert outcome.wake_at is not None and abs(outcome.wake_at - (w.clock.t + 30)) < 1
     w.clock.t += 31
     await w.controller.sync_once("u8")

@@ -601,7 +601,9 @@ class PodController:
         wake = [t for t in (result.wake_at, deadline) if t is not None]
         if result.started:
             # Upstream's pod worker syncs again on PLEG's ContainerStarted event; klet
-            # drops its own start events (runtimeevents.py), so the worker goes on now.
+            # drops its own start events (runtimeevents.py), so after a sidecar's start,
+            # which the main containers wait for, the worker goes on now. The status
+            # above already shows what this sync started, so other starts need no sync.
             wake.append(self.clock())
         return Outcome(wake_at=min(wake) if wake else None, failed=result.failed)
 

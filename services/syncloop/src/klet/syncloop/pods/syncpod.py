@@ -71,8 +71,12 @@ class SyncResult:
     wake_at: float | None = None
     acted: bool = False
     started: bool = False
-    """A container started: what waits for it (a sidecar's main container) needs
-    another sync."""
+    """A sidecar started: the containers that wait for it need another sync. A main,
+    ephemeral or plain init container's start sets nothing: nothing waits for it to
+    have started (a plain init container's exit is a runtime event), and the status
+    after the start is read in the same sync, so a second sync would only read CRI
+    again to find nothing to do (issue 42: a third ListPodSandbox + ListContainers
+    pair, PodSandboxStatus and ContainerStatus per pod start)."""
     failed: bool = False
     """A sandbox or container could not be made or started (upstream's SyncPod returns
     an error): the pod worker retries after its back-off."""
@@ -317,6 +321,8 @@ class PodSyncer:
             if not started:
                 reason = result.waiting.get(start.name, ("", ""))[0]
                 self.observer.container_failed(container_type, reason or "Unknown")
+            elif container_type == INIT_CONTAINER and podspec.is_sidecar(spec):
+                result.started = True
             return started
 
         # Ephemeral containers first, as upstream: a debug container can look at a pod
@@ -409,7 +415,6 @@ class PodSyncer:
             return False
         if start.backoff_key:
             self.backoff.next(start.backoff_key, self.clock())
-        result.started = True
         return True
 
     async def prepare_claims(self, pod: JSON) -> None:
