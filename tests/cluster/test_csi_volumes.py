@@ -14,13 +14,14 @@ Covers: a claim's pod gets NodeStageVolume at the node's global path and
 NodePublishVolume at the pod's volume directory (upstream's layout and vol_data.json),
 runs, and the pod's fsGroup owns what it writes; the Node lists it in volumesInUse and
 status-reporter's kubelet_volume_stats_* give the driver's NodeGetVolumeStats; the PV
-grown with the claim waiting for the node → NodeExpandVolume and the claim's status
-capacity grown; the pod deleted → NodeUnpublishVolume and then NodeUnstageVolume, no
-directory left, before the API object is gone; syncloop SIGKILLed while such a pod runs
-→ no container restarted, the volume still there, and torn down by the new syncloop
-when the pod goes; an inline CSI volume and a generic ephemeral volume; a local PV (its
-claim's kubelet_volume_stats_capacity_bytes the statfs total of its directory); a
-Block-mode local PV on a loop device, written through `volumeDevices` (and refused in
+grown with the claim waiting for the node → NodeExpandVolume, the claim's status
+capacity grown and FileSystemResizeSuccessful on the pod and the claim; the pod deleted
+→ NodeUnpublishVolume and then NodeUnstageVolume, no directory left, before the API
+object is gone; syncloop SIGKILLed while such a pod runs → no container restarted, the
+volume still there, and torn down by the new syncloop when the pod goes; an inline CSI
+volume and a generic ephemeral volume; a local PV (its claim's
+kubelet_volume_stats_capacity_bytes the statfs total of its directory); a Block-mode
+local PV on a loop device, written through `volumeDevices` (and refused in
 `volumeMounts`); a Filesystem-mode local PV on a blank loop device, formatted, mounted
 for the node and bound into the pod, unmounted with its last pod, its data there for
 the next; a
@@ -42,6 +43,7 @@ local PV tests run either way.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -247,6 +249,17 @@ def failed_mount(cp: ControlPlane, ns: str, name: str, text: str) -> bool:
     )
 
 
+def resize_succeeded(cp: ControlPlane, ns: str, kind: str, name: str, message: str) -> bool:
+    events = kget(cp, "events", "-n", ns, f"--field-selector=involvedObject.name={name}")
+    return any(
+        e["reason"] == "FileSystemResizeSuccessful"
+        and e["type"] == "Normal"
+        and e["involvedObject"]["kind"] == kind
+        and e["message"] == message
+        for e in events["items"]
+    )
+
+
 def volume_dirs(node: KletNode, uid: str) -> list[Path]:
     return sorted((node.root_dir / "pods" / uid / "volumes" / "kubernetes.io~csi").glob("*"))
 
@@ -351,6 +364,14 @@ def test_a_claims_volume_is_staged_published_and_torn_down(
     )
     assert not grown["status"].get("conditions")
     assert "/csi.v1.Node/NodeExpandVolume" in mock.grpc_methods()
+    # upstream's FileSystemResizeSuccessful, on the pod and on the claim
+    success = f'MountVolume.NodeExpandVolume succeeded for volume "{pv}" {node.node_name}'
+    for kind, name in (("Pod", "app"), ("PersistentVolumeClaim", "data")):
+        wait_for(
+            functools.partial(resize_succeeded, cp, ns, kind, name, success),
+            timeout_s=30,
+            what=f"FileSystemResizeSuccessful on the {kind}",
+        )
 
     delete_pod(cp, ns, "app")
     # The API object goes only once the volume is unpublished and unstaged (upstream's

@@ -1208,7 +1208,7 @@ async def test_a_read_only_claim_of_a_grown_volume_is_refused_with_an_event(
 ) -> None:
     """Upstream's read-only check: a pod's read-only claim is never expanded; while the PV
     is above the claim, FileSystemResizeFailed (requested read-only file system) goes to
-    the pod and to the claim once per pod and PV size."""
+    the pod and to the claim once per pod and PV size (until the pod is forgotten)."""
     objects = ClusterObjects()
     claim = shared_claim(objects, modes=["ReadWriteOnce"])
     driver = FakeDriver(caps=frozenset({"EXPAND_VOLUME"}))
@@ -1225,6 +1225,9 @@ async def test_a_read_only_claim_of_a_grown_volume_is_refused_with_an_event(
         ("PersistentVolumeClaim", "data", "Warning", "FileSystemResizeFailed", refused),
     ]
     assert driver.names() == ["publish"] and objects.patches == []
+    node.forget_pod("u1")  # its volumes torn down: a pod of that UID again is told again
+    await node.set_up(read_only, ctx(tmp_path, pod))
+    assert len(objects.recorded.events) == 4
 
 
 # -- helpers ------------------------------------------------------------------------------

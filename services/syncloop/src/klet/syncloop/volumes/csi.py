@@ -403,8 +403,10 @@ class CSIVolumePlugin:
         return self._names.get((pod_uid, str(volume.get("name") or "")))
 
     def forget_pod(self, pod_uid: str) -> None:
-        """The pod's volumes are torn down: its names and `local` PV records go."""
+        """The pod's volumes are torn down: its names, read-only refusals recorded and
+        `local` PV records go."""
         self._names = {k: v for k, v in self._names.items() if k[0] != pod_uid}
+        self._read_only_warned = {s for s in self._read_only_warned if s[0] != pod_uid}
         if pod_uid and "/" not in pod_uid and pod_uid not in (".", ".."):
             localrecords.forget(self.root_dir / "pods" / pod_uid)
 
