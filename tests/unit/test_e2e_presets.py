@@ -351,3 +351,15 @@ def test_dra_runs_serve_the_beta_dra_apis(tmp_path: Path) -> None:
     assert flags == ["--runtime-config=resource.k8s.io/v1beta1=true,resource.k8s.io/v1beta2=true"]
     plain = ControlPlane(tmp_path / "b", tmp_path)
     assert not any(a.startswith("--runtime-config") for a in plain._apiserver_argv())
+
+
+def test_the_nodes_registration_sockets_fit_a_unix_socket_path() -> None:
+    """The node's root dir is short enough for the longest registration socket the [DRA]
+    specs make (the rolling-update driver's `<driver>-<pod UID>-reg.sock`, with a
+    five-digit namespace number) under a run's work directory (/tmp/klet-conf-XXXXXXXX):
+    at most 107 bytes, a unix socket path's limit; the old `klet/root` did not fit."""
+    work = Path("/tmp/klet-conf-12345678")
+    name = "dra-12345.k8s.io-5f07e0d6-7993-4eaf-9d22-301c5f8c1586-reg.sock"
+    socket = work / conformance.NODE_ROOT_DIR / "plugins_registry" / name
+    assert len(str(socket)) <= 107
+    assert len(str(work / conformance.KLET_DIR / "root" / "plugins_registry" / name)) > 107

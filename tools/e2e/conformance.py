@@ -241,7 +241,13 @@ NOT_READY_TAINT = "node.kubernetes.io/not-ready"
 # constant (ports.KubeletPort), so the node must listen there.
 KUBELET_PORT = 10250
 OS_LABEL = "kubernetes.io/os"
-KLET_DIR = "klet"  # the node's directory in the run's work directory (root dir: root/)
+KLET_DIR = "klet"  # the node's directory in the run's work directory
+# The node's --root-dir, beside KLET_DIR with a name as short as can be: the plugin
+# registration sockets in <root-dir>/plugins_registry/ are unix sockets, whose path is at
+# most 107 bytes, and the [DRA] specs' rolling-update driver names its own
+# `<driver>-<pod UID>-reg.sock` (62 bytes): under /tmp/klet-conf-XXXXXXXX/klet/root its
+# proxy could not listen (112 bytes), with upstream's /var/lib/kubelet it is 96.
+NODE_ROOT_DIR = "r"
 
 
 class SetupError(RuntimeError):
@@ -337,7 +343,14 @@ class KletProcess:
     its processes named `kubelet` (kubelet_named_python)."""
 
     def __init__(
-        self, stack: DevStack, plane: ControlPlane, dir: Path, *, node: str, ip: str
+        self,
+        stack: DevStack,
+        plane: ControlPlane,
+        dir: Path,
+        *,
+        node: str,
+        ip: str,
+        root_dir: Path,
     ) -> None:
         self.kubelet_port = KUBELET_PORT
         argv = [
@@ -348,7 +361,7 @@ class KletProcess:
             "--run-dir",
             str(dir / "run"),
             "--root-dir",
-            str(dir / "root"),
+            str(root_dir),
             "--pod-logs-dir",
             str(dir / "pod-logs"),
             "--cert-dir",
@@ -566,7 +579,9 @@ def cluster(
                 built["snapshot-controller"][0], plane, work / "snapshot-controller.log"
             )
             stack.callback(controller.stop)
-        klet = KletProcess(dev, plane, work / KLET_DIR, node=NODE_NAME, ip=ip)
+        klet = KletProcess(
+            dev, plane, work / KLET_DIR, node=NODE_NAME, ip=ip, root_dir=work / NODE_ROOT_DIR
+        )
         stack.callback(klet.stop)
         klet.start()
         wait_for_node(plane, klet, NODE_NAME, timeout_s=180)
@@ -678,7 +693,7 @@ def conform(run: SuiteRun, artifacts: Path) -> Outcome:
                 run,
                 kubeconfig=plane.admin_kubeconfig,
                 out=artifacts,
-                root_dir=work / KLET_DIR / "root",
+                root_dir=work / NODE_ROOT_DIR,
             )
             log(f"running: {shlex.join(command)}")
             env = {**os.environ, "KUBE_TEST_REPO_LIST": str(repo_list)}
