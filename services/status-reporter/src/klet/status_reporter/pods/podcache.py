@@ -8,7 +8,7 @@ A manager (state + two loops) around the pure rules in `listing.py`:
   `status` and `desired` entries are fetched by UID and applied (each batch read is
   fetched in two HMGETs and the listeners told once); the stream is only a
   wake-up, the tables are the truth, so nothing is acknowledged and a malformed entry is
-  logged and skipped. The cursor starts at the stream's newest entry and a full reload
+  logged and skipped. The cursor starts at the stream's newest entry and a reload
   is asked for right after it was taken, so nothing published before is missed either;
   after a bus failure the cursor is taken afresh the same way;
 - the **reloader** looks at both tables every `reload_interval_s`, which is how the
@@ -22,14 +22,15 @@ A manager (state + two loops) around the pure rules in `listing.py`:
   CPU). Every `full_reload_interval_s` both tables are read in full anyway (still
   decoding only changed rows), for a write that did not go through the fenced write.
 
-A full reload and a stream refresh can interleave (both await Redis). A UID refreshed
+A reload and a stream refresh can interleave (both await Redis). A UID refreshed
 from the stream after a reload began is left as the stream set it when that reload's
 snapshot is merged, so an older snapshot never undoes a newer refresh; statuses are in
 addition protected by the version rule.
 
 Redis down: the last view keeps being served (it is "stale", see `stale`), both loops
 retry with exponential back-off (`klet.retry`), the outage is logged once when it starts and once
-when it ends, and the end triggers an immediate full reload.
+when it ends, and the end triggers an immediate reload (which reads every table
+whose generation moved meanwhile, all of them after a Redis restart).
 
 Cluster mode reads the same view (`desired_pods`, `known_pod`, `statuses`) and
 subscribes to its changes, so a new status reaches the apiserver as soon as the stream
@@ -117,7 +118,8 @@ class CachePolicy:
     backoff_max_s: float = 5.0
     """Upper bound of the retry delay."""
     stale_after_s: float = 15.0
-    """The view counts as stale when the last full reload is older than this."""
+    """The view counts as stale when the last reload (a look at the generations counts)
+    is older than this."""
 
     def __post_init__(self) -> None:
         if self.full_reload_interval_s <= 0:
@@ -191,7 +193,7 @@ class PodCache:
         self._listeners: list[Callable[[], None]] = []
         self._status_listeners: list[Callable[[Sequence[PodStatusRecord]], None]] = []
         self.loaded = asyncio.Event()
-        """Set after the first successful full reload (readiness)."""
+        """Set after the first successful reload, a full read (readiness)."""
         self.settled = asyncio.Event()
         """Set once the view has loaded, or the bus failed before it could: from then on
         this replica has no better view to wait for. The ports that answer from the view
