@@ -199,6 +199,8 @@ def test_ensure_pod_cgroup_v1(tmp_path: Path) -> None:
     kube.mkdir()
     (kube / "cpuset.cpus").write_text("")
     (kube / "cpuset.mems").write_text("")
+    # An existing node cgroup left empty is the node's pass to repair, not a pod's.
+    assert podcgroups.ensure_cgroup("/kubepods", {}, {}, root=tmp_path) == []
     res = PodResources(256, 50000, 100000, 134217728)
     for _ in range(2):  # idempotent
         assert podcgroups.ensure_pod_cgroup("/kubepods/burstable/podu", res, root=tmp_path) == []
@@ -211,6 +213,36 @@ def test_ensure_pod_cgroup_v1(tmp_path: Path) -> None:
     assert (tmp_path / "pids/kubepods/burstable/podu/pids.max").read_text() == "max"
     assert (kube / "cpuset.cpus").read_text() == "0-3"
     assert (kube / "burstable" / "cpuset.mems").read_text() == "0"
+
+
+def test_a_pods_cgroup_copies_the_cpuset_into_what_it_makes_only(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The cpuset is copied into each directory a pod's ensure makes and into the pod's
+    own cgroup, never checked again in the node's cgroups above it, which their own
+    pass keeps (issue 42: 3 copies per new pod, one per level of its path)."""
+    copied: list[str] = []
+    real = podcgroups._copy_cpuset
+
+    def counting(d: Path, problems: list[str]) -> None:
+        copied.append(str(d.relative_to(tmp_path / "cpuset")))
+        real(d, problems)
+
+    monkeypatch.setattr(podcgroups, "_copy_cpuset", counting)
+    (tmp_path / "cpuset").mkdir()
+    (tmp_path / "cpuset" / "cpuset.cpus").write_text("0-1\n")
+    (tmp_path / "cpuset" / "cpuset.mems").write_text("0\n")
+    res = PodResources(2, None, None, None)
+    assert podcgroups.ensure_pod_cgroup("/kubepods/besteffort/poda", res, root=tmp_path) == []
+    assert copied == ["kubepods", "kubepods/besteffort", "kubepods/besteffort/poda"]
+    copied.clear()
+    for uid in ("b", "c"):
+        podcgroups.ensure_pod_cgroup(f"/kubepods/besteffort/pod{uid}", res, root=tmp_path)
+    assert copied == ["kubepods/besteffort/podb", "kubepods/besteffort/podc"]
+    assert (tmp_path / "cpuset/kubepods/besteffort/podc/cpuset.cpus").read_text() == "0-1"
+    copied.clear()
+    podcgroups.ensure_pod_cgroup("/kubepods/besteffort/podc", res, root=tmp_path)  # again
+    assert copied == ["kubepods/besteffort/podc"]
 
 
 def test_ensure_pod_cgroup_v1_unlimited(tmp_path: Path) -> None:

@@ -170,7 +170,15 @@ def _v2_files(res: PodResources) -> dict[str, str]:
 
 
 def _copy_cpuset(d: Path, problems: list[str]) -> None:
-    """A new v1 cpuset cgroup is empty and would refuse tasks: inherit the parent's."""
+    """A new v1 cpuset cgroup is empty and would refuse tasks: inherit the parent's.
+
+    `ensure_cgroup` calls it for each directory it makes and for the cgroup it ensures,
+    not for a parent that was there already: that one got its CPUs when it was made,
+    and the node's cgroups above the pods are each ensured as a cgroup of their own
+    (`ensure_node_cgroups`, which repairs one left empty). Reading these files is slow
+    while the runtime makes other cgroups (the kernel's cpuset lock), and in a burst
+    of 10 the copies at every level of every new pod's path were 11% of syncloop's
+    samples, the event loop blocked (issue 42)."""
     for name in ("cpuset.cpus", "cpuset.mems"):
         try:
             current = (d / name).read_text().strip() if (d / name).exists() else ""
@@ -247,11 +255,14 @@ def ensure_cgroup(
         for i in range(len(parts)):
             d = base.joinpath(*parts[: i + 1])
             try:
-                d.mkdir(exist_ok=True)
+                d.mkdir()
+                made = True
+            except FileExistsError:
+                made = False
             except OSError as err:
                 problems.append(f"{d}: {err.strerror or err}")
                 break
-            if ctrl == "cpuset":
+            if ctrl == "cpuset" and (made or i == len(parts) - 1):
                 _copy_cpuset(d, problems)
         for name, text in files.get(ctrl, {}).items():
             _write(base / rel / name, text, problems)
