@@ -13,7 +13,9 @@ DevStack (Redis, registry, containerd) in a short temp dir under /tmp and measur
    Running with all containers ready; then the manifest is removed and CRI is polled
    every 20 ms until its sandbox is gone.
 4. klet, burst: M manifests written at once, time until all are Running (and then
-   removed at once, time until all sandboxes are gone).
+   removed at once, time until all sandboxes are gone), `--burst-rounds` times; the
+   CPU-seconds each service process (and Redis) spent until all were Running, from
+   /proc/<pid>/stat.
 
 Prints a table (median, p90, min, max, klet/CRI ratio of medians) and writes
 ``bench/results/latest.json``. Everything started is cleaned up on error or Ctrl-C.
@@ -211,6 +213,18 @@ def poll(check: Callable[[], bool], what: str, timeout_s: float = POD_TIMEOUT_S)
         time.sleep(POLL_S)
 
 
+def cpu_seconds(pid: int | None) -> float:
+    """utime + stime of a process from /proc/<pid>/stat, seconds (0 when it is gone)."""
+    if pid is None:
+        return 0.0
+    try:
+        text = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return 0.0
+    fields = text[text.rindex(")") + 2 :].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 class KletBench:
     def __init__(
         self, node: KletNode, manifests: Path, runner: asyncio.Runner, cri: RuntimeClient
@@ -261,10 +275,18 @@ class KletBench:
             )
         return out
 
-    def burst(self, m: int) -> dict[str, Any]:
-        names = [f"burst{j}" for j in range(m)]
+    def pids(self) -> dict[str, int | None]:
+        """The service processes and the node's Redis, by name."""
+        out = {name: proc.pid for name, proc in self.node.procs.items()}
+        out["redis"] = self.node.redis.pid
+        return out
+
+    def burst(self, m: int, round_no: int = 0) -> dict[str, Any]:
+        names = [f"burst{round_no}-{j}" for j in range(m)]
         fulls = {self.full_name(n) for n in names}
         running: dict[str, float] = {}
+        pids = self.pids()
+        cpu0 = {name: cpu_seconds(pid) for name, pid in pids.items()}
         t0 = time.perf_counter()
         paths = [self.write(n) for n in names]
 
@@ -278,6 +300,7 @@ class KletBench:
 
         poll(all_running, f"{m} burst pods Running")
         total = time.perf_counter() - t0
+        cpu = {name: cpu_seconds(pid) - cpu0[name] for name, pid in pids.items()}
         t1 = time.perf_counter()
         for p in paths:
             p.unlink()
@@ -286,6 +309,7 @@ class KletBench:
             "per_pod": sorted(running.values()),
             "all_running": total,
             "all_removed": time.perf_counter() - t1,
+            "cpu_until_running": cpu,
         }
 
 
@@ -414,6 +438,13 @@ def report(res: dict[str, Any]) -> str:
             r = m[key] / m[base] if base and m.get(base) else None
             rtxt = f"{r:>8.2f}x" if r is not None else ""
             lines.append(f"{label:<44}{1:>4}{m[key] * 1000:>9.0f}{'':>27}{rtxt}")
+    if cpu := m.get("klet_burst_cpu"):
+        lines.append(
+            f"klet burst x{res['burst']}: CPU-s until all Running (median of "
+            f"{res.get('burst_rounds', 1)}): "
+            + ", ".join(f"{name} {v:.2f}" for name, v in cpu.items())
+            + f"; all {sum(cpu.values()):.2f}"
+        )
     lines += [
         "",
         "manifests set terminationGracePeriodSeconds: 0 (klet clamps it to 2 s); the "
@@ -444,6 +475,13 @@ def parse(argv: Sequence[str] | None) -> argparse.Namespace:
         type=int,
         default=1,
         help="untimed pods before each sequential series (default 1)",
+    )
+    p.add_argument(
+        "--burst-rounds",
+        type=int,
+        default=1,
+        help="klet bursts run one after the other (default 1); the table gives their "
+        "medians, the JSON every round",
     )
     common.add_keep_and_output(p, RESULTS)
     return p.parse_args(argv)
@@ -508,15 +546,24 @@ def main(argv: Sequence[str] | None = None) -> int:
         k = kb.sequential(args.pods, args.warmup)
         m["klet_start"], m["klet_teardown"] = summary(k["start"]), summary(k["teardown"])
         if args.burst > 0:
-            print(f"bench: klet, burst of {args.burst} ...", flush=True)
-            b = kb.burst(args.burst)
-            m["klet_burst_per_pod"] = summary(b["per_pod"])
-            m["klet_burst_all"], m["klet_burst_removed"] = b["all_running"], b["all_removed"]
+            rounds = []
+            for r in range(max(1, args.burst_rounds)):
+                print(f"bench: klet, burst of {args.burst} (round {r + 1}) ...", flush=True)
+                rounds.append(kb.burst(args.burst, r))
+            m["klet_burst_rounds"] = rounds
+            m["klet_burst_per_pod"] = summary([t for b in rounds for t in b["per_pod"]])
+            m["klet_burst_all"] = statistics.median(b["all_running"] for b in rounds)
+            m["klet_burst_removed"] = statistics.median(b["all_removed"] for b in rounds)
+            m["klet_burst_cpu"] = {
+                name: statistics.median(b["cpu_until_running"][name] for b in rounds)
+                for name in rounds[0]["cpu_until_running"]
+            }
 
         res = {
             "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
             "pods": args.pods,
             "burst": args.burst,
+            "burst_rounds": max(1, args.burst_rounds),
             "floor_parallel": args.floor_parallel,
             "warmup": args.warmup,
             "poll_interval_s": POLL_S,
