@@ -364,3 +364,33 @@ async def test_zero_means_no_bound_on_sandbox_creations(tmp_path: Path) -> None:
     held.release.set()
     await asyncio.gather(*syncs)
     assert len(w.live()) == 5
+
+
+async def test_a_mass_removal_stops_every_pod_at_once_whatever_the_creation_bound(
+    tmp_path: Path,
+) -> None:
+    """issue 42: removing many pods at once must not queue behind the bound on sandbox
+    creations (upstream bounds no stop): with a bound of 1, five pods removed together
+    have all five StopContainer calls in flight at once, then all five StopPodSandbox
+    calls, and every pod is gone. Measured on real containerd (bench/README.md, "Mass
+    teardown"), the 110 kills of a mass removal all reach the runtime within seconds."""
+    w, held = bounded_world(tmp_path, 1)
+    held.release.set()
+    pods = [pod("app", uid=f"u{i}") for i in range(5)]
+    for p in pods:
+        await w.sync(p)
+    stops, sandbox_stops = HeldSandboxes(), HeldSandboxes()  # any held call will do
+    w.cri.hooks["StopContainer"] = stops
+    w.cri.hooks["StopPodSandbox"] = sandbox_stops
+    currents = [await w.runtime.get(p["metadata"]["uid"]) for p in pods]
+    kills = [
+        asyncio.ensure_future(w.syncer.kill_pod(p, c, grace_override=0, remove=True))
+        for p, c in zip(pods, currents, strict=True)
+    ]
+    await until(lambda: stops.in_flight == 5)
+    stops.release.set()
+    await until(lambda: sandbox_stops.in_flight == 5)
+    sandbox_stops.release.set()
+    await asyncio.gather(*kills)
+    assert stops.most == 5 and sandbox_stops.most == 5
+    assert w.cri.sandboxes == {} and w.cri.containers == {}
