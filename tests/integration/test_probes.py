@@ -254,9 +254,11 @@ def test_exec_liveness_failure_restarts_the_container(node: KletNode, manifests:
     (manifests / "live.yaml").unlink()
     stopping = ("Killing", "Stopping container main")
     after = wait_for(
-        lambda: (s := why_story(node, pod_name)) is not None
-        and stopping in [(e["reason"], e["message"]) for e in s["timeline"]]
-        and s["timeline"],
+        lambda: (
+            (s := why_story(node, pod_name)) is not None
+            and stopping in [(e["reason"], e["message"]) for e in s["timeline"]]
+            and s["timeline"]
+        ),
         timeout_s=60,
         what="klet why live: the removal recorded by the new leader",
     )
