@@ -140,6 +140,25 @@ class RecordedEvents:
         return [(e.type, e.reason, e.message) for e in self.records]
 
 
+class UidEvents:
+    """An EventSink that keeps (pod uid, type, reason, message) of each Event, for tests
+    that look at several pods' Events."""
+
+    def __init__(self) -> None:
+        self.emitted: list[tuple[str, str, str, str]] = []
+
+    def emit(self, pod: Any, type_: str, reason: str, message: str, **_kw: Any) -> None:
+        self.emitted.append((pod["metadata"]["uid"], type_, reason, message))
+
+
+class IdleWorkers:
+    """The controller's workers for a test that runs each pod's sync itself: a wake does
+    nothing."""
+
+    def wake(self, uid: str) -> None:
+        pass
+
+
 NODE = "node1"
 HOST_IP = "192.168.1.10"
 

@@ -42,7 +42,7 @@ from klet.syncloop.pods.controller import PodController
 from klet.syncloop.wiring import Deps
 from klet.testbed.fakes.cri import FakeRuntimeService
 
-from .helpers import wire
+from .helpers import IdleWorkers, UidEvents, wire
 
 MI = 1024**2
 GI = 1024**3
@@ -681,19 +681,6 @@ def test_readmission_after_restart_is_oldest_first() -> None:
 # -- through the controller ----------------------------------------------------------
 
 
-class Events:
-    def __init__(self) -> None:
-        self.emitted: list[tuple[str, str, str, str]] = []
-
-    def emit(self, pod: JSON, type_: str, reason: str, message: str, **_kw: Any) -> None:
-        self.emitted.append((pod["metadata"]["uid"], type_, reason, message))
-
-
-class Workers:
-    def wake(self, uid: str) -> None:
-        pass
-
-
 READY = {"file": SourceState(source="file", ready=True, at=0.0)}
 
 
@@ -702,7 +689,7 @@ class World:
         self.t = 1_700_000_000.0
         self.cri = FakeRuntimeService(clock=lambda: int(self.t * 1e9))
         self.cri.add_image(IMAGE)
-        self.events = Events()
+        self.events = UidEvents()
         self.tmp_path = tmp_path
         self.max_pods = max_pods
         self.controller = self.new_controller()
@@ -720,7 +707,7 @@ class World:
         )
         self.syncer = self.deps.controller.syncer
         controller = self.deps.controller
-        controller.workers = Workers()  # type: ignore[assignment]
+        controller.workers = IdleWorkers()  # type: ignore[assignment]
         return controller
 
     def rejections(self, reason: str) -> float | None:

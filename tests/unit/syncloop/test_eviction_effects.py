@@ -30,7 +30,7 @@ from klet.syncloop.admission.admit import ADMIT, pressure_verdict, tolerates
 from klet.testbed.fakes.bus import FakeBus
 from klet.testbed.fakes.cri import FakeRuntimeService
 
-from .helpers import pod, wire
+from .helpers import IdleWorkers, UidEvents, pod, wire
 
 IMAGE = "registry.klet.test/busybox:1.36"
 READY = {"api": SourceState(source="api", ready=True, at=0.0)}
@@ -40,29 +40,16 @@ MESSAGE = (
 )
 
 
-class Events:
-    def __init__(self) -> None:
-        self.emitted: list[tuple[str, str, str, str]] = []
-
-    def emit(self, p: JSON, type_: str, reason: str, message: str, **_kw: Any) -> None:
-        self.emitted.append((p["metadata"]["uid"], type_, reason, message))
-
-
-class Workers:
-    def wake(self, uid: str) -> None:
-        pass
-
-
 class World:
     def __init__(self, tmp_path: Path) -> None:
         self.t = 1_700_000_000.0
         self.cri = FakeRuntimeService(clock=lambda: int(self.t * 1e9))
         self.cri.add_image(IMAGE)
-        self.events = Events()
+        self.events = UidEvents()
         self.bus = FakeBus()
         self.deps = wire(tmp_path, self.cri, events=self.events, clock=self.clock, bus=self.bus)
         self.controller = self.deps.controller
-        self.controller.workers = Workers()  # type: ignore[assignment]
+        self.controller.workers = IdleWorkers()  # type: ignore[assignment]
         self.controller.admission.restarted = True  # type: ignore[union-attr]
 
     def clock(self) -> float:

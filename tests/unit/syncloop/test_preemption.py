@@ -43,7 +43,7 @@ from klet.syncloop.pods.controller import PodController
 from klet.syncloop.wiring import Deps
 from klet.testbed.fakes.cri import FakeRuntimeService
 
-from .helpers import wire
+from .helpers import IdleWorkers, UidEvents, wire
 
 MI = 1024**2
 GI = 1024**3
@@ -366,21 +366,6 @@ def test_readmission_does_not_count_a_preempted_pod_for_those_after_it() -> None
 # -- through the controller ----------------------------------------------------------
 
 
-class Events:
-    def __init__(self) -> None:
-        self.emitted: list[tuple[str, str, str, str]] = []
-
-    def emit(self, pod: JSON, type_: str, reason: str, message: str, **_kw: Any) -> None:
-        self.emitted.append((pod["metadata"]["uid"], type_, reason, message))
-
-
-class Workers:
-    """The test runs each pod's sync itself."""
-
-    def wake(self, uid: str) -> None:
-        pass
-
-
 READY = {"file": SourceState(source="file", ready=True, at=0.0)}
 
 
@@ -390,14 +375,14 @@ def record(p: JSON) -> DesiredPod:
 
 
 @pytest.fixture
-def world(tmp_path: Path) -> tuple[PodController, Deps, FakeRuntimeService, Events]:
+def world(tmp_path: Path) -> tuple[PodController, Deps, FakeRuntimeService, UidEvents]:
     t = 1_700_000_000.0
     cri = FakeRuntimeService(clock=lambda: int(t * 1e9))
     cri.add_image(IMAGE)
-    events = Events()
+    events = UidEvents()
     node = NodeInfo(name="node1", labels={}, allocatable={"pods": 2, "cpu": 4000})
     deps = wire(tmp_path, cri, events=events, clock=lambda: t, node=node, node_name="")
-    deps.controller.workers = Workers()  # type: ignore[assignment]
+    deps.controller.workers = IdleWorkers()  # type: ignore[assignment]
     return deps.controller, deps, cri, events
 
 
@@ -410,7 +395,7 @@ def running(cri: FakeRuntimeService) -> set[str]:
 
 
 async def test_a_static_pod_at_a_full_node_preempts_the_best_effort_pod(
-    world: tuple[PodController, Deps, FakeRuntimeService, Events],
+    world: tuple[PodController, Deps, FakeRuntimeService, UidEvents],
 ) -> None:
     controller, deps, cri, events = world
     table = {
