@@ -208,13 +208,20 @@ def wire(
 
 
 class Clock:
-    """A wall or monotonic clock that moves only when a test sets `t`."""
+    """A wall or monotonic clock that moves only when a test sets `t` (or `advance`s it);
+    `ns` is the same instant in nanoseconds, for the fake runtime's clock."""
 
     def __init__(self, t: float = 1000.0) -> None:
         self.t = t
 
     def __call__(self) -> float:
         return self.t
+
+    def ns(self) -> int:
+        return int(self.t * 1e9)
+
+    def advance(self, seconds: float) -> None:
+        self.t += seconds
 
 
 async def until(done: Callable[[], bool], steps: int = 1000, *, bound_s: float = 10.0) -> None:

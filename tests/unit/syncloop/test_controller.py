@@ -34,22 +34,11 @@ from klet.syncloop.pods.controller import needs_sync
 from klet.testbed.fakes.bus import FakeBus
 from klet.testbed.fakes.cri import FakeRuntimeService
 
-from .helpers import RecordedEvents, pod, wire
+from .helpers import Clock, RecordedEvents, pod, wire
 
 IMAGE = "registry.klet.test/busybox:1.36"
 READY = {"file": SourceState(source="file", ready=True, at=0.0)}
 NOT_READY = {"file": SourceState(source="file", ready=False, at=0.0)}
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.t = 1_700_000_000.0
-
-    def __call__(self) -> float:
-        return self.t
-
-    def ns(self) -> int:
-        return int(self.t * 1e9)
 
 
 class RecordingWorkers:
@@ -69,7 +58,7 @@ class RecordingWorkers:
 
 class World:
     def __init__(self, tmp_path: Path) -> None:
-        self.clock = Clock()
+        self.clock = Clock(1_700_000_000.0)
         self.cri = FakeRuntimeService(clock=self.clock.ns)
         self.cri.add_image(IMAGE)
         self.bus = FakeBus()

@@ -34,21 +34,10 @@ from klet.syncloop.pods.podstate import (
 from klet.testbed.fakes.cri import FakeRuntimeService
 from prometheus_client import CollectorRegistry, Histogram
 
-from .helpers import RecordedEvents, pod, wire
+from .helpers import Clock, RecordedEvents, pod, wire
 
 READY = {"file": SourceState(source="file", ready=True, at=0.0)}
 NOW = 1_700_000_000.0
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.t = NOW
-
-    def __call__(self) -> float:
-        return self.t
-
-    def ns(self) -> int:
-        return int(self.t * 1e9)
 
 
 class NoWorkers:
@@ -67,7 +56,7 @@ def desired(uid: str = "u1", hash: str = "h1", **meta: Any) -> DesiredPod:
 
 class World:
     def __init__(self, tmp_path: Path) -> None:
-        self.clock = Clock()
+        self.clock = Clock(NOW)
         self.cri = FakeRuntimeService(clock=self.clock.ns)
         self.deps = wire(tmp_path, self.cri, events=RecordedEvents(), clock=self.clock)
         self.controller = self.deps.controller
@@ -284,7 +273,7 @@ async def test_the_pod_cgroup_creation_is_timed(tmp_path: Path) -> None:
     root = tmp_path / "cgroup"
     root.mkdir()
     (root / "cgroup.controllers").write_text("cpu memory pids\n")  # a v2 hierarchy
-    clock = Clock()
+    clock = Clock(NOW)
     cri = FakeRuntimeService(clock=clock.ns)
     deps = wire(
         tmp_path,

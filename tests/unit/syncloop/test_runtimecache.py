@@ -37,7 +37,7 @@ from klet.syncloop.pods.runtimeevents import EventWatcher
 from klet.syncloop.wiring import Deps
 from klet.testbed.fakes.cri import FakeRuntimeEvents, FakeRuntimeService
 
-from .helpers import pod, until, wire
+from .helpers import Clock, pod, until, wire
 
 IMAGE = "registry.klet.test/busybox:1.36"
 READY = {"file": SourceState(source="file", ready=True, at=0.0)}
@@ -129,23 +129,12 @@ def test_a_pod_with_nothing_is_confirmed_by_a_relist_without_it() -> None:
 # -- through syncloop's wiring ---------------------------------------------------------
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.t = 1_700_000_000.0
-
-    def __call__(self) -> float:
-        return self.t
-
-    def ns(self) -> int:
-        return int(self.t * 1e9)
-
-
 class Node:
     """syncloop's production wiring over a fake runtime, its pods driven by pod workers
     whose syncs are counted (`syncs`, and `busy` while one runs)."""
 
     def __init__(self, tmp_path: Path) -> None:
-        self.clock = Clock()
+        self.clock = Clock(1_700_000_000.0)
         self.cri = FakeRuntimeService(clock=self.clock.ns)
         self.cri.add_image(IMAGE)
         self.deps: Deps = wire(tmp_path, self.cri, clock=self.clock)

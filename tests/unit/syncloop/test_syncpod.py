@@ -27,30 +27,14 @@ from klet.syncloop.model import podspec
 from klet.syncloop.pods.syncpod import SyncResult
 from klet.testbed.fakes.cri import FakeRuntimeService
 
-from .helpers import RecordedEvents, pod, until, wire
+from .helpers import Clock, RecordedEvents, pod, until, wire
 
 IMAGE = "registry.klet.test/busybox:1.36"
 
 
-class Clock:
-    """Wall-clock seconds for syncloop, nanoseconds for the fake runtime."""
-
-    def __init__(self) -> None:
-        self.t = 1_700_000_000.0
-
-    def __call__(self) -> float:
-        return self.t
-
-    def ns(self) -> int:
-        return int(self.t * 1e9)
-
-    def advance(self, seconds: float) -> None:
-        self.t += seconds
-
-
 class World:
     def __init__(self, tmp_path: Path) -> None:
-        self.clock = Clock()
+        self.clock = Clock(1_700_000_000.0)
         self.cri = FakeRuntimeService(clock=self.clock.ns)
         self.cri.add_image(IMAGE, 1_000_000)
         self.events = RecordedEvents()
