@@ -16,7 +16,6 @@ shows that refusal).
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -25,6 +24,7 @@ import pytest
 from klet.devstack import DevStack
 from klet.testbed.cluster import ControlPlane
 
+from tests.harness.apiview import events, get_pod, in_phase
 from tests.harness.clusternode import cluster_node
 from tests.harness.node import KletNode
 from tests.harness.pods import runtime_containers
@@ -67,29 +67,6 @@ def node(
         control_plane, devstack, base, name=NODE, extra_flags=["--max-pods", "2"]
     ) as kletnode:
         yield kletnode
-
-
-def get_pod(cp: ControlPlane, name: str) -> dict[str, Any] | None:
-    res = cp.kubectl("get", "pod", name, "-o", "json")
-    return json.loads(res.stdout) if res.returncode == 0 else None
-
-
-def in_phase(cp: ControlPlane, name: str, phase: str) -> dict[str, Any] | None:
-    p = get_pod(cp, name)
-    return p if p and p["status"].get("phase") == phase else None
-
-
-def events(cp: ControlPlane, name: str, reason: str) -> list[dict[str, Any]]:
-    res = cp.kubectl(
-        "get",
-        "events",
-        "-n",
-        "default",
-        f"--field-selector=involvedObject.name={name},reason={reason}",
-        "-o",
-        "json",
-    )
-    return list(json.loads(res.stdout or "{}").get("items", []))
 
 
 def test_a_static_pod_preempts_the_best_effort_pod_at_a_full_node(

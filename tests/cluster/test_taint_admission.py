@@ -13,7 +13,6 @@ removed a new non-tolerating pod runs.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -22,6 +21,7 @@ import pytest
 from klet.devstack import DevStack
 from klet.testbed.cluster import ControlPlane
 
+from tests.harness.apiview import events, in_phase
 from tests.harness.clusternode import cluster_node
 from tests.harness.node import KletNode
 from tests.harness.pods import runtime_containers
@@ -67,29 +67,6 @@ def node(
     base = tmp_path_factory.mktemp("taintnode")
     with cluster_node(control_plane, devstack, base, name=NODE) as kletnode:
         yield kletnode
-
-
-def get_pod(cp: ControlPlane, name: str) -> dict[str, Any] | None:
-    res = cp.kubectl("get", "pod", name, "-o", "json")
-    return json.loads(res.stdout) if res.returncode == 0 else None
-
-
-def in_phase(cp: ControlPlane, name: str, phase: str) -> dict[str, Any] | None:
-    p = get_pod(cp, name)
-    return p if p and p["status"].get("phase") == phase else None
-
-
-def events(cp: ControlPlane, name: str, reason: str) -> list[dict[str, Any]]:
-    res = cp.kubectl(
-        "get",
-        "events",
-        "-n",
-        "default",
-        f"--field-selector=involvedObject.name={name},reason={reason}",
-        "-o",
-        "json",
-    )
-    return list(json.loads(res.stdout or "{}").get("items", []))
 
 
 def taints_seen(node: KletNode, *, present: bool) -> bool:
