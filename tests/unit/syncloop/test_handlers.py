@@ -356,6 +356,17 @@ def https_action(port: int) -> dict[str, Any]:
     }
 
 
+async def get_with_fallback(plain: PlainServer) -> HandlerResult:
+    """An HTTPS GET at `plain` with the HTTP fallback lifecycle hooks ask for."""
+    return await handlers.run_http_get(
+        https_action(plain.port),
+        pod_ip="127.0.0.1",
+        container={},
+        timeout_s=2,
+        http_fallback=True,
+    )
+
+
 async def test_a_probe_over_https_answered_in_plain_http_fails_as_gos_scheme_mismatch(
     plain: PlainServer,
 ) -> None:
@@ -374,13 +385,7 @@ async def test_a_probe_over_https_answered_in_plain_http_fails_as_gos_scheme_mis
 async def test_http_fallback_sends_the_request_again_over_http_without_authorization(
     plain: PlainServer,
 ) -> None:
-    result = await handlers.run_http_get(
-        https_action(plain.port),
-        pod_ip="127.0.0.1",
-        container={},
-        timeout_s=2,
-        http_fallback=True,
-    )
+    result = await get_with_fallback(plain)
     assert result == HandlerResult(True, "plain", answered=True, fallback=f"127.0.0.1:{plain.port}")
     [request] = plain.requests
     assert request.startswith("GET /hook HTTP/1.1\r\n")
@@ -391,13 +396,7 @@ async def test_http_fallback_sends_the_request_again_over_http_without_authoriza
 
 async def test_an_unanswered_http_fallback_keeps_the_https_error(plain: PlainServer) -> None:
     plain.drop_http = True
-    result = await handlers.run_http_get(
-        https_action(plain.port),
-        pod_ip="127.0.0.1",
-        container={},
-        timeout_s=2,
-        http_fallback=True,
-    )
+    result = await get_with_fallback(plain)
     assert result.scheme_mismatch and not result.ok and result.fallback == ""
     assert result.message.endswith("http: server gave HTTP response to HTTPS client")
     assert len(plain.requests) == 1  # the retry was sent, and got no answer
@@ -407,13 +406,7 @@ async def test_an_answer_that_is_neither_tls_nor_http_is_no_scheme_mismatch(
     plain: PlainServer,
 ) -> None:
     plain.tls_answer = b"SSH-2.0-OpenSSH_9.2\r\n"
-    result = await handlers.run_http_get(
-        https_action(plain.port),
-        pod_ip="127.0.0.1",
-        container={},
-        timeout_s=2,
-        http_fallback=True,
-    )
+    result = await get_with_fallback(plain)
     assert not result.ok and not result.scheme_mismatch and result.fallback == ""
     assert "server gave HTTP response" not in result.message
     assert plain.requests == []  # Go falls back only on an `HTTP/` record; so does klet
