@@ -175,10 +175,9 @@ def _copy_cpuset(d: Path, problems: list[str]) -> None:
     `ensure_cgroup` calls it for each directory it makes and for the cgroup it ensures,
     not for a parent that was there already: that one got its CPUs when it was made,
     and the node's cgroups above the pods are each ensured as a cgroup of their own
-    (`ensure_node_cgroups`, which repairs one left empty). Reading these files is slow
-    while the runtime makes other cgroups (the kernel's cpuset lock), and in a burst
-    of 10 the copies at every level of every new pod's path were 11% of syncloop's
-    samples, the event loop blocked (issue 42)."""
+    (`ensure_node_cgroups`, which repairs one left empty). In a burst of 10 the copies
+    at every level of every new pod's path were 11% of syncloop's samples, the event
+    loop blocked on cgroupfs reads (issue 42)."""
     for name in ("cpuset.cpus", "cpuset.mems"):
         try:
             current = (d / name).read_text().strip() if (d / name).exists() else ""
