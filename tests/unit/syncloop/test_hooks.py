@@ -377,17 +377,25 @@ def https_hook(port: int) -> dict[str, Any]:
     return {"httpGet": {"host": "127.0.0.1", "port": port, "path": "/started", "scheme": "HTTPS"}}
 
 
+async def sync_https_post_start(
+    w: World, requests: list[bytes], *, answer_http: bool = True
+) -> tuple[SyncResult, int]:
+    """Sync a pod whose postStart is an HTTPS GET at a plain-HTTP server (its requests
+    kept in `requests`), the server closed after; the sync's result and its port."""
+    server = await _serve_plain_http(requests, answer_http=answer_http)
+    port = server.sockets[0].getsockname()[1]
+    try:
+        return await w.sync(with_hooks(pod("app"), "app", postStart=https_hook(port))), port
+    finally:
+        server.close()
+        await server.wait_closed()
+
+
 async def test_https_hook_answered_in_plain_http_falls_back_with_event_and_count(
     w: World,
 ) -> None:
     requests: list[bytes] = []
-    server = await _serve_plain_http(requests)
-    port = server.sockets[0].getsockname()[1]
-    try:
-        result = await w.sync(with_hooks(pod("app"), "app", postStart=https_hook(port)))
-    finally:
-        server.close()
-        await server.wait_closed()
+    result, port = await sync_https_post_start(w, requests)
     assert result.waiting == {}
     assert w.latest("app").state == ContainerState.RUNNING
     [request] = requests
@@ -409,13 +417,7 @@ async def test_https_hook_whose_http_retry_is_unanswered_fails_with_the_https_er
     w: World,
 ) -> None:
     requests: list[bytes] = []
-    server = await _serve_plain_http(requests, answer_http=False)
-    port = server.sockets[0].getsockname()[1]
-    try:
-        result = await w.sync(with_hooks(pod("app"), "app", postStart=https_hook(port)))
-    finally:
-        server.close()
-        await server.wait_closed()
+    result, port = await sync_https_post_start(w, requests, answer_http=False)
     reason, message = result.waiting["app"]
     assert reason == "PostStartHookError"
     assert message.endswith(
