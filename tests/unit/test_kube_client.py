@@ -108,24 +108,9 @@ async def test_a_busy_default_executor_delays_only_clients_without_threads(
 
 async def test_each_request_is_counted_and_timed_for_rest_client_metrics(tmp_path: Path) -> None:
     from klet.kube.errors import KubeError
-    from klet.obs.restclient import RestClientMetrics
-    from prometheus_client import CollectorRegistry
 
-    registry = CollectorRegistry()
-    client = KubeClient(
-        KubeSettings(kubeconfig=kubeconfig(tmp_path, {"token": "t"})),
-        observer=RestClientMetrics(registry),
-    )
     answers: list[Any] = [Response(), NotFoundResponse(), OSError("connection refused")]
-
-    def request(method: str, url: str, **_: Any) -> Any:
-        answer = answers.pop(0)
-        if isinstance(answer, BaseException):
-            raise answer
-        return answer
-
-    client._api.rest_client.request = request  # type: ignore[method-assign,assignment]
-    host = client.host.split("://", 1)[1]
+    client, registry, host = _metrics_client(tmp_path, answers)
     await client.get("/api")
     with pytest.raises(KubeError):
         await client.delete("/api/v1/namespaces/default/pods/gone")
@@ -157,6 +142,8 @@ class NotFoundResponse:
 def _metrics_client(
     tmp_path: Path, answers: list[Any], *, qps: float = 50.0, burst: int = 100
 ) -> tuple[KubeClient, Any, str]:
+    """A client whose requests are answered by `answers` in turn (an exception is raised),
+    observed by RestClientMetrics: the client, its registry and the host label."""
     from klet.obs.restclient import RestClientMetrics
     from prometheus_client import CollectorRegistry
 
