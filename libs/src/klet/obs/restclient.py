@@ -51,6 +51,13 @@ SIZE_BUCKETS = (
 """client-go's request and response size buckets (bytes: 64 B to 16 MiB)."""
 
 
+def _by_verb_and_host(
+    registry: CollectorRegistry, name: str, documentation: str, buckets: tuple[float, ...]
+) -> Histogram:
+    """One of client-go's histograms: all are labelled by verb (the HTTP method) and host."""
+    return Histogram(name, documentation, ["verb", "host"], buckets=buckets, registry=registry)
+
+
 class RestClientMetrics:
     """A `klet.kube.observing.RequestObserver` that records into `registry`."""
 
@@ -61,33 +68,29 @@ class RestClientMetrics:
             ["code", "method", "host"],
             registry=registry,
         )
-        self.duration = Histogram(
+        self.duration = _by_verb_and_host(
+            registry,
             "rest_client_request_duration_seconds",
             "Seconds an HTTP request to the apiserver took, by method (verb) and host.",
-            ["verb", "host"],
-            buckets=DURATION_BUCKETS,
-            registry=registry,
+            DURATION_BUCKETS,
         )
-        self.request_sizes = Histogram(
+        self.request_sizes = _by_verb_and_host(
+            registry,
             "rest_client_request_size_bytes",
             "Bytes of the body of each request to the apiserver, by verb and host.",
-            ["verb", "host"],
-            buckets=SIZE_BUCKETS,
-            registry=registry,
+            SIZE_BUCKETS,
         )
-        self.response_sizes = Histogram(
+        self.response_sizes = _by_verb_and_host(
+            registry,
             "rest_client_response_size_bytes",
             "Bytes of the body of each apiserver answer read, by verb and host.",
-            ["verb", "host"],
-            buckets=SIZE_BUCKETS,
-            registry=registry,
+            SIZE_BUCKETS,
         )
-        self.rate_limiter = Histogram(
+        self.rate_limiter = _by_verb_and_host(
+            registry,
             "rest_client_rate_limiter_duration_seconds",
             "Seconds a request waited in the client-side rate limiter, by verb and host.",
-            ["verb", "host"],
-            buckets=DURATION_BUCKETS,
-            registry=registry,
+            DURATION_BUCKETS,
         )
         self.retries = Counter(
             "rest_client_request_retries",
