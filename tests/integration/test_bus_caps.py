@@ -29,16 +29,15 @@ other key is what a call pays (counted by the server's command statistics).
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
-
 import pytest
-from klet.bus import BadWrite, Bus, BusError, NodeBus, NotOwned, WriteTooLarge, functions
+from klet.bus import BadWrite, Bus, BusError, NotOwned, WriteTooLarge, functions
 from klet.bus.acl import ACCESS, SERVICES
 from klet.bus.redisbus import Transaction, _Op
 from klet.devstack import RedisServer
 from klet.model.records import EventRecord, HistoryEntry, NodeConditionRecord
 from redis.exceptions import RedisError
+
+from tests.harness.busroles import admin, leader
 
 NODE = "capped"
 
@@ -46,26 +45,6 @@ NODE = "capped"
 def own_table(service: str) -> str:
     """A table `service` may write (every service but pod-source's first is its own)."""
     return ACCESS[service].writes[0]
-
-
-@asynccontextmanager
-async def leader(server: RedisServer, service: str) -> AsyncIterator[NodeBus]:
-    """`service`'s bus with its real credential, holding its lease (fenced writes)."""
-    bus = Bus.from_url(server.url, NODE, auth=server.credentials(NODE, service), timeout_s=10)
-    try:
-        assert await bus.lease(service, f"host:1:{service[:4]}aaaaaaaa").try_acquire()
-        yield NodeBus.of(bus, service=service)
-    finally:
-        await bus.close()
-
-
-@asynccontextmanager
-async def admin(server: RedisServer) -> AsyncIterator[Bus]:
-    bus = Bus.from_url(server.url, NODE, auth=server.admin, timeout_s=10)
-    try:
-        yield bus
-    finally:
-        await bus.close()
 
 
 def event(message: str) -> EventRecord:
@@ -81,7 +60,7 @@ def event(message: str) -> EventRecord:
 
 async def left(server: RedisServer, service: str) -> tuple[dict[str, str], int]:
     """What the attempts left: the service's table, and its Events stream's length."""
-    async with admin(server) as bus:
+    async with admin(server, NODE) as bus:
         return (
             await bus.client.hgetall(bus.key(own_table(service))),
             await bus.client.xlen(bus.key(f"events:{service}")),
@@ -92,7 +71,7 @@ async def left(server: RedisServer, service: str) -> tuple[dict[str, str], int]:
 async def test_a_call_over_each_cap_is_refused_naming_it_and_writes_nothing(
     redis_server: RedisServer, service: str
 ) -> None:
-    async with leader(redis_server, service) as nb:
+    async with leader(redis_server, NODE, service) as nb:
         bus, table = nb.bus, nb.bus.key(own_table(service))
         events = nb.events.key
         first = _Op.hset(table, "first", "applied?")
@@ -118,7 +97,7 @@ async def test_a_call_over_each_cap_is_refused_naming_it_and_writes_nothing(
 
 @pytest.mark.parametrize("service", SERVICES)
 async def test_a_call_at_the_caps_goes_through(redis_server: RedisServer, service: str) -> None:
-    async with leader(redis_server, service) as nb:
+    async with leader(redis_server, NODE, service) as nb:
         bus, table = nb.bus, nb.bus.key(own_table(service))
         if own_table(service).startswith("node:"):
             # A condition table holds only its writer's types: one row, written 4999 times.
@@ -149,7 +128,7 @@ MALFORMED = {
 async def test_a_malformed_argument_anywhere_writes_nothing(
     redis_server: RedisServer, service: str, malformed: str
 ) -> None:
-    async with leader(redis_server, service) as nb:
+    async with leader(redis_server, NODE, service) as nb:
         bus, table = nb.bus, nb.bus.key(own_table(service))
         assert bus._fence is not None
         value = bus._fence.current_value()
@@ -175,13 +154,13 @@ async def test_a_function_cannot_write_what_its_caller_may_not(
 ) -> None:
     # eviction reads `desired` but may not write it: not directly, and not through the
     # fenced write either, which runs under eviction's own ACL.
-    async with leader(redis_server, "eviction") as nb:
+    async with leader(redis_server, NODE, "eviction") as nb:
         other = nb.bus.key("desired")
         with pytest.raises(BusError, match="may not HSET"):
             await nb.bus.write([_Op.hset(other, "Ready", "forged")])
         with pytest.raises(RedisError, match="no permissions"):
             await nb.bus.client.hset(other, "Ready", "forged")
-    async with admin(redis_server) as bus:
+    async with admin(redis_server, NODE) as bus:
         assert await bus.client.hgetall(bus.key("desired")) == {}
 
 
@@ -201,7 +180,7 @@ async def test_a_lease_with_a_bad_ttl_draws_no_token(
             await bus.client.fcall(functions.LEASE_RENEW, 1, lease, "h:1", ttl)
     finally:
         await bus.close()
-    async with admin(redis_server) as reader:
+    async with admin(redis_server, NODE) as reader:
         assert await reader.client.exists(lease, fence) == 0
 
 
@@ -232,7 +211,7 @@ async def test_a_condition_its_writer_does_not_own_is_refused_and_nothing_writte
     redis_server: RedisServer, forged: str
 ) -> None:
     service, key, record = FORGED[forged]
-    async with leader(redis_server, service) as nb:
+    async with leader(redis_server, NODE, service) as nb:
         table = nb.conditions
         # An owned row first in the same call: the refusal comes before any write.
         ops = [
@@ -247,7 +226,7 @@ async def test_a_condition_its_writer_does_not_own_is_refused_and_nothing_writte
         with pytest.raises(NotOwned):
             await table.put(key, record)
         assert not nb.bus._fence.lost.is_set()  # type: ignore[union-attr]
-    async with admin(redis_server) as bus:
+    async with admin(redis_server, NODE) as bus:
         assert await bus.client.hgetall(bus.key(f"node:{service}")) == {}
         assert await bus.client.xlen(bus.key(f"events:{service}")) == 0
 
@@ -270,11 +249,11 @@ async def test_a_condition_its_writer_does_not_own_is_refused_and_nothing_writte
 async def test_the_conditions_a_writer_owns_are_written(
     redis_server: RedisServer, service: str, owned: list[NodeConditionRecord]
 ) -> None:
-    async with leader(redis_server, service) as nb:
+    async with leader(redis_server, NODE, service) as nb:
         for record in owned:
             await nb.conditions.put(record.type, record)
         await nb.conditions.delete("Ready")
-    async with admin(redis_server) as bus:
+    async with admin(redis_server, NODE) as bus:
         rows = await bus.client.hgetall(bus.key(f"node:{service}"))
     assert set(rows) == {r.type for r in owned} - {"Ready"}
 
@@ -288,7 +267,7 @@ def history_entry() -> HistoryEntry:
 async def test_a_history_append_without_its_expiry_is_refused(
     redis_server: RedisServer,
 ) -> None:
-    async with leader(redis_server, "status-reporter") as nb:
+    async with leader(redis_server, NODE, "status-reporter") as nb:
         stream = nb.history_of("some-uid", maxlen=10)
         other = nb.history_of("other-uid", maxlen=10)
         entry = history_entry().encode()
@@ -299,13 +278,13 @@ async def test_a_history_append_without_its_expiry_is_refused(
         ):
             with pytest.raises(BadWrite, match="without its expiry"):
                 await nb.bus.write(ops)
-        async with admin(redis_server) as bus:
+        async with admin(redis_server, NODE) as bus:
             assert await bus.client.exists(stream.key, other.key) == 0
         # With its expiry, as the history keeper writes it.
         async with nb.bus.transaction() as tx:
             tx.publish(stream, history_entry())
             tx.expire(stream, 60_000)
-    async with admin(redis_server) as bus:
+    async with admin(redis_server, NODE) as bus:
         assert await bus.client.xlen(stream.key) == 1
         assert 0 < await bus.client.pttl(stream.key) <= 60_000
 
@@ -315,7 +294,7 @@ async def test_a_split_transaction_writes_what_one_call_may_not(
 ) -> None:
     # pod-source's snapshot of a node's every pod, as its publisher writes it: a row
     # and a change notice each, 3,000 pods, the source's ready mark last.
-    async with leader(redis_server, "pod-source") as nb:
+    async with leader(redis_server, NODE, "pod-source") as nb:
         rows = [(f"uid-{i}", "x" * 1024) for i in range(3000)]
 
         def queue(tx: Transaction) -> None:
@@ -328,12 +307,12 @@ async def test_a_split_transaction_writes_what_one_call_may_not(
         with pytest.raises(WriteTooLarge, match="MAX_WRITE_OPS"):
             async with nb.bus.transaction() as tx:
                 queue(tx)
-        async with admin(redis_server) as bus:
+        async with admin(redis_server, NODE) as bus:
             assert await bus.client.exists(nb.desired.key, nb.pods.key, nb.sources.key) == 0
         async with nb.bus.transaction(split=True) as tx:
             queue(tx)
         assert len(tx.calls()) == 7
-    async with admin(redis_server) as bus:
+    async with admin(redis_server, NODE) as bus:
         assert await bus.client.hlen(nb.desired.key) == 3000
         assert await bus.client.xlen(nb.pods.key) == 3000
         assert await bus.client.hget(nb.sources.key, "api") == "ready"
@@ -342,7 +321,7 @@ async def test_a_split_transaction_writes_what_one_call_may_not(
 async def type_lookups(server: RedisServer, ops: list[_Op], service: str) -> int:
     """How many TYPE commands one fenced write of `ops` ran inside Redis (the server's
     command statistics, reset just before the call)."""
-    async with leader(server, service) as nb, admin(server) as bus:
+    async with leader(server, NODE, service) as nb, admin(server, NODE) as bus:
         await bus.client.config_resetstat()
         await nb.bus.write(ops)
         stats = await bus.client.info("commandstats")
@@ -353,7 +332,7 @@ async def test_a_history_append_looks_up_no_type_of_its_stream(
     redis_server: RedisServer,
 ) -> None:
     # issue 42: the fenced write ran TYPE once per op, 15 of history:<uid> per pod start.
-    async with leader(redis_server, "status-reporter") as nb:
+    async with leader(redis_server, NODE, "status-reporter") as nb:
         stream, index = nb.history_of("typed-uid", maxlen=10).key, nb.history.key
     entry = history_entry().encode()
     # As the history keeper writes a pod's entries: appends, their expiry, the index
@@ -364,12 +343,12 @@ async def test_a_history_append_looks_up_no_type_of_its_stream(
     assert await type_lookups(redis_server, ops, "status-reporter") == 1
     # Once the stream exists, again: its type is still never looked up.
     assert await type_lookups(redis_server, appends, "status-reporter") == 0
-    async with admin(redis_server) as bus:
+    async with admin(redis_server, NODE) as bus:
         assert await bus.client.xlen(stream) == 6
 
 
 async def test_each_key_is_looked_up_once_a_call(redis_server: RedisServer) -> None:
-    async with leader(redis_server, "syncloop") as nb:
+    async with leader(redis_server, NODE, "syncloop") as nb:
         status, changes = nb.bus.key("status"), nb.bus.key("podstatus")
     ops = [_Op.xadd(changes, 10, "a")]
     ops += [_Op.hset(status, f"uid-{i}", "{}") for i in range(5)]

@@ -17,8 +17,6 @@ lost with the data) reads every table again, the counter made anew at another va
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 
 import pytest
 from klet.bus import Bus, BusError, BusUnavailable, NodeBus, WriteTooLarge
@@ -30,27 +28,9 @@ from klet.model.records import DesiredPod, SourceState
 from klet.model.types import PodUID
 from redis.exceptions import NoPermissionError
 
+from tests.harness.busroles import admin, leader
+
 NODE = "gens"
-
-
-@asynccontextmanager
-async def leader(server: RedisServer, service: str) -> AsyncIterator[NodeBus]:
-    """`service`'s bus with its real credential, holding its lease (fenced writes)."""
-    bus = Bus.from_url(server.url, NODE, auth=server.credentials(NODE, service), timeout_s=10)
-    try:
-        assert await bus.lease(service, f"host:1:{service[:4]}gggggggg").try_acquire()
-        yield NodeBus.of(bus, service=service)
-    finally:
-        await bus.close()
-
-
-@asynccontextmanager
-async def admin(server: RedisServer) -> AsyncIterator[Bus]:
-    bus = Bus.from_url(server.url, NODE, auth=server.admin, timeout_s=10)
-    try:
-        yield bus
-    finally:
-        await bus.close()
 
 
 def desired(uid: str) -> DesiredPod:
@@ -59,13 +39,13 @@ def desired(uid: str) -> DesiredPod:
 
 
 async def counter(server: RedisServer, table: str) -> str | None:
-    async with admin(server) as bus:
+    async with admin(server, NODE) as bus:
         value = await bus.client.get(bus.key(f"gen:{table}"))
     return None if value is None else str(value)
 
 
 async def hgetalls(server: RedisServer) -> int:
-    async with admin(server) as bus:
+    async with admin(server, NODE) as bus:
         stats = await bus.client.info("commandstats")
     return int(stats.get("cmdstat_hgetall", {}).get("calls", 0))
 
@@ -83,7 +63,7 @@ async def test_each_fenced_write_moves_its_tables_generation_once(
     else:
         key = "k"
     before_us = time.time_ns() // 1000
-    async with leader(redis_server, service) as nb:
+    async with leader(redis_server, NODE, service) as nb:
         t = nb.bus.key(table)
         await nb.bus.write([_Op.hset(t, key, row)])
         first = await counter(redis_server, table)
@@ -98,11 +78,11 @@ async def test_each_fenced_write_moves_its_tables_generation_once(
 async def test_a_broken_counter_is_started_again_and_the_write_goes_through(
     redis_server: RedisServer,
 ) -> None:
-    async with admin(redis_server) as bus:
+    async with admin(redis_server, NODE) as bus:
         await bus.client.set(bus.key("gen:desired"), "not a number")
         await bus.client.hset(bus.key("gen:sources"), "a", "hash")  # another type
     before_us = time.time_ns() // 1000
-    async with leader(redis_server, "pod-source") as nb:
+    async with leader(redis_server, NODE, "pod-source") as nb:
         async with nb.bus.transaction() as tx:
             tx.put(nb.desired, "u1", desired("u1"))
             tx.put(nb.sources, "file", SourceState(source="file", ready=True, at=0))
@@ -113,7 +93,7 @@ async def test_a_broken_counter_is_started_again_and_the_write_goes_through(
 
 
 async def test_an_unfenced_write_moves_the_generation_too(redis_server: RedisServer) -> None:
-    async with admin(redis_server) as bus:
+    async with admin(redis_server, NODE) as bus:
         nb = NodeBus.of(bus, service="pod-source")
         await nb.desired.put("u1", desired("u1"))
         first = await counter(redis_server, "desired")
@@ -125,9 +105,9 @@ async def test_an_unfenced_write_moves_the_generation_too(redis_server: RedisSer
 async def test_readers_read_the_generations_and_may_not_move_them(
     redis_server: RedisServer,
 ) -> None:
-    async with leader(redis_server, "pod-source") as source:
+    async with leader(redis_server, NODE, "pod-source") as source:
         await source.desired.put("u1", desired("u1"))
-    async with leader(redis_server, "eviction") as nb:
+    async with leader(redis_server, NODE, "eviction") as nb:
         [d, s] = await nb.bus.generations([nb.desired.generation_key, nb.status.generation_key])
         assert d == await counter(redis_server, "desired") and s is None
         with pytest.raises(BusError, match="may not HSET"):
@@ -151,7 +131,7 @@ async def refreshed(watch: TableWatch) -> bool:
 async def test_a_watch_reads_a_table_only_when_it_moved_and_after_a_restart(
     redis_server: RedisServer,
 ) -> None:
-    async with leader(redis_server, "pod-source") as source:
+    async with leader(redis_server, NODE, "pod-source") as source:
         await source.desired.put("u1", desired("u1"))
         await source.sources.put("file", SourceState(source="file", ready=True, at=0))
     # syncloop reads both tables (no lease needed to read).
@@ -169,7 +149,7 @@ async def test_a_watch_reads_a_table_only_when_it_moved_and_after_a_restart(
         for _ in range(5):
             assert not await watch.refresh()
         assert await hgetalls(redis_server) == read  # idle: no table read
-        async with leader(redis_server, "pod-source") as source:
+        async with leader(redis_server, NODE, "pod-source") as source:
             await source.desired.put("u2", desired("u2"))
         assert await watch.refresh()  # pod-source's write
         assert set(copy.records) == {"u1", "u2"} and copy.decoded == 2
@@ -178,7 +158,7 @@ async def test_a_watch_reads_a_table_only_when_it_moved_and_after_a_restart(
         redis_server.restart()
         assert await refreshed(watch)  # the counters were lost: every table read again
         assert copy.records == {} and sources.records == {}
-        async with leader(redis_server, "pod-source") as source:
+        async with leader(redis_server, NODE, "pod-source") as source:
             await source.desired.put("u1", desired("u1"))
         assert await watch.refresh()
         assert set(copy.records) == {"u1"}

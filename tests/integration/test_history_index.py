@@ -13,10 +13,8 @@ keeper writes carries its expiry (the fenced write refuses an append without it)
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 
-from klet.bus import Bus, NodeBus
+from klet.bus import Bus
 from klet.bus.history import pod_story
 from klet.devstack import RedisServer
 from klet.model.records import EventRecord, PodStatusRecord
@@ -26,18 +24,9 @@ from klet.status_reporter.pods.history import HistoryKeeper, HistoryPolicy
 from klet.status_reporter.pods.podcache import PodCache
 from prometheus_client import CollectorRegistry
 
+from tests.harness.busroles import leader
+
 NODE = "indexed"
-
-
-@asynccontextmanager
-async def leader(server: RedisServer, service: str) -> AsyncIterator[NodeBus]:
-    """`service`'s bus with its real credential, holding its lease (fenced writes)."""
-    bus = Bus.from_url(server.url, NODE, auth=server.credentials(NODE, service), timeout_s=10)
-    try:
-        assert await bus.lease(service, f"host:1:{service[:4]}cccccccc").try_acquire()
-        yield NodeBus.of(bus, service=service)
-    finally:
-        await bus.close()
 
 
 def status(uid: str) -> PodStatusRecord:
@@ -79,9 +68,9 @@ async def test_an_event_with_a_fresh_uid_cannot_take_a_real_pods_name(
 ) -> None:
     policy = HistoryPolicy(max_entries=50, max_age_s=3600.0, read_block_ms=1)
     async with (
-        leader(redis_server, "syncloop") as syncloop,
-        leader(redis_server, "eviction") as eviction,
-        leader(redis_server, "status-reporter") as reporter,
+        leader(redis_server, NODE, "syncloop") as syncloop,
+        leader(redis_server, NODE, "eviction") as eviction,
+        leader(redis_server, NODE, "status-reporter") as reporter,
     ):
         await syncloop.status.put("real-uid", status("real-uid"))
         view = PodCache(  # the keeper's status changes are the view's (as wiring.py)
