@@ -529,14 +529,17 @@ async def test_a_block_volume_is_a_device_for_volume_devices_only(tmp_path: Path
         )
 
 
+def empty_dir_and_host_path(tmp_path: Path, **metrics: Any) -> VolumeManager:
+    """A VolumeManager of the emptyDir and hostPath plugins rooted at `tmp_path`, with
+    the metrics given (`counts`, `operations`, `totals`)."""
+    return VolumeManager(
+        [EmptyDirPlugin(), HostPathPlugin()], root_dir=tmp_path, node=NodeFacts(), **metrics
+    )
+
+
 async def test_volume_manager_total_volumes(tmp_path: Path) -> None:
     registry = CollectorRegistry()
-    m = VolumeManager(
-        [EmptyDirPlugin(), HostPathPlugin()],
-        root_dir=tmp_path,
-        node=NodeFacts(),
-        counts=volume_counts(registry),
-    )
+    m = empty_dir_and_host_path(tmp_path, counts=volume_counts(registry))
     p = with_volumes(
         {"name": "a", "emptyDir": {}},
         {"name": "b", "emptyDir": {}},
@@ -558,12 +561,7 @@ async def test_volume_manager_total_volumes(tmp_path: Path) -> None:
 
 async def test_storage_operations_are_timed_as_upstream_names_them(tmp_path: Path) -> None:
     registry = CollectorRegistry()
-    m = VolumeManager(
-        [EmptyDirPlugin(), HostPathPlugin()],
-        root_dir=tmp_path,
-        node=NodeFacts(),
-        operations=storage_operations(registry),
-    )
+    m = empty_dir_and_host_path(tmp_path, operations=storage_operations(registry))
     p = with_volumes(
         {"name": "a", "emptyDir": {}},
         {"name": "gone", "hostPath": {"path": str(tmp_path / "nope"), "type": "Directory"}},
@@ -589,12 +587,8 @@ async def test_storage_operations_are_timed_as_upstream_names_them(tmp_path: Pat
 
 async def test_a_mounts_end_to_end_time_runs_from_its_first_attempt(tmp_path: Path) -> None:
     registry = CollectorRegistry()
-    m = VolumeManager(
-        [EmptyDirPlugin(), HostPathPlugin()],
-        root_dir=tmp_path,
-        node=NodeFacts(),
-        operations=storage_operations(registry),
-        totals=volume_operation_totals(registry),
+    m = empty_dir_and_host_path(
+        tmp_path, operations=storage_operations(registry), totals=volume_operation_totals(registry)
     )
     late = tmp_path / "late"
     p = with_volumes(
