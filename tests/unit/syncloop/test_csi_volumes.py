@@ -192,13 +192,22 @@ def ctx(root: Path, pod: JSON) -> VolumeContext:
     )
 
 
-def plugin(root: Path, driver: FakeDriver, objects: Objects) -> CSIVolumePlugin:
+def plugin(
+    root: Path,
+    driver: FakeDriver,
+    objects: Objects,
+    *,
+    node: str = NODE,
+    events: Recorded | None = None,
+) -> CSIVolumePlugin:
+    """The CSI plugin of `node`, its one driver `driver`, its Events (if any) to `events`."""
     return CSIVolumePlugin(
         root_dir=root,
-        node_name=NODE,
+        node_name=node,
         drivers=Drivers(),
         connect=lambda endpoint, name: driver,
         objects=objects,
+        events=events,
     )
 
 
@@ -1016,14 +1025,7 @@ class ClusterObjects(Objects):
 def node_plugin(
     root: Path, node: str, driver: FakeDriver, objects: ClusterObjects
 ) -> CSIVolumePlugin:
-    return CSIVolumePlugin(
-        root_dir=root,
-        node_name=node,
-        drivers=Drivers(),
-        connect=lambda endpoint, name: driver,
-        objects=objects,
-        events=objects.recorded,
-    )
+    return plugin(root, driver, objects, node=node, events=objects.recorded)
 
 
 def shared_claim(objects: Objects, *, modes: list[str], annotations: JSON | None = None) -> JSON:
