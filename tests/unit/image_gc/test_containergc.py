@@ -80,6 +80,7 @@ class Node:
         self.cri.add_image(IMAGE)
         self.desired: set[str] = set()
         self.terminated: set[str] = set()
+        self.held: set[str] = set()
         self.ready = True
         self.logs = tmp_path / "pods"
         self.logs.mkdir()
@@ -93,6 +94,9 @@ class Node:
     async def terminated_uids(self) -> set[str]:
         return set(self.terminated)
 
+    async def held_uids(self) -> set[str]:
+        return set(self.held)
+
     def gc(
         self, settings: ContainerGCSettings | None = None, stats: Stats | None = None
     ) -> ContainerGC:
@@ -105,6 +109,7 @@ class Node:
             clock=self.clock.seconds,
             stats=stats,
             terminated_uids=self.terminated_uids,
+            held_uids=self.held_uids,
         )
 
     async def pod(self, uid: str, *, attempt: int = 0) -> tuple[SandboxID, SandboxConfig]:
@@ -351,3 +356,28 @@ def test_terminated_uids_are_those_with_a_terminal_phase() -> None:
 
     table = {u: rec(u, p) for u, p in [("a", "Running"), ("b", "Succeeded"), ("c", "Failed")]}
     assert terminated_uids(table) == {"b", "c"}
+
+
+async def test_a_pod_syncloop_is_still_removing_is_left_to_it(node: Node) -> None:
+    """issue 42: in a mass teardown a pass found pods syncloop had stopped and was
+    removing; it stopped and removed them too, and syncloop's own RemovePodSandbox failed
+    ("already in removing state") and was retried. A pod whose status row syncloop still
+    holds is now left alone, and removed by a later pass once syncloop has forgotten it."""
+    pod = await node.pod("u1")
+    dead = await node.container(pod, "c", 0, dead=True)
+    await node.cri.stop_pod_sandbox(pod[0])
+    node.held = {"u1"}
+    node.cri.calls.clear()
+
+    result = await node.gc().collect()
+
+    assert node.cri.calls_of("StopPodSandbox") == []
+    assert node.cri.calls_of("RemovePodSandbox") == []
+    assert node.cri.calls_of("RemoveContainer") == []
+    assert result.containers_removed == 0 and result.sandboxes_removed == 0
+    assert (node.logs / "ns_p-u1_u1").is_dir()
+
+    node.held = set()
+    result = await node.gc().collect()
+    assert dead not in node.cri.containers and pod[0] not in node.cri.sandboxes
+    assert result.sandboxes_removed == 1 and result.log_dirs_removed == 1

@@ -322,3 +322,30 @@ def test_settings_come_from_the_upstream_flags_with_upstream_defaults() -> None:
 def test_a_negative_minimum_age_is_refused() -> None:
     with pytest.raises(ValueError, match="min_age_s"):
         ContainerGCSettings(min_age_s=-1)
+
+
+def test_a_removed_pod_syncloop_still_holds_is_left_to_it() -> None:
+    """issue 42: a pod no source wants, whose sandbox syncloop has stopped and is now
+    removing itself, stays syncloop's while its status row is on the bus (`held`);
+    once syncloop forgets it, the pass removes what is left."""
+    containers = [ctr("gone", "c", 0, X, 1)]
+    sandboxes = [sb("gone", 0, NOTREADY, 0)]
+    settings = ContainerGCSettings()
+    held = plan(
+        containers,
+        sandboxes,
+        settings=settings,
+        desired=(),
+        sources_ready=True,
+        now_s=NOW,
+        held={"gone"},
+    )
+    assert held.containers == () and held.sandboxes == () and held.removable_pods == frozenset()
+    assert (
+        log_dirs_to_remove(["ns_p_gone"], desired=(), live=(), sources_ready=True, held={"gone"})
+        == []
+    )
+    free = plan(containers, sandboxes, settings=settings, desired=(), sources_ready=True, now_s=NOW)
+    assert [c.id for c in free.containers] == ["gone/c/0"]
+    assert [s.id for s in free.sandboxes] == ["gone/sb0"]
+    assert free.removable_pods == frozenset({"gone"})

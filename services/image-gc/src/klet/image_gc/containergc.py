@@ -115,15 +115,19 @@ class ContainerGC:
         clock: Callable[[], float] = time.time,
         stats: ContainerStatsReader | None = None,
         terminated_uids: UIDs | None = None,
+        held_uids: UIDs | None = None,
     ) -> None:
         """`clock` gives seconds since the epoch (container ages); `stats`, when given,
         sizes what `free` removes; `terminated_uids` gives the desired pods that reached
-        a terminal phase, which `free` empties too (without it, only deleted pods)."""
+        a terminal phase, which `free` empties too (without it, only deleted pods);
+        `held_uids` the pods syncloop still holds, left to it (containerselect's
+        `pod_removable`; without it, none)."""
         self.runtime = runtime
         self.settings = settings
         self._sources_ready = sources_ready
         self._desired_uids = desired_uids
         self._terminated_uids = terminated_uids
+        self._held_uids = held_uids
         self.pod_logs_dir = pod_logs_dir
         self.clock = clock
         self.stats = stats
@@ -205,10 +209,13 @@ class ContainerGC:
         containers = await self.runtime.list_containers()
         log_dirs = await asyncio.to_thread(_subdir_names, self.pod_logs_dir)
         desired = await self._desired_uids()
+        held = await self._held_uids() if self._held_uids is not None else set()
         terminated: set[str] = set()
         if evict_terminated and self._terminated_uids is not None:
             terminated = await self._terminated_uids()
-        return _Observed(sandboxes, containers, log_dirs, desired, terminated, evict_terminated)
+        return _Observed(
+            sandboxes, containers, log_dirs, desired, terminated, evict_terminated, held
+        )
 
     async def _sizes(self) -> dict[str, int]:
         assert self.stats is not None
@@ -306,6 +313,7 @@ class _Observed:
     desired: set[str]
     terminated: set[str]
     evict_terminated: bool
+    held: set[str]
 
     def decide(self, settings: ContainerGCSettings, *, now_s: float) -> tuple[GCPlan, list[str]]:
         """containerselect's decisions: what goes, and which log directories."""
@@ -318,10 +326,11 @@ class _Observed:
             now_s=now_s,
             terminated=self.terminated,
             evict_terminated=self.evict_terminated,
+            held=self.held,
         )
         live = containerselect.live_pods(self.containers, self.sandboxes)
         doomed = containerselect.log_dirs_to_remove(
-            self.log_dirs, desired=self.desired, live=live, sources_ready=True
+            self.log_dirs, desired=self.desired, live=live, sources_ready=True, held=self.held
         )
         return decision, doomed
 

@@ -7,7 +7,8 @@ as functions of observations and time, so every rule has a table-driven test:
   evictable. Evictable containers are grouped in eviction units, one per (pod UID,
   container name), newest first (higher attempt, then later creation).
 * Every evictable container of a pod whose content may go (`pod_removable`: not desired
-  by any source and nothing of it running any more) is removed; with `evict_terminated`
+  by any source, nothing of it running any more, and not held by syncloop, which removes
+  the pods it kills itself) is removed; with `evict_terminated`
   (node-level reclaim, upstream's DeleteAllUnusedContainers) also those of pods that have
   terminated (phase Succeeded or Failed) but are still desired.
 * Each remaining unit keeps its newest `max_per_pod_container` containers; then, when the
@@ -99,13 +100,22 @@ def live_pods(containers: Iterable[Container], sandboxes: Iterable[Sandbox]) -> 
     return live
 
 
-def pod_removable(uid: str, *, desired: Collection[str], live: Collection[str]) -> bool:
-    """Whether everything of the pod may go: no source wants it and it runs nothing.
+def pod_removable(
+    uid: str, *, desired: Collection[str], live: Collection[str], held: Collection[str] = ()
+) -> bool:
+    """Whether everything of the pod may go: no source wants it, it runs nothing, and
+    syncloop no longer holds it.
 
     A pod that is not desired but still runs is being killed by syncloop; until that is
-    done its dead containers only follow the ordinary limits (upstream waits for the pod
-    worker to finish termination the same way)."""
-    return bool(uid) and uid not in desired and uid not in live
+    done its dead containers only follow the ordinary limits. `held` names the pods
+    syncloop still holds (their status row is on the bus: syncloop drops it when it
+    forgets a pod, after removing its sandboxes itself): a removed pod whose sandbox has
+    stopped but whose removal is under way stays syncloop's, as upstream's container GC
+    leaves a pod alone until its pod worker has finished with it
+    (ShouldPodContentBeRemoved). Without this, a pass landing in a mass teardown
+    stopped and removed the same sandboxes as syncloop, and syncloop's own removals
+    failed ("already in removing state") and were retried (issue 42)."""
+    return bool(uid) and uid not in desired and uid not in live and uid not in held
 
 
 def _cut(unit: list[Container], keep: int, removed: list[Container]) -> list[Container]:
@@ -180,18 +190,21 @@ def plan(
     now_s: float,
     terminated: Collection[str] = (),
     evict_terminated: bool = False,
+    held: Collection[str] = (),
 ) -> GCPlan:
     """One container GC pass: the containers and sandboxes to remove and the removable pods.
 
     `desired` holds the UIDs of the pods some source wants; `terminated` those of
     desired pods that reached phase Succeeded or Failed, used only with
-    `evict_terminated`.
+    `evict_terminated`; `held` those syncloop still holds (`pod_removable`).
     """
     if not sources_ready:
         return GCPlan()
     live = live_pods(containers, sandboxes)
     uids = {pod_uid(c.labels) for c in containers} | {pod_uid(s.labels) for s in sandboxes}
-    removable = frozenset(u for u in uids if pod_removable(u, desired=desired, live=live))
+    removable = frozenset(
+        u for u in uids if pod_removable(u, desired=desired, live=live, held=held)
+    )
     evict_all = removable | (
         frozenset(u for u in terminated if u not in live) if evict_terminated else frozenset()
     )
@@ -208,8 +221,10 @@ def log_dirs_to_remove(
     desired: Collection[str],
     live: Collection[str],
     sources_ready: bool,
+    held: Collection[str] = (),
 ) -> list[str]:
-    """The pod log directories (by name) of pods that are gone: not desired, running nothing.
+    """The pod log directories (by name) of pods that are gone: not desired, running
+    nothing, not held by syncloop.
 
     Only once every source is ready; names that are not `<ns>_<name>_<uid>` are left alone.
     """
@@ -218,5 +233,5 @@ def log_dirs_to_remove(
     return sorted(
         n
         for n in names
-        if (uid := pod_log_dir_uid(n)) and pod_removable(uid, desired=desired, live=live)
+        if (uid := pod_log_dir_uid(n)) and pod_removable(uid, desired=desired, live=live, held=held)
     )

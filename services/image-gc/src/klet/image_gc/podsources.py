@@ -1,6 +1,6 @@
 """What the GC passes need to know of the pods, read from the bus: whether every pod
 source has delivered its first full snapshot, which pods are desired, which of those
-have terminated.
+have terminated, which syncloop still holds.
 
 A bus that cannot be read counts as "sources not ready": the GC then removes nothing
 (DESIGN.md: gate destructive work on readiness), the same as after a flushed Redis,
@@ -38,3 +38,8 @@ class BusPods:
 
     async def terminated_uids(self) -> set[str]:
         return terminated_uids(await self.bus.status.all())
+
+    async def held_uids(self) -> set[str]:
+        """The pods syncloop still holds: those with a row in the status table, which
+        syncloop drops when it forgets a pod (after removing its sandboxes)."""
+        return set(await self.bus.status.all())

@@ -108,6 +108,7 @@ def build_deps(settings: Settings, overrides: Overrides | None = None) -> Deps:
         sources_ready=pods.sources_ready,
         desired_uids=pods.desired_uids,
         terminated_uids=pods.terminated_uids,
+        held_uids=pods.held_uids,
         pod_logs_dir=Path(k.pod_logs_dir),
         stats=cri,
     )
