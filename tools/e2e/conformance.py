@@ -283,6 +283,23 @@ KNOWN_DIFFERENCES: dict[str, str] = {
         'not mount `nfs` PVs either (FailedMount: volume type "nfs" is not supported); '
         "the one NFS spec that mounts nothing (a new PV turns Available) passes."
     ),
+    # make conformance-dra
+    r"\[DRA\] kubelet .*with v1beta[12] API": (
+        "run set-up, fixed in 74a014a: the run's apiserver served resource.k8s.io v1 alone "
+        "(1.34's default), and these specs create their claims through v1beta1 or v1beta2, "
+        "which upstream's DRA e2e cluster serves (--runtime-config in test/e2e/dra/kind.yaml). "
+        "--preset dra now serves both; the four 'with v1beta1/v1beta2 API' specs, run again "
+        "alone at 74a014a, passed."
+    ),
+    r"\[DRA\] kubelet .*(rolling|failed) update": (
+        "run set-up, fixed in d3d41de: the driver's rolling-update registration socket "
+        "(<driver>-<pod UID>-reg.sock) under the node's root dir "
+        "/tmp/klet-conf-XXXXXXXX/klet/root/plugins_registry/ was 112 bytes, beyond a unix "
+        "socket path's 107, so the proxy in the driver's pod never listened and klet never "
+        "saw the registration ('hosts where the plugin has not been registered yet'). The "
+        "node's root dir is now <work>/r (96 bytes under /var/lib/kubelet upstream); both "
+        "specs, run again alone at d3d41de, passed."
+    ),
 }
 
 
