@@ -16,6 +16,7 @@ shows that refusal).
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -24,38 +25,19 @@ import pytest
 from klet.devstack import DevStack
 from klet.testbed.cluster import ControlPlane
 
-from tests.harness.apiview import events, get_pod, in_phase
+from tests.harness.apiview import events, get_pod, in_phase, sleeper_pod
 from tests.harness.clusternode import cluster_node
 from tests.harness.node import KletNode
 from tests.harness.pods import runtime_containers
 from tests.harness.waiting import wait_for
 
 NODE = "kletpreempt1"
-IMAGE = "registry.klet.test/busybox:1.36"
-
-STATIC = f"""
-apiVersion: v1
-kind: Pod
-metadata: {{name: critical}}
-spec:
-  terminationGracePeriodSeconds: 1
-  containers:
-    - name: main
-      image: {IMAGE}
-      command: ["sleep", "3600"]
-"""
+STATIC = json.dumps(sleeper_pod("critical", terminationGracePeriodSeconds=1))
 
 
 def api_pod(name: str, resources: dict[str, Any] | None = None) -> dict[str, Any]:
-    container: dict[str, Any] = {"name": "main", "image": IMAGE, "command": ["sleep", "3600"]}
-    if resources:
-        container["resources"] = resources
-    return {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {"name": name, "namespace": "default"},
-        "spec": {"nodeName": NODE, "terminationGracePeriodSeconds": 1, "containers": [container]},
-    }
+    extra = {"resources": resources} if resources else {}
+    return sleeper_pod(name, node=NODE, container=extra, terminationGracePeriodSeconds=1)
 
 
 @pytest.fixture(scope="module")

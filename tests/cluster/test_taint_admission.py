@@ -13,6 +13,7 @@ removed a new non-tolerating pod runs.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -21,43 +22,22 @@ import pytest
 from klet.devstack import DevStack
 from klet.testbed.cluster import ControlPlane
 
-from tests.harness.apiview import events, in_phase
+from tests.harness.apiview import events, in_phase, sleeper_pod
 from tests.harness.clusternode import cluster_node
 from tests.harness.node import KletNode
 from tests.harness.pods import runtime_containers
 from tests.harness.waiting import wait_for
 
 NODE = "klettaint1"
-IMAGE = "registry.klet.test/busybox:1.36"
 TAINT_KEY = "klet.test/drain"
 MESSAGE = "Predicate TaintToleration failed: node(s) had taints that the pod didn't tolerate"
 
-STATIC = f"""
-apiVersion: v1
-kind: Pod
-metadata: {{name: taintstatic}}
-spec:
-  containers:
-    - name: main
-      image: {IMAGE}
-      command: ["sleep", "3600"]
-"""
+STATIC = json.dumps(sleeper_pod("taintstatic"))
 
 
 def pod(name: str, tolerations: list[dict[str, Any]] | None = None) -> dict[str, Any]:
-    spec: dict[str, Any] = {
-        "nodeName": NODE,
-        "terminationGracePeriodSeconds": 1,
-        "containers": [{"name": "main", "image": IMAGE, "command": ["sleep", "3600"]}],
-    }
-    if tolerations:
-        spec["tolerations"] = tolerations
-    return {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {"name": name, "namespace": "default"},
-        "spec": spec,
-    }
+    extra = {"tolerations": tolerations} if tolerations else {}
+    return sleeper_pod(name, node=NODE, terminationGracePeriodSeconds=1, **extra)
 
 
 @pytest.fixture(scope="module")

@@ -1,8 +1,10 @@
-"""How cluster tests read an API pod and its Events through the real kubectl.
+"""How cluster tests make a pod, and read an API pod and its Events through the real
+kubectl.
 
-`get_pod` (None while it is not there), `in_phase` (the pod once its phase is the one
-asked for, for `wait_for`) and `events` (the Events of an object with a given reason,
-in namespace default). Helpers only; the tests live in tests/cluster.
+`sleeper_pod` (a pod of one busybox container sleeping an hour: an API object or, dumped,
+a static manifest), `get_pod` (None while it is not there), `in_phase` (the pod once its
+phase is the one asked for, for `wait_for`) and `events` (the Events of an object with a
+given reason, in namespace default). Helpers only; the tests live in tests/cluster.
 """
 
 from __future__ import annotations
@@ -11,6 +13,25 @@ import json
 from typing import Any
 
 from klet.testbed.cluster import ControlPlane
+
+BUSYBOX = "registry.klet.test/busybox:1.36"
+
+
+def sleeper_pod(
+    name: str, *, node: str | None = None, container: dict[str, Any] | None = None, **spec: Any
+) -> dict[str, Any]:
+    """A Pod in namespace default of one container `main` running `sleep 3600` in busybox;
+    `node` binds it (spec.nodeName), `container` adds fields to its container, `spec`
+    to its spec."""
+    main: dict[str, Any] = {"name": "main", "image": BUSYBOX, "command": ["sleep", "3600"]}
+    pod_spec: dict[str, Any] = {**({"nodeName": node} if node else {}), **spec}
+    pod_spec["containers"] = [{**main, **(container or {})}]
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "namespace": "default"},
+        "spec": pod_spec,
+    }
 
 
 def get_pod(cp: ControlPlane, name: str) -> dict[str, Any] | None:
