@@ -45,7 +45,8 @@ soak: setup cluster-binaries
 	KLET_SOAK=1 $(PY) -m pytest tests/soak -s $(PYTEST_ARGS)
 
 lint: setup
-	.venv/bin/ruff check libs services tests bench tools
+	.venv/bin/ruff check libs services testbed tests bench tools
+	.venv/bin/ruff format --check libs services testbed tests bench tools
 	.venv/bin/lint-imports
 
 typecheck: setup
