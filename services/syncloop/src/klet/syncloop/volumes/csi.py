@@ -844,7 +844,7 @@ class CSIVolumePlugin:
         if claimed.read_only:
             self._refuse_read_only(claimed, pod, key)
             return
-        todo = expansion.plan(
+        step = expansion.plan(
             claimed.claim,
             claimed.pv,
             node_bytes=node_bytes,
@@ -852,10 +852,10 @@ class CSIVolumePlugin:
             failed_before=pv_name in self._expansion_failed,
             in_use_error=key in self._in_use_errors,
         )
-        if isinstance(todo, expansion.Settled):
-            self._node_sizes[key] = todo.size_bytes
+        if isinstance(step, expansion.Settled):
+            self._node_sizes[key] = step.size_bytes
             return
-        if todo is None:
+        if step is None:
             return
         meta = claimed.claim["metadata"]
         namespace, name = str(meta["namespace"]), str(meta["name"])
@@ -864,7 +864,7 @@ class CSIVolumePlugin:
         try:
             secrets = await self._secret(source.get("nodeExpandSecretRef"), "NodeExpand")
             marked = None
-            if todo.recovery and not todo.claim_updated:
+            if step.recovery and not step.claim_updated:
                 marked = expansion.in_progress_patch(claim)
             if marked is not None:
                 claim = await self.objects.patch_pvc_status(namespace, name, marked) or claim
@@ -873,15 +873,15 @@ class CSIVolumePlugin:
                     dataclasses.replace(volume, secrets=secrets),
                     volume_path=str(target),
                     staging_path=staging,
-                    required_bytes=todo.size_bytes,
+                    required_bytes=step.size_bytes,
                 )
             except CSIError as err:
                 if err.code == expansion.IN_USE_CODE:
                     self._in_use_errors.add(key)  # not again on this node (upstream)
-                if isinstance(err, DriverUnavailable) or not todo.recovery:
+                if isinstance(err, DriverUnavailable) or not step.recovery:
                     raise  # transient, or an older resizer's claim: nothing to mark
                 self._expansion_failed.add(pv_name)
-                infeasible = expansion.is_infeasible(err.code, todo)
+                infeasible = expansion.is_infeasible(err.code, step)
                 now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(self.clock()))
                 failed = expansion.failed_patch(claim, str(err), infeasible=infeasible, now=now)
                 if failed is not None:
@@ -893,11 +893,11 @@ class CSIVolumePlugin:
             self._record(
                 expansion.claim_reference(claim), "Normal", expansion.RESIZE_SUCCESS, message
             )
-            if not todo.claim_updated:
+            if not step.claim_updated:
                 await self.objects.patch_pvc_status(
-                    namespace, name, expansion.finished_patch(claim, todo.size)
+                    namespace, name, expansion.finished_patch(claim, step.size)
                 )
-            self._node_sizes[key] = todo.size_bytes
+            self._node_sizes[key] = step.size_bytes
         except (CSIError, ObjectUnavailable, VolumeError) as err:
             log.warning(
                 "volume not expanded",
@@ -911,7 +911,7 @@ class CSIVolumePlugin:
                     expansion.failure_message(pv_name, str(err)),
                 )
             return
-        log.info("volume expanded", extra={"pv": pv_name, "capacity": todo.size})
+        log.info("volume expanded", extra={"pv": pv_name, "capacity": step.size})
 
     def _refuse_read_only(self, claimed: claims.Claimed, pod: JSON, key: str) -> None:
         """A pod's read-only claim of a grown volume: upstream's FileSystemResizeFailed
