@@ -25,7 +25,7 @@ import pytest
 from klet.devstack import DevStack
 from klet.testbed.cluster import ControlPlane
 
-from tests.harness.apiview import events, get_pod, in_phase, sleeper_pod
+from tests.harness.apiview import events, get_pod, in_phase, node_registered, sleeper_pod
 from tests.harness.clusternode import cluster_node
 from tests.harness.node import KletNode
 from tests.harness.pods import runtime_containers
@@ -55,11 +55,7 @@ def test_a_static_pod_preempts_the_best_effort_pod_at_a_full_node(
     node: KletNode, control_plane: ControlPlane, devstack: DevStack
 ) -> None:
     cp = control_plane
-    wait_for(
-        lambda: cp.kubectl("get", "node", NODE).returncode == 0,
-        timeout_s=60,
-        what="the Node registered",
-    )
+    node_registered(cp, NODE)
     cp.apply([api_pod("low"), api_pod("mid", {"requests": {"cpu": "10m"}})])
     wait_for(lambda: in_phase(cp, "low", "Running"), timeout_s=90, what="low Running")
     wait_for(lambda: in_phase(cp, "mid", "Running"), timeout_s=90, what="mid Running")

@@ -22,7 +22,7 @@ import pytest
 from klet.devstack import DevStack
 from klet.testbed.cluster import ControlPlane
 
-from tests.harness.apiview import events, in_phase, sleeper_pod
+from tests.harness.apiview import events, in_phase, node_registered, sleeper_pod
 from tests.harness.clusternode import cluster_node
 from tests.harness.node import KletNode
 from tests.harness.pods import runtime_containers
@@ -59,11 +59,7 @@ def test_no_execute_taint_rejects_a_pod_that_does_not_tolerate_it(
     node: KletNode, control_plane: ControlPlane, devstack: DevStack
 ) -> None:
     cp = control_plane
-    wait_for(
-        lambda: cp.kubectl("get", "node", NODE).returncode == 0,
-        timeout_s=60,
-        what="the Node registered",
-    )
+    node_registered(cp, NODE)
     cp.kubectl("taint", "nodes", NODE, f"{TAINT_KEY}=now:NoExecute", check=True)
     cp.kubectl("taint", "nodes", NODE, "klet.test/dedicated=x:NoSchedule", check=True)
     wait_for(lambda: taints_seen(node, present=True), timeout_s=30, what="the taint in syncloop")

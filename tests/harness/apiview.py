@@ -1,10 +1,11 @@
-"""How cluster tests make a pod, and read an API pod and its Events through the real
-kubectl.
+"""How cluster tests wait for their Node, make a pod, and read an API pod and its Events
+through the real kubectl.
 
-`sleeper_pod` (a pod of one busybox container sleeping an hour: an API object or, dumped,
-a static manifest), `get_pod` (None while it is not there), `in_phase` (the pod once its
-phase is the one asked for, for `wait_for`) and `events` (the Events of an object with a
-given reason, in namespace default). Helpers only; the tests live in tests/cluster.
+`node_registered` (waits until the Node exists), `sleeper_pod` (a pod of one busybox
+container sleeping an hour: an API object or, dumped, a static manifest), `get_pod` (None
+while it is not there), `in_phase` (the pod once its phase is the one asked for, for
+`wait_for`) and `events` (the Events of an object with a given reason, in namespace
+default). Helpers only; the tests live in tests/cluster.
 """
 
 from __future__ import annotations
@@ -14,7 +15,18 @@ from typing import Any
 
 from klet.testbed.cluster import ControlPlane
 
+from tests.harness.waiting import wait_for
+
 BUSYBOX = "registry.klet.test/busybox:1.36"
+
+
+def node_registered(cp: ControlPlane, node: str, *, timeout_s: float = 60) -> None:
+    """Wait until the Node `node` exists in the apiserver."""
+    wait_for(
+        lambda: cp.kubectl("get", "node", node).returncode == 0,
+        timeout_s=timeout_s,
+        what="the Node registered",
+    )
 
 
 def sleeper_pod(
