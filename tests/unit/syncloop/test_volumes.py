@@ -1,7 +1,9 @@
 """The volume framework without mounting anything: hostPath type checks (upstream's
 messages) on temporary files, emptyDir directory modes and tmpfs sizes, subPath and
 subPathExpr checks, volumeMounts → CRI mounts (read-only, propagation, SELinux
-relabelling, unknown volumes), the mount table parser, safe removal, the manager with
+relabelling, unknown volumes), the mount table parser, safe removal (the table read
+once per removal, again only after an unmount; a tmpfs content volume's later syncs
+read none), the manager with
 fake plugins (unsupported types, failures, tear-down, orphaned pod directories), its
 volume_manager_total_volumes, storage_operation_duration_seconds and
 volume_operation_total_seconds (a mount's end-to-end time from the first attempt, told
@@ -23,6 +25,7 @@ from klet.syncloop.environment.envvars import NodeFacts
 from klet.syncloop.metrics import storage_operations, volume_counts, volume_operation_totals
 from klet.syncloop.volumes import fs, mounts
 from klet.syncloop.volumes.base import Block, VolumeContext, VolumeError, volume_type
+from klet.syncloop.volumes.content import DownwardAPIPlugin
 from klet.syncloop.volumes.emptydir import EmptyDirPlugin, directory_mode, tmpfs_size
 from klet.syncloop.volumes.hostpath import HostPathPlugin, check_type
 from klet.syncloop.volumes.manager import VolumeManager
@@ -424,6 +427,134 @@ def test_mounts_under_lists_deepest_first_and_only_below() -> None:
     assert fs.mounts_under(Path("/var/lib/kubelet/pods/u"), table) == []
 
 
+def test_mounts_naming_a_path_parse_only_its_lines(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(fs, "read_mountinfo", lambda: MOUNTINFO)
+    everything = fs.parse_mountinfo(MOUNTINFO)
+    assert fs.mounts() == everything
+    # an escaped name is looked for as mountinfo prints it
+    assert fs.mounts("/var/lib/kubelet/pods/u10/a b") == [
+        ("/var/lib/kubelet/pods/u10/a b", "tmpfs")
+    ]
+    assert fs.mounts("/mnt/with\\slash") == [("/mnt/with\\slash", "nfs")]
+    for top in ("/var/lib/kubelet/pods/u1", "/var/lib/kubelet/pods", "/"):
+        assert fs.mounts_under(Path(top)) == fs.mounts_under(Path(top), everything)
+    base = "/var/lib/kubelet/pods/u1/volumes/kubernetes.io~empty-dir/mem"
+    assert fs.fs_type(Path(base)) == "tmpfs"
+    assert fs.fs_type(Path("/var/lib/kubelet/pods/u1")) is None
+
+
+class MountTable:
+    """/proc/self/mountinfo as `fs` reads it: counts the reads; `unmount` takes the last
+    mount at a point away (a stacked one stays), as umount(8) does."""
+
+    def __init__(self, points: list[str]) -> None:
+        self.points = list(points)
+        self.reads = 0
+        self.unmounted: list[str] = []
+
+    def read(self) -> str:
+        self.reads += 1
+        return "".join(
+            f"{40 + i} 22 0:{40 + i} / {fs._escape(p)} rw - tmpfs tmpfs rw\n"
+            for i, p in enumerate(self.points)
+        )
+
+    async def unmount(self, path: Path) -> None:
+        self.unmounted.append(str(path))
+        last = len(self.points) - 1 - self.points[::-1].index(str(path))
+        del self.points[last]
+
+
+@pytest.fixture
+def table(monkeypatch: pytest.MonkeyPatch) -> MountTable:
+    t = MountTable([])
+    monkeypatch.setattr(fs, "read_mountinfo", t.read)
+    monkeypatch.setattr(fs, "unmount", t.unmount)
+    return t
+
+
+async def test_remove_tree_reads_the_mount_table_once_when_nothing_is_mounted(
+    tmp_path: Path, table: MountTable
+) -> None:
+    """Issue 42: every volume of a pod torn down read the whole table twice."""
+    tree = tmp_path / "volumes" / "kubernetes.io~empty-dir" / "data"
+    tree.mkdir(parents=True)
+    (tree / "f").write_text("x")
+    table.points = [str(tmp_path / "elsewhere")]
+    assert await fs.remove_tree(tree) == []
+    assert not tree.exists()
+    assert table.reads == 1
+    assert await fs.remove_tree(tree) == []  # gone: no read at all
+    assert table.reads == 1
+
+
+async def test_remove_tree_reads_again_after_unmounting(tmp_path: Path, table: MountTable) -> None:
+    tree = tmp_path / "vol"
+    (tree / "inner").mkdir(parents=True)
+    table.points = [str(tree), str(tree / "inner")]
+    assert await fs.remove_tree(tree) == []
+    assert table.unmounted == [str(tree / "inner"), str(tree)]
+    assert table.reads == 2
+    assert not tree.exists()
+
+
+async def test_remove_tree_keeps_what_a_stacked_mount_still_holds(
+    tmp_path: Path, table: MountTable
+) -> None:
+    tree = tmp_path / "vol"
+    tree.mkdir()
+    (tree / "content").write_text("on the lower tmpfs")
+    table.points = [str(tree), str(tree)]  # mounted twice at one point
+    problems = await fs.remove_tree(tree)
+    assert problems == [f"{tree} is still a mount point: not removed"]
+    assert table.reads == 2
+    assert (tree / "content").read_text() == "on the lower tmpfs"
+
+
+def test_likely_mount_point_compares_devices_without_the_table(
+    tmp_path: Path, table: MountTable
+) -> None:
+    (tmp_path / "dir").mkdir()
+    assert not fs.likely_mount_point(tmp_path / "dir")
+    assert not fs.likely_mount_point(tmp_path / "missing")
+    assert fs.likely_mount_point(Path("/proc"))  # procfs, another device than /
+    assert table.reads == 0
+
+
+async def test_a_tmpfs_content_volume_already_mounted_is_not_looked_up_again(
+    tmp_path: Path, table: MountTable, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A downwardAPI, projected or secret volume's set-up at every sync of a running pod:
+    its tmpfs is there (the directory's device is not its parent's), so no mount and no
+    read of the mount table."""
+    mounted: list[Path] = []
+
+    async def mount_tmpfs(path: Path, *, options: tuple[str, ...] = ()) -> None:
+        mounted.append(path)
+
+    monkeypatch.setattr(fs, "mount_tmpfs", mount_tmpfs)
+    here = {"mounted": False}
+    monkeypatch.setattr(fs, "likely_mount_point", lambda path: here["mounted"])
+    plugin = DownwardAPIPlugin()
+    ctx = VolumeContext(
+        pod=pod(),
+        pod_dir=tmp_path / "pod",
+        objects=None,
+        tokens=None,
+        node=NodeFacts(memory_bytes=1 << 30),
+        pod_ip="10.0.0.9",
+    )
+    items = [{"path": "labels", "fieldRef": {"fieldPath": "metadata.labels"}}]
+    volume = {"name": "info", "downwardAPI": {"items": items}}
+    await plugin.set_up(volume, ctx)
+    assert len(mounted) == 1  # the first sync mounts
+    here["mounted"] = True
+    for _ in range(3):
+        await plugin.set_up(volume, ctx)
+    assert len(mounted) == 1
+    assert table.reads == 0
+
+
 async def test_remove_tree_deletes_plain_directories_and_not_symlink_targets(
     tmp_path: Path,
 ) -> None:
@@ -535,6 +666,21 @@ def empty_dir_and_host_path(tmp_path: Path, **metrics: Any) -> VolumeManager:
     return VolumeManager(
         [EmptyDirPlugin(), HostPathPlugin()], root_dir=tmp_path, node=NodeFacts(), **metrics
     )
+
+
+async def test_a_pods_tear_down_reads_the_mount_table_once_per_removal(
+    tmp_path: Path, table: MountTable
+) -> None:
+    """Issue 42's count: a pod with two on-disk volumes torn down reads the table once
+    per volume and once for its `volumes` directory (it read each twice), and nothing
+    for the subPath directory it never had."""
+    m = empty_dir_and_host_path(tmp_path)
+    p = with_volumes({"name": "a", "emptyDir": {}}, {"name": "b", "emptyDir": {}})
+    result = await m.set_up(p, pod_ip="")
+    assert set(result.paths) == {"a", "b"} and table.reads == 0
+    assert await m.tear_down("u1") == []
+    assert table.reads == 3
+    assert not (tmp_path / "pods" / "u1" / "volumes").exists()
 
 
 async def test_volume_manager_total_volumes(tmp_path: Path) -> None:

@@ -71,10 +71,12 @@ async def _read(ctx: VolumeContext, kind: str, name: str, *, optional: bool) -> 
 
 
 async def _prepare_dir(path: Path, *, tmpfs: bool, ctx: VolumeContext) -> None:
-    """The volume directory, with its own tmpfs when `tmpfs` (mounted once). A fresh
-    directory gets mode 0755; later syncs leave it as the fsGroup ownership made it."""
+    """The volume directory, with its own tmpfs when `tmpfs` (mounted once: at every later
+    sync the directory's device differs from its parent's, two stats, not a read of the
+    mount table). A fresh directory gets mode 0755; later syncs leave it as the fsGroup
+    ownership made it."""
     fresh = await asyncio.to_thread(_make_dir, path)
-    if tmpfs and fs.fs_type(path) is None:
+    if tmpfs and not fs.likely_mount_point(path):
         fresh = True  # a new filesystem: its root has the kernel's mode
         # sized as upstream sizes the memory emptyDir it wraps (node memory, pod limit)
         size = emptydir.tmpfs_size(ctx.pod, {}, node_memory_bytes=ctx.node.memory_bytes)
