@@ -8,16 +8,20 @@ over many pods is written in calls within the bus's cap, and a policy the bus wo
 refuse (a longer stream or expiry than it takes) is refused up front, naming the flag.
 Status changes come from the pod view (PodCache.subscribe_statuses): the view's one
 stream read and one status fetch serve the history too (issue 42), and a record of the
-view older than what a full pass recorded is left out."""
+view older than what a full pass recorded is left out. Both feeds' findings go in one
+fenced write per gathering window (issue 42: a pod start's Events and statuses were about
+six writes), and the Events of a write that failed stay unacknowledged."""
 
 from __future__ import annotations
 
+import asyncio
 import re
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from typing import Any
 
 import pytest
-from klet.bus import NodeBus
+from klet.bus import BusUnavailable, NodeBus
 from klet.bus.history import pod_story
 from klet.model.podhistory import EVICTION_NOTE, HISTORY_ONLY
 from klet.model.records import (
@@ -35,7 +39,9 @@ from klet.testbed.fakes.bus import FakeBus
 from prometheus_client import CollectorRegistry
 
 T0 = 1_800_000_000.0
-POLICY = HistoryPolicy(max_entries=50, max_age_s=3600.0, max_pods=3, read_block_ms=1)
+POLICY = HistoryPolicy(
+    max_entries=50, max_age_s=3600.0, max_pods=3, read_block_ms=1, coalesce_s=0.0
+)
 
 
 class Clock:
@@ -333,11 +339,113 @@ async def test_a_pass_over_many_pods_is_written_within_the_bus_cap() -> None:
     node = NodeBus.of(bus, service="status-reporter")
     for i in range(1200):  # 3 entries and 2 writes of its own each: 6000 writes in all
         bus.seed(node.status, f"u{i}", record(f"u{i}", name=f"p{i}"))
-    policy = HistoryPolicy(max_entries=50, max_age_s=3600.0, max_pods=2000, read_block_ms=1)
+    policy = HistoryPolicy(
+        max_entries=50, max_age_s=3600.0, max_pods=2000, read_block_ms=1, coalesce_s=0.0
+    )
     k = HistoryKeeper(bus=node, consumer="l", changes=View(), policy=policy, clock=clock)
     await k.full_pass()
     assert len(bus.rows(node.history)) == 1200
     assert sum(bus.writes) == 6000 and max(bus.writes) <= WRITE_OPS
+
+
+class HeldWrite:
+    """The keeper's gathering wait, held open until `release`: what both feeds stage
+    meanwhile goes in the one write."""
+
+    def __init__(self) -> None:
+        self.waits = 0
+        self.open = asyncio.Event()
+
+    async def __call__(self, _seconds: float) -> None:
+        self.waits += 1
+        await self.open.wait()
+
+    def release(self) -> None:
+        self.open.set()
+
+
+def pending(uid: str) -> PodStatusRecord:
+    waiting = {"name": "app", "ready": False, "restartCount": 0, "state": {"waiting": {}}}
+    return replace(record(uid), status={"phase": "Pending", "containerStatuses": [waiting]})
+
+
+def start_of(bus: FakeBus, view: View, uid: str) -> None:
+    """A pod start as the keeper sees it: syncloop's three Events, the view's two statuses."""
+    syncloop = NodeBus.of(bus, service="syncloop")
+    on_node(bus, uid)
+    for reason in ("Pulled", "Created", "Started"):
+        bus.append(syncloop.events, event(uid, reason))
+    view.offer(pending(uid))
+    view.offer(replace(record(uid), version=2))
+
+
+async def settle() -> None:
+    for _ in range(20):
+        await asyncio.sleep(0)
+
+
+async def test_a_pod_starts_events_and_statuses_go_in_one_write() -> None:
+    """issue 42: the Events feed and the status feed each wrote their findings at once,
+    about six fenced writes per pod start; both now stage, and one write carries all."""
+    clock = Clock()
+    bus = FakeBus(clock=clock)
+    node = NodeBus.of(bus, service="status-reporter")
+    view, held = View(), HeldWrite()
+    policy = HistoryPolicy(max_entries=50, max_age_s=3600.0, read_block_ms=1, coalesce_s=0.25)
+    k = HistoryKeeper(bus=node, consumer="l", changes=view, policy=policy, clock=clock, sleep=held)
+    assert await k.statuses_once() == 0  # the pass at election: nothing yet, no write
+    assert bus.writes == [] and held.waits == 0
+    for uid in ("u1", "u2"):
+        start_of(bus, view, uid)
+    events = asyncio.create_task(k.events_once())
+    statuses = asyncio.create_task(k.statuses_once())
+    await settle()
+    assert bus.writes == [] and held.waits == 1  # both staged, one write gathering
+    held.release()
+    assert await events == 6 and await statuses == 2
+    assert len(bus.writes) == 1
+    for uid in ("u1", "u2"):
+        got = entries(bus, uid)
+        assert [e.reason for e in got if e.what == "event"] == ["Pulled", "Created", "Started"]
+        assert {"started", "ready", "phase"} <= {e.what for e in got}
+    for stream in node.event_feed.streams.values():
+        assert stream.pending(GROUP) == []  # type: ignore[attr-defined]
+
+
+async def test_the_events_of_a_failed_write_stay_pending_and_the_index_is_read_again() -> None:
+    clock = Clock()
+    bus = FakeBus(clock=clock)
+    node = NodeBus.of(bus, service="status-reporter")
+    view, held = View(), HeldWrite()
+    k = HistoryKeeper(bus=node, consumer="l", changes=view, policy=POLICY, sleep=held)
+    held.release()
+    await k.statuses_once()  # the pass at election
+    start_of(bus, view, "u1")
+    held.open.clear()
+    events = asyncio.create_task(k.events_once())
+    statuses = asyncio.create_task(k.statuses_once())
+    await settle()
+    bus.fail(BusUnavailable("redis went away"))  # the next call: the write
+    held.release()
+    for step in (events, statuses):
+        with pytest.raises(BusUnavailable):
+            await step
+    assert entries(bus, "u1") == [] and node.history.key not in bus.hashes
+    for stream in node.event_feed.streams.values():
+        if stream.pending(GROUP):  # type: ignore[attr-defined]
+            break
+    else:
+        pytest.fail("the Events of the failed write were acknowledged")
+    # The next compare reads the index from the bus again, not the failed write's copy.
+    bus.calls.clear()
+    view.offer(replace(record("u1"), version=2))
+    assert await k.statuses_once() == 1
+    assert "all" in bus.calls
+    assert {"started", "ready", "phase"} <= {e.what for e in entries(bus, "u1")}
+    # The Events left pending are claimed and written by the next reader of the group.
+    await keeper(bus, clock, consumer="leader-2").events_once()
+    got = [e.reason for e in entries(bus, "u1") if e.what == "event"]
+    assert got == ["Pulled", "Created", "Started"]
 
 
 @pytest.mark.parametrize(

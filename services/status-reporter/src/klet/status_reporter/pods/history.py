@@ -27,7 +27,12 @@ of a real pod's name finds first, nor a `history:<uid>` key of its choosing.
 
 Each pod's entries go to `history:<uid>`, capped at `max_entries` and given an expiry of
 `max_age_s` by the same fenced write (so a deleted pod's history goes by itself), and
-its index row (`history`, keyed by UID) names the pod for `klet why <ns>/<name>`. The
+its index row (`history`, keyed by UID) names the pod for `klet why <ns>/<name>`. Both
+feeds stage what they found and one write, `coalesce_s` after the first of them, carries
+everything staged by then (issue 42: a pod start's Events and its statuses, one
+transaction per feed read, were about six fenced writes per pod; the Events are
+acknowledged only once that write succeeded, and a failed write drops the keeper's copy
+of the index, so the next compare reads what the bus really holds). The
 full pass also drops index rows older than `max_age_s` and, past `max_pods`, those
 whose last entry is oldest (their streams are given a 1 ms expiry), and renews the
 expiry of the pods still on the node once a quarter of `max_age_s` has passed, so a
@@ -69,6 +74,9 @@ class HistoryPolicy:
     """--pod-history-max-pods: pods with a history."""
     full_pass_s: float = 60.0
     """Seconds between full passes over the status table (and trims)."""
+    coalesce_s: float = 0.25
+    """Seconds both feeds' findings are gathered before one write carries them: `klet
+    why` is at most this much behind, for one fenced call where a pod start made six."""
     read_count: int = 200
     read_block_ms: int = 1000
     claim_idle_ms: int = 30_000
@@ -107,8 +115,10 @@ class HistoryKeeper:
         changes: StatusChanges,
         policy: HistoryPolicy = HistoryPolicy(),
         clock: Callable[[], float] = time.time,
+        sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
     ) -> None:
         self._bus = bus
+        self._sleep = sleep  # the write's gathering wait (tests hold it open)
         self._consumer = consumer
         self._policy = policy
         self._clock = clock
@@ -121,6 +131,12 @@ class HistoryKeeper:
         # The view's changes since the last step, newest per pod: bounded by the pods.
         self._pending: dict[str, PodStatusRecord] = {}
         self._offered = asyncio.Event()
+        # What both feeds staged for the next write (already in the loaded index), and
+        # that write, gathering until `coalesce_s` after the first stage.
+        self._staged: dict[str, list[HistoryEntry]] = {}
+        self._staged_rows: dict[str, HistoryIndexRecord] = {}
+        self._writing: asyncio.Task[None] | None = None
+        self._last_write: asyncio.Task[None] | None = None
         changes.subscribe_statuses(self._offer)
         self._once = OnceLogger(log, level=logging.WARNING)
         self.written = 0
@@ -177,10 +193,18 @@ class HistoryKeeper:
 
     async def run(self) -> None:
         """Both feeds and the periodic full pass, until cancelled."""
-        async with asyncio.TaskGroup() as group:
-            group.create_task(self._loop("events", self.events_once))
-            group.create_task(self._loop("statuses", self.statuses_once))
-            group.create_task(self._periodic())
+        try:
+            async with asyncio.TaskGroup() as group:
+                group.create_task(self._loop("events", self.events_once))
+                group.create_task(self._loop("statuses", self.statuses_once))
+                group.create_task(self._periodic())
+        finally:
+            # The writes' waiters are gone (their Events stay unacknowledged, for the
+            # next leader): stop them with the loops.
+            writes = {w for w in (self._writing, self._last_write) if w is not None}
+            for write in writes:
+                write.cancel()
+            await asyncio.gather(*writes, return_exceptions=True)
 
     async def _loop(self, name: str, step: Callable[[], Awaitable[int]]) -> None:
         def failed(err: BaseException | None) -> None:
@@ -248,7 +272,8 @@ class HistoryKeeper:
                         phase=old.phase if old is not None else "",
                         containers=old.containers if old is not None else {},
                     )
-                await self._write(batch, rows, index=index, now=now)
+                written = self._stage(batch, rows, index=index, now=now)
+            await self._written(written)
         if ids:
             await self._bus.event_feed.ack(GROUP, *ids)
 
@@ -286,31 +311,68 @@ class HistoryKeeper:
                 if items or old is None or renew or row.containers != old.containers:
                     batch[record.uid] = items
                     rows[record.uid] = row
-            await self._write(batch, rows, index=index, now=now)
+            written = self._stage(batch, rows, index=index, now=now)
+        await self._written(written)
 
-    async def _write(
+    def _stage(
         self,
         batch: dict[str, list[HistoryEntry]],
         rows: dict[str, HistoryIndexRecord],
         *,
         index: dict[str, HistoryIndexRecord],
         now: float,
-    ) -> None:
-        """Append `batch`, renew the streams' expiry and put `rows`, then record them in
-        the caller's loaded `index` (under the lock) as of `now`."""
+    ) -> asyncio.Task[None] | None:
+        """Stage `batch` and `rows` for the next write (under the lock) and record the rows
+        in the loaded `index` as of `now`; the write to wait for, None if nothing was
+        staged. The write starts gathering at the first stage after the last one."""
+        if not rows:
+            return None
+        for uid, row in rows.items():
+            self._staged.setdefault(uid, []).extend(batch.get(uid, []))
+            self._staged_rows[uid] = row
+            index[uid] = row
+            self._refreshed[uid] = now
+        if self._writing is None:
+            self._writing = asyncio.get_running_loop().create_task(
+                self._write_staged(after=self._last_write), name="pod-history-write"
+            )
+            self._last_write = self._writing
+        return self._writing
+
+    async def _written(self, write: asyncio.Task[None] | None) -> None:
+        """Wait for `write` (shielded: the other feed waits for it too); its error, a
+        BusError, is this caller's."""
+        if write is not None:
+            await asyncio.shield(write)
+
+    async def _write_staged(self, *, after: asyncio.Task[None] | None) -> None:
+        """After `coalesce_s`, append what is staged, renew the streams' expiry and put
+        the rows: one call for a burst's worth (several for a pass over many pods).
+        Writes go one after the other (`after`, the write before), so a pod's entries
+        keep their order."""
+        await self._sleep(self._policy.coalesce_s)
+        batch, rows = self._staged, self._staged_rows
+        self._staged, self._staged_rows, self._writing = {}, {}, None
+        if after is not None:
+            await asyncio.gather(after, return_exceptions=True)  # its waiters take its error
         ttl_ms = int(self._policy.max_age_s * 1000)
-        for chunk in _chunks(rows, lambda uid: len(batch.get(uid, [])) + 2):
-            async with self._bus.bus.transaction() as tx:
-                for uid in chunk:
-                    stream = self._bus.history_of(uid, maxlen=self._policy.max_entries)
-                    for item in batch.get(uid, []):
-                        tx.publish(stream, item)
-                    tx.expire(stream, ttl_ms)
-                    tx.put(self._bus.history, uid, rows[uid])
-            for uid in chunk:
-                index[uid] = rows[uid]
-                self._refreshed[uid] = now
-                self.written += len(batch.get(uid, []))
+        try:
+            for chunk in _chunks(rows, lambda uid: len(batch.get(uid, [])) + 2):
+                async with self._bus.bus.transaction() as tx:
+                    for uid in chunk:
+                        stream = self._bus.history_of(uid, maxlen=self._policy.max_entries)
+                        for item in batch.get(uid, []):
+                            tx.publish(stream, item)
+                        tx.expire(stream, ttl_ms)
+                        tx.put(self._bus.history, uid, rows[uid])
+                self.written += sum(len(batch.get(uid, [])) for uid in chunk)
+        except BaseException:
+            # The index holds rows that were not all written: read it again before the
+            # next compare (the statuses loop's failure also owes a full pass).
+            self._index = None
+            for uid in rows:
+                self._refreshed.pop(uid, None)
+            raise
 
     async def _trim(self, *, present: set[str]) -> None:
         async with self._lock:
