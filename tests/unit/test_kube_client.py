@@ -8,12 +8,16 @@ counted and timed by code, method and host; each body's size as the JSON sent (0
 without one) and each answer's size (a success's, an error's with a body; none without
 an answer); the rate limiter's wait for every request when kubeAPIQPS limits (the
 second of a one-token bucket waiting its refill), none without a limit; a request made
-as attempt 2 of a call counted as a retry by its own code, attempt 1 not."""
+as attempt 2 of a call counted as a retry by its own code, attempt 1 not. Importing it
+loads neither the certificate machinery nor `cryptography` (only a rotated certificate
+needs them)."""
 
 from __future__ import annotations
 
 import asyncio
 import json
+import subprocess
+import sys
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -243,3 +247,20 @@ class Unavailable503:
 
     def read(self) -> bytes:
         return b'{"kind":"Status","reason":"ServiceUnavailable","message":"shutting down"}'
+
+
+def test_the_client_loads_no_certificate_machinery() -> None:
+    """pod-source's and syncloop's clients (no rotated certificate) cost no
+    `cryptography`: importing the client leaves klet.kube.bootstrap and
+    cryptography.x509 unloaded (a fresh interpreter tells; redis-py imports the bare
+    `cryptography` package itself); test_certificate_seeding covers the rotated
+    client, which loads them when built."""
+    code = (
+        "import json, sys; import klet.kube.client; "
+        "print(json.dumps([m for m in ('klet.kube.bootstrap', 'klet.kube.certificates', "
+        "'cryptography.x509', 'kubernetes') if m in sys.modules]))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60
+    )
+    assert json.loads(out.stdout) == ["kubernetes"]

@@ -29,6 +29,11 @@ is a blocking iterator that sits in one read for up to timeoutSeconds, so iterat
 through `asyncio.to_thread` would hold one of the loop's few executor threads (six on
 this two-core host) per open watch, taking them from ordinary requests.
 
+Only a client whose certificate rotateCertificates renews imports klet.kube.bootstrap (and
+so `cryptography`, about 8 MB resident): pod-source and syncloop build a client with no
+rotated certificate, and loading the certificate machinery there cost each of them
+that much for nothing (issue 42, cluster-mode memory).
+
 Requests run in the event loop's default executor unless the client is given
 `threads` of its own: a client whose callers can be made to call at will (the kubelet
 API's TokenReviews, caused by anyone who reaches port 10250) then never takes the
@@ -50,7 +55,6 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
 import urllib3
-from klet.kube.bootstrap import kubeconfig_embedded_pair
 from klet.kube.errors import KubeError, Unavailable, for_status
 from klet.kube.observing import NO_ANSWER, RequestObserver, attempt_number
 from klet.kube.settings import KubeSettings, WatchEvent
@@ -141,13 +145,14 @@ class KubeClient:
         k8s_config.load_kube_config(
             config_file=str(settings.kubeconfig), client_configuration=configuration
         )
-        if settings.rotated_certificate is not None and kubeconfig_embedded_pair(
-            settings.kubeconfig
-        ):
-            # rotateCertificates seeded the store from the embedded pair and renews it
-            # there: present the store's file (its changes are watched below).
-            configuration.cert_file = str(settings.rotated_certificate)
-            configuration.key_file = str(settings.rotated_certificate)
+        if settings.rotated_certificate is not None:
+            from klet.kube.bootstrap import kubeconfig_embedded_pair
+
+            if kubeconfig_embedded_pair(settings.kubeconfig):
+                # rotateCertificates seeded the store from the embedded pair and renews
+                # it there: present the store's file (its changes are watched below).
+                configuration.cert_file = str(settings.rotated_certificate)
+                configuration.key_file = str(settings.rotated_certificate)
         # Our callers retry with their own back-off and log once per outage; urllib3's
         # own retries would add a warning per attempt.
         configuration.retries = False
