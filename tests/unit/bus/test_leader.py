@@ -4,6 +4,12 @@ steps down (lease taken, a write refused, renewals failing for a whole TTL, the 
 lapsed and possibly granted to someone else in between); and when the loop (`hold`)
 says its role is decided (Redis answered, leading or not).
 
+Redis restarted empty (`hold` on a fake Redis, under a TTL so long that its renewal
+never comes within a test): the leader's first bus call that cannot reach Redis wakes
+the loop, which tries again at its reconnect pace and takes the lease back at Redis's
+first answer, telling the service once (`Lease.on_restored`); the lease is told of an
+unreachable Redis once per outage, and only while it is held.
+
 The leader slot (`vacated`, and `hold` with fake replicas on a fake Redis and a fake slot
 file, under a TTL too long to explain any takeover): the leader takes the slot, a
 standby takes the lease at once when the leader dies or shuts down cleanly, never from
@@ -19,7 +25,7 @@ from collections.abc import AsyncIterator, Callable
 from typing import cast
 
 import pytest
-from klet.bus import BusUnavailable, Lease
+from klet.bus import BusUnavailable, Lease, NodeBus
 from klet.bus.leader import Attempt, Observation, Role, decide, hold, release_quietly, vacated
 from klet.bus.leaderslot import SlotView
 from klet.testbed.fakes.bus import FakeBus, FakeLeaderSlot, FakeSlotFile
@@ -101,6 +107,10 @@ class ScriptedLease:
         self.lost = asyncio.Event()
         self.wake = asyncio.Event()
         self.leader_slot = None
+        self.answered = True
+
+    def restored(self) -> None:
+        pass
 
     async def try_acquire(self, *, heir: str | None = None) -> bool:
         answer = self.answers.pop(0) if self.answers else False
@@ -313,3 +323,77 @@ async def test_a_leader_takes_the_slot_once_and_keeps_it_through_renewals(
     await until(lambda: calls.count("renew") >= 3, "a few renewals")
     assert a.elected.is_set() and file.locked_by is a.slot
     assert [r.message for r in caplog.records].count("leader slot taken") == 1
+
+
+# -- Redis restarted empty ------------------------------------------------------------------
+
+NEVER_MS = 600_000  # a renewal every 200 s: no test here waits for one
+
+
+async def test_a_leader_takes_its_lease_back_as_soon_as_redis_answers_again() -> None:
+    redis = FakeBus("n1")
+    lease = redis.lease("svc", "a", ttl_ms=NEVER_MS)
+    told: list[int | None] = []
+    lease.on_restored(lambda: told.append(lease.token))
+    elected = asyncio.Event()
+    task = asyncio.create_task(hold(lease, elected))
+    try:
+        await asyncio.wait_for(elected.wait(), 5.0)
+
+        def attempts() -> int:
+            return redis.calls.count("renew") + redis.calls.count("acquire")
+
+        before = attempts()
+        status = NodeBus.of(redis, service="syncloop").status
+
+        redis.error = BusUnavailable("Connection closed by server.")
+        redis.restart()
+        with pytest.raises(BusUnavailable):
+            await status.get("uid-1")  # a reader finds Redis gone: the lease is told
+        await until(lambda: attempts() > before + 1, "attempts while down")
+        assert told == []  # nothing taken back while Redis does not answer
+
+        redis.error = None  # back, empty
+        await until(lambda: bool(told), "the lease taken back")
+        assert told == [1]  # the first grant since the counter was lost: leading on
+        assert elected.is_set() and not lease.lost.is_set()
+        await NodeBus.of(redis, service="syncloop").status.delete("uid-1")  # fenced: accepted
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+
+
+async def test_a_renewal_that_finds_the_key_gone_tells_the_service_once() -> None:
+    redis = FakeBus("n1")
+    lease = redis.lease("svc", "a", ttl_ms=NEVER_MS)
+    told: list[str] = []
+    lease.on_restored(lambda: told.append("restored"))
+    elected = asyncio.Event()
+    task = asyncio.create_task(hold(lease, elected))
+    try:
+        await asyncio.wait_for(elected.wait(), 5.0)
+        assert told == []  # an election is not a restore
+        redis.restart()  # no call failed: the next look at the lease finds it gone
+        lease.wake.set()
+        await until(lambda: bool(told), "the lease taken back")
+        lease.wake.set()  # renewed, not taken anew: nothing more to tell
+        await until(lambda: redis.calls.count("renew") >= 2, "a renewal")
+        assert told == ["restored"]
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+
+
+def test_the_lease_is_told_of_an_unreachable_redis_once_per_outage_when_held() -> None:
+    lease = FakeBus("n1").lease("svc", "a", ttl_ms=NEVER_MS)
+    lease.unreachable()
+    assert not lease.wake.is_set()  # a standby's loop keeps its own pace
+    lease.held = True
+    lease.unreachable()
+    assert lease.wake.is_set() and not lease.answered
+    lease.wake.clear()
+    lease.unreachable()  # the loop has not reached Redis since: already retrying
+    assert not lease.wake.is_set()
+    lease.answered = True  # the loop's next attempt was answered
+    lease.unreachable()
+    assert lease.wake.is_set()

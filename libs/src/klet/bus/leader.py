@@ -21,6 +21,15 @@ state when it leads again, and pods keep running. A short Redis outage (shorter 
 the TTL) changes nothing; a longer one makes the leaders restart as standbys, and one
 of them leads again as soon as Redis answers.
 
+Redis restarted empty (issue 42: the soak's slowest fault). The leader does not wait
+for its next renewal to find out: the first call of its bus that cannot reach Redis
+wakes the loop (`Lease.unreachable`), which then tries every `RECONNECT` delay (50 ms
+doubling to 1 s) until Redis answers. The first answer takes the vanished lease back
+(fencing unchanged: `decide` keeps the leadership only for the first grant since the
+counter was lost, or the next token), and the loop tells the service at once
+(`Lease.on_restored`): its writers republish what Redis lost then, not at their next
+periodic pass. A write refused meanwhile (`LeaseLapsed`) wakes the loop as before.
+
 Fast failover on one host (`klet.bus.leaderslot`, when the lease has a leader slot):
 the leader holds the slot's lock while it leads and a standby probes it every
 `PROBE_INTERVAL_S`. When the lock is found free (the leader died, or gave the slot back
@@ -47,12 +56,19 @@ from dataclasses import dataclass
 
 from klet.bus.leaderslot import LeaderSlot, SlotView
 from klet.bus.redisbus import BusUnavailable, Lease
+from klet.model.flowcontrol import BackoffPolicy
+from klet.retry import delay_after
 
 log = logging.getLogger(__name__)
 
 PROBE_INTERVAL_S = 0.15
 """Seconds between a standby's looks at the leader slot (and a leader's retries to take
 it): half of it is the mean wait before a standby notices its leader died."""
+
+RECONNECT = BackoffPolicy(initial_s=0.05, max_s=1.0)
+"""A leader's waits between attempts while Redis does not answer (then at most the
+renewal interval): a Redis that restarts is back within a second or so, and the lease
+taken back at once is what tells the service to republish what Redis lost."""
 
 SLOT_WARN_AFTER_S = 2.0
 """Seconds a leader may fail to take its slot before it says so (a standby's probe
@@ -219,6 +235,7 @@ async def hold(
     slot = lease.leader_slot
     watch = _SlotWatch(slot, lease, probe_interval_s) if slot is not None else None
     heir: str | None = None
+    unanswered = 0  # consecutive attempts Redis did not answer
     while True:
         before, valid_until = lease.token, lease.valid_until
         lease.wake.clear()
@@ -229,6 +246,8 @@ async def hold(
                 attempt = Attempt.REFUSED
         except BusUnavailable:
             attempt = Attempt.UNREACHABLE
+        unanswered = unanswered + 1 if attempt is Attempt.UNREACHABLE else 0
+        lease.answered = unanswered == 0
         seen = Observation(
             attempt=attempt,
             token_before=before,
@@ -250,6 +269,14 @@ async def hold(
         if role is Role.LEADER and not elected.is_set():
             log.info("acting as leader", extra={"holder": lease.holder, "token": lease.token})
             elected.set()
+        elif role is Role.LEADER and attempt is Attempt.ACQUIRED:
+            # Leading on after the key vanished (decide allowed it): Redis lost what
+            # this service wrote, so its writers are told to republish now.
+            log.info(
+                "lease taken back after Redis lost it: republishing",
+                extra={"lease": lease.key, "token": lease.token},
+            )
+            lease.restored()
         elif role is Role.STANDBY:
             log.debug("standing by for the lease", extra={"holder": lease.holder})
         wait = interval
@@ -257,6 +284,10 @@ async def hold(
             # Wake at the deadline at the latest, so an unreachable leader steps down
             # as soon as a standby could have taken over.
             wait = min(interval, max(0.0, lease.valid_until - clock()))
+            if unanswered:
+                # Redis away: try again soon, so the lease is back (and the service
+                # told, `Lease.on_restored`) as soon as Redis answers again.
+                wait = min(wait, delay_after(RECONNECT, unanswered))
         heir = None
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(wait):

@@ -325,11 +325,23 @@ class Bus:
     def _new_lease(self, name: str, holder: str, *, ttl_ms: int, predecessor: str | None) -> Lease:
         return Lease(self, name, holder, ttl_ms=ttl_ms, predecessor=predecessor)
 
+    def failed(self, err: Exception) -> BusError | asyncio.CancelledError:
+        """Our exception for a Redis client error of a call through this bus (`_wrap`).
+        When Redis could not be reached, the bus's lease is told (`Lease.unreachable`),
+        so its leader loop looks at the lease now instead of at its next renewal: a
+        Redis that went away may come back empty, and the sooner the lease is taken
+        back, the sooner the service republishes what Redis lost."""
+        wrapped = _wrap(err)
+        lost_connection = isinstance(err, (RedisConnectionError, RedisTimeoutError, OSError))
+        if lost_connection and isinstance(wrapped, BusUnavailable) and self._fence is not None:
+            self._fence.unreachable()
+        return wrapped
+
     async def ping(self) -> None:
         try:
             await self._r.ping()
         except (RedisError, OSError) as err:
-            raise _wrap(err) from err
+            raise self.failed(err) from err
 
     async def nodes(self) -> list[str]:
         """Every node with a key on this Redis (`klet:<node>:...`), sorted: what a command
@@ -343,7 +355,7 @@ class Bus:
                 if node and rest:
                     found.add(node)
         except (RedisError, OSError) as err:
-            raise _wrap(err) from err
+            raise self.failed(err) from err
         return sorted(found)
 
     async def close(self) -> None:
@@ -396,9 +408,9 @@ class Bus:
                 raise self._fence.fenced("another replica holds the lease") from err
             if str(err).startswith(_LAPSED_PREFIX):
                 raise self._fence.lapsed() from err
-            raise (_refusal(err) or _wrap(err)) from err
+            raise (_refusal(err) or self.failed(err)) from err
         except (RedisError, OSError) as err:
-            raise _wrap(err) from err
+            raise self.failed(err) from err
         return [str(r) for r in reply]
 
     def _generation_keys(self, ops: Sequence[_Op]) -> list[str]:
@@ -433,7 +445,7 @@ class Bus:
         try:
             reply = await pipe.execute()
         except (RedisError, OSError) as err:
-            raise _wrap(err) from err
+            raise self.failed(err) from err
         return [str(r) for r in reply[: len(ops)]]
 
     async def generations(self, keys: Sequence[str]) -> list[str | None]:
@@ -445,7 +457,7 @@ class Bus:
         try:
             values = await self._r.mget(list(keys))
         except (RedisError, OSError) as err:
-            raise _wrap(err) from err
+            raise self.failed(err) from err
         return [None if v is None else str(v) for v in values]
 
     @property
@@ -568,7 +580,7 @@ class Table(Generic[R]):
         try:
             raw = await self.bus.client.hget(self.key, key)
         except (RedisError, OSError) as err:
-            raise _wrap(err) from err
+            raise self.bus.failed(err) from err
         return self._decode(key, raw)
 
     async def get_many(self, keys: Sequence[str]) -> dict[str, R | None]:
@@ -580,7 +592,7 @@ class Table(Generic[R]):
         try:
             raws = await self.bus.client.hmget(self.key, unique)
         except (RedisError, OSError) as err:
-            raise _wrap(err) from err
+            raise self.bus.failed(err) from err
         return {key: self._decode(key, raw) for key, raw in zip(unique, raws, strict=True)}
 
     def _decode(self, key: str, raw: str | bytes | None) -> R | None:
@@ -604,7 +616,7 @@ class Table(Generic[R]):
         try:
             raw = await self.bus.client.hgetall(self.key)
         except (RedisError, OSError) as err:
-            raise _wrap(err) from err
+            raise self.bus.failed(err) from err
         # decode_responses=True: keys and values are str at run time.
         return {str(key): str(value) for key, value in raw.items()}
 
@@ -643,9 +655,9 @@ class Stream(Generic[R]):
             await self.bus.client.xgroup_create(self.key, group, id=start, mkstream=True)
         except ResponseError as err:
             if "BUSYGROUP" not in str(err):
-                raise _wrap(err) from err
+                raise self.bus.failed(err) from err
         except (RedisError, OSError) as err:
-            raise _wrap(err) from err
+            raise self.bus.failed(err) from err
 
     async def read(
         self, group: str, consumer: str, *, count: int = 100, block_ms: int = 1000
@@ -662,9 +674,9 @@ class Stream(Generic[R]):
                     log.warning("consumer group missing, re-creating", extra={"stream": self.name})
                     await self.ensure_group(group)
                     continue
-                raise _wrap(err) from err
+                raise self.bus.failed(err) from err
             except (RedisError, OSError) as err:
-                raise _wrap(err) from err
+                raise self.bus.failed(err) from err
         return []
 
     async def claim_stale(self, group: str, consumer: str, *, min_idle_ms: int) -> list[Entry[R]]:
@@ -686,9 +698,9 @@ class Stream(Generic[R]):
             if "NOGROUP" in str(err):
                 await self.ensure_group(group)
                 return []
-            raise _wrap(err) from err
+            raise self.bus.failed(err) from err
         except (RedisError, OSError) as err:
-            raise _wrap(err) from err
+            raise self.bus.failed(err) from err
         if forgotten:
             log.info(
                 "dead consumers removed from the group",
@@ -703,7 +715,7 @@ class Stream(Generic[R]):
         try:
             reply = await self.bus.client.xrevrange(self.key, "+", "-", count=1)
         except (RedisError, OSError) as err:
-            raise _wrap(err) from err
+            raise self.bus.failed(err) from err
         return str(reply[0][0]) if reply else "0-0"
 
     async def tail(self, after: str, *, count: int = 100, block_ms: int = 1000) -> list[Entry[R]]:
@@ -713,7 +725,7 @@ class Stream(Generic[R]):
         try:
             reply = await self.bus.client.xread({self.key: after}, count=count, block=block_ms)
         except (RedisError, OSError) as err:
-            raise _wrap(err) from err
+            raise self.bus.failed(err) from err
         return self._entries(reply)
 
     async def ack(self, group: str, *ids: str) -> None:
@@ -722,13 +734,13 @@ class Stream(Generic[R]):
         try:
             await self.bus.client.xack(self.key, group, *ids)
         except (RedisError, OSError) as err:
-            raise _wrap(err) from err
+            raise self.bus.failed(err) from err
 
     async def length(self) -> int:
         try:
             return int(await self.bus.client.xlen(self.key))
         except (RedisError, OSError) as err:
-            raise _wrap(err) from err
+            raise self.bus.failed(err) from err
 
     async def latest(self, count: int) -> list[Entry[R]]:
         """The newest `count` entries, oldest first (XREVRANGE: a reader of a whole
@@ -736,7 +748,7 @@ class Stream(Generic[R]):
         try:
             reply = await self.bus.client.xrevrange(self.key, "+", "-", count=count)
         except (RedisError, OSError) as err:
-            raise _wrap(err) from err
+            raise self.bus.failed(err) from err
         return self._entries([(self.key, list(reversed(reply or [])))])
 
     def _entries(self, reply: Any) -> list[Entry[R]]:
@@ -795,9 +807,9 @@ class MergedStream(Generic[R]):
                     )
                     await self.ensure_group(group)
                     continue
-                raise _wrap(err) from err
+                raise self.bus.failed(err) from err
             except (RedisError, OSError) as err:
-                raise _wrap(err) from err
+                raise self.bus.failed(err) from err
             return self._entries(reply)
         return []
 
@@ -824,7 +836,7 @@ class MergedStream(Generic[R]):
                 block=block_ms,
             )
         except (RedisError, OSError) as err:
-            raise _wrap(err) from err
+            raise self.bus.failed(err) from err
         return self._entries(reply)
 
     async def ack(self, group: str, *ids: str) -> None:
@@ -889,7 +901,8 @@ class Lease:
         self.lost = asyncio.Event()
         """Set when a write was refused because another replica holds the lease."""
         self.wake = asyncio.Event()
-        """Set when the leader loop should look at the lease now (lost or lapsed)."""
+        """Set when the leader loop should look at the lease now (lost, lapsed, or Redis
+        no longer reachable: `unreachable`)."""
         self.reacquired = False
         """The last successful attempt took the lease anew (a new token), not renewed it."""
         self.counter_reset = False
@@ -897,6 +910,10 @@ class Lease:
         self.clock: Callable[[], float] = time.monotonic
         self.leader_slot: LeaderSlot | None = None
         """This lease's leader slot on this host, if it has one."""
+        self.answered = True
+        """The leader loop's last attempt reached Redis (`klet.bus.leader.hold` keeps it):
+        while it did, a call of the bus that cannot reach Redis wakes the loop."""
+        self._restored: list[Callable[[], None]] = []
 
     @property
     def value(self) -> str:
@@ -932,6 +949,28 @@ class Lease:
         """Record that a write found the lease held by nobody and build the exception."""
         self.wake.set()
         return LeaseLapsed(f"{self.key}: write refused for {self.value}: the lease lapsed")
+
+    def unreachable(self) -> None:
+        """A call of this lease's bus could not reach Redis. A leader whose last look
+        at the lease reached it looks again now, and then at its reconnect pace
+        (`klet.bus.leader`), rather than at its next renewal: Redis may come back
+        empty, and the lease is what tells the service so (`on_restored`). Once per
+        outage: the loop's own failed attempts keep it from being woken again."""
+        if self.held and self.answered:
+            self.answered = False
+            self.wake.set()
+
+    def on_restored(self, callback: Callable[[], None]) -> None:
+        """Call `callback` (synchronously: keep it cheap, e.g. set an event) each time
+        the leader loop took this lease back while leading, the key having vanished
+        (Redis restarted empty or was flushed): what the service wrote is gone with it,
+        so its writers republish at once instead of at their next periodic pass."""
+        self._restored.append(callback)
+
+    def restored(self) -> None:
+        """Tell the `on_restored` callbacks (the leader loop calls it)."""
+        for callback in self._restored:
+            callback()
 
     async def try_acquire(self, *, heir: str | None = None) -> bool:
         """Acquire or renew; returns whether this replica holds the lease now.

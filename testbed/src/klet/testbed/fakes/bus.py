@@ -57,8 +57,10 @@ from klet.bus.redisbus import (
     BadWrite,
     Bus,
     BusError,
+    BusUnavailable,
     Entry,
     Lease,
+    LeaseLapsed,
     MergedStream,
     NotOwned,
     R,
@@ -136,17 +138,27 @@ class FakeBus(Bus):
     def client(self) -> aioredis.Redis:
         raise TypeError("FakeBus has no Redis client; its tables and streams keep the state")
 
-    def check(self, call: str) -> None:
+    def check(self, call: str, *, tell_lease: bool = True) -> None:
         """Log `call` and raise the injected error, if any (every call starts here)."""
         self.calls.append(call)
-        self.raise_injected()
+        self.raise_injected(tell_lease=tell_lease)
 
-    def raise_injected(self) -> None:
-        """Raise the next one-shot failure, else the standing error, if any."""
-        if self.failures:
-            raise self.failures.pop(0)
-        if self.error is not None:
-            raise self.error
+    def raise_injected(self, *, tell_lease: bool = True) -> None:
+        """Raise the next one-shot failure, else the standing error, if any. An injected
+        `BusUnavailable` (not `LeaseLapsed`, which Redis answers) stands for a lost
+        connection: the bus's lease is told, as `Bus.failed` tells it (not for the
+        lease's own calls, which the real lease wraps itself)."""
+        err = self.failures.pop(0) if self.failures else self.error
+        if err is None:
+            return
+        if (
+            tell_lease
+            and isinstance(err, BusUnavailable)
+            and not isinstance(err, LeaseLapsed)
+            and self._fence is not None
+        ):
+            self._fence.unreachable()
+        raise err
 
     def fail(self, *errors: BusError) -> None:
         """Make the next calls raise `errors`, one each; a read blocked now fails first,
@@ -491,7 +503,7 @@ class FakeLease(Lease):
 
     async def _renew(self) -> bool:
         fake = self.fake
-        fake.check("renew")
+        fake.check("renew", tell_lease=False)
         now = self.clock()
         if fake.strings.get(self.key) != self.value or now >= fake.expiry.get(self.key, 0.0):
             return False
@@ -500,7 +512,7 @@ class FakeLease(Lease):
 
     async def _acquire(self, heir_of: str | None) -> tuple[int, bool] | None:
         fake = self.fake
-        fake.check("acquire")
+        fake.check("acquire", tell_lease=False)
         now = self.clock()
         current = fake.strings.get(self.key)
         if current is not None and now >= fake.expiry.get(self.key, 0.0):
@@ -518,7 +530,7 @@ class FakeLease(Lease):
         return token, continued
 
     async def _release(self) -> None:
-        self.fake.check("release")
+        self.fake.check("release", tell_lease=False)
         if self.fake.strings.get(self.key) == self.value:
             del self.fake.strings[self.key]
 
