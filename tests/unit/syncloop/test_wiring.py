@@ -11,12 +11,16 @@ client and the bus (and the apiserver client in cluster mode); the evented PLEG 
 the runtime's events by default, not with featureGates.EventedPLEG=false, and through
 a given source (none when only the CRI client is a fake); the relister's long period
 comes from --evented-pleg-relist-period, the pod workers' retry after a failed sync from
---pod-worker-backoff-period (upstream's 10 s by default).
+--pod-worker-backoff-period (upstream's 10 s by default). Its start-up
+modules load the D-Bus client only for cgroupDriver: systemd.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import json
+import subprocess
+import sys
 from pathlib import Path
 
 from klet.bus import Bus
@@ -157,3 +161,21 @@ def settings(tmp_path: Path) -> Settings:
             run_dir=tmp_path / "run",
         ),
     )
+
+
+def test_start_up_loads_no_d_bus_client() -> None:
+    """What `python -m klet.syncloop` imports before building its deps (its entry
+    point, app, wiring and the start-up checks' modules) leaves dbus-fast and
+    klet.cgroups.systemd unloaded; wiring imports them only for cgroupDriver: systemd
+    (a fresh interpreter tells)."""
+    code = (
+        "import json, sys; import klet.syncloop.__main__, klet.syncloop.app, "
+        "klet.syncloop.wiring, klet.syncloop.containers.reservedcgroups, "
+        "klet.syncloop.containers.systemdcgroups; "
+        "print(json.dumps([m for m in ('dbus_fast', 'klet.cgroups.systemd', 'klet.sysbus', "
+        "'klet.syncloop.wiring') if m in sys.modules]))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60
+    )
+    assert json.loads(out.stdout) == ["klet.syncloop.wiring"]

@@ -31,6 +31,7 @@ from dbus_fast import Message, MessageType, Variant
 from dbus_fast.aio import MessageBus
 from dbus_fast.errors import DBusError
 from klet import sysbus
+from klet.cgroups import SystemdError, SystemdUnavailable
 from klet.cgroups.fs import pid1_cgroup_prefix
 from klet.cgroups.slices import Property
 
@@ -58,14 +59,6 @@ _JOB_REMOVED_MATCH = (
 _ENDED_CAP = 1024
 CALL_TIMEOUT_S = 30.0
 """How long one D-Bus call and the job it starts may take."""
-
-
-class SystemdUnavailable(Exception):
-    """systemd or its bus cannot be reached (or did not answer in time)."""
-
-
-class SystemdError(Exception):
-    """systemd refused a call; the text names the unit and systemd's error."""
 
 
 def pid1_is_systemd(proc: Path = Path("/proc")) -> bool:

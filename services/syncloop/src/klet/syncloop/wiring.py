@@ -24,7 +24,6 @@ from typing import TYPE_CHECKING
 
 from klet.cgroups import CgroupFS
 from klet.cgroups.machine import read_machine
-from klet.cgroups.systemd import Systemd
 from klet.config import Settings
 from klet.cri import cri_settings
 from klet.cri.containerevents import RuntimeEvents
@@ -132,6 +131,7 @@ from klet.wiring import BaseOverrides, OnServiceBase, runtime_client, service_ba
 from prometheus_client import CollectorRegistry
 
 if TYPE_CHECKING:
+    from klet.cgroups.systemd import Systemd
     from klet.kube.client import KubeClient
 
 EVENTED_PLEG_GATE = "EventedPLEG"
@@ -263,6 +263,9 @@ def pod_cgroups(driver: str, node: NodeCgroupLimits, systemd: Systemd | None = N
     """The pod cgroup driver of `cgroupDriver` (validated: cgroupfs or systemd)."""
     cgroups = CgroupFS()
     if driver == "systemd":
+        # Imported here: the D-Bus client is loaded only with cgroupDriver: systemd.
+        from klet.cgroups.systemd import Systemd
+
         return SystemdPodCgroups(
             systemd or Systemd(),
             cgroup_version=cgroups.version,
@@ -390,7 +393,11 @@ def build_deps(settings: Settings, overrides: Overrides | None = None) -> Deps:
         ),
     )
     sleep = o.sleep if o.sleep is not None else asyncio.sleep
-    systemd = Systemd() if k.cgroup_driver == "systemd" else None
+    systemd = None
+    if k.cgroup_driver == "systemd":
+        from klet.cgroups.systemd import Systemd
+
+        systemd = Systemd()
     hooks = LifecycleHooks(
         cri=cri,
         events=events,

@@ -40,9 +40,9 @@ from pathlib import Path
 from typing import Protocol
 
 from klet.bus.eventqueue import EventQueue
+from klet.cgroups import SystemdError, SystemdUnavailable
 from klet.cgroups.fs import detect
 from klet.cgroups.slices import Property
-from klet.cgroups.systemd import SystemdError, SystemdUnavailable
 from klet.config.kubelet import KubeletConfiguration
 from klet.model.node import reservation
 from klet.syncloop.containers.podcgroups import shares_to_weight

@@ -29,6 +29,7 @@ import logging
 from pathlib import Path
 from typing import Protocol
 
+from klet.cgroups import SystemdError, SystemdUnavailable
 from klet.cgroups.fs import pid1_cgroup_prefix
 from klet.cgroups.slices import (
     Property,
@@ -39,7 +40,6 @@ from klet.cgroups.slices import (
     unit_name,
 )
 from klet.cgroups.slices import cgroup_path as slice_path
-from klet.cgroups.systemd import SystemdError, SystemdUnavailable
 from klet.model.layout import kubepods, node_cgroups
 from klet.syncloop.containers.podcgroups import NodeCgroupLimits, ensure_cgroup, hugetlb_v1
 from klet.syncloop.model.resources import MIN_SHARES, PodResources
