@@ -672,15 +672,29 @@ async def test_a_pods_tear_down_reads_the_mount_table_once_per_removal(
     tmp_path: Path, table: MountTable
 ) -> None:
     """Issue 42's count: a pod with two on-disk volumes torn down reads the table once
-    per volume and once for its `volumes` directory (it read each twice), and nothing
-    for the subPath directory it never had."""
+    per volume (it read each twice, and its `volumes` directory twice more: emptied, that
+    goes by rmdir), and nothing for the subPath directory it never had."""
     m = empty_dir_and_host_path(tmp_path)
     p = with_volumes({"name": "a", "emptyDir": {}}, {"name": "b", "emptyDir": {}})
     result = await m.set_up(p, pod_ip="")
     assert set(result.paths) == {"a", "b"} and table.reads == 0
     assert await m.tear_down("u1") == []
-    assert table.reads == 3
+    assert table.reads == 2
     assert not (tmp_path / "pods" / "u1" / "volumes").exists()
+
+
+async def test_what_the_volume_walk_leaves_is_removed_the_careful_way(
+    tmp_path: Path, table: MountTable
+) -> None:
+    """A stray file beside the plugin directories keeps rmdir from removing `volumes`:
+    fs.remove_tree (one more read of the table) removes it."""
+    m = empty_dir_and_host_path(tmp_path)
+    await m.set_up(with_volumes({"name": "a", "emptyDir": {}}), pod_ip="")
+    volumes = tmp_path / "pods" / "u1" / "volumes"
+    (volumes / "stray").write_text("x")
+    assert await m.tear_down("u1") == []
+    assert table.reads == 2
+    assert not volumes.exists()
 
 
 async def test_volume_manager_total_volumes(tmp_path: Path) -> None:

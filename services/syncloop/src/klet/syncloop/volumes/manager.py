@@ -283,7 +283,8 @@ class VolumeManager:
                     succeeded = False
                 if tear_down is not None:
                     self._unmounted(known, plugin_dir.name, path.name, succeeded, started)
-        if not problems:  # what is left (plugin directories) holds no mount any more
+        if not problems and not await asyncio.to_thread(_remove_emptied, volumes_dir):
+            # something the walk above did not remove is left: the careful way
             problems += await fs.remove_tree(volumes_dir)
         if problems:
             log.warning("pod volumes not removed", extra={"uid": uid, "problems": problems})
@@ -426,6 +427,23 @@ def _every_volume_failed(pod: JSON, cause: str) -> PodVolumes:
     its directory, so the caller still reports it and retries."""
     names = [str(v.get("name") or "") for v in _volumes(pod)] or ["pod directory"]
     return PodVolumes(failures=dict.fromkeys(names, cause))
+
+
+def _remove_emptied(volumes_dir: Path) -> bool:
+    """Remove a pod's `volumes` directory whose volumes are all torn down: each plugin
+    directory, then itself, by rmdir alone, which removes nothing but an empty directory
+    and refuses a mount point (EBUSY); no read of the mount table (issue 42: it was one
+    per pod). False when something is left (a stray file, a mount): the caller then
+    removes the rest with `fs.remove_tree`."""
+    try:
+        for plugin_dir in _subdirs(volumes_dir):
+            os.rmdir(plugin_dir)
+        os.rmdir(volumes_dir)
+    except FileNotFoundError:
+        return not os.path.lexists(volumes_dir)
+    except OSError:
+        return False
+    return True
 
 
 def _subdirs(path: Path, *, include_files: bool = False) -> list[Path]:
