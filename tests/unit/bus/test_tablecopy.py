@@ -8,7 +8,10 @@ its text; a Redis restart (the generations lost) reads every table again; a writ
 bypassed the fenced write (no generation moved) is read at the next full read,
 `full_every_s` after the last; a refresh that failed part-way reports the change of the
 tables it did read at the next refresh; the records mapping is replaced, never
-mutated; and the watch's settings are checked.
+mutated; and the watch's settings are checked. A reader's watch with `keep_lost_s`
+keeps a table whose counter Redis lost as it was (no read at all, full reads included)
+until the writer has written it again or `keep_lost_s` passed; a table never read at a
+generation is read as it is.
 """
 
 from __future__ import annotations
@@ -118,6 +121,56 @@ async def test_a_redis_restart_reads_every_table_again(w: World) -> None:
     assert set(w.desired.records) == {"u1"}
 
 
+async def test_a_reader_keeps_a_lost_table_until_its_writer_writes_it_again(w: World) -> None:
+    watch = TableWatch(w.desired, w.sources, full_every_s=10, keep_lost_s=15, clock=w.clock)
+    await watch.refresh()
+    before = w.desired.records
+    w.bus.restart()
+    w.bus.calls.clear()
+    for _ in range(3):
+        w.clock.t += 4  # a full read falls due meanwhile: kept all the same
+        assert not await watch.refresh()
+    assert w.bus.calls == ["generations"] * 3
+    assert w.desired.records is before and set(w.sources.records) == {"file"}
+    # The writer republishes (one row here): its counter is back, the table read as is.
+    w.bus.seed(w.node.desired, "u1", desired("u1"))
+    assert await watch.refresh()
+    assert set(w.desired.records) == {"u1"}
+    assert set(w.sources.records) == {"file"}  # not written yet: still kept
+
+
+async def test_a_lost_table_nobody_writes_again_is_read_after_keep_lost_s(w: World) -> None:
+    watch = TableWatch(w.desired, w.sources, keep_lost_s=15, clock=w.clock)
+    await watch.refresh()
+    w.bus.restart()
+    w.clock.t += 1
+    assert not await watch.refresh()  # the loss seen: the clock starts here
+    w.clock.t += 14.9
+    assert not await watch.refresh()
+    w.clock.t += 0.1
+    assert await watch.refresh()
+    assert w.desired.records == {} and w.sources.records == {}
+    # A loss later on is kept again, for its own keep_lost_s.
+    w.bus.seed(w.node.desired, "u1", desired("u1"))
+    assert await watch.refresh()
+    w.bus.restart()
+    w.clock.t += 100
+    assert not await watch.refresh()
+    assert set(w.desired.records) == {"u1"}
+
+
+async def test_a_table_never_read_at_a_generation_is_read_as_it_is() -> None:
+    bus = FakeBus()
+    node = NodeBus.of(bus, service="syncloop")
+    copy = TableCopy(node.desired)
+    watch = TableWatch(copy, keep_lost_s=15, clock=Clock())
+    assert await watch.refresh()  # a fresh Redis: no counter, nothing to keep
+    assert copy.records == {} and copy.generation is None
+    bus.seed(node.desired, "u1", desired("u1"))
+    assert await watch.refresh()
+    assert set(copy.records) == {"u1"}
+
+
 async def test_a_write_that_bypassed_the_fenced_write_shows_at_the_next_full_read(
     w: World,
 ) -> None:
@@ -162,3 +215,5 @@ def test_the_watch_settings_are_checked(w: World) -> None:
         TableWatch()
     with pytest.raises(ValueError, match="full_every_s"):
         TableWatch(w.desired, full_every_s=0)
+    with pytest.raises(ValueError, match="keep_lost_s"):
+        TableWatch(w.desired, keep_lost_s=-1)

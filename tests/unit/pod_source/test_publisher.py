@@ -10,6 +10,9 @@ pod's row with its change notice, the source's ready mark last.
 Issue 42: the reconcile after every poll compares the merged state with copies of the
 tables, so an idle poll reads their generations only (no HGETALL, nothing written); a
 row removed behind its back (the generation moved) is written back at the next poll.
+Redis restarted empty: a write refused meanwhile backs off, and once the lease is back
+(`restored`) the publisher wakes and writes the tables back without a source poll and
+without waiting out the back-off.
 """
 
 from __future__ import annotations
@@ -117,3 +120,20 @@ async def test_an_idle_poll_reads_the_generations_only_and_repairs_what_moved() 
     inbox.offer("api", [api_pod(i, note="n") for i in range(3)])
     await publisher.run_once()
     assert set(bus.rows(nb.desired)) == {"uid-0", "uid-1", "uid-2"}
+
+
+async def test_once_the_lease_is_back_the_tables_are_written_back_without_a_poll() -> None:
+    publisher, bus, inbox, nb = await elected_publisher()
+    inbox.offer("api", [api_pod(i, note="n") for i in range(3)])
+    await publisher.run_once()
+    bus.restart()  # Redis restarted empty: the tables and the lease are gone
+    inbox.polled()
+    await publisher.run_once()  # the poll's reconcile is refused: the lease lapsed
+    assert bus.rows(nb.desired) == {} and not publisher.ready
+    lease = nb.bus._fence
+    assert lease is not None and await lease.try_acquire()  # the leader loop, then:
+    publisher.restored()
+    await inbox.wait(3600)  # rung: no poll needed
+    await publisher.run_once()  # the back-off (0.5 s) is over too
+    assert len(bus.rows(nb.desired)) == 3 and bus.rows(nb.sources)["api"].ready
+    assert publisher.ready

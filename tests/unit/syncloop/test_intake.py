@@ -12,9 +12,12 @@ over again once `reclaim_s` has passed (a fake clock); after an outage the consu
 ensures the group again. Issue 42: an idle resync reads the tables' generations and
 nothing else (no HGETALL, no decode, nothing handed over, the statuses still
 reconciled); a write by pod-source is handed over at the next resync with only its row
-decoded; a Redis restart (the generations lost with the tables) makes a full read; a
-write that bypassed the fenced write is seen once `full_resync_s` has passed. The
-in-memory bus (klet.testbed.fakes.bus), a fake controller; no sleeps.
+decoded; a Redis restart (the generations lost with the tables) keeps the last tables
+(the controller is not handed an empty desired set) until pod-source has written them
+again, then reads them; a write that bypassed the fenced write is seen once
+`full_resync_s` has passed. Redis restarted empty: once the lease is back (`restored`)
+the resync runs and the consumer reads again at once, whatever their pauses (an hour
+here). The in-memory bus (klet.testbed.fakes.bus), a fake controller; no sleeps.
 """
 
 from __future__ import annotations
@@ -158,18 +161,39 @@ async def test_a_write_is_handed_over_at_the_next_resync_decoding_only_its_row(
     assert w.intake.desired.decoded == 2  # a removal decodes nothing
 
 
-async def test_a_redis_restart_makes_a_full_read(w: World) -> None:
+async def test_a_redis_restart_keeps_the_tables_until_pod_source_writes_them_again(
+    w: World,
+) -> None:
     await w.intake.resync_once()
     w.bus.restart()  # the tables and their generations are gone
     w.bus.calls.clear()
     await w.intake.resync_once()
-    assert w.bus.calls == ["generations", "all", "all"]
-    assert w.controller.applied[-1] == (set(), True, 0)  # the tables as Redis has them: empty
+    assert w.bus.calls == ["generations"]  # kept: not read as empty
+    assert w.controller.applied == [({"u1"}, True, 0)]  # nothing handed over
+    assert w.controller.reconciled == 2  # the statuses' reconcile still runs
     # pod-source writes everything back: the new generations are read again.
     w.bus.seed(w.node.desired, "u1", desired("u1"))
+    w.bus.seed(w.node.desired, "u2", desired("u2"))
     w.bus.seed(w.node.sources, "file", READY["file"])
     await w.intake.resync_once()
-    assert w.controller.applied[-1] == ({"u1"}, True, 0)
+    assert w.controller.applied[-1] == ({"u1", "u2"}, True, 0)
+
+
+async def test_once_the_lease_is_back_the_resync_and_the_consumer_go_at_once() -> None:
+    w = World()
+    hour = BusIntake(
+        w.node, w.controller, consumer="node1-1", resync_s=3600, retry_s=3600, clock=w.clock
+    )
+    w.bus.append(w.pods, change("u1"))
+    async with running(hour.run_resync()), running(hour.run_consumer()):
+        await until(lambda: w.controller.reconciled == 1 and len(w.pods.acked) == 1)
+        w.bus.fail(BusUnavailable("Connection closed by server."))  # the blocked read
+        await until(lambda: w.bus.calls[-1] == "read" and not w.bus.failures)
+        hour.restored()
+        await until(lambda: w.controller.reconciled == 2)
+        w.bus.append(w.pods, change("u2"))
+        await until(lambda: len(w.pods.acked) == 2)
+    assert w.bus.calls.count("ensure_group") == 2  # the group made again after the outage
 
 
 async def test_a_write_that_bypassed_the_fenced_write_is_seen_within_full_resync_s(

@@ -4,12 +4,16 @@ Covers (issue 42): an idle reconcile reads the table's generation and nothing el
 publisher's own flush moves the generation, and the next reconcile decodes only the rows
 that flush wrote; a Redis restart (the table and its generation gone) is read in full
 and every status published again; a status row of a pod nobody knows is removed.
+A flush refused because the lease lapsed (Redis restarted empty) goes as soon as the
+lease is back (`resume`), not after its retry delay; one that failed while Redis was
+away is retried after it, and a success ends the back-off.
 The in-memory bus (klet.testbed.fakes.bus); no sleeps.
 """
 
 from __future__ import annotations
 
-from klet.bus import NodeBus
+from klet.bus import BusUnavailable, Lease, LeaseLapsed, NodeBus
+from klet.model.flowcontrol import BackoffPolicy
 from klet.model.records import PodStatusRecord
 from klet.model.types import PodUID
 from klet.syncloop.pods.statuspub import StatusPublisher
@@ -75,3 +79,41 @@ async def test_a_status_of_a_pod_nobody_knows_is_removed() -> None:
     await publisher.reconcile(known)
     await publisher.flush()
     assert set(bus.rows(node.status)) == {"u1", "u2"}
+
+
+Leader = tuple[FakeBus, NodeBus, Lease, StatusPublisher]
+
+
+async def leader_publisher(retry: BackoffPolicy) -> Leader:
+    bus = FakeBus()
+    lease = bus.lease("syncloop", "h1", ttl_ms=600_000)
+    assert await lease.try_acquire()
+    node = NodeBus.of(bus, service="syncloop")
+    return bus, node, lease, StatusPublisher(node, clock=lambda: 5.0, retry=retry)
+
+
+async def test_a_flush_refused_by_a_lapsed_lease_goes_as_soon_as_the_lease_is_back() -> None:
+    # A retry delay no test outlives: only `resume` can end the wait.
+    bus, node, lease, publisher = await leader_publisher(BackoffPolicy(600, 600))
+    bus.restart()  # Redis restarted empty: the lease key is gone
+    publisher.set("u1", "default", "a", {"phase": "Running"})
+    await publisher.run_once()
+    assert bus.rows(node.status) == {}
+    assert await lease.try_acquire()  # the leader loop takes it back, then tells us
+    publisher.resume()
+    await publisher.run_once()
+    assert set(bus.rows(node.status)) == {"u1"}
+
+
+async def test_a_flush_that_found_redis_away_is_retried_and_a_success_ends_the_backoff() -> None:
+    bus, node, _lease, publisher = await leader_publisher(BackoffPolicy(0, 0))
+    publisher.set("u1", "default", "a", {"phase": "Running"})
+    bus.fail(BusUnavailable("Connection closed by server."), LeaseLapsed("lapsed"))
+    await publisher.run_once()
+    await publisher.run_once()
+    assert bus.rows(node.status) == {}
+    await publisher.run_once()  # the retry delay (0 here), no resume needed
+    assert set(bus.rows(node.status)) == {"u1"}
+    publisher.set("u1", "default", "a", {"phase": "Failed"})
+    await publisher.run_once()  # back to waiting for a change: one is there
+    assert bus.rows(node.status)["u1"].status == {"phase": "Failed"}

@@ -24,6 +24,17 @@ So a watch with `full_every_s` also reads every table in full at that interval (
 readers use upstream's syncFrequency, a minute), comparing digests, so such a write is
 seen within it and still decodes only what changed.
 
+A reader of another service's table may keep what it had while Redis has lost it
+(`TableWatch(keep_lost_s=...)`): a counter that vanished (the copy was read at a
+generation, and now there is none) means Redis restarted empty or was flushed, and the
+table's writer has not written it since. Its rows are not gone from the node, only from
+Redis, and the writer republishes them as soon as it has its lease back
+(klet.bus.leader), so the copy is kept as it was until the counter is back, for at most
+`keep_lost_s`: status-reporter's `/pods` does not empty for the moment between a Redis
+restart and the republish (and then fill again pod by pod), nor does syncloop see an
+empty desired set. A writer's own reconcile (syncloop's statuses, pod-source's desired
+set) never keeps: it must see the loss to repair it.
+
 Readers that follow a stream of changes (syncloop's `pods`, status-reporter's
 `podstatus`) keep reading each change's rows by key as before; the watch is their
 safety net for what a stream cannot tell (an entry missed while Redis was away, a pod
@@ -39,6 +50,11 @@ from typing import Any, Generic, Protocol, TypeVar
 
 R = TypeVar("R")
 R_co = TypeVar("R_co", covariant=True)
+
+KEEP_LOST_S = 15.0
+"""How long a reader keeps a table Redis lost (`TableWatch(keep_lost_s=)`): a lease
+TTL. A writer that is alive has republished long before (it takes its lease back at
+Redis's first answer); past it, the reader shows the table as Redis has it."""
 
 DIGEST_BYTES = 16
 """The size of a row's digest: collisions between two texts of one row are out of reach
@@ -126,17 +142,22 @@ class TableWatch:
         self,
         *copies: TableCopy[Any],
         full_every_s: float | None = None,
+        keep_lost_s: float | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         if not copies:
             raise ValueError("a table watch needs at least one table")
         if full_every_s is not None and full_every_s <= 0:
             raise ValueError(f"full_every_s: must be > 0 or None, got {full_every_s!r}")
+        if keep_lost_s is not None and keep_lost_s < 0:
+            raise ValueError(f"keep_lost_s: must be >= 0 or None, got {keep_lost_s!r}")
         self.copies = copies
         self.full_every_s = full_every_s
+        self.keep_lost_s = keep_lost_s
         self.clock = clock
         self._full_at: float | None = None  # clock time of the last read of every table
         self._seen: tuple[int, ...] | None = None  # the copies' changes at the last answer
+        self._lost_at: dict[int, float] = {}  # copy index -> when its counter was found gone
 
     async def refresh(self) -> bool:
         """Bring every copy up to date; returns whether any copy's records changed since
@@ -149,7 +170,9 @@ class TableWatch:
         full = self._full_at is None or (
             self.full_every_s is not None and now - self._full_at >= self.full_every_s
         )
-        for copy, generation in zip(self.copies, generations, strict=True):
+        for index, (copy, generation) in enumerate(zip(self.copies, generations, strict=True)):
+            if self._keeps(index, copy, generation, now):
+                continue
             if full or not copy.loaded or copy.generation != generation:
                 await copy.load(generation)
         if full:
@@ -158,3 +181,19 @@ class TableWatch:
         changed = seen != self._seen
         self._seen = seen
         return changed
+
+    def _keeps(self, index: int, copy: TableCopy[Any], generation: str | None, now: float) -> bool:
+        """Whether to keep `copy` as it is although its table's counter is gone (see the
+        module docstring): only with `keep_lost_s`, only a copy read at a generation,
+        and for at most `keep_lost_s` from when the loss was first seen."""
+        lost = (
+            self.keep_lost_s is not None
+            and generation is None
+            and copy.loaded
+            and copy.generation is not None
+        )
+        if not lost:
+            self._lost_at.pop(index, None)
+            return False
+        since = self._lost_at.setdefault(index, now)
+        return now - since < (self.keep_lost_s or 0.0)

@@ -9,7 +9,8 @@ status records a stream batch fetched are handed to `subscribe_statuses` (the po
 history takes them instead of fetching them again); a full reload's are not. Issue 42:
 an idle reload reads both tables' generations and nothing else (no HGETALL, no decode,
 the PodList kept, the view still fresh), a write shows at the next reload with only its
-row decoded, a Redis restart reads both tables in full, and a write that bypassed the
+row decoded, a Redis restart keeps the view as it was (no table read) until the
+writers write the tables again, or `keep_lost_s` passed, and a write that bypassed the
 fenced write shows at the next full reload (`full_reload_interval_s`)."""
 
 from __future__ import annotations
@@ -294,6 +295,8 @@ def test_policy_rejects_nonsense() -> None:
         CachePolicy(backoff_max_s=-1)
     with pytest.raises(ValueError, match="read_count"):
         CachePolicy(read_count=0)
+    with pytest.raises(ValueError, match="keep_lost_s"):
+        CachePolicy(keep_lost_s=-1)
 
 
 async def test_an_idle_reload_reads_the_generations_only() -> None:
@@ -318,11 +321,23 @@ async def test_an_idle_reload_reads_the_generations_only() -> None:
     assert w.phases() == {"web": "Running", "db": "Running"}
     assert w.cache._status_copy.decoded == 2
 
-    # A Redis restart: both tables read in full, the view emptied.
+    # A Redis restart: the view kept as it was, nothing read, until a writer is back.
     w.bus.restart()
     w.bus.calls.clear()
     await w.cache.reload()
-    assert w.bus.calls == ["generations", "all", "all"]
+    assert w.bus.calls == ["generations"]
+    assert w.phases() == {"web": "Running", "db": "Running"}
+    w.want(WEB)  # pod-source republished (only web: db was removed meanwhile)
+    await w.cache.reload()
+    assert w.phases() == {"web": "Running", "db": "Running"}  # db's status still lists it
+    w.report(WEB, version=1, epoch=2.0)  # a new syncloop epoch's statuses
+    await w.cache.reload()
+    assert w.phases() == {"web": "Running"}
+    # Nobody writes a table again: read as Redis has it once keep_lost_s has passed.
+    w.bus.restart()
+    await w.cache.reload()
+    w.now[0] += FAST.keep_lost_s
+    await w.cache.reload()
     assert w.cache.pod_list()["items"] == []
 
 

@@ -61,6 +61,8 @@ def root_tasks(deps: Deps) -> dict[str, Coroutine[Any, Any, None]]:
     tasks: dict[str, Coroutine[Any, Any, None]] = {
         f"source-{source.name}": source.run() for source in deps.sources
     }
+    # Redis restarted empty and the lease is back: republish the desired set now.
+    deps.lease.on_restored(publisher.restored)
     tasks["lease"] = hold(deps.lease, publisher.elected, decided=publisher.decided)
     tasks["publisher"] = publisher.run()
     tasks["service-http"] = serve_service_port(health, deps.service)

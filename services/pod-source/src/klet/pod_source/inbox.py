@@ -36,6 +36,10 @@ class Inbox:
         self._polled = True
         self._bell.set()
 
+    def ring(self) -> None:
+        """Wake the publisher with nothing offered (it has work of its own to do)."""
+        self._bell.set()
+
     def take(self) -> tuple[dict[SourceName, list[JSON]], bool]:
         """Pending snapshots (in arrival order) and whether any poll happened since."""
         pending, polled = self._pending, self._polled

@@ -29,6 +29,9 @@ The stateful shell around the pure merge (`podconfig`) and repair (`reconcile`):
   reads two counters where it read and decoded both tables (issue 42).
 - Redis down (`BusUnavailable`) never stops the merge and never crashes the loop: the
   error is logged once per outage, counted, and retried with exponential back-off.
+  Redis restarted empty: once the leader loop has the lease back (`restored`, a
+  `Lease.on_restored` callback) the tables are reconciled at once, ending the back-off,
+  instead of at the next source poll (up to `fileCheckFrequency`, 20 s by default).
 
 - Every write is fenced by the lease (`klet.bus.Bus.lease`): a leader that stalled past
   the TTL while a standby took over cannot write after the takeover. A refused write
@@ -127,6 +130,12 @@ class Publisher:
     @property
     def leading(self) -> bool:
         return self._held
+
+    def restored(self) -> None:
+        """The lease is back after Redis lost its data: write the merged state back now."""
+        self._needs_reconcile = True
+        self._retry_at = 0.0
+        self._inbox.ring()
 
     async def run(self) -> None:
         while True:

@@ -55,6 +55,10 @@ async def main(deps: Deps) -> int:
         on_bad=lambda _e: m.bad_bus_entries.inc(),
         on_error=m.bus_errors.inc,
     )
+    # Redis restarted empty and the lease is back: publish the statuses it lost (the
+    # resync's reconcile) and any that changed meanwhile now, not at the next passes.
+    deps.lease.on_restored(intake.restored)
+    deps.lease.on_restored(controller.publisher.resume)
     relister = deps.relister
     device_registrations = _device_registrations(deps)
     _dra_drivers(deps)

@@ -30,7 +30,11 @@ addition protected by the version rule.
 Redis down: the last view keeps being served (it is "stale", see `stale`), both loops
 retry with exponential back-off (`klet.retry`), the outage is logged once when it starts and once
 when it ends, and the end triggers an immediate reload (which reads every table
-whose generation moved meanwhile, all of them after a Redis restart).
+whose generation moved meanwhile). A table whose generation counter Redis lost (restarted
+empty) is kept as it was until its writer has written it again, for at most
+`CachePolicy.keep_lost_s` (klet.bus.tablecopy): `/pods` and the apiserver's statuses do
+not empty and fill again pod by pod while pod-source and syncloop republish, and the
+statuses syncloop publishes meanwhile reach the view through the stream as always.
 
 Cluster mode reads the same view (`desired_pods`, `known_pod`, `statuses`) and
 subscribes to its changes, so a new status reaches the apiserver as soon as the stream
@@ -60,7 +64,7 @@ from types import MappingProxyType
 from typing import Protocol
 
 from klet.bus import BusError, Entry
-from klet.bus.tablecopy import CopiedTable, TableCopy, TableWatch
+from klet.bus.tablecopy import KEEP_LOST_S, CopiedTable, TableCopy, TableWatch
 from klet.model.flowcontrol import BackoffPolicy
 from klet.model.records import DesiredPod, PodStatusChange, PodStatusRecord
 from klet.model.types import JSON, PodUID
@@ -120,6 +124,9 @@ class CachePolicy:
     stale_after_s: float = 15.0
     """The view counts as stale when the last reload (a look at the generations counts)
     is older than this."""
+    keep_lost_s: float = KEEP_LOST_S
+    """Seconds a table Redis lost is kept as it was, waiting for its writer to write it
+    again (klet.bus.tablecopy)."""
 
     def __post_init__(self) -> None:
         if self.full_reload_interval_s <= 0:
@@ -132,6 +139,7 @@ class CachePolicy:
             "backoff_initial_s",
             "backoff_max_s",
             "stale_after_s",
+            "keep_lost_s",
         ):
             value = getattr(self, name)
             if value < 0:
@@ -168,6 +176,7 @@ class PodCache:
             self._desired_copy,
             self._status_copy,
             full_every_s=policy.full_reload_interval_s,
+            keep_lost_s=policy.keep_lost_s,
             clock=clock,
         )
         self._feed = feed

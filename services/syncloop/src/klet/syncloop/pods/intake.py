@@ -14,18 +14,27 @@ are read in full anyway every `full_resync_s` (syncFrequency), for a write that 
 go through the fenced write. An idle node therefore decodes nothing here, where it
 decoded every desired pod every 5 s (issue 42). Redis being down only delays both: the
 controller keeps its last view and every pod keeps running.
+
+Redis restarted empty: the tables' copies are kept while their generation counters are
+gone (`KEEP_LOST_S`, klet.bus.tablecopy), so the controller is not handed an empty
+desired set and unready sources while pod-source republishes them. When the leader loop
+has taken the lease back (`restored`, a `Lease.on_restored` callback) the resync runs at
+once, and with it the statuses' reconcile that publishes every status Redis lost, and
+the consumer reads again (re-creating its group) without finishing its retry sleep: the
+statuses no longer wait for the next 5-second resync (issue 42).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Protocol
 
 from klet.bus import BusError, BusUnavailable, Entry, GroupStream
-from klet.bus.tablecopy import CopiedTable, TableCopy, TableWatch
+from klet.bus.tablecopy import KEEP_LOST_S, CopiedTable, TableCopy, TableWatch
 from klet.model.records import DesiredPod, PodChange, SourceState
 from klet.obs import OnceLogger
 
@@ -91,12 +100,18 @@ class BusIntake:
         self.desired = TableCopy(bus.desired)
         self.sources = TableCopy(bus.sources)
         self.tables = TableWatch(
-            self.desired, self.sources, full_every_s=full_resync_s, clock=clock
+            self.desired,
+            self.sources,
+            full_every_s=full_resync_s,
+            keep_lost_s=KEEP_LOST_S,
+            clock=clock,
         )
         self._reclaim_at = 0.0  # clock time of the next stale-entry takeover
         self.on_bad = on_bad
         self.on_error = on_error
         self.synced = asyncio.Event()  # set after the first full read of the tables
+        self._resync_wake = asyncio.Event()
+        self._consumer_wake = asyncio.Event()
         self._once = OnceLogger(log, level=logging.WARNING)
 
     def _report(self, err: Exception) -> None:
@@ -119,19 +134,26 @@ class BusIntake:
         await self.controller.reconcile_statuses()
         self.synced.set()
 
+    def restored(self) -> None:
+        """The lease is back after Redis lost its data: resync and read now."""
+        self._resync_wake.set()
+        self._consumer_wake.set()
+
     async def run_resync(self) -> None:
         while True:
+            self._resync_wake.clear()
             try:
                 await self.resync_once()
                 self._recovered()
             except BusError as err:
                 self._report(err)
-            await asyncio.sleep(self.resync_s)
+            await _pause(self._resync_wake, self.resync_s)
 
     async def run_consumer(self) -> None:
         stream = self.bus.pods
         started = False
         while True:
+            self._consumer_wake.clear()  # a restore during the next attempt cuts its pause
             try:
                 if not started or self.clock() >= self._reclaim_at:
                     if not started:
@@ -147,7 +169,7 @@ class BusIntake:
             except BusUnavailable as err:
                 self._report(err)
                 started = False
-                await asyncio.sleep(self.retry_s)
+                await _pause(self._consumer_wake, self.retry_s)
             except BusError as err:
                 self._report(err)
                 await asyncio.sleep(self.retry_s)
@@ -170,3 +192,10 @@ class BusIntake:
             await self.controller.on_changes(changes)
         if entries:
             await self.bus.pods.ack(GROUP, *(entry.id for entry in entries))
+
+
+async def _pause(wake: asyncio.Event, delay_s: float) -> None:
+    """Wait `delay_s`, or less when `wake` is set."""
+    with contextlib.suppress(TimeoutError):
+        async with asyncio.timeout(delay_s):
+            await wake.wait()

@@ -12,11 +12,18 @@ where it read and decoded every status (issue 42). A Redis that restarted empty 
 the counter with the table, so the copy is read again and every status re-marked. The
 copy keeps only what the comparison needs, each row's `(epoch, version)`, not the
 statuses (about 0.7 MB of decoded records at 110 pods).
+
+A flush that failed (Redis away, or back but the lease not yet taken back: `LeaseLapsed`)
+is tried again at `RETRY`'s pace (50 ms doubling to 1 s), and at once when the leader
+loop has the lease back (`resume`, a `Lease.on_restored` callback): a status that
+changed during a Redis restart reaches the bus as soon as the service may write again,
+where a fixed second's sleep and the next second's wake-up made it wait 1-2 s (issue 42).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import Callable
@@ -24,12 +31,17 @@ from dataclasses import dataclass
 
 from klet.bus import BusUnavailable, NodeBus, Table
 from klet.bus.tablecopy import Generations, TableCopy, TableWatch
+from klet.model.flowcontrol import BackoffPolicy
 from klet.model.records import PodStatusChange, PodStatusRecord
 from klet.model.types import JSON, PodUID
 from klet.obs import OnceLogger
+from klet.retry import delay_after
 from klet.syncloop.pods.status import strip_volatile
 
 log = logging.getLogger(__name__)
+
+RETRY = BackoffPolicy(initial_s=0.05, max_s=1.0)
+"""Waits between flushes that failed, unless `resume` comes first."""
 
 
 @dataclass
@@ -66,6 +78,7 @@ class StatusPublisher:
         clock: Callable[[], float] = time.time,
         full_every_s: float = 60.0,
         monotonic: Callable[[], float] = time.monotonic,
+        retry: BackoffPolicy = RETRY,
     ) -> None:
         self.bus = bus
         self.clock = clock
@@ -76,6 +89,9 @@ class StatusPublisher:
         self._dirty: set[str] = set()
         self._removed: set[str] = set()
         self._wake = asyncio.Event()
+        self._resume = asyncio.Event()
+        self._retry = retry
+        self._failures = 0  # consecutive failed flushes
         self._once = OnceLogger(log, level=logging.WARNING)
 
     def get(self, uid: str) -> JSON | None:
@@ -153,18 +169,34 @@ class StatusPublisher:
         if self._dirty or self._removed:
             self._wake.set()
 
+    def resume(self) -> None:
+        """The bus may be written again (the lease taken back after Redis lost it): a
+        flush waiting out its retry delay goes now."""
+        self._resume.set()
+        self._wake.set()
+
     async def run(self) -> None:
         while True:
-            try:
-                async with asyncio.timeout(1.0):
-                    await self._wake.wait()
-            except TimeoutError:
-                pass
-            self._wake.clear()
-            try:
-                await self.flush()
-                self._once.clear("bus", "status publishing resumed")
-            except BusUnavailable as err:
-                self._once.error("bus", "cannot publish pod statuses, will retry", error=str(err))
-                await asyncio.sleep(1.0)
+            await self.run_once()
             await asyncio.sleep(0.05)  # coalesce bursts of updates into one transaction
+
+    async def run_once(self) -> None:
+        """Wait for something to publish (or, after a failed flush, for its retry delay
+        or `resume`), then flush; a failure is kept for the next call."""
+        if self._failures:
+            event, timeout = self._resume, delay_after(self._retry, self._failures)
+        else:
+            event, timeout = self._wake, 1.0
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(timeout):
+                await event.wait()
+        self._wake.clear()
+        self._resume.clear()
+        try:
+            await self.flush()
+        except BusUnavailable as err:
+            self._failures += 1
+            self._once.error("bus", "cannot publish pod statuses, will retry", error=str(err))
+        else:
+            self._failures = 0
+            self._once.clear("bus", "status publishing resumed")
