@@ -2,9 +2,9 @@
 concurrent calls waiting for a connection rather than failing), consumer
 groups (delivery, ack, claiming what a dead consumer left pending, a bad entry
 surfacing as an error instead of a record, the group re-created after a flush, dead
-consumers removed from the group; every service's Events stream read as one), atomic
-transactions, the lease (one holder, a dead
-predecessor's lease taken over at once, takeover after expiry, fencing tokens
+consumers removed from the group; every service's Events stream read as one; a batch of
+Events appended by one fenced call, all or nothing), atomic transactions, the lease
+(one holder, a dead predecessor's lease taken over at once, takeover after expiry, fencing tokens
 increase), and BusUnavailable when Redis is gone. Redis is bounded (maxmemory, noeviction):
 a write past the bound is refused with OOM, which the bus reports as BusUnavailable (the
 writer retries), and nothing already written is evicted."""
@@ -16,9 +16,13 @@ from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
 import pytest
-from klet.bus import Bus, BusError, BusUnavailable, NodeBus
+from klet.bus import Bus, BusError, BusUnavailable, Fenced, NodeBus, WriteTooLarge
+from klet.bus.functions import MAX_ENTRY_BYTES
+from klet.devstack import RedisServer
 from klet.model.records import EventRecord, PodChange, SourceState
 from klet.model.types import PodUID
+
+from tests.harness.busroles import admin, leader
 
 T = TypeVar("T")
 
@@ -137,6 +141,33 @@ async def test_every_services_events_are_consumed_as_one_stream(redis_server: An
     finally:
         for b in buses.values():
             await b.close()
+
+
+async def test_a_batch_of_events_is_one_fenced_call_all_or_nothing(
+    redis_server: RedisServer,
+) -> None:
+    async def fcalls(root: Bus) -> int:
+        stats = await root.client.info("commandstats")
+        return int(stats.get("cmdstat_fcall", {}).get("calls", 0))
+
+    async with leader(redis_server, "n1", "syncloop") as nb, admin(redis_server, "n1") as root:
+        stored = root.stream("events:syncloop", EventRecord)
+        before = await fcalls(root)
+        ids = await nb.events.publish_many([event("Pulled"), event("Created"), event("Started")])
+        assert await fcalls(root) == before + 1
+        entries = await stored.latest(10)
+        assert [e.id for e in entries] == ids
+        assert [e.record.reason for e in entries if e.record] == ["Pulled", "Created", "Started"]
+        # One entry over the cap refuses the whole call: the first is not written either.
+        with pytest.raises(WriteTooLarge):
+            await nb.events.publish_many([event("Killing"), event("x" * MAX_ENTRY_BYTES)])
+        assert await stored.length() == 3
+        # Another replica holds the lease: the batch is refused whole, before any write.
+        await root.client.set(root.key("lease:syncloop"), "host:2:other:9")
+        with pytest.raises(Fenced):
+            await nb.events.publish_many([event("Killing"), event("BackOff")])
+        assert await stored.length() == 3
+        assert await nb.events.publish_many([]) == []
 
 
 async def test_dead_consumers_are_removed_from_the_group(redis_server: Any) -> None:

@@ -7,7 +7,9 @@ CRI, not in `/pods`). Around each phase the test reads every service's
 `kubelet_runtime_operations_total` (the CRI calls it made itself, by upstream's
 operation type) and cuts the private Redis's MONITOR output at marker commands: every
 command the node's services sent (the bus round trips, a pipeline's commands one by one)
-and, apart, the commands a Redis function ran for an FCALL, by command and bus key. An
+and, apart, the commands a Redis function ran for an FCALL, by command and bus key (an
+FCALL counts under its first key, the writer's lease; the ones that append Events count
+once more per events stream, so a batch of Events shows as one write). An
 idle window as long as a mean lifecycle is counted too, so the periodic passes (pod
 view reload, leases, consumer reads) can be told from what the pod caused; it lasts at
 least `IDLE_MIN_S`, so one round of log rotation (containerLogMonitorInterval, 10 s)
@@ -161,6 +163,12 @@ class Monitor:
                 continue
             source = "in-function" if where.endswith("lua") else "client"
             out[f"{source} {words[0].lower()} {_family(words[1:])}".rstrip()] += 1
+            if source == "client" and words[0].upper() == "FCALL":
+                # The fenced calls that carry Events: a call is counted under its
+                # first key (the lease), one row per events stream it appends to.
+                for family in dict.fromkeys(_family([w]) for w in words[1:]):
+                    if family.startswith("events:"):
+                        out[f"client fcall carrying {family}"] += 1
         raise AssertionError(f"no mark {last} in {self.log}")
 
 

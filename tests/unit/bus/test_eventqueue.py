@@ -1,16 +1,20 @@
 """The shared Event queue (`klet.bus.eventqueue.EventQueue`): records built as upstream's
-recorder does, published in order by the root task, retried while the bus fails (the
-outage logged once), and the oldest dropped and counted when the queue is full."""
+recorder does, published in order by the root task, everything queued at a wake-up in
+one bus write (issue 42), retried while the bus fails (the outage logged once), the
+oldest dropped and counted when the queue is full, and a record the bus refuses dropped
+alone."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Sequence
 
 import pytest
-from klet.bus import BusUnavailable, Fenced
-from klet.bus.eventqueue import EventQueue, node_reference
+from klet.bus import BusUnavailable, Fenced, WriteTooLarge
+from klet.bus.eventqueue import BATCH, EventQueue, node_reference
 from klet.model.records import EventRecord
+from klet.testbed.fakes.bus import FakeBus
 
 
 class Stream:
@@ -19,16 +23,18 @@ class Stream:
     def __init__(self, failures: list[Exception] | None = None) -> None:
         self.failures = list(failures or [])
         self.published: list[EventRecord] = []
+        self.writes: list[int] = []  # records in each successful write, in order
         self.done = asyncio.Event()
         self.expect = 0
 
-    async def publish(self, record: EventRecord) -> str:
+    async def publish_many(self, records: Sequence[EventRecord]) -> list[str]:
         if self.failures:
             raise self.failures.pop(0)
-        self.published.append(record)
+        self.published.extend(records)
+        self.writes.append(len(records))
         if len(self.published) >= self.expect:
             self.done.set()
-        return str(len(self.published))
+        return [str(len(self.published) - len(records) + i + 1) for i in range(len(records))]
 
 
 async def drain(queue: EventQueue, stream: Stream, count: int) -> None:
@@ -98,3 +104,108 @@ async def test_published_waits_for_the_queue_to_reach_the_stream() -> None:
     finally:
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
+
+
+async def test_events_queued_together_go_in_one_write() -> None:
+    stream = Stream()
+    queue = EventQueue(stream, cap=1000)
+    for reason in ("Pulled", "Created", "Started", "Killing"):
+        queue.emit(node_reference("n1"), "Normal", reason, "m")
+    await drain(queue, stream, 4)
+    assert stream.writes == [4]
+    assert [r.reason for r in stream.published] == ["Pulled", "Created", "Started", "Killing"]
+
+
+async def test_a_write_holds_at_most_batch_records() -> None:
+    stream = Stream()
+    queue = EventQueue(stream, cap=1000)
+    for i in range(BATCH + 5):
+        queue.emit(node_reference("n1"), "Normal", f"R{i}", "m")
+    await drain(queue, stream, BATCH + 5)
+    assert stream.writes == [BATCH, 5]
+    assert [r.reason for r in stream.published] == [f"R{i}" for i in range(BATCH + 5)]
+
+
+async def test_a_failed_write_is_retried_whole() -> None:
+    stream = Stream([Fenced("refused")])
+    queue = EventQueue(stream, cap=10, retry_s=0.0)
+    for reason in ("A", "B", "C"):
+        queue.emit(node_reference("n1"), "Normal", reason, "m")
+    await drain(queue, stream, 3)
+    assert stream.writes == [3]
+    assert [r.reason for r in stream.published] == ["A", "B", "C"]
+
+
+async def test_the_fake_bus_appends_a_batch_in_one_write() -> None:
+    bus = FakeBus()
+    events = bus.stream("events:syncloop", EventRecord)
+    queue = EventQueue(events, cap=10)
+    for reason in ("A", "B", "C"):
+        queue.emit(node_reference("n1"), "Normal", reason, "m")
+    task = asyncio.create_task(queue.run())
+    try:
+        await asyncio.wait_for(queue.published(), 2.0)
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+    assert bus.writes == [3]
+    await events.ensure_group("g")
+    entries = await events.read("g", "c", block_ms=0)
+    assert [e.record.reason for e in entries if e.record] == ["A", "B", "C"]
+
+
+async def test_a_window_gathers_events_emitted_while_it_lasts() -> None:
+    stream = Stream()
+    windows: list[float] = []
+
+    async def sleep(seconds: float) -> None:
+        windows.append(seconds)
+        if len(windows) == 1:  # the pod start's later Events, inside the window
+            queue.emit(node_reference("n1"), "Normal", "Created", "m")
+            queue.emit(node_reference("n1"), "Normal", "Started", "m")
+
+    queue = EventQueue(stream, cap=10, coalesce_s=0.1, sleep=sleep)
+    queue.emit(node_reference("n1"), "Normal", "Pulled", "m")
+    await drain(queue, stream, 3)
+    assert windows == [0.1]
+    assert stream.writes == [3]
+    assert [r.reason for r in stream.published] == ["Pulled", "Created", "Started"]
+
+
+async def test_records_dropped_while_their_write_was_out_count_as_written() -> None:
+    class Crowded(Stream):
+        async def publish_many(self, records: Sequence[EventRecord]) -> list[str]:
+            if not self.writes:  # a burst fills the queue while the first write is out
+                queue.emit(node_reference("n1"), "Normal", "C", "m")
+            return await super().publish_many(records)
+
+    stream = Crowded()
+    queue = EventQueue(stream, cap=2)
+    queue.emit(node_reference("n1"), "Normal", "A", "m")
+    queue.emit(node_reference("n1"), "Normal", "B", "m")
+    await drain(queue, stream, 3)
+    assert [r.reason for r in stream.published] == ["A", "B", "C"]
+    assert stream.writes == [2, 1]
+    assert queue.dropped == 0
+    assert not queue.queue
+
+
+async def test_a_record_the_bus_refuses_is_dropped_alone(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    class Refusing(Stream):
+        async def publish_many(self, records: Sequence[EventRecord]) -> list[str]:
+            if any(r.reason == "Huge" for r in records):
+                raise WriteTooLarge("MAX_ENTRY_BYTES", "entry too large")
+            return await super().publish_many(records)
+
+    stream = Refusing()
+    queue = EventQueue(stream, cap=10)
+    for reason in ("A", "Huge", "C", "D"):
+        queue.emit(node_reference("n1"), "Normal", reason, "m")
+    with caplog.at_level(logging.WARNING, logger="klet.bus.eventqueue"):
+        await drain(queue, stream, 3)
+    assert [r.reason for r in stream.published] == ["A", "C", "D"]
+    assert stream.writes == [1, 1, 1]  # the refused batch's records, one at a time
+    assert queue.refused == 1
+    assert [r.message for r in caplog.records] == ["event refused by the bus, dropped"]

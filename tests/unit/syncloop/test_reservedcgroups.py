@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -223,9 +224,9 @@ class Stream:
     def __init__(self) -> None:
         self.published: list[EventRecord] = []
 
-    async def publish(self, record: EventRecord) -> str:
-        self.published.append(record)
-        return str(len(self.published))
+    async def publish_many(self, records: Sequence[EventRecord]) -> list[str]:
+        self.published.extend(records)
+        return [str(len(self.published))] * len(records)
 
 
 async def test_a_failure_ends_the_task_once_its_warning_is_on_the_bus(tmp_path: Path) -> None:

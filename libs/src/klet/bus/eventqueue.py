@@ -2,10 +2,19 @@
 `events:<service>` (status-reporter posts them all to the apiserver).
 
 `emit` only queues, so recording an Event never blocks a pod worker or a GC or eviction
-pass on Redis; the `run` root task publishes in order. While Redis is away (or a write
+pass on Redis; the `run` root task publishes in order. Everything queued when it wakes
+goes in one bus write (`publish_many`, up to `BATCH` records a write; issue 42: one
+write per Event was about four fenced calls per pod start), `coalesce_s` after the
+wake-up: a service whose Events come in bursts a few CRI calls apart (syncloop's pod
+start) sets a window, and each Event reaches the stream up to that much later. A write
+is all or nothing (one fenced call on a leader bus, MULTI/EXEC otherwise), so a batch
+is taken off the queue only once written, never half. While Redis is away (or a write
 is fenced) it retries every `retry_s`, logging the outage once; a full queue drops the
 oldest record, counted in `dropped`. Fencing needs nothing here: a fenced write marks
-the lease lost and the service's lease loop stops the process.
+the lease lost and the service's lease loop stops the process. A write the bus refuses
+for what it holds (`WriteTooLarge`, `BadWrite`: retrying cannot help) is tried again
+one record at a time, and the record refused alone is logged, dropped and counted in
+`refused`, so one bad Event cannot stop those behind it.
 
 The reasons and messages stay with the services that record them; this module only
 builds the record (component "kubelet", as upstream's recorder) and the Node reference
@@ -15,21 +24,28 @@ upstream's kubelet uses for node Events (the node name as its UID).
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Protocol
 
-from klet.bus.redisbus import BusError
+from klet.bus.redisbus import BadWrite, BusError, WriteTooLarge
 from klet.model.records import EventRecord
 from klet.model.types import JSON
 
 log = logging.getLogger(__name__)
 
 
+BATCH = 100
+"""Records in one write at most: 100 Events of the largest entry the bus takes
+(klet.bus.functions.MAX_ENTRY_BYTES, 64 KiB) are 6.4 MB, well under one call's
+MAX_WRITE_BYTES."""
+
+
 class EventStream(Protocol):
-    async def publish(self, record: EventRecord) -> str: ...
+    async def publish_many(self, records: Sequence[EventRecord]) -> list[str]: ...
 
 
 def node_reference(node_name: str) -> JSON:
@@ -61,13 +77,18 @@ class EventQueue:
         *,
         cap: int,
         retry_s: float = 1.0,
+        coalesce_s: float = 0.0,
         clock: Callable[[], float] = time.time,
+        sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
     ) -> None:
         self.stream = stream
         self.retry_s = retry_s
+        self.coalesce_s = coalesce_s
         self.clock = clock
+        self.sleep = sleep
         self.queue: deque[EventRecord] = deque(maxlen=cap)
         self.dropped = 0
+        self.refused = 0
         self._wake = asyncio.Event()
         self._empty = asyncio.Event()  # set while nothing waits to be published
         self._empty.set()
@@ -100,18 +121,45 @@ class EventQueue:
 
     async def run(self) -> None:
         down = False
+        alone = 0  # records still to write one at a time, after a refused batch
         while True:
             await self._wake.wait()
+            if self.coalesce_s > 0:
+                await self.sleep(self.coalesce_s)
             self._wake.clear()
             while self.queue:
+                batch = list(itertools.islice(self.queue, 1 if alone else BATCH))
+                dropped = self.dropped
                 try:
-                    await self.stream.publish(self.queue[0])
+                    await self.stream.publish_many(batch)
+                except (WriteTooLarge, BadWrite) as err:
+                    if len(batch) > 1:
+                        alone = len(batch)
+                        continue
+                    log.error(
+                        "event refused by the bus, dropped",
+                        extra={"reason": batch[0].reason, "error": str(err)},
+                    )
+                    self.refused += 1
+                    self._take(batch, dropped)
+                    alone = max(0, alone - 1)
+                    continue
                 except BusError as err:
                     if not down:
                         log.warning("cannot publish events, will retry", extra={"error": str(err)})
                         down = True
-                    await asyncio.sleep(self.retry_s)
+                    await self.sleep(self.retry_s)
                     continue
                 down = False
-                self.queue.popleft()
+                self._take(batch, dropped)
+                alone = max(0, alone - len(batch))
             self._empty.set()
+
+    def _take(self, batch: list[EventRecord], dropped_before: int) -> None:
+        """Remove `batch`, the queue's oldest records when its write began, from the
+        queue. A full queue may have dropped some of them meanwhile (`emit` drops the
+        oldest): those are gone already, and were written after all."""
+        lost = min(len(batch), self.dropped - dropped_before)
+        self.dropped -= lost
+        for _ in range(len(batch) - lost):
+            self.queue.popleft()
