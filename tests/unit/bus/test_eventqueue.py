@@ -154,24 +154,6 @@ async def test_the_fake_bus_appends_a_batch_in_one_write() -> None:
     assert [e.record.reason for e in entries if e.record] == ["A", "B", "C"]
 
 
-async def test_a_window_gathers_events_emitted_while_it_lasts() -> None:
-    stream = Stream()
-    windows: list[float] = []
-
-    async def sleep(seconds: float) -> None:
-        windows.append(seconds)
-        if len(windows) == 1:  # the pod start's later Events, inside the window
-            queue.emit(node_reference("n1"), "Normal", "Created", "m")
-            queue.emit(node_reference("n1"), "Normal", "Started", "m")
-
-    queue = EventQueue(stream, cap=10, coalesce_s=0.1, sleep=sleep)
-    queue.emit(node_reference("n1"), "Normal", "Pulled", "m")
-    await drain(queue, stream, 3)
-    assert windows == [0.1]
-    assert stream.writes == [3]
-    assert [r.reason for r in stream.published] == ["Pulled", "Created", "Started"]
-
-
 async def test_records_dropped_while_their_write_was_out_count_as_written() -> None:
     class Crowded(Stream):
         async def publish_many(self, records: Sequence[EventRecord]) -> list[str]:

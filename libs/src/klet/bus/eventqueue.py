@@ -4,9 +4,11 @@
 `emit` only queues, so recording an Event never blocks a pod worker or a GC or eviction
 pass on Redis; the `run` root task publishes in order. Everything queued when it wakes
 goes in one bus write (`publish_many`, up to `BATCH` records a write; issue 42: one
-write per Event was about four fenced calls per pod start), `coalesce_s` after the
-wake-up: a service whose Events come in bursts a few CRI calls apart (syncloop's pod
-start) sets a window, and each Event reaches the stream up to that much later. A write
+write per Event was about four fenced calls per pod start). There is no gathering
+window: with one (0.25 s, tried 2026-11-29) a pod start's Events went in one or two
+writes instead of three or four, but each Event then reached the stream after the status
+change that follows it, and readers that see the status and look for its Event (`klet
+why`, the apiserver's Events, the tests) found none yet. A write
 is all or nothing (one fenced call on a leader bus, MULTI/EXEC otherwise), so a batch
 is taken off the queue only once written, never half. While Redis is away (or a write
 is fenced) it retries every `retry_s`, logging the outage once; a full queue drops the
@@ -77,13 +79,11 @@ class EventQueue:
         *,
         cap: int,
         retry_s: float = 1.0,
-        coalesce_s: float = 0.0,
         clock: Callable[[], float] = time.time,
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
     ) -> None:
         self.stream = stream
         self.retry_s = retry_s
-        self.coalesce_s = coalesce_s
         self.clock = clock
         self.sleep = sleep
         self.queue: deque[EventRecord] = deque(maxlen=cap)
@@ -124,8 +124,6 @@ class EventQueue:
         alone = 0  # records still to write one at a time, after a refused batch
         while True:
             await self._wake.wait()
-            if self.coalesce_s > 0:
-                await self.sleep(self.coalesce_s)
             self._wake.clear()
             while self.queue:
                 batch = list(itertools.islice(self.queue, 1 if alone else BATCH))

@@ -5,11 +5,8 @@ the shared `klet.bus.eventqueue.EventQueue`, whose root task appends them to the
 stream, so recording an event never blocks a pod worker and a Redis outage only delays
 (or, past the queue cap, drops) events.
 
-The queue gathers for `COALESCE_S` after an Event before it writes: a pod start's
-Events (Pulled, Created, Started) come a CRI call or two apart, and with the window they
-reach the bus in one fenced write instead of one each (issue 42). The cost is latency:
-each Event is on the stream up to `COALESCE_S` later, so posted to the apiserver and
-shown by `klet why` that much later.
+A pod start's Events that are queued when the queue's task wakes go in one bus write
+(issue 42); the queue does not wait to gather more (see klet.bus.eventqueue for why).
 """
 
 from __future__ import annotations
@@ -27,13 +24,9 @@ class EventSink(Protocol):
     ) -> None: ...
 
 
-COALESCE_S = 0.25
-"""Seconds the queue gathers Events after the first before one write carries them."""
-
-
 class BusEventSink:
-    def __init__(self, bus: NodeBus, *, cap: int = 1000, coalesce_s: float = COALESCE_S) -> None:
-        self.queue = EventQueue(bus.events, cap=cap, coalesce_s=coalesce_s)
+    def __init__(self, bus: NodeBus, *, cap: int = 1000) -> None:
+        self.queue = EventQueue(bus.events, cap=cap)
 
     def emit(
         self, pod: JSON, type_: str, reason: str, message: str, *, field_path: str = ""
