@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any, cast
 
 from klet.bus import Bus
+from klet.cli.up import optimized_bytecode
 from klet.devstack import DevStack, ManagedProcess, RedisServer, free_port
 from klet.model.records import EventRecord
 from klet.syncloop.volumes.fs import mounts_under
@@ -114,11 +115,15 @@ class KletNode:
         if manifest_url is not None:
             flags += ["--manifest-url", manifest_url]
         self.flags = [*flags, *extra_flags]
+        # The services run as `klet up` runs them: without docstrings (PYTHONOPTIMIZE=2)
+        # where make setup compiled the optimised bytecode.
+        optimize = ["-OO"] if optimized_bytecode() else []
         self.procs = {
             s: ManagedProcess(
                 s,
                 [
                     sys.executable,
+                    *optimize,
                     "-m",
                     f"klet.{s.replace('-', '_')}",
                     *self.flags,

@@ -154,6 +154,8 @@ def test_klet_up_runs_examples_supervises_and_stops_cleanly() -> None:
         # Two glibc malloc arenas per service, not one per thread (gRPC's and asyncio's).
         environ = Path(f"/proc/{pids['syncloop']}/environ").read_bytes().split(b"\0")
         assert b"MALLOC_ARENA_MAX=2" in environ
+        # Docstrings not loaded: make setup compiled the optimised bytecode.
+        assert b"PYTHONOPTIMIZE=2" in environ
         web_ids = [c["containerID"] for c in pods()["web-upnode"]["status"]["containerStatuses"]]
 
         assert_readers_reach_the_runtime_through_the_proxy(run_dir, pids, log.read_text())

@@ -3,7 +3,9 @@ and gives the three services that read the runtime their CRI proxy socket as run
 image endpoint (syncloop and pod-source keep theirs); it serves that proxy itself, bound
 before the first service starts and closed after the last one stopped, and the proxy it
 serves loads neither the CRI stubs nor the CRI client (issue 42: no interpreter of its
-own, and little added to the supervisor's)."""
+own, and little added to the supervisor's). The services' environment: no KLET_REDIS_URL,
+MALLOC_ARENA_MAX=2, and PYTHONOPTIMIZE=2 only where the optimised bytecode is installed;
+an operator's own values stand."""
 
 from __future__ import annotations
 
@@ -118,3 +120,22 @@ def test_the_proxy_loads_neither_the_cri_stubs_nor_the_client() -> None:
         [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60
     )
     assert json.loads(out.stdout) == ["grpc"]
+
+
+def test_the_services_environment_drops_the_redis_url_and_holds_memory_down() -> None:
+    env = up_module.service_environment(
+        {"PATH": "/bin", "KLET_REDIS_URL": "redis://:pw@h:6379"}, optimized_bytecode=True
+    )
+    assert env == {"PATH": "/bin", "MALLOC_ARENA_MAX": "2", "PYTHONOPTIMIZE": "2"}
+
+
+def test_no_optimisation_without_its_bytecode_and_the_operators_values_stand() -> None:
+    plain = up_module.service_environment({"PATH": "/bin"}, optimized_bytecode=False)
+    assert plain == {"PATH": "/bin", "MALLOC_ARENA_MAX": "2"}
+    operator = {"MALLOC_ARENA_MAX": "4", "PYTHONOPTIMIZE": "0"}
+    assert up_module.service_environment(operator, optimized_bytecode=True) == operator
+
+
+def test_the_optimised_bytecode_is_found_where_make_setup_compiled_it() -> None:
+    # tools/setup.sh compiles klet's sources and the venv at -o 2; the check reads both.
+    assert up_module.optimized_bytecode()
