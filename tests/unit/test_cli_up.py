@@ -10,14 +10,14 @@ an operator's own values stand."""
 from __future__ import annotations
 
 import asyncio
-import json
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 from klet.cli import up as up_module
+
+from tests.harness.freshimports import loaded_after
 
 
 def test_a_service_that_is_not_installed_is_named(
@@ -111,15 +111,10 @@ def test_a_proxy_that_cannot_bind_starts_no_service(
 def test_the_proxy_loads_neither_the_cri_stubs_nor_the_client() -> None:
     """What serving it adds to the supervisor: gRPC and the allow-list, not cri_api's
     stubs, klet.cri.client or its retry library (a fresh interpreter tells)."""
-    code = (
-        "import json, sys; import klet.cli.up, klet.cri.proxy; "
-        "print(json.dumps([m for m in ('cri_api', 'klet.cri.client', 'tenacity', 'grpc') "
-        "if m in sys.modules]))"
+    loaded = loaded_after(
+        "import klet.cli.up, klet.cri.proxy", ["cri_api", "klet.cri.client", "tenacity", "grpc"]
     )
-    out = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60
-    )
-    assert json.loads(out.stdout) == ["grpc"]
+    assert loaded == ["grpc"]
 
 
 def test_the_services_environment_drops_the_redis_url_and_holds_memory_down() -> None:

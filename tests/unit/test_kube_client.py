@@ -16,8 +16,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import subprocess
-import sys
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -28,6 +26,7 @@ from klet.kube import KubeSettings
 from klet.kube.client import KubeClient
 from klet.kube.errors import KubeError
 
+from tests.harness.freshimports import loaded_after
 from tests.unit.test_kube_tokens import kubeconfig
 
 
@@ -255,12 +254,8 @@ def test_the_client_loads_no_certificate_machinery() -> None:
     cryptography.x509 unloaded (a fresh interpreter tells; redis-py imports the bare
     `cryptography` package itself); test_certificate_seeding covers the rotated
     client, which loads them when built."""
-    code = (
-        "import json, sys; import klet.kube.client; "
-        "print(json.dumps([m for m in ('klet.kube.bootstrap', 'klet.kube.certificates', "
-        "'cryptography.x509', 'kubernetes') if m in sys.modules]))"
+    loaded = loaded_after(
+        "import klet.kube.client",
+        ["klet.kube.bootstrap", "klet.kube.certificates", "cryptography.x509", "kubernetes"],
     )
-    out = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60
-    )
-    assert json.loads(out.stdout) == ["kubernetes"]
+    assert loaded == ["kubernetes"]

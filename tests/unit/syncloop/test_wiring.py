@@ -18,9 +18,6 @@ modules load the D-Bus client only for cgroupDriver: systemd.
 from __future__ import annotations
 
 import dataclasses
-import json
-import subprocess
-import sys
 from pathlib import Path
 
 from klet.bus import Bus
@@ -33,6 +30,8 @@ from klet.syncloop.wiring import Overrides, build_deps
 from klet.testbed.fakes.bus import FakeBus
 from klet.testbed.fakes.cri import FakeRuntimeEvents, FakeRuntimeService
 from prometheus_client import CollectorRegistry
+
+from tests.harness.freshimports import loaded_after
 
 from .helpers import RecordedEvents, wire
 
@@ -168,14 +167,9 @@ def test_start_up_loads_no_d_bus_client() -> None:
     point, app, wiring and the start-up checks' modules) leaves dbus-fast and
     klet.cgroups.systemd unloaded; wiring imports them only for cgroupDriver: systemd
     (a fresh interpreter tells)."""
-    code = (
-        "import json, sys; import klet.syncloop.__main__, klet.syncloop.app, "
-        "klet.syncloop.wiring, klet.syncloop.containers.reservedcgroups, "
-        "klet.syncloop.containers.systemdcgroups; "
-        "print(json.dumps([m for m in ('dbus_fast', 'klet.cgroups.systemd', 'klet.sysbus', "
-        "'klet.syncloop.wiring') if m in sys.modules]))"
+    loaded = loaded_after(
+        "import klet.syncloop.__main__, klet.syncloop.app, klet.syncloop.wiring, "
+        "klet.syncloop.containers.reservedcgroups, klet.syncloop.containers.systemdcgroups",
+        ["dbus_fast", "klet.cgroups.systemd", "klet.sysbus", "klet.syncloop.wiring"],
     )
-    out = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60
-    )
-    assert json.loads(out.stdout) == ["klet.syncloop.wiring"]
+    assert loaded == ["klet.syncloop.wiring"]
