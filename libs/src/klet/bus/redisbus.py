@@ -647,12 +647,12 @@ class Stream(Generic[R]):
         self.maxlen = maxlen
 
     async def publish(self, record: R) -> str:
-        (entry_id,) = await self.bus.write([_Op.xadd(self.key, self.maxlen, record.encode())])
+        (entry_id,) = await self.publish_many([record])
         return entry_id
 
     async def publish_many(self, records: Sequence[R]) -> list[str]:
         """Append `records` in order in one bus write (one round trip): one entry each,
-        as `publish` makes them, all or none (a leader bus's write is one fenced call,
+        all or none (a leader bus's write is one fenced call,
         refused whole when the lease is not ours). Returns their ids."""
         if not records:
             return []
