@@ -32,7 +32,7 @@ from klet.csi import CSIError, DriverUnavailable, Volume
 from klet.model.records import CSIDriverRecord
 from klet.model.types import JSON
 from klet.syncloop.environment.envvars import NodeFacts
-from klet.syncloop.volumes import claims, hostpath, localdevice, mounts
+from klet.syncloop.volumes import claims, fs, hostpath, localdevice, mounts
 from klet.syncloop.volumes.base import Block, VolumeContext, VolumeError
 from klet.syncloop.volumes.csi import (
     RWOP_IN_USE,
@@ -295,6 +295,59 @@ async def test_a_volume_is_staged_once_and_published_per_pod(tmp_path: Path) -> 
     assert driver.names()[-2:] == ["unpublish", "unstage"]
     assert not staging.parent.exists()
     assert not path2.parent.exists()
+
+
+async def test_tear_down_removes_the_unmounted_directories_without_the_mount_table(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 42's count: after the driver's unpublish and unstage, the publish and the
+    staging directory (an emptied `mount`/`globalmount` and klet's vol_data.json) go by
+    rmdir and unlink: no read of the mount table (one each before)."""
+    reads: list[int] = []
+    monkeypatch.setattr(fs, "read_mountinfo", lambda: reads.append(1) or "")
+    driver, objects = FakeDriver(), Objects()
+    objects.bind("data", "pv1")
+    p = plugin(tmp_path, driver, objects)
+    path = await p.set_up(CLAIM, ctx(tmp_path, a_pod("u1", CLAIM)))
+    staging = staging_path(tmp_path, DRIVER, "vol-1")
+    await p.tear_down(path.parent)
+    assert driver.names() == ["stage", "publish", "unpublish", "unstage"]
+    assert not path.parent.exists() and not staging.parent.exists()
+    assert reads == []
+
+
+async def test_a_mount_the_driver_left_is_removed_the_careful_way(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A target still mounted after NodeUnpublishVolume (rmdir refuses it): the tear-down
+    unmounts it from the mount table before deleting, and never deletes through it."""
+    mounted: list[str] = []
+    unmounted: list[str] = []
+
+    def table() -> str:
+        return "".join(f"40 22 0:40 / {m} rw - tmpfs tmpfs rw\n" for m in mounted)
+
+    async def unmount(path: Path) -> None:
+        unmounted.append(str(path))
+        mounted.remove(str(path))
+        (path / "on-the-mount").unlink()  # what the mount held goes with it
+
+    monkeypatch.setattr(fs, "read_mountinfo", table)
+    monkeypatch.setattr(fs, "unmount", unmount)
+    driver, objects = FakeDriver(), Objects()
+    objects.bind("data", "pv1")
+    p = plugin(tmp_path, driver, objects)
+    path = await p.set_up(CLAIM, ctx(tmp_path, a_pod("u1", CLAIM)))
+    (path / "on-the-mount").write_text("data")  # rmdir of the target fails: not empty
+    mounted.append(str(path))
+
+    async def unpublish_leaving_the_mount(volume_id: str, *, target_path: str) -> None:
+        driver.calls.append(("unpublish", (volume_id, target_path)))
+
+    monkeypatch.setattr(driver, "unpublish", unpublish_leaving_the_mount)
+    await p.tear_down(path.parent)
+    assert unmounted == [str(path)]
+    assert not path.parent.exists()
 
 
 async def test_a_restarted_syncloop_tears_down_what_its_predecessor_set_up(

@@ -555,6 +555,68 @@ async def test_a_tmpfs_content_volume_already_mounted_is_not_looked_up_again(
     assert table.reads == 0
 
 
+async def _a_downward_api_volume_on_a_fake_tmpfs(
+    tmp_path: Path, table: MountTable, monkeypatch: pytest.MonkeyPatch
+) -> Path:
+    """A downwardAPI volume set up on a pretend tmpfs: the table lists its directory and
+    `likely_mount_point` says so; unmounting it takes what the tmpfs held away."""
+    monkeypatch.setattr(fs, "mount_tmpfs", lambda path, *, options=(): asyncio.sleep(0))
+    monkeypatch.setattr(fs, "likely_mount_point", lambda path: str(path) in table.points)
+    ctx = VolumeContext(
+        pod=pod(),
+        pod_dir=tmp_path / "pod",
+        objects=None,
+        tokens=None,
+        node=NodeFacts(memory_bytes=1 << 30),
+        pod_ip="10.0.0.9",
+    )
+    items = [{"path": "labels", "fieldRef": {"fieldPath": "metadata.labels"}}]
+    path = await DownwardAPIPlugin().set_up({"name": "info", "downwardAPI": {"items": items}}, ctx)
+    table.points.append(str(path))
+    umount = table.unmount
+
+    async def unmount(point: Path) -> None:
+        if any(p.startswith(f"{point}/") for p in table.points):
+            raise fs.MountError(f"umount {point} failed: exit status 32: target is busy")
+        await umount(point)
+        for entry in os.scandir(point):  # the tmpfs' content goes with it
+            if entry.is_dir(follow_symlinks=False) and not entry.is_symlink():
+                for inner in os.scandir(entry.path):
+                    os.unlink(inner.path)
+                os.rmdir(entry.path)
+            else:
+                os.unlink(entry.path)
+
+    monkeypatch.setattr(fs, "unmount", unmount)
+    return path
+
+
+async def test_a_tmpfs_content_volume_goes_without_reading_the_mount_table(
+    tmp_path: Path, table: MountTable, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 42's count: a secret, projected or downwardAPI volume's tear-down unmounts
+    its own tmpfs and rmdirs the directory: no read of the mount table (two before)."""
+    path = await _a_downward_api_volume_on_a_fake_tmpfs(tmp_path, table, monkeypatch)
+    await DownwardAPIPlugin().tear_down(path)
+    assert table.unmounted == [str(path)]
+    assert not path.exists()
+    assert table.reads == 0
+
+
+async def test_a_mount_below_a_tmpfs_content_volume_is_removed_the_careful_way(
+    tmp_path: Path, table: MountTable, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """umount refuses a tmpfs with a mount below it: the tear-down falls back to the
+    mount table, unmounting deepest first, and removes the rest."""
+    path = await _a_downward_api_volume_on_a_fake_tmpfs(tmp_path, table, monkeypatch)
+    (path / "inner").mkdir()
+    table.points.append(str(path / "inner"))
+    await DownwardAPIPlugin().tear_down(path)
+    assert table.unmounted == [str(path / "inner"), str(path)]
+    assert not path.exists()
+    assert table.reads == 2
+
+
 async def test_remove_tree_deletes_plain_directories_and_not_symlink_targets(
     tmp_path: Path,
 ) -> None:

@@ -145,6 +145,10 @@ class _ContentPlugin(ABC):
         return await _store(path, payload, tmpfs=not self.on_disk, ctx=ctx)
 
     async def tear_down(self, path: Path) -> None:
+        # Its own tmpfs unmounted and the directory rmdir'ed, without the mount table;
+        # anything else there (a mount below, files under the tmpfs) the careful way.
+        if not self.on_disk and await fs.remove_own_mount(path):
+            return
         await _remove(path)
 
 

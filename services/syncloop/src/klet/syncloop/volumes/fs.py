@@ -16,7 +16,12 @@ kernel prints the whole table at each read, whatever the question. So a removal 
 once more only when it unmounted something (to see what is still there), a question
 about one path parses only the lines that name it, and a volume directory that shares
 its parent's device is no mount point without reading the table at all
-(`likely_mount_point`, upstream's IsLikelyNotMountPoint).
+(`likely_mount_point`, upstream's IsLikelyNotMountPoint). Where klet knows what was
+mounted, no table is read at all: a content volume's own tmpfs is unmounted and its
+directory removed by rmdir (`remove_own_mount`), and a CSI directory the driver has
+unmounted goes by rmdir and the unlink of klet's own record (`remove_emptied`); rmdir
+refuses a mount point and a non-empty directory, so anything unexpected there falls
+back to `remove_tree`.
 """
 
 from __future__ import annotations
@@ -234,6 +239,61 @@ async def remove_tree(path: Path) -> list[str]:
     still = set(mounts_under(path)) if points else set()
     problems += await asyncio.to_thread(_delete, path, still)
     return problems
+
+
+async def remove_own_mount(path: Path) -> bool:
+    """Remove the directory `path` on which klet mounted a filesystem of its own (a
+    content volume's tmpfs): unmount it when its device says it is mounted, then rmdir,
+    which removes nothing but an empty directory and refuses a mount point, so no read
+    of the mount table (issue 42: two per such volume). False when that is not enough
+    (umount refused, say for a mount below it, or something is left or still mounted
+    there): the caller then takes the careful way, `remove_tree`."""
+    if await asyncio.to_thread(likely_mount_point, path):
+        try:
+            await unmount(path)
+        except MountError:
+            return False
+    return await asyncio.to_thread(_rmdir, path)
+
+
+def remove_emptied(path: Path, *, files: tuple[str, ...] = ()) -> bool:
+    """Remove the directory `path` whose mounts were all taken away (a CSI publish or
+    staging directory after the driver's unpublish or unstage): its subdirectories by
+    rmdir (which refuses a mount point and a non-empty directory), the regular `files`
+    named in `path` itself, then `path` by rmdir; no read of the mount table (issue 42:
+    one per directory). False, having removed at most empty subdirectories, when
+    anything else is there: the caller then takes the careful way, `remove_tree`."""
+    try:
+        entries = list(os.scandir(path))
+    except FileNotFoundError:
+        return True
+    except OSError:
+        return False
+    plain = [e for e in entries if e.name in files and e.is_file(follow_symlinks=False)]
+    for entry in entries:
+        if entry in plain:
+            continue
+        if not entry.is_dir(follow_symlinks=False) or not _rmdir(Path(entry.path)):
+            return False
+    try:
+        for entry in plain:
+            os.unlink(entry.path)
+    except FileNotFoundError:
+        pass
+    except OSError:
+        return False
+    return _rmdir(path)
+
+
+def _rmdir(path: Path) -> bool:
+    """rmdir: True when `path` is gone (or was never there)."""
+    try:
+        os.rmdir(path)
+    except FileNotFoundError:
+        return True
+    except OSError:
+        return False
+    return True
 
 
 def _delete(path: Path, mounted: set[str]) -> list[str]:
