@@ -50,7 +50,7 @@ class FakeObjects:
         self.reads: list[tuple[str, str, str]] = []
         self.forgotten = 0
 
-    def forget_cached(self) -> None:
+    def forget_cached(self, namespace: str) -> None:
         self.forgotten += 1
 
     async def get_configmap(self, namespace: str, name: str) -> JSON | None:

@@ -74,7 +74,7 @@ class Objects:
     async def get_configmap(self, namespace: str, name: str) -> JSON | None:
         return None
 
-    def forget_cached(self) -> None:
+    def forget_cached(self, namespace: str) -> None:
         pass  # keeps no answers: every read is the current object
 
     async def list_services(self, namespace: str) -> list[JSON]:
@@ -470,9 +470,49 @@ async def test_api_objects_forget_cached_makes_the_next_read_ask_again() -> None
     assert await objects.get_configmap("ns", "cm") == {"data": {"k": "old"}}
     kube.objects[CM_PATH] = {"data": {"k": "new"}}
     assert await objects.get_configmap("ns", "cm") == {"data": {"k": "old"}}  # within the TTL
-    objects.forget_cached()
+    objects.forget_cached("ns")
     assert await objects.get_configmap("ns", "cm") == {"data": {"k": "new"}}
     assert len(kube.gets) == 2
+
+
+async def test_a_new_pod_drops_its_namespaces_objects_and_keeps_the_rest() -> None:
+    """Issue 42: a new pod's first volume set-up drops the cached answers it must read
+    afresh (its namespace's Secrets, ConfigMaps, claims, Services and ServiceAccounts,
+    the master Services, PVs, VolumeAttachments) and keeps the rest for the TTL: other
+    namespaces' objects, CSIDrivers, RuntimeClasses, the Node. It used to drop all."""
+    kube = Kube({})
+    objects = ApiObjects(kube, ttl_s=5.0, clock=lambda: 0.0)
+
+    async def read_everything() -> None:
+        for ns in ("ns", "other"):
+            await objects.get_configmap(ns, "cm")
+            await objects.get_secret(ns, "s")
+            await objects.get_pvc(ns, "claim")
+            await objects.get_service_account(ns, "sa")
+            await objects.list_services(ns)
+        await objects.list_services("default")
+        await objects.get_pv("pv1")
+        await objects.get_volume_attachment("va1")
+        await objects.get_csi_driver("drv")
+        await objects.get_runtime_class("rc")
+        await objects.get_node("node1")
+
+    await read_everything()
+    kube.gets.clear()
+    objects.forget_cached("ns")
+    await read_everything()
+    assert sorted(kube.gets) == sorted(
+        [
+            "/api/v1/namespaces/ns/configmaps/cm",
+            "/api/v1/namespaces/ns/secrets/s",
+            "/api/v1/namespaces/ns/persistentvolumeclaims/claim",
+            "/api/v1/namespaces/ns/serviceaccounts/sa",
+            "/api/v1/namespaces/ns/services",
+            "/api/v1/namespaces/default/services",
+            "/api/v1/persistentvolumes/pv1",
+            "/apis/storage.k8s.io/v1/volumeattachments/va1",
+        ]
+    )
 
 
 async def test_api_objects_report_other_errors_in_the_apiservers_words() -> None:

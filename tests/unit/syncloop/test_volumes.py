@@ -937,11 +937,12 @@ async def test_removing_the_pod_removes_its_volumes(w: World, tmp_path: Path) ->
 
 async def test_a_new_pod_reads_its_objects_afresh_not_from_the_cache(tmp_path: Path) -> None:
     """The first set-up of a pod (and of a pod set up again after its tear-down) drops
-    the reader's cache; later set-ups of the same pod use it."""
+    what the reader keeps of the pod's namespace; later set-ups of the same pod use it."""
 
     class Reader:
         def __init__(self) -> None:
             self.forgotten = 0
+            self.namespaces: list[str] = []
 
         async def get_secret(self, namespace: str, name: str) -> JSON | None:
             return None
@@ -952,8 +953,9 @@ async def test_a_new_pod_reads_its_objects_afresh_not_from_the_cache(tmp_path: P
         async def list_services(self, namespace: str) -> list[JSON]:
             return []
 
-        def forget_cached(self) -> None:
+        def forget_cached(self, namespace: str) -> None:
             self.forgotten += 1
+            self.namespaces.append(namespace)
 
     reader = Reader()
     m = VolumeManager([FakePlugin()], root_dir=tmp_path, node=NodeFacts(), objects=reader)
@@ -967,3 +969,4 @@ async def test_a_new_pod_reads_its_objects_afresh_not_from_the_cache(tmp_path: P
     assert await m.tear_down("u1") == []
     await m.set_up(first, pod_ip="10.0.0.1")
     assert reader.forgotten == 3
+    assert reader.namespaces == ["default"] * 3  # the pods' namespace (see test_images)

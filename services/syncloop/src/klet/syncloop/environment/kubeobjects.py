@@ -17,10 +17,13 @@ a pod whose containers share a ConfigMap reads it once, while an object created 
 changed later is seen at the next retry. Upstream's default strategy watches each
 referenced object instead; a short TTL gives the same outcome for container start,
 the only place syncloop reads these objects, with no watch to keep per object. A new
-pod reads what the apiserver holds now, not the cache (`forget_cached` at its first
-volume set-up), as upstream refetches an object when a new pod refers to it: the pods a
-rollout creates right after their ConfigMap changed (`helm upgrade`) would otherwise
-get the old one from a read the pods they replace made seconds before.
+pod reads its namespace's objects as the apiserver holds them now, not the cache
+(`forget_cached` at its first volume set-up), as upstream refetches an object when a
+new pod refers to it: the pods a rollout creates right after their ConfigMap changed
+(`helm upgrade`) would otherwise get the old one from a read the pods they replace made
+seconds before. What a new pod does not need afresh (other namespaces' objects,
+CSIDrivers, RuntimeClasses, the Node) stays cached for its TTL: each new pod used to
+drop every answer, so a burst of pods read the same CSIDriver once per pod (issue 42).
 """
 
 from __future__ import annotations
@@ -61,9 +64,10 @@ class KubeObjects(Protocol):
         """The Services of `namespace`; raises `ObjectUnavailable`."""
         ...
 
-    def forget_cached(self) -> None:
-        """Drop every answer kept so far: the next read of each object asks the
-        apiserver (a reader that keeps nothing has nothing to drop)."""
+    def forget_cached(self, namespace: str) -> None:
+        """Drop the answers a new pod of `namespace` reads afresh (`FRESH_FOR_A_NEW_POD`):
+        the next read of each asks the apiserver (a reader that keeps nothing has
+        nothing to drop)."""
         ...
 
 
@@ -144,8 +148,10 @@ class ApiObjects:
         self._cache.pop(("persistentvolumeclaims", namespace, name), None)
         return patched if isinstance(patched, dict) else None
 
-    def forget_cached(self) -> None:
-        self._cache.clear()
+    def forget_cached(self, namespace: str) -> None:
+        self._cache = {
+            key: kept for key, kept in self._cache.items() if not _fresh_for(key, namespace)
+        }
 
     async def _get(self, resource: str, namespace: str, name: str) -> JSON | None:
         """One object, or with an empty `name` the list of them."""
@@ -168,6 +174,31 @@ class ApiObjects:
         self._cache = {k: v for k, v in self._cache.items() if v[0] > now}
         self._cache[key] = (now + self.ttl_s, obj)
         return obj
+
+
+FRESH_FOR_A_NEW_POD = frozenset(
+    {"secrets", "configmaps", "persistentvolumeclaims", "serviceaccounts", "services"}
+)
+"""The kinds of the pod's own namespace that a new pod reads afresh, as upstream
+refetches a Secret or ConfigMap when a pod that refers to it registers, GETs a claim
+for each new pod and reads Services and ServiceAccounts from informers; the master
+Services (`default`) are listed afresh too."""
+
+FRESH_CLUSTER_WIDE = frozenset({"persistentvolumes", "volumeattachments"})
+"""Cluster-scoped kinds a new pod reads afresh: its claim's PV (upstream GETs it with
+the claim) and its volumes' attachments (a cached "not attached yet" would hold the
+pod back for a TTL). CSIDrivers, RuntimeClasses and the Node stay cached for their TTL."""
+
+
+def _fresh_for(key: tuple[str, str, str], namespace: str) -> bool:
+    """Whether the cached answer `key` (resource, namespace, name) is dropped when a new
+    pod of `namespace` is set up."""
+    resource, ns, _name = key
+    if resource in FRESH_CLUSTER_WIDE:
+        return True
+    if resource == "services" and ns == servicelinks.MASTER_NAMESPACE:
+        return True
+    return ns == namespace and resource in FRESH_FOR_A_NEW_POD
 
 
 def _apiserver_message(err: KubeError, path: str) -> str:

@@ -157,7 +157,8 @@ class VolumeManager:
             # A pod not set up before (since start or its tear-down) reads its
             # ConfigMaps and Secrets as they are now, not as another pod read them
             # seconds ago (see kubeobjects).
-            self.objects.forget_cached()
+            namespace = str((pod.get("metadata") or {}).get("namespace") or "default")
+            self.objects.forget_cached(namespace)
         ctx = VolumeContext(
             pod=pod,
             pod_dir=self.pod_dir(uid),
