@@ -15,12 +15,15 @@ on the next pass; `wait_for_cleanup` returns once the pod is terminal; the recor
 an evicted pod is dropped once the pod is no longer active. The bus's active pods
 (issue 42): an idle pass reads the two tables' generations and decodes nothing, a
 status written since shows at the next pass with only its row decoded, and a Redis
-restart reads both tables in full.
+restart reads both tables in full. What a pass measures (issue 42): with no threshold met
+only the node and the pods a local storage limit applies to (none: no pod at all), every
+pod once a threshold is met.
 """
 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Collection
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -55,15 +58,19 @@ class Source:
     usage: dict[str, PodUsage] = field(default_factory=dict)
     calls: int = 0
     fresh: bool = True  # stamp observations with the current time
+    asked: list[frozenset[str] | None] = field(default_factory=list)  # pods asked, per call
 
-    async def observe(self) -> tuple[Observations, dict[str, PodUsage]]:
+    async def observe(
+        self, *, pods: Collection[str] | None = None
+    ) -> tuple[Observations, dict[str, PodUsage]]:
         self.calls += 1
+        self.asked.append(None if pods is None else frozenset(pods))
         stamp = self.clock() if self.fresh else 1.0
         obs = {
             s: Observation(available=a, capacity=self.capacity.get(s, 100 * GI), time=stamp)
             for s, a in self.available.items()
         }
-        return obs, dict(self.usage)
+        return obs, {u: v for u, v in self.usage.items() if pods is None or u in pods}
 
 
 @dataclass
@@ -452,6 +459,48 @@ async def test_local_storage_limits_evict_without_node_pressure() -> None:
         w.registry.get_sample_value("kubelet_evictions", {"eviction_signal": "emptydirfs.limit"})
         == 1
     )
+
+
+async def test_an_idle_pass_measures_the_node_and_no_pod() -> None:
+    w = World(MEMORY, NODEFS)
+    w.source.available[Signal.MEMORY_AVAILABLE] = 10 * GI
+    w.source.available[Signal.NODEFS_AVAILABLE] = 10 * GI
+    for n in range(5):
+        w.add(f"p{n}", usage(f"p{n}", ephemeral_storage=GI), containers=with_request("1Gi"))
+    w.source.asked.clear()  # (the layout's detection is not a pass)
+    assert await w.step() == [] and await w.step() == []
+    assert w.source.asked == [frozenset(), frozenset()]  # one node reading per pass
+
+
+async def test_only_the_pods_with_a_local_storage_limit_are_measured_without_pressure() -> None:
+    w = World(MEMORY)
+    w.source.available[Signal.MEMORY_AVAILABLE] = 10 * GI
+    limited = w.add(
+        "limited",
+        usage("limited", ephemeral_storage=MI, volumes={"scratch": MI}),
+        volumes=[{"name": "scratch", "emptyDir": {"sizeLimit": "10Mi"}}],
+    )
+    capped = w.add(
+        "capped",
+        usage("capped", ephemeral_storage=MI),
+        containers=[
+            {"name": "c", "image": "x", "resources": {"limits": {"ephemeral-storage": "1Gi"}}}
+        ],
+    )
+    w.add("plain", usage("plain", ephemeral_storage=GI))
+    w.source.asked.clear()
+    assert await w.step() == []
+    assert w.source.asked == [frozenset(), frozenset({limited, capped})]
+
+
+async def test_a_met_threshold_measures_every_pod_for_the_ranking() -> None:
+    w = World(MEMORY)
+    w.source.available[Signal.MEMORY_AVAILABLE] = 50 * MI
+    w.add("a", usage("a", memory_working_set=100 * MI))
+    b = w.add("b", usage("b", memory_working_set=300 * MI))
+    w.source.asked.clear()
+    assert await w.step() == [b]  # ranked on usage the node reading alone did not carry
+    assert w.source.asked == [frozenset(), None]
 
 
 async def test_pressure_condition_clears_after_the_transition_period() -> None:

@@ -7,7 +7,9 @@ filesystem) and inodes, the PID order (priority first, then process count); whic
 signals node-level reclaim serves per layout; memory signals first among thresholds;
 upstream's eviction message with per-container lines and quantity formatting; the local
 storage limits (emptyDir sizeLimit, the pod's summed ephemeral-storage limit, a
-container's own limit) with upstream's messages.
+container's own limit) with upstream's messages; which pods a monitoring pass measures
+(only those a limit applies to without pressure, and a pod left out can never be found
+over a limit: issue 42).
 """
 
 from __future__ import annotations
@@ -378,3 +380,44 @@ def test_local_storage_violation(
     found = ranking.local_storage_violation(p, u)
     got = None if found is None else (found.signal, found.message)
     assert got == expected, case
+
+
+def empty_dir(**kw: str) -> list[JSON]:
+    return [{"name": "scratch", "emptyDir": kw}]
+
+
+HUGE = usage(
+    "h", writable=100 * GI, logs=100 * GI, volumes={"scratch": 100 * GI},
+    storage={"c": 200 * GI, "i": 200 * GI},
+)  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("case", "p", "limited"),
+    [
+        ("no resources", pod("a"), False),
+        ("requests only", pod("a", requests={"ephemeral-storage": "1Gi"}), False),
+        ("an emptyDir without sizeLimit", pod("a", volumes=empty_dir()), False),
+        ("an emptyDir sizeLimit of 0", pod("a", volumes=empty_dir(sizeLimit="0")), False),
+        ("a hostPath", pod("a", volumes=[{"name": "scratch", "hostPath": {"path": "/x"}}]), False),
+        ("an emptyDir sizeLimit", pod("a", volumes=empty_dir(sizeLimit="1Mi")), True),
+        ("a container limit", pod("a", limits={"ephemeral-storage": "1Gi"}), True),
+        ("a container limit of 0", pod("a", limits={"ephemeral-storage": "0"}), True),
+        (
+            "an init container limit",
+            {**pod("a"), "spec": {"containers": [{"name": "c"}], "initContainers": [
+                {"name": "i", "resources": {"limits": {"ephemeral-storage": "1Mi"}}}]}},
+            True,
+        ),
+    ],
+)  # fmt: skip
+def test_only_a_pod_with_a_local_storage_limit_can_violate_one(
+    case: str, p: JSON, limited: bool
+) -> None:
+    assert ranking.has_local_storage_limit(p) is limited, case
+    if not limited:  # so a pass may leave it unmeasured: no usage finds it over a limit
+        assert ranking.local_storage_violation(p, HUGE) is None, case
+    assert ranking.pods_to_measure([p], ranking_needed=False) == (
+        {"uid-a"} if limited else frozenset()
+    ), case
+    assert ranking.pods_to_measure([p], ranking_needed=True) is None, case  # every pod

@@ -3,7 +3,8 @@ snapshot holds the node's cgroups, /proc readings and filesystems, and each read
 with its cgroup, process count, containers, logs and emptyDirs, the node's network (the
 host namespace's interfaces, the default route's interface) and a pod's (its own
 namespace's, none on the host's network); `filesystems=False` skips ImageFsInfo, every
-walk and the network; a runtime error leaves the node readings and no pods."""
+walk and the network; `pods` measures only the pods named (none: no CRI read of pods at
+all, eviction's idle pass); a runtime error leaves the node readings and no pods."""
 
 from __future__ import annotations
 
@@ -147,6 +148,22 @@ async def test_cpu_and_memory_only(world: World) -> None:
     [pod] = snap.pods
     assert (pod.logs, dict(pod.volumes), pod.containers[0].logs) == (None, {}, None)
     assert pod.cgroup is not None and pod.containers[0].usage is not None
+
+
+async def test_the_node_alone_reads_no_pod(world: World) -> None:
+    snap = await world.provider.collect(pods=())
+    assert world.runtime.calls == 1  # ImageFsInfo only: no sandbox, container or stats list
+    assert snap.pods == [] and snap.node.image_fs is not None
+    assert snap.node.root.memory_working_set_bytes == 3000
+
+
+async def test_only_the_pods_named_are_measured(world: World) -> None:
+    world.runtime.sandboxes.append(
+        Sandbox(SandboxID("sb3"), "db", "ns", "3333", 0, SandboxState.READY, 78)
+    )
+    assert [p.uid for p in (await world.provider.collect()).pods] == [UID, "3333"]
+    assert [p.uid for p in (await world.provider.collect(pods={"3333"})).pods] == ["3333"]
+    assert [p.uid for p in (await world.provider.collect(pods=[UID, "nope"])).pods] == [UID]
 
 
 async def test_runtime_down_keeps_node_readings(world: World) -> None:

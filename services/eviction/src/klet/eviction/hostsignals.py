@@ -26,7 +26,7 @@ observed; its error is logged once per distinct message, not once per pass.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -228,8 +228,10 @@ class HostSignalSource:
             allocatable_memory=max(capacity - held.get("memory", 0), 0),
         )
 
-    async def observe(self) -> tuple[Observations, dict[str, PodUsage]]:
-        snap = await self._collect()
+    async def observe(
+        self, *, pods: Collection[str] | None = None
+    ) -> tuple[Observations, dict[str, PodUsage]]:
+        snap = await self._collect(pods=pods)
         return signals_of(
             snap,
             memory_capacity=self._memory_capacity,
@@ -240,10 +242,10 @@ class HostSignalSource:
         """Whether the runtime's image and container filesystems are devices of their
         own (decides how containerfs thresholds, ranking and reclaim follow nodefs or
         imagefs)."""
-        return fs_layout(await self._collect())
+        return fs_layout(await self._collect(pods=()))
 
-    async def _collect(self) -> Snapshot:
-        snap = await self._stats.collect()
+    async def _collect(self, *, pods: Collection[str] | None = None) -> Snapshot:
+        snap = await self._stats.collect(pods=pods)
         if snap.runtime_error is None:
             self._once.clear("cri", "eviction: runtime stats available again")
         else:

@@ -3,12 +3,17 @@
 Restates upstream's `managerImpl.synchronize` around the pure pieces (`thresholds`,
 `ranking`), with every effect behind a small consumer-side interface:
 
-1. observe the node and the pods (`SignalSource`), evaluate the thresholds
+1. observe the node (`SignalSource`), evaluate the thresholds
    (`thresholds.evaluate`) and write the pressure conditions to eviction's own bus
    table `node:eviction` (`MemoryPressure`, ... as "True"/"False"; status-reporter puts upstream's
    reasons and messages on the Node, syncloop's admission reads them);
 2. local storage limits: every pod over an emptyDir sizeLimit or its ephemeral-storage
-   limit is evicted, whatever the node's pressure; if any was, the pass ends there;
+   limit is evicted, whatever the node's pressure; if any was, the pass ends there.
+   The pods are measured only for what reads them (`ranking.pods_to_measure`): all of them
+   when a threshold is met (the ranking), else only those a limit applies to, and
+   none when no pod has one: an idle node's pass measured every pod's cgroups,
+   processes and log directories every 10 s for nothing (issue 42: 90% of eviction's
+   idle CPU);
 3. of the thresholds past their grace period whose signal was measured anew, the first
    by eviction priority (memory first) is reclaimed: for a disk signal image-gc's
    FreeSpace (dead containers, then unused images) is asked first, bounded by
@@ -235,7 +240,8 @@ class EvictionManager:
     async def _pass(self) -> list[Eviction]:
         if self.layout is None:
             self.layout = await self._detect_layout()
-        observations, usage = await self.deps.source.observe()
+        # The node alone: the pods are measured below only when something will read them.
+        observations, _ = await self.deps.source.observe(pods=())
         self.passes += 1
         now = self.clock()
         self._record_observations(observations)
@@ -254,9 +260,14 @@ class EvictionManager:
 
         if not updated and not self.settings.local_storage_capacity_isolation:
             return []
-        candidates = await self._candidates(usage)
-        if candidates is None:
+        active = await self._active()
+        if active is None:
             return []
+        measured = ranking.pods_to_measure((p.pod for p in active), ranking_needed=bool(updated))
+        if measured is not None and not measured:
+            return []  # no threshold met and no pod with a local storage limit
+        _, usage = await self.deps.source.observe(pods=measured)
+        candidates = self._candidate_list(active, usage)
         if self.settings.local_storage_capacity_isolation:
             evicted = await self._local_storage_evictions(candidates)
             if evicted:
@@ -512,7 +523,9 @@ class EvictionManager:
         else:
             self._once.clear("conditions")
 
-    async def _candidates(self, usage: Mapping[str, PodUsage]) -> list[Candidate] | None:
+    async def _active(self) -> list[ActivePod] | None:
+        """The active pods (None when the bus cannot say); forgets the evictions of
+        pods no longer active."""
         try:
             active = await self.deps.pods.active()
         except BusError as err:
@@ -523,7 +536,7 @@ class EvictionManager:
         # A pod no longer active has a terminal status or is gone: nothing can pick it
         # again, so its entry goes (else the map grows with every eviction for good).
         self.evicted = {uid: at for uid, at in self.evicted.items() if uid in listed}
-        return self._candidate_list(active, usage)
+        return active
 
     def _candidate_list(
         self, active: Sequence[ActivePod], usage: Mapping[str, PodUsage]
@@ -602,7 +615,7 @@ class EvictionManager:
         start = before.get(signal)
         polls = 0
         while True:
-            after, _ = await self.deps.source.observe()
+            after, _ = await self.deps.source.observe(pods=())
             waited_s = round(time.monotonic() - began, 3)
             if not thresholds_met(after, self.thresholds, enforce_min_reclaim=True):
                 if polls:

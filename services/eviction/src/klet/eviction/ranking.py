@@ -305,6 +305,33 @@ def pod_ephemeral_limit(pod: JSON) -> Decimal | None:
     return max(sum(regular, Decimal(0)), max(init, default=Decimal(0)))
 
 
+def has_local_storage_limit(pod: JSON) -> bool:
+    """Whether `local_storage_violation` can find the pod over a limit at all: an
+    emptyDir with a sizeLimit, or an ephemeral-storage limit on any container (init
+    containers count in the pod's total). A pod without one is never measured for it."""
+    spec: JSON = pod.get("spec") or {}
+    for vol in spec.get("volumes") or []:
+        empty = vol.get("emptyDir")
+        if isinstance(empty, dict):
+            size = _quantity(empty.get("sizeLimit"))
+            if size is not None and size > 0:
+                return True
+    return pod_ephemeral_limit(pod) is not None
+
+
+def pods_to_measure(pods: Iterable[JSON], *, ranking_needed: bool) -> frozenset[str] | None:
+    """The UIDs of the active `pods` whose usage a monitoring pass needs: every pod's
+    (None) when a threshold is met and the pods are ranked; otherwise only those a
+    local storage limit applies to, for the limit checks. Often none: the pass then
+    reads no pod at all (issue 42: it read every pod's cgroups, processes and log
+    directories every 10 s before, for nothing)."""
+    if ranking_needed:
+        return None
+    return frozenset(
+        str((p.get("metadata") or {}).get("uid", "")) for p in pods if has_local_storage_limit(p)
+    )
+
+
 @dataclass(frozen=True)
 class LocalStorageViolation:
     """A pod to evict for its own local storage use, with the metric label and message."""

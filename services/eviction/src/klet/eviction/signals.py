@@ -28,7 +28,7 @@ This module does no I/O and imports nothing that does: decision modules import i
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Protocol
@@ -122,9 +122,12 @@ class PodUsage:
 
 class SignalSource(Protocol):
     """Measures the node: every signal it can observe, and the usage of each running pod
-    keyed by pod UID. A signal that cannot be measured is absent, not zero."""
+    keyed by pod UID. A signal that cannot be measured is absent, not zero. `pods`
+    limits the pods measured to those UIDs (None: every running pod; empty: none)."""
 
-    async def observe(self) -> tuple[Observations, dict[str, PodUsage]]: ...
+    async def observe(
+        self, *, pods: Collection[str] | None = None
+    ) -> tuple[Observations, dict[str, PodUsage]]: ...
 
 
 # -- arithmetic ------------------------------------------------------------------------
