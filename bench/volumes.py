@@ -70,6 +70,7 @@ import json
 import platform
 import socket
 import ssl
+import statistics
 import sys
 import tempfile
 import threading
@@ -570,6 +571,7 @@ def cycle(
         "start": t_ready - t0,
         "delete": t_gone - t1,
         "cpu_s": cpu_seconds(cpu0, cpu1),
+        "cpu_by_process": by_process(node.agent, cpu0, cpu1),
         "trace": watch.trace(name, t0),
     }
     if node.mock is not None and kind in CSI_AFTER_CREATE:
@@ -744,8 +746,36 @@ def readme_section(res: dict[str, Any], rows: Sequence[Row]) -> str:
                 for side, procs in res["cpu_by_process"].items()
             )
             + ".",
+            "",
+            "Per pod, created -> gone, median CPU-seconds by process (all kinds; first / last "
+            "third of the timed pods): "
+            + "; ".join(
+                f"{side}: " + ", ".join(f"{k} {v}" for k, v in procs.items())
+                for side, procs in per_pod_by_process(res["pods"]).items()
+            )
+            + ".",
         ]
     )
+
+
+def per_pod_by_process(pods: Sequence[Mapping[str, Any]]) -> dict[str, dict[str, str]]:
+    """Each side's median CPU-seconds per pod by process over the timed pods, with the
+    medians of the first and the last third beside it: a process whose cost per pod
+    grows with the pods a node has run shows there."""
+    out: dict[str, dict[str, str]] = {}
+    for side in dict.fromkeys(p["side"] for p in pods):
+        mine = [p.get("cpu_by_process") or {} for p in pods if p["side"] == side]
+        third = max(1, len(mine) // 3)
+        names = sorted({k for m in mine for k in m}, key=lambda k: -sum(m.get(k, 0) for m in mine))
+
+        def med(of: Sequence[Mapping[str, float]], name: str) -> float:
+            return statistics.median(m.get(name, 0.0) for m in of)
+
+        out[side] = {
+            n: f"{med(mine, n):.3f} ({med(mine[:third], n):.3f} / {med(mine[-third:], n):.3f})"
+            for n in names
+        }
+    return out
 
 
 # -- the run ----------------------------------------------------------------------------------
