@@ -25,7 +25,7 @@ from klet.syncloop.environment.envvars import NodeFacts
 from klet.syncloop.metrics import storage_operations, volume_counts, volume_operation_totals
 from klet.syncloop.volumes import fs, mounts
 from klet.syncloop.volumes.base import Block, VolumeContext, VolumeError, volume_type
-from klet.syncloop.volumes.content import DownwardAPIPlugin
+from klet.syncloop.volumes.content import DownwardAPIPlugin, ProjectedPlugin, SecretPlugin
 from klet.syncloop.volumes.emptydir import EmptyDirPlugin, directory_mode, tmpfs_size
 from klet.syncloop.volumes.hostpath import HostPathPlugin, check_type
 from klet.syncloop.volumes.manager import VolumeManager
@@ -591,13 +591,18 @@ async def _a_downward_api_volume_on_a_fake_tmpfs(
     return path
 
 
+@pytest.mark.parametrize("plugin", [DownwardAPIPlugin, ProjectedPlugin, SecretPlugin])
 async def test_a_tmpfs_content_volume_goes_without_reading_the_mount_table(
-    tmp_path: Path, table: MountTable, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path,
+    table: MountTable,
+    monkeypatch: pytest.MonkeyPatch,
+    plugin: type[DownwardAPIPlugin | ProjectedPlugin | SecretPlugin],
 ) -> None:
-    """Issue 42's count: a secret, projected or downwardAPI volume's tear-down unmounts
-    its own tmpfs and rmdirs the directory: no read of the mount table (two before)."""
+    """Issue 42's count: a secret, projected (every pod's kube-api-access) or downwardAPI
+    volume's tear-down unmounts its own tmpfs and rmdirs the directory: no read of the
+    mount table (two before)."""
     path = await _a_downward_api_volume_on_a_fake_tmpfs(tmp_path, table, monkeypatch)
-    await DownwardAPIPlugin().tear_down(path)
+    await plugin().tear_down(path)
     assert table.unmounted == [str(path)]
     assert not path.exists()
     assert table.reads == 0

@@ -284,7 +284,7 @@ class ProjectedPlugin(_ContentPlugin):
         }
 
     async def tear_down(self, path: Path) -> None:
-        await _remove(path)
+        await super().tear_down(path)
         if self.forget_tokens is not None:
             # <root>/pods/<uid>/volumes/kubernetes.io~projected/<name>
             self.forget_tokens(path.parent.parent.parent.name)
