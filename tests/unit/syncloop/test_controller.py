@@ -13,8 +13,9 @@ the pod itself (not its status or resourceVersion, unless a readiness gate's con
 wakes its worker, PLEG only nudges it, and a container that cannot be created fails the
 sync (the worker's back-off then paces it); the new pod of an edited static manifest
 gets no sandbox until the old one of the same name is stopped and removed, which wakes
-it. Workers are replaced by
-a recorder so each test drives sync_once itself, one step at a time.
+it; after a restart the first sync reads the status table once for every pod and starts
+the probes of every pod's running containers from it, before their own syncs. Workers
+are replaced by a recorder so each test drives sync_once itself, one step at a time.
 """
 
 from __future__ import annotations
@@ -25,12 +26,14 @@ from typing import Any
 
 import pytest
 from klet.cri import CRIError
+from klet.cri import labels as L
 from klet.cri.types import ContainerState, SandboxState
-from klet.model.records import DesiredPod, PodChange, SourceState
+from klet.model.records import DesiredPod, PodChange, PodStatusRecord, SourceState
 from klet.model.types import JSON, PodUID
 from klet.syncloop.model import podspec
 from klet.syncloop.model.runtimepod import RuntimePod
 from klet.syncloop.pods.controller import needs_sync
+from klet.syncloop.probing.proberesults import ProbeKind
 from klet.testbed.fakes.bus import FakeBus
 from klet.testbed.fakes.cri import FakeRuntimeService
 
@@ -389,6 +392,53 @@ async def test_a_pod_failed_before_a_restart_is_not_started_again(w: World) -> N
     assert status is not None and (status["phase"], status["reason"]) == ("Failed", "Evicted")
     target = [c for c in status["conditions"] if c["type"] == "DisruptionTarget"]
     assert target and target[0]["message"] == "low on memory"
+
+
+async def test_a_restart_starts_carried_probes_before_any_pods_first_sync(w: World) -> None:
+    # A previous syncloop left u1 and u2 running and published their statuses (ready).
+    # The restarted one's first sync (of u1) reads the status table once for every pod
+    # and starts u2's readiness probe too, from its published readiness, before u2's
+    # own first sync; u2's sync then reads no status of its own.
+    probe = {"exec": {"command": ["true"]}, "periodSeconds": 2, "failureThreshold": 1}
+    specs = {u: pod("app", uid=u) for u in ("u1", "u2")}
+    for spec in specs.values():
+        spec["spec"]["containers"][0]["readinessProbe"] = probe
+    cids = {}
+    for uid, spec in specs.items():
+        await w.syncer.sync(spec, RuntimePod(uid=uid))
+        cids[uid] = next(
+            c.id for c in w.cri.containers.values() if c.config.labels[L.POD_UID] == uid
+        )
+        status = {
+            "phase": "Running",
+            "podIP": "10.88.0.9",
+            "containerStatuses": [
+                {"name": "app", "containerID": f"containerd://{cids[uid]}", "ready": True,
+                 "started": True, "state": {"running": {}}},
+            ],
+        }  # fmt: skip
+        record = PodStatusRecord(
+            uid=PodUID(uid), namespace="default", name="web-node1", version=3, epoch=1.0,
+            status=status, updated_at=1.0,
+        )  # fmt: skip
+        w.bus.seed(w.deps.node_bus.status, uid, record)
+    records = {
+        u: DesiredPod(uid=PodUID(u), pod=spec, source="file", hash="h1", seen_at=0.0)
+        for u, spec in specs.items()
+    }
+    w.controller.apply_desired(records, READY, read_from=w.controller.generation)
+    prober = w.controller.prober
+    assert prober is not None
+    w.bus.calls.clear()
+    await w.controller.sync_once("u1")
+    assert prober.probing("u2") == {cids["u2"]: []}  # started (run() owns the tasks)
+    assert prober.result(ProbeKind.READINESS, cids["u2"]) is True
+    assert w.bus.calls.count("all") == 1 and "get" not in w.bus.calls
+    await w.controller.sync_once("u2")
+    assert "get" not in w.bus.calls
+    assert prober.probing("u2") == {cids["u2"]: []}  # the same instance, kept
+    status = w.controller.publisher.get("u2")
+    assert status is not None and status["containerStatuses"][0]["ready"] is True
 
 
 async def test_a_batch_of_changes_reads_the_desired_table_once(w: World) -> None:

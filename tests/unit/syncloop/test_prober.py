@@ -9,6 +9,9 @@ workers and results, a new instance starts over; the startup probe gates readine
 liveness (they do not run before it succeeds) and stops once it resolves, and its
 success runs the readiness probe at once, however long its period (initialDelaySeconds
 still holds);
+after a restart, workers started from a published status alone (`start_carried`: its
+readiness kept, no runtime read, the first run wakes the pod on a change) and aligned by the
+pod's first sync (a running instance kept, a gone one dropped);
 initialDelaySeconds and periodSeconds decide when probes run; a deleted pod's liveness
 reports success and stops; handler errors are retried three times, then reported as
 `errored` without changing the result; the exec command is expanded with the static
@@ -191,6 +194,59 @@ async def test_after_a_restart_probes_start_from_what_was_published(env: Env) ->
     env.exits["check ready"] = 1
     await env.clock.advance(5)
     assert env.prober.result(READY, cid) is False and env.woken == [UID]
+
+
+def published_running(cid: str, *, ready: bool, started_at: str = "") -> dict[str, Any]:
+    """A status syncloop published before it restarted: `app` running as `cid`."""
+    running = {"startedAt": started_at} if started_at else {}
+    return {
+        "podIP": "10.88.0.7",
+        "containerStatuses": [
+            {"name": "app", "containerID": f"containerd://{cid}", "ready": ready,
+             "started": True, "state": {"running": running}},
+            {"name": "gone", "containerID": "containerd://old", "ready": True,
+             "started": True, "state": {"terminated": {}}},
+        ],
+    }  # fmt: skip
+
+
+async def test_a_restart_probes_carried_containers_before_the_pods_first_sync(env: Env) -> None:
+    # Nothing read from the runtime: the published status alone starts the worker, from
+    # its readiness (no wake-up), and its first run finds a readiness lost while
+    # syncloop was away and wakes the pod's worker.
+    p = pod(readinessProbe=exec_probe("check ready", periodSeconds=10, failureThreshold=1))
+    cid = await env.start("app")
+    env.exits["check ready"] = 1
+    reads = len(env.cri.calls)
+    assert env.prober.start_carried(UID, p, published_running(cid, ready=True)) == 1
+    assert env.prober.result(READY, cid) is True
+    assert env.prober.probing(UID) == {cid: [READY]}
+    assert env.woken == []
+    await env.clock.advance(0)
+    assert env.execs("check ready") == 1
+    assert [c[0] for c in env.cri.calls[reads:]] == ["ExecSync"]  # no runtime read
+    assert env.prober.result(READY, cid) is False and env.woken == [UID]
+
+
+async def test_carried_probes_are_aligned_by_the_pods_first_sync(env: Env) -> None:
+    # The first sync keeps the instance the runtime still runs (no second worker, the
+    # result kept) and drops one the status showed running that is gone.
+    p = pod(readinessProbe=exec_probe("check ready", periodSeconds=5, failureThreshold=1))
+    cid = await env.start("app")
+    assert env.prober.start_carried(UID, p, published_running(cid, ready=True)) == 1
+    gone = published_running("dead", ready=True)
+    assert env.prober.start_carried("u2", {**p, "metadata": {"uid": "u2"}}, gone) == 1
+    await env.sync(p)
+    assert env.prober.probing(UID) == {cid: [READY]}
+    assert env.prober.result(READY, cid) is True
+    env.prober.update(p, RuntimePod("u2", [], []), pod_ip="", deleting=False)
+    assert env.prober.probing("u2") == {}
+    assert env.prober.result(READY, ContainerID("dead")) is None
+    # A pod whose own sync came first is left to it; a pod without probes gets none.
+    assert env.prober.start_carried(UID, p, published_running(cid, ready=False)) == 0
+    assert env.prober.result(READY, cid) is True
+    assert env.prober.start_carried("u3", pod(), published_running("c3", ready=True)) == 0
+    assert env.prober.probing("u3") == {}
 
 
 async def test_readiness_follows_outcomes_with_threshold(env: Env) -> None:

@@ -7,7 +7,8 @@ start-up jitter only while the prober is younger than one period; the period bet
 probes; startup gating of liveness/readiness and the quiet stop of liveness/startup on
 deletion; success/failure thresholds counted in a row, the counter reset by a changed
 outcome, and the hold after a liveness failure or a startup result; `started` with and
-without a startup probe; the upstream event texts.
+without a startup probe; the running containers a published status carries over a
+restart; the upstream event texts.
 """
 
 from __future__ import annotations
@@ -150,6 +151,27 @@ def test_a_carried_result_is_checked_soon(handler: str, carried: bool, expected:
         carried=carried,
     )
     assert at == expected
+
+
+def test_carried_instances_are_the_running_containers_of_a_status() -> None:
+    status = {
+        "initContainerStatuses": [
+            {"name": "sidecar", "containerID": "containerd://s1", "ready": False,
+             "started": True, "state": {"running": {"startedAt": "2026-11-29T10:00:00Z"}}},
+        ],
+        "containerStatuses": [
+            {"name": "app", "containerID": "containerd://a1", "ready": True,
+             "started": True, "state": {"running": {}}},
+            {"name": "done", "containerID": "containerd://d1", "ready": False,
+             "state": {"terminated": {"exitCode": 0}}},
+            {"name": "waiting", "containerID": "", "state": {"running": {}}},
+        ],
+    }  # fmt: skip
+    assert probes.carried_instances(status) == [
+        probes.CarriedInstance("s1", "sidecar", 1795946400.0, probes.CarriedProbes(False, True)),
+        probes.CarriedInstance("a1", "app", None, probes.CarriedProbes(True, True)),
+    ]
+    assert probes.carried_instances({}) == []
 
 
 @pytest.mark.parametrize(

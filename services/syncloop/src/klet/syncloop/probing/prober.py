@@ -15,6 +15,12 @@ published result changes, the pod's worker is woken (`on_change`), which recompu
 status (readiness, `started`) and the actions (liveness and startup failures kill the
 container). Probes never run inside a pod worker, so a slow probe never delays a sync.
 
+After a syncloop restart the controller starts the probes of every running container
+its last published statuses show (`start_carried`), all at once, before any pod's first
+sync: the restart syncs every pod together, and a pod's probes waited for its own sync
+(up to two seconds under load, issue 42). Each pod's first sync aligns them with what
+the runtime really runs.
+
 When a startup probe succeeds, the instance's readiness worker runs at once instead of
 at the end of its period (upstream's prober triggers it manually when it sees the
 container started): a readiness probe with a long period would otherwise keep a started
@@ -177,20 +183,56 @@ class ProbeManager:
         for cid, status in running.items():
             if cid in entry.instances:
                 continue
-            container = specs[status.name]
-            declared = probes.container_probes(container)
-            if not declared:
-                continue
             started_at = status.started_at / 1e9 if status.started_at else self.clock()
             before = (carried or {}).get(cid)
-            entry.instances[cid] = _Instance(container, started_at, carried=before is not None)
-            for spec in declared:
-                initial = probes.starting_result(spec.kind, before)
-                if initial is not None:
-                    # No wake-up: the status already treats a probe that has not
-                    # succeeded yet this way.
-                    self._results[(spec.kind, cid)] = initial
-                self._start(uid, cid, spec)
+            self._add_instance(uid, entry, cid, specs[status.name], started_at, before)
+
+    def start_carried(self, uid: str, pod: JSON, status: JSON) -> int:
+        """Start the probes of the containers a restarted syncloop's last published
+        `status` showed running, before the pod's first sync has read the runtime (the
+        restart's syncs of every pod take a second or more under load, and each pod's
+        probes used to wait for its own). They start from the published readiness and
+        `started` (`probes.starting_result`) and their first run comes within
+        CARRIED_CHECK_S for a cheap handler; the pod IP is the status's. The pod's first
+        sync (`update`) keeps the instances the runtime still runs and drops the others,
+        results and all. A pod whose sync already got here is left alone. Returns how
+        many container instances got probes."""
+        if uid in self._pods:
+            return 0
+        specs = {c["name"]: c for c in [*podspec.init_containers(pod), *podspec.containers(pod)]}
+        entry = self._pods[uid] = _Pod(pod, pod_ip=str(status.get("podIP") or ""))
+        for inst in probes.carried_instances(status):
+            container = specs.get(inst.name)
+            if container is None:
+                continue
+            cid = ContainerID(inst.container_id)
+            started_at = inst.started_at if inst.started_at is not None else self.clock()
+            self._add_instance(uid, entry, cid, container, started_at, inst.probes)
+        if not entry.instances:
+            del self._pods[uid]
+        return len(entry.instances)
+
+    def _add_instance(
+        self,
+        uid: str,
+        entry: _Pod,
+        cid: ContainerID,
+        container: JSON,
+        started_at: float,
+        before: probes.CarriedProbes | None,
+    ) -> None:
+        """One running container instance's probe workers, from `before` if carried."""
+        declared = probes.container_probes(container)
+        if not declared:
+            return
+        entry.instances[cid] = _Instance(container, started_at, carried=before is not None)
+        for spec in declared:
+            initial = probes.starting_result(spec.kind, before)
+            if initial is not None:
+                # No wake-up: the status already treats a probe that has not
+                # succeeded yet this way.
+                self._results[(spec.kind, cid)] = initial
+            self._start(uid, cid, spec)
 
     def remove_pod(self, uid: str) -> None:
         """The pod is gone: stop its probes and forget their results."""

@@ -27,6 +27,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import Enum
 
+from klet.model.podhistory import parse_time
 from klet.model.types import JSON
 from klet.syncloop.probing.proberesults import ProbeKind
 
@@ -126,6 +127,40 @@ def carried_from_status(status: JSON) -> dict[str, CarriedProbes]:
             cid = str(cs.get("containerID") or "").partition("://")[2]
             if cid:
                 out[cid] = CarriedProbes(bool(cs.get("ready")), bool(cs.get("started")))
+    return out
+
+
+@dataclass(frozen=True)
+class CarriedInstance:
+    """A container a published status showed running: enough to probe it before the
+    restarted syncloop has read it from the runtime."""
+
+    container_id: str  # without the runtime's `containerd://`
+    name: str
+    started_at: float | None  # seconds since the epoch; None if the status has no time
+    probes: CarriedProbes
+
+
+def carried_instances(status: JSON) -> list[CarriedInstance]:
+    """The running containers of a published status, with what it said of their probes
+    (`carried_from_status`) and when each started (state.running.startedAt)."""
+    out: list[CarriedInstance] = []
+    for key in ("initContainerStatuses", "containerStatuses"):
+        for cs in status.get(key) or []:
+            if not isinstance(cs, dict):
+                continue
+            running = (cs.get("state") or {}).get("running")
+            cid = str(cs.get("containerID") or "").partition("://")[2]
+            if not isinstance(running, dict) or not cid or not cs.get("name"):
+                continue
+            out.append(
+                CarriedInstance(
+                    container_id=cid,
+                    name=str(cs["name"]),
+                    started_at=parse_time(running.get("startedAt")),
+                    probes=CarriedProbes(bool(cs.get("ready")), bool(cs.get("started"))),
+                )
+            )
     return out
 
 
