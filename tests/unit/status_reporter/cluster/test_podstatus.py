@@ -2,7 +2,8 @@
 OnFailure exit codes, sidecar init containers), the send decision (stale and repeated
 versions, a new target object), the merge that keeps conditions the kubelet does not
 own, the UID-preconditioned patch (observedGeneration kept, and a status that differs
-only in it is not on the server yet), and when a finished pod is deleted."""
+only in it is not on the server yet), when a finished pod is deleted, and the order of a
+pass (readiness changes since the last sent status first)."""
 
 from __future__ import annotations
 
@@ -18,10 +19,17 @@ from klet.status_reporter.cluster.podstatus import (
     illegal_transition,
     merge_status,
     on_server,
+    readiness_changed,
+    send_order,
     should_delete,
     status_patch,
 )
-from klet.testbed.fakes.status_reporter import make_api_pod, make_static_pod, status_record
+from klet.testbed.fakes.status_reporter import (
+    make_api_pod,
+    make_static_pod,
+    pod_uid,
+    status_record,
+)
 
 
 def running(name: str) -> JSON:
@@ -218,3 +226,38 @@ def test_pod_kinds() -> None:
     mirror = {"metadata": {"annotations": {"kubernetes.io/config.mirror": "h"}}}
     assert is_mirror(mirror) and not is_mirror(POD)
     assert full_name(static) == ("default", "etcd-node1")
+
+
+def _ready(ready: bool, *, ip: str = "10.1.0.2") -> JSON:
+    flag = "True" if ready else "False"
+    return {
+        "phase": "Running",
+        "podIP": ip,
+        "conditions": [
+            {"type": "Ready", "status": flag},
+            {"type": "Initialized", "status": "True"},
+        ],
+        "containerStatuses": [{"name": "main", "ready": ready, "state": {"running": {}}}],
+    }
+
+
+def test_readiness_changed_reads_the_conditions_and_the_containers() -> None:
+    assert readiness_changed(_ready(False), _ready(True))
+    assert not readiness_changed(_ready(True, ip="10.1.0.3"), _ready(True))
+    assert not readiness_changed(_ready(True), None)  # nothing sent: no baseline
+    container_only = _ready(True)
+    container_only["containerStatuses"][0]["ready"] = False
+    assert readiness_changed(container_only, _ready(True))
+
+
+def test_send_order_puts_newer_readiness_changes_first() -> None:
+    pods = {n: make_api_pod(n) for n in ("a", "b", "c", "d")}
+    uid = {n: pod_uid(p) for n, p in pods.items()}
+    sent = {uid[n]: Sent(1.0, 1, _ready(True), uid[n]) for n in ("a", "b", "c", "d")}
+    records = {
+        uid["a"]: status_record(pods["a"], version=2, status=_ready(True, ip="10.1.0.9")),
+        uid["b"]: status_record(pods["b"], version=2, status=_ready(False)),
+        uid["c"]: status_record(pods["c"], version=1, status=_ready(False)),  # already sent
+        uid["d"]: status_record(pods["d"], version=2, status=_ready(False)),
+    }
+    assert send_order(records, sent) == [uid["b"], uid["d"], uid["a"], uid["c"]]

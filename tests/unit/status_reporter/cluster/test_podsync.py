@@ -5,7 +5,8 @@ grace 0 after their final status; static pods mirrored (created, recreated when 
 or stale, removed when the static pod goes, only once the sources are ready) with their
 status on the mirror, and counted in kubelet_mirror_pods; an apiserver outage logged
 once per pass and healed; the loop reacting to a view change; each status the apiserver
-took timed from the first change it carries (kubelet_pod_status_sync_duration_seconds)."""
+took timed from the first change it carries (kubelet_pod_status_sync_duration_seconds);
+a readiness change sent before unrelated queued statuses, also when it arrives mid-pass."""
 
 from __future__ import annotations
 
@@ -443,3 +444,52 @@ async def test_a_sent_status_is_timed_from_its_first_unsent_change() -> None:
     w.now = 5.5
     await w.sync.sync_statuses()
     assert synced() == (2, 0.25 + 2.5)  # from the first change not yet sent (3)
+
+
+def _readiness(ready: bool, ip: str = "10.1.0.2") -> JSON:
+    flag = "True" if ready else "False"
+    return {"phase": "Running", "podIP": ip, "conditions": [{"type": "Ready", "status": flag}]}
+
+
+async def _sent_ready(w: World, names: tuple[str, ...]) -> dict[str, JSON]:
+    pods = {n: make_api_pod(n) for n in names}
+    for p in pods.values():
+        w.admin_creates(p)
+        await w.want(p)
+        await w.report(p, version=1, status=_readiness(True))
+    await w.sync.sync_statuses()
+    w.kube.calls.clear()
+    return pods
+
+
+def _patched(w: World) -> list[str]:
+    return [p.rsplit("/", 2)[-2] for m, p in w.kube.calls if m == "PATCH"]
+
+
+async def test_a_readiness_change_is_patched_before_unrelated_queued_statuses() -> None:
+    w = World()
+    pods = await _sent_ready(w, ("a", "b", "c"))
+    await w.report(pods["a"], version=2, status=_readiness(True, ip="10.1.0.7"))
+    await w.report(pods["b"], version=2, status=_readiness(True, ip="10.1.0.8"))
+    await w.report(pods["c"], version=2, status=_readiness(False))
+    await w.sync.sync_statuses()
+    assert _patched(w) == ["c", "a", "b"]
+
+
+async def test_a_readiness_change_arriving_mid_pass_goes_next() -> None:
+    # A pass over three unrelated changes; while the first one's PATCH is out, c's
+    # readiness flips: c is sent next, before the two still queued.
+    w = World()
+    pods = await _sent_ready(w, ("a", "b", "c", "d"))
+    for n in ("a", "b", "d"):
+        await w.report(pods[n], version=2, status=_readiness(True, ip="10.1.0.9"))
+    patch = w.kube.patch
+
+    async def patch_then_flip(path: str, body: Any, **kw: Any) -> Any:
+        if not _patched(w):
+            await w.report(pods["c"], version=2, status=_readiness(False))
+        return await patch(path, body, **kw)
+
+    w.kube.patch = patch_then_flip  # type: ignore[method-assign]
+    await w.sync.sync_statuses()
+    assert _patched(w) == ["a", "c", "b", "d"]

@@ -17,6 +17,8 @@ Restated from the upstream status manager (`pkg/kubelet/status/status_manager.go
 - **Patch**: a JSON merge patch carrying the full merged status and `metadata.uid` as a
   precondition, so a pod deleted and recreated under the same name is never given the
   old pod's status (the apiserver refuses the changed UID).
+- **Order**: a pass sends the pods whose readiness changed first (`send_order`); upstream's
+  syncBatch takes the changed pods in no set order (a Go map's).
 - **Final deletion**: an apiserver pod that has a deletionTimestamp and whose record
   says `terminated` (syncloop stopped every container and the sandbox) is deleted with
   grace 0 and a UID precondition, once its last status is on the server.
@@ -24,11 +26,12 @@ Restated from the upstream status manager (`pkg/kubelet/status/status_manager.go
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Literal
 
 from klet.model.records import PodStatusRecord
-from klet.model.types import JSON
+from klet.model.types import JSON, PodUID
 
 # Conditions the kubelet owns outright (upstream PodConditionByKubelet).
 KUBELET_CONDITIONS = frozenset(
@@ -128,6 +131,48 @@ def decide(record: PodStatusRecord, sent: Sent | None, spec: JSON, *, target_uid
     if reason is not None:
         return Decision("illegal", reason)
     return Decision("send")
+
+
+READINESS_CONDITIONS = ("Ready", "ContainersReady")
+
+
+def _readiness(status: JSON) -> tuple[object, ...]:
+    conditions = {
+        c.get("type"): c.get("status")
+        for c in status.get("conditions") or []
+        if isinstance(c, dict) and c.get("type") in READINESS_CONDITIONS
+    }
+    ready = sorted(
+        (str(cs.get("name")), bool(cs.get("ready")))
+        for key in ("initContainerStatuses", "containerStatuses")
+        for cs in status.get(key) or []
+        if isinstance(cs, dict)
+    )
+    return (sorted(conditions.items(), key=str), ready)
+
+
+def readiness_changed(new: JSON, sent: JSON | None) -> bool:
+    """Whether `new` changes what was sent of the pod's readiness: its Ready or
+    ContainersReady condition or a container's `ready`. Nothing sent yet: unknown, no."""
+    return sent is not None and _readiness(new) != _readiness(sent)
+
+
+def send_order(
+    records: Mapping[PodUID, PodStatusRecord], sent: Mapping[PodUID, Sent]
+) -> list[PodUID]:
+    """The order a pass visits the pods in: those whose readiness changed since it was
+    last sent first, then the others, each group in view order. A readiness change is
+    what a Service's endpoints wait for; a pass over a node whose pods all changed (a
+    restart, an outage) sends one after the other, a GET and a PATCH each, and the pod
+    whose readiness flipped waited behind every one before it."""
+    urgent: list[PodUID] = []
+    rest: list[PodUID] = []
+    for uid, record in records.items():
+        before = sent.get(uid)
+        newer = before is None or (record.epoch, record.version) > (before.epoch, before.version)
+        changed = newer and readiness_changed(record.status, before.status if before else None)
+        (urgent if changed else rest).append(uid)
+    return urgent + rest
 
 
 def merge_status(api_status: JSON, new: JSON) -> JSON:

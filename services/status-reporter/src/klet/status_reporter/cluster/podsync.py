@@ -22,7 +22,10 @@ through `kubeapi.KubeApi`:
 - **Final deletion** of apiserver pods that are being deleted and that syncloop
   reports `terminated`, after their last status is on the server (`should_delete`).
 
-One pass handles the pods one after the other; an `Unavailable` apiserver ends the pass
+One pass handles the pods one after the other, those whose readiness changed first,
+and re-orders what it has left whenever the view changes meanwhile, so a readiness
+flip that arrives during a pass over many changed pods goes next instead of after
+them (`podstatus.send_order`); an `Unavailable` apiserver ends the pass
 (the next wake-up or resync starts over) so an outage costs one failed request per
 pass, not one per pod, and is logged once until a pass succeeds again.
 
@@ -123,6 +126,9 @@ class PodSyncManager:
         self._resync_soon = False
         self._awaiting_node = False
         self._wake = asyncio.Event()
+        self._changes = 0
+        """How often the view changed: a pass re-orders what it has left when it moves."""
+        self._view.subscribe(self._view_changed)
         self._once = OnceLogger(log, level=logging.WARNING)
 
     # -- queries ---------------------------------------------------------------------------
@@ -213,9 +219,24 @@ class PodSyncManager:
             )
 
     async def sync_statuses(self) -> None:
-        """Send every status that changed; delete what is finished."""
-        statuses = list(self._view.statuses().items())
-        for uid, record in statuses:
+        """Send every status that changed, readiness changes first, and a readiness
+        change that arrives during the pass before the pods still to visit
+        (`podstatus.send_order`); delete what is finished."""
+        statuses = self._view.statuses()
+        visited: set[PodUID] = set()
+        order: list[PodUID] = []
+        seen = -1
+        while True:
+            if seen != self._changes:
+                seen = self._changes
+                order = [u for u in podstatus.send_order(statuses, self._sent) if u not in visited]
+            if not order:
+                break
+            uid = order.pop(0)
+            visited.add(uid)
+            record = statuses.get(uid)
+            if record is None:
+                continue
             try:
                 await self.sync_pod(uid, record)
             except Unavailable as err:
@@ -226,7 +247,7 @@ class PodSyncManager:
             else:
                 self._once.clear(("pod", uid))
         self._once.clear("api", "apiserver available again")
-        live = {uid for uid, _ in statuses}
+        live = set(statuses)
         for state in (self._sent, self._refused, self._pending_since):
             for uid in [u for u in state if u not in live]:
                 del state[uid]
@@ -342,6 +363,10 @@ class PodSyncManager:
             self._api_pods.pop(full, None)
         log.info("pod deleted from the apiserver", extra={"pod": "/".join(full), "uid": uid})
 
+    def _view_changed(self) -> None:
+        self._changes += 1
+        self._wake.set()
+
     def _request_resync(self) -> None:
         self._resync_soon = True
         self._wake.set()
@@ -350,7 +375,6 @@ class PodSyncManager:
 
     async def run(self) -> None:
         """Sync on every view change, resync every resync_s, until cancelled."""
-        self._view.subscribe(self._wake.set)
         gap = self._policy.min_resync_gap_s
         next_resync = 0.0
         last_resync = float("-inf")
