@@ -3,7 +3,8 @@
 Covers: a wake-up syncs the pod; syncs of one pod never overlap and the wake-ups that
 arrive during a sync collapse into one further sync, while another pod syncs in
 parallel; a sync that reports the pod done ends its worker unless it was woken
-meanwhile, and a later wake-up starts a new one; the time a sync asks to be called
+meanwhile by a change of the pod (nudges do not keep it), and a later wake-up starts a
+new one; the time a sync asks to be called
 again is kept (a time already past syncs at once, a later one waits for it or for a
 wake-up); a failing sync is retried after its back-off, or at once when woken, logged
 once per distinct error and once when it recovers; a sync that reports a failure
@@ -104,6 +105,26 @@ async def test_a_done_pod_ends_its_worker_unless_woken_meanwhile(w: World) -> No
     await until(lambda: w.sync.count("a") == 3)
     await settle()
     assert w.workers.uids() == []
+
+
+async def test_nudges_during_the_sync_that_finds_the_pod_gone_do_not_keep_its_worker(
+    w: World,
+) -> None:
+    """issue 42's mass teardowns: a removed pod's kill lasts seconds to minutes, and the
+    relist and the resync that land in it nudge its worker. Once the sync reports the
+    pod gone, those nudges sync it no more (each such sync read CRI to find it gone:
+    three syncs per removed pod in a 110-pod teardown, now one)."""
+    w.sync.outcomes["a"] = lambda: Outcome(done=True)
+    w.sync.gates["a"] = gate = asyncio.Event()
+    w.workers.wake("a")  # the removal
+    await until(lambda: w.sync.count("a") == 1)
+    w.workers.nudge("a")  # PLEG saw its containers stop
+    w.workers.wake_all()  # the periodic resync
+    gate.set()
+    await settle()
+    assert w.sync.count("a") == 1 and w.workers.uids() == []
+    w.workers.nudge("a")  # the runtime shows it again later: a new worker
+    await until(lambda: w.sync.count("a") == 2)
 
 
 async def test_the_time_a_sync_asks_for_is_kept(w: World) -> None:

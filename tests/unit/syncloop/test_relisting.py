@@ -7,7 +7,8 @@ sandboxes follows the last relist; health turns false once the last successful r
 is older than three minutes (a fake monotonic clock) and true again after one; the
 run loop reports each pod-UID set, and logs a CRI failure once and its recovery;
 a pod worker's own read (PodRuntime) refreshes its pod's fingerprint and owners without
-waking it;
+waking it; a relist in flight while a worker removed its pod (or found it empty) does
+not wake a new worker for it, and what it hid is found by the next relist;
 the period is the long one only while runtime events flow, and a long one stretches
 the health threshold; `kick` starts a relist at
 once, and a kicked relist that fails is retried within a second until one succeeds;
@@ -178,6 +179,70 @@ async def test_a_workers_read_refreshes_its_pods_fingerprint_without_waking(w: W
     await w.cri.remove_pod_sandbox(a)
     await runtime.get("a")
     assert "a" not in w.relister.previous and w.relister.ready_sandboxes() == 1
+
+
+async def test_a_relist_in_flight_while_a_worker_removes_its_pod_wakes_nobody(
+    w: World,
+) -> None:
+    """issue 42's mass teardowns: a relist listed a pod, its worker then removed it and
+    ended; the relist, older than the removal, must not wake a new worker for it (which
+    only read CRI to find it gone, once per removed pod). A pod that changed otherwise
+    is woken as before, and what the older relist listed of the removed pod is not kept."""
+    a = await w.sandbox("a")
+    ca = await w.container(a, "a")
+    b = await w.sandbox("b")
+    cb = await w.container(b, "b")
+    await w.relist()
+    runtime = PodRuntime(w.cri, observe=w.relister.observe, cache=w.relister.cache)
+    current = await runtime.get("a")
+    listed, go_on = asyncio.Event(), asyncio.Event()
+
+    async def held_once() -> None:  # the relist's ListContainers, not the reads after
+        del w.cri.hooks["ListContainers"]
+        listed.set()
+        await go_on.wait()
+
+    w.cri.hooks["ListContainers"] = held_once
+    w.woken.clear()
+    relist = asyncio.ensure_future(w.relister.relist_once())
+    await listed.wait()  # it has listed a's sandbox; its containers answer now
+    w.cri.exit_container(cb, 1)  # b changes meanwhile
+    # a's worker removes everything of a, as syncpod's kill does, and forgets it
+    await w.cri.stop_container(ca, timeout_s=0)
+    await w.cri.stop_pod_sandbox(a)
+    await w.cri.remove_pod_sandbox(a)
+    runtime.forget(current)
+    go_on.set()
+    await relist
+    assert w.woken == ["b"]
+    assert "a" not in w.relister.previous
+    await w.relist()  # a relist begun after the removal agrees
+    assert w.woken == []
+
+
+async def test_what_an_older_relist_hid_is_found_by_the_next(w: World) -> None:
+    """The rule above hides nothing for long: a pod found empty by its worker while a
+    relist was in flight, and given a sandbox afterwards by someone else than its
+    worker, is woken by the next relist."""
+    runtime = PodRuntime(w.cri, observe=w.relister.observe, cache=w.relister.cache)
+    listed, go_on = asyncio.Event(), asyncio.Event()
+
+    async def held_once() -> None:
+        del w.cri.hooks["ListPodSandbox"]
+        listed.set()
+        await go_on.wait()
+
+    w.cri.hooks["ListPodSandbox"] = held_once
+    w.woken.clear()
+    relist = asyncio.ensure_future(w.relister.relist_once())
+    await listed.wait()
+    await runtime.get("a")  # nothing of a yet
+    await w.sandbox("a")  # made behind the worker's back, before the relist lists
+    go_on.set()
+    await relist
+    assert w.woken == []  # older than the worker's read: a stays as it read it
+    await w.relist()
+    assert w.woken == ["a"]
 
 
 async def test_the_period_is_long_only_while_events_flow(w: World) -> None:

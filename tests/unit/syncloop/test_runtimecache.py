@@ -23,6 +23,7 @@ drops it; a removed pod leaves nothing kept.
 from __future__ import annotations
 
 import asyncio
+from collections import Counter
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -42,6 +43,7 @@ from .helpers import Clock, pod, until, wire
 IMAGE = "registry.klet.test/busybox:1.36"
 READY = {"file": SourceState(source="file", ready=True, at=0.0)}
 PER_POD_READS = ("ListPodSandbox", "ListContainers", "PodSandboxStatus", "ContainerStatus")
+KILL = ("StopContainer", "StopPodSandbox", "RemovePodSandbox", "RemoveContainer")
 
 FP: Fingerprint = frozenset({("s1", SandboxState.READY), ("c1", ContainerState.RUNNING)})
 EXITED: Fingerprint = frozenset({("s1", SandboxState.READY), ("c1", ContainerState.EXITED)})
@@ -133,9 +135,10 @@ class Node:
     """syncloop's production wiring over a fake runtime, its pods driven by pod workers
     whose syncs are counted (`syncs`, and `busy` while one runs)."""
 
-    def __init__(self, tmp_path: Path) -> None:
+    def __init__(self, tmp_path: Path, cri: FakeRuntimeService | None = None) -> None:
         self.clock = Clock(1_700_000_000.0)
-        self.cri = FakeRuntimeService(clock=self.clock.ns)
+        # Another Node's runtime: this one is that node's syncloop restarted.
+        self.cri = cri if cri is not None else FakeRuntimeService(clock=self.clock.ns)
         self.cri.add_image(IMAGE)
         self.deps: Deps = wire(tmp_path, self.cri, clock=self.clock)
         self.controller = self.deps.controller
@@ -170,13 +173,7 @@ class Node:
 
     async def start(self, n: int) -> list[str]:
         uids = [f"u{i}" for i in range(n)]
-        table = {
-            uid: DesiredPod(
-                uid=PodUID(uid), pod=pod("app", uid=uid), source="file", hash="h", seen_at=0.0
-            )
-            for uid in uids
-        }
-        self.controller.apply_desired(table, READY, read_from=self.controller.generation)
+        self.controller.apply_desired(table(uids), READY, read_from=self.controller.generation)
         await until(lambda: len(self.running()) == n)
         await self.settled()
         return uids
@@ -215,6 +212,16 @@ class Node:
         self.controller.workers.wake_all()
         await self.settled()
         return self.syncs - before
+
+
+def table(uids: list[str]) -> dict[str, DesiredPod]:
+    """The desired table holding `uids`, each a one-container pod."""
+    return {
+        uid: DesiredPod(
+            uid=PodUID(uid), pod=pod("app", uid=uid), source="file", hash="h", seen_at=0.0
+        )
+        for uid in uids
+    }
 
 
 @pytest.fixture
@@ -343,3 +350,78 @@ async def test_a_change_of_the_pod_a_failed_sync_or_a_removal_drops_the_read(
     assert node.runtime.cache.fresh("u2") is None
     assert node.runtime.cache.fresh("u0") is not None
     assert len(node.runtime.cache) == 1  # u1's went with its failed sync, nothing of u2
+
+
+class HeldStops:
+    """A StopContainer hook: every stop waits until the test releases it."""
+
+    def __init__(self) -> None:
+        self.release = asyncio.Event()
+        self.in_flight = 0
+
+    async def __call__(self) -> None:
+        self.in_flight += 1
+        try:
+            await self.release.wait()
+        finally:
+            self.in_flight -= 1
+
+
+async def mass_removal(n: Node, uids: list[str]) -> tuple[int, Counter[str]]:
+    """Remove every pod at once while a relist and the periodic resync land in the kills
+    (as they do in a loaded node's teardown); the syncs it took and its CRI calls by
+    RPC, the one relist's two lists left out."""
+    await n.relister.relist_once()
+    stops = HeldStops()
+    n.cri.hooks["StopContainer"] = stops
+    n.cri.calls.clear()
+    before = n.syncs
+    n.controller.apply_desired({}, READY, read_from=n.controller.generation)
+    await until(lambda: stops.in_flight == len(uids))
+    await n.relister.relist_once()  # sees every container still running
+    n.cri.exit_container(n.container_of(uids[0]), 0)  # one of them already exiting
+    await n.relister.relist_once()  # sees that one change: nudges its worker
+    n.controller.workers.wake_all()  # the periodic resync
+    stops.release.set()
+    await until(lambda: not n.controller.workers.uids())
+    await n.settled()
+    await n.relister.relist_once()  # a relist after the removals wakes nobody either
+    await n.settled()
+    calls = Counter(c[0] for c in n.cri.calls if not (c[0].startswith("List") and len(c) == 1))
+    return n.syncs - before, calls
+
+
+async def test_a_removed_pod_is_synced_once_and_a_restarted_syncloop_kills_it_alike(
+    tmp_path: Path,
+) -> None:
+    """issue 42's idle-set teardowns, where klet had just been restarted: measured on
+    containerd (bench/README.md, "Idle-set teardown"), a restarted syncloop made the same
+    CRI calls per removed pod as one that never restarted, but each removed pod was
+    synced three times, the later syncs reading CRI again to find it gone, because the
+    relist and the resync that landed in its kill kept its worker going. Here, both
+    ways: one sync per removed pod, and per pod one read (label-selected lists,
+    PodSandboxStatus, ContainerStatus) and one each of StopContainer, StopPodSandbox,
+    RemovePodSandbox, RemoveContainer."""
+    once = Node(tmp_path / "a")
+    again: Node | None = None
+    try:
+        uids = await once.start(4)
+        syncs, calls = await mass_removal(once, uids)
+        assert syncs == len(uids)
+        assert calls == Counter({rpc: len(uids) for rpc in PER_POD_READS + KILL})
+        # the same pods on a runtime whose syncloop restarted: a new wiring adopts them
+        uids = await once.start(4)
+        await once.controller.workers.stop()
+        again = Node(tmp_path / "b", cri=once.cri)
+        again.cri.calls.clear()
+        again.controller.apply_desired(table(uids), READY, read_from=0)
+        await until(lambda: len(again.controller.workers.uids()) == 0 or again.syncs >= 4)
+        await again.settled()
+        assert not [c for c in again.cri.calls if c[0] in ("RunPodSandbox", "StopContainer")]
+        syncs, calls = await mass_removal(again, uids)
+        assert syncs == len(uids)
+        assert calls == Counter({rpc: len(uids) for rpc in PER_POD_READS + KILL})
+    finally:
+        await once.controller.workers.stop()
+        if again is not None:
+            await again.controller.workers.stop()

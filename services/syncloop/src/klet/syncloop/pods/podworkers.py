@@ -12,6 +12,14 @@ events a failed attempt causes itself must not bring the next attempt forward, w
 is how a pod whose container cannot be created made ~12 CreateContainer calls a second
 (issue 37).
 
+A sync that reports the pod gone (`Outcome.done`) ends its worker unless a change of
+the pod came while it ran (the pod desired again). Nudges that came meanwhile do not
+keep it: in a mass removal each kill lasts seconds to minutes under load, a relist or
+the resync lands in nearly every one and saw the pod going, and a further sync of each
+removed pod only read CRI again to find it gone (about one list pair per pod in the
+110-pod teardowns of issue 42). Whatever the runtime still holds of the pod is found
+by the next relist, which starts a new worker.
+
 A sync fails in two ways. It raises (a CRI outage, a bug): retried with a capped
 exponential back-off, logged once per distinct error. Or it reports the failure in
 the pod's status (`Outcome.failed`: a container that could not be created or started,
@@ -152,7 +160,9 @@ class PodWorkers:
                 worker.last_error, worker.error_delay = "", 0.0
                 worker.backoff_until = 0.0
                 if outcome.done:
-                    if not worker.wake.is_set():
+                    if not worker.urgent:
+                        # The pod is gone; the nudges that came meanwhile (a relist or
+                        # the resync seeing it go) are about what this sync removed.
                         return
                     continue
                 worker.wake_at = outcome.wake_at

@@ -18,7 +18,11 @@ asks for a full relist at once (after a re-subscription).
 A pod worker's own read of its pod (PodRuntime.get: the pod's sandboxes and containers,
 selected by label) refreshes that pod's fingerprint and owners through `observe`: what
 a worker has seen (its own actions included) does not wake it again at the next relist,
-and an event about a container it created is matched to its pod without a lookup.
+and an event about a container it created is matched to its pod without a lookup. A
+pod a worker found with nothing, or removed (`PodRuntime.forget`), after a relist began
+stays so for that relist (ticks of the runtime cache order the two): in a mass removal
+workers forget their pods while a relist is in flight, and its older view of those
+pods woke a new worker for each one, only to read CRI and find it gone.
 
 Each relist also tells the workers' kept reads (runtimecache.py) what it found: a read
 whose pod still has the fingerprint it was read with is confirmed, so the pod's next
@@ -82,6 +86,9 @@ class Relister:
         self.evented = False  # set while a runtime event subscription is open
         self.clock = clock
         self.previous: dict[str, Fingerprint] = {}
+        # pod UID -> the tick at which its worker found it with nothing (or removed all
+        # of it), until a relist begun after that: an older relist's view of it is stale.
+        self._emptied: dict[str, int] = {}
         self.owner: dict[str, str] = {}  # sandbox/container ID → pod UID, last seen
         self._kick = asyncio.Event()
         self.last_ok = clock()
@@ -143,8 +150,10 @@ class Relister:
         fp = fingerprints(sb, ct).get(uid)
         if fp is None:
             self.previous.pop(uid, None)
+            self._emptied[uid] = self.cache.tick()
         else:
             self.previous[uid] = fp
+            self._emptied.pop(uid, None)
         self.owner.update(owners([*sb, *ct]))
 
     async def relist_once(self) -> set[str]:
@@ -161,12 +170,19 @@ class Relister:
         current = fingerprints(sb, ct)
         self.owner.clear()  # in place: pod workers add to it as they read (observe)
         self.owner.update(owners([*sb, *ct]))
+        # A pod its worker found empty (or emptied) while these lists were in flight
+        # stays empty: the lists are older. A worker that removed its pod and ended must
+        # not be followed by a new one, woken by a relist that listed the pod before it
+        # went, to read CRI and find it gone. (Anything made for the pod afterwards is
+        # read by the worker that made it, or found by the next relist.)
+        emptied = {uid for uid, tick in self._emptied.items() if tick > began}
+        self._emptied = {uid: self._emptied[uid] for uid in emptied}
         changed = {
             uid
             for uid in current.keys() | self.previous.keys()
-            if current.get(uid) != self.previous.get(uid)
+            if uid not in emptied and current.get(uid) != self.previous.get(uid)
         }
-        self.previous = current
+        self.previous = {uid: fp for uid, fp in current.items() if uid not in emptied}
         self.cache.relisted(began, current)
         self.last_ok = self.clock()
         self.last_duration_s = self.last_ok - started
