@@ -36,6 +36,7 @@ from klet.syncloop.memorymanager import manager as memorymanager
 from klet.syncloop.metrics import PodResourcesMetrics
 from klet.syncloop.plugins.csidrivers import CSIRegistrar
 from klet.syncloop.podresources import PodResourcesView
+from klet.syncloop.pods.controller import PodController
 from klet.syncloop.pods.intake import BusIntake
 from klet.syncloop.wiring import Deps
 
@@ -199,6 +200,19 @@ async def _node_taints(deps: Deps) -> None:
     await deps.node_taints.run()
 
 
+def pods_syncloop_holds(controller: PodController) -> set[str]:
+    """The pods whose directories are not the orphan sweep's: the desired ones and every
+    pod a worker still holds. A removed pod's worker removes its sandbox first and its
+    directory (volumes, files) after, so between the two the sweep, which also keeps
+    the pods the runtime has a sandbox for, found the pod an orphan and tore its
+    directory down beside the worker (seen in 110-pod teardowns: "removed orphaned pod
+    directory" for pods being removed, or "orphaned pod directory kept ... No such file
+    or directory" when the two walks met). Upstream's sweep keeps a pod while the
+    runtime has anything of it and while its volumes are mounted; klet's worker removes
+    both in the one sync that ends it."""
+    return {*controller.desired, *controller.workers.uids()}
+
+
 async def _volume_cleanup(deps: Deps) -> None:
     """Pod directories left by a crash go once the sources are ready (none to clean: idle)."""
     if deps.volumes is None:
@@ -208,7 +222,7 @@ async def _volume_cleanup(deps: Deps) -> None:
     await deps.volumes.run_orphan_cleanup(
         cri=deps.cri,
         ready=lambda: controller.sources_ready,
-        desired=lambda: set(controller.desired),
+        desired=lambda: pods_syncloop_holds(controller),
     )
 
 
