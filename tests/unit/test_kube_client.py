@@ -63,7 +63,7 @@ def client_of(tmp_path: Path, recorder: Recorder, threads: int | None) -> KubeCl
     client = KubeClient(
         KubeSettings(kubeconfig=kubeconfig(tmp_path, {"token": "t"})), threads=threads
     )
-    client._api.rest_client.request = recorder.request  # type: ignore[method-assign,assignment]
+    client._rest.request = recorder.request  # type: ignore[method-assign,assignment]
     return client
 
 
@@ -162,7 +162,7 @@ def _metrics_client(
             raise answer
         return answer
 
-    client._api.rest_client.request = request  # type: ignore[method-assign,assignment]
+    client._rest.request = request  # type: ignore[method-assign,assignment]
     return client, registry, client.host.split("://", 1)[1]
 
 

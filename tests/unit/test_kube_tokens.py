@@ -1,7 +1,7 @@
 """Bearer tokens of a kubeconfig: the tokenFile of the current user found (relative to the
 kubeconfig), re-read once a minute with the last token kept when a re-read fails, and
 KubeClient sending the Authorization header itself for a token file and for a token
-(a client-certificate kubeconfig sends none)."""
+(a client-certificate kubeconfig sends none), beside its User-Agent."""
 
 from __future__ import annotations
 
@@ -95,9 +95,10 @@ async def test_client_sends_the_token_file_it_re_reads(tmp_path: Path) -> None:
         sent.append(headers)
         return Response()
 
-    client._api.rest_client.request = request  # type: ignore[method-assign,assignment]
+    client._rest.request = request  # type: ignore[method-assign,assignment]
     assert client._request_sync("GET", "/api", None, None, "application/json", None) == {}
     assert sent[0]["Authorization"] == "Bearer projected-1"
+    assert sent[0]["User-Agent"] == "klet"  # KubeSettings.user_agent, sent by the client itself
     await client.close()
 
 

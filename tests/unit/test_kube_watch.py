@@ -82,7 +82,7 @@ def client_with(tmp_path: Path, pool: Pool, observed: list[tuple[str, str]]) -> 
         KubeSettings(kubeconfig=kubeconfig(tmp_path, {"token": "t"})),
         observer=lambda code, method, host, seconds: observed.append((code, method)),
     )
-    client._api.rest_client.pool_manager = pool  # type: ignore[assignment]
+    client._rest.pool_manager = pool  # type: ignore[assignment]
     return client
 
 
@@ -140,12 +140,12 @@ async def test_an_error_answer_a_failed_connection_and_a_garbled_line(tmp_path: 
     client = client_with(tmp_path, Pool(denied), observed)
     with pytest.raises(Forbidden):
         await events_of(client)
-    client._api.rest_client.pool_manager = Pool(OSError("refused"))  # type: ignore[assignment]
+    client._rest.pool_manager = Pool(OSError("refused"))  # type: ignore[assignment]
     with pytest.raises(Unavailable):
         await events_of(client)
     assert observed == [("403", "GET"), ("<error>", "GET")]
     garbled = Pool(Answer(200, [b"<html>not json\n"]))
-    client._api.rest_client.pool_manager = garbled  # type: ignore[assignment]
+    client._rest.pool_manager = garbled  # type: ignore[assignment]
     with pytest.raises(ValueError):
         await events_of(client)
     await client.close()

@@ -85,7 +85,7 @@ async def test_retries_reach_rest_client_request_retries_total(tmp_path: Path) -
     def request(method: str, url: str, **_: Any) -> Answer:
         return answers.pop(0)
 
-    client._api.rest_client.request = request  # type: ignore[method-assign,assignment]
+    client._rest.request = request  # type: ignore[method-assign,assignment]
     host = client.host.split("://", 1)[1]
     try:
         assert await KubeApi(client, retry=NOW).get_node("n1") == {"kind": "Node"}
