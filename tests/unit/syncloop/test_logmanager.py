@@ -5,13 +5,16 @@ alone; a failed reopen renames the log back; a missing log is reopened; errors a
 logged once per distinct error; the number of concurrent rotations is
 containerLogMaxWorkers. What a round costs the runtime (issue 42): no list call (the
 running containers are PLEG's), one ContainerStatus per container in its life, so an
-idle round makes no CRI call."""
+idle round makes no CRI call; and no per-container filesystem call either: every known
+log is sized in one worker-thread call and no directory is listed for a log below its
+max size."""
 
 from __future__ import annotations
 
 import asyncio
 import gzip
 import logging
+import os
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -20,6 +23,7 @@ from klet.config.kubelet import KubeletConfiguration
 from klet.cri.errors import CRIError
 from klet.cri.types import ContainerConfig, ContainerState, SandboxConfig
 from klet.model.types import ContainerID
+from klet.syncloop.containers import logmanager
 from klet.syncloop.containers.logmanager import ContainerLogManager, LogManagerSettings
 from klet.syncloop.containers.logrotation import RotationPolicy
 from klet.testbed.fakes.cri import FakeRuntimeService
@@ -245,3 +249,44 @@ def test_settings_from_the_configuration() -> None:
     )
     off = LogManagerSettings.from_config(KubeletConfiguration(container_log_max_size="-1"))
     assert not off.policy.enabled
+
+
+async def test_an_idle_round_sizes_every_log_in_one_call_and_lists_no_directory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    w = World(tmp_path)
+    logs = [(await w.container(f"c{i}"))[1] for i in range(4)]
+    assert await w.manager.run_once() == 0  # the first round learns the log paths
+    batches: list[list[Path]] = []
+    singles: list[Path] = []
+    listed: list[str] = []
+    sizes, size, listdir = logmanager._sizes, logmanager._size, os.listdir
+
+    def count_sizes(paths: list[Path]) -> dict[Path, int]:
+        batches.append(sorted(paths))
+        return sizes(paths)
+
+    def count_size(path: Path) -> int | None:
+        singles.append(path)
+        return size(path)
+
+    def count_listdir(path: str | Path) -> list[str]:
+        listed.append(str(path))
+        return listdir(path)
+
+    monkeypatch.setattr(logmanager, "_sizes", count_sizes)
+    monkeypatch.setattr(logmanager, "_size", count_size)
+    monkeypatch.setattr(os, "listdir", count_listdir)
+    for i in range(3):
+        logs[i].write_bytes(b"x" * 999)  # one byte under the max size
+    assert await w.manager.run_once() == 0
+    assert (batches, singles, listed) == ([sorted(logs)], [], [])
+    # A log at its max size, and one that went missing, are looked at on their own.
+    write(logs[0], "big")
+    w.reopen_creates(logs[0], logs[3])
+    logs[3].unlink()
+    batches.clear()
+    assert await w.manager.run_once() == 1
+    assert batches == [sorted(logs)]
+    assert set(singles) == {logs[0], logs[3]}
+    assert listed == [str(logs[0].parent)]

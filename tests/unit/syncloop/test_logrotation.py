@@ -1,7 +1,8 @@
 """Container log rotation decisions (upstream's container log manager): nothing below the
 size limit or with rotation off; leftovers of an interrupted rotation removed; the
 oldest rotated files removed down to maxFiles-2; plain rotated files compressed; the
-current log renamed to a UTC timestamp; no rename over an existing rotated file."""
+current log renamed to a UTC timestamp; no rename over an existing rotated file; a log
+below the max size needs nothing whatever is around it (the manager then lists nothing)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,12 @@ from datetime import UTC, datetime, timedelta, timezone
 
 import pytest
 from klet.model.logfiles import rotated_name, rotations_of
-from klet.syncloop.containers.logrotation import RotationPlan, RotationPolicy, plan_rotation
+from klet.syncloop.containers.logrotation import (
+    RotationPlan,
+    RotationPolicy,
+    needs_rotation,
+    plan_rotation,
+)
 
 NOW = datetime(2026, 11, 25, 7, 1, 2, tzinfo=UTC)
 STAMP = "20261125-070102"
@@ -88,3 +94,20 @@ def test_rotated_names_are_utc_and_sort_by_age() -> None:
     later = rotated_name("3.log", NOW + timedelta(seconds=9))
     in_use, unused = rotations_of("3.log", [later + ".gz", f"3.log.{STAMP}", "3.log"])
     assert in_use == [f"3.log.{STAMP}", later + ".gz"] and unused == []
+
+
+@pytest.mark.parametrize(
+    ("size", "policy", "needed"),
+    [
+        (999, POLICY, False),
+        (1000, POLICY, True),
+        (10**9, RotationPolicy(max_size=-1, max_files=3), False),
+    ],
+)
+def test_needs_rotation_is_the_plans_first_rule(
+    size: int, policy: RotationPolicy, needed: bool
+) -> None:
+    assert needs_rotation(size, policy) is needed
+    leftovers = ["0.log", "0.log.1.tmp", "0.log.20261124-070102", "0.log.20261123-070102.gz"]
+    plan = plan_rotation("0.log", leftovers, size=size, policy=policy, now=NOW)
+    assert (plan != RotationPlan()) is needed

@@ -54,12 +54,18 @@ class RotationPlan:
         return not (self.remove or self.compress or self.rotate_to)
 
 
+def needs_rotation(size: int, policy: RotationPolicy) -> bool:
+    """Whether a log of `size` bytes is rotated: below the max size nothing is done to
+    it or to the files around it (upstream's rotateLog returns before it lists them)."""
+    return policy.enabled and size >= policy.max_size
+
+
 def plan_rotation(
     log_name: str, names: Iterable[str], *, size: int, policy: RotationPolicy, now: datetime
 ) -> RotationPlan:
     """What to do with the log `log_name` of `size` bytes, given the file `names` in
     its directory."""
-    if not policy.enabled or size < policy.max_size:
+    if not needs_rotation(size, policy):
         return RotationPlan()
     names = list(names)
     target = rotated_name(log_name, now)
