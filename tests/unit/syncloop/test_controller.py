@@ -396,9 +396,10 @@ async def test_a_pod_failed_before_a_restart_is_not_started_again(w: World) -> N
 
 async def test_a_restart_starts_carried_probes_before_any_pods_first_sync(w: World) -> None:
     # A previous syncloop left u1 and u2 running and published their statuses (ready).
-    # The restarted one's first sync (of u1) reads the status table once for every pod
-    # and starts u2's readiness probe too, from its published readiness, before u2's
-    # own first sync; u2's sync then reads no status of its own.
+    # The restarted one's first sync (of u1, begun before the full read of the desired
+    # pods landed) reads the status table once for every pod and starts u2's readiness
+    # probe too, from its published readiness, before u2's own first sync; u2's sync
+    # then reads no status of its own.
     probe = {"exec": {"command": ["true"]}, "periodSeconds": 2, "failureThreshold": 1}
     specs = {u: pod("app", uid=u) for u in ("u1", "u2")}
     for spec in specs.values():
@@ -426,11 +427,20 @@ async def test_a_restart_starts_carried_probes_before_any_pods_first_sync(w: Wor
         u: DesiredPod(uid=PodUID(u), pod=spec, source="file", hash="h1", seen_at=0.0)
         for u, spec in specs.items()
     }
-    w.controller.apply_desired(records, READY, read_from=w.controller.generation)
+    landed: list[bool] = []
+
+    async def table_read_lands() -> None:
+        if not landed:  # the first sync began before the full read (a PLEG nudge)
+            landed.append(True)
+            await asyncio.sleep(0)
+            w.controller.apply_desired(records, READY, read_from=w.controller.generation)
+
+    w.cri.hooks["ListPodSandbox"] = table_read_lands
     prober = w.controller.prober
     assert prober is not None
     w.bus.calls.clear()
     await w.controller.sync_once("u1")
+    assert landed
     assert prober.probing("u2") == {cids["u2"]: []}  # started (run() owns the tasks)
     assert prober.result(ProbeKind.READINESS, cids["u2"]) is True
     assert w.bus.calls.count("all") == 1 and "get" not in w.bus.calls

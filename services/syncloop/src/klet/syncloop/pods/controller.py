@@ -533,6 +533,9 @@ class PodController:
         state = self.pods.get(uid)
         if state is None or state.desired is None:
             return await self._remove(uid, state, current)
+        if not self._carried_over and self._desired_read:
+            # A sync PLEG began before the full read, which landed while CRI answered.
+            await self._carry_over()
         pod = state.desired.pod
         if not state.restored:
             await self._restore_terminal(uid, state)
