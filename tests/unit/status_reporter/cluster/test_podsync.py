@@ -4,8 +4,10 @@ transitions never sent; deleted or recreated pods forgotten; finished pods delet
 grace 0 after their final status; static pods mirrored (created, recreated when deleted
 or stale, removed when the static pod goes, only once the sources are ready) with their
 status on the mirror, and counted in kubelet_mirror_pods; an apiserver outage logged
-once per pass and healed; the loop reacting to a view change; each status the apiserver
-took timed from the first change it carries (kubelet_pod_status_sync_duration_seconds);
+once per pass and healed, the loop trying again after the minimum gap (not the
+resync period) once the apiserver failed; the loop reacting to a view change; each
+status the apiserver took timed from the first change it carries
+(kubelet_pod_status_sync_duration_seconds);
 a readiness change sent before unrelated queued statuses, also when it arrives mid-pass."""
 
 from __future__ import annotations
@@ -37,7 +39,7 @@ PODS = "/api/v1/namespaces/default/pods"
 
 
 class World:
-    def __init__(self) -> None:
+    def __init__(self, *, resync_s: float = 0.05) -> None:
         self.kube = FakeApiServer()
         self.bus = FakeBus()
         self.registry = CollectorRegistry()
@@ -61,7 +63,7 @@ class World:
             api=KubeApi(self.kube, retry=NO_RETRY),
             identity=self.identity,
             sources=self.sources,
-            policy=PodSyncPolicy(resync_s=0.05, min_resync_gap_s=0.01),
+            policy=PodSyncPolicy(resync_s=resync_s, min_resync_gap_s=0.01),
             on_mirrors=self.metrics.mirror_pods.set,
             on_synced=self.metrics.pod_status_sync.observe,
             wall=lambda: self.now,
@@ -392,6 +394,34 @@ async def test_outage_logged_once_and_healed(caplog: pytest.LogCaptureFixture) -
     await w.sync.resync()
     api = w.api("web")
     assert api is not None and api["status"]["phase"] == "Running"
+
+
+async def test_after_an_outage_the_loop_tries_again_within_the_gap_not_the_resync() -> None:
+    # The resync period is far longer than the test waits: only the minimum gap after a
+    # failed pass can bring the status to the apiserver once it is back.
+    w = World(resync_s=3600.0)
+    w.admin_creates(WEB)
+    await w.want(WEB)
+    w.kube.down = True
+    task = asyncio.create_task(w.sync.run())
+    try:
+        await w.report(WEB, version=1, phase="Succeeded")
+        for _ in range(100):
+            if w.kube.count("GET") or w.kube.count("PATCH"):
+                break
+            await asyncio.sleep(0.01)
+        w.kube.down = False  # back, and nothing in the view changes any more
+        for _ in range(300):
+            api = w.api("web")
+            if api is not None and api.get("status", {}).get("phase") == "Succeeded":
+                break
+            await asyncio.sleep(0.01)
+        else:
+            raise AssertionError("status not sent after the apiserver came back")
+    finally:
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
 
 
 async def test_loop_follows_the_view() -> None:

@@ -25,9 +25,11 @@ through `kubeapi.KubeApi`:
 One pass handles the pods one after the other, those whose readiness changed first,
 and re-orders what it has left whenever the view changes meanwhile, so a readiness
 flip that arrives during a pass over many changed pods goes next instead of after
-them (`podstatus.send_order`); an `Unavailable` apiserver ends the pass
-(the next wake-up or resync starts over) so an outage costs one failed request per
-pass, not one per pod, and is logged once until a pass succeeds again.
+them (`podstatus.send_order`); an `Unavailable` apiserver ends the pass and asks for a
+resync after `min_resync_gap_s` (1 s), not the next `resync_s` (10 s), so statuses
+reach an apiserver that is back within about a second (issue 42's soak: 0.04-2.7 s
+after a 120 s outage, by where the 10 s resync fell); an outage costs one failed
+request per second, not one per pod, and is logged once until a pass succeeds again.
 
 Trade-off: pods are synced sequentially in one task rather than one worker per pod.
 Every write is one or two small requests under the client's QPS limit, a node has at
@@ -153,6 +155,7 @@ class PodSyncManager:
         except KubeError as err:
             self._once.error("list", "cannot list the node's pods", error=str(err))
             if isinstance(err, Unavailable):
+                self._resync_soon = True
                 return
         else:
             self._once.clear("list", "listing the node's pods again")
@@ -162,6 +165,7 @@ class PodSyncManager:
             await self.reconcile_mirrors()
         except Unavailable as err:
             self._once.error("api", "apiserver unavailable", error=str(err))
+            self._resync_soon = True
             return
         await self.sync_statuses()
 
@@ -241,6 +245,7 @@ class PodSyncManager:
                 await self.sync_pod(uid, record)
             except Unavailable as err:
                 self._once.error("api", "apiserver unavailable", error=str(err))
+                self._resync_soon = True
                 return
             except KubeError as err:
                 self._once.error(("pod", uid), "pod status not synced", uid=uid, error=str(err))
