@@ -134,9 +134,9 @@ def test_first_probe_at(
 @pytest.mark.parametrize(
     ("handler", "carried", "expected"),
     [
-        ("httpGet", True, 500.5),  # a carried result is checked within a second
-        ("tcpSocket", True, 500.5),
-        ("grpc", True, 500.5),
+        ("httpGet", True, 500.25),  # a carried result is checked within half a second
+        ("tcpSocket", True, 500.25),
+        ("grpc", True, 500.25),
         ("exec", True, 505.0),  # a process per probe: the period's spread stays
         ("httpGet", False, 505.0),  # nothing carried: upstream's spread
     ],
