@@ -207,6 +207,22 @@ def wire(
     )
 
 
+class Held:
+    """A fake runtime hook (`cri.hooks[rpc]`) that holds every call until the test sets
+    `release`; `in_flight` counts the calls held now."""
+
+    def __init__(self) -> None:
+        self.release = asyncio.Event()
+        self.in_flight = 0
+
+    async def __call__(self) -> None:
+        self.in_flight += 1
+        try:
+            await self.release.wait()
+        finally:
+            self.in_flight -= 1
+
+
 class Clock:
     """A wall or monotonic clock that moves only when a test sets `t` (or `advance`s it);
     `ns` is the same instant in nanoseconds, for the fake runtime's clock."""

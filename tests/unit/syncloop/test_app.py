@@ -8,7 +8,6 @@ pod is the sweep's again. Over syncloop's production wiring and FakeRuntimeServi
 
 from __future__ import annotations
 
-import asyncio
 from pathlib import Path
 
 from klet.cri.types import ContainerState
@@ -17,25 +16,10 @@ from klet.model.types import PodUID
 from klet.syncloop.app import pods_syncloop_holds
 from klet.testbed.fakes.cri import FakeRuntimeService
 
-from .helpers import Clock, pod, until, wire
+from .helpers import Clock, Held, pod, until, wire
 
 IMAGE = "registry.klet.test/busybox:1.36"
 READY = {"file": SourceState(source="file", ready=True, at=0.0)}
-
-
-class HeldRemoval:
-    """A RemovePodSandbox hook that waits until the test releases it."""
-
-    def __init__(self) -> None:
-        self.release = asyncio.Event()
-        self.in_flight = 0
-
-    async def __call__(self) -> None:
-        self.in_flight += 1
-        try:
-            await self.release.wait()
-        finally:
-            self.in_flight -= 1
 
 
 async def test_a_pod_being_removed_is_held_until_its_worker_ends(tmp_path: Path) -> None:
@@ -55,7 +39,7 @@ async def test_a_pod_being_removed_is_held_until_its_worker_ends(tmp_path: Path)
             lambda: sum(c.state is ContainerState.RUNNING for c in cri.containers.values()) == 2
         )
         assert pods_syncloop_holds(controller) >= {"kept", "removed"}
-        held = HeldRemoval()
+        held = Held()
         cri.hooks["RemovePodSandbox"] = held
         del table["removed"]
         controller.apply_desired(table, READY, read_from=controller.generation)

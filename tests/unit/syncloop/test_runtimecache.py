@@ -38,7 +38,7 @@ from klet.syncloop.pods.runtimeevents import EventWatcher
 from klet.syncloop.wiring import Deps
 from klet.testbed.fakes.cri import FakeRuntimeEvents, FakeRuntimeService
 
-from .helpers import Clock, pod, until, wire
+from .helpers import Clock, Held, pod, until, wire
 
 IMAGE = "registry.klet.test/busybox:1.36"
 READY = {"file": SourceState(source="file", ready=True, at=0.0)}
@@ -352,27 +352,12 @@ async def test_a_change_of_the_pod_a_failed_sync_or_a_removal_drops_the_read(
     assert len(node.runtime.cache) == 1  # u1's went with its failed sync, nothing of u2
 
 
-class HeldStops:
-    """A StopContainer hook: every stop waits until the test releases it."""
-
-    def __init__(self) -> None:
-        self.release = asyncio.Event()
-        self.in_flight = 0
-
-    async def __call__(self) -> None:
-        self.in_flight += 1
-        try:
-            await self.release.wait()
-        finally:
-            self.in_flight -= 1
-
-
 async def mass_removal(n: Node, uids: list[str]) -> tuple[int, Counter[str]]:
     """Remove every pod at once while a relist and the periodic resync land in the kills
     (as they do in a loaded node's teardown); the syncs it took and its CRI calls by
     RPC, the one relist's two lists left out."""
     await n.relister.relist_once()
-    stops = HeldStops()
+    stops = Held()
     n.cri.hooks["StopContainer"] = stops
     n.cri.calls.clear()
     before = n.syncs

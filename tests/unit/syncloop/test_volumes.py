@@ -536,21 +536,14 @@ async def test_a_tmpfs_content_volume_already_mounted_is_not_looked_up_again(
     here = {"mounted": False}
     monkeypatch.setattr(fs, "likely_mount_point", lambda path: here["mounted"])
     plugin = DownwardAPIPlugin()
-    ctx = VolumeContext(
-        pod=pod(),
-        pod_dir=tmp_path / "pod",
-        objects=None,
-        tokens=None,
-        node=NodeFacts(memory_bytes=1 << 30),
-        pod_ip="10.0.0.9",
-    )
+    context = ctx(tmp_path, pod(), memory=1 << 30)
     items = [{"path": "labels", "fieldRef": {"fieldPath": "metadata.labels"}}]
     volume = {"name": "info", "downwardAPI": {"items": items}}
-    await plugin.set_up(volume, ctx)
+    await plugin.set_up(volume, context)
     assert len(mounted) == 1  # the first sync mounts
     here["mounted"] = True
     for _ in range(3):
-        await plugin.set_up(volume, ctx)
+        await plugin.set_up(volume, context)
     assert len(mounted) == 1
     assert table.reads == 0
 
@@ -562,16 +555,10 @@ async def _a_downward_api_volume_on_a_fake_tmpfs(
     `likely_mount_point` says so; unmounting it takes what the tmpfs held away."""
     monkeypatch.setattr(fs, "mount_tmpfs", lambda path, *, options=(): asyncio.sleep(0))
     monkeypatch.setattr(fs, "likely_mount_point", lambda path: str(path) in table.points)
-    ctx = VolumeContext(
-        pod=pod(),
-        pod_dir=tmp_path / "pod",
-        objects=None,
-        tokens=None,
-        node=NodeFacts(memory_bytes=1 << 30),
-        pod_ip="10.0.0.9",
-    )
     items = [{"path": "labels", "fieldRef": {"fieldPath": "metadata.labels"}}]
-    path = await DownwardAPIPlugin().set_up({"name": "info", "downwardAPI": {"items": items}}, ctx)
+    path = await DownwardAPIPlugin().set_up(
+        {"name": "info", "downwardAPI": {"items": items}}, ctx(tmp_path, pod(), memory=1 << 30)
+    )
     table.points.append(str(path))
     umount = table.unmount
 
