@@ -181,6 +181,20 @@ async def test_a_workers_read_refreshes_its_pods_fingerprint_without_waking(w: W
     assert "a" not in w.relister.previous and w.relister.ready_sandboxes() == 1
 
 
+def hold_once(w: World, rpc: str) -> tuple[asyncio.Event, asyncio.Event]:
+    """Hold the next `rpc` call (only that one): `listed` is set when it arrives, and it
+    answers once the test sets `go_on`."""
+    listed, go_on = asyncio.Event(), asyncio.Event()
+
+    async def held_once() -> None:
+        del w.cri.hooks[rpc]
+        listed.set()
+        await go_on.wait()
+
+    w.cri.hooks[rpc] = held_once
+    return listed, go_on
+
+
 async def test_a_relist_in_flight_while_a_worker_removes_its_pod_wakes_nobody(
     w: World,
 ) -> None:
@@ -195,14 +209,8 @@ async def test_a_relist_in_flight_while_a_worker_removes_its_pod_wakes_nobody(
     await w.relist()
     runtime = PodRuntime(w.cri, observe=w.relister.observe, cache=w.relister.cache)
     current = await runtime.get("a")
-    listed, go_on = asyncio.Event(), asyncio.Event()
-
-    async def held_once() -> None:  # the relist's ListContainers, not the reads after
-        del w.cri.hooks["ListContainers"]
-        listed.set()
-        await go_on.wait()
-
-    w.cri.hooks["ListContainers"] = held_once
+    # the relist's ListContainers, not the reads after
+    listed, go_on = hold_once(w, "ListContainers")
     w.woken.clear()
     relist = asyncio.ensure_future(w.relister.relist_once())
     await listed.wait()  # it has listed a's sandbox; its containers answer now
@@ -225,14 +233,7 @@ async def test_what_an_older_relist_hid_is_found_by_the_next(w: World) -> None:
     relist was in flight, and given a sandbox afterwards by someone else than its
     worker, is woken by the next relist."""
     runtime = PodRuntime(w.cri, observe=w.relister.observe, cache=w.relister.cache)
-    listed, go_on = asyncio.Event(), asyncio.Event()
-
-    async def held_once() -> None:
-        del w.cri.hooks["ListPodSandbox"]
-        listed.set()
-        await go_on.wait()
-
-    w.cri.hooks["ListPodSandbox"] = held_once
+    listed, go_on = hold_once(w, "ListPodSandbox")
     w.woken.clear()
     relist = asyncio.ensure_future(w.relister.relist_once())
     await listed.wait()

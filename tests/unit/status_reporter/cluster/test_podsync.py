@@ -87,6 +87,15 @@ class World:
     def api(self, name: str) -> JSON | None:
         return self.kube.get_object(f"{PODS}/{name}")
 
+    async def phase_reaches_the_api(self, name: str, phase: str, *, steps: int) -> None:
+        """Wait (`steps` of 10 ms) until the apiserver holds `phase` for pod `name`."""
+        for _ in range(steps):
+            api = self.api(name)
+            if api is not None and api.get("status", {}).get("phase") == phase:
+                return
+            await asyncio.sleep(0.01)
+        raise AssertionError(f"{name}: phase {phase} never reached the apiserver")
+
     def sources_ready(self) -> None:
         for s in ("api", "file"):
             self.bus.seed(self.sources, s, SourceState(source=s, ready=True, at=1.0))
@@ -411,13 +420,7 @@ async def test_after_an_outage_the_loop_tries_again_within_the_gap_not_the_resyn
                 break
             await asyncio.sleep(0.01)
         w.kube.down = False  # back, and nothing in the view changes any more
-        for _ in range(300):
-            api = w.api("web")
-            if api is not None and api.get("status", {}).get("phase") == "Succeeded":
-                break
-            await asyncio.sleep(0.01)
-        else:
-            raise AssertionError("status not sent after the apiserver came back")
+        await w.phase_reaches_the_api("web", "Succeeded", steps=300)
     finally:
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
@@ -431,13 +434,7 @@ async def test_loop_follows_the_view() -> None:
     task = asyncio.create_task(w.sync.run())
     try:
         await w.report(WEB, version=1, phase="Succeeded")
-        for _ in range(200):
-            api = w.api("web")
-            if api is not None and api.get("status", {}).get("phase") == "Succeeded":
-                break
-            await asyncio.sleep(0.01)
-        else:
-            raise AssertionError("status never sent")
+        await w.phase_reaches_the_api("web", "Succeeded", steps=200)
     finally:
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
